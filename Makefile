@@ -1,0 +1,49 @@
+# Entry points for people and CI. `make demo` and `make test` install what they need first.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
+CMAKE_FLAGS ?=
+
+.PHONY: all setup build demo test asan fuzz bench format format-check clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	@scripts/demo.sh $(BUILD)/clients/kvedge
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the library and every test.
+asan: setup
+	@cmake -S . -B build-asan -DKVEDGE_SANITIZE=ON -DKVEDGE_CUDA=OFF -DKVEDGE_BENCH=OFF >/dev/null
+	@cmake --build build-asan -j$(JOBS)
+	ctest --test-dir build-asan --output-on-failure -j$(JOBS)
+
+# libFuzzer on every decoder of untrusted bytes, starting from the committed corpus.
+fuzz: setup
+	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -DKVEDGE_FUZZ=ON -DKVEDGE_CUDA=OFF \
+		-DKVEDGE_BENCH=OFF >/dev/null
+	@cmake --build build-fuzz --target fuzz_block -j$(JOBS)
+	@mkdir -p build-fuzz/corpus/block && cp tests/fuzz/corpus/block/* build-fuzz/corpus/block/
+	build-fuzz/tests/fuzz/fuzz_block build-fuzz/corpus/block -max_total_time=$(FUZZ_SECONDS) \
+		-rss_limit_mb=4096 -print_final_stats=1
+
+bench: build
+	@scripts/bench.sh $(BUILD)
+
+format:
+	@git ls-files '*.c' '*.h' '*.cu' | xargs clang-format -i
+
+format-check:
+	@git ls-files '*.c' '*.h' '*.cu' | xargs clang-format --dry-run --Werror
+
+clean:
+	rm -rf build build-asan build-fuzz

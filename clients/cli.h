@@ -1,0 +1,63 @@
+/* Shared pieces of the kvedge command: exit codes, the command table, output helpers. */
+#ifndef KVEDGE_CLIENTS_CLI_H
+#define KVEDGE_CLIENTS_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "store/engine.h"
+
+/* Exit codes, documented in `kvedge --help` and README. */
+enum {
+    KVEDGE_EXIT_OK = 0,
+    KVEDGE_EXIT_FAILURE = 1,     /* the operation failed */
+    KVEDGE_EXIT_USAGE = 2,       /* bad command line */
+    KVEDGE_EXIT_NOTFOUND = 3,    /* prefix or model not found */
+    KVEDGE_EXIT_CORRUPT = 4,     /* verify found corrupt blocks */
+    KVEDGE_EXIT_UNAVAILABLE = 5, /* store missing, locked, unreadable or too new */
+};
+
+#define KVEDGE_DATA_DIR_DEFAULT "./data"
+
+typedef struct {
+    const char *data_dir; /* --data, else $KVEDGE_DATA, else ./data */
+    bool json;            /* --json: machine-readable output on stdout */
+} kvedge_cli_t;
+
+typedef struct {
+    const char *name;
+    int (*run)(kvedge_cli_t *cli, int argc, char **argv); /* argv[0] is the command name */
+    const char *args;
+    const char *summary;
+} kvedge_cli_cmd_t;
+
+/* The local-mode commands (clients/cli_local.c). */
+extern const kvedge_cli_cmd_t kvedge_cli_local_cmds[];
+
+/* Prints "kvedge: <message>" to stderr. */
+void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Opens the store of cli->data_dir, printing a clear reason and returning an exit code on
+ * failure (0 on success). */
+int kvedge_cli_open(kvedge_cli_t *cli, bool writable, kvedge_engine_t **out);
+
+/* Maps an engine error to an exit code. */
+int kvedge_cli_exit_code(int err);
+
+/* "1.5 MiB" style; returns buf (at least 16 bytes). */
+const char *kvedge_cli_bytes(uint64_t n, char *buf, size_t len);
+
+/* Parses "4096", "64K", "1.5G" (powers of 1024). Returns 0 or -1. */
+int kvedge_cli_parse_size(const char *s, uint64_t *out);
+
+/* Parses a decimal integer in [min, max]. Returns 0 or -1. */
+int kvedge_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Writes s as a JSON string literal (quoted, escaped). */
+void kvedge_cli_json_str(FILE *f, const char *s);
+
+/* Prints usage of one command to f. */
+void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details);
+
+#endif

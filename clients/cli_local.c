@@ -1,0 +1,1054 @@
+/* The kvedge admin commands in local mode: they open the store directory themselves.
+ * Inspection commands open it read-only, so they also work beside a running node. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clients/cli.h"
+#include "store/error.h"
+#include "store/quant.h"
+#include "store/synth.h"
+
+#define S_SHORT_ID_DIGITS 16
+#define S_VOCAB_SIZE      50272 /* OPT's vocabulary: synthetic token ids are drawn from it */
+#define S_SALT_DEFAULT    "local"
+#define S_TOKENS_DEFAULT  1024
+
+/* ---- option parsing shared by every command ---- */
+
+/* Parses only --help for commands without options; returns -1 to go on, else an exit code. */
+static int s_no_options(const kvedge_cli_cmd_t *cmd, int argc, char **argv, int want_args,
+                        const char *details)
+{
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            kvedge_cli_usage(stdout, cmd, details);
+            return KVEDGE_EXIT_OK;
+        }
+        kvedge_cli_error("%s: unknown option '%s'", cmd->name, argv[optind - 1]);
+        kvedge_cli_usage(stderr, cmd, NULL);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (argc - optind != want_args) {
+        kvedge_cli_error("%s: expected %d argument%s, got %d", cmd->name, want_args,
+                         want_args == 1 ? "" : "s", argc - optind);
+        kvedge_cli_usage(stderr, cmd, NULL);
+        return KVEDGE_EXIT_USAGE;
+    }
+    return -1;
+}
+
+static int s_bad_option(const kvedge_cli_cmd_t *cmd, int argc, char **argv)
+{
+    (void)argc;
+    kvedge_cli_error("%s: unknown option or missing value '%s'", cmd->name, argv[optind - 1]);
+    kvedge_cli_usage(stderr, cmd, NULL);
+    return KVEDGE_EXIT_USAGE;
+}
+
+static const kvedge_cli_cmd_t *s_cmd(const char *name)
+{
+    for (const kvedge_cli_cmd_t *c = kvedge_cli_local_cmds; c->name; c++)
+        if (strcmp(c->name, name) == 0)
+            return c;
+    return NULL;
+}
+
+/* Resolves a PREFIX argument (hex, at least 4 digits) to a chunk, with clear errors. */
+static int s_resolve(kvedge_cli_t *cli, kvedge_engine_t *e, const char *arg,
+                     kvedge_chunk_info_t *info)
+{
+    kvedge_chunk_id_t id;
+    int rc = kvedge_engine_find_chunk(e, arg, &id);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_engine_get_chunk(e, &id, info);
+    switch (rc) {
+    case KVEDGE_OK:
+        return KVEDGE_EXIT_OK;
+    case KVEDGE_EINVAL:
+        kvedge_cli_error("'%s' is not a prefix id (give at least 4 hex digits, see kvedge ls)",
+                         arg);
+        return KVEDGE_EXIT_USAGE;
+    case KVEDGE_EAMBIGUOUS:
+        kvedge_cli_error("prefix id '%s' is ambiguous in %s: give more digits", arg, cli->data_dir);
+        return KVEDGE_EXIT_USAGE;
+    case KVEDGE_ENOTFOUND:
+        kvedge_cli_error("no prefix '%s' in %s (see kvedge ls)", arg, cli->data_dir);
+        return KVEDGE_EXIT_NOTFOUND;
+    default:
+        kvedge_cli_error("cannot look up prefix '%s': %s", arg, kvedge_strerror(rc));
+        return kvedge_cli_exit_code(rc);
+    }
+}
+
+/* ---- aggregation of chunks and blocks (inspect, ls) ---- */
+
+typedef struct {
+    kvedge_chunk_info_t info;
+    uint64_t blocks, bytes, fp16_bytes, pinned;
+    uint32_t layers_max, heads_max; /* highest layer / head seen, plus one */
+    unsigned schemes;               /* bit per kvedge_scheme_t */
+    unsigned dtypes;                /* bit per kvedge_dtype_t */
+} s_chunk_row_t;
+
+typedef struct {
+    s_chunk_row_t *rows;
+    size_t n, cap;
+    int err;
+} s_chunks_t;
+
+static int s_collect_chunk(void *ctx, const kvedge_chunk_info_t *info)
+{
+    s_chunks_t *c = ctx;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 64;
+        s_chunk_row_t *r = realloc(c->rows, cap * sizeof *r);
+        if (!r)
+            return c->err = KVEDGE_ENOMEM;
+        c->rows = r;
+        c->cap = cap;
+    }
+    memset(&c->rows[c->n], 0, sizeof c->rows[0]);
+    c->rows[c->n++].info = *info;
+    return 0;
+}
+
+static int s_row_cmp(const void *a, const void *b)
+{
+    return memcmp(((const s_chunk_row_t *)a)->info.id.bytes,
+                  ((const s_chunk_row_t *)b)->info.id.bytes, KVEDGE_CHUNK_ID_BYTES);
+}
+
+static int s_collect_meta(void *ctx, const kvedge_block_key_t *key, const kvedge_block_meta_t *m)
+{
+    s_chunks_t *c = ctx;
+    s_chunk_row_t probe;
+    probe.info.id = key->chunk;
+    s_chunk_row_t *r = bsearch(&probe, c->rows, c->n, sizeof *r, s_row_cmp);
+    if (!r)
+        return 0; /* a block whose chunk record is gone: verify reports it */
+    r->blocks++;
+    r->bytes += m->bytes;
+    r->fp16_bytes += kvedge_block_fp16_bytes(m->tokens, m->head_dim);
+    r->pinned += m->pinned;
+    if ((uint32_t)key->layer + 1 > r->layers_max)
+        r->layers_max = key->layer + 1u;
+    if ((uint32_t)key->head + 1 > r->heads_max)
+        r->heads_max = key->head + 1u;
+    r->schemes |= 1u << m->scheme;
+    r->dtypes |= 1u << m->dtype;
+    return 0;
+}
+
+static int s_load_chunks(kvedge_engine_t *e, s_chunks_t *c)
+{
+    memset(c, 0, sizeof *c);
+    int rc = kvedge_engine_list_chunks(e, s_collect_chunk, c);
+    if (rc == KVEDGE_OK && c->err)
+        rc = c->err;
+    if (rc == KVEDGE_OK) {
+        if (c->n)
+            qsort(c->rows, c->n, sizeof c->rows[0], s_row_cmp);
+        rc = kvedge_engine_scan(e, NULL, s_collect_meta, c);
+    }
+    return rc;
+}
+
+static const char *s_schemes(unsigned mask, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    for (int s = KVEDGE_SCHEME_LOSSLESS; s <= KVEDGE_SCHEME_INT4; s++)
+        if (mask & (1u << s)) {
+            if (buf[0])
+                strncat(buf, ",", len - strlen(buf) - 1);
+            strncat(buf, kvedge_scheme_name((kvedge_scheme_t)s), len - strlen(buf) - 1);
+        }
+    if (!buf[0])
+        snprintf(buf, len, "-");
+    return buf;
+}
+
+static double s_ratio(uint64_t fp16, uint64_t stored)
+{
+    return stored ? (double)fp16 / (double)stored : 0.0;
+}
+
+/* ---- inspect ---- */
+
+typedef struct {
+    const char *model;
+    kvedge_model_t shape;
+    uint64_t chunks, tokens, blocks, bytes, fp16_bytes, pinned;
+    unsigned schemes;
+} s_model_row_t;
+
+static int s_cmd_inspect(kvedge_cli_t *cli, int argc, char **argv)
+{
+    int ex = s_no_options(s_cmd("inspect"), argc, argv, 0,
+                          "Per model: prefix chunks, tokens, layers x heads x head_dim, blocks,\n"
+                          "bytes stored against their fp16 size, schemes and compression ratio.\n");
+    if (ex >= 0)
+        return ex;
+    kvedge_engine_t *e;
+    if ((ex = kvedge_cli_open(cli, false, &e)) != 0)
+        return ex;
+    s_chunks_t c;
+    int rc = s_load_chunks(e, &c);
+    kvedge_engine_stats_t st;
+    if (rc == KVEDGE_OK)
+        rc = kvedge_engine_stats(e, &st);
+    s_model_row_t *m = calloc(c.n + 1, sizeof *m);
+    size_t nm = 0;
+    for (size_t i = 0; rc == KVEDGE_OK && m && i < c.n; i++) {
+        size_t j = 0;
+        while (j < nm && strcmp(m[j].model, c.rows[i].info.model_id) != 0)
+            j++;
+        if (j == nm) {
+            m[nm].model = c.rows[i].info.model_id;
+            if (kvedge_engine_get_model(e, m[nm].model, &m[nm].shape) != KVEDGE_OK)
+                memset(&m[nm].shape, 0, sizeof m[nm].shape);
+            nm++;
+        }
+        m[j].chunks++;
+        m[j].tokens += c.rows[i].info.tokens;
+        m[j].blocks += c.rows[i].blocks;
+        m[j].bytes += c.rows[i].bytes;
+        m[j].fp16_bytes += c.rows[i].fp16_bytes;
+        m[j].pinned += c.rows[i].pinned;
+        m[j].schemes |= c.rows[i].schemes;
+    }
+    if (rc == KVEDGE_OK && !m)
+        rc = KVEDGE_ENOMEM;
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("inspect %s: %s", cli->data_dir, kvedge_strerror(rc));
+        ex = kvedge_cli_exit_code(rc);
+    } else if (cli->json) {
+        printf("{\"store\":");
+        kvedge_cli_json_str(stdout, cli->data_dir);
+        printf(",\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
+               "\"quarantined\":%llu,\"chunks\":%zu,\"models\":[",
+               (unsigned long long)st.blocks, (unsigned long long)st.bytes,
+               (unsigned long long)st.fp16_bytes, (unsigned long long)st.pinned_blocks,
+               (unsigned long long)st.quarantined, c.n);
+        for (size_t j = 0; j < nm; j++) {
+            char sch[32];
+            printf("%s{\"model\":", j ? "," : "");
+            kvedge_cli_json_str(stdout, m[j].model);
+            printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"chunks\":%llu,"
+                   "\"tokens\":%llu,\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,"
+                   "\"pinned_blocks\":%llu,\"ratio\":%.3f,\"schemes\":\"%s\"}",
+                   m[j].shape.layers, m[j].shape.kv_heads, m[j].shape.head_dim,
+                   (unsigned long long)m[j].chunks, (unsigned long long)m[j].tokens,
+                   (unsigned long long)m[j].blocks, (unsigned long long)m[j].bytes,
+                   (unsigned long long)m[j].fp16_bytes, (unsigned long long)m[j].pinned,
+                   s_ratio(m[j].fp16_bytes, m[j].bytes), s_schemes(m[j].schemes, sch, sizeof sch));
+        }
+        printf("]}\n");
+    } else {
+        char b1[32], b2[32];
+        printf("store %s: %zu model%s, %zu prefix chunks, %llu blocks (%llu pinned), "
+               "%llu quarantined\n",
+               cli->data_dir, nm, nm == 1 ? "" : "s", c.n, (unsigned long long)st.blocks,
+               (unsigned long long)st.pinned_blocks, (unsigned long long)st.quarantined);
+        printf("stored %s for %s of fp16 KV: %.2fx\n\n", kvedge_cli_bytes(st.bytes, b1, 32),
+               kvedge_cli_bytes(st.fp16_bytes, b2, 32), s_ratio(st.fp16_bytes, st.bytes));
+        printf("%-16s %6s %5s %4s %6s %7s %8s %11s %11s %7s  %s\n", "MODEL", "LAYERS", "HEADS",
+               "DIM", "CHUNKS", "TOKENS", "BLOCKS", "STORED", "FP16", "RATIO", "SCHEMES");
+        for (size_t j = 0; j < nm; j++) {
+            char sch[32];
+            printf("%-16s %6u %5u %4u %6llu %7llu %8llu %11s %11s %6.2fx  %s\n", m[j].model,
+                   m[j].shape.layers, m[j].shape.kv_heads, m[j].shape.head_dim,
+                   (unsigned long long)m[j].chunks, (unsigned long long)m[j].tokens,
+                   (unsigned long long)m[j].blocks, kvedge_cli_bytes(m[j].bytes, b1, 32),
+                   kvedge_cli_bytes(m[j].fp16_bytes, b2, 32), s_ratio(m[j].fp16_bytes, m[j].bytes),
+                   s_schemes(m[j].schemes, sch, sizeof sch));
+        }
+        if (nm == 0)
+            printf("(empty)\n");
+    }
+    free(m);
+    free(c.rows);
+    kvedge_engine_destroy(&e);
+    return ex;
+}
+
+/* ---- ls ---- */
+
+static int s_cmd_ls(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"full", no_argument, NULL, 'f'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const kvedge_cli_cmd_t *cmd = s_cmd("ls");
+    const char *model = NULL;
+    bool full = false;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "m:fh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm':
+            model = optarg;
+            break;
+        case 'f':
+            full = true;
+            break;
+        case 'h':
+            kvedge_cli_usage(stdout, cmd,
+                             "  -m, --model ID   only prefixes of this model\n"
+                             "  -f, --full       print full 64-digit prefix ids\n");
+            return KVEDGE_EXIT_OK;
+        default:
+            return s_bad_option(cmd, argc, argv);
+        }
+    }
+    if (optind != argc)
+        return s_bad_option(cmd, argc, argv);
+    kvedge_engine_t *e;
+    int ex = kvedge_cli_open(cli, false, &e);
+    if (ex)
+        return ex;
+    s_chunks_t ch;
+    int rc = s_load_chunks(e, &ch);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("ls %s: %s", cli->data_dir, kvedge_strerror(rc));
+        free(ch.rows);
+        kvedge_engine_destroy(&e);
+        return kvedge_cli_exit_code(rc);
+    }
+    if (!cli->json)
+        printf("%-*s %-16s %5s %6s %6s %5s %6s %10s %7s %6s %s\n", full ? 64 : S_SHORT_ID_DIGITS,
+               "PREFIX", "MODEL", "CHUNK", "TOKENS", "LAYERS", "HEADS", "BLOCKS", "STORED", "RATIO",
+               "PINNED", "SCHEMES");
+    else
+        printf("[");
+    size_t shown = 0;
+    for (size_t i = 0; i < ch.n; i++) {
+        const s_chunk_row_t *r = &ch.rows[i];
+        if (model && strcmp(model, r->info.model_id) != 0)
+            continue;
+        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES], sch[32], b[32];
+        kvedge_chunk_id_hex(&r->info.id, hex);
+        if (cli->json) {
+            printf("%s{\"prefix\":\"%s\",\"parent\":", shown ? "," : "", hex);
+            if (r->info.has_parent)
+                printf("\"%s\"", kvedge_chunk_id_hex(&r->info.parent, phex));
+            else
+                printf("null");
+            printf(",\"model\":");
+            kvedge_cli_json_str(stdout, r->info.model_id);
+            printf(",\"chunk\":%u,\"tokens\":%u,\"layers\":%u,\"heads\":%u,\"blocks\":%llu,"
+                   "\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
+                   "\"schemes\":\"%s\"}",
+                   r->info.index, r->info.tokens, r->layers_max, r->heads_max,
+                   (unsigned long long)r->blocks, (unsigned long long)r->bytes,
+                   (unsigned long long)r->fp16_bytes, (unsigned long long)r->pinned,
+                   s_schemes(r->schemes, sch, sizeof sch));
+        } else {
+            if (!full)
+                hex[S_SHORT_ID_DIGITS] = '\0';
+            printf("%-*s %-16s %5u %6u %6u %5u %6llu %10s %6.2fx %6llu %s\n",
+                   full ? 64 : S_SHORT_ID_DIGITS, hex, r->info.model_id, r->info.index,
+                   r->info.tokens, r->layers_max, r->heads_max, (unsigned long long)r->blocks,
+                   kvedge_cli_bytes(r->bytes, b, sizeof b), s_ratio(r->fp16_bytes, r->bytes),
+                   (unsigned long long)r->pinned, s_schemes(r->schemes, sch, sizeof sch));
+        }
+        shown++;
+    }
+    if (cli->json)
+        printf("]\n");
+    free(ch.rows);
+    kvedge_engine_destroy(&e);
+    return KVEDGE_EXIT_OK;
+}
+
+/* ---- show ---- */
+
+typedef struct {
+    kvedge_engine_t *e;
+    bool json;
+    int layer; /* -1 = all */
+    uint64_t shown, bad;
+} s_show_t;
+
+static int s_show_block(void *ctx, const kvedge_block_key_t *key, const kvedge_block_meta_t *m)
+{
+    s_show_t *s = ctx;
+    if (s->layer >= 0 && key->layer != s->layer)
+        return 0;
+    kvedge_value_t v;
+    int rc = kvedge_engine_get(s->e, key, &v);
+    if (rc == KVEDGE_OK)
+        kvedge_value_release(&v);
+    const char *state = rc == KVEDGE_OK ? "ok" : rc == KVEDGE_ECORRUPT ? "CORRUPT" : "missing";
+    s->bad += rc != KVEDGE_OK;
+    double ratio = s_ratio(kvedge_block_fp16_bytes(m->tokens, m->head_dim), m->bytes);
+    if (s->json) {
+        printf("%s{\"layer\":%u,\"head\":%u,\"scheme\":\"%s\",\"dtype\":\"%s\",\"group\":%u,"
+               "\"key_channels\":%u,\"head_dim\":%u,\"tokens\":%u,\"bytes\":%u,\"lz4\":%s,"
+               "\"ratio\":%.3f,\"pinned\":%s,\"checksum\":\"%016llx\",\"state\":\"%s\"}",
+               s->shown ? "," : "", key->layer, key->head, kvedge_scheme_name(m->scheme),
+               kvedge_dtype_name(m->dtype), m->group_size, m->key_channels, m->head_dim, m->tokens,
+               m->bytes, m->lz4 ? "true" : "false", ratio, m->pinned ? "true" : "false",
+               (unsigned long long)m->checksum, state);
+    } else {
+        printf("%5u %4u %-8s %-5s %5u %4u/%-4u %9u %3s %6.2fx %6s %016llx %s\n", key->layer,
+               key->head, kvedge_scheme_name(m->scheme), kvedge_dtype_name(m->dtype), m->group_size,
+               m->key_channels, m->head_dim, m->bytes, m->lz4 ? "yes" : "no", ratio,
+               m->pinned ? "yes" : "no", (unsigned long long)m->checksum, state);
+    }
+    s->shown++;
+    return 0;
+}
+
+static int s_cmd_show(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"layer", required_argument, NULL, 'l'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const kvedge_cli_cmd_t *cmd = s_cmd("show");
+    s_show_t s = {NULL, cli->json, -1, 0, 0};
+    uint64_t v;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "l:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'l':
+            if (kvedge_cli_parse_u64(optarg, 0, KVEDGE_MODEL_MAX_LAYERS - 1, &v) != 0) {
+                kvedge_cli_error("show: --layer wants a layer number, got '%s'", optarg);
+                return KVEDGE_EXIT_USAGE;
+            }
+            s.layer = (int)v;
+            break;
+        case 'h':
+            kvedge_cli_usage(
+                stdout, cmd,
+                "Reads and verifies every block of the prefix chunk and prints, per\n"
+                "layer and head: scheme, dtype, group, kept key channels, bytes, lz4,\n"
+                "compression against fp16, pinned, checksum and its state.\n\n"
+                "  -l, --layer L   only layer L\n");
+            return KVEDGE_EXIT_OK;
+        default:
+            return s_bad_option(cmd, argc, argv);
+        }
+    }
+    if (argc - optind != 1) {
+        kvedge_cli_error("show: expected one PREFIX (see kvedge ls)");
+        return KVEDGE_EXIT_USAGE;
+    }
+    int ex = kvedge_cli_open(cli, false, &s.e);
+    if (ex)
+        return ex;
+    kvedge_chunk_info_t info;
+    if ((ex = s_resolve(cli, s.e, argv[optind], &info)) != 0) {
+        kvedge_engine_destroy(&s.e);
+        return ex;
+    }
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES];
+    kvedge_chunk_id_hex(&info.id, hex);
+    if (info.has_parent)
+        kvedge_chunk_id_hex(&info.parent, phex);
+    if (cli->json) {
+        printf("{\"prefix\":\"%s\",\"parent\":%s%s%s,\"model\":", hex, info.has_parent ? "\"" : "",
+               info.has_parent ? phex : "null", info.has_parent ? "\"" : "");
+        kvedge_cli_json_str(stdout, info.model_id);
+        printf(",\"chunk\":%u,\"tokens\":%u,\"blocks\":[", info.index, info.tokens);
+    } else {
+        printf("prefix %s\nmodel  %s   chunk #%u   tokens %u   parent %s\n\n", hex, info.model_id,
+               info.index, info.tokens, info.has_parent ? phex : "-");
+        printf("%5s %4s %-8s %-5s %5s %9s %9s %3s %7s %6s %-16s %s\n", "LAYER", "HEAD", "SCHEME",
+               "DTYPE", "GROUP", "CHANNELS", "BYTES", "LZ4", "RATIO", "PINNED", "CHECKSUM",
+               "STATE");
+    }
+    int rc = kvedge_engine_scan(s.e, &info.id, s_show_block, &s);
+    if (cli->json)
+        printf("],\"corrupt\":%llu}\n", (unsigned long long)s.bad);
+    else
+        printf("\n%llu blocks shown, %llu failed verification\n", (unsigned long long)s.shown,
+               (unsigned long long)s.bad);
+    kvedge_engine_destroy(&s.e);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("show: %s", kvedge_strerror(rc));
+        return kvedge_cli_exit_code(rc);
+    }
+    return s.bad ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
+}
+
+/* ---- put-synthetic ---- */
+
+typedef struct {
+    const char *model;
+    uint64_t tokens, group, keep, seed, chunk_tokens, ttl;
+    bool group_set, keep_set, lz4, pin;
+    kvedge_scheme_t scheme;
+    const char *salt;
+} s_synth_opts_t;
+
+/* Seed of one head: fixed per (seed, layer, head) so a head keeps its outlier channels. */
+static uint64_t s_head_seed(uint64_t seed, uint32_t layer, uint32_t head)
+{
+    return seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)layer << 32 | head);
+}
+
+static int s_put_synthetic(kvedge_cli_t *cli, kvedge_engine_t *e, const kvedge_model_t *m,
+                           const s_synth_opts_t *o)
+{
+    const uint32_t D = m->head_dim, C = (uint32_t)o->chunk_tokens;
+    const size_t es = kvedge_dtype_size(m->dtype);
+    const uint32_t n_chunks = (uint32_t)((o->tokens + C - 1) / C);
+    uint32_t *tokens = malloc(sizeof(uint32_t) * o->tokens);
+    kvedge_chunk_id_t *ids = malloc(sizeof *ids * n_chunks);
+    float *kf = malloc(sizeof(float) * 2 * C * D), *vf = kf ? kf + (size_t)C * D : NULL;
+    uint8_t *k = malloc((size_t)C * D * es), *v = malloc((size_t)C * D * es);
+    kvedge_block_spec_t spec = {m->dtype,           o->scheme, C,     m->head_dim,
+                                (uint16_t)o->group, NULL,      o->lz4};
+    uint8_t mask[KVEDGE_BLOCK_MAX_HEAD_DIM / 8];
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    uint8_t *blk = malloc(cap);
+    int rc = (tokens && ids && kf && k && v && blk) ? KVEDGE_OK : KVEDGE_ENOMEM;
+    kvedge_rng_t r;
+    kvedge_rng_seed(&r, o->seed);
+    for (uint64_t i = 0; rc == KVEDGE_OK && i < o->tokens; i++)
+        tokens[i] = (uint32_t)(kvedge_rng_next(&r) % S_VOCAB_SIZE);
+    if (rc == KVEDGE_OK) {
+        int n = kvedge_chunk_chain((const uint8_t *)o->salt, strlen(o->salt), m->id, tokens,
+                                   o->tokens, C, ids, n_chunks);
+        rc = n < 0 ? n : KVEDGE_OK;
+    }
+    kvedge_put_opts_t po = {o->ttl ? (uint32_t)o->ttl : 0, o->pin};
+    uint64_t blocks = 0, stored = 0, fp16 = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    bool progress = !cli->json && isatty(STDERR_FILENO);
+    for (uint32_t ci = 0; rc == KVEDGE_OK && ci < n_chunks; ci++) {
+        uint32_t nt =
+            (uint32_t)(o->tokens - (uint64_t)ci * C < C ? o->tokens - (uint64_t)ci * C : C);
+        kvedge_chunk_info_t info;
+        memset(&info, 0, sizeof info);
+        info.id = ids[ci];
+        info.has_parent = ci > 0;
+        if (ci > 0)
+            info.parent = ids[ci - 1];
+        snprintf(info.model_id, sizeof info.model_id, "%s", m->id);
+        info.index = ci;
+        info.tokens = nt;
+        spec.tokens = nt;
+        for (uint32_t l = 0; rc == KVEDGE_OK && l < m->layers; l++) {
+            for (uint32_t h = 0; rc == KVEDGE_OK && h < m->kv_heads; h++) {
+                rc = kvedge_synth_head_f32(s_head_seed(o->seed, l, h), ci * C, nt, D, kf, vf);
+                if (rc != KVEDGE_OK)
+                    break;
+                if (o->keep < D) {
+                    kvedge_synth_key_mask(kf, nt, D, (uint32_t)o->keep, mask);
+                    spec.key_mask = mask;
+                }
+                kvedge_convert_from_f32(m->dtype, kf, (size_t)nt * D, k);
+                kvedge_convert_from_f32(m->dtype, vf, (size_t)nt * D, v);
+                size_t len;
+                rc = kvedge_block_encode(&spec, k, v, blk, cap, &len);
+                if (rc == KVEDGE_OK)
+                    rc = kvedge_engine_put(e, &info, (uint16_t)l, (uint16_t)h, blk, len, &po);
+                blocks++;
+                stored += len;
+                fp16 += kvedge_block_fp16_bytes(nt, m->head_dim);
+            }
+        }
+        if (progress)
+            fprintf(stderr, "\rput-synthetic: chunk %u/%u", ci + 1, n_chunks);
+    }
+    if (progress)
+        fputc('\n', stderr);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("put-synthetic: %s", kvedge_strerror(rc));
+    } else {
+        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
+        kvedge_chunk_id_hex(&ids[n_chunks - 1], hex);
+        if (cli->json) {
+            printf("{\"prefix\":\"%s\",\"model\":", hex);
+            kvedge_cli_json_str(stdout, m->id);
+            printf(",\"scheme\":\"%s\",\"tokens\":%llu,\"chunks\":%u,\"blocks\":%llu,"
+                   "\"bytes\":%llu,\"fp16_bytes\":%llu,\"ratio\":%.3f,\"seconds\":%.3f}\n",
+                   kvedge_scheme_name(o->scheme), (unsigned long long)o->tokens, n_chunks,
+                   (unsigned long long)blocks, (unsigned long long)stored, (unsigned long long)fp16,
+                   s_ratio(fp16, stored), secs);
+        } else {
+            printf("put %llu blocks of %s (%llu tokens in %u chunks, %u layers x %u heads, "
+                   "%s): %s stored for %s fp16 (%.2fx) in %.2f s\nprefix %s\n",
+                   (unsigned long long)blocks, m->id, (unsigned long long)o->tokens, n_chunks,
+                   m->layers, m->kv_heads, kvedge_scheme_name(o->scheme),
+                   kvedge_cli_bytes(stored, b1, 32), kvedge_cli_bytes(fp16, b2, 32),
+                   s_ratio(fp16, stored), secs, hex);
+        }
+    }
+    free(tokens);
+    free(ids);
+    free(kf);
+    free(k);
+    free(v);
+    free(blk);
+    return rc;
+}
+
+static void s_list_builtin_models(FILE *f)
+{
+    size_t n;
+    const kvedge_model_t *t = kvedge_model_builtins(&n);
+    fprintf(f, "built-in models:");
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, " %s", t[i].id);
+    fputc('\n', f);
+}
+
+static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"tokens", required_argument, NULL, 't'},
+                                         {"scheme", required_argument, NULL, 's'},
+                                         {"group", required_argument, NULL, 'g'},
+                                         {"keep-channels", required_argument, NULL, 'k'},
+                                         {"no-lz4", no_argument, NULL, 'Z'},
+                                         {"seed", required_argument, NULL, 'S'},
+                                         {"salt", required_argument, NULL, 'a'},
+                                         {"chunk-tokens", required_argument, NULL, 'c'},
+                                         {"pin", no_argument, NULL, 'p'},
+                                         {"ttl", required_argument, NULL, 'T'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const kvedge_cli_cmd_t *cmd = s_cmd("put-synthetic");
+    s_synth_opts_t o = {NULL,
+                        S_TOKENS_DEFAULT,
+                        0,
+                        0,
+                        1,
+                        KVEDGE_CHUNK_TOKENS_DEFAULT,
+                        0,
+                        false,
+                        false,
+                        true,
+                        false,
+                        KVEDGE_SCHEME_INT8,
+                        S_SALT_DEFAULT};
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "m:t:s:g:k:S:c:h", opts, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'm':
+            o.model = optarg;
+            break;
+        case 't':
+            bad = kvedge_cli_parse_u64(optarg, 1, 1u << 24, &o.tokens);
+            break;
+        case 's':
+            bad = kvedge_scheme_parse(optarg, &o.scheme) ? -1 : 0;
+            break;
+        case 'g':
+            bad = kvedge_cli_parse_u64(optarg, 0, UINT16_MAX, &o.group);
+            o.group_set = true;
+            break;
+        case 'k':
+            bad = kvedge_cli_parse_u64(optarg, 1, KVEDGE_BLOCK_MAX_HEAD_DIM, &o.keep);
+            o.keep_set = true;
+            break;
+        case 'Z':
+            o.lz4 = false;
+            break;
+        case 'S':
+            bad = kvedge_cli_parse_u64(optarg, 0, UINT64_MAX, &o.seed);
+            break;
+        case 'a':
+            o.salt = optarg;
+            bad = strlen(optarg) > KVEDGE_SALT_MAX_BYTES ? -1 : 0;
+            break;
+        case 'c':
+            bad = kvedge_cli_parse_u64(optarg, 1, KVEDGE_BLOCK_MAX_TOKENS, &o.chunk_tokens);
+            break;
+        case 'p':
+            o.pin = true;
+            break;
+        case 'T':
+            bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX - 1, &o.ttl);
+            break;
+        case 'h':
+            kvedge_cli_usage(
+                stdout, cmd,
+                "Generates a realistic synthetic KV cache (Gaussian values, keys with outlier\n"
+                "channels) for a model shape and a random token sequence, and stores it.\n\n"
+                "  -m, --model ID          model shape (required; see kvedge models)\n"
+                "  -t, --tokens N          context length in tokens (default 1024)\n"
+                "  -s, --scheme S          lossless, int8 or int4 (default int8)\n"
+                "  -g, --group N           quantization group (default: int8 0 = whole axis,\n"
+                "                          int4 32)\n"
+                "  -k, --keep-channels N   ThinK: keep the N key channels of largest magnitude\n"
+                "      --no-lz4            never lz4-compress blocks\n"
+                "  -S, --seed N            data and token seed (default 1)\n"
+                "      --salt STR          tenant namespace of the chunk ids (default local)\n"
+                "  -c, --chunk-tokens N    tokens per chunk (default 256)\n"
+                "      --pin               pin the blocks (never evicted or expired)\n"
+                "      --ttl SECONDS       expire the blocks after SECONDS\n");
+            return KVEDGE_EXIT_OK;
+        default:
+            return s_bad_option(cmd, argc, argv);
+        }
+        if (bad) {
+            kvedge_cli_error("put-synthetic: bad value '%s' for %s", optarg, argv[optind - 1]);
+            return KVEDGE_EXIT_USAGE;
+        }
+    }
+    if (optind != argc)
+        return s_bad_option(cmd, argc, argv);
+    if (!o.model) {
+        kvedge_cli_error("put-synthetic: --model is required");
+        s_list_builtin_models(stderr);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (o.scheme == KVEDGE_SCHEME_LOSSLESS && o.group_set && o.group) {
+        kvedge_cli_error("put-synthetic: --group applies to int8 and int4 only");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (!o.group_set)
+        o.group = o.scheme == KVEDGE_SCHEME_INT4 ? KVEDGE_BLOCK_INT4_GROUP_DEFAULT : 0;
+    kvedge_engine_t *e;
+    int ex = kvedge_cli_open(cli, true, &e);
+    if (ex)
+        return ex;
+    kvedge_model_t m;
+    int rc = kvedge_engine_get_model(e, o.model, &m);
+    if (rc == KVEDGE_ENOMODEL || rc == KVEDGE_ENOTFOUND) {
+        rc = kvedge_model_builtin(o.model, &m);
+        if (rc == KVEDGE_OK)
+            rc = kvedge_engine_put_model(e, &m);
+    }
+    if (rc == KVEDGE_ENOMODEL) {
+        kvedge_cli_error("unknown model '%s'", o.model);
+        s_list_builtin_models(stderr);
+        kvedge_engine_destroy(&e);
+        return KVEDGE_EXIT_NOTFOUND;
+    }
+    if (rc == KVEDGE_OK && !o.keep_set)
+        o.keep = m.head_dim;
+    if (rc == KVEDGE_OK && o.keep > m.head_dim) {
+        kvedge_cli_error("put-synthetic: --keep-channels %llu exceeds head_dim %u of %s",
+                         (unsigned long long)o.keep, m.head_dim, m.id);
+        kvedge_engine_destroy(&e);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (rc == KVEDGE_OK)
+        rc = s_put_synthetic(cli, e, &m, &o);
+    else
+        kvedge_cli_error("put-synthetic: %s", kvedge_strerror(rc));
+    kvedge_engine_destroy(&e);
+    return kvedge_cli_exit_code(rc);
+}
+
+/* ---- verify ---- */
+
+typedef struct {
+    bool json;
+    uint64_t n;
+} s_verify_t;
+
+static int s_verify_bad(void *ctx, const kvedge_block_key_t *key, int err)
+{
+    s_verify_t *v = ctx;
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
+    kvedge_chunk_id_hex(&key->chunk, hex);
+    if (v->json)
+        printf("%s{\"prefix\":\"%s\",\"layer\":%u,\"head\":%u,\"error\":\"%s\"}", v->n ? "," : "",
+               hex, key->layer, key->head, kvedge_errname(err));
+    else
+        printf("corrupt: prefix %s layer %u head %u: %s\n", hex, key->layer, key->head,
+               kvedge_strerror(err));
+    v->n++;
+    return 0;
+}
+
+static int s_cmd_verify(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"quarantine", no_argument, NULL, 'q'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const kvedge_cli_cmd_t *cmd = s_cmd("verify");
+    bool quarantine = false;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
+        if (c == 'q') {
+            quarantine = true;
+        } else if (c == 'h') {
+            kvedge_cli_usage(stdout, cmd,
+                             "Reads every block and checks its structure, its xxh3 checksum and\n"
+                             "its metadata. Exit code 4 when any block is corrupt.\n\n"
+                             "  -q, --quarantine   move corrupt blocks to quarantine (needs the\n"
+                             "                     store not to be in use)\n");
+            return KVEDGE_EXIT_OK;
+        } else {
+            return s_bad_option(cmd, argc, argv);
+        }
+    }
+    if (optind != argc)
+        return s_bad_option(cmd, argc, argv);
+    kvedge_engine_t *e;
+    int ex = kvedge_cli_open(cli, quarantine, &e);
+    if (ex)
+        return ex;
+    s_verify_t v = {cli->json, 0};
+    uint64_t checked = 0, bad = 0;
+    if (cli->json)
+        printf("{\"corrupt_blocks\":[");
+    int rc = kvedge_engine_verify(e, quarantine, s_verify_bad, &v, &checked, &bad);
+    if (cli->json)
+        printf("],\"checked\":%llu,\"corrupt\":%llu,\"quarantined\":%s}\n",
+               (unsigned long long)checked, (unsigned long long)bad,
+               quarantine && bad ? "true" : "false");
+    else
+        printf("verified %llu blocks: %llu ok, %llu corrupt%s\n", (unsigned long long)checked,
+               (unsigned long long)(checked - bad), (unsigned long long)bad,
+               bad ? (quarantine ? " (moved to quarantine)" : " (run verify --quarantine)") : "");
+    kvedge_engine_destroy(&e);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("verify: %s", kvedge_strerror(rc));
+        return kvedge_cli_exit_code(rc);
+    }
+    return bad ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
+}
+
+/* ---- evict ---- */
+
+static int s_cmd_evict(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"to", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    const kvedge_cli_cmd_t *cmd = s_cmd("evict");
+    uint64_t target = 0;
+    bool have = false;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "t:h", opts, NULL)) != -1) {
+        if (c == 't') {
+            if (kvedge_cli_parse_size(optarg, &target) != 0) {
+                kvedge_cli_error("evict: --to wants a size such as 512M, got '%s'", optarg);
+                return KVEDGE_EXIT_USAGE;
+            }
+            have = true;
+        } else if (c == 'h') {
+            kvedge_cli_usage(stdout, cmd,
+                             "Evicts least-recently-used unpinned blocks until at most SIZE bytes\n"
+                             "are stored. Pinned blocks are never evicted.\n\n"
+                             "  -t, --to SIZE   target size: bytes, or with K, M, G, T suffix\n");
+            return KVEDGE_EXIT_OK;
+        } else {
+            return s_bad_option(cmd, argc, argv);
+        }
+    }
+    if (!have || optind != argc) {
+        kvedge_cli_error("evict: --to SIZE is required");
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_engine_t *e;
+    int ex = kvedge_cli_open(cli, true, &e);
+    if (ex)
+        return ex;
+    uint64_t blocks = 0, bytes = 0;
+    int rc = kvedge_engine_evict(e, target, &blocks, &bytes);
+    kvedge_engine_stats_t st;
+    kvedge_engine_stats(e, &st);
+    char b1[32], b2[32];
+    if (cli->json)
+        printf("{\"evicted_blocks\":%llu,\"evicted_bytes\":%llu,\"bytes\":%llu,"
+               "\"pinned_bytes\":%llu,\"reached\":%s}\n",
+               (unsigned long long)blocks, (unsigned long long)bytes, (unsigned long long)st.bytes,
+               (unsigned long long)st.pinned_bytes, rc == KVEDGE_OK ? "true" : "false");
+    else if (rc == KVEDGE_OK || rc == KVEDGE_EFULL)
+        printf("evicted %llu blocks (%s); %s stored\n", (unsigned long long)blocks,
+               kvedge_cli_bytes(bytes, b1, 32), kvedge_cli_bytes(st.bytes, b2, 32));
+    kvedge_engine_destroy(&e);
+    if (rc == KVEDGE_EFULL) {
+        kvedge_cli_error("evict: pinned blocks alone take %s, more than the target",
+                         kvedge_cli_bytes(st.pinned_bytes, b1, 32));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    if (rc != KVEDGE_OK)
+        kvedge_cli_error("evict: %s", kvedge_strerror(rc));
+    return kvedge_cli_exit_code(rc);
+}
+
+/* ---- pin / unpin / delete ---- */
+
+/* Pins or unpins a prefix: the chunk and every chunk above it in its chain. */
+static int s_pin(kvedge_cli_t *cli, int argc, char **argv, bool pin)
+{
+    const kvedge_cli_cmd_t *cmd = s_cmd(pin ? "pin" : "unpin");
+    int ex = s_no_options(cmd, argc, argv, 1,
+                          "A prefix is its last chunk together with every chunk before it in\n"
+                          "the chain; all their blocks are (un)pinned. Pinned blocks are never\n"
+                          "evicted and never expire.\n");
+    if (ex >= 0)
+        return ex;
+    kvedge_engine_t *e;
+    if ((ex = kvedge_cli_open(cli, true, &e)) != 0)
+        return ex;
+    kvedge_chunk_info_t info;
+    if ((ex = s_resolve(cli, e, argv[optind], &info)) != 0) {
+        kvedge_engine_destroy(&e);
+        return ex;
+    }
+    uint64_t changed = 0, chunks = 0;
+    int rc;
+    for (;;) {
+        uint64_t n = 0;
+        rc = kvedge_engine_pin_chunk(e, &info.id, pin, &n);
+        if (rc != KVEDGE_OK)
+            break;
+        changed += n;
+        chunks++;
+        if (!info.has_parent)
+            break;
+        kvedge_chunk_id_t parent = info.parent;
+        rc = kvedge_engine_get_chunk(e, &parent, &info);
+        if (rc == KVEDGE_ENOTFOUND) { /* the chain above was deleted: pin what is here */
+            rc = KVEDGE_OK;
+            break;
+        }
+        if (rc != KVEDGE_OK)
+            break;
+    }
+    kvedge_engine_destroy(&e);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("%s: %s", cmd->name, kvedge_strerror(rc));
+        return kvedge_cli_exit_code(rc);
+    }
+    if (cli->json)
+        printf("{\"%s\":%llu,\"chunks\":%llu}\n", pin ? "pinned" : "unpinned",
+               (unsigned long long)changed, (unsigned long long)chunks);
+    else
+        printf("%s %llu blocks in %llu chunks\n", pin ? "pinned" : "unpinned",
+               (unsigned long long)changed, (unsigned long long)chunks);
+    return KVEDGE_EXIT_OK;
+}
+
+static int s_cmd_pin(kvedge_cli_t *cli, int argc, char **argv)
+{
+    return s_pin(cli, argc, argv, true);
+}
+
+static int s_cmd_unpin(kvedge_cli_t *cli, int argc, char **argv)
+{
+    return s_pin(cli, argc, argv, false);
+}
+
+static int s_cmd_delete(kvedge_cli_t *cli, int argc, char **argv)
+{
+    int ex = s_no_options(s_cmd("delete"), argc, argv, 1,
+                          "Deletes the prefix chunk and every chunk chained below it (their\n"
+                          "blocks are unreachable without it), pinned or not.\n");
+    if (ex >= 0)
+        return ex;
+    kvedge_engine_t *e;
+    if ((ex = kvedge_cli_open(cli, true, &e)) != 0)
+        return ex;
+    kvedge_chunk_info_t info;
+    if ((ex = s_resolve(cli, e, argv[optind], &info)) != 0) {
+        kvedge_engine_destroy(&e);
+        return ex;
+    }
+    uint64_t blocks = 0;
+    int rc = kvedge_engine_delete_chunk(e, &info.id, true, &blocks);
+    kvedge_engine_destroy(&e);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("delete: %s", kvedge_strerror(rc));
+        return kvedge_cli_exit_code(rc);
+    }
+    if (cli->json)
+        printf("{\"deleted_blocks\":%llu}\n", (unsigned long long)blocks);
+    else
+        printf("deleted %llu blocks\n", (unsigned long long)blocks);
+    return KVEDGE_EXIT_OK;
+}
+
+/* ---- models ---- */
+
+typedef struct {
+    bool json;
+    size_t n;
+} s_models_t;
+
+static void s_print_model(s_models_t *s, const kvedge_model_t *m, const char *source)
+{
+    uint64_t per_token = kvedge_model_fp16_bytes(m, 1);
+    if (s->json) {
+        printf("%s{\"model\":", s->n ? "," : "");
+        kvedge_cli_json_str(stdout, m->id);
+        printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype\":\"%s\","
+               "\"fp16_bytes_per_token\":%llu,\"source\":\"%s\"}",
+               m->layers, m->kv_heads, m->head_dim, kvedge_dtype_name(m->dtype),
+               (unsigned long long)per_token, source);
+    } else {
+        char b[32];
+        printf("%-16s %6u %8u %8u %5s %12s  %s\n", m->id, m->layers, m->kv_heads, m->head_dim,
+               kvedge_dtype_name(m->dtype), kvedge_cli_bytes(per_token, b, sizeof b), source);
+    }
+    s->n++;
+}
+
+static int s_registered_model(void *ctx, const kvedge_model_t *m)
+{
+    kvedge_model_t b;
+    if (kvedge_model_builtin(m->id, &b) != KVEDGE_OK)
+        s_print_model(ctx, m, "registered");
+    return 0;
+}
+
+static int s_cmd_models(kvedge_cli_t *cli, int argc, char **argv)
+{
+    int ex = s_no_options(s_cmd("models"), argc, argv, 0,
+                          "Lists the built-in model shapes and any other model registered in the\n"
+                          "store (when the store exists).\n");
+    if (ex >= 0)
+        return ex;
+    s_models_t s = {cli->json, 0};
+    if (cli->json)
+        printf("[");
+    else
+        printf("%-16s %6s %8s %8s %5s %12s  %s\n", "MODEL", "LAYERS", "KV_HEADS", "HEAD_DIM",
+               "DTYPE", "KV/TOKEN", "SOURCE");
+    size_t n;
+    const kvedge_model_t *t = kvedge_model_builtins(&n);
+    for (size_t i = 0; i < n; i++)
+        s_print_model(&s, &t[i], "built-in");
+    kvedge_engine_opts_t opts;
+    kvedge_engine_opts_default(&opts);
+    opts.create_if_missing = false;
+    opts.read_only = true;
+    kvedge_engine_t *e;
+    if (kvedge_engine_open(cli->data_dir, &opts, &e, NULL, 0) == KVEDGE_OK) {
+        kvedge_engine_list_models(e, s_registered_model, &s);
+        kvedge_engine_destroy(&e);
+    }
+    if (cli->json)
+        printf("]\n");
+    return KVEDGE_EXIT_OK;
+}
+
+const kvedge_cli_cmd_t kvedge_cli_local_cmds[] = {
+    {"inspect", s_cmd_inspect, "", "Summarize the store: models, prefixes, bytes, compression."},
+    {"ls", s_cmd_ls, "[--model ID] [--full]", "List prefix chunks."},
+    {"show", s_cmd_show, "PREFIX [--layer L]",
+     "Per layer and head of a prefix: scheme, bytes, checksum."},
+    {"put-synthetic", s_cmd_put_synthetic, "--model ID [--tokens N] [--scheme S] [...]",
+     "Store a realistic synthetic KV cache for a model shape."},
+    {"verify", s_cmd_verify, "[--quarantine]", "Check every block's checksum and structure."},
+    {"evict", s_cmd_evict, "--to SIZE", "Evict least-recently-used unpinned blocks."},
+    {"pin", s_cmd_pin, "PREFIX", "Pin a prefix: never evicted, never expired."},
+    {"unpin", s_cmd_unpin, "PREFIX", "Unpin a prefix."},
+    {"delete", s_cmd_delete, "PREFIX", "Delete a prefix chunk and the chunks chained below it."},
+    {"models", s_cmd_models, "", "List known model shapes."},
+    {NULL, NULL, NULL, NULL},
+};

@@ -1,0 +1,170 @@
+/* Helpers of the kvedge command: errors, exit codes, store opening, number formats, JSON. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/cli.h"
+#include "store/error.h"
+
+void kvedge_cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvedge: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+int kvedge_cli_exit_code(int err)
+{
+    switch (err) {
+    case KVEDGE_OK:
+        return KVEDGE_EXIT_OK;
+    case KVEDGE_ENOTFOUND:
+    case KVEDGE_ENOMODEL:
+        return KVEDGE_EXIT_NOTFOUND;
+    case KVEDGE_EINVAL:
+    case KVEDGE_EAMBIGUOUS:
+        return KVEDGE_EXIT_USAGE;
+    case KVEDGE_EBUSY:
+    case KVEDGE_EVERSION:
+    case KVEDGE_EREADONLY:
+        return KVEDGE_EXIT_UNAVAILABLE;
+    case KVEDGE_ECORRUPT:
+        return KVEDGE_EXIT_CORRUPT;
+    default:
+        return KVEDGE_EXIT_FAILURE;
+    }
+}
+
+int kvedge_cli_open(kvedge_cli_t *cli, bool writable, kvedge_engine_t **out)
+{
+    kvedge_engine_opts_t opts;
+    kvedge_engine_opts_default(&opts);
+    opts.create_if_missing = writable;
+    opts.read_only = !writable;
+    char why[512] = "";
+    int rc = kvedge_engine_open(cli->data_dir, &opts, out, why, sizeof why);
+    if (rc == KVEDGE_OK)
+        return KVEDGE_EXIT_OK;
+    switch (rc) {
+    case KVEDGE_ENOTFOUND:
+        kvedge_cli_error("no kvedge store at %s (create one with `kvedge --data %s "
+                         "put-synthetic ...` or point --data / KVEDGE_DATA at a store)",
+                         cli->data_dir, cli->data_dir);
+        break;
+    case KVEDGE_EBUSY:
+        kvedge_cli_error("store %s is in use by another process (%s); stop it, or use a "
+                         "read-only command such as inspect",
+                         cli->data_dir, why);
+        break;
+    case KVEDGE_EVERSION:
+        kvedge_cli_error("store %s was written by a newer kvedge: %s", cli->data_dir, why);
+        break;
+    case KVEDGE_ECORRUPT:
+        kvedge_cli_error("store %s is damaged: %s", cli->data_dir, why);
+        break;
+    default:
+        kvedge_cli_error("cannot open store %s: %s (%s)", cli->data_dir, why, kvedge_strerror(rc));
+        break;
+    }
+    return KVEDGE_EXIT_UNAVAILABLE;
+}
+
+const char *kvedge_cli_bytes(uint64_t n, char *buf, size_t len)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)n);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+int kvedge_cli_parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !*s)
+        return -1;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0 || !isfinite(v))
+        return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        mul = 1024.0;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1048576.0;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1073741824.0;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mul = 1099511627776.0;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end == 'i' || *end == 'I')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end != '\0' || v * mul > 1.8e19)
+        return -1;
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
+int kvedge_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+    if (!s || !*s || *s == '-')
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end != '\0' || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+void kvedge_cli_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details)
+{
+    fprintf(f, "usage: kvedge [--data DIR] [--json] %s %s\n\n%s\n", cmd->name, cmd->args,
+            cmd->summary);
+    if (details)
+        fprintf(f, "\n%s", details);
+}

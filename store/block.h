@@ -1,0 +1,141 @@
+/* The kvedge block: K and V of one head of one layer for one chunk of tokens, self-describing,
+ * optionally quantized and channel-pruned, lz4-compressed when that pays, xxh3-checksummed.
+ * The byte layout is specified in docs/block-format.md. */
+#ifndef KVEDGE_STORE_BLOCK_H
+#define KVEDGE_STORE_BLOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVEDGE_BLOCK_VERSION        1
+#define KVEDGE_BLOCK_HEADER_BYTES   32
+#define KVEDGE_BLOCK_CHECKSUM_BYTES 8
+#define KVEDGE_BLOCK_MAX_TOKENS     65536
+#define KVEDGE_BLOCK_MAX_HEAD_DIM   1024
+/* Upper bound of a decoded body and of an encoded block; larger input is refused unread. */
+#define KVEDGE_BLOCK_MAX_BYTES          (256u << 20)
+#define KVEDGE_BLOCK_INT4_GROUP_DEFAULT 32
+
+#define KVEDGE_BLOCK_FLAG_LZ4  0x01u
+#define KVEDGE_BLOCK_FLAG_MASK 0x02u
+
+/* Bytes the key-channel mask occupies in a block: head_dim bits padded to 8-byte words, so
+ * the body that follows stays aligned. */
+#define KVEDGE_BLOCK_MASK_BYTES(head_dim) ((((size_t)(head_dim) + 63) / 64) * 8)
+
+typedef enum {
+    KVEDGE_DTYPE_FP16 = 1,
+    KVEDGE_DTYPE_BF16 = 2,
+    KVEDGE_DTYPE_FP32 = 3,
+} kvedge_dtype_t;
+
+typedef enum {
+    KVEDGE_SCHEME_LOSSLESS = 0,
+    KVEDGE_SCHEME_INT8 = 1, /* asymmetric 8-bit; K per channel, V per token */
+    KVEDGE_SCHEME_INT4 = 2, /* asymmetric 4-bit, KIVI: K per channel, V per token, in groups */
+} kvedge_scheme_t;
+
+/* What to encode. K and V are both [tokens][head_dim] row-major in `dtype`. */
+typedef struct {
+    kvedge_dtype_t dtype;
+    kvedge_scheme_t scheme;
+    uint32_t tokens;
+    uint16_t head_dim;
+    /* Quantization group: K groups span this many tokens of one channel, V groups this many
+     * channels of one token. 0 = the whole axis. Must be 0 for lossless. */
+    uint16_t group_size;
+    /* Key channels to keep (ThinK pruning): bitmap of head_dim bits, LSB-first; NULL keeps
+     * every channel. Dropped key channels are not stored and decode as zero. */
+    const uint8_t *key_mask;
+    /* Try lz4 on the body and keep it only when it is smaller. */
+    bool lz4;
+} kvedge_block_spec_t;
+
+/* A parsed, verified block. Pointers point into the buffer given to kvedge_block_parse. */
+typedef struct {
+    uint8_t version;
+    kvedge_dtype_t dtype;
+    kvedge_scheme_t scheme;
+    uint32_t tokens;
+    uint16_t head_dim;
+    uint16_t key_channels; /* channels of K stored (popcount of the mask) */
+    uint16_t group_size;
+    bool lz4;
+    const uint8_t *key_mask; /* NULL when every channel is kept */
+    uint32_t raw_len;        /* body bytes once decompressed */
+    uint32_t stored_len;     /* body bytes in the block */
+    const uint8_t *body;     /* stored body; lz4-compressed when lz4 is set */
+    uint64_t checksum;
+    size_t total_len;
+} kvedge_block_info_t;
+
+/* The sections of a decompressed body, in this order: K params, V params, K codes, V codes.
+ * For lossless, k_codes/v_codes hold the raw dtype elements and the params are NULL. For int8/int4:
+ * params are (scale, min) fp16 pairs, K: [k_groups][key_channels], V: [tokens][v_groups]; codes are
+ * [tokens] rows of [channels] bytes (int8) or of ceil(channels/2) bytes holding two nibbles each,
+ * channel 2j in the low nibble of byte j (int4). */
+typedef struct {
+    const uint16_t *k_params;
+    const uint8_t *k_codes;
+    const uint16_t *v_params;
+    const uint8_t *v_codes;
+    uint32_t k_groups; /* groups along tokens per key channel */
+    uint32_t v_groups; /* groups along channels per token */
+} kvedge_block_sections_t;
+
+/* Bytes per element of a dtype; 0 for an invalid dtype. */
+size_t kvedge_dtype_size(kvedge_dtype_t dtype);
+/* "fp16", "bf16", "fp32", or NULL. */
+const char *kvedge_dtype_name(kvedge_dtype_t dtype);
+/* "lossless", "int8", "int4", or NULL. */
+const char *kvedge_scheme_name(kvedge_scheme_t scheme);
+/* Parse names as printed above. Return 0 or KVEDGE_EINVAL. */
+int kvedge_dtype_parse(const char *name, kvedge_dtype_t *out);
+int kvedge_scheme_parse(const char *name, kvedge_scheme_t *out);
+
+/* Checks a spec against the format's rules and hard limits. Returns 0 or KVEDGE_EINVAL /
+ * KVEDGE_ETOOBIG. */
+int kvedge_block_spec_check(const kvedge_block_spec_t *spec);
+
+/* Upper bound on the encoded size for a spec (exact when lz4 does not pay); 0 if the spec is
+ * invalid. */
+size_t kvedge_block_encoded_bound(const kvedge_block_spec_t *spec);
+
+/* Bytes of K and V together as fp16 for this shape: the "uncompressed" reference size. */
+uint64_t kvedge_block_fp16_bytes(uint32_t tokens, uint16_t head_dim);
+
+/* Encodes K and V into out (4-byte aligned, capacity out_cap: kvedge_block_encoded_bound).
+ * Errors: KVEDGE_EINVAL (bad spec, non-finite values or a range fp16 params cannot hold in a
+ * quantized scheme), KVEDGE_ETOOBIG, KVEDGE_ENOSPACE, KVEDGE_ENOMEM. On error out is garbage. */
+int kvedge_block_encode(const kvedge_block_spec_t *spec, const void *k, const void *v, uint8_t *out,
+                        size_t out_cap, size_t *out_len);
+
+/* Verifies a block without decoding its payload: magic, version, flags, every count and length
+ * against the buffer and the hard limits, then the checksum, then the mask. Fills info on
+ * success. Errors: KVEDGE_ETRUNCATED, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ETOOBIG. */
+int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info);
+
+/* Returns the decompressed body: info->body itself when not compressed, else decompresses
+ * into scratch (at least info->raw_len bytes). Errors: KVEDGE_ENOSPACE, KVEDGE_ECORRUPT. */
+int kvedge_block_body(const kvedge_block_info_t *info, void *scratch, size_t scratch_cap,
+                      const uint8_t **raw);
+
+/* Splits a decompressed body into its sections. */
+void kvedge_block_sections(const kvedge_block_info_t *info, const uint8_t *raw,
+                           kvedge_block_sections_t *sec);
+
+/* Decodes a parsed block into K and V, each [tokens][head_dim] in out_dtype. Dropped key
+ * channels come out as zero. Allocates a scratch body only for lz4 blocks.
+ * Errors: KVEDGE_EINVAL, KVEDGE_ECORRUPT, KVEDGE_ENOMEM. */
+int kvedge_block_decode(const kvedge_block_info_t *info, kvedge_dtype_t out_dtype, void *k_out,
+                        void *v_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,48 @@
+/* Chunk ids: chained BLAKE2b over (namespace salt, model, parent id, tokens), so a prefix's
+ * chunks form a chain and "longest cached prefix" is a walk down it. */
+#ifndef KVEDGE_STORE_CHUNK_H
+#define KVEDGE_STORE_CHUNK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVEDGE_CHUNK_ID_BYTES       32
+#define KVEDGE_CHUNK_ID_HEX_BYTES   (2 * KVEDGE_CHUNK_ID_BYTES + 1)
+#define KVEDGE_CHUNK_TOKENS_DEFAULT 256
+#define KVEDGE_CHUNK_TOKENS_MAX     65536
+#define KVEDGE_SALT_MAX_BYTES       64
+#define KVEDGE_MODEL_ID_MAX_BYTES   128
+
+typedef struct {
+    uint8_t bytes[KVEDGE_CHUNK_ID_BYTES];
+} kvedge_chunk_id_t;
+
+/* Id of one chunk. parent is NULL for the first chunk of a sequence. salt (the tenant
+ * namespace) may be empty. Errors: KVEDGE_EINVAL (NULL, empty model, zero tokens),
+ * KVEDGE_ETOOBIG (salt, model id or token count past its limit). */
+int kvedge_chunk_id(const uint8_t *salt, size_t salt_len, const char *model_id,
+                    const kvedge_chunk_id_t *parent, const uint32_t *tokens, size_t n_tokens,
+                    kvedge_chunk_id_t *out);
+
+/* The chain of ids for a token sequence cut into chunks of chunk_tokens (0 = default); a
+ * final partial chunk gets an id too. Writes at most max_ids ids and returns the number of
+ * chunks the sequence has (so a caller can size the array: pass max_ids 0 to ask), or a
+ * negative error as kvedge_chunk_id. */
+int kvedge_chunk_chain(const uint8_t *salt, size_t salt_len, const char *model_id,
+                       const uint32_t *tokens, size_t n_tokens, uint32_t chunk_tokens,
+                       kvedge_chunk_id_t *ids, size_t max_ids);
+
+/* Lower-case hex of an id into out (KVEDGE_CHUNK_ID_HEX_BYTES). Returns out. */
+char *kvedge_chunk_id_hex(const kvedge_chunk_id_t *id, char *out);
+
+/* Parses exactly 64 hex digits. Returns 0 or KVEDGE_EINVAL. */
+int kvedge_chunk_id_parse(const char *hex, kvedge_chunk_id_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,26 @@
+/* Text for the error codes of store/error.h. */
+#include "store/error.h"
+
+const char *kvedge_strerror(int err)
+{
+    switch (err) {
+#define KVEDGE_ERR_TEXT(name, value, msg)                                                          \
+    case (value):                                                                                  \
+        return msg;
+        KVEDGE_ERRNO_MAP(KVEDGE_ERR_TEXT)
+#undef KVEDGE_ERR_TEXT
+    }
+    return "unknown error";
+}
+
+const char *kvedge_errname(int err)
+{
+    switch (err) {
+#define KVEDGE_ERR_NAME(name, value, msg)                                                          \
+    case (value):                                                                                  \
+        return "KVEDGE_" #name;
+        KVEDGE_ERRNO_MAP(KVEDGE_ERR_NAME)
+#undef KVEDGE_ERR_NAME
+    }
+    return "KVEDGE_EUNKNOWN";
+}

@@ -1,0 +1,63 @@
+/* Asymmetric integer quantization of KV rows (CPU reference): K per channel, V per token,
+ * in groups (KIVI). Params are (scale, min) pairs stored as fp16; x ~ code * scale + min. */
+#ifndef KVEDGE_STORE_QUANT_H
+#define KVEDGE_STORE_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Hot loops get an AVX2 clone chosen at load time, so one binary runs everywhere and still
+ * uses wide vectors where the CPU has them. GCC only: clang 14 emits no resolver for exported
+ * clones in a static library. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(KVEDGE_NO_CLONES)
+#define KVEDGE_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KVEDGE_VECTOR_CLONES
+#endif
+
+/* Groups along an axis of n elements for group size g (0 = the whole axis). */
+static inline uint32_t kvedge_quant_groups(uint32_t n, uint32_t g)
+{
+    return (g == 0 || g >= n) ? 1u : (n + g - 1) / g;
+}
+
+/* Bytes of one row of n codes at `bits` (8 or 4) bits per code. */
+static inline size_t kvedge_quant_row_bytes(uint32_t n, unsigned bits)
+{
+    return bits == 8 ? (size_t)n : ((size_t)n + 1) / 2;
+}
+
+/* Quantizes keys x[tokens][channels]: per channel, over groups of `group` tokens.
+ * params: [groups][channels] (scale, min) pairs; codes: tokens rows.
+ * Returns 0, or KVEDGE_EINVAL for a non-finite input or a range fp16 cannot hold. */
+int kvedge_quant_keys(const float *x, uint32_t tokens, uint32_t channels, uint32_t group,
+                      unsigned bits, uint16_t *params, uint8_t *codes);
+
+/* Quantizes values x[tokens][channels]: per token, over groups of `group` channels.
+ * params: [tokens][groups] pairs. Same errors as kvedge_quant_keys. */
+int kvedge_quant_values(const float *x, uint32_t tokens, uint32_t channels, uint32_t group,
+                        unsigned bits, uint16_t *params, uint8_t *codes);
+
+/* Expands one group's fp16 (scale, min) pairs into float arrays of n entries. */
+void kvedge_quant_params_expand(const uint16_t *params, uint32_t n, float *scale, float *min);
+
+/* Expands one token's value params (groups of `group` channels) to per-channel arrays. */
+void kvedge_quant_params_expand_grouped(const uint16_t *params, uint32_t channels, uint32_t group,
+                                        float *scale, float *min);
+
+/* out[c] = code[c] * scale[c] + min[c] for one row of n codes. */
+void kvedge_dequant_row(const uint8_t *codes, unsigned bits, uint32_t n, const float *scale,
+                        const float *min, float *out);
+
+/* Element conversion of n values between a dtype (see store/block.h) and fp32. */
+void kvedge_convert_to_f32(int dtype, const void *src, size_t n, float *dst);
+void kvedge_convert_from_f32(int dtype, const float *src, size_t n, void *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

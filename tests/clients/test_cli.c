@@ -1,0 +1,310 @@
+/* The kvedge command end to end on a temporary store: every command, JSON output, exit codes,
+ * bad input (unknown model, bad flags, missing, locked and damaged stores, corrupt blocks). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "store/engine.h"
+
+static char s_dir[256]; /* the store directory of the current test */
+static char s_err[512]; /* where the last command's stderr went */
+static char *s_out;     /* stdout of the last command */
+static char *s_errtext; /* stderr of the last command */
+
+static char *s_slurp(FILE *f)
+{
+    size_t len = 0, cap = 4096;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 2) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+        }
+    }
+    if (buf)
+        buf[len] = '\0';
+    return buf;
+}
+
+/* Runs `kvedge --data DIR <args>`; returns its exit code, stdout in s_out, stderr in
+ * s_errtext. */
+static int s_run(const char *fmt, ...)
+{
+    char args[1024], cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s --data %s %s 2>%s", KVEDGE_BIN, s_dir, args, s_err);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    free(s_out);
+    s_out = s_slurp(p);
+    int st = pclose(p);
+    FILE *e = fopen(s_err, "r");
+    free(s_errtext);
+    s_errtext = e ? s_slurp(e) : strdup("");
+    if (e)
+        fclose(e);
+    assert_non_null(s_out);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+#define assert_contains(hay, needle)                                                               \
+    do {                                                                                           \
+        if (!strstr((hay), (needle)))                                                              \
+            fail_msg("expected \"%s\" in:\n%s", (needle), (hay));                                  \
+    } while (0)
+
+static int s_setup(void **state)
+{
+    (void)state;
+    snprintf(s_dir, sizeof s_dir, "/tmp/kvedge-cli-XXXXXX");
+    if (!mkdtemp(s_dir))
+        return -1;
+    snprintf(s_err, sizeof s_err, "%s.stderr", s_dir);
+    strncat(s_dir, "/data", sizeof s_dir - strlen(s_dir) - 1);
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    (void)state;
+    char cmd[600];
+    s_dir[strlen(s_dir) - strlen("/data")] = '\0';
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", s_dir, s_err);
+    free(s_out);
+    free(s_errtext);
+    s_out = s_errtext = NULL;
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Extracts the 64-digit prefix id printed after "prefix":" in JSON output. */
+static void s_json_prefix(const char *out, char hex[65])
+{
+    const char *p = strstr(out, "\"prefix\":\"");
+    assert_non_null(p);
+    memcpy(hex, p + 10, 64);
+    hex[64] = '\0';
+}
+
+static void test_help_and_usage_errors(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("--help"), 0);
+    assert_contains(s_out, "put-synthetic");
+    assert_contains(s_out, "exit codes");
+    assert_int_equal(s_run("show --help"), 0);
+    assert_contains(s_out, "usage: kvedge");
+    assert_int_equal(s_run("help verify"), 0);
+    assert_contains(s_out, "quarantine");
+    assert_int_equal(s_run("frobnicate"), 2);
+    assert_contains(s_errtext, "unknown command 'frobnicate'");
+    assert_int_equal(s_run("--bogus inspect"), 2);
+    assert_int_equal(s_run("ls --bogus"), 2);
+    assert_int_equal(s_run("put-synthetic --tokens 10"), 2);
+    assert_contains(s_errtext, "--model is required");
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 0"), 2);
+    assert_int_equal(s_run("put-synthetic --model opt-125m --scheme int3"), 2);
+    assert_int_equal(s_run("put-synthetic --model opt-125m --keep-channels 65"), 2);
+    assert_int_equal(s_run("evict"), 2);
+    assert_int_equal(s_run("evict --to lots"), 2);
+    assert_int_equal(s_run("show"), 2);
+    assert_int_equal(s_run("models"), 0);
+    assert_contains(s_out, "llama-2-7b");
+}
+
+static void test_missing_store(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("inspect"), 5);
+    assert_contains(s_errtext, "no kvedge store at");
+    assert_int_equal(s_run("ls"), 5);
+    assert_int_equal(s_run("verify"), 5);
+    struct stat st;
+    assert_int_not_equal(stat(s_dir, &st), 0); /* reading commands create nothing */
+}
+
+static void test_unknown_model(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model gpt-9"), 3);
+    assert_contains(s_errtext, "unknown model 'gpt-9'");
+    assert_contains(s_errtext, "opt-1.3b");
+}
+
+static void test_put_inspect_show_verify(void **state)
+{
+    (void)state;
+    /* 300 tokens = 2 chunks (256 + 44) x 12 layers x 12 heads. */
+    assert_int_equal(s_run("--json put-synthetic --model opt-125m --tokens 300 --scheme int4"), 0);
+    assert_contains(s_out, "\"blocks\":288");
+    assert_contains(s_out, "\"chunks\":2");
+    char prefix[65];
+    s_json_prefix(s_out, prefix);
+
+    assert_int_equal(s_run("--json inspect"), 0);
+    assert_contains(s_out, "\"blocks\":288");
+    assert_contains(s_out, "\"model\":\"opt-125m\"");
+    assert_contains(s_out, "\"tokens\":300");
+    assert_contains(s_out, "\"schemes\":\"int4\"");
+    assert_int_equal(s_run("inspect"), 0);
+    assert_contains(s_out, "opt-125m");
+
+    assert_int_equal(s_run("--json ls"), 0);
+    assert_contains(s_out, prefix);
+    assert_contains(s_out, "\"tokens\":44");
+    assert_int_equal(s_run("ls --model nothing"), 0);
+    assert_true(strstr(s_out, "opt-125m") == NULL);
+
+    char shortid[9];
+    memcpy(shortid, prefix, 8);
+    shortid[8] = '\0';
+    assert_int_equal(s_run("show %s", shortid), 0);
+    assert_contains(s_out, "144 blocks shown, 0 failed verification");
+    assert_int_equal(s_run("--json show %s --layer 3", shortid), 0);
+    assert_contains(s_out, "\"layer\":3,\"head\":11");
+    assert_true(strstr(s_out, "\"layer\":4") == NULL);
+    assert_int_equal(s_run("show 0000000000000000000000000000000000000000000000000000000000000000"),
+                     3);
+    assert_int_equal(s_run("show xyz"), 2);
+
+    assert_int_equal(s_run("verify"), 0);
+    assert_contains(s_out, "verified 288 blocks: 288 ok, 0 corrupt");
+
+    /* Writing the same context again overwrites: nothing doubles. */
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 300 --scheme int4"), 0);
+    assert_int_equal(s_run("--json inspect"), 0);
+    assert_contains(s_out, "\"blocks\":288");
+}
+
+static void test_pin_evict_delete(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("--json put-synthetic --model opt-125m --tokens 512 --scheme int8"), 0);
+    char prefix[65];
+    s_json_prefix(s_out, prefix); /* the second chunk: pinning it pins its parent too */
+    assert_int_equal(s_run("--json put-synthetic --model opt-125m --tokens 256 --seed 9"), 0);
+
+    assert_int_equal(s_run("--json pin %.10s", prefix), 0);
+    assert_contains(s_out, "\"pinned\":288,\"chunks\":2");
+    assert_int_equal(s_run("--json evict --to 0"), 1); /* pinned blocks remain */
+    assert_contains(s_out, "\"evicted_blocks\":144");
+    assert_contains(s_errtext, "pinned blocks alone");
+    assert_int_equal(s_run("--json inspect"), 0);
+    assert_contains(s_out, "\"blocks\":288,");
+    assert_contains(s_out, "\"pinned_blocks\":288");
+
+    assert_int_equal(s_run("unpin %.10s", prefix), 0);
+    assert_contains(s_out, "unpinned 288 blocks in 2 chunks");
+    assert_int_equal(s_run("evict --to 1M"), 0);
+    assert_int_equal(s_run("--json inspect"), 0);
+    assert_int_equal(s_run("--json delete %s", prefix), 0);
+    assert_int_equal(s_run("show %s", prefix), 3);
+}
+
+static void test_locked_store(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 64"), 0);
+    kvedge_engine_t *e;
+    assert_int_equal(kvedge_engine_open(s_dir, NULL, &e, NULL, 0), 0);
+    /* A writer is refused with a clear reason; readers still work. */
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 64 --seed 5"), 5);
+    assert_contains(s_errtext, "in use by another process");
+    assert_int_equal(s_run("inspect"), 0);
+    assert_int_equal(s_run("verify"), 0);
+    kvedge_engine_destroy(&e);
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 64 --seed 5"), 0);
+}
+
+static void test_damaged_store(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 64 --scheme lossless"), 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/CURRENT", s_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("MANIFEST-999999\n", f);
+    fclose(f);
+    assert_int_equal(s_run("inspect"), 5);
+    assert_contains(s_errtext, s_dir);
+
+    /* A store path that is a file. */
+    size_t n = strlen(s_dir);
+    strcat(s_dir, "/CURRENT");
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 64"), 5);
+    s_dir[n] = '\0';
+}
+
+/* Flips one byte in the middle of every blob file: verify must find corrupt blocks and say
+ * so with exit code 4, and quarantine them on request. */
+static void test_corrupt_blob_detected(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 256 --scheme lossless"), 0);
+    assert_int_equal(s_run("verify"), 0);
+    DIR *d = opendir(s_dir);
+    assert_non_null(d);
+    struct dirent *de;
+    int damaged = 0;
+    while ((de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n < 5 || strcmp(de->d_name + n - 5, ".blob") != 0)
+            continue;
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", s_dir, de->d_name);
+        int fd = open(path, O_RDWR);
+        assert_true(fd >= 0);
+        struct stat st;
+        assert_int_equal(fstat(fd, &st), 0);
+        uint8_t b;
+        assert_int_equal(pread(fd, &b, 1, st.st_size / 2), 1);
+        b ^= 0xFF;
+        assert_int_equal(pwrite(fd, &b, 1, st.st_size / 2), 1);
+        close(fd);
+        damaged++;
+    }
+    closedir(d);
+    assert_true(damaged > 0);
+    assert_int_equal(s_run("verify"), 4);
+    assert_contains(s_out, "corrupt: prefix");
+    assert_int_equal(s_run("--json verify --quarantine"), 4);
+    assert_contains(s_out, "\"quarantined\":true");
+    assert_int_equal(s_run("verify"), 0); /* what is left is sound */
+    assert_int_equal(s_run("--json inspect"), 0);
+    assert_true(strstr(s_out, "\"quarantined\":0") == NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_help_and_usage_errors, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_missing_store, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_model, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_put_inspect_show_verify, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_pin_evict_delete, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_locked_store, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_store, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_blob_detected, s_setup, s_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,60 @@
+/* Writes the seed corpus for fuzz_block: one small valid block per dtype x scheme x mask x
+ * lz4, plus a few damaged ones. Run: gen_corpus DIR. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/block.h"
+#include "store/synth.h"
+
+static void s_write(const char *dir, const char *name, const uint8_t *buf, size_t len)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(buf, 1, len, f) != len) {
+        perror(path);
+        exit(1);
+    }
+    fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s DIR\n", argv[0]);
+        return 2;
+    }
+    uint8_t mask[2] = {0x5A, 0x03};
+    for (int d = KVEDGE_DTYPE_FP16; d <= KVEDGE_DTYPE_FP32; d++)
+        for (int s = KVEDGE_SCHEME_LOSSLESS; s <= KVEDGE_SCHEME_INT4; s++)
+            for (int m = 0; m < 2; m++)
+                for (int z = 0; z < 2; z++) {
+                    kvedge_block_spec_t spec = {(kvedge_dtype_t)d,     (kvedge_scheme_t)s, 6, 12,
+                                                (uint16_t)(s ? 4 : 0), m ? mask : NULL,    z};
+                    uint8_t k[6 * 12 * 4], v[6 * 12 * 4], out[2048];
+                    size_t len;
+                    if (z) { /* compressible input so the lz4 path is seeded too */
+                        memset(k, 0, sizeof k);
+                        memset(v, 0, sizeof v);
+                    } else if (kvedge_synth_head(d * 9 + s, 0, 6, 12, spec.dtype, k, v) != 0) {
+                        return 1;
+                    }
+                    if (kvedge_block_encode(&spec, k, v, out, sizeof out, &len) != 0)
+                        return 1;
+                    char name[64];
+                    snprintf(name, sizeof name, "valid-%s-%s-m%d-z%d", kvedge_dtype_name(d),
+                             kvedge_scheme_name(s), m, z);
+                    s_write(argv[1], name, out, len);
+                    if (d == KVEDGE_DTYPE_FP16 && m == 1) {
+                        out[len / 2] ^= 0x40;
+                        snprintf(name, sizeof name, "flipped-%s-z%d", kvedge_scheme_name(s), z);
+                        s_write(argv[1], name, out, len);
+                        snprintf(name, sizeof name, "truncated-%s-z%d", kvedge_scheme_name(s), z);
+                        s_write(argv[1], name, out, len / 3);
+                    }
+                }
+    s_write(argv[1], "empty", (const uint8_t *)"", 0);
+    s_write(argv[1], "magic-only", (const uint8_t *)"KVEB\x01", 5);
+    return 0;
+}
