@@ -486,19 +486,45 @@ static void s_decode_quant(const kvedge_block_info_t *info, const kvedge_block_s
     const size_t oes = kvedge_dtype_size(out_dtype);
     const size_t krow = kvedge_quant_row_bytes(kc, bits), vrow = kvedge_quant_row_bytes(D, bits);
     const bool masked = info->key_mask != NULL;
-    float *scale = tmp, *min = scale + D, *row = min + D, *wide = row + D;
+    /* A pruned key row is widened to head_dim before dequantizing: dropped channels get code 0
+     * with scale 0 and min 0, so they come out as exact zeros from the same kernel. */
+    float *scale = tmp, *min = scale + D, *kscale = min + D, *kmin = kscale + D;
+    uint8_t codes[KVEDGE_BLOCK_MAX_HEAD_DIM], wide[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    memset(wide, 0, D);
     for (uint32_t t = 0; t < T; t++) {
-        if (t % G == 0)
-            kvedge_quant_params_expand(sec->k_params + (size_t)(t / G) * kc * 2, kc, scale, min);
-        kvedge_dequant_row(sec->k_codes + (size_t)t * krow, bits, kc, scale, min, row);
-        s_put_key_row(row, idx, kc, D, masked, wide, out_dtype, k_out + (size_t)t * D * oes);
+        const uint8_t *src = sec->k_codes + (size_t)t * krow;
+        if (t % G == 0) {
+            const uint16_t *p = sec->k_params + (size_t)(t / G) * kc * 2;
+            if (masked) {
+                kvedge_quant_params_expand(p, kc, kscale, kmin);
+                memset(scale, 0, sizeof(float) * D);
+                memset(min, 0, sizeof(float) * D);
+                for (uint32_t j = 0; j < kc; j++) {
+                    scale[idx[j]] = kscale[j];
+                    min[idx[j]] = kmin[j];
+                }
+            } else {
+                kvedge_quant_params_expand(p, kc, scale, min);
+            }
+        }
+        unsigned rbits = bits;
+        if (masked) {
+            if (bits == 4) {
+                kvedge_quant_unpack4(src, kc, codes);
+                src = codes;
+            }
+            for (uint32_t j = 0; j < kc; j++)
+                wide[idx[j]] = src[j];
+            src = wide;
+            rbits = 8;
+        }
+        kvedge_dequant_row_out(src, rbits, masked ? D : kc, scale, min, out_dtype,
+                               k_out + (size_t)t * D * oes);
     }
-    for (uint32_t t = 0; t < T; t++) {
-        kvedge_quant_params_expand_grouped(sec->v_params + (size_t)t * sec->v_groups * 2, D,
-                                           info->group_size, scale, min);
-        kvedge_dequant_row(sec->v_codes + (size_t)t * vrow, bits, D, scale, min, row);
-        kvedge_convert_from_f32(out_dtype, row, D, v_out + (size_t)t * D * oes);
-    }
+    for (uint32_t t = 0; t < T; t++)
+        kvedge_dequant_row_grouped_out(sec->v_codes + (size_t)t * vrow, bits, D,
+                                       sec->v_params + (size_t)t * sec->v_groups * 2,
+                                       info->group_size, out_dtype, v_out + (size_t)t * D * oes);
 }
 
 int kvedge_block_decode(const kvedge_block_info_t *info, kvedge_dtype_t out_dtype, void *k_out,

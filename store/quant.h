@@ -49,9 +49,27 @@ void kvedge_quant_params_expand(const uint16_t *params, uint32_t n, float *scale
 void kvedge_quant_params_expand_grouped(const uint16_t *params, uint32_t channels, uint32_t group,
                                         float *scale, float *min);
 
-/* out[c] = code[c] * scale[c] + min[c] for one row of n codes. */
+/* out[c] = code[c] * scale[c] + min[c] for one row of n codes (n <= KVEDGE_BLOCK_MAX_HEAD_DIM
+ * for 4-bit rows). */
 void kvedge_dequant_row(const uint8_t *codes, unsigned bits, uint32_t n, const float *scale,
                         const float *min, float *out);
+
+/* Unpacks n 4-bit codes (two per byte, low nibble first) into one byte each. */
+void kvedge_quant_unpack4(const uint8_t *codes, uint32_t n, uint8_t *out);
+
+/* Dequantizes one row straight into out_dtype (a dtype of store/block.h): per-element params
+ * (keys), or fp16 (scale, min) pairs for groups of `group` channels (values). n is at most
+ * KVEDGE_BLOCK_MAX_HEAD_DIM. */
+void kvedge_dequant_row_out(const uint8_t *codes, unsigned bits, uint32_t n, const float *scale,
+                            const float *min, int out_dtype, void *out);
+void kvedge_dequant_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_t n,
+                                    const uint16_t *params, uint32_t group, int out_dtype,
+                                    void *out);
+
+/* SIMD kernels (AVX2 + F16C, chosen from CPUID) give the same bits as the generic loops.
+ * enable 0 forces the generic loops, 1 re-detects, -1 only asks. Returns 1 when the SIMD
+ * kernels are in use. For tests and benchmarks; thread-safe. */
+int kvedge_quant_simd(int enable);
 
 /* Element conversion of n values between a dtype (see store/block.h) and fp32. */
 void kvedge_convert_to_f32(int dtype, const void *src, size_t n, float *dst);
