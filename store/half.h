@@ -49,7 +49,9 @@ static inline uint16_t kvedge_f32_to_fp16(float f)
     base = kvedge_f32_from_bits((bias >> 1) + 0x07800000u) + base;
     const uint32_t bits = kvedge_f32_bits(base);
     const uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
-    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+    /* NaN: quiet, keeping the top payload bits, exactly as F16C's vcvtps2ph does. */
+    const uint32_t nan = 0x7E00u | ((w >> 13) & 0x03FFu);
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? nan : nonsign));
 }
 
 static inline float kvedge_bf16_to_f32(uint16_t h)

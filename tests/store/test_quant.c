@@ -182,6 +182,58 @@ static void test_int4_error_bounds(void **state)
     assert_true(e.k < naive.k);
 }
 
+/* Encodes and decodes with the SIMD kernels and with the generic loops: blocks and decoded
+ * values must be bit-identical (the kernels do the same IEEE operations). */
+static void test_simd_matches_generic(void **state)
+{
+    (void)state;
+    if (!kvedge_quant_simd(-1))
+        skip(); /* no AVX2 + F16C here: only the generic path exists */
+    enum { T = 77, D = 128 };
+    static uint16_t k[T * D], v[T * D], ko[2][T * D], vo[2][T * D];
+    static uint8_t blk[2][T * D * 8];
+    uint8_t mask[D / 8];
+    float kf[T * D], vf[T * D];
+    assert_int_equal(kvedge_synth_head_f32(5, 0, T, D, kf, vf), 0);
+    kvedge_synth_key_mask(kf, T, D, 96, mask);
+    for (int s = KVEDGE_SCHEME_INT8; s <= KVEDGE_SCHEME_INT4; s++)
+        for (int masked = 0; masked < 2; masked++)
+            for (int d = KVEDGE_DTYPE_FP16; d <= KVEDGE_DTYPE_BF16; d++) {
+                kvedge_convert_from_f32(d, kf, T * D, k);
+                kvedge_convert_from_f32(d, vf, T * D, v);
+                kvedge_block_spec_t spec = {
+                    (kvedge_dtype_t)d, (kvedge_scheme_t)s, T, D, 32, masked ? mask : NULL, false};
+                size_t len[2];
+                for (int path = 0; path < 2; path++) {
+                    kvedge_quant_simd(path == 0 ? 1 : 0);
+                    kvedge_block_info_t info;
+                    assert_int_equal(
+                        kvedge_block_encode(&spec, k, v, blk[path], sizeof blk[path], &len[path]),
+                        0);
+                    assert_int_equal(kvedge_block_parse(blk[path], len[path], &info), 0);
+                    assert_int_equal(kvedge_block_decode(&info, spec.dtype, ko[path], vo[path]), 0);
+                }
+                kvedge_quant_simd(1);
+                assert_int_equal(len[0], len[1]);
+                assert_memory_equal(blk[0], blk[1], len[0]);
+                assert_memory_equal(ko[0], ko[1], sizeof ko[0]);
+                assert_memory_equal(vo[0], vo[1], sizeof vo[0]);
+            }
+    /* Plain conversions too, over every half value. */
+    static uint16_t all[65536], back[2][65536];
+    static float f[2][65536];
+    for (uint32_t i = 0; i < 65536; i++)
+        all[i] = (uint16_t)i;
+    for (int path = 0; path < 2; path++) {
+        kvedge_quant_simd(path == 0 ? 1 : 0);
+        kvedge_convert_to_f32(KVEDGE_DTYPE_FP16, all, 65536, f[path]);
+        kvedge_convert_from_f32(KVEDGE_DTYPE_FP16, f[path], 65536, back[path]);
+    }
+    kvedge_quant_simd(1);
+    assert_memory_equal(f[0], f[1], sizeof f[0]);
+    assert_memory_equal(back[0], back[1], sizeof back[0]);
+}
+
 static void test_quant_argument_errors(void **state)
 {
     (void)state;
@@ -200,9 +252,9 @@ static void test_quant_argument_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fp16_exhaustive),       cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_int8_error_bounds),     cmocka_unit_test(test_int4_error_bounds),
-        cmocka_unit_test(test_quant_argument_errors),
+        cmocka_unit_test(test_fp16_exhaustive),      cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_int8_error_bounds),    cmocka_unit_test(test_int4_error_bounds),
+        cmocka_unit_test(test_simd_matches_generic), cmocka_unit_test(test_quant_argument_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
