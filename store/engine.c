@@ -30,6 +30,8 @@
 /* An exclusive upper bound for every block key starting with a given prefix. */
 #define S_UPPER_BYTES (KVEDGE_BLOCK_KEY_BYTES + 1)
 #define S_FORMAT_KEY  "kvedge.format"
+/* The longest blocks-family key a walk can step past when its value cannot be read. */
+#define S_WALK_KEY_MAX 255
 
 enum {
     S_CF_DEFAULT,
@@ -303,12 +305,13 @@ static int s_write(kvedge_engine_t *e, rocksdb_writebatch_t *b)
     return err ? s_rerr(&err) : KVEDGE_OK;
 }
 
-/* Zero-copy point lookup. Returns 0 with *out set, KVEDGE_ENOTFOUND, or a store error. */
-static int s_pget(kvedge_engine_t *e, int cf, const void *key, size_t klen,
-                  rocksdb_pinnableslice_t **out)
+/* Zero-copy point lookup under ro. Returns 0 with *out set, KVEDGE_ENOTFOUND, or a store
+ * error (KVEDGE_ECORRUPT for a value RocksDB cannot read back intact). */
+static int s_pget_ro(kvedge_engine_t *e, const rocksdb_readoptions_t *ro, int cf, const void *key,
+                     size_t klen, rocksdb_pinnableslice_t **out)
 {
     char *err = NULL;
-    *out = rocksdb_get_pinned_cf(e->db, e->ro, e->cf[cf], key, klen, &err);
+    *out = rocksdb_get_pinned_cf(e->db, ro, e->cf[cf], key, klen, &err);
     if (err) {
         if (*out)
             rocksdb_pinnableslice_destroy(*out);
@@ -316,6 +319,12 @@ static int s_pget(kvedge_engine_t *e, int cf, const void *key, size_t klen,
         return s_rerr(&err);
     }
     return *out ? KVEDGE_OK : KVEDGE_ENOTFOUND;
+}
+
+static int s_pget(kvedge_engine_t *e, int cf, const void *key, size_t klen,
+                  rocksdb_pinnableslice_t **out)
+{
+    return s_pget_ro(e, e->ro, cf, key, klen, out);
 }
 
 static const uint8_t *s_pval(const rocksdb_pinnableslice_t *p, size_t *len)
@@ -363,6 +372,236 @@ static int s_iter_close(rocksdb_iterator_t *it, rocksdb_readoptions_t *ro, int r
     }
     rocksdb_iter_destroy(it);
     rocksdb_readoptions_destroy(ro);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- block walks */
+
+/* What one probe of the blocks family found in [from, upper). */
+enum { S_PROBE_EMPTY, S_PROBE_FAILS, S_PROBE_READS };
+
+/* Keys of the blocks family in key order, each with its value where RocksDB can read it back.
+ * A damaged blob record ends a plain iterator for good (invalid, with a Corruption status), and
+ * it does not say at which key; a walk finds that key, yields it with no value and goes on past
+ * it, so one damaged value costs one block, never the rest of a scan. */
+typedef struct {
+    kvedge_engine_t *e;
+    const rocksdb_snapshot_t *snap; /* every read of the walk, probes included, sees this */
+    bool own_snap;                  /* taken by the walk, released by s_walk_close */
+    rocksdb_readoptions_t *ro;      /* the iterator's: snapshot and upper bound */
+    rocksdb_readoptions_t *pro;     /* point reads: snapshot only */
+    rocksdb_iterator_t *it;
+    const uint8_t *upper; /* exclusive bound, NULL for none; outlives the walk */
+    size_t ulen;
+    uint8_t key[S_WALK_KEY_MAX + 1]; /* the current key (room for a 0x00 to step past it) */
+    size_t klen;                     /* its length, even when too long to keep */
+    bool valid;
+    bool unreadable; /* the current key's value could not be read */
+    int err;         /* the store error that ended the walk early, else 0 */
+} s_walk_t;
+
+/* Probes [from, upper) under the walk's snapshot: empty, or its first key fails or reads.
+ * Upper bounds are checked before a value is fetched, so only the first key decides. */
+static int s_probe(s_walk_t *w, const uint8_t *from, size_t flen, const uint8_t *upper, size_t ulen)
+{
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_snapshot(ro, w->snap);
+    rocksdb_readoptions_set_iterate_upper_bound(ro, (const char *)upper, ulen);
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(w->e->db, ro, w->e->cf[S_CF_BLOCKS]);
+    rocksdb_iter_seek(it, (const char *)from, flen);
+    int rc = S_PROBE_READS;
+    if (!rocksdb_iter_valid(it)) {
+        char *err = NULL;
+        rocksdb_iter_get_error(it, &err);
+        rc = S_PROBE_EMPTY;
+        if (err)
+            rc = s_rerr(&err) == KVEDGE_ECORRUPT ? S_PROBE_FAILS : S_PROBE_READS;
+    }
+    rocksdb_iter_destroy(it);
+    rocksdb_readoptions_destroy(ro);
+    return rc;
+}
+
+/* Whether key holds a block whose value cannot be read back intact. */
+static bool s_unreadable(s_walk_t *w, const uint8_t *key, size_t klen)
+{
+    rocksdb_pinnableslice_t *p;
+    int rc = s_pget_ro(w->e, w->pro, S_CF_BLOCKS, key, klen, &p);
+    if (p)
+        rocksdb_pinnableslice_destroy(p);
+    return rc == KVEDGE_ECORRUPT;
+}
+
+/* The first key at or past from, known to fail: most blocks have metadata, so each meta key
+ * past from is tried (no block before it, and it fails); a block without one is found by
+ * bisection, one byte of the key at a time. Returns 0 with the key in w->key, or
+ * KVEDGE_ECORRUPT when the failure cannot be pinned on one key. */
+static int s_walk_find(s_walk_t *w, const uint8_t *from, size_t flen)
+{
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_snapshot(ro, w->snap);
+    if (w->upper)
+        rocksdb_readoptions_set_iterate_upper_bound(ro, (const char *)w->upper, w->ulen);
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(w->e->db, ro, w->e->cf[S_CF_META]);
+    int rc = KVEDGE_ECORRUPT;
+    bool bisect = true;
+    for (rocksdb_iter_seek(it, (const char *)from, flen); rocksdb_iter_valid(it);
+         rocksdb_iter_next(it)) {
+        size_t mlen;
+        const uint8_t *m = (const uint8_t *)rocksdb_iter_key(it, &mlen);
+        int p = s_probe(w, from, flen, m, mlen);
+        if (p == S_PROBE_FAILS)
+            break; /* a block with no metadata fails before m */
+        if (p != S_PROBE_EMPTY || mlen > S_WALK_KEY_MAX) {
+            bisect = false;
+            break;
+        }
+        if (s_unreadable(w, m, mlen)) {
+            memcpy(w->key, m, mlen);
+            w->klen = mlen;
+            rc = KVEDGE_OK;
+            bisect = false;
+            break;
+        }
+    }
+    rocksdb_iter_destroy(it);
+    rocksdb_readoptions_destroy(ro);
+    if (!bisect)
+        return rc;
+
+    /* Bisection: w->key[0..n) is a prefix of the failing key; a probe up to key+0x00 says
+     * whether it is the key itself, probes up to key+b narrow down its next byte. */
+    uint8_t *k = w->key;
+    for (size_t n = 0; n < KVEDGE_BLOCK_KEY_BYTES; n++) {
+        k[n] = 0x00;
+        if (s_probe(w, from, flen, k, n + 1) != S_PROBE_EMPTY)
+            return KVEDGE_ECORRUPT; /* ends short of a block key: not a value failing */
+        unsigned lo = 0, hi = 255;
+        while (lo < hi) {
+            unsigned mid = (lo + hi) / 2;
+            k[n] = (uint8_t)(mid + 1);
+            int p = s_probe(w, from, flen, k, n + 1);
+            if (p == S_PROBE_FAILS)
+                hi = mid;
+            else if (p == S_PROBE_EMPTY)
+                lo = mid + 1;
+            else
+                return KVEDGE_ECORRUPT;
+        }
+        k[n] = (uint8_t)lo;
+    }
+    /* Only a block key that exists, past from, and fails on its own is stepped over, so a
+     * walk always moves forward and never invents keys. */
+    size_t cmp_len = flen < KVEDGE_BLOCK_KEY_BYTES ? flen : KVEDGE_BLOCK_KEY_BYTES;
+    int c = memcmp(k, from, cmp_len);
+    if ((c < 0 || (c == 0 && flen > KVEDGE_BLOCK_KEY_BYTES)) ||
+        !s_unreadable(w, k, KVEDGE_BLOCK_KEY_BYTES))
+        return KVEDGE_ECORRUPT;
+    w->klen = KVEDGE_BLOCK_KEY_BYTES;
+    return KVEDGE_OK;
+}
+
+/* After the iterator moved to the first key at or past from: takes the key it found, or on a
+ * value that failed finds that key (from NULL: it cannot), or ends the walk. */
+static void s_walk_settle(s_walk_t *w, const uint8_t *from, size_t flen)
+{
+    w->unreadable = false;
+    if (rocksdb_iter_valid(w->it)) {
+        const char *k = rocksdb_iter_key(w->it, &w->klen);
+        if (w->klen <= S_WALK_KEY_MAX)
+            memcpy(w->key, k, w->klen);
+        w->valid = true;
+        return;
+    }
+    w->valid = false;
+    char *err = NULL;
+    rocksdb_iter_get_error(w->it, &err);
+    if (!err)
+        return;
+    int rc = s_rerr(&err);
+    if (rc == KVEDGE_ECORRUPT && from)
+        rc = s_walk_find(w, from, flen);
+    if (rc == KVEDGE_OK)
+        w->valid = w->unreadable = true;
+    else
+        w->err = rc;
+}
+
+/* Starts a walk over [lower, upper) of the blocks family (either may be NULL; upper must
+ * outlive the walk) under snap, or a snapshot of its own when snap is NULL. */
+static void s_walk_open(s_walk_t *w, kvedge_engine_t *e, const rocksdb_snapshot_t *snap,
+                        const uint8_t *lower, size_t llen, const uint8_t *upper, size_t ulen)
+{
+    memset(w, 0, sizeof *w);
+    w->e = e;
+    w->own_snap = snap == NULL;
+    w->snap = snap ? snap : rocksdb_create_snapshot(e->db);
+    w->upper = upper;
+    w->ulen = ulen;
+    w->ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_snapshot(w->ro, w->snap);
+    if (upper)
+        rocksdb_readoptions_set_iterate_upper_bound(w->ro, (const char *)upper, ulen);
+    w->pro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_snapshot(w->pro, w->snap);
+    w->it = rocksdb_create_iterator_cf(e->db, w->ro, e->cf[S_CF_BLOCKS]);
+    if (lower)
+        rocksdb_iter_seek(w->it, (const char *)lower, llen);
+    else
+        rocksdb_iter_seek_to_first(w->it);
+    s_walk_settle(w, lower ? lower : (const uint8_t *)"", lower ? llen : 0);
+}
+
+static const uint8_t *s_walk_key(const s_walk_t *w, size_t *klen)
+{
+    if (w->unreadable) {
+        *klen = w->klen;
+        return w->key;
+    }
+    return (const uint8_t *)rocksdb_iter_key(w->it, klen);
+}
+
+/* The current value, valid until the walk moves; NULL when it could not be read. */
+static const uint8_t *s_walk_value(const s_walk_t *w, size_t *vlen)
+{
+    *vlen = 0;
+    return w->unreadable ? NULL : (const uint8_t *)rocksdb_iter_value(w->it, vlen);
+}
+
+static void s_walk_next(s_walk_t *w)
+{
+    if (!w->valid)
+        return;
+    /* Everything past the current key starts at key + 0x00 (a foreign key too long to keep
+     * is stepped over only while the values past it read). */
+    uint8_t from[S_WALK_KEY_MAX + 1];
+    size_t flen = w->klen + 1;
+    bool kept = w->klen <= S_WALK_KEY_MAX;
+    if (kept) {
+        memcpy(from, w->key, w->klen);
+        from[w->klen] = 0x00;
+    }
+    if (w->unreadable) {
+        /* The iterator stopped for good on the failure: a fresh one seeks past the key. */
+        rocksdb_iter_destroy(w->it);
+        w->it = rocksdb_create_iterator_cf(w->e->db, w->ro, w->e->cf[S_CF_BLOCKS]);
+        rocksdb_iter_seek(w->it, (const char *)from, flen);
+    } else {
+        rocksdb_iter_next(w->it);
+    }
+    s_walk_settle(w, kept ? from : NULL, flen);
+}
+
+/* Ends a walk; returns rc, or the store error that ended the walk when rc is not negative. */
+static int s_walk_close(s_walk_t *w, int rc)
+{
+    if (w->err && rc >= 0)
+        rc = w->err;
+    rocksdb_iter_destroy(w->it);
+    rocksdb_readoptions_destroy(w->pro);
+    rocksdb_readoptions_destroy(w->ro);
+    if (w->own_snap)
+        rocksdb_release_snapshot(w->e->db, w->snap);
     return rc;
 }
 
@@ -449,8 +688,9 @@ static int s_check_block(const uint8_t *data, size_t len, const kvedge_block_met
 }
 
 /* Reads meta and block of one key and verifies them. On S_LOAD_OK, *blk holds the block; on
- * S_LOAD_BAD it may hold the bad bytes (or be NULL) and *meta_ok says whether meta is usable;
- * *why (may be NULL) receives the specific failure. Negative: a store error. */
+ * S_LOAD_BAD it may hold the bad bytes (or be NULL: missing, or a value RocksDB cannot read
+ * back, such as a damaged blob record) and *meta_ok says whether meta is usable; *why (may be
+ * NULL) receives the specific failure. Negative: a store error. */
 static int s_load(kvedge_engine_t *e, const uint8_t *kb, kvedge_block_meta_t *meta, bool *meta_ok,
                   rocksdb_pinnableslice_t **blk, int *why)
 {
@@ -460,7 +700,7 @@ static int s_load(kvedge_engine_t *e, const uint8_t *kb, kvedge_block_meta_t *me
     if (mrc != KVEDGE_OK && mrc != KVEDGE_ENOTFOUND && mrc != KVEDGE_ECORRUPT)
         return mrc;
     int brc = s_pget(e, S_CF_BLOCKS, kb, KVEDGE_BLOCK_KEY_BYTES, blk);
-    if (brc != KVEDGE_OK && brc != KVEDGE_ENOTFOUND)
+    if (brc != KVEDGE_OK && brc != KVEDGE_ENOTFOUND && brc != KVEDGE_ECORRUPT)
         return brc;
     *meta_ok = mrc == KVEDGE_OK;
     if (mrc == KVEDGE_ENOTFOUND && brc == KVEDGE_ENOTFOUND)
@@ -1314,18 +1554,19 @@ int kvedge_engine_get_layer(kvedge_engine_t *e, const kvedge_chunk_id_t *chunk, 
     uint8_t lower[KVEDGE_BLOCK_KEY_BYTES], upper[S_UPPER_BYTES];
     kvedge_block_key_pack(&k0, lower);
     s_upper(lower, KVEDGE_CHUNK_ID_BYTES + 2, upper);
-    rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it = s_iter(e, S_CF_BLOCKS, lower, sizeof lower, upper, sizeof upper, &ro);
+    /* A walk, not an iterator: a head whose value cannot be read is reported in its place. */
+    s_walk_t w;
+    s_walk_open(&w, e, NULL, lower, sizeof lower, upper, sizeof upper);
     bool read_only = e->opts.read_only;
     uint64_t now = s_now(e);
     int rc = KVEDGE_OK, delivered = 0;
-    for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+    for (; w.valid; s_walk_next(&w)) {
         size_t klen, vlen;
-        const uint8_t *kb = (const uint8_t *)rocksdb_iter_key(it, &klen);
+        const uint8_t *kb = s_walk_key(&w, &klen);
         if (klen != KVEDGE_BLOCK_KEY_BYTES)
             continue;
         uint16_t head = s_rbe16(kb + KVEDGE_CHUNK_ID_BYTES + 2);
-        const uint8_t *data = (const uint8_t *)rocksdb_iter_value(it, &vlen);
+        const uint8_t *data = s_walk_value(&w, &vlen);
         s_add(&e->gets, 1);
         kvedge_block_meta_t m;
         int mrc = s_get_meta(e, kb, &m);
@@ -1333,7 +1574,7 @@ int kvedge_engine_get_layer(kvedge_engine_t *e, const kvedge_chunk_id_t *chunk, 
             rc = mrc;
             break;
         }
-        bool good = mrc == KVEDGE_OK && s_check_block(data, vlen, &m) == KVEDGE_OK;
+        bool good = data && mrc == KVEDGE_OK && s_check_block(data, vlen, &m) == KVEDGE_OK;
         int status;
         rocksdb_pinnableslice_t *blk = NULL;
         if (good && !s_expired(&m, now) && (read_only || !s_needs_touch(e, &m, now))) {
@@ -1371,7 +1612,7 @@ int kvedge_engine_get_layer(kvedge_engine_t *e, const kvedge_chunk_id_t *chunk, 
             break;
         }
     }
-    rc = s_iter_close(it, ro, rc);
+    rc = s_walk_close(&w, rc);
     return rc == KVEDGE_OK ? delivered : rc;
 }
 
@@ -1497,29 +1738,51 @@ static int s_erase_key(kvedge_engine_t *e, const uint8_t *kb)
     bool meta_ok = rc == KVEDGE_OK, there = rc != KVEDGE_ENOTFOUND;
     if (rc == KVEDGE_OK || rc == KVEDGE_ENOTFOUND || rc == KVEDGE_ECORRUPT) {
         if (!there) {
+            /* A block whose value cannot be read back is there all the same. */
             rocksdb_pinnableslice_t *p;
             rc = s_pget(e, S_CF_BLOCKS, kb, KVEDGE_BLOCK_KEY_BYTES, &p);
-            there = rc == KVEDGE_OK;
+            there = rc == KVEDGE_OK || rc == KVEDGE_ECORRUPT;
             if (p)
                 rocksdb_pinnableslice_destroy(p);
+            if (rc == KVEDGE_ENOTFOUND || there)
+                rc = KVEDGE_OK;
+        } else {
+            rc = KVEDGE_OK;
         }
-        rc = KVEDGE_OK;
-        if (there)
+        if (there && rc == KVEDGE_OK)
             rc = s_drop_locked(e, kb, meta_ok ? &m : NULL);
     }
     s_unlock(e, s);
     return rc == KVEDGE_OK ? (there ? 1 : 0) : rc;
 }
 
-/* Deletes every key of a chunk in one family's range (meta, then orphan blocks). */
+/* Deletes every key of a chunk in one family's range (meta, then orphan blocks). Blocks are
+ * walked, so a value that cannot be read back does not stop its own deletion. */
 static int s_erase_chunk_keys(kvedge_engine_t *e, int cf, const kvedge_chunk_id_t *id, uint64_t *n)
 {
     uint8_t upper[S_UPPER_BYTES];
     s_upper(id->bytes, KVEDGE_CHUNK_ID_BYTES, upper);
+    int rc = KVEDGE_OK;
+    if (cf == S_CF_BLOCKS) {
+        s_walk_t w;
+        s_walk_open(&w, e, NULL, id->bytes, KVEDGE_CHUNK_ID_BYTES, upper, sizeof upper);
+        for (; w.valid; s_walk_next(&w)) {
+            size_t klen;
+            const uint8_t *kb = s_walk_key(&w, &klen);
+            if (klen != KVEDGE_BLOCK_KEY_BYTES)
+                continue;
+            int r = s_erase_key(e, kb);
+            if (r < 0) {
+                rc = r;
+                break;
+            }
+            *n += (uint64_t)r;
+        }
+        return s_walk_close(&w, rc);
+    }
     rocksdb_readoptions_t *ro;
     rocksdb_iterator_t *it =
         s_iter(e, cf, id->bytes, KVEDGE_CHUNK_ID_BYTES, upper, sizeof upper, &ro);
-    int rc = KVEDGE_OK;
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t klen;
         const uint8_t *kb = (const uint8_t *)rocksdb_iter_key(it, &klen);
@@ -1880,24 +2143,23 @@ int kvedge_engine_verify(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb c
         return KVEDGE_EINVAL;
     if (quarantine && e->opts.read_only)
         return KVEDGE_EREADONLY;
-    /* Blocks and meta walked side by side in key order: one pass finds both orphans. */
+    /* Blocks and meta walked side by side in key order: one pass finds both orphans. The
+     * blocks side is a walk, so a value that cannot be read is one bad block, in its place. */
     const rocksdb_snapshot_t *snap = rocksdb_create_snapshot(e->db);
-    rocksdb_readoptions_t *rob = rocksdb_readoptions_create();
     rocksdb_readoptions_t *rom = rocksdb_readoptions_create();
-    rocksdb_readoptions_set_snapshot(rob, snap);
     rocksdb_readoptions_set_snapshot(rom, snap);
-    rocksdb_iterator_t *ib = rocksdb_create_iterator_cf(e->db, rob, e->cf[S_CF_BLOCKS]);
+    s_walk_t wb;
+    s_walk_open(&wb, e, snap, NULL, 0, NULL, 0);
     rocksdb_iterator_t *im = rocksdb_create_iterator_cf(e->db, rom, e->cf[S_CF_META]);
-    rocksdb_iter_seek_to_first(ib);
     rocksdb_iter_seek_to_first(im);
     int rc = KVEDGE_OK;
     uint64_t n = 0, nbad = 0;
     for (;;) {
-        bool vb = rocksdb_iter_valid(ib), vm = rocksdb_iter_valid(im);
-        if (!vb && !vm)
-            break;
+        bool vb = wb.valid, vm = rocksdb_iter_valid(im);
+        if ((!vb && !vm) || wb.err)
+            break; /* done, or the blocks side failed: its keys can no longer be matched */
         size_t kbl = 0, kml = 0, vlen = 0, mlen = 0;
-        const uint8_t *kb = vb ? (const uint8_t *)rocksdb_iter_key(ib, &kbl) : NULL;
+        const uint8_t *kb = vb ? s_walk_key(&wb, &kbl) : NULL;
         const uint8_t *km = vm ? (const uint8_t *)rocksdb_iter_key(im, &kml) : NULL;
         int c;
         if (!vb)
@@ -1913,12 +2175,12 @@ int kvedge_engine_verify(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb c
         size_t klen = c <= 0 ? kbl : kml;
         int err = KVEDGE_ECORRUPT; /* one side missing */
         if (c == 0) {
-            const uint8_t *data = (const uint8_t *)rocksdb_iter_value(ib, &vlen);
+            const uint8_t *data = s_walk_value(&wb, &vlen);
             const uint8_t *mv = (const uint8_t *)rocksdb_iter_value(im, &mlen);
             kvedge_block_meta_t m;
             err = s_meta_unpack(mv, mlen, &m);
             if (err == KVEDGE_OK)
-                err = s_check_block(data, vlen, &m);
+                err = data ? s_check_block(data, vlen, &m) : KVEDGE_ECORRUPT;
         }
         if (klen == KVEDGE_BLOCK_KEY_BYTES) {
             n++;
@@ -1928,13 +2190,13 @@ int kvedge_engine_verify(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb c
             }
         }
         if (c <= 0)
-            rocksdb_iter_next(ib);
+            s_walk_next(&wb);
         if (c >= 0)
             rocksdb_iter_next(im);
         if (rc != KVEDGE_OK)
             break;
     }
-    rc = s_iter_close(ib, rob, rc);
+    rc = s_walk_close(&wb, rc);
     rc = s_iter_close(im, rom, rc);
     rocksdb_release_snapshot(e->db, snap);
     if (checked)

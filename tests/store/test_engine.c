@@ -1,6 +1,6 @@
 /* Block engine: round trips, layer scans, persistence, LRU eviction, pinning, TTL, corruption
  * and quarantine, verify, put errors, chunk deletion and lookup, read-only and locked opens,
- * crash durability and concurrent use under a capacity limit. */
+ * crash durability, concurrent use under a capacity limit, and blob records damaged on disk. */
 #define _GNU_SOURCE /* nftw */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,11 +8,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1162,6 +1165,387 @@ static void test_concurrent_puts_and_gets(void **state)
             free(sh.blk[k][w]);
 }
 
+/* ---------------------------------------------------------------- damaged blob records */
+
+/* Blocks large enough to live in blob files: 256 tokens x 64 dims fp16, lossless (~64 KiB). */
+#define BLOB_MODEL  "blob-model"
+#define BLOB_HEADS  16
+#define BLOB_TOKENS 256
+/* A blob record: a 32-byte header, the key, the value. Offsets from the key's first byte. */
+#define BLOB_VALUE_OFF  (KVEDGE_BLOCK_KEY_BYTES + 1000)
+#define BLOB_HEADER_OFF (-20)
+
+typedef struct {
+    kvedge_chunk_info_t c;
+    uint8_t *blk[BLOB_HEADS];
+    size_t len[BLOB_HEADS];
+    size_t total;
+} blob_fx_t;
+
+static void s_blob_free(blob_fx_t *bf)
+{
+    for (int h = 0; h < BLOB_HEADS; h++)
+        free(bf->blk[h]);
+}
+
+/* Builds a closed store (so flushed: the values sit in .blob files) holding every head of
+ * layer 0 of one chunk, and head 0 of layer 1; with orphan, also a block with no metadata at
+ * layer 1 head 3 (in a blob file of its own). */
+static void s_blob_store(fx_t *fx, blob_fx_t *bf, bool orphan)
+{
+    memset(bf, 0, sizeof *bf);
+    s_open(fx, NULL);
+    kvedge_model_t m = {BLOB_MODEL, 2, BLOB_HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_engine_put_model(fx->e, &m), 0);
+    bf->c = s_chunk(50, NULL, BLOB_TOKENS);
+    strcpy(bf->c.model_id, BLOB_MODEL);
+    for (int h = 0; h < BLOB_HEADS; h++) {
+        bf->blk[h] = s_block((uint64_t)(500 + h), BLOB_TOKENS, KVEDGE_SCHEME_LOSSLESS, &bf->len[h]);
+        assert_true(bf->len[h] >= 64 * 1024);
+        assert_int_equal(
+            kvedge_engine_put(fx->e, &bf->c, 0, (uint16_t)h, bf->blk[h], bf->len[h], NULL), 0);
+        bf->total += bf->len[h];
+    }
+    assert_int_equal(kvedge_engine_put(fx->e, &bf->c, 1, 0, bf->blk[0], bf->len[0], NULL), 0);
+    bf->total += bf->len[0];
+    if (orphan) {
+        kvedge_engine_destroy(&fx->e); /* its own flush, so its own blob file */
+        s_open(fx, NULL);
+        kvedge_block_key_t k = s_key(&bf->c, 1, 3);
+        assert_int_equal(kvedge_engine_debug_put_raw(fx->e, &k, bf->blk[1], bf->len[1]), 0);
+    }
+    kvedge_engine_destroy(&fx->e);
+}
+
+/* Flips one byte of the blob record of key, at off from the key inside the record, in
+ * whichever .blob file holds it; exactly one record may hold it. */
+static void s_damage_blob(fx_t *fx, const kvedge_block_key_t *key, long off)
+{
+    uint8_t kb[KVEDGE_BLOCK_KEY_BYTES];
+    kvedge_block_key_pack(key, kb);
+    DIR *d = opendir(fx->path);
+    assert_non_null(d);
+    struct dirent *de;
+    int found = 0;
+    while ((de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n < 5 || strcmp(de->d_name + n - 5, ".blob") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", fx->path, de->d_name);
+        int fd = open(path, O_RDWR);
+        assert_true(fd >= 0);
+        struct stat st;
+        assert_int_equal(fstat(fd, &st), 0);
+        uint8_t *buf = malloc((size_t)st.st_size);
+        assert_non_null(buf);
+        assert_int_equal(pread(fd, buf, (size_t)st.st_size, 0), st.st_size);
+        for (const uint8_t *p = buf;
+             (p = memmem(p, (size_t)(buf + st.st_size - p), kb, sizeof kb)) != NULL; p++) {
+            off_t at = (off_t)(p - buf) + off;
+            assert_true(at >= 0 && at < st.st_size);
+            uint8_t b = buf[at] ^ 0x5a;
+            assert_int_equal(pwrite(fd, &b, 1, at), 1);
+            found++;
+        }
+        free(buf);
+        close(fd);
+    }
+    closedir(d);
+    assert_int_equal(found, 1);
+}
+
+/* Layer 0 of the blob chunk through get_layer: want every head but skip, which must be reported
+ * ECORRUPT in its place (skip -1: none). Returns the scan's result. */
+static int s_blob_layer(fx_t *fx, blob_fx_t *bf, int skip, layer_ctx_t *lc)
+{
+    memset(lc, 0, sizeof *lc);
+    lc->stop_at = -1;
+    for (int h = 0; h < BLOB_HEADS; h++) {
+        lc->want[h] = bf->blk[h];
+        lc->want_len[h] = bf->len[h];
+    }
+    int rc = kvedge_engine_get_layer(fx->e, &bf->c.id, 0, s_layer_cb, lc);
+    assert_int_equal(lc->corrupt, skip >= 0 ? 1 : 0);
+    return rc;
+}
+
+typedef struct {
+    int calls;
+    kvedge_block_key_t keys[8];
+    int errs[8];
+} verify_all_t;
+
+static int s_verify_all_cb(void *ctx, const kvedge_block_key_t *key, int err)
+{
+    verify_all_t *va = ctx;
+    if (va->calls < 8) {
+        va->keys[va->calls] = *key;
+        va->errs[va->calls] = err;
+    }
+    va->calls++;
+    return 0;
+}
+
+static void test_blob_damage_read_only(void **state)
+{
+    fx_t *fx = *state;
+    blob_fx_t bf;
+    s_blob_store(fx, &bf, false);
+    kvedge_block_key_t k5 = s_key(&bf.c, 0, 5);
+    s_damage_blob(fx, &k5, BLOB_VALUE_OFF);
+    kvedge_engine_opts_t o = s_opts(fx);
+    o.read_only = true;
+    s_open(fx, &o);
+
+    /* Exactly the damaged head fails, every time: nothing is moved. */
+    int corrupt = 0, which = -1;
+    for (int h = 0; h < BLOB_HEADS; h++) {
+        int rc = s_get_rc(fx->e, &bf.c, 0, (uint16_t)h);
+        if (rc == KVEDGE_ECORRUPT) {
+            corrupt++;
+            which = h;
+        } else {
+            assert_int_equal(rc, 0);
+            s_expect(fx->e, &bf.c, 0, (uint16_t)h, bf.blk[h], bf.len[h]);
+        }
+    }
+    assert_int_equal(corrupt, 1);
+    assert_int_equal(which, 5);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 5), KVEDGE_ECORRUPT);
+
+    layer_ctx_t lc;
+    assert_int_equal(s_blob_layer(fx, &bf, 5, &lc), BLOB_HEADS - 1);
+    assert_int_equal(lc.calls, BLOB_HEADS);
+    for (int h = 0; h < BLOB_HEADS; h++)
+        assert_int_equal(lc.heads[h], h);
+
+    uint64_t checked, bad;
+    verify_all_t va = {0};
+    assert_int_equal(kvedge_engine_verify(fx->e, false, s_verify_all_cb, &va, &checked, &bad), 0);
+    assert_int_equal(checked, BLOB_HEADS + 1);
+    assert_int_equal(bad, 1);
+    assert_int_equal(va.calls, 1);
+    assert_memory_equal(&va.keys[0], &k5, sizeof k5);
+    assert_int_equal(va.errs[0], KVEDGE_ECORRUPT);
+    assert_int_equal(kvedge_engine_verify(fx->e, true, NULL, NULL, &checked, &bad),
+                     KVEDGE_EREADONLY);
+
+    kvedge_engine_stats_t st = s_stats(fx->e);
+    assert_int_equal(st.corrupt, 3); /* two gets and the layer scan */
+    assert_int_equal(st.quarantined, 0);
+    assert_int_equal(st.blocks, BLOB_HEADS + 1);
+    assert_int_equal(st.bytes, bf.total);
+
+    /* Nothing was written: a writable open still finds it. */
+    kvedge_engine_destroy(&fx->e);
+    s_open(fx, NULL);
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+    assert_int_equal(bad, 1);
+    assert_int_equal(s_stats(fx->e).quarantined, 0);
+    s_blob_free(&bf);
+}
+
+static void test_blob_damage_get(void **state)
+{
+    fx_t *fx = *state;
+    blob_fx_t bf;
+    s_blob_store(fx, &bf, false);
+    kvedge_block_key_t k9 = s_key(&bf.c, 0, 9);
+    s_damage_blob(fx, &k9, BLOB_HEADER_OFF); /* the record's header CRC fails */
+    s_open(fx, NULL);
+
+    int corrupt = 0, which = -1;
+    for (int h = 0; h < BLOB_HEADS; h++) {
+        int rc = s_get_rc(fx->e, &bf.c, 0, (uint16_t)h);
+        if (rc == KVEDGE_ECORRUPT) {
+            corrupt++;
+            which = h;
+        } else {
+            assert_int_equal(rc, 0);
+        }
+    }
+    assert_int_equal(corrupt, 1);
+    assert_int_equal(which, 9);
+    kvedge_engine_stats_t st = s_stats(fx->e);
+    assert_int_equal(st.corrupt, 1);
+    assert_int_equal(st.quarantined, 1);
+    assert_int_equal(st.blocks, BLOB_HEADS);
+    assert_int_equal(st.bytes, bf.total - bf.len[9]);
+    assert_int_equal(st.misses, 1);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 9), KVEDGE_ENOTFOUND);
+    kvedge_block_meta_t m;
+    assert_int_equal(kvedge_engine_get_meta(fx->e, &k9, &m), KVEDGE_ENOTFOUND);
+
+    uint64_t checked, bad;
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+    assert_int_equal(checked, BLOB_HEADS);
+    assert_int_equal(bad, 0);
+    layer_ctx_t lc;
+    assert_int_equal(s_blob_layer(fx, &bf, -1, &lc), BLOB_HEADS - 1);
+    assert_int_equal(lc.calls, BLOB_HEADS - 1);
+
+    /* The totals and the quarantine hold across a reopen. */
+    kvedge_engine_destroy(&fx->e);
+    s_open(fx, NULL);
+    st = s_stats(fx->e);
+    assert_int_equal(st.quarantined, 1);
+    assert_int_equal(st.blocks, BLOB_HEADS);
+    assert_int_equal(st.bytes, bf.total - bf.len[9]);
+    s_blob_free(&bf);
+}
+
+static void test_blob_damage_layer(void **state)
+{
+    fx_t *fx = *state;
+    blob_fx_t bf;
+    s_blob_store(fx, &bf, false);
+    /* The first head: the scan's very first read fails. */
+    kvedge_block_key_t k0 = s_key(&bf.c, 0, 0);
+    s_damage_blob(fx, &k0, BLOB_VALUE_OFF);
+    s_open(fx, NULL);
+
+    layer_ctx_t lc;
+    assert_int_equal(s_blob_layer(fx, &bf, 0, &lc), BLOB_HEADS - 1);
+    assert_int_equal(lc.calls, BLOB_HEADS);
+    for (int h = 0; h < BLOB_HEADS; h++)
+        assert_int_equal(lc.heads[h], h);
+    kvedge_engine_stats_t st = s_stats(fx->e);
+    assert_int_equal(st.corrupt, 1);
+    assert_int_equal(st.quarantined, 1);
+    assert_int_equal(st.blocks, BLOB_HEADS);
+    assert_int_equal(st.hits, BLOB_HEADS - 1);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 0), KVEDGE_ENOTFOUND);
+
+    assert_int_equal(s_blob_layer(fx, &bf, -1, &lc), BLOB_HEADS - 1);
+    assert_int_equal(lc.calls, BLOB_HEADS - 1);
+    assert_int_equal(lc.heads[0], 1);
+    uint64_t checked, bad;
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+    assert_int_equal(checked, BLOB_HEADS);
+    assert_int_equal(bad, 0);
+    s_blob_free(&bf);
+}
+
+static void test_blob_damage_verify(void **state)
+{
+    fx_t *fx = *state;
+    blob_fx_t bf;
+    s_blob_store(fx, &bf, true);
+    /* A damaged block with metadata, and a damaged block without any. */
+    kvedge_block_key_t k7 = s_key(&bf.c, 0, 7), ko = s_key(&bf.c, 1, 3);
+    s_damage_blob(fx, &k7, BLOB_VALUE_OFF);
+    s_damage_blob(fx, &ko, BLOB_VALUE_OFF);
+    s_open(fx, NULL);
+
+    uint64_t checked, bad;
+    verify_all_t va = {0};
+    assert_int_equal(kvedge_engine_verify(fx->e, false, s_verify_all_cb, &va, &checked, &bad), 0);
+    assert_int_equal(checked, BLOB_HEADS + 2);
+    assert_int_equal(bad, 2);
+    assert_int_equal(va.calls, 2);
+    assert_memory_equal(&va.keys[0], &k7, sizeof k7);
+    assert_memory_equal(&va.keys[1], &ko, sizeof ko);
+    assert_int_equal(va.errs[0], KVEDGE_ECORRUPT);
+    assert_int_equal(va.errs[1], KVEDGE_ECORRUPT);
+    assert_int_equal(s_stats(fx->e).blocks, BLOB_HEADS + 1); /* reporting only */
+
+    memset(&va, 0, sizeof va);
+    assert_int_equal(kvedge_engine_verify(fx->e, true, s_verify_all_cb, &va, &checked, &bad), 0);
+    assert_int_equal(bad, 2);
+    assert_int_equal(va.calls, 2);
+    kvedge_engine_stats_t st = s_stats(fx->e);
+    assert_int_equal(st.quarantined, 2);
+    assert_int_equal(st.corrupt, 2);
+    assert_int_equal(st.blocks, BLOB_HEADS);
+    assert_int_equal(st.bytes, bf.total - bf.len[7]);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 7), KVEDGE_ENOTFOUND);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 1, 3), KVEDGE_ENOTFOUND);
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+    assert_int_equal(checked, BLOB_HEADS);
+    assert_int_equal(bad, 0);
+    s_blob_free(&bf);
+}
+
+/* Deletes key from one column family of the closed store at fx->path, behind the engine. */
+static void s_raw_delete(fx_t *fx, const char *family, const kvedge_block_key_t *key)
+{
+    uint8_t kb[KVEDGE_BLOCK_KEY_BYTES];
+    kvedge_block_key_pack(key, kb);
+    rocksdb_options_t *opt = rocksdb_options_create();
+    char *err = NULL;
+    size_t n = 0;
+    char **names = rocksdb_list_column_families(opt, fx->path, &n, &err);
+    assert_null(err);
+    const rocksdb_options_t **cfo = calloc(n, sizeof *cfo);
+    rocksdb_column_family_handle_t **h = calloc(n, sizeof *h);
+    assert_non_null(cfo);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++)
+        cfo[i] = opt;
+    rocksdb_t *db = rocksdb_open_column_families(opt, fx->path, (int)n, (const char *const *)names,
+                                                 cfo, h, &err);
+    assert_null(err);
+    rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
+    int deleted = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(names[i], family) != 0)
+            continue;
+        rocksdb_delete_cf(db, wo, h[i], (const char *)kb, sizeof kb, &err);
+        assert_null(err);
+        deleted++;
+    }
+    assert_int_equal(deleted, 1);
+    rocksdb_writeoptions_destroy(wo);
+    for (size_t i = 0; i < n; i++)
+        rocksdb_column_family_handle_destroy(h[i]);
+    rocksdb_close(db);
+    rocksdb_list_column_families_destroy(names, n);
+    free(cfo);
+    free(h);
+    rocksdb_options_destroy(opt);
+}
+
+static void test_blob_damage_delete_chunk(void **state)
+{
+    fx_t *fx = *state;
+    blob_fx_t bf;
+    s_blob_store(fx, &bf, true);
+    kvedge_block_key_t k4 = s_key(&bf.c, 0, 4), ko = s_key(&bf.c, 1, 3), k10 = s_key(&bf.c, 0, 10);
+    s_damage_blob(fx, &k4, BLOB_VALUE_OFF);
+    s_damage_blob(fx, &ko, BLOB_HEADER_OFF);
+    s_raw_delete(fx, "blocks", &k10); /* metadata left with no block */
+    s_open(fx, NULL);
+
+    /* Each orphan and each damaged block is reported once, in key order. */
+    uint64_t checked, bad;
+    verify_all_t va = {0};
+    assert_int_equal(kvedge_engine_verify(fx->e, false, s_verify_all_cb, &va, &checked, &bad), 0);
+    assert_int_equal(checked, BLOB_HEADS + 2);
+    assert_int_equal(bad, 3);
+    assert_int_equal(va.calls, 3);
+    assert_memory_equal(&va.keys[0], &k4, sizeof k4);
+    assert_memory_equal(&va.keys[1], &k10, sizeof k10);
+    assert_memory_equal(&va.keys[2], &ko, sizeof ko);
+
+    /* Deleting needs only keys: damaged values do not stand in the way. */
+    uint64_t n = 0;
+    assert_int_equal(kvedge_engine_delete_chunk(fx->e, &bf.c.id, false, &n), 0);
+    assert_int_equal(n, BLOB_HEADS + 2);
+    for (int h = 0; h < BLOB_HEADS; h++)
+        assert_int_equal(s_get_rc(fx->e, &bf.c, 0, (uint16_t)h), KVEDGE_ENOTFOUND);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 1, 3), KVEDGE_ENOTFOUND);
+    kvedge_chunk_info_t ci;
+    assert_int_equal(kvedge_engine_get_chunk(fx->e, &bf.c.id, &ci), KVEDGE_ENOTFOUND);
+    kvedge_engine_stats_t st = s_stats(fx->e);
+    assert_int_equal(st.blocks, 0);
+    assert_int_equal(st.bytes, 0);
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+    assert_int_equal(checked, 0);
+    assert_int_equal(bad, 0);
+    s_blob_free(&bf);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -1186,6 +1570,11 @@ int main(void)
         T(test_missing_dir),
         T(test_newer_format_refused),
         T(test_concurrent_puts_and_gets),
+        T(test_blob_damage_read_only),
+        T(test_blob_damage_get),
+        T(test_blob_damage_layer),
+        T(test_blob_damage_verify),
+        T(test_blob_damage_delete_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
