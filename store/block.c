@@ -241,23 +241,14 @@ static void s_gather_rows(const uint8_t *src, uint32_t tokens, uint32_t head_dim
 static int s_encode_quant(const kvedge_block_spec_t *spec, const s_layout_t *l, const uint16_t *idx,
                           uint32_t kc, const void *k, const void *v, uint8_t *body)
 {
-    const uint32_t T = spec->tokens, D = spec->head_dim;
-    float *x = malloc(sizeof(float) * (size_t)T * D * 2);
-    if (!x)
-        return KVEDGE_ENOMEM;
-    float *kx = x + (size_t)T * D;
-    kvedge_convert_to_f32(spec->dtype, k, (size_t)T * D, x);
-    for (uint32_t t = 0; t < T; t++)
-        for (uint32_t j = 0; j < kc; j++)
-            kx[(size_t)t * kc + j] = x[(size_t)t * D + idx[j]];
     uint8_t *kp = body, *vp = kp + l->k_params, *kcodes = vp + l->v_params;
     uint8_t *vcodes = kcodes + l->k_codes;
-    int rc = kvedge_quant_keys(kx, T, kc, spec->group_size, l->bits, (uint16_t *)kp, kcodes);
-    if (rc == KVEDGE_OK) {
-        kvedge_convert_to_f32(spec->dtype, v, (size_t)T * D, x);
-        rc = kvedge_quant_values(x, T, D, spec->group_size, l->bits, (uint16_t *)vp, vcodes);
-    }
-    free(x);
+    int rc =
+        kvedge_quant_keys(spec->dtype, k, spec->tokens, spec->head_dim, spec->key_mask ? idx : NULL,
+                          kc, spec->group_size, l->bits, (uint16_t *)kp, kcodes);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_quant_values(spec->dtype, v, spec->tokens, spec->head_dim, spec->group_size,
+                                 l->bits, (uint16_t *)vp, vcodes);
     return rc;
 }
 

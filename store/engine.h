@@ -17,10 +17,10 @@ extern "C" {
 #endif
 
 /* On-disk layout version, kept under the key "kvedge.format" of the default column family. */
-#define KVEDGE_ENGINE_FORMAT_VERSION        1
+#define KVEDGE_ENGINE_FORMAT_VERSION 1
 /* Block key: chunk id (32 bytes) | layer (u16 big-endian) | head (u16 big-endian). */
-#define KVEDGE_BLOCK_KEY_BYTES              (KVEDGE_CHUNK_ID_BYTES + 4)
-#define KVEDGE_ENGINE_BLOB_MIN_BYTES_DEFAULT 4096
+#define KVEDGE_BLOCK_KEY_BYTES                     (KVEDGE_CHUNK_ID_BYTES + 4)
+#define KVEDGE_ENGINE_BLOB_MIN_BYTES_DEFAULT       4096
 #define KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT 1000
 /* A put_opts ttl_s meaning "never expires", whatever the engine default. */
 #define KVEDGE_TTL_NEVER UINT32_MAX
@@ -88,7 +88,7 @@ typedef struct {
 
 typedef struct {
     uint64_t blocks;
-    uint64_t bytes; /* encoded bytes stored */
+    uint64_t bytes;      /* encoded bytes stored */
     uint64_t fp16_bytes; /* what the same blocks take as fp16 */
     uint64_t pinned_blocks;
     uint64_t pinned_bytes;
@@ -127,8 +127,8 @@ void kvedge_engine_destroy(kvedge_engine_t **self_p);
  * by a different shape. */
 int kvedge_engine_put_model(kvedge_engine_t *e, const kvedge_model_t *model);
 int kvedge_engine_get_model(kvedge_engine_t *e, const char *id, kvedge_model_t *out);
-int kvedge_engine_list_models(kvedge_engine_t *e,
-                              int (*cb)(void *ctx, const kvedge_model_t *model), void *ctx);
+int kvedge_engine_list_models(kvedge_engine_t *e, int (*cb)(void *ctx, const kvedge_model_t *model),
+                              void *ctx);
 
 /* Stores one block (data and metadata in one write batch), registering its chunk. The block
  * is verified first; its model must be registered, layer/head inside the model's shape, its

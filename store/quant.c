@@ -167,15 +167,19 @@ S_AVX2 static bool s_avx2_minmax(const float *x, uint32_t n, float *lo, float *h
             vh = _mm256_max_ps(vh, v);
             vb = _mm256_add_ps(vb, _mm256_sub_ps(v, v));
         }
-        float tl[8], th[8], tb[8];
-        _mm256_storeu_ps(tl, vl);
-        _mm256_storeu_ps(th, vh);
-        _mm256_storeu_ps(tb, vb);
-        for (int j = 0; j < 8; j++) {
-            l = tl[j] < l ? tl[j] : l;
-            h = th[j] > h ? th[j] : h;
-            bad += tb[j];
-        }
+        /* Horizontal reduction in registers: 8 -> 4 -> 2 -> 1 lanes. */
+        __m128 l4 = _mm_min_ps(_mm256_castps256_ps128(vl), _mm256_extractf128_ps(vl, 1));
+        __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(vh), _mm256_extractf128_ps(vh, 1));
+        __m128 b4 = _mm_add_ps(_mm256_castps256_ps128(vb), _mm256_extractf128_ps(vb, 1));
+        l4 = _mm_min_ps(l4, _mm_movehl_ps(l4, l4));
+        h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
+        b4 = _mm_add_ps(b4, _mm_movehl_ps(b4, b4));
+        l4 = _mm_min_ss(l4, _mm_shuffle_ps(l4, l4, 1));
+        h4 = _mm_max_ss(h4, _mm_shuffle_ps(h4, h4, 1));
+        b4 = _mm_add_ss(b4, _mm_shuffle_ps(b4, b4, 1));
+        l = _mm_cvtss_f32(l4);
+        h = _mm_cvtss_f32(h4);
+        bad = _mm_cvtss_f32(b4);
     }
     for (; i < n; i++) {
         l = x[i] < l ? x[i] : l;
@@ -187,12 +191,16 @@ S_AVX2 static bool s_avx2_minmax(const float *x, uint32_t n, float *lo, float *h
     return bad == 0.0f;
 }
 
+/* Codes of one row: one byte each (8 bits) or packed two per byte, low nibble first (4 bits;
+ * n even for the vector part). */
 S_AVX2 static void s_avx2_quantize_row(const float *x, uint32_t n, const float *inv,
-                                       const float *min, float qmax, uint8_t *q)
+                                       const float *min, unsigned bits, uint8_t *q)
 {
+    const float qmax = bits == 8 ? 255.0f : 15.0f;
     const __m256 half = _mm256_set1_ps(0.5f), zero = _mm256_setzero_ps(),
                  top = _mm256_set1_ps(qmax);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i nib = _mm256_set1_epi16(0x1001); /* lo * 1 + hi * 16 per byte pair */
     uint32_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256i w[4];
@@ -205,13 +213,27 @@ S_AVX2 static void s_avx2_quantize_row(const float *x, uint32_t n, const float *
         }
         __m256i b =
             _mm256_packus_epi16(_mm256_packs_epi32(w[0], w[1]), _mm256_packs_epi32(w[2], w[3]));
-        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(b, order));
+        b = _mm256_permutevar8x32_epi32(b, order);
+        if (bits == 8) {
+            _mm256_storeu_si256((__m256i *)(q + i), b);
+        } else {
+            __m256i p = _mm256_maddubs_epi16(b, nib); /* 16 x u16 holding one packed byte */
+            __m128i packed =
+                _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+            _mm_storeu_si128((__m128i *)(q + i / 2), packed);
+        }
     }
     for (; i < n; i++) {
         float v = (x[i] - min[i]) * inv[i] + 0.5f;
         v = v < 0.0f ? 0.0f : v;
         v = v > qmax ? qmax : v;
-        q[i] = (uint8_t)(int)v;
+        uint8_t c = (uint8_t)(int)v;
+        if (bits == 8)
+            q[i] = c;
+        else if (i & 1)
+            q[i / 2] |= (uint8_t)(c << 4);
+        else
+            q[i / 2] = c;
     }
 }
 #endif
@@ -262,12 +284,6 @@ KVEDGE_VECTOR_CLONES
 static void s_quantize_row(const float *x, uint32_t n, const float *inv, const float *min,
                            float qmax, uint8_t *q)
 {
-#if S_HAVE_AVX2
-    if (s_avx2()) {
-        s_avx2_quantize_row(x, n, inv, min, qmax, q);
-        return;
-    }
-#endif
     for (uint32_t c = 0; c < n; c++) {
         float v = (x[c] - min[c]) * inv[c] + 0.5f;
         v = v < 0.0f ? 0.0f : v;
@@ -289,6 +305,12 @@ static void s_pack_nibbles(const uint8_t *q, uint32_t n, uint8_t *out)
 static void s_emit_row(const float *x, uint32_t n, const float *inv, const float *min,
                        unsigned bits, uint8_t *tmp, uint8_t *codes)
 {
+#if S_HAVE_AVX2
+    if (s_avx2()) {
+        s_avx2_quantize_row(x, n, inv, min, bits, codes);
+        return;
+    }
+#endif
     if (bits == 8) {
         s_quantize_row(x, n, inv, min, 255.0f, codes);
     } else {
@@ -315,96 +337,127 @@ static bool s_minmax(const float *x, uint32_t n, float *lo, float *hi)
     return bad == 0.0f;
 }
 
+/* Folds one row into running per-channel ranges; bad turns NaN on a non-finite value. */
 KVEDGE_VECTOR_CLONES
-static void s_minmax_cols(const float *x, uint32_t rows, uint32_t n, float *lo, float *hi,
-                          float *bad)
+static void s_minmax_fold(const float *r, uint32_t n, float *lo, float *hi, float *bad)
 {
     for (uint32_t c = 0; c < n; c++) {
-        lo[c] = x[c];
-        hi[c] = x[c];
-    }
-    for (uint32_t t = 0; t < rows; t++) {
-        const float *r = x + (size_t)t * n;
-        for (uint32_t c = 0; c < n; c++) {
-            lo[c] = r[c] < lo[c] ? r[c] : lo[c];
-            hi[c] = r[c] > hi[c] ? r[c] : hi[c];
-            bad[c] += r[c] - r[c]; /* NaN iff some input was inf or NaN */
-        }
+        lo[c] = r[c] < lo[c] ? r[c] : lo[c];
+        hi[c] = r[c] > hi[c] ? r[c] : hi[c];
+        bad[c] += r[c] - r[c];
     }
 }
 
-int kvedge_quant_keys(const float *x, uint32_t tokens, uint32_t channels, uint32_t group,
-                      unsigned bits, uint16_t *params, uint8_t *codes)
+/* Row t of x ([tokens][head_dim] in dtype) as floats, only the kept channels when kept is not
+ * NULL. The row lives in `row` (L1-sized), so no full-matrix float copy is ever made. */
+static const float *s_row(int dtype, const void *x, uint32_t head_dim, uint32_t t,
+                          const uint16_t *kept, uint32_t channels, float *row, float *wide)
 {
-    if (!x || !params || !codes || tokens == 0 || channels == 0 || (bits != 8 && bits != 4))
+    const size_t es = kvedge_dtype_size((kvedge_dtype_t)dtype);
+    const uint8_t *src = (const uint8_t *)x + (size_t)t * head_dim * es;
+    if (!kept) {
+        if (dtype == KVEDGE_DTYPE_FP32)
+            return (const float *)src;
+        kvedge_convert_to_f32(dtype, src, head_dim, row);
+        return row;
+    }
+    kvedge_convert_to_f32(dtype, src, head_dim, wide);
+    for (uint32_t j = 0; j < channels; j++)
+        row[j] = wide[kept[j]];
+    return row;
+}
+
+static bool s_dtype_ok(int dtype)
+{
+    return kvedge_dtype_size((kvedge_dtype_t)dtype) != 0;
+}
+
+int kvedge_quant_keys(int dtype, const void *x, uint32_t tokens, uint32_t head_dim,
+                      const uint16_t *kept, uint32_t channels, uint32_t group, unsigned bits,
+                      uint16_t *params, uint8_t *codes)
+{
+    if (!x || !params || !codes || tokens == 0 || channels == 0 || !s_dtype_ok(dtype) ||
+        head_dim > KVEDGE_BLOCK_MAX_HEAD_DIM || channels > head_dim ||
+        (!kept && channels != head_dim) || (bits != 8 && bits != 4))
         return KVEDGE_EINVAL;
     const unsigned qmax = (1u << bits) - 1;
     const uint32_t g = (group == 0 || group > tokens) ? tokens : group;
     const size_t row_bytes = kvedge_quant_row_bytes(channels, bits);
-    /* lo, hi, bad, scale/inv/min per channel, then one row of unpacked codes. */
-    float *buf = malloc(sizeof(float) * 6 * channels + channels);
-    if (!buf)
-        return KVEDGE_ENOMEM;
-    float *lo = buf, *hi = lo + channels, *bad = hi + channels;
-    float *scale = bad + channels, *inv = scale + channels, *min = inv + channels;
-    uint8_t *tmp = (uint8_t *)(min + channels);
+    float lo[KVEDGE_BLOCK_MAX_HEAD_DIM], hi[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    float bad[KVEDGE_BLOCK_MAX_HEAD_DIM], scale[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    float inv[KVEDGE_BLOCK_MAX_HEAD_DIM], min[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    float row[KVEDGE_BLOCK_MAX_HEAD_DIM], wide[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
     int rc = KVEDGE_OK;
+    /* Per group of tokens: one pass for the per-channel ranges, one for the codes; each
+     * re-reads the group's rows from the source, which is still in cache. */
     for (uint32_t t0 = 0; t0 < tokens && rc == KVEDGE_OK; t0 += g) {
         uint32_t rows = tokens - t0 < g ? tokens - t0 : g;
-        const float *xg = x + (size_t)t0 * channels;
+        const float *r = s_row(dtype, x, head_dim, t0, kept, channels, row, wide);
+        memcpy(lo, r, sizeof(float) * channels);
+        memcpy(hi, r, sizeof(float) * channels);
         memset(bad, 0, sizeof(float) * channels);
-        s_minmax_cols(xg, rows, channels, lo, hi, bad);
-        uint16_t *p = params + (size_t)(t0 / g) * channels * 2;
+        for (uint32_t t = 0; t < rows; t++)
+            s_minmax_fold(s_row(dtype, x, head_dim, t0 + t, kept, channels, row, wide), channels,
+                          lo, hi, bad);
         float anybad = 0.0f;
         for (uint32_t c = 0; c < channels; c++)
             anybad += bad[c];
-        rc = anybad == 0.0f ? s_make_params_n(lo, hi, channels, qmax, p, scale, inv, min)
-                            : KVEDGE_EINVAL;
+        rc = anybad == 0.0f
+                 ? s_make_params_n(lo, hi, channels, qmax, params + (size_t)(t0 / g) * channels * 2,
+                                   scale, inv, min)
+                 : KVEDGE_EINVAL;
         for (uint32_t t = 0; t < rows && rc == KVEDGE_OK; t++)
-            s_emit_row(xg + (size_t)t * channels, channels, inv, min, bits, tmp,
-                       codes + (size_t)(t0 + t) * row_bytes);
+            s_emit_row(s_row(dtype, x, head_dim, t0 + t, kept, channels, row, wide), channels, inv,
+                       min, bits, tmp, codes + (size_t)(t0 + t) * row_bytes);
     }
-    free(buf);
     return rc;
 }
 
-int kvedge_quant_values(const float *x, uint32_t tokens, uint32_t channels, uint32_t group,
-                        unsigned bits, uint16_t *params, uint8_t *codes)
+int kvedge_quant_values(int dtype, const void *x, uint32_t tokens, uint32_t channels,
+                        uint32_t group, unsigned bits, uint16_t *params, uint8_t *codes)
 {
-    if (!x || !params || !codes || tokens == 0 || channels == 0 || (bits != 8 && bits != 4))
+    if (!x || !params || !codes || tokens == 0 || channels == 0 || !s_dtype_ok(dtype) ||
+        channels > KVEDGE_BLOCK_MAX_HEAD_DIM || (bits != 8 && bits != 4))
         return KVEDGE_EINVAL;
+    enum { BATCH_GROUPS = KVEDGE_BLOCK_MAX_HEAD_DIM };
     const unsigned qmax = (1u << bits) - 1;
     const uint32_t g = (group == 0 || group > channels) ? channels : group;
     const uint32_t ngroups = kvedge_quant_groups(channels, g);
+    const uint32_t batch = BATCH_GROUPS / ngroups; /* >= 1: ngroups <= channels <= the max */
     const size_t row_bytes = kvedge_quant_row_bytes(channels, bits);
-    const size_t np = (size_t)tokens * ngroups;
-    /* Three passes: ranges of every (token, group), their params in one vector pass, codes. */
-    float *buf = malloc(sizeof(float) * (5 * np + 2 * channels) + channels);
-    if (!buf)
-        return KVEDGE_ENOMEM;
-    float *lo = buf, *hi = lo + np, *gs = hi + np, *ginv = gs + np, *gmin = ginv + np;
-    float *inv = gmin + np, *min = inv + channels;
-    uint8_t *tmp = (uint8_t *)(min + channels);
-    bool finite = true;
-    for (uint32_t t = 0; t < tokens; t++)
-        for (uint32_t gi = 0, c0 = 0; gi < ngroups; gi++, c0 += g)
-            finite &= s_minmax(x + (size_t)t * channels + c0, channels - c0 < g ? channels - c0 : g,
-                               &lo[(size_t)t * ngroups + gi], &hi[(size_t)t * ngroups + gi]);
-    int rc = finite ? s_make_params_n(lo, hi, (uint32_t)np, qmax, params, gs, ginv, gmin)
-                    : KVEDGE_EINVAL;
-    for (uint32_t t = 0; t < tokens && rc == KVEDGE_OK; t++) {
-        for (uint32_t gi = 0, c0 = 0; gi < ngroups; gi++, c0 += g) {
-            uint32_t end = c0 + g < channels ? c0 + g : channels;
-            float iv = ginv[(size_t)t * ngroups + gi], m = gmin[(size_t)t * ngroups + gi];
-            for (uint32_t c = c0; c < end; c++) {
-                inv[c] = iv;
-                min[c] = m;
-            }
+    float lo[BATCH_GROUPS], hi[BATCH_GROUPS], gs[BATCH_GROUPS], ginv[BATCH_GROUPS],
+        gmin[BATCH_GROUPS];
+    float inv[KVEDGE_BLOCK_MAX_HEAD_DIM], min[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    float row[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    int rc = KVEDGE_OK;
+    /* Tokens in batches, so the params of many groups are made in one vector pass; each row
+     * is converted again for its codes (cheap, and no full-matrix float copy). */
+    for (uint32_t t0 = 0; t0 < tokens && rc == KVEDGE_OK; t0 += batch) {
+        uint32_t nt = tokens - t0 < batch ? tokens - t0 : batch;
+        bool finite = true;
+        for (uint32_t t = 0; t < nt; t++) {
+            const float *r = s_row(dtype, x, channels, t0 + t, NULL, channels, row, NULL);
+            for (uint32_t gi = 0, c0 = 0; gi < ngroups; gi++, c0 += g)
+                finite &= s_minmax(r + c0, channels - c0 < g ? channels - c0 : g,
+                                   &lo[t * ngroups + gi], &hi[t * ngroups + gi]);
         }
-        s_emit_row(x + (size_t)t * channels, channels, inv, min, bits, tmp,
-                   codes + (size_t)t * row_bytes);
+        rc = finite ? s_make_params_n(lo, hi, nt * ngroups, qmax, params + (size_t)t0 * ngroups * 2,
+                                      gs, ginv, gmin)
+                    : KVEDGE_EINVAL;
+        for (uint32_t t = 0; t < nt && rc == KVEDGE_OK; t++) {
+            for (uint32_t gi = 0, c0 = 0; gi < ngroups; gi++, c0 += g) {
+                uint32_t end = c0 + g < channels ? c0 + g : channels;
+                for (uint32_t c = c0; c < end; c++) {
+                    inv[c] = ginv[t * ngroups + gi];
+                    min[c] = gmin[t * ngroups + gi];
+                }
+            }
+            s_emit_row(s_row(dtype, x, channels, t0 + t, NULL, channels, row, NULL), channels, inv,
+                       min, bits, tmp, codes + (size_t)(t0 + t) * row_bytes);
+        }
     }
-    free(buf);
     return rc;
 }
 

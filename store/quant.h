@@ -31,16 +31,19 @@ static inline size_t kvedge_quant_row_bytes(uint32_t n, unsigned bits)
     return bits == 8 ? (size_t)n : ((size_t)n + 1) / 2;
 }
 
-/* Quantizes keys x[tokens][channels]: per channel, over groups of `group` tokens.
- * params: [groups][channels] (scale, min) pairs; codes: tokens rows.
- * Returns 0, or KVEDGE_EINVAL for a non-finite input or a range fp16 cannot hold. */
-int kvedge_quant_keys(const float *x, uint32_t tokens, uint32_t channels, uint32_t group,
-                      unsigned bits, uint16_t *params, uint8_t *codes);
+/* Quantizes keys x[tokens][head_dim] (row-major, in dtype of store/block.h): per channel,
+ * over groups of `group` tokens (0 = all). kept lists the `channels` channels to keep (NULL:
+ * all, channels == head_dim). params: [groups][channels] (scale, min) fp16 pairs; codes:
+ * `tokens` rows of kvedge_quant_row_bytes(channels, bits). Returns 0, or KVEDGE_EINVAL for
+ * bad arguments, a non-finite input or a range fp16 cannot hold. */
+int kvedge_quant_keys(int dtype, const void *x, uint32_t tokens, uint32_t head_dim,
+                      const uint16_t *kept, uint32_t channels, uint32_t group, unsigned bits,
+                      uint16_t *params, uint8_t *codes);
 
-/* Quantizes values x[tokens][channels]: per token, over groups of `group` channels.
+/* Quantizes values x[tokens][channels] in dtype: per token, over groups of `group` channels.
  * params: [tokens][groups] pairs. Same errors as kvedge_quant_keys. */
-int kvedge_quant_values(const float *x, uint32_t tokens, uint32_t channels, uint32_t group,
-                        unsigned bits, uint16_t *params, uint8_t *codes);
+int kvedge_quant_values(int dtype, const void *x, uint32_t tokens, uint32_t channels,
+                        uint32_t group, unsigned bits, uint16_t *params, uint8_t *codes);
 
 /* Expands one group's fp16 (scale, min) pairs into float arrays of n entries. */
 void kvedge_quant_params_expand(const uint16_t *params, uint32_t n, float *scale, float *min);

@@ -127,7 +127,8 @@ static s_errs_t s_measure(kvedge_scheme_t scheme, uint16_t group, bool per_token
             uint8_t codes[T * D];
             float sc[D], mn[D];
             unsigned bits = scheme == KVEDGE_SCHEME_INT8 ? 8 : 4;
-            assert_int_equal(kvedge_quant_values(k, T, D, group, bits, params, codes), 0);
+            assert_int_equal(
+                kvedge_quant_values(KVEDGE_DTYPE_FP32, k, T, D, group, bits, params, codes), 0);
             for (uint32_t t = 0; t < T; t++) {
                 kvedge_quant_params_expand_grouped(
                     params + (size_t)t * kvedge_quant_groups(D, group) * 2, D, group, sc, mn);
@@ -189,36 +190,62 @@ static void test_simd_matches_generic(void **state)
     (void)state;
     if (!kvedge_quant_simd(-1))
         skip(); /* no AVX2 + F16C here: only the generic path exists */
-    enum { T = 77, D = 128 };
-    static uint16_t k[T * D], v[T * D], ko[2][T * D], vo[2][T * D];
-    static uint8_t blk[2][T * D * 8];
-    uint8_t mask[D / 8];
-    float kf[T * D], vf[T * D];
-    assert_int_equal(kvedge_synth_head_f32(5, 0, T, D, kf, vf), 0);
-    kvedge_synth_key_mask(kf, T, D, 96, mask);
-    for (int s = KVEDGE_SCHEME_INT8; s <= KVEDGE_SCHEME_INT4; s++)
-        for (int masked = 0; masked < 2; masked++)
-            for (int d = KVEDGE_DTYPE_FP16; d <= KVEDGE_DTYPE_BF16; d++) {
-                kvedge_convert_from_f32(d, kf, T * D, k);
-                kvedge_convert_from_f32(d, vf, T * D, v);
-                kvedge_block_spec_t spec = {
-                    (kvedge_dtype_t)d, (kvedge_scheme_t)s, T, D, 32, masked ? mask : NULL, false};
-                size_t len[2];
-                for (int path = 0; path < 2; path++) {
-                    kvedge_quant_simd(path == 0 ? 1 : 0);
-                    kvedge_block_info_t info;
-                    assert_int_equal(
-                        kvedge_block_encode(&spec, k, v, blk[path], sizeof blk[path], &len[path]),
-                        0);
-                    assert_int_equal(kvedge_block_parse(blk[path], len[path], &info), 0);
-                    assert_int_equal(kvedge_block_decode(&info, spec.dtype, ko[path], vo[path]), 0);
+    /* Shapes with vector tails: odd kept-channel counts and head_dims not a multiple of 32. */
+    static const struct {
+        uint32_t tokens, head_dim, keep;
+    } shapes[] = {{77, 128, 96}, {33, 100, 75}, {5, 7, 3}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        const uint32_t T = shapes[sh].tokens, D = shapes[sh].head_dim;
+        const size_t n = (size_t)T * D;
+        uint16_t *k = malloc(n * 2), *v = malloc(n * 2), *ko[2], *vo[2];
+        uint8_t *blk[2], mask[KVEDGE_BLOCK_MAX_HEAD_DIM / 8];
+        float *kf = malloc(n * 4), *vf = malloc(n * 4);
+        for (int i = 0; i < 2; i++) {
+            ko[i] = malloc(n * 2);
+            vo[i] = malloc(n * 2);
+            blk[i] = malloc(n * 8 + 4096);
+        }
+        assert_int_equal(kvedge_synth_head_f32(5 + sh, 0, T, D, kf, vf), 0);
+        kvedge_synth_key_mask(kf, T, D, shapes[sh].keep, mask);
+        for (int s = KVEDGE_SCHEME_INT8; s <= KVEDGE_SCHEME_INT4; s++)
+            for (int masked = 0; masked < 2; masked++)
+                for (int d = KVEDGE_DTYPE_FP16; d <= KVEDGE_DTYPE_BF16; d++) {
+                    kvedge_convert_from_f32(d, kf, n, k);
+                    kvedge_convert_from_f32(d, vf, n, v);
+                    kvedge_block_spec_t spec = {(kvedge_dtype_t)d,
+                                                (kvedge_scheme_t)s,
+                                                T,
+                                                (uint16_t)D,
+                                                32,
+                                                masked ? mask : NULL,
+                                                false};
+                    size_t len[2];
+                    for (int path = 0; path < 2; path++) {
+                        kvedge_quant_simd(path == 0 ? 1 : 0);
+                        kvedge_block_info_t info;
+                        assert_int_equal(
+                            kvedge_block_encode(&spec, k, v, blk[path], n * 8 + 4096, &len[path]),
+                            0);
+                        assert_int_equal(kvedge_block_parse(blk[path], len[path], &info), 0);
+                        assert_int_equal(kvedge_block_decode(&info, spec.dtype, ko[path], vo[path]),
+                                         0);
+                    }
+                    kvedge_quant_simd(1);
+                    assert_int_equal(len[0], len[1]);
+                    assert_memory_equal(blk[0], blk[1], len[0]);
+                    assert_memory_equal(ko[0], ko[1], n * 2);
+                    assert_memory_equal(vo[0], vo[1], n * 2);
                 }
-                kvedge_quant_simd(1);
-                assert_int_equal(len[0], len[1]);
-                assert_memory_equal(blk[0], blk[1], len[0]);
-                assert_memory_equal(ko[0], ko[1], sizeof ko[0]);
-                assert_memory_equal(vo[0], vo[1], sizeof vo[0]);
-            }
+        for (int i = 0; i < 2; i++) {
+            free(ko[i]);
+            free(vo[i]);
+            free(blk[i]);
+        }
+        free(k);
+        free(v);
+        free(kf);
+        free(vf);
+    }
     /* Plain conversions too, over every half value. */
     static uint16_t all[65536], back[2][65536];
     static float f[2][65536];
@@ -240,9 +267,15 @@ static void test_quant_argument_errors(void **state)
     float x[4] = {0, 1, 2, 3};
     uint16_t p[8];
     uint8_t c[4];
-    assert_int_equal(kvedge_quant_keys(x, 2, 2, 0, 5, p, c), KVEDGE_EINVAL);
-    assert_int_equal(kvedge_quant_keys(NULL, 2, 2, 0, 8, p, c), KVEDGE_EINVAL);
-    assert_int_equal(kvedge_quant_values(x, 0, 2, 0, 8, p, c), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_quant_keys(KVEDGE_DTYPE_FP32, x, 2, 2, NULL, 2, 0, 5, p, c),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_quant_keys(KVEDGE_DTYPE_FP32, NULL, 2, 2, NULL, 2, 0, 8, p, c),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_quant_keys(KVEDGE_DTYPE_FP32, x, 2, 2, NULL, 1, 0, 8, p, c),
+                     KVEDGE_EINVAL); /* fewer channels than head_dim needs a kept list */
+    assert_int_equal(kvedge_quant_keys(7, x, 2, 2, NULL, 2, 0, 8, p, c), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_quant_values(KVEDGE_DTYPE_FP32, x, 0, 2, 0, 8, p, c), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_quant_keys(KVEDGE_DTYPE_FP32, x, 2, 2, NULL, 2, 0, 8, p, c), 0);
     assert_int_equal(kvedge_quant_groups(100, 32), 4);
     assert_int_equal(kvedge_quant_groups(100, 0), 1);
     assert_int_equal(kvedge_quant_row_bytes(7, 4), 4);
