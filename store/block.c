@@ -481,7 +481,9 @@ static void s_decode_quant(const kvedge_block_info_t *info, const kvedge_block_s
      * with scale 0 and min 0, so they come out as exact zeros from the same kernel. */
     float *scale = tmp, *min = scale + D, *kscale = min + D, *kmin = kscale + D;
     uint8_t codes[KVEDGE_BLOCK_MAX_HEAD_DIM], wide[KVEDGE_BLOCK_MAX_HEAD_DIM];
-    memset(wide, 0, D);
+    kvedge_expand_plan_t plan;
+    if (masked)
+        kvedge_expand_plan(info->key_mask, D, &plan);
     for (uint32_t t = 0; t < T; t++) {
         const uint8_t *src = sec->k_codes + (size_t)t * krow;
         if (t % G == 0) {
@@ -504,8 +506,7 @@ static void s_decode_quant(const kvedge_block_info_t *info, const kvedge_block_s
                 kvedge_quant_unpack4(src, kc, codes);
                 src = codes;
             }
-            for (uint32_t j = 0; j < kc; j++)
-                wide[idx[j]] = src[j];
+            kvedge_expand_u8(&plan, src, wide);
             src = wide;
             rbits = 8;
         }

@@ -154,6 +154,18 @@ S_AVX2 static int64_t s_avx2_make_params(const float *lo, const float *hi, uint3
     return i;
 }
 
+/* One pshufb per 16 output channels: each lane's kept channels are a contiguous run of the
+ * compact row, so a 16-byte load at the lane's start and a shuffle place them. */
+S_AVX2 static void s_avx2_expand_u8(const kvedge_expand_plan_t *p, const uint8_t *padded,
+                                    uint8_t *wide)
+{
+    for (uint32_t l = 0; l < (p->head_dim + 15) / 16; l++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(padded + p->start[l]));
+        __m128i c = _mm_loadu_si128((const __m128i *)p->ctrl[l]);
+        _mm_storeu_si128((__m128i *)(wide + 16 * l), _mm_shuffle_epi8(v, c));
+    }
+}
+
 /* Min and max of x[0..n); returns false if some value is infinite or NaN. */
 S_AVX2 static bool s_avx2_minmax(const float *x, uint32_t n, float *lo, float *hi)
 {
@@ -483,6 +495,39 @@ void kvedge_quant_params_expand_grouped(const uint16_t *params, uint32_t channel
             min[c] = m;
         }
     }
+}
+
+void kvedge_expand_plan(const uint8_t *mask, uint32_t head_dim, kvedge_expand_plan_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->head_dim = head_dim;
+    for (uint32_t c = 0; c < head_dim; c++) {
+        if (c % 16 == 0)
+            p->start[c / 16] = (uint16_t)p->kept;
+        bool kept = (mask[c >> 3] >> (c & 7)) & 1u;
+        p->ctrl[c / 16][c % 16] = kept ? (uint8_t)(p->kept - p->start[c / 16]) : 0x80;
+        if (kept)
+            p->idx[p->kept++] = (uint16_t)c;
+    }
+    for (uint32_t c = head_dim; c % 16 != 0; c++) /* tail of the last lane: zeros */
+        p->ctrl[c / 16][c % 16] = 0x80;
+}
+
+void kvedge_expand_u8(const kvedge_expand_plan_t *p, const uint8_t *compact, uint8_t *wide)
+{
+#if S_HAVE_AVX2
+    if (s_avx2()) {
+        /* Lanes read up to 16 bytes past their start: work on a padded copy of the row. */
+        uint8_t padded[1024 + 16];
+        memcpy(padded, compact, p->kept);
+        memset(padded + p->kept, 0, 16);
+        s_avx2_expand_u8(p, padded, wide);
+        return;
+    }
+#endif
+    memset(wide, 0, (p->head_dim + 15) / 16 * 16);
+    for (uint32_t j = 0; j < p->kept; j++)
+        wide[p->idx[j]] = compact[j];
 }
 
 KVEDGE_VECTOR_CLONES

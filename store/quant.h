@@ -57,6 +57,22 @@ void kvedge_quant_params_expand_grouped(const uint16_t *params, uint32_t channel
 void kvedge_dequant_row(const uint8_t *codes, unsigned bits, uint32_t n, const float *scale,
                         const float *min, float *out);
 
+/* Widening of a channel-pruned row back to head_dim: kept channel j goes to idx[j], dropped
+ * channels become 0. The plan is made once per mask. */
+typedef struct {
+    uint32_t head_dim;
+    uint32_t kept;
+    uint16_t idx[1024];   /* kept channel indices, ascending */
+    uint16_t start[64];   /* per 16-channel lane: first compact position it draws from */
+    uint8_t ctrl[64][16]; /* per lane: byte shuffle from compact to wide (0x80 = zero) */
+} kvedge_expand_plan_t;
+
+/* mask: head_dim bits, LSB-first, as in the block format. */
+void kvedge_expand_plan(const uint8_t *mask, uint32_t head_dim, kvedge_expand_plan_t *plan);
+
+/* wide[0 .. head_dim rounded up to 16) from compact[0 .. plan->kept). */
+void kvedge_expand_u8(const kvedge_expand_plan_t *plan, const uint8_t *compact, uint8_t *wide);
+
 /* Unpacks n 4-bit codes (two per byte, low nibble first) into one byte each. */
 void kvedge_quant_unpack4(const uint8_t *codes, uint32_t n, uint8_t *out);
 
