@@ -1,6 +1,7 @@
 /* Block engine throughput: put and get of 128 KiB and 16 MiB blocks against one plain file per
  * value (open/write/close, open/read/close) measured in the same run, plus durable puts
- * (sync WAL) against write + fsync. */
+ * (sync WAL) against write + fsync. Gets run with the engine's cache sized to hold the data
+ * set (the files are in the page cache), and once without a cache. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -38,6 +39,8 @@
 /* The project's goal: engine large-value reads at >= this fraction of plain file reads. */
 #define S_GOAL_READ_FRACTION 0.8
 #define S_PATH_MAX           4096
+/* The engine's cache: room for the larger data set (256 MiB) with some to spare. */
+#define S_CACHE_MIB_DEFAULT 1024
 
 typedef struct {
     uint32_t tokens;
@@ -158,13 +161,14 @@ static void s_free_set(s_set_t *set)
     free(set->chunks);
 }
 
-/* Opens a store with the default options but sync and the atime granularity. */
-static kvedge_engine_t *s_open(const char *dir, bool sync, uint32_t atime_ms)
+/* Opens a store with the default options but sync, the atime granularity and the cache. */
+static kvedge_engine_t *s_open(const char *dir, bool sync, uint32_t atime_ms, uint64_t cache_bytes)
 {
     kvedge_engine_opts_t opts;
     kvedge_engine_opts_default(&opts);
     opts.sync = sync;
     opts.atime_granularity_ms = atime_ms;
+    opts.cache_bytes = cache_bytes;
     kvedge_engine_t *e = NULL;
     char why[512];
     int rc = kvedge_engine_open(dir, &opts, &e, why, sizeof why);
@@ -310,9 +314,10 @@ static int s_count_blobs(const char *dir)
 }
 
 typedef struct {
-    const char *base; /* our mkdtemp directory */
-    int reps;         /* get passes */
-    int put_reps;     /* put passes */
+    const char *base;     /* our mkdtemp directory */
+    int reps;             /* get passes */
+    int put_reps;         /* put passes */
+    uint64_t cache_bytes; /* the engine's cache (0 = none) */
 } s_cfg_t;
 
 static void s_print_row(const char *label, const s_set_t *set, const s_times_t *eng,
@@ -349,7 +354,7 @@ static int s_run_size(const s_cfg_t *cfg, const char *label, uint32_t tokens, si
         s_path(fdir, "%s/%s-files-%d", cfg->base, tag, rep);
         s_path(edir, "%s/%s-engine-%d", cfg->base, tag, rep);
         s_mkdir(fdir);
-        e = s_open(edir, false, KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT);
+        e = s_open(edir, false, KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT, cfg->cache_bytes);
         sync(); /* start each timed pass with no dirty pages from the previous one */
         s_file_put_pass(&set, fdir, false, &fput);
         sync();
@@ -369,23 +374,28 @@ static int s_run_size(const s_cfg_t *cfg, const char *label, uint32_t tokens, si
     snprintf(name, sizeof name, "%s put", label);
     s_print_row(name, &set, &eput, &fput, false, "-");
     /* Gets on the closed and reopened store (as after a restart: blob files, not the
-     * memtable), twice: a read refreshes the block's atime when it is older than the
+     * memtable), three times: a read refreshes the block's atime when it is older than the
      * granularity (default 1 s), so reads of a block less than 1 s apart skip the refresh and
-     * reads further apart pay it. Granularities of "never" and 0 give both cases for sure. */
-    for (int mode = 0; mode < 2; mode++) {
-        const bool refresh = mode == 1;
+     * reads further apart pay it. Granularities of "never" and 0 give both cases for sure.
+     * The third runs without the engine's cache (cache_bytes 0, no refresh): every get reads
+     * its blob file. */
+    for (int mode = 0; mode < 3; mode++) {
+        const bool refresh = mode == 1, cached = mode != 2;
         s_times_t eget, fget;
         s_times_init(&eget, (size_t)cfg->reps, set.n);
         s_times_init(&fget, (size_t)cfg->reps, set.n);
-        e = s_open(edir, false, refresh ? 0 : UINT32_MAX);
+        e = s_open(edir, false, refresh ? 0 : UINT32_MAX, cached ? cfg->cache_bytes : 0);
         s_file_get_pass(&set, fdir, buf, NULL); /* warm the page cache, untimed */
-        s_engine_get_pass(&set, e, NULL);
+        s_engine_get_pass(&set, e, NULL);       /* and the engine's cache */
         for (int rep = 0; rep < cfg->reps; rep++) {
             s_file_get_pass(&set, fdir, buf, &fget);
             s_engine_get_pass(&set, e, &eget);
         }
         kvedge_engine_destroy(&e);
-        snprintf(name, sizeof name, "%s get%s", label, refresh ? " + atime refresh" : "");
+        snprintf(name, sizeof name, "%s get%s", label,
+                 refresh   ? " + atime refresh"
+                 : !cached ? ", no cache"
+                           : "");
         double ratio = s_mbps(&set, &eget) / s_mbps(&set, &fget);
         const char *goal = !large ? "-" : ratio >= S_GOAL_READ_FRACTION ? "met" : "missed";
         s_print_row(name, &set, &eget, &fget, true, goal);
@@ -405,7 +415,7 @@ static int s_run_size(const s_cfg_t *cfg, const char *label, uint32_t tokens, si
             s_path(fdir, "%s/%s-sync-files-%d", cfg->base, tag, rep);
             s_path(edir, "%s/%s-sync-engine-%d", cfg->base, tag, rep);
             s_mkdir(fdir);
-            e = s_open(edir, true, KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT);
+            e = s_open(edir, true, KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT, cfg->cache_bytes);
             sync();
             s_file_put_pass(&set, fdir, true, &fsync_t);
             sync();
@@ -431,15 +441,17 @@ static void s_usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--dir DIR (temp dirs go here, default /tmp)] [--reps N (get passes, "
-            ">= %d)] [--put-reps N (>= %d)]\n",
-            argv0, KVEDGE_BENCH_REPS_MIN, S_PUT_REPS_MIN);
+            ">= %d)] [--put-reps N (>= %d)] [--cache-mib N (engine cache, default %d)]\n",
+            argv0, KVEDGE_BENCH_REPS_MIN, S_PUT_REPS_MIN, S_CACHE_MIB_DEFAULT);
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     const char *parent = "/tmp";
-    s_cfg_t cfg = {.reps = KVEDGE_BENCH_REPS_MIN, .put_reps = S_PUT_REPS_DEFAULT};
+    s_cfg_t cfg = {.reps = KVEDGE_BENCH_REPS_MIN,
+                   .put_reps = S_PUT_REPS_DEFAULT,
+                   .cache_bytes = (uint64_t)S_CACHE_MIB_DEFAULT << 20};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
             parent = argv[++i];
@@ -447,6 +459,8 @@ int main(int argc, char **argv)
             cfg.reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--put-reps") == 0 && i + 1 < argc)
             cfg.put_reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--cache-mib") == 0 && i + 1 < argc)
+            cfg.cache_bytes = strtoull(argv[++i], NULL, 10) << 20;
         else
             s_usage(argv[0]);
     }
@@ -459,13 +473,15 @@ int main(int argc, char **argv)
     cfg.base = base;
 
     printf("### Block engine vs plain files (temp dir %s)\n\n", base);
-    printf("Lossless fp16 blocks, head_dim %d. Put: median of %d passes, fresh store and "
-           "fresh directory each, no fsync (the engine's default non-synced WAL). Get: median "
-           "of %d warm passes (page cache) on the store closed and reopened after the last put "
-           "pass; the engine verifies each block's checksum; \"+ atime refresh\": every get "
-           "also refreshes the block's access time (the default for reads of a block more "
-           "than 1 s apart). Latency: p50 / p99 per get over every pass, in ms.\n\n",
-           S_HEAD_DIM, cfg.put_reps, cfg.reps);
+    printf("Lossless fp16 blocks, head_dim %d. Engine cache (cache_bytes): %llu MiB. Put: "
+           "median of %d passes, fresh store and fresh directory each, no fsync (the engine's "
+           "default non-synced WAL). Get: median of %d warm passes (page cache, and the "
+           "engine's cache) on the store closed and reopened after the last put pass; the "
+           "engine verifies each block's checksum; \"+ atime refresh\": every get also "
+           "refreshes the block's access time (the default for reads of a block more than 1 s "
+           "apart); \"no cache\": cache_bytes 0, every get reads its blob file. Latency: p50 "
+           "/ p99 per get over every pass, in ms.\n\n",
+           S_HEAD_DIM, (unsigned long long)(cfg.cache_bytes >> 20), cfg.put_reps, cfg.reps);
     printf("| value, op | values x passes | engine MB/s | file MB/s | engine/file "
            "| engine p50 / p99 ms | file p50 / p99 ms | goal: large reads >= %.0f%% of file |\n",
            S_GOAL_READ_FRACTION * 100);

@@ -21,8 +21,12 @@ enum {
 #define KVEDGE_DATA_DIR_DEFAULT "./data"
 
 typedef struct {
-    const char *data_dir; /* --data, else $KVEDGE_DATA, else ./data */
-    bool json;            /* --json: machine-readable output on stdout */
+    const char *data_dir;   /* --data, else $KVEDGE_DATA, else ./data */
+    bool json;              /* --json: machine-readable output on stdout */
+    const char *host;       /* -H: remote mode against a node at this endpoint */
+    const char *server_key; /* --server-key: the node's public key or certificate */
+    const char *cert;       /* --cert: this client's secret certificate */
+    int deadline_ms;        /* --deadline: per call (0 = library default) */
 } kvedge_cli_t;
 
 typedef struct {
@@ -32,8 +36,11 @@ typedef struct {
     const char *summary;
 } kvedge_cli_cmd_t;
 
-/* The local-mode commands (clients/cli_local.c). */
+/* The local-mode commands (clients/cli_local.c), the daemons (clients/cli_daemon.c). Each
+ * table ends with an entry whose name is NULL. */
 extern const kvedge_cli_cmd_t kvedge_cli_local_cmds[];
+extern const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[];
+extern const kvedge_cli_cmd_t kvedge_cli_remote_cmds[]; /* clients/cli_remote.c, with -H */
 
 /* Prints "kvedge: <message>" to stderr. */
 void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -9,6 +9,18 @@
 
 #define KVEDGE_VERSION_STRING "0.1.0"
 
+static const kvedge_cli_cmd_t *const s_tables[] = {kvedge_cli_local_cmds, kvedge_cli_daemon_cmds,
+                                                   NULL};
+
+static const kvedge_cli_cmd_t *s_find(const char *name)
+{
+    for (int t = 0; s_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = s_tables[t]; c->name; c++)
+            if (strcmp(c->name, name) == 0)
+                return c;
+    return NULL;
+}
+
 static void s_help(FILE *f)
 {
     fprintf(
@@ -22,8 +34,11 @@ static void s_help(FILE *f)
            "  -h, --help       this help; `kvedge COMMAND --help` for a command\n"
            "  -V, --version    version and build features\n\n"
            "commands:\n");
-    for (const kvedge_cli_cmd_t *c = kvedge_cli_local_cmds; c->name; c++)
-        fprintf(f, "  %-14s %s\n", c->name, c->summary);
+    for (int t = 0; s_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = s_tables[t]; c->name; c++)
+            fprintf(f, "  %-14s %s\n", c->name, c->summary);
+    fprintf(f, "  %-14s %s\n  %-14s %s\n", "stat", "Node statistics (with -H).", "ping",
+            "Round-trip latency and bandwidth to a node (with -H).");
     fprintf(f,
             "\nexit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found,\n"
             "            4 corrupt blocks found, 5 store unavailable (missing, locked, too new)\n");
@@ -31,19 +46,42 @@ static void s_help(FILE *f)
 
 int main(int argc, char **argv)
 {
-    kvedge_cli_t cli = {getenv("KVEDGE_DATA"), false};
+    kvedge_cli_t cli = {getenv("KVEDGE_DATA"), false,
+                        getenv("KVEDGE_HOST"), getenv("KVEDGE_SERVER_KEY"),
+                        getenv("KVEDGE_CERT"), 0};
     if (!cli.data_dir || !*cli.data_dir)
         cli.data_dir = KVEDGE_DATA_DIR_DEFAULT;
-    enum { OPT_JSON = 1000 };
+    enum { OPT_JSON = 1000, OPT_KEY, OPT_CERT, OPT_DEADLINE };
     static const struct option opts[] = {{"data", required_argument, NULL, 'd'},
                                          {"json", no_argument, NULL, OPT_JSON},
+                                         {"host", required_argument, NULL, 'H'},
+                                         {"server-key", required_argument, NULL, OPT_KEY},
+                                         {"cert", required_argument, NULL, OPT_CERT},
+                                         {"deadline", required_argument, NULL, OPT_DEADLINE},
                                          {"help", no_argument, NULL, 'h'},
                                          {"version", no_argument, NULL, 'V'},
                                          {NULL, 0, NULL, 0}};
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "+d:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+d:H:hV", opts, NULL)) != -1) {
+        uint64_t ms;
         switch (c) {
+        case 'H':
+            cli.host = optarg;
+            break;
+        case OPT_KEY:
+            cli.server_key = optarg;
+            break;
+        case OPT_CERT:
+            cli.cert = optarg;
+            break;
+        case OPT_DEADLINE:
+            if (kvedge_cli_parse_u64(optarg, 1, 600000, &ms) != 0) {
+                kvedge_cli_error("--deadline wants milliseconds (1 to 600000), got '%s'", optarg);
+                return KVEDGE_EXIT_USAGE;
+            }
+            cli.deadline_ms = (int)ms;
+            break;
         case 'd':
             cli.data_dir = optarg;
             break;
@@ -69,25 +107,34 @@ int main(int argc, char **argv)
     }
     const char *name = argv[optind];
     if (strcmp(name, "help") == 0) {
-        if (optind + 1 < argc) {
-            for (const kvedge_cli_cmd_t *cmd = kvedge_cli_local_cmds; cmd->name; cmd++)
-                if (strcmp(cmd->name, argv[optind + 1]) == 0) {
-                    char help[] = "--help";
-                    char *sub[] = {argv[optind + 1], help, NULL};
-                    optind = 0;
-                    return cmd->run(&cli, 2, sub);
-                }
+        const kvedge_cli_cmd_t *cmd = optind + 1 < argc ? s_find(argv[optind + 1]) : NULL;
+        if (cmd) {
+            char help[] = "--help";
+            char *sub[] = {argv[optind + 1], help, NULL};
+            optind = 0;
+            return cmd->run(&cli, 2, sub);
         }
         s_help(stdout);
         return KVEDGE_EXIT_OK;
     }
-    for (const kvedge_cli_cmd_t *cmd = kvedge_cli_local_cmds; cmd->name; cmd++) {
-        if (strcmp(cmd->name, name) == 0) {
-            int sub_argc = argc - optind;
-            char **sub_argv = argv + optind;
-            optind = 0; /* glibc: a full reset, so the command parses its own options */
-            return cmd->run(&cli, sub_argc, sub_argv);
-        }
+    const kvedge_cli_cmd_t *cmd = NULL;
+    if (cli.host) /* remote mode: the remote form of a command when it has one */
+        for (const kvedge_cli_cmd_t *r = kvedge_cli_remote_cmds; r->name && !cmd; r++)
+            if (strcmp(r->name, name) == 0)
+                cmd = r;
+    if (!cmd)
+        cmd = s_find(name);
+    if (!cmd && !cli.host)
+        for (const kvedge_cli_cmd_t *r = kvedge_cli_remote_cmds; r->name; r++)
+            if (strcmp(r->name, name) == 0) {
+                kvedge_cli_error("%s talks to a node: give it -H ENDPOINT", name);
+                return KVEDGE_EXIT_USAGE;
+            }
+    if (cmd) {
+        int sub_argc = argc - optind;
+        char **sub_argv = argv + optind;
+        optind = 0; /* glibc: a full reset, so the command parses its own options */
+        return cmd->run(&cli, sub_argc, sub_argv);
     }
     kvedge_cli_error("unknown command '%s' (see kvedge --help)", name);
     return KVEDGE_EXIT_USAGE;

@@ -22,6 +22,7 @@ extern "C" {
 #define KVEDGE_BLOCK_KEY_BYTES                     (KVEDGE_CHUNK_ID_BYTES + 4)
 #define KVEDGE_ENGINE_BLOB_MIN_BYTES_DEFAULT       4096
 #define KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT 1000
+#define KVEDGE_ENGINE_CACHE_BYTES_DEFAULT          (256ull << 20)
 /* A put_opts ttl_s meaning "never expires", whatever the engine default. */
 #define KVEDGE_TTL_NEVER UINT32_MAX
 
@@ -42,6 +43,11 @@ typedef struct {
     uint32_t index;  /* position in the chain, 0 = first chunk */
     uint32_t tokens; /* tokens in this chunk */
     uint64_t created_ms;
+    /* Set by a node serving tenants (access/server.c): the tenant tag, and the id the client
+     * knows the chunk by (id is then the namespaced id). Both zero for local use; a zero name
+     * is stored as id. */
+    uint8_t tenant[16];
+    kvedge_chunk_id_t name;
 } kvedge_chunk_info_t;
 
 /* Per-block metadata, written with the block in one batch. */
@@ -69,6 +75,7 @@ typedef struct {
     bool read_only;                /* open without the lock; writes fail KVEDGE_EREADONLY */
     uint32_t blob_min_bytes;       /* values at least this large live in blob files */
     uint32_t atime_granularity_ms; /* reads refresh atime only when older than this */
+    uint64_t cache_bytes;          /* in-memory LRU of blob values and table blocks; 0 = none */
     /* Clock in milliseconds; NULL = wall clock. Tests inject their own. */
     uint64_t (*clock_ms)(void *ctx);
     void *clock_ctx;

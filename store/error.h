@@ -26,7 +26,11 @@ extern "C" {
     X(ENOSPACE, -14, "output buffer too small")                                                    \
     X(EEXPIRED, -15, "entry expired")                                                              \
     X(EREADONLY, -16, "store is open read-only")                                                   \
-    X(EAMBIGUOUS, -17, "prefix matches more than one entry")
+    X(EAMBIGUOUS, -17, "prefix matches more than one entry")                                       \
+    X(EPROTO, -18, "malformed protocol message")                                                   \
+    X(ETIMEDOUT, -19, "deadline passed")                                                           \
+    X(EDENIED, -20, "not allowed")                                                                 \
+    X(ECLOSED, -21, "peer is shutting down or gone")
 
 typedef enum {
 #define KVEDGE_ERR_ENUM(name, value, msg) KVEDGE_##name = (value),

@@ -20,6 +20,7 @@
  * add, never fused: the codec builds with -ffp-contract=off), so both paths give identical
  * bits; tests/store/test_quant.c checks that. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define S_HAVE_AVX2 1
 #define S_AVX2      __attribute__((target("avx2,f16c")))
@@ -34,8 +35,19 @@ static bool s_avx2(void)
     int v = atomic_load_explicit(&s_simd, memory_order_relaxed);
     if (v < 0) {
 #if S_HAVE_AVX2
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        /* CPUID: F16C (leaf 1 ECX bit 29), AVX2 (leaf 7 EBX bit 5), and the OS saving the
+         * YMM state (OSXSAVE, XCR0 bits 1-2). Read directly: clang 14 has no "f16c" for
+         * __builtin_cpu_supports. */
+        unsigned a, b, c, d;
+        bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) && (c & (1u << 27));
+        bool avx2 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 5));
+        bool ymm = false;
+        if (f16c) {
+            unsigned lo, hi;
+            __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            ymm = (lo & 6u) == 6u;
+        }
+        v = f16c && avx2 && ymm;
 #else
         v = 0;
 #endif

@@ -1,6 +1,7 @@
 /* Block engine: round trips, layer scans, persistence, LRU eviction, pinning, TTL, corruption
  * and quarantine, verify, put errors, chunk deletion and lookup, read-only and locked opens,
- * crash durability, concurrent use under a capacity limit, and blob records damaged on disk. */
+ * crash durability, concurrent use under a capacity limit, blob records damaged on disk, and
+ * the cache tier: sizes, reads after atime refreshes and reopens, rewrites under a warm cache. */
 #define _GNU_SOURCE /* nftw */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -179,6 +180,7 @@ static void test_key_pack_and_degenerate(void **state)
     assert_int_equal(o.blob_min_bytes, KVEDGE_ENGINE_BLOB_MIN_BYTES_DEFAULT);
     assert_int_equal(o.atime_granularity_ms, KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT);
     assert_int_equal(o.capacity_bytes, 0);
+    assert_int_equal(o.cache_bytes, KVEDGE_ENGINE_CACHE_BYTES_DEFAULT);
     assert_false(o.read_only);
 
     kvedge_engine_t *e = NULL;
@@ -1352,7 +1354,9 @@ static void test_blob_damage_get(void **state)
     blob_fx_t bf;
     s_blob_store(fx, &bf, false);
     kvedge_block_key_t k9 = s_key(&bf.c, 0, 9);
-    s_damage_blob(fx, &k9, BLOB_HEADER_OFF); /* the record's header CRC fails */
+    /* The value: reads leave RocksDB's checksums off, the block's own xxh3 finds it. (A
+     * damaged record header, value intact, is the scrubber's: test_blob_damage_header.) */
+    s_damage_blob(fx, &k9, BLOB_VALUE_OFF);
     s_open(fx, NULL);
 
     int corrupt = 0, which = -1;
@@ -1367,6 +1371,9 @@ static void test_blob_damage_get(void **state)
     }
     assert_int_equal(corrupt, 1);
     assert_int_equal(which, 9);
+    for (int h = 0; h < BLOB_HEADS; h++)
+        if (h != 9)
+            s_expect(fx->e, &bf.c, 0, (uint16_t)h, bf.blk[h], bf.len[h]);
     kvedge_engine_stats_t st = s_stats(fx->e);
     assert_int_equal(st.corrupt, 1);
     assert_int_equal(st.quarantined, 1);
@@ -1546,6 +1553,298 @@ static void test_blob_damage_delete_chunk(void **state)
     s_blob_free(&bf);
 }
 
+static void test_blob_damage_header(void **state)
+{
+    fx_t *fx = *state;
+    blob_fx_t bf;
+    s_blob_store(fx, &bf, false);
+    kvedge_block_key_t k12 = s_key(&bf.c, 0, 12);
+    s_damage_blob(fx, &k12, BLOB_HEADER_OFF); /* the record's header CRC fails */
+    s_open(fx, NULL);
+
+    /* Reads take only the value, which is intact (its xxh3 holds): every head is served. */
+    for (int h = 0; h < BLOB_HEADS; h++)
+        s_expect(fx->e, &bf.c, 0, (uint16_t)h, bf.blk[h], bf.len[h]);
+    layer_ctx_t lc;
+    assert_int_equal(s_blob_layer(fx, &bf, -1, &lc), BLOB_HEADS);
+    assert_int_equal(s_stats(fx->e).corrupt, 0);
+
+    /* The scrubber checks RocksDB's checksums on disk, though the reads left the value in the
+     * cache: the damaged record is reported exactly once, then quarantined. */
+    uint64_t checked, bad;
+    verify_all_t va = {0};
+    assert_int_equal(kvedge_engine_verify(fx->e, false, s_verify_all_cb, &va, &checked, &bad), 0);
+    assert_int_equal(checked, BLOB_HEADS + 1);
+    assert_int_equal(bad, 1);
+    assert_int_equal(va.calls, 1);
+    assert_memory_equal(&va.keys[0], &k12, sizeof k12);
+    assert_int_equal(va.errs[0], KVEDGE_ECORRUPT);
+    assert_int_equal(s_stats(fx->e).blocks, BLOB_HEADS + 1); /* reporting only */
+    memset(&va, 0, sizeof va);
+    assert_int_equal(kvedge_engine_verify(fx->e, true, s_verify_all_cb, &va, &checked, &bad), 0);
+    assert_int_equal(bad, 1);
+    assert_int_equal(va.calls, 1);
+    kvedge_engine_stats_t st = s_stats(fx->e);
+    assert_int_equal(st.quarantined, 1);
+    assert_int_equal(st.corrupt, 1);
+    assert_int_equal(st.blocks, BLOB_HEADS);
+    assert_int_equal(st.bytes, bf.total - bf.len[12]);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 12), KVEDGE_ENOTFOUND);
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+    assert_int_equal(checked, BLOB_HEADS);
+    assert_int_equal(bad, 0);
+    /* The cache works again after the scrubs. */
+    for (int h = 0; h < BLOB_HEADS; h++)
+        if (h != 12)
+            s_expect(fx->e, &bf.c, 0, (uint16_t)h, bf.blk[h], bf.len[h]);
+    s_blob_free(&bf);
+}
+
+/* ---------------------------------------------------------------- the cache tier */
+
+/* Every block of test_cache_sizes, read back one by one and by layer scans. */
+static void s_expect_cache_set(fx_t *fx, const kvedge_chunk_info_t *cb,
+                               const kvedge_chunk_info_t *cs, uint8_t **big, const size_t *blen,
+                               uint8_t **small, const size_t *slen)
+{
+    for (int h = 0; h < HEADS; h++) {
+        s_expect(fx->e, cb, 0, (uint16_t)h, big[h], blen[h]);
+        s_expect(fx->e, cs, 1, (uint16_t)h, small[h], slen[h]);
+    }
+    layer_ctx_t lc = {.stop_at = -1};
+    for (int h = 0; h < HEADS; h++) {
+        lc.want[h] = big[h];
+        lc.want_len[h] = blen[h];
+    }
+    assert_int_equal(kvedge_engine_get_layer(fx->e, &cb->id, 0, s_layer_cb, &lc), HEADS);
+    memset(&lc, 0, sizeof lc);
+    lc.stop_at = -1;
+    for (int h = 0; h < HEADS; h++) {
+        lc.want[h] = small[h];
+        lc.want_len[h] = slen[h];
+    }
+    assert_int_equal(kvedge_engine_get_layer(fx->e, &cs->id, 1, s_layer_cb, &lc), HEADS);
+}
+
+/* No cache, a cache smaller than one block (nothing stays), the default: the same bytes come
+ * back from the memtable, and after reopens from blob files (a miss, then a hit), with and
+ * without atime refreshes, one by one and by layer scans, around a verify. */
+static void test_cache_sizes(void **state)
+{
+    fx_t *fx = *state;
+    static const uint64_t sizes[] = {0, 64 * 1024, KVEDGE_ENGINE_CACHE_BYTES_DEFAULT};
+    kvedge_chunk_info_t cb = s_chunk(60, NULL, BLOB_TOKENS), cs = s_chunk(61, NULL, 8);
+    strcpy(cb.model_id, BLOB_MODEL);
+    uint8_t *big[HEADS], *small[HEADS];
+    size_t blen[HEADS], slen[HEADS];
+    for (int h = 0; h < HEADS; h++) {
+        big[h] = s_block((uint64_t)(600 + h), BLOB_TOKENS, KVEDGE_SCHEME_LOSSLESS, &blen[h]);
+        small[h] = s_block((uint64_t)(620 + h), 8, KVEDGE_SCHEME_LOSSLESS, &slen[h]);
+        assert_true(blen[h] > 64 * 1024);
+        assert_true(slen[h] < KVEDGE_ENGINE_BLOB_MIN_BYTES_DEFAULT); /* inline in the table */
+    }
+    kvedge_model_t bm = {BLOB_MODEL, 2, BLOB_HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        snprintf(fx->path, sizeof fx->path, "%s/store-%zu", fx->dir, i);
+        kvedge_engine_opts_t o = s_opts(fx);
+        o.cache_bytes = sizes[i];
+        fx->now = 1000;
+        s_open(fx, &o);
+        assert_int_equal(kvedge_engine_put_model(fx->e, &bm), 0);
+        for (int h = 0; h < HEADS; h++) {
+            assert_int_equal(kvedge_engine_put(fx->e, &cb, 0, (uint16_t)h, big[h], blen[h], NULL),
+                             0);
+            assert_int_equal(kvedge_engine_put(fx->e, &cs, 1, (uint16_t)h, small[h], slen[h], NULL),
+                             0);
+        }
+        s_expect_cache_set(fx, &cb, &cs, big, blen, small, slen);
+        for (int round = 0; round < 2; round++) {
+            kvedge_engine_destroy(&fx->e);
+            s_open(fx, &o);
+            fx->now += 5000; /* the first pass refreshes every atime, the second does not */
+            for (int pass = 0; pass < 2; pass++)
+                s_expect_cache_set(fx, &cb, &cs, big, blen, small, slen);
+            kvedge_block_meta_t m;
+            kvedge_block_key_t k = s_key(&cb, 0, 1);
+            assert_int_equal(kvedge_engine_get_meta(fx->e, &k, &m), 0);
+            assert_int_equal(m.atime_ms, fx->now);
+            uint64_t checked, bad;
+            assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+            assert_int_equal(checked, 2 * HEADS);
+            assert_int_equal(bad, 0);
+            s_expect_cache_set(fx, &cb, &cs, big, blen, small, slen);
+        }
+        kvedge_engine_stats_t st = s_stats(fx->e);
+        assert_int_equal(st.corrupt, 0);
+        assert_int_equal(st.blocks, 2 * HEADS);
+        kvedge_engine_destroy(&fx->e);
+    }
+    for (int h = 0; h < HEADS; h++) {
+        free(big[h]);
+        free(small[h]);
+    }
+}
+
+/* A get that refreshes atime rewrites the meta and the LRU entry only: the bytes it returns,
+ * and those of every get after it, are the block's; a value held across a refresh stays. */
+static void test_atime_refresh_reads(void **state)
+{
+    fx_t *fx = *state;
+    blob_fx_t bf;
+    s_blob_store(fx, &bf, false); /* every block at t = 1000, in blob files */
+    s_open(fx, NULL);
+    kvedge_block_key_t k3 = s_key(&bf.c, 0, 3);
+    kvedge_block_meta_t m0, m;
+    assert_int_equal(kvedge_engine_get_meta(fx->e, &k3, &m0), 0);
+    assert_int_equal(m0.atime_ms, 1000);
+
+    fx->now = 5000;
+    s_expect(fx->e, &bf.c, 0, 3, bf.blk[3], bf.len[3]); /* refreshes */
+    assert_int_equal(kvedge_engine_get_meta(fx->e, &k3, &m), 0);
+    assert_int_equal(m.atime_ms, 5000);
+    assert_int_equal(m.checksum, m0.checksum);
+    assert_int_equal(m.bytes, m0.bytes);
+    assert_int_equal(m.created_ms, 1000);
+    fx->now = 5500; /* within the granularity */
+    s_expect(fx->e, &bf.c, 0, 3, bf.blk[3], bf.len[3]);
+    assert_int_equal(kvedge_engine_get_meta(fx->e, &k3, &m), 0);
+    assert_int_equal(m.atime_ms, 5000);
+
+    fx->now = 6000;
+    kvedge_value_t held;
+    assert_int_equal(kvedge_engine_get(fx->e, &k3, &held), 0); /* refreshes */
+    /* A layer scan refreshes each head the same way. */
+    fx->now = 8000;
+    layer_ctx_t lc;
+    assert_int_equal(s_blob_layer(fx, &bf, -1, &lc), BLOB_HEADS);
+    for (int h = 0; h < BLOB_HEADS; h++) {
+        kvedge_block_key_t k = s_key(&bf.c, 0, (uint16_t)h);
+        assert_int_equal(kvedge_engine_get_meta(fx->e, &k, &m), 0);
+        assert_int_equal(m.atime_ms, 8000);
+    }
+    fx->now = 10000;
+    kvedge_value_t v;
+    assert_int_equal(kvedge_engine_get(fx->e, &k3, &v), 0); /* refreshes */
+    assert_int_equal(v.len, bf.len[3]);
+    assert_memory_equal(v.data, bf.blk[3], bf.len[3]);
+    assert_int_equal(held.len, bf.len[3]);
+    assert_memory_equal(held.data, bf.blk[3], bf.len[3]);
+    kvedge_value_release(&v);
+    kvedge_value_release(&held);
+    s_expect(fx->e, &bf.c, 0, 3, bf.blk[3], bf.len[3]);
+
+    /* Each refresh moved the LRU entry: eviction down to one block keeps k3, the newest. */
+    uint64_t n, bytes;
+    assert_int_equal(kvedge_engine_evict(fx->e, bf.len[3], &n, &bytes), 0);
+    assert_int_equal(n, BLOB_HEADS);
+    assert_int_equal(bytes, bf.total - bf.len[3]);
+    s_expect(fx->e, &bf.c, 0, 3, bf.blk[3], bf.len[3]);
+    kvedge_engine_stats_t st = s_stats(fx->e);
+    assert_int_equal(st.blocks, 1);
+    assert_int_equal(st.corrupt, 0);
+    s_blob_free(&bf);
+}
+
+/* Total bytes of the store's MANIFEST files: they grow when a flush is installed. */
+static long s_manifest_bytes(fx_t *fx)
+{
+    DIR *d = opendir(fx->path);
+    assert_non_null(d);
+    long total = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, "MANIFEST-", 9) != 0)
+            continue;
+        char path[512];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", fx->path, de->d_name);
+        if (stat(path, &st) == 0)
+            total += (long)st.st_size;
+    }
+    closedir(d);
+    return total;
+}
+
+/* Puts other blocks (the blob model's, chunk tags from 100) until the blocks family's
+ * memtable has been flushed, without closing: waits for the flush to be installed. */
+static void s_flush_by_filling(fx_t *fx, const blob_fx_t *bf)
+{
+    long before = s_manifest_bytes(fx);
+    size_t put = 0;
+    for (int tag = 100; tag < 250 && s_manifest_bytes(fx) == before; tag++) {
+        kvedge_chunk_info_t c = s_chunk((uint8_t)tag, NULL, BLOB_TOKENS);
+        strcpy(c.model_id, BLOB_MODEL);
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < BLOB_HEADS; h++) {
+                assert_int_equal(kvedge_engine_put(fx->e, &c, (uint16_t)l, (uint16_t)h, bf->blk[h],
+                                                   bf->len[h], NULL),
+                                 0);
+                put += bf->len[h];
+            }
+        /* Past the default 64 MiB write buffer, a flush is under way: wait for it. */
+        for (int i = 0; put > (80u << 20) && i < 3000 && s_manifest_bytes(fx) == before; i++)
+            usleep(10000);
+    }
+    assert_true(s_manifest_bytes(fx) > before);
+}
+
+/* A value read into the cache, then rewritten behind the engine (kvedge_engine_debug_put_raw)
+ * with damaged bytes: the damage is found whether the rewrite is read from the memtable, from
+ * a blob file flushed in the same session (the cache is keyed by blob file and offset, so the
+ * stale cached value is never served), or after a reopen. */
+static void test_cache_rewrite_detected(void **state)
+{
+    fx_t *fx = *state;
+    blob_fx_t bf;
+    s_blob_store(fx, &bf, false);
+    s_open(fx, NULL);
+    static const uint16_t heads[3] = {2, 5, 7};
+    uint8_t *bad[3];
+    for (int i = 0; i < 3; i++) {
+        uint16_t h = heads[i];
+        bad[i] = malloc(bf.len[h]);
+        assert_non_null(bad[i]);
+        memcpy(bad[i], bf.blk[h], bf.len[h]);
+        bad[i][bf.len[h] / 2] ^= 0x20;
+        s_expect(fx->e, &bf.c, 0, h, bf.blk[h], bf.len[h]); /* read from disk, cached */
+        s_expect(fx->e, &bf.c, 0, h, bf.blk[h], bf.len[h]); /* from the cache */
+    }
+    kvedge_block_key_t k2 = s_key(&bf.c, 0, 2), k5 = s_key(&bf.c, 0, 5), k7 = s_key(&bf.c, 0, 7);
+
+    /* In the memtable. */
+    assert_int_equal(kvedge_engine_debug_put_raw(fx->e, &k2, bad[0], bf.len[2]), 0);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 2), KVEDGE_ECORRUPT);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 2), KVEDGE_ENOTFOUND);
+
+    /* In a blob file flushed in this session (and put into the cache by the flush). */
+    assert_int_equal(kvedge_engine_debug_put_raw(fx->e, &k5, bad[1], bf.len[5]), 0);
+    s_flush_by_filling(fx, &bf);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 5), KVEDGE_ECORRUPT);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 5), KVEDGE_ENOTFOUND);
+
+    /* In a blob file written by the close, read after a reopen. */
+    assert_int_equal(kvedge_engine_debug_put_raw(fx->e, &k7, bad[2], bf.len[7]), 0);
+    kvedge_engine_destroy(&fx->e);
+    s_open(fx, NULL);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 7), KVEDGE_ECORRUPT);
+    assert_int_equal(s_get_rc(fx->e, &bf.c, 0, 7), KVEDGE_ENOTFOUND);
+
+    /* Each reported once (this session counts one), quarantined, the rest served. */
+    kvedge_engine_stats_t st = s_stats(fx->e);
+    assert_int_equal(st.corrupt, 1);
+    assert_int_equal(st.quarantined, 3);
+    for (int h = 0; h < BLOB_HEADS; h++)
+        if (h != 2 && h != 5 && h != 7)
+            s_expect(fx->e, &bf.c, 0, (uint16_t)h, bf.blk[h], bf.len[h]);
+    uint64_t checked, bad_n;
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad_n), 0);
+    assert_int_equal(bad_n, 0);
+    assert_int_equal(checked, st.blocks);
+    for (int i = 0; i < 3; i++)
+        free(bad[i]);
+    s_blob_free(&bf);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -1575,6 +1874,10 @@ int main(void)
         T(test_blob_damage_layer),
         T(test_blob_damage_verify),
         T(test_blob_damage_delete_chunk),
+        T(test_blob_damage_header),
+        T(test_cache_sizes),
+        T(test_atime_refresh_reads),
+        T(test_cache_rewrite_detected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

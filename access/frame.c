@@ -1,0 +1,585 @@
+/* The kvedge wire codec (docs/protocol.md): the 32-byte header, the payload records, and the
+ * strict per-opcode validation of whole messages. Pure functions on bytes: no ZeroMQ here.
+ *
+ * Where docs/protocol.md is ambiguous or contradicts itself, this file takes the stricter
+ * reading; each such choice is marked "Spec:" below. */
+#include "access/frame.h"
+
+#include <assert.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "store/error.h"
+
+#define S_MAGIC        "KVEP"
+#define S_FLAGS_KNOWN  (KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE | KVEDGE_WIRE_FLAG_END)
+#define S_FLAGS_STREAM (KVEDGE_WIRE_FLAG_MORE | KVEDGE_WIRE_FLAG_END)
+/* A GET_LAYER end message counts the data messages sent: at most N chunks x H heads. */
+#define S_MAX_STREAM_MESSAGES ((uint32_t)KVEDGE_WIRE_MAX_CHUNKS * KVEDGE_MODEL_MAX_HEADS)
+#define S_STATUS_BYTES        4
+
+static const char *const s_op_names[] = {
+    NULL,   "HELLO",  "PING", "PUT",   "GET",    "GET_LAYER", "LOOKUP", "LIST",
+    "STAT", "DELETE", "PIN",  "UNPIN", "CREDIT", "CANCEL",    "MODEL",
+};
+
+/* ---- little-endian helpers beyond the 32-bit ones in frame.h ---- */
+
+static void s_put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static uint16_t s_get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static void s_put64(uint8_t *p, uint64_t v)
+{
+    kvedge_wire_put32(p, (uint32_t)v);
+    kvedge_wire_put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint64_t s_get64(const uint8_t *p)
+{
+    return (uint64_t)kvedge_wire_get32(p) | ((uint64_t)kvedge_wire_get32(p + 4) << 32);
+}
+
+static bool s_all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != 0)
+            return false;
+    return true;
+}
+
+/* Model id field: 1 ... 123 bytes, no NUL inside, NUL-padded to 124. An id that does not fit
+ * is the caller's error (KVEDGE_EINVAL): truncating it would name another model. */
+static int s_model_id_pack(const char *id, uint8_t out[KVEDGE_WIRE_MODEL_ID_BYTES])
+{
+    size_t n = strnlen(id, KVEDGE_WIRE_MODEL_ID_BYTES);
+    if (n == 0 || n >= KVEDGE_WIRE_MODEL_ID_BYTES)
+        return KVEDGE_EINVAL;
+    memset(out, 0, KVEDGE_WIRE_MODEL_ID_BYTES);
+    memcpy(out, id, n);
+    return KVEDGE_OK;
+}
+
+/* out holds at least KVEDGE_WIRE_MODEL_ID_BYTES chars (every id buffer we fill holds 129). */
+static int s_model_id_parse(const uint8_t in[KVEDGE_WIRE_MODEL_ID_BYTES], char *out)
+{
+    const uint8_t *nul = memchr(in, 0, KVEDGE_WIRE_MODEL_ID_BYTES);
+    if (!nul || nul == in)
+        return KVEDGE_EPROTO; /* 124 bytes without a terminator, or empty */
+    size_t n = (size_t)(nul - in);
+    if (!s_all_zero(nul, KVEDGE_WIRE_MODEL_ID_BYTES - n))
+        return KVEDGE_EPROTO; /* a NUL inside the id, or garbage in the padding */
+    memcpy(out, in, n);
+    out[n] = '\0';
+    return KVEDGE_OK;
+}
+
+/* The same bounds the engine keeps for a registered chunk. */
+static bool s_tokens_ok(uint32_t tokens)
+{
+    return tokens >= 1 && tokens <= KVEDGE_CHUNK_TOKENS_MAX;
+}
+
+/* Chunk id, parent (zeros when none) and has-parent byte, as in the put item and the LIST
+ * entry. A parent with has_parent false is not written: the field says "zeros when none". */
+static void s_chain_pack(const kvedge_chunk_info_t *c, uint8_t *id, uint8_t *parent,
+                         uint8_t *has_parent)
+{
+    memcpy(id, c->id.bytes, KVEDGE_CHUNK_ID_BYTES);
+    if (c->has_parent)
+        memcpy(parent, c->parent.bytes, KVEDGE_CHUNK_ID_BYTES);
+    *has_parent = c->has_parent ? 1 : 0;
+}
+
+static int s_chain_parse(const uint8_t *id, const uint8_t *parent, uint8_t has_parent,
+                         kvedge_chunk_info_t *c)
+{
+    if (has_parent > 1 || (!has_parent && !s_all_zero(parent, KVEDGE_CHUNK_ID_BYTES)))
+        return KVEDGE_EPROTO;
+    memcpy(c->id.bytes, id, KVEDGE_CHUNK_ID_BYTES);
+    memcpy(c->parent.bytes, parent, KVEDGE_CHUNK_ID_BYTES);
+    c->has_parent = has_parent == 1;
+    return KVEDGE_OK;
+}
+
+/* ---- header ---- */
+
+const char *kvedge_wire_op_name(int opcode)
+{
+    if (opcode < 1 || opcode >= (int)(sizeof s_op_names / sizeof s_op_names[0]))
+        return NULL;
+    return s_op_names[opcode];
+}
+
+void kvedge_wire_header_pack(const kvedge_wire_header_t *h, uint8_t out[KVEDGE_WIRE_HEADER_BYTES])
+{
+    memcpy(out, S_MAGIC, 4);
+    out[4] = h->version;
+    out[5] = h->opcode;
+    s_put16(out + 6, h->flags);
+    s_put64(out + 8, h->request_id);
+    kvedge_wire_put32(out + 16, (uint32_t)h->status);
+    kvedge_wire_put32(out + 20, h->count);
+    kvedge_wire_put32(out + 24, h->credit);
+    kvedge_wire_put32(out + 28, h->deadline_ms);
+}
+
+/* Once length and magic hold, *h is filled even when the version or the flags are wrong, so
+ * that a node can answer with the request's opcode and id; otherwise *h is zeroed (the spec's
+ * "request id ... else 0"). Another version's flags are not judged: their meaning may differ. */
+int kvedge_wire_header_parse(const uint8_t *buf, size_t len, kvedge_wire_header_t *h)
+{
+    assert(h);
+    memset(h, 0, sizeof *h);
+    if (!buf || len != KVEDGE_WIRE_HEADER_BYTES || memcmp(buf, S_MAGIC, 4) != 0)
+        return KVEDGE_EPROTO;
+    h->version = buf[4];
+    h->opcode = buf[5];
+    h->flags = s_get16(buf + 6);
+    h->request_id = s_get64(buf + 8);
+    h->status = (int32_t)kvedge_wire_get32(buf + 16);
+    h->count = kvedge_wire_get32(buf + 20);
+    h->credit = kvedge_wire_get32(buf + 24);
+    h->deadline_ms = kvedge_wire_get32(buf + 28);
+    if (h->version != KVEDGE_WIRE_VERSION)
+        return KVEDGE_EVERSION;
+    if (h->flags & ~S_FLAGS_KNOWN)
+        return KVEDGE_EPROTO;
+    return KVEDGE_OK;
+}
+
+/* ---- validation ---- */
+
+static int s_check(bool ok)
+{
+    return ok ? KVEDGE_OK : KVEDGE_EPROTO;
+}
+
+static bool s_len_in(const kvedge_wire_frame_t *f, size_t lo, size_t hi)
+{
+    return f->len >= lo && f->len <= hi;
+}
+
+/* A block frame; its content is the block codec's business, checked later. */
+static bool s_block_frame(const kvedge_wire_frame_t *f)
+{
+    return s_len_in(f, 1, KVEDGE_WIRE_MAX_FRAME_BYTES);
+}
+
+static bool s_count_in(uint32_t count, uint32_t lo, uint32_t hi)
+{
+    return count >= lo && count <= hi;
+}
+
+/* One frame of count records of rec_bytes each (count already bounded, so no overflow). */
+static bool s_one_array(const kvedge_wire_frame_t *f, size_t n, uint32_t count, size_t rec_bytes)
+{
+    return n == 1 && f[0].len == (size_t)count * rec_bytes;
+}
+
+/* count int32 statuses, each 0 or negative; *zeros receives how many are 0. */
+static bool s_statuses(const uint8_t *p, uint32_t count, uint32_t *zeros)
+{
+    *zeros = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        int32_t s = (int32_t)kvedge_wire_get32(p + (size_t)i * S_STATUS_BYTES);
+        if (s > 0)
+            return false;
+        *zeros += s == 0;
+    }
+    return true;
+}
+
+static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
+{
+    /* Flags: requests carry none (REPLY, MORE, END are node -> client only). */
+    if (h->flags != 0 || h->status != 0 || h->deadline_ms < 1 ||
+        h->deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS)
+        return KVEDGE_EPROTO;
+    uint32_t c = h->count;
+    /* The credit field is used only by GET_LAYER and CREDIT requests: 0 everywhere else. */
+    if (h->opcode != KVEDGE_OP_GET_LAYER && h->opcode != KVEDGE_OP_CREDIT && h->credit != 0)
+        return KVEDGE_EPROTO;
+    /* Spec: count is "the number of items the payload carries (per opcode)"; an opcode that
+     * defines no count must send 0. */
+    switch (h->opcode) {
+    case KVEDGE_OP_HELLO:
+        return s_check(c == 0 && n == 1 && s_len_in(&f[0], 1, KVEDGE_WIRE_MAX_NAME_BYTES));
+    case KVEDGE_OP_PING:
+        return s_check(c == 0 && n == 1 && f[0].len <= KVEDGE_WIRE_MAX_PING_BYTES);
+    case KVEDGE_OP_PUT:
+        if (!s_count_in(c, 1, KVEDGE_WIRE_MAX_ITEMS) || n != 2 * (size_t)c)
+            return KVEDGE_EPROTO;
+        for (size_t i = 0; i < n; i += 2)
+            if (f[i].len != KVEDGE_WIRE_PUT_ITEM_BYTES || !s_block_frame(&f[i + 1]))
+                return KVEDGE_EPROTO;
+        return KVEDGE_OK;
+    case KVEDGE_OP_GET:
+        return s_check(s_count_in(c, 1, KVEDGE_WIRE_MAX_ITEMS) &&
+                       s_one_array(f, n, c, KVEDGE_WIRE_KEY_BYTES));
+    case KVEDGE_OP_GET_LAYER:
+        /* f1: layer u16 | reserved u16 | N chunk ids. */
+        if (!s_count_in(c, 1, KVEDGE_WIRE_MAX_CHUNKS) ||
+            !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || n != 1 ||
+            f[0].len != 4 + (size_t)c * KVEDGE_CHUNK_ID_BYTES)
+            return KVEDGE_EPROTO;
+        return s_check(s_get16(f[0].data + 2) == 0);
+    case KVEDGE_OP_LOOKUP:
+    case KVEDGE_OP_DELETE:
+    case KVEDGE_OP_PIN:
+    case KVEDGE_OP_UNPIN:
+        /* Spec: PIN/UNPIN state no count limit; they take chunk ids like DELETE, so the
+         * chunk-id limit (1 ... 4096) applies. */
+        return s_check(s_count_in(c, 1, KVEDGE_WIRE_MAX_CHUNKS) &&
+                       s_one_array(f, n, c, KVEDGE_CHUNK_ID_BYTES));
+    case KVEDGE_OP_LIST:
+        /* f1: no cursor or a 32-byte chunk id; f2: u32 max entries. */
+        if (c != 0 || n != 2 || (f[0].len != 0 && f[0].len != KVEDGE_CHUNK_ID_BYTES) ||
+            f[1].len != 4)
+            return KVEDGE_EPROTO;
+        return s_check(s_count_in(kvedge_wire_get32(f[1].data), 1, KVEDGE_WIRE_MAX_LIST));
+    case KVEDGE_OP_STAT:
+    case KVEDGE_OP_CANCEL:
+        return s_check(c == 0 && n == 0);
+    case KVEDGE_OP_CREDIT:
+        return s_check(c == 0 && n == 0 && s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT));
+    case KVEDGE_OP_MODEL:
+        return s_check(c == 0 && n == 1 && f[0].len == KVEDGE_WIRE_MODEL_BYTES);
+    default:
+        return KVEDGE_EPROTO;
+    }
+}
+
+/* GET_LAYER stream messages. A data message carries its head's status in f1 and 0 in the
+ * header; the block follows exactly when that status is 0. An end message has no payload and
+ * counts the data messages sent, whatever its status. */
+static int s_validate_stream(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
+{
+    if (h->flags & KVEDGE_WIRE_FLAG_END)
+        return s_check(n == 0 && h->count <= S_MAX_STREAM_MESSAGES);
+    kvedge_wire_stream_hdr_t s;
+    if (h->status != 0 || h->count != 1 || n < 1 ||
+        kvedge_wire_stream_hdr_parse(f[0].data, f[0].len, &s) != KVEDGE_OK)
+        return KVEDGE_EPROTO;
+    if (s.status == 0)
+        return s_check(n == 2 && s_block_frame(&f[1]));
+    return s_check(n == 1);
+}
+
+static int s_validate_reply(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
+{
+    /* Spec: a reply's status is 0 or negative; any negative value is accepted because
+     * store/error.h appends new codes and a newer node may send one. */
+    if (!(h->flags & KVEDGE_WIRE_FLAG_REPLY) || h->deadline_ms != 0 || h->credit != 0 ||
+        h->status > 0)
+        return KVEDGE_EPROTO;
+    uint16_t stream = h->flags & S_FLAGS_STREAM;
+    switch (h->opcode) {
+    case KVEDGE_OP_GET_LAYER:
+        /* Spec: every GET_LAYER reply is a data (MORE) or end (END) message, never both and
+         * never neither; a failed request is answered with an end message. */
+        if (stream != KVEDGE_WIRE_FLAG_MORE && stream != KVEDGE_WIRE_FLAG_END)
+            return KVEDGE_EPROTO;
+        return s_validate_stream(h, f, n);
+    case KVEDGE_OP_LIST:
+        /* Spec: rule 2 allows END only on GET_LAYER replies, the LIST row sets it when
+         * nothing follows; END (never MORE) is accepted on LIST replies. */
+        if (stream != 0 && stream != KVEDGE_WIRE_FLAG_END)
+            return KVEDGE_EPROTO;
+        break;
+    case KVEDGE_OP_CREDIT:
+    case KVEDGE_OP_CANCEL:
+        /* Spec: "none". This includes the generic error answer to an unparsable CREDIT or
+         * CANCEL (and to an unknown opcode, sent as opcode 0): a client treats such a
+         * message as malformed, which fails the call with KVEDGE_EPROTO all the same. */
+        return KVEDGE_EPROTO;
+    default:
+        if (!kvedge_wire_op_name(h->opcode) || stream != 0)
+            return KVEDGE_EPROTO;
+        break;
+    }
+    /* Spec: a failed request gets no payload and so carries no items (count 0). Per-item
+     * failures (PUT and GET statuses, GET_LAYER heads) travel in the payload of a reply
+     * whose header status is 0. */
+    if (h->status != 0)
+        return s_check(n == 0 && h->count == 0);
+
+    uint32_t c = h->count, zeros;
+    switch (h->opcode) {
+    case KVEDGE_OP_HELLO:
+        return s_check(c == 0 && n == 2 && f[0].len == KVEDGE_WIRE_NODE_INFO_BYTES &&
+                       s_len_in(&f[1], 1, KVEDGE_WIRE_MAX_NAME_BYTES));
+    case KVEDGE_OP_PING:
+        return s_check(c == 0 && n == 1 && f[0].len <= KVEDGE_WIRE_MAX_PING_BYTES);
+    case KVEDGE_OP_PUT:
+        return s_check(s_count_in(c, 1, KVEDGE_WIRE_MAX_ITEMS) &&
+                       s_one_array(f, n, c, S_STATUS_BYTES) && s_statuses(f[0].data, c, &zeros));
+    case KVEDGE_OP_GET: {
+        /* f1: N statuses; then one block frame per status 0, in order. Spec: the block
+         * bytes of one reply are at most KVEDGE_WIRE_MAX_REPLY_BYTES in all. */
+        if (!s_count_in(c, 1, KVEDGE_WIRE_MAX_ITEMS) || n < 1 ||
+            f[0].len != (size_t)c * S_STATUS_BYTES || !s_statuses(f[0].data, c, &zeros) ||
+            n != 1 + (size_t)zeros)
+            return KVEDGE_EPROTO;
+        uint64_t total = 0;
+        for (size_t i = 1; i < n; i++) {
+            if (!s_block_frame(&f[i]))
+                return KVEDGE_EPROTO;
+            total += f[i].len;
+        }
+        return s_check(total <= KVEDGE_WIRE_MAX_REPLY_BYTES);
+    }
+    case KVEDGE_OP_LOOKUP:
+        /* K may be 0: nothing of the prefix is cached. */
+        return s_check(c <= KVEDGE_WIRE_MAX_CHUNKS && s_one_array(f, n, c, 4));
+    case KVEDGE_OP_LIST:
+        return s_check(c <= KVEDGE_WIRE_MAX_LIST &&
+                       s_one_array(f, n, c, KVEDGE_WIRE_CHUNK_ENTRY_BYTES));
+    case KVEDGE_OP_STAT:
+        return s_check(c == 0 && n == 1 && f[0].len == KVEDGE_WIRE_STATS_BYTES);
+    case KVEDGE_OP_DELETE:
+    case KVEDGE_OP_PIN:
+    case KVEDGE_OP_UNPIN:
+        return s_check(s_count_in(c, 1, KVEDGE_WIRE_MAX_CHUNKS) && s_one_array(f, n, c, 4));
+    case KVEDGE_OP_MODEL:
+        return s_check(c == 0 && n == 1 && f[0].len == KVEDGE_WIRE_MODEL_BYTES);
+    default:
+        return KVEDGE_EPROTO;
+    }
+}
+
+/* frames are the payload frames f1 ... fn (not the header frame, which h comes from). Every
+ * length is checked before the few payload bytes read here (GET_LAYER's reserved field,
+ * LIST's max, PUT and GET statuses, a GET_LAYER data message's status). */
+int kvedge_wire_validate(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *frames,
+                         size_t nframes)
+{
+    assert(h && (frames || nframes == 0));
+    if (h->version != KVEDGE_WIRE_VERSION || (h->flags & ~S_FLAGS_KNOWN) ||
+        nframes > KVEDGE_WIRE_MAX_FRAMES)
+        return KVEDGE_EPROTO;
+    if (h->flags & KVEDGE_WIRE_FLAG_REPLY)
+        return s_validate_reply(h, frames, nframes);
+    return s_validate_request(h, frames, nframes);
+}
+
+/* ---- records ---- */
+
+void kvedge_wire_key_pack(const kvedge_block_key_t *key, uint8_t out[KVEDGE_WIRE_KEY_BYTES])
+{
+    kvedge_block_key_pack(key, out); /* the store's own key bytes, by definition */
+}
+
+void kvedge_wire_key_parse(const uint8_t in[KVEDGE_WIRE_KEY_BYTES], kvedge_block_key_t *key)
+{
+    kvedge_block_key_unpack(in, key);
+}
+
+/* Put item: chunk id 32 | parent 32 | has parent u8 | flags u8 | layer u16 | head u16 |
+ * reserved u16 | index u32 | tokens u32 | ttl u32 | model id 124. */
+int kvedge_wire_put_item_pack(const kvedge_wire_put_item_t *item,
+                              uint8_t out[KVEDGE_WIRE_PUT_ITEM_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_PUT_ITEM_BYTES);
+    if (!s_tokens_ok(item->chunk.tokens) || s_model_id_pack(item->chunk.model_id, out + 84) != 0)
+        return KVEDGE_EINVAL;
+    s_chain_pack(&item->chunk, out, out + 32, out + 64);
+    out[65] = item->pin ? 1 : 0;
+    s_put16(out + 66, item->layer);
+    s_put16(out + 68, item->head);
+    kvedge_wire_put32(out + 72, item->chunk.index);
+    kvedge_wire_put32(out + 76, item->chunk.tokens);
+    kvedge_wire_put32(out + 80, item->ttl_s);
+    return KVEDGE_OK;
+}
+
+int kvedge_wire_put_item_parse(const uint8_t *in, size_t len, kvedge_wire_put_item_t *item)
+{
+    memset(item, 0, sizeof *item);
+    if (!in || len != KVEDGE_WIRE_PUT_ITEM_BYTES || (in[65] & ~1u) != 0 || s_get16(in + 70) != 0 ||
+        s_chain_parse(in, in + 32, in[64], &item->chunk) != 0 ||
+        s_model_id_parse(in + 84, item->chunk.model_id) != 0)
+        return KVEDGE_EPROTO;
+    item->pin = (in[65] & 1) != 0;
+    item->layer = s_get16(in + 66);
+    item->head = s_get16(in + 68);
+    item->chunk.index = kvedge_wire_get32(in + 72);
+    item->chunk.tokens = kvedge_wire_get32(in + 76);
+    item->ttl_s = kvedge_wire_get32(in + 80);
+    item->chunk.created_ms = 0; /* not on the wire */
+    return s_check(s_tokens_ok(item->chunk.tokens));
+}
+
+/* Model record: model id 124 | layers u16 | kv heads u16 | head dim u16 | dtype u8 |
+ * reserved 5. Both directions hold the shape to kvedge_model_check. */
+int kvedge_wire_model_pack(const kvedge_model_t *m, uint8_t out[KVEDGE_WIRE_MODEL_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_MODEL_BYTES);
+    if (kvedge_model_check(m) != KVEDGE_OK || s_model_id_pack(m->id, out) != 0)
+        return KVEDGE_EINVAL;
+    s_put16(out + 124, m->layers);
+    s_put16(out + 126, m->kv_heads);
+    s_put16(out + 128, m->head_dim);
+    out[130] = (uint8_t)m->dtype;
+    return KVEDGE_OK;
+}
+
+int kvedge_wire_model_parse(const uint8_t *in, size_t len, kvedge_model_t *m)
+{
+    memset(m, 0, sizeof *m);
+    if (!in || len != KVEDGE_WIRE_MODEL_BYTES || !s_all_zero(in + 131, 5) ||
+        s_model_id_parse(in, m->id) != 0)
+        return KVEDGE_EPROTO;
+    m->layers = s_get16(in + 124);
+    m->kv_heads = s_get16(in + 126);
+    m->head_dim = s_get16(in + 128);
+    m->dtype = (kvedge_dtype_t)in[130];
+    return s_check(kvedge_model_check(m) == KVEDGE_OK);
+}
+
+/* LIST entry: chunk id 32 @0 | parent 32 @32 | has parent u8 @64 | reserved 3 @65 |
+ * index u32 @68 | tokens u32 @72 | blocks u32 @76 | bytes u64 @80 | pinned blocks u32 @88 |
+ * fp16 bytes u64 @92 | reserved 4 @100 | model id 124 @104 | reserved 4 @228.
+ * Spec: the listed fields add up to 240 bytes with "reserved 12" at the end, but the record
+ * is stated (twice, and in frame.h) as 232 bytes; every named field keeps its offset and
+ * the trailing reserved field is 4 bytes. */
+int kvedge_wire_chunk_entry_pack(const kvedge_wire_chunk_entry_t *e,
+                                 uint8_t out[KVEDGE_WIRE_CHUNK_ENTRY_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_CHUNK_ENTRY_BYTES);
+    if (!s_tokens_ok(e->chunk.tokens) || s_model_id_pack(e->chunk.model_id, out + 104) != 0)
+        return KVEDGE_EINVAL;
+    s_chain_pack(&e->chunk, out, out + 32, out + 64);
+    kvedge_wire_put32(out + 68, e->chunk.index);
+    kvedge_wire_put32(out + 72, e->chunk.tokens);
+    kvedge_wire_put32(out + 76, e->blocks);
+    s_put64(out + 80, e->bytes);
+    kvedge_wire_put32(out + 88, e->pinned_blocks);
+    s_put64(out + 92, e->fp16_bytes);
+    return KVEDGE_OK;
+}
+
+int kvedge_wire_chunk_entry_parse(const uint8_t *in, size_t len, kvedge_wire_chunk_entry_t *e)
+{
+    memset(e, 0, sizeof *e);
+    if (!in || len != KVEDGE_WIRE_CHUNK_ENTRY_BYTES || !s_all_zero(in + 65, 3) ||
+        !s_all_zero(in + 100, 4) || !s_all_zero(in + 228, 4) ||
+        s_chain_parse(in, in + 32, in[64], &e->chunk) != 0 ||
+        s_model_id_parse(in + 104, e->chunk.model_id) != 0)
+        return KVEDGE_EPROTO;
+    e->chunk.index = kvedge_wire_get32(in + 68);
+    e->chunk.tokens = kvedge_wire_get32(in + 72);
+    e->chunk.created_ms = 0; /* not on the wire */
+    e->blocks = kvedge_wire_get32(in + 76);
+    e->bytes = s_get64(in + 80);
+    e->pinned_blocks = kvedge_wire_get32(in + 88);
+    e->fp16_bytes = s_get64(in + 92);
+    return s_check(s_tokens_ok(e->chunk.tokens));
+}
+
+/* Stats: 17 u64 in the order of docs/protocol.md (that of kvedge_engine_stats_t). */
+#define S_STAT(field) offsetof(kvedge_engine_stats_t, field)
+static const size_t s_stats_offsets[] = {
+    S_STAT(blocks),         S_STAT(bytes),          S_STAT(fp16_bytes),  S_STAT(pinned_blocks),
+    S_STAT(pinned_bytes),   S_STAT(capacity_bytes), S_STAT(quarantined), S_STAT(puts),
+    S_STAT(gets),           S_STAT(hits),           S_STAT(misses),      S_STAT(corrupt),
+    S_STAT(evicted_blocks), S_STAT(evicted_bytes),  S_STAT(expired),     S_STAT(bytes_written),
+    S_STAT(bytes_read),
+};
+#undef S_STAT
+_Static_assert(sizeof s_stats_offsets / sizeof s_stats_offsets[0] * 8 == KVEDGE_WIRE_STATS_BYTES,
+               "the stats record is 17 u64");
+
+void kvedge_wire_stats_pack(const kvedge_engine_stats_t *s, uint8_t out[KVEDGE_WIRE_STATS_BYTES])
+{
+    for (size_t i = 0; i < KVEDGE_WIRE_STATS_BYTES / 8; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)s + s_stats_offsets[i], sizeof v);
+        s_put64(out + 8 * i, v);
+    }
+}
+
+int kvedge_wire_stats_parse(const uint8_t *in, size_t len, kvedge_engine_stats_t *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!in || len != KVEDGE_WIRE_STATS_BYTES)
+        return KVEDGE_EPROTO;
+    for (size_t i = 0; i < KVEDGE_WIRE_STATS_BYTES / 8; i++) {
+        uint64_t v = s_get64(in + 8 * i);
+        memcpy((char *)s + s_stats_offsets[i], &v, sizeof v);
+    }
+    return KVEDGE_OK;
+}
+
+/* Node info: role u8 @0 | reserved 7 @1 | tenant tag 16 @8 | max frame u32 @24 |
+ * max items u32 @28 | max chunks u32 @32 | max credit u32 @36 | default credit u32 @40 |
+ * reserved @44.
+ * Spec: the listed fields add up to 56 bytes with "reserved 12" at the end, but the record is
+ * stated as 64 bytes; every named field keeps its offset and the trailing reserved field is
+ * 20 bytes. */
+void kvedge_wire_node_info_pack(const kvedge_wire_node_info_t *n,
+                                uint8_t out[KVEDGE_WIRE_NODE_INFO_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_NODE_INFO_BYTES);
+    out[0] = (uint8_t)n->role;
+    memcpy(out + 8, n->tenant_tag, sizeof n->tenant_tag);
+    kvedge_wire_put32(out + 24, n->max_frame_bytes);
+    kvedge_wire_put32(out + 28, n->max_items);
+    kvedge_wire_put32(out + 32, n->max_chunks);
+    kvedge_wire_put32(out + 36, n->max_credit);
+    kvedge_wire_put32(out + 40, n->default_credit);
+}
+
+/* A node's advertised limits lie within the protocol's (a node may be stricter, never
+ * looser), and its default credit within its own maximum. */
+int kvedge_wire_node_info_parse(const uint8_t *in, size_t len, kvedge_wire_node_info_t *n)
+{
+    memset(n, 0, sizeof *n);
+    if (!in || len != KVEDGE_WIRE_NODE_INFO_BYTES ||
+        (in[0] != KVEDGE_ROLE_CLOUD && in[0] != KVEDGE_ROLE_EDGE) || !s_all_zero(in + 1, 7) ||
+        !s_all_zero(in + 44, KVEDGE_WIRE_NODE_INFO_BYTES - 44))
+        return KVEDGE_EPROTO;
+    n->role = (kvedge_role_t)in[0];
+    memcpy(n->tenant_tag, in + 8, sizeof n->tenant_tag);
+    n->max_frame_bytes = kvedge_wire_get32(in + 24);
+    n->max_items = kvedge_wire_get32(in + 28);
+    n->max_chunks = kvedge_wire_get32(in + 32);
+    n->max_credit = kvedge_wire_get32(in + 36);
+    n->default_credit = kvedge_wire_get32(in + 40);
+    return s_check(s_count_in(n->max_frame_bytes, 1, KVEDGE_WIRE_MAX_FRAME_BYTES) &&
+                   s_count_in(n->max_items, 1, KVEDGE_WIRE_MAX_ITEMS) &&
+                   s_count_in(n->max_chunks, 1, KVEDGE_WIRE_MAX_CHUNKS) &&
+                   s_count_in(n->max_credit, 1, KVEDGE_WIRE_MAX_CREDIT) &&
+                   s_count_in(n->default_credit, 1, n->max_credit));
+}
+
+/* GET_LAYER data message f1: chunk index u32 | head u16 | reserved u16 | status int32.
+ * Spec: a head is sent (0) or missed (ENOTFOUND, ECORRUPT); any other failure ends the
+ * stream in the end message, so other statuses are rejected here. */
+void kvedge_wire_stream_hdr_pack(const kvedge_wire_stream_hdr_t *s,
+                                 uint8_t out[KVEDGE_WIRE_STREAM_HDR_BYTES])
+{
+    kvedge_wire_put32(out, s->chunk_index);
+    s_put16(out + 4, s->head);
+    s_put16(out + 6, 0);
+    kvedge_wire_put32(out + 8, (uint32_t)s->status);
+}
+
+int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stream_hdr_t *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!in || len != KVEDGE_WIRE_STREAM_HDR_BYTES || s_get16(in + 6) != 0)
+        return KVEDGE_EPROTO;
+    s->chunk_index = kvedge_wire_get32(in);
+    s->head = s_get16(in + 4);
+    s->status = (int32_t)kvedge_wire_get32(in + 8);
+    return s_check(s->status == KVEDGE_OK || s->status == KVEDGE_ENOTFOUND ||
+                   s->status == KVEDGE_ECORRUPT);
+}

@@ -1,0 +1,1093 @@
+/* The store node: a frontend actor that owns the ROUTER socket and the GET_LAYER streams, and
+ * a pool of worker actors that run requests against the engine. Workers never touch the
+ * client socket, so a client that stops reading costs at most its stream's credit in memory
+ * and never a worker's time. */
+#include "access/server.h"
+
+#include <czmq.h>
+#include <sodium.h>
+#include <string.h>
+
+#include "access/log.h"
+#include "store/error.h"
+
+/* Job kinds on the internal sockets (first frame, one byte). */
+#define S_JOB_REQUEST 'R' /* [kind][route][tag 16][arrival ms 8][header][payload...] */
+#define S_JOB_READ    'S' /* [kind][stream key][seq 4][stored key 36] */
+
+struct kvedge_server_t {
+    zactor_t *frontend;   /* the actor running s_frontend */
+    char endpoint[256];   /* bound endpoint, resolved */
+    char public_key[41];  /* Z85, empty when plaintext */
+    void *frontend_state; /* the actor's s_node_t, freed after the actor stopped */
+};
+
+/* Everything the frontend and the workers share; owned by the frontend actor. */
+typedef struct {
+    kvedge_server_opts_t opts;
+    char name[KVEDGE_WIRE_MAX_NAME_BYTES + 1];
+    char jobs_ep[64];
+    char results_ep[64];
+    uint8_t loopback_tag[16];
+    zcertstore_t *allow; /* allowlist, for the tenant metadata of client keys */
+    zcert_t *cert;       /* node certificate (NULL when plaintext) */
+    zactor_t *auth;      /* ZAP handler (NULL when plaintext) */
+    zsock_t *router;
+    zsock_t *jobs;    /* PUSH to workers */
+    zsock_t *results; /* PULL from workers */
+    zactor_t **workers;
+    int n_workers;
+    zhashx_t *streams;    /* stream key -> s_stream_t */
+    uint64_t outstanding; /* jobs pushed, results not yet back */
+    char *start_error;    /* set when start fails, read by kvedge_server_start */
+    int start_rc;
+    kvedge_server_t *owner;
+} s_node_t;
+
+/* ---------------------------------------------------------------- tenants */
+
+void kvedge_tenant_tag(const char *tenant, uint8_t tag[16])
+{
+    static const char domain[] = "kvedge.tenant.v1";
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, NULL, 0, 16);
+    crypto_generichash_update(&st, (const uint8_t *)domain, sizeof domain - 1);
+    crypto_generichash_update(&st, (const uint8_t *)tenant, strlen(tenant));
+    crypto_generichash_final(&st, tag, 16);
+}
+
+void kvedge_tenant_chunk_id(const uint8_t tag[16], const kvedge_chunk_id_t *client_id,
+                            kvedge_chunk_id_t *stored)
+{
+    static const char domain[] = "kvedge.ns.v1";
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, tag, 16, KVEDGE_CHUNK_ID_BYTES);
+    crypto_generichash_update(&st, (const uint8_t *)domain, sizeof domain - 1);
+    crypto_generichash_update(&st, client_id->bytes, KVEDGE_CHUNK_ID_BYTES);
+    crypto_generichash_final(&st, stored->bytes, KVEDGE_CHUNK_ID_BYTES);
+}
+
+bool kvedge_endpoint_is_loopback(const char *ep)
+{
+    if (!ep)
+        return false;
+    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0)
+        return true;
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return false;
+    const char *host = ep + 6;
+    return strncmp(host, "127.", 4) == 0 || strncmp(host, "localhost:", 10) == 0 ||
+           strncmp(host, "[::1]:", 6) == 0;
+}
+
+/* The tenant of the peer that sent frame f: from the CURVE key the ZAP handler accepted
+ * (User-Id), mapped through the allowlist certificate's "tenant" metadata when present. */
+static void s_tenant_of(s_node_t *n, zframe_t *f, uint8_t tag[16])
+{
+    const char *user = n->cert ? zframe_meta(f, "User-Id") : NULL;
+    if (!user || !*user) {
+        memcpy(tag, n->loopback_tag, 16);
+        return;
+    }
+    zcert_t *c = n->allow ? zcertstore_lookup(n->allow, user) : NULL;
+    const char *tenant = c ? zcert_meta(c, "tenant") : NULL;
+    kvedge_tenant_tag(tenant && *tenant ? tenant : user, tag);
+}
+
+/* ---------------------------------------------------------------- messages */
+
+static uint64_t s_now_ms(void)
+{
+    return (uint64_t)zclock_mono();
+}
+
+static zframe_t *s_header_frame(uint8_t opcode, uint16_t flags, uint64_t id, int32_t status,
+                                uint32_t count)
+{
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, opcode, flags, id, status, count, 0, 0};
+    uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
+    kvedge_wire_header_pack(&h, buf);
+    return zframe_new(buf, sizeof buf);
+}
+
+/* A reply with a status and no payload: [route][header]. Takes ownership of route. An
+ * answer to GET_LAYER is the end message of its stream. */
+static zmsg_t *s_error_reply(zframe_t *route, uint8_t opcode, uint64_t id, int32_t status)
+{
+    zmsg_t *m = zmsg_new();
+    zmsg_append(m, &route);
+    uint16_t flags =
+        KVEDGE_WIRE_FLAG_REPLY | (opcode == KVEDGE_OP_GET_LAYER ? KVEDGE_WIRE_FLAG_END : 0);
+    zframe_t *h = s_header_frame(opcode, flags, id, status, 0);
+    zmsg_append(m, &h);
+    return m;
+}
+
+/* Collects a message's payload frames (after the header) as wire frames. */
+static size_t s_payload(zmsg_t *m, kvedge_wire_frame_t *out, size_t max)
+{
+    size_t n = 0;
+    for (zframe_t *f = zmsg_first(m); f; f = zmsg_next(m)) {
+        if (n == max)
+            return max + 1;
+        out[n].data = zframe_data(f);
+        out[n].len = zframe_size(f);
+        n++;
+    }
+    return n;
+}
+
+static void s_send(s_node_t *n, zmsg_t **m)
+{
+    /* ROUTER_MANDATORY and no send timeout: a gone or stalled peer costs a dropped reply,
+     * never a blocked frontend. */
+    if (zmsg_send(m, n->router) != 0) {
+        kvedge_log_debug("reply dropped: %s", zmq_strerror(zmq_errno()));
+        zmsg_destroy(m);
+    }
+}
+
+/* ---------------------------------------------------------------- worker side */
+
+typedef struct {
+    s_node_t *node;
+    int index;
+} s_worker_args_t;
+
+static uint32_t s_model_heads(kvedge_engine_t *e, const kvedge_chunk_info_t *c, kvedge_model_t *m)
+{
+    return kvedge_engine_get_model(e, c->model_id, m) == KVEDGE_OK ? m->kv_heads : 0;
+}
+
+/* Registers a built-in model on first use, so clients need no MODEL call for them. */
+static void s_ensure_builtin_model(kvedge_engine_t *e, const char *model_id)
+{
+    kvedge_model_t m;
+    if (kvedge_engine_get_model(e, model_id, &m) == KVEDGE_OK)
+        return;
+    if (kvedge_model_builtin(model_id, &m) == KVEDGE_OK)
+        kvedge_engine_put_model(e, &m);
+}
+
+static zframe_t *s_status_frame(const int32_t *st, uint32_t n)
+{
+    zframe_t *f = zframe_new(NULL, (size_t)n * 4);
+    for (uint32_t i = 0; i < n; i++)
+        kvedge_wire_put32(zframe_data(f) + 4 * i, (uint32_t)st[i]);
+    return f;
+}
+
+static void s_do_put(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
+                     const kvedge_wire_frame_t *pf, zmsg_t *reply)
+{
+    int32_t *st = calloc(h->count, sizeof *st);
+    for (uint32_t i = 0; st && i < h->count; i++) {
+        kvedge_wire_put_item_t item;
+        int rc = kvedge_wire_put_item_parse(pf[2 * i].data, pf[2 * i].len, &item);
+        if (rc == KVEDGE_OK) {
+            kvedge_chunk_info_t info = item.chunk;
+            memcpy(info.tenant, tag, 16);
+            info.name = item.chunk.id;
+            kvedge_tenant_chunk_id(tag, &item.chunk.id, &info.id);
+            if (item.chunk.has_parent)
+                kvedge_tenant_chunk_id(tag, &item.chunk.parent, &info.parent);
+            s_ensure_builtin_model(n->opts.engine, info.model_id);
+            kvedge_put_opts_t po = {item.ttl_s, item.pin};
+            rc = kvedge_engine_put(n->opts.engine, &info, item.layer, item.head, pf[2 * i + 1].data,
+                                   pf[2 * i + 1].len, &po);
+        }
+        st[i] = rc;
+    }
+    zframe_t *f = st ? s_status_frame(st, h->count) : NULL;
+    zframe_t *hdr = s_header_frame(KVEDGE_OP_PUT, KVEDGE_WIRE_FLAG_REPLY, h->request_id,
+                                   st ? KVEDGE_OK : KVEDGE_ENOMEM, st ? h->count : 0);
+    zmsg_append(reply, &hdr);
+    if (f)
+        zmsg_append(reply, &f);
+    free(st);
+}
+
+static void s_do_get(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
+                     const kvedge_wire_frame_t *pf, zmsg_t *reply)
+{
+    int32_t *st = calloc(h->count, sizeof *st);
+    zmsg_t *blocks = zmsg_new();
+    uint64_t total = 0;
+    for (uint32_t i = 0; st && i < h->count; i++) {
+        kvedge_block_key_t k;
+        kvedge_wire_key_parse(pf[0].data + (size_t)i * KVEDGE_WIRE_KEY_BYTES, &k);
+        kvedge_tenant_chunk_id(tag, &k.chunk, &k.chunk);
+        kvedge_value_t v;
+        int rc = kvedge_engine_get(n->opts.engine, &k, &v);
+        if (rc == KVEDGE_OK && total + v.len > KVEDGE_WIRE_MAX_REPLY_BYTES)
+            rc = KVEDGE_ETOOBIG;
+        if (rc == KVEDGE_OK) {
+            zmsg_addmem(blocks, v.data, v.len);
+            total += v.len;
+        }
+        kvedge_value_release(&v);
+        st[i] = rc;
+    }
+    zframe_t *hdr = s_header_frame(KVEDGE_OP_GET, KVEDGE_WIRE_FLAG_REPLY, h->request_id,
+                                   st ? KVEDGE_OK : KVEDGE_ENOMEM, st ? h->count : 0);
+    zmsg_append(reply, &hdr);
+    if (st) {
+        zframe_t *f = s_status_frame(st, h->count);
+        zmsg_append(reply, &f);
+        zframe_t *b;
+        while ((b = zmsg_pop(blocks)) != NULL)
+            zmsg_append(reply, &b);
+    }
+    zmsg_destroy(&blocks);
+    free(st);
+}
+
+typedef struct {
+    uint32_t blocks, pinned;
+    uint64_t bytes, fp16;
+} s_chunk_count_t;
+
+static int s_count_meta(void *ctx, const kvedge_block_key_t *key, const kvedge_block_meta_t *m)
+{
+    (void)key;
+    s_chunk_count_t *c = ctx;
+    c->blocks++;
+    c->pinned += m->pinned;
+    c->bytes += m->bytes;
+    c->fp16 += kvedge_block_fp16_bytes(m->tokens, m->head_dim);
+    return 0;
+}
+
+static void s_do_lookup(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
+                        const kvedge_wire_frame_t *pf, zmsg_t *reply)
+{
+    uint32_t *blocks = calloc(h->count, sizeof *blocks), k = 0;
+    for (; blocks && k < h->count; k++) {
+        kvedge_chunk_id_t id;
+        memcpy(id.bytes, pf[0].data + (size_t)k * KVEDGE_CHUNK_ID_BYTES, KVEDGE_CHUNK_ID_BYTES);
+        kvedge_tenant_chunk_id(tag, &id, &id);
+        kvedge_chunk_info_t info;
+        if (kvedge_engine_get_chunk(n->opts.engine, &id, &info) != KVEDGE_OK)
+            break;
+        s_chunk_count_t c = {0, 0, 0, 0};
+        kvedge_engine_scan(n->opts.engine, &id, s_count_meta, &c);
+        if (c.blocks == 0)
+            break;
+        blocks[k] = c.blocks;
+    }
+    zframe_t *hdr = s_header_frame(KVEDGE_OP_LOOKUP, KVEDGE_WIRE_FLAG_REPLY, h->request_id,
+                                   blocks ? KVEDGE_OK : KVEDGE_ENOMEM, blocks ? k : 0);
+    zmsg_append(reply, &hdr);
+    if (blocks) {
+        zframe_t *f = zframe_new(NULL, (size_t)k * 4);
+        for (uint32_t i = 0; i < k; i++)
+            kvedge_wire_put32(zframe_data(f) + 4 * i, blocks[i]);
+        zmsg_append(reply, &f);
+    }
+    free(blocks);
+}
+
+typedef struct {
+    const uint8_t *tag;
+    const uint8_t *after; /* client id cursor or NULL */
+    uint32_t max;
+    kvedge_chunk_info_t *rows;
+    uint32_t n, cap;
+    bool more;
+} s_list_t;
+
+/* Keeps the `max` smallest client ids above the cursor, among the tenant's chunks. */
+static int s_list_cb(void *ctx, const kvedge_chunk_info_t *info)
+{
+    s_list_t *l = ctx;
+    if (memcmp(info->tenant, l->tag, 16) != 0)
+        return 0;
+    if (l->after && memcmp(info->name.bytes, l->after, KVEDGE_CHUNK_ID_BYTES) <= 0)
+        return 0;
+    uint32_t pos = l->n;
+    while (pos > 0 &&
+           memcmp(l->rows[pos - 1].name.bytes, info->name.bytes, KVEDGE_CHUNK_ID_BYTES) > 0)
+        pos--;
+    if (pos >= l->max) {
+        l->more = true;
+        return 0;
+    }
+    if (l->n == l->max) {
+        l->more = true;
+        l->n--; /* the largest falls off */
+    }
+    memmove(&l->rows[pos + 1], &l->rows[pos], (l->n - pos) * sizeof l->rows[0]);
+    l->rows[pos] = *info;
+    l->n++;
+    return 0;
+}
+
+static void s_do_list(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
+                      const kvedge_wire_frame_t *pf, zmsg_t *reply)
+{
+    s_list_t l = {tag,  pf[0].len ? pf[0].data : NULL, kvedge_wire_get32(pf[1].data), NULL, 0, 0,
+                  false};
+    l.rows = calloc(l.max + 1, sizeof *l.rows);
+    int rc = l.rows ? kvedge_engine_list_chunks(n->opts.engine, s_list_cb, &l) : KVEDGE_ENOMEM;
+    zframe_t *hdr =
+        s_header_frame(KVEDGE_OP_LIST, KVEDGE_WIRE_FLAG_REPLY | (l.more ? 0 : KVEDGE_WIRE_FLAG_END),
+                       h->request_id, rc, rc == KVEDGE_OK ? l.n : 0);
+    zmsg_append(reply, &hdr);
+    if (rc == KVEDGE_OK) {
+        zframe_t *f = zframe_new(NULL, (size_t)l.n * KVEDGE_WIRE_CHUNK_ENTRY_BYTES);
+        for (uint32_t i = 0; i < l.n; i++) {
+            s_chunk_count_t c = {0, 0, 0, 0};
+            kvedge_engine_scan(n->opts.engine, &l.rows[i].id, s_count_meta, &c);
+            kvedge_wire_chunk_entry_t e;
+            memset(&e, 0, sizeof e);
+            e.chunk = l.rows[i];
+            e.chunk.id = l.rows[i].name; /* speak in the client's ids */
+            if (l.rows[i].has_parent) {
+                kvedge_chunk_info_t parent;
+                if (kvedge_engine_get_chunk(n->opts.engine, &l.rows[i].parent, &parent) ==
+                    KVEDGE_OK)
+                    e.chunk.parent = parent.name;
+                else
+                    memset(&e.chunk.parent, 0, sizeof e.chunk.parent);
+            }
+            e.blocks = c.blocks;
+            e.bytes = c.bytes;
+            e.pinned_blocks = c.pinned;
+            e.fp16_bytes = c.fp16;
+            /* Model ids the wire cannot carry (over 123 bytes) are sent empty-handed:
+             * the entry still counts; only a local admin sees such ids. */
+            if (kvedge_wire_chunk_entry_pack(
+                    &e, zframe_data(f) + (size_t)i * KVEDGE_WIRE_CHUNK_ENTRY_BYTES) != KVEDGE_OK) {
+                snprintf(e.chunk.model_id, sizeof e.chunk.model_id, "?");
+                kvedge_wire_chunk_entry_pack(&e, zframe_data(f) +
+                                                     (size_t)i * KVEDGE_WIRE_CHUNK_ENTRY_BYTES);
+            }
+        }
+        zmsg_append(reply, &f);
+    }
+    free(l.rows);
+}
+
+/* DELETE, PIN, UNPIN: one u32 per chunk. */
+static void s_do_chunks(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
+                        const kvedge_wire_frame_t *pf, zmsg_t *reply)
+{
+    zframe_t *f = zframe_new(NULL, (size_t)h->count * 4);
+    for (uint32_t i = 0; i < h->count; i++) {
+        kvedge_chunk_id_t id;
+        memcpy(id.bytes, pf[0].data + (size_t)i * KVEDGE_CHUNK_ID_BYTES, KVEDGE_CHUNK_ID_BYTES);
+        kvedge_tenant_chunk_id(tag, &id, &id);
+        uint64_t changed = 0;
+        if (h->opcode == KVEDGE_OP_DELETE)
+            kvedge_engine_delete_chunk(n->opts.engine, &id, true, &changed);
+        else
+            kvedge_engine_pin_chunk(n->opts.engine, &id, h->opcode == KVEDGE_OP_PIN, &changed);
+        kvedge_wire_put32(zframe_data(f) + 4 * i,
+                          changed > UINT32_MAX ? UINT32_MAX : (uint32_t)changed);
+    }
+    zframe_t *hdr =
+        s_header_frame(h->opcode, KVEDGE_WIRE_FLAG_REPLY, h->request_id, KVEDGE_OK, h->count);
+    zmsg_append(reply, &hdr);
+    zmsg_append(reply, &f);
+}
+
+static void s_do_model(s_node_t *n, const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
+                       zmsg_t *reply)
+{
+    kvedge_model_t m, have;
+    int rc = kvedge_wire_model_parse(pf[0].data, pf[0].len, &m);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_engine_put_model(n->opts.engine, &m);
+    if (rc == KVEDGE_OK || rc == KVEDGE_ESHAPE)
+        rc = kvedge_engine_get_model(n->opts.engine, m.id, &have) == KVEDGE_OK ? rc : rc;
+    zframe_t *hdr = s_header_frame(KVEDGE_OP_MODEL, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
+    zmsg_append(reply, &hdr);
+    if (rc == KVEDGE_OK) {
+        zframe_t *f = zframe_new(NULL, KVEDGE_WIRE_MODEL_BYTES);
+        kvedge_wire_model_pack(&have, zframe_data(f));
+        zmsg_append(reply, &f);
+    }
+}
+
+/* Runs one request job; returns the reply [route][header][payload...]. */
+static zmsg_t *s_run_request(s_node_t *n, zmsg_t *job)
+{
+    zframe_t *route = zmsg_pop(job), *tagf = zmsg_pop(job), *arrf = zmsg_pop(job);
+    zframe_t *hf = zmsg_pop(job);
+    uint8_t tag[16];
+    uint64_t arrival = 0;
+    memcpy(tag, zframe_data(tagf), 16);
+    memcpy(&arrival, zframe_data(arrf), 8);
+    kvedge_wire_header_t h;
+    kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h); /* checked by frontend */
+    kvedge_wire_frame_t pf[KVEDGE_WIRE_MAX_FRAMES];
+    s_payload(job, pf, KVEDGE_WIRE_MAX_FRAMES);
+    zmsg_t *reply = zmsg_new();
+    zmsg_append(reply, &route);
+    if (s_now_ms() > arrival + h.deadline_ms) {
+        /* The client has given up: answering is cheap, doing the work is not. */
+        zframe_t *hdr =
+            s_header_frame(h.opcode, KVEDGE_WIRE_FLAG_REPLY, h.request_id, KVEDGE_ETIMEDOUT, 0);
+        zmsg_append(reply, &hdr);
+    } else {
+        switch (h.opcode) {
+        case KVEDGE_OP_PUT:
+            s_do_put(n, tag, &h, pf, reply);
+            break;
+        case KVEDGE_OP_GET:
+            s_do_get(n, tag, &h, pf, reply);
+            break;
+        case KVEDGE_OP_LOOKUP:
+            s_do_lookup(n, tag, &h, pf, reply);
+            break;
+        case KVEDGE_OP_LIST:
+            s_do_list(n, tag, &h, pf, reply);
+            break;
+        case KVEDGE_OP_DELETE:
+        case KVEDGE_OP_PIN:
+        case KVEDGE_OP_UNPIN:
+            s_do_chunks(n, tag, &h, pf, reply);
+            break;
+        case KVEDGE_OP_MODEL:
+            s_do_model(n, &h, pf, reply);
+            break;
+        default: {
+            zframe_t *hdr =
+                s_header_frame(h.opcode, KVEDGE_WIRE_FLAG_REPLY, h.request_id, KVEDGE_EPROTO, 0);
+            zmsg_append(reply, &hdr);
+        }
+        }
+    }
+    zframe_destroy(&tagf);
+    zframe_destroy(&arrf);
+    zframe_destroy(&hf);
+    return reply;
+}
+
+/* Reads one block of a stream: [kind][stream key][seq][status 4][block?]. */
+static zmsg_t *s_run_read(s_node_t *n, zmsg_t *job)
+{
+    zframe_t *key = zmsg_pop(job), *seq = zmsg_pop(job), *kf = zmsg_pop(job);
+    kvedge_block_key_t k;
+    kvedge_block_key_unpack(zframe_data(kf), &k);
+    kvedge_value_t v;
+    int rc = kvedge_engine_get(n->opts.engine, &k, &v);
+    zmsg_t *out = zmsg_new();
+    zmsg_append(out, &key);
+    zmsg_append(out, &seq);
+    uint8_t st[4];
+    kvedge_wire_put32(st, (uint32_t)rc);
+    zmsg_addmem(out, st, 4);
+    if (rc == KVEDGE_OK)
+        zmsg_addmem(out, v.data, v.len);
+    kvedge_value_release(&v);
+    zframe_destroy(&kf);
+    return out;
+}
+
+static void s_worker(zsock_t *pipe, void *args)
+{
+    s_node_t *n = args;
+    zsock_t *jobs = zsock_new(ZMQ_PULL), *results = zsock_new(ZMQ_PUSH);
+    zsock_set_rcvhwm(jobs, 2); /* take work only when free: the rest waits in the frontend */
+    zsock_connect(jobs, "%s", n->jobs_ep);
+    zsock_connect(results, "%s", n->results_ep);
+    zsock_signal(pipe, 0);
+    zpoller_t *poller = zpoller_new(pipe, jobs, NULL);
+    while (true) {
+        void *which = zpoller_wait(poller, -1);
+        if (which == pipe || !which)
+            break;
+        zmsg_t *job = zmsg_recv(jobs);
+        if (!job)
+            break;
+        zframe_t *kind = zmsg_pop(job);
+        zmsg_t *out = zframe_streq(kind, "R") ? s_run_request(n, job) : s_run_read(n, job);
+        zmsg_pushmem(out, zframe_data(kind), 1);
+        zframe_destroy(&kind);
+        zmsg_destroy(&job);
+        zmsg_send(&out, results);
+    }
+    zpoller_destroy(&poller);
+    zsock_destroy(&jobs);
+    zsock_destroy(&results);
+}
+
+/* ---------------------------------------------------------------- streams (frontend) */
+
+typedef struct {
+    zframe_t *block;
+    int32_t status;
+    bool ready;
+} s_slot_t;
+
+typedef struct {
+    char key[96];
+    zframe_t *route;
+    uint64_t id;
+    uint16_t layer;
+    uint32_t n_chunks;
+    kvedge_chunk_id_t *ids; /* stored ids */
+    uint32_t heads;
+    uint64_t total;      /* data messages to send: n_chunks * heads */
+    uint64_t next_issue; /* next seq to read */
+    uint64_t next_send;  /* next seq to send */
+    uint32_t credit;     /* data messages the client still allows */
+    uint32_t deadline_ms;
+    uint64_t last_credit_ms;
+    s_slot_t slots[KVEDGE_WIRE_MAX_CREDIT];
+} s_stream_t;
+
+static void s_stream_destroy(void **item)
+{
+    s_stream_t *s = *item;
+    if (!s)
+        return;
+    for (size_t i = 0; i < KVEDGE_WIRE_MAX_CREDIT; i++)
+        zframe_destroy(&s->slots[i].block);
+    zframe_destroy(&s->route);
+    free(s->ids);
+    free(s);
+    *item = NULL;
+}
+
+static void s_stream_key(zframe_t *route, uint64_t id, char *key, size_t len)
+{
+    char hex[64];
+    size_t rl = zframe_size(route) < 24 ? zframe_size(route) : 24;
+    for (size_t i = 0; i < rl; i++)
+        snprintf(hex + 2 * i, 3, "%02x", zframe_data(route)[i]);
+    hex[2 * rl] = '\0';
+    snprintf(key, len, "%s/%016llx", hex, (unsigned long long)id);
+}
+
+static void s_stream_end(s_node_t *n, s_stream_t *s, int32_t status)
+{
+    zmsg_t *m = zmsg_new();
+    zframe_t *r = zframe_dup(s->route);
+    zmsg_append(m, &r);
+    zframe_t *h = s_header_frame(KVEDGE_OP_GET_LAYER, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END,
+                                 s->id, status, (uint32_t)s->next_send);
+    zmsg_append(m, &h);
+    s_send(n, &m);
+    zhashx_delete(n->streams, s->key);
+}
+
+/* Sends what is ready and in order, then asks workers for as many blocks as the credit
+ * allows. Ends the stream when everything was sent. */
+static void s_stream_pump(s_node_t *n, s_stream_t *s)
+{
+    while (s->next_send < s->total && s->credit > 0) {
+        s_slot_t *slot = &s->slots[s->next_send % KVEDGE_WIRE_MAX_CREDIT];
+        if (!slot->ready)
+            break;
+        uint8_t sh[KVEDGE_WIRE_STREAM_HDR_BYTES];
+        kvedge_wire_stream_hdr_t hdr = {(uint32_t)(s->next_send / s->heads),
+                                        (uint16_t)(s->next_send % s->heads), slot->status};
+        kvedge_wire_stream_hdr_pack(&hdr, sh);
+        zmsg_t *m = zmsg_new();
+        zframe_t *r = zframe_dup(s->route);
+        zmsg_append(m, &r);
+        zframe_t *h =
+            s_header_frame(KVEDGE_OP_GET_LAYER, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
+                           s->id, KVEDGE_OK, 1);
+        zmsg_append(m, &h);
+        zmsg_addmem(m, sh, sizeof sh);
+        if (slot->block)
+            zmsg_append(m, &slot->block);
+        slot->ready = false;
+        s_send(n, &m);
+        s->next_send++;
+        s->credit--;
+    }
+    if (s->next_send == s->total) {
+        s_stream_end(n, s, KVEDGE_OK);
+        return;
+    }
+    while (s->next_issue < s->total && s->next_issue - s->next_send < s->credit) {
+        kvedge_block_key_t k = {s->ids[s->next_issue / s->heads], s->layer,
+                                (uint16_t)(s->next_issue % s->heads)};
+        uint8_t kb[KVEDGE_BLOCK_KEY_BYTES], seq[4];
+        kvedge_block_key_pack(&k, kb);
+        kvedge_wire_put32(seq, (uint32_t)s->next_issue);
+        zmsg_t *job = zmsg_new();
+        zmsg_addmem(job, "S", 1);
+        zmsg_addstr(job, s->key);
+        zmsg_addmem(job, seq, 4);
+        zmsg_addmem(job, kb, sizeof kb);
+        if (zmsg_send(&job, n->jobs) != 0) {
+            zmsg_destroy(&job);
+            break; /* queue full: retried on the next result or tick */
+        }
+        n->outstanding++;
+        s->next_issue++;
+    }
+}
+
+static void s_stream_result(s_node_t *n, zmsg_t *m)
+{
+    char *key = zmsg_popstr(m);
+    zframe_t *seqf = zmsg_pop(m), *stf = zmsg_pop(m);
+    s_stream_t *s = key ? zhashx_lookup(n->streams, key) : NULL;
+    if (s && seqf && stf) {
+        uint32_t seq = kvedge_wire_get32(zframe_data(seqf));
+        /* seq is 32-bit on the internal socket; streams never exceed 4096 x 65535 */
+        s_slot_t *slot = &s->slots[seq % KVEDGE_WIRE_MAX_CREDIT];
+        slot->status = (int32_t)kvedge_wire_get32(zframe_data(stf));
+        slot->block = slot->status == KVEDGE_OK ? zmsg_pop(m) : NULL;
+        slot->ready = true;
+        s_stream_pump(n, s);
+    }
+    zstr_free(&key);
+    zframe_destroy(&seqf);
+    zframe_destroy(&stf);
+}
+
+static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16],
+                             const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf)
+{
+    s_stream_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return KVEDGE_ENOMEM;
+    s->route = zframe_dup(route);
+    s->id = h->request_id;
+    s->layer = (uint16_t)(pf[0].data[0] | pf[0].data[1] << 8);
+    s->n_chunks = h->count;
+    s->credit = h->credit;
+    s->deadline_ms = h->deadline_ms;
+    s->last_credit_ms = s_now_ms();
+    s_stream_key(route, h->request_id, s->key, sizeof s->key);
+    s->ids = calloc(h->count, sizeof *s->ids);
+    int32_t rc = s->ids ? KVEDGE_ENOTFOUND : KVEDGE_ENOMEM;
+    kvedge_model_t model;
+    for (uint32_t i = 0; s->ids && i < h->count; i++) {
+        kvedge_chunk_id_t id;
+        memcpy(id.bytes, pf[0].data + 4 + (size_t)i * KVEDGE_CHUNK_ID_BYTES, KVEDGE_CHUNK_ID_BYTES);
+        kvedge_tenant_chunk_id(tag, &id, &s->ids[i]);
+        kvedge_chunk_info_t info;
+        /* Every chunk of a prefix has the model of the first one the node knows. */
+        if (s->heads == 0 && kvedge_engine_get_chunk(n->opts.engine, &s->ids[i], &info) == 0) {
+            s->heads = s_model_heads(n->opts.engine, &info, &model);
+            rc = s->heads == 0              ? KVEDGE_ENOMODEL
+                 : s->layer >= model.layers ? KVEDGE_ESHAPE
+                                            : KVEDGE_OK;
+        }
+    }
+    if (rc != KVEDGE_OK || zhashx_lookup(n->streams, s->key)) {
+        void *p = s;
+        s_stream_destroy(&p);
+        return rc != KVEDGE_OK ? rc : KVEDGE_EPROTO; /* duplicate request id */
+    }
+    s->total = (uint64_t)s->n_chunks * s->heads;
+    zhashx_insert(n->streams, s->key, s);
+    s_stream_pump(n, s);
+    return KVEDGE_OK;
+}
+
+/* Ends streams whose client has sent no credit for its deadline. */
+static void s_streams_tick(s_node_t *n)
+{
+    uint64_t now = s_now_ms();
+    zlistx_t *keys = zhashx_keys(n->streams);
+    for (char *k = zlistx_first(keys); k; k = zlistx_next(keys)) {
+        s_stream_t *s = zhashx_lookup(n->streams, k);
+        if (!s)
+            continue;
+        if (s->credit == 0 && now > s->last_credit_ms + s->deadline_ms) {
+            kvedge_log_debug("stream %s: no credit for %u ms, dropped", s->key, s->deadline_ms);
+            s_stream_end(n, s, KVEDGE_ETIMEDOUT);
+        } else {
+            s_stream_pump(n, s); /* retries reads a full job queue refused */
+        }
+    }
+    zlistx_destroy(&keys);
+}
+
+/* ---------------------------------------------------------------- frontend */
+
+static void s_hello(s_node_t *n, zframe_t *route, const uint8_t tag[16],
+                    const kvedge_wire_header_t *h)
+{
+    zmsg_t *m = zmsg_new();
+    zmsg_append(m, &route);
+    zframe_t *hf =
+        s_header_frame(KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, h->request_id, KVEDGE_OK, 0);
+    zmsg_append(m, &hf);
+    kvedge_wire_node_info_t info = {n->opts.role,
+                                    {0},
+                                    KVEDGE_WIRE_MAX_FRAME_BYTES,
+                                    KVEDGE_WIRE_MAX_ITEMS,
+                                    KVEDGE_WIRE_MAX_CHUNKS,
+                                    KVEDGE_WIRE_MAX_CREDIT,
+                                    n->opts.default_credit};
+    memcpy(info.tenant_tag, tag, 16);
+    uint8_t buf[KVEDGE_WIRE_NODE_INFO_BYTES];
+    kvedge_wire_node_info_pack(&info, buf);
+    zmsg_addmem(m, buf, sizeof buf);
+    zmsg_addstr(m, n->name);
+    s_send(n, &m);
+}
+
+static void s_stat(s_node_t *n, zframe_t *route, const kvedge_wire_header_t *h)
+{
+    kvedge_engine_stats_t st;
+    int rc = kvedge_engine_stats(n->opts.engine, &st);
+    zmsg_t *m = zmsg_new();
+    zmsg_append(m, &route);
+    zframe_t *hf = s_header_frame(KVEDGE_OP_STAT, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
+    zmsg_append(m, &hf);
+    if (rc == KVEDGE_OK) {
+        uint8_t buf[KVEDGE_WIRE_STATS_BYTES];
+        kvedge_wire_stats_pack(&st, buf);
+        zmsg_addmem(m, buf, sizeof buf);
+    }
+    s_send(n, &m);
+}
+
+/* Handles one client message; every path consumes msg. */
+static void s_frontend_request(s_node_t *n, zmsg_t *msg)
+{
+    zframe_t *route = zmsg_pop(msg), *hf = zmsg_pop(msg);
+    if (!route || !hf) {
+        zframe_destroy(&route);
+        zmsg_destroy(&msg);
+        return;
+    }
+    kvedge_wire_header_t h;
+    memset(&h, 0, sizeof h);
+    int rc = kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h);
+    kvedge_wire_frame_t pf[KVEDGE_WIRE_MAX_FRAMES];
+    size_t np = s_payload(msg, pf, KVEDGE_WIRE_MAX_FRAMES);
+    if (rc == KVEDGE_OK && np > KVEDGE_WIRE_MAX_FRAMES)
+        rc = KVEDGE_EPROTO;
+    if (rc == KVEDGE_OK && (h.flags & KVEDGE_WIRE_FLAG_REPLY))
+        rc = KVEDGE_EPROTO;
+    if (rc == KVEDGE_OK)
+        rc = kvedge_wire_validate(&h, pf, np);
+    uint8_t tag[16];
+    s_tenant_of(n, hf, tag);
+    if (rc != KVEDGE_OK) {
+        kvedge_log_debug("malformed %s request %llu: %s",
+                         kvedge_wire_op_name(h.opcode) ? kvedge_wire_op_name(h.opcode) : "?",
+                         (unsigned long long)h.request_id, kvedge_strerror(rc));
+        bool known = kvedge_wire_op_name(h.opcode) != NULL;
+        zmsg_t *r = s_error_reply(route, known ? h.opcode : 0, h.request_id, rc);
+        s_send(n, &r);
+        zframe_destroy(&hf);
+        zmsg_destroy(&msg);
+        return;
+    }
+    switch (h.opcode) {
+    case KVEDGE_OP_HELLO:
+        s_hello(n, route, tag, &h);
+        break;
+    case KVEDGE_OP_PING: {
+        zmsg_t *m = zmsg_new();
+        zmsg_append(m, &route);
+        zframe_t *rh =
+            s_header_frame(KVEDGE_OP_PING, KVEDGE_WIRE_FLAG_REPLY, h.request_id, KVEDGE_OK, 0);
+        zmsg_append(m, &rh);
+        zframe_t *p = zmsg_pop(msg);
+        zmsg_append(m, &p);
+        s_send(n, &m);
+        break;
+    }
+    case KVEDGE_OP_STAT:
+        s_stat(n, route, &h);
+        break;
+    case KVEDGE_OP_GET_LAYER: {
+        int32_t src = s_stream_open(n, route, tag, &h, pf);
+        if (src != KVEDGE_OK) {
+            zmsg_t *r = zmsg_new();
+            zmsg_append(r, &route);
+            zframe_t *eh =
+                s_header_frame(KVEDGE_OP_GET_LAYER, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END,
+                               h.request_id, src, 0);
+            zmsg_append(r, &eh);
+            s_send(n, &r);
+        } else {
+            zframe_destroy(&route);
+        }
+        break;
+    }
+    case KVEDGE_OP_CREDIT:
+    case KVEDGE_OP_CANCEL: {
+        char key[96];
+        s_stream_key(route, h.request_id, key, sizeof key);
+        s_stream_t *s = zhashx_lookup(n->streams, key);
+        if (s && h.opcode == KVEDGE_OP_CANCEL) {
+            zhashx_delete(n->streams, key);
+        } else if (s) {
+            uint64_t c = (uint64_t)s->credit + h.credit;
+            s->credit = c > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : (uint32_t)c;
+            s->last_credit_ms = s_now_ms();
+            s_stream_pump(n, s);
+        }
+        zframe_destroy(&route); /* CREDIT and CANCEL have no reply */
+        break;
+    }
+    default: {
+        /* Worker job: [R][route][tag][arrival][header][payload...] */
+        uint64_t now = s_now_ms();
+        zmsg_t *job = zmsg_dup(msg);
+        zmsg_pushmem(job, zframe_data(hf), zframe_size(hf));
+        zmsg_pushmem(job, &now, 8);
+        zmsg_pushmem(job, tag, 16);
+        zframe_t *r = zframe_dup(route);
+        zmsg_prepend(job, &r);
+        zmsg_pushmem(job, "R", 1);
+        if (zmsg_send(&job, n->jobs) != 0) {
+            zmsg_destroy(&job);
+            zmsg_t *busy = s_error_reply(route, h.opcode, h.request_id, KVEDGE_EBUSY);
+            route = NULL;
+            s_send(n, &busy);
+        } else {
+            n->outstanding++;
+        }
+        zframe_destroy(&route);
+        break;
+    }
+    }
+    zframe_destroy(&hf);
+    zmsg_destroy(&msg);
+}
+
+static void s_frontend_result(s_node_t *n)
+{
+    zmsg_t *m = zmsg_recv(n->results);
+    if (!m)
+        return;
+    n->outstanding--;
+    zframe_t *kind = zmsg_pop(m);
+    if (kind && zframe_streq(kind, "S")) {
+        s_stream_result(n, m);
+        zmsg_destroy(&m);
+    } else {
+        s_send(n, &m);
+    }
+    zframe_destroy(&kind);
+}
+
+static int s_setup(s_node_t *n, zsock_t *pipe)
+{
+    char why[512] = "";
+    int rc = KVEDGE_OK;
+    const kvedge_server_opts_t *o = &n->opts;
+    if (!o->bind || !o->engine) {
+        rc = KVEDGE_EINVAL;
+        snprintf(why, sizeof why, "a bind endpoint and an engine are required");
+    } else if (o->insecure && !kvedge_endpoint_is_loopback(o->bind)) {
+        rc = KVEDGE_EDENIED;
+        snprintf(why, sizeof why,
+                 "refusing plaintext on %s: plaintext is only allowed on loopback or ipc "
+                 "endpoints; drop --insecure and use CURVE",
+                 o->bind);
+    } else if (!o->insecure && !zsys_has_curve()) {
+        rc = KVEDGE_EDENIED;
+        snprintf(why, sizeof why, "this libzmq has no CURVE support: refusing to serve %s",
+                 o->bind);
+    } else if (!o->insecure && (!o->cert || !o->clients_dir)) {
+        rc = KVEDGE_EINVAL;
+        snprintf(why, sizeof why, "CURVE needs the node certificate and a clients directory");
+    }
+    if (rc == KVEDGE_OK && !o->insecure) {
+        n->cert = zcert_load(o->cert);
+        if (!n->cert) {
+            rc = KVEDGE_EIO;
+            snprintf(why, sizeof why, "cannot load the node certificate %s", o->cert);
+        } else if (!zsys_file_exists(o->clients_dir)) {
+            rc = KVEDGE_EIO;
+            snprintf(why, sizeof why, "clients directory %s does not exist", o->clients_dir);
+        } else {
+            /* The ZAP handler runs before the socket binds: no connection is ever accepted
+             * without it. */
+            n->auth = zactor_new(zauth, NULL);
+            if (!n->auth || zstr_sendx(n->auth, "CURVE", o->clients_dir, NULL) != 0 ||
+                zsock_wait(n->auth) != 0) {
+                rc = KVEDGE_EDENIED;
+                snprintf(why, sizeof why, "the ZAP handler did not start: refusing to serve");
+            }
+            n->allow = zcertstore_new(o->clients_dir);
+        }
+    }
+    if (rc == KVEDGE_OK) {
+        n->router = zsock_new(ZMQ_ROUTER);
+        zsock_set_router_mandatory(n->router, 1);
+        zsock_set_sndtimeo(n->router, 0);
+        zsock_set_maxmsgsize(n->router, (int64_t)KVEDGE_WIRE_MAX_FRAME_BYTES);
+        zsock_set_heartbeat_ivl(n->router, KVEDGE_HEARTBEAT_IVL_MS);
+        zsock_set_heartbeat_timeout(n->router, KVEDGE_HEARTBEAT_TIMEOUT_MS);
+        zsock_set_linger(n->router, 0);
+        if (n->cert) {
+            zcert_apply(n->cert, n->router);
+            zsock_set_curve_server(n->router, 1);
+            zsock_set_zap_domain(n->router, KVEDGE_ZAP_DOMAIN);
+        }
+        if (zsock_bind(n->router, "%s", o->bind) < 0) {
+            rc = KVEDGE_EIO;
+            snprintf(why, sizeof why, "cannot bind %s: %s", o->bind, zmq_strerror(zmq_errno()));
+        } else {
+            const char *ep = zsock_endpoint(n->router);
+            snprintf(n->owner->endpoint, sizeof n->owner->endpoint, "%s", ep ? ep : o->bind);
+            if (n->cert)
+                snprintf(n->owner->public_key, sizeof n->owner->public_key, "%s",
+                         zcert_public_txt(n->cert));
+        }
+    }
+    if (rc == KVEDGE_OK) {
+        snprintf(n->jobs_ep, sizeof n->jobs_ep, "inproc://kvedge-jobs-%p", (void *)n);
+        snprintf(n->results_ep, sizeof n->results_ep, "inproc://kvedge-results-%p", (void *)n);
+        n->jobs = zsock_new(ZMQ_PUSH);
+        n->results = zsock_new(ZMQ_PULL);
+        zsock_set_sndhwm(n->jobs, KVEDGE_SERVER_JOB_QUEUE);
+        zsock_set_sndtimeo(n->jobs, 0);
+        zsock_set_rcvhwm(n->results, 0);
+        zsock_bind(n->jobs, "%s", n->jobs_ep);
+        zsock_bind(n->results, "%s", n->results_ep);
+        n->workers = calloc((size_t)n->n_workers, sizeof *n->workers);
+        for (int i = 0; n->workers && i < n->n_workers; i++)
+            n->workers[i] = zactor_new(s_worker, n);
+        n->streams = zhashx_new();
+        zhashx_set_destructor(n->streams, s_stream_destroy);
+        if (!n->workers || !n->streams) {
+            rc = KVEDGE_ENOMEM;
+            snprintf(why, sizeof why, "out of memory");
+        }
+    }
+    n->start_rc = rc;
+    if (rc != KVEDGE_OK)
+        n->start_error = strdup(why);
+    zsock_signal(pipe, 0);
+    return rc;
+}
+
+static void s_teardown(s_node_t *n)
+{
+    for (int i = 0; n->workers && i < n->n_workers; i++)
+        zactor_destroy(&n->workers[i]);
+    free(n->workers);
+    zhashx_destroy(&n->streams);
+    zsock_destroy(&n->jobs);
+    zsock_destroy(&n->results);
+    zsock_destroy(&n->router);
+    zactor_destroy(&n->auth);
+    zcertstore_destroy(&n->allow);
+    zcert_destroy(&n->cert);
+}
+
+static void s_frontend(zsock_t *pipe, void *args)
+{
+    s_node_t *n = args;
+    if (s_setup(n, pipe) != KVEDGE_OK) {
+        s_teardown(n);
+        zsock_wait(pipe); /* hold until the owner has read the error, then wait for $TERM */
+        char *cmd = zstr_recv(pipe);
+        zstr_free(&cmd);
+        return;
+    }
+    kvedge_log_info("serving %s as %s node \"%s\" (%s, %d workers)", n->owner->endpoint,
+                    n->opts.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge", n->name,
+                    n->cert ? "CURVE" : "plaintext loopback", n->n_workers);
+    zpoller_t *poller = zpoller_new(pipe, n->router, n->results, NULL);
+    bool draining = false;
+    uint64_t drain_until = 0;
+    while (true) {
+        void *which = zpoller_wait(poller, 100);
+        if (which == pipe) {
+            char *cmd = zstr_recv(pipe);
+            bool term = !cmd || streq(cmd, "$TERM");
+            zstr_free(&cmd);
+            if (term && !draining) {
+                /* Stop taking requests; let workers finish what they hold. */
+                draining = true;
+                drain_until = s_now_ms() + KVEDGE_SERVER_DRAIN_MS;
+                zpoller_remove(poller, n->router);
+                zhashx_purge(n->streams);
+            }
+        } else if (which == n->router) {
+            zmsg_t *m = zmsg_recv(n->router);
+            if (m)
+                s_frontend_request(n, m);
+        } else if (which == n->results) {
+            s_frontend_result(n);
+        } else if (!draining) {
+            s_streams_tick(n);
+        }
+        if (draining && (n->outstanding == 0 || s_now_ms() > drain_until))
+            break;
+        if (zpoller_terminated(poller) && !draining)
+            break;
+    }
+    kvedge_log_info("node %s stopped", n->owner->endpoint);
+    zpoller_destroy(&poller);
+    s_teardown(n);
+}
+
+/* ---------------------------------------------------------------- public */
+
+int kvedge_server_start(const kvedge_server_opts_t *opts, kvedge_server_t **out, char *why,
+                        size_t why_len)
+{
+    if (!opts || !out)
+        return KVEDGE_EINVAL;
+    *out = NULL;
+    if (sodium_init() < 0)
+        return KVEDGE_ENOMEM;
+    kvedge_server_t *s = calloc(1, sizeof *s);
+    s_node_t *n = calloc(1, sizeof *n);
+    if (!s || !n) {
+        free(s);
+        free(n);
+        return KVEDGE_ENOMEM;
+    }
+    n->opts = *opts;
+    n->owner = s;
+    n->n_workers = opts->workers > 0 ? opts->workers : KVEDGE_SERVER_WORKERS_DEFAULT;
+    if (n->opts.default_credit == 0 || n->opts.default_credit > KVEDGE_WIRE_MAX_CREDIT)
+        n->opts.default_credit = KVEDGE_SERVER_CREDIT_DEFAULT;
+    snprintf(n->name, sizeof n->name, "%s", opts->name && *opts->name ? opts->name : "kvedge");
+    kvedge_tenant_tag(KVEDGE_LOOPBACK_TENANT, n->loopback_tag);
+    zsys_set_logstream(NULL); /* czmq's own logging stays quiet: we have ours */
+    s->frontend = zactor_new(s_frontend, n);
+    if (!s->frontend) {
+        free(s);
+        free(n);
+        return KVEDGE_ENOMEM;
+    }
+    int rc = n->start_rc;
+    if (rc != KVEDGE_OK) {
+        if (why)
+            snprintf(why, why_len, "%s", n->start_error ? n->start_error : "start failed");
+        zsock_signal(zactor_sock(s->frontend), 0);
+        zactor_destroy(&s->frontend);
+        free(n->start_error);
+        free(n);
+        free(s);
+        return rc;
+    }
+    /* n is owned by the actor thread from here; freed after it stops (see destroy). */
+    s->frontend_state = n;
+    *out = s;
+    return KVEDGE_OK;
+}
+
+const char *kvedge_server_endpoint(kvedge_server_t *s)
+{
+    return s ? s->endpoint : NULL;
+}
+
+const char *kvedge_server_public_key(kvedge_server_t *s)
+{
+    return s && s->public_key[0] ? s->public_key : NULL;
+}
+
+void kvedge_server_destroy(kvedge_server_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kvedge_server_t *s = *self_p;
+    *self_p = NULL;
+    zactor_destroy(&s->frontend); /* sends $TERM and waits for the drain */
+    free(s->frontend_state);
+    free(s);
+}

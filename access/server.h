@@ -1,0 +1,70 @@
+/* The store node: serves the wire protocol (docs/protocol.md) from a block engine over a
+ * ZeroMQ ROUTER socket, with CURVE and a ZAP allowlist, a worker pool, and credit-based
+ * GET_LAYER streams. One frontend thread owns the socket; workers do the engine work; no
+ * client can make a worker wait for it. */
+#ifndef KVEDGE_ACCESS_SERVER_H
+#define KVEDGE_ACCESS_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "access/frame.h"
+#include "store/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVEDGE_SERVER_WORKERS_DEFAULT 4
+#define KVEDGE_SERVER_CREDIT_DEFAULT  8
+#define KVEDGE_SERVER_DRAIN_MS        5000 /* how long shutdown waits for in-flight work */
+#define KVEDGE_SERVER_JOB_QUEUE       4096 /* queued jobs before the node answers EBUSY */
+#define KVEDGE_HEARTBEAT_IVL_MS       1000
+#define KVEDGE_HEARTBEAT_TIMEOUT_MS   5000
+#define KVEDGE_ZAP_DOMAIN             "kvedge"
+#define KVEDGE_LOOPBACK_TENANT        "loopback"
+
+typedef struct kvedge_server_t kvedge_server_t;
+
+typedef struct {
+    kvedge_role_t role;
+    const char *name;        /* node name in HELLO; NULL = "kvedge" */
+    const char *bind;        /* ZeroMQ endpoint, e.g. tcp://0.0.0.0:7400 or tcp://127.0.0.1:* */
+    bool insecure;           /* plaintext: refused unless bind is loopback or ipc */
+    const char *cert;        /* the node's secret certificate file (czmq format) */
+    const char *clients_dir; /* allowlist: public certificates of the clients let in */
+    int workers;             /* 0 = default */
+    uint32_t default_credit; /* advertised in HELLO; 0 = default */
+    kvedge_engine_t *engine; /* not owned; must outlive the server */
+} kvedge_server_opts_t;
+
+/* Starts the node: ZAP handler first (CURVE), then the socket is bound, then the workers.
+ * Returns once it serves. why (if not NULL) receives a reason on failure.
+ * Errors: KVEDGE_EINVAL, KVEDGE_EDENIED (plaintext on a non-loopback endpoint, or CURVE
+ * unavailable), KVEDGE_EIO (bind failed, unreadable certificate), KVEDGE_ENOMEM. */
+int kvedge_server_start(const kvedge_server_opts_t *opts, kvedge_server_t **out, char *why,
+                        size_t why_len);
+
+/* The endpoint actually bound (ephemeral ports resolved). Valid until destroy. */
+const char *kvedge_server_endpoint(kvedge_server_t *s);
+
+/* The node's public key (Z85, 40 chars), or NULL when plaintext. */
+const char *kvedge_server_public_key(kvedge_server_t *s);
+
+/* Stops taking requests, lets in-flight work finish (at most KVEDGE_SERVER_DRAIN_MS), stops
+ * the workers and closes the socket. Does not close the engine. NULL-safe, idempotent. */
+void kvedge_server_destroy(kvedge_server_t **self_p);
+
+/* True for endpoints that cannot be reached from another host: tcp on 127.0.0.0/8,
+ * localhost or [::1], ipc://, inproc://. */
+bool kvedge_endpoint_is_loopback(const char *endpoint);
+
+/* Tenant tag (16 bytes) of a tenant name, and a client chunk id namespaced into a tenant. */
+void kvedge_tenant_tag(const char *tenant, uint8_t tag[16]);
+void kvedge_tenant_chunk_id(const uint8_t tag[16], const kvedge_chunk_id_t *client_id,
+                            kvedge_chunk_id_t *stored);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,387 @@
+/* The daemon commands of kvedge: `store` (a store node) and `keygen` (CURVE certificates).
+ * Thin mains: the node itself is access/server.c. */
+#include <czmq.h>
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "access/log.h"
+#include "access/server.h"
+#include "clients/cli.h"
+#include "store/error.h"
+
+#define S_STORE_BIND_DEFAULT "tcp://127.0.0.1:7400"
+#define S_NODE_CERT_NAME     "node.cert" /* in the data dir; the secret is node.cert_secret */
+#define S_CLIENTS_DIR_NAME   "clients"   /* in the data dir */
+
+static volatile sig_atomic_t s_stop;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+/* Settings of a store node: defaults, then the config file, then flags. */
+typedef struct {
+    char role[16];
+    char data[1024];
+    char bind[256];
+    char cert[1100];
+    char clients[1100];
+    char name[256];
+    char log[16];
+    bool insecure;
+    bool sync;
+    uint64_t workers;
+    uint64_t capacity;
+    uint64_t cache;
+    bool cache_set;
+} s_store_conf_t;
+
+static int s_conf_file(const char *path, s_store_conf_t *c)
+{
+    zconfig_t *root = zconfig_load(path);
+    if (!root) {
+        kvedge_cli_error("store: cannot read config file %s (ZPL format, see docs/operations.md)",
+                         path);
+        return KVEDGE_EXIT_USAGE;
+    }
+    static const char *known[] = {"role",     "data",  "bind",     "cert", "clients",
+                                  "name",     "log",   "insecure", "sync", "workers",
+                                  "capacity", "cache", NULL};
+    zconfig_t *store = zconfig_locate(root, "store");
+    int ex = KVEDGE_EXIT_OK;
+    for (zconfig_t *item = store ? zconfig_child(store) : NULL; item && !ex;
+         item = zconfig_next(item)) {
+        const char *k = zconfig_name(item), *v = zconfig_value(item);
+        int i = 0;
+        while (known[i] && strcmp(known[i], k) != 0)
+            i++;
+        if (!known[i] || !v) {
+            kvedge_cli_error("store: %s: unknown or empty setting store/%s", path, k);
+            ex = KVEDGE_EXIT_USAGE;
+            break;
+        }
+        bool bad = false;
+        if (strcmp(k, "role") == 0)
+            snprintf(c->role, sizeof c->role, "%s", v);
+        else if (strcmp(k, "data") == 0)
+            snprintf(c->data, sizeof c->data, "%s", v);
+        else if (strcmp(k, "bind") == 0)
+            snprintf(c->bind, sizeof c->bind, "%s", v);
+        else if (strcmp(k, "cert") == 0)
+            snprintf(c->cert, sizeof c->cert, "%s", v);
+        else if (strcmp(k, "clients") == 0)
+            snprintf(c->clients, sizeof c->clients, "%s", v);
+        else if (strcmp(k, "name") == 0)
+            snprintf(c->name, sizeof c->name, "%s", v);
+        else if (strcmp(k, "log") == 0)
+            snprintf(c->log, sizeof c->log, "%s", v);
+        else if (strcmp(k, "insecure") == 0)
+            c->insecure = strcmp(v, "1") == 0 || strcmp(v, "true") == 0;
+        else if (strcmp(k, "sync") == 0)
+            c->sync = strcmp(v, "1") == 0 || strcmp(v, "true") == 0;
+        else if (strcmp(k, "workers") == 0)
+            bad = kvedge_cli_parse_u64(v, 1, 256, &c->workers) != 0;
+        else if (strcmp(k, "capacity") == 0)
+            bad = kvedge_cli_parse_size(v, &c->capacity) != 0;
+        else if (strcmp(k, "cache") == 0)
+            bad = kvedge_cli_parse_size(v, &c->cache) != 0 || !(c->cache_set = true);
+        if (bad) {
+            kvedge_cli_error("store: %s: bad value '%s' for store/%s", path, v, k);
+            ex = KVEDGE_EXIT_USAGE;
+        }
+    }
+    zconfig_destroy(&root);
+    return ex;
+}
+
+/* Makes the node certificate on first start, so a node runs with no configuration. */
+static int s_ensure_node_cert(const char *path)
+{
+    char secret[1200];
+    snprintf(secret, sizeof secret, "%s_secret", path);
+    if (zsys_file_exists(secret))
+        return 0;
+    zcert_t *cert = zcert_new();
+    if (!cert)
+        return -1;
+    zcert_set_meta(cert, "role", "kvedge node");
+    int rc = zcert_save(cert, path);
+    zcert_destroy(&cert);
+    if (rc == 0)
+        chmod(secret, 0600);
+    return rc;
+}
+
+static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"role", required_argument, NULL, 'r'},
+                                         {"data", required_argument, NULL, 'd'},
+                                         {"bind", required_argument, NULL, 'b'},
+                                         {"config", required_argument, NULL, 'c'},
+                                         {"insecure", no_argument, NULL, 'I'},
+                                         {"cert", required_argument, NULL, 'C'},
+                                         {"clients", required_argument, NULL, 'A'},
+                                         {"workers", required_argument, NULL, 'w'},
+                                         {"capacity", required_argument, NULL, 'K'},
+                                         {"cache", required_argument, NULL, 'M'},
+                                         {"sync", no_argument, NULL, 'S'},
+                                         {"name", required_argument, NULL, 'n'},
+                                         {"log-level", required_argument, NULL, 'L'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    s_store_conf_t c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.role, sizeof c.role, "edge");
+    snprintf(c.data, sizeof c.data, "%s", cli->data_dir);
+    snprintf(c.bind, sizeof c.bind, S_STORE_BIND_DEFAULT);
+    snprintf(c.log, sizeof c.log, "info");
+    /* The config file first (wherever --config is on the line), then the flags over it. */
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "-c") == 0) {
+            int ex = s_conf_file(argv[i + 1], &c);
+            if (ex)
+                return ex;
+        }
+    const kvedge_cli_cmd_t cmd = {"store", NULL, "[--role cloud|edge] [--bind EP] [...]",
+                                  "Run a store node."};
+    int ch;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "r:d:b:c:w:n:h", opts, NULL)) != -1) {
+        bool bad = false;
+        switch (ch) {
+        case 'r':
+            snprintf(c.role, sizeof c.role, "%s", optarg);
+            break;
+        case 'd':
+            snprintf(c.data, sizeof c.data, "%s", optarg);
+            break;
+        case 'b':
+            snprintf(c.bind, sizeof c.bind, "%s", optarg);
+            break;
+        case 'c':
+            break; /* read above */
+        case 'I':
+            c.insecure = true;
+            break;
+        case 'C':
+            snprintf(c.cert, sizeof c.cert, "%s", optarg);
+            break;
+        case 'A':
+            snprintf(c.clients, sizeof c.clients, "%s", optarg);
+            break;
+        case 'w':
+            bad = kvedge_cli_parse_u64(optarg, 1, 256, &c.workers) != 0;
+            break;
+        case 'K':
+            bad = kvedge_cli_parse_size(optarg, &c.capacity) != 0;
+            break;
+        case 'M':
+            bad = kvedge_cli_parse_size(optarg, &c.cache) != 0;
+            c.cache_set = true;
+            break;
+        case 'S':
+            c.sync = true;
+            break;
+        case 'n':
+            snprintf(c.name, sizeof c.name, "%s", optarg);
+            break;
+        case 'L':
+            snprintf(c.log, sizeof c.log, "%s", optarg);
+            break;
+        case 'h':
+            kvedge_cli_usage(
+                stdout, &cmd,
+                "Serves the store in --data over ZeroMQ (docs/protocol.md) until SIGINT or\n"
+                "SIGTERM, then finishes in-flight work and closes the store.\n\n"
+                "  -r, --role cloud|edge   node role (default edge)\n"
+                "  -d, --data DIR          store directory (default: the global --data)\n"
+                "  -b, --bind EP           endpoint (default " S_STORE_BIND_DEFAULT ")\n"
+                "  -c, --config FILE       ZPL config file, section `store` (flags override)\n"
+                "      --cert FILE         node certificate (default DATA/" S_NODE_CERT_NAME
+                ", made on first start)\n"
+                "      --clients DIR       allowlist of client certificates (default\n"
+                "                          DATA/" S_CLIENTS_DIR_NAME "; empty = nobody)\n"
+                "      --insecure          plaintext, allowed only on loopback/ipc endpoints\n"
+                "  -w, --workers N         worker threads (default 4)\n"
+                "      --capacity SIZE     evict LRU unpinned blocks beyond SIZE (default none)\n"
+                "      --cache SIZE        in-memory block cache (default 256M)\n"
+                "      --sync              fsync the WAL on every write\n"
+                "  -n, --name NAME         node name shown to clients\n"
+                "      --log-level L       error, warn, info (default), debug\n");
+            return KVEDGE_EXIT_OK;
+        default:
+            kvedge_cli_error("store: unknown option or missing value '%s'", argv[optind - 1]);
+            return KVEDGE_EXIT_USAGE;
+        }
+        if (bad) {
+            kvedge_cli_error("store: bad value '%s' for %s", optarg, argv[optind - 1]);
+            return KVEDGE_EXIT_USAGE;
+        }
+    }
+    if (optind != argc) {
+        kvedge_cli_error("store: unexpected argument '%s'", argv[optind]);
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_role_t role;
+    if (strcmp(c.role, "cloud") == 0)
+        role = KVEDGE_ROLE_CLOUD;
+    else if (strcmp(c.role, "edge") == 0)
+        role = KVEDGE_ROLE_EDGE;
+    else {
+        kvedge_cli_error("store: --role must be cloud or edge, not '%s'", c.role);
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_log_level_t level;
+    if (kvedge_log_parse(c.log, &level) != 0) {
+        kvedge_cli_error("store: --log-level must be error, warn, info or debug");
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_log_set_level(level);
+    if (c.insecure && !kvedge_endpoint_is_loopback(c.bind)) {
+        kvedge_cli_error("store: refusing plaintext on %s: --insecure is only allowed on "
+                         "loopback (tcp://127.0.0.1:PORT) or ipc:// endpoints",
+                         c.bind);
+        return KVEDGE_EXIT_USAGE;
+    }
+
+    /* Our handlers, not czmq's: the first signal starts a clean shutdown. */
+    zsys_handler_set(NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    kvedge_engine_opts_t eo;
+    kvedge_engine_opts_default(&eo);
+    eo.capacity_bytes = c.capacity;
+    eo.sync = c.sync;
+    if (c.cache_set)
+        eo.cache_bytes = c.cache;
+    char why[512] = "";
+    kvedge_engine_t *engine;
+    int rc = kvedge_engine_open(c.data, &eo, &engine, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("store: cannot open store %s: %s (%s)", c.data, why, kvedge_strerror(rc));
+        return KVEDGE_EXIT_UNAVAILABLE;
+    }
+    if (!c.insecure) {
+        if (!c.cert[0])
+            snprintf(c.cert, sizeof c.cert, "%s/%s", c.data, S_NODE_CERT_NAME);
+        if (!c.clients[0]) {
+            snprintf(c.clients, sizeof c.clients, "%s/%s", c.data, S_CLIENTS_DIR_NAME);
+            mkdir(c.clients, 0700);
+        }
+        if (s_ensure_node_cert(c.cert) != 0) {
+            kvedge_cli_error("store: cannot create the node certificate %s", c.cert);
+            kvedge_engine_destroy(&engine);
+            return KVEDGE_EXIT_FAILURE;
+        }
+    }
+    char cert_secret[1200];
+    snprintf(cert_secret, sizeof cert_secret, "%s_secret", c.cert);
+    kvedge_server_opts_t so = {role,
+                               c.name[0] ? c.name : NULL,
+                               c.bind,
+                               c.insecure,
+                               c.insecure ? NULL : cert_secret,
+                               c.insecure ? NULL : c.clients,
+                               (int)c.workers,
+                               0,
+                               engine};
+    kvedge_server_t *server;
+    rc = kvedge_server_start(&so, &server, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("store: %s", why);
+        kvedge_engine_destroy(&engine);
+        return rc == KVEDGE_EDENIED ? KVEDGE_EXIT_USAGE : KVEDGE_EXIT_FAILURE;
+    }
+    if (!c.insecure)
+        kvedge_log_info("node public key %s (certificate %s); clients allowed: the "
+                        "certificates in %s",
+                        kvedge_server_public_key(server), c.cert, c.clients);
+    /* Tell scripts where we are (ephemeral ports): one line on stdout. */
+    printf("listening %s\n", kvedge_server_endpoint(server));
+    fflush(stdout);
+    while (!s_stop)
+        pause();
+    kvedge_log_info("signal received: finishing in-flight work");
+    kvedge_server_destroy(&server);
+    kvedge_engine_destroy(&engine);
+    kvedge_log_info("store closed");
+    return KVEDGE_EXIT_OK;
+}
+
+static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
+{
+    (void)cli;
+    static const struct option opts[] = {{"tenant", required_argument, NULL, 't'},
+                                         {"force", no_argument, NULL, 'f'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const kvedge_cli_cmd_t cmd = {"keygen", NULL, "PATH [--tenant NAME] [--force]", NULL};
+    const char *tenant = NULL;
+    bool force = false;
+    int ch;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "t:fh", opts, NULL)) != -1) {
+        if (ch == 't') {
+            tenant = optarg;
+        } else if (ch == 'f') {
+            force = true;
+        } else if (ch == 'h') {
+            printf("usage: kvedge keygen PATH [--tenant NAME] [--force]\n\n"
+                   "Writes a CURVE certificate pair: PATH (public: give it to the node's\n"
+                   "clients directory, or to clients as the node key) and PATH_secret (mode\n"
+                   "0600: keep it). --tenant puts the client in a named tenant: every key of\n"
+                   "the same tenant shares one cache namespace.\n");
+            return KVEDGE_EXIT_OK;
+        } else {
+            kvedge_cli_error("keygen: unknown option '%s'", argv[optind - 1]);
+            return KVEDGE_EXIT_USAGE;
+        }
+    }
+    (void)cmd;
+    if (argc - optind != 1) {
+        kvedge_cli_error("keygen: expected one PATH");
+        return KVEDGE_EXIT_USAGE;
+    }
+    const char *path = argv[optind];
+    char secret[4200];
+    snprintf(secret, sizeof secret, "%s_secret", path);
+    if (!force && (zsys_file_exists(path) || zsys_file_exists(secret))) {
+        kvedge_cli_error("keygen: %s exists; pass --force to replace it", path);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    zcert_t *cert = zcert_new();
+    if (!cert)
+        return KVEDGE_EXIT_FAILURE;
+    if (tenant)
+        zcert_set_meta(cert, "tenant", "%s", tenant);
+    mode_t old = umask(077); /* the secret file is private from its first byte */
+    int rc = zcert_save(cert, path);
+    umask(old);
+    if (rc == 0) {
+        chmod(secret, 0600);
+        chmod(path, 0644);
+        printf("public key %s\nwrote %s and %s\n", zcert_public_txt(cert), path, secret);
+    } else {
+        kvedge_cli_error("keygen: cannot write %s: %s", path, strerror(errno));
+    }
+    zcert_destroy(&cert);
+    return rc == 0 ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+}
+
+const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[] = {
+    {"store", s_cmd_store, "[--role cloud|edge] [--bind EP] [--config FILE] [...]",
+     "Run a store node (cloud or edge role) serving the data directory."},
+    {"keygen", s_cmd_keygen, "PATH [--tenant NAME]", "Write a CURVE certificate pair."},
+    {NULL, NULL, NULL, NULL},
+};

@@ -1,0 +1,731 @@
+/* The kvedge admin commands in remote mode (-H ENDPOINT): the same commands as local mode,
+ * through libkvedge against a running node, within the tenant of this client's key. */
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clients/cli.h"
+#include "clients/kvedge.h"
+#include "store/synth.h"
+
+#define S_LIST_PAGE   1024
+#define S_VOCAB_SIZE  50272
+#define S_PING_ROUNDS 20
+
+static int s_connect(kvedge_cli_t *cli, kvedge_client_t **out)
+{
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = cli->host;
+    o.server_key = cli->server_key;
+    o.client_cert = cli->cert;
+    o.deadline_ms = cli->deadline_ms;
+    o.name = "kvedge-cli";
+    if (cli->server_key && !cli->cert) {
+        kvedge_cli_error("--server-key needs --cert (this client's secret certificate, made "
+                         "by `kvedge keygen`)");
+        return KVEDGE_EXIT_USAGE;
+    }
+    int rc = kvedge_client_connect(&o, out);
+    if (rc == KVEDGE_OK)
+        return KVEDGE_EXIT_OK;
+    if (rc == KVEDGE_ETIMEDOUT)
+        kvedge_cli_error("no answer from %s within the deadline: the node is down, or this "
+                         "client's key is not in its allowlist, or the node key is wrong%s",
+                         cli->host,
+                         cli->server_key ? "" : " (no --server-key: plaintext, loopback only)");
+    else
+        kvedge_cli_error("cannot connect to %s: %s", cli->host, kvedge_strerror(rc));
+    return KVEDGE_EXIT_UNAVAILABLE;
+}
+
+static int s_fail(const char *what, int rc)
+{
+    kvedge_cli_error("%s: %s", what, kvedge_strerror(rc));
+    return kvedge_cli_exit_code(rc);
+}
+
+/* Every chunk of this tenant, in id order (caller frees *out). */
+static int s_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n)
+{
+    size_t cap = S_LIST_PAGE, len = 0;
+    kvedge_chunk_entry_t *all = malloc(cap * sizeof *all);
+    bool more = true;
+    int rc = all ? KVEDGE_OK : KVEDGE_ENOMEM;
+    while (rc == KVEDGE_OK && more) {
+        if (cap - len < S_LIST_PAGE) {
+            kvedge_chunk_entry_t *p = realloc(all, (cap *= 2) * sizeof *all);
+            if (!p) {
+                rc = KVEDGE_ENOMEM;
+                break;
+            }
+            all = p;
+        }
+        size_t got = 0;
+        rc = kvedge_client_list(c, len ? &all[len - 1].chunk.id : NULL, all + len, S_LIST_PAGE,
+                                &got, &more);
+        len += got;
+        if (got == 0)
+            more = false;
+    }
+    if (rc != KVEDGE_OK) {
+        free(all);
+        return rc;
+    }
+    *out = all;
+    *n = len;
+    return KVEDGE_OK;
+}
+
+/* Resolves a hex prefix of a client chunk id among the tenant's chunks. */
+static int s_resolve(kvedge_cli_t *cli, kvedge_client_t *c, const char *arg,
+                     kvedge_chunk_entry_t *found)
+{
+    size_t len = strlen(arg);
+    if (len < 4 || len > 64 || strspn(arg, "0123456789abcdefABCDEF") != len) {
+        kvedge_cli_error("'%s' is not a prefix id (give at least 4 hex digits, see kvedge ls)",
+                         arg);
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_chunk_entry_t *all;
+    size_t n, hits = 0;
+    int rc = s_list_all(c, &all, &n);
+    if (rc != KVEDGE_OK)
+        return s_fail("list", rc);
+    for (size_t i = 0; i < n; i++) {
+        char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
+        kvedge_chunk_id_hex(&all[i].chunk.id, hex);
+        if (strncasecmp(hex, arg, len) == 0) {
+            *found = all[i];
+            hits++;
+        }
+    }
+    free(all);
+    if (hits == 1)
+        return KVEDGE_EXIT_OK;
+    if (hits == 0) {
+        kvedge_cli_error("no prefix '%s' on %s (see kvedge -H %s ls)", arg, cli->host, cli->host);
+        return KVEDGE_EXIT_NOTFOUND;
+    }
+    kvedge_cli_error("prefix id '%s' is ambiguous on %s: give more digits", arg, cli->host);
+    return KVEDGE_EXIT_USAGE;
+}
+
+static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    kvedge_chunk_entry_t *all;
+    size_t n;
+    int rc = s_list_all(c, &all, &n);
+    kvedge_client_destroy(&c);
+    if (rc != KVEDGE_OK)
+        return s_fail("ls", rc);
+    if (cli->json)
+        printf("[");
+    else
+        printf("%-16s %-16s %5s %6s %6s %10s %7s %6s\n", "PREFIX", "MODEL", "CHUNK", "TOKENS",
+               "BLOCKS", "STORED", "RATIO", "PINNED");
+    for (size_t i = 0; i < n; i++) {
+        const kvedge_chunk_entry_t *e = &all[i];
+        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b[32];
+        kvedge_chunk_id_hex(&e->chunk.id, hex);
+        double ratio = e->bytes ? (double)e->fp16_bytes / (double)e->bytes : 0.0;
+        if (cli->json) {
+            printf("%s{\"prefix\":\"%s\",\"model\":", i ? "," : "", hex);
+            kvedge_cli_json_str(stdout, e->chunk.model_id);
+            printf(",\"chunk\":%u,\"tokens\":%u,\"blocks\":%u,\"bytes\":%llu,\"fp16_bytes\":%llu,"
+                   "\"pinned_blocks\":%u}",
+                   e->chunk.index, e->chunk.tokens, e->blocks, (unsigned long long)e->bytes,
+                   (unsigned long long)e->fp16_bytes, e->pinned_blocks);
+        } else {
+            hex[16] = '\0';
+            printf("%-16s %-16s %5u %6u %6u %10s %6.2fx %6u\n", hex, e->chunk.model_id,
+                   e->chunk.index, e->chunk.tokens, e->blocks,
+                   kvedge_cli_bytes(e->bytes, b, sizeof b), ratio, e->pinned_blocks);
+        }
+    }
+    if (cli->json)
+        printf("]\n");
+    free(all);
+    return KVEDGE_EXIT_OK;
+}
+
+static void s_print_stats(kvedge_cli_t *cli, const kvedge_engine_stats_t *st)
+{
+    char b1[32], b2[32];
+    if (cli->json) {
+        printf("{\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
+               "\"quarantined\":%llu,\"gets\":%llu,\"hits\":%llu,\"misses\":%llu,"
+               "\"corrupt\":%llu,\"puts\":%llu,\"evicted_blocks\":%llu}\n",
+               (unsigned long long)st->blocks, (unsigned long long)st->bytes,
+               (unsigned long long)st->fp16_bytes, (unsigned long long)st->pinned_blocks,
+               (unsigned long long)st->quarantined, (unsigned long long)st->gets,
+               (unsigned long long)st->hits, (unsigned long long)st->misses,
+               (unsigned long long)st->corrupt, (unsigned long long)st->puts,
+               (unsigned long long)st->evicted_blocks);
+        return;
+    }
+    printf("node %s: %llu blocks (%llu pinned), %s stored for %s fp16, %llu quarantined\n",
+           cli->host, (unsigned long long)st->blocks, (unsigned long long)st->pinned_blocks,
+           kvedge_cli_bytes(st->bytes, b1, 32), kvedge_cli_bytes(st->fp16_bytes, b2, 32),
+           (unsigned long long)st->quarantined);
+    printf("since start: %llu puts, %llu gets (%llu hits, %llu misses, %llu corrupt), %llu "
+           "evicted\n",
+           (unsigned long long)st->puts, (unsigned long long)st->gets, (unsigned long long)st->hits,
+           (unsigned long long)st->misses, (unsigned long long)st->corrupt,
+           (unsigned long long)st->evicted_blocks);
+}
+
+static int s_r_stat(kvedge_cli_t *cli, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    kvedge_engine_stats_t st;
+    int rc = kvedge_client_stat(c, &st);
+    kvedge_client_destroy(&c);
+    if (rc != KVEDGE_OK)
+        return s_fail("stat", rc);
+    s_print_stats(cli, &st);
+    return KVEDGE_EXIT_OK;
+}
+
+static int s_r_inspect(kvedge_cli_t *cli, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    kvedge_engine_stats_t st;
+    kvedge_chunk_entry_t *all = NULL;
+    size_t n = 0;
+    int rc = kvedge_client_stat(c, &st);
+    if (rc == KVEDGE_OK)
+        rc = s_list_all(c, &all, &n);
+    const kvedge_node_info_t *node = kvedge_client_node(c);
+    char nodename[256];
+    snprintf(nodename, sizeof nodename, "%s", node ? node->name : "?");
+    kvedge_client_destroy(&c);
+    if (rc != KVEDGE_OK)
+        return s_fail("inspect", rc);
+    uint64_t bytes = 0, fp16 = 0, blocks = 0, tokens = 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes += all[i].bytes;
+        fp16 += all[i].fp16_bytes;
+        blocks += all[i].blocks;
+        tokens += all[i].chunk.tokens;
+    }
+    char b1[32], b2[32];
+    if (cli->json) {
+        printf("{\"node\":");
+        kvedge_cli_json_str(stdout, nodename);
+        printf(",\"tenant_chunks\":%zu,\"tenant_blocks\":%llu,\"tenant_bytes\":%llu,"
+               "\"tenant_fp16_bytes\":%llu,\"tenant_tokens\":%llu,\"node_blocks\":%llu,"
+               "\"node_bytes\":%llu}\n",
+               n, (unsigned long long)blocks, (unsigned long long)bytes, (unsigned long long)fp16,
+               (unsigned long long)tokens, (unsigned long long)st.blocks,
+               (unsigned long long)st.bytes);
+    } else {
+        printf("node %s (%s): this tenant has %zu prefix chunks, %llu tokens, %llu blocks\n",
+               nodename, cli->host, n, (unsigned long long)tokens, (unsigned long long)blocks);
+        printf("stored %s for %s of fp16 KV: %.2fx\n", kvedge_cli_bytes(bytes, b1, 32),
+               kvedge_cli_bytes(fp16, b2, 32), bytes ? (double)fp16 / (double)bytes : 0.0);
+        s_print_stats(cli, &st);
+    }
+    free(all);
+    return KVEDGE_EXIT_OK;
+}
+
+typedef struct {
+    bool json;
+    uint32_t layer;
+    uint64_t shown, bad;
+} s_show_t;
+
+static void s_show_block(void *ctx, uint32_t chunk_index, uint16_t head, int status,
+                         const uint8_t *data, size_t len)
+{
+    (void)chunk_index;
+    s_show_t *s = ctx;
+    kvedge_block_info_t info;
+    int rc = status == KVEDGE_OK ? kvedge_block_parse(data, len, &info) : status;
+    const char *state = rc == KVEDGE_OK ? "ok" : kvedge_errname(rc);
+    s->bad += rc != KVEDGE_OK;
+    if (s->json) {
+        printf("%s{\"layer\":%u,\"head\":%u,\"bytes\":%zu,\"state\":\"%s\"", s->shown ? "," : "",
+               s->layer, head, len, state);
+        if (rc == KVEDGE_OK)
+            printf(",\"scheme\":\"%s\",\"dtype\":\"%s\",\"key_channels\":%u,\"head_dim\":%u",
+                   kvedge_scheme_name(info.scheme), kvedge_dtype_name(info.dtype),
+                   info.key_channels, info.head_dim);
+        printf("}");
+    } else if (rc == KVEDGE_OK) {
+        printf("%5u %4u %-8s %-5s %4u/%-4u %9zu %s\n", s->layer, head,
+               kvedge_scheme_name(info.scheme), kvedge_dtype_name(info.dtype), info.key_channels,
+               info.head_dim, len, state);
+    } else {
+        printf("%5u %4u %-8s %-5s %9s %9s %s\n", s->layer, head, "-", "-", "-", "-", state);
+    }
+    s->shown++;
+}
+
+static void s_show_done(void *ctx, int status, uint32_t heads)
+{
+    (void)ctx;
+    (void)status;
+    (void)heads;
+}
+
+static int s_r_show(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"layer", required_argument, NULL, 'l'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    int64_t only = -1;
+    uint64_t v;
+    int ch;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "l:h", opts, NULL)) != -1) {
+        if (ch == 'l' && kvedge_cli_parse_u64(optarg, 0, KVEDGE_MODEL_MAX_LAYERS - 1, &v) == 0) {
+            only = (int64_t)v;
+        } else {
+            kvedge_cli_error("show: usage: kvedge -H EP show PREFIX [--layer L]");
+            return KVEDGE_EXIT_USAGE;
+        }
+    }
+    if (argc - optind != 1) {
+        kvedge_cli_error("show: expected one PREFIX");
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    kvedge_chunk_entry_t e;
+    if ((ex = s_resolve(cli, c, argv[optind], &e)) != 0) {
+        kvedge_client_destroy(&c);
+        return ex;
+    }
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
+    kvedge_chunk_id_hex(&e.chunk.id, hex);
+    if (cli->json)
+        printf("{\"prefix\":\"%s\",\"model\":\"%s\",\"chunk\":%u,\"tokens\":%u,\"blocks\":[", hex,
+               e.chunk.model_id, e.chunk.index, e.chunk.tokens);
+    else
+        printf("prefix %s\nmodel  %s   chunk #%u   tokens %u   (node %s)\n\n%5s %4s %-8s %-5s "
+               "%9s %9s %s\n",
+               hex, e.chunk.model_id, e.chunk.index, e.chunk.tokens, cli->host, "LAYER", "HEAD",
+               "SCHEME", "DTYPE", "CHANNELS", "BYTES", "STATE");
+    /* Layer by layer through GET_LAYER streams until the node says the layer is past the
+     * model (ESHAPE): every block is verified here, after the network. */
+    s_show_t s = {cli->json, 0, 0, 0};
+    int rc = KVEDGE_OK;
+    for (uint32_t layer = only >= 0 ? (uint32_t)only : 0; layer < KVEDGE_MODEL_MAX_LAYERS;
+         layer++) {
+        s.layer = layer;
+        uint8_t *buf = malloc(64u << 20);
+        kvedge_fetched_t *out = calloc(KVEDGE_MODEL_MAX_HEADS, sizeof *out);
+        uint32_t heads = 0;
+        rc = buf && out ? kvedge_client_get_layer(c, &e.chunk.id, 1, (uint16_t)layer, buf,
+                                                  64u << 20, out, KVEDGE_MODEL_MAX_HEADS, &heads)
+                        : KVEDGE_ENOMEM;
+        for (uint32_t h = 0; rc == KVEDGE_OK && h < heads; h++)
+            s_show_block(&s, 0, (uint16_t)h, out[h].status, buf + out[h].offset, out[h].len);
+        free(buf);
+        free(out);
+        if (rc == KVEDGE_ESHAPE) {
+            rc = KVEDGE_OK;
+            break;
+        }
+        if (rc != KVEDGE_OK || only >= 0)
+            break;
+    }
+    (void)s_show_done;
+    kvedge_client_destroy(&c);
+    if (cli->json)
+        printf("],\"corrupt\":%llu}\n", (unsigned long long)s.bad);
+    else
+        printf("\n%llu blocks shown, %llu failed verification\n", (unsigned long long)s.shown,
+               (unsigned long long)s.bad);
+    if (rc != KVEDGE_OK)
+        return s_fail("show", rc);
+    return s.bad ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
+}
+
+/* verify over the network: every block of every chunk of the tenant, fetched and checked. */
+static int s_r_verify(kvedge_cli_t *cli, int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    kvedge_chunk_entry_t *all;
+    size_t n;
+    int rc = s_list_all(c, &all, &n);
+    uint64_t checked = 0, bad = 0;
+    uint8_t *buf = malloc(64u << 20);
+    kvedge_fetched_t *out = calloc(KVEDGE_MODEL_MAX_HEADS, sizeof *out);
+    if (rc == KVEDGE_OK && (!buf || !out))
+        rc = KVEDGE_ENOMEM;
+    for (size_t i = 0; rc == KVEDGE_OK && i < n; i++) {
+        uint64_t seen = 0;
+        for (uint32_t layer = 0; rc == KVEDGE_OK && seen < all[i].blocks; layer++) {
+            uint32_t heads = 0;
+            rc = kvedge_client_get_layer(c, &all[i].chunk.id, 1, (uint16_t)layer, buf, 64u << 20,
+                                         out, KVEDGE_MODEL_MAX_HEADS, &heads);
+            if (rc == KVEDGE_ESHAPE) {
+                rc = KVEDGE_OK;
+                break;
+            }
+            for (uint32_t h = 0; rc == KVEDGE_OK && h < heads; h++) {
+                if (out[h].status == KVEDGE_ENOTFOUND)
+                    continue;
+                kvedge_block_info_t info;
+                int st = out[h].status == KVEDGE_OK
+                             ? kvedge_block_parse(buf + out[h].offset, out[h].len, &info)
+                             : out[h].status;
+                checked++;
+                seen++;
+                if (st != KVEDGE_OK) {
+                    char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
+                    bad++;
+                    if (!cli->json)
+                        printf("corrupt: prefix %s layer %u head %u: %s\n",
+                               kvedge_chunk_id_hex(&all[i].chunk.id, hex), layer, h,
+                               kvedge_strerror(st));
+                }
+            }
+        }
+    }
+    free(buf);
+    free(out);
+    free(rc == KVEDGE_OK || n ? all : NULL);
+    kvedge_client_destroy(&c);
+    if (rc != KVEDGE_OK)
+        return s_fail("verify", rc);
+    if (cli->json)
+        printf("{\"checked\":%llu,\"corrupt\":%llu}\n", (unsigned long long)checked,
+               (unsigned long long)bad);
+    else
+        printf("verified %llu blocks over the network: %llu ok, %llu corrupt\n",
+               (unsigned long long)checked, (unsigned long long)(checked - bad),
+               (unsigned long long)bad);
+    return bad ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
+}
+
+/* pin/unpin a prefix: the chunk and every chunk above it in its chain; delete: the chunk and
+ * every chunk below it (the node follows the chain down). */
+static int s_r_chain(kvedge_cli_t *cli, int argc, char **argv, int op)
+{
+    if (argc != 2) {
+        kvedge_cli_error("%s: expected one PREFIX", argv[0]);
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    kvedge_chunk_entry_t e;
+    if ((ex = s_resolve(cli, c, argv[1], &e)) != 0) {
+        kvedge_client_destroy(&c);
+        return ex;
+    }
+    kvedge_chunk_id_t ids[KVEDGE_MODEL_MAX_LAYERS];
+    size_t n = 0;
+    ids[n++] = e.chunk.id;
+    if (op != 0) { /* walk up the chain through LIST entries */
+        kvedge_chunk_entry_t *all;
+        size_t na;
+        if (s_list_all(c, &all, &na) == KVEDGE_OK) {
+            kvedge_chunk_entry_t cur = e;
+            while (cur.chunk.has_parent && n < sizeof ids / sizeof ids[0]) {
+                size_t j = 0;
+                while (j < na && memcmp(&all[j].chunk.id, &cur.chunk.parent, sizeof ids[0]) != 0)
+                    j++;
+                if (j == na)
+                    break;
+                cur = all[j];
+                ids[n++] = cur.chunk.id;
+            }
+            free(all);
+        }
+    }
+    uint32_t changed[KVEDGE_MODEL_MAX_LAYERS];
+    int rc = op == 0 ? kvedge_client_delete(c, ids, 1, changed)
+                     : kvedge_client_pin(c, ids, n, op > 0, changed);
+    kvedge_client_destroy(&c);
+    if (rc != KVEDGE_OK)
+        return s_fail(argv[0], rc);
+    uint64_t total = 0;
+    for (size_t i = 0; i < (op == 0 ? 1 : n); i++)
+        total += changed[i];
+    const char *verb = op == 0 ? "deleted" : op > 0 ? "pinned" : "unpinned";
+    if (cli->json)
+        printf("{\"%s\":%llu,\"chunks\":%zu}\n", verb, (unsigned long long)total,
+               op == 0 ? (size_t)1 : n);
+    else
+        printf("%s %llu blocks in %zu chunks\n", verb, (unsigned long long)total,
+               op == 0 ? (size_t)1 : n);
+    return KVEDGE_EXIT_OK;
+}
+
+static int s_r_pin(kvedge_cli_t *cli, int argc, char **argv)
+{
+    return s_r_chain(cli, argc, argv, 1);
+}
+
+static int s_r_unpin(kvedge_cli_t *cli, int argc, char **argv)
+{
+    return s_r_chain(cli, argc, argv, -1);
+}
+
+static int s_r_delete(kvedge_cli_t *cli, int argc, char **argv)
+{
+    return s_r_chain(cli, argc, argv, 0);
+}
+
+static int s_r_ping(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"count", required_argument, NULL, 'c'},
+                                         {"size", required_argument, NULL, 's'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    uint64_t count = S_PING_ROUNDS, size = 4u << 20;
+    int ch;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
+        if (ch == 'c' && kvedge_cli_parse_u64(optarg, 1, 100000, &count) == 0)
+            continue;
+        if (ch == 's' && kvedge_cli_parse_size(optarg, &size) == 0 && size <= (16u << 20))
+            continue;
+        if (ch == 'h') {
+            printf("usage: kvedge -H EP ping [--count N] [--size SIZE]\n\n"
+                   "Round-trip latency (empty PINGs) and measured bandwidth (PINGs of SIZE\n"
+                   "bytes, default 4M, at most 16M): medians over N rounds (default 20).\n");
+            return KVEDGE_EXIT_OK;
+        }
+        kvedge_cli_error("ping: bad option '%s'", argv[optind - 1]);
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    double *rtt = calloc(count, sizeof *rtt), *bw = calloc(count, sizeof *bw);
+    int rc = rtt && bw ? KVEDGE_OK : KVEDGE_ENOMEM;
+    for (uint64_t i = 0; rc == KVEDGE_OK && i < count; i++) {
+        rc = kvedge_client_ping(c, 0, &rtt[i], NULL);
+        if (rc == KVEDGE_OK)
+            rc = kvedge_client_ping(c, size, NULL, &bw[i]);
+    }
+    kvedge_client_destroy(&c);
+    if (rc != KVEDGE_OK) {
+        free(rtt);
+        free(bw);
+        return s_fail("ping", rc);
+    }
+    /* medians: these links are noisy */
+    for (uint64_t i = 1; i < count; i++)
+        for (uint64_t j = i; j > 0 && rtt[j] < rtt[j - 1]; j--) {
+            double t = rtt[j];
+            rtt[j] = rtt[j - 1];
+            rtt[j - 1] = t;
+        }
+    for (uint64_t i = 1; i < count; i++)
+        for (uint64_t j = i; j > 0 && bw[j] < bw[j - 1]; j--) {
+            double t = bw[j];
+            bw[j] = bw[j - 1];
+            bw[j - 1] = t;
+        }
+    double rtt_med = rtt[count / 2], bw_med = bw[count / 2];
+    if (cli->json)
+        printf("{\"rtt_us_p50\":%.1f,\"rtt_us_min\":%.1f,\"bandwidth_bytes_per_s_p50\":%.0f,"
+               "\"rounds\":%llu,\"size\":%llu}\n",
+               rtt_med, rtt[0], bw_med, (unsigned long long)count, (unsigned long long)size);
+    else
+        printf("%s: rtt p50 %.1f us (min %.1f us), bandwidth p50 %.1f MB/s with %llu-byte "
+               "payloads, %llu rounds\n",
+               cli->host, rtt_med, rtt[0], bw_med / 1e6, (unsigned long long)size,
+               (unsigned long long)count);
+    free(rtt);
+    free(bw);
+    return KVEDGE_EXIT_OK;
+}
+
+static int s_r_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"tokens", required_argument, NULL, 't'},
+                                         {"scheme", required_argument, NULL, 's'},
+                                         {"seed", required_argument, NULL, 'S'},
+                                         {"pin", no_argument, NULL, 'p'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *model_id = NULL;
+    uint64_t tokens = 1024, seed = 1;
+    kvedge_scheme_t scheme = KVEDGE_SCHEME_INT8;
+    bool pin = false;
+    int ch;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "m:t:s:S:h", opts, NULL)) != -1) {
+        bool bad = false;
+        switch (ch) {
+        case 'm':
+            model_id = optarg;
+            break;
+        case 't':
+            bad = kvedge_cli_parse_u64(optarg, 1, 1u << 20, &tokens) != 0;
+            break;
+        case 's':
+            bad = kvedge_scheme_parse(optarg, &scheme) != 0;
+            break;
+        case 'S':
+            bad = kvedge_cli_parse_u64(optarg, 0, UINT64_MAX, &seed) != 0;
+            break;
+        case 'p':
+            pin = true;
+            break;
+        case 'h':
+            printf("usage: kvedge -H EP put-synthetic --model ID [--tokens N] [--scheme S] "
+                   "[--seed N] [--pin]\n\nStores a synthetic KV cache on the node (chunk ids "
+                   "with an empty salt: the node\nnamespaces them to this client's tenant).\n");
+            return KVEDGE_EXIT_OK;
+        default:
+            bad = true;
+            break;
+        }
+        if (bad) {
+            kvedge_cli_error("put-synthetic: bad option or value '%s'", argv[optind - 1]);
+            return KVEDGE_EXIT_USAGE;
+        }
+    }
+    kvedge_model_t m;
+    if (!model_id || kvedge_model_builtin(model_id, &m) != KVEDGE_OK) {
+        kvedge_cli_error("put-synthetic: --model must name a built-in model (see kvedge models)");
+        return model_id ? KVEDGE_EXIT_NOTFOUND : KVEDGE_EXIT_USAGE;
+    }
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    const uint32_t C = KVEDGE_CHUNK_TOKENS_DEFAULT, D = m.head_dim;
+    const uint32_t n_chunks = (uint32_t)((tokens + C - 1) / C);
+    const size_t es = kvedge_dtype_size(m.dtype);
+    uint32_t *tok = malloc(sizeof *tok * tokens);
+    kvedge_chunk_id_t *ids = malloc(sizeof *ids * n_chunks);
+    uint8_t *k = malloc((size_t)C * D * es), *v = malloc((size_t)C * D * es);
+    kvedge_block_spec_t spec = {
+        m.dtype, scheme, C, m.head_dim, (uint16_t)(scheme == KVEDGE_SCHEME_INT4 ? 32 : 0),
+        NULL,    true};
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    uint8_t *blocks = malloc(cap * m.kv_heads);
+    kvedge_put_item_t *items = calloc(m.kv_heads, sizeof *items);
+    int rc = tok && ids && k && v && blocks && items ? KVEDGE_OK : KVEDGE_ENOMEM;
+    kvedge_rng_t r;
+    kvedge_rng_seed(&r, seed);
+    for (uint64_t i = 0; rc == KVEDGE_OK && i < tokens; i++)
+        tok[i] = (uint32_t)(kvedge_rng_next(&r) % S_VOCAB_SIZE);
+    if (rc == KVEDGE_OK) {
+        int got = kvedge_chunk_chain(NULL, 0, m.id, tok, tokens, C, ids, n_chunks);
+        rc = got < 0 ? got : KVEDGE_OK;
+    }
+    uint64_t stored = 0, fp16 = 0, nblocks = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (uint32_t ci = 0; rc == KVEDGE_OK && ci < n_chunks; ci++) {
+        uint32_t nt = (uint32_t)(tokens - (uint64_t)ci * C < C ? tokens - (uint64_t)ci * C : C);
+        spec.tokens = nt;
+        for (uint32_t l = 0; rc == KVEDGE_OK && l < m.layers; l++) {
+            size_t off = 0;
+            for (uint32_t h = 0; rc == KVEDGE_OK && h < m.kv_heads; h++) {
+                uint64_t hs = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)l << 32 | h);
+                rc = kvedge_synth_head(hs, ci * C, nt, D, m.dtype, k, v);
+                size_t len = 0;
+                if (rc == KVEDGE_OK)
+                    rc = kvedge_block_encode(&spec, k, v, blocks + off, cap, &len);
+                kvedge_put_item_t *it = &items[h];
+                memset(it, 0, sizeof *it);
+                it->chunk.id = ids[ci];
+                it->chunk.has_parent = ci > 0;
+                if (ci > 0)
+                    it->chunk.parent = ids[ci - 1];
+                snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%s", m.id);
+                it->chunk.index = ci;
+                it->chunk.tokens = nt;
+                it->layer = (uint16_t)l;
+                it->head = (uint16_t)h;
+                it->block = blocks + off;
+                it->len = len;
+                it->pin = pin;
+                off += (len + 7) & ~(size_t)7;
+                stored += len;
+                fp16 += kvedge_block_fp16_bytes(nt, m.head_dim);
+            }
+            if (rc == KVEDGE_OK)
+                rc = kvedge_client_put(c, items, m.kv_heads, NULL); /* one layer per call */
+            nblocks += m.kv_heads;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    kvedge_client_destroy(&c);
+    if (rc == KVEDGE_OK) {
+        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
+        kvedge_chunk_id_hex(&ids[n_chunks - 1], hex);
+        if (cli->json)
+            printf("{\"prefix\":\"%s\",\"blocks\":%llu,\"chunks\":%u,\"bytes\":%llu,"
+                   "\"fp16_bytes\":%llu,\"seconds\":%.3f}\n",
+                   hex, (unsigned long long)nblocks, n_chunks, (unsigned long long)stored,
+                   (unsigned long long)fp16, secs);
+        else
+            printf("put %llu blocks of %s to %s: %s for %s fp16 in %.2f s\nprefix %s\n",
+                   (unsigned long long)nblocks, m.id, cli->host, kvedge_cli_bytes(stored, b1, 32),
+                   kvedge_cli_bytes(fp16, b2, 32), secs, hex);
+    }
+    free(tok);
+    free(ids);
+    free(k);
+    free(v);
+    free(blocks);
+    free(items);
+    return rc == KVEDGE_OK ? KVEDGE_EXIT_OK : s_fail("put-synthetic", rc);
+}
+
+static int s_r_local_only(kvedge_cli_t *cli, int argc, char **argv)
+{
+    (void)cli;
+    (void)argc;
+    kvedge_cli_error("%s changes the whole store and runs on the node's host: kvedge --data DIR "
+                     "%s (remote clients are confined to their tenant)",
+                     argv[0], argv[0]);
+    return KVEDGE_EXIT_USAGE;
+}
+
+const kvedge_cli_cmd_t kvedge_cli_remote_cmds[] = {
+    {"inspect", s_r_inspect, "", "Summarize this tenant on the node, and the node."},
+    {"ls", s_r_ls, "", "List this tenant's prefix chunks."},
+    {"show", s_r_show, "PREFIX [--layer L]", "Fetch and verify every block of a prefix chunk."},
+    {"put-synthetic", s_r_put_synthetic, "--model ID [...]", "Store a synthetic KV cache."},
+    {"verify", s_r_verify, "", "Fetch and verify every block of this tenant."},
+    {"evict", s_r_local_only, "", "(runs on the node's host)"},
+    {"pin", s_r_pin, "PREFIX", "Pin a prefix and its chain."},
+    {"unpin", s_r_unpin, "PREFIX", "Unpin a prefix and its chain."},
+    {"delete", s_r_delete, "PREFIX", "Delete a prefix chunk and the chunks below it."},
+    {"stat", s_r_stat, "", "Node statistics."},
+    {"ping", s_r_ping, "[--count N] [--size SIZE]", "Round-trip latency and bandwidth."},
+    {NULL, NULL, NULL, NULL},
+};

@@ -1,0 +1,1398 @@
+/* libkvedge (clients/kvedge.h): the reference client of the kvedge wire protocol
+ * (docs/protocol.md).
+ *
+ * Public calls build a request in the caller's thread (payload frames copied there, so the
+ * caller's memory is never touched after the call returns) and hand its pointer to one I/O
+ * actor that owns the DEALER socket. The actor assigns request ids, sends, matches replies by
+ * id, validates every message with the access/frame.h codec, runs GET_LAYER streams with
+ * credit flow control and completes expired requests on its own timer, so a call returns by
+ * its deadline whatever the node does. Synchronous calls wait on a per-request future.
+ *
+ * Credit policy: a stream starts with the client's credit (opts.credit, at most the node's
+ * max_credit). Each data message consumed (after on_block returns) is owed back to the node;
+ * owed credit is granted in one CREDIT per stream after each drain of the socket (at most
+ * S_DRAIN_MAX messages), so the node keeps about `credit` messages in flight with one CREDIT
+ * per wakeup rather than one per block. */
+#include "clients/kvedge.h"
+
+#include <czmq.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "access/frame.h"
+#include "access/server.h" /* heartbeat constants, shared with the node */
+
+#define S_WAIT_MARGIN_MS  250         /* a caller waits this long past its deadline */
+#define S_PUT_BATCH_BYTES (64u << 20) /* payload bytes per PUT message (one item may be more) */
+#define S_PUT_PIPELINE    4           /* PUT messages of one call in flight */
+#define S_GET_PIPELINE    2           /* GET messages of one call in flight */
+#define S_DRAIN_MAX       256         /* messages read per wakeup before credit goes out */
+#define S_PIPE_MAX        64          /* requests taken from the pipe per wakeup */
+/* Requests waiting in the pipe before calls fail with KVEDGE_EBUSY: well under the pipe's
+ * high-water mark (czmq's default 1000), so destroy's $TERM always finds room. */
+#define S_PIPE_QUEUED_MAX 512
+#define S_PING_TINY_BYTES 8 /* payload of the latency ping */
+#define S_NAME_DEFAULT    "libkvedge"
+#define S_Z85_KEY_CHARS   40
+#define S_STATUS_BYTES    4
+
+/* ---------------------------------------------------------------- clocks */
+
+static int64_t s_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int64_t s_now_ms(void)
+{
+    return s_now_us() / 1000;
+}
+
+/* Milliseconds left until an absolute deadline, as the header's deadline field wants it. */
+static uint32_t s_left_ms(int64_t deadline_ms)
+{
+    int64_t left = deadline_ms - s_now_ms();
+    if (left < 1)
+        return 1;
+    return left > KVEDGE_WIRE_MAX_DEADLINE_MS ? KVEDGE_WIRE_MAX_DEADLINE_MS : (uint32_t)left;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+typedef struct s_req_t s_req_t;
+struct s_req_t {
+    /* What to send; filled in by the calling thread. */
+    uint8_t opcode;
+    uint32_t count;      /* header count */
+    uint32_t credit;     /* GET_LAYER: initial credit */
+    int64_t deadline_ms; /* absolute, monotonic */
+    zmsg_t *payload;     /* payload frames; the I/O thread sends them */
+    /* A GET_LAYER stream: callbacks and flow control (I/O thread only). */
+    bool stream;
+    kvedge_block_fn *on_block;
+    kvedge_done_fn *on_done;
+    void *ctx;
+    uint32_t n_chunks;
+    uint32_t outstanding; /* data messages the node may still send */
+    uint32_t owed;        /* consumed, not yet granted back */
+    uint32_t received;    /* data messages delivered */
+    uint32_t heads;       /* the model's KV heads, once the stream has shown them */
+    uint32_t last_chunk;  /* position of the last data message */
+    uint16_t last_head;
+    /* I/O thread bookkeeping. */
+    uint64_t id;     /* 0 until sent */
+    int64_t sent_us; /* when the request left */
+    int64_t done_us; /* when its reply arrived */
+    /* The result of a unary request. */
+    int status;
+    kvedge_wire_header_t rh; /* reply header */
+    zmsg_t *reply;           /* reply payload frames */
+    /* Completion: the caller waits, the I/O thread completes; the last to let go frees. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int refs;
+};
+
+static s_req_t *s_req_new(uint8_t opcode, uint32_t count, int64_t deadline_ms)
+{
+    s_req_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->opcode = opcode;
+    r->count = count;
+    r->deadline_ms = deadline_ms;
+    r->refs = 1;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return r;
+}
+
+static void s_req_free(s_req_t *r)
+{
+    zmsg_destroy(&r->payload);
+    zmsg_destroy(&r->reply);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* Drops one reference; frees on the last. */
+static void s_req_release(s_req_t *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    bool last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (last)
+        s_req_free(r);
+}
+
+/* I/O thread: publishes the result of a unary request and lets go of it. */
+static void s_req_complete(s_req_t *r, int status)
+{
+    pthread_mutex_lock(&r->mu);
+    r->status = status;
+    r->done = true;
+    pthread_cond_signal(&r->cv);
+    bool last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (last)
+        s_req_free(r);
+}
+
+/* Caller: waits for completion until the deadline plus a margin. The I/O thread completes
+ * every request by its deadline; the margin only covers an I/O thread held up in a user
+ * callback, and then the caller gives up with KVEDGE_ETIMEDOUT. */
+static int s_req_wait(s_req_t *r)
+{
+    int64_t until = r->deadline_ms + S_WAIT_MARGIN_MS;
+    struct timespec ts = {(time_t)(until / 1000), (long)(until % 1000) * 1000000};
+    pthread_mutex_lock(&r->mu);
+    while (!r->done)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT)
+            break;
+    int status = r->done ? r->status : KVEDGE_ETIMEDOUT;
+    pthread_mutex_unlock(&r->mu);
+    return status;
+}
+
+/* ---------------------------------------------------------------- the I/O actor */
+
+/* The actor's state; owned by the client, used only by the actor thread after setup. */
+typedef struct {
+    char *endpoint; /* copies of the options */
+    char *server_key;
+    char *client_cert;
+    int setup_rc;      /* result of s_io_setup, read by connect */
+    atomic_int queued; /* requests sent into the pipe, not yet taken by the actor */
+    zsock_t *dealer;
+    zhashx_t *inflight; /* request id -> s_req_t */
+    uint64_t next_id;
+    int64_t next_deadline;     /* earliest deadline in flight (may be stale early), or INT64_MAX */
+    uint64_t due[S_DRAIN_MAX]; /* streams owed credit in this drain */
+    size_t n_due;
+    kvedge_wire_frame_t frames[KVEDGE_WIRE_MAX_FRAMES];
+} s_io_t;
+
+static size_t s_id_hash(const void *key)
+{
+    uint64_t x = (uint64_t)(uintptr_t)key;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static int s_id_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y ? -1 : x > y;
+}
+
+#define S_KEY(id) ((const void *)(uintptr_t)(id))
+
+/* Node's public key: a certificate file when one exists at that path, else 40 chars of Z85. */
+static int s_server_key(const char *key, char out[S_Z85_KEY_CHARS + 1])
+{
+    if (zsys_file_exists(key)) {
+        zcert_t *cert = zcert_load(key);
+        if (!cert)
+            return KVEDGE_EIO;
+        snprintf(out, S_Z85_KEY_CHARS + 1, "%s", zcert_public_txt(cert));
+        zcert_destroy(&cert);
+        return KVEDGE_OK;
+    }
+    uint8_t bin[32];
+    if (strlen(key) != S_Z85_KEY_CHARS)
+        return KVEDGE_EIO; /* not a key, so a path to a missing file */
+    if (!zmq_z85_decode(bin, key))
+        return KVEDGE_EINVAL;
+    memcpy(out, key, S_Z85_KEY_CHARS + 1);
+    return KVEDGE_OK;
+}
+
+static bool s_all_zero_txt(const char *txt)
+{
+    for (; *txt; txt++)
+        if (*txt != '0')
+            return false;
+    return true;
+}
+
+static int s_io_setup(s_io_t *io)
+{
+    io->inflight = zhashx_new();
+    io->dealer = zsock_new(ZMQ_DEALER);
+    if (!io->inflight || !io->dealer)
+        return KVEDGE_ENOMEM;
+    zhashx_set_key_hasher(io->inflight, s_id_hash);
+    zhashx_set_key_comparator(io->inflight, s_id_cmp);
+    zhashx_set_key_duplicator(io->inflight, NULL);
+    zhashx_set_key_destructor(io->inflight, NULL);
+    io->next_deadline = INT64_MAX;
+
+    zsock_t *d = io->dealer;
+    zsock_set_linger(d, 0);
+    zsock_set_immediate(d, 0);
+    zsock_set_sndtimeo(d, 0); /* a full queue fails the request; never blocks the actor */
+    zsock_set_heartbeat_ivl(d, KVEDGE_HEARTBEAT_IVL_MS);
+    zsock_set_heartbeat_timeout(d, KVEDGE_HEARTBEAT_TIMEOUT_MS);
+    zsock_set_maxmsgsize(d, (int)KVEDGE_WIRE_MAX_FRAME_BYTES);
+    if (io->server_key) {
+        if (!zsys_has_curve())
+            return KVEDGE_EDENIED;
+        char server_pub[S_Z85_KEY_CHARS + 1];
+        int rc = s_server_key(io->server_key, server_pub);
+        if (rc != KVEDGE_OK)
+            return rc;
+        zcert_t *mine = zcert_load(io->client_cert);
+        if (!mine)
+            return KVEDGE_EIO;
+        if (s_all_zero_txt(zcert_secret_txt(mine))) {
+            zcert_destroy(&mine); /* a public certificate: no secret key to prove who we are */
+            return KVEDGE_EIO;
+        }
+        zcert_apply(mine, d);
+        zcert_destroy(&mine);
+        zsock_set_curve_serverkey(d, server_pub);
+    }
+    if (zsock_connect(d, "%s", io->endpoint) != 0)
+        return KVEDGE_EINVAL;
+    return KVEDGE_OK;
+}
+
+static void s_send_header(s_io_t *io, uint8_t opcode, uint64_t id, uint32_t credit,
+                          int64_t deadline_ms)
+{
+    kvedge_wire_header_t h = {.version = KVEDGE_WIRE_VERSION,
+                              .opcode = opcode,
+                              .request_id = id,
+                              .credit = credit,
+                              .deadline_ms = s_left_ms(deadline_ms)};
+    uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
+    kvedge_wire_header_pack(&h, buf);
+    zmq_send(zsock_resolve(io->dealer), buf, sizeof buf, ZMQ_DONTWAIT); /* best effort */
+}
+
+/* Ends a request: out of the table; a stream hears on_done (after a CANCEL when the node may
+ * still be sending), a unary request's caller is woken. */
+static void s_finish(s_io_t *io, s_req_t *r, int status, bool cancel)
+{
+    if (r->id)
+        zhashx_delete(io->inflight, S_KEY(r->id));
+    if (!r->stream) {
+        s_req_complete(r, status);
+        return;
+    }
+    if (cancel && r->id)
+        s_send_header(io, KVEDGE_OP_CANCEL, r->id, 0, r->deadline_ms);
+    if (r->on_done)
+        r->on_done(r->ctx, status, r->received);
+    s_req_free(r);
+}
+
+/* A request handed over by a caller: numbered, sent, tracked. */
+static void s_io_submit(s_io_t *io, s_req_t *r)
+{
+    if (s_now_ms() >= r->deadline_ms) {
+        s_finish(io, r, KVEDGE_ETIMEDOUT, false);
+        return;
+    }
+    zmsg_t *m = r->payload ? r->payload : zmsg_new();
+    r->payload = NULL;
+    r->id = ++io->next_id;
+    kvedge_wire_header_t h = {.version = KVEDGE_WIRE_VERSION,
+                              .opcode = r->opcode,
+                              .request_id = r->id,
+                              .count = r->count,
+                              .credit = r->credit,
+                              .deadline_ms = s_left_ms(r->deadline_ms)};
+    uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
+    kvedge_wire_header_pack(&h, buf);
+    if (!m || zmsg_pushmem(m, buf, sizeof buf) != 0) {
+        zmsg_destroy(&m);
+        r->id = 0;
+        s_finish(io, r, KVEDGE_ENOMEM, false);
+        return;
+    }
+    r->sent_us = s_now_us();
+    if (zmsg_send(&m, io->dealer) != 0) {
+        /* The queue to the node is full (it is gone or stalled): fail now rather than
+         * block the actor; nothing of this message was sent. */
+        zmsg_destroy(&m);
+        r->id = 0;
+        s_finish(io, r, KVEDGE_EBUSY, false);
+        return;
+    }
+    r->outstanding = r->credit;
+    zhashx_insert(io->inflight, S_KEY(r->id), r);
+    if (r->deadline_ms < io->next_deadline)
+        io->next_deadline = r->deadline_ms;
+}
+
+/* One GET_LAYER message of stream r (already validated). Data messages must come in
+ * (chunk, head) order within the credit granted; anything else fails the stream. */
+static void s_io_stream(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, size_t nframes)
+{
+    if (h->flags & KVEDGE_WIRE_FLAG_END) {
+        int status = h->status;
+        if (status == KVEDGE_OK && h->count != r->received)
+            status = KVEDGE_EPROTO;
+        if (status == KVEDGE_OK && r->received > 0) {
+            /* Complete: every head of every chunk, so the last one is (n - 1, H - 1). */
+            uint32_t heads = r->received / r->n_chunks;
+            if (r->received % r->n_chunks != 0 || (r->heads && r->heads != heads) ||
+                r->last_chunk != r->n_chunks - 1 || (uint32_t)r->last_head + 1 != heads)
+                status = KVEDGE_EPROTO;
+        }
+        s_finish(io, r, status, false);
+        return;
+    }
+    kvedge_wire_stream_hdr_t s;
+    if (kvedge_wire_stream_hdr_parse(io->frames[0].data, io->frames[0].len, &s) != KVEDGE_OK ||
+        r->outstanding == 0 || s.chunk_index >= r->n_chunks) {
+        s_finish(io, r, KVEDGE_EPROTO, true);
+        return;
+    }
+    bool in_order;
+    if (r->received == 0)
+        in_order = s.chunk_index == 0 && s.head == 0;
+    else if (s.chunk_index == r->last_chunk)
+        in_order = s.head == r->last_head + 1 && (r->heads == 0 || s.head < r->heads);
+    else
+        in_order = s.chunk_index == r->last_chunk + 1 && s.head == 0 &&
+                   (r->heads == 0 || r->heads == (uint32_t)r->last_head + 1);
+    if (!in_order) {
+        s_finish(io, r, KVEDGE_EPROTO, true);
+        return;
+    }
+    if (s.chunk_index != r->last_chunk && r->heads == 0)
+        r->heads = (uint32_t)r->last_head + 1;
+    r->last_chunk = s.chunk_index;
+    r->last_head = s.head;
+    r->outstanding--;
+    r->received++;
+    if (r->owed++ == 0 && io->n_due < S_DRAIN_MAX)
+        io->due[io->n_due++] = r->id;
+    const uint8_t *data = nframes == 2 ? io->frames[1].data : NULL;
+    size_t len = nframes == 2 ? io->frames[1].len : 0;
+    if (r->on_block)
+        r->on_block(r->ctx, s.chunk_index, s.head, s.status, data, len);
+}
+
+/* One message from the node. Unknown request ids are dropped; a malformed message fails its
+ * request. Consumes m. */
+static void s_io_message(s_io_t *io, zmsg_t *m)
+{
+    zframe_t *hf = zmsg_pop(m);
+    kvedge_wire_header_t h;
+    memset(&h, 0, sizeof h);
+    /* A header that is not even readable yields id 0, which no request has. */
+    int rc = hf ? kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h) : KVEDGE_EPROTO;
+    zframe_destroy(&hf);
+    s_req_t *r = h.request_id ? zhashx_lookup(io->inflight, S_KEY(h.request_id)) : NULL;
+    if (!r) {
+        zmsg_destroy(&m);
+        return;
+    }
+    size_t n = zmsg_size(m);
+    if (rc == KVEDGE_OK && (!(h.flags & KVEDGE_WIRE_FLAG_REPLY) || h.opcode != r->opcode ||
+                            n > KVEDGE_WIRE_MAX_FRAMES))
+        rc = KVEDGE_EPROTO;
+    if (rc == KVEDGE_OK) {
+        size_t i = 0;
+        for (zframe_t *f = zmsg_first(m); f; f = zmsg_next(m), i++) {
+            io->frames[i].data = zframe_data(f);
+            io->frames[i].len = zframe_size(f);
+        }
+        rc = kvedge_wire_validate(&h, io->frames, n);
+    }
+    if (rc != KVEDGE_OK) {
+        zmsg_destroy(&m);
+        s_finish(io, r, rc, r->stream);
+        return;
+    }
+    if (r->stream) {
+        s_io_stream(io, r, &h, n);
+        zmsg_destroy(&m);
+        return;
+    }
+    r->done_us = s_now_us();
+    r->rh = h;
+    r->reply = m;
+    s_finish(io, r, h.status, false);
+}
+
+/* Grants back what each stream consumed in this drain, in one CREDIT per stream. */
+static void s_io_flush_credit(s_io_t *io)
+{
+    for (size_t i = 0; i < io->n_due; i++) {
+        s_req_t *r = zhashx_lookup(io->inflight, S_KEY(io->due[i]));
+        if (!r || r->owed == 0)
+            continue; /* ended in the meantime */
+        uint32_t grant = r->owed > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : r->owed;
+        s_send_header(io, KVEDGE_OP_CREDIT, r->id, grant, r->deadline_ms);
+        r->outstanding += grant;
+        r->owed -= grant;
+    }
+    io->n_due = 0;
+}
+
+static void s_io_drain(s_io_t *io)
+{
+    for (int i = 0; i < S_DRAIN_MAX && (zsock_events(io->dealer) & ZMQ_POLLIN); i++) {
+        zmsg_t *m = zmsg_recv(io->dealer);
+        if (!m)
+            break;
+        s_io_message(io, m);
+    }
+    s_io_flush_credit(io);
+}
+
+/* Ends every request whose deadline has passed, or (all) every request with status. */
+static void s_io_expire(s_io_t *io, bool all, int status)
+{
+    int64_t now = s_now_ms();
+    if (!all && now < io->next_deadline)
+        return;
+    zlistx_t *ended = zlistx_new();
+    int64_t next = INT64_MAX;
+    for (s_req_t *r = zhashx_first(io->inflight); r; r = zhashx_next(io->inflight)) {
+        if (all || now >= r->deadline_ms)
+            zlistx_add_end(ended, r);
+        else if (r->deadline_ms < next)
+            next = r->deadline_ms;
+    }
+    io->next_deadline = next;
+    for (s_req_t *r = zlistx_first(ended); r; r = zlistx_next(ended))
+        s_finish(io, r, status, true);
+    zlistx_destroy(&ended);
+}
+
+/* Takes requests from the pipe; returns false on $TERM. */
+static bool s_io_pipe(s_io_t *io, zsock_t *pipe, bool closing)
+{
+    void *h = zsock_resolve(pipe);
+    for (int i = 0; i < S_PIPE_MAX; i++) {
+        char buf[16];
+        int n = zmq_recv(h, buf, sizeof buf, ZMQ_DONTWAIT);
+        if (n < 0)
+            break;
+        if (n == (int)sizeof(s_req_t *)) {
+            s_req_t *r;
+            memcpy(&r, buf, sizeof r);
+            atomic_fetch_sub(&io->queued, 1);
+            if (closing)
+                s_finish(io, r, KVEDGE_ECLOSED, false);
+            else
+                s_io_submit(io, r);
+        } else if (n == 5 && memcmp(buf, "$TERM", 5) == 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void s_io_teardown(s_io_t *io)
+{
+    zsock_destroy(&io->dealer);
+    zhashx_destroy(&io->inflight);
+}
+
+static void s_actor(zsock_t *pipe, void *args)
+{
+    s_io_t *io = args;
+    io->setup_rc = s_io_setup(io);
+    zsock_signal(pipe, 0);
+    if (io->setup_rc != KVEDGE_OK) {
+        s_io_teardown(io);
+        char *cmd;
+        while ((cmd = zstr_recv(pipe)) != NULL) { /* hold until connect has read the error */
+            bool term = streq(cmd, "$TERM");
+            zstr_free(&cmd);
+            if (term)
+                break;
+        }
+        return;
+    }
+    zpoller_t *poller = zpoller_new(pipe, io->dealer, NULL);
+    if (poller)
+        zpoller_set_nonstop(poller, true); /* the application's signals are not ours */
+    bool running = poller != NULL;
+    while (running) {
+        int timeout = -1;
+        if (io->next_deadline != INT64_MAX) {
+            int64_t left = io->next_deadline - s_now_ms();
+            /* + 1: wake just after the deadline's millisecond, not spin through it */
+            timeout = left < 0 ? 0 : left >= INT_MAX ? INT_MAX : (int)left + 1;
+        }
+        zpoller_wait(poller, timeout);
+        if (zpoller_terminated(poller))
+            break; /* the ZeroMQ context is going away */
+        running = s_io_pipe(io, pipe, false);
+        s_io_drain(io);
+        s_io_expire(io, false, KVEDGE_ETIMEDOUT);
+    }
+    s_io_expire(io, true, KVEDGE_ECLOSED);
+    s_io_pipe(io, pipe, true); /* requests that raced with destroy */
+    zpoller_destroy(&poller);
+    s_io_teardown(io);
+}
+
+/* ---------------------------------------------------------------- the client */
+
+struct kvedge_client_t {
+    zactor_t *actor;         /* the I/O thread */
+    pthread_mutex_t pipe_mu; /* zsock pipes are not thread-safe */
+    bool closing;            /* destroy has begun: no more sends (under pipe_mu) */
+    s_io_t *io;              /* the actor's state, freed after the actor stopped */
+    kvedge_node_info_t node; /* HELLO answer */
+    uint32_t max_frame;      /* the node's limits from HELLO */
+    uint32_t max_items;
+    uint32_t max_chunks;
+    uint32_t credit; /* initial credit of a stream */
+    int deadline_ms; /* default deadline */
+};
+
+static int64_t s_deadline(const kvedge_client_t *c, int deadline_ms)
+{
+    return s_now_ms() + (deadline_ms > 0 ? deadline_ms : c->deadline_ms);
+}
+
+/* Hands r to the I/O thread, which from now on holds a reference. On failure r is freed. */
+static int s_submit(kvedge_client_t *c, s_req_t *r)
+{
+    if (!r->stream)
+        r->refs = 2;
+    int n = -1, err = 0;
+    pthread_mutex_lock(&c->pipe_mu);
+    if (c->closing) {
+        err = KVEDGE_ECLOSED;
+    } else if (atomic_fetch_add(&c->io->queued, 1) >= S_PIPE_QUEUED_MAX) {
+        err = KVEDGE_EBUSY; /* the I/O thread is that far behind (held up in a callback) */
+    } else {
+        zsock_t *pipe = zactor_sock(c->actor);
+        zsock_set_sndtimeo(pipe, (int)s_left_ms(r->deadline_ms));
+        do {
+            n = zmq_send(zsock_resolve(pipe), &r, sizeof r, 0);
+        } while (n < 0 && zmq_errno() == EINTR);
+        if (n != (int)sizeof r)
+            err = zmq_errno() == EAGAIN ? KVEDGE_ETIMEDOUT : KVEDGE_ECLOSED;
+    }
+    if (err)
+        atomic_fetch_sub(&c->io->queued, 1);
+    pthread_mutex_unlock(&c->pipe_mu);
+    if (!err)
+        return KVEDGE_OK;
+    s_req_free(r);
+    return err;
+}
+
+/* Sends a unary request and waits. On 0, r holds the reply; the caller releases r. On error,
+ * r has been released. */
+static int s_call(kvedge_client_t *c, s_req_t *r)
+{
+    int rc = s_submit(c, r);
+    if (rc != KVEDGE_OK)
+        return rc;
+    rc = s_req_wait(r);
+    if (rc != KVEDGE_OK)
+        s_req_release(r);
+    return rc;
+}
+
+/* A request with one payload frame of len bytes (copied from data, or zeroed when data is
+ * NULL); *frame receives its bytes for filling in. */
+static s_req_t *s_req_frame(uint8_t opcode, uint32_t count, int64_t deadline, const void *data,
+                            size_t len, uint8_t **frame)
+{
+    s_req_t *r = s_req_new(opcode, count, deadline);
+    zmsg_t *m = zmsg_new();
+    zframe_t *f = zframe_new(data, len);
+    if (!r || !m || !f) {
+        zframe_destroy(&f);
+        zmsg_destroy(&m);
+        if (r)
+            s_req_free(r);
+        return NULL;
+    }
+    if (!data && len)
+        memset(zframe_data(f), 0, len);
+    if (frame)
+        *frame = zframe_data(f);
+    zmsg_append(m, &f);
+    r->payload = m;
+    return r;
+}
+
+void kvedge_client_opts_default(kvedge_client_opts_t *opts)
+{
+    if (!opts)
+        return;
+    memset(opts, 0, sizeof *opts);
+    opts->deadline_ms = KVEDGE_CLIENT_DEADLINE_MS_DEFAULT;
+    opts->credit = KVEDGE_CLIENT_CREDIT_DEFAULT;
+}
+
+/* HELLO: the node's info and name. */
+static int s_hello(kvedge_client_t *c, const char *name)
+{
+    s_req_t *r = s_req_frame(KVEDGE_OP_HELLO, 0, s_deadline(c, 0), name, strlen(name), NULL);
+    if (!r)
+        return KVEDGE_ENOMEM;
+    int rc = s_call(c, r);
+    if (rc != KVEDGE_OK)
+        return rc;
+    zframe_t *info_f = zmsg_first(r->reply), *name_f = zmsg_next(r->reply);
+    kvedge_wire_node_info_t info;
+    rc = kvedge_wire_node_info_parse(zframe_data(info_f), zframe_size(info_f), &info);
+    if (rc == KVEDGE_OK) {
+        c->node.role = (int)info.role;
+        memcpy(c->node.tenant_tag, info.tenant_tag, sizeof c->node.tenant_tag);
+        c->node.max_items = info.max_items;
+        c->node.max_chunks = info.max_chunks;
+        size_t len = zframe_size(name_f);
+        memcpy(c->node.name, zframe_data(name_f), len); /* 1 ... 255 bytes, validated */
+        c->node.name[len] = '\0';
+        c->max_frame = info.max_frame_bytes;
+        c->max_items = info.max_items;
+        c->max_chunks = info.max_chunks;
+        if (c->credit > info.max_credit)
+            c->credit = info.max_credit;
+    }
+    s_req_release(r);
+    return rc;
+}
+
+static char *s_strdup_or_null(const char *s, bool *failed)
+{
+    if (!s)
+        return NULL;
+    char *d = strdup(s);
+    if (!d)
+        *failed = true;
+    return d;
+}
+
+int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **out)
+{
+    if (!out)
+        return KVEDGE_EINVAL;
+    *out = NULL;
+    const char *name = opts && opts->name ? opts->name : S_NAME_DEFAULT;
+    if (!opts || !opts->endpoint || !*opts->endpoint || opts->deadline_ms < 0 ||
+        opts->deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS || opts->credit > KVEDGE_WIRE_MAX_CREDIT ||
+        (opts->server_key && !opts->client_cert) || strlen(name) < 1 ||
+        strlen(name) > KVEDGE_WIRE_MAX_NAME_BYTES)
+        return KVEDGE_EINVAL;
+    kvedge_client_t *c = calloc(1, sizeof *c);
+    s_io_t *io = calloc(1, sizeof *io);
+    bool failed = !c || !io;
+    if (io) {
+        io->endpoint = s_strdup_or_null(opts->endpoint, &failed);
+        io->server_key = s_strdup_or_null(opts->server_key, &failed);
+        io->client_cert = s_strdup_or_null(opts->server_key ? opts->client_cert : NULL, &failed);
+    }
+    if (failed) {
+        if (io) {
+            free(io->endpoint);
+            free(io->server_key);
+            free(io->client_cert);
+        }
+        free(io);
+        free(c);
+        return KVEDGE_ENOMEM;
+    }
+    pthread_mutex_init(&c->pipe_mu, NULL);
+    c->io = io;
+    c->deadline_ms = opts->deadline_ms ? opts->deadline_ms : KVEDGE_CLIENT_DEADLINE_MS_DEFAULT;
+    c->credit = opts->credit ? opts->credit : KVEDGE_CLIENT_CREDIT_DEFAULT;
+    c->actor = zactor_new(s_actor, io);
+    int rc = !c->actor ? KVEDGE_ENOMEM : io->setup_rc;
+    if (rc == KVEDGE_OK)
+        rc = s_hello(c, name);
+    if (rc != KVEDGE_OK) {
+        kvedge_client_destroy(&c);
+        return rc;
+    }
+    *out = c;
+    return KVEDGE_OK;
+}
+
+void kvedge_client_destroy(kvedge_client_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kvedge_client_t *c = *self_p;
+    *self_p = NULL;
+    /* From here only zactor_destroy uses the pipe; a callback that calls the client while
+     * it closes gets KVEDGE_ECLOSED instead of waiting for a lock destroy holds. */
+    pthread_mutex_lock(&c->pipe_mu);
+    c->closing = true;
+    pthread_mutex_unlock(&c->pipe_mu);
+    zactor_destroy(&c->actor); /* $TERM: everything in flight ends with KVEDGE_ECLOSED */
+    pthread_mutex_destroy(&c->pipe_mu);
+    free(c->io->endpoint);
+    free(c->io->server_key);
+    free(c->io->client_cert);
+    free(c->io);
+    free(c);
+}
+
+const kvedge_node_info_t *kvedge_client_node(kvedge_client_t *c)
+{
+    return c ? &c->node : NULL;
+}
+
+/* ---------------------------------------------------------------- ping, model, stat */
+
+static uint8_t s_ping_byte(size_t i)
+{
+    return (uint8_t)((i * 2654435761u) >> 13);
+}
+
+/* One PING of bytes; *rtt_us receives the round trip the I/O thread measured. */
+static int s_ping_once(kvedge_client_t *c, size_t bytes, double *rtt_us)
+{
+    uint8_t *p;
+    s_req_t *r = s_req_frame(KVEDGE_OP_PING, 0, s_deadline(c, 0), NULL, bytes, &p);
+    if (!r)
+        return KVEDGE_ENOMEM;
+    for (size_t i = 0; i < bytes; i++)
+        p[i] = s_ping_byte(i);
+    int rc = s_call(c, r);
+    if (rc != KVEDGE_OK)
+        return rc;
+    zframe_t *f = zmsg_first(r->reply);
+    if (zframe_size(f) != bytes)
+        rc = KVEDGE_EPROTO;
+    for (size_t i = 0; rc == KVEDGE_OK && i < bytes; i++)
+        if (zframe_data(f)[i] != s_ping_byte(i))
+            rc = KVEDGE_EPROTO;
+    *rtt_us = (double)(r->done_us - r->sent_us);
+    s_req_release(r);
+    return rc;
+}
+
+/* rtt from a tiny ping; bandwidth from a second one of `bytes` (sent and echoed, so 2 x bytes
+ * moved), with the tiny ping's latency taken out when it is smaller. */
+int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double *bw_bytes_per_s)
+{
+    if (!c || bytes > KVEDGE_WIRE_MAX_PING_BYTES)
+        return KVEDGE_EINVAL;
+    double rtt = 0, big = 0;
+    int rc = s_ping_once(c, S_PING_TINY_BYTES, &rtt);
+    if (rc == KVEDGE_OK && bytes > 0)
+        rc = s_ping_once(c, bytes, &big);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (rtt_us)
+        *rtt_us = rtt;
+    if (bw_bytes_per_s) {
+        double t = big > rtt ? big - rtt : big;
+        *bw_bytes_per_s = bytes > 0 && t > 0 ? 2.0 * (double)bytes * 1e6 / t : 0;
+    }
+    return KVEDGE_OK;
+}
+
+int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model)
+{
+    if (!c || !model)
+        return KVEDGE_EINVAL;
+    uint8_t *p;
+    s_req_t *r =
+        s_req_frame(KVEDGE_OP_MODEL, 0, s_deadline(c, 0), NULL, KVEDGE_WIRE_MODEL_BYTES, &p);
+    if (!r)
+        return KVEDGE_ENOMEM;
+    if (kvedge_wire_model_pack(model, p) != KVEDGE_OK) {
+        s_req_free(r);
+        return KVEDGE_EINVAL;
+    }
+    int rc = s_call(c, r);
+    if (rc != KVEDGE_OK)
+        return rc;
+    kvedge_model_t have;
+    zframe_t *f = zmsg_first(r->reply);
+    rc = kvedge_wire_model_parse(zframe_data(f), zframe_size(f), &have);
+    if (rc == KVEDGE_OK && (strcmp(have.id, model->id) != 0 || have.layers != model->layers ||
+                            have.kv_heads != model->kv_heads || have.head_dim != model->head_dim ||
+                            have.dtype != model->dtype))
+        rc = KVEDGE_ESHAPE; /* the node has another shape under this id */
+    s_req_release(r);
+    return rc;
+}
+
+int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
+{
+    if (!c || !out)
+        return KVEDGE_EINVAL;
+    s_req_t *r = s_req_new(KVEDGE_OP_STAT, 0, s_deadline(c, 0));
+    if (!r)
+        return KVEDGE_ENOMEM;
+    int rc = s_call(c, r);
+    if (rc != KVEDGE_OK)
+        return rc;
+    zframe_t *f = zmsg_first(r->reply);
+    rc = kvedge_wire_stats_parse(zframe_data(f), zframe_size(f), out);
+    s_req_release(r);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- put */
+
+/* A PUT or GET message of one call in flight: the request and the items it carries. */
+typedef struct {
+    s_req_t *r;
+    size_t *idx; /* item (or key) indices, in message order */
+    uint32_t n;
+    int rc; /* submission result */
+} s_batch_t;
+
+static void s_batch_clear(s_batch_t *b)
+{
+    free(b->idx);
+    memset(b, 0, sizeof *b);
+}
+
+/* Packs items from *next into one PUT message: at most max_items items and S_PUT_BATCH_BYTES
+ * of payload (a single larger item travels alone). Items that cannot be sent get their status
+ * here. b->n is 0 when nothing was left to send. */
+static int s_put_batch(const kvedge_client_t *c, const kvedge_put_item_t *items, size_t n,
+                       size_t *next, int *st, int64_t deadline, s_batch_t *b)
+{
+    uint32_t max_items =
+        c->max_items < KVEDGE_WIRE_MAX_ITEMS ? c->max_items : KVEDGE_WIRE_MAX_ITEMS;
+    b->idx = malloc(max_items * sizeof *b->idx);
+    zmsg_t *m = zmsg_new();
+    if (!b->idx || !m) {
+        zmsg_destroy(&m);
+        return KVEDGE_ENOMEM;
+    }
+    size_t bytes = 0;
+    while (*next < n && b->n < max_items) {
+        size_t i = *next;
+        const kvedge_put_item_t *it = &items[i];
+        if (!it->block || it->len == 0) {
+            st[i] = KVEDGE_EINVAL;
+            (*next)++;
+            continue;
+        }
+        if (it->len > c->max_frame) {
+            st[i] = KVEDGE_ETOOBIG;
+            (*next)++;
+            continue;
+        }
+        size_t need = KVEDGE_WIRE_PUT_ITEM_BYTES + it->len;
+        if (b->n > 0 && bytes + need > S_PUT_BATCH_BYTES)
+            break;
+        kvedge_wire_put_item_t w = {it->chunk, it->layer, it->head, it->pin, it->ttl_s};
+        uint8_t hdr[KVEDGE_WIRE_PUT_ITEM_BYTES];
+        if (kvedge_wire_put_item_pack(&w, hdr) != KVEDGE_OK) {
+            st[i] = KVEDGE_EINVAL;
+            (*next)++;
+            continue;
+        }
+        if (zmsg_addmem(m, hdr, sizeof hdr) != 0 || zmsg_addmem(m, it->block, it->len) != 0) {
+            zmsg_destroy(&m);
+            return KVEDGE_ENOMEM;
+        }
+        bytes += need;
+        b->idx[b->n++] = i;
+        (*next)++;
+    }
+    if (b->n == 0) {
+        zmsg_destroy(&m);
+        return KVEDGE_OK;
+    }
+    b->r = s_req_new(KVEDGE_OP_PUT, b->n, deadline);
+    if (!b->r) {
+        zmsg_destroy(&m);
+        return KVEDGE_ENOMEM;
+    }
+    b->r->payload = m;
+    return KVEDGE_OK;
+}
+
+/* Waits for a PUT message and spreads its statuses over the items it carried. */
+static void s_put_collect(s_batch_t *b, int *st)
+{
+    int rc = b->rc == KVEDGE_OK ? s_req_wait(b->r) : b->rc;
+    if (rc == KVEDGE_OK && b->r->rh.count != b->n)
+        rc = KVEDGE_EPROTO;
+    const uint8_t *p = rc == KVEDGE_OK ? zframe_data(zmsg_first(b->r->reply)) : NULL;
+    for (uint32_t k = 0; k < b->n; k++)
+        st[b->idx[k]] = p ? (int32_t)kvedge_wire_get32(p + (size_t)k * S_STATUS_BYTES) : rc;
+    if (b->rc == KVEDGE_OK)
+        s_req_release(b->r);
+    s_batch_clear(b);
+}
+
+int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t n, int *statuses)
+{
+    if (!c || (n && !items))
+        return KVEDGE_EINVAL;
+    if (n == 0)
+        return KVEDGE_OK;
+    int *st = statuses ? statuses : malloc(n * sizeof *st);
+    if (!st)
+        return KVEDGE_ENOMEM;
+    int64_t deadline = s_deadline(c, 0);
+    s_batch_t win[S_PUT_PIPELINE];
+    memset(win, 0, sizeof win);
+    size_t next = 0, head = 0, used = 0;
+    int rc = KVEDGE_OK;
+    while ((next < n && rc == KVEDGE_OK) || used > 0) {
+        if (next < n && rc == KVEDGE_OK && used < S_PUT_PIPELINE) {
+            s_batch_t *b = &win[(head + used) % S_PUT_PIPELINE];
+            size_t first = next;
+            rc = s_put_batch(c, items, n, &next, st, deadline, b);
+            if (rc != KVEDGE_OK) {
+                for (size_t i = first; i < n; i++)
+                    st[i] = rc; /* out of memory: this and the rest are not sent */
+                next = n;
+                s_batch_clear(b);
+            } else if (b->n > 0) {
+                b->rc = s_submit(c, b->r);
+                used++;
+            } else {
+                s_batch_clear(b);
+            }
+            continue;
+        }
+        s_put_collect(&win[head], st);
+        head = (head + 1) % S_PUT_PIPELINE;
+        used--;
+    }
+    rc = KVEDGE_OK;
+    for (size_t i = 0; i < n && rc == KVEDGE_OK; i++)
+        rc = st[i];
+    if (st != statuses)
+        free(st);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- get */
+
+/* A GET reply spread over its keys: st[k] and, for status 0, blocks[k] (owned). */
+static int s_get_parse(s_req_t *r, uint32_t n, int *st, zframe_t **blocks)
+{
+    if (r->rh.count != n)
+        return KVEDGE_EPROTO;
+    zframe_t *sf = zmsg_pop(r->reply);
+    for (uint32_t k = 0; k < n; k++) {
+        st[k] = (int32_t)kvedge_wire_get32(zframe_data(sf) + (size_t)k * S_STATUS_BYTES);
+        blocks[k] = st[k] == KVEDGE_OK ? zmsg_pop(r->reply) : NULL; /* counts validated */
+    }
+    zframe_destroy(&sf);
+    return KVEDGE_OK;
+}
+
+static s_req_t *s_get_request(const kvedge_block_key_t *keys, const size_t *idx, uint32_t n,
+                              int64_t deadline)
+{
+    uint8_t *p;
+    s_req_t *r =
+        s_req_frame(KVEDGE_OP_GET, n, deadline, NULL, (size_t)n * KVEDGE_WIRE_KEY_BYTES, &p);
+    for (uint32_t k = 0; r && k < n; k++)
+        kvedge_wire_key_pack(&keys[idx[k]], p + (size_t)k * KVEDGE_WIRE_KEY_BYTES);
+    return r;
+}
+
+/* Fetches again, one round trip at a time, the keys of a batch the node left out of its
+ * reply for size (KVEDGE_ETOOBIG: past KVEDGE_WIRE_MAX_REPLY_BYTES). Every round brings at
+ * least the first of them, so this ends. */
+static void s_get_refetch(kvedge_client_t *c, const kvedge_block_key_t *keys, s_batch_t *b,
+                          int64_t deadline, int *st, zframe_t **blocks)
+{
+    size_t *sub = malloc(b->n * sizeof *sub), *pos = malloc(b->n * sizeof *pos);
+    int *sst = malloc(b->n * sizeof *sst);
+    zframe_t **sbl = malloc(b->n * sizeof *sbl);
+    while (sub && pos && sst && sbl) {
+        uint32_t m = 0;
+        for (uint32_t k = 0; k < b->n; k++)
+            if (st[k] == KVEDGE_ETOOBIG) {
+                pos[m] = k;
+                sub[m++] = b->idx[k];
+            }
+        if (m == 0)
+            break;
+        s_req_t *r = s_get_request(keys, sub, m, deadline);
+        int rc = r ? s_call(c, r) : KVEDGE_ENOMEM;
+        if (rc == KVEDGE_OK) {
+            rc = s_get_parse(r, m, sst, sbl);
+            s_req_release(r);
+        }
+        if (rc != KVEDGE_OK) {
+            for (uint32_t j = 0; j < m; j++)
+                st[pos[j]] = rc;
+            break;
+        }
+        for (uint32_t j = 0; j < m; j++) {
+            st[pos[j]] = sst[j];
+            blocks[pos[j]] = sbl[j];
+        }
+        if (sst[0] == KVEDGE_ETOOBIG)
+            break; /* no progress: the node will not send it */
+    }
+    free(sub);
+    free(pos);
+    free(sst);
+    free(sbl);
+}
+
+typedef struct {
+    uint8_t *buf;
+    size_t cap, used;
+    bool full; /* a block did not fit: every later block is KVEDGE_ENOSPACE */
+} s_sink_t;
+
+/* Lands one fetched head in the caller's buffer, one after the other. */
+static void s_sink_put(s_sink_t *s, int status, const uint8_t *data, size_t len,
+                       kvedge_fetched_t *out)
+{
+    out->status = status;
+    out->offset = 0;
+    out->len = 0;
+    if (status != KVEDGE_OK)
+        return;
+    out->len = len;
+    if (s->full || len > s->cap - s->used) {
+        s->full = true;
+        out->status = KVEDGE_ENOSPACE; /* len says how much it needs */
+        return;
+    }
+    memcpy(s->buf + s->used, data, len);
+    out->offset = s->used;
+    s->used += len;
+}
+
+/* Waits for one GET message, completes it and lands its blocks in key order. Returns the
+ * message's transport error, or 0. */
+static int s_get_collect(kvedge_client_t *c, const kvedge_block_key_t *keys, s_batch_t *b,
+                         int64_t deadline, s_sink_t *sink, kvedge_fetched_t *out)
+{
+    int *st = malloc(b->n * sizeof *st);
+    zframe_t **blocks = calloc(b->n, sizeof *blocks);
+    int rc = b->rc == KVEDGE_OK ? s_req_wait(b->r) : b->rc;
+    if (rc == KVEDGE_OK)
+        rc = st && blocks ? s_get_parse(b->r, b->n, st, blocks) : KVEDGE_ENOMEM;
+    if (b->rc == KVEDGE_OK)
+        s_req_release(b->r);
+    if (rc == KVEDGE_OK)
+        s_get_refetch(c, keys, b, deadline, st, blocks);
+    for (uint32_t k = 0; k < b->n; k++) {
+        kvedge_fetched_t *o = &out[b->idx[k]];
+        if (rc != KVEDGE_OK) {
+            *o = (kvedge_fetched_t){rc, 0, 0};
+            continue;
+        }
+        s_sink_put(sink, st[k], blocks[k] ? zframe_data(blocks[k]) : NULL,
+                   blocks[k] ? zframe_size(blocks[k]) : 0, o);
+        zframe_destroy(&blocks[k]);
+    }
+    free(st);
+    free(blocks);
+    s_batch_clear(b);
+    return rc;
+}
+
+int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t n, uint8_t *buf,
+                      size_t cap, kvedge_fetched_t *out)
+{
+    if (!c || (n && (!keys || !out)) || (cap && !buf))
+        return KVEDGE_EINVAL;
+    if (n == 0)
+        return KVEDGE_OK;
+    int64_t deadline = s_deadline(c, 0);
+    uint32_t per = c->max_items < KVEDGE_WIRE_MAX_ITEMS ? c->max_items : KVEDGE_WIRE_MAX_ITEMS;
+    s_sink_t sink = {buf, cap, 0, false};
+    s_batch_t win[S_GET_PIPELINE];
+    memset(win, 0, sizeof win);
+    size_t next = 0, head = 0, used = 0;
+    int rc = KVEDGE_OK;
+    while (next < n || used > 0) {
+        if (next < n && used < S_GET_PIPELINE) {
+            s_batch_t *b = &win[(head + used) % S_GET_PIPELINE];
+            b->n = (uint32_t)(n - next < per ? n - next : per);
+            b->idx = malloc(b->n * sizeof *b->idx);
+            for (uint32_t k = 0; b->idx && k < b->n; k++)
+                b->idx[k] = next + k;
+            b->r = b->idx ? s_get_request(keys, b->idx, b->n, deadline) : NULL;
+            if (!b->r) {
+                for (size_t i = next; i < n; i++)
+                    out[i] = (kvedge_fetched_t){KVEDGE_ENOMEM, 0, 0};
+                rc = rc ? rc : KVEDGE_ENOMEM;
+                next = n;
+                s_batch_clear(b);
+                continue;
+            }
+            b->rc = s_submit(c, b->r);
+            next += b->n;
+            used++;
+            continue;
+        }
+        int brc = s_get_collect(c, keys, &win[head], deadline, &sink, out);
+        rc = rc ? rc : brc;
+        head = (head + 1) % S_GET_PIPELINE;
+        used--;
+    }
+    if (rc == KVEDGE_OK && sink.full)
+        rc = KVEDGE_ENOSPACE;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- get_layer */
+
+int kvedge_client_get_layer_async(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
+                                  uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
+                                  kvedge_done_fn *on_done, void *ctx)
+{
+    if (!c || !chunks || n == 0 || n > c->max_chunks || deadline_ms < 0 ||
+        deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS)
+        return KVEDGE_EINVAL;
+    uint8_t *p;
+    s_req_t *r = s_req_frame(KVEDGE_OP_GET_LAYER, (uint32_t)n, s_deadline(c, deadline_ms), NULL,
+                             4 + n * KVEDGE_CHUNK_ID_BYTES, &p);
+    if (!r)
+        return KVEDGE_ENOMEM;
+    p[0] = (uint8_t)layer; /* layer u16 LE | reserved u16 | chunk ids */
+    p[1] = (uint8_t)(layer >> 8);
+    memcpy(p + 4, chunks, n * KVEDGE_CHUNK_ID_BYTES);
+    r->stream = true;
+    r->credit = c->credit;
+    r->n_chunks = (uint32_t)n;
+    r->on_block = on_block;
+    r->on_done = on_done;
+    r->ctx = ctx;
+    return s_submit(c, r);
+}
+
+/* The synchronous form's state, shared by the caller and the I/O thread's callbacks; the
+ * mutex also keeps a callback from writing into the caller's buffer after it gave up. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    bool done, abandoned;
+    s_sink_t sink;
+    kvedge_fetched_t *out;
+    size_t out_cap;
+    bool out_full; /* more heads than out has entries */
+    int status;
+    uint32_t received;
+    uint32_t max_head_plus1;
+} s_layer_t;
+
+static void s_layer_release(s_layer_t *l)
+{
+    bool last = --l->refs == 0; /* under l->mu */
+    pthread_mutex_unlock(&l->mu);
+    if (last) {
+        pthread_cond_destroy(&l->cv);
+        pthread_mutex_destroy(&l->mu);
+        free(l);
+    }
+}
+
+static void s_layer_block(void *ctx, uint32_t chunk_index, uint16_t head, int status,
+                          const uint8_t *data, size_t len)
+{
+    (void)chunk_index;
+    s_layer_t *l = ctx;
+    pthread_mutex_lock(&l->mu);
+    if (!l->abandoned) {
+        if ((uint32_t)head + 1 > l->max_head_plus1)
+            l->max_head_plus1 = (uint32_t)head + 1;
+        if (l->received < l->out_cap)
+            s_sink_put(&l->sink, status, data, len, &l->out[l->received]);
+        else
+            l->out_full = true;
+        l->received++;
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void s_layer_done(void *ctx, int status, uint32_t heads)
+{
+    s_layer_t *l = ctx;
+    (void)heads;
+    pthread_mutex_lock(&l->mu);
+    l->status = status;
+    l->done = true;
+    pthread_cond_signal(&l->cv);
+    s_layer_release(l);
+}
+
+int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
+                            uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
+                            size_t out_cap, uint32_t *heads)
+{
+    if (!c || (cap && !buf) || (out_cap && !out))
+        return KVEDGE_EINVAL;
+    s_layer_t *l = calloc(1, sizeof *l);
+    if (!l)
+        return KVEDGE_ENOMEM;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    l->refs = 2;
+    l->sink = (s_sink_t){buf, cap, 0, false};
+    l->out = out;
+    l->out_cap = out_cap;
+    int64_t until = s_deadline(c, 0) + S_WAIT_MARGIN_MS;
+    int rc = kvedge_client_get_layer_async(c, chunks, n, layer, 0, s_layer_block, s_layer_done, l);
+    pthread_mutex_lock(&l->mu);
+    if (rc != KVEDGE_OK) {
+        l->refs--; /* the callbacks will never run */
+        l->done = true;
+        l->status = rc;
+    }
+    struct timespec ts = {(time_t)(until / 1000), (long)(until % 1000) * 1000000};
+    while (!l->done)
+        if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT)
+            break;
+    if (!l->done) {
+        l->abandoned = true;
+        rc = KVEDGE_ETIMEDOUT;
+    } else {
+        rc = l->status;
+    }
+    if (rc == KVEDGE_OK && (l->sink.full || l->out_full))
+        rc = KVEDGE_ENOSPACE;
+    if (heads)
+        *heads = l->done && l->status == KVEDGE_OK ? l->received / (uint32_t)n : l->max_head_plus1;
+    s_layer_release(l);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- chunk operations */
+
+static uint32_t s_per_chunks(const kvedge_client_t *c)
+{
+    return c->max_chunks < KVEDGE_WIRE_MAX_CHUNKS ? c->max_chunks : KVEDGE_WIRE_MAX_CHUNKS;
+}
+
+/* A request carrying n chunk ids. */
+static s_req_t *s_ids_request(uint8_t opcode, const kvedge_chunk_id_t *ids, uint32_t n,
+                              int64_t deadline)
+{
+    return s_req_frame(opcode, n, deadline, ids, (size_t)n * KVEDGE_CHUNK_ID_BYTES, NULL);
+}
+
+int kvedge_client_lookup(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, size_t *hit)
+{
+    if (!c || (n && !ids) || !hit)
+        return KVEDGE_EINVAL;
+    *hit = 0;
+    int64_t deadline = s_deadline(c, 0);
+    uint32_t per = s_per_chunks(c);
+    /* The prefix continues into the next message only while every chunk so far is held. */
+    for (size_t off = 0; off < n;) {
+        uint32_t k = (uint32_t)(n - off < per ? n - off : per);
+        s_req_t *r = s_ids_request(KVEDGE_OP_LOOKUP, ids + off, k, deadline);
+        int rc = r ? s_call(c, r) : KVEDGE_ENOMEM;
+        if (rc != KVEDGE_OK)
+            return rc;
+        uint32_t got = r->rh.count;
+        s_req_release(r);
+        if (got > k)
+            return KVEDGE_EPROTO;
+        *hit += got;
+        if (got < k)
+            break;
+        off += k;
+    }
+    return KVEDGE_OK;
+}
+
+/* DELETE, PIN, UNPIN: one u32 per chunk. */
+static int s_chunks_op(kvedge_client_t *c, uint8_t opcode, const kvedge_chunk_id_t *ids, size_t n,
+                       uint32_t *changed)
+{
+    if (!c || (n && !ids))
+        return KVEDGE_EINVAL;
+    int64_t deadline = s_deadline(c, 0);
+    uint32_t per = s_per_chunks(c);
+    for (size_t off = 0; off < n;) {
+        uint32_t k = (uint32_t)(n - off < per ? n - off : per);
+        s_req_t *r = s_ids_request(opcode, ids + off, k, deadline);
+        int rc = r ? s_call(c, r) : KVEDGE_ENOMEM;
+        if (rc != KVEDGE_OK)
+            return rc;
+        if (r->rh.count != k)
+            rc = KVEDGE_EPROTO;
+        const uint8_t *p = zframe_data(zmsg_first(r->reply));
+        for (uint32_t j = 0; rc == KVEDGE_OK && changed && j < k; j++)
+            changed[off + j] = kvedge_wire_get32(p + (size_t)j * 4);
+        s_req_release(r);
+        if (rc != KVEDGE_OK)
+            return rc;
+        off += k;
+    }
+    return KVEDGE_OK;
+}
+
+int kvedge_client_delete(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n,
+                         uint32_t *changed)
+{
+    return s_chunks_op(c, KVEDGE_OP_DELETE, ids, n, changed);
+}
+
+int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, bool pin,
+                      uint32_t *changed)
+{
+    return s_chunks_op(c, pin ? KVEDGE_OP_PIN : KVEDGE_OP_UNPIN, ids, n, changed);
+}
+
+int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
+                       kvedge_chunk_entry_t *out, size_t max, size_t *n, bool *more)
+{
+    if (!c || !out || max == 0 || !n)
+        return KVEDGE_EINVAL;
+    *n = 0;
+    uint32_t want = max < KVEDGE_WIRE_MAX_LIST ? (uint32_t)max : KVEDGE_WIRE_MAX_LIST;
+    s_req_t *r = s_req_frame(KVEDGE_OP_LIST, 0, s_deadline(c, 0), after,
+                             after ? KVEDGE_CHUNK_ID_BYTES : 0, NULL);
+    uint8_t w[4];
+    kvedge_wire_put32(w, want);
+    if (r && zmsg_addmem(r->payload, w, sizeof w) != 0) {
+        s_req_free(r);
+        r = NULL;
+    }
+    int rc = r ? s_call(c, r) : KVEDGE_ENOMEM;
+    if (rc != KVEDGE_OK)
+        return rc;
+    uint32_t got = r->rh.count;
+    if (got > want)
+        rc = KVEDGE_EPROTO;
+    const uint8_t *p = zframe_data(zmsg_first(r->reply));
+    for (uint32_t i = 0; rc == KVEDGE_OK && i < got; i++) {
+        kvedge_wire_chunk_entry_t e;
+        rc = kvedge_wire_chunk_entry_parse(p + (size_t)i * KVEDGE_WIRE_CHUNK_ENTRY_BYTES,
+                                           KVEDGE_WIRE_CHUNK_ENTRY_BYTES, &e);
+        out[i] = (kvedge_chunk_entry_t){e.chunk, e.blocks, e.bytes, e.pinned_blocks, e.fp16_bytes};
+    }
+    if (rc == KVEDGE_OK) {
+        *n = got;
+        if (more)
+            *more = !(r->rh.flags & KVEDGE_WIRE_FLAG_END);
+    }
+    s_req_release(r);
+    return rc;
+}

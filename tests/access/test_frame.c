@@ -1,0 +1,1198 @@
+/* Wire codec: header and record round trips, and kvedge_wire_validate against every row of
+ * docs/protocol.md's opcode table, request and reply, with each rule broken once. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "access/frame.h"
+#include "store/error.h"
+
+/* One zeroed buffer one byte past the largest frame, for size boundaries. */
+static uint8_t *s_big;
+
+/* ---- messages under test ---- */
+
+#define T_MAX_FRAMES (KVEDGE_WIRE_MAX_FRAMES + 2)
+
+/* A message: header, payload frames (owning copies one byte longer than the frame, so a
+ * frame can be grown by one byte), and each frame's valid length range. */
+typedef struct {
+    kvedge_wire_header_t h;
+    kvedge_wire_frame_t f[T_MAX_FRAMES];
+    size_t min[T_MAX_FRAMES], max[T_MAX_FRAMES];
+    size_t n;
+    uint8_t *own[T_MAX_FRAMES];
+    size_t nown;
+} t_msg_t;
+
+enum { T_PLAIN, T_DATA_HIT, T_DATA_MISS, T_END };
+
+typedef struct {
+    const char *name;
+    uint8_t op;
+    bool reply;
+    int variant;      /* GET_LAYER replies: which stream message */
+    uint32_t count;   /* the default message's count */
+    uint32_t lo, hi;  /* the valid counts */
+    bool bare_err_ok; /* a failed reply (status < 0, no payload, count 0) is valid */
+} t_case_t;
+
+#define T_STREAM_MAX ((uint32_t)KVEDGE_WIRE_MAX_CHUNKS * KVEDGE_MODEL_MAX_HEADS)
+
+static const t_case_t s_cases[] = {
+    {"HELLO", KVEDGE_OP_HELLO, false, T_PLAIN, 0, 0, 0, false},
+    {"PING", KVEDGE_OP_PING, false, T_PLAIN, 0, 0, 0, false},
+    {"PUT", KVEDGE_OP_PUT, false, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_ITEMS, false},
+    {"GET", KVEDGE_OP_GET, false, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_ITEMS, false},
+    {"GET_LAYER", KVEDGE_OP_GET_LAYER, false, T_PLAIN, 2, 1, KVEDGE_WIRE_MAX_CHUNKS, false},
+    {"LOOKUP", KVEDGE_OP_LOOKUP, false, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, false},
+    {"LIST", KVEDGE_OP_LIST, false, T_PLAIN, 0, 0, 0, false},
+    {"STAT", KVEDGE_OP_STAT, false, T_PLAIN, 0, 0, 0, false},
+    {"DELETE", KVEDGE_OP_DELETE, false, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, false},
+    {"PIN", KVEDGE_OP_PIN, false, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, false},
+    {"UNPIN", KVEDGE_OP_UNPIN, false, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, false},
+    {"CREDIT", KVEDGE_OP_CREDIT, false, T_PLAIN, 0, 0, 0, false},
+    {"CANCEL", KVEDGE_OP_CANCEL, false, T_PLAIN, 0, 0, 0, false},
+    {"MODEL", KVEDGE_OP_MODEL, false, T_PLAIN, 0, 0, 0, false},
+    {"HELLO", KVEDGE_OP_HELLO, true, T_PLAIN, 0, 0, 0, true},
+    {"PING", KVEDGE_OP_PING, true, T_PLAIN, 0, 0, 0, true},
+    {"PUT", KVEDGE_OP_PUT, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_ITEMS, true},
+    {"GET", KVEDGE_OP_GET, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_ITEMS, true},
+    {"GET_LAYER data", KVEDGE_OP_GET_LAYER, true, T_DATA_HIT, 1, 1, 1, false},
+    {"GET_LAYER miss", KVEDGE_OP_GET_LAYER, true, T_DATA_MISS, 1, 1, 1, false},
+    {"GET_LAYER end", KVEDGE_OP_GET_LAYER, true, T_END, 8, 0, T_STREAM_MAX, true},
+    {"LOOKUP", KVEDGE_OP_LOOKUP, true, T_PLAIN, 2, 0, KVEDGE_WIRE_MAX_CHUNKS, true},
+    {"LIST", KVEDGE_OP_LIST, true, T_PLAIN, 2, 0, KVEDGE_WIRE_MAX_LIST, true},
+    {"STAT", KVEDGE_OP_STAT, true, T_PLAIN, 0, 0, 0, true},
+    {"DELETE", KVEDGE_OP_DELETE, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, true},
+    {"PIN", KVEDGE_OP_PIN, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, true},
+    {"UNPIN", KVEDGE_OP_UNPIN, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, true},
+    {"MODEL", KVEDGE_OP_MODEL, true, T_PLAIN, 0, 0, 0, true},
+};
+#define T_NCASES (sizeof s_cases / sizeof s_cases[0])
+
+/* Fails naming the case and the check, so a table-driven failure says which row broke. */
+#define T_EXPECT(c, what, got, want)                                                               \
+    do {                                                                                           \
+        int got_ = (got), want_ = (want);                                                          \
+        if (got_ != want_) {                                                                       \
+            print_error("%s %s: %s: got %d, want %d\n", (c)->name,                                 \
+                        (c)->reply ? "reply" : "request", (what), got_, want_);                    \
+            fail();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static void t_add(t_msg_t *m, const void *data, size_t len, size_t min, size_t max)
+{
+    assert_true(m->n < T_MAX_FRAMES);
+    uint8_t *buf = calloc(1, len + 1);
+    assert_non_null(buf);
+    if (data && len)
+        memcpy(buf, data, len);
+    m->own[m->nown++] = buf;
+    m->f[m->n] = (kvedge_wire_frame_t){buf, len};
+    m->min[m->n] = min;
+    m->max[m->n] = max;
+    m->n++;
+}
+
+static void t_add_fixed(t_msg_t *m, const void *data, size_t len)
+{
+    t_add(m, data, len, len, len);
+}
+
+static void t_add_block(t_msg_t *m)
+{
+    static const uint8_t block[10] = "KVEB-block";
+    t_add(m, block, sizeof block, 1, KVEDGE_WIRE_MAX_FRAME_BYTES);
+}
+
+static void t_free(t_msg_t *m)
+{
+    for (size_t i = 0; i < m->nown; i++)
+        free(m->own[i]);
+    free(m);
+}
+
+static void t_fill_chunk(kvedge_chunk_info_t *c, uint32_t i)
+{
+    memset(c, 0, sizeof *c);
+    for (int b = 0; b < KVEDGE_CHUNK_ID_BYTES; b++) {
+        c->id.bytes[b] = (uint8_t)(i * 7 + b + 1);
+        c->parent.bytes[b] = i ? (uint8_t)(i * 7 + b - 6) : 0;
+    }
+    c->has_parent = i > 0;
+    snprintf(c->model_id, sizeof c->model_id, "opt-1.3b");
+    c->index = i;
+    c->tokens = 256;
+}
+
+/* The valid message of a case, with count items where the opcode has any. */
+static t_msg_t *t_build(const t_case_t *c, uint32_t count)
+{
+    t_msg_t *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    bool credit = !c->reply && (c->op == KVEDGE_OP_GET_LAYER || c->op == KVEDGE_OP_CREDIT);
+    m->h = (kvedge_wire_header_t){.version = KVEDGE_WIRE_VERSION,
+                                  .opcode = c->op,
+                                  .flags = c->reply ? KVEDGE_WIRE_FLAG_REPLY : 0,
+                                  .request_id = 0x0102030405060708ull + c->op,
+                                  .count = count,
+                                  .credit = credit ? 8 : 0,
+                                  .deadline_ms = c->reply ? 0 : 5000};
+    uint8_t *arr = calloc((size_t)count + 1, 4 + KVEDGE_WIRE_CHUNK_ENTRY_BYTES);
+    assert_non_null(arr);
+    uint8_t rec[KVEDGE_WIRE_PUT_ITEM_BYTES];
+    kvedge_model_t model = {"opt-1.3b", 24, 32, 64, KVEDGE_DTYPE_FP16};
+    if (!c->reply) {
+        switch (c->op) {
+        case KVEDGE_OP_HELLO:
+            t_add(m, "client", 6, 1, KVEDGE_WIRE_MAX_NAME_BYTES);
+            break;
+        case KVEDGE_OP_PING:
+            t_add(m, "0123456789", 10, 0, KVEDGE_WIRE_MAX_PING_BYTES);
+            break;
+        case KVEDGE_OP_PUT:
+            for (uint32_t i = 0; i < count; i++) {
+                kvedge_wire_put_item_t item = {.layer = 1, .head = (uint16_t)i, .ttl_s = 60};
+                t_fill_chunk(&item.chunk, i);
+                assert_int_equal(kvedge_wire_put_item_pack(&item, rec), 0);
+                t_add_fixed(m, rec, sizeof rec);
+                t_add_block(m);
+            }
+            break;
+        case KVEDGE_OP_GET:
+            for (uint32_t i = 0; i < count; i++) {
+                kvedge_block_key_t key = {.layer = 2, .head = (uint16_t)i};
+                key.chunk.bytes[0] = (uint8_t)i;
+                kvedge_wire_key_pack(&key, arr + (size_t)i * KVEDGE_WIRE_KEY_BYTES);
+            }
+            t_add_fixed(m, arr, (size_t)count * KVEDGE_WIRE_KEY_BYTES);
+            break;
+        case KVEDGE_OP_GET_LAYER:
+            arr[0] = 3; /* layer 3, reserved 0, then zero chunk ids will do */
+            t_add_fixed(m, arr, 4 + (size_t)count * KVEDGE_CHUNK_ID_BYTES);
+            break;
+        case KVEDGE_OP_LOOKUP:
+        case KVEDGE_OP_DELETE:
+        case KVEDGE_OP_PIN:
+        case KVEDGE_OP_UNPIN:
+            memset(arr, 0xA5, (size_t)count * KVEDGE_CHUNK_ID_BYTES);
+            t_add_fixed(m, arr, (size_t)count * KVEDGE_CHUNK_ID_BYTES);
+            break;
+        case KVEDGE_OP_LIST:
+            memset(arr, 0x5A, KVEDGE_CHUNK_ID_BYTES);
+            t_add_fixed(m, arr, KVEDGE_CHUNK_ID_BYTES);
+            kvedge_wire_put32(arr, 100);
+            t_add_fixed(m, arr, 4);
+            break;
+        case KVEDGE_OP_MODEL:
+            assert_int_equal(kvedge_wire_model_pack(&model, rec), 0);
+            t_add_fixed(m, rec, KVEDGE_WIRE_MODEL_BYTES);
+            break;
+        default: /* STAT, CREDIT, CANCEL: no payload */
+            break;
+        }
+        free(arr);
+        return m;
+    }
+    switch (c->op) {
+    case KVEDGE_OP_HELLO: {
+        kvedge_wire_node_info_t info = {KVEDGE_ROLE_EDGE, {1, 2, 3}, 1u << 20, 64, 256, 16, 8};
+        kvedge_wire_node_info_pack(&info, rec);
+        t_add_fixed(m, rec, KVEDGE_WIRE_NODE_INFO_BYTES);
+        t_add(m, "node-a", 6, 1, KVEDGE_WIRE_MAX_NAME_BYTES);
+        break;
+    }
+    case KVEDGE_OP_PING:
+        t_add(m, "0123456789", 10, 0, KVEDGE_WIRE_MAX_PING_BYTES);
+        break;
+    case KVEDGE_OP_PUT:
+        for (uint32_t i = 0; i < count; i++)
+            kvedge_wire_put32(arr + 4 * i, (uint32_t)(i % 2 ? KVEDGE_ESHAPE : 0));
+        t_add_fixed(m, arr, 4 * (size_t)count);
+        break;
+    case KVEDGE_OP_GET:
+        for (uint32_t i = 0; i < count; i++)
+            kvedge_wire_put32(arr + 4 * i, (uint32_t)(i % 3 == 1 ? KVEDGE_ENOTFOUND : 0));
+        t_add_fixed(m, arr, 4 * (size_t)count);
+        for (uint32_t i = 0; i < count; i++)
+            if (i % 3 != 1)
+                t_add_block(m);
+        break;
+    case KVEDGE_OP_GET_LAYER:
+        m->h.flags |= c->variant == T_END ? KVEDGE_WIRE_FLAG_END : KVEDGE_WIRE_FLAG_MORE;
+        if (c->variant != T_END) {
+            kvedge_wire_stream_hdr_t s = {1, 2, c->variant == T_DATA_HIT ? 0 : KVEDGE_ENOTFOUND};
+            kvedge_wire_stream_hdr_pack(&s, rec);
+            t_add_fixed(m, rec, KVEDGE_WIRE_STREAM_HDR_BYTES);
+            if (c->variant == T_DATA_HIT)
+                t_add_block(m);
+        }
+        break;
+    case KVEDGE_OP_LOOKUP:
+    case KVEDGE_OP_DELETE:
+    case KVEDGE_OP_PIN:
+    case KVEDGE_OP_UNPIN:
+        for (uint32_t i = 0; i < count; i++)
+            kvedge_wire_put32(arr + 4 * i, 10 + i);
+        t_add_fixed(m, arr, 4 * (size_t)count);
+        break;
+    case KVEDGE_OP_LIST:
+        for (uint32_t i = 0; i < count; i++) {
+            kvedge_wire_chunk_entry_t e = {.blocks = 3, .bytes = 3000, .fp16_bytes = 6000};
+            t_fill_chunk(&e.chunk, i);
+            assert_int_equal(
+                kvedge_wire_chunk_entry_pack(&e, arr + (size_t)i * KVEDGE_WIRE_CHUNK_ENTRY_BYTES),
+                0);
+        }
+        t_add_fixed(m, arr, (size_t)count * KVEDGE_WIRE_CHUNK_ENTRY_BYTES);
+        break;
+    case KVEDGE_OP_STAT: {
+        kvedge_engine_stats_t st = {.blocks = 5, .bytes = 500};
+        kvedge_wire_stats_pack(&st, rec);
+        t_add_fixed(m, rec, KVEDGE_WIRE_STATS_BYTES);
+        break;
+    }
+    case KVEDGE_OP_MODEL:
+        assert_int_equal(kvedge_wire_model_pack(&model, rec), 0);
+        t_add_fixed(m, rec, KVEDGE_WIRE_MODEL_BYTES);
+        break;
+    default:
+        fail();
+    }
+    free(arr);
+    return m;
+}
+
+static int t_validate(const t_msg_t *m)
+{
+    return kvedge_wire_validate(&m->h, m->n ? m->f : NULL, m->n);
+}
+
+/* ---- header ---- */
+
+/* Field by field: the struct has padding. */
+static void t_header_equal(const kvedge_wire_header_t *a, const kvedge_wire_header_t *b)
+{
+    assert_int_equal(a->version, b->version);
+    assert_int_equal(a->opcode, b->opcode);
+    assert_int_equal(a->flags, b->flags);
+    assert_int_equal(a->request_id, b->request_id);
+    assert_int_equal(a->status, b->status);
+    assert_int_equal(a->count, b->count);
+    assert_int_equal(a->credit, b->credit);
+    assert_int_equal(a->deadline_ms, b->deadline_ms);
+}
+
+static void test_op_names(void **state)
+{
+    (void)state;
+    assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_HELLO), "HELLO");
+    assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_GET_LAYER), "GET_LAYER");
+    assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_MODEL), "MODEL");
+    for (int op = 1; op <= 14; op++)
+        assert_non_null(kvedge_wire_op_name(op));
+    assert_null(kvedge_wire_op_name(0));
+    assert_null(kvedge_wire_op_name(15));
+    assert_null(kvedge_wire_op_name(-1));
+    assert_null(kvedge_wire_op_name(255));
+}
+
+static void test_header_round_trip(void **state)
+{
+    (void)state;
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION,
+                              KVEDGE_OP_GET_LAYER,
+                              KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END,
+                              0xF1E2D3C4B5A69788ull,
+                              KVEDGE_ECORRUPT,
+                              0xA1B2C3D4u,
+                              0x01020304u,
+                              600000},
+                         back;
+    uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
+    kvedge_wire_header_pack(&h, buf);
+    /* Spot-check the layout of docs/protocol.md. */
+    assert_memory_equal(buf, "KVEP\x01\x05\x05\x00\x88\x97\xA6\xB5\xC4\xD3\xE2\xF1", 16);
+    assert_memory_equal(buf + 16, "\xFC\xFF\xFF\xFF\xD4\xC3\xB2\xA1\x04\x03\x02\x01", 12);
+    assert_int_equal(kvedge_wire_get32(buf + 28), 600000);
+    assert_int_equal(kvedge_wire_header_parse(buf, sizeof buf, &back), 0);
+    t_header_equal(&back, &h);
+    /* Every case's header survives too. */
+    for (size_t i = 0; i < T_NCASES; i++) {
+        t_msg_t *m = t_build(&s_cases[i], s_cases[i].count);
+        kvedge_wire_header_pack(&m->h, buf);
+        memset(&back, 0xEE, sizeof back);
+        T_EXPECT(&s_cases[i], "parse", kvedge_wire_header_parse(buf, sizeof buf, &back), 0);
+        t_header_equal(&back, &m->h);
+        t_free(m);
+    }
+}
+
+static void test_header_errors(void **state)
+{
+    (void)state;
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_PING, 0, 42, 0, 0, 0, 1000}, back;
+    uint8_t buf[KVEDGE_WIRE_HEADER_BYTES + 1] = {0};
+    kvedge_wire_header_pack(&h, buf);
+
+    /* A message with no frames has no header; 31 and 33 bytes are not one. */
+    assert_int_equal(kvedge_wire_header_parse(NULL, 0, &back), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_header_parse(buf, 0, &back), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_header_parse(buf, 31, &back), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_header_parse(buf, 33, &back), KVEDGE_EPROTO);
+    assert_int_equal(back.request_id, 0); /* unreadable: zeroed */
+
+    for (int i = 0; i < 4; i++) {
+        buf[i] ^= 0x20;
+        assert_int_equal(kvedge_wire_header_parse(buf, 32, &back), KVEDGE_EPROTO);
+        assert_int_equal(back.request_id, 0);
+        buf[i] ^= 0x20;
+    }
+
+    /* Another version: EVERSION, with the rest readable so the node can answer. */
+    const uint8_t versions[] = {0, 2, 255};
+    for (size_t i = 0; i < sizeof versions; i++) {
+        h.version = versions[i];
+        h.flags = 0x8000; /* another version's flags are not judged */
+        kvedge_wire_header_pack(&h, buf);
+        assert_int_equal(kvedge_wire_header_parse(buf, 32, &back), KVEDGE_EVERSION);
+        assert_int_equal(back.version, versions[i]);
+        assert_int_equal(back.opcode, KVEDGE_OP_PING);
+        assert_int_equal(back.request_id, 42);
+        assert_int_equal(back.deadline_ms, 1000);
+    }
+
+    /* Unknown flag bits: EPROTO, header still filled. */
+    h.version = KVEDGE_WIRE_VERSION;
+    for (int bit = 3; bit < 16; bit++) {
+        h.flags = (uint16_t)(1u << bit);
+        kvedge_wire_header_pack(&h, buf);
+        assert_int_equal(kvedge_wire_header_parse(buf, 32, &back), KVEDGE_EPROTO);
+        assert_int_equal(back.request_id, 42);
+    }
+    /* The parser does not judge opcode-dependent fields. */
+    h = (kvedge_wire_header_t){KVEDGE_WIRE_VERSION, 200, 7, 1, 5, 6, 7, 0};
+    kvedge_wire_header_pack(&h, buf);
+    assert_int_equal(kvedge_wire_header_parse(buf, 32, &back), 0);
+    t_header_equal(&back, &h);
+}
+
+/* ---- validation, table-driven ---- */
+
+static void test_valid_messages(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < T_NCASES; i++) {
+        const t_case_t *c = &s_cases[i];
+        t_msg_t *m = t_build(c, c->count);
+        T_EXPECT(c, "default", t_validate(m), 0);
+        t_free(m);
+        m = t_build(c, c->lo);
+        T_EXPECT(c, "lowest count", t_validate(m), 0);
+        t_free(m);
+        m = t_build(c, c->hi);
+        T_EXPECT(c, "highest count", t_validate(m), 0);
+        t_free(m);
+    }
+}
+
+static void test_frame_count(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < T_NCASES; i++) {
+        const t_case_t *c = &s_cases[i];
+        t_msg_t *m = t_build(c, c->count);
+        size_t n = m->n;
+        t_add(m, "x", 1, 1, 1);
+        T_EXPECT(c, "one frame more", t_validate(m), KVEDGE_EPROTO);
+        m->n = n;
+        t_add(m, NULL, 0, 0, 0);
+        T_EXPECT(c, "one empty frame more", t_validate(m), KVEDGE_EPROTO);
+        m->n = n;
+        if (n > 0) {
+            m->n = n - 1;
+            T_EXPECT(c, "one frame less", t_validate(m), KVEDGE_EPROTO);
+            m->n = 0;
+            T_EXPECT(c, "no payload frames", t_validate(m), KVEDGE_EPROTO);
+        }
+        m->n = n;
+        T_EXPECT(c, "restored", t_validate(m), 0);
+        t_free(m);
+    }
+    /* More than KVEDGE_WIRE_MAX_FRAMES, whatever the opcode says. */
+    t_msg_t *m = t_build(&s_cases[2], KVEDGE_WIRE_MAX_ITEMS); /* PUT: 2048 frames */
+    assert_int_equal(t_validate(m), 0);
+    t_add(m, "x", 1, 1, 1);
+    t_add(m, "x", 1, 1, 1);
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    t_free(m);
+}
+
+static void test_frame_sizes(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < T_NCASES; i++) {
+        const t_case_t *c = &s_cases[i];
+        t_msg_t *m = t_build(c, c->count);
+        for (size_t k = 0; k < m->n; k++) {
+            char what[64];
+            kvedge_wire_frame_t saved = m->f[k];
+            if (m->min[k] == m->max[k]) { /* exact size: one byte either way is wrong */
+                m->f[k].len = saved.len + 1;
+                snprintf(what, sizeof what, "frame %zu one byte longer", k + 1);
+                T_EXPECT(c, what, t_validate(m), KVEDGE_EPROTO);
+                if (saved.len > 0) {
+                    m->f[k].len = saved.len - 1;
+                    snprintf(what, sizeof what, "frame %zu one byte shorter", k + 1);
+                    T_EXPECT(c, what, t_validate(m), KVEDGE_EPROTO);
+                }
+            } else { /* a range: its ends pass, one past them fails */
+                m->f[k] = (kvedge_wire_frame_t){s_big, m->max[k]};
+                snprintf(what, sizeof what, "frame %zu at its maximum", k + 1);
+                T_EXPECT(c, what, t_validate(m), 0);
+                m->f[k].len = m->max[k] + 1;
+                snprintf(what, sizeof what, "frame %zu one byte over", k + 1);
+                T_EXPECT(c, what, t_validate(m), KVEDGE_EPROTO);
+                m->f[k].len = m->min[k];
+                snprintf(what, sizeof what, "frame %zu at its minimum", k + 1);
+                T_EXPECT(c, what, t_validate(m), 0);
+                if (m->min[k] > 0) {
+                    m->f[k].len = m->min[k] - 1;
+                    snprintf(what, sizeof what, "frame %zu one byte under", k + 1);
+                    T_EXPECT(c, what, t_validate(m), KVEDGE_EPROTO);
+                }
+            }
+            m->f[k] = saved;
+        }
+        T_EXPECT(c, "restored", t_validate(m), 0);
+        t_free(m);
+    }
+}
+
+static void test_count_limits(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < T_NCASES; i++) {
+        const t_case_t *c = &s_cases[i];
+        t_msg_t *m = t_build(c, c->hi + 1); /* frames sized for the count: only the limit fails */
+        T_EXPECT(c, "count over its limit", t_validate(m), KVEDGE_EPROTO);
+        t_free(m);
+        if (c->lo > 0) {
+            m = t_build(c, c->lo - 1);
+            T_EXPECT(c, "count under its minimum", t_validate(m), KVEDGE_EPROTO);
+            t_free(m);
+        }
+        m = t_build(c, c->count);
+        m->h.count = UINT32_MAX;
+        T_EXPECT(c, "count UINT32_MAX", t_validate(m), KVEDGE_EPROTO);
+        t_free(m);
+    }
+}
+
+/* Which MORE/END combinations a case's direction and opcode allow. */
+static bool t_stream_flags_ok(const t_case_t *c, uint16_t stream)
+{
+    if (!c->reply)
+        return stream == 0;
+    if (c->op == KVEDGE_OP_GET_LAYER)
+        return stream == (c->variant == T_END ? KVEDGE_WIRE_FLAG_END : KVEDGE_WIRE_FLAG_MORE);
+    if (c->op == KVEDGE_OP_LIST)
+        return stream == 0 || stream == KVEDGE_WIRE_FLAG_END;
+    return stream == 0;
+}
+
+static void test_flags(void **state)
+{
+    (void)state;
+    const uint16_t streams[] = {0, KVEDGE_WIRE_FLAG_MORE, KVEDGE_WIRE_FLAG_END,
+                                KVEDGE_WIRE_FLAG_MORE | KVEDGE_WIRE_FLAG_END};
+    const uint16_t unknown[] = {0, 0x0008, 0x0100, 0x8000};
+    for (size_t i = 0; i < T_NCASES; i++) {
+        const t_case_t *c = &s_cases[i];
+        t_msg_t *m = t_build(c, c->count);
+        uint16_t dir = c->reply ? KVEDGE_WIRE_FLAG_REPLY : 0;
+        for (size_t s = 0; s < 4; s++)
+            for (size_t u = 0; u < 4; u++) {
+                char what[64];
+                m->h.flags = (uint16_t)(dir | streams[s] | unknown[u]);
+                snprintf(what, sizeof what, "flags 0x%04x", m->h.flags);
+                bool ok = unknown[u] == 0 && t_stream_flags_ok(c, streams[s]);
+                T_EXPECT(c, what, t_validate(m), ok ? 0 : KVEDGE_EPROTO);
+            }
+        t_free(m);
+        m = t_build(c, c->count);
+        m->h.flags ^= KVEDGE_WIRE_FLAG_REPLY;
+        T_EXPECT(c, c->reply ? "REPLY missing" : "REPLY on a request", t_validate(m),
+                 KVEDGE_EPROTO);
+        t_free(m);
+    }
+}
+
+static void test_status(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < T_NCASES; i++) {
+        const t_case_t *c = &s_cases[i];
+        t_msg_t *m = t_build(c, c->count);
+        m->h.status = 1;
+        T_EXPECT(c, "positive status", t_validate(m), KVEDGE_EPROTO);
+        m->h.status = KVEDGE_EBUSY;
+        if (!c->reply) {
+            T_EXPECT(c, "non-zero status on a request", t_validate(m), KVEDGE_EPROTO);
+        } else {
+            /* A failed request carries no payload: only the end message may have status
+             * and count together, data messages keep per-head status in f1. */
+            bool ok = c->variant == T_END || (m->n == 0 && m->h.count == 0);
+            T_EXPECT(c, "non-zero status with payload", t_validate(m), ok ? 0 : KVEDGE_EPROTO);
+            m->n = 0;
+            m->h.count = 0;
+            T_EXPECT(c, "failed reply, no payload", t_validate(m),
+                     c->bare_err_ok ? 0 : KVEDGE_EPROTO);
+            m->h.status = INT32_MIN;
+            T_EXPECT(c, "failed reply, INT32_MIN", t_validate(m),
+                     c->bare_err_ok ? 0 : KVEDGE_EPROTO);
+            m->h.count = 1;
+            T_EXPECT(c, "failed reply with a count", t_validate(m),
+                     c->variant == T_END ? 0 : KVEDGE_EPROTO);
+        }
+        t_free(m);
+    }
+}
+
+static void test_deadline_and_credit(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < T_NCASES; i++) {
+        const t_case_t *c = &s_cases[i];
+        t_msg_t *m = t_build(c, c->count);
+        if (c->reply) {
+            m->h.deadline_ms = 1;
+            T_EXPECT(c, "deadline on a reply", t_validate(m), KVEDGE_EPROTO);
+            m->h.deadline_ms = 0;
+            m->h.credit = 1;
+            T_EXPECT(c, "credit on a reply", t_validate(m), KVEDGE_EPROTO);
+            t_free(m);
+            continue;
+        }
+        const uint32_t deadlines[] = {0, 1, KVEDGE_WIRE_MAX_DEADLINE_MS,
+                                      KVEDGE_WIRE_MAX_DEADLINE_MS + 1, UINT32_MAX};
+        for (size_t d = 0; d < 5; d++) {
+            char what[64];
+            m->h.deadline_ms = deadlines[d];
+            snprintf(what, sizeof what, "deadline %u", deadlines[d]);
+            bool ok = deadlines[d] >= 1 && deadlines[d] <= KVEDGE_WIRE_MAX_DEADLINE_MS;
+            T_EXPECT(c, what, t_validate(m), ok ? 0 : KVEDGE_EPROTO);
+        }
+        m->h.deadline_ms = 5000;
+        bool credited = c->op == KVEDGE_OP_GET_LAYER || c->op == KVEDGE_OP_CREDIT;
+        const uint32_t credits[] = {0, 1, KVEDGE_WIRE_MAX_CREDIT, KVEDGE_WIRE_MAX_CREDIT + 1};
+        for (size_t k = 0; k < 4; k++) {
+            char what[64];
+            m->h.credit = credits[k];
+            snprintf(what, sizeof what, "credit %u", credits[k]);
+            bool ok = credited ? credits[k] >= 1 && credits[k] <= KVEDGE_WIRE_MAX_CREDIT
+                               : credits[k] == 0;
+            T_EXPECT(c, what, t_validate(m), ok ? 0 : KVEDGE_EPROTO);
+        }
+        t_free(m);
+    }
+}
+
+static void test_opcode_and_version(void **state)
+{
+    (void)state;
+    const uint8_t unknown[] = {0, 15, 16, 200, 255};
+    for (size_t i = 0; i < T_NCASES; i++) {
+        const t_case_t *c = &s_cases[i];
+        t_msg_t *m = t_build(c, c->count);
+        for (size_t k = 0; k < sizeof unknown; k++) {
+            m->h.opcode = unknown[k];
+            T_EXPECT(c, "unknown opcode", t_validate(m), KVEDGE_EPROTO);
+        }
+        m->h.opcode = c->op;
+        m->h.version = 2;
+        T_EXPECT(c, "version 2", t_validate(m), KVEDGE_EPROTO);
+        /* The header parser says EVERSION and still fills the header. */
+        uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
+        kvedge_wire_header_t back;
+        kvedge_wire_header_pack(&m->h, buf);
+        T_EXPECT(c, "parse version 2", kvedge_wire_header_parse(buf, sizeof buf, &back),
+                 KVEDGE_EVERSION);
+        assert_int_equal(back.request_id, m->h.request_id);
+        assert_int_equal(back.opcode, c->op);
+        buf[0] = 'X';
+        T_EXPECT(c, "wrong magic", kvedge_wire_header_parse(buf, sizeof buf, &back), KVEDGE_EPROTO);
+        m->h.version = KVEDGE_WIRE_VERSION;
+        kvedge_wire_header_pack(&m->h, buf);
+        T_EXPECT(c, "31-byte header", kvedge_wire_header_parse(buf, 31, &back), KVEDGE_EPROTO);
+        t_free(m);
+    }
+}
+
+/* ---- validation, opcode-specific rules ---- */
+
+static const t_case_t *t_find(uint8_t op, bool reply, int variant)
+{
+    for (size_t i = 0; i < T_NCASES; i++)
+        if (s_cases[i].op == op && s_cases[i].reply == reply && s_cases[i].variant == variant)
+            return &s_cases[i];
+    fail();
+    return NULL;
+}
+
+static void t_set_status(t_msg_t *m, size_t frame, uint32_t i, int32_t status)
+{
+    kvedge_wire_put32((uint8_t *)m->f[frame].data + 4 * (size_t)i, (uint32_t)status);
+}
+
+static void test_get_reply_items(void **state)
+{
+    (void)state;
+    const t_case_t *c = t_find(KVEDGE_OP_GET, true, T_PLAIN);
+    t_msg_t *m = t_build(c, 3); /* statuses 0, ENOTFOUND, 0 and two blocks */
+    assert_int_equal(m->n, 3);
+    assert_int_equal(t_validate(m), 0);
+    t_set_status(m, 0, 1, 0); /* three hits but two blocks */
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    t_set_status(m, 0, 1, KVEDGE_ETOOBIG);
+    assert_int_equal(t_validate(m), 0);
+    t_set_status(m, 0, 1, 7); /* a positive status is no status */
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    t_set_status(m, 0, 0, KVEDGE_ECORRUPT);
+    t_set_status(m, 0, 1, KVEDGE_ENOTFOUND);
+    t_set_status(m, 0, 2, KVEDGE_ENOTFOUND);
+    m->n = 1; /* all missed: the statuses alone */
+    assert_int_equal(t_validate(m), 0);
+    m->n = 2;
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    t_free(m);
+
+    /* The reply's block bytes: 4 largest-but-one frames of 64 MiB pass (256 MiB in all),
+     * one byte more fails. */
+    m = t_build(c, 4);
+    for (uint32_t i = 0; i < 4; i++)
+        t_set_status(m, 0, i, 0);
+    m->n = 1;
+    for (int i = 0; i < 4; i++)
+        m->f[m->n++] = (kvedge_wire_frame_t){s_big, 64u << 20};
+    assert_int_equal(t_validate(m), 0);
+    m->f[4].len++;
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    t_free(m);
+
+    /* PUT reply statuses are statuses too. */
+    m = t_build(t_find(KVEDGE_OP_PUT, true, T_PLAIN), 3);
+    t_set_status(m, 0, 2, 1);
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    t_free(m);
+}
+
+static void test_get_layer_stream(void **state)
+{
+    (void)state;
+    t_msg_t *m = t_build(t_find(KVEDGE_OP_GET_LAYER, true, T_DATA_HIT), 1);
+    uint8_t *f1 = (uint8_t *)m->f[0].data;
+    assert_int_equal(t_validate(m), 0);
+    /* A miss carries no block, a hit always one. */
+    kvedge_wire_put32(f1 + 8, (uint32_t)KVEDGE_ENOTFOUND);
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    m->n = 1;
+    assert_int_equal(t_validate(m), 0);
+    kvedge_wire_put32(f1 + 8, (uint32_t)KVEDGE_ECORRUPT);
+    assert_int_equal(t_validate(m), 0);
+    kvedge_wire_put32(f1 + 8, 0);
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    /* Other head statuses end the stream instead. */
+    kvedge_wire_put32(f1 + 8, (uint32_t)KVEDGE_EIO);
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    m->n = 2;
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    kvedge_wire_put32(f1 + 8, 0);
+    assert_int_equal(t_validate(m), 0);
+    f1[6] = 1; /* reserved */
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    f1[6] = 0;
+    f1[7] = 0x80;
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    t_free(m);
+
+    /* Request: reserved u16 after the layer must be zero. */
+    m = t_build(t_find(KVEDGE_OP_GET_LAYER, false, T_PLAIN), 2);
+    uint8_t *r = (uint8_t *)m->f[0].data;
+    r[0] = 0xFF;
+    r[1] = 0xFF; /* any layer is fine here */
+    assert_int_equal(t_validate(m), 0);
+    r[2] = 1;
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    r[2] = 0;
+    r[3] = 1;
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    t_free(m);
+}
+
+static void test_list_request(void **state)
+{
+    (void)state;
+    t_msg_t *m = t_build(t_find(KVEDGE_OP_LIST, false, T_PLAIN), 0);
+    m->f[0].len = 0; /* no cursor: from the start */
+    assert_int_equal(t_validate(m), 0);
+    m->f[0].len = 1;
+    assert_int_equal(t_validate(m), KVEDGE_EPROTO);
+    m->f[0].len = KVEDGE_CHUNK_ID_BYTES;
+    uint8_t *max = (uint8_t *)m->f[1].data;
+    const uint32_t maxes[] = {0, 1, KVEDGE_WIRE_MAX_LIST, KVEDGE_WIRE_MAX_LIST + 1, UINT32_MAX};
+    for (size_t i = 0; i < 5; i++) {
+        kvedge_wire_put32(max, maxes[i]);
+        assert_int_equal(t_validate(m),
+                         maxes[i] >= 1 && maxes[i] <= KVEDGE_WIRE_MAX_LIST ? 0 : KVEDGE_EPROTO);
+    }
+    t_free(m);
+}
+
+static void test_no_reply_opcodes(void **state)
+{
+    (void)state;
+    /* CREDIT and CANCEL have no reply, not even a bare error one; nor has opcode 0. */
+    const uint8_t ops[] = {KVEDGE_OP_CREDIT, KVEDGE_OP_CANCEL, 0};
+    for (size_t i = 0; i < sizeof ops; i++) {
+        kvedge_wire_header_t h = {
+            KVEDGE_WIRE_VERSION, ops[i], KVEDGE_WIRE_FLAG_REPLY, 9, 0, 0, 0, 0};
+        assert_int_equal(kvedge_wire_validate(&h, NULL, 0), KVEDGE_EPROTO);
+        h.status = KVEDGE_EPROTO;
+        assert_int_equal(kvedge_wire_validate(&h, NULL, 0), KVEDGE_EPROTO);
+    }
+}
+
+/* ---- records ---- */
+
+typedef int (*t_parse_fn)(const uint8_t *in, size_t len, void *out);
+
+static int t_parse_put_item(const uint8_t *in, size_t len, void *out)
+{
+    return kvedge_wire_put_item_parse(in, len, out);
+}
+
+static int t_parse_model(const uint8_t *in, size_t len, void *out)
+{
+    return kvedge_wire_model_parse(in, len, out);
+}
+
+static int t_parse_chunk_entry(const uint8_t *in, size_t len, void *out)
+{
+    return kvedge_wire_chunk_entry_parse(in, len, out);
+}
+
+static int t_parse_node_info(const uint8_t *in, size_t len, void *out)
+{
+    return kvedge_wire_node_info_parse(in, len, out);
+}
+
+static int t_parse_stream_hdr(const uint8_t *in, size_t len, void *out)
+{
+    return kvedge_wire_stream_hdr_parse(in, len, out);
+}
+
+static int t_parse_stats(const uint8_t *in, size_t len, void *out)
+{
+    return kvedge_wire_stats_parse(in, len, out);
+}
+
+/* A valid record: parses; one byte shorter or longer does not; neither does any byte of
+ * [lo, hi) made non-zero (reserved fields). */
+static void t_record_errors(t_parse_fn parse, const uint8_t *rec, size_t len, const size_t *zero,
+                            size_t nzero)
+{
+    uint8_t buf[512] = {0};
+    union {
+        kvedge_wire_put_item_t p;
+        kvedge_model_t m;
+        kvedge_wire_chunk_entry_t e;
+        kvedge_wire_node_info_t n;
+        kvedge_wire_stream_hdr_t s;
+        kvedge_engine_stats_t st;
+    } out;
+    memcpy(buf, rec, len);
+    assert_int_equal(parse(buf, len, &out), 0);
+    assert_int_equal(parse(buf, len - 1, &out), KVEDGE_EPROTO);
+    assert_int_equal(parse(buf, len + 1, &out), KVEDGE_EPROTO);
+    assert_int_equal(parse(buf, 0, &out), KVEDGE_EPROTO);
+    assert_int_equal(parse(NULL, 0, &out), KVEDGE_EPROTO);
+    for (size_t r = 0; r < nzero; r += 2)
+        for (size_t i = zero[r]; i < zero[r + 1]; i++) {
+            buf[i] = 0x01;
+            if (parse(buf, len, &out) != KVEDGE_EPROTO) {
+                print_error("reserved byte %zu accepted\n", i);
+                fail();
+            }
+            buf[i] = 0x80;
+            assert_int_equal(parse(buf, len, &out), KVEDGE_EPROTO);
+            buf[i] = rec[i];
+        }
+    assert_int_equal(parse(buf, len, &out), 0);
+}
+
+/* The 124-byte model id field at off: 1 ... 123 bytes, no NUL inside, NUL-padded. */
+static void t_model_id_errors(t_parse_fn parse, const uint8_t *rec, size_t len, size_t off)
+{
+    uint8_t buf[512];
+    union {
+        kvedge_wire_put_item_t p;
+        kvedge_model_t m;
+        kvedge_wire_chunk_entry_t e;
+    } out;
+    uint8_t *id = buf + off;
+    memcpy(buf, rec, len);
+    memset(id, 0, KVEDGE_WIRE_MODEL_ID_BYTES);
+    assert_int_equal(parse(buf, len, &out), KVEDGE_EPROTO); /* empty */
+    memcpy(id, "ab\0cd", 5);
+    assert_int_equal(parse(buf, len, &out), KVEDGE_EPROTO); /* embedded NUL */
+    memset(id, 0, KVEDGE_WIRE_MODEL_ID_BYTES);
+    id[0] = 'a';
+    id[KVEDGE_WIRE_MODEL_ID_BYTES - 1] = 'z';
+    assert_int_equal(parse(buf, len, &out), KVEDGE_EPROTO); /* garbage in the padding */
+    memset(id, 'm', KVEDGE_WIRE_MODEL_ID_BYTES);
+    assert_int_equal(parse(buf, len, &out), KVEDGE_EPROTO); /* 124 bytes: no room for NUL */
+    id[KVEDGE_WIRE_MODEL_ID_BYTES - 1] = 0;
+    assert_int_equal(parse(buf, len, &out), 0); /* 123 bytes: the longest */
+    id[0] = 0;
+    assert_int_equal(parse(buf, len, &out), KVEDGE_EPROTO); /* NUL first, text after */
+}
+
+static void test_key_round_trip(void **state)
+{
+    (void)state;
+    kvedge_block_key_t key = {.layer = 0x0102, .head = 0xA0B0}, back;
+    for (int i = 0; i < KVEDGE_CHUNK_ID_BYTES; i++)
+        key.chunk.bytes[i] = (uint8_t)(0xC0 + i);
+    uint8_t buf[KVEDGE_WIRE_KEY_BYTES];
+    kvedge_wire_key_pack(&key, buf);
+    assert_memory_equal(buf, key.chunk.bytes, KVEDGE_CHUNK_ID_BYTES);
+    assert_memory_equal(buf + 32, "\x01\x02\xA0\xB0", 4); /* big-endian, as the store's key */
+    kvedge_wire_key_parse(buf, &back);
+    assert_memory_equal(back.chunk.bytes, key.chunk.bytes, KVEDGE_CHUNK_ID_BYTES);
+    assert_int_equal(back.layer, 0x0102);
+    assert_int_equal(back.head, 0xA0B0);
+}
+
+static void test_put_item(void **state)
+{
+    (void)state;
+    for (int variant = 0; variant < 2; variant++) {
+        kvedge_wire_put_item_t item = {.layer = 0x0304,
+                                       .head = 0x0506,
+                                       .pin = variant == 1,
+                                       .ttl_s = variant ? KVEDGE_TTL_NEVER : 0},
+                               back;
+        t_fill_chunk(&item.chunk, (uint32_t)variant * 5); /* first chunk, then a child */
+        item.chunk.tokens = variant ? KVEDGE_CHUNK_TOKENS_MAX : 1;
+        item.chunk.created_ms = 12345; /* not on the wire */
+        uint8_t buf[KVEDGE_WIRE_PUT_ITEM_BYTES];
+        assert_int_equal(kvedge_wire_put_item_pack(&item, buf), 0);
+        assert_int_equal(buf[64], variant);
+        assert_int_equal(buf[65], variant);
+        assert_memory_equal(buf + 66, "\x04\x03\x06\x05\0\0", 6);
+        assert_int_equal(kvedge_wire_get32(buf + 72), item.chunk.index);
+        assert_string_equal((const char *)buf + 84, "opt-1.3b");
+        assert_int_equal(kvedge_wire_put_item_parse(buf, sizeof buf, &back), 0);
+        assert_memory_equal(back.chunk.id.bytes, item.chunk.id.bytes, KVEDGE_CHUNK_ID_BYTES);
+        assert_memory_equal(back.chunk.parent.bytes, item.chunk.parent.bytes,
+                            KVEDGE_CHUNK_ID_BYTES);
+        assert_int_equal(back.chunk.has_parent, item.chunk.has_parent);
+        assert_string_equal(back.chunk.model_id, "opt-1.3b");
+        assert_int_equal(back.chunk.index, item.chunk.index);
+        assert_int_equal(back.chunk.tokens, item.chunk.tokens);
+        assert_int_equal(back.chunk.created_ms, 0);
+        assert_int_equal(back.layer, item.layer);
+        assert_int_equal(back.head, item.head);
+        assert_int_equal(back.pin, item.pin);
+        assert_int_equal(back.ttl_s, item.ttl_s);
+
+        const size_t reserved[] = {70, 72};
+        t_record_errors(t_parse_put_item, buf, sizeof buf, reserved, 2);
+        t_model_id_errors(t_parse_put_item, buf, sizeof buf, 84);
+        uint8_t bad[KVEDGE_WIRE_PUT_ITEM_BYTES];
+        memcpy(bad, buf, sizeof bad);
+        bad[65] = 2; /* unknown item flag */
+        assert_int_equal(kvedge_wire_put_item_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+        memcpy(bad, buf, sizeof bad);
+        bad[64] = 2; /* has parent is 0 or 1 */
+        assert_int_equal(kvedge_wire_put_item_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+        memcpy(bad, buf, sizeof bad);
+        kvedge_wire_put32(bad + 76, 0); /* no tokens */
+        assert_int_equal(kvedge_wire_put_item_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+        kvedge_wire_put32(bad + 76, KVEDGE_CHUNK_TOKENS_MAX + 1);
+        assert_int_equal(kvedge_wire_put_item_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+    }
+    /* No parent, yet parent bytes. */
+    kvedge_wire_put_item_t item = {0}, back;
+    t_fill_chunk(&item.chunk, 0);
+    uint8_t buf[KVEDGE_WIRE_PUT_ITEM_BYTES];
+    item.chunk.parent.bytes[5] = 9; /* ignored when has_parent is false */
+    assert_int_equal(kvedge_wire_put_item_pack(&item, buf), 0);
+    assert_int_equal(buf[32 + 5], 0);
+    buf[32 + 31] = 1;
+    assert_int_equal(kvedge_wire_put_item_parse(buf, sizeof buf, &back), KVEDGE_EPROTO);
+
+    /* Pack refuses what parse would refuse. */
+    memset(item.chunk.model_id, 'x', 123);
+    item.chunk.model_id[123] = 0;
+    assert_int_equal(kvedge_wire_put_item_pack(&item, buf), 0);
+    assert_int_equal(kvedge_wire_put_item_parse(buf, sizeof buf, &back), 0);
+    assert_int_equal(strlen(back.chunk.model_id), 123);
+    memset(item.chunk.model_id, 'x', 124);
+    item.chunk.model_id[124] = 0;
+    assert_int_equal(kvedge_wire_put_item_pack(&item, buf), KVEDGE_EINVAL);
+    memset(item.chunk.model_id, 'x', KVEDGE_MODEL_ID_MAX_BYTES);
+    item.chunk.model_id[KVEDGE_MODEL_ID_MAX_BYTES] = 0;
+    assert_int_equal(kvedge_wire_put_item_pack(&item, buf), KVEDGE_EINVAL);
+    item.chunk.model_id[0] = 0;
+    assert_int_equal(kvedge_wire_put_item_pack(&item, buf), KVEDGE_EINVAL);
+    snprintf(item.chunk.model_id, sizeof item.chunk.model_id, "m");
+    item.chunk.tokens = 0;
+    assert_int_equal(kvedge_wire_put_item_pack(&item, buf), KVEDGE_EINVAL);
+}
+
+static void test_model_record(void **state)
+{
+    (void)state;
+    for (int d = KVEDGE_DTYPE_FP16; d <= KVEDGE_DTYPE_FP32; d++) {
+        kvedge_model_t m = {"llama-2-7b", 32, 0x0102, 128, (kvedge_dtype_t)d}, back;
+        uint8_t buf[KVEDGE_WIRE_MODEL_BYTES];
+        assert_int_equal(kvedge_wire_model_pack(&m, buf), 0);
+        assert_string_equal((const char *)buf, "llama-2-7b");
+        assert_memory_equal(buf + 124, "\x20\x00\x02\x01\x80\x00", 6);
+        assert_int_equal(buf[130], d);
+        assert_int_equal(kvedge_wire_model_parse(buf, sizeof buf, &back), 0);
+        assert_string_equal(back.id, m.id);
+        assert_int_equal(back.layers, m.layers);
+        assert_int_equal(back.kv_heads, m.kv_heads);
+        assert_int_equal(back.head_dim, m.head_dim);
+        assert_int_equal(back.dtype, m.dtype);
+
+        const size_t reserved[] = {131, 136};
+        t_record_errors(t_parse_model, buf, sizeof buf, reserved, 2);
+        t_model_id_errors(t_parse_model, buf, sizeof buf, 0);
+        uint8_t bad[KVEDGE_WIRE_MODEL_BYTES];
+        const uint8_t dtypes[] = {0, 4, 255};
+        for (size_t i = 0; i < sizeof dtypes; i++) {
+            memcpy(bad, buf, sizeof bad);
+            bad[130] = dtypes[i];
+            assert_int_equal(kvedge_wire_model_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+        }
+        for (int f = 0; f < 3; f++) { /* zero layers, heads, head dim */
+            memcpy(bad, buf, sizeof bad);
+            bad[124 + 2 * f] = bad[125 + 2 * f] = 0;
+            assert_int_equal(kvedge_wire_model_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+            bad[124 + 2 * f] = bad[125 + 2 * f] = 0xFF; /* past the store's limits */
+            assert_int_equal(kvedge_wire_model_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+        }
+    }
+    kvedge_model_t m = {"", 1, 1, 1, KVEDGE_DTYPE_FP16};
+    uint8_t buf[KVEDGE_WIRE_MODEL_BYTES];
+    assert_int_equal(kvedge_wire_model_pack(&m, buf), KVEDGE_EINVAL);
+    memset(m.id, 'q', 124);
+    assert_int_equal(kvedge_wire_model_pack(&m, buf), KVEDGE_EINVAL);
+    m.id[123] = 0;
+    assert_int_equal(kvedge_wire_model_pack(&m, buf), 0);
+    m.dtype = (kvedge_dtype_t)9;
+    assert_int_equal(kvedge_wire_model_pack(&m, buf), KVEDGE_EINVAL);
+}
+
+static void test_chunk_entry(void **state)
+{
+    (void)state;
+    for (uint32_t i = 0; i < 2; i++) {
+        kvedge_wire_chunk_entry_t e = {.blocks = 0x11223344,
+                                       .bytes = 0x0102030405060708ull,
+                                       .pinned_blocks = 0x55667788,
+                                       .fp16_bytes = 0xF0E0D0C0B0A09080ull},
+                                  back;
+        t_fill_chunk(&e.chunk, i * 3);
+        e.chunk.created_ms = 99; /* not on the wire */
+        uint8_t buf[KVEDGE_WIRE_CHUNK_ENTRY_BYTES];
+        assert_int_equal(kvedge_wire_chunk_entry_pack(&e, buf), 0);
+        assert_int_equal(buf[64], i);
+        assert_int_equal(kvedge_wire_get32(buf + 68), e.chunk.index);
+        assert_int_equal(kvedge_wire_get32(buf + 72), 256);
+        assert_int_equal(kvedge_wire_get32(buf + 76), 0x11223344);
+        assert_memory_equal(buf + 80, "\x08\x07\x06\x05\x04\x03\x02\x01", 8);
+        assert_int_equal(kvedge_wire_get32(buf + 88), 0x55667788);
+        assert_memory_equal(buf + 92, "\x80\x90\xA0\xB0\xC0\xD0\xE0\xF0", 8);
+        assert_string_equal((const char *)buf + 104, "opt-1.3b");
+        assert_int_equal(kvedge_wire_chunk_entry_parse(buf, sizeof buf, &back), 0);
+        e.chunk.created_ms = 0;
+        assert_memory_equal(back.chunk.id.bytes, e.chunk.id.bytes, KVEDGE_CHUNK_ID_BYTES);
+        assert_memory_equal(back.chunk.parent.bytes, e.chunk.parent.bytes, KVEDGE_CHUNK_ID_BYTES);
+        assert_int_equal(back.chunk.has_parent, e.chunk.has_parent);
+        assert_string_equal(back.chunk.model_id, e.chunk.model_id);
+        assert_int_equal(back.chunk.index, e.chunk.index);
+        assert_int_equal(back.chunk.tokens, e.chunk.tokens);
+        assert_int_equal(back.chunk.created_ms, 0);
+        assert_int_equal(back.blocks, e.blocks);
+        assert_int_equal(back.bytes, e.bytes);
+        assert_int_equal(back.pinned_blocks, e.pinned_blocks);
+        assert_int_equal(back.fp16_bytes, e.fp16_bytes);
+
+        const size_t reserved[] = {65, 68, 100, 104, 228, 232};
+        t_record_errors(t_parse_chunk_entry, buf, sizeof buf, reserved, 6);
+        t_model_id_errors(t_parse_chunk_entry, buf, sizeof buf, 104);
+        buf[64] = 3;
+        assert_int_equal(kvedge_wire_chunk_entry_parse(buf, sizeof buf, &back), KVEDGE_EPROTO);
+        if (i == 0) {
+            buf[64] = 0;
+            buf[40] = 1; /* parent bytes without a parent */
+            assert_int_equal(kvedge_wire_chunk_entry_parse(buf, sizeof buf, &back), KVEDGE_EPROTO);
+        }
+    }
+    kvedge_wire_chunk_entry_t e = {0};
+    uint8_t buf[KVEDGE_WIRE_CHUNK_ENTRY_BYTES];
+    t_fill_chunk(&e.chunk, 0);
+    memset(e.chunk.model_id, 'x', KVEDGE_MODEL_ID_MAX_BYTES); /* the engine's longest */
+    assert_int_equal(kvedge_wire_chunk_entry_pack(&e, buf), KVEDGE_EINVAL);
+}
+
+static void test_stats(void **state)
+{
+    (void)state;
+    kvedge_engine_stats_t s, back;
+    uint64_t *fields = (uint64_t *)&s; /* 17 u64 and nothing else */
+    assert_int_equal(sizeof s, KVEDGE_WIRE_STATS_BYTES);
+    for (int i = 0; i < 17; i++)
+        fields[i] = 0x0101010101010101ull * (uint64_t)(i + 1) + ((uint64_t)i << 56);
+    uint8_t buf[KVEDGE_WIRE_STATS_BYTES];
+    kvedge_wire_stats_pack(&s, buf);
+    assert_int_equal(buf[0], 1);
+    assert_int_equal(buf[8 * 16], 17); /* bytes read last */
+    assert_true(kvedge_wire_get32(buf + 8 * 3) == (uint32_t)s.pinned_blocks);
+    assert_true(kvedge_wire_get32(buf + 8 * 13) == (uint32_t)s.evicted_bytes);
+    assert_int_equal(kvedge_wire_stats_parse(buf, sizeof buf, &back), 0);
+    assert_memory_equal(&back, &s, sizeof s);
+    t_record_errors(t_parse_stats, buf, sizeof buf, NULL, 0);
+}
+
+static void test_node_info(void **state)
+{
+    (void)state;
+    kvedge_wire_node_info_t n = {KVEDGE_ROLE_CLOUD,
+                                 {0},
+                                 KVEDGE_WIRE_MAX_FRAME_BYTES,
+                                 KVEDGE_WIRE_MAX_ITEMS,
+                                 KVEDGE_WIRE_MAX_CHUNKS,
+                                 KVEDGE_WIRE_MAX_CREDIT,
+                                 8},
+                            back;
+    for (int i = 0; i < 16; i++)
+        n.tenant_tag[i] = (uint8_t)(0xF0 + i);
+    uint8_t buf[KVEDGE_WIRE_NODE_INFO_BYTES];
+    kvedge_wire_node_info_pack(&n, buf);
+    assert_int_equal(buf[0], 1);
+    assert_memory_equal(buf + 8, n.tenant_tag, 16);
+    assert_int_equal(kvedge_wire_get32(buf + 24), KVEDGE_WIRE_MAX_FRAME_BYTES);
+    assert_int_equal(kvedge_wire_get32(buf + 40), 8);
+    assert_int_equal(kvedge_wire_node_info_parse(buf, sizeof buf, &back), 0);
+    assert_memory_equal(&back, &n, sizeof n);
+
+    const size_t reserved[] = {1, 8, 44, 64};
+    t_record_errors(t_parse_node_info, buf, sizeof buf, reserved, 4);
+    uint8_t bad[KVEDGE_WIRE_NODE_INFO_BYTES];
+    const uint8_t roles[] = {0, 3, 255};
+    for (size_t i = 0; i < sizeof roles; i++) {
+        memcpy(bad, buf, sizeof bad);
+        bad[0] = roles[i];
+        assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+    }
+    /* Each limit: 0 and one past the protocol's are out of range. */
+    const uint32_t limits[] = {KVEDGE_WIRE_MAX_FRAME_BYTES, KVEDGE_WIRE_MAX_ITEMS,
+                               KVEDGE_WIRE_MAX_CHUNKS, KVEDGE_WIRE_MAX_CREDIT};
+    for (int f = 0; f < 4; f++) {
+        memcpy(bad, buf, sizeof bad);
+        kvedge_wire_put32(bad + 24 + 4 * f, 0);
+        assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+        kvedge_wire_put32(bad + 24 + 4 * f, limits[f] + 1);
+        assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+    }
+    memcpy(bad, buf, sizeof bad);
+    kvedge_wire_put32(bad + 40, 0); /* default credit 1 ... max credit */
+    assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+    kvedge_wire_put32(bad + 36, 4);
+    kvedge_wire_put32(bad + 40, 5);
+    assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+    kvedge_wire_put32(bad + 40, 4);
+    assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), 0);
+}
+
+static void test_stream_hdr(void **state)
+{
+    (void)state;
+    const int32_t statuses[] = {0, KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT};
+    for (size_t i = 0; i < 3; i++) {
+        kvedge_wire_stream_hdr_t s = {0xA1B2C3D4u, 0xE5F6, statuses[i]}, back;
+        uint8_t buf[KVEDGE_WIRE_STREAM_HDR_BYTES];
+        kvedge_wire_stream_hdr_pack(&s, buf);
+        assert_memory_equal(buf, "\xD4\xC3\xB2\xA1\xF6\xE5\0\0", 8);
+        assert_int_equal(kvedge_wire_stream_hdr_parse(buf, sizeof buf, &back), 0);
+        assert_int_equal(back.chunk_index, s.chunk_index);
+        assert_int_equal(back.head, s.head);
+        assert_int_equal(back.status, s.status);
+        const size_t reserved[] = {6, 8};
+        t_record_errors(t_parse_stream_hdr, buf, sizeof buf, reserved, 2);
+    }
+    const int32_t bad[] = {1, KVEDGE_EINVAL, KVEDGE_EIO, KVEDGE_EPROTO, INT32_MIN};
+    for (size_t i = 0; i < 5; i++) {
+        kvedge_wire_stream_hdr_t s = {0, 0, bad[i]}, back;
+        uint8_t buf[KVEDGE_WIRE_STREAM_HDR_BYTES];
+        kvedge_wire_stream_hdr_pack(&s, buf);
+        assert_int_equal(kvedge_wire_stream_hdr_parse(buf, sizeof buf, &back), KVEDGE_EPROTO);
+    }
+}
+
+static int t_setup(void **state)
+{
+    (void)state;
+    s_big = calloc(1, (size_t)KVEDGE_WIRE_MAX_FRAME_BYTES + 1);
+    return s_big ? 0 : -1;
+}
+
+static int t_teardown(void **state)
+{
+    (void)state;
+    free(s_big);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_op_names),
+        cmocka_unit_test(test_header_round_trip),
+        cmocka_unit_test(test_header_errors),
+        cmocka_unit_test(test_valid_messages),
+        cmocka_unit_test(test_frame_count),
+        cmocka_unit_test(test_frame_sizes),
+        cmocka_unit_test(test_count_limits),
+        cmocka_unit_test(test_flags),
+        cmocka_unit_test(test_status),
+        cmocka_unit_test(test_deadline_and_credit),
+        cmocka_unit_test(test_opcode_and_version),
+        cmocka_unit_test(test_get_reply_items),
+        cmocka_unit_test(test_get_layer_stream),
+        cmocka_unit_test(test_list_request),
+        cmocka_unit_test(test_no_reply_opcodes),
+        cmocka_unit_test(test_key_round_trip),
+        cmocka_unit_test(test_put_item),
+        cmocka_unit_test(test_model_record),
+        cmocka_unit_test(test_chunk_entry),
+        cmocka_unit_test(test_stats),
+        cmocka_unit_test(test_node_info),
+        cmocka_unit_test(test_stream_hdr),
+    };
+    return cmocka_run_group_tests(tests, t_setup, t_teardown);
+}
