@@ -917,6 +917,7 @@ static int s_setup(s_node_t *n, zsock_t *pipe)
         zsock_set_maxmsgsize(n->router, (int64_t)KVEDGE_WIRE_MAX_FRAME_BYTES);
         zsock_set_heartbeat_ivl(n->router, KVEDGE_HEARTBEAT_IVL_MS);
         zsock_set_heartbeat_timeout(n->router, KVEDGE_HEARTBEAT_TIMEOUT_MS);
+        zsock_set_handshake_ivl(n->router, KVEDGE_HANDSHAKE_MS);
         zsock_set_linger(n->router, 0);
         if (n->cert) {
             zcert_apply(n->cert, n->router);

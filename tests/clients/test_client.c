@@ -60,13 +60,14 @@ static int64_t s_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void s_start_server(fx_t *fx)
+/* bind NULL: an ephemeral loopback TCP port. */
+static void s_start_server(fx_t *fx, const char *bind)
 {
     kvedge_server_opts_t so;
     memset(&so, 0, sizeof so);
     so.role = KVEDGE_ROLE_CLOUD;
     so.name = "test-node";
-    so.bind = "tcp://127.0.0.1:*";
+    so.bind = bind ? bind : "tcp://127.0.0.1:*";
     so.insecure = true;
     so.engine = fx->e;
     char why[256] = "";
@@ -122,7 +123,21 @@ static int setup(void **state)
     if (setup_bare(state) != 0)
         return -1;
     fx_t *fx = *state;
-    s_start_server(fx);
+    s_start_server(fx, NULL);
+    fx->c = s_connect(fx, 0, 0);
+    return 0;
+}
+
+/* The same on an IPC endpoint in the test's directory: once the node is gone, nothing else
+ * (another test process reusing an ephemeral port) can answer in its place. */
+static int setup_ipc(void **state)
+{
+    if (setup_bare(state) != 0)
+        return -1;
+    fx_t *fx = *state;
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc://%s/node.ipc", fx->dir);
+    s_start_server(fx, ep);
     fx->c = s_connect(fx, 0, 0);
     return 0;
 }
@@ -1350,7 +1365,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lookup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_list_stat_pin_delete, setup, teardown),
         cmocka_unit_test_setup_teardown(test_enospace, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deadline, setup_ipc, teardown),
         cmocka_unit_test_setup_teardown(test_curve, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),

@@ -1,0 +1,867 @@
+/* Fetch over the network: GET_LAYER of one layer of one chunk from a store node (a separate
+ * process persisting to RocksDB) against Redis GET and MGET of the same bytes and a plain TCP
+ * transfer of them, all over loopback in the same run; then the effective (fp16-equivalent)
+ * bandwidth of the same layer stored lossless, int8 and int4 against Redis moving fp16. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <hiredis.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/bench_common.h"
+#include "clients/kvedge.h"
+#include "store/block.h"
+#include "store/chunk.h"
+#include "store/error.h"
+#include "store/model.h"
+#include "store/synth.h"
+
+#define S_HEAD_DIM     128
+#define S_LAYERS       4 /* layers 0, 1, 2 hold the same data as lossless, int8, int4 */
+#define S_SEED_BASE    1000
+#define S_GB           1e9
+#define S_MS           1e3
+#define S_PATH_MAX     4096
+#define S_MAX_CHILDREN 8
+/* How long a child may take to start listening, and to stop after SIGTERM (the node drains
+ * for up to KVEDGE_SERVER_DRAIN_MS). */
+#define S_START_MS 15000
+#define S_STOP_MS  7000
+#define S_POLL_MS  20
+/* Round trips timed for the latency floor, and the TCP peer's reply size for it. */
+#define S_FLOOR_ITERS     1000
+#define S_FLOOR_TCP_BYTES 8
+/* iperf3: one stream for this long; the tool prints JSON. */
+#define S_IPERF_SECONDS "3"
+#define S_IPERF_OUT_MAX (1 << 20)
+/* The project's goals for an edge fetch, against Redis GET of the same layer. */
+#define S_GOAL_LOSSLESS 1.0
+#define S_GOAL_INT8     1.8
+#define S_GOAL_INT4     3.0
+
+#ifndef KVEDGE_BENCH_KVEDGE_BIN
+#define KVEDGE_BENCH_KVEDGE_BIN "clients/kvedge"
+#endif
+
+enum { S_LOSSLESS, S_INT8, S_INT4, S_SCHEMES };
+
+static const struct {
+    kvedge_scheme_t scheme;
+    uint16_t group;
+    double goal; /* effective bandwidth / Redis GET's */
+} S_SCHEME[S_SCHEMES] = {
+    {KVEDGE_SCHEME_LOSSLESS, 0, S_GOAL_LOSSLESS},
+    {KVEDGE_SCHEME_INT8, 0, S_GOAL_INT8},
+    {KVEDGE_SCHEME_INT4, KVEDGE_BLOCK_INT4_GROUP_DEFAULT, S_GOAL_INT4},
+};
+
+/* One layer size: heads blocks of tokens x S_HEAD_DIM fp16 K+V each. */
+typedef struct {
+    const char *label;
+    uint16_t heads;
+    uint32_t tokens;
+    int iters; /* timed fetches of each kind */
+} s_size_t;
+
+static const s_size_t S_SIZES[] = {
+    {"128 KiB", 1, 256, 200},
+    {"1 MiB", 8, 256, 200},
+    {"16 MiB", 128, 256, 100},
+    {"16 MiB", 8, 4096, 100},
+};
+#define S_N_SIZES (sizeof S_SIZES / sizeof S_SIZES[0])
+
+/* Timings of one kind of fetch, seconds, one per iteration. */
+typedef struct {
+    double *t;
+    double p50, p99;
+} s_lat_t;
+
+/* Everything measured for one size. */
+typedef struct {
+    const s_size_t *sz;
+    uint64_t fp16_bytes;
+    uint8_t *enc[S_SCHEMES]; /* the layer's blocks, one after the other, as GET_LAYER lands them */
+    size_t enc_len[S_SCHEMES];
+    size_t *head_len[S_SCHEMES]; /* encoded bytes of each head */
+    kvedge_chunk_id_t chunk;
+    char model_id[64];
+    s_lat_t kv[S_SCHEMES], get, mget, tcp;
+} s_case_t;
+
+/* ---------------------------------------------------------------- children and cleanup */
+
+static pid_t s_children[S_MAX_CHILDREN];
+static char s_tmpdir[S_PATH_MAX];
+
+static void s_die(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "bench_fetch: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+static void s_forget(pid_t pid)
+{
+    for (int i = 0; i < S_MAX_CHILDREN; i++)
+        if (s_children[i] == pid)
+            s_children[i] = 0;
+}
+
+/* Waits for pid up to ms; true when it was reaped (and *status filled, if not NULL). */
+static bool s_reap(pid_t pid, int ms, int *status)
+{
+    for (int waited = 0;; waited += S_POLL_MS) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid || (r < 0 && errno == ECHILD)) {
+            if (status)
+                *status = r == pid ? st : -1;
+            s_forget(pid);
+            return true;
+        }
+        if (waited >= ms)
+            return false;
+        usleep(S_POLL_MS * 1000);
+    }
+}
+
+/* SIGTERM (a clean shutdown), then SIGKILL for one that lingers. */
+static void s_stop(pid_t pid)
+{
+    bool ours = false;
+    for (int i = 0; i < S_MAX_CHILDREN; i++)
+        ours = ours || (pid > 0 && s_children[i] == pid);
+    if (!ours)
+        return; /* never started, or already reaped */
+    kill(pid, SIGTERM);
+    if (!s_reap(pid, S_STOP_MS, NULL)) {
+        kill(pid, SIGKILL);
+        s_reap(pid, S_STOP_MS, NULL);
+    }
+}
+
+static int s_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* atexit: every exit path (errors included) stops the children and removes the temp dir. */
+static void s_cleanup(void)
+{
+    for (int i = 0; i < S_MAX_CHILDREN; i++)
+        s_stop(s_children[i]);
+    if (s_tmpdir[0]) {
+        nftw(s_tmpdir, s_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        s_tmpdir[0] = '\0';
+    }
+}
+
+/* SIGINT/SIGTERM/SIGHUP: only async-signal-safe calls; rm -rf runs as a child process. */
+static void s_on_signal(int sig)
+{
+    for (int i = 0; i < S_MAX_CHILDREN; i++)
+        if (s_children[i] > 0) {
+            kill(s_children[i], SIGKILL);
+            waitpid(s_children[i], NULL, 0);
+        }
+    if (s_tmpdir[0]) {
+        pid_t p = fork();
+        if (p == 0) {
+            char *const argv[] = {"rm", "-rf", s_tmpdir, NULL};
+            execv("/bin/rm", argv);
+            _exit(127);
+        }
+        if (p > 0)
+            waitpid(p, NULL, 0);
+    }
+    _exit(128 + sig);
+}
+
+/* Starts argv[0] (searched in PATH) as a child that dies with us. Its stdout goes to a pipe
+ * (*out_fd, when out_fd is not NULL) or to /dev/null; its stderr stays ours unless quiet. */
+static pid_t s_spawn(char *const argv[], int *out_fd, bool quiet)
+{
+    int fds[2] = {-1, -1};
+    if (out_fd && pipe2(fds, O_CLOEXEC) != 0)
+        s_die("pipe: %s", strerror(errno));
+    int slot = -1;
+    for (int i = 0; i < S_MAX_CHILDREN && slot < 0; i++)
+        if (s_children[i] == 0)
+            slot = i;
+    if (slot < 0)
+        s_die("%s", "too many children");
+    pid_t pid = fork();
+    if (pid < 0)
+        s_die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int null = open("/dev/null", O_RDWR);
+        dup2(out_fd ? fds[1] : null, STDOUT_FILENO);
+        if (quiet)
+            dup2(null, STDERR_FILENO);
+        dup2(null, STDIN_FILENO);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    s_children[slot] = pid;
+    if (out_fd) {
+        close(fds[1]);
+        *out_fd = fds[0];
+    }
+    return pid;
+}
+
+/* Reads a line from fd within ms; false on EOF or timeout. */
+static bool s_read_line(int fd, char *line, size_t cap, int ms)
+{
+    size_t n = 0;
+    double until = bench_now_s() + ms / S_MS;
+    while (n + 1 < cap) {
+        int left = (int)((until - bench_now_s()) * S_MS);
+        struct pollfd p = {fd, POLLIN, 0};
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            return false;
+        ssize_t r = read(fd, line + n, 1);
+        if (r <= 0)
+            return false;
+        if (line[n] == '\n')
+            break;
+        n++;
+    }
+    line[n] = '\0';
+    return true;
+}
+
+/* A TCP port on 127.0.0.1 that was free a moment ago (for tools that need a number). */
+static int s_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        s_die("cannot find a free port: %s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* ---------------------------------------------------------------- the plain TCP peer */
+
+static void s_write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            _exit(1);
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* The child: for each 8-byte length it reads, writes back that many bytes from one buffer. */
+static void s_tcp_serve(int lfd)
+{
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        _exit(1);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    uint64_t len;
+    while (recv(fd, &len, sizeof len, MSG_WAITALL) == (ssize_t)sizeof len) {
+        if (len > cap) {
+            free(buf);
+            buf = malloc(len);
+            if (!buf)
+                _exit(1);
+            memset(buf, 0x5a, len); /* fault the pages in once */
+            cap = len;
+        }
+        s_write_all(fd, buf, len);
+    }
+    _exit(0);
+}
+
+/* Forks the TCP peer (before any thread exists) and returns a connected socket to it. */
+static int s_tcp_start(void)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(lfd, 1) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&a, &len) != 0)
+        s_die("tcp peer: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0)
+        s_die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        s_tcp_serve(lfd);
+    }
+    s_children[0] = pid;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        s_die("tcp peer connect: %s", strerror(errno));
+    close(lfd);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+/* One request/response of len bytes into dst. */
+static void s_tcp_fetch(int fd, uint8_t *dst, size_t len)
+{
+    uint64_t l = len;
+    if (send(fd, &l, sizeof l, 0) != (ssize_t)sizeof l)
+        s_die("tcp peer send: %s", strerror(errno));
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = recv(fd, dst + got, len - got, MSG_WAITALL);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            s_die("tcp peer recv: %s", r == 0 ? "closed" : strerror(errno));
+        got += (size_t)r;
+    }
+}
+
+/* ---------------------------------------------------------------- the store node */
+
+/* Starts `kvedge store` on an ephemeral loopback port; returns its endpoint in ep. */
+static void s_node_start(const char *bin, const char *data, char *ep, size_t cap)
+{
+    char *const argv[] = {(char *)bin, "store",      "--insecure", "--bind", "tcp://127.0.0.1:*",
+                          "--data",    (char *)data, "--role",     "cloud",  "--log-level",
+                          "warn",      NULL};
+    int fd;
+    s_spawn(argv, &fd, false);
+    char line[256];
+    if (!s_read_line(fd, line, sizeof line, S_START_MS) || strncmp(line, "listening ", 10) != 0)
+        s_die("the store node (%s) did not start listening", bin);
+    close(fd);
+    snprintf(ep, cap, "%s", line + 10);
+}
+
+/* ---------------------------------------------------------------- Redis */
+
+static redisContext *s_redis_start(void)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", s_free_port());
+    char *const argv[] = {"redis-server", "--port",      port,      "--bind",
+                          "127.0.0.1",    "--save",      "",        "--appendonly",
+                          "no",           "--daemonize", "no",      "--dir",
+                          s_tmpdir,       "--loglevel",  "warning", NULL};
+    pid_t pid = s_spawn(argv, NULL, true);
+    for (int waited = 0; waited < S_START_MS; waited += S_POLL_MS) {
+        redisContext *c = redisConnect("127.0.0.1", atoi(port));
+        if (c && !c->err)
+            return c;
+        redisFree(c);
+        if (s_reap(pid, 0, NULL))
+            s_die("%s", "redis-server exited at start (is it installed? scripts/setup.sh)");
+        usleep(S_POLL_MS * 1000);
+    }
+    s_die("%s", "redis-server did not start listening");
+    return NULL;
+}
+
+static void s_redis_set(redisContext *c, const char *key, const uint8_t *v, size_t len)
+{
+    redisReply *r = redisCommand(c, "SET %s %b", key, v, len);
+    if (!r || r->type != REDIS_REPLY_STATUS)
+        s_die("redis SET %s failed", key);
+    freeReplyObject(r);
+}
+
+/* ---------------------------------------------------------------- iperf3 */
+
+/* One iperf3 stream over loopback; bits/s received, or 0 when iperf3 is not there. */
+static double s_iperf(void)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", s_free_port());
+    char *const srv[] = {"iperf3", "-s", "-1", "-p", port, NULL};
+    pid_t spid = s_spawn(srv, NULL, true);
+    double bps = 0;
+    char *out = bench_alloc(S_IPERF_OUT_MAX);
+    for (int attempt = 0; attempt < S_START_MS / 100 && bps == 0; attempt++) {
+        if (s_reap(spid, 0, NULL))
+            break; /* not installed, or it served (and failed) */
+        char *const cli[] = {"iperf3",        "-c", "127.0.0.1", "-p", port, "-t",
+                             S_IPERF_SECONDS, "-J", NULL};
+        int fd;
+        pid_t cpid = s_spawn(cli, &fd, true);
+        size_t n = 0;
+        ssize_t r;
+        while (n + 1 < S_IPERF_OUT_MAX && (r = read(fd, out + n, S_IPERF_OUT_MAX - 1 - n)) > 0)
+            n += (size_t)r;
+        out[n] = '\0';
+        close(fd);
+        int st;
+        s_reap(cpid, S_STOP_MS, &st);
+        const char *p = strstr(out, "\"sum_received\"");
+        p = p ? strstr(p, "\"bits_per_second\"") : NULL;
+        p = p ? strchr(p, ':') : NULL;
+        if (p)
+            bps = strtod(p + 1, NULL);
+        else
+            usleep(100 * 1000); /* the server was not up yet */
+    }
+    free(out);
+    s_stop(spid);
+    return bps;
+}
+
+/* ---------------------------------------------------------------- the data */
+
+/* The same synthetic fp16 layer encoded three ways, put on the node as layers 0, 1, 2 of one
+ * chunk, and set in Redis as one value (the lossless blocks back to back) and one per head. */
+static void s_case_load(s_case_t *cs, size_t index, kvedge_client_t *c, redisContext *rc)
+{
+    const s_size_t *sz = cs->sz;
+    const size_t half = (size_t)sz->tokens * S_HEAD_DIM * 2;
+    cs->fp16_bytes = (uint64_t)sz->heads * 2 * half;
+    snprintf(cs->model_id, sizeof cs->model_id, "bench-fetch-h%u-t%u", sz->heads, sz->tokens);
+    kvedge_model_t model = {.layers = S_LAYERS,
+                            .kv_heads = sz->heads,
+                            .head_dim = S_HEAD_DIM,
+                            .dtype = KVEDGE_DTYPE_FP16};
+    snprintf(model.id, sizeof model.id, "%s", cs->model_id);
+    KVEDGE_BENCH_CHECK(kvedge_client_put_model(c, &model));
+
+    uint32_t *toks = bench_alloc(sz->tokens * sizeof *toks);
+    for (uint32_t i = 0; i < sz->tokens; i++)
+        toks[i] = (uint32_t)(index * 100000 + i);
+    KVEDGE_BENCH_CHECK(kvedge_chunk_id(NULL, 0, cs->model_id, NULL, toks, sz->tokens, &cs->chunk));
+    free(toks);
+
+    uint8_t *k = bench_alloc(half), *v = bench_alloc(half);
+    for (int s = 0; s < S_SCHEMES; s++) {
+        kvedge_block_spec_t spec = {.dtype = KVEDGE_DTYPE_FP16,
+                                    .scheme = S_SCHEME[s].scheme,
+                                    .tokens = sz->tokens,
+                                    .head_dim = S_HEAD_DIM,
+                                    .group_size = S_SCHEME[s].group};
+        size_t bound = kvedge_block_encoded_bound(&spec);
+        cs->enc[s] = bench_alloc(bound * sz->heads);
+        cs->head_len[s] = bench_alloc(sz->heads * sizeof(size_t));
+        cs->enc_len[s] = 0;
+    }
+    for (uint16_t h = 0; h < sz->heads; h++) {
+        KVEDGE_BENCH_CHECK(
+            kvedge_synth_head(S_SEED_BASE + h, 0, sz->tokens, S_HEAD_DIM, KVEDGE_DTYPE_FP16, k, v));
+        for (int s = 0; s < S_SCHEMES; s++) {
+            kvedge_block_spec_t spec = {.dtype = KVEDGE_DTYPE_FP16,
+                                        .scheme = S_SCHEME[s].scheme,
+                                        .tokens = sz->tokens,
+                                        .head_dim = S_HEAD_DIM,
+                                        .group_size = S_SCHEME[s].group};
+            size_t bound = kvedge_block_encoded_bound(&spec), len;
+            KVEDGE_BENCH_CHECK(
+                kvedge_block_encode(&spec, k, v, cs->enc[s] + cs->enc_len[s], bound, &len));
+            cs->head_len[s][h] = len;
+            cs->enc_len[s] += len;
+        }
+    }
+    free(k);
+    free(v);
+
+    /* One put of every block of the three layers. */
+    kvedge_put_item_t *items = bench_alloc((size_t)S_SCHEMES * sz->heads * sizeof *items);
+    size_t n = 0;
+    for (int s = 0; s < S_SCHEMES; s++) {
+        size_t off = 0;
+        for (uint16_t h = 0; h < sz->heads; h++) {
+            kvedge_put_item_t *it = &items[n++];
+            memset(it, 0, sizeof *it);
+            it->chunk.id = cs->chunk;
+            snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%s", cs->model_id);
+            it->chunk.tokens = sz->tokens;
+            it->layer = (uint16_t)s;
+            it->head = h;
+            it->block = cs->enc[s] + off;
+            it->len = cs->head_len[s][h];
+            off += it->len;
+        }
+    }
+    KVEDGE_BENCH_CHECK(kvedge_client_put(c, items, n, NULL));
+    free(items);
+
+    char key[64];
+    snprintf(key, sizeof key, "layer:%zu", index);
+    s_redis_set(rc, key, cs->enc[S_LOSSLESS], cs->enc_len[S_LOSSLESS]);
+    size_t off = 0;
+    for (uint16_t h = 0; h < sz->heads; h++) {
+        snprintf(key, sizeof key, "head:%zu:%u", index, h);
+        s_redis_set(rc, key, cs->enc[S_LOSSLESS] + off, cs->head_len[S_LOSSLESS][h]);
+        off += cs->head_len[S_LOSSLESS][h];
+    }
+}
+
+/* ---------------------------------------------------------------- the fetches */
+
+typedef struct {
+    kvedge_client_t *kv;
+    redisContext *rc;
+    int tcp;
+    uint8_t *buf; /* the caller's buffer every fetch lands in */
+    size_t cap;
+    kvedge_fetched_t *out;
+    char **mget_argv; /* "MGET" and the per-head keys */
+    size_t *mget_len;
+} s_ctx_t;
+
+static double s_fetch_kvedge(s_ctx_t *x, s_case_t *cs, int s, bool check)
+{
+    uint32_t heads = 0;
+    double t0 = bench_now_s();
+    int rc = kvedge_client_get_layer(x->kv, &cs->chunk, 1, (uint16_t)s, x->buf, x->cap, x->out,
+                                     cs->sz->heads, &heads);
+    double t = bench_now_s() - t0;
+    KVEDGE_BENCH_CHECK(rc);
+    if (heads != cs->sz->heads)
+        s_die("GET_LAYER streamed %s heads", "the wrong number of");
+    if (check) {
+        size_t at = 0;
+        for (uint16_t h = 0; h < heads; h++) {
+            if (x->out[h].status != 0 || x->out[h].offset != at ||
+                x->out[h].len != cs->head_len[s][h])
+                s_die("GET_LAYER head %s", "misplaced or missing");
+            at += x->out[h].len;
+        }
+        if (at != cs->enc_len[s] || memcmp(x->buf, cs->enc[s], at) != 0)
+            s_die("GET_LAYER returned %s", "other bytes than were put");
+    }
+    return t;
+}
+
+static double s_fetch_get(s_ctx_t *x, s_case_t *cs, size_t index, bool check)
+{
+    char key[64];
+    snprintf(key, sizeof key, "layer:%zu", index);
+    double t0 = bench_now_s();
+    redisReply *r = redisCommand(x->rc, "GET %s", key);
+    if (!r || r->type != REDIS_REPLY_STRING || (size_t)r->len != cs->enc_len[S_LOSSLESS])
+        s_die("redis GET %s failed", key);
+    if (check && memcmp(r->str, cs->enc[S_LOSSLESS], (size_t)r->len) != 0)
+        s_die("redis GET %s returned other bytes", key);
+    freeReplyObject(r);
+    return bench_now_s() - t0;
+}
+
+static double s_fetch_mget(s_ctx_t *x, s_case_t *cs, size_t index, bool check)
+{
+    const uint16_t heads = cs->sz->heads;
+    for (uint16_t h = 0; h < heads; h++) {
+        snprintf(x->mget_argv[h + 1], 64, "head:%zu:%u", index, h);
+        x->mget_len[h + 1] = strlen(x->mget_argv[h + 1]);
+    }
+    double t0 = bench_now_s();
+    redisReply *r = redisCommandArgv(x->rc, heads + 1, (const char **)x->mget_argv, x->mget_len);
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != heads)
+        s_die("redis MGET of %s failed", cs->sz->label);
+    size_t off = 0;
+    for (uint16_t h = 0; h < heads; h++) {
+        const redisReply *e = r->element[h];
+        if (e->type != REDIS_REPLY_STRING || (size_t)e->len != cs->head_len[S_LOSSLESS][h] ||
+            (check && memcmp(e->str, cs->enc[S_LOSSLESS] + off, (size_t)e->len) != 0))
+            s_die("redis MGET of %s returned other bytes", cs->sz->label);
+        off += (size_t)e->len;
+    }
+    freeReplyObject(r);
+    return bench_now_s() - t0;
+}
+
+static double s_fetch_tcp(s_ctx_t *x, s_case_t *cs)
+{
+    double t0 = bench_now_s();
+    s_tcp_fetch(x->tcp, x->buf, cs->enc_len[S_LOSSLESS]);
+    return bench_now_s() - t0;
+}
+
+static void s_lat_init(s_lat_t *l, int n)
+{
+    l->t = bench_alloc((size_t)n * sizeof(double));
+}
+
+static void s_lat_done(s_lat_t *l, int n)
+{
+    l->p50 = bench_median(l->t, (size_t)n);
+    l->p99 = bench_quantile(l->t, (size_t)n, 0.99);
+    free(l->t);
+    l->t = NULL;
+}
+
+/* One untimed checked pass of every fetch, then iters timed passes, the kinds interleaved so
+ * that noise hits them alike. */
+static void s_case_run(s_ctx_t *x, s_case_t *cs, size_t index)
+{
+    const int n = cs->sz->iters;
+    for (int s = 0; s < S_SCHEMES; s++) {
+        s_fetch_kvedge(x, cs, s, true);
+        s_lat_init(&cs->kv[s], n);
+    }
+    s_fetch_get(x, cs, index, true);
+    s_fetch_mget(x, cs, index, true);
+    s_fetch_tcp(x, cs);
+    s_lat_init(&cs->get, n);
+    s_lat_init(&cs->mget, n);
+    s_lat_init(&cs->tcp, n);
+    for (int i = 0; i < n; i++) {
+        for (int s = 0; s < S_SCHEMES; s++)
+            cs->kv[s].t[i] = s_fetch_kvedge(x, cs, s, false);
+        cs->get.t[i] = s_fetch_get(x, cs, index, false);
+        cs->mget.t[i] = s_fetch_mget(x, cs, index, false);
+        cs->tcp.t[i] = s_fetch_tcp(x, cs);
+    }
+    for (int s = 0; s < S_SCHEMES; s++)
+        s_lat_done(&cs->kv[s], n);
+    s_lat_done(&cs->get, n);
+    s_lat_done(&cs->mget, n);
+    s_lat_done(&cs->tcp, n);
+}
+
+/* The round-trip floor, no payload to speak of: kvedge PING (answered by the node's frontend,
+ * no worker, no engine), Redis PING, and an 8-byte TCP request/response. */
+static void s_floor_run(s_ctx_t *x, s_lat_t *ping, s_lat_t *rping, s_lat_t *tcp)
+{
+    s_lat_init(ping, S_FLOOR_ITERS);
+    s_lat_init(rping, S_FLOOR_ITERS);
+    s_lat_init(tcp, S_FLOOR_ITERS);
+    for (int i = -1; i < S_FLOOR_ITERS; i++) { /* i = -1: warm-up */
+        double t0 = bench_now_s();
+        KVEDGE_BENCH_CHECK(kvedge_client_ping(x->kv, 0, NULL, NULL));
+        double t1 = bench_now_s();
+        redisReply *r = redisCommand(x->rc, "PING");
+        if (!r || r->type != REDIS_REPLY_STATUS)
+            s_die("%s", "redis PING failed");
+        freeReplyObject(r);
+        double t2 = bench_now_s();
+        s_tcp_fetch(x->tcp, x->buf, S_FLOOR_TCP_BYTES);
+        double t3 = bench_now_s();
+        if (i >= 0) {
+            ping->t[i] = t1 - t0;
+            rping->t[i] = t2 - t1;
+            tcp->t[i] = t3 - t2;
+        }
+    }
+    s_lat_done(ping, S_FLOOR_ITERS);
+    s_lat_done(rping, S_FLOOR_ITERS);
+    s_lat_done(tcp, S_FLOOR_ITERS);
+}
+
+/* ---------------------------------------------------------------- report */
+
+static double s_gbps(double bytes, double secs)
+{
+    return bytes / S_GB / secs;
+}
+
+static void s_print(const s_case_t *cases, const s_lat_t floor[3], double iperf_bps, int ncpu,
+                    uint32_t credit)
+{
+    printf("### Fetch over loopback: one layer of one chunk, GET_LAYER against Redis and TCP\n\n");
+    printf("All on 127.0.0.1 on this %d-core machine: the store node (RocksDB on disk, block "
+           "cache warm), redis-server (persistence off), the TCP peer and this client share the "
+           "cores. GB = 10^9 bytes; GB/s = bytes / p50.\n\n",
+           ncpu);
+    if (iperf_bps > 0)
+        printf("iperf3, one stream for %s s: %.2f GB/s received.\n\n", S_IPERF_SECONDS,
+               iperf_bps / 8 / S_GB);
+    else
+        printf("iperf3: not available.\n\n");
+    printf("Round-trip floor (p50 / p99 ms of %d): kvedge PING %.3f / %.3f, Redis PING %.3f / "
+           "%.3f, TCP %d-byte request/response %.3f / %.3f. GET_LAYER credit: %u.\n\n",
+           S_FLOOR_ITERS, floor[0].p50 * S_MS, floor[0].p99 * S_MS, floor[1].p50 * S_MS,
+           floor[1].p99 * S_MS, S_FLOOR_TCP_BYTES, floor[2].p50 * S_MS, floor[2].p99 * S_MS,
+           credit);
+
+    printf("| layer | heads x tokens | bytes | fetches | kvedge p50 / p99 ms | kvedge GB/s | "
+           "Redis GET p50 / p99 ms | GET GB/s | kvedge/GET | Redis MGET p50 / p99 ms | MGET GB/s "
+           "| kvedge/MGET | TCP p50 ms | TCP GB/s | kvedge/TCP | lossless >= %.1fx Redis GET |\n",
+           S_GOAL_LOSSLESS);
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for (size_t i = 0; i < S_N_SIZES; i++) {
+        const s_case_t *c = &cases[i];
+        double bytes = (double)c->enc_len[S_LOSSLESS];
+        double kv = s_gbps(bytes, c->kv[S_LOSSLESS].p50), get = s_gbps(bytes, c->get.p50);
+        double mget = s_gbps(bytes, c->mget.p50), tcp = s_gbps(bytes, c->tcp.p50);
+        printf("| %s | %u x %u | %zu | %d | %.3f / %.3f | %.2f | %.3f / %.3f | %.2f | %.2f | "
+               "%.3f / %.3f | %.2f | %.2f | %.3f | %.2f | %.2f | %s |\n",
+               c->sz->label, c->sz->heads, c->sz->tokens, c->enc_len[S_LOSSLESS], c->sz->iters,
+               c->kv[S_LOSSLESS].p50 * S_MS, c->kv[S_LOSSLESS].p99 * S_MS, kv, c->get.p50 * S_MS,
+               c->get.p99 * S_MS, get, kv / get, c->mget.p50 * S_MS, c->mget.p99 * S_MS, mget,
+               kv / mget, c->tcp.p50 * S_MS, tcp, kv / tcp,
+               kv / get >= S_GOAL_LOSSLESS ? "met" : "missed");
+    }
+    printf("\nbytes = the layer's lossless blocks (fp16 K+V + 40 header/checksum bytes per head), "
+           "the same bytes in Redis (one value for GET, one per head for MGET) and over TCP.\n\n");
+
+    printf("#### Effective bandwidth: fp16 bytes of the layer / p50 fetch\n\n");
+    printf("| layer (fp16) | heads x tokens | scheme | bytes moved | fp16/moved | p50 / p99 ms | "
+           "effective GB/s | Redis GET effective GB/s | vs Redis GET | goal |\n");
+    printf("|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+    for (size_t i = 0; i < S_N_SIZES; i++) {
+        const s_case_t *c = &cases[i];
+        double fp16 = (double)c->fp16_bytes, redis = s_gbps(fp16, c->get.p50);
+        for (int s = 0; s < S_SCHEMES; s++) {
+            double eff = s_gbps(fp16, c->kv[s].p50);
+            printf("| %s | %u x %u | %s | %zu | %.2f | %.3f / %.3f | %.2f | %.2f | %.2f | "
+                   ">= %.1fx: %s |\n",
+                   c->sz->label, c->sz->heads, c->sz->tokens,
+                   kvedge_scheme_name(S_SCHEME[s].scheme), c->enc_len[s],
+                   fp16 / (double)c->enc_len[s], c->kv[s].p50 * S_MS, c->kv[s].p99 * S_MS, eff,
+                   redis, eff / redis, S_SCHEME[s].goal,
+                   eff / redis >= S_SCHEME[s].goal ? "met" : "missed");
+        }
+    }
+    printf("\nint8: group 0 (per channel / per token); int4: group %u; lz4 off. Redis moves the "
+           "lossless layer every time (fp16/moved = 1.00 for it).\n",
+           KVEDGE_BLOCK_INT4_GROUP_DEFAULT);
+}
+
+/* ---------------------------------------------------------------- main */
+
+static void s_usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s [--kvedge PATH (the kvedge binary, default %s)] [--dir DIR (temp dir "
+            "parent, default /tmp)] [--reps N (fetches per kind and size, >= %d; default "
+            "200, 100 for 16 MiB)] [--credit N (GET_LAYER credit, default the client's)] "
+            "[--no-iperf]\n",
+            argv0, KVEDGE_BENCH_KVEDGE_BIN, KVEDGE_BENCH_REPS_MIN);
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    const char *bin = KVEDGE_BENCH_KVEDGE_BIN, *dir = "/tmp";
+    int reps = 0, credit = 0;
+    bool iperf = true;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--kvedge") == 0 && i + 1 < argc)
+            bin = argv[++i];
+        else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
+            dir = argv[++i];
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--credit") == 0 && i + 1 < argc)
+            credit = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--no-iperf") == 0)
+            iperf = false;
+        else
+            s_usage(argv[0]);
+    }
+    if ((reps != 0 && reps < KVEDGE_BENCH_REPS_MIN) || credit < 0 || credit > 1024)
+        s_usage(argv[0]);
+    if (access(bin, X_OK) != 0)
+        s_die("cannot run the kvedge binary %s (pass --kvedge PATH)", bin);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    atexit(s_cleanup);
+    snprintf(s_tmpdir, sizeof s_tmpdir, "%s/kvedge-bench-fetch-XXXXXX", dir);
+    if (!mkdtemp(s_tmpdir)) {
+        int e = errno;
+        s_tmpdir[0] = '\0';
+        s_die("mkdtemp: %s", strerror(e));
+    }
+
+    /* Children first, while this process has one thread. */
+    s_ctx_t x;
+    memset(&x, 0, sizeof x);
+    x.tcp = s_tcp_start();
+    char data[S_PATH_MAX + 16], ep[256];
+    snprintf(data, sizeof data, "%s/node", s_tmpdir);
+    s_node_start(bin, data, ep, sizeof ep);
+    x.rc = s_redis_start();
+
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.name = "bench_fetch";
+    if (credit)
+        o.credit = (uint32_t)credit;
+    KVEDGE_BENCH_CHECK(kvedge_client_connect(&o, &x.kv));
+
+    s_case_t cases[S_N_SIZES];
+    memset(cases, 0, sizeof cases);
+    uint16_t max_heads = 0;
+    for (size_t i = 0; i < S_N_SIZES; i++) {
+        cases[i].sz = &S_SIZES[i];
+        s_case_load(&cases[i], i, x.kv, x.rc);
+        if (cases[i].enc_len[S_LOSSLESS] > x.cap)
+            x.cap = cases[i].enc_len[S_LOSSLESS];
+        if (S_SIZES[i].heads > max_heads)
+            max_heads = S_SIZES[i].heads;
+    }
+    x.buf = bench_alloc(x.cap);
+    memset(x.buf, 0, x.cap); /* fault the pages in before anything is timed */
+    x.out = bench_alloc(max_heads * sizeof *x.out);
+    x.mget_argv = bench_alloc(((size_t)max_heads + 1) * sizeof *x.mget_argv);
+    x.mget_len = bench_alloc(((size_t)max_heads + 1) * sizeof *x.mget_len);
+    x.mget_argv[0] = "MGET";
+    x.mget_len[0] = 4;
+    for (uint16_t h = 0; h < max_heads; h++)
+        x.mget_argv[h + 1] = bench_alloc(64);
+
+    s_size_t sizes[S_N_SIZES];
+    for (size_t i = 0; i < S_N_SIZES; i++) {
+        sizes[i] = S_SIZES[i];
+        if (reps)
+            sizes[i].iters = reps;
+        cases[i].sz = &sizes[i];
+        s_case_run(&x, &cases[i], i);
+    }
+    s_lat_t floor[3];
+    s_floor_run(&x, &floor[0], &floor[1], &floor[2]);
+    /* Last, as it loads both cores for seconds: the streaming ceiling of loopback. */
+    double bps = iperf ? s_iperf() : 0;
+
+    s_print(cases, floor, bps, (int)sysconf(_SC_NPROCESSORS_ONLN), o.credit);
+
+    kvedge_client_destroy(&x.kv);
+    redisFree(x.rc);
+    close(x.tcp);
+    for (uint16_t h = 0; h < max_heads; h++)
+        free(x.mget_argv[h + 1]);
+    free(x.mget_argv);
+    free(x.mget_len);
+    free(x.out);
+    free(x.buf);
+    for (size_t i = 0; i < S_N_SIZES; i++)
+        for (int s = 0; s < S_SCHEMES; s++) {
+            free(cases[i].enc[s]);
+            free(cases[i].head_len[s]);
+        }
+    return 0; /* s_cleanup stops the children and removes the temp dir */
+}
