@@ -20,7 +20,7 @@
 
 static const char *const s_op_names[] = {
     NULL,   "HELLO",  "PING", "PUT",   "GET",    "GET_LAYER", "LOOKUP", "LIST",
-    "STAT", "DELETE", "PIN",  "UNPIN", "CREDIT", "CANCEL",    "MODEL",
+    "STAT", "DELETE", "PIN",  "UNPIN", "CREDIT", "CANCEL",    "MODEL",  "EVICT",
 };
 
 /* ---- little-endian helpers beyond the 32-bit ones in frame.h ---- */
@@ -252,6 +252,8 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
         return s_check(c == 0 && n == 0 && s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT));
     case KVEDGE_OP_MODEL:
         return s_check(c == 0 && n == 1 && f[0].len == KVEDGE_WIRE_MODEL_BYTES);
+    case KVEDGE_OP_EVICT: /* f1: u64 target bytes */
+        return s_check(c == 0 && n == 1 && f[0].len == 8);
     default:
         return KVEDGE_EPROTO;
     }
@@ -350,6 +352,8 @@ static int s_validate_reply(const kvedge_wire_header_t *h, const kvedge_wire_fra
         return s_check(s_count_in(c, 1, KVEDGE_WIRE_MAX_CHUNKS) && s_one_array(f, n, c, 4));
     case KVEDGE_OP_MODEL:
         return s_check(c == 0 && n == 1 && f[0].len == KVEDGE_WIRE_MODEL_BYTES);
+    case KVEDGE_OP_EVICT: /* f1: u64 blocks evicted | u64 bytes evicted */
+        return s_check(c == 0 && n == 1 && f[0].len == 16);
     default:
         return KVEDGE_EPROTO;
     }

@@ -57,6 +57,7 @@ typedef enum {
     KVEDGE_OP_CREDIT = 12,
     KVEDGE_OP_CANCEL = 13,
     KVEDGE_OP_MODEL = 14,
+    KVEDGE_OP_EVICT = 15,
 } kvedge_op_t;
 
 typedef struct {

@@ -12,8 +12,9 @@
 #include "store/error.h"
 
 /* Job kinds on the internal sockets (first frame, one byte). */
-#define S_JOB_REQUEST 'R' /* [kind][route][tag 16][arrival ms 8][header][payload...] */
+#define S_JOB_REQUEST 'R' /* [kind][route][tag 16 | admin 1][arrival ms 8][header][payload...] */
 #define S_JOB_READ    'S' /* [kind][stream key][seq 4][stored key 36] */
+#define S_TICK_MS     100 /* stream housekeeping period */
 
 struct kvedge_server_t {
     zactor_t *frontend;   /* the actor running s_frontend */
@@ -39,6 +40,7 @@ typedef struct {
     int n_workers;
     zhashx_t *streams;    /* stream key -> s_stream_t */
     uint64_t outstanding; /* jobs pushed, results not yet back */
+    bool draining;        /* shutting down: new requests are answered ECLOSED */
     char *start_error;    /* set when start fails, read by kvedge_server_start */
     int start_rc;
     kvedge_server_t *owner;
@@ -82,16 +84,18 @@ bool kvedge_endpoint_is_loopback(const char *ep)
 
 /* The tenant of the peer that sent frame f: from the CURVE key the ZAP handler accepted
  * (User-Id), mapped through the allowlist certificate's "tenant" metadata when present. */
-static void s_tenant_of(s_node_t *n, zframe_t *f, uint8_t tag[16])
+static bool s_tenant_of(s_node_t *n, zframe_t *f, uint8_t tag[16])
 {
     const char *user = n->cert ? zframe_meta(f, "User-Id") : NULL;
     if (!user || !*user) {
         memcpy(tag, n->loopback_tag, 16);
-        return;
+        return true; /* plaintext exists only on loopback: the operator's own machine */
     }
     zcert_t *c = n->allow ? zcertstore_lookup(n->allow, user) : NULL;
     const char *tenant = c ? zcert_meta(c, "tenant") : NULL;
+    const char *admin = c ? zcert_meta(c, "admin") : NULL;
     kvedge_tenant_tag(tenant && *tenant ? tenant : user, tag);
+    return admin && (strcmp(admin, "1") == 0 || strcmp(admin, "true") == 0);
 }
 
 /* ---------------------------------------------------------------- messages */
@@ -373,22 +377,51 @@ static void s_do_chunks(s_node_t *n, const uint8_t tag[16], const kvedge_wire_he
                         const kvedge_wire_frame_t *pf, zmsg_t *reply)
 {
     zframe_t *f = zframe_new(NULL, (size_t)h->count * 4);
-    for (uint32_t i = 0; i < h->count; i++) {
+    int rc = KVEDGE_OK;
+    for (uint32_t i = 0; i < h->count && rc == KVEDGE_OK; i++) {
         kvedge_chunk_id_t id;
         memcpy(id.bytes, pf[0].data + (size_t)i * KVEDGE_CHUNK_ID_BYTES, KVEDGE_CHUNK_ID_BYTES);
         kvedge_tenant_chunk_id(tag, &id, &id);
         uint64_t changed = 0;
-        if (h->opcode == KVEDGE_OP_DELETE)
-            kvedge_engine_delete_chunk(n->opts.engine, &id, true, &changed);
-        else
-            kvedge_engine_pin_chunk(n->opts.engine, &id, h->opcode == KVEDGE_OP_PIN, &changed);
+        int r = h->opcode == KVEDGE_OP_DELETE
+                    ? kvedge_engine_delete_chunk(n->opts.engine, &id, true, &changed)
+                    : kvedge_engine_pin_chunk(n->opts.engine, &id, h->opcode == KVEDGE_OP_PIN,
+                                              &changed);
+        if (r != KVEDGE_OK && r != KVEDGE_ENOTFOUND) /* a chunk not there changes nothing */
+            rc = r;
         kvedge_wire_put32(zframe_data(f) + 4 * i,
                           changed > UINT32_MAX ? UINT32_MAX : (uint32_t)changed);
     }
-    zframe_t *hdr =
-        s_header_frame(h->opcode, KVEDGE_WIRE_FLAG_REPLY, h->request_id, KVEDGE_OK, h->count);
+    zframe_t *hdr = s_header_frame(h->opcode, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc,
+                                   rc == KVEDGE_OK ? h->count : 0);
     zmsg_append(reply, &hdr);
-    zmsg_append(reply, &f);
+    if (rc == KVEDGE_OK)
+        zmsg_append(reply, &f);
+    zframe_destroy(&f);
+}
+
+/* Store-wide eviction: only for keys whose allowlist certificate says admin = true. */
+static void s_do_evict(s_node_t *n, bool admin, const kvedge_wire_header_t *h,
+                       const kvedge_wire_frame_t *pf, zmsg_t *reply)
+{
+    uint64_t target =
+        (uint64_t)kvedge_wire_get32(pf[0].data) | (uint64_t)kvedge_wire_get32(pf[0].data + 4) << 32;
+    uint64_t blocks = 0, bytes = 0;
+    int rc = admin ? kvedge_engine_evict(n->opts.engine, target, &blocks, &bytes) : KVEDGE_EDENIED;
+    zframe_t *hdr = s_header_frame(KVEDGE_OP_EVICT, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
+    zmsg_append(reply, &hdr);
+    if (rc == KVEDGE_OK) {
+        uint8_t out[16];
+        kvedge_wire_put32(out, (uint32_t)blocks);
+        kvedge_wire_put32(out + 4, (uint32_t)(blocks >> 32));
+        kvedge_wire_put32(out + 8, (uint32_t)bytes);
+        kvedge_wire_put32(out + 12, (uint32_t)(bytes >> 32));
+        zmsg_addmem(reply, out, sizeof out);
+    }
+    if (rc == KVEDGE_OK || rc == KVEDGE_EFULL)
+        kvedge_log_info("evict to %llu bytes: %llu blocks, %llu bytes%s",
+                        (unsigned long long)target, (unsigned long long)blocks,
+                        (unsigned long long)bytes, rc ? " (pinned blocks remain over target)" : "");
 }
 
 static void s_do_model(s_node_t *n, const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
@@ -399,7 +432,7 @@ static void s_do_model(s_node_t *n, const kvedge_wire_header_t *h, const kvedge_
     if (rc == KVEDGE_OK)
         rc = kvedge_engine_put_model(n->opts.engine, &m);
     if (rc == KVEDGE_OK || rc == KVEDGE_ESHAPE)
-        rc = kvedge_engine_get_model(n->opts.engine, m.id, &have) == KVEDGE_OK ? rc : rc;
+        rc = kvedge_engine_get_model(n->opts.engine, m.id, &have); /* answer the node's shape */
     zframe_t *hdr = s_header_frame(KVEDGE_OP_MODEL, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
     zmsg_append(reply, &hdr);
     if (rc == KVEDGE_OK) {
@@ -417,6 +450,7 @@ static zmsg_t *s_run_request(s_node_t *n, zmsg_t *job)
     uint8_t tag[16];
     uint64_t arrival = 0;
     memcpy(tag, zframe_data(tagf), 16);
+    bool admin = zframe_data(tagf)[16] != 0;
     memcpy(&arrival, zframe_data(arrf), 8);
     kvedge_wire_header_t h;
     kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h); /* checked by frontend */
@@ -450,6 +484,9 @@ static zmsg_t *s_run_request(s_node_t *n, zmsg_t *job)
             break;
         case KVEDGE_OP_MODEL:
             s_do_model(n, &h, pf, reply);
+            break;
+        case KVEDGE_OP_EVICT:
+            s_do_evict(n, admin, &h, pf, reply);
             break;
         default: {
             zframe_t *hdr =
@@ -764,14 +801,21 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         rc = KVEDGE_EPROTO;
     if (rc == KVEDGE_OK)
         rc = kvedge_wire_validate(&h, pf, np);
-    uint8_t tag[16];
-    s_tenant_of(n, hf, tag);
+    uint8_t tag[17];
+    tag[16] = s_tenant_of(n, hf, tag) ? 1 : 0;
     if (rc != KVEDGE_OK) {
         kvedge_log_debug("malformed %s request %llu: %s",
                          kvedge_wire_op_name(h.opcode) ? kvedge_wire_op_name(h.opcode) : "?",
                          (unsigned long long)h.request_id, kvedge_strerror(rc));
         bool known = kvedge_wire_op_name(h.opcode) != NULL;
         zmsg_t *r = s_error_reply(route, known ? h.opcode : 0, h.request_id, rc);
+        s_send(n, &r);
+        zframe_destroy(&hf);
+        zmsg_destroy(&msg);
+        return;
+    }
+    if (n->draining && h.opcode != KVEDGE_OP_CREDIT && h.opcode != KVEDGE_OP_CANCEL) {
+        zmsg_t *r = s_error_reply(route, h.opcode, h.request_id, KVEDGE_ECLOSED);
         s_send(n, &r);
         zframe_destroy(&hf);
         zmsg_destroy(&msg);
@@ -829,10 +873,11 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
     default: {
         /* Worker job: [R][route][tag][arrival][header][payload...] */
         uint64_t now = s_now_ms();
-        zmsg_t *job = zmsg_dup(msg);
+        zmsg_t *job = msg; /* the payload frames move to the worker: no copy of blocks */
+        msg = NULL;
         zmsg_pushmem(job, zframe_data(hf), zframe_size(hf));
         zmsg_pushmem(job, &now, 8);
-        zmsg_pushmem(job, tag, 16);
+        zmsg_pushmem(job, tag, 17);
         zframe_t *r = zframe_dup(route);
         zmsg_prepend(job, &r);
         zmsg_pushmem(job, "R", 1);
@@ -990,20 +1035,25 @@ static void s_frontend(zsock_t *pipe, void *args)
                     n->opts.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge", n->name,
                     n->cert ? "CURVE" : "plaintext loopback", n->n_workers);
     zpoller_t *poller = zpoller_new(pipe, n->router, n->results, NULL);
-    bool draining = false;
-    uint64_t drain_until = 0;
+    uint64_t drain_until = 0, next_tick = s_now_ms() + S_TICK_MS;
     while (true) {
-        void *which = zpoller_wait(poller, 100);
+        void *which = zpoller_wait(poller, S_TICK_MS);
         if (which == pipe) {
             char *cmd = zstr_recv(pipe);
             bool term = !cmd || streq(cmd, "$TERM");
             zstr_free(&cmd);
-            if (term && !draining) {
-                /* Stop taking requests; let workers finish what they hold. */
-                draining = true;
+            if (term && !n->draining) {
+                /* Stop taking work: streams end with ECLOSED, workers finish what they hold,
+                 * and every request that still arrives is answered ECLOSED. */
+                n->draining = true;
                 drain_until = s_now_ms() + KVEDGE_SERVER_DRAIN_MS;
-                zpoller_remove(poller, n->router);
-                zhashx_purge(n->streams);
+                zlistx_t *keys = zhashx_keys(n->streams);
+                for (char *k = zlistx_first(keys); k; k = zlistx_next(keys)) {
+                    s_stream_t *st = zhashx_lookup(n->streams, k);
+                    if (st)
+                        s_stream_end(n, st, KVEDGE_ECLOSED);
+                }
+                zlistx_destroy(&keys);
             }
         } else if (which == n->router) {
             zmsg_t *m = zmsg_recv(n->router);
@@ -1011,12 +1061,16 @@ static void s_frontend(zsock_t *pipe, void *args)
                 s_frontend_request(n, m);
         } else if (which == n->results) {
             s_frontend_result(n);
-        } else if (!draining) {
-            s_streams_tick(n);
         }
-        if (draining && (n->outstanding == 0 || s_now_ms() > drain_until))
+        /* On the clock, not only on idle polls: under steady traffic streams still get their
+         * read retries and their idle limit. */
+        if (!n->draining && s_now_ms() >= next_tick) {
+            s_streams_tick(n);
+            next_tick = s_now_ms() + S_TICK_MS;
+        }
+        if (n->draining && (n->outstanding == 0 || s_now_ms() > drain_until))
             break;
-        if (zpoller_terminated(poller) && !draining)
+        if (zpoller_terminated(poller) && !n->draining)
             break;
     }
     kvedge_log_info("node %s stopped", n->owner->endpoint);

@@ -323,25 +323,30 @@ static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
 {
     (void)cli;
     static const struct option opts[] = {{"tenant", required_argument, NULL, 't'},
+                                         {"admin", no_argument, NULL, 'a'},
                                          {"force", no_argument, NULL, 'f'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"keygen", NULL, "PATH [--tenant NAME] [--force]", NULL};
+    const kvedge_cli_cmd_t cmd = {"keygen", NULL, "PATH [--tenant NAME] [--admin] [--force]", NULL};
     const char *tenant = NULL;
-    bool force = false;
+    bool force = false, admin = false;
     int ch;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "t:fh", opts, NULL)) != -1) {
         if (ch == 't') {
             tenant = optarg;
+        } else if (ch == 'a') {
+            admin = true;
         } else if (ch == 'f') {
             force = true;
         } else if (ch == 'h') {
-            printf("usage: kvedge keygen PATH [--tenant NAME] [--force]\n\n"
-                   "Writes a CURVE certificate pair: PATH (public: give it to the node's\n"
-                   "clients directory, or to clients as the node key) and PATH_secret (mode\n"
-                   "0600: keep it). --tenant puts the client in a named tenant: every key of\n"
-                   "the same tenant shares one cache namespace.\n");
+            printf(
+                "usage: kvedge keygen PATH [--tenant NAME] [--admin] [--force]\n\n"
+                "Writes a CURVE certificate pair: PATH (public: give it to the node's\n"
+                "clients directory, or to clients as the node key) and PATH_secret (mode\n"
+                "0600: keep it). --tenant puts the client in a named tenant: every key of\n"
+                "the same tenant shares one cache namespace. --admin lets the key run store-wide\n"
+                "operations (evict) once its public certificate is in a node's allowlist.\n");
             return KVEDGE_EXIT_OK;
         } else {
             kvedge_cli_error("keygen: unknown option '%s'", argv[optind - 1]);
@@ -365,6 +370,8 @@ static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_FAILURE;
     if (tenant)
         zcert_set_meta(cert, "tenant", "%s", tenant);
+    if (admin)
+        zcert_set_meta(cert, "admin", "true");
     mode_t old = umask(077); /* the secret file is private from its first byte */
     int rc = zcert_save(cert, path);
     umask(old);

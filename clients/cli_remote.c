@@ -705,14 +705,39 @@ static int s_r_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
     return rc == KVEDGE_OK ? KVEDGE_EXIT_OK : s_fail("put-synthetic", rc);
 }
 
-static int s_r_local_only(kvedge_cli_t *cli, int argc, char **argv)
+static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
 {
-    (void)cli;
-    (void)argc;
-    kvedge_cli_error("%s changes the whole store and runs on the node's host: kvedge --data DIR "
-                     "%s (remote clients are confined to their tenant)",
-                     argv[0], argv[0]);
-    return KVEDGE_EXIT_USAGE;
+    uint64_t target = 0;
+    if (argc != 3 || strcmp(argv[1], "--to") != 0 || kvedge_cli_parse_size(argv[2], &target)) {
+        kvedge_cli_error("evict: usage: kvedge -H EP evict --to SIZE (an admin key is needed)");
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_client_t *c;
+    int ex = s_connect(cli, &c);
+    if (ex)
+        return ex;
+    uint64_t blocks = 0, bytes = 0;
+    int rc = kvedge_client_evict(c, target, &blocks, &bytes);
+    kvedge_client_destroy(&c);
+    if (rc == KVEDGE_EDENIED) {
+        kvedge_cli_error("evict: denied: eviction is store-wide and needs an admin key "
+                         "(kvedge keygen --admin, listed in the node's allowlist)");
+        return KVEDGE_EXIT_UNAVAILABLE;
+    }
+    if (rc == KVEDGE_EFULL) {
+        kvedge_cli_error("evict: pinned blocks alone exceed the target");
+        return KVEDGE_EXIT_FAILURE;
+    }
+    if (rc != KVEDGE_OK)
+        return s_fail("evict", rc);
+    char b[32];
+    if (cli->json)
+        printf("{\"evicted_blocks\":%llu,\"evicted_bytes\":%llu}\n", (unsigned long long)blocks,
+               (unsigned long long)bytes);
+    else
+        printf("evicted %llu blocks (%s) on %s\n", (unsigned long long)blocks,
+               kvedge_cli_bytes(bytes, b, sizeof b), cli->host);
+    return KVEDGE_EXIT_OK;
 }
 
 const kvedge_cli_cmd_t kvedge_cli_remote_cmds[] = {
@@ -721,7 +746,7 @@ const kvedge_cli_cmd_t kvedge_cli_remote_cmds[] = {
     {"show", s_r_show, "PREFIX [--layer L]", "Fetch and verify every block of a prefix chunk."},
     {"put-synthetic", s_r_put_synthetic, "--model ID [...]", "Store a synthetic KV cache."},
     {"verify", s_r_verify, "", "Fetch and verify every block of this tenant."},
-    {"evict", s_r_local_only, "", "(runs on the node's host)"},
+    {"evict", s_r_evict, "--to SIZE", "Store-wide LRU eviction (admin key)."},
     {"pin", s_r_pin, "PREFIX", "Pin a prefix and its chain."},
     {"unpin", s_r_unpin, "PREFIX", "Unpin a prefix and its chain."},
     {"delete", s_r_delete, "PREFIX", "Delete a prefix chunk and the chunks below it."},

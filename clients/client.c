@@ -698,6 +698,9 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
         (opts->server_key && !opts->client_cert) || strlen(name) < 1 ||
         strlen(name) > KVEDGE_WIRE_MAX_NAME_BYTES)
         return KVEDGE_EINVAL;
+    /* czmq would install process-wide SIGINT/SIGTERM handlers on first use and swallow the
+     * application's Ctrl-C; a library must not change that. */
+    zsys_handler_set(NULL);
     kvedge_client_t *c = calloc(1, sizeof *c);
     s_io_t *io = calloc(1, sizeof *io);
     bool failed = !c || !io;
@@ -849,6 +852,29 @@ int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
     rc = kvedge_wire_stats_parse(zframe_data(f), zframe_size(f), out);
     s_req_release(r);
     return rc;
+}
+
+int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blocks,
+                        uint64_t *bytes)
+{
+    if (!c)
+        return KVEDGE_EINVAL;
+    uint8_t *p;
+    s_req_t *r = s_req_frame(KVEDGE_OP_EVICT, 0, s_deadline(c, 0), NULL, 8, &p);
+    if (!r)
+        return KVEDGE_ENOMEM;
+    kvedge_wire_put32(p, (uint32_t)target_bytes);
+    kvedge_wire_put32(p + 4, (uint32_t)(target_bytes >> 32));
+    int rc = s_call(c, r);
+    if (rc != KVEDGE_OK)
+        return rc;
+    const uint8_t *d = zframe_data(zmsg_first(r->reply));
+    if (blocks)
+        *blocks = (uint64_t)kvedge_wire_get32(d) | (uint64_t)kvedge_wire_get32(d + 4) << 32;
+    if (bytes)
+        *bytes = (uint64_t)kvedge_wire_get32(d + 8) | (uint64_t)kvedge_wire_get32(d + 12) << 32;
+    s_req_release(r);
+    return KVEDGE_OK;
 }
 
 /* ---------------------------------------------------------------- put */
@@ -1109,6 +1135,9 @@ static int s_get_collect(kvedge_client_t *c, const kvedge_block_key_t *keys, s_b
     return rc;
 }
 
+/* Keys go in messages of the node's max_items, two in flight; blocks land in key order. Once
+ * one block does not fit, it and every later block found get KVEDGE_ENOSPACE with len set to
+ * the bytes it needs (so offsets stay in key order); misses keep their own status. */
 int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t n, uint8_t *buf,
                       size_t cap, kvedge_fetched_t *out)
 {
@@ -1156,6 +1185,8 @@ int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t
 
 /* ---------------------------------------------------------------- get_layer */
 
+/* One stream of n <= the node's max_chunks chunks (KVEDGE_EINVAL past it); the deadline
+ * covers the whole stream. */
 int kvedge_client_get_layer_async(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
                                   uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
                                   kvedge_done_fn *on_done, void *ctx)
@@ -1236,6 +1267,8 @@ static void s_layer_done(void *ctx, int status, uint32_t heads)
     s_layer_release(l);
 }
 
+/* The async form into the caller's buffer, with kvedge_client_get's ENOSPACE rule; out_cap
+ * smaller than n * heads is KVEDGE_ENOSPACE too (the first out_cap heads are kept). */
 int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
                             uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
                             size_t out_cap, uint32_t *heads)

@@ -11,7 +11,8 @@
  * the node dies or stalls, the call returns KVEDGE_ETIMEDOUT within it. If a function that
  * takes a callback fails, the callback is never called.
  *
- * The library never logs and never exits. */
+ * The library never logs and never exits. It turns off czmq's process-wide SIGINT/SIGTERM
+ * handlers (zsys_handler_set(NULL)) so the application keeps its own signal behaviour. */
 #ifndef KVEDGE_CLIENTS_KVEDGE_H
 #define KVEDGE_CLIENTS_KVEDGE_H
 
@@ -147,6 +148,12 @@ int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
                        kvedge_chunk_entry_t *out, size_t max, size_t *n, bool *more);
 
 int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out);
+
+/* Store-wide eviction of least-recently-used unpinned blocks down to target_bytes. Needs an
+ * admin key (kvedge keygen --admin) or plaintext loopback: else KVEDGE_EDENIED. KVEDGE_EFULL:
+ * pinned blocks alone exceed the target. blocks/bytes (may be NULL) receive what went. */
+int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blocks,
+                        uint64_t *bytes);
 
 /* DELETE (the chunk and every chunk chained below it), PIN, UNPIN of n chunks; changed[i]
  * (may be NULL) receives the blocks affected per chunk. */

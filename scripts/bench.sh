@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the benchmarks of a build and prints their markdown tables (what `make bench` runs).
-# Usage: scripts/bench.sh [BUILD_DIR]; KVEDGE_BENCH_DIR picks where the engine bench makes its
-# temp dir (default /tmp). Every figure is a median compared with a peer from the same run.
+# Usage: scripts/bench.sh [BUILD_DIR]; KVEDGE_BENCH_DIR picks where the engine and fetch
+# benches make their temp dirs (default /tmp). Every figure is a median compared with a peer
+# from the same run. bench_fetch (built when hiredis is found) also needs redis-server and
+# iperf3 (scripts/setup.sh installs them); it is skipped with a note when not built.
 set -euo pipefail
 BUILD=${1:-build}
 
@@ -17,3 +19,9 @@ echo
 "$BUILD/bench/bench_codec"
 echo
 "$BUILD/bench/bench_engine" ${KVEDGE_BENCH_DIR:+--dir "$KVEDGE_BENCH_DIR"}
+echo
+if [ -x "$BUILD/bench/bench_fetch" ]; then
+    "$BUILD/bench/bench_fetch" ${KVEDGE_BENCH_DIR:+--dir "$KVEDGE_BENCH_DIR"}
+else
+    echo "bench.sh: $BUILD/bench/bench_fetch is not built (needs hiredis); skipped" >&2
+fi

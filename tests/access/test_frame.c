@@ -60,6 +60,7 @@ static const t_case_t s_cases[] = {
     {"CREDIT", KVEDGE_OP_CREDIT, false, T_PLAIN, 0, 0, 0, false},
     {"CANCEL", KVEDGE_OP_CANCEL, false, T_PLAIN, 0, 0, 0, false},
     {"MODEL", KVEDGE_OP_MODEL, false, T_PLAIN, 0, 0, 0, false},
+    {"EVICT", KVEDGE_OP_EVICT, false, T_PLAIN, 0, 0, 0, false},
     {"HELLO", KVEDGE_OP_HELLO, true, T_PLAIN, 0, 0, 0, true},
     {"PING", KVEDGE_OP_PING, true, T_PLAIN, 0, 0, 0, true},
     {"PUT", KVEDGE_OP_PUT, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_ITEMS, true},
@@ -74,6 +75,7 @@ static const t_case_t s_cases[] = {
     {"PIN", KVEDGE_OP_PIN, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, true},
     {"UNPIN", KVEDGE_OP_UNPIN, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_CHUNKS, true},
     {"MODEL", KVEDGE_OP_MODEL, true, T_PLAIN, 0, 0, 0, true},
+    {"EVICT", KVEDGE_OP_EVICT, true, T_PLAIN, 0, 0, 0, true},
 };
 #define T_NCASES (sizeof s_cases / sizeof s_cases[0])
 
@@ -196,6 +198,11 @@ static t_msg_t *t_build(const t_case_t *c, uint32_t count)
             assert_int_equal(kvedge_wire_model_pack(&model, rec), 0);
             t_add_fixed(m, rec, KVEDGE_WIRE_MODEL_BYTES);
             break;
+        case KVEDGE_OP_EVICT:
+            memset(rec, 0, 8);
+            rec[2] = 1; /* 64 KiB */
+            t_add_fixed(m, rec, 8);
+            break;
         default: /* STAT, CREDIT, CANCEL: no payload */
             break;
         }
@@ -264,6 +271,12 @@ static t_msg_t *t_build(const t_case_t *c, uint32_t count)
         assert_int_equal(kvedge_wire_model_pack(&model, rec), 0);
         t_add_fixed(m, rec, KVEDGE_WIRE_MODEL_BYTES);
         break;
+    case KVEDGE_OP_EVICT:
+        memset(rec, 0, 16);
+        rec[0] = 3;
+        rec[8] = 7;
+        t_add_fixed(m, rec, 16);
+        break;
     default:
         fail();
     }
@@ -297,10 +310,10 @@ static void test_op_names(void **state)
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_HELLO), "HELLO");
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_GET_LAYER), "GET_LAYER");
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_MODEL), "MODEL");
-    for (int op = 1; op <= 14; op++)
+    for (int op = 1; op <= 15; op++)
         assert_non_null(kvedge_wire_op_name(op));
     assert_null(kvedge_wire_op_name(0));
-    assert_null(kvedge_wire_op_name(15));
+    assert_null(kvedge_wire_op_name(16));
     assert_null(kvedge_wire_op_name(-1));
     assert_null(kvedge_wire_op_name(255));
 }
@@ -609,7 +622,7 @@ static void test_deadline_and_credit(void **state)
 static void test_opcode_and_version(void **state)
 {
     (void)state;
-    const uint8_t unknown[] = {0, 15, 16, 200, 255};
+    const uint8_t unknown[] = {0, 16, 17, 200, 255};
     for (size_t i = 0; i < T_NCASES; i++) {
         const t_case_t *c = &s_cases[i];
         t_msg_t *m = t_build(c, c->count);

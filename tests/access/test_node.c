@@ -32,7 +32,7 @@ typedef struct {
     char dir[256];
     kvedge_engine_t *engine;
     kvedge_server_t *server;
-    char certs[300];       /* CURVE: node cert, clients dir, client certs */
+    char certs[300]; /* CURVE: node cert, clients dir, client certs */
     bool curve;
 } s_node_t;
 
@@ -52,8 +52,14 @@ static void s_node_start(s_node_t *n)
     char cert[400], clients[400];
     snprintf(cert, sizeof cert, "%s/node_secret", n->certs);
     snprintf(clients, sizeof clients, "%s/clients", n->certs);
-    kvedge_server_opts_t so = {KVEDGE_ROLE_CLOUD, "test", "tcp://127.0.0.1:*", !n->curve,
-                               n->curve ? cert : NULL, n->curve ? clients : NULL, 2, 0,
+    kvedge_server_opts_t so = {KVEDGE_ROLE_CLOUD,
+                               "test",
+                               "tcp://127.0.0.1:*",
+                               !n->curve,
+                               n->curve ? cert : NULL,
+                               n->curve ? clients : NULL,
+                               2,
+                               0,
                                n->engine};
     int rc = kvedge_server_start(&so, &n->server, why, sizeof why);
     if (rc != 0)
@@ -158,12 +164,10 @@ static void s_put_chunk(kvedge_client_t *c, uint32_t seed, uint32_t layers, uint
     kvedge_put_item_t items[S_HEADS];
     for (uint32_t l = 0; l < layers; l++) {
         for (uint32_t h = 0; h < S_HEADS; h++) {
-            assert_int_equal(kvedge_synth_head(seed + l * 100 + h, 0, tokens, 64,
-                                               KVEDGE_DTYPE_FP16, k, v),
-                             0);
+            assert_int_equal(
+                kvedge_synth_head(seed + l * 100 + h, 0, tokens, 64, KVEDGE_DTYPE_FP16, k, v), 0);
             memset(&items[h], 0, sizeof items[h]);
-            assert_int_equal(kvedge_block_encode(&spec, k, v, blocks + h * cap, cap,
-                                                 &items[h].len),
+            assert_int_equal(kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len),
                              0);
             items[h].chunk.id = id;
             snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
@@ -326,8 +330,8 @@ static void test_malformed_messages(void **state)
     /* GET_LAYER with no credit. */
     uint8_t lr[4 + 32] = {0};
     memcpy(lr + 4, id.bytes, 32);
-    s_send_frames(bad, s_hdr(KVEDGE_OP_GET_LAYER, 0, 17, 0, 1, 0, 1000),
-                  zframe_new(lr, sizeof lr), NULL);
+    s_send_frames(bad, s_hdr(KVEDGE_OP_GET_LAYER, 0, 17, 0, 1, 0, 1000), zframe_new(lr, sizeof lr),
+                  NULL);
     assert_int_equal(s_recv(bad, &h, NULL), 0);
     assert_int_equal(h.status, KVEDGE_EPROTO);
     assert_true(h.flags & KVEDGE_WIRE_FLAG_END);
@@ -372,8 +376,8 @@ static void test_stalled_reader_and_credit_abuse(void **state)
     zsock_t *stall = s_raw(n);
     uint8_t lr[4 + 32] = {0};
     memcpy(lr + 4, id.bytes, 32);
-    s_send_frames(stall, s_hdr(KVEDGE_OP_GET_LAYER, 0, 1, 0, 1, 2, 300),
-                  zframe_new(lr, sizeof lr), NULL);
+    s_send_frames(stall, s_hdr(KVEDGE_OP_GET_LAYER, 0, 1, 0, 1, 2, 300), zframe_new(lr, sizeof lr),
+                  NULL);
     s_check_served(good, &id);
     zclock_sleep(600);
     s_check_served(good, &id);
@@ -392,8 +396,8 @@ static void test_stalled_reader_and_credit_abuse(void **state)
     assert_int_equal(ended, 1);
 
     /* Credit abuse: a flood of CREDIT grants is capped, and the stream still ends right. */
-    s_send_frames(stall, s_hdr(KVEDGE_OP_GET_LAYER, 0, 2, 0, 1, 1, 2000),
-                  zframe_new(lr, sizeof lr), NULL);
+    s_send_frames(stall, s_hdr(KVEDGE_OP_GET_LAYER, 0, 2, 0, 1, 1, 2000), zframe_new(lr, sizeof lr),
+                  NULL);
     for (int i = 0; i < 50; i++)
         s_send_frames(stall, s_hdr(KVEDGE_OP_CREDIT, 0, 2, 0, 0, KVEDGE_WIRE_MAX_CREDIT, 2000),
                       NULL);
@@ -480,10 +484,9 @@ static void test_tenant_isolation(void **state)
     assert_non_null(a1);
     assert_non_null(a2);
     assert_non_null(b1);
-    assert_memory_equal(kvedge_client_node(a1)->tenant_tag, kvedge_client_node(a2)->tenant_tag,
-                        16);
-    assert_memory_not_equal(kvedge_client_node(a1)->tenant_tag,
-                            kvedge_client_node(b1)->tenant_tag, 16);
+    assert_memory_equal(kvedge_client_node(a1)->tenant_tag, kvedge_client_node(a2)->tenant_tag, 16);
+    assert_memory_not_equal(kvedge_client_node(a1)->tenant_tag, kvedge_client_node(b1)->tenant_tag,
+                            16);
     kvedge_chunk_id_t id;
     s_put_chunk(a1, 5, 1, 64, &id);
     size_t hit = 9;
@@ -533,8 +536,7 @@ static void test_restart_keeps_data(void **state)
     s_node_start(n); /* a new port, the same data directory */
     c = s_client(n, NULL, 3000);
     assert_non_null(c);
-    assert_int_equal(kvedge_client_get_layer(c, &id, 1, 1, after, 1 << 20, o2, S_HEADS, &heads),
-                     0);
+    assert_int_equal(kvedge_client_get_layer(c, &id, 1, 1, after, 1 << 20, o2, S_HEADS, &heads), 0);
     for (int h = 0; h < S_HEADS; h++) {
         assert_int_equal(o2[h].status, 0);
         assert_int_equal(o1[h].len, o2[h].len);
@@ -608,8 +610,7 @@ int main(void)
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_stalled_reader_and_credit_abuse, s_setup_plain,
                                         s_teardown),
-        cmocka_unit_test_setup_teardown(test_plaintext_only_on_loopback, s_setup_plain,
-                                        s_teardown),
+        cmocka_unit_test_setup_teardown(test_plaintext_only_on_loopback, s_setup_plain, s_teardown),
         cmocka_unit_test_setup_teardown(test_curve_unlisted_refused_and_garbage, s_setup_curve,
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_tenant_isolation, s_setup_curve, s_teardown),

@@ -887,7 +887,10 @@ static void test_deadline(void **state)
     pthread_cond_broadcast(&v.cv);
     pthread_mutex_unlock(&v.mu);
     seen_wait(&v);
-    assert_int_equal(v.status, KVEDGE_ETIMEDOUT);
+    /* The node ends its streams with ECLOSED as it shuts down; a client that misses that
+     * end message (it may already be gone) times out. Either way: by the deadline. */
+    if (v.status != KVEDGE_ECLOSED && v.status != KVEDGE_ETIMEDOUT)
+        fail_msg("stream ended with %d, want ECLOSED or ETIMEDOUT", v.status);
     assert_true(v.blocks < 2 * HEADS);
     assert_int_equal(v.bad, 0);
     assert_true(v.done_ms - t0 <= deadline + SLACK_MS);

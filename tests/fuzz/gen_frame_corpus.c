@@ -244,6 +244,14 @@ int main(int argc, char **argv)
     m.h.deadline_ms = 0;
     s_write(dir, "rep-model", &m);
 
+    uint8_t target[8] = {0, 0, 1}, evicted[16] = {3, 0, 0, 0, 0, 0, 0, 0, 7};
+    m = s_request(KVEDGE_OP_EVICT, 0);
+    s_add(&m, target, sizeof target);
+    s_write(dir, "req-evict", &m);
+    m = s_reply(KVEDGE_OP_EVICT, 0);
+    s_add(&m, evicted, sizeof evicted);
+    s_write(dir, "rep-evict", &m);
+
     /* A failed request: status, no payload. */
     m = s_reply(KVEDGE_OP_GET, 0);
     m.h.status = KVEDGE_EBUSY;
