@@ -1,7 +1,8 @@
 /* Fetch over the network: GET_LAYER of one layer of one chunk from a store node (a separate
  * process persisting to RocksDB) against Redis GET and MGET of the same bytes and a plain TCP
  * transfer of them, all over loopback in the same run; then the effective (fp16-equivalent)
- * bandwidth of the same layer stored lossless, int8 and int4 against Redis moving fp16. */
+ * bandwidth of the same layer stored lossless, int8 and int4 against Redis moving the lossless
+ * bytes. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

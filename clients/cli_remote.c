@@ -261,8 +261,11 @@ static void s_show_block(void *ctx, uint32_t chunk_index, uint16_t head, int sta
     s_show_t *s = ctx;
     kvedge_block_info_t info;
     int rc = status == KVEDGE_OK ? kvedge_block_parse(data, len, &info) : status;
-    const char *state = rc == KVEDGE_OK ? "ok" : kvedge_errname(rc);
-    s->bad += rc != KVEDGE_OK;
+    /* A head the node does not have is a miss, not damage. */
+    const char *state = rc == KVEDGE_OK          ? "ok"
+                        : rc == KVEDGE_ENOTFOUND ? "missing"
+                                                 : kvedge_errname(rc);
+    s->bad += rc != KVEDGE_OK && rc != KVEDGE_ENOTFOUND;
     if (s->json) {
         printf("%s{\"layer\":%u,\"head\":%u,\"bytes\":%zu,\"state\":\"%s\"", s->shown ? "," : "",
                s->layer, head, len, state);

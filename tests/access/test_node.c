@@ -14,6 +14,7 @@
 #include <czmq.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -258,7 +259,7 @@ static void test_malformed_messages(void **state)
 
     zsock_t *bad = s_raw(n);
     kvedge_wire_header_t h;
-    uint8_t junk[64] = {0};
+    uint8_t junk[KVEDGE_WIRE_PUT_ITEM_BYTES] = {0};
 
     /* A 31-byte header. */
     s_send_frames(bad, zframe_new(junk, 31), NULL);
@@ -559,6 +560,7 @@ static void test_node_killed_mid_stream(void **state)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
         dup2(pfd[1], STDOUT_FILENO);
         close(pfd[0]);
         /* ipc, not an ephemeral tcp port: once the node is dead, no other test's node may

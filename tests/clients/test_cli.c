@@ -8,6 +8,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,6 +296,108 @@ static void test_corrupt_blob_detected(void **state)
     assert_true(strstr(s_out, "\"quarantined\":0") == NULL);
 }
 
+/* Remote mode: a node in its own process (plaintext on an ipc endpoint, so no port can be
+ * taken over by another test), and the admin commands against it with -H. */
+static void test_remote_mode(void **state)
+{
+    (void)state;
+    char ep[600], node_dir[600];
+    snprintf(node_dir, sizeof node_dir, "%s-node", s_dir);
+    snprintf(ep, sizeof ep, "ipc://%s.sock", s_dir);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
+        dup2(pfd[1], STDOUT_FILENO);
+        close(pfd[0]);
+        execl(KVEDGE_BIN, "kvedge", "--data", node_dir, "store", "--insecure", "--bind", ep,
+              "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[700] = "";
+    ssize_t got = read(pfd[0], line, sizeof line - 1);
+    assert_true(got > 0);
+    assert_non_null(strstr(line, "listening ipc://"));
+
+    assert_int_equal(s_run("stat"), 2); /* needs -H */
+    assert_contains(s_errtext, "-H");
+    assert_int_equal(s_run("-H %s --json put-synthetic --model opt-125m --tokens 300 --scheme "
+                           "int8",
+                           ep),
+                     0);
+    assert_contains(s_out, "\"blocks\":288");
+    char prefix[65];
+    s_json_prefix(s_out, prefix);
+    assert_int_equal(s_run("-H %s --json ls", ep), 0);
+    assert_contains(s_out, prefix);
+    assert_int_equal(s_run("-H %s show %.8s --layer 1", ep, prefix), 0);
+    assert_contains(s_out, "12 blocks shown, 0 failed verification");
+    assert_int_equal(s_run("-H %s verify", ep), 0);
+    assert_contains(s_out, "verified 288 blocks over the network: 288 ok, 0 corrupt");
+    assert_int_equal(s_run("-H %s --json stat", ep), 0);
+    assert_contains(s_out, "\"blocks\":288");
+    assert_int_equal(s_run("-H %s ping --count 3 --size 64K", ep), 0);
+    assert_contains(s_out, "rtt p50");
+    assert_int_equal(s_run("-H %s --json inspect", ep), 0);
+    assert_contains(s_out, "\"tenant_blocks\":288");
+
+    assert_int_equal(s_run("-H %s pin %.8s", ep, prefix), 0);
+    assert_contains(s_out, "pinned 288 blocks in 2 chunks");
+    assert_int_equal(s_run("-H %s evict --to 0", ep), 1); /* pinned blocks stay */
+    assert_contains(s_errtext, "pinned");
+    assert_int_equal(s_run("-H %s unpin %.8s", ep, prefix), 0);
+    assert_int_equal(s_run("-H %s --json evict --to 0", ep), 0);
+    assert_contains(s_out, "\"evicted_blocks\":288");
+    assert_int_equal(s_run("-H %s --json stat", ep), 0);
+    assert_contains(s_out, "\"blocks\":0");
+    assert_int_equal(s_run("-H %s show %.8s", ep, prefix), 0); /* the chunk record stays */
+    assert_int_equal(s_run("-H %s delete %.8s", ep, prefix), 0);
+    assert_int_equal(s_run("-H %s show %.8s", ep, prefix), 3);
+
+    /* A clean stop on SIGTERM. */
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    close(pfd[0]);
+    /* The node is gone: a call returns by its deadline with exit code 5. */
+    assert_int_equal(s_run("-H %s --deadline 300 stat", ep), 5);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock'", node_dir, s_dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_keygen(void **state)
+{
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s-key", s_dir);
+    assert_int_equal(s_run("keygen %s --tenant acme --admin", path), 0);
+    assert_contains(s_out, "public key ");
+    struct stat st;
+    char secret[700];
+    snprintf(secret, sizeof secret, "%s_secret", path);
+    assert_int_equal(stat(secret, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char *pub = s_slurp(f);
+    fclose(f);
+    assert_non_null(strstr(pub, "tenant = \"acme\""));
+    assert_non_null(strstr(pub, "admin = \"true\""));
+    assert_null(strstr(pub, "secret-key"));
+    free(pub);
+    assert_int_equal(s_run("keygen %s", path), 1); /* no silent overwrite */
+    assert_contains(s_errtext, "--force");
+    assert_int_equal(s_run("keygen %s --force", path), 0);
+    unlink(path);
+    unlink(secret);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -305,6 +409,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_locked_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_damaged_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_blob_detected, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_remote_mode, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_keygen, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
