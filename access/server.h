@@ -21,10 +21,11 @@ extern "C" {
 #define KVEDGE_SERVER_JOB_QUEUE       4096 /* queued jobs before the node answers EBUSY */
 #define KVEDGE_HEARTBEAT_IVL_MS       1000
 #define KVEDGE_HEARTBEAT_TIMEOUT_MS   5000
-#define KVEDGE_HANDSHAKE_MS           3000 /* a peer that has not finished ZMTP/CURVE by then
-                                            * is dropped (garbage, stalled handshakes) */
-#define KVEDGE_ZAP_DOMAIN             "kvedge"
-#define KVEDGE_LOOPBACK_TENANT        "loopback"
+#define KVEDGE_HANDSHAKE_MS                                                                        \
+    3000 /* a peer that has not finished ZMTP/CURVE by then                                        \
+          * is dropped (garbage, stalled handshakes) */
+#define KVEDGE_ZAP_DOMAIN      "kvedge"
+#define KVEDGE_LOOPBACK_TENANT "loopback"
 
 typedef struct kvedge_server_t kvedge_server_t;
 
