@@ -7,6 +7,7 @@
 #include <czmq.h>
 #include <sodium.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "access/log.h"
 #include "store/error.h"
@@ -15,6 +16,7 @@
 #define S_JOB_REQUEST 'R' /* [kind][route][tag 16 | admin 1][arrival ms 8][header][payload...] */
 #define S_JOB_READ    'S' /* [kind][stream key][seq 4][stored key 36] */
 #define S_TICK_MS     100 /* stream housekeeping period */
+#define S_READ_WINDOW 16  /* blocks read by one worker trip */
 
 struct kvedge_server_t {
     zactor_t *frontend;   /* the actor running s_frontend */
@@ -502,24 +504,67 @@ static zmsg_t *s_run_request(s_node_t *n, zmsg_t *job)
 }
 
 /* Reads one block of a stream: [kind][stream key][seq][status 4][block?]. */
-static zmsg_t *s_run_read(s_node_t *n, zmsg_t *job)
+/* Frees a block whose bytes travelled zero-copy: called by libzmq once the message is gone
+ * (sent on the wire or dropped), on whatever thread releases it last. */
+static void s_release_value(void *data, void *hint)
 {
-    zframe_t *key = zmsg_pop(job), *seq = zmsg_pop(job), *kf = zmsg_pop(job);
-    kvedge_block_key_t k;
-    kvedge_block_key_unpack(zframe_data(kf), &k);
-    kvedge_value_t v;
-    int rc = kvedge_engine_get(n->opts.engine, &k, &v);
-    zmsg_t *out = zmsg_new();
-    zmsg_append(out, &key);
-    zmsg_append(out, &seq);
-    uint8_t st[4];
-    kvedge_wire_put32(st, (uint32_t)rc);
-    zmsg_addmem(out, st, 4);
-    if (rc == KVEDGE_OK)
-        zmsg_addmem(out, v.data, v.len);
-    kvedge_value_release(&v);
-    zframe_destroy(&kf);
-    return out;
+    (void)data;
+    kvedge_value_t *v = hint;
+    kvedge_value_release(v);
+    free(v);
+}
+
+static int s_send_part(void *sock, zmq_msg_t *m, bool more)
+{
+    int rc = zmq_msg_send(m, sock, more ? ZMQ_SNDMORE : 0);
+    if (rc < 0)
+        zmq_msg_close(m);
+    return rc < 0 ? -1 : 0;
+}
+
+static int s_send_mem(void *sock, const void *data, size_t len, bool more)
+{
+    zmq_msg_t m;
+    zmq_msg_init_size(&m, len);
+    memcpy(zmq_msg_data(&m), data, len);
+    return s_send_part(sock, &m, more);
+}
+
+/* Reads a window of a stream's blocks and sends them to the frontend in one message:
+ * [S][stream key][seq0 4][n 4] then per block [status 4][block, only when status is 0]. The
+ * block bytes are not copied: the frame points into the engine's value (its cache entry),
+ * released when libzmq is done with it. */
+static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
+{
+    zframe_t *key = zmsg_pop(job), *seq = zmsg_pop(job), *keys = zmsg_pop(job);
+    void *sock = zsock_resolve(results);
+    uint32_t count = (uint32_t)(zframe_size(keys) / KVEDGE_BLOCK_KEY_BYTES);
+    uint8_t nb[4];
+    kvedge_wire_put32(nb, count);
+    s_send_mem(sock, "S", 1, true);
+    s_send_mem(sock, zframe_data(key), zframe_size(key), true);
+    s_send_mem(sock, zframe_data(seq), zframe_size(seq), true);
+    s_send_mem(sock, nb, 4, count > 0);
+    for (uint32_t i = 0; i < count; i++) {
+        kvedge_block_key_t k;
+        kvedge_block_key_unpack(zframe_data(keys) + (size_t)i * KVEDGE_BLOCK_KEY_BYTES, &k);
+        kvedge_value_t *v = calloc(1, sizeof *v);
+        int rc = v ? kvedge_engine_get(n->opts.engine, &k, v) : KVEDGE_ENOMEM;
+        uint8_t st[4];
+        kvedge_wire_put32(st, (uint32_t)rc);
+        bool last = i + 1 == count;
+        s_send_mem(sock, st, 4, rc == KVEDGE_OK || !last);
+        if (rc == KVEDGE_OK) {
+            zmq_msg_t m;
+            zmq_msg_init_data(&m, (void *)v->data, v->len, s_release_value, v);
+            s_send_part(sock, &m, !last);
+        } else {
+            free(v);
+        }
+    }
+    zframe_destroy(&key);
+    zframe_destroy(&seq);
+    zframe_destroy(&keys);
 }
 
 static void s_worker(zsock_t *pipe, void *args)
@@ -539,11 +584,15 @@ static void s_worker(zsock_t *pipe, void *args)
         if (!job)
             break;
         zframe_t *kind = zmsg_pop(job);
-        zmsg_t *out = zframe_streq(kind, "R") ? s_run_request(n, job) : s_run_read(n, job);
-        zmsg_pushmem(out, zframe_data(kind), 1);
+        if (zframe_streq(kind, "R")) {
+            zmsg_t *out = s_run_request(n, job);
+            zmsg_pushmem(out, "R", 1);
+            zmsg_send(&out, results);
+        } else {
+            s_run_read(n, job, results);
+        }
         zframe_destroy(&kind);
         zmsg_destroy(&job);
-        zmsg_send(&out, results);
     }
     zpoller_destroy(&poller);
     zsock_destroy(&jobs);
@@ -641,43 +690,60 @@ static void s_stream_pump(s_node_t *n, s_stream_t *s)
         s_stream_end(n, s, KVEDGE_OK);
         return;
     }
+    /* Reads go out in windows of consecutive heads: one worker trip per window instead of
+     * per block, and at least two windows in flight when the credit allows, so reading and
+     * sending overlap. */
     while (s->next_issue < s->total && s->next_issue - s->next_send < s->credit) {
-        kvedge_block_key_t k = {s->ids[s->next_issue / s->heads], s->layer,
-                                (uint16_t)(s->next_issue % s->heads)};
-        uint8_t kb[KVEDGE_BLOCK_KEY_BYTES], seq[4];
-        kvedge_block_key_pack(&k, kb);
+        uint64_t room = s->credit - (s->next_issue - s->next_send);
+        uint64_t left = s->total - s->next_issue;
+        uint64_t w = room > 1 ? room / 2 : 1;
+        w = w > S_READ_WINDOW ? S_READ_WINDOW : w;
+        w = w > left ? left : w;
+        uint8_t kb[S_READ_WINDOW * KVEDGE_BLOCK_KEY_BYTES], seq[4];
+        for (uint64_t i = 0; i < w; i++) {
+            uint64_t q = s->next_issue + i;
+            kvedge_block_key_t k = {s->ids[q / s->heads], s->layer, (uint16_t)(q % s->heads)};
+            kvedge_block_key_pack(&k, kb + i * KVEDGE_BLOCK_KEY_BYTES);
+        }
         kvedge_wire_put32(seq, (uint32_t)s->next_issue);
         zmsg_t *job = zmsg_new();
         zmsg_addmem(job, "S", 1);
         zmsg_addstr(job, s->key);
         zmsg_addmem(job, seq, 4);
-        zmsg_addmem(job, kb, sizeof kb);
+        zmsg_addmem(job, kb, (size_t)w * KVEDGE_BLOCK_KEY_BYTES);
         if (zmsg_send(&job, n->jobs) != 0) {
             zmsg_destroy(&job);
             break; /* queue full: retried on the next result or tick */
         }
         n->outstanding++;
-        s->next_issue++;
+        s->next_issue += w;
     }
 }
 
 static void s_stream_result(s_node_t *n, zmsg_t *m)
 {
     char *key = zmsg_popstr(m);
-    zframe_t *seqf = zmsg_pop(m), *stf = zmsg_pop(m);
+    zframe_t *seqf = zmsg_pop(m), *nf = zmsg_pop(m);
     s_stream_t *s = key ? zhashx_lookup(n->streams, key) : NULL;
-    if (s && seqf && stf) {
+    if (s && seqf && nf) {
+        /* seq is 32-bit on the internal socket; streams never exceed 4096 x 1024 heads */
         uint32_t seq = kvedge_wire_get32(zframe_data(seqf));
-        /* seq is 32-bit on the internal socket; streams never exceed 4096 x 65535 */
-        s_slot_t *slot = &s->slots[seq % KVEDGE_WIRE_MAX_CREDIT];
-        slot->status = (int32_t)kvedge_wire_get32(zframe_data(stf));
-        slot->block = slot->status == KVEDGE_OK ? zmsg_pop(m) : NULL;
-        slot->ready = true;
+        uint32_t count = kvedge_wire_get32(zframe_data(nf));
+        for (uint32_t i = 0; i < count; i++) {
+            zframe_t *stf = zmsg_pop(m);
+            if (!stf)
+                break;
+            s_slot_t *slot = &s->slots[(seq + i) % KVEDGE_WIRE_MAX_CREDIT];
+            slot->status = (int32_t)kvedge_wire_get32(zframe_data(stf));
+            slot->block = slot->status == KVEDGE_OK ? zmsg_pop(m) : NULL;
+            slot->ready = true;
+            zframe_destroy(&stf);
+        }
         s_stream_pump(n, s);
     }
     zstr_free(&key);
     zframe_destroy(&seqf);
-    zframe_destroy(&stf);
+    zframe_destroy(&nf);
 }
 
 static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16],
@@ -1097,7 +1163,8 @@ int kvedge_server_start(const kvedge_server_opts_t *opts, kvedge_server_t **out,
     }
     n->opts = *opts;
     n->owner = s;
-    n->n_workers = opts->workers > 0 ? opts->workers : KVEDGE_SERVER_WORKERS_DEFAULT;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    n->n_workers = opts->workers > 0 ? opts->workers : cores > 2 ? (int)cores : 2;
     if (n->opts.default_credit == 0 || n->opts.default_credit > KVEDGE_WIRE_MAX_CREDIT)
         n->opts.default_credit = KVEDGE_SERVER_CREDIT_DEFAULT;
     snprintf(n->name, sizeof n->name, "%s", opts->name && *opts->name ? opts->name : "kvedge");

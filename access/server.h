@@ -15,12 +15,11 @@
 extern "C" {
 #endif
 
-#define KVEDGE_SERVER_WORKERS_DEFAULT 4
-#define KVEDGE_SERVER_CREDIT_DEFAULT  8
-#define KVEDGE_SERVER_DRAIN_MS        5000 /* how long shutdown waits for in-flight work */
-#define KVEDGE_SERVER_JOB_QUEUE       4096 /* queued jobs before the node answers EBUSY */
-#define KVEDGE_HEARTBEAT_IVL_MS       1000
-#define KVEDGE_HEARTBEAT_TIMEOUT_MS   5000
+#define KVEDGE_SERVER_CREDIT_DEFAULT 8
+#define KVEDGE_SERVER_DRAIN_MS       5000 /* how long shutdown waits for in-flight work */
+#define KVEDGE_SERVER_JOB_QUEUE      4096 /* queued jobs before the node answers EBUSY */
+#define KVEDGE_HEARTBEAT_IVL_MS      1000
+#define KVEDGE_HEARTBEAT_TIMEOUT_MS  5000
 #define KVEDGE_HANDSHAKE_MS                                                                        \
     3000 /* a peer that has not finished ZMTP/CURVE by then                                        \
           * is dropped (garbage, stalled handshakes) */
@@ -36,7 +35,7 @@ typedef struct {
     bool insecure;           /* plaintext: refused unless bind is loopback or ipc */
     const char *cert;        /* the node's secret certificate file (czmq format) */
     const char *clients_dir; /* allowlist: public certificates of the clients let in */
-    int workers;             /* 0 = default */
+    int workers;             /* 0 = one per online core, at least 2 */
     uint32_t default_credit; /* advertised in HELLO; 0 = default */
     kvedge_engine_t *engine; /* not owned; must outlive the server */
 } kvedge_server_opts_t;

@@ -209,7 +209,7 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
                 "      --clients DIR       allowlist of client certificates (default\n"
                 "                          DATA/" S_CLIENTS_DIR_NAME "; empty = nobody)\n"
                 "      --insecure          plaintext, allowed only on loopback/ipc endpoints\n"
-                "  -w, --workers N         worker threads (default 4)\n"
+                "  -w, --workers N         worker threads (default: one per core, at least 2)\n"
                 "      --capacity SIZE     evict LRU unpinned blocks beyond SIZE (default none)\n"
                 "      --cache SIZE        in-memory block cache (default 256M)\n"
                 "      --sync              fsync the WAL on every write\n"

@@ -41,6 +41,22 @@ static int s_connect(kvedge_cli_t *cli, kvedge_client_t **out)
     return KVEDGE_EXIT_UNAVAILABLE;
 }
 
+/* For the remote commands that take no arguments: --help, or a usage error on anything. */
+static int s_no_args(int argc, char **argv, const char *what)
+{
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: kvedge -H ENDPOINT [--server-key KEY --cert FILE] %s\n\n%s\n", argv[0],
+               what);
+        return KVEDGE_EXIT_OK;
+    }
+    if (argc > 1) {
+        kvedge_cli_error("%s: unexpected argument '%s' (see kvedge -H EP %s --help)", argv[0],
+                         argv[1], argv[0]);
+        return KVEDGE_EXIT_USAGE;
+    }
+    return -1;
+}
+
 static int s_fail(const char *what, int rc)
 {
     kvedge_cli_error("%s: %s", what, kvedge_strerror(rc));
@@ -115,10 +131,11 @@ static int s_resolve(kvedge_cli_t *cli, kvedge_client_t *c, const char *arg,
 
 static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    int ex = s_no_args(argc, argv, "Lists this tenant's prefix chunks on the node (client ids).");
+    if (ex >= 0)
+        return ex;
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    ex = s_connect(cli, &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t *all;
@@ -185,10 +202,12 @@ static void s_print_stats(kvedge_cli_t *cli, const kvedge_engine_stats_t *st)
 
 static int s_r_stat(kvedge_cli_t *cli, int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    int ex =
+        s_no_args(argc, argv, "Node-wide counters: blocks, bytes, gets, hits, misses, corrupt.");
+    if (ex >= 0)
+        return ex;
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    ex = s_connect(cli, &c);
     if (ex)
         return ex;
     kvedge_engine_stats_t st;
@@ -202,10 +221,11 @@ static int s_r_stat(kvedge_cli_t *cli, int argc, char **argv)
 
 static int s_r_inspect(kvedge_cli_t *cli, int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    int ex = s_no_args(argc, argv, "Summarizes this tenant on the node, and the node.");
+    if (ex >= 0)
+        return ex;
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    ex = s_connect(cli, &c);
     if (ex)
         return ex;
     kvedge_engine_stats_t st;
@@ -370,10 +390,12 @@ static int s_r_show(kvedge_cli_t *cli, int argc, char **argv)
 /* verify over the network: every block of every chunk of the tenant, fetched and checked. */
 static int s_r_verify(kvedge_cli_t *cli, int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    int ex = s_no_args(argc, argv,
+                       "Fetches every block of this tenant and verifies it after the network.");
+    if (ex >= 0)
+        return ex;
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    ex = s_connect(cli, &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t *all;
@@ -434,6 +456,12 @@ static int s_r_verify(kvedge_cli_t *cli, int argc, char **argv)
  * every chunk below it (the node follows the chain down). */
 static int s_r_chain(kvedge_cli_t *cli, int argc, char **argv, int op)
 {
+    if (argc == 2 && strcmp(argv[1], "--help") == 0) {
+        printf("usage: kvedge -H ENDPOINT %s PREFIX\n\n%s\n", argv[0],
+               op == 0 ? "Deletes the prefix chunk and every chunk chained below it."
+                       : "(Un)pins the prefix chunk and every chunk above it in its chain.");
+        return KVEDGE_EXIT_OK;
+    }
     if (argc != 2) {
         kvedge_cli_error("%s: expected one PREFIX", argv[0]);
         return KVEDGE_EXIT_USAGE;
@@ -711,6 +739,11 @@ static int s_r_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
 static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
 {
     uint64_t target = 0;
+    if (argc == 2 && strcmp(argv[1], "--help") == 0) {
+        printf("usage: kvedge -H ENDPOINT evict --to SIZE\n\nStore-wide LRU eviction of "
+               "unpinned blocks on the node; needs an admin key.\n");
+        return KVEDGE_EXIT_OK;
+    }
     if (argc != 3 || strcmp(argv[1], "--to") != 0 || kvedge_cli_parse_size(argv[2], &target)) {
         kvedge_cli_error("evict: usage: kvedge -H EP evict --to SIZE (an admin key is needed)");
         return KVEDGE_EXIT_USAGE;
