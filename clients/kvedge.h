@@ -64,7 +64,8 @@ void kvedge_client_opts_default(kvedge_client_opts_t *opts);
 int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **out);
 
 /* Cancels what is in flight (their callbacks run with KVEDGE_ECLOSED), closes. NULL-safe,
- * idempotent, nulls *self_p. */
+ * idempotent, nulls *self_p. Destroy every client before the process exits: czmq's exit-time
+ * cleanup aborts when it finds a client's I/O thread still running. */
 void kvedge_client_destroy(kvedge_client_t **self_p);
 
 /* The node's HELLO answer. */
