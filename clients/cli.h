@@ -27,6 +27,7 @@ typedef struct {
     const char *server_key; /* --server-key: the node's public key or certificate */
     const char *cert;       /* --cert: this client's secret certificate */
     int deadline_ms;        /* --deadline: per call (0 = library default) */
+    const char *link;       /* --link: emulated link to the node ("100mbit,20ms") */
 } kvedge_cli_t;
 
 typedef struct {

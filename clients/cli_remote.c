@@ -22,6 +22,7 @@ static int s_connect(kvedge_cli_t *cli, kvedge_client_t **out)
     o.server_key = cli->server_key;
     o.client_cert = cli->cert;
     o.deadline_ms = cli->deadline_ms;
+    o.link = cli->link;
     o.name = "kvedge-cli";
     if (cli->server_key && !cli->cert) {
         kvedge_cli_error("--server-key needs --cert (this client's secret certificate, made "

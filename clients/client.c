@@ -25,6 +25,8 @@
 #include <time.h>
 
 #include "access/frame.h"
+#include "access/meter.h"
+#include "access/shaper.h"
 #include "access/server.h" /* heartbeat constants, shared with the node */
 
 #define S_WAIT_MARGIN_MS  250         /* a caller waits this long past its deadline */
@@ -87,9 +89,10 @@ struct s_req_t {
     uint32_t last_chunk;  /* position of the last data message */
     uint16_t last_head;
     /* I/O thread bookkeeping. */
-    uint64_t id;     /* 0 until sent */
-    int64_t sent_us; /* when the request left */
-    int64_t done_us; /* when its reply arrived */
+    uint64_t id;       /* 0 until sent */
+    int64_t sent_us;   /* when the request left */
+    uint64_t rx_bytes; /* bytes of every message received for it (the meter's sample) */
+    int64_t done_us;   /* when its reply arrived */
     /* The result of a unary request. */
     int status;
     kvedge_wire_header_t rh; /* reply header */
@@ -176,8 +179,11 @@ typedef struct {
     char *endpoint; /* copies of the options */
     char *server_key;
     char *client_cert;
-    int setup_rc;      /* result of s_io_setup, read by connect */
-    atomic_int queued; /* requests sent into the pipe, not yet taken by the actor */
+    kvedge_meter_t *meter; /* observed bandwidth and rtt of this node (thread-safe) */
+    kvedge_shaper_t *up;   /* emulated link, client -> node (NULL: none) */
+    kvedge_shaper_t *down; /* emulated link, node -> client */
+    int setup_rc;          /* result of s_io_setup, read by connect */
+    atomic_int queued;     /* requests sent into the pipe, not yet taken by the actor */
     zsock_t *dealer;
     zhashx_t *inflight; /* request id -> s_req_t */
     uint64_t next_id;
@@ -293,6 +299,12 @@ static void s_finish(s_io_t *io, s_req_t *r, int status, bool cancel)
 {
     if (r->id)
         zhashx_delete(io->inflight, S_KEY(r->id));
+    /* Every completed exchange is a sample of the link: request to last byte. */
+    if (status == KVEDGE_OK && r->id && r->sent_us) {
+        int64_t elapsed = s_now_us() - r->sent_us;
+        if (elapsed > 0)
+            kvedge_meter_observe(io->meter, r->rx_bytes, (uint64_t)elapsed);
+    }
     if (!r->stream) {
         s_req_complete(r, status);
         return;
@@ -328,7 +340,9 @@ static void s_io_submit(s_io_t *io, s_req_t *r)
         s_finish(io, r, KVEDGE_ENOMEM, false);
         return;
     }
-    r->sent_us = s_now_us();
+    r->sent_us = s_now_us(); /* before the emulated uplink: its delay is part of the rtt */
+    if (io->up)
+        kvedge_shaper_wait(io->up, zmsg_content_size(m));
     if (zmsg_send(&m, io->dealer) != 0) {
         /* The queue to the node is full (it is gone or stalled): fail now rather than
          * block the actor; nothing of this message was sent. */
@@ -397,6 +411,7 @@ static void s_io_stream(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, s
  * request. Consumes m. */
 static void s_io_message(s_io_t *io, zmsg_t *m)
 {
+    size_t bytes = zmsg_content_size(m);
     zframe_t *hf = zmsg_pop(m);
     kvedge_wire_header_t h;
     memset(&h, 0, sizeof h);
@@ -408,6 +423,7 @@ static void s_io_message(s_io_t *io, zmsg_t *m)
         zmsg_destroy(&m);
         return;
     }
+    r->rx_bytes += bytes;
     size_t n = zmsg_size(m);
     if (rc == KVEDGE_OK && (!(h.flags & KVEDGE_WIRE_FLAG_REPLY) || h.opcode != r->opcode ||
                             n > KVEDGE_WIRE_MAX_FRAMES))
@@ -453,11 +469,30 @@ static void s_io_flush_credit(s_io_t *io)
 
 static void s_io_drain(s_io_t *io)
 {
-    for (int i = 0; i < S_DRAIN_MAX && (zsock_events(io->dealer) & ZMQ_POLLIN); i++) {
-        zmsg_t *m = zmsg_recv(io->dealer);
-        if (!m)
-            break;
-        s_io_message(io, m);
+    if (!io->down) {
+        for (int i = 0; i < S_DRAIN_MAX && (zsock_events(io->dealer) & ZMQ_POLLIN); i++) {
+            zmsg_t *m = zmsg_recv(io->dealer);
+            if (!m)
+                break;
+            s_io_message(io, m);
+        }
+    } else {
+        /* Emulated link: everything already queued arrived by now; each message is then
+         * delivered when a link of that rate and latency would deliver it, so latency is
+         * paid once per message in flight, not once per message in turn. */
+        zmsg_t *batch[S_DRAIN_MAX];
+        int nb = 0;
+        while (nb < S_DRAIN_MAX && (zsock_events(io->dealer) & ZMQ_POLLIN)) {
+            batch[nb] = zmsg_recv(io->dealer);
+            if (!batch[nb])
+                break;
+            nb++;
+        }
+        uint64_t arrived = kvedge_shaper_now_us();
+        for (int i = 0; i < nb; i++) {
+            kvedge_shaper_wait_from(io->down, zmsg_content_size(batch[i]), arrived);
+            s_io_message(io, batch[i]);
+        }
     }
     s_io_flush_credit(io);
 }
@@ -510,6 +545,14 @@ static void s_io_teardown(s_io_t *io)
 {
     zsock_destroy(&io->dealer);
     zhashx_destroy(&io->inflight);
+}
+
+/* The meter and shapers outlive the actor (the caller reads the meter): freed with io. */
+static void s_io_free_link(s_io_t *io)
+{
+    kvedge_meter_destroy(&io->meter);
+    kvedge_shaper_destroy(&io->up);
+    kvedge_shaper_destroy(&io->down);
 }
 
 static void s_actor(zsock_t *pipe, void *args)
@@ -704,20 +747,34 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
     kvedge_client_t *c = calloc(1, sizeof *c);
     s_io_t *io = calloc(1, sizeof *io);
     bool failed = !c || !io;
+    int link_rc = KVEDGE_OK;
     if (io) {
         io->endpoint = s_strdup_or_null(opts->endpoint, &failed);
         io->server_key = s_strdup_or_null(opts->server_key, &failed);
         io->client_cert = s_strdup_or_null(opts->server_key ? opts->client_cert : NULL, &failed);
+        io->meter = kvedge_meter_new(0);
+        failed |= !io->meter;
+        if (opts->link && *opts->link) {
+            uint64_t rate = 0;
+            uint32_t latency = 0;
+            link_rc = kvedge_shaper_parse(opts->link, &rate, &latency);
+            if (link_rc == KVEDGE_OK) {
+                io->up = kvedge_shaper_new(rate, latency, 0);
+                io->down = kvedge_shaper_new(rate, latency, 0);
+                failed |= !io->up || !io->down;
+            }
+        }
     }
-    if (failed) {
+    if (failed || link_rc != KVEDGE_OK) {
         if (io) {
             free(io->endpoint);
             free(io->server_key);
             free(io->client_cert);
+            s_io_free_link(io);
         }
         free(io);
         free(c);
-        return KVEDGE_ENOMEM;
+        return link_rc != KVEDGE_OK ? link_rc : KVEDGE_ENOMEM;
     }
     pthread_mutex_init(&c->pipe_mu, NULL);
     c->io = io;
@@ -751,8 +808,27 @@ void kvedge_client_destroy(kvedge_client_t **self_p)
     free(c->io->endpoint);
     free(c->io->server_key);
     free(c->io->client_cert);
+    s_io_free_link(c->io);
     free(c->io);
     free(c);
+}
+
+int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_us,
+                       uint64_t *samples)
+{
+    if (!c)
+        return KVEDGE_EINVAL;
+    kvedge_meter_stats_t st;
+    int rc = kvedge_meter_stats(c->io->meter, &st);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (bw_bytes_per_s)
+        *bw_bytes_per_s = st.bw_bytes_per_s;
+    if (rtt_us)
+        *rtt_us = st.rtt_us;
+    if (samples)
+        *samples = st.samples;
+    return KVEDGE_OK;
 }
 
 const kvedge_node_info_t *kvedge_client_node(kvedge_client_t *c)

@@ -32,7 +32,14 @@ static void s_help(FILE *f)
            ")\n"
            "      --json       machine-readable output\n"
            "  -h, --help       this help; `kvedge COMMAND --help` for a command\n"
-           "  -V, --version    version and build features\n\n"
+           "  -V, --version    version and build features\n"
+           "  -H, --host EP    remote mode: the admin commands against the node at EP\n"
+           "                   ($KVEDGE_HOST)\n"
+           "      --server-key KEY  the node's public key or certificate file\n"
+           "                   ($KVEDGE_SERVER_KEY; none = plaintext, loopback only)\n"
+           "      --cert FILE  this client's secret certificate ($KVEDGE_CERT)\n"
+           "      --deadline MS  per-call deadline in remote mode (default 5000)\n"
+           "      --link SPEC  emulate a link to the node, e.g. 100mbit,20ms (testing)\n\n"
            "commands:\n");
     for (int t = 0; s_tables[t]; t++)
         for (const kvedge_cli_cmd_t *c = s_tables[t]; c->name; c++)
@@ -46,18 +53,23 @@ static void s_help(FILE *f)
 
 int main(int argc, char **argv)
 {
-    kvedge_cli_t cli = {getenv("KVEDGE_DATA"), false,
-                        getenv("KVEDGE_HOST"), getenv("KVEDGE_SERVER_KEY"),
-                        getenv("KVEDGE_CERT"), 0};
+    kvedge_cli_t cli = {getenv("KVEDGE_DATA"),
+                        false,
+                        getenv("KVEDGE_HOST"),
+                        getenv("KVEDGE_SERVER_KEY"),
+                        getenv("KVEDGE_CERT"),
+                        0,
+                        NULL};
     if (!cli.data_dir || !*cli.data_dir)
         cli.data_dir = KVEDGE_DATA_DIR_DEFAULT;
-    enum { OPT_JSON = 1000, OPT_KEY, OPT_CERT, OPT_DEADLINE };
+    enum { OPT_JSON = 1000, OPT_KEY, OPT_CERT, OPT_DEADLINE, OPT_LINK };
     static const struct option opts[] = {{"data", required_argument, NULL, 'd'},
                                          {"json", no_argument, NULL, OPT_JSON},
                                          {"host", required_argument, NULL, 'H'},
                                          {"server-key", required_argument, NULL, OPT_KEY},
                                          {"cert", required_argument, NULL, OPT_CERT},
                                          {"deadline", required_argument, NULL, OPT_DEADLINE},
+                                         {"link", required_argument, NULL, OPT_LINK},
                                          {"help", no_argument, NULL, 'h'},
                                          {"version", no_argument, NULL, 'V'},
                                          {NULL, 0, NULL, 0}};
@@ -74,6 +86,9 @@ int main(int argc, char **argv)
             break;
         case OPT_CERT:
             cli.cert = optarg;
+            break;
+        case OPT_LINK:
+            cli.link = optarg;
             break;
         case OPT_DEADLINE:
             if (kvedge_cli_parse_u64(optarg, 1, 600000, &ms) != 0) {

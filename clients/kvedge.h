@@ -44,6 +44,10 @@ typedef struct {
     int deadline_ms;         /* default deadline of every call; 0 = default */
     uint32_t credit;         /* GET_LAYER messages in flight; 0 = default */
     const char *name;        /* sent in HELLO; NULL = "libkvedge" */
+    /* Emulated link for tests and benchmarks on loopback, e.g. "100mbit,20ms": every message
+     * in each direction waits as a link of that rate and one-way latency would make it
+     * (access/shaper.h). NULL = none. A bad spec fails connect with KVEDGE_EINVAL. */
+    const char *link;
 } kvedge_client_opts_t;
 
 /* What the node said in HELLO. */
@@ -74,6 +78,12 @@ const kvedge_node_info_t *kvedge_client_node(kvedge_client_t *c);
 /* Round trip of `bytes` bytes of payload (0 = latency only). rtt_us and bw_bytes_per_s (may
  * be NULL) receive the measured round trip and payload bandwidth (both directions). */
 int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double *bw_bytes_per_s);
+
+/* What this client has measured of its link to the node: an EWMA over completed exchanges
+ * (request to last byte; transfers of at least 64 KiB update the bandwidth, smaller ones the
+ * round trip; access/meter.h). Zeros until measured. Any pointer may be NULL. */
+int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_us,
+                       uint64_t *samples);
 
 /* Registers a model shape on the node (built-in models need not be registered). */
 int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model);

@@ -603,6 +603,70 @@ static void test_node_killed_mid_stream(void **state)
     s_rmrf(dir);
 }
 
+/* The emulated link of the client (the shaper) and the meter that watches it: a 100 Mbit/s,
+ * 20 ms link shows its latency and its rate, and the meter measures both. */
+static void test_link_emulation_and_meter(void **state)
+{
+    s_node_t *n = *state;
+    kvedge_client_t *fast = s_client(n, NULL, 5000);
+    kvedge_chunk_id_t id;
+    s_put_chunk(fast, 8, 1, 256, &id);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = kvedge_server_endpoint(n->server);
+    o.deadline_ms = 10000;
+    o.link = "100mbit,20ms";
+    /* Credit covering the bandwidth-delay product (12.5 MB/s x 40 ms = 500 KB): with less,
+     * the stream waits a round trip for credit and the meter rightly sees less. */
+    o.credit = 64;
+    kvedge_client_t *slow = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &slow), 0);
+    o.link = "100 furlongs";
+    kvedge_client_t *bad = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &bad), KVEDGE_EINVAL);
+    assert_null(bad);
+
+    double rtt_slow = 0, rtt_fast = 0;
+    assert_int_equal(kvedge_client_ping(slow, 0, &rtt_slow, NULL), 0);
+    assert_int_equal(kvedge_client_ping(fast, 0, &rtt_fast, NULL), 0);
+    assert_true(rtt_slow >= 40000.0); /* 20 ms each way */
+    assert_true(rtt_fast < 20000.0);
+
+    uint8_t *buf = malloc(1 << 20);
+    kvedge_fetched_t out[S_HEADS];
+    uint32_t heads;
+    size_t bytes = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        int64_t t0 = zclock_usecs();
+        assert_int_equal(
+            kvedge_client_get_layer(slow, &id, 1, 0, buf, 1 << 20, out, S_HEADS, &heads), 0);
+        int64_t took = zclock_usecs() - t0;
+        bytes = 0;
+        for (int h = 0; h < S_HEADS; h++)
+            bytes += out[h].len;
+        /* At least the latency one way back plus the bytes at 100 Mbit/s. */
+        double floor_us = 20000.0 + (double)bytes * 8.0 / 100e6 * 1e6 * 0.9;
+        if ((double)took < floor_us)
+            fail_msg("layer of %zu bytes in %lld us over an emulated 100mbit,20ms link", bytes,
+                     (long long)took);
+    }
+    double bw = 0, rtt = 0;
+    uint64_t samples = 0;
+    assert_int_equal(kvedge_client_link(slow, &bw, &rtt, &samples), 0);
+    assert_true(samples >= 5);
+    assert_true(rtt > 30000.0);
+    /* 100 Mbit/s = 12.5 MB/s of payload, give or take framing and the EWMA's start. */
+    if (!(bw > 12.5e6 / 2 && bw < 12.5e6 * 2))
+        fail_msg("meter says %.0f B/s over a 12.5 MB/s link (layer %zu bytes)", bw, bytes);
+    double fast_bw = 0;
+    assert_int_equal(kvedge_client_get_layer(fast, &id, 1, 0, buf, 1 << 20, out, S_HEADS, &heads),
+                     0);
+    assert_int_equal(kvedge_client_link(fast, &fast_bw, NULL, NULL), 0);
+    free(buf);
+    kvedge_client_destroy(&slow);
+    kvedge_client_destroy(&fast);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -617,6 +681,7 @@ int main(void)
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_tenant_isolation, s_setup_curve, s_teardown),
         cmocka_unit_test_setup_teardown(test_restart_keeps_data, s_setup_plain, s_teardown),
+        cmocka_unit_test_setup_teardown(test_link_emulation_and_meter, s_setup_plain, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
