@@ -2,6 +2,7 @@
  * Thin mains: the node itself is access/server.c. */
 #include <czmq.h>
 #include <errno.h>
+#include <pthread.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "access/log.h"
 #include "access/server.h"
 #include "clients/cli.h"
+#include "clients/hsync.h"
 #include "store/error.h"
 
 #define S_STORE_BIND_DEFAULT "tcp://127.0.0.1:7400"
@@ -41,7 +43,52 @@ typedef struct {
     uint64_t capacity;
     uint64_t cache;
     bool cache_set;
+    char subscriptions[1100]; /* historical cache: subscribed contexts (edge nodes) */
+    uint64_t sync_interval_s;
 } s_store_conf_t;
+
+/* The historical-cache thread of an edge node: a sync pass over every subscription, then a
+ * wait of the interval (cut short by shutdown). */
+typedef struct {
+    kvedge_engine_t *engine;
+    const char *data_dir;
+    kvedge_hsync_sub_t subs[KVEDGE_HSYNC_MAX_SUBS];
+    kvedge_hsync_status_t status[KVEDGE_HSYNC_MAX_SUBS];
+    size_t n;
+    uint64_t interval_s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+} s_syncer_t;
+
+static void *s_syncer_run(void *arg)
+{
+    s_syncer_t *y = arg;
+    pthread_mutex_lock(&y->mu);
+    while (!y->stop) {
+        pthread_mutex_unlock(&y->mu);
+        for (size_t i = 0; i < y->n; i++) {
+            int rc = kvedge_hsync_run(y->engine, &y->subs[i], 10000, &y->status[i]);
+            if (rc == KVEDGE_OK)
+                kvedge_log_info("sync %s: %u chunks, %llu blocks copied, %llu held",
+                                y->subs[i].name, y->status[i].chunks_total,
+                                (unsigned long long)y->status[i].blocks_copied,
+                                (unsigned long long)y->status[i].blocks_held);
+            else
+                kvedge_log_warn("sync %s: %s; serving the %llu blocks held", y->subs[i].name,
+                                kvedge_strerror(rc), (unsigned long long)y->status[i].blocks_held);
+        }
+        kvedge_hsync_write_status(y->data_dir, y->subs, y->status, y->n);
+        pthread_mutex_lock(&y->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)y->interval_s;
+        while (!y->stop && pthread_cond_timedwait(&y->cv, &y->mu, &ts) == 0) {
+        }
+    }
+    pthread_mutex_unlock(&y->mu);
+    return NULL;
+}
 
 static int s_conf_file(const char *path, s_store_conf_t *c)
 {
@@ -51,9 +98,9 @@ static int s_conf_file(const char *path, s_store_conf_t *c)
                          path);
         return KVEDGE_EXIT_USAGE;
     }
-    static const char *known[] = {"role",     "data",  "bind",     "cert", "clients",
-                                  "name",     "log",   "insecure", "sync", "workers",
-                                  "capacity", "cache", NULL};
+    static const char *known[] = {"role",     "data",  "bind",          "cert",          "clients",
+                                  "name",     "log",   "insecure",      "sync",          "workers",
+                                  "capacity", "cache", "subscriptions", "sync_interval", NULL};
     zconfig_t *store = zconfig_locate(root, "store");
     int ex = KVEDGE_EXIT_OK;
     for (zconfig_t *item = store ? zconfig_child(store) : NULL; item && !ex;
@@ -90,6 +137,10 @@ static int s_conf_file(const char *path, s_store_conf_t *c)
             bad = kvedge_cli_parse_u64(v, 1, 256, &c->workers) != 0;
         else if (strcmp(k, "capacity") == 0)
             bad = kvedge_cli_parse_size(v, &c->capacity) != 0;
+        else if (strcmp(k, "subscriptions") == 0)
+            snprintf(c->subscriptions, sizeof c->subscriptions, "%s", v);
+        else if (strcmp(k, "sync_interval") == 0)
+            bad = kvedge_cli_parse_u64(v, 1, 86400, &c->sync_interval_s) != 0;
         else if (strcmp(k, "cache") == 0)
             bad = kvedge_cli_parse_size(v, &c->cache) != 0 || !(c->cache_set = true);
         if (bad) {
@@ -134,6 +185,8 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
                                          {"sync", no_argument, NULL, 'S'},
                                          {"name", required_argument, NULL, 'n'},
                                          {"log-level", required_argument, NULL, 'L'},
+                                         {"subscriptions", required_argument, NULL, 'U'},
+                                         {"sync-interval", required_argument, NULL, 'Y'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     s_store_conf_t c;
@@ -195,6 +248,12 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
         case 'L':
             snprintf(c.log, sizeof c.log, "%s", optarg);
             break;
+        case 'U':
+            snprintf(c.subscriptions, sizeof c.subscriptions, "%s", optarg);
+            break;
+        case 'Y':
+            bad = kvedge_cli_parse_u64(optarg, 1, 86400, &c.sync_interval_s) != 0;
+            break;
         case 'h':
             kvedge_cli_usage(
                 stdout, &cmd,
@@ -214,7 +273,10 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
                 "      --cache SIZE        in-memory block cache (default 256M)\n"
                 "      --sync              fsync the WAL on every write\n"
                 "  -n, --name NAME         node name shown to clients\n"
-                "      --log-level L       error, warn, info (default), debug\n");
+                "      --log-level L       error, warn, info (default), debug\n"
+                "      --subscriptions F   historical cache (edge): contexts to copy from a\n"
+                "                          cloud node and pin (see kvedge sync --help)\n"
+                "      --sync-interval S   seconds between sync passes (default 60)\n");
             return KVEDGE_EXIT_OK;
         default:
             kvedge_cli_error("store: unknown option or missing value '%s'", argv[optind - 1]);
@@ -310,9 +372,43 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
     /* Tell scripts where we are (ephemeral ports): one line on stdout. */
     printf("listening %s\n", kvedge_server_endpoint(server));
     fflush(stdout);
+    s_syncer_t *syncer = NULL;
+    pthread_t sync_thread;
+    if (c.subscriptions[0]) {
+        syncer = calloc(1, sizeof *syncer);
+        rc = syncer ? kvedge_hsync_load(c.subscriptions, syncer->subs, KVEDGE_HSYNC_MAX_SUBS,
+                                        &syncer->n, why, sizeof why)
+                    : KVEDGE_ENOMEM;
+        if (rc == KVEDGE_OK) {
+            syncer->engine = engine;
+            syncer->data_dir = c.data;
+            syncer->interval_s =
+                c.sync_interval_s ? c.sync_interval_s : KVEDGE_HSYNC_INTERVAL_S_DEFAULT;
+            pthread_mutex_init(&syncer->mu, NULL);
+            pthread_cond_init(&syncer->cv, NULL);
+            if (pthread_create(&sync_thread, NULL, s_syncer_run, syncer) != 0)
+                rc = KVEDGE_ENOMEM;
+        }
+        if (rc != KVEDGE_OK) {
+            kvedge_log_error("historical cache disabled: %s", syncer ? why : "out of memory");
+            free(syncer);
+            syncer = NULL;
+        } else {
+            kvedge_log_info("historical cache: %zu subscriptions, a pass every %llu s", syncer->n,
+                            (unsigned long long)syncer->interval_s);
+        }
+    }
     while (!s_stop)
         pause();
     kvedge_log_info("signal received: finishing in-flight work");
+    if (syncer) {
+        pthread_mutex_lock(&syncer->mu);
+        syncer->stop = true;
+        pthread_cond_signal(&syncer->cv);
+        pthread_mutex_unlock(&syncer->mu);
+        pthread_join(sync_thread, NULL);
+        free(syncer);
+    }
     kvedge_server_destroy(&server);
     kvedge_engine_destroy(&engine);
     kvedge_log_info("store closed");
@@ -386,9 +482,101 @@ static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
     return rc == 0 ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
 }
 
+/* `kvedge sync`: the historical cache's progress (what a running edge node last wrote), or
+ * one pass in the foreground with --once. */
+static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
+{
+    static const struct option opts[] = {{"once", no_argument, NULL, 'o'},
+                                         {"subscriptions", required_argument, NULL, 'U'},
+                                         {"deadline", required_argument, NULL, 'D'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    bool once = false;
+    char subs_path[1100];
+    uint64_t deadline = 10000;
+    snprintf(subs_path, sizeof subs_path, "%s/subscriptions.conf", cli->data_dir);
+    int ch;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (ch == 'o') {
+            once = true;
+        } else if (ch == 'U') {
+            snprintf(subs_path, sizeof subs_path, "%s", optarg);
+        } else if (ch == 'D' && kvedge_cli_parse_u64(optarg, 1, 600000, &deadline) == 0) {
+            continue;
+        } else if (ch == 'h') {
+            printf("usage: kvedge [--data DIR] sync [--once] [--subscriptions FILE]\n\n"
+                   "The edge's historical cache: contexts copied from a cloud node and pinned,\n"
+                   "so the edge serves them with the network down. Without --once: the\n"
+                   "progress a running node last wrote (DIR/" KVEDGE_HSYNC_STATUS_FILE
+                   "). With --once: one\n"
+                   "pass now into DIR (the node must not be running). The file (default\n"
+                   "DIR/subscriptions.conf) has one section per context:\n\n"
+                   "  subscription\n"
+                   "      name = support-bot\n"
+                   "      cloud = tcp://cloud:7400\n"
+                   "      server_key = /etc/kvedge/cloud.cert   # omit for plaintext loopback\n"
+                   "      cert = /etc/kvedge/keys/edge_secret\n"
+                   "      tenant = acme          # local tenant the copy serves\n"
+                   "      prefix = <64 hex digits: the context's last chunk, as kvedge -H ls "
+                   "shows>\n");
+            return KVEDGE_EXIT_OK;
+        } else {
+            kvedge_cli_error("sync: bad option '%s'", argv[optind - 1]);
+            return KVEDGE_EXIT_USAGE;
+        }
+    }
+    if (!once) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", cli->data_dir, KVEDGE_HSYNC_STATUS_FILE);
+        FILE *f = fopen(path, "r");
+        if (!f) {
+            kvedge_cli_error("no sync status in %s: no edge node with --subscriptions has run "
+                             "there yet (or run kvedge sync --once)",
+                             cli->data_dir);
+            return KVEDGE_EXIT_NOTFOUND;
+        }
+        char line[2048];
+        while (fgets(line, sizeof line, f))
+            fputs(line, stdout);
+        fclose(f);
+        return KVEDGE_EXIT_OK;
+    }
+    static kvedge_hsync_sub_t subs[KVEDGE_HSYNC_MAX_SUBS];
+    static kvedge_hsync_status_t st[KVEDGE_HSYNC_MAX_SUBS];
+    size_t n = 0;
+    char why[512] = "";
+    int rc = kvedge_hsync_load(subs_path, subs, KVEDGE_HSYNC_MAX_SUBS, &n, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("sync: %s", why);
+        return rc == KVEDGE_EIO ? KVEDGE_EXIT_NOTFOUND : KVEDGE_EXIT_USAGE;
+    }
+    kvedge_engine_t *engine;
+    int ex = kvedge_cli_open(cli, true, &engine);
+    if (ex)
+        return ex;
+    int worst = KVEDGE_OK;
+    for (size_t i = 0; i < n; i++) {
+        memset(&st[i], 0, sizeof st[i]);
+        rc = kvedge_hsync_run(engine, &subs[i], (int)deadline, &st[i]);
+        if (rc != KVEDGE_OK && worst == KVEDGE_OK)
+            worst = rc;
+        printf("%-20s %-8s %u/%u chunks, %llu blocks copied (%llu bytes), %llu held%s%s\n",
+               subs[i].name, rc == KVEDGE_OK ? "ok" : "failed", st[i].chunks_synced,
+               st[i].chunks_total, (unsigned long long)st[i].blocks_copied,
+               (unsigned long long)st[i].bytes_copied, (unsigned long long)st[i].blocks_held,
+               rc == KVEDGE_OK ? "" : ": ", rc == KVEDGE_OK ? "" : kvedge_strerror(rc));
+    }
+    kvedge_hsync_write_status(cli->data_dir, subs, st, n);
+    kvedge_engine_destroy(&engine);
+    return kvedge_cli_exit_code(worst);
+}
+
 const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[] = {
     {"store", s_cmd_store, "[--role cloud|edge] [--bind EP] [--config FILE] [...]",
      "Run a store node (cloud or edge role) serving the data directory."},
     {"keygen", s_cmd_keygen, "PATH [--tenant NAME]", "Write a CURVE certificate pair."},
+    {"sync", s_cmd_sync, "[--once] [--subscriptions FILE]",
+     "Historical cache of an edge: progress, or one pass."},
     {NULL, NULL, NULL, NULL},
 };

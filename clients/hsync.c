@@ -1,0 +1,357 @@
+/* Historical cache sync: copies subscribed contexts from a cloud node into the local engine,
+ * pinned, through libkvedge. */
+#include "clients/hsync.h"
+
+#include <czmq.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "access/server.h"
+#include "clients/kvedge.h"
+#include "store/error.h"
+
+#define S_LIST_PAGE 1024
+
+int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, size_t *n, char *why,
+                      size_t why_len)
+{
+    char dummy[8];
+    if (!why) {
+        why = dummy;
+        why_len = sizeof dummy;
+    }
+    *n = 0;
+    zconfig_t *root = path ? zconfig_load(path) : NULL;
+    if (!root) {
+        snprintf(why, why_len, "cannot read %s", path ? path : "(null)");
+        return KVEDGE_EIO;
+    }
+    int rc = KVEDGE_OK;
+    for (zconfig_t *sec = zconfig_child(root); sec && rc == KVEDGE_OK; sec = zconfig_next(sec)) {
+        if (strcmp(zconfig_name(sec), "subscription") != 0) {
+            snprintf(why, why_len, "%s: unknown section '%s'", path, zconfig_name(sec));
+            rc = KVEDGE_EINVAL;
+            break;
+        }
+        if (*n == max) {
+            snprintf(why, why_len, "%s: more than %zu subscriptions", path, max);
+            rc = KVEDGE_ETOOBIG;
+            break;
+        }
+        kvedge_hsync_sub_t *s = &subs[*n];
+        memset(s, 0, sizeof *s);
+        snprintf(s->tenant, sizeof s->tenant, "%s", KVEDGE_LOOPBACK_TENANT);
+        bool have_prefix = false;
+        for (zconfig_t *k = zconfig_child(sec); k && rc == KVEDGE_OK; k = zconfig_next(k)) {
+            const char *key = zconfig_name(k), *v = zconfig_value(k);
+            int w = 0;
+            size_t cap = 0;
+            if (!v) {
+                rc = KVEDGE_EINVAL;
+            } else if (strcmp(key, "name") == 0) {
+                w = snprintf(s->name, cap = sizeof s->name, "%s", v);
+            } else if (strcmp(key, "cloud") == 0) {
+                w = snprintf(s->cloud, cap = sizeof s->cloud, "%s", v);
+            } else if (strcmp(key, "server_key") == 0) {
+                w = snprintf(s->server_key, cap = sizeof s->server_key, "%s", v);
+            } else if (strcmp(key, "cert") == 0) {
+                w = snprintf(s->cert, cap = sizeof s->cert, "%s", v);
+            } else if (strcmp(key, "tenant") == 0) {
+                w = snprintf(s->tenant, cap = sizeof s->tenant, "%s", v);
+            } else if (strcmp(key, "prefix") == 0) {
+                rc = kvedge_chunk_id_parse(v, &s->prefix);
+                have_prefix = rc == KVEDGE_OK;
+            } else {
+                rc = KVEDGE_EINVAL;
+            }
+            if (cap && (size_t)w >= cap)
+                rc = KVEDGE_ETOOBIG;
+            if (rc != KVEDGE_OK)
+                snprintf(why, why_len, "%s: subscription %zu: bad or unknown setting '%s'", path,
+                         *n + 1, key);
+        }
+        if (rc == KVEDGE_OK && (!s->cloud[0] || !have_prefix || !s->tenant[0])) {
+            snprintf(why, why_len, "%s: subscription %zu needs cloud and prefix", path, *n + 1);
+            rc = KVEDGE_EINVAL;
+        }
+        if (rc == KVEDGE_OK && !s->name[0])
+            snprintf(s->name, sizeof s->name, "sub%zu", *n + 1);
+        if (rc == KVEDGE_OK)
+            (*n)++;
+    }
+    zconfig_destroy(&root);
+    return rc;
+}
+
+/* Every chunk of this edge's tenant on the cloud. */
+static int s_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n)
+{
+    size_t cap = S_LIST_PAGE, len = 0;
+    kvedge_chunk_entry_t *all = malloc(cap * sizeof *all);
+    bool more = true;
+    int rc = all ? KVEDGE_OK : KVEDGE_ENOMEM;
+    while (rc == KVEDGE_OK && more) {
+        if (cap - len < S_LIST_PAGE) {
+            kvedge_chunk_entry_t *p = realloc(all, (cap *= 2) * sizeof *all);
+            if (!p) {
+                rc = KVEDGE_ENOMEM;
+                break;
+            }
+            all = p;
+        }
+        size_t got = 0;
+        rc = kvedge_client_list(c, len ? &all[len - 1].chunk.id : NULL, all + len, S_LIST_PAGE,
+                                &got, &more);
+        len += got;
+        if (got == 0)
+            more = false;
+    }
+    if (rc != KVEDGE_OK) {
+        free(all);
+        return rc;
+    }
+    *out = all;
+    *n = len;
+    return KVEDGE_OK;
+}
+
+typedef struct {
+    uint32_t blocks;
+    uint64_t bytes;
+} s_local_t;
+
+static int s_count_local(void *ctx, const kvedge_block_key_t *key, const kvedge_block_meta_t *m)
+{
+    (void)key;
+    s_local_t *l = ctx;
+    l->blocks++;
+    l->bytes += m->bytes;
+    return 0;
+}
+
+/* One layer stream landing in the engine as it arrives (on the client's I/O thread). */
+typedef struct {
+    kvedge_engine_t *engine;
+    kvedge_chunk_info_t info;
+    uint16_t layer;
+    uint64_t blocks, bytes;
+    int put_error;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+} s_layer_t;
+
+static void s_on_block(void *ctx, uint32_t chunk_index, uint16_t head, int status,
+                       const uint8_t *data, size_t len)
+{
+    (void)chunk_index;
+    s_layer_t *l = ctx;
+    if (status != KVEDGE_OK)
+        return; /* the cloud lacks this head: nothing to copy */
+    kvedge_put_opts_t po = {KVEDGE_TTL_NEVER, true};
+    int rc = kvedge_engine_put(l->engine, &l->info, l->layer, head, data, len, &po);
+    if (rc == KVEDGE_OK) {
+        l->blocks++;
+        l->bytes += len;
+    } else if (!l->put_error) {
+        l->put_error = rc;
+    }
+}
+
+static void s_on_done(void *ctx, int status, uint32_t heads)
+{
+    (void)heads;
+    s_layer_t *l = ctx;
+    pthread_mutex_lock(&l->mu);
+    l->status = status;
+    l->done = true;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Copies every layer of one chunk; returns 0 or the first error. */
+static int s_copy_chunk(kvedge_client_t *c, kvedge_engine_t *engine, const uint8_t tag[16],
+                        const kvedge_chunk_entry_t *e, const kvedge_chunk_entry_t *parent,
+                        int deadline_ms, kvedge_hsync_status_t *st)
+{
+    kvedge_model_t m;
+    int rc = kvedge_engine_get_model(engine, e->chunk.model_id, &m);
+    if (rc != KVEDGE_OK) {
+        rc = kvedge_model_builtin(e->chunk.model_id, &m);
+        if (rc == KVEDGE_OK)
+            rc = kvedge_engine_put_model(engine, &m);
+    }
+    if (rc != KVEDGE_OK)
+        return rc; /* a model this edge does not know: register it first */
+    s_layer_t l;
+    memset(&l, 0, sizeof l);
+    l.engine = engine;
+    l.info = e->chunk;
+    memcpy(l.info.tenant, tag, 16);
+    l.info.name = e->chunk.id;
+    kvedge_tenant_chunk_id(tag, &e->chunk.id, &l.info.id);
+    l.info.has_parent = parent != NULL;
+    memset(&l.info.parent, 0, sizeof l.info.parent);
+    if (parent)
+        kvedge_tenant_chunk_id(tag, &parent->chunk.id, &l.info.parent);
+    pthread_mutex_init(&l.mu, NULL);
+    pthread_cond_init(&l.cv, NULL);
+    for (uint32_t layer = 0; rc == KVEDGE_OK && layer < m.layers; layer++) {
+        l.layer = (uint16_t)layer;
+        l.done = false;
+        rc = kvedge_client_get_layer_async(c, &e->chunk.id, 1, (uint16_t)layer, deadline_ms,
+                                           s_on_block, s_on_done, &l);
+        if (rc != KVEDGE_OK)
+            break;
+        pthread_mutex_lock(&l.mu);
+        while (!l.done)
+            pthread_cond_wait(&l.cv, &l.mu); /* on_done always runs, by the deadline */
+        pthread_mutex_unlock(&l.mu);
+        rc = l.status != KVEDGE_OK ? l.status : l.put_error;
+    }
+    pthread_mutex_destroy(&l.mu);
+    pthread_cond_destroy(&l.cv);
+    st->blocks_copied += l.blocks;
+    st->bytes_copied += l.bytes;
+    return rc;
+}
+
+int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int deadline_ms,
+                     kvedge_hsync_status_t *st)
+{
+    if (!engine || !sub || !st)
+        return KVEDGE_EINVAL;
+    uint64_t last_ok = st->last_ok_ms;
+    memset(st, 0, sizeof *st);
+    st->last_ok_ms = last_ok;
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = sub->cloud;
+    o.server_key = sub->server_key[0] ? sub->server_key : NULL;
+    o.client_cert = sub->cert[0] ? sub->cert : NULL;
+    o.deadline_ms = deadline_ms;
+    o.name = "kvedge-hsync";
+    kvedge_client_t *c = NULL;
+    int rc = kvedge_client_connect(&o, &c);
+    kvedge_chunk_entry_t *all = NULL;
+    size_t n = 0;
+    if (rc == KVEDGE_OK)
+        rc = s_list_all(c, &all, &n);
+    /* The chain, from the subscribed chunk up to its root, through LIST's parent ids. */
+    const kvedge_chunk_entry_t **chain = NULL;
+    size_t depth = 0;
+    if (rc == KVEDGE_OK) {
+        chain = calloc(n + 1, sizeof *chain);
+        const kvedge_chunk_id_t *want = &sub->prefix;
+        while (chain && depth < n) {
+            size_t i = 0;
+            while (i < n && memcmp(&all[i].chunk.id, want, sizeof *want) != 0)
+                i++;
+            if (i == n)
+                break;
+            chain[depth++] = &all[i];
+            if (!all[i].chunk.has_parent)
+                break;
+            want = &all[i].chunk.parent;
+        }
+        rc = !chain ? KVEDGE_ENOMEM : depth == 0 ? KVEDGE_ENOTFOUND : KVEDGE_OK;
+    }
+    if (rc != KVEDGE_OK) {
+        st->state = KVEDGE_HSYNC_FAILED;
+        st->last_error = rc;
+        free(chain);
+        free(all);
+        kvedge_client_destroy(&c);
+        return rc;
+    }
+    uint8_t tag[16];
+    kvedge_tenant_tag(sub->tenant, tag);
+    st->chunks_total = (uint32_t)depth;
+    for (size_t d = depth; d-- > 0 && rc == KVEDGE_OK;) { /* root first */
+        const kvedge_chunk_entry_t *e = chain[d];
+        kvedge_chunk_id_t stored;
+        kvedge_tenant_chunk_id(tag, &e->chunk.id, &stored);
+        s_local_t have = {0, 0};
+        kvedge_engine_scan(engine, &stored, s_count_local, &have);
+        if (have.blocks != e->blocks || have.bytes != e->bytes)
+            rc = s_copy_chunk(c, engine, tag, e, d + 1 < depth ? chain[d + 1] : NULL, deadline_ms,
+                              st);
+        if (rc == KVEDGE_OK) {
+            uint64_t changed = 0;
+            rc = kvedge_engine_pin_chunk(engine, &stored, true, &changed);
+            if (rc == KVEDGE_ENOTFOUND) /* a chunk with no blocks on the cloud either */
+                rc = KVEDGE_OK;
+            st->chunks_synced++;
+        }
+        s_local_t now = {0, 0};
+        kvedge_engine_scan(engine, &stored, s_count_local, &now);
+        st->blocks_held += now.blocks;
+    }
+    st->last_error = rc;
+    if (rc == KVEDGE_OK) {
+        st->state = KVEDGE_HSYNC_OK;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        st->last_ok_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    } else {
+        st->state = KVEDGE_HSYNC_PARTIAL;
+    }
+    free(chain);
+    free(all);
+    kvedge_client_destroy(&c);
+    return rc;
+}
+
+static const char *s_state_name(kvedge_hsync_state_t s)
+{
+    switch (s) {
+    case KVEDGE_HSYNC_OK:
+        return "ok";
+    case KVEDGE_HSYNC_PARTIAL:
+        return "partial";
+    case KVEDGE_HSYNC_FAILED:
+        return "failed";
+    default:
+        return "never";
+    }
+}
+
+int kvedge_hsync_write_status(const char *data_dir, const kvedge_hsync_sub_t *subs,
+                              const kvedge_hsync_status_t *status, size_t n)
+{
+    char path[1200], tmp[1300];
+    snprintf(path, sizeof path, "%s/%s", data_dir, KVEDGE_HSYNC_STATUS_FILE);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return KVEDGE_EIO;
+    for (size_t i = 0; i < n; i++) {
+        const kvedge_hsync_status_t *s = &status[i];
+        char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
+        /* Names and endpoints come from the operator's own file; quote-free by construction
+         * would be an assumption, so escape the two characters JSON cares about. */
+        fprintf(f, "{\"name\":\"");
+        for (const char *p = subs[i].name; *p; p++)
+            fprintf(f, (*p == '"' || *p == '\\') ? "\\%c" : "%c", *p);
+        fprintf(f,
+                "\",\"prefix\":\"%s\",\"state\":\"%s\",\"chunks_total\":%u,"
+                "\"chunks_synced\":%u,\"blocks_copied\":%llu,\"bytes_copied\":%llu,"
+                "\"blocks_held\":%llu,\"last_ok_ms\":%llu,\"last_error\":\"%s\"}\n",
+                kvedge_chunk_id_hex(&subs[i].prefix, hex), s_state_name(s->state), s->chunks_total,
+                s->chunks_synced, (unsigned long long)s->blocks_copied,
+                (unsigned long long)s->bytes_copied, (unsigned long long)s->blocks_held,
+                (unsigned long long)s->last_ok_ms,
+                s->last_error ? kvedge_errname(s->last_error) : "");
+    }
+    int bad = ferror(f);
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        remove(tmp);
+        return KVEDGE_EIO;
+    }
+    return KVEDGE_OK;
+}

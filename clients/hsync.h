@@ -1,0 +1,70 @@
+/* The edge's historical cache: a list of subscribed contexts (system prompts of tasks) whose
+ * KV an edge store node copies from a cloud node and pins, so that it can serve them with
+ * the network down. One sync pass pulls what is new or changed; a running node repeats it. */
+#ifndef KVEDGE_CLIENTS_HSYNC_H
+#define KVEDGE_CLIENTS_HSYNC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVEDGE_HSYNC_MAX_SUBS           256
+#define KVEDGE_HSYNC_INTERVAL_S_DEFAULT 60
+#define KVEDGE_HSYNC_STATUS_FILE        "sync.status" /* in the data directory */
+
+/* One subscribed context: the chain of chunks ending at `prefix` (a client chunk id, as the
+ * cloud's LIST shows it), fetched from `cloud` with this edge's key, stored locally in the
+ * namespace of `tenant` (so that local clients of that tenant hit it) and pinned. */
+typedef struct {
+    char name[64];
+    char cloud[256];      /* endpoint of the cloud node */
+    char server_key[512]; /* its public key or certificate path; empty = plaintext */
+    char cert[512];       /* this edge's secret certificate on the cloud */
+    char tenant[128];     /* local tenant that receives the copy ("loopback" = plaintext) */
+    kvedge_chunk_id_t prefix;
+} kvedge_hsync_sub_t;
+
+typedef enum {
+    KVEDGE_HSYNC_NEVER = 0, /* no pass yet */
+    KVEDGE_HSYNC_OK,        /* the last pass copied the whole context */
+    KVEDGE_HSYNC_PARTIAL,   /* the last pass failed part way: what is here stays pinned */
+    KVEDGE_HSYNC_FAILED,    /* the last pass could not start (cloud unreachable, ...) */
+} kvedge_hsync_state_t;
+
+typedef struct {
+    kvedge_hsync_state_t state;
+    uint32_t chunks_total;  /* chunks of the context on the cloud */
+    uint32_t chunks_synced; /* chunks whose every block is here */
+    uint64_t blocks_copied; /* blocks copied by the last pass (0 when nothing changed) */
+    uint64_t bytes_copied;
+    uint64_t blocks_held; /* blocks of the context held locally after the pass */
+    uint64_t last_ok_ms;  /* wall clock of the last fully successful pass, 0 = never */
+    int last_error;       /* 0 or why the last pass did not finish */
+} kvedge_hsync_status_t;
+
+/* Reads subscriptions from a ZPL file: one `subscription` section per context with keys
+ * name, cloud, server_key, cert, tenant, prefix (64 hex digits). *n receives the count.
+ * why (may be NULL) says what is wrong. Errors: KVEDGE_EIO (unreadable), KVEDGE_EINVAL. */
+int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, size_t *n, char *why,
+                      size_t why_len);
+
+/* One sync pass of one subscription into the engine: lists the context on the cloud, copies
+ * every chunk whose block count or bytes differ from the local copy, layer by layer, and
+ * pins everything. Never deletes anything local. deadline_ms bounds each remote call. */
+int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int deadline_ms,
+                     kvedge_hsync_status_t *status);
+
+/* Writes one line per subscription (JSON) to DIR/sync.status, atomically. */
+int kvedge_hsync_write_status(const char *data_dir, const kvedge_hsync_sub_t *subs,
+                              const kvedge_hsync_status_t *status, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,272 @@
+/* The historical cache: an edge copies a subscribed context from a cloud node, pinned; serves
+ * it to local clients of the subscribed tenant; keeps serving it with the cloud gone; copies
+ * only what changed on the next pass; and the subscription file is parsed strictly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "access/server.h"
+#include "clients/hsync.h"
+#include "clients/kvedge.h"
+#include "store/synth.h"
+
+#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  12
+#define S_LAYERS 12
+
+typedef struct {
+    char dir[200];
+    char cloud_ep[250];
+    char edge_ep[250];
+    kvedge_engine_t *cloud_engine, *edge_engine;
+    kvedge_server_t *cloud, *edge;
+} s_fx_t;
+
+static kvedge_server_t *s_serve(kvedge_engine_t *e, const char *ep)
+{
+    kvedge_server_opts_t so = {KVEDGE_ROLE_CLOUD, NULL, ep, true, NULL, NULL, 2, 0, e};
+    kvedge_server_t *s = NULL;
+    char why[256];
+    if (kvedge_server_start(&so, &s, why, sizeof why) != 0)
+        fail_msg("start %s: %s", ep, why);
+    return s;
+}
+
+static int s_setup(void **state)
+{
+    s_fx_t *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/kvedge-hsync-XXXXXX");
+    if (!mkdtemp(f->dir))
+        return -1;
+    char p[400];
+    snprintf(p, sizeof p, "%s/cloud", f->dir);
+    if (kvedge_engine_open(p, NULL, &f->cloud_engine, NULL, 0) != 0)
+        return -1;
+    snprintf(p, sizeof p, "%s/edge", f->dir);
+    if (kvedge_engine_open(p, NULL, &f->edge_engine, NULL, 0) != 0)
+        return -1;
+    /* ipc endpoints: a dead node's tcp port could be taken by another test's node */
+    snprintf(f->cloud_ep, sizeof f->cloud_ep, "ipc://%.200s/cloud.sock", f->dir);
+    snprintf(f->edge_ep, sizeof f->edge_ep, "ipc://%.200s/edge.sock", f->dir);
+    f->cloud = s_serve(f->cloud_engine, f->cloud_ep);
+    *state = f;
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    s_fx_t *f = *state;
+    kvedge_server_destroy(&f->edge);
+    kvedge_server_destroy(&f->cloud);
+    kvedge_engine_destroy(&f->edge_engine);
+    kvedge_engine_destroy(&f->cloud_engine);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+    int rc = system(cmd);
+    free(f);
+    return rc == 0 ? 0 : -1;
+}
+
+static kvedge_client_t *s_client(const char *ep)
+{
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.deadline_ms = 2000;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    return c;
+}
+
+/* Puts layers [l0, l1) of a 2-chunk context; returns the chain ids. */
+static void s_put_context(kvedge_client_t *c, uint32_t l0, uint32_t l1, kvedge_chunk_id_t ids[2])
+{
+    uint32_t tok[512];
+    for (uint32_t i = 0; i < 512; i++)
+        tok[i] = 7 * i + 1;
+    assert_int_equal(kvedge_chunk_chain(NULL, 0, S_MODEL, tok, 512, 0, ids, 2), 2);
+    kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT4, 256, 64, 32, NULL, false};
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    uint8_t *blocks = malloc(cap * S_HEADS);
+    uint16_t k[256 * 64], v[256 * 64];
+    kvedge_put_item_t items[S_HEADS];
+    for (uint32_t ci = 0; ci < 2; ci++)
+        for (uint32_t l = l0; l < l1; l++) {
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                assert_int_equal(
+                    kvedge_synth_head(ci * 1000 + l * 16 + h, 0, 256, 64, KVEDGE_DTYPE_FP16, k, v),
+                    0);
+                memset(&items[h], 0, sizeof items[h]);
+                assert_int_equal(
+                    kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len), 0);
+                items[h].chunk.id = ids[ci];
+                items[h].chunk.has_parent = ci > 0;
+                if (ci > 0)
+                    items[h].chunk.parent = ids[0];
+                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+                items[h].chunk.index = ci;
+                items[h].chunk.tokens = 256;
+                items[h].layer = (uint16_t)l;
+                items[h].head = (uint16_t)h;
+                items[h].block = blocks + h * cap;
+            }
+            assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
+        }
+    free(blocks);
+}
+
+static void test_sync_serve_offline_and_delta(void **state)
+{
+    s_fx_t *f = *state;
+    kvedge_client_t *cloud = s_client(f->cloud_ep);
+    kvedge_chunk_id_t ids[2];
+    s_put_context(cloud, 0, 8, ids); /* layers 0..7 now, the rest later */
+
+    kvedge_hsync_sub_t sub;
+    memset(&sub, 0, sizeof sub);
+    snprintf(sub.name, sizeof sub.name, "ctx");
+    snprintf(sub.cloud, sizeof sub.cloud, "%s", f->cloud_ep);
+    snprintf(sub.tenant, sizeof sub.tenant, "%s", KVEDGE_LOOPBACK_TENANT);
+    sub.prefix = ids[1];
+    kvedge_hsync_status_t st;
+    memset(&st, 0, sizeof st);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.state, KVEDGE_HSYNC_OK);
+    assert_int_equal(st.chunks_total, 2);
+    assert_int_equal(st.chunks_synced, 2);
+    assert_int_equal(st.blocks_copied, 2 * 8 * S_HEADS);
+    assert_int_equal(st.blocks_held, 2 * 8 * S_HEADS);
+    assert_true(st.last_ok_ms > 0);
+    kvedge_engine_stats_t es;
+    assert_int_equal(kvedge_engine_stats(f->edge_engine, &es), 0);
+    assert_int_equal(es.pinned_blocks, 2 * 8 * S_HEADS); /* the historical copy is pinned */
+
+    /* Nothing changed: the next pass copies nothing. */
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.blocks_copied, 0);
+
+    /* The cloud gets the deep layers: the next pass copies exactly those. */
+    s_put_context(cloud, 8, S_LAYERS, ids);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.blocks_held, 2 * S_LAYERS * S_HEADS);
+    assert_true(st.blocks_copied >= 2 * 4 * S_HEADS);
+
+    /* The edge serves the copy to a local client of the tenant, bit-identical. */
+    f->edge = s_serve(f->edge_engine, f->edge_ep);
+    kvedge_client_t *edge = s_client(f->edge_ep);
+    uint8_t *a = malloc(1 << 20), *b = malloc(1 << 20);
+    kvedge_fetched_t oa[S_HEADS], ob[S_HEADS];
+    uint32_t heads;
+    for (uint16_t layer = 0; layer < S_LAYERS; layer += 11) {
+        assert_int_equal(
+            kvedge_client_get_layer(cloud, &ids[1], 1, layer, a, 1 << 20, oa, S_HEADS, &heads), 0);
+        assert_int_equal(
+            kvedge_client_get_layer(edge, &ids[1], 1, layer, b, 1 << 20, ob, S_HEADS, &heads), 0);
+        for (int h = 0; h < S_HEADS; h++) {
+            assert_int_equal(ob[h].status, 0);
+            assert_int_equal(oa[h].len, ob[h].len);
+            assert_memory_equal(a + oa[h].offset, b + ob[h].offset, oa[h].len);
+        }
+    }
+    kvedge_client_destroy(&cloud);
+
+    /* The cloud goes away: a pass fails, and the edge keeps serving everything it holds. */
+    kvedge_server_destroy(&f->cloud);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 500, &st), KVEDGE_ETIMEDOUT);
+    assert_int_equal(st.state, KVEDGE_HSYNC_FAILED);
+    assert_true(st.last_ok_ms > 0); /* the last good pass is remembered */
+    size_t hit = 0;
+    assert_int_equal(kvedge_client_lookup(edge, ids, 2, &hit), 0);
+    assert_int_equal(hit, 2);
+    assert_int_equal(kvedge_client_get_layer(edge, &ids[0], 1, 3, b, 1 << 20, ob, S_HEADS, &heads),
+                     0);
+    assert_int_equal(heads, S_HEADS);
+
+    /* The status file says all of it. */
+    assert_int_equal(kvedge_hsync_write_status(f->dir, &sub, &st, 1), 0);
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", f->dir, KVEDGE_HSYNC_STATUS_FILE);
+    FILE *sf = fopen(path, "r");
+    assert_non_null(sf);
+    char line[1024] = "";
+    assert_non_null(fgets(line, sizeof line, sf));
+    fclose(sf);
+    assert_non_null(strstr(line, "\"state\":\"failed\""));
+    assert_non_null(strstr(line, "\"last_error\":\"KVEDGE_ETIMEDOUT\""));
+    free(a);
+    free(b);
+    kvedge_client_destroy(&edge);
+}
+
+static void test_unknown_prefix(void **state)
+{
+    s_fx_t *f = *state;
+    kvedge_hsync_sub_t sub;
+    memset(&sub, 0, sizeof sub);
+    snprintf(sub.cloud, sizeof sub.cloud, "%s", f->cloud_ep);
+    snprintf(sub.tenant, sizeof sub.tenant, "%s", KVEDGE_LOOPBACK_TENANT);
+    memset(sub.prefix.bytes, 0x42, sizeof sub.prefix.bytes);
+    kvedge_hsync_status_t st;
+    memset(&st, 0, sizeof st);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 1000, &st), KVEDGE_ENOTFOUND);
+    assert_int_equal(st.state, KVEDGE_HSYNC_FAILED);
+}
+
+static void s_write(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_subscription_file(void **state)
+{
+    s_fx_t *f = *state;
+    char path[400], why[256];
+    snprintf(path, sizeof path, "%s/subs.conf", f->dir);
+    kvedge_hsync_sub_t subs[4];
+    size_t n = 9;
+    s_write(path,
+            "subscription\n    name = a\n    cloud = tcp://c:7400\n    tenant = acme\n"
+            "    prefix = 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"
+            "subscription\n    cloud = tcp://d:7400\n"
+            "    prefix = ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n");
+    assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(subs[0].tenant, "acme");
+    assert_string_equal(subs[1].tenant, KVEDGE_LOOPBACK_TENANT);
+    assert_string_equal(subs[1].name, "sub2");
+    assert_int_equal(subs[0].prefix.bytes[1], 0x11);
+
+    s_write(path, "subscription\n    cloud = tcp://c:7400\n    prefix = abc\n");
+    assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), KVEDGE_EINVAL);
+    assert_non_null(strstr(why, "prefix"));
+    s_write(path, "subscription\n    prefix = "
+                  "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n");
+    assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), KVEDGE_EINVAL);
+    s_write(path, "subscription\n    colour = blue\n");
+    assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), KVEDGE_EINVAL);
+    assert_non_null(strstr(why, "colour"));
+    s_write(path, "cache\n    x = 1\n");
+    assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), KVEDGE_EINVAL);
+    snprintf(path, sizeof path, "%s/missing.conf", f->dir);
+    assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), KVEDGE_EIO);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_sync_serve_offline_and_delta, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_prefix, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_subscription_file, s_setup, s_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
