@@ -296,14 +296,12 @@ static void test_corrupt_blob_detected(void **state)
     assert_true(strstr(s_out, "\"quarantined\":0") == NULL);
 }
 
-/* Remote mode: a node in its own process (plaintext on an ipc endpoint, so no port can be
- * taken over by another test), and the admin commands against it with -H. */
-static void test_remote_mode(void **state)
+/* Starts `kvedge store` in its own process on an ipc endpoint next to the test's store (no
+ * tcp port another test could take over) and waits for its "listening" line. */
+static pid_t s_spawn_node(char node_dir[600], char ep[600], int *out_fd)
 {
-    (void)state;
-    char ep[600], node_dir[600];
-    snprintf(node_dir, sizeof node_dir, "%s-node", s_dir);
-    snprintf(ep, sizeof ep, "ipc://%s.sock", s_dir);
+    snprintf(node_dir, 600, "%s-node", s_dir);
+    snprintf(ep, 600, "ipc://%s.sock", s_dir);
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
     pid_t pid = fork();
@@ -321,7 +319,58 @@ static void test_remote_mode(void **state)
     ssize_t got = read(pfd[0], line, sizeof line - 1);
     assert_true(got > 0);
     assert_non_null(strstr(line, "listening ipc://"));
+    *out_fd = pfd[0];
+    return pid;
+}
 
+/* The historical cache from the command line: an edge store copies a context from a cloud
+ * node with `kvedge sync --once`, pinned, and `kvedge sync` reports it. */
+static void test_sync_once(void **state)
+{
+    (void)state;
+    char ep[600], node_dir[600];
+    int out_fd;
+    pid_t pid = s_spawn_node(node_dir, ep, &out_fd);
+    assert_int_equal(s_run("-H %s --json put-synthetic --model opt-125m --tokens 300", ep), 0);
+    char prefix[65];
+    s_json_prefix(s_out, prefix);
+    assert_int_equal(s_run("sync"), 3); /* no status yet */
+    assert_int_equal(s_run("models"), 0);
+    char subs[700];
+    snprintf(subs, sizeof subs, "%s.subs", s_dir);
+    FILE *f = fopen(subs, "w");
+    assert_non_null(f);
+    fprintf(f, "subscription\n    name = bot\n    cloud = %s\n    prefix = %s\n", ep, prefix);
+    fclose(f);
+    assert_int_equal(s_run("sync --once --subscriptions %s", subs), 0);
+    assert_contains(s_out, "2/2 chunks, 288 blocks copied");
+    assert_int_equal(s_run("sync"), 0);
+    assert_contains(s_out, "\"state\":\"ok\"");
+    assert_int_equal(s_run("--json inspect"), 0);
+    assert_contains(s_out, "\"pinned_blocks\":288");
+    assert_int_equal(s_run("sync --once --subscriptions %s", subs), 0);
+    assert_contains(s_out, "0 blocks copied");
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    close(out_fd);
+    /* With the cloud gone the pass fails (exit code says so); the copy stays. */
+    assert_int_equal(s_run("sync --once --deadline 300 --subscriptions %s", subs), 1);
+    assert_contains(s_out, "failed");
+    assert_int_equal(s_run("--json inspect"), 0);
+    assert_contains(s_out, "\"pinned_blocks\":288");
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock' '%s'", node_dir, s_dir, subs);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Remote mode: a node in its own process (plaintext on an ipc endpoint, so no port can be
+ * taken over by another test), and the admin commands against it with -H. */
+static void test_remote_mode(void **state)
+{
+    (void)state;
+    char ep[600], node_dir[600];
+    int out_fd;
+    pid_t pid = s_spawn_node(node_dir, ep, &out_fd);
     assert_int_equal(s_run("stat"), 2); /* needs -H */
     assert_contains(s_errtext, "-H");
     assert_int_equal(s_run("-H %s --json put-synthetic --model opt-125m --tokens 300 --scheme "
@@ -363,7 +412,7 @@ static void test_remote_mode(void **state)
     waitpid(pid, &st, 0);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
-    close(pfd[0]);
+    close(out_fd);
     /* The node is gone: a call returns by its deadline with exit code 5. */
     assert_int_equal(s_run("-H %s --deadline 300 stat", ep), 5);
     char cmd[1400];
@@ -411,6 +460,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corrupt_blob_detected, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_remote_mode, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_keygen, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_sync_once, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
