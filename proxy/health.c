@@ -1,0 +1,352 @@
+/* Per-node health table (see health.h for the rules): a fixed array of nodes plus an
+ * open-addressing index by name, all under one mutex. */
+#include "proxy/health.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/error.h"
+
+/* One node. UP and SUSPECT are derived from silence and failures at each evaluation; DOWN is
+ * latched until the node is heard again. */
+typedef struct {
+    char name[KVEDGE_HEALTH_NAME_MAX + 1];
+    kvedge_health_state_t state; /* as of the latest evaluation */
+    uint32_t failures;           /* consecutive, saturating */
+    uint64_t silent_since_ms;    /* latest heard time, or the time it was added */
+    uint64_t last_heard_ms;      /* 0 = never heard */
+    bool probation;              /* re-admitted, ramp not finished */
+    uint64_t probation_start_ms; /* valid while probation */
+    int last_err;                /* latest failure's error; 0 = none */
+} s_node_t;
+
+struct kvedge_health_t {
+    pthread_mutex_t mu; /* guards everything below */
+    s_node_t *nodes;    /* [max_nodes], the first count in use, in order of addition */
+    size_t count;
+    size_t max_nodes;
+    int32_t *index; /* [index_mask + 1] node positions by name hash; -1 = empty */
+    size_t index_mask;
+};
+
+/* Elapsed from since to now; 0 when now is older (threads' stamps may be out of order). */
+static uint64_t s_elapsed(uint64_t now, uint64_t since)
+{
+    return now > since ? now - since : 0;
+}
+
+static uint64_t s_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Length of a valid node name (1..NAME_MAX), or 0 when it is not one. */
+static size_t s_name_len(const char *node)
+{
+    if (!node)
+        return 0;
+    size_t len = strnlen(node, KVEDGE_HEALTH_NAME_MAX + 1);
+    return len <= KVEDGE_HEALTH_NAME_MAX ? len : 0;
+}
+
+/* Caller holds h->mu. Index slot for node: its entry, or the empty slot where it goes. The
+ * index is at least twice max_nodes, so there is always an empty slot. */
+static size_t s_slot(const kvedge_health_t *h, const char *node)
+{
+    size_t i = (size_t)s_hash(node) & h->index_mask;
+    while (h->index[i] >= 0 && strcmp(h->nodes[h->index[i]].name, node) != 0)
+        i = (i + 1) & h->index_mask;
+    return i;
+}
+
+/* Caller holds h->mu. */
+static s_node_t *s_find(const kvedge_health_t *h, const char *node)
+{
+    int32_t at = h->index[s_slot(h, node)];
+    return at >= 0 ? &h->nodes[at] : NULL;
+}
+
+/* Caller holds h->mu; name is valid. Finds or adds the node; NULL when the table is full. */
+static s_node_t *s_get_or_add(kvedge_health_t *h, const char *node, size_t len, uint64_t now)
+{
+    size_t slot = s_slot(h, node);
+    if (h->index[slot] >= 0)
+        return &h->nodes[h->index[slot]];
+    if (h->count == h->max_nodes)
+        return NULL;
+    s_node_t *n = &h->nodes[h->count];
+    memset(n, 0, sizeof *n);
+    memcpy(n->name, node, len);
+    n->state = KVEDGE_HEALTH_UP;
+    n->silent_since_ms = now;
+    h->index[slot] = (int32_t)h->count++;
+    return n;
+}
+
+static void s_set_down(s_node_t *n)
+{
+    n->state = KVEDGE_HEALTH_DOWN;
+    n->probation = false;
+    n->probation_start_ms = 0;
+}
+
+/* Applies the rules as of now; returns whether the state changed. */
+static bool s_evaluate(s_node_t *n, uint64_t now)
+{
+    kvedge_health_state_t before = n->state;
+    if (n->state == KVEDGE_HEALTH_DOWN)
+        return false; /* only being heard again lifts DOWN */
+    uint64_t silent = s_elapsed(now, n->silent_since_ms);
+    if (silent > KVEDGE_HEALTH_DOWN_MS || n->failures >= KVEDGE_HEALTH_DOWN_FAILURES) {
+        s_set_down(n);
+    } else {
+        if (n->probation && s_elapsed(now, n->probation_start_ms) >= KVEDGE_HEALTH_READMIT_MS) {
+            n->probation = false;
+            n->probation_start_ms = 0;
+        }
+        bool suspect =
+            silent > KVEDGE_HEALTH_SUSPECT_MS || n->failures >= KVEDGE_HEALTH_SUSPECT_FAILURES;
+        n->state = suspect ? KVEDGE_HEALTH_SUSPECT : KVEDGE_HEALTH_UP;
+    }
+    return n->state != before;
+}
+
+/* Weight of an evaluated node at now. */
+static double s_weight(const s_node_t *n, uint64_t now)
+{
+    if (n->state == KVEDGE_HEALTH_DOWN)
+        return 0.0;
+    double w = 1.0;
+    if (n->probation) {
+        double frac = (double)s_elapsed(now, n->probation_start_ms) / KVEDGE_HEALTH_READMIT_MS;
+        w = KVEDGE_HEALTH_READMIT_WEIGHT_MIN + (1.0 - KVEDGE_HEALTH_READMIT_WEIGHT_MIN) * frac;
+        if (w > 1.0)
+            w = 1.0;
+    }
+    if (n->state == KVEDGE_HEALTH_SUSPECT && w > KVEDGE_HEALTH_SUSPECT_WEIGHT)
+        w = KVEDGE_HEALTH_SUSPECT_WEIGHT;
+    return w;
+}
+
+/* Evaluated node at now into *out. */
+static void s_info(const s_node_t *n, uint64_t now, kvedge_health_info_t *out)
+{
+    memcpy(out->name, n->name, sizeof out->name);
+    out->state = n->state;
+    out->weight = s_weight(n, now);
+    out->failures = n->failures;
+    out->last_heard_ms = n->last_heard_ms;
+    out->probation = n->probation;
+    out->probation_start_ms = n->probation_start_ms;
+    out->last_err = n->last_err;
+}
+
+kvedge_health_t *kvedge_health_new(size_t max_nodes)
+{
+    if (max_nodes == 0)
+        max_nodes = KVEDGE_HEALTH_MAX_NODES;
+    if (max_nodes > KVEDGE_HEALTH_MAX_NODES)
+        return NULL;
+    size_t slots = 1;
+    while (slots < 2 * max_nodes)
+        slots <<= 1;
+    kvedge_health_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return NULL;
+    h->nodes = calloc(max_nodes, sizeof *h->nodes);
+    h->index = malloc(slots * sizeof *h->index);
+    if (!h->nodes || !h->index || pthread_mutex_init(&h->mu, NULL) != 0) {
+        free(h->index);
+        free(h->nodes);
+        free(h);
+        return NULL;
+    }
+    memset(h->index, 0xff, slots * sizeof *h->index); /* all -1 */
+    h->index_mask = slots - 1;
+    h->max_nodes = max_nodes;
+    return h;
+}
+
+void kvedge_health_destroy(kvedge_health_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kvedge_health_t *h = *self_p;
+    pthread_mutex_destroy(&h->mu);
+    free(h->index);
+    free(h->nodes);
+    free(h);
+    *self_p = NULL;
+}
+
+/* Caller holds h->mu; n is evaluated at now. The node was heard from: restart its silence
+ * clock, and re-admit it on probation when it is DOWN. */
+static void s_heard(s_node_t *n, uint64_t now)
+{
+    if (now > n->silent_since_ms)
+        n->silent_since_ms = now;
+    if (now > n->last_heard_ms)
+        n->last_heard_ms = now;
+    if (n->state == KVEDGE_HEALTH_DOWN) {
+        n->state = KVEDGE_HEALTH_UP;
+        n->failures = 0;
+        n->probation = true;
+        n->probation_start_ms = now;
+    }
+}
+
+/* The three inputs and add share validation and lookup; ev picks the event. */
+typedef enum { S_ADD, S_HEARD, S_SUCCESS, S_FAILURE } s_event_t;
+
+static int s_event(kvedge_health_t *h, const char *node, uint64_t now, s_event_t ev, int err)
+{
+    size_t len = s_name_len(node);
+    if (!h || len == 0)
+        return KVEDGE_EINVAL;
+    pthread_mutex_lock(&h->mu);
+    s_node_t *n = s_get_or_add(h, node, len, now);
+    if (!n) {
+        pthread_mutex_unlock(&h->mu);
+        return KVEDGE_EFULL;
+    }
+    s_evaluate(n, now); /* a long silence ends in DOWN before this event is applied */
+    switch (ev) {
+    case S_ADD:
+        break;
+    case S_SUCCESS:
+        n->failures = 0;
+        s_heard(n, now); /* a reply is proof of life */
+        break;
+    case S_HEARD:
+        s_heard(n, now);
+        break;
+    case S_FAILURE:
+        if (n->failures < UINT32_MAX)
+            n->failures++;
+        n->last_err = err;
+        if (n->probation)
+            s_set_down(n);
+        break;
+    }
+    s_evaluate(n, now);
+    pthread_mutex_unlock(&h->mu);
+    return KVEDGE_OK;
+}
+
+int kvedge_health_add(kvedge_health_t *h, const char *node, uint64_t now_ms)
+{
+    return s_event(h, node, now_ms, S_ADD, 0);
+}
+
+int kvedge_health_heartbeat(kvedge_health_t *h, const char *node, uint64_t now_ms)
+{
+    return s_event(h, node, now_ms, S_HEARD, 0);
+}
+
+int kvedge_health_success(kvedge_health_t *h, const char *node, uint64_t now_ms)
+{
+    return s_event(h, node, now_ms, S_SUCCESS, 0);
+}
+
+int kvedge_health_failure(kvedge_health_t *h, const char *node, uint64_t now_ms, int err)
+{
+    if (err >= 0)
+        return KVEDGE_EINVAL;
+    return s_event(h, node, now_ms, S_FAILURE, err);
+}
+
+int kvedge_health_tick(kvedge_health_t *h, uint64_t now_ms)
+{
+    if (!h)
+        return KVEDGE_EINVAL;
+    int changed = 0;
+    pthread_mutex_lock(&h->mu);
+    for (size_t i = 0; i < h->count; i++)
+        changed += s_evaluate(&h->nodes[i], now_ms);
+    pthread_mutex_unlock(&h->mu);
+    return changed;
+}
+
+int kvedge_health_get(kvedge_health_t *h, const char *node, uint64_t now_ms,
+                      kvedge_health_info_t *out)
+{
+    if (!h || !out || s_name_len(node) == 0)
+        return KVEDGE_EINVAL;
+    pthread_mutex_lock(&h->mu);
+    s_node_t *n = s_find(h, node);
+    if (n) {
+        s_evaluate(n, now_ms);
+        s_info(n, now_ms, out);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return n ? KVEDGE_OK : KVEDGE_ENOTFOUND;
+}
+
+int kvedge_health_state(kvedge_health_t *h, const char *node, uint64_t now_ms)
+{
+    kvedge_health_info_t info;
+    int rc = kvedge_health_get(h, node, now_ms, &info);
+    return rc == KVEDGE_OK ? (int)info.state : rc;
+}
+
+double kvedge_health_weight(kvedge_health_t *h, const char *node, uint64_t now_ms)
+{
+    kvedge_health_info_t info;
+    return kvedge_health_get(h, node, now_ms, &info) == KVEDGE_OK ? info.weight : 0.0;
+}
+
+bool kvedge_health_usable(kvedge_health_t *h, const char *node, uint64_t now_ms)
+{
+    kvedge_health_info_t info;
+    return kvedge_health_get(h, node, now_ms, &info) == KVEDGE_OK &&
+           info.state != KVEDGE_HEALTH_DOWN;
+}
+
+size_t kvedge_health_count(kvedge_health_t *h)
+{
+    if (!h)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    size_t count = h->count;
+    pthread_mutex_unlock(&h->mu);
+    return count;
+}
+
+int kvedge_health_foreach(kvedge_health_t *h, uint64_t now_ms, kvedge_health_fn fn, void *arg)
+{
+    if (!h || !fn)
+        return KVEDGE_EINVAL;
+    pthread_mutex_lock(&h->mu);
+    size_t count = h->count;
+    kvedge_health_info_t *snap = malloc((count ? count : 1) * sizeof *snap);
+    if (snap)
+        for (size_t i = 0; i < count; i++) {
+            s_evaluate(&h->nodes[i], now_ms);
+            s_info(&h->nodes[i], now_ms, &snap[i]);
+        }
+    pthread_mutex_unlock(&h->mu);
+    if (!snap)
+        return KVEDGE_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; i < count && rc == 0; i++)
+        rc = fn(&snap[i], arg);
+    free(snap);
+    return rc;
+}
+
+const char *kvedge_health_state_name(int state)
+{
+    switch (state) {
+    case KVEDGE_HEALTH_UP:
+        return "UP";
+    case KVEDGE_HEALTH_SUSPECT:
+        return "SUSPECT";
+    case KVEDGE_HEALTH_DOWN:
+        return "DOWN";
+    }
+    return "?";
+}

@@ -1,0 +1,472 @@
+/* Node health: every state transition on an injected clock (silence, failures, success,
+ * re-admission ramp, failure on probation), weights, capacity, name limits, foreach, and
+ * concurrent use. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "proxy/health.h"
+#include "store/error.h"
+
+#define NEAR(got, want)                                                                            \
+    do {                                                                                           \
+        double g_ = (got), w_ = (want);                                                            \
+        if (!(fabs(g_ - w_) <= 1e-9))                                                              \
+            fail_msg("%s = %.12g, want %.12g", #got, g_, w_);                                      \
+    } while (0)
+
+#define T0 1000000u /* an arbitrary clock origin, so nothing relies on time 0 */
+
+static void s_assert_state(kvedge_health_t *h, const char *node, uint64_t now, int want)
+{
+    int got = kvedge_health_state(h, node, now);
+    if (got != want)
+        fail_msg("%s at %llu: %s, want %s", node, (unsigned long long)now,
+                 kvedge_health_state_name(got), kvedge_health_state_name(want));
+}
+
+/* Drives a node to DOWN by failures at now. */
+static void s_knock_down(kvedge_health_t *h, const char *node, uint64_t now)
+{
+    for (int i = 0; i < KVEDGE_HEALTH_DOWN_FAILURES; i++)
+        assert_int_equal(kvedge_health_failure(h, node, now, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    s_assert_state(h, node, now, KVEDGE_HEALTH_DOWN);
+}
+
+static void test_degenerate_and_errors(void **state)
+{
+    (void)state;
+    assert_null(kvedge_health_new(KVEDGE_HEALTH_MAX_NODES + 1));
+    kvedge_health_destroy(NULL);
+    kvedge_health_t *h = kvedge_health_new(0);
+    assert_non_null(h);
+    assert_int_equal(kvedge_health_count(h), 0);
+    assert_int_equal(kvedge_health_count(NULL), 0);
+
+    char name[KVEDGE_HEALTH_NAME_MAX + 2];
+    memset(name, 'n', sizeof name);
+    name[KVEDGE_HEALTH_NAME_MAX + 1] = '\0'; /* 65 chars: too long */
+    assert_int_equal(kvedge_health_heartbeat(h, name, T0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_success(h, name, T0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_failure(h, name, T0, KVEDGE_EIO), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_add(h, name, T0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_state(h, name, T0), KVEDGE_EINVAL);
+    name[KVEDGE_HEALTH_NAME_MAX] = '\0'; /* 64 chars: the longest allowed */
+    assert_int_equal(kvedge_health_heartbeat(h, name, T0), KVEDGE_OK);
+    s_assert_state(h, name, T0, KVEDGE_HEALTH_UP);
+
+    assert_int_equal(kvedge_health_heartbeat(h, "", T0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_heartbeat(h, NULL, T0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_heartbeat(NULL, "a", T0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_failure(h, "a", T0, 0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_failure(h, "a", T0, 5), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_tick(NULL, T0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_count(h), 1); /* nothing above added a node */
+
+    /* Queries never add. */
+    assert_int_equal(kvedge_health_state(h, "ghost", T0), KVEDGE_ENOTFOUND);
+    assert_int_equal(kvedge_health_weight(h, "ghost", T0), 0.0);
+    assert_false(kvedge_health_usable(h, "ghost", T0));
+    kvedge_health_info_t info;
+    assert_int_equal(kvedge_health_get(h, "ghost", T0, &info), KVEDGE_ENOTFOUND);
+    assert_int_equal(kvedge_health_get(h, name, T0, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_weight(NULL, name, T0), 0.0);
+    assert_false(kvedge_health_usable(NULL, name, T0));
+    assert_int_equal(kvedge_health_foreach(h, T0, NULL, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_count(h), 1);
+
+    assert_string_equal(kvedge_health_state_name(KVEDGE_HEALTH_SUSPECT), "SUSPECT");
+    assert_string_equal(kvedge_health_state_name(KVEDGE_EINVAL), "?");
+
+    kvedge_health_destroy(&h);
+    assert_null(h);
+    kvedge_health_destroy(&h);
+}
+
+static void test_silence(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(8);
+    assert_int_equal(kvedge_health_heartbeat(h, "cloud-0", T0), KVEDGE_OK);
+    s_assert_state(h, "cloud-0", T0, KVEDGE_HEALTH_UP);
+    NEAR(kvedge_health_weight(h, "cloud-0", T0), 1.0);
+
+    /* Boundaries are strict: exactly SUSPECT_MS of silence is still UP. */
+    s_assert_state(h, "cloud-0", T0 + KVEDGE_HEALTH_SUSPECT_MS, KVEDGE_HEALTH_UP);
+    s_assert_state(h, "cloud-0", T0 + KVEDGE_HEALTH_SUSPECT_MS + 1, KVEDGE_HEALTH_SUSPECT);
+    NEAR(kvedge_health_weight(h, "cloud-0", T0 + KVEDGE_HEALTH_SUSPECT_MS + 1),
+         KVEDGE_HEALTH_SUSPECT_WEIGHT);
+    assert_true(kvedge_health_usable(h, "cloud-0", T0 + KVEDGE_HEALTH_SUSPECT_MS + 1));
+    s_assert_state(h, "cloud-0", T0 + KVEDGE_HEALTH_DOWN_MS, KVEDGE_HEALTH_SUSPECT);
+    s_assert_state(h, "cloud-0", T0 + KVEDGE_HEALTH_DOWN_MS + 1, KVEDGE_HEALTH_DOWN);
+    assert_false(kvedge_health_usable(h, "cloud-0", T0 + KVEDGE_HEALTH_DOWN_MS + 1));
+    NEAR(kvedge_health_weight(h, "cloud-0", T0 + KVEDGE_HEALTH_DOWN_MS + 1), 0.0);
+
+    /* A heartbeat lifts SUSPECT-by-silence straight back to UP, without probation. */
+    assert_int_equal(kvedge_health_heartbeat(h, "edge-1", T0), KVEDGE_OK);
+    uint64_t t = T0 + KVEDGE_HEALTH_SUSPECT_MS + 500;
+    s_assert_state(h, "edge-1", t, KVEDGE_HEALTH_SUSPECT);
+    assert_int_equal(kvedge_health_heartbeat(h, "edge-1", t), KVEDGE_OK);
+    s_assert_state(h, "edge-1", t, KVEDGE_HEALTH_UP);
+    NEAR(kvedge_health_weight(h, "edge-1", t), 1.0);
+
+    /* A node added without being heard starts its silence clock when added. */
+    assert_int_equal(kvedge_health_add(h, "cfg", T0), KVEDGE_OK);
+    assert_int_equal(kvedge_health_add(h, "cfg", T0 + 2000), KVEDGE_OK); /* no-op */
+    kvedge_health_info_t info;
+    assert_int_equal(kvedge_health_get(h, "cfg", T0, &info), KVEDGE_OK);
+    assert_int_equal(info.last_heard_ms, 0);
+    s_assert_state(h, "cfg", T0 + KVEDGE_HEALTH_SUSPECT_MS + 1, KVEDGE_HEALTH_SUSPECT);
+
+    /* tick applies silence to every node and counts the changes. */
+    assert_int_equal(kvedge_health_tick(h, T0 + KVEDGE_HEALTH_SUSPECT_MS + 1), 0);
+    /* edge-1 (heard at t) turns SUSPECT, cfg goes DOWN, cloud-0 was DOWN already. */
+    assert_int_equal(kvedge_health_tick(h, T0 + KVEDGE_HEALTH_DOWN_MS + 1), 2);
+    assert_int_equal(kvedge_health_tick(h, T0 + KVEDGE_HEALTH_DOWN_MS + 1), 0);
+    s_assert_state(h, "edge-1", T0 + KVEDGE_HEALTH_DOWN_MS + 1, KVEDGE_HEALTH_SUSPECT);
+    s_assert_state(h, "cfg", T0 + KVEDGE_HEALTH_DOWN_MS + 1, KVEDGE_HEALTH_DOWN);
+    kvedge_health_destroy(&h);
+}
+
+static void test_failures_and_success(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(8);
+    const char *n = "edge-2";
+    assert_int_equal(kvedge_health_heartbeat(h, n, T0), KVEDGE_OK);
+    for (int i = 1; i < KVEDGE_HEALTH_SUSPECT_FAILURES; i++)
+        assert_int_equal(kvedge_health_failure(h, n, T0, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    s_assert_state(h, n, T0, KVEDGE_HEALTH_UP);
+    assert_int_equal(kvedge_health_failure(h, n, T0, KVEDGE_EIO), KVEDGE_OK);
+    s_assert_state(h, n, T0, KVEDGE_HEALTH_SUSPECT);
+    NEAR(kvedge_health_weight(h, n, T0), KVEDGE_HEALTH_SUSPECT_WEIGHT);
+    kvedge_health_info_t info;
+    assert_int_equal(kvedge_health_get(h, n, T0, &info), KVEDGE_OK);
+    assert_int_equal(info.failures, KVEDGE_HEALTH_SUSPECT_FAILURES);
+    assert_int_equal(info.last_err, KVEDGE_EIO);
+
+    /* A heartbeat does not forgive failures: the node is alive but failing requests. */
+    assert_int_equal(kvedge_health_heartbeat(h, n, T0 + 10), KVEDGE_OK);
+    s_assert_state(h, n, T0 + 10, KVEDGE_HEALTH_SUSPECT);
+    /* A success does. */
+    assert_int_equal(kvedge_health_success(h, n, T0 + 20), KVEDGE_OK);
+    s_assert_state(h, n, T0 + 20, KVEDGE_HEALTH_UP);
+    assert_int_equal(kvedge_health_get(h, n, T0 + 20, &info), KVEDGE_OK);
+    assert_int_equal(info.failures, 0);
+    assert_int_equal(info.last_heard_ms, T0 + 20);
+    assert_false(info.probation);
+
+    /* Failures need to be consecutive: a success in between starts the count over. */
+    for (int i = 0; i < KVEDGE_HEALTH_DOWN_FAILURES - 1; i++)
+        assert_int_equal(kvedge_health_failure(h, n, T0 + 30, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    s_assert_state(h, n, T0 + 30, KVEDGE_HEALTH_SUSPECT);
+    assert_int_equal(kvedge_health_success(h, n, T0 + 40), KVEDGE_OK);
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 50, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    s_assert_state(h, n, T0 + 50, KVEDGE_HEALTH_UP);
+    for (int i = 1; i < KVEDGE_HEALTH_DOWN_FAILURES; i++)
+        assert_int_equal(kvedge_health_failure(h, n, T0 + 60, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    s_assert_state(h, n, T0 + 60, KVEDGE_HEALTH_DOWN);
+    assert_false(kvedge_health_usable(h, n, T0 + 60));
+
+    /* DOWN never lifts by itself, however much time passes or failures pile up. */
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 70, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    assert_int_equal(kvedge_health_tick(h, T0 + 1000000), 0);
+    s_assert_state(h, n, T0 + 1000000, KVEDGE_HEALTH_DOWN);
+    assert_false(kvedge_health_usable(h, n, T0 + 1000000));
+    NEAR(kvedge_health_weight(h, n, T0 + 1000000), 0.0);
+
+    /* A node first mentioned by a failure is added, unheard. */
+    assert_int_equal(kvedge_health_failure(h, "new", T0, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    assert_int_equal(kvedge_health_get(h, "new", T0, &info), KVEDGE_OK);
+    assert_int_equal(info.state, KVEDGE_HEALTH_UP);
+    assert_int_equal(info.failures, 1);
+    assert_int_equal(info.last_heard_ms, 0);
+    kvedge_health_destroy(&h);
+}
+
+static void test_readmission_ramp(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(8);
+    const char *n = "cloud-1";
+    assert_int_equal(kvedge_health_heartbeat(h, n, T0), KVEDGE_OK);
+    uint64_t back = T0 + KVEDGE_HEALTH_DOWN_MS + 5000; /* DOWN by silence, then heard */
+    s_assert_state(h, n, back - 1, KVEDGE_HEALTH_DOWN);
+    assert_int_equal(kvedge_health_heartbeat(h, n, back), KVEDGE_OK);
+    s_assert_state(h, n, back, KVEDGE_HEALTH_UP);
+    assert_true(kvedge_health_usable(h, n, back));
+    NEAR(kvedge_health_weight(h, n, back), 0.1);
+    kvedge_health_info_t info;
+    assert_int_equal(kvedge_health_get(h, n, back, &info), KVEDGE_OK);
+    assert_true(info.probation);
+    assert_int_equal(info.probation_start_ms, back);
+
+    /* Keep it heard (heartbeats on probation do not restart the ramp). */
+    for (uint64_t t = back + 1000; t < back + KVEDGE_HEALTH_READMIT_MS; t += 1000)
+        assert_int_equal(kvedge_health_heartbeat(h, n, t), KVEDGE_OK);
+    NEAR(kvedge_health_weight(h, n, back + 2500), 0.325);
+    NEAR(kvedge_health_weight(h, n, back + 5000), 0.55);
+    NEAR(kvedge_health_weight(h, n, back + KVEDGE_HEALTH_READMIT_MS - 1),
+         0.1 + 0.9 * (KVEDGE_HEALTH_READMIT_MS - 1) / (double)KVEDGE_HEALTH_READMIT_MS);
+    NEAR(kvedge_health_weight(h, n, back + KVEDGE_HEALTH_READMIT_MS), 1.0);
+    assert_int_equal(kvedge_health_get(h, n, back + KVEDGE_HEALTH_READMIT_MS, &info), KVEDGE_OK);
+    assert_false(info.probation);
+    /* Probation is over: one failure is an ordinary failure now. */
+    assert_int_equal(kvedge_health_failure(h, n, back + KVEDGE_HEALTH_READMIT_MS, KVEDGE_ETIMEDOUT),
+                     KVEDGE_OK);
+    s_assert_state(h, n, back + KVEDGE_HEALTH_READMIT_MS, KVEDGE_HEALTH_UP);
+
+    /* A probation node that goes quiet is SUSPECT and capped at the SUSPECT weight. */
+    s_knock_down(h, "q", T0);
+    assert_int_equal(kvedge_health_heartbeat(h, "q", T0), KVEDGE_OK);
+    uint64_t quiet = T0 + KVEDGE_HEALTH_SUSPECT_MS + 1;
+    s_assert_state(h, "q", quiet, KVEDGE_HEALTH_SUSPECT);
+    NEAR(kvedge_health_weight(h, "q", quiet),
+         0.1 + 0.9 * (double)(quiet - T0) / KVEDGE_HEALTH_READMIT_MS); /* ramp below the cap */
+    NEAR(kvedge_health_weight(h, "q", T0 + 8000), KVEDGE_HEALTH_SUSPECT_WEIGHT);
+    kvedge_health_destroy(&h);
+}
+
+static void test_failure_on_probation(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(8);
+    const char *n = "edge-3";
+    s_knock_down(h, n, T0);
+    /* Re-admitted by a heartbeat: failures reset, ramp starts. */
+    assert_int_equal(kvedge_health_heartbeat(h, n, T0 + 100), KVEDGE_OK);
+    kvedge_health_info_t info;
+    assert_int_equal(kvedge_health_get(h, n, T0 + 100, &info), KVEDGE_OK);
+    assert_int_equal(info.state, KVEDGE_HEALTH_UP);
+    assert_int_equal(info.failures, 0);
+    assert_true(info.probation);
+
+    /* One failure on probation: DOWN at once. */
+    assert_int_equal(kvedge_health_heartbeat(h, n, T0 + 3000), KVEDGE_OK);
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 5100, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    s_assert_state(h, n, T0 + 5100, KVEDGE_HEALTH_DOWN);
+    assert_false(kvedge_health_usable(h, n, T0 + 5100));
+    assert_int_equal(kvedge_health_get(h, n, T0 + 5100, &info), KVEDGE_OK);
+    assert_false(info.probation);
+
+    /* The next heartbeat restarts probation from the bottom of the ramp. */
+    assert_int_equal(kvedge_health_heartbeat(h, n, T0 + 6000), KVEDGE_OK);
+    NEAR(kvedge_health_weight(h, n, T0 + 6000), 0.1);
+    NEAR(kvedge_health_weight(h, n, T0 + 7000), 0.19);
+
+    /* A success also re-admits (a late reply is proof of life), on probation too. */
+    s_knock_down(h, "late", T0);
+    assert_int_equal(kvedge_health_success(h, "late", T0 + 10), KVEDGE_OK);
+    NEAR(kvedge_health_weight(h, "late", T0 + 10), 0.1);
+    assert_int_equal(kvedge_health_get(h, "late", T0 + 10, &info), KVEDGE_OK);
+    assert_true(info.probation);
+    kvedge_health_destroy(&h);
+}
+
+static void test_out_of_order_stamps(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(8);
+    assert_int_equal(kvedge_health_heartbeat(h, "a", T0 + 5000), KVEDGE_OK);
+    /* A stale heartbeat does not move the clock back. */
+    assert_int_equal(kvedge_health_heartbeat(h, "a", T0), KVEDGE_OK);
+    kvedge_health_info_t info;
+    assert_int_equal(kvedge_health_get(h, "a", T0 + 5000, &info), KVEDGE_OK);
+    assert_int_equal(info.last_heard_ms, T0 + 5000);
+    s_assert_state(h, "a", T0 + 5000 + KVEDGE_HEALTH_SUSPECT_MS, KVEDGE_HEALTH_UP);
+    /* A query older than the last heartbeat sees no silence at all. */
+    s_assert_state(h, "a", T0, KVEDGE_HEALTH_UP);
+    kvedge_health_destroy(&h);
+}
+
+static void test_capacity(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(0);
+    char name[32];
+    for (int i = 0; i < KVEDGE_HEALTH_MAX_NODES; i++) {
+        snprintf(name, sizeof name, "node-%d", i);
+        assert_int_equal(kvedge_health_heartbeat(h, name, T0), KVEDGE_OK);
+    }
+    assert_int_equal(kvedge_health_count(h), KVEDGE_HEALTH_MAX_NODES);
+    assert_int_equal(kvedge_health_heartbeat(h, "one-more", T0), KVEDGE_EFULL);
+    assert_int_equal(kvedge_health_failure(h, "one-more", T0, KVEDGE_EIO), KVEDGE_EFULL);
+    assert_int_equal(kvedge_health_add(h, "one-more", T0), KVEDGE_EFULL);
+    /* Known nodes still take events; every one is still found. */
+    assert_int_equal(kvedge_health_failure(h, "node-7", T0, KVEDGE_EIO), KVEDGE_OK);
+    for (int i = 0; i < KVEDGE_HEALTH_MAX_NODES; i++) {
+        snprintf(name, sizeof name, "node-%d", i);
+        s_assert_state(h, name, T0, KVEDGE_HEALTH_UP);
+    }
+    kvedge_health_destroy(&h);
+
+    h = kvedge_health_new(2);
+    assert_int_equal(kvedge_health_add(h, "x", T0), KVEDGE_OK);
+    assert_int_equal(kvedge_health_add(h, "y", T0), KVEDGE_OK);
+    assert_int_equal(kvedge_health_add(h, "z", T0), KVEDGE_EFULL);
+    assert_int_equal(kvedge_health_count(h), 2);
+    kvedge_health_destroy(&h);
+}
+
+typedef struct {
+    int seen;
+    int states[3];
+    char names[8][KVEDGE_HEALTH_NAME_MAX + 1];
+    kvedge_health_t *h; /* to call back into from the callback */
+} s_walk_t;
+
+static int s_collect(const kvedge_health_info_t *info, void *arg)
+{
+    s_walk_t *w = arg;
+    if (w->seen < 8)
+        strcpy(w->names[w->seen], info->name);
+    w->seen++;
+    w->states[info->state]++;
+    /* The lock is not held: calling back in must not deadlock. */
+    assert_true(kvedge_health_count(w->h) > 0);
+    return 0;
+}
+
+static int s_stop_at_two(const kvedge_health_info_t *info, void *arg)
+{
+    (void)info;
+    return ++*(int *)arg == 2 ? 42 : 0;
+}
+
+static void test_foreach(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(8);
+    s_walk_t w = {.h = h};
+    assert_int_equal(kvedge_health_foreach(h, T0, s_collect, &w), 0);
+    assert_int_equal(w.seen, 0);
+
+    assert_int_equal(kvedge_health_heartbeat(h, "up", T0), KVEDGE_OK);
+    assert_int_equal(kvedge_health_heartbeat(h, "quiet", T0 - KVEDGE_HEALTH_SUSPECT_MS - 1),
+                     KVEDGE_OK);
+    s_knock_down(h, "down", T0);
+    assert_int_equal(kvedge_health_failure(h, "flaky", T0, KVEDGE_EIO), KVEDGE_OK);
+    assert_int_equal(kvedge_health_failure(h, "flaky", T0, KVEDGE_EIO), KVEDGE_OK);
+    assert_int_equal(kvedge_health_foreach(h, T0, s_collect, &w), 0);
+    assert_int_equal(w.seen, 4);
+    assert_string_equal(w.names[0], "up"); /* order of addition */
+    assert_string_equal(w.names[1], "quiet");
+    assert_string_equal(w.names[2], "down");
+    assert_string_equal(w.names[3], "flaky");
+    assert_int_equal(w.states[KVEDGE_HEALTH_UP], 1);
+    assert_int_equal(w.states[KVEDGE_HEALTH_SUSPECT], 2);
+    assert_int_equal(w.states[KVEDGE_HEALTH_DOWN], 1);
+
+    int calls = 0;
+    assert_int_equal(kvedge_health_foreach(h, T0, s_stop_at_two, &calls), 42);
+    assert_int_equal(calls, 2);
+    kvedge_health_destroy(&h);
+}
+
+#define THREADS    4
+#define PER_THREAD 5000
+#define SHARED     8
+
+typedef struct {
+    kvedge_health_t *h;
+    int id;
+} s_worker_t;
+
+/* Each thread: failures on shared "fail-*" nodes, heartbeats on shared "hb-*" nodes, a mix on
+ * shared "mix-*" nodes, and a few snapshots. */
+static void *s_worker(void *arg)
+{
+    s_worker_t *w = arg;
+    char name[32];
+    for (int i = 0; i < PER_THREAD; i++) {
+        uint64_t now = T0 + (uint64_t)i;
+        int k = i % SHARED;
+        snprintf(name, sizeof name, "fail-%d", k);
+        if (kvedge_health_failure(w->h, name, now, KVEDGE_ETIMEDOUT) != KVEDGE_OK)
+            return (void *)1;
+        snprintf(name, sizeof name, "hb-%d", k);
+        if (kvedge_health_heartbeat(w->h, name, now) != KVEDGE_OK)
+            return (void *)1;
+        snprintf(name, sizeof name, "mix-%d", k);
+        int rc = (i + w->id) % 3 == 0   ? kvedge_health_success(w->h, name, now)
+                 : (i + w->id) % 3 == 1 ? kvedge_health_failure(w->h, name, now, KVEDGE_EIO)
+                                        : kvedge_health_heartbeat(w->h, name, now);
+        if (rc != KVEDGE_OK)
+            return (void *)1;
+        double wt = kvedge_health_weight(w->h, name, now);
+        if (!(wt >= 0.0 && wt <= 1.0))
+            return (void *)1;
+        if (i % 1000 == 0 && kvedge_health_tick(w->h, now) < 0)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+static int s_count_nodes(const kvedge_health_info_t *info, void *arg)
+{
+    (void)info;
+    ++*(int *)arg;
+    return 0;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(0);
+    pthread_t th[THREADS];
+    s_worker_t w[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        w[i] = (s_worker_t){h, i};
+        assert_int_equal(pthread_create(&th[i], NULL, s_worker, &w[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        void *ret = (void *)1;
+        assert_int_equal(pthread_join(th[i], &ret), 0);
+        assert_null(ret);
+    }
+    assert_int_equal(kvedge_health_count(h), 3 * SHARED);
+    int nodes = 0;
+    assert_int_equal(kvedge_health_foreach(h, T0 + PER_THREAD, s_count_nodes, &nodes), 0);
+    assert_int_equal(nodes, 3 * SHARED);
+
+    char name[32];
+    kvedge_health_info_t info;
+    for (int k = 0; k < SHARED; k++) {
+        /* Never heard, never succeeded: every failure counted, none lost to a race. */
+        snprintf(name, sizeof name, "fail-%d", k);
+        assert_int_equal(kvedge_health_get(h, name, T0 + PER_THREAD, &info), KVEDGE_OK);
+        assert_int_equal(info.failures, THREADS * PER_THREAD / SHARED);
+        assert_int_equal(info.state, KVEDGE_HEALTH_DOWN);
+        assert_int_equal(info.last_heard_ms, 0);
+        /* Heard at the latest stamp any thread sent for it. */
+        snprintf(name, sizeof name, "hb-%d", k);
+        assert_int_equal(kvedge_health_get(h, name, T0 + PER_THREAD, &info), KVEDGE_OK);
+        assert_int_equal(info.failures, 0);
+        assert_int_equal(info.state, KVEDGE_HEALTH_UP);
+        assert_int_equal(info.last_heard_ms, T0 + PER_THREAD - SHARED + k);
+    }
+    kvedge_health_destroy(&h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_degenerate_and_errors),
+        cmocka_unit_test(test_silence),
+        cmocka_unit_test(test_failures_and_success),
+        cmocka_unit_test(test_readmission_ramp),
+        cmocka_unit_test(test_failure_on_probation),
+        cmocka_unit_test(test_out_of_order_stamps),
+        cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_foreach),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
