@@ -13,6 +13,7 @@
 #include "access/log.h"
 #include "access/server.h"
 #include "clients/cli.h"
+#include "clients/cli_plan.h"
 #include "clients/hsync.h"
 #include "store/error.h"
 
@@ -576,6 +577,8 @@ const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[] = {
     {"store", s_cmd_store, "[--role cloud|edge] [--bind EP] [--config FILE] [...]",
      "Run a store node (cloud or edge role) serving the data directory."},
     {"keygen", s_cmd_keygen, "PATH [--tenant NAME]", "Write a CURVE certificate pair."},
+    {"plan", kvedge_cli_plan, "--model ID --source SPEC [...]",
+     "What the planner would fetch from where, without fetching."},
     {"sync", s_cmd_sync, "[--once] [--subscriptions FILE]",
      "Historical cache of an edge: progress, or one pass."},
     {NULL, NULL, NULL, NULL},

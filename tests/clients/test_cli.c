@@ -296,6 +296,32 @@ static void test_corrupt_blob_detected(void **state)
     assert_true(strstr(s_out, "\"quarantined\":0") == NULL);
 }
 
+static void test_plan(void **state)
+{
+    (void)state;
+    /* A fast cloud beats recomputing: every layer comes from it. */
+    assert_int_equal(s_run("--json plan --model opt-125m --tokens 512 --source "
+                           "cloud:c1:10gbit,100us:int8 --recompute-us 50000"),
+                     0);
+    assert_contains(s_out, "\"layer\":11,\"source\":\"c1\"");
+    assert_true(strstr(s_out, "recompute\"") == NULL);
+    /* With it down, everything is recomputed. */
+    assert_int_equal(s_run("--json plan --model opt-125m --tokens 512 --source "
+                           "cloud:c1:10gbit,100us:int8 --down c1"),
+                     0);
+    assert_contains(s_out, "\"layer\":0,\"source\":\"recompute\"");
+    /* A slow cloud and a peer holding the shallow layers: the peer serves those. */
+    assert_int_equal(s_run("plan --model opt-125m --tokens 512 --source cloud:c1:10mbit,40ms:int4 "
+                           "--source peer:p1:1gbit,1ms:lossless:0-5 --recompute-us 100000"),
+                     0);
+    assert_contains(s_out, "p1");
+    assert_contains(s_out, "bound");
+    assert_int_equal(s_run("plan --model opt-125m --source cloud:c1:fast:int8"), 2);
+    assert_int_equal(s_run("plan --model opt-125m --source moon:c1:1gbit:int8"), 2);
+    assert_int_equal(s_run("plan --model opt-125m --source peer:p:1gbit,1ms:int8:3-99"), 2);
+    assert_int_equal(s_run("plan --model nope --source cloud:c1:1gbit:int8"), 3);
+}
+
 /* Starts `kvedge store` in its own process on an ipc endpoint next to the test's store (no
  * tcp port another test could take over) and waits for its "listening" line. */
 static pid_t s_spawn_node(char node_dir[600], char ep[600], int *out_fd)
@@ -461,6 +487,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_remote_mode, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_keygen, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_once, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_plan, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
