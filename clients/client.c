@@ -68,6 +68,24 @@ static uint32_t s_left_ms(int64_t deadline_ms)
 
 /* ---------------------------------------------------------------- requests */
 
+/* A message in flight on an emulated link: delivered (or sent) at its due time, so the link
+ * adds latency once per message in flight, not once per message in turn. */
+typedef struct {
+    zmsg_t *m;
+    uint64_t due_us;
+    uint64_t id; /* uplink: the request it carries (0 for CREDIT/CANCEL) */
+} s_held_t;
+
+static void s_held_destroy(void **item)
+{
+    s_held_t *h = *item;
+    if (h) {
+        zmsg_destroy(&h->m);
+        free(h);
+        *item = NULL;
+    }
+}
+
 typedef struct s_req_t s_req_t;
 struct s_req_t {
     /* What to send; filled in by the calling thread. */
@@ -182,6 +200,8 @@ typedef struct {
     kvedge_meter_t *meter; /* observed bandwidth and rtt of this node (thread-safe) */
     kvedge_shaper_t *up;   /* emulated link, client -> node (NULL: none) */
     kvedge_shaper_t *down; /* emulated link, node -> client */
+    zlistx_t *held_up;     /* s_held_t: messages on the emulated uplink, in due order */
+    zlistx_t *held_down;   /* s_held_t: messages on the emulated downlink, in due order */
     int setup_rc;          /* result of s_io_setup, read by connect */
     atomic_int queued;     /* requests sent into the pipe, not yet taken by the actor */
     zsock_t *dealer;
@@ -249,6 +269,14 @@ static int s_io_setup(s_io_t *io)
     zhashx_set_key_duplicator(io->inflight, NULL);
     zhashx_set_key_destructor(io->inflight, NULL);
     io->next_deadline = INT64_MAX;
+    if (io->up) {
+        io->held_up = zlistx_new();
+        io->held_down = zlistx_new();
+        if (!io->held_up || !io->held_down)
+            return KVEDGE_ENOMEM;
+        zlistx_set_destructor(io->held_up, s_held_destroy);
+        zlistx_set_destructor(io->held_down, s_held_destroy);
+    }
 
     zsock_t *d = io->dealer;
     zsock_set_linger(d, 0);
@@ -290,6 +318,20 @@ static void s_send_header(s_io_t *io, uint8_t opcode, uint64_t id, uint32_t cred
                               .deadline_ms = s_left_ms(deadline_ms)};
     uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
     kvedge_wire_header_pack(&h, buf);
+    if (io->held_up) { /* CREDIT and CANCEL cross the emulated uplink like everything else */
+        s_held_t *held = malloc(sizeof *held);
+        zmsg_t *m = held ? zmsg_new() : NULL;
+        if (m && zmsg_addmem(m, buf, sizeof buf) == 0) {
+            uint64_t now = kvedge_shaper_now_us();
+            held->m = m;
+            held->due_us = now + kvedge_shaper_delay_us(io->up, sizeof buf, now);
+            held->id = 0;
+            zlistx_add_end(io->held_up, held);
+            return;
+        }
+        zmsg_destroy(&m);
+        free(held);
+    }
     zmq_send(zsock_resolve(io->dealer), buf, sizeof buf, ZMQ_DONTWAIT); /* best effort */
 }
 
@@ -341,8 +383,25 @@ static void s_io_submit(s_io_t *io, s_req_t *r)
         return;
     }
     r->sent_us = s_now_us(); /* before the emulated uplink: its delay is part of the rtt */
-    if (io->up)
-        kvedge_shaper_wait(io->up, zmsg_content_size(m));
+    if (io->up) {            /* the emulated uplink sends it when a real one would have it there */
+        uint64_t now = kvedge_shaper_now_us();
+        s_held_t *held = malloc(sizeof *held);
+        if (!held) {
+            zmsg_destroy(&m);
+            r->id = 0;
+            s_finish(io, r, KVEDGE_ENOMEM, false);
+            return;
+        }
+        held->m = m;
+        held->due_us = now + kvedge_shaper_delay_us(io->up, zmsg_content_size(m), now);
+        held->id = r->id;
+        zlistx_add_end(io->held_up, held);
+        r->outstanding = r->credit;
+        zhashx_insert(io->inflight, S_KEY(r->id), r);
+        if (r->deadline_ms < io->next_deadline)
+            io->next_deadline = r->deadline_ms;
+        return;
+    }
     if (zmsg_send(&m, io->dealer) != 0) {
         /* The queue to the node is full (it is gone or stalled): fail now rather than
          * block the actor; nothing of this message was sent. */
@@ -477,21 +536,28 @@ static void s_io_drain(s_io_t *io)
             s_io_message(io, m);
         }
     } else {
-        /* Emulated link: everything already queued arrived by now; each message is then
-         * delivered when a link of that rate and latency would deliver it, so latency is
-         * paid once per message in flight, not once per message in turn. */
-        zmsg_t *batch[S_DRAIN_MAX];
-        int nb = 0;
-        while (nb < S_DRAIN_MAX && (zsock_events(io->dealer) & ZMQ_POLLIN)) {
-            batch[nb] = zmsg_recv(io->dealer);
-            if (!batch[nb])
+        /* Emulated downlink: everything queued arrived by now; each message is delivered at
+         * the time a link of that rate and latency would deliver it. */
+        uint64_t now = kvedge_shaper_now_us();
+        for (int i = 0; i < S_DRAIN_MAX && (zsock_events(io->dealer) & ZMQ_POLLIN); i++) {
+            zmsg_t *m = zmsg_recv(io->dealer);
+            s_held_t *h = m ? malloc(sizeof *h) : NULL;
+            if (!h) {
+                zmsg_destroy(&m);
                 break;
-            nb++;
+            }
+            h->m = m;
+            h->due_us = now + kvedge_shaper_delay_us(io->down, zmsg_content_size(m), now);
+            h->id = 0;
+            zlistx_add_end(io->held_down, h);
         }
-        uint64_t arrived = kvedge_shaper_now_us();
-        for (int i = 0; i < nb; i++) {
-            kvedge_shaper_wait_from(io->down, zmsg_content_size(batch[i]), arrived);
-            s_io_message(io, batch[i]);
+        now = kvedge_shaper_now_us();
+        s_held_t *h;
+        while ((h = zlistx_first(io->held_down)) != NULL && h->due_us <= now) {
+            zmsg_t *m = h->m;
+            h->m = NULL;
+            zlistx_delete(io->held_down, zlistx_cursor(io->held_down));
+            s_io_message(io, m);
         }
     }
     s_io_flush_credit(io);
@@ -543,8 +609,40 @@ static bool s_io_pipe(s_io_t *io, zsock_t *pipe, bool closing)
 
 static void s_io_teardown(s_io_t *io)
 {
+    zlistx_destroy(&io->held_up);
+    zlistx_destroy(&io->held_down);
     zsock_destroy(&io->dealer);
     zhashx_destroy(&io->inflight);
+}
+
+/* Sends the emulated uplink's messages that are due. A message the socket refuses fails its
+ * request (if it is still in flight). */
+static void s_io_flush_up(s_io_t *io)
+{
+    uint64_t now = kvedge_shaper_now_us();
+    s_held_t *h;
+    while (io->held_up && (h = zlistx_first(io->held_up)) != NULL && h->due_us <= now) {
+        uint64_t id = h->id;
+        int rc = zmsg_send(&h->m, io->dealer);
+        zlistx_delete(io->held_up, zlistx_cursor(io->held_up));
+        s_req_t *r = rc != 0 && id ? zhashx_lookup(io->inflight, S_KEY(id)) : NULL;
+        if (r)
+            s_finish(io, r, KVEDGE_EBUSY, false);
+    }
+}
+
+/* Milliseconds until the first held message is due (rounded up), or -1 when none is held. */
+static int s_io_held_wait(s_io_t *io)
+{
+    uint64_t now = kvedge_shaper_now_us(), first = UINT64_MAX;
+    s_held_t *h;
+    if (io->held_up && (h = zlistx_first(io->held_up)) != NULL && h->due_us < first)
+        first = h->due_us;
+    if (io->held_down && (h = zlistx_first(io->held_down)) != NULL && h->due_us < first)
+        first = h->due_us;
+    if (first == UINT64_MAX)
+        return -1;
+    return first <= now ? 0 : (int)((first - now + 999) / 1000);
 }
 
 /* The meter and shapers outlive the actor (the caller reads the meter): freed with io. */
@@ -582,10 +680,14 @@ static void s_actor(zsock_t *pipe, void *args)
             /* + 1: wake just after the deadline's millisecond, not spin through it */
             timeout = left < 0 ? 0 : left >= INT_MAX ? INT_MAX : (int)left + 1;
         }
+        int held = s_io_held_wait(io);
+        if (held >= 0 && (timeout < 0 || held < timeout))
+            timeout = held;
         zpoller_wait(poller, timeout);
         if (zpoller_terminated(poller))
             break; /* the ZeroMQ context is going away */
         running = s_io_pipe(io, pipe, false);
+        s_io_flush_up(io);
         s_io_drain(io);
         s_io_expire(io, false, KVEDGE_ETIMEDOUT);
     }

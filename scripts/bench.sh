@@ -25,3 +25,5 @@ if [ -x "$BUILD/bench/bench_fetch" ]; then
 else
     echo "bench.sh: $BUILD/bench/bench_fetch is not built (needs hiredis); skipped" >&2
 fi
+echo
+"$BUILD/bench/bench_pipeline" "$BUILD/clients/kvedge"
