@@ -1,0 +1,1561 @@
+/* The Storage Master: the kvmsg codec, the key space and record formats (pure functions on
+ * bytes), and the master daemon, one actor that owns the registry (RocksDB), the ROUTER and
+ * the PUB. Every update goes through one function, s_apply: next seq, one write batch with
+ * the record and the seq, then publish. */
+#include "access/master.h"
+
+#include <czmq.h>
+#include <rocksdb/c.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "access/log.h"
+#include "access/server.h" /* kvedge_endpoint_is_loopback, heartbeat and ZAP constants */
+#include "store/error.h"
+
+/* ---------------------------------------------------------------- bytes */
+
+static void s_put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static uint16_t s_get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static void s_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t s_get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static bool s_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* ---------------------------------------------------------------- kvmsg */
+
+static const char *const s_cmd_names[] = {
+    NULL, "ICANHAZ", "KVSYNC", "KTHXBAI", "SET", "HEARTBEAT", "OK", "ERR", "KVPUB", "HUGZ",
+};
+#define S_CMD_COUNT (sizeof s_cmd_names / sizeof s_cmd_names[0])
+
+const char *kvedge_kvmsg_cmd_name(int cmd)
+{
+    return cmd > 0 && (size_t)cmd < S_CMD_COUNT ? s_cmd_names[cmd] : NULL;
+}
+
+bool kvedge_kvmsg_is_pub(kvedge_kvmsg_cmd_t cmd)
+{
+    return cmd == KVEDGE_KVMSG_KVPUB || cmd == KVEDGE_KVMSG_HUGZ;
+}
+
+static bool s_graph(uint8_t c)
+{
+    return c >= 0x21 && c <= 0x7E;
+}
+
+bool kvedge_kvmsg_key_ok(const uint8_t *key, size_t len)
+{
+    if (!key || len == 0 || len > KVEDGE_KVMSG_MAX_KEY_BYTES)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!s_graph(key[i]))
+            return false;
+    return true;
+}
+
+/* A prefix: 0 … 255 key characters. */
+static bool s_prefix_ok(const uint8_t *p, size_t len)
+{
+    return len == 0 || kvedge_kvmsg_key_ok(p, len);
+}
+
+static bool s_reason_ok(const uint8_t *p, size_t len)
+{
+    if (len > KVEDGE_KVMSG_MAX_REASON_BYTES)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (p[i] < 0x20 || p[i] > 0x7E)
+            return false;
+    return true;
+}
+
+static int s_cmd_parse(const kvedge_wire_frame_t *f)
+{
+    for (size_t c = 1; c < S_CMD_COUNT; c++)
+        if (f->len == strlen(s_cmd_names[c]) && memcmp(f->data, s_cmd_names[c], f->len) == 0)
+            return (int)c;
+    return 0;
+}
+
+int kvedge_kvmsg_parse(const kvedge_wire_frame_t *f, size_t n, kvedge_kvmsg_t *m)
+{
+    memset(m, 0, sizeof *m);
+    if (!f || n < 4 || n > KVEDGE_KVMSG_MAX_FRAMES)
+        return KVEDGE_EPROTO;
+    if (n == 5 && f[4].len == 8)
+        m->rid = s_get64(f[4].data);
+    int cmd = s_cmd_parse(&f[0]);
+    if (cmd == 0)
+        return KVEDGE_EPROTO;
+    m->cmd = (kvedge_kvmsg_cmd_t)cmd;
+    if (n != (kvedge_kvmsg_is_pub(m->cmd) ? 4u : 5u) || f[2].len != 8 || (n == 5 && f[4].len != 8))
+        return KVEDGE_EPROTO;
+    m->key = f[1].len ? f[1].data : NULL;
+    m->key_len = f[1].len;
+    m->seq = s_get64(f[2].data);
+    m->body = f[3].len ? f[3].data : NULL;
+    m->body_len = f[3].len;
+    const uint8_t *b = m->body;
+    bool ok = false;
+    switch (m->cmd) {
+    case KVEDGE_KVMSG_ICANHAZ:
+        ok = s_prefix_ok(m->key, m->key_len) && m->seq == 0 && m->body_len == 0;
+        break;
+    case KVEDGE_KVMSG_KVSYNC:
+        ok = kvedge_kvmsg_key_ok(m->key, m->key_len) && m->seq >= 1 && m->body_len >= 1 &&
+             m->body_len <= KVEDGE_KVMSG_MAX_BODY_BYTES;
+        break;
+    case KVEDGE_KVMSG_KTHXBAI:
+        ok = s_prefix_ok(m->key, m->key_len) && m->body_len == KVEDGE_KVMSG_KTHXBAI_BYTES &&
+             s_zero(b + 4, 4);
+        if (ok) {
+            m->count = kvedge_wire_get32(b);
+            m->registry = s_get64(b + 8);
+            m->body = NULL;
+            m->body_len = 0;
+        }
+        break;
+    case KVEDGE_KVMSG_SET:
+        ok = kvedge_kvmsg_key_ok(m->key, m->key_len) && m->seq == 0 &&
+             m->body_len <= KVEDGE_KVMSG_MAX_BODY_BYTES;
+        break;
+    case KVEDGE_KVMSG_HEARTBEAT: {
+        char id[KVEDGE_MASTER_MAX_ID_BYTES + 1];
+        ok = m->key_len >= 1 && m->key_len <= KVEDGE_MASTER_MAX_ID_BYTES && m->seq == 0 &&
+             m->body_len == 0;
+        if (ok) {
+            memcpy(id, m->key, m->key_len);
+            id[m->key_len] = '\0';
+            ok = kvedge_master_id_ok(id);
+        }
+        break;
+    }
+    case KVEDGE_KVMSG_OK:
+        ok = kvedge_kvmsg_key_ok(m->key, m->key_len) && m->body_len == 0;
+        break;
+    case KVEDGE_KVMSG_ERR:
+        ok = s_prefix_ok(m->key, m->key_len) && m->seq == 0 && m->body_len >= 4 &&
+             s_reason_ok(b + 4, m->body_len - 4);
+        if (ok) {
+            m->status = (int32_t)kvedge_wire_get32(b);
+            ok = m->status < 0;
+            m->body = m->body_len > 4 ? b + 4 : NULL;
+            m->body_len -= 4;
+        }
+        break;
+    case KVEDGE_KVMSG_KVPUB:
+        ok = kvedge_kvmsg_key_ok(m->key, m->key_len) && m->seq >= 1 &&
+             m->body_len <= KVEDGE_KVMSG_MAX_BODY_BYTES;
+        break;
+    case KVEDGE_KVMSG_HUGZ:
+        ok = m->key_len == 0 && m->body_len == KVEDGE_KVMSG_HUGZ_BYTES;
+        if (ok) {
+            m->registry = s_get64(b);
+            m->body = NULL;
+            m->body_len = 0;
+        }
+        break;
+    }
+    return ok ? KVEDGE_OK : KVEDGE_EPROTO;
+}
+
+int kvedge_kvmsg_pack(const kvedge_kvmsg_t *m, kvedge_kvmsg_buf_t *buf,
+                      kvedge_wire_frame_t out[KVEDGE_KVMSG_MAX_FRAMES], size_t *n)
+{
+    const char *name = m ? kvedge_kvmsg_cmd_name((int)m->cmd) : NULL;
+    if (!name || !buf || !out || !n)
+        return KVEDGE_EINVAL;
+    out[0] = (kvedge_wire_frame_t){(const uint8_t *)name, strlen(name)};
+    out[1] = (kvedge_wire_frame_t){m->key, m->key_len};
+    s_put64(buf->seq, m->seq);
+    out[2] = (kvedge_wire_frame_t){buf->seq, 8};
+    out[3] = (kvedge_wire_frame_t){m->body, m->body_len};
+    switch (m->cmd) {
+    case KVEDGE_KVMSG_KTHXBAI:
+        memset(buf->body, 0, KVEDGE_KVMSG_KTHXBAI_BYTES);
+        kvedge_wire_put32(buf->body, m->count);
+        s_put64(buf->body + 8, m->registry);
+        out[3] = (kvedge_wire_frame_t){buf->body, KVEDGE_KVMSG_KTHXBAI_BYTES};
+        break;
+    case KVEDGE_KVMSG_HUGZ:
+        s_put64(buf->body, m->registry);
+        out[3] = (kvedge_wire_frame_t){buf->body, KVEDGE_KVMSG_HUGZ_BYTES};
+        break;
+    case KVEDGE_KVMSG_ERR:
+        if (m->body_len > KVEDGE_KVMSG_MAX_REASON_BYTES)
+            return KVEDGE_EINVAL;
+        kvedge_wire_put32(buf->body, (uint32_t)m->status);
+        if (m->body_len)
+            memcpy(buf->body + 4, m->body, m->body_len);
+        out[3] = (kvedge_wire_frame_t){buf->body, 4 + m->body_len};
+        break;
+    default:
+        break;
+    }
+    *n = 4;
+    if (!kvedge_kvmsg_is_pub(m->cmd)) {
+        s_put64(buf->rid, m->rid);
+        out[4] = (kvedge_wire_frame_t){buf->rid, 8};
+        *n = 5;
+    }
+    kvedge_kvmsg_t check;
+    return kvedge_kvmsg_parse(out, *n, &check) == KVEDGE_OK ? KVEDGE_OK : KVEDGE_EINVAL;
+}
+
+/* ---------------------------------------------------------------- key space */
+
+static bool s_id_char(char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == ':' || c == '@' || c == '+' || c == '-';
+}
+
+static bool s_id_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > KVEDGE_MASTER_MAX_ID_BYTES)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!s_id_char(s[i]))
+            return false;
+    return true;
+}
+
+bool kvedge_master_id_ok(const char *id)
+{
+    return id && s_id_ok(id, strnlen(id, KVEDGE_MASTER_MAX_ID_BYTES + 1));
+}
+
+/* Model ids in keys: printable, no space, no '/'. */
+static bool s_model_id_ok(const char *s, size_t len)
+{
+    if (len == 0 || len > KVEDGE_MASTER_MAX_MODEL_ID_BYTES)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!s_graph((uint8_t)s[i]) || s[i] == '/')
+            return false;
+    return true;
+}
+
+static bool s_hex_ok(const char *s, size_t len)
+{
+    if (len != KVEDGE_MASTER_CHUNK_HEX_BYTES)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+    return true;
+}
+
+static const struct {
+    const char *prefix;
+    kvedge_master_space_t space;
+    int parts; /* components after the prefix */
+} s_spaces[] = {
+    {"node/", KVEDGE_MASTER_SPACE_NODE, 1},   {"health/", KVEDGE_MASTER_SPACE_HEALTH, 1},
+    {"model/", KVEDGE_MASTER_SPACE_MODEL, 1}, {"map/", KVEDGE_MASTER_SPACE_MAP, 2},
+    {"dir/", KVEDGE_MASTER_SPACE_DIR, 2},     {"link/", KVEDGE_MASTER_SPACE_LINK, 2},
+};
+#define S_SPACE_COUNT (sizeof s_spaces / sizeof s_spaces[0])
+
+/* Is s[0..len) a valid component number `which` (0 or 1) of a key of space sp? */
+static bool s_part_ok(kvedge_master_space_t sp, int which, const char *s, size_t len)
+{
+    switch (sp) {
+    case KVEDGE_MASTER_SPACE_MODEL:
+    case KVEDGE_MASTER_SPACE_MAP:
+        return s_model_id_ok(s, len);
+    case KVEDGE_MASTER_SPACE_DIR:
+        return which == 0 ? s_id_ok(s, len) : s_hex_ok(s, len);
+    default:
+        return s_id_ok(s, len);
+    }
+}
+
+int kvedge_master_key_parse(const char *key, size_t len, kvedge_master_key_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!kvedge_kvmsg_key_ok((const uint8_t *)key, len))
+        return KVEDGE_EINVAL;
+    for (size_t i = 0; i < S_SPACE_COUNT; i++) {
+        size_t pl = strlen(s_spaces[i].prefix);
+        if (len <= pl || memcmp(key, s_spaces[i].prefix, pl) != 0)
+            continue;
+        const char *rest = key + pl;
+        size_t rl = len - pl;
+        const char *slash = memchr(rest, '/', rl);
+        size_t al = slash ? (size_t)(slash - rest) : rl;
+        kvedge_master_space_t sp = s_spaces[i].space;
+        if (s_spaces[i].parts == 1 ? slash != NULL : slash == NULL)
+            return KVEDGE_EINVAL;
+        if (!s_part_ok(sp, 0, rest, al))
+            return KVEDGE_EINVAL;
+        memcpy(out->a, rest, al);
+        if (slash) {
+            size_t bl = rl - al - 1;
+            if (!s_part_ok(sp, 1, slash + 1, bl))
+                return KVEDGE_EINVAL;
+            memcpy(out->b, slash + 1, bl);
+        }
+        out->space = sp;
+        return KVEDGE_OK;
+    }
+    return KVEDGE_EINVAL;
+}
+
+int kvedge_master_key_format(kvedge_master_space_t space, const char *a, const char *b, char *out,
+                             size_t cap)
+{
+    for (size_t i = 0; i < S_SPACE_COUNT; i++) {
+        if (s_spaces[i].space != space)
+            continue;
+        bool two = s_spaces[i].parts == 2;
+        if (!a || (two && !b))
+            return KVEDGE_EINVAL;
+        size_t al = strnlen(a, KVEDGE_MASTER_MAX_MODEL_ID_BYTES + 1);
+        size_t bl = two ? strnlen(b, KVEDGE_MASTER_MAX_MODEL_ID_BYTES + 1) : 0;
+        if (!s_part_ok(space, 0, a, al) || (two && !s_part_ok(space, 1, b, bl)))
+            return KVEDGE_EINVAL;
+        int n = two ? snprintf(out, cap, "%s%s/%s", s_spaces[i].prefix, a, b)
+                    : snprintf(out, cap, "%s%s", s_spaces[i].prefix, a);
+        return n >= 0 && (size_t)n < cap ? KVEDGE_OK : KVEDGE_ENOSPACE;
+    }
+    return KVEDGE_EINVAL;
+}
+
+void kvedge_master_chunk_hex(const kvedge_chunk_id_t *id,
+                             char out[KVEDGE_MASTER_CHUNK_HEX_BYTES + 1])
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < KVEDGE_CHUNK_ID_BYTES; i++) {
+        out[2 * i] = hex[id->bytes[i] >> 4];
+        out[2 * i + 1] = hex[id->bytes[i] & 15];
+    }
+    out[KVEDGE_MASTER_CHUNK_HEX_BYTES] = '\0';
+}
+
+/* ---------------------------------------------------------------- records */
+
+#define S_REC_NODE   'N'
+#define S_REC_HEALTH 'H'
+#define S_REC_MODEL  'M'
+#define S_REC_MAP    'P'
+#define S_REC_DIR    'D'
+#define S_REC_LINK   'L'
+
+const char *kvedge_health_name(int state)
+{
+    switch (state) {
+    case KVEDGE_HEALTH_UP:
+        return "up";
+    case KVEDGE_HEALTH_SUSPECT:
+        return "suspect";
+    case KVEDGE_HEALTH_DOWN:
+        return "down";
+    default:
+        return "?";
+    }
+}
+
+/* Type and version: EPROTO for another type or a short record, EVERSION for another
+ * version of this type. */
+static int s_rec_head(const uint8_t *in, size_t len, uint8_t type)
+{
+    if (!in || len < 4 || in[0] != type)
+        return KVEDGE_EPROTO;
+    return in[1] == KVEDGE_MASTER_RECORD_VERSION ? KVEDGE_OK : KVEDGE_EVERSION;
+}
+
+static void s_rec_head_pack(uint8_t *out, uint8_t type)
+{
+    out[0] = type;
+    out[1] = KVEDGE_MASTER_RECORD_VERSION;
+    out[2] = 0;
+    out[3] = 0;
+}
+
+/* Z85: 40 characters of the alphabet, every 5-character group below 2^32. */
+static bool s_z85_ok(const char *s, size_t len)
+{
+    static const char alphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVW"
+                                   "XYZ.-:+=^!/*?&<>()[]{}@%$#";
+    if (len != KVEDGE_MASTER_KEY_Z85_BYTES)
+        return false;
+    for (size_t g = 0; g < len; g += 5) {
+        uint64_t v = 0;
+        for (size_t i = g; i < g + 5; i++) {
+            const char *p = s[i] ? strchr(alphabet, s[i]) : NULL;
+            if (!p)
+                return false;
+            v = v * 85 + (uint64_t)(p - alphabet);
+        }
+        if (v > 0xFFFFFFFFull)
+            return false;
+    }
+    return true;
+}
+
+static bool s_print_ok(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (!s_graph((uint8_t)s[i]))
+            return false;
+    return true;
+}
+
+int kvedge_master_node_pack(const kvedge_master_node_t *r,
+                            uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len)
+{
+    size_t rl = strnlen(r->region, sizeof r->region), el = strnlen(r->endpoint, sizeof r->endpoint),
+           kl = strnlen(r->public_key, sizeof r->public_key);
+    if ((r->role != KVEDGE_ROLE_CLOUD && r->role != KVEDGE_ROLE_EDGE) ||
+        rl > KVEDGE_MASTER_MAX_ID_BYTES || (rl && !s_id_ok(r->region, rl)) || el == 0 ||
+        el > KVEDGE_MASTER_MAX_ENDPOINT_BYTES || !s_print_ok(r->endpoint, el) ||
+        (kl && !s_z85_ok(r->public_key, kl)))
+        return KVEDGE_EINVAL;
+    memset(out, 0, KVEDGE_MASTER_NODE_FIXED_BYTES);
+    s_rec_head_pack(out, S_REC_NODE);
+    out[2] = (uint8_t)r->role;
+    s_put64(out + 4, r->capacity_bytes);
+    s_put64(out + 12, r->bandwidth_bytes_per_s);
+    kvedge_wire_put32(out + 20, r->rtt_us);
+    out[24] = (uint8_t)rl;
+    out[25] = (uint8_t)el;
+    out[26] = (uint8_t)kl;
+    uint8_t *p = out + KVEDGE_MASTER_NODE_FIXED_BYTES;
+    memcpy(p, r->region, rl);
+    memcpy(p + rl, r->endpoint, el);
+    memcpy(p + rl + el, r->public_key, kl);
+    *len = KVEDGE_MASTER_NODE_FIXED_BYTES + rl + el + kl;
+    return KVEDGE_OK;
+}
+
+int kvedge_master_node_parse(const uint8_t *in, size_t len, kvedge_master_node_t *r)
+{
+    memset(r, 0, sizeof *r);
+    int rc = s_rec_head(in, len, S_REC_NODE);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (len < KVEDGE_MASTER_NODE_FIXED_BYTES || in[3] != 0 || in[27] != 0)
+        return KVEDGE_EPROTO;
+    size_t rl = in[24], el = in[25], kl = in[26];
+    const char *p = (const char *)in + KVEDGE_MASTER_NODE_FIXED_BYTES;
+    if ((in[2] != KVEDGE_ROLE_CLOUD && in[2] != KVEDGE_ROLE_EDGE) ||
+        len != KVEDGE_MASTER_NODE_FIXED_BYTES + rl + el + kl || rl > KVEDGE_MASTER_MAX_ID_BYTES ||
+        (rl && !s_id_ok(p, rl)) || el == 0 || !s_print_ok(p + rl, el) ||
+        (kl && !s_z85_ok(p + rl + el, kl)))
+        return KVEDGE_EPROTO;
+    r->role = (kvedge_role_t)in[2];
+    r->capacity_bytes = s_get64(in + 4);
+    r->bandwidth_bytes_per_s = s_get64(in + 12);
+    r->rtt_us = kvedge_wire_get32(in + 20);
+    memcpy(r->region, p, rl);
+    memcpy(r->endpoint, p + rl, el);
+    memcpy(r->public_key, p + rl + el, kl);
+    return KVEDGE_OK;
+}
+
+int kvedge_master_health_pack(const kvedge_master_health_t *r,
+                              uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len)
+{
+    if (r->state < KVEDGE_HEALTH_UP || r->state > KVEDGE_HEALTH_DOWN)
+        return KVEDGE_EINVAL;
+    s_rec_head_pack(out, S_REC_HEALTH);
+    out[2] = (uint8_t)r->state;
+    s_put64(out + 4, r->last_seen_ms);
+    s_put64(out + 12, r->changed_ms);
+    *len = KVEDGE_MASTER_HEALTH_BYTES;
+    return KVEDGE_OK;
+}
+
+int kvedge_master_health_parse(const uint8_t *in, size_t len, kvedge_master_health_t *r)
+{
+    memset(r, 0, sizeof *r);
+    int rc = s_rec_head(in, len, S_REC_HEALTH);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (len != KVEDGE_MASTER_HEALTH_BYTES || in[2] < KVEDGE_HEALTH_UP ||
+        in[2] > KVEDGE_HEALTH_DOWN || in[3] != 0)
+        return KVEDGE_EPROTO;
+    r->state = (kvedge_health_t)in[2];
+    r->last_seen_ms = s_get64(in + 4);
+    r->changed_ms = s_get64(in + 12);
+    return KVEDGE_OK;
+}
+
+int kvedge_master_model_pack(const kvedge_model_t *m, uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES],
+                             size_t *len)
+{
+    if (!s_model_id_ok(m->id, strnlen(m->id, sizeof m->id)) ||
+        kvedge_wire_model_pack(m, out + 4) != KVEDGE_OK)
+        return KVEDGE_EINVAL;
+    s_rec_head_pack(out, S_REC_MODEL);
+    *len = KVEDGE_MASTER_MODEL_BYTES;
+    return KVEDGE_OK;
+}
+
+int kvedge_master_model_parse(const uint8_t *in, size_t len, kvedge_model_t *m)
+{
+    memset(m, 0, sizeof *m);
+    int rc = s_rec_head(in, len, S_REC_MODEL);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (len != KVEDGE_MASTER_MODEL_BYTES || in[2] != 0 || in[3] != 0 ||
+        kvedge_wire_model_parse(in + 4, KVEDGE_WIRE_MODEL_BYTES, m) != KVEDGE_OK ||
+        !s_model_id_ok(m->id, strlen(m->id)))
+        return KVEDGE_EPROTO;
+    return KVEDGE_OK;
+}
+
+static bool s_layers_ok(uint32_t n)
+{
+    return n >= 1 && n <= KVEDGE_MODEL_MAX_LAYERS;
+}
+
+int kvedge_master_map_pack(const kvedge_master_map_t *r,
+                           uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len)
+{
+    if (!s_layers_ok(r->cloud_layers) || !s_layers_ok(r->edge_layers))
+        return KVEDGE_EINVAL;
+    for (uint32_t i = 0; i < r->edge_layers; i++)
+        if (r->from[i] >= r->cloud_layers && r->from[i] != KVEDGE_MASTER_MAP_NONE)
+            return KVEDGE_EINVAL;
+    s_rec_head_pack(out, S_REC_MAP);
+    s_put16(out + 4, r->cloud_layers);
+    s_put16(out + 6, r->edge_layers);
+    for (uint32_t i = 0; i < r->edge_layers; i++)
+        s_put16(out + 8 + 2 * i, r->from[i]);
+    *len = KVEDGE_MASTER_MAP_FIXED_BYTES + 2 * (size_t)r->edge_layers;
+    return KVEDGE_OK;
+}
+
+int kvedge_master_map_parse(const uint8_t *in, size_t len, kvedge_master_map_t *r)
+{
+    memset(r, 0, sizeof *r);
+    int rc = s_rec_head(in, len, S_REC_MAP);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (len < KVEDGE_MASTER_MAP_FIXED_BYTES || in[2] != 0 || in[3] != 0)
+        return KVEDGE_EPROTO;
+    uint16_t cl = s_get16(in + 4), el = s_get16(in + 6);
+    if (!s_layers_ok(cl) || !s_layers_ok(el) ||
+        len != KVEDGE_MASTER_MAP_FIXED_BYTES + 2 * (size_t)el)
+        return KVEDGE_EPROTO;
+    for (uint32_t i = 0; i < el; i++) {
+        uint16_t f = s_get16(in + 8 + 2 * i);
+        if (f >= cl && f != KVEDGE_MASTER_MAP_NONE)
+            return KVEDGE_EPROTO;
+        r->from[i] = f;
+    }
+    r->cloud_layers = cl;
+    r->edge_layers = el;
+    return KVEDGE_OK;
+}
+
+int kvedge_master_dir_pack(const kvedge_master_dir_t *r,
+                           uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len)
+{
+    size_t ml = strnlen(r->model_id, sizeof r->model_id), bl = ((size_t)r->layers + 7) / 8;
+    if (!s_model_id_ok(r->model_id, ml) || !s_layers_ok(r->layers))
+        return KVEDGE_EINVAL;
+    /* Bits past the last layer must be zero: canonical bytes. */
+    if (r->layers % 8 && (r->held[bl - 1] >> (r->layers % 8)) != 0)
+        return KVEDGE_EINVAL;
+    s_rec_head_pack(out, S_REC_DIR);
+    out[2] = (uint8_t)ml;
+    s_put16(out + 4, r->layers);
+    s_put16(out + 6, 0);
+    memcpy(out + KVEDGE_MASTER_DIR_FIXED_BYTES, r->model_id, ml);
+    memcpy(out + KVEDGE_MASTER_DIR_FIXED_BYTES + ml, r->held, bl);
+    *len = KVEDGE_MASTER_DIR_FIXED_BYTES + ml + bl;
+    return KVEDGE_OK;
+}
+
+int kvedge_master_dir_parse(const uint8_t *in, size_t len, kvedge_master_dir_t *r)
+{
+    memset(r, 0, sizeof *r);
+    int rc = s_rec_head(in, len, S_REC_DIR);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (len < KVEDGE_MASTER_DIR_FIXED_BYTES || in[3] != 0 || s_get16(in + 6) != 0)
+        return KVEDGE_EPROTO;
+    size_t ml = in[2];
+    uint16_t layers = s_get16(in + 4);
+    size_t bl = ((size_t)layers + 7) / 8;
+    const char *id = (const char *)in + KVEDGE_MASTER_DIR_FIXED_BYTES;
+    if (!s_layers_ok(layers) || len != KVEDGE_MASTER_DIR_FIXED_BYTES + ml + bl ||
+        !s_model_id_ok(id, ml))
+        return KVEDGE_EPROTO;
+    const uint8_t *bits = in + KVEDGE_MASTER_DIR_FIXED_BYTES + ml;
+    if (layers % 8 && (bits[bl - 1] >> (layers % 8)) != 0)
+        return KVEDGE_EPROTO;
+    memcpy(r->model_id, id, ml);
+    r->layers = layers;
+    memcpy(r->held, bits, bl);
+    return KVEDGE_OK;
+}
+
+int kvedge_master_link_pack(const kvedge_master_link_t *r,
+                            uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len)
+{
+    memset(out, 0, KVEDGE_MASTER_LINK_BYTES);
+    s_rec_head_pack(out, S_REC_LINK);
+    out[2] = r->declared ? 1 : 0;
+    kvedge_wire_put32(out + 4, r->rtt_us);
+    s_put64(out + 8, r->bw_bytes_per_s);
+    kvedge_wire_put32(out + 16, r->samples);
+    s_put64(out + 24, r->updated_ms);
+    *len = KVEDGE_MASTER_LINK_BYTES;
+    return KVEDGE_OK;
+}
+
+int kvedge_master_link_parse(const uint8_t *in, size_t len, kvedge_master_link_t *r)
+{
+    memset(r, 0, sizeof *r);
+    int rc = s_rec_head(in, len, S_REC_LINK);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (len != KVEDGE_MASTER_LINK_BYTES || in[2] > 1 || in[3] != 0 || !s_zero(in + 20, 4))
+        return KVEDGE_EPROTO;
+    r->declared = in[2] == 1;
+    r->rtt_us = kvedge_wire_get32(in + 4);
+    r->bw_bytes_per_s = s_get64(in + 8);
+    r->samples = kvedge_wire_get32(in + 16);
+    r->updated_ms = s_get64(in + 24);
+    return KVEDGE_OK;
+}
+
+int kvedge_master_check_set(const char *key, size_t key_len, const uint8_t *body, size_t len)
+{
+    kvedge_master_key_t k;
+    if (kvedge_master_key_parse(key, key_len, &k) != KVEDGE_OK)
+        return KVEDGE_EINVAL;
+    if (len == 0)
+        return KVEDGE_OK; /* a delete */
+    if (len > KVEDGE_KVMSG_MAX_BODY_BYTES)
+        return KVEDGE_EPROTO;
+    switch (k.space) {
+    case KVEDGE_MASTER_SPACE_NODE: {
+        kvedge_master_node_t r;
+        return kvedge_master_node_parse(body, len, &r);
+    }
+    case KVEDGE_MASTER_SPACE_HEALTH:
+        return KVEDGE_EDENIED;
+    case KVEDGE_MASTER_SPACE_MODEL: {
+        kvedge_model_t m;
+        int rc = kvedge_master_model_parse(body, len, &m);
+        return rc != KVEDGE_OK ? rc : strcmp(m.id, k.a) == 0 ? KVEDGE_OK : KVEDGE_EPROTO;
+    }
+    case KVEDGE_MASTER_SPACE_MAP: {
+        kvedge_master_map_t *r = malloc(sizeof *r);
+        int rc = r ? kvedge_master_map_parse(body, len, r) : KVEDGE_ENOMEM;
+        free(r);
+        return rc;
+    }
+    case KVEDGE_MASTER_SPACE_DIR: {
+        kvedge_master_dir_t r;
+        return kvedge_master_dir_parse(body, len, &r);
+    }
+    case KVEDGE_MASTER_SPACE_LINK: {
+        kvedge_master_link_t r;
+        return kvedge_master_link_parse(body, len, &r);
+    }
+    }
+    return KVEDGE_EINVAL;
+}
+
+/* ---------------------------------------------------------------- the daemon */
+
+#define S_FORMAT_VERSION 1
+#define S_META_FORMAT    "\0format"
+#define S_META_SEQ       "\0seq"
+#define S_META_REGISTRY  "\0registry"
+#define S_META_LEN(k)    (sizeof(k) - 1)
+#define S_TICK_MAX_MS    100
+#define S_DRAIN_MAX      256 /* ROUTER messages handled per wakeup before timers run */
+
+struct kvedge_master_t {
+    zactor_t *actor;
+    char endpoint[256];
+    char pub_endpoint[256];
+    char public_key[KVEDGE_MASTER_KEY_Z85_BYTES + 1];
+    _Atomic uint64_t seq;
+    uint64_t registry;
+    void *state; /* the actor's s_master_t, freed after the actor stopped */
+};
+
+/* A heartbeat id the master watches. */
+typedef struct {
+    int64_t last_mono_ms; /* last heartbeat, monotonic */
+    uint64_t last_wall_ms;
+    kvedge_health_t state;
+} s_peer_t;
+
+typedef struct {
+    kvedge_master_opts_t opts;
+    kvedge_master_t *owner;
+    rocksdb_t *db;
+    rocksdb_writeoptions_t *wo;
+    rocksdb_readoptions_t *ro;
+    uint64_t seq;      /* last assigned; persisted with every update */
+    uint64_t registry; /* random id of this registry */
+    uint64_t records;  /* live records */
+    uint64_t bytes;    /* keys + bodies of live records */
+    zhashx_t *peers;   /* heartbeat id -> s_peer_t */
+    zcert_t *cert;     /* NULL when plaintext */
+    zactor_t *auth;    /* ZAP handler, NULL when plaintext */
+    zsock_t *router;
+    zsock_t *pub;
+    int start_rc;
+    char *start_error;
+} s_master_t;
+
+static int64_t s_mono_ms(void)
+{
+    return zclock_mono();
+}
+
+static uint64_t s_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* RocksDB's error text to a kvedge code, once, at the boundary. */
+static int s_rerr(char **err)
+{
+    int rc = KVEDGE_ESTORE;
+    if (strstr(*err, "Corruption"))
+        rc = KVEDGE_ECORRUPT;
+    else if (strstr(*err, "IO error"))
+        rc = KVEDGE_EIO;
+    kvedge_log_error("registry: %s", *err);
+    rocksdb_free(*err);
+    *err = NULL;
+    return rc;
+}
+
+/* Reads a meta value of exactly want bytes; ENOTFOUND when absent. */
+static int s_meta_get(s_master_t *m, const char *key, size_t klen, uint8_t *out, size_t want)
+{
+    char *err = NULL;
+    size_t len = 0;
+    char *v = rocksdb_get(m->db, m->ro, key, klen, &len, &err);
+    if (err)
+        return s_rerr(&err);
+    if (!v)
+        return KVEDGE_ENOTFOUND;
+    int rc = len == want ? KVEDGE_OK : KVEDGE_ECORRUPT;
+    if (rc == KVEDGE_OK)
+        memcpy(out, v, want);
+    rocksdb_free(v);
+    return rc;
+}
+
+static zmsg_t *s_kvmsg_zmsg(const kvedge_kvmsg_t *k)
+{
+    kvedge_kvmsg_buf_t buf;
+    kvedge_wire_frame_t f[KVEDGE_KVMSG_MAX_FRAMES];
+    size_t n;
+    if (kvedge_kvmsg_pack(k, &buf, f, &n) != KVEDGE_OK)
+        return NULL;
+    zmsg_t *msg = zmsg_new();
+    for (size_t i = 0; msg && i < n; i++)
+        zmsg_addmem(msg, f[i].data, f[i].len);
+    return msg;
+}
+
+/* Sends k to the peer at route (a copy of route is used). False when the peer is gone or its
+ * queue is full: ROUTER_MANDATORY and no send timeout, so the master never blocks on one. */
+static bool s_reply(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
+{
+    zmsg_t *msg = s_kvmsg_zmsg(k);
+    if (!msg)
+        return false;
+    zframe_t *r = zframe_dup(route);
+    zmsg_prepend(msg, &r);
+    if (zmsg_send(&msg, m->router) != 0) {
+        zmsg_destroy(&msg);
+        return false;
+    }
+    return true;
+}
+
+static void s_reply_err(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *req, int status,
+                        const char *reason)
+{
+    kvedge_kvmsg_t e = {.cmd = KVEDGE_KVMSG_ERR, .rid = req ? req->rid : 0, .status = status};
+    if (req && kvedge_kvmsg_key_ok(req->key, req->key_len)) {
+        e.key = req->key;
+        e.key_len = req->key_len;
+    }
+    e.body = (const uint8_t *)reason;
+    e.body_len = reason ? strnlen(reason, KVEDGE_KVMSG_MAX_REASON_BYTES) : 0;
+    if (!s_reply(m, route, &e))
+        kvedge_log_debug("error reply dropped");
+}
+
+static void s_publish(s_master_t *m, const kvedge_kvmsg_t *k)
+{
+    zmsg_t *msg = s_kvmsg_zmsg(k);
+    if (msg && zmsg_send(&msg, m->pub) != 0)
+        zmsg_destroy(&msg);
+}
+
+static void s_hugz(s_master_t *m)
+{
+    kvedge_kvmsg_t h = {.cmd = KVEDGE_KVMSG_HUGZ, .seq = m->seq, .registry = m->registry};
+    s_publish(m, &h);
+}
+
+/* The one way anything changes: next seq; the record (or its deletion) and the seq in one
+ * write batch; then publish. On failure nothing changed and nothing was published.
+ * Errors: KVEDGE_EFULL (registry limits), store errors. */
+static int s_apply(s_master_t *m, const char *key, size_t klen, const uint8_t *body, size_t len,
+                   uint64_t *seq_out)
+{
+    char *err = NULL;
+    size_t old_len = 0;
+    char *old = rocksdb_get(m->db, m->ro, key, klen, &old_len, &err);
+    if (err)
+        return s_rerr(&err);
+    bool existed = old != NULL;
+    size_t old_body = existed && old_len >= 8 ? old_len - 8 : 0;
+    rocksdb_free(old);
+    if (len && !existed && m->records >= KVEDGE_MASTER_MAX_RECORDS)
+        return KVEDGE_EFULL;
+    uint64_t bytes = m->bytes - (existed ? klen + old_body : 0) + (len ? klen + len : 0);
+    if (len && bytes > KVEDGE_MASTER_MAX_TOTAL_BYTES)
+        return KVEDGE_EFULL;
+
+    uint64_t seq = m->seq + 1;
+    uint8_t seqb[8];
+    s_put64(seqb, seq);
+    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+    uint8_t *val = NULL;
+    if (len) {
+        val = malloc(8 + len);
+        if (!val) {
+            rocksdb_writebatch_destroy(b);
+            return KVEDGE_ENOMEM;
+        }
+        memcpy(val, seqb, 8);
+        memcpy(val + 8, body, len);
+        rocksdb_writebatch_put(b, key, klen, (const char *)val, 8 + len);
+    } else {
+        rocksdb_writebatch_delete(b, key, klen);
+    }
+    rocksdb_writebatch_put(b, S_META_SEQ, S_META_LEN(S_META_SEQ), (const char *)seqb, 8);
+    rocksdb_write(m->db, m->wo, b, &err);
+    rocksdb_writebatch_destroy(b);
+    free(val);
+    if (err)
+        return s_rerr(&err);
+    m->seq = seq;
+    atomic_store(&m->owner->seq, seq);
+    m->records = m->records + (len && !existed) - (!len && existed);
+    m->bytes = bytes;
+    if (m->opts.drop_pub_every && seq % m->opts.drop_pub_every == 0) {
+        kvedge_log_debug("update %llu not published (fault injection)", (unsigned long long)seq);
+    } else {
+        kvedge_kvmsg_t pub = {.cmd = KVEDGE_KVMSG_KVPUB,
+                              .key = (const uint8_t *)key,
+                              .key_len = klen,
+                              .seq = seq,
+                              .body = body,
+                              .body_len = len};
+        s_publish(m, &pub);
+    }
+    if (seq_out)
+        *seq_out = seq;
+    return KVEDGE_OK;
+}
+
+/* ---------------------------------------------------------------- health */
+
+static int s_health_write(s_master_t *m, const char *id, const s_peer_t *p, uint64_t changed)
+{
+    kvedge_master_health_t h = {p->state, p->last_wall_ms, changed};
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    if (kvedge_master_health_pack(&h, body, &len) != KVEDGE_OK ||
+        kvedge_master_key_format(KVEDGE_MASTER_SPACE_HEALTH, id, NULL, key, sizeof key) !=
+            KVEDGE_OK)
+        return KVEDGE_EINVAL;
+    return s_apply(m, key, strlen(key), body, len, NULL);
+}
+
+/* Moves silent peers down: up -> suspect -> down. A write that fails is retried next tick. */
+static void s_health_tick(s_master_t *m)
+{
+    int64_t now = s_mono_ms();
+    for (s_peer_t *p = zhashx_first(m->peers); p; p = zhashx_next(m->peers)) {
+        if (p->state != KVEDGE_HEALTH_UP && p->state != KVEDGE_HEALTH_SUSPECT)
+            continue;
+        int64_t silent = now - p->last_mono_ms;
+        kvedge_health_t want = silent >= (int64_t)m->opts.down_ms      ? KVEDGE_HEALTH_DOWN
+                               : silent >= (int64_t)m->opts.suspect_ms ? KVEDGE_HEALTH_SUSPECT
+                                                                       : KVEDGE_HEALTH_UP;
+        if (want <= p->state)
+            continue;
+        const char *id = zhashx_cursor(m->peers);
+        kvedge_health_t was = p->state;
+        p->state = want;
+        int rc = s_health_write(m, id, p, s_wall_ms());
+        if (rc != KVEDGE_OK) {
+            p->state = was;
+            continue;
+        }
+        kvedge_log_info("%s is %s (silent %lld ms)", id, kvedge_health_name(want),
+                        (long long)silent);
+    }
+}
+
+static void s_heartbeat(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
+{
+    char id[KVEDGE_MASTER_MAX_ID_BYTES + 1];
+    memcpy(id, k->key, k->key_len);
+    id[k->key_len] = '\0';
+    s_peer_t *p = zhashx_lookup(m->peers, id);
+    if (!p) {
+        if (zhashx_size(m->peers) >= KVEDGE_MASTER_MAX_HEALTH) {
+            s_reply_err(m, route, k, KVEDGE_EFULL, "too many heartbeat ids");
+            return;
+        }
+        s_peer_t fresh = {0, 0, (kvedge_health_t)0};
+        zhashx_insert(m->peers, id, &fresh);
+        p = zhashx_lookup(m->peers, id);
+        if (!p) {
+            s_reply_err(m, route, k, KVEDGE_ENOMEM, "out of memory");
+            return;
+        }
+    }
+    p->last_mono_ms = s_mono_ms();
+    p->last_wall_ms = s_wall_ms();
+    if (p->state != KVEDGE_HEALTH_UP) {
+        kvedge_health_t was = p->state;
+        p->state = KVEDGE_HEALTH_UP;
+        int rc = s_health_write(m, id, p, p->last_wall_ms);
+        if (rc != KVEDGE_OK) {
+            p->state = was;
+            s_reply_err(m, route, k, rc, "cannot record the health state");
+            return;
+        }
+        kvedge_log_info("%s is up", id);
+    }
+    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    kvedge_master_key_format(KVEDGE_MASTER_SPACE_HEALTH, id, NULL, key, sizeof key);
+    kvedge_kvmsg_t ok = {.cmd = KVEDGE_KVMSG_OK,
+                         .key = (const uint8_t *)key,
+                         .key_len = strlen(key),
+                         .seq = m->seq,
+                         .rid = k->rid};
+    s_reply(m, route, &ok);
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static void s_set(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
+{
+    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    memcpy(key, k->key, k->key_len);
+    key[k->key_len] = '\0';
+    int rc = kvedge_master_check_set(key, k->key_len, k->body, k->body_len);
+    if (rc != KVEDGE_OK) {
+        const char *why = rc == KVEDGE_EINVAL     ? "key outside the registry's key space"
+                          : rc == KVEDGE_EDENIED  ? "health records are written by the master"
+                          : rc == KVEDGE_EVERSION ? "unknown record version"
+                                                  : "body is not a valid record for this key";
+        s_reply_err(m, route, k, rc, why);
+        return;
+    }
+    uint64_t seq = 0;
+    rc = s_apply(m, key, k->key_len, k->body, k->body_len, &seq);
+    if (rc != KVEDGE_OK) {
+        s_reply_err(m, route, k, rc, kvedge_strerror(rc));
+        return;
+    }
+    kvedge_master_key_t parsed;
+    if (k->body_len == 0 && kvedge_master_key_parse(key, k->key_len, &parsed) == KVEDGE_OK &&
+        parsed.space == KVEDGE_MASTER_SPACE_HEALTH)
+        zhashx_delete(m->peers, parsed.a); /* forgotten: a decommissioned node */
+    kvedge_kvmsg_t ok = {
+        .cmd = KVEDGE_KVMSG_OK, .key = k->key, .key_len = k->key_len, .seq = seq, .rid = k->rid};
+    s_reply(m, route, &ok);
+}
+
+/* A stored value: seq u64 | body (1 … 64 KiB) under a valid key. False for anything else
+ * (a damaged or foreign row: skipped, never served). */
+static bool s_row_ok(const char *k, size_t kl, const char *v, size_t vl)
+{
+    return kvedge_kvmsg_key_ok((const uint8_t *)k, kl) && vl > 8 &&
+           vl - 8 <= KVEDGE_KVMSG_MAX_BODY_BYTES && s_get64((const uint8_t *)v) >= 1;
+}
+
+/* Clone's snapshot: every record under the prefix as KVSYNC, then KTHXBAI with the current
+ * seq and the count. The actor is the only writer, so the iteration is consistent with seq. */
+static void s_snapshot(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
+{
+    rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+    static const char first[] = "!"; /* the smallest key character: meta rows sort before */
+    if (k->key_len)
+        rocksdb_iter_seek(it, (const char *)k->key, k->key_len);
+    else
+        rocksdb_iter_seek(it, first, 1);
+    uint32_t count = 0;
+    bool sent = true;
+    for (; sent && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *key = rocksdb_iter_key(it, &kl);
+        if (kl < k->key_len || (k->key_len && memcmp(key, k->key, k->key_len) != 0))
+            break;
+        const char *v = rocksdb_iter_value(it, &vl);
+        if (!s_row_ok(key, kl, v, vl)) {
+            kvedge_log_warn("registry: skipping a damaged row (%zu bytes)", vl);
+            continue;
+        }
+        kvedge_kvmsg_t r = {.cmd = KVEDGE_KVMSG_KVSYNC,
+                            .key = (const uint8_t *)key,
+                            .key_len = kl,
+                            .seq = s_get64((const uint8_t *)v),
+                            .body = (const uint8_t *)v + 8,
+                            .body_len = vl - 8,
+                            .rid = k->rid};
+        sent = s_reply(m, route, &r);
+        count++;
+    }
+    char *err = NULL;
+    rocksdb_iter_get_error(it, &err);
+    rocksdb_iter_destroy(it);
+    if (err) {
+        int rc = s_rerr(&err);
+        s_reply_err(m, route, k, rc, "cannot read the registry");
+        return;
+    }
+    if (!sent) {
+        kvedge_log_debug("snapshot abandoned: the peer is gone or not reading");
+        return;
+    }
+    kvedge_kvmsg_t end = {.cmd = KVEDGE_KVMSG_KTHXBAI,
+                          .key = k->key,
+                          .key_len = k->key_len,
+                          .seq = m->seq,
+                          .rid = k->rid,
+                          .count = count,
+                          .registry = m->registry};
+    s_reply(m, route, &end);
+}
+
+/* Receives one message a part at a time, keeping at most max parts: a peer sending a million
+ * empty parts costs nothing but the reading. Returns the number of parts read (may exceed
+ * max; parts past max were dropped), 0 when nothing was read. */
+static size_t s_recv_bounded(zsock_t *sock, zframe_t **parts, size_t max)
+{
+    size_t n = 0;
+    do {
+        zframe_t *f = zframe_recv(sock); /* parts after the first are already here */
+        if (!f)
+            break;
+        if (n < max)
+            parts[n] = f;
+        else
+            zframe_destroy(&f);
+        n++;
+    } while (zsock_rcvmore(sock));
+    return n;
+}
+
+static void s_request(s_master_t *m)
+{
+    zframe_t *parts[1 + KVEDGE_KVMSG_MAX_FRAMES] = {NULL};
+    size_t n = s_recv_bounded(m->router, parts, 1 + KVEDGE_KVMSG_MAX_FRAMES);
+    if (n == 0)
+        return;
+    zframe_t *route = parts[0];
+    size_t nf = n - 1;
+    kvedge_wire_frame_t f[KVEDGE_KVMSG_MAX_FRAMES];
+    for (size_t i = 0; i < nf && i < KVEDGE_KVMSG_MAX_FRAMES; i++)
+        f[i] = (kvedge_wire_frame_t){zframe_data(parts[i + 1]), zframe_size(parts[i + 1])};
+    kvedge_kvmsg_t k;
+    memset(&k, 0, sizeof k);
+    int rc = nf > KVEDGE_KVMSG_MAX_FRAMES ? KVEDGE_EPROTO : kvedge_kvmsg_parse(f, nf, &k);
+    if (rc != KVEDGE_OK) {
+        kvedge_log_debug("malformed kvmsg (%zu frames)", nf);
+        kvedge_kvmsg_t echo = {.rid = k.rid};
+        s_reply_err(m, route, &echo, KVEDGE_EPROTO, "malformed kvmsg");
+    } else {
+        switch (k.cmd) {
+        case KVEDGE_KVMSG_ICANHAZ:
+            s_snapshot(m, route, &k);
+            break;
+        case KVEDGE_KVMSG_SET:
+            s_set(m, route, &k);
+            break;
+        case KVEDGE_KVMSG_HEARTBEAT:
+            s_heartbeat(m, route, &k);
+            break;
+        default: /* a reply or a PUB message sent to the master */
+            s_reply_err(m, route, &k, KVEDGE_EPROTO, "not a request");
+            break;
+        }
+    }
+    for (size_t i = 0; i < n && i < 1 + KVEDGE_KVMSG_MAX_FRAMES; i++)
+        zframe_destroy(&parts[i]);
+}
+
+/* Reads one message from the XPUB: true for a subscription (0x01 | topic). Anything else a
+ * subscriber sends is read and dropped. */
+static bool s_subscription(s_master_t *m)
+{
+    zframe_t *part = NULL;
+    size_t n = s_recv_bounded(m->pub, &part, 1);
+    bool sub = n == 1 && part && zframe_size(part) >= 1 && zframe_data(part)[0] == 1;
+    zframe_destroy(&part);
+    return sub;
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static void s_why(char *why, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void s_why(char *why, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+}
+
+/* Opens (or creates) the registry, reads its meta rows, counts the records and loads the
+ * health table. */
+static int s_open_registry(s_master_t *m, char *why, size_t why_len)
+{
+    const char *dir = m->opts.data_dir;
+    mkdir(dir, 0700);
+    rocksdb_options_t *o = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(o, 1);
+    rocksdb_options_set_keep_log_file_num(o, 4);
+    rocksdb_options_set_max_open_files(o, 256);
+    char *err = NULL;
+    m->db = rocksdb_open(o, dir, &err);
+    rocksdb_options_destroy(o);
+    if (err) {
+        bool locked = strstr(err, "lock") || strstr(err, "LOCK") ||
+                      strstr(err, "Resource temporarily unavailable");
+        s_why(why, why_len, "cannot open the registry %s: %s", dir, err);
+        rocksdb_free(err);
+        m->db = NULL;
+        return locked ? KVEDGE_EBUSY : KVEDGE_ESTORE;
+    }
+    m->wo = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(m->wo, m->opts.sync ? 1 : 0);
+    m->ro = rocksdb_readoptions_create();
+
+    uint8_t b8[8];
+    int rc = s_meta_get(m, S_META_FORMAT, S_META_LEN(S_META_FORMAT), b8, 4);
+    bool fresh = rc == KVEDGE_ENOTFOUND;
+    if (rc == KVEDGE_OK && kvedge_wire_get32(b8) != S_FORMAT_VERSION) {
+        s_why(why, why_len, "registry %s has format %u; this build reads %u", dir,
+              kvedge_wire_get32(b8), S_FORMAT_VERSION);
+        return KVEDGE_EVERSION;
+    }
+    if (rc != KVEDGE_OK && !fresh) {
+        s_why(why, why_len, "registry %s: cannot read its format (%s)", dir, kvedge_strerror(rc));
+        return rc;
+    }
+    if (fresh) {
+        randombytes_buf(&m->registry, sizeof m->registry);
+        uint8_t reg[8], fmt[4], zero[8];
+        s_put64(reg, m->registry);
+        kvedge_wire_put32(fmt, S_FORMAT_VERSION);
+        s_put64(zero, 0);
+        rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+        rocksdb_writebatch_put(b, S_META_REGISTRY, S_META_LEN(S_META_REGISTRY), (char *)reg, 8);
+        rocksdb_writebatch_put(b, S_META_SEQ, S_META_LEN(S_META_SEQ), (char *)zero, 8);
+        rocksdb_writebatch_put(b, S_META_FORMAT, S_META_LEN(S_META_FORMAT), (char *)fmt, 4);
+        rocksdb_writeoptions_t *so = rocksdb_writeoptions_create();
+        rocksdb_writeoptions_set_sync(so, 1);
+        rocksdb_write(m->db, so, b, &err);
+        rocksdb_writeoptions_destroy(so);
+        rocksdb_writebatch_destroy(b);
+        if (err) {
+            rc = s_rerr(&err);
+            s_why(why, why_len, "cannot initialize the registry %s", dir);
+            return rc;
+        }
+    } else {
+        rc = s_meta_get(m, S_META_REGISTRY, S_META_LEN(S_META_REGISTRY), b8, 8);
+        if (rc == KVEDGE_OK) {
+            m->registry = s_get64(b8);
+            rc = s_meta_get(m, S_META_SEQ, S_META_LEN(S_META_SEQ), b8, 8);
+            m->seq = rc == KVEDGE_OK ? s_get64(b8) : 0;
+        }
+        if (rc != KVEDGE_OK) {
+            s_why(why, why_len, "registry %s: meta rows damaged (%s)", dir,
+                  rc == KVEDGE_ENOTFOUND ? "missing" : kvedge_strerror(rc));
+            return rc == KVEDGE_ENOTFOUND ? KVEDGE_ECORRUPT : rc;
+        }
+    }
+
+    /* Count the records; watch again every id that has a health record. Their silence is
+     * counted from now: a master restart does not make the whole cluster suspect at once. */
+    int64_t now = s_mono_ms();
+    rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
+    uint64_t damaged = 0;
+    for (rocksdb_iter_seek(it, "!", 1); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl, vl;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const char *v = rocksdb_iter_value(it, &vl);
+        if (!s_row_ok(k, kl, v, vl)) {
+            damaged++;
+            continue;
+        }
+        m->records++;
+        m->bytes += kl + vl - 8;
+        kvedge_master_key_t key;
+        kvedge_master_health_t h;
+        if (kvedge_master_key_parse(k, kl, &key) == KVEDGE_OK &&
+            key.space == KVEDGE_MASTER_SPACE_HEALTH &&
+            kvedge_master_health_parse((const uint8_t *)v + 8, vl - 8, &h) == KVEDGE_OK &&
+            zhashx_size(m->peers) < KVEDGE_MASTER_MAX_HEALTH) {
+            s_peer_t p = {now, h.last_seen_ms, h.state};
+            zhashx_insert(m->peers, key.a, &p);
+        }
+    }
+    rocksdb_iter_get_error(it, &err);
+    rocksdb_iter_destroy(it);
+    if (err) {
+        rc = s_rerr(&err);
+        s_why(why, why_len, "cannot scan the registry %s", dir);
+        return rc;
+    }
+    if (damaged)
+        kvedge_log_warn("registry %s: %llu damaged rows skipped", dir, (unsigned long long)damaged);
+    atomic_store(&m->owner->seq, m->seq);
+    m->owner->registry = m->registry;
+    return KVEDGE_OK;
+}
+
+static void *s_peer_dup(const void *item)
+{
+    s_peer_t *p = malloc(sizeof *p);
+    if (p)
+        memcpy(p, item, sizeof *p);
+    return p;
+}
+
+static void s_peer_free(void **item)
+{
+    free(*item);
+    *item = NULL;
+}
+
+static zsock_t *s_socket(s_master_t *m, int type)
+{
+    zsock_t *s = zsock_new(type);
+    if (!s)
+        return NULL;
+    zsock_set_linger(s, 0);
+    zsock_set_sndtimeo(s, 0);
+    zsock_set_maxmsgsize(s, (int64_t)KVEDGE_KVMSG_MAX_FRAME_BYTES);
+    zsock_set_handshake_ivl(s, KVEDGE_HANDSHAKE_MS);
+    zsock_set_heartbeat_ivl(s, KVEDGE_HEARTBEAT_IVL_MS);
+    zsock_set_heartbeat_timeout(s, KVEDGE_HEARTBEAT_TIMEOUT_MS);
+    if (m->cert) {
+        zcert_apply(m->cert, s);
+        zsock_set_curve_server(s, 1);
+        zsock_set_zap_domain(s, KVEDGE_ZAP_DOMAIN);
+    }
+    return s;
+}
+
+static int s_setup(s_master_t *m)
+{
+    char why[512] = "";
+    int rc = KVEDGE_OK;
+    const kvedge_master_opts_t *o = &m->opts;
+    m->peers = zhashx_new();
+    if (!m->peers) {
+        rc = KVEDGE_ENOMEM;
+        s_why(why, sizeof why, "out of memory");
+    } else {
+        zhashx_set_duplicator(m->peers, s_peer_dup);
+        zhashx_set_destructor(m->peers, s_peer_free);
+    }
+    if (rc != KVEDGE_OK) {
+    } else if (!o->bind || !o->pub || !o->data_dir || !*o->data_dir) {
+        rc = KVEDGE_EINVAL;
+        s_why(why, sizeof why, "a bind endpoint, a pub endpoint and a data directory are required");
+    } else if (o->insecure &&
+               (!kvedge_endpoint_is_loopback(o->bind) || !kvedge_endpoint_is_loopback(o->pub))) {
+        rc = KVEDGE_EDENIED;
+        s_why(why, sizeof why,
+              "refusing plaintext on %s / %s: plaintext is only allowed on loopback or ipc "
+              "endpoints; drop --insecure and use CURVE",
+              o->bind, o->pub);
+    } else if (!o->insecure && !zsys_has_curve()) {
+        rc = KVEDGE_EDENIED;
+        s_why(why, sizeof why, "this libzmq has no CURVE support: refusing to serve");
+    } else if (!o->insecure && (!o->cert || !o->clients_dir)) {
+        rc = KVEDGE_EINVAL;
+        s_why(why, sizeof why, "CURVE needs the master certificate and a clients directory");
+    }
+    if (rc == KVEDGE_OK)
+        rc = s_open_registry(m, why, sizeof why);
+    if (rc == KVEDGE_OK && !o->insecure) {
+        m->cert = zcert_load(o->cert);
+        if (!m->cert) {
+            rc = KVEDGE_EIO;
+            s_why(why, sizeof why, "cannot load the master certificate %s", o->cert);
+        } else if (!zsys_file_exists(o->clients_dir)) {
+            rc = KVEDGE_EIO;
+            s_why(why, sizeof why, "clients directory %s does not exist", o->clients_dir);
+        } else {
+            /* The ZAP handler runs before any socket binds: no connection is ever accepted
+             * without it. */
+            m->auth = zactor_new(zauth, NULL);
+            if (!m->auth || zstr_sendx(m->auth, "CURVE", o->clients_dir, NULL) != 0 ||
+                zsock_wait(m->auth) != 0) {
+                rc = KVEDGE_EDENIED;
+                s_why(why, sizeof why, "the ZAP handler did not start: refusing to serve");
+            }
+        }
+    }
+    if (rc == KVEDGE_OK) {
+        m->router = s_socket(m, ZMQ_ROUTER);
+        m->pub = s_socket(m, ZMQ_XPUB);
+        if (!m->router || !m->pub) {
+            rc = KVEDGE_ENOMEM;
+            s_why(why, sizeof why, "cannot create sockets");
+        }
+    }
+    if (rc == KVEDGE_OK) {
+        zsock_set_router_mandatory(m->router, 1);
+        /* Room for one whole snapshot per peer; a peer that does not read loses its reply. */
+        zsock_set_sndhwm(m->router, (int)KVEDGE_MASTER_MAX_RECORDS + 1024);
+        zsock_set_sndhwm(m->pub, o->pub_hwm);
+        /* Every subscription reaches us (not only the first per topic): a HUGZ answers it
+         * at once, which tells the new subscriber its subscription is live. */
+        zsock_set_xpub_verbose(m->pub, 1);
+        const char *eps[2] = {o->bind, o->pub};
+        zsock_t *socks[2] = {m->router, m->pub};
+        char *outs[2] = {m->owner->endpoint, m->owner->pub_endpoint};
+        for (int i = 0; i < 2 && rc == KVEDGE_OK; i++) {
+            if (zsock_bind(socks[i], "%s", eps[i]) < 0) {
+                rc = KVEDGE_EIO;
+                s_why(why, sizeof why, "cannot bind %s: %s", eps[i], zmq_strerror(zmq_errno()));
+            } else {
+                const char *ep = zsock_endpoint(socks[i]);
+                snprintf(outs[i], 256, "%s", ep ? ep : eps[i]);
+            }
+        }
+        if (rc == KVEDGE_OK && m->cert)
+            snprintf(m->owner->public_key, sizeof m->owner->public_key, "%s",
+                     zcert_public_txt(m->cert));
+    }
+    m->start_rc = rc;
+    if (rc != KVEDGE_OK)
+        m->start_error = strdup(why);
+    return rc;
+}
+
+static void s_teardown(s_master_t *m)
+{
+    zsock_destroy(&m->pub);
+    zsock_destroy(&m->router);
+    zactor_destroy(&m->auth);
+    zcert_destroy(&m->cert);
+    if (m->ro)
+        rocksdb_readoptions_destroy(m->ro);
+    if (m->wo)
+        rocksdb_writeoptions_destroy(m->wo);
+    if (m->db)
+        rocksdb_close(m->db);
+    m->db = NULL;
+    m->ro = NULL;
+    m->wo = NULL;
+    zhashx_destroy(&m->peers);
+}
+
+static void s_actor(zsock_t *pipe, void *args)
+{
+    s_master_t *m = args;
+    if (s_setup(m) != KVEDGE_OK) {
+        s_teardown(m);
+        zsock_signal(pipe, 0);
+        char *cmd = zstr_recv(pipe); /* hold until destroy's $TERM */
+        zstr_free(&cmd);
+        return;
+    }
+    zsock_signal(pipe, 0);
+    kvedge_log_info("master serving %s, publishing on %s (%s), seq %llu, %llu records",
+                    m->owner->endpoint, m->owner->pub_endpoint,
+                    m->cert ? "CURVE" : "plaintext loopback", (unsigned long long)m->seq,
+                    (unsigned long long)m->records);
+    uint32_t tick = m->opts.suspect_ms / 4;
+    tick = tick < 10 ? 10 : tick > S_TICK_MAX_MS ? S_TICK_MAX_MS : tick;
+    zpoller_t *poller = zpoller_new(pipe, m->router, m->pub, NULL);
+    int64_t next_hugz = s_mono_ms(), next_tick = s_mono_ms() + tick;
+    bool running = poller != NULL;
+    while (running) {
+        int64_t now = s_mono_ms();
+        int64_t next = next_hugz < next_tick ? next_hugz : next_tick;
+        void *which = zpoller_wait(poller, next > now ? (int)(next - now) : 0);
+        if (which == pipe) {
+            char *cmd = zstr_recv(pipe);
+            running = cmd && !streq(cmd, "$TERM");
+            zstr_free(&cmd);
+        } else if (which == m->router) {
+            for (int i = 0; i < S_DRAIN_MAX && (zsock_events(m->router) & ZMQ_POLLIN); i++)
+                s_request(m);
+        } else if (which == m->pub) {
+            for (int i = 0; i < S_DRAIN_MAX && (zsock_events(m->pub) & ZMQ_POLLIN); i++)
+                if (s_subscription(m))
+                    next_hugz = 0; /* one HUGZ for every subscription of this wakeup */
+        } else if (zpoller_terminated(poller)) {
+            running = false;
+        }
+        now = s_mono_ms();
+        if (now >= next_tick) {
+            s_health_tick(m);
+            next_tick = now + tick;
+        }
+        if (now >= next_hugz) {
+            s_hugz(m);
+            next_hugz = now + m->opts.hugz_ms;
+        }
+    }
+    zpoller_destroy(&poller);
+    kvedge_log_info("master stopped at seq %llu", (unsigned long long)m->seq);
+    s_teardown(m);
+}
+
+/* ---------------------------------------------------------------- public */
+
+void kvedge_master_opts_default(kvedge_master_opts_t *opts)
+{
+    if (!opts)
+        return;
+    memset(opts, 0, sizeof *opts);
+    opts->bind = KVEDGE_MASTER_BIND_DEFAULT;
+    opts->pub = KVEDGE_MASTER_PUB_DEFAULT;
+}
+
+int kvedge_master_start(const kvedge_master_opts_t *opts, kvedge_master_t **out, char *why,
+                        size_t why_len)
+{
+    if (why && why_len)
+        why[0] = '\0';
+    if (!opts || !out)
+        return KVEDGE_EINVAL;
+    *out = NULL;
+    if (sodium_init() < 0)
+        return KVEDGE_ENOMEM;
+    kvedge_master_t *s = calloc(1, sizeof *s);
+    s_master_t *m = calloc(1, sizeof *m);
+    if (!s || !m) {
+        free(s);
+        free(m);
+        return KVEDGE_ENOMEM;
+    }
+    m->opts = *opts;
+    m->owner = s;
+    if (!m->opts.hugz_ms)
+        m->opts.hugz_ms = KVEDGE_MASTER_HUGZ_MS;
+    if (!m->opts.suspect_ms)
+        m->opts.suspect_ms = KVEDGE_MASTER_SUSPECT_MS;
+    if (!m->opts.down_ms)
+        m->opts.down_ms = KVEDGE_MASTER_DOWN_MS;
+    if (m->opts.down_ms < m->opts.suspect_ms)
+        m->opts.down_ms = m->opts.suspect_ms;
+    if (m->opts.pub_hwm <= 0)
+        m->opts.pub_hwm = KVEDGE_MASTER_PUB_HWM;
+    zsys_set_logstream(NULL); /* czmq's own logging stays quiet: we have ours */
+    s->actor = zactor_new(s_actor, m);
+    if (!s->actor) {
+        free(s);
+        free(m);
+        return KVEDGE_ENOMEM;
+    }
+    int rc = m->start_rc;
+    if (rc != KVEDGE_OK) {
+        if (why)
+            snprintf(why, why_len, "%s", m->start_error ? m->start_error : "start failed");
+        zactor_destroy(&s->actor);
+        free(m->start_error);
+        free(m);
+        free(s);
+        return rc;
+    }
+    s->state = m; /* owned by the actor thread from here; freed after it stops */
+    *out = s;
+    return KVEDGE_OK;
+}
+
+void kvedge_master_destroy(kvedge_master_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kvedge_master_t *s = *self_p;
+    *self_p = NULL;
+    zactor_destroy(&s->actor);
+    free(s->state);
+    free(s);
+}
+
+const char *kvedge_master_endpoint(kvedge_master_t *m)
+{
+    return m ? m->endpoint : NULL;
+}
+
+const char *kvedge_master_pub_endpoint(kvedge_master_t *m)
+{
+    return m ? m->pub_endpoint : NULL;
+}
+
+const char *kvedge_master_public_key(kvedge_master_t *m)
+{
+    return m && m->public_key[0] ? m->public_key : NULL;
+}
+
+uint64_t kvedge_master_seq(kvedge_master_t *m)
+{
+    return m ? atomic_load(&m->seq) : 0;
+}
+
+uint64_t kvedge_master_registry(kvedge_master_t *m)
+{
+    return m ? m->registry : 0;
+}
