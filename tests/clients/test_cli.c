@@ -322,6 +322,45 @@ static void test_plan(void **state)
     assert_int_equal(s_run("plan --model nope --source cloud:c1:1gbit:int8"), 3);
 }
 
+/* The Storage Master from the command line: it starts with no configuration (plaintext on
+ * ipc here), master-dump reads its registry, and SIGTERM stops it cleanly. */
+static void test_master_cli(void **state)
+{
+    (void)state;
+    char bind[600], pub[600], data[600];
+    snprintf(bind, sizeof bind, "ipc://%s.m", s_dir);
+    snprintf(pub, sizeof pub, "ipc://%s.p", s_dir);
+    snprintf(data, sizeof data, "%s-master", s_dir);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        close(pfd[0]);
+        execl(KVEDGE_BIN, "kvedge", "master", "--insecure", "--bind", bind, "--pub", pub, "--data",
+              data, "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[1400] = "";
+    assert_true(read(pfd[0], line, sizeof line - 1) > 0);
+    assert_non_null(strstr(line, "listening"));
+    assert_int_equal(s_run("--json master-dump --master %s --pub %s", bind, pub), 0);
+    assert_contains(s_out, "seq");
+    assert_int_equal(s_run("master --insecure --bind tcp://0.0.0.0:7499 --data %s", data), 2);
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(pfd[0]);
+    assert_int_equal(s_run("master-dump --master %s --pub %s --deadline 300", bind, pub), 5);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.m' '%s.p'", data, s_dir, s_dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* Starts `kvedge store` in its own process on an ipc endpoint next to the test's store (no
  * tcp port another test could take over) and waits for its "listening" line. */
 static pid_t s_spawn_node(char node_dir[600], char ep[600], int *out_fd)
@@ -488,6 +527,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_keygen, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_once, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_plan, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_master_cli, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
