@@ -66,6 +66,15 @@ int kvedge_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ou
 /* Writes s as a JSON string literal (quoted, escaped). */
 void kvedge_cli_json_str(FILE *f, const char *s);
 
+/* Makes a CURVE certificate pair at path (public) and path_secret (mode 0600) unless the
+ * secret exists, so a daemon runs with no configuration. Returns 0 or -1. */
+int kvedge_cli_ensure_cert(const char *path, const char *role);
+
+/* Daemons: replaces czmq's signal handlers with ours (the first SIGINT/SIGTERM starts a
+ * clean stop), and waits for that signal. */
+void kvedge_cli_trap_signals(void);
+void kvedge_cli_wait_signal(void);
+
 /* Prints usage of one command to f. */
 void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details);
 

@@ -21,14 +21,6 @@
 #define S_NODE_CERT_NAME     "node.cert" /* in the data dir; the secret is node.cert_secret */
 #define S_CLIENTS_DIR_NAME   "clients"   /* in the data dir */
 
-static volatile sig_atomic_t s_stop;
-
-static void s_on_signal(int sig)
-{
-    (void)sig;
-    s_stop = 1;
-}
-
 /* Settings of a store node: defaults, then the config file, then flags. */
 typedef struct {
     char role[16];
@@ -151,24 +143,6 @@ static int s_conf_file(const char *path, s_store_conf_t *c)
     }
     zconfig_destroy(&root);
     return ex;
-}
-
-/* Makes the node certificate on first start, so a node runs with no configuration. */
-static int s_ensure_node_cert(const char *path)
-{
-    char secret[1200];
-    snprintf(secret, sizeof secret, "%s_secret", path);
-    if (zsys_file_exists(secret))
-        return 0;
-    zcert_t *cert = zcert_new();
-    if (!cert)
-        return -1;
-    zcert_set_meta(cert, "role", "kvedge node");
-    int rc = zcert_save(cert, path);
-    zcert_destroy(&cert);
-    if (rc == 0)
-        chmod(secret, 0600);
-    return rc;
 }
 
 static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
@@ -314,13 +288,7 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_USAGE;
     }
 
-    /* Our handlers, not czmq's: the first signal starts a clean shutdown. */
-    zsys_handler_set(NULL);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
 
     kvedge_engine_opts_t eo;
     kvedge_engine_opts_default(&eo);
@@ -342,7 +310,7 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
             snprintf(c.clients, sizeof c.clients, "%s/%s", c.data, S_CLIENTS_DIR_NAME);
             mkdir(c.clients, 0700);
         }
-        if (s_ensure_node_cert(c.cert) != 0) {
+        if (kvedge_cli_ensure_cert(c.cert, "kvedge node") != 0) {
             kvedge_cli_error("store: cannot create the node certificate %s", c.cert);
             kvedge_engine_destroy(&engine);
             return KVEDGE_EXIT_FAILURE;
@@ -399,8 +367,7 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
                             (unsigned long long)syncer->interval_s);
         }
     }
-    while (!s_stop)
-        pause();
+    kvedge_cli_wait_signal();
     kvedge_log_info("signal received: finishing in-flight work");
     if (syncer) {
         pthread_mutex_lock(&syncer->mu);

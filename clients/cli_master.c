@@ -20,14 +20,6 @@
 #define S_CLIENTS_DIR_NAME    "clients"
 #define S_DUMP_DEADLINE_MS    3000
 
-static volatile sig_atomic_t s_stop;
-
-static void s_on_signal(int sig)
-{
-    (void)sig;
-    s_stop = 1;
-}
-
 /* Settings of a master: defaults, then the config file, then flags. */
 typedef struct {
     char data[1024];
@@ -92,28 +84,6 @@ static int s_conf_file(const char *path, s_conf_t *c)
     }
     zconfig_destroy(&root);
     return ex;
-}
-
-/* Makes the master certificate on first start, so a master runs with no configuration. */
-static int s_ensure_cert(const char *path)
-{
-    char secret[1200];
-    snprintf(secret, sizeof secret, "%s_secret", path);
-    if (zsys_file_exists(secret))
-        return 0;
-    zcert_t *cert = zcert_new();
-    if (!cert)
-        return -1;
-    zcert_set_meta(cert, "role", "kvedge master");
-    mode_t old = umask(077);
-    int rc = zcert_save(cert, path);
-    umask(old);
-    zcert_destroy(&cert);
-    if (rc == 0) {
-        chmod(secret, 0600);
-        chmod(path, 0644);
-    }
-    return rc;
 }
 
 static const char s_master_help[] =
@@ -234,12 +204,7 @@ static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_USAGE;
     }
 
-    zsys_handler_set(NULL); /* our handlers, not czmq's: the first signal stops cleanly */
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = s_on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
 
     if (mkdir(c.data, 0700) != 0 && !zsys_file_exists(c.data)) {
         kvedge_cli_error("master: cannot create the data directory %s", c.data);
@@ -253,7 +218,7 @@ static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
             snprintf(c.clients, sizeof c.clients, "%s/%s", c.data, S_CLIENTS_DIR_NAME);
             mkdir(c.clients, 0700);
         }
-        if (s_ensure_cert(c.cert) != 0) {
+        if (kvedge_cli_ensure_cert(c.cert, "kvedge master") != 0) {
             kvedge_cli_error("master: cannot create the master certificate %s", c.cert);
             return KVEDGE_EXIT_FAILURE;
         }
@@ -285,8 +250,7 @@ static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
                         kvedge_master_public_key(m), c.cert, c.clients);
     printf("listening %s %s\n", kvedge_master_endpoint(m), kvedge_master_pub_endpoint(m));
     fflush(stdout);
-    while (!s_stop)
-        pause();
+    kvedge_cli_wait_signal();
     kvedge_log_info("signal received: stopping");
     kvedge_master_destroy(&m);
     return KVEDGE_EXIT_OK;

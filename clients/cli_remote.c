@@ -10,7 +10,6 @@
 #include "clients/kvedge.h"
 #include "store/synth.h"
 
-#define S_LIST_PAGE   1024
 #define S_VOCAB_SIZE  50272
 #define S_PING_ROUNDS 20
 
@@ -64,38 +63,6 @@ static int s_fail(const char *what, int rc)
     return kvedge_cli_exit_code(rc);
 }
 
-/* Every chunk of this tenant, in id order (caller frees *out). */
-static int s_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n)
-{
-    size_t cap = S_LIST_PAGE, len = 0;
-    kvedge_chunk_entry_t *all = malloc(cap * sizeof *all);
-    bool more = true;
-    int rc = all ? KVEDGE_OK : KVEDGE_ENOMEM;
-    while (rc == KVEDGE_OK && more) {
-        if (cap - len < S_LIST_PAGE) {
-            kvedge_chunk_entry_t *p = realloc(all, (cap *= 2) * sizeof *all);
-            if (!p) {
-                rc = KVEDGE_ENOMEM;
-                break;
-            }
-            all = p;
-        }
-        size_t got = 0;
-        rc = kvedge_client_list(c, len ? &all[len - 1].chunk.id : NULL, all + len, S_LIST_PAGE,
-                                &got, &more);
-        len += got;
-        if (got == 0)
-            more = false;
-    }
-    if (rc != KVEDGE_OK) {
-        free(all);
-        return rc;
-    }
-    *out = all;
-    *n = len;
-    return KVEDGE_OK;
-}
-
 /* Resolves a hex prefix of a client chunk id among the tenant's chunks. */
 static int s_resolve(kvedge_cli_t *cli, kvedge_client_t *c, const char *arg,
                      kvedge_chunk_entry_t *found)
@@ -108,7 +75,7 @@ static int s_resolve(kvedge_cli_t *cli, kvedge_client_t *c, const char *arg,
     }
     kvedge_chunk_entry_t *all;
     size_t n, hits = 0;
-    int rc = s_list_all(c, &all, &n);
+    int rc = kvedge_client_list_all(c, &all, &n);
     if (rc != KVEDGE_OK)
         return s_fail("list", rc);
     for (size_t i = 0; i < n; i++) {
@@ -141,7 +108,7 @@ static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
         return ex;
     kvedge_chunk_entry_t *all;
     size_t n;
-    int rc = s_list_all(c, &all, &n);
+    int rc = kvedge_client_list_all(c, &all, &n);
     kvedge_client_destroy(&c);
     if (rc != KVEDGE_OK)
         return s_fail("ls", rc);
@@ -234,7 +201,7 @@ static int s_r_inspect(kvedge_cli_t *cli, int argc, char **argv)
     size_t n = 0;
     int rc = kvedge_client_stat(c, &st);
     if (rc == KVEDGE_OK)
-        rc = s_list_all(c, &all, &n);
+        rc = kvedge_client_list_all(c, &all, &n);
     const kvedge_node_info_t *node = kvedge_client_node(c);
     char nodename[256];
     snprintf(nodename, sizeof nodename, "%s", node ? node->name : "?");
@@ -399,9 +366,9 @@ static int s_r_verify(kvedge_cli_t *cli, int argc, char **argv)
     ex = s_connect(cli, &c);
     if (ex)
         return ex;
-    kvedge_chunk_entry_t *all;
-    size_t n;
-    int rc = s_list_all(c, &all, &n);
+    kvedge_chunk_entry_t *all = NULL;
+    size_t n = 0;
+    int rc = kvedge_client_list_all(c, &all, &n);
     uint64_t checked = 0, bad = 0;
     uint8_t *buf = malloc(64u << 20);
     kvedge_fetched_t *out = calloc(KVEDGE_MODEL_MAX_HEADS, sizeof *out);
@@ -439,7 +406,7 @@ static int s_r_verify(kvedge_cli_t *cli, int argc, char **argv)
     }
     free(buf);
     free(out);
-    free(rc == KVEDGE_OK || n ? all : NULL);
+    free(all);
     kvedge_client_destroy(&c);
     if (rc != KVEDGE_OK)
         return s_fail("verify", rc);
@@ -482,7 +449,7 @@ static int s_r_chain(kvedge_cli_t *cli, int argc, char **argv, int op)
     if (op != 0) { /* walk up the chain through LIST entries */
         kvedge_chunk_entry_t *all;
         size_t na;
-        if (s_list_all(c, &all, &na) == KVEDGE_OK) {
+        if (kvedge_client_list_all(c, &all, &na) == KVEDGE_OK) {
             kvedge_chunk_entry_t cur = e;
             while (cur.chunk.has_parent && n < sizeof ids / sizeof ids[0]) {
                 size_t j = 0;

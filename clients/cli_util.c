@@ -1,9 +1,13 @@
 /* Helpers of the kvedge command: errors, exit codes, store opening, number formats, JSON. */
+#include <czmq.h>
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "clients/cli.h"
 #include "store/error.h"
@@ -167,4 +171,49 @@ void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details)
             cmd->summary);
     if (details)
         fprintf(f, "\n%s", details);
+}
+
+int kvedge_cli_ensure_cert(const char *path, const char *role)
+{
+    char secret[1200];
+    snprintf(secret, sizeof secret, "%s_secret", path);
+    if (zsys_file_exists(secret))
+        return 0;
+    zcert_t *cert = zcert_new();
+    if (!cert)
+        return -1;
+    zcert_set_meta(cert, "role", "%s", role);
+    mode_t old = umask(077); /* the secret file is private from its first byte */
+    int rc = zcert_save(cert, path);
+    umask(old);
+    zcert_destroy(&cert);
+    if (rc == 0) {
+        chmod(secret, 0600);
+        chmod(path, 0644);
+    }
+    return rc;
+}
+
+static volatile sig_atomic_t s_stop;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+void kvedge_cli_trap_signals(void)
+{
+    zsys_handler_set(NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = s_on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+void kvedge_cli_wait_signal(void)
+{
+    while (!s_stop)
+        pause();
 }

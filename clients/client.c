@@ -1016,6 +1016,39 @@ int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model)
     return rc;
 }
 
+#define S_LIST_PAGE_ENTRIES 1024 /* LIST entries asked for per round trip */
+
+int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n)
+{
+    size_t cap = S_LIST_PAGE_ENTRIES, len = 0;
+    kvedge_chunk_entry_t *all = malloc(cap * sizeof *all);
+    bool more = true;
+    int rc = all ? KVEDGE_OK : KVEDGE_ENOMEM;
+    while (rc == KVEDGE_OK && more) {
+        if (cap - len < S_LIST_PAGE_ENTRIES) {
+            kvedge_chunk_entry_t *p = realloc(all, (cap *= 2) * sizeof *all);
+            if (!p) {
+                rc = KVEDGE_ENOMEM;
+                break;
+            }
+            all = p;
+        }
+        size_t got = 0;
+        rc = kvedge_client_list(c, len ? &all[len - 1].chunk.id : NULL, all + len,
+                                S_LIST_PAGE_ENTRIES, &got, &more);
+        len += got;
+        if (got == 0)
+            more = false;
+    }
+    if (rc != KVEDGE_OK) {
+        free(all);
+        return rc;
+    }
+    *out = all;
+    *n = len;
+    return KVEDGE_OK;
+}
+
 int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
 {
     if (!c || !out)

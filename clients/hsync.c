@@ -13,8 +13,6 @@
 #include "clients/kvedge.h"
 #include "store/error.h"
 
-#define S_LIST_PAGE 1024
-
 int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, size_t *n, char *why,
                       size_t why_len)
 {
@@ -84,38 +82,6 @@ int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, si
     }
     zconfig_destroy(&root);
     return rc;
-}
-
-/* Every chunk of this edge's tenant on the cloud. */
-static int s_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n)
-{
-    size_t cap = S_LIST_PAGE, len = 0;
-    kvedge_chunk_entry_t *all = malloc(cap * sizeof *all);
-    bool more = true;
-    int rc = all ? KVEDGE_OK : KVEDGE_ENOMEM;
-    while (rc == KVEDGE_OK && more) {
-        if (cap - len < S_LIST_PAGE) {
-            kvedge_chunk_entry_t *p = realloc(all, (cap *= 2) * sizeof *all);
-            if (!p) {
-                rc = KVEDGE_ENOMEM;
-                break;
-            }
-            all = p;
-        }
-        size_t got = 0;
-        rc = kvedge_client_list(c, len ? &all[len - 1].chunk.id : NULL, all + len, S_LIST_PAGE,
-                                &got, &more);
-        len += got;
-        if (got == 0)
-            more = false;
-    }
-    if (rc != KVEDGE_OK) {
-        free(all);
-        return rc;
-    }
-    *out = all;
-    *n = len;
-    return KVEDGE_OK;
 }
 
 typedef struct {
@@ -240,7 +206,7 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
     kvedge_chunk_entry_t *all = NULL;
     size_t n = 0;
     if (rc == KVEDGE_OK)
-        rc = s_list_all(c, &all, &n);
+        rc = kvedge_client_list_all(c, &all, &n);
     /* The chain, from the subscribed chunk up to its root, through LIST's parent ids. */
     const kvedge_chunk_entry_t **chain = NULL;
     size_t depth = 0;

@@ -158,6 +158,9 @@ typedef struct {
 int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
                        kvedge_chunk_entry_t *out, size_t max, size_t *n, bool *more);
 
+/* Every chunk of the tenant, in id order, paging through LIST. Caller frees *out (free). */
+int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n);
+
 int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out);
 
 /* Store-wide eviction of least-recently-used unpinned blocks down to target_bytes. Needs an
