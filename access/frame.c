@@ -19,8 +19,8 @@
 #define S_STATUS_BYTES        4
 
 static const char *const s_op_names[] = {
-    NULL,   "HELLO",  "PING", "PUT",   "GET",    "GET_LAYER", "LOOKUP", "LIST",
-    "STAT", "DELETE", "PIN",  "UNPIN", "CREDIT", "CANCEL",    "MODEL",  "EVICT",
+    NULL,     "HELLO", "PING",  "PUT",    "GET",    "GET_LAYER", "LOOKUP", "LIST",  "STAT",
+    "DELETE", "PIN",   "UNPIN", "CREDIT", "CANCEL", "MODEL",     "EVICT",  "FETCH",
 };
 
 /* ---- little-endian helpers beyond the 32-bit ones in frame.h ---- */
@@ -205,7 +205,8 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
         return KVEDGE_EPROTO;
     uint32_t c = h->count;
     /* The credit field is used only by GET_LAYER and CREDIT requests: 0 everywhere else. */
-    if (h->opcode != KVEDGE_OP_GET_LAYER && h->opcode != KVEDGE_OP_CREDIT && h->credit != 0)
+    if (h->opcode != KVEDGE_OP_GET_LAYER && h->opcode != KVEDGE_OP_FETCH &&
+        h->opcode != KVEDGE_OP_CREDIT && h->credit != 0)
         return KVEDGE_EPROTO;
     /* Spec: count is "the number of items the payload carries (per opcode)"; an opcode that
      * defines no count must send 0. */
@@ -254,6 +255,47 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
         return s_check(c == 0 && n == 1 && f[0].len == KVEDGE_WIRE_MODEL_BYTES);
     case KVEDGE_OP_EVICT: /* f1: u64 target bytes */
         return s_check(c == 0 && n == 1 && f[0].len == 8);
+    case KVEDGE_OP_FETCH: {
+        /* f1: spec; f2: N chunk ids; f3 (optional): per layer compute_us | recompute_us. */
+        kvedge_wire_fetch_spec_t spec;
+        if (!s_count_in(c, 1, KVEDGE_WIRE_MAX_CHUNKS) ||
+            !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || (n != 2 && n != 3) ||
+            kvedge_wire_fetch_spec_parse(f[0].data, f[0].len, &spec) != KVEDGE_OK ||
+            f[1].len != (size_t)c * KVEDGE_CHUNK_ID_BYTES)
+            return KVEDGE_EPROTO;
+        return s_check(n == 2 || f[2].len == (size_t)spec.layers * KVEDGE_WIRE_FETCH_TIMES_BYTES);
+    }
+    default:
+        return KVEDGE_EPROTO;
+    }
+}
+
+/* FETCH stream messages: the kind is the first byte of f1. */
+static int s_validate_fetch(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
+{
+    if (h->flags & KVEDGE_WIRE_FLAG_END)
+        return s_check(n == 0);
+    if (h->status != 0 || h->count != 1 || n < 1 || f[0].len < 1)
+        return KVEDGE_EPROTO;
+    switch (f[0].data[0]) {
+    case KVEDGE_FETCH_MSG_BLOCK: {
+        kvedge_wire_fetch_block_t b;
+        if (kvedge_wire_fetch_block_parse(f[0].data, f[0].len, &b) != KVEDGE_OK)
+            return KVEDGE_EPROTO;
+        return s_check(b.status == 0 ? n == 2 && s_block_frame(&f[1]) : n == 1);
+    }
+    case KVEDGE_FETCH_MSG_LAYER: {
+        kvedge_wire_fetch_layer_t l;
+        return s_check(n == 1 && kvedge_wire_fetch_layer_parse(f[0].data, f[0].len, &l) == 0);
+    }
+    case KVEDGE_FETCH_MSG_PLAN: {
+        kvedge_wire_fetch_plan_t p;
+        if (n != 3 || kvedge_wire_fetch_plan_parse(f[0].data, f[0].len, &p) != KVEDGE_OK ||
+            f[1].len != (size_t)p.sources * KVEDGE_WIRE_FETCH_SOURCE_BYTES ||
+            f[2].len != (size_t)p.layers * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES)
+            return KVEDGE_EPROTO;
+        return KVEDGE_OK;
+    }
     default:
         return KVEDGE_EPROTO;
     }
@@ -290,6 +332,10 @@ static int s_validate_reply(const kvedge_wire_header_t *h, const kvedge_wire_fra
         if (stream != KVEDGE_WIRE_FLAG_MORE && stream != KVEDGE_WIRE_FLAG_END)
             return KVEDGE_EPROTO;
         return s_validate_stream(h, f, n);
+    case KVEDGE_OP_FETCH:
+        if (stream != KVEDGE_WIRE_FLAG_MORE && stream != KVEDGE_WIRE_FLAG_END)
+            return KVEDGE_EPROTO;
+        return s_validate_fetch(h, f, n);
     case KVEDGE_OP_LIST:
         /* Spec: rule 2 allows END only on GET_LAYER replies, the LIST row sets it when
          * nothing follows; END (never MORE) is accepted on LIST replies. */
@@ -547,7 +593,7 @@ int kvedge_wire_node_info_parse(const uint8_t *in, size_t len, kvedge_wire_node_
 {
     memset(n, 0, sizeof *n);
     if (!in || len != KVEDGE_WIRE_NODE_INFO_BYTES ||
-        (in[0] != KVEDGE_ROLE_CLOUD && in[0] != KVEDGE_ROLE_EDGE) || !s_all_zero(in + 1, 7) ||
+        (in[0] < KVEDGE_ROLE_CLOUD || in[0] > KVEDGE_ROLE_PROXY) || !s_all_zero(in + 1, 7) ||
         !s_all_zero(in + 44, KVEDGE_WIRE_NODE_INFO_BYTES - 44))
         return KVEDGE_EPROTO;
     n->role = (kvedge_role_t)in[0];
@@ -586,4 +632,232 @@ int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stre
     s->status = (int32_t)kvedge_wire_get32(in + 8);
     return s_check(s->status == KVEDGE_OK || s->status == KVEDGE_ENOTFOUND ||
                    s->status == KVEDGE_ECORRUPT);
+}
+
+/* ---- FETCH records ---- */
+
+static const char *const s_fetch_reasons[] = {
+#define S_REASON_TEXT(name, value, text) [value] = text,
+    KVEDGE_FETCH_REASON_MAP(S_REASON_TEXT)
+#undef S_REASON_TEXT
+};
+
+const char *kvedge_fetch_reason_name(int reason)
+{
+    if (reason < 1 || reason >= (int)(sizeof s_fetch_reasons / sizeof s_fetch_reasons[0]))
+        return "?";
+    return s_fetch_reasons[reason];
+}
+
+static bool s_fetch_reason_ok(uint8_t r)
+{
+    return r >= 1 && r < sizeof s_fetch_reasons / sizeof s_fetch_reasons[0];
+}
+
+static void s_putd(uint8_t *p, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    s_put64(p, u);
+}
+
+static double s_getd(const uint8_t *p)
+{
+    uint64_t u = s_get64(p);
+    double v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* Times on the wire are finite and not negative. */
+static bool s_time_ok(double v)
+{
+    return v >= 0 && v <= 1e300;
+}
+
+/* spec: model id (124) | first layer u16 | layers u16 | tokens u32 | reserved u32 */
+int kvedge_wire_fetch_spec_pack(const kvedge_wire_fetch_spec_t *s,
+                                uint8_t out[KVEDGE_WIRE_FETCH_SPEC_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_FETCH_SPEC_BYTES);
+    if (s->layers < 1 || s->layers > KVEDGE_WIRE_FETCH_MAX_LAYERS ||
+        (uint32_t)s->first_layer + s->layers > 65536u)
+        return KVEDGE_EINVAL;
+    int rc = s_model_id_pack(s->model_id, out);
+    if (rc != KVEDGE_OK)
+        return rc;
+    s_put16(out + 124, s->first_layer);
+    s_put16(out + 126, s->layers);
+    kvedge_wire_put32(out + 128, s->tokens);
+    return KVEDGE_OK;
+}
+
+int kvedge_wire_fetch_spec_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_spec_t *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!in || len != KVEDGE_WIRE_FETCH_SPEC_BYTES || !s_all_zero(in + 132, 4) ||
+        s_model_id_parse(in, s->model_id) != KVEDGE_OK)
+        return KVEDGE_EPROTO;
+    s->first_layer = s_get16(in + 124);
+    s->layers = s_get16(in + 126);
+    s->tokens = kvedge_wire_get32(in + 128);
+    return s_check(s->layers >= 1 && s->layers <= KVEDGE_WIRE_FETCH_MAX_LAYERS &&
+                   (uint32_t)s->first_layer + s->layers <= 65536u);
+}
+
+/* block: kind u8 | source u8 | layer u16 | chunk index u32 | head u16 | reserved u16 |
+ * status i32 */
+void kvedge_wire_fetch_block_pack(const kvedge_wire_fetch_block_t *b,
+                                  uint8_t out[KVEDGE_WIRE_FETCH_BLOCK_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+    out[0] = KVEDGE_FETCH_MSG_BLOCK;
+    out[1] = b->source;
+    s_put16(out + 2, b->layer);
+    kvedge_wire_put32(out + 4, b->chunk_index);
+    s_put16(out + 8, b->head);
+    kvedge_wire_put32(out + 12, (uint32_t)b->status);
+}
+
+int kvedge_wire_fetch_block_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_block_t *b)
+{
+    memset(b, 0, sizeof *b);
+    if (!in || len != KVEDGE_WIRE_FETCH_BLOCK_BYTES || in[0] != KVEDGE_FETCH_MSG_BLOCK ||
+        s_get16(in + 10) != 0)
+        return KVEDGE_EPROTO;
+    b->source = in[1];
+    b->layer = s_get16(in + 2);
+    b->chunk_index = kvedge_wire_get32(in + 4);
+    b->head = s_get16(in + 8);
+    b->status = (int32_t)kvedge_wire_get32(in + 12);
+    return s_check(
+        b->source < KVEDGE_WIRE_FETCH_MAX_SOURCES && b->chunk_index < KVEDGE_WIRE_MAX_CHUNKS &&
+        (b->status == KVEDGE_OK || b->status == KVEDGE_ENOTFOUND || b->status == KVEDGE_ECORRUPT));
+}
+
+/* layer: kind u8 | reason u8 | layer u16 | source i16 | reserved u16 | status i32 |
+ * heads u32 | attempts u32 | reserved u32 */
+void kvedge_wire_fetch_layer_pack(const kvedge_wire_fetch_layer_t *l,
+                                  uint8_t out[KVEDGE_WIRE_FETCH_LAYER_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_FETCH_LAYER_BYTES);
+    out[0] = KVEDGE_FETCH_MSG_LAYER;
+    out[1] = l->reason;
+    s_put16(out + 2, l->layer);
+    s_put16(out + 4, (uint16_t)l->source);
+    kvedge_wire_put32(out + 8, (uint32_t)l->status);
+    kvedge_wire_put32(out + 12, l->heads);
+    kvedge_wire_put32(out + 16, l->attempts);
+}
+
+int kvedge_wire_fetch_layer_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_layer_t *l)
+{
+    memset(l, 0, sizeof *l);
+    if (!in || len != KVEDGE_WIRE_FETCH_LAYER_BYTES || in[0] != KVEDGE_FETCH_MSG_LAYER ||
+        s_get16(in + 6) != 0 || !s_all_zero(in + 20, 4))
+        return KVEDGE_EPROTO;
+    l->reason = in[1];
+    l->layer = s_get16(in + 2);
+    l->source = (int16_t)s_get16(in + 4);
+    l->status = (int32_t)kvedge_wire_get32(in + 8);
+    l->heads = kvedge_wire_get32(in + 12);
+    l->attempts = kvedge_wire_get32(in + 16);
+    bool delivered = l->status == KVEDGE_OK;
+    return s_check(s_fetch_reason_ok(l->reason) && l->source >= -1 &&
+                   l->source < KVEDGE_WIRE_FETCH_MAX_SOURCES &&
+                   (delivered || l->status == KVEDGE_ENOTFOUND) && (!delivered || l->source >= 0) &&
+                   l->attempts <= KVEDGE_WIRE_FETCH_MAX_SOURCES);
+}
+
+/* plan: kind u8 | reserved 3 | sources u32 | layers u32 | split u32 | 5 x f64 */
+void kvedge_wire_fetch_plan_pack(const kvedge_wire_fetch_plan_t *p,
+                                 uint8_t out[KVEDGE_WIRE_FETCH_PLAN_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_FETCH_PLAN_BYTES);
+    out[0] = KVEDGE_FETCH_MSG_PLAN;
+    kvedge_wire_put32(out + 4, p->sources);
+    kvedge_wire_put32(out + 8, p->layers);
+    kvedge_wire_put32(out + 12, p->split);
+    s_putd(out + 16, p->total_us);
+    s_putd(out + 24, p->bound_us);
+    s_putd(out + 32, p->cloud_only_us);
+    s_putd(out + 40, p->recompute_all_us);
+    s_putd(out + 48, p->load_then_compute_us);
+}
+
+int kvedge_wire_fetch_plan_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_plan_t *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!in || len != KVEDGE_WIRE_FETCH_PLAN_BYTES || in[0] != KVEDGE_FETCH_MSG_PLAN ||
+        !s_all_zero(in + 1, 3))
+        return KVEDGE_EPROTO;
+    p->sources = kvedge_wire_get32(in + 4);
+    p->layers = kvedge_wire_get32(in + 8);
+    p->split = kvedge_wire_get32(in + 12);
+    p->total_us = s_getd(in + 16);
+    p->bound_us = s_getd(in + 24);
+    p->cloud_only_us = s_getd(in + 32);
+    p->recompute_all_us = s_getd(in + 40);
+    p->load_then_compute_us = s_getd(in + 48);
+    return s_check(p->sources <= KVEDGE_WIRE_FETCH_MAX_SOURCES &&
+                   s_count_in(p->layers, 1, KVEDGE_WIRE_FETCH_MAX_LAYERS) &&
+                   p->split <= p->layers && s_time_ok(p->total_us) && s_time_ok(p->bound_us) &&
+                   s_time_ok(p->cloud_only_us) && s_time_ok(p->recompute_all_us) &&
+                   s_time_ok(p->load_then_compute_us));
+}
+
+/* source: name (64, NUL-padded) | kind u8 | up u8 | reserved u16 | rtt_us f32 | bw f64 */
+void kvedge_wire_fetch_source_pack(const kvedge_wire_fetch_source_t *s,
+                                   uint8_t out[KVEDGE_WIRE_FETCH_SOURCE_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_FETCH_SOURCE_BYTES);
+    size_t n = strnlen(s->name, KVEDGE_WIRE_FETCH_NAME_BYTES - 1);
+    memcpy(out, s->name, n);
+    out[64] = s->kind;
+    out[65] = s->up ? 1 : 0;
+    uint32_t r;
+    memcpy(&r, &s->rtt_us, sizeof r);
+    kvedge_wire_put32(out + 68, r);
+    s_putd(out + 72, s->bw_bytes_per_s);
+}
+
+int kvedge_wire_fetch_source_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_source_t *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!in || len != KVEDGE_WIRE_FETCH_SOURCE_BYTES || s_get16(in + 66) != 0 || in[65] > 1)
+        return KVEDGE_EPROTO;
+    const uint8_t *nul = memchr(in, 0, KVEDGE_WIRE_FETCH_NAME_BYTES);
+    if (!nul || !s_all_zero(nul, KVEDGE_WIRE_FETCH_NAME_BYTES - (size_t)(nul - in)))
+        return KVEDGE_EPROTO;
+    memcpy(s->name, in, (size_t)(nul - in));
+    s->kind = in[64];
+    s->up = in[65] == 1;
+    uint32_t r = kvedge_wire_get32(in + 68);
+    memcpy(&s->rtt_us, &r, sizeof r);
+    s->bw_bytes_per_s = s_getd(in + 72);
+    return s_check(s->kind <= 4 && s_time_ok(s->rtt_us) && s_time_ok(s->bw_bytes_per_s));
+}
+
+/* plan layer: source i16 | reason u8 | reserved 5 | cost_us f64 */
+void kvedge_wire_fetch_plan_layer_pack(const kvedge_wire_fetch_plan_layer_t *l,
+                                       uint8_t out[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    s_put16(out, (uint16_t)l->source);
+    out[2] = l->reason;
+    s_putd(out + 8, l->cost_us);
+}
+
+int kvedge_wire_fetch_plan_layer_parse(const uint8_t *in, size_t len,
+                                       kvedge_wire_fetch_plan_layer_t *l)
+{
+    memset(l, 0, sizeof *l);
+    if (!in || len != KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES || !s_all_zero(in + 3, 5))
+        return KVEDGE_EPROTO;
+    l->source = (int16_t)s_get16(in);
+    l->reason = in[2];
+    l->cost_us = s_getd(in + 8);
+    /* The cost of a layer no up source holds is infinite: allowed here. */
+    return s_check(l->source >= -1 && l->source < KVEDGE_WIRE_FETCH_MAX_SOURCES &&
+                   l->reason <= 16 && (l->cost_us >= 0));
 }

@@ -58,6 +58,7 @@ typedef enum {
     KVEDGE_OP_CANCEL = 13,
     KVEDGE_OP_MODEL = 14,
     KVEDGE_OP_EVICT = 15,
+    KVEDGE_OP_FETCH = 16, /* edge proxy: a planned, multi-source fetch of layers (a stream) */
 } kvedge_op_t;
 
 typedef struct {
@@ -77,7 +78,7 @@ typedef struct {
     size_t len;
 } kvedge_wire_frame_t;
 
-typedef enum { KVEDGE_ROLE_CLOUD = 1, KVEDGE_ROLE_EDGE = 2 } kvedge_role_t;
+typedef enum { KVEDGE_ROLE_CLOUD = 1, KVEDGE_ROLE_EDGE = 2, KVEDGE_ROLE_PROXY = 3 } kvedge_role_t;
 
 typedef struct {
     kvedge_role_t role;
@@ -113,6 +114,109 @@ typedef struct {
     uint16_t head;
     int32_t status;
 } kvedge_wire_stream_hdr_t;
+
+/* FETCH (docs/protocol.md, "FETCH streams"): the request's spec record, and the three kinds
+ * of stream data message, told apart by their first byte. */
+#define KVEDGE_WIRE_FETCH_SPEC_BYTES       136
+#define KVEDGE_WIRE_FETCH_TIMES_BYTES      8 /* per layer: compute_us f32 | recompute_us f32 */
+#define KVEDGE_WIRE_FETCH_BLOCK_BYTES      16
+#define KVEDGE_WIRE_FETCH_LAYER_BYTES      24
+#define KVEDGE_WIRE_FETCH_PLAN_BYTES       56
+#define KVEDGE_WIRE_FETCH_SOURCE_BYTES     80
+#define KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES 16
+#define KVEDGE_WIRE_FETCH_MAX_LAYERS       1024 /* layers per FETCH (the planner's limit) */
+#define KVEDGE_WIRE_FETCH_MAX_SOURCES      32
+#define KVEDGE_WIRE_FETCH_NAME_BYTES       64 /* source name field, NUL-padded */
+
+typedef enum {
+    KVEDGE_FETCH_MSG_BLOCK = 1, /* one head of one chunk of one layer */
+    KVEDGE_FETCH_MSG_LAYER = 2, /* a layer is complete (or missed): which source, and why */
+    KVEDGE_FETCH_MSG_PLAN = 3,  /* the plan, sent first */
+} kvedge_fetch_msg_t;
+
+/* Why a layer came from where it did (the LAYER record's reason). */
+#define KVEDGE_FETCH_REASON_MAP(X)                                                                 \
+    X(PLANNED, 1, "planned")                   /* the plan's source delivered it */                \
+    X(FALLBACK_FAILED, 2, "fallback:failed")   /* its source failed or stalled: re-planned */      \
+    X(FALLBACK_MISSING, 3, "fallback:missing") /* its source did not have it (stale directory) */  \
+    X(FALLBACK_CORRUPT, 4, "fallback:corrupt") /* its source sent a block that failed checks */    \
+    X(RECOMPUTE, 5, "recompute")               /* the plan says computing it is faster */          \
+    X(MISS, 6, "miss")                         /* no reachable source has it */                    \
+    X(MISS_DEADLINE, 7, "miss:deadline")       /* the request's deadline came first */
+
+typedef enum {
+#define KVEDGE_FETCH_REASON_ENUM(name, value, text) KVEDGE_FETCH_##name = value,
+    KVEDGE_FETCH_REASON_MAP(KVEDGE_FETCH_REASON_ENUM)
+#undef KVEDGE_FETCH_REASON_ENUM
+} kvedge_fetch_reason_t;
+
+/* "planned", "fallback:failed", ...; "?" for anything else. */
+const char *kvedge_fetch_reason_name(int reason);
+
+typedef struct {
+    char model_id[KVEDGE_WIRE_MODEL_ID_BYTES + 5];
+    uint16_t first_layer;
+    uint16_t layers; /* 1 ... KVEDGE_WIRE_FETCH_MAX_LAYERS; first + layers <= 65536 */
+    uint32_t tokens; /* context tokens over all chunks (pricing); 0 = unknown */
+} kvedge_wire_fetch_spec_t;
+
+typedef struct {
+    uint8_t source; /* index into the plan's sources */
+    uint16_t layer;
+    uint32_t chunk_index;
+    uint16_t head;
+    int32_t status; /* 0 (block follows), KVEDGE_ENOTFOUND or KVEDGE_ECORRUPT */
+} kvedge_wire_fetch_block_t;
+
+typedef struct {
+    uint8_t reason; /* kvedge_fetch_reason_t */
+    uint16_t layer;
+    int16_t source;    /* index into the plan's sources; -1 when none delivered it */
+    int32_t status;    /* 0 delivered; KVEDGE_ENOTFOUND: not delivered, the client computes it */
+    uint32_t heads;    /* block messages sent for this layer */
+    uint32_t attempts; /* sources tried */
+} kvedge_wire_fetch_layer_t;
+
+typedef struct {
+    uint32_t sources;
+    uint32_t layers;
+    uint32_t split;
+    double total_us, bound_us, cloud_only_us, recompute_all_us, load_then_compute_us;
+} kvedge_wire_fetch_plan_t;
+
+typedef struct {
+    char name[KVEDGE_WIRE_FETCH_NAME_BYTES]; /* NUL-terminated */
+    uint8_t kind;                            /* kvedge_plan_kind_t (proxy/plan.h) */
+    bool up;
+    float rtt_us;
+    double bw_bytes_per_s;
+} kvedge_wire_fetch_source_t;
+
+typedef struct {
+    int16_t source; /* -1: recompute */
+    uint8_t reason; /* kvedge_plan_reason_t (proxy/plan.h) */
+    double cost_us;
+} kvedge_wire_fetch_plan_layer_t;
+
+int kvedge_wire_fetch_spec_pack(const kvedge_wire_fetch_spec_t *s,
+                                uint8_t out[KVEDGE_WIRE_FETCH_SPEC_BYTES]);
+int kvedge_wire_fetch_spec_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_spec_t *s);
+void kvedge_wire_fetch_block_pack(const kvedge_wire_fetch_block_t *b,
+                                  uint8_t out[KVEDGE_WIRE_FETCH_BLOCK_BYTES]);
+int kvedge_wire_fetch_block_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_block_t *b);
+void kvedge_wire_fetch_layer_pack(const kvedge_wire_fetch_layer_t *l,
+                                  uint8_t out[KVEDGE_WIRE_FETCH_LAYER_BYTES]);
+int kvedge_wire_fetch_layer_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_layer_t *l);
+void kvedge_wire_fetch_plan_pack(const kvedge_wire_fetch_plan_t *p,
+                                 uint8_t out[KVEDGE_WIRE_FETCH_PLAN_BYTES]);
+int kvedge_wire_fetch_plan_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_plan_t *p);
+void kvedge_wire_fetch_source_pack(const kvedge_wire_fetch_source_t *s,
+                                   uint8_t out[KVEDGE_WIRE_FETCH_SOURCE_BYTES]);
+int kvedge_wire_fetch_source_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_source_t *s);
+void kvedge_wire_fetch_plan_layer_pack(const kvedge_wire_fetch_plan_layer_t *l,
+                                       uint8_t out[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES]);
+int kvedge_wire_fetch_plan_layer_parse(const uint8_t *in, size_t len,
+                                       kvedge_wire_fetch_plan_layer_t *l);
 
 /* "HELLO", "PING", ...; NULL for an unknown opcode. */
 const char *kvedge_wire_op_name(int opcode);

@@ -373,14 +373,14 @@ void kvedge_master_chunk_hex(const kvedge_chunk_id_t *id,
 #define S_REC_DIR    'D'
 #define S_REC_LINK   'L'
 
-const char *kvedge_health_name(int state)
+const char *kvedge_master_health_name(int state)
 {
     switch (state) {
-    case KVEDGE_HEALTH_UP:
+    case KVEDGE_MASTER_HEALTH_UP:
         return "up";
-    case KVEDGE_HEALTH_SUSPECT:
+    case KVEDGE_MASTER_HEALTH_SUSPECT:
         return "suspect";
-    case KVEDGE_HEALTH_DOWN:
+    case KVEDGE_MASTER_HEALTH_DOWN:
         return "down";
     default:
         return "?";
@@ -488,7 +488,7 @@ int kvedge_master_node_parse(const uint8_t *in, size_t len, kvedge_master_node_t
 int kvedge_master_health_pack(const kvedge_master_health_t *r,
                               uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len)
 {
-    if (r->state < KVEDGE_HEALTH_UP || r->state > KVEDGE_HEALTH_DOWN)
+    if (r->state < KVEDGE_MASTER_HEALTH_UP || r->state > KVEDGE_MASTER_HEALTH_DOWN)
         return KVEDGE_EINVAL;
     s_rec_head_pack(out, S_REC_HEALTH);
     out[2] = (uint8_t)r->state;
@@ -504,10 +504,10 @@ int kvedge_master_health_parse(const uint8_t *in, size_t len, kvedge_master_heal
     int rc = s_rec_head(in, len, S_REC_HEALTH);
     if (rc != KVEDGE_OK)
         return rc;
-    if (len != KVEDGE_MASTER_HEALTH_BYTES || in[2] < KVEDGE_HEALTH_UP ||
-        in[2] > KVEDGE_HEALTH_DOWN || in[3] != 0)
+    if (len != KVEDGE_MASTER_HEALTH_BYTES || in[2] < KVEDGE_MASTER_HEALTH_UP ||
+        in[2] > KVEDGE_MASTER_HEALTH_DOWN || in[3] != 0)
         return KVEDGE_EPROTO;
-    r->state = (kvedge_health_t)in[2];
+    r->state = (kvedge_master_health_state_t)in[2];
     r->last_seen_ms = s_get64(in + 4);
     r->changed_ms = s_get64(in + 12);
     return KVEDGE_OK;
@@ -718,7 +718,7 @@ struct kvedge_master_t {
 typedef struct {
     int64_t last_mono_ms; /* last heartbeat, monotonic */
     uint64_t last_wall_ms;
-    kvedge_health_t state;
+    kvedge_master_health_state_t state;
 } s_peer_t;
 
 typedef struct {
@@ -922,23 +922,24 @@ static void s_health_tick(s_master_t *m)
 {
     int64_t now = s_mono_ms();
     for (s_peer_t *p = zhashx_first(m->peers); p; p = zhashx_next(m->peers)) {
-        if (p->state != KVEDGE_HEALTH_UP && p->state != KVEDGE_HEALTH_SUSPECT)
+        if (p->state != KVEDGE_MASTER_HEALTH_UP && p->state != KVEDGE_MASTER_HEALTH_SUSPECT)
             continue;
         int64_t silent = now - p->last_mono_ms;
-        kvedge_health_t want = silent >= (int64_t)m->opts.down_ms      ? KVEDGE_HEALTH_DOWN
-                               : silent >= (int64_t)m->opts.suspect_ms ? KVEDGE_HEALTH_SUSPECT
-                                                                       : KVEDGE_HEALTH_UP;
+        kvedge_master_health_state_t want =
+            silent >= (int64_t)m->opts.down_ms      ? KVEDGE_MASTER_HEALTH_DOWN
+            : silent >= (int64_t)m->opts.suspect_ms ? KVEDGE_MASTER_HEALTH_SUSPECT
+                                                    : KVEDGE_MASTER_HEALTH_UP;
         if (want <= p->state)
             continue;
         const char *id = zhashx_cursor(m->peers);
-        kvedge_health_t was = p->state;
+        kvedge_master_health_state_t was = p->state;
         p->state = want;
         int rc = s_health_write(m, id, p, s_wall_ms());
         if (rc != KVEDGE_OK) {
             p->state = was;
             continue;
         }
-        kvedge_log_info("%s is %s (silent %lld ms)", id, kvedge_health_name(want),
+        kvedge_log_info("%s is %s (silent %lld ms)", id, kvedge_master_health_name(want),
                         (long long)silent);
     }
 }
@@ -954,7 +955,7 @@ static void s_heartbeat(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
             s_reply_err(m, route, k, KVEDGE_EFULL, "too many heartbeat ids");
             return;
         }
-        s_peer_t fresh = {0, 0, (kvedge_health_t)0};
+        s_peer_t fresh = {0, 0, (kvedge_master_health_state_t)0};
         zhashx_insert(m->peers, id, &fresh);
         p = zhashx_lookup(m->peers, id);
         if (!p) {
@@ -964,9 +965,9 @@ static void s_heartbeat(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
     }
     p->last_mono_ms = s_mono_ms();
     p->last_wall_ms = s_wall_ms();
-    if (p->state != KVEDGE_HEALTH_UP) {
-        kvedge_health_t was = p->state;
-        p->state = KVEDGE_HEALTH_UP;
+    if (p->state != KVEDGE_MASTER_HEALTH_UP) {
+        kvedge_master_health_state_t was = p->state;
+        p->state = KVEDGE_MASTER_HEALTH_UP;
         int rc = s_health_write(m, id, p, p->last_wall_ms);
         if (rc != KVEDGE_OK) {
             p->state = was;

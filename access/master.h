@@ -162,13 +162,13 @@ int kvedge_master_check_set(const char *key, size_t key_len, const uint8_t *body
 /* ---------------------------------------------------------------- records */
 
 typedef enum {
-    KVEDGE_HEALTH_UP = 1,
-    KVEDGE_HEALTH_SUSPECT = 2,
-    KVEDGE_HEALTH_DOWN = 3,
-} kvedge_health_t;
+    KVEDGE_MASTER_HEALTH_UP = 1,
+    KVEDGE_MASTER_HEALTH_SUSPECT = 2,
+    KVEDGE_MASTER_HEALTH_DOWN = 3,
+} kvedge_master_health_state_t;
 
 /* "up", "suspect", "down"; "?" otherwise. */
-const char *kvedge_health_name(int state);
+const char *kvedge_master_health_name(int state);
 
 typedef struct {
     kvedge_role_t role;
@@ -181,7 +181,7 @@ typedef struct {
 } kvedge_master_node_t;
 
 typedef struct {
-    kvedge_health_t state;
+    kvedge_master_health_state_t state;
     uint64_t last_seen_ms; /* wall clock, ms since the epoch: the last heartbeat */
     uint64_t changed_ms;   /* wall clock: when the state took this value */
 } kvedge_master_health_t;

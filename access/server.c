@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "access/log.h"
+#include "access/secure.h"
 #include "store/error.h"
 
 /* Job kinds on the internal sockets (first frame, one byte). */
@@ -32,12 +33,12 @@ typedef struct {
     char jobs_ep[64];
     char results_ep[64];
     uint8_t loopback_tag[16];
-    zcertstore_t *allow; /* allowlist, for the tenant metadata of client keys */
-    zcert_t *cert;       /* node certificate (NULL when plaintext) */
-    zactor_t *auth;      /* ZAP handler (NULL when plaintext) */
-    zsock_t *router;
-    zsock_t *jobs;    /* PUSH to workers */
-    zsock_t *results; /* PULL from workers */
+    zcertstore_t *allow;        /* allowlist, for the tenant metadata of client keys */
+    kvedge_secure_router_t sec; /* the ROUTER, its certificate and ZAP handler */
+    zcert_t *cert;              /* sec.cert: node certificate (NULL when plaintext) */
+    zsock_t *router;            /* sec.router */
+    zsock_t *jobs;              /* PUSH to workers */
+    zsock_t *results;           /* PULL from workers */
     zactor_t **workers;
     int n_workers;
     zhashx_t *streams;    /* stream key -> s_stream_t */
@@ -984,67 +985,20 @@ static int s_setup(s_node_t *n, zsock_t *pipe)
     char why[512] = "";
     int rc = KVEDGE_OK;
     const kvedge_server_opts_t *o = &n->opts;
-    if (!o->bind || !o->engine) {
+    if (!o->engine) {
         rc = KVEDGE_EINVAL;
         snprintf(why, sizeof why, "a bind endpoint and an engine are required");
-    } else if (o->insecure && !kvedge_endpoint_is_loopback(o->bind)) {
-        rc = KVEDGE_EDENIED;
-        snprintf(why, sizeof why,
-                 "refusing plaintext on %s: plaintext is only allowed on loopback or ipc "
-                 "endpoints; drop --insecure and use CURVE",
-                 o->bind);
-    } else if (!o->insecure && !zsys_has_curve()) {
-        rc = KVEDGE_EDENIED;
-        snprintf(why, sizeof why, "this libzmq has no CURVE support: refusing to serve %s",
-                 o->bind);
-    } else if (!o->insecure && (!o->cert || !o->clients_dir)) {
-        rc = KVEDGE_EINVAL;
-        snprintf(why, sizeof why, "CURVE needs the node certificate and a clients directory");
-    }
-    if (rc == KVEDGE_OK && !o->insecure) {
-        n->cert = zcert_load(o->cert);
-        if (!n->cert) {
-            rc = KVEDGE_EIO;
-            snprintf(why, sizeof why, "cannot load the node certificate %s", o->cert);
-        } else if (!zsys_file_exists(o->clients_dir)) {
-            rc = KVEDGE_EIO;
-            snprintf(why, sizeof why, "clients directory %s does not exist", o->clients_dir);
-        } else {
-            /* The ZAP handler runs before the socket binds: no connection is ever accepted
-             * without it. */
-            n->auth = zactor_new(zauth, NULL);
-            if (!n->auth || zstr_sendx(n->auth, "CURVE", o->clients_dir, NULL) != 0 ||
-                zsock_wait(n->auth) != 0) {
-                rc = KVEDGE_EDENIED;
-                snprintf(why, sizeof why, "the ZAP handler did not start: refusing to serve");
-            }
-            n->allow = zcertstore_new(o->clients_dir);
-        }
+    } else {
+        rc = kvedge_secure_router_open(&n->sec, o->bind, o->insecure, o->cert, o->clients_dir, why,
+                                       sizeof why);
     }
     if (rc == KVEDGE_OK) {
-        n->router = zsock_new(ZMQ_ROUTER);
-        zsock_set_router_mandatory(n->router, 1);
-        zsock_set_sndtimeo(n->router, 0);
-        zsock_set_maxmsgsize(n->router, (int64_t)KVEDGE_WIRE_MAX_FRAME_BYTES);
-        zsock_set_heartbeat_ivl(n->router, KVEDGE_HEARTBEAT_IVL_MS);
-        zsock_set_heartbeat_timeout(n->router, KVEDGE_HEARTBEAT_TIMEOUT_MS);
-        zsock_set_handshake_ivl(n->router, KVEDGE_HANDSHAKE_MS);
-        zsock_set_linger(n->router, 0);
-        if (n->cert) {
-            zcert_apply(n->cert, n->router);
-            zsock_set_curve_server(n->router, 1);
-            zsock_set_zap_domain(n->router, KVEDGE_ZAP_DOMAIN);
-        }
-        if (zsock_bind(n->router, "%s", o->bind) < 0) {
-            rc = KVEDGE_EIO;
-            snprintf(why, sizeof why, "cannot bind %s: %s", o->bind, zmq_strerror(zmq_errno()));
-        } else {
-            const char *ep = zsock_endpoint(n->router);
-            snprintf(n->owner->endpoint, sizeof n->owner->endpoint, "%s", ep ? ep : o->bind);
-            if (n->cert)
-                snprintf(n->owner->public_key, sizeof n->owner->public_key, "%s",
-                         zcert_public_txt(n->cert));
-        }
+        n->router = n->sec.router;
+        n->cert = n->sec.cert;
+        if (n->cert)
+            n->allow = zcertstore_new(o->clients_dir);
+        snprintf(n->owner->endpoint, sizeof n->owner->endpoint, "%s", n->sec.endpoint);
+        snprintf(n->owner->public_key, sizeof n->owner->public_key, "%s", n->sec.public_key);
     }
     if (rc == KVEDGE_OK) {
         snprintf(n->jobs_ep, sizeof n->jobs_ep, "inproc://kvedge-jobs-%p", (void *)n);
@@ -1081,10 +1035,10 @@ static void s_teardown(s_node_t *n)
     zhashx_destroy(&n->streams);
     zsock_destroy(&n->jobs);
     zsock_destroy(&n->results);
-    zsock_destroy(&n->router);
-    zactor_destroy(&n->auth);
+    kvedge_secure_router_close(&n->sec);
+    n->router = NULL;
+    n->cert = NULL;
     zcertstore_destroy(&n->allow);
-    zcert_destroy(&n->cert);
 }
 
 static void s_frontend(zsock_t *pipe, void *args)

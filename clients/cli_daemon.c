@@ -10,7 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "access/dirpub.h"
 #include "access/log.h"
+#include "access/mview.h"
 #include "access/server.h"
 #include "clients/cli.h"
 #include "clients/cli_plan.h"
@@ -38,7 +40,18 @@ typedef struct {
     bool cache_set;
     char subscriptions[1100]; /* historical cache: subscribed contexts (edge nodes) */
     uint64_t sync_interval_s;
+    /* Registration with a Storage Master: node record, heartbeats, block directory. */
+    char master[256];
+    char master_pub[256];
+    char master_key[1100];
+    char node_id[65];
+    char advertise[256]; /* the endpoint others reach us on; default: the bound one */
+    char region[65];
+    uint64_t declare_bw;     /* bytes/s, a prior for planners; 0 = unknown */
+    uint64_t declare_rtt_us; /* a prior for planners; 0 = unknown */
 } s_store_conf_t;
+
+static bool s_store_str(s_store_conf_t *c, const char *k, const char *v);
 
 /* The historical-cache thread of an edge node: a sync pass over every subscription, then a
  * wait of the interval (cut short by shutdown). */
@@ -91,9 +104,11 @@ static int s_conf_file(const char *path, s_store_conf_t *c)
                          path);
         return KVEDGE_EXIT_USAGE;
     }
-    static const char *known[] = {"role",     "data",  "bind",          "cert",          "clients",
-                                  "name",     "log",   "insecure",      "sync",          "workers",
-                                  "capacity", "cache", "subscriptions", "sync_interval", NULL};
+    static const char *known[] = {
+        "role",          "data",          "bind",       "cert",           "clients",    "name",
+        "log",           "insecure",      "sync",       "workers",        "capacity",   "cache",
+        "subscriptions", "sync_interval", "master",     "master_pub",     "master_key", "node_id",
+        "advertise",     "region",        "declare_bw", "declare_rtt_us", NULL};
     zconfig_t *store = zconfig_locate(root, "store");
     int ex = KVEDGE_EXIT_OK;
     for (zconfig_t *item = store ? zconfig_child(store) : NULL; item && !ex;
@@ -136,6 +151,12 @@ static int s_conf_file(const char *path, s_store_conf_t *c)
             bad = kvedge_cli_parse_u64(v, 1, 86400, &c->sync_interval_s) != 0;
         else if (strcmp(k, "cache") == 0)
             bad = kvedge_cli_parse_size(v, &c->cache) != 0 || !(c->cache_set = true);
+        else if (strcmp(k, "declare_bw") == 0)
+            bad = kvedge_cli_parse_size(v, &c->declare_bw) != 0;
+        else if (strcmp(k, "declare_rtt_us") == 0)
+            bad = kvedge_cli_parse_u64(v, 1, 60000000, &c->declare_rtt_us) != 0;
+        else
+            bad = !s_store_str(c, k, v);
         if (bad) {
             kvedge_cli_error("store: %s: bad value '%s' for store/%s", path, v, k);
             ex = KVEDGE_EXIT_USAGE;
@@ -143,6 +164,62 @@ static int s_conf_file(const char *path, s_store_conf_t *c)
     }
     zconfig_destroy(&root);
     return ex;
+}
+
+/* The string settings of the master registration, by config key. */
+static bool s_store_str(s_store_conf_t *c, const char *k, const char *v)
+{
+    struct {
+        const char *key;
+        char *dst;
+        size_t len;
+    } t[] = {{"master", c->master, sizeof c->master},
+             {"master_pub", c->master_pub, sizeof c->master_pub},
+             {"master_key", c->master_key, sizeof c->master_key},
+             {"node_id", c->node_id, sizeof c->node_id},
+             {"advertise", c->advertise, sizeof c->advertise},
+             {"region", c->region, sizeof c->region}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (strcmp(k, t[i].key) == 0) {
+            if (strlen(v) >= t[i].len)
+                return false;
+            strcpy(t[i].dst, v);
+            return true;
+        }
+    return false;
+}
+
+/* Joins the Storage Master: a view (heartbeats as node_id) and the directory publisher. */
+static int s_join_master(const s_store_conf_t *c, kvedge_role_t role, const char *endpoint,
+                         const char *public_key, const char *cert_secret, kvedge_engine_t *e,
+                         kvedge_mview_t **view, kvedge_dirpub_t **pub)
+{
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = c->master;
+    vo.pub = c->master_pub;
+    vo.server_key = c->master_key[0] ? c->master_key : NULL;
+    vo.client_cert = c->master_key[0] ? cert_secret : NULL;
+    vo.heartbeat_id = c->node_id;
+    vo.prefix = "node/";
+    vo.start_wait_ms = 1500;
+    int rc = kvedge_mview_start(&vo, view);
+    if (rc != KVEDGE_OK)
+        return rc;
+    kvedge_master_node_t rec;
+    memset(&rec, 0, sizeof rec);
+    rec.role = role;
+    snprintf(rec.region, sizeof rec.region, "%s", c->region);
+    snprintf(rec.endpoint, sizeof rec.endpoint, "%s", c->advertise[0] ? c->advertise : endpoint);
+    snprintf(rec.public_key, sizeof rec.public_key, "%s", public_key ? public_key : "");
+    rec.capacity_bytes = c->capacity;
+    rec.bandwidth_bytes_per_s = c->declare_bw;
+    rec.rtt_us = (uint32_t)c->declare_rtt_us;
+    kvedge_dirpub_opts_t po = {e, *view, c->node_id, &rec, 0};
+    rc = kvedge_dirpub_start(&po, pub);
+    if (rc != KVEDGE_OK)
+        kvedge_mview_destroy(view);
+    return rc;
 }
 
 static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
@@ -162,6 +239,14 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
                                          {"log-level", required_argument, NULL, 'L'},
                                          {"subscriptions", required_argument, NULL, 'U'},
                                          {"sync-interval", required_argument, NULL, 'Y'},
+                                         {"master", required_argument, NULL, 1001},
+                                         {"master-pub", required_argument, NULL, 1002},
+                                         {"master-key", required_argument, NULL, 1003},
+                                         {"node-id", required_argument, NULL, 1004},
+                                         {"advertise", required_argument, NULL, 1005},
+                                         {"region", required_argument, NULL, 1006},
+                                         {"declare-bw", required_argument, NULL, 1007},
+                                         {"declare-rtt-us", required_argument, NULL, 1008},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     s_store_conf_t c;
@@ -229,6 +314,23 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
         case 'Y':
             bad = kvedge_cli_parse_u64(optarg, 1, 86400, &c.sync_interval_s) != 0;
             break;
+        case 1001:
+        case 1002:
+        case 1003:
+        case 1004:
+        case 1005:
+        case 1006: {
+            static const char *const k[] = {"master",  "master_pub", "master_key",
+                                            "node_id", "advertise",  "region"};
+            bad = !s_store_str(&c, k[ch - 1001], optarg);
+            break;
+        }
+        case 1007:
+            bad = kvedge_cli_parse_size(optarg, &c.declare_bw) != 0;
+            break;
+        case 1008:
+            bad = kvedge_cli_parse_u64(optarg, 1, 60000000, &c.declare_rtt_us) != 0;
+            break;
         case 'h':
             kvedge_cli_usage(
                 stdout, &cmd,
@@ -251,7 +353,16 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
                 "      --log-level L       error, warn, info (default), debug\n"
                 "      --subscriptions F   historical cache (edge): contexts to copy from a\n"
                 "                          cloud node and pin (see kvedge sync --help)\n"
-                "      --sync-interval S   seconds between sync passes (default 60)\n");
+                "      --sync-interval S   seconds between sync passes (default 60)\n"
+                "      --master EP         join a Storage Master (with --master-pub, --node-id):\n"
+                "                          register, heartbeat, publish the block directory\n"
+                "      --master-pub EP     the master's PUB endpoint\n"
+                "      --master-key KEY    the master's public key or certificate\n"
+                "      --node-id ID        this node's id in the registry\n"
+                "      --advertise EP      endpoint others reach this node on (default: bound)\n"
+                "      --region R          region label in the node record\n"
+                "      --declare-bw SIZE   declared bandwidth to this node, bytes/s (a prior)\n"
+                "      --declare-rtt-us US declared round trip to this node (a prior)\n");
             return KVEDGE_EXIT_OK;
         default:
             kvedge_cli_error("store: unknown option or missing value '%s'", argv[optind - 1]);
@@ -281,6 +392,11 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_USAGE;
     }
     kvedge_log_set_level(level);
+    if (c.master[0] && (!c.master_pub[0] || !c.node_id[0] || !kvedge_master_id_ok(c.node_id))) {
+        kvedge_cli_error("store: --master needs --master-pub and --node-id (1-64 of "
+                         "[A-Za-z0-9._:@+-])");
+        return KVEDGE_EXIT_USAGE;
+    }
     if (c.insecure && !kvedge_endpoint_is_loopback(c.bind)) {
         kvedge_cli_error("store: refusing plaintext on %s: --insecure is only allowed on "
                          "loopback (tcp://127.0.0.1:PORT) or ipc:// endpoints",
@@ -367,8 +483,19 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
                             (unsigned long long)syncer->interval_s);
         }
     }
+    kvedge_mview_t *view = NULL;
+    kvedge_dirpub_t *dirpub = NULL;
+    if (c.master[0]) {
+        rc = s_join_master(&c, role, kvedge_server_endpoint(server),
+                           kvedge_server_public_key(server), cert_secret, engine, &view, &dirpub);
+        if (rc != KVEDGE_OK)
+            kvedge_log_error("not registered with the master %s: %s (serving anyway)", c.master,
+                             kvedge_strerror(rc));
+    }
     kvedge_cli_wait_signal();
     kvedge_log_info("signal received: finishing in-flight work");
+    kvedge_dirpub_destroy(&dirpub);
+    kvedge_mview_destroy(&view);
     if (syncer) {
         pthread_mutex_lock(&syncer->mu);
         syncer->stop = true;

@@ -308,7 +308,7 @@ static void s_print_value(bool json, const char *key, const uint8_t *body, size_
             if ((rc = kvedge_master_health_parse(body, len, &r)) != KVEDGE_OK)
                 break;
             S_F("state");
-            printf("%s%s%s%s", q, kvedge_health_name(r.state), q, sep);
+            printf("%s%s%s%s", q, kvedge_master_health_name(r.state), q, sep);
             S_F("last_seen_ms");
             printf("%llu%s", (unsigned long long)r.last_seen_ms, sep);
             S_F("changed_ms");

@@ -106,6 +106,7 @@ struct s_req_t {
     uint32_t heads;       /* the model's KV heads, once the stream has shown them */
     uint32_t last_chunk;  /* position of the last data message */
     uint16_t last_head;
+    struct s_fetch_t *fetch; /* a FETCH stream (stream is true too); NULL otherwise */
     /* I/O thread bookkeeping. */
     uint64_t id;       /* 0 until sent */
     int64_t sent_us;   /* when the request left */
@@ -142,6 +143,7 @@ static s_req_t *s_req_new(uint8_t opcode, uint32_t count, int64_t deadline_ms)
 
 static void s_req_free(s_req_t *r)
 {
+    free(r->fetch);
     zmsg_destroy(&r->payload);
     zmsg_destroy(&r->reply);
     pthread_cond_destroy(&r->cv);
@@ -335,6 +337,9 @@ static void s_send_header(s_io_t *io, uint8_t opcode, uint64_t id, uint32_t cred
     zmq_send(zsock_resolve(io->dealer), buf, sizeof buf, ZMQ_DONTWAIT); /* best effort */
 }
 
+static void s_fetch_done(s_req_t *r, int status);
+static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, size_t nframes);
+
 /* Ends a request: out of the table; a stream hears on_done (after a CANCEL when the node may
  * still be sending), a unary request's caller is woken. */
 static void s_finish(s_io_t *io, s_req_t *r, int status, bool cancel)
@@ -353,7 +358,9 @@ static void s_finish(s_io_t *io, s_req_t *r, int status, bool cancel)
     }
     if (cancel && r->id)
         s_send_header(io, KVEDGE_OP_CANCEL, r->id, 0, r->deadline_ms);
-    if (r->on_done)
+    if (r->fetch)
+        s_fetch_done(r, status);
+    else if (r->on_done)
         r->on_done(r->ctx, status, r->received);
     s_req_free(r);
 }
@@ -466,6 +473,153 @@ static void s_io_stream(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, s
         r->on_block(r->ctx, s.chunk_index, s.head, s.status, data, len);
 }
 
+/* ---------------------------------------------------------------- FETCH streams */
+
+/* A FETCH stream's client state (I/O thread only after submit). */
+struct s_fetch_t {
+    kvedge_fetch_cbs_t cbs;
+    uint16_t first_layer;
+    uint16_t layers;
+    bool planned;        /* the PLAN message has come */
+    uint32_t next_layer; /* offset of the layer whose blocks come now */
+    uint32_t layer_blocks;
+    bool in_layer; /* a block of next_layer has come */
+    uint32_t last_chunk;
+    uint16_t last_head;
+    kvedge_fetch_plan_t plan;
+};
+
+static void s_fetch_done(s_req_t *r, int status)
+{
+    struct s_fetch_t *f = r->fetch;
+    if (status == KVEDGE_OK && f->next_layer != f->layers)
+        status = KVEDGE_EPROTO; /* END before every layer was accounted for */
+    if (f->cbs.on_done)
+        f->cbs.on_done(r->ctx, status);
+}
+
+static int s_fetch_plan(struct s_fetch_t *f, const kvedge_wire_frame_t *fr)
+{
+    kvedge_wire_fetch_plan_t p;
+    if (f->planned || kvedge_wire_fetch_plan_parse(fr[0].data, fr[0].len, &p) != KVEDGE_OK ||
+        p.layers != f->layers)
+        return KVEDGE_EPROTO;
+    kvedge_fetch_plan_t *o = &f->plan;
+    o->nsources = p.sources;
+    o->layers = p.layers;
+    o->split = p.split;
+    o->total_us = p.total_us;
+    o->bound_us = p.bound_us;
+    o->cloud_only_us = p.cloud_only_us;
+    o->recompute_all_us = p.recompute_all_us;
+    o->load_then_compute_us = p.load_then_compute_us;
+    for (uint32_t i = 0; i < p.sources; i++) {
+        kvedge_wire_fetch_source_t ws;
+        if (kvedge_wire_fetch_source_parse(fr[1].data + (size_t)i * KVEDGE_WIRE_FETCH_SOURCE_BYTES,
+                                           KVEDGE_WIRE_FETCH_SOURCE_BYTES, &ws) != KVEDGE_OK)
+            return KVEDGE_EPROTO;
+        memcpy(o->source[i].name, ws.name, sizeof o->source[i].name);
+        o->source[i].kind = ws.kind;
+        o->source[i].up = ws.up;
+        o->source[i].rtt_us = ws.rtt_us;
+        o->source[i].bw_bytes_per_s = ws.bw_bytes_per_s;
+    }
+    for (uint32_t l = 0; l < p.layers; l++) {
+        kvedge_wire_fetch_plan_layer_t wl;
+        if (kvedge_wire_fetch_plan_layer_parse(
+                fr[2].data + (size_t)l * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES,
+                KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES, &wl) != KVEDGE_OK ||
+            wl.source >= (int)p.sources)
+            return KVEDGE_EPROTO;
+        o->layer[l].source = wl.source;
+        o->layer[l].reason = wl.reason;
+        o->layer[l].cost_us = wl.cost_us;
+    }
+    f->planned = true;
+    return KVEDGE_OK;
+}
+
+/* One FETCH message (validated by the codec). Order: the plan, then per layer, in layer
+ * order, its blocks in (chunk, head) order and its LAYER record; anything else fails it. */
+static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, size_t nframes)
+{
+    struct s_fetch_t *f = r->fetch;
+    if (h->flags & KVEDGE_WIRE_FLAG_END) {
+        s_finish(io, r, h->status, false);
+        return;
+    }
+    if (r->outstanding == 0) {
+        s_finish(io, r, KVEDGE_EPROTO, true);
+        return;
+    }
+    const kvedge_wire_frame_t *fr = io->frames;
+    int rc = KVEDGE_OK;
+    uint8_t kind = fr[0].data[0];
+    if (kind == KVEDGE_FETCH_MSG_PLAN) {
+        rc = s_fetch_plan(f, fr);
+        if (rc == KVEDGE_OK && f->cbs.on_plan)
+            f->cbs.on_plan(r->ctx, &f->plan);
+    } else if (!f->planned || f->next_layer >= f->layers) {
+        rc = KVEDGE_EPROTO;
+    } else if (kind == KVEDGE_FETCH_MSG_BLOCK) {
+        kvedge_wire_fetch_block_t b;
+        kvedge_wire_fetch_block_parse(fr[0].data, fr[0].len, &b);
+        bool in_order;
+        if (!f->in_layer)
+            in_order = b.chunk_index == 0 && b.head == 0;
+        else if (b.chunk_index == f->last_chunk)
+            in_order = b.head == f->last_head + 1;
+        else
+            in_order = b.chunk_index == f->last_chunk + 1 && b.head == 0;
+        if (!in_order || b.layer != f->first_layer + f->next_layer ||
+            b.chunk_index >= r->n_chunks || b.source >= f->plan.nsources) {
+            rc = KVEDGE_EPROTO;
+        } else {
+            f->in_layer = true;
+            f->last_chunk = b.chunk_index;
+            f->last_head = b.head;
+            f->layer_blocks++;
+            if (f->cbs.on_block)
+                f->cbs.on_block(r->ctx, b.layer, b.chunk_index, b.head, b.source, b.status,
+                                nframes == 2 ? fr[1].data : NULL, nframes == 2 ? fr[1].len : 0);
+        }
+    } else { /* LAYER */
+        kvedge_wire_fetch_layer_t l;
+        kvedge_wire_fetch_layer_parse(fr[0].data, fr[0].len, &l);
+        bool complete = l.status != KVEDGE_OK ||
+                        (f->in_layer && f->last_chunk == r->n_chunks - 1 &&
+                         f->layer_blocks == r->n_chunks * ((uint32_t)f->last_head + 1));
+        if (l.layer != f->first_layer + f->next_layer || l.heads != f->layer_blocks ||
+            l.source >= (int)f->plan.nsources || !complete ||
+            (l.status != KVEDGE_OK && f->layer_blocks != 0)) {
+            rc = KVEDGE_EPROTO;
+        } else {
+            kvedge_fetch_layer_t info = {
+                .layer = l.layer,
+                .source = l.source,
+                .source_name = l.source >= 0 ? f->plan.source[l.source].name : "",
+                .reason = l.reason,
+                .status = l.status,
+                .blocks = l.heads,
+                .attempts = l.attempts,
+            };
+            f->next_layer++;
+            f->in_layer = false;
+            f->layer_blocks = 0;
+            if (f->cbs.on_layer)
+                f->cbs.on_layer(r->ctx, &info);
+        }
+    }
+    if (rc != KVEDGE_OK) {
+        s_finish(io, r, rc, true);
+        return;
+    }
+    r->outstanding--;
+    r->received++;
+    if (r->owed++ == 0 && io->n_due < S_DRAIN_MAX)
+        io->due[io->n_due++] = r->id;
+}
+
 /* One message from the node. Unknown request ids are dropped; a malformed message fails its
  * request. Consumes m. */
 static void s_io_message(s_io_t *io, zmsg_t *m)
@@ -498,6 +652,11 @@ static void s_io_message(s_io_t *io, zmsg_t *m)
     if (rc != KVEDGE_OK) {
         zmsg_destroy(&m);
         s_finish(io, r, rc, r->stream);
+        return;
+    }
+    if (r->fetch) {
+        s_io_fetch(io, r, &h, n);
+        zmsg_destroy(&m);
         return;
     }
     if (r->stream) {
@@ -1639,4 +1798,66 @@ int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
     }
     s_req_release(r);
     return rc;
+}
+
+/* ---------------------------------------------------------------- fetch (edge proxy) */
+
+int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
+                              const kvedge_fetch_cbs_t *cbs, void *ctx)
+{
+    if (!c || !req || !cbs || !req->model_id || !req->chunks || req->n == 0 ||
+        req->n > KVEDGE_WIRE_MAX_CHUNKS || req->layers == 0 ||
+        req->layers > KVEDGE_WIRE_FETCH_MAX_LAYERS || req->deadline_ms < 0 ||
+        req->deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS ||
+        (!req->compute_us) != (!req->recompute_us))
+        return KVEDGE_EINVAL;
+    kvedge_wire_fetch_spec_t spec = {
+        .first_layer = req->first_layer, .layers = req->layers, .tokens = req->tokens};
+    if (strlen(req->model_id) >= sizeof spec.model_id)
+        return KVEDGE_EINVAL;
+    strcpy(spec.model_id, req->model_id);
+    uint8_t *p;
+    s_req_t *r = s_req_frame(KVEDGE_OP_FETCH, (uint32_t)req->n, s_deadline(c, req->deadline_ms),
+                             NULL, KVEDGE_WIRE_FETCH_SPEC_BYTES, &p);
+    if (!r)
+        return KVEDGE_ENOMEM;
+    int rc = kvedge_wire_fetch_spec_pack(&spec, p);
+    r->fetch = rc == KVEDGE_OK ? calloc(1, sizeof *r->fetch) : NULL;
+    if (rc == KVEDGE_OK && !r->fetch)
+        rc = KVEDGE_ENOMEM;
+    if (rc == KVEDGE_OK &&
+        zmsg_addmem(r->payload, req->chunks, req->n * KVEDGE_CHUNK_ID_BYTES) != 0)
+        rc = KVEDGE_ENOMEM;
+    if (rc == KVEDGE_OK && req->compute_us) {
+        size_t len = (size_t)req->layers * KVEDGE_WIRE_FETCH_TIMES_BYTES;
+        zframe_t *t = zframe_new(NULL, len);
+        if (!t) {
+            rc = KVEDGE_ENOMEM;
+        } else {
+            uint8_t *q = zframe_data(t);
+            for (uint32_t l = 0; l < req->layers; l++) {
+                float cu = req->compute_us[l], ru = req->recompute_us[l];
+                if (!(cu >= 0 && cu < 1e30f) || !(ru >= 0 && ru < 1e30f))
+                    rc = KVEDGE_EINVAL;
+                uint32_t a, b;
+                memcpy(&a, &cu, 4);
+                memcpy(&b, &ru, 4);
+                kvedge_wire_put32(q + 8 * l, a);
+                kvedge_wire_put32(q + 8 * l + 4, b);
+            }
+            zmsg_append(r->payload, &t);
+        }
+    }
+    if (rc != KVEDGE_OK) {
+        s_req_free(r);
+        return rc;
+    }
+    r->fetch->cbs = *cbs;
+    r->fetch->first_layer = req->first_layer;
+    r->fetch->layers = req->layers;
+    r->stream = true;
+    r->credit = c->credit;
+    r->n_chunks = (uint32_t)req->n;
+    r->ctx = ctx;
+    return s_submit(c, r);
 }

@@ -176,6 +176,86 @@ int kvedge_client_delete(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_
 int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, bool pin,
                       uint32_t *changed);
 
+/* ---------------------------------------------------------------- fetch through a proxy */
+
+/* A planned fetch of layers [first_layer, first_layer + layers) of a context from an edge
+ * proxy (`kvedge proxy`), which picks a source per layer, streams them from several sources
+ * at once and delivers them in layer order (docs/protocol.md, "FETCH"). */
+typedef struct {
+    const char *model_id;            /* the model the chunks were computed with */
+    const kvedge_chunk_id_t *chunks; /* the context's chunk chain */
+    size_t n;                        /* 1 ... 4096 */
+    uint16_t first_layer;
+    uint16_t layers; /* 1 ... 1024 */
+    uint32_t tokens; /* context tokens over all chunks, for pricing; 0 = unknown */
+    /* The decoder's time per layer (t_le,c) and its extra time to compute a layer's context
+     * KV itself, in microseconds, `layers` entries each; both NULL: fetch only (the proxy
+     * prices recomputation as never worth it). */
+    const float *compute_us;
+    const float *recompute_us;
+    int deadline_ms; /* 0 = the client's default */
+} kvedge_fetch_req_t;
+
+#define KVEDGE_FETCH_MAX_SOURCES 32
+#define KVEDGE_FETCH_MAX_LAYERS  1024
+
+typedef struct {
+    char name[64];
+    int kind; /* 0 local, 1 peer, 2 cloud, 3 history (proxy/plan.h kvedge_plan_kind_t) */
+    bool up;
+    double rtt_us;
+    double bw_bytes_per_s;
+} kvedge_fetch_source_t;
+
+/* The proxy's plan, as it sent it before the first block (about 30 KiB). */
+typedef struct {
+    uint32_t nsources;
+    kvedge_fetch_source_t source[KVEDGE_FETCH_MAX_SOURCES];
+    uint32_t layers;
+    uint32_t split; /* m: layers below it were priced "near" (local, peer, history) */
+    double total_us, bound_us, cloud_only_us, recompute_all_us, load_then_compute_us;
+    struct {
+        int source; /* index into source[], -1: compute it locally */
+        int reason; /* proxy/plan.h kvedge_plan_reason_t */
+        double cost_us;
+    } layer[KVEDGE_FETCH_MAX_LAYERS];
+} kvedge_fetch_plan_t;
+
+/* A layer is complete: delivered from source, or not delivered (status KVEDGE_ENOTFOUND: the
+ * caller computes it). */
+typedef struct {
+    uint16_t layer;
+    int source;              /* -1 when nobody delivered it */
+    const char *source_name; /* "" when none; valid during the callback */
+    int reason;              /* kvedge_fetch_reason_t (access/frame.h); kvedge_fetch_reason_name */
+    int status;
+    uint32_t blocks; /* blocks delivered for the layer (chunks x heads) */
+    uint32_t attempts;
+} kvedge_fetch_layer_t;
+
+/* Callbacks run on the client's I/O thread, in stream order: on_plan once, then per layer its
+ * blocks (chunk, head order; data valid during the call) and on_layer; on_done exactly once
+ * when kvedge_client_fetch_async returned 0. Any may be NULL. */
+typedef struct {
+    void (*on_plan)(void *ctx, const kvedge_fetch_plan_t *plan);
+    void (*on_block)(void *ctx, uint16_t layer, uint32_t chunk_index, uint16_t head, int source,
+                     int status, const uint8_t *data, size_t len);
+    void (*on_layer)(void *ctx, const kvedge_fetch_layer_t *layer);
+    void (*on_done)(void *ctx, int status);
+} kvedge_fetch_cbs_t;
+
+/* Starts a FETCH on a proxy; returns at once. Errors: KVEDGE_EINVAL (bad request; compute_us
+ * without recompute_us or the reverse; a time negative or not finite), KVEDGE_ENOMEM,
+ * KVEDGE_EBUSY, KVEDGE_ECLOSED. The stream's own errors come in on_done: KVEDGE_ENOMODEL
+ * (the proxy does not know the model), KVEDGE_ESHAPE (layers outside it), KVEDGE_ETIMEDOUT,
+ * KVEDGE_EPROTO. */
+/* "planned", "fallback:failed", "fallback:missing", "fallback:corrupt", "recompute", "miss",
+ * "miss:deadline"; "?" otherwise. */
+const char *kvedge_fetch_reason_name(int reason);
+
+int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
+                              const kvedge_fetch_cbs_t *cbs, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

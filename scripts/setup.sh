@@ -1,14 +1,34 @@
 #!/usr/bin/env bash
 # Installs every build, test and benchmark dependency of kvedge from Debian packages.
 # Idempotent: when everything is already installed it only checks and returns.
+# --reference also installs what scripts/opt_reference.py needs to regenerate the decoder's
+# test fixtures (Debian's PyTorch and NumPy); builds and tests never need it.
 set -euo pipefail
+
+REFERENCE=0
+for arg in "$@"; do
+    case "$arg" in
+    --reference) REFERENCE=1 ;;
+    -h | --help)
+        echo "usage: $0 [--reference]"
+        exit 0
+        ;;
+    *)
+        echo "setup: unknown option $arg (usage: $0 [--reference])" >&2
+        exit 2
+        ;;
+    esac
+done
 
 PACKAGES=(
     build-essential cmake pkg-config git
     librocksdb-dev libzmq3-dev libczmq-dev liblz4-dev libxxhash-dev libsodium-dev
-    libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev
+    libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev
     redis-server iperf3 clang clang-format
 )
+if [ "$REFERENCE" -eq 1 ]; then
+    PACKAGES+=(python3-torch python3-numpy)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

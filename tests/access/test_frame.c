@@ -304,16 +304,149 @@ static void t_header_equal(const kvedge_wire_header_t *a, const kvedge_wire_head
     assert_int_equal(a->deadline_ms, b->deadline_ms);
 }
 
+/* FETCH: the spec record, the optional times frame, the three stream message kinds and
+ * their records; every reserved byte and range. */
+static void test_fetch_messages(void **state)
+{
+    (void)state;
+    kvedge_wire_fetch_spec_t spec = {.first_layer = 2, .layers = 10, .tokens = 512};
+    strcpy(spec.model_id, "opt-125m");
+    uint8_t sb[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, sb), 0);
+    kvedge_wire_fetch_spec_t back;
+    assert_int_equal(kvedge_wire_fetch_spec_parse(sb, sizeof sb, &back), 0);
+    assert_string_equal(back.model_id, "opt-125m");
+    assert_int_equal(back.first_layer, 2);
+    assert_int_equal(back.layers, 10);
+    assert_int_equal(back.tokens, 512);
+    assert_int_equal(kvedge_wire_fetch_spec_parse(sb, sizeof sb - 1, &back), KVEDGE_EPROTO);
+    uint8_t bad[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+    memcpy(bad, sb, sizeof bad);
+    bad[133] = 1; /* reserved */
+    assert_int_equal(kvedge_wire_fetch_spec_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+    memcpy(bad, sb, sizeof bad);
+    bad[126] = 0, bad[127] = 0; /* zero layers */
+    assert_int_equal(kvedge_wire_fetch_spec_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+    spec.layers = KVEDGE_WIRE_FETCH_MAX_LAYERS + 1;
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, sb), KVEDGE_EINVAL);
+    spec.layers = 10;
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, sb), 0);
+
+    /* The request: spec, N chunk ids, optional per-layer times; credit 1 ... 1024. */
+    uint8_t ids[2 * KVEDGE_CHUNK_ID_BYTES] = {0}, times[10 * 8] = {0};
+    kvedge_wire_frame_t f[3] = {{sb, sizeof sb}, {ids, sizeof ids}, {times, sizeof times}};
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_FETCH, 0, 7, 0, 2, 8, 1000};
+    assert_int_equal(kvedge_wire_validate(&h, f, 2), 0);
+    assert_int_equal(kvedge_wire_validate(&h, f, 3), 0);
+    f[2].len = 8;
+    assert_int_equal(kvedge_wire_validate(&h, f, 3), KVEDGE_EPROTO);
+    f[2].len = sizeof times;
+    h.credit = 0;
+    assert_int_equal(kvedge_wire_validate(&h, f, 2), KVEDGE_EPROTO);
+    h.credit = 8;
+    h.count = 3;
+    assert_int_equal(kvedge_wire_validate(&h, f, 2), KVEDGE_EPROTO);
+
+    /* Stream messages. */
+    kvedge_wire_fetch_block_t b = {3, 7, 1, 11, 0}, bb;
+    uint8_t rb[KVEDGE_WIRE_FETCH_BLOCK_BYTES], blk[4] = {1, 2, 3, 4};
+    kvedge_wire_fetch_block_pack(&b, rb);
+    assert_int_equal(kvedge_wire_fetch_block_parse(rb, sizeof rb, &bb), 0);
+    assert_true(bb.source == 3 && bb.layer == 7 && bb.chunk_index == 1 && bb.head == 11 &&
+                bb.status == 0);
+    kvedge_wire_header_t r = {KVEDGE_WIRE_VERSION,
+                              KVEDGE_OP_FETCH,
+                              KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
+                              7,
+                              0,
+                              1,
+                              0,
+                              0};
+    kvedge_wire_frame_t m[3] = {{rb, sizeof rb}, {blk, sizeof blk}};
+    assert_int_equal(kvedge_wire_validate(&r, m, 2), 0);
+    assert_int_equal(kvedge_wire_validate(&r, m, 1), KVEDGE_EPROTO); /* status 0 needs a block */
+    b.status = KVEDGE_ENOTFOUND;
+    kvedge_wire_fetch_block_pack(&b, rb);
+    assert_int_equal(kvedge_wire_validate(&r, m, 1), 0);
+    b.status = KVEDGE_EIO; /* not a per-head status */
+    kvedge_wire_fetch_block_pack(&b, rb);
+    assert_int_equal(kvedge_wire_validate(&r, m, 1), KVEDGE_EPROTO);
+
+    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_FALLBACK_FAILED, 7, 1, 0, 24, 2}, lb;
+    uint8_t rl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), 0);
+    assert_true(lb.reason == KVEDGE_FETCH_FALLBACK_FAILED && lb.layer == 7 && lb.source == 1 &&
+                lb.status == 0 && lb.heads == 24 && lb.attempts == 2);
+    m[0] = (kvedge_wire_frame_t){rl, sizeof rl};
+    assert_int_equal(kvedge_wire_validate(&r, m, 1), 0);
+    l.source = -1; /* delivered without a source */
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(kvedge_wire_validate(&r, m, 1), KVEDGE_EPROTO);
+    l.status = KVEDGE_ENOTFOUND; /* a miss: fine without one */
+    l.heads = 0;
+    l.reason = KVEDGE_FETCH_MISS;
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(kvedge_wire_validate(&r, m, 1), 0);
+    l.reason = 99;
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(kvedge_wire_validate(&r, m, 1), KVEDGE_EPROTO);
+    assert_string_equal(kvedge_fetch_reason_name(KVEDGE_FETCH_MISS_DEADLINE), "miss:deadline");
+    assert_string_equal(kvedge_fetch_reason_name(0), "?");
+
+    kvedge_wire_fetch_plan_t p = {2, 10, 4, 1.5, 1.0, 3.0, 9.0, 4.0}, pb;
+    uint8_t rp[KVEDGE_WIRE_FETCH_PLAN_BYTES], srcs[2 * KVEDGE_WIRE_FETCH_SOURCE_BYTES],
+        pls[10 * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+    kvedge_wire_fetch_plan_pack(&p, rp);
+    assert_int_equal(kvedge_wire_fetch_plan_parse(rp, sizeof rp, &pb), 0);
+    assert_true(pb.sources == 2 && pb.layers == 10 && pb.split == 4 && pb.total_us == 1.5 &&
+                pb.bound_us == 1.0 && pb.cloud_only_us == 3.0 && pb.recompute_all_us == 9.0 &&
+                pb.load_then_compute_us == 4.0);
+    kvedge_wire_fetch_source_t so = {"cloud1", 2, true, 40000.0f, 1.25e7}, sob;
+    kvedge_wire_fetch_source_pack(&so, srcs);
+    kvedge_wire_fetch_source_pack(&so, srcs + KVEDGE_WIRE_FETCH_SOURCE_BYTES);
+    assert_int_equal(kvedge_wire_fetch_source_parse(srcs, KVEDGE_WIRE_FETCH_SOURCE_BYTES, &sob), 0);
+    assert_string_equal(sob.name, "cloud1");
+    assert_true(sob.up && sob.kind == 2 && sob.bw_bytes_per_s == 1.25e7);
+    for (int i = 0; i < 10; i++) {
+        kvedge_wire_fetch_plan_layer_t pl = {(int16_t)(i % 2), 1, 100.0 * i};
+        kvedge_wire_fetch_plan_layer_pack(&pl, pls + i * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    }
+    m[0] = (kvedge_wire_frame_t){rp, sizeof rp};
+    m[1] = (kvedge_wire_frame_t){srcs, sizeof srcs};
+    m[2] = (kvedge_wire_frame_t){pls, sizeof pls};
+    assert_int_equal(kvedge_wire_validate(&r, m, 3), 0);
+    m[2].len -= KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES; /* fewer layers than it says */
+    assert_int_equal(kvedge_wire_validate(&r, m, 3), KVEDGE_EPROTO);
+    p.split = 11; /* past the layers */
+    kvedge_wire_fetch_plan_pack(&p, rp);
+    assert_int_equal(kvedge_wire_fetch_plan_parse(rp, sizeof rp, &pb), KVEDGE_EPROTO);
+    p.split = 4;
+    p.total_us = -1;
+    kvedge_wire_fetch_plan_pack(&p, rp);
+    assert_int_equal(kvedge_wire_fetch_plan_parse(rp, sizeof rp, &pb), KVEDGE_EPROTO);
+    uint8_t unknown_kind[4] = {9, 0, 0, 0};
+    m[0] = (kvedge_wire_frame_t){unknown_kind, sizeof unknown_kind};
+    assert_int_equal(kvedge_wire_validate(&r, m, 1), KVEDGE_EPROTO);
+    /* END: no payload; neither MORE nor END: refused. */
+    r.flags = KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END;
+    r.count = 25;
+    assert_int_equal(kvedge_wire_validate(&r, m, 0), 0);
+    r.flags = KVEDGE_WIRE_FLAG_REPLY;
+    assert_int_equal(kvedge_wire_validate(&r, m, 0), KVEDGE_EPROTO);
+}
+
 static void test_op_names(void **state)
 {
     (void)state;
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_HELLO), "HELLO");
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_GET_LAYER), "GET_LAYER");
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_MODEL), "MODEL");
-    for (int op = 1; op <= 15; op++)
+    for (int op = 1; op <= 16; op++)
         assert_non_null(kvedge_wire_op_name(op));
+    assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_FETCH), "FETCH");
     assert_null(kvedge_wire_op_name(0));
-    assert_null(kvedge_wire_op_name(16));
+    assert_null(kvedge_wire_op_name(17));
     assert_null(kvedge_wire_op_name(-1));
     assert_null(kvedge_wire_op_name(255));
 }
@@ -622,7 +755,7 @@ static void test_deadline_and_credit(void **state)
 static void test_opcode_and_version(void **state)
 {
     (void)state;
-    const uint8_t unknown[] = {0, 16, 17, 200, 255};
+    const uint8_t unknown[] = {0, 17, 18, 200, 255};
     for (size_t i = 0; i < T_NCASES; i++) {
         const t_case_t *c = &s_cases[i];
         t_msg_t *m = t_build(c, c->count);
@@ -1116,7 +1249,7 @@ static void test_node_info(void **state)
     const size_t reserved[] = {1, 8, 44, 64};
     t_record_errors(t_parse_node_info, buf, sizeof buf, reserved, 4);
     uint8_t bad[KVEDGE_WIRE_NODE_INFO_BYTES];
-    const uint8_t roles[] = {0, 3, 255};
+    const uint8_t roles[] = {0, 4, 255};
     for (size_t i = 0; i < sizeof roles; i++) {
         memcpy(bad, buf, sizeof bad);
         bad[0] = roles[i];
@@ -1185,6 +1318,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_names),
+        cmocka_unit_test(test_fetch_messages),
         cmocka_unit_test(test_header_round_trip),
         cmocka_unit_test(test_header_errors),
         cmocka_unit_test(test_valid_messages),

@@ -253,10 +253,10 @@ static void test_records_roundtrip(void **state)
     buf[2] = 2;
     assert_int_equal(kvedge_master_link_parse(buf, len, &l2), KVEDGE_EPROTO);
 
-    kvedge_master_health_t h = {KVEDGE_HEALTH_SUSPECT, 5, 6}, h2;
+    kvedge_master_health_t h = {KVEDGE_MASTER_HEALTH_SUSPECT, 5, 6}, h2;
     assert_int_equal(kvedge_master_health_pack(&h, buf, &len), 0);
     assert_int_equal(kvedge_master_health_parse(buf, len, &h2), 0);
-    assert_int_equal(h2.state, KVEDGE_HEALTH_SUSPECT);
+    assert_int_equal(h2.state, KVEDGE_MASTER_HEALTH_SUSPECT);
     /* A record under another type's key. */
     assert_int_equal(kvedge_master_link_parse(buf, len, &l2), KVEDGE_EPROTO);
     /* Degenerate inputs. */
@@ -648,13 +648,14 @@ static void test_set_with_master_down_times_out(void **state)
     kvedge_mview_destroy(&v);
 }
 
-static kvedge_health_t s_health_of(kvedge_mview_t *v, const char *id)
+static kvedge_master_health_state_t s_health_of(kvedge_mview_t *v, const char *id)
 {
     kvedge_master_health_t h;
-    return kvedge_mview_health(v, id, &h) == KVEDGE_OK ? h.state : (kvedge_health_t)0;
+    return kvedge_mview_health(v, id, &h) == KVEDGE_OK ? h.state : (kvedge_master_health_state_t)0;
 }
 
-static bool s_wait_health(kvedge_mview_t *v, const char *id, kvedge_health_t want, int ms)
+static bool s_wait_health(kvedge_mview_t *v, const char *id, kvedge_master_health_state_t want,
+                          int ms)
 {
     int64_t t0 = s_now();
     while (s_now() - t0 < ms) {
@@ -676,7 +677,7 @@ static void test_heartbeats_move_health(void **state)
     kvedge_mview_t *v = s_view(fx);
     assert_int_equal(kvedge_mview_heartbeat(v, "edge-1"), 0);
     assert_int_equal(kvedge_mview_heartbeat(v, "bad id"), KVEDGE_EINVAL);
-    assert_true(s_wait_health(v, "edge-1", KVEDGE_HEALTH_UP, 2000));
+    assert_true(s_wait_health(v, "edge-1", KVEDGE_MASTER_HEALTH_UP, 2000));
     uint64_t seq = kvedge_mview_seq(v);
     /* Heartbeats while up publish nothing. */
     for (int i = 0; i < 5; i++) {
@@ -686,16 +687,16 @@ static void test_heartbeats_move_health(void **state)
     assert_int_equal(kvedge_master_seq(fx->master), seq);
     /* Silence: suspect, then down. */
     int64_t t0 = s_now();
-    assert_true(s_wait_health(v, "edge-1", KVEDGE_HEALTH_SUSPECT, 2000));
+    assert_true(s_wait_health(v, "edge-1", KVEDGE_MASTER_HEALTH_SUSPECT, 2000));
     assert_true(s_now() - t0 >= 150);
-    assert_true(s_wait_health(v, "edge-1", KVEDGE_HEALTH_DOWN, 2000));
+    assert_true(s_wait_health(v, "edge-1", KVEDGE_MASTER_HEALTH_DOWN, 2000));
     assert_int_equal(kvedge_mview_seq(v), seq + 2);
     kvedge_master_health_t h;
     assert_int_equal(kvedge_mview_health(v, "edge-1", &h), 0);
     assert_true(h.changed_ms >= h.last_seen_ms);
     /* Back: up again. */
     assert_int_equal(kvedge_mview_heartbeat(v, "edge-1"), 0);
-    assert_true(s_wait_health(v, "edge-1", KVEDGE_HEALTH_UP, 2000));
+    assert_true(s_wait_health(v, "edge-1", KVEDGE_MASTER_HEALTH_UP, 2000));
     /* Health records are the master's: a client may only delete one. */
     uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
     size_t len;
@@ -709,11 +710,11 @@ static void test_heartbeats_move_health(void **state)
     o.heartbeat_id = "proxy-7";
     o.heartbeat_ms = 50;
     kvedge_mview_t *p = s_view_opts(fx, &o);
-    assert_true(s_wait_health(v, "proxy-7", KVEDGE_HEALTH_UP, 2000));
+    assert_true(s_wait_health(v, "proxy-7", KVEDGE_MASTER_HEALTH_UP, 2000));
     zclock_sleep(500); /* longer than suspect_ms: still up while it beats */
-    assert_int_equal(s_health_of(v, "proxy-7"), KVEDGE_HEALTH_UP);
+    assert_int_equal(s_health_of(v, "proxy-7"), KVEDGE_MASTER_HEALTH_UP);
     kvedge_mview_destroy(&p);
-    assert_true(s_wait_health(v, "proxy-7", KVEDGE_HEALTH_DOWN, 3000));
+    assert_true(s_wait_health(v, "proxy-7", KVEDGE_MASTER_HEALTH_DOWN, 3000));
     kvedge_mview_destroy(&v);
 }
 

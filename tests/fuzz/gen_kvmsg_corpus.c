@@ -99,7 +99,7 @@ int main(int argc, char **argv)
     m = s_msg(KVEDGE_KVMSG_SET, "node/cloud-1", 0, NULL, 0);
     s_write(dir, "set-delete", &m);
 
-    kvedge_master_health_t h = {KVEDGE_HEALTH_SUSPECT, 1700000000000ull, 1700000003000ull};
+    kvedge_master_health_t h = {KVEDGE_MASTER_HEALTH_SUSPECT, 1700000000000ull, 1700000003000ull};
     if (kvedge_master_health_pack(&h, rec, &len) != 0)
         return 1;
     m = s_msg(KVEDGE_KVMSG_KVPUB, "health/edge-1", 6, rec, len);

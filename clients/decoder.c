@@ -1,0 +1,792 @@
+/* The reference OPT decoder: fp32 on the CPU with OpenBLAS, Hugging Face OPT semantics
+ * (pre-LayerNorm, learned positions with an offset of 2, ReLU FFN, tied output head). */
+#include "clients/decoder.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/safetensors.h"
+#include "store/error.h"
+
+/* nn.LayerNorm's default, which every OPT checkpoint uses. */
+#define S_LAYER_NORM_EPS 1e-5
+#define S_ERROR_BYTES    256
+/* Longest tensor name we build: prefix, layer index and the longest suffix. */
+#define S_NAME_BYTES 160
+
+typedef struct {
+    const float *ln1_w, *ln1_b; /* self_attn_layer_norm */
+    const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
+    const float *ln2_w, *ln2_b; /* final_layer_norm of the block, before the FFN */
+    const float *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+} s_layer_t;
+
+struct _kvedge_decoder_t {
+    kvedge_decoder_config_t cfg; /* shape, zero until loaded */
+    const float *embed;          /* embed_tokens [vocab][hidden] */
+    const float *pos;            /* embed_positions [max_positions + 2][hidden] */
+    const float *head;           /* output head [vocab][hidden]: embed, or lm_head if stored */
+    const float *lnf_w, *lnf_b;  /* the decoder's final_layer_norm */
+    s_layer_t *layer;            /* [layers] pointers into weights */
+    float **weights;             /* every fp32 weight array, owned */
+    size_t n_weights;            /* entries used in weights */
+    size_t cap_weights;          /* entries allocated in weights */
+    char err[S_ERROR_BYTES];     /* detail of the last load failure */
+};
+
+/* Scratch of one forward pass, grown on demand and reused across layers and steps. */
+typedef struct {
+    float *buf;         /* one allocation holding everything below */
+    size_t cap;         /* floats in buf */
+    float *ln;          /* [n][hidden] normalized input */
+    float *q;           /* [n][hidden] scaled queries */
+    float *k, *v;       /* [n][hidden] new keys and values, token-major */
+    float *attn;        /* [n][hidden] merged attention output, then projections */
+    float *ffn;         /* [n][ffn] */
+    float *scores;      /* [n][m] one head's scores, then probabilities */
+    float *oa, *ob;     /* [n][head_dim] partial outputs over external and local K/V */
+    float *lsea, *lseb; /* [n] their log-sum-exps */
+} s_work_t;
+
+struct _kvedge_decoder_session_t {
+    const kvedge_decoder_t *model; /* not owned */
+    s_work_t work;                 /* forward scratch */
+    bool ready;                    /* a begin succeeded and nothing failed since */
+    uint32_t ctx_len;              /* context tokens */
+    int32_t *ctx_tokens;           /* [ctx_len], for recomputing a MISS layer */
+    float *ctx_k, *ctx_v;          /* [layers][heads][ctx_len][head_dim] context K/V */
+    float *ctx_h;                  /* [ctx_len][hidden] context hidden at ctx_layer's input */
+    uint32_t ctx_layer;            /* layers the context has been run through */
+    float *ctx_tmp_k, *ctx_tmp_v;  /* [heads][ctx_len][head_dim] K/V of a fetched layer rerun */
+    uint32_t loc_len;              /* tokens in the local cache */
+    uint32_t loc_cap;              /* prompt plus max_new */
+    float *loc_k, *loc_v;          /* [layers][heads][loc_cap][head_dim] local K/V */
+    float *x;                      /* [loc_cap][hidden] hidden states of the tokens in flight */
+    float *logits;                 /* [vocab] logits of the last position */
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* Loading                                                                                   */
+
+__attribute__((format(printf, 3, 4))) static int s_fail(kvedge_decoder_t *self, int rc,
+                                                        const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(self->err, sizeof self->err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+kvedge_decoder_t *kvedge_decoder_new(void)
+{
+    return calloc(1, sizeof(kvedge_decoder_t));
+}
+
+static void s_unload(kvedge_decoder_t *self)
+{
+    for (size_t i = self->n_weights; i > 0; i--)
+        free(self->weights[i - 1]);
+    free(self->weights);
+    free(self->layer);
+    char err[S_ERROR_BYTES];
+    memcpy(err, self->err, sizeof err);
+    memset(self, 0, sizeof *self);
+    memcpy(self->err, err, sizeof err);
+}
+
+void kvedge_decoder_destroy(kvedge_decoder_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    s_unload(*self_p);
+    free(*self_p);
+    *self_p = NULL;
+}
+
+const char *kvedge_decoder_error(const kvedge_decoder_t *self)
+{
+    return self ? self->err : "";
+}
+
+const kvedge_decoder_config_t *kvedge_decoder_config(const kvedge_decoder_t *self)
+{
+    return self ? &self->cfg : NULL;
+}
+
+size_t kvedge_decoder_kv_floats(const kvedge_decoder_t *self, uint32_t tokens)
+{
+    return self ? (size_t)self->cfg.heads * tokens * self->cfg.head_dim : 0;
+}
+
+/* Where the file keeps the decoder's tensors: "model.decoder." or "decoder.". */
+typedef struct {
+    const kvedge_safetensors_t *st;
+    const char *prefix;
+} s_names_t;
+
+static const kvedge_safetensors_tensor_t *s_find(const s_names_t *nm, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static const kvedge_safetensors_tensor_t *s_find(const s_names_t *nm, const char *fmt, ...)
+{
+    char suffix[S_NAME_BYTES], name[S_NAME_BYTES + 16];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(suffix, sizeof suffix, fmt, ap);
+    va_end(ap);
+    snprintf(name, sizeof name, "%s%s", nm->prefix, suffix);
+    return kvedge_safetensors_find(nm->st, name);
+}
+
+/* Checks tensor t against the expected shape (d1 == 0: one dimension) and converts it to an
+ * owned fp32 array. */
+static int s_take(kvedge_decoder_t *self, const kvedge_safetensors_tensor_t *t, const char *what,
+                  uint64_t d0, uint64_t d1, const float **out)
+{
+    if (!t)
+        return s_fail(self, KVEDGE_ENOTFOUND, "tensor %s is missing", what);
+    uint32_t ndim = d1 ? 2 : 1;
+    if (t->ndim != ndim || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
+        return s_fail(self, KVEDGE_ESHAPE, "tensor %s: shape [%llu%s%llu] does not fit the config",
+                      t->name, (unsigned long long)(t->ndim ? t->shape[0] : 0),
+                      t->ndim > 1 ? ", " : "", (unsigned long long)(t->ndim > 1 ? t->shape[1] : 0));
+    if (self->n_weights == self->cap_weights) {
+        size_t cap = self->cap_weights ? self->cap_weights * 2 : 32;
+        float **w = realloc(self->weights, cap * sizeof *w);
+        if (!w)
+            return s_fail(self, KVEDGE_ENOMEM, "out of memory");
+        self->weights = w;
+        self->cap_weights = cap;
+    }
+    float *f = malloc((size_t)t->numel * sizeof(float));
+    if (!f)
+        return s_fail(self, KVEDGE_ENOMEM, "out of memory for tensor %s", t->name);
+    kvedge_safetensors_to_f32(t, f, (size_t)t->numel);
+    self->weights[self->n_weights++] = f;
+    *out = f;
+    return KVEDGE_OK;
+}
+
+/* Reads a positive count from __metadata__; 0 when absent, -1 when malformed. */
+static long s_meta_count(const kvedge_safetensors_t *st, const char *key)
+{
+    const char *s = kvedge_safetensors_metadata(st, key);
+    if (!s)
+        return 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return (*s && *end == '\0' && v > 0 && v <= 65536) ? v : -1;
+}
+
+/* Derives the config from the tensors (and heads from the caller or metadata). */
+static int s_config(kvedge_decoder_t *self, const s_names_t *nm, uint32_t heads)
+{
+    kvedge_decoder_config_t *c = &self->cfg;
+    const kvedge_safetensors_tensor_t *emb = s_find(nm, "embed_tokens.weight");
+    const kvedge_safetensors_tensor_t *pos = s_find(nm, "embed_positions.weight");
+    if (!emb || !pos)
+        return s_fail(self, KVEDGE_ENOTFOUND, "tensor %sembed_%s.weight is missing", nm->prefix,
+                      emb ? "positions" : "tokens");
+    if (emb->ndim != 2 || emb->shape[0] == 0 || emb->shape[1] == 0 || emb->shape[0] > INT32_MAX ||
+        emb->shape[1] > UINT32_MAX)
+        return s_fail(self, KVEDGE_ESHAPE, "tensor %s is not [vocab][hidden]", emb->name);
+    c->vocab = (uint32_t)emb->shape[0];
+    c->hidden = (uint32_t)emb->shape[1];
+    if (pos->ndim != 2 || pos->shape[0] <= KVEDGE_DECODER_POSITION_OFFSET ||
+        pos->shape[0] > UINT32_MAX)
+        return s_fail(self, KVEDGE_ESHAPE, "tensor %s is not [max_positions + 2][hidden]",
+                      pos->name);
+    c->max_positions = (uint32_t)(pos->shape[0] - KVEDGE_DECODER_POSITION_OFFSET);
+    if (s_find(nm, "project_in.weight") || s_find(nm, "project_out.weight"))
+        return s_fail(self, KVEDGE_EINVAL, "OPT with project_in/out (OPT-350m) is not supported");
+    const char *pre = kvedge_safetensors_metadata(nm->st, "do_layer_norm_before");
+    const char *act = kvedge_safetensors_metadata(nm->st, "activation_function");
+    if ((pre && strcmp(pre, "true") != 0 && strcmp(pre, "True") != 0 && strcmp(pre, "1") != 0) ||
+        (act && strcmp(act, "relu") != 0))
+        return s_fail(self, KVEDGE_EINVAL, "only pre-LayerNorm OPT with ReLU is supported");
+
+    while (c->layers < 100000 && s_find(nm, "layers.%u.self_attn.q_proj.weight", c->layers))
+        c->layers++;
+    if (c->layers == 0)
+        return s_fail(self, KVEDGE_ENOTFOUND,
+                      "tensor %slayers.0.self_attn.q_proj.weight is missing", nm->prefix);
+    const kvedge_safetensors_tensor_t *fc1 = s_find(nm, "layers.0.fc1.weight");
+    if (!fc1)
+        return s_fail(self, KVEDGE_ENOTFOUND, "tensor %slayers.0.fc1.weight is missing",
+                      nm->prefix);
+    if (fc1->ndim != 2 || fc1->shape[0] == 0 || fc1->shape[0] > UINT32_MAX)
+        return s_fail(self, KVEDGE_ESHAPE, "tensor %s is not [ffn][hidden]", fc1->name);
+    c->ffn = (uint32_t)fc1->shape[0];
+
+    long mh = s_meta_count(nm->st, "num_attention_heads");
+    if (mh < 0)
+        return s_fail(self, KVEDGE_ESHAPE, "__metadata__ num_attention_heads is not a count");
+    if (heads)
+        c->heads = heads;
+    else if (mh)
+        c->heads = (uint32_t)mh;
+    else
+        c->heads = c->hidden / KVEDGE_DECODER_HEAD_DIM_DEFAULT;
+    if (c->heads == 0 || c->hidden % c->heads != 0)
+        return s_fail(self, KVEDGE_ESHAPE, "%u heads do not divide hidden size %u", c->heads,
+                      c->hidden);
+    c->head_dim = c->hidden / c->heads;
+    return KVEDGE_OK;
+}
+
+int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads)
+{
+    if (!self || !path)
+        return KVEDGE_EINVAL;
+    if (self->layer)
+        return s_fail(self, KVEDGE_EINVAL, "model already loaded");
+    self->err[0] = '\0';
+    kvedge_safetensors_t *st = kvedge_safetensors_new();
+    if (!st)
+        return s_fail(self, KVEDGE_ENOMEM, "out of memory");
+    int rc = kvedge_safetensors_open(st, path);
+    if (rc != KVEDGE_OK) {
+        s_fail(self, rc, "%s", kvedge_safetensors_error(st));
+        kvedge_safetensors_destroy(&st);
+        return rc;
+    }
+    /* HF checkpoints of OPTForCausalLM say "model.decoder.", those of OPTModel "decoder.". */
+    s_names_t nm = {st, "model.decoder."};
+    if (!s_find(&nm, "embed_tokens.weight"))
+        nm.prefix = "decoder.";
+
+    rc = s_config(self, &nm, heads);
+    const kvedge_decoder_config_t c = self->cfg;
+    if (rc == KVEDGE_OK) {
+        self->layer = calloc(c.layers, sizeof *self->layer);
+        rc = self->layer ? KVEDGE_OK : s_fail(self, KVEDGE_ENOMEM, "out of memory");
+    }
+#define S_TAKE(ptr, d0, d1, ...)                                                                   \
+    do {                                                                                           \
+        if (rc == KVEDGE_OK) {                                                                     \
+            char what_[S_NAME_BYTES + 16];                                                         \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                            \
+            const kvedge_safetensors_tensor_t *t_ = kvedge_safetensors_find(st, what_);            \
+            rc = s_take(self, t_, what_, (d0), (d1), &(ptr));                                      \
+        }                                                                                          \
+    } while (0)
+    S_TAKE(self->embed, c.vocab, c.hidden, "%sembed_tokens.weight", nm.prefix);
+    S_TAKE(self->pos, (uint64_t)c.max_positions + KVEDGE_DECODER_POSITION_OFFSET, c.hidden,
+           "%sembed_positions.weight", nm.prefix);
+    S_TAKE(self->lnf_w, c.hidden, 0, "%sfinal_layer_norm.weight", nm.prefix);
+    S_TAKE(self->lnf_b, c.hidden, 0, "%sfinal_layer_norm.bias", nm.prefix);
+    for (uint32_t l = 0; rc == KVEDGE_OK && l < c.layers; l++) {
+        s_layer_t *L = &self->layer[l];
+        const char *p = nm.prefix;
+        S_TAKE(L->ln1_w, c.hidden, 0, "%slayers.%u.self_attn_layer_norm.weight", p, l);
+        S_TAKE(L->ln1_b, c.hidden, 0, "%slayers.%u.self_attn_layer_norm.bias", p, l);
+        S_TAKE(L->wq, c.hidden, c.hidden, "%slayers.%u.self_attn.q_proj.weight", p, l);
+        S_TAKE(L->bq, c.hidden, 0, "%slayers.%u.self_attn.q_proj.bias", p, l);
+        S_TAKE(L->wk, c.hidden, c.hidden, "%slayers.%u.self_attn.k_proj.weight", p, l);
+        S_TAKE(L->bk, c.hidden, 0, "%slayers.%u.self_attn.k_proj.bias", p, l);
+        S_TAKE(L->wv, c.hidden, c.hidden, "%slayers.%u.self_attn.v_proj.weight", p, l);
+        S_TAKE(L->bv, c.hidden, 0, "%slayers.%u.self_attn.v_proj.bias", p, l);
+        S_TAKE(L->wo, c.hidden, c.hidden, "%slayers.%u.self_attn.out_proj.weight", p, l);
+        S_TAKE(L->bo, c.hidden, 0, "%slayers.%u.self_attn.out_proj.bias", p, l);
+        S_TAKE(L->ln2_w, c.hidden, 0, "%slayers.%u.final_layer_norm.weight", p, l);
+        S_TAKE(L->ln2_b, c.hidden, 0, "%slayers.%u.final_layer_norm.bias", p, l);
+        S_TAKE(L->fc1_w, c.ffn, c.hidden, "%slayers.%u.fc1.weight", p, l);
+        S_TAKE(L->fc1_b, c.ffn, 0, "%slayers.%u.fc1.bias", p, l);
+        S_TAKE(L->fc2_w, c.hidden, c.ffn, "%slayers.%u.fc2.weight", p, l);
+        S_TAKE(L->fc2_b, c.hidden, 0, "%slayers.%u.fc2.bias", p, l);
+    }
+    /* The head is tied to embed_tokens; some checkpoints also store it as lm_head.weight. */
+    self->head = self->embed;
+    if (rc == KVEDGE_OK && kvedge_safetensors_find(st, "lm_head.weight"))
+        S_TAKE(self->head, c.vocab, c.hidden, "lm_head.weight");
+#undef S_TAKE
+    kvedge_safetensors_destroy(&st);
+    if (rc != KVEDGE_OK)
+        s_unload(self);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Layer math                                                                                */
+
+/* y[n][out] = x[n][in] W^T + b, with W [out][in] as nn.Linear stores it. */
+static void s_linear(const float *x, uint32_t n, uint32_t in, const float *w, const float *b,
+                     uint32_t out, float *y)
+{
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(y + (size_t)i * out, b, out * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, x,
+                (int)in, w, (int)in, 1.0f, y, (int)out);
+}
+
+/* nn.LayerNorm over rows of width d; statistics in double so the result does not depend on
+ * the order of summation. */
+static void s_layer_norm(const float *x, uint32_t n, uint32_t d, const float *w, const float *b,
+                         float *y)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const float *xr = x + (size_t)i * d;
+        float *yr = y + (size_t)i * d;
+        double mean = 0, var = 0;
+        for (uint32_t j = 0; j < d; j++)
+            mean += xr[j];
+        mean /= d;
+        for (uint32_t j = 0; j < d; j++)
+            var += (xr[j] - mean) * (xr[j] - mean);
+        var /= d;
+        const double inv = 1.0 / sqrt(var + S_LAYER_NORM_EPS);
+        for (uint32_t j = 0; j < d; j++)
+            yr[j] = (float)((xr[j] - mean) * inv) * w[j] + b[j];
+    }
+}
+
+/* ---- Attention seam ----------------------------------------------------------------------
+ * The two functions below are the whole of attention: one partial attention with its
+ * log-sum-exp, and the exact merge of two partials. The GPU/CPU kernels in gpu/ take over this
+ * contract; until then these are the reference. */
+
+/* One head: n queries (rows of q, stride ldq, already scaled by head_dim^-0.5) over m keys and
+ * values (k, v: [m][hd] contiguous). Query i sees keys [0, min(m, visible0 + i)): visible0 = m
+ * for a fully visible context, past + 1 for causal attention over a cache that holds past
+ * earlier tokens. Writes o [n][hd] (normalized) and lse [n] (natural log of the sum of
+ * exp(score); -inf and o = 0 where no key is visible). scores holds n * m floats. */
+static void s_attn_partial(const float *q, size_t ldq, uint32_t n, const float *k, const float *v,
+                           uint32_t m, uint32_t hd, uint32_t visible0, float *scores, float *o,
+                           float *lse)
+{
+    if (m == 0) {
+        memset(o, 0, (size_t)n * hd * sizeof(float));
+        for (uint32_t i = 0; i < n; i++)
+            lse[i] = -INFINITY;
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, 1.0f, q, (int)ldq,
+                k, (int)hd, 0.0f, scores, (int)m);
+    for (uint32_t i = 0; i < n; i++) {
+        float *s = scores + (size_t)i * m;
+        uint64_t vis64 = (uint64_t)visible0 + i;
+        uint32_t vis = vis64 < m ? (uint32_t)vis64 : m;
+        if (vis == 0) {
+            memset(s, 0, (size_t)m * sizeof(float));
+            lse[i] = -INFINITY;
+            continue;
+        }
+        float mx = s[0];
+        for (uint32_t j = 1; j < vis; j++)
+            mx = s[j] > mx ? s[j] : mx;
+        float sum = 0;
+        for (uint32_t j = 0; j < vis; j++) {
+            s[j] = expf(s[j] - mx);
+            sum += s[j];
+        }
+        const float inv = 1.0f / sum;
+        for (uint32_t j = 0; j < vis; j++)
+            s[j] *= inv;
+        for (uint32_t j = vis; j < m; j++)
+            s[j] = 0;
+        lse[i] = mx + logf(sum);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)hd, (int)m, 1.0f, scores,
+                (int)m, v, (int)hd, 0.0f, o, (int)hd);
+}
+
+/* Merges two partial attentions of the same queries into out (rows of stride ldo): with
+ * w_x = exp(lse_x - max), O = (w_a O_a + w_b O_b) / (w_a + w_b), which equals attention over
+ * the concatenation of both key sets (EdgePrompt's a_cloud A_cloud + a_edge A_edge). */
+static void s_attn_merge(const float *oa, const float *lsea, const float *ob, const float *lseb,
+                         uint32_t n, uint32_t hd, float *out, size_t ldo)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const float *a = oa + (size_t)i * hd, *b = ob + (size_t)i * hd;
+        float *y = out + (size_t)i * ldo;
+        if (lsea[i] == -INFINITY || lseb[i] == -INFINITY) {
+            memcpy(y, lsea[i] == -INFINITY ? b : a, hd * sizeof(float));
+            continue;
+        }
+        const float mx = lsea[i] > lseb[i] ? lsea[i] : lseb[i];
+        const float wa = expf(lsea[i] - mx), wb = expf(lseb[i] - mx);
+        const float inv = 1.0f / (wa + wb);
+        for (uint32_t j = 0; j < hd; j++)
+            y[j] = (wa * a[j] + wb * b[j]) * inv;
+    }
+}
+/* ---- end of the attention seam ---------------------------------------------------------- */
+
+/* Makes room for a pass of n tokens whose attention spans at most m keys per partial. */
+static int s_work_reserve(s_work_t *w, const kvedge_decoder_config_t *c, uint32_t n, uint32_t m)
+{
+    const size_t H = c->hidden, hd = c->head_dim;
+    const size_t need = (size_t)n * (5 * H + c->ffn + (size_t)m + 2 * hd + 2);
+    if (need > w->cap) {
+        float *b = realloc(w->buf, need * sizeof(float));
+        if (!b)
+            return KVEDGE_ENOMEM;
+        w->buf = b;
+        w->cap = need;
+    }
+    float *p = w->buf;
+    w->ln = p, p += (size_t)n * H;
+    w->q = p, p += (size_t)n * H;
+    w->k = p, p += (size_t)n * H;
+    w->v = p, p += (size_t)n * H;
+    w->attn = p, p += (size_t)n * H;
+    w->ffn = p, p += (size_t)n * c->ffn;
+    w->scores = p, p += (size_t)n * m;
+    w->oa = p, p += (size_t)n * hd;
+    w->ob = p, p += (size_t)n * hd;
+    w->lsea = p, p += n;
+    w->lseb = p;
+    return KVEDGE_OK;
+}
+
+/* K/V of one layer in [heads][stride][head_dim]; tokens [0, len) are valid. */
+typedef struct {
+    float *k, *v;
+    uint32_t len, stride;
+} s_kv_t;
+
+/* Runs layer l on the hidden states x [n][hidden] in place. The n tokens attend to all of ext
+ * (context K/V, may be empty) and causally to loc, whose first loc->len tokens are earlier
+ * local tokens; their own K/V is written to loc at loc->len .. loc->len + n - 1 (loc->len is
+ * left for the caller to advance once every layer has run). */
+static int s_layer_forward(const kvedge_decoder_t *md, uint32_t l, float *x, uint32_t n,
+                           const s_kv_t *ext, const s_kv_t *loc, s_work_t *w)
+{
+    const kvedge_decoder_config_t *c = &md->cfg;
+    const s_layer_t *L = &md->layer[l];
+    const uint32_t H = c->hidden, hd = c->head_dim;
+    const uint32_t span = loc->len + n;
+    const uint32_t m = ext->len > span ? ext->len : span;
+    if (s_work_reserve(w, c, n, m) != KVEDGE_OK)
+        return KVEDGE_ENOMEM;
+
+    s_layer_norm(x, n, H, L->ln1_w, L->ln1_b, w->ln);
+    s_linear(w->ln, n, H, L->wq, L->bq, H, w->q);
+    s_linear(w->ln, n, H, L->wk, L->bk, H, w->k);
+    s_linear(w->ln, n, H, L->wv, L->bv, H, w->v);
+    /* HF scales q after its bias: q_proj(x) * head_dim^-0.5. */
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (size_t i = 0; i < (size_t)n * H; i++)
+        w->q[i] *= scale;
+    for (uint32_t h = 0; h < c->heads; h++)
+        for (uint32_t i = 0; i < n; i++) {
+            size_t dst = ((size_t)h * loc->stride + loc->len + i) * hd;
+            memcpy(loc->k + dst, w->k + (size_t)i * H + (size_t)h * hd, hd * sizeof(float));
+            memcpy(loc->v + dst, w->v + (size_t)i * H + (size_t)h * hd, hd * sizeof(float));
+        }
+
+    for (uint32_t h = 0; h < c->heads; h++) {
+        const float *qh = w->q + (size_t)h * hd;
+        const size_t lo = (size_t)h * loc->stride * hd;
+        if (ext->len == 0) {
+            s_attn_partial(qh, H, n, loc->k + lo, loc->v + lo, span, hd, loc->len + 1, w->scores,
+                           w->ob, w->lseb);
+            for (uint32_t i = 0; i < n; i++)
+                memcpy(w->attn + (size_t)i * H + (size_t)h * hd, w->ob + (size_t)i * hd,
+                       hd * sizeof(float));
+            continue;
+        }
+        const size_t eo = (size_t)h * ext->stride * hd;
+        s_attn_partial(qh, H, n, ext->k + eo, ext->v + eo, ext->len, hd, ext->len, w->scores, w->oa,
+                       w->lsea);
+        s_attn_partial(qh, H, n, loc->k + lo, loc->v + lo, span, hd, loc->len + 1, w->scores, w->ob,
+                       w->lseb);
+        s_attn_merge(w->oa, w->lsea, w->ob, w->lseb, n, hd, w->attn + (size_t)h * hd, H);
+    }
+
+    /* Residual adds go through the projection's output buffer: out = attn Wo^T + bo. */
+    s_linear(w->attn, n, H, L->wo, L->bo, H, w->q);
+    for (size_t i = 0; i < (size_t)n * H; i++)
+        x[i] += w->q[i];
+    s_layer_norm(x, n, H, L->ln2_w, L->ln2_b, w->ln);
+    s_linear(w->ln, n, H, L->fc1_w, L->fc1_b, c->ffn, w->ffn);
+    for (size_t i = 0; i < (size_t)n * c->ffn; i++)
+        w->ffn[i] = w->ffn[i] > 0 ? w->ffn[i] : 0;
+    s_linear(w->ffn, n, c->ffn, L->fc2_w, L->fc2_b, H, w->q);
+    for (size_t i = 0; i < (size_t)n * H; i++)
+        x[i] += w->q[i];
+    return KVEDGE_OK;
+}
+
+static bool s_tokens_ok(const kvedge_decoder_config_t *c, const int32_t *t, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (t[i] < 0 || (uint32_t)t[i] >= c->vocab)
+            return false;
+    return true;
+}
+
+/* x [n][hidden] = embed_tokens[t] + embed_positions[pos0 + i + 2]. */
+static void s_embed(const kvedge_decoder_t *md, const int32_t *t, uint32_t n, uint32_t pos0,
+                    float *x)
+{
+    const uint32_t H = md->cfg.hidden;
+    for (uint32_t i = 0; i < n; i++) {
+        const float *e = md->embed + (size_t)t[i] * H;
+        const float *p = md->pos + ((size_t)pos0 + i + KVEDGE_DECODER_POSITION_OFFSET) * H;
+        for (uint32_t j = 0; j < H; j++)
+            x[(size_t)i * H + j] = e[j] + p[j];
+    }
+}
+
+/* Final LayerNorm of one hidden row, then the tied head. scratch holds hidden floats. */
+static void s_logits(const kvedge_decoder_t *md, const float *xrow, float *scratch, float *logits)
+{
+    const kvedge_decoder_config_t *c = &md->cfg;
+    s_layer_norm(xrow, 1, c->hidden, md->lnf_w, md->lnf_b, scratch);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)c->vocab, (int)c->hidden, 1.0f, md->head,
+                (int)c->hidden, scratch, 1, 0.0f, logits, 1);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Prefill                                                                                   */
+
+int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
+                           float *logits, float *k_out, float *v_out)
+{
+    if (!self || !self->layer || !tokens || n == 0 || (!k_out != !v_out))
+        return KVEDGE_EINVAL;
+    const kvedge_decoder_config_t *c = &self->cfg;
+    if (n > c->max_positions)
+        return KVEDGE_ETOOBIG;
+    if (!s_tokens_ok(c, tokens, n))
+        return KVEDGE_EINVAL;
+    const size_t kvf = kvedge_decoder_kv_floats(self, n);
+    float *x = malloc((size_t)n * c->hidden * sizeof(float));
+    float *tmp = k_out ? NULL : malloc(2 * kvf * sizeof(float));
+    s_work_t w = {0};
+    int rc = (x && (k_out || tmp)) ? KVEDGE_OK : KVEDGE_ENOMEM;
+    if (rc == KVEDGE_OK) {
+        s_embed(self, tokens, n, 0, x);
+        const s_kv_t none = {0};
+        for (uint32_t l = 0; rc == KVEDGE_OK && l < c->layers; l++) {
+            s_kv_t loc = {k_out ? k_out + l * kvf : tmp, v_out ? v_out + l * kvf : tmp + kvf, 0, n};
+            rc = s_layer_forward(self, l, x, n, &none, &loc, &w);
+        }
+    }
+    if (rc == KVEDGE_OK && logits)
+        s_logits(self, x + (size_t)(n - 1) * c->hidden, w.ln, logits);
+    free(w.buf);
+    free(tmp);
+    free(x);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Decode sessions                                                                           */
+
+kvedge_decoder_session_t *kvedge_decoder_session_new(const kvedge_decoder_t *model)
+{
+    if (!model || !model->layer)
+        return NULL;
+    kvedge_decoder_session_t *self = calloc(1, sizeof *self);
+    if (!self)
+        return NULL;
+    self->model = model;
+    self->logits = malloc(model->cfg.vocab * sizeof(float));
+    if (!self->logits)
+        free(self), self = NULL;
+    return self;
+}
+
+/* Frees the per-decode buffers; the session can be begun again. */
+static void s_session_clear(kvedge_decoder_session_t *self)
+{
+    free(self->x);
+    free(self->loc_v);
+    free(self->loc_k);
+    free(self->ctx_tmp_v);
+    free(self->ctx_tmp_k);
+    free(self->ctx_h);
+    free(self->ctx_v);
+    free(self->ctx_k);
+    free(self->ctx_tokens);
+    self->x = self->loc_v = self->loc_k = NULL;
+    self->ctx_tmp_v = self->ctx_tmp_k = self->ctx_h = self->ctx_v = self->ctx_k = NULL;
+    self->ctx_tokens = NULL;
+    self->ctx_len = self->ctx_layer = self->loc_len = self->loc_cap = 0;
+    self->ready = false;
+}
+
+void kvedge_decoder_session_destroy(kvedge_decoder_session_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kvedge_decoder_session_t *self = *self_p;
+    s_session_clear(self);
+    free(self->work.buf);
+    free(self->logits);
+    free(self);
+    *self_p = NULL;
+}
+
+/* Runs the context's hidden state forward until layer l has run, leaving layer l's K/V in the
+ * context cache. Layers before l that were fetched are rerun only for their hidden output;
+ * their recomputed K/V goes to a scratch pair so the fetched copy stays in use. */
+static int s_ctx_advance(kvedge_decoder_session_t *self, uint32_t l)
+{
+    const kvedge_decoder_t *md = self->model;
+    const size_t kvf = kvedge_decoder_kv_floats(md, self->ctx_len);
+    if (!self->ctx_h) {
+        self->ctx_h = malloc((size_t)self->ctx_len * md->cfg.hidden * sizeof(float));
+        if (!self->ctx_h)
+            return KVEDGE_ENOMEM;
+        s_embed(md, self->ctx_tokens, self->ctx_len, 0, self->ctx_h);
+        self->ctx_layer = 0;
+    }
+    const s_kv_t none = {0};
+    while (self->ctx_layer <= l) {
+        const uint32_t j = self->ctx_layer;
+        s_kv_t loc = {self->ctx_k + j * kvf, self->ctx_v + j * kvf, 0, self->ctx_len};
+        if (j < l) {
+            if (!self->ctx_tmp_k) {
+                self->ctx_tmp_k = malloc(kvf * sizeof(float));
+                self->ctx_tmp_v = malloc(kvf * sizeof(float));
+                if (!self->ctx_tmp_k || !self->ctx_tmp_v)
+                    return KVEDGE_ENOMEM;
+            }
+            loc.k = self->ctx_tmp_k;
+            loc.v = self->ctx_tmp_v;
+        }
+        int rc = s_layer_forward(md, j, self->ctx_h, self->ctx_len, &none, &loc, &self->work);
+        if (rc != KVEDGE_OK)
+            return rc;
+        self->ctx_layer++;
+    }
+    return KVEDGE_OK;
+}
+
+/* Runs n local tokens (already embedded in self->x) through every layer, fetching or
+ * recomputing context K/V on the way when provider is set, then writes the logits. */
+static int s_session_run(kvedge_decoder_session_t *self, uint32_t n, kvedge_decoder_kv_fn provider,
+                         void *arg)
+{
+    const kvedge_decoder_t *md = self->model;
+    const size_t ckvf = kvedge_decoder_kv_floats(md, self->ctx_len);
+    const size_t lkvf = kvedge_decoder_kv_floats(md, self->loc_cap);
+    for (uint32_t l = 0; l < md->cfg.layers; l++) {
+        float *ck = self->ctx_k ? self->ctx_k + l * ckvf : NULL;
+        float *cv = self->ctx_v ? self->ctx_v + l * ckvf : NULL;
+        if (provider && self->ctx_len) {
+            int rc = provider(arg, l, ck, cv);
+            if (rc == KVEDGE_DECODER_MISS)
+                rc = s_ctx_advance(self, l);
+            else if (rc > 0)
+                rc = KVEDGE_EINVAL; /* a provider must say 0, MISS or an error */
+            if (rc != KVEDGE_OK)
+                return rc;
+        }
+        const s_kv_t ext = {ck, cv, self->ctx_len, self->ctx_len};
+        const s_kv_t loc = {self->loc_k + l * lkvf, self->loc_v + l * lkvf, self->loc_len,
+                            self->loc_cap};
+        int rc = s_layer_forward(md, l, self->x, n, &ext, &loc, &self->work);
+        if (rc != KVEDGE_OK)
+            return rc;
+    }
+    self->loc_len += n;
+    s_logits(md, self->x + (size_t)(n - 1) * md->cfg.hidden, self->work.ln, self->logits);
+    return KVEDGE_OK;
+}
+
+int kvedge_decoder_session_begin(kvedge_decoder_session_t *self, const int32_t *ctx_tokens,
+                                 uint32_t ctx_len, kvedge_decoder_kv_fn provider, void *arg,
+                                 const int32_t *prompt, uint32_t prompt_len, uint32_t max_new,
+                                 float *logits)
+{
+    if (!self)
+        return KVEDGE_EINVAL;
+    s_session_clear(self);
+    const kvedge_decoder_t *md = self->model;
+    const kvedge_decoder_config_t *c = &md->cfg;
+    if (!prompt || prompt_len == 0 || (ctx_len && (!ctx_tokens || !provider)))
+        return KVEDGE_EINVAL;
+    if ((uint64_t)ctx_len + prompt_len + max_new > c->max_positions)
+        return KVEDGE_ETOOBIG;
+    if (!s_tokens_ok(c, ctx_tokens, ctx_len) || !s_tokens_ok(c, prompt, prompt_len))
+        return KVEDGE_EINVAL;
+
+    self->ctx_len = ctx_len;
+    self->loc_cap = prompt_len + max_new;
+    const size_t ckv = c->layers * kvedge_decoder_kv_floats(md, ctx_len);
+    const size_t lkv = c->layers * kvedge_decoder_kv_floats(md, self->loc_cap);
+    self->ctx_tokens = malloc((ctx_len ? ctx_len : 1) * sizeof(int32_t));
+    self->ctx_k = malloc((ckv ? ckv : 1) * sizeof(float));
+    self->ctx_v = malloc((ckv ? ckv : 1) * sizeof(float));
+    self->loc_k = malloc(lkv * sizeof(float));
+    self->loc_v = malloc(lkv * sizeof(float));
+    self->x = malloc((size_t)self->loc_cap * c->hidden * sizeof(float));
+    if (!self->ctx_tokens || !self->ctx_k || !self->ctx_v || !self->loc_k || !self->loc_v ||
+        !self->x) {
+        s_session_clear(self);
+        return KVEDGE_ENOMEM;
+    }
+    if (ctx_len)
+        memcpy(self->ctx_tokens, ctx_tokens, ctx_len * sizeof(int32_t));
+
+    s_embed(md, prompt, prompt_len, ctx_len, self->x);
+    int rc = s_session_run(self, prompt_len, provider, arg);
+    if (rc != KVEDGE_OK) {
+        s_session_clear(self);
+        return rc;
+    }
+    /* The context's hidden state is only needed while a layer may still MISS. */
+    free(self->ctx_h);
+    free(self->ctx_tmp_k);
+    free(self->ctx_tmp_v);
+    self->ctx_h = self->ctx_tmp_k = self->ctx_tmp_v = NULL;
+    self->ready = true;
+    if (logits)
+        memcpy(logits, self->logits, c->vocab * sizeof(float));
+    return KVEDGE_OK;
+}
+
+int kvedge_decoder_session_step(kvedge_decoder_session_t *self, int32_t token, float *logits)
+{
+    if (!self || !self->ready || !s_tokens_ok(&self->model->cfg, &token, 1))
+        return KVEDGE_EINVAL;
+    if (self->loc_len >= self->loc_cap)
+        return KVEDGE_ENOSPACE;
+    s_embed(self->model, &token, 1, self->ctx_len + self->loc_len, self->x);
+    int rc = s_session_run(self, 1, NULL, NULL);
+    if (rc != KVEDGE_OK) {
+        self->ready = false;
+        return rc;
+    }
+    if (logits)
+        memcpy(logits, self->logits, self->model->cfg.vocab * sizeof(float));
+    return KVEDGE_OK;
+}
+
+int kvedge_decoder_session_generate(kvedge_decoder_session_t *self, uint32_t n, int32_t *tokens)
+{
+    if (!self || !self->ready || (n && !tokens))
+        return KVEDGE_EINVAL;
+    for (uint32_t i = 0; i < n; i++) {
+        const float *lg = self->logits;
+        uint32_t best = 0;
+        for (uint32_t j = 1; j < self->model->cfg.vocab; j++)
+            if (lg[j] > lg[best])
+                best = j;
+        tokens[i] = (int32_t)best;
+        int rc = kvedge_decoder_session_step(self, tokens[i], NULL);
+        if (rc != KVEDGE_OK)
+            return rc;
+    }
+    return KVEDGE_OK;
+}
+
+const float *kvedge_decoder_session_logits(const kvedge_decoder_session_t *self)
+{
+    return self && self->ready ? self->logits : NULL;
+}
+
+uint32_t kvedge_decoder_session_local_tokens(const kvedge_decoder_session_t *self)
+{
+    return self ? self->loc_len : 0;
+}

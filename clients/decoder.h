@@ -1,0 +1,126 @@
+/* The reference decoder: a CPU, fp32 implementation of the OPT architecture (Hugging Face OPT
+ * with do_layer_norm_before, as OPT-125m and OPT-1.3B) that prefills a shared context into
+ * per-layer K/V and decodes a local prompt on top of context K/V it is handed layer by layer.
+ * docs/decoder.md has the model details and the tolerances the tests hold it to. */
+#ifndef KVEDGE_CLIENTS_DECODER_H
+#define KVEDGE_CLIENTS_DECODER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Head size every released OPT model uses; the default when a file names no head count. */
+#define KVEDGE_DECODER_HEAD_DIM_DEFAULT 64
+/* HF's OPTLearnedPositionalEmbedding: position p reads row p + 2 of embed_positions. */
+#define KVEDGE_DECODER_POSITION_OFFSET 2
+/* Returned by a kvedge_decoder_kv_fn for a layer the decoder must compute itself. */
+#define KVEDGE_DECODER_MISS 1
+
+/* The shape of a loaded model, derived from its tensors. */
+typedef struct {
+    uint32_t layers;
+    uint32_t heads;
+    uint32_t head_dim;      /* hidden / heads */
+    uint32_t hidden;        /* embedding and residual width */
+    uint32_t ffn;           /* fc1 output width */
+    uint32_t vocab;         /* rows of embed_tokens, and logits per position */
+    uint32_t max_positions; /* rows of embed_positions minus the offset of 2 */
+} kvedge_decoder_config_t;
+
+typedef struct _kvedge_decoder_t kvedge_decoder_t;
+typedef struct _kvedge_decoder_session_t kvedge_decoder_session_t;
+
+/* Provides the context's K and V of one layer. Called for layer l (0, 1, ... in order, once
+ * each) right before layer l runs, so a pipelined loader may block in it until layer l is
+ * resident. k and v each hold heads * ctx_tokens * head_dim floats, laid out
+ * [heads][ctx_tokens][head_dim]; the callback fills both and returns 0. It returns
+ * KVEDGE_DECODER_MISS when it has no copy of the layer or the plan says to compute it locally
+ * (k and v are then left to the decoder), or a negative KVEDGE_E* code, which aborts the decode
+ * with that code. The buffers belong to the session; they are not to be kept. */
+typedef int (*kvedge_decoder_kv_fn)(void *arg, uint32_t layer, float *k, float *v);
+
+/* Allocates an empty model; NULL when out of memory. Caller owns the return value. */
+kvedge_decoder_t *kvedge_decoder_new(void);
+
+/* Frees the model and its weights. Sessions of the model must be destroyed first. NULL-safe;
+ * nulls *self_p. */
+void kvedge_decoder_destroy(kvedge_decoder_t **self_p);
+
+/* Loads OPT weights from a safetensors file with the Hugging Face names (with or without the
+ * leading "model."), converting F16/BF16 to fp32. Sizes come from the tensors; the head count
+ * is heads when non-zero, else __metadata__'s "num_attention_heads", else hidden / 64. Every
+ * tensor's shape is checked against that config. Errors: those of kvedge_safetensors_open,
+ * KVEDGE_ENOTFOUND (a tensor is missing), KVEDGE_ESHAPE (a tensor's shape does not fit the
+ * config, or the heads do not divide hidden), KVEDGE_EINVAL (already loaded, or an
+ * unsupported OPT variant such as project_in/out), KVEDGE_ENOMEM. kvedge_decoder_error() says
+ * which tensor. */
+int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads);
+
+/* Detail of the last load failure ("" when none); static to the model. */
+const char *kvedge_decoder_error(const kvedge_decoder_t *self);
+
+/* The config of a loaded model (all zero before load). Valid while the model lives. */
+const kvedge_decoder_config_t *kvedge_decoder_config(const kvedge_decoder_t *self);
+
+/* Floats in one layer of K (or V) for tokens tokens: heads * tokens * head_dim. */
+size_t kvedge_decoder_kv_floats(const kvedge_decoder_t *self, uint32_t tokens);
+
+/* Runs n tokens (positions 0..n-1) through the model: what a cloud node does with a shared
+ * context. logits (vocab floats) receives the logits of the last position; k_out and v_out
+ * (layers * kvedge_decoder_kv_floats(n) floats each, [layers][heads][n][head_dim]) receive the
+ * context's K and V. Each output may be NULL; k_out and v_out go together. The model is only
+ * read, so threads may prefill on one model at once. Errors: KVEDGE_EINVAL (no model, n == 0,
+ * a token outside the vocabulary, only one of k_out/v_out), KVEDGE_ETOOBIG (n over
+ * max_positions), KVEDGE_ENOMEM. */
+int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
+                           float *logits, float *k_out, float *v_out);
+
+/* Allocates a decode session on a loaded model, which must outlive it; NULL when out of memory
+ * or the model is not loaded. A session is used by one thread at a time. Caller owns it. */
+kvedge_decoder_session_t *kvedge_decoder_session_new(const kvedge_decoder_t *model);
+
+/* Frees the session. NULL-safe; nulls *self_p. */
+void kvedge_decoder_session_destroy(kvedge_decoder_session_t **self_p);
+
+/* Starts a decode: the shared context ctx_tokens[0..ctx_len) occupies positions 0..ctx_len-1
+ * and its K/V comes from provider, one layer at a time; the local prompt (prompt_len >= 1
+ * tokens) follows at ctx_len.., and room is kept for max_new more tokens. Attention of local
+ * tokens is computed over the context K/V and over the local K/V separately and merged exactly
+ * by their log-sum-exp weights. A layer the provider reports as MISS is recomputed: the
+ * session keeps the context's hidden state and runs it lazily up to that layer, so a MISS at
+ * layer l costs a prefill of the context through layers c..l, where c is the first layer the
+ * context has not yet been run through (at most one full context prefill per decode). Context
+ * tokens are needed only for that. With ctx_len == 0 the provider is not called (it may be
+ * NULL). logits (vocab floats, may be NULL) receives the last prompt position's logits.
+ * Errors: KVEDGE_EINVAL (bad arguments, a token outside the vocabulary), KVEDGE_ETOOBIG
+ * (ctx_len + prompt_len + max_new over max_positions), KVEDGE_ENOMEM, or the provider's own
+ * negative code. After an error the session must be begun again. */
+int kvedge_decoder_session_begin(kvedge_decoder_session_t *self, const int32_t *ctx_tokens,
+                                 uint32_t ctx_len, kvedge_decoder_kv_fn provider, void *arg,
+                                 const int32_t *prompt, uint32_t prompt_len, uint32_t max_new,
+                                 float *logits);
+
+/* Appends one token at the next position (its K/V joins the local cache) and writes the new
+ * last-position logits (vocab floats, may be NULL). Errors: KVEDGE_EINVAL (not begun, token
+ * outside the vocabulary), KVEDGE_ENOSPACE (max_new tokens already appended), KVEDGE_ENOMEM. */
+int kvedge_decoder_session_step(kvedge_decoder_session_t *self, int32_t token, float *logits);
+
+/* Greedy generation: n times, takes the arg-max of the current logits (lowest id on a tie),
+ * writes it to tokens[i] and appends it with kvedge_decoder_session_step, so every generated
+ * token is in the local cache afterwards. Errors: those of session_step. */
+int kvedge_decoder_session_generate(kvedge_decoder_session_t *self, uint32_t n, int32_t *tokens);
+
+/* Logits of the last position decoded so far (vocab floats), or NULL before a successful begin.
+ * Valid until the next call on the session. */
+const float *kvedge_decoder_session_logits(const kvedge_decoder_session_t *self);
+
+/* Tokens in the local cache (prompt plus appended tokens). */
+uint32_t kvedge_decoder_session_local_tokens(const kvedge_decoder_session_t *self);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,831 @@
+/* Tests of the reference OPT decoder: against logits computed by PyTorch (tests/fixtures, made
+ * by scripts/opt_reference.py), decoding over fetched context K/V against full recomputation,
+ * quantized context K/V, MISS layers, and load and argument errors. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "clients/decoder.h"
+#include "clients/safetensors.h"
+#include "store/block.h"
+#include "store/error.h"
+
+#define S_MODEL    KVEDGE_FIXTURES "/opt_tiny.safetensors"
+#define S_EXPECTED KVEDGE_FIXTURES "/opt_tiny_expected.safetensors"
+
+/* Against PyTorch: two fp32 implementations with different summation orders. Logits of the
+ * fixture are O(1); measured differences are ~1e-6. */
+#define S_TOL_TORCH 1e-4f
+/* Fetched lossless context vs recomputing it: same math, merged by log-sum-exp instead of one
+ * softmax, so only fp32 rounding differs. */
+#define S_TOL_LOSSLESS 1e-5f
+/* MISS recomputation runs exactly the prefill's operations on the same shapes. */
+#define S_TOL_MISS 1e-6f
+/* Quantized context K/V (per head per layer through the block codec): max |logit error|.
+ * Measured int8 4.5e-3 and int4 6.6e-2 on this model (see the printed values); bounds have
+ * margin. */
+#define S_TOL_INT8 2e-2f
+#define S_TOL_INT4 2.5e-1f
+
+#define S_CTX      96 /* context tokens in the C-only tests */
+#define S_PROMPT   16 /* local prompt tokens in the C-only tests */
+#define S_GREEDY   8
+#define S_MAXLAYER 16
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+static float s_max_diff(const float *a, const float *b, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) /* NaN counts as infinitely wrong */
+            m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+static float s_max_abs(const float *a, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fabsf(a[i]) > m ? fabsf(a[i]) : m;
+    return m;
+}
+
+static int32_t s_argmax(const float *a, size_t n)
+{
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (a[i] > a[best])
+            best = i;
+    return (int32_t)best;
+}
+
+/* Deterministic token ids for the C-only tests. */
+static void s_tokens(int32_t *t, uint32_t n, uint32_t vocab, uint32_t seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (uint32_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((x >> 33) % vocab);
+    }
+}
+
+static kvedge_decoder_t *s_model(void)
+{
+    kvedge_decoder_t *md = kvedge_decoder_new();
+    assert_non_null(md);
+    int rc = kvedge_decoder_load(md, S_MODEL, 0);
+    if (rc != KVEDGE_OK)
+        fail_msg("load %s: %s (%s)", S_MODEL, kvedge_strerror(rc), kvedge_decoder_error(md));
+    return md;
+}
+
+/* A tensor of the expected-output fixture as fp32; caller frees. */
+static float *s_expected(const kvedge_safetensors_t *st, const char *name, size_t *n)
+{
+    const kvedge_safetensors_tensor_t *t = kvedge_safetensors_find(st, name);
+    assert_non_null(t);
+    float *f = malloc(t->numel * sizeof(float));
+    assert_non_null(f);
+    assert_int_equal(kvedge_safetensors_to_f32(t, f, t->numel), KVEDGE_OK);
+    *n = t->numel;
+    return f;
+}
+
+/* A context K/V provider: serves layers from k/v, answers MISS for layers in miss_mask (after
+ * filling the buffers with NaN, which the decoder must overwrite), or fails at fail_layer. */
+typedef struct {
+    const float *k, *v; /* [layers][heads][ctx][head_dim] */
+    size_t kvf;         /* floats per layer */
+    uint32_t miss_mask;
+    int fail_layer; /* -1: never */
+    int fail_rc;
+    uint32_t calls;
+    uint32_t order[S_MAXLAYER];
+} s_provider_t;
+
+static int s_provide(void *arg, uint32_t layer, float *k, float *v)
+{
+    s_provider_t *p = arg;
+    if (p->calls < S_MAXLAYER)
+        p->order[p->calls] = layer;
+    p->calls++;
+    if ((int)layer == p->fail_layer)
+        return p->fail_rc;
+    if (p->miss_mask & (1u << layer)) {
+        for (size_t i = 0; i < p->kvf; i++)
+            k[i] = v[i] = NAN;
+        return KVEDGE_DECODER_MISS;
+    }
+    memcpy(k, p->k + layer * p->kvf, p->kvf * sizeof(float));
+    memcpy(v, p->v + layer * p->kvf, p->kvf * sizeof(float));
+    return 0;
+}
+
+/* The context's K/V by prefill; caller frees both. */
+static void s_context_kv(const kvedge_decoder_t *md, const int32_t *ctx, uint32_t n, float **k,
+                         float **v)
+{
+    size_t all = kvedge_decoder_config(md)->layers * kvedge_decoder_kv_floats(md, n);
+    *k = malloc(all * sizeof(float));
+    *v = malloc(all * sizeof(float));
+    assert_non_null(*k);
+    assert_non_null(*v);
+    assert_int_equal(kvedge_decoder_prefill(md, ctx, n, NULL, *k, *v), KVEDGE_OK);
+}
+
+/* Begins a decode over ctx (served by p, or computed when p is NULL: then ctx and prompt run
+ * as one local prompt), checks the provider saw every layer in order, generates S_GREEDY
+ * tokens and returns the logits after begin and after each generated token. */
+static void s_decode(const kvedge_decoder_t *md, const int32_t *ctx, uint32_t ctx_len,
+                     s_provider_t *p, const int32_t *prompt, uint32_t prompt_len, float *logits,
+                     int32_t *greedy)
+{
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    kvedge_decoder_session_t *s = kvedge_decoder_session_new(md);
+    assert_non_null(s);
+    int rc;
+    if (p) {
+        rc = kvedge_decoder_session_begin(s, ctx, ctx_len, s_provide, p, prompt, prompt_len,
+                                          S_GREEDY, logits);
+        assert_int_equal(p->calls, c->layers);
+        for (uint32_t l = 0; l < c->layers; l++)
+            assert_int_equal(p->order[l], l);
+    } else {
+        int32_t *all = malloc((ctx_len + prompt_len) * sizeof(int32_t));
+        memcpy(all, ctx, ctx_len * sizeof(int32_t));
+        memcpy(all + ctx_len, prompt, prompt_len * sizeof(int32_t));
+        rc = kvedge_decoder_session_begin(s, NULL, 0, NULL, NULL, all, ctx_len + prompt_len,
+                                          S_GREEDY, logits);
+        free(all);
+    }
+    assert_int_equal(rc, KVEDGE_OK);
+    for (uint32_t i = 0; i < S_GREEDY; i++) {
+        greedy[i] = s_argmax(kvedge_decoder_session_logits(s), c->vocab);
+        assert_int_equal(kvedge_decoder_session_step(s, greedy[i], logits + (i + 1) * c->vocab),
+                         KVEDGE_OK);
+    }
+    assert_int_equal(kvedge_decoder_session_local_tokens(s),
+                     (p ? 0 : ctx_len) + prompt_len + S_GREEDY);
+    assert_int_equal(kvedge_decoder_session_step(s, 0, NULL), KVEDGE_ENOSPACE);
+    kvedge_decoder_session_destroy(&s);
+    assert_null(s);
+}
+
+/* ---- against PyTorch ----------------------------------------------------------------- */
+
+static void test_fixture_config(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    assert_int_equal(c->layers, 3);
+    assert_int_equal(c->heads, 4); /* from __metadata__ */
+    assert_int_equal(c->head_dim, 16);
+    assert_int_equal(c->hidden, 64);
+    assert_int_equal(c->ffn, 256);
+    assert_int_equal(c->vocab, 256);
+    assert_int_equal(c->max_positions, 160);
+    assert_int_equal(kvedge_decoder_kv_floats(md, 10), 4 * 10 * 16);
+    assert_string_equal(kvedge_decoder_error(md), "");
+    assert_int_equal(kvedge_decoder_load(md, S_MODEL, 0), KVEDGE_EINVAL); /* once only */
+    kvedge_decoder_destroy(&md);
+    assert_null(md);
+    kvedge_decoder_destroy(&md);
+    kvedge_decoder_destroy(NULL);
+}
+
+static void test_fixture_prefill(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const uint32_t V = kvedge_decoder_config(md)->vocab;
+    kvedge_safetensors_t *st = kvedge_safetensors_new();
+    assert_int_equal(kvedge_safetensors_open(st, S_EXPECTED), KVEDGE_OK);
+    size_t nt, nl;
+    float *ft = s_expected(st, "prefill.tokens", &nt);
+    float *want = s_expected(st, "prefill.logits", &nl);
+    assert_int_equal(nl, nt * V);
+    int32_t tokens[64];
+    assert_true(nt <= 64);
+    for (size_t i = 0; i < nt; i++)
+        tokens[i] = (int32_t)ft[i];
+
+    /* Every prefix length's last logits against the matching row of PyTorch's. */
+    float *got = malloc(V * sizeof(float));
+    float worst = 0;
+    for (uint32_t n = 1; n <= nt; n++) {
+        assert_int_equal(kvedge_decoder_prefill(md, tokens, n, got, NULL, NULL), KVEDGE_OK);
+        float d = s_max_diff(got, want + (size_t)(n - 1) * V, V);
+        worst = d > worst ? d : worst;
+    }
+    printf("  prefill vs PyTorch, %zu prefix lengths: max |logit diff| = %.3g (tol %.0e), "
+           "max |logit| = %.3g\n",
+           nt, worst, S_TOL_TORCH, s_max_abs(want, nl));
+    assert_true(worst <= S_TOL_TORCH);
+
+    /* The check has teeth: the same weights split into 2 heads are a different model. */
+    kvedge_decoder_t *two = kvedge_decoder_new();
+    assert_int_equal(kvedge_decoder_load(two, S_MODEL, 2), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_config(two)->head_dim, 32);
+    assert_int_equal(kvedge_decoder_prefill(two, tokens, (uint32_t)nt, got, NULL, NULL), KVEDGE_OK);
+    assert_true(s_max_diff(got, want + (nt - 1) * V, V) > 1e-2f);
+    kvedge_decoder_destroy(&two);
+
+    free(got);
+    free(want);
+    free(ft);
+    kvedge_safetensors_destroy(&st);
+    kvedge_decoder_destroy(&md);
+}
+
+static void test_fixture_greedy(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const uint32_t V = kvedge_decoder_config(md)->vocab;
+    kvedge_safetensors_t *st = kvedge_safetensors_new();
+    assert_int_equal(kvedge_safetensors_open(st, S_EXPECTED), KVEDGE_OK);
+    size_t nt, ng, ngl;
+    float *ft = s_expected(st, "prefill.tokens", &nt);
+    float *gt = s_expected(st, "greedy.tokens", &ng);
+    float *gl = s_expected(st, "greedy.logits", &ngl);
+    assert_int_equal(ng, S_GREEDY);
+    assert_int_equal(ngl, S_GREEDY * V);
+    int32_t tokens[64];
+    for (size_t i = 0; i < nt; i++)
+        tokens[i] = (int32_t)ft[i];
+
+    /* Two ways: all 40 tokens local, and the first 24 as fetched context K/V. */
+    const uint32_t splits[] = {0, 24};
+    float *logits = malloc((S_GREEDY + 1) * V * sizeof(float));
+    for (size_t si = 0; si < 2; si++) {
+        uint32_t cl = splits[si];
+        float *ck = NULL, *cv = NULL;
+        s_provider_t p = {.fail_layer = -1};
+        if (cl) {
+            s_context_kv(md, tokens, cl, &ck, &cv);
+            p.k = ck, p.v = cv, p.kvf = kvedge_decoder_kv_floats(md, cl);
+        }
+        int32_t greedy[S_GREEDY];
+        s_decode(md, tokens, cl, cl ? &p : NULL, tokens + cl, (uint32_t)nt - cl, logits, greedy);
+        float worst = 0;
+        for (uint32_t i = 0; i < S_GREEDY; i++) {
+            assert_int_equal(greedy[i], (int32_t)gt[i]);
+            float d = s_max_diff(logits + (size_t)i * V, gl + (size_t)i * V, V);
+            worst = d > worst ? d : worst;
+        }
+        printf("  greedy %u tokens vs PyTorch (context %u fetched): identical tokens, max |logit "
+               "diff| = %.3g\n",
+               S_GREEDY, cl, worst);
+        assert_true(worst <= S_TOL_TORCH);
+        free(ck);
+        free(cv);
+    }
+    free(logits);
+    free(gl);
+    free(gt);
+    free(ft);
+    kvedge_safetensors_destroy(&st);
+    kvedge_decoder_destroy(&md);
+}
+
+/* ---- fetched context K/V against recomputation ---------------------------------------- */
+
+static void test_context_lossless(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    const uint32_t V = c->vocab;
+    int32_t all[S_CTX + S_PROMPT];
+    s_tokens(all, S_CTX + S_PROMPT, V, 7);
+
+    /* Causality: the context's K/V inside a longer prefill equals its own prefill. */
+    float *ck, *cv, *fk, *fv;
+    s_context_kv(md, all, S_CTX, &ck, &cv);
+    s_context_kv(md, all, S_CTX + S_PROMPT, &fk, &fv);
+    const size_t ckvf = kvedge_decoder_kv_floats(md, S_CTX),
+                 fkvf = kvedge_decoder_kv_floats(md, S_CTX + S_PROMPT);
+    float kv_diff = 0;
+    for (uint32_t l = 0; l < c->layers; l++)
+        for (uint32_t h = 0; h < c->heads; h++) {
+            size_t co = l * ckvf + (size_t)h * S_CTX * c->head_dim;
+            size_t fo = l * fkvf + (size_t)h * (S_CTX + S_PROMPT) * c->head_dim;
+            float dk = s_max_diff(ck + co, fk + fo, (size_t)S_CTX * c->head_dim);
+            float dv = s_max_diff(cv + co, fv + fo, (size_t)S_CTX * c->head_dim);
+            kv_diff = fmaxf(kv_diff, fmaxf(dk, dv));
+        }
+    assert_true(kv_diff <= S_TOL_LOSSLESS);
+
+    float *local = malloc((S_GREEDY + 1) * V * sizeof(float));
+    float *fetched = malloc((S_GREEDY + 1) * V * sizeof(float));
+    float *pre = malloc(V * sizeof(float));
+    int32_t g_local[S_GREEDY], g_fetched[S_GREEDY];
+    s_decode(md, all, S_CTX, NULL, all + S_CTX, S_PROMPT, local, g_local);
+    s_provider_t p = {.k = ck, .v = cv, .kvf = ckvf, .fail_layer = -1};
+    s_decode(md, all, S_CTX, &p, all + S_CTX, S_PROMPT, fetched, g_fetched);
+    assert_int_equal(kvedge_decoder_prefill(md, all, S_CTX + S_PROMPT, pre, NULL, NULL), KVEDGE_OK);
+
+    float d0 = s_max_diff(local, fetched, V);
+    float dall = s_max_diff(local, fetched, (size_t)(S_GREEDY + 1) * V);
+    float dpre = s_max_diff(pre, local, V);
+    printf("  context %u fetched (lossless) vs recomputed, prompt %u: max |logit diff| = %.3g, "
+           "over %u greedy steps %.3g; prefill vs session %.3g; context K/V causality %.3g "
+           "(tol %.0e)\n",
+           S_CTX, S_PROMPT, d0, S_GREEDY, dall, dpre, kv_diff, S_TOL_LOSSLESS);
+    assert_true(dall <= S_TOL_LOSSLESS);
+    assert_true(dpre <= S_TOL_LOSSLESS);
+    assert_memory_equal(g_local, g_fetched, sizeof g_local);
+
+    /* The context matters: K/V of another context gives other logits. */
+    int32_t other[S_CTX];
+    s_tokens(other, S_CTX, V, 8);
+    float *ok, *ov;
+    s_context_kv(md, other, S_CTX, &ok, &ov);
+    s_provider_t q = {.k = ok, .v = ov, .kvf = ckvf, .fail_layer = -1};
+    s_decode(md, all, S_CTX, &q, all + S_CTX, S_PROMPT, fetched, g_fetched);
+    assert_true(s_max_diff(local, fetched, V) > 1e-2f);
+
+    free(ok);
+    free(ov);
+    free(pre);
+    free(fetched);
+    free(local);
+    free(fk);
+    free(fv);
+    free(ck);
+    free(cv);
+    kvedge_decoder_destroy(&md);
+}
+
+/* Round-trips every (layer, head) of K and V through the block codec. */
+static void s_quantize_kv(const kvedge_decoder_t *md, float *k, float *v, uint32_t tokens,
+                          kvedge_scheme_t scheme, double *k_rel, double *v_rel)
+{
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    const size_t per = (size_t)tokens * c->head_dim;
+    kvedge_block_spec_t spec = {
+        .dtype = KVEDGE_DTYPE_FP32,
+        .scheme = scheme,
+        .tokens = tokens,
+        .head_dim = (uint16_t)c->head_dim,
+        .group_size = scheme == KVEDGE_SCHEME_INT4 ? KVEDGE_BLOCK_INT4_GROUP_DEFAULT : 0,
+    };
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    assert_true(cap > 0);
+    uint8_t *blk = malloc(cap);
+    float *dk = malloc(per * sizeof(float)), *dv = malloc(per * sizeof(float));
+    double kerr = 0, knorm = 0, verr = 0, vnorm = 0;
+    for (size_t b = 0; b < (size_t)c->layers * c->heads; b++) {
+        float *kb = k + b * per, *vb = v + b * per;
+        size_t len;
+        assert_int_equal(kvedge_block_encode(&spec, kb, vb, blk, cap, &len), KVEDGE_OK);
+        kvedge_block_info_t info;
+        assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_OK);
+        assert_int_equal(info.scheme, scheme);
+        assert_int_equal(kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, dk, dv), KVEDGE_OK);
+        for (size_t i = 0; i < per; i++) {
+            kerr += (dk[i] - kb[i]) * (double)(dk[i] - kb[i]);
+            knorm += kb[i] * (double)kb[i];
+            verr += (dv[i] - vb[i]) * (double)(dv[i] - vb[i]);
+            vnorm += vb[i] * (double)vb[i];
+        }
+        memcpy(kb, dk, per * sizeof(float));
+        memcpy(vb, dv, per * sizeof(float));
+    }
+    *k_rel = sqrt(kerr / knorm);
+    *v_rel = sqrt(verr / vnorm);
+    free(dv);
+    free(dk);
+    free(blk);
+}
+
+static void test_context_quantized(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const uint32_t V = kvedge_decoder_config(md)->vocab;
+    int32_t all[S_CTX + S_PROMPT];
+    s_tokens(all, S_CTX + S_PROMPT, V, 11);
+    float *ck, *cv;
+    s_context_kv(md, all, S_CTX, &ck, &cv);
+    const size_t kvf = kvedge_decoder_kv_floats(md, S_CTX);
+    const size_t all_kv = kvedge_decoder_config(md)->layers * kvf;
+
+    float *ref = malloc((S_GREEDY + 1) * V * sizeof(float));
+    float *got = malloc((S_GREEDY + 1) * V * sizeof(float));
+    int32_t g_ref[S_GREEDY], g_got[S_GREEDY];
+    s_provider_t p = {.k = ck, .v = cv, .kvf = kvf, .fail_layer = -1};
+    s_decode(md, all, S_CTX, &p, all + S_CTX, S_PROMPT, ref, g_ref);
+
+    const kvedge_scheme_t schemes[] = {KVEDGE_SCHEME_INT8, KVEDGE_SCHEME_INT4};
+    const float tols[] = {S_TOL_INT8, S_TOL_INT4};
+    float errs[2];
+    for (int si = 0; si < 2; si++) {
+        float *qk = malloc(all_kv * sizeof(float)), *qv = malloc(all_kv * sizeof(float));
+        memcpy(qk, ck, all_kv * sizeof(float));
+        memcpy(qv, cv, all_kv * sizeof(float));
+        double k_rel, v_rel;
+        s_quantize_kv(md, qk, qv, S_CTX, schemes[si], &k_rel, &v_rel);
+        s_provider_t q = {.k = qk, .v = qv, .kvf = kvf, .fail_layer = -1};
+        s_decode(md, all, S_CTX, &q, all + S_CTX, S_PROMPT, got, g_got);
+        float d0 = s_max_diff(ref, got, V);
+        int same = 0;
+        for (int i = 0; i < S_GREEDY; i++)
+            same += g_ref[i] == g_got[i];
+        printf("  context %u as %s: K rel err %.3g, V rel err %.3g; max |logit err| %.3g "
+               "(bound %.1e, max |logit| %.3g); greedy tokens equal to lossless: %d/%d\n",
+               S_CTX, kvedge_scheme_name(schemes[si]), k_rel, v_rel, d0, tols[si],
+               s_max_abs(ref, V), same, S_GREEDY);
+        errs[si] = d0;
+        assert_true(d0 <= tols[si]);
+        assert_true(d0 > 0); /* the round trip was lossy, so the fetched K/V was used */
+        if (schemes[si] == KVEDGE_SCHEME_INT8)
+            assert_int_equal(g_ref[0], g_got[0]);
+        free(qk);
+        free(qv);
+    }
+    assert_true(errs[0] < errs[1]); /* int8 beats int4 */
+    free(got);
+    free(ref);
+    free(ck);
+    free(cv);
+    kvedge_decoder_destroy(&md);
+}
+
+static void test_context_miss(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    const uint32_t V = c->vocab;
+    assert_int_equal(c->layers, 3);
+    int32_t all[S_CTX + S_PROMPT];
+    s_tokens(all, S_CTX + S_PROMPT, V, 13);
+    float *ck, *cv;
+    s_context_kv(md, all, S_CTX, &ck, &cv);
+    const size_t kvf = kvedge_decoder_kv_floats(md, S_CTX);
+
+    float *ref = malloc((S_GREEDY + 1) * V * sizeof(float));
+    float *got = malloc((S_GREEDY + 1) * V * sizeof(float));
+    int32_t g_ref[S_GREEDY], g_got[S_GREEDY];
+    s_provider_t p = {.k = ck, .v = cv, .kvf = kvf, .fail_layer = -1};
+    s_decode(md, all, S_CTX, &p, all + S_CTX, S_PROMPT, ref, g_ref);
+
+    /* Layer 0 only; the middle layer after a fetched one; the last; first and last; all. */
+    const uint32_t masks[] = {0x1, 0x2, 0x4, 0x5, 0x7};
+    for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++) {
+        s_provider_t q = {.k = ck, .v = cv, .kvf = kvf, .miss_mask = masks[mi], .fail_layer = -1};
+        s_decode(md, all, S_CTX, &q, all + S_CTX, S_PROMPT, got, g_got);
+        float d = s_max_diff(ref, got, (size_t)(S_GREEDY + 1) * V);
+        printf("  MISS mask 0x%x recomputed vs fetched lossless: max |logit diff| %.3g over "
+               "%u steps%s (tol %.0e)\n",
+               masks[mi], d, S_GREEDY + 1, d == 0 ? ", bit-identical" : "", S_TOL_MISS);
+        assert_true(d <= S_TOL_MISS);
+        assert_memory_equal(g_ref, g_got, sizeof g_ref);
+    }
+    free(got);
+    free(ref);
+    free(ck);
+    free(cv);
+    kvedge_decoder_destroy(&md);
+}
+
+static void test_provider_errors(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const uint32_t V = kvedge_decoder_config(md)->vocab;
+    int32_t all[40];
+    s_tokens(all, 40, V, 17);
+    float *ck, *cv;
+    s_context_kv(md, all, 30, &ck, &cv);
+    kvedge_decoder_session_t *s = kvedge_decoder_session_new(md);
+    assert_non_null(s);
+
+    s_provider_t p = {.k = ck,
+                      .v = cv,
+                      .kvf = kvedge_decoder_kv_floats(md, 30),
+                      .fail_layer = 1,
+                      .fail_rc = KVEDGE_ETIMEDOUT};
+    assert_int_equal(kvedge_decoder_session_begin(s, all, 30, s_provide, &p, all + 30, 10, 2, NULL),
+                     KVEDGE_ETIMEDOUT);
+    assert_int_equal(p.calls, 2); /* stopped at the failing layer */
+    assert_null(kvedge_decoder_session_logits(s));
+    assert_int_equal(kvedge_decoder_session_step(s, 1, NULL), KVEDGE_EINVAL);
+    int32_t tok;
+    assert_int_equal(kvedge_decoder_session_generate(s, 1, &tok), KVEDGE_EINVAL);
+
+    p.calls = 0;
+    p.fail_rc = 5; /* neither 0, MISS nor an error code */
+    assert_int_equal(kvedge_decoder_session_begin(s, all, 30, s_provide, &p, all + 30, 10, 2, NULL),
+                     KVEDGE_EINVAL);
+
+    /* The session recovers with a good provider. */
+    p.calls = 0;
+    p.fail_layer = -1;
+    float *logits = malloc(V * sizeof(float));
+    assert_int_equal(
+        kvedge_decoder_session_begin(s, all, 30, s_provide, &p, all + 30, 10, 2, logits),
+        KVEDGE_OK);
+    assert_memory_equal(kvedge_decoder_session_logits(s), logits, V * sizeof(float));
+    int32_t two[2];
+    assert_int_equal(kvedge_decoder_session_generate(s, 2, two), KVEDGE_OK);
+    assert_int_equal(two[0], s_argmax(logits, V));
+    assert_int_equal(kvedge_decoder_session_generate(s, 1, two), KVEDGE_ENOSPACE);
+
+    free(logits);
+    kvedge_decoder_session_destroy(&s);
+    kvedge_decoder_session_destroy(&s);
+    kvedge_decoder_session_destroy(NULL);
+    free(ck);
+    free(cv);
+    kvedge_decoder_destroy(&md);
+}
+
+static void test_argument_errors(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    int32_t t[200];
+    s_tokens(t, 200, c->vocab, 19);
+    float *k = malloc(c->layers * kvedge_decoder_kv_floats(md, 4) * sizeof(float));
+
+    assert_int_equal(kvedge_decoder_prefill(md, t, 0, NULL, NULL, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_prefill(md, NULL, 4, NULL, NULL, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_prefill(md, t, 4, NULL, k, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_prefill(md, t, c->max_positions + 1, NULL, NULL, NULL),
+                     KVEDGE_ETOOBIG);
+    assert_int_equal(kvedge_decoder_prefill(md, t, c->max_positions, NULL, NULL, NULL), KVEDGE_OK);
+    int32_t bad[2] = {1, (int32_t)c->vocab};
+    assert_int_equal(kvedge_decoder_prefill(md, bad, 2, NULL, NULL, NULL), KVEDGE_EINVAL);
+    bad[1] = -1;
+    assert_int_equal(kvedge_decoder_prefill(md, bad, 2, NULL, NULL, NULL), KVEDGE_EINVAL);
+
+    kvedge_decoder_session_t *s = kvedge_decoder_session_new(md);
+    assert_int_equal(kvedge_decoder_session_step(s, 1, NULL), KVEDGE_EINVAL); /* not begun */
+    assert_int_equal(kvedge_decoder_session_begin(s, NULL, 0, NULL, NULL, t, 0, 0, NULL),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_begin(s, t, 4, NULL, NULL, t, 4, 0, NULL),
+                     KVEDGE_EINVAL); /* context without a provider */
+    assert_int_equal(kvedge_decoder_session_begin(s, t, 100, s_provide, NULL, t, 50, 11, NULL),
+                     KVEDGE_ETOOBIG);
+    assert_int_equal(kvedge_decoder_session_begin(s, NULL, 0, NULL, NULL, bad, 2, 0, NULL),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_begin(s, NULL, 0, NULL, NULL, t, 3, 1, NULL),
+                     KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_session_step(s, (int32_t)c->vocab, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_step(s, 3, NULL), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_session_step(s, 3, NULL), KVEDGE_ENOSPACE);
+    kvedge_decoder_session_destroy(&s);
+
+    kvedge_decoder_t *empty = kvedge_decoder_new();
+    assert_null(kvedge_decoder_session_new(empty));
+    assert_null(kvedge_decoder_session_new(NULL));
+    assert_int_equal(kvedge_decoder_prefill(empty, t, 4, NULL, NULL, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_config(empty)->layers, 0);
+    kvedge_decoder_destroy(&empty);
+    free(k);
+    kvedge_decoder_destroy(&md);
+}
+
+/* ---- loading ------------------------------------------------------------------------- */
+
+/* A small random OPT written as safetensors (F32), with faults on request. */
+typedef struct {
+    const char *prefix; /* "model.decoder." or "decoder." */
+    uint32_t hidden, ffn, vocab, layers, max_pos;
+    const char *drop;     /* a tensor name to leave out */
+    const char *misshape; /* a tensor name whose first dimension gets one extra row */
+    const char *extra;    /* an extra [vocab][hidden] tensor name */
+    const char *meta;     /* JSON object text for __metadata__, or NULL */
+} s_synth_t;
+
+static void s_write_synth(const char *path, const s_synth_t *o)
+{
+    enum { MAXT = 8 + 16 * 8 };
+    char names[MAXT][128];
+    uint64_t d0[MAXT], d1[MAXT];
+    int n = 0;
+    const uint32_t H = o->hidden, F = o->ffn;
+#define S_ADD(a, b, ...)                                                                           \
+    do {                                                                                           \
+        snprintf(names[n], sizeof names[n], __VA_ARGS__);                                          \
+        d0[n] = (a), d1[n] = (b), n++;                                                             \
+    } while (0)
+    S_ADD(o->vocab, H, "%sembed_tokens.weight", o->prefix);
+    S_ADD(o->max_pos + 2, H, "%sembed_positions.weight", o->prefix);
+    S_ADD(H, 0, "%sfinal_layer_norm.weight", o->prefix);
+    S_ADD(H, 0, "%sfinal_layer_norm.bias", o->prefix);
+    for (uint32_t l = 0; l < o->layers; l++) {
+        const char *ln[] = {"self_attn_layer_norm", "final_layer_norm"};
+        for (int i = 0; i < 2; i++) {
+            S_ADD(H, 0, "%slayers.%u.%s.weight", o->prefix, l, ln[i]);
+            S_ADD(H, 0, "%slayers.%u.%s.bias", o->prefix, l, ln[i]);
+        }
+        const char *pr[] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+        for (int i = 0; i < 4; i++) {
+            S_ADD(H, H, "%slayers.%u.self_attn.%s.weight", o->prefix, l, pr[i]);
+            S_ADD(H, 0, "%slayers.%u.self_attn.%s.bias", o->prefix, l, pr[i]);
+        }
+        S_ADD(F, H, "%slayers.%u.fc1.weight", o->prefix, l);
+        S_ADD(F, 0, "%slayers.%u.fc1.bias", o->prefix, l);
+        S_ADD(H, F, "%slayers.%u.fc2.weight", o->prefix, l);
+        S_ADD(H, 0, "%slayers.%u.fc2.bias", o->prefix, l);
+    }
+    if (o->extra)
+        S_ADD(o->vocab, H, "%s", o->extra);
+#undef S_ADD
+    size_t hcap = 64 * 1024, hlen = 0, off = 0;
+    char *hdr = malloc(hcap);
+    hlen += (size_t)snprintf(hdr + hlen, hcap - hlen, "{");
+    if (o->meta)
+        hlen += (size_t)snprintf(hdr + hlen, hcap - hlen, "\"__metadata__\":%s,", o->meta);
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (o->drop && strcmp(names[i], o->drop) == 0)
+            continue;
+        if (o->misshape && strcmp(names[i], o->misshape) == 0)
+            d0[i]++;
+        size_t bytes = d0[i] * (d1[i] ? d1[i] : 1) * 4;
+        if (d1[i])
+            hlen += (size_t)snprintf(hdr + hlen, hcap - hlen,
+                                     "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%llu,%llu],"
+                                     "\"data_offsets\":[%zu,%zu]}",
+                                     kept ? "," : "", names[i], (unsigned long long)d0[i],
+                                     (unsigned long long)d1[i], off, off + bytes);
+        else
+            hlen += (size_t)snprintf(hdr + hlen, hcap - hlen,
+                                     "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%llu],"
+                                     "\"data_offsets\":[%zu,%zu]}",
+                                     kept ? "," : "", names[i], (unsigned long long)d0[i], off,
+                                     off + bytes);
+        off += bytes;
+        kept++;
+    }
+    hlen += (size_t)snprintf(hdr + hlen, hcap - hlen, "}");
+    assert_true(hlen < hcap);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    fwrite(len8, 1, 8, f);
+    fwrite(hdr, 1, hlen, f);
+    uint64_t x = 12345;
+    for (size_t i = 0; i < off / 4; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        float val = ((float)(x >> 40) / (float)(1u << 24) - 0.5f) * 0.4f;
+        fwrite(&val, 4, 1, f);
+    }
+    fclose(f);
+    free(hdr);
+}
+
+/* Loads a synthetic model and returns the code; on success the model is kept in *out. */
+static int s_load_synth(const s_synth_t *o, uint32_t heads, kvedge_decoder_t **out, char *err,
+                        size_t err_len)
+{
+    char path[] = "/tmp/kvedge_dec_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    s_write_synth(path, o);
+    kvedge_decoder_t *md = kvedge_decoder_new();
+    int rc = kvedge_decoder_load(md, path, heads);
+    if (err)
+        snprintf(err, err_len, "%s", kvedge_decoder_error(md));
+    unlink(path);
+    if (rc == KVEDGE_OK && out)
+        *out = md;
+    else
+        kvedge_decoder_destroy(&md);
+    return rc;
+}
+
+static void test_load_errors(void **state)
+{
+    (void)state;
+    const s_synth_t base = {"model.decoder.", 64, 128, 50, 2, 20, NULL, NULL, NULL, NULL};
+    char err[256];
+    assert_int_equal(s_load_synth(&base, 0, NULL, err, sizeof err), KVEDGE_OK);
+
+    s_synth_t o = base;
+    o.drop = "model.decoder.layers.1.fc2.bias";
+    assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_ENOTFOUND);
+    assert_non_null(strstr(err, "layers.1.fc2.bias"));
+    o.drop = "model.decoder.embed_positions.weight";
+    assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_ENOTFOUND);
+    o.drop = "model.decoder.final_layer_norm.weight";
+    assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_ENOTFOUND);
+
+    const char *shapes[] = {
+        "model.decoder.layers.1.fc1.weight", "model.decoder.layers.1.self_attn.k_proj.weight",
+        "model.decoder.layers.0.self_attn.out_proj.bias",
+        "model.decoder.layers.1.final_layer_norm.weight", "model.decoder.final_layer_norm.bias"};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        o = base;
+        o.misshape = shapes[i];
+        assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_ESHAPE);
+        assert_non_null(strstr(err, shapes[i]));
+    }
+    /* Heads that do not divide hidden, and a malformed head count in the metadata. */
+    assert_int_equal(s_load_synth(&base, 3, NULL, err, sizeof err), KVEDGE_ESHAPE);
+    o = base;
+    o.meta = "{\"num_attention_heads\":\"four\"}";
+    assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_ESHAPE);
+    /* Variants this decoder does not implement are refused, not silently mis-run. */
+    o = base;
+    o.extra = "model.decoder.project_in.weight";
+    assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_EINVAL);
+    o = base;
+    o.meta = "{\"activation_function\":\"gelu\"}";
+    assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_EINVAL);
+    o = base;
+    o.meta = "{\"do_layer_norm_before\":\"false\"}";
+    assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_EINVAL);
+    /* Not a model at all, and not a file. */
+    o = base;
+    o.prefix = "transformer.";
+    assert_int_equal(s_load_synth(&o, 0, NULL, err, sizeof err), KVEDGE_ENOTFOUND);
+    kvedge_decoder_t *md = kvedge_decoder_new();
+    assert_int_equal(kvedge_decoder_load(md, "/nonexistent.safetensors", 0), KVEDGE_EIO);
+    assert_int_equal(kvedge_decoder_load(md, KVEDGE_FIXTURES "/../fixtures", 0), KVEDGE_EIO);
+    assert_true(strlen(kvedge_decoder_error(md)) > 0);
+    kvedge_decoder_destroy(&md);
+}
+
+static void test_load_variants(void **state)
+{
+    (void)state;
+    const s_synth_t base = {"model.decoder.", 128, 64, 40, 2, 24, NULL, NULL, NULL, NULL};
+    int32_t t[12];
+    s_tokens(t, 12, 40, 23);
+    float a[40], b[40];
+
+    kvedge_decoder_t *m1 = NULL, *m2 = NULL;
+    assert_int_equal(s_load_synth(&base, 0, &m1, NULL, 0), KVEDGE_OK);
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(m1);
+    /* No head count anywhere: head_dim 64, as in every OPT size. */
+    assert_int_equal(c->heads, 2);
+    assert_int_equal(c->head_dim, 64);
+    assert_int_equal(c->layers, 2);
+    assert_int_equal(c->ffn, 64);
+    assert_int_equal(c->vocab, 40);
+    assert_int_equal(c->max_positions, 24);
+    assert_int_equal(kvedge_decoder_prefill(m1, t, 12, a, NULL, NULL), KVEDGE_OK);
+
+    /* OPTModel naming ("decoder.") loads the same model. */
+    s_synth_t o = base;
+    o.prefix = "decoder.";
+    assert_int_equal(s_load_synth(&o, 0, &m2, NULL, 0), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_prefill(m2, t, 12, b, NULL, NULL), KVEDGE_OK);
+    assert_memory_equal(a, b, sizeof a);
+    kvedge_decoder_destroy(&m2);
+
+    /* The caller's head count wins over the default and changes the model. */
+    assert_int_equal(s_load_synth(&base, 8, &m2, NULL, 0), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_config(m2)->head_dim, 16);
+    assert_int_equal(kvedge_decoder_prefill(m2, t, 12, b, NULL, NULL), KVEDGE_OK);
+    assert_true(s_max_diff(a, b, 40) > 1e-4f);
+    kvedge_decoder_destroy(&m2);
+    /* ... and so does the metadata's. */
+    o = base;
+    o.meta = "{\"num_attention_heads\":\"8\"}";
+    assert_int_equal(s_load_synth(&o, 0, &m2, NULL, 0), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_config(m2)->heads, 8);
+    kvedge_decoder_destroy(&m2);
+
+    /* A stored lm_head.weight is the output head (here untied, so the logits change). */
+    o = base;
+    o.extra = "lm_head.weight";
+    assert_int_equal(s_load_synth(&o, 0, &m2, NULL, 0), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_prefill(m2, t, 12, b, NULL, NULL), KVEDGE_OK);
+    assert_true(s_max_diff(a, b, 40) > 1e-4f);
+    kvedge_decoder_destroy(&m2);
+    kvedge_decoder_destroy(&m1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixture_config),    cmocka_unit_test(test_fixture_prefill),
+        cmocka_unit_test(test_fixture_greedy),    cmocka_unit_test(test_context_lossless),
+        cmocka_unit_test(test_context_quantized), cmocka_unit_test(test_context_miss),
+        cmocka_unit_test(test_provider_errors),   cmocka_unit_test(test_argument_errors),
+        cmocka_unit_test(test_load_errors),       cmocka_unit_test(test_load_variants),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,686 @@
+/* The edge proxy on loopback topologies with emulated links: the plan prices sources as
+ * Eq. 19 says and uses a peer edge for the shallow layers it holds (the directory comes from
+ * the master); a stale directory is corrected by falling back; the cloud node killed
+ * mid-request: the request completes from the historical cache within its deadline, every
+ * block verified, and the cloud is re-admitted when it comes back; all sources down: misses
+ * within the deadline; a master restart: the proxy resyncs and sees new nodes; bad requests
+ * get clear errors and the proxy keeps serving. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <czmq.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "access/dirpub.h"
+#include "access/frame.h"
+#include "access/master.h"
+#include "access/mview.h"
+#include "access/server.h"
+#include "clients/kvedge.h"
+#include "proxy/proxy.h"
+#include "store/synth.h"
+
+#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  12
+#define S_LAYERS 12
+#define S_CHUNKS 2
+#define S_TOKENS 256 /* per chunk */
+
+/* ---------------------------------------------------------------- the context */
+
+typedef struct {
+    kvedge_chunk_id_t ids[S_CHUNKS];
+    uint8_t *block[S_LAYERS][S_CHUNKS][S_HEADS];
+    size_t len[S_LAYERS][S_CHUNKS][S_HEADS];
+} s_ctx_t;
+
+static s_ctx_t s_ctx;
+
+static void s_make_context(void)
+{
+    uint32_t tok[S_CHUNKS * S_TOKENS];
+    for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
+        tok[i] = 11 * i + 3;
+    assert_int_equal(
+        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS, s_ctx.ids, 2),
+        2);
+    kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL,
+                                false};
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t c = 0; c < S_CHUNKS; c++)
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                s_ctx.block[l][c][h] = malloc(cap);
+                assert_int_equal(kvedge_synth_head(l * 1000 + c * 100 + h, 0, S_TOKENS, 64,
+                                                   KVEDGE_DTYPE_FP16, k, v),
+                                 0);
+                assert_int_equal(kvedge_block_encode(&spec, k, v, s_ctx.block[l][c][h], cap,
+                                                     &s_ctx.len[l][c][h]),
+                                 0);
+            }
+}
+
+static kvedge_client_t *s_client(const char *ep, int deadline_ms)
+{
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.deadline_ms = deadline_ms;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    return c;
+}
+
+/* Puts layers [l0, l1) of the context to the node at ep. */
+static void s_put(const char *ep, uint32_t l0, uint32_t l1, bool pin)
+{
+    kvedge_client_t *c = s_client(ep, 10000);
+    kvedge_put_item_t items[S_HEADS];
+    for (uint32_t l = l0; l < l1; l++)
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                memset(&items[h], 0, sizeof items[h]);
+                items[h].chunk.id = s_ctx.ids[ci];
+                items[h].chunk.has_parent = ci > 0;
+                if (ci > 0)
+                    items[h].chunk.parent = s_ctx.ids[ci - 1];
+                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+                items[h].chunk.index = ci;
+                items[h].chunk.tokens = S_TOKENS;
+                items[h].layer = (uint16_t)l;
+                items[h].head = (uint16_t)h;
+                items[h].block = s_ctx.block[l][ci][h];
+                items[h].len = s_ctx.len[l][ci][h];
+                items[h].pin = pin;
+            }
+            assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
+        }
+    kvedge_client_destroy(&c);
+}
+
+/* ---------------------------------------------------------------- nodes */
+
+typedef struct {
+    char dir[200];
+    char ep[250];
+    kvedge_engine_t *engine;
+    kvedge_server_t *server;
+    kvedge_mview_t *view;
+    kvedge_dirpub_t *pub;
+} s_node_t;
+
+static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
+                         const char *master, const char *pub)
+{
+    memset(n, 0, sizeof *n);
+    snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
+    snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
+    assert_int_equal(kvedge_engine_open(n->dir, NULL, &n->engine, NULL, 0), 0);
+    kvedge_server_opts_t so = {role, name, n->ep, true, NULL, NULL, 2, 0, n->engine};
+    char why[256];
+    if (kvedge_server_start(&so, &n->server, why, sizeof why) != 0)
+        fail_msg("start %s: %s", name, why);
+    if (master) {
+        kvedge_mview_opts_t vo;
+        kvedge_mview_opts_default(&vo);
+        vo.master = master;
+        vo.pub = pub;
+        vo.heartbeat_id = name;
+        vo.prefix = "node/";
+        assert_int_equal(kvedge_mview_start(&vo, &n->view), 0);
+        kvedge_master_node_t rec = {.role = role};
+        snprintf(rec.endpoint, sizeof rec.endpoint, "%s", n->ep);
+        kvedge_dirpub_opts_t po = {n->engine, n->view, name, &rec, 100};
+        assert_int_equal(kvedge_dirpub_start(&po, &n->pub), 0);
+    }
+}
+
+static void s_node_stop(s_node_t *n)
+{
+    kvedge_dirpub_destroy(&n->pub);
+    kvedge_mview_destroy(&n->view);
+    kvedge_server_destroy(&n->server);
+    kvedge_engine_destroy(&n->engine);
+}
+
+/* A cloud node in its own process, so it can be killed mid-request. */
+static pid_t s_spawn_cloud(const char *root, const char *ep)
+{
+    char data[400];
+    snprintf(data, sizeof data, "%s/cloud-proc", root);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        execl(KVEDGE_BIN, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure",
+              "--bind", ep, "--log-level", "error", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[300];
+    ssize_t r = read(pfd[0], line, sizeof line);
+    close(pfd[0]);
+    assert_true(r > 0);
+    return pid;
+}
+
+/* ---------------------------------------------------------------- fetching */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    bool planned;
+    kvedge_fetch_plan_t plan;
+    kvedge_fetch_layer_t layer[S_LAYERS];
+    char layer_src[S_LAYERS][64];
+    uint32_t layers;
+    uint32_t blocks, mismatches;
+    pid_t kill_after_first; /* SIGKILL this process once layer 0 is delivered */
+} s_result_t;
+
+static void s_r_plan(void *ctx, const kvedge_fetch_plan_t *p)
+{
+    s_result_t *r = ctx;
+    r->plan = *p;
+    r->planned = true;
+}
+
+static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
+                      int status, const uint8_t *data, size_t len)
+{
+    (void)source;
+    s_result_t *r = ctx;
+    r->blocks++;
+    if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
+        len != s_ctx.len[layer][ci][head] || memcmp(data, s_ctx.block[layer][ci][head], len) != 0)
+        r->mismatches++;
+}
+
+static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
+{
+    s_result_t *r = ctx;
+    if (r->layers < S_LAYERS) {
+        r->layer[r->layers] = *l;
+        snprintf(r->layer_src[r->layers], sizeof r->layer_src[0], "%s", l->source_name);
+        r->layer[r->layers].source_name = r->layer_src[r->layers];
+    }
+    r->layers++;
+    if (r->kill_after_first > 0) {
+        kill(r->kill_after_first, SIGKILL);
+        r->kill_after_first = 0;
+    }
+}
+
+static void s_r_done(void *ctx, int status)
+{
+    s_result_t *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    r->status = status;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Fetches every layer through the proxy; returns the elapsed ms. */
+static double s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_t kill_pid)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->kill_after_first = kill_pid;
+    kvedge_client_t *c = s_client(proxy_ep, deadline_ms);
+    kvedge_fetch_req_t req = {S_MODEL, s_ctx.ids, S_CHUNKS, 0, S_LAYERS, S_CHUNKS * S_TOKENS,
+                              NULL,    NULL,      deadline_ms};
+    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
+    int64_t t0 = zclock_usecs();
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
+    pthread_mutex_lock(&r->mu);
+    while (!r->done)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    double ms = (double)(zclock_usecs() - t0) / 1e3;
+    kvedge_client_destroy(&c);
+    return ms;
+}
+
+static int s_src_index(const kvedge_fetch_plan_t *p, const char *name)
+{
+    for (uint32_t s = 0; s < p->nsources; s++)
+        if (strcmp(p->source[s].name, name) == 0)
+            return (int)s;
+    return -1;
+}
+
+static kvedge_proxy_t *s_proxy(const char *root, kvedge_proxy_source_t *src, size_t n,
+                               const char *master, const char *pub, char *ep, size_t ep_len)
+{
+    snprintf(ep, ep_len, "ipc://%s/proxy.sock", root);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.bind = ep;
+    po.insecure = true;
+    po.id = "proxy-t";
+    po.sources = src;
+    po.nsources = n;
+    po.master = master;
+    po.master_pub = pub;
+    char why[256];
+    kvedge_proxy_t *p = NULL;
+    if (kvedge_proxy_start(&po, &p, why, sizeof why) != 0)
+        fail_msg("proxy: %s", why);
+    return p;
+}
+
+static void s_source(kvedge_proxy_source_t *s, const char *spec)
+{
+    assert_int_equal(kvedge_proxy_source_parse(spec, s), 0);
+}
+
+static void s_rmrf(const char *dir)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+/* Two edges share shallow layers: edge A holds layers 0..5 and tells the master; the proxy of
+ * edge B plans them from A (1 Gbit/s, 1 ms) and the deep ones from the cloud (100 Mbit/s,
+ * 20 ms), prices each as Eq. 19 says, and delivers every block intact. */
+static void test_peer_sharing_with_directory(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    kvedge_master_opts_t mo;
+    kvedge_master_opts_default(&mo);
+    char mdir[300], mep[350], mpub[350];
+    snprintf(mdir, sizeof mdir, "%s/master", root);
+    snprintf(mep, sizeof mep, "ipc://%s/m.sock", root);
+    snprintf(mpub, sizeof mpub, "ipc://%s/mp.sock", root);
+    mo.bind = mep;
+    mo.pub = mpub;
+    mo.data_dir = mdir;
+    mo.insecure = true;
+    kvedge_master_t *m = NULL;
+    assert_int_equal(kvedge_master_start(&mo, &m, NULL, 0), 0);
+    s_node_t cloud, peer;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
+    s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, mep, mpub);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    s_put(peer.ep, 0, 6, false); /* edge A computed the shallow layers and published them */
+    uint32_t changed;
+    assert_int_equal(kvedge_dirpub_sync(cloud.pub, &changed), 0);
+    assert_int_equal(kvedge_dirpub_sync(peer.pub, &changed), 0);
+
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s link=100mbit,20ms bw=12500000 rtt=40000",
+             cloud.ep);
+    s_source(&src[0], spec);
+    snprintf(spec, sizeof spec, "peer edgeA %s link=1gbit,1ms bw=125000000 rtt=2000", peer.ep);
+    s_source(&src[1], spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, src, 2, mep, mpub, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 5000), 0);
+    /* The proxy's view has the directory once it has caught up with the master. */
+    zclock_sleep(500);
+
+    s_result_t r;
+    s_fetch(pep, 20000, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_true(r.planned);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.mismatches, 0);
+    assert_int_equal(r.blocks, S_LAYERS * S_CHUNKS * S_HEADS);
+    int ci = s_src_index(&r.plan, "cloud1"), pi = s_src_index(&r.plan, "edgeA");
+    assert_true(ci >= 0 && pi >= 0);
+    /* Eq. 19: every planned layer costs rtt + bytes / bw of its source, with bytes the fp16
+     * size of the layer (the proxy's prior before it has seen what a source sends). */
+    double fp16 = (double)S_CHUNKS * S_TOKENS * S_HEADS * 64 * 2 * 2;
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        int s = r.plan.layer[l].source;
+        assert_true(s >= 0);
+        double want = r.plan.source[s].rtt_us + fp16 * 1e6 / r.plan.source[s].bw_bytes_per_s;
+        assert_true(fabs(r.plan.layer[l].cost_us - want) <= 1e-6 * want);
+        /* The peer holds 0..5 (directory): deep layers can only come from the cloud; every
+         * shallow layer is cheaper from the peer, and the plan never loses to cloud-only. */
+        if (l >= 6)
+            assert_int_equal(s, ci);
+        assert_string_equal(r.layer[l].source_name, r.plan.source[s].name);
+        assert_int_equal(r.layer[l].reason, KVEDGE_FETCH_PLANNED);
+    }
+    uint32_t from_peer = 0;
+    for (uint32_t l = 0; l < 6; l++)
+        from_peer += r.plan.layer[l].source == pi;
+    assert_true(from_peer >= 1);
+    assert_true(r.plan.total_us <= r.plan.cloud_only_us);
+    assert_true(r.plan.bound_us <= r.plan.total_us * (1 + 1e-9));
+    printf("plan: %u of 6 shallow layers from the peer, T %.1f ms vs cloud-only %.1f ms\n",
+           from_peer, r.plan.total_us / 1e3, r.plan.cloud_only_us / 1e3);
+
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&peer);
+    s_node_stop(&cloud);
+    kvedge_master_destroy(&m);
+    s_rmrf(root);
+}
+
+/* No directory: the proxy assumes the peer holds every layer; the peer answers "not found"
+ * for the deep ones, which move to the cloud (fallback:missing), and the negative cache
+ * keeps the next plan off them. */
+static void test_stale_directory_falls_back(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_node_t cloud, peer;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
+    s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, NULL, NULL);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    s_put(peer.ep, 0, 6, false);
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s link=100mbit,20ms bw=12500000 rtt=40000",
+             cloud.ep);
+    s_source(&src[0], spec);
+    snprintf(spec, sizeof spec, "peer edgeA %s bw=1000000000 rtt=200", peer.ep);
+    s_source(&src[1], spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, src, 2, NULL, NULL, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 5000), 0);
+
+    s_result_t r;
+    s_fetch(pep, 20000, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.mismatches, 0);
+    uint32_t missing = 0;
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        assert_int_equal(r.layer[l].status, 0);
+        if (r.layer[l].reason == KVEDGE_FETCH_FALLBACK_MISSING) {
+            missing++;
+            assert_true(l >= 6);
+            assert_string_equal(r.layer[l].source_name, "cloud1");
+        }
+    }
+    assert_true(missing >= 1);
+    /* Learned: the next plan keeps deep layers off the peer. */
+    s_fetch(pep, 20000, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.mismatches, 0);
+    int pi = s_src_index(&r.plan, "edgeA");
+    for (uint32_t l = 6; l < S_LAYERS; l++) {
+        assert_int_not_equal(r.plan.layer[l].source, pi);
+        assert_int_equal(r.layer[l].reason, KVEDGE_FETCH_PLANNED);
+    }
+    kvedge_proxy_stats_t st;
+    kvedge_proxy_stats(p, &st);
+    assert_true(st.fallbacks >= missing);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&peer);
+    s_node_stop(&cloud);
+    s_rmrf(root);
+}
+
+/* The cloud node is killed (SIGKILL) after the first layer: the rest comes from the edge's
+ * historical cache within the deadline, every byte verified. The cloud comes back and is
+ * re-admitted. */
+static void test_cloud_killed_mid_request(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    char cep[350];
+    snprintf(cep, sizeof cep, "ipc://%s/cloud.sock", root);
+    pid_t cloud = s_spawn_cloud(root, cep);
+    s_node_t hist;
+    s_node_start(&hist, root, "history", KVEDGE_ROLE_EDGE, NULL, NULL);
+    s_put(cep, 0, S_LAYERS, false);
+    s_put(hist.ep, 0, S_LAYERS, true); /* the pinned historical copy */
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    /* The cloud is the fast source here, so the plan starts there. */
+    snprintf(spec, sizeof spec, "cloud cloud1 %s link=1gbit,5ms bw=125000000 rtt=10000", cep);
+    s_source(&src[0], spec);
+    snprintf(spec, sizeof spec, "history hist %s link=100mbit,1ms bw=12500000 rtt=2000",
+             hist.ep);
+    s_source(&src[1], spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, src, 2, NULL, NULL, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 5000), 0);
+
+    s_result_t r;
+    double ms = s_fetch(pep, 8000, &r, cloud);
+    waitpid(cloud, NULL, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.mismatches, 0);
+    assert_int_equal(r.blocks, S_LAYERS * S_CHUNKS * S_HEADS);
+    assert_true(ms < 8000);
+    uint32_t fell_back = 0;
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        assert_int_equal(r.layer[l].status, 0); /* every layer delivered */
+        if (r.layer[l].reason == KVEDGE_FETCH_FALLBACK_FAILED) {
+            fell_back++;
+            assert_string_equal(r.layer[l].source_name, "hist");
+        }
+    }
+    assert_true(fell_back >= 1);
+    printf("cloud killed: %u layers from the historical cache, all %u layers in %.0f ms\n",
+           fell_back, r.layers, ms);
+
+    /* Back: the prober hears it again; a later plan may use it. */
+    cloud = s_spawn_cloud(root, cep);
+    bool readmitted = false;
+    for (int i = 0; i < 40 && !readmitted; i++) {
+        zclock_sleep(250);
+        s_fetch(pep, 8000, &r, 0);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(r.mismatches, 0);
+        int ci = s_src_index(&r.plan, "cloud1");
+        readmitted = ci >= 0 && r.plan.source[ci].up;
+    }
+    assert_true(readmitted);
+    kill(cloud, SIGTERM);
+    waitpid(cloud, NULL, 0);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&hist);
+    s_rmrf(root);
+}
+
+/* Every source down: each layer comes back as a miss, within the deadline, never a hang. */
+static void test_all_sources_down_misses(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    char cep[350];
+    snprintf(cep, sizeof cep, "ipc://%s/cloud.sock", root);
+    pid_t cloud = s_spawn_cloud(root, cep);
+    s_put(cep, 0, S_LAYERS, false);
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s", cep);
+    s_source(&src[0], spec);
+    snprintf(spec, sizeof spec, "peer nobody ipc://%s/nobody.sock", root);
+    s_source(&src[1], spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, src, 2, NULL, NULL, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 5000), 0);
+    kill(cloud, SIGKILL);
+    waitpid(cloud, NULL, 0);
+    s_result_t r;
+    double ms = s_fetch(pep, 1500, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.blocks, 0);
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        assert_int_equal(r.layer[l].status, KVEDGE_ENOTFOUND);
+        assert_true(r.layer[l].reason == KVEDGE_FETCH_MISS ||
+                    r.layer[l].reason == KVEDGE_FETCH_MISS_DEADLINE);
+    }
+    assert_true(ms < 1500 + 250);
+    printf("all sources down: %u misses in %.0f ms (deadline 1500)\n", r.layers, ms);
+    kvedge_proxy_destroy(&p);
+    s_rmrf(root);
+}
+
+/* The master restarts: the proxy's view resyncs by itself and sees a node that registered
+ * after the restart. */
+static void test_master_restart_resync(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    kvedge_master_opts_t mo;
+    kvedge_master_opts_default(&mo);
+    char mdir[300], mep[350], mpub[350];
+    snprintf(mdir, sizeof mdir, "%s/master", root);
+    snprintf(mep, sizeof mep, "ipc://%s/m.sock", root);
+    snprintf(mpub, sizeof mpub, "ipc://%s/mp.sock", root);
+    mo.bind = mep;
+    mo.pub = mpub;
+    mo.data_dir = mdir;
+    mo.insecure = true;
+    kvedge_master_t *m = NULL;
+    assert_int_equal(kvedge_master_start(&mo, &m, NULL, 0), 0);
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, NULL, 0, mep, mpub, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 8000), 0); /* discovered */
+
+    kvedge_master_destroy(&m);
+    zclock_sleep(300);
+    assert_int_equal(kvedge_master_start(&mo, &m, NULL, 0), 0);
+    s_node_t edge;
+    s_node_start(&edge, root, "edge9", KVEDGE_ROLE_EDGE, mep, mpub);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 15000), 0); /* edge9 seen after resync */
+    s_result_t r;
+    s_fetch(pep, 10000, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.mismatches, 0);
+    assert_true(s_src_index(&r.plan, "edge9") >= 0);
+    assert_true(s_src_index(&r.plan, "cloud1") >= 0);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&edge);
+    s_node_stop(&cloud);
+    kvedge_master_destroy(&m);
+    s_rmrf(root);
+}
+
+static void s_err_done(void *ctx, int status)
+{
+    s_result_t *r = ctx;
+    s_r_done(ctx, status);
+    (void)r;
+}
+
+static int s_fetch_status(kvedge_client_t *c, const char *model, uint16_t first, uint16_t n)
+{
+    s_result_t r;
+    memset(&r, 0, sizeof r);
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    kvedge_fetch_req_t req = {model, s_ctx.ids, S_CHUNKS, first, n, 0, NULL, NULL, 3000};
+    kvedge_fetch_cbs_t cbs = {NULL, NULL, NULL, s_err_done};
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, &r), 0);
+    pthread_mutex_lock(&r.mu);
+    while (!r.done)
+        pthread_cond_wait(&r.cv, &r.mu);
+    pthread_mutex_unlock(&r.mu);
+    return r.status;
+}
+
+/* Unknown model, layers outside the model, a malformed message, an opcode a proxy does not
+ * serve: clear errors, and the proxy keeps serving. */
+static void test_bad_requests(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    kvedge_proxy_source_t src[1];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s", cloud.ep);
+    s_source(&src[0], spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, src, 1, NULL, NULL, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 5000), 0);
+    kvedge_client_t *c = s_client(pep, 3000);
+    assert_int_equal(kvedge_client_node(c)->role, KVEDGE_ROLE_PROXY);
+    assert_int_equal(s_fetch_status(c, "no-such-model", 0, 1), KVEDGE_ENOMODEL);
+    assert_int_equal(s_fetch_status(c, S_MODEL, 10, 5), KVEDGE_ESHAPE);
+    kvedge_engine_stats_t st;
+    assert_int_equal(kvedge_client_stat(c, &st), KVEDGE_EINVAL); /* not a store node */
+    /* Garbage on the wire gets an EPROTO answer. */
+    zsock_t *raw = zsock_new_dealer(pep);
+    zsock_set_rcvtimeo(raw, 3000);
+    zstr_send(raw, "not a kvedge header");
+    zmsg_t *ans = zmsg_recv(raw);
+    assert_non_null(ans);
+    zframe_t *hf = zmsg_first(ans);
+    kvedge_wire_header_t h;
+    assert_int_equal(kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h), 0);
+    assert_int_equal(h.status, KVEDGE_EPROTO);
+    zmsg_destroy(&ans);
+    zsock_destroy(&raw);
+    /* Still serving. */
+    assert_int_equal(s_fetch_status(c, S_MODEL, 0, S_LAYERS), 0);
+    double rtt;
+    assert_int_equal(kvedge_client_ping(c, 0, &rtt, NULL), 0);
+    kvedge_client_destroy(&c);
+    /* Source specs are parsed strictly. */
+    kvedge_proxy_source_t bad;
+    assert_int_equal(kvedge_proxy_source_parse("satellite x ipc://a", &bad), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_proxy_source_parse("cloud x", &bad), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_proxy_source_parse("cloud x ipc://a link=fast", &bad),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_proxy_source_parse("cloud x ipc://a bw=-1", &bad), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_proxy_source_parse("cloud x ipc://a what=1", &bad), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_proxy_source_parse("cloud bad/id ipc://a", &bad), KVEDGE_EINVAL);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&cloud);
+    s_rmrf(root);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    s_make_context();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_peer_sharing_with_directory),
+        cmocka_unit_test(test_stale_directory_falls_back),
+        cmocka_unit_test(test_cloud_killed_mid_request),
+        cmocka_unit_test(test_all_sources_down_misses),
+        cmocka_unit_test(test_master_restart_resync),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t c = 0; c < S_CHUNKS; c++)
+            for (uint32_t h = 0; h < S_HEADS; h++)
+                free(s_ctx.block[l][c][h]);
+    return rc;
+}
