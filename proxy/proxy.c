@@ -34,14 +34,17 @@
 #define S_TICK_MS          50
 #define S_RATIO_PRIOR      1.0 /* bytes per fp16 byte a source is assumed to send at first */
 #define S_TOKENS_PER_CHUNK KVEDGE_CHUNK_TOKENS_DEFAULT
+#define S_BW_MIN_BYTES     (256u << 10) /* a fetch teaches a source's bandwidth past this */
 
 /* ---------------------------------------------------------------- state */
 
 typedef struct {
     kvedge_proxy_source_t conf;
-    bool from_master;         /* discovered in the master's node list */
-    kvedge_client_t *client;  /* set once by the prober (under srcs_mu), never replaced */
-    double ratio;             /* learned wire bytes per fp16 byte (actor only) */
+    bool from_master;        /* discovered in the master's node list */
+    kvedge_client_t *client; /* set once by the prober (under srcs_mu), never replaced */
+    double ratio;            /* learned wire bytes per fp16 byte (actor only) */
+    double bw_est;           /* throughput measured over whole fetches (under srcs_mu) */
+    uint64_t bw_samples;
     uint64_t last_publish_ms; /* prober: last link record sent */
 } s_src_t;
 
@@ -121,6 +124,7 @@ typedef struct {
     uint32_t got;      /* blocks received in this generation */
     zframe_t **blocks; /* nchunks x heads */
     uint64_t bytes;
+    uint64_t fp16; /* the same blocks' size as fp16 (from their headers) */
 } s_layer_t;
 
 typedef struct {
@@ -139,13 +143,18 @@ typedef struct {
     kvedge_plan_request_t req;
     size_t nsrc;
     kvedge_plan_source_t psrc[KVEDGE_PROXY_MAX_SOURCES];
-    int map[KVEDGE_PROXY_MAX_SOURCES];  /* request source -> proxy source */
+    int map[KVEDGE_PROXY_MAX_SOURCES]; /* request source -> proxy source */
     double *bytes[KVEDGE_PROXY_MAX_SOURCES];
     kvedge_client_t *client[KVEDGE_PROXY_MAX_SOURCES];
     uint32_t inflight[KVEDGE_PROXY_MAX_SOURCES];
+    /* Per source: its throughput over this fetch, from its first stream to its last layer
+     * (several streams share a link, so one stream's own time says little). */
+    int64_t first_issue_us[KVEDGE_PROXY_MAX_SOURCES];
+    int64_t last_done_us[KVEDGE_PROXY_MAX_SOURCES];
+    uint64_t done_bytes[KVEDGE_PROXY_MAX_SOURCES];
     kvedge_plan_t *plan, *replan;
     s_layer_t *layer;
-    uint32_t next; /* next layer to deliver */
+    uint32_t next;    /* next layer to deliver */
     zlistx_t *outbox; /* zmsg_t without route, in order */
     uint32_t sent;    /* data messages sent */
     bool ended;
@@ -260,12 +269,20 @@ static void s_src_link(s_proxy_t *p, s_src_t *s, kvedge_client_t *c, double *bw,
         if (lr.rtt_us)
             *rtt = lr.rtt_us;
     }
+    /* Our own client's round trips (pings, small replies) are the best rtt we have; its
+     * per-stream bandwidth undercounts when streams share the link, so the throughput
+     * measured over whole fetches wins over it. */
     if (samples > 0) {
         if (mbw > 0)
             *bw = mbw;
         if (mrtt > 0)
             *rtt = mrtt;
     }
+    pthread_mutex_lock(&p->srcs_mu);
+    double est = s->bw_est;
+    pthread_mutex_unlock(&p->srcs_mu);
+    if (est > 0)
+        *bw = est;
 }
 
 /* ---------------------------------------------------------------- events */
@@ -361,6 +378,7 @@ static void s_layer_clear(s_proxy_t *p, s_fetch_t *f, s_layer_t *l)
         }
     l->got = 0;
     l->bytes = 0;
+    l->fp16 = 0;
 }
 
 /* Block bytes an outbox message holds (a BLOCK message's second frame), else 0. */
@@ -407,8 +425,33 @@ static s_fetch_t *s_fetch_find(s_proxy_t *p, uint64_t serial)
     return NULL;
 }
 
+/* Folds each source's throughput over this fetch into its estimate: bytes over the time from
+ * its first stream to its last layer, less one round trip. Only transfers big enough to say
+ * something about bandwidth count. */
+static void s_learn_links(s_proxy_t *p, s_fetch_t *f)
+{
+    for (size_t s = 0; s < f->nsrc; s++) {
+        if (f->done_bytes[s] < S_BW_MIN_BYTES || !f->first_issue_us[s])
+            continue;
+        double us = (double)(f->last_done_us[s] - f->first_issue_us[s]) - f->psrc[s].rtt_us;
+        double floor_us = (double)(f->last_done_us[s] - f->first_issue_us[s]) / 8;
+        if (us < floor_us)
+            us = floor_us;
+        if (us <= 0)
+            continue;
+        double bw = (double)f->done_bytes[s] * 1e6 / us;
+        pthread_mutex_lock(&p->srcs_mu);
+        s_src_t *src = &p->src[f->map[s]];
+        src->bw_samples++;
+        double w = src->bw_samples < 4 ? 1.0 / (double)src->bw_samples : 0.25;
+        src->bw_est = src->bw_est > 0 ? (1 - w) * src->bw_est + w * bw : bw;
+        pthread_mutex_unlock(&p->srcs_mu);
+    }
+}
+
 static void s_fetch_remove(s_proxy_t *p, s_fetch_t *f)
 {
+    s_learn_links(p, f);
     void *h = zlistx_find(p->fetches, f);
     if (h)
         zlistx_detach(p->fetches, h);
@@ -422,8 +465,8 @@ static void s_pump(s_proxy_t *p, s_fetch_t *f)
     while (f->credit > 0 && (m = zlistx_first(f->outbox)) != NULL) {
         zlistx_detach(f->outbox, NULL);
         zmsg_t *out = zmsg_new();
-        zframe_t *h = s_header(KVEDGE_OP_FETCH, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
-                               f->rid, 0, 1);
+        zframe_t *h =
+            s_header(KVEDGE_OP_FETCH, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE, f->rid, 0, 1);
         zmsg_append(out, &h);
         p->buffered -= s_block_bytes(m); /* a block leaves the buffer */
         zframe_t *fr;
@@ -621,7 +664,8 @@ static void s_issue(s_proxy_t *p, s_fetch_t *f)
                 }
                 l->state = L_FLIGHT;
                 l->attempts++;
-                f->inflight[s]++;
+                if (f->inflight[s]++ == 0 && !f->first_issue_us[s])
+                    f->first_issue_us[s] = zclock_usecs();
             }
         }
     }
@@ -639,13 +683,13 @@ static void s_event(s_proxy_t *p, s_event_t *e)
             if (l->gen == op->gen && l->state == L_FLIGHT) {
                 if (e->status == KVEDGE_OK && l->got == want) {
                     l->state = L_DONE;
+                    f->done_bytes[op->src] += l->bytes;
+                    f->last_done_us[op->src] = zclock_usecs();
                     kvedge_health_success(p->health, f->psrc[op->src].name, (uint64_t)s_now_ms());
                     /* Learn what this source sends per fp16 byte, for the next plans. */
-                    double fp16 = f->bytes[op->src][op->layer] /
-                                  p->src[f->map[op->src]].ratio;
-                    if (fp16 > 0)
-                        p->src[f->map[op->src]].ratio =
-                            0.5 * p->src[f->map[op->src]].ratio + 0.5 * (double)l->bytes / fp16;
+                    s_src_t *src = &p->src[f->map[op->src]];
+                    if (l->fp16 > 0)
+                        src->ratio = 0.5 * src->ratio + 0.5 * (double)l->bytes / (double)l->fp16;
                 } else if (e->status == KVEDGE_OK) {
                     s_layer_failed(p, f, op->layer, KVEDGE_FETCH_FALLBACK_MISSING);
                 } else {
@@ -688,6 +732,7 @@ static void s_event(s_proxy_t *p, s_event_t *e)
         } else {
             p->buffered += zframe_size(e->frame);
             l->bytes += zframe_size(e->frame);
+            l->fp16 += kvedge_block_fp16_bytes(info.tokens, info.head_dim);
             l->blocks[idx] = e->frame;
             e->frame = NULL;
             l->got++;
@@ -790,8 +835,7 @@ static void s_fetch_sources(s_proxy_t *p, s_fetch_t *f, uint32_t tokens)
         if (weight > 0) /* a doubtful source (suspect, on probation) is priced as slower */
             ps->bw_bytes_per_s *= weight;
         kvedge_master_node_t rec;
-        bool in_registry =
-            p->view && kvedge_mview_node(p->view, s->conf.name, &rec) == KVEDGE_OK;
+        bool in_registry = p->view && kvedge_mview_node(p->view, s->conf.name, &rec) == KVEDGE_OK;
         for (uint32_t l = 0; l < f->L; l++)
             b[l] = s_holds(p, s, in_registry, f, f->first + l) ? fp16 * s->ratio : -1;
         ps->layer_bytes = b;
@@ -806,9 +850,14 @@ static void s_fetch_sources(s_proxy_t *p, s_fetch_t *f, uint32_t tokens)
 static zmsg_t *s_plan_message(const s_fetch_t *f)
 {
     const kvedge_plan_t *pl = f->plan;
-    kvedge_wire_fetch_plan_t w = {(uint32_t)f->nsrc,     f->L,        pl->split,
-                                  pl->total_us,          pl->bound_us, pl->cloud_only_us,
-                                  pl->recompute_all_us, pl->load_then_compute_us};
+    kvedge_wire_fetch_plan_t w = {(uint32_t)f->nsrc,
+                                  f->L,
+                                  pl->split,
+                                  pl->total_us,
+                                  pl->bound_us,
+                                  pl->cloud_only_us,
+                                  pl->recompute_all_us,
+                                  pl->load_then_compute_us};
     uint8_t head[KVEDGE_WIRE_FETCH_PLAN_BYTES];
     kvedge_wire_fetch_plan_pack(&w, head);
     zframe_t *srcs = zframe_new(NULL, f->nsrc * KVEDGE_WIRE_FETCH_SOURCE_BYTES);
@@ -988,8 +1037,7 @@ static void s_request(s_proxy_t *p, zmsg_t *msg)
     }
     if (rc != KVEDGE_OK) {
         if (route)
-            s_reply_error(p, route, rc == KVEDGE_EVERSION || hf ? h.opcode : 0, h.request_id,
-                          rc);
+            s_reply_error(p, route, rc == KVEDGE_EVERSION || hf ? h.opcode : 0, h.request_id, rc);
     } else {
         switch (h.opcode) {
         case KVEDGE_OP_HELLO:
@@ -1039,8 +1087,7 @@ typedef struct {
     size_t n;
 } s_ids_t;
 
-static int s_collect_node(void *ctx, const char *key, uint64_t seq, const uint8_t *body,
-                          size_t len)
+static int s_collect_node(void *ctx, const char *key, uint64_t seq, const uint8_t *body, size_t len)
 {
     (void)seq;
     (void)body;
@@ -1122,8 +1169,8 @@ static void s_probe_source(s_proxy_t *p, size_t i)
         s->client = c;
         pthread_mutex_unlock(&p->srcs_mu);
         kvedge_health_success(p->health, conf.name, (uint64_t)s_now_ms());
-        kvedge_log_info("source %s (%s) connected: %s", conf.name,
-                        kvedge_plan_kind_name(conf.kind), conf.endpoint);
+        kvedge_log_info("source %s (%s) connected: %s", conf.name, kvedge_plan_kind_name(conf.kind),
+                        conf.endpoint);
         return;
     }
     /* A liveness probe: keeps an idle source from looking silent, and is how a source that
@@ -1150,8 +1197,15 @@ static void s_publish_links(s_proxy_t *p)
         bool due = now - s->last_publish_ms >= KVEDGE_PROXY_LINK_PUBLISH_MS;
         pthread_mutex_unlock(&p->srcs_mu);
         double bw = 0, rtt = 0;
+        if (!c || !due)
+            continue;
+        s_src_link(p, s, c, &bw, &rtt);
         uint64_t samples = 0;
-        if (!c || !due || kvedge_client_link(c, &bw, &rtt, &samples) != KVEDGE_OK || !samples)
+        kvedge_client_link(c, NULL, NULL, &samples);
+        pthread_mutex_lock(&p->srcs_mu);
+        samples += s->bw_samples;
+        pthread_mutex_unlock(&p->srcs_mu);
+        if (!samples)
             continue;
         kvedge_master_link_t lr = {.rtt_us = (uint32_t)rtt,
                                    .bw_bytes_per_s = (uint64_t)bw,

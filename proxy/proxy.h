@@ -66,8 +66,8 @@ typedef struct {
     /* The Storage Master (optional): discovery, directory, links, models. */
     const char *master;
     const char *master_pub;
-    const char *master_key; /* Z85 or certificate path; NULL = plaintext */
-    const char *snapshot;   /* the master view's replica file; NULL = none */
+    const char *master_key;   /* Z85 or certificate path; NULL = plaintext */
+    const char *snapshot;     /* the master view's replica file; NULL = none */
     const char *local_node;   /* node id of this edge's own store: kind LOCAL */
     const char *history_node; /* node id of this edge's historical cache: kind HISTORY */
     uint64_t buffer_bytes;    /* 0 = KVEDGE_PROXY_BUFFER_BYTES_DEFAULT */
@@ -78,12 +78,12 @@ typedef struct {
 
 /* Counters since start. */
 typedef struct {
-    uint64_t requests;   /* FETCH requests accepted */
-    uint64_t layers;     /* layers delivered with data */
-    uint64_t misses;     /* layers reported as not delivered (recompute, miss, deadline) */
-    uint64_t fallbacks;  /* layers moved to another source after a failure */
-    uint64_t corrupt;    /* blocks that failed verification */
-    uint64_t bytes;      /* block bytes delivered */
+    uint64_t requests;  /* FETCH requests accepted */
+    uint64_t layers;    /* layers delivered with data */
+    uint64_t misses;    /* layers reported as not delivered (recompute, miss, deadline) */
+    uint64_t fallbacks; /* layers moved to another source after a failure */
+    uint64_t corrupt;   /* blocks that failed verification */
+    uint64_t bytes;     /* block bytes delivered */
     uint64_t source_failures;
 } kvedge_proxy_stats_t;
 
