@@ -27,3 +27,5 @@ else
 fi
 echo
 "$BUILD/bench/bench_pipeline" "$BUILD/clients/kvedge"
+echo
+"$BUILD/bench/bench_proxy" "$BUILD/clients/kvedge"
