@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define KVEDGE_DIRPUB_INTERVAL_MS 500 /* how often the engine's counters are looked at */
+#define KVEDGE_DIRPUB_INTERVAL_MS 500        /* how often the engine's counters are looked at */
 #define KVEDGE_DIRPUB_MAX_CHUNKS  (1u << 20) /* chunks one pass publishes; the rest wait */
 
 typedef struct kvedge_dirpub_t kvedge_dirpub_t;

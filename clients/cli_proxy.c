@@ -140,8 +140,19 @@ static const char s_proxy_help[] =
 static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
 {
     (void)cli;
-    enum { S_O_ID = 1000, S_O_MASTER, S_O_PUB, S_O_MKEY, S_O_SNAP, S_O_LOCAL, S_O_HIST,
-           S_O_CERT, S_O_CLIENTS, S_O_INSECURE, S_O_LOG };
+    enum {
+        S_O_ID = 1000,
+        S_O_MASTER,
+        S_O_PUB,
+        S_O_MKEY,
+        S_O_SNAP,
+        S_O_LOCAL,
+        S_O_HIST,
+        S_O_CERT,
+        S_O_CLIENTS,
+        S_O_INSECURE,
+        S_O_LOG
+    };
     static const struct option opts[] = {{"bind", required_argument, NULL, 'b'},
                                          {"id", required_argument, NULL, S_O_ID},
                                          {"source", required_argument, NULL, 's'},
@@ -481,11 +492,19 @@ static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
     o.name = "kvedge fetch";
     kvedge_client_t *c = NULL;
     int rc = ids ? kvedge_client_connect(&o, &c) : KVEDGE_ENOMEM;
-    s_fetch_out_t out = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, cli->json,
-                         zclock_usecs(), 0, 0, 0};
+    s_fetch_out_t out = {PTHREAD_MUTEX_INITIALIZER,
+                         PTHREAD_COND_INITIALIZER,
+                         false,
+                         0,
+                         cli->json,
+                         zclock_usecs(),
+                         0,
+                         0,
+                         0};
     if (rc == KVEDGE_OK) {
-        kvedge_fetch_req_t req = {model, ids, n, (uint16_t)a, (uint16_t)(b - a), (uint32_t)tokens,
-                                  cus, rus, cli->deadline_ms};
+        kvedge_fetch_req_t req = {
+            model,           ids, n, (uint16_t)a, (uint16_t)(b - a), (uint32_t)tokens, cus, rus,
+            cli->deadline_ms};
         kvedge_fetch_cbs_t cbs = {s_out_plan, s_out_block, s_out_layer, s_out_done};
         rc = kvedge_client_fetch_async(c, &req, &cbs, &out);
         if (rc == KVEDGE_OK) {

@@ -53,10 +53,9 @@ static void s_make_context(void)
     for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
         tok[i] = 11 * i + 3;
     assert_int_equal(
-        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS, s_ctx.ids, 2),
-        2);
-    kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL,
-                                false};
+        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS, s_ctx.ids, 2), 2);
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
     size_t cap = kvedge_block_encoded_bound(&spec);
     static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
     for (uint32_t l = 0; l < S_LAYERS; l++)
@@ -201,8 +200,8 @@ static void s_r_plan(void *ctx, const kvedge_fetch_plan_t *p)
     r->planned = true;
 }
 
-static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
-                      int status, const uint8_t *data, size_t len)
+static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source, int status,
+                      const uint8_t *data, size_t len)
 {
     (void)source;
     s_result_t *r = ctx;
@@ -245,7 +244,7 @@ static double s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_
     pthread_cond_init(&r->cv, NULL);
     r->kill_after_first = kill_pid;
     kvedge_client_t *c = s_client(proxy_ep, deadline_ms);
-    kvedge_fetch_req_t req = {S_MODEL, s_ctx.ids, S_CHUNKS, 0, S_LAYERS, S_CHUNKS * S_TOKENS,
+    kvedge_fetch_req_t req = {S_MODEL, s_ctx.ids, S_CHUNKS,   0, S_LAYERS, S_CHUNKS * S_TOKENS,
                               NULL,    NULL,      deadline_ms};
     kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
     int64_t t0 = zclock_usecs();
@@ -460,8 +459,7 @@ static void test_cloud_killed_mid_request(void **state)
     /* The cloud is the fast source here, so the plan starts there. */
     snprintf(spec, sizeof spec, "cloud cloud1 %s link=1gbit,5ms bw=125000000 rtt=10000", cep);
     s_source(&src[0], spec);
-    snprintf(spec, sizeof spec, "history hist %s link=100mbit,1ms bw=12500000 rtt=2000",
-             hist.ep);
+    snprintf(spec, sizeof spec, "history hist %s link=100mbit,1ms bw=12500000 rtt=2000", hist.ep);
     s_source(&src[1], spec);
     char pep[350];
     kvedge_proxy_t *p = s_proxy(root, src, 2, NULL, NULL, pep, sizeof pep);
@@ -655,8 +653,7 @@ static void test_bad_requests(void **state)
     kvedge_proxy_source_t bad;
     assert_int_equal(kvedge_proxy_source_parse("satellite x ipc://a", &bad), KVEDGE_EINVAL);
     assert_int_equal(kvedge_proxy_source_parse("cloud x", &bad), KVEDGE_EINVAL);
-    assert_int_equal(kvedge_proxy_source_parse("cloud x ipc://a link=fast", &bad),
-                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_proxy_source_parse("cloud x ipc://a link=fast", &bad), KVEDGE_EINVAL);
     assert_int_equal(kvedge_proxy_source_parse("cloud x ipc://a bw=-1", &bad), KVEDGE_EINVAL);
     assert_int_equal(kvedge_proxy_source_parse("cloud x ipc://a what=1", &bad), KVEDGE_EINVAL);
     assert_int_equal(kvedge_proxy_source_parse("cloud bad/id ipc://a", &bad), KVEDGE_EINVAL);
