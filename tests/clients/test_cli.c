@@ -485,6 +485,86 @@ static void test_remote_mode(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The chunk ids of `--json ls` output, in chain order ("chunk": index), comma-separated. */
+static void s_chain_ids(const char *out, char *ids, size_t len)
+{
+    char by_index[8][65] = {{0}};
+    int n = 0;
+    for (const char *p = strstr(out, "\"prefix\":\""); p; p = strstr(p + 1, "\"prefix\":\"")) {
+        const char *c = strstr(p, "\"chunk\":");
+        assert_non_null(c);
+        int idx = atoi(c + 8);
+        assert_true(idx >= 0 && idx < 8);
+        memcpy(by_index[idx], p + 10, 64);
+        n = idx + 1 > n ? idx + 1 : n;
+    }
+    ids[0] = '\0';
+    for (int i = 0; i < n; i++)
+        snprintf(ids + strlen(ids), len - strlen(ids), "%s%s", i ? "," : "", by_index[i]);
+}
+
+/* `kvedge proxy` and `kvedge fetch`: usage errors, then a fetch through a proxy in its own
+ * process that prints each layer's source and reason. */
+static void test_proxy_cli(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("proxy --insecure --bind ipc:///tmp/x.sock"), 2); /* no sources */
+    assert_contains(s_errtext, "no sources");
+    assert_int_equal(s_run("proxy --insecure --bind tcp://0.0.0.0:7498 --source 'cloud c "
+                           "ipc:///tmp/x'"),
+                     2);
+    assert_int_equal(s_run("proxy --insecure --source 'satellite c ipc:///tmp/x'"), 2);
+    assert_contains(s_errtext, "bad source");
+    assert_int_equal(s_run("fetch --model opt-125m --chunks 00"), 2); /* needs -H */
+    char ep[600], node_dir[600];
+    int out_fd;
+    pid_t node = s_spawn_node(node_dir, ep, &out_fd);
+    assert_int_equal(s_run("-H %s --json put-synthetic --model opt-125m --tokens 512", ep), 0);
+    assert_int_equal(s_run("-H %s --json ls", ep), 0);
+    char ids[200];
+    s_chain_ids(s_out, ids, sizeof ids);
+    assert_int_equal(strlen(ids), 129);
+    char pep[700], source[800];
+    snprintf(pep, sizeof pep, "ipc://%s.proxy", s_dir);
+    snprintf(source, sizeof source, "cloud cloud1 %s", ep);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t proxy = fork();
+    if (proxy == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        close(pfd[0]);
+        execl(KVEDGE_BIN, "kvedge", "proxy", "--insecure", "--bind", pep, "--source", source,
+              "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[700] = "";
+    assert_true(read(pfd[0], line, sizeof line - 1) > 0);
+    assert_non_null(strstr(line, "listening ipc://"));
+    assert_int_equal(s_run("-H %s fetch --model opt-125m --chunks %s", pep, ids), 0);
+    assert_contains(s_out, "12 layers delivered, 0 to compute locally");
+    assert_contains(s_out, "cloud1");
+    assert_int_equal(
+        s_run("-H %s --json fetch --model opt-125m --chunks %s --layers 2:5", pep, ids), 0);
+    assert_contains(s_out, "{\"layer\":4,\"source\":\"cloud1\",\"reason\":\"planned\"");
+    assert_int_equal(s_run("-H %s fetch --model opt-125m --chunks %s --layers 2:50", pep, ids),
+                     1); /* past the model's 12 layers */
+    assert_contains(s_errtext, "shape");
+    assert_int_equal(s_run("-H %s fetch --model opt-125m --chunks 12zz", pep), 2);
+    kill(proxy, SIGTERM);
+    int st = 0;
+    waitpid(proxy, &st, 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(pfd[0]);
+    kill(node, SIGTERM);
+    waitpid(node, NULL, 0);
+    close(out_fd);
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock' '%s.proxy'", node_dir, s_dir, s_dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_keygen(void **state)
 {
     (void)state;
@@ -528,6 +608,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sync_once, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_plan, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_master_cli, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_proxy_cli, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

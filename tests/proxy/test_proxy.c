@@ -439,6 +439,54 @@ static void test_stale_directory_falls_back(void **state)
     s_rmrf(root);
 }
 
+/* A peer whose stored block is damaged on disk: the node reports the head as corrupt, the
+ * proxy moves that layer to the cloud (fallback:corrupt) and never delivers a bad byte. */
+static void test_corrupt_block_falls_back(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_node_t cloud, peer;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
+    s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, NULL, NULL);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    s_put(peer.ep, 0, S_LAYERS, false);
+    /* Damage layer 2, chunk 0, head 3 on the peer (stored under the loopback tenant). */
+    uint8_t tag[16];
+    kvedge_tenant_tag(KVEDGE_LOOPBACK_TENANT, tag);
+    kvedge_block_key_t key = {.layer = 2, .head = 3};
+    kvedge_tenant_chunk_id(tag, &s_ctx.ids[0], &key.chunk);
+    uint8_t *bad = malloc(s_ctx.len[2][0][3]);
+    memcpy(bad, s_ctx.block[2][0][3], s_ctx.len[2][0][3]);
+    bad[s_ctx.len[2][0][3] / 2] ^= 0x5a;
+    assert_int_equal(kvedge_engine_debug_put_raw(peer.engine, &key, bad, s_ctx.len[2][0][3]), 0);
+    free(bad);
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s link=100mbit,10ms bw=12500000 rtt=20000",
+             cloud.ep);
+    s_source(&src[0], spec);
+    snprintf(spec, sizeof spec, "peer edgeA %s bw=1000000000 rtt=200", peer.ep);
+    s_source(&src[1], spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, src, 2, NULL, NULL, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 5000), 0);
+    s_result_t r;
+    s_fetch(pep, 20000, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.mismatches, 0);
+    assert_int_equal(r.blocks, S_LAYERS * S_CHUNKS * S_HEADS);
+    assert_int_equal(r.plan.layer[2].source, s_src_index(&r.plan, "edgeA"));
+    assert_int_equal(r.layer[2].reason, KVEDGE_FETCH_FALLBACK_CORRUPT);
+    assert_string_equal(r.layer[2].source_name, "cloud1");
+    assert_int_equal(r.layer[2].attempts, 2);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&peer);
+    s_node_stop(&cloud);
+    s_rmrf(root);
+}
+
 /* The cloud node is killed (SIGKILL) after the first layer: the rest comes from the edge's
  * historical cache within the deadline, every byte verified. The cloud comes back and is
  * re-admitted. */
@@ -670,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_peer_sharing_with_directory),
         cmocka_unit_test(test_stale_directory_falls_back),
+        cmocka_unit_test(test_corrupt_block_falls_back),
         cmocka_unit_test(test_cloud_killed_mid_request),
         cmocka_unit_test(test_all_sources_down_misses),
         cmocka_unit_test(test_master_restart_resync),
