@@ -115,6 +115,54 @@ static void s_any_records(const kvedge_wire_frame_t *f)
         s_check_key(f->data);
 }
 
+/* FETCH: a valid message's records parse, and pack back to the same bytes. */
+static void s_check_fetch(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n,
+                          bool reply)
+{
+    if (!reply) {
+        kvedge_wire_fetch_spec_t spec;
+        uint8_t back[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+        s_require(n >= 2 && kvedge_wire_fetch_spec_parse(f[0].data, f[0].len, &spec) == 0);
+        s_require(kvedge_wire_fetch_spec_pack(&spec, back) == 0 &&
+                  memcmp(back, f[0].data, sizeof back) == 0);
+        return;
+    }
+    if (!(h->flags & KVEDGE_WIRE_FLAG_MORE))
+        return;
+    s_require(n >= 1 && f[0].len >= 1);
+    if (f[0].data[0] == KVEDGE_FETCH_MSG_BLOCK) {
+        kvedge_wire_fetch_block_t b;
+        uint8_t back[KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+        s_require(kvedge_wire_fetch_block_parse(f[0].data, f[0].len, &b) == 0);
+        kvedge_wire_fetch_block_pack(&b, back);
+        s_require(memcmp(back, f[0].data, sizeof back) == 0);
+    } else if (f[0].data[0] == KVEDGE_FETCH_MSG_LAYER) {
+        kvedge_wire_fetch_layer_t l;
+        uint8_t back[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+        s_require(kvedge_wire_fetch_layer_parse(f[0].data, f[0].len, &l) == 0);
+        kvedge_wire_fetch_layer_pack(&l, back);
+        s_require(memcmp(back, f[0].data, sizeof back) == 0);
+    } else {
+        kvedge_wire_fetch_plan_t p;
+        s_require(f[0].data[0] == KVEDGE_FETCH_MSG_PLAN && n == 3 &&
+                  kvedge_wire_fetch_plan_parse(f[0].data, f[0].len, &p) == 0);
+        /* Source and layer records are parsed (and may fail) by the client, not validate. */
+        for (uint32_t i = 0; i < p.sources; i++) {
+            kvedge_wire_fetch_source_t src;
+            int rc = kvedge_wire_fetch_source_parse(f[1].data + i * KVEDGE_WIRE_FETCH_SOURCE_BYTES,
+                                                    KVEDGE_WIRE_FETCH_SOURCE_BYTES, &src);
+            s_require(rc == 0 || rc == KVEDGE_EPROTO);
+        }
+        for (uint32_t i = 0; i < p.layers; i++) {
+            kvedge_wire_fetch_plan_layer_t pl;
+            int rc = kvedge_wire_fetch_plan_layer_parse(f[2].data +
+                                                            i * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES,
+                                                        KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES, &pl);
+            s_require(rc == 0 || rc == KVEDGE_EPROTO);
+        }
+    }
+}
+
 /* The records a valid message carries must all parse or fail cleanly, as a server or client
  * will parse them next. Validation guarantees the sizes used here. */
 static void s_valid_records(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
@@ -161,6 +209,9 @@ static void s_valid_records(const kvedge_wire_header_t *h, const kvedge_wire_fra
             s_require(n >= 1 && kvedge_wire_stream_hdr_parse(f[0].data, f[0].len, &s) == 0);
             s_require(n == (s.status == 0 ? 2u : 1u));
         }
+        break;
+    case KVEDGE_OP_FETCH:
+        s_check_fetch(h, f, n, reply);
         break;
     default:
         break;

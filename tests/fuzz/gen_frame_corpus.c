@@ -252,6 +252,51 @@ int main(int argc, char **argv)
     s_add(&m, evicted, sizeof evicted);
     s_write(dir, "rep-evict", &m);
 
+    /* FETCH (edge proxy): request with times, and each stream message kind. */
+    m = s_request(KVEDGE_OP_FETCH, 2);
+    m.h.credit = 8;
+    static uint8_t spec_rec[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+    kvedge_wire_fetch_spec_t spec = {.first_layer = 0, .layers = 2, .tokens = 512};
+    strcpy(spec.model_id, "opt-125m");
+    kvedge_wire_fetch_spec_pack(&spec, spec_rec);
+    static uint8_t times[2 * KVEDGE_WIRE_FETCH_TIMES_BYTES];
+    s_add(&m, spec_rec, sizeof spec_rec);
+    s_add(&m, ids, 2 * KVEDGE_CHUNK_ID_BYTES);
+    s_add(&m, times, sizeof times);
+    s_write(dir, "req-fetch", &m);
+    static uint8_t plan_rec[KVEDGE_WIRE_FETCH_PLAN_BYTES], src_rec[KVEDGE_WIRE_FETCH_SOURCE_BYTES],
+        pl_rec[2 * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+    kvedge_wire_fetch_plan_t plan = {1, 2, 1, 10, 9, 20, 50, 30};
+    kvedge_wire_fetch_plan_pack(&plan, plan_rec);
+    kvedge_wire_fetch_source_t src = {"cloud1", 2, true, 40000.0f, 1.25e7};
+    kvedge_wire_fetch_source_pack(&src, src_rec);
+    kvedge_wire_fetch_plan_layer_t pls[2] = {{-1, 4, 25000}, {0, 1, 60000}};
+    kvedge_wire_fetch_plan_layer_pack(&pls[0], pl_rec);
+    kvedge_wire_fetch_plan_layer_pack(&pls[1], pl_rec + KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    m = s_reply(KVEDGE_OP_FETCH, 1);
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, plan_rec, sizeof plan_rec);
+    s_add(&m, src_rec, sizeof src_rec);
+    s_add(&m, pl_rec, sizeof pl_rec);
+    s_write(dir, "rep-fetch-plan", &m);
+    static uint8_t fb[KVEDGE_WIRE_FETCH_BLOCK_BYTES], fl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+    kvedge_wire_fetch_block_t b = {0, 1, 0, 0, 0};
+    kvedge_wire_fetch_block_pack(&b, fb);
+    m = s_reply(KVEDGE_OP_FETCH, 1);
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, fb, sizeof fb);
+    s_add(&m, block, sizeof block);
+    s_write(dir, "rep-fetch-block", &m);
+    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED, 1, 0, 0, 24, 1};
+    kvedge_wire_fetch_layer_pack(&l, fl);
+    m = s_reply(KVEDGE_OP_FETCH, 1);
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, fl, sizeof fl);
+    s_write(dir, "rep-fetch-layer", &m);
+    m = s_reply(KVEDGE_OP_FETCH, 26);
+    m.h.flags |= KVEDGE_WIRE_FLAG_END;
+    s_write(dir, "rep-fetch-end", &m);
+
     /* A failed request: status, no payload. */
     m = s_reply(KVEDGE_OP_GET, 0);
     m.h.status = KVEDGE_EBUSY;
