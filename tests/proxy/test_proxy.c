@@ -298,6 +298,27 @@ static void s_rmrf(const char *dir)
     assert_int_equal(system(cmd), 0);
 }
 
+/* A master on ipc endpoints under root, registry in root/master. */
+typedef struct {
+    kvedge_master_opts_t opts;
+    char dir[300], ep[350], pub[350];
+} s_master_t;
+
+static kvedge_master_t *s_master_start(s_master_t *mm, const char *root)
+{
+    kvedge_master_opts_default(&mm->opts);
+    snprintf(mm->dir, sizeof mm->dir, "%.200s/master", root);
+    snprintf(mm->ep, sizeof mm->ep, "ipc://%.200s/m.sock", root);
+    snprintf(mm->pub, sizeof mm->pub, "ipc://%.200s/mp.sock", root);
+    mm->opts.bind = mm->ep;
+    mm->opts.pub = mm->pub;
+    mm->opts.data_dir = mm->dir;
+    mm->opts.insecure = true;
+    kvedge_master_t *m = NULL;
+    assert_int_equal(kvedge_master_start(&mm->opts, &m, NULL, 0), 0);
+    return m;
+}
+
 /* ---------------------------------------------------------------- tests */
 
 /* Two edges share shallow layers: edge A holds layers 0..5 and tells the master; the proxy of
@@ -308,18 +329,9 @@ static void test_peer_sharing_with_directory(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    kvedge_master_opts_t mo;
-    kvedge_master_opts_default(&mo);
-    char mdir[300], mep[350], mpub[350];
-    snprintf(mdir, sizeof mdir, "%s/master", root);
-    snprintf(mep, sizeof mep, "ipc://%s/m.sock", root);
-    snprintf(mpub, sizeof mpub, "ipc://%s/mp.sock", root);
-    mo.bind = mep;
-    mo.pub = mpub;
-    mo.data_dir = mdir;
-    mo.insecure = true;
-    kvedge_master_t *m = NULL;
-    assert_int_equal(kvedge_master_start(&mo, &m, NULL, 0), 0);
+    s_master_t mm;
+    kvedge_master_t *m = s_master_start(&mm, root);
+    const char *mep = mm.ep, *mpub = mm.pub;
     s_node_t cloud, peer;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
     s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, mep, mpub);
@@ -596,18 +608,9 @@ static void test_master_restart_resync(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    kvedge_master_opts_t mo;
-    kvedge_master_opts_default(&mo);
-    char mdir[300], mep[350], mpub[350];
-    snprintf(mdir, sizeof mdir, "%s/master", root);
-    snprintf(mep, sizeof mep, "ipc://%s/m.sock", root);
-    snprintf(mpub, sizeof mpub, "ipc://%s/mp.sock", root);
-    mo.bind = mep;
-    mo.pub = mpub;
-    mo.data_dir = mdir;
-    mo.insecure = true;
-    kvedge_master_t *m = NULL;
-    assert_int_equal(kvedge_master_start(&mo, &m, NULL, 0), 0);
+    s_master_t mm;
+    kvedge_master_t *m = s_master_start(&mm, root);
+    const char *mep = mm.ep, *mpub = mm.pub;
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
     s_put(cloud.ep, 0, S_LAYERS, false);
@@ -617,7 +620,7 @@ static void test_master_restart_resync(void **state)
 
     kvedge_master_destroy(&m);
     zclock_sleep(300);
-    assert_int_equal(kvedge_master_start(&mo, &m, NULL, 0), 0);
+    assert_int_equal(kvedge_master_start(&mm.opts, &m, NULL, 0), 0);
     s_node_t edge;
     s_node_start(&edge, root, "edge9", KVEDGE_ROLE_EDGE, mep, mpub);
     assert_int_equal(kvedge_proxy_wait_sources(p, 2, 15000), 0); /* edge9 seen after resync */
