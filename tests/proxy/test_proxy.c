@@ -266,8 +266,19 @@ static int s_src_index(const kvedge_fetch_plan_t *p, const char *name)
     return -1;
 }
 
+static kvedge_proxy_t *s_proxy_snap(const char *root, kvedge_proxy_source_t *src, size_t n,
+                                    const char *master, const char *pub, const char *snapshot,
+                                    char *ep, size_t ep_len);
+
 static kvedge_proxy_t *s_proxy(const char *root, kvedge_proxy_source_t *src, size_t n,
                                const char *master, const char *pub, char *ep, size_t ep_len)
+{
+    return s_proxy_snap(root, src, n, master, pub, NULL, ep, ep_len);
+}
+
+static kvedge_proxy_t *s_proxy_snap(const char *root, kvedge_proxy_source_t *src, size_t n,
+                                    const char *master, const char *pub, const char *snapshot,
+                                    char *ep, size_t ep_len)
 {
     snprintf(ep, ep_len, "ipc://%s/proxy.sock", root);
     kvedge_proxy_opts_t po;
@@ -279,6 +290,7 @@ static kvedge_proxy_t *s_proxy(const char *root, kvedge_proxy_source_t *src, siz
     po.nsources = n;
     po.master = master;
     po.master_pub = pub;
+    po.snapshot = snapshot;
     char why[256];
     kvedge_proxy_t *p = NULL;
     if (kvedge_proxy_start(&po, &p, why, sizeof why) != 0)
@@ -637,6 +649,43 @@ static void test_master_restart_resync(void **state)
     s_rmrf(root);
 }
 
+/* The master is unreachable when the proxy starts: it plans from its last snapshot of the
+ * registry (sources and directory) and serves. */
+static void test_master_down_at_start_uses_snapshot(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_master_t mm;
+    kvedge_master_t *m = s_master_start(&mm, root);
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mm.ep, mm.pub);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    uint32_t changed;
+    assert_int_equal(kvedge_dirpub_sync(cloud.pub, &changed), 0);
+    char snap[300], pep[350];
+    snprintf(snap, sizeof snap, "%.200s/proxy.view", root);
+    kvedge_proxy_t *p = s_proxy_snap(root, NULL, 0, mm.ep, mm.pub, snap, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 8000), 0);
+    zclock_sleep(300);
+    kvedge_proxy_destroy(&p); /* writes the replica file */
+    kvedge_dirpub_destroy(&cloud.pub);
+    kvedge_mview_destroy(&cloud.view);
+    kvedge_master_destroy(&m);
+    p = s_proxy_snap(root, NULL, 0, mm.ep, mm.pub, snap, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 8000), 0);
+    s_result_t r;
+    s_fetch(pep, 10000, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.mismatches, 0);
+    assert_int_equal(r.blocks, S_LAYERS * S_CHUNKS * S_HEADS);
+    assert_string_equal(r.layer[0].source_name, "cloud1");
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&cloud);
+    s_rmrf(root);
+}
+
 static void s_err_done(void *ctx, int status)
 {
     s_result_t *r = ctx;
@@ -725,6 +774,7 @@ int main(void)
         cmocka_unit_test(test_cloud_killed_mid_request),
         cmocka_unit_test(test_all_sources_down_misses),
         cmocka_unit_test(test_master_restart_resync),
+        cmocka_unit_test(test_master_down_at_start_uses_snapshot),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (uint32_t l = 0; l < S_LAYERS; l++)
