@@ -20,13 +20,13 @@
 #include "clients/kvedge.h"
 #include "store/synth.h"
 
-#define S_MODEL      "opt-125m" /* 12 layers x 12 KV heads x 64 */
-#define S_LAYERS     12
-#define S_HEADS      12
-#define S_TOKENS     512
-#define S_CHUNKS     2
-#define S_PEER_LAYERS 6
-#define S_LATENCY_MS 20
+#define S_MODEL        "opt-125m" /* 12 layers x 12 KV heads x 64 */
+#define S_LAYERS       12
+#define S_HEADS        12
+#define S_TOKENS       512
+#define S_CHUNKS       2
+#define S_PEER_LAYERS  6
+#define S_LATENCY_MS   20
 #define S_COMPUTE_US   4000.0  /* decoder time per layer over the prompt */
 #define S_RECOMPUTE_US 25000.0 /* extra time to compute a layer's context KV */
 #define S_RUNS         3
@@ -237,8 +237,8 @@ static double s_median(double *v, int n)
     return v[n / 2];
 }
 
-static pid_t s_proxy(const char *dir, const char *name, const char *cloud_src,
-                     const char *peer_src, char *ep, size_t len)
+static pid_t s_proxy(const char *dir, const char *name, const char *cloud_src, const char *peer_src,
+                     char *ep, size_t len)
 {
     snprintf(ep, len, "ipc://%s/%s.sock", dir, name);
     char *argv[16];
@@ -275,8 +275,8 @@ int main(int argc, char **argv)
     snprintf(peer_ep, sizeof peer_ep, "ipc://%s/peer.sock", dir);
     snprintf(cloud_data, sizeof cloud_data, "%s/cloud", dir);
     snprintf(peer_data, sizeof peer_data, "%s/peer", dir);
-    char *cloud_argv[] = {"kvedge", "--data",     cloud_data, "store", "--role", "cloud",
-                          "--insecure", "--bind", cloud_ep,   "--log-level", "error", NULL};
+    char *cloud_argv[] = {"kvedge",     "--data", cloud_data, "store",       "--role", "cloud",
+                          "--insecure", "--bind", cloud_ep,   "--log-level", "error",  NULL};
     char *peer_argv[] = {"kvedge",     "--data", peer_data, "store",       "--role", "edge",
                          "--insecure", "--bind", peer_ep,   "--log-level", "error",  NULL};
     s_spawn(cloud_argv);
