@@ -498,9 +498,14 @@ static void s_chain_ids(const char *out, char *ids, size_t len)
         memcpy(by_index[idx], p + 10, 64);
         n = idx + 1 > n ? idx + 1 : n;
     }
+    size_t at = 0;
     ids[0] = '\0';
-    for (int i = 0; i < n; i++)
-        snprintf(ids + strlen(ids), len - strlen(ids), "%s%s", i ? "," : "", by_index[i]);
+    for (int i = 0; i < n && at + 66 <= len; i++) {
+        if (i)
+            ids[at++] = ',';
+        memcpy(ids + at, by_index[i], 65);
+        at += 64;
+    }
 }
 
 /* `kvedge proxy` and `kvedge fetch`: usage errors, then a fetch through a proxy in its own

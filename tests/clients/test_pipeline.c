@@ -1,0 +1,762 @@
+/* The pipelined loader (clients/pipeline.h) against an in-process store node and an
+ * in-process edge proxy on ipc:// endpoints: every layer lands bit-identical to decoding the
+ * same blocks with kvedge_block_decode into the same layout (contiguous and paged, int8 and
+ * int4, lz4 and masked blocks, a short last chunk, a token offset), layers become resident in
+ * layer order, a layer missing on the node is a miss while the others arrive, a destination
+ * too small is refused before anything is fetched, a ring of 2 slots still delivers 12
+ * layers, and a node that is gone gives an error within the deadline.
+ *
+ * Built a second time with S_GPU_ONLY as test_pipeline_gpu: the same bit-identity checks with
+ * device destinations on the device path; exits 77 where there is no device. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <czmq.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "access/frame.h"
+#include "access/server.h"
+#include "clients/kvedge.h"
+#include "clients/pipeline.h"
+#include "gpu/gpu.h"
+#include "gpu/stage.h"
+#include "proxy/proxy.h"
+#include "store/synth.h"
+
+#define S_MODEL        "opt-125m" /* built in: 12 layers x 12 heads x 64 */
+#define S_LAYERS       12
+#define S_HEADS        12
+#define S_HD           64
+#define S_CHUNK_TOKENS 256
+#define S_CHUNKS       2
+#define S_TOKENS       (S_CHUNK_TOKENS + 100) /* a short last chunk */
+#define S_OFFSET       3                      /* destination position of token 0 */
+#define S_PAGE         16
+#define S_MISSING      5 /* the layer the holey context lacks */
+
+/* ---------------------------------------------------------------- contexts */
+
+typedef struct {
+    kvedge_chunk_id_t ids[S_CHUNKS];
+    uint8_t *block[S_LAYERS][S_CHUNKS][S_HEADS];
+    size_t len[S_LAYERS][S_CHUNKS][S_HEADS];
+    uint32_t lz4_blocks, masked_blocks;
+} s_ctx_t;
+
+static s_ctx_t s_int8, s_int4, s_holey;
+
+static uint32_t s_chunk_tokens(uint32_t ci)
+{
+    return ci + 1 < S_CHUNKS ? S_CHUNK_TOKENS : S_TOKENS - ci * S_CHUNK_TOKENS;
+}
+
+/* int8: every other token's V zeroed, so lz4 pays on some bodies. int4: groups of 32 and a
+ * ThinK mask (every fourth key channel dropped) on odd heads. */
+static void s_make(s_ctx_t *c, kvedge_scheme_t scheme, uint32_t salt)
+{
+    memset(c, 0, sizeof *c);
+    uint32_t tok[S_TOKENS];
+    for (uint32_t i = 0; i < S_TOKENS; i++)
+        tok[i] = 7 * i + salt;
+    assert_int_equal(
+        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_TOKENS, S_CHUNK_TOKENS, c->ids, S_CHUNKS),
+        S_CHUNKS);
+    uint8_t mask[S_HD / 8];
+    memset(mask, 0x77, sizeof mask);
+    static uint16_t k[S_CHUNK_TOKENS * S_HD], v[S_CHUNK_TOKENS * S_HD];
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++)
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                uint32_t t = s_chunk_tokens(ci);
+                kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP16,
+                                            scheme,
+                                            t,
+                                            S_HD,
+                                            (uint16_t)(scheme == KVEDGE_SCHEME_INT4 ? 32 : 0),
+                                            scheme == KVEDGE_SCHEME_INT4 && h % 2 ? mask : NULL,
+                                            true};
+                assert_int_equal(kvedge_synth_head(salt * 100000 + l * 1000 + ci * 100 + h,
+                                                   ci * S_CHUNK_TOKENS, t, S_HD, KVEDGE_DTYPE_FP16,
+                                                   k, v),
+                                 0);
+                if (scheme == KVEDGE_SCHEME_INT8)
+                    for (uint32_t i = 0; i < t; i += 2)
+                        memset(v + (size_t)i * S_HD, 0, S_HD * 2);
+                size_t cap = kvedge_block_encoded_bound(&spec);
+                c->block[l][ci][h] = malloc(cap);
+                assert_non_null(c->block[l][ci][h]);
+                assert_int_equal(
+                    kvedge_block_encode(&spec, k, v, c->block[l][ci][h], cap, &c->len[l][ci][h]),
+                    0);
+                kvedge_block_info_t info;
+                assert_int_equal(kvedge_block_parse(c->block[l][ci][h], c->len[l][ci][h], &info),
+                                 0);
+                c->lz4_blocks += info.lz4;
+                c->masked_blocks += info.key_mask != NULL;
+            }
+}
+
+static void s_free_ctx(s_ctx_t *c)
+{
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++)
+            for (uint32_t h = 0; h < S_HEADS; h++)
+                free(c->block[l][ci][h]);
+}
+
+static kvedge_client_t *s_client(const char *ep, int deadline_ms)
+{
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.deadline_ms = deadline_ms;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    return c;
+}
+
+/* Puts every layer of a context but `skip` (-1: none). */
+static void s_put(const char *ep, const s_ctx_t *ctx, int skip)
+{
+    kvedge_client_t *c = s_client(ep, 10000);
+    kvedge_put_item_t items[S_HEADS];
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        if ((int)l == skip)
+            continue;
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                memset(&items[h], 0, sizeof items[h]);
+                items[h].chunk.id = ctx->ids[ci];
+                items[h].chunk.has_parent = ci > 0;
+                if (ci > 0)
+                    items[h].chunk.parent = ctx->ids[ci - 1];
+                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+                items[h].chunk.index = ci;
+                items[h].chunk.tokens = s_chunk_tokens(ci);
+                items[h].layer = (uint16_t)l;
+                items[h].head = (uint16_t)h;
+                items[h].block = ctx->block[l][ci][h];
+                items[h].len = ctx->len[l][ci][h];
+            }
+            assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
+        }
+    }
+    kvedge_client_destroy(&c);
+}
+
+/* ---------------------------------------------------------------- node and proxy */
+
+typedef struct {
+    char dir[200];
+    char ep[250];
+    kvedge_engine_t *engine;
+    kvedge_server_t *server;
+} s_node_t;
+
+static void s_node_start(s_node_t *n, const char *root, const char *name)
+{
+    memset(n, 0, sizeof *n);
+    snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
+    snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
+    assert_int_equal(kvedge_engine_open(n->dir, NULL, &n->engine, NULL, 0), 0);
+    kvedge_server_opts_t so = {KVEDGE_ROLE_CLOUD, name, n->ep, true, NULL, NULL, 2, 0, n->engine};
+    char why[256];
+    if (kvedge_server_start(&so, &n->server, why, sizeof why) != 0)
+        fail_msg("start %s: %s", name, why);
+}
+
+static void s_node_stop(s_node_t *n)
+{
+    kvedge_server_destroy(&n->server);
+    kvedge_engine_destroy(&n->engine);
+}
+
+static void s_rmrf(const char *dir)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* One node with the three contexts and one proxy in front of it, for the whole group. */
+static struct {
+    char root[64];
+    s_node_t node;
+    kvedge_proxy_t *proxy;
+    char proxy_ep[300];
+} s_env;
+
+static int s_setup(void **state)
+{
+    (void)state;
+    s_make(&s_int8, KVEDGE_SCHEME_INT8, 1);
+    s_make(&s_int4, KVEDGE_SCHEME_INT4, 2);
+    s_make(&s_holey, KVEDGE_SCHEME_INT8, 3);
+    snprintf(s_env.root, sizeof s_env.root, "/tmp/kvedge-pipeline-XXXXXX");
+    assert_non_null(mkdtemp(s_env.root));
+    s_node_start(&s_env.node, s_env.root, "node1");
+    s_put(s_env.node.ep, &s_int8, -1);
+    s_put(s_env.node.ep, &s_int4, -1);
+    s_put(s_env.node.ep, &s_holey, S_MISSING);
+
+    kvedge_proxy_source_t src;
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud node1 %s bw=1000000000 rtt=200", s_env.node.ep);
+    assert_int_equal(kvedge_proxy_source_parse(spec, &src), 0);
+    snprintf(s_env.proxy_ep, sizeof s_env.proxy_ep, "ipc://%s/proxy.sock", s_env.root);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.bind = s_env.proxy_ep;
+    po.insecure = true;
+    po.id = "proxy-t";
+    po.sources = &src;
+    po.nsources = 1;
+    char why[256];
+    if (kvedge_proxy_start(&po, &s_env.proxy, why, sizeof why) != 0)
+        fail_msg("proxy: %s", why);
+    assert_int_equal(kvedge_proxy_wait_sources(s_env.proxy, 1, 5000), 0);
+    return 0;
+}
+
+static int s_teardown(void **state)
+{
+    (void)state;
+    kvedge_proxy_destroy(&s_env.proxy);
+    s_node_stop(&s_env.node);
+    s_rmrf(s_env.root);
+    s_free_ctx(&s_int8);
+    s_free_ctx(&s_int4);
+    s_free_ctx(&s_holey);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- destinations */
+
+#define S_FILL 0xA5 /* what every destination holds before the pipeline runs */
+
+typedef struct {
+    kvedge_kv_layout_t layout;
+    kvedge_dtype_t dtype;
+    bool on_device; /* kvedge_gpu_dev_alloc memory */
+    kvedge_kv_dst_t k[S_LAYERS], v[S_LAYERS];
+    int32_t table[64];
+} s_dst_t;
+
+static void s_dst_make(s_dst_t *d, kvedge_kv_layout_t layout, kvedge_dtype_t dtype, bool on_device)
+{
+    memset(d, 0, sizeof *d);
+    d->layout = layout;
+    d->dtype = dtype;
+    d->on_device = on_device;
+    uint32_t end = S_OFFSET + S_TOKENS, pages = (end + S_PAGE - 1) / S_PAGE;
+    uint32_t num_pages = pages + 3;
+    for (uint32_t i = 0; i < pages; i++)
+        d->table[i] = (int32_t)(num_pages - 1 - i); /* reversed: logical != physical */
+    kvedge_kv_dst_t t = {.layout = layout,
+                         .dtype = dtype,
+                         .heads = S_HEADS,
+                         .head_dim = S_HD,
+                         .tokens_cap = end + 5,
+                         .page_size = S_PAGE,
+                         .num_pages = num_pages,
+                         .page_table = d->table,
+                         .table_len = pages};
+    if (layout == KVEDGE_KV_CONTIG) {
+        t.page_table = NULL;
+        t.table_len = 0;
+        t.page_size = 0;
+        t.num_pages = 0;
+    }
+    t.cap_bytes = (size_t)kvedge_dequant_dst_bytes(&t);
+    uint8_t *fill = malloc(t.cap_bytes);
+    assert_non_null(fill);
+    memset(fill, S_FILL, t.cap_bytes);
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        kvedge_kv_dst_t *x[2] = {&d->k[l], &d->v[l]};
+        for (int j = 0; j < 2; j++) {
+            *x[j] = t;
+            if (on_device) {
+                assert_int_equal(kvedge_gpu_dev_alloc(t.cap_bytes, &x[j]->base), 0);
+                assert_int_equal(kvedge_gpu_copy_h2d(x[j]->base, fill, t.cap_bytes, NULL), 0);
+                assert_int_equal(kvedge_gpu_stream_sync(NULL), 0);
+            } else {
+                x[j]->base = malloc(t.cap_bytes);
+                assert_non_null(x[j]->base);
+                memcpy(x[j]->base, fill, t.cap_bytes);
+            }
+        }
+    }
+    free(fill);
+}
+
+static void s_dst_free(s_dst_t *d)
+{
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        if (d->on_device) {
+            kvedge_gpu_dev_free(d->k[l].base);
+            kvedge_gpu_dev_free(d->v[l].base);
+        } else {
+            free(d->k[l].base);
+            free(d->v[l].base);
+        }
+    }
+}
+
+/* A host copy of one destination tensor. Caller frees. */
+static uint8_t *s_dst_host(const s_dst_t *d, const kvedge_kv_dst_t *x)
+{
+    uint8_t *h = malloc(x->cap_bytes);
+    assert_non_null(h);
+    if (d->on_device) {
+        assert_int_equal(kvedge_gpu_copy_d2h(h, x->base, x->cap_bytes, NULL), 0);
+        assert_int_equal(kvedge_gpu_stream_sync(NULL), 0);
+    } else {
+        memcpy(h, x->base, x->cap_bytes);
+    }
+    return h;
+}
+
+/* Where position p of head h lives in a destination laid out like x. */
+static size_t s_row_off(const kvedge_kv_dst_t *x, uint32_t h, uint32_t p)
+{
+    size_t row = (size_t)x->head_dim * kvedge_dtype_size(x->dtype);
+    if (x->layout == KVEDGE_KV_CONTIG)
+        return ((size_t)h * x->tokens_cap + p) * row;
+    size_t page = (size_t)x->page_table[p / x->page_size];
+    return ((page * x->page_size + p % x->page_size) * x->heads + h) * row;
+}
+
+/* The expected K and V of one layer: the fill, then every block decoded with
+ * kvedge_block_decode and placed row by row. Caller frees both. */
+static void s_expect(const s_ctx_t *ctx, uint32_t l, const kvedge_kv_dst_t *x, uint8_t **k_out,
+                     uint8_t **v_out)
+{
+    uint8_t *k = malloc(x->cap_bytes), *v = malloc(x->cap_bytes);
+    assert_true(k && v);
+    memset(k, S_FILL, x->cap_bytes);
+    memset(v, S_FILL, x->cap_bytes);
+    size_t es = kvedge_dtype_size(x->dtype), row = (size_t)S_HD * es;
+    uint8_t *bk = malloc(S_CHUNK_TOKENS * row), *bv = malloc(S_CHUNK_TOKENS * row);
+    assert_true(bk && bv);
+    for (uint32_t ci = 0; ci < S_CHUNKS; ci++)
+        for (uint32_t h = 0; h < S_HEADS; h++) {
+            kvedge_block_info_t info;
+            assert_int_equal(kvedge_block_parse(ctx->block[l][ci][h], ctx->len[l][ci][h], &info),
+                             0);
+            assert_int_equal(kvedge_block_decode(&info, x->dtype, bk, bv), 0);
+            for (uint32_t t = 0; t < info.tokens; t++) {
+                uint32_t p = S_OFFSET + ci * S_CHUNK_TOKENS + t;
+                memcpy(k + s_row_off(x, h, p), bk + t * row, row);
+                memcpy(v + s_row_off(x, h, p), bv + t * row, row);
+            }
+        }
+    free(bk);
+    free(bv);
+    *k_out = k;
+    *v_out = v;
+}
+
+/* ---------------------------------------------------------------- running */
+
+typedef struct {
+    int status[S_LAYERS];
+    kvedge_pipeline_stats_t st;
+    kvedge_pipeline_layer_stats_t ls[S_LAYERS];
+    double ms;
+} s_run_t;
+
+static void s_opts(kvedge_pipeline_opts_t *o, kvedge_client_t *c, const kvedge_model_t *m,
+                   const s_ctx_t *ctx, const s_dst_t *d)
+{
+    memset(o, 0, sizeof *o);
+    o->client = c;
+    o->model = m;
+    o->chunks = ctx->ids;
+    o->n_chunks = S_CHUNKS;
+    o->chunk_tokens = S_CHUNK_TOKENS;
+    o->tokens = S_TOKENS;
+    o->first_layer = 0;
+    o->layers = S_LAYERS;
+    o->k = d->k;
+    o->v = d->v;
+    o->token_offset = S_OFFSET;
+    o->on_device = d->on_device;
+    o->deadline_ms = 20000;
+}
+
+/* Opens a pipeline, waits for every layer in increasing order, records what each returned. */
+static void s_run(const char *ep, const s_ctx_t *ctx, s_dst_t *d, uint32_t ring, s_run_t *r)
+{
+    memset(r, 0, sizeof *r);
+    kvedge_model_t m;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    kvedge_client_t *c = s_client(ep, 20000);
+    kvedge_pipeline_opts_t o;
+    s_opts(&o, c, &m, ctx, d);
+    o.ring_slots = ring;
+    int64_t t0 = zclock_usecs();
+    kvedge_pipeline_t *p = NULL;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+    assert_non_null(p);
+    for (uint16_t l = 0; l < S_LAYERS; l++)
+        r->status[l] = kvedge_pipeline_wait(p, l);
+    r->ms = (double)(zclock_usecs() - t0) / 1e3;
+    assert_int_equal(kvedge_pipeline_stats(p, &r->st, r->ls, S_LAYERS), 0);
+    kvedge_pipeline_destroy(&p);
+    assert_null(p);
+    kvedge_pipeline_destroy(&p); /* idempotent */
+    kvedge_client_destroy(&c);
+}
+
+/* Every layer but `missing` (-1: none) resident and bit-identical to kvedge_block_decode in
+ * the same layout; `missing` reported as a miss and untouched; resident in layer order. */
+static void s_check(const s_ctx_t *ctx, const s_dst_t *d, const s_run_t *r, int missing)
+{
+    uint32_t resident = 0;
+    double last_us = 0;
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        const kvedge_pipeline_layer_stats_t *ls = &r->ls[l];
+        assert_int_equal(ls->layer, l);
+        assert_true(ls->done);
+        uint8_t *gk = s_dst_host(d, &d->k[l]), *gv = s_dst_host(d, &d->v[l]);
+        if ((int)l == missing) {
+            assert_int_equal(r->status[l], KVEDGE_ENOTFOUND);
+            assert_int_equal(ls->status, KVEDGE_ENOTFOUND);
+            for (size_t i = 0; i < d->k[l].cap_bytes; i++)
+                if (gk[i] != S_FILL || gv[i] != S_FILL)
+                    fail_msg("layer %u: a missed layer's destination was written", l);
+        } else {
+            assert_int_equal(r->status[l], 0);
+            assert_int_equal(ls->status, 0);
+            assert_int_equal(ls->blocks, S_CHUNKS * S_HEADS);
+            /* resident in layer order: each later than the one before, ranks increasing */
+            assert_int_equal(ls->order, resident);
+            assert_true(ls->resident_us >= last_us);
+            assert_true(ls->resident_us >= ls->arrived_us);
+            last_us = ls->resident_us;
+            resident++;
+            uint8_t *ek, *ev;
+            s_expect(ctx, l, &d->k[l], &ek, &ev);
+            if (memcmp(gk, ek, d->k[l].cap_bytes) != 0)
+                fail_msg("layer %u: K differs from kvedge_block_decode", l);
+            if (memcmp(gv, ev, d->v[l].cap_bytes) != 0)
+                fail_msg("layer %u: V differs from kvedge_block_decode", l);
+            free(ek);
+            free(ev);
+        }
+        free(gk);
+        free(gv);
+    }
+    assert_int_equal(r->st.resident, resident);
+    assert_int_equal(r->st.misses, missing >= 0 ? 1 : 0);
+    assert_int_equal(r->st.failed, 0);
+    assert_true(r->st.done_us > 0);
+    assert_true(r->st.wire_bytes > 0 && r->st.raw_bytes > 0);
+}
+
+static void s_bit_identity(const char *ep, const s_ctx_t *ctx, kvedge_kv_layout_t layout,
+                           kvedge_dtype_t dtype, bool on_device, bool via_proxy)
+{
+    s_dst_t d;
+    s_dst_make(&d, layout, dtype, on_device);
+    s_run_t r;
+    s_run(ep, ctx, &d, 0, &r);
+    s_check(ctx, &d, &r, -1);
+    assert_int_equal(r.st.via_proxy, via_proxy);
+    assert_int_equal(r.st.device, on_device && kvedge_gpu_stage_on_device() == 1);
+    assert_int_equal(r.st.ring_slots, KVEDGE_PIPELINE_RING_DEFAULT);
+    printf("%s %s %s%s: 12 layers resident in %.1f ms (%.2f MB on the wire)\n",
+           via_proxy ? "proxy" : "node", layout == KVEDGE_KV_CONTIG ? "contiguous" : "paged",
+           kvedge_dtype_name(dtype), on_device ? " on_device" : "", r.ms,
+           (double)r.st.wire_bytes / 1e6);
+    s_dst_free(&d);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_contexts_exercise_lz4_and_masks(void **state)
+{
+    (void)state;
+    assert_true(s_int8.lz4_blocks > 0);    /* the zeroed V rows make lz4 pay */
+    assert_true(s_int4.masked_blocks > 0); /* odd heads are channel-pruned */
+}
+
+#ifndef S_GPU_ONLY
+
+static void test_node_contiguous_int8(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.node.ep, &s_int8, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false, false);
+}
+
+static void test_node_paged_int4(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.node.ep, &s_int4, KVEDGE_KV_PAGED, KVEDGE_DTYPE_BF16, false, false);
+}
+
+static void test_node_paged_int8_fp32(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.node.ep, &s_int8, KVEDGE_KV_PAGED, KVEDGE_DTYPE_FP32, false, false);
+}
+
+static void test_node_contiguous_int4(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.node.ep, &s_int4, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false, false);
+}
+
+/* Destinations from kvedge_gpu_dev_alloc: on this machine host memory and the CPU path, the
+ * same calls a GPU machine makes. */
+static void test_node_device_memory_api(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.node.ep, &s_int8, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, true, false);
+}
+
+static void test_proxy_contiguous_int8(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.proxy_ep, &s_int8, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false, true);
+}
+
+static void test_proxy_paged_int4(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.proxy_ep, &s_int4, KVEDGE_KV_PAGED, KVEDGE_DTYPE_BF16, false, true);
+}
+
+static void test_missing_layer_is_a_miss(void **state)
+{
+    (void)state;
+    const char *eps[2] = {s_env.node.ep, s_env.proxy_ep};
+    for (int i = 0; i < 2; i++) {
+        s_dst_t d;
+        s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+        s_run_t r;
+        s_run(eps[i], &s_holey, &d, 0, &r);
+        s_check(&s_holey, &d, &r, S_MISSING);
+        s_dst_free(&d);
+    }
+}
+
+/* Two slots, twelve layers: bounded memory, nothing dropped, from both sources (the FETCH
+ * receiver waits for a slot on the I/O thread; GET_LAYER opens a layer only into a free
+ * slot). */
+static void test_ring_of_two_delivers_everything(void **state)
+{
+    (void)state;
+    const char *eps[2] = {s_env.node.ep, s_env.proxy_ep};
+    for (int i = 0; i < 2; i++) {
+        s_dst_t d;
+        s_dst_make(&d, KVEDGE_KV_PAGED, KVEDGE_DTYPE_FP16, false);
+        s_run_t r;
+        s_run(eps[i], &s_int8, &d, 2, &r);
+        s_check(&s_int8, &d, &r, -1);
+        assert_int_equal(r.st.ring_slots, 2);
+        printf("ring of 2 (%s): %.1f ms, receiver waited %.1f ms for slots\n", i ? "proxy" : "node",
+               r.ms, r.st.ring_wait_us / 1e3);
+        s_dst_free(&d);
+    }
+    /* One slot is the degenerate ring: still everything, one layer at a time. */
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    s_run_t r;
+    s_run(s_env.proxy_ep, &s_int4, &d, 1, &r);
+    s_check(&s_int4, &d, &r, -1);
+    s_dst_free(&d);
+}
+
+/* A destination too small is refused with KVEDGE_ENOSPACE before anything is fetched; a
+ * wrong shape or bad argument with KVEDGE_EINVAL. */
+static void test_bad_destination_refused(void **state)
+{
+    (void)state;
+    kvedge_model_t m;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    kvedge_client_t *c = s_client(s_env.node.ep, 5000);
+    s_dst_t d, pg;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    s_dst_make(&pg, KVEDGE_KV_PAGED, KVEDGE_DTYPE_FP16, false);
+    kvedge_pipeline_opts_t o;
+    kvedge_pipeline_t *p = NULL;
+
+    s_opts(&o, c, &m, &s_int8, &d);
+    d.k[7].tokens_cap = S_OFFSET + S_TOKENS - 1; /* one position short */
+    d.k[7].cap_bytes = (size_t)kvedge_dequant_dst_bytes(&d.k[7]);
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_ENOSPACE);
+    assert_null(p);
+    d.k[7].tokens_cap = S_OFFSET + S_TOKENS + 5;
+    d.k[7].cap_bytes = (size_t)kvedge_dequant_dst_bytes(&d.k[7]);
+    d.v[3].cap_bytes -= 1; /* the tensor does not fit its buffer */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_ENOSPACE);
+    d.v[3].cap_bytes += 1;
+    o.token_offset = 10; /* the context would run past tokens_cap */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_ENOSPACE);
+    o.token_offset = S_OFFSET;
+
+    s_opts(&o, c, &m, &s_int8, &pg);
+    pg.k[0].table_len -= 1; /* the page table does not reach the last position */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_ENOSPACE);
+    pg.k[0].table_len += 1;
+    pg.table[0] = (int32_t)pg.k[0].num_pages; /* a page that does not exist */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    pg.table[0] = (int32_t)pg.k[0].num_pages - 1;
+
+    s_opts(&o, c, &m, &s_int8, &d);
+    d.v[0].heads = S_HEADS - 1; /* not the model's shape */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    d.v[0].heads = S_HEADS;
+    o.first_layer = 1; /* layers 1..12 of a 12-layer model */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.first_layer = 0;
+    o.tokens = S_CHUNK_TOKENS; /* two chunks cannot hold only one chunk's tokens */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.tokens = S_TOKENS;
+    o.ring_slots = S_LAYERS + 1;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.ring_slots = 0;
+    float t[S_LAYERS] = {0};
+    o.compute_us = t; /* without recompute_us */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.compute_us = NULL;
+    assert_int_equal(kvedge_pipeline_open(NULL, &p), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_pipeline_open(&o, NULL), KVEDGE_EINVAL);
+    assert_null(p);
+
+    /* The untouched options work, and out-of-range waits are refused. */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+    assert_int_equal(kvedge_pipeline_wait(p, S_LAYERS), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_pipeline_wait(NULL, 0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_pipeline_wait(p, 0), 0);
+    kvedge_pipeline_destroy(&p); /* with layers still in flight */
+    kvedge_pipeline_destroy(NULL);
+    /* Nothing is written after destroy returns, though streams are still in flight. */
+    uint8_t *snap[S_LAYERS];
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        snap[l] = s_dst_host(&d, &d.k[l]);
+    zclock_sleep(300);
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        assert_memory_equal(snap[l], d.k[l].base, d.k[l].cap_bytes);
+        free(snap[l]);
+    }
+    s_dst_free(&d);
+    s_dst_free(&pg);
+    kvedge_client_destroy(&c);
+}
+
+/* The node goes away after connect: every wait returns an error within the deadline (plus
+ * the client's margin), never hangs. */
+static void test_node_gone_deadline(void **state)
+{
+    (void)state;
+    s_node_t n;
+    s_node_start(&n, s_env.root, "gone");
+    kvedge_client_t *c = s_client(n.ep, 5000);
+    s_node_stop(&n);
+    kvedge_model_t m;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    kvedge_pipeline_opts_t o;
+    s_opts(&o, c, &m, &s_int8, &d);
+    o.deadline_ms = 800;
+    o.ring_slots = 2;
+    int64_t t0 = zclock_usecs();
+    kvedge_pipeline_t *p = NULL;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+    for (uint16_t l = 0; l < S_LAYERS; l++) {
+        int rc = kvedge_pipeline_wait(p, l);
+        assert_true(rc == KVEDGE_ETIMEDOUT || rc == KVEDGE_ECLOSED);
+    }
+    double ms = (double)(zclock_usecs() - t0) / 1e3;
+    printf("node gone: every layer failed after %.0f ms (deadline 800 ms)\n", ms);
+    assert_true(ms < 800 + 500);
+    kvedge_pipeline_stats_t st;
+    assert_int_equal(kvedge_pipeline_stats(p, &st, NULL, 0), 0);
+    assert_int_equal(st.failed, S_LAYERS);
+    kvedge_pipeline_destroy(&p);
+    kvedge_client_destroy(&c);
+    s_dst_free(&d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_contexts_exercise_lz4_and_masks),
+        cmocka_unit_test(test_node_contiguous_int8),
+        cmocka_unit_test(test_node_paged_int4),
+        cmocka_unit_test(test_node_paged_int8_fp32),
+        cmocka_unit_test(test_node_contiguous_int4),
+        cmocka_unit_test(test_node_device_memory_api),
+        cmocka_unit_test(test_proxy_contiguous_int8),
+        cmocka_unit_test(test_proxy_paged_int4),
+        cmocka_unit_test(test_missing_layer_is_a_miss),
+        cmocka_unit_test(test_ring_of_two_delivers_everything),
+        cmocka_unit_test(test_bad_destination_refused),
+        cmocka_unit_test(test_node_gone_deadline),
+    };
+    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+}
+
+#else /* S_GPU_ONLY: device destinations, the device path */
+
+static void test_gpu_node_contiguous_int8(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.node.ep, &s_int8, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, true, false);
+}
+
+static void test_gpu_node_paged_int4(void **state)
+{
+    (void)state;
+    s_bit_identity(s_env.node.ep, &s_int4, KVEDGE_KV_PAGED, KVEDGE_DTYPE_BF16, true, false);
+}
+
+static void test_gpu_proxy_paged_int8_ring2(void **state)
+{
+    (void)state;
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_PAGED, KVEDGE_DTYPE_FP32, true);
+    s_run_t r;
+    s_run(s_env.proxy_ep, &s_int8, &d, 2, &r);
+    s_check(&s_int8, &d, &r, -1);
+    assert_true(r.st.device);
+    s_dst_free(&d);
+}
+
+static void test_gpu_missing_layer_is_a_miss(void **state)
+{
+    (void)state;
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, true);
+    s_run_t r;
+    s_run(s_env.node.ep, &s_holey, &d, 0, &r);
+    s_check(&s_holey, &d, &r, S_MISSING);
+    s_dst_free(&d);
+}
+
+int main(void)
+{
+    if (kvedge_gpu_device_count() == 0 || kvedge_gpu_stage_on_device() != 1) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_contexts_exercise_lz4_and_masks),
+        cmocka_unit_test(test_gpu_node_contiguous_int8),
+        cmocka_unit_test(test_gpu_node_paged_int4),
+        cmocka_unit_test(test_gpu_proxy_paged_int8_ring2),
+        cmocka_unit_test(test_gpu_missing_layer_is_a_miss),
+    };
+    return cmocka_run_group_tests(tests, s_setup, s_teardown);
+}
+
+#endif
