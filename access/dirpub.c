@@ -18,8 +18,7 @@ struct kvedge_dirpub_t {
     kvedge_master_node_t node;
     bool has_node;
     bool node_sent;
-    uint64_t seen_registry_seq; /* the view's seq when the node record was last sent */
-    zhashx_t *published;        /* chunk hex -> kvedge_master_dir_t (what the master has) */
+    zhashx_t *published; /* chunk hex -> kvedge_master_dir_t (what the master has) */
     uint64_t fingerprint;
     bool synced_once;
     pthread_mutex_t mu; /* one pass at a time */

@@ -77,6 +77,17 @@ void kvedge_cli_trap_signals(void);
 void kvedge_cli_wait_signal(void);
 
 /* Prints usage of one command to f. */
+/* One string setting of a daemon's config: key, destination and its capacity. */
+typedef struct {
+    const char *key;
+    char *dst;
+    size_t len;
+} kvedge_cli_str_t;
+
+/* Copies v into the entry of t (n entries) named k. False when k is not in t or v does not
+ * fit (NUL included). */
+bool kvedge_cli_set_str(const kvedge_cli_str_t *t, size_t n, const char *k, const char *v);
+
 void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details);
 
 #endif

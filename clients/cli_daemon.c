@@ -169,24 +169,13 @@ static int s_conf_file(const char *path, s_store_conf_t *c)
 /* The string settings of the master registration, by config key. */
 static bool s_store_str(s_store_conf_t *c, const char *k, const char *v)
 {
-    struct {
-        const char *key;
-        char *dst;
-        size_t len;
-    } t[] = {{"master", c->master, sizeof c->master},
-             {"master_pub", c->master_pub, sizeof c->master_pub},
-             {"master_key", c->master_key, sizeof c->master_key},
-             {"node_id", c->node_id, sizeof c->node_id},
-             {"advertise", c->advertise, sizeof c->advertise},
-             {"region", c->region, sizeof c->region}};
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (strcmp(k, t[i].key) == 0) {
-            if (strlen(v) >= t[i].len)
-                return false;
-            strcpy(t[i].dst, v);
-            return true;
-        }
-    return false;
+    const kvedge_cli_str_t t[] = {{"master", c->master, sizeof c->master},
+                                  {"master_pub", c->master_pub, sizeof c->master_pub},
+                                  {"master_key", c->master_key, sizeof c->master_key},
+                                  {"node_id", c->node_id, sizeof c->node_id},
+                                  {"advertise", c->advertise, sizeof c->advertise},
+                                  {"region", c->region, sizeof c->region}};
+    return kvedge_cli_set_str(t, sizeof t / sizeof t[0], k, v);
 }
 
 /* Joins the Storage Master: a view (heartbeats as node_id) and the directory publisher. */

@@ -57,28 +57,19 @@ static int s_add_source(s_conf_t *c, const char *spec, const char *where)
 /* One setting by name (the config file's keys are the long flags with '_' for '-'). */
 static bool s_set(s_conf_t *c, const char *k, const char *v)
 {
-    struct {
-        const char *name;
-        char *dst;
-        size_t len;
-    } str[] = {{"bind", c->bind, sizeof c->bind},
-               {"id", c->id, sizeof c->id},
-               {"cert", c->cert, sizeof c->cert},
-               {"clients", c->clients, sizeof c->clients},
-               {"master", c->master, sizeof c->master},
-               {"master_pub", c->master_pub, sizeof c->master_pub},
-               {"master_key", c->master_key, sizeof c->master_key},
-               {"snapshot", c->snapshot, sizeof c->snapshot},
-               {"local_node", c->local_node, sizeof c->local_node},
-               {"history_node", c->history_node, sizeof c->history_node},
-               {"log", c->log, sizeof c->log}};
-    for (size_t i = 0; i < sizeof str / sizeof str[0]; i++)
-        if (strcmp(k, str[i].name) == 0) {
-            if (strlen(v) >= str[i].len)
-                return false;
-            strcpy(str[i].dst, v);
-            return true;
-        }
+    const kvedge_cli_str_t str[] = {{"bind", c->bind, sizeof c->bind},
+                                    {"id", c->id, sizeof c->id},
+                                    {"cert", c->cert, sizeof c->cert},
+                                    {"clients", c->clients, sizeof c->clients},
+                                    {"master", c->master, sizeof c->master},
+                                    {"master_pub", c->master_pub, sizeof c->master_pub},
+                                    {"master_key", c->master_key, sizeof c->master_key},
+                                    {"snapshot", c->snapshot, sizeof c->snapshot},
+                                    {"local_node", c->local_node, sizeof c->local_node},
+                                    {"history_node", c->history_node, sizeof c->history_node},
+                                    {"log", c->log, sizeof c->log}};
+    if (kvedge_cli_set_str(str, sizeof str / sizeof str[0], k, v))
+        return true;
     if (strcmp(k, "insecure") == 0) {
         c->insecure = strcmp(v, "1") == 0 || strcmp(v, "true") == 0;
         return true;
@@ -315,10 +306,7 @@ static void s_out_plan(void *ctx, const kvedge_fetch_plan_t *pl)
            pl->load_then_compute_us / 1e3, pl->recompute_all_us / 1e3);
     for (uint32_t s = 0; s < pl->nsources; s++)
         printf("  source %u %-16s %-8s %-4s rtt %.2f ms, %.1f MB/s\n", s, pl->source[s].name,
-               pl->source[s].kind == 0   ? "local"
-               : pl->source[s].kind == 1 ? "peer"
-               : pl->source[s].kind == 2 ? "cloud"
-                                         : "history",
+               kvedge_plan_kind_name((kvedge_plan_kind_t)pl->source[s].kind),
                pl->source[s].up ? "up" : "down", pl->source[s].rtt_us / 1e3,
                pl->source[s].bw_bytes_per_s / 1e6);
 }

@@ -217,3 +217,15 @@ void kvedge_cli_wait_signal(void)
     while (!s_stop)
         pause();
 }
+
+bool kvedge_cli_set_str(const kvedge_cli_str_t *t, size_t n, const char *k, const char *v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(k, t[i].key) == 0) {
+            if (strlen(v) >= t[i].len)
+                return false;
+            memcpy(t[i].dst, v, strlen(v) + 1);
+            return true;
+        }
+    return false;
+}

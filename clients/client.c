@@ -423,6 +423,19 @@ static void s_io_submit(s_io_t *io, s_req_t *r)
         io->next_deadline = r->deadline_ms;
 }
 
+/* Whether (chunk, head) is the block that must come next in (chunk, head) order: (0, 0)
+ * first, then the next head of the same chunk or head 0 of the next chunk. heads is the
+ * layer's head count once known (0 = not yet). */
+static bool s_next_head(bool first, uint32_t last_chunk, uint16_t last_head, uint32_t heads,
+                        uint32_t chunk, uint16_t head)
+{
+    if (first)
+        return chunk == 0 && head == 0;
+    if (chunk == last_chunk)
+        return head == last_head + 1 && (heads == 0 || head < heads);
+    return chunk == last_chunk + 1 && head == 0 && (heads == 0 || heads == (uint32_t)last_head + 1);
+}
+
 /* One GET_LAYER message of stream r (already validated). Data messages must come in
  * (chunk, head) order within the credit granted; anything else fails the stream. */
 static void s_io_stream(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, size_t nframes)
@@ -447,15 +460,8 @@ static void s_io_stream(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, s
         s_finish(io, r, KVEDGE_EPROTO, true);
         return;
     }
-    bool in_order;
-    if (r->received == 0)
-        in_order = s.chunk_index == 0 && s.head == 0;
-    else if (s.chunk_index == r->last_chunk)
-        in_order = s.head == r->last_head + 1 && (r->heads == 0 || s.head < r->heads);
-    else
-        in_order = s.chunk_index == r->last_chunk + 1 && s.head == 0 &&
-                   (r->heads == 0 || r->heads == (uint32_t)r->last_head + 1);
-    if (!in_order) {
+    if (!s_next_head(r->received == 0, r->last_chunk, r->last_head, r->heads, s.chunk_index,
+                     s.head)) {
         s_finish(io, r, KVEDGE_EPROTO, true);
         return;
     }
@@ -564,15 +570,9 @@ static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, si
     } else if (kind == KVEDGE_FETCH_MSG_BLOCK) {
         kvedge_wire_fetch_block_t b;
         kvedge_wire_fetch_block_parse(fr[0].data, fr[0].len, &b);
-        bool in_order;
-        if (!f->in_layer)
-            in_order = b.chunk_index == 0 && b.head == 0;
-        else if (b.chunk_index == f->last_chunk)
-            in_order = b.head == f->last_head + 1;
-        else
-            in_order = b.chunk_index == f->last_chunk + 1 && b.head == 0;
-        if (!in_order || b.layer != f->first_layer + f->next_layer ||
-            b.chunk_index >= r->n_chunks || b.source >= f->plan.nsources) {
+        if (!s_next_head(!f->in_layer, f->last_chunk, f->last_head, 0, b.chunk_index, b.head) ||
+            b.layer != f->first_layer + f->next_layer || b.chunk_index >= r->n_chunks ||
+            b.source >= f->plan.nsources) {
             rc = KVEDGE_EPROTO;
         } else {
             f->in_layer = true;

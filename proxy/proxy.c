@@ -231,7 +231,7 @@ int kvedge_proxy_source_parse(const char *spec, kvedge_proxy_source_t *out)
 }
 
 /* Adds a source (prober or start); returns its index or -1 when the table is full. */
-static int s_src_add(s_proxy_t *p, const kvedge_proxy_source_t *conf, bool from_master)
+static int s_src_add(s_proxy_t *p, const kvedge_proxy_source_t *conf)
 {
     pthread_mutex_lock(&p->srcs_mu);
     size_t n = atomic_load(&p->nsrc);
@@ -240,7 +240,6 @@ static int s_src_add(s_proxy_t *p, const kvedge_proxy_source_t *conf, bool from_
         s_src_t *s = &p->src[n];
         memset(s, 0, sizeof *s);
         s->conf = *conf;
-        s->from_master = from_master;
         s->ratio = S_RATIO_PRIOR;
         idx = (int)n;
         atomic_store(&p->nsrc, n + 1);
@@ -587,15 +586,23 @@ static void s_source_failed(s_proxy_t *p, s_fetch_t *f, int s, int err)
     s_reassign(p, f, set, KVEDGE_FETCH_FALLBACK_FAILED, s);
 }
 
+/* The negative cache's key for "layer of this chain": the last chunk id names the whole
+ * chain (ids are chained), then the layer. */
+#define S_NEG_KEY_BYTES (KVEDGE_CHUNK_ID_BYTES + 2)
+static void s_neg_key(const s_fetch_t *f, uint32_t layer, uint8_t key[S_NEG_KEY_BYTES])
+{
+    memcpy(key, f->chunks[f->nchunks - 1].bytes, KVEDGE_CHUNK_ID_BYTES);
+    key[KVEDGE_CHUNK_ID_BYTES] = (uint8_t)(layer >> 8);
+    key[KVEDGE_CHUNK_ID_BYTES + 1] = (uint8_t)layer;
+}
+
 /* Layer i is not (or not intact) at its source: remember it, move the layer. */
 static void s_layer_failed(s_proxy_t *p, s_fetch_t *f, uint32_t i, uint8_t reason)
 {
     s_layer_t *l = &f->layer[i];
     int s = l->src;
-    uint8_t key[KVEDGE_CHUNK_ID_BYTES + 2];
-    memcpy(key, f->chunks[f->nchunks - 1].bytes, KVEDGE_CHUNK_ID_BYTES);
-    key[KVEDGE_CHUNK_ID_BYTES] = (uint8_t)((f->first + i) >> 8);
-    key[KVEDGE_CHUNK_ID_BYTES + 1] = (uint8_t)(f->first + i);
+    uint8_t key[S_NEG_KEY_BYTES];
+    s_neg_key(f, f->first + i, key);
     kvedge_negcache_add(p->neg, f->psrc[s].name, key, sizeof key, (uint64_t)s_now_ms(), 0);
     if (reason == KVEDGE_FETCH_FALLBACK_CORRUPT)
         kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)s_now_ms(), KVEDGE_ECORRUPT);
@@ -791,10 +798,8 @@ static void s_deadlines(s_proxy_t *p)
 static bool s_holds(s_proxy_t *p, const s_src_t *s, bool in_registry, const s_fetch_t *f,
                     uint32_t layer)
 {
-    uint8_t key[KVEDGE_CHUNK_ID_BYTES + 2];
-    memcpy(key, f->chunks[f->nchunks - 1].bytes, KVEDGE_CHUNK_ID_BYTES);
-    key[KVEDGE_CHUNK_ID_BYTES] = (uint8_t)(layer >> 8);
-    key[KVEDGE_CHUNK_ID_BYTES + 1] = (uint8_t)layer;
+    uint8_t key[S_NEG_KEY_BYTES];
+    s_neg_key(f, layer, key);
     if (kvedge_negcache_contains(p->neg, s->conf.name, key, sizeof key, (uint64_t)s_now_ms()))
         return false;
     if (!in_registry)
@@ -1134,7 +1139,7 @@ static void s_discover(s_proxy_t *p)
             conf.kind = rec.role == KVEDGE_ROLE_CLOUD ? KVEDGE_PLAN_CLOUD : KVEDGE_PLAN_PEER;
         conf.bw_bytes_per_s = (double)rec.bandwidth_bytes_per_s;
         conf.rtt_us = rec.rtt_us;
-        if (s_src_add(p, &conf, true) >= 0)
+        if (s_src_add(p, &conf) >= 0)
             kvedge_log_info("source %s (%s) from the master: %s", id,
                             kvedge_plan_kind_name(conf.kind), conf.endpoint);
     }
@@ -1396,7 +1401,7 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
         rc = kvedge_secure_router_open(&p->sec, p->opts.bind, opts->insecure, opts->cert,
                                        opts->clients_dir, why, why_len);
     for (size_t i = 0; rc == KVEDGE_OK && i < opts->nsources; i++)
-        s_src_add(p, &opts->sources[i], false);
+        s_src_add(p, &opts->sources[i]);
     if (rc == KVEDGE_OK && opts->master) {
         kvedge_mview_opts_t vo;
         kvedge_mview_opts_default(&vo);

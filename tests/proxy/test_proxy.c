@@ -686,13 +686,6 @@ static void test_master_down_at_start_uses_snapshot(void **state)
     s_rmrf(root);
 }
 
-static void s_err_done(void *ctx, int status)
-{
-    s_result_t *r = ctx;
-    s_r_done(ctx, status);
-    (void)r;
-}
-
 static int s_fetch_status(kvedge_client_t *c, const char *model, uint16_t first, uint16_t n)
 {
     s_result_t r;
@@ -700,7 +693,7 @@ static int s_fetch_status(kvedge_client_t *c, const char *model, uint16_t first,
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);
     kvedge_fetch_req_t req = {model, s_ctx.ids, S_CHUNKS, first, n, 0, NULL, NULL, 3000};
-    kvedge_fetch_cbs_t cbs = {NULL, NULL, NULL, s_err_done};
+    kvedge_fetch_cbs_t cbs = {NULL, NULL, NULL, s_r_done};
     assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, &r), 0);
     pthread_mutex_lock(&r.mu);
     while (!r.done)
