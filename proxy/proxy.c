@@ -718,6 +718,7 @@ static void s_event(s_proxy_t *p, s_event_t *e)
     }
     s_layer_t *l = &f->layer[op->layer];
     uint32_t H = f->model.kv_heads;
+    bool moved = true;
     if (e->status != KVEDGE_OK) {
         s_layer_failed(p, f, op->layer,
                        e->status == KVEDGE_ECORRUPT ? KVEDGE_FETCH_FALLBACK_CORRUPT
@@ -743,12 +744,16 @@ static void s_event(s_proxy_t *p, s_event_t *e)
             l->blocks[idx] = e->frame;
             e->frame = NULL;
             l->got++;
+            moved = false;
         }
     }
     zframe_destroy(&e->frame);
     free(e);
-    s_issue(p, f);
-    s_deliver(p, f);
+    /* A stored block changes nothing else; a moved layer may open streams or end a fetch. */
+    if (moved) {
+        s_issue(p, f);
+        s_deliver(p, f);
+    }
 }
 
 static void s_events(s_proxy_t *p)
