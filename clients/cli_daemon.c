@@ -603,7 +603,8 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
                    "      cert = /etc/kvedge/keys/edge_secret\n"
                    "      tenant = acme          # local tenant the copy serves\n"
                    "      prefix = <64 hex digits: the context's last chunk, as kvedge -H ls "
-                   "shows>\n");
+                   "shows>\n"
+                   "      layers = 6:12          # optional: only layers 6..11 (default all)\n");
             return KVEDGE_EXIT_OK;
         } else {
             kvedge_cli_error("sync: bad option '%s'", argv[optind - 1]);

@@ -13,6 +13,22 @@
 #include "clients/kvedge.h"
 #include "store/error.h"
 
+/* "A:B" -> first_layer A, layers B - A (0 <= A < B <= KVEDGE_MODEL_MAX_LAYERS). */
+static int s_parse_layers(const char *v, uint16_t *first, uint16_t *n)
+{
+    char *end = NULL;
+    unsigned long a = strtoul(v, &end, 10);
+    if (end == v || *end != ':' || a >= KVEDGE_MODEL_MAX_LAYERS)
+        return KVEDGE_EINVAL;
+    const char *bs = end + 1;
+    unsigned long b = strtoul(bs, &end, 10);
+    if (end == bs || *end || b <= a || b > KVEDGE_MODEL_MAX_LAYERS || *v == '-' || *bs == '-')
+        return KVEDGE_EINVAL;
+    *first = (uint16_t)a;
+    *n = (uint16_t)(b - a);
+    return KVEDGE_OK;
+}
+
 int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, size_t *n, char *why,
                       size_t why_len)
 {
@@ -62,6 +78,8 @@ int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, si
             } else if (strcmp(key, "prefix") == 0) {
                 rc = kvedge_chunk_id_parse(v, &s->prefix);
                 have_prefix = rc == KVEDGE_OK;
+            } else if (strcmp(key, "layers") == 0) {
+                rc = s_parse_layers(v, &s->first_layer, &s->layers);
             } else {
                 rc = KVEDGE_EINVAL;
             }
@@ -87,12 +105,14 @@ int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, si
 typedef struct {
     uint32_t blocks;
     uint64_t bytes;
+    uint16_t first_layer, end_layer; /* count only blocks of these layers */
 } s_local_t;
 
 static int s_count_local(void *ctx, const kvedge_block_key_t *key, const kvedge_block_meta_t *m)
 {
-    (void)key;
     s_local_t *l = ctx;
+    if (key->layer < l->first_layer || key->layer >= l->end_layer)
+        return 0;
     l->blocks++;
     l->bytes += m->bytes;
     return 0;
@@ -139,20 +159,34 @@ static void s_on_done(void *ctx, int status, uint32_t heads)
     pthread_mutex_unlock(&l->mu);
 }
 
-/* Copies every layer of one chunk; returns 0 or the first error. */
+/* Copies layers [first, end) of one chunk; returns 0 or the first error. */
+/* The chunk's model, registering a built-in one the engine does not hold yet. */
+static int s_model(kvedge_engine_t *engine, const kvedge_chunk_entry_t *e, kvedge_model_t *m)
+{
+    int rc = kvedge_engine_get_model(engine, e->chunk.model_id, m);
+    if (rc != KVEDGE_OK) {
+        rc = kvedge_model_builtin(e->chunk.model_id, m);
+        if (rc == KVEDGE_OK)
+            rc = kvedge_engine_put_model(engine, m);
+    }
+    return rc; /* a model this edge does not know: register it first */
+}
+
+/* The subscription's layer range within m: [*first, *end). */
+static void s_range(const kvedge_hsync_sub_t *sub, const kvedge_model_t *m, uint16_t *first,
+                    uint16_t *end)
+{
+    uint32_t a = sub->layers ? sub->first_layer : 0;
+    uint32_t b = sub->layers ? a + sub->layers : m->layers;
+    *first = (uint16_t)(a < m->layers ? a : m->layers);
+    *end = (uint16_t)(b < m->layers ? b : m->layers);
+}
+
 static int s_copy_chunk(kvedge_client_t *c, kvedge_engine_t *engine, const uint8_t tag[16],
                         const kvedge_chunk_entry_t *e, const kvedge_chunk_entry_t *parent,
-                        int deadline_ms, kvedge_hsync_status_t *st)
+                        uint16_t first, uint16_t end, int deadline_ms, kvedge_hsync_status_t *st)
 {
-    kvedge_model_t m;
-    int rc = kvedge_engine_get_model(engine, e->chunk.model_id, &m);
-    if (rc != KVEDGE_OK) {
-        rc = kvedge_model_builtin(e->chunk.model_id, &m);
-        if (rc == KVEDGE_OK)
-            rc = kvedge_engine_put_model(engine, &m);
-    }
-    if (rc != KVEDGE_OK)
-        return rc; /* a model this edge does not know: register it first */
+    int rc = KVEDGE_OK;
     s_layer_t l;
     memset(&l, 0, sizeof l);
     l.engine = engine;
@@ -166,7 +200,7 @@ static int s_copy_chunk(kvedge_client_t *c, kvedge_engine_t *engine, const uint8
         kvedge_tenant_chunk_id(tag, &parent->chunk.id, &l.info.parent);
     pthread_mutex_init(&l.mu, NULL);
     pthread_cond_init(&l.cv, NULL);
-    for (uint32_t layer = 0; rc == KVEDGE_OK && layer < m.layers; layer++) {
+    for (uint32_t layer = first; rc == KVEDGE_OK && layer < end; layer++) {
         l.layer = (uint16_t)layer;
         l.done = false;
         rc = kvedge_client_get_layer_async(c, &e->chunk.id, 1, (uint16_t)layer, deadline_ms,
@@ -241,11 +275,21 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
         const kvedge_chunk_entry_t *e = chain[d];
         kvedge_chunk_id_t stored;
         kvedge_tenant_chunk_id(tag, &e->chunk.id, &stored);
-        s_local_t have = {0, 0};
+        kvedge_model_t m;
+        rc = s_model(engine, e, &m);
+        if (rc != KVEDGE_OK)
+            break;
+        s_local_t have = {0, 0, 0, 0};
+        s_range(sub, &m, &have.first_layer, &have.end_layer);
         kvedge_engine_scan(engine, &stored, s_count_local, &have);
-        if (have.blocks != e->blocks || have.bytes != e->bytes)
-            rc = s_copy_chunk(c, engine, tag, e, d + 1 < depth ? chain[d + 1] : NULL, deadline_ms,
-                              st);
+        /* Blocks are spread evenly over layers (heads per layer); a range is compared by
+         * count, the whole chunk also by bytes. */
+        bool whole = have.first_layer == 0 && have.end_layer == m.layers;
+        uint64_t want =
+            m.layers ? (uint64_t)e->blocks * (have.end_layer - have.first_layer) / m.layers : 0;
+        if (have.blocks != want || (whole && have.bytes != e->bytes))
+            rc = s_copy_chunk(c, engine, tag, e, d + 1 < depth ? chain[d + 1] : NULL,
+                              have.first_layer, have.end_layer, deadline_ms, st);
         if (rc == KVEDGE_OK) {
             uint64_t changed = 0;
             rc = kvedge_engine_pin_chunk(engine, &stored, true, &changed);
@@ -253,7 +297,7 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
                 rc = KVEDGE_OK;
             st->chunks_synced++;
         }
-        s_local_t now = {0, 0};
+        s_local_t now = {0, 0, 0, UINT16_MAX};
         kvedge_engine_scan(engine, &stored, s_count_local, &now);
         st->blocks_held += now.blocks;
     }

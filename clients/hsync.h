@@ -28,6 +28,11 @@ typedef struct {
     char cert[512];       /* this edge's secret certificate on the cloud */
     char tenant[128];     /* local tenant that receives the copy ("loopback" = plaintext) */
     kvedge_chunk_id_t prefix;
+    /* Layers [first_layer, first_layer + layers) of every chunk; layers 0 = all of them. An
+     * edge may keep only the layers it would otherwise fetch over its slowest link (the deep
+     * ones from the cloud), or the shallow ones it shares with peers. */
+    uint16_t first_layer;
+    uint16_t layers;
 } kvedge_hsync_sub_t;
 
 typedef enum {
@@ -49,14 +54,17 @@ typedef struct {
 } kvedge_hsync_status_t;
 
 /* Reads subscriptions from a ZPL file: one `subscription` section per context with keys
- * name, cloud, server_key, cert, tenant, prefix (64 hex digits). *n receives the count.
+ * name, cloud, server_key, cert, tenant, prefix (64 hex digits) and layers ("A:B", layers A
+ * to B-1; default all). *n receives the count.
  * why (may be NULL) says what is wrong. Errors: KVEDGE_EIO (unreadable), KVEDGE_EINVAL. */
 int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, size_t *n, char *why,
                       size_t why_len);
 
 /* One sync pass of one subscription into the engine: lists the context on the cloud, copies
- * every chunk whose block count or bytes differ from the local copy, layer by layer, and
- * pins everything. Never deletes anything local. deadline_ms bounds each remote call. */
+ * every chunk whose block count or bytes differ from the local copy (for a layer range: whose
+ * block count in the range differs), layer by layer, and pins everything. A layer range
+ * past the model's layers is clipped to it. Never deletes anything local. deadline_ms bounds each
+ * remote call. */
 int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int deadline_ms,
                      kvedge_hsync_status_t *status);
 

@@ -205,6 +205,36 @@ static void test_sync_serve_offline_and_delta(void **state)
     kvedge_client_destroy(&edge);
 }
 
+/* A layer range: only those layers are copied, and a pass with nothing new copies nothing. */
+static void test_sync_layer_range(void **state)
+{
+    s_fx_t *f = *state;
+    kvedge_client_t *cloud = s_client(f->cloud_ep);
+    kvedge_chunk_id_t ids[2];
+    s_put_context(cloud, 0, S_LAYERS, ids);
+    kvedge_hsync_sub_t sub;
+    memset(&sub, 0, sizeof sub);
+    snprintf(sub.cloud, sizeof sub.cloud, "%s", f->cloud_ep);
+    snprintf(sub.tenant, sizeof sub.tenant, "%s", KVEDGE_LOOPBACK_TENANT);
+    sub.prefix = ids[1];
+    sub.first_layer = 2;
+    sub.layers = 3;
+    kvedge_hsync_status_t st;
+    memset(&st, 0, sizeof st);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.state, KVEDGE_HSYNC_OK);
+    assert_int_equal(st.blocks_copied, 2 * 3 * S_HEADS);
+    assert_int_equal(st.blocks_held, 2 * 3 * S_HEADS);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.blocks_copied, 0);
+    /* Past the model's end: clipped to the last layers. */
+    sub.first_layer = S_LAYERS - 1;
+    sub.layers = 40;
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.blocks_copied, 2 * S_HEADS);
+    kvedge_client_destroy(&cloud);
+}
+
 static void test_unknown_prefix(void **state)
 {
     s_fx_t *f = *state;
@@ -245,6 +275,23 @@ static void test_subscription_file(void **state)
     assert_string_equal(subs[1].tenant, KVEDGE_LOOPBACK_TENANT);
     assert_string_equal(subs[1].name, "sub2");
     assert_int_equal(subs[0].prefix.bytes[1], 0x11);
+    assert_int_equal(subs[0].layers, 0); /* all */
+
+    const char *pre = "subscription\n    cloud = tcp://c:7400\n    prefix = "
+                      "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+    char text[400];
+    snprintf(text, sizeof text, "%s    layers = 6:12\n", pre);
+    s_write(path, text);
+    assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), 0);
+    assert_int_equal(subs[0].first_layer, 6);
+    assert_int_equal(subs[0].layers, 6);
+    const char *bad[] = {"12:6", "3:3", "x", "1:", ":4", "-1:4", "0:5000", "2:4z"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(text, sizeof text, "%s    layers = %s\n", pre, bad[i]);
+        s_write(path, text);
+        assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), KVEDGE_EINVAL);
+        assert_non_null(strstr(why, "layers"));
+    }
 
     s_write(path, "subscription\n    cloud = tcp://c:7400\n    prefix = abc\n");
     assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), KVEDGE_EINVAL);
@@ -265,6 +312,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_sync_serve_offline_and_delta, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_sync_layer_range, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_prefix, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_subscription_file, s_setup, s_teardown),
     };
