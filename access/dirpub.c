@@ -19,6 +19,7 @@ struct kvedge_dirpub_t {
     bool has_node;
     bool node_sent;
     zhashx_t *published; /* chunk hex -> kvedge_master_dir_t (what the master has) */
+    zhashx_t *models;    /* model id -> kvedge_model_t this node registered */
     uint64_t fingerprint;
     bool synced_once;
     pthread_mutex_t mu; /* one pass at a time */
@@ -110,12 +111,46 @@ static int s_keep_node(kvedge_dirpub_t *d)
         return KVEDGE_OK;
     if (kvedge_mview_state(d->opts.view) != KVEDGE_MVIEW_SYNCED && d->node_sent)
         return KVEDGE_OK;
+    bool lost = d->node_sent;
     int rc = s_send_node(d);
     if (rc == KVEDGE_OK) {
+        if (lost) { /* the registry lost us: our model records too */
+            zhashx_purge(d->models);
+            d->synced_once = false;
+        }
         d->node_sent = true;
         kvedge_log_info("registered as %s with the master", d->node_id);
     }
     return rc;
+}
+
+/* Registers the shape of a model this node holds blocks of, once per node run (and again
+ * when the registry lost this node's records), unless it is built in (every proxy knows
+ * those): a proxy can then plan fetches of a model it was never told about. Returns 1 when a
+ * record was written. */
+static int s_keep_model(kvedge_dirpub_t *d, const kvedge_model_t *m)
+{
+    kvedge_model_t builtin;
+    const kvedge_model_t *sent = zhashx_lookup(d->models, m->id);
+    if (kvedge_model_builtin(m->id, &builtin) == KVEDGE_OK ||
+        (sent && sent->layers == m->layers && sent->kv_heads == m->kv_heads &&
+         sent->head_dim == m->head_dim && sent->dtype == m->dtype))
+        return 0;
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    if (kvedge_master_model_pack(m, body, &len) != KVEDGE_OK ||
+        kvedge_master_key_format(KVEDGE_MASTER_SPACE_MODEL, m->id, NULL, key, sizeof key) !=
+            KVEDGE_OK)
+        return 0; /* an id the registry cannot address */
+    kvedge_model_t *copy = malloc(sizeof *copy);
+    if (!copy || s_set(d, key, body, len) != KVEDGE_OK) {
+        free(copy);
+        return 0;
+    }
+    *copy = *m;
+    zhashx_update(d->models, m->id, copy);
+    return 1;
 }
 
 int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
@@ -143,6 +178,7 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
             if (kvedge_engine_get_model(d->opts.engine, ci->model_id, &m) != KVEDGE_OK &&
                 kvedge_model_builtin(ci->model_id, &m) != KVEDGE_OK)
                 continue; /* no shape: no way to say which layers are complete */
+            n_changed += (uint32_t)s_keep_model(d, &m);
             s_counts_t *counts = calloc(1, sizeof *counts);
             if (!counts)
                 break;
@@ -265,11 +301,15 @@ int kvedge_dirpub_start(const kvedge_dirpub_opts_t *opts, kvedge_dirpub_t **out)
         d->has_node = true;
     }
     d->published = zhashx_new();
-    zhashx_set_destructor(d->published, s_free_item);
+    d->models = zhashx_new();
+    if (d->published)
+        zhashx_set_destructor(d->published, s_free_item);
+    if (d->models)
+        zhashx_set_destructor(d->models, s_free_item);
     pthread_mutex_init(&d->mu, NULL);
     pthread_mutex_init(&d->stop_mu, NULL);
     pthread_cond_init(&d->stop_cv, NULL);
-    if (!d->published || pthread_create(&d->thread, NULL, s_run, d) != 0) {
+    if (!d->published || !d->models || pthread_create(&d->thread, NULL, s_run, d) != 0) {
         kvedge_dirpub_destroy(&d);
         return KVEDGE_ENOMEM;
     }
@@ -291,6 +331,7 @@ void kvedge_dirpub_destroy(kvedge_dirpub_t **self_p)
         pthread_join(d->thread, NULL);
     }
     zhashx_destroy(&d->published);
+    zhashx_destroy(&d->models);
     pthread_mutex_destroy(&d->mu);
     pthread_mutex_destroy(&d->stop_mu);
     pthread_cond_destroy(&d->stop_cv);

@@ -333,6 +333,59 @@ static kvedge_master_t *s_master_start(s_master_t *mm, const char *root)
 
 /* ---------------------------------------------------------------- tests */
 
+/* A node that holds blocks of a model the registry does not know registers its shape
+ * (model/<id>), so proxies can plan it; built-in models are not written. */
+static void test_node_registers_its_models(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_master_t mm;
+    kvedge_master_t *m = s_master_start(&mm, root);
+    s_node_t node;
+    s_node_start(&node, root, "edgeM", KVEDGE_ROLE_EDGE, mm.ep, mm.pub);
+    kvedge_model_t custom = {.id = "custom-model", .layers = 3, .kv_heads = 2, .head_dim = 64,
+                             .dtype = KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_engine_put_model(node.engine, &custom), 0);
+    kvedge_client_t *c = s_client(node.ep, 10000);
+    kvedge_put_item_t item;
+    memset(&item, 0, sizeof item);
+    item.chunk.id = s_ctx.ids[0];
+    snprintf(item.chunk.model_id, sizeof item.chunk.model_id, "custom-model");
+    item.chunk.tokens = S_TOKENS;
+    item.block = s_ctx.block[0][0][0];
+    item.len = s_ctx.len[0][0][0];
+    assert_int_equal(kvedge_client_put(c, &item, 1, NULL), 0);
+    kvedge_client_destroy(&c);
+
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = mm.ep;
+    vo.pub = mm.pub;
+    vo.prefix = "model/";
+    kvedge_mview_t *view = NULL;
+    assert_int_equal(kvedge_mview_start(&vo, &view), 0);
+    kvedge_model_t got;
+    int rc = KVEDGE_ENOTFOUND;
+    for (int i = 0; i < 100 && rc != KVEDGE_OK; i++) {
+        uint32_t changed;
+        assert_int_equal(kvedge_dirpub_sync(node.pub, &changed), 0);
+        rc = kvedge_mview_model(view, "custom-model", &got);
+        if (rc != KVEDGE_OK)
+            zclock_sleep(50);
+    }
+    assert_int_equal(rc, KVEDGE_OK);
+    assert_int_equal(got.layers, 3);
+    assert_int_equal(got.kv_heads, 2);
+    assert_int_equal(got.head_dim, 64);
+    /* S_MODEL is built in: every proxy knows it, nobody registers it. */
+    assert_int_equal(kvedge_mview_model(view, S_MODEL, &got), KVEDGE_ENOTFOUND);
+    kvedge_mview_destroy(&view);
+    s_node_stop(&node);
+    kvedge_master_destroy(&m);
+    s_rmrf(root);
+}
+
 /* Two edges share shallow layers: edge A holds layers 0..5 and tells the master; the proxy of
  * edge B plans them from A (1 Gbit/s, 1 ms) and the deep ones from the cloud (100 Mbit/s,
  * 20 ms), prices each as Eq. 19 says, and delivers every block intact. */
@@ -761,6 +814,7 @@ int main(void)
     s_make_context();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_node_registers_its_models),
         cmocka_unit_test(test_peer_sharing_with_directory),
         cmocka_unit_test(test_stale_directory_falls_back),
         cmocka_unit_test(test_corrupt_block_falls_back),
