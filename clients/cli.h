@@ -44,6 +44,7 @@ extern const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_remote_cmds[]; /* clients/cli_remote.c, with -H */
 extern const kvedge_cli_cmd_t kvedge_cli_master_cmds[]; /* clients/cli_master.c */
 extern const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[];  /* clients/cli_proxy.c */
+extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];    /* clients/cli_e2e.c */
 
 /* Prints "kvedge: <message>" to stderr. */
 void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

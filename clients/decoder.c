@@ -4,13 +4,16 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "clients/decoder_impl.h"
 #include "clients/safetensors.h"
+#include "gpu/attn.h"
 #include "store/error.h"
 
 /* nn.LayerNorm's default, which every OPT checkpoint uses. */
@@ -36,7 +39,13 @@ struct _kvedge_decoder_t {
     float **weights;             /* every fp32 weight array, owned */
     size_t n_weights;            /* entries used in weights */
     size_t cap_weights;          /* entries allocated in weights */
+    uint64_t weight_bytes;       /* bytes of the fp32 arrays in weights */
     char err[S_ERROR_BYTES];     /* detail of the last load failure */
+    /* The one piece of state that changes after load: the costs kvedge_decoder_estimate
+     * measures once, guarded by cost_lock so that concurrent callers measure once. */
+    pthread_mutex_t cost_lock;
+    kvedge_decoder_impl_cost_t cost; /* valid when cost_known */
+    bool cost_known;
 };
 
 /* Scratch of one forward pass, grown on demand and reused across layers and steps. */
@@ -44,13 +53,13 @@ typedef struct {
     float *buf;         /* one allocation holding everything below */
     size_t cap;         /* floats in buf */
     float *ln;          /* [n][hidden] normalized input */
-    float *q;           /* [n][hidden] scaled queries */
+    float *q;           /* [n][hidden] queries, then projection outputs */
     float *k, *v;       /* [n][hidden] new keys and values, token-major */
-    float *attn;        /* [n][hidden] merged attention output, then projections */
+    float *attn;        /* [n][hidden] merged attention output */
     float *ffn;         /* [n][ffn] */
-    float *scores;      /* [n][m] one head's scores, then probabilities */
-    float *oa, *ob;     /* [n][head_dim] partial outputs over external and local K/V */
-    float *lsea, *lseb; /* [n] their log-sum-exps */
+    float *qh;          /* [heads][n][head_dim] scaled queries, as gpu/attn.h takes them */
+    float *oa, *ob;     /* [heads][n][head_dim] partial outputs over external and local K/V */
+    float *lsea, *lseb; /* [heads][n] their log-sum-exps */
 } s_work_t;
 
 struct _kvedge_decoder_session_t {
@@ -85,19 +94,29 @@ __attribute__((format(printf, 3, 4))) static int s_fail(kvedge_decoder_t *self, 
 
 kvedge_decoder_t *kvedge_decoder_new(void)
 {
-    return calloc(1, sizeof(kvedge_decoder_t));
+    kvedge_decoder_t *self = calloc(1, sizeof(kvedge_decoder_t));
+    if (self && pthread_mutex_init(&self->cost_lock, NULL) != 0) {
+        free(self);
+        self = NULL;
+    }
+    return self;
 }
 
+/* Frees the weights and returns the model to its state before load, keeping the error text. */
 static void s_unload(kvedge_decoder_t *self)
 {
     for (size_t i = self->n_weights; i > 0; i--)
         free(self->weights[i - 1]);
     free(self->weights);
     free(self->layer);
-    char err[S_ERROR_BYTES];
-    memcpy(err, self->err, sizeof err);
-    memset(self, 0, sizeof *self);
-    memcpy(self->err, err, sizeof err);
+    memset(&self->cfg, 0, sizeof self->cfg);
+    self->embed = self->pos = self->head = self->lnf_w = self->lnf_b = NULL;
+    self->layer = NULL;
+    self->weights = NULL;
+    self->n_weights = self->cap_weights = 0;
+    self->weight_bytes = 0;
+    memset(&self->cost, 0, sizeof self->cost);
+    self->cost_known = false;
 }
 
 void kvedge_decoder_destroy(kvedge_decoder_t **self_p)
@@ -105,6 +124,7 @@ void kvedge_decoder_destroy(kvedge_decoder_t **self_p)
     if (!self_p || !*self_p)
         return;
     s_unload(*self_p);
+    pthread_mutex_destroy(&(*self_p)->cost_lock);
     free(*self_p);
     *self_p = NULL;
 }
@@ -169,6 +189,7 @@ static int s_take(kvedge_decoder_t *self, const kvedge_safetensors_tensor_t *t, 
         return s_fail(self, KVEDGE_ENOMEM, "out of memory for tensor %s", t->name);
     kvedge_safetensors_to_f32(t, f, (size_t)t->numel);
     self->weights[self->n_weights++] = f;
+    self->weight_bytes += t->numel * sizeof(float);
     *out = f;
     return KVEDGE_OK;
 }
@@ -346,83 +367,50 @@ static void s_layer_norm(const float *x, uint32_t n, uint32_t d, const float *w,
     }
 }
 
-/* ---- Attention seam ----------------------------------------------------------------------
- * The two functions below are the whole of attention: one partial attention with its
- * log-sum-exp, and the exact merge of two partials. The GPU/CPU kernels in gpu/ take over this
- * contract; until then these are the reference. */
+/* Attention is gpu/attn.h's CPU path: one partial attention with its log-sum-exp per key set,
+ * and the exact merge of two partials. */
 
-/* One head: n queries (rows of q, stride ldq, already scaled by head_dim^-0.5) over m keys and
- * values (k, v: [m][hd] contiguous). Query i sees keys [0, min(m, visible0 + i)): visible0 = m
- * for a fully visible context, past + 1 for causal attention over a cache that holds past
- * earlier tokens. Writes o [n][hd] (normalized) and lse [n] (natural log of the sum of
- * exp(score); -inf and o = 0 where no key is visible). scores holds n * m floats. */
-static void s_attn_partial(const float *q, size_t ldq, uint32_t n, const float *k, const float *v,
-                           uint32_t m, uint32_t hd, uint32_t visible0, float *scores, float *o,
-                           float *lse)
+/* Partial attention of the queries qh ([heads][n][head_dim], already scaled) over the first
+ * keys tokens of kv. causal: query i sees keys j <= past + i (the local cache holds past
+ * earlier tokens); else it sees all of them. Writes o [heads][n][head_dim], lse [heads][n]. */
+static int s_attn_partial(const kvedge_decoder_config_t *c, const float *qh, uint32_t n,
+                          const float *k, const float *v, uint32_t stride, uint32_t keys,
+                          bool causal, uint32_t past, float *o, float *lse)
 {
-    if (m == 0) {
-        memset(o, 0, (size_t)n * hd * sizeof(float));
-        for (uint32_t i = 0; i < n; i++)
-            lse[i] = -INFINITY;
-        return;
+    const size_t hd = c->head_dim;
+    kvedge_attn_partial_args_t a = {
+        .dtype = KVEDGE_DTYPE_FP32,
+        .heads = c->heads,
+        .nq = n,
+        .n = keys,
+        .head_dim = c->head_dim,
+        .scale = 1.0f,
+        .causal = causal,
+        .causal_offset = past,
+    };
+    /* attn.h packs heads at keys * head_dim; a cache with room for more tokens goes head by
+     * head. */
+    const uint32_t calls = stride == keys ? 1 : c->heads;
+    if (calls > 1)
+        a.heads = 1;
+    for (uint32_t h = 0; h < calls; h++) {
+        a.q = qh + (size_t)h * n * hd;
+        a.k = k + (size_t)h * stride * hd;
+        a.v = v + (size_t)h * stride * hd;
+        a.o = o + (size_t)h * n * hd;
+        a.lse = lse + (size_t)h * n;
+        int rc = kvedge_cpu_attn_partial(&a);
+        if (rc != KVEDGE_OK)
+            return rc;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)hd, 1.0f, q, (int)ldq,
-                k, (int)hd, 0.0f, scores, (int)m);
-    for (uint32_t i = 0; i < n; i++) {
-        float *s = scores + (size_t)i * m;
-        uint64_t vis64 = (uint64_t)visible0 + i;
-        uint32_t vis = vis64 < m ? (uint32_t)vis64 : m;
-        if (vis == 0) {
-            memset(s, 0, (size_t)m * sizeof(float));
-            lse[i] = -INFINITY;
-            continue;
-        }
-        float mx = s[0];
-        for (uint32_t j = 1; j < vis; j++)
-            mx = s[j] > mx ? s[j] : mx;
-        float sum = 0;
-        for (uint32_t j = 0; j < vis; j++) {
-            s[j] = expf(s[j] - mx);
-            sum += s[j];
-        }
-        const float inv = 1.0f / sum;
-        for (uint32_t j = 0; j < vis; j++)
-            s[j] *= inv;
-        for (uint32_t j = vis; j < m; j++)
-            s[j] = 0;
-        lse[i] = mx + logf(sum);
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)hd, (int)m, 1.0f, scores,
-                (int)m, v, (int)hd, 0.0f, o, (int)hd);
+    return KVEDGE_OK;
 }
 
-/* Merges two partial attentions of the same queries into out (rows of stride ldo): with
- * w_x = exp(lse_x - max), O = (w_a O_a + w_b O_b) / (w_a + w_b), which equals attention over
- * the concatenation of both key sets (EdgePrompt's a_cloud A_cloud + a_edge A_edge). */
-static void s_attn_merge(const float *oa, const float *lsea, const float *ob, const float *lseb,
-                         uint32_t n, uint32_t hd, float *out, size_t ldo)
+/* Makes room for a pass of n tokens. */
+static int s_work_reserve(s_work_t *w, const kvedge_decoder_config_t *c, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) {
-        const float *a = oa + (size_t)i * hd, *b = ob + (size_t)i * hd;
-        float *y = out + (size_t)i * ldo;
-        if (lsea[i] == -INFINITY || lseb[i] == -INFINITY) {
-            memcpy(y, lsea[i] == -INFINITY ? b : a, hd * sizeof(float));
-            continue;
-        }
-        const float mx = lsea[i] > lseb[i] ? lsea[i] : lseb[i];
-        const float wa = expf(lsea[i] - mx), wb = expf(lseb[i] - mx);
-        const float inv = 1.0f / (wa + wb);
-        for (uint32_t j = 0; j < hd; j++)
-            y[j] = (wa * a[j] + wb * b[j]) * inv;
-    }
-}
-/* ---- end of the attention seam ---------------------------------------------------------- */
-
-/* Makes room for a pass of n tokens whose attention spans at most m keys per partial. */
-static int s_work_reserve(s_work_t *w, const kvedge_decoder_config_t *c, uint32_t n, uint32_t m)
-{
-    const size_t H = c->hidden, hd = c->head_dim;
-    const size_t need = (size_t)n * (5 * H + c->ffn + (size_t)m + 2 * hd + 2);
+    const size_t H = c->hidden;
+    const size_t need = (size_t)n * (8 * H + c->ffn + 2 * (size_t)c->heads);
     if (need > w->cap) {
         float *b = realloc(w->buf, need * sizeof(float));
         if (!b)
@@ -437,10 +425,10 @@ static int s_work_reserve(s_work_t *w, const kvedge_decoder_config_t *c, uint32_
     w->v = p, p += (size_t)n * H;
     w->attn = p, p += (size_t)n * H;
     w->ffn = p, p += (size_t)n * c->ffn;
-    w->scores = p, p += (size_t)n * m;
-    w->oa = p, p += (size_t)n * hd;
-    w->ob = p, p += (size_t)n * hd;
-    w->lsea = p, p += n;
+    w->qh = p, p += (size_t)n * H;
+    w->oa = p, p += (size_t)n * H;
+    w->ob = p, p += (size_t)n * H;
+    w->lsea = p, p += (size_t)n * c->heads;
     w->lseb = p;
     return KVEDGE_OK;
 }
@@ -461,44 +449,55 @@ static int s_layer_forward(const kvedge_decoder_t *md, uint32_t l, float *x, uin
     const kvedge_decoder_config_t *c = &md->cfg;
     const s_layer_t *L = &md->layer[l];
     const uint32_t H = c->hidden, hd = c->head_dim;
-    const uint32_t span = loc->len + n;
-    const uint32_t m = ext->len > span ? ext->len : span;
-    if (s_work_reserve(w, c, n, m) != KVEDGE_OK)
+    if (s_work_reserve(w, c, n) != KVEDGE_OK)
         return KVEDGE_ENOMEM;
 
     s_layer_norm(x, n, H, L->ln1_w, L->ln1_b, w->ln);
     s_linear(w->ln, n, H, L->wq, L->bq, H, w->q);
     s_linear(w->ln, n, H, L->wk, L->bk, H, w->k);
     s_linear(w->ln, n, H, L->wv, L->bv, H, w->v);
-    /* HF scales q after its bias: q_proj(x) * head_dim^-0.5. */
+    /* HF scales q after its bias: q_proj(x) * head_dim^-0.5. Queries go head-major for
+     * attn.h; the new K/V joins the local cache, which is head-major too. */
     const float scale = 1.0f / sqrtf((float)hd);
-    for (size_t i = 0; i < (size_t)n * H; i++)
-        w->q[i] *= scale;
     for (uint32_t h = 0; h < c->heads; h++)
         for (uint32_t i = 0; i < n; i++) {
-            size_t dst = ((size_t)h * loc->stride + loc->len + i) * hd;
-            memcpy(loc->k + dst, w->k + (size_t)i * H + (size_t)h * hd, hd * sizeof(float));
-            memcpy(loc->v + dst, w->v + (size_t)i * H + (size_t)h * hd, hd * sizeof(float));
+            const size_t src = (size_t)i * H + (size_t)h * hd;
+            const size_t dst = ((size_t)h * loc->stride + loc->len + i) * hd;
+            float *qd = w->qh + ((size_t)h * n + i) * hd;
+            for (uint32_t j = 0; j < hd; j++)
+                qd[j] = w->q[src + j] * scale;
+            memcpy(loc->k + dst, w->k + src, hd * sizeof(float));
+            memcpy(loc->v + dst, w->v + src, hd * sizeof(float));
         }
 
-    for (uint32_t h = 0; h < c->heads; h++) {
-        const float *qh = w->q + (size_t)h * hd;
-        const size_t lo = (size_t)h * loc->stride * hd;
-        if (ext->len == 0) {
-            s_attn_partial(qh, H, n, loc->k + lo, loc->v + lo, span, hd, loc->len + 1, w->scores,
-                           w->ob, w->lseb);
-            for (uint32_t i = 0; i < n; i++)
-                memcpy(w->attn + (size_t)i * H + (size_t)h * hd, w->ob + (size_t)i * hd,
-                       hd * sizeof(float));
-            continue;
-        }
-        const size_t eo = (size_t)h * ext->stride * hd;
-        s_attn_partial(qh, H, n, ext->k + eo, ext->v + eo, ext->len, hd, ext->len, w->scores, w->oa,
-                       w->lsea);
-        s_attn_partial(qh, H, n, loc->k + lo, loc->v + lo, span, hd, loc->len + 1, w->scores, w->ob,
-                       w->lseb);
-        s_attn_merge(w->oa, w->lsea, w->ob, w->lseb, n, hd, w->attn + (size_t)h * hd, H);
+    /* Causally over the local cache; then, with a context, over all of its K/V, merged by
+     * log-sum-exp into attention over the concatenation. */
+    int rc = s_attn_partial(c, w->qh, n, loc->k, loc->v, loc->stride, loc->len + n, true, loc->len,
+                            w->ob, w->lseb);
+    const float *o = w->ob;
+    if (rc == KVEDGE_OK && ext->len) {
+        rc = s_attn_partial(c, w->qh, n, ext->k, ext->v, ext->stride, ext->len, false, 0, w->oa,
+                            w->lsea);
+        const kvedge_attn_merge_args_t mg = {
+            .o1 = w->oa,
+            .lse1 = w->lsea,
+            .o2 = w->ob,
+            .lse2 = w->lseb,
+            .o = w->oa,
+            .lse = w->lsea,
+            .rows = c->heads * n,
+            .head_dim = hd,
+        };
+        if (rc == KVEDGE_OK)
+            rc = kvedge_cpu_attn_merge(&mg);
+        o = w->oa;
     }
+    if (rc != KVEDGE_OK)
+        return rc;
+    for (uint32_t h = 0; h < c->heads; h++)
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(w->attn + (size_t)i * H + (size_t)h * hd, o + ((size_t)h * n + i) * hd,
+                   hd * sizeof(float));
 
     /* Residual adds go through the projection's output buffer: out = attn Wo^T + bo. */
     s_linear(w->attn, n, H, L->wo, L->bo, H, w->q);
@@ -547,8 +546,9 @@ static void s_logits(const kvedge_decoder_t *md, const float *xrow, float *scrat
 /* ---------------------------------------------------------------------------------------- */
 /* Prefill                                                                                   */
 
-int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
-                           float *logits, float *k_out, float *v_out)
+/* A prefill through the first `layers` layers; logits only when that is all of them. */
+static int s_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
+                     uint32_t layers, float *logits, float *k_out, float *v_out)
 {
     if (!self || !self->layer || !tokens || n == 0 || (!k_out != !v_out))
         return KVEDGE_EINVAL;
@@ -565,17 +565,23 @@ int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, 
     if (rc == KVEDGE_OK) {
         s_embed(self, tokens, n, 0, x);
         const s_kv_t none = {0};
-        for (uint32_t l = 0; rc == KVEDGE_OK && l < c->layers; l++) {
+        for (uint32_t l = 0; rc == KVEDGE_OK && l < layers; l++) {
             s_kv_t loc = {k_out ? k_out + l * kvf : tmp, v_out ? v_out + l * kvf : tmp + kvf, 0, n};
             rc = s_layer_forward(self, l, x, n, &none, &loc, &w);
         }
     }
-    if (rc == KVEDGE_OK && logits)
+    if (rc == KVEDGE_OK && logits && layers == c->layers)
         s_logits(self, x + (size_t)(n - 1) * c->hidden, w.ln, logits);
     free(w.buf);
     free(tmp);
     free(x);
     return rc;
+}
+
+int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
+                           float *logits, float *k_out, float *v_out)
+{
+    return s_prefill(self, tokens, n, self ? self->cfg.layers : 0, logits, k_out, v_out);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -789,4 +795,49 @@ const float *kvedge_decoder_session_logits(const kvedge_decoder_session_t *self)
 uint32_t kvedge_decoder_session_local_tokens(const kvedge_decoder_session_t *self)
 {
     return self ? self->loc_len : 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Internal to the library (clients/decoder_impl.h)                                          */
+
+uint64_t kvedge_decoder_impl_weight_bytes(const kvedge_decoder_t *self)
+{
+    return self ? self->weight_bytes : 0;
+}
+
+int kvedge_decoder_impl_prefill_layers(const kvedge_decoder_t *self, const int32_t *tokens,
+                                       uint32_t n, uint32_t layers)
+{
+    if (!self || layers == 0 || layers > self->cfg.layers)
+        return KVEDGE_EINVAL;
+    return s_prefill(self, tokens, n, layers, NULL, NULL, NULL);
+}
+
+int kvedge_decoder_impl_costs(const kvedge_decoder_t *self, kvedge_decoder_impl_measure_fn measure,
+                              kvedge_decoder_impl_cost_t *cost)
+{
+    if (cost)
+        memset(cost, 0, sizeof *cost);
+    if (!self || !self->layer || !measure || !cost)
+        return KVEDGE_EINVAL;
+    /* The model is otherwise read-only; this cache is its one guarded exception. Models are
+     * only ever allocated non-const, so dropping the qualifier here is sound. */
+    kvedge_decoder_t *md = (kvedge_decoder_t *)self;
+    pthread_mutex_lock(&md->cost_lock);
+    int rc = KVEDGE_OK;
+    if (!md->cost_known) {
+        kvedge_decoder_impl_cost_t c = {0};
+        rc = measure(self, &c);
+        if (rc == KVEDGE_OK && !(c.dense_rate > 0 && isfinite(c.dense_rate) && c.fixed_s >= 0 &&
+                                 isfinite(c.fixed_s) && c.score_s >= 0 && isfinite(c.score_s)))
+            rc = KVEDGE_EINVAL;
+        if (rc == KVEDGE_OK) {
+            md->cost = c;
+            md->cost_known = true;
+        }
+    }
+    if (rc == KVEDGE_OK)
+        *cost = md->cost;
+    pthread_mutex_unlock(&md->cost_lock);
+    return rc;
 }

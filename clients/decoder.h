@@ -5,6 +5,7 @@
 #ifndef KVEDGE_CLIENTS_DECODER_H
 #define KVEDGE_CLIENTS_DECODER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -119,6 +120,43 @@ const float *kvedge_decoder_session_logits(const kvedge_decoder_session_t *self)
 
 /* Tokens in the local cache (prompt plus appended tokens). */
 uint32_t kvedge_decoder_session_local_tokens(const kvedge_decoder_session_t *self);
+
+/* ---- Model shapes, synthetic weights and cost estimates (clients/decoder_model.c) ---- */
+
+/* The shape of a released OPT model by name: "opt-125m" (12 layers, 12 heads, hidden 768,
+ * ffn 3072), "opt-1.3b" (24, 32, 2048, 8192), "opt-2.7b" (32, 32, 2560, 10240); vocab 50272,
+ * 2048 positions; plus "opt-tiny" (the shape of tests/fixtures/opt_tiny.safetensors).
+ * Returns 0 or KVEDGE_ENOMODEL. */
+int kvedge_decoder_shape(const char *name, kvedge_decoder_config_t *out);
+
+/* Writes an OPT safetensors file of shape c with the Hugging Face tensor names and seeded
+ * random weights (normal, std 0.02 as OPT's initializer; LayerNorm weight 1, bias 0; biases
+ * 0), in fp16 (else fp32), with __metadata__ num_attention_heads, num_hidden_layers,
+ * hidden_size, ffn_dim, vocab_size, max_position_embeddings. Same seed, same bytes. For demos
+ * and benchmarks where the real weights are not at hand: the outputs are meaningless text but
+ * every cost is that of the real model. Written to a temporary file and renamed. Errors:
+ * KVEDGE_EINVAL (empty path, or bad shape: zero sizes, heads not dividing hidden, head_dim
+ * other than hidden / heads, over 1024 layers or heads, a size over 2^24), KVEDGE_EIO (errno
+ * holds the cause), KVEDGE_ENOMEM. */
+int kvedge_decoder_synthesize(const char *path, const kvedge_decoder_config_t *c, uint64_t seed,
+                              bool fp16);
+
+/* Bytes of the loaded fp32 weights. 0 before load. */
+uint64_t kvedge_decoder_weights_bytes(const kvedge_decoder_t *self);
+
+/* Floating-point operations of one layer: over prompt_len local tokens attending to ctx_len
+ * context tokens (compute), and over the ctx_len context tokens themselves (recompute). */
+void kvedge_decoder_layer_flops(const kvedge_decoder_config_t *c, uint32_t ctx_len,
+                                uint32_t prompt_len, double *compute, double *recompute);
+
+/* Estimated microseconds of layer work for a decode (the same for every layer of an OPT
+ * model): *compute_us for the prompt's tokens over the context, *recompute_us for computing
+ * the layer's context K/V. From kvedge_decoder_layer_flops and this machine's measured rate:
+ * the first call on a model times a bare attention and two one-layer prefills (about 0.1 s on
+ * opt-125m) and keeps the costs;
+ * thread-safe. Errors: KVEDGE_EINVAL (not loaded, zero prompt_len), the prefill's errors. */
+int kvedge_decoder_estimate(const kvedge_decoder_t *self, uint32_t ctx_len, uint32_t prompt_len,
+                            float *compute_us, float *recompute_us);
 
 #ifdef __cplusplus
 }

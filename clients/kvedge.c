@@ -9,9 +9,9 @@
 
 #define KVEDGE_VERSION_STRING "0.1.0"
 
-static const kvedge_cli_cmd_t *const s_tables[] = {kvedge_cli_local_cmds, kvedge_cli_daemon_cmds,
+static const kvedge_cli_cmd_t *const s_tables[] = {kvedge_cli_local_cmds,  kvedge_cli_daemon_cmds,
                                                    kvedge_cli_master_cmds, kvedge_cli_proxy_cmds,
-                                                   NULL};
+                                                   kvedge_cli_e2e_cmds,    NULL};
 
 static const kvedge_cli_cmd_t *s_find(const char *name)
 {

@@ -23,6 +23,10 @@
  * thread's timer, this only guards against a loader that never comes back. */
 #define S_WAIT_MARGIN_MS 250
 
+/* kvedge_fetch_source_t kinds (proxy/plan.h kvedge_plan_kind_t) a store-node source maps to. */
+#define S_KIND_LOCAL 0
+#define S_KIND_CLOUD 2
+
 typedef enum {
     S_IDLE = 0, /* nothing received, no slot */
     S_RECV,     /* owns a slot; blocks coming in */
@@ -44,6 +48,10 @@ typedef struct {
     uint64_t wire_bytes, raw_bytes;
     kvedge_kv_dst_t k, v;   /* copies; page tables point at owned copies */
     kvedge_gpu_event_t *ev; /* device path: recorded after the layer's kernel */
+    bool recorded;          /* FETCH: its LAYER record came; the three below are set */
+    char source[64];        /* the record's source name, "" when none */
+    int kind;               /* that source's kind in the plan, -1 when none */
+    int reason;             /* the record's kvedge_fetch_reason_t */
 } s_layer_t;
 
 typedef struct {
@@ -84,6 +92,12 @@ struct kvedge_pipeline_t {
     uint32_t next_complete; /* device path: the oldest layer that may still be S_ISSUED */
     uint32_t resident, misses, failed, done;
     uint64_t wire_bytes, raw_bytes;
+    uint64_t sent_bytes, msg_bytes; /* encoded request and stream message bytes */
+    kvedge_fetch_plan_t *plan;      /* FETCH: the proxy's plan once have_plan; freed last */
+    bool have_plan;
+    bool stream_over;   /* FETCH: on_done has run */
+    char node_name[64]; /* GET_LAYER: the node's HELLO name */
+    int node_kind;      /* GET_LAYER: its kind (cloud or local) */
     int64_t ring_wait_us, copy_us, dequant_us, done_us;
     pthread_t loader;
     bool loader_started;
@@ -212,6 +226,7 @@ static void s_release(kvedge_pipeline_t *p)
         return;
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
+    free(p->plan);
     free(p->layer);
     free(p->chunks);
     free(p);
@@ -289,6 +304,7 @@ static void s_gl_block(void *ctx, uint32_t ci, uint16_t head, int status, const 
     s_layer_t *l = ctx;
     kvedge_pipeline_t *p = l->p;
     pthread_mutex_lock(&p->mu);
+    p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_STREAM_HDR_BYTES + len;
     if (!p->abandoned)
         s_block_locked(p, l, ci, head, status, data, len);
     pthread_mutex_unlock(&p->mu);
@@ -301,6 +317,8 @@ static void s_gl_done(void *ctx, int status, uint32_t heads)
     kvedge_pipeline_t *p = l->p;
     pthread_mutex_lock(&p->mu);
     p->open_streams--;
+    if (status == KVEDGE_OK || status == KVEDGE_ENOTFOUND)
+        p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES; /* the node's end message */
     if (!p->abandoned) {
         if (status == KVEDGE_ENOTFOUND)
             l->miss = true; /* the node knows none of the chunks */
@@ -318,6 +336,7 @@ static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, in
     (void)source;
     kvedge_pipeline_t *p = ctx;
     pthread_mutex_lock(&p->mu);
+    p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_BLOCK_BYTES + len;
     uint32_t i = (uint32_t)(layer - p->first_layer); /* the client checked the order */
     if (p->abandoned || i >= p->layers) {
         pthread_mutex_unlock(&p->mu);
@@ -347,11 +366,36 @@ static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, in
     pthread_mutex_unlock(&p->mu);
 }
 
+static void s_fx_plan(void *ctx, const kvedge_fetch_plan_t *plan)
+{
+    kvedge_pipeline_t *p = ctx;
+    pthread_mutex_lock(&p->mu);
+    p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_PLAN_BYTES +
+                    (uint64_t)plan->nsources * KVEDGE_WIRE_FETCH_SOURCE_BYTES +
+                    (uint64_t)plan->layers * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES;
+    if (!p->abandoned && p->plan) {
+        memcpy(p->plan, plan, sizeof *plan);
+        p->have_plan = true;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void s_fx_layer(void *ctx, const kvedge_fetch_layer_t *info)
 {
     kvedge_pipeline_t *p = ctx;
     pthread_mutex_lock(&p->mu);
+    p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_LAYER_BYTES;
     uint32_t i = (uint32_t)(info->layer - p->first_layer);
+    if (!p->abandoned && i < p->layers) {
+        s_layer_t *l = &p->layer[i];
+        l->recorded = true;
+        snprintf(l->source, sizeof l->source, "%s", info->source_name ? info->source_name : "");
+        l->kind = -1;
+        if (p->have_plan && info->source >= 0 && (uint32_t)info->source < p->plan->nsources)
+            l->kind = p->plan->source[info->source].kind;
+        l->reason = info->reason;
+    }
     if (!p->abandoned && i < p->layers && p->layer[i].state <= S_RECV) {
         s_layer_t *l = &p->layer[i];
         if (info->status == KVEDGE_ENOTFOUND)
@@ -367,6 +411,9 @@ static void s_fx_done(void *ctx, int status)
 {
     kvedge_pipeline_t *p = ctx;
     pthread_mutex_lock(&p->mu);
+    p->stream_over = true;
+    if (status == KVEDGE_OK)
+        p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES; /* the proxy's end message */
     if (!p->abandoned)
         for (uint32_t i = 0; i < p->layers; i++) {
             s_layer_t *l = &p->layer[i];
@@ -403,6 +450,7 @@ static bool s_open_next(kvedge_pipeline_t *p)
     s_slot_take(p, l, si);
     p->open_streams++;
     p->refs++;
+    p->sent_bytes += KVEDGE_WIRE_HEADER_BYTES + 4 + (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES;
     pthread_mutex_unlock(&p->mu);
     int rc = kvedge_client_get_layer_async(p->client, p->chunks, p->n_chunks,
                                            (uint16_t)(p->first_layer + i), (int)left, s_gl_block,
@@ -411,6 +459,8 @@ static bool s_open_next(kvedge_pipeline_t *p)
     if (rc != KVEDGE_OK) {
         p->open_streams--;
         p->refs--; /* never below 1: the caller's reference is held while the loader runs */
+        p->sent_bytes -=
+            KVEDGE_WIRE_HEADER_BYTES + 4 + (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES;
         s_done(p, l, rc);
     }
     return true;
@@ -656,9 +706,14 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     if (p->slot_bytes == 0)
         for (uint32_t ci = 0; ci < p->n_chunks; ci++)
             p->slot_bytes += p->heads * s_body_bound(s_chunk_tokens(p, ci), p->head_dim);
+    if (node) {
+        snprintf(p->node_name, sizeof p->node_name, "%.63s", node->name); /* kept short */
+        p->node_kind = node->role == KVEDGE_ROLE_CLOUD ? S_KIND_CLOUD : S_KIND_LOCAL;
+    }
     p->chunks = malloc(opts->n_chunks * sizeof *p->chunks);
     p->layer = calloc(p->layers, sizeof *p->layer);
-    rc = p->chunks && p->layer ? KVEDGE_OK : KVEDGE_ENOMEM;
+    p->plan = via_proxy ? malloc(sizeof *p->plan) : NULL;
+    rc = p->chunks && p->layer && (p->plan || !via_proxy) ? KVEDGE_OK : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK) {
         memcpy(p->chunks, opts->chunks, opts->n_chunks * sizeof *p->chunks);
         for (uint32_t i = 0; i < p->layers; i++) {
@@ -677,11 +732,16 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
         kvedge_fetch_req_t req = {p->model_id,      p->chunks,           p->n_chunks,
                                   p->first_layer,   (uint16_t)p->layers, p->tokens,
                                   opts->compute_us, opts->recompute_us,  deadline};
-        kvedge_fetch_cbs_t cbs = {NULL, s_fx_block, s_fx_layer, s_fx_done};
+        kvedge_fetch_cbs_t cbs = {s_fx_plan, s_fx_block, s_fx_layer, s_fx_done};
         p->refs++; /* the stream's, dropped by s_fx_done */
         rc = kvedge_client_fetch_async(p->client, &req, &cbs, p);
         if (rc != KVEDGE_OK)
             p->refs--;
+        else
+            p->sent_bytes =
+                KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_SPEC_BYTES +
+                (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES +
+                (opts->compute_us ? (uint64_t)p->layers * KVEDGE_WIRE_FETCH_TIMES_BYTES : 0);
     }
     if (rc == KVEDGE_OK) {
         if (pthread_create(&p->loader, NULL, s_loader, p) == 0) {
@@ -720,6 +780,46 @@ int kvedge_pipeline_wait(kvedge_pipeline_t *p, uint16_t layer)
     return rc;
 }
 
+/* Who delivered l, into its stats (locked). */
+static void s_layer_source(const kvedge_pipeline_t *p, const s_layer_t *l,
+                           kvedge_pipeline_layer_stats_t *out)
+{
+    if (p->via_proxy) {
+        if (l->recorded) {
+            snprintf(out->source, sizeof out->source, "%s", l->source);
+            out->kind = l->kind;
+            out->reason = l->reason;
+        }
+        return;
+    }
+    if (l->state != S_DONE)
+        return;
+    if (l->status == KVEDGE_OK) {
+        snprintf(out->source, sizeof out->source, "%s", p->node_name);
+        out->kind = p->node_kind;
+        out->reason = KVEDGE_FETCH_PLANNED;
+    } else if (l->status == KVEDGE_ENOTFOUND) {
+        out->reason = KVEDGE_FETCH_MISS;
+    } else if (l->status == KVEDGE_ETIMEDOUT) {
+        out->reason = KVEDGE_FETCH_MISS_DEADLINE;
+    }
+}
+
+int kvedge_pipeline_plan(kvedge_pipeline_t *p, kvedge_fetch_plan_t *out)
+{
+    if (!p || !out)
+        return KVEDGE_EINVAL;
+    pthread_mutex_lock(&p->mu);
+    while (p->via_proxy && !p->have_plan && !p->stream_over && p->done < p->layers)
+        if (s_wait_until(p, p->deadline_ms + S_WAIT_MARGIN_MS) == ETIMEDOUT)
+            break;
+    int rc = p->have_plan ? KVEDGE_OK : KVEDGE_ENOTFOUND;
+    if (rc == KVEDGE_OK)
+        memcpy(out, p->plan, sizeof *out);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
 int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
                           kvedge_pipeline_layer_stats_t *layers, size_t max)
 {
@@ -736,6 +836,8 @@ int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
         .failed = p->failed,
         .wire_bytes = p->wire_bytes,
         .raw_bytes = p->raw_bytes,
+        .sent_bytes = p->sent_bytes,
+        .msg_bytes = p->msg_bytes,
         .ring_wait_us = (double)p->ring_wait_us,
         .copy_us = (double)p->copy_us,
         .dequant_us = (double)p->dequant_us,
@@ -753,7 +855,9 @@ int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
             .wire_bytes = l->wire_bytes,
             .raw_bytes = l->raw_bytes,
             .blocks = l->blocks,
+            .kind = -1,
         };
+        s_layer_source(p, l, &layers[i]);
     }
     pthread_mutex_unlock(&p->mu);
     return KVEDGE_OK;

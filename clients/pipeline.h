@@ -112,6 +112,13 @@ typedef struct {
     uint64_t wire_bytes; /* block bytes received */
     uint64_t raw_bytes;  /* decompressed body bytes staged */
     uint32_t blocks;
+    /* Who delivered it, as the source said. FETCH: the layer's LAYER record (source name
+     * from the plan, its kind, the record's reason). GET_LAYER: the node's HELLO name and
+     * kind (a cloud node: cloud, an edge node: local), reason planned once resident; a miss
+     * has reason miss, a timeout miss:deadline. */
+    char source[64]; /* "" when none delivered it (a miss, a failure, no record yet) */
+    int kind;        /* kvedge_fetch_source_t kind: 0 local, 1 peer, 2 cloud, 3 history; -1 none */
+    int reason;      /* kvedge_fetch_reason_t (kvedge_fetch_reason_name); 0 when nothing said */
 } kvedge_pipeline_layer_stats_t;
 
 typedef struct {
@@ -121,6 +128,15 @@ typedef struct {
     size_t slot_bytes;
     uint32_t resident, misses, failed; /* layers so far */
     uint64_t wire_bytes, raw_bytes;
+    /* Bytes on the wire as the protocol encodes them (docs/protocol.md; ZeroMQ's own framing
+     * not included). sent_bytes: the request messages (FETCH: header, spec, chunk ids and
+     * the time estimates; GET_LAYER: header, layer and chunk ids per stream), but not the
+     * CREDIT messages of flow control (a 32-byte header each, no payload; how many depends
+     * on how the client's I/O thread drained its socket). msg_bytes: every stream message
+     * received (headers, records, the plan, the blocks: wire_bytes is the blocks alone), and
+     * the end message once a stream has ended normally (a FETCH's comes after its last
+     * layer's record: a snapshot taken right after the last wait may not count it yet). */
+    uint64_t sent_bytes, msg_bytes;
     double ring_wait_us; /* FETCH: time the I/O thread waited for a free slot */
     double copy_us;      /* loader time issuing host-to-device copies */
     double dequant_us;   /* loader time dequantizing (CPU path) or launching (device path) */
@@ -156,6 +172,13 @@ int kvedge_pipeline_wait(kvedge_pipeline_t *p, uint16_t layer);
  * layer order. */
 int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
                           kvedge_pipeline_layer_stats_t *layers, size_t max);
+
+/* The proxy's plan for this fetch (kvedge_client_fetch_async's on_plan), copied to *out.
+ * The proxy sends it before the first block, so once any wait() has returned it is there;
+ * before that this call blocks until it arrives, the stream ends without one, or the deadline
+ * (plus the wait margin) passes. Errors: KVEDGE_EINVAL (NULL), KVEDGE_ENOTFOUND (no plan: a
+ * store-node source, which has none, or a stream that ended or timed out before its plan). */
+int kvedge_pipeline_plan(kvedge_pipeline_t *p, kvedge_fetch_plan_t *out);
 
 /* Stops the loader (work already queued on the device finishes first), frees the ring and
  * returns; after it returns no destination is written. Streams still in flight end on the

@@ -1,5 +1,6 @@
-/* CPU reference of gpu/attn.h: per kv head, query tiles of scores by sgemm, a row softmax kept
- * as (max, sum), and P.V by sgemm; the merge is the log-sum-exp rule row by row. */
+/* CPU reference of gpu/attn.h: per kv head, query tiles of scores by sgemm (over the keys the
+ * tile can see), a row softmax kept as (max, sum), and P.V by sgemm; the merge is the
+ * log-sum-exp rule row by row. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -78,13 +79,22 @@ int kvedge_cpu_attn_partial(const kvedge_attn_partial_args_t *a)
                         L[i] = -INFINITY;
                     continue;
                 }
+                /* Keys past what the tile's last query sees are masked for every row of the
+                 * tile: causal tiles skip them (half the work of a causal prefill). */
+                const uint32_t cols = s_limit(a, i0 + qt - 1);
+                if (cols == 0) {
+                    memset(O, 0, sizeof(float) * qt * D);
+                    for (uint32_t i = 0; i < qt; i++)
+                        L[i] = -INFINITY;
+                    continue;
+                }
                 const float *Q =
                     s_f32(a->dtype, (const uint8_t *)a->q + ((size_t)h * nq + i0) * D * es,
                           (size_t)qt * D, qbuf);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)qt, (int)n, (int)D,
-                            a->scale, Q, (int)D, K, (int)D, 0.0f, sc, (int)n);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)qt, (int)cols, (int)D,
+                            a->scale, Q, (int)D, K, (int)D, 0.0f, sc, (int)cols);
                 for (uint32_t i = 0; i < qt; i++) {
-                    float *s = sc + (size_t)i * n;
+                    float *s = sc + (size_t)i * cols;
                     const uint32_t lim = s_limit(a, i0 + i);
                     float m = -INFINITY;
                     for (uint32_t j = 0; j < lim; j++)
@@ -94,7 +104,7 @@ int kvedge_cpu_attn_partial(const kvedge_attn_partial_args_t *a)
                         s[j] = expf(s[j] - m);
                         sum += s[j];
                     }
-                    for (uint32_t j = lim; j < n; j++)
+                    for (uint32_t j = lim; j < cols; j++)
                         s[j] = 0.0f;
                     /* Normalize P before P.V so O comes out scaled; an empty row stays 0. */
                     const float inv = lim ? (float)(1.0 / sum) : 0.0f;
@@ -102,8 +112,8 @@ int kvedge_cpu_attn_partial(const kvedge_attn_partial_args_t *a)
                         s[j] *= inv;
                     L[i] = lim ? m + (float)log(sum) : -INFINITY;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qt, (int)D, (int)n,
-                            1.0f, sc, (int)n, V, (int)D, 0.0f, O, (int)D);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qt, (int)D, (int)cols,
+                            1.0f, sc, (int)cols, V, (int)D, 0.0f, O, (int)D);
             }
         }
     }

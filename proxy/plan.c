@@ -17,6 +17,7 @@ typedef struct {
     uint32_t first;  /* first layer planned (0, or k for a replan) */
     uint32_t layers; /* L */
     double prefix;   /* prefix_us, or 0 for a replan */
+    uint32_t ctx0;   /* layers the context has been run through at `first` (recomputation) */
 } s_ctx_t;
 
 static bool s_finite_nonneg(double x)
@@ -98,10 +99,22 @@ static int s_check_assign(const s_ctx_t *c, const int32_t *assign)
 }
 
 static s_ctx_t s_ctx(const kvedge_plan_request_t *req, const kvedge_plan_source_t *src, size_t nsrc,
-                     uint32_t first, double prefix)
+                     uint32_t first, double prefix, uint32_t ctx0)
 {
-    s_ctx_t c = {req, src, nsrc, first, req->layers, prefix};
+    s_ctx_t c = {req, src, nsrc, first, req->layers, prefix, ctx0};
     return c;
+}
+
+/* Decoder time to compute layer l's context KV when the context has been run through layers
+ * [0, *ctx): the client runs the context's hidden state lazily, so it pays every layer from
+ * *ctx to l (decoder.h); advances *ctx past l. */
+static double s_recompute(const s_ctx_t *c, uint32_t l, uint32_t *ctx)
+{
+    double work = 0;
+    for (uint32_t j = *ctx < l ? *ctx : l; j <= l; j++)
+        work += c->req->recompute_us[j];
+    *ctx = l + 1;
+    return work;
 }
 
 /* Every stream starts at time 0 with its round trip ahead of it. */
@@ -112,13 +125,14 @@ static void s_acc_init(const s_ctx_t *c, double *acc)
 }
 
 /* One decoder step: layer l from source a after the decoder finished at `done`; advances a's
- * stream in acc. Returns done(l); *arrival gets A(l). */
+ * stream in acc and, for a recomputed layer, the context in *ctx. Returns done(l); *arrival
+ * gets A(l). */
 static double s_step(const s_ctx_t *c, int32_t a, uint32_t l, double done, double *acc,
-                     double *arrival)
+                     uint32_t *ctx, double *arrival)
 {
     double arr = 0, work = c->req->compute_us[l];
     if (s_is_recompute(c, a)) {
-        work += c->req->recompute_us[l];
+        work += s_recompute(c, l, ctx);
     } else {
         acc[a] += s_xfer_us(c->src[a].layer_bytes[l], c->src[a].bw_bytes_per_s);
         arr = acc[a];
@@ -131,11 +145,11 @@ static double s_step(const s_ctx_t *c, int32_t a, uint32_t l, double done, doubl
  * ovs instead of assign[ovl] (ovl = UINT32_MAX: none). Same operations in the same order as
  * a full run, so a tail evaluation is bit-identical to simulating the changed assignment. */
 static double s_tail(const s_ctx_t *c, const int32_t *assign, uint32_t from, double done,
-                     double *acc, uint32_t ovl, int32_t ovs)
+                     double *acc, uint32_t ctx, uint32_t ovl, int32_t ovs)
 {
     double arr;
     for (uint32_t l = from; l < c->layers; l++)
-        done = s_step(c, l == ovl ? ovs : assign[l], l, done, acc, &arr);
+        done = s_step(c, l == ovl ? ovs : assign[l], l, done, acc, &ctx, &arr);
     return done;
 }
 
@@ -144,7 +158,7 @@ static double s_total(const s_ctx_t *c, const int32_t *assign)
 {
     double acc[KVEDGE_PLAN_MAX_SOURCES];
     s_acc_init(c, acc);
-    return c->prefix + s_tail(c, assign, c->first, 0, acc, UINT32_MAX, 0);
+    return c->prefix + s_tail(c, assign, c->first, 0, acc, c->ctx0, UINT32_MAX, 0);
 }
 
 /* The pieces of the Eq. 20 bound: t_1, the latest stream end (0: no stream) and C. */
@@ -152,17 +166,18 @@ static void s_parts(const s_ctx_t *c, const int32_t *assign, double *t1, double 
 {
     double acc[KVEDGE_PLAN_MAX_SOURCES], done = 0, arr;
     bool used[KVEDGE_PLAN_MAX_SOURCES] = {false};
+    uint32_t ctx = c->ctx0, cctx = c->ctx0;
     s_acc_init(c, acc);
     *t1 = 0;
     *csum = 0;
     for (uint32_t l = c->first; l < c->layers; l++) {
         int32_t a = assign[l];
-        done = s_step(c, a, l, done, acc, &arr);
+        done = s_step(c, a, l, done, acc, &ctx, &arr);
         if (l == c->first)
             *t1 = arr;
         *csum += c->req->compute_us[l];
         if (s_is_recompute(c, a))
-            *csum += c->req->recompute_us[l];
+            *csum += s_recompute(c, l, &cctx);
         else
             used[a] = true;
     }
@@ -224,6 +239,7 @@ static double s_improve(const s_ctx_t *c, int32_t *assign, double t)
     for (int pass = 0; pass < KVEDGE_PLAN_IMPROVE_PASSES; pass++) {
         bool changed = false;
         double done = 0, arr;
+        uint32_t ctx = c->ctx0;
         s_acc_init(c, acc);
         for (uint32_t l = c->first; l < c->layers; l++) {
             int32_t cur = assign[l], pick = cur;
@@ -235,7 +251,7 @@ static double s_improve(const s_ctx_t *c, int32_t *assign, double t)
                 if (steps > KVEDGE_PLAN_IMPROVE_STEPS)
                     return t;
                 memcpy(tmp, acc, c->nsrc * sizeof *tmp);
-                double v = s_tail(c, assign, l, done, tmp, l, o);
+                double v = s_tail(c, assign, l, done, tmp, ctx, l, o);
                 if (v < pick_t) {
                     pick_t = v;
                     pick = o;
@@ -246,7 +262,7 @@ static double s_improve(const s_ctx_t *c, int32_t *assign, double t)
                 t = pick_t;
                 changed = true;
             }
-            done = s_step(c, assign[l], l, done, acc, &arr);
+            done = s_step(c, assign[l], l, done, acc, &ctx, &arr);
         }
         if (!changed)
             break;
@@ -279,11 +295,15 @@ static void s_make(const s_ctx_t *c, kvedge_plan_t *out)
     int32_t cand[KVEDGE_PLAN_MAX_LAYERS], best[KVEDGE_PLAN_MAX_LAYERS];
     uint32_t k = c->first, L = c->layers;
 
+    uint32_t nctx = c->ctx0; /* the context's progress under the near choices so far */
     for (uint32_t l = k; l < L; l++) {
         double nc, fc;
         near[l] = s_cheapest(c, l, false, &nc);
-        if (near[l] < 0 || c->req->recompute_us[l] < nc)
+        uint32_t t = nctx;
+        if (near[l] < 0 || s_recompute(c, l, &t) < nc) {
             near[l] = KVEDGE_PLAN_SRC_RECOMPUTE;
+            nctx = t;
+        }
         far[l] = s_cheapest(c, l, true, &fc);
         if (far[l] < 0)
             far[l] = near[l];
@@ -351,13 +371,14 @@ static void s_make(const s_ctx_t *c, kvedge_plan_t *out)
     out->load_then_compute_us = s_load_then_compute(c, best);
 
     double acc[KVEDGE_PLAN_MAX_SOURCES], done = 0;
+    uint32_t ctx = c->ctx0;
     s_acc_init(c, acc);
     for (uint32_t l = k; l < L; l++) {
         kvedge_plan_layer_t *p = &out->layer[l];
         p->source = best[l];
         p->reason = s_reason(c, best[l], l, m_best, near[l], far[l]);
         p->cost_us = s_cost(c, best[l], l);
-        done = s_step(c, best[l], l, done, acc, &p->arrival_us);
+        done = s_step(c, best[l], l, done, acc, &ctx, &p->arrival_us);
         p->done_us = done;
     }
 }
@@ -387,13 +408,14 @@ int kvedge_plan_simulate(const kvedge_plan_request_t *req, const kvedge_plan_sou
     int rc = s_check(req, sources, nsrc);
     if (rc != KVEDGE_OK || !total_us)
         return KVEDGE_EINVAL;
-    s_ctx_t c = s_ctx(req, sources, nsrc, 0, req->prefix_us);
+    s_ctx_t c = s_ctx(req, sources, nsrc, 0, req->prefix_us, 0);
     if (s_check_assign(&c, assign) != KVEDGE_OK)
         return KVEDGE_EINVAL;
     double acc[KVEDGE_PLAN_MAX_SOURCES], done = 0, arr;
+    uint32_t ctx = 0;
     s_acc_init(&c, acc);
     for (uint32_t l = 0; l < c.layers; l++) {
-        done = s_step(&c, assign[l], l, done, acc, &arr);
+        done = s_step(&c, assign[l], l, done, acc, &ctx, &arr);
         if (arrival_us)
             arrival_us[l] = arr;
         if (done_us)
@@ -409,7 +431,7 @@ int kvedge_plan_bound(const kvedge_plan_request_t *req, const kvedge_plan_source
     int rc = s_check(req, sources, nsrc);
     if (rc != KVEDGE_OK || !bound_us)
         return KVEDGE_EINVAL;
-    s_ctx_t c = s_ctx(req, sources, nsrc, 0, req->prefix_us);
+    s_ctx_t c = s_ctx(req, sources, nsrc, 0, req->prefix_us, 0);
     if (s_check_assign(&c, assign) != KVEDGE_OK)
         return KVEDGE_EINVAL;
     *bound_us = s_bound(&c, assign);
@@ -421,7 +443,7 @@ int kvedge_plan_make(const kvedge_plan_request_t *req, const kvedge_plan_source_
 {
     if (!out || s_check(req, sources, nsrc) != KVEDGE_OK)
         return KVEDGE_EINVAL;
-    s_ctx_t c = s_ctx(req, sources, nsrc, 0, req->prefix_us);
+    s_ctx_t c = s_ctx(req, sources, nsrc, 0, req->prefix_us, 0);
     s_make(&c, out);
     return KVEDGE_OK;
 }
@@ -459,7 +481,11 @@ int kvedge_plan_replan(const kvedge_plan_request_t *req, const kvedge_plan_sourc
         out->cloud_only_us = out->recompute_all_us = out->load_then_compute_us = 0;
         return KVEDGE_OK;
     }
-    s_ctx_t c = s_ctx(req, local, nsrc, k, 0);
+    /* The client has run the context through the leading layers it recomputed. */
+    uint32_t ctx0 = 0;
+    while (ctx0 < k && prev->layer[ctx0].source == KVEDGE_PLAN_SRC_RECOMPUTE)
+        ctx0++;
+    s_ctx_t c = s_ctx(req, local, nsrc, k, 0, ctx0);
     s_make(&c, out);
     return KVEDGE_OK;
 }

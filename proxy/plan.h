@@ -105,7 +105,8 @@ typedef struct {
  * the transfer time in microseconds. */
 
 /* Eq. 19: the price in microseconds of layer `layer` from sources[source]:
- * rtt + bytes / bw for a network source, recompute_us[layer] for KVEDGE_PLAN_SRC_RECOMPUTE or
+ * rtt + bytes / bw for a network source, recompute_us[layer] (the layer alone; timelines price
+ * R(l), see kvedge_plan_simulate) for KVEDGE_PLAN_SRC_RECOMPUTE or
  * a source of kind RECOMPUTE. INFINITY when the source is down, does not hold the layer, or
  * an argument is out of range (numbers are not otherwise validated here). */
 double kvedge_plan_cost(const kvedge_plan_request_t *req, const kvedge_plan_source_t *sources,
@@ -116,7 +117,12 @@ double kvedge_plan_cost(const kvedge_plan_request_t *req, const kvedge_plan_sour
  * layer order from time 0, all sources in parallel: A(l) = rtt(s) + sum over layers l' <= l
  * assigned to s of bytes(l', s) / bw(s); a recomputed layer has A(l) = 0. The decoder runs
  * layers in order: done(-1) = 0, done(l) = max(done(l-1), A(l)) + compute_us[l]
- * (+ recompute_us[l] when recomputed). *total_us = prefix_us + done(L-1).
+ * (+ R(l) when recomputed). *total_us = prefix_us + done(L-1).
+ * R(l), the decoder's time to compute layer l's context KV: the client runs the context's
+ * hidden state lazily (clients/decoder.h), so R(l) = sum of recompute_us[j] for j from c to
+ * l, where c is the first layer the context has not yet been run through (0 at the start of
+ * a request, l after a recomputed layer l - 1). Recomputing a shallow prefix costs its layers;
+ * recomputing a deep layer after fetched ones pays every layer below it.
  * arrival_us and done_us (L entries each) are optional outputs, NULL to skip.
  * Errors: KVEDGE_EINVAL (bad request or sources, see kvedge_plan_make; an assigned source out
  * of range, down, or not holding its layer); nothing written. */
@@ -132,7 +138,7 @@ int kvedge_plan_simulate(const kvedge_plan_request_t *req, const kvedge_plan_sou
  *   X   = max over the streams s of (rtt(s) + sum of bytes(l, s) / bw(s) over its layers) - t_1,
  *         at least 0: the transfer time left after the first layer (with one stream carrying
  *         every layer, exactly sum_{l>=2} of the transfer times);
- *   C   = sum of compute_us[l] + sum of recompute_us[l] over the recomputed layers.
+ *   C   = sum of compute_us[l] + sum of R(l) over the recomputed layers.
  * It equals max(t_1 + C, last arrival) + prefix, so it never exceeds kvedge_plan_simulate's
  * total for the same assignment (the decoder cannot start before layer 0 is there and cannot
  * finish before the last layer is); equal to it when the decoder never waits after layer 0.

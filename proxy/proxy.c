@@ -552,7 +552,14 @@ static void s_reassign(s_proxy_t *p, s_fetch_t *f, const uint8_t *set, uint8_t r
         if (ns < 0) {
             l->state = L_MISS;
             l->src = -1;
-            l->reason = KVEDGE_FETCH_MISS;
+            /* Planned as recomputation, cheaper than the sources left (the failed one is
+             * down in the re-plan; a source that lacked the layer is not, so only a failure
+             * tells), or nobody has it. */
+            l->reason = rc == KVEDGE_OK && reason == KVEDGE_FETCH_FALLBACK_FAILED &&
+                                f->replan->layer[i].source == KVEDGE_PLAN_SRC_RECOMPUTE &&
+                                f->replan->layer[i].reason == KVEDGE_PLAN_RECOMPUTE_FASTER
+                            ? KVEDGE_FETCH_RECOMPUTE
+                            : KVEDGE_FETCH_MISS;
         } else {
             l->state = L_QUEUED;
             l->src = ns;

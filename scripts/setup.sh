@@ -24,7 +24,7 @@ PACKAGES=(
     build-essential cmake pkg-config git
     librocksdb-dev libzmq3-dev libczmq-dev liblz4-dev libxxhash-dev libsodium-dev
     libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev
-    redis-server iperf3 clang clang-format
+    redis-server iperf3 clang clang-format gnuplot-nox
 )
 if [ "$REFERENCE" -eq 1 ]; then
     PACKAGES+=(python3-torch python3-numpy)

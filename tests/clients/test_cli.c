@@ -570,6 +570,283 @@ static void test_proxy_cli(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* ---------------------------------------------------------------- cloud prefill, edge decode */
+
+#define S_TINY KVEDGE_FIXTURES "/opt_tiny.safetensors"
+
+/* n context token ids of the tiny model (vocab 256), comma-separated, from seed. */
+static void s_ids(char *out, size_t len, int n, int seed)
+{
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n && at + 8 < len; i++)
+        at += (size_t)snprintf(out + at, len - at, "%s%d", i ? "," : "",
+                               (seed + 37 * i + (i * i) % 11) % 250 + 4);
+}
+
+/* The JSON array after "key":[ that follows from in out, copied to buf ("" when absent). */
+static void s_json_array(const char *from, const char *key, char *buf, size_t len)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":[", key);
+    const char *p = strstr(from, pat);
+    buf[0] = '\0';
+    if (!p)
+        return;
+    p += strlen(pat);
+    const char *e = strchr(p, ']');
+    assert_non_null(e);
+    assert_true((size_t)(e - p) < len);
+    memcpy(buf, p, (size_t)(e - p));
+    buf[e - p] = '\0';
+}
+
+/* Counts the comma-separated numbers of a JSON array's body. */
+static int s_count_items(const char *body)
+{
+    if (!*body)
+        return 0;
+    int n = 1;
+    for (const char *p = body; *p; p++)
+        n += *p == ',';
+    return n;
+}
+
+/* Starts `kvedge proxy` with one cloud source in its own process; waits for "listening". */
+static pid_t s_spawn_proxy(const char *pep, const char *node_ep, int *out_fd)
+{
+    char source[800];
+    snprintf(source, sizeof source, "cloud cloud1 %s", node_ep);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        close(pfd[0]);
+        execl(KVEDGE_BIN, "kvedge", "proxy", "--insecure", "--bind", pep, "--source", source,
+              "--log-level", "warn", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[700] = "";
+    assert_true(read(pfd[0], line, sizeof line - 1) > 0);
+    assert_non_null(strstr(line, "listening ipc://"));
+    *out_fd = pfd[0];
+    return pid;
+}
+
+/* model-synth, prefill and decode: bad command lines fail with exit 2 (or 1 for weights that
+ * do not load) and say why, before any network call (-H names nothing that listens). */
+static void test_e2e_usage(void **state)
+{
+    (void)state;
+    const char *nowhere = "-H ipc:///nonexistent/kvedge-e2e.sock --deadline 300";
+    assert_int_equal(s_run("--help"), 0);
+    assert_contains(s_out, "model-synth");
+    assert_contains(s_out, "prefill");
+    assert_contains(s_out, "decode");
+    assert_int_equal(s_run("help decode"), 0);
+    assert_contains(s_out, "--compare");
+    assert_int_equal(s_run("prefill --help"), 0);
+    assert_contains(s_out, "--scheme");
+    assert_int_equal(s_run("model-synth --help"), 0);
+    assert_contains(s_out, "opt-tiny");
+
+    assert_int_equal(s_run("model-synth --shape opt-9b --out %s.w", s_dir), 2);
+    assert_contains(s_errtext, "unknown shape 'opt-9b'");
+    assert_int_equal(s_run("model-synth --shape opt-tiny"), 2);
+    assert_contains(s_errtext, "--out");
+    assert_int_equal(s_run("model-synth --shape opt-tiny --out %s.w --seed -3", s_dir), 2);
+
+    assert_int_equal(s_run("prefill --weights %s --context-ids 5,6", S_TINY), 2);
+    assert_contains(s_errtext, "needs -H");
+    assert_int_equal(s_run("%s prefill --context-ids 5,6", nowhere), 2);
+    assert_contains(s_errtext, "--weights FILE is required");
+    assert_int_equal(
+        s_run("%s prefill --weights %s --context-ids 5 --scheme int9", nowhere, S_TINY), 2);
+    assert_contains(s_errtext, "bad value 'int9' for --scheme");
+    assert_int_equal(s_run("%s prefill --weights %s --context-ids 5 --dtype bf16", nowhere, S_TINY),
+                     2);
+    assert_int_equal(s_run("%s prefill --weights %s", nowhere, S_TINY), 2);
+    assert_contains(s_errtext, "give the shared context once");
+    assert_int_equal(s_run("%s prefill --weights %s --context-ids 5 --context x", nowhere, S_TINY),
+                     2);
+    assert_int_equal(s_run("%s prefill --weights %s.missing --context-ids 5", nowhere, s_dir), 1);
+    assert_contains(s_errtext, "cannot load the weights");
+    /* Out of the tiny model's vocabulary (256) and positions (160). */
+    assert_int_equal(s_run("%s prefill --weights %s --context-ids 5,256", nowhere, S_TINY), 2);
+    assert_contains(s_errtext, "--context-ids wants token ids 0..255");
+    assert_int_equal(s_run("%s prefill --weights %s --context-ids 5 --tokens 161", nowhere, S_TINY),
+                     2);
+    assert_contains(s_errtext, "160 positions");
+    /* 256 ids: the byte tokenizer does not fit, and says what to do. */
+    assert_int_equal(s_run("%s prefill --weights %s --context hello", nowhere, S_TINY), 2);
+    assert_contains(s_errtext, "--context-ids");
+    assert_int_equal(
+        s_run("%s prefill --weights %s --context-file %s.none", nowhere, S_TINY, s_dir), 1);
+    assert_contains(s_errtext, "cannot read the context file");
+
+    assert_int_equal(s_run("%s decode --weights %s --context-ids 5,6", nowhere, S_TINY), 2);
+    assert_contains(s_errtext, "give the prompt once");
+    assert_int_equal(s_run("%s decode --weights %s --context-ids 5,6 --prompt-ids 7 "
+                           "--cloud-link fast",
+                           nowhere, S_TINY),
+                     2);
+    assert_contains(s_errtext, "--cloud-link");
+    assert_int_equal(s_run("%s decode --weights %s --context-ids 5 --tokens 100 --prompt-ids 7 "
+                           "--max-new 60",
+                           nowhere, S_TINY),
+                     2);
+    assert_contains(s_errtext, "exceed the model's 160 positions");
+    assert_int_equal(
+        s_run("%s decode --weights %s --context-ids 5 --prompt-ids 7 --max-new 0", nowhere, S_TINY),
+        2);
+    /* Everything in order: only then the network, which is not there. */
+    assert_int_equal(
+        s_run("%s decode --weights %s --context-ids 5 --prompt-ids 7", nowhere, S_TINY), 5);
+    assert_contains(s_errtext, "no answer from");
+}
+
+/* model-synth writes weights of the tiny shape that load (same seed, same bytes); prefill
+ * puts a context to a node, and decode on that node fetches it, with the edge-only and
+ * cloud-only baselines agreeing on every token when the K/V is stored lossless in fp32. */
+static void test_e2e_node(void **state)
+{
+    (void)state;
+    char w1[300], w2[300], cmd[2600];
+    snprintf(w1, sizeof w1, "%s.synth1", s_dir);
+    snprintf(w2, sizeof w2, "%s.synth2", s_dir);
+    assert_int_equal(s_run("--json model-synth --shape opt-tiny --out %s --seed 7", w1), 0);
+    assert_contains(s_out, "\"shape\":\"opt-tiny\"");
+    assert_contains(s_out, "\"layers\":3");
+    assert_null(strstr(s_out, "\"parameters\":0,"));
+    assert_int_equal(s_run("model-synth --shape opt-tiny --out %s --seed 7", w2), 0);
+    assert_contains(s_out, "M parameters");
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", w1, w2);
+    assert_int_equal(system(cmd), 0);
+
+    char ep[600], node_dir[600];
+    int out_fd;
+    pid_t node = s_spawn_node(node_dir, ep, &out_fd);
+    char ctx[400];
+    s_ids(ctx, sizeof ctx, 40, 3);
+    /* 40 tokens in chunks of 16: 3 chunks x 3 layers x 4 heads. */
+    assert_int_equal(s_run("-H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
+                           "--scheme lossless --dtype fp32",
+                           ep, S_TINY, ctx),
+                     0);
+    assert_contains(s_out, "\"model\":\"opt-tiny\""); /* the fixture has the tiny shape */
+    assert_contains(s_out, "\"tokens\":40");
+    assert_contains(s_out, "\"blocks\":36");
+    char chunks[400];
+    s_json_array(s_out, "chunks", chunks, sizeof chunks);
+    assert_int_equal(s_count_items(chunks), 3);
+    /* The synthesized weights load and prefill too, under their own id; --tokens repeats. */
+    assert_int_equal(s_run("-H %s prefill --weights %s --model-id synth-tiny --context-ids 9,8,7 "
+                           "--tokens 20",
+                           ep, w1),
+                     0);
+    assert_contains(s_out, "prefilled 20 context tokens of synth-tiny");
+    assert_contains(s_out, "chunks: 1 of 256 tokens");
+
+    assert_int_equal(s_run("-H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
+                           "--prompt-ids 10,20,30 --max-new 8 --compare --cloud-link "
+                           "10gbit,1ms",
+                           ep, S_TINY, ctx),
+                     0);
+    assert_contains(s_out, "\"kvedge\":{");
+    assert_contains(s_out, "\"edge_only\":{");
+    assert_contains(s_out, "\"cloud_only\":{");
+    const char *tokens = strstr(s_out, "\"tokens\":{");
+    assert_non_null(tokens);
+    char a[200], b[200], c[200];
+    s_json_array(tokens, "kvedge", a, sizeof a);
+    s_json_array(tokens, "edge_only", b, sizeof b);
+    s_json_array(tokens, "cloud_only", c, sizeof c);
+    assert_int_equal(s_count_items(a), 8);
+    assert_string_equal(a, b);
+    assert_string_equal(a, c);
+    assert_contains(s_out, "\"tokens_agree\":true");
+
+    /* People's output: the table, and the same tokens. */
+    assert_int_equal(s_run("-H %s decode --weights %s --context-ids %s --chunk-tokens 16 "
+                           "--prompt-ids 10,20,30 --max-new 8 --compare --quiet",
+                           ep, S_TINY, ctx),
+                     0);
+    assert_contains(s_out, "TTFT edge-only / kvedge");
+    assert_contains(s_out, "tokens agree: yes");
+    for (char *p = a; *p; p++)
+        *p = *p == ',' ? ' ' : *p;
+    char line[300];
+    snprintf(line, sizeof line, "generated 8 tokens: %s\n", a);
+    assert_contains(s_out, line);
+
+    /* A context nobody prefilled: every layer is computed here, and the output says so. */
+    assert_int_equal(s_run("-H %s --json decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 "
+                           "--max-new 2 --plan-recompute",
+                           ep, S_TINY),
+                     0);
+    assert_contains(s_out, "\"fetched\":0,\"computed\":3");
+    assert_int_equal(s_run("-H %s decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 "
+                           "--max-new 2",
+                           ep, S_TINY),
+                     0);
+    assert_contains(s_out, "note: no layer came from");
+    assert_contains(s_out, "generated 2 tokens: ");
+    kill(node, SIGTERM);
+    waitpid(node, NULL, 0);
+    close(out_fd);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock' '%s' '%s'", node_dir, s_dir, w1, w2);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* The edge role through a proxy in its own process. A proxy knows a model's shape when it is
+ * built in or registered with its master; the tiny model is neither, so the proxy refuses the
+ * FETCH and decode says so (a successful fetch through a proxy needs an opt-125m-sized model,
+ * too slow for this test). Then the proxy goes away: decode ends by the deadline. */
+static void test_e2e_proxy(void **state)
+{
+    (void)state;
+    char ep[600], node_dir[600], pep[700];
+    int node_fd, proxy_fd;
+    pid_t node = s_spawn_node(node_dir, ep, &node_fd);
+    snprintf(pep, sizeof pep, "ipc://%s.proxy", s_dir);
+    pid_t proxy = s_spawn_proxy(pep, ep, &proxy_fd);
+    char ctx[400];
+    s_ids(ctx, sizeof ctx, 48, 11);
+    assert_int_equal(s_run("-H %s prefill --weights %s --context-ids %s --chunk-tokens 32 "
+                           "--scheme int4 --pin",
+                           ep, S_TINY, ctx),
+                     0);
+    assert_contains(s_out, "chunks: 2 of 32 tokens");
+    assert_contains(s_out, "blocks: 24 (int4 fp16)");
+    assert_contains(s_out, "pinned");
+    assert_int_equal(s_run("-H %s decode --weights %s --context-ids %s --chunk-tokens 32 "
+                           "--prompt-ids 40,41,42,43 --max-new 6",
+                           pep, S_TINY, ctx),
+                     3);
+    assert_contains(s_errtext, "does not know model 'opt-tiny'");
+    assert_contains(s_errtext, "built-in");
+    kill(proxy, SIGTERM);
+    int st = 0;
+    waitpid(proxy, &st, 0);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(proxy_fd);
+    assert_int_equal(s_run("-H %s --deadline 300 decode --weights %s --context-ids %s "
+                           "--prompt-ids 40 --max-new 2",
+                           pep, S_TINY, ctx),
+                     5);
+    assert_contains(s_errtext, "no answer from");
+    kill(node, SIGTERM);
+    waitpid(node, NULL, 0);
+    close(node_fd);
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock' '%s.proxy'", node_dir, s_dir, s_dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_keygen(void **state)
 {
     (void)state;
@@ -614,6 +891,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_plan, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_master_cli, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_proxy_cli, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_e2e_usage, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_e2e_node, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_e2e_proxy, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,10 @@
 /* Tests of the reference OPT decoder: against logits computed by PyTorch (tests/fixtures, made
  * by scripts/opt_reference.py), decoding over fetched context K/V against full recomputation,
- * quantized context K/V, MISS layers, and load and argument errors. */
+ * quantized context K/V, MISS layers, load and argument errors; model shapes, synthetic
+ * checkpoints, flop counts and time estimates (clients/decoder_model.c). */
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -297,6 +301,44 @@ static void test_fixture_greedy(void **state)
     free(gt);
     free(ft);
     kvedge_safetensors_destroy(&st);
+    kvedge_decoder_destroy(&md);
+}
+
+/* Prefill attends in tiles of query rows, each over the keys its last row sees; token by token
+ * decoding attends one row at a time over every key. Both must agree at tile edges. */
+static void test_prefill_tiles(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    const uint32_t V = c->vocab, N = 150;
+    assert_true(N <= c->max_positions);
+    int32_t t[150];
+    s_tokens(t, N, V, 31);
+    float *pre = malloc(V * sizeof(float)), *step = malloc(V * sizeof(float));
+    kvedge_decoder_session_t *s = kvedge_decoder_session_new(md);
+    assert_int_equal(kvedge_decoder_session_begin(s, NULL, 0, NULL, NULL, t, 1, N - 1, step),
+                     KVEDGE_OK);
+    const uint32_t checks[] = {63, 64, 65, 128, 129, 150};
+    size_t ci = 0;
+    float worst = 0;
+    for (uint32_t n = 1; n <= N; n++) {
+        if (n > 1)
+            assert_int_equal(kvedge_decoder_session_step(s, t[n - 1], step), KVEDGE_OK);
+        if (ci < sizeof checks / sizeof checks[0] && n == checks[ci]) {
+            assert_int_equal(kvedge_decoder_prefill(md, t, n, pre, NULL, NULL), KVEDGE_OK);
+            worst = fmaxf(worst, s_max_diff(pre, step, V));
+            ci++;
+        }
+    }
+    assert_int_equal(ci, sizeof checks / sizeof checks[0]);
+    printf("  prefill vs token-by-token decode at 63..150 tokens: max |logit diff| = %.3g "
+           "(tol %.0e)\n",
+           worst, S_TOL_LOSSLESS);
+    assert_true(worst <= S_TOL_LOSSLESS);
+    kvedge_decoder_session_destroy(&s);
+    free(step);
+    free(pre);
     kvedge_decoder_destroy(&md);
 }
 
@@ -818,6 +860,338 @@ static void test_load_variants(void **state)
     kvedge_decoder_destroy(&m1);
 }
 
+/* ---- shapes, synthetic weights, costs (decoder_model.c) ------------------------------ */
+
+static void test_model_shapes(void **state)
+{
+    (void)state;
+    kvedge_decoder_config_t c;
+    assert_int_equal(kvedge_decoder_shape("opt-125m", &c), KVEDGE_OK);
+    assert_int_equal(c.layers, 12);
+    assert_int_equal(c.heads, 12);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.hidden, 768);
+    assert_int_equal(c.ffn, 3072);
+    assert_int_equal(c.vocab, 50272);
+    assert_int_equal(c.max_positions, 2048);
+    assert_int_equal(kvedge_decoder_shape("opt-1.3b", &c), KVEDGE_OK);
+    assert_int_equal(c.layers, 24);
+    assert_int_equal(c.heads, 32);
+    assert_int_equal(c.hidden, 2048);
+    assert_int_equal(c.ffn, 8192);
+    assert_int_equal(c.head_dim * c.heads, c.hidden);
+    assert_int_equal(kvedge_decoder_shape("opt-2.7b", &c), KVEDGE_OK);
+    assert_int_equal(c.layers, 32);
+    assert_int_equal(c.heads, 32);
+    assert_int_equal(c.head_dim, 80); /* not hidden / 64: the head count must travel along */
+    assert_int_equal(c.hidden, 2560);
+    assert_int_equal(c.ffn, 10240);
+
+    /* opt-tiny is the fixture's shape, as the loader derives it from the file. */
+    kvedge_decoder_t *md = s_model();
+    assert_int_equal(kvedge_decoder_shape("opt-tiny", &c), KVEDGE_OK);
+    assert_memory_equal(&c, kvedge_decoder_config(md), sizeof c);
+    kvedge_decoder_destroy(&md);
+
+    assert_int_equal(kvedge_decoder_shape("opt-999b", &c), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_decoder_shape("OPT-125M", &c), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_decoder_shape("", &c), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_decoder_shape(NULL, &c), KVEDGE_ENOMODEL);
+}
+
+/* The whole of a small file; caller frees. */
+static uint8_t *s_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    assert_true(n > 0 && n < (64l << 20));
+    rewind(f);
+    uint8_t *b = malloc((size_t)n);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* fp32 bytes of an OPT of shape c as the loader holds it (tied head: no lm_head). */
+static uint64_t s_weight_bytes(const kvedge_decoder_config_t *c)
+{
+    const uint64_t H = c->hidden, F = c->ffn;
+    const uint64_t layer = 4 * (H * H + H) + (F * H + F) + (H * F + H) + 2 * 2 * H;
+    return 4 * ((uint64_t)c->vocab * H + (c->max_positions + 2ull) * H + 2 * H + c->layers * layer);
+}
+
+static void test_synthesize(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvedge_synth_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char a[64], b[64], d[64], tmp[80];
+    snprintf(a, sizeof a, "%s/a.safetensors", dir);
+    snprintf(b, sizeof b, "%s/b.safetensors", dir);
+    snprintf(d, sizeof d, "%s/d.safetensors", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", a);
+
+    /* 4 heads of 16: the loader would guess 1 head (hidden / 64) without the metadata. */
+    const kvedge_decoder_config_t c = {.layers = 2,
+                                       .heads = 4,
+                                       .head_dim = 16,
+                                       .hidden = 64,
+                                       .ffn = 96,
+                                       .vocab = 70,
+                                       .max_positions = 40};
+    for (int fp16 = 1; fp16 >= 0; fp16--) {
+        assert_int_equal(kvedge_decoder_synthesize(a, &c, 42, fp16), KVEDGE_OK);
+        assert_int_equal(access(tmp, F_OK), -1); /* renamed, nothing left behind */
+        kvedge_decoder_t *md = kvedge_decoder_new();
+        assert_int_equal(kvedge_decoder_weights_bytes(md), 0);
+        int rc = kvedge_decoder_load(md, a, 0);
+        if (rc != KVEDGE_OK)
+            fail_msg("load synthetic: %s (%s)", kvedge_strerror(rc), kvedge_decoder_error(md));
+        assert_memory_equal(kvedge_decoder_config(md), &c, sizeof c);
+        assert_int_equal(kvedge_decoder_weights_bytes(md), s_weight_bytes(&c));
+
+        /* It runs, and its logits are those of a random model: finite, not all equal. */
+        int32_t t[20];
+        s_tokens(t, 20, c.vocab, 29);
+        float logits[70];
+        assert_int_equal(kvedge_decoder_prefill(md, t, 20, logits, NULL, NULL), KVEDGE_OK);
+        float lo = INFINITY, hi = -INFINITY;
+        for (uint32_t i = 0; i < c.vocab; i++) {
+            assert_true(isfinite(logits[i]));
+            lo = fminf(lo, logits[i]);
+            hi = fmaxf(hi, logits[i]);
+        }
+        assert_true(hi > lo);
+        kvedge_decoder_destroy(&md);
+
+        /* The values are what the header promises: N(0, 0.02) matrices, LayerNorm 1 and 0,
+         * zero biases, the metadata, and the dtype asked for. */
+        kvedge_safetensors_t *st = kvedge_safetensors_new();
+        assert_int_equal(kvedge_safetensors_open(st, a), KVEDGE_OK);
+        assert_int_equal(kvedge_safetensors_count(st), 4 + 16 * c.layers);
+        assert_null(kvedge_safetensors_find(st, "lm_head.weight")); /* tied */
+        assert_string_equal(kvedge_safetensors_metadata(st, "num_attention_heads"), "4");
+        assert_string_equal(kvedge_safetensors_metadata(st, "num_hidden_layers"), "2");
+        assert_string_equal(kvedge_safetensors_metadata(st, "hidden_size"), "64");
+        assert_string_equal(kvedge_safetensors_metadata(st, "ffn_dim"), "96");
+        assert_string_equal(kvedge_safetensors_metadata(st, "vocab_size"), "70");
+        assert_string_equal(kvedge_safetensors_metadata(st, "max_position_embeddings"), "40");
+        const kvedge_safetensors_tensor_t *w =
+            kvedge_safetensors_find(st, "model.decoder.layers.1.fc1.weight");
+        assert_non_null(w);
+        assert_int_equal(w->dtype, fp16 ? KVEDGE_SAFETENSORS_F16 : KVEDGE_SAFETENSORS_F32);
+        float *f = malloc(w->numel * sizeof(float));
+        assert_int_equal(kvedge_safetensors_to_f32(w, f, w->numel), KVEDGE_OK);
+        double sum = 0, sq = 0;
+        for (size_t i = 0; i < w->numel; i++)
+            sum += f[i], sq += (double)f[i] * f[i];
+        const double mean = sum / w->numel, sd = sqrt(sq / w->numel - mean * mean);
+        printf("  synthetic %s fc1 (%zu values): mean %.2g, std %.4g (want 0.02)\n",
+               fp16 ? "F16" : "F32", (size_t)w->numel, mean, sd);
+        assert_true(fabs(mean) < 0.002 && fabs(sd - 0.02) < 0.001);
+        free(f);
+        const char *ones = "model.decoder.layers.0.final_layer_norm.weight";
+        const char *zeros[] = {"model.decoder.layers.0.final_layer_norm.bias",
+                               "model.decoder.layers.1.self_attn.k_proj.bias",
+                               "model.decoder.final_layer_norm.bias"};
+        float v[64];
+        assert_int_equal(kvedge_safetensors_to_f32(kvedge_safetensors_find(st, ones), v, 64),
+                         KVEDGE_OK);
+        for (int i = 0; i < 64; i++)
+            assert_true(v[i] == 1.0f);
+        for (int z = 0; z < 3; z++) {
+            assert_int_equal(
+                kvedge_safetensors_to_f32(kvedge_safetensors_find(st, zeros[z]), v, 64), KVEDGE_OK);
+            for (int i = 0; i < 64; i++)
+                assert_true(v[i] == 0.0f);
+        }
+        kvedge_safetensors_destroy(&st);
+
+        /* Same seed, same bytes; another seed, other bytes of the same size. */
+        assert_int_equal(kvedge_decoder_synthesize(b, &c, 42, fp16), KVEDGE_OK);
+        assert_int_equal(kvedge_decoder_synthesize(d, &c, 43, fp16), KVEDGE_OK);
+        size_t la, lb, ld;
+        uint8_t *fa = s_read_file(a, &la), *fb = s_read_file(b, &lb), *fd = s_read_file(d, &ld);
+        assert_int_equal(la, lb);
+        assert_memory_equal(fa, fb, la);
+        assert_int_equal(la, ld);
+        uint64_t hlen = 0;
+        for (int i = 0; i < 8; i++)
+            hlen |= (uint64_t)fa[i] << (8 * i);
+        assert_int_equal((8 + hlen) % 8, 0); /* data 8-byte aligned */
+        assert_true(8 + hlen < la);
+        assert_true(memcmp(fa + 8 + hlen, fd + 8 + hlen, la - 8 - hlen) != 0);
+        /* The data is 2 or 4 bytes per weight. */
+        assert_int_equal(la - 8 - hlen, s_weight_bytes(&c) / (fp16 ? 2 : 1));
+        free(fa);
+        free(fb);
+        free(fd);
+        /* An existing file is replaced whole. */
+        assert_int_equal(kvedge_decoder_synthesize(b, &c, 43, fp16), KVEDGE_OK);
+        fb = s_read_file(b, &lb);
+        fd = s_read_file(d, &ld);
+        assert_int_equal(lb, ld);
+        assert_memory_equal(fb, fd, lb);
+        free(fb);
+        free(fd);
+    }
+
+    /* Bad shapes: nothing is written. */
+    kvedge_decoder_config_t bad = c;
+    bad.layers = 0;
+    assert_int_equal(kvedge_decoder_synthesize(d, &bad, 1, true), KVEDGE_EINVAL);
+    bad = c;
+    bad.heads = 3; /* does not divide 64 */
+    bad.head_dim = 0;
+    assert_int_equal(kvedge_decoder_synthesize(d, &bad, 1, true), KVEDGE_EINVAL);
+    bad = c;
+    bad.head_dim = 32; /* not hidden / heads */
+    assert_int_equal(kvedge_decoder_synthesize(d, &bad, 1, true), KVEDGE_EINVAL);
+    const size_t zero_fields[] = {
+        offsetof(kvedge_decoder_config_t, heads), offsetof(kvedge_decoder_config_t, hidden),
+        offsetof(kvedge_decoder_config_t, ffn), offsetof(kvedge_decoder_config_t, vocab),
+        offsetof(kvedge_decoder_config_t, max_positions)};
+    for (size_t i = 0; i < sizeof zero_fields / sizeof zero_fields[0]; i++) {
+        bad = c;
+        memset((uint8_t *)&bad + zero_fields[i], 0, sizeof(uint32_t));
+        assert_int_equal(kvedge_decoder_synthesize(d, &bad, 1, true), KVEDGE_EINVAL);
+    }
+    bad = c;
+    bad.layers = 1u << 20; /* past any real model */
+    assert_int_equal(kvedge_decoder_synthesize(d, &bad, 1, true), KVEDGE_EINVAL);
+    bad = c;
+    bad.head_dim = 0; /* derived when not given */
+    assert_int_equal(kvedge_decoder_synthesize(d, &bad, 7, false), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_synthesize(NULL, &c, 1, true), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_synthesize("", &c, 1, true), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_synthesize(d, NULL, 1, true), KVEDGE_EINVAL);
+
+    /* Unwritable: a missing directory (errno says why), and a directory in the way of the
+     * rename; neither leaves its temporary file. */
+    char missing[96], sub[64], subtmp[80];
+    snprintf(missing, sizeof missing, "%s/no/such/dir/x.safetensors", dir);
+    errno = 0;
+    assert_int_equal(kvedge_decoder_synthesize(missing, &c, 1, true), KVEDGE_EIO);
+    assert_int_equal(errno, ENOENT);
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    snprintf(subtmp, sizeof subtmp, "%s.tmp", sub);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    assert_int_equal(kvedge_decoder_synthesize(sub, &c, 1, true), KVEDGE_EIO);
+    assert_int_equal(access(subtmp, F_OK), -1);
+    assert_int_equal(rmdir(sub), 0);
+
+    assert_int_equal(unlink(a), 0);
+    assert_int_equal(unlink(b), 0);
+    assert_int_equal(unlink(d), 0);
+    assert_int_equal(rmdir(dir), 0);
+}
+
+static void test_layer_flops(void **state)
+{
+    (void)state;
+    /* hidden 8 (2 heads of 4), ffn 16. Each matrix product is 2 M N K flops. */
+    const kvedge_decoder_config_t c = {.layers = 1,
+                                       .heads = 2,
+                                       .head_dim = 4,
+                                       .hidden = 8,
+                                       .ffn = 16,
+                                       .vocab = 10,
+                                       .max_positions = 100};
+    double compute = -1, recompute = -1;
+    kvedge_decoder_layer_flops(&c, 10, 3, &compute, &recompute);
+    /* 3 prompt tokens over 10 context tokens:
+     *   q, k, v, out projections  4 * 2 * 3 * 8 * 8   = 1536
+     *   fc1 and fc2               2 * 2 * 3 * 8 * 16  = 1536
+     *   scores: token i sees 10 + i + 1 keys, per head: 11 + 12 + 13 = 36, 2 heads = 72;
+     *   Q K^T and P V, 2 * 4 flops each per score: 72 * 16 = 1152.            total 4224 */
+    assert_true(compute == 4224.0);
+    /* The 10 context tokens by themselves, causal:
+     *   projections 4 * 2 * 10 * 64 = 5120, FFN 2 * 2 * 10 * 128 = 5120,
+     *   scores 2 * (1 + 2 + ... + 10) = 110, times 16 = 1760.                 total 12000 */
+    assert_true(recompute == 12000.0);
+    kvedge_decoder_layer_flops(&c, 0, 1, &compute, &recompute);
+    /* One token, nothing before it: 2 * 64 * 4 + 2 * 128 * 2 = 1024, one score per head. */
+    assert_true(compute == 1024.0 + 2 * 16);
+    assert_true(recompute == 0.0);
+    kvedge_decoder_layer_flops(&c, 5, 2, NULL, &recompute); /* outputs are optional */
+    kvedge_decoder_layer_flops(&c, 5, 2, &compute, NULL);
+
+    /* The dense part dominates a real model's short prompt: about 2 * parameters per token. */
+    kvedge_decoder_config_t opt;
+    assert_int_equal(kvedge_decoder_shape("opt-125m", &opt), KVEDGE_OK);
+    kvedge_decoder_layer_flops(&opt, 0, 1, &compute, &recompute);
+    const double params = 4.0 * 768 * 768 + 2.0 * 768 * 3072;
+    assert_true(compute >= 2 * params && compute < 2 * params * 1.001);
+    /* Attention grows with the context, the dense part does not. */
+    double c1, c2, r1, r2;
+    kvedge_decoder_layer_flops(&opt, 512, 32, &c1, &r1);
+    kvedge_decoder_layer_flops(&opt, 1024, 32, &c2, &r2);
+    assert_true(c2 - c1 == 4.0 * 64 * 12 * 32 * 512);
+    assert_true(r2 > 2 * r1);
+}
+
+typedef struct {
+    const kvedge_decoder_t *md;
+    float compute, recompute;
+    int rc;
+} s_estimate_arg_t;
+
+static void *s_estimate_thread(void *arg)
+{
+    s_estimate_arg_t *e = arg;
+    e->rc = kvedge_decoder_estimate(e->md, 128, 8, &e->compute, &e->recompute);
+    return NULL;
+}
+
+static void test_estimate(void **state)
+{
+    (void)state;
+    float cu = -1, ru = -1;
+    kvedge_decoder_t *empty = kvedge_decoder_new();
+    assert_int_equal(kvedge_decoder_estimate(empty, 100, 8, &cu, &ru), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_estimate(NULL, 100, 8, &cu, &ru), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_weights_bytes(empty), 0);
+    assert_int_equal(kvedge_decoder_weights_bytes(NULL), 0);
+    kvedge_decoder_destroy(&empty);
+
+    /* Threads asking at once on a fresh model get one measurement, so the same answer. */
+    kvedge_decoder_t *md = s_model();
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    assert_int_equal(kvedge_decoder_weights_bytes(md), s_weight_bytes(c));
+    enum { THREADS = 4 };
+    pthread_t th[THREADS];
+    s_estimate_arg_t e[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        e[i] = (s_estimate_arg_t){.md = md, .rc = 1};
+        assert_int_equal(pthread_create(&th[i], NULL, s_estimate_thread, &e[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(e[i].rc, KVEDGE_OK);
+        assert_true(e[i].compute == e[0].compute && e[i].recompute == e[0].recompute);
+    }
+
+    assert_int_equal(kvedge_decoder_estimate(md, 128, 0, &cu, &ru), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_estimate(md, 128, 8, &cu, &ru), KVEDGE_OK);
+    assert_true(cu == e[0].compute && ru == e[0].recompute); /* measured once, kept */
+    printf("  estimate on the fixture model, context 128, prompt 8: compute %.1f us, "
+           "recompute %.1f us per layer\n",
+           cu, ru);
+    assert_true(isfinite(cu) && cu > 0);
+    assert_true(isfinite(ru) && ru > cu); /* 128 context tokens cost more than 8 */
+    float cu0, ru0, cu2, ru2;
+    assert_int_equal(kvedge_decoder_estimate(md, 0, 8, &cu0, &ru0), KVEDGE_OK);
+    assert_true(ru0 == 0.0f && cu0 > 0 && cu0 <= cu);
+    assert_int_equal(kvedge_decoder_estimate(md, 150, 8, &cu2, &ru2), KVEDGE_OK);
+    assert_true(ru2 > ru && cu2 >= cu);
+    assert_int_equal(kvedge_decoder_estimate(md, 150, 8, NULL, NULL), KVEDGE_OK);
+    kvedge_decoder_destroy(&md);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -826,6 +1200,9 @@ int main(void)
         cmocka_unit_test(test_context_quantized), cmocka_unit_test(test_context_miss),
         cmocka_unit_test(test_provider_errors),   cmocka_unit_test(test_argument_errors),
         cmocka_unit_test(test_load_errors),       cmocka_unit_test(test_load_variants),
+        cmocka_unit_test(test_prefill_tiles),     cmocka_unit_test(test_model_shapes),
+        cmocka_unit_test(test_synthesize),        cmocka_unit_test(test_layer_flops),
+        cmocka_unit_test(test_estimate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -652,6 +652,210 @@ static void test_bad_destination_refused(void **state)
     kvedge_client_destroy(&c);
 }
 
+/* ---------------------------------------------------------------- plan and sources */
+
+/* Opens a pipeline on ctx through ep, asks for the plan before any wait (plan_rc, blocking
+ * until it arrives), then waits for every layer and takes the stats. times: give the proxy
+ * compute/recompute estimates (compute_us each, recompute_us each). */
+static void s_run_plan(const char *ep, const s_ctx_t *ctx, const float *times, s_run_t *r,
+                       kvedge_fetch_plan_t *plan, int *plan_rc)
+{
+    memset(r, 0, sizeof *r);
+    kvedge_model_t m;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    kvedge_client_t *c = s_client(ep, 20000);
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    kvedge_pipeline_opts_t o;
+    s_opts(&o, c, &m, ctx, &d);
+    o.compute_us = times;
+    o.recompute_us = times ? times + S_LAYERS : NULL;
+    kvedge_pipeline_t *p = NULL;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+    *plan_rc = kvedge_pipeline_plan(p, plan);
+    for (uint16_t l = 0; l < S_LAYERS; l++)
+        r->status[l] = kvedge_pipeline_wait(p, l);
+    assert_int_equal(kvedge_pipeline_stats(p, &r->st, r->ls, S_LAYERS), 0);
+    /* Asked again once everything is done: the same answer. */
+    kvedge_fetch_plan_t *again = malloc(sizeof *again);
+    assert_non_null(again);
+    assert_int_equal(kvedge_pipeline_plan(p, again), *plan_rc);
+    if (*plan_rc == 0)
+        assert_memory_equal(again, plan, sizeof *plan);
+    free(again);
+    assert_int_equal(kvedge_pipeline_plan(NULL, plan), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_pipeline_plan(p, NULL), KVEDGE_EINVAL);
+    kvedge_pipeline_destroy(&p);
+    kvedge_client_destroy(&c);
+    s_dst_free(&d);
+}
+
+/* The bytes a FETCH stream's data messages take as docs/protocol.md encodes them: the plan,
+ * per block a header and a BLOCK record plus the block, per layer a header and a LAYER
+ * record. */
+static uint64_t s_fetch_msg_bytes(const kvedge_fetch_plan_t *plan, const s_run_t *r)
+{
+    uint64_t n = KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_PLAN_BYTES +
+                 (uint64_t)plan->nsources * KVEDGE_WIRE_FETCH_SOURCE_BYTES +
+                 (uint64_t)plan->layers * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES;
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        n +=
+            (uint64_t)r->ls[l].blocks * (KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_BLOCK_BYTES) +
+            KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_LAYER_BYTES;
+    return n + r->st.wire_bytes;
+}
+
+/* msg_bytes is the stream's messages as encoded, the end message included once it has come:
+ * it follows the last LAYER record, so a snapshot taken right after the last wait may be
+ * ahead of it. */
+static void s_check_fetch_msg_bytes(const kvedge_fetch_plan_t *plan, const s_run_t *r)
+{
+    uint64_t n = s_fetch_msg_bytes(plan, r);
+    if (r->st.msg_bytes != n + KVEDGE_WIRE_HEADER_BYTES)
+        assert_int_equal(r->st.msg_bytes, n);
+}
+
+/* Through the proxy: the plan is there (asked before any layer arrived), names the node as
+ * the source of every layer, and every layer's stats name the source the plan chose, its
+ * kind and reason "planned"; the holey context's missing layer has no source and a miss
+ * reason. The byte counters follow the protocol's encoding. */
+static void test_proxy_plan_and_layer_sources(void **state)
+{
+    (void)state;
+    kvedge_fetch_plan_t *plan = malloc(sizeof *plan);
+    assert_non_null(plan);
+    const s_ctx_t *ctxs[2] = {&s_int8, &s_holey};
+    for (int ci = 0; ci < 2; ci++) {
+        int missing = ci == 1 ? S_MISSING : -1;
+        s_run_t r;
+        int plan_rc = -1;
+        s_run_plan(s_env.proxy_ep, ctxs[ci], NULL, &r, plan, &plan_rc);
+        assert_int_equal(plan_rc, 0);
+        assert_int_equal(plan->layers, S_LAYERS);
+        assert_int_equal(plan->nsources, 1);
+        assert_string_equal(plan->source[0].name, "node1");
+        assert_int_equal(plan->source[0].kind, 2); /* cloud */
+        assert_true(plan->total_us > 0 && plan->bound_us > 0);
+        for (uint32_t l = 0; l < S_LAYERS; l++) {
+            const kvedge_pipeline_layer_stats_t *ls = &r.ls[l];
+            /* Without a directory the proxy assumes its one source holds every layer. */
+            /* Without a directory the proxy assumes its one source holds every layer; once
+             * a fetch found a layer missing there it plans it as nobody's (-1). */
+            if ((int)l != missing)
+                assert_int_equal(plan->layer[l].source, 0);
+            if ((int)l == missing) {
+                assert_int_equal(r.status[l], KVEDGE_ENOTFOUND);
+                assert_string_equal(ls->source, "");
+                assert_int_equal(ls->kind, -1);
+                assert_true(plan->layer[l].source == 0 || plan->layer[l].source == -1);
+                assert_int_equal(ls->reason, KVEDGE_FETCH_MISS); /* no other source has it */
+            } else {
+                assert_int_equal(r.status[l], 0);
+                assert_string_equal(ls->source, plan->source[plan->layer[l].source].name);
+                assert_int_equal(ls->kind, plan->source[plan->layer[l].source].kind);
+                assert_int_equal(ls->reason, KVEDGE_FETCH_PLANNED);
+            }
+        }
+        assert_int_equal(r.st.sent_bytes, KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_SPEC_BYTES +
+                                              S_CHUNKS * KVEDGE_CHUNK_ID_BYTES);
+        s_check_fetch_msg_bytes(plan, &r);
+        printf("proxy %s: T %.2f ms (bound %.2f ms), sent %llu B, received %llu B (%llu B of "
+               "blocks)\n",
+               ci ? "holey" : "int8", plan->total_us / 1e3, plan->bound_us / 1e3,
+               (unsigned long long)r.st.sent_bytes, (unsigned long long)r.st.msg_bytes,
+               (unsigned long long)r.st.wire_bytes);
+    }
+    free(plan);
+}
+
+/* With the decoder's estimates and recomputation for free, the plan computes at least layer 0
+ * locally: every layer it plans as recompute comes back as a miss with reason "recompute", no
+ * source and no block, every other one from the plan's source; the request carried the
+ * estimates (8 bytes per layer). */
+static void test_proxy_planned_recompute(void **state)
+{
+    (void)state;
+    float times[2 * S_LAYERS];
+    for (int l = 0; l < S_LAYERS; l++) {
+        times[l] = 1000.0f;         /* compute_us */
+        times[S_LAYERS + l] = 0.0f; /* recompute_us */
+    }
+    kvedge_fetch_plan_t *plan = malloc(sizeof *plan);
+    assert_non_null(plan);
+    s_run_t r;
+    int plan_rc = -1;
+    s_run_plan(s_env.proxy_ep, &s_int8, times, &r, plan, &plan_rc);
+    assert_int_equal(plan_rc, 0);
+    /* Layer 0 arrives no earlier than a round trip: recomputing it for free is strictly
+     * faster. Later layers may go either way (their arrival hides behind the decoder). */
+    assert_int_equal(plan->layer[0].source, -1);
+    uint32_t recomputed = 0;
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        const kvedge_pipeline_layer_stats_t *ls = &r.ls[l];
+        if (plan->layer[l].source < 0) {
+            recomputed++;
+            assert_int_equal(r.status[l], KVEDGE_ENOTFOUND);
+            assert_string_equal(ls->source, "");
+            assert_int_equal(ls->kind, -1);
+            assert_int_equal(ls->reason, KVEDGE_FETCH_RECOMPUTE);
+            assert_int_equal(ls->blocks, 0);
+        } else {
+            assert_int_equal(r.status[l], 0);
+            assert_string_equal(ls->source, plan->source[plan->layer[l].source].name);
+            assert_int_equal(ls->reason, KVEDGE_FETCH_PLANNED);
+        }
+    }
+    printf("planned recompute: %u of %d layers (T %.1f ms, recompute-all %.1f ms)\n", recomputed,
+           S_LAYERS, plan->total_us / 1e3, plan->recompute_all_us / 1e3);
+    assert_int_equal(r.st.misses, recomputed);
+    assert_int_equal(r.st.sent_bytes, KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_SPEC_BYTES +
+                                          S_CHUNKS * KVEDGE_CHUNK_ID_BYTES +
+                                          S_LAYERS * KVEDGE_WIRE_FETCH_TIMES_BYTES);
+    s_check_fetch_msg_bytes(plan, &r);
+    free(plan);
+}
+
+/* A store node has no plan: KVEDGE_ENOTFOUND at once. Every resident layer names the node (its
+ * HELLO name), kind cloud (its role), reason planned; the missing layer none, reason miss. */
+static void test_node_no_plan_layer_sources(void **state)
+{
+    (void)state;
+    kvedge_fetch_plan_t *plan = malloc(sizeof *plan);
+    assert_non_null(plan);
+    const s_ctx_t *ctxs[2] = {&s_int8, &s_holey};
+    for (int ci = 0; ci < 2; ci++) {
+        int missing = ci == 1 ? S_MISSING : -1;
+        s_run_t r;
+        int plan_rc = 0;
+        s_run_plan(s_env.node.ep, ctxs[ci], NULL, &r, plan, &plan_rc);
+        assert_int_equal(plan_rc, KVEDGE_ENOTFOUND);
+        for (uint32_t l = 0; l < S_LAYERS; l++) {
+            const kvedge_pipeline_layer_stats_t *ls = &r.ls[l];
+            if ((int)l == missing) {
+                assert_int_equal(r.status[l], KVEDGE_ENOTFOUND);
+                assert_string_equal(ls->source, "");
+                assert_int_equal(ls->kind, -1);
+                assert_int_equal(ls->reason, KVEDGE_FETCH_MISS);
+            } else {
+                assert_int_equal(r.status[l], 0);
+                assert_string_equal(ls->source, "node1");
+                assert_int_equal(ls->kind, 2); /* a cloud node */
+                assert_int_equal(ls->reason, KVEDGE_FETCH_PLANNED);
+            }
+        }
+        /* One GET_LAYER per layer: header, layer and reserved u16, the chunk ids. */
+        assert_int_equal(r.st.sent_bytes, S_LAYERS * (KVEDGE_WIRE_HEADER_BYTES + 4 +
+                                                      S_CHUNKS * KVEDGE_CHUNK_ID_BYTES));
+        uint64_t expect = r.st.wire_bytes;
+        for (uint32_t l = 0; l < S_LAYERS; l++)
+            expect += (uint64_t)r.ls[l].blocks *
+                          (KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_STREAM_HDR_BYTES) +
+                      KVEDGE_WIRE_HEADER_BYTES;
+        assert_int_equal(r.st.msg_bytes, expect);
+    }
+    free(plan);
+}
+
 /* The node goes away after connect: every wait returns an error within the deadline (plus
  * the client's margin), never hangs. */
 static void test_node_gone_deadline(void **state)
@@ -701,6 +905,9 @@ int main(void)
         cmocka_unit_test(test_missing_layer_is_a_miss),
         cmocka_unit_test(test_ring_of_two_delivers_everything),
         cmocka_unit_test(test_bad_destination_refused),
+        cmocka_unit_test(test_proxy_plan_and_layer_sources),
+        cmocka_unit_test(test_proxy_planned_recompute),
+        cmocka_unit_test(test_node_no_plan_layer_sources),
         cmocka_unit_test(test_node_gone_deadline),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);

@@ -289,10 +289,12 @@ static void test_make_peer_missing(void **state)
     (void)state;
     /* L = 3, compute 100, recompute 150. Peer: rtt 0, 100 B at 1 B/us, lacks layer 1.
      * Cloud: rtt 1000, 100 B at 1 B/us (cost 1100). near = {peer, recompute, peer}
-     * (recompute, 150, is the only near option for layer 1), far = cloud.
-     * m = 3: A0 = 100, done0 = 200; layer 1 recomputed: done1 = 200 + 100 + 150 = 450;
-     * A2 = 200 (the peer stream's second layer), done2 = 550. Any cloud layer arrives at
-     * 1100 or later, so T = 550. */
+     * (recompute is the only near option for layer 1), far = cloud.
+     * m = 3: A0 = 100, done0 = 200; layer 1 recomputed after a fetched layer 0 runs the
+     * context through layers 0 and 1: done1 = 200 + 100 + 300 = 600; A2 = 200, done2 = 700.
+     * Improvement: recompute layer 0 too (the context has to be run through it anyway):
+     * done0 = 250, done1 = 500, A2 = 100 (the peer's only layer), done2 = 600. Any cloud layer
+     * arrives at 1100 or later, so T = 600. */
     double compute[3] = {100, 100, 100}, recompute[3] = {150, 150, 150};
     double pb[3] = {100, -1, 100}, cb[3] = {100, 100, 100};
     kvedge_plan_request_t req = {3, 0, compute, recompute};
@@ -303,14 +305,20 @@ static void test_make_peer_missing(void **state)
     kvedge_plan_t *p = s_plan_new();
     assert_int_equal(kvedge_plan_make(&req, src, 2, p), KVEDGE_OK);
     assert_int_equal(p->split, 3);
-    assert_int_equal(p->layer[0].source, 0);
+    EQ(p->split_us, 700);
+    assert_int_equal(p->layer[0].source, R);
     assert_int_equal(p->layer[1].source, R);
     assert_int_equal(p->layer[2].source, 0);
-    assert_int_equal(p->layer[0].reason, KVEDGE_PLAN_CHOSEN_NEAR);
+    assert_int_equal(p->layer[0].reason, KVEDGE_PLAN_RECOMPUTE_FASTER);
     assert_int_equal(p->layer[1].reason, KVEDGE_PLAN_RECOMPUTE_FASTER); /* the cloud has it */
     assert_int_equal(p->layer[2].reason, KVEDGE_PLAN_CHOSEN_NEAR);
-    EQ(p->total_us, 550);
-    EQ(p->layer[2].arrival_us, 200);
+    EQ(p->total_us, 600);
+    EQ(p->layer[2].arrival_us, 100);
+    /* The fetched-then-recomputed order, priced by simulate: layer 1 pays layers 0 and 1. */
+    int32_t fr[3] = {0, R, 0};
+    double t_fr;
+    assert_int_equal(kvedge_plan_simulate(&req, src, 2, fr, &t_fr, NULL, NULL), KVEDGE_OK);
+    EQ(t_fr, 700);
     /* Cloud-only: A = 1100, 1200, 1300; done = 1200, 1300, 1400. Recompute-all: 3 * 250. */
     EQ(p->cloud_only_us, 1400);
     EQ(p->recompute_all_us, 750);
@@ -318,11 +326,12 @@ static void test_make_peer_missing(void **state)
     /* The cloud down: the peer is the only source of layers 0 and 2, nobody has layer 1. */
     src[1].up = false;
     assert_int_equal(kvedge_plan_make(&req, src, 2, p), KVEDGE_OK);
-    assert_int_equal(p->layer[0].reason, KVEDGE_PLAN_ONLY_SOURCE);
+    assert_int_equal(p->layer[0].source, R); /* as above: cheaper than the peer's copy */
+    assert_int_equal(p->layer[0].reason, KVEDGE_PLAN_RECOMPUTE_FASTER);
     assert_int_equal(p->layer[1].reason, KVEDGE_PLAN_RECOMPUTE_NO_SOURCE);
     assert_int_equal(p->layer[2].reason, KVEDGE_PLAN_ONLY_SOURCE);
     assert_int_equal(p->split, 0); /* every split is the same plan */
-    EQ(p->total_us, 550);
+    EQ(p->total_us, 600);
     EQ(p->cloud_only_us, 750);
     assert_int_equal(p->cloud_source, -1);
     free(p);
@@ -397,10 +406,11 @@ static void test_replan_cloud_fails(void **state)
     EQ(q->layer[3].arrival_us, 320);
     EQ(q->layer[3].done_us, 420);
     assert_int_equal(q->cloud_source, -1);
-    EQ(q->recompute_all_us, 2200);
+    /* Layers 0 and 1 were fetched: recomputing layer 2 runs the context through 0..2. */
+    EQ(q->recompute_all_us, 3100 + 1100);
 
-    /* In place, and with the peer failing too: history for layer 3, layer 2 recomputed:
-     * done2 = 1100, A3 = 320, done3 = 1200. */
+    /* In place, and with the peer failing too: history for layer 3, layer 2 recomputed
+     * through layers 0..2: done2 = 3100, A3 = 320, done3 = 3200. */
     src[1].up = false;
     assert_int_equal(kvedge_plan_replan(&req, src, 3, q, 2, 0, q), KVEDGE_OK);
     assert_int_equal(q->layer[0].source, 0);
@@ -409,7 +419,7 @@ static void test_replan_cloud_fails(void **state)
     assert_int_equal(q->layer[2].reason, KVEDGE_PLAN_RECOMPUTE_NO_SOURCE);
     assert_int_equal(q->layer[3].source, 2);
     assert_int_equal(q->layer[3].reason, KVEDGE_PLAN_ONLY_SOURCE);
-    EQ(q->total_us, 1200);
+    EQ(q->total_us, 3200);
 
     /* Everything received: nothing left. */
     assert_int_equal(kvedge_plan_replan(&req, src, 3, p, 4, KVEDGE_PLAN_SRC_NONE, q), KVEDGE_OK);

@@ -1,0 +1,201 @@
+/* End to end: the two roles of a cloud-edge deployment around the reference decoder
+ * (clients/decoder.h), and the two baselines they are measured against.
+ *
+ *  - Cloud prefill (kvedge_e2e_prefill): the cloud model computes a shared context's K/V and
+ *    puts it to a cloud store node, one block per (chunk, layer, head), quantized as asked.
+ *  - Edge decode (kvedge_e2e_decode, KVEDGE_E2E_KVEDGE): the edge asks its proxy for the
+ *    context's layers (one FETCH, via the pipelined loader), runs decoder layer l as soon as
+ *    layer l is resident, computes itself every layer that comes back as a miss, and decodes
+ *    the user's prompt on top. The only request the edge sends is the FETCH: model id, the
+ *    context's chunk ids (hashes of the shared context, computed on the edge), layer range,
+ *    token count and the decoder's time estimates. The prompt never leaves the process.
+ *  - Edge-only (KVEDGE_E2E_LOCAL): the edge recomputes context and prompt itself.
+ *  - Cloud-only (KVEDGE_E2E_CLOUD_ONLY): the user's prompt goes to the cloud model, which holds
+ *    the context's K/V in memory (prefix caching, the strongest cloud baseline) and sends the
+ *    generated tokens back one by one. The cloud service is emulated in this process
+ *    (kvedge_e2e_cloud_t): the same decoder on this machine's CPU, one request at a time (a
+ *    single cloud model instance serves every edge), behind an emulated link (access/shaper.h)
+ *    that the prompt's upload and each token's reply wait on.
+ *
+ * Tokens: kvedge has no tokenizer. Text becomes token ids through a stand-in byte tokenizer
+ * (kvedge_e2e_byte_tokens); with real OPT weights, pass real token ids instead. */
+#ifndef KVEDGE_CLIENTS_E2E_H
+#define KVEDGE_CLIENTS_E2E_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "clients/decoder.h"
+#include "clients/kvedge.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Byte b of a text is token b + this (OPT's ids 0..3 are pad, bos/eos and unk). */
+#define KVEDGE_E2E_BYTE_TOKEN_BASE 4
+/* Context tokens per chunk when the caller leaves it 0. */
+#define KVEDGE_E2E_CHUNK_TOKENS_DEFAULT 256
+/* Bytes the cloud-only request sends per prompt token (an int32 id) and per reply token. */
+#define KVEDGE_E2E_TOKEN_WIRE_BYTES 4
+/* Fixed header bytes of every cloud-only message (framing, ids). */
+#define KVEDGE_E2E_MSG_OVERHEAD_BYTES 64
+
+typedef enum {
+    KVEDGE_E2E_KVEDGE = 0,     /* context K/V through the proxy, prompt decoded on the edge */
+    KVEDGE_E2E_LOCAL = 1,      /* edge-only: recompute context and prompt on the edge */
+    KVEDGE_E2E_CLOUD_ONLY = 2, /* the prompt goes to the cloud model (emulated) */
+} kvedge_e2e_mode_t;
+
+/* "kvedge", "edge-only", "cloud-only"; "?" otherwise. */
+const char *kvedge_e2e_mode_name(kvedge_e2e_mode_t mode);
+
+/* Text to token ids with the stand-in byte tokenizer: writes min(len, max) ids to out and
+ * their count to *n. Errors: KVEDGE_EINVAL (NULL argument, or vocab too small to hold byte
+ * 255's id). */
+int kvedge_e2e_byte_tokens(const char *text, size_t len, uint32_t vocab, int32_t *out, size_t max,
+                           size_t *n);
+
+/* The store's model record for a loaded decoder: id (1..KVEDGE_MODEL_ID_MAX_BYTES bytes),
+ * layers, kv_heads = heads, head_dim, dtype fp16. Errors: KVEDGE_EINVAL (not loaded, bad id),
+ * KVEDGE_ETOOBIG (outside the store's limits). */
+int kvedge_e2e_model(const kvedge_decoder_t *d, const char *id, kvedge_model_t *out);
+
+/* The chunk chain of a context (store/chunk.h, no salt): ceil(n / chunk_tokens) ids written to
+ * ids (room for max; chunk_tokens 0 = KVEDGE_E2E_CHUNK_TOKENS_DEFAULT). The edge computes the
+ * same ids from the same shared context. Errors: KVEDGE_EINVAL (a negative token id,
+ * chunk_tokens over KVEDGE_CHUNK_TOKENS_MAX), KVEDGE_ENOSPACE (max too small), KVEDGE_ENOMEM. */
+int kvedge_e2e_chunks(const kvedge_model_t *m, const int32_t *ctx, uint32_t n,
+                      uint32_t chunk_tokens, kvedge_chunk_id_t *ids, size_t max, size_t *n_ids);
+
+/* How the cloud stores a context. */
+typedef struct {
+    kvedge_scheme_t scheme; /* lossless, int8 or int4 */
+    kvedge_dtype_t dtype;   /* element type of lossless blocks and of the source: fp16 or fp32 */
+    uint16_t group_size;    /* int4 groups; 0 = the codec's default */
+    uint16_t keep_channels; /* ThinK: key channels kept per head (0 = all) */
+    bool compress;          /* lz4 on bodies where it helps */
+    bool pin;
+    uint32_t ttl_s; /* 0 = node default */
+} kvedge_e2e_quant_t;
+
+/* Smallest int4 group_size prefill accepts (0, the default, is fine): the edge's staging
+ * ring (kvedge_e2e_decode) is sized for lossless fp32/fp16, int8, and int4 groups of this or
+ * more. */
+#define KVEDGE_E2E_GROUP_MIN 4
+
+/* Defaults: int8, fp16, group 0, all channels, lz4 on, not pinned, node TTL. */
+void kvedge_e2e_quant_default(kvedge_e2e_quant_t *q);
+
+typedef struct {
+    double prefill_us; /* the decoder's prefill of the context */
+    double encode_us;  /* quantizing and encoding blocks */
+    double put_us;     /* putting them to the node */
+    uint64_t blocks;
+    uint64_t bytes;      /* encoded block bytes put */
+    uint64_t fp16_bytes; /* the same K/V in fp16 */
+    size_t n_chunks;
+} kvedge_e2e_prefill_stats_t;
+
+/* Cloud prefill: runs the context through the decoder (kvedge_decoder_prefill), registers m
+ * on the node (kvedge_client_put_model), and puts every (chunk, layer, head) block, encoded
+ * with q, in batches. m must match the decoder (kvedge_e2e_model). ids (room for max) receives
+ * the chunk chain. Errors: KVEDGE_EINVAL (bad arguments, m not matching the decoder),
+ * KVEDGE_ENOSPACE (max too small), the decoder's, the codec's and the client's errors (the
+ * first failed put's status). stats may be NULL. */
+int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kvedge_model_t *m,
+                       const int32_t *ctx, uint32_t n, uint32_t chunk_tokens,
+                       const kvedge_e2e_quant_t *q, kvedge_chunk_id_t *ids, size_t max,
+                       kvedge_e2e_prefill_stats_t *stats);
+
+/* The emulated cloud model service of the cloud-only baseline: holds the context's K/V (its
+ * prefix cache) and serves one request at a time behind an emulated link. */
+typedef struct kvedge_e2e_cloud_t kvedge_e2e_cloud_t;
+
+/* Prefills ctx once (not part of any request's time) and keeps its K/V. link: "RATE,LATENCY"
+ * of the edge-cloud link, both directions (access/shaper.h), NULL = unshaped. Errors:
+ * KVEDGE_EINVAL (bad arguments or link spec), KVEDGE_ENOMEM, the decoder's errors. */
+int kvedge_e2e_cloud_new(const kvedge_decoder_t *d, const int32_t *ctx, uint32_t n,
+                         const char *link, kvedge_e2e_cloud_t **out);
+void kvedge_e2e_cloud_destroy(kvedge_e2e_cloud_t **self_p);
+
+/* One layer of a decode, as it went. */
+typedef struct {
+    char source[64]; /* the source that delivered it ("" when none); "local" when computed */
+    int kind;        /* kvedge_fetch_source_t kind of that source; -1 when computed */
+    int reason;      /* kvedge_fetch_reason_t (kvedge_fetch_reason_name) */
+    bool computed;   /* the decoder computed this layer's context K/V itself */
+    double ready_us; /* since the request started: resident (or reported missing) */
+    double done_us;  /* since the request started: decoder layer finished (prompt) */
+} kvedge_e2e_layer_t;
+
+typedef struct {
+    kvedge_e2e_mode_t mode;
+    /* Required in every mode. */
+    const kvedge_decoder_t *decoder;
+    const int32_t *ctx;
+    uint32_t ctx_len; /* >= 1 */
+    const int32_t *prompt;
+    uint32_t prompt_len; /* >= 1 */
+    uint32_t max_new;    /* tokens to generate, >= 1; the first comes from the prompt's logits */
+    /* KVEDGE_E2E_KVEDGE: a client of the edge proxy (role proxy; a store node also works:
+     * GET_LAYER streams, no plan), the model record, and the chunking used at prefill. */
+    kvedge_client_t *proxy;
+    const kvedge_model_t *model;
+    uint32_t chunk_tokens; /* 0 = KVEDGE_E2E_CHUNK_TOKENS_DEFAULT */
+    /* Give the proxy the decoder's time estimates (kvedge_decoder_estimate) so it may plan
+     * layers as "recompute"; false: fetch only, only layers nobody has are computed. */
+    bool plan_recompute;
+    uint32_t ring_slots; /* pipeline ring; 0 = its default */
+    int deadline_ms;     /* the fetch's deadline; 0 = the client's default */
+    /* KVEDGE_E2E_CLOUD_ONLY. */
+    kvedge_e2e_cloud_t *cloud;
+    /* Optional, any mode: receives the logits (vocab floats) the first token was taken from
+     * (the prompt's last position), as the decoder that ran computed them. NULL: not wanted. */
+    float *logits;
+} kvedge_e2e_request_t;
+
+typedef struct {
+    kvedge_e2e_mode_t mode;
+    double ttft_us;  /* request start to the first generated token known at the edge */
+    double total_us; /* request start to the last generated token known at the edge */
+    double queue_us; /* cloud-only: time waiting for the cloud model to be free */
+    uint32_t generated;
+    /* Bytes the edge sent and received for this request over the network. kvedge mode: the
+     * FETCH (or GET_LAYER) requests and the stream messages as the protocol encodes them
+     * (kvedge_pipeline_stats_t sent_bytes, msg_bytes; flow-control CREDIT headers not
+     * counted); cloud-only: the emulated messages. */
+    uint64_t sent_bytes, received_bytes;
+    /* Bytes of the user's prompt (token ids, KVEDGE_E2E_TOKEN_WIRE_BYTES each) that left the
+     * edge: prompt_len * 4 for cloud-only, 0 otherwise. */
+    uint64_t prompt_bytes_sent;
+    uint64_t weights_bytes; /* the edge decoder's weights (0 for cloud-only: the edge runs none) */
+    uint64_t kv_bytes;      /* context + local K/V and staging the edge held for the request */
+    uint32_t layers;        /* the decoder's layers; kvedge and edge-only modes fill layer[] */
+    uint32_t fetched, computed; /* layers fetched / computed locally (edge-only: all computed) */
+    bool have_plan;             /* kvedge mode through a proxy: plan is the proxy's plan */
+    kvedge_fetch_plan_t plan;
+    kvedge_e2e_layer_t layer[KVEDGE_FETCH_MAX_LAYERS];
+} kvedge_e2e_result_t;
+
+/* Runs one request in req->mode and fills *res (about 100 KiB: allocate it) and tokens
+ * (max_new ids, greedy: the first from the prompt's logits, then max_new - 1 decoder steps).
+ * Errors: KVEDGE_EINVAL (a field missing for the mode, bad sizes, a model record not matching
+ * the decoder, a cloud holding another context than ctx), KVEDGE_ETOOBIG (ctx_len +
+ * prompt_len + max_new over the decoder's positions), KVEDGE_ENOMEM, the pipeline's and the
+ * decoder's errors (a layer that failed rather than missed, e.g. KVEDGE_ETIMEDOUT, or
+ * KVEDGE_ENOMODEL from a proxy that knows the model neither built in nor from its master).
+ * Thread-safe for distinct requests (each uses its own session); several threads may share a
+ * decoder, a cloud, but not a proxy client. */
+int kvedge_e2e_decode(const kvedge_e2e_request_t *req, int32_t *tokens, kvedge_e2e_result_t *res);
+
+/* Prints the request's result for people: per-layer source and reason (kvedge mode), TTFT,
+ * total, bytes; or as one JSON object when json. */
+void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
