@@ -28,8 +28,9 @@
 #include "store/model.h"
 
 #define S_CREDIT_DEFAULT   64
-#define S_HELLO_MS         1000 /* connect (HELLO) deadline of one probe */
-#define S_PING_MS          500  /* PING deadline of one probe */
+#define S_HELLO_MS         1000           /* connect (HELLO) deadline of one probe */
+#define S_PING_MS          500            /* PING deadline of one probe */
+#define S_PROBE_BYTES      (128u * 1024u) /* payload of the bandwidth probe at connect */
 #define S_NEG_CAPACITY     65536
 #define S_TICK_MS          50
 #define S_RATIO_PRIOR      1.0 /* bytes per fp16 byte a source is assumed to send at first */
@@ -1182,6 +1183,11 @@ static void s_probe_source(s_proxy_t *p, size_t i)
             kvedge_health_failure(p->health, conf.name, now, rc);
             return;
         }
+        /* A first measurement of the link, so an undeclared source is not priced at the
+         * defaults until a fetch has used it: a round trip, then a payload big enough to
+         * feed the bandwidth estimate (access/meter.h). */
+        if (conf.bw_bytes_per_s <= 0 && kvedge_client_ping(c, 0, NULL, NULL) == KVEDGE_OK)
+            (void)kvedge_client_ping(c, S_PROBE_BYTES, NULL, NULL);
         pthread_mutex_lock(&p->srcs_mu);
         s->client = c;
         pthread_mutex_unlock(&p->srcs_mu);

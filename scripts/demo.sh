@@ -105,11 +105,11 @@ for _ in $(seq 50); do grep -q "sync document" "$DIR/edge-b.log" && break; sleep
 note "edge-b: $(grep -o 'sync document.*' "$DIR/edge-b.log" | head -1)"
 
 step "Start edge-a's proxy: cloud over $CLOUD_LINK, peer edge-b over $PEER_LINK, own node as history"
-note "the links' declared rates are the planner's priors until it has measured them"
+note "the proxy measures each link when it connects, and learns from every fetch"
 start proxy proxy --bind "$(ep proxy)" --insecure --master "$(ep master)" \
     --master-pub "$(ep master-pub)" --snapshot "$DIR/proxy.snapshot" \
-    -s "cloud cloud $(ep cloud) link=$CLOUD_LINK bw=125000000 rtt=20000" \
-    -s "peer edge-b $(ep edge-b) link=$PEER_LINK bw=125000000 rtt=2000" \
+    -s "cloud cloud $(ep cloud) link=$CLOUD_LINK" \
+    -s "peer edge-b $(ep edge-b) link=$PEER_LINK" \
     -s "history edge-a $(ep edge-a)"
 sleep 1 # the proxy's first probes and the master's directory
 
