@@ -77,6 +77,13 @@ int kvedge_cli_ensure_cert(const char *path, const char *role);
 void kvedge_cli_trap_signals(void);
 void kvedge_cli_wait_signal(void);
 
+/* Connects to cli->host with the global options (--server-key, --cert, --deadline, --link),
+ * naming itself `name` in HELLO. On failure says why on stderr (no answer, bad --link, ...).
+ * Returns an exit code: KVEDGE_EXIT_OK, KVEDGE_EXIT_USAGE (--server-key without --cert) or
+ * KVEDGE_EXIT_UNAVAILABLE. */
+struct kvedge_client_t;
+int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, struct kvedge_client_t **out);
+
 /* Prints usage of one command to f. */
 /* One string setting of a daemon's config: key, destination and its capacity. */
 typedef struct {

@@ -385,39 +385,6 @@ static int s_common_load(s_common_t *c)
     return s_context(c);
 }
 
-/* Connects to -H with the global options. Returns an exit code. */
-static int s_connect(kvedge_cli_t *cli, const char *name, kvedge_client_t **out)
-{
-    if (cli->server_key && !cli->cert) {
-        kvedge_cli_error("--server-key needs --cert (this client's secret certificate, made "
-                         "by `kvedge keygen`)");
-        return KVEDGE_EXIT_USAGE;
-    }
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = cli->host;
-    o.server_key = cli->server_key;
-    o.client_cert = cli->cert;
-    o.deadline_ms = cli->deadline_ms;
-    o.link = cli->link;
-    o.name = name;
-    int rc = kvedge_client_connect(&o, out);
-    if (rc == KVEDGE_OK)
-        return KVEDGE_EXIT_OK;
-    if (rc == KVEDGE_ETIMEDOUT)
-        kvedge_cli_error("no answer from %s within the deadline: it is down, or this client's "
-                         "key is not in its allowlist, or the node key is wrong%s",
-                         cli->host,
-                         cli->server_key ? "" : " (no --server-key: plaintext, loopback only)");
-    else if (rc == KVEDGE_EINVAL && cli->link)
-        kvedge_cli_error("cannot connect to %s: bad endpoint or --link '%s' (want RATE,LATENCY "
-                         "such as 100mbit,20ms)",
-                         cli->host, cli->link);
-    else
-        kvedge_cli_error("cannot connect to %s: %s", cli->host, kvedge_strerror(rc));
-    return KVEDGE_EXIT_UNAVAILABLE;
-}
-
 /* A failed call against a node or proxy, said plainly. Returns the exit code. */
 static int s_remote_fail(const s_common_t *c, kvedge_cli_t *cli, int rc)
 {
@@ -649,7 +616,7 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
     int ex = s_common_load(&c);
     kvedge_client_t *node = NULL;
     if (!ex)
-        ex = s_connect(cli, "kvedge prefill", &node);
+        ex = kvedge_cli_connect(cli, "kvedge prefill", &node);
     uint32_t ct = c.chunk_tokens ? (uint32_t)c.chunk_tokens : KVEDGE_E2E_CHUNK_TOKENS_DEFAULT;
     size_t max = ex ? 0 : (c.ctx_len + ct - 1) / ct, n_ids = 0;
     kvedge_chunk_id_t *ids = ex ? NULL : calloc(max, sizeof *ids);
@@ -921,7 +888,7 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
     }
     kvedge_client_t *proxy = NULL;
     if (!ex)
-        ex = s_connect(cli, "kvedge decode", &proxy);
+        ex = kvedge_cli_connect(cli, "kvedge decode", &proxy);
     kvedge_e2e_cloud_t *cloud = NULL;
     for (int r = 0; !ex && r < runs; r++) {
         kvedge_e2e_request_t req = {.mode = modes[r],

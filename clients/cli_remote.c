@@ -13,34 +13,6 @@
 #define S_VOCAB_SIZE  50272
 #define S_PING_ROUNDS 20
 
-static int s_connect(kvedge_cli_t *cli, kvedge_client_t **out)
-{
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = cli->host;
-    o.server_key = cli->server_key;
-    o.client_cert = cli->cert;
-    o.deadline_ms = cli->deadline_ms;
-    o.link = cli->link;
-    o.name = "kvedge-cli";
-    if (cli->server_key && !cli->cert) {
-        kvedge_cli_error("--server-key needs --cert (this client's secret certificate, made "
-                         "by `kvedge keygen`)");
-        return KVEDGE_EXIT_USAGE;
-    }
-    int rc = kvedge_client_connect(&o, out);
-    if (rc == KVEDGE_OK)
-        return KVEDGE_EXIT_OK;
-    if (rc == KVEDGE_ETIMEDOUT)
-        kvedge_cli_error("no answer from %s within the deadline: the node is down, or this "
-                         "client's key is not in its allowlist, or the node key is wrong%s",
-                         cli->host,
-                         cli->server_key ? "" : " (no --server-key: plaintext, loopback only)");
-    else
-        kvedge_cli_error("cannot connect to %s: %s", cli->host, kvedge_strerror(rc));
-    return KVEDGE_EXIT_UNAVAILABLE;
-}
-
 /* For the remote commands that take no arguments: --help, or a usage error on anything. */
 static int s_no_args(int argc, char **argv, const char *what)
 {
@@ -103,7 +75,7 @@ static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
     if (ex >= 0)
         return ex;
     kvedge_client_t *c;
-    ex = s_connect(cli, &c);
+    ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t *all;
@@ -175,7 +147,7 @@ static int s_r_stat(kvedge_cli_t *cli, int argc, char **argv)
     if (ex >= 0)
         return ex;
     kvedge_client_t *c;
-    ex = s_connect(cli, &c);
+    ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_engine_stats_t st;
@@ -193,7 +165,7 @@ static int s_r_inspect(kvedge_cli_t *cli, int argc, char **argv)
     if (ex >= 0)
         return ex;
     kvedge_client_t *c;
-    ex = s_connect(cli, &c);
+    ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_engine_stats_t st;
@@ -301,7 +273,7 @@ static int s_r_show(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_USAGE;
     }
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t e;
@@ -363,7 +335,7 @@ static int s_r_verify(kvedge_cli_t *cli, int argc, char **argv)
     if (ex >= 0)
         return ex;
     kvedge_client_t *c;
-    ex = s_connect(cli, &c);
+    ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t *all = NULL;
@@ -435,7 +407,7 @@ static int s_r_chain(kvedge_cli_t *cli, int argc, char **argv, int op)
         return KVEDGE_EXIT_USAGE;
     }
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t e;
@@ -521,7 +493,7 @@ static int s_r_ping(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_USAGE;
     }
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     double *rtt = calloc(count, sizeof *rtt), *bw = calloc(count, sizeof *bw);
@@ -618,7 +590,7 @@ static int s_r_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
         return model_id ? KVEDGE_EXIT_NOTFOUND : KVEDGE_EXIT_USAGE;
     }
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     const uint32_t C = KVEDGE_CHUNK_TOKENS_DEFAULT, D = m.head_dim;
@@ -717,7 +689,7 @@ static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_USAGE;
     }
     kvedge_client_t *c;
-    int ex = s_connect(cli, &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     uint64_t blocks = 0, bytes = 0;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "clients/cli.h"
+#include "clients/kvedge.h"
 #include "store/error.h"
 
 void kvedge_cli_error(const char *fmt, ...)
@@ -228,4 +229,36 @@ bool kvedge_cli_set_str(const kvedge_cli_str_t *t, size_t n, const char *k, cons
             return true;
         }
     return false;
+}
+
+int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, kvedge_client_t **out)
+{
+    if (cli->server_key && !cli->cert) {
+        kvedge_cli_error("--server-key needs --cert (this client's secret certificate, made "
+                         "by `kvedge keygen`)");
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = cli->host;
+    o.server_key = cli->server_key;
+    o.client_cert = cli->cert;
+    o.deadline_ms = cli->deadline_ms;
+    o.link = cli->link;
+    o.name = name;
+    int rc = kvedge_client_connect(&o, out);
+    if (rc == KVEDGE_OK)
+        return KVEDGE_EXIT_OK;
+    if (rc == KVEDGE_ETIMEDOUT)
+        kvedge_cli_error("no answer from %s within the deadline: it is down, or this client's "
+                         "key is not in its allowlist, or the node key is wrong%s",
+                         cli->host,
+                         cli->server_key ? "" : " (no --server-key: plaintext, loopback only)");
+    else if (rc == KVEDGE_EINVAL && cli->link)
+        kvedge_cli_error("cannot connect to %s: bad endpoint or --link '%s' (want RATE,LATENCY "
+                         "such as 100mbit,20ms)",
+                         cli->host, cli->link);
+    else
+        kvedge_cli_error("cannot connect to %s: %s", cli->host, kvedge_strerror(rc));
+    return KVEDGE_EXIT_UNAVAILABLE;
 }

@@ -344,7 +344,10 @@ static void test_node_registers_its_models(void **state)
     kvedge_master_t *m = s_master_start(&mm, root);
     s_node_t node;
     s_node_start(&node, root, "edgeM", KVEDGE_ROLE_EDGE, mm.ep, mm.pub);
-    kvedge_model_t custom = {.id = "custom-model", .layers = 3, .kv_heads = 2, .head_dim = 64,
+    kvedge_model_t custom = {.id = "custom-model",
+                             .layers = 3,
+                             .kv_heads = 2,
+                             .head_dim = 64,
                              .dtype = KVEDGE_DTYPE_FP16};
     assert_int_equal(kvedge_engine_put_model(node.engine, &custom), 0);
     kvedge_client_t *c = s_client(node.ep, 10000);
