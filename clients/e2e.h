@@ -127,7 +127,8 @@ typedef struct {
     int kind;        /* kvedge_fetch_source_t kind of that source; -1 when computed */
     int reason;      /* kvedge_fetch_reason_t (kvedge_fetch_reason_name) */
     bool computed;   /* the decoder computed this layer's context K/V itself */
-    double ready_us; /* since the request started: resident (or reported missing) */
+    double ready_us; /* since the request started: the decoder's wait for the layer returned
+                      * (resident or reported missing; not before the previous layer ran) */
     double done_us;  /* since the request started: decoder layer finished (prompt) */
 } kvedge_e2e_layer_t;
 
