@@ -769,17 +769,21 @@ int kvedge_decoder_session_step(kvedge_decoder_session_t *self, int32_t token, f
     return KVEDGE_OK;
 }
 
+int32_t kvedge_decoder_argmax(const float *logits, uint32_t vocab)
+{
+    uint32_t best = 0;
+    for (uint32_t j = 1; j < vocab; j++)
+        if (logits[j] > logits[best])
+            best = j;
+    return (int32_t)best;
+}
+
 int kvedge_decoder_session_generate(kvedge_decoder_session_t *self, uint32_t n, int32_t *tokens)
 {
     if (!self || !self->ready || (n && !tokens))
         return KVEDGE_EINVAL;
     for (uint32_t i = 0; i < n; i++) {
-        const float *lg = self->logits;
-        uint32_t best = 0;
-        for (uint32_t j = 1; j < self->model->cfg.vocab; j++)
-            if (lg[j] > lg[best])
-                best = j;
-        tokens[i] = (int32_t)best;
+        tokens[i] = kvedge_decoder_argmax(self->logits, self->model->cfg.vocab);
         int rc = kvedge_decoder_session_step(self, tokens[i], NULL);
         if (rc != KVEDGE_OK)
             return rc;

@@ -114,6 +114,10 @@ int kvedge_decoder_session_step(kvedge_decoder_session_t *self, int32_t token, f
  * token is in the local cache afterwards. Errors: those of session_step. */
 int kvedge_decoder_session_generate(kvedge_decoder_session_t *self, uint32_t n, int32_t *tokens);
 
+/* The greedy pick: the arg-max of vocab logits, the lowest id on a tie (what
+ * kvedge_decoder_session_generate takes). */
+int32_t kvedge_decoder_argmax(const float *logits, uint32_t vocab);
+
 /* Logits of the last position decoded so far (vocab floats), or NULL before a successful begin.
  * Valid until the next call on the session. */
 const float *kvedge_decoder_session_logits(const kvedge_decoder_session_t *self);

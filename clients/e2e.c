@@ -14,12 +14,10 @@
 
 #include "access/shaper.h"
 #include "clients/pipeline.h"
+#include "proxy/plan.h"
 #include "gpu/dequant.h"
 #include "store/quant.h"
 #include "store/synth.h"
-
-/* kvedge_fetch_source_t kinds, for printing (proxy/plan.h kvedge_plan_kind_t). */
-static const char *const s_kind_names[] = {"local", "peer", "cloud", "history"};
 
 static uint64_t s_now_us(void)
 {
@@ -37,16 +35,6 @@ static void s_sleep_until(uint64_t abs_us)
     struct timespec ts = {(time_t)(abs_us / 1000000), (long)(abs_us % 1000000) * 1000};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
-}
-
-/* Arg-max of the logits, the lowest id on a tie (as kvedge_decoder_session_generate). */
-static int32_t s_argmax(const float *logits, uint32_t vocab)
-{
-    uint32_t best = 0;
-    for (uint32_t j = 1; j < vocab; j++)
-        if (logits[j] > logits[best])
-            best = j;
-    return (int32_t)best;
 }
 
 const char *kvedge_e2e_mode_name(kvedge_e2e_mode_t mode)
@@ -478,7 +466,7 @@ static int s_greedy(kvedge_decoder_session_t *s, uint32_t vocab, uint32_t max_ne
                     float *logits, s_token_fn on_token, void *arg)
 {
     const float *first = kvedge_decoder_session_logits(s);
-    tokens[0] = s_argmax(first, vocab);
+    tokens[0] = kvedge_decoder_argmax(first, vocab);
     if (logits)
         memcpy(logits, first, vocab * sizeof(float));
     on_token(arg, 0);
@@ -486,7 +474,7 @@ static int s_greedy(kvedge_decoder_session_t *s, uint32_t vocab, uint32_t max_ne
         int rc = kvedge_decoder_session_step(s, tokens[i - 1], NULL);
         if (rc != KVEDGE_OK)
             return rc;
-        tokens[i] = s_argmax(kvedge_decoder_session_logits(s), vocab);
+        tokens[i] = kvedge_decoder_argmax(kvedge_decoder_session_logits(s), vocab);
         on_token(arg, i);
     }
     return KVEDGE_OK;
@@ -724,8 +712,7 @@ static int s_decode_cloud(const kvedge_e2e_request_t *req, int32_t *tokens,
         KVEDGE_E2E_MSG_OVERHEAD_BYTES + (uint64_t)KVEDGE_E2E_TOKEN_WIRE_BYTES * req->prompt_len;
     uint64_t t0 = s_now_us();
     /* The prompt crosses the uplink, then waits for the one cloud model to be free. */
-    uint64_t arrived = t0 + kvedge_shaper_delay_us(cl->up, up_bytes, t0);
-    s_sleep_until(arrived);
+    kvedge_shaper_wait_from(cl->up, up_bytes, t0);
     uint64_t q0 = s_now_us();
     pthread_mutex_lock(&cl->mu);
     res->queue_us = s_since(q0);
@@ -779,11 +766,10 @@ int kvedge_e2e_decode(const kvedge_e2e_request_t *req, int32_t *tokens, kvedge_e
 
 /* ---------------------------------------------------------------- printing */
 
+/* kvedge_fetch_source_t kinds are proxy/plan.h's; -1 (computed locally) prints as "-". */
 static const char *s_kind_name(int kind)
 {
-    if (kind >= 0 && kind < (int)(sizeof s_kind_names / sizeof s_kind_names[0]))
-        return s_kind_names[kind];
-    return kind < 0 ? "-" : "?";
+    return kind < 0 ? "-" : kvedge_plan_kind_name((kvedge_plan_kind_t)kind);
 }
 
 static const char *s_reason_name(int reason)
