@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "store/byteorder.h"
 #include "store/error.h"
 
 #define S_MAGIC        "KVEP"
@@ -22,30 +23,6 @@ static const char *const s_op_names[] = {
     NULL,     "HELLO", "PING",  "PUT",    "GET",    "GET_LAYER", "LOOKUP", "LIST",  "STAT",
     "DELETE", "PIN",   "UNPIN", "CREDIT", "CANCEL", "MODEL",     "EVICT",  "FETCH",
 };
-
-/* ---- little-endian helpers beyond the 32-bit ones in frame.h ---- */
-
-static void s_put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static uint16_t s_get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static void s_put64(uint8_t *p, uint64_t v)
-{
-    kvedge_wire_put32(p, (uint32_t)v);
-    kvedge_wire_put32(p + 4, (uint32_t)(v >> 32));
-}
-
-static uint64_t s_get64(const uint8_t *p)
-{
-    return (uint64_t)kvedge_wire_get32(p) | ((uint64_t)kvedge_wire_get32(p + 4) << 32);
-}
 
 static bool s_all_zero(const uint8_t *p, size_t n)
 {
@@ -123,12 +100,12 @@ void kvedge_wire_header_pack(const kvedge_wire_header_t *h, uint8_t out[KVEDGE_W
     memcpy(out, S_MAGIC, 4);
     out[4] = h->version;
     out[5] = h->opcode;
-    s_put16(out + 6, h->flags);
-    s_put64(out + 8, h->request_id);
-    kvedge_wire_put32(out + 16, (uint32_t)h->status);
-    kvedge_wire_put32(out + 20, h->count);
-    kvedge_wire_put32(out + 24, h->credit);
-    kvedge_wire_put32(out + 28, h->deadline_ms);
+    kvedge_le_put16(out + 6, h->flags);
+    kvedge_le_put64(out + 8, h->request_id);
+    kvedge_le_put32(out + 16, (uint32_t)h->status);
+    kvedge_le_put32(out + 20, h->count);
+    kvedge_le_put32(out + 24, h->credit);
+    kvedge_le_put32(out + 28, h->deadline_ms);
 }
 
 /* Once length and magic hold, *h is filled even when the version or the flags are wrong, so
@@ -142,12 +119,12 @@ int kvedge_wire_header_parse(const uint8_t *buf, size_t len, kvedge_wire_header_
         return KVEDGE_EPROTO;
     h->version = buf[4];
     h->opcode = buf[5];
-    h->flags = s_get16(buf + 6);
-    h->request_id = s_get64(buf + 8);
-    h->status = (int32_t)kvedge_wire_get32(buf + 16);
-    h->count = kvedge_wire_get32(buf + 20);
-    h->credit = kvedge_wire_get32(buf + 24);
-    h->deadline_ms = kvedge_wire_get32(buf + 28);
+    h->flags = kvedge_le_get16(buf + 6);
+    h->request_id = kvedge_le_get64(buf + 8);
+    h->status = (int32_t)kvedge_le_get32(buf + 16);
+    h->count = kvedge_le_get32(buf + 20);
+    h->credit = kvedge_le_get32(buf + 24);
+    h->deadline_ms = kvedge_le_get32(buf + 28);
     if (h->version != KVEDGE_WIRE_VERSION)
         return KVEDGE_EVERSION;
     if (h->flags & ~S_FLAGS_KNOWN)
@@ -189,7 +166,7 @@ static bool s_statuses(const uint8_t *p, uint32_t count, uint32_t *zeros)
 {
     *zeros = 0;
     for (uint32_t i = 0; i < count; i++) {
-        int32_t s = (int32_t)kvedge_wire_get32(p + (size_t)i * S_STATUS_BYTES);
+        int32_t s = (int32_t)kvedge_le_get32(p + (size_t)i * S_STATUS_BYTES);
         if (s > 0)
             return false;
         *zeros += s == 0;
@@ -231,7 +208,7 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
             !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || n != 1 ||
             f[0].len != 4 + (size_t)c * KVEDGE_CHUNK_ID_BYTES)
             return KVEDGE_EPROTO;
-        return s_check(s_get16(f[0].data + 2) == 0);
+        return s_check(kvedge_le_get16(f[0].data + 2) == 0);
     case KVEDGE_OP_LOOKUP:
     case KVEDGE_OP_DELETE:
     case KVEDGE_OP_PIN:
@@ -245,7 +222,7 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
         if (c != 0 || n != 2 || (f[0].len != 0 && f[0].len != KVEDGE_CHUNK_ID_BYTES) ||
             f[1].len != 4)
             return KVEDGE_EPROTO;
-        return s_check(s_count_in(kvedge_wire_get32(f[1].data), 1, KVEDGE_WIRE_MAX_LIST));
+        return s_check(s_count_in(kvedge_le_get32(f[1].data), 1, KVEDGE_WIRE_MAX_LIST));
     case KVEDGE_OP_STAT:
     case KVEDGE_OP_CANCEL:
         return s_check(c == 0 && n == 0);
@@ -442,27 +419,27 @@ int kvedge_wire_put_item_pack(const kvedge_wire_put_item_t *item,
         return KVEDGE_EINVAL;
     s_chain_pack(&item->chunk, out, out + 32, out + 64);
     out[65] = item->pin ? 1 : 0;
-    s_put16(out + 66, item->layer);
-    s_put16(out + 68, item->head);
-    kvedge_wire_put32(out + 72, item->chunk.index);
-    kvedge_wire_put32(out + 76, item->chunk.tokens);
-    kvedge_wire_put32(out + 80, item->ttl_s);
+    kvedge_le_put16(out + 66, item->layer);
+    kvedge_le_put16(out + 68, item->head);
+    kvedge_le_put32(out + 72, item->chunk.index);
+    kvedge_le_put32(out + 76, item->chunk.tokens);
+    kvedge_le_put32(out + 80, item->ttl_s);
     return KVEDGE_OK;
 }
 
 int kvedge_wire_put_item_parse(const uint8_t *in, size_t len, kvedge_wire_put_item_t *item)
 {
     memset(item, 0, sizeof *item);
-    if (!in || len != KVEDGE_WIRE_PUT_ITEM_BYTES || (in[65] & ~1u) != 0 || s_get16(in + 70) != 0 ||
-        s_chain_parse(in, in + 32, in[64], &item->chunk) != 0 ||
+    if (!in || len != KVEDGE_WIRE_PUT_ITEM_BYTES || (in[65] & ~1u) != 0 ||
+        kvedge_le_get16(in + 70) != 0 || s_chain_parse(in, in + 32, in[64], &item->chunk) != 0 ||
         s_model_id_parse(in + 84, item->chunk.model_id) != 0)
         return KVEDGE_EPROTO;
     item->pin = (in[65] & 1) != 0;
-    item->layer = s_get16(in + 66);
-    item->head = s_get16(in + 68);
-    item->chunk.index = kvedge_wire_get32(in + 72);
-    item->chunk.tokens = kvedge_wire_get32(in + 76);
-    item->ttl_s = kvedge_wire_get32(in + 80);
+    item->layer = kvedge_le_get16(in + 66);
+    item->head = kvedge_le_get16(in + 68);
+    item->chunk.index = kvedge_le_get32(in + 72);
+    item->chunk.tokens = kvedge_le_get32(in + 76);
+    item->ttl_s = kvedge_le_get32(in + 80);
     item->chunk.created_ms = 0; /* not on the wire */
     return s_check(s_tokens_ok(item->chunk.tokens));
 }
@@ -474,9 +451,9 @@ int kvedge_wire_model_pack(const kvedge_model_t *m, uint8_t out[KVEDGE_WIRE_MODE
     memset(out, 0, KVEDGE_WIRE_MODEL_BYTES);
     if (kvedge_model_check(m) != KVEDGE_OK || s_model_id_pack(m->id, out) != 0)
         return KVEDGE_EINVAL;
-    s_put16(out + 124, m->layers);
-    s_put16(out + 126, m->kv_heads);
-    s_put16(out + 128, m->head_dim);
+    kvedge_le_put16(out + 124, m->layers);
+    kvedge_le_put16(out + 126, m->kv_heads);
+    kvedge_le_put16(out + 128, m->head_dim);
     out[130] = (uint8_t)m->dtype;
     return KVEDGE_OK;
 }
@@ -487,9 +464,9 @@ int kvedge_wire_model_parse(const uint8_t *in, size_t len, kvedge_model_t *m)
     if (!in || len != KVEDGE_WIRE_MODEL_BYTES || !s_all_zero(in + 131, 5) ||
         s_model_id_parse(in, m->id) != 0)
         return KVEDGE_EPROTO;
-    m->layers = s_get16(in + 124);
-    m->kv_heads = s_get16(in + 126);
-    m->head_dim = s_get16(in + 128);
+    m->layers = kvedge_le_get16(in + 124);
+    m->kv_heads = kvedge_le_get16(in + 126);
+    m->head_dim = kvedge_le_get16(in + 128);
     m->dtype = (kvedge_dtype_t)in[130];
     return s_check(kvedge_model_check(m) == KVEDGE_OK);
 }
@@ -507,12 +484,12 @@ int kvedge_wire_chunk_entry_pack(const kvedge_wire_chunk_entry_t *e,
     if (!s_tokens_ok(e->chunk.tokens) || s_model_id_pack(e->chunk.model_id, out + 104) != 0)
         return KVEDGE_EINVAL;
     s_chain_pack(&e->chunk, out, out + 32, out + 64);
-    kvedge_wire_put32(out + 68, e->chunk.index);
-    kvedge_wire_put32(out + 72, e->chunk.tokens);
-    kvedge_wire_put32(out + 76, e->blocks);
-    s_put64(out + 80, e->bytes);
-    kvedge_wire_put32(out + 88, e->pinned_blocks);
-    s_put64(out + 92, e->fp16_bytes);
+    kvedge_le_put32(out + 68, e->chunk.index);
+    kvedge_le_put32(out + 72, e->chunk.tokens);
+    kvedge_le_put32(out + 76, e->blocks);
+    kvedge_le_put64(out + 80, e->bytes);
+    kvedge_le_put32(out + 88, e->pinned_blocks);
+    kvedge_le_put64(out + 92, e->fp16_bytes);
     return KVEDGE_OK;
 }
 
@@ -524,13 +501,13 @@ int kvedge_wire_chunk_entry_parse(const uint8_t *in, size_t len, kvedge_wire_chu
         s_chain_parse(in, in + 32, in[64], &e->chunk) != 0 ||
         s_model_id_parse(in + 104, e->chunk.model_id) != 0)
         return KVEDGE_EPROTO;
-    e->chunk.index = kvedge_wire_get32(in + 68);
-    e->chunk.tokens = kvedge_wire_get32(in + 72);
+    e->chunk.index = kvedge_le_get32(in + 68);
+    e->chunk.tokens = kvedge_le_get32(in + 72);
     e->chunk.created_ms = 0; /* not on the wire */
-    e->blocks = kvedge_wire_get32(in + 76);
-    e->bytes = s_get64(in + 80);
-    e->pinned_blocks = kvedge_wire_get32(in + 88);
-    e->fp16_bytes = s_get64(in + 92);
+    e->blocks = kvedge_le_get32(in + 76);
+    e->bytes = kvedge_le_get64(in + 80);
+    e->pinned_blocks = kvedge_le_get32(in + 88);
+    e->fp16_bytes = kvedge_le_get64(in + 92);
     return s_check(s_tokens_ok(e->chunk.tokens));
 }
 
@@ -552,7 +529,7 @@ void kvedge_wire_stats_pack(const kvedge_engine_stats_t *s, uint8_t out[KVEDGE_W
     for (size_t i = 0; i < KVEDGE_WIRE_STATS_BYTES / 8; i++) {
         uint64_t v;
         memcpy(&v, (const char *)s + s_stats_offsets[i], sizeof v);
-        s_put64(out + 8 * i, v);
+        kvedge_le_put64(out + 8 * i, v);
     }
 }
 
@@ -562,7 +539,7 @@ int kvedge_wire_stats_parse(const uint8_t *in, size_t len, kvedge_engine_stats_t
     if (!in || len != KVEDGE_WIRE_STATS_BYTES)
         return KVEDGE_EPROTO;
     for (size_t i = 0; i < KVEDGE_WIRE_STATS_BYTES / 8; i++) {
-        uint64_t v = s_get64(in + 8 * i);
+        uint64_t v = kvedge_le_get64(in + 8 * i);
         memcpy((char *)s + s_stats_offsets[i], &v, sizeof v);
     }
     return KVEDGE_OK;
@@ -580,11 +557,11 @@ void kvedge_wire_node_info_pack(const kvedge_wire_node_info_t *n,
     memset(out, 0, KVEDGE_WIRE_NODE_INFO_BYTES);
     out[0] = (uint8_t)n->role;
     memcpy(out + 8, n->tenant_tag, sizeof n->tenant_tag);
-    kvedge_wire_put32(out + 24, n->max_frame_bytes);
-    kvedge_wire_put32(out + 28, n->max_items);
-    kvedge_wire_put32(out + 32, n->max_chunks);
-    kvedge_wire_put32(out + 36, n->max_credit);
-    kvedge_wire_put32(out + 40, n->default_credit);
+    kvedge_le_put32(out + 24, n->max_frame_bytes);
+    kvedge_le_put32(out + 28, n->max_items);
+    kvedge_le_put32(out + 32, n->max_chunks);
+    kvedge_le_put32(out + 36, n->max_credit);
+    kvedge_le_put32(out + 40, n->default_credit);
 }
 
 /* A node's advertised limits lie within the protocol's (a node may be stricter, never
@@ -598,11 +575,11 @@ int kvedge_wire_node_info_parse(const uint8_t *in, size_t len, kvedge_wire_node_
         return KVEDGE_EPROTO;
     n->role = (kvedge_role_t)in[0];
     memcpy(n->tenant_tag, in + 8, sizeof n->tenant_tag);
-    n->max_frame_bytes = kvedge_wire_get32(in + 24);
-    n->max_items = kvedge_wire_get32(in + 28);
-    n->max_chunks = kvedge_wire_get32(in + 32);
-    n->max_credit = kvedge_wire_get32(in + 36);
-    n->default_credit = kvedge_wire_get32(in + 40);
+    n->max_frame_bytes = kvedge_le_get32(in + 24);
+    n->max_items = kvedge_le_get32(in + 28);
+    n->max_chunks = kvedge_le_get32(in + 32);
+    n->max_credit = kvedge_le_get32(in + 36);
+    n->default_credit = kvedge_le_get32(in + 40);
     return s_check(s_count_in(n->max_frame_bytes, 1, KVEDGE_WIRE_MAX_FRAME_BYTES) &&
                    s_count_in(n->max_items, 1, KVEDGE_WIRE_MAX_ITEMS) &&
                    s_count_in(n->max_chunks, 1, KVEDGE_WIRE_MAX_CHUNKS) &&
@@ -616,20 +593,20 @@ int kvedge_wire_node_info_parse(const uint8_t *in, size_t len, kvedge_wire_node_
 void kvedge_wire_stream_hdr_pack(const kvedge_wire_stream_hdr_t *s,
                                  uint8_t out[KVEDGE_WIRE_STREAM_HDR_BYTES])
 {
-    kvedge_wire_put32(out, s->chunk_index);
-    s_put16(out + 4, s->head);
-    s_put16(out + 6, 0);
-    kvedge_wire_put32(out + 8, (uint32_t)s->status);
+    kvedge_le_put32(out, s->chunk_index);
+    kvedge_le_put16(out + 4, s->head);
+    kvedge_le_put16(out + 6, 0);
+    kvedge_le_put32(out + 8, (uint32_t)s->status);
 }
 
 int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stream_hdr_t *s)
 {
     memset(s, 0, sizeof *s);
-    if (!in || len != KVEDGE_WIRE_STREAM_HDR_BYTES || s_get16(in + 6) != 0)
+    if (!in || len != KVEDGE_WIRE_STREAM_HDR_BYTES || kvedge_le_get16(in + 6) != 0)
         return KVEDGE_EPROTO;
-    s->chunk_index = kvedge_wire_get32(in);
-    s->head = s_get16(in + 4);
-    s->status = (int32_t)kvedge_wire_get32(in + 8);
+    s->chunk_index = kvedge_le_get32(in);
+    s->head = kvedge_le_get16(in + 4);
+    s->status = (int32_t)kvedge_le_get32(in + 8);
     return s_check(s->status == KVEDGE_OK || s->status == KVEDGE_ENOTFOUND ||
                    s->status == KVEDGE_ECORRUPT);
 }
@@ -658,12 +635,12 @@ static void s_putd(uint8_t *p, double v)
 {
     uint64_t u;
     memcpy(&u, &v, sizeof u);
-    s_put64(p, u);
+    kvedge_le_put64(p, u);
 }
 
 static double s_getd(const uint8_t *p)
 {
-    uint64_t u = s_get64(p);
+    uint64_t u = kvedge_le_get64(p);
     double v;
     memcpy(&v, &u, sizeof v);
     return v;
@@ -686,9 +663,9 @@ int kvedge_wire_fetch_spec_pack(const kvedge_wire_fetch_spec_t *s,
     int rc = s_model_id_pack(s->model_id, out);
     if (rc != KVEDGE_OK)
         return rc;
-    s_put16(out + 124, s->first_layer);
-    s_put16(out + 126, s->layers);
-    kvedge_wire_put32(out + 128, s->tokens);
+    kvedge_le_put16(out + 124, s->first_layer);
+    kvedge_le_put16(out + 126, s->layers);
+    kvedge_le_put32(out + 128, s->tokens);
     return KVEDGE_OK;
 }
 
@@ -698,9 +675,9 @@ int kvedge_wire_fetch_spec_parse(const uint8_t *in, size_t len, kvedge_wire_fetc
     if (!in || len != KVEDGE_WIRE_FETCH_SPEC_BYTES || !s_all_zero(in + 132, 4) ||
         s_model_id_parse(in, s->model_id) != KVEDGE_OK)
         return KVEDGE_EPROTO;
-    s->first_layer = s_get16(in + 124);
-    s->layers = s_get16(in + 126);
-    s->tokens = kvedge_wire_get32(in + 128);
+    s->first_layer = kvedge_le_get16(in + 124);
+    s->layers = kvedge_le_get16(in + 126);
+    s->tokens = kvedge_le_get32(in + 128);
     return s_check(s->layers >= 1 && s->layers <= KVEDGE_WIRE_FETCH_MAX_LAYERS &&
                    (uint32_t)s->first_layer + s->layers <= 65536u);
 }
@@ -713,23 +690,23 @@ void kvedge_wire_fetch_block_pack(const kvedge_wire_fetch_block_t *b,
     memset(out, 0, KVEDGE_WIRE_FETCH_BLOCK_BYTES);
     out[0] = KVEDGE_FETCH_MSG_BLOCK;
     out[1] = b->source;
-    s_put16(out + 2, b->layer);
-    kvedge_wire_put32(out + 4, b->chunk_index);
-    s_put16(out + 8, b->head);
-    kvedge_wire_put32(out + 12, (uint32_t)b->status);
+    kvedge_le_put16(out + 2, b->layer);
+    kvedge_le_put32(out + 4, b->chunk_index);
+    kvedge_le_put16(out + 8, b->head);
+    kvedge_le_put32(out + 12, (uint32_t)b->status);
 }
 
 int kvedge_wire_fetch_block_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_block_t *b)
 {
     memset(b, 0, sizeof *b);
     if (!in || len != KVEDGE_WIRE_FETCH_BLOCK_BYTES || in[0] != KVEDGE_FETCH_MSG_BLOCK ||
-        s_get16(in + 10) != 0)
+        kvedge_le_get16(in + 10) != 0)
         return KVEDGE_EPROTO;
     b->source = in[1];
-    b->layer = s_get16(in + 2);
-    b->chunk_index = kvedge_wire_get32(in + 4);
-    b->head = s_get16(in + 8);
-    b->status = (int32_t)kvedge_wire_get32(in + 12);
+    b->layer = kvedge_le_get16(in + 2);
+    b->chunk_index = kvedge_le_get32(in + 4);
+    b->head = kvedge_le_get16(in + 8);
+    b->status = (int32_t)kvedge_le_get32(in + 12);
     return s_check(
         b->source < KVEDGE_WIRE_FETCH_MAX_SOURCES && b->chunk_index < KVEDGE_WIRE_MAX_CHUNKS &&
         (b->status == KVEDGE_OK || b->status == KVEDGE_ENOTFOUND || b->status == KVEDGE_ECORRUPT));
@@ -743,25 +720,25 @@ void kvedge_wire_fetch_layer_pack(const kvedge_wire_fetch_layer_t *l,
     memset(out, 0, KVEDGE_WIRE_FETCH_LAYER_BYTES);
     out[0] = KVEDGE_FETCH_MSG_LAYER;
     out[1] = l->reason;
-    s_put16(out + 2, l->layer);
-    s_put16(out + 4, (uint16_t)l->source);
-    kvedge_wire_put32(out + 8, (uint32_t)l->status);
-    kvedge_wire_put32(out + 12, l->heads);
-    kvedge_wire_put32(out + 16, l->attempts);
+    kvedge_le_put16(out + 2, l->layer);
+    kvedge_le_put16(out + 4, (uint16_t)l->source);
+    kvedge_le_put32(out + 8, (uint32_t)l->status);
+    kvedge_le_put32(out + 12, l->heads);
+    kvedge_le_put32(out + 16, l->attempts);
 }
 
 int kvedge_wire_fetch_layer_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_layer_t *l)
 {
     memset(l, 0, sizeof *l);
     if (!in || len != KVEDGE_WIRE_FETCH_LAYER_BYTES || in[0] != KVEDGE_FETCH_MSG_LAYER ||
-        s_get16(in + 6) != 0 || !s_all_zero(in + 20, 4))
+        kvedge_le_get16(in + 6) != 0 || !s_all_zero(in + 20, 4))
         return KVEDGE_EPROTO;
     l->reason = in[1];
-    l->layer = s_get16(in + 2);
-    l->source = (int16_t)s_get16(in + 4);
-    l->status = (int32_t)kvedge_wire_get32(in + 8);
-    l->heads = kvedge_wire_get32(in + 12);
-    l->attempts = kvedge_wire_get32(in + 16);
+    l->layer = kvedge_le_get16(in + 2);
+    l->source = (int16_t)kvedge_le_get16(in + 4);
+    l->status = (int32_t)kvedge_le_get32(in + 8);
+    l->heads = kvedge_le_get32(in + 12);
+    l->attempts = kvedge_le_get32(in + 16);
     bool delivered = l->status == KVEDGE_OK;
     return s_check(s_fetch_reason_ok(l->reason) && l->source >= -1 &&
                    l->source < KVEDGE_WIRE_FETCH_MAX_SOURCES &&
@@ -775,9 +752,9 @@ void kvedge_wire_fetch_plan_pack(const kvedge_wire_fetch_plan_t *p,
 {
     memset(out, 0, KVEDGE_WIRE_FETCH_PLAN_BYTES);
     out[0] = KVEDGE_FETCH_MSG_PLAN;
-    kvedge_wire_put32(out + 4, p->sources);
-    kvedge_wire_put32(out + 8, p->layers);
-    kvedge_wire_put32(out + 12, p->split);
+    kvedge_le_put32(out + 4, p->sources);
+    kvedge_le_put32(out + 8, p->layers);
+    kvedge_le_put32(out + 12, p->split);
     s_putd(out + 16, p->total_us);
     s_putd(out + 24, p->bound_us);
     s_putd(out + 32, p->cloud_only_us);
@@ -791,9 +768,9 @@ int kvedge_wire_fetch_plan_parse(const uint8_t *in, size_t len, kvedge_wire_fetc
     if (!in || len != KVEDGE_WIRE_FETCH_PLAN_BYTES || in[0] != KVEDGE_FETCH_MSG_PLAN ||
         !s_all_zero(in + 1, 3))
         return KVEDGE_EPROTO;
-    p->sources = kvedge_wire_get32(in + 4);
-    p->layers = kvedge_wire_get32(in + 8);
-    p->split = kvedge_wire_get32(in + 12);
+    p->sources = kvedge_le_get32(in + 4);
+    p->layers = kvedge_le_get32(in + 8);
+    p->split = kvedge_le_get32(in + 12);
     p->total_us = s_getd(in + 16);
     p->bound_us = s_getd(in + 24);
     p->cloud_only_us = s_getd(in + 32);
@@ -817,14 +794,14 @@ void kvedge_wire_fetch_source_pack(const kvedge_wire_fetch_source_t *s,
     out[65] = s->up ? 1 : 0;
     uint32_t r;
     memcpy(&r, &s->rtt_us, sizeof r);
-    kvedge_wire_put32(out + 68, r);
+    kvedge_le_put32(out + 68, r);
     s_putd(out + 72, s->bw_bytes_per_s);
 }
 
 int kvedge_wire_fetch_source_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_source_t *s)
 {
     memset(s, 0, sizeof *s);
-    if (!in || len != KVEDGE_WIRE_FETCH_SOURCE_BYTES || s_get16(in + 66) != 0 || in[65] > 1)
+    if (!in || len != KVEDGE_WIRE_FETCH_SOURCE_BYTES || kvedge_le_get16(in + 66) != 0 || in[65] > 1)
         return KVEDGE_EPROTO;
     const uint8_t *nul = memchr(in, 0, KVEDGE_WIRE_FETCH_NAME_BYTES);
     if (!nul || !s_all_zero(nul, KVEDGE_WIRE_FETCH_NAME_BYTES - (size_t)(nul - in)))
@@ -832,7 +809,7 @@ int kvedge_wire_fetch_source_parse(const uint8_t *in, size_t len, kvedge_wire_fe
     memcpy(s->name, in, (size_t)(nul - in));
     s->kind = in[64];
     s->up = in[65] == 1;
-    uint32_t r = kvedge_wire_get32(in + 68);
+    uint32_t r = kvedge_le_get32(in + 68);
     memcpy(&s->rtt_us, &r, sizeof r);
     s->bw_bytes_per_s = s_getd(in + 72);
     return s_check(s->kind <= 4 && s_time_ok(s->rtt_us) && s_time_ok(s->bw_bytes_per_s));
@@ -843,7 +820,7 @@ void kvedge_wire_fetch_plan_layer_pack(const kvedge_wire_fetch_plan_layer_t *l,
                                        uint8_t out[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES])
 {
     memset(out, 0, KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
-    s_put16(out, (uint16_t)l->source);
+    kvedge_le_put16(out, (uint16_t)l->source);
     out[2] = l->reason;
     s_putd(out + 8, l->cost_us);
 }
@@ -854,7 +831,7 @@ int kvedge_wire_fetch_plan_layer_parse(const uint8_t *in, size_t len,
     memset(l, 0, sizeof *l);
     if (!in || len != KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES || !s_all_zero(in + 3, 5))
         return KVEDGE_EPROTO;
-    l->source = (int16_t)s_get16(in);
+    l->source = (int16_t)kvedge_le_get16(in);
     l->reason = in[2];
     l->cost_us = s_getd(in + 8);
     /* The cost of a layer no up source holds is infinite: allowed here. */

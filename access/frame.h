@@ -8,7 +8,9 @@
 #include <stdint.h>
 
 #include "store/chunk.h"
-#include "store/engine.h"
+#include "access/proto.h"
+#include "store/byteorder.h"
+#include "store/stats.h"
 #include "store/model.h"
 
 #ifdef __cplusplus
@@ -78,8 +80,6 @@ typedef struct {
     size_t len;
 } kvedge_wire_frame_t;
 
-typedef enum { KVEDGE_ROLE_CLOUD = 1, KVEDGE_ROLE_EDGE = 2, KVEDGE_ROLE_PROXY = 3 } kvedge_role_t;
-
 typedef struct {
     kvedge_role_t role;
     uint8_t tenant_tag[16];
@@ -133,25 +133,6 @@ typedef enum {
     KVEDGE_FETCH_MSG_LAYER = 2, /* a layer is complete (or missed): which source, and why */
     KVEDGE_FETCH_MSG_PLAN = 3,  /* the plan, sent first */
 } kvedge_fetch_msg_t;
-
-/* Why a layer came from where it did (the LAYER record's reason). */
-#define KVEDGE_FETCH_REASON_MAP(X)                                                                 \
-    X(PLANNED, 1, "planned")                   /* the plan's source delivered it */                \
-    X(FALLBACK_FAILED, 2, "fallback:failed")   /* its source failed or stalled: re-planned */      \
-    X(FALLBACK_MISSING, 3, "fallback:missing") /* its source did not have it (stale directory) */  \
-    X(FALLBACK_CORRUPT, 4, "fallback:corrupt") /* its source sent a block that failed checks */    \
-    X(RECOMPUTE, 5, "recompute")               /* the plan says computing it is faster */          \
-    X(MISS, 6, "miss")                         /* no reachable source has it */                    \
-    X(MISS_DEADLINE, 7, "miss:deadline")       /* the request's deadline came first */
-
-typedef enum {
-#define KVEDGE_FETCH_REASON_ENUM(name, value, text) KVEDGE_FETCH_##name = value,
-    KVEDGE_FETCH_REASON_MAP(KVEDGE_FETCH_REASON_ENUM)
-#undef KVEDGE_FETCH_REASON_ENUM
-} kvedge_fetch_reason_t;
-
-/* "planned", "fallback:failed", ...; "?" for anything else. */
-const char *kvedge_fetch_reason_name(int reason);
 
 typedef struct {
     char model_id[KVEDGE_WIRE_MODEL_ID_BYTES + 5];
@@ -263,20 +244,6 @@ int kvedge_wire_node_info_parse(const uint8_t *in, size_t len, kvedge_wire_node_
 void kvedge_wire_stream_hdr_pack(const kvedge_wire_stream_hdr_t *s,
                                  uint8_t out[KVEDGE_WIRE_STREAM_HDR_BYTES]);
 int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stream_hdr_t *s);
-
-/* Little-endian helpers shared by the server and client. */
-static inline void kvedge_wire_put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 24);
-}
-
-static inline uint32_t kvedge_wire_get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "access/server.h" /* loopback rule, heartbeat and handshake constants */
+#include "access/transport.h"
+#include "store/byteorder.h"
 #include "store/error.h"
 
 #define S_WAIT_MARGIN_MS  250 /* a caller of set waits this long past its deadline */
@@ -33,27 +34,13 @@
 #define S_FILE_HEAD_BYTES 32
 #define S_FILE_SUM_BYTES  8
 
-/* ---------------------------------------------------------------- clocks, bytes */
+/* ---------------------------------------------------------------- clocks */
 
 static int64_t s_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void s_put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t s_get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
 }
 
 /* ---------------------------------------------------------------- the table */
@@ -292,11 +279,11 @@ static int s_save(s_io_t *io)
         return KVEDGE_ENOMEM;
     }
     memcpy(buf, S_FILE_MAGIC, 4);
-    kvedge_wire_put32(buf + 4, KVEDGE_MVIEW_FILE_VERSION);
-    s_put64(buf + 8, v->seq);
-    s_put64(buf + 16, v->registry);
-    kvedge_wire_put32(buf + 24, (uint32_t)n);
-    kvedge_wire_put32(buf + 28, (uint32_t)io->prefix_len);
+    kvedge_le_put32(buf + 4, KVEDGE_MVIEW_FILE_VERSION);
+    kvedge_le_put64(buf + 8, v->seq);
+    kvedge_le_put64(buf + 16, v->registry);
+    kvedge_le_put32(buf + 24, (uint32_t)n);
+    kvedge_le_put32(buf + 28, (uint32_t)io->prefix_len);
     uint8_t *w = buf + S_FILE_HEAD_BYTES;
     memcpy(w, io->prefix, io->prefix_len);
     w += io->prefix_len;
@@ -305,15 +292,15 @@ static int s_save(s_io_t *io)
         *w++ = (uint8_t)kl;
         memcpy(w, p[i].key, kl);
         w += kl;
-        s_put64(w, p[i].e->seq);
-        kvedge_wire_put32(w + 8, (uint32_t)p[i].e->len);
+        kvedge_le_put64(w, p[i].e->seq);
+        kvedge_le_put32(w + 8, (uint32_t)p[i].e->len);
         memcpy(w + 12, p[i].e->body, p[i].e->len);
         w += 12 + p[i].e->len;
     }
     uint64_t version = v->version;
     pthread_mutex_unlock(&v->mu);
     free(p);
-    s_put64(w, XXH3_64bits(buf, (size_t)(w - buf)));
+    kvedge_le_put64(w, XXH3_64bits(buf, (size_t)(w - buf)));
 
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", io->path);
@@ -373,13 +360,13 @@ static int s_load(const char *path, const char *prefix, size_t plen, s_table_t *
     if (!buf || off != size)
         goto out;
     size_t end = size - S_FILE_SUM_BYTES;
-    if (memcmp(buf, S_FILE_MAGIC, 4) != 0 || XXH3_64bits(buf, end) != s_get64(buf + end))
+    if (memcmp(buf, S_FILE_MAGIC, 4) != 0 || XXH3_64bits(buf, end) != kvedge_le_get64(buf + end))
         goto out;
-    if (kvedge_wire_get32(buf + 4) != KVEDGE_MVIEW_FILE_VERSION) {
+    if (kvedge_le_get32(buf + 4) != KVEDGE_MVIEW_FILE_VERSION) {
         rc = KVEDGE_EVERSION;
         goto out;
     }
-    uint32_t count = kvedge_wire_get32(buf + 24), fpl = kvedge_wire_get32(buf + 28);
+    uint32_t count = kvedge_le_get32(buf + 24), fpl = kvedge_le_get32(buf + 28);
     size_t pos = S_FILE_HEAD_BYTES;
     if (count > KVEDGE_MASTER_MAX_RECORDS || fpl != plen || end - pos < fpl ||
         (plen && memcmp(buf + pos, prefix, plen) != 0)) {
@@ -402,8 +389,8 @@ static int s_load(const char *path, const char *prefix, size_t plen, s_table_t *
         memcpy(key, buf + pos, kl);
         key[kl] = '\0';
         pos += kl;
-        uint64_t rseq = s_get64(buf + pos);
-        size_t bl = kvedge_wire_get32(buf + pos + 8);
+        uint64_t rseq = kvedge_le_get64(buf + pos);
+        size_t bl = kvedge_le_get32(buf + pos + 8);
         pos += 12;
         if (bl == 0 || bl > KVEDGE_KVMSG_MAX_BODY_BYTES || end - pos < bl || rseq == 0 ||
             (i > 0 && strcmp(prev, key) >= 0) || !s_has_prefix(key, kl, prefix, plen))
@@ -415,8 +402,8 @@ static int s_load(const char *path, const char *prefix, size_t plen, s_table_t *
     }
     if (pos != end)
         goto bad;
-    *seq = s_get64(buf + 8);
-    *registry = s_get64(buf + 16);
+    *seq = kvedge_le_get64(buf + 8);
+    *registry = kvedge_le_get64(buf + 16);
     rc = KVEDGE_OK;
     goto out;
 bad:

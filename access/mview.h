@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "access/master.h"
+#include "store/master/master.h"
 
 #ifdef __cplusplus
 extern "C" {

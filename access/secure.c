@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "access/frame.h"
-#include "access/server.h"
+#include "access/transport.h"
 #include "store/error.h"
 
 int kvedge_secure_router_open(kvedge_secure_router_t *out, const char *bind, bool insecure,

@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "clients/decoder.h"
+#include "clients/decoder/decoder.h"
 #include "clients/kvedge.h"
 
 #ifdef __cplusplus

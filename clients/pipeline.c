@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "access/frame.h" /* KVEDGE_ROLE_PROXY */
+#include "access/frame.h" /* wire sizes for the slots */
 #include "gpu/stage.h"
 
 /* wait() gives up this long after the deadline: the streams end by the deadline on the I/O

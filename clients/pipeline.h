@@ -46,7 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "clients/kvedge.h"
+#include "access/client.h"
 #include "gpu/dequant.h"
 
 #ifdef __cplusplus

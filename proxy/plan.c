@@ -558,32 +558,3 @@ int kvedge_plan_format(const kvedge_plan_t *plan, const kvedge_plan_source_t *so
           plan->recompute_all_us / 1e3, plan->load_then_compute_us / 1e3);
     return o.truncated ? KVEDGE_ENOSPACE : KVEDGE_OK;
 }
-
-const char *kvedge_plan_reason_name(kvedge_plan_reason_t reason)
-{
-    switch (reason) {
-#define KVEDGE_PLAN_REASON_CASE(name, text)                                                        \
-    case KVEDGE_PLAN_##name:                                                                       \
-        return text;
-        KVEDGE_PLAN_REASON_MAP(KVEDGE_PLAN_REASON_CASE)
-#undef KVEDGE_PLAN_REASON_CASE
-    }
-    return "?";
-}
-
-const char *kvedge_plan_kind_name(kvedge_plan_kind_t kind)
-{
-    switch (kind) {
-    case KVEDGE_PLAN_LOCAL:
-        return "local";
-    case KVEDGE_PLAN_PEER:
-        return "peer";
-    case KVEDGE_PLAN_CLOUD:
-        return "cloud";
-    case KVEDGE_PLAN_HISTORY:
-        return "history";
-    case KVEDGE_PLAN_RECOMPUTE:
-        return "recompute";
-    }
-    return "?";
-}

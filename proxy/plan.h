@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "access/proto.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -25,31 +27,6 @@ extern "C" {
  * simulated layer steps (one step = one layer of one candidate timeline). */
 #define KVEDGE_PLAN_IMPROVE_PASSES 2
 #define KVEDGE_PLAN_IMPROVE_STEPS  (1u << 22)
-
-typedef enum {
-    KVEDGE_PLAN_LOCAL = 0,   /* the edge's own store node */
-    KVEDGE_PLAN_PEER = 1,    /* another edge's store node */
-    KVEDGE_PLAN_CLOUD = 2,   /* a cloud store node */
-    KVEDGE_PLAN_HISTORY = 3, /* the edge's pinned historical copy: fast, maybe stale or partial */
-    KVEDGE_PLAN_RECOMPUTE =
-        4, /* the client computes the layer; costs recompute_us on its decoder */
-} kvedge_plan_kind_t;
-
-/* Why a layer got its source. */
-#define KVEDGE_PLAN_REASON_MAP(X)                                                                  \
-    X(CHOSEN_NEAR, "near")        /* layer < m: cheapest local/peer/history source */              \
-    X(CHOSEN_FAR, "far")          /* layer >= m: cheapest cloud source */                          \
-    X(ONLY_SOURCE, "only-source") /* the one up source that holds the layer */                     \
-    X(RECOMPUTE_NO_SOURCE, "recompute:no-source") /* no up source holds the layer */               \
-    X(RECOMPUTE_FASTER, "recompute:faster")       /* held somewhere, recomputing is faster */      \
-    X(REBALANCED, "rebalanced") /* not the split's choice: moving it lowered T */                  \
-    X(DELIVERED, "delivered")   /* replan: received before the re-plan, kept */
-
-typedef enum {
-#define KVEDGE_PLAN_REASON_ENUM(name, text) KVEDGE_PLAN_##name,
-    KVEDGE_PLAN_REASON_MAP(KVEDGE_PLAN_REASON_ENUM)
-#undef KVEDGE_PLAN_REASON_ENUM
-} kvedge_plan_reason_t;
 
 /* One place a request's layers can come from. Network sources (every kind but RECOMPUTE)
  * stream the layers assigned to them in layer order on one stream that pays rtt_us once.
@@ -190,12 +167,6 @@ int kvedge_plan_replan(const kvedge_plan_request_t *req, const kvedge_plan_sourc
  * KVEDGE_ENOSPACE (buf too small: it holds a truncated table). */
 int kvedge_plan_format(const kvedge_plan_t *plan, const kvedge_plan_source_t *sources, size_t nsrc,
                        char *buf, size_t len);
-
-/* Short text for a reason ("near", "recompute:no-source"); never NULL, static storage. */
-const char *kvedge_plan_reason_name(kvedge_plan_reason_t reason);
-
-/* Short text for a kind ("local", "peer", "cloud", "history", "recompute"); never NULL. */
-const char *kvedge_plan_kind_name(kvedge_plan_kind_t kind);
 
 #ifdef __cplusplus
 }

@@ -17,11 +17,11 @@
 
 #include "access/frame.h"
 #include "access/log.h"
-#include "access/master.h"
+#include "store/master/master.h"
 #include "access/mview.h"
 #include "access/secure.h"
 #include "access/shaper.h"
-#include "clients/kvedge.h"
+#include "access/client.h"
 #include "proxy/health.h"
 #include "proxy/negcache.h"
 #include "store/error.h"
@@ -960,8 +960,8 @@ static void s_fetch_start(s_proxy_t *p, zframe_t *route, const kvedge_wire_heade
         for (uint32_t l = 0; l < f->L; l++) {
             if (n == 3) {
                 float cu, ru;
-                uint32_t a = kvedge_wire_get32(pf[2].data + 8 * l),
-                         b = kvedge_wire_get32(pf[2].data + 8 * l + 4);
+                uint32_t a = kvedge_le_get32(pf[2].data + 8 * l),
+                         b = kvedge_le_get32(pf[2].data + 8 * l + 4);
                 memcpy(&cu, &a, 4);
                 memcpy(&ru, &b, 4);
                 if (!(cu >= 0 && cu < 1e30f) || !(ru >= 0 && ru < 1e30f))

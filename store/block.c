@@ -7,6 +7,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "store/byteorder.h"
 #include "store/error.h"
 #include "store/quant.h"
 
@@ -15,39 +16,6 @@
 #endif
 
 static const uint8_t s_magic[4] = {'K', 'V', 'E', 'B'};
-
-static void s_put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void s_put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void s_put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t s_get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t s_get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
-static uint64_t s_get64(const uint8_t *p)
-{
-    return (uint64_t)s_get32(p) | ((uint64_t)s_get32(p + 4) << 32);
-}
 
 size_t kvedge_dtype_size(kvedge_dtype_t dtype)
 {
@@ -306,16 +274,16 @@ int kvedge_block_encode(const kvedge_block_spec_t *spec, const void *k, const vo
     out[5] = (uint8_t)spec->dtype;
     out[6] = (uint8_t)spec->scheme;
     out[7] = flags;
-    s_put32(out + 8, spec->tokens);
-    s_put16(out + 12, spec->head_dim);
-    s_put16(out + 14, (uint16_t)kc);
-    s_put16(out + 16, spec->group_size);
-    s_put16(out + 18, 0);
-    s_put32(out + 20, (uint32_t)l.raw);
-    s_put32(out + 24, stored);
-    s_put32(out + 28, 0);
+    kvedge_le_put32(out + 8, spec->tokens);
+    kvedge_le_put16(out + 12, spec->head_dim);
+    kvedge_le_put16(out + 14, (uint16_t)kc);
+    kvedge_le_put16(out + 16, spec->group_size);
+    kvedge_le_put16(out + 18, 0);
+    kvedge_le_put32(out + 20, (uint32_t)l.raw);
+    kvedge_le_put32(out + 24, stored);
+    kvedge_le_put32(out + 28, 0);
     size_t covered = KVEDGE_BLOCK_HEADER_BYTES + l.mask_bytes + stored;
-    s_put64(out + covered, XXH3_64bits(out, covered));
+    kvedge_le_put64(out + covered, XXH3_64bits(out, covered));
     *out_len = covered + KVEDGE_BLOCK_CHECKSUM_BYTES;
     return KVEDGE_OK;
 }
@@ -335,7 +303,7 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
         return KVEDGE_ETOOBIG;
     const uint8_t flags = buf[7];
     if ((flags & ~(KVEDGE_BLOCK_FLAG_LZ4 | KVEDGE_BLOCK_FLAG_MASK)) != 0 ||
-        s_get16(buf + 18) != 0 || s_get32(buf + 28) != 0)
+        kvedge_le_get16(buf + 18) != 0 || kvedge_le_get32(buf + 28) != 0)
         return KVEDGE_ECORRUPT;
 
     kvedge_block_info_t in;
@@ -344,12 +312,12 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
     in.dtype = (kvedge_dtype_t)buf[5];
     in.scheme = (kvedge_scheme_t)buf[6];
     in.lz4 = (flags & KVEDGE_BLOCK_FLAG_LZ4) != 0;
-    in.tokens = s_get32(buf + 8);
-    in.head_dim = s_get16(buf + 12);
-    in.key_channels = s_get16(buf + 14);
-    in.group_size = s_get16(buf + 16);
-    in.raw_len = s_get32(buf + 20);
-    in.stored_len = s_get32(buf + 24);
+    in.tokens = kvedge_le_get32(buf + 8);
+    in.head_dim = kvedge_le_get16(buf + 12);
+    in.key_channels = kvedge_le_get16(buf + 14);
+    in.group_size = kvedge_le_get16(buf + 16);
+    in.raw_len = kvedge_le_get32(buf + 20);
+    in.stored_len = kvedge_le_get32(buf + 24);
 
     s_layout_t l;
     int rc = s_layout(in.dtype, in.scheme, in.tokens, in.head_dim, in.key_channels, in.group_size,
@@ -367,7 +335,7 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
     if (len > need)
         return KVEDGE_ECORRUPT;
     const size_t covered = need - KVEDGE_BLOCK_CHECKSUM_BYTES;
-    in.checksum = s_get64(buf + covered);
+    in.checksum = kvedge_le_get64(buf + covered);
     if (XXH3_64bits(buf, covered) != in.checksum)
         return KVEDGE_ECORRUPT;
     if (l.mask_bytes) {

@@ -4,6 +4,7 @@
 #include <sodium.h>
 #include <string.h>
 
+#include "store/byteorder.h"
 #include "store/error.h"
 
 /* Field tags: each hashed field is tag, 32-bit little-endian length, bytes. Tagging and
@@ -133,4 +134,18 @@ int kvedge_chunk_id_parse(const char *hex, kvedge_chunk_id_t *out)
         out->bytes[i] = (uint8_t)(hi << 4 | lo);
     }
     return KVEDGE_OK;
+}
+
+void kvedge_block_key_pack(const kvedge_block_key_t *key, uint8_t out[KVEDGE_BLOCK_KEY_BYTES])
+{
+    memcpy(out, key->chunk.bytes, KVEDGE_CHUNK_ID_BYTES);
+    kvedge_be_put16(out + KVEDGE_CHUNK_ID_BYTES, key->layer);
+    kvedge_be_put16(out + KVEDGE_CHUNK_ID_BYTES + 2, key->head);
+}
+
+void kvedge_block_key_unpack(const uint8_t in[KVEDGE_BLOCK_KEY_BYTES], kvedge_block_key_t *key)
+{
+    memcpy(key->chunk.bytes, in, KVEDGE_CHUNK_ID_BYTES);
+    key->layer = kvedge_be_get16(in + KVEDGE_CHUNK_ID_BYTES);
+    key->head = kvedge_be_get16(in + KVEDGE_CHUNK_ID_BYTES + 2);
 }

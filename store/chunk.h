@@ -3,6 +3,7 @@
 #ifndef KVEDGE_STORE_CHUNK_H
 #define KVEDGE_STORE_CHUNK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,39 @@ char *kvedge_chunk_id_hex(const kvedge_chunk_id_t *id, char *out);
 
 /* Parses exactly 64 hex digits. Returns 0 or KVEDGE_EINVAL. */
 int kvedge_chunk_id_parse(const char *hex, kvedge_chunk_id_t *out);
+
+/* ---------------------------------------------------------------- blocks and chunk records */
+
+/* Block key: chunk id (32 bytes) | layer (u16 big-endian) | head (u16 big-endian). */
+#define KVEDGE_BLOCK_KEY_BYTES (KVEDGE_CHUNK_ID_BYTES + 4)
+/* A put_opts ttl_s meaning "never expires", whatever the engine default. */
+#define KVEDGE_TTL_NEVER UINT32_MAX
+
+/* The address of one block: one head of one layer of one chunk. */
+typedef struct {
+    kvedge_chunk_id_t chunk;
+    uint16_t layer;
+    uint16_t head;
+} kvedge_block_key_t;
+
+/* A chunk (one link of a prefix chain) as registered in the prefixes column family. */
+typedef struct {
+    kvedge_chunk_id_t id;
+    kvedge_chunk_id_t parent; /* all zero when has_parent is false */
+    bool has_parent;
+    char model_id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
+    uint32_t index;  /* position in the chain, 0 = first chunk */
+    uint32_t tokens; /* tokens in this chunk */
+    uint64_t created_ms;
+    /* Set by a node serving tenants (store/node/server.c): the tenant tag, and the id the client
+     * knows the chunk by (id is then the namespaced id). Both zero for local use; a zero name
+     * is stored as id. */
+    uint8_t tenant[16];
+    kvedge_chunk_id_t name;
+} kvedge_chunk_info_t;
+
+void kvedge_block_key_pack(const kvedge_block_key_t *key, uint8_t out[KVEDGE_BLOCK_KEY_BYTES]);
+void kvedge_block_key_unpack(const uint8_t in[KVEDGE_BLOCK_KEY_BYTES], kvedge_block_key_t *key);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
 #include <rocksdb/c.h>
 #include <xxhash.h>
 
+#include "store/byteorder.h"
 #include "store/error.h"
 
 /* Writers of one key serialize on one of these mutexes, picked by a hash of the key. */
@@ -97,88 +98,11 @@ struct kvedge_engine_t {
     _Atomic uint64_t bytes_read;
 };
 
-/* ---------------------------------------------------------------- byte order helpers */
-
-static void s_be16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-
-static uint16_t s_rbe16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static void s_be64(uint8_t *p, uint64_t v)
-{
-    for (int i = 7; i >= 0; i--, v >>= 8)
-        p[i] = (uint8_t)v;
-}
-
-static uint64_t s_rbe64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static void s_le16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static uint16_t s_rle16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static void s_le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++, v >>= 8)
-        p[i] = (uint8_t)v;
-}
-
-static uint32_t s_rle32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void s_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++, v >>= 8)
-        p[i] = (uint8_t)v;
-}
-
-static uint64_t s_rle64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
 /* ---------------------------------------------------------------- keys and records */
-
-void kvedge_block_key_pack(const kvedge_block_key_t *key, uint8_t out[KVEDGE_BLOCK_KEY_BYTES])
-{
-    memcpy(out, key->chunk.bytes, KVEDGE_CHUNK_ID_BYTES);
-    s_be16(out + KVEDGE_CHUNK_ID_BYTES, key->layer);
-    s_be16(out + KVEDGE_CHUNK_ID_BYTES + 2, key->head);
-}
-
-void kvedge_block_key_unpack(const uint8_t in[KVEDGE_BLOCK_KEY_BYTES], kvedge_block_key_t *key)
-{
-    memcpy(key->chunk.bytes, in, KVEDGE_CHUNK_ID_BYTES);
-    key->layer = s_rbe16(in + KVEDGE_CHUNK_ID_BYTES);
-    key->head = s_rbe16(in + KVEDGE_CHUNK_ID_BYTES + 2);
-}
 
 static void s_index_key(uint64_t t, const uint8_t *kb, uint8_t out[S_INDEX_KEY_BYTES])
 {
-    s_be64(out, t);
+    kvedge_be_put64(out, t);
     memcpy(out + 8, kb, KVEDGE_BLOCK_KEY_BYTES);
 }
 
@@ -199,36 +123,36 @@ static void s_meta_pack(const kvedge_block_meta_t *m, uint8_t out[S_META_RECORD_
     out[1] = (uint8_t)m->dtype;
     out[2] = (uint8_t)m->scheme;
     out[3] = (uint8_t)((m->lz4 ? 1 : 0) | (m->pinned ? 2 : 0));
-    s_le32(out + 4, m->bytes);
-    s_le32(out + 8, m->tokens);
-    s_le16(out + 12, m->head_dim);
-    s_le16(out + 14, m->key_channels);
-    s_le16(out + 16, m->group_size);
-    s_le64(out + 24, m->checksum);
-    s_le64(out + 32, m->created_ms);
-    s_le64(out + 40, m->atime_ms);
-    s_le64(out + 48, m->expires_ms);
+    kvedge_le_put32(out + 4, m->bytes);
+    kvedge_le_put32(out + 8, m->tokens);
+    kvedge_le_put16(out + 12, m->head_dim);
+    kvedge_le_put16(out + 14, m->key_channels);
+    kvedge_le_put16(out + 16, m->group_size);
+    kvedge_le_put64(out + 24, m->checksum);
+    kvedge_le_put64(out + 32, m->created_ms);
+    kvedge_le_put64(out + 40, m->atime_ms);
+    kvedge_le_put64(out + 48, m->expires_ms);
 }
 
 static int s_meta_unpack(const uint8_t *in, size_t len, kvedge_block_meta_t *m)
 {
     if (len != S_META_RECORD_BYTES || in[0] != S_META_VERSION || (in[3] & ~3u) != 0 ||
-        s_rle16(in + 18) != 0 || s_rle32(in + 20) != 0)
+        kvedge_le_get16(in + 18) != 0 || kvedge_le_get32(in + 20) != 0)
         return KVEDGE_ECORRUPT;
     memset(m, 0, sizeof *m);
     m->dtype = (kvedge_dtype_t)in[1];
     m->scheme = (kvedge_scheme_t)in[2];
     m->lz4 = (in[3] & 1) != 0;
     m->pinned = (in[3] & 2) != 0;
-    m->bytes = s_rle32(in + 4);
-    m->tokens = s_rle32(in + 8);
-    m->head_dim = s_rle16(in + 12);
-    m->key_channels = s_rle16(in + 14);
-    m->group_size = s_rle16(in + 16);
-    m->checksum = s_rle64(in + 24);
-    m->created_ms = s_rle64(in + 32);
-    m->atime_ms = s_rle64(in + 40);
-    m->expires_ms = s_rle64(in + 48);
+    m->bytes = kvedge_le_get32(in + 4);
+    m->tokens = kvedge_le_get32(in + 8);
+    m->head_dim = kvedge_le_get16(in + 12);
+    m->key_channels = kvedge_le_get16(in + 14);
+    m->group_size = kvedge_le_get16(in + 16);
+    m->checksum = kvedge_le_get64(in + 24);
+    m->created_ms = kvedge_le_get64(in + 32);
+    m->atime_ms = kvedge_le_get64(in + 40);
+    m->expires_ms = kvedge_le_get64(in + 48);
     if (kvedge_dtype_size(m->dtype) == 0 || m->scheme > KVEDGE_SCHEME_INT4 ||
         m->bytes < KVEDGE_BLOCK_HEADER_BYTES + KVEDGE_BLOCK_CHECKSUM_BYTES ||
         m->bytes > KVEDGE_BLOCK_MAX_BYTES || m->tokens == 0 ||
@@ -247,10 +171,10 @@ static size_t s_prefix_pack(const kvedge_chunk_info_t *c, uint8_t out[S_PREFIX_M
     memset(out, 0, S_PREFIX_FIXED_BYTES);
     out[0] = S_PREFIX_VERSION;
     out[1] = c->has_parent ? 1 : 0;
-    s_le16(out + 2, (uint16_t)mlen);
-    s_le32(out + 4, c->index);
-    s_le32(out + 8, c->tokens);
-    s_le64(out + 16, c->created_ms);
+    kvedge_le_put16(out + 2, (uint16_t)mlen);
+    kvedge_le_put32(out + 4, c->index);
+    kvedge_le_put32(out + 8, c->tokens);
+    kvedge_le_put64(out + 16, c->created_ms);
     if (c->has_parent)
         memcpy(out + 24, c->parent.bytes, KVEDGE_CHUNK_ID_BYTES);
     static const uint8_t zero[KVEDGE_CHUNK_ID_BYTES];
@@ -266,18 +190,18 @@ static int s_prefix_unpack(const uint8_t *key, size_t klen, const uint8_t *in, s
 {
     static const uint8_t zero[KVEDGE_CHUNK_ID_BYTES];
     if (klen != KVEDGE_CHUNK_ID_BYTES || len < S_PREFIX_FIXED_BYTES || in[0] != S_PREFIX_VERSION ||
-        (in[1] & ~1u) != 0 || s_rle32(in + 12) != 0)
+        (in[1] & ~1u) != 0 || kvedge_le_get32(in + 12) != 0)
         return KVEDGE_ECORRUPT;
-    size_t mlen = s_rle16(in + 2);
+    size_t mlen = kvedge_le_get16(in + 2);
     if (mlen == 0 || mlen > KVEDGE_MODEL_ID_MAX_BYTES || len != S_PREFIX_FIXED_BYTES + mlen ||
         memchr(in + S_PREFIX_FIXED_BYTES, 0, mlen) != NULL)
         return KVEDGE_ECORRUPT;
     memset(c, 0, sizeof *c);
     memcpy(c->id.bytes, key, KVEDGE_CHUNK_ID_BYTES);
     c->has_parent = (in[1] & 1) != 0;
-    c->index = s_rle32(in + 4);
-    c->tokens = s_rle32(in + 8);
-    c->created_ms = s_rle64(in + 16);
+    c->index = kvedge_le_get32(in + 4);
+    c->tokens = kvedge_le_get32(in + 8);
+    c->created_ms = kvedge_le_get64(in + 16);
     memcpy(c->parent.bytes, in + 24, KVEDGE_CHUNK_ID_BYTES);
     memcpy(c->tenant, in + 56, 16);
     memcpy(c->name.bytes, in + 72, KVEDGE_CHUNK_ID_BYTES);
@@ -922,7 +846,7 @@ static int s_evict_locked(kvedge_engine_t *e, uint64_t target, const uint8_t *ke
                 s_rerr(&err);
             continue;
         }
-        uint64_t atime = s_rbe64(ik);
+        uint64_t atime = kvedge_be_get64(ik);
         const uint8_t *kb = ik + 8;
         if (keep && memcmp(kb, keep, KVEDGE_BLOCK_KEY_BYTES) == 0)
             continue;
@@ -1655,7 +1579,7 @@ int kvedge_engine_get_layer(kvedge_engine_t *e, const kvedge_chunk_id_t *chunk, 
         const uint8_t *kb = s_walk_key(&w, &klen);
         if (klen != KVEDGE_BLOCK_KEY_BYTES)
             continue;
-        uint16_t head = s_rbe16(kb + KVEDGE_CHUNK_ID_BYTES + 2);
+        uint16_t head = kvedge_be_get16(kb + KVEDGE_CHUNK_ID_BYTES + 2);
         const uint8_t *data = s_walk_value(&w, &vlen);
         s_add(&e->gets, 1);
         kvedge_block_meta_t m;
@@ -2159,7 +2083,7 @@ int kvedge_engine_expire(kvedge_engine_t *e, uint64_t *blocks)
                 s_rerr(&err);
             continue;
         }
-        uint64_t expires = s_rbe64(ik);
+        uint64_t expires = kvedge_be_get64(ik);
         if (expires > now)
             break;
         const uint8_t *kb = ik + 8;

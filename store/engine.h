@@ -11,44 +11,19 @@
 #include "store/block.h"
 #include "store/chunk.h"
 #include "store/model.h"
+#include "store/stats.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* On-disk layout version, kept under the key "kvedge.format" of the default column family. */
-#define KVEDGE_ENGINE_FORMAT_VERSION 1
-/* Block key: chunk id (32 bytes) | layer (u16 big-endian) | head (u16 big-endian). */
-#define KVEDGE_BLOCK_KEY_BYTES                     (KVEDGE_CHUNK_ID_BYTES + 4)
+#define KVEDGE_ENGINE_FORMAT_VERSION               1
 #define KVEDGE_ENGINE_BLOB_MIN_BYTES_DEFAULT       4096
 #define KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT 1000
 #define KVEDGE_ENGINE_CACHE_BYTES_DEFAULT          (256ull << 20)
-/* A put_opts ttl_s meaning "never expires", whatever the engine default. */
-#define KVEDGE_TTL_NEVER UINT32_MAX
 
 typedef struct kvedge_engine_t kvedge_engine_t;
-
-typedef struct {
-    kvedge_chunk_id_t chunk;
-    uint16_t layer;
-    uint16_t head;
-} kvedge_block_key_t;
-
-/* A chunk (one link of a prefix chain) as registered in the prefixes column family. */
-typedef struct {
-    kvedge_chunk_id_t id;
-    kvedge_chunk_id_t parent; /* all zero when has_parent is false */
-    bool has_parent;
-    char model_id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
-    uint32_t index;  /* position in the chain, 0 = first chunk */
-    uint32_t tokens; /* tokens in this chunk */
-    uint64_t created_ms;
-    /* Set by a node serving tenants (access/server.c): the tenant tag, and the id the client
-     * knows the chunk by (id is then the namespaced id). Both zero for local use; a zero name
-     * is stored as id. */
-    uint8_t tenant[16];
-    kvedge_chunk_id_t name;
-} kvedge_chunk_info_t;
 
 /* Per-block metadata, written with the block in one batch. */
 typedef struct {
@@ -92,30 +67,6 @@ typedef struct {
     size_t len;
     void *priv;
 } kvedge_value_t;
-
-typedef struct {
-    uint64_t blocks;
-    uint64_t bytes;      /* encoded bytes stored */
-    uint64_t fp16_bytes; /* what the same blocks take as fp16 */
-    uint64_t pinned_blocks;
-    uint64_t pinned_bytes;
-    uint64_t capacity_bytes;
-    uint64_t quarantined; /* blocks held in the quarantine column family */
-    /* Counters since open. */
-    uint64_t puts;
-    uint64_t gets;
-    uint64_t hits;
-    uint64_t misses;
-    uint64_t corrupt;
-    uint64_t evicted_blocks;
-    uint64_t evicted_bytes;
-    uint64_t expired;
-    uint64_t bytes_written;
-    uint64_t bytes_read;
-} kvedge_engine_stats_t;
-
-void kvedge_block_key_pack(const kvedge_block_key_t *key, uint8_t out[KVEDGE_BLOCK_KEY_BYTES]);
-void kvedge_block_key_unpack(const uint8_t in[KVEDGE_BLOCK_KEY_BYTES], kvedge_block_key_t *key);
 
 void kvedge_engine_opts_default(kvedge_engine_opts_t *opts);
 

@@ -191,7 +191,7 @@ static t_msg_t *t_build(const t_case_t *c, uint32_t count)
         case KVEDGE_OP_LIST:
             memset(arr, 0x5A, KVEDGE_CHUNK_ID_BYTES);
             t_add_fixed(m, arr, KVEDGE_CHUNK_ID_BYTES);
-            kvedge_wire_put32(arr, 100);
+            kvedge_le_put32(arr, 100);
             t_add_fixed(m, arr, 4);
             break;
         case KVEDGE_OP_MODEL:
@@ -222,12 +222,12 @@ static t_msg_t *t_build(const t_case_t *c, uint32_t count)
         break;
     case KVEDGE_OP_PUT:
         for (uint32_t i = 0; i < count; i++)
-            kvedge_wire_put32(arr + 4 * i, (uint32_t)(i % 2 ? KVEDGE_ESHAPE : 0));
+            kvedge_le_put32(arr + 4 * i, (uint32_t)(i % 2 ? KVEDGE_ESHAPE : 0));
         t_add_fixed(m, arr, 4 * (size_t)count);
         break;
     case KVEDGE_OP_GET:
         for (uint32_t i = 0; i < count; i++)
-            kvedge_wire_put32(arr + 4 * i, (uint32_t)(i % 3 == 1 ? KVEDGE_ENOTFOUND : 0));
+            kvedge_le_put32(arr + 4 * i, (uint32_t)(i % 3 == 1 ? KVEDGE_ENOTFOUND : 0));
         t_add_fixed(m, arr, 4 * (size_t)count);
         for (uint32_t i = 0; i < count; i++)
             if (i % 3 != 1)
@@ -248,7 +248,7 @@ static t_msg_t *t_build(const t_case_t *c, uint32_t count)
     case KVEDGE_OP_PIN:
     case KVEDGE_OP_UNPIN:
         for (uint32_t i = 0; i < count; i++)
-            kvedge_wire_put32(arr + 4 * i, 10 + i);
+            kvedge_le_put32(arr + 4 * i, 10 + i);
         t_add_fixed(m, arr, 4 * (size_t)count);
         break;
     case KVEDGE_OP_LIST:
@@ -468,7 +468,7 @@ static void test_header_round_trip(void **state)
     /* Spot-check the layout of docs/protocol.md. */
     assert_memory_equal(buf, "KVEP\x01\x05\x05\x00\x88\x97\xA6\xB5\xC4\xD3\xE2\xF1", 16);
     assert_memory_equal(buf + 16, "\xFC\xFF\xFF\xFF\xD4\xC3\xB2\xA1\x04\x03\x02\x01", 12);
-    assert_int_equal(kvedge_wire_get32(buf + 28), 600000);
+    assert_int_equal(kvedge_le_get32(buf + 28), 600000);
     assert_int_equal(kvedge_wire_header_parse(buf, sizeof buf, &back), 0);
     t_header_equal(&back, &h);
     /* Every case's header survives too. */
@@ -796,7 +796,7 @@ static const t_case_t *t_find(uint8_t op, bool reply, int variant)
 
 static void t_set_status(t_msg_t *m, size_t frame, uint32_t i, int32_t status)
 {
-    kvedge_wire_put32((uint8_t *)m->f[frame].data + 4 * (size_t)i, (uint32_t)status);
+    kvedge_le_put32((uint8_t *)m->f[frame].data + 4 * (size_t)i, (uint32_t)status);
 }
 
 static void test_get_reply_items(void **state)
@@ -848,20 +848,20 @@ static void test_get_layer_stream(void **state)
     uint8_t *f1 = (uint8_t *)m->f[0].data;
     assert_int_equal(t_validate(m), 0);
     /* A miss carries no block, a hit always one. */
-    kvedge_wire_put32(f1 + 8, (uint32_t)KVEDGE_ENOTFOUND);
+    kvedge_le_put32(f1 + 8, (uint32_t)KVEDGE_ENOTFOUND);
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
     m->n = 1;
     assert_int_equal(t_validate(m), 0);
-    kvedge_wire_put32(f1 + 8, (uint32_t)KVEDGE_ECORRUPT);
+    kvedge_le_put32(f1 + 8, (uint32_t)KVEDGE_ECORRUPT);
     assert_int_equal(t_validate(m), 0);
-    kvedge_wire_put32(f1 + 8, 0);
+    kvedge_le_put32(f1 + 8, 0);
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
     /* Other head statuses end the stream instead. */
-    kvedge_wire_put32(f1 + 8, (uint32_t)KVEDGE_EIO);
+    kvedge_le_put32(f1 + 8, (uint32_t)KVEDGE_EIO);
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
     m->n = 2;
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
-    kvedge_wire_put32(f1 + 8, 0);
+    kvedge_le_put32(f1 + 8, 0);
     assert_int_equal(t_validate(m), 0);
     f1[6] = 1; /* reserved */
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
@@ -896,7 +896,7 @@ static void test_list_request(void **state)
     uint8_t *max = (uint8_t *)m->f[1].data;
     const uint32_t maxes[] = {0, 1, KVEDGE_WIRE_MAX_LIST, KVEDGE_WIRE_MAX_LIST + 1, UINT32_MAX};
     for (size_t i = 0; i < 5; i++) {
-        kvedge_wire_put32(max, maxes[i]);
+        kvedge_le_put32(max, maxes[i]);
         assert_int_equal(t_validate(m),
                          maxes[i] >= 1 && maxes[i] <= KVEDGE_WIRE_MAX_LIST ? 0 : KVEDGE_EPROTO);
     }
@@ -1045,7 +1045,7 @@ static void test_put_item(void **state)
         assert_int_equal(buf[64], variant);
         assert_int_equal(buf[65], variant);
         assert_memory_equal(buf + 66, "\x04\x03\x06\x05\0\0", 6);
-        assert_int_equal(kvedge_wire_get32(buf + 72), item.chunk.index);
+        assert_int_equal(kvedge_le_get32(buf + 72), item.chunk.index);
         assert_string_equal((const char *)buf + 84, "opt-1.3b");
         assert_int_equal(kvedge_wire_put_item_parse(buf, sizeof buf, &back), 0);
         assert_memory_equal(back.chunk.id.bytes, item.chunk.id.bytes, KVEDGE_CHUNK_ID_BYTES);
@@ -1072,9 +1072,9 @@ static void test_put_item(void **state)
         bad[64] = 2; /* has parent is 0 or 1 */
         assert_int_equal(kvedge_wire_put_item_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
         memcpy(bad, buf, sizeof bad);
-        kvedge_wire_put32(bad + 76, 0); /* no tokens */
+        kvedge_le_put32(bad + 76, 0); /* no tokens */
         assert_int_equal(kvedge_wire_put_item_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
-        kvedge_wire_put32(bad + 76, KVEDGE_CHUNK_TOKENS_MAX + 1);
+        kvedge_le_put32(bad + 76, KVEDGE_CHUNK_TOKENS_MAX + 1);
         assert_int_equal(kvedge_wire_put_item_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
     }
     /* No parent, yet parent bytes. */
@@ -1166,11 +1166,11 @@ static void test_chunk_entry(void **state)
         uint8_t buf[KVEDGE_WIRE_CHUNK_ENTRY_BYTES];
         assert_int_equal(kvedge_wire_chunk_entry_pack(&e, buf), 0);
         assert_int_equal(buf[64], i);
-        assert_int_equal(kvedge_wire_get32(buf + 68), e.chunk.index);
-        assert_int_equal(kvedge_wire_get32(buf + 72), 256);
-        assert_int_equal(kvedge_wire_get32(buf + 76), 0x11223344);
+        assert_int_equal(kvedge_le_get32(buf + 68), e.chunk.index);
+        assert_int_equal(kvedge_le_get32(buf + 72), 256);
+        assert_int_equal(kvedge_le_get32(buf + 76), 0x11223344);
         assert_memory_equal(buf + 80, "\x08\x07\x06\x05\x04\x03\x02\x01", 8);
-        assert_int_equal(kvedge_wire_get32(buf + 88), 0x55667788);
+        assert_int_equal(kvedge_le_get32(buf + 88), 0x55667788);
         assert_memory_equal(buf + 92, "\x80\x90\xA0\xB0\xC0\xD0\xE0\xF0", 8);
         assert_string_equal((const char *)buf + 104, "opt-1.3b");
         assert_int_equal(kvedge_wire_chunk_entry_parse(buf, sizeof buf, &back), 0);
@@ -1217,8 +1217,8 @@ static void test_stats(void **state)
     kvedge_wire_stats_pack(&s, buf);
     assert_int_equal(buf[0], 1);
     assert_int_equal(buf[8 * 16], 17); /* bytes read last */
-    assert_true(kvedge_wire_get32(buf + 8 * 3) == (uint32_t)s.pinned_blocks);
-    assert_true(kvedge_wire_get32(buf + 8 * 13) == (uint32_t)s.evicted_bytes);
+    assert_true(kvedge_le_get32(buf + 8 * 3) == (uint32_t)s.pinned_blocks);
+    assert_true(kvedge_le_get32(buf + 8 * 13) == (uint32_t)s.evicted_bytes);
     assert_int_equal(kvedge_wire_stats_parse(buf, sizeof buf, &back), 0);
     assert_memory_equal(&back, &s, sizeof s);
     t_record_errors(t_parse_stats, buf, sizeof buf, NULL, 0);
@@ -1241,8 +1241,8 @@ static void test_node_info(void **state)
     kvedge_wire_node_info_pack(&n, buf);
     assert_int_equal(buf[0], 1);
     assert_memory_equal(buf + 8, n.tenant_tag, 16);
-    assert_int_equal(kvedge_wire_get32(buf + 24), KVEDGE_WIRE_MAX_FRAME_BYTES);
-    assert_int_equal(kvedge_wire_get32(buf + 40), 8);
+    assert_int_equal(kvedge_le_get32(buf + 24), KVEDGE_WIRE_MAX_FRAME_BYTES);
+    assert_int_equal(kvedge_le_get32(buf + 40), 8);
     assert_int_equal(kvedge_wire_node_info_parse(buf, sizeof buf, &back), 0);
     assert_memory_equal(&back, &n, sizeof n);
 
@@ -1260,18 +1260,18 @@ static void test_node_info(void **state)
                                KVEDGE_WIRE_MAX_CHUNKS, KVEDGE_WIRE_MAX_CREDIT};
     for (int f = 0; f < 4; f++) {
         memcpy(bad, buf, sizeof bad);
-        kvedge_wire_put32(bad + 24 + 4 * f, 0);
+        kvedge_le_put32(bad + 24 + 4 * f, 0);
         assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
-        kvedge_wire_put32(bad + 24 + 4 * f, limits[f] + 1);
+        kvedge_le_put32(bad + 24 + 4 * f, limits[f] + 1);
         assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
     }
     memcpy(bad, buf, sizeof bad);
-    kvedge_wire_put32(bad + 40, 0); /* default credit 1 ... max credit */
+    kvedge_le_put32(bad + 40, 0); /* default credit 1 ... max credit */
     assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
-    kvedge_wire_put32(bad + 36, 4);
-    kvedge_wire_put32(bad + 40, 5);
+    kvedge_le_put32(bad + 36, 4);
+    kvedge_le_put32(bad + 40, 5);
     assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
-    kvedge_wire_put32(bad + 40, 4);
+    kvedge_le_put32(bad + 40, 4);
     assert_int_equal(kvedge_wire_node_info_parse(bad, sizeof bad, &back), 0);
 }
 

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "access/master.h"
+#include "store/master/master.h"
 #include "access/mview.h"
 #include "store/error.h"
 

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "access/frame.h"
-#include "access/server.h"
+#include "store/node/server.h"
 #include "clients/kvedge.h"
 #include "store/synth.h"
 
@@ -317,7 +317,7 @@ static void test_malformed_messages(void **state)
     assert_non_null(m);
     zframe_t *st = zmsg_last(m);
     assert_int_equal(zframe_size(st), 4);
-    assert_int_equal((int32_t)kvedge_wire_get32(zframe_data(st)), KVEDGE_ETRUNCATED);
+    assert_int_equal((int32_t)kvedge_le_get32(zframe_data(st)), KVEDGE_ETRUNCATED);
     zmsg_destroy(&m);
     /* GET over the item limit. */
     s_send_frames(bad, s_hdr(KVEDGE_OP_GET, 0, 16, 0, KVEDGE_WIRE_MAX_ITEMS + 1, 0, 1000),

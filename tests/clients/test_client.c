@@ -22,7 +22,7 @@
 
 #include "access/frame.h"
 #include "access/log.h"
-#include "access/server.h"
+#include "store/node/server.h"
 #include "clients/kvedge.h"
 #include "store/error.h"
 #include "tests/common/testutil.h"

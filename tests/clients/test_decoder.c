@@ -17,8 +17,8 @@
 
 #include <cmocka.h>
 
-#include "clients/decoder.h"
-#include "clients/safetensors.h"
+#include "clients/decoder/decoder.h"
+#include "clients/decoder/safetensors.h"
 #include "store/block.h"
 #include "store/error.h"
 

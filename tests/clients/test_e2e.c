@@ -27,12 +27,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "access/dirpub.h"
+#include "store/node/dirpub.h"
 #include "access/frame.h"
-#include "access/master.h"
+#include "store/master/master.h"
 #include "access/mview.h"
-#include "access/server.h"
-#include "clients/decoder.h"
+#include "store/node/server.h"
+#include "clients/decoder/decoder.h"
 #include "clients/e2e.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
@@ -1091,7 +1091,7 @@ typedef struct {
 static void s_forms(s_forms_t *f)
 {
     for (uint32_t i = 0; i < S_PROMPT; i++) {
-        kvedge_wire_put32(f->i32 + 4 * i, (uint32_t)s_fx.prompt[i]);
+        kvedge_le_put32(f->i32 + 4 * i, (uint32_t)s_fx.prompt[i]);
         f->u16[2 * i] = (uint8_t)s_fx.prompt[i];
         f->u16[2 * i + 1] = (uint8_t)((uint32_t)s_fx.prompt[i] >> 8);
     }

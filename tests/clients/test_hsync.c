@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "access/server.h"
-#include "clients/hsync.h"
+#include "store/node/server.h"
+#include "store/node/hsync.h"
 #include "clients/kvedge.h"
 #include "store/synth.h"
 

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "access/frame.h"
-#include "access/server.h"
+#include "store/node/server.h"
 #include "clients/kvedge.h"
 #include "clients/pipeline.h"
 #include "gpu/gpu.h"

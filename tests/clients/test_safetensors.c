@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "clients/safetensors.h"
+#include "clients/decoder/safetensors.h"
 #include "store/error.h"
 #include "store/half.h"
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/safetensors.h"
+#include "clients/decoder/safetensors.h"
 #include "store/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

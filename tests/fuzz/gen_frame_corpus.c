@@ -138,8 +138,8 @@ int main(int argc, char **argv)
     }
     s_write(dir, "req-put", &m);
     m = s_reply(KVEDGE_OP_PUT, 2);
-    kvedge_wire_put32(u32s, 0);
-    kvedge_wire_put32(u32s + 4, (uint32_t)KVEDGE_ESHAPE);
+    kvedge_le_put32(u32s, 0);
+    kvedge_le_put32(u32s + 4, (uint32_t)KVEDGE_ESHAPE);
     s_add(&m, u32s, 8);
     s_write(dir, "rep-put", &m);
 
@@ -154,9 +154,9 @@ int main(int argc, char **argv)
     s_write(dir, "req-get", &m);
     m = s_reply(KVEDGE_OP_GET, 3);
     uint8_t get_st[12];
-    kvedge_wire_put32(get_st, 0);
-    kvedge_wire_put32(get_st + 4, (uint32_t)KVEDGE_ENOTFOUND);
-    kvedge_wire_put32(get_st + 8, 0);
+    kvedge_le_put32(get_st, 0);
+    kvedge_le_put32(get_st + 4, (uint32_t)KVEDGE_ENOTFOUND);
+    kvedge_le_put32(get_st + 8, 0);
     s_add(&m, get_st, sizeof get_st);
     s_add(&m, block, sizeof block);
     s_add(&m, block, 5);
@@ -197,7 +197,7 @@ int main(int argc, char **argv)
         uint32_t k = id_ops[i] == KVEDGE_OP_LOOKUP ? 2 : 3;
         m = s_reply(id_ops[i], k);
         for (uint32_t j = 0; j < k; j++)
-            kvedge_wire_put32(u32s + 4 * j, 24 * (j + 1));
+            kvedge_le_put32(u32s + 4 * j, 24 * (j + 1));
         s_add(&m, u32s, 4 * k);
         name[2] = 'p'; /* "req-" -> "rep-" */
         s_write(dir, name, &m);
@@ -205,7 +205,7 @@ int main(int argc, char **argv)
 
     m = s_request(KVEDGE_OP_LIST, 0);
     uint8_t max[4];
-    kvedge_wire_put32(max, 100);
+    kvedge_le_put32(max, 100);
     s_add(&m, ids, KVEDGE_CHUNK_ID_BYTES);
     s_add(&m, max, sizeof max);
     s_write(dir, "req-list", &m);

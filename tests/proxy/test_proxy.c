@@ -22,11 +22,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "access/dirpub.h"
+#include "store/node/dirpub.h"
 #include "access/frame.h"
-#include "access/master.h"
+#include "store/master/master.h"
 #include "access/mview.h"
-#include "access/server.h"
+#include "store/node/server.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "store/synth.h"

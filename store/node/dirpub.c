@@ -1,5 +1,5 @@
 /* Directory publisher: engine -> dir/<node>/<chunk> records on the master. */
-#include "access/dirpub.h"
+#include "store/node/dirpub.h"
 
 #include <czmq.h>
 #include <pthread.h>

@@ -1,6 +1,6 @@
 /* Historical cache sync: copies subscribed contexts from a cloud node into the local engine,
  * pinned, through libkvedge. */
-#include "clients/hsync.h"
+#include "store/node/hsync.h"
 
 #include <czmq.h>
 #include <pthread.h>
@@ -9,8 +9,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "access/server.h"
-#include "clients/kvedge.h"
+#include "access/transport.h"
+#include "access/client.h"
 #include "store/error.h"
 
 /* "A:B" -> first_layer A, layers B - A (0 <= A < B <= KVEDGE_MODEL_MAX_LAYERS). */

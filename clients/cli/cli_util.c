@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clients/cli.h"
+#include "clients/cli/cli.h"
 #include "clients/kvedge.h"
 #include "store/error.h"
 

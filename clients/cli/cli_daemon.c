@@ -10,13 +10,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "access/dirpub.h"
+#include "store/node/dirpub.h"
 #include "access/log.h"
 #include "access/mview.h"
-#include "access/server.h"
-#include "clients/cli.h"
-#include "clients/cli_plan.h"
-#include "clients/hsync.h"
+#include "store/node/server.h"
+#include "clients/cli/cli.h"
+#include "clients/cli/cli_plan.h"
+#include "store/node/hsync.h"
 #include "store/error.h"
 
 #define S_STORE_BIND_DEFAULT "tcp://127.0.0.1:7400"

@@ -1,7 +1,7 @@
 /* Model shapes, synthetic weights and cost estimates for the reference decoder (decoder.h):
  * the released OPT shapes by name, seeded random OPT checkpoints in safetensors for demos and
  * benchmarks, and per-layer time estimates from flop counts and costs measured on this machine. */
-#include "clients/decoder.h"
+#include "clients/decoder/decoder.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,8 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clients/decoder_impl.h"
-#include "clients/safetensors.h"
+#include "clients/decoder/decoder_impl.h"
+#include "clients/decoder/safetensors.h"
 #include "gpu/attn.h"
 #include "store/error.h"
 #include "store/half.h"

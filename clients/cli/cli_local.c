@@ -6,7 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clients/cli.h"
+#include "clients/cli/cli.h"
 #include "store/error.h"
 #include "store/quant.h"
 #include "store/synth.h"

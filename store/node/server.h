@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "access/frame.h"
+#include "access/transport.h"
 #include "store/engine.h"
 
 #ifdef __cplusplus
@@ -18,13 +19,6 @@ extern "C" {
 #define KVEDGE_SERVER_CREDIT_DEFAULT 8
 #define KVEDGE_SERVER_DRAIN_MS       5000 /* how long shutdown waits for in-flight work */
 #define KVEDGE_SERVER_JOB_QUEUE      4096 /* queued jobs before the node answers EBUSY */
-#define KVEDGE_HEARTBEAT_IVL_MS      1000
-#define KVEDGE_HEARTBEAT_TIMEOUT_MS  5000
-#define KVEDGE_HANDSHAKE_MS                                                                        \
-    3000 /* a peer that has not finished ZMTP/CURVE by then                                        \
-          * is dropped (garbage, stalled handshakes) */
-#define KVEDGE_ZAP_DOMAIN      "kvedge"
-#define KVEDGE_LOOPBACK_TENANT "loopback"
 
 typedef struct kvedge_server_t kvedge_server_t;
 
@@ -56,15 +50,6 @@ const char *kvedge_server_public_key(kvedge_server_t *s);
 /* Stops taking requests, lets in-flight work finish (at most KVEDGE_SERVER_DRAIN_MS), stops
  * the workers and closes the socket. Does not close the engine. NULL-safe, idempotent. */
 void kvedge_server_destroy(kvedge_server_t **self_p);
-
-/* True for endpoints that cannot be reached from another host: tcp on 127.0.0.0/8,
- * localhost or [::1], ipc://, inproc://. */
-bool kvedge_endpoint_is_loopback(const char *endpoint);
-
-/* Tenant tag (16 bytes) of a tenant name, and a client chunk id namespaced into a tenant. */
-void kvedge_tenant_tag(const char *tenant, uint8_t tag[16]);
-void kvedge_tenant_chunk_id(const uint8_t tag[16], const kvedge_chunk_id_t *client_id,
-                            kvedge_chunk_id_t *stored);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /* The reference OPT decoder: fp32 on the CPU with OpenBLAS, Hugging Face OPT semantics
  * (pre-LayerNorm, learned positions with an offset of 2, ReLU FFN, tied output head). */
-#include "clients/decoder.h"
+#include "clients/decoder/decoder.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/decoder_impl.h"
-#include "clients/safetensors.h"
+#include "clients/decoder/decoder_impl.h"
+#include "clients/decoder/safetensors.h"
 #include "gpu/attn.h"
 #include "store/error.h"
 

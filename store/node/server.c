@@ -2,7 +2,7 @@
  * a pool of worker actors that run requests against the engine. Workers never touch the
  * client socket, so a client that stops reading costs at most its stream's credit in memory
  * and never a worker's time. */
-#include "access/server.h"
+#include "store/node/server.h"
 
 #include <czmq.h>
 #include <sodium.h>
@@ -11,6 +11,7 @@
 
 #include "access/log.h"
 #include "access/secure.h"
+#include "access/transport.h"
 #include "store/error.h"
 
 /* Job kinds on the internal sockets (first frame, one byte). */
@@ -50,40 +51,6 @@ typedef struct {
 } s_node_t;
 
 /* ---------------------------------------------------------------- tenants */
-
-void kvedge_tenant_tag(const char *tenant, uint8_t tag[16])
-{
-    static const char domain[] = "kvedge.tenant.v1";
-    crypto_generichash_state st;
-    crypto_generichash_init(&st, NULL, 0, 16);
-    crypto_generichash_update(&st, (const uint8_t *)domain, sizeof domain - 1);
-    crypto_generichash_update(&st, (const uint8_t *)tenant, strlen(tenant));
-    crypto_generichash_final(&st, tag, 16);
-}
-
-void kvedge_tenant_chunk_id(const uint8_t tag[16], const kvedge_chunk_id_t *client_id,
-                            kvedge_chunk_id_t *stored)
-{
-    static const char domain[] = "kvedge.ns.v1";
-    crypto_generichash_state st;
-    crypto_generichash_init(&st, tag, 16, KVEDGE_CHUNK_ID_BYTES);
-    crypto_generichash_update(&st, (const uint8_t *)domain, sizeof domain - 1);
-    crypto_generichash_update(&st, client_id->bytes, KVEDGE_CHUNK_ID_BYTES);
-    crypto_generichash_final(&st, stored->bytes, KVEDGE_CHUNK_ID_BYTES);
-}
-
-bool kvedge_endpoint_is_loopback(const char *ep)
-{
-    if (!ep)
-        return false;
-    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0)
-        return true;
-    if (strncmp(ep, "tcp://", 6) != 0)
-        return false;
-    const char *host = ep + 6;
-    return strncmp(host, "127.", 4) == 0 || strncmp(host, "localhost:", 10) == 0 ||
-           strncmp(host, "[::1]:", 6) == 0;
-}
 
 /* The tenant of the peer that sent frame f: from the CURVE key the ZAP handler accepted
  * (User-Id), mapped through the allowlist certificate's "tenant" metadata when present. */
@@ -180,7 +147,7 @@ static zframe_t *s_status_frame(const int32_t *st, uint32_t n)
 {
     zframe_t *f = zframe_new(NULL, (size_t)n * 4);
     for (uint32_t i = 0; i < n; i++)
-        kvedge_wire_put32(zframe_data(f) + 4 * i, (uint32_t)st[i]);
+        kvedge_le_put32(zframe_data(f) + 4 * i, (uint32_t)st[i]);
     return f;
 }
 
@@ -288,7 +255,7 @@ static void s_do_lookup(s_node_t *n, const uint8_t tag[16], const kvedge_wire_he
     if (blocks) {
         zframe_t *f = zframe_new(NULL, (size_t)k * 4);
         for (uint32_t i = 0; i < k; i++)
-            kvedge_wire_put32(zframe_data(f) + 4 * i, blocks[i]);
+            kvedge_le_put32(zframe_data(f) + 4 * i, blocks[i]);
         zmsg_append(reply, &f);
     }
     free(blocks);
@@ -332,7 +299,7 @@ static int s_list_cb(void *ctx, const kvedge_chunk_info_t *info)
 static void s_do_list(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
                       const kvedge_wire_frame_t *pf, zmsg_t *reply)
 {
-    s_list_t l = {tag,  pf[0].len ? pf[0].data : NULL, kvedge_wire_get32(pf[1].data), NULL, 0, 0,
+    s_list_t l = {tag,  pf[0].len ? pf[0].data : NULL, kvedge_le_get32(pf[1].data), NULL, 0, 0,
                   false};
     l.rows = calloc(l.max + 1, sizeof *l.rows);
     int rc = l.rows ? kvedge_engine_list_chunks(n->opts.engine, s_list_cb, &l) : KVEDGE_ENOMEM;
@@ -392,8 +359,8 @@ static void s_do_chunks(s_node_t *n, const uint8_t tag[16], const kvedge_wire_he
                                               &changed);
         if (r != KVEDGE_OK && r != KVEDGE_ENOTFOUND) /* a chunk not there changes nothing */
             rc = r;
-        kvedge_wire_put32(zframe_data(f) + 4 * i,
-                          changed > UINT32_MAX ? UINT32_MAX : (uint32_t)changed);
+        kvedge_le_put32(zframe_data(f) + 4 * i,
+                        changed > UINT32_MAX ? UINT32_MAX : (uint32_t)changed);
     }
     zframe_t *hdr = s_header_frame(h->opcode, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc,
                                    rc == KVEDGE_OK ? h->count : 0);
@@ -408,17 +375,17 @@ static void s_do_evict(s_node_t *n, bool admin, const kvedge_wire_header_t *h,
                        const kvedge_wire_frame_t *pf, zmsg_t *reply)
 {
     uint64_t target =
-        (uint64_t)kvedge_wire_get32(pf[0].data) | (uint64_t)kvedge_wire_get32(pf[0].data + 4) << 32;
+        (uint64_t)kvedge_le_get32(pf[0].data) | (uint64_t)kvedge_le_get32(pf[0].data + 4) << 32;
     uint64_t blocks = 0, bytes = 0;
     int rc = admin ? kvedge_engine_evict(n->opts.engine, target, &blocks, &bytes) : KVEDGE_EDENIED;
     zframe_t *hdr = s_header_frame(KVEDGE_OP_EVICT, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
     zmsg_append(reply, &hdr);
     if (rc == KVEDGE_OK) {
         uint8_t out[16];
-        kvedge_wire_put32(out, (uint32_t)blocks);
-        kvedge_wire_put32(out + 4, (uint32_t)(blocks >> 32));
-        kvedge_wire_put32(out + 8, (uint32_t)bytes);
-        kvedge_wire_put32(out + 12, (uint32_t)(bytes >> 32));
+        kvedge_le_put32(out, (uint32_t)blocks);
+        kvedge_le_put32(out + 4, (uint32_t)(blocks >> 32));
+        kvedge_le_put32(out + 8, (uint32_t)bytes);
+        kvedge_le_put32(out + 12, (uint32_t)(bytes >> 32));
         zmsg_addmem(reply, out, sizeof out);
     }
     if (rc == KVEDGE_OK || rc == KVEDGE_EFULL)
@@ -541,7 +508,7 @@ static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
     void *sock = zsock_resolve(results);
     uint32_t count = (uint32_t)(zframe_size(keys) / KVEDGE_BLOCK_KEY_BYTES);
     uint8_t nb[4];
-    kvedge_wire_put32(nb, count);
+    kvedge_le_put32(nb, count);
     s_send_mem(sock, "S", 1, true);
     s_send_mem(sock, zframe_data(key), zframe_size(key), true);
     s_send_mem(sock, zframe_data(seq), zframe_size(seq), true);
@@ -552,7 +519,7 @@ static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
         kvedge_value_t *v = calloc(1, sizeof *v);
         int rc = v ? kvedge_engine_get(n->opts.engine, &k, v) : KVEDGE_ENOMEM;
         uint8_t st[4];
-        kvedge_wire_put32(st, (uint32_t)rc);
+        kvedge_le_put32(st, (uint32_t)rc);
         bool last = i + 1 == count;
         s_send_mem(sock, st, 4, rc == KVEDGE_OK || !last);
         if (rc == KVEDGE_OK) {
@@ -706,7 +673,7 @@ static void s_stream_pump(s_node_t *n, s_stream_t *s)
             kvedge_block_key_t k = {s->ids[q / s->heads], s->layer, (uint16_t)(q % s->heads)};
             kvedge_block_key_pack(&k, kb + i * KVEDGE_BLOCK_KEY_BYTES);
         }
-        kvedge_wire_put32(seq, (uint32_t)s->next_issue);
+        kvedge_le_put32(seq, (uint32_t)s->next_issue);
         zmsg_t *job = zmsg_new();
         zmsg_addmem(job, "S", 1);
         zmsg_addstr(job, s->key);
@@ -728,14 +695,14 @@ static void s_stream_result(s_node_t *n, zmsg_t *m)
     s_stream_t *s = key ? zhashx_lookup(n->streams, key) : NULL;
     if (s && seqf && nf) {
         /* seq is 32-bit on the internal socket; streams never exceed 4096 x 1024 heads */
-        uint32_t seq = kvedge_wire_get32(zframe_data(seqf));
-        uint32_t count = kvedge_wire_get32(zframe_data(nf));
+        uint32_t seq = kvedge_le_get32(zframe_data(seqf));
+        uint32_t count = kvedge_le_get32(zframe_data(nf));
         for (uint32_t i = 0; i < count; i++) {
             zframe_t *stf = zmsg_pop(m);
             if (!stf)
                 break;
             s_slot_t *slot = &s->slots[(seq + i) % KVEDGE_WIRE_MAX_CREDIT];
-            slot->status = (int32_t)kvedge_wire_get32(zframe_data(stf));
+            slot->status = (int32_t)kvedge_le_get32(zframe_data(stf));
             slot->block = slot->status == KVEDGE_OK ? zmsg_pop(m) : NULL;
             slot->ready = true;
             zframe_destroy(&stf);

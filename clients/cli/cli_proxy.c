@@ -11,8 +11,8 @@
 
 #include "access/frame.h"
 #include "access/log.h"
-#include "access/server.h"
-#include "clients/cli.h"
+#include "access/transport.h"
+#include "clients/cli/cli.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "store/error.h"

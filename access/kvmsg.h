@@ -1,9 +1,8 @@
-/* The Storage Master (docs/master.md): a sequenced registry of nodes, health, models, layer
- * maps, block directories and links, served the zguide "Clone" way: a ROUTER for snapshots
- * and updates, a PUB for sequenced updates and HUGZ. This header also holds the pure codecs
- * every participant needs: the kvmsg message codec, the key space and the record formats. */
-#ifndef KVEDGE_ACCESS_MASTER_H
-#define KVEDGE_ACCESS_MASTER_H
+/* Storage Master messages (docs/master.md), pure functions on bytes that every participant
+ * needs: the kvmsg codec of the zguide Clone pattern, the registry's key space, and the
+ * record formats (node, health, model, layer map, block directory, link). */
+#ifndef KVEDGE_ACCESS_KVMSG_H
+#define KVEDGE_ACCESS_KVMSG_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -242,54 +241,6 @@ static inline void kvedge_master_dir_set(kvedge_master_dir_t *d, unsigned layer)
 int kvedge_master_link_pack(const kvedge_master_link_t *r,
                             uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len);
 int kvedge_master_link_parse(const uint8_t *in, size_t len, kvedge_master_link_t *r);
-
-/* ---------------------------------------------------------------- the daemon */
-
-typedef struct kvedge_master_t kvedge_master_t;
-
-typedef struct {
-    const char *bind;        /* ROUTER endpoint (snapshots, updates, heartbeats) */
-    const char *pub;         /* PUB endpoint (sequenced updates, HUGZ) */
-    const char *data_dir;    /* the registry's RocksDB directory; created when missing */
-    bool insecure;           /* plaintext: refused unless both endpoints are loopback or ipc */
-    const char *cert;        /* the master's secret certificate file (czmq format) */
-    const char *clients_dir; /* allowlist: public certificates of the peers let in */
-    bool sync;               /* fsync the WAL on every update */
-    uint32_t hugz_ms;        /* 0 = KVEDGE_MASTER_HUGZ_MS */
-    uint32_t suspect_ms;     /* 0 = KVEDGE_MASTER_SUSPECT_MS */
-    uint32_t down_ms;        /* 0 = KVEDGE_MASTER_DOWN_MS (raised to suspect_ms if below) */
-    int pub_hwm;             /* 0 = KVEDGE_MASTER_PUB_HWM */
-    /* Fault injection for tests: every update whose seq is a multiple of this is applied and
-     * acknowledged but not published, as a lossy network would. 0 = off. */
-    uint32_t drop_pub_every;
-} kvedge_master_opts_t;
-
-void kvedge_master_opts_default(kvedge_master_opts_t *opts);
-
-/* Opens the registry, starts the ZAP handler (CURVE), binds both sockets and serves. Returns
- * once it serves; why (if not NULL) receives a reason on failure. Caller owns *out.
- * Errors: KVEDGE_EINVAL, KVEDGE_EDENIED (plaintext on a non-loopback endpoint, no CURVE),
- * KVEDGE_EBUSY (the directory is in use), KVEDGE_EVERSION (a newer registry format),
- * KVEDGE_ECORRUPT, KVEDGE_EIO (bind failed, unreadable certificate), KVEDGE_ESTORE,
- * KVEDGE_ENOMEM. */
-int kvedge_master_start(const kvedge_master_opts_t *opts, kvedge_master_t **out, char *why,
-                        size_t why_len);
-
-/* Stops serving, closes the sockets and the registry. NULL-safe, idempotent. */
-void kvedge_master_destroy(kvedge_master_t **self_p);
-
-/* The endpoints actually bound (ephemeral ports resolved). Valid until destroy. */
-const char *kvedge_master_endpoint(kvedge_master_t *m);
-const char *kvedge_master_pub_endpoint(kvedge_master_t *m);
-
-/* The master's public key (Z85, 40 chars), or NULL when plaintext. */
-const char *kvedge_master_public_key(kvedge_master_t *m);
-
-/* The last sequence number assigned. Thread-safe. */
-uint64_t kvedge_master_seq(kvedge_master_t *m);
-
-/* The registry's id (random, made with the directory; HUGZ and KTHXBAI carry it). */
-uint64_t kvedge_master_registry(kvedge_master_t *m);
 
 #ifdef __cplusplus
 }

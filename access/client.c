@@ -13,7 +13,7 @@
  * owed credit is granted in one CREDIT per stream after each drain of the socket (at most
  * S_DRAIN_MAX messages), so the node keeps about `credit` messages in flight with one CREDIT
  * per wakeup rather than one per block. */
-#include "clients/kvedge.h"
+#include "access/client.h"
 
 #include <czmq.h>
 #include <errno.h>
@@ -27,7 +27,7 @@
 #include "access/frame.h"
 #include "access/meter.h"
 #include "access/shaper.h"
-#include "access/server.h" /* heartbeat constants, shared with the node */
+#include "access/transport.h"
 
 #define S_WAIT_MARGIN_MS  250         /* a caller waits this long past its deadline */
 #define S_PUT_BATCH_BYTES (64u << 20) /* payload bytes per PUT message (one item may be more) */
@@ -1233,16 +1233,16 @@ int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blo
     s_req_t *r = s_req_frame(KVEDGE_OP_EVICT, 0, s_deadline(c, 0), NULL, 8, &p);
     if (!r)
         return KVEDGE_ENOMEM;
-    kvedge_wire_put32(p, (uint32_t)target_bytes);
-    kvedge_wire_put32(p + 4, (uint32_t)(target_bytes >> 32));
+    kvedge_le_put32(p, (uint32_t)target_bytes);
+    kvedge_le_put32(p + 4, (uint32_t)(target_bytes >> 32));
     int rc = s_call(c, r);
     if (rc != KVEDGE_OK)
         return rc;
     const uint8_t *d = zframe_data(zmsg_first(r->reply));
     if (blocks)
-        *blocks = (uint64_t)kvedge_wire_get32(d) | (uint64_t)kvedge_wire_get32(d + 4) << 32;
+        *blocks = (uint64_t)kvedge_le_get32(d) | (uint64_t)kvedge_le_get32(d + 4) << 32;
     if (bytes)
-        *bytes = (uint64_t)kvedge_wire_get32(d + 8) | (uint64_t)kvedge_wire_get32(d + 12) << 32;
+        *bytes = (uint64_t)kvedge_le_get32(d + 8) | (uint64_t)kvedge_le_get32(d + 12) << 32;
     s_req_release(r);
     return KVEDGE_OK;
 }
@@ -1330,7 +1330,7 @@ static void s_put_collect(s_batch_t *b, int *st)
         rc = KVEDGE_EPROTO;
     const uint8_t *p = rc == KVEDGE_OK ? zframe_data(zmsg_first(b->r->reply)) : NULL;
     for (uint32_t k = 0; k < b->n; k++)
-        st[b->idx[k]] = p ? (int32_t)kvedge_wire_get32(p + (size_t)k * S_STATUS_BYTES) : rc;
+        st[b->idx[k]] = p ? (int32_t)kvedge_le_get32(p + (size_t)k * S_STATUS_BYTES) : rc;
     if (b->rc == KVEDGE_OK)
         s_req_release(b->r);
     s_batch_clear(b);
@@ -1389,7 +1389,7 @@ static int s_get_parse(s_req_t *r, uint32_t n, int *st, zframe_t **blocks)
         return KVEDGE_EPROTO;
     zframe_t *sf = zmsg_pop(r->reply);
     for (uint32_t k = 0; k < n; k++) {
-        st[k] = (int32_t)kvedge_wire_get32(zframe_data(sf) + (size_t)k * S_STATUS_BYTES);
+        st[k] = (int32_t)kvedge_le_get32(zframe_data(sf) + (size_t)k * S_STATUS_BYTES);
         blocks[k] = st[k] == KVEDGE_OK ? zmsg_pop(r->reply) : NULL; /* counts validated */
     }
     zframe_destroy(&sf);
@@ -1742,7 +1742,7 @@ static int s_chunks_op(kvedge_client_t *c, uint8_t opcode, const kvedge_chunk_id
             rc = KVEDGE_EPROTO;
         const uint8_t *p = zframe_data(zmsg_first(r->reply));
         for (uint32_t j = 0; rc == KVEDGE_OK && changed && j < k; j++)
-            changed[off + j] = kvedge_wire_get32(p + (size_t)j * 4);
+            changed[off + j] = kvedge_le_get32(p + (size_t)j * 4);
         s_req_release(r);
         if (rc != KVEDGE_OK)
             return rc;
@@ -1773,7 +1773,7 @@ int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
     s_req_t *r = s_req_frame(KVEDGE_OP_LIST, 0, s_deadline(c, 0), after,
                              after ? KVEDGE_CHUNK_ID_BYTES : 0, NULL);
     uint8_t w[4];
-    kvedge_wire_put32(w, want);
+    kvedge_le_put32(w, want);
     if (r && zmsg_addmem(r->payload, w, sizeof w) != 0) {
         s_req_free(r);
         r = NULL;
@@ -1842,8 +1842,8 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
                 uint32_t a, b;
                 memcpy(&a, &cu, 4);
                 memcpy(&b, &ru, 4);
-                kvedge_wire_put32(q + 8 * l, a);
-                kvedge_wire_put32(q + 8 * l + 4, b);
+                kvedge_le_put32(q + 8 * l, a);
+                kvedge_le_put32(q + 8 * l + 4, b);
             }
             zmsg_append(r->payload, &t);
         }

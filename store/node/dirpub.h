@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "access/master.h"
+#include "store/master/master.h"
 #include "access/mview.h"
 #include "store/engine.h"
 

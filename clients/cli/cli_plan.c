@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "access/shaper.h"
-#include "clients/cli.h"
-#include "clients/cli_plan.h"
+#include "clients/cli/cli.h"
+#include "clients/cli/cli_plan.h"
 #include "proxy/plan.h"
 #include "store/error.h"
 

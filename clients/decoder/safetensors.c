@@ -1,7 +1,7 @@
 /* The safetensors reader: maps a weights file and checks its header against the bytes before
  * any tensor is handed out. The JSON is parsed by cJSON; every rule here is the format's own
  * (the reference implementation rejects the same files). */
-#include "clients/safetensors.h"
+#include "clients/decoder/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

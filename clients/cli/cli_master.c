@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include "access/log.h"
-#include "access/master.h"
+#include "store/master/master.h"
 #include "access/mview.h"
-#include "access/server.h"
-#include "clients/cli.h"
+#include "access/transport.h"
+#include "clients/cli/cli.h"
 #include "store/error.h"
 
 #define S_MASTER_DATA_DEFAULT "./master"

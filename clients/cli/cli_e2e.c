@@ -8,11 +8,11 @@
 #include <time.h>
 
 #include "access/shaper.h"
-#include "clients/cli.h"
-#include "clients/decoder.h"
+#include "clients/cli/cli.h"
+#include "clients/decoder/decoder.h"
 #include "clients/e2e.h"
 #include "clients/kvedge.h"
-#include "clients/safetensors.h"
+#include "clients/decoder/safetensors.h"
 #include "store/block.h"
 #include "store/error.h"
 

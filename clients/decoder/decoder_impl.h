@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "clients/decoder.h"
+#include "clients/decoder/decoder.h"
 
 #ifdef __cplusplus
 extern "C" {

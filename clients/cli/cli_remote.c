@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "clients/cli.h"
+#include "clients/cli/cli.h"
 #include "clients/kvedge.h"
 #include "store/synth.h"
 

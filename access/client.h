@@ -1,0 +1,260 @@
+/* The protocol client (libkvedge's core): the client API of a kvedge store node and of an
+ * edge proxy. Installed as <kvedge/client.h>, included by <kvedge/kvedge.h>.
+ *
+ * Threads: a kvedge_client_t is thread-safe. It owns one I/O thread and one ZeroMQ DEALER
+ * socket; calls from any thread are queued to it. Synchronous calls block the calling thread
+ * until the reply or the deadline; asynchronous calls return at once and complete through a
+ * callback that runs on the client's I/O thread (keep it short; never call the client's
+ * synchronous functions from inside it).
+ *
+ * Errors: every function returns 0 or a negative KVEDGE_E* code (kvedge_strerror() gives the
+ * text). Every call has a deadline (the options' deadline_ms unless the call takes one); when
+ * the node dies or stalls, the call returns KVEDGE_ETIMEDOUT within it. If a function that
+ * takes a callback fails, the callback is never called.
+ *
+ * The library never logs and never exits. It turns off czmq's process-wide SIGINT/SIGTERM
+ * handlers (zsys_handler_set(NULL)) so the application keeps its own signal behaviour. */
+#ifndef KVEDGE_ACCESS_CLIENT_H
+#define KVEDGE_ACCESS_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "access/proto.h"
+#include "store/block.h"
+#include "store/chunk.h"
+#include "store/error.h"
+#include "store/model.h"
+#include "store/stats.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVEDGE_CLIENT_DEADLINE_MS_DEFAULT 5000
+#define KVEDGE_CLIENT_CREDIT_DEFAULT      8
+
+typedef struct kvedge_client_t kvedge_client_t;
+
+typedef struct {
+    const char *endpoint;    /* e.g. "tcp://10.0.0.5:7400" (required) */
+    const char *server_key;  /* the node's public key, Z85 (40 chars) or a path to its public
+                              * certificate; NULL = plaintext (the node must allow it) */
+    const char *client_cert; /* path to this client's secret certificate (kvedge keygen);
+                              * required with server_key */
+    int deadline_ms;         /* default deadline of every call; 0 = default */
+    uint32_t credit;         /* GET_LAYER messages in flight; 0 = default */
+    const char *name;        /* sent in HELLO; NULL = "libkvedge" */
+    /* Emulated link for tests and benchmarks on loopback, e.g. "100mbit,20ms": every message
+     * in each direction waits as a link of that rate and one-way latency would make it
+     * (access/shaper.h). NULL = none. A bad spec fails connect with KVEDGE_EINVAL. */
+    const char *link;
+} kvedge_client_opts_t;
+
+/* What the node said in HELLO. */
+typedef struct {
+    kvedge_role_t role;
+    char name[256];
+    uint8_t tenant_tag[16];
+    uint32_t max_items;
+    uint32_t max_chunks;
+} kvedge_node_info_t;
+
+void kvedge_client_opts_default(kvedge_client_opts_t *opts);
+
+/* Connects and says HELLO within the deadline. Caller owns *out.
+ * Errors: KVEDGE_EINVAL, KVEDGE_EIO (bad certificate or key file), KVEDGE_ETIMEDOUT (no
+ * answer: node down, wrong key, or key not allowlisted: CURVE refusals are silent),
+ * KVEDGE_EVERSION, KVEDGE_EPROTO. */
+int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **out);
+
+/* Cancels what is in flight (their callbacks run with KVEDGE_ECLOSED), closes. NULL-safe,
+ * idempotent, nulls *self_p. Destroy every client before the process exits: czmq's exit-time
+ * cleanup aborts when it finds a client's I/O thread still running. */
+void kvedge_client_destroy(kvedge_client_t **self_p);
+
+/* The node's HELLO answer. */
+const kvedge_node_info_t *kvedge_client_node(kvedge_client_t *c);
+
+/* Round trip of `bytes` bytes of payload (0 = latency only). rtt_us and bw_bytes_per_s (may
+ * be NULL) receive the measured round trip and payload bandwidth (both directions). */
+int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double *bw_bytes_per_s);
+
+/* What this client has measured of its link to the node: an EWMA over completed exchanges
+ * (request to last byte; transfers of at least 64 KiB update the bandwidth, smaller ones the
+ * round trip; access/meter.h). Zeros until measured. Any pointer may be NULL. */
+int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_us,
+                       uint64_t *samples);
+
+/* Registers a model shape on the node (built-in models need not be registered). */
+int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model);
+
+/* One block to store: the chunk it belongs to (ids as computed by kvedge_chunk_chain with an
+ * empty salt), layer, head, and the encoded block (kvedge_block_encode). */
+typedef struct {
+    kvedge_chunk_info_t chunk; /* id, parent, has_parent, model_id, index, tokens */
+    uint16_t layer;
+    uint16_t head;
+    const uint8_t *block;
+    size_t len;
+    bool pin;
+    uint32_t ttl_s; /* 0 = node default, KVEDGE_TTL_NEVER = never */
+} kvedge_put_item_t;
+
+/* Stores n items (batched into messages of at most the node's limit). statuses (may be NULL)
+ * receives each item's result. Returns 0 when every item was stored, else the first failing
+ * item's error (or a transport error). */
+int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t n, int *statuses);
+
+/* A block fetched into caller memory. */
+typedef struct {
+    int status;    /* 0, KVEDGE_ENOTFOUND / KVEDGE_ECORRUPT (a miss), or another error */
+    size_t offset; /* into the caller's buffer */
+    size_t len;
+} kvedge_fetched_t;
+
+/* Fetches blocks by key into buf (capacity cap), one after the other; out[i] says where key
+ * i landed. Returns 0 if the call completed (per-key misses are in out[i].status),
+ * KVEDGE_ENOSPACE if buf is too small (what fit is kept, the rest has status
+ * KVEDGE_ENOSPACE), or a transport error. */
+int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t n, uint8_t *buf,
+                      size_t cap, kvedge_fetched_t *out);
+
+/* Called for every head of a GET_LAYER stream as it arrives, in (chunk, head) order, on the
+ * I/O thread. data is valid only during the call. status 0 with data, or a miss status. */
+typedef void(kvedge_block_fn)(void *ctx, uint32_t chunk_index, uint16_t head, int status,
+                              const uint8_t *data, size_t len);
+/* Called once when the stream is over: status 0, or why it ended early. heads = data
+ * messages received. */
+typedef void(kvedge_done_fn)(void *ctx, int status, uint32_t heads);
+
+/* Streams one layer of a prefix (n chunks) head by head with credit flow control; returns at
+ * once. on_block and on_done run on the I/O thread; on_done always runs exactly once when
+ * this returns 0. */
+int kvedge_client_get_layer_async(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
+                                  uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
+                                  kvedge_done_fn *on_done, void *ctx);
+
+/* The synchronous form: blocks land one after the other in buf; out has n * heads entries in
+ * (chunk, head) order (out_cap entries available); *heads receives the model's KV head count
+ * as the node streamed it. Errors as kvedge_client_get, plus the stream's end status. */
+int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
+                            uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
+                            size_t out_cap, uint32_t *heads);
+
+/* Longest cached prefix: *hit receives how many leading chunks of ids the node holds. */
+int kvedge_client_lookup(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, size_t *hit);
+
+/* A chunk as LIST reports it (ids are the client's own). */
+typedef struct {
+    kvedge_chunk_info_t chunk;
+    uint32_t blocks;
+    uint64_t bytes;
+    uint32_t pinned_blocks;
+    uint64_t fp16_bytes;
+} kvedge_chunk_entry_t;
+
+/* Lists the tenant's chunks in id order after `after` (NULL = from the start), at most max.
+ * *n receives the count, *more whether more follow. */
+int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
+                       kvedge_chunk_entry_t *out, size_t max, size_t *n, bool *more);
+
+/* Every chunk of the tenant, in id order, paging through LIST. Caller frees *out (free). */
+int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n);
+
+int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out);
+
+/* Store-wide eviction of least-recently-used unpinned blocks down to target_bytes. Needs an
+ * admin key (kvedge keygen --admin) or plaintext loopback: else KVEDGE_EDENIED. KVEDGE_EFULL:
+ * pinned blocks alone exceed the target. blocks/bytes (may be NULL) receive what went. */
+int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blocks,
+                        uint64_t *bytes);
+
+/* DELETE (the chunk and every chunk chained below it), PIN, UNPIN of n chunks; changed[i]
+ * (may be NULL) receives the blocks affected per chunk. */
+int kvedge_client_delete(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n,
+                         uint32_t *changed);
+int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, bool pin,
+                      uint32_t *changed);
+
+/* ---------------------------------------------------------------- fetch through a proxy */
+
+/* A planned fetch of layers [first_layer, first_layer + layers) of a context from an edge
+ * proxy (`kvedge proxy`), which picks a source per layer, streams them from several sources
+ * at once and delivers them in layer order (docs/protocol.md, "FETCH"). */
+typedef struct {
+    const char *model_id;            /* the model the chunks were computed with */
+    const kvedge_chunk_id_t *chunks; /* the context's chunk chain */
+    size_t n;                        /* 1 ... 4096 */
+    uint16_t first_layer;
+    uint16_t layers; /* 1 ... 1024 */
+    uint32_t tokens; /* context tokens over all chunks, for pricing; 0 = unknown */
+    /* The decoder's time per layer (t_le,c) and its extra time to compute a layer's context
+     * KV itself, in microseconds, `layers` entries each; both NULL: fetch only (the proxy
+     * prices recomputation as never worth it). */
+    const float *compute_us;
+    const float *recompute_us;
+    int deadline_ms; /* 0 = the client's default */
+} kvedge_fetch_req_t;
+
+#define KVEDGE_FETCH_MAX_SOURCES 32
+#define KVEDGE_FETCH_MAX_LAYERS  1024
+
+typedef struct {
+    char name[64];
+    kvedge_plan_kind_t kind; /* kvedge_plan_kind_name */
+    bool up;
+    double rtt_us;
+    double bw_bytes_per_s;
+} kvedge_fetch_source_t;
+
+/* The proxy's plan, as it sent it before the first block (about 30 KiB). */
+typedef struct {
+    uint32_t nsources;
+    kvedge_fetch_source_t source[KVEDGE_FETCH_MAX_SOURCES];
+    uint32_t layers;
+    uint32_t split; /* m: layers below it were priced "near" (local, peer, history) */
+    double total_us, bound_us, cloud_only_us, recompute_all_us, load_then_compute_us;
+    struct {
+        int source;                  /* index into source[], -1: compute it locally */
+        kvedge_plan_reason_t reason; /* kvedge_plan_reason_name */
+        double cost_us;
+    } layer[KVEDGE_FETCH_MAX_LAYERS];
+} kvedge_fetch_plan_t;
+
+/* A layer is complete: delivered from source, or not delivered (status KVEDGE_ENOTFOUND: the
+ * caller computes it). */
+typedef struct {
+    uint16_t layer;
+    int source;                   /* -1 when nobody delivered it */
+    const char *source_name;      /* "" when none; valid during the callback */
+    kvedge_fetch_reason_t reason; /* kvedge_fetch_reason_name */
+    int status;
+    uint32_t blocks; /* blocks delivered for the layer (chunks x heads) */
+    uint32_t attempts;
+} kvedge_fetch_layer_t;
+
+/* Callbacks run on the client's I/O thread, in stream order: on_plan once, then per layer its
+ * blocks (chunk, head order; data valid during the call) and on_layer; on_done exactly once
+ * when kvedge_client_fetch_async returned 0. Any may be NULL. */
+typedef struct {
+    void (*on_plan)(void *ctx, const kvedge_fetch_plan_t *plan);
+    void (*on_block)(void *ctx, uint16_t layer, uint32_t chunk_index, uint16_t head, int source,
+                     int status, const uint8_t *data, size_t len);
+    void (*on_layer)(void *ctx, const kvedge_fetch_layer_t *layer);
+    void (*on_done)(void *ctx, int status);
+} kvedge_fetch_cbs_t;
+
+/* Starts a FETCH on a proxy; returns at once. Errors: KVEDGE_EINVAL (bad request; compute_us
+ * without recompute_us or the reverse; a time negative or not finite), KVEDGE_ENOMEM,
+ * KVEDGE_EBUSY, KVEDGE_ECLOSED. The stream's own errors come in on_done: KVEDGE_ENOMODEL
+ * (the proxy does not know the model), KVEDGE_ESHAPE (layers outside it), KVEDGE_ETIMEDOUT,
+ * KVEDGE_EPROTO. */
+int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
+                              const kvedge_fetch_cbs_t *cbs, void *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
