@@ -28,6 +28,7 @@
 #include "access/meter.h"
 #include "access/shaper.h"
 #include "access/transport.h"
+#include "store/clock.h"
 
 #define S_WAIT_MARGIN_MS  250         /* a caller waits this long past its deadline */
 #define S_PUT_BATCH_BYTES (64u << 20) /* payload bytes per PUT message (one item may be more) */
@@ -45,22 +46,10 @@
 
 /* ---------------------------------------------------------------- clocks */
 
-static int64_t s_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static int64_t s_now_ms(void)
-{
-    return s_now_us() / 1000;
-}
-
 /* Milliseconds left until an absolute deadline, as the header's deadline field wants it. */
 static uint32_t s_left_ms(int64_t deadline_ms)
 {
-    int64_t left = deadline_ms - s_now_ms();
+    int64_t left = deadline_ms - kvedge_mono_ms();
     if (left < 1)
         return 1;
     return left > KVEDGE_WIRE_MAX_DEADLINE_MS ? KVEDGE_WIRE_MAX_DEADLINE_MS : (uint32_t)left;
@@ -348,7 +337,7 @@ static void s_finish(s_io_t *io, s_req_t *r, int status, bool cancel)
         zhashx_delete(io->inflight, S_KEY(r->id));
     /* Every completed exchange is a sample of the link: request to last byte. */
     if (status == KVEDGE_OK && r->id && r->sent_us) {
-        int64_t elapsed = s_now_us() - r->sent_us;
+        int64_t elapsed = kvedge_mono_us() - r->sent_us;
         if (elapsed > 0)
             kvedge_meter_observe(io->meter, r->rx_bytes, (uint64_t)elapsed);
     }
@@ -368,7 +357,7 @@ static void s_finish(s_io_t *io, s_req_t *r, int status, bool cancel)
 /* A request handed over by a caller: numbered, sent, tracked. */
 static void s_io_submit(s_io_t *io, s_req_t *r)
 {
-    if (s_now_ms() >= r->deadline_ms) {
+    if (kvedge_mono_ms() >= r->deadline_ms) {
         s_finish(io, r, KVEDGE_ETIMEDOUT, false);
         return;
     }
@@ -389,8 +378,8 @@ static void s_io_submit(s_io_t *io, s_req_t *r)
         s_finish(io, r, KVEDGE_ENOMEM, false);
         return;
     }
-    r->sent_us = s_now_us(); /* before the emulated uplink: its delay is part of the rtt */
-    if (io->up) {            /* the emulated uplink sends it when a real one would have it there */
+    r->sent_us = kvedge_mono_us(); /* before the emulated uplink: its delay is part of the rtt */
+    if (io->up) { /* the emulated uplink sends it when a real one would have it there */
         uint64_t now = kvedge_shaper_now_us();
         s_held_t *held = malloc(sizeof *held);
         if (!held) {
@@ -664,7 +653,7 @@ static void s_io_message(s_io_t *io, zmsg_t *m)
         zmsg_destroy(&m);
         return;
     }
-    r->done_us = s_now_us();
+    r->done_us = kvedge_mono_us();
     r->rh = h;
     r->reply = m;
     s_finish(io, r, h.status, false);
@@ -725,7 +714,7 @@ static void s_io_drain(s_io_t *io)
 /* Ends every request whose deadline has passed, or (all) every request with status. */
 static void s_io_expire(s_io_t *io, bool all, int status)
 {
-    int64_t now = s_now_ms();
+    int64_t now = kvedge_mono_ms();
     if (!all && now < io->next_deadline)
         return;
     zlistx_t *ended = zlistx_new();
@@ -835,7 +824,7 @@ static void s_actor(zsock_t *pipe, void *args)
     while (running) {
         int timeout = -1;
         if (io->next_deadline != INT64_MAX) {
-            int64_t left = io->next_deadline - s_now_ms();
+            int64_t left = io->next_deadline - kvedge_mono_ms();
             /* + 1: wake just after the deadline's millisecond, not spin through it */
             timeout = left < 0 ? 0 : left >= INT_MAX ? INT_MAX : (int)left + 1;
         }
@@ -873,7 +862,7 @@ struct kvedge_client_t {
 
 static int64_t s_deadline(const kvedge_client_t *c, int deadline_ms)
 {
-    return s_now_ms() + (deadline_ms > 0 ? deadline_ms : c->deadline_ms);
+    return kvedge_mono_ms() + (deadline_ms > 0 ? deadline_ms : c->deadline_ms);
 }
 
 /* Hands r to the I/O thread, which from now on holds a reference. On failure r is freed. */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "store/clock.h"
 #include "store/error.h"
 
 /* One smoothed quantity: its value, how many samples shaped it (a prior counts as one),
@@ -26,13 +27,6 @@ struct kvedge_meter_t {
     uint64_t bytes_total;
     uint64_t last_update_ms; /* CLOCK_MONOTONIC */
 };
-
-static uint64_t s_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* Folds x in with weight max(alpha, 1/n): the exact mean of the first samples, then an EWMA.
  * Non-finite or negative samples are dropped (they can only come from a bug upstream). */
@@ -54,7 +48,7 @@ static void s_touch(kvedge_meter_t *m)
 {
     if (m->samples < UINT64_MAX)
         m->samples++;
-    m->last_update_ms = s_now_ms();
+    m->last_update_ms = kvedge_mono_ms();
 }
 
 kvedge_meter_t *kvedge_meter_new(double alpha)

@@ -23,6 +23,7 @@
 
 #include "access/transport.h"
 #include "store/byteorder.h"
+#include "store/clock.h"
 #include "store/error.h"
 
 #define S_WAIT_MARGIN_MS  250 /* a caller of set waits this long past its deadline */
@@ -35,13 +36,6 @@
 #define S_FILE_SUM_BYTES  8
 
 /* ---------------------------------------------------------------- clocks */
-
-static int64_t s_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---------------------------------------------------------------- the table */
 
@@ -552,7 +546,7 @@ static void s_sync_abort(s_io_t *io)
 
 static void s_sync_begin(s_io_t *io)
 {
-    int64_t now = s_now_ms();
+    int64_t now = kvedge_mono_ms();
     if (io->syncing)
         s_sync_abort(io);
     if (!io->dealer && s_connect(io) != KVEDGE_OK)
@@ -607,7 +601,7 @@ static void s_sets_sweep(s_io_t *io)
     kvedge_mview_t *v = io->v;
     bool synced = v->state == KVEDGE_MVIEW_SYNCED && !io->syncing;
     bool catching_up = synced || io->syncing;
-    int64_t now = s_now_ms();
+    int64_t now = kvedge_mono_ms();
     for (size_t i = 0, n = zlistx_size(io->sets); i < n; i++) {
         s_set_t *r = zlistx_detach(io->sets, NULL);
         if (!r)
@@ -661,7 +655,7 @@ static void s_sync_finish(s_io_t *io, const kvedge_kvmsg_t *k)
     io->fresh.h = NULL;
     io->syncing = false;
     s_buffer_clear(io);
-    io->last_heard = s_now_ms();
+    io->last_heard = kvedge_mono_ms();
     if (io->on_change)
         io->on_change(io->ctx, NULL, seq, NULL, 0);
     s_notified(io, seq);
@@ -717,7 +711,7 @@ static void s_on_sub(s_io_t *io)
         !kvedge_kvmsg_is_pub(k.cmd)) {
         s_bad(io);
     } else {
-        io->last_heard = s_now_ms();
+        io->last_heard = kvedge_mono_ms();
         io->subscribed = true;
         if (io->syncing) {
             if (k.cmd == KVEDGE_KVMSG_KVPUB) {
@@ -788,7 +782,7 @@ static void s_on_dealer(s_io_t *io)
             s_table_put(&io->fresh, key, k.seq, k.body, k.body_len) != KVEDGE_OK) {
             s_bad(io);
             s_sync_abort(io);
-            io->next_sync = s_now_ms() + KVEDGE_MVIEW_RETRY_MS;
+            io->next_sync = kvedge_mono_ms() + KVEDGE_MVIEW_RETRY_MS;
         } else {
             io->fresh_count++;
         }
@@ -802,7 +796,7 @@ static void s_on_dealer(s_io_t *io)
         }
     } else if (k.cmd == KVEDGE_KVMSG_ERR && snap) {
         s_sync_abort(io);
-        io->next_sync = s_now_ms() + KVEDGE_MVIEW_RETRY_MS;
+        io->next_sync = kvedge_mono_ms() + KVEDGE_MVIEW_RETRY_MS;
     } else if (k.cmd == KVEDGE_KVMSG_OK || k.cmd == KVEDGE_KVMSG_ERR) {
         s_set_t *r = s_set_find(io, k.rid);
         if (r && k.cmd == KVEDGE_KVMSG_ERR) {
@@ -884,7 +878,7 @@ static bool s_on_pipe(s_io_t *io, zsock_t *pipe)
 static int64_t s_timers(s_io_t *io)
 {
     kvedge_mview_t *v = io->v;
-    int64_t now = s_now_ms();
+    int64_t now = kvedge_mono_ms();
     if (io->syncing && now >= io->snap_deadline) {
         /* No complete snapshot in time: the master is unreachable or stuck. New sockets, and
          * keep serving what we have. */
@@ -925,7 +919,7 @@ static void s_actor(zsock_t *pipe, void *args)
         s_close(io);
         return;
     }
-    int64_t now = s_now_ms();
+    int64_t now = kvedge_mono_ms();
     io->next_sync = now;
     io->last_heard = now;
     io->next_save = now + io->save_ms;
@@ -1201,7 +1195,7 @@ int kvedge_mview_wait(kvedge_mview_t *v, uint64_t min_seq, int timeout_ms)
 {
     if (!v)
         return KVEDGE_EINVAL;
-    struct timespec ts = s_abs(s_now_ms() + (timeout_ms > 0 ? timeout_ms : 0));
+    struct timespec ts = s_abs(kvedge_mono_ms() + (timeout_ms > 0 ? timeout_ms : 0));
     pthread_mutex_lock(&v->mu);
     while (!(v->state == KVEDGE_MVIEW_SYNCED && v->notified >= min_seq && v->seq >= min_seq))
         if (pthread_cond_timedwait(&v->cv, &v->mu, &ts) == ETIMEDOUT)
@@ -1318,7 +1312,7 @@ int kvedge_mview_set(kvedge_mview_t *v, const char *key, const void *body, size_
     if (len)
         memcpy(r->body, body, len);
     r->len = len;
-    r->deadline = s_now_ms() + deadline_ms;
+    r->deadline = kvedge_mono_ms() + deadline_ms;
     r->refs = 2;
     pthread_mutex_init(&r->mu, NULL);
     s_cond_init(&r->cv);

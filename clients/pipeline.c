@@ -18,6 +18,7 @@
 
 #include "access/frame.h" /* wire sizes for the slots */
 #include "gpu/stage.h"
+#include "store/clock.h"
 
 /* wait() gives up this long after the deadline: the streams end by the deadline on the I/O
  * thread's timer, this only guards against a loader that never comes back. */
@@ -105,13 +106,6 @@ struct kvedge_pipeline_t {
 
 /* ---------------------------------------------------------------- helpers */
 
-static int64_t s_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 /* Waits on p->cv until abs_ms (monotonic); returns ETIMEDOUT once it has passed. */
 static int s_wait_until(kvedge_pipeline_t *p, int64_t abs_ms)
 {
@@ -188,7 +182,7 @@ static void s_done(kvedge_pipeline_t *p, s_layer_t *l, int status)
     s_slot_free(p, l);
     l->state = S_DONE;
     l->status = status;
-    l->resident_us = s_now_us() - p->t0_us;
+    l->resident_us = kvedge_mono_us() - p->t0_us;
     if (status == KVEDGE_OK)
         l->order = p->resident++;
     else if (status == KVEDGE_ENOTFOUND)
@@ -203,7 +197,7 @@ static void s_done(kvedge_pipeline_t *p, s_layer_t *l, int status)
 /* Every block of l has come (or its stream ended): hand it to the loader, or finish it. */
 static void s_received(kvedge_pipeline_t *p, s_layer_t *l)
 {
-    l->arrived_us = s_now_us() - p->t0_us;
+    l->arrived_us = kvedge_mono_us() - p->t0_us;
     if (l->status == KVEDGE_OK && l->miss)
         l->status = KVEDGE_ENOTFOUND;
     if (l->status == KVEDGE_OK && l->blocks != p->n_blocks)
@@ -348,11 +342,11 @@ static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, in
          * arrived (FETCH is in order), so only the loader can hold it, and it makes progress
          * without this thread. Not reading meanwhile holds the proxy back by credit. */
         s_slot_t *s = &p->slot[i % p->nslots];
-        int64_t t = s_now_us();
+        int64_t t = kvedge_mono_us();
         while (s->layer >= 0 && !p->abandoned)
             if (s_wait_until(p, p->deadline_ms) == ETIMEDOUT)
                 break;
-        p->ring_wait_us += s_now_us() - t;
+        p->ring_wait_us += kvedge_mono_us() - t;
         if (p->abandoned) {
             pthread_mutex_unlock(&p->mu);
             return;
@@ -442,7 +436,7 @@ static bool s_open_next(kvedge_pipeline_t *p)
         return false;
     s_layer_t *l = &p->layer[i];
     p->next_open++;
-    int64_t left = p->deadline_ms - s_now_us() / 1000;
+    int64_t left = p->deadline_ms - kvedge_mono_us() / 1000;
     if (left <= 0) {
         s_done(p, l, KVEDGE_ETIMEDOUT);
         return true;
@@ -475,14 +469,14 @@ static void s_issue(kvedge_pipeline_t *p, s_layer_t *l)
     pthread_mutex_unlock(&p->mu);
     kvedge_dequant_args_t a = {s->desc, p->n_blocks, l->k, l->v};
     int rc;
-    int64_t t = s_now_us(), copy = 0;
+    int64_t t = kvedge_mono_us(), copy = 0;
     if (p->device) {
         rc = kvedge_gpu_copy_h2d(s->dev, s->host, s->used, p->copy_stream);
         if (rc == KVEDGE_OK)
             rc = kvedge_gpu_event_record(s->copied, p->copy_stream);
         if (rc == KVEDGE_OK)
             rc = kvedge_gpu_stream_wait_event(p->compute_stream, s->copied);
-        copy = s_now_us() - t;
+        copy = kvedge_mono_us() - t;
         /* The kernel reads the device copy of the slot: same offsets, other base. */
         for (uint32_t j = 0; j < p->n_blocks; j++)
             s->desc[j].body =
@@ -498,7 +492,7 @@ static void s_issue(kvedge_pipeline_t *p, s_layer_t *l)
     } else {
         rc = kvedge_cpu_dequant(&a);
     }
-    int64_t end = s_now_us();
+    int64_t end = kvedge_mono_us();
     pthread_mutex_lock(&p->mu);
     p->copy_us += copy;
     p->dequant_us += end - t - copy;
@@ -541,7 +535,7 @@ static void *s_loader(void *arg)
             s_complete(p, &p->layer[p->next_complete]);
             continue;
         }
-        if (s_now_us() / 1000 >= p->deadline_ms) {
+        if (kvedge_mono_us() / 1000 >= p->deadline_ms) {
             /* Layers no stream was opened for fail now; open ones end on the I/O thread. */
             for (uint32_t i = p->next_open; !p->via_proxy && i < p->layers; i++)
                 s_done(p, &p->layer[i], KVEDGE_ETIMEDOUT);
@@ -726,7 +720,7 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     if (rc == KVEDGE_OK)
         rc = s_alloc_ring(p);
     int deadline = opts->deadline_ms ? opts->deadline_ms : KVEDGE_CLIENT_DEADLINE_MS_DEFAULT;
-    p->t0_us = s_now_us();
+    p->t0_us = kvedge_mono_us();
     p->deadline_ms = p->t0_us / 1000 + deadline;
     if (rc == KVEDGE_OK && via_proxy) {
         kvedge_fetch_req_t req = {p->model_id,      p->chunks,           p->n_chunks,

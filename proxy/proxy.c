@@ -24,6 +24,7 @@
 #include "access/client.h"
 #include "proxy/health.h"
 #include "proxy/negcache.h"
+#include "store/clock.h"
 #include "store/error.h"
 #include "store/model.h"
 
@@ -161,11 +162,6 @@ typedef struct {
     bool ended;
 } s_fetch_t;
 
-static int64_t s_now_ms(void)
-{
-    return zclock_mono();
-}
-
 static void s_stat_add(s_proxy_t *p, uint64_t *field, uint64_t n)
 {
     pthread_mutex_lock(&p->stats_mu);
@@ -247,7 +243,7 @@ static int s_src_add(s_proxy_t *p, const kvedge_proxy_source_t *conf)
     }
     pthread_mutex_unlock(&p->srcs_mu);
     if (idx >= 0)
-        kvedge_health_add(p->health, conf->name, (uint64_t)s_now_ms());
+        kvedge_health_add(p->health, conf->name, (uint64_t)kvedge_mono_ms());
     return idx;
 }
 
@@ -574,7 +570,7 @@ static void s_source_failed(s_proxy_t *p, s_fetch_t *f, int s, int err)
 {
     if (!f->psrc[s].up)
         return;
-    kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)s_now_ms(),
+    kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)kvedge_mono_ms(),
                           err < 0 ? err : KVEDGE_EIO);
     s_stat_add(p, &p->stats.source_failures, 1);
     kvedge_log_warn("source %s failed (%s): re-planning its layers", f->psrc[s].name,
@@ -611,9 +607,10 @@ static void s_layer_failed(s_proxy_t *p, s_fetch_t *f, uint32_t i, uint8_t reaso
     int s = l->src;
     uint8_t key[S_NEG_KEY_BYTES];
     s_neg_key(f, f->first + i, key);
-    kvedge_negcache_add(p->neg, f->psrc[s].name, key, sizeof key, (uint64_t)s_now_ms(), 0);
+    kvedge_negcache_add(p->neg, f->psrc[s].name, key, sizeof key, (uint64_t)kvedge_mono_ms(), 0);
     if (reason == KVEDGE_FETCH_FALLBACK_CORRUPT)
-        kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)s_now_ms(), KVEDGE_ECORRUPT);
+        kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)kvedge_mono_ms(),
+                              KVEDGE_ECORRUPT);
     s_layer_clear(p, f, l);
     l->gen++;
     l->tried |= 1ull << s;
@@ -637,7 +634,7 @@ static uint32_t s_window(const s_fetch_t *f, int s, double layer_bytes)
 /* Opens layer streams on every source that has room, lowest layers first. */
 static void s_issue(s_proxy_t *p, s_fetch_t *f)
 {
-    int64_t now = s_now_ms();
+    int64_t now = kvedge_mono_ms();
     int64_t left = f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS - now;
     uint64_t cap = p->opts.buffer_bytes;
     bool again = true;
@@ -700,7 +697,8 @@ static void s_event(s_proxy_t *p, s_event_t *e)
                     l->state = L_DONE;
                     f->done_bytes[op->src] += l->bytes;
                     f->last_done_us[op->src] = zclock_usecs();
-                    kvedge_health_success(p->health, f->psrc[op->src].name, (uint64_t)s_now_ms());
+                    kvedge_health_success(p->health, f->psrc[op->src].name,
+                                          (uint64_t)kvedge_mono_ms());
                     /* Learn what this source sends per fp16 byte, for the next plans. */
                     s_src_t *src = &p->src[f->map[op->src]];
                     if (l->fp16 > 0)
@@ -783,7 +781,7 @@ static void s_events(s_proxy_t *p)
 /* Layers not delivered by the deadline (less the margin) are reported as misses. */
 static void s_deadlines(s_proxy_t *p)
 {
-    int64_t now = s_now_ms();
+    int64_t now = kvedge_mono_ms();
     s_fetch_t *f = zlistx_first(p->fetches);
     while (f) {
         s_fetch_t *next = zlistx_next(p->fetches);
@@ -813,7 +811,7 @@ static bool s_holds(s_proxy_t *p, const s_src_t *s, bool in_registry, const s_fe
 {
     uint8_t key[S_NEG_KEY_BYTES];
     s_neg_key(f, layer, key);
-    if (kvedge_negcache_contains(p->neg, s->conf.name, key, sizeof key, (uint64_t)s_now_ms()))
+    if (kvedge_negcache_contains(p->neg, s->conf.name, key, sizeof key, (uint64_t)kvedge_mono_ms()))
         return false;
     if (!in_registry)
         return true; /* no directory for it: assume yes, learn otherwise */
@@ -831,7 +829,7 @@ static bool s_holds(s_proxy_t *p, const s_src_t *s, bool in_registry, const s_fe
  * fp16 byte). Sources not connected, down, or not holding a layer are marked so. */
 static void s_fetch_sources(s_proxy_t *p, s_fetch_t *f, uint32_t tokens)
 {
-    uint64_t now = (uint64_t)s_now_ms();
+    uint64_t now = (uint64_t)kvedge_mono_ms();
     double fp16 = (double)tokens * f->model.kv_heads * f->model.head_dim * 2 /* K, V */ * 2;
     size_t n = atomic_load(&p->nsrc);
     f->nsrc = 0;
@@ -935,7 +933,7 @@ static void s_fetch_start(s_proxy_t *p, zframe_t *route, const kvedge_wire_heade
         f->route = zframe_dup(route);
         f->rid = h->request_id;
         f->credit = h->credit;
-        f->deadline_ms = s_now_ms() + h->deadline_ms;
+        f->deadline_ms = kvedge_mono_ms() + h->deadline_ms;
         f->nchunks = h->count;
         f->first = spec.first_layer;
         f->L = spec.layers;
@@ -1166,7 +1164,7 @@ static void s_probe_source(s_proxy_t *p, size_t i)
     kvedge_client_t *c = s->client;
     kvedge_proxy_source_t conf = s->conf;
     pthread_mutex_unlock(&p->srcs_mu);
-    uint64_t now = (uint64_t)s_now_ms();
+    uint64_t now = (uint64_t)kvedge_mono_ms();
     if (!c) {
         kvedge_client_opts_t o;
         kvedge_client_opts_default(&o);
@@ -1191,7 +1189,7 @@ static void s_probe_source(s_proxy_t *p, size_t i)
         pthread_mutex_lock(&p->srcs_mu);
         s->client = c;
         pthread_mutex_unlock(&p->srcs_mu);
-        kvedge_health_success(p->health, conf.name, (uint64_t)s_now_ms());
+        kvedge_health_success(p->health, conf.name, (uint64_t)kvedge_mono_ms());
         kvedge_log_info("source %s (%s) connected: %s", conf.name, kvedge_plan_kind_name(conf.kind),
                         conf.endpoint);
         return;
@@ -1201,9 +1199,9 @@ static void s_probe_source(s_proxy_t *p, size_t i)
     double rtt = 0;
     int rc = kvedge_client_ping(c, 0, &rtt, NULL);
     if (rc == KVEDGE_OK)
-        kvedge_health_heartbeat(p->health, conf.name, (uint64_t)s_now_ms());
+        kvedge_health_heartbeat(p->health, conf.name, (uint64_t)kvedge_mono_ms());
     else
-        kvedge_health_failure(p->health, conf.name, (uint64_t)s_now_ms(), rc);
+        kvedge_health_failure(p->health, conf.name, (uint64_t)kvedge_mono_ms(), rc);
 }
 
 /* Publishes what this proxy measured of its link to each source (link/<proxy>/<node>). */
@@ -1211,7 +1209,7 @@ static void s_publish_links(s_proxy_t *p)
 {
     if (!p->view)
         return;
-    uint64_t now = (uint64_t)s_now_ms();
+    uint64_t now = (uint64_t)kvedge_mono_ms();
     size_t n = atomic_load(&p->nsrc);
     for (size_t i = 0; i < n; i++) {
         pthread_mutex_lock(&p->srcs_mu);
@@ -1496,7 +1494,7 @@ void kvedge_proxy_stats(kvedge_proxy_t *p, kvedge_proxy_stats_t *out)
 
 int kvedge_proxy_wait_sources(kvedge_proxy_t *self, size_t want, int timeout_ms)
 {
-    int64_t until = s_now_ms() + timeout_ms;
+    int64_t until = kvedge_mono_ms() + timeout_ms;
     s_proxy_t *p = self->p;
     do {
         size_t ok = 0, n = atomic_load(&p->nsrc);
@@ -1504,11 +1502,12 @@ int kvedge_proxy_wait_sources(kvedge_proxy_t *self, size_t want, int timeout_ms)
             pthread_mutex_lock(&p->srcs_mu);
             bool c = p->src[i].client != NULL;
             pthread_mutex_unlock(&p->srcs_mu);
-            ok += c && kvedge_health_usable(p->health, p->src[i].conf.name, (uint64_t)s_now_ms());
+            ok += c &&
+                  kvedge_health_usable(p->health, p->src[i].conf.name, (uint64_t)kvedge_mono_ms());
         }
         if (ok >= want)
             return KVEDGE_OK;
         zclock_sleep(20);
-    } while (s_now_ms() < until);
+    } while (kvedge_mono_ms() < until);
     return KVEDGE_ETIMEDOUT;
 }

@@ -16,6 +16,7 @@
 #include "access/log.h"
 #include "access/transport.h"
 #include "store/byteorder.h"
+#include "store/clock.h"
 #include "store/error.h"
 
 /* ---------------------------------------------------------------- the daemon */
@@ -63,18 +64,6 @@ typedef struct {
     int start_rc;
     char *start_error;
 } s_master_t;
-
-static int64_t s_mono_ms(void)
-{
-    return zclock_mono();
-}
-
-static uint64_t s_wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* RocksDB's error text to a kvedge code, once, at the boundary. */
 static int s_rerr(char **err)
@@ -244,7 +233,7 @@ static int s_health_write(s_master_t *m, const char *id, const s_peer_t *p, uint
 /* Moves silent peers down: up -> suspect -> down. A write that fails is retried next tick. */
 static void s_health_tick(s_master_t *m)
 {
-    int64_t now = s_mono_ms();
+    int64_t now = kvedge_mono_ms();
     for (s_peer_t *p = zhashx_first(m->peers); p; p = zhashx_next(m->peers)) {
         if (p->state != KVEDGE_MASTER_HEALTH_UP && p->state != KVEDGE_MASTER_HEALTH_SUSPECT)
             continue;
@@ -258,7 +247,7 @@ static void s_health_tick(s_master_t *m)
         const char *id = zhashx_cursor(m->peers);
         kvedge_master_health_state_t was = p->state;
         p->state = want;
-        int rc = s_health_write(m, id, p, s_wall_ms());
+        int rc = s_health_write(m, id, p, kvedge_wall_ms());
         if (rc != KVEDGE_OK) {
             p->state = was;
             continue;
@@ -287,8 +276,8 @@ static void s_heartbeat(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
             return;
         }
     }
-    p->last_mono_ms = s_mono_ms();
-    p->last_wall_ms = s_wall_ms();
+    p->last_mono_ms = kvedge_mono_ms();
+    p->last_wall_ms = kvedge_wall_ms();
     if (p->state != KVEDGE_MASTER_HEALTH_UP) {
         kvedge_master_health_state_t was = p->state;
         p->state = KVEDGE_MASTER_HEALTH_UP;
@@ -556,7 +545,7 @@ static int s_open_registry(s_master_t *m, char *why, size_t why_len)
 
     /* Count the records; watch again every id that has a health record. Their silence is
      * counted from now: a master restart does not make the whole cluster suspect at once. */
-    int64_t now = s_mono_ms();
+    int64_t now = kvedge_mono_ms();
     rocksdb_iterator_t *it = rocksdb_create_iterator(m->db, m->ro);
     uint64_t damaged = 0;
     for (rocksdb_iter_seek(it, "!", 1); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
@@ -752,10 +741,10 @@ static void s_actor(zsock_t *pipe, void *args)
     uint32_t tick = m->opts.suspect_ms / 4;
     tick = tick < 10 ? 10 : tick > S_TICK_MAX_MS ? S_TICK_MAX_MS : tick;
     zpoller_t *poller = zpoller_new(pipe, m->router, m->pub, NULL);
-    int64_t next_hugz = s_mono_ms(), next_tick = s_mono_ms() + tick;
+    int64_t next_hugz = kvedge_mono_ms(), next_tick = kvedge_mono_ms() + tick;
     bool running = poller != NULL;
     while (running) {
-        int64_t now = s_mono_ms();
+        int64_t now = kvedge_mono_ms();
         int64_t next = next_hugz < next_tick ? next_hugz : next_tick;
         void *which = zpoller_wait(poller, next > now ? (int)(next - now) : 0);
         if (which == pipe) {
@@ -772,7 +761,7 @@ static void s_actor(zsock_t *pipe, void *args)
         } else if (zpoller_terminated(poller)) {
             running = false;
         }
-        now = s_mono_ms();
+        now = kvedge_mono_ms();
         if (now >= next_tick) {
             s_health_tick(m);
             next_tick = now + tick;

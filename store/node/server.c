@@ -12,6 +12,7 @@
 #include "access/log.h"
 #include "access/secure.h"
 #include "access/transport.h"
+#include "store/clock.h"
 #include "store/error.h"
 
 /* Job kinds on the internal sockets (first frame, one byte). */
@@ -69,11 +70,6 @@ static bool s_tenant_of(s_node_t *n, zframe_t *f, uint8_t tag[16])
 }
 
 /* ---------------------------------------------------------------- messages */
-
-static uint64_t s_now_ms(void)
-{
-    return (uint64_t)zclock_mono();
-}
 
 static zframe_t *s_header_frame(uint8_t opcode, uint16_t flags, uint64_t id, int32_t status,
                                 uint32_t count)
@@ -428,7 +424,7 @@ static zmsg_t *s_run_request(s_node_t *n, zmsg_t *job)
     s_payload(job, pf, KVEDGE_WIRE_MAX_FRAMES);
     zmsg_t *reply = zmsg_new();
     zmsg_append(reply, &route);
-    if (s_now_ms() > arrival + h.deadline_ms) {
+    if ((uint64_t)kvedge_mono_ms() > arrival + h.deadline_ms) {
         /* The client has given up: answering is cheap, doing the work is not. */
         zframe_t *hdr =
             s_header_frame(h.opcode, KVEDGE_WIRE_FLAG_REPLY, h.request_id, KVEDGE_ETIMEDOUT, 0);
@@ -726,7 +722,7 @@ static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16]
     s->n_chunks = h->count;
     s->credit = h->credit;
     s->deadline_ms = h->deadline_ms;
-    s->last_credit_ms = s_now_ms();
+    s->last_credit_ms = (uint64_t)kvedge_mono_ms();
     s_stream_key(route, h->request_id, s->key, sizeof s->key);
     s->ids = calloc(h->count, sizeof *s->ids);
     int32_t rc = s->ids ? KVEDGE_ENOTFOUND : KVEDGE_ENOMEM;
@@ -758,7 +754,7 @@ static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16]
 /* Ends streams whose client has sent no credit for its deadline. */
 static void s_streams_tick(s_node_t *n)
 {
-    uint64_t now = s_now_ms();
+    uint64_t now = (uint64_t)kvedge_mono_ms();
     zlistx_t *keys = zhashx_keys(n->streams);
     for (char *k = zlistx_first(keys); k; k = zlistx_next(keys)) {
         s_stream_t *s = zhashx_lookup(n->streams, k);
@@ -898,7 +894,7 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         } else if (s) {
             uint64_t c = (uint64_t)s->credit + h.credit;
             s->credit = c > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : (uint32_t)c;
-            s->last_credit_ms = s_now_ms();
+            s->last_credit_ms = (uint64_t)kvedge_mono_ms();
             s_stream_pump(n, s);
         }
         zframe_destroy(&route); /* CREDIT and CANCEL have no reply */
@@ -906,7 +902,7 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
     }
     default: {
         /* Worker job: [R][route][tag][arrival][header][payload...] */
-        uint64_t now = s_now_ms();
+        uint64_t now = (uint64_t)kvedge_mono_ms();
         zmsg_t *job = msg; /* the payload frames move to the worker: no copy of blocks */
         msg = NULL;
         zmsg_pushmem(job, zframe_data(hf), zframe_size(hf));
@@ -1022,7 +1018,7 @@ static void s_frontend(zsock_t *pipe, void *args)
                     n->opts.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge", n->name,
                     n->cert ? "CURVE" : "plaintext loopback", n->n_workers);
     zpoller_t *poller = zpoller_new(pipe, n->router, n->results, NULL);
-    uint64_t drain_until = 0, next_tick = s_now_ms() + S_TICK_MS;
+    uint64_t drain_until = 0, next_tick = (uint64_t)kvedge_mono_ms() + S_TICK_MS;
     while (true) {
         void *which = zpoller_wait(poller, S_TICK_MS);
         if (which == pipe) {
@@ -1033,7 +1029,7 @@ static void s_frontend(zsock_t *pipe, void *args)
                 /* Stop taking work: streams end with ECLOSED, workers finish what they hold,
                  * and every request that still arrives is answered ECLOSED. */
                 n->draining = true;
-                drain_until = s_now_ms() + KVEDGE_SERVER_DRAIN_MS;
+                drain_until = (uint64_t)kvedge_mono_ms() + KVEDGE_SERVER_DRAIN_MS;
                 zlistx_t *keys = zhashx_keys(n->streams);
                 for (char *k = zlistx_first(keys); k; k = zlistx_next(keys)) {
                     s_stream_t *st = zhashx_lookup(n->streams, k);
@@ -1051,11 +1047,11 @@ static void s_frontend(zsock_t *pipe, void *args)
         }
         /* On the clock, not only on idle polls: under steady traffic streams still get their
          * read retries and their idle limit. */
-        if (!n->draining && s_now_ms() >= next_tick) {
+        if (!n->draining && (uint64_t)kvedge_mono_ms() >= next_tick) {
             s_streams_tick(n);
-            next_tick = s_now_ms() + S_TICK_MS;
+            next_tick = (uint64_t)kvedge_mono_ms() + S_TICK_MS;
         }
-        if (n->draining && (n->outstanding == 0 || s_now_ms() > drain_until))
+        if (n->draining && (n->outstanding == 0 || (uint64_t)kvedge_mono_ms() > drain_until))
             break;
         if (zpoller_terminated(poller) && !n->draining)
             break;
