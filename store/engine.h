@@ -166,10 +166,6 @@ int kvedge_engine_verify(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb c
 
 int kvedge_engine_stats(kvedge_engine_t *e, kvedge_engine_stats_t *out);
 
-/* Fault injection for tests: overwrites a stored block's bytes, bypassing every check. */
-int kvedge_engine_debug_put_raw(kvedge_engine_t *e, const kvedge_block_key_t *key,
-                                const uint8_t *data, size_t len);
-
 #ifdef __cplusplus
 }
 #endif

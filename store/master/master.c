@@ -18,6 +18,7 @@
 #include "store/byteorder.h"
 #include "store/clock.h"
 #include "store/error.h"
+#include "store/rocks.h"
 
 /* ---------------------------------------------------------------- the daemon */
 
@@ -65,18 +66,11 @@ typedef struct {
     char *start_error;
 } s_master_t;
 
-/* RocksDB's error text to a kvedge code, once, at the boundary. */
+/* A RocksDB error on the registry: logged, then translated (store/rocks.h), which frees it. */
 static int s_rerr(char **err)
 {
-    int rc = KVEDGE_ESTORE;
-    if (strstr(*err, "Corruption"))
-        rc = KVEDGE_ECORRUPT;
-    else if (strstr(*err, "IO error"))
-        rc = KVEDGE_EIO;
     kvedge_log_error("registry: %s", *err);
-    rocksdb_free(*err);
-    *err = NULL;
-    return rc;
+    return kvedge_rocks_error(err);
 }
 
 /* Reads a meta value of exactly want bytes; ENOTFOUND when absent. */
@@ -486,18 +480,18 @@ static int s_open_registry(s_master_t *m, char *why, size_t why_len)
     m->db = rocksdb_open(o, dir, &err);
     rocksdb_options_destroy(o);
     if (err) {
-        bool locked = strstr(err, "lock") || strstr(err, "LOCK") ||
-                      strstr(err, "Resource temporarily unavailable");
-        s_why(why, why_len, "cannot open the registry %s: %s", dir, err);
-        rocksdb_free(err);
+        char msg[KVEDGE_ROCKS_MSG_MAX_BYTES];
+        int rc = kvedge_rocks_open_error(&err, msg, sizeof msg);
+        s_why(why, why_len, "cannot open the registry %s: %s", dir, msg);
         m->db = NULL;
-        return locked ? KVEDGE_EBUSY : KVEDGE_ESTORE;
+        return rc;
     }
     m->wo = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(m->wo, m->opts.sync ? 1 : 0);
     m->ro = rocksdb_readoptions_create();
 
-    uint8_t b8[8];
+    /* Zeroed: the compiler cannot see that s_meta_get's RocksDB errors are never 0. */
+    uint8_t b8[8] = {0};
     int rc = s_meta_get(m, S_META_FORMAT, S_META_LEN(S_META_FORMAT), b8, 4);
     bool fresh = rc == KVEDGE_ENOTFOUND;
     if (rc == KVEDGE_OK && kvedge_le_get32(b8) != S_FORMAT_VERSION) {

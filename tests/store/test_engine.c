@@ -23,6 +23,7 @@
 #include <rocksdb/c.h>
 
 #include "store/engine.h"
+#include "store/engine_debug.h"
 #include "store/error.h"
 #include "tests/common/testutil.h"
 

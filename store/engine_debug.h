@@ -1,0 +1,23 @@
+/* Test-only fault injection into the block engine: not part of its API, for tests that need
+ * damaged blocks on disk. */
+#ifndef KVEDGE_STORE_ENGINE_DEBUG_H
+#define KVEDGE_STORE_ENGINE_DEBUG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "store/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Overwrites a stored block's bytes (its metadata and indexes untouched), bypassing every
+ * check. Errors: KVEDGE_EINVAL, KVEDGE_EREADONLY, store errors. */
+int kvedge_engine_debug_put_raw(kvedge_engine_t *e, const kvedge_block_key_t *key,
+                                const uint8_t *data, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,302 @@
+/* Private to the block engine's files (store/engine*.c): the engine struct, its column
+ * families and record sizes, and the helpers those files share. Nothing else includes it.
+ *
+ * Naming: the static inline helpers keep the s_ prefix of file-local code (each file compiles
+ * its own copy); the shared functions are kvedge_engine_* but internal, not part of
+ * store/engine.h. A "_locked" function runs under the lock its comment names. */
+#ifndef KVEDGE_STORE_ENGINE_IMPL_H
+#define KVEDGE_STORE_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include <rocksdb/c.h>
+#include <xxhash.h>
+
+#include "store/byteorder.h"
+#include "store/engine.h"
+#include "store/error.h"
+#include "store/rocks.h"
+
+/* Writers of one key serialize on one of these mutexes, picked by a hash of the key. */
+#define S_STRIPES 64
+/* Meta record: version 1, fixed 56 bytes, little-endian (see kvedge_engine_meta_pack). */
+#define S_META_VERSION      1
+#define S_META_RECORD_BYTES 56
+/* Prefix record: version 1, 104 fixed bytes followed by the model id (see
+ * kvedge_engine_prefix_pack). */
+#define S_PREFIX_VERSION     1
+#define S_PREFIX_FIXED_BYTES 104
+#define S_PREFIX_MAX_BYTES   (S_PREFIX_FIXED_BYTES + KVEDGE_MODEL_ID_MAX_BYTES)
+/* LRU and TTL keys: time u64 big-endian | block key, so iteration runs oldest first. */
+#define S_INDEX_KEY_BYTES (8 + KVEDGE_BLOCK_KEY_BYTES)
+/* An exclusive upper bound for every block key starting with a given prefix. */
+#define S_UPPER_BYTES (KVEDGE_BLOCK_KEY_BYTES + 1)
+/* The longest blocks-family key a walk can step past when its value cannot be read. */
+#define S_WALK_KEY_MAX 255
+
+enum {
+    S_CF_DEFAULT,
+    S_CF_BLOCKS,
+    S_CF_META,
+    S_CF_LRU,
+    S_CF_TTL,
+    S_CF_PREFIXES,
+    S_CF_MODELS,
+    S_CF_QUARANTINE,
+    S_CF_COUNT
+};
+
+/* What kvedge_engine_load found for one key, before anyone acts on it. Rocksdb failures are
+ * negative. */
+enum {
+    S_LOAD_OK = 0, /* meta and block present, the block verified against its meta */
+    S_LOAD_MISSING,
+    S_LOAD_BAD, /* block or meta unreadable, missing on one side, or disagreeing */
+};
+
+struct kvedge_engine_t {
+    rocksdb_t *db;
+    rocksdb_column_family_handle_t **handles; /* every family open, ours and foreign */
+    size_t n_handles;
+    rocksdb_column_family_handle_t *cf[S_CF_COUNT]; /* ours, borrowed from handles */
+    rocksdb_readoptions_t *ro;                      /* point lookups, RocksDB checksums on */
+    /* Block reads (get, get_layer): RocksDB's own checksums off, since every block carries
+     * its xxh3 and is checked against it and its meta on every read. */
+    rocksdb_readoptions_t *ro_blk;
+    rocksdb_writeoptions_t *wo; /* sync as opts.sync */
+    rocksdb_cache_t *cache;     /* blob and table block cache; NULL when cache_bytes is 0 */
+    pthread_mutex_t scrub_mu;   /* guards scrubbing */
+    unsigned scrubbing;         /* verifies running: the cache is held empty meanwhile */
+    kvedge_engine_opts_t opts;
+    pthread_mutex_t stripes[S_STRIPES]; /* serialize writers of one key */
+    pthread_mutex_t evict_mu;           /* one evictor at a time */
+    pthread_mutex_t models_mu;          /* put_model check-then-write */
+    /* Totals of what is stored, kept exact under the stripes. */
+    _Atomic uint64_t blocks;
+    _Atomic uint64_t bytes;
+    _Atomic uint64_t fp16_bytes;
+    _Atomic uint64_t pinned_blocks;
+    _Atomic uint64_t pinned_bytes;
+    _Atomic uint64_t quarantined;
+    /* Counters since open. */
+    _Atomic uint64_t puts;
+    _Atomic uint64_t gets;
+    _Atomic uint64_t hits;
+    _Atomic uint64_t misses;
+    _Atomic uint64_t corrupt;
+    _Atomic uint64_t evicted_blocks;
+    _Atomic uint64_t evicted_bytes;
+    _Atomic uint64_t expired;
+    _Atomic uint64_t bytes_written;
+    _Atomic uint64_t bytes_read;
+};
+
+/* ---------------------------------------------------------------- keys and records
+ * (engine_record.c) */
+
+static inline void s_index_key(uint64_t t, const uint8_t *kb, uint8_t out[S_INDEX_KEY_BYTES])
+{
+    kvedge_be_put64(out, t);
+    memcpy(out + 8, kb, KVEDGE_BLOCK_KEY_BYTES);
+}
+
+/* Bound just past every block key that starts with prefix[0..n). */
+static inline void s_upper(const uint8_t *prefix, size_t n, uint8_t out[S_UPPER_BYTES])
+{
+    memset(out, 0xff, S_UPPER_BYTES);
+    memcpy(out, prefix, n);
+}
+
+void kvedge_engine_meta_pack(const kvedge_block_meta_t *m, uint8_t out[S_META_RECORD_BYTES]);
+/* KVEDGE_ECORRUPT for a record that is not a version-1 meta record of sane values. */
+int kvedge_engine_meta_unpack(const uint8_t *in, size_t len, kvedge_block_meta_t *m);
+/* Returns the record's length. */
+size_t kvedge_engine_prefix_pack(const kvedge_chunk_info_t *c, uint8_t out[S_PREFIX_MAX_BYTES]);
+/* key is the chunk id the record is stored under. KVEDGE_ECORRUPT for a bad key or record. */
+int kvedge_engine_prefix_unpack(const uint8_t *key, size_t klen, const uint8_t *in, size_t len,
+                                kvedge_chunk_info_t *c);
+
+/* ---------------------------------------------------------------- RocksDB boundary
+ * (engine.c; errors translated by store/rocks.h) */
+
+static inline int s_write(kvedge_engine_t *e, rocksdb_writebatch_t *b)
+{
+    char *err = NULL;
+    rocksdb_write(e->db, e->wo, b, &err);
+    return err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+}
+
+/* Zero-copy point lookup under ro. Returns 0 with *out set, KVEDGE_ENOTFOUND, or a store
+ * error (KVEDGE_ECORRUPT for a value RocksDB cannot read back intact). */
+int kvedge_engine_pget(kvedge_engine_t *e, const rocksdb_readoptions_t *ro, int cf, const void *key,
+                       size_t klen, rocksdb_pinnableslice_t **out);
+
+static inline int s_pget(kvedge_engine_t *e, int cf, const void *key, size_t klen,
+                         rocksdb_pinnableslice_t **out)
+{
+    return kvedge_engine_pget(e, e->ro, cf, key, klen, out);
+}
+
+static inline const uint8_t *s_pval(const rocksdb_pinnableslice_t *p, size_t *len)
+{
+    return (const uint8_t *)rocksdb_pinnableslice_value(p, len);
+}
+
+/* The meta record of one block key: 0, KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT or a store error. */
+int kvedge_engine_read_meta(kvedge_engine_t *e, const uint8_t *kb, kvedge_block_meta_t *m);
+
+/* Iterator over [lower, upper) of one family; upper must outlive the iterator. Either bound
+ * may be NULL. Close with kvedge_engine_iter_close. */
+rocksdb_iterator_t *kvedge_engine_iter(kvedge_engine_t *e, int cf, const void *lower, size_t llen,
+                                       const void *upper, size_t ulen, rocksdb_readoptions_t **ro);
+
+/* Closes an iterator, returning its error if it stopped on one (else rc unchanged). */
+int kvedge_engine_iter_close(rocksdb_iterator_t *it, rocksdb_readoptions_t *ro, int rc);
+
+/* ---------------------------------------------------------------- block walks
+ * (engine_walk.c) */
+
+/* Keys of the blocks family in key order, each with its value where RocksDB can read it back.
+ * A damaged blob record ends a plain iterator for good (invalid, with a Corruption status), and
+ * it does not say at which key; a walk finds that key, yields it with no value and goes on past
+ * it, so one damaged value costs one block, never the rest of a scan. */
+typedef struct {
+    kvedge_engine_t *e;
+    const rocksdb_snapshot_t *snap; /* every read of the walk, probes included, sees this */
+    bool own_snap;                  /* taken by the walk, released by kvedge_engine_walk_close */
+    bool check;                     /* RocksDB verifies its checksums on every read */
+    bool fill;                      /* values read enter the cache */
+    rocksdb_readoptions_t *ro;      /* the iterator's: snapshot and upper bound */
+    rocksdb_readoptions_t *pro;     /* point reads: snapshot only */
+    rocksdb_iterator_t *it;
+    const uint8_t *upper; /* exclusive bound, NULL for none; outlives the walk */
+    size_t ulen;
+    uint8_t key[S_WALK_KEY_MAX + 1]; /* the current key (room for a 0x00 to step past it) */
+    size_t klen;                     /* its length, even when too long to keep */
+    bool valid;
+    bool unreadable; /* the current key's value could not be read */
+    int err;         /* the store error that ended the walk early, else 0 */
+} kvedge_engine_walk_t;
+
+/* Starts a walk over [lower, upper) of the blocks family (either may be NULL; upper must
+ * outlive the walk) under snap, or a snapshot of its own when snap is NULL. With check,
+ * RocksDB verifies its own checksums (so a damaged blob record header fails its key); with
+ * fill, the values read enter the cache. */
+void kvedge_engine_walk_open(kvedge_engine_walk_t *w, kvedge_engine_t *e,
+                             const rocksdb_snapshot_t *snap, const uint8_t *lower, size_t llen,
+                             const uint8_t *upper, size_t ulen, bool check, bool fill);
+const uint8_t *kvedge_engine_walk_key(const kvedge_engine_walk_t *w, size_t *klen);
+/* The current value, valid until the walk moves; NULL when it could not be read. */
+const uint8_t *kvedge_engine_walk_value(const kvedge_engine_walk_t *w, size_t *vlen);
+void kvedge_engine_walk_next(kvedge_engine_walk_t *w);
+/* Ends a walk; returns rc, or the store error that ended the walk when rc is not negative. */
+int kvedge_engine_walk_close(kvedge_engine_walk_t *w, int rc);
+
+/* ---------------------------------------------------------------- time, stripes, totals */
+
+static inline uint64_t s_now(const kvedge_engine_t *e)
+{
+    if (e->opts.clock_ms)
+        return e->opts.clock_ms(e->opts.clock_ctx);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static inline unsigned s_stripe_of(const uint8_t *kb)
+{
+    return (unsigned)(XXH3_64bits(kb, KVEDGE_BLOCK_KEY_BYTES) % S_STRIPES);
+}
+
+static inline void s_lock(kvedge_engine_t *e, unsigned s)
+{
+    pthread_mutex_lock(&e->stripes[s]);
+}
+
+static inline void s_unlock(kvedge_engine_t *e, unsigned s)
+{
+    pthread_mutex_unlock(&e->stripes[s]);
+}
+
+static inline void s_add(_Atomic uint64_t *a, uint64_t v)
+{
+    atomic_fetch_add_explicit(a, v, memory_order_relaxed);
+}
+
+static inline void s_sub(_Atomic uint64_t *a, uint64_t v)
+{
+    atomic_fetch_sub_explicit(a, v, memory_order_relaxed);
+}
+
+static inline uint64_t s_get(_Atomic uint64_t *a)
+{
+    return atomic_load_explicit(a, memory_order_relaxed);
+}
+
+/* Totals of one block entering or leaving the store; bytes too when with_bytes (a put moves
+ * bytes itself, by reservation). */
+void kvedge_engine_totals(kvedge_engine_t *e, const kvedge_block_meta_t *m, bool add,
+                          bool with_bytes);
+
+static inline bool s_expired(const kvedge_block_meta_t *m, uint64_t now)
+{
+    return !m->pinned && m->expires_ms != 0 && now >= m->expires_ms;
+}
+
+static inline bool s_needs_touch(const kvedge_engine_t *e, const kvedge_block_meta_t *m,
+                                 uint64_t now)
+{
+    return now >= m->atime_ms && now - m->atime_ms >= e->opts.atime_granularity_ms;
+}
+
+/* ---------------------------------------------------------------- verification and
+ * quarantine (engine_verify.c) */
+
+/* Checks a block's bytes against itself and against its metadata. Returns 0, a parse error,
+ * or KVEDGE_ECORRUPT for a disagreement. */
+int kvedge_engine_check_block(const uint8_t *data, size_t len, const kvedge_block_meta_t *m);
+
+/* Reads meta and block of one key and verifies them. On S_LOAD_OK, *blk holds the block; on
+ * S_LOAD_BAD it may hold the bad bytes (or be NULL: missing, or a value RocksDB cannot read
+ * back, such as a damaged blob record) and *meta_ok says whether meta is usable; *why (may be
+ * NULL) receives the specific failure. Negative: a store error. The block is read with
+ * RocksDB's own checksums only when scrub (verify); reads rely on the block's xxh3. */
+int kvedge_engine_load(kvedge_engine_t *e, const uint8_t *kb, kvedge_block_meta_t *meta,
+                       bool *meta_ok, rocksdb_pinnableslice_t **blk, int *why, bool scrub);
+
+/* Under the key's stripe: moves a bad block's bytes to quarantine and drops it. */
+int kvedge_engine_quarantine_locked(kvedge_engine_t *e, const uint8_t *kb,
+                                    const kvedge_block_meta_t *m,
+                                    const rocksdb_pinnableslice_t *blk);
+
+/* ---------------------------------------------------------------- dropping and evicting
+ * blocks (engine_evict.c) */
+
+/* Adds to b the deletion of a block and everything that indexes it (m NULL: meta unusable,
+ * only the block and meta records). */
+void kvedge_engine_batch_drop(rocksdb_writebatch_t *b, kvedge_engine_t *e, const uint8_t *kb,
+                              const kvedge_block_meta_t *m);
+
+/* Under the key's stripe: deletes a block whose meta is m (NULL: meta unusable, totals do not
+ * count it). */
+int kvedge_engine_drop_locked(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_meta_t *m);
+
+/* Under evict_mu: evicts least-recently-used unpinned blocks until bytes <= target, skipping
+ * the key `keep` (may be NULL). Takes each victim's stripe in turn; the caller holds none.
+ * Returns 0, KVEDGE_EFULL when the LRU ran out first, or a store error. */
+int kvedge_engine_evict_locked(kvedge_engine_t *e, uint64_t target, const uint8_t *keep,
+                               uint64_t *n_out, uint64_t *bytes_out);
+
+/* ---------------------------------------------------------------- chunks (engine_scan.c) */
+
+/* The stored record of one chunk: 0, KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT or a store error. */
+int kvedge_engine_read_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id,
+                             kvedge_chunk_info_t *out);
+
+#endif
