@@ -1,5 +1,6 @@
 /* The kvedge admin commands in local mode: they open the store directory themselves.
- * Inspection commands open it read-only, so they also work beside a running node. */
+ * Inspection commands open it read-only, so they also work beside a running node.
+ * put-synthetic is one command for both modes: with -H it writes through a node. */
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include "clients/cli/cli.h"
+#include "clients/kvedge.h"
 #include "store/error.h"
 #include "store/quant.h"
 #include "store/synth.h"
@@ -15,6 +17,7 @@
 #define S_VOCAB_SIZE      50272 /* OPT's vocabulary: synthetic token ids are drawn from it */
 #define S_SALT_DEFAULT    "local"
 #define S_TOKENS_DEFAULT  1024
+#define S_TOKENS_MAX      (1u << 24) /* put-synthetic --tokens */
 
 /* ---- option parsing shared by every command ---- */
 
@@ -479,15 +482,21 @@ static int s_cmd_show(kvedge_cli_t *cli, int argc, char **argv)
     return s.bad ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
 }
 
-/* ---- put-synthetic ---- */
+/* ---- put-synthetic: into the store, or with -H through a node ---- */
 
 typedef struct {
     const char *model;
     uint64_t tokens, group, keep, seed, chunk_tokens, ttl;
-    bool group_set, keep_set, lz4, pin;
+    bool group_set, keep_set, lz4, pin, salt_set;
     kvedge_scheme_t scheme;
     const char *salt;
 } s_synth_opts_t;
+
+/* Where put-synthetic writes: exactly one of the two is set. */
+typedef struct {
+    kvedge_engine_t *e; /* local mode: the store of --data */
+    kvedge_client_t *c; /* remote mode (-H): the node */
+} s_sink_t;
 
 /* Seed of one head: fixed per (seed, layer, head) so a head keeps its outlier channels. */
 static uint64_t s_head_seed(uint64_t seed, uint32_t layer, uint32_t head)
@@ -495,32 +504,104 @@ static uint64_t s_head_seed(uint64_t seed, uint32_t layer, uint32_t head)
     return seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)layer << 32 | head);
 }
 
-static int s_put_synthetic(kvedge_cli_t *cli, kvedge_engine_t *e, const kvedge_model_t *m,
+/* Scratch of the generator, sized for one chunk of one head. */
+typedef struct {
+    float *kf, *vf;  /* [tokens][head_dim] floats */
+    uint8_t *k, *v;  /* the same in the model's dtype */
+    uint8_t *blocks; /* heads slots of slot bytes: the encoded blocks of one layer */
+    size_t slot;
+    size_t *lens; /* encoded length per head */
+} s_synth_buf_t;
+
+/* Generates and encodes every head of one layer of one chunk (the same bytes whatever the
+ * write path). spec->tokens is the chunk's token count. */
+static int s_synth_layer(const s_synth_opts_t *o, const kvedge_model_t *m, uint32_t ci,
+                         uint32_t layer, kvedge_block_spec_t *spec, s_synth_buf_t *b)
+{
+    const uint32_t D = m->head_dim, nt = spec->tokens;
+    uint8_t mask[KVEDGE_BLOCK_MAX_HEAD_DIM / 8];
+    for (uint32_t h = 0; h < m->kv_heads; h++) {
+        int rc = kvedge_synth_head_f32(s_head_seed(o->seed, layer, h),
+                                       ci * (uint32_t)o->chunk_tokens, nt, D, b->kf, b->vf);
+        if (rc != KVEDGE_OK)
+            return rc;
+        spec->key_mask = NULL;
+        if (o->keep < D) {
+            kvedge_synth_key_mask(b->kf, nt, D, (uint32_t)o->keep, mask);
+            spec->key_mask = mask;
+        }
+        kvedge_convert_from_f32(m->dtype, b->kf, (size_t)nt * D, b->k);
+        kvedge_convert_from_f32(m->dtype, b->vf, (size_t)nt * D, b->v);
+        rc = kvedge_block_encode(spec, b->k, b->v, b->blocks + h * b->slot, b->slot, &b->lens[h]);
+        if (rc != KVEDGE_OK)
+            return rc;
+    }
+    return KVEDGE_OK;
+}
+
+/* Writes the blocks of one layer of one chunk: one engine put per head, or one client PUT
+ * per layer. */
+static int s_sink_layer(s_sink_t *s, const s_synth_opts_t *o, const kvedge_chunk_info_t *info,
+                        uint32_t layer, uint32_t heads, const s_synth_buf_t *b,
+                        kvedge_put_item_t *items)
+{
+    if (s->e) {
+        kvedge_put_opts_t po = {(uint32_t)o->ttl, o->pin};
+        for (uint32_t h = 0; h < heads; h++) {
+            int rc = kvedge_engine_put(s->e, info, (uint16_t)layer, (uint16_t)h,
+                                       b->blocks + h * b->slot, b->lens[h], &po);
+            if (rc != KVEDGE_OK)
+                return rc;
+        }
+        return KVEDGE_OK;
+    }
+    for (uint32_t h = 0; h < heads; h++) {
+        kvedge_put_item_t *it = &items[h];
+        memset(it, 0, sizeof *it);
+        it->chunk = *info;
+        it->layer = (uint16_t)layer;
+        it->head = (uint16_t)h;
+        it->block = b->blocks + h * b->slot;
+        it->len = b->lens[h];
+        it->pin = o->pin;
+        it->ttl_s = (uint32_t)o->ttl;
+    }
+    return kvedge_client_put(s->c, items, heads, NULL);
+}
+
+static int s_put_synthetic(kvedge_cli_t *cli, s_sink_t *sink, const kvedge_model_t *m,
                            const s_synth_opts_t *o)
 {
-    const uint32_t D = m->head_dim, C = (uint32_t)o->chunk_tokens;
+    const uint32_t D = m->head_dim, C = (uint32_t)o->chunk_tokens, H = m->kv_heads;
     const size_t es = kvedge_dtype_size(m->dtype);
     const uint32_t n_chunks = (uint32_t)((o->tokens + C - 1) / C);
+    /* The node namespaces chunk ids by this client's tenant: ids go with an empty salt. */
+    const char *salt = sink->c ? "" : o->salt;
     uint32_t *tokens = malloc(sizeof(uint32_t) * o->tokens);
     kvedge_chunk_id_t *ids = malloc(sizeof *ids * n_chunks);
-    float *kf = malloc(sizeof(float) * 2 * C * D), *vf = kf ? kf + (size_t)C * D : NULL;
-    uint8_t *k = malloc((size_t)C * D * es), *v = malloc((size_t)C * D * es);
     kvedge_block_spec_t spec = {m->dtype,           o->scheme, C,     m->head_dim,
                                 (uint16_t)o->group, NULL,      o->lz4};
-    uint8_t mask[KVEDGE_BLOCK_MAX_HEAD_DIM / 8];
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    uint8_t *blk = malloc(cap);
-    int rc = (tokens && ids && kf && k && v && blk) ? KVEDGE_OK : KVEDGE_ENOMEM;
+    s_synth_buf_t b;
+    b.slot = (kvedge_block_encoded_bound(&spec) + 7) & ~(size_t)7;
+    b.kf = malloc(sizeof(float) * 2 * C * D);
+    b.vf = b.kf ? b.kf + (size_t)C * D : NULL;
+    b.k = malloc((size_t)C * D * es);
+    b.v = malloc((size_t)C * D * es);
+    b.blocks = malloc(b.slot * H);
+    b.lens = calloc(H, sizeof *b.lens);
+    kvedge_put_item_t *items = sink->c ? calloc(H, sizeof *items) : NULL;
+    int rc = (tokens && ids && b.kf && b.k && b.v && b.blocks && b.lens && (items || !sink->c))
+                 ? KVEDGE_OK
+                 : KVEDGE_ENOMEM;
     kvedge_rng_t r;
     kvedge_rng_seed(&r, o->seed);
     for (uint64_t i = 0; rc == KVEDGE_OK && i < o->tokens; i++)
         tokens[i] = (uint32_t)(kvedge_rng_next(&r) % S_VOCAB_SIZE);
     if (rc == KVEDGE_OK) {
-        int n = kvedge_chunk_chain((const uint8_t *)o->salt, strlen(o->salt), m->id, tokens,
-                                   o->tokens, C, ids, n_chunks);
+        int n = kvedge_chunk_chain((const uint8_t *)salt, strlen(salt), m->id, tokens, o->tokens, C,
+                                   ids, n_chunks);
         rc = n < 0 ? n : KVEDGE_OK;
     }
-    kvedge_put_opts_t po = {o->ttl ? (uint32_t)o->ttl : 0, o->pin};
     uint64_t blocks = 0, stored = 0, fp16 = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -539,22 +620,12 @@ static int s_put_synthetic(kvedge_cli_t *cli, kvedge_engine_t *e, const kvedge_m
         info.tokens = nt;
         spec.tokens = nt;
         for (uint32_t l = 0; rc == KVEDGE_OK && l < m->layers; l++) {
-            for (uint32_t h = 0; rc == KVEDGE_OK && h < m->kv_heads; h++) {
-                rc = kvedge_synth_head_f32(s_head_seed(o->seed, l, h), ci * C, nt, D, kf, vf);
-                if (rc != KVEDGE_OK)
-                    break;
-                if (o->keep < D) {
-                    kvedge_synth_key_mask(kf, nt, D, (uint32_t)o->keep, mask);
-                    spec.key_mask = mask;
-                }
-                kvedge_convert_from_f32(m->dtype, kf, (size_t)nt * D, k);
-                kvedge_convert_from_f32(m->dtype, vf, (size_t)nt * D, v);
-                size_t len;
-                rc = kvedge_block_encode(&spec, k, v, blk, cap, &len);
-                if (rc == KVEDGE_OK)
-                    rc = kvedge_engine_put(e, &info, (uint16_t)l, (uint16_t)h, blk, len, &po);
+            rc = s_synth_layer(o, m, ci, l, &spec, &b);
+            if (rc == KVEDGE_OK)
+                rc = s_sink_layer(sink, o, &info, l, H, &b, items);
+            for (uint32_t h = 0; rc == KVEDGE_OK && h < H; h++) {
                 blocks++;
-                stored += len;
+                stored += b.lens[h];
                 fp16 += kvedge_block_fp16_bytes(nt, m->head_dim);
             }
         }
@@ -579,20 +650,22 @@ static int s_put_synthetic(kvedge_cli_t *cli, kvedge_engine_t *e, const kvedge_m
                    (unsigned long long)blocks, (unsigned long long)stored, (unsigned long long)fp16,
                    s_ratio(fp16, stored), secs);
         } else {
-            printf("put %llu blocks of %s (%llu tokens in %u chunks, %u layers x %u heads, "
+            printf("put %llu blocks of %s%s%s (%llu tokens in %u chunks, %u layers x %u heads, "
                    "%s): %s stored for %s fp16 (%.2fx) in %.2f s\nprefix %s\n",
-                   (unsigned long long)blocks, m->id, (unsigned long long)o->tokens, n_chunks,
-                   m->layers, m->kv_heads, kvedge_scheme_name(o->scheme),
-                   kvedge_cli_bytes(stored, b1, 32), kvedge_cli_bytes(fp16, b2, 32),
-                   s_ratio(fp16, stored), secs, hex);
+                   (unsigned long long)blocks, m->id, sink->c ? " to " : "",
+                   sink->c ? cli->host : "", (unsigned long long)o->tokens, n_chunks, m->layers,
+                   m->kv_heads, kvedge_scheme_name(o->scheme), kvedge_cli_bytes(stored, b1, 32),
+                   kvedge_cli_bytes(fp16, b2, 32), s_ratio(fp16, stored), secs, hex);
         }
     }
     free(tokens);
     free(ids);
-    free(kf);
-    free(k);
-    free(v);
-    free(blk);
+    free(b.kf);
+    free(b.k);
+    free(b.v);
+    free(b.blocks);
+    free(b.lens);
+    free(items);
     return rc;
 }
 
@@ -604,6 +677,42 @@ static void s_list_builtin_models(FILE *f)
     for (size_t i = 0; i < n; i++)
         fprintf(f, " %s", t[i].id);
     fputc('\n', f);
+}
+
+/* The model's shape: registered in the store (e, local mode) or built in (and then
+ * registered in the store); a node's own registrations cannot be read back, so with -H (e
+ * NULL) only built-in shapes. Checks --keep-channels against it. Returns an exit code. */
+static int s_synth_model(kvedge_cli_t *cli, kvedge_engine_t *e, s_synth_opts_t *o,
+                         kvedge_model_t *m)
+{
+    int rc = e ? kvedge_engine_get_model(e, o->model, m) : KVEDGE_ENOMODEL;
+    if (rc == KVEDGE_ENOMODEL || rc == KVEDGE_ENOTFOUND) {
+        rc = kvedge_model_builtin(o->model, m);
+        if (rc == KVEDGE_OK && e)
+            rc = kvedge_engine_put_model(e, m);
+    }
+    if (rc == KVEDGE_ENOMODEL || rc == KVEDGE_ENOTFOUND) {
+        if (e)
+            kvedge_cli_error("unknown model '%s'", o->model);
+        else
+            kvedge_cli_error("unknown model '%s' (with -H %s, put-synthetic knows the built-in "
+                             "shapes only)",
+                             o->model, cli->host);
+        s_list_builtin_models(stderr);
+        return KVEDGE_EXIT_NOTFOUND;
+    }
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("put-synthetic: %s", kvedge_strerror(rc));
+        return kvedge_cli_exit_code(rc);
+    }
+    if (!o->keep_set)
+        o->keep = m->head_dim;
+    if (o->keep > m->head_dim) {
+        kvedge_cli_error("put-synthetic: --keep-channels %llu exceeds head_dim %u of %s",
+                         (unsigned long long)o->keep, m->head_dim, m->id);
+        return KVEDGE_EXIT_USAGE;
+    }
+    return KVEDGE_EXIT_OK;
 }
 
 static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
@@ -633,6 +742,7 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
                         false,
                         true,
                         false,
+                        false,
                         KVEDGE_SCHEME_INT8,
                         S_SALT_DEFAULT};
     int c;
@@ -644,7 +754,7 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
             o.model = optarg;
             break;
         case 't':
-            bad = kvedge_cli_parse_u64(optarg, 1, 1u << 24, &o.tokens);
+            bad = kvedge_cli_parse_u64(optarg, 1, S_TOKENS_MAX, &o.tokens);
             break;
         case 's':
             bad = kvedge_scheme_parse(optarg, &o.scheme) ? -1 : 0;
@@ -665,6 +775,7 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
             break;
         case 'a':
             o.salt = optarg;
+            o.salt_set = true;
             bad = strlen(optarg) > KVEDGE_SALT_MAX_BYTES ? -1 : 0;
             break;
         case 'c':
@@ -680,8 +791,11 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
             kvedge_cli_usage(
                 stdout, cmd,
                 "Generates a realistic synthetic KV cache (Gaussian values, keys with outlier\n"
-                "channels) for a model shape and a random token sequence, and stores it.\n\n"
-                "  -m, --model ID          model shape (required; see kvedge models)\n"
+                "channels) for a model shape and a random token sequence, and stores it in the\n"
+                "store of --data, or with -H EP on that node (in this client's tenant). The\n"
+                "same options give the same blocks either way.\n\n"
+                "  -m, --model ID          model shape (required; see kvedge models; with -H,\n"
+                "                          a built-in one)\n"
                 "  -t, --tokens N          context length in tokens (default 1024)\n"
                 "  -s, --scheme S          lossless, int8 or int4 (default int8)\n"
                 "  -g, --group N           quantization group (default: int8 0 = whole axis,\n"
@@ -689,7 +803,9 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
                 "  -k, --keep-channels N   ThinK: keep the N key channels of largest magnitude\n"
                 "      --no-lz4            never lz4-compress blocks\n"
                 "  -S, --seed N            data and token seed (default 1)\n"
-                "      --salt STR          tenant namespace of the chunk ids (default local)\n"
+                "      --salt STR          tenant namespace of the chunk ids (default local);\n"
+                "                          not with -H: there the node's tenant of this\n"
+                "                          client's key is the namespace\n"
                 "  -c, --chunk-tokens N    tokens per chunk (default 256)\n"
                 "      --pin               pin the blocks (never evicted or expired)\n"
                 "      --ttl SECONDS       expire the blocks after SECONDS\n");
@@ -713,38 +829,32 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
         kvedge_cli_error("put-synthetic: --group applies to int8 and int4 only");
         return KVEDGE_EXIT_USAGE;
     }
-    if (!o.group_set)
-        o.group = o.scheme == KVEDGE_SCHEME_INT4 ? KVEDGE_BLOCK_INT4_GROUP_DEFAULT : 0;
-    kvedge_engine_t *e;
-    int ex = kvedge_cli_open(cli, true, &e);
-    if (ex)
-        return ex;
-    kvedge_model_t m;
-    int rc = kvedge_engine_get_model(e, o.model, &m);
-    if (rc == KVEDGE_ENOMODEL || rc == KVEDGE_ENOTFOUND) {
-        rc = kvedge_model_builtin(o.model, &m);
-        if (rc == KVEDGE_OK)
-            rc = kvedge_engine_put_model(e, &m);
-    }
-    if (rc == KVEDGE_ENOMODEL) {
-        kvedge_cli_error("unknown model '%s'", o.model);
-        s_list_builtin_models(stderr);
-        kvedge_engine_destroy(&e);
-        return KVEDGE_EXIT_NOTFOUND;
-    }
-    if (rc == KVEDGE_OK && !o.keep_set)
-        o.keep = m.head_dim;
-    if (rc == KVEDGE_OK && o.keep > m.head_dim) {
-        kvedge_cli_error("put-synthetic: --keep-channels %llu exceeds head_dim %u of %s",
-                         (unsigned long long)o.keep, m.head_dim, m.id);
-        kvedge_engine_destroy(&e);
+    if (cli->host && o.salt_set) {
+        kvedge_cli_error("put-synthetic: --salt is for a local store; with -H the node "
+                         "namespaces chunk ids by the tenant of this client's key");
         return KVEDGE_EXIT_USAGE;
     }
-    if (rc == KVEDGE_OK)
-        rc = s_put_synthetic(cli, e, &m, &o);
-    else
-        kvedge_cli_error("put-synthetic: %s", kvedge_strerror(rc));
-    kvedge_engine_destroy(&e);
+    if (!o.group_set)
+        o.group = o.scheme == KVEDGE_SCHEME_INT4 ? KVEDGE_BLOCK_INT4_GROUP_DEFAULT : 0;
+    s_sink_t sink = {NULL, NULL};
+    kvedge_model_t m;
+    int ex;
+    if (cli->host) { /* the shape first: a usage error needs no network */
+        if ((ex = s_synth_model(cli, NULL, &o, &m)) != 0)
+            return ex;
+        if ((ex = kvedge_cli_connect(cli, "kvedge-cli", &sink.c)) != 0)
+            return ex;
+    } else {
+        if ((ex = kvedge_cli_open(cli, true, &sink.e)) != 0)
+            return ex;
+        if ((ex = s_synth_model(cli, sink.e, &o, &m)) != 0) {
+            kvedge_engine_destroy(&sink.e);
+            return ex;
+        }
+    }
+    int rc = s_put_synthetic(cli, &sink, &m, &o);
+    kvedge_engine_destroy(&sink.e);
+    kvedge_client_destroy(&sink.c);
     return kvedge_cli_exit_code(rc);
 }
 
@@ -1043,7 +1153,7 @@ const kvedge_cli_cmd_t kvedge_cli_local_cmds[] = {
     {"show", s_cmd_show, "PREFIX [--layer L]",
      "Per layer and head of a prefix: scheme, bytes, checksum."},
     {"put-synthetic", s_cmd_put_synthetic, "--model ID [--tokens N] [--scheme S] [...]",
-     "Store a realistic synthetic KV cache for a model shape."},
+     "Store a realistic synthetic KV cache (in the store, or on a node with -H)."},
     {"verify", s_cmd_verify, "[--quarantine]", "Check every block's checksum and structure."},
     {"evict", s_cmd_evict, "--to SIZE", "Evict least-recently-used unpinned blocks."},
     {"pin", s_cmd_pin, "PREFIX", "Pin a prefix: never evicted, never expired."},

@@ -1,16 +1,14 @@
 /* The kvedge admin commands in remote mode (-H ENDPOINT): the same commands as local mode,
- * through libkvedge against a running node, within the tenant of this client's key. */
+ * through libkvedge against a running node, within the tenant of this client's key.
+ * put-synthetic is not here: one command in clients/cli/cli_local.c writes either way. */
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "clients/cli/cli.h"
 #include "clients/kvedge.h"
-#include "store/synth.h"
 
-#define S_VOCAB_SIZE  50272
 #define S_PING_ROUNDS 20
 
 /* For the remote commands that take no arguments: --help, or a usage error on anything. */
@@ -537,145 +535,6 @@ static int s_r_ping(kvedge_cli_t *cli, int argc, char **argv)
     return KVEDGE_EXIT_OK;
 }
 
-static int s_r_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
-{
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"tokens", required_argument, NULL, 't'},
-                                         {"scheme", required_argument, NULL, 's'},
-                                         {"seed", required_argument, NULL, 'S'},
-                                         {"pin", no_argument, NULL, 'p'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const char *model_id = NULL;
-    uint64_t tokens = 1024, seed = 1;
-    kvedge_scheme_t scheme = KVEDGE_SCHEME_INT8;
-    bool pin = false;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "m:t:s:S:h", opts, NULL)) != -1) {
-        bool bad = false;
-        switch (ch) {
-        case 'm':
-            model_id = optarg;
-            break;
-        case 't':
-            bad = kvedge_cli_parse_u64(optarg, 1, 1u << 20, &tokens) != 0;
-            break;
-        case 's':
-            bad = kvedge_scheme_parse(optarg, &scheme) != 0;
-            break;
-        case 'S':
-            bad = kvedge_cli_parse_u64(optarg, 0, UINT64_MAX, &seed) != 0;
-            break;
-        case 'p':
-            pin = true;
-            break;
-        case 'h':
-            printf("usage: kvedge -H EP put-synthetic --model ID [--tokens N] [--scheme S] "
-                   "[--seed N] [--pin]\n\nStores a synthetic KV cache on the node (chunk ids "
-                   "with an empty salt: the node\nnamespaces them to this client's tenant).\n");
-            return KVEDGE_EXIT_OK;
-        default:
-            bad = true;
-            break;
-        }
-        if (bad) {
-            kvedge_cli_error("put-synthetic: bad option or value '%s'", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    kvedge_model_t m;
-    if (!model_id || kvedge_model_builtin(model_id, &m) != KVEDGE_OK) {
-        kvedge_cli_error("put-synthetic: --model must name a built-in model (see kvedge models)");
-        return model_id ? KVEDGE_EXIT_NOTFOUND : KVEDGE_EXIT_USAGE;
-    }
-    kvedge_client_t *c;
-    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
-    if (ex)
-        return ex;
-    const uint32_t C = KVEDGE_CHUNK_TOKENS_DEFAULT, D = m.head_dim;
-    const uint32_t n_chunks = (uint32_t)((tokens + C - 1) / C);
-    const size_t es = kvedge_dtype_size(m.dtype);
-    uint32_t *tok = malloc(sizeof *tok * tokens);
-    kvedge_chunk_id_t *ids = malloc(sizeof *ids * n_chunks);
-    uint8_t *k = malloc((size_t)C * D * es), *v = malloc((size_t)C * D * es);
-    kvedge_block_spec_t spec = {
-        m.dtype, scheme, C, m.head_dim, (uint16_t)(scheme == KVEDGE_SCHEME_INT4 ? 32 : 0),
-        NULL,    true};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    uint8_t *blocks = malloc(cap * m.kv_heads);
-    kvedge_put_item_t *items = calloc(m.kv_heads, sizeof *items);
-    int rc = tok && ids && k && v && blocks && items ? KVEDGE_OK : KVEDGE_ENOMEM;
-    kvedge_rng_t r;
-    kvedge_rng_seed(&r, seed);
-    for (uint64_t i = 0; rc == KVEDGE_OK && i < tokens; i++)
-        tok[i] = (uint32_t)(kvedge_rng_next(&r) % S_VOCAB_SIZE);
-    if (rc == KVEDGE_OK) {
-        int got = kvedge_chunk_chain(NULL, 0, m.id, tok, tokens, C, ids, n_chunks);
-        rc = got < 0 ? got : KVEDGE_OK;
-    }
-    uint64_t stored = 0, fp16 = 0, nblocks = 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (uint32_t ci = 0; rc == KVEDGE_OK && ci < n_chunks; ci++) {
-        uint32_t nt = (uint32_t)(tokens - (uint64_t)ci * C < C ? tokens - (uint64_t)ci * C : C);
-        spec.tokens = nt;
-        for (uint32_t l = 0; rc == KVEDGE_OK && l < m.layers; l++) {
-            size_t off = 0;
-            for (uint32_t h = 0; rc == KVEDGE_OK && h < m.kv_heads; h++) {
-                uint64_t hs = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)l << 32 | h);
-                rc = kvedge_synth_head(hs, ci * C, nt, D, m.dtype, k, v);
-                size_t len = 0;
-                if (rc == KVEDGE_OK)
-                    rc = kvedge_block_encode(&spec, k, v, blocks + off, cap, &len);
-                kvedge_put_item_t *it = &items[h];
-                memset(it, 0, sizeof *it);
-                it->chunk.id = ids[ci];
-                it->chunk.has_parent = ci > 0;
-                if (ci > 0)
-                    it->chunk.parent = ids[ci - 1];
-                snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%s", m.id);
-                it->chunk.index = ci;
-                it->chunk.tokens = nt;
-                it->layer = (uint16_t)l;
-                it->head = (uint16_t)h;
-                it->block = blocks + off;
-                it->len = len;
-                it->pin = pin;
-                off += (len + 7) & ~(size_t)7;
-                stored += len;
-                fp16 += kvedge_block_fp16_bytes(nt, m.head_dim);
-            }
-            if (rc == KVEDGE_OK)
-                rc = kvedge_client_put(c, items, m.kv_heads, NULL); /* one layer per call */
-            nblocks += m.kv_heads;
-        }
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    kvedge_client_destroy(&c);
-    if (rc == KVEDGE_OK) {
-        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
-        kvedge_chunk_id_hex(&ids[n_chunks - 1], hex);
-        if (cli->json)
-            printf("{\"prefix\":\"%s\",\"blocks\":%llu,\"chunks\":%u,\"bytes\":%llu,"
-                   "\"fp16_bytes\":%llu,\"seconds\":%.3f}\n",
-                   hex, (unsigned long long)nblocks, n_chunks, (unsigned long long)stored,
-                   (unsigned long long)fp16, secs);
-        else
-            printf("put %llu blocks of %s to %s: %s for %s fp16 in %.2f s\nprefix %s\n",
-                   (unsigned long long)nblocks, m.id, cli->host, kvedge_cli_bytes(stored, b1, 32),
-                   kvedge_cli_bytes(fp16, b2, 32), secs, hex);
-    }
-    free(tok);
-    free(ids);
-    free(k);
-    free(v);
-    free(blocks);
-    free(items);
-    return rc == KVEDGE_OK ? KVEDGE_EXIT_OK : s_fail("put-synthetic", rc);
-}
-
 static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
 {
     uint64_t target = 0;
@@ -720,7 +579,6 @@ const kvedge_cli_cmd_t kvedge_cli_remote_cmds[] = {
     {"inspect", s_r_inspect, "", "Summarize this tenant on the node, and the node."},
     {"ls", s_r_ls, "", "List this tenant's prefix chunks."},
     {"show", s_r_show, "PREFIX [--layer L]", "Fetch and verify every block of a prefix chunk."},
-    {"put-synthetic", s_r_put_synthetic, "--model ID [...]", "Store a synthetic KV cache."},
     {"verify", s_r_verify, "", "Fetch and verify every block of this tenant."},
     {"evict", s_r_evict, "--to SIZE", "Store-wide LRU eviction (admin key)."},
     {"pin", s_r_pin, "PREFIX", "Pin a prefix and its chain."},

@@ -2,6 +2,7 @@
  * bad input (unknown model, bad flags, missing, locked and damaged stores, corrupt blocks). */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/engine.h"
@@ -45,16 +47,16 @@ static char *s_slurp(FILE *f)
     return buf;
 }
 
-/* Runs `kvedge --data DIR <args>`; returns its exit code, stdout in s_out, stderr in
+/* Runs `kvedge [--data DIR] <args>`; returns its exit code, stdout in s_out, stderr in
  * s_errtext. */
-static int s_run(const char *fmt, ...)
+static int s_vrun(bool with_data, const char *fmt, va_list ap)
 {
     char args[1024], cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s --data %s %s 2>%s", KVEDGE_BIN, s_dir, args, s_err);
+    if (with_data)
+        snprintf(cmd, sizeof cmd, "%s --data %s %s 2>%s", KVEDGE_BIN, s_dir, args, s_err);
+    else
+        snprintf(cmd, sizeof cmd, "%s %s 2>%s", KVEDGE_BIN, args, s_err);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     free(s_out);
@@ -67,6 +69,26 @@ static int s_run(const char *fmt, ...)
         fclose(e);
     assert_non_null(s_out);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Runs `kvedge --data DIR <args>`. */
+static int s_run(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = s_vrun(true, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Runs `kvedge <args>`: no --data before the command. */
+static int s_run_bare(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = s_vrun(false, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 #define assert_contains(hay, needle)                                                               \
@@ -105,6 +127,24 @@ static void s_json_prefix(const char *out, char hex[65])
     assert_non_null(p);
     memcpy(hex, p + 10, 64);
     hex[64] = '\0';
+}
+
+/* The number after "key": in JSON output (the first such key). */
+static unsigned long long s_json_u64(const char *out, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(out, pat);
+    if (!p)
+        fail_msg("expected %s in:\n%s", pat, out);
+    return strtoull(p + strlen(pat), NULL, 10);
+}
+
+static double s_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 static void test_help_and_usage_errors(void **state)
@@ -480,6 +520,154 @@ static void test_remote_mode(void **state)
     close(out_fd);
     /* The node is gone: a call returns by its deadline with exit code 5. */
     assert_int_equal(s_run("-H %s --deadline 300 stat", ep), 5);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock'", node_dir, s_dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Global options after the command's name: the same result as before it, in both forms
+ * (--opt VALUE, --opt=VALUE), the later one winning; errors still name the option; `--` ends
+ * them; a command's own option of a global name stays its own. */
+static void test_global_options_after_command(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 300 --scheme int4 --json"), 0);
+    assert_contains(s_out, "\"blocks\":288");
+    char prefix[65];
+    s_json_prefix(s_out, prefix);
+
+    assert_int_equal(s_run("--json inspect"), 0);
+    char *want = strdup(s_out);
+    assert_non_null(want);
+    assert_int_equal(s_run("inspect --json"), 0);
+    assert_string_equal(s_out, want);
+    free(want);
+
+    assert_int_equal(s_run_bare("--data %s --json ls", s_dir), 0);
+    assert_contains(s_out, prefix);
+    want = strdup(s_out);
+    assert_non_null(want);
+    assert_int_equal(s_run_bare("ls --data %s --json", s_dir), 0);
+    assert_string_equal(s_out, want);
+    assert_int_equal(s_run_bare("ls --json --data=%s", s_dir), 0);
+    assert_string_equal(s_out, want);
+    assert_int_equal(s_run_bare("ls -d %s --model opt-125m --json", s_dir), 0);
+    assert_string_equal(s_out, want);
+    assert_int_equal(s_run_bare("--data %s.nowhere ls --json --data %s", s_dir, s_dir), 0);
+    assert_string_equal(s_out, want);
+    free(want);
+    assert_int_equal(s_run("inspect --data %s.nowhere", s_dir), 5); /* after wins */
+    assert_contains(s_errtext, ".nowhere");
+
+    assert_int_equal(s_run("show %.8s --layer 3 --json", prefix), 0);
+    assert_contains(s_out, "\"layer\":3,\"head\":11");
+    assert_int_equal(s_run("verify --json"), 0);
+    assert_contains(s_out, "\"checked\":288");
+
+    /* Help still works, with global options around it. */
+    assert_int_equal(s_run("ls --help --json"), 0);
+    assert_contains(s_out, "--full");
+    assert_int_equal(s_run("help ls --json"), 0);
+    assert_contains(s_out, "--full");
+    assert_int_equal(s_run("--help"), 0);
+    assert_contains(s_out, "before or after the command");
+
+    /* Errors: exit 2, naming the option. */
+    assert_int_equal(s_run("inspect --bogus"), 2);
+    assert_contains(s_errtext, "--bogus");
+    assert_int_equal(s_run("ls --json=yes"), 2);
+    assert_contains(s_errtext, "'--json' takes no value");
+    assert_int_equal(s_run("ls --data"), 2);
+    assert_contains(s_errtext, "'--data' needs a value");
+    assert_int_equal(s_run("ls --deadline soon"), 2);
+    assert_contains(s_errtext, "--deadline wants milliseconds");
+
+    /* `--` ends the global options: what follows is the command's (inspect has no --json). */
+    assert_int_equal(s_run("inspect -- --json"), 2);
+    assert_null(strstr(s_out, "{"));
+    assert_int_equal(s_run("-- inspect --json"), 2);
+    assert_contains(s_errtext, "unknown option '--json'");
+
+    /* Names a command keeps for itself: its own parser answers, not the global one. */
+    assert_int_equal(s_run("sync --once --deadline soon"), 2);
+    assert_contains(s_errtext, "sync: bad option");
+    assert_int_equal(s_run("master-dump --deadline soon"), 2);
+    assert_contains(s_errtext, "master-dump: --deadline wants milliseconds");
+}
+
+/* put-synthetic is one command: with -H (here after the command's name) it takes every
+ * option of the local form and writes the same blocks, --keep-channels included. */
+static void test_put_synthetic_local_and_remote(void **state)
+{
+    (void)state;
+    char ep[600], node_dir[600];
+    int out_fd;
+    pid_t pid = s_spawn_node(node_dir, ep, &out_fd);
+    const char *args = "put-synthetic --model opt-125m --tokens 300 --scheme int4 "
+                       "--keep-channels 40 --seed 3 --json";
+    assert_int_equal(s_run("%s -H %s", args, ep), 0);
+    unsigned long long blocks = s_json_u64(s_out, "blocks"), bytes = s_json_u64(s_out, "bytes");
+    unsigned long long fp16 = s_json_u64(s_out, "fp16_bytes");
+    assert_int_equal(blocks, 288);
+    assert_int_equal(s_json_u64(s_out, "chunks"), 2);
+    char remote[65];
+    s_json_prefix(s_out, remote);
+    assert_int_equal(s_run("%s", args), 0);
+    assert_int_equal(s_json_u64(s_out, "blocks"), blocks);
+    assert_int_equal(s_json_u64(s_out, "bytes"), bytes);
+    assert_int_equal(s_json_u64(s_out, "fp16_bytes"), fp16);
+    char local[65];
+    s_json_prefix(s_out, local);
+    /* The node holds them as sent; each side shows the pruned keys. */
+    assert_int_equal(s_run("stat --host=%s --json", ep), 0);
+    assert_int_equal(s_json_u64(s_out, "bytes"), bytes);
+    assert_int_equal(s_run("show %.8s --layer 0 -H %s --json", remote, ep), 0);
+    assert_contains(s_out, "\"key_channels\":40,\"head_dim\":64");
+    assert_null(strstr(s_out, "\"key_channels\":64"));
+    assert_int_equal(s_run("--json show %.8s --layer 0", local), 0);
+    assert_contains(s_out, "\"key_channels\":40,\"head_dim\":64");
+    assert_int_equal(s_run("ls -H %s --json", ep), 0);
+    assert_contains(s_out, remote);
+
+    /* The other options work remotely too, with the same bytes as locally. */
+    const char *more = "put-synthetic --model opt-125m --tokens 64 --chunk-tokens 32 --scheme "
+                       "int8 --group 16 --no-lz4 --pin --ttl 3600 --json";
+    assert_int_equal(s_run("-H %s %s", ep, more), 0);
+    assert_int_equal(s_json_u64(s_out, "chunks"), 2);
+    bytes = s_json_u64(s_out, "bytes");
+    assert_int_equal(s_run("%s", more), 0);
+    assert_int_equal(s_json_u64(s_out, "bytes"), bytes);
+    assert_int_equal(s_run("-H %s --json stat", ep), 0);
+    assert_int_equal(s_json_u64(s_out, "pinned_blocks"), 288);
+
+    /* One help text; --salt is refused on a node, with the reason. */
+    assert_int_equal(s_run("put-synthetic --help"), 0);
+    char *help = strdup(s_out);
+    assert_non_null(help);
+    assert_contains(help, "--keep-channels");
+    assert_int_equal(s_run("-H %s put-synthetic --help", ep), 0);
+    assert_string_equal(s_out, help);
+    free(help);
+    assert_int_equal(s_run("-H %s put-synthetic --model opt-125m --salt t1", ep), 2);
+    assert_contains(s_errtext, "--salt");
+    assert_contains(s_errtext, "tenant");
+    assert_int_equal(s_run("put-synthetic --model gpt-9 -H %s", ep), 3);
+    assert_contains(s_errtext, "unknown model 'gpt-9'");
+    assert_int_equal(s_run("-H %s put-synthetic --model opt-125m --keep-channels 65", ep), 2);
+
+    /* --server-key and --link after the command reach the connection. */
+    assert_int_equal(s_run("stat -H %s --server-key %s.none", ep, s_dir), 2);
+    assert_contains(s_errtext, "--server-key needs --cert");
+    assert_int_equal(s_run("stat -H %s --link=fast", ep), 5);
+    assert_contains(s_errtext, "--link 'fast'");
+
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    close(out_fd);
+    /* --deadline after the command: the call gives up by it (the default is 5 s). */
+    double t0 = s_now();
+    assert_int_equal(s_run("stat -H %s --deadline 300", ep), 5);
+    assert_true(s_now() - t0 < 3.0);
     char cmd[1400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock'", node_dir, s_dir);
     assert_int_equal(system(cmd), 0);
@@ -886,6 +1074,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_damaged_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_blob_detected, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_remote_mode, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_global_options_after_command, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_put_synthetic_local_and_remote, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_keygen, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_once, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_plan, s_setup, s_teardown),
