@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store/master/master.h"
+#include "access/kvmsg.h"
 
 #ifdef __cplusplus
 extern "C" {

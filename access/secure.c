@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "access/frame.h"
 #include "access/transport.h"
@@ -88,4 +89,26 @@ void kvedge_secure_router_close(kvedge_secure_router_t *r)
     zsock_destroy(&r->router);
     zactor_destroy(&r->auth);
     zcert_destroy(&r->cert);
+}
+
+int kvedge_secure_ensure_cert(const char *path, const char *role)
+{
+    char secret[4200];
+    if (snprintf(secret, sizeof secret, "%s_secret", path) >= (int)sizeof secret)
+        return KVEDGE_EINVAL;
+    if (zsys_file_exists(secret))
+        return KVEDGE_OK;
+    zcert_t *cert = zcert_new();
+    if (!cert)
+        return KVEDGE_ENOMEM;
+    zcert_set_meta(cert, "role", "%s", role);
+    mode_t old = umask(077); /* the secret file is private from its first byte */
+    int rc = zcert_save(cert, path);
+    umask(old);
+    zcert_destroy(&cert);
+    if (rc != 0)
+        return KVEDGE_EIO;
+    chmod(secret, 0600);
+    chmod(path, 0644);
+    return KVEDGE_OK;
 }

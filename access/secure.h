@@ -31,6 +31,11 @@ int kvedge_secure_router_open(kvedge_secure_router_t *out, const char *bind, boo
 /* Closes the socket, then the ZAP handler. Idempotent. */
 void kvedge_secure_router_close(kvedge_secure_router_t *r);
 
+/* Makes a CURVE certificate pair at path (public, mode 0644) and path_secret (mode 0600 from
+ * its first byte) unless the secret exists, so a daemon runs with no configuration. role
+ * goes into the certificate's metadata. Errors: KVEDGE_EIO, KVEDGE_ENOMEM. */
+int kvedge_secure_ensure_cert(const char *path, const char *role);
+
 #ifdef __cplusplus
 }
 #endif

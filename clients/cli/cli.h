@@ -1,6 +1,6 @@
 /* Shared pieces of the kvedge command: exit codes, the command table, output helpers. */
-#ifndef KVEDGE_CLIENTS_CLI_H
-#define KVEDGE_CLIENTS_CLI_H
+#ifndef KVEDGE_CLIENTS_CLI_CLI_H
+#define KVEDGE_CLIENTS_CLI_CLI_H
 
 #include <stdbool.h>
 #include <stdint.h>

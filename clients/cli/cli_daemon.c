@@ -1,8 +1,7 @@
 /* The daemon commands of kvedge: `store` (a store node) and `keygen` (CURVE certificates).
- * Thin mains: the node itself is access/server.c. */
+ * Thin mains: the node itself is store/node/node.c. */
 #include <czmq.h>
 #include <errno.h>
-#include <pthread.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -10,26 +9,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "store/node/dirpub.h"
 #include "access/log.h"
-#include "access/mview.h"
-#include "store/node/server.h"
+#include "store/node/node.h"
 #include "clients/cli/cli.h"
 #include "clients/cli/cli_plan.h"
 #include "store/node/hsync.h"
 #include "store/error.h"
 
-#define S_STORE_BIND_DEFAULT "tcp://127.0.0.1:7400"
-#define S_NODE_CERT_NAME     "node.cert" /* in the data dir; the secret is node.cert_secret */
-#define S_CLIENTS_DIR_NAME   "clients"   /* in the data dir */
 
 /* Settings of a store node: defaults, then the config file, then flags. */
 typedef struct {
     char role[16];
     char data[1024];
     char bind[256];
-    char cert[1100];
-    char clients[1100];
+    char cert[KVEDGE_NODE_PATH_BYTES];
+    char clients[KVEDGE_NODE_PATH_BYTES];
     char name[256];
     char log[16];
     bool insecure;
@@ -38,12 +32,12 @@ typedef struct {
     uint64_t capacity;
     uint64_t cache;
     bool cache_set;
-    char subscriptions[1100]; /* historical cache: subscribed contexts (edge nodes) */
+    char subscriptions[KVEDGE_NODE_PATH_BYTES]; /* historical cache: subscribed contexts (edge nodes) */
     uint64_t sync_interval_s;
     /* Registration with a Storage Master: node record, heartbeats, block directory. */
     char master[256];
     char master_pub[256];
-    char master_key[1100];
+    char master_key[KVEDGE_NODE_PATH_BYTES];
     char node_id[65];
     char advertise[256]; /* the endpoint others reach us on; default: the bound one */
     char region[65];
@@ -52,49 +46,6 @@ typedef struct {
 } s_store_conf_t;
 
 static bool s_store_str(s_store_conf_t *c, const char *k, const char *v);
-
-/* The historical-cache thread of an edge node: a sync pass over every subscription, then a
- * wait of the interval (cut short by shutdown). */
-typedef struct {
-    kvedge_engine_t *engine;
-    const char *data_dir;
-    kvedge_hsync_sub_t subs[KVEDGE_HSYNC_MAX_SUBS];
-    kvedge_hsync_status_t status[KVEDGE_HSYNC_MAX_SUBS];
-    size_t n;
-    uint64_t interval_s;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool stop;
-} s_syncer_t;
-
-static void *s_syncer_run(void *arg)
-{
-    s_syncer_t *y = arg;
-    pthread_mutex_lock(&y->mu);
-    while (!y->stop) {
-        pthread_mutex_unlock(&y->mu);
-        for (size_t i = 0; i < y->n; i++) {
-            int rc = kvedge_hsync_run(y->engine, &y->subs[i], 10000, &y->status[i]);
-            if (rc == KVEDGE_OK)
-                kvedge_log_info("sync %s: %u chunks, %llu blocks copied, %llu held",
-                                y->subs[i].name, y->status[i].chunks_total,
-                                (unsigned long long)y->status[i].blocks_copied,
-                                (unsigned long long)y->status[i].blocks_held);
-            else
-                kvedge_log_warn("sync %s: %s; serving the %llu blocks held", y->subs[i].name,
-                                kvedge_strerror(rc), (unsigned long long)y->status[i].blocks_held);
-        }
-        kvedge_hsync_write_status(y->data_dir, y->subs, y->status, y->n);
-        pthread_mutex_lock(&y->mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += (time_t)y->interval_s;
-        while (!y->stop && pthread_cond_timedwait(&y->cv, &y->mu, &ts) == 0) {
-        }
-    }
-    pthread_mutex_unlock(&y->mu);
-    return NULL;
-}
 
 static int s_conf_file(const char *path, s_store_conf_t *c)
 {
@@ -178,39 +129,6 @@ static bool s_store_str(s_store_conf_t *c, const char *k, const char *v)
     return kvedge_cli_set_str(t, sizeof t / sizeof t[0], k, v);
 }
 
-/* Joins the Storage Master: a view (heartbeats as node_id) and the directory publisher. */
-static int s_join_master(const s_store_conf_t *c, kvedge_role_t role, const char *endpoint,
-                         const char *public_key, const char *cert_secret, kvedge_engine_t *e,
-                         kvedge_mview_t **view, kvedge_dirpub_t **pub)
-{
-    kvedge_mview_opts_t vo;
-    kvedge_mview_opts_default(&vo);
-    vo.master = c->master;
-    vo.pub = c->master_pub;
-    vo.server_key = c->master_key[0] ? c->master_key : NULL;
-    vo.client_cert = c->master_key[0] ? cert_secret : NULL;
-    vo.heartbeat_id = c->node_id;
-    vo.prefix = "node/";
-    vo.start_wait_ms = 1500;
-    int rc = kvedge_mview_start(&vo, view);
-    if (rc != KVEDGE_OK)
-        return rc;
-    kvedge_master_node_t rec;
-    memset(&rec, 0, sizeof rec);
-    rec.role = role;
-    snprintf(rec.region, sizeof rec.region, "%s", c->region);
-    snprintf(rec.endpoint, sizeof rec.endpoint, "%s", c->advertise[0] ? c->advertise : endpoint);
-    snprintf(rec.public_key, sizeof rec.public_key, "%s", public_key ? public_key : "");
-    rec.capacity_bytes = c->capacity;
-    rec.bandwidth_bytes_per_s = c->declare_bw;
-    rec.rtt_us = (uint32_t)c->declare_rtt_us;
-    kvedge_dirpub_opts_t po = {e, *view, c->node_id, &rec, 0};
-    rc = kvedge_dirpub_start(&po, pub);
-    if (rc != KVEDGE_OK)
-        kvedge_mview_destroy(view);
-    return rc;
-}
-
 static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
 {
     static const struct option opts[] = {{"role", required_argument, NULL, 'r'},
@@ -242,7 +160,7 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
     memset(&c, 0, sizeof c);
     snprintf(c.role, sizeof c.role, "edge");
     snprintf(c.data, sizeof c.data, "%s", cli->data_dir);
-    snprintf(c.bind, sizeof c.bind, S_STORE_BIND_DEFAULT);
+    snprintf(c.bind, sizeof c.bind, KVEDGE_NODE_BIND_DEFAULT);
     snprintf(c.log, sizeof c.log, "info");
     /* The config file first (wherever --config is on the line), then the flags over it. */
     for (int i = 1; i + 1 < argc; i++)
@@ -327,12 +245,12 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
                 "SIGTERM, then finishes in-flight work and closes the store.\n\n"
                 "  -r, --role cloud|edge   node role (default edge)\n"
                 "  -d, --data DIR          store directory (default: the global --data)\n"
-                "  -b, --bind EP           endpoint (default " S_STORE_BIND_DEFAULT ")\n"
+                "  -b, --bind EP           endpoint (default " KVEDGE_NODE_BIND_DEFAULT ")\n"
                 "  -c, --config FILE       ZPL config file, section `store` (flags override)\n"
-                "      --cert FILE         node certificate (default DATA/" S_NODE_CERT_NAME
+                "      --cert FILE         node certificate (default DATA/" KVEDGE_NODE_CERT_NAME
                 ", made on first start)\n"
                 "      --clients DIR       allowlist of client certificates (default\n"
-                "                          DATA/" S_CLIENTS_DIR_NAME "; empty = nobody)\n"
+                "                          DATA/" KVEDGE_NODE_CLIENTS_NAME "; empty = nobody)\n"
                 "      --insecure          plaintext, allowed only on loopback/ipc endpoints\n"
                 "  -w, --workers N         worker threads (default: one per core, at least 2)\n"
                 "      --capacity SIZE     evict LRU unpinned blocks beyond SIZE (default none)\n"
@@ -381,120 +299,63 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_USAGE;
     }
     kvedge_log_set_level(level);
-    if (c.master[0] && (!c.master_pub[0] || !c.node_id[0] || !kvedge_master_id_ok(c.node_id))) {
-        kvedge_cli_error("store: --master needs --master-pub and --node-id (1-64 of "
-                         "[A-Za-z0-9._:@+-])");
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (c.insecure && !kvedge_endpoint_is_loopback(c.bind)) {
-        kvedge_cli_error("store: refusing plaintext on %s: --insecure is only allowed on "
-                         "loopback (tcp://127.0.0.1:PORT) or ipc:// endpoints",
-                         c.bind);
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    ns.role = role;
+    snprintf(ns.data, sizeof ns.data, "%s", c.data);
+    snprintf(ns.bind, sizeof ns.bind, "%s", c.bind);
+    snprintf(ns.cert, sizeof ns.cert, "%s", c.cert);
+    snprintf(ns.clients, sizeof ns.clients, "%s", c.clients);
+    snprintf(ns.name, sizeof ns.name, "%s", c.name);
+    ns.insecure = c.insecure;
+    ns.sync = c.sync;
+    ns.workers = (uint32_t)c.workers;
+    ns.capacity_bytes = c.capacity;
+    if (c.cache_set)
+        ns.cache_bytes = c.cache;
+    snprintf(ns.subscriptions, sizeof ns.subscriptions, "%s", c.subscriptions);
+    if (c.sync_interval_s)
+        ns.sync_interval_s = (uint32_t)c.sync_interval_s;
+    snprintf(ns.master, sizeof ns.master, "%s", c.master);
+    snprintf(ns.master_pub, sizeof ns.master_pub, "%s", c.master_pub);
+    snprintf(ns.master_key, sizeof ns.master_key, "%s", c.master_key);
+    snprintf(ns.node_id, sizeof ns.node_id, "%s", c.node_id);
+    snprintf(ns.advertise, sizeof ns.advertise, "%s", c.advertise);
+    snprintf(ns.region, sizeof ns.region, "%s", c.region);
+    ns.declare_bw = c.declare_bw;
+    ns.declare_rtt_us = (uint32_t)c.declare_rtt_us;
+    char why[512] = "";
+    int rc = kvedge_node_settings_check(&ns, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("store: %s", why);
         return KVEDGE_EXIT_USAGE;
     }
 
     kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
-
-    kvedge_engine_opts_t eo;
-    kvedge_engine_opts_default(&eo);
-    eo.capacity_bytes = c.capacity;
-    eo.sync = c.sync;
-    if (c.cache_set)
-        eo.cache_bytes = c.cache;
-    char why[512] = "";
-    kvedge_engine_t *engine;
-    int rc = kvedge_engine_open(c.data, &eo, &engine, why, sizeof why);
+    kvedge_node_t *node;
+    rc = kvedge_node_start(&ns, &node, why, sizeof why);
     if (rc != KVEDGE_OK) {
-        kvedge_cli_error("store: cannot open store %s: %s (%s)", c.data, why, kvedge_strerror(rc));
-        return KVEDGE_EXIT_UNAVAILABLE;
-    }
-    if (!c.insecure) {
-        if (!c.cert[0])
-            snprintf(c.cert, sizeof c.cert, "%s/%s", c.data, S_NODE_CERT_NAME);
-        if (!c.clients[0]) {
-            snprintf(c.clients, sizeof c.clients, "%s/%s", c.data, S_CLIENTS_DIR_NAME);
-            mkdir(c.clients, 0700);
-        }
-        if (kvedge_cli_ensure_cert(c.cert, "kvedge node") != 0) {
-            kvedge_cli_error("store: cannot create the node certificate %s", c.cert);
-            kvedge_engine_destroy(&engine);
+        kvedge_cli_error("store: %s", why);
+        switch (rc) {
+        case KVEDGE_EINVAL:
+        case KVEDGE_EDENIED:
+            return KVEDGE_EXIT_USAGE;
+        case KVEDGE_ENOTFOUND:
+        case KVEDGE_EBUSY:
+        case KVEDGE_ECORRUPT:
+        case KVEDGE_EVERSION:
+        case KVEDGE_ESTORE:
+            return KVEDGE_EXIT_UNAVAILABLE;
+        default:
             return KVEDGE_EXIT_FAILURE;
         }
     }
-    char cert_secret[1200];
-    snprintf(cert_secret, sizeof cert_secret, "%s_secret", c.cert);
-    kvedge_server_opts_t so = {role,
-                               c.name[0] ? c.name : NULL,
-                               c.bind,
-                               c.insecure,
-                               c.insecure ? NULL : cert_secret,
-                               c.insecure ? NULL : c.clients,
-                               (int)c.workers,
-                               0,
-                               engine};
-    kvedge_server_t *server;
-    rc = kvedge_server_start(&so, &server, why, sizeof why);
-    if (rc != KVEDGE_OK) {
-        kvedge_cli_error("store: %s", why);
-        kvedge_engine_destroy(&engine);
-        return rc == KVEDGE_EDENIED ? KVEDGE_EXIT_USAGE : KVEDGE_EXIT_FAILURE;
-    }
-    if (!c.insecure)
-        kvedge_log_info("node public key %s (certificate %s); clients allowed: the "
-                        "certificates in %s",
-                        kvedge_server_public_key(server), c.cert, c.clients);
     /* Tell scripts where we are (ephemeral ports): one line on stdout. */
-    printf("listening %s\n", kvedge_server_endpoint(server));
+    printf("listening %s\n", kvedge_node_endpoint(node));
     fflush(stdout);
-    s_syncer_t *syncer = NULL;
-    pthread_t sync_thread;
-    if (c.subscriptions[0]) {
-        syncer = calloc(1, sizeof *syncer);
-        rc = syncer ? kvedge_hsync_load(c.subscriptions, syncer->subs, KVEDGE_HSYNC_MAX_SUBS,
-                                        &syncer->n, why, sizeof why)
-                    : KVEDGE_ENOMEM;
-        if (rc == KVEDGE_OK) {
-            syncer->engine = engine;
-            syncer->data_dir = c.data;
-            syncer->interval_s =
-                c.sync_interval_s ? c.sync_interval_s : KVEDGE_HSYNC_INTERVAL_S_DEFAULT;
-            pthread_mutex_init(&syncer->mu, NULL);
-            pthread_cond_init(&syncer->cv, NULL);
-            if (pthread_create(&sync_thread, NULL, s_syncer_run, syncer) != 0)
-                rc = KVEDGE_ENOMEM;
-        }
-        if (rc != KVEDGE_OK) {
-            kvedge_log_error("historical cache disabled: %s", syncer ? why : "out of memory");
-            free(syncer);
-            syncer = NULL;
-        } else {
-            kvedge_log_info("historical cache: %zu subscriptions, a pass every %llu s", syncer->n,
-                            (unsigned long long)syncer->interval_s);
-        }
-    }
-    kvedge_mview_t *view = NULL;
-    kvedge_dirpub_t *dirpub = NULL;
-    if (c.master[0]) {
-        rc = s_join_master(&c, role, kvedge_server_endpoint(server),
-                           kvedge_server_public_key(server), cert_secret, engine, &view, &dirpub);
-        if (rc != KVEDGE_OK)
-            kvedge_log_error("not registered with the master %s: %s (serving anyway)", c.master,
-                             kvedge_strerror(rc));
-    }
     kvedge_cli_wait_signal();
     kvedge_log_info("signal received: finishing in-flight work");
-    kvedge_dirpub_destroy(&dirpub);
-    kvedge_mview_destroy(&view);
-    if (syncer) {
-        pthread_mutex_lock(&syncer->mu);
-        syncer->stop = true;
-        pthread_cond_signal(&syncer->cv);
-        pthread_mutex_unlock(&syncer->mu);
-        pthread_join(sync_thread, NULL);
-        free(syncer);
-    }
-    kvedge_server_destroy(&server);
-    kvedge_engine_destroy(&engine);
+    kvedge_node_destroy(&node);
     kvedge_log_info("store closed");
     return KVEDGE_EXIT_OK;
 }
@@ -576,7 +437,7 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     bool once = false;
-    char subs_path[1100];
+    char subs_path[KVEDGE_NODE_PATH_BYTES];
     uint64_t deadline = 10000;
     snprintf(subs_path, sizeof subs_path, "%s/subscriptions.conf", cli->data_dir);
     int ch;

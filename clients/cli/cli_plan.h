@@ -1,6 +1,6 @@
 /* `kvedge plan` (clients/cli_plan.c). */
-#ifndef KVEDGE_CLIENTS_CLI_PLAN_H
-#define KVEDGE_CLIENTS_CLI_PLAN_H
+#ifndef KVEDGE_CLIENTS_CLI_CLI_PLAN_H
+#define KVEDGE_CLIENTS_CLI_CLI_PLAN_H
 
 #include "clients/cli/cli.h"
 

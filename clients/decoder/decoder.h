@@ -2,8 +2,8 @@
  * with do_layer_norm_before, as OPT-125m and OPT-1.3B) that prefills a shared context into
  * per-layer K/V and decodes a local prompt on top of context K/V it is handed layer by layer.
  * docs/decoder.md has the model details and the tolerances the tests hold it to. */
-#ifndef KVEDGE_CLIENTS_DECODER_H
-#define KVEDGE_CLIENTS_DECODER_H
+#ifndef KVEDGE_CLIENTS_DECODER_DECODER_H
+#define KVEDGE_CLIENTS_DECODER_DECODER_H
 
 #include <stdbool.h>
 #include <stddef.h>

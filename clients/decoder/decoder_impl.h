@@ -1,7 +1,7 @@
 /* Internal to the kvedge_decoder library: what clients/decoder_model.c needs of the model's
  * private state (clients/decoder.c). Not installed and not for callers of the library. */
-#ifndef KVEDGE_CLIENTS_DECODER_IMPL_H
-#define KVEDGE_CLIENTS_DECODER_IMPL_H
+#ifndef KVEDGE_CLIENTS_DECODER_DECODER_IMPL_H
+#define KVEDGE_CLIENTS_DECODER_DECODER_IMPL_H
 
 #include <stdint.h>
 

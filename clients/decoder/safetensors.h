@@ -1,8 +1,8 @@
 /* A bounds-checked reader of the safetensors format (Hugging Face model weights): an 8-byte
  * little-endian header length, a JSON header naming each tensor's dtype, shape and byte range,
  * then the raw little-endian tensor data. Nothing in a file is trusted before it is checked. */
-#ifndef KVEDGE_CLIENTS_SAFETENSORS_H
-#define KVEDGE_CLIENTS_SAFETENSORS_H
+#ifndef KVEDGE_CLIENTS_DECODER_SAFETENSORS_H
+#define KVEDGE_CLIENTS_DECODER_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>

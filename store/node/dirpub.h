@@ -3,12 +3,12 @@
  * chunk are complete), and registers the node itself (node/<id>). It polls the engine: a pass
  * starts only when the engine's counters moved, so an idle node costs nothing, and one
  * mechanism covers puts, deletes, evictions and expiry alike. */
-#ifndef KVEDGE_ACCESS_DIRPUB_H
-#define KVEDGE_ACCESS_DIRPUB_H
+#ifndef KVEDGE_STORE_NODE_DIRPUB_H
+#define KVEDGE_STORE_NODE_DIRPUB_H
 
 #include <stdint.h>
 
-#include "store/master/master.h"
+#include "access/kvmsg.h"
 #include "access/mview.h"
 #include "store/engine.h"
 

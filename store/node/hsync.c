@@ -11,6 +11,7 @@
 
 #include "access/transport.h"
 #include "access/client.h"
+#include "access/log.h"
 #include "store/error.h"
 
 /* "A:B" -> first_layer A, layers B - A (0 <= A < B <= KVEDGE_MODEL_MAX_LAYERS). */
@@ -364,4 +365,104 @@ int kvedge_hsync_write_status(const char *data_dir, const kvedge_hsync_sub_t *su
         return KVEDGE_EIO;
     }
     return KVEDGE_OK;
+}
+
+/* ---------------------------------------------------------------- the scheduler */
+
+#define S_SCHED_DEADLINE_MS 10000 /* per remote call of a scheduled pass */
+
+struct kvedge_hsync_sched_t {
+    kvedge_engine_t *engine; /* not owned */
+    const char *data_dir;    /* not owned */
+    kvedge_hsync_sub_t *subs;
+    kvedge_hsync_status_t *status;
+    size_t n;
+    uint32_t interval_s;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+};
+
+static void *s_sched_run(void *arg)
+{
+    kvedge_hsync_sched_t *y = arg;
+    pthread_mutex_lock(&y->mu);
+    while (!y->stop) {
+        pthread_mutex_unlock(&y->mu);
+        for (size_t i = 0; i < y->n; i++) {
+            int rc = kvedge_hsync_run(y->engine, &y->subs[i], S_SCHED_DEADLINE_MS, &y->status[i]);
+            if (rc == KVEDGE_OK)
+                kvedge_log_info("sync %s: %u chunks, %llu blocks copied, %llu held",
+                                y->subs[i].name, y->status[i].chunks_total,
+                                (unsigned long long)y->status[i].blocks_copied,
+                                (unsigned long long)y->status[i].blocks_held);
+            else
+                kvedge_log_warn("sync %s: %s; serving the %llu blocks held", y->subs[i].name,
+                                kvedge_strerror(rc), (unsigned long long)y->status[i].blocks_held);
+        }
+        kvedge_hsync_write_status(y->data_dir, y->subs, y->status, y->n);
+        pthread_mutex_lock(&y->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += (time_t)y->interval_s;
+        while (!y->stop && pthread_cond_timedwait(&y->cv, &y->mu, &ts) == 0) {
+        }
+    }
+    pthread_mutex_unlock(&y->mu);
+    return NULL;
+}
+
+int kvedge_hsync_sched_start(kvedge_engine_t *engine, const char *data_dir,
+                             const kvedge_hsync_sub_t *subs, size_t n, uint32_t interval_s,
+                             kvedge_hsync_sched_t **out)
+{
+    if (!engine || !data_dir || !subs || n == 0 || n > KVEDGE_HSYNC_MAX_SUBS || !out)
+        return KVEDGE_EINVAL;
+    kvedge_hsync_sched_t *y = calloc(1, sizeof *y);
+    if (!y)
+        return KVEDGE_ENOMEM;
+    y->subs = calloc(n, sizeof *y->subs);
+    y->status = calloc(n, sizeof *y->status);
+    if (!y->subs || !y->status) {
+        free(y->subs);
+        free(y->status);
+        free(y);
+        return KVEDGE_ENOMEM;
+    }
+    memcpy(y->subs, subs, n * sizeof *subs);
+    y->engine = engine;
+    y->data_dir = data_dir;
+    y->n = n;
+    y->interval_s = interval_s ? interval_s : KVEDGE_HSYNC_INTERVAL_S_DEFAULT;
+    pthread_mutex_init(&y->mu, NULL);
+    pthread_cond_init(&y->cv, NULL);
+    if (pthread_create(&y->thread, NULL, s_sched_run, y) != 0) {
+        pthread_cond_destroy(&y->cv);
+        pthread_mutex_destroy(&y->mu);
+        free(y->subs);
+        free(y->status);
+        free(y);
+        return KVEDGE_ENOMEM;
+    }
+    *out = y;
+    return KVEDGE_OK;
+}
+
+void kvedge_hsync_sched_destroy(kvedge_hsync_sched_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kvedge_hsync_sched_t *y = *self_p;
+    pthread_mutex_lock(&y->mu);
+    y->stop = true;
+    pthread_cond_signal(&y->cv);
+    pthread_mutex_unlock(&y->mu);
+    pthread_join(y->thread, NULL);
+    pthread_cond_destroy(&y->cv);
+    pthread_mutex_destroy(&y->mu);
+    free(y->subs);
+    free(y->status);
+    free(y);
+    *self_p = NULL;
 }

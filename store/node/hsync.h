@@ -1,8 +1,8 @@
 /* The edge's historical cache: a list of subscribed contexts (system prompts of tasks) whose
  * KV an edge store node copies from a cloud node and pins, so that it can serve them with
  * the network down. One sync pass pulls what is new or changed; a running node repeats it. */
-#ifndef KVEDGE_CLIENTS_HSYNC_H
-#define KVEDGE_CLIENTS_HSYNC_H
+#ifndef KVEDGE_STORE_NODE_HSYNC_H
+#define KVEDGE_STORE_NODE_HSYNC_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -71,6 +71,22 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
 /* Writes one line per subscription (JSON) to DIR/sync.status, atomically. */
 int kvedge_hsync_write_status(const char *data_dir, const kvedge_hsync_sub_t *subs,
                               const kvedge_hsync_status_t *status, size_t n);
+
+/* The scheduler of a running edge node: a thread that runs a pass over every subscription,
+ * writes DATA/sync.status, then waits `interval_s` (cut short by destroy), and again. A
+ * failed pass is logged; what is held stays served. */
+typedef struct kvedge_hsync_sched_t kvedge_hsync_sched_t;
+
+/* Starts the thread; subs are copied. engine and data_dir must outlive the scheduler.
+ * interval_s 0 = KVEDGE_HSYNC_INTERVAL_S_DEFAULT. Caller owns *out.
+ * Errors: KVEDGE_EINVAL, KVEDGE_ENOMEM. */
+int kvedge_hsync_sched_start(kvedge_engine_t *engine, const char *data_dir,
+                             const kvedge_hsync_sub_t *subs, size_t n, uint32_t interval_s,
+                             kvedge_hsync_sched_t **out);
+
+/* Stops the thread after the pass in progress (each remote call has its deadline).
+ * NULL-safe, idempotent, nulls *self_p. */
+void kvedge_hsync_sched_destroy(kvedge_hsync_sched_t **self_p);
 
 #ifdef __cplusplus
 }

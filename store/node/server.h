@@ -2,8 +2,8 @@
  * ZeroMQ ROUTER socket, with CURVE and a ZAP allowlist, a worker pool, and credit-based
  * GET_LAYER streams. One frontend thread owns the socket; workers do the engine work; no
  * client can make a worker wait for it. */
-#ifndef KVEDGE_ACCESS_SERVER_H
-#define KVEDGE_ACCESS_SERVER_H
+#ifndef KVEDGE_STORE_NODE_SERVER_H
+#define KVEDGE_STORE_NODE_SERVER_H
 
 #include <stdbool.h>
 #include <stdint.h>

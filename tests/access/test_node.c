@@ -18,10 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "access/frame.h"
+#include "store/node/node.h"
 #include "store/node/server.h"
 #include "clients/kvedge.h"
 #include "store/synth.h"
@@ -31,9 +33,9 @@
 
 typedef struct {
     char dir[256];
-    kvedge_engine_t *engine;
-    kvedge_server_t *server;
-    char certs[300]; /* CURVE: node cert, clients dir, client certs */
+    kvedge_node_t *node;
+    kvedge_engine_t *engine; /* the node's */
+    char certs[300];         /* CURVE: node cert, clients dir, client certs */
     bool curve;
 } s_node_t;
 
@@ -46,31 +48,28 @@ static void s_rmrf(const char *dir)
 
 static void s_node_start(s_node_t *n)
 {
-    kvedge_engine_opts_t eo;
-    kvedge_engine_opts_default(&eo);
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    ns.role = KVEDGE_ROLE_CLOUD;
+    ns.insecure = !n->curve;
+    ns.workers = 2;
+    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
+    snprintf(ns.bind, sizeof ns.bind, "tcp://127.0.0.1:*");
+    snprintf(ns.name, sizeof ns.name, "test");
+    if (n->curve) {
+        snprintf(ns.cert, sizeof ns.cert, "%s/node", n->certs);
+        snprintf(ns.clients, sizeof ns.clients, "%s/clients", n->certs);
+    }
     char why[256] = "";
-    assert_int_equal(kvedge_engine_open(n->dir, &eo, &n->engine, why, sizeof why), 0);
-    char cert[400], clients[400];
-    snprintf(cert, sizeof cert, "%s/node_secret", n->certs);
-    snprintf(clients, sizeof clients, "%s/clients", n->certs);
-    kvedge_server_opts_t so = {KVEDGE_ROLE_CLOUD,
-                               "test",
-                               "tcp://127.0.0.1:*",
-                               !n->curve,
-                               n->curve ? cert : NULL,
-                               n->curve ? clients : NULL,
-                               2,
-                               0,
-                               n->engine};
-    int rc = kvedge_server_start(&so, &n->server, why, sizeof why);
-    if (rc != 0)
-        fail_msg("server start: %s", why);
+    if (kvedge_node_start(&ns, &n->node, why, sizeof why) != 0)
+        fail_msg("node start: %s", why);
+    n->engine = kvedge_node_engine(n->node);
 }
 
 static void s_node_stop(s_node_t *n)
 {
-    kvedge_server_destroy(&n->server);
-    kvedge_engine_destroy(&n->engine);
+    kvedge_node_destroy(&n->node);
+    n->engine = NULL;
 }
 
 /* A client certificate pair in the certs dir; listed: also in the allowlist. */
@@ -135,7 +134,7 @@ static kvedge_client_t *s_client(s_node_t *n, const char *cert_name, int deadlin
 {
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
-    o.endpoint = kvedge_server_endpoint(n->server);
+    o.endpoint = kvedge_node_endpoint(n->node);
     o.deadline_ms = deadline_ms;
     char cert[500], key[500];
     if (cert_name) {
@@ -190,7 +189,7 @@ static zsock_t *s_raw(s_node_t *n)
     zsock_t *s = zsock_new(ZMQ_DEALER);
     zsock_set_linger(s, 0);
     zsock_set_rcvtimeo(s, 2000);
-    assert_int_equal(zsock_connect(s, "%s", kvedge_server_endpoint(n->server)), 0);
+    assert_int_equal(zsock_connect(s, "%s", kvedge_node_endpoint(n->node)), 0);
     return s;
 }
 
@@ -447,7 +446,7 @@ static void test_curve_unlisted_refused_and_garbage(void **state)
     assert_null(s_client(n, NULL, 500));
 
     /* Raw TCP garbage on the CURVE port: the node drops it, alice is served. */
-    const char *ep = kvedge_server_endpoint(n->server);
+    const char *ep = kvedge_node_endpoint(n->node);
     int port = atoi(strrchr(ep, ':') + 1);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
@@ -613,7 +612,7 @@ static void test_link_emulation_and_meter(void **state)
     s_put_chunk(fast, 8, 1, 256, &id);
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
-    o.endpoint = kvedge_server_endpoint(n->server);
+    o.endpoint = kvedge_node_endpoint(n->node);
     o.deadline_ms = 10000;
     o.link = "100mbit,20ms";
     /* Credit covering the bandwidth-delay product (12.5 MB/s x 40 ms = 500 KB): with less,
@@ -667,9 +666,98 @@ static void test_link_emulation_and_meter(void **state)
     kvedge_client_destroy(&fast);
 }
 
+/* kvedge_node_start refuses bad settings before it touches anything. */
+static void test_node_settings_refused(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvedge-nodeset-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    kvedge_node_settings_t ns;
+    kvedge_node_t *node = NULL;
+    char why[256];
+
+    kvedge_node_settings_default(&ns); /* no data directory */
+    assert_int_equal(kvedge_node_start(&ns, &node, why, sizeof why), KVEDGE_EINVAL);
+    assert_non_null(strstr(why, "data directory"));
+
+    kvedge_node_settings_default(&ns);
+    snprintf(ns.data, sizeof ns.data, "%s/data", dir);
+    ns.role = KVEDGE_ROLE_PROXY;
+    assert_int_equal(kvedge_node_start(&ns, &node, why, sizeof why), KVEDGE_EINVAL);
+    assert_non_null(strstr(why, "role"));
+
+    ns.role = KVEDGE_ROLE_EDGE;
+    snprintf(ns.master, sizeof ns.master, "tcp://127.0.0.1:7410");
+    assert_int_equal(kvedge_node_start(&ns, &node, why, sizeof why), KVEDGE_EINVAL);
+    assert_non_null(strstr(why, "master_pub"));
+    snprintf(ns.master_pub, sizeof ns.master_pub, "tcp://127.0.0.1:7411");
+    snprintf(ns.node_id, sizeof ns.node_id, "bad id");
+    assert_int_equal(kvedge_node_start(&ns, &node, why, sizeof why), KVEDGE_EINVAL);
+
+    kvedge_node_settings_default(&ns);
+    snprintf(ns.data, sizeof ns.data, "%s/data", dir);
+    snprintf(ns.bind, sizeof ns.bind, "tcp://0.0.0.0:*");
+    ns.insecure = true;
+    assert_int_equal(kvedge_node_start(&ns, &node, why, sizeof why), KVEDGE_EDENIED);
+    assert_non_null(strstr(why, "plaintext"));
+    assert_null(node);
+    /* Nothing was created by a refused start. */
+    char data[300];
+    snprintf(data, sizeof data, "%s/data", dir);
+    assert_int_equal(access(data, F_OK), -1);
+    s_rmrf(dir);
+}
+
+/* With CURVE and no certificate given, the node makes DATA/node.cert (secret 0600) and an
+ * empty allowlist DATA/clients on first start, keeps them on the next, and serves; a broken
+ * subscriptions file disables only the historical cache. */
+static void test_node_start_defaults(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvedge-nodedef-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    snprintf(ns.data, sizeof ns.data, "%s/data", dir);
+    snprintf(ns.bind, sizeof ns.bind, "tcp://127.0.0.1:*");
+    snprintf(ns.subscriptions, sizeof ns.subscriptions, "%s/missing.conf", dir);
+    kvedge_node_t *node = NULL;
+    char why[256] = "";
+    if (kvedge_node_start(&ns, &node, why, sizeof why) != KVEDGE_OK)
+        fail_msg("node start: %s", why);
+    const char *key = kvedge_node_public_key(node);
+    assert_non_null(key);
+    assert_int_equal(strlen(key), 40);
+    char key1[41];
+    snprintf(key1, sizeof key1, "%s", key);
+    assert_non_null(strstr(kvedge_node_endpoint(node), "tcp://127.0.0.1:"));
+    assert_non_null(kvedge_node_engine(node));
+    assert_int_equal(kvedge_node_publish(node, NULL), KVEDGE_EINVAL); /* no master */
+    char p[400];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/data/node.cert_secret", dir);
+    assert_int_equal(stat(p, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    snprintf(p, sizeof p, "%s/data/clients", dir);
+    assert_int_equal(stat(p, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    kvedge_node_destroy(&node);
+    assert_null(node);
+    kvedge_node_destroy(&node); /* idempotent */
+
+    /* The second start keeps the key. */
+    if (kvedge_node_start(&ns, &node, why, sizeof why) != KVEDGE_OK)
+        fail_msg("node restart: %s", why);
+    assert_string_equal(kvedge_node_public_key(node), key1);
+    kvedge_node_destroy(&node);
+    s_rmrf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_node_settings_refused),
+        cmocka_unit_test(test_node_start_defaults),
         cmocka_unit_test(test_node_killed_mid_stream),
         cmocka_unit_test_setup_teardown(test_malformed_messages, s_setup_plain, s_teardown),
         cmocka_unit_test_setup_teardown(test_oversized_frame_disconnects, s_setup_plain,

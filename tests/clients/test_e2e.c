@@ -27,11 +27,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "store/node/dirpub.h"
 #include "access/frame.h"
 #include "store/master/master.h"
 #include "access/mview.h"
-#include "store/node/server.h"
+#include "store/node/node.h"
 #include "clients/decoder/decoder.h"
 #include "clients/e2e.h"
 #include "clients/kvedge.h"
@@ -241,10 +240,8 @@ static void s_env_stop(s_env_t *e)
  * layers it holds (the proxy's block directory). */
 typedef struct {
     char dir[200], ep[250];
-    kvedge_engine_t *engine;
-    kvedge_server_t *server;
-    kvedge_mview_t *view;
-    kvedge_dirpub_t *pub;
+    kvedge_node_t *node;
+    kvedge_engine_t *engine; /* the node's */
 } s_node_t;
 
 static void s_node_start(s_node_t *n, const s_env_t *e, const char *name, kvedge_role_t role,
@@ -253,32 +250,29 @@ static void s_node_start(s_node_t *n, const s_env_t *e, const char *name, kvedge
     memset(n, 0, sizeof *n);
     snprintf(n->dir, sizeof n->dir, "%s/%s", e->root, name);
     snprintf(n->ep, sizeof n->ep, "ipc://%s.sock", n->dir);
-    assert_int_equal(kvedge_engine_open(n->dir, NULL, &n->engine, NULL, 0), KVEDGE_OK);
-    kvedge_server_opts_t so = {role, name, n->ep, true, NULL, NULL, 2, 0, n->engine};
-    char why[256];
-    if (kvedge_server_start(&so, &n->server, why, sizeof why) != KVEDGE_OK)
-        fail_msg("start %s: %s", name, why);
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    ns.role = role;
+    ns.insecure = true;
+    ns.workers = 2;
+    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
+    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
+    snprintf(ns.name, sizeof ns.name, "%s", name);
     if (with_dir) {
-        kvedge_mview_opts_t vo;
-        kvedge_mview_opts_default(&vo);
-        vo.master = e->ep;
-        vo.pub = e->pub;
-        vo.heartbeat_id = name;
-        vo.prefix = "node/";
-        assert_int_equal(kvedge_mview_start(&vo, &n->view), KVEDGE_OK);
-        kvedge_master_node_t rec = {.role = role};
-        snprintf(rec.endpoint, sizeof rec.endpoint, "%s", n->ep);
-        kvedge_dirpub_opts_t po = {n->engine, n->view, name, &rec, 100};
-        assert_int_equal(kvedge_dirpub_start(&po, &n->pub), KVEDGE_OK);
+        snprintf(ns.master, sizeof ns.master, "%s", e->ep);
+        snprintf(ns.master_pub, sizeof ns.master_pub, "%s", e->pub);
+        snprintf(ns.node_id, sizeof ns.node_id, "%s", name);
+        ns.dir_interval_ms = 100;
     }
+    char why[256];
+    if (kvedge_node_start(&ns, &n->node, why, sizeof why) != KVEDGE_OK)
+        fail_msg("start %s: %s", name, why);
+    n->engine = kvedge_node_engine(n->node);
 }
 
 static void s_node_stop(s_node_t *n)
 {
-    kvedge_dirpub_destroy(&n->pub);
-    kvedge_mview_destroy(&n->view);
-    kvedge_server_destroy(&n->server);
-    kvedge_engine_destroy(&n->engine);
+    kvedge_node_destroy(&n->node);
 }
 
 /* A cloud node in its own process (kvedge store), so it can be killed. */
@@ -757,7 +751,7 @@ static void test_sources_identical(void **state)
     s_node_start(&peer2, &e, "edgeS", KVEDGE_ROLE_EDGE, true);
     s_put_layers(peer2.ep, 0, shallow);
     uint32_t changed;
-    assert_int_equal(kvedge_dirpub_sync(peer2.pub, &changed), KVEDGE_OK);
+    assert_int_equal(kvedge_node_publish(peer2.node, &changed), KVEDGE_OK);
     char mspec[2][400];
     snprintf(mspec[0], sizeof mspec[0], "cloud cloud1 %s link=100mbit,5ms bw=12500000 rtt=10000",
              cloud.ep);

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "access/frame.h"
-#include "store/node/server.h"
+#include "store/node/node.h"
 #include "clients/kvedge.h"
 #include "clients/pipeline.h"
 #include "gpu/gpu.h"
@@ -155,8 +155,7 @@ static void s_put(const char *ep, const s_ctx_t *ctx, int skip)
 typedef struct {
     char dir[200];
     char ep[250];
-    kvedge_engine_t *engine;
-    kvedge_server_t *server;
+    kvedge_node_t *node;
 } s_node_t;
 
 static void s_node_start(s_node_t *n, const char *root, const char *name)
@@ -164,17 +163,22 @@ static void s_node_start(s_node_t *n, const char *root, const char *name)
     memset(n, 0, sizeof *n);
     snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
     snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
-    assert_int_equal(kvedge_engine_open(n->dir, NULL, &n->engine, NULL, 0), 0);
-    kvedge_server_opts_t so = {KVEDGE_ROLE_CLOUD, name, n->ep, true, NULL, NULL, 2, 0, n->engine};
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    ns.role = KVEDGE_ROLE_CLOUD;
+    ns.insecure = true;
+    ns.workers = 2;
+    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
+    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
+    snprintf(ns.name, sizeof ns.name, "%s", name);
     char why[256];
-    if (kvedge_server_start(&so, &n->server, why, sizeof why) != 0)
+    if (kvedge_node_start(&ns, &n->node, why, sizeof why) != 0)
         fail_msg("start %s: %s", name, why);
 }
 
 static void s_node_stop(s_node_t *n)
 {
-    kvedge_server_destroy(&n->server);
-    kvedge_engine_destroy(&n->engine);
+    kvedge_node_destroy(&n->node);
 }
 
 static void s_rmrf(const char *dir)

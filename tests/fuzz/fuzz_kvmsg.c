@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/master/master.h"
+#include "access/kvmsg.h"
 #include "store/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/master/master.h"
+#include "access/kvmsg.h"
 #include "store/error.h"
 
 /* Checks the message is valid, encodes it as fuzz_kvmsg reads it, and writes it. */

@@ -22,11 +22,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "store/node/dirpub.h"
 #include "access/frame.h"
 #include "store/master/master.h"
 #include "access/mview.h"
-#include "store/node/server.h"
+#include "access/transport.h"
+#include "store/node/node.h"
+#include "store/engine_debug.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "store/synth.h"
@@ -114,10 +115,8 @@ static void s_put(const char *ep, uint32_t l0, uint32_t l1, bool pin)
 typedef struct {
     char dir[200];
     char ep[250];
-    kvedge_engine_t *engine;
-    kvedge_server_t *server;
-    kvedge_mview_t *view;
-    kvedge_dirpub_t *pub;
+    kvedge_node_t *node;
+    kvedge_engine_t *engine; /* the node's */
 } s_node_t;
 
 static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
@@ -126,32 +125,29 @@ static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge
     memset(n, 0, sizeof *n);
     snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
     snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
-    assert_int_equal(kvedge_engine_open(n->dir, NULL, &n->engine, NULL, 0), 0);
-    kvedge_server_opts_t so = {role, name, n->ep, true, NULL, NULL, 2, 0, n->engine};
-    char why[256];
-    if (kvedge_server_start(&so, &n->server, why, sizeof why) != 0)
-        fail_msg("start %s: %s", name, why);
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    ns.role = role;
+    ns.insecure = true;
+    ns.workers = 2;
+    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
+    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
+    snprintf(ns.name, sizeof ns.name, "%s", name);
     if (master) {
-        kvedge_mview_opts_t vo;
-        kvedge_mview_opts_default(&vo);
-        vo.master = master;
-        vo.pub = pub;
-        vo.heartbeat_id = name;
-        vo.prefix = "node/";
-        assert_int_equal(kvedge_mview_start(&vo, &n->view), 0);
-        kvedge_master_node_t rec = {.role = role};
-        snprintf(rec.endpoint, sizeof rec.endpoint, "%s", n->ep);
-        kvedge_dirpub_opts_t po = {n->engine, n->view, name, &rec, 100};
-        assert_int_equal(kvedge_dirpub_start(&po, &n->pub), 0);
+        snprintf(ns.master, sizeof ns.master, "%s", master);
+        snprintf(ns.master_pub, sizeof ns.master_pub, "%s", pub);
+        snprintf(ns.node_id, sizeof ns.node_id, "%s", name);
+        ns.dir_interval_ms = 100;
     }
+    char why[256];
+    if (kvedge_node_start(&ns, &n->node, why, sizeof why) != 0)
+        fail_msg("start %s: %s", name, why);
+    n->engine = kvedge_node_engine(n->node);
 }
 
 static void s_node_stop(s_node_t *n)
 {
-    kvedge_dirpub_destroy(&n->pub);
-    kvedge_mview_destroy(&n->view);
-    kvedge_server_destroy(&n->server);
-    kvedge_engine_destroy(&n->engine);
+    kvedge_node_destroy(&n->node);
 }
 
 /* A cloud node in its own process, so it can be killed mid-request. */
@@ -372,7 +368,7 @@ static void test_node_registers_its_models(void **state)
     int rc = KVEDGE_ENOTFOUND;
     for (int i = 0; i < 100 && rc != KVEDGE_OK; i++) {
         uint32_t changed;
-        assert_int_equal(kvedge_dirpub_sync(node.pub, &changed), 0);
+        assert_int_equal(kvedge_node_publish(node.node, &changed), 0);
         rc = kvedge_mview_model(view, "custom-model", &got);
         if (rc != KVEDGE_OK)
             zclock_sleep(50);
@@ -406,8 +402,8 @@ static void test_peer_sharing_with_directory(void **state)
     s_put(cloud.ep, 0, S_LAYERS, false);
     s_put(peer.ep, 0, 6, false); /* edge A computed the shallow layers and published them */
     uint32_t changed;
-    assert_int_equal(kvedge_dirpub_sync(cloud.pub, &changed), 0);
-    assert_int_equal(kvedge_dirpub_sync(peer.pub, &changed), 0);
+    assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
+    assert_int_equal(kvedge_node_publish(peer.node, &changed), 0);
 
     kvedge_proxy_source_t src[2];
     char spec[600];
@@ -718,16 +714,14 @@ static void test_master_down_at_start_uses_snapshot(void **state)
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mm.ep, mm.pub);
     s_put(cloud.ep, 0, S_LAYERS, false);
     uint32_t changed;
-    assert_int_equal(kvedge_dirpub_sync(cloud.pub, &changed), 0);
+    assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
     char snap[300], pep[350];
     snprintf(snap, sizeof snap, "%.200s/proxy.view", root);
     kvedge_proxy_t *p = s_proxy_snap(root, NULL, 0, mm.ep, mm.pub, snap, pep, sizeof pep);
     assert_int_equal(kvedge_proxy_wait_sources(p, 1, 8000), 0);
     zclock_sleep(300);
     kvedge_proxy_destroy(&p); /* writes the replica file */
-    kvedge_dirpub_destroy(&cloud.pub);
-    kvedge_mview_destroy(&cloud.view);
-    kvedge_master_destroy(&m);
+    kvedge_master_destroy(&m); /* the node stays up; its view retries the master */
     p = s_proxy_snap(root, NULL, 0, mm.ep, mm.pub, snap, pep, sizeof pep);
     assert_int_equal(kvedge_proxy_wait_sources(p, 1, 8000), 0);
     s_result_t r;

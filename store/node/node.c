@@ -1,0 +1,246 @@
+/* The Cache Server assembled: engine, protocol server, historical-cache scheduler and the
+ * Storage Master link (heartbeats and the block directory), started and stopped as one. */
+#include "store/node/node.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "access/kvmsg.h"
+#include "access/log.h"
+#include "access/mview.h"
+#include "access/secure.h"
+#include "access/transport.h"
+#include "store/error.h"
+#include "store/node/dirpub.h"
+#include "store/node/hsync.h"
+#include "store/node/server.h"
+
+#define S_MASTER_START_WAIT_MS 1500 /* how long start waits for the master's snapshot */
+
+struct kvedge_node_t {
+    kvedge_node_settings_t s; /* a copy; defaults resolved (cert, clients) */
+    char cert_secret[KVEDGE_NODE_PATH_BYTES + 16];
+    kvedge_engine_t *engine;
+    kvedge_server_t *server;
+    kvedge_hsync_sched_t *sched; /* NULL unless subscriptions were given and loaded */
+    kvedge_mview_t *view;        /* NULL unless joined to a master */
+    kvedge_dirpub_t *dirpub;
+};
+
+static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
+{
+    if (why && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+void kvedge_node_settings_default(kvedge_node_settings_t *s)
+{
+    memset(s, 0, sizeof *s);
+    s->role = KVEDGE_ROLE_EDGE;
+    snprintf(s->bind, sizeof s->bind, "%s", KVEDGE_NODE_BIND_DEFAULT);
+    s->cache_bytes = KVEDGE_ENGINE_CACHE_BYTES_DEFAULT;
+    s->sync_interval_s = KVEDGE_HSYNC_INTERVAL_S_DEFAULT;
+}
+
+int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_t why_len)
+{
+    if (!s || !s->data[0])
+        return s_why(why, why_len, KVEDGE_EINVAL, "no data directory");
+    if (s->role != KVEDGE_ROLE_CLOUD && s->role != KVEDGE_ROLE_EDGE)
+        return s_why(why, why_len, KVEDGE_EINVAL, "the role must be cloud or edge");
+    if (s->master[0] && (!s->master_pub[0] || !kvedge_master_id_ok(s->node_id)))
+        return s_why(why, why_len, KVEDGE_EINVAL,
+                     "a master needs its PUB endpoint (master_pub) and this node's id "
+                     "(node_id: 1-64 of [A-Za-z0-9._:@+-])");
+    if (s->insecure && !kvedge_endpoint_is_loopback(s->bind))
+        return s_why(why, why_len, KVEDGE_EDENIED,
+                     "refusing plaintext on %s: insecure is only allowed on loopback "
+                     "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
+                     s->bind);
+    return KVEDGE_OK;
+}
+
+/* Joins the Storage Master: a view (heartbeats as node_id) and the directory publisher. */
+static int s_join_master(kvedge_node_t *n)
+{
+    const kvedge_node_settings_t *s = &n->s;
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = s->master;
+    vo.pub = s->master_pub;
+    vo.server_key = s->master_key[0] ? s->master_key : NULL;
+    vo.client_cert = s->master_key[0] ? n->cert_secret : NULL;
+    vo.heartbeat_id = s->node_id;
+    vo.prefix = "node/";
+    vo.start_wait_ms = S_MASTER_START_WAIT_MS;
+    int rc = kvedge_mview_start(&vo, &n->view);
+    if (rc != KVEDGE_OK)
+        return rc;
+    kvedge_master_node_t rec;
+    memset(&rec, 0, sizeof rec);
+    rec.role = s->role;
+    snprintf(rec.region, sizeof rec.region, "%s", s->region);
+    snprintf(rec.endpoint, sizeof rec.endpoint, "%s",
+             s->advertise[0] ? s->advertise : kvedge_server_endpoint(n->server));
+    const char *key = kvedge_server_public_key(n->server);
+    snprintf(rec.public_key, sizeof rec.public_key, "%s", key ? key : "");
+    rec.capacity_bytes = s->capacity_bytes;
+    rec.bandwidth_bytes_per_s = s->declare_bw;
+    rec.rtt_us = s->declare_rtt_us;
+    kvedge_dirpub_opts_t po = {n->engine, n->view, s->node_id, &rec, s->dir_interval_ms};
+    rc = kvedge_dirpub_start(&po, &n->dirpub);
+    if (rc != KVEDGE_OK)
+        kvedge_mview_destroy(&n->view);
+    return rc;
+}
+
+/* Starts the historical-cache scheduler from the subscriptions file. */
+static int s_start_sync(kvedge_node_t *n, char *why, size_t why_len)
+{
+    /* Up to 380 KiB of subscriptions: too large for a stack; the scheduler keeps a copy. */
+    kvedge_hsync_sub_t *subs = calloc(KVEDGE_HSYNC_MAX_SUBS, sizeof *subs);
+    if (!subs)
+        return s_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
+    size_t count = 0;
+    int rc = kvedge_hsync_load(n->s.subscriptions, subs, KVEDGE_HSYNC_MAX_SUBS, &count, why,
+                               why_len);
+    if (rc == KVEDGE_OK && count == 0)
+        rc = s_why(why, why_len, KVEDGE_EINVAL, "%s has no subscription", n->s.subscriptions);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_hsync_sched_start(n->engine, n->s.data, subs, count, n->s.sync_interval_s,
+                                      &n->sched);
+    free(subs);
+    if (rc == KVEDGE_OK)
+        kvedge_log_info("historical cache: %zu subscriptions, a pass every %u s", count,
+                        n->s.sync_interval_s ? n->s.sync_interval_s
+                                             : KVEDGE_HSYNC_INTERVAL_S_DEFAULT);
+    return rc;
+}
+
+int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char *why,
+                      size_t why_len)
+{
+    if (!out)
+        return KVEDGE_EINVAL;
+    int rc = kvedge_node_settings_check(s, why, why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
+    kvedge_node_t *n = calloc(1, sizeof *n);
+    if (!n)
+        return s_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
+    n->s = *s;
+    if (!n->s.insecure) {
+        if (!n->s.cert[0] && snprintf(n->s.cert, sizeof n->s.cert, "%s/%s", n->s.data,
+                                      KVEDGE_NODE_CERT_NAME) >= (int)sizeof n->s.cert) {
+            free(n);
+            return s_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
+        }
+        if (!n->s.clients[0] && snprintf(n->s.clients, sizeof n->s.clients, "%s/%s", n->s.data,
+                                         KVEDGE_NODE_CLIENTS_NAME) >= (int)sizeof n->s.clients) {
+            free(n);
+            return s_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
+        }
+    }
+    snprintf(n->cert_secret, sizeof n->cert_secret, "%s_secret", n->s.cert);
+
+    kvedge_engine_opts_t eo;
+    kvedge_engine_opts_default(&eo);
+    eo.capacity_bytes = n->s.capacity_bytes;
+    eo.sync = n->s.sync;
+    eo.cache_bytes = n->s.cache_bytes;
+    char ewhy[512] = "";
+    rc = kvedge_engine_open(n->s.data, &eo, &n->engine, ewhy, sizeof ewhy);
+    if (rc != KVEDGE_OK) {
+        s_why(why, why_len, rc, "cannot open store %s: %s (%s)", n->s.data, ewhy,
+              kvedge_strerror(rc));
+        free(n);
+        return rc;
+    }
+    if (!n->s.insecure) {
+        mkdir(n->s.clients, 0700); /* an empty allowlist lets nobody in */
+        rc = kvedge_secure_ensure_cert(n->s.cert, "kvedge node");
+        if (rc != KVEDGE_OK) {
+            s_why(why, why_len, KVEDGE_EIO, "cannot create the node certificate %s", n->s.cert);
+            kvedge_node_destroy(&n);
+            return KVEDGE_EIO;
+        }
+    }
+    kvedge_server_opts_t so = {n->s.role,
+                               n->s.name[0] ? n->s.name : NULL,
+                               n->s.bind,
+                               n->s.insecure,
+                               n->s.insecure ? NULL : n->cert_secret,
+                               n->s.insecure ? NULL : n->s.clients,
+                               (int)n->s.workers,
+                               0,
+                               n->engine};
+    rc = kvedge_server_start(&so, &n->server, why, why_len);
+    if (rc != KVEDGE_OK) {
+        kvedge_node_destroy(&n);
+        return rc;
+    }
+    if (!n->s.insecure)
+        kvedge_log_info("node public key %s (certificate %s); clients allowed: the "
+                        "certificates in %s",
+                        kvedge_server_public_key(n->server), n->s.cert, n->s.clients);
+    if (n->s.subscriptions[0]) {
+        char swhy[512] = "";
+        if (s_start_sync(n, swhy, sizeof swhy) != KVEDGE_OK)
+            kvedge_log_error("historical cache disabled: %s", swhy);
+    }
+    if (n->s.master[0]) {
+        rc = s_join_master(n);
+        if (rc != KVEDGE_OK)
+            kvedge_log_error("not registered with the master %s: %s (serving anyway)",
+                             n->s.master, kvedge_strerror(rc));
+    }
+    *out = n;
+    return KVEDGE_OK;
+}
+
+void kvedge_node_destroy(kvedge_node_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    kvedge_node_t *n = *self_p;
+    kvedge_dirpub_destroy(&n->dirpub);
+    kvedge_mview_destroy(&n->view);
+    kvedge_hsync_sched_destroy(&n->sched);
+    kvedge_server_destroy(&n->server);
+    kvedge_engine_destroy(&n->engine);
+    free(n);
+    *self_p = NULL;
+}
+
+const char *kvedge_node_endpoint(kvedge_node_t *n)
+{
+    return n && n->server ? kvedge_server_endpoint(n->server) : NULL;
+}
+
+const char *kvedge_node_public_key(kvedge_node_t *n)
+{
+    return n && n->server ? kvedge_server_public_key(n->server) : NULL;
+}
+
+int kvedge_node_publish(kvedge_node_t *n, uint32_t *changed)
+{
+    if (!n || !n->dirpub)
+        return KVEDGE_EINVAL;
+    return kvedge_dirpub_sync(n->dirpub, changed);
+}
+
+kvedge_engine_t *kvedge_node_engine(kvedge_node_t *n)
+{
+    return n ? n->engine : NULL;
+}

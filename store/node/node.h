@@ -1,0 +1,94 @@
+/* The Cache Server: one store node, cloud or edge role, assembled from one settings struct.
+ * It opens the block engine, serves the wire protocol (server.h), keeps the edge's
+ * historical cache in sync (hsync.h) and, when it joins a Storage Master, heartbeats and
+ * publishes its block directory (dirpub.h). The `kvedge store` command is a thin main over
+ * kvedge_node_start. */
+#ifndef KVEDGE_STORE_NODE_NODE_H
+#define KVEDGE_STORE_NODE_NODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "access/proto.h"
+#include "store/engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVEDGE_NODE_BIND_DEFAULT "tcp://127.0.0.1:7400"
+#define KVEDGE_NODE_CERT_NAME    "node.cert" /* in the data dir; the secret is node.cert_secret */
+#define KVEDGE_NODE_CLIENTS_NAME "clients"   /* the allowlist directory, in the data dir */
+#define KVEDGE_NODE_PATH_BYTES   1024
+#define KVEDGE_NODE_EP_BYTES     256
+
+/* Everything a node is started with. kvedge_node_settings_default fills the defaults; the
+ * daemon's settings table (store/node/settings.c) maps config keys and flags onto it. */
+typedef struct {
+    kvedge_role_t role;                 /* KVEDGE_ROLE_CLOUD or KVEDGE_ROLE_EDGE */
+    char data[KVEDGE_NODE_PATH_BYTES];  /* store directory (required) */
+    char bind[KVEDGE_NODE_EP_BYTES];    /* ZeroMQ endpoint */
+    char cert[KVEDGE_NODE_PATH_BYTES];  /* node certificate; "" = DATA/node.cert, made once */
+    char clients[KVEDGE_NODE_PATH_BYTES]; /* allowlist directory; "" = DATA/clients */
+    char name[KVEDGE_NODE_EP_BYTES];      /* name in HELLO; "" = "kvedge" */
+    bool insecure;                        /* plaintext: only on loopback or ipc endpoints */
+    bool sync;                            /* fsync the WAL on every write */
+    uint32_t workers;                     /* 0 = one per core, at least 2 */
+    uint64_t capacity_bytes;              /* evict LRU unpinned blocks beyond; 0 = none */
+    uint64_t cache_bytes;                 /* block cache */
+    /* Historical cache (edge): subscribed contexts, and the seconds between sync passes. */
+    char subscriptions[KVEDGE_NODE_PATH_BYTES];
+    uint32_t sync_interval_s;
+    /* Storage Master: register, heartbeat, publish the block directory ("" = stand alone). */
+    char master[KVEDGE_NODE_EP_BYTES];
+    char master_pub[KVEDGE_NODE_EP_BYTES];
+    char master_key[KVEDGE_NODE_PATH_BYTES]; /* its public key or certificate; "" = plaintext */
+    char node_id[65];
+    char advertise[KVEDGE_NODE_EP_BYTES]; /* the endpoint others reach us on; "" = bound */
+    char region[65];
+    uint64_t declare_bw;     /* bytes/s, a prior for planners; 0 = unknown */
+    uint32_t declare_rtt_us; /* a prior for planners; 0 = unknown */
+    uint32_t dir_interval_ms; /* how often the block directory is looked at; 0 = default */
+} kvedge_node_settings_t;
+
+typedef struct kvedge_node_t kvedge_node_t;
+
+void kvedge_node_settings_default(kvedge_node_settings_t *s);
+
+/* Checks the settings without starting anything: why (may be NULL) says what is wrong.
+ * Errors: KVEDGE_EINVAL (no data directory, a role other than cloud or edge, --master
+ * without master_pub and a valid node_id), KVEDGE_EDENIED (plaintext on an endpoint other
+ * hosts can reach). */
+int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_t why_len);
+
+/* Checks the settings, opens the store, makes the node certificate on first start, binds and
+ * serves; then starts the historical-cache scheduler and joins the master (both only logged
+ * when they fail: the node serves what it has). Returns once it serves. Caller owns *out.
+ * Errors: those of kvedge_node_settings_check; the engine's open errors (KVEDGE_ENOTFOUND,
+ * KVEDGE_EBUSY, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ESTORE: the store is unavailable);
+ * KVEDGE_EIO (bind failed, certificate unreadable or not writable); KVEDGE_ENOMEM. */
+int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char *why,
+                      size_t why_len);
+
+/* Stops the scheduler and the master link, lets in-flight requests finish, closes the
+ * socket and the store. NULL-safe, idempotent, nulls *self_p. */
+void kvedge_node_destroy(kvedge_node_t **self_p);
+
+/* The endpoint actually bound (ephemeral ports resolved), and the node's public key (Z85)
+ * or NULL when plaintext. Valid until destroy. */
+const char *kvedge_node_endpoint(kvedge_node_t *n);
+const char *kvedge_node_public_key(kvedge_node_t *n);
+
+/* One block-directory pass now, on the caller's thread (*changed, may be NULL: records
+ * written): after a change that must be visible to planners at once. Errors: KVEDGE_EINVAL
+ * (not joined to a master), those of kvedge_dirpub_sync. */
+int kvedge_node_publish(kvedge_node_t *n, uint32_t *changed);
+
+/* The node's engine, for tests and tools in the same process. Valid until destroy. */
+kvedge_engine_t *kvedge_node_engine(kvedge_node_t *n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
