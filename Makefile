@@ -3,8 +3,9 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
 
-.PHONY: all setup build demo test asan fuzz bench format format-check clean
+.PHONY: all setup build install demo test asan fuzz bench format format-check clean
 
 all: build
 
@@ -14,6 +15,11 @@ setup:
 build: setup
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j$(JOBS)
+
+# bin/kvedge, libkvedge.so, <kvedge/*.h> and kvedge.pc under PREFIX; DESTDIR (command line or
+# environment) stages them under another root, for packaging.
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 demo: build
 	@scripts/demo.sh $(BUILD)/clients/kvedge

@@ -13,7 +13,7 @@
 #ifndef KVEDGE_CLIENTS_KVEDGE_H
 #define KVEDGE_CLIENTS_KVEDGE_H
 
-#include "clients/kvedge.h"
+#include "access/client.h"
 #include "clients/pipeline.h"
 
 #ifdef __cplusplus
@@ -21,7 +21,8 @@ extern "C" {
 #endif
 
 /* The version of these headers; kvedge_version() gives the library's, which may be newer
- * within the same major version (the SONAME). */
+ * within the same major version (the SONAME). Must match project(VERSION) in the top
+ * CMakeLists.txt: configuring fails when they differ. */
 #define KVEDGE_VERSION_MAJOR 0
 #define KVEDGE_VERSION_MINOR 1
 #define KVEDGE_VERSION_PATCH 0
