@@ -1,0 +1,854 @@
+/* The edge proxy's FETCH state machine: one request is planned over the sources, streamed from
+ * them layer by layer, checked block by block, re-planned when a source fails, stalls, lacks a
+ * layer or sends a corrupt block, and delivered in layer order, with misses by the deadline.
+ * Everything here runs on the actor thread except the upstream callbacks, which only queue. */
+#include <czmq.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "access/log.h"
+#include "proxy/proxy_impl.h"
+#include "store/clock.h"
+#include "store/error.h"
+#include "store/model.h"
+
+#define S_TOKENS_PER_CHUNK KVEDGE_CHUNK_TOKENS_DEFAULT
+#define S_BW_MIN_BYTES     (256u << 10) /* a fetch teaches a source's bandwidth past this */
+
+/* ---------------------------------------------------------------- state */
+
+typedef struct s_op_t s_op_t;
+
+/* An upstream layer stream; freed by the actor when its DONE event is handled. */
+struct s_op_t {
+    kvedge_proxy_impl_t *p;
+    uint64_t serial; /* the fetch */
+    uint32_t layer;  /* offset in the fetch */
+    uint32_t gen;    /* the layer's generation when it was opened */
+    int src;         /* request-local source index */
+};
+
+enum { S_EV_BLOCK = 1, S_EV_DONE = 2 };
+
+struct kvedge_proxy_impl_event_t {
+    kvedge_proxy_impl_event_t *next;
+    int kind;
+    s_op_t *op;
+    uint32_t chunk_index;
+    uint16_t head;
+    int status;
+    zframe_t *frame; /* BLOCK with status 0: a copy of the block */
+};
+
+enum { L_QUEUED = 0, L_FLIGHT, L_DONE, L_MISS };
+
+typedef struct {
+    int state;
+    int src;        /* request-local source index, -1 none */
+    uint8_t reason; /* kvedge_fetch_reason_t to report */
+    uint32_t attempts;
+    uint64_t tried; /* bit s: source s was tried for this layer */
+    uint32_t gen;
+    uint32_t got;      /* blocks received in this generation */
+    zframe_t **blocks; /* nchunks x heads */
+    uint64_t bytes;
+    uint64_t fp16; /* the same blocks' size as fp16 (from their headers) */
+} s_layer_t;
+
+typedef struct {
+    uint64_t serial;
+    zframe_t *route;
+    uint64_t rid;
+    uint32_t credit;
+    int64_t deadline_ms; /* absolute, monotonic */
+    bool plan_only;
+    kvedge_model_t model;
+    uint32_t nchunks;
+    kvedge_chunk_id_t *chunks;
+    uint16_t first;
+    uint32_t L;
+    double *compute, *recompute;
+    kvedge_plan_request_t req;
+    size_t nsrc;
+    kvedge_plan_source_t psrc[KVEDGE_PROXY_MAX_SOURCES];
+    int map[KVEDGE_PROXY_MAX_SOURCES]; /* request source -> proxy source */
+    double *bytes[KVEDGE_PROXY_MAX_SOURCES];
+    kvedge_client_t *client[KVEDGE_PROXY_MAX_SOURCES];
+    uint32_t inflight[KVEDGE_PROXY_MAX_SOURCES];
+    /* Per source: its throughput over this fetch, from its first stream to its last layer
+     * (several streams share a link, so one stream's own time says little). */
+    int64_t first_issue_us[KVEDGE_PROXY_MAX_SOURCES];
+    int64_t last_done_us[KVEDGE_PROXY_MAX_SOURCES];
+    uint64_t done_bytes[KVEDGE_PROXY_MAX_SOURCES];
+    kvedge_plan_t *plan, *replan;
+    s_layer_t *layer;
+    uint32_t next;    /* next layer to deliver */
+    zlistx_t *outbox; /* zmsg_t without route, in order */
+    uint32_t sent;    /* data messages sent */
+    bool ended;
+} s_fetch_t;
+
+static void s_stat_add(kvedge_proxy_impl_t *p, uint64_t *field, uint64_t n)
+{
+    pthread_mutex_lock(&p->stats_mu);
+    *field += n;
+    pthread_mutex_unlock(&p->stats_mu);
+}
+
+/* ---------------------------------------------------------------- events */
+
+static void s_event_push(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
+{
+    pthread_mutex_lock(&p->ev_mu);
+    if (p->ev_tail)
+        p->ev_tail->next = e;
+    else
+        p->ev_head = e;
+    p->ev_tail = e;
+    pthread_mutex_unlock(&p->ev_mu);
+    uint64_t one = 1;
+    ssize_t w = write(p->ev_fd, &one, sizeof one);
+    (void)w; /* a full eventfd counter still wakes the actor */
+}
+
+static void s_on_block(void *ctx, uint32_t ci, uint16_t head, int status, const uint8_t *data,
+                       size_t len)
+{
+    s_op_t *op = ctx;
+    kvedge_proxy_impl_event_t *e = calloc(1, sizeof *e);
+    if (!e)
+        return; /* the layer will come up short and be moved */
+    e->kind = S_EV_BLOCK;
+    e->op = op;
+    e->chunk_index = ci;
+    e->head = head;
+    e->status = status;
+    if (status == KVEDGE_OK) {
+        e->frame = zframe_new(data, len);
+        if (!e->frame) {
+            free(e);
+            return;
+        }
+    }
+    s_event_push(op->p, e);
+}
+
+static void s_on_done(void *ctx, int status, uint32_t heads)
+{
+    (void)heads;
+    s_op_t *op = ctx;
+    kvedge_proxy_impl_event_t *e = calloc(1, sizeof *e);
+    if (!e) {
+        free(op); /* lost: the request's deadline still ends it */
+        return;
+    }
+    e->kind = S_EV_DONE;
+    e->op = op;
+    e->status = status;
+    s_event_push(op->p, e);
+}
+
+/* A DONE event owns its op (a BLOCK event only borrows it), so only DONE frees it. */
+void kvedge_proxy_impl_events_free(kvedge_proxy_impl_t *p)
+{
+    kvedge_proxy_impl_event_t *e = p->ev_head;
+    p->ev_head = p->ev_tail = NULL;
+    while (e) {
+        kvedge_proxy_impl_event_t *next = e->next;
+        zframe_destroy(&e->frame);
+        if (e->kind == S_EV_DONE)
+            free(e->op);
+        free(e);
+        e = next;
+    }
+}
+
+/* ---------------------------------------------------------------- fetches */
+
+static void s_layer_clear(kvedge_proxy_impl_t *p, s_fetch_t *f, s_layer_t *l)
+{
+    size_t n = (size_t)f->nchunks * f->model.kv_heads;
+    for (size_t i = 0; l->blocks && i < n; i++)
+        if (l->blocks[i]) {
+            p->buffered -= zframe_size(l->blocks[i]);
+            zframe_destroy(&l->blocks[i]);
+        }
+    l->got = 0;
+    l->bytes = 0;
+    l->fp16 = 0;
+}
+
+/* Block bytes an outbox message holds (a BLOCK message's second frame), else 0. */
+static size_t s_block_bytes(zmsg_t *m)
+{
+    zframe_t *f = zmsg_first(m);
+    if (!f || zframe_size(f) < 1 || zframe_data(f)[0] != KVEDGE_FETCH_MSG_BLOCK)
+        return 0;
+    zframe_t *b = zmsg_next(m);
+    return b ? zframe_size(b) : 0;
+}
+
+static void s_fetch_free(kvedge_proxy_impl_t *p, s_fetch_t *f)
+{
+    if (!f)
+        return;
+    for (uint32_t i = 0; f->layer && i < f->L; i++) {
+        s_layer_clear(p, f, &f->layer[i]);
+        free(f->layer[i].blocks);
+    }
+    free(f->layer);
+    for (size_t s = 0; s < f->nsrc; s++)
+        free(f->bytes[s]);
+    zmsg_t *m;
+    while (f->outbox && (m = zlistx_detach(f->outbox, NULL)) != NULL) {
+        p->buffered -= s_block_bytes(m);
+        zmsg_destroy(&m);
+    }
+    zlistx_destroy(&f->outbox);
+    zframe_destroy(&f->route);
+    free(f->chunks);
+    free(f->compute);
+    free(f->recompute);
+    free(f->plan);
+    free(f->replan);
+    free(f);
+}
+
+static s_fetch_t *s_fetch_find(kvedge_proxy_impl_t *p, uint64_t serial)
+{
+    for (s_fetch_t *f = zlistx_first(p->fetches); f; f = zlistx_next(p->fetches))
+        if (f->serial == serial)
+            return f;
+    return NULL;
+}
+
+/* Folds each source's throughput over this fetch into its estimate: bytes over the time from
+ * its first stream to its last layer, less one round trip. Only transfers big enough to say
+ * something about bandwidth count. */
+static void s_learn_links(kvedge_proxy_impl_t *p, s_fetch_t *f)
+{
+    for (size_t s = 0; s < f->nsrc; s++) {
+        if (f->done_bytes[s] < S_BW_MIN_BYTES || !f->first_issue_us[s])
+            continue;
+        double us = (double)(f->last_done_us[s] - f->first_issue_us[s]) - f->psrc[s].rtt_us;
+        double floor_us = (double)(f->last_done_us[s] - f->first_issue_us[s]) / 8;
+        if (us < floor_us)
+            us = floor_us;
+        if (us <= 0)
+            continue;
+        kvedge_proxy_impl_src_learn_bw(p, f->map[s], (double)f->done_bytes[s] * 1e6 / us);
+    }
+}
+
+static void s_fetch_remove(kvedge_proxy_impl_t *p, s_fetch_t *f)
+{
+    s_learn_links(p, f);
+    void *h = zlistx_find(p->fetches, f);
+    if (h)
+        zlistx_detach(p->fetches, h);
+    s_fetch_free(p, f);
+}
+
+/* Sends what the client has credit for; ends the fetch when all is out. */
+static void s_pump(kvedge_proxy_impl_t *p, s_fetch_t *f)
+{
+    zmsg_t *m;
+    while (f->credit > 0 && (m = zlistx_first(f->outbox)) != NULL) {
+        zlistx_detach(f->outbox, NULL);
+        zmsg_t *out = zmsg_new();
+        zframe_t *h = kvedge_proxy_impl_header(
+            KVEDGE_OP_FETCH, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE, f->rid, 0, 1);
+        zmsg_append(out, &h);
+        p->buffered -= s_block_bytes(m); /* a block leaves the buffer */
+        zframe_t *fr;
+        while ((fr = zmsg_pop(m)) != NULL)
+            zmsg_append(out, &fr);
+        zmsg_destroy(&m);
+        kvedge_proxy_impl_send(p, f->route, &out);
+        f->credit--;
+        f->sent++;
+    }
+    if (f->ended && zlistx_size(f->outbox) == 0) {
+        zmsg_t *end = zmsg_new();
+        zframe_t *h = kvedge_proxy_impl_header(
+            KVEDGE_OP_FETCH, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END, f->rid, 0, f->sent);
+        zmsg_append(end, &h);
+        kvedge_proxy_impl_send(p, f->route, &end);
+        s_fetch_remove(p, f);
+    }
+}
+
+/* Queues every layer that is complete (or missed), in layer order. */
+static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
+{
+    uint32_t H = f->model.kv_heads;
+    while (f->next < f->L) {
+        s_layer_t *l = &f->layer[f->next];
+        if (l->state != L_DONE && l->state != L_MISS)
+            break;
+        uint16_t layer = (uint16_t)(f->first + f->next);
+        uint32_t heads = 0;
+        if (l->state == L_DONE) {
+            for (uint32_t i = 0; i < f->nchunks * H; i++) {
+                kvedge_wire_fetch_block_t b = {(uint8_t)l->src, layer, i / H, (uint16_t)(i % H), 0};
+                uint8_t rec[KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+                kvedge_wire_fetch_block_pack(&b, rec);
+                zmsg_t *m = zmsg_new();
+                zmsg_addmem(m, rec, sizeof rec);
+                zmsg_append(m, &l->blocks[i]); /* ownership moves; bytes stay "buffered" */
+                zlistx_add_end(f->outbox, m);
+                heads++;
+            }
+            s_stat_add(p, &p->stats.layers, 1);
+            s_stat_add(p, &p->stats.bytes, l->bytes);
+        } else {
+            s_stat_add(p, &p->stats.misses, 1);
+        }
+        kvedge_wire_fetch_layer_t rec = {
+            .reason = l->reason,
+            .layer = layer,
+            .source = (int16_t)(l->state == L_DONE ? l->src : -1),
+            .status = l->state == L_DONE ? KVEDGE_OK : KVEDGE_ENOTFOUND,
+            .heads = heads,
+            .attempts = l->attempts,
+        };
+        uint8_t buf[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+        kvedge_wire_fetch_layer_pack(&rec, buf);
+        zmsg_t *m = zmsg_new();
+        zmsg_addmem(m, buf, sizeof buf);
+        zlistx_add_end(f->outbox, m);
+        kvedge_log_debug("fetch %llu layer %u: %s (%s)", (unsigned long long)f->serial, layer,
+                         l->state == L_DONE ? f->psrc[l->src].name : "-",
+                         kvedge_fetch_reason_name(l->reason));
+        f->next++;
+    }
+    if (f->next == f->L)
+        f->ended = true;
+    s_pump(p, f);
+}
+
+/* ---------------------------------------------------------------- failover */
+
+/* The set of layers (bitmap over offsets) moves off their source: each goes to the source
+ * a re-plan picks for it, or becomes a miss when none is left. */
+static void s_reassign(kvedge_proxy_impl_t *p, s_fetch_t *f, const uint8_t *set, uint8_t reason,
+                       int failed)
+{
+    int rc = kvedge_plan_replan(&f->req, f->psrc, f->nsrc, f->plan, f->next,
+                                failed >= 0 ? failed : KVEDGE_PLAN_SRC_NONE, f->replan);
+    for (uint32_t i = f->next; i < f->L; i++) {
+        if (!(set[i / 8] >> (i % 8) & 1))
+            continue;
+        s_layer_t *l = &f->layer[i];
+        int ns = rc == KVEDGE_OK ? f->replan->layer[i].source : -1;
+        if (ns >= 0 && (l->tried >> ns & 1))
+            ns = -1;
+        s_stat_add(p, &p->stats.fallbacks, 1);
+        if (ns < 0) {
+            l->state = L_MISS;
+            l->src = -1;
+            /* Planned as recomputation, cheaper than the sources left (the failed one is
+             * down in the re-plan; a source that lacked the layer is not, so only a failure
+             * tells), or nobody has it. */
+            l->reason = rc == KVEDGE_OK && reason == KVEDGE_FETCH_FALLBACK_FAILED &&
+                                f->replan->layer[i].source == KVEDGE_PLAN_SRC_RECOMPUTE &&
+                                f->replan->layer[i].reason == KVEDGE_PLAN_RECOMPUTE_FASTER
+                            ? KVEDGE_FETCH_RECOMPUTE
+                            : KVEDGE_FETCH_MISS;
+        } else {
+            l->state = L_QUEUED;
+            l->src = ns;
+            l->reason = reason;
+        }
+    }
+}
+
+/* Source s failed for this request (error, stall, protocol): every layer still on it moves. */
+static void s_source_failed(kvedge_proxy_impl_t *p, s_fetch_t *f, int s, int err)
+{
+    if (!f->psrc[s].up)
+        return;
+    kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)kvedge_mono_ms(),
+                          err < 0 ? err : KVEDGE_EIO);
+    s_stat_add(p, &p->stats.source_failures, 1);
+    kvedge_log_warn("source %s failed (%s): re-planning its layers", f->psrc[s].name,
+                    kvedge_strerror(err));
+    f->psrc[s].up = false;
+    uint8_t set[KVEDGE_PLAN_MAX_LAYERS / 8] = {0};
+    for (uint32_t i = f->next; i < f->L; i++) {
+        s_layer_t *l = &f->layer[i];
+        if (l->src == s && (l->state == L_QUEUED || l->state == L_FLIGHT)) {
+            s_layer_clear(p, f, l);
+            l->gen++;
+            l->tried |= 1ull << s;
+            l->state = L_QUEUED;
+            set[i / 8] |= (uint8_t)(1u << (i % 8));
+        }
+    }
+    s_reassign(p, f, set, KVEDGE_FETCH_FALLBACK_FAILED, s);
+}
+
+/* The negative cache's key for "layer of this chain": the last chunk id names the whole
+ * chain (ids are chained), then the layer. */
+#define S_NEG_KEY_BYTES (KVEDGE_CHUNK_ID_BYTES + 2)
+static void s_neg_key(const s_fetch_t *f, uint32_t layer, uint8_t key[S_NEG_KEY_BYTES])
+{
+    memcpy(key, f->chunks[f->nchunks - 1].bytes, KVEDGE_CHUNK_ID_BYTES);
+    key[KVEDGE_CHUNK_ID_BYTES] = (uint8_t)(layer >> 8);
+    key[KVEDGE_CHUNK_ID_BYTES + 1] = (uint8_t)layer;
+}
+
+/* Layer i is not (or not intact) at its source: remember it, move the layer. */
+static void s_layer_failed(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t i, uint8_t reason)
+{
+    s_layer_t *l = &f->layer[i];
+    int s = l->src;
+    uint8_t key[S_NEG_KEY_BYTES];
+    s_neg_key(f, f->first + i, key);
+    kvedge_negcache_add(p->neg, f->psrc[s].name, key, sizeof key, (uint64_t)kvedge_mono_ms(), 0);
+    if (reason == KVEDGE_FETCH_FALLBACK_CORRUPT)
+        kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)kvedge_mono_ms(),
+                              KVEDGE_ECORRUPT);
+    s_layer_clear(p, f, l);
+    l->gen++;
+    l->tried |= 1ull << s;
+    f->bytes[s][i] = -1; /* the planner's view: s does not hold it */
+    uint8_t set[KVEDGE_PLAN_MAX_LAYERS / 8] = {0};
+    set[i / 8] = (uint8_t)(1u << (i % 8));
+    s_reassign(p, f, set, reason, -1);
+}
+
+/* ---------------------------------------------------------------- streams */
+
+/* How many layer streams source s may have open: enough to cover its bandwidth-delay
+ * product, at least 2. */
+static uint32_t s_window(const s_fetch_t *f, int s, double layer_bytes)
+{
+    double bdp = f->psrc[s].bw_bytes_per_s * f->psrc[s].rtt_us / 1e6;
+    double w = 1 + ceil(bdp / (layer_bytes > 1 ? layer_bytes : 1));
+    if (w < 2)
+        w = 2;
+    return w > KVEDGE_PROXY_WINDOW_MAX ? KVEDGE_PROXY_WINDOW_MAX : (uint32_t)w;
+}
+
+/* Opens layer streams on every source that has room, lowest layers first. */
+static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
+{
+    int64_t now = kvedge_mono_ms();
+    int64_t left = f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS - now;
+    uint64_t cap = p->opts.buffer_bytes;
+    bool again = true;
+    while (again) {
+        again = false;
+        for (size_t s = 0; s < f->nsrc; s++) {
+            if (!f->psrc[s].up)
+                continue;
+            for (uint32_t i = f->next; i < f->L && left > 0 && p->buffered < cap; i++) {
+                s_layer_t *l = &f->layer[i];
+                if (l->state != L_QUEUED || l->src != (int)s)
+                    continue;
+                double lb = f->bytes[s][i];
+                if (f->inflight[s] >= s_window(f, (int)s, lb))
+                    break;
+                /* The stream may take FACTOR x (its transfer + the ones ahead of it). */
+                double ahead_us = 0;
+                for (uint32_t j = f->next; j < f->L; j++)
+                    if (f->layer[j].state == L_FLIGHT && f->layer[j].src == (int)s)
+                        ahead_us += f->bytes[s][j] * 1e6 / f->psrc[s].bw_bytes_per_s;
+                double est_us = f->psrc[s].rtt_us + ahead_us + lb * 1e6 / f->psrc[s].bw_bytes_per_s;
+                int64_t stall = (int64_t)(KVEDGE_PROXY_STALL_FACTOR * est_us / 1e3);
+                if (stall < (int64_t)p->opts.stall_min_ms)
+                    stall = p->opts.stall_min_ms;
+                if (stall > left)
+                    stall = left;
+                s_op_t *op = calloc(1, sizeof *op);
+                if (!op)
+                    return;
+                *op = (s_op_t){p, f->serial, i, l->gen, (int)s};
+                int rc = kvedge_client_get_layer_async(f->client[s], f->chunks, f->nchunks,
+                                                       (uint16_t)(f->first + i), (int)stall,
+                                                       s_on_block, s_on_done, op);
+                if (rc != KVEDGE_OK) {
+                    free(op);
+                    s_source_failed(p, f, (int)s, rc);
+                    again = true;
+                    break;
+                }
+                l->state = L_FLIGHT;
+                l->attempts++;
+                if (f->inflight[s]++ == 0 && !f->first_issue_us[s])
+                    f->first_issue_us[s] = zclock_usecs();
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- upstream events */
+
+static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
+{
+    s_op_t *op = e->op;
+    s_fetch_t *f = s_fetch_find(p, op->serial);
+    if (e->kind == S_EV_DONE) {
+        if (f) {
+            f->inflight[op->src]--;
+            s_layer_t *l = &f->layer[op->layer];
+            uint32_t want = f->nchunks * f->model.kv_heads;
+            if (l->gen == op->gen && l->state == L_FLIGHT) {
+                if (e->status == KVEDGE_OK && l->got == want) {
+                    l->state = L_DONE;
+                    f->done_bytes[op->src] += l->bytes;
+                    f->last_done_us[op->src] = zclock_usecs();
+                    kvedge_health_success(p->health, f->psrc[op->src].name,
+                                          (uint64_t)kvedge_mono_ms());
+                    /* Learn what this source sends per fp16 byte, for the next plans. */
+                    kvedge_proxy_impl_src_t *src = &p->src[f->map[op->src]];
+                    if (l->fp16 > 0)
+                        src->ratio = 0.5 * src->ratio + 0.5 * (double)l->bytes / (double)l->fp16;
+                } else if (e->status == KVEDGE_OK) {
+                    s_layer_failed(p, f, op->layer, KVEDGE_FETCH_FALLBACK_MISSING);
+                } else {
+                    s_source_failed(p, f, op->src, e->status);
+                }
+            }
+            s_issue(p, f);
+            s_deliver(p, f);
+        }
+        free(op);
+        free(e);
+        return;
+    }
+    /* A block. */
+    if (!f || f->layer[op->layer].gen != op->gen || f->layer[op->layer].state != L_FLIGHT) {
+        zframe_destroy(&e->frame);
+        free(e);
+        return;
+    }
+    s_layer_t *l = &f->layer[op->layer];
+    uint32_t H = f->model.kv_heads;
+    bool moved = true;
+    if (e->status != KVEDGE_OK) {
+        s_layer_failed(p, f, op->layer,
+                       e->status == KVEDGE_ECORRUPT ? KVEDGE_FETCH_FALLBACK_CORRUPT
+                                                    : KVEDGE_FETCH_FALLBACK_MISSING);
+    } else {
+        kvedge_block_info_t info;
+        size_t idx = (size_t)e->chunk_index * H + e->head;
+        int rc = e->chunk_index < f->nchunks && e->head < H
+                     ? kvedge_block_parse(zframe_data(e->frame), zframe_size(e->frame), &info)
+                     : KVEDGE_EPROTO;
+        if (rc == KVEDGE_OK && (info.head_dim != f->model.head_dim || l->blocks[idx]))
+            rc = KVEDGE_ECORRUPT;
+        if (rc != KVEDGE_OK) {
+            s_stat_add(p, &p->stats.corrupt, 1);
+            kvedge_log_warn("source %s sent a bad block (layer %u chunk %u head %u): %s",
+                            f->psrc[op->src].name, f->first + op->layer, e->chunk_index, e->head,
+                            kvedge_strerror(rc));
+            s_layer_failed(p, f, op->layer, KVEDGE_FETCH_FALLBACK_CORRUPT);
+        } else {
+            p->buffered += zframe_size(e->frame);
+            l->bytes += zframe_size(e->frame);
+            l->fp16 += kvedge_block_fp16_bytes(info.tokens, info.head_dim);
+            l->blocks[idx] = e->frame;
+            e->frame = NULL;
+            l->got++;
+            moved = false;
+        }
+    }
+    zframe_destroy(&e->frame);
+    free(e);
+    /* A stored block changes nothing else; a moved layer may open streams or end a fetch. */
+    if (moved) {
+        s_issue(p, f);
+        s_deliver(p, f);
+    }
+}
+
+void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p)
+{
+    uint64_t v;
+    ssize_t r = read(p->ev_fd, &v, sizeof v);
+    (void)r;
+    pthread_mutex_lock(&p->ev_mu);
+    kvedge_proxy_impl_event_t *e = p->ev_head;
+    p->ev_head = p->ev_tail = NULL;
+    pthread_mutex_unlock(&p->ev_mu);
+    while (e) {
+        kvedge_proxy_impl_event_t *next = e->next;
+        s_event(p, e);
+        e = next;
+    }
+}
+
+/* Layers not delivered by the deadline (less the margin) are reported as misses. */
+void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
+{
+    int64_t now = kvedge_mono_ms();
+    s_fetch_t *f = zlistx_first(p->fetches);
+    while (f) {
+        s_fetch_t *next = zlistx_next(p->fetches);
+        if (!f->ended && now >= f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
+            for (uint32_t i = f->next; i < f->L; i++) {
+                s_layer_t *l = &f->layer[i];
+                if (l->state == L_DONE || l->state == L_MISS)
+                    continue;
+                s_layer_clear(p, f, l);
+                l->gen++;
+                l->state = L_MISS;
+                l->src = -1;
+                l->reason = KVEDGE_FETCH_MISS_DEADLINE;
+            }
+            s_deliver(p, f);
+        } else if (now >= f->deadline_ms + KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
+            s_fetch_remove(p, f); /* the client stopped granting credit: drop what is left */
+        }
+        f = next;
+    }
+}
+
+/* ---------------------------------------------------------------- planning */
+
+/* Does source s (proxy index) hold layer `layer` of every chunk? From the master's block
+ * directory when the source is a registered node, and the negative cache in any case. */
+static bool s_holds(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s, bool in_registry,
+                    const s_fetch_t *f, uint32_t layer)
+{
+    uint8_t key[S_NEG_KEY_BYTES];
+    s_neg_key(f, layer, key);
+    if (kvedge_negcache_contains(p->neg, s->conf.name, key, sizeof key, (uint64_t)kvedge_mono_ms()))
+        return false;
+    if (!in_registry)
+        return true; /* no directory for it: assume yes, learn otherwise */
+    for (uint32_t c = 0; c < f->nchunks; c++) {
+        kvedge_master_dir_t d;
+        if (kvedge_mview_dir(p->view, s->conf.name, &f->chunks[c], &d) != KVEDGE_OK ||
+            !kvedge_master_dir_has(&d, layer))
+            return false;
+    }
+    return true;
+}
+
+/* Builds the request's source table: every known source, priced per layer (Eq. 19 inputs:
+ * its link, and the bytes it would send: the fp16 size times what it was seen to send per
+ * fp16 byte). Sources not connected, down, or not holding a layer are marked so. */
+static void s_fetch_sources(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t tokens)
+{
+    uint64_t now = (uint64_t)kvedge_mono_ms();
+    double fp16 = (double)tokens * f->model.kv_heads * f->model.head_dim * 2 /* K, V */ * 2;
+    size_t n = atomic_load(&p->nsrc);
+    f->nsrc = 0;
+    for (size_t i = 0; i < n && f->nsrc < KVEDGE_PROXY_MAX_SOURCES; i++) {
+        pthread_mutex_lock(&p->srcs_mu);
+        kvedge_proxy_impl_src_t *s = &p->src[i];
+        kvedge_client_t *c = s->client;
+        pthread_mutex_unlock(&p->srcs_mu);
+        double *b = calloc(f->L, sizeof *b);
+        if (!b)
+            continue;
+        kvedge_plan_source_t *ps = &f->psrc[f->nsrc];
+        memset(ps, 0, sizeof *ps);
+        ps->kind = s->conf.kind;
+        snprintf(ps->name, sizeof ps->name, "%s", s->conf.name);
+        double weight = kvedge_health_weight(p->health, s->conf.name, now);
+        ps->up = c && kvedge_health_usable(p->health, s->conf.name, now) && weight > 0;
+        kvedge_proxy_impl_src_link(p, s, c, &ps->bw_bytes_per_s, &ps->rtt_us);
+        if (weight > 0) /* a doubtful source (suspect, on probation) is priced as slower */
+            ps->bw_bytes_per_s *= weight;
+        kvedge_master_node_t rec;
+        bool in_registry = p->view && kvedge_mview_node(p->view, s->conf.name, &rec) == KVEDGE_OK;
+        for (uint32_t l = 0; l < f->L; l++)
+            b[l] = s_holds(p, s, in_registry, f, f->first + l) ? fp16 * s->ratio : -1;
+        ps->layer_bytes = b;
+        f->bytes[f->nsrc] = b;
+        f->client[f->nsrc] = c;
+        f->map[f->nsrc] = (int)i;
+        f->nsrc++;
+    }
+}
+
+/* The PLAN message: sources, totals, and each layer's source and price. */
+static zmsg_t *s_plan_message(const s_fetch_t *f)
+{
+    const kvedge_plan_t *pl = f->plan;
+    kvedge_wire_fetch_plan_t w = {(uint32_t)f->nsrc,
+                                  f->L,
+                                  pl->split,
+                                  pl->total_us,
+                                  pl->bound_us,
+                                  pl->cloud_only_us,
+                                  pl->recompute_all_us,
+                                  pl->load_then_compute_us};
+    uint8_t head[KVEDGE_WIRE_FETCH_PLAN_BYTES];
+    kvedge_wire_fetch_plan_pack(&w, head);
+    zframe_t *srcs = zframe_new(NULL, f->nsrc * KVEDGE_WIRE_FETCH_SOURCE_BYTES);
+    zframe_t *layers = zframe_new(NULL, (size_t)f->L * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    zmsg_t *m = zmsg_new();
+    if (!srcs || !layers || !m) {
+        zframe_destroy(&srcs);
+        zframe_destroy(&layers);
+        zmsg_destroy(&m);
+        return NULL;
+    }
+    for (size_t s = 0; s < f->nsrc; s++) {
+        kvedge_wire_fetch_source_t ws = {.kind = (uint8_t)f->psrc[s].kind,
+                                         .up = f->psrc[s].up,
+                                         .rtt_us = (float)f->psrc[s].rtt_us,
+                                         .bw_bytes_per_s = f->psrc[s].bw_bytes_per_s};
+        snprintf(ws.name, sizeof ws.name, "%s", f->psrc[s].name);
+        kvedge_wire_fetch_source_pack(&ws, zframe_data(srcs) + s * KVEDGE_WIRE_FETCH_SOURCE_BYTES);
+    }
+    for (uint32_t l = 0; l < f->L; l++) {
+        double cost = pl->layer[l].cost_us;
+        kvedge_wire_fetch_plan_layer_t wl = {(int16_t)pl->layer[l].source,
+                                             (uint8_t)pl->layer[l].reason,
+                                             isfinite(cost) ? cost : 1e300};
+        kvedge_wire_fetch_plan_layer_pack(&wl, zframe_data(layers) +
+                                                   (size_t)l * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    }
+    zmsg_addmem(m, head, sizeof head);
+    zmsg_append(m, &srcs);
+    zmsg_append(m, &layers);
+    return m;
+}
+
+/* A model's shape: built-in, else registered with the master. */
+static int s_model(kvedge_proxy_impl_t *p, const char *id, kvedge_model_t *out)
+{
+    if (kvedge_model_builtin(id, out) == KVEDGE_OK)
+        return KVEDGE_OK;
+    if (p->view && kvedge_mview_model(p->view, id, out) == KVEDGE_OK)
+        return KVEDGE_OK;
+    return KVEDGE_ENOMODEL;
+}
+
+void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
+                                   const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
+                                   size_t n)
+{
+    kvedge_wire_fetch_spec_t spec;
+    kvedge_wire_fetch_spec_parse(pf[0].data, pf[0].len, &spec); /* validated already */
+    s_fetch_t *f = calloc(1, sizeof *f);
+    int rc = f ? KVEDGE_OK : KVEDGE_ENOMEM;
+    if (rc == KVEDGE_OK)
+        rc = s_model(p, spec.model_id, &f->model);
+    if (rc == KVEDGE_OK && (uint32_t)spec.first_layer + spec.layers > f->model.layers)
+        rc = KVEDGE_ESHAPE;
+    if (rc == KVEDGE_OK) {
+        f->serial = ++p->next_serial;
+        f->route = zframe_dup(route);
+        f->rid = h->request_id;
+        f->credit = h->credit;
+        f->deadline_ms = kvedge_mono_ms() + h->deadline_ms;
+        f->nchunks = h->count;
+        f->first = spec.first_layer;
+        f->L = spec.layers;
+        f->chunks = malloc((size_t)f->nchunks * sizeof *f->chunks);
+        f->compute = calloc(f->L, sizeof *f->compute);
+        f->recompute = calloc(f->L, sizeof *f->recompute);
+        f->plan = malloc(sizeof *f->plan);
+        f->replan = malloc(sizeof *f->replan);
+        f->layer = calloc(f->L, sizeof *f->layer);
+        f->outbox = zlistx_new();
+        if (!f->chunks || !f->compute || !f->recompute || !f->plan || !f->replan || !f->layer ||
+            !f->outbox)
+            rc = KVEDGE_ENOMEM;
+    }
+    for (uint32_t l = 0; rc == KVEDGE_OK && l < f->L; l++) {
+        f->layer[l].blocks = calloc((size_t)f->nchunks * f->model.kv_heads, sizeof(zframe_t *));
+        if (!f->layer[l].blocks)
+            rc = KVEDGE_ENOMEM;
+    }
+    if (rc == KVEDGE_OK) {
+        memcpy(f->chunks, pf[1].data, (size_t)f->nchunks * KVEDGE_CHUNK_ID_BYTES);
+        for (uint32_t l = 0; l < f->L; l++) {
+            if (n == 3) {
+                float cu, ru;
+                uint32_t a = kvedge_le_get32(pf[2].data + 8 * l),
+                         b = kvedge_le_get32(pf[2].data + 8 * l + 4);
+                memcpy(&cu, &a, 4);
+                memcpy(&ru, &b, 4);
+                if (!(cu >= 0 && cu < 1e30f) || !(ru >= 0 && ru < 1e30f))
+                    rc = KVEDGE_EPROTO;
+                f->compute[l] = cu;
+                f->recompute[l] = ru;
+            } else {
+                /* Fetch only: computing a layer is priced out of reach (an hour). */
+                f->recompute[l] = 3.6e9;
+            }
+        }
+        f->req = (kvedge_plan_request_t){f->L, 0, f->compute, f->recompute};
+    }
+    if (rc == KVEDGE_OK) {
+        uint32_t tokens = spec.tokens ? spec.tokens : f->nchunks * S_TOKENS_PER_CHUNK;
+        s_fetch_sources(p, f, tokens);
+        rc = kvedge_plan_make(&f->req, f->psrc, f->nsrc, f->plan);
+        if (rc != KVEDGE_OK)
+            rc = KVEDGE_EINVAL;
+    }
+    if (rc != KVEDGE_OK) {
+        s_fetch_free(p, f);
+        kvedge_proxy_impl_reply_error(p, route, KVEDGE_OP_FETCH, h->request_id, rc);
+        return;
+    }
+    s_stat_add(p, &p->stats.requests, 1);
+    zmsg_t *pm = s_plan_message(f);
+    if (pm)
+        zlistx_add_end(f->outbox, pm);
+    for (uint32_t l = 0; l < f->L; l++) {
+        s_layer_t *ly = &f->layer[l];
+        ly->src = f->plan->layer[l].source;
+        if (ly->src < 0) {
+            ly->state = L_MISS;
+            ly->reason = f->plan->layer[l].reason == KVEDGE_PLAN_RECOMPUTE_FASTER
+                             ? KVEDGE_FETCH_RECOMPUTE
+                             : KVEDGE_FETCH_MISS;
+        } else {
+            ly->state = L_QUEUED;
+            ly->reason = KVEDGE_FETCH_PLANNED;
+        }
+    }
+    zlistx_add_end(p->fetches, f);
+    s_issue(p, f);
+    s_deliver(p, f);
+}
+
+/* ---------------------------------------------------------------- client requests */
+
+static s_fetch_t *s_fetch_by_route(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid)
+{
+    for (s_fetch_t *f = zlistx_first(p->fetches); f; f = zlistx_next(p->fetches))
+        if (f->rid == rid && zframe_eq(f->route, route))
+            return f;
+    return NULL;
+}
+
+void kvedge_proxy_impl_fetch_credit(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid,
+                                    uint32_t credit)
+{
+    s_fetch_t *f = s_fetch_by_route(p, route, rid);
+    if (f) {
+        uint64_t c = (uint64_t)f->credit + credit;
+        f->credit = c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
+        s_pump(p, f);
+    }
+}
+
+void kvedge_proxy_impl_fetch_cancel(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid)
+{
+    s_fetch_t *f = s_fetch_by_route(p, route, rid);
+    if (f)
+        s_fetch_remove(p, f);
+}
+
+void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p)
+{
+    s_fetch_t *f;
+    while ((f = zlistx_first(p->fetches)) != NULL) {
+        kvedge_proxy_impl_reply_error(p, f->route, KVEDGE_OP_FETCH, f->rid, KVEDGE_ECLOSED);
+        s_fetch_remove(p, f);
+    }
+}

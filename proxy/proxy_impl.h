@@ -1,0 +1,148 @@
+/* Internal to the edge proxy: the state its three files share (proxy.c the actor, fetch.c the
+ * FETCH state machine, sources.c the sources table and prober) and the calls between them. Not
+ * installed and not for callers of proxy/proxy.h. */
+#ifndef KVEDGE_PROXY_PROXY_IMPL_H
+#define KVEDGE_PROXY_PROXY_IMPL_H
+
+#include <czmq.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "access/client.h"
+#include "access/frame.h"
+#include "access/kvmsg.h"
+#include "access/mview.h"
+#include "access/secure.h"
+#include "proxy/health.h"
+#include "proxy/negcache.h"
+#include "proxy/proxy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One entry of the sources table. Entries are only ever appended (nsrc grows under srcs_mu),
+ * so an index stays valid for the proxy's life. */
+typedef struct {
+    kvedge_proxy_source_t conf;
+    bool from_master;        /* discovered in the master's node list */
+    kvedge_client_t *client; /* set once by the prober (under srcs_mu), never replaced */
+    double ratio;            /* learned wire bytes per fp16 byte (actor only) */
+    double bw_est;           /* throughput measured over whole fetches (under srcs_mu) */
+    uint64_t bw_samples;
+    uint64_t last_publish_ms; /* prober: last link record sent */
+} kvedge_proxy_impl_src_t;
+
+/* A block or an end of stream from an upstream client's I/O thread; defined in fetch.c. */
+typedef struct kvedge_proxy_impl_event_t kvedge_proxy_impl_event_t;
+
+/* The proxy's state. Owned by kvedge_proxy_t; freed after the actor and the prober stopped. */
+typedef struct {
+    /* Shared by every thread. */
+    kvedge_proxy_opts_t opts;
+    char id[KVEDGE_MASTER_MAX_ID_BYTES + 1];
+    char *cert_path, *master_key;
+    pthread_mutex_t srcs_mu;
+    kvedge_proxy_impl_src_t src[KVEDGE_PROXY_MAX_SOURCES];
+    atomic_size_t nsrc;
+    kvedge_health_t *health;
+    kvedge_negcache_t *neg;
+    kvedge_mview_t *view;
+    /* The event queue: libkvedge I/O threads -> actor. */
+    pthread_mutex_t ev_mu;
+    kvedge_proxy_impl_event_t *ev_head, *ev_tail;
+    int ev_fd;
+    /* Prober thread. */
+    pthread_t prober;
+    bool prober_started;
+    pthread_mutex_t stop_mu;
+    pthread_cond_t stop_cv;
+    bool stop;
+    /* Actor only. */
+    kvedge_secure_router_t sec;
+    zlistx_t *fetches; /* fetch.c's fetches in progress, owned */
+    uint64_t next_serial;
+    uint64_t buffered; /* block bytes held */
+    pthread_mutex_t stats_mu;
+    kvedge_proxy_stats_t stats;
+    int start_rc;
+    char start_why[512];
+    struct kvedge_proxy_t *owner;
+} kvedge_proxy_impl_t;
+
+/* ---------------------------------------------------------------- proxy.c: replies */
+
+/* A reply's header frame. Caller owns the return value (NULL when out of memory). */
+zframe_t *kvedge_proxy_impl_header(uint8_t op, uint16_t flags, uint64_t id, int32_t status,
+                                   uint32_t count);
+
+/* Sends *m to the client at route on the ROUTER (actor only). Takes ownership of *m and nulls
+ * it; a message the client cannot take is dropped. */
+void kvedge_proxy_impl_send(kvedge_proxy_impl_t *p, zframe_t *route, zmsg_t **m);
+
+/* Sends a header-only error reply, with END when op is a stream (actor only). */
+void kvedge_proxy_impl_reply_error(kvedge_proxy_impl_t *p, zframe_t *route, uint8_t op, uint64_t id,
+                                   int32_t status);
+
+/* ---------------------------------------------------------------- fetch.c: FETCH */
+
+/* Starts a FETCH whose frames kvedge_wire_validate accepted (n of them); answers an error
+ * when the model, the shape or memory is wanting. Actor only; does not take route. */
+void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
+                                   const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
+                                   size_t n);
+
+/* CREDIT for the client's fetch rid: adds it and sends what it now covers. Unknown: ignored. */
+void kvedge_proxy_impl_fetch_credit(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid,
+                                    uint32_t credit);
+
+/* CANCEL: drops the client's fetch rid without a reply. Unknown: ignored. */
+void kvedge_proxy_impl_fetch_cancel(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid);
+
+/* Handles every queued upstream event (ev_fd was readable). Actor only. */
+void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p);
+
+/* Reports layers past their deadline as misses, drops fetches long past it. Actor only; called
+ * every tick. */
+void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p);
+
+/* Shutdown: ends every open fetch with KVEDGE_ECLOSED and frees it. Actor only. */
+void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p);
+
+/* Frees events still queued; only once no upstream client is left to queue more. */
+void kvedge_proxy_impl_events_free(kvedge_proxy_impl_t *p);
+
+/* ---------------------------------------------------------------- sources.c: sources */
+
+/* Appends a source to the table and to health. Returns its index, or -1 when it is full. */
+int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf);
+
+/* The link the planner prices source s at (c: its client, or NULL): measured, else the
+ * master's link record, else declared, else the defaults. Any thread. */
+void kvedge_proxy_impl_src_link(kvedge_proxy_impl_t *p, kvedge_proxy_impl_src_t *s,
+                                kvedge_client_t *c, double *bw, double *rtt);
+
+/* Folds a throughput sample (bytes/s over one fetch) into source i's bandwidth estimate. */
+void kvedge_proxy_impl_src_learn_bw(kvedge_proxy_impl_t *p, int i, double bw);
+
+/* Sources connected and usable now. */
+size_t kvedge_proxy_impl_src_usable(kvedge_proxy_impl_t *p);
+
+/* Destroys every source's client; after the prober stopped. Their callbacks may still have
+ * queued events: free those after. */
+void kvedge_proxy_impl_src_close(kvedge_proxy_impl_t *p);
+
+/* Starts the prober thread (connects, pings, discovers, publishes links every
+ * KVEDGE_PROXY_PROBE_MS). Returns 0 or KVEDGE_ENOMEM. */
+int kvedge_proxy_impl_prober_start(kvedge_proxy_impl_t *p);
+
+/* Stops and joins the prober, if started. Idempotent. */
+void kvedge_proxy_impl_prober_stop(kvedge_proxy_impl_t *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
