@@ -720,7 +720,7 @@ static void test_master_down_at_start_uses_snapshot(void **state)
     kvedge_proxy_t *p = s_proxy_snap(root, NULL, 0, mm.ep, mm.pub, snap, pep, sizeof pep);
     assert_int_equal(kvedge_proxy_wait_sources(p, 1, 8000), 0);
     zclock_sleep(300);
-    kvedge_proxy_destroy(&p); /* writes the replica file */
+    kvedge_proxy_destroy(&p);  /* writes the replica file */
     kvedge_master_destroy(&m); /* the node stays up; its view retries the master */
     p = s_proxy_snap(root, NULL, 0, mm.ep, mm.pub, snap, pep, sizeof pep);
     assert_int_equal(kvedge_proxy_wait_sources(p, 1, 8000), 0);
