@@ -68,10 +68,6 @@ int kvedge_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ou
 /* Writes s as a JSON string literal (quoted, escaped). */
 void kvedge_cli_json_str(FILE *f, const char *s);
 
-/* Makes a CURVE certificate pair at path (public) and path_secret (mode 0600) unless the
- * secret exists, so a daemon runs with no configuration. Returns 0 or -1. */
-int kvedge_cli_ensure_cert(const char *path, const char *role);
-
 /* Daemons: replaces czmq's signal handlers with ours (the first SIGINT/SIGTERM starts a
  * clean stop), and waits for that signal. */
 void kvedge_cli_trap_signals(void);
@@ -85,17 +81,6 @@ struct kvedge_client_t;
 int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, struct kvedge_client_t **out);
 
 /* Prints usage of one command to f. */
-/* One string setting of a daemon's config: key, destination and its capacity. */
-typedef struct {
-    const char *key;
-    char *dst;
-    size_t len;
-} kvedge_cli_str_t;
-
-/* Copies v into the entry of t (n entries) named k. False when k is not in t or v does not
- * fit (NUL included). */
-bool kvedge_cli_set_str(const kvedge_cli_str_t *t, size_t n, const char *k, const char *v);
-
 void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details);
 
 #endif

@@ -1,5 +1,6 @@
-/* The Storage Master commands of kvedge: `master` (the daemon, access/master.c) and
- * `master-dump` (a snapshot of the registry through a replica view, printed). Thin mains. */
+/* The Storage Master commands of kvedge: `master` (the daemon, store/master/master.c, its
+ * settings the table in store/master/settings.c) and `master-dump` (a snapshot of the registry
+ * through a replica view, printed). Thin mains. */
 #include <czmq.h>
 #include <getopt.h>
 #include <signal.h>
@@ -10,244 +11,61 @@
 
 #include "access/log.h"
 #include "store/master/master.h"
+#include "store/master/settings.h"
 #include "access/mview.h"
 #include "access/transport.h"
 #include "clients/cli/cli.h"
 #include "store/error.h"
 
-#define S_MASTER_DATA_DEFAULT "./master"
-#define S_MASTER_CERT_NAME    "master.cert" /* in the data dir; the secret is master.cert_secret */
-#define S_CLIENTS_DIR_NAME    "clients"
-#define S_DUMP_DEADLINE_MS    3000
+#define S_DUMP_DEADLINE_MS 3000
 
-/* Settings of a master: defaults, then the config file, then flags. */
-typedef struct {
-    char data[1024];
-    char bind[256];
-    char pub[256];
-    char cert[1100];
-    char clients[1100];
-    char log[16];
-    bool insecure;
-    bool sync;
-    uint64_t suspect_ms;
-    uint64_t down_ms;
-} s_conf_t;
-
-static bool s_truthy(const char *v)
-{
-    return strcmp(v, "1") == 0 || strcmp(v, "true") == 0;
-}
-
-static int s_conf_file(const char *path, s_conf_t *c)
-{
-    zconfig_t *root = zconfig_load(path);
-    if (!root) {
-        kvedge_cli_error("master: cannot read config file %s (ZPL format, see docs/master.md)",
-                         path);
-        return KVEDGE_EXIT_USAGE;
-    }
-    zconfig_t *sec = zconfig_locate(root, "master");
-    int ex = KVEDGE_EXIT_OK;
-    for (zconfig_t *item = sec ? zconfig_child(sec) : NULL; item && !ex;
-         item = zconfig_next(item)) {
-        const char *k = zconfig_name(item), *v = zconfig_value(item);
-        bool bad = false;
-        if (!v)
-            bad = true;
-        else if (strcmp(k, "data") == 0)
-            snprintf(c->data, sizeof c->data, "%s", v);
-        else if (strcmp(k, "bind") == 0)
-            snprintf(c->bind, sizeof c->bind, "%s", v);
-        else if (strcmp(k, "pub") == 0)
-            snprintf(c->pub, sizeof c->pub, "%s", v);
-        else if (strcmp(k, "cert") == 0)
-            snprintf(c->cert, sizeof c->cert, "%s", v);
-        else if (strcmp(k, "clients") == 0)
-            snprintf(c->clients, sizeof c->clients, "%s", v);
-        else if (strcmp(k, "log") == 0)
-            snprintf(c->log, sizeof c->log, "%s", v);
-        else if (strcmp(k, "insecure") == 0)
-            c->insecure = s_truthy(v);
-        else if (strcmp(k, "sync") == 0)
-            c->sync = s_truthy(v);
-        else if (strcmp(k, "suspect_ms") == 0)
-            bad = kvedge_cli_parse_u64(v, 10, 3600000, &c->suspect_ms) != 0;
-        else if (strcmp(k, "down_ms") == 0)
-            bad = kvedge_cli_parse_u64(v, 10, 3600000, &c->down_ms) != 0;
-        else
-            bad = true;
-        if (bad) {
-            kvedge_cli_error("master: %s: unknown setting or bad value for master/%s", path, k);
-            ex = KVEDGE_EXIT_USAGE;
-        }
-    }
-    zconfig_destroy(&root);
-    return ex;
-}
-
-static const char s_master_help[] =
+static const char s_master_about[] =
     "Runs the Storage Master (docs/master.md): the registry of nodes, health, models, layer\n"
     "maps, block directories and links, persisted in --data, served on a ROUTER (snapshots,\n"
     "updates, heartbeats) and a PUB (sequenced updates, HUGZ every second). Prints\n"
-    "\"listening ROUTER_EP PUB_EP\" once it serves; stops cleanly on SIGINT or SIGTERM.\n\n"
-    "  -b, --bind EP         ROUTER endpoint (default " KVEDGE_MASTER_BIND_DEFAULT ")\n"
-    "  -p, --pub EP          PUB endpoint (default " KVEDGE_MASTER_PUB_DEFAULT ")\n"
-    "  -d, --data DIR        registry directory (default " S_MASTER_DATA_DEFAULT ")\n"
-    "  -c, --config FILE     ZPL config file, section `master` (flags override)\n"
-    "      --cert FILE       master certificate (default DATA/" S_MASTER_CERT_NAME
-    ", made on first start)\n"
-    "      --clients DIR     allowlist of peer certificates (default DATA/" S_CLIENTS_DIR_NAME
-    "; empty = nobody)\n"
-    "      --insecure        plaintext, allowed only when both endpoints are loopback/ipc\n"
-    "      --sync            fsync the registry's WAL on every update\n"
-    "      --suspect-ms MS   heartbeat silence before a node is suspect (default 3000)\n"
-    "      --down-ms MS      heartbeat silence before a node is down (default 10000)\n"
-    "      --log-level L     error, warn, info (default), debug\n";
+    "\"listening ROUTER_EP PUB_EP\" once it serves; stops cleanly on SIGINT or SIGTERM.\n"
+    "Example config: etc/kvedge-master.conf.\n";
 
+/* `kvedge master`: settings from the table (defaults, --config FILE, flags), the master, a
+ * signal, a clean stop. */
 static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
 {
     (void)cli;
-    enum { S_O_CERT = 1000, S_O_CLIENTS, S_O_INSECURE, S_O_SYNC, S_O_SUSPECT, S_O_DOWN, S_O_LOG };
-    static const struct option opts[] = {{"bind", required_argument, NULL, 'b'},
-                                         {"pub", required_argument, NULL, 'p'},
-                                         {"data", required_argument, NULL, 'd'},
-                                         {"config", required_argument, NULL, 'c'},
-                                         {"cert", required_argument, NULL, S_O_CERT},
-                                         {"clients", required_argument, NULL, S_O_CLIENTS},
-                                         {"insecure", no_argument, NULL, S_O_INSECURE},
-                                         {"sync", no_argument, NULL, S_O_SYNC},
-                                         {"suspect-ms", required_argument, NULL, S_O_SUSPECT},
-                                         {"down-ms", required_argument, NULL, S_O_DOWN},
-                                         {"log-level", required_argument, NULL, S_O_LOG},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    s_conf_t c;
-    memset(&c, 0, sizeof c);
-    snprintf(c.data, sizeof c.data, S_MASTER_DATA_DEFAULT);
-    snprintf(c.bind, sizeof c.bind, KVEDGE_MASTER_BIND_DEFAULT);
-    snprintf(c.pub, sizeof c.pub, KVEDGE_MASTER_PUB_DEFAULT);
-    snprintf(c.log, sizeof c.log, "info");
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "-c") == 0) {
-            int ex = s_conf_file(argv[i + 1], &c);
-            if (ex)
-                return ex;
-        }
-    const kvedge_cli_cmd_t cmd = {"master", NULL,
-                                  "[--bind EP] [--pub EP] [--data DIR] [--insecure] [...]",
+    const kvedge_settings_table_t *t = &kvedge_master_settings_table;
+    const kvedge_cli_cmd_t cmd = {"master", NULL, "[OPTIONS] [--config FILE] [--check-config]",
                                   "Run the Storage Master."};
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "b:p:d:c:h", opts, NULL)) != -1) {
-        bool bad = false;
-        switch (ch) {
-        case 'b':
-            snprintf(c.bind, sizeof c.bind, "%s", optarg);
-            break;
-        case 'p':
-            snprintf(c.pub, sizeof c.pub, "%s", optarg);
-            break;
-        case 'd':
-            snprintf(c.data, sizeof c.data, "%s", optarg);
-            break;
-        case 'c':
-            break; /* read above */
-        case S_O_CERT:
-            snprintf(c.cert, sizeof c.cert, "%s", optarg);
-            break;
-        case S_O_CLIENTS:
-            snprintf(c.clients, sizeof c.clients, "%s", optarg);
-            break;
-        case S_O_INSECURE:
-            c.insecure = true;
-            break;
-        case S_O_SYNC:
-            c.sync = true;
-            break;
-        case S_O_SUSPECT:
-            bad = kvedge_cli_parse_u64(optarg, 10, 3600000, &c.suspect_ms) != 0;
-            break;
-        case S_O_DOWN:
-            bad = kvedge_cli_parse_u64(optarg, 10, 3600000, &c.down_ms) != 0;
-            break;
-        case S_O_LOG:
-            snprintf(c.log, sizeof c.log, "%s", optarg);
-            break;
-        case 'h':
-            kvedge_cli_usage(stdout, &cmd, s_master_help);
-            return KVEDGE_EXIT_OK;
-        default:
-            kvedge_cli_error("master: unknown option or missing value '%s'", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (bad) {
-            kvedge_cli_error("master: bad value '%s' for %s", optarg, argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("master: unexpected argument '%s'", argv[optind]);
+    static kvedge_master_settings_t s;
+    kvedge_settings_args_t args;
+    char why[1024] = "";
+    if (kvedge_settings_resolve(t, &s, argc, argv, &args, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("master: %s", why);
         return KVEDGE_EXIT_USAGE;
     }
-    kvedge_log_level_t level;
-    if (kvedge_log_parse(c.log, &level) != 0) {
-        kvedge_cli_error("master: --log-level must be error, warn, info or debug");
+    if (args.help) {
+        kvedge_cli_usage(stdout, &cmd, s_master_about);
+        fputc('\n', stdout);
+        kvedge_settings_help(t, stdout);
+        return KVEDGE_EXIT_OK;
+    }
+    if (kvedge_master_settings_check(&s, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("master: %s", why);
         return KVEDGE_EXIT_USAGE;
     }
-    kvedge_log_set_level(level);
-    if (c.insecure &&
-        (!kvedge_endpoint_is_loopback(c.bind) || !kvedge_endpoint_is_loopback(c.pub))) {
-        kvedge_cli_error("master: refusing plaintext on %s / %s: --insecure is only allowed on "
-                         "loopback (tcp://127.0.0.1:PORT) or ipc:// endpoints",
-                         c.bind, c.pub);
-        return KVEDGE_EXIT_USAGE;
+    if (args.check) {
+        kvedge_settings_print(t, &s, stdout);
+        return KVEDGE_EXIT_OK;
     }
-
+    kvedge_log_set_level(s.log_level);
     kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
-
-    if (mkdir(c.data, 0700) != 0 && !zsys_file_exists(c.data)) {
-        kvedge_cli_error("master: cannot create the data directory %s", c.data);
-        return KVEDGE_EXIT_UNAVAILABLE;
-    }
-    char secret[1200] = "";
-    if (!c.insecure) {
-        if (!c.cert[0])
-            snprintf(c.cert, sizeof c.cert, "%s/%s", c.data, S_MASTER_CERT_NAME);
-        if (!c.clients[0]) {
-            snprintf(c.clients, sizeof c.clients, "%s/%s", c.data, S_CLIENTS_DIR_NAME);
-            mkdir(c.clients, 0700);
-        }
-        if (kvedge_cli_ensure_cert(c.cert, "kvedge master") != 0) {
-            kvedge_cli_error("master: cannot create the master certificate %s", c.cert);
-            return KVEDGE_EXIT_FAILURE;
-        }
-        snprintf(secret, sizeof secret, "%s_secret", c.cert);
-    }
-    kvedge_master_opts_t mo;
-    kvedge_master_opts_default(&mo);
-    mo.bind = c.bind;
-    mo.pub = c.pub;
-    mo.data_dir = c.data;
-    mo.insecure = c.insecure;
-    mo.cert = c.insecure ? NULL : secret;
-    mo.clients_dir = c.insecure ? NULL : c.clients;
-    mo.sync = c.sync;
-    mo.suspect_ms = (uint32_t)c.suspect_ms;
-    mo.down_ms = (uint32_t)c.down_ms;
-    char why[512] = "";
     kvedge_master_t *m;
-    int rc = kvedge_master_start(&mo, &m, why, sizeof why);
+    int rc = kvedge_master_settings_start(&s, &m, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("master: %s", why);
-        return rc == KVEDGE_EDENIED                          ? KVEDGE_EXIT_USAGE
-               : rc == KVEDGE_EBUSY || rc == KVEDGE_EVERSION ? KVEDGE_EXIT_UNAVAILABLE
-                                                             : KVEDGE_EXIT_FAILURE;
+        return rc == KVEDGE_EDENIED || rc == KVEDGE_EINVAL ? KVEDGE_EXIT_USAGE
+               : rc == KVEDGE_EBUSY || rc == KVEDGE_EVERSION || rc == KVEDGE_ENOTFOUND
+                   ? KVEDGE_EXIT_UNAVAILABLE
+                   : KVEDGE_EXIT_FAILURE;
     }
-    if (!c.insecure)
-        kvedge_log_info("master public key %s (certificate %s); peers allowed: the "
-                        "certificates in %s",
-                        kvedge_master_public_key(m), c.cert, c.clients);
     printf("listening %s %s\n", kvedge_master_endpoint(m), kvedge_master_pub_endpoint(m));
     fflush(stdout);
     kvedge_cli_wait_signal();
@@ -553,7 +371,7 @@ static int s_cmd_dump(kvedge_cli_t *cli, int argc, char **argv)
 }
 
 const kvedge_cli_cmd_t kvedge_cli_master_cmds[] = {
-    {"master", s_cmd_master, "[--bind EP] [--pub EP] [--data DIR] [--insecure] [...]",
+    {"master", s_cmd_master, "[--bind EP] [--pub EP] [--data DIR] [--config FILE] [...]",
      "Run the Storage Master (registry of nodes, models, maps, blocks, links)."},
     {"master-dump", s_cmd_dump, "[--master EP] [--pub EP] [--prefix P] [--json]",
      "Snapshot the master's registry and print it."},

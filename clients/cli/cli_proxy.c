@@ -1,5 +1,6 @@
-/* `kvedge proxy` (the edge proxy daemon, proxy/proxy.c) and `kvedge fetch` (a planned fetch
- * through a proxy, printing where each layer came from and why). */
+/* `kvedge proxy` (the edge proxy daemon, proxy/proxy.c, its settings the table in
+ * proxy/settings.c) and `kvedge fetch` (a planned fetch through a proxy, printing where each
+ * layer came from and why). */
 #include <czmq.h>
 #include <ctype.h>
 #include <getopt.h>
@@ -15,260 +16,51 @@
 #include "clients/cli/cli.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
+#include "proxy/settings.h"
 #include "store/error.h"
 
-#define S_PROXY_CERT_DEFAULT "proxy.cert" /* secret in proxy.cert_secret */
-
-/* Settings of a proxy: defaults, then the config file, then flags. */
-typedef struct {
-    char bind[256];
-    char id[65];
-    char cert[1100];
-    char clients[1100];
-    char master[256];
-    char master_pub[256];
-    char master_key[1100];
-    char snapshot[1100];
-    char local_node[65];
-    char history_node[65];
-    char log[16];
-    bool insecure;
-    kvedge_proxy_source_t sources[KVEDGE_PROXY_MAX_SOURCES];
-    size_t nsources;
-} s_conf_t;
-
-static int s_add_source(s_conf_t *c, const char *spec, const char *where)
-{
-    if (c->nsources == KVEDGE_PROXY_MAX_SOURCES) {
-        kvedge_cli_error("proxy: %s: at most %d sources", where, KVEDGE_PROXY_MAX_SOURCES);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (kvedge_proxy_source_parse(spec, &c->sources[c->nsources]) != KVEDGE_OK) {
-        kvedge_cli_error("proxy: %s: bad source '%s' (want \"KIND NAME ENDPOINT [key=K] "
-                         "[link=RATE,LATENCY] [bw=BYTES_PER_S] [rtt=US]\", KIND local, peer, "
-                         "cloud or history)",
-                         where, spec);
-        return KVEDGE_EXIT_USAGE;
-    }
-    c->nsources++;
-    return KVEDGE_EXIT_OK;
-}
-
-/* One setting by name (the config file's keys are the long flags with '_' for '-'). */
-static bool s_set(s_conf_t *c, const char *k, const char *v)
-{
-    const kvedge_cli_str_t str[] = {{"bind", c->bind, sizeof c->bind},
-                                    {"id", c->id, sizeof c->id},
-                                    {"cert", c->cert, sizeof c->cert},
-                                    {"clients", c->clients, sizeof c->clients},
-                                    {"master", c->master, sizeof c->master},
-                                    {"master_pub", c->master_pub, sizeof c->master_pub},
-                                    {"master_key", c->master_key, sizeof c->master_key},
-                                    {"snapshot", c->snapshot, sizeof c->snapshot},
-                                    {"local_node", c->local_node, sizeof c->local_node},
-                                    {"history_node", c->history_node, sizeof c->history_node},
-                                    {"log", c->log, sizeof c->log}};
-    if (kvedge_cli_set_str(str, sizeof str / sizeof str[0], k, v))
-        return true;
-    if (strcmp(k, "insecure") == 0) {
-        c->insecure = strcmp(v, "1") == 0 || strcmp(v, "true") == 0;
-        return true;
-    }
-    return false;
-}
-
-static int s_conf_file(const char *path, s_conf_t *c)
-{
-    zconfig_t *root = zconfig_load(path);
-    if (!root) {
-        kvedge_cli_error("proxy: cannot read config file %s (ZPL format, see "
-                         "docs/operations.md)",
-                         path);
-        return KVEDGE_EXIT_USAGE;
-    }
-    zconfig_t *sec = zconfig_locate(root, "proxy");
-    int ex = KVEDGE_EXIT_OK;
-    for (zconfig_t *item = sec ? zconfig_child(sec) : NULL; item && !ex;
-         item = zconfig_next(item)) {
-        const char *k = zconfig_name(item), *v = zconfig_value(item);
-        if (v && strcmp(k, "source") == 0) {
-            ex = s_add_source(c, v, path);
-        } else if (!v || !s_set(c, k, v)) {
-            kvedge_cli_error("proxy: %s: unknown setting or bad value for proxy/%s", path, k);
-            ex = KVEDGE_EXIT_USAGE;
-        }
-    }
-    zconfig_destroy(&root);
-    return ex;
-}
-
-static const char s_proxy_help[] =
+static const char s_proxy_about[] =
     "Runs the edge proxy: clients send it FETCH (docs/protocol.md); it prices every source of\n"
     "every layer (Eq. 19), picks the split that minimizes the pipelined completion time\n"
     "(Eq. 20), streams the layers from their sources in parallel, verifies every block,\n"
     "delivers whole layers in order and re-plans when a source fails, stalls, lacks a layer or\n"
     "sends a corrupt block; a layer nobody has comes back as a miss. Prints \"listening EP\"\n"
-    "once it serves; stops cleanly on SIGINT or SIGTERM.\n\n"
-    "  -b, --bind EP          client endpoint (default " KVEDGE_PROXY_BIND_DEFAULT ")\n"
-    "      --id ID            the proxy's id in the registry (default proxy)\n"
-    "  -s, --source SPEC      a store node: \"KIND NAME ENDPOINT [key=K] [link=RATE,LATENCY]\n"
-    "                         [bw=BYTES_PER_S] [rtt=US]\", KIND local, peer, cloud, history\n"
-    "                         (repeatable; link= emulates a link, for tests)\n"
-    "      --master EP        Storage Master ROUTER: sources, directory, links, models\n"
-    "      --master-pub EP    its PUB endpoint (with --master)\n"
-    "      --master-key KEY   its public key or certificate (none = plaintext, loopback only)\n"
-    "      --snapshot FILE    keep the registry replica here (used when the master is down)\n"
-    "      --local-node ID    this edge's store node in the registry (kind local)\n"
-    "      --history-node ID  this edge's historical cache in the registry (kind history)\n"
-    "      --cert FILE        proxy certificate, CURVE toward clients and sources (default\n"
-    "                         ./" S_PROXY_CERT_DEFAULT ", made on first start)\n"
-    "      --clients DIR      allowlist of client certificates (CURVE)\n"
-    "      --insecure         plaintext for clients, loopback/ipc only\n"
-    "  -c, --config FILE      ZPL config file, section `proxy` (keys as the flags with '_';\n"
-    "                         one `source = \"...\"` per source); flags override\n"
-    "      --log-level L      error, warn, info (default), debug\n";
+    "once it serves; stops cleanly on SIGINT or SIGTERM. It needs sources (--source,\n"
+    "repeatable) or a master. Example config: etc/kvedge-proxy.conf.\n";
 
+/* `kvedge proxy`: settings from the table (defaults, --config FILE, flags), the proxy, a
+ * signal, a clean stop. */
 static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
 {
     (void)cli;
-    enum {
-        S_O_ID = 1000,
-        S_O_MASTER,
-        S_O_PUB,
-        S_O_MKEY,
-        S_O_SNAP,
-        S_O_LOCAL,
-        S_O_HIST,
-        S_O_CERT,
-        S_O_CLIENTS,
-        S_O_INSECURE,
-        S_O_LOG
-    };
-    static const struct option opts[] = {{"bind", required_argument, NULL, 'b'},
-                                         {"id", required_argument, NULL, S_O_ID},
-                                         {"source", required_argument, NULL, 's'},
-                                         {"master", required_argument, NULL, S_O_MASTER},
-                                         {"master-pub", required_argument, NULL, S_O_PUB},
-                                         {"master-key", required_argument, NULL, S_O_MKEY},
-                                         {"snapshot", required_argument, NULL, S_O_SNAP},
-                                         {"local-node", required_argument, NULL, S_O_LOCAL},
-                                         {"history-node", required_argument, NULL, S_O_HIST},
-                                         {"cert", required_argument, NULL, S_O_CERT},
-                                         {"clients", required_argument, NULL, S_O_CLIENTS},
-                                         {"insecure", no_argument, NULL, S_O_INSECURE},
-                                         {"config", required_argument, NULL, 'c'},
-                                         {"log-level", required_argument, NULL, S_O_LOG},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    static s_conf_t c;
-    memset(&c, 0, sizeof c);
-    snprintf(c.bind, sizeof c.bind, KVEDGE_PROXY_BIND_DEFAULT);
-    snprintf(c.id, sizeof c.id, "proxy");
-    snprintf(c.log, sizeof c.log, "info");
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "-c") == 0) {
-            int ex = s_conf_file(argv[i + 1], &c);
-            if (ex)
-                return ex;
-        }
-    const kvedge_cli_cmd_t cmd = {"proxy", NULL,
-                                  "[--bind EP] [--source SPEC]... [--master EP --master-pub EP]",
+    const kvedge_settings_table_t *t = &kvedge_proxy_settings_table;
+    const kvedge_cli_cmd_t cmd = {"proxy", NULL, "[OPTIONS] [--config FILE] [--check-config]",
                                   "Run the edge proxy."};
-    static const char *const keys[] = {[S_O_ID - 1000] = "id",
-                                       [S_O_MASTER - 1000] = "master",
-                                       [S_O_PUB - 1000] = "master_pub",
-                                       [S_O_MKEY - 1000] = "master_key",
-                                       [S_O_SNAP - 1000] = "snapshot",
-                                       [S_O_LOCAL - 1000] = "local_node",
-                                       [S_O_HIST - 1000] = "history_node",
-                                       [S_O_CERT - 1000] = "cert",
-                                       [S_O_CLIENTS - 1000] = "clients",
-                                       [S_O_LOG - 1000] = "log"};
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "b:s:c:h", opts, NULL)) != -1) {
-        int ex = KVEDGE_EXIT_OK;
-        if (ch == 'b') {
-            if (!s_set(&c, "bind", optarg))
-                ex = KVEDGE_EXIT_USAGE;
-        } else if (ch == 's') {
-            ex = s_add_source(&c, optarg, "--source");
-            if (ex)
-                return ex;
-        } else if (ch == 'c') {
-            /* read above */
-        } else if (ch == S_O_INSECURE) {
-            c.insecure = true;
-        } else if (ch >= S_O_ID && ch <= S_O_LOG && keys[ch - 1000]) {
-            if (!s_set(&c, keys[ch - 1000], optarg))
-                ex = KVEDGE_EXIT_USAGE;
-        } else if (ch == 'h') {
-            kvedge_cli_usage(stdout, &cmd, s_proxy_help);
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("proxy: unknown option or missing value '%s'", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (ex) {
-            kvedge_cli_error("proxy: value too long for %s", argv[optind - 1]);
-            return ex;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("proxy: unexpected argument '%s'", argv[optind]);
+    static kvedge_proxy_settings_t s; /* 70 KiB of source specs; the proxy points into it */
+    kvedge_settings_args_t args;
+    char why[1024] = "";
+    if (kvedge_settings_resolve(t, &s, argc, argv, &args, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("proxy: %s", why);
         return KVEDGE_EXIT_USAGE;
     }
-    kvedge_log_level_t level;
-    if (kvedge_log_parse(c.log, &level) != 0) {
-        kvedge_cli_error("proxy: --log-level must be error, warn, info or debug");
+    if (args.help) {
+        kvedge_cli_usage(stdout, &cmd, s_proxy_about);
+        fputc('\n', stdout);
+        kvedge_settings_help(t, stdout);
+        return KVEDGE_EXIT_OK;
+    }
+    if (kvedge_proxy_settings_check(&s, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("proxy: %s", why);
         return KVEDGE_EXIT_USAGE;
     }
-    kvedge_log_set_level(level);
-    if (!c.master[0] != !c.master_pub[0]) {
-        kvedge_cli_error("proxy: --master and --master-pub go together");
-        return KVEDGE_EXIT_USAGE;
+    if (args.check) {
+        kvedge_settings_print(t, &s, stdout);
+        return KVEDGE_EXIT_OK;
     }
-    if (!c.nsources && !c.master[0]) {
-        kvedge_cli_error("proxy: no sources: give --source (repeatable) or --master");
-        return KVEDGE_EXIT_USAGE;
-    }
-    kvedge_cli_trap_signals();
-    char secret[1200] = "";
-    bool need_cert = !c.insecure || c.master_key[0];
-    for (size_t i = 0; i < c.nsources; i++)
-        need_cert = need_cert || c.sources[i].server_key[0];
-    if (need_cert) {
-        if (!c.cert[0])
-            snprintf(c.cert, sizeof c.cert, "%s", S_PROXY_CERT_DEFAULT);
-        if (kvedge_cli_ensure_cert(c.cert, "kvedge proxy") != 0) {
-            kvedge_cli_error("proxy: cannot create the proxy certificate %s", c.cert);
-            return KVEDGE_EXIT_FAILURE;
-        }
-        snprintf(secret, sizeof secret, "%s_secret", c.cert);
-    }
-    if (!c.insecure && !c.clients[0]) {
-        kvedge_cli_error("proxy: CURVE for clients needs --clients DIR (or --insecure on "
-                         "loopback)");
-        return KVEDGE_EXIT_USAGE;
-    }
-    kvedge_proxy_opts_t po;
-    kvedge_proxy_opts_default(&po);
-    po.bind = c.bind;
-    po.insecure = c.insecure;
-    po.cert = need_cert ? secret : NULL;
-    po.clients_dir = c.insecure ? NULL : c.clients;
-    po.id = c.id;
-    po.sources = c.sources;
-    po.nsources = c.nsources;
-    po.master = c.master[0] ? c.master : NULL;
-    po.master_pub = c.master_pub[0] ? c.master_pub : NULL;
-    po.master_key = c.master_key[0] ? c.master_key : NULL;
-    po.snapshot = c.snapshot[0] ? c.snapshot : NULL;
-    po.local_node = c.local_node[0] ? c.local_node : NULL;
-    po.history_node = c.history_node[0] ? c.history_node : NULL;
-    char why[512] = "";
+    kvedge_log_set_level(s.log_level);
+    kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
     kvedge_proxy_t *p;
-    int rc = kvedge_proxy_start(&po, &p, why, sizeof why);
+    int rc = kvedge_proxy_settings_start(&s, &p, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("proxy: %s", why[0] ? why : kvedge_strerror(rc));
         return rc == KVEDGE_EDENIED || rc == KVEDGE_EINVAL ? KVEDGE_EXIT_USAGE

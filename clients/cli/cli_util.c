@@ -174,27 +174,6 @@ void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details)
         fprintf(f, "\n%s", details);
 }
 
-int kvedge_cli_ensure_cert(const char *path, const char *role)
-{
-    char secret[1200];
-    snprintf(secret, sizeof secret, "%s_secret", path);
-    if (zsys_file_exists(secret))
-        return 0;
-    zcert_t *cert = zcert_new();
-    if (!cert)
-        return -1;
-    zcert_set_meta(cert, "role", "%s", role);
-    mode_t old = umask(077); /* the secret file is private from its first byte */
-    int rc = zcert_save(cert, path);
-    umask(old);
-    zcert_destroy(&cert);
-    if (rc == 0) {
-        chmod(secret, 0600);
-        chmod(path, 0644);
-    }
-    return rc;
-}
-
 static volatile sig_atomic_t s_stop;
 
 static void s_on_signal(int sig)
@@ -217,18 +196,6 @@ void kvedge_cli_wait_signal(void)
 {
     while (!s_stop)
         pause();
-}
-
-bool kvedge_cli_set_str(const kvedge_cli_str_t *t, size_t n, const char *k, const char *v)
-{
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(k, t[i].key) == 0) {
-            if (strlen(v) >= t[i].len)
-                return false;
-            memcpy(t[i].dst, v, strlen(v) + 1);
-            return true;
-        }
-    return false;
 }
 
 int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, kvedge_client_t **out)

@@ -46,11 +46,7 @@ static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
 
 void kvedge_node_settings_default(kvedge_node_settings_t *s)
 {
-    memset(s, 0, sizeof *s);
-    s->role = KVEDGE_ROLE_EDGE;
-    snprintf(s->bind, sizeof s->bind, "%s", KVEDGE_NODE_BIND_DEFAULT);
-    s->cache_bytes = KVEDGE_ENGINE_CACHE_BYTES_DEFAULT;
-    s->sync_interval_s = KVEDGE_HSYNC_INTERVAL_S_DEFAULT;
+    kvedge_settings_defaults(&kvedge_node_settings_table, s);
 }
 
 int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_t why_len)
@@ -113,8 +109,8 @@ static int s_start_sync(kvedge_node_t *n, char *why, size_t why_len)
     if (!subs)
         return s_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
     size_t count = 0;
-    int rc = kvedge_hsync_load(n->s.subscriptions, subs, KVEDGE_HSYNC_MAX_SUBS, &count, why,
-                               why_len);
+    int rc =
+        kvedge_hsync_load(n->s.subscriptions, subs, KVEDGE_HSYNC_MAX_SUBS, &count, why, why_len);
     if (rc == KVEDGE_OK && count == 0)
         rc = s_why(why, why_len, KVEDGE_EINVAL, "%s has no subscription", n->s.subscriptions);
     if (rc == KVEDGE_OK)
@@ -202,8 +198,8 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
     if (n->s.master[0]) {
         rc = s_join_master(n);
         if (rc != KVEDGE_OK)
-            kvedge_log_error("not registered with the master %s: %s (serving anyway)",
-                             n->s.master, kvedge_strerror(rc));
+            kvedge_log_error("not registered with the master %s: %s (serving anyway)", n->s.master,
+                             kvedge_strerror(rc));
     }
     *out = n;
     return KVEDGE_OK;

@@ -10,7 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "access/log.h"
 #include "access/proto.h"
+#include "access/settings.h"
 #include "store/engine.h"
 
 #ifdef __cplusplus
@@ -23,13 +25,14 @@ extern "C" {
 #define KVEDGE_NODE_PATH_BYTES   1024
 #define KVEDGE_NODE_EP_BYTES     256
 
-/* Everything a node is started with. kvedge_node_settings_default fills the defaults; the
- * daemon's settings table (store/node/settings.c) maps config keys and flags onto it. */
+/* Everything a node is started with. The daemon's settings table (store/node/settings.c) holds
+ * the defaults and maps config keys and flags onto the fields; kvedge_node_settings_default
+ * applies it. */
 typedef struct {
-    kvedge_role_t role;                 /* KVEDGE_ROLE_CLOUD or KVEDGE_ROLE_EDGE */
-    char data[KVEDGE_NODE_PATH_BYTES];  /* store directory (required) */
-    char bind[KVEDGE_NODE_EP_BYTES];    /* ZeroMQ endpoint */
-    char cert[KVEDGE_NODE_PATH_BYTES];  /* node certificate; "" = DATA/node.cert, made once */
+    kvedge_role_t role;                   /* KVEDGE_ROLE_CLOUD or KVEDGE_ROLE_EDGE */
+    char data[KVEDGE_NODE_PATH_BYTES];    /* store directory (required) */
+    char bind[KVEDGE_NODE_EP_BYTES];      /* ZeroMQ endpoint */
+    char cert[KVEDGE_NODE_PATH_BYTES];    /* node certificate; "" = DATA/node.cert, made once */
     char clients[KVEDGE_NODE_PATH_BYTES]; /* allowlist directory; "" = DATA/clients */
     char name[KVEDGE_NODE_EP_BYTES];      /* name in HELLO; "" = "kvedge" */
     bool insecure;                        /* plaintext: only on loopback or ipc endpoints */
@@ -47,13 +50,19 @@ typedef struct {
     char node_id[65];
     char advertise[KVEDGE_NODE_EP_BYTES]; /* the endpoint others reach us on; "" = bound */
     char region[65];
-    uint64_t declare_bw;     /* bytes/s, a prior for planners; 0 = unknown */
-    uint32_t declare_rtt_us; /* a prior for planners; 0 = unknown */
-    uint32_t dir_interval_ms; /* how often the block directory is looked at; 0 = default */
+    uint64_t declare_bw;          /* bytes/s, a prior for planners; 0 = unknown */
+    uint32_t declare_rtt_us;      /* a prior for planners; 0 = unknown */
+    uint32_t dir_interval_ms;     /* how often the block directory is looked at; 0 = default */
+    kvedge_log_level_t log_level; /* the process-wide logger's level: the daemon's main sets it */
 } kvedge_node_settings_t;
+
+/* The store node's settings table: section `store` of a config file, the flags of
+ * `kvedge store`. */
+extern const kvedge_settings_table_t kvedge_node_settings_table;
 
 typedef struct kvedge_node_t kvedge_node_t;
 
+/* Fills *s with the table's defaults (no data directory: the caller names one). */
 void kvedge_node_settings_default(kvedge_node_settings_t *s);
 
 /* Checks the settings without starting anything: why (may be NULL) says what is wrong.

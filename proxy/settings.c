@@ -1,0 +1,221 @@
+/* The edge proxy's settings table (section `proxy`, the flags of `kvedge proxy`), its checks,
+ * and the start call that turns the settings into a running proxy. */
+#include "proxy/settings.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "access/secure.h"
+#include "access/transport.h"
+#include "store/error.h"
+
+#define S_T kvedge_proxy_settings_t
+
+/* A source spec is checked where it is read, so a bad one names its file line or flag. */
+static int s_check_source(const char *v, char *why, size_t why_len)
+{
+    kvedge_proxy_source_t src;
+    if (kvedge_proxy_source_parse(v, &src) == KVEDGE_OK)
+        return 0;
+    snprintf(why, why_len,
+             "is a bad source (want \"KIND NAME ENDPOINT [key=K] [link=RATE,LATENCY] "
+             "[bw=BYTES_PER_S] [rtt=US]\", KIND local, peer, cloud or history)");
+    return -1;
+}
+
+static const kvedge_setting_t s_settings[] = {
+    {.key = "bind",
+     .flag = "bind",
+     .letter = 'b',
+     .arg = "EP",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, bind),
+     .def = KVEDGE_PROXY_BIND_DEFAULT,
+     .check = kvedge_settings_check_endpoint,
+     .example = "ipc:///tmp/kvedge-proxy.sock",
+     .help = "client endpoint"},
+    {.key = "id",
+     .flag = "id",
+     .arg = "ID",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, id),
+     .def = "proxy",
+     .check = kvedge_settings_check_id,
+     .example = "edge1-proxy",
+     .help = "the proxy's id in the registry (heartbeats, links)"},
+    {.key = "source",
+     .flag = "source",
+     .letter = 's',
+     .arg = "SPEC",
+     .type = KVEDGE_SETTING_LIST,
+     KVEDGE_SETTING_LIST_AT(S_T, source, nsource),
+     .check = s_check_source,
+     .example = "cloud cloud1 tcp://127.0.0.1:7400 bw=12500000",
+     .help = "a store node: \"KIND NAME ENDPOINT [key=K] [link=RATE,LATENCY] [bw=BYTES_PER_S] "
+             "[rtt=US]\", KIND local, peer, cloud or history (link= emulates a link, for tests)"},
+    {.key = "master",
+     .flag = "master",
+     .arg = "EP",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, master),
+     .check = kvedge_settings_check_endpoint,
+     .example = "ipc:///tmp/kvedge-master.sock",
+     .help = "Storage Master ROUTER (with master_pub): sources, directory, links, models"},
+    {.key = "master_pub",
+     .flag = "master-pub",
+     .arg = "EP",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, master_pub),
+     .check = kvedge_settings_check_endpoint,
+     .example = "ipc:///tmp/kvedge-master-pub.sock",
+     .help = "the master's PUB endpoint"},
+    {.key = "master_key",
+     .flag = "master-key",
+     .arg = "KEY",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, master_key),
+     .help = "the master's public key or certificate file; empty: plaintext (loopback only)"},
+    {.key = "snapshot",
+     .flag = "snapshot",
+     .arg = "FILE",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, snapshot),
+     .help = "keep the registry replica here, to plan from while the master is down"},
+    {.key = "local_node",
+     .flag = "local-node",
+     .arg = "ID",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, local_node),
+     .check = kvedge_settings_check_id,
+     .example = "edge1",
+     .help = "this edge's store node in the registry (kind local)"},
+    {.key = "history_node",
+     .flag = "history-node",
+     .arg = "ID",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, history_node),
+     .check = kvedge_settings_check_id,
+     .example = "edge1-hist",
+     .help = "this edge's historical cache in the registry (kind history)"},
+    {.key = "cert",
+     .flag = "cert",
+     .arg = "FILE",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, cert),
+     .def = KVEDGE_PROXY_CERT_DEFAULT,
+     .help = "proxy certificate, CURVE toward clients, sources and the master (its _secret "
+             "file is read; made on first start)"},
+    {.key = "clients",
+     .flag = "clients",
+     .arg = "DIR",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, clients),
+     .help = "allowlist of client certificates (required unless insecure)"},
+    {.key = "insecure",
+     .flag = "insecure",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, insecure),
+     .help = "plaintext for clients, allowed only on loopback and ipc endpoints"},
+    {.key = "log",
+     .flag = "log-level",
+     .type = KVEDGE_SETTING_ENUM,
+     KVEDGE_SETTING_AT(S_T, log_level),
+     .choices = kvedge_settings_log_levels,
+     .def = "info",
+     .help = "most verbose log level printed"},
+};
+
+const kvedge_settings_table_t kvedge_proxy_settings_table = {
+    "proxy", sizeof(S_T), s_settings, sizeof s_settings / sizeof s_settings[0]};
+
+static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
+{
+    if (why && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+void kvedge_proxy_settings_default(kvedge_proxy_settings_t *s)
+{
+    kvedge_settings_defaults(&kvedge_proxy_settings_table, s);
+}
+
+int kvedge_proxy_settings_check(const kvedge_proxy_settings_t *s, char *why, size_t why_len)
+{
+    if (!s || s->nsource > KVEDGE_PROXY_MAX_SOURCES)
+        return s_why(why, why_len, KVEDGE_EINVAL, "bad settings");
+    if (!s->master[0] != !s->master_pub[0])
+        return s_why(why, why_len, KVEDGE_EINVAL, "master and master_pub go together");
+    if (!s->nsource && !s->master[0])
+        return s_why(why, why_len, KVEDGE_EINVAL,
+                     "no sources: give --source (repeatable) or --master");
+    for (size_t i = 0; i < s->nsource; i++) {
+        kvedge_proxy_source_t src;
+        if (kvedge_proxy_source_parse(s->source[i], &src) != KVEDGE_OK)
+            return s_why(why, why_len, KVEDGE_EINVAL, "bad source '%s'", s->source[i]);
+    }
+    if (s->insecure && !kvedge_endpoint_is_loopback(s->bind))
+        return s_why(why, why_len, KVEDGE_EDENIED,
+                     "refusing plaintext on %s: insecure is only allowed on loopback "
+                     "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
+                     s->bind);
+    if (!s->insecure && !s->clients[0])
+        return s_why(why, why_len, KVEDGE_EINVAL,
+                     "CURVE for clients needs a clients directory (--clients DIR), or insecure "
+                     "on loopback");
+    return KVEDGE_OK;
+}
+
+int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t **out, char *why,
+                                size_t why_len)
+{
+    if (!out)
+        return KVEDGE_EINVAL;
+    int rc = kvedge_proxy_settings_check(s, why, why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
+    kvedge_proxy_source_t *src = calloc(s->nsource ? s->nsource : 1, sizeof *src);
+    if (!src)
+        return s_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
+    bool need_cert = !s->insecure || s->master_key[0];
+    for (size_t i = 0; i < s->nsource; i++) {
+        kvedge_proxy_source_parse(s->source[i], &src[i]); /* checked above */
+        need_cert = need_cert || src[i].server_key[0];
+    }
+    char secret[KVEDGE_PROXY_PATH_BYTES + 16] = "";
+    if (need_cert) {
+        if (kvedge_secure_ensure_cert(s->cert, "kvedge proxy") != KVEDGE_OK) {
+            free(src);
+            return s_why(why, why_len, KVEDGE_EIO, "cannot create the proxy certificate %s",
+                         s->cert);
+        }
+        snprintf(secret, sizeof secret, "%s_secret", s->cert);
+    }
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.bind = s->bind;
+    po.insecure = s->insecure;
+    po.cert = need_cert ? secret : NULL;
+    po.clients_dir = s->insecure ? NULL : s->clients;
+    po.id = s->id[0] ? s->id : NULL;
+    po.sources = src;
+    po.nsources = s->nsource;
+    po.master = s->master[0] ? s->master : NULL;
+    po.master_pub = s->master_pub[0] ? s->master_pub : NULL;
+    po.master_key = s->master_key[0] ? s->master_key : NULL;
+    po.snapshot = s->snapshot[0] ? s->snapshot : NULL;
+    po.local_node = s->local_node[0] ? s->local_node : NULL;
+    po.history_node = s->history_node[0] ? s->history_node : NULL;
+    rc = kvedge_proxy_start(&po, out, why, why_len);
+    free(src);
+    return rc;
+}

@@ -1,0 +1,64 @@
+/* The edge proxy's settings: the struct its table (section `proxy`, the flags of `kvedge
+ * proxy`) fills, and a start call that takes it. kvedge_proxy_start(opts) stays for callers
+ * that build options themselves (tests). */
+#ifndef KVEDGE_PROXY_SETTINGS_H
+#define KVEDGE_PROXY_SETTINGS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "access/log.h"
+#include "access/settings.h"
+#include "proxy/proxy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVEDGE_PROXY_CERT_DEFAULT      "proxy.cert" /* the secret: proxy.cert_secret */
+#define KVEDGE_PROXY_PATH_BYTES        1024
+#define KVEDGE_PROXY_EP_BYTES          256
+#define KVEDGE_PROXY_SOURCE_SPEC_BYTES 2048 /* one "KIND NAME ENDPOINT [...]" */
+
+typedef struct {
+    char bind[KVEDGE_PROXY_EP_BYTES]; /* where clients connect */
+    char id[65];                      /* the proxy's id in the registry */
+    /* Static sources, as given: "KIND NAME ENDPOINT [key=K] [link=..] [bw=..] [rtt=..]". */
+    char source[KVEDGE_PROXY_MAX_SOURCES][KVEDGE_PROXY_SOURCE_SPEC_BYTES];
+    size_t nsource;
+    char master[KVEDGE_PROXY_EP_BYTES];     /* Storage Master ROUTER; "" = none */
+    char master_pub[KVEDGE_PROXY_EP_BYTES]; /* its PUB */
+    char master_key[KVEDGE_PROXY_PATH_BYTES];
+    char snapshot[KVEDGE_PROXY_PATH_BYTES]; /* the registry replica's file; "" = none */
+    char local_node[65];                    /* this edge's store node id: kind local */
+    char history_node[65];                  /* this edge's historical cache id: kind history */
+    char cert[KVEDGE_PROXY_PATH_BYTES];     /* made when CURVE is used anywhere */
+    char clients[KVEDGE_PROXY_PATH_BYTES];  /* client allowlist (CURVE toward clients) */
+    bool insecure;                          /* plaintext for clients: loopback or ipc only */
+    kvedge_log_level_t log_level;           /* the daemon's main sets the logger's level */
+} kvedge_proxy_settings_t;
+
+extern const kvedge_settings_table_t kvedge_proxy_settings_table;
+
+/* Fills *s with the table's defaults. */
+void kvedge_proxy_settings_default(kvedge_proxy_settings_t *s);
+
+/* Checks what can be checked without touching the disk or the network. why (may be NULL)
+ * says what is wrong. Errors: KVEDGE_EINVAL (master without master_pub or the reverse, no
+ * source and no master, CURVE for clients without a clients directory, a bad source spec),
+ * KVEDGE_EDENIED (plaintext on an endpoint other hosts can reach). */
+int kvedge_proxy_settings_check(const kvedge_proxy_settings_t *s, char *why, size_t why_len);
+
+/* Checks the settings, makes the proxy certificate where CURVE is used (toward clients, the
+ * master or a source with key=) and it is missing, and starts the proxy (kvedge_proxy_start).
+ * s must outlive the proxy. Caller owns *out. Errors: those of the check (nothing is created
+ * then), KVEDGE_EIO (the certificate cannot be made), KVEDGE_ENOMEM, and those of
+ * kvedge_proxy_start. */
+int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t **out, char *why,
+                                size_t why_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
