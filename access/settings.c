@@ -20,6 +20,7 @@
 #include "access/kvmsg.h"
 #include "access/log.h"
 #include "store/error.h"
+#include "store/why.h"
 
 #define S_FLAG_NAME_BYTES 64 /* how much of a mistyped flag a message repeats */
 
@@ -28,20 +29,6 @@ const kvedge_setting_choice_t kvedge_settings_log_levels[] = {{"error", KVEDGE_L
                                                               {"info", KVEDGE_LOG_INFO},
                                                               {"debug", KVEDGE_LOG_DEBUG},
                                                               {NULL, 0}};
-
-static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
-{
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 /* ---------------------------------------------------------------- fields */
 
@@ -232,14 +219,14 @@ static int s_check_string(const kvedge_setting_t *e, const char *v, char *why, s
 {
     size_t n = strlen(v);
     if (n >= e->size)
-        return s_why(why, len, -1, "value too long (%zu bytes, at most %zu)", n, e->size - 1);
+        return kvedge_why(why, len, -1, "value too long (%zu bytes, at most %zu)", n, e->size - 1);
     for (const unsigned char *p = (const unsigned char *)v; *p; p++)
         if (*p < 0x20 || *p == 0x7f)
-            return s_why(why, len, -1, "control character in the value");
+            return kvedge_why(why, len, -1, "control character in the value");
     if (e->check && v[0]) {
         char reason[200] = "";
         if (e->check(v, reason, sizeof reason) != 0)
-            return s_why(why, len, -1, "'%s' %s", v, reason);
+            return kvedge_why(why, len, -1, "'%s' %s", v, reason);
     }
     return 0;
 }
@@ -258,7 +245,7 @@ static int s_set_value(const kvedge_setting_t *e, void *settings, const char *v,
     case KVEDGE_SETTING_LIST: {
         size_t *n = s_count(e, settings);
         if (*n >= e->list_max)
-            return s_why(why, len, -1, "more than %zu values", e->list_max);
+            return kvedge_why(why, len, -1, "more than %zu values", e->list_max);
         if (s_check_string(e, v, why, len) != 0)
             return -1;
         s_put_str((char *)s_field(e, settings) + *n * e->size, e->size, v);
@@ -268,7 +255,8 @@ static int s_set_value(const kvedge_setting_t *e, void *settings, const char *v,
     case KVEDGE_SETTING_BOOL: {
         bool b;
         if (s_parse_bool(v, &b) != 0)
-            return s_why(why, len, -1, "'%s' is not a boolean (yes/no/on/off/true/false/1/0)", v);
+            return kvedge_why(why, len, -1, "'%s' is not a boolean (yes/no/on/off/true/false/1/0)",
+                              v);
         memcpy(s_field(e, settings), &b, sizeof b);
         return 0;
     }
@@ -280,7 +268,7 @@ static int s_set_value(const kvedge_setting_t *e, void *settings, const char *v,
             }
         char names[200];
         s_choices(e, names, sizeof names);
-        return s_why(why, len, -1, "'%s' is not one of %s", v, names);
+        return kvedge_why(why, len, -1, "'%s' is not one of %s", v, names);
     case KVEDGE_SETTING_UINT:
     case KVEDGE_SETTING_SIZE:
     case KVEDGE_SETTING_MS:
@@ -290,15 +278,15 @@ static int s_set_value(const kvedge_setting_t *e, void *settings, const char *v,
         const s_unit_t *units = s_units(e->type);
         int rc = s_parse_scaled(v, units ? units : plain, units != NULL, &x);
         if (rc == -1)
-            return s_why(why, len, -1, "'%s' is not %s", v, s_number_form(e->type));
+            return kvedge_why(why, len, -1, "'%s' is not %s", v, s_number_form(e->type));
         if (rc == -2 || x < e->min || x > e->max)
-            return s_why(why, len, -1, "'%s' is out of range (%llu to %llu)", v,
-                         (unsigned long long)e->min, (unsigned long long)e->max);
+            return kvedge_why(why, len, -1, "'%s' is out of range (%llu to %llu)", v,
+                              (unsigned long long)e->min, (unsigned long long)e->max);
         s_put_num(e, settings, x);
         return 0;
     }
     }
-    return s_why(why, len, -1, "unknown setting type");
+    return kvedge_why(why, len, -1, "unknown setting type");
 }
 
 /* ---------------------------------------------------------------- formatting values */
@@ -446,10 +434,10 @@ int kvedge_settings_set(const kvedge_settings_table_t *t, void *settings, const 
 {
     const kvedge_setting_t *e = kvedge_settings_find(t, key);
     if (!e || !settings || !value)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: unknown setting", key ? key : "(null)");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: unknown setting", key ? key : "(null)");
     char reason[400];
     if (s_set_value(e, settings, value, reason, sizeof reason) != 0)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: %s", key, reason);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: %s", key, reason);
     return KVEDGE_OK;
 }
 
@@ -542,9 +530,9 @@ static int s_fail(s_reader_t *r, const char *key, const char *fmt, ...)
     vsnprintf(reason, sizeof reason, fmt, ap);
     va_end(ap);
     if (key && *key)
-        return s_why(r->why, r->why_len, KVEDGE_EINVAL, "%s:%u: %.80s: %s", r->name, r->lineno, key,
-                     reason);
-    return s_why(r->why, r->why_len, KVEDGE_EINVAL, "%s:%u: %s", r->name, r->lineno, reason);
+        return kvedge_why(r->why, r->why_len, KVEDGE_EINVAL, "%s:%u: %.80s: %s", r->name, r->lineno,
+                          key, reason);
+    return kvedge_why(r->why, r->why_len, KVEDGE_EINVAL, "%s:%u: %s", r->name, r->lineno, reason);
 }
 
 /* One line, without its newline, NUL-terminated, at most LINE_MAX_BYTES. */
@@ -645,13 +633,13 @@ int kvedge_settings_load_text(const kvedge_settings_table_t *t, void *settings, 
                               const char *text, size_t len, char *why, size_t why_len)
 {
     if (!t || !settings || (!text && len) || t->count > KVEDGE_SETTINGS_MAX_SETTINGS)
-        return s_why(why, why_len, KVEDGE_EINVAL, "bad arguments");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "bad arguments");
     if (!name)
         name = "(config)";
     s_reader_t r = {t, NULL, name, why, why_len, 0, 0, {0}};
     if (len > KVEDGE_SETTINGS_FILE_MAX_BYTES)
-        return s_why(why, why_len, KVEDGE_ETOOBIG, "%s: larger than %u bytes", name,
-                     KVEDGE_SETTINGS_FILE_MAX_BYTES);
+        return kvedge_why(why, why_len, KVEDGE_ETOOBIG, "%s: larger than %u bytes", name,
+                          KVEDGE_SETTINGS_FILE_MAX_BYTES);
     const char *nul = len ? memchr(text, '\0', len) : NULL;
     if (nul) {
         r.lineno = 1;
@@ -664,7 +652,7 @@ int kvedge_settings_load_text(const kvedge_settings_table_t *t, void *settings, 
     if (!r.settings || !line) {
         free(r.settings);
         free(line);
-        return s_why(why, why_len, KVEDGE_ENOMEM, "%s: out of memory", name);
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "%s: out of memory", name);
     }
     memcpy(r.settings, settings, t->struct_size);
     int rc = KVEDGE_OK;
@@ -702,27 +690,27 @@ int kvedge_settings_load_file(const kvedge_settings_table_t *t, void *settings, 
                               char *why, size_t why_len)
 {
     if (!path)
-        return s_why(why, why_len, KVEDGE_EINVAL, "no config file named");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "no config file named");
     FILE *f = fopen(path, "rb");
     if (!f)
-        return s_why(why, why_len, KVEDGE_EIO, "%s: cannot read the config file: %s", path,
-                     strerror(errno));
+        return kvedge_why(why, why_len, KVEDGE_EIO, "%s: cannot read the config file: %s", path,
+                          strerror(errno));
     /* One byte more than the limit tells a file at the limit from one past it. */
     char *buf = malloc(KVEDGE_SETTINGS_FILE_MAX_BYTES + 1);
     if (!buf) {
         fclose(f);
-        return s_why(why, why_len, KVEDGE_ENOMEM, "%s: out of memory", path);
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "%s: out of memory", path);
     }
     size_t n = fread(buf, 1, KVEDGE_SETTINGS_FILE_MAX_BYTES + 1, f);
     int err = ferror(f) ? errno : 0;
     fclose(f);
     int rc;
     if (err)
-        rc = s_why(why, why_len, KVEDGE_EIO, "%s: cannot read the config file: %s", path,
-                   strerror(err ? err : EIO));
+        rc = kvedge_why(why, why_len, KVEDGE_EIO, "%s: cannot read the config file: %s", path,
+                        strerror(err ? err : EIO));
     else if (n > KVEDGE_SETTINGS_FILE_MAX_BYTES)
-        rc = s_why(why, why_len, KVEDGE_ETOOBIG, "%s: config file larger than %u bytes", path,
-                   KVEDGE_SETTINGS_FILE_MAX_BYTES);
+        rc = kvedge_why(why, why_len, KVEDGE_ETOOBIG, "%s: config file larger than %u bytes", path,
+                        KVEDGE_SETTINGS_FILE_MAX_BYTES);
     else
         rc = kvedge_settings_load_text(t, settings, path, buf, n, why, why_len);
     free(buf);
@@ -751,11 +739,11 @@ static int s_next_arg(const kvedge_settings_table_t *t, int argc, char *const *a
     const char *attached = NULL;
     if (strcmp(arg, "--") == 0) {
         if (*i < argc)
-            return s_why(why, why_len, KVEDGE_EINVAL, "unexpected argument '%s'", argv[*i]);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "unexpected argument '%s'", argv[*i]);
         return 0;
     }
     if (arg[0] != '-' || arg[1] == '\0')
-        return s_why(why, why_len, KVEDGE_EINVAL, "unexpected argument '%s'", arg);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "unexpected argument '%s'", arg);
     if (arg[1] == '-') {
         const char *nm = arg + 2, *eq = strchr(nm, '=');
         size_t n = eq ? (size_t)(eq - nm) : strlen(nm);
@@ -778,9 +766,9 @@ static int s_next_arg(const kvedge_settings_table_t *t, int argc, char *const *a
             snprintf(word, sizeof word, "%.*s", (int)n, nm);
             const kvedge_setting_t *s = s_suggest(t, word, true);
             if (s)
-                return s_why(why, why_len, KVEDGE_EINVAL, "%s: unknown option (did you mean --%s?)",
-                             a->name, s->flag);
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: unknown option", a->name);
+                return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                                  "%s: unknown option (did you mean --%s?)", a->name, s->flag);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: unknown option", a->name);
         }
     } else {
         snprintf(a->name, sizeof a->name, "-%c", arg[1]);
@@ -793,20 +781,20 @@ static int s_next_arg(const kvedge_settings_table_t *t, int argc, char *const *a
             if (t->settings[k].letter == arg[1])
                 a->e = &t->settings[k];
         if (a->kind == S_ARG_SETTING && !a->e)
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: unknown option", a->name);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: unknown option", a->name);
     }
     bool takes = a->kind == S_ARG_CONFIG || (a->e && a->e->type != KVEDGE_SETTING_BOOL);
     if (a->kind == S_ARG_HELP || a->kind == S_ARG_CHECK || (a->e && !takes)) {
         /* Only a long bool takes an attached value: "-Ifoo" would be ambiguous. */
         if (attached && !(a->e && arg[1] == '-'))
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: takes no value", a->name);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: takes no value", a->name);
         a->value = attached;
         return 1;
     }
     if (!attached) {
         if (*i >= argc)
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: needs a value (%s)", a->name,
-                         a->e && a->e->arg ? a->e->arg : "FILE");
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: needs a value (%s)", a->name,
+                              a->e && a->e->arg ? a->e->arg : "FILE");
         attached = argv[(*i)++];
     }
     a->value = attached;
@@ -819,7 +807,7 @@ int kvedge_settings_resolve(const kvedge_settings_table_t *t, void *settings, in
 {
     if (!t || !settings || !args || argc < 0 || (argc && !argv) ||
         t->count > KVEDGE_SETTINGS_MAX_SETTINGS)
-        return s_why(why, why_len, KVEDGE_EINVAL, "bad arguments");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "bad arguments");
     memset(args, 0, sizeof *args);
     kvedge_settings_defaults(t, settings);
     /* Pass 1: the shape of the line, --config, --help, --check-config. */
@@ -831,10 +819,10 @@ int kvedge_settings_resolve(const kvedge_settings_table_t *t, void *settings, in
         else if (a.kind == S_ARG_CHECK)
             args->check = true;
         else if (a.kind == S_ARG_CONFIG && args->config)
-            return s_why(why, why_len, KVEDGE_EINVAL,
-                         "%s: config file given twice ('%s' and "
-                         "'%s')",
-                         a.name, args->config, a.value);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                              "%s: config file given twice ('%s' and "
+                              "'%s')",
+                              a.name, args->config, a.value);
         else if (a.kind == S_ARG_CONFIG)
             args->config = a.value;
     }
@@ -860,7 +848,7 @@ int kvedge_settings_resolve(const kvedge_settings_table_t *t, void *settings, in
         }
         char reason[600];
         if (s_set_value(a.e, settings, a.value ? a.value : "yes", reason, sizeof reason) != 0)
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: %s", a.name, reason);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: %s", a.name, reason);
     }
     return KVEDGE_OK;
 }
@@ -966,24 +954,24 @@ int kvedge_settings_check_endpoint(const char *v, char *why, size_t why_len)
         return 0;
     if (strncmp(v, "ipc://", 6) == 0 || strncmp(v, "inproc://", 9) == 0) {
         if (!v[strncmp(v, "ipc://", 6) == 0 ? 6 : 9])
-            return s_why(why, why_len, -1, "is not an endpoint: no path or name");
+            return kvedge_why(why, why_len, -1, "is not an endpoint: no path or name");
         return 0;
     }
     if (strncmp(v, "tcp://", 6) == 0) {
         const char *colon = strrchr(v + 6, ':');
         if (!colon || colon == v + 6 || !colon[1])
-            return s_why(why, why_len, -1, "is not an endpoint: want tcp://HOST:PORT");
+            return kvedge_why(why, why_len, -1, "is not an endpoint: want tcp://HOST:PORT");
         return 0;
     }
-    return s_why(why, why_len, -1,
-                 "is not an endpoint (tcp://HOST:PORT, ipc://PATH or inproc://NAME)");
+    return kvedge_why(why, why_len, -1,
+                      "is not an endpoint (tcp://HOST:PORT, ipc://PATH or inproc://NAME)");
 }
 
 int kvedge_settings_check_id(const char *v, char *why, size_t why_len)
 {
     if (!v || !*v || kvedge_master_id_ok(v))
         return 0;
-    return s_why(why, why_len, -1, "is not an id (1-64 of A-Z a-z 0-9 . _ : @ + -)");
+    return kvedge_why(why, why_len, -1, "is not an id (1-64 of A-Z a-z 0-9 . _ : @ + -)");
 }
 
 static bool s_word_ok(const char *w, const char *extra)
@@ -1002,23 +990,23 @@ static int s_check_entry(const kvedge_settings_table_t *t, size_t i, void *scrat
     const kvedge_setting_t *e = &t->settings[i];
     const char *k = e->key ? e->key : "(null)";
     if (!s_word_ok(e->key, "_") || !s_word_ok(e->flag, "-"))
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: bad key or flag", k);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: bad key or flag", k);
     if (!e->help || !*e->help)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: no help", k);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: no help", k);
     if (!strcmp(e->flag, "config") || !strcmp(e->flag, "check-config") ||
         !strcmp(e->flag, "help") || e->letter == 'c' || e->letter == 'h')
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: flag reserved for the engine", k);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: flag reserved for the engine", k);
     if (e->letter && !isalnum((unsigned char)e->letter))
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: bad short flag", k);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: bad short flag", k);
     for (size_t j = 0; j < i; j++) {
         const kvedge_setting_t *o = &t->settings[j];
         if (!strcmp(o->key, e->key) || !strcmp(o->flag, e->flag) ||
             (e->letter && o->letter == e->letter))
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: key, flag or letter used twice", k);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: key, flag or letter used twice", k);
     }
     size_t end = e->offset + e->size * (e->type == KVEDGE_SETTING_LIST ? e->list_max : 1);
     if (end > t->struct_size)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: field outside the struct", k);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: field outside the struct", k);
     bool size_ok;
     switch (e->type) {
     case KVEDGE_SETTING_STRING:
@@ -1042,30 +1030,30 @@ static int s_check_entry(const kvedge_settings_table_t *t, size_t i, void *scrat
         break;
     }
     if (!size_ok)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: field size, bounds or default", k);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: field size, bounds or default", k);
     if (e->type != KVEDGE_SETTING_BOOL && !e->arg && e->type != KVEDGE_SETTING_ENUM)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: no argument name for --help", k);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: no argument name for --help", k);
     if (e->check && !e->example)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: a checked setting needs an example", k);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: a checked setting needs an example", k);
     char reason[400], dflt[KVEDGE_SETTINGS_LINE_MAX_BYTES], now[KVEDGE_SETTINGS_LINE_MAX_BYTES];
     kvedge_settings_defaults(t, scratch);
     if (e->type == KVEDGE_SETTING_STRING &&
         s_check_string(e, e->def ? e->def : "", reason, sizeof reason) != 0)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: default: %s", k, reason);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: default: %s", k, reason);
     if (e->type == KVEDGE_SETTING_ENUM) {
         bool found = false;
         for (const kvedge_setting_choice_t *c = e->choices; c->name; c++)
             found = found || (e->def && strcmp(c->name, e->def) == 0);
         if (!found)
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: default is not a choice", k);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: default is not a choice", k);
     }
     if (e->example) {
         kvedge_settings_value(e, scratch, 0, dflt, sizeof dflt);
         if (s_set_value(e, scratch, e->example, reason, sizeof reason) != 0)
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: example: %s", k, reason);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: example: %s", k, reason);
         kvedge_settings_value(e, scratch, 0, now, sizeof now);
         if (e->type != KVEDGE_SETTING_LIST && strcmp(dflt, now) == 0)
-            return s_why(why, why_len, KVEDGE_EINVAL, "%s: example is the default", k);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: example is the default", k);
     }
     return KVEDGE_OK;
 }
@@ -1073,13 +1061,13 @@ static int s_check_entry(const kvedge_settings_table_t *t, size_t i, void *scrat
 int kvedge_settings_table_check(const kvedge_settings_table_t *t, char *why, size_t why_len)
 {
     if (!t || !t->daemon || !t->settings || !t->struct_size)
-        return s_why(why, why_len, KVEDGE_EINVAL, "incomplete table");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "incomplete table");
     if (t->count > KVEDGE_SETTINGS_MAX_SETTINGS)
-        return s_why(why, why_len, KVEDGE_EINVAL, "%s: more than %d settings", t->daemon,
-                     KVEDGE_SETTINGS_MAX_SETTINGS);
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: more than %d settings", t->daemon,
+                          KVEDGE_SETTINGS_MAX_SETTINGS);
     void *scratch = malloc(t->struct_size);
     if (!scratch)
-        return s_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
     int rc = KVEDGE_OK;
     for (size_t i = 0; i < t->count && rc == KVEDGE_OK; i++)
         rc = s_check_entry(t, i, scratch, why, why_len);

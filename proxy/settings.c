@@ -10,6 +10,7 @@
 #include "access/secure.h"
 #include "access/transport.h"
 #include "store/error.h"
+#include "store/why.h"
 
 #define S_T kvedge_proxy_settings_t
 
@@ -130,20 +131,6 @@ static const kvedge_setting_t s_settings[] = {
 const kvedge_settings_table_t kvedge_proxy_settings_table = {
     "proxy", sizeof(S_T), s_settings, sizeof s_settings / sizeof s_settings[0]};
 
-static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
-{
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 void kvedge_proxy_settings_default(kvedge_proxy_settings_t *s)
 {
     kvedge_settings_defaults(&kvedge_proxy_settings_table, s);
@@ -152,26 +139,27 @@ void kvedge_proxy_settings_default(kvedge_proxy_settings_t *s)
 int kvedge_proxy_settings_check(const kvedge_proxy_settings_t *s, char *why, size_t why_len)
 {
     if (!s || s->nsource > KVEDGE_PROXY_MAX_SOURCES)
-        return s_why(why, why_len, KVEDGE_EINVAL, "bad settings");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "bad settings");
     if (!s->master[0] != !s->master_pub[0])
-        return s_why(why, why_len, KVEDGE_EINVAL, "master and master_pub go together");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "master and master_pub go together");
     if (!s->nsource && !s->master[0])
-        return s_why(why, why_len, KVEDGE_EINVAL,
-                     "no sources: give --source (repeatable) or --master");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "no sources: give --source (repeatable) or --master");
     for (size_t i = 0; i < s->nsource; i++) {
         kvedge_proxy_source_t src;
         if (kvedge_proxy_source_parse(s->source[i], &src) != KVEDGE_OK)
-            return s_why(why, why_len, KVEDGE_EINVAL, "bad source '%s'", s->source[i]);
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "bad source '%s'", s->source[i]);
     }
     if (s->insecure && !kvedge_endpoint_is_loopback(s->bind))
-        return s_why(why, why_len, KVEDGE_EDENIED,
-                     "refusing plaintext on %s: insecure is only allowed on loopback "
-                     "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
-                     s->bind);
+        return kvedge_why(why, why_len, KVEDGE_EDENIED,
+                          "refusing plaintext on %s: insecure is only allowed on loopback "
+                          "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
+                          s->bind);
     if (!s->insecure && !s->clients[0])
-        return s_why(why, why_len, KVEDGE_EINVAL,
-                     "CURVE for clients needs a clients directory (--clients DIR), or insecure "
-                     "on loopback");
+        return kvedge_why(
+            why, why_len, KVEDGE_EINVAL,
+            "CURVE for clients needs a clients directory (--clients DIR), or insecure "
+            "on loopback");
     return KVEDGE_OK;
 }
 
@@ -185,7 +173,7 @@ int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t
         return rc;
     kvedge_proxy_source_t *src = calloc(s->nsource ? s->nsource : 1, sizeof *src);
     if (!src)
-        return s_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
     bool need_cert = !s->insecure || s->master_key[0];
     for (size_t i = 0; i < s->nsource; i++) {
         kvedge_proxy_source_parse(s->source[i], &src[i]); /* checked above */
@@ -195,8 +183,8 @@ int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t
     if (need_cert) {
         if (kvedge_secure_ensure_cert(s->cert, "kvedge proxy") != KVEDGE_OK) {
             free(src);
-            return s_why(why, why_len, KVEDGE_EIO, "cannot create the proxy certificate %s",
-                         s->cert);
+            return kvedge_why(why, why_len, KVEDGE_EIO, "cannot create the proxy certificate %s",
+                              s->cert);
         }
         snprintf(secret, sizeof secret, "%s_secret", s->cert);
     }

@@ -1,5 +1,9 @@
-/* Text for the error codes of store/error.h. */
+/* Text for the error codes of store/error.h, and failure reasons (store/why.h). */
 #include "store/error.h"
+#include "store/why.h"
+
+#include <stdarg.h>
+#include <stdio.h>
 
 const char *kvedge_strerror(int err)
 {
@@ -23,4 +27,15 @@ const char *kvedge_errname(int err)
 #undef KVEDGE_ERR_NAME
     }
     return "KVEDGE_EUNKNOWN";
+}
+
+int kvedge_why(char *why, size_t len, int rc, const char *fmt, ...)
+{
+    if (why && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
 }

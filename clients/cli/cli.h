@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "access/settings.h"
 #include "store/engine.h"
 
 /* Exit codes, documented in `kvedge --help` and README. */
@@ -79,6 +80,18 @@ void kvedge_cli_wait_signal(void);
  * KVEDGE_EXIT_UNAVAILABLE. */
 struct kvedge_client_t;
 int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, struct kvedge_client_t **out);
+
+/* A daemon's own check of its resolved settings (kvedge_node_settings_check and the like). */
+typedef int(kvedge_cli_check_fn)(const void *settings, char *why, size_t why_len);
+
+/* The first half of a daemon's main: its settings from the table t (defaults, --config FILE,
+ * flags; an empty `data` setting takes the global --data), --help, the daemon's own check,
+ * --check-config; then the log level of its `log` setting and the signal trap. Returns -1
+ * when the daemon should start now, else the exit code to return after printing the help,
+ * the settings, or why they were refused (KVEDGE_EXIT_USAGE). */
+int kvedge_cli_daemon_settings(kvedge_cli_t *cli, const kvedge_cli_cmd_t *cmd, const char *about,
+                               const kvedge_settings_table_t *t, void *settings,
+                               kvedge_cli_check_fn *check, int argc, char **argv);
 
 /* Prints usage of one command to f. */
 void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details);

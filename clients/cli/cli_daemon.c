@@ -23,6 +23,12 @@ static const char s_store_about[] =
     "finishes in-flight work and closes the store. Prints \"listening EP\" once it serves.\n"
     "Example config: etc/kvedge-store.conf.\n";
 
+/* The daemon's own check, in the form kvedge_cli_daemon_settings takes. */
+static int s_check(const void *settings, char *why, size_t why_len)
+{
+    return kvedge_node_settings_check(settings, why, why_len);
+}
+
 /* `kvedge store`: settings from the table (defaults, --config FILE, flags), the node, a
  * signal, a clean stop. */
 static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
@@ -31,30 +37,10 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
     const kvedge_cli_cmd_t cmd = {"store", NULL, "[OPTIONS] [--config FILE] [--check-config]",
                                   "Run a store node."};
     static kvedge_node_settings_t s;
-    kvedge_settings_args_t args;
+    int ex = kvedge_cli_daemon_settings(cli, &cmd, s_store_about, t, &s, s_check, argc, argv);
+    if (ex >= 0)
+        return ex;
     char why[1024] = "";
-    if (kvedge_settings_resolve(t, &s, argc, argv, &args, why, sizeof why) != KVEDGE_OK) {
-        kvedge_cli_error("store: %s", why);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (args.help) {
-        kvedge_cli_usage(stdout, &cmd, s_store_about);
-        fputc('\n', stdout);
-        kvedge_settings_help(t, stdout);
-        return KVEDGE_EXIT_OK;
-    }
-    if (!s.data[0]) /* the table's "": the global --data, $KVEDGE_DATA or ./data */
-        snprintf(s.data, sizeof s.data, "%s", cli->data_dir);
-    if (kvedge_node_settings_check(&s, why, sizeof why) != KVEDGE_OK) {
-        kvedge_cli_error("store: %s", why);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (args.check) {
-        kvedge_settings_print(t, &s, stdout);
-        return KVEDGE_EXIT_OK;
-    }
-    kvedge_log_set_level(s.log_level);
-    kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
     kvedge_node_t *node;
     int rc = kvedge_node_start(&s, &node, why, sizeof why);
     if (rc != KVEDGE_OK) {

@@ -26,37 +26,24 @@ static const char s_master_about[] =
     "\"listening ROUTER_EP PUB_EP\" once it serves; stops cleanly on SIGINT or SIGTERM.\n"
     "Example config: etc/kvedge-master.conf.\n";
 
+/* The daemon's own check, in the form kvedge_cli_daemon_settings takes. */
+static int s_check(const void *settings, char *why, size_t why_len)
+{
+    return kvedge_master_settings_check(settings, why, why_len);
+}
+
 /* `kvedge master`: settings from the table (defaults, --config FILE, flags), the master, a
  * signal, a clean stop. */
 static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
 {
-    (void)cli;
     const kvedge_settings_table_t *t = &kvedge_master_settings_table;
     const kvedge_cli_cmd_t cmd = {"master", NULL, "[OPTIONS] [--config FILE] [--check-config]",
                                   "Run the Storage Master."};
     static kvedge_master_settings_t s;
-    kvedge_settings_args_t args;
+    int ex = kvedge_cli_daemon_settings(cli, &cmd, s_master_about, t, &s, s_check, argc, argv);
+    if (ex >= 0)
+        return ex;
     char why[1024] = "";
-    if (kvedge_settings_resolve(t, &s, argc, argv, &args, why, sizeof why) != KVEDGE_OK) {
-        kvedge_cli_error("master: %s", why);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (args.help) {
-        kvedge_cli_usage(stdout, &cmd, s_master_about);
-        fputc('\n', stdout);
-        kvedge_settings_help(t, stdout);
-        return KVEDGE_EXIT_OK;
-    }
-    if (kvedge_master_settings_check(&s, why, sizeof why) != KVEDGE_OK) {
-        kvedge_cli_error("master: %s", why);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (args.check) {
-        kvedge_settings_print(t, &s, stdout);
-        return KVEDGE_EXIT_OK;
-    }
-    kvedge_log_set_level(s.log_level);
-    kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
     kvedge_master_t *m;
     int rc = kvedge_master_settings_start(&s, &m, why, sizeof why);
     if (rc != KVEDGE_OK) {

@@ -28,37 +28,24 @@ static const char s_proxy_about[] =
     "once it serves; stops cleanly on SIGINT or SIGTERM. It needs sources (--source,\n"
     "repeatable) or a master. Example config: etc/kvedge-proxy.conf.\n";
 
+/* The daemon's own check, in the form kvedge_cli_daemon_settings takes. */
+static int s_check(const void *settings, char *why, size_t why_len)
+{
+    return kvedge_proxy_settings_check(settings, why, why_len);
+}
+
 /* `kvedge proxy`: settings from the table (defaults, --config FILE, flags), the proxy, a
  * signal, a clean stop. */
 static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
 {
-    (void)cli;
     const kvedge_settings_table_t *t = &kvedge_proxy_settings_table;
     const kvedge_cli_cmd_t cmd = {"proxy", NULL, "[OPTIONS] [--config FILE] [--check-config]",
                                   "Run the edge proxy."};
     static kvedge_proxy_settings_t s; /* 70 KiB of source specs; the proxy points into it */
-    kvedge_settings_args_t args;
+    int ex = kvedge_cli_daemon_settings(cli, &cmd, s_proxy_about, t, &s, s_check, argc, argv);
+    if (ex >= 0)
+        return ex;
     char why[1024] = "";
-    if (kvedge_settings_resolve(t, &s, argc, argv, &args, why, sizeof why) != KVEDGE_OK) {
-        kvedge_cli_error("proxy: %s", why);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (args.help) {
-        kvedge_cli_usage(stdout, &cmd, s_proxy_about);
-        fputc('\n', stdout);
-        kvedge_settings_help(t, stdout);
-        return KVEDGE_EXIT_OK;
-    }
-    if (kvedge_proxy_settings_check(&s, why, sizeof why) != KVEDGE_OK) {
-        kvedge_cli_error("proxy: %s", why);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (args.check) {
-        kvedge_settings_print(t, &s, stdout);
-        return KVEDGE_EXIT_OK;
-    }
-    kvedge_log_set_level(s.log_level);
-    kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
     kvedge_proxy_t *p;
     int rc = kvedge_proxy_settings_start(&s, &p, why, sizeof why);
     if (rc != KVEDGE_OK) {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "clients/cli/cli.h"
+#include "access/log.h"
 #include "clients/kvedge.h"
 #include "store/error.h"
 
@@ -228,4 +229,45 @@ int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, kvedge_client_t **ou
     else
         kvedge_cli_error("cannot connect to %s: %s", cli->host, kvedge_strerror(rc));
     return KVEDGE_EXIT_UNAVAILABLE;
+}
+
+int kvedge_cli_daemon_settings(kvedge_cli_t *cli, const kvedge_cli_cmd_t *cmd, const char *about,
+                               const kvedge_settings_table_t *t, void *settings,
+                               kvedge_cli_check_fn *check, int argc, char **argv)
+{
+    kvedge_settings_args_t args;
+    char why[1024] = "";
+    if (kvedge_settings_resolve(t, settings, argc, argv, &args, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("%s: %s", cmd->name, why);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (args.help) {
+        kvedge_cli_usage(stdout, cmd, about);
+        fputc('\n', stdout);
+        kvedge_settings_help(t, stdout);
+        return KVEDGE_EXIT_OK;
+    }
+    const kvedge_setting_t *data = kvedge_settings_find(t, "data");
+    char value[64] = "";
+    if (data && kvedge_settings_value(data, settings, 0, value, sizeof value) == KVEDGE_OK &&
+        !value[0] &&
+        kvedge_settings_set(t, settings, "data", cli->data_dir, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("%s: --data: %s", cmd->name, why);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (check && check(settings, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("%s: %s", cmd->name, why);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (args.check) {
+        kvedge_settings_print(t, settings, stdout);
+        return KVEDGE_EXIT_OK;
+    }
+    const kvedge_setting_t *log = kvedge_settings_find(t, "log");
+    kvedge_log_level_t level;
+    if (log && kvedge_settings_value(log, settings, 0, value, sizeof value) == KVEDGE_OK &&
+        kvedge_log_parse(value, &level) == 0)
+        kvedge_log_set_level(level);
+    kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
+    return -1;
 }

@@ -12,6 +12,7 @@
 #include "access/secure.h"
 #include "access/transport.h"
 #include "store/error.h"
+#include "store/why.h"
 
 #define S_T kvedge_master_settings_t
 
@@ -98,20 +99,6 @@ static const kvedge_setting_t s_settings[] = {
 const kvedge_settings_table_t kvedge_master_settings_table = {
     "master", sizeof(S_T), s_settings, sizeof s_settings / sizeof s_settings[0]};
 
-static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
-{
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 void kvedge_master_settings_default(kvedge_master_settings_t *s)
 {
     kvedge_settings_defaults(&kvedge_master_settings_table, s);
@@ -120,17 +107,18 @@ void kvedge_master_settings_default(kvedge_master_settings_t *s)
 int kvedge_master_settings_check(const kvedge_master_settings_t *s, char *why, size_t why_len)
 {
     if (!s || !s->data[0])
-        return s_why(why, why_len, KVEDGE_EINVAL, "no data directory");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "no data directory");
     if (s->down_ms < s->suspect_ms)
-        return s_why(why, why_len, KVEDGE_EINVAL,
-                     "down_ms (%u) is below suspect_ms (%u): a node is suspect before it is down",
-                     s->down_ms, s->suspect_ms);
+        return kvedge_why(
+            why, why_len, KVEDGE_EINVAL,
+            "down_ms (%u) is below suspect_ms (%u): a node is suspect before it is down",
+            s->down_ms, s->suspect_ms);
     if (s->insecure &&
         (!kvedge_endpoint_is_loopback(s->bind) || !kvedge_endpoint_is_loopback(s->pub)))
-        return s_why(why, why_len, KVEDGE_EDENIED,
-                     "refusing plaintext on %s / %s: insecure is only allowed on loopback "
-                     "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
-                     s->bind, s->pub);
+        return kvedge_why(why, why_len, KVEDGE_EDENIED,
+                          "refusing plaintext on %s / %s: insecure is only allowed on loopback "
+                          "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
+                          s->bind, s->pub);
     return KVEDGE_OK;
 }
 
@@ -143,8 +131,8 @@ int kvedge_master_settings_start(const kvedge_master_settings_t *s, kvedge_maste
     if (rc != KVEDGE_OK)
         return rc;
     if (mkdir(s->data, 0700) != 0 && !zsys_file_exists(s->data))
-        return s_why(why, why_len, KVEDGE_ENOTFOUND, "cannot create the data directory %s",
-                     s->data);
+        return kvedge_why(why, why_len, KVEDGE_ENOTFOUND, "cannot create the data directory %s",
+                          s->data);
     /* Resolved paths: "" means a file or directory inside the data directory. */
     char cert[KVEDGE_MASTER_PATH_BYTES + 32], clients[KVEDGE_MASTER_PATH_BYTES + 32];
     char secret[KVEDGE_MASTER_PATH_BYTES + 48] = "";
@@ -153,15 +141,16 @@ int kvedge_master_settings_start(const kvedge_master_settings_t *s, kvedge_maste
     if (!s->insecure) {
         if (!cert[0] && snprintf(cert, sizeof cert, "%s/%s", s->data, KVEDGE_MASTER_CERT_NAME) >=
                             (int)sizeof cert)
-            return s_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
         if (!clients[0]) {
             if (snprintf(clients, sizeof clients, "%s/%s", s->data, KVEDGE_MASTER_CLIENTS_NAME) >=
                 (int)sizeof clients)
-                return s_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
+                return kvedge_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
             mkdir(clients, 0700); /* an empty allowlist lets nobody in */
         }
         if (kvedge_secure_ensure_cert(cert, "kvedge master") != KVEDGE_OK)
-            return s_why(why, why_len, KVEDGE_EIO, "cannot create the master certificate %s", cert);
+            return kvedge_why(why, why_len, KVEDGE_EIO, "cannot create the master certificate %s",
+                              cert);
         snprintf(secret, sizeof secret, "%s_secret", cert);
     }
     kvedge_master_opts_t mo;

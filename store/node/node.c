@@ -14,6 +14,7 @@
 #include "access/secure.h"
 #include "access/transport.h"
 #include "store/error.h"
+#include "store/why.h"
 #include "store/node/dirpub.h"
 #include "store/node/hsync.h"
 #include "store/node/server.h"
@@ -30,20 +31,6 @@ struct kvedge_node_t {
     kvedge_dirpub_t *dirpub;
 };
 
-static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int s_why(char *why, size_t len, int rc, const char *fmt, ...)
-{
-    if (why && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, len, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 void kvedge_node_settings_default(kvedge_node_settings_t *s)
 {
     kvedge_settings_defaults(&kvedge_node_settings_table, s);
@@ -52,18 +39,18 @@ void kvedge_node_settings_default(kvedge_node_settings_t *s)
 int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_t why_len)
 {
     if (!s || !s->data[0])
-        return s_why(why, why_len, KVEDGE_EINVAL, "no data directory");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "no data directory");
     if (s->role != KVEDGE_ROLE_CLOUD && s->role != KVEDGE_ROLE_EDGE)
-        return s_why(why, why_len, KVEDGE_EINVAL, "the role must be cloud or edge");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "the role must be cloud or edge");
     if (s->master[0] && (!s->master_pub[0] || !kvedge_master_id_ok(s->node_id)))
-        return s_why(why, why_len, KVEDGE_EINVAL,
-                     "a master needs its PUB endpoint (master_pub) and this node's id "
-                     "(node_id: 1-64 of [A-Za-z0-9._:@+-])");
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "a master needs its PUB endpoint (master_pub) and this node's id "
+                          "(node_id: 1-64 of [A-Za-z0-9._:@+-])");
     if (s->insecure && !kvedge_endpoint_is_loopback(s->bind))
-        return s_why(why, why_len, KVEDGE_EDENIED,
-                     "refusing plaintext on %s: insecure is only allowed on loopback "
-                     "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
-                     s->bind);
+        return kvedge_why(why, why_len, KVEDGE_EDENIED,
+                          "refusing plaintext on %s: insecure is only allowed on loopback "
+                          "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
+                          s->bind);
     return KVEDGE_OK;
 }
 
@@ -107,12 +94,12 @@ static int s_start_sync(kvedge_node_t *n, char *why, size_t why_len)
     /* Up to 380 KiB of subscriptions: too large for a stack; the scheduler keeps a copy. */
     kvedge_hsync_sub_t *subs = calloc(KVEDGE_HSYNC_MAX_SUBS, sizeof *subs);
     if (!subs)
-        return s_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
     size_t count = 0;
     int rc =
         kvedge_hsync_load(n->s.subscriptions, subs, KVEDGE_HSYNC_MAX_SUBS, &count, why, why_len);
     if (rc == KVEDGE_OK && count == 0)
-        rc = s_why(why, why_len, KVEDGE_EINVAL, "%s has no subscription", n->s.subscriptions);
+        rc = kvedge_why(why, why_len, KVEDGE_EINVAL, "%s has no subscription", n->s.subscriptions);
     if (rc == KVEDGE_OK)
         rc = kvedge_hsync_sched_start(n->engine, n->s.data, subs, count, n->s.sync_interval_s,
                                       &n->sched);
@@ -134,18 +121,18 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
         return rc;
     kvedge_node_t *n = calloc(1, sizeof *n);
     if (!n)
-        return s_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
     n->s = *s;
     if (!n->s.insecure) {
         if (!n->s.cert[0] && snprintf(n->s.cert, sizeof n->s.cert, "%s/%s", n->s.data,
                                       KVEDGE_NODE_CERT_NAME) >= (int)sizeof n->s.cert) {
             free(n);
-            return s_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
         }
         if (!n->s.clients[0] && snprintf(n->s.clients, sizeof n->s.clients, "%s/%s", n->s.data,
                                          KVEDGE_NODE_CLIENTS_NAME) >= (int)sizeof n->s.clients) {
             free(n);
-            return s_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
+            return kvedge_why(why, why_len, KVEDGE_EINVAL, "data directory path too long");
         }
     }
     snprintf(n->cert_secret, sizeof n->cert_secret, "%s_secret", n->s.cert);
@@ -158,8 +145,8 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
     char ewhy[512] = "";
     rc = kvedge_engine_open(n->s.data, &eo, &n->engine, ewhy, sizeof ewhy);
     if (rc != KVEDGE_OK) {
-        s_why(why, why_len, rc, "cannot open store %s: %s (%s)", n->s.data, ewhy,
-              kvedge_strerror(rc));
+        kvedge_why(why, why_len, rc, "cannot open store %s: %s (%s)", n->s.data, ewhy,
+                   kvedge_strerror(rc));
         free(n);
         return rc;
     }
@@ -167,7 +154,8 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
         mkdir(n->s.clients, 0700); /* an empty allowlist lets nobody in */
         rc = kvedge_secure_ensure_cert(n->s.cert, "kvedge node");
         if (rc != KVEDGE_OK) {
-            s_why(why, why_len, KVEDGE_EIO, "cannot create the node certificate %s", n->s.cert);
+            kvedge_why(why, why_len, KVEDGE_EIO, "cannot create the node certificate %s",
+                       n->s.cert);
             kvedge_node_destroy(&n);
             return KVEDGE_EIO;
         }
