@@ -1137,6 +1137,30 @@ int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double 
     return KVEDGE_OK;
 }
 
+int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *out)
+{
+    if (!c || !id || !out)
+        return KVEDGE_EINVAL;
+    uint8_t *p;
+    s_req_t *r =
+        s_req_frame(KVEDGE_OP_MODEL, 0, s_deadline(c, 0), NULL, KVEDGE_WIRE_MODEL_BYTES, &p);
+    if (!r)
+        return KVEDGE_ENOMEM;
+    if (kvedge_wire_model_query_pack(id, p) != KVEDGE_OK) {
+        s_req_free(r);
+        return KVEDGE_EINVAL;
+    }
+    int rc = s_call(c, r);
+    if (rc != KVEDGE_OK)
+        return rc;
+    zframe_t *f = zmsg_first(r->reply);
+    rc = kvedge_wire_model_parse(zframe_data(f), zframe_size(f), out);
+    if (rc == KVEDGE_OK && strcmp(out->id, id) != 0)
+        rc = KVEDGE_EPROTO; /* an answer about another model */
+    s_req_release(r);
+    return rc;
+}
+
 int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model)
 {
     if (!c || !model)

@@ -90,6 +90,10 @@ int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_u
 /* Registers a model shape on the node (built-in models need not be registered). */
 int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model);
 
+/* The node's shape of model id (built-in or registered), registering nothing. Errors:
+ * KVEDGE_EINVAL (bad id), KVEDGE_ENOMODEL (the node does not know it), transport errors. */
+int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *out);
+
 /* One block to store: the chunk it belongs to (ids as computed by kvedge_chunk_chain with an
  * empty salt), layer, head, and the encoded block (kvedge_block_encode). */
 typedef struct {

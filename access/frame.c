@@ -471,6 +471,21 @@ int kvedge_wire_model_parse(const uint8_t *in, size_t len, kvedge_model_t *m)
     return s_check(kvedge_model_check(m) == KVEDGE_OK);
 }
 
+int kvedge_wire_model_query_pack(const char *id, uint8_t out[KVEDGE_WIRE_MODEL_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_MODEL_BYTES);
+    return id && s_model_id_pack(id, out) == 0 ? KVEDGE_OK : KVEDGE_EINVAL;
+}
+
+int kvedge_wire_model_query_parse(const uint8_t *in, size_t len,
+                                  char id[KVEDGE_MODEL_ID_MAX_BYTES + 1])
+{
+    if (!in || len != KVEDGE_WIRE_MODEL_BYTES || !s_all_zero(in + 124, 12) ||
+        s_model_id_parse(in, id) != 0)
+        return KVEDGE_EPROTO;
+    return KVEDGE_OK;
+}
+
 /* LIST entry: chunk id 32 @0 | parent 32 @32 | has parent u8 @64 | reserved 3 @65 |
  * index u32 @68 | tokens u32 @72 | blocks u32 @76 | bytes u64 @80 | pinned blocks u32 @88 |
  * fp16 bytes u64 @92 | reserved 4 @100 | model id 124 @104 | reserved 4 @228.

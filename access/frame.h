@@ -227,6 +227,11 @@ int kvedge_wire_put_item_parse(const uint8_t *in, size_t len, kvedge_wire_put_it
 
 int kvedge_wire_model_pack(const kvedge_model_t *m, uint8_t out[KVEDGE_WIRE_MODEL_BYTES]);
 int kvedge_wire_model_parse(const uint8_t *in, size_t len, kvedge_model_t *m);
+/* A MODEL query: the model id with every shape field zero asks the node for its record of
+ * that id, registering nothing. parse: KVEDGE_EPROTO when the record is not a query. */
+int kvedge_wire_model_query_pack(const char *id, uint8_t out[KVEDGE_WIRE_MODEL_BYTES]);
+int kvedge_wire_model_query_parse(const uint8_t *in, size_t len,
+                                  char id[KVEDGE_MODEL_ID_MAX_BYTES + 1]);
 
 /* Returns KVEDGE_EINVAL when the chunk's model id does not fit the wire's 123 bytes (the
  * engine allows 128). */

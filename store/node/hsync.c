@@ -161,16 +161,18 @@ static void s_on_done(void *ctx, int status, uint32_t heads)
 }
 
 /* Copies layers [first, end) of one chunk; returns 0 or the first error. */
-/* The chunk's model, registering a built-in one the engine does not hold yet. */
-static int s_model(kvedge_engine_t *engine, const kvedge_chunk_entry_t *e, kvedge_model_t *m)
+/* The chunk's model: the engine's, else a built-in one, else the cloud's (a model its
+ * prefill registered there), registered here before the first block is stored. */
+static int s_model(kvedge_client_t *c, kvedge_engine_t *engine, const kvedge_chunk_entry_t *e,
+                   kvedge_model_t *m)
 {
     int rc = kvedge_engine_get_model(engine, e->chunk.model_id, m);
-    if (rc != KVEDGE_OK) {
-        rc = kvedge_model_builtin(e->chunk.model_id, m);
-        if (rc == KVEDGE_OK)
-            rc = kvedge_engine_put_model(engine, m);
-    }
-    return rc; /* a model this edge does not know: register it first */
+    if (rc == KVEDGE_OK)
+        return rc;
+    rc = kvedge_model_builtin(e->chunk.model_id, m);
+    if (rc != KVEDGE_OK)
+        rc = kvedge_client_get_model(c, e->chunk.model_id, m);
+    return rc == KVEDGE_OK ? kvedge_engine_put_model(engine, m) : rc;
 }
 
 /* The subscription's layer range within m: [*first, *end). */
@@ -277,7 +279,7 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
         kvedge_chunk_id_t stored;
         kvedge_tenant_chunk_id(tag, &e->chunk.id, &stored);
         kvedge_model_t m;
-        rc = s_model(engine, e, &m);
+        rc = s_model(c, engine, e, &m);
         if (rc != KVEDGE_OK)
             break;
         s_local_t have = {0, 0, 0, 0};

@@ -394,11 +394,17 @@ static void s_do_model(s_node_t *n, const kvedge_wire_header_t *h, const kvedge_
                        zmsg_t *reply)
 {
     kvedge_model_t m, have;
-    int rc = kvedge_wire_model_parse(pf[0].data, pf[0].len, &m);
-    if (rc == KVEDGE_OK)
-        rc = kvedge_engine_put_model(n->opts.engine, &m);
-    if (rc == KVEDGE_OK || rc == KVEDGE_ESHAPE)
-        rc = kvedge_engine_get_model(n->opts.engine, m.id, &have); /* answer the node's shape */
+    int rc;
+    if (kvedge_wire_model_query_parse(pf[0].data, pf[0].len, m.id) == KVEDGE_OK) {
+        s_ensure_builtin_model(n->opts.engine, m.id); /* a query: register nothing else */
+        rc = kvedge_engine_get_model(n->opts.engine, m.id, &have);
+    } else {
+        rc = kvedge_wire_model_parse(pf[0].data, pf[0].len, &m);
+        if (rc == KVEDGE_OK)
+            rc = kvedge_engine_put_model(n->opts.engine, &m);
+        if (rc == KVEDGE_OK || rc == KVEDGE_ESHAPE)
+            rc = kvedge_engine_get_model(n->opts.engine, m.id, &have); /* the node's shape */
+    }
     zframe_t *hdr = s_header_frame(KVEDGE_OP_MODEL, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
     zmsg_append(reply, &hdr);
     if (rc == KVEDGE_OK) {

@@ -85,13 +85,14 @@ static kvedge_client_t *s_client(const char *ep)
     return c;
 }
 
-/* Puts layers [l0, l1) of a 2-chunk context; returns the chain ids. */
-static void s_put_context(kvedge_client_t *c, uint32_t l0, uint32_t l1, kvedge_chunk_id_t ids[2])
+/* Puts layers [l0, l1) of a 2-chunk context of model; returns the chain ids. */
+static void s_put_context_of(kvedge_client_t *c, const char *model, uint32_t l0, uint32_t l1,
+                             kvedge_chunk_id_t ids[2])
 {
     uint32_t tok[512];
     for (uint32_t i = 0; i < 512; i++)
         tok[i] = 7 * i + 1;
-    assert_int_equal(kvedge_chunk_chain(NULL, 0, S_MODEL, tok, 512, 0, ids, 2), 2);
+    assert_int_equal(kvedge_chunk_chain(NULL, 0, model, tok, 512, 0, ids, 2), 2);
     kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT4, 256, 64, 32, NULL, false};
     size_t cap = kvedge_block_encoded_bound(&spec);
     uint8_t *blocks = malloc(cap * S_HEADS);
@@ -110,7 +111,7 @@ static void s_put_context(kvedge_client_t *c, uint32_t l0, uint32_t l1, kvedge_c
                 items[h].chunk.has_parent = ci > 0;
                 if (ci > 0)
                     items[h].chunk.parent = ids[0];
-                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, "%s", model);
                 items[h].chunk.index = ci;
                 items[h].chunk.tokens = 256;
                 items[h].layer = (uint16_t)l;
@@ -120,6 +121,52 @@ static void s_put_context(kvedge_client_t *c, uint32_t l0, uint32_t l1, kvedge_c
             assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
         }
     free(blocks);
+}
+
+static void s_put_context(kvedge_client_t *c, uint32_t l0, uint32_t l1, kvedge_chunk_id_t ids[2])
+{
+    s_put_context_of(c, S_MODEL, l0, l1, ids);
+}
+
+/* A model the edge has never heard of (registered on the cloud by its prefill, not built in):
+ * the sync asks the cloud for its shape (a MODEL query) and registers it before copying. */
+static void test_sync_model_from_cloud(void **state)
+{
+    s_fx_t *f = *state;
+    kvedge_client_t *cloud = s_client(f->cloud_ep);
+    kvedge_model_t custom = {.id = "custom-12x12",
+                             .layers = S_LAYERS,
+                             .kv_heads = S_HEADS,
+                             .head_dim = 64,
+                             .dtype = KVEDGE_DTYPE_FP16};
+    kvedge_model_t got;
+    assert_int_equal(kvedge_client_get_model(cloud, "custom-12x12", &got), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_client_put_model(cloud, &custom), 0);
+    assert_int_equal(kvedge_client_get_model(cloud, "custom-12x12", &got), 0);
+    assert_int_equal(got.layers, S_LAYERS);
+    assert_int_equal(got.kv_heads, S_HEADS);
+    assert_int_equal(kvedge_client_get_model(cloud, S_MODEL, &got), 0); /* built in */
+    assert_int_equal(got.head_dim, 64);
+    assert_int_equal(kvedge_client_get_model(cloud, "", &got), KVEDGE_EINVAL);
+    kvedge_chunk_id_t ids[2];
+    s_put_context_of(cloud, "custom-12x12", 0, 2, ids);
+
+    kvedge_hsync_sub_t sub;
+    memset(&sub, 0, sizeof sub);
+    snprintf(sub.name, sizeof sub.name, "custom");
+    snprintf(sub.cloud, sizeof sub.cloud, "%s", f->cloud_ep);
+    snprintf(sub.tenant, sizeof sub.tenant, "%s", KVEDGE_LOOPBACK_TENANT);
+    sub.prefix = ids[1];
+    kvedge_hsync_status_t st;
+    memset(&st, 0, sizeof st);
+    assert_int_equal(kvedge_engine_get_model(f->edge_engine, "custom-12x12", &got),
+                     KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.state, KVEDGE_HSYNC_OK);
+    assert_int_equal(st.blocks_copied, 2 * 2 * S_HEADS);
+    assert_int_equal(kvedge_engine_get_model(f->edge_engine, "custom-12x12", &got), 0);
+    assert_int_equal(got.layers, S_LAYERS);
+    kvedge_client_destroy(&cloud);
 }
 
 static void test_sync_serve_offline_and_delta(void **state)
@@ -311,6 +358,7 @@ static void test_subscription_file(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_sync_model_from_cloud, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_serve_offline_and_delta, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_layer_range, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_prefix, s_setup, s_teardown),
