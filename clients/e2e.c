@@ -64,6 +64,49 @@ int kvedge_e2e_byte_tokens(const char *text, size_t len, uint32_t vocab, int32_t
     return KVEDGE_OK;
 }
 
+/* Bytes of the valid UTF-8 character at s (n bytes left), 0 when there is none. */
+static size_t s_utf8_len(const unsigned char *s, size_t n)
+{
+    size_t len = s[0] < 0x80             ? 1
+                 : (s[0] & 0xE0) == 0xC0 ? 2
+                 : (s[0] & 0xF0) == 0xE0 ? 3
+                 : (s[0] & 0xF8) == 0xF0 ? 4
+                                         : 0;
+    if (len == 0 || len > n)
+        return 0;
+    uint32_t cp = len == 1 ? s[0] : s[0] & (0x7F >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3F);
+    }
+    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return len;
+}
+
+void kvedge_e2e_json_text(FILE *f, const char *text, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    fputc('"', f);
+    for (size_t i = 0; i < len;) {
+        size_t k = s_utf8_len(s + i, len - i);
+        if (k == 0) {
+            fputs("\\ufffd", f);
+            i++;
+        } else if (s[i] == '"' || s[i] == '\\') {
+            fprintf(f, "\\%c", s[i++]);
+        } else if (s[i] < 0x20 || s[i] == 0x7F) {
+            fprintf(f, "\\u%04x", s[i++]);
+        } else {
+            fwrite(s + i, 1, k, f);
+            i += k;
+        }
+    }
+    fputc('"', f);
+}
+
 int kvedge_e2e_model(const kvedge_decoder_t *d, const char *id, kvedge_model_t *out)
 {
     const kvedge_decoder_config_t *c = d ? kvedge_decoder_config(d) : NULL;
@@ -459,25 +502,37 @@ static int s_prov_cloud(void *arg, uint32_t layer, float *k, float *v)
 /* Called as each generated token becomes known where the decoder runs. */
 typedef void (*s_token_fn)(void *arg, uint32_t i);
 
-/* Greedy continuation of a begun session: tokens[0] is the arg-max of the begin logits, then
- * max_new - 1 steps, each appending the previous token and taking the arg-max of its logits
- * (the last token is never appended: nothing would read its logits). */
-static int s_greedy(kvedge_decoder_session_t *s, uint32_t vocab, uint32_t max_new, int32_t *tokens,
-                    float *logits, s_token_fn on_token, void *arg)
+/* Greedy continuation of a begun session: tokens[0] is the pick of the begin logits, then
+ * max_new - 1 steps, each appending the previous token and picking from its logits (the last
+ * token is never appended: nothing would read its logits). The pick is the arg-max, with
+ * req's repetition penalty over the prompt and the tokens so far. */
+static int s_greedy(kvedge_decoder_session_t *s, uint32_t vocab, const kvedge_e2e_request_t *req,
+                    int32_t *tokens, float *logits, s_token_fn on_token, void *arg)
 {
+    const uint32_t max_new = req->max_new;
+    int32_t *seen = malloc(((size_t)req->prompt_len + max_new) * sizeof *seen);
+    if (!seen)
+        return KVEDGE_ENOMEM;
+    memcpy(seen, req->prompt, req->prompt_len * sizeof *seen);
+    size_t nseen = req->prompt_len;
+    const float pen = req->repetition_penalty;
     const float *first = kvedge_decoder_session_logits(s);
-    tokens[0] = kvedge_decoder_argmax(first, vocab);
+    tokens[0] = kvedge_decoder_pick(first, vocab, seen, nseen, pen);
+    seen[nseen++] = tokens[0];
     if (logits)
         memcpy(logits, first, vocab * sizeof(float));
     on_token(arg, 0);
-    for (uint32_t i = 1; i < max_new; i++) {
-        int rc = kvedge_decoder_session_step(s, tokens[i - 1], NULL);
+    int rc = KVEDGE_OK;
+    for (uint32_t i = 1; i < max_new && rc == KVEDGE_OK; i++) {
+        rc = kvedge_decoder_session_step(s, tokens[i - 1], NULL);
         if (rc != KVEDGE_OK)
-            return rc;
-        tokens[i] = kvedge_decoder_argmax(kvedge_decoder_session_logits(s), vocab);
+            break;
+        tokens[i] = kvedge_decoder_pick(kvedge_decoder_session_logits(s), vocab, seen, nseen, pen);
+        seen[nseen++] = tokens[i];
         on_token(arg, i);
     }
-    return KVEDGE_OK;
+    free(seen);
+    return rc;
 }
 
 /* On the edge: a token is known when it is computed. */
@@ -519,7 +574,7 @@ static int s_decode_local(const kvedge_e2e_request_t *req, int32_t *tokens,
     if (rc == KVEDGE_OK) {
         res->layer[c->layers - 1].done_us = s_since(t0);
         s_edge_clock_t clk = {t0, res};
-        rc = s_greedy(s, c->vocab, req->max_new, tokens, req->logits, s_edge_token, &clk);
+        rc = s_greedy(s, c->vocab, req, tokens, req->logits, s_edge_token, &clk);
     }
     kvedge_decoder_session_destroy(&s);
     res->weights_bytes = kvedge_decoder_weights_bytes(d);
@@ -641,7 +696,7 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     dk = dv = NULL;
     if (rc == KVEDGE_OK) {
         s_edge_clock_t clk = {t0, res};
-        rc = s_greedy(s, c->vocab, req->max_new, tokens, req->logits, s_edge_token, &clk);
+        rc = s_greedy(s, c->vocab, req, tokens, req->logits, s_edge_token, &clk);
     }
     for (uint32_t l = 0; l < L; l++) {
         kvedge_e2e_layer_t *x = &res->layer[l];
@@ -721,7 +776,7 @@ static int s_decode_cloud(const kvedge_e2e_request_t *req, int32_t *tokens,
                                           req->prompt_len, req->max_new, NULL);
     s_cloud_clock_t clk = {cl->down, t0, 0, res};
     if (rc == KVEDGE_OK)
-        rc = s_greedy(s, c->vocab, req->max_new, tokens, req->logits, s_cloud_token, &clk);
+        rc = s_greedy(s, c->vocab, req, tokens, req->logits, s_cloud_token, &clk);
     pthread_mutex_unlock(&cl->mu);
     kvedge_decoder_session_destroy(&s);
     /* The edge has the answer once the last reply has crossed the downlink. */

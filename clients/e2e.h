@@ -17,8 +17,9 @@
  *    single cloud model instance serves every edge), behind an emulated link (access/shaper.h)
  *    that the prompt's upload and each token's reply wait on.
  *
- * Tokens: kvedge has no tokenizer. Text becomes token ids through a stand-in byte tokenizer
- * (kvedge_e2e_byte_tokens); with real OPT weights, pass real token ids instead. */
+ * Tokens: the roles take token ids. The kvedge command makes them from text with the byte-level
+ * BPE tokenizer (clients/decoder/tokenizer.h, `--tokenizer DIR`), else with a stand-in byte
+ * tokenizer (kvedge_e2e_byte_tokens). */
 #ifndef KVEDGE_CLIENTS_E2E_H
 #define KVEDGE_CLIENTS_E2E_H
 
@@ -57,6 +58,11 @@ const char *kvedge_e2e_mode_name(kvedge_e2e_mode_t mode);
  * 255's id). */
 int kvedge_e2e_byte_tokens(const char *text, size_t len, uint32_t vocab, int32_t *out, size_t max,
                            size_t *n);
+
+/* Writes len bytes of text as a JSON string literal: valid UTF-8 as it is (quotes, backslashes
+ * and control characters escaped), each byte that is not part of valid UTF-8 as U+FFFD, since a
+ * tokenizer's ids may split a character. */
+void kvedge_e2e_json_text(FILE *f, const char *text, size_t len);
 
 /* The store's model record for a loaded decoder: id (1..KVEDGE_MODEL_ID_MAX_BYTES bytes),
  * layers, kv_heads = heads, head_dim, dtype fp16. Errors: KVEDGE_EINVAL (not loaded, bad id),
@@ -141,6 +147,9 @@ typedef struct {
     const int32_t *prompt;
     uint32_t prompt_len; /* >= 1 */
     uint32_t max_new;    /* tokens to generate, >= 1; the first comes from the prompt's logits */
+    /* > 1: the greedy pick penalizes tokens of the prompt and of what it generated
+     * (kvedge_decoder_pick); 0 or 1: plain greedy. The same in every mode. */
+    float repetition_penalty;
     /* KVEDGE_E2E_KVEDGE: a client of the edge proxy (role proxy; a store node also works:
      * GET_LAYER streams, no plan), the model record, and the chunking used at prefill. */
     kvedge_client_t *proxy;

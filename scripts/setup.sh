@@ -23,8 +23,8 @@ done
 PACKAGES=(
     build-essential cmake pkg-config git
     librocksdb-dev libzmq3-dev libczmq-dev liblz4-dev libxxhash-dev libsodium-dev
-    libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev
-    redis-server iperf3 clang clang-format gnuplot-nox
+    libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev libpcre2-dev
+    redis-server iperf3 clang clang-format gnuplot-nox nodejs npm
 )
 if [ "$REFERENCE" -eq 1 ]; then
     PACKAGES+=(python3-torch python3-numpy)
@@ -32,6 +32,10 @@ fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
+    # NodeSource's nodejs carries its own npm (and conflicts with Debian's): a working one counts.
+    if [ "$p" = npm ] && command -v npm >/dev/null; then
+        continue
+    fi
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then

@@ -46,6 +46,8 @@ extern const kvedge_cli_cmd_t kvedge_cli_remote_cmds[]; /* clients/cli_remote.c,
 extern const kvedge_cli_cmd_t kvedge_cli_master_cmds[]; /* clients/cli_master.c */
 extern const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[];  /* clients/cli_proxy.c */
 extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];    /* clients/cli_e2e.c */
+extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];   /* clients/cli_eval.c */
+extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
 
 /* Prints "kvedge: <message>" to stderr. */
 void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

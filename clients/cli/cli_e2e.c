@@ -10,6 +10,7 @@
 #include "access/shaper.h"
 #include "clients/cli/cli.h"
 #include "clients/decoder/decoder.h"
+#include "clients/decoder/tokenizer.h"
 #include "clients/e2e.h"
 #include "clients/kvedge.h"
 #include "clients/decoder/safetensors.h"
@@ -20,6 +21,9 @@
 #define S_MAX_NEW_DEFAULT 16
 /* The cloud-only baseline's link when --cloud-link is not given. */
 #define S_CLOUD_LINK_DEFAULT "1gbit,10ms"
+/* Most bytes of a --context-file read for the BPE tokenizer (the byte tokenizer reads only as
+ * many bytes as it may use tokens). */
+#define S_CONTEXT_MAX_BYTES (64u << 20)
 
 /* The shapes kvedge_decoder_shape knows: a loaded model that matches one takes its name as
  * the default --model-id. */
@@ -40,10 +44,12 @@ typedef struct {
     const char *weights;
     const char *model_id;
     const char *ctx_file, *ctx_text, *ctx_ids;
-    uint64_t tokens; /* --tokens: exactly this many context tokens (0 = as given) */
+    const char *tokenizer; /* --tokenizer: text goes through this BPE, not the byte tokenizer */
+    uint64_t tokens;       /* --tokens: exactly this many context tokens (0 = as given) */
     uint64_t chunk_tokens;
     /* Loaded by s_common_load. */
     kvedge_decoder_t *d;
+    kvedge_tokenizer_t *tok; /* NULL without --tokenizer */
     const kvedge_decoder_config_t *cfg;
     kvedge_model_t model;
     int32_t *ctx;
@@ -58,6 +64,7 @@ enum {
     S_O_CTX_IDS,
     S_O_TOKENS,
     S_O_CHUNK_TOKENS,
+    S_O_TOKENIZER,
     /* prefill */
     S_O_SCHEME,
     S_O_DTYPE,
@@ -69,6 +76,7 @@ enum {
     S_O_PROMPT,
     S_O_PROMPT_IDS,
     S_O_MAX_NEW,
+    S_O_REPETITION,
     S_O_PLAN_RECOMPUTE,
     S_O_COMPARE,
     S_O_CLOUD_LINK,
@@ -88,6 +96,7 @@ enum {
         {"context-ids", required_argument, NULL, S_O_CTX_IDS},                                     \
         {"tokens", required_argument, NULL, S_O_TOKENS},                                           \
         {"chunk-tokens", required_argument, NULL, S_O_CHUNK_TOKENS},                               \
+        {"tokenizer", required_argument, NULL, S_O_TOKENIZER},                                     \
     {                                                                                              \
         "help", no_argument, NULL, 'h'                                                             \
     }
@@ -98,9 +107,14 @@ enum {
     "      --model-id ID      the model's id on the store (default: the shape's name when\n"       \
     "                         the weights have the shape of opt-125m, opt-1.3b, opt-2.7b or\n"     \
     "                         opt-tiny; required otherwise)\n"                                     \
-    "      --context-file F   the shared context: the bytes of F (byte tokenizer: byte b is\n"     \
-    "                         token b+4, so the model needs at least 260 token ids)\n"             \
-    "      --context TEXT     the shared context as text (byte tokenizer)\n"                       \
+    "      --tokenizer PATH   the BPE tokenizer of --context-file, --context and --prompt\n"       \
+    "                         (and of decode's text): a folder with vocab.json + merges.txt or\n"  \
+    "                         tokenizer.json, or a tokenizer.json; its ids must fit the model's\n" \
+    "                         vocabulary (`kvedge tokenize` shows its ids)\n"                      \
+    "      --context-file F   the shared context: the text of F (without --tokenizer, the byte\n"  \
+    "                         tokenizer: byte b is token b+4, so the model needs at least 260\n"   \
+    "                         token ids)\n"                                                        \
+    "      --context TEXT     the shared context as text\n"                                        \
     "      --context-ids L    the shared context as token ids: 5,17,42,...\n"                      \
     "      --tokens N         exactly N context tokens: a longer context is cut to its first\n"    \
     "                         N tokens, a shorter one repeated from its start until it has N\n"    \
@@ -145,6 +159,9 @@ static int s_common_opt(s_common_t *c, int ch, const char *arg, bool *bad)
     case S_O_CHUNK_TOKENS:
         *bad = kvedge_cli_parse_u64(arg, 1, KVEDGE_BLOCK_MAX_TOKENS, &c->chunk_tokens) != 0;
         return 1;
+    case S_O_TOKENIZER:
+        c->tokenizer = arg;
+        return 1;
     default:
         return 0;
     }
@@ -152,6 +169,7 @@ static int s_common_opt(s_common_t *c, int ch, const char *arg, bool *bad)
 
 static void s_common_free(s_common_t *c)
 {
+    kvedge_tokenizer_destroy(&c->tok);
     kvedge_decoder_destroy(&c->d);
     free(c->ctx);
     c->ctx = NULL;
@@ -198,14 +216,32 @@ static int s_parse_ids(const char *cmd, const char *flag, const char *s, uint32_
     return KVEDGE_EXIT_OK;
 }
 
-/* Text to token ids with the byte tokenizer, with a clear message when the model's vocabulary
- * cannot hold byte ids. Returns an exit code. */
-static int s_text_ids(const char *cmd, const char *flag, const char *text, size_t len,
-                      uint32_t vocab, int32_t **out, uint32_t *n)
+/* Text to token ids with the BPE tokenizer tok (its ids fit the model: s_common_load checked)
+ * or, when tok is NULL, with the byte tokenizer, with a clear message when the model's
+ * vocabulary cannot hold byte ids. Returns an exit code. */
+static int s_text_ids(const char *cmd, const char *flag, kvedge_tokenizer_t *tok, const char *text,
+                      size_t len, uint32_t vocab, int32_t **out, uint32_t *n)
 {
+    if (tok) {
+        int32_t *ids = NULL;
+        size_t got = 0;
+        int rc = kvedge_tokenizer_encode(tok, text, len, &ids, &got);
+        if (rc == KVEDGE_OK && got > UINT32_MAX) {
+            free(ids);
+            rc = KVEDGE_ETOOBIG;
+        }
+        if (rc != KVEDGE_OK) {
+            kvedge_cli_error("%s: cannot tokenize %s: %s", cmd, flag, kvedge_strerror(rc));
+            return KVEDGE_EXIT_FAILURE;
+        }
+        *out = ids;
+        *n = (uint32_t)got;
+        return KVEDGE_EXIT_OK;
+    }
     if (vocab < 256 + KVEDGE_E2E_BYTE_TOKEN_BASE) {
         kvedge_cli_error("%s: the model has %u token ids, too few for the byte tokenizer of %s "
-                         "(it needs %d): give token ids instead (--context-ids, --prompt-ids)",
+                         "(it needs %d): give token ids instead (--context-ids, --prompt-ids) "
+                         "or a tokenizer (--tokenizer)",
                          cmd, vocab, flag, 256 + KVEDGE_E2E_BYTE_TOKEN_BASE);
         return KVEDGE_EXIT_USAGE;
     }
@@ -273,22 +309,31 @@ static int s_context(s_common_t *c)
         size_t len = text ? strlen(text) : 0;
         bool more = false;
         if (c->ctx_file) {
-            ex = s_read_file(c->cmd, c->ctx_file, want, &buf, &len, &more);
+            ex = s_read_file(c->cmd, c->ctx_file, c->tok ? S_CONTEXT_MAX_BYTES : want, &buf, &len,
+                             &more);
             if (ex)
                 return ex;
             text = buf;
         }
-        if (!c->tokens && (more || len > cap)) {
+        if (c->tok) { /* a token is any number of bytes: count tokens, below */
+            if (more && !c->tokens) {
+                kvedge_cli_error("%s: the context file is over %u bytes: give --tokens N to use "
+                                 "the first N tokens of its first %u bytes",
+                                 c->cmd, S_CONTEXT_MAX_BYTES, S_CONTEXT_MAX_BYTES);
+                free(buf);
+                return KVEDGE_EXIT_USAGE;
+            }
+        } else if (!c->tokens && (more || len > cap)) {
             kvedge_cli_error("%s: the context has more than the model's %u positions: give "
                              "--tokens N to use its first N tokens",
                              c->cmd, cap);
             free(buf);
             return KVEDGE_EXIT_USAGE;
         }
-        if (len > want)
+        if (!c->tok && len > want)
             len = want;
-        ex = len ? s_text_ids(c->cmd, c->ctx_file ? "--context-file" : "--context", text, len,
-                              c->cfg->vocab, &ids, &n)
+        ex = len ? s_text_ids(c->cmd, c->ctx_file ? "--context-file" : "--context", c->tok, text,
+                              len, c->cfg->vocab, &ids, &n)
                  : KVEDGE_EXIT_OK;
         free(buf);
     }
@@ -336,6 +381,30 @@ static const char *s_shape_name(const kvedge_decoder_config_t *got)
     return NULL;
 }
 
+/* Loads --tokenizer (a folder, or a tokenizer.json) and checks that its ids fit the model's
+ * embedding rows. Returns an exit code: 2 for a refused file or one that does not fit, 1 when
+ * it cannot be read. */
+static int s_load_tokenizer(s_common_t *c)
+{
+    char why[KVEDGE_TOKENIZER_WHY_BYTES] = "";
+    struct stat st;
+    int rc = stat(c->tokenizer, &st) == 0 && S_ISDIR(st.st_mode)
+                 ? kvedge_tokenizer_load_dir(c->tokenizer, &c->tok, why, sizeof why)
+                 : kvedge_tokenizer_load_json(c->tokenizer, &c->tok, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("%s: cannot load the tokenizer: %s", c->cmd, why);
+        return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
+    }
+    uint32_t need = kvedge_tokenizer_vocab_size(c->tok);
+    if (need > c->cfg->vocab) {
+        kvedge_cli_error("%s: the tokenizer %s has ids up to %u, but %s has %u embedding rows: "
+                         "they do not belong together",
+                         c->cmd, c->tokenizer, need - 1, c->weights, c->cfg->vocab);
+        return KVEDGE_EXIT_USAGE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
 /* Loads the weights, settles the model id and its record, and reads the context. Returns an
  * exit code; on failure the caller still calls s_common_free. */
 static int s_common_load(s_common_t *c)
@@ -366,6 +435,11 @@ static int s_common_load(s_common_t *c)
         return KVEDGE_EXIT_FAILURE;
     }
     c->cfg = kvedge_decoder_config(c->d);
+    if (c->tokenizer) {
+        int ex = s_load_tokenizer(c);
+        if (ex)
+            return ex;
+    }
     if (!c->model_id) {
         c->model_id = s_shape_name(c->cfg);
         if (!c->model_id) {
@@ -546,8 +620,9 @@ static const char s_prefill_help[] =
     "      --keep-channels N  ThinK: key channels kept per head (default all)\n"
     "      --pin              pin the blocks (never evicted)\n"
     "      --ttl S            expire after S seconds (default: the node's)\n\n"
-    "exit codes: 2 usage (also weights of no known shape without --model-id), 1 weights\n"
-    "that do not load or a failed put, 5 node unreachable.\n";
+    "exit codes: 2 usage (also weights of no known shape without --model-id, a --tokenizer\n"
+    "refused or whose ids do not fit the model), 1 weights or a tokenizer that cannot be\n"
+    "read or a failed put, 5 node unreachable.\n";
 
 static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
 {
@@ -685,11 +760,14 @@ static const char s_decode_help[] =
     "decoder layer as soon as its K/V is resident, computes itself every layer that comes\n"
     "back as a miss, then decodes the prompt on top and generates greedily. The prompt never\n"
     "leaves this process. Prints each layer's source and reason, TTFT, total time and bytes,\n"
-    "and the generated token ids (and, as bytes of the byte tokenizer, their printable text:\n"
-    "bytes 32..126 as themselves, others as '.').\n\n" S_COMMON_HELP
-    "      --prompt TEXT      the user's prompt (byte tokenizer)\n"
+    "and the generated token ids and their text: with --tokenizer, the bytes of their tokens;\n"
+    "without, as bytes of the byte tokenizer (bytes 32..126 as themselves, others as "
+    "'.').\n\n" S_COMMON_HELP
+    "      --prompt TEXT      the user's prompt (through --tokenizer, else the byte tokenizer)\n"
     "      --prompt-ids L     the prompt as token ids\n"
     "      --max-new N        tokens to generate (default 16)\n"
+    "      --repetition-penalty P  > 1: greedy picks divide the logits of tokens already in\n"
+    "                         the prompt or generated by P (CTRL's penalty; default 1: off)\n"
     "      --plan-recompute   send the decoder's time estimates: the proxy may plan layers\n"
     "                         to be computed here rather than fetched\n"
     "      --compare          also run edge-only (recompute everything here) and cloud-only\n"
@@ -699,8 +777,10 @@ static const char s_decode_help[] =
     "      --cloud-link SPEC  cloud-only's link, RATE,LATENCY (default " S_CLOUD_LINK_DEFAULT ")\n"
     "  -q, --quiet            print only the generated tokens (and the comparison)\n\n"
     "--json prints one object: {\"kvedge\": RUN, \"edge_only\": RUN, \"cloud_only\": RUN (with\n"
-    "--compare), \"tokens\": {MODE: [ids]}, \"tokens_agree\": BOOL, ...}.\n\n"
-    "exit codes: 2 usage, 1 weights that do not load or a decode that failed (a layer failed\n"
+    "--compare), \"tokens\": {MODE: [ids]}, \"text\": STRING (bytes that are not UTF-8 as\n"
+    "U+FFFD), \"tokens_agree\": BOOL, ...}.\n\n"
+    "exit codes: 2 usage (also a --tokenizer refused or whose ids do not fit the model), 1\n"
+    "weights that do not load or a decode that failed (a layer failed\n"
     "rather than missed: a source past the deadline, the proxy gone), 3 the proxy or node\n"
     "does not know the model, 5 proxy unreachable.\n";
 
@@ -713,6 +793,50 @@ static void s_render(const int32_t *t, uint32_t n, char *out)
         out[i] = b >= 32 && b <= 126 ? (char)b : '.';
     }
     out[n] = '\0';
+}
+
+/* The generated tokens as text, *len bytes and a NUL: with --tokenizer the bytes of their tokens
+ * (an id it has no token for, a model row past its vocabulary, as U+FFFD), else s_render's.
+ * NULL when out of memory. */
+static char *s_gen_text(const s_common_t *c, const int32_t *t, uint32_t n, size_t *len)
+{
+    char *text = NULL;
+    if (!c->tok) {
+        text = malloc(n + 1);
+        if (text)
+            s_render(t, n, text);
+        *len = n;
+        return text;
+    }
+    int rc = kvedge_tokenizer_decode(c->tok, t, n, &text, len);
+    if (rc != KVEDGE_EINVAL)
+        return rc == KVEDGE_OK ? text : NULL;
+    /* Some id has no token: one at a time. */
+    size_t cap = 16, k = 0;
+    text = malloc(cap);
+    for (uint32_t i = 0; text && i < n; i++) {
+        char *one = NULL;
+        size_t ol = 0;
+        rc = kvedge_tokenizer_decode(c->tok, &t[i], 1, &one, &ol);
+        if (rc == KVEDGE_EINVAL) {
+            one = strdup("\xef\xbf\xbd");
+            ol = 3;
+        }
+        char *grown = one && k + ol + 1 > cap ? realloc(text, cap = 2 * (k + ol + 1)) : text;
+        if (!one || !grown) {
+            free(one);
+            free(grown ? grown : text);
+            return NULL;
+        }
+        text = grown;
+        memcpy(text + k, one, ol);
+        k += ol;
+        free(one);
+    }
+    if (text)
+        text[k] = '\0';
+    *len = k;
+    return text;
 }
 
 static void s_print_ids(FILE *f, const int32_t *t, uint32_t n, const char *sep)
@@ -782,25 +906,35 @@ static int s_prompt(const s_common_t *c, const char *text, const char *ids, int3
         return s_parse_ids("decode", "--prompt-ids", ids, c->cfg->vocab, c->cfg->max_positions, out,
                            n);
     size_t len = strlen(text);
-    if (len == 0 || len > c->cfg->max_positions) {
+    if (len == 0 || (!c->tok && len > c->cfg->max_positions)) {
         kvedge_cli_error("decode: the prompt is %s",
                          len ? "longer than the model's positions" : "empty");
         return KVEDGE_EXIT_USAGE;
     }
-    return s_text_ids("decode", "--prompt", text, len, c->cfg->vocab, out, n);
+    int ex = s_text_ids("decode", "--prompt", c->tok, text, len, c->cfg->vocab, out, n);
+    if (!ex && *n > c->cfg->max_positions) {
+        kvedge_cli_error("decode: the prompt is %u tokens, longer than the model's %u positions",
+                         *n, c->cfg->max_positions);
+        free(*out);
+        *out = NULL;
+        return KVEDGE_EXIT_USAGE;
+    }
+    return ex;
 }
 
 static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
 {
-    static const struct option opts[] = {S_COMMON_OPTS,
-                                         {"prompt", required_argument, NULL, S_O_PROMPT},
-                                         {"prompt-ids", required_argument, NULL, S_O_PROMPT_IDS},
-                                         {"max-new", required_argument, NULL, S_O_MAX_NEW},
-                                         {"plan-recompute", no_argument, NULL, S_O_PLAN_RECOMPUTE},
-                                         {"compare", no_argument, NULL, S_O_COMPARE},
-                                         {"cloud-link", required_argument, NULL, S_O_CLOUD_LINK},
-                                         {"quiet", no_argument, NULL, 'q'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        S_COMMON_OPTS,
+        {"prompt", required_argument, NULL, S_O_PROMPT},
+        {"prompt-ids", required_argument, NULL, S_O_PROMPT_IDS},
+        {"max-new", required_argument, NULL, S_O_MAX_NEW},
+        {"repetition-penalty", required_argument, NULL, S_O_REPETITION},
+        {"plan-recompute", no_argument, NULL, S_O_PLAN_RECOMPUTE},
+        {"compare", no_argument, NULL, S_O_COMPARE},
+        {"cloud-link", required_argument, NULL, S_O_CLOUD_LINK},
+        {"quiet", no_argument, NULL, 'q'},
+        {NULL, 0, NULL, 0}};
     const kvedge_cli_cmd_t cmd = {"decode", NULL,
                                   "--weights FILE (--context-file F | --context TEXT | "
                                   "--context-ids L) (--prompt TEXT | --prompt-ids L) [...]",
@@ -809,6 +943,7 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
     s_common_t c = {.cmd = "decode"};
     const char *prompt_text = NULL, *prompt_ids = NULL, *cloud_link = S_CLOUD_LINK_DEFAULT;
     uint64_t max_new = S_MAX_NEW_DEFAULT;
+    double penalty = 1.0;
     bool plan_recompute = false, compare = false, quiet = false;
     int ch;
     opterr = 0;
@@ -821,6 +956,10 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
             prompt_ids = optarg;
         } else if (ch == S_O_MAX_NEW) {
             bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX, &max_new) != 0;
+        } else if (ch == S_O_REPETITION) {
+            char *end;
+            penalty = strtod(optarg, &end);
+            bad = *end != '\0' || !(penalty >= 1.0 && penalty <= 10.0);
         } else if (ch == S_O_PLAN_RECOMPUTE) {
             plan_recompute = true;
         } else if (ch == S_O_COMPARE) {
@@ -898,6 +1037,7 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
                                     .prompt = prompt,
                                     .prompt_len = prompt_len,
                                     .max_new = (uint32_t)max_new,
+                                    .repetition_penalty = (float)penalty,
                                     .chunk_tokens = (uint32_t)c.chunk_tokens,
                                     .deadline_ms = cli->deadline_ms};
         if (modes[r] == KVEDGE_E2E_KVEDGE) {
@@ -926,7 +1066,8 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
     if (!ex) {
         uint32_t n = (uint32_t)max_new;
         uint32_t diff = s_agree(tok, runs, n);
-        char *text = malloc(n + 1);
+        size_t text_len = 0;
+        char *text = s_gen_text(&c, tok[0], n, &text_len);
         if (cli->json) {
             printf("{");
             for (int r = 0; r < runs; r++) {
@@ -944,8 +1085,7 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
             }
             printf("},\"text\":");
             if (text) {
-                s_render(tok[0], n, text);
-                kvedge_cli_json_str(stdout, text);
+                kvedge_e2e_json_text(stdout, text, text_len);
             } else {
                 printf("null");
             }
@@ -973,8 +1113,9 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
             printf("generated %u tokens: ", n);
             s_print_ids(stdout, tok[0], n, " ");
             if (text) {
-                s_render(tok[0], n, text);
-                printf("\ntext: \"%s\"\n", text);
+                printf("\ntext: \"");
+                fwrite(text, 1, text_len, stdout);
+                printf("\"\n");
             } else {
                 printf("\n");
             }

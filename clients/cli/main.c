@@ -9,9 +9,9 @@
 
 #define KVEDGE_VERSION_STRING "0.1.0"
 
-static const kvedge_cli_cmd_t *const s_tables[] = {kvedge_cli_local_cmds,  kvedge_cli_daemon_cmds,
-                                                   kvedge_cli_master_cmds, kvedge_cli_proxy_cmds,
-                                                   kvedge_cli_e2e_cmds,    NULL};
+static const kvedge_cli_cmd_t *const s_tables[] = {
+    kvedge_cli_local_cmds, kvedge_cli_daemon_cmds, kvedge_cli_master_cmds,   kvedge_cli_proxy_cmds,
+    kvedge_cli_e2e_cmds,   kvedge_cli_eval_cmds,   kvedge_cli_tokenize_cmds, NULL};
 
 /* ---- global options ---- */
 

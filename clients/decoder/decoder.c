@@ -778,6 +778,31 @@ int32_t kvedge_decoder_argmax(const float *logits, uint32_t vocab)
     return (int32_t)best;
 }
 
+int32_t kvedge_decoder_pick(const float *logits, uint32_t vocab, const int32_t *seen, size_t n,
+                            float penalty)
+{
+    int32_t best = kvedge_decoder_argmax(logits, vocab);
+    if (!(penalty > 1.0f) || n == 0 || !seen)
+        return best;
+    /* Only seen tokens change, and only downwards: the winner is the best of the unseen
+     * arg-max and the penalized seen ones. */
+    float best_v = -INFINITY;
+    best = -1;
+    for (uint32_t i = 0; i < vocab; i++) {
+        float v = logits[i];
+        for (size_t j = 0; j < n; j++)
+            if (seen[j] == (int32_t)i) {
+                v = v > 0 ? v / penalty : v * penalty;
+                break;
+            }
+        if (best < 0 || v > best_v) {
+            best_v = v;
+            best = (int32_t)i;
+        }
+    }
+    return best;
+}
+
 int kvedge_decoder_session_generate(kvedge_decoder_session_t *self, uint32_t n, int32_t *tokens)
 {
     if (!self || !self->ready || (n && !tokens))

@@ -118,6 +118,14 @@ int kvedge_decoder_session_generate(kvedge_decoder_session_t *self, uint32_t n, 
  * kvedge_decoder_session_generate takes). */
 int32_t kvedge_decoder_argmax(const float *logits, uint32_t vocab);
 
+/* The greedy pick with a repetition penalty (CTRL, Keskar et al. 2019, as Hugging Face's
+ * repetition_penalty): every token id in seen[0..n) has its logit divided by penalty when
+ * positive, multiplied when negative, before the arg-max. penalty <= 1 (or n == 0): the plain
+ * arg-max. Deterministic, so every mode that decodes the same logits picks the same tokens.
+ * logits are not changed. */
+int32_t kvedge_decoder_pick(const float *logits, uint32_t vocab, const int32_t *seen, size_t n,
+                            float penalty);
+
 /* Logits of the last position decoded so far (vocab floats), or NULL before a successful begin.
  * Valid until the next call on the session. */
 const float *kvedge_decoder_session_logits(const kvedge_decoder_session_t *self);

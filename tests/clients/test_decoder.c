@@ -1192,11 +1192,84 @@ static void test_estimate(void **state)
     kvedge_decoder_destroy(&md);
 }
 
+/* The project's trained models (models/kjv, scripts/train_models.py) against the PyTorch
+ * model that trained them: the same weights (F16 matrices widened to fp32 on both sides),
+ * logits at every position of 64 held-out tokens and 8 greedy steps by full recomputation.
+ * Their logits reach ~14; fp32 summation order moves them by ~1e-5; the bound has margin. */
+#define S_TOL_TRAINED 2e-4f
+
+static void s_trained(const char *size)
+{
+    char path[512], exp[512];
+    snprintf(path, sizeof path, "%s/kjv/%s/model.safetensors", KVEDGE_MODELS, size);
+    snprintf(exp, sizeof exp, "%s/kjv/%s/expected.safetensors", KVEDGE_MODELS, size);
+    kvedge_decoder_t *md = kvedge_decoder_new();
+    if (kvedge_decoder_load(md, path, 0) != KVEDGE_OK) /* heads from the file's metadata */
+        fail_msg("%s: %s", path, kvedge_decoder_error(md));
+    const uint32_t V = kvedge_decoder_config(md)->vocab;
+    assert_int_equal(V, 4096);
+    kvedge_safetensors_t *st = kvedge_safetensors_new();
+    assert_int_equal(kvedge_safetensors_open(st, exp), KVEDGE_OK);
+    size_t nt, nl, ng, ngl;
+    float *ft = s_expected(st, "prefill.tokens", &nt);
+    float *want = s_expected(st, "prefill.logits", &nl);
+    float *gt = s_expected(st, "greedy.tokens", &ng);
+    float *gl = s_expected(st, "greedy.logits", &ngl);
+    assert_int_equal(nl, nt * V);
+    assert_int_equal(ng, S_GREEDY);
+    int32_t tokens[64 + S_GREEDY];
+    assert_true(nt <= 64);
+    for (size_t i = 0; i < nt; i++)
+        tokens[i] = (int32_t)ft[i];
+    float *got = malloc(V * sizeof(float));
+    float worst = 0;
+    for (uint32_t n = 1; n <= nt; n++) {
+        assert_int_equal(kvedge_decoder_prefill(md, tokens, n, got, NULL, NULL), KVEDGE_OK);
+        float d = s_max_diff(got, want + (size_t)(n - 1) * V, V);
+        worst = d > worst ? d : worst;
+    }
+    /* Greedy steps by full recomputation, as PyTorch made them. */
+    float gworst = 0;
+    for (uint32_t i = 0; i < S_GREEDY; i++) {
+        uint32_t n = (uint32_t)nt + i;
+        assert_int_equal(kvedge_decoder_prefill(md, tokens, n, got, NULL, NULL), KVEDGE_OK);
+        tokens[n] = kvedge_decoder_argmax(got, V);
+        assert_int_equal(tokens[n], (int32_t)gt[i]);
+        float d = s_max_diff(got, gl + (size_t)i * V, V);
+        gworst = d > gworst ? d : gworst;
+    }
+    printf("  %s model vs PyTorch: %zu positions max |logit diff| = %.3g, %u greedy tokens "
+           "identical (max diff %.3g), tol %.0e, max |logit| %.3g\n",
+           size, nt, worst, S_GREEDY, gworst, S_TOL_TRAINED, s_max_abs(want, nl));
+    assert_true(worst <= S_TOL_TRAINED);
+    assert_true(gworst <= S_TOL_TRAINED);
+    free(got);
+    free(want);
+    free(gt);
+    free(gl);
+    free(ft);
+    kvedge_safetensors_destroy(&st);
+    kvedge_decoder_destroy(&md);
+}
+
+static void test_trained_cloud(void **state)
+{
+    (void)state;
+    s_trained("cloud");
+}
+
+static void test_trained_edge(void **state)
+{
+    (void)state;
+    s_trained("edge");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixture_config),    cmocka_unit_test(test_fixture_prefill),
-        cmocka_unit_test(test_fixture_greedy),    cmocka_unit_test(test_context_lossless),
+        cmocka_unit_test(test_fixture_greedy),    cmocka_unit_test(test_trained_cloud),
+        cmocka_unit_test(test_trained_edge),      cmocka_unit_test(test_context_lossless),
         cmocka_unit_test(test_context_quantized), cmocka_unit_test(test_context_miss),
         cmocka_unit_test(test_provider_errors),   cmocka_unit_test(test_argument_errors),
         cmocka_unit_test(test_load_errors),       cmocka_unit_test(test_load_variants),
