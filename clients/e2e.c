@@ -584,9 +584,8 @@ static int s_decode_local(const kvedge_e2e_request_t *req, int32_t *tokens,
     return rc;
 }
 
-/* Bytes one ring slot needs for a whole layer whatever the cloud stored: lossless fp32 (8
- * bytes per element pair), fp16, int8, int4 with groups of KVEDGE_E2E_GROUP_MIN or more. */
-static size_t s_slot_bytes(uint32_t n, uint32_t ct, uint32_t heads, uint32_t head_dim)
+/* A lossless fp32 element pair takes 8 bytes: the largest any scheme stores. */
+size_t kvedge_e2e_slot_bytes(uint32_t n, uint32_t ct, uint32_t heads, uint32_t head_dim)
 {
     size_t total = 0;
     for (uint32_t start = 0; start < n; start += ct) {
@@ -670,7 +669,7 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
             .token_offset = 0,
             .on_device = false,
             .ring_slots = req->ring_slots,
-            .slot_bytes = s_slot_bytes(n, ct, c->heads, c->head_dim),
+            .slot_bytes = kvedge_e2e_slot_bytes(n, ct, c->heads, c->head_dim),
             .compute_us = cu,
             .recompute_us = ru,
             .deadline_ms = req->deadline_ms,

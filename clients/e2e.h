@@ -92,6 +92,11 @@ typedef struct {
  * more. */
 #define KVEDGE_E2E_GROUP_MIN 4
 
+/* Bytes one pipeline ring slot needs for a whole layer of an n-token context cut into chunks
+ * of ct, whatever the cloud stored: lossless fp32, fp16, int8, int4 with groups of
+ * KVEDGE_E2E_GROUP_MIN or more (the sizing kvedge_e2e_decode uses). */
+size_t kvedge_e2e_slot_bytes(uint32_t n, uint32_t ct, uint32_t heads, uint32_t head_dim);
+
 /* Defaults: int8, fp16, group 0, all channels, lz4 on, not pinned, node TTL. */
 void kvedge_e2e_quant_default(kvedge_e2e_quant_t *q);
 

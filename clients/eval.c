@@ -302,21 +302,6 @@ static int s_session(s_eval_t *e, const int32_t *doc, kvedge_decoder_kv_fn prov,
 
 /* ---------------------------------------------------------------- fetching */
 
-/* Bytes one ring slot needs for a whole layer whatever the cloud stored: lossless fp32 (8
- * bytes per element pair), fp16, int8, int4 with groups of KVEDGE_E2E_GROUP_MIN or more (the
- * sizing kvedge_e2e_decode uses). */
-static size_t s_slot_bytes(uint32_t n, uint32_t ct, uint32_t heads, uint32_t head_dim)
-{
-    size_t total = 0;
-    for (uint32_t start = 0; start < n; start += ct) {
-        size_t t = n - start < ct ? n - start : ct;
-        size_t b = 8 * t * head_dim + 4 * (size_t)head_dim + 4 * t;
-        b = (b + KVEDGE_PIPELINE_ALIGN_BYTES - 1) & ~(size_t)(KVEDGE_PIPELINE_ALIGN_BYTES - 1);
-        total += heads * b;
-    }
-    return total;
-}
-
 /* One FETCH of every layer into k, v ([layers][heads][K][head_dim] fp32). Returns 0 when
  * every layer is resident, KVEDGE_ENOTFOUND when one was missed, or the error that ended
  * it. */
@@ -352,7 +337,7 @@ static int s_fetch_once(s_eval_t *e, const kvedge_model_t *m, size_t n_ids, floa
         .layers = (uint16_t)L,
         .k = kd,
         .v = vd,
-        .slot_bytes = s_slot_bytes(e->K, e->ct, e->c->heads, e->c->head_dim),
+        .slot_bytes = kvedge_e2e_slot_bytes(e->K, e->ct, e->c->heads, e->c->head_dim),
         .deadline_ms = e->o->deadline_ms,
     };
     kvedge_pipeline_t *pipe = NULL;
