@@ -1137,16 +1137,18 @@ int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double 
     return KVEDGE_OK;
 }
 
-int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *out)
+/* One MODEL exchange: registers model (put) or asks about query_id (a query); *have receives
+ * the node's record of the id. */
+static int s_model_call(kvedge_client_t *c, const kvedge_model_t *model, const char *query_id,
+                        kvedge_model_t *have)
 {
-    if (!c || !id || !out)
-        return KVEDGE_EINVAL;
     uint8_t *p;
     s_req_t *r =
         s_req_frame(KVEDGE_OP_MODEL, 0, s_deadline(c, 0), NULL, KVEDGE_WIRE_MODEL_BYTES, &p);
     if (!r)
         return KVEDGE_ENOMEM;
-    if (kvedge_wire_model_query_pack(id, p) != KVEDGE_OK) {
+    if ((model ? kvedge_wire_model_pack(model, p) : kvedge_wire_model_query_pack(query_id, p)) !=
+        KVEDGE_OK) {
         s_req_free(r);
         return KVEDGE_EINVAL;
     }
@@ -1154,10 +1156,18 @@ int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *
     if (rc != KVEDGE_OK)
         return rc;
     zframe_t *f = zmsg_first(r->reply);
-    rc = kvedge_wire_model_parse(zframe_data(f), zframe_size(f), out);
+    rc = kvedge_wire_model_parse(zframe_data(f), zframe_size(f), have);
+    s_req_release(r);
+    return rc;
+}
+
+int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *out)
+{
+    if (!c || !id || !out)
+        return KVEDGE_EINVAL;
+    int rc = s_model_call(c, NULL, id, out);
     if (rc == KVEDGE_OK && strcmp(out->id, id) != 0)
         rc = KVEDGE_EPROTO; /* an answer about another model */
-    s_req_release(r);
     return rc;
 }
 
@@ -1165,26 +1175,12 @@ int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model)
 {
     if (!c || !model)
         return KVEDGE_EINVAL;
-    uint8_t *p;
-    s_req_t *r =
-        s_req_frame(KVEDGE_OP_MODEL, 0, s_deadline(c, 0), NULL, KVEDGE_WIRE_MODEL_BYTES, &p);
-    if (!r)
-        return KVEDGE_ENOMEM;
-    if (kvedge_wire_model_pack(model, p) != KVEDGE_OK) {
-        s_req_free(r);
-        return KVEDGE_EINVAL;
-    }
-    int rc = s_call(c, r);
-    if (rc != KVEDGE_OK)
-        return rc;
     kvedge_model_t have;
-    zframe_t *f = zmsg_first(r->reply);
-    rc = kvedge_wire_model_parse(zframe_data(f), zframe_size(f), &have);
+    int rc = s_model_call(c, model, NULL, &have);
     if (rc == KVEDGE_OK && (strcmp(have.id, model->id) != 0 || have.layers != model->layers ||
                             have.kv_heads != model->kv_heads || have.head_dim != model->head_dim ||
                             have.dtype != model->dtype))
         rc = KVEDGE_ESHAPE; /* the node has another shape under this id */
-    s_req_release(r);
     return rc;
 }
 
