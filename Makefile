@@ -2,6 +2,8 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+# One per decoder of untrusted bytes (tests/fuzz/fuzz_NAME.c, corpus tests/fuzz/corpus/NAME).
+FUZZ_TARGETS = block frame kvmsg safetensors settings tokenizer
 CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 
@@ -37,28 +39,13 @@ asan: setup
 fuzz: setup
 	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -DKVEDGE_FUZZ=ON -DKVEDGE_CUDA=OFF \
 		-DKVEDGE_BENCH=OFF >/dev/null
-	@cmake --build build-fuzz --target fuzz_block fuzz_frame fuzz_kvmsg fuzz_safetensors \
-		fuzz_settings fuzz_tokenizer -j$(JOBS)
-	@mkdir -p build-fuzz/corpus/block build-fuzz/corpus/frame build-fuzz/corpus/kvmsg \
-		build-fuzz/corpus/safetensors build-fuzz/corpus/settings build-fuzz/corpus/tokenizer
-	@cp tests/fuzz/corpus/block/* build-fuzz/corpus/block/
-	@cp tests/fuzz/corpus/frame/* build-fuzz/corpus/frame/
-	@cp tests/fuzz/corpus/kvmsg/* build-fuzz/corpus/kvmsg/
-	@cp tests/fuzz/corpus/safetensors/* build-fuzz/corpus/safetensors/
-	@cp tests/fuzz/corpus/settings/* build-fuzz/corpus/settings/
-	@cp tests/fuzz/corpus/tokenizer/* build-fuzz/corpus/tokenizer/
-	build-fuzz/tests/fuzz/fuzz_block build-fuzz/corpus/block -max_total_time=$(FUZZ_SECONDS) \
-		-rss_limit_mb=4096 -print_final_stats=1
-	build-fuzz/tests/fuzz/fuzz_frame build-fuzz/corpus/frame -max_total_time=$(FUZZ_SECONDS) \
-		-rss_limit_mb=4096 -print_final_stats=1
-	build-fuzz/tests/fuzz/fuzz_kvmsg build-fuzz/corpus/kvmsg -max_total_time=$(FUZZ_SECONDS) \
-		-rss_limit_mb=4096 -print_final_stats=1
-	build-fuzz/tests/fuzz/fuzz_safetensors build-fuzz/corpus/safetensors \
-		-max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -print_final_stats=1
-	build-fuzz/tests/fuzz/fuzz_settings build-fuzz/corpus/settings \
-		-max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -print_final_stats=1
-	build-fuzz/tests/fuzz/fuzz_tokenizer build-fuzz/corpus/tokenizer \
-		-max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -print_final_stats=1
+	@cmake --build build-fuzz --target $(addprefix fuzz_,$(FUZZ_TARGETS)) -j$(JOBS)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		mkdir -p build-fuzz/corpus/$$t; cp tests/fuzz/corpus/$$t/* build-fuzz/corpus/$$t/; \
+		echo "== fuzz_$$t"; \
+		build-fuzz/tests/fuzz/fuzz_$$t build-fuzz/corpus/$$t -max_total_time=$(FUZZ_SECONDS) \
+			-rss_limit_mb=4096 -print_final_stats=1; \
+	done
 
 bench: build
 	@scripts/bench.sh $(BUILD)

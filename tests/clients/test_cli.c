@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/common/spawn.h"
 #include "store/engine.h"
 
 static char s_dir[256]; /* the store directory of the current test */
@@ -407,24 +408,8 @@ static pid_t s_spawn_node(char node_dir[600], char ep[600], int *out_fd)
 {
     snprintf(node_dir, 600, "%s-node", s_dir);
     snprintf(ep, 600, "ipc://%s.sock", s_dir);
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
-        dup2(pfd[1], STDOUT_FILENO);
-        close(pfd[0]);
-        execl(KVEDGE_BIN, "kvedge", "--data", node_dir, "store", "--insecure", "--bind", ep,
-              "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char line[700] = "";
-    ssize_t got = read(pfd[0], line, sizeof line - 1);
-    assert_true(got > 0);
-    assert_non_null(strstr(line, "listening ipc://"));
-    *out_fd = pfd[0];
+    pid_t pid = kt_spawn_store(KVEDGE_BIN, node_dir, ep, out_fd);
+    assert_true(pid > 0);
     return pid;
 }
 

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/common/spawn.h"
 #include "clients/decoder/tokenizer.h"
 #include "store/error.h"
 
@@ -1100,24 +1101,8 @@ static pid_t s_spawn_node(char ep[300], int *out_fd)
     char dir[300];
     s_path("node", dir, sizeof dir);
     snprintf(ep, 300, "ipc://%s/node.sock", s_tmp);
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
-        dup2(pfd[1], STDOUT_FILENO);
-        close(pfd[0]);
-        execl(KVEDGE_BIN, "kvedge", "--data", dir, "store", "--insecure", "--bind", ep,
-              "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char line[700] = "";
-    ssize_t got = read(pfd[0], line, sizeof line - 1);
-    assert_true(got > 0);
-    assert_non_null(strstr(line, "listening ipc://"));
-    *out_fd = pfd[0];
+    pid_t pid = kt_spawn_store(KVEDGE_BIN, dir, ep, out_fd);
+    assert_true(pid > 0);
     return pid;
 }
 
