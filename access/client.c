@@ -1233,6 +1233,33 @@ int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
     return rc;
 }
 
+int kvedge_client_monitor(kvedge_client_t *c, uint32_t top, char **json, size_t *len)
+{
+    if (!c || !json || top > KVEDGE_WIRE_MAX_MONITOR_TOP)
+        return KVEDGE_EINVAL;
+    *json = NULL;
+    uint8_t *p;
+    s_req_t *r = s_req_frame(KVEDGE_OP_MONITOR, 0, s_deadline(c, 0), NULL, 4, &p);
+    if (!r)
+        return KVEDGE_ENOMEM;
+    kvedge_le_put16(p, (uint16_t)top);
+    kvedge_le_put16(p + 2, 0);
+    int rc = s_call(c, r);
+    if (rc != KVEDGE_OK)
+        return rc;
+    zframe_t *f = zmsg_first(r->reply); /* validated: 2 ... 1 MiB, a '{' first, no NUL */
+    char *out = malloc(zframe_size(f) + 1);
+    if (out) {
+        memcpy(out, zframe_data(f), zframe_size(f));
+        out[zframe_size(f)] = '\0';
+        if (len)
+            *len = zframe_size(f);
+    }
+    s_req_release(r);
+    *json = out;
+    return out ? KVEDGE_OK : KVEDGE_ENOMEM;
+}
+
 int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blocks,
                         uint64_t *bytes)
 {

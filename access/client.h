@@ -169,6 +169,13 @@ int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_
 
 int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out);
 
+/* MONITOR: what the node or edge proxy has seen, as the JSON document of docs/protocol.md
+ * ("MONITOR"), with at most `top` (0 ... KVEDGE_WIRE_MAX_MONITOR_TOP) hot prefixes. *json is
+ * a malloc'd NUL-terminated copy (caller frees), *len its length (may be NULL). The
+ * document comes from a peer: parse it as untrusted (it is bounded and NUL-free).
+ * Errors: as every call; KVEDGE_EPROTO from a daemon that predates MONITOR. */
+int kvedge_client_monitor(kvedge_client_t *c, uint32_t top, char **json, size_t *len);
+
 /* Store-wide eviction of least-recently-used unpinned blocks down to target_bytes. Needs an
  * admin key (kvedge keygen --admin) or plaintext loopback: else KVEDGE_EDENIED. KVEDGE_EFULL:
  * pinned blocks alone exceed the target. blocks/bytes (may be NULL) receive what went. */

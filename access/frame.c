@@ -21,7 +21,7 @@
 
 static const char *const s_op_names[] = {
     NULL,     "HELLO", "PING",  "PUT",    "GET",    "GET_LAYER", "LOOKUP", "LIST",  "STAT",
-    "DELETE", "PIN",   "UNPIN", "CREDIT", "CANCEL", "MODEL",     "EVICT",  "FETCH",
+    "DELETE", "PIN",   "UNPIN", "CREDIT", "CANCEL", "MODEL",     "EVICT",  "FETCH", "MONITOR",
 };
 
 static bool s_all_zero(const uint8_t *p, size_t n)
@@ -232,6 +232,10 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
         return s_check(c == 0 && n == 1 && f[0].len == KVEDGE_WIRE_MODEL_BYTES);
     case KVEDGE_OP_EVICT: /* f1: u64 target bytes */
         return s_check(c == 0 && n == 1 && f[0].len == 8);
+    case KVEDGE_OP_MONITOR: /* f1: top u16 (0 ... MAX_MONITOR_TOP) | reserved u16 */
+        return s_check(c == 0 && n == 1 && f[0].len == 4 &&
+                       kvedge_le_get16(f[0].data) <= KVEDGE_WIRE_MAX_MONITOR_TOP &&
+                       kvedge_le_get16(f[0].data + 2) == 0);
     case KVEDGE_OP_FETCH: {
         /* f1: spec; f2: N chunk ids; f3 (optional): per layer compute_us | recompute_us. */
         kvedge_wire_fetch_spec_t spec;
@@ -377,6 +381,9 @@ static int s_validate_reply(const kvedge_wire_header_t *h, const kvedge_wire_fra
         return s_check(c == 0 && n == 1 && f[0].len == KVEDGE_WIRE_MODEL_BYTES);
     case KVEDGE_OP_EVICT: /* f1: u64 blocks evicted | u64 bytes evicted */
         return s_check(c == 0 && n == 1 && f[0].len == 16);
+    case KVEDGE_OP_MONITOR: /* f1: a JSON object, 2 ... MAX_MONITOR_BYTES bytes, no NUL */
+        return s_check(c == 0 && n == 1 && s_len_in(&f[0], 2, KVEDGE_WIRE_MAX_MONITOR_BYTES) &&
+                       f[0].data[0] == '{' && memchr(f[0].data, 0, f[0].len) == NULL);
     default:
         return KVEDGE_EPROTO;
     }

@@ -26,10 +26,13 @@ extern "C" {
 #define KVEDGE_WIRE_MAX_REPLY_BYTES (256u << 20)
 #define KVEDGE_WIRE_MAX_CREDIT      1024
 #define KVEDGE_WIRE_MAX_PING_BYTES  (16u << 20)
-#define KVEDGE_WIRE_MAX_LIST        4096
-#define KVEDGE_WIRE_MAX_NAME_BYTES  255
-#define KVEDGE_WIRE_MAX_DEADLINE_MS 600000
-#define KVEDGE_WIRE_MODEL_ID_BYTES  124 /* NUL-padded field; ids up to 123 bytes */
+/* MONITOR: the largest document a daemon sends, and the most hot prefixes one may ask for. */
+#define KVEDGE_WIRE_MAX_MONITOR_BYTES (1u << 20)
+#define KVEDGE_WIRE_MAX_MONITOR_TOP   64
+#define KVEDGE_WIRE_MAX_LIST          4096
+#define KVEDGE_WIRE_MAX_NAME_BYTES    255
+#define KVEDGE_WIRE_MAX_DEADLINE_MS   600000
+#define KVEDGE_WIRE_MODEL_ID_BYTES    124 /* NUL-padded field; ids up to 123 bytes */
 
 #define KVEDGE_WIRE_FLAG_REPLY 0x0001u
 #define KVEDGE_WIRE_FLAG_MORE  0x0002u
@@ -60,7 +63,8 @@ typedef enum {
     KVEDGE_OP_CANCEL = 13,
     KVEDGE_OP_MODEL = 14,
     KVEDGE_OP_EVICT = 15,
-    KVEDGE_OP_FETCH = 16, /* edge proxy: a planned, multi-source fetch of layers (a stream) */
+    KVEDGE_OP_FETCH = 16,   /* edge proxy: a planned, multi-source fetch of layers (a stream) */
+    KVEDGE_OP_MONITOR = 17, /* what the daemon has seen: a JSON document (docs/protocol.md) */
 } kvedge_op_t;
 
 typedef struct {

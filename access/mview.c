@@ -6,7 +6,12 @@
  * after S in order. From then on, update S+1 follows S; anything else, or a HUGZ whose seq is
  * not ours, means something was missed: re-sync. A master silent for dead_ms gets new sockets
  * and a re-sync. The snapshot replaces the served state only when complete, so readers always
- * see one consistent state, the last one known. */
+ * see one consistent state, the last one known.
+ *
+ * A handshake the master refuses (ZAP: our key is not in its allowlist) ends that connection
+ * for good in libzmq (no reconnect), so a monitor on the DEALER watches for it, and sockets that
+ * have not heard the master are replaced with a backoff: the view recovers by itself once the
+ * master lets it in, and kvedge_mview_conn says why it is not synced meanwhile. */
 #include "access/mview.h"
 
 #include <czmq.h>
@@ -116,6 +121,7 @@ struct kvedge_mview_t {
     uint64_t registry;
     kvedge_mview_state_t state;
     kvedge_mview_stats_t stats;
+    kvedge_mview_conn_t conn; /* the connection's state, for kvedge_mview_conn */
     uint64_t version; /* bumped on every change: the snapshot file is behind when it differs */
     zactor_t *actor;
     s_io_t *io;
@@ -162,9 +168,13 @@ struct s_io_t {
     kvedge_mview_change_fn on_change;
     void *ctx;
     zsock_t *dealer, *sub;
-    bool rebuild;    /* sockets were replaced: the poller must be too */
-    bool subscribed; /* the SUB has heard the master since it connected: no update is lost
-                      * between a snapshot and the stream after it */
+    zsock_t *mon;         /* PAIR: the DEALER's handshake events (CURVE only) */
+    uint32_t mon_gen;     /* makes each monitor's endpoint unique */
+    int64_t reconnect_at; /* new sockets then unless the master was heard; 0 = none due */
+    uint32_t retry_ms;    /* the current backoff of new sockets */
+    bool rebuild;         /* sockets were replaced: the poller must be too */
+    bool subscribed;      /* the SUB has heard the master since it connected: no update is lost
+                           * between a snapshot and the stream after it */
     uint64_t next_rid;
     /* The snapshot in flight. */
     bool syncing;
@@ -437,10 +447,30 @@ static void s_set_complete(s_set_t *r, int status)
 
 static void s_close(s_io_t *io)
 {
+    if (io->dealer && io->mon)
+        zmq_socket_monitor(zsock_resolve(io->dealer), NULL, 0);
     zsock_destroy(&io->dealer);
     zsock_destroy(&io->sub);
+    zsock_destroy(&io->mon);
     io->rebuild = true;
     io->subscribed = false;
+}
+
+/* Watches the DEALER's handshakes: a refusal (ZAP status 400 from the master) is otherwise
+ * silent, and final for that connection. Best effort: without a monitor the backoff of
+ * s_timers still replaces the sockets. */
+static void s_monitor(s_io_t *io)
+{
+    char ep[96];
+    snprintf(ep, sizeof ep, "inproc://kvedge-mview-mon-%p-%u", (void *)io, ++io->mon_gen);
+    if (zmq_socket_monitor(zsock_resolve(io->dealer), ep,
+                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0)
+        return;
+    io->mon = zsock_new(ZMQ_PAIR);
+    if (io->mon && zsock_connect(io->mon, "%s", ep) != 0) {
+        zmq_socket_monitor(zsock_resolve(io->dealer), NULL, 0);
+        zsock_destroy(&io->mon);
+    }
 }
 
 static void s_sock_common(s_io_t *io, zsock_t *s)
@@ -471,10 +501,47 @@ static int s_connect(s_io_t *io)
     s_sock_common(io, io->dealer);
     zsock_set_immediate(io->dealer, 1);
     zsock_set_sndtimeo(io->dealer, 0);
+    if (io->curve)
+        s_monitor(io);
+    /* Sockets that hear nothing for this long are replaced (s_timers). */
+    uint32_t wait = io->dead_ms > io->retry_ms ? io->dead_ms : io->retry_ms;
+    io->reconnect_at = kvedge_mono_ms() + wait;
+    pthread_mutex_lock(&io->v->mu);
+    io->v->conn.heard = false;
+    io->v->conn.retry_ms = io->retry_ms;
+    pthread_mutex_unlock(&io->v->mu);
     if (zsock_connect(io->sub, "%s", io->pub) != 0 ||
         zsock_connect(io->dealer, "%s", io->master) != 0)
         return KVEDGE_EINVAL;
     return KVEDGE_OK;
+}
+
+/* One event of the DEALER's monitor: [u16 event | u32 value] (host order), endpoint. */
+static void s_on_mon(s_io_t *io)
+{
+    zmsg_t *m = zmsg_recv(io->mon);
+    zframe_t *f = m ? zmsg_first(m) : NULL;
+    if (f && zframe_size(f) == 6) {
+        uint16_t event;
+        memcpy(&event, zframe_data(f), sizeof event);
+        kvedge_mview_t *v = io->v;
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+            /* This connection is over; new sockets after the current backoff. */
+            int64_t at = kvedge_mono_ms() + io->retry_ms;
+            if (!io->subscribed && (io->reconnect_at == 0 || at < io->reconnect_at))
+                io->reconnect_at = at;
+            pthread_mutex_lock(&v->mu);
+            v->conn.refused = true;
+            v->conn.refusals++;
+            pthread_cond_broadcast(&v->cv);
+            pthread_mutex_unlock(&v->mu);
+        } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            pthread_mutex_lock(&v->mu);
+            v->conn.refused = false;
+            pthread_mutex_unlock(&v->mu);
+        }
+    }
+    zmsg_destroy(&m);
 }
 
 /* Sends a request on the DEALER without waiting. False when there is no connection. */
@@ -649,6 +716,8 @@ static void s_sync_finish(s_io_t *io, const kvedge_kvmsg_t *k)
     v->state = KVEDGE_MVIEW_SYNCED;
     v->stats.syncs++;
     v->version++;
+    v->conn.refused = false;
+    v->conn.retry_ms = KVEDGE_MVIEW_RECONNECT_MIN_MS;
     pthread_cond_broadcast(&v->cv);
     pthread_mutex_unlock(&v->mu);
     s_table_free(&old);
@@ -656,6 +725,7 @@ static void s_sync_finish(s_io_t *io, const kvedge_kvmsg_t *k)
     io->syncing = false;
     s_buffer_clear(io);
     io->last_heard = kvedge_mono_ms();
+    io->retry_ms = KVEDGE_MVIEW_RECONNECT_MIN_MS;
     if (io->on_change)
         io->on_change(io->ctx, NULL, seq, NULL, 0);
     s_notified(io, seq);
@@ -712,6 +782,13 @@ static void s_on_sub(s_io_t *io)
         s_bad(io);
     } else {
         io->last_heard = kvedge_mono_ms();
+        if (!io->subscribed) {
+            io->reconnect_at = 0; /* heard: from now on dead_ms and the snapshot deadline */
+            pthread_mutex_lock(&v->mu);
+            v->conn.heard = true;
+            v->conn.refused = false;
+            pthread_mutex_unlock(&v->mu);
+        }
         io->subscribed = true;
         if (io->syncing) {
             if (k.cmd == KVEDGE_KVMSG_KVPUB) {
@@ -891,6 +968,17 @@ static int64_t s_timers(s_io_t *io)
         s_sync_begin(io);
     if (!io->syncing && v->state == KVEDGE_MVIEW_SYNCED && now - io->last_heard > io->dead_ms)
         s_resync(io, false, true);
+    if (!io->subscribed && io->reconnect_at && now >= io->reconnect_at) {
+        /* Refused, or nothing heard: libzmq may have given up on these sockets. */
+        if (s_connect(io) != KVEDGE_OK)
+            s_close(io);
+        uint32_t next = io->retry_ms * 2;
+        io->retry_ms = next < KVEDGE_MVIEW_RECONNECT_MAX_MS ? next : KVEDGE_MVIEW_RECONNECT_MAX_MS;
+        pthread_mutex_lock(&v->mu);
+        v->conn.reconnects++;
+        v->conn.retry_ms = io->retry_ms;
+        pthread_mutex_unlock(&v->mu);
+    }
 
     s_sets_sweep(io);
     if (io->hb_id && now >= io->next_hb) {
@@ -903,6 +991,8 @@ static int64_t s_timers(s_io_t *io)
         io->next_save = now + io->save_ms;
     }
     int64_t next = now + S_TICK_MS;
+    if (!io->subscribed && io->reconnect_at && io->reconnect_at < next)
+        next = io->reconnect_at;
     if (!io->syncing && v->state != KVEDGE_MVIEW_SYNCED && io->subscribed && io->next_sync < next)
         next = io->next_sync;
     return next > now ? next - now : 0;
@@ -935,6 +1025,8 @@ static void s_actor(zsock_t *pipe, void *args)
             io->rebuild = false;
             if (!poller)
                 break;
+            if (io->mon && io->dealer)
+                zpoller_add(poller, io->mon);
         }
         void *which = zpoller_wait(poller, (int)wait_ms);
         if (which == pipe)
@@ -948,6 +1040,9 @@ static void s_actor(zsock_t *pipe, void *args)
         for (int i = 0;
              running && i < S_DRAIN_MAX && io->sub && (zsock_events(io->sub) & ZMQ_POLLIN); i++)
             s_on_sub(io);
+        for (int i = 0;
+             running && i < S_DRAIN_MAX && io->mon && (zsock_events(io->mon) & ZMQ_POLLIN); i++)
+            s_on_mon(io);
         if (running)
             wait_ms = s_timers(io);
     }
@@ -1048,6 +1143,7 @@ static int s_io_new(const kvedge_mview_opts_t *o, s_io_t **out)
     io->hb_ms = o->heartbeat_ms ? o->heartbeat_ms : KVEDGE_MASTER_HEARTBEAT_IVL_MS;
     io->dead_ms = o->dead_ms ? o->dead_ms : KVEDGE_MVIEW_DEAD_MS;
     io->save_ms = o->save_ms ? o->save_ms : KVEDGE_MVIEW_SAVE_MS;
+    io->retry_ms = KVEDGE_MVIEW_RECONNECT_MIN_MS;
     io->on_change = o->on_change;
     io->ctx = o->ctx;
     if (o->server_key) {
@@ -1188,6 +1284,18 @@ void kvedge_mview_stats(kvedge_mview_t *v, kvedge_mview_stats_t *out)
         return;
     pthread_mutex_lock(&v->mu);
     *out = v->stats;
+    pthread_mutex_unlock(&v->mu);
+}
+
+void kvedge_mview_conn(kvedge_mview_t *v, kvedge_mview_conn_t *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (!v)
+        return;
+    pthread_mutex_lock(&v->mu);
+    *out = v->conn;
     pthread_mutex_unlock(&v->mu);
 }
 

@@ -26,6 +26,11 @@ extern "C" {
 #define KVEDGE_MVIEW_SUB_HWM         100000 /* updates queued in the SUB before libzmq drops */
 #define KVEDGE_MVIEW_SET_DEADLINE_MS 3000
 #define KVEDGE_MVIEW_FILE_VERSION    1
+/* New sockets while the master is not heard (refused, or not answering): first after this
+ * long, doubling up to the max. A refusal is seen at once (a socket monitor); silence after
+ * max(dead_ms, the current wait). */
+#define KVEDGE_MVIEW_RECONNECT_MIN_MS 1000
+#define KVEDGE_MVIEW_RECONNECT_MAX_MS 30000
 
 typedef enum {
     KVEDGE_MVIEW_EMPTY = 0,  /* no state at all: never synced, no snapshot file */
@@ -92,6 +97,22 @@ uint64_t kvedge_mview_seq(kvedge_mview_t *v);
 size_t kvedge_mview_count(kvedge_mview_t *v);
 
 void kvedge_mview_stats(kvedge_mview_t *v, kvedge_mview_stats_t *out);
+
+/* The view's connection to the master, for logs and readiness checks. */
+typedef struct {
+    bool refused;        /* the master refused this view's latest CURVE handshake (its ZAP
+                          * handler: this peer's key is not in the master's allowlist); cleared
+                          * by the next handshake that succeeds */
+    uint64_t refusals;   /* handshakes refused since start */
+    uint64_t reconnects; /* new sockets made because the master refused or did not answer */
+    uint32_t retry_ms;   /* the wait before the next new sockets while not heard */
+    bool heard;          /* the current sockets have heard the master */
+} kvedge_mview_conn_t;
+
+/* Copies the connection's state. A refused view keeps trying (new sockets, with backoff), so
+ * adding its certificate to the master's allowlist is enough: no restart. Zeroes *out for a
+ * NULL view. */
+void kvedge_mview_conn(kvedge_mview_t *v, kvedge_mview_conn_t *out);
 
 /* Waits until the view is SYNCED at seq >= min_seq, and the on_change calls up to that seq
  * have returned. Returns 0 or KVEDGE_ETIMEDOUT. */

@@ -256,8 +256,9 @@ static void s_store(const char *name, const char *role, char *ep, size_t len)
     char data[340];
     snprintf(ep, len, "ipc://%s/%s.sock", s_dir, name);
     snprintf(data, sizeof data, "%s/%s", s_dir, name);
-    char *argv[] = {"kvedge",     "--data", data, "store",       "--role", (char *)role,
-                    "--insecure", "--bind", ep,   "--log-level", "error",  NULL};
+    char *argv[] = {"kvedge",     "--data",     data,     "store", "--role",
+                    (char *)role, "--insecure", "--bind", ep,      "--log-level",
+                    "error",      "--metrics",  "off",    NULL};
     s_spawn(argv);
 }
 
@@ -274,6 +275,8 @@ static pid_t s_proxy(const char *name, const char *const *sources, size_t n, cha
     argv[k++] = ep;
     argv[k++] = "--log-level";
     argv[k++] = "error";
+    argv[k++] = "--metrics";
+    argv[k++] = "off";
     for (size_t i = 0; i < n && k < 22; i++) {
         argv[k++] = "--source";
         argv[k++] = (char *)sources[i];

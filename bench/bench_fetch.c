@@ -2,7 +2,8 @@
  * process persisting to RocksDB) against Redis GET and MGET of the same bytes and a plain TCP
  * transfer of them, all over loopback in the same run; then the effective (fp16-equivalent)
  * bandwidth of the same layer stored lossless, int8 and int4 against Redis moving the lossless
- * bytes. */
+ * bytes; last, the same fetches from two nodes, one with monitoring off and one with it on and
+ * scraped, in alternating rounds. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +13,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,10 +23,12 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench/bench_common.h"
+#include "bench/bench_scrape.h"
 #include "clients/kvedge.h"
 #include "store/block.h"
 #include "store/chunk.h"
@@ -351,12 +356,24 @@ static void s_tcp_fetch(int fd, uint8_t *dst, size_t len)
 
 /* ---------------------------------------------------------------- the store node */
 
-/* Starts `kvedge store` on an ephemeral loopback port; returns its pid, its endpoint in ep. */
-static pid_t s_node_start(const char *bin, const char *data, char *ep, size_t cap)
+/* Starts `kvedge store` on an ephemeral loopback port with --monitor monitor (NULL: the
+ * default) and --metrics metrics; returns its pid, its endpoint in ep. */
+static pid_t s_node_start_with(const char *bin, const char *data, char *ep, size_t cap,
+                               const char *monitor, const char *metrics)
 {
-    char *const argv[] = {(char *)bin, "store",      "--insecure", "--bind", "tcp://127.0.0.1:*",
-                          "--data",    (char *)data, "--role",     "cloud",  "--log-level",
-                          "warn",      NULL};
+    const char *fixed[] = {bin,      "store",     "--insecure", "--bind", "tcp://127.0.0.1:*",
+                           "--data", data,        "--role",     "cloud",  "--log-level",
+                           "warn",   "--metrics", metrics};
+    char *argv[sizeof fixed / sizeof fixed[0] + 3];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        argv[n++] = (char *)fixed[i];
+    char flag[32];
+    if (monitor) {
+        snprintf(flag, sizeof flag, "--monitor=%s", monitor); /* a bool takes "=" */
+        argv[n++] = flag;
+    }
+    argv[n] = NULL;
     int fd;
     pid_t pid = s_spawn(argv, &fd, false);
     char line[256];
@@ -367,16 +384,27 @@ static pid_t s_node_start(const char *bin, const char *data, char *ep, size_t ca
     return pid;
 }
 
+/* The node of the main tables: the default monitoring, no HTTP endpoint. */
+static pid_t s_node_start(const char *bin, const char *data, char *ep, size_t cap)
+{
+    return s_node_start_with(bin, data, ep, cap, NULL, "off");
+}
+
 /* A live client when the process exits would abort in czmq's atexit (its actor outlives
  * zsys_shutdown): this one, registered after the first connect, runs before czmq's. */
 static kvedge_client_t *s_client;
+/* The clients of the monitoring section's two nodes (off, on). */
+static kvedge_client_t *s_mon_client[2];
 
 static void s_client_atexit(void)
 {
     kvedge_client_destroy(&s_client);
+    kvedge_client_destroy(&s_mon_client[0]);
+    kvedge_client_destroy(&s_mon_client[1]);
 }
 
-static void s_client_connect(const char *ep, uint32_t credit)
+/* Connects *out (one of the clients above) to ep. */
+static void s_client_open(const char *ep, uint32_t credit, kvedge_client_t **out)
 {
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
@@ -385,10 +413,15 @@ static void s_client_connect(const char *ep, uint32_t credit)
     if (credit)
         o.credit = credit;
     static bool registered;
-    KVEDGE_BENCH_CHECK(kvedge_client_connect(&o, &s_client));
+    KVEDGE_BENCH_CHECK(kvedge_client_connect(&o, out));
     if (!registered)
         atexit(s_client_atexit);
     registered = true;
+}
+
+static void s_client_connect(const char *ep, uint32_t credit)
+{
+    s_client_open(ep, credit, &s_client);
 }
 
 /* ---------------------------------------------------------------- Redis */
@@ -464,6 +497,39 @@ static double s_iperf(void)
 
 /* ---------------------------------------------------------------- the data */
 
+/* Registers the case's model on the node of c and puts every block of its three layers in
+ * one call. */
+static void s_case_put(const s_case_t *cs, kvedge_client_t *c)
+{
+    const s_size_t *sz = cs->sz;
+    kvedge_model_t model = {.layers = S_LAYERS,
+                            .kv_heads = sz->heads,
+                            .head_dim = S_HEAD_DIM,
+                            .dtype = KVEDGE_DTYPE_FP16};
+    snprintf(model.id, sizeof model.id, "%s", cs->model_id);
+    KVEDGE_BENCH_CHECK(kvedge_client_put_model(c, &model));
+
+    kvedge_put_item_t *items = bench_alloc((size_t)S_SCHEMES * sz->heads * sizeof *items);
+    size_t n = 0;
+    for (int s = 0; s < S_SCHEMES; s++) {
+        size_t off = 0;
+        for (uint16_t h = 0; h < sz->heads; h++) {
+            kvedge_put_item_t *it = &items[n++];
+            memset(it, 0, sizeof *it);
+            it->chunk.id = cs->chunk;
+            snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%s", cs->model_id);
+            it->chunk.tokens = sz->tokens;
+            it->layer = (uint16_t)s;
+            it->head = h;
+            it->block = cs->enc[s] + off;
+            it->len = cs->head_len[s][h];
+            off += it->len;
+        }
+    }
+    KVEDGE_BENCH_CHECK(kvedge_client_put(c, items, n, NULL));
+    free(items);
+}
+
 /* The same synthetic fp16 layer encoded three ways, put on the node as layers 0, 1, 2 of one
  * chunk, and set in Redis as one value (the lossless blocks back to back) and one per head. */
 static void s_case_load(s_case_t *cs, size_t index, kvedge_client_t *c, redisContext *rc)
@@ -472,13 +538,6 @@ static void s_case_load(s_case_t *cs, size_t index, kvedge_client_t *c, redisCon
     const size_t half = (size_t)sz->tokens * S_HEAD_DIM * 2;
     cs->fp16_bytes = (uint64_t)sz->heads * 2 * half;
     snprintf(cs->model_id, sizeof cs->model_id, "bench-fetch-h%u-t%u", sz->heads, sz->tokens);
-    kvedge_model_t model = {.layers = S_LAYERS,
-                            .kv_heads = sz->heads,
-                            .head_dim = S_HEAD_DIM,
-                            .dtype = KVEDGE_DTYPE_FP16};
-    snprintf(model.id, sizeof model.id, "%s", cs->model_id);
-    KVEDGE_BENCH_CHECK(kvedge_client_put_model(c, &model));
-
     uint32_t *toks = bench_alloc(sz->tokens * sizeof *toks);
     for (uint32_t i = 0; i < sz->tokens; i++)
         toks[i] = (uint32_t)(index * 100000 + i);
@@ -516,26 +575,7 @@ static void s_case_load(s_case_t *cs, size_t index, kvedge_client_t *c, redisCon
     free(k);
     free(v);
 
-    /* One put of every block of the three layers. */
-    kvedge_put_item_t *items = bench_alloc((size_t)S_SCHEMES * sz->heads * sizeof *items);
-    size_t n = 0;
-    for (int s = 0; s < S_SCHEMES; s++) {
-        size_t off = 0;
-        for (uint16_t h = 0; h < sz->heads; h++) {
-            kvedge_put_item_t *it = &items[n++];
-            memset(it, 0, sizeof *it);
-            it->chunk.id = cs->chunk;
-            snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%s", cs->model_id);
-            it->chunk.tokens = sz->tokens;
-            it->layer = (uint16_t)s;
-            it->head = h;
-            it->block = cs->enc[s] + off;
-            it->len = cs->head_len[s][h];
-            off += it->len;
-        }
-    }
-    KVEDGE_BENCH_CHECK(kvedge_client_put(c, items, n, NULL));
-    free(items);
+    s_case_put(cs, c);
 
     char key[64];
     snprintf(key, sizeof key, "layer:%zu", index);
@@ -773,6 +813,203 @@ static void s_print(const s_case_t *cases, const s_lat_t floor[3], double iperf_
            KVEDGE_BLOCK_INT4_GROUP_DEFAULT);
 }
 
+/* ---------------------------------------------------------------- monitoring on vs off */
+
+#define S_MON_ROUNDS_DEFAULT 60
+/* The goal: monitoring on costs at most this fraction of p50 and of throughput. */
+#define S_MON_GOAL 0.02
+/* A family only the I/O Analyzer declares: a scrape holding it shows the node records. */
+#define S_MON_FAMILY "kvedge_node_requests_total"
+
+enum { S_OFF, S_ON, S_MODES };
+
+/* Fetches per node per round for each of S_SIZES: about 0.2 s per node per round. */
+static const int S_MON_FETCHES[S_N_SIZES] = {60, 40, 10, 10};
+
+/* What the section measured for one size. */
+typedef struct {
+    double *t[S_MODES];    /* every timed fetch, round after round */
+    double *p50[S_MODES];  /* each round's p50 */
+    double *gbps[S_MODES]; /* each round's bytes / summed fetch time, GB/s */
+    double *ratio_p50;     /* each round's p50 on / off */
+    double *ratio_gbps;    /* each round's GB/s on / off */
+} s_mon_t;
+
+/* Starts the off (--monitor=no --metrics off) or the on (--monitor=yes, metrics on port)
+ * node on data; returns its pid. */
+static pid_t s_mon_node(const char *bin, const char *data, int mode, int port, char *ep, size_t cap)
+{
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    return mode == S_ON ? s_node_start_with(bin, data, ep, cap, "yes", addr)
+                        : s_node_start_with(bin, data, ep, cap, "no", "off");
+}
+
+/* Median, 25th/75th percentiles and range of v[0..n). */
+static void s_spread(const double *v, int n, double out[5])
+{
+    double *c = bench_alloc((size_t)n * sizeof *c);
+    memcpy(c, v, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, bench_cmp_double);
+    out[0] = bench_median(c, (size_t)n);
+    out[1] = bench_quantile(c, (size_t)n, 0.25);
+    out[2] = bench_quantile(c, (size_t)n, 0.75);
+    out[3] = c[0];
+    out[4] = c[n - 1];
+    free(c);
+}
+
+/* Monitoring on vs off: two fresh nodes with the same blocks (every size's three layers),
+ * the lossless layer fetched from each in turn, one fetch at a time, who goes first swapped
+ * every pair, so that drift and bursts of other work fall on both alike. */
+/* (Re)starts the section's nodes for one phase: the node on data[j] runs mode (phase + j) % 2
+ * (always off for an A/A check), so that phase 1 swaps the modes between the two data
+ * directories and processes; *port: the on node's metrics port. Connects s_mon_client[m]. */
+static void s_mon_start(const char *bin, char data[S_MODES][S_PATH_MAX + 16], int phase, bool aa,
+                        uint32_t credit, pid_t pid[S_MODES], int *port)
+{
+    char ep[256];
+    *port = s_free_port();
+    for (int j = 0; j < S_MODES; j++) {
+        int m = (phase + j) % S_MODES;
+        pid[m] = s_mon_node(bin, data[j], aa ? S_OFF : m, *port, ep, sizeof ep);
+        s_client_open(ep, credit, &s_mon_client[m]);
+    }
+}
+
+static void s_mon_stop(pid_t pid[S_MODES])
+{
+    for (int m = 0; m < S_MODES; m++) {
+        kvedge_client_destroy(&s_mon_client[m]);
+        s_stop(pid[m]);
+    }
+}
+
+static void s_mon_section(const char *bin, s_ctx_t *x, s_case_t *cases, bool restart,
+                          uint32_t credit, int rounds, bool aa)
+{
+    char data[S_MODES][S_PATH_MAX + 16];
+    pid_t pid[S_MODES];
+    bench_scraper_t sc;
+    memset(&sc, 0, sizeof sc);
+    for (int j = 0; j < S_MODES; j++)
+        snprintf(data[j], sizeof data[j], "%s/mon-%d", s_tmpdir, j);
+    s_mon_start(bin, data, 0, aa, credit, pid, &sc.port);
+    for (int m = 0; m < S_MODES; m++)
+        for (size_t i = 0; i < S_N_SIZES; i++)
+            s_case_put(&cases[i], s_mon_client[m]);
+
+    s_mon_t mon[S_N_SIZES];
+    for (size_t i = 0; i < S_N_SIZES; i++) {
+        for (int m = 0; m < S_MODES; m++) {
+            mon[i].t[m] = bench_alloc((size_t)rounds * S_MON_FETCHES[i] * sizeof(double));
+            mon[i].p50[m] = bench_alloc((size_t)rounds * sizeof(double));
+            mon[i].gbps[m] = bench_alloc((size_t)rounds * sizeof(double));
+        }
+        mon[i].ratio_p50 = bench_alloc((size_t)rounds * sizeof(double));
+        mon[i].ratio_gbps = bench_alloc((size_t)rounds * sizeof(double));
+    }
+    /* Without a restart the blocks stay in the memtable: one phase, no swap. */
+    const int phases = restart ? 2 : 1;
+    double t_timed = 0;
+    for (int phase = 0, r = 0; phase < phases; phase++) {
+        if (restart) {
+            s_mon_stop(pid); /* phase 0: flushes the puts; phase 1: swaps the modes */
+            s_mon_start(bin, data, phase, aa, credit, pid, &sc.port);
+        }
+        s_ctx_t y[S_MODES];
+        for (int m = 0; m < S_MODES; m++) {
+            y[m] = *x;
+            y[m].kv = s_mon_client[m];
+            for (size_t i = 0; i < S_N_SIZES; i++)
+                s_fetch_kvedge(&y[m], &cases[i], S_LOSSLESS, true);
+        }
+        if (!aa)
+            bench_scraper_start(&sc, S_MON_FAMILY);
+        double t_start = bench_now_s();
+        for (int end = phase + 1 < phases ? (rounds + 1) / 2 : rounds; r < end; r++)
+            for (size_t i = 0; i < S_N_SIZES; i++) {
+                const int n = S_MON_FETCHES[i];
+                double *t[S_MODES], sum[S_MODES] = {0, 0};
+                for (int m = 0; m < S_MODES; m++)
+                    t[m] = mon[i].t[m] + (size_t)r * n;
+                for (int f = 0; f < n; f++)
+                    for (int j = 0; j < S_MODES; j++) {
+                        int m = (r + f + j) % S_MODES; /* off, on, on, off: neither always first */
+                        t[m][f] = s_fetch_kvedge(&y[m], &cases[i], S_LOSSLESS, false);
+                        sum[m] += t[m][f];
+                    }
+                for (int m = 0; m < S_MODES; m++) {
+                    mon[i].p50[m][r] = bench_median(t[m], (size_t)n);
+                    mon[i].gbps[m][r] = s_gbps((double)cases[i].enc_len[S_LOSSLESS] * n, sum[m]);
+                }
+                mon[i].ratio_p50[r] = mon[i].p50[S_ON][r] / mon[i].p50[S_OFF][r];
+                mon[i].ratio_gbps[r] = mon[i].gbps[S_ON][r] / mon[i].gbps[S_OFF][r];
+            }
+        t_timed += bench_now_s() - t_start;
+        bench_scraper_stop(&sc);
+    }
+    s_mon_stop(pid);
+
+    if (aa)
+        printf("\n### A/A check (--mon-aa): both nodes off; \"on\" below is a second off "
+               "node, not scraped: the method's own spread\n");
+    printf("\n### Monitoring on vs off: GET_LAYER from two store nodes\n\n");
+    printf("Two fresh `kvedge store` nodes with the same blocks (the three layers of every size "
+           "above, put into each%s): **off** = `--monitor=no --metrics off`, **on** = `--monitor="
+           "yes --metrics 127.0.0.1:PORT`, with a thread here GETting /metrics from it every %d "
+           "ms over a fresh TCP connection, as Prometheus would (%d scrapes of %zu bytes, %.2f ms "
+           "each, %d failed). %d rounds (%.1f s); in each, per size, N fetches of the lossless "
+           "layer from each node, alternating one by one (off, on, on, off, ...). %s p50 / p99: "
+           "over "
+           "all of the node's fetches; GB/s: all bytes / the summed fetch time. on/off: first the "
+           "ratio of those, then the per-round ratios (each round's p50, each round's bytes / "
+           "time): median [p25 - p75] (min - max).\n\n",
+           restart ? ", nodes restarted after the puts" : "", BENCH_SCRAPE_MS, sc.scrapes, sc.bytes,
+           sc.scrapes ? sc.secs / sc.scrapes * S_MS : 0.0, sc.failures, rounds, t_timed,
+           restart ? "Half the rounds, then both nodes restarted with the modes swapped between "
+                     "the two data directories (and start order), then the other half."
+                   : "One pair of nodes, never restarted (--no-restart).");
+    printf("| layer | heads x tokens | rounds x N | off p50 / p99 ms | on p50 / p99 ms | p50 "
+           "on/off: all; per round | off GB/s | on GB/s | GB/s on/off: all; per round | cost <= "
+           "%.0f %% (per-round medians: p50, GB/s) |\n",
+           S_MON_GOAL * 100);
+    printf("|---|---|---:|---:|---:|---|---:|---:|---|---|\n");
+    for (size_t i = 0; i < S_N_SIZES; i++) {
+        const int n = S_MON_FETCHES[i], all = rounds * n;
+        double p99[S_MODES], p50[S_MODES], gbps[S_MODES], rp[5], rg[5];
+        for (int m = 0; m < S_MODES; m++) {
+            double sum = 0;
+            for (int k = 0; k < all; k++)
+                sum += mon[i].t[m][k];
+            p50[m] = bench_median(mon[i].t[m], (size_t)all);
+            p99[m] = bench_quantile(mon[i].t[m], (size_t)all, 0.99);
+            gbps[m] = s_gbps((double)cases[i].enc_len[S_LOSSLESS] * all, sum);
+        }
+        s_spread(mon[i].ratio_p50, rounds, rp);
+        s_spread(mon[i].ratio_gbps, rounds, rg);
+        printf("| %s | %u x %u | %d x %d | %.3f / %.3f | %.3f / %.3f | %.3f; %.3f [%.3f - %.3f] "
+               "(%.3f - %.3f) | %.2f | %.2f | %.3f; %.3f [%.3f - %.3f] (%.3f - %.3f) | %s, %s |\n",
+               cases[i].sz->label, cases[i].sz->heads, cases[i].sz->tokens, rounds, n,
+               p50[S_OFF] * S_MS, p99[S_OFF] * S_MS, p50[S_ON] * S_MS, p99[S_ON] * S_MS,
+               p50[S_ON] / p50[S_OFF], rp[0], rp[1], rp[2], rp[3], rp[4], gbps[S_OFF], gbps[S_ON],
+               gbps[S_ON] / gbps[S_OFF], rg[0], rg[1], rg[2], rg[3], rg[4],
+               rp[0] <= 1 + S_MON_GOAL ? "met" : "missed",
+               rg[0] >= 1 - S_MON_GOAL ? "met" : "missed");
+        for (int m = 0; m < S_MODES; m++) {
+            free(mon[i].t[m]);
+            free(mon[i].p50[m]);
+            free(mon[i].gbps[m]);
+        }
+        free(mon[i].ratio_p50);
+        free(mon[i].ratio_gbps);
+    }
+    printf("\nGoal read on the medians of the ratios: p50 on/off <= %.2f and GB/s on/off >= "
+           "%.2f. Where [p25 - p75] is wider than that, the run's noise is larger than the "
+           "cost it is meant to show.\n",
+           1 + S_MON_GOAL, 1 - S_MON_GOAL);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void s_usage(const char *argv0)
@@ -781,16 +1018,19 @@ static void s_usage(const char *argv0)
             "usage: %s [--kvedge PATH (the kvedge binary, default %s)] [--dir DIR (temp dir "
             "parent, default /tmp)] [--reps N (fetches per kind and size, >= %d; default "
             "200, 100 for 16 MiB)] [--credit N (GET_LAYER credit, default the client's)] "
-            "[--no-iperf] [--no-restart (serve the blocks from the memtable, as put)]\n",
-            argv0, KVEDGE_BENCH_KVEDGE_BIN, KVEDGE_BENCH_REPS_MIN);
+            "[--no-iperf] [--no-restart (serve the blocks from the memtable, as put)] "
+            "[--mon-rounds N (rounds of monitoring on vs off, >= %d, default %d; 0: skip)] "
+            "[--mon-aa (the same with both nodes off: the comparison's own spread)]\n",
+            argv0, KVEDGE_BENCH_KVEDGE_BIN, KVEDGE_BENCH_REPS_MIN, KVEDGE_BENCH_REPS_MIN,
+            S_MON_ROUNDS_DEFAULT);
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     const char *bin = KVEDGE_BENCH_KVEDGE_BIN, *dir = "/tmp";
-    int reps = 0, credit = 0;
-    bool iperf = true, restart = true;
+    int reps = 0, credit = 0, mon_rounds = S_MON_ROUNDS_DEFAULT;
+    bool iperf = true, restart = true, mon_aa = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--kvedge") == 0 && i + 1 < argc)
             bin = argv[++i];
@@ -804,10 +1044,15 @@ int main(int argc, char **argv)
             iperf = false;
         else if (strcmp(argv[i], "--no-restart") == 0)
             restart = false;
+        else if (strcmp(argv[i], "--mon-rounds") == 0 && i + 1 < argc)
+            mon_rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--mon-aa") == 0)
+            mon_aa = true;
         else
             s_usage(argv[0]);
     }
-    if ((reps != 0 && reps < KVEDGE_BENCH_REPS_MIN) || credit < 0 || credit > 1024)
+    if ((reps != 0 && reps < KVEDGE_BENCH_REPS_MIN) || credit < 0 || credit > 1024 ||
+        (mon_rounds != 0 && mon_rounds < KVEDGE_BENCH_REPS_MIN))
         s_usage(argv[0]);
     if (access(bin, X_OK) != 0)
         s_die("cannot run the kvedge binary %s (pass --kvedge PATH)", bin);
@@ -854,7 +1099,7 @@ int main(int argc, char **argv)
          * files through its block cache, as it would any time after the puts. */
         kvedge_client_destroy(&s_client);
         s_stop(node);
-        s_node_start(bin, data, ep, sizeof ep);
+        node = s_node_start(bin, data, ep, sizeof ep);
         s_client_connect(ep, (uint32_t)credit);
         x.kv = s_client;
     }
@@ -883,8 +1128,13 @@ int main(int argc, char **argv)
 
     s_print(cases, floor, bps, (int)sysconf(_SC_NPROCESSORS_ONLN),
             credit ? (uint32_t)credit : KVEDGE_CLIENT_CREDIT_DEFAULT, restart);
+    fflush(stdout);
 
     kvedge_client_destroy(&s_client);
+    if (mon_rounds > 0) {
+        s_stop(node); /* idle, but one daemon fewer on the cores */
+        s_mon_section(bin, &x, cases, restart, (uint32_t)credit, mon_rounds, mon_aa);
+    }
     redisFree(x.rc);
     close(x.tcp);
     for (uint16_t h = 0; h < max_heads; h++)

@@ -84,7 +84,7 @@ static void s_spawn(const char *kvedge, const char *dir, char *ep, size_t ep_len
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(pfd[1], STDOUT_FILENO);
         execl(kvedge, "kvedge", "--data", data, "store", "--insecure", "--bind", ep, "--log-level",
-              "warn", (char *)NULL);
+              "warn", "--metrics", "off", (char *)NULL);
         _exit(127);
     }
     atexit(s_stop_node);

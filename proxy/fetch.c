@@ -90,6 +90,10 @@ typedef struct {
     zlistx_t *outbox; /* zmsg_t without route, in order */
     uint32_t sent;    /* data messages sent */
     bool ended;
+    /* For the Collaboration Monitor: arrival, plan and first data layer (monotonic us), and
+     * whether its end was recorded. */
+    int64_t start_us, plan_us, first_us;
+    bool recorded;
 } s_fetch_t;
 
 static void s_stat_add(kvedge_proxy_impl_t *p, uint64_t *field, uint64_t n)
@@ -244,9 +248,28 @@ static void s_learn_links(kvedge_proxy_impl_t *p, s_fetch_t *f)
     }
 }
 
+/* Records how the fetch ended, once. */
+static void s_record(kvedge_proxy_impl_t *p, s_fetch_t *f, int status)
+{
+    if (f->recorded)
+        return;
+    f->recorded = true;
+    int64_t now = kvedge_mono_us();
+    kvedge_collab_fetch_t r = {status,
+                               f->plan ? f->plan->total_us : 0,
+                               (uint64_t)(f->plan_us - f->start_us),
+                               f->first_us ? (uint64_t)(f->first_us - f->start_us) : 0,
+                               (uint64_t)(now - f->start_us),
+                               f->L};
+    kvedge_collab_fetch(p->collab, &r);
+}
+
 static void s_fetch_remove(kvedge_proxy_impl_t *p, s_fetch_t *f)
 {
     s_learn_links(p, f);
+    s_record(p, f, KVEDGE_COLLAB_CANCELLED); /* ended ones were recorded already */
+    atomic_fetch_sub(&p->fetches_open, 1);
+    atomic_store(&p->buffered_now, p->buffered);
     void *h = zlistx_find(p->fetches, f);
     if (h)
         zlistx_detach(p->fetches, h);
@@ -305,8 +328,13 @@ static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
             }
             s_stat_add(p, &p->stats.layers, 1);
             s_stat_add(p, &p->stats.bytes, l->bytes);
+            if (!f->first_us)
+                f->first_us = kvedge_mono_us();
+            kvedge_collab_layer(p->collab, f->map[l->src], f->psrc[l->src].kind, l->reason,
+                                l->bytes);
         } else {
             s_stat_add(p, &p->stats.misses, 1);
+            kvedge_collab_layer(p->collab, -1, KVEDGE_PLAN_LOCAL, l->reason, 0);
         }
         kvedge_wire_fetch_layer_t rec = {
             .reason = l->reason,
@@ -326,8 +354,11 @@ static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
                          kvedge_fetch_reason_name(l->reason));
         f->next++;
     }
-    if (f->next == f->L)
+    if (f->next == f->L && !f->ended) {
         f->ended = true;
+        s_record(p, f, KVEDGE_OK);
+    }
+    atomic_store(&p->buffered_now, p->buffered);
     s_pump(p, f);
 }
 
@@ -729,6 +760,7 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
                                    const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
                                    size_t n)
 {
+    int64_t start_us = kvedge_mono_us();
     kvedge_wire_fetch_spec_t spec;
     kvedge_wire_fetch_spec_parse(pf[0].data, pf[0].len, &spec); /* validated already */
     s_fetch_t *f = calloc(1, sizeof *f);
@@ -791,9 +823,14 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
     }
     if (rc != KVEDGE_OK) {
         s_fetch_free(p, f);
+        kvedge_collab_fetch_t r = {rc, 0, 0, 0, (uint64_t)(kvedge_mono_us() - start_us), 0};
+        kvedge_collab_fetch(p->collab, &r);
         kvedge_proxy_impl_reply_error(p, route, KVEDGE_OP_FETCH, h->request_id, rc);
         return;
     }
+    f->start_us = start_us;
+    f->plan_us = kvedge_mono_us();
+    atomic_fetch_add(&p->fetches_open, 1);
     s_stat_add(p, &p->stats.requests, 1);
     zmsg_t *pm = s_plan_message(f);
     if (pm)
@@ -848,6 +885,7 @@ void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p)
 {
     s_fetch_t *f;
     while ((f = zlistx_first(p->fetches)) != NULL) {
+        s_record(p, f, KVEDGE_ECLOSED);
         kvedge_proxy_impl_reply_error(p, f->route, KVEDGE_OP_FETCH, f->rid, KVEDGE_ECLOSED);
         s_fetch_remove(p, f);
     }

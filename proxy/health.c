@@ -3,6 +3,8 @@
 #include "proxy/health.h"
 
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +30,81 @@ struct kvedge_health_t {
     size_t max_nodes;
     int32_t *index; /* [index_mask + 1] node positions by name hash; -1 = empty */
     size_t index_mask;
+    kvedge_health_observer_fn observer; /* NULL = none */
+    void *observer_arg;
+    uint64_t transitions; /* state changes since creation */
 };
+
+/* One state change, held until the lock is released. */
+typedef struct {
+    char name[KVEDGE_HEALTH_NAME_MAX + 1];
+    kvedge_health_state_t from, to;
+    char reason[KVEDGE_HEALTH_REASON_MAX + 1];
+    uint64_t now;
+} s_change_t;
+
+/* The changes one call makes: a few inline (an input makes at most three), more on the heap
+ * (a tick over many nodes). fn and arg are the observer as of the call, NULL when none. */
+typedef struct {
+    s_change_t inline_[3];
+    s_change_t *v;
+    size_t n, cap;
+    kvedge_health_observer_fn fn;
+    void *arg;
+} s_changes_t;
+
+static void s_changes_init(kvedge_health_t *h, s_changes_t *c)
+{
+    c->v = c->inline_;
+    c->n = 0;
+    c->cap = sizeof c->inline_ / sizeof c->inline_[0];
+    c->fn = h->observer;
+    c->arg = h->observer_arg;
+}
+
+/* Caller holds h->mu. Counts a change of n from `from` to its current state, and keeps it for
+ * the observer (dropped when no memory: the count stays right). */
+static void s_note(kvedge_health_t *h, s_changes_t *c, const s_node_t *n,
+                   kvedge_health_state_t from, uint64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static void s_note(kvedge_health_t *h, s_changes_t *c, const s_node_t *n,
+                   kvedge_health_state_t from, uint64_t now, const char *fmt, ...)
+{
+    h->transitions++;
+    if (!c || !c->fn)
+        return;
+    if (c->n == c->cap) {
+        size_t cap = c->cap * 4;
+        s_change_t *v = malloc(cap * sizeof *v);
+        if (!v)
+            return;
+        memcpy(v, c->v, c->n * sizeof *v);
+        if (c->v != c->inline_)
+            free(c->v);
+        c->v = v;
+        c->cap = cap;
+    }
+    s_change_t *x = &c->v[c->n++];
+    memcpy(x->name, n->name, sizeof x->name);
+    x->from = from;
+    x->to = n->state;
+    x->now = now;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->reason, sizeof x->reason, fmt, ap);
+    va_end(ap);
+}
+
+/* After the lock is released: tells the observer, frees. */
+static void s_changes_fire(s_changes_t *c)
+{
+    for (size_t i = 0; i < c->n; i++)
+        c->fn(c->v[i].name, c->v[i].from, c->v[i].to, c->v[i].reason, c->v[i].now, c->arg);
+    if (c->v != c->inline_)
+        free(c->v);
+    c->v = c->inline_;
+    c->n = 0;
+}
 
 /* Elapsed from since to now; 0 when now is older (threads' stamps may be out of order). */
 static uint64_t s_elapsed(uint64_t now, uint64_t since)
@@ -94,14 +170,17 @@ static void s_set_down(s_node_t *n)
     n->probation_start_ms = 0;
 }
 
-/* Applies the rules as of now; returns whether the state changed. */
-static bool s_evaluate(s_node_t *n, uint64_t now)
+/* Applies the rules as of now; returns whether the state changed, and notes the change with
+ * its reason. back says why a SUSPECT node is UP again (what the caller's event was). */
+static bool s_evaluate(kvedge_health_t *h, s_changes_t *c, s_node_t *n, uint64_t now,
+                       const char *back)
 {
     kvedge_health_state_t before = n->state;
     if (n->state == KVEDGE_HEALTH_DOWN)
         return false; /* only being heard again lifts DOWN */
     uint64_t silent = s_elapsed(now, n->silent_since_ms);
-    if (silent > KVEDGE_HEALTH_DOWN_MS || n->failures >= KVEDGE_HEALTH_DOWN_FAILURES) {
+    bool silent_down = silent > KVEDGE_HEALTH_DOWN_MS;
+    if (silent_down || n->failures >= KVEDGE_HEALTH_DOWN_FAILURES) {
         s_set_down(n);
     } else {
         if (n->probation && s_elapsed(now, n->probation_start_ms) >= KVEDGE_HEALTH_READMIT_MS) {
@@ -112,7 +191,17 @@ static bool s_evaluate(s_node_t *n, uint64_t now)
             silent > KVEDGE_HEALTH_SUSPECT_MS || n->failures >= KVEDGE_HEALTH_SUSPECT_FAILURES;
         n->state = suspect ? KVEDGE_HEALTH_SUSPECT : KVEDGE_HEALTH_UP;
     }
-    return n->state != before;
+    if (n->state == before)
+        return false;
+    if (n->state == KVEDGE_HEALTH_UP)
+        s_note(h, c, n, before, now, "%s", back ? back : "recovered");
+    else if (silent_down ||
+             (n->state == KVEDGE_HEALTH_SUSPECT && silent > KVEDGE_HEALTH_SUSPECT_MS))
+        s_note(h, c, n, before, now, "silent for %llu ms", (unsigned long long)silent);
+    else
+        s_note(h, c, n, before, now, "%u consecutive failures, last: %s", n->failures,
+               kvedge_strerror(n->last_err));
+    return true;
 }
 
 /* Weight of an evaluated node at now. */
@@ -185,8 +274,9 @@ void kvedge_health_destroy(kvedge_health_t **self_p)
 
 /* Caller holds h->mu; n is evaluated at now. The node was heard from: restart its silence
  * clock, and re-admit it on probation when it is DOWN. */
-static void s_heard(s_node_t *n, uint64_t now)
+static void s_heard(kvedge_health_t *h, s_changes_t *c, s_node_t *n, uint64_t now)
 {
+    uint64_t silent = s_elapsed(now, n->silent_since_ms);
     if (now > n->silent_since_ms)
         n->silent_since_ms = now;
     if (now > n->last_heard_ms)
@@ -196,6 +286,8 @@ static void s_heard(s_node_t *n, uint64_t now)
         n->failures = 0;
         n->probation = true;
         n->probation_start_ms = now;
+        s_note(h, c, n, KVEDGE_HEALTH_DOWN, now, "heard again after %llu ms",
+               (unsigned long long)silent);
     }
 }
 
@@ -208,32 +300,41 @@ static int s_event(kvedge_health_t *h, const char *node, uint64_t now, s_event_t
     if (!h || len == 0)
         return KVEDGE_EINVAL;
     pthread_mutex_lock(&h->mu);
+    s_changes_t c;
+    s_changes_init(h, &c);
     s_node_t *n = s_get_or_add(h, node, len, now);
     if (!n) {
         pthread_mutex_unlock(&h->mu);
         return KVEDGE_EFULL;
     }
-    s_evaluate(n, now); /* a long silence ends in DOWN before this event is applied */
+    s_evaluate(h, &c, n, now, NULL); /* a long silence ends in DOWN before this event */
+    const char *back = NULL;
     switch (ev) {
     case S_ADD:
         break;
     case S_SUCCESS:
         n->failures = 0;
-        s_heard(n, now); /* a reply is proof of life */
+        s_heard(h, &c, n, now); /* a reply is proof of life */
+        back = "a request succeeded";
         break;
     case S_HEARD:
-        s_heard(n, now);
+        s_heard(h, &c, n, now);
+        back = "heard again";
         break;
     case S_FAILURE:
         if (n->failures < UINT32_MAX)
             n->failures++;
         n->last_err = err;
-        if (n->probation)
+        if (n->probation) {
+            kvedge_health_state_t before = n->state;
             s_set_down(n);
+            s_note(h, &c, n, before, now, "failed on probation: %s", kvedge_strerror(err));
+        }
         break;
     }
-    s_evaluate(n, now);
+    s_evaluate(h, &c, n, now, back);
     pthread_mutex_unlock(&h->mu);
+    s_changes_fire(&c);
     return KVEDGE_OK;
 }
 
@@ -265,9 +366,12 @@ int kvedge_health_tick(kvedge_health_t *h, uint64_t now_ms)
         return KVEDGE_EINVAL;
     int changed = 0;
     pthread_mutex_lock(&h->mu);
+    s_changes_t c;
+    s_changes_init(h, &c);
     for (size_t i = 0; i < h->count; i++)
-        changed += s_evaluate(&h->nodes[i], now_ms);
+        changed += s_evaluate(h, &c, &h->nodes[i], now_ms, NULL);
     pthread_mutex_unlock(&h->mu);
+    s_changes_fire(&c);
     return changed;
 }
 
@@ -277,12 +381,15 @@ int kvedge_health_get(kvedge_health_t *h, const char *node, uint64_t now_ms,
     if (!h || !out || s_name_len(node) == 0)
         return KVEDGE_EINVAL;
     pthread_mutex_lock(&h->mu);
+    s_changes_t c;
+    s_changes_init(h, &c);
     s_node_t *n = s_find(h, node);
     if (n) {
-        s_evaluate(n, now_ms);
+        s_evaluate(h, &c, n, now_ms, NULL);
         s_info(n, now_ms, out);
     }
     pthread_mutex_unlock(&h->mu);
+    s_changes_fire(&c);
     return n ? KVEDGE_OK : KVEDGE_ENOTFOUND;
 }
 
@@ -321,14 +428,17 @@ int kvedge_health_foreach(kvedge_health_t *h, uint64_t now_ms, kvedge_health_fn 
     if (!h || !fn)
         return KVEDGE_EINVAL;
     pthread_mutex_lock(&h->mu);
+    s_changes_t c;
+    s_changes_init(h, &c);
     size_t count = h->count;
     kvedge_health_info_t *snap = malloc((count ? count : 1) * sizeof *snap);
     if (snap)
         for (size_t i = 0; i < count; i++) {
-            s_evaluate(&h->nodes[i], now_ms);
+            s_evaluate(h, &c, &h->nodes[i], now_ms, NULL);
             s_info(&h->nodes[i], now_ms, &snap[i]);
         }
     pthread_mutex_unlock(&h->mu);
+    s_changes_fire(&c);
     if (!snap)
         return KVEDGE_ENOMEM;
     int rc = 0;
@@ -336,6 +446,27 @@ int kvedge_health_foreach(kvedge_health_t *h, uint64_t now_ms, kvedge_health_fn 
         rc = fn(&snap[i], arg);
     free(snap);
     return rc;
+}
+
+int kvedge_health_set_observer(kvedge_health_t *h, kvedge_health_observer_fn fn, void *arg)
+{
+    if (!h)
+        return KVEDGE_EINVAL;
+    pthread_mutex_lock(&h->mu);
+    h->observer = fn;
+    h->observer_arg = fn ? arg : NULL;
+    pthread_mutex_unlock(&h->mu);
+    return KVEDGE_OK;
+}
+
+uint64_t kvedge_health_transitions(kvedge_health_t *h)
+{
+    if (!h)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    uint64_t t = h->transitions;
+    pthread_mutex_unlock(&h->mu);
+    return t;
 }
 
 const char *kvedge_health_state_name(int state)

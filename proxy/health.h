@@ -125,6 +125,29 @@ int kvedge_health_foreach(kvedge_health_t *h, uint64_t now_ms, kvedge_health_fn 
 /* "UP", "SUSPECT", "DOWN", or "?" for anything else; static storage. */
 const char *kvedge_health_state_name(int state);
 
+/* Longest reason an observer is given, in bytes, without the terminating NUL. */
+#define KVEDGE_HEALTH_REASON_MAX 159
+
+/* Hears one state change of one node: from and to differ, reason says why in words ("silent
+ * for 3012 ms", "4 consecutive failures, last: deadline passed", "failed on probation: deadline
+ * passed", "heard again after 5230 ms" (a DOWN node re-admitted on probation), "heard again",
+ * "a request succeeded"), now_ms is the stamp of the call that saw it. node and reason are
+ * valid only during the call. */
+typedef void (*kvedge_health_observer_fn)(const char *node, kvedge_health_state_t from,
+                                          kvedge_health_state_t to, const char *reason,
+                                          uint64_t now_ms, void *arg);
+
+/* Sets the table's observer (fn NULL removes it). It hears every state change, on the thread
+ * whose call (an input, a tick, a query) made it, after that call released the table's lock:
+ * fn may call back into h. The changes one call makes arrive in order; calls of different
+ * threads may interleave. A change collected before the observer was replaced may still reach
+ * the old one, so the old arg must stay valid until calls in flight have returned.
+ * Errors: KVEDGE_EINVAL (NULL table). */
+int kvedge_health_set_observer(kvedge_health_t *h, kvedge_health_observer_fn fn, void *arg);
+
+/* State changes since the table was made, all nodes together (observed or not); 0 for NULL. */
+uint64_t kvedge_health_transitions(kvedge_health_t *h);
+
 #ifdef __cplusplus
 }
 #endif

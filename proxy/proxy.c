@@ -99,10 +99,19 @@ static void s_request(kvedge_proxy_impl_t *p, zmsg_t *msg)
         rc = kvedge_wire_validate(&h, pf, n);
     }
     if (rc != KVEDGE_OK) {
+        kvedge_collab_request(p->collab, hf ? h.opcode : 0, rc);
         if (route)
             kvedge_proxy_impl_reply_error(p, route, rc == KVEDGE_EVERSION || hf ? h.opcode : 0,
                                           h.request_id, rc);
     } else {
+        /* FETCH is counted here when accepted and again, by how it ended, in fetch.c. */
+        if (h.opcode != KVEDGE_OP_CREDIT && h.opcode != KVEDGE_OP_CANCEL)
+            kvedge_collab_request(p->collab, h.opcode,
+                                  h.opcode == KVEDGE_OP_HELLO || h.opcode == KVEDGE_OP_PING ||
+                                          h.opcode == KVEDGE_OP_FETCH ||
+                                          h.opcode == KVEDGE_OP_MONITOR
+                                      ? KVEDGE_OK
+                                      : KVEDGE_EINVAL);
         switch (h.opcode) {
         case KVEDGE_OP_HELLO:
             s_hello(p, route, &h);
@@ -119,6 +128,9 @@ static void s_request(kvedge_proxy_impl_t *p, zmsg_t *msg)
         case KVEDGE_OP_FETCH:
             kvedge_proxy_impl_fetch_start(p, route, &h, pf, n);
             break;
+        case KVEDGE_OP_MONITOR:
+            kvedge_proxy_impl_monitor_reply(p, route, &h, pf);
+            break;
         case KVEDGE_OP_CREDIT:
             kvedge_proxy_impl_fetch_credit(p, route, h.request_id, h.credit);
             break;
@@ -126,7 +138,8 @@ static void s_request(kvedge_proxy_impl_t *p, zmsg_t *msg)
             kvedge_proxy_impl_fetch_cancel(p, route, h.request_id);
             break;
         default:
-            /* A proxy serves HELLO, PING and FETCH; store operations go to a store node. */
+            /* A proxy serves HELLO, PING, FETCH and MONITOR; store operations go to a store
+             * node. */
             kvedge_proxy_impl_reply_error(p, route, h.opcode, h.request_id, KVEDGE_EINVAL);
             break;
         }
@@ -186,6 +199,7 @@ static void s_proxy_free(kvedge_proxy_impl_t *p)
 {
     if (!p)
         return;
+    kvedge_http_stop(&p->http);
     kvedge_proxy_impl_prober_stop(p);
     kvedge_proxy_impl_src_close(p); /* their callbacks may still queue events */
     kvedge_proxy_impl_events_free(p);
@@ -201,6 +215,7 @@ static void s_proxy_free(kvedge_proxy_impl_t *p)
     pthread_mutex_destroy(&p->stop_mu);
     pthread_cond_destroy(&p->stop_cv);
     pthread_mutex_destroy(&p->stats_mu);
+    kvedge_proxy_impl_monitor_close(p); /* nothing records any more */
     free(p->cert_path);
     free(p->master_key);
     free(p);
@@ -253,6 +268,8 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
     p->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     int rc = p->health && p->neg && p->fetches && p->ev_fd >= 0 ? KVEDGE_OK : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK)
+        rc = kvedge_proxy_impl_monitor_open(p, why, why_len);
+    if (rc == KVEDGE_OK)
         rc = kvedge_secure_router_open(&p->sec, p->opts.bind, opts->insecure, opts->cert,
                                        opts->clients_dir, why, why_len);
     for (size_t i = 0; rc == KVEDGE_OK && i < opts->nsources; i++)
@@ -289,7 +306,10 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
         if (!self->actor)
             rc = KVEDGE_ENOMEM;
     }
+    if (rc == KVEDGE_OK)
+        rc = kvedge_proxy_impl_monitor_serve(p, why, why_len);
     if (rc != KVEDGE_OK) {
+        zactor_destroy(&self->actor);
         s_proxy_free(p);
         free(self);
         return rc;
@@ -326,6 +346,11 @@ void kvedge_proxy_stats(kvedge_proxy_t *p, kvedge_proxy_stats_t *out)
     pthread_mutex_lock(&p->p->stats_mu);
     *out = p->p->stats;
     pthread_mutex_unlock(&p->p->stats_mu);
+}
+
+const char *kvedge_proxy_metrics_url(kvedge_proxy_t *p)
+{
+    return p && p->p->http ? kvedge_http_url(p->p->http) : NULL;
 }
 
 int kvedge_proxy_wait_sources(kvedge_proxy_t *self, size_t want, int timeout_ms)

@@ -20,8 +20,11 @@
 extern "C" {
 #endif
 
-#define KVEDGE_PROXY_BIND_DEFAULT "tcp://127.0.0.1:7420"
-#define KVEDGE_PROXY_MAX_SOURCES  KVEDGE_PLAN_MAX_SOURCES
+#define KVEDGE_PROXY_BIND_DEFAULT    "tcp://127.0.0.1:7420"
+#define KVEDGE_PROXY_METRICS_DEFAULT "127.0.0.1:9742" /* `kvedge proxy`'s HTTP endpoint */
+/* How often the historical cache's lag is read from each history source (MONITOR). */
+#define KVEDGE_PROXY_HISTORY_POLL_MS 5000
+#define KVEDGE_PROXY_MAX_SOURCES     KVEDGE_PLAN_MAX_SOURCES
 /* A layer's stream from one source may take STALL_FACTOR times its priced transfer time, and
  * never less than STALL_MIN_MS, before the source counts as stalled and the layer moves. */
 #define KVEDGE_PROXY_STALL_MIN_MS 400
@@ -74,6 +77,10 @@ typedef struct {
     uint32_t stall_min_ms;    /* 0 = KVEDGE_PROXY_STALL_MIN_MS */
     uint32_t neg_ttl_ms;      /* 0 = KVEDGE_PROXY_NEG_TTL_MS */
     uint32_t credit;          /* upstream credit per layer stream; 0 = 64 */
+    /* Monitoring: the HTTP endpoint ("HOST:PORT"; NULL or "off": none) and whether the
+     * Collaboration Monitor records (no_monitor: only the live gauges). */
+    const char *metrics;
+    bool no_monitor;
 } kvedge_proxy_opts_t;
 
 /* Counters since start. */
@@ -109,6 +116,9 @@ void kvedge_proxy_destroy(kvedge_proxy_t **self_p);
 const char *kvedge_proxy_endpoint(kvedge_proxy_t *p);
 const char *kvedge_proxy_public_key(kvedge_proxy_t *p);
 void kvedge_proxy_stats(kvedge_proxy_t *p, kvedge_proxy_stats_t *out);
+
+/* "http://HOST:PORT" of the metrics endpoint as bound, or NULL when it is off. */
+const char *kvedge_proxy_metrics_url(kvedge_proxy_t *p);
 
 /* Waits until at least n sources are connected and usable, or timeout_ms. Returns 0 or
  * KVEDGE_ETIMEDOUT. */

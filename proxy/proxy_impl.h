@@ -16,6 +16,9 @@
 #include "access/kvmsg.h"
 #include "access/mview.h"
 #include "access/secure.h"
+#include "monitor/http.h"
+#include "monitor/metrics.h"
+#include "proxy/collab.h"
 #include "proxy/health.h"
 #include "proxy/negcache.h"
 #include "proxy/proxy.h"
@@ -34,6 +37,12 @@ typedef struct {
     double bw_est;           /* throughput measured over whole fetches (under srcs_mu) */
     uint64_t bw_samples;
     uint64_t last_publish_ms; /* prober: last link record sent */
+    /* History sources: the lag of their historical cache, read from their MONITOR document by
+     * the prober (under srcs_mu). */
+    uint64_t history_polled_ms;
+    bool history_known;
+    double history_missing, history_age_s, history_blocks;
+    char history_state[16];
 } kvedge_proxy_impl_src_t;
 
 /* A block or an end of stream from an upstream client's I/O thread; defined in fetch.c. */
@@ -71,6 +80,15 @@ typedef struct {
     int start_rc;
     char start_why[512];
     struct kvedge_proxy_t *owner;
+    /* Monitoring (proxy_monitor.c). */
+    uint64_t start_mono_ms, start_wall_ms;
+    kvedge_metrics_t *metrics;
+    kvedge_collab_t *collab; /* NULL when no_monitor */
+    kvedge_http_t *http;
+    atomic_size_t fetches_open;
+    atomic_uint_fast64_t buffered_now; /* buffered, published for the scrape */
+    kvedge_series_t *denials;          /* refused handshakes, mirrored at each scrape */
+    uint64_t denials_seen;
 } kvedge_proxy_impl_t;
 
 /* ---------------------------------------------------------------- proxy.c: replies */
@@ -114,6 +132,21 @@ void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p);
 
 /* Frees events still queued; only once no upstream client is left to queue more. */
 void kvedge_proxy_impl_events_free(kvedge_proxy_impl_t *p);
+
+/* ---------------------------------------------------------------- proxy_monitor.c */
+
+/* Makes the registry, the Collaboration Monitor (unless no_monitor) and the collector.
+ * Returns 0 or KVEDGE_ENOMEM. */
+int kvedge_proxy_impl_monitor_open(kvedge_proxy_impl_t *p, char *why, size_t why_len);
+/* Starts the HTTP endpoint (unless off). Errors: those of kvedge_http_start. */
+int kvedge_proxy_impl_monitor_serve(kvedge_proxy_impl_t *p, char *why, size_t why_len);
+/* Stops the endpoint; frees the monitor and the registry. */
+void kvedge_proxy_impl_monitor_close(kvedge_proxy_impl_t *p);
+/* Answers MONITOR with the proxy's document (actor only). */
+void kvedge_proxy_impl_monitor_reply(kvedge_proxy_impl_t *p, zframe_t *route,
+                                     const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf);
+/* Prober: reads the historical cache's lag from history sources due for it. */
+void kvedge_proxy_impl_monitor_poll_history(kvedge_proxy_impl_t *p);
 
 /* ---------------------------------------------------------------- sources.c: sources */
 

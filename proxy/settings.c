@@ -9,6 +9,7 @@
 
 #include "access/secure.h"
 #include "access/transport.h"
+#include "monitor/http.h"
 #include "store/error.h"
 #include "store/why.h"
 
@@ -119,6 +120,23 @@ static const kvedge_setting_t s_settings[] = {
      .type = KVEDGE_SETTING_BOOL,
      KVEDGE_SETTING_AT(S_T, insecure),
      .help = "plaintext for clients, allowed only on loopback and ipc endpoints"},
+    {.key = "metrics",
+     .flag = "metrics",
+     .arg = "ADDR",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, metrics),
+     .def = KVEDGE_PROXY_METRICS_DEFAULT,
+     .check = kvedge_http_check_addr,
+     .example = "0.0.0.0:9752",
+     .help = "HTTP endpoint for /metrics, /health and /ready (HOST:PORT; port 0: any free); "
+             "off: none"},
+    {.key = "monitor",
+     .flag = "monitor",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, monitor),
+     .def_num = 1,
+     .help = "record the Collaboration Monitor (layers by source and reason, fetch timings); "
+             "no: only the live source gauges"},
     {.key = "log",
      .flag = "log-level",
      .type = KVEDGE_SETTING_ENUM,
@@ -203,6 +221,8 @@ int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t
     po.snapshot = s->snapshot[0] ? s->snapshot : NULL;
     po.local_node = s->local_node[0] ? s->local_node : NULL;
     po.history_node = s->history_node[0] ? s->history_node : NULL;
+    po.metrics = s->metrics;
+    po.no_monitor = !s->monitor;
     rc = kvedge_proxy_start(&po, out, why, why_len);
     free(src);
     return rc;

@@ -36,6 +36,8 @@ typedef struct {
     char cert[KVEDGE_PROXY_PATH_BYTES];     /* made when CURVE is used anywhere */
     char clients[KVEDGE_PROXY_PATH_BYTES];  /* client allowlist (CURVE toward clients) */
     bool insecure;                          /* plaintext for clients: loopback or ipc only */
+    char metrics[128];                      /* HTTP endpoint "HOST:PORT", or "off" */
+    bool monitor;                           /* the Collaboration Monitor records */
     kvedge_log_level_t log_level;           /* the daemon's main sets the logger's level */
 } kvedge_proxy_settings_t;
 

@@ -93,8 +93,10 @@ int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_
         atomic_store(&p->nsrc, n + 1);
     }
     pthread_mutex_unlock(&p->srcs_mu);
-    if (idx >= 0)
+    if (idx >= 0) {
         kvedge_health_add(p->health, conf->name, (uint64_t)kvedge_mono_ms());
+        kvedge_collab_source(p->collab, idx, conf->name, conf->kind);
+    }
     return idx;
 }
 
@@ -326,6 +328,7 @@ static void *s_prober(void *arg)
         for (size_t i = 0; i < n; i++)
             s_probe_source(p, i);
         s_publish_links(p);
+        kvedge_proxy_impl_monitor_poll_history(p);
         pthread_mutex_lock(&p->stop_mu);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -339,8 +342,35 @@ static void *s_prober(void *arg)
     return NULL;
 }
 
+/* Source health changes at info, so an operator sees a source go down and come back. A
+ * flapping source gets at most 6 lines a minute; its next line counts the ones left out. */
+static kvedge_log_limit_t s_health_lines = KVEDGE_LOG_LIMIT_INIT(60000, 6, 60);
+
+static void s_on_health(const char *name, kvedge_health_state_t from, kvedge_health_state_t to,
+                        const char *reason, uint64_t now_ms, void *arg)
+{
+    (void)now_ms;
+    kvedge_proxy_impl_t *p = arg;
+    /* The Collaboration Monitor keeps every change with its reason; the log, a few a minute. */
+    kvedge_collab_transition(p->collab, name, (int)from, (int)to, reason);
+    uint64_t held = 0;
+    if (kvedge_log_level() < KVEDGE_LOG_INFO ||
+        !kvedge_log_limit_allow(&s_health_lines, name, kvedge_mono_ms(), &held))
+        return;
+    char more[96] = "";
+    if (held)
+        snprintf(more, sizeof more, " (%llu earlier changes of its health not logged)",
+                 (unsigned long long)held);
+    kvedge_log_info("source %s %s: %s%s", name,
+                    to == KVEDGE_HEALTH_DOWN      ? "down"
+                    : to == KVEDGE_HEALTH_SUSPECT ? "suspect"
+                                                  : "up",
+                    reason, more);
+}
+
 int kvedge_proxy_impl_prober_start(kvedge_proxy_impl_t *p)
 {
+    kvedge_health_set_observer(p->health, s_on_health, p);
     if (pthread_create(&p->prober, NULL, s_prober, p) != 0)
         return KVEDGE_ENOMEM;
     p->prober_started = true;

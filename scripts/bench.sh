@@ -25,6 +25,8 @@ echo
 echo
 "$BUILD/bench/bench_engine" ${KVEDGE_BENCH_DIR:+--dir "$KVEDGE_BENCH_DIR"}
 echo
+"$BUILD/bench/bench_monitor"
+echo
 if [ -x "$BUILD/bench/bench_fetch" ]; then
     "$BUILD/bench/bench_fetch" ${KVEDGE_BENCH_DIR:+--dir "$KVEDGE_BENCH_DIR"}
 else

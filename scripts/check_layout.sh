@@ -32,9 +32,9 @@ allowed() {
     codec) echo "codec" ;;
     engine) echo "codec engine" ;;
     access) echo "codec access" ;;
-    node) echo "codec engine access node" ;;
-    master) echo "codec engine access master" ;;
-    proxy) echo "codec access proxy" ;;
+    node) echo "codec engine access monitor node" ;;
+    master) echo "codec engine access monitor master" ;;
+    proxy) echo "codec access monitor proxy" ;;
     gpu) echo "codec gpu" ;;
     monitor) echo "monitor" ;;
     clients) echo "codec access proxy gpu clients" ;;

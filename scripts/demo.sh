@@ -39,7 +39,8 @@ note() { printf '   %s\n' "$*"; }
 start() {
     local name=$1
     shift
-    "$KVEDGE" "$@" >"$DIR/$name.log" 2>&1 &
+    # Every daemon serves /metrics on a free loopback port (it logs which: "metrics on ...").
+    "$KVEDGE" "$@" --metrics 127.0.0.1:0 >"$DIR/$name.log" 2>&1 &
     PID[$name]=$!
     for _ in $(seq 100); do
         grep -q -E "listening|serving" "$DIR/$name.log" 2>/dev/null && return 0
@@ -148,6 +149,11 @@ note "cloud node killed"
 step "Edge request 4 with the cloud gone: the peer and the historical cache serve it"
 decode "
 And God blessed Noah and his sons, and said"
+
+step "What edge-a's proxy saw (its Collaboration Monitor, over the wire; also on /metrics)"
+"$KVEDGE" -H "$(ep proxy)" sources
+"$KVEDGE" -H "$(ep proxy)" stat
+note "live view: kvedge -H $(ep proxy) top; Prometheus: $(grep -o 'http://127.0.0.1:[0-9]*' "$DIR/proxy.log" | head -1)/metrics"
 
 step "Shut everything down"
 for name in proxy edge-a edge-b master; do

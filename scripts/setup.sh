@@ -25,6 +25,7 @@ PACKAGES=(
     librocksdb-dev libzmq3-dev libczmq-dev liblz4-dev libxxhash-dev libsodium-dev
     libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev libpcre2-dev
     redis-server iperf3 clang clang-format gnuplot-nox nodejs npm
+    prometheus curl tmux
 )
 if [ "$REFERENCE" -eq 1 ]; then
     PACKAGES+=(python3-torch python3-numpy)

@@ -43,6 +43,7 @@ typedef struct {
 extern const kvedge_cli_cmd_t kvedge_cli_local_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_remote_cmds[]; /* clients/cli_remote.c, with -H */
+extern const kvedge_cli_cmd_t kvedge_cli_top_cmds[];    /* clients/cli_top.c, with -H */
 extern const kvedge_cli_cmd_t kvedge_cli_master_cmds[]; /* clients/cli_master.c */
 extern const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[];  /* clients/cli_proxy.c */
 extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];    /* clients/cli_e2e.c */

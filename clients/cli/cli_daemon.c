@@ -159,22 +159,27 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
         } else if (ch == 'D' && kvedge_cli_parse_u64(optarg, 1, 600000, &deadline) == 0) {
             continue;
         } else if (ch == 'h') {
-            printf("usage: kvedge [--data DIR] sync [--once] [--subscriptions FILE]\n\n"
-                   "The edge's historical cache: contexts copied from a cloud node and pinned,\n"
-                   "so the edge serves them with the network down. Without --once: the\n"
-                   "progress a running node last wrote (DIR/" KVEDGE_HSYNC_STATUS_FILE
-                   "). With --once: one\n"
-                   "pass now into DIR (the node must not be running). The file (default\n"
-                   "DIR/subscriptions.conf) has one section per context:\n\n"
-                   "  subscription\n"
-                   "      name = support-bot\n"
-                   "      cloud = tcp://cloud:7400\n"
-                   "      server_key = /etc/kvedge/cloud.cert   # omit for plaintext loopback\n"
-                   "      cert = /etc/kvedge/keys/edge_secret\n"
-                   "      tenant = acme          # local tenant the copy serves\n"
-                   "      prefix = <64 hex digits: the context's last chunk, as kvedge -H ls "
-                   "shows>\n"
-                   "      layers = 6:12          # optional: only layers 6..11 (default all)\n");
+            printf(
+                "usage: kvedge [--data DIR] sync [--once] [--subscriptions FILE]\n\n"
+                "The edge's historical cache: contexts copied from a cloud node and pinned,\n"
+                "so the edge serves them with the network down. Without --once: the\n"
+                "progress a running node last wrote (DIR/" KVEDGE_HSYNC_STATUS_FILE
+                "). With --once: one\n"
+                "pass now into DIR (the node must not be running). The file (default\n"
+                "DIR/subscriptions.conf) has one section per context:\n\n"
+                "  subscription\n"
+                "      name = support-bot\n"
+                "      cloud = tcp://cloud:7400\n"
+                "      server_key = /etc/kvedge/cloud.cert   # omit for plaintext loopback\n"
+                "      cert = /etc/kvedge/keys/edge_secret\n"
+                "      tenant = acme          # local tenant the copy serves\n"
+                "      prefix = <64 hex digits: the context's last chunk, as kvedge -H ls "
+                "shows>\n"
+                "      layers = 6:12          # optional: only layers 6..11 (default all)\n\n"
+                "--once prints one line per context: its state (ok, partial, failed) and what\n"
+                "the pass did; a pass that fails still says what is held locally (pinned,\n"
+                "served). Exit 0 when every context synced; else the code of the first\n"
+                "failure: 1 (cloud unreachable, ...), 3 (the cloud lacks a subscribed chunk).\n");
             return KVEDGE_EXIT_OK;
         } else {
             kvedge_cli_error("sync: bad option '%s'", argv[optind - 1]);
@@ -210,17 +215,18 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
     int ex = kvedge_cli_open(cli, true, &engine);
     if (ex)
         return ex;
+    /* Exit code: 0 when every pass synced, else that of the first failure
+     * (kvedge_cli_exit_code: 3 when the cloud lacks a subscribed chunk, 1 when it is
+     * unreachable, ...), even though what is held stays served: scripts see a stale copy. */
     int worst = KVEDGE_OK;
     for (size_t i = 0; i < n; i++) {
         memset(&st[i], 0, sizeof st[i]);
         rc = kvedge_hsync_run(engine, &subs[i], (int)deadline, &st[i]);
         if (rc != KVEDGE_OK && worst == KVEDGE_OK)
             worst = rc;
-        printf("%-20s %-8s %u/%u chunks, %llu blocks copied (%llu bytes), %llu held%s%s\n",
-               subs[i].name, rc == KVEDGE_OK ? "ok" : "failed", st[i].chunks_synced,
-               st[i].chunks_total, (unsigned long long)st[i].blocks_copied,
-               (unsigned long long)st[i].bytes_copied, (unsigned long long)st[i].blocks_held,
-               rc == KVEDGE_OK ? "" : ": ", rc == KVEDGE_OK ? "" : kvedge_strerror(rc));
+        char sum[1024];
+        printf("%-20s %-8s %s\n", subs[i].name, kvedge_hsync_state_name(st[i].state),
+               kvedge_hsync_summary(&subs[i], &st[i], sum, sizeof sum));
     }
     kvedge_hsync_write_status(cli->data_dir, subs, st, n);
     kvedge_engine_destroy(&engine);

@@ -398,6 +398,7 @@ static int s_local_start(s_local_t *w)
     }
     kvedge_node_settings_t ns;
     kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     ns.role = KVEDGE_ROLE_CLOUD;
     ns.insecure = true;
     ns.workers = 2;

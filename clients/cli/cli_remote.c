@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access/frame.h"
 #include "clients/cli/cli.h"
+#include "clients/cli/top_doc.h"
 #include "clients/kvedge.h"
 
 #define S_PING_ROUNDS 20
@@ -112,19 +114,21 @@ static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
     return KVEDGE_EXIT_OK;
 }
 
-static void s_print_stats(kvedge_cli_t *cli, const kvedge_engine_stats_t *st)
+/* json_extra: more members for the JSON object (",\"k\":v..."), or NULL. */
+static void s_print_stats(kvedge_cli_t *cli, const kvedge_engine_stats_t *st,
+                          const char *json_extra)
 {
     char b1[32], b2[32];
     if (cli->json) {
         printf("{\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
                "\"quarantined\":%llu,\"gets\":%llu,\"hits\":%llu,\"misses\":%llu,"
-               "\"corrupt\":%llu,\"puts\":%llu,\"evicted_blocks\":%llu}\n",
+               "\"corrupt\":%llu,\"puts\":%llu,\"evicted_blocks\":%llu%s}\n",
                (unsigned long long)st->blocks, (unsigned long long)st->bytes,
                (unsigned long long)st->fp16_bytes, (unsigned long long)st->pinned_blocks,
                (unsigned long long)st->quarantined, (unsigned long long)st->gets,
                (unsigned long long)st->hits, (unsigned long long)st->misses,
                (unsigned long long)st->corrupt, (unsigned long long)st->puts,
-               (unsigned long long)st->evicted_blocks);
+               (unsigned long long)st->evicted_blocks, json_extra ? json_extra : "");
         return;
     }
     printf("node %s: %llu blocks (%llu pinned), %s stored for %s fp16, %llu quarantined\n",
@@ -138,22 +142,100 @@ static void s_print_stats(kvedge_cli_t *cli, const kvedge_engine_stats_t *st)
            (unsigned long long)st->evicted_blocks);
 }
 
+/* stat on an edge proxy (it answers STAT with EINVAL): its summary from MONITOR. */
+static int s_r_stat_proxy(kvedge_cli_t *cli, const kvedge_top_doc_t *d)
+{
+    uint32_t up = 0;
+    for (uint32_t i = 0; i < d->proxy.nsources; i++)
+        up += d->proxy.sources[i].connected && strcmp(d->proxy.sources[i].state, "up") == 0;
+    const kvedge_top_proxy_stats_t *st = &d->proxy.stats;
+    char b[32];
+    if (cli->json) {
+        printf("{\"kind\":\"proxy\",\"name\":");
+        kvedge_cli_json_str(stdout, d->name);
+        printf(",\"ready\":%s,\"not_ready\":", d->ready ? "true" : "false");
+        kvedge_cli_json_str(stdout, d->not_ready);
+        printf(",\"requests\":%llu,\"layers\":%llu,\"misses\":%llu,\"fallbacks\":%llu,"
+               "\"corrupt\":%llu,\"bytes\":%llu,\"source_failures\":%llu,\"sources_up\":%u,"
+               "\"sources\":%u}\n",
+               (unsigned long long)st->requests, (unsigned long long)st->layers,
+               (unsigned long long)st->misses, (unsigned long long)st->fallbacks,
+               (unsigned long long)st->corrupt, (unsigned long long)st->bytes,
+               (unsigned long long)st->source_failures, up, d->proxy.nsources);
+        return KVEDGE_EXIT_OK;
+    }
+    printf("proxy %s (%s): %s%s\n", d->name, cli->host,
+           d->ready ? "ready" : "not ready: ", d->ready ? "" : d->not_ready);
+    printf("since start: %llu fetch requests, %llu layers delivered (%s), %llu misses, %llu "
+           "fallbacks, %llu corrupt blocks\n",
+           (unsigned long long)st->requests, (unsigned long long)st->layers,
+           kvedge_cli_bytes(st->bytes, b, sizeof b), (unsigned long long)st->misses,
+           (unsigned long long)st->fallbacks, (unsigned long long)st->corrupt);
+    printf("sources: %u up of %u, %llu failures (kvedge -H %s sources)\n", up, d->proxy.nsources,
+           (unsigned long long)st->source_failures, cli->host);
+    return KVEDGE_EXIT_OK;
+}
+
 static int s_r_stat(kvedge_cli_t *cli, int argc, char **argv)
 {
-    int ex =
-        s_no_args(argc, argv, "Node-wide counters: blocks, bytes, gets, hits, misses, corrupt.");
+    int ex = s_no_args(argc, argv,
+                       "Node-wide counters: blocks, bytes, gets, hits, misses, corrupt, and the\n"
+                       "I/O analyzer's summary; on an edge proxy, its fetch counters and sources.");
     if (ex >= 0)
         return ex;
     kvedge_client_t *c;
     ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
+    kvedge_top_doc_t *d = calloc(1, sizeof *d);
+    char *json = NULL;
+    size_t len = 0;
+    const kvedge_node_info_t *ni = kvedge_client_node(c);
+    int rc = d ? KVEDGE_OK : KVEDGE_ENOMEM;
+    if (rc == KVEDGE_OK && ni && ni->role == KVEDGE_ROLE_PROXY) {
+        rc = kvedge_client_monitor(c, 0, &json, &len);
+        if (rc == KVEDGE_OK)
+            rc = kvedge_top_doc_parse(json, len, d);
+        kvedge_client_destroy(&c);
+        free(json);
+        ex = rc == KVEDGE_OK ? s_r_stat_proxy(cli, d) : s_fail("stat", rc);
+        free(d);
+        return ex;
+    }
     kvedge_engine_stats_t st;
-    int rc = kvedge_client_stat(c, &st);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_client_stat(c, &st);
+    /* The analyzer's line when the node answers MONITOR (older nodes do not). */
+    bool mon = rc == KVEDGE_OK &&
+               kvedge_client_monitor(c, KVEDGE_WIRE_MAX_MONITOR_TOP, &json, &len) == KVEDGE_OK &&
+               kvedge_top_doc_parse(json, len, d) == KVEDGE_OK && d->kind == KVEDGE_TOP_DOC_NODE &&
+               d->node.analyzer;
+    free(json);
     kvedge_client_destroy(&c);
-    if (rc != KVEDGE_OK)
+    if (rc != KVEDGE_OK) {
+        free(d);
         return s_fail("stat", rc);
-    s_print_stats(cli, &st);
+    }
+    uint64_t requests = 0;
+    for (uint32_t i = 0; mon && i < d->node.nops; i++)
+        requests += d->node.ops[i].requests;
+    uint64_t reads = mon ? d->node.hits + d->node.misses : 0;
+    double ratio = reads ? (double)d->node.hits / (double)reads : 0;
+    char extra[256] = "";
+    if (mon)
+        snprintf(extra, sizeof extra,
+                 ",\"analyzer\":{\"requests\":%llu,\"hits\":%llu,\"misses\":%llu,"
+                 "\"hit_ratio\":%.4f,\"hot_prefixes\":%u}",
+                 (unsigned long long)requests, (unsigned long long)d->node.hits,
+                 (unsigned long long)d->node.misses, ratio, d->node.hot.nprefixes);
+    s_print_stats(cli, &st, extra);
+    if (mon && !cli->json)
+        printf("analyzer: %llu requests, hit ratio %.1f%% (%llu hits, %llu misses), %u%s hot "
+               "prefixes tracked (kvedge -H %s top)\n",
+               (unsigned long long)requests, 100.0 * ratio, (unsigned long long)d->node.hits,
+               (unsigned long long)d->node.misses, d->node.hot.nprefixes,
+               d->node.hot.nprefixes == KVEDGE_WIRE_MAX_MONITOR_TOP ? "+" : "", cli->host);
+    free(d);
     return KVEDGE_EXIT_OK;
 }
 
@@ -200,7 +282,7 @@ static int s_r_inspect(kvedge_cli_t *cli, int argc, char **argv)
                nodename, cli->host, n, (unsigned long long)tokens, (unsigned long long)blocks);
         printf("stored %s for %s of fp16 KV: %.2fx\n", kvedge_cli_bytes(bytes, b1, 32),
                kvedge_cli_bytes(fp16, b2, 32), bytes ? (double)fp16 / (double)bytes : 0.0);
-        s_print_stats(cli, &st);
+        s_print_stats(cli, &st, NULL);
     }
     free(all);
     return KVEDGE_EXIT_OK;

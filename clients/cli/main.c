@@ -9,6 +9,19 @@
 
 #define KVEDGE_VERSION_STRING "0.1.0"
 
+/* The commands that talk to a node or proxy (-H): found first in remote mode. */
+static const kvedge_cli_cmd_t *const s_remote_tables[] = {kvedge_cli_remote_cmds,
+                                                          kvedge_cli_top_cmds, NULL};
+
+static const kvedge_cli_cmd_t *s_find_remote(const char *name)
+{
+    for (int t = 0; s_remote_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = s_remote_tables[t]; c->name; c++)
+            if (strcmp(c->name, name) == 0)
+                return c;
+    return NULL;
+}
+
 static const kvedge_cli_cmd_t *const s_tables[] = {
     kvedge_cli_local_cmds, kvedge_cli_daemon_cmds, kvedge_cli_master_cmds,   kvedge_cli_proxy_cmds,
     kvedge_cli_e2e_cmds,   kvedge_cli_eval_cmds,   kvedge_cli_tokenize_cmds, NULL};
@@ -215,6 +228,8 @@ static void s_help(FILE *f)
             fprintf(f, "  %-14s %s\n", c->name, c->summary);
     fprintf(f, "  %-14s %s\n  %-14s %s\n", "stat", "Node statistics (with -H).", "ping",
             "Round-trip latency and bandwidth to a node (with -H).");
+    for (const kvedge_cli_cmd_t *c = kvedge_cli_top_cmds; c->name; c++)
+        fprintf(f, "  %-14s %s\n", c->name, c->summary);
     fprintf(f,
             "\nexit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found,\n"
             "            4 corrupt blocks found, 5 store unavailable (missing, locked, too new)\n");
@@ -301,6 +316,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(name, "help") == 0) {
         const kvedge_cli_cmd_t *cmd = optind + 1 < argc ? s_find(argv[optind + 1]) : NULL;
+        if (!cmd && optind + 1 < argc)
+            cmd = s_find_remote(argv[optind + 1]);
         if (cmd) {
             char help[] = "--help";
             char *sub[] = {argv[optind + 1], help, NULL};
@@ -312,17 +329,13 @@ int main(int argc, char **argv)
     }
     const kvedge_cli_cmd_t *cmd = NULL;
     if (cli.host) /* remote mode: the remote form of a command when it has one */
-        for (const kvedge_cli_cmd_t *r = kvedge_cli_remote_cmds; r->name && !cmd; r++)
-            if (strcmp(r->name, name) == 0)
-                cmd = r;
+        cmd = s_find_remote(name);
     if (!cmd)
         cmd = s_find(name);
-    if (!cmd && !cli.host)
-        for (const kvedge_cli_cmd_t *r = kvedge_cli_remote_cmds; r->name; r++)
-            if (strcmp(r->name, name) == 0) {
-                kvedge_cli_error("%s talks to a node: give it -H ENDPOINT", name);
-                return KVEDGE_EXIT_USAGE;
-            }
+    if (!cmd && !cli.host && s_find_remote(name)) {
+        kvedge_cli_error("%s talks to a node: give it -H ENDPOINT", name);
+        return KVEDGE_EXIT_USAGE;
+    }
     if (cmd) {
         int sub_argc = argc - optind;
         char **sub_argv = argv + optind;

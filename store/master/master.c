@@ -4,6 +4,9 @@
  * the record and the seq, then publish. */
 #include "store/master/master.h"
 
+#include "monitor/http.h"
+#include "monitor/metrics.h"
+
 #include <czmq.h>
 #include <rocksdb/c.h>
 #include <sodium.h>
@@ -14,6 +17,7 @@
 #include <time.h>
 
 #include "access/log.h"
+#include "access/secure.h"
 #include "access/transport.h"
 #include "store/byteorder.h"
 #include "store/clock.h"
@@ -32,6 +36,11 @@
 
 struct kvedge_master_t {
     zactor_t *actor;
+    kvedge_metrics_t *metrics;
+    kvedge_http_t *http;
+    _Atomic uint64_t records, bytes; /* published by the actor for the scrape */
+    kvedge_series_t *records_g, *bytes_g, *seq_g, *denials;
+    uint64_t denials_seen; /* the HTTP thread's, at the last scrape */
     char endpoint[256];
     char pub_endpoint[256];
     char public_key[KVEDGE_MASTER_KEY_Z85_BYTES + 1];
@@ -53,18 +62,36 @@ typedef struct {
     rocksdb_t *db;
     rocksdb_writeoptions_t *wo;
     rocksdb_readoptions_t *ro;
-    uint64_t seq;      /* last assigned; persisted with every update */
-    uint64_t registry; /* random id of this registry */
-    uint64_t records;  /* live records */
-    uint64_t bytes;    /* keys + bodies of live records */
-    zhashx_t *peers;   /* heartbeat id -> s_peer_t */
-    zcert_t *cert;     /* NULL when plaintext */
-    zactor_t *auth;    /* ZAP handler, NULL when plaintext */
+    uint64_t seq;             /* last assigned; persisted with every update */
+    uint64_t registry;        /* random id of this registry */
+    uint64_t records;         /* live records */
+    uint64_t bytes;           /* keys + bodies of live records */
+    zhashx_t *peers;          /* heartbeat id -> s_peer_t */
+    zcert_t *cert;            /* NULL when plaintext */
+    kvedge_secure_zap_t *zap; /* its allowlist in the process's ZAP handler; NULL: plaintext */
     zsock_t *router;
     zsock_t *pub;
     int start_rc;
     char *start_error;
+    /* Monitoring (the actor's own series; the registry belongs to the owner). */
+    kvedge_metric_t *req_family, *peer_family;
+    kvedge_series_t *req[5]; /* snapshot, set, heartbeat, malformed, other */
 } s_master_t;
+
+/* Publishes a heartbeat id's state (1 up, 2 suspect, 3 down) as a gauge. */
+static void s_peer_metric(s_master_t *m, const char *id, kvedge_master_health_state_t st)
+{
+    if (!m->peer_family)
+        return;
+    const char *v[] = {id};
+    kvedge_series_set(kvedge_metric_series(m->peer_family, v, 1), (double)st);
+}
+
+static void s_publish_size(s_master_t *m)
+{
+    atomic_store(&m->owner->records, m->records);
+    atomic_store(&m->owner->bytes, m->bytes);
+}
 
 /* A RocksDB error on the registry: logged, then translated (store/rocks.h), which frees it. */
 static int s_rerr(char **err)
@@ -193,6 +220,7 @@ static int s_apply(s_master_t *m, const char *key, size_t klen, const uint8_t *b
     atomic_store(&m->owner->seq, seq);
     m->records = m->records + (len && !existed) - (!len && existed);
     m->bytes = bytes;
+    s_publish_size(m);
     if (m->opts.drop_pub_every && seq % m->opts.drop_pub_every == 0) {
         kvedge_log_debug("update %llu not published (fault injection)", (unsigned long long)seq);
     } else {
@@ -248,6 +276,7 @@ static void s_health_tick(s_master_t *m)
         }
         kvedge_log_info("%s is %s (silent %lld ms)", id, kvedge_master_health_name(want),
                         (long long)silent);
+        s_peer_metric(m, id, want);
     }
 }
 
@@ -282,6 +311,7 @@ static void s_heartbeat(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
             return;
         }
         kvedge_log_info("%s is up", id);
+        s_peer_metric(m, id, KVEDGE_MASTER_HEALTH_UP);
     }
     char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
     kvedge_master_key_format(KVEDGE_MASTER_SPACE_HEALTH, id, NULL, key, sizeof key);
@@ -421,9 +451,14 @@ static void s_request(s_master_t *m)
     int rc = nf > KVEDGE_KVMSG_MAX_FRAMES ? KVEDGE_EPROTO : kvedge_kvmsg_parse(f, nf, &k);
     if (rc != KVEDGE_OK) {
         kvedge_log_debug("malformed kvmsg (%zu frames)", nf);
+        kvedge_series_inc(m->req[3]);
         kvedge_kvmsg_t echo = {.rid = k.rid};
         s_reply_err(m, route, &echo, KVEDGE_EPROTO, "malformed kvmsg");
     } else {
+        kvedge_series_inc(m->req[k.cmd == KVEDGE_KVMSG_ICANHAZ     ? 0
+                                 : k.cmd == KVEDGE_KVMSG_SET       ? 1
+                                 : k.cmd == KVEDGE_KVMSG_HEARTBEAT ? 2
+                                                                   : 4]);
         switch (k.cmd) {
         case KVEDGE_KVMSG_ICANHAZ:
             s_snapshot(m, route, &k);
@@ -604,7 +639,7 @@ static zsock_t *s_socket(s_master_t *m, int type)
     if (m->cert) {
         zcert_apply(m->cert, s);
         zsock_set_curve_server(s, 1);
-        zsock_set_zap_domain(s, KVEDGE_ZAP_DOMAIN);
+        kvedge_secure_zap_apply(m->zap, s);
     }
     return s;
 }
@@ -653,9 +688,7 @@ static int s_setup(s_master_t *m)
         } else {
             /* The ZAP handler runs before any socket binds: no connection is ever accepted
              * without it. */
-            m->auth = zactor_new(zauth, NULL);
-            if (!m->auth || zstr_sendx(m->auth, "CURVE", o->clients_dir, NULL) != 0 ||
-                zsock_wait(m->auth) != 0) {
+            if (kvedge_secure_zap_open(o->clients_dir, &m->zap) != KVEDGE_OK) {
                 rc = KVEDGE_EDENIED;
                 s_why(why, sizeof why, "the ZAP handler did not start: refusing to serve");
             }
@@ -692,6 +725,12 @@ static int s_setup(s_master_t *m)
         if (rc == KVEDGE_OK && m->cert)
             snprintf(m->owner->public_key, sizeof m->owner->public_key, "%s",
                      zcert_public_txt(m->cert));
+        if (rc == KVEDGE_OK && m->zap) {
+            char label[600];
+            snprintf(label, sizeof label, "the master %s / %s", m->owner->endpoint,
+                     m->owner->pub_endpoint);
+            kvedge_secure_zap_label(m->zap, label);
+        }
     }
     m->start_rc = rc;
     if (rc != KVEDGE_OK)
@@ -703,7 +742,7 @@ static void s_teardown(s_master_t *m)
 {
     zsock_destroy(&m->pub);
     zsock_destroy(&m->router);
-    zactor_destroy(&m->auth);
+    kvedge_secure_zap_close(&m->zap); /* after the sockets under it */
     zcert_destroy(&m->cert);
     if (m->ro)
         rocksdb_readoptions_destroy(m->ro);
@@ -727,6 +766,7 @@ static void s_actor(zsock_t *pipe, void *args)
         zstr_free(&cmd);
         return;
     }
+    s_publish_size(m);
     zsock_signal(pipe, 0);
     kvedge_log_info("master serving %s, publishing on %s (%s), seq %llu, %llu records",
                     m->owner->endpoint, m->owner->pub_endpoint,
@@ -770,6 +810,74 @@ static void s_actor(zsock_t *pipe, void *args)
     s_teardown(m);
 }
 
+/* ---------------------------------------------------------------- monitoring */
+
+static void s_collect(kvedge_metrics_t *r, void *arg)
+{
+    (void)r;
+    kvedge_master_t *s = arg;
+    kvedge_series_set(s->records_g, (double)atomic_load(&s->records));
+    kvedge_series_set(s->bytes_g, (double)atomic_load(&s->bytes));
+    kvedge_series_set(s->seq_g, (double)atomic_load(&s->seq));
+    /* The ZAP handler lives while the actor does; the endpoint stops before the actor. */
+    s_master_t *m = s->state;
+    uint64_t d = m && m->zap ? kvedge_secure_zap_denials(m->zap) : 0;
+    if (d > s->denials_seen)
+        kvedge_series_add(s->denials, d - s->denials_seen);
+    s->denials_seen = d;
+}
+
+static kvedge_series_t *s_plain(kvedge_metrics_t *r, kvedge_metric_type_t t, const char *name,
+                                const char *help)
+{
+    kvedge_metric_t *f = kvedge_metrics_family(r, t, name, help, NULL, 0, NULL, 1, NULL, 0);
+    return f ? kvedge_metric_plain(f) : NULL;
+}
+
+/* The master's registry of metrics: made before the actor, which records into it. */
+static int s_metrics_open(kvedge_master_t *s, s_master_t *m, char *why, size_t why_len)
+{
+    kvedge_metrics_t *r = s->metrics = kvedge_metrics_new();
+    if (!r)
+        return KVEDGE_ENOMEM;
+    const char *il[] = {"version", "role"}, *cl[] = {"cmd"}, *pl[] = {"id"};
+    kvedge_metric_t *info =
+        kvedge_metrics_family(r, KVEDGE_METRIC_GAUGE, "kvedge_build_info",
+                              "Always 1; the labels say what runs.", il, 2, NULL, 1, why, why_len);
+    const char *iv[] = {KVEDGE_VERSION_STRING, "master"};
+    kvedge_series_set(kvedge_metric_series(info, iv, 2), 1);
+    kvedge_series_set(s_plain(r, KVEDGE_METRIC_GAUGE, "kvedge_process_start_time_seconds",
+                              "When the daemon started, in seconds since the Unix epoch."),
+                      (double)kvedge_wall_ms() / 1e3);
+    s->records_g = s_plain(r, KVEDGE_METRIC_GAUGE, "kvedge_master_records",
+                           "Records in the registry (nodes, health, models, maps, directory, "
+                           "links).");
+    s->bytes_g = s_plain(r, KVEDGE_METRIC_GAUGE, "kvedge_master_registry_bytes",
+                         "Keys and bodies of the registry's records.");
+    s->seq_g = s_plain(r, KVEDGE_METRIC_GAUGE, "kvedge_master_seq",
+                       "Sequence number of the last update published.");
+    s->denials = s_plain(r, KVEDGE_METRIC_COUNTER, "kvedge_master_handshake_denials_total",
+                         "CURVE handshakes refused: peers (nodes, proxies) whose certificate is "
+                         "not in the allowlist (each is logged).");
+    m->req_family = kvedge_metrics_family(
+        r, KVEDGE_METRIC_COUNTER, "kvedge_master_requests_total",
+        "Requests on the master's ROUTER, by command (snapshot, set, heartbeat, malformed, "
+        "other).",
+        cl, 1, NULL, 5, why, why_len);
+    m->peer_family = kvedge_metrics_family(
+        r, KVEDGE_METRIC_GAUGE, "kvedge_master_peer_state",
+        "Health of every heartbeat id (nodes and proxies): 1 up, 2 suspect, 3 down (the "
+        "first 1024 ids; the rest fold into _other).",
+        pl, 1, NULL, 1024, why, why_len);
+    if (!info || !s->records_g || !s->bytes_g || !s->seq_g || !s->denials || !m->req_family ||
+        !m->peer_family)
+        return KVEDGE_ENOMEM;
+    const char *cmds[] = {"snapshot", "set", "heartbeat", "malformed", "other"};
+    for (int i = 0; i < 5; i++)
+        m->req[i] = kvedge_metric_series(m->req_family, &cmds[i], 1);
+    return kvedge_metrics_on_collect(r, s_collect, s) == 0 ? KVEDGE_OK : KVEDGE_ENOMEM;
+}
+
 /* ---------------------------------------------------------------- public */
 
 void kvedge_master_opts_default(kvedge_master_opts_t *opts)
@@ -800,6 +908,13 @@ int kvedge_master_start(const kvedge_master_opts_t *opts, kvedge_master_t **out,
     }
     m->opts = *opts;
     m->owner = s;
+    int mrc = s_metrics_open(s, m, why, why_len);
+    if (mrc != KVEDGE_OK) {
+        kvedge_metrics_destroy(&s->metrics);
+        free(s);
+        free(m);
+        return mrc;
+    }
     if (!m->opts.hugz_ms)
         m->opts.hugz_ms = KVEDGE_MASTER_HUGZ_MS;
     if (!m->opts.suspect_ms)
@@ -824,10 +939,20 @@ int kvedge_master_start(const kvedge_master_opts_t *opts, kvedge_master_t **out,
         zactor_destroy(&s->actor);
         free(m->start_error);
         free(m);
+        kvedge_metrics_destroy(&s->metrics);
         free(s);
         return rc;
     }
     s->state = m; /* owned by the actor thread from here; freed after it stops */
+    if (opts->metrics && opts->metrics[0] && strcmp(opts->metrics, KVEDGE_HTTP_OFF) != 0) {
+        rc = kvedge_http_start(opts->metrics, s->metrics, NULL, NULL, &s->http, why, why_len);
+        if (rc != KVEDGE_OK) {
+            kvedge_master_destroy(&s);
+            return rc;
+        }
+        kvedge_log_info("metrics on %s/metrics (health: /health, readiness: /ready)",
+                        kvedge_http_url(s->http));
+    }
     *out = s;
     return KVEDGE_OK;
 }
@@ -838,8 +963,10 @@ void kvedge_master_destroy(kvedge_master_t **self_p)
         return;
     kvedge_master_t *s = *self_p;
     *self_p = NULL;
+    kvedge_http_stop(&s->http);
     zactor_destroy(&s->actor);
     free(s->state);
+    kvedge_metrics_destroy(&s->metrics);
     free(s);
 }
 

@@ -32,7 +32,11 @@ typedef struct {
     /* Fault injection for tests: every update whose seq is a multiple of this is applied and
      * acknowledged but not published, as a lossy network would. 0 = off. */
     uint32_t drop_pub_every;
+    /* The HTTP endpoint for /metrics, /health, /ready ("HOST:PORT"; NULL or "off": none). */
+    const char *metrics;
 } kvedge_master_opts_t;
+
+#define KVEDGE_MASTER_METRICS_DEFAULT "127.0.0.1:9741" /* `kvedge master`'s HTTP endpoint */
 
 void kvedge_master_opts_default(kvedge_master_opts_t *opts);
 

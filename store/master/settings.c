@@ -11,6 +11,7 @@
 
 #include "access/secure.h"
 #include "access/transport.h"
+#include "monitor/http.h"
 #include "store/error.h"
 #include "store/why.h"
 
@@ -87,6 +88,16 @@ static const kvedge_setting_t s_settings[] = {
      .max = 3600000,
      .def_num = KVEDGE_MASTER_DOWN_MS,
      .help = "heartbeat silence before a node is down (at least suspect_ms)"},
+    {.key = "metrics",
+     .flag = "metrics",
+     .arg = "ADDR",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, metrics),
+     .def = KVEDGE_MASTER_METRICS_DEFAULT,
+     .check = kvedge_http_check_addr,
+     .example = "0.0.0.0:9751",
+     .help = "HTTP endpoint for /metrics, /health and /ready (HOST:PORT; port 0: any free); "
+             "off: none"},
     {.key = "log",
      .flag = "log-level",
      .type = KVEDGE_SETTING_ENUM,
@@ -164,6 +175,7 @@ int kvedge_master_settings_start(const kvedge_master_settings_t *s, kvedge_maste
     mo.sync = s->sync;
     mo.suspect_ms = s->suspect_ms;
     mo.down_ms = s->down_ms;
+    mo.metrics = s->metrics;
     rc = kvedge_master_start(&mo, out, why, why_len);
     if (rc == KVEDGE_OK && !s->insecure)
         kvedge_log_info("master public key %s (certificate %s); peers allowed: the "

@@ -32,6 +32,7 @@ typedef struct {
     bool sync;                              /* fsync the registry's WAL on every update */
     uint32_t suspect_ms;                    /* heartbeat silence before suspect */
     uint32_t down_ms;                       /* heartbeat silence before down */
+    char metrics[128];                      /* HTTP endpoint "HOST:PORT", or "off" */
     kvedge_log_level_t log_level;           /* the daemon's main sets the logger's level */
 } kvedge_master_settings_t;
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "access/log.h"
+#include "store/clock.h"
 #include "store/error.h"
 #include "store/model.h"
 
@@ -15,9 +16,21 @@
 struct kvedge_dirpub_t {
     kvedge_dirpub_opts_t opts;
     char node_id[KVEDGE_MASTER_MAX_ID_BYTES + 1];
+    char master[256];  /* opts.master, or "" */
+    char cert[1024];   /* opts.cert, or "" */
+    char cert_key[41]; /* the public key in cert, or "" */
     kvedge_master_node_t node;
     bool has_node;
     bool node_sent;
+    /* Registration (under mu, copied to reg under reg_mu for the getter). */
+    int64_t next_try_ms;          /* monotonic: no SET before, unless the view just came back */
+    uint32_t retry_ms;            /* the current backoff */
+    bool tried_unsynced;          /* the latest SET went out while the view was not synced */
+    uint64_t refusals_seen;       /* the view's refusal count already counted in reg.attempts */
+    kvedge_log_limit_t lines;     /* refused / failing lines */
+    kvedge_log_limit_t reg_lines; /* registered lines */
+    pthread_mutex_t reg_mu;       /* guards reg */
+    kvedge_dirpub_reg_t reg;
     zhashx_t *published; /* chunk hex -> kvedge_master_dir_t (what the master has) */
     zhashx_t *models;    /* model id -> kvedge_model_t this node registered */
     uint64_t fingerprint;
@@ -100,18 +113,106 @@ static int s_send_node(kvedge_dirpub_t *d)
     return s_set(d, key, body, len);
 }
 
+const char *kvedge_dirpub_reg_state_name(int state)
+{
+    switch (state) {
+    case KVEDGE_DIRPUB_PENDING:
+        return "pending";
+    case KVEDGE_DIRPUB_REGISTERED:
+        return "registered";
+    case KVEDGE_DIRPUB_REFUSED:
+        return "refused";
+    case KVEDGE_DIRPUB_FAILING:
+        return "failing";
+    }
+    return "?";
+}
+
+/* Caller holds d->mu. Moves the registration to state (since_ms only when it changes). */
+static void s_reg_set(kvedge_dirpub_t *d, int state, int err, const char *why)
+{
+    pthread_mutex_lock(&d->reg_mu);
+    if (d->reg.state != state) {
+        d->reg.state = state;
+        d->reg.since_ms = kvedge_wall_ms();
+    }
+    d->reg.last_error = err;
+    size_t n = strnlen(why, sizeof d->reg.why - 1); /* a long path is cut, not refused */
+    memcpy(d->reg.why, why, n);
+    d->reg.why[n] = '\0';
+    if (state == KVEDGE_DIRPUB_REGISTERED)
+        d->reg.attempts = 0;
+    pthread_mutex_unlock(&d->reg_mu);
+}
+
+static void s_reg_attempts(kvedge_dirpub_t *d, uint64_t more)
+{
+    pthread_mutex_lock(&d->reg_mu);
+    uint64_t a = d->reg.attempts + more;
+    d->reg.attempts = a > UINT32_MAX ? UINT32_MAX : (uint32_t)a;
+    pthread_mutex_unlock(&d->reg_mu);
+}
+
+/* The master refuses this node's handshake: say what to copy where, when it starts and then
+ * every KVEDGE_DIRPUB_PROBLEM_LOG_MS. */
+static int s_refused(kvedge_dirpub_t *d)
+{
+    char why[sizeof d->cert + 160]; /* the getter keeps the first 255 bytes */
+    if (d->cert[0])
+        snprintf(why, sizeof why,
+                 "the master's allowlist lacks this node's certificate: copy %s (public key %s) "
+                 "into the master's clients directory",
+                 d->cert, d->cert_key[0] ? d->cert_key : "?");
+    else
+        snprintf(why, sizeof why, "the master's allowlist lacks this node's key");
+    s_reg_set(d, KVEDGE_DIRPUB_REFUSED, KVEDGE_EDENIED, why);
+    uint64_t held = 0;
+    if (kvedge_log_level() >= KVEDGE_LOG_WARN &&
+        kvedge_log_limit_allow(&d->lines, "refused", kvedge_mono_ms(), &held))
+        kvedge_log_warn("registration with the master %s refused: %s; retrying, no restart "
+                        "needed (%u tries so far)",
+                        d->master, why, d->reg.attempts);
+    return KVEDGE_EDENIED;
+}
+
 /* The node record is sent at start and again whenever the registry lost it (a master that
- * came back empty, an operator's delete). */
+ * came back empty, an operator's delete). A failed try waits for the backoff, unless the
+ * view has come back since; a refused handshake is not tried at all (no SET can get through)
+ * until the view hears the master. */
 static int s_keep_node(kvedge_dirpub_t *d)
 {
     if (!d->has_node)
         return KVEDGE_OK;
     kvedge_master_node_t cur;
-    if (d->node_sent && kvedge_mview_node(d->opts.view, d->node_id, &cur) == KVEDGE_OK)
+    kvedge_mview_state_t vs = kvedge_mview_state(d->opts.view);
+    bool synced = vs == KVEDGE_MVIEW_SYNCED;
+    kvedge_mview_conn_t conn;
+    kvedge_mview_conn(d->opts.view, &conn);
+    if (conn.refusals > d->refusals_seen) {
+        s_reg_attempts(d, conn.refusals - d->refusals_seen);
+        d->refusals_seen = conn.refusals;
+    }
+    /* Refused also after registering (the key was taken out of the allowlist): the record
+     * may still be there, but nothing of this node reaches the master any more. */
+    if (!synced && conn.refused)
+        return s_refused(d);
+    if (d->node_sent && kvedge_mview_node(d->opts.view, d->node_id, &cur) == KVEDGE_OK) {
+        if (d->reg.state != KVEDGE_DIRPUB_REGISTERED)
+            s_reg_set(d, KVEDGE_DIRPUB_REGISTERED, 0, "");
         return KVEDGE_OK;
-    if (kvedge_mview_state(d->opts.view) != KVEDGE_MVIEW_SYNCED && d->node_sent)
-        return KVEDGE_OK;
+    }
+    if (!synced && d->node_sent)
+        return KVEDGE_OK; /* cannot tell from here; the view re-syncs by itself */
+    int64_t now = kvedge_mono_ms();
+    if (now < d->next_try_ms && !(synced && d->tried_unsynced)) {
+        pthread_mutex_lock(&d->reg_mu);
+        int err = d->reg.last_error;
+        pthread_mutex_unlock(&d->reg_mu);
+        return err ? err : KVEDGE_ETIMEDOUT;
+    }
     bool lost = d->node_sent;
+    d->tried_unsynced = !synced;
+    s_reg_attempts(d, 1);
     int rc = s_send_node(d);
     if (rc == KVEDGE_OK) {
         if (lost) { /* the registry lost us: our model records too */
@@ -119,9 +220,43 @@ static int s_keep_node(kvedge_dirpub_t *d)
             d->synced_once = false;
         }
         d->node_sent = true;
-        kvedge_log_info("registered as %s with the master", d->node_id);
+        d->retry_ms = KVEDGE_DIRPUB_RETRY_MIN_MS;
+        d->next_try_ms = 0;
+        s_reg_set(d, KVEDGE_DIRPUB_REGISTERED, 0, "");
+        uint64_t held = 0;
+        if (kvedge_log_limit_allow(&d->reg_lines, NULL, now, &held))
+            kvedge_log_info("registered with the master %s as %s%s", d->master, d->node_id,
+                            lost ? " again (the registry had lost this node)" : "");
+        return KVEDGE_OK;
     }
+    d->node_sent = false;
+    d->next_try_ms = kvedge_mono_ms() + d->retry_ms; /* from the end of this try (a SET waits) */
+    char why[256];
+    snprintf(why, sizeof why, "%s (%s); next try in %u s",
+             rc == KVEDGE_ETIMEDOUT ? "no answer from the master" : "the master refused the record",
+             kvedge_strerror(rc), d->retry_ms / 1000);
+    d->retry_ms =
+        d->retry_ms * 2 < KVEDGE_DIRPUB_RETRY_MAX_MS ? d->retry_ms * 2 : KVEDGE_DIRPUB_RETRY_MAX_MS;
+    s_reg_set(d, KVEDGE_DIRPUB_FAILING, rc, why);
+    uint64_t held = 0;
+    if (kvedge_log_level() >= KVEDGE_LOG_WARN &&
+        kvedge_log_limit_allow(&d->lines, "failing", now, &held))
+        kvedge_log_warn("registration with the master %s as %s failing: %s; retrying with "
+                        "backoff up to %u s",
+                        d->master, d->node_id, why, KVEDGE_DIRPUB_RETRY_MAX_MS / 1000);
     return rc;
+}
+
+void kvedge_dirpub_registration(kvedge_dirpub_t *d, kvedge_dirpub_reg_t *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->reg_mu);
+    *out = d->reg;
+    pthread_mutex_unlock(&d->reg_mu);
 }
 
 /* Registers the shape of a model this node holds blocks of, once per node run (and again
@@ -296,9 +431,24 @@ int kvedge_dirpub_start(const kvedge_dirpub_opts_t *opts, kvedge_dirpub_t **out)
         d->opts.interval_ms = KVEDGE_DIRPUB_INTERVAL_MS;
     snprintf(d->node_id, sizeof d->node_id, "%s", opts->node_id);
     d->opts.node_id = d->node_id;
+    snprintf(d->master, sizeof d->master, "%s", opts->master ? opts->master : "");
+    snprintf(d->cert, sizeof d->cert, "%s", opts->cert ? opts->cert : "");
+    d->opts.master = d->master;
+    d->opts.cert = d->cert;
+    zcert_t *cert = d->cert[0] ? zcert_load(d->cert) : NULL;
+    if (cert)
+        snprintf(d->cert_key, sizeof d->cert_key, "%s", zcert_public_txt(cert));
+    zcert_destroy(&cert);
+    d->retry_ms = KVEDGE_DIRPUB_RETRY_MIN_MS;
+    kvedge_log_limit_init(&d->lines, KVEDGE_DIRPUB_PROBLEM_LOG_MS, 1, 4);
+    kvedge_log_limit_init(&d->reg_lines, 60000, 3, 3);
+    pthread_mutex_init(&d->reg_mu, NULL);
+    d->reg.since_ms = kvedge_wall_ms();
     if (opts->node) {
         d->node = *opts->node;
         d->has_node = true;
+    } else {
+        d->reg.state = KVEDGE_DIRPUB_REGISTERED; /* nothing to keep registered */
     }
     d->published = zhashx_new();
     d->models = zhashx_new();
@@ -332,6 +482,9 @@ void kvedge_dirpub_destroy(kvedge_dirpub_t **self_p)
     }
     zhashx_destroy(&d->published);
     zhashx_destroy(&d->models);
+    kvedge_log_limit_fini(&d->lines);
+    kvedge_log_limit_fini(&d->reg_lines);
+    pthread_mutex_destroy(&d->reg_mu);
     pthread_mutex_destroy(&d->mu);
     pthread_mutex_destroy(&d->stop_mu);
     pthread_cond_destroy(&d->stop_cv);

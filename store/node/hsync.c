@@ -12,6 +12,7 @@
 #include "access/transport.h"
 #include "access/client.h"
 #include "access/log.h"
+#include "store/clock.h"
 #include "store/error.h"
 
 /* "A:B" -> first_layer A, layers B - A (0 <= A < B <= KVEDGE_MODEL_MAX_LAYERS). */
@@ -107,6 +108,7 @@ typedef struct {
     uint32_t blocks;
     uint64_t bytes;
     uint16_t first_layer, end_layer; /* count only blocks of these layers */
+    uint32_t pinned;
 } s_local_t;
 
 static int s_count_local(void *ctx, const kvedge_block_key_t *key, const kvedge_block_meta_t *m)
@@ -116,7 +118,53 @@ static int s_count_local(void *ctx, const kvedge_block_key_t *key, const kvedge_
         return 0;
     l->blocks++;
     l->bytes += m->bytes;
+    l->pinned += m->pinned;
     return 0;
+}
+
+/* Every block of one stored chunk into the held counts. */
+static void s_add_held(kvedge_engine_t *engine, const kvedge_chunk_id_t *stored,
+                       kvedge_hsync_status_t *st)
+{
+    s_local_t all = {0, 0, 0, UINT16_MAX, 0};
+    kvedge_engine_scan(engine, stored, s_count_local, &all);
+    st->blocks_held += all.blocks;
+    st->blocks_pinned += all.pinned;
+}
+
+static void s_range(const kvedge_hsync_sub_t *sub, const kvedge_model_t *m, uint16_t *first,
+                    uint16_t *end);
+
+/* What the edge holds of a subscription, from its own chunk records alone (the cloud could
+ * not be listed): the chain from the subscribed chunk, in the tenant's namespace, up through
+ * the parents the records name. A chunk counts as synced when it holds every head of every
+ * subscribed layer of its model. */
+static void s_local_chain(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub,
+                          kvedge_hsync_status_t *st)
+{
+    uint8_t tag[16];
+    kvedge_tenant_tag(sub->tenant, tag);
+    kvedge_chunk_id_t id;
+    kvedge_tenant_chunk_id(tag, &sub->prefix, &id);
+    kvedge_chunk_info_t info;
+    uint64_t steps = 0, max_steps = 0; /* the first record's index: a damaged chain cannot loop */
+    while (kvedge_engine_get_chunk(engine, &id, &info) == KVEDGE_OK) {
+        if (steps == 0)
+            max_steps = (uint64_t)info.index + 1;
+        s_add_held(engine, &id, st);
+        kvedge_model_t m;
+        if (kvedge_engine_get_model(engine, info.model_id, &m) == KVEDGE_OK ||
+            kvedge_model_builtin(info.model_id, &m) == KVEDGE_OK) {
+            s_local_t have = {0, 0, 0, 0, 0};
+            s_range(sub, &m, &have.first_layer, &have.end_layer);
+            kvedge_engine_scan(engine, &id, s_count_local, &have);
+            uint64_t want = (uint64_t)m.kv_heads * (have.end_layer - have.first_layer);
+            st->chunks_synced += want > 0 && have.blocks >= want;
+        }
+        if (!info.has_parent || ++steps >= max_steps)
+            break;
+        id = info.parent;
+    }
 }
 
 /* One layer stream landing in the engine as it arrives (on the client's I/O thread). */
@@ -266,6 +314,7 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
     if (rc != KVEDGE_OK) {
         st->state = KVEDGE_HSYNC_FAILED;
         st->last_error = rc;
+        s_local_chain(engine, sub, st);
         free(chain);
         free(all);
         kvedge_client_destroy(&c);
@@ -282,7 +331,7 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
         rc = s_model(c, engine, e, &m);
         if (rc != KVEDGE_OK)
             break;
-        s_local_t have = {0, 0, 0, 0};
+        s_local_t have = {0, 0, 0, 0, 0};
         s_range(sub, &m, &have.first_layer, &have.end_layer);
         kvedge_engine_scan(engine, &stored, s_count_local, &have);
         /* Blocks are spread evenly over layers (heads per layer); a range is compared by
@@ -300,9 +349,17 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
                 rc = KVEDGE_OK;
             st->chunks_synced++;
         }
-        s_local_t now = {0, 0, 0, UINT16_MAX};
-        kvedge_engine_scan(engine, &stored, s_count_local, &now);
-        st->blocks_held += now.blocks;
+        s_add_held(engine, &stored, st);
+    }
+    if (rc != KVEDGE_OK) {
+        /* Part way: what is held is every chunk of the chain the cloud listed. */
+        st->blocks_held = 0;
+        st->blocks_pinned = 0;
+        for (size_t d = 0; d < depth; d++) {
+            kvedge_chunk_id_t stored;
+            kvedge_tenant_chunk_id(tag, &chain[d]->chunk.id, &stored);
+            s_add_held(engine, &stored, st);
+        }
     }
     st->last_error = rc;
     if (rc == KVEDGE_OK) {
@@ -319,7 +376,7 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
     return rc;
 }
 
-static const char *s_state_name(kvedge_hsync_state_t s)
+const char *kvedge_hsync_state_name(int s)
 {
     switch (s) {
     case KVEDGE_HSYNC_OK:
@@ -331,6 +388,53 @@ static const char *s_state_name(kvedge_hsync_state_t s)
     default:
         return "never";
     }
+}
+
+/* "pinned" when every block held is, else how many are. */
+static const char *s_pinned(const kvedge_hsync_status_t *st, char *buf, size_t len)
+{
+    if (st->blocks_pinned == st->blocks_held)
+        return "pinned";
+    snprintf(buf, len, "%llu of them pinned", (unsigned long long)st->blocks_pinned);
+    return buf;
+}
+
+char *kvedge_hsync_summary(const kvedge_hsync_sub_t *sub, const kvedge_hsync_status_t *st,
+                           char *buf, size_t len)
+{
+    if (!buf || !len)
+        return buf;
+    char pin[48];
+    const char *err = kvedge_strerror(st->last_error);
+    switch (st->state) {
+    case KVEDGE_HSYNC_OK:
+        snprintf(buf, len, "%u/%u chunks, %llu blocks copied (%llu bytes), %llu held, %s",
+                 st->chunks_synced, st->chunks_total, (unsigned long long)st->blocks_copied,
+                 (unsigned long long)st->bytes_copied, (unsigned long long)st->blocks_held,
+                 s_pinned(st, pin, sizeof pin));
+        break;
+    case KVEDGE_HSYNC_PARTIAL:
+        snprintf(buf, len,
+                 "%u/%u chunks, %llu blocks copied (%llu bytes), then %s (%s); held locally: "
+                 "%llu blocks, %s",
+                 st->chunks_synced, st->chunks_total, (unsigned long long)st->blocks_copied,
+                 (unsigned long long)st->bytes_copied, err, sub ? sub->cloud : "?",
+                 (unsigned long long)st->blocks_held, s_pinned(st, pin, sizeof pin));
+        break;
+    case KVEDGE_HSYNC_FAILED:
+        /* The pass could not list the context: the cloud is down or refuses us (both end in
+         * a deadline), or it does not have the subscribed chunk. */
+        snprintf(buf, len, "%s: %s (%s); held locally: %llu blocks (%u chunks), %s",
+                 st->last_error == KVEDGE_ENOTFOUND ? "the cloud lacks the subscribed chunk"
+                                                    : "cloud unreachable",
+                 err, sub ? sub->cloud : "?", (unsigned long long)st->blocks_held,
+                 st->chunks_synced, s_pinned(st, pin, sizeof pin));
+        break;
+    default:
+        snprintf(buf, len, "no pass yet");
+        break;
+    }
+    return buf;
 }
 
 int kvedge_hsync_write_status(const char *data_dir, const kvedge_hsync_sub_t *subs,
@@ -353,12 +457,19 @@ int kvedge_hsync_write_status(const char *data_dir, const kvedge_hsync_sub_t *su
         fprintf(f,
                 "\",\"prefix\":\"%s\",\"state\":\"%s\",\"chunks_total\":%u,"
                 "\"chunks_synced\":%u,\"blocks_copied\":%llu,\"bytes_copied\":%llu,"
-                "\"blocks_held\":%llu,\"last_ok_ms\":%llu,\"last_error\":\"%s\"}\n",
-                kvedge_chunk_id_hex(&subs[i].prefix, hex), s_state_name(s->state), s->chunks_total,
-                s->chunks_synced, (unsigned long long)s->blocks_copied,
+                "\"blocks_held\":%llu,\"blocks_pinned\":%llu,\"last_ok_ms\":%llu,"
+                "\"last_error\":\"%s\",\"summary\":\"",
+                kvedge_chunk_id_hex(&subs[i].prefix, hex), kvedge_hsync_state_name(s->state),
+                s->chunks_total, s->chunks_synced, (unsigned long long)s->blocks_copied,
                 (unsigned long long)s->bytes_copied, (unsigned long long)s->blocks_held,
-                (unsigned long long)s->last_ok_ms,
+                (unsigned long long)s->blocks_pinned, (unsigned long long)s->last_ok_ms,
                 s->last_error ? kvedge_errname(s->last_error) : "");
+        char sum[1024];
+        kvedge_hsync_summary(&subs[i], s, sum, sizeof sum);
+        for (const char *p = sum; *p; p++)
+            if ((unsigned char)*p >= 0x20)
+                fprintf(f, (*p == '"' || *p == '\\') ? "\\%c" : "%c", *p);
+        fprintf(f, "\"}\n");
     }
     int bad = ferror(f);
     bad |= fclose(f) != 0;
@@ -384,6 +495,8 @@ struct kvedge_hsync_sched_t {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
+    pthread_mutex_t status_mu; /* status and last_pass_ms, read by kvedge_hsync_sched_status */
+    uint64_t last_pass_ms;
 };
 
 static void *s_sched_run(void *arg)
@@ -393,17 +506,30 @@ static void *s_sched_run(void *arg)
     while (!y->stop) {
         pthread_mutex_unlock(&y->mu);
         for (size_t i = 0; i < y->n; i++) {
-            int rc = kvedge_hsync_run(y->engine, &y->subs[i], S_SCHED_DEADLINE_MS, &y->status[i]);
+            pthread_mutex_lock(&y->status_mu);
+            kvedge_hsync_status_t st = y->status[i];
+            pthread_mutex_unlock(&y->status_mu);
+            int rc = kvedge_hsync_run(y->engine, &y->subs[i], S_SCHED_DEADLINE_MS, &st);
+            pthread_mutex_lock(&y->status_mu);
+            y->status[i] = st;
+            pthread_mutex_unlock(&y->status_mu);
+            /* One line per subscription and pass: the interval bounds how often. */
+            char sum[1024];
             if (rc == KVEDGE_OK)
-                kvedge_log_info("sync %s: %u chunks, %llu blocks copied, %llu held",
-                                y->subs[i].name, y->status[i].chunks_total,
-                                (unsigned long long)y->status[i].blocks_copied,
-                                (unsigned long long)y->status[i].blocks_held);
+                kvedge_log_info(
+                    "sync %s: %u chunks, %llu blocks copied (%llu bytes), held %llu "
+                    "blocks, state ok",
+                    y->subs[i].name, st.chunks_total, (unsigned long long)st.blocks_copied,
+                    (unsigned long long)st.bytes_copied, (unsigned long long)st.blocks_held);
             else
-                kvedge_log_warn("sync %s: %s; serving the %llu blocks held", y->subs[i].name,
-                                kvedge_strerror(rc), (unsigned long long)y->status[i].blocks_held);
+                kvedge_log_warn("sync %s: state %s: %s", y->subs[i].name,
+                                kvedge_hsync_state_name(st.state),
+                                kvedge_hsync_summary(&y->subs[i], &st, sum, sizeof sum));
         }
+        pthread_mutex_lock(&y->status_mu);
+        y->last_pass_ms = (uint64_t)kvedge_wall_ms();
         kvedge_hsync_write_status(y->data_dir, y->subs, y->status, y->n);
+        pthread_mutex_unlock(&y->status_mu);
         pthread_mutex_lock(&y->mu);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -413,6 +539,22 @@ static void *s_sched_run(void *arg)
     }
     pthread_mutex_unlock(&y->mu);
     return NULL;
+}
+
+int kvedge_hsync_sched_status(kvedge_hsync_sched_t *y, kvedge_hsync_sub_t *subs,
+                              kvedge_hsync_status_t *status, size_t max, size_t *n,
+                              uint64_t *last_pass_ms)
+{
+    if (!y || !subs || !status || !n)
+        return KVEDGE_EINVAL;
+    pthread_mutex_lock(&y->status_mu);
+    *n = y->n < max ? y->n : max;
+    memcpy(subs, y->subs, *n * sizeof *subs);
+    memcpy(status, y->status, *n * sizeof *status);
+    if (last_pass_ms)
+        *last_pass_ms = y->last_pass_ms;
+    pthread_mutex_unlock(&y->status_mu);
+    return KVEDGE_OK;
 }
 
 int kvedge_hsync_sched_start(kvedge_engine_t *engine, const char *data_dir,
@@ -438,10 +580,12 @@ int kvedge_hsync_sched_start(kvedge_engine_t *engine, const char *data_dir,
     y->n = n;
     y->interval_s = interval_s ? interval_s : KVEDGE_HSYNC_INTERVAL_S_DEFAULT;
     pthread_mutex_init(&y->mu, NULL);
+    pthread_mutex_init(&y->status_mu, NULL);
     pthread_cond_init(&y->cv, NULL);
     if (pthread_create(&y->thread, NULL, s_sched_run, y) != 0) {
         pthread_cond_destroy(&y->cv);
         pthread_mutex_destroy(&y->mu);
+        pthread_mutex_destroy(&y->status_mu);
         free(y->subs);
         free(y->status);
         free(y);
@@ -463,6 +607,7 @@ void kvedge_hsync_sched_destroy(kvedge_hsync_sched_t **self_p)
     pthread_join(y->thread, NULL);
     pthread_cond_destroy(&y->cv);
     pthread_mutex_destroy(&y->mu);
+    pthread_mutex_destroy(&y->status_mu);
     free(y->subs);
     free(y->status);
     free(y);

@@ -42,15 +42,22 @@ typedef enum {
     KVEDGE_HSYNC_FAILED,    /* the last pass could not start (cloud unreachable, ...) */
 } kvedge_hsync_state_t;
 
+/* What one pass found. The held counts always come from the local engine, so a pass that
+ * failed (cloud unreachable) still says what the edge serves: FAILED walks the local copy of
+ * the chain from the subscribed chunk up through its parents (a copy that never reached the
+ * subscribed chunk is not found that way and counts 0); PARTIAL counts the chain the cloud
+ * listed. */
 typedef struct {
     kvedge_hsync_state_t state;
-    uint32_t chunks_total;  /* chunks of the context on the cloud */
-    uint32_t chunks_synced; /* chunks whose every block is here */
+    uint32_t chunks_total;  /* chunks of the context on the cloud; 0 when it was not listed */
+    uint32_t chunks_synced; /* chunks whose every block is here (FAILED: every block of the
+                             * subscribed layers, by the model's shape) */
     uint64_t blocks_copied; /* blocks copied by the last pass (0 when nothing changed) */
     uint64_t bytes_copied;
-    uint64_t blocks_held; /* blocks of the context held locally after the pass */
-    uint64_t last_ok_ms;  /* wall clock of the last fully successful pass, 0 = never */
-    int last_error;       /* 0 or why the last pass did not finish */
+    uint64_t blocks_held;   /* blocks of the context held locally after the pass */
+    uint64_t last_ok_ms;    /* wall clock of the last fully successful pass, 0 = never */
+    int last_error;         /* 0 or why the last pass did not finish */
+    uint64_t blocks_pinned; /* of blocks_held, those pinned (all, unless unpinned by hand) */
 } kvedge_hsync_status_t;
 
 /* Reads subscriptions from a ZPL file: one `subscription` section per context with keys
@@ -68,13 +75,24 @@ int kvedge_hsync_load(const char *path, kvedge_hsync_sub_t *subs, size_t max, si
 int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int deadline_ms,
                      kvedge_hsync_status_t *status);
 
-/* Writes one line per subscription (JSON) to DIR/sync.status, atomically. */
+/* The state's name: "never", "ok", "partial", "failed"; static storage. */
+const char *kvedge_hsync_state_name(int state);
+
+/* One line of words on a status, the same in `kvedge sync`, DATA/sync.status ("summary") and
+ * the scheduler's log: "2/2 chunks, 288 blocks copied (1.2 MiB ...) ...", or for a pass that
+ * could not start "cloud unreachable: deadline passed (tcp://cloud:7400); held locally: 288
+ * blocks (2 chunks), pinned". Writes at most len bytes with the NUL; returns buf. */
+char *kvedge_hsync_summary(const kvedge_hsync_sub_t *sub, const kvedge_hsync_status_t *status,
+                           char *buf, size_t len);
+
+/* Writes one line per subscription (JSON, with the summary) to DIR/sync.status, atomically. */
 int kvedge_hsync_write_status(const char *data_dir, const kvedge_hsync_sub_t *subs,
                               const kvedge_hsync_status_t *status, size_t n);
 
 /* The scheduler of a running edge node: a thread that runs a pass over every subscription,
- * writes DATA/sync.status, then waits `interval_s` (cut short by destroy), and again. A
- * failed pass is logged; what is held stays served. */
+ * writes DATA/sync.status, then waits `interval_s` (cut short by destroy), and again. Each
+ * subscription's pass is logged, at info when it synced, at warn with the reason and what is
+ * still held when it did not; what is held stays served. */
 typedef struct kvedge_hsync_sched_t kvedge_hsync_sched_t;
 
 /* Starts the thread; subs are copied. engine and data_dir must outlive the scheduler.
@@ -83,6 +101,13 @@ typedef struct kvedge_hsync_sched_t kvedge_hsync_sched_t;
 int kvedge_hsync_sched_start(kvedge_engine_t *engine, const char *data_dir,
                              const kvedge_hsync_sub_t *subs, size_t n, uint32_t interval_s,
                              kvedge_hsync_sched_t **out);
+
+/* Copies the subscriptions (at most max) and their latest status: what the last pass of each
+ * found, updated as each pass ends; *last_pass_ms (may be NULL) is the wall clock of the last
+ * whole pass (0: none yet). Thread-safe. Errors: KVEDGE_EINVAL. */
+int kvedge_hsync_sched_status(kvedge_hsync_sched_t *s, kvedge_hsync_sub_t *subs,
+                              kvedge_hsync_status_t *status, size_t max, size_t *n,
+                              uint64_t *last_pass_ms);
 
 /* Stops the thread after the pass in progress (each remote call has its deadline).
  * NULL-safe, idempotent, nulls *self_p. */

@@ -17,19 +17,10 @@
 #include "store/why.h"
 #include "store/node/dirpub.h"
 #include "store/node/hsync.h"
+#include "store/node/node_impl.h"
 #include "store/node/server.h"
 
 #define S_MASTER_START_WAIT_MS 1500 /* how long start waits for the master's snapshot */
-
-struct kvedge_node_t {
-    kvedge_node_settings_t s; /* a copy; defaults resolved (cert, clients) */
-    char cert_secret[KVEDGE_NODE_PATH_BYTES + 16];
-    kvedge_engine_t *engine;
-    kvedge_server_t *server;
-    kvedge_hsync_sched_t *sched; /* NULL unless subscriptions were given and loaded */
-    kvedge_mview_t *view;        /* NULL unless joined to a master */
-    kvedge_dirpub_t *dirpub;
-};
 
 void kvedge_node_settings_default(kvedge_node_settings_t *s)
 {
@@ -81,7 +72,15 @@ static int s_join_master(kvedge_node_t *n)
     rec.capacity_bytes = s->capacity_bytes;
     rec.bandwidth_bytes_per_s = s->declare_bw;
     rec.rtt_us = s->declare_rtt_us;
-    kvedge_dirpub_opts_t po = {n->engine, n->view, s->node_id, &rec, s->dir_interval_ms};
+    /* The master's endpoint and the certificate the view presents go into the registration's
+     * log lines and state (a refusal names the file to copy into the master's allowlist). */
+    kvedge_dirpub_opts_t po = {.engine = n->engine,
+                               .view = n->view,
+                               .node_id = s->node_id,
+                               .node = &rec,
+                               .interval_ms = s->dir_interval_ms,
+                               .master = s->master,
+                               .cert = s->master_key[0] ? s->cert : NULL};
     rc = kvedge_dirpub_start(&po, &n->dirpub);
     if (rc != KVEDGE_OK)
         kvedge_mview_destroy(&n->view);
@@ -160,6 +159,11 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
             return KVEDGE_EIO;
         }
     }
+    rc = kvedge_node_monitor_open(n, why, why_len);
+    if (rc != KVEDGE_OK) {
+        kvedge_node_destroy(&n);
+        return rc;
+    }
     kvedge_server_opts_t so = {n->s.role,
                                n->s.name[0] ? n->s.name : NULL,
                                n->s.bind,
@@ -168,7 +172,10 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
                                n->s.insecure ? NULL : n->s.clients,
                                (int)n->s.workers,
                                0,
-                               n->engine};
+                               n->engine,
+                               n->analyzer,
+                               kvedge_node_monitor_doc,
+                               n};
     rc = kvedge_server_start(&so, &n->server, why, why_len);
     if (rc != KVEDGE_OK) {
         kvedge_node_destroy(&n);
@@ -189,6 +196,11 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
             kvedge_log_error("not registered with the master %s: %s (serving anyway)", n->s.master,
                              kvedge_strerror(rc));
     }
+    rc = kvedge_node_monitor_serve(n, why, why_len);
+    if (rc != KVEDGE_OK) {
+        kvedge_node_destroy(&n);
+        return rc;
+    }
     *out = n;
     return KVEDGE_OK;
 }
@@ -201,7 +213,9 @@ void kvedge_node_destroy(kvedge_node_t **self_p)
     kvedge_dirpub_destroy(&n->dirpub);
     kvedge_mview_destroy(&n->view);
     kvedge_hsync_sched_destroy(&n->sched);
+    kvedge_http_stop(&n->http); /* its readiness reads the parts stopped below */
     kvedge_server_destroy(&n->server);
+    kvedge_node_monitor_close(n);
     kvedge_engine_destroy(&n->engine);
     free(n);
     *self_p = NULL;
@@ -222,6 +236,11 @@ int kvedge_node_publish(kvedge_node_t *n, uint32_t *changed)
     if (!n || !n->dirpub)
         return KVEDGE_EINVAL;
     return kvedge_dirpub_sync(n->dirpub, changed);
+}
+
+const char *kvedge_node_metrics_url(kvedge_node_t *n)
+{
+    return n && n->http ? kvedge_http_url(n->http) : NULL;
 }
 
 kvedge_engine_t *kvedge_node_engine(kvedge_node_t *n)

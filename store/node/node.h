@@ -24,6 +24,8 @@ extern "C" {
 #define KVEDGE_NODE_CLIENTS_NAME "clients"   /* the allowlist directory, in the data dir */
 #define KVEDGE_NODE_PATH_BYTES   1024
 #define KVEDGE_NODE_EP_BYTES     256
+/* The HTTP endpoint's default address: /metrics, /health, /ready (docs/operations.md). */
+#define KVEDGE_NODE_METRICS_DEFAULT "127.0.0.1:9740"
 
 /* Everything a node is started with. The daemon's settings table (store/node/settings.c) holds
  * the defaults and maps config keys and flags onto the fields; kvedge_node_settings_default
@@ -50,9 +52,13 @@ typedef struct {
     char node_id[65];
     char advertise[KVEDGE_NODE_EP_BYTES]; /* the endpoint others reach us on; "" = bound */
     char region[65];
-    uint64_t declare_bw;          /* bytes/s, a prior for planners; 0 = unknown */
-    uint32_t declare_rtt_us;      /* a prior for planners; 0 = unknown */
-    uint32_t dir_interval_ms;     /* how often the block directory is looked at; 0 = default */
+    uint64_t declare_bw;      /* bytes/s, a prior for planners; 0 = unknown */
+    uint32_t declare_rtt_us;  /* a prior for planners; 0 = unknown */
+    uint32_t dir_interval_ms; /* how often the block directory is looked at; 0 = default */
+    /* Monitoring: the HTTP endpoint ("HOST:PORT", or "off"), and whether the I/O Analyzer
+     * records (off: /metrics and MONITOR still show the store's gauges). */
+    char metrics[128];
+    bool monitor;
     kvedge_log_level_t log_level; /* the process-wide logger's level: the daemon's main sets it */
 } kvedge_node_settings_t;
 
@@ -93,6 +99,10 @@ const char *kvedge_node_public_key(kvedge_node_t *n);
  * written): after a change that must be visible to planners at once. Errors: KVEDGE_EINVAL
  * (not joined to a master), those of kvedge_dirpub_sync. */
 int kvedge_node_publish(kvedge_node_t *n, uint32_t *changed);
+
+/* "http://HOST:PORT" of the node's metrics endpoint as bound (port 0 resolved), or NULL when
+ * it is off. Valid until destroy. */
+const char *kvedge_node_metrics_url(kvedge_node_t *n);
 
 /* The node's engine, for tests and tools in the same process. Valid until destroy. */
 kvedge_engine_t *kvedge_node_engine(kvedge_node_t *n);

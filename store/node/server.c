@@ -6,6 +6,7 @@
 
 #include <czmq.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -16,7 +17,9 @@
 #include "store/error.h"
 
 /* Job kinds on the internal sockets (first frame, one byte). */
-#define S_JOB_REQUEST 'R' /* [kind][route][tag 16 | admin 1][arrival ms 8][header][payload...] */
+#define S_JOB_REQUEST                                                                              \
+    'R'                   /* [kind][route][tag 16 | admin 1 | stored series 8][arrival us 8]       \
+                            [header][payload...] */
 #define S_JOB_READ    'S' /* [kind][stream key][seq 4][stored key 36] */
 #define S_TICK_MS     100 /* stream housekeeping period */
 #define S_READ_WINDOW 16  /* blocks read by one worker trip */
@@ -44,6 +47,7 @@ typedef struct {
     zactor_t **workers;
     int n_workers;
     zhashx_t *streams;    /* stream key -> s_stream_t */
+    zhashx_t *tenants;    /* tenant name -> kvedge_analyzer_tenant_t (frontend's cache) */
     uint64_t outstanding; /* jobs pushed, results not yet back */
     bool draining;        /* shutting down: new requests are answered ECLOSED */
     char *start_error;    /* set when start fails, read by kvedge_server_start */
@@ -55,18 +59,69 @@ typedef struct {
 
 /* The tenant of the peer that sent frame f: from the CURVE key the ZAP handler accepted
  * (User-Id), mapped through the allowlist certificate's "tenant" metadata when present. */
-static bool s_tenant_of(s_node_t *n, zframe_t *f, uint8_t tag[16])
+static bool s_tenant_of(s_node_t *n, zframe_t *f, uint8_t tag[16], const char **name)
 {
     const char *user = n->cert ? zframe_meta(f, "User-Id") : NULL;
     if (!user || !*user) {
         memcpy(tag, n->loopback_tag, 16);
+        *name = KVEDGE_LOOPBACK_TENANT;
         return true; /* plaintext exists only on loopback: the operator's own machine */
     }
     zcert_t *c = n->allow ? zcertstore_lookup(n->allow, user) : NULL;
     const char *tenant = c ? zcert_meta(c, "tenant") : NULL;
     const char *admin = c ? zcert_meta(c, "admin") : NULL;
-    kvedge_tenant_tag(tenant && *tenant ? tenant : user, tag);
+    *name = tenant && *tenant ? tenant : user;
+    kvedge_tenant_tag(*name, tag);
     return admin && (strcmp(admin, "1") == 0 || strcmp(admin, "true") == 0);
+}
+
+/* The tenant's series, cached by name on the frontend (the analyzer bounds the series; the
+ * cache holds at most what the allowlist lets in, and is cut at 4096 names). */
+static kvedge_analyzer_tenant_t s_tenant_series(s_node_t *n, const char *name)
+{
+    kvedge_analyzer_tenant_t t = {NULL, NULL};
+    if (!n->opts.analyzer)
+        return t;
+    kvedge_analyzer_tenant_t *c = n->tenants ? zhashx_lookup(n->tenants, name) : NULL;
+    if (c)
+        return *c;
+    kvedge_analyzer_tenant(n->opts.analyzer, name, &t);
+    if (n->tenants && zhashx_size(n->tenants) < 4096 && (c = malloc(sizeof *c)) != NULL) {
+        *c = t;
+        if (zhashx_insert(n->tenants, name, c) != 0)
+            free(c);
+    }
+    return t;
+}
+
+/* Payload bytes of a message's frames from the first payload frame on. */
+static uint64_t s_msg_bytes(zmsg_t *m, bool skip_route_and_header)
+{
+    uint64_t b = 0;
+    size_t i = 0;
+    for (zframe_t *f = zmsg_first(m); f; f = zmsg_next(m), i++)
+        if (!skip_route_and_header || i >= 2)
+            b += zframe_size(f);
+    return b;
+}
+
+/* A quarantine found by a client read: counted, and logged at most once a second. */
+static void s_quarantined(s_node_t *n, const kvedge_block_key_t *k)
+{
+    static _Atomic uint64_t last_ms, suppressed;
+    kvedge_analyzer_quarantine(n->opts.analyzer);
+    uint64_t now = (uint64_t)kvedge_mono_ms(), last = atomic_load(&last_ms);
+    if (now < last + 1000 || !atomic_compare_exchange_strong(&last_ms, &last, now)) {
+        atomic_fetch_add(&suppressed, 1);
+        return;
+    }
+    char hex[17];
+    for (int i = 0; i < 8; i++)
+        snprintf(hex + 2 * i, 3, "%02x", k->chunk.bytes[i]);
+    uint64_t more = atomic_exchange(&suppressed, 0);
+    kvedge_log_warn("block %s… layer %u head %u failed verification: moved to quarantine, "
+                    "served as a miss (kvedge verify lists it)%s",
+                    hex, k->layer, k->head, more ? " (and earlier ones not logged)" : "");
 }
 
 /* ---------------------------------------------------------------- messages */
@@ -119,11 +174,6 @@ static void s_send(s_node_t *n, zmsg_t **m)
 
 /* ---------------------------------------------------------------- worker side */
 
-typedef struct {
-    s_node_t *node;
-    int index;
-} s_worker_args_t;
-
 static uint32_t s_model_heads(kvedge_engine_t *e, const kvedge_chunk_info_t *c, kvedge_model_t *m)
 {
     return kvedge_engine_get_model(e, c->model_id, m) == KVEDGE_OK ? m->kv_heads : 0;
@@ -147,8 +197,8 @@ static zframe_t *s_status_frame(const int32_t *st, uint32_t n)
     return f;
 }
 
-static void s_do_put(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
-                     const kvedge_wire_frame_t *pf, zmsg_t *reply)
+static void s_do_put(s_node_t *n, const uint8_t tag[16], kvedge_series_t *stored,
+                     const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf, zmsg_t *reply)
 {
     int32_t *st = calloc(h->count, sizeof *st);
     for (uint32_t i = 0; st && i < h->count; i++) {
@@ -165,6 +215,8 @@ static void s_do_put(s_node_t *n, const uint8_t tag[16], const kvedge_wire_heade
             kvedge_put_opts_t po = {item.ttl_s, item.pin};
             rc = kvedge_engine_put(n->opts.engine, &info, item.layer, item.head, pf[2 * i + 1].data,
                                    pf[2 * i + 1].len, &po);
+            if (rc == KVEDGE_OK)
+                kvedge_series_add(stored, pf[2 * i + 1].len);
         }
         st[i] = rc;
     }
@@ -177,8 +229,8 @@ static void s_do_put(s_node_t *n, const uint8_t tag[16], const kvedge_wire_heade
     free(st);
 }
 
-static void s_do_get(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
-                     const kvedge_wire_frame_t *pf, zmsg_t *reply)
+static void s_do_get(s_node_t *n, size_t shard, const uint8_t tag[16],
+                     const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf, zmsg_t *reply)
 {
     int32_t *st = calloc(h->count, sizeof *st);
     zmsg_t *blocks = zmsg_new();
@@ -194,7 +246,12 @@ static void s_do_get(s_node_t *n, const uint8_t tag[16], const kvedge_wire_heade
         if (rc == KVEDGE_OK) {
             zmsg_addmem(blocks, v.data, v.len);
             total += v.len;
+            kvedge_analyzer_touch(n->opts.analyzer, shard, &k.chunk, NULL, k.layer, k.head, v.len);
+        } else if (rc == KVEDGE_ECORRUPT) {
+            s_quarantined(n, &k);
         }
+        kvedge_analyzer_read(n->opts.analyzer, rc, rc == KVEDGE_OK ? v.data : NULL,
+                             rc == KVEDGE_OK ? v.len : 0);
         kvedge_value_release(&v);
         st[i] = rc;
     }
@@ -414,23 +471,26 @@ static void s_do_model(s_node_t *n, const kvedge_wire_header_t *h, const kvedge_
     }
 }
 
-/* Runs one request job; returns the reply [route][header][payload...]. */
-static zmsg_t *s_run_request(s_node_t *n, zmsg_t *job)
+/* Runs one request job (in worker `shard`); returns the reply [route][header][payload...]. */
+static zmsg_t *s_run_request(s_node_t *n, size_t shard, zmsg_t *job)
 {
     zframe_t *route = zmsg_pop(job), *tagf = zmsg_pop(job), *arrf = zmsg_pop(job);
     zframe_t *hf = zmsg_pop(job);
     uint8_t tag[16];
-    uint64_t arrival = 0;
+    uint64_t arrival_us = 0;
+    kvedge_series_t *stored = NULL;
     memcpy(tag, zframe_data(tagf), 16);
     bool admin = zframe_data(tagf)[16] != 0;
-    memcpy(&arrival, zframe_data(arrf), 8);
+    memcpy(&stored, zframe_data(tagf) + 17, sizeof stored);
+    memcpy(&arrival_us, zframe_data(arrf), 8);
+    uint64_t in_bytes = s_msg_bytes(job, false);
     kvedge_wire_header_t h;
     kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h); /* checked by frontend */
     kvedge_wire_frame_t pf[KVEDGE_WIRE_MAX_FRAMES];
     s_payload(job, pf, KVEDGE_WIRE_MAX_FRAMES);
     zmsg_t *reply = zmsg_new();
     zmsg_append(reply, &route);
-    if ((uint64_t)kvedge_mono_ms() > arrival + h.deadline_ms) {
+    if ((uint64_t)kvedge_mono_us() > arrival_us + (uint64_t)h.deadline_ms * 1000) {
         /* The client has given up: answering is cheap, doing the work is not. */
         zframe_t *hdr =
             s_header_frame(h.opcode, KVEDGE_WIRE_FLAG_REPLY, h.request_id, KVEDGE_ETIMEDOUT, 0);
@@ -438,10 +498,10 @@ static zmsg_t *s_run_request(s_node_t *n, zmsg_t *job)
     } else {
         switch (h.opcode) {
         case KVEDGE_OP_PUT:
-            s_do_put(n, tag, &h, pf, reply);
+            s_do_put(n, tag, stored, &h, pf, reply);
             break;
         case KVEDGE_OP_GET:
-            s_do_get(n, tag, &h, pf, reply);
+            s_do_get(n, shard, tag, &h, pf, reply);
             break;
         case KVEDGE_OP_LOOKUP:
             s_do_lookup(n, tag, &h, pf, reply);
@@ -466,6 +526,16 @@ static zmsg_t *s_run_request(s_node_t *n, zmsg_t *job)
             zmsg_append(reply, &hdr);
         }
         }
+    }
+    if (n->opts.analyzer) {
+        kvedge_wire_header_t rh;
+        zmsg_first(reply);
+        zframe_t *rf = zmsg_next(reply); /* the reply header, after the route */
+        int32_t status = rf && kvedge_wire_header_parse(zframe_data(rf), zframe_size(rf), &rh) == 0
+                             ? rh.status
+                             : KVEDGE_EPROTO;
+        kvedge_analyzer_request(n->opts.analyzer, h.opcode, status, kvedge_mono_us() - arrival_us,
+                                in_bytes, s_msg_bytes(reply, true));
     }
     zframe_destroy(&tagf);
     zframe_destroy(&arrf);
@@ -520,6 +590,8 @@ static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
         kvedge_block_key_unpack(zframe_data(keys) + (size_t)i * KVEDGE_BLOCK_KEY_BYTES, &k);
         kvedge_value_t *v = calloc(1, sizeof *v);
         int rc = v ? kvedge_engine_get(n->opts.engine, &k, v) : KVEDGE_ENOMEM;
+        if (rc == KVEDGE_ECORRUPT)
+            s_quarantined(n, &k);
         uint8_t st[4];
         kvedge_le_put32(st, (uint32_t)rc);
         bool last = i + 1 == count;
@@ -537,9 +609,17 @@ static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
     zframe_destroy(&keys);
 }
 
+typedef struct {
+    s_node_t *node;
+    size_t shard; /* the worker's hot table: 1 + its index */
+} s_worker_arg_t;
+
 static void s_worker(zsock_t *pipe, void *args)
 {
-    s_node_t *n = args;
+    s_worker_arg_t *wa = args;
+    s_node_t *n = wa->node;
+    size_t shard = wa->shard;
+    free(wa);
     zsock_t *jobs = zsock_new(ZMQ_PULL), *results = zsock_new(ZMQ_PUSH);
     zsock_set_rcvhwm(jobs, 2); /* take work only when free: the rest waits in the frontend */
     zsock_connect(jobs, "%s", n->jobs_ep);
@@ -555,7 +635,7 @@ static void s_worker(zsock_t *pipe, void *args)
             break;
         zframe_t *kind = zmsg_pop(job);
         if (zframe_streq(kind, "R")) {
-            zmsg_t *out = s_run_request(n, job);
+            zmsg_t *out = s_run_request(n, shard, job);
             zmsg_pushmem(out, "R", 1);
             zmsg_send(&out, results);
         } else {
@@ -591,8 +671,18 @@ typedef struct {
     uint32_t credit;     /* data messages the client still allows */
     uint32_t deadline_ms;
     uint64_t last_credit_ms;
+    /* For the analyzer: when the request arrived, its payload, the bytes sent, and the
+     * bytes of the chunk being sent (touched once its last head went out). */
+    uint64_t start_us, in_bytes, out_bytes, chunk_bytes;
+    char model[KVEDGE_HOT_LABEL_BYTES + 1];
     s_slot_t slots[KVEDGE_WIRE_MAX_CREDIT];
 } s_stream_t;
+
+static void s_free_item(void **item)
+{
+    free(*item);
+    *item = NULL;
+}
 
 static void s_stream_destroy(void **item)
 {
@@ -619,6 +709,8 @@ static void s_stream_key(zframe_t *route, uint64_t id, char *key, size_t len)
 
 static void s_stream_end(s_node_t *n, s_stream_t *s, int32_t status)
 {
+    kvedge_analyzer_request(n->opts.analyzer, KVEDGE_OP_GET_LAYER, status,
+                            kvedge_mono_us() - s->start_us, s->in_bytes, s->out_bytes);
     zmsg_t *m = zmsg_new();
     zframe_t *r = zframe_dup(s->route);
     zmsg_append(m, &r);
@@ -649,6 +741,18 @@ static void s_stream_pump(s_node_t *n, s_stream_t *s)
                            s->id, KVEDGE_OK, 1);
         zmsg_append(m, &h);
         zmsg_addmem(m, sh, sizeof sh);
+        if (n->opts.analyzer) {
+            size_t len = slot->block ? zframe_size(slot->block) : 0;
+            kvedge_analyzer_read(n->opts.analyzer, slot->status,
+                                 slot->block ? zframe_data(slot->block) : NULL, len);
+            s->out_bytes += len + sizeof sh;
+            s->chunk_bytes += len;
+            if (hdr.head + 1u == s->heads) {
+                kvedge_analyzer_touch(n->opts.analyzer, 0, &s->ids[hdr.chunk_index], s->model,
+                                      s->layer, UINT32_MAX, s->chunk_bytes);
+                s->chunk_bytes = 0;
+            }
+        }
         if (slot->block)
             zmsg_append(m, &slot->block);
         slot->ready = false;
@@ -717,11 +821,14 @@ static void s_stream_result(s_node_t *n, zmsg_t *m)
 }
 
 static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16],
-                             const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf)
+                             const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
+                             uint64_t start_us)
 {
     s_stream_t *s = calloc(1, sizeof *s);
     if (!s)
         return KVEDGE_ENOMEM;
+    s->start_us = start_us;
+    s->in_bytes = pf[0].len;
     s->route = zframe_dup(route);
     s->id = h->request_id;
     s->layer = (uint16_t)(pf[0].data[0] | pf[0].data[1] << 8);
@@ -741,6 +848,7 @@ static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16]
         /* Every chunk of a prefix has the model of the first one the node knows. */
         if (s->heads == 0 && kvedge_engine_get_chunk(n->opts.engine, &s->ids[i], &info) == 0) {
             s->heads = s_model_heads(n->opts.engine, &info, &model);
+            snprintf(s->model, sizeof s->model, "%.*s", (int)(sizeof s->model - 1), info.model_id);
             rc = s->heads == 0              ? KVEDGE_ENOMODEL
                  : s->layer >= model.layers ? KVEDGE_ESHAPE
                                             : KVEDGE_OK;
@@ -801,6 +909,30 @@ static void s_hello(s_node_t *n, zframe_t *route, const uint8_t tag[16],
     s_send(n, &m);
 }
 
+/* MONITOR: the node's document from its owner (node.c), answered on the frontend. */
+static void s_monitor(s_node_t *n, zframe_t *route, const kvedge_wire_header_t *h,
+                      const kvedge_wire_frame_t *pf, uint64_t start_us)
+{
+    size_t len = 0;
+    char *doc = n->opts.monitor
+                    ? n->opts.monitor(n->opts.monitor_arg, kvedge_le_get16(pf[0].data), &len)
+                    : NULL;
+    int32_t rc = !n->opts.monitor                      ? KVEDGE_EPROTO
+                 : !doc                                ? KVEDGE_ENOMEM
+                 : len > KVEDGE_WIRE_MAX_MONITOR_BYTES ? KVEDGE_ETOOBIG
+                                                       : KVEDGE_OK;
+    zmsg_t *m = zmsg_new();
+    zmsg_append(m, &route);
+    zframe_t *hf = s_header_frame(KVEDGE_OP_MONITOR, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
+    zmsg_append(m, &hf);
+    if (rc == KVEDGE_OK)
+        zmsg_addmem(m, doc, len);
+    free(doc);
+    kvedge_analyzer_request(n->opts.analyzer, KVEDGE_OP_MONITOR, rc, kvedge_mono_us() - start_us,
+                            pf[0].len, rc == KVEDGE_OK ? len : 0);
+    s_send(n, &m);
+}
+
 static void s_stat(s_node_t *n, zframe_t *route, const kvedge_wire_header_t *h)
 {
     kvedge_engine_stats_t st;
@@ -837,9 +969,16 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         rc = KVEDGE_EPROTO;
     if (rc == KVEDGE_OK)
         rc = kvedge_wire_validate(&h, pf, np);
+    uint64_t start_us = kvedge_mono_us();
+    const char *tenant = NULL;
     uint8_t tag[17];
-    tag[16] = s_tenant_of(n, hf, tag) ? 1 : 0;
+    tag[16] = s_tenant_of(n, hf, tag, &tenant) ? 1 : 0;
+    kvedge_analyzer_tenant_t ts = s_tenant_series(n, tenant);
+    if (h.opcode != KVEDGE_OP_CREDIT && h.opcode != KVEDGE_OP_CANCEL)
+        kvedge_series_inc(ts.requests);
     if (rc != KVEDGE_OK) {
+        kvedge_analyzer_request(n->opts.analyzer, kvedge_wire_op_name(h.opcode) ? h.opcode : 0, rc,
+                                kvedge_mono_us() - start_us, s_msg_bytes(msg, false), 0);
         kvedge_log_debug("malformed %s request %llu: %s",
                          kvedge_wire_op_name(h.opcode) ? kvedge_wire_op_name(h.opcode) : "?",
                          (unsigned long long)h.request_id, kvedge_strerror(rc));
@@ -857,9 +996,19 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         zmsg_destroy(&msg);
         return;
     }
+    /* Requests answered here, at once, are counted here; worker jobs and streams when they
+     * end. */
+    if (h.opcode == KVEDGE_OP_HELLO || h.opcode == KVEDGE_OP_PING || h.opcode == KVEDGE_OP_STAT) {
+        uint64_t in = s_msg_bytes(msg, false);
+        kvedge_analyzer_request(n->opts.analyzer, h.opcode, KVEDGE_OK, kvedge_mono_us() - start_us,
+                                in, h.opcode == KVEDGE_OP_PING ? in : 0);
+    }
     switch (h.opcode) {
     case KVEDGE_OP_HELLO:
         s_hello(n, route, tag, &h);
+        break;
+    case KVEDGE_OP_MONITOR:
+        s_monitor(n, route, &h, pf, start_us);
         break;
     case KVEDGE_OP_PING: {
         zmsg_t *m = zmsg_new();
@@ -876,8 +1025,10 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         s_stat(n, route, &h);
         break;
     case KVEDGE_OP_GET_LAYER: {
-        int32_t src = s_stream_open(n, route, tag, &h, pf);
+        int32_t src = s_stream_open(n, route, tag, &h, pf, start_us);
         if (src != KVEDGE_OK) {
+            kvedge_analyzer_request(n->opts.analyzer, KVEDGE_OP_GET_LAYER, src,
+                                    kvedge_mono_us() - start_us, pf[0].len, 0);
             zmsg_t *r = zmsg_new();
             zmsg_append(r, &route);
             zframe_t *eh =
@@ -907,18 +1058,22 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         break;
     }
     default: {
-        /* Worker job: [R][route][tag][arrival][header][payload...] */
-        uint64_t now = (uint64_t)kvedge_mono_ms();
+        /* Worker job: [R][route][tag, admin, stored series][arrival us][header][payload...] */
         zmsg_t *job = msg; /* the payload frames move to the worker: no copy of blocks */
         msg = NULL;
+        uint8_t tagx[17 + sizeof(kvedge_series_t *)];
+        memcpy(tagx, tag, 17);
+        memcpy(tagx + 17, &ts.stored_bytes, sizeof ts.stored_bytes);
         zmsg_pushmem(job, zframe_data(hf), zframe_size(hf));
-        zmsg_pushmem(job, &now, 8);
-        zmsg_pushmem(job, tag, 17);
+        zmsg_pushmem(job, &start_us, 8);
+        zmsg_pushmem(job, tagx, sizeof tagx);
         zframe_t *r = zframe_dup(route);
         zmsg_prepend(job, &r);
         zmsg_pushmem(job, "R", 1);
         if (zmsg_send(&job, n->jobs) != 0) {
             zmsg_destroy(&job);
+            kvedge_analyzer_request(n->opts.analyzer, h.opcode, KVEDGE_EBUSY,
+                                    kvedge_mono_us() - start_us, 0, 0);
             zmsg_t *busy = s_error_reply(route, h.opcode, h.request_id, KVEDGE_EBUSY);
             route = NULL;
             s_send(n, &busy);
@@ -980,10 +1135,18 @@ static int s_setup(s_node_t *n, zsock_t *pipe)
         zsock_bind(n->jobs, "%s", n->jobs_ep);
         zsock_bind(n->results, "%s", n->results_ep);
         n->workers = calloc((size_t)n->n_workers, sizeof *n->workers);
-        for (int i = 0; n->workers && i < n->n_workers; i++)
-            n->workers[i] = zactor_new(s_worker, n);
+        for (int i = 0; n->workers && i < n->n_workers; i++) {
+            s_worker_arg_t *wa = malloc(sizeof *wa);
+            if (!wa)
+                break;
+            *wa = (s_worker_arg_t){n, (size_t)i + 1};
+            n->workers[i] = zactor_new(s_worker, wa);
+        }
         n->streams = zhashx_new();
         zhashx_set_destructor(n->streams, s_stream_destroy);
+        n->tenants = zhashx_new();
+        if (n->tenants)
+            zhashx_set_destructor(n->tenants, s_free_item);
         if (!n->workers || !n->streams) {
             rc = KVEDGE_ENOMEM;
             snprintf(why, sizeof why, "out of memory");
@@ -1002,6 +1165,7 @@ static void s_teardown(s_node_t *n)
         zactor_destroy(&n->workers[i]);
     free(n->workers);
     zhashx_destroy(&n->streams);
+    zhashx_destroy(&n->tenants);
     zsock_destroy(&n->jobs);
     zsock_destroy(&n->results);
     kvedge_secure_router_close(&n->sec);
@@ -1086,8 +1250,7 @@ int kvedge_server_start(const kvedge_server_opts_t *opts, kvedge_server_t **out,
     }
     n->opts = *opts;
     n->owner = s;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    n->n_workers = opts->workers > 0 ? opts->workers : cores > 2 ? (int)cores : 2;
+    n->n_workers = kvedge_server_workers(opts->workers);
     if (n->opts.default_credit == 0 || n->opts.default_credit > KVEDGE_WIRE_MAX_CREDIT)
         n->opts.default_credit = KVEDGE_SERVER_CREDIT_DEFAULT;
     snprintf(n->name, sizeof n->name, "%s", opts->name && *opts->name ? opts->name : "kvedge");
@@ -1116,9 +1279,21 @@ int kvedge_server_start(const kvedge_server_opts_t *opts, kvedge_server_t **out,
     return KVEDGE_OK;
 }
 
+int kvedge_server_workers(int workers)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return workers > 0 ? workers : cores > 2 ? (int)cores : 2;
+}
+
 const char *kvedge_server_endpoint(kvedge_server_t *s)
 {
     return s ? s->endpoint : NULL;
+}
+
+uint64_t kvedge_server_denials(kvedge_server_t *s)
+{
+    s_node_t *n = s ? s->frontend_state : NULL;
+    return n ? kvedge_secure_router_denials(&n->sec) : 0;
 }
 
 const char *kvedge_server_public_key(kvedge_server_t *s)

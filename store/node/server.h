@@ -11,6 +11,7 @@
 #include "access/frame.h"
 #include "access/transport.h"
 #include "store/engine.h"
+#include "store/node/analyzer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,7 +33,16 @@ typedef struct {
     int workers;             /* 0 = one per online core, at least 2 */
     uint32_t default_credit; /* advertised in HELLO; 0 = default */
     kvedge_engine_t *engine; /* not owned; must outlive the server */
+    /* The I/O Analyzer to record into (NULL: none), with n_workers + 1 shards. Not owned. */
+    kvedge_analyzer_t *analyzer;
+    /* MONITOR: returns the node's document (malloc'd JSON, *len its length) or NULL when out
+     * of memory; called on the frontend thread. NULL: MONITOR is answered EPROTO. */
+    char *(*monitor)(void *arg, uint32_t top, size_t *len);
+    void *monitor_arg;
 } kvedge_server_opts_t;
+
+/* Worker threads a node with opts->workers = workers runs (0: one per core, at least 2). */
+int kvedge_server_workers(int workers);
 
 /* Starts the node: ZAP handler first (CURVE), then the socket is bound, then the workers.
  * Returns once it serves. why (if not NULL) receives a reason on failure.
@@ -43,6 +53,9 @@ int kvedge_server_start(const kvedge_server_opts_t *opts, kvedge_server_t **out,
 
 /* The endpoint actually bound (ephemeral ports resolved). Valid until destroy. */
 const char *kvedge_server_endpoint(kvedge_server_t *s);
+
+/* CURVE handshakes the node's ZAP handler refused since start (0 when plaintext). */
+uint64_t kvedge_server_denials(kvedge_server_t *s);
 
 /* The node's public key (Z85, 40 chars), or NULL when plaintext. */
 const char *kvedge_server_public_key(kvedge_server_t *s);

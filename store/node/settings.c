@@ -1,6 +1,7 @@
 /* The store node's settings table: every setting of `kvedge store` once, with its config key
  * (section `store`), flags, bounds, default and help (access/settings.h drives the rest). */
 #include "access/settings.h"
+#include "monitor/http.h"
 
 #include "store/node/hsync.h"
 #include "store/node/node.h"
@@ -92,6 +93,23 @@ static const kvedge_setting_t s_settings[] = {
      .type = KVEDGE_SETTING_STRING,
      KVEDGE_SETTING_AT(S_T, name),
      .help = "node name shown to clients; empty: kvedge"},
+    {.key = "metrics",
+     .flag = "metrics",
+     .arg = "ADDR",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, metrics),
+     .def = KVEDGE_NODE_METRICS_DEFAULT,
+     .check = kvedge_http_check_addr,
+     .example = "0.0.0.0:9750",
+     .help = "HTTP endpoint for /metrics, /health and /ready (HOST:PORT; port 0: any free); "
+             "off: none"},
+    {.key = "monitor",
+     .flag = "monitor",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, monitor),
+     .def_num = 1,
+     .help = "record the I/O Analyzer (requests, latency, hits, hot prefixes); no: only the "
+             "store's gauges"},
     {.key = "log",
      .flag = "log-level",
      .type = KVEDGE_SETTING_ENUM,

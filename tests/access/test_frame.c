@@ -61,6 +61,7 @@ static const t_case_t s_cases[] = {
     {"CANCEL", KVEDGE_OP_CANCEL, false, T_PLAIN, 0, 0, 0, false},
     {"MODEL", KVEDGE_OP_MODEL, false, T_PLAIN, 0, 0, 0, false},
     {"EVICT", KVEDGE_OP_EVICT, false, T_PLAIN, 0, 0, 0, false},
+    {"MONITOR", KVEDGE_OP_MONITOR, false, T_PLAIN, 0, 0, 0, false},
     {"HELLO", KVEDGE_OP_HELLO, true, T_PLAIN, 0, 0, 0, true},
     {"PING", KVEDGE_OP_PING, true, T_PLAIN, 0, 0, 0, true},
     {"PUT", KVEDGE_OP_PUT, true, T_PLAIN, 3, 1, KVEDGE_WIRE_MAX_ITEMS, true},
@@ -202,6 +203,11 @@ static t_msg_t *t_build(const t_case_t *c, uint32_t count)
             memset(rec, 0, 8);
             rec[2] = 1; /* 64 KiB */
             t_add_fixed(m, rec, 8);
+            break;
+        case KVEDGE_OP_MONITOR:
+            memset(rec, 0, 4);
+            rec[0] = 10; /* top 10 */
+            t_add_fixed(m, rec, 4);
             break;
         default: /* STAT, CREDIT, CANCEL: no payload */
             break;
@@ -442,11 +448,12 @@ static void test_op_names(void **state)
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_HELLO), "HELLO");
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_GET_LAYER), "GET_LAYER");
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_MODEL), "MODEL");
-    for (int op = 1; op <= 16; op++)
+    for (int op = 1; op <= 17; op++)
         assert_non_null(kvedge_wire_op_name(op));
     assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_FETCH), "FETCH");
+    assert_string_equal(kvedge_wire_op_name(KVEDGE_OP_MONITOR), "MONITOR");
     assert_null(kvedge_wire_op_name(0));
-    assert_null(kvedge_wire_op_name(17));
+    assert_null(kvedge_wire_op_name(18));
     assert_null(kvedge_wire_op_name(-1));
     assert_null(kvedge_wire_op_name(255));
 }
@@ -580,6 +587,47 @@ static void test_frame_count(void **state)
     t_add(m, "x", 1, 1, 1);
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
     t_free(m);
+}
+
+/* MONITOR: the request's top and reserved field; the reply's document (a JSON object, 2 ...
+ * 1 MiB, no NUL), which the table cannot vary like fixed records. */
+static void test_monitor(void **state)
+{
+    (void)state;
+    uint8_t req[4] = {64, 0, 0, 0};
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_MONITOR, 0, 9, 0, 0, 0, 1000};
+    kvedge_wire_frame_t f = {req, sizeof req};
+    assert_int_equal(kvedge_wire_validate(&h, &f, 1), 0);
+    req[0] = 65; /* more hot prefixes than a document carries */
+    assert_int_equal(kvedge_wire_validate(&h, &f, 1), KVEDGE_EPROTO);
+    req[0] = 0;
+    req[3] = 1; /* reserved */
+    assert_int_equal(kvedge_wire_validate(&h, &f, 1), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_validate(&h, NULL, 0), KVEDGE_EPROTO);
+    kvedge_wire_header_t r = {
+        KVEDGE_WIRE_VERSION, KVEDGE_OP_MONITOR, KVEDGE_WIRE_FLAG_REPLY, 9, 0, 0, 0, 0};
+    const char *doc = "{\"kind\":\"node\"}";
+    kvedge_wire_frame_t d = {(const uint8_t *)doc, strlen(doc)};
+    assert_int_equal(kvedge_wire_validate(&r, &d, 1), 0);
+    d.len = 1; /* "{": too short */
+    assert_int_equal(kvedge_wire_validate(&r, &d, 1), KVEDGE_EPROTO);
+    const char *nul = "{\"a\":\"\0\"}";
+    d = (kvedge_wire_frame_t){(const uint8_t *)nul, 9};
+    assert_int_equal(kvedge_wire_validate(&r, &d, 1), KVEDGE_EPROTO);
+    const char *arr = "[1,2]";
+    d = (kvedge_wire_frame_t){(const uint8_t *)arr, 5};
+    assert_int_equal(kvedge_wire_validate(&r, &d, 1), KVEDGE_EPROTO);
+    uint8_t *big = malloc(KVEDGE_WIRE_MAX_MONITOR_BYTES + 1);
+    assert_non_null(big);
+    memset(big, ' ', KVEDGE_WIRE_MAX_MONITOR_BYTES + 1);
+    big[0] = '{';
+    d = (kvedge_wire_frame_t){big, KVEDGE_WIRE_MAX_MONITOR_BYTES};
+    assert_int_equal(kvedge_wire_validate(&r, &d, 1), 0);
+    d.len++;
+    assert_int_equal(kvedge_wire_validate(&r, &d, 1), KVEDGE_EPROTO);
+    free(big);
+    r.status = KVEDGE_ENOMEM; /* a failed MONITOR carries nothing */
+    assert_int_equal(kvedge_wire_validate(&r, NULL, 0), 0);
 }
 
 static void test_frame_sizes(void **state)
@@ -755,7 +803,7 @@ static void test_deadline_and_credit(void **state)
 static void test_opcode_and_version(void **state)
 {
     (void)state;
-    const uint8_t unknown[] = {0, 17, 18, 200, 255};
+    const uint8_t unknown[] = {0, 18, 19, 200, 255};
     for (size_t i = 0; i < T_NCASES; i++) {
         const t_case_t *c = &s_cases[i];
         t_msg_t *m = t_build(c, c->count);
@@ -1324,6 +1372,7 @@ int main(void)
         cmocka_unit_test(test_valid_messages),
         cmocka_unit_test(test_frame_count),
         cmocka_unit_test(test_frame_sizes),
+        cmocka_unit_test(test_monitor),
         cmocka_unit_test(test_count_limits),
         cmocka_unit_test(test_flags),
         cmocka_unit_test(test_status),

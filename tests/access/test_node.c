@@ -50,6 +50,7 @@ static void s_node_start(s_node_t *n)
 {
     kvedge_node_settings_t ns;
     kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     ns.role = KVEDGE_ROLE_CLOUD;
     ns.insecure = !n->curve;
     ns.workers = 2;
@@ -415,8 +416,18 @@ static void test_stalled_reader_and_credit_abuse(void **state)
 static void test_plaintext_only_on_loopback(void **state)
 {
     s_node_t *n = *state;
-    kvedge_server_opts_t so = {KVEDGE_ROLE_EDGE, NULL, "tcp://0.0.0.0:*", true, NULL, NULL, 1, 0,
-                               n->engine};
+    kvedge_server_opts_t so = {KVEDGE_ROLE_EDGE,
+                               NULL,
+                               "tcp://0.0.0.0:*",
+                               true,
+                               NULL,
+                               NULL,
+                               1,
+                               0,
+                               n->engine,
+                               NULL,
+                               NULL,
+                               NULL};
     kvedge_server_t *s = NULL;
     char why[256];
     assert_int_equal(kvedge_server_start(&so, &s, why, sizeof why), KVEDGE_EDENIED);
@@ -567,7 +578,7 @@ static void test_node_killed_mid_stream(void **state)
         char bind[300];
         snprintf(bind, sizeof bind, "ipc://%s/node.sock", dir);
         execl(KVEDGE_BIN, "kvedge", "--data", dir, "store", "--insecure", "--bind", bind,
-              "--log-level", "warn", (char *)NULL);
+              "--log-level", "warn", "--metrics", "off", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -677,10 +688,14 @@ static void test_node_settings_refused(void **state)
     char why[256];
 
     kvedge_node_settings_default(&ns); /* no data directory */
+
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     assert_int_equal(kvedge_node_start(&ns, &node, why, sizeof why), KVEDGE_EINVAL);
     assert_non_null(strstr(why, "data directory"));
 
     kvedge_node_settings_default(&ns);
+
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     snprintf(ns.data, sizeof ns.data, "%s/data", dir);
     ns.role = KVEDGE_ROLE_PROXY;
     assert_int_equal(kvedge_node_start(&ns, &node, why, sizeof why), KVEDGE_EINVAL);
@@ -695,6 +710,8 @@ static void test_node_settings_refused(void **state)
     assert_int_equal(kvedge_node_start(&ns, &node, why, sizeof why), KVEDGE_EINVAL);
 
     kvedge_node_settings_default(&ns);
+
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     snprintf(ns.data, sizeof ns.data, "%s/data", dir);
     snprintf(ns.bind, sizeof ns.bind, "tcp://0.0.0.0:*");
     ns.insecure = true;
@@ -718,6 +735,7 @@ static void test_node_start_defaults(void **state)
     assert_non_null(mkdtemp(dir));
     kvedge_node_settings_t ns;
     kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     snprintf(ns.data, sizeof ns.data, "%s/data", dir);
     snprintf(ns.bind, sizeof ns.bind, "tcp://127.0.0.1:*");
     snprintf(ns.subscriptions, sizeof ns.subscriptions, "%s/missing.conf", dir);

@@ -381,7 +381,7 @@ static void test_master_cli(void **state)
         dup2(pfd[1], STDOUT_FILENO);
         close(pfd[0]);
         execl(KVEDGE_BIN, "kvedge", "master", "--insecure", "--bind", bind, "--pub", pub, "--data",
-              data, "--log-level", "warn", (char *)NULL);
+              data, "--log-level", "warn", "--metrics", "off", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -713,7 +713,7 @@ static void test_proxy_cli(void **state)
         dup2(pfd[1], STDOUT_FILENO);
         close(pfd[0]);
         execl(KVEDGE_BIN, "kvedge", "proxy", "--insecure", "--bind", pep, "--source", source,
-              "--log-level", "warn", (char *)NULL);
+              "--log-level", "warn", "--metrics", "off", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -799,7 +799,7 @@ static pid_t s_spawn_proxy(const char *pep, const char *node_ep, int *out_fd)
         dup2(pfd[1], STDOUT_FILENO);
         close(pfd[0]);
         execl(KVEDGE_BIN, "kvedge", "proxy", "--insecure", "--bind", pep, "--source", source,
-              "--log-level", "warn", (char *)NULL);
+              "--log-level", "warn", "--metrics", "off", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);

@@ -252,6 +252,7 @@ static void s_node_start(s_node_t *n, const s_env_t *e, const char *name, kvedge
     snprintf(n->ep, sizeof n->ep, "ipc://%s.sock", n->dir);
     kvedge_node_settings_t ns;
     kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     ns.role = role;
     ns.insecure = true;
     ns.workers = 2;
@@ -287,7 +288,7 @@ static pid_t s_spawn_cloud(const s_env_t *e, const char *ep)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(pfd[1], STDOUT_FILENO);
         execl(KVEDGE_BIN, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure",
-              "--bind", ep, "--log-level", "error", (char *)NULL);
+              "--bind", ep, "--log-level", "error", "--metrics", "off", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);

@@ -134,6 +134,7 @@ static int s_setup(void **state)
 
     kvedge_node_settings_t ns;
     kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     ns.role = KVEDGE_ROLE_CLOUD;
     ns.insecure = true;
     ns.workers = 2;

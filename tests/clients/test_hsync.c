@@ -1,17 +1,22 @@
 /* The historical cache: an edge copies a subscribed context from a cloud node, pinned; serves
- * it to local clients of the subscribed tenant; keeps serving it with the cloud gone; copies
- * only what changed on the next pass; and the subscription file is parsed strictly. */
+ * it to local clients of the subscribed tenant; keeps serving it with the cloud gone, and says
+ * what it holds then (the status, the scheduler's log, `kvedge sync`); copies only what changed
+ * on the next pass; and the subscription file is parsed strictly. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <czmq.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "access/log.h"
 #include "store/node/server.h"
 #include "store/node/hsync.h"
 #include "clients/kvedge.h"
@@ -31,7 +36,8 @@ typedef struct {
 
 static kvedge_server_t *s_serve(kvedge_engine_t *e, const char *ep)
 {
-    kvedge_server_opts_t so = {KVEDGE_ROLE_CLOUD, NULL, ep, true, NULL, NULL, 2, 0, e};
+    kvedge_server_opts_t so = {
+        KVEDGE_ROLE_CLOUD, NULL, ep, true, NULL, NULL, 2, 0, e, NULL, NULL, NULL};
     kvedge_server_t *s = NULL;
     char why[256];
     if (kvedge_server_start(&so, &s, why, sizeof why) != 0)
@@ -229,6 +235,17 @@ static void test_sync_serve_offline_and_delta(void **state)
     assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 500, &st), KVEDGE_ETIMEDOUT);
     assert_int_equal(st.state, KVEDGE_HSYNC_FAILED);
     assert_true(st.last_ok_ms > 0); /* the last good pass is remembered */
+    /* ... and what is held is counted from the local copy, not reported as nothing. */
+    assert_int_equal(st.chunks_total, 0);
+    assert_int_equal(st.chunks_synced, 2);
+    assert_int_equal(st.blocks_held, 2 * S_LAYERS * S_HEADS);
+    assert_int_equal(st.blocks_pinned, 2 * S_LAYERS * S_HEADS);
+    assert_int_equal(st.blocks_copied, 0);
+    char sum[1024];
+    kvedge_hsync_summary(&sub, &st, sum, sizeof sum);
+    assert_non_null(strstr(sum, "cloud unreachable: "));
+    assert_non_null(strstr(sum, f->cloud_ep));
+    assert_non_null(strstr(sum, "held locally: 288 blocks (2 chunks), pinned"));
     size_t hit = 0;
     assert_int_equal(kvedge_client_lookup(edge, ids, 2, &hit), 0);
     assert_int_equal(hit, 2);
@@ -247,6 +264,8 @@ static void test_sync_serve_offline_and_delta(void **state)
     fclose(sf);
     assert_non_null(strstr(line, "\"state\":\"failed\""));
     assert_non_null(strstr(line, "\"last_error\":\"KVEDGE_ETIMEDOUT\""));
+    assert_non_null(strstr(line, "\"blocks_held\":288,\"blocks_pinned\":288"));
+    assert_non_null(strstr(line, "held locally: 288 blocks (2 chunks), pinned\"}"));
     free(a);
     free(b);
     kvedge_client_destroy(&edge);
@@ -355,6 +374,152 @@ static void test_subscription_file(void **state)
     assert_int_equal(kvedge_hsync_load(path, subs, 4, &n, why, sizeof why), KVEDGE_EIO);
 }
 
+/* ---------------------------------------------------------------- what is said */
+
+typedef struct {
+    pthread_mutex_t mu;
+    char *lines[256];
+    size_t n;
+} s_log_t;
+
+static void s_sink(kvedge_log_level_t level, const char *text, void *arg)
+{
+    (void)level;
+    s_log_t *l = arg;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < 256)
+        l->lines[l->n++] = strdup(text);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Lines containing both needles. */
+static size_t s_logged(s_log_t *l, const char *a, const char *b)
+{
+    size_t hits = 0;
+    pthread_mutex_lock(&l->mu);
+    for (size_t i = 0; i < l->n; i++)
+        hits += strstr(l->lines[i], a) && strstr(l->lines[i], b);
+    pthread_mutex_unlock(&l->mu);
+    return hits;
+}
+
+static void s_sub(kvedge_hsync_sub_t *sub, const char *name, const char *cloud,
+                  const kvedge_chunk_id_t *prefix)
+{
+    memset(sub, 0, sizeof *sub);
+    snprintf(sub->name, sizeof sub->name, "%s", name);
+    snprintf(sub->cloud, sizeof sub->cloud, "%s", cloud);
+    snprintf(sub->tenant, sizeof sub->tenant, "%s", KVEDGE_LOOPBACK_TENANT);
+    sub->prefix = *prefix;
+}
+
+/* The scheduler: each pass logged per subscription (synced at info; failed at warn with the
+ * reason and what is still held), and its state readable while it runs. */
+static void test_sched_logs_and_status(void **state)
+{
+    s_fx_t *f = *state;
+    kvedge_client_t *cloud = s_client(f->cloud_ep);
+    kvedge_chunk_id_t ids[2];
+    s_put_context(cloud, 0, S_LAYERS, ids);
+    kvedge_client_destroy(&cloud);
+    /* The second subscription is the same context from a cloud that cannot be reached. */
+    kvedge_hsync_sub_t subs[2];
+    s_sub(&subs[0], "good", f->cloud_ep, &ids[1]);
+    s_sub(&subs[1], "gone", "not-an-endpoint", &ids[1]);
+    s_log_t log = {.n = 0};
+    pthread_mutex_init(&log.mu, NULL);
+    kvedge_log_set_sink(s_sink, &log);
+    kvedge_hsync_sched_t *y = NULL;
+    assert_int_equal(kvedge_hsync_sched_start(f->edge_engine, f->dir, subs, 2, 3600, &y), 0);
+    kvedge_hsync_sub_t got[4];
+    kvedge_hsync_status_t st[4];
+    size_t n = 0;
+    uint64_t last = 0;
+    for (int i = 0; i < 200 && last == 0; i++) {
+        assert_int_equal(kvedge_hsync_sched_status(y, got, st, 4, &n, &last), 0);
+        zclock_sleep(50);
+    }
+    assert_true(last > 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(got[1].name, "gone");
+    assert_int_equal(st[0].state, KVEDGE_HSYNC_OK);
+    assert_int_equal(st[0].blocks_held, 2 * S_LAYERS * S_HEADS);
+    assert_int_equal(st[1].state, KVEDGE_HSYNC_FAILED);
+    assert_int_equal(st[1].blocks_held, 2 * S_LAYERS * S_HEADS);
+    assert_int_equal(st[1].chunks_synced, 2);
+    assert_int_equal(kvedge_hsync_sched_status(y, got, st, 1, &n, NULL), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(kvedge_hsync_sched_status(NULL, got, st, 4, &n, NULL), KVEDGE_EINVAL);
+    kvedge_hsync_sched_destroy(&y);
+    kvedge_log_set_sink(NULL, NULL);
+    assert_int_equal(
+        s_logged(&log, "sync good: 2 chunks, 288 blocks copied (", "), held 288 blocks, state ok"),
+        1);
+    assert_int_equal(s_logged(&log, "sync gone: state failed: cloud unreachable: ",
+                              "held locally: 288 blocks (2 chunks), pinned"),
+                     1);
+    for (size_t i = 0; i < log.n; i++)
+        free(log.lines[i]);
+    pthread_mutex_destroy(&log.mu);
+}
+
+/* Runs the kvedge command; its stdout into out, its exit code returned. */
+static int s_kvedge(char *out, size_t cap, const char *fmt, ...)
+{
+    char args[1500], cmd[2000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", KVEDGE_BIN, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t len = fread(out, 1, cap - 1, p);
+    out[len] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `kvedge sync` with the cloud down: the pass fails (exit code says so) and the output says
+ * what is still held, pinned; so does the status it leaves for `kvedge sync`. */
+static void test_cli_cloud_down(void **state)
+{
+    s_fx_t *f = *state;
+    kvedge_client_t *cloud = s_client(f->cloud_ep);
+    kvedge_chunk_id_t ids[2];
+    s_put_context(cloud, 0, S_LAYERS, ids);
+    kvedge_client_destroy(&cloud);
+    kvedge_hsync_sub_t sub;
+    s_sub(&sub, "bot", f->cloud_ep, &ids[1]);
+    kvedge_hsync_status_t st;
+    memset(&st, 0, sizeof st);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.blocks_held, 2 * S_LAYERS * S_HEADS);
+    kvedge_engine_destroy(&f->edge_engine); /* the command opens the store itself */
+    kvedge_server_destroy(&f->cloud);
+
+    char subs[400], edge[400], hex[KVEDGE_CHUNK_ID_HEX_BYTES], text[800];
+    snprintf(subs, sizeof subs, "%s/subs.conf", f->dir);
+    snprintf(edge, sizeof edge, "%s/edge", f->dir);
+    snprintf(text, sizeof text, "subscription\n    name = bot\n    cloud = %s\n    prefix = %s\n",
+             f->cloud_ep, kvedge_chunk_id_hex(&ids[1], hex));
+    s_write(subs, text);
+    char *out = malloc(1 << 16);
+    assert_int_equal(s_kvedge(out, 1 << 16,
+                              "--data %s sync --once --deadline 300 --subscriptions %s", edge,
+                              subs),
+                     1);
+    assert_non_null(strstr(out, "bot"));
+    assert_non_null(strstr(out, "failed"));
+    assert_non_null(strstr(out, "cloud unreachable: "));
+    assert_non_null(strstr(out, "held locally: 288 blocks (2 chunks), pinned"));
+    assert_int_equal(s_kvedge(out, 1 << 16, "--data %s sync", edge), 0);
+    assert_non_null(strstr(out, "\"state\":\"failed\""));
+    assert_non_null(strstr(out, "\"blocks_held\":288"));
+    assert_non_null(strstr(out, "held locally: 288 blocks (2 chunks), pinned"));
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -363,6 +528,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sync_layer_range, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_prefix, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_subscription_file, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_sched_logs_and_status, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_cloud_down, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

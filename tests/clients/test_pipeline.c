@@ -165,6 +165,7 @@ static void s_node_start(s_node_t *n, const char *root, const char *name)
     snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
     kvedge_node_settings_t ns;
     kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
     ns.role = KVEDGE_ROLE_CLOUD;
     ns.insecure = true;
     ns.workers = 2;

@@ -25,7 +25,7 @@ static inline pid_t kt_spawn_store(const char *bin, const char *data, const char
         dup2(pfd[1], STDOUT_FILENO);
         close(pfd[0]);
         execl(bin, "kvedge", "--data", data, "store", "--insecure", "--bind", ep, "--log-level",
-              "warn", (char *)NULL);
+              "warn", "--metrics", "off", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);

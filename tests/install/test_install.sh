@@ -156,7 +156,7 @@ grep -q -F "libkvedge.so.${version%%.*} => $lib/" <<<"$deps" ||
 
 # ---------------------------------------------------------------- ping the installed node
 step "kvedge store (installed binary), ping"
-"$root/bin/kvedge" --data "$tmp/node" store --insecure --bind "ipc://$tmp/n.sock" \
+"$root/bin/kvedge" --data "$tmp/node" store --insecure --bind "ipc://$tmp/n.sock" --metrics off \
     >"$tmp/node.out" 2>"$tmp/node.err" &
 node_pid=$!
 for _ in $(seq 100); do

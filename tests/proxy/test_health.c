@@ -1,6 +1,6 @@
 /* Node health: every state transition on an injected clock (silence, failures, success,
- * re-admission ramp, failure on probation), weights, capacity, name limits, foreach, and
- * concurrent use. */
+ * re-admission ramp, failure on probation), weights, capacity, name limits, foreach,
+ * concurrent use, and the observer that hears each transition with its reason. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +10,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "proxy/health.h"
@@ -455,6 +456,147 @@ static void test_threads(void **state)
     kvedge_health_destroy(&h);
 }
 
+/* ---------------------------------------------------------------- the observer */
+
+typedef struct {
+    char node[KVEDGE_HEALTH_NAME_MAX + 1];
+    kvedge_health_state_t from, to;
+    char reason[KVEDGE_HEALTH_REASON_MAX + 1];
+    uint64_t now;
+} s_seen_t;
+
+typedef struct {
+    kvedge_health_t *h;
+    s_seen_t v[64];
+    size_t n;
+    int reentered; /* states read back from inside the observer */
+} s_obs_t;
+
+static void s_observe(const char *node, kvedge_health_state_t from, kvedge_health_state_t to,
+                      const char *reason, uint64_t now_ms, void *arg)
+{
+    s_obs_t *o = arg;
+    assert_true(o->n < 64);
+    s_seen_t *x = &o->v[o->n++];
+    snprintf(x->node, sizeof x->node, "%s", node);
+    x->from = from;
+    x->to = to;
+    snprintf(x->reason, sizeof x->reason, "%s", reason);
+    x->now = now_ms;
+    /* Called without the table's lock: reading the table back must not deadlock (it may
+     * already be past `to`: a call's changes are told once it is done). */
+    if (kvedge_health_state(o->h, node, now_ms) >= 0)
+        o->reentered++;
+}
+
+/* The i-th change seen (from the end when i < 0) is node from -> to with that reason. */
+static void s_assert_seen(const s_obs_t *o, int i, const char *node, kvedge_health_state_t from,
+                          kvedge_health_state_t to, const char *reason)
+{
+    size_t at = i < 0 ? o->n - (size_t)-i : (size_t)i;
+    if (at >= o->n)
+        fail_msg("change %d of %zu not seen (%s %s -> %s)", i, o->n, node,
+                 kvedge_health_state_name(from), kvedge_health_state_name(to));
+    const s_seen_t *x = &o->v[at];
+    if (strcmp(x->node, node) != 0 || x->from != from || x->to != to ||
+        strcmp(x->reason, reason) != 0)
+        fail_msg("change %zu: %s %s -> %s '%s', want %s %s -> %s '%s'", at, x->node,
+                 kvedge_health_state_name(x->from), kvedge_health_state_name(x->to), x->reason,
+                 node, kvedge_health_state_name(from), kvedge_health_state_name(to), reason);
+}
+
+static void test_observer(void **state)
+{
+    (void)state;
+    assert_int_equal(kvedge_health_set_observer(NULL, s_observe, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_transitions(NULL), 0);
+    kvedge_health_t *h = kvedge_health_new(0);
+    s_obs_t *o = calloc(1, sizeof *o);
+    o->h = h;
+    assert_int_equal(kvedge_health_set_observer(h, s_observe, o), KVEDGE_OK);
+    char want[KVEDGE_HEALTH_REASON_MAX + 1];
+
+    /* Silence: UP -> SUSPECT -> DOWN, each seen by the query that noticed it. */
+    assert_int_equal(kvedge_health_add(h, "quiet", T0), KVEDGE_OK);
+    assert_int_equal(o->n, 0); /* adding is not a change */
+    s_assert_state(h, "quiet", T0 + KVEDGE_HEALTH_SUSPECT_MS + 1, KVEDGE_HEALTH_SUSPECT);
+    snprintf(want, sizeof want, "silent for %u ms", KVEDGE_HEALTH_SUSPECT_MS + 1);
+    s_assert_seen(o, 0, "quiet", KVEDGE_HEALTH_UP, KVEDGE_HEALTH_SUSPECT, want);
+    assert_int_equal(o->v[0].now, T0 + KVEDGE_HEALTH_SUSPECT_MS + 1);
+    s_assert_state(h, "quiet", T0 + KVEDGE_HEALTH_DOWN_MS + 1, KVEDGE_HEALTH_DOWN);
+    snprintf(want, sizeof want, "silent for %u ms", KVEDGE_HEALTH_DOWN_MS + 1);
+    s_assert_seen(o, 1, "quiet", KVEDGE_HEALTH_SUSPECT, KVEDGE_HEALTH_DOWN, want);
+    assert_int_equal(o->n, 2);
+
+    /* Re-admission: heard again after the silence, on probation. */
+    assert_int_equal(kvedge_health_heartbeat(h, "quiet", T0 + 20000), KVEDGE_OK);
+    s_assert_seen(o, 2, "quiet", KVEDGE_HEALTH_DOWN, KVEDGE_HEALTH_UP,
+                  "heard again after 20000 ms");
+    assert_int_equal(o->n, 3);
+    /* A failure on probation sends it straight back. */
+    assert_int_equal(kvedge_health_failure(h, "quiet", T0 + 20100, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    snprintf(want, sizeof want, "failed on probation: %s", kvedge_strerror(KVEDGE_ETIMEDOUT));
+    s_assert_seen(o, 3, "quiet", KVEDGE_HEALTH_UP, KVEDGE_HEALTH_DOWN, want);
+    assert_int_equal(o->n, 4);
+
+    /* Failures: SUSPECT at 2, DOWN at 4, the last error named. */
+    assert_int_equal(kvedge_health_failure(h, "flaky", T0, KVEDGE_EIO), KVEDGE_OK);
+    assert_int_equal(o->n, 4);
+    assert_int_equal(kvedge_health_failure(h, "flaky", T0, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    snprintf(want, sizeof want, "2 consecutive failures, last: %s",
+             kvedge_strerror(KVEDGE_ETIMEDOUT));
+    s_assert_seen(o, 4, "flaky", KVEDGE_HEALTH_UP, KVEDGE_HEALTH_SUSPECT, want);
+    assert_int_equal(kvedge_health_failure(h, "flaky", T0, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    assert_int_equal(o->n, 5); /* still SUSPECT: no change */
+    assert_int_equal(kvedge_health_failure(h, "flaky", T0, KVEDGE_ECLOSED), KVEDGE_OK);
+    snprintf(want, sizeof want, "4 consecutive failures, last: %s",
+             kvedge_strerror(KVEDGE_ECLOSED));
+    s_assert_seen(o, 5, "flaky", KVEDGE_HEALTH_SUSPECT, KVEDGE_HEALTH_DOWN, want);
+
+    /* SUSPECT -> UP: by a success, and by a heartbeat after a silence (noticed late: the
+     * silence, then the heartbeat). */
+    s_knock_down(h, "spare", T0); /* a node with a history... */
+    size_t before = o->n;
+    assert_int_equal(kvedge_health_failure(h, "ok", T0, KVEDGE_EIO), KVEDGE_OK);
+    assert_int_equal(kvedge_health_failure(h, "ok", T0, KVEDGE_EIO), KVEDGE_OK);
+    assert_int_equal(kvedge_health_success(h, "ok", T0 + 10), KVEDGE_OK);
+    s_assert_seen(o, -1, "ok", KVEDGE_HEALTH_SUSPECT, KVEDGE_HEALTH_UP, "a request succeeded");
+    assert_int_equal(o->n, before + 2);
+    assert_int_equal(kvedge_health_heartbeat(h, "ok", T0 + 10 + 3500), KVEDGE_OK);
+    s_assert_seen(o, -2, "ok", KVEDGE_HEALTH_UP, KVEDGE_HEALTH_SUSPECT, "silent for 3500 ms");
+    s_assert_seen(o, -1, "ok", KVEDGE_HEALTH_SUSPECT, KVEDGE_HEALTH_UP, "heard again");
+    assert_int_equal(o->n, before + 4);
+    assert_int_equal(o->reentered, (int)o->n);
+    assert_int_equal(kvedge_health_transitions(h), o->n);
+
+    /* A tick that changes many nodes reports each of them. */
+    kvedge_health_t *many = kvedge_health_new(16);
+    s_obs_t *om = calloc(1, sizeof *om);
+    om->h = many;
+    for (int i = 0; i < 10; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "n%d", i);
+        assert_int_equal(kvedge_health_add(many, name, T0), KVEDGE_OK);
+    }
+    assert_int_equal(kvedge_health_set_observer(many, s_observe, om), KVEDGE_OK);
+    assert_int_equal(kvedge_health_tick(many, T0 + KVEDGE_HEALTH_SUSPECT_MS + 5), 10);
+    assert_int_equal(om->n, 10);
+    for (int i = 0; i < 10; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "n%d", i);
+        s_assert_seen(om, i, name, KVEDGE_HEALTH_UP, KVEDGE_HEALTH_SUSPECT, "silent for 3005 ms");
+    }
+    /* Removed: changes are still counted, nobody hears them. */
+    assert_int_equal(kvedge_health_set_observer(many, NULL, om), KVEDGE_OK);
+    assert_int_equal(kvedge_health_tick(many, T0 + KVEDGE_HEALTH_DOWN_MS + 5), 10);
+    assert_int_equal(om->n, 10);
+    assert_int_equal(kvedge_health_transitions(many), 20);
+    kvedge_health_destroy(&many);
+    free(om);
+    kvedge_health_destroy(&h);
+    free(o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -467,6 +609,7 @@ int main(void)
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_foreach),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_observer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,6 +32,11 @@
 #include "proxy/proxy.h"
 #include "store/synth.h"
 
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
 #define S_LAYERS 12
@@ -119,6 +124,9 @@ typedef struct {
     kvedge_engine_t *engine; /* the node's */
 } s_node_t;
 
+/* Nodes started with a metrics endpoint on a free loopback port (the monitoring test). */
+static bool s_with_metrics;
+
 static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
                          const char *master, const char *pub)
 {
@@ -127,6 +135,7 @@ static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge
     snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
     kvedge_node_settings_t ns;
     kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "%s", s_with_metrics ? "127.0.0.1:0" : "off");
     ns.role = role;
     ns.insecure = true;
     ns.workers = 2;
@@ -162,7 +171,7 @@ static pid_t s_spawn_cloud(const char *root, const char *ep)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(pfd[1], STDOUT_FILENO);
         execl(KVEDGE_BIN, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure",
-              "--bind", ep, "--log-level", "error", (char *)NULL);
+              "--bind", ep, "--log-level", "error", "--metrics", "off", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -287,6 +296,7 @@ static kvedge_proxy_t *s_proxy_snap(const char *root, kvedge_proxy_source_t *src
     po.master = master;
     po.master_pub = pub;
     po.snapshot = snapshot;
+    po.metrics = s_with_metrics ? "127.0.0.1:0" : NULL;
     char why[256];
     kvedge_proxy_t *p = NULL;
     if (kvedge_proxy_start(&po, &p, why, sizeof why) != 0)
@@ -736,6 +746,181 @@ static void test_master_down_at_start_uses_snapshot(void **state)
     s_rmrf(root);
 }
 
+/* ---------------------------------------------------------------- monitoring */
+
+/* GET url+path over a plain socket; returns the HTTP status and the body in buf. */
+static int s_http_get(const char *url, const char *path, char *buf, size_t cap)
+{
+    unsigned port = 0;
+    assert_int_equal(sscanf(url, "http://127.0.0.1:%u", &port), 1);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    char req[256];
+    int n =
+        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < cap && (r = read(fd, buf + got, cap - 1 - got)) > 0)
+        got += (size_t)r;
+    buf[got] = '\0';
+    close(fd);
+    int status = 0;
+    assert_int_equal(sscanf(buf, "HTTP/1.1 %d", &status), 1);
+    char *body = strstr(buf, "\r\n\r\n");
+    assert_non_null(body);
+    memmove(buf, body + 4, strlen(body + 4) + 1);
+    return status;
+}
+
+static cJSON *s_monitor(const char *ep, uint32_t top)
+{
+    kvedge_client_t *c = s_client(ep, 5000);
+    char *json = NULL;
+    size_t len = 0;
+    assert_int_equal(kvedge_client_monitor(c, top, &json, &len), 0);
+    kvedge_client_destroy(&c);
+    cJSON *doc = cJSON_ParseWithLength(json, len);
+    assert_non_null(doc);
+    free(json);
+    return doc;
+}
+
+static double s_num(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    assert_true(cJSON_IsNumber(v));
+    return v->valuedouble;
+}
+
+/* The value (after the line's last space) of the first series line of metrics starting with
+ * prefix, or -1. */
+static double s_metric(const char *metrics, const char *prefix)
+{
+    for (const char *p = metrics; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, prefix, strlen(prefix)) != 0)
+            continue;
+        const char *end = strchr(p, '\n'), *v = p;
+        for (const char *q = p; q < (end ? end : p + strlen(p)); q++)
+            if (*q == ' ')
+                v = q + 1;
+        return strtod(v, NULL);
+    }
+    return -1;
+}
+
+/* The I/O Analyzer and the Collaboration Monitor see one fetch of the whole context: over
+ * MONITOR and on /metrics, with readiness, and what the node's hot table says of the
+ * prefix. */
+static void test_monitoring(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_with_metrics = true;
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    kvedge_proxy_source_t src;
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s", cloud.ep);
+    s_source(&src, spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, &src, 1, NULL, NULL, pep, sizeof pep);
+    s_with_metrics = false;
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 5000), 0);
+    s_result_t r;
+    s_fetch(pep, 20000, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    const uint32_t blocks = S_LAYERS * S_CHUNKS * S_HEADS;
+
+    /* The node's document: every block a hit, one GET_LAYER per layer, the context's two
+     * chunks the hot set with all 12 layers. */
+    cJSON *nd = s_monitor(cloud.ep, 10);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(nd, "kind")->valuestring, "node");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(nd, "ready")));
+    assert_int_equal((int)s_num(cJSON_GetObjectItemCaseSensitive(nd, "reads"), "hits"), blocks);
+    double get_layer = 0, put_ok = 0, failed = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(nd, "requests"))
+    {
+        const char *op = cJSON_GetObjectItemCaseSensitive(e, "op")->valuestring;
+        const char *st = cJSON_GetObjectItemCaseSensitive(e, "status")->valuestring;
+        if (strcmp(op, "GET_LAYER") == 0)
+            get_layer += s_num(e, "count");
+        if (strcmp(op, "PUT") == 0 && strcmp(st, "OK") == 0)
+            put_ok += s_num(e, "count");
+        if (strcmp(st, "OK") != 0)
+            failed += s_num(e, "count");
+    }
+    assert_int_equal((int)get_layer, S_LAYERS * 1);     /* one stream per layer of the context */
+    assert_int_equal((int)put_ok, S_LAYERS * S_CHUNKS); /* s_put: one PUT per layer and chunk */
+    assert_int_equal((int)failed, 0);
+    const cJSON *hot = cJSON_GetObjectItemCaseSensitive(nd, "hot");
+    const cJSON *prefixes = cJSON_GetObjectItemCaseSensitive(hot, "prefixes");
+    assert_int_equal(cJSON_GetArraySize(prefixes), S_CHUNKS);
+    cJSON_ArrayForEach(e, prefixes)
+    {
+        assert_int_equal((int)s_num(e, "count"), S_LAYERS); /* one touch per chunk and layer */
+        assert_int_equal((int)s_num(e, "error"), 0);
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(e, "model")->valuestring, S_MODEL);
+        assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(e, "layers")),
+                         S_LAYERS);
+    }
+    cJSON_Delete(nd);
+
+    /* The proxy's document: the source up, 12 layers planned from a cloud, one fetch OK. */
+    cJSON *pd = s_monitor(pep, 0);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(pd, "kind")->valuestring, "proxy");
+    const cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(pd, "sources"), 0);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s0, "name")->valuestring, "cloud1");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s0, "state")->valuestring, "up");
+    assert_true(s_num(s0, "rtt_us") > 0);
+    const cJSON *l0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(pd, "layers"), 0);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(l0, "kind")->valuestring, "cloud");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(l0, "reason")->valuestring, "planned");
+    assert_int_equal((int)s_num(l0, "count"), S_LAYERS);
+    const cJSON *fetch = cJSON_GetObjectItemCaseSensitive(pd, "fetch");
+    assert_int_equal((int)s_num(fetch, "ok"), 1);
+    assert_int_equal((int)s_num(cJSON_GetObjectItemCaseSensitive(fetch, "first_layer"), "count"),
+                     1);
+    cJSON_Delete(pd);
+
+    /* The same on /metrics, and both ready. */
+    static char body[1 << 20];
+    const char *nurl = kvedge_node_metrics_url(cloud.node), *purl = kvedge_proxy_metrics_url(p);
+    assert_non_null(nurl);
+    assert_non_null(purl);
+    assert_int_equal(s_http_get(nurl, "/metrics", body, sizeof body), 200);
+    assert_int_equal((int)s_metric(body, "kvedge_node_block_hits_total "), blocks);
+    assert_int_equal((int)s_metric(body, "kvedge_node_blocks "), blocks);
+    assert_true(s_metric(body, "kvedge_node_hot_prefix_accesses{rank=\"1\"") >= S_LAYERS);
+    assert_int_equal(s_http_get(purl, "/metrics", body, sizeof body), 200);
+    assert_int_equal((int)s_metric(body, "kvedge_proxy_fetches_total{status=\"OK\"} "), 1);
+    assert_int_equal(
+        (int)s_metric(body, "kvedge_proxy_layers_total{kind=\"cloud\",reason=\"planned\"} "),
+        S_LAYERS);
+    assert_int_equal((int)s_metric(body, "kvedge_proxy_source_up{source=\"cloud1\""), 1);
+    assert_int_equal(s_http_get(nurl, "/ready", body, sizeof body), 200);
+    assert_int_equal(s_http_get(purl, "/ready", body, sizeof body), 200);
+
+    /* The source goes away: the proxy is no longer ready, and says why. */
+    s_node_stop(&cloud);
+    int status = 200;
+    for (int i = 0; i < 100 && status == 200; i++) {
+        zclock_sleep(100);
+        s_fetch(pep, 1000, &r, 0); /* failures are how the proxy learns */
+        status = s_http_get(purl, "/ready", body, sizeof body);
+    }
+    assert_int_equal(status, 503);
+    assert_non_null(strstr(body, "not ready: "));
+    kvedge_proxy_destroy(&p);
+    s_rmrf(root);
+}
+
 static int s_fetch_status(kvedge_client_t *c, const char *model, uint16_t first, uint16_t n)
 {
     s_result_t r;
@@ -819,6 +1004,7 @@ int main(void)
         cmocka_unit_test(test_all_sources_down_misses),
         cmocka_unit_test(test_master_restart_resync),
         cmocka_unit_test(test_master_down_at_start_uses_snapshot),
+        cmocka_unit_test(test_monitoring),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (uint32_t l = 0; l < S_LAYERS; l++)

@@ -1,0 +1,447 @@
+/* The store node's monitoring: its metrics registry (the I/O Analyzer's families plus gauges
+ * read from the engine, the historical cache and the master link at scrape time), the HTTP
+ * endpoint (/metrics, /health, /ready) and the MONITOR document. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "access/log.h"
+#include "store/clock.h"
+#include "store/error.h"
+#include "store/node/node_impl.h"
+#include "store/why.h"
+
+#define S_LAYER_RANKS 3 /* hot prefixes whose per-layer counts /metrics shows */
+
+/* Engine counters mirrored into Prometheus counters (added by their change since the last
+ * scrape, so they only go up while the node runs). */
+typedef struct {
+    kvedge_series_t *series;
+    uint64_t last;
+} s_mirror_t;
+
+struct kvedge_node_mon_t {
+    pthread_mutex_t mu; /* collect runs on the HTTP thread; MONITOR on the frontend */
+    kvedge_series_t *blocks, *bytes, *fp16_bytes, *pinned_blocks, *pinned_bytes, *capacity,
+        *quarantine, *registered, *uptime;
+    s_mirror_t puts, evicted_blocks, evicted_bytes, expired, corrupt, written, read, denials;
+    kvedge_metric_t *hot, *hot_layers, *sync_state, *sync_missing, *sync_held, *sync_age;
+};
+
+static kvedge_series_t *s_gauge(kvedge_metrics_t *r, kvedge_metric_type_t type, const char *name,
+                                const char *help)
+{
+    kvedge_metric_t *m = kvedge_metrics_family(r, type, name, help, NULL, 0, NULL, 1, NULL, 0);
+    return m ? kvedge_metric_plain(m) : NULL;
+}
+
+static void s_mirror(s_mirror_t *m, uint64_t now)
+{
+    if (now > m->last)
+        kvedge_series_add(m->series, now - m->last);
+    m->last = now;
+}
+
+static const char *s_sync_state_name(kvedge_hsync_state_t st)
+{
+    switch (st) {
+    case KVEDGE_HSYNC_OK:
+        return "ok";
+    case KVEDGE_HSYNC_PARTIAL:
+        return "partial";
+    case KVEDGE_HSYNC_FAILED:
+        return "failed";
+    default:
+        return "never";
+    }
+}
+
+/* The historical cache's state, copied out (NULL when the node keeps none). Caller frees
+ * *subs and *st. */
+static size_t s_sync_status(kvedge_node_t *n, kvedge_hsync_sub_t **subs, kvedge_hsync_status_t **st,
+                            uint64_t *last_pass_ms)
+{
+    *subs = NULL;
+    *st = NULL;
+    *last_pass_ms = 0;
+    if (!n->sched)
+        return 0;
+    *subs = calloc(KVEDGE_HSYNC_MAX_SUBS, sizeof **subs);
+    *st = calloc(KVEDGE_HSYNC_MAX_SUBS, sizeof **st);
+    size_t count = 0;
+    if (!*subs || !*st ||
+        kvedge_hsync_sched_status(n->sched, *subs, *st, KVEDGE_HSYNC_MAX_SUBS, &count,
+                                  last_pass_ms) != KVEDGE_OK)
+        count = 0;
+    return count;
+}
+
+/* Registration with the master, as the replicated registry shows it: registered once the view
+ * follows the master and holds this node's record. Returns true when registered; *state
+ * names the state, why says what is missing. */
+static bool s_registered(kvedge_node_t *n, const char **state, char *why, size_t why_len)
+{
+    why[0] = '\0';
+    if (!n->view) {
+        *state = "not joined";
+        snprintf(why, why_len, "not joined to the master %s", n->s.master);
+        return false;
+    }
+    kvedge_mview_state_t vs = kvedge_mview_state(n->view);
+    kvedge_master_node_t rec;
+    if (vs != KVEDGE_MVIEW_SYNCED) {
+        *state = "unreachable";
+        snprintf(why, why_len,
+                 "the master %s does not answer (if it runs with CURVE: is this node's "
+                 "certificate %s in its clients directory?)",
+                 n->s.master, n->s.cert);
+        return false;
+    }
+    if (kvedge_mview_node(n->view, n->s.node_id, &rec) != KVEDGE_OK) {
+        *state = "pending";
+        snprintf(why, why_len, "the registry has no record node/%s yet", n->s.node_id);
+        return false;
+    }
+    *state = "registered";
+    return true;
+}
+
+/* The registration as the directory publisher tracks it (refusals, failures, attempts), or
+ * as the replicated registry shows it when there is no publisher. */
+static bool s_registration(kvedge_node_t *n, const char **state, char *why, size_t why_len,
+                           uint32_t *attempts)
+{
+    *attempts = 0;
+    if (!n->dirpub)
+        return s_registered(n, state, why, why_len);
+    kvedge_dirpub_reg_t reg;
+    kvedge_dirpub_registration(n->dirpub, &reg);
+    *state = kvedge_dirpub_reg_state_name(reg.state);
+    *attempts = reg.attempts;
+    snprintf(why, why_len, "%s", reg.why);
+    return reg.state == KVEDGE_DIRPUB_REGISTERED;
+}
+
+static void s_hex8(const uint8_t *b, char out[17])
+{
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+static void s_collect(kvedge_metrics_t *r, void *arg)
+{
+    (void)r;
+    kvedge_node_t *n = arg;
+    struct kvedge_node_mon_t *m = n->mon;
+    pthread_mutex_lock(&m->mu);
+    kvedge_engine_stats_t es;
+    if (kvedge_engine_stats(n->engine, &es) == KVEDGE_OK) {
+        kvedge_series_set(m->blocks, (double)es.blocks);
+        kvedge_series_set(m->bytes, (double)es.bytes);
+        kvedge_series_set(m->fp16_bytes, (double)es.fp16_bytes);
+        kvedge_series_set(m->pinned_blocks, (double)es.pinned_blocks);
+        kvedge_series_set(m->pinned_bytes, (double)es.pinned_bytes);
+        kvedge_series_set(m->capacity, (double)es.capacity_bytes);
+        kvedge_series_set(m->quarantine, (double)es.quarantined);
+        s_mirror(&m->puts, es.puts);
+        s_mirror(&m->evicted_blocks, es.evicted_blocks);
+        s_mirror(&m->evicted_bytes, es.evicted_bytes);
+        s_mirror(&m->expired, es.expired);
+        s_mirror(&m->corrupt, es.corrupt);
+        s_mirror(&m->written, es.bytes_written);
+        s_mirror(&m->read, es.bytes_read);
+    }
+    kvedge_series_set(m->uptime, (double)((uint64_t)kvedge_mono_ms() - n->start_mono_ms) / 1e3);
+    s_mirror(&m->denials, kvedge_server_denials(n->server));
+    if (n->s.master[0]) {
+        const char *state;
+        char why[1536];
+        uint32_t attempts;
+        kvedge_series_set(m->registered,
+                          s_registration(n, &state, why, sizeof why, &attempts) ? 1 : 0);
+    }
+    /* The hot set: top-K only, replaced at every scrape, so the series stay bounded. */
+    kvedge_hot_entry_t *top = calloc(KVEDGE_ANALYZER_METRICS_TOP, sizeof *top);
+    size_t nt = top ? kvedge_analyzer_top(n->analyzer, top, KVEDGE_ANALYZER_METRICS_TOP) : 0;
+    kvedge_metric_reset(m->hot);
+    kvedge_metric_reset(m->hot_layers);
+    for (size_t i = 0; i < nt; i++) {
+        char rank[24], id[17];
+        snprintf(rank, sizeof rank, "%zu", i + 1);
+        s_hex8(top[i].key, id);
+        const char *v[] = {rank, id, top[i].label};
+        kvedge_series_set(kvedge_metric_series(m->hot, v, 3), (double)top[i].count);
+        for (uint32_t l = 0; i < S_LAYER_RANKS && l < KVEDGE_HOT_LAYERS; l++) {
+            if (!top[i].layers[l])
+                continue;
+            char layer[16];
+            snprintf(layer, sizeof layer, "%u", l);
+            const char *lv[] = {rank, layer};
+            kvedge_series_set(kvedge_metric_series(m->hot_layers, lv, 2), (double)top[i].layers[l]);
+        }
+    }
+    free(top);
+    /* The historical cache: one series per subscription (at most KVEDGE_HSYNC_MAX_SUBS). */
+    kvedge_hsync_sub_t *subs;
+    kvedge_hsync_status_t *st;
+    uint64_t last_pass;
+    size_t ns = s_sync_status(n, &subs, &st, &last_pass);
+    uint64_t now = (uint64_t)kvedge_wall_ms();
+    for (size_t i = 0; i < ns; i++) {
+        const char *v[] = {subs[i].name};
+        kvedge_series_set(kvedge_metric_series(m->sync_state, v, 1), (double)st[i].state);
+        kvedge_series_set(kvedge_metric_series(m->sync_missing, v, 1),
+                          (double)(st[i].chunks_total > st[i].chunks_synced
+                                       ? st[i].chunks_total - st[i].chunks_synced
+                                       : 0));
+        kvedge_series_set(kvedge_metric_series(m->sync_held, v, 1), (double)st[i].blocks_held);
+        if (st[i].last_ok_ms)
+            kvedge_series_set(kvedge_metric_series(m->sync_age, v, 1),
+                              now > st[i].last_ok_ms ? (double)(now - st[i].last_ok_ms) / 1e3 : 0);
+    }
+    free(subs);
+    free(st);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static bool s_ready(void *arg, char *why, size_t why_len)
+{
+    kvedge_node_t *n = arg;
+    if (!n->engine || !n->server) {
+        snprintf(why, why_len, "the store is not open");
+        return false;
+    }
+    if (n->s.master[0]) {
+        const char *state;
+        char reason[1536];
+        uint32_t attempts;
+        if (!s_registration(n, &state, reason, sizeof reason, &attempts)) {
+            snprintf(why, why_len, "not registered with the master (%s): %s", state, reason);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The node's own families (the analyzer declares its own). Returns false when one could not be
+ * made (why says which). */
+static bool s_node_families(kvedge_node_t *n, char *why, size_t why_len)
+{
+    struct kvedge_node_mon_t *m = n->mon;
+    kvedge_metrics_t *r = n->metrics;
+    const kvedge_metric_type_t G = KVEDGE_METRIC_GAUGE, C = KVEDGE_METRIC_COUNTER;
+    m->blocks = s_gauge(r, G, "kvedge_node_blocks", "Blocks stored.");
+    m->bytes = s_gauge(r, G, "kvedge_node_stored_bytes", "Encoded block bytes stored.");
+    m->fp16_bytes = s_gauge(r, G, "kvedge_node_fp16_bytes",
+                            "What the stored blocks would take as fp16 (stored/fp16: the "
+                            "compression).");
+    m->pinned_blocks = s_gauge(r, G, "kvedge_node_pinned_blocks", "Pinned blocks (never evicted).");
+    m->pinned_bytes = s_gauge(r, G, "kvedge_node_pinned_bytes", "Bytes of the pinned blocks.");
+    m->capacity = s_gauge(r, G, "kvedge_node_capacity_bytes",
+                          "Capacity beyond which unpinned blocks are evicted; 0: no limit.");
+    m->quarantine = s_gauge(r, G, "kvedge_node_quarantine_blocks",
+                            "Blocks held in the quarantine column family.");
+    m->puts.series = s_gauge(r, C, "kvedge_node_block_puts_total", "Blocks written.");
+    m->evicted_blocks.series =
+        s_gauge(r, C, "kvedge_node_evicted_blocks_total", "Blocks evicted for capacity.");
+    m->evicted_bytes.series =
+        s_gauge(r, C, "kvedge_node_evicted_bytes_total", "Bytes evicted for capacity.");
+    m->expired.series = s_gauge(r, C, "kvedge_node_expired_blocks_total",
+                                "Blocks dropped because their TTL ran out.");
+    m->corrupt.series = s_gauge(r, C, "kvedge_node_corrupt_blocks_total",
+                                "Blocks that failed verification (reads and kvedge verify).");
+    m->written.series =
+        s_gauge(r, C, "kvedge_node_engine_written_bytes_total", "Block bytes the engine wrote.");
+    m->read.series =
+        s_gauge(r, C, "kvedge_node_engine_read_bytes_total", "Block bytes the engine read.");
+    m->denials.series = s_gauge(r, C, "kvedge_node_handshake_denials_total",
+                                "CURVE handshakes refused: client keys not in the allowlist "
+                                "(each is logged, a few a minute per address).");
+    m->registered = s_gauge(r, G, "kvedge_node_master_registered",
+                            "1 when the node is registered with its Storage Master, else 0 "
+                            "(absent without a master).");
+    const char *hot_l[] = {"rank", "prefix", "model"}, *layer_l[] = {"rank", "layer"},
+               *sub_l[] = {"subscription"};
+    m->hot = kvedge_metrics_family(
+        r, G, "kvedge_node_hot_prefix_accesses",
+        "Accesses to the hottest prefixes (Space-Saving estimate, an upper bound), top 10 by rank; "
+        "prefix: the first 8 bytes of the stored chunk id.",
+        hot_l, 3, NULL, KVEDGE_ANALYZER_METRICS_TOP, why, why_len);
+    m->hot_layers =
+        kvedge_metrics_family(r, G, "kvedge_node_hot_prefix_layer_accesses",
+                              "Accesses per layer of the three hottest prefixes (rank as in "
+                              "kvedge_node_hot_prefix_accesses).",
+                              layer_l, 2, NULL, S_LAYER_RANKS * KVEDGE_HOT_LAYERS, why, why_len);
+    m->sync_state = kvedge_metrics_family(
+        r, G, "kvedge_node_sync_state",
+        "Historical cache: the last pass of each subscription (0 never, 1 ok, 2 partial, 3 "
+        "failed).",
+        sub_l, 1, NULL, KVEDGE_HSYNC_MAX_SUBS, why, why_len);
+    m->sync_missing = kvedge_metrics_family(
+        r, G, "kvedge_node_sync_chunks_missing",
+        "Historical cache: chunks of the subscribed context on the cloud not complete here.", sub_l,
+        1, NULL, KVEDGE_HSYNC_MAX_SUBS, why, why_len);
+    m->sync_held = kvedge_metrics_family(r, G, "kvedge_node_sync_blocks_held",
+                                         "Historical cache: blocks of the context held here.",
+                                         sub_l, 1, NULL, KVEDGE_HSYNC_MAX_SUBS, why, why_len);
+    m->sync_age = kvedge_metrics_family(
+        r, G, "kvedge_node_sync_last_success_age_seconds",
+        "Historical cache: seconds since the last pass that copied the whole context.", sub_l, 1,
+        NULL, KVEDGE_HSYNC_MAX_SUBS, why, why_len);
+    return m->blocks && m->bytes && m->fp16_bytes && m->pinned_blocks && m->pinned_bytes &&
+           m->capacity && m->quarantine && m->puts.series && m->evicted_blocks.series &&
+           m->evicted_bytes.series && m->expired.series && m->corrupt.series && m->written.series &&
+           m->read.series && m->denials.series && m->registered && m->hot && m->hot_layers &&
+           m->sync_state && m->sync_missing && m->sync_held && m->sync_age;
+}
+
+int kvedge_node_monitor_open(kvedge_node_t *n, char *why, size_t why_len)
+{
+    n->start_wall_ms = (uint64_t)kvedge_wall_ms();
+    n->start_mono_ms = (uint64_t)kvedge_mono_ms();
+    n->metrics = kvedge_metrics_new();
+    n->mon = calloc(1, sizeof *n->mon);
+    if (!n->metrics || !n->mon)
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
+    struct kvedge_node_mon_t *m = n->mon;
+    pthread_mutex_init(&m->mu, NULL);
+    kvedge_metrics_t *r = n->metrics;
+    const char *info_l[] = {"version", "role"};
+    kvedge_metric_t *info =
+        kvedge_metrics_family(r, KVEDGE_METRIC_GAUGE, "kvedge_build_info",
+                              "Always 1; the labels say what runs.", info_l, 2, NULL, 1, NULL, 0);
+    const char *info_v[] = {KVEDGE_VERSION_STRING,
+                            n->s.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge"};
+    kvedge_series_set(kvedge_metric_series(info, info_v, 2), 1);
+    kvedge_series_set(s_gauge(r, KVEDGE_METRIC_GAUGE, "kvedge_process_start_time_seconds",
+                              "When the daemon started, in seconds since the Unix epoch."),
+                      (double)n->start_wall_ms / 1e3);
+    m->uptime = s_gauge(r, KVEDGE_METRIC_GAUGE, "kvedge_uptime_seconds",
+                        "Seconds since the daemon started.");
+    if (!s_node_families(n, why, why_len))
+        return KVEDGE_ENOMEM;
+    if (n->s.monitor) {
+        n->analyzer = kvedge_analyzer_new(r, (size_t)kvedge_server_workers((int)n->s.workers) + 1,
+                                          why, why_len);
+        if (!n->analyzer)
+            return KVEDGE_ENOMEM;
+    }
+    if (kvedge_metrics_on_collect(r, s_collect, n) != 0)
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "out of collectors");
+    return KVEDGE_OK;
+}
+
+int kvedge_node_monitor_serve(kvedge_node_t *n, char *why, size_t why_len)
+{
+    if (!n->s.metrics[0] || strcmp(n->s.metrics, KVEDGE_HTTP_OFF) == 0)
+        return KVEDGE_OK;
+    int rc = kvedge_http_start(n->s.metrics, n->metrics, s_ready, n, &n->http, why, why_len);
+    if (rc == KVEDGE_OK)
+        kvedge_log_info("metrics on %s/metrics (health: /health, readiness: /ready)",
+                        kvedge_http_url(n->http));
+    return rc;
+}
+
+void kvedge_node_monitor_close(kvedge_node_t *n)
+{
+    kvedge_http_stop(&n->http);
+    kvedge_analyzer_destroy(&n->analyzer);
+    kvedge_metrics_destroy(&n->metrics);
+    if (n->mon) {
+        pthread_mutex_destroy(&n->mon->mu);
+        free(n->mon);
+        n->mon = NULL;
+    }
+}
+
+/* ---------------------------------------------------------------- MONITOR */
+
+static void s_json_store(kvedge_node_t *n, cJSON *root)
+{
+    kvedge_engine_stats_t es;
+    if (kvedge_engine_stats(n->engine, &es) != KVEDGE_OK)
+        return;
+    cJSON *o = cJSON_AddObjectToObject(root, "store");
+    cJSON_AddNumberToObject(o, "blocks", (double)es.blocks);
+    cJSON_AddNumberToObject(o, "bytes", (double)es.bytes);
+    cJSON_AddNumberToObject(o, "fp16_bytes", (double)es.fp16_bytes);
+    cJSON_AddNumberToObject(o, "pinned_blocks", (double)es.pinned_blocks);
+    cJSON_AddNumberToObject(o, "pinned_bytes", (double)es.pinned_bytes);
+    cJSON_AddNumberToObject(o, "capacity_bytes", (double)es.capacity_bytes);
+    cJSON_AddNumberToObject(o, "quarantined", (double)es.quarantined);
+    cJSON_AddNumberToObject(o, "evicted_blocks", (double)es.evicted_blocks);
+    cJSON_AddNumberToObject(o, "expired", (double)es.expired);
+}
+
+static void s_json_sync(kvedge_node_t *n, cJSON *root)
+{
+    kvedge_hsync_sub_t *subs;
+    kvedge_hsync_status_t *st;
+    uint64_t last_pass;
+    size_t ns = s_sync_status(n, &subs, &st, &last_pass);
+    if (n->sched) {
+        cJSON *o = cJSON_AddObjectToObject(root, "sync");
+        cJSON_AddNumberToObject(o, "last_pass_ms", (double)last_pass);
+        cJSON *arr = cJSON_AddArrayToObject(o, "subscriptions");
+        for (size_t i = 0; arr && i < ns; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "name", subs[i].name);
+            cJSON_AddStringToObject(e, "cloud", subs[i].cloud);
+            cJSON_AddStringToObject(e, "state", s_sync_state_name(st[i].state));
+            cJSON_AddNumberToObject(e, "chunks_total", st[i].chunks_total);
+            cJSON_AddNumberToObject(e, "chunks_synced", st[i].chunks_synced);
+            cJSON_AddNumberToObject(e, "blocks_held", (double)st[i].blocks_held);
+            cJSON_AddNumberToObject(e, "last_ok_ms", (double)st[i].last_ok_ms);
+            cJSON_AddStringToObject(e, "last_error",
+                                    st[i].last_error ? kvedge_strerror(st[i].last_error) : "");
+            cJSON_AddItemToArray(arr, e);
+        }
+    }
+    free(subs);
+    free(st);
+}
+
+char *kvedge_node_monitor_doc(void *arg, uint32_t top, size_t *len)
+{
+    kvedge_node_t *n = arg;
+    cJSON *root = cJSON_CreateObject();
+    if (!root)
+        return NULL;
+    cJSON_AddStringToObject(root, "kind", "node");
+    cJSON_AddStringToObject(root, "name", n->s.name[0] ? n->s.name : "kvedge");
+    cJSON_AddStringToObject(root, "role", n->s.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge");
+    cJSON_AddStringToObject(root, "version", KVEDGE_VERSION_STRING);
+    cJSON_AddNumberToObject(root, "time_ms", (double)kvedge_wall_ms());
+    cJSON_AddNumberToObject(root, "uptime_ms",
+                            (double)((uint64_t)kvedge_mono_ms() - n->start_mono_ms));
+    cJSON_AddBoolToObject(root, "monitor", n->analyzer != NULL);
+    char why[2048] = "";
+    bool ready = s_ready(n, why, sizeof why);
+    cJSON_AddBoolToObject(root, "ready", ready);
+    if (!ready)
+        cJSON_AddStringToObject(root, "not_ready", why);
+    if (kvedge_analyzer_json(n->analyzer, root, top) != 0) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    s_json_store(n, root);
+    s_json_sync(n, root);
+    if (n->s.master[0]) {
+        cJSON *o = cJSON_AddObjectToObject(root, "master");
+        cJSON_AddStringToObject(o, "endpoint", n->s.master);
+        cJSON_AddStringToObject(o, "node_id", n->s.node_id);
+        const char *state;
+        char reason[1536];
+        uint32_t attempts;
+        s_registration(n, &state, reason, sizeof reason, &attempts);
+        cJSON_AddStringToObject(o, "state", state);
+        cJSON_AddNumberToObject(o, "attempts", attempts);
+        cJSON_AddStringToObject(o, "why", reason);
+    }
+    char *out = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (out && len)
+        *len = strlen(out);
+    return out;
+}
