@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -193,10 +194,14 @@ void kvedge_cli_trap_signals(void)
     sigaction(SIGTERM, &sa, NULL);
 }
 
+/* The signal may be handled on any thread that does not block it (libmicrohttpd's, a
+ * worker's), and pause() wakes only the thread that ran the handler: so the flag is polled. */
 void kvedge_cli_wait_signal(void)
 {
-    while (!s_stop)
-        pause();
+    while (!s_stop) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, kvedge_client_t **out)

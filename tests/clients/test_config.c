@@ -627,18 +627,19 @@ static void test_daemons_start_from_file(void **state)
         if (strcmp(cmd, "store") == 0)
             snprintf(text, sizeof text,
                      "store\n    data = %s/node\n    bind = ipc://%s/node.sock\n"
-                     "    insecure = yes\n    log = warn\n    workers = 2\n    cache = 8M\n",
+                     "    insecure = yes\n    log = warn\n    workers = 2\n    cache = 8M\n"
+                     "    metrics = off\n",
                      s_dir, s_dir);
         else if (strcmp(cmd, "master") == 0)
             snprintf(text, sizeof text,
                      "master\n    data = %s/master\n    bind = ipc://%s/m.sock\n"
                      "    pub = ipc://%s/mp.sock\n    insecure = true\n    log = warn\n"
-                     "    suspect_ms = 2s\n",
+                     "    suspect_ms = 2s\n    metrics = off\n",
                      s_dir, s_dir, s_dir);
         else
             snprintf(text, sizeof text,
                      "proxy\n    bind = ipc://%s/p.sock\n    insecure = 1\n    log = error\n"
-                     "    source = \"cloud c1 ipc://%s/nobody.sock\"\n",
+                     "    source = \"cloud c1 ipc://%s/nobody.sock\"\n    metrics = off\n",
                      s_dir, s_dir);
         s_write(conf, text);
         pid_t pid = fork();
