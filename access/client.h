@@ -147,7 +147,8 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
                             uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
                             size_t out_cap, uint32_t *heads);
 
-/* Longest cached prefix: *hit receives how many leading chunks of ids the node holds. */
+/* Longest cached prefix: *hit receives how many leading chunks of ids the node holds whole
+ * (every layer and head of the chunk's model). */
 int kvedge_client_lookup(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, size_t *hit);
 
 /* A chunk as LIST reports it (ids are the client's own). */

@@ -24,7 +24,8 @@
 
 struct kvedge_secure_zap_t {
     char domain[32];     /* this allowlist's ZAP domain: KVEDGE_ZAP_DOMAIN.N */
-    char *clients_dir;   /* where the public certificates are */
+    char *clients_dir;   /* where the public certificates are; NULL: plaintext */
+    bool plaintext;      /* lets in NULL-mechanism peers (sockets on loopback) and no others */
     char label[256];     /* what the log lines call the sockets under it */
     zcertstore_t *certs; /* the directory's certificates; under s_zap.mu */
     atomic_uint_least64_t denials;
@@ -113,7 +114,11 @@ static void s_refused(kvedge_secure_zap_t *z, const char *address, const char *m
     if (held)
         snprintf(more, sizeof more, " (%llu more refusals held back since the last line)",
                  (unsigned long long)held);
-    if (key[0])
+    if (z->plaintext)
+        kvedge_log_info("refused a %s handshake on %s from %s: only plaintext (NULL) peers are "
+                        "let in%s",
+                        mechanism, z->label, address, more);
+    else if (key[0])
         kvedge_log_info("refused a CURVE handshake on %s from %s: client key %s is not "
                         "allowlisted; to let it in, add its public certificate to %s (read again "
                         "when it changes: no restart)%s",
@@ -178,6 +183,9 @@ static void s_zap_answer(zsock_t *rep)
             memcpy(user, key, sizeof user);
             meta_len = s_meta(cert, meta, sizeof meta);
             s_accepted(z, cert, address, key);
+        } else if (z && z->plaintext && strcmp(mechanism, "NULL") == 0) {
+            status = "200"; /* a plaintext socket binds only loopback or ipc */
+            text = "OK";
         } else if (z) {
             s_refused(z, address, mechanism, key);
         } else if (kvedge_log_limit_allow(&s_stray_lines, NULL, kvedge_mono_ms(), NULL)) {
@@ -234,26 +242,10 @@ static void s_zap_actor(zsock_t *pipe, void *arg)
     zsock_destroy(&rep);
 }
 
-int kvedge_secure_zap_open(const char *clients_dir, kvedge_secure_zap_t **out)
+/* Registers z (its lists and label set up; rc: how that went) with the handler, starting it
+ * on first use. On failure z is freed. */
+static int s_register(kvedge_secure_zap_t *z, int rc, kvedge_secure_zap_t **out)
 {
-    if (!out)
-        return KVEDGE_EINVAL;
-    *out = NULL;
-    if (!clients_dir || !*clients_dir)
-        return KVEDGE_EINVAL;
-    if (!zsys_file_exists(clients_dir))
-        return KVEDGE_EIO;
-    kvedge_secure_zap_t *z = calloc(1, sizeof *z);
-    if (!z)
-        return KVEDGE_ENOMEM;
-    z->clients_dir = strdup(clients_dir);
-    z->certs = zcertstore_new(clients_dir); /* the disk loader: re-read on change */
-    kvedge_log_limit_init(&z->lines, KVEDGE_SECURE_DENIAL_LOG_MS, 1,
-                          KVEDGE_SECURE_DENIAL_LOG_TOTAL);
-    kvedge_log_limit_init(&z->accepted, KVEDGE_SECURE_ACCEPT_LOG_MS, 1,
-                          KVEDGE_SECURE_DENIAL_LOG_TOTAL);
-    snprintf(z->label, sizeof z->label, "a CURVE socket");
-    int rc = z->clients_dir && z->certs ? KVEDGE_OK : KVEDGE_ENOMEM;
     pthread_mutex_lock(&s_zap.life);
     if (rc == KVEDGE_OK && !s_zap.actor) {
         atomic_int started = KVEDGE_ENOMEM;
@@ -287,6 +279,49 @@ int kvedge_secure_zap_open(const char *clients_dir, kvedge_secure_zap_t **out)
     }
     *out = z;
     return KVEDGE_OK;
+}
+
+/* A registration with its log limits set up and the label named; NULL when out of memory. */
+static kvedge_secure_zap_t *s_zap_new(const char *label)
+{
+    kvedge_secure_zap_t *z = calloc(1, sizeof *z);
+    if (!z)
+        return NULL;
+    kvedge_log_limit_init(&z->lines, KVEDGE_SECURE_DENIAL_LOG_MS, 1,
+                          KVEDGE_SECURE_DENIAL_LOG_TOTAL);
+    kvedge_log_limit_init(&z->accepted, KVEDGE_SECURE_ACCEPT_LOG_MS, 1,
+                          KVEDGE_SECURE_DENIAL_LOG_TOTAL);
+    snprintf(z->label, sizeof z->label, "%s", label);
+    return z;
+}
+
+int kvedge_secure_zap_open(const char *clients_dir, kvedge_secure_zap_t **out)
+{
+    if (!out)
+        return KVEDGE_EINVAL;
+    *out = NULL;
+    if (!clients_dir || !*clients_dir)
+        return KVEDGE_EINVAL;
+    if (!zsys_file_exists(clients_dir))
+        return KVEDGE_EIO;
+    kvedge_secure_zap_t *z = s_zap_new("a CURVE socket");
+    if (!z)
+        return KVEDGE_ENOMEM;
+    z->clients_dir = strdup(clients_dir);
+    z->certs = zcertstore_new(clients_dir); /* the disk loader: re-read on change */
+    return s_register(z, z->clients_dir && z->certs ? KVEDGE_OK : KVEDGE_ENOMEM, out);
+}
+
+int kvedge_secure_zap_open_plaintext(kvedge_secure_zap_t **out)
+{
+    if (!out)
+        return KVEDGE_EINVAL;
+    *out = NULL;
+    kvedge_secure_zap_t *z = s_zap_new("a plaintext socket");
+    if (!z)
+        return KVEDGE_ENOMEM;
+    z->plaintext = true;
+    return s_register(z, KVEDGE_OK, out);
 }
 
 void kvedge_secure_zap_label(kvedge_secure_zap_t *z, const char *label)
@@ -359,6 +394,16 @@ int kvedge_secure_router_open(kvedge_secure_router_t *out, const char *bind, boo
         rc = KVEDGE_EINVAL;
         snprintf(msg, sizeof msg, "CURVE needs the daemon's certificate and a clients directory");
     }
+    if (rc == KVEDGE_OK && insecure) {
+        /* A ZAP domain on the plaintext socket too: libzmq then refuses ZMTP 1.0 and 2.0
+         * peers (they cannot do ZAP), and with them the fallback that lets any bytes whose
+         * first is not 0xFF in as frames. */
+        rc = kvedge_secure_zap_open_plaintext(&out->zap);
+        if (rc != KVEDGE_OK) {
+            rc = KVEDGE_EDENIED;
+            snprintf(msg, sizeof msg, "the ZAP handler did not start: refusing to serve");
+        }
+    }
     if (rc == KVEDGE_OK && !insecure) {
         out->cert = zcert_load(cert_path);
         if (!out->cert) {
@@ -389,8 +434,8 @@ int kvedge_secure_router_open(kvedge_secure_router_t *out, const char *bind, boo
         if (out->cert) {
             zcert_apply(out->cert, out->router);
             zsock_set_curve_server(out->router, 1);
-            kvedge_secure_zap_apply(out->zap, out->router);
         }
+        kvedge_secure_zap_apply(out->zap, out->router);
         if (zsock_bind(out->router, "%s", bind) < 0) {
             rc = KVEDGE_EIO;
             snprintf(msg, sizeof msg, "cannot bind %s: %s", bind, zmq_strerror(zmq_errno()));

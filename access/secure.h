@@ -28,16 +28,17 @@ typedef struct kvedge_secure_zap_t kvedge_secure_zap_t;
 /* What kvedge_secure_router made; destroy with kvedge_secure_router_close. */
 typedef struct {
     zsock_t *router;
-    kvedge_secure_zap_t *zap; /* its allowlist in the ZAP handler; NULL when plaintext */
+    kvedge_secure_zap_t *zap; /* its registration in the ZAP handler (plaintext too) */
     zcert_t *cert;            /* the daemon's certificate; NULL when plaintext */
     char endpoint[256];
     char public_key[41]; /* Z85; empty when plaintext */
 } kvedge_secure_router_t;
 
-/* Binds a ROUTER on bind: plaintext when insecure (refused unless bind is loopback or ipc),
- * else CURVE with cert_path (the daemon's secret certificate) and clients_dir (public
- * certificates let in). why receives a reason on failure; nothing is left open then.
- * Errors: KVEDGE_EINVAL, KVEDGE_EDENIED, KVEDGE_EIO. */
+/* Binds a ROUTER on bind: plaintext when insecure (refused unless bind is loopback or ipc;
+ * under a kvedge_secure_zap_open_plaintext registration, so libzmq drops pre-ZMTP-3.0 peers
+ * and their garbage at the greeting), else CURVE with cert_path (the daemon's secret certificate)
+ * and clients_dir (public certificates let in). why receives a reason on failure; nothing is left
+ * open then. Errors: KVEDGE_EINVAL, KVEDGE_EDENIED, KVEDGE_EIO. */
 int kvedge_secure_router_open(kvedge_secure_router_t *out, const char *bind, bool insecure,
                               const char *cert_path, const char *clients_dir, char *why,
                               size_t why_len);
@@ -70,10 +71,18 @@ int kvedge_secure_ensure_cert(const char *path, const char *role);
  * endpoint is taken: czmq's zauth runs in this process), KVEDGE_ENOMEM. */
 int kvedge_secure_zap_open(const char *clients_dir, kvedge_secure_zap_t **out);
 
+/* Registers a plaintext "allowlist": a socket under it (NULL mechanism, bound to loopback or
+ * ipc only) lets in every NULL-mechanism peer. What it is for is the ZAP domain itself: with
+ * one set, libzmq refuses ZMTP 1.0 and 2.0 peers, which cannot do ZAP, instead of reading any
+ * bytes whose first is not 0xFF as ZMTP 1.0 frames. Caller owns *out; close with
+ * kvedge_secure_zap_close. Errors: KVEDGE_EINVAL, KVEDGE_EDENIED (the ZAP endpoint is taken),
+ * KVEDGE_ENOMEM. */
+int kvedge_secure_zap_open_plaintext(kvedge_secure_zap_t **out);
+
 /* Names the sockets under z in its log lines (e.g. "store tcp://0.0.0.0:7400"). */
 void kvedge_secure_zap_label(kvedge_secure_zap_t *z, const char *label);
 
-/* Puts a CURVE server socket under z (sets its ZAP domain); before the socket binds. */
+/* Puts a server socket under z (sets its ZAP domain); before the socket binds. */
 void kvedge_secure_zap_apply(kvedge_secure_zap_t *z, zsock_t *sock);
 
 /* Handshakes refused under z since it was opened. Thread-safe; 0 for NULL. */

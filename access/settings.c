@@ -961,6 +961,16 @@ int kvedge_settings_check_endpoint(const char *v, char *why, size_t why_len)
         const char *colon = strrchr(v + 6, ':');
         if (!colon || colon == v + 6 || !colon[1])
             return kvedge_why(why, why_len, -1, "is not an endpoint: want tcp://HOST:PORT");
+        /* libzmq would take "99999" modulo 2^16 (or refuse it late): a port is 1-65535, or *
+         * for any free one. */
+        const char *port = colon + 1;
+        size_t digits = strspn(port, "0123456789");
+        if (strcmp(port, "*") != 0 &&
+            (digits == 0 || port[digits] || digits > 5 || atol(port) < 1 || atol(port) > 65535))
+            return kvedge_why(why, why_len, -1,
+                              "is not an endpoint: port '%s' is not 1 to 65535 (or * for any "
+                              "free port)",
+                              port);
         return 0;
     }
     return kvedge_why(why, why_len, -1,

@@ -12,6 +12,7 @@
 
 #include "access/log.h"
 #include "proxy/proxy_impl.h"
+#include "proxy/tenant_hint.h"
 #include "store/clock.h"
 #include "store/error.h"
 #include "store/model.h"
@@ -524,6 +525,9 @@ static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
 {
     s_op_t *op = e->op;
     s_fetch_t *f = s_fetch_find(p, op->serial);
+    if (f && e->status == KVEDGE_ENOTFOUND) /* held, says the directory: another tenant? */
+        kvedge_proxy_tenant_hint(p, f->psrc[op->src].name, f->chunks, f->nchunks,
+                                 f->first + op->layer);
     if (e->kind == S_EV_DONE) {
         if (f) {
             f->inflight[op->src]--;
@@ -874,11 +878,25 @@ void kvedge_proxy_impl_fetch_credit(kvedge_proxy_impl_t *p, zframe_t *route, uin
     }
 }
 
+/* The END follows the data messages already sent; what is still buffered or being fetched
+ * for the request is dropped with it. */
+/* Ends the fetch early with an END carrying status and the count of data messages sent, as
+ * docs/protocol.md says every END does; what was not sent is dropped. */
+static void s_end_early(kvedge_proxy_impl_t *p, s_fetch_t *f, int32_t status)
+{
+    zmsg_t *end = zmsg_new();
+    zframe_t *h = kvedge_proxy_impl_header(
+        KVEDGE_OP_FETCH, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END, f->rid, status, f->sent);
+    zmsg_append(end, &h);
+    kvedge_proxy_impl_send(p, f->route, &end);
+    s_fetch_remove(p, f);
+}
+
 void kvedge_proxy_impl_fetch_cancel(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid)
 {
     s_fetch_t *f = s_fetch_by_route(p, route, rid);
     if (f)
-        s_fetch_remove(p, f);
+        s_end_early(p, f, KVEDGE_ECANCELED);
 }
 
 void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p)
@@ -886,7 +904,6 @@ void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p)
     s_fetch_t *f;
     while ((f = zlistx_first(p->fetches)) != NULL) {
         s_record(p, f, KVEDGE_ECLOSED);
-        kvedge_proxy_impl_reply_error(p, f->route, KVEDGE_OP_FETCH, f->rid, KVEDGE_ECLOSED);
-        s_fetch_remove(p, f);
+        s_end_early(p, f, KVEDGE_ECLOSED);
     }
 }

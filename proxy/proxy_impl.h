@@ -117,7 +117,8 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
 void kvedge_proxy_impl_fetch_credit(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid,
                                     uint32_t credit);
 
-/* CANCEL: drops the client's fetch rid without a reply. Unknown: ignored. */
+/* CANCEL: ends the client's fetch rid with an END (KVEDGE_ECANCELED, the data messages sent);
+ * what was not sent is dropped. Unknown: ignored. */
 void kvedge_proxy_impl_fetch_cancel(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid);
 
 /* Handles every queued upstream event (ev_fd was readable). Actor only. */

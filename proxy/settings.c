@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access/log.h"
 #include "access/secure.h"
 #include "access/transport.h"
 #include "monitor/http.h"
@@ -181,6 +182,29 @@ int kvedge_proxy_settings_check(const kvedge_proxy_settings_t *s, char *why, siz
     return KVEDGE_OK;
 }
 
+/* Says who the proxy is to its sources, as a node says its key: the key and the tenant the
+ * nodes will file it under. Without a tenant in its certificate a node uses the key itself,
+ * a tenant of its own that holds nothing: every source then answers "not found". */
+static void s_say_identity(const char *cert_path)
+{
+    zcert_t *cert = zcert_load(cert_path);
+    if (!cert)
+        return;
+    const char *tenant = zcert_meta(cert, "tenant");
+    if (tenant && *tenant)
+        kvedge_log_info("proxy public key %s (certificate %s); allowlist it on every source node "
+                        "with tenant %s: copy %s into each node's clients directory (and the "
+                        "master's)",
+                        zcert_public_txt(cert), cert_path, tenant, cert_path);
+    else
+        kvedge_log_warn("proxy public key %s (certificate %s) has no tenant: source nodes will "
+                        "file it under its own key and hold nothing for it; make one with "
+                        "`kvedge keygen %s --tenant T` (T: the tenant the contexts are stored "
+                        "under) and copy it into each node's clients directory (and the master's)",
+                        zcert_public_txt(cert), cert_path, cert_path);
+    zcert_destroy(&cert);
+}
+
 int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t **out, char *why,
                                 size_t why_len)
 {
@@ -225,5 +249,7 @@ int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t
     po.no_monitor = !s->monitor;
     rc = kvedge_proxy_start(&po, out, why, why_len);
     free(src);
+    if (rc == KVEDGE_OK && need_cert)
+        s_say_identity(s->cert);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "access/log.h"
+#include "access/settings.h"
 #include "access/shaper.h"
 #include "proxy/proxy_impl.h"
 #include "store/clock.h"
@@ -49,8 +50,10 @@ int kvedge_proxy_source_parse(const char *spec, kvedge_proxy_source_t *out)
             if (!kvedge_master_id_ok(t) || strlen(t) >= sizeof out->name)
                 return KVEDGE_EINVAL;
             strcpy(out->name, t);
-        } else if (field == 2) {
-            if (strlen(t) >= sizeof out->endpoint || !strstr(t, "://"))
+        } else if (field == 2) { /* tcp://HOST:PORT with a port, ipc://PATH, inproc://NAME */
+            if (strlen(t) >= sizeof out->endpoint ||
+                kvedge_settings_check_endpoint(t, NULL, 0) != 0 ||
+                strcmp(strrchr(t, ':'), ":*") == 0)
                 return KVEDGE_EINVAL;
             strcpy(out->endpoint, t);
         } else if (strncmp(t, "key=", 4) == 0 && strlen(t + 4) < sizeof out->server_key) {

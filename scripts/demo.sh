@@ -84,8 +84,8 @@ step "Cloud prefill: the cloud model computes the chapter's KV once and stores i
 "$KVEDGE" -H "$(ep cloud)" prefill --weights "$WEIGHTS" --model-id kjv-cloud --tokenizer "$TOKENIZER" \
     --context-file "$CTX_FILE" --tokens "$CTX_TOKENS" --scheme int8 | tee "$DIR/prefill.out"
 # The chapter's last chunk (the highest chunk index) names the whole chain.
-PREFIX=$("$KVEDGE" --json -H "$(ep cloud)" ls | grep -o '"prefix":"[0-9a-f]*","model":"[^"]*","chunk":[0-9]*' |
-    sed 's/"prefix":"\([0-9a-f]*\)".*"chunk":\([0-9]*\)/\2 \1/' | sort -n | tail -1 | cut -d' ' -f2)
+PREFIX=$("$KVEDGE" -H "$(ep cloud)" ls --full | awk 'NR > 1 { print $3, $1 }' | sort -n |
+    tail -1 | cut -d' ' -f2)
 [ -n "$PREFIX" ] || { echo "demo: no context on the cloud node" >&2; exit 1; }
 
 subscription() { # subscription FILE LAYERS: the historical-cache subscription of the chapter

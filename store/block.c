@@ -350,6 +350,29 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
     return KVEDGE_OK;
 }
 
+int kvedge_block_check(const uint8_t *buf, size_t len, kvedge_block_info_t *info)
+{
+    kvedge_block_info_t in;
+    int rc = kvedge_block_parse(buf, len, &in);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (in.lz4) {
+        /* A checksum only says the bytes are the ones written: an lz4 body that was bad when
+         * written is caught here, before anything serves it. */
+        void *scratch = malloc(in.raw_len);
+        if (!scratch)
+            return KVEDGE_ENOMEM;
+        const uint8_t *raw;
+        rc = kvedge_block_body(&in, scratch, in.raw_len, &raw);
+        free(scratch);
+        if (rc != KVEDGE_OK)
+            return rc;
+    }
+    if (info)
+        *info = in;
+    return KVEDGE_OK;
+}
+
 int kvedge_block_body(const kvedge_block_info_t *info, void *scratch, size_t scratch_cap,
                       const uint8_t **raw)
 {

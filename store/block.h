@@ -120,6 +120,13 @@ int kvedge_block_encode(const kvedge_block_spec_t *spec, const void *k, const vo
  * success. Errors: KVEDGE_ETRUNCATED, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ETOOBIG. */
 int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info);
 
+/* Verifies a block fully, as every reader of stored blocks must: kvedge_block_parse, then for an
+ * lz4 body its decompression to exactly raw_len bytes (step 10 of docs/block-format.md), so a
+ * block that passes can be decoded. info (may be NULL) is filled on success. An lz4 body is
+ * decompressed into a buffer allocated and freed here. Errors: those of kvedge_block_parse,
+ * KVEDGE_ECORRUPT (a body that does not decompress), KVEDGE_ENOMEM. */
+int kvedge_block_check(const uint8_t *buf, size_t len, kvedge_block_info_t *info);
+
 /* Returns the decompressed body: info->body itself when not compressed, else decompresses
  * into scratch (at least info->raw_len bytes). Errors: KVEDGE_ENOSPACE, KVEDGE_ECORRUPT. */
 int kvedge_block_body(const kvedge_block_info_t *info, void *scratch, size_t scratch_cap,

@@ -241,6 +241,10 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
     }
     rocksdb_options_set_create_if_missing(base, !e->opts.read_only);
     rocksdb_options_set_create_missing_column_families(base, !e->opts.read_only);
+    if (e->salvage) {
+        rocksdb_options_set_paranoid_checks(base, 0);
+        rocksdb_options_set_disable_auto_compactions(base, 1);
+    }
 
     if (exists) {
         listed = rocksdb_list_column_families(base, dir, &n_listed, &err);
@@ -281,6 +285,10 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
         }
     }
     blobs = rocksdb_options_create();
+    if (e->salvage) {
+        rocksdb_options_set_paranoid_checks(blobs, 0);
+        rocksdb_options_set_disable_auto_compactions(blobs, 1);
+    }
     rocksdb_options_set_enable_blob_files(blobs, 1);
     rocksdb_options_set_min_blob_size(blobs, e->opts.blob_min_bytes);
     rocksdb_options_set_enable_blob_gc(blobs, 1);
@@ -323,8 +331,8 @@ done:
     return rc;
 }
 
-int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge_engine_t **out,
-                       char *why, size_t why_len)
+static int s_open(const char *dir, const kvedge_engine_opts_t *opts, bool salvage,
+                  kvedge_engine_t **out, char *why, size_t why_len)
 {
     if (why && why_len)
         why[0] = '\0';
@@ -342,6 +350,7 @@ int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge
         e->opts = *opts;
     else
         kvedge_engine_opts_default(&e->opts);
+    e->salvage = salvage;
     for (size_t i = 0; i < S_STRIPES; i++)
         pthread_mutex_init(&e->stripes[i], NULL);
     pthread_mutex_init(&e->evict_mu, NULL);
@@ -370,6 +379,10 @@ int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge
     rocksdb_readoptions_set_verify_checksums(e->ro_blk, 0);
     e->wo = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(e->wo, e->opts.sync ? 1 : 0);
+    if (salvage) {
+        *out = e;
+        return KVEDGE_OK;
+    }
     rc = s_check_format(e, why, why_len);
     if (rc != KVEDGE_OK)
         goto fail;
@@ -383,6 +396,42 @@ int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge
 fail:
     kvedge_engine_destroy(&e);
     return rc;
+}
+
+int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge_engine_t **out,
+                       char *why, size_t why_len)
+{
+    int rc = s_open(dir, opts, false, out, why, why_len);
+    /* CURRENT naming a MANIFEST that is gone or unreadable: the store is damaged, not the
+     * disk failing. */
+    if (rc == KVEDGE_EIO && why && strstr(why, "MANIFEST") && s_store_exists(dir))
+        rc = KVEDGE_ECORRUPT;
+    if (rc == KVEDGE_ECORRUPT && why && why_len) {
+        /* The way out, in every message that reports a damaged store (CLI, node). The hint
+         * is kept whole: the reason before it is cut short when both do not fit. */
+        char hint[KVEDGE_ROCKS_MSG_MAX_BYTES];
+        int n = snprintf(hint, sizeof hint, "; run kvedge repair --data %s to salvage it", dir);
+        size_t have = strlen(why);
+        if (n > 0 && (size_t)n < why_len) {
+            size_t at = have + (size_t)n < why_len ? have : why_len - 1 - (size_t)n;
+            memcpy(why + at, hint, (size_t)n + 1);
+        }
+    }
+    return rc;
+}
+
+int kvedge_engine_check_format(kvedge_engine_t *e, char *why, size_t why_len)
+{
+    return s_check_format(e, why, why_len);
+}
+
+int kvedge_engine_open_salvage(const char *dir, kvedge_engine_t **out, char *why, size_t why_len)
+{
+    kvedge_engine_opts_t opts;
+    kvedge_engine_opts_default(&opts);
+    opts.create_if_missing = false;
+    opts.cache_bytes = 0;
+    return s_open(dir, &opts, true, out, why, why_len);
 }
 
 void kvedge_engine_destroy(kvedge_engine_t **self_p)
@@ -446,6 +495,14 @@ static bool s_id_ok(const char *id)
            strnlen(id, KVEDGE_MODEL_ID_MAX_BYTES + 1) <= KVEDGE_MODEL_ID_MAX_BYTES;
 }
 
+static bool s_same_shape(const kvedge_model_t *a, const kvedge_model_t *b)
+{
+    return a->layers == b->layers && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
+           a->dtype == b->dtype;
+}
+
+/* A built-in id always has its built-in shape, even where an older node stored another one
+ * for it (registrations used to be able to claim a built-in name). */
 int kvedge_engine_get_model(kvedge_engine_t *e, const char *id, kvedge_model_t *out)
 {
     if (!e || !s_id_ok(id) || !out)
@@ -460,6 +517,10 @@ int kvedge_engine_get_model(kvedge_engine_t *e, const char *id, kvedge_model_t *
     const uint8_t *v = s_pval(p, &len);
     rc = kvedge_model_unpack(id, v, len, out);
     rocksdb_pinnableslice_destroy(p);
+    kvedge_model_t builtin;
+    if (rc == KVEDGE_OK && kvedge_model_builtin(id, &builtin) == KVEDGE_OK &&
+        !s_same_shape(out, &builtin))
+        *out = builtin;
     return rc;
 }
 
@@ -470,15 +531,17 @@ int kvedge_engine_put_model(kvedge_engine_t *e, const kvedge_model_t *model)
     int rc = kvedge_model_check(model);
     if (rc != KVEDGE_OK)
         return rc;
+    kvedge_model_t builtin;
+    if (kvedge_model_builtin(model->id, &builtin) == KVEDGE_OK && !s_same_shape(model, &builtin))
+        return KVEDGE_ESHAPE; /* a built-in name is never another shape */
     if (e->opts.read_only)
         return KVEDGE_EREADONLY;
     pthread_mutex_lock(&e->models_mu);
     kvedge_model_t old;
     rc = kvedge_engine_get_model(e, model->id, &old);
     if (rc == KVEDGE_OK) {
-        if (old.layers != model->layers || old.kv_heads != model->kv_heads ||
-            old.head_dim != model->head_dim || old.dtype != model->dtype)
-            rc = KVEDGE_ESHAPE;
+        if (!s_same_shape(&old, model))
+            rc = KVEDGE_ESHAPE; /* records are immutable: the first registration stands */
     } else if (rc == KVEDGE_ENOMODEL || rc == KVEDGE_ECORRUPT) {
         uint8_t rec[KVEDGE_MODEL_RECORD_BYTES];
         kvedge_model_pack(model, rec);
@@ -505,6 +568,9 @@ int kvedge_engine_list_models(kvedge_engine_t *e, int (*cb)(void *ctx, const kve
         const char *v = rocksdb_iter_value(it, &vlen);
         kvedge_model_t m;
         rc = s_model_from_kv(k, klen, v, vlen, &m);
+        kvedge_model_t builtin;
+        if (rc == KVEDGE_OK && kvedge_model_builtin(m.id, &builtin) == KVEDGE_OK)
+            m = builtin; /* as kvedge_engine_get_model answers */
         if (rc == KVEDGE_OK)
             rc = cb(ctx, &m);
         if (rc != KVEDGE_OK)

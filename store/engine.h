@@ -81,8 +81,9 @@ int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge
  * idempotent, nulls *self_p. */
 void kvedge_engine_destroy(kvedge_engine_t **self_p);
 
-/* Registers a model shape. Idempotent for the same shape; KVEDGE_ESHAPE if the id is taken
- * by a different shape. */
+/* Registers a model shape. Records are immutable once registered, and built-in ids are
+ * reserved for their built-in shape: idempotent for the same shape; KVEDGE_ESHAPE if the id
+ * is a built-in or is taken with a different shape (nothing changes then). */
 int kvedge_engine_put_model(kvedge_engine_t *e, const kvedge_model_t *model);
 int kvedge_engine_get_model(kvedge_engine_t *e, const char *id, kvedge_model_t *out);
 int kvedge_engine_list_models(kvedge_engine_t *e, int (*cb)(void *ctx, const kvedge_model_t *model),
@@ -157,14 +158,51 @@ int kvedge_engine_evict(kvedge_engine_t *e, uint64_t target_bytes, uint64_t *blo
 /* Deletes every expired, unpinned block. */
 int kvedge_engine_expire(kvedge_engine_t *e, uint64_t *blocks);
 
-/* Reads every block and checks it parses, its checksum holds and it matches its metadata.
- * cb (may be NULL) hears each bad block with its error; with quarantine, bad blocks are moved
- * to quarantine. Returns 0 after a full scan (bad blocks are reported in *bad). */
+/* Reads every block and checks it as a get does (kvedge_block_check: structure, checksum, lz4
+ * body; and its metadata), so that a block is bad here exactly when a get refuses it. cb (may
+ * be NULL) hears each bad block with its error; with quarantine, bad blocks are moved to
+ * quarantine. Reading with RocksDB's own checksums on, verify also finds a damaged RocksDB
+ * record around a block that still reads intact (a get serves it): cb hears it with
+ * KVEDGE_EIO, it does not count in *bad, and with quarantine it is written again as a fresh
+ * record. Returns 0 after a full scan (bad blocks are reported in *bad). */
 typedef int (*kvedge_verify_cb)(void *ctx, const kvedge_block_key_t *key, int err);
 int kvedge_engine_verify(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb cb, void *ctx,
                          uint64_t *checked, uint64_t *bad);
 
 int kvedge_engine_stats(kvedge_engine_t *e, kvedge_engine_stats_t *out);
+
+/* What kvedge_engine_repair did. */
+typedef struct {
+    uint64_t blocks_kept;     /* blocks that passed the full check: in the repaired store */
+    uint64_t blocks_lost;     /* blocks that did not: in its quarantine family */
+    uint64_t from_blob_files; /* kept blocks RocksDB could not read, found in its blob files */
+    uint64_t meta_rebuilt;    /* kept blocks whose metadata was unreadable: rebuilt from the block
+                                 (not pinned, no expiry, accessed now) */
+    uint64_t chunks_kept;     /* chunk records carried over */
+    uint64_t chunks_lost;     /* chunks of kept blocks whose record could not be read */
+    uint64_t models_kept;     /* model records carried over */
+    uint64_t quarantine_kept; /* entries already in quarantine, carried over */
+    bool rocksdb_repaired;    /* RocksDB could not open the files: its own repair ran first */
+    char old_files[512];      /* where the damaged store's RocksDB files were moved */
+} kvedge_repair_report_t;
+
+/* Salvages a damaged store (the node stopped: it takes the store's lock). Reads every record
+ * RocksDB can still read back, checks every block as a get does (kvedge_block_check and its
+ * metadata), and writes a new store of what passes into dir/repair.tmp; then moves the old
+ * RocksDB files to dir/lost/repair-TIME/ and the new ones into dir (other files of dir, such
+ * as certificates, stay). A block RocksDB cannot read is looked for in the blob files
+ * themselves (its newest copy that passes, and matches its metadata when that is readable).
+ * Blocks that still fail are quarantined in the new store (with their bytes when those could
+ * be read) and reported through cb (may be NULL; a non-zero return stops the repair, leaving
+ * the store as it was) with their error. The LRU and TTL indexes are rebuilt; unreadable
+ * metadata is rebuilt from its block. When RocksDB cannot open the files at all,
+ * rocksdb_repair_db rebuilds its MANIFEST first (the blob files, which it drops, are linked
+ * into dir/lost/blobs-TIME/ beforehand and read from there). Needs free space for a copy of
+ * what is kept. Errors: KVEDGE_ENOTFOUND (no store), KVEDGE_EBUSY (in use), KVEDGE_EVERSION
+ * (written by a newer kvedge: left alone), KVEDGE_EIO,
+ * KVEDGE_ENOMEM, store errors; why receives a one-line reason. out may be NULL. */
+int kvedge_engine_repair(const char *dir, kvedge_verify_cb cb, void *ctx,
+                         kvedge_repair_report_t *out, char *why, size_t why_len);
 
 #ifdef __cplusplus
 }

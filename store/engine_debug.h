@@ -17,6 +17,13 @@ extern "C" {
 int kvedge_engine_debug_put_raw(kvedge_engine_t *e, const kvedge_block_key_t *key,
                                 const uint8_t *data, size_t len);
 
+/* Stores a block as kvedge_engine_put does (metadata and indexes describe it), but without
+ * decompressing its lz4 body: how a block whose body does not decode, under a valid checksum,
+ * reached a store before puts refused it. Errors as kvedge_engine_put. */
+int kvedge_engine_debug_put_unchecked(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk,
+                                      uint16_t layer, uint16_t head, const uint8_t *block,
+                                      size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -71,8 +71,9 @@ struct kvedge_engine_t {
     rocksdb_readoptions_t *ro_blk;
     rocksdb_writeoptions_t *wo; /* sync as opts.sync */
     rocksdb_cache_t *cache;     /* blob and table block cache; NULL when cache_bytes is 0 */
-    pthread_mutex_t scrub_mu;   /* guards scrubbing */
-    unsigned scrubbing;         /* verifies running: the cache is held empty meanwhile */
+    bool salvage;             /* opened by repair: RocksDB's paranoid checks and compactions off */
+    pthread_mutex_t scrub_mu; /* guards scrubbing */
+    unsigned scrubbing;       /* verifies running: the cache is held empty meanwhile */
     kvedge_engine_opts_t opts;
     pthread_mutex_t stripes[S_STRIPES]; /* serialize writers of one key */
     pthread_mutex_t evict_mu;           /* one evictor at a time */
@@ -121,6 +122,19 @@ size_t kvedge_engine_prefix_pack(const kvedge_chunk_info_t *c, uint8_t out[S_PRE
 /* key is the chunk id the record is stored under. KVEDGE_ECORRUPT for a bad key or record. */
 int kvedge_engine_prefix_unpack(const uint8_t *key, size_t klen, const uint8_t *in, size_t len,
                                 kvedge_chunk_info_t *c);
+
+/* ---------------------------------------------------------------- opening for repair
+ * (engine.c) */
+
+/* Opens the RocksDB database of a store for salvage (engine_repair.c): writable, missing
+ * families created, RocksDB's paranoid checks and automatic compactions off (a table whose
+ * own blocks are damaged still opens; reads from it fail one by one), no cache, and neither
+ * the format record nor the totals read. Errors as kvedge_engine_open. */
+int kvedge_engine_open_salvage(const char *dir, kvedge_engine_t **out, char *why, size_t why_len);
+
+/* Reads the store's format version record (writing it when missing and the store writable):
+ * 0, KVEDGE_EVERSION (a newer kvedge's), KVEDGE_ECORRUPT or a store error, with why. */
+int kvedge_engine_check_format(kvedge_engine_t *e, char *why, size_t why_len);
 
 /* ---------------------------------------------------------------- RocksDB boundary
  * (engine.c; errors translated by store/rocks.h) */
@@ -258,8 +272,10 @@ static inline bool s_needs_touch(const kvedge_engine_t *e, const kvedge_block_me
 /* ---------------------------------------------------------------- verification and
  * quarantine (engine_verify.c) */
 
-/* Checks a block's bytes against itself and against its metadata. Returns 0, a parse error,
- * or KVEDGE_ECORRUPT for a disagreement. */
+/* Checks a block's bytes against itself (kvedge_block_check: parsed, checksum, lz4 body
+ * decompressed) and against its metadata: the one check of get, get_layer, verify and
+ * repair, so they agree on every block. Returns 0, a codec error, KVEDGE_ECORRUPT for a
+ * disagreement, or KVEDGE_ENOMEM (no verdict). */
 int kvedge_engine_check_block(const uint8_t *data, size_t len, const kvedge_block_meta_t *m);
 
 /* Reads meta and block of one key and verifies them. On S_LOAD_OK, *blk holds the block; on

@@ -9,7 +9,7 @@
 int kvedge_engine_check_block(const uint8_t *data, size_t len, const kvedge_block_meta_t *m)
 {
     kvedge_block_info_t info;
-    int rc = kvedge_block_parse(data, len, &info);
+    int rc = kvedge_block_check(data, len, &info);
     if (rc != KVEDGE_OK)
         return rc;
     if (len != m->bytes || info.checksum != m->checksum || info.dtype != m->dtype ||
@@ -42,6 +42,11 @@ int kvedge_engine_load(kvedge_engine_t *e, const uint8_t *kb, kvedge_block_meta_
         bad = kvedge_engine_check_block(v, len, meta);
         if (bad == KVEDGE_OK)
             return S_LOAD_OK;
+        if (bad == KVEDGE_ENOMEM) { /* no verdict on the block: not a reason to move it */
+            rocksdb_pinnableslice_destroy(*blk);
+            *blk = NULL;
+            return bad;
+        }
     }
     if (why)
         *why = bad;
@@ -102,12 +107,54 @@ static void s_scrub_end(kvedge_engine_t *e)
     pthread_mutex_unlock(&e->scrub_mu);
 }
 
+/* Whether a get serves the block at kb: the same load and check, with the read options of
+ * reads (RocksDB's checksums off: the block's xxh3 and structure decide). */
+static bool s_served(kvedge_engine_t *e, const uint8_t *kb)
+{
+    kvedge_block_meta_t m;
+    bool meta_ok;
+    rocksdb_pinnableslice_t *blk;
+    int rc = kvedge_engine_load(e, kb, &m, &meta_ok, &blk, NULL, false);
+    if (blk)
+        rocksdb_pinnableslice_destroy(blk);
+    return rc == S_LOAD_OK;
+}
+
+/* Under kb's stripe: writes a block that reads intact under a damaged RocksDB record back as
+ * a fresh record (same bytes, so its meta still holds); the damaged one becomes garbage. */
+static int s_rewrite(kvedge_engine_t *e, const uint8_t *kb)
+{
+    unsigned s = s_stripe_of(kb);
+    kvedge_block_meta_t m;
+    bool meta_ok;
+    rocksdb_pinnableslice_t *blk;
+    s_lock(e, s);
+    int rc = kvedge_engine_load(e, kb, &m, &meta_ok, &blk, NULL, false);
+    if (rc == S_LOAD_OK) {
+        size_t len;
+        const uint8_t *v = s_pval(blk, &len);
+        char *err = NULL;
+        rocksdb_put_cf(e->db, e->wo, e->cf[S_CF_BLOCKS], (const char *)kb, KVEDGE_BLOCK_KEY_BYTES,
+                       (const char *)v, len, &err);
+        rc = err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+    }
+    if (blk)
+        rocksdb_pinnableslice_destroy(blk);
+    s_unlock(e, s);
+    return rc < 0 ? rc : KVEDGE_OK;
+}
+
 /* One bad key found by verify: report it, and quarantine it if it is still bad under its
- * stripe. Returns the callback's value or a store error. */
+ * stripe (KVEDGE_EIO, a block a get serves from a damaged record: rewrite it instead). Returns
+ * the callback's value or a store error. */
 static int s_verify_bad(kvedge_engine_t *e, const uint8_t *kb, int err, bool quarantine,
                         kvedge_verify_cb cb, void *ctx)
 {
-    if (quarantine) {
+    if (quarantine && err == KVEDGE_EIO) {
+        int rc = s_rewrite(e, kb);
+        if (rc < 0)
+            return rc;
+    } else if (quarantine) {
         unsigned s = s_stripe_of(kb);
         kvedge_block_meta_t m;
         bool meta_ok;
@@ -186,10 +233,18 @@ int kvedge_engine_verify(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb c
             if (err == KVEDGE_OK)
                 err = data ? kvedge_engine_check_block(data, vlen, &m) : KVEDGE_ECORRUPT;
         }
+        if (err == KVEDGE_ENOMEM) {
+            rc = err; /* no verdict: stop rather than report a sound block */
+            break;
+        }
         if (klen == KVEDGE_BLOCK_KEY_BYTES) {
             n++;
+            /* A get's verdict decides whether the block is bad; a RocksDB record that fails
+             * its own checksums around a block that reads intact is reported apart. */
+            if (err != KVEDGE_OK && c == 0 && s_served(e, key))
+                err = KVEDGE_EIO;
             if (err != KVEDGE_OK) {
-                nbad++;
+                nbad += err != KVEDGE_EIO;
                 rc = s_verify_bad(e, key, err, quarantine, cb, ctx);
             }
         }

@@ -30,7 +30,8 @@ extern "C" {
     X(EPROTO, -18, "malformed protocol message")                                                   \
     X(ETIMEDOUT, -19, "deadline passed")                                                           \
     X(EDENIED, -20, "not allowed")                                                                 \
-    X(ECLOSED, -21, "peer is shutting down or gone")
+    X(ECLOSED, -21, "peer is shutting down or gone")                                               \
+    X(ECANCELED, -22, "cancelled")
 
 typedef enum {
 #define KVEDGE_ERR_ENUM(name, value, msg) KVEDGE_##name = (value),

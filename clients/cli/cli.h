@@ -17,6 +17,7 @@ enum {
     KVEDGE_EXIT_NOTFOUND = 3,    /* prefix or model not found */
     KVEDGE_EXIT_CORRUPT = 4,     /* verify found corrupt blocks */
     KVEDGE_EXIT_UNAVAILABLE = 5, /* store missing, locked, unreadable or too new */
+    KVEDGE_EXIT_DENIED = 6,      /* the key may not do that (evict needs an admin key) */
 };
 
 #define KVEDGE_DATA_DIR_DEFAULT "./data"
@@ -53,9 +54,14 @@ extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
 /* Prints "kvedge: <message>" to stderr. */
 void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Opens the store of cli->data_dir, printing a clear reason and returning an exit code on
- * failure (0 on success). */
+/* Opens the existing store of cli->data_dir, printing a clear reason and returning an exit
+ * code on failure (0 on success). writable opens it for writing; neither form creates a store:
+ * a mistyped --data is refused rather than made an empty store. */
 int kvedge_cli_open(kvedge_cli_t *cli, bool writable, kvedge_engine_t **out);
+
+/* kvedge_cli_open for writing that creates the store when there is none: for the commands
+ * that fill a store (put-synthetic, sync --once). */
+int kvedge_cli_open_create(kvedge_cli_t *cli, kvedge_engine_t **out);
 
 /* Maps an engine error to an exit code. */
 int kvedge_cli_exit_code(int err);

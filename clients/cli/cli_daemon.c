@@ -1,6 +1,7 @@
 /* The daemon commands of kvedge: `store` (a store node), `keygen` (CURVE certificates) and
  * `sync` (the historical cache). Thin mains: the node is store/node/node.c, its settings the
  * table in store/node/settings.c. */
+#include <cjson/cJSON.h>
 #include <czmq.h>
 #include <errno.h>
 #include <getopt.h>
@@ -71,7 +72,6 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
 
 static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
 {
-    (void)cli;
     static const struct option opts[] = {{"tenant", required_argument, NULL, 't'},
                                          {"admin", no_argument, NULL, 'a'},
                                          {"force", no_argument, NULL, 'f'},
@@ -96,7 +96,9 @@ static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
                 "clients directory, or to clients as the node key) and PATH_secret (mode\n"
                 "0600: keep it). --tenant puts the client in a named tenant: every key of\n"
                 "the same tenant shares one cache namespace. --admin lets the key run store-wide\n"
-                "operations (evict) once its public certificate is in a node's allowlist.\n");
+                "operations (evict) once its public certificate is in a node's allowlist.\n"
+                "--json prints {\"public\": PATH, \"secret\": PATH_secret, \"public_key\": "
+                "KEY}.\n");
             return KVEDGE_EXIT_OK;
         } else {
             kvedge_cli_error("keygen: unknown option '%s'", argv[optind - 1]);
@@ -128,12 +130,37 @@ static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
     if (rc == 0) {
         chmod(secret, 0600);
         chmod(path, 0644);
-        printf("public key %s\nwrote %s and %s\n", zcert_public_txt(cert), path, secret);
+        if (cli->json) {
+            printf("{\"public\":");
+            kvedge_cli_json_str(stdout, path);
+            printf(",\"secret\":");
+            kvedge_cli_json_str(stdout, secret);
+            printf(",\"public_key\":");
+            kvedge_cli_json_str(stdout, zcert_public_txt(cert));
+            printf("}\n");
+        } else {
+            printf("public key %s\nwrote %s and %s\n", zcert_public_txt(cert), path, secret);
+        }
     } else {
         kvedge_cli_error("keygen: cannot write %s: %s", path, strerror(errno));
     }
     zcert_destroy(&cert);
     return rc == 0 ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+}
+
+/* One JSON line of the status file as text, in --once's words: name, state, summary. A line
+ * that does not parse is shown as it is. */
+static void s_sync_status_line(const char *line)
+{
+    cJSON *o = cJSON_Parse(line);
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "name"));
+    const char *state = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "state"));
+    const char *sum = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "summary"));
+    if (name && state && sum)
+        printf("%-20s %-8s %s\n", name, state, sum);
+    else
+        fputs(line, stdout);
+    cJSON_Delete(o);
 }
 
 /* `kvedge sync`: the historical cache's progress (what a running edge node last wrote), or
@@ -164,8 +191,9 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
                 "The edge's historical cache: contexts copied from a cloud node and pinned,\n"
                 "so the edge serves them with the network down. Without --once: the\n"
                 "progress a running node last wrote (DIR/" KVEDGE_HSYNC_STATUS_FILE
-                "). With --once: one\n"
-                "pass now into DIR (the node must not be running). The file (default\n"
+                "), one line per context;\n"
+                "with --json, the file's JSON lines. With --once: one pass now into DIR\n"
+                "(the node must not be running). The file (default\n"
                 "DIR/subscriptions.conf) has one section per context:\n\n"
                 "  subscription\n"
                 "      name = support-bot\n"
@@ -198,7 +226,10 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
         }
         char line[2048];
         while (fgets(line, sizeof line, f))
-            fputs(line, stdout);
+            if (cli->json)
+                fputs(line, stdout);
+            else
+                s_sync_status_line(line);
         fclose(f);
         return KVEDGE_EXIT_OK;
     }
@@ -212,7 +243,7 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
         return rc == KVEDGE_EIO ? KVEDGE_EXIT_NOTFOUND : KVEDGE_EXIT_USAGE;
     }
     kvedge_engine_t *engine;
-    int ex = kvedge_cli_open(cli, true, &engine);
+    int ex = kvedge_cli_open_create(cli, &engine); /* an edge's first pass makes its store */
     if (ex)
         return ex;
     /* Exit code: 0 when every pass synced, else that of the first failure

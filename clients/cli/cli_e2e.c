@@ -692,6 +692,13 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
     kvedge_client_t *node = NULL;
     if (!ex)
         ex = kvedge_cli_connect(cli, "kvedge prefill", &node);
+    const kvedge_node_info_t *peer = ex ? NULL : kvedge_client_node(node);
+    if (peer && peer->role == KVEDGE_ROLE_PROXY) { /* it would refuse each PUT as invalid */
+        kvedge_cli_error("prefill: %s is an edge proxy (%s), not a store node: prefill puts the "
+                         "context's K/V to a store node (the cloud node the proxy fetches from)",
+                         cli->host, peer->name);
+        ex = KVEDGE_EXIT_USAGE;
+    }
     uint32_t ct = c.chunk_tokens ? (uint32_t)c.chunk_tokens : KVEDGE_E2E_CHUNK_TOKENS_DEFAULT;
     size_t max = ex ? 0 : (c.ctx_len + ct - 1) / ct, n_ids = 0;
     kvedge_chunk_id_t *ids = ex ? NULL : calloc(max, sizeof *ids);
@@ -1028,6 +1035,19 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
     kvedge_client_t *proxy = NULL;
     if (!ex)
         ex = kvedge_cli_connect(cli, "kvedge decode", &proxy);
+    /* A store node streams whatever it holds and a model it does not know would read as
+     * "every layer missed": ask it first (a proxy refuses an unknown model itself). */
+    const kvedge_node_info_t *peer = ex ? NULL : kvedge_client_node(proxy);
+    if (peer && peer->role != KVEDGE_ROLE_PROXY) {
+        kvedge_model_t known;
+        int rc = kvedge_client_get_model(proxy, c.model_id, &known);
+        if (rc == KVEDGE_OK &&
+            (known.layers != c.model.layers || known.kv_heads != c.model.kv_heads ||
+             known.head_dim != c.model.head_dim))
+            rc = KVEDGE_ESHAPE;
+        if (rc != KVEDGE_OK)
+            ex = s_remote_fail(&c, cli, rc);
+    }
     kvedge_e2e_cloud_t *cloud = NULL;
     for (int r = 0; !ex && r < runs; r++) {
         kvedge_e2e_request_t req = {.mode = modes[r],

@@ -4,6 +4,7 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #define S_SALT_DEFAULT    "local"
 #define S_TOKENS_DEFAULT  1024
 #define S_TOKENS_MAX      (1u << 24) /* put-synthetic --tokens */
+#define S_TOKENS_UNFORCED (1u << 20) /* put-synthetic --tokens past this wants --force */
 
 /* ---- option parsing shared by every command ---- */
 
@@ -452,6 +454,16 @@ static int s_cmd_show(kvedge_cli_t *cli, int argc, char **argv)
         kvedge_engine_destroy(&s.e);
         return ex;
     }
+    kvedge_model_t m; /* a layer past the model is a mistake, not an empty table */
+    if (s.layer >= 0 &&
+        (kvedge_engine_get_model(s.e, info.model_id, &m) == KVEDGE_OK ||
+         kvedge_model_builtin(info.model_id, &m) == KVEDGE_OK) &&
+        (uint32_t)s.layer >= m.layers) {
+        kvedge_cli_error("show: --layer %d is past the %u layers of %s (0 to %u)", s.layer,
+                         m.layers, m.id, m.layers - 1u);
+        kvedge_engine_destroy(&s.e);
+        return KVEDGE_EXIT_USAGE;
+    }
     char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES];
     kvedge_chunk_id_hex(&info.id, hex);
     if (info.has_parent)
@@ -715,6 +727,30 @@ static int s_synth_model(kvedge_cli_t *cli, kvedge_engine_t *e, s_synth_opts_t *
     return KVEDGE_EXIT_OK;
 }
 
+/* Local put-synthetic: refuses (exit 2) to write more than the free space of the store's
+ * file system, by an estimate of the encoded bytes, unless forced. */
+static int s_synth_fits(kvedge_cli_t *cli, const kvedge_model_t *m, const s_synth_opts_t *o,
+                        bool force)
+{
+    struct statvfs fs;
+    if (force || statvfs(cli->data_dir, &fs) != 0)
+        return KVEDGE_EXIT_OK;
+    double per_fp16 = o->scheme == KVEDGE_SCHEME_INT4   ? 0.25
+                      : o->scheme == KVEDGE_SCHEME_INT8 ? 0.5
+                                                        : (double)kvedge_dtype_size(m->dtype) / 2;
+    double need = (double)kvedge_model_fp16_bytes(m, o->tokens) * per_fp16 * (double)o->keep /
+                  (double)m->head_dim;
+    double avail = (double)fs.f_bavail * (double)fs.f_frsize;
+    if (need <= avail)
+        return KVEDGE_EXIT_OK;
+    char b1[32], b2[32];
+    kvedge_cli_error("put-synthetic: about %s to write, but %s has %s free: pass --force to "
+                     "write anyway",
+                     kvedge_cli_bytes((uint64_t)need, b1, sizeof b1), cli->data_dir,
+                     kvedge_cli_bytes((uint64_t)avail, b2, sizeof b2));
+    return KVEDGE_EXIT_USAGE;
+}
+
 static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
 {
     static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
@@ -728,6 +764,7 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
                                          {"chunk-tokens", required_argument, NULL, 'c'},
                                          {"pin", no_argument, NULL, 'p'},
                                          {"ttl", required_argument, NULL, 'T'},
+                                         {"force", no_argument, NULL, 'F'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const kvedge_cli_cmd_t *cmd = s_cmd("put-synthetic");
@@ -745,6 +782,7 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
                         false,
                         KVEDGE_SCHEME_INT8,
                         S_SALT_DEFAULT};
+    bool force = false;
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:t:s:g:k:S:c:h", opts, NULL)) != -1) {
@@ -787,6 +825,9 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
         case 'T':
             bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX - 1, &o.ttl);
             break;
+        case 'F':
+            force = true;
+            break;
         case 'h':
             kvedge_cli_usage(
                 stdout, cmd,
@@ -808,7 +849,9 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
                 "                          client's key is the namespace\n"
                 "  -c, --chunk-tokens N    tokens per chunk (default 256)\n"
                 "      --pin               pin the blocks (never evicted or expired)\n"
-                "      --ttl SECONDS       expire the blocks after SECONDS\n");
+                "      --ttl SECONDS       expire the blocks after SECONDS\n"
+                "      --force             write past the size check: more than 1048576\n"
+                "                          tokens, or more than the free disk space (about)\n");
             return KVEDGE_EXIT_OK;
         default:
             return s_bad_option(cmd, argc, argv);
@@ -836,6 +879,12 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
     }
     if (!o.group_set)
         o.group = o.scheme == KVEDGE_SCHEME_INT4 ? KVEDGE_BLOCK_INT4_GROUP_DEFAULT : 0;
+    if (o.tokens > S_TOKENS_UNFORCED && !force) { /* before the store is opened or made */
+        kvedge_cli_error("put-synthetic: --tokens %llu is over %u: pass --force to write that "
+                         "much synthetic KV",
+                         (unsigned long long)o.tokens, S_TOKENS_UNFORCED);
+        return KVEDGE_EXIT_USAGE;
+    }
     s_sink_t sink = {NULL, NULL};
     kvedge_model_t m;
     int ex;
@@ -845,9 +894,10 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
         if ((ex = kvedge_cli_connect(cli, "kvedge-cli", &sink.c)) != 0)
             return ex;
     } else {
-        if ((ex = kvedge_cli_open(cli, true, &sink.e)) != 0)
+        if ((ex = kvedge_cli_open_create(cli, &sink.e)) != 0)
             return ex;
-        if ((ex = s_synth_model(cli, sink.e, &o, &m)) != 0) {
+        if ((ex = s_synth_model(cli, sink.e, &o, &m)) != 0 ||
+            (ex = s_synth_fits(cli, &m, &o, force)) != 0) {
             kvedge_engine_destroy(&sink.e);
             return ex;
         }
@@ -863,6 +913,7 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
 typedef struct {
     bool json;
     uint64_t n;
+    uint64_t records; /* blocks intact in a damaged RocksDB record (KVEDGE_EIO) */
 } s_verify_t;
 
 static int s_verify_bad(void *ctx, const kvedge_block_key_t *key, int err)
@@ -870,14 +921,45 @@ static int s_verify_bad(void *ctx, const kvedge_block_key_t *key, int err)
     s_verify_t *v = ctx;
     char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
     kvedge_chunk_id_hex(&key->chunk, hex);
+    bool intact = err == KVEDGE_EIO;
     if (v->json)
-        printf("%s{\"prefix\":\"%s\",\"layer\":%u,\"head\":%u,\"error\":\"%s\"}", v->n ? "," : "",
-               hex, key->layer, key->head, kvedge_errname(err));
+        printf("%s{\"prefix\":\"%s\",\"layer\":%u,\"head\":%u,\"error\":\"%s\"%s}", v->n ? "," : "",
+               hex, key->layer, key->head, kvedge_errname(err),
+               intact ? ",\"block_intact\":true" : "");
+    else if (intact)
+        printf("damaged record: prefix %s layer %u head %u: the block reads intact (and is "
+               "served); verify --quarantine writes it again\n",
+               hex, key->layer, key->head);
     else
         printf("corrupt: prefix %s layer %u head %u: %s\n", hex, key->layer, key->head,
                kvedge_strerror(err));
     v->n++;
+    v->records += intact;
     return 0;
+}
+
+/* Opens the store for verify. A store too damaged to open is corrupt, not unavailable: exit
+ * 4, as for corrupt blocks, with the way out (the engine's reason names kvedge repair). */
+static int s_open_verify(kvedge_cli_t *cli, bool writable, kvedge_engine_t **e)
+{
+    kvedge_engine_opts_t opts;
+    kvedge_engine_opts_default(&opts);
+    opts.create_if_missing = false;
+    opts.read_only = !writable;
+    char why[1024] = "";
+    int rc = kvedge_engine_open(cli->data_dir, &opts, e, why, sizeof why);
+    if (rc == KVEDGE_OK)
+        return KVEDGE_EXIT_OK;
+    if (rc != KVEDGE_ECORRUPT)
+        return kvedge_cli_open(cli, writable, e); /* its messages for the other cases */
+    if (cli->json) {
+        printf("{\"corrupt_blocks\":[],\"checked\":0,\"corrupt\":0,\"quarantined\":false,"
+               "\"store_damaged\":true,\"error\":");
+        kvedge_cli_json_str(stdout, why);
+        printf("}\n");
+    }
+    kvedge_cli_error("store %s is damaged: %s", cli->data_dir, why);
+    return KVEDGE_EXIT_CORRUPT;
 }
 
 static int s_cmd_verify(kvedge_cli_t *cli, int argc, char **argv)
@@ -894,8 +976,12 @@ static int s_cmd_verify(kvedge_cli_t *cli, int argc, char **argv)
             quarantine = true;
         } else if (c == 'h') {
             kvedge_cli_usage(stdout, cmd,
-                             "Reads every block and checks its structure, its xxh3 checksum and\n"
-                             "its metadata. Exit code 4 when any block is corrupt.\n\n"
+                             "Reads every block and checks it as a read does: structure, xxh3\n"
+                             "checksum, lz4 body, metadata. A RocksDB record that fails its\n"
+                             "own checksums around an intact block is listed apart (reads serve\n"
+                             "the block; --quarantine writes it again). Exit code 4 when any\n"
+                             "block is corrupt or any record damaged, or when the store is too\n"
+                             "damaged to open (then run kvedge repair).\n\n"
                              "  -q, --quarantine   move corrupt blocks to quarantine (needs the\n"
                              "                     store not to be in use)\n");
             return KVEDGE_EXIT_OK;
@@ -906,28 +992,115 @@ static int s_cmd_verify(kvedge_cli_t *cli, int argc, char **argv)
     if (optind != argc)
         return s_bad_option(cmd, argc, argv);
     kvedge_engine_t *e;
-    int ex = kvedge_cli_open(cli, quarantine, &e);
+    int ex = s_open_verify(cli, quarantine, &e);
     if (ex)
         return ex;
-    s_verify_t v = {cli->json, 0};
+    s_verify_t v = {cli->json, 0, 0};
     uint64_t checked = 0, bad = 0;
     if (cli->json)
         printf("{\"corrupt_blocks\":[");
     int rc = kvedge_engine_verify(e, quarantine, s_verify_bad, &v, &checked, &bad);
     if (cli->json)
-        printf("],\"checked\":%llu,\"corrupt\":%llu,\"quarantined\":%s}\n",
-               (unsigned long long)checked, (unsigned long long)bad,
+        printf("],\"checked\":%llu,\"corrupt\":%llu,\"damaged_records\":%llu,"
+               "\"quarantined\":%s}\n",
+               (unsigned long long)checked, (unsigned long long)bad, (unsigned long long)v.records,
                quarantine && bad ? "true" : "false");
     else
-        printf("verified %llu blocks: %llu ok, %llu corrupt%s\n", (unsigned long long)checked,
+        printf("verified %llu blocks: %llu ok, %llu corrupt%s%s\n", (unsigned long long)checked,
                (unsigned long long)(checked - bad), (unsigned long long)bad,
-               bad ? (quarantine ? " (moved to quarantine)" : " (run verify --quarantine)") : "");
+               bad ? (quarantine ? " (moved to quarantine)" : " (run verify --quarantine)") : "",
+               v.records ? (quarantine ? "; damaged records rewritten"
+                                       : "; damaged records (run verify --quarantine)")
+                         : "");
     kvedge_engine_destroy(&e);
+    if (rc == KVEDGE_ECORRUPT) { /* a table RocksDB cannot read ended the scan */
+        kvedge_cli_error("verify: store %s is damaged past the blocks checked (%s); run kvedge "
+                         "repair --data %s to salvage it",
+                         cli->data_dir, kvedge_strerror(rc), cli->data_dir);
+        return KVEDGE_EXIT_CORRUPT;
+    }
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("verify: %s", kvedge_strerror(rc));
         return kvedge_cli_exit_code(rc);
     }
-    return bad ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
+    return bad || v.records ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
+}
+
+/* ---- repair ---- */
+
+typedef struct {
+    bool json;
+    uint64_t n;
+} s_repair_t;
+
+static int s_repair_lost(void *ctx, const kvedge_block_key_t *key, int err)
+{
+    s_repair_t *r = ctx;
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
+    kvedge_chunk_id_hex(&key->chunk, hex);
+    if (r->json)
+        printf("%s{\"prefix\":\"%s\",\"layer\":%u,\"head\":%u,\"error\":\"%s\"}", r->n ? "," : "",
+               hex, key->layer, key->head, kvedge_errname(err));
+    else
+        printf("lost: prefix %s layer %u head %u: %s\n", hex, key->layer, key->head,
+               kvedge_strerror(err));
+    r->n++;
+    return 0;
+}
+
+static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
+{
+    int ex = s_no_options(
+        s_cmd("repair"), argc, argv, 0,
+        "Salvages a store that cannot be opened or verified any more (a damaged table or\n"
+        "MANIFEST): every record RocksDB can still read is read, every block is checked as\n"
+        "a read checks it, and a new store of what passes replaces the old one. Blocks that\n"
+        "fail are listed and kept in quarantine; the old RocksDB files are moved to\n"
+        "DIR/lost/repair-TIME (delete them once satisfied). Stop the node first; needs free\n"
+        "space for a copy of the store. Exit code 0 when every block was kept, 4 when some\n"
+        "were lost, 5 when the store is missing or in use.\n");
+    if (ex >= 0)
+        return ex;
+    s_repair_t r = {cli->json, 0};
+    kvedge_repair_report_t rep;
+    char why[1024] = "";
+    if (cli->json)
+        printf("{\"lost_blocks\":[");
+    int rc = kvedge_engine_repair(cli->data_dir, s_repair_lost, &r, &rep, why, sizeof why);
+    if (cli->json) {
+        printf("],\"ok\":%s,\"kept\":%llu,\"lost\":%llu,\"meta_rebuilt\":%llu,\"from_blob_files\":%"
+               "llu,"
+               "\"chunks_kept\":%llu,\"chunks_lost\":%llu,\"models_kept\":%llu,"
+               "\"quarantine_kept\":%llu,\"rocksdb_repaired\":%s,\"old_files\":",
+               rc == KVEDGE_OK ? "true" : "false", (unsigned long long)rep.blocks_kept,
+               (unsigned long long)rep.blocks_lost, (unsigned long long)rep.meta_rebuilt,
+               (unsigned long long)rep.from_blob_files, (unsigned long long)rep.chunks_kept,
+               (unsigned long long)rep.chunks_lost, (unsigned long long)rep.models_kept,
+               (unsigned long long)rep.quarantine_kept, rep.rocksdb_repaired ? "true" : "false");
+        kvedge_cli_json_str(stdout, rep.old_files);
+        printf("}\n");
+    } else if (rc == KVEDGE_OK) {
+        printf("repaired %s: %llu blocks kept, %llu lost (in quarantine), %llu with rebuilt "
+               "metadata; %llu chunks kept, %llu chunk records lost\n",
+               cli->data_dir, (unsigned long long)rep.blocks_kept,
+               (unsigned long long)rep.blocks_lost, (unsigned long long)rep.meta_rebuilt,
+               (unsigned long long)rep.chunks_kept, (unsigned long long)rep.chunks_lost);
+        if (rep.from_blob_files)
+            printf("%llu of the kept blocks were read from the blob files directly\n",
+                   (unsigned long long)rep.from_blob_files);
+        if (rep.rocksdb_repaired)
+            printf("RocksDB's own repair ran first: the old blob files are in %s/lost/blobs-*\n",
+                   cli->data_dir);
+        if (rep.old_files[0])
+            printf("the damaged store's files are in %s\n", rep.old_files);
+    }
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("repair: %s", why[0] ? why : kvedge_strerror(rc));
+        return rc == KVEDGE_ENOTFOUND || rc == KVEDGE_EBUSY || rc == KVEDGE_EVERSION
+                   ? KVEDGE_EXIT_UNAVAILABLE
+                   : KVEDGE_EXIT_FAILURE;
+    }
+    return rep.blocks_lost ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
 }
 
 /* ---- evict ---- */
@@ -1154,7 +1327,9 @@ const kvedge_cli_cmd_t kvedge_cli_local_cmds[] = {
      "Per layer and head of a prefix: scheme, bytes, checksum."},
     {"put-synthetic", s_cmd_put_synthetic, "--model ID [--tokens N] [--scheme S] [...]",
      "Store a realistic synthetic KV cache (in the store, or on a node with -H)."},
-    {"verify", s_cmd_verify, "[--quarantine]", "Check every block's checksum and structure."},
+    {"verify", s_cmd_verify, "[--quarantine]", "Check every block as a read does; find damage."},
+    {"repair", s_cmd_repair, "",
+     "Salvage a damaged store: keep what verifies, quarantine the rest."},
     {"evict", s_cmd_evict, "--to SIZE", "Evict least-recently-used unpinned blocks."},
     {"pin", s_cmd_pin, "PREFIX", "Pin a prefix: never evicted, never expired."},
     {"unpin", s_cmd_unpin, "PREFIX", "Unpin a prefix."},

@@ -69,13 +69,87 @@ static int s_resolve(kvedge_cli_t *cli, kvedge_client_t *c, const char *arg,
     return KVEDGE_EXIT_USAGE;
 }
 
+static int s_entry_id_cmp(const void *a, const void *b)
+{
+    return memcmp(((const kvedge_chunk_entry_t *)a)->chunk.id.bytes,
+                  ((const kvedge_chunk_entry_t *)b)->chunk.id.bytes, KVEDGE_CHUNK_ID_BYTES);
+}
+
+/* A row of ls: an entry and the first chunk of its chain (as far as the list goes). */
+typedef struct {
+    const kvedge_chunk_entry_t *e;
+    kvedge_chunk_id_t root;
+} s_ls_row_t;
+
+static int s_ls_row_cmp(const void *a, const void *b)
+{
+    const s_ls_row_t *x = a, *y = b;
+    int c = memcmp(x->root.bytes, y->root.bytes, KVEDGE_CHUNK_ID_BYTES);
+    if (c)
+        return c;
+    return x->e->chunk.index < y->e->chunk.index ? -1 : x->e->chunk.index > y->e->chunk.index;
+}
+
+/* The rows of all (sorted here by id) chain by chain, each chain in index order: a context's
+ * chunks together, its last one (what subscriptions and fetch name) last. Caller frees. */
+static s_ls_row_t *s_ls_rows(kvedge_chunk_entry_t *all, size_t n)
+{
+    s_ls_row_t *rows = calloc(n ? n : 1, sizeof *rows);
+    if (!rows)
+        return NULL;
+    qsort(all, n, sizeof *all, s_entry_id_cmp);
+    for (size_t i = 0; i < n; i++) {
+        const kvedge_chunk_entry_t *cur = &all[i];
+        for (size_t hops = 0; cur->chunk.has_parent && hops < n; hops++) {
+            kvedge_chunk_entry_t probe;
+            probe.chunk.id = cur->chunk.parent;
+            const kvedge_chunk_entry_t *up = bsearch(&probe, all, n, sizeof *all, s_entry_id_cmp);
+            if (!up)
+                break;
+            cur = up;
+        }
+        rows[i].e = &all[i];
+        rows[i].root = cur->chunk.id;
+    }
+    qsort(rows, n, sizeof *rows, s_ls_row_cmp);
+    return rows;
+}
+
 static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
 {
-    int ex = s_no_args(argc, argv, "Lists this tenant's prefix chunks on the node (client ids).");
-    if (ex >= 0)
-        return ex;
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"full", no_argument, NULL, 'f'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *model = NULL;
+    bool full = false;
+    int ch;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "m:fh", opts, NULL)) != -1) {
+        if (ch == 'm') {
+            model = optarg;
+        } else if (ch == 'f') {
+            full = true;
+        } else if (ch == 'h') {
+            printf("usage: kvedge -H ENDPOINT [--server-key KEY --cert FILE] ls [--model ID] "
+                   "[--full]\n\n"
+                   "Lists this tenant's prefix chunks on the node (client ids), each context's\n"
+                   "chunks together in chain order.\n\n"
+                   "  -m, --model ID   only prefixes of this model\n"
+                   "  -f, --full       print full 64-digit prefix ids (what subscriptions and\n"
+                   "                   fetch --chunks take)\n");
+            return KVEDGE_EXIT_OK;
+        } else {
+            kvedge_cli_error("ls: bad option '%s' (see kvedge -H EP ls --help)", argv[optind - 1]);
+            return KVEDGE_EXIT_USAGE;
+        }
+    }
+    if (optind != argc) {
+        kvedge_cli_error("ls: unexpected argument '%s' (see kvedge -H EP ls --help)", argv[optind]);
+        return KVEDGE_EXIT_USAGE;
+    }
     kvedge_client_t *c;
-    ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t *all;
@@ -84,32 +158,47 @@ static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
     kvedge_client_destroy(&c);
     if (rc != KVEDGE_OK)
         return s_fail("ls", rc);
+    s_ls_row_t *rows = s_ls_rows(all, n);
+    if (!rows) {
+        free(all);
+        return s_fail("ls", KVEDGE_ENOMEM);
+    }
+    int idw = full ? KVEDGE_CHUNK_ID_HEX_BYTES - 1 : 16;
     if (cli->json)
         printf("[");
     else
-        printf("%-16s %-16s %5s %6s %6s %10s %7s %6s\n", "PREFIX", "MODEL", "CHUNK", "TOKENS",
+        printf("%-*s %-16s %5s %6s %6s %10s %7s %6s\n", idw, "PREFIX", "MODEL", "CHUNK", "TOKENS",
                "BLOCKS", "STORED", "RATIO", "PINNED");
+    size_t shown = 0;
     for (size_t i = 0; i < n; i++) {
-        const kvedge_chunk_entry_t *e = &all[i];
-        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b[32];
+        const kvedge_chunk_entry_t *e = rows[i].e;
+        if (model && strcmp(model, e->chunk.model_id) != 0)
+            continue;
+        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES], b[32];
         kvedge_chunk_id_hex(&e->chunk.id, hex);
         double ratio = e->bytes ? (double)e->fp16_bytes / (double)e->bytes : 0.0;
         if (cli->json) {
-            printf("%s{\"prefix\":\"%s\",\"model\":", i ? "," : "", hex);
+            printf("%s{\"prefix\":\"%s\",\"parent\":", shown++ ? "," : "", hex);
+            if (e->chunk.has_parent)
+                printf("\"%s\"", kvedge_chunk_id_hex(&e->chunk.parent, phex));
+            else
+                printf("null");
+            printf(",\"model\":");
             kvedge_cli_json_str(stdout, e->chunk.model_id);
             printf(",\"chunk\":%u,\"tokens\":%u,\"blocks\":%u,\"bytes\":%llu,\"fp16_bytes\":%llu,"
                    "\"pinned_blocks\":%u}",
                    e->chunk.index, e->chunk.tokens, e->blocks, (unsigned long long)e->bytes,
                    (unsigned long long)e->fp16_bytes, e->pinned_blocks);
         } else {
-            hex[16] = '\0';
-            printf("%-16s %-16s %5u %6u %6u %10s %6.2fx %6u\n", hex, e->chunk.model_id,
+            hex[idw] = '\0';
+            printf("%-*s %-16s %5u %6u %6u %10s %6.2fx %6u\n", idw, hex, e->chunk.model_id,
                    e->chunk.index, e->chunk.tokens, e->blocks,
                    kvedge_cli_bytes(e->bytes, b, sizeof b), ratio, e->pinned_blocks);
         }
     }
     if (cli->json)
         printf("]\n");
+    free(rows);
     free(all);
     return KVEDGE_EXIT_OK;
 }
@@ -343,6 +432,13 @@ static int s_r_show(kvedge_cli_t *cli, int argc, char **argv)
     while ((ch = getopt_long(argc, argv, "l:h", opts, NULL)) != -1) {
         if (ch == 'l' && kvedge_cli_parse_u64(optarg, 0, KVEDGE_MODEL_MAX_LAYERS - 1, &v) == 0) {
             only = (int64_t)v;
+        } else if (ch == 'h') {
+            printf("usage: kvedge -H ENDPOINT [--server-key KEY --cert FILE] show PREFIX "
+                   "[--layer L]\n\n"
+                   "Fetches every block of the prefix chunk (or of layer L) from the node and\n"
+                   "verifies it after the network: per layer and head, scheme, dtype, kept key\n"
+                   "channels, bytes and state.\n");
+            return KVEDGE_EXIT_OK;
         } else {
             kvedge_cli_error("show: usage: kvedge -H EP show PREFIX [--layer L]");
             return KVEDGE_EXIT_USAGE;
@@ -360,6 +456,14 @@ static int s_r_show(kvedge_cli_t *cli, int argc, char **argv)
     if ((ex = s_resolve(cli, c, argv[optind], &e)) != 0) {
         kvedge_client_destroy(&c);
         return ex;
+    }
+    kvedge_model_t m; /* a layer past the model is a mistake, not an empty table */
+    if (only >= 0 && kvedge_client_get_model(c, e.chunk.model_id, &m) == KVEDGE_OK &&
+        only >= m.layers) {
+        kvedge_cli_error("show: --layer %lld is past the %u layers of %s (0 to %u)",
+                         (long long)only, m.layers, m.id, m.layers - 1u);
+        kvedge_client_destroy(&c);
+        return KVEDGE_EXIT_USAGE;
     }
     char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
     kvedge_chunk_id_hex(&e.chunk.id, hex);
@@ -639,7 +743,7 @@ static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
     if (rc == KVEDGE_EDENIED) {
         kvedge_cli_error("evict: denied: eviction is store-wide and needs an admin key "
                          "(kvedge keygen --admin, listed in the node's allowlist)");
-        return KVEDGE_EXIT_UNAVAILABLE;
+        return kvedge_cli_exit_code(rc);
     }
     if (rc == KVEDGE_EFULL) {
         kvedge_cli_error("evict: pinned blocks alone exceed the target");
@@ -659,7 +763,7 @@ static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_remote_cmds[] = {
     {"inspect", s_r_inspect, "", "Summarize this tenant on the node, and the node."},
-    {"ls", s_r_ls, "", "List this tenant's prefix chunks."},
+    {"ls", s_r_ls, "[--model ID] [--full]", "List this tenant's prefix chunks."},
     {"show", s_r_show, "PREFIX [--layer L]", "Fetch and verify every block of a prefix chunk."},
     {"verify", s_r_verify, "", "Fetch and verify every block of this tenant."},
     {"evict", s_r_evict, "--to SIZE", "Store-wide LRU eviction (admin key)."},

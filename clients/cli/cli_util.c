@@ -42,43 +42,66 @@ int kvedge_cli_exit_code(int err)
         return KVEDGE_EXIT_UNAVAILABLE;
     case KVEDGE_ECORRUPT:
         return KVEDGE_EXIT_CORRUPT;
+    case KVEDGE_EDENIED:
+        return KVEDGE_EXIT_DENIED;
     default:
         return KVEDGE_EXIT_FAILURE;
     }
 }
 
-int kvedge_cli_open(kvedge_cli_t *cli, bool writable, kvedge_engine_t **out)
+/* The engine's reason without its own "cannot open store DIR: " head: the messages below
+ * name the store once. */
+static const char *s_open_detail(const char *why, const char *dir)
+{
+    char head[600];
+    snprintf(head, sizeof head, "cannot open store %s: ", dir);
+    size_t n = strlen(head);
+    return strncmp(why, head, n) == 0 ? why + n : why;
+}
+
+static int s_open(kvedge_cli_t *cli, bool writable, bool create, kvedge_engine_t **out)
 {
     kvedge_engine_opts_t opts;
     kvedge_engine_opts_default(&opts);
-    opts.create_if_missing = writable;
+    opts.create_if_missing = create;
     opts.read_only = !writable;
-    char why[512] = "";
+    char why[1024] = "";
     int rc = kvedge_engine_open(cli->data_dir, &opts, out, why, sizeof why);
     if (rc == KVEDGE_OK)
         return KVEDGE_EXIT_OK;
+    const char *detail = s_open_detail(why, cli->data_dir);
     switch (rc) {
     case KVEDGE_ENOTFOUND:
         kvedge_cli_error("no kvedge store at %s (create one with `kvedge --data %s "
                          "put-synthetic ...` or point --data / KVEDGE_DATA at a store)",
                          cli->data_dir, cli->data_dir);
         break;
-    case KVEDGE_EBUSY:
-        kvedge_cli_error("store %s is in use by another process (%s); stop it, or use a "
-                         "read-only command such as inspect",
-                         cli->data_dir, why);
+    case KVEDGE_EBUSY: /* why: "store DIR is in use by another process or handle (...)" */
+        kvedge_cli_error("%s; stop it, or use a read-only command such as inspect",
+                         why[0] ? why : "store is in use by another process");
         break;
     case KVEDGE_EVERSION:
-        kvedge_cli_error("store %s was written by a newer kvedge: %s", cli->data_dir, why);
+        kvedge_cli_error("store %s was written by a newer kvedge: %s", cli->data_dir, detail);
         break;
     case KVEDGE_ECORRUPT:
-        kvedge_cli_error("store %s is damaged: %s", cli->data_dir, why);
+        kvedge_cli_error("store %s is damaged: %s", cli->data_dir, detail);
         break;
     default:
-        kvedge_cli_error("cannot open store %s: %s (%s)", cli->data_dir, why, kvedge_strerror(rc));
+        kvedge_cli_error("cannot open store %s: %s (%s)", cli->data_dir,
+                         detail[0] ? detail : "no reason given", kvedge_strerror(rc));
         break;
     }
     return KVEDGE_EXIT_UNAVAILABLE;
+}
+
+int kvedge_cli_open(kvedge_cli_t *cli, bool writable, kvedge_engine_t **out)
+{
+    return s_open(cli, writable, false, out);
+}
+
+int kvedge_cli_open_create(kvedge_cli_t *cli, kvedge_engine_t **out)
+{
+    return s_open(cli, true, true, out);
 }
 
 const char *kvedge_cli_bytes(uint64_t n, char *buf, size_t len)

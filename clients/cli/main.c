@@ -85,6 +85,9 @@ static unsigned s_kept(const char *cmd)
     return 0;
 }
 
+/* Which of --data and -H the command line gave (rather than the environment). */
+static bool s_data_given, s_host_given;
+
 /* Sets one global option; returns -1 to go on, else an exit code. */
 static int s_set_global(kvedge_cli_t *cli, s_global_t g, const char *v)
 {
@@ -92,12 +95,14 @@ static int s_set_global(kvedge_cli_t *cli, s_global_t g, const char *v)
     switch (g) {
     case S_G_DATA:
         cli->data_dir = v;
+        s_data_given = true;
         break;
     case S_G_JSON:
         cli->json = true;
         break;
     case S_G_HOST:
         cli->host = v;
+        s_host_given = true;
         break;
     case S_G_KEY:
         cli->server_key = v;
@@ -230,9 +235,10 @@ static void s_help(FILE *f)
             "Round-trip latency and bandwidth to a node (with -H).");
     for (const kvedge_cli_cmd_t *c = kvedge_cli_top_cmds; c->name; c++)
         fprintf(f, "  %-14s %s\n", c->name, c->summary);
-    fprintf(f,
-            "\nexit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found,\n"
-            "            4 corrupt blocks found, 5 store unavailable (missing, locked, too new)\n");
+    fprintf(
+        f, "\nexit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found,\n"
+           "            4 corrupt blocks found, 5 store unavailable (missing, locked, too new),\n"
+           "            6 permission denied (the key may not do that: evict needs an admin key)\n");
 }
 
 int main(int argc, char **argv)
@@ -330,11 +336,28 @@ int main(int argc, char **argv)
     const kvedge_cli_cmd_t *cmd = NULL;
     if (cli.host) /* remote mode: the remote form of a command when it has one */
         cmd = s_find_remote(name);
+    /* --data on the command line, the node from the environment, a command with both forms:
+     * which one was meant is not clear, and the node's would ignore --data silently. */
+    if (cli.host && !s_host_given && s_data_given && s_find(name) &&
+        (cmd || strcmp(name, "put-synthetic") == 0)) {
+        kvedge_cli_error("%s: --data %s is given but KVEDGE_HOST=%s is set, which makes it run "
+                         "against that node and ignore --data: unset KVEDGE_HOST to use the "
+                         "store in %s, or drop --data (or give -H) to use the node",
+                         name, cli.data_dir, cli.host, cli.data_dir);
+        return KVEDGE_EXIT_USAGE;
+    }
     if (!cmd)
         cmd = s_find(name);
     if (!cmd && !cli.host && s_find_remote(name)) {
-        kvedge_cli_error("%s talks to a node: give it -H ENDPOINT", name);
-        return KVEDGE_EXIT_USAGE;
+        /* Help needs no node: `kvedge stat --help` as `kvedge -H EP stat --help`. */
+        bool help = false;
+        for (int i = optind + 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+            help = help || strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+        if (!help) {
+            kvedge_cli_error("%s talks to a node: give it -H ENDPOINT", name);
+            return KVEDGE_EXIT_USAGE;
+        }
+        cmd = s_find_remote(name);
     }
     if (cmd) {
         int sub_argc = argc - optind;

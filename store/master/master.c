@@ -639,8 +639,10 @@ static zsock_t *s_socket(s_master_t *m, int type)
     if (m->cert) {
         zcert_apply(m->cert, s);
         zsock_set_curve_server(s, 1);
-        kvedge_secure_zap_apply(m->zap, s);
     }
+    /* CURVE: the allowlist; plaintext: a ZAP domain all the same, so libzmq refuses pre-ZMTP-3
+     * peers instead of reading arbitrary bytes as ZMTP 1.0 frames. */
+    kvedge_secure_zap_apply(m->zap, s);
     return s;
 }
 
@@ -677,6 +679,10 @@ static int s_setup(s_master_t *m)
     }
     if (rc == KVEDGE_OK)
         rc = s_open_registry(m, why, sizeof why);
+    if (rc == KVEDGE_OK && o->insecure && kvedge_secure_zap_open_plaintext(&m->zap) != KVEDGE_OK) {
+        rc = KVEDGE_EDENIED;
+        s_why(why, sizeof why, "the ZAP handler did not start: refusing to serve");
+    }
     if (rc == KVEDGE_OK && !o->insecure) {
         m->cert = zcert_load(o->cert);
         if (!m->cert) {

@@ -322,6 +322,8 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
             memset(&rec, 0, sizeof rec);
             memcpy(rec.model_id, ci->model_id, idlen + 1);
             rec.layers = m.layers;
+            /* A layer is held only with all its heads: a proxy never plans one onto a node
+             * that a crash during an unacknowledged PUT left with some of them. */
             for (unsigned l = 0; l < m.layers; l++)
                 if (counts->heads[l] >= m.kv_heads)
                     kvedge_master_dir_set(&rec, l);

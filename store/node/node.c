@@ -2,11 +2,15 @@
  * Storage Master link (heartbeats and the block directory), started and stopped as one. */
 #include "store/node/node.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "access/kvmsg.h"
 #include "access/log.h"
@@ -27,6 +31,42 @@ void kvedge_node_settings_default(kvedge_node_settings_t *s)
     kvedge_settings_defaults(&kvedge_node_settings_table, s);
 }
 
+/* The host of a tcp:// endpoint ("tcp://[src;]HOST:PORT", brackets stripped) into host, and
+ * where its port starts (after the ':') into *port; false when ep is not tcp:// or has no
+ * port. */
+static bool s_tcp_host(const char *ep, char *host, size_t cap, const char **port)
+{
+    if (!ep || strncmp(ep, "tcp://", 6) != 0)
+        return false;
+    const char *h = ep + 6;
+    const char *semi = strchr(h, ';'); /* a source address comes first */
+    if (semi)
+        h = semi + 1;
+    const char *colon = strrchr(h, ':');
+    if (!colon || colon == h)
+        return false;
+    size_t len = (size_t)(colon - h);
+    if (h[0] == '[' && len >= 2 && h[len - 1] == ']') {
+        h++;
+        len -= 2;
+    }
+    if (len >= cap)
+        return false;
+    memcpy(host, h, len);
+    host[len] = '\0';
+    *port = colon + 1;
+    return true;
+}
+
+/* True when a bound endpoint's host is a wildcard: nobody elsewhere can dial it. */
+static bool s_wildcard(const char *ep)
+{
+    char host[256];
+    const char *port;
+    return s_tcp_host(ep, host, sizeof host, &port) &&
+           (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "*") == 0 || strcmp(host, "::") == 0);
+}
+
 int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_t why_len)
 {
     if (!s || !s->data[0])
@@ -42,11 +82,70 @@ int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_
                           "refusing plaintext on %s: insecure is only allowed on loopback "
                           "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
                           s->bind);
+    char host[256];
+    const char *port;
+    if (s->master[0] && !s->advertise[0] && s_wildcard(s->bind) &&
+        !s_tcp_host(s->master, host, sizeof host, &port))
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "%s is a wildcard address the master's other peers cannot dial, and the "
+                          "master %s is not tcp:// (no interface to take the address from): pass "
+                          "--advertise tcp://HOST:PORT (config key advertise)",
+                          s->bind, s->master);
     return KVEDGE_OK;
 }
 
-/* Joins the Storage Master: a view (heartbeats as node_id) and the directory publisher. */
-static int s_join_master(kvedge_node_t *n)
+/* The endpoint registered with the master: --advertise, else the bound endpoint unless its
+ * host is a wildcard (0.0.0.0, *, [::]): a peer elsewhere would dial itself. Then the
+ * address of the interface that reaches the master (a UDP socket connected to it: no packet
+ * is sent), with the bound port. Errors: KVEDGE_EINVAL (not derivable: why asks for
+ * --advertise). */
+static int s_advertised(kvedge_node_t *n, char *out, size_t cap, char *why, size_t why_len)
+{
+    const kvedge_node_settings_t *s = &n->s;
+    const char *bound = kvedge_server_endpoint(n->server);
+    if (s->advertise[0] || !s_wildcard(bound)) {
+        snprintf(out, cap, "%s", s->advertise[0] ? s->advertise : bound);
+        return KVEDGE_OK;
+    }
+    char wild[256], mhost[256], addr[INET6_ADDRSTRLEN] = "";
+    const char *bport, *mport;
+    s_tcp_host(bound, wild, sizeof wild, &bport);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    const char *fail = "the master is not a tcp:// endpoint";
+    if (s_tcp_host(s->master, mhost, sizeof mhost, &mport)) {
+        int gai = getaddrinfo(mhost, mport, &hints, &res);
+        fail = gai ? gai_strerror(gai) : "no route to the master";
+        for (struct addrinfo *ai = gai ? NULL : res; ai && !addr[0]; ai = ai->ai_next) {
+            int fd = socket(ai->ai_family, SOCK_DGRAM, 0);
+            struct sockaddr_storage me;
+            socklen_t len = sizeof me;
+            if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+                getsockname(fd, (struct sockaddr *)&me, &len) == 0)
+                getnameinfo((struct sockaddr *)&me, len, addr, sizeof addr, NULL, 0,
+                            NI_NUMERICHOST);
+            if (fd >= 0)
+                close(fd);
+        }
+        if (res)
+            freeaddrinfo(res);
+    }
+    if (!addr[0])
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "bound to %s, a wildcard address the master's other peers cannot dial, "
+                          "and the address of the interface that reaches the master %s is not "
+                          "known (%s): pass --advertise tcp://HOST:PORT (config key advertise)",
+                          bound, s->master, fail);
+    bool v6 = strchr(addr, ':') != NULL;
+    snprintf(out, cap, "tcp://%s%s%s:%s", v6 ? "[" : "", addr, v6 ? "]" : "", bport);
+    kvedge_log_info("advertising %s to the master %s: bound to %s, a wildcard, so the address "
+                    "of the interface that reaches the master (--advertise to choose another)",
+                    out, s->master, bound);
+    return KVEDGE_OK;
+}
+
+/* Joins the Storage Master: a view (heartbeats as node_id) and the directory publisher; the
+ * node's record names endpoint (s_advertised). */
+static int s_join_master(kvedge_node_t *n, const char *endpoint)
 {
     const kvedge_node_settings_t *s = &n->s;
     kvedge_mview_opts_t vo;
@@ -65,8 +164,7 @@ static int s_join_master(kvedge_node_t *n)
     memset(&rec, 0, sizeof rec);
     rec.role = s->role;
     snprintf(rec.region, sizeof rec.region, "%s", s->region);
-    snprintf(rec.endpoint, sizeof rec.endpoint, "%s",
-             s->advertise[0] ? s->advertise : kvedge_server_endpoint(n->server));
+    snprintf(rec.endpoint, sizeof rec.endpoint, "%s", endpoint);
     const char *key = kvedge_server_public_key(n->server);
     snprintf(rec.public_key, sizeof rec.public_key, "%s", key ? key : "");
     rec.capacity_bytes = s->capacity_bytes;
@@ -191,7 +289,13 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
             kvedge_log_error("historical cache disabled: %s", swhy);
     }
     if (n->s.master[0]) {
-        rc = s_join_master(n);
+        char ep[KVEDGE_NODE_EP_BYTES];
+        rc = s_advertised(n, ep, sizeof ep, why, why_len);
+        if (rc != KVEDGE_OK) {
+            kvedge_node_destroy(&n);
+            return rc;
+        }
+        rc = s_join_master(n, ep);
         if (rc != KVEDGE_OK)
             kvedge_log_error("not registered with the master %s: %s (serving anyway)", n->s.master,
                              kvedge_strerror(rc));

@@ -20,7 +20,7 @@
 #define S_JOB_REQUEST                                                                              \
     'R'                   /* [kind][route][tag 16 | admin 1 | stored series 8][arrival us 8]       \
                             [header][payload...] */
-#define S_JOB_READ    'S' /* [kind][stream key][seq 4][stored key 36] */
+#define S_JOB_READ    'S' /* [kind][stream key][seq 4 | stream serial 4][stored keys 36 each] */
 #define S_TICK_MS     100 /* stream housekeeping period */
 #define S_READ_WINDOW 16  /* blocks read by one worker trip */
 
@@ -49,6 +49,7 @@ typedef struct {
     zhashx_t *streams;    /* stream key -> s_stream_t */
     zhashx_t *tenants;    /* tenant name -> kvedge_analyzer_tenant_t (frontend's cache) */
     uint64_t outstanding; /* jobs pushed, results not yet back */
+    uint32_t serials;     /* streams opened: tells a stream's reads from an earlier one's */
     bool draining;        /* shutting down: new requests are answered ECLOSED */
     char *start_error;    /* set when start fails, read by kvedge_server_start */
     int start_rc;
@@ -285,6 +286,22 @@ static int s_count_meta(void *ctx, const kvedge_block_key_t *key, const kvedge_b
     return 0;
 }
 
+typedef struct {
+    const kvedge_model_t *model;
+    uint32_t blocks; /* inside the model's shape */
+} s_shape_count_t;
+
+static int s_count_in_shape(void *ctx, const kvedge_block_key_t *key, const kvedge_block_meta_t *m)
+{
+    (void)m;
+    s_shape_count_t *c = ctx;
+    c->blocks += key->layer < c->model->layers && key->head < c->model->kv_heads;
+    return 0;
+}
+
+/* The longest prefix of chunks the tenant holds whole: a chunk counts only when every block
+ * of its model (layers x KV heads) is present, so a chunk a crash left half-written (an
+ * unacknowledged PUT) is a miss, not a short hit. */
 static void s_do_lookup(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
                         const kvedge_wire_frame_t *pf, zmsg_t *reply)
 {
@@ -296,9 +313,12 @@ static void s_do_lookup(s_node_t *n, const uint8_t tag[16], const kvedge_wire_he
         kvedge_chunk_info_t info;
         if (kvedge_engine_get_chunk(n->opts.engine, &id, &info) != KVEDGE_OK)
             break;
-        s_chunk_count_t c = {0, 0, 0, 0};
-        kvedge_engine_scan(n->opts.engine, &id, s_count_meta, &c);
-        if (c.blocks == 0)
+        kvedge_model_t model;
+        if (s_model_heads(n->opts.engine, &info, &model) == 0)
+            break; /* no shape: no way to tell the chunk is whole */
+        s_shape_count_t c = {&model, 0};
+        if (kvedge_engine_scan(n->opts.engine, &id, s_count_in_shape, &c) != KVEDGE_OK ||
+            c.blocks < (uint32_t)model.layers * model.kv_heads)
             break;
         blocks[k] = c.blocks;
     }
@@ -447,6 +467,9 @@ static void s_do_evict(s_node_t *n, bool admin, const kvedge_wire_header_t *h,
                         (unsigned long long)bytes, rc ? " (pinned blocks remain over target)" : "");
 }
 
+/* Model records are node-wide and immutable: a registration of an id the node knows (built
+ * in, or registered by any tenant) with another shape is refused with KVEDGE_ESHAPE, so no
+ * tenant can change what another stores or reads under that id. A query tells the shape. */
 static void s_do_model(s_node_t *n, const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
                        zmsg_t *reply)
 {
@@ -459,7 +482,7 @@ static void s_do_model(s_node_t *n, const kvedge_wire_header_t *h, const kvedge_
         rc = kvedge_wire_model_parse(pf[0].data, pf[0].len, &m);
         if (rc == KVEDGE_OK)
             rc = kvedge_engine_put_model(n->opts.engine, &m);
-        if (rc == KVEDGE_OK || rc == KVEDGE_ESHAPE)
+        if (rc == KVEDGE_OK)
             rc = kvedge_engine_get_model(n->opts.engine, m.id, &have); /* the node's shape */
     }
     zframe_t *hdr = s_header_frame(KVEDGE_OP_MODEL, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
@@ -571,9 +594,9 @@ static int s_send_mem(void *sock, const void *data, size_t len, bool more)
 }
 
 /* Reads a window of a stream's blocks and sends them to the frontend in one message:
- * [S][stream key][seq0 4][n 4] then per block [status 4][block, only when status is 0]. The
- * block bytes are not copied: the frame points into the engine's value (its cache entry),
- * released when libzmq is done with it. */
+ * [S][stream key][seq0 4 | stream serial 4][n 4] then per block [status 4][block, only when status
+ * is 0]. The block bytes are not copied: the frame points into the engine's value (its cache
+ * entry), released when libzmq is done with it. */
 static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
 {
     zframe_t *key = zmsg_pop(job), *seq = zmsg_pop(job), *keys = zmsg_pop(job);
@@ -661,6 +684,7 @@ typedef struct {
     char key[96];
     zframe_t *route;
     uint64_t id;
+    uint32_t serial; /* echoed by its reads: results of an ended stream are dropped */
     uint16_t layer;
     uint32_t n_chunks;
     kvedge_chunk_id_t *ids; /* stored ids */
@@ -773,17 +797,18 @@ static void s_stream_pump(s_node_t *n, s_stream_t *s)
         uint64_t w = room > 1 ? room / 2 : 1;
         w = w > S_READ_WINDOW ? S_READ_WINDOW : w;
         w = w > left ? left : w;
-        uint8_t kb[S_READ_WINDOW * KVEDGE_BLOCK_KEY_BYTES], seq[4];
+        uint8_t kb[S_READ_WINDOW * KVEDGE_BLOCK_KEY_BYTES], seq[8];
         for (uint64_t i = 0; i < w; i++) {
             uint64_t q = s->next_issue + i;
             kvedge_block_key_t k = {s->ids[q / s->heads], s->layer, (uint16_t)(q % s->heads)};
             kvedge_block_key_pack(&k, kb + i * KVEDGE_BLOCK_KEY_BYTES);
         }
         kvedge_le_put32(seq, (uint32_t)s->next_issue);
+        kvedge_le_put32(seq + 4, s->serial);
         zmsg_t *job = zmsg_new();
         zmsg_addmem(job, "S", 1);
         zmsg_addstr(job, s->key);
-        zmsg_addmem(job, seq, 4);
+        zmsg_addmem(job, seq, sizeof seq);
         zmsg_addmem(job, kb, (size_t)w * KVEDGE_BLOCK_KEY_BYTES);
         if (zmsg_send(&job, n->jobs) != 0) {
             zmsg_destroy(&job);
@@ -799,6 +824,11 @@ static void s_stream_result(s_node_t *n, zmsg_t *m)
     char *key = zmsg_popstr(m);
     zframe_t *seqf = zmsg_pop(m), *nf = zmsg_pop(m);
     s_stream_t *s = key ? zhashx_lookup(n->streams, key) : NULL;
+    /* A stream ended (cancelled, say) while its reads were out: what they read is dropped,
+     * also when a new stream reuses its request id. */
+    if (s &&
+        (!seqf || zframe_size(seqf) != 8 || kvedge_le_get32(zframe_data(seqf) + 4) != s->serial))
+        s = NULL;
     if (s && seqf && nf) {
         /* seq is 32-bit on the internal socket; streams never exceed 4096 x 1024 heads */
         uint32_t seq = kvedge_le_get32(zframe_data(seqf));
@@ -831,6 +861,7 @@ static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16]
     s->in_bytes = pf[0].len;
     s->route = zframe_dup(route);
     s->id = h->request_id;
+    s->serial = ++n->serials;
     s->layer = (uint16_t)(pf[0].data[0] | pf[0].data[1] << 8);
     s->n_chunks = h->count;
     s->credit = h->credit;
@@ -1047,7 +1078,9 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         s_stream_key(route, h.request_id, key, sizeof key);
         s_stream_t *s = zhashx_lookup(n->streams, key);
         if (s && h.opcode == KVEDGE_OP_CANCEL) {
-            zhashx_delete(n->streams, key);
+            /* The END follows what was sent on the same socket; reads still out are
+             * dropped when they come back (the stream is gone). */
+            s_stream_end(n, s, KVEDGE_ECANCELED);
         } else if (s) {
             uint64_t c = (uint64_t)s->credit + h.credit;
             s->credit = c > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : (uint32_t)c;

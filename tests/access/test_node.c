@@ -413,6 +413,105 @@ static void test_stalled_reader_and_credit_abuse(void **state)
     kvedge_client_destroy(&good);
 }
 
+/* Receives one message: its header, and in *block (caller frees) a data message's block. */
+static int s_recv_block(zsock_t *s, kvedge_wire_header_t *h, zframe_t **block)
+{
+    *block = NULL;
+    zmsg_t *m = zmsg_recv(s);
+    if (!m)
+        return -1;
+    zframe_t *f = zmsg_first(m);
+    int rc = kvedge_wire_header_parse(zframe_data(f), zframe_size(f), h);
+    if (zmsg_size(m) == 3) {
+        *block = zmsg_last(m);
+        zmsg_remove(m, *block);
+    }
+    zmsg_destroy(&m);
+    return rc;
+}
+
+/* CANCEL ends a GET_LAYER stream: the data messages already on their way, then at once an END
+ * with KVEDGE_ECANCELED that counts them, and nothing after it, not even blocks the workers
+ * were still reading. The request id is free again: a new stream under it gets only its own
+ * blocks. */
+static void test_cancel_ends_stream(void **state)
+{
+    s_node_t *n = *state;
+    kvedge_client_t *good = s_client(n, NULL, 3000);
+    kvedge_chunk_id_t id;
+    s_put_chunk(good, 5, 2, 256, &id);
+    zsock_t *raw = s_raw(n);
+    uint8_t lr[4 + 32] = {0};
+    memcpy(lr + 4, id.bytes, 32);
+    kvedge_wire_header_t h;
+
+    /* Credit 2: two data messages, then the stream waits for credit; CANCEL ends it. */
+    s_send_frames(raw, s_hdr(KVEDGE_OP_GET_LAYER, 0, 1, 0, 1, 2, 5000), zframe_new(lr, sizeof lr),
+                  NULL);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(s_recv(raw, &h, NULL), 0);
+        assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE);
+    }
+    int64_t t0 = zclock_mono();
+    s_send_frames(raw, s_hdr(KVEDGE_OP_CANCEL, 0, 1, 0, 0, 0, 5000), NULL);
+    size_t nf = 99;
+    assert_int_equal(s_recv(raw, &h, &nf), 0);
+    int64_t took = zclock_mono() - t0;
+    assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END);
+    assert_int_equal(h.opcode, KVEDGE_OP_GET_LAYER);
+    assert_int_equal(h.request_id, 1);
+    assert_int_equal(h.status, KVEDGE_ECANCELED);
+    assert_int_equal(h.count, 2);
+    assert_int_equal(nf, 0);
+    assert_true(took < 100);
+    zsock_set_rcvtimeo(raw, 300);
+    assert_int_equal(s_recv(raw, &h, NULL), -1); /* nothing after the END */
+
+    /* Cancelled at once, with reads in flight, and the id reused for layer 1 at once. */
+    zsock_set_rcvtimeo(raw, 2000);
+    s_send_frames(raw, s_hdr(KVEDGE_OP_GET_LAYER, 0, 2, 0, 1, 8, 5000), zframe_new(lr, sizeof lr),
+                  NULL);
+    s_send_frames(raw, s_hdr(KVEDGE_OP_CANCEL, 0, 2, 0, 0, 0, 5000), NULL);
+    lr[0] = 1; /* layer 1 */
+    s_send_frames(raw, s_hdr(KVEDGE_OP_GET_LAYER, 0, 2, 0, 1, S_HEADS, 5000),
+                  zframe_new(lr, sizeof lr), NULL);
+    uint32_t data = 0;
+    zframe_t *b = NULL;
+    while (true) {
+        assert_int_equal(s_recv_block(raw, &h, &b), 0);
+        zframe_destroy(&b);
+        if (h.flags & KVEDGE_WIRE_FLAG_END)
+            break;
+        data++;
+    }
+    assert_int_equal(h.status, KVEDGE_ECANCELED);
+    assert_int_equal(h.count, data);
+    assert_true(data <= 8);
+    uint8_t *buf = malloc(1 << 20);
+    kvedge_fetched_t out[S_HEADS];
+    uint32_t heads = 0;
+    assert_int_equal(kvedge_client_get_layer(good, &id, 1, 1, buf, 1 << 20, out, S_HEADS, &heads),
+                     0);
+    assert_int_equal(heads, S_HEADS);
+    for (uint32_t i = 0; i < S_HEADS; i++) {
+        assert_int_equal(s_recv_block(raw, &h, &b), 0);
+        assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE);
+        assert_non_null(b);
+        assert_int_equal(zframe_size(b), out[i].len);
+        assert_memory_equal(zframe_data(b), buf + out[i].offset, out[i].len);
+        zframe_destroy(&b);
+    }
+    assert_int_equal(s_recv(raw, &h, NULL), 0);
+    assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END);
+    assert_int_equal(h.status, 0);
+    assert_int_equal(h.count, S_HEADS);
+    zsock_set_rcvtimeo(raw, 300);
+    assert_int_equal(s_recv(raw, &h, NULL), -1);
+    free(buf);
+    zsock_destroy(&raw);
+    kvedge_client_destroy(&good);
+}
+
 static void test_plaintext_only_on_loopback(void **state)
 {
     s_node_t *n = *state;
@@ -499,7 +598,7 @@ static void test_tenant_isolation(void **state)
     assert_memory_not_equal(kvedge_client_node(a1)->tenant_tag, kvedge_client_node(b1)->tenant_tag,
                             16);
     kvedge_chunk_id_t id;
-    s_put_chunk(a1, 5, 1, 64, &id);
+    s_put_chunk(a1, 5, 12, 64, &id); /* LOOKUP counts whole chunks */
     size_t hit = 9;
     /* Same tenant, same tokens: a hit. */
     assert_int_equal(kvedge_client_lookup(a2, &id, 1, &hit), 0);
@@ -529,6 +628,129 @@ static void test_tenant_isolation(void **state)
     kvedge_client_destroy(&a1);
     kvedge_client_destroy(&a2);
     kvedge_client_destroy(&b1);
+}
+
+static bool s_same_shape(const kvedge_model_t *a, const kvedge_model_t *b)
+{
+    return strcmp(a->id, b->id) == 0 && a->layers == b->layers && a->kv_heads == b->kv_heads &&
+           a->head_dim == b->head_dim && a->dtype == b->dtype;
+}
+
+/* Model shapes are shared by every tenant of a node, so they are immutable: no tenant can
+ * redefine a built-in model or another tenant's model, and so change what others store. */
+static void test_model_records_immutable_across_tenants(void **state)
+{
+    s_node_t *n = *state;
+    s_make_client_cert(n, "ma", "acme", true);
+    s_make_client_cert(n, "mb", "bravo", true);
+    kvedge_client_t *a = s_client(n, "ma", 3000), *b = s_client(n, "mb", 3000);
+    assert_non_null(a);
+    assert_non_null(b);
+    kvedge_model_t real, got;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &real), 0);
+
+    /* B, first on a fresh node, claims the built-in name with another shape: refused. */
+    kvedge_model_t fake = real;
+    fake.layers = 2;
+    fake.kv_heads = 1;
+    assert_int_equal(kvedge_client_put_model(b, &fake), KVEDGE_ESHAPE);
+    fake = real;
+    fake.dtype = KVEDGE_DTYPE_BF16;
+    assert_int_equal(kvedge_client_put_model(b, &fake), KVEDGE_ESHAPE);
+    kvedge_model_t llama;
+    assert_int_equal(kvedge_model_builtin("llama-3-8b", &llama), 0);
+    fake = llama;
+    fake.kv_heads = 32;
+    assert_int_equal(kvedge_client_put_model(b, &fake), KVEDGE_ESHAPE);
+    /* The node still answers the real shapes, and A's puts of the real model succeed. */
+    assert_int_equal(kvedge_client_get_model(b, S_MODEL, &got), 0);
+    assert_true(s_same_shape(&got, &real));
+    assert_int_equal(kvedge_client_get_model(a, "llama-3-8b", &got), 0);
+    assert_true(s_same_shape(&got, &llama));
+    kvedge_chunk_id_t id;
+    s_put_chunk(a, 9, 12, 32, &id);
+    size_t hit = 0;
+    assert_int_equal(kvedge_client_lookup(a, &id, 1, &hit), 0);
+    assert_int_equal(hit, 1);
+    s_check_served(a, &id);
+    /* Registering a built-in with its own shape is fine (and changes nothing). */
+    assert_int_equal(kvedge_client_put_model(b, &real), 0);
+
+    /* B registers a new model; A can neither change its shape nor its dtype. */
+    kvedge_model_t x = {
+        .id = "bravo-x", .layers = 4, .kv_heads = 2, .head_dim = 64, .dtype = KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_client_put_model(b, &x), 0);
+    kvedge_model_t other = x;
+    other.layers = 8;
+    other.kv_heads = 4;
+    assert_int_equal(kvedge_client_put_model(a, &other), KVEDGE_ESHAPE);
+    other = x;
+    other.dtype = KVEDGE_DTYPE_BF16;
+    assert_int_equal(kvedge_client_put_model(a, &other), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_client_get_model(b, "bravo-x", &got), 0);
+    assert_true(s_same_shape(&got, &x));
+    /* The same shape again, from either tenant, answers 0. */
+    assert_int_equal(kvedge_client_put_model(a, &x), 0);
+    assert_int_equal(kvedge_client_put_model(b, &x), 0);
+    kvedge_client_destroy(&a);
+    kvedge_client_destroy(&b);
+}
+
+/* One MODEL exchange on a raw socket; returns the header status, *nf the payload frames and
+ * *have the record when there is one. */
+static int32_t s_raw_model(zsock_t *s, uint64_t rid, const kvedge_model_t *m, size_t *nf,
+                           kvedge_model_t *have)
+{
+    uint8_t rec[KVEDGE_WIRE_MODEL_BYTES];
+    assert_int_equal(kvedge_wire_model_pack(m, rec), 0);
+    s_send_frames(s, s_hdr(KVEDGE_OP_MODEL, 0, rid, 0, 0, 0, 2000), zframe_new(rec, sizeof rec),
+                  NULL);
+    zmsg_t *msg = zmsg_recv(s);
+    assert_non_null(msg);
+    zframe_t *f = zmsg_first(msg);
+    kvedge_wire_header_t h;
+    assert_int_equal(kvedge_wire_header_parse(zframe_data(f), zframe_size(f), &h), 0);
+    assert_int_equal(h.request_id, rid);
+    *nf = zmsg_size(msg) - 1;
+    if (*nf == 1) {
+        f = zmsg_next(msg);
+        assert_int_equal(kvedge_wire_model_parse(zframe_data(f), zframe_size(f), have), 0);
+    }
+    zmsg_destroy(&msg);
+    return h.status;
+}
+
+/* A refused registration says so in the header (KVEDGE_ESHAPE, no payload), not with status 0
+ * and the node's record; an accepted one answers 0 and the record. */
+static void test_model_refusal_status(void **state)
+{
+    s_node_t *n = *state;
+    zsock_t *s = s_raw(n);
+    kvedge_model_t real, have;
+    size_t nf = 9;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &real), 0);
+    kvedge_model_t fake = real;
+    fake.head_dim = 128;
+    assert_int_equal(s_raw_model(s, 1, &fake, &nf, &have), KVEDGE_ESHAPE);
+    assert_int_equal(nf, 0);
+    assert_int_equal(s_raw_model(s, 2, &real, &nf, &have), 0);
+    assert_int_equal(nf, 1);
+    assert_true(s_same_shape(&have, &real));
+    kvedge_model_t x = {
+        .id = "raw-x", .layers = 3, .kv_heads = 5, .head_dim = 32, .dtype = KVEDGE_DTYPE_FP32};
+    assert_int_equal(s_raw_model(s, 3, &x, &nf, &have), 0);
+    assert_int_equal(nf, 1);
+    assert_true(s_same_shape(&have, &x));
+    kvedge_model_t y = x;
+    y.layers = 4;
+    assert_int_equal(s_raw_model(s, 4, &y, &nf, &have), KVEDGE_ESHAPE);
+    assert_int_equal(nf, 0);
+    assert_int_equal(s_raw_model(s, 5, &x, &nf, &have), 0); /* same shape: 0 */
+    assert_int_equal(nf, 1);
+    assert_true(s_same_shape(&have, &x));
+    assert_int_equal(kvedge_engine_get_model(n->engine, "raw-x", &have), 0);
+    assert_true(s_same_shape(&have, &x));
+    zsock_destroy(&s);
 }
 
 static void test_restart_keeps_data(void **state)
@@ -782,10 +1004,14 @@ int main(void)
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_stalled_reader_and_credit_abuse, s_setup_plain,
                                         s_teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_ends_stream, s_setup_plain, s_teardown),
         cmocka_unit_test_setup_teardown(test_plaintext_only_on_loopback, s_setup_plain, s_teardown),
         cmocka_unit_test_setup_teardown(test_curve_unlisted_refused_and_garbage, s_setup_curve,
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_tenant_isolation, s_setup_curve, s_teardown),
+        cmocka_unit_test_setup_teardown(test_model_records_immutable_across_tenants, s_setup_curve,
+                                        s_teardown),
+        cmocka_unit_test_setup_teardown(test_model_refusal_status, s_setup_plain, s_teardown),
         cmocka_unit_test_setup_teardown(test_restart_keeps_data, s_setup_plain, s_teardown),
         cmocka_unit_test_setup_teardown(test_link_emulation_and_meter, s_setup_plain, s_teardown),
     };

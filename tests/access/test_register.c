@@ -1,7 +1,8 @@
 /* Registration with the Storage Master that recovers and says why: a node whose certificate
  * the master's allowlist lacks is refused, says so once with the file to copy, keeps trying
  * with a backoff, and registers by itself once the certificate is copied in (no restart); a
- * master that does not answer leaves the registration failing, with the reason. The master
+ * master that does not answer leaves the registration failing, with the reason; a node bound
+ * to a wildcard address registers the address that reaches the master instead. The master
  * runs CURVE on ipc:// endpoints in a temp dir; each test is bounded to well under 20 s. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,13 +116,18 @@ static int s_teardown(void **state)
     return rc == 0 ? 0 : -1;
 }
 
-/* The master (CURVE, allowlist mclients) and a view of it with the observer's key. */
-static void s_master_start(s_fx_t *fx)
+/* The master (CURVE, allowlist mclients) and a view of it with the observer's key; on ipc://
+ * endpoints in the temp dir, or on tcp://127.0.0.1:* when tcp. */
+static void s_master_start_on(s_fx_t *fx, bool tcp)
 {
     char data[128], bind[128], pub[128], secret[160], why[512] = "";
     snprintf(data, sizeof data, "%s/master", fx->dir);
     snprintf(bind, sizeof bind, "ipc://%s/m.ipc", fx->dir);
     snprintf(pub, sizeof pub, "ipc://%s/p.ipc", fx->dir);
+    if (tcp) {
+        snprintf(bind, sizeof bind, "tcp://127.0.0.1:*");
+        snprintf(pub, sizeof pub, "tcp://127.0.0.1:*");
+    }
     snprintf(secret, sizeof secret, "%s_secret", fx->mcert);
     kvedge_master_opts_t o;
     kvedge_master_opts_default(&o);
@@ -143,6 +149,11 @@ static void s_master_start(s_fx_t *fx)
     vo.prefix = "node/";
     assert_int_equal(kvedge_mview_start(&vo, &fx->observer), KVEDGE_OK);
     assert_int_equal(kvedge_mview_wait(fx->observer, 0, 3000), KVEDGE_OK);
+}
+
+static void s_master_start(s_fx_t *fx)
+{
+    s_master_start_on(fx, false);
 }
 
 /* The node's view of the master, with the node's key. */
@@ -386,6 +397,81 @@ static void test_node_registers_without_restart(void **state)
     kvedge_node_destroy(&node);
 }
 
+/* A CURVE node on bind joining the master as id, advertising advertise ("" = derived). */
+static int s_wild_node(s_fx_t *fx, const char *bind, const char *advertise, const char *id,
+                       kvedge_node_t **node, char *why, size_t why_len)
+{
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    ns.role = KVEDGE_ROLE_EDGE;
+    ns.workers = 1;
+    snprintf(ns.data, sizeof ns.data, "%s/%s", fx->dir, id);
+    snprintf(ns.bind, sizeof ns.bind, "%s", bind);
+    snprintf(ns.advertise, sizeof ns.advertise, "%s", advertise);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
+    snprintf(ns.cert, sizeof ns.cert, "%s", fx->ncert);
+    snprintf(ns.master, sizeof ns.master, "%s", kvedge_master_endpoint(fx->master));
+    snprintf(ns.master_pub, sizeof ns.master_pub, "%s", kvedge_master_pub_endpoint(fx->master));
+    snprintf(ns.master_key, sizeof ns.master_key, "%s", fx->mcert);
+    snprintf(ns.node_id, sizeof ns.node_id, "%s", id);
+    ns.dir_interval_ms = 100;
+    return kvedge_node_start(&ns, node, why, why_len);
+}
+
+/* A node bound to the wildcard never registers it: it advertises the address of the
+ * interface that reaches the master (127.0.0.1 here) with its bound port, and says so;
+ * --advertise wins; with a master on ipc:// there is nothing to derive from and the node
+ * refuses to start, asking for --advertise. */
+static void test_wildcard_not_advertised(void **state)
+{
+    s_fx_t *fx = *state;
+    s_master_start_on(fx, true);
+    s_allow_node(fx);
+    char why[512] = "";
+    kvedge_node_t *node = NULL;
+    if (s_wild_node(fx, "tcp://0.0.0.0:*", "", "wild-1", &node, why, sizeof why) != KVEDGE_OK)
+        fail_msg("node: %s", why);
+    const char *bound = kvedge_node_endpoint(node);
+    assert_non_null(strstr(bound, "tcp://0.0.0.0:"));
+    char want[128];
+    snprintf(want, sizeof want, "tcp://127.0.0.1:%s", strrchr(bound, ':') + 1);
+    assert_true(s_registered(fx, "wild-1", S_WAIT_MS));
+    kvedge_master_node_t rec;
+    assert_int_equal(kvedge_mview_node(fx->observer, "wild-1", &rec), KVEDGE_OK);
+    assert_string_equal(rec.endpoint, want);
+    assert_int_equal(s_count(&fx->log, "advertising", want, "wildcard", "--advertise", NULL), 1);
+    kvedge_node_destroy(&node);
+
+    if (s_wild_node(fx, "tcp://*:*", "tcp://edge.example:7400", "wild-2", &node, why, sizeof why) !=
+        KVEDGE_OK)
+        fail_msg("node: %s", why);
+    assert_true(s_registered(fx, "wild-2", S_WAIT_MS));
+    assert_int_equal(kvedge_mview_node(fx->observer, "wild-2", &rec), KVEDGE_OK);
+    assert_string_equal(rec.endpoint, "tcp://edge.example:7400");
+    kvedge_node_destroy(&node);
+
+    /* A non-wildcard bind is registered as bound. */
+    if (s_wild_node(fx, "tcp://127.0.0.1:*", "", "wild-3", &node, why, sizeof why) != KVEDGE_OK)
+        fail_msg("node: %s", why);
+    assert_true(s_registered(fx, "wild-3", S_WAIT_MS));
+    assert_int_equal(kvedge_mview_node(fx->observer, "wild-3", &rec), KVEDGE_OK);
+    assert_string_equal(rec.endpoint, kvedge_node_endpoint(node));
+    kvedge_node_destroy(&node);
+}
+
+static void test_wildcard_without_a_tcp_master_refused(void **state)
+{
+    s_fx_t *fx = *state;
+    s_master_start(fx); /* ipc:// */
+    char why[512] = "";
+    kvedge_node_t *node = NULL;
+    assert_int_equal(s_wild_node(fx, "tcp://0.0.0.0:*", "", "wild-4", &node, why, sizeof why),
+                     KVEDGE_EINVAL);
+    assert_null(node);
+    assert_non_null(strstr(why, "--advertise"));
+    assert_non_null(strstr(why, "wildcard"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -393,6 +479,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refused_then_registered, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_master_down_failing, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_node_registers_without_restart, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_wildcard_not_advertised, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_wildcard_without_a_tcp_master_refused, s_setup,
+                                        s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

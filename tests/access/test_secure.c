@@ -252,6 +252,47 @@ static void test_zap_errors(void **state)
     assert_null(r.zap);
 }
 
+/* The plaintext ROUTER sits under a plaintext registration (its ZAP domain is what makes libzmq
+ * refuse ZMTP 1.0 and 2.0 peers): a NULL-mechanism client is let in, nothing is refused, and a
+ * CURVE allowlist in the same process keeps refusing what it does not list. */
+static void test_plaintext_under_zap(void **state)
+{
+    s_fx_t *fx = *state;
+    kvedge_secure_router_t plain;
+    char why[512] = "";
+    assert_int_equal(
+        kvedge_secure_router_open(&plain, "tcp://127.0.0.1:*", true, NULL, NULL, why, sizeof why),
+        KVEDGE_OK);
+    assert_non_null(plain.zap);
+    assert_null(plain.cert);
+    assert_string_equal(plain.public_key, "");
+    kvedge_secure_router_t curve;
+    s_open(fx, &curve, fx->clients);
+    zsock_t *c = zsock_new(ZMQ_DEALER);
+    zsock_set_linger(c, 0);
+    assert_int_equal(zsock_connect(c, "%s", plain.endpoint), 0);
+    zstr_send(c, "hello");
+    zmsg_t *m = s_recv(&plain, 3000);
+    assert_non_null(m);
+    zmsg_destroy(&m);
+    assert_int_equal(kvedge_secure_router_denials(&plain), 0);
+    zsock_t *eve = zsock_new(ZMQ_DEALER); /* plaintext to the CURVE socket: refused */
+    zsock_set_linger(eve, 0);
+    assert_int_equal(zsock_connect(eve, "%s", curve.endpoint), 0);
+    zstr_send(eve, "hello");
+    assert_null(s_recv(&curve, 300));
+    zsock_destroy(&eve);
+    zsock_destroy(&c);
+    kvedge_secure_router_close(&curve);
+    kvedge_secure_router_close(&plain);
+    assert_null(plain.zap);
+    kvedge_secure_zap_t *z = NULL;
+    assert_int_equal(kvedge_secure_zap_open_plaintext(NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_secure_zap_open_plaintext(&z), KVEDGE_OK);
+    kvedge_secure_zap_close(&z);
+    assert_null(z);
+}
+
 /* The rate limit: per key and in total, and what it held back handed to the next line. */
 static void test_log_limit(void **state)
 {
@@ -316,6 +357,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refused_counted_logged_then_allowed, s_setup,
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_two_allowlists, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_plaintext_under_zap, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

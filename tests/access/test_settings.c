@@ -271,6 +271,17 @@ static void test_types(void **state)
     assert_contains(s_why, "ep: 'tcp:/127.0.0.1:7400' is not an endpoint");
     assert_int_equal(s_set(&s, "ep", "tcp://host"), KVEDGE_EINVAL);
     assert_int_equal(s_set(&s, "ep", "ipc://"), KVEDGE_EINVAL);
+    /* Ports: 1 to 65535, or * (libzmq would wrap 99999 to another port). */
+    assert_int_equal(s_set(&s, "ep", "tcp://127.0.0.1:1"), 0);
+    assert_int_equal(s_set(&s, "ep", "tcp://127.0.0.1:65535"), 0);
+    assert_int_equal(s_set(&s, "ep", "tcp://[::1]:7400"), 0);
+    assert_int_equal(s_set(&s, "ep", "tcp://127.0.0.1:99999"), KVEDGE_EINVAL);
+    assert_contains(s_why, "port '99999' is not 1 to 65535");
+    assert_int_equal(s_set(&s, "ep", "tcp://127.0.0.1:65536"), KVEDGE_EINVAL);
+    assert_int_equal(s_set(&s, "ep", "tcp://127.0.0.1:0"), KVEDGE_EINVAL);
+    assert_int_equal(s_set(&s, "ep", "tcp://127.0.0.1:-1"), KVEDGE_EINVAL);
+    assert_int_equal(s_set(&s, "ep", "tcp://127.0.0.1:74x"), KVEDGE_EINVAL);
+    assert_int_equal(s_set(&s, "ep", "tcp://127.0.0.1:0000080"), KVEDGE_EINVAL);
     /* UINT: decimal only, bounds. */
     assert_int_equal(s_set(&s, "count", "1"), 0);
     assert_int_equal(s.count, 1);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -98,6 +99,15 @@ static int s_run_bare(const char *fmt, ...)
             fail_msg("expected \"%s\" in:\n%s", (needle), (hay));                                  \
     } while (0)
 
+/* How many times needle occurs in hay. */
+static int s_count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
 static int s_setup(void **state)
 {
     (void)state;
@@ -172,6 +182,13 @@ static void test_help_and_usage_errors(void **state)
     assert_int_equal(s_run("show"), 2);
     assert_int_equal(s_run("models"), 0);
     assert_contains(s_out, "llama-2-7b");
+    /* The commands that talk to a node show their help without one. */
+    assert_int_equal(s_run("stat --help"), 0);
+    assert_contains(s_out, "usage: kvedge -H");
+    assert_int_equal(s_run("ping --help"), 0);
+    assert_contains(s_out, "--count");
+    assert_int_equal(s_run("ping --count 3"), 2);
+    assert_contains(s_errtext, "give it -H");
 }
 
 static void test_missing_store(void **state)
@@ -183,6 +200,24 @@ static void test_missing_store(void **state)
     assert_int_equal(s_run("verify"), 5);
     struct stat st;
     assert_int_not_equal(stat(s_dir, &st), 0); /* reading commands create nothing */
+    /* Nor do the admin commands that modify a store: a mistyped --data is no new store. */
+    assert_int_equal(s_run("evict --to 0"), 5);
+    assert_contains(s_errtext, "no kvedge store at");
+    assert_int_equal(s_run("pin abcd"), 5);
+    assert_int_equal(s_run("unpin abcd"), 5);
+    assert_int_equal(s_run("delete abcd"), 5);
+    assert_int_not_equal(stat(s_dir, &st), 0);
+    /* put-synthetic creates one, but past a sane size only when forced. */
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 10000000"), 2);
+    assert_contains(s_errtext, "--force");
+    assert_int_not_equal(stat(s_dir, &st), 0);
+    struct statvfs fs; /* 1M tokens of opt-13b, lossless: 800 GiB */
+    assert_int_equal(statvfs("/tmp", &fs), 0);
+    if ((double)fs.f_bavail * (double)fs.f_frsize < 800.0 * 1073741824.0) {
+        assert_int_equal(s_run("put-synthetic --model opt-13b --tokens 1048576 --scheme lossless"),
+                         2);
+        assert_contains(s_errtext, "free: pass --force");
+    }
 }
 
 static void test_unknown_model(void **state)
@@ -228,6 +263,10 @@ static void test_put_inspect_show_verify(void **state)
     assert_int_equal(s_run("show 0000000000000000000000000000000000000000000000000000000000000000"),
                      3);
     assert_int_equal(s_run("show xyz"), 2);
+    assert_int_equal(s_run("show %s --layer 99", shortid), 2); /* past the model: no table */
+    assert_contains(s_errtext, "past the 12 layers of opt-125m");
+    assert_int_equal(s_run("show %s --layer 11", shortid), 0);
+    assert_contains(s_out, "12 blocks shown");
 
     assert_int_equal(s_run("verify"), 0);
     assert_contains(s_out, "verified 288 blocks: 288 ok, 0 corrupt");
@@ -272,6 +311,7 @@ static void test_locked_store(void **state)
     /* A writer is refused with a clear reason; readers still work. */
     assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 64 --seed 5"), 5);
     assert_contains(s_errtext, "in use by another process");
+    assert_int_equal(s_count(s_errtext, "in use by another process"), 1); /* said once */
     assert_int_equal(s_run("inspect"), 0);
     assert_int_equal(s_run("verify"), 0);
     kvedge_engine_destroy(&e);
@@ -290,6 +330,9 @@ static void test_damaged_store(void **state)
     fclose(f);
     assert_int_equal(s_run("inspect"), 5);
     assert_contains(s_errtext, s_dir);
+    char named[600]; /* the store is named once, not once more by the engine's own reason */
+    snprintf(named, sizeof named, "store %s", s_dir);
+    assert_int_equal(s_count(s_errtext, named), 1);
 
     /* A store path that is a file. */
     size_t n = strlen(s_dir);
@@ -319,10 +362,12 @@ static void test_corrupt_blob_detected(void **state)
         assert_true(fd >= 0);
         struct stat st;
         assert_int_equal(fstat(fd, &st), 0);
+        /* Past the middle record's header, inside its value: the block itself is damaged
+         * (a damaged record header around an intact block is served, and verify says so). */
         uint8_t b;
-        assert_int_equal(pread(fd, &b, 1, st.st_size / 2), 1);
+        assert_int_equal(pread(fd, &b, 1, st.st_size / 2 + 128), 1);
         b ^= 0xFF;
-        assert_int_equal(pwrite(fd, &b, 1, st.st_size / 2), 1);
+        assert_int_equal(pwrite(fd, &b, 1, st.st_size / 2 + 128), 1);
         close(fd);
         damaged++;
     }
@@ -434,7 +479,11 @@ static void test_sync_once(void **state)
     fclose(f);
     assert_int_equal(s_run("sync --once --subscriptions %s", subs), 0);
     assert_contains(s_out, "2/2 chunks, 288 blocks copied");
-    assert_int_equal(s_run("sync"), 0);
+    assert_int_equal(s_run("sync"), 0); /* text, in --once's words */
+    assert_contains(s_out, "bot");
+    assert_contains(s_out, " ok ");
+    assert_null(strchr(s_out, '{'));
+    assert_int_equal(s_run("sync --json"), 0);
     assert_contains(s_out, "\"state\":\"ok\"");
     assert_int_equal(s_run("--json inspect"), 0);
     assert_contains(s_out, "\"pinned_blocks\":288");
@@ -968,6 +1017,12 @@ static void test_e2e_node(void **state)
                      0);
     assert_contains(s_out, "note: no layer came from");
     assert_contains(s_out, "generated 2 tokens: ");
+    /* A model the node does not know is an error (exit 3), not a decode of missed layers. */
+    assert_int_equal(s_run("-H %s decode --weights %s --model-id nobody-knows --context-ids %s "
+                           "--chunk-tokens 16 --prompt-ids 5 --max-new 2",
+                           ep, S_TINY, ctx),
+                     3);
+    assert_contains(s_errtext, "does not know model 'nobody-knows'");
     kill(node, SIGTERM);
     waitpid(node, NULL, 0);
     close(out_fd);
@@ -1002,6 +1057,10 @@ static void test_e2e_proxy(void **state)
                      3);
     assert_contains(s_errtext, "does not know model 'opt-tiny'");
     assert_contains(s_errtext, "built-in");
+    /* prefill to the proxy rather than to a node: said as such. */
+    assert_int_equal(s_run("-H %s prefill --weights %s --context-ids %s", pep, S_TINY, ctx), 2);
+    assert_contains(s_errtext, "is an edge proxy");
+    assert_null(strstr(s_errtext, "refused these settings"));
     kill(proxy, SIGTERM);
     int st = 0;
     waitpid(proxy, &st, 0);
@@ -1043,8 +1102,147 @@ static void test_keygen(void **state)
     assert_int_equal(s_run("keygen %s", path), 1); /* no silent overwrite */
     assert_contains(s_errtext, "--force");
     assert_int_equal(s_run("keygen %s --force", path), 0);
+    assert_int_equal(s_run("keygen %s --force --json", path), 0); /* --json is heard */
+    assert_contains(s_out, "{\"public\":\"");
+    assert_contains(s_out, "_secret\",\"public_key\":\"");
     unlink(path);
     unlink(secret);
+}
+
+/* Every daemon refuses a port out of 1-65535 (or *) before it starts; a proxy's source must
+ * name its port. */
+static void test_endpoint_ports(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("store --insecure --bind tcp://127.0.0.1:99999 --check-config"), 2);
+    assert_contains(s_errtext, "port '99999' is not 1 to 65535");
+    assert_int_equal(s_run("store --insecure --bind tcp://127.0.0.1:0 --check-config"), 2);
+    assert_int_equal(s_run("store --insecure --bind 'tcp://127.0.0.1:*' --check-config"), 0);
+    assert_int_equal(s_run("master --insecure --bind tcp://127.0.0.1:65536 --pub "
+                           "tcp://127.0.0.1:7411 --data %s.m --check-config",
+                           s_dir),
+                     2);
+    assert_contains(s_errtext, "65536");
+    assert_int_equal(s_run("proxy --insecure --bind tcp://127.0.0.1:74x --source 'cloud c1 "
+                           "ipc:///tmp/x' --check-config"),
+                     2);
+    assert_int_equal(s_run("proxy --insecure --bind ipc:///tmp/x.sock --source 'cloud c1 "
+                           "tcp://nohost' --check-config"),
+                     2);
+    assert_contains(s_errtext, "bad source");
+    assert_int_equal(s_run("proxy --insecure --bind ipc:///tmp/x.sock --source 'cloud c1 "
+                           "tcp://nohost:7400' --check-config"),
+                     0);
+}
+
+/* --data on the command line with the node in KVEDGE_HOST: refused, not silently ignored. */
+static void test_host_env_and_data(void **state)
+{
+    (void)state;
+    assert_int_equal(setenv("KVEDGE_HOST", "ipc:///nonexistent/kvedge-env.sock", 1), 0);
+    assert_int_equal(s_run("ls"), 2);
+    assert_contains(s_errtext, "KVEDGE_HOST");
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 10"), 2);
+    assert_int_equal(s_run("models"), 0);                 /* local only: no doubt */
+    assert_int_equal(s_run_bare("--deadline 300 ls"), 5); /* the node, as the variable says */
+    assert_int_equal(s_run("-H ipc:///nonexistent/kvedge-env.sock --deadline 300 ls"), 5);
+    assert_int_equal(unsetenv("KVEDGE_HOST"), 0);
+}
+
+/* Remote ls in chain order with full ids on request; show refuses a layer past the model. */
+static void test_remote_ls_show(void **state)
+{
+    (void)state;
+    char ep[600], node_dir[600];
+    int out_fd;
+    pid_t pid = s_spawn_node(node_dir, ep, &out_fd);
+    assert_int_equal(s_run("-H %s --json put-synthetic --model opt-125m --tokens 1024", ep), 0);
+    char prefix[65];
+    s_json_prefix(s_out, prefix); /* the last of 4 chunks */
+    assert_int_equal(s_run("-H %s put-synthetic --model opt-125m --tokens 600 --seed 4", ep), 0);
+    assert_int_equal(s_run("-H %s ls --full", ep), 0);
+    assert_contains(s_out, prefix);
+    assert_int_equal(s_run("-H %s ls", ep), 0);
+    assert_null(strstr(s_out, prefix));
+    assert_int_equal(s_run("-H %s ls --help", ep), 0);
+    assert_contains(s_out, "--full");
+    /* Each chain's chunks together, by index: 0 1 2 3 and 0 1 2, in some order. */
+    assert_int_equal(s_run("-H %s --json ls", ep), 0);
+    int prev = -1, rows = 0;
+    for (const char *p = strstr(s_out, "\"chunk\":"); p; p = strstr(p + 1, "\"chunk\":")) {
+        int idx = atoi(p + 8);
+        assert_true(idx == 0 || idx == prev + 1);
+        prev = idx;
+        rows++;
+    }
+    assert_int_equal(rows, 7);
+    assert_int_equal(s_run("-H %s show %.8s --layer 99", ep, prefix), 2);
+    assert_contains(s_errtext, "past the 12 layers of opt-125m");
+    assert_int_equal(s_run("-H %s show %.8s --layer 11", ep, prefix), 0);
+    assert_contains(s_out, "12 blocks shown");
+    assert_int_equal(s_run("-H %s show --help", ep), 0);
+    assert_contains(s_out, "--layer");
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    close(out_fd);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock'", node_dir, s_dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A CURVE node (its default) in its own process; waits for "listening" (after the line with
+ * its new key). */
+static pid_t s_spawn_curve_node(const char *node_dir, const char *ep, int *out_fd)
+{
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        close(pfd[0]);
+        execl(KVEDGE_BIN, "kvedge", "--data", node_dir, "store", "--bind", ep, "--log-level",
+              "warn", "--metrics", "off", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char out[2000] = "";
+    size_t len = 0;
+    while (!strstr(out, "listening") && len < sizeof out - 1) {
+        ssize_t got = read(pfd[0], out + len, sizeof out - 1 - len);
+        assert_true(got > 0);
+        len += (size_t)got;
+        out[len] = '\0';
+    }
+    *out_fd = pfd[0];
+    return pid;
+}
+
+/* A key without admin rights asking for evict: a permission error, with what to do. */
+static void test_remote_evict_denied(void **state)
+{
+    (void)state;
+    char ep[600], node_dir[600], key[600], cmd[3000];
+    snprintf(node_dir, sizeof node_dir, "%s-node", s_dir);
+    snprintf(ep, sizeof ep, "ipc://%s.sock", s_dir);
+    snprintf(key, sizeof key, "%s-user", s_dir);
+    int out_fd;
+    pid_t pid = s_spawn_curve_node(node_dir, ep, &out_fd);
+    assert_int_equal(s_run("keygen %s --tenant acme", key), 0);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/clients/'", key, node_dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(
+        s_run("-H %s --server-key %s/node.cert --cert %s_secret stat", ep, node_dir, key), 0);
+    assert_int_equal(
+        s_run("-H %s --server-key %s/node.cert --cert %s_secret evict --to 0", ep, node_dir, key),
+        6);
+    assert_contains(s_errtext, "needs an admin key (kvedge keygen --admin");
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    close(out_fd);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.sock' '%s' '%s_secret'", node_dir, s_dir, key, key);
+    assert_int_equal(system(cmd), 0);
 }
 
 int main(void)
@@ -1069,6 +1267,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_e2e_usage, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_e2e_node, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_e2e_proxy, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_endpoint_ports, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_host_env_and_data, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_remote_ls_show, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_remote_evict_denied, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

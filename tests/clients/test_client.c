@@ -726,7 +726,8 @@ static void test_lookup(void **state)
     fx_t *fx = *state;
     kvedge_chunk_id_t ids[3];
     s_chain(MODEL, 21, 3, TOKENS, ids);
-    set_t s = s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, 0, 1, 2, KVEDGE_SCHEME_INT4, -1, -1);
+    /* LOOKUP counts a chunk only when every layer and head of its model is there. */
+    set_t s = s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, 0, LAYERS, HEADS, KVEDGE_SCHEME_INT4, -1, -1);
     s_put_ok(fx->c, &s);
     size_t hit = 99;
     assert_int_equal(kvedge_client_lookup(fx->c, ids, 3, &hit), 0);

@@ -513,7 +513,7 @@ static void test_cli_cloud_down(void **state)
     assert_non_null(strstr(out, "failed"));
     assert_non_null(strstr(out, "cloud unreachable: "));
     assert_non_null(strstr(out, "held locally: 288 blocks (2 chunks), pinned"));
-    assert_int_equal(s_kvedge(out, 1 << 16, "--data %s sync", edge), 0);
+    assert_int_equal(s_kvedge(out, 1 << 16, "--data %s sync --json", edge), 0);
     assert_non_null(strstr(out, "\"state\":\"failed\""));
     assert_non_null(strstr(out, "\"blocks_held\":288"));
     assert_non_null(strstr(out, "held locally: 288 blocks (2 chunks), pinned"));

@@ -102,10 +102,9 @@ done
 
 # ---------------------------------------------------------------- traffic
 "$KVEDGE" -H "$(ep cloud)" --json put-synthetic --model opt-125m --tokens 512 >/dev/null
-CHAIN=$("$KVEDGE" --json -H "$(ep cloud)" ls |
-    grep -o '"prefix":"[0-9a-f]*","model":"[^"]*","chunk":[0-9]*' |
-    sed 's/"prefix":"\([0-9a-f]*\)".*"chunk":\([0-9]*\)/\2 \1/' | sort -n | cut -d' ' -f2 |
-    paste -sd, -)
+# `ls --full`: PREFIX MODEL CHUNK ... per chunk; the chain in chunk order, comma-separated.
+CHAIN=$("$KVEDGE" -H "$(ep cloud)" ls --full | awk 'NR > 1 { print $3, $1 }' | sort -n |
+    cut -d' ' -f2 | paste -sd, -)
 [ -n "$CHAIN" ] || fail "no chunks on the cloud node"
 for _ in $(seq 50); do
     "$KVEDGE" -H "$(ep proxy)" fetch --model opt-125m --chunks "$CHAIN" >"$DIR/fetch.out" 2>&1 &&

@@ -525,6 +525,138 @@ static void test_stale_directory_falls_back(void **state)
     s_rmrf(root);
 }
 
+/* Puts heads [0, h1) of layer `layer` of every chunk of the context to the node at ep. */
+static void s_put_heads(const char *ep, uint32_t layer, uint32_t h1)
+{
+    kvedge_client_t *c = s_client(ep, 10000);
+    kvedge_put_item_t items[S_HEADS];
+    for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
+        for (uint32_t h = 0; h < h1; h++) {
+            memset(&items[h], 0, sizeof items[h]);
+            items[h].chunk.id = s_ctx.ids[ci];
+            items[h].chunk.has_parent = ci > 0;
+            if (ci > 0)
+                items[h].chunk.parent = s_ctx.ids[ci - 1];
+            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+            items[h].chunk.index = ci;
+            items[h].chunk.tokens = S_TOKENS;
+            items[h].layer = (uint16_t)layer;
+            items[h].head = (uint16_t)h;
+            items[h].block = s_ctx.block[layer][ci][h];
+            items[h].len = s_ctx.len[layer][ci][h];
+        }
+        assert_int_equal(kvedge_client_put(c, items, h1, NULL), 0);
+    }
+    kvedge_client_destroy(&c);
+}
+
+static size_t s_lookup(const char *ep)
+{
+    kvedge_client_t *c = s_client(ep, 10000);
+    size_t hit = 99;
+    assert_int_equal(kvedge_client_lookup(c, s_ctx.ids, S_CHUNKS, &hit), 0);
+    kvedge_client_destroy(&c);
+    return hit;
+}
+
+/* Waits until the view's directory entry of node for chunk 0 says `want` about layer. */
+static void s_wait_dir(kvedge_mview_t *view, kvedge_node_t *node, const char *name, unsigned layer,
+                       bool want)
+{
+    for (int i = 0; i < 100; i++) {
+        uint32_t changed;
+        assert_int_equal(kvedge_node_publish(node, &changed), 0);
+        kvedge_master_dir_t d;
+        if (kvedge_mview_dir(view, name, &s_ctx.ids[0], &d) == KVEDGE_OK &&
+            kvedge_master_dir_has(&d, layer) == want)
+            return;
+        zclock_sleep(50);
+    }
+    fail_msg("the directory of %s never said layer %u is %sheld", name, layer, want ? "" : "not ");
+}
+
+/* A chunk with only some heads of a layer (what a crash during an unacknowledged PUT
+ * leaves): LOOKUP does not count it, the node's directory does not list that layer, and the
+ * proxy plans the layer from a node that has all of it. */
+static void test_partial_layer_not_held(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_master_t mm;
+    kvedge_master_t *m = s_master_start(&mm, root);
+    s_node_t cloud, peer;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mm.ep, mm.pub);
+    s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, mm.ep, mm.pub);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    const unsigned partial = 5;
+    s_put(peer.ep, 0, partial, false);
+    s_put_heads(peer.ep, partial, S_HEADS / 2);
+    s_put(peer.ep, partial + 1, S_LAYERS, false);
+
+    /* Every layer but one is whole on the peer: not a cached chunk. */
+    assert_int_equal(s_lookup(cloud.ep), S_CHUNKS);
+    assert_int_equal(s_lookup(peer.ep), 0);
+
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = mm.ep;
+    vo.pub = mm.pub;
+    vo.prefix = "dir/";
+    kvedge_mview_t *view = NULL;
+    assert_int_equal(kvedge_mview_start(&vo, &view), 0);
+    s_wait_dir(view, cloud.node, "cloud1", partial, true);
+    s_wait_dir(view, peer.node, "edgeA", 0, true);
+    for (uint32_t c = 0; c < S_CHUNKS; c++) {
+        kvedge_master_dir_t d;
+        assert_int_equal(kvedge_mview_dir(view, "edgeA", &s_ctx.ids[c], &d), 0);
+        for (unsigned l = 0; l < S_LAYERS; l++)
+            assert_int_equal(kvedge_master_dir_has(&d, l), l != partial);
+    }
+
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s link=100mbit,20ms bw=12500000 rtt=40000",
+             cloud.ep);
+    s_source(&src[0], spec);
+    snprintf(spec, sizeof spec, "peer edgeA %s link=1gbit,1ms bw=125000000 rtt=2000", peer.ep);
+    s_source(&src[1], spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, src, 2, mm.ep, mm.pub, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 5000), 0);
+    zclock_sleep(500); /* the proxy's view catches up with the directory */
+
+    s_result_t r;
+    s_fetch(pep, 20000, &r, 0);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.mismatches, 0);
+    assert_int_equal(r.blocks, S_LAYERS * S_CHUNKS * S_HEADS);
+    int ci = s_src_index(&r.plan, "cloud1"), pi = s_src_index(&r.plan, "edgeA");
+    assert_true(ci >= 0 && pi >= 0);
+    uint32_t from_peer = 0;
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        assert_int_equal(r.layer[l].status, 0);
+        assert_int_equal(r.layer[l].reason, KVEDGE_FETCH_PLANNED);
+        from_peer += r.plan.layer[l].source == pi;
+    }
+    assert_true(from_peer >= 1);                        /* the peer is a planned source ... */
+    assert_int_equal(r.plan.layer[partial].source, ci); /* ... but not of its partial layer */
+    assert_string_equal(r.layer[partial].source_name, "cloud1");
+
+    /* The missing heads arrive: the chunk is whole, and so is its layer in the directory. */
+    s_put(peer.ep, partial, partial + 1, false);
+    assert_int_equal(s_lookup(peer.ep), S_CHUNKS);
+    s_wait_dir(view, peer.node, "edgeA", partial, true);
+
+    kvedge_mview_destroy(&view);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&peer);
+    s_node_stop(&cloud);
+    kvedge_master_destroy(&m);
+    s_rmrf(root);
+}
+
 /* A peer whose stored block is damaged on disk: the node reports the head as corrupt, the
  * proxy moves that layer to the cloud (fallback:corrupt) and never delivers a bad byte. */
 static void test_corrupt_block_falls_back(void **state)
@@ -990,15 +1122,92 @@ static void test_bad_requests(void **state)
     s_rmrf(root);
 }
 
+/* CANCEL ends a FETCH stream: the data messages already sent, then at once an END with
+ * KVEDGE_ECANCELED that counts them, and nothing after it. */
+static void test_cancel_ends_fetch(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
+    s_put(cloud.ep, 0, S_LAYERS, false);
+    kvedge_proxy_source_t src[1];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s", cloud.ep);
+    s_source(&src[0], spec);
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(root, src, 1, NULL, NULL, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 5000), 0);
+
+    zsock_t *raw = zsock_new_dealer(pep);
+    zsock_set_linger(raw, 0);
+    zsock_set_rcvtimeo(raw, 3000);
+    kvedge_wire_fetch_spec_t fs;
+    memset(&fs, 0, sizeof fs);
+    snprintf(fs.model_id, sizeof fs.model_id, S_MODEL);
+    fs.layers = S_LAYERS;
+    fs.tokens = S_CHUNKS * S_TOKENS;
+    uint8_t sb[KVEDGE_WIRE_FETCH_SPEC_BYTES], hb[KVEDGE_WIRE_HEADER_BYTES];
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&fs, sb), 0);
+    /* Credit 2: the plan and one block, then the stream waits for credit. */
+    kvedge_wire_header_t h = {1, KVEDGE_OP_FETCH, 0, 7, 0, S_CHUNKS, 2, 5000};
+    kvedge_wire_header_pack(&h, hb);
+    zmsg_t *m = zmsg_new();
+    zmsg_addmem(m, hb, sizeof hb);
+    zmsg_addmem(m, sb, sizeof sb);
+    zmsg_addmem(m, s_ctx.ids, sizeof s_ctx.ids);
+    assert_int_equal(zmsg_send(&m, raw), 0);
+    for (int i = 0; i < 2; i++) {
+        m = zmsg_recv(raw);
+        assert_non_null(m);
+        zframe_t *f = zmsg_first(m);
+        assert_int_equal(kvedge_wire_header_parse(zframe_data(f), zframe_size(f), &h), 0);
+        assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE);
+        zmsg_destroy(&m);
+    }
+    kvedge_wire_header_t c = {1, KVEDGE_OP_CANCEL, 0, 7, 0, 0, 0, 5000};
+    kvedge_wire_header_pack(&c, hb);
+    int64_t t0 = zclock_mono();
+    assert_int_equal(zsock_send(raw, "b", hb, sizeof hb), 0);
+    m = zmsg_recv(raw);
+    int64_t took = zclock_mono() - t0;
+    assert_non_null(m);
+    zframe_t *f = zmsg_first(m);
+    assert_int_equal(kvedge_wire_header_parse(zframe_data(f), zframe_size(f), &h), 0);
+    assert_int_equal(zmsg_size(m), 1);
+    zmsg_destroy(&m);
+    assert_int_equal(h.opcode, KVEDGE_OP_FETCH);
+    assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END);
+    assert_int_equal(h.request_id, 7);
+    assert_int_equal(h.status, KVEDGE_ECANCELED);
+    assert_int_equal(h.count, 2);
+    assert_true(took < 100);
+    zsock_set_rcvtimeo(raw, 300);
+    m = zmsg_recv(raw);
+    assert_null(m); /* nothing after the END */
+    zsock_destroy(&raw);
+
+    /* Still serving. */
+    kvedge_client_t *cl = s_client(pep, 3000);
+    assert_int_equal(s_fetch_status(cl, S_MODEL, 0, S_LAYERS), 0);
+    kvedge_client_destroy(&cl);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&cloud);
+    s_rmrf(root);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     s_make_context();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_cancel_ends_fetch),
         cmocka_unit_test(test_node_registers_its_models),
         cmocka_unit_test(test_peer_sharing_with_directory),
         cmocka_unit_test(test_stale_directory_falls_back),
+        cmocka_unit_test(test_partial_layer_not_held),
         cmocka_unit_test(test_corrupt_block_falls_back),
         cmocka_unit_test(test_cloud_killed_mid_request),
         cmocka_unit_test(test_all_sources_down_misses),

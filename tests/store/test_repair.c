@@ -1,0 +1,505 @@
+/* Block engine: the full check that put, get, get_layer and verify share (an lz4 body that does
+ * not decode under a valid checksum), and kvedge_engine_repair of a store with a damaged table
+ * file, a damaged CURRENT, or nothing wrong. */
+#define _GNU_SOURCE /* nftw */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <rocksdb/c.h>
+#include <xxhash.h>
+
+#include "store/byteorder.h"
+#include "store/engine.h"
+#include "store/engine_debug.h"
+#include "store/error.h"
+#include "tests/common/testutil.h"
+
+#define MODEL         "test-model"
+#define LAYERS        8
+#define HEADS         8
+#define HEAD_DIM      64
+#define TOKENS        32 /* a lossless block of 8 KiB: past the blob threshold */
+#define N_CHUNKS      3
+#define TOKENS_INLINE 8 /* 2 KiB: kept in the table files */
+
+typedef struct {
+    char dir[64];
+    char path[96];
+    kvedge_engine_t *e;
+} fx_t;
+
+static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static int setup(void **state)
+{
+    fx_t *fx = calloc(1, sizeof *fx);
+    if (!fx)
+        return -1;
+    strcpy(fx->dir, "/tmp/kvedge-test-repair-XXXXXX");
+    if (!mkdtemp(fx->dir)) {
+        free(fx);
+        return -1;
+    }
+    snprintf(fx->path, sizeof fx->path, "%s/store", fx->dir);
+    *state = fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx_t *fx = *state;
+    kvedge_engine_destroy(&fx->e);
+    nftw(fx->dir, s_rm, 16, FTW_DEPTH | FTW_PHYS);
+    free(fx);
+    return 0;
+}
+
+static void s_open(fx_t *fx)
+{
+    char why[512];
+    int rc = kvedge_engine_open(fx->path, NULL, &fx->e, why, sizeof why);
+    if (rc != 0)
+        fail_msg("open: %s: %s", kvedge_errname(rc), why);
+    kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_engine_put_model(fx->e, &m), 0);
+}
+
+static kvedge_chunk_info_t s_chunk(uint8_t tag, uint32_t tokens)
+{
+    kvedge_chunk_info_t c;
+    memset(&c, 0, sizeof c);
+    for (size_t i = 0; i < KVEDGE_CHUNK_ID_BYTES; i++)
+        c.id.bytes[i] = (uint8_t)(tag + 31 * i);
+    strcpy(c.model_id, MODEL);
+    c.tokens = tokens;
+    return c;
+}
+
+static kvedge_block_key_t s_key(const kvedge_chunk_info_t *c, uint16_t layer, uint16_t head)
+{
+    kvedge_block_key_t k = {.chunk = c->id, .layer = layer, .head = head};
+    return k;
+}
+
+/* An lz4 block (K and V compress well) whose compressed body is overwritten with 0xff and whose
+ * checksum is computed again: it parses, and its body does not decompress. */
+static uint8_t *s_bad_lz4_block(size_t *len)
+{
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, TOKENS, HEAD_DIM, 0, NULL, true};
+    size_t n = (size_t)TOKENS * HEAD_DIM;
+    uint16_t *k = calloc(n, 2), *v = calloc(n, 2);
+    assert_non_null(k);
+    assert_non_null(v);
+    for (size_t i = 0; i < n; i++)
+        k[i] = v[i] = (uint16_t)(0x3c00 + (i % 4)); /* 1.0, 1.0009...: compressible */
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    uint8_t *b = aligned_alloc(64, (cap + 63) / 64 * 64);
+    assert_non_null(b);
+    assert_int_equal(kvedge_block_encode(&spec, k, v, b, cap, len), 0);
+    free(k);
+    free(v);
+    kvedge_block_info_t info;
+    assert_int_equal(kvedge_block_parse(b, *len, &info), 0);
+    assert_true(info.lz4);
+    uint32_t stored = kvedge_le_get32(b + 24);
+    memset(b + KVEDGE_BLOCK_HEADER_BYTES, 0xff, stored);
+    size_t covered = KVEDGE_BLOCK_HEADER_BYTES + stored;
+    kvedge_le_put64(b + covered, XXH3_64bits(b, covered));
+    return b;
+}
+
+static int s_verify_cb(void *ctx, const kvedge_block_key_t *key, int err)
+{
+    kvedge_block_key_t *seen = ctx;
+    *seen = *key;
+    assert_int_equal(err, KVEDGE_ECORRUPT);
+    return 0;
+}
+
+typedef struct {
+    int calls;
+    int status;
+} layer_t;
+
+static int s_layer_cb(void *ctx, uint16_t head, int status, const uint8_t *data, size_t len)
+{
+    (void)head;
+    (void)data;
+    (void)len;
+    layer_t *l = ctx;
+    l->calls++;
+    l->status = status;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the full check */
+
+static void test_bad_lz4_body(void **state)
+{
+    fx_t *fx = *state;
+    size_t len;
+    uint8_t *bad = s_bad_lz4_block(&len);
+    kvedge_block_info_t info;
+    assert_int_equal(kvedge_block_parse(bad, len, &info), 0); /* the checksum holds */
+    assert_int_equal(kvedge_block_check(bad, len, &info), KVEDGE_ECORRUPT);
+    assert_int_equal(kvedge_block_check(NULL, 0, NULL), KVEDGE_EINVAL);
+
+    /* A put refuses it: it can never be stored. */
+    s_open(fx);
+    kvedge_chunk_info_t c = s_chunk(1, TOKENS);
+    kvedge_block_key_t k = s_key(&c, 0, 0);
+    assert_int_equal(kvedge_engine_put(fx->e, &c, 0, 0, bad, len, NULL), KVEDGE_ECORRUPT);
+    kvedge_block_meta_t m;
+    assert_int_equal(kvedge_engine_get_meta(fx->e, &k, &m), KVEDGE_ENOTFOUND);
+
+    /* Stored behind the put's back, with metadata that describes it: verify reports it and a
+     * read refuses it, as a layer scan does. */
+    assert_int_equal(kvedge_engine_debug_put_unchecked(fx->e, &c, 0, 0, bad, len), 0);
+    uint64_t checked, nbad;
+    kvedge_block_key_t seen;
+    memset(&seen, 0xee, sizeof seen);
+    assert_int_equal(kvedge_engine_verify(fx->e, false, s_verify_cb, &seen, &checked, &nbad), 0);
+    assert_int_equal(checked, 1);
+    assert_int_equal(nbad, 1);
+    assert_memory_equal(&seen, &k, sizeof k);
+    layer_t l = {0, 0};
+    assert_int_equal(kvedge_engine_get_layer(fx->e, &c.id, 0, s_layer_cb, &l), 0);
+    assert_int_equal(l.calls, 1);
+    assert_int_equal(l.status, KVEDGE_ECORRUPT); /* quarantined by the scan */
+    assert_int_equal(kvedge_engine_debug_put_unchecked(fx->e, &c, 0, 0, bad, len), 0);
+    kvedge_value_t v;
+    assert_int_equal(kvedge_engine_get(fx->e, &k, &v), KVEDGE_ECORRUPT);
+    assert_int_equal(kvedge_engine_get(fx->e, &k, &v), KVEDGE_ENOTFOUND); /* quarantined */
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &nbad), 0);
+    assert_int_equal(nbad, 0);
+
+    /* The same block with its body intact is stored and served. */
+    size_t glen;
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, TOKENS, HEAD_DIM, 0, NULL, true};
+    uint8_t *good = kt_encode(&spec, 7, &glen);
+    assert_non_null(good);
+    assert_int_equal(kvedge_engine_put(fx->e, &c, 0, 1, good, glen, NULL), 0);
+    kvedge_block_key_t k1 = s_key(&c, 0, 1);
+    assert_int_equal(kvedge_engine_get(fx->e, &k1, &v), 0);
+    assert_int_equal(v.len, glen);
+    kvedge_value_release(&v);
+    free(good);
+    free(bad);
+}
+
+/* ---------------------------------------------------------------- repair */
+
+typedef struct {
+    uint8_t *blk[N_CHUNKS][LAYERS][HEADS];
+    size_t len[N_CHUNKS][LAYERS][HEADS];
+    kvedge_chunk_info_t c[N_CHUNKS];
+} put_t;
+
+/* Puts N_CHUNKS x LAYERS x HEADS lossless blocks of tokens tokens, and closes the store. */
+static void s_put_all(fx_t *fx, put_t *p, uint32_t tokens)
+{
+    s_open(fx);
+    for (int i = 0; i < N_CHUNKS; i++) {
+        p->c[i] = s_chunk((uint8_t)(10 * i + 3), tokens);
+        for (int l = 0; l < LAYERS; l++)
+            for (int h = 0; h < HEADS; h++) {
+                kvedge_block_spec_t spec = {
+                    KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, tokens, HEAD_DIM, 0, NULL, false};
+                p->blk[i][l][h] =
+                    kt_encode(&spec, (uint64_t)(i * 1000 + l * 10 + h), &p->len[i][l][h]);
+                assert_non_null(p->blk[i][l][h]);
+                assert_int_equal(kvedge_engine_put(fx->e, &p->c[i], (uint16_t)l, (uint16_t)h,
+                                                   p->blk[i][l][h], p->len[i][l][h], NULL),
+                                 0);
+            }
+    }
+    kvedge_engine_destroy(&fx->e);
+}
+
+static void s_put_free(put_t *p)
+{
+    for (int i = 0; i < N_CHUNKS; i++)
+        for (int l = 0; l < LAYERS; l++)
+            for (int h = 0; h < HEADS; h++)
+                free(p->blk[i][l][h]);
+}
+
+/* Flips the byte in the middle of the largest table file of the store. */
+static void s_damage_largest_sst(const char *path)
+{
+    DIR *d = opendir(path);
+    assert_non_null(d);
+    char best[512] = "";
+    off_t best_size = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n < 5 || strcmp(de->d_name + n - 4, ".sst") != 0)
+            continue;
+        char f[512];
+        snprintf(f, sizeof f, "%s/%s", path, de->d_name);
+        struct stat st;
+        assert_int_equal(stat(f, &st), 0);
+        if (st.st_size > best_size) {
+            best_size = st.st_size;
+            strcpy(best, f);
+        }
+    }
+    closedir(d);
+    assert_true(best_size > 0);
+    int fd = open(best, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, best_size / 2), 1);
+    b ^= 0xff;
+    assert_int_equal(pwrite(fd, &b, 1, best_size / 2), 1);
+    close(fd);
+}
+
+typedef struct {
+    int lost;
+} lost_t;
+
+static int s_lost_cb(void *ctx, const kvedge_block_key_t *key, int err)
+{
+    (void)key;
+    assert_true(err < 0);
+    ((lost_t *)ctx)->lost++;
+    return 0;
+}
+
+/* Every block that reads back is what was put; returns how many did. */
+static uint64_t s_count_served(fx_t *fx, const put_t *p)
+{
+    uint64_t served = 0;
+    for (int i = 0; i < N_CHUNKS; i++)
+        for (int l = 0; l < LAYERS; l++)
+            for (int h = 0; h < HEADS; h++) {
+                kvedge_block_key_t k = s_key(&p->c[i], (uint16_t)l, (uint16_t)h);
+                kvedge_value_t v;
+                int rc = kvedge_engine_get(fx->e, &k, &v);
+                if (rc == KVEDGE_ENOTFOUND)
+                    continue;
+                assert_int_equal(rc, 0);
+                assert_int_equal(v.len, p->len[i][l][h]);
+                assert_memory_equal(v.data, p->blk[i][l][h], v.len);
+                kvedge_value_release(&v);
+                served++;
+            }
+    return served;
+}
+
+static void test_repair_damaged_sst(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    /* Files that are not RocksDB's stay where they are. */
+    char cert[160];
+    snprintf(cert, sizeof cert, "%s/node.cert", fx->path);
+    FILE *f = fopen(cert, "w");
+    assert_non_null(f);
+    fputs("cert\n", f);
+    fclose(f);
+
+    s_damage_largest_sst(fx->path);
+    char why[1024] = "";
+    assert_int_equal(kvedge_engine_open(fx->path, NULL, &fx->e, why, sizeof why), KVEDGE_ECORRUPT);
+    assert_non_null(strstr(why, "run kvedge repair --data "));
+    assert_non_null(strstr(why, fx->path));
+
+    lost_t lost = {0};
+    kvedge_repair_report_t rep;
+    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    assert_int_equal(rep.blocks_kept + rep.blocks_lost, put);
+    assert_true(rep.blocks_kept > 0);
+    assert_int_equal((uint64_t)lost.lost, rep.blocks_lost);
+    /* The open failed scanning the meta records: repair met the damage too. */
+    assert_true(rep.blocks_lost + rep.meta_rebuilt > 0);
+    assert_false(rep.rocksdb_repaired);
+    assert_true(rep.old_files[0] != '\0');
+    struct stat st;
+    assert_int_equal(stat(rep.old_files, &st), 0);
+    assert_int_equal(stat(cert, &st), 0);
+
+    /* The store opens; every kept block is served, byte for byte; the lost ones are in
+     * quarantine; verify agrees. */
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), rep.blocks_kept);
+    kvedge_engine_stats_t s;
+    assert_int_equal(kvedge_engine_stats(fx->e, &s), 0);
+    assert_int_equal(s.blocks, rep.blocks_kept);
+    assert_int_equal(s.quarantined, rep.blocks_lost);
+    uint64_t checked, bad;
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+    assert_int_equal(checked, rep.blocks_kept);
+    assert_int_equal(bad, 0);
+    kvedge_chunk_info_t ci;
+    if (rep.chunks_lost == 0)
+        for (int i = 0; i < N_CHUNKS; i++)
+            assert_int_equal(kvedge_engine_get_chunk(fx->e, &p->c[i].id, &ci), 0);
+    /* It takes writes again. */
+    assert_int_equal(
+        kvedge_engine_put(fx->e, &p->c[0], 0, 0, p->blk[0][0][0], p->len[0][0][0], NULL), 0);
+    kvedge_engine_destroy(&fx->e);
+    s_put_free(p);
+    free(p);
+}
+
+/* Small blocks live in the table files themselves: a damaged data block of the blocks family
+ * leaves the store opening, a read of its blocks failing and verify stopping there; repair
+ * loses those blocks only. */
+static void test_repair_damaged_inline_blocks(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS_INLINE);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    s_damage_largest_sst(fx->path);
+    lost_t lost = {0};
+    kvedge_repair_report_t rep;
+    char why[1024];
+    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    assert_int_equal(rep.blocks_kept + rep.blocks_lost, put);
+    assert_true(rep.blocks_kept > 0);
+    assert_int_equal((uint64_t)lost.lost, rep.blocks_lost);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), rep.blocks_kept);
+    uint64_t checked, bad;
+    assert_int_equal(kvedge_engine_verify(fx->e, false, NULL, NULL, &checked, &bad), 0);
+    assert_int_equal(checked, rep.blocks_kept);
+    assert_int_equal(bad, 0);
+    kvedge_engine_destroy(&fx->e);
+    s_put_free(p);
+    free(p);
+}
+
+/* CURRENT names a MANIFEST that is gone: RocksDB's repair rebuilds one from the tables, and
+ * the blocks, whose blob files it drops, are read from those files directly. */
+static void test_repair_lost_manifest(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    char cur[160];
+    snprintf(cur, sizeof cur, "%s/CURRENT", fx->path);
+    FILE *f = fopen(cur, "w");
+    assert_non_null(f);
+    fputs("MANIFEST-999999\n", f);
+    fclose(f);
+    char why[1024] = "";
+    assert_int_equal(kvedge_engine_open(fx->path, NULL, &fx->e, why, sizeof why), KVEDGE_ECORRUPT);
+    assert_non_null(strstr(why, "run kvedge repair --data "));
+
+    kvedge_repair_report_t rep;
+    int rc = kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    assert_true(rep.rocksdb_repaired);
+    assert_int_equal(rep.blocks_kept, put);
+    assert_int_equal(rep.blocks_lost, 0);
+    assert_int_equal(rep.from_blob_files, put);
+    assert_int_equal(rep.chunks_kept, N_CHUNKS);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), put);
+    kvedge_engine_destroy(&fx->e);
+    s_put_free(p);
+    free(p);
+}
+
+static void test_repair_sound_store(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    kvedge_repair_report_t rep;
+    char why[512];
+    assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why), 0);
+    assert_int_equal(rep.blocks_kept, (uint64_t)N_CHUNKS * LAYERS * HEADS);
+    assert_int_equal(rep.blocks_lost, 0);
+    assert_int_equal(rep.meta_rebuilt, 0);
+    assert_int_equal(rep.chunks_kept, N_CHUNKS);
+    assert_int_equal(rep.chunks_lost, 0);
+    assert_int_equal(rep.models_kept, 1);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), rep.blocks_kept);
+    kvedge_engine_destroy(&fx->e);
+    s_put_free(p);
+    free(p);
+}
+
+static void test_repair_errors(void **state)
+{
+    fx_t *fx = *state;
+    char why[512];
+    kvedge_repair_report_t rep;
+    assert_int_equal(kvedge_engine_repair(NULL, NULL, NULL, &rep, why, sizeof why), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why),
+                     KVEDGE_ENOTFOUND);
+    /* A store in use is not repaired under its user. */
+    s_open(fx);
+    assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why),
+                     KVEDGE_EBUSY);
+    assert_non_null(strstr(why, "stop the node"));
+    kvedge_engine_destroy(&fx->e);
+
+    /* A newer kvedge's store is left alone. */
+    char newer[128];
+    snprintf(newer, sizeof newer, "%s/newer", fx->dir);
+    rocksdb_options_t *opt = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(opt, 1);
+    char *err = NULL;
+    rocksdb_t *db = rocksdb_open(opt, newer, &err);
+    assert_null(err);
+    rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
+    rocksdb_put(db, wo, "kvedge.format", 13, "2", 1, &err);
+    assert_null(err);
+    rocksdb_writeoptions_destroy(wo);
+    rocksdb_close(db);
+    rocksdb_options_destroy(opt);
+    assert_int_equal(kvedge_engine_repair(newer, NULL, NULL, &rep, why, sizeof why),
+                     KVEDGE_EVERSION);
+    assert_int_equal(kvedge_engine_open(newer, NULL, &fx->e, why, sizeof why), KVEDGE_EVERSION);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bad_lz4_body, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_damaged_sst, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_damaged_inline_blocks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_lost_manifest, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_sound_store, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_errors, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
