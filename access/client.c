@@ -201,6 +201,7 @@ typedef struct {
     int64_t next_deadline;     /* earliest deadline in flight (may be stale early), or INT64_MAX */
     uint64_t due[S_DRAIN_MAX]; /* streams owed credit in this drain */
     size_t n_due;
+    bool heard; /* the node has answered something: a handshake completed */
     kvedge_wire_frame_t frames[KVEDGE_WIRE_MAX_FRAMES];
 } s_io_t;
 
@@ -399,9 +400,19 @@ static void s_io_submit(s_io_t *io, s_req_t *r)
         return;
     }
     if (zmsg_send(&m, io->dealer) != 0) {
+        zmsg_destroy(&m);
+        if (!io->heard) {
+            /* No connection ever came up: a node that refused our key drops the connection at
+             * the handshake, and libzmq then takes nothing. As documented, a refusal is
+             * silent: the call waits out its deadline (KVEDGE_ETIMEDOUT), not "busy". */
+            r->outstanding = r->credit;
+            zhashx_insert(io->inflight, S_KEY(r->id), r);
+            if (r->deadline_ms < io->next_deadline)
+                io->next_deadline = r->deadline_ms;
+            return;
+        }
         /* The queue to the node is full (it is gone or stalled): fail now rather than
          * block the actor; nothing of this message was sent. */
-        zmsg_destroy(&m);
         r->id = 0;
         s_finish(io, r, KVEDGE_EBUSY, false);
         return;
@@ -681,6 +692,7 @@ static void s_io_drain(s_io_t *io)
             zmsg_t *m = zmsg_recv(io->dealer);
             if (!m)
                 break;
+            io->heard = true;
             s_io_message(io, m);
         }
     } else {
@@ -689,6 +701,7 @@ static void s_io_drain(s_io_t *io)
         uint64_t now = kvedge_shaper_now_us();
         for (int i = 0; i < S_DRAIN_MAX && (zsock_events(io->dealer) & ZMQ_POLLIN); i++) {
             zmsg_t *m = zmsg_recv(io->dealer);
+            io->heard = io->heard || m;
             s_held_t *h = m ? malloc(sizeof *h) : NULL;
             if (!h) {
                 zmsg_destroy(&m);

@@ -566,9 +566,14 @@ static void s_wait_dir(kvedge_mview_t *view, kvedge_node_t *node, const char *na
     for (int i = 0; i < 100; i++) {
         uint32_t changed;
         assert_int_equal(kvedge_node_publish(node, &changed), 0);
-        kvedge_master_dir_t d;
-        if (kvedge_mview_dir(view, name, &s_ctx.ids[0], &d) == KVEDGE_OK &&
-            kvedge_master_dir_has(&d, layer) == want)
+        /* Every chunk's record: the view applies them one update at a time. */
+        uint32_t seen = 0;
+        for (uint32_t c = 0; c < S_CHUNKS; c++) {
+            kvedge_master_dir_t d;
+            seen += kvedge_mview_dir(view, name, &s_ctx.ids[c], &d) == KVEDGE_OK &&
+                    kvedge_master_dir_has(&d, layer) == want;
+        }
+        if (seen == S_CHUNKS)
             return;
         zclock_sleep(50);
     }
