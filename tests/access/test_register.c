@@ -23,44 +23,9 @@
 #include "store/master/master.h"
 #include "store/node/dirpub.h"
 #include "store/node/node.h"
+#include "tests/common/logcap.h"
 
 #define S_WAIT_MS 15000 /* longest wait for one step (the backoff is 1, 2, 4, 8 s) */
-
-/* ---------------------------------------------------------------- captured log lines */
-
-typedef struct {
-    pthread_mutex_t mu;
-    char *lines[512];
-    size_t n;
-} s_log_t;
-
-static void s_sink(kvedge_log_level_t level, const char *text, void *arg)
-{
-    (void)level;
-    s_log_t *l = arg;
-    pthread_mutex_lock(&l->mu);
-    if (l->n < 512)
-        l->lines[l->n++] = strdup(text);
-    pthread_mutex_unlock(&l->mu);
-}
-
-/* Lines containing every one of the NULL-terminated needles. */
-static size_t s_count(s_log_t *l, ...)
-{
-    size_t hits = 0;
-    pthread_mutex_lock(&l->mu);
-    for (size_t i = 0; i < l->n; i++) {
-        va_list ap;
-        va_start(ap, l);
-        bool all = true;
-        for (const char *w = va_arg(ap, const char *); w && all; w = va_arg(ap, const char *))
-            all = strstr(l->lines[i], w) != NULL;
-        va_end(ap);
-        hits += all;
-    }
-    pthread_mutex_unlock(&l->mu);
-    return hits;
-}
 
 /* ---------------------------------------------------------------- fixture */
 
@@ -72,7 +37,7 @@ typedef struct {
     char ocert[128];    /* an observer's certificate, allowlisted from the start */
     kvedge_master_t *master;
     kvedge_mview_t *observer; /* reads the registry */
-    s_log_t log;
+    kt_log_t log;
 } s_fx_t;
 
 static int s_setup(void **state)
@@ -95,7 +60,7 @@ static int s_setup(void **state)
     if (system(cmd) != 0)
         return -1;
     pthread_mutex_init(&fx->log.mu, NULL);
-    kvedge_log_set_sink(s_sink, &fx->log);
+    kvedge_log_set_sink(kt_log_sink, &fx->log);
     *state = fx;
     return 0;
 }
@@ -277,8 +242,8 @@ static void test_refused_then_registered(void **state)
     kvedge_mview_conn(v, &c);
     assert_true(c.reconnects >= 1);
     assert_true(c.refusals >= 2);
-    assert_int_equal(s_count(&fx->log, "registration with the master", "refused", fx->ncert,
-                             "clients directory", NULL),
+    assert_int_equal(kt_log_count(&fx->log, "registration with the master", "refused", fx->ncert,
+                                  "clients directory", NULL),
                      1);
 
     /* The certificate copied in: registered by itself, no restart. */
@@ -293,7 +258,7 @@ static void test_refused_then_registered(void **state)
     assert_false(c.refused);
     assert_true(c.heard);
     assert_int_equal(c.retry_ms, KVEDGE_MVIEW_RECONNECT_MIN_MS);
-    assert_int_equal(s_count(&fx->log, "registered with the master", "as edge-7", NULL), 1);
+    assert_int_equal(kt_log_count(&fx->log, "registered with the master", "as edge-7", NULL), 1);
     assert_int_equal(kvedge_dirpub_sync(d, NULL), KVEDGE_OK);
     assert_true(zclock_mono() - t0 < 18000);
     kvedge_dirpub_destroy(&d);
@@ -343,7 +308,8 @@ static void test_master_down_failing(void **state)
     int64_t t = zclock_mono();
     assert_int_equal(kvedge_dirpub_sync(d, NULL), KVEDGE_ETIMEDOUT);
     assert_true(zclock_mono() - t < 1000);
-    assert_int_equal(s_count(&fx->log, "registration with the master", "failing", rt, NULL), 1);
+    assert_int_equal(kt_log_count(&fx->log, "registration with the master", "failing", rt, NULL),
+                     1);
     kvedge_dirpub_destroy(&d);
     kvedge_mview_destroy(&v);
     kvedge_engine_destroy(&e);
@@ -375,11 +341,12 @@ static void test_node_registers_without_restart(void **state)
     if (kvedge_node_start(&ns, &node, why, sizeof why) != KVEDGE_OK)
         fail_msg("node: %s", why);
     for (int64_t end = zclock_mono() + 5000;
-         zclock_mono() < end && !s_count(&fx->log, "registration with the master", "refused", NULL);
+         zclock_mono() < end &&
+         !kt_log_count(&fx->log, "registration with the master", "refused", NULL);
          zclock_sleep(50)) {
     }
-    assert_int_equal(s_count(&fx->log, "registration with the master", "refused", fx->ncert, NULL),
-                     1);
+    assert_int_equal(
+        kt_log_count(&fx->log, "registration with the master", "refused", fx->ncert, NULL), 1);
     assert_false(s_registered(fx, "edge-9", 200));
     assert_int_equal(kvedge_node_publish(node, NULL), KVEDGE_EDENIED);
     s_allow_node(fx);
@@ -388,10 +355,10 @@ static void test_node_registers_without_restart(void **state)
     assert_int_equal(kvedge_mview_node(fx->observer, "edge-9", &rec), KVEDGE_OK);
     assert_string_equal(rec.endpoint, kvedge_node_endpoint(node));
     for (int64_t end = zclock_mono() + 2000;
-         zclock_mono() < end && !s_count(&fx->log, "registered with the master", NULL);
+         zclock_mono() < end && !kt_log_count(&fx->log, "registered with the master", NULL);
          zclock_sleep(50)) {
     }
-    assert_int_equal(s_count(&fx->log, "registered with the master", "as edge-9", NULL), 1);
+    assert_int_equal(kt_log_count(&fx->log, "registered with the master", "as edge-9", NULL), 1);
     assert_int_equal(kvedge_node_publish(node, NULL), KVEDGE_OK);
     assert_true(zclock_mono() - t0 < 19000);
     kvedge_node_destroy(&node);
@@ -439,7 +406,8 @@ static void test_wildcard_not_advertised(void **state)
     kvedge_master_node_t rec;
     assert_int_equal(kvedge_mview_node(fx->observer, "wild-1", &rec), KVEDGE_OK);
     assert_string_equal(rec.endpoint, want);
-    assert_int_equal(s_count(&fx->log, "advertising", want, "wildcard", "--advertise", NULL), 1);
+    assert_int_equal(kt_log_count(&fx->log, "advertising", want, "wildcard", "--advertise", NULL),
+                     1);
     kvedge_node_destroy(&node);
 
     if (s_wild_node(fx, "tcp://*:*", "tcp://edge.example:7400", "wild-2", &node, why, sizeof why) !=

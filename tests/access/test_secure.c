@@ -18,47 +18,13 @@
 #include "access/log.h"
 #include "access/secure.h"
 #include "store/error.h"
+#include "tests/common/logcap.h"
 
 /* ---------------------------------------------------------------- captured log lines */
 
-typedef struct {
-    pthread_mutex_t mu;
-    char *lines[256];
-    size_t n;
-} s_log_t;
-
-static void s_sink(kvedge_log_level_t level, const char *text, void *arg)
+static void s_log_free(kt_log_t *l)
 {
-    (void)level;
-    s_log_t *l = arg;
-    pthread_mutex_lock(&l->mu);
-    if (l->n < 256)
-        l->lines[l->n++] = strdup(text);
-    pthread_mutex_unlock(&l->mu);
-}
-
-/* Lines containing every one of the NULL-terminated needles. */
-static size_t s_count(s_log_t *l, ...)
-{
-    size_t hits = 0;
-    pthread_mutex_lock(&l->mu);
-    for (size_t i = 0; i < l->n; i++) {
-        va_list ap;
-        va_start(ap, l);
-        bool all = true;
-        for (const char *w = va_arg(ap, const char *); w && all; w = va_arg(ap, const char *))
-            all = strstr(l->lines[i], w) != NULL;
-        va_end(ap);
-        hits += all;
-    }
-    pthread_mutex_unlock(&l->mu);
-    return hits;
-}
-
-static void s_log_free(s_log_t *l)
-{
-    for (size_t i = 0; i < l->n; i++)
-        free(l->lines[i]);
+    kt_log_clear(l);
     pthread_mutex_destroy(&l->mu);
 }
 
@@ -69,7 +35,7 @@ typedef struct {
     char clients[128];
     char clients2[128];
     char server_cert[128];
-    s_log_t log;
+    kt_log_t log;
 } s_fx_t;
 
 static int s_setup(void **state)
@@ -86,7 +52,7 @@ static int s_setup(void **state)
     if (kvedge_secure_ensure_cert(fx->server_cert, "test") != KVEDGE_OK)
         return -1;
     pthread_mutex_init(&fx->log.mu, NULL);
-    kvedge_log_set_sink(s_sink, &fx->log);
+    kvedge_log_set_sink(kt_log_sink, &fx->log);
     *state = fx;
     return 0;
 }
@@ -159,16 +125,16 @@ static void test_refused_counted_logged_then_allowed(void **state)
     s_wait_denials(&r, 1);
     assert_null(s_recv(&r, 100)); /* nothing from a refused client */
     zclock_sleep(50);             /* the line is written before the reply goes out */
-    assert_int_equal(s_count(&fx->log, "refused a CURVE handshake", "127.0.0.1",
-                             zcert_public_txt(eve), fx->clients, "add its public certificate",
-                             r.endpoint, NULL),
+    assert_int_equal(kt_log_count(&fx->log, "refused a CURVE handshake", "127.0.0.1",
+                                  zcert_public_txt(eve), fx->clients, "add its public certificate",
+                                  r.endpoint, NULL),
                      1);
     /* Again from the same address within the window: counted, not logged. */
     zsock_destroy(&c);
     c = s_client(&r, eve);
     s_wait_denials(&r, 2);
     zclock_sleep(50);
-    assert_int_equal(s_count(&fx->log, "refused a CURVE handshake", NULL), 1);
+    assert_int_equal(kt_log_count(&fx->log, "refused a CURVE handshake", NULL), 1);
     zsock_destroy(&c);
 
     /* Listed now: let in without a restart, with its key as User-Id and its metadata. */
@@ -183,8 +149,8 @@ static void test_refused_counted_logged_then_allowed(void **state)
     assert_true(zframe_streq(body, "hello"));
     assert_string_equal(zframe_meta(body, "User-Id"), zcert_public_txt(eve));
     assert_string_equal(zframe_meta(body, "tenant"), "acme");
-    assert_int_equal(s_count(&fx->log, "client", zcert_public_txt(eve), "(tenant acme)",
-                             "let in on", r.endpoint, NULL),
+    assert_int_equal(kt_log_count(&fx->log, "client", zcert_public_txt(eve), "(tenant acme)",
+                                  "let in on", r.endpoint, NULL),
                      1);
     zframe_destroy(&id);
     zmsg_destroy(&m);
@@ -215,7 +181,7 @@ static void test_two_allowlists(void **state)
     s_wait_denials(&b, 1);
     assert_int_equal(kvedge_secure_router_denials(&a), 0);
     zclock_sleep(50);
-    assert_int_equal(s_count(&fx->log, "refused", fx->clients2, b.endpoint, NULL), 1);
+    assert_int_equal(kt_log_count(&fx->log, "refused", fx->clients2, b.endpoint, NULL), 1);
     zsock_destroy(&ca);
     zsock_destroy(&cb);
     /* Closing one leaves the other's handler running. */
@@ -340,11 +306,11 @@ static void test_log_sink(void **state)
     kvedge_log_set_level(KVEDGE_LOG_INFO);
     kvedge_log_info("sink test %d", 42);
     kvedge_log_debug("sink test hidden");
-    assert_int_equal(s_count(&fx->log, "sink test 42", NULL), 1);
-    assert_int_equal(s_count(&fx->log, "hidden", NULL), 0);
+    assert_int_equal(kt_log_count(&fx->log, "sink test 42", NULL), 1);
+    assert_int_equal(kt_log_count(&fx->log, "hidden", NULL), 0);
     kvedge_log_set_sink(NULL, NULL);
     kvedge_log_info("sink test after");
-    assert_int_equal(s_count(&fx->log, "after", NULL), 0);
+    assert_int_equal(kt_log_count(&fx->log, "after", NULL), 0);
     kvedge_log_set_level(old);
 }
 

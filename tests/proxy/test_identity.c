@@ -22,6 +22,7 @@
 #include "store/master/master.h"
 #include "store/node/node.h"
 #include "store/synth.h"
+#include "tests/common/logcap.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
@@ -29,50 +30,7 @@
 
 /* ---------------------------------------------------------------- captured log lines */
 
-typedef struct {
-    pthread_mutex_t mu;
-    char *lines[1024];
-    size_t n;
-} s_log_t;
-
-static s_log_t s_log = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void s_sink(kvedge_log_level_t level, const char *text, void *arg)
-{
-    (void)level;
-    s_log_t *l = arg;
-    pthread_mutex_lock(&l->mu);
-    if (l->n < 1024)
-        l->lines[l->n++] = strdup(text);
-    pthread_mutex_unlock(&l->mu);
-}
-
-/* Lines containing every one of the NULL-terminated needles. */
-static size_t s_count(s_log_t *l, ...)
-{
-    size_t hits = 0;
-    pthread_mutex_lock(&l->mu);
-    for (size_t i = 0; i < l->n; i++) {
-        va_list ap;
-        va_start(ap, l);
-        bool all = true;
-        for (const char *w = va_arg(ap, const char *); w && all; w = va_arg(ap, const char *))
-            all = strstr(l->lines[i], w) != NULL;
-        va_end(ap);
-        hits += all;
-    }
-    pthread_mutex_unlock(&l->mu);
-    return hits;
-}
-
-static void s_log_clear(s_log_t *l)
-{
-    pthread_mutex_lock(&l->mu);
-    for (size_t i = 0; i < l->n; i++)
-        free(l->lines[i]);
-    l->n = 0;
-    pthread_mutex_unlock(&l->mu);
-}
+static kt_log_t s_log = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---------------------------------------------------------------- the topology */
 
@@ -187,7 +145,7 @@ static int s_setup(void **state)
         return -1;
     }
     kvedge_log_set_level(KVEDGE_LOG_INFO);
-    kvedge_log_set_sink(s_sink, &s_log);
+    kvedge_log_set_sink(kt_log_sink, &s_log);
     *state = fx;
     return 0;
 }
@@ -196,7 +154,7 @@ static int s_teardown(void **state)
 {
     s_fx_t *fx = *state;
     kvedge_log_set_sink(NULL, NULL);
-    s_log_clear(&s_log);
+    kt_log_clear(&s_log);
     kvedge_node_destroy(&fx->node);
     kvedge_master_destroy(&fx->master);
     char cmd[128];
@@ -299,8 +257,8 @@ static void test_wrong_tenant_is_named(void **state)
     s_put(fx);
     char ep[256];
     kvedge_proxy_t *p = s_proxy(fx, fx->proxy_b, ep, sizeof ep);
-    assert_int_equal(s_count(&s_log, "proxy public key", fx->proxy_b, "with tenant other", NULL),
-                     1);
+    assert_int_equal(
+        kt_log_count(&s_log, "proxy public key", fx->proxy_b, "with tenant other", NULL), 1);
     s_result_t r;
     s_fetch(fx, ep, &r);
     assert_int_equal(r.status, KVEDGE_OK);
@@ -308,8 +266,8 @@ static void test_wrong_tenant_is_named(void **state)
     assert_int_equal(r.served, 0); /* the node files the proxy under "other": nothing there */
     char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
     kvedge_chunk_id_hex(&fx->id, hex);
-    assert_int_equal(s_count(&s_log, "source n1 holds chunk", hex, "not in this proxy's tenant",
-                             fx->proxy_b, NULL),
+    assert_int_equal(kt_log_count(&s_log, "source n1 holds chunk", hex,
+                                  "not in this proxy's tenant", fx->proxy_b, NULL),
                      1);
     kvedge_proxy_destroy(&p);
 }
@@ -320,13 +278,14 @@ static void test_right_tenant_is_served(void **state)
     s_put(fx);
     char ep[256];
     kvedge_proxy_t *p = s_proxy(fx, fx->proxy_a, ep, sizeof ep);
-    assert_int_equal(s_count(&s_log, "proxy public key", fx->proxy_a, "with tenant acme", NULL), 1);
+    assert_int_equal(
+        kt_log_count(&s_log, "proxy public key", fx->proxy_a, "with tenant acme", NULL), 1);
     s_result_t r;
     s_fetch(fx, ep, &r);
     assert_int_equal(r.status, KVEDGE_OK);
     assert_int_equal(r.served, 1);
     assert_int_equal(r.blocks, S_HEADS);
-    assert_int_equal(s_count(&s_log, "not in this proxy's tenant", NULL), 0);
+    assert_int_equal(kt_log_count(&s_log, "not in this proxy's tenant", NULL), 0);
     kvedge_proxy_destroy(&p);
 }
 
