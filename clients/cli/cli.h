@@ -50,6 +50,7 @@ extern const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[];  /* clients/cli_proxy.c *
 extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];    /* clients/cli_e2e.c */
 extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];   /* clients/cli_eval.c */
 extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
+extern const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[]; /* clients/cli_layermap.c */
 
 /* Prints "kvedge: <message>" to stderr. */
 void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

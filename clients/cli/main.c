@@ -23,8 +23,9 @@ static const kvedge_cli_cmd_t *s_find_remote(const char *name)
 }
 
 static const kvedge_cli_cmd_t *const s_tables[] = {
-    kvedge_cli_local_cmds, kvedge_cli_daemon_cmds, kvedge_cli_master_cmds,   kvedge_cli_proxy_cmds,
-    kvedge_cli_e2e_cmds,   kvedge_cli_eval_cmds,   kvedge_cli_tokenize_cmds, NULL};
+    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,   kvedge_cli_master_cmds,
+    kvedge_cli_proxy_cmds,    kvedge_cli_e2e_cmds,      kvedge_cli_eval_cmds,
+    kvedge_cli_tokenize_cmds, kvedge_cli_layermap_cmds, NULL};
 
 /* ---- global options ---- */
 

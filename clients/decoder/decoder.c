@@ -548,7 +548,8 @@ static void s_logits(const kvedge_decoder_t *md, const float *xrow, float *scrat
 
 /* A prefill through the first `layers` layers; logits only when that is all of them. */
 static int s_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
-                     uint32_t layers, float *logits, float *k_out, float *v_out)
+                     uint32_t layers, float *logits, float *k_out, float *v_out,
+                     kvedge_decoder_layer_fn trace, void *trace_arg)
 {
     if (!self || !self->layer || !tokens || n == 0 || (!k_out != !v_out))
         return KVEDGE_EINVAL;
@@ -568,6 +569,8 @@ static int s_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32
         for (uint32_t l = 0; rc == KVEDGE_OK && l < layers; l++) {
             s_kv_t loc = {k_out ? k_out + l * kvf : tmp, v_out ? v_out + l * kvf : tmp + kvf, 0, n};
             rc = s_layer_forward(self, l, x, n, &none, &loc, &w);
+            if (rc == KVEDGE_OK && trace)
+                rc = trace(trace_arg, l, x, n, loc.k, loc.v);
         }
     }
     if (rc == KVEDGE_OK && logits && layers == c->layers)
@@ -581,7 +584,16 @@ static int s_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32
 int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
                            float *logits, float *k_out, float *v_out)
 {
-    return s_prefill(self, tokens, n, self ? self->cfg.layers : 0, logits, k_out, v_out);
+    return s_prefill(self, tokens, n, self ? self->cfg.layers : 0, logits, k_out, v_out, NULL,
+                     NULL);
+}
+
+int kvedge_decoder_prefill_trace(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
+                                 kvedge_decoder_layer_fn trace, void *arg)
+{
+    if (!trace)
+        return KVEDGE_EINVAL;
+    return s_prefill(self, tokens, n, self ? self->cfg.layers : 0, NULL, NULL, NULL, trace, arg);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -839,7 +851,7 @@ int kvedge_decoder_impl_prefill_layers(const kvedge_decoder_t *self, const int32
 {
     if (!self || layers == 0 || layers > self->cfg.layers)
         return KVEDGE_EINVAL;
-    return s_prefill(self, tokens, n, layers, NULL, NULL, NULL);
+    return s_prefill(self, tokens, n, layers, NULL, NULL, NULL, NULL, NULL);
 }
 
 int kvedge_decoder_impl_costs(const kvedge_decoder_t *self, kvedge_decoder_impl_measure_fn measure,

@@ -79,6 +79,21 @@ size_t kvedge_decoder_kv_floats(const kvedge_decoder_t *self, uint32_t tokens);
 int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
                            float *logits, float *k_out, float *v_out);
 
+/* Receives the output of layer l of a traced prefill (kvedge_decoder_prefill_trace): hidden
+ * holds the residual stream after the layer, [n][hidden] (before the final LayerNorm for the
+ * last layer), k and v the layer's K and V, [heads][n][head_dim]. Called for layers 0, 1, ...
+ * in order, once each. The buffers belong to the prefill and are valid only during the call.
+ * Returns 0, or a negative KVEDGE_E* code, which aborts the prefill with that code. */
+typedef int (*kvedge_decoder_layer_fn)(void *arg, uint32_t layer, const float *hidden, uint32_t n,
+                                       const float *k, const float *v);
+
+/* kvedge_decoder_prefill with no outputs but trace, called after every layer: how an analysis
+ * (layer matching, clients/layermap.h) reads per-layer hidden states. The numbers are those of
+ * kvedge_decoder_prefill to the bit; a plain prefill only tests a NULL pointer per layer.
+ * Errors: those of kvedge_decoder_prefill, KVEDGE_EINVAL (trace NULL), or trace's own code. */
+int kvedge_decoder_prefill_trace(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
+                                 kvedge_decoder_layer_fn trace, void *arg);
+
 /* Allocates a decode session on a loaded model, which must outlive it; NULL when out of memory
  * or the model is not loaded. A session is used by one thread at a time. Caller owns it. */
 kvedge_decoder_session_t *kvedge_decoder_session_new(const kvedge_decoder_t *model);
