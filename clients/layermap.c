@@ -663,3 +663,26 @@ int kvedge_layermap_print(FILE *f, const kvedge_layermap_t *map, bool json, cons
     }
     return fflush(f) == 0 && !ferror(f) ? KVEDGE_OK : KVEDGE_EIO;
 }
+
+int kvedge_layermap_to_master(const kvedge_layermap_t *map, kvedge_master_map_t *out, char *why,
+                              size_t why_len)
+{
+    if (!out)
+        return KVEDGE_EINVAL;
+    memset(out, 0, sizeof *out);
+    int rc = kvedge_layermap_check(map, why, why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (map->cloud_layers > KVEDGE_MODEL_MAX_LAYERS || map->edge_layers > KVEDGE_MODEL_MAX_LAYERS) {
+        if (why && why_len)
+            snprintf(why, why_len, "over %u layers: no registry record holds it",
+                     KVEDGE_MODEL_MAX_LAYERS);
+        return KVEDGE_ETOOBIG;
+    }
+    out->cloud_layers = (uint16_t)map->cloud_layers;
+    out->edge_layers = (uint16_t)map->edge_layers;
+    for (uint32_t e = 0; e < map->edge_layers; e++)
+        out->from[e] = map->entry[e].cloud == KVEDGE_LAYERMAP_NONE ? KVEDGE_MASTER_MAP_NONE
+                                                                   : (uint16_t)map->entry[e].cloud;
+    return KVEDGE_OK;
+}

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "access/kvmsg.h"
 #include "clients/decoder/decoder.h"
 
 #ifdef __cplusplus
@@ -118,6 +119,14 @@ int kvedge_layermap_save(const char *path, const kvedge_layermap_t *map);
  * KVEDGE_ENOMEM; why receives "PATH:LINE: reason". On success the caller clears *map; on
  * failure *map is zeroed. */
 int kvedge_layermap_read(const char *path, kvedge_layermap_t *map, char *why, size_t why_len);
+
+/* The map as the Storage Master's layer map record (access/kvmsg.h, docs/master.md): the layer
+ * counts, and from[e] = edge layer e's cloud layer or KVEDGE_MASTER_MAP_NONE; the ids and
+ * scores stay behind (the record's key holds the ids). Checks the map first. Errors: those of
+ * kvedge_layermap_check (why says which), KVEDGE_ETOOBIG (a side over
+ * KVEDGE_MODEL_MAX_LAYERS). */
+int kvedge_layermap_to_master(const kvedge_layermap_t *map, kvedge_master_map_t *out, char *why,
+                              size_t why_len);
 
 /* Prints the map as a table, or as JSON with the full score matrices when cka and rsa
  * ([edge_layers][cloud_layers]) are given. Errors: KVEDGE_EIO. */

@@ -176,6 +176,19 @@ int kvedge_proxy_impl_prober_start(kvedge_proxy_impl_t *p);
 /* Stops and joins the prober, if started. Idempotent. */
 void kvedge_proxy_impl_prober_stop(kvedge_proxy_impl_t *p);
 
+/* ---------------------------------------------------------------- layermaps.c */
+
+/* The layer map map/<cloud>/<edge> of the master's registry, when it can be trusted: its layer
+ * counts equal the two models' (built in, else their master records) and every from[] entry is
+ * a cloud layer of the model or KVEDGE_MASTER_MAP_NONE. A map refused is logged (warn, once per
+ * key per 10 minutes: "ignoring layer map ... those layers are computed locally") and *out
+ * zeroed. Not used by planning yet: serving a cloud layer's K/V to an edge layer is a later
+ * part of the large-small work (docs/largesmall.md). Any thread. Errors: KVEDGE_EINVAL (NULL,
+ * ids that are not registry model ids), KVEDGE_ENOTFOUND (no such map, or no view; not
+ * logged), KVEDGE_EPROTO (a map refused). */
+int kvedge_proxy_impl_map(kvedge_proxy_impl_t *p, const char *cloud, const char *edge,
+                          kvedge_master_map_t *out);
+
 #ifdef __cplusplus
 }
 #endif

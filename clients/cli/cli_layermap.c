@@ -1,6 +1,7 @@
 /* `kvedge layermap`: which cloud layer each edge layer matches (CE-LSLM Eq. 11-16), measured
  * by running both models over calibration text (clients/layermap.h); prints the map, writes
- * it (--out) and the similarity heatmaps (--heatmap, with gnuplot). */
+ * it (--out), the similarity heatmaps (--heatmap, with gnuplot), and registers it with the
+ * Storage Master (--register). */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -11,11 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "access/mview.h"
 #include "clients/cli/cli.h"
 #include "clients/decoder/tokenizer.h"
 #include "clients/layermap.h"
 #include "gpu/rsa.h"
 #include "store/error.h"
+#include "store/model.h"
 
 extern char **environ;
 
@@ -32,11 +35,19 @@ enum {
     S_O_CLOUD_ID,
     S_O_EDGE_ID,
     S_O_SHOW,
+    S_O_REGISTER,
+    S_O_MASTER_PUB,
+    S_O_SERVER_KEY,
+    S_O_CERT,
 };
 
+/* How long --register waits for the master's snapshot, then for its answer to the SET. */
+#define S_REGISTER_DEADLINE_MS 3000
+
 #define S_ARGS                                                                                     \
-    "--cloud W_CLOUD --edge W_EDGE --tokenizer DIR --calib FILE [--samples N] [--cka-min X] "      \
-    "[--rsa-min Y] [--out MAP] [--heatmap PREFIX] [--cloud-id ID] [--edge-id ID] | --show MAP"
+    "(--cloud W_CLOUD --edge W_EDGE --tokenizer DIR --calib FILE [--samples N] [--cka-min X] "     \
+    "[--rsa-min Y] [--out MAP] [--heatmap PREFIX] | --show MAP) [--cloud-id ID] [--edge-id ID] "   \
+    "[--register MASTER [--master-pub PUB] [--server-key K --cert C]]"
 
 static const char s_help[] =
     "Runs both OPT models (safetensors) over the first N tokens of the calibration text, in\n"
@@ -58,11 +69,25 @@ static const char s_help[] =
     "      --cloud-id ID, --edge-id ID\n"
     "                         model ids in the map (default: from the path: DIR/SUB of\n"
     "                         DIR/SUB/model.safetensors, else the file name without "
-    ".safetensors)\n\n"
-    "--json prints the map and both score matrices as one JSON object.\n\n"
+    ".safetensors)\n"
+    "      --show MAP         read a saved map (strictly) and print it; with --register, its\n"
+    "                         ids may be replaced by --cloud-id and --edge-id\n"
+    "      --register MASTER  SET the map as map/CLOUD_ID/EDGE_ID in the Storage Master at\n"
+    "                         MASTER (its ROUTER); the ids must be registry model ids (no\n"
+    "                         '/'), and the layer counts those of the models the master (or\n"
+    "                         the built-in table) knows under those ids\n"
+    "      --master-pub PUB   the master's PUB (default: for tcp://HOST:PORT, PORT+1)\n"
+    "      --server-key KEY   the master's public key or certificate (none: plaintext, loopback\n"
+    "                         and ipc only)\n"
+    "      --cert FILE        this client's secret certificate (with --server-key)\n\n"
+    "--json prints the map and both score matrices as one JSON object; with --register, a\n"
+    "second line is the registration's JSON object.\n\n"
     "exit codes: 2 usage, a calibration text shorter than N tokens, a tokenizer or model that\n"
-    "is refused or whose vocabularies do not fit; 4 a map (--show) that is refused (the\n"
-    "message names the file and line); 1 a file that cannot be read or written.\n";
+    "is refused or whose vocabularies do not fit, ids that are not registry ids; 4 a map\n"
+    "(--show) that is refused (the message names the file and line), or one whose layer\n"
+    "counts disagree with the master's model records; 5 no master within the deadline; 6 the\n"
+    "master refused the client's key; 1 a file that cannot be read or written, or a SET the\n"
+    "master refused.\n";
 
 /* The default id of a weights file: "kjv/cloud" for models/kjv/cloud/model.safetensors,
  * "opt_tiny" for .../opt_tiny.safetensors; whitespace becomes '_'. */
@@ -230,11 +255,171 @@ static int s_heatmap(const char *prefix, const kvedge_layermap_t *m, const doubl
     return KVEDGE_EXIT_FAILURE;
 }
 
-/* `--show MAP`: the strict reader, then the table or JSON. Returns an exit code. */
-static int s_show(kvedge_cli_t *cli, const char *path, bool others)
+/* Where --register goes. */
+typedef struct {
+    const char *master;     /* the master's ROUTER; NULL: no registration */
+    const char *pub;        /* its PUB; NULL: the ROUTER's port + 1 */
+    const char *server_key; /* NULL: plaintext */
+    const char *cert;
+    int deadline_ms;
+} s_reg_t;
+
+/* The PUB endpoint next to a ROUTER endpoint tcp://HOST:PORT: tcp://HOST:PORT+1. */
+static int s_default_pub(const char *master, char *out, size_t cap)
 {
-    if (others) {
-        kvedge_cli_error("layermap: --show takes no other flag but --json");
+    const char *colon = strrchr(master, ':');
+    uint64_t port;
+    if (strncmp(master, "tcp://", 6) != 0 || !colon ||
+        kvedge_cli_parse_u64(colon + 1, 1, 65534, &port) != 0)
+        return -1;
+    snprintf(out, cap, "%.*s:%llu", (int)(colon - master), master, (unsigned long long)port + 1);
+    return 0;
+}
+
+/* The layer count the registry gives model id (built in, else its model record, as the proxy
+ * resolves it), or 0 when it knows none. */
+static uint32_t s_known_layers(kvedge_mview_t *v, const char *id)
+{
+    kvedge_model_t m;
+    if (kvedge_model_builtin(id, &m) == KVEDGE_OK || kvedge_mview_model(v, id, &m) == KVEDGE_OK)
+        return m.layers;
+    return 0;
+}
+
+/* Whether cloud and edge can name a map in the registry (key receives map/CLOUD/EDGE); says
+ * what to do when not. */
+static bool s_registry_ids(const char *cloud, const char *edge, char *key, size_t cap)
+{
+    if (kvedge_master_key_format(KVEDGE_MASTER_SPACE_MAP, cloud, edge, key, cap) == KVEDGE_OK)
+        return true;
+    kvedge_cli_error("layermap: '%s' and '%s' are not both registry model ids (1..%u printable "
+                     "bytes, no '/'): give the ids the models are served under with --cloud-id "
+                     "and --edge-id (e.g. --cloud-id kjv-cloud --edge-id kjv-edge for the trained "
+                     "pair); nothing registered",
+                     cloud, edge, KVEDGE_MASTER_MAX_MODEL_ID_BYTES);
+    return false;
+}
+
+/* `--register`: the map as the master's record, checked against the models the registry
+ * knows, SET as map/CLOUD/EDGE; prints what was registered. Nothing is written when a check
+ * fails. Returns an exit code. */
+static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_reg_t *r)
+{
+    kvedge_master_map_t *rec = malloc(sizeof *rec);
+    if (!rec)
+        return KVEDGE_EXIT_FAILURE;
+    char why[KVEDGE_LAYERMAP_WHY_BYTES] = "", key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    int ex = KVEDGE_EXIT_OK, rc = kvedge_layermap_to_master(map, rec, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: the map cannot be registered: %s (%s)", why,
+                         kvedge_strerror(rc));
+        ex = KVEDGE_EXIT_CORRUPT;
+    } else if (!s_registry_ids(map->cloud_id, map->edge_id, key, sizeof key)) {
+        ex = KVEDGE_EXIT_USAGE;
+    }
+    char pub[300];
+    if (!ex && !r->pub && s_default_pub(r->master, pub, sizeof pub) != 0) {
+        kvedge_cli_error("layermap: give --master-pub for %s", r->master);
+        ex = KVEDGE_EXIT_USAGE;
+    }
+    if (!ex && r->server_key && !r->cert) {
+        kvedge_cli_error("layermap: --server-key needs --cert (this client's secret "
+                         "certificate)");
+        ex = KVEDGE_EXIT_USAGE;
+    }
+    if (ex) {
+        free(rec);
+        return ex;
+    }
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = r->master;
+    vo.pub = r->pub ? r->pub : pub;
+    vo.server_key = r->server_key;
+    vo.client_cert = r->server_key ? r->cert : NULL;
+    vo.prefix = "m"; /* model/ and map/, nothing else */
+    vo.start_wait_ms = r->deadline_ms;
+    kvedge_mview_t *v = NULL;
+    rc = kvedge_mview_start(&vo, &v);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot reach the master: %s%s", kvedge_strerror(rc),
+                         rc == KVEDGE_EDENIED ? " (plaintext is for loopback and ipc only: give "
+                                                "--server-key and --cert)"
+                                              : "");
+        free(rec);
+        return rc == KVEDGE_EINVAL || rc == KVEDGE_EDENIED ? KVEDGE_EXIT_USAGE
+                                                           : KVEDGE_EXIT_FAILURE;
+    }
+    if (kvedge_mview_state(v) != KVEDGE_MVIEW_SYNCED) {
+        kvedge_cli_error("layermap: no snapshot from the master at %s within %d ms (master down, "
+                         "wrong endpoint, or key not allowed); nothing registered",
+                         r->master, r->deadline_ms);
+        ex = KVEDGE_EXIT_UNAVAILABLE;
+    }
+    const char *side[2] = {"cloud", "edge"}, *id[2] = {map->cloud_id, map->edge_id};
+    const uint32_t layers[2] = {map->cloud_layers, map->edge_layers};
+    for (int i = 0; !ex && i < 2; i++) {
+        uint32_t known = s_known_layers(v, id[i]);
+        if (known && known != layers[i]) {
+            kvedge_cli_error("layermap: the map gives the %s model %s %u layers, but the "
+                             "registry's model %s has %u: a map of other models, or another "
+                             "model under that id; nothing registered",
+                             side[i], id[i], layers[i], id[i], known);
+            ex = KVEDGE_EXIT_CORRUPT;
+        } else if (!known) {
+            fprintf(stderr,
+                    "kvedge: layermap: note: the master has no record of model %s; proxies "
+                    "ignore the map until it has\n",
+                    id[i]);
+        }
+    }
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len = 0;
+    if (!ex && (rc = kvedge_master_map_pack(rec, body, &len)) == KVEDGE_OK)
+        rc = kvedge_mview_set(v, key, body, len, r->deadline_ms);
+    if (!ex && rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: the master did not register %s: %s", key, kvedge_strerror(rc));
+        ex = rc == KVEDGE_ETIMEDOUT ? KVEDGE_EXIT_UNAVAILABLE
+             : rc == KVEDGE_EDENIED ? KVEDGE_EXIT_DENIED
+                                    : KVEDGE_EXIT_FAILURE;
+    }
+    if (!ex) {
+        if (cli->json) {
+            printf("{\"registered\":");
+            kvedge_cli_json_str(stdout, key);
+            printf(",\"master\":");
+            kvedge_cli_json_str(stdout, r->master);
+            printf(",\"seq\":%llu,\"cloud_layers\":%u,\"edge_layers\":%u,\"from\":[",
+                   (unsigned long long)kvedge_mview_seq(v), rec->cloud_layers, rec->edge_layers);
+        } else {
+            printf("registered %s at %s (seq %llu): cloud_layers=%u edge_layers=%u from=", key,
+                   r->master, (unsigned long long)kvedge_mview_seq(v), rec->cloud_layers,
+                   rec->edge_layers);
+        }
+        for (uint32_t e = 0; e < rec->edge_layers; e++) {
+            const char *comma = e ? "," : "";
+            if (rec->from[e] == KVEDGE_MASTER_MAP_NONE)
+                printf("%s%s", comma, cli->json ? "null" : "-");
+            else
+                printf("%s%u", comma, rec->from[e]);
+        }
+        printf("%s\n", cli->json ? "]}" : "");
+        if (fflush(stdout) != 0)
+            ex = KVEDGE_EXIT_FAILURE;
+    }
+    kvedge_mview_destroy(&v);
+    free(rec);
+    return ex;
+}
+
+/* `--show MAP`: the strict reader, then the table or JSON; with --register, the map (its ids
+ * replaced by cloud_id and edge_id when given) goes to the master. Returns an exit code. */
+static int s_show(kvedge_cli_t *cli, const char *path, bool others, const char *cloud_id,
+                  const char *edge_id, const s_reg_t *reg)
+{
+    if (others || (!reg->master && (cloud_id || edge_id))) {
+        kvedge_cli_error("layermap: --show takes no other flag but --json and --register (with "
+                         "--cloud-id, --edge-id and the master's flags)");
         return KVEDGE_EXIT_USAGE;
     }
     kvedge_layermap_t map;
@@ -244,9 +429,27 @@ static int s_show(kvedge_cli_t *cli, const char *path, bool others)
         kvedge_cli_error("layermap: %s (%s)", why, kvedge_strerror(rc));
         return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_CORRUPT;
     }
-    rc = kvedge_layermap_print(stdout, &map, cli->json, NULL, NULL);
+    int ex = KVEDGE_EXIT_OK;
+    const char *ids[2] = {cloud_id, edge_id};
+    char *dst[2] = {map.cloud_id, map.edge_id};
+    for (int i = 0; i < 2; i++) {
+        if (!ids[i])
+            continue;
+        if (!*ids[i] || strlen(ids[i]) > KVEDGE_LAYERMAP_ID_MAX_BYTES ||
+            strpbrk(ids[i], " \t\n\r")) {
+            kvedge_cli_error("layermap: a model id is one word of at most %u bytes",
+                             KVEDGE_LAYERMAP_ID_MAX_BYTES);
+            ex = KVEDGE_EXIT_USAGE;
+        } else {
+            snprintf(dst[i], KVEDGE_LAYERMAP_ID_MAX_BYTES + 1, "%s", ids[i]);
+        }
+    }
+    if (!ex && kvedge_layermap_print(stdout, &map, cli->json, NULL, NULL) != KVEDGE_OK)
+        ex = KVEDGE_EXIT_FAILURE;
+    if (!ex && reg->master)
+        ex = s_register(cli, &map, reg);
     kvedge_layermap_clear(&map);
-    return rc == KVEDGE_OK ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+    return ex;
 }
 
 static bool s_threshold(const char *s, double lo, double *out)
@@ -274,12 +477,18 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
                                          {"cloud-id", required_argument, NULL, S_O_CLOUD_ID},
                                          {"edge-id", required_argument, NULL, S_O_EDGE_ID},
                                          {"show", required_argument, NULL, S_O_SHOW},
+                                         {"register", required_argument, NULL, S_O_REGISTER},
+                                         {"master-pub", required_argument, NULL, S_O_MASTER_PUB},
+                                         {"server-key", required_argument, NULL, S_O_SERVER_KEY},
+                                         {"cert", required_argument, NULL, S_O_CERT},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const kvedge_cli_cmd_t cmd = {"layermap", NULL, S_ARGS,
                                   "Match edge layers to cloud layers by CKA and RSA."};
     const char *cloud_path = NULL, *edge_path = NULL, *tok_path = NULL, *calib = NULL;
     const char *out = NULL, *heatmap = NULL, *cloud_id = NULL, *edge_id = NULL, *show = NULL;
+    s_reg_t reg = {NULL, NULL, cli->server_key, cli->cert,
+                   cli->deadline_ms > 0 ? cli->deadline_ms : S_REGISTER_DEADLINE_MS};
     uint64_t samples = KVEDGE_LAYERMAP_SAMPLES_DEFAULT;
     double cka_min = KVEDGE_LAYERMAP_CKA_MIN_DEFAULT, rsa_min = KVEDGE_LAYERMAP_RSA_MIN_DEFAULT;
     int ch;
@@ -314,6 +523,18 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
         case S_O_SHOW:
             show = optarg;
             break;
+        case S_O_REGISTER:
+            reg.master = optarg;
+            break;
+        case S_O_MASTER_PUB:
+            reg.pub = optarg;
+            break;
+        case S_O_SERVER_KEY:
+            reg.server_key = optarg;
+            break;
+        case S_O_CERT:
+            reg.cert = optarg;
+            break;
         case S_O_SAMPLES:
             ok = kvedge_cli_parse_u64(optarg, 3, KVEDGE_RSA_MAX_SAMPLES, &samples) == 0;
             break;
@@ -343,8 +564,13 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
         kvedge_cli_error("layermap: unexpected argument '%s'", argv[optind]);
         return KVEDGE_EXIT_USAGE;
     }
+    if (!reg.master && (reg.pub || reg.server_key != cli->server_key || reg.cert != cli->cert)) {
+        kvedge_cli_error("layermap: --master-pub, --server-key and --cert go with --register");
+        return KVEDGE_EXIT_USAGE;
+    }
     if (show)
-        return s_show(cli, show, cloud_path || edge_path || tok_path || calib || out || heatmap);
+        return s_show(cli, show, cloud_path || edge_path || tok_path || calib || out || heatmap,
+                      cloud_id, edge_id, &reg);
     if (!cloud_path || !edge_path || !tok_path || !calib) {
         kvedge_cli_error("layermap: --cloud, --edge, --tokenizer and --calib are required");
         return KVEDGE_EXIT_USAGE;
@@ -363,6 +589,9 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
                          KVEDGE_LAYERMAP_ID_MAX_BYTES);
         return KVEDGE_EXIT_USAGE;
     }
+    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    if (reg.master && !s_registry_ids(cid, eid, key, sizeof key))
+        return KVEDGE_EXIT_USAGE; /* before the models run */
 
     kvedge_tokenizer_t *tok = NULL;
     kvedge_decoder_t *cloud = NULL, *edge = NULL;
@@ -429,6 +658,8 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
     }
     if (!ex && heatmap)
         ex = s_heatmap(heatmap, &map, cka, rsa);
+    if (!ex && reg.master)
+        ex = s_register(cli, &map, &reg);
     free(cka);
     free(rsa);
     kvedge_layermap_clear(&map);

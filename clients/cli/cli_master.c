@@ -143,7 +143,9 @@ static void s_print_value(bool json, const char *key, const uint8_t *body, size_
             }
             S_F("cloud_layers");
             printf("%u%s", r->cloud_layers, sep);
-            S_F("from");
+            S_F("edge_layers");
+            printf("%u%s", r->edge_layers, sep);
+            S_F("from"); /* per edge layer: its cloud layer, or - (null): computed on the edge */
             printf("%s", json ? "[" : "");
             for (uint32_t i = 0; i < r->edge_layers; i++) {
                 const char *comma = i ? "," : "";
