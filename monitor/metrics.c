@@ -767,6 +767,50 @@ kvedge_series_t *kvedge_metric_plain(kvedge_metric_t *m)
     return m && m->n_labels == 0 ? m->series[0] : NULL;
 }
 
+kvedge_series_t *kvedge_metrics_single(kvedge_metrics_t *r, kvedge_metric_type_t type,
+                                       const char *name, const char *help,
+                                       const kvedge_histogram_spec_t *hist, char *why,
+                                       size_t why_len)
+{
+    return kvedge_metric_plain(
+        kvedge_metrics_family(r, type, name, help, NULL, 0, hist, 1, why, why_len));
+}
+
+kvedge_series_t *kvedge_metric_series_at(kvedge_metric_t *m, _Atomic(kvedge_series_t *) *slot,
+                                         const char *const *values, size_t n)
+{
+    kvedge_series_t *s = atomic_load_explicit(slot, memory_order_acquire);
+    if (!s) {
+        s = kvedge_metric_series(m, values, n);
+        atomic_store_explicit(slot, s, memory_order_release);
+    }
+    return s;
+}
+
+void kvedge_series_mirror(kvedge_series_t *s, uint64_t *last, uint64_t now)
+{
+    if (now > *last)
+        kvedge_series_add(s, now - *last);
+    *last = now;
+}
+
+int kvedge_metrics_process(kvedge_metrics_t *r, const char *version, const char *role,
+                           double start_s, char *why, size_t why_len)
+{
+    const char *names[] = {"version", "role"}, *values[] = {version, role};
+    kvedge_metric_t *info = kvedge_metrics_family(r, KVEDGE_METRIC_GAUGE, "kvedge_build_info",
+                                                  "Always 1; the labels say what runs.", names, 2,
+                                                  NULL, 1, why, why_len);
+    kvedge_series_t *start = kvedge_metrics_single(
+        r, KVEDGE_METRIC_GAUGE, "kvedge_process_start_time_seconds",
+        "When the daemon started, in seconds since the Unix epoch.", NULL, why, why_len);
+    if (!info || !start)
+        return -1;
+    kvedge_series_set(kvedge_metric_series(info, values, 2), 1);
+    kvedge_series_set(start, start_s);
+    return 0;
+}
+
 int kvedge_metrics_on_collect(kvedge_metrics_t *r, kvedge_metrics_collect_fn fn, void *arg)
 {
     if (!r || !fn)

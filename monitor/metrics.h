@@ -100,6 +100,30 @@ void kvedge_metric_reset(kvedge_metric_t *m);
 /* The single series of a family without labels. */
 kvedge_series_t *kvedge_metric_plain(kvedge_metric_t *m);
 
+/* A family without labels and its one series in one call (hist: histograms only). NULL, with
+ * why (may be NULL) filled, when the family cannot be made. */
+kvedge_series_t *kvedge_metrics_single(kvedge_metrics_t *r, kvedge_metric_type_t type,
+                                       const char *name, const char *help,
+                                       const kvedge_histogram_spec_t *hist, char *why,
+                                       size_t why_len);
+
+/* The series of a label set through a slot the caller keeps per label set: the first call
+ * makes it (kvedge_metric_series, under the family's mutex), later ones only read the slot.
+ * Two first calls racing get the same series. For label sets known only when they happen
+ * (an opcode and a status) on paths that must not take a lock each time. */
+kvedge_series_t *kvedge_metric_series_at(kvedge_metric_t *m, _Atomic(kvedge_series_t *) *slot,
+                                         const char *const *values, size_t n);
+
+/* Mirrors a count kept elsewhere (an engine's, a ZAP handler's) into counter s at scrape
+ * time: adds what now grew by since *last and remembers now (a count that went down adds
+ * nothing). */
+void kvedge_series_mirror(kvedge_series_t *s, uint64_t *last, uint64_t now);
+
+/* The families every daemon exposes: kvedge_build_info{version,role} (always 1) and
+ * kvedge_process_start_time_seconds (start_s, seconds since the epoch). 0, or -1 with why. */
+int kvedge_metrics_process(kvedge_metrics_t *r, const char *version, const char *role,
+                           double start_s, char *why, size_t why_len);
+
 /* Updates: lock-free, any thread; NULL series are ignored, so a daemon without monitoring
  * passes NULL. add on a counter with a value < 0 is ignored. */
 void kvedge_series_inc(kvedge_series_t *s);

@@ -66,9 +66,7 @@ static const char *s_status(int status)
 static kvedge_series_t *s_hist(kvedge_metrics_t *r, const char *name, const char *help,
                                const kvedge_histogram_spec_t *spec, char *why, size_t why_len)
 {
-    kvedge_metric_t *m = kvedge_metrics_family(r, KVEDGE_METRIC_HISTOGRAM, name, help, NULL, 0,
-                                               spec, 1, why, why_len);
-    return m ? kvedge_metric_plain(m) : NULL;
+    return kvedge_metrics_single(r, KVEDGE_METRIC_HISTOGRAM, name, help, spec, why, why_len);
 }
 
 kvedge_collab_t *kvedge_collab_new(kvedge_metrics_t *r, char *why, size_t why_len)
@@ -146,21 +144,17 @@ kvedge_collab_t *kvedge_collab_new(kvedge_metrics_t *r, char *why, size_t why_le
         r, G, "kvedge_proxy_history_last_success_age_seconds",
         "Historical cache: seconds since its last complete pass (history sources).", sub, 1, NULL,
         S, why, why_len);
-    kvedge_metric_t *m;
-    m = kvedge_metrics_family(r, G, "kvedge_proxy_buffered_bytes",
-                              "Block bytes held for clients now.", NULL, 0, NULL, 1, why, why_len);
-    c->g.buffered = m ? kvedge_metric_plain(m) : NULL;
-    m = kvedge_metrics_family(r, G, "kvedge_proxy_fetches_in_progress", "FETCH requests open now.",
-                              NULL, 0, NULL, 1, why, why_len);
-    c->g.fetches_open = m ? kvedge_metric_plain(m) : NULL;
-    m = kvedge_metrics_family(r, G, "kvedge_proxy_master_synced",
-                              "1 when the replica of the master's registry is in sync (absent "
-                              "without a master).",
-                              NULL, 0, NULL, 1, why, why_len);
-    c->g.master_synced = m ? kvedge_metric_plain(m) : NULL;
-    m = kvedge_metrics_family(r, G, "kvedge_proxy_registry_nodes",
-                              "Nodes the master's registry lists.", NULL, 0, NULL, 1, why, why_len);
-    c->g.registry_nodes = m ? kvedge_metric_plain(m) : NULL;
+    c->g.buffered = kvedge_metrics_single(r, G, "kvedge_proxy_buffered_bytes",
+                                          "Block bytes held for clients now.", NULL, why, why_len);
+    c->g.fetches_open = kvedge_metrics_single(r, G, "kvedge_proxy_fetches_in_progress",
+                                              "FETCH requests open now.", NULL, why, why_len);
+    c->g.master_synced = kvedge_metrics_single(
+        r, G, "kvedge_proxy_master_synced",
+        "1 when the replica of the master's registry is in sync (absent without a master).", NULL,
+        why, why_len);
+    c->g.registry_nodes =
+        kvedge_metrics_single(r, G, "kvedge_proxy_registry_nodes",
+                              "Nodes the master's registry lists.", NULL, why, why_len);
     if (!c->src_bytes || !c->src_layers || !c->transitions || !c->layers || !c->requests ||
         !c->fetches || !c->plan_h || !c->first_h || !c->last_h || !c->planned_h || !c->ratio_h ||
         !c->g.up || !c->g.state || !c->g.rtt || !c->g.bw || !c->g.node_alive ||
@@ -234,17 +228,6 @@ void kvedge_collab_layer(kvedge_collab_t *c, int src, kvedge_plan_kind_t kind, i
     }
 }
 
-static kvedge_series_t *s_lazy(_Atomic(kvedge_series_t *) *slot, kvedge_metric_t *m,
-                               const char *const *v, size_t n)
-{
-    kvedge_series_t *s = atomic_load_explicit(slot, memory_order_acquire);
-    if (!s) {
-        s = kvedge_metric_series(m, v, n);
-        atomic_store_explicit(slot, s, memory_order_release);
-    }
-    return s;
-}
-
 /* Slot S_STATUS - 1 is unused by kvedge codes (they end near -21): cancellations go there. */
 static size_t s_status_index(int status)
 {
@@ -258,7 +241,8 @@ void kvedge_collab_fetch(kvedge_collab_t *c, const kvedge_collab_fetch_t *f)
     if (!c || !f || c->off)
         return;
     const char *v[] = {s_status(f->status)};
-    kvedge_series_inc(s_lazy(&c->fetch_status[s_status_index(f->status)], c->fetches, v, 1));
+    kvedge_series_inc(
+        kvedge_metric_series_at(c->fetches, &c->fetch_status[s_status_index(f->status)], v, 1));
     if (f->status != 0)
         return;
     kvedge_series_observe(c->plan_h, f->plan_us);
@@ -277,7 +261,8 @@ void kvedge_collab_request(kvedge_collab_t *c, int op, int status)
     int o = op > 0 && op < S_OPS ? op : 0;
     const char *name = kvedge_wire_op_name(o);
     const char *v[] = {name ? name : "UNKNOWN", s_status(status)};
-    kvedge_series_inc(s_lazy(&c->req[o][s_status_index(status)], c->requests, v, 2));
+    kvedge_series_inc(
+        kvedge_metric_series_at(c->requests, &c->req[o][s_status_index(status)], v, 2));
 }
 
 const kvedge_collab_gauges_t *kvedge_collab_gauges(kvedge_collab_t *c)

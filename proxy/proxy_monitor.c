@@ -132,10 +132,7 @@ static void s_collect(kvedge_metrics_t *r, void *arg)
         }
     }
     free(v);
-    uint64_t d = kvedge_secure_router_denials(&p->sec);
-    if (d > p->denials_seen)
-        kvedge_series_add(p->denials, d - p->denials_seen);
-    p->denials_seen = d;
+    kvedge_series_mirror(p->denials, &p->denials_seen, kvedge_secure_router_denials(&p->sec));
     kvedge_series_set(g->buffered, (double)atomic_load(&p->buffered_now));
     kvedge_series_set(g->fetches_open, (double)atomic_load(&p->fetches_open));
     if (p->view) {
@@ -176,27 +173,18 @@ int kvedge_proxy_impl_monitor_open(kvedge_proxy_impl_t *p, char *why, size_t why
     p->metrics = kvedge_metrics_new();
     if (!p->metrics)
         return KVEDGE_ENOMEM;
-    const char *il[] = {"version", "role"};
-    kvedge_metric_t *info =
-        kvedge_metrics_family(p->metrics, KVEDGE_METRIC_GAUGE, "kvedge_build_info",
-                              "Always 1; the labels say what runs.", il, 2, NULL, 1, why, why_len);
-    const char *iv[] = {KVEDGE_VERSION_STRING, "proxy"};
-    kvedge_series_set(kvedge_metric_series(info, iv, 2), 1);
-    kvedge_metric_t *st =
-        kvedge_metrics_family(p->metrics, KVEDGE_METRIC_GAUGE, "kvedge_process_start_time_seconds",
-                              "When the daemon started, in seconds since the Unix epoch.", NULL, 0,
-                              NULL, 1, why, why_len);
-    kvedge_series_set(kvedge_metric_plain(st), (double)p->start_wall_ms / 1e3);
-    kvedge_metric_t *den = kvedge_metrics_family(
+    if (kvedge_metrics_process(p->metrics, KVEDGE_VERSION_STRING, "proxy",
+                               (double)p->start_wall_ms / 1e3, why, why_len) != 0)
+        return KVEDGE_ENOMEM;
+    p->denials = kvedge_metrics_single(
         p->metrics, KVEDGE_METRIC_COUNTER, "kvedge_proxy_handshake_denials_total",
         "CURVE handshakes refused: client keys not in the allowlist (each is logged, a few a "
         "minute per address).",
-        NULL, 0, NULL, 1, why, why_len);
-    p->denials = den ? kvedge_metric_plain(den) : NULL;
+        NULL, why, why_len);
     /* The live gauges live in the monitor's families: without recording they are made all
      * the same, so /metrics and MONITOR always show the sources. */
     p->collab = kvedge_collab_new(p->metrics, why, why_len);
-    if (!info || !st || !den || !p->collab)
+    if (!p->denials || !p->collab)
         return KVEDGE_ENOMEM;
     kvedge_collab_set_recording(p->collab, !p->opts.no_monitor);
     if (kvedge_metrics_on_collect(p->metrics, s_collect, p) != 0)

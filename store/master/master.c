@@ -827,17 +827,14 @@ static void s_collect(kvedge_metrics_t *r, void *arg)
     kvedge_series_set(s->seq_g, (double)atomic_load(&s->seq));
     /* The ZAP handler lives while the actor does; the endpoint stops before the actor. */
     s_master_t *m = s->state;
-    uint64_t d = m && m->zap ? kvedge_secure_zap_denials(m->zap) : 0;
-    if (d > s->denials_seen)
-        kvedge_series_add(s->denials, d - s->denials_seen);
-    s->denials_seen = d;
+    kvedge_series_mirror(s->denials, &s->denials_seen,
+                         m && m->zap ? kvedge_secure_zap_denials(m->zap) : 0);
 }
 
 static kvedge_series_t *s_plain(kvedge_metrics_t *r, kvedge_metric_type_t t, const char *name,
                                 const char *help)
 {
-    kvedge_metric_t *f = kvedge_metrics_family(r, t, name, help, NULL, 0, NULL, 1, NULL, 0);
-    return f ? kvedge_metric_plain(f) : NULL;
+    return kvedge_metrics_single(r, t, name, help, NULL, NULL, 0);
 }
 
 /* The master's registry of metrics: made before the actor, which records into it. */
@@ -846,15 +843,10 @@ static int s_metrics_open(kvedge_master_t *s, s_master_t *m, char *why, size_t w
     kvedge_metrics_t *r = s->metrics = kvedge_metrics_new();
     if (!r)
         return KVEDGE_ENOMEM;
-    const char *il[] = {"version", "role"}, *cl[] = {"cmd"}, *pl[] = {"id"};
-    kvedge_metric_t *info =
-        kvedge_metrics_family(r, KVEDGE_METRIC_GAUGE, "kvedge_build_info",
-                              "Always 1; the labels say what runs.", il, 2, NULL, 1, why, why_len);
-    const char *iv[] = {KVEDGE_VERSION_STRING, "master"};
-    kvedge_series_set(kvedge_metric_series(info, iv, 2), 1);
-    kvedge_series_set(s_plain(r, KVEDGE_METRIC_GAUGE, "kvedge_process_start_time_seconds",
-                              "When the daemon started, in seconds since the Unix epoch."),
-                      (double)kvedge_wall_ms() / 1e3);
+    const char *cl[] = {"cmd"}, *pl[] = {"id"};
+    if (kvedge_metrics_process(r, KVEDGE_VERSION_STRING, "master", (double)kvedge_wall_ms() / 1e3,
+                               why, why_len) != 0)
+        return KVEDGE_ENOMEM;
     s->records_g = s_plain(r, KVEDGE_METRIC_GAUGE, "kvedge_master_records",
                            "Records in the registry (nodes, health, models, maps, directory, "
                            "links).");
@@ -875,7 +867,7 @@ static int s_metrics_open(kvedge_master_t *s, s_master_t *m, char *why, size_t w
         "Health of every heartbeat id (nodes and proxies): 1 up, 2 suspect, 3 down (the "
         "first 1024 ids; the rest fold into _other).",
         pl, 1, NULL, 1024, why, why_len);
-    if (!info || !s->records_g || !s->bytes_g || !s->seq_g || !s->denials || !m->req_family ||
+    if (!s->records_g || !s->bytes_g || !s->seq_g || !s->denials || !m->req_family ||
         !m->peer_family)
         return KVEDGE_ENOMEM;
     const char *cmds[] = {"snapshot", "set", "heartbeat", "malformed", "other"};

@@ -153,17 +153,6 @@ void kvedge_analyzer_destroy(kvedge_analyzer_t **self_p)
     *self_p = NULL;
 }
 
-static kvedge_series_t *s_lazy(_Atomic(kvedge_series_t *) *slot, kvedge_metric_t *m,
-                               const char *const *v, size_t n)
-{
-    kvedge_series_t *s = atomic_load_explicit(slot, memory_order_acquire);
-    if (!s) {
-        s = kvedge_metric_series(m, v, n);
-        atomic_store_explicit(slot, s, memory_order_release);
-    }
-    return s;
-}
-
 void kvedge_analyzer_request(kvedge_analyzer_t *a, int op, int status, uint64_t latency_us,
                              uint64_t in_bytes, uint64_t out_bytes)
 {
@@ -172,7 +161,7 @@ void kvedge_analyzer_request(kvedge_analyzer_t *a, int op, int status, uint64_t 
     int o = op > 0 && op < S_OPS ? op : 0;
     size_t si = s_status_index(status);
     const char *v[] = {s_op_label(o), s_status_label(status)};
-    kvedge_series_inc(s_lazy(&a->req[o][si], a->requests, v, 2));
+    kvedge_series_inc(kvedge_metric_series_at(a->requests, &a->req[o][si], v, 2));
     if (o == 0)
         return;
     kvedge_series_observe(a->lat[o], latency_us);
@@ -186,7 +175,8 @@ void kvedge_analyzer_read(kvedge_analyzer_t *a, int status, const uint8_t *block
         return;
     if (status != 0) {
         const char *v[] = {s_status_label(status)};
-        kvedge_series_inc(s_lazy(&a->miss[s_status_index(status)], a->misses, v, 1));
+        kvedge_series_inc(
+            kvedge_metric_series_at(a->misses, &a->miss[s_status_index(status)], v, 1));
         return;
     }
     kvedge_series_inc(a->hit);

@@ -32,15 +32,12 @@ struct kvedge_node_mon_t {
 static kvedge_series_t *s_gauge(kvedge_metrics_t *r, kvedge_metric_type_t type, const char *name,
                                 const char *help)
 {
-    kvedge_metric_t *m = kvedge_metrics_family(r, type, name, help, NULL, 0, NULL, 1, NULL, 0);
-    return m ? kvedge_metric_plain(m) : NULL;
+    return kvedge_metrics_single(r, type, name, help, NULL, NULL, 0);
 }
 
 static void s_mirror(s_mirror_t *m, uint64_t now)
 {
-    if (now > m->last)
-        kvedge_series_add(m->series, now - m->last);
-    m->last = now;
+    kvedge_series_mirror(m->series, &m->last, now);
 }
 
 static const char *s_sync_state_name(kvedge_hsync_state_t st)
@@ -307,16 +304,10 @@ int kvedge_node_monitor_open(kvedge_node_t *n, char *why, size_t why_len)
     struct kvedge_node_mon_t *m = n->mon;
     pthread_mutex_init(&m->mu, NULL);
     kvedge_metrics_t *r = n->metrics;
-    const char *info_l[] = {"version", "role"};
-    kvedge_metric_t *info =
-        kvedge_metrics_family(r, KVEDGE_METRIC_GAUGE, "kvedge_build_info",
-                              "Always 1; the labels say what runs.", info_l, 2, NULL, 1, NULL, 0);
-    const char *info_v[] = {KVEDGE_VERSION_STRING,
-                            n->s.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge"};
-    kvedge_series_set(kvedge_metric_series(info, info_v, 2), 1);
-    kvedge_series_set(s_gauge(r, KVEDGE_METRIC_GAUGE, "kvedge_process_start_time_seconds",
-                              "When the daemon started, in seconds since the Unix epoch."),
-                      (double)n->start_wall_ms / 1e3);
+    if (kvedge_metrics_process(r, KVEDGE_VERSION_STRING,
+                               n->s.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge",
+                               (double)n->start_wall_ms / 1e3, why, why_len) != 0)
+        return KVEDGE_ENOMEM;
     m->uptime = s_gauge(r, KVEDGE_METRIC_GAUGE, "kvedge_uptime_seconds",
                         "Seconds since the daemon started.");
     if (!s_node_families(n, why, why_len))
