@@ -21,6 +21,7 @@
 #include "gpu/cka.h"
 #include "gpu/rsa.h"
 #include "store/error.h"
+#include "tests/common/shell.h"
 
 static char s_dir[64];
 
@@ -550,31 +551,6 @@ static void s_byte_tokenizer(const char *dir)
     s_write(path, "#version: 0.2\n");
 }
 
-/* Runs a shell command; its exit code. */
-static int s_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int s_sh(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static bool s_file_has(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return strstr(buf, needle) != NULL;
-}
-
 static void test_cli_self(void **state)
 {
     (void)state;
@@ -588,9 +564,9 @@ static void test_cli_self(void **state)
     assert_int_equal(fclose(f), 0);
     const char *w = KVEDGE_FIXTURES "/opt_tiny.safetensors";
     /* 400 samples: three windows of the fixture's 160 positions. */
-    assert_int_equal(s_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples "
-                          "400 --out %s/self.map --heatmap %s/heat > %s/out.txt 2> %s/err.txt",
-                          KVEDGE_BIN, w, w, s_dir, calib, s_dir, s_dir, s_dir, s_dir),
+    assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples "
+                           "400 --out %s/self.map --heatmap %s/heat > %s/out.txt 2> %s/err.txt",
+                           KVEDGE_BIN, w, w, s_dir, calib, s_dir, s_dir, s_dir, s_dir),
                      0);
     char path[160], why[KVEDGE_LAYERMAP_WHY_BYTES];
     snprintf(path, sizeof path, "%s/self.map", s_dir);
@@ -607,33 +583,33 @@ static void test_cli_self(void **state)
     }
     kvedge_layermap_clear(&m);
     /* --show reads it back; a damaged copy is refused with its line. */
-    assert_int_equal(s_sh("%s layermap --show %s/self.map > %s/show.txt", KVEDGE_BIN, s_dir, s_dir),
-                     0);
+    assert_int_equal(
+        kt_sh("%s layermap --show %s/self.map > %s/show.txt", KVEDGE_BIN, s_dir, s_dir), 0);
     snprintf(path, sizeof path, "%s/show.txt", s_dir);
-    assert_true(s_file_has(path, "opt_tiny"));
-    assert_int_equal(s_sh("head -n 6 %s/self.map > %s/cut.map; %s layermap --show %s/cut.map "
-                          "2> %s/show.err",
-                          s_dir, s_dir, KVEDGE_BIN, s_dir, s_dir),
+    assert_true(kt_file_has(path, "opt_tiny"));
+    assert_int_equal(kt_sh("head -n 6 %s/self.map > %s/cut.map; %s layermap --show %s/cut.map "
+                           "2> %s/show.err",
+                           s_dir, s_dir, KVEDGE_BIN, s_dir, s_dir),
                      4);
     snprintf(path, sizeof path, "%s/show.err", s_dir);
-    assert_true(s_file_has(path, "cut.map:7: truncated"));
+    assert_true(kt_file_has(path, "cut.map:7: truncated"));
     snprintf(path, sizeof path, "%s/out.txt", s_dir);
-    assert_true(s_file_has(path, "CKA"));
+    assert_true(kt_file_has(path, "CKA"));
     snprintf(path, sizeof path, "%s/heat_cka.png", s_dir);
     struct stat st;
-    if (s_sh("command -v gnuplot > /dev/null") == 0)
+    if (kt_sh("command -v gnuplot > /dev/null") == 0)
         assert_int_equal(stat(path, &st), 0);
     else
-        assert_true(s_file_has(path, "gnuplot is not on PATH"));
+        assert_true(kt_file_has(path, "gnuplot is not on PATH"));
     /* --json with ids of our own. */
-    assert_int_equal(s_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples "
-                          "50 --cloud-id big --edge-id small --json > %s/out.json",
-                          KVEDGE_BIN, w, w, s_dir, calib, s_dir),
+    assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples "
+                           "50 --cloud-id big --edge-id small --json > %s/out.json",
+                           KVEDGE_BIN, w, w, s_dir, calib, s_dir),
                      0);
     snprintf(path, sizeof path, "%s/out.json", s_dir);
-    assert_true(s_file_has(path, "\"id\":\"big\""));
-    assert_true(s_file_has(path, "\"map\":[{\"edge\":0,\"cloud\":0"));
-    assert_true(s_file_has(path, "\"rsa\":[["));
+    assert_true(kt_file_has(path, "\"id\":\"big\""));
+    assert_true(kt_file_has(path, "\"map\":[{\"edge\":0,\"cloud\":0"));
+    assert_true(kt_file_has(path, "\"rsa\":[["));
 }
 
 static void test_cli_errors(void **state)
@@ -646,35 +622,36 @@ static void test_cli_errors(void **state)
     const char *w = KVEDGE_FIXTURES "/opt_tiny.safetensors";
     char err[160];
     snprintf(err, sizeof err, "%s/err.txt", s_dir);
-    assert_int_equal(s_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples "
-                          "64 2> %s",
-                          KVEDGE_BIN, w, w, s_dir, calib, err),
+    assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples "
+                           "64 2> %s",
+                           KVEDGE_BIN, w, w, s_dir, calib, err),
                      2);
-    assert_true(s_file_has(err, "gives 11 tokens, too short for 64 samples"));
+    assert_true(kt_file_has(err, "gives 11 tokens, too short for 64 samples"));
     /* Usage: a missing flag, a bad threshold, too few samples. */
     assert_int_equal(
-        s_sh("%s layermap --cloud %s --edge %s --calib %s 2> %s", KVEDGE_BIN, w, w, calib, err), 2);
-    assert_true(s_file_has(err, "required"));
-    assert_int_equal(s_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --cka-min 2 "
-                          "2> %s",
-                          KVEDGE_BIN, w, w, s_dir, calib, err),
+        kt_sh("%s layermap --cloud %s --edge %s --calib %s 2> %s", KVEDGE_BIN, w, w, calib, err),
+        2);
+    assert_true(kt_file_has(err, "required"));
+    assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --cka-min 2 "
+                           "2> %s",
+                           KVEDGE_BIN, w, w, s_dir, calib, err),
                      2);
-    assert_int_equal(s_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples 2 "
-                          "2> %s",
-                          KVEDGE_BIN, w, w, s_dir, calib, err),
+    assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples 2 "
+                           "2> %s",
+                           KVEDGE_BIN, w, w, s_dir, calib, err),
                      2);
     /* A missing model. */
-    assert_int_equal(s_sh("%s layermap --cloud %s/nope.safetensors --edge %s --tokenizer %s "
-                          "--calib %s --samples 5 2> %s",
-                          KVEDGE_BIN, s_dir, w, s_dir, calib, err),
+    assert_int_equal(kt_sh("%s layermap --cloud %s/nope.safetensors --edge %s --tokenizer %s "
+                           "--calib %s --samples 5 2> %s",
+                           KVEDGE_BIN, s_dir, w, s_dir, calib, err),
                      1);
-    assert_true(s_file_has(err, "cloud model"));
+    assert_true(kt_file_has(err, "cloud model"));
     /* The kjv tokenizer's ids do not fit the fixture's 256. */
-    assert_int_equal(s_sh("%s layermap --cloud %s --edge %s --tokenizer %s/kjv --calib %s "
-                          "--samples 3 2> %s",
-                          KVEDGE_BIN, w, w, KVEDGE_MODELS, calib, err),
+    assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s/kjv --calib %s "
+                           "--samples 3 2> %s",
+                           KVEDGE_BIN, w, w, KVEDGE_MODELS, calib, err),
                      2);
-    assert_true(s_file_has(err, "vocabulary"));
+    assert_true(kt_file_has(err, "vocabulary"));
 }
 
 static int s_setup(void **state)

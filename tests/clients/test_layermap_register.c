@@ -22,36 +22,12 @@
 #include "store/error.h"
 #include "store/master/master.h"
 #include "tests/common/logcap.h"
+#include "tests/common/shell.h"
 
 static char s_dir[64];
 static char s_ep[128], s_pub[128];
 static kvedge_master_t *s_master;
 static kvedge_mview_t *s_view;
-
-/* Runs a shell command; its exit code. */
-static int s_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int s_sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static bool s_file_has(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    char buf[16384];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return strstr(buf, needle) != NULL;
-}
 
 static void s_write(const char *path, const char *text)
 {
@@ -145,17 +121,17 @@ static void test_register_round_trip(void **state)
     const char *w = KVEDGE_FIXTURES "/opt_tiny.safetensors";
     s_model("tiny-cloud", 3);
     assert_int_equal(
-        s_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s/calib.txt "
-             "--samples 50 --cloud-id tiny-cloud --edge-id tiny-edge --out %s/t.map " S_REG
-             " > %s/out.txt 2> %s/err.txt",
-             KVEDGE_BIN, w, w, s_dir, s_dir, s_dir, s_ep, s_pub, s_dir, s_dir),
+        kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s/calib.txt "
+              "--samples 50 --cloud-id tiny-cloud --edge-id tiny-edge --out %s/t.map " S_REG
+              " > %s/out.txt 2> %s/err.txt",
+              KVEDGE_BIN, w, w, s_dir, s_dir, s_dir, s_ep, s_pub, s_dir, s_dir),
         0);
     char path[160];
     snprintf(path, sizeof path, "%s/out.txt", s_dir);
-    assert_true(s_file_has(path, "registered map/tiny-cloud/tiny-edge at "));
-    assert_true(s_file_has(path, "cloud_layers=3 edge_layers=3 from=0,1,2"));
+    assert_true(kt_file_has(path, "registered map/tiny-cloud/tiny-edge at "));
+    assert_true(kt_file_has(path, "cloud_layers=3 edge_layers=3 from=0,1,2"));
     snprintf(path, sizeof path, "%s/err.txt", s_dir);
-    assert_true(s_file_has(path, "no record of model tiny-edge")); /* a note, not an error */
+    assert_true(kt_file_has(path, "no record of model tiny-edge")); /* a note, not an error */
 
     kvedge_master_map_t *r = malloc(sizeof *r);
     assert_non_null(r);
@@ -186,20 +162,20 @@ static void test_register_round_trip(void **state)
     free(r);
 
     /* A saved map under other ids, with --json: the map, then the registration. */
-    assert_int_equal(s_sh("%s --json layermap --show %s/t.map --cloud-id tiny-cloud --edge-id "
-                          "tiny-edge2 " S_REG " > %s/out.json",
-                          KVEDGE_BIN, s_dir, s_ep, s_pub, s_dir),
+    assert_int_equal(kt_sh("%s --json layermap --show %s/t.map --cloud-id tiny-cloud --edge-id "
+                           "tiny-edge2 " S_REG " > %s/out.json",
+                           KVEDGE_BIN, s_dir, s_ep, s_pub, s_dir),
                      0);
     snprintf(path, sizeof path, "%s/out.json", s_dir);
-    assert_true(s_file_has(path, "{\"registered\":\"map/tiny-cloud/tiny-edge2\""));
-    assert_true(s_file_has(path, "\"from\":[0,1,2]}"));
+    assert_true(kt_file_has(path, "{\"registered\":\"map/tiny-cloud/tiny-edge2\""));
+    assert_true(kt_file_has(path, "\"from\":[0,1,2]}"));
     /* master-dump decodes it. */
-    assert_int_equal(s_sh("%s master-dump --master %s --pub %s --prefix map/ > %s/dump.txt",
-                          KVEDGE_BIN, s_ep, s_pub, s_dir),
+    assert_int_equal(kt_sh("%s master-dump --master %s --pub %s --prefix map/ > %s/dump.txt",
+                           KVEDGE_BIN, s_ep, s_pub, s_dir),
                      0);
     snprintf(path, sizeof path, "%s/dump.txt", s_dir);
-    assert_true(s_file_has(path, "map/tiny-cloud/tiny-edge2 seq="));
-    assert_true(s_file_has(path, "cloud_layers=3 edge_layers=3 from=0,1,2"));
+    assert_true(kt_file_has(path, "map/tiny-cloud/tiny-edge2 seq="));
+    assert_true(kt_file_has(path, "cloud_layers=3 edge_layers=3 from=0,1,2"));
 }
 
 static void test_register_refused(void **state)
@@ -214,39 +190,39 @@ static void test_register_refused(void **state)
                   "layer 2 none 0.1 0.1\nend\n");
     size_t before = s_maps();
     /* Ids with '/', as the default ids of models/kjv: refused, before the models run. */
-    assert_int_equal(s_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s/calib.txt "
-                          "--samples 50 --cloud-id kjv/cloud --edge-id kjv/edge " S_REG " > "
-                          "/dev/null 2> %s",
-                          KVEDGE_BIN, w, w, s_dir, s_dir, s_ep, s_pub, err),
+    assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s/calib.txt "
+                           "--samples 50 --cloud-id kjv/cloud --edge-id kjv/edge " S_REG " > "
+                           "/dev/null 2> %s",
+                           KVEDGE_BIN, w, w, s_dir, s_dir, s_ep, s_pub, err),
                      2);
-    assert_true(s_file_has(err, "not both registry model ids"));
-    assert_true(s_file_has(err, "--cloud-id kjv-cloud --edge-id kjv-edge"));
-    assert_int_equal(s_sh("%s layermap --show %s " S_REG " > /dev/null 2> %s", KVEDGE_BIN, path,
-                          s_ep, s_pub, err),
+    assert_true(kt_file_has(err, "not both registry model ids"));
+    assert_true(kt_file_has(err, "--cloud-id kjv-cloud --edge-id kjv-edge"));
+    assert_int_equal(kt_sh("%s layermap --show %s " S_REG " > /dev/null 2> %s", KVEDGE_BIN, path,
+                           s_ep, s_pub, err),
                      2);
-    assert_true(s_file_has(err, "'kjv/cloud' and 'kjv/edge' are not both registry model ids"));
+    assert_true(kt_file_has(err, "'kjv/cloud' and 'kjv/edge' are not both registry model ids"));
     /* The registry's models disagree with the map: 4 cloud layers, 3 in the map. */
     s_model("big-4", 4);
-    assert_int_equal(s_sh("%s layermap --show %s --cloud-id big-4 --edge-id small-3 " S_REG
-                          " > /dev/null 2> %s",
-                          KVEDGE_BIN, path, s_ep, s_pub, err),
+    assert_int_equal(kt_sh("%s layermap --show %s --cloud-id big-4 --edge-id small-3 " S_REG
+                           " > /dev/null 2> %s",
+                           KVEDGE_BIN, path, s_ep, s_pub, err),
                      4);
-    assert_true(s_file_has(err, "the registry's model big-4 has 4"));
-    assert_true(s_file_has(err, "nothing registered"));
+    assert_true(kt_file_has(err, "the registry's model big-4 has 4"));
+    assert_true(kt_file_has(err, "nothing registered"));
     /* A built-in model's layer count counts too (opt-1.3b has 24). */
-    assert_int_equal(s_sh("%s layermap --show %s --cloud-id opt-1.3b --edge-id small-3 " S_REG
-                          " > /dev/null 2> %s",
-                          KVEDGE_BIN, path, s_ep, s_pub, err),
+    assert_int_equal(kt_sh("%s layermap --show %s --cloud-id opt-1.3b --edge-id small-3 " S_REG
+                           " > /dev/null 2> %s",
+                           KVEDGE_BIN, path, s_ep, s_pub, err),
                      4);
     /* --register flags without --register; no master at all. */
     assert_int_equal(
-        s_sh("%s layermap --show %s --master-pub %s 2> %s", KVEDGE_BIN, path, s_pub, err), 2);
-    assert_int_equal(s_sh("%s --deadline 300 layermap --show %s --cloud-id a --edge-id b "
-                          "--register ipc://%s/none.sock --master-pub ipc://%s/nonep.sock "
-                          "> /dev/null 2> %s",
-                          KVEDGE_BIN, path, s_dir, s_dir, err),
+        kt_sh("%s layermap --show %s --master-pub %s 2> %s", KVEDGE_BIN, path, s_pub, err), 2);
+    assert_int_equal(kt_sh("%s --deadline 300 layermap --show %s --cloud-id a --edge-id b "
+                           "--register ipc://%s/none.sock --master-pub ipc://%s/nonep.sock "
+                           "> /dev/null 2> %s",
+                           KVEDGE_BIN, path, s_dir, s_dir, err),
                      5);
-    assert_true(s_file_has(err, "no snapshot from the master"));
+    assert_true(kt_file_has(err, "no snapshot from the master"));
     assert_int_equal(kvedge_mview_wait(s_view, kvedge_mview_seq(s_view), 3000), KVEDGE_OK);
     assert_int_equal(s_maps(), before);
 }
