@@ -152,29 +152,65 @@ static void s_row_free(s_row_t *row)
 
 static void s_usage(const char *argv0)
 {
-    fprintf(stderr, "usage: %s [--reps N (>= %d)] [--mib N (working set, default %d)]\n", argv0,
-            KVEDGE_BENCH_REPS_MIN, S_WORKING_SET_MIB_DEFAULT);
+    fprintf(stderr,
+            "usage: %s [--reps N (>= %d)] [--mib N (working set, default %d)] [--row N]\n"
+            "       %s --callgrind [--mib N] [--row N]\n",
+            argv0, KVEDGE_BENCH_REPS_MIN, S_WORKING_SET_MIB_DEFAULT, argv0);
     exit(2);
+}
+
+/* --callgrind: one untimed encode pass of each selected row and nothing else timed, for an
+ * instruction count that noise cannot move:
+ *   valgrind --tool=callgrind --toggle-collect=kvedge_block_encode \
+ *       bench_codec --callgrind --mib 4 --row 2
+ * Instructions per MB = Ir / the MB printed here. */
+static void s_callgrind(s_row_t *rows, size_t n_rows, const s_set_t *set, int only)
+{
+    const double mb = 2.0 * (double)set->n * (double)set->half_bytes / KVEDGE_BENCH_MB;
+    for (size_t r = 0; r < n_rows; r++) {
+        if (only >= 0 && (size_t)only != r)
+            continue;
+        s_pass_encode(&rows[r], set);
+        /* A digest of the blocks' checksums (their last 8 bytes, an xxh3 of all the others), so
+         * two builds can be shown to write the same bytes. */
+        uint64_t digest = 0;
+        for (size_t i = 0; i < set->n; i++) {
+            uint64_t sum;
+            memcpy(&sum, rows[r].arena + i * rows[r].stride + rows[r].len[i] - 8, 8);
+            digest = digest * 1000003u ^ sum;
+        }
+        printf("row %zu: %s group %u key ch %u lz4 %s: encoded %.3f MB of fp16 input, "
+               "digest %016llx\n",
+               r, kvedge_scheme_name(rows[r].scheme), rows[r].group,
+               rows[r].masked ? S_KEEP_CHANNELS : S_HEAD_DIM, rows[r].lz4 ? "on" : "off", mb,
+               (unsigned long long)digest);
+    }
 }
 
 int main(int argc, char **argv)
 {
     int reps = KVEDGE_BENCH_REPS_MIN;
     size_t mib = S_WORKING_SET_MIB_DEFAULT;
+    int only = -1; /* --row: one row of the table (0-based), -1 all */
+    bool callgrind = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc)
             mib = (size_t)atol(argv[++i]);
+        else if (strcmp(argv[i], "--row") == 0 && i + 1 < argc)
+            only = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--callgrind") == 0)
+            callgrind = true;
         else
             s_usage(argv[0]);
     }
-    if (reps < KVEDGE_BENCH_REPS_MIN || mib == 0)
+    if (reps < KVEDGE_BENCH_REPS_MIN || mib == 0 || only < -1)
         s_usage(argv[0]);
 
     s_set_t set;
     s_make_set(&set, mib);
-    s_row_t rows[] = {
+    s_row_t all_rows[] = {
         {.scheme = KVEDGE_SCHEME_LOSSLESS},
         {.scheme = KVEDGE_SCHEME_LOSSLESS, .lz4 = true},
         {.scheme = KVEDGE_SCHEME_INT8, .group = 0},
@@ -182,9 +218,26 @@ int main(int argc, char **argv)
         {.scheme = KVEDGE_SCHEME_INT8, .group = 0, .masked = true},
         {.scheme = KVEDGE_SCHEME_INT4, .group = KVEDGE_BLOCK_INT4_GROUP_DEFAULT, .masked = true},
     };
-    const size_t n_rows = sizeof rows / sizeof rows[0];
+    size_t n_rows = sizeof all_rows / sizeof all_rows[0];
+    s_row_t *rows = all_rows;
+    if (only >= (int)n_rows)
+        s_usage(argv[0]);
+    if (only >= 0 && !callgrind) {
+        rows = &all_rows[only];
+        n_rows = 1;
+    }
     for (size_t r = 0; r < n_rows; r++)
         s_row_init(&rows[r], &set, reps);
+    if (callgrind) {
+        s_callgrind(rows, n_rows, &set, only);
+        for (size_t r = 0; r < n_rows; r++)
+            s_row_free(&rows[r]);
+        free(set.k_in);
+        free(set.v_in);
+        free(set.k_out);
+        free(set.v_out);
+        return 0;
+    }
 
     /* Untimed warm-up pass: faults every page in and fills the arenas for decoding. */
     s_pass_memcpy(&set);

@@ -178,55 +178,14 @@ S_AVX2 static void s_avx2_expand_u8(const kvedge_expand_plan_t *p, const uint8_t
     }
 }
 
-/* Min and max of x[0..n); returns false if some value is infinite or NaN. */
-S_AVX2 static bool s_avx2_minmax(const float *x, uint32_t n, float *lo, float *hi)
-{
-    float l = x[0], h = x[0], bad = 0.0f;
-    uint32_t i = 0;
-    if (n >= 8) {
-        __m256 vl = _mm256_loadu_ps(x), vh = vl, vb = _mm256_setzero_ps();
-        for (; i + 8 <= n; i += 8) {
-            __m256 v = _mm256_loadu_ps(x + i);
-            vl = _mm256_min_ps(vl, v);
-            vh = _mm256_max_ps(vh, v);
-            vb = _mm256_add_ps(vb, _mm256_sub_ps(v, v));
-        }
-        /* Horizontal reduction in registers: 8 -> 4 -> 2 -> 1 lanes. */
-        __m128 l4 = _mm_min_ps(_mm256_castps256_ps128(vl), _mm256_extractf128_ps(vl, 1));
-        __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(vh), _mm256_extractf128_ps(vh, 1));
-        __m128 b4 = _mm_add_ps(_mm256_castps256_ps128(vb), _mm256_extractf128_ps(vb, 1));
-        l4 = _mm_min_ps(l4, _mm_movehl_ps(l4, l4));
-        h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
-        b4 = _mm_add_ps(b4, _mm_movehl_ps(b4, b4));
-        l4 = _mm_min_ss(l4, _mm_shuffle_ps(l4, l4, 1));
-        h4 = _mm_max_ss(h4, _mm_shuffle_ps(h4, h4, 1));
-        b4 = _mm_add_ss(b4, _mm_shuffle_ps(b4, b4, 1));
-        l = _mm_cvtss_f32(l4);
-        h = _mm_cvtss_f32(h4);
-        bad = _mm_cvtss_f32(b4);
-    }
-    for (; i < n; i++) {
-        l = x[i] < l ? x[i] : l;
-        h = x[i] > h ? x[i] : h;
-        bad += x[i] - x[i];
-    }
-    *lo = l;
-    *hi = h;
-    return bad == 0.0f;
-}
-
-/* Codes of one row: one byte each (8 bits) or packed two per byte, low nibble first (4 bits;
- * n even for the vector part). */
-/* Codes of one row: one byte each (8 bits) or packed two per byte, low nibble first (4 bits;
- * n even for the vector part). Params per element, or one pair for the whole row (bcast):
- * always inlined with a constant bcast, so each caller gets its own loop. */
-S_AVX2 static inline __attribute__((always_inline)) void
-s_avx2_quantize(const float *x, uint32_t n, const float *inv, const float *min, float inv1,
-                float min1, bool bcast, unsigned bits, uint8_t *q)
+/* Codes of one row with per-element params: one byte each (8 bits) or packed two per byte, low
+ * nibble first (4 bits; n even for the vector part). */
+S_AVX2 static void s_avx2_quantize_row(const float *x, uint32_t n, const float *inv,
+                                       const float *min, unsigned bits, uint8_t *q)
 {
     const float qmax = bits == 8 ? 255.0f : 15.0f;
     const __m256 half = _mm256_set1_ps(0.5f), zero = _mm256_setzero_ps(),
-                 top = _mm256_set1_ps(qmax), vi1 = _mm256_set1_ps(inv1), vm1 = _mm256_set1_ps(min1);
+                 top = _mm256_set1_ps(qmax);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     const __m256i nib = _mm256_set1_epi16(0x1001); /* lo * 1 + hi * 16 per byte pair */
     uint32_t i = 0;
@@ -234,10 +193,8 @@ s_avx2_quantize(const float *x, uint32_t n, const float *inv, const float *min, 
         __m256i w[4];
         for (int j = 0; j < 4; j++) {
             uint32_t o = i + 8 * (uint32_t)j;
-            __m256 vm = bcast ? vm1 : _mm256_loadu_ps(min + o);
-            __m256 vi = bcast ? vi1 : _mm256_loadu_ps(inv + o);
-            __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + o), vm);
-            v = _mm256_add_ps(_mm256_mul_ps(v, vi), half);
+            __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + o), _mm256_loadu_ps(min + o));
+            v = _mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(inv + o)), half);
             v = _mm256_min_ps(_mm256_max_ps(v, zero), top);
             w[j] = _mm256_cvttps_epi32(v);
         }
@@ -254,7 +211,7 @@ s_avx2_quantize(const float *x, uint32_t n, const float *inv, const float *min, 
         }
     }
     for (; i < n; i++) {
-        float v = (x[i] - (bcast ? min1 : min[i])) * (bcast ? inv1 : inv[i]) + 0.5f;
+        float v = (x[i] - min[i]) * inv[i] + 0.5f;
         v = v < 0.0f ? 0.0f : v;
         v = v > qmax ? qmax : v;
         uint8_t c = (uint8_t)(int)v;
@@ -265,19 +222,6 @@ s_avx2_quantize(const float *x, uint32_t n, const float *inv, const float *min, 
         else
             q[i / 2] = c;
     }
-}
-
-S_AVX2 static void s_avx2_quantize_row(const float *x, uint32_t n, const float *inv,
-                                       const float *min, unsigned bits, uint8_t *q)
-{
-    s_avx2_quantize(x, n, inv, min, 0.0f, 0.0f, false, bits, q);
-}
-
-/* A row whose params are one (inv, min) pair. */
-S_AVX2 static void s_avx2_quantize_bcast(const float *x, uint32_t n, float inv, float min,
-                                         unsigned bits, uint8_t *q)
-{
-    s_avx2_quantize(x, n, NULL, NULL, inv, min, true, bits, q);
 }
 #endif
 
@@ -362,13 +306,10 @@ static void s_emit_row(const float *x, uint32_t n, const float *inv, const float
     }
 }
 
-/* Min and max of x[0..n); false if some value is infinite or NaN. */
+/* Min and max of x[0..n); false if some value is infinite or NaN. Of equal values the first
+ * stays, which decides the sign of a range ending at +-0; the SIMD kernels keep the same. */
 static bool s_minmax(const float *x, uint32_t n, float *lo, float *hi)
 {
-#if S_HAVE_AVX2
-    if (s_avx2())
-        return s_avx2_minmax(x, n, lo, hi);
-#endif
     float l = x[0], h = x[0], bad = 0.0f;
     for (uint32_t i = 0; i < n; i++) {
         l = x[i] < l ? x[i] : l;
@@ -415,16 +356,671 @@ static bool s_dtype_ok(int dtype)
     return kvedge_dtype_size((kvedge_dtype_t)dtype) != 0;
 }
 
-int kvedge_quant_keys(int dtype, const void *x, uint32_t tokens, uint32_t head_dim,
-                      const uint16_t *kept, uint32_t channels, uint32_t group, unsigned bits,
+#if S_HAVE_AVX2
+/* Fused encode kernels. Each pass over a group reads the source once and converts it in
+ * registers: keys in tiles of up to 32 channels whose running ranges (or params) stay in
+ * registers across the group's rows, values a few rows at a time, re-read from L1 for their
+ * codes. They give the bytes of the generic loops: min and max are exact whatever the order,
+ * and where the order matters (which of +0 and -0 a range keeps) they keep the first one met,
+ * as the generic loops do. Finiteness is checked on running sums: a sum is NaN or infinite
+ * iff some input is, or some input is too large for fp16 params, which is refused anyway. */
+#define S_INLINE __attribute__((always_inline)) inline
+/* Bytes of the stack tile that pruned key rows are compacted into, and of the largest group
+ * compacted whole on the heap instead (256 tokens x 1024 fp32 channels). */
+#define S_KEY_TILE_BYTES     16384
+#define S_KEY_HEAP_MAX_BYTES (1u << 20)
+
+/* 8 elements of dtype as floats: the values kvedge_convert_to_f32 gives. */
+S_AVX2 static S_INLINE __m256 s_avx2_load8(int dtype, const uint8_t *p)
+{
+    if (dtype == KVEDGE_DTYPE_FP16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    if (dtype == KVEDGE_DTYPE_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    return _mm256_loadu_ps((const float *)p);
+}
+
+static S_INLINE float s_load1(int dtype, const uint8_t *row, uint32_t c)
+{
+    uint16_t h;
+    float f;
+    if (dtype == KVEDGE_DTYPE_FP32) {
+        memcpy(&f, row + 4 * (size_t)c, 4);
+        return f;
+    }
+    memcpy(&h, row + 2 * (size_t)c, 2);
+    return dtype == KVEDGE_DTYPE_FP16 ? kvedge_fp16_to_f32(h) : kvedge_bf16_to_f32(h);
+}
+
+/* The generic loops' code of one value: clamp, then truncate. */
+static S_INLINE uint8_t s_code1(float x, float inv, float min, float qmax)
+{
+    float v = (x - min) * inv + 0.5f;
+    v = v < 0.0f ? 0.0f : v;
+    v = v > qmax ? qmax : v;
+    return (uint8_t)(int)v;
+}
+
+static S_INLINE void s_put_code(uint8_t *q, uint32_t c, unsigned bits, uint8_t code)
+{
+    if (bits == 8)
+        q[c] = code;
+    else if (c & 1)
+        q[c / 2] |= (uint8_t)(code << 4);
+    else
+        q[c / 2] = code;
+}
+
+/* (x - min) * inv + 0.5, truncated: the clamp of the generic loops is done by the saturating
+ * packs below. Exact: with params made from the group's own range, |v| < 2^28 (|x - min| is at
+ * most the range plus half an fp16 ulp of min, inv at most 2^24), so truncation never
+ * overflows, and clamping before or after a monotonic truncation gives the same integer. */
+S_AVX2 static S_INLINE __m256i s_avx2_code8(__m256 x, __m256 inv, __m256 min)
+{
+    __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x, min), inv), _mm256_set1_ps(0.5f));
+    return _mm256_cvttps_epi32(v);
+}
+
+/* Stores the codes of nv (1..4, constant after inlining) vectors of 8 codes at q: 8 nv bytes,
+ * or 4 nv packed nibble bytes (low nibble first). */
+S_AVX2 static S_INLINE void s_avx2_store_codes(const __m256i *w, int nv, unsigned bits, uint8_t *q)
+{
+    const __m256i z = _mm256_setzero_si256();
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(w[0], nv > 1 ? w[1] : z),
+                                    _mm256_packs_epi32(nv > 2 ? w[2] : z, nv > 3 ? w[3] : z));
+    b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if (bits == 8) {
+        if (nv == 4) {
+            _mm256_storeu_si256((__m256i *)q, b);
+            return;
+        }
+        __m128i lo = _mm256_castsi256_si128(b);
+        if (nv == 1) {
+            _mm_storel_epi64((__m128i *)q, lo);
+            return;
+        }
+        _mm_storeu_si128((__m128i *)q, lo);
+        if (nv == 3)
+            _mm_storel_epi64((__m128i *)(q + 16), _mm256_extracti128_si256(b, 1));
+        return;
+    }
+    b = _mm256_min_epu8(b, _mm256_set1_epi8(15));
+    __m256i p = _mm256_maddubs_epi16(b, _mm256_set1_epi16(0x1001)); /* lo + 16 * hi */
+    __m128i packed = _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    if (nv == 4)
+        _mm_storeu_si128((__m128i *)q, packed);
+    else if (nv == 1)
+        _mm_storeu_si32(q, packed);
+    else {
+        _mm_storel_epi64((__m128i *)q, packed);
+        if (nv == 3)
+            _mm_storeu_si32(q + 8, _mm_srli_si128(packed, 8));
+    }
+}
+
+/* Folds rows [0, nr) of channels [0, 8 nv) into the running ranges and sums (first: start
+ * them from row 0). Per lane, (v < lo ? v : lo) is vminps(v, lo): the same order as
+ * s_minmax_fold, so the first of equal values stays. The first tile of a strided source
+ * prefetches the rest of the row 8 rows ahead (pf: row bytes), for the tiles after it: the
+ * hardware prefetcher follows only the tile's own column of cache lines. */
+S_AVX2 static S_INLINE void s_avx2_ranges_tile(int dtype, const uint8_t *src, size_t stride,
+                                               uint32_t nr, int nv, bool first, float *lo,
+                                               float *hi, float *sum, uint32_t pf)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    __m256 l[4], h[4], s[4];
+    for (int j = 0; j < nv; j++) {
+        if (first) {
+            l[j] = h[j] = s_avx2_load8(dtype, src + 8 * es * (size_t)j);
+            s[j] = _mm256_setzero_ps();
+        } else {
+            l[j] = _mm256_loadu_ps(lo + 8 * j);
+            h[j] = _mm256_loadu_ps(hi + 8 * j);
+            s[j] = _mm256_loadu_ps(sum + 8 * j);
+        }
+    }
+    for (uint32_t r = 0; r < nr; r++, src += stride) {
+        for (uint32_t k = 64; k < pf; k += 64)
+            _mm_prefetch((const char *)(src + 8 * stride + k), _MM_HINT_T0);
+        for (int j = 0; j < nv; j++) {
+            __m256 v = s_avx2_load8(dtype, src + 8 * es * (size_t)j);
+            l[j] = _mm256_min_ps(v, l[j]);
+            h[j] = _mm256_max_ps(v, h[j]);
+            s[j] = _mm256_add_ps(s[j], v);
+        }
+    }
+    for (int j = 0; j < nv; j++) {
+        _mm256_storeu_ps(lo + 8 * j, l[j]);
+        _mm256_storeu_ps(hi + 8 * j, h[j]);
+        _mm256_storeu_ps(sum + 8 * j, s[j]);
+    }
+}
+
+/* Codes of rows [0, nr) for channels [0, 8 nv), params held in registers. */
+S_AVX2 static S_INLINE void s_avx2_codes_tile(int dtype, const uint8_t *src, size_t stride,
+                                              uint32_t nr, int nv, const float *inv,
+                                              const float *min, unsigned bits, uint8_t *q,
+                                              size_t row_bytes)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    __m256 vi[4], vm[4];
+    for (int j = 0; j < nv; j++) {
+        vi[j] = _mm256_loadu_ps(inv + 8 * j);
+        vm[j] = _mm256_loadu_ps(min + 8 * j);
+    }
+    for (uint32_t r = 0; r < nr; r++, src += stride, q += row_bytes) {
+        __m256i w[4];
+        for (int j = 0; j < nv; j++)
+            w[j] = s_avx2_code8(s_avx2_load8(dtype, src + 8 * es * (size_t)j), vi[j], vm[j]);
+        s_avx2_store_codes(w, nv, bits, q);
+    }
+}
+
+/* Ranges of channels [0, n) of nr rows: tiles of 32 channels, then single channels. */
+S_AVX2 static S_INLINE void s_avx2_key_ranges(int dtype, const uint8_t *src, size_t stride,
+                                              uint32_t nr, uint32_t n, bool first, float *lo,
+                                              float *hi, float *sum, uint32_t pf)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    const uint32_t n8 = n / 8 * 8;
+    for (uint32_t c = 0; c < n8; c += 32) {
+        const uint8_t *p = src + c * es;
+        switch ((n8 - c) / 8) {
+        case 1:
+            s_avx2_ranges_tile(dtype, p, stride, nr, 1, first, lo + c, hi + c, sum + c,
+                               c == 0 ? pf : 0);
+            break;
+        case 2:
+            s_avx2_ranges_tile(dtype, p, stride, nr, 2, first, lo + c, hi + c, sum + c,
+                               c == 0 ? pf : 0);
+            break;
+        case 3:
+            s_avx2_ranges_tile(dtype, p, stride, nr, 3, first, lo + c, hi + c, sum + c,
+                               c == 0 ? pf : 0);
+            break;
+        default:
+            s_avx2_ranges_tile(dtype, p, stride, nr, 4, first, lo + c, hi + c, sum + c,
+                               c == 0 ? pf : 0);
+            break;
+        }
+    }
+    for (uint32_t c = n8; c < n; c++) {
+        float l = first ? s_load1(dtype, src, c) : lo[c], h = first ? l : hi[c];
+        float s = first ? 0.0f : sum[c];
+        for (uint32_t r = 0; r < nr; r++) {
+            float v = s_load1(dtype, src + r * stride, c);
+            l = v < l ? v : l;
+            h = v > h ? v : h;
+            s += v;
+        }
+        lo[c] = l;
+        hi[c] = h;
+        sum[c] = s;
+    }
+}
+
+S_AVX2 static S_INLINE void s_avx2_key_codes(int dtype, const uint8_t *src, size_t stride,
+                                             uint32_t nr, uint32_t n, const float *inv,
+                                             const float *min, unsigned bits, uint8_t *q,
+                                             size_t row_bytes)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    const uint32_t n8 = n / 8 * 8;
+    for (uint32_t c = 0; c < n8; c += 32) {
+        const uint8_t *p = src + c * es;
+        uint8_t *o = q + (bits == 8 ? c : c / 2);
+        switch ((n8 - c) / 8) {
+        case 1:
+            s_avx2_codes_tile(dtype, p, stride, nr, 1, inv + c, min + c, bits, o, row_bytes);
+            break;
+        case 2:
+            s_avx2_codes_tile(dtype, p, stride, nr, 2, inv + c, min + c, bits, o, row_bytes);
+            break;
+        case 3:
+            s_avx2_codes_tile(dtype, p, stride, nr, 3, inv + c, min + c, bits, o, row_bytes);
+            break;
+        default:
+            s_avx2_codes_tile(dtype, p, stride, nr, 4, inv + c, min + c, bits, o, row_bytes);
+            break;
+        }
+    }
+    const float qmax = bits == 8 ? 255.0f : 15.0f;
+    for (uint32_t r = 0; r < nr && n8 < n; r++)
+        for (uint32_t c = n8; c < n; c++)
+            s_put_code(q + r * row_bytes, c, bits,
+                       s_code1(s_load1(dtype, src + r * stride, c), inv[c], min[c], qmax));
+}
+
+/* Compaction of pruned key rows (ascending kept channels): per 8 source channels one shuffle
+ * packs the kept ones to the front and one store puts them at their compact position. */
+typedef struct {
+    uint32_t chunks;                                 /* whole 8-channel chunks of the source row */
+    uint32_t tail;                                   /* kept channels in them; the rest by index */
+    uint16_t off[KVEDGE_BLOCK_MAX_HEAD_DIM / 8];     /* compact position of each chunk's first */
+    uint8_t ctrl[KVEDGE_BLOCK_MAX_HEAD_DIM / 8][32]; /* pshufb (16-bit) or vpermd (32-bit) */
+} s_compact_t;
+
+/* False when kept is not strictly ascending: then rows are gathered channel by channel. */
+static bool s_compact_plan(const uint16_t *kept, uint32_t channels, uint32_t head_dim, size_t es,
+                           s_compact_t *p)
+{
+    for (uint32_t j = 1; j < channels; j++)
+        if (kept[j] <= kept[j - 1])
+            return false;
+    p->chunks = head_dim / 8;
+    uint32_t j = 0;
+    for (uint32_t k = 0; k < p->chunks; k++) {
+        p->off[k] = (uint16_t)j;
+        memset(p->ctrl[k], es == 2 ? 0x80 : 0, 32);
+        for (uint32_t o = 0; j < channels && kept[j] < 8 * (k + 1); j++, o++) {
+            uint32_t i = kept[j] - 8 * k;
+            if (es == 2) {
+                p->ctrl[k][2 * o] = (uint8_t)(2 * i);
+                p->ctrl[k][2 * o + 1] = (uint8_t)(2 * i + 1);
+            } else {
+                uint32_t v = i;
+                memcpy(&p->ctrl[k][4 * o], &v, 4);
+            }
+        }
+    }
+    p->tail = j;
+    return true;
+}
+
+/* Rows [t, t + nr) of x, kept channels only, into dst (rows of channels * es bytes; dst has 32
+ * bytes of slack past the last row for the whole-chunk stores). */
+S_AVX2 static S_INLINE void s_avx2_compact(int dtype, const uint8_t *x, uint32_t head_dim,
+                                           const uint16_t *kept, uint32_t channels,
+                                           const s_compact_t *p, uint32_t t, uint32_t nr,
+                                           uint8_t *dst)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    for (uint32_t r = 0; r < nr; r++, dst += channels * es) {
+        const uint8_t *row = x + ((size_t)t + r) * head_dim * es;
+        uint32_t j = 0;
+        if (p) {
+            for (uint32_t k = 0; k < p->chunks; k++) {
+                if (es == 2) {
+                    __m128i v = _mm_loadu_si128((const __m128i *)(row + 16 * k));
+                    v = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)p->ctrl[k]));
+                    _mm_storeu_si128((__m128i *)(dst + 2 * p->off[k]), v);
+                } else {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(row + 32 * k));
+                    v = _mm256_permutevar8x32_epi32(
+                        v, _mm256_loadu_si256((const __m256i *)p->ctrl[k]));
+                    _mm256_storeu_si256((__m256i *)(dst + 4 * p->off[k]), v);
+                }
+            }
+            j = p->tail;
+        }
+        for (; j < channels; j++)
+            memcpy(dst + j * es, row + (size_t)kept[j] * es, es);
+    }
+}
+
+/* kvedge_quant_keys for one dtype (constant after inlining). */
+/* Pruned rows are compacted into `tile`, rb rows at a time; the tile keeps the last block it
+ * was filled with, so the codes pass (run backwards) starts with what is still there. */
+S_AVX2 static S_INLINE int s_avx2_keys_tiled(int dtype, const uint8_t *x, uint32_t tokens,
+                                             uint32_t head_dim, const uint16_t *kept,
+                                             uint32_t channels, uint32_t g, unsigned bits,
+                                             uint16_t *params, uint8_t *codes, uint8_t *tile,
+                                             uint32_t rb)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    const size_t row_bytes = kvedge_quant_row_bytes(channels, bits);
+    const size_t stride = (kept ? channels : head_dim) * es;
+    float lo[KVEDGE_BLOCK_MAX_HEAD_DIM], hi[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    float sum[KVEDGE_BLOCK_MAX_HEAD_DIM], scale[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    float inv[KVEDGE_BLOCK_MAX_HEAD_DIM], min[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    /* Prefetch only for groups larger than L1: a small group's rows are all loaded by its
+     * first tile anyway, and there it measured slower. */
+    const uint32_t pf = !kept && (size_t)g * stride > S_KEY_TILE_BYTES ? (uint32_t)stride : 0;
+    s_compact_t plan;
+    const s_compact_t *pp =
+        kept && s_compact_plan(kept, channels, head_dim, es, &plan) ? &plan : NULL;
+    uint32_t tile_t = UINT32_MAX, tile_n = 0;
+    for (uint32_t t0 = 0; t0 < tokens; t0 += g) {
+        const uint32_t rows = tokens - t0 < g ? tokens - t0 : g;
+        const uint32_t blocks = (rows - 1) / rb + 1;
+        for (uint32_t r0 = 0; r0 < rows; r0 += rb) {
+            const uint32_t nr = rows - r0 < rb ? rows - r0 : rb;
+            const uint8_t *src = x + ((size_t)t0 + r0) * stride;
+            if (kept) {
+                if (tile_t != t0 + r0 || tile_n != nr)
+                    s_avx2_compact(dtype, x, head_dim, kept, channels, pp, t0 + r0, nr, tile);
+                tile_t = t0 + r0;
+                tile_n = nr;
+                src = tile;
+            }
+            s_avx2_key_ranges(dtype, src, stride, nr, channels, r0 == 0, lo, hi, sum, pf);
+        }
+        float bad = 0.0f;
+        for (uint32_t c = 0; c < channels; c++)
+            bad += sum[c] - sum[c];
+        if (bad != 0.0f)
+            return KVEDGE_EINVAL;
+        int rc = s_make_params_n(lo, hi, channels, (1u << bits) - 1,
+                                 params + (size_t)(t0 / g) * channels * 2, scale, inv, min);
+        if (rc != KVEDGE_OK)
+            return rc;
+        for (uint32_t b = blocks; b-- > 0;) {
+            const uint32_t r0 = b * rb;
+            const uint32_t nr = rows - r0 < rb ? rows - r0 : rb;
+            const uint8_t *src = x + ((size_t)t0 + r0) * stride;
+            if (kept) {
+                if (tile_t != t0 + r0 || tile_n != nr)
+                    s_avx2_compact(dtype, x, head_dim, kept, channels, pp, t0 + r0, nr, tile);
+                tile_t = t0 + r0;
+                tile_n = nr;
+                src = tile;
+            }
+            s_avx2_key_codes(dtype, src, stride, nr, channels, inv, min, bits,
+                             codes + ((size_t)t0 + r0) * row_bytes, row_bytes);
+        }
+    }
+    return KVEDGE_OK;
+}
+
+/* kvedge_quant_keys for one dtype. A pruned group is compacted once for both passes when it
+ * fits a heap tile of S_KEY_HEAP_MAX_BYTES, else rb rows at a time in a stack tile. */
+S_AVX2 static S_INLINE int s_avx2_keys(int dtype, const uint8_t *x, uint32_t tokens,
+                                       uint32_t head_dim, const uint16_t *kept, uint32_t channels,
+                                       uint32_t g, unsigned bits, uint16_t *params, uint8_t *codes)
+{
+    const size_t stride = (size_t)channels * (dtype == KVEDGE_DTYPE_FP32 ? 4 : 2);
+    _Alignas(32) uint8_t tile[S_KEY_TILE_BYTES + 32];
+    if (!kept)
+        return s_avx2_keys_tiled(dtype, x, tokens, head_dim, NULL, channels, g, bits, params, codes,
+                                 NULL, g);
+    uint32_t rb = (uint32_t)(S_KEY_TILE_BYTES / stride);
+    uint8_t *heap = NULL;
+    if (rb < g && (size_t)g * stride <= S_KEY_HEAP_MAX_BYTES && (heap = malloc(g * stride + 32)))
+        rb = g;
+    int rc = s_avx2_keys_tiled(dtype, x, tokens, head_dim, kept, channels, g, bits, params, codes,
+                               heap ? heap : tile, rb);
+    free(heap);
+    return rc;
+}
+
+S_AVX2 static int s_avx2_keys_fp16(const void *x, uint32_t tokens, uint32_t head_dim,
+                                   const uint16_t *kept, uint32_t channels, uint32_t g,
+                                   unsigned bits, uint16_t *params, uint8_t *codes)
+{
+    return s_avx2_keys(KVEDGE_DTYPE_FP16, x, tokens, head_dim, kept, channels, g, bits, params,
+                       codes);
+}
+
+S_AVX2 static int s_avx2_keys_bf16(const void *x, uint32_t tokens, uint32_t head_dim,
+                                   const uint16_t *kept, uint32_t channels, uint32_t g,
+                                   unsigned bits, uint16_t *params, uint8_t *codes)
+{
+    return s_avx2_keys(KVEDGE_DTYPE_BF16, x, tokens, head_dim, kept, channels, g, bits, params,
+                       codes);
+}
+
+S_AVX2 static int s_avx2_keys_fp32(const void *x, uint32_t tokens, uint32_t head_dim,
+                                   const uint16_t *kept, uint32_t channels, uint32_t g,
+                                   unsigned bits, uint16_t *params, uint8_t *codes)
+{
+    return s_avx2_keys(KVEDGE_DTYPE_FP32, x, tokens, head_dim, kept, channels, g, bits, params,
+                       codes);
+}
+
+/* Lane-wise min (max) of 8 vectors a[0..7] reduced to one vector of their 8 minima (maxima). */
+S_AVX2 static S_INLINE __m256 s_avx2_reduce8(const float *a, bool max)
+{
+#define S_OP(x, y) (max ? _mm256_max_ps(x, y) : _mm256_min_ps(x, y))
+    __m256 t[4], u[2];
+    for (int i = 0; i < 4; i++) {
+        __m256 x = _mm256_loadu_ps(a + 16 * i), y = _mm256_loadu_ps(a + 16 * i + 8);
+        t[i] = S_OP(_mm256_unpacklo_ps(x, y), _mm256_unpackhi_ps(x, y));
+    }
+    for (int i = 0; i < 2; i++)
+        u[i] = S_OP(_mm256_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
+                    _mm256_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+    return S_OP(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+#undef S_OP
+}
+
+/* The first value equal to 0 in x[0..n) of dtype, for a range that came out as +-0: the
+ * generic loops keep the first of equal values, so its sign is the one to keep. */
+static float s_first_zero(int dtype, const uint8_t *x, uint32_t n)
+{
+    for (uint32_t c = 0; c < n; c++) {
+        float v = s_load1(dtype, x, c);
+        if (v == 0.0f)
+            return v;
+    }
+    return 0.0f;
+}
+
+/* Codes of one value group of n channels at x with one (inv, min) pair; g even or 8 bits. */
+S_AVX2 static S_INLINE void s_avx2_value_codes(int dtype, const uint8_t *x, uint32_t n, float inv,
+                                               float min, unsigned bits, uint8_t *q)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    const __m256 vi = _mm256_set1_ps(inv), vm = _mm256_set1_ps(min);
+    uint32_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i w[4];
+        for (int j = 0; j < 4; j++)
+            w[j] = s_avx2_code8(s_avx2_load8(dtype, x + (i + 8 * (size_t)j) * es), vi, vm);
+        s_avx2_store_codes(w, 4, bits, q + (bits == 8 ? i : i / 2));
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = s_avx2_code8(s_avx2_load8(dtype, x + i * es), vi, vm);
+        s_avx2_store_codes(&w, 1, bits, q + (bits == 8 ? i : i / 2));
+    }
+    for (; i < n; i++)
+        s_put_code(q, i, bits, s_code1(s_load1(dtype, x, i), inv, min, bits == 8 ? 255.0f : 15.0f));
+}
+
+/* First pass over one value row whose groups are all gv vectors long (gv constant after
+ * inlining, so the loops unroll): each group's lane-wise min and max into pl/ph, the row into
+ * the running sums. Two min/max chains per group and four sum chains keep the adds off the
+ * critical path. */
+S_AVX2 static S_INLINE void s_avx2_row_ranges(int dtype, const uint8_t *row, uint32_t ngroups,
+                                              int gv, float *pl, float *ph, __m256 *vs)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    for (uint32_t gi = 0; gi < ngroups; gi++, row += 8 * (size_t)gv * es) {
+        __m256 l[2], h[2];
+        for (int k = 0; k < gv; k++) {
+            __m256 v = s_avx2_load8(dtype, row + 8 * (size_t)k * es);
+            if (k < 2) {
+                l[k] = h[k] = v;
+            } else {
+                l[k & 1] = _mm256_min_ps(l[k & 1], v);
+                h[k & 1] = _mm256_max_ps(h[k & 1], v);
+            }
+            vs[k & 3] = _mm256_add_ps(vs[k & 3], v);
+        }
+        _mm256_store_ps(pl + 8 * gi, gv > 1 ? _mm256_min_ps(l[0], l[1]) : l[0]);
+        _mm256_store_ps(ph + 8 * gi, gv > 1 ? _mm256_max_ps(h[0], h[1]) : h[0]);
+    }
+}
+
+/* Codes of one value row whose groups are all gv vectors long. */
+S_AVX2 static S_INLINE void s_avx2_row_codes(int dtype, const uint8_t *row, uint32_t ngroups,
+                                             int gv, const float *inv, const float *min,
+                                             unsigned bits, uint8_t *q)
+{
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2;
+    const uint32_t g = 8 * (uint32_t)gv;
+    for (uint32_t gi = 0; gi < ngroups; gi++)
+        s_avx2_value_codes(dtype, row + (size_t)gi * g * es, g, inv[gi], min[gi], bits,
+                           q + (bits == 8 ? gi * g : gi * g / 2));
+}
+
+/* kvedge_quant_values for one dtype, groups of g >= 8 channels (even for 4 bits). Up to 8
+ * tokens at a time: their group ranges are reduced 8 groups per vector, their params made in
+ * one vector pass, then their codes made from rows still in L1. */
+S_AVX2 static S_INLINE int s_avx2_values(int dtype, const uint8_t *x, uint32_t tokens,
+                                         uint32_t channels, uint32_t g, unsigned bits,
+                                         uint16_t *params, uint8_t *codes)
+{
+    enum { MAX_GROUPS = 128 }; /* per batch; a row has at most 1024 / 8 groups */
+    const size_t es = dtype == KVEDGE_DTYPE_FP32 ? 4 : 2, stride = channels * es;
+    const uint32_t ngroups = kvedge_quant_groups(channels, g);
+    const uint32_t batch = MAX_GROUPS / ngroups < 8 ? MAX_GROUPS / ngroups : 8;
+    const size_t row_bytes = kvedge_quant_row_bytes(channels, bits);
+    /* Rows cut into whole groups of whole vectors take unrolled loops (gv vectors a group). */
+    const int gv = g % 8 == 0 && channels % g == 0 ? (int)(g / 8) : 0;
+    _Alignas(32) float pl[MAX_GROUPS * 8 + 64], ph[MAX_GROUPS * 8 + 64];
+    float lo[MAX_GROUPS], hi[MAX_GROUPS], gs[MAX_GROUPS], ginv[MAX_GROUPS], gmin[MAX_GROUPS];
+    for (uint32_t t0 = 0; t0 < tokens; t0 += batch) {
+        const uint32_t nt = tokens - t0 < batch ? tokens - t0 : batch, n = nt * ngroups;
+        __m256 vs = _mm256_setzero_ps(), vs4[4] = {vs, vs, vs, vs};
+        float ss = 0.0f;
+        for (uint32_t t = 0; t < nt; t++) {
+            const uint8_t *row = x + ((size_t)t0 + t) * stride;
+            float *tl = pl + 8 * t * ngroups, *th = ph + 8 * t * ngroups;
+            switch (gv) {
+            case 1:
+                s_avx2_row_ranges(dtype, row, ngroups, 1, tl, th, vs4);
+                continue;
+            case 2:
+                s_avx2_row_ranges(dtype, row, ngroups, 2, tl, th, vs4);
+                continue;
+            case 4:
+                s_avx2_row_ranges(dtype, row, ngroups, 4, tl, th, vs4);
+                continue;
+            case 8:
+                s_avx2_row_ranges(dtype, row, ngroups, 8, tl, th, vs4);
+                continue;
+            case 16:
+                s_avx2_row_ranges(dtype, row, ngroups, 16, tl, th, vs4);
+                continue;
+            default:
+                break;
+            }
+            for (uint32_t gi = 0, c0 = 0; gi < ngroups; gi++, c0 += g) {
+                const uint32_t m = channels - c0 < g ? channels - c0 : g, m8 = m / 8 * 8;
+                const uint8_t *p = row + c0 * es;
+                __m256 l, h;
+                if (m8) {
+                    l = h = s_avx2_load8(dtype, p);
+                    vs = _mm256_add_ps(vs, l);
+                } else {
+                    l = h = _mm256_set1_ps(s_load1(dtype, p, 0));
+                }
+                for (uint32_t c = 8; c < m8; c += 8) {
+                    __m256 v = s_avx2_load8(dtype, p + c * es);
+                    l = _mm256_min_ps(l, v);
+                    h = _mm256_max_ps(h, v);
+                    vs = _mm256_add_ps(vs, v);
+                }
+                for (uint32_t c = m8; c < m; c++) {
+                    float v = s_load1(dtype, p, c);
+                    l = _mm256_min_ps(l, _mm256_set1_ps(v));
+                    h = _mm256_max_ps(h, _mm256_set1_ps(v));
+                    ss += v;
+                }
+                _mm256_store_ps(pl + 8 * (t * ngroups + gi), l);
+                _mm256_store_ps(ph + 8 * (t * ngroups + gi), h);
+            }
+        }
+        uint32_t i = 0;
+        bool zero = false; /* some range ends at +-0: its sign needs the first such value */
+        for (; i + 8 <= n; i += 8) {
+            __m256 l = s_avx2_reduce8(pl + 8 * i, false), h = s_avx2_reduce8(ph + 8 * i, true);
+            _mm256_storeu_ps(lo + i, l);
+            _mm256_storeu_ps(hi + i, h);
+            zero |= _mm256_movemask_ps(
+                        _mm256_or_ps(_mm256_cmp_ps(l, _mm256_setzero_ps(), _CMP_EQ_OQ),
+                                     _mm256_cmp_ps(h, _mm256_setzero_ps(), _CMP_EQ_OQ))) != 0;
+        }
+        for (; i < n; i++) {
+            float l = pl[8 * i], h = ph[8 * i];
+            for (int k = 1; k < 8; k++) {
+                l = pl[8 * i + k] < l ? pl[8 * i + k] : l;
+                h = ph[8 * i + k] > h ? ph[8 * i + k] : h;
+            }
+            lo[i] = l;
+            hi[i] = h;
+            zero |= l == 0.0f || h == 0.0f;
+        }
+        vs = _mm256_add_ps(
+            vs, _mm256_add_ps(_mm256_add_ps(vs4[0], vs4[1]), _mm256_add_ps(vs4[2], vs4[3])));
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(vs), _mm256_extractf128_ps(vs, 1));
+        s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+        float bad = _mm_cvtss_f32(s4) + ss;
+        if (bad - bad != 0.0f)
+            return KVEDGE_EINVAL;
+        for (i = 0; zero && i < n; i++)
+            if (lo[i] == 0.0f || hi[i] == 0.0f) {
+                uint32_t t = i / ngroups, c0 = (i % ngroups) * g;
+                const uint8_t *p = x + ((size_t)t0 + t) * stride + c0 * es;
+                const uint32_t m = channels - c0 < g ? channels - c0 : g;
+                if (lo[i] == 0.0f)
+                    lo[i] = s_first_zero(dtype, p, m);
+                if (hi[i] == 0.0f)
+                    hi[i] = s_first_zero(dtype, p, m);
+            }
+        int rc = s_make_params_n(lo, hi, n, (1u << bits) - 1, params + (size_t)t0 * ngroups * 2, gs,
+                                 ginv, gmin);
+        if (rc != KVEDGE_OK)
+            return rc;
+        for (uint32_t t = 0; t < nt; t++) {
+            const uint8_t *row = x + ((size_t)t0 + t) * stride;
+            uint8_t *q = codes + ((size_t)t0 + t) * row_bytes;
+            const float *ti = ginv + t * ngroups, *tm = gmin + t * ngroups;
+            switch (gv) {
+            case 1:
+                s_avx2_row_codes(dtype, row, ngroups, 1, ti, tm, bits, q);
+                continue;
+            case 2:
+                s_avx2_row_codes(dtype, row, ngroups, 2, ti, tm, bits, q);
+                continue;
+            case 4:
+                s_avx2_row_codes(dtype, row, ngroups, 4, ti, tm, bits, q);
+                continue;
+            case 8:
+                s_avx2_row_codes(dtype, row, ngroups, 8, ti, tm, bits, q);
+                continue;
+            case 16:
+                s_avx2_row_codes(dtype, row, ngroups, 16, ti, tm, bits, q);
+                continue;
+            default:
+                break;
+            }
+            for (uint32_t gi = 0, c0 = 0; gi < ngroups; gi++, c0 += g)
+                s_avx2_value_codes(dtype, row + c0 * es, channels - c0 < g ? channels - c0 : g,
+                                   ginv[t * ngroups + gi], gmin[t * ngroups + gi], bits,
+                                   q + (bits == 8 ? c0 : c0 / 2));
+        }
+    }
+    return KVEDGE_OK;
+}
+
+S_AVX2 static int s_avx2_values_fp16(const void *x, uint32_t tokens, uint32_t channels, uint32_t g,
+                                     unsigned bits, uint16_t *params, uint8_t *codes)
+{
+    return s_avx2_values(KVEDGE_DTYPE_FP16, x, tokens, channels, g, bits, params, codes);
+}
+
+S_AVX2 static int s_avx2_values_bf16(const void *x, uint32_t tokens, uint32_t channels, uint32_t g,
+                                     unsigned bits, uint16_t *params, uint8_t *codes)
+{
+    return s_avx2_values(KVEDGE_DTYPE_BF16, x, tokens, channels, g, bits, params, codes);
+}
+
+S_AVX2 static int s_avx2_values_fp32(const void *x, uint32_t tokens, uint32_t channels, uint32_t g,
+                                     unsigned bits, uint16_t *params, uint8_t *codes)
+{
+    return s_avx2_values(KVEDGE_DTYPE_FP32, x, tokens, channels, g, bits, params, codes);
+}
+#endif
+
+/* The generic loops: the reference the SIMD kernels reproduce bit for bit. */
+static int s_keys_ref(int dtype, const void *x, uint32_t tokens, uint32_t head_dim,
+                      const uint16_t *kept, uint32_t channels, uint32_t g, unsigned bits,
                       uint16_t *params, uint8_t *codes)
 {
-    if (!x || !params || !codes || tokens == 0 || channels == 0 || !s_dtype_ok(dtype) ||
-        head_dim > KVEDGE_BLOCK_MAX_HEAD_DIM || channels > head_dim ||
-        (!kept && channels != head_dim) || (bits != 8 && bits != 4))
-        return KVEDGE_EINVAL;
     const unsigned qmax = (1u << bits) - 1;
-    const uint32_t g = (group == 0 || group > tokens) ? tokens : group;
     const size_t row_bytes = kvedge_quant_row_bytes(channels, bits);
     float lo[KVEDGE_BLOCK_MAX_HEAD_DIM], hi[KVEDGE_BLOCK_MAX_HEAD_DIM];
     float bad[KVEDGE_BLOCK_MAX_HEAD_DIM], scale[KVEDGE_BLOCK_MAX_HEAD_DIM];
@@ -458,15 +1054,11 @@ int kvedge_quant_keys(int dtype, const void *x, uint32_t tokens, uint32_t head_d
     return rc;
 }
 
-int kvedge_quant_values(int dtype, const void *x, uint32_t tokens, uint32_t channels,
-                        uint32_t group, unsigned bits, uint16_t *params, uint8_t *codes)
+static int s_values_ref(int dtype, const void *x, uint32_t tokens, uint32_t channels, uint32_t g,
+                        unsigned bits, uint16_t *params, uint8_t *codes)
 {
-    if (!x || !params || !codes || tokens == 0 || channels == 0 || !s_dtype_ok(dtype) ||
-        channels > KVEDGE_BLOCK_MAX_HEAD_DIM || (bits != 8 && bits != 4))
-        return KVEDGE_EINVAL;
     enum { BATCH_GROUPS = KVEDGE_BLOCK_MAX_HEAD_DIM };
     const unsigned qmax = (1u << bits) - 1;
-    const uint32_t g = (group == 0 || group > channels) ? channels : group;
     const uint32_t ngroups = kvedge_quant_groups(channels, g);
     const uint32_t batch = BATCH_GROUPS / ngroups; /* >= 1: ngroups <= channels <= the max */
     const size_t row_bytes = kvedge_quant_row_bytes(channels, bits);
@@ -491,19 +1083,6 @@ int kvedge_quant_values(int dtype, const void *x, uint32_t tokens, uint32_t chan
                                       gs, ginv, gmin)
                     : KVEDGE_EINVAL;
         for (uint32_t t = 0; t < nt && rc == KVEDGE_OK; t++) {
-#if S_HAVE_AVX2
-            /* Group by group with broadcast params: no per-channel param arrays to build.
-             * Nibble rows stay aligned when groups have even length. */
-            if (s_avx2() && (bits == 8 || g % 2 == 0)) {
-                const float *r = s_row(dtype, x, channels, t0 + t, NULL, channels, row, NULL);
-                uint8_t *q = codes + (size_t)(t0 + t) * row_bytes;
-                for (uint32_t gi = 0, c0 = 0; gi < ngroups; gi++, c0 += g)
-                    s_avx2_quantize_bcast(r + c0, channels - c0 < g ? channels - c0 : g,
-                                          ginv[t * ngroups + gi], gmin[t * ngroups + gi], bits,
-                                          q + (bits == 8 ? c0 : c0 / 2));
-                continue;
-            }
-#endif
             for (uint32_t gi = 0, c0 = 0; gi < ngroups; gi++, c0 += g) {
                 uint32_t end = c0 + g < channels ? c0 + g : channels;
                 for (uint32_t c = c0; c < end; c++) {
@@ -516,6 +1095,50 @@ int kvedge_quant_values(int dtype, const void *x, uint32_t tokens, uint32_t chan
         }
     }
     return rc;
+}
+
+int kvedge_quant_keys(int dtype, const void *x, uint32_t tokens, uint32_t head_dim,
+                      const uint16_t *kept, uint32_t channels, uint32_t group, unsigned bits,
+                      uint16_t *params, uint8_t *codes)
+{
+    if (!x || !params || !codes || tokens == 0 || channels == 0 || !s_dtype_ok(dtype) ||
+        head_dim > KVEDGE_BLOCK_MAX_HEAD_DIM || channels > head_dim ||
+        (!kept && channels != head_dim) || (bits != 8 && bits != 4))
+        return KVEDGE_EINVAL;
+    for (uint32_t j = 0; kept && j < channels; j++)
+        if (kept[j] >= head_dim)
+            return KVEDGE_EINVAL;
+    const uint32_t g = (group == 0 || group > tokens) ? tokens : group;
+#if S_HAVE_AVX2
+    if (s_avx2()) {
+        if (dtype == KVEDGE_DTYPE_FP16)
+            return s_avx2_keys_fp16(x, tokens, head_dim, kept, channels, g, bits, params, codes);
+        if (dtype == KVEDGE_DTYPE_BF16)
+            return s_avx2_keys_bf16(x, tokens, head_dim, kept, channels, g, bits, params, codes);
+        return s_avx2_keys_fp32(x, tokens, head_dim, kept, channels, g, bits, params, codes);
+    }
+#endif
+    return s_keys_ref(dtype, x, tokens, head_dim, kept, channels, g, bits, params, codes);
+}
+
+int kvedge_quant_values(int dtype, const void *x, uint32_t tokens, uint32_t channels,
+                        uint32_t group, unsigned bits, uint16_t *params, uint8_t *codes)
+{
+    if (!x || !params || !codes || tokens == 0 || channels == 0 || !s_dtype_ok(dtype) ||
+        channels > KVEDGE_BLOCK_MAX_HEAD_DIM || (bits != 8 && bits != 4))
+        return KVEDGE_EINVAL;
+    const uint32_t g = (group == 0 || group > channels) ? channels : group;
+#if S_HAVE_AVX2
+    /* Groups shorter than a vector, or odd nibble groups, take the generic loops. */
+    if (s_avx2() && g >= 8 && (bits == 8 || g % 2 == 0)) {
+        if (dtype == KVEDGE_DTYPE_FP16)
+            return s_avx2_values_fp16(x, tokens, channels, g, bits, params, codes);
+        if (dtype == KVEDGE_DTYPE_BF16)
+            return s_avx2_values_bf16(x, tokens, channels, g, bits, params, codes);
+        return s_avx2_values_fp32(x, tokens, channels, g, bits, params, codes);
+    }
+#endif
+    return s_values_ref(dtype, x, tokens, channels, g, bits, params, codes);
 }
 
 KVEDGE_VECTOR_CLONES

@@ -33,15 +33,18 @@ static inline size_t kvedge_quant_row_bytes(uint32_t n, unsigned bits)
 
 /* Quantizes keys x[tokens][head_dim] (row-major, in dtype of store/block.h): per channel,
  * over groups of `group` tokens (0 = all). kept lists the `channels` channels to keep (NULL:
- * all, channels == head_dim). params: [groups][channels] (scale, min) fp16 pairs; codes:
- * `tokens` rows of kvedge_quant_row_bytes(channels, bits). Returns 0, or KVEDGE_EINVAL for
- * bad arguments, a non-finite input or a range fp16 cannot hold. */
+ * all, channels == head_dim; each < head_dim, ascending is the fast case). params:
+ * [groups][channels] (scale, min) fp16 pairs; codes: `tokens` rows of
+ * kvedge_quant_row_bytes(channels, bits). Returns 0, or KVEDGE_EINVAL for bad arguments, a
+ * non-finite input or a range fp16 cannot hold (params and codes then hold partial output).
+ * Where a range ends at +-0, the zero met first (in token order) gives the sign of min. */
 int kvedge_quant_keys(int dtype, const void *x, uint32_t tokens, uint32_t head_dim,
                       const uint16_t *kept, uint32_t channels, uint32_t group, unsigned bits,
                       uint16_t *params, uint8_t *codes);
 
 /* Quantizes values x[tokens][channels] in dtype: per token, over groups of `group` channels.
- * params: [tokens][groups] pairs. Same errors as kvedge_quant_keys. */
+ * params: [tokens][groups] pairs. Same errors and zero rule (channel order) as
+ * kvedge_quant_keys. */
 int kvedge_quant_values(int dtype, const void *x, uint32_t tokens, uint32_t channels,
                         uint32_t group, unsigned bits, uint16_t *params, uint8_t *codes);
 
@@ -85,7 +88,8 @@ void kvedge_dequant_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_
                                     const uint16_t *params, uint32_t group, int out_dtype,
                                     void *out);
 
-/* SIMD kernels (AVX2 + F16C, chosen from CPUID) give the same bits as the generic loops.
+/* SIMD kernels (AVX2 + F16C, chosen from CPUID: conversions, dequantization, and the fused
+ * one-read-per-pass quantization of keys and values) give the same bits as the generic loops.
  * enable 0 forces the generic loops, 1 re-detects, -1 only asks. Returns 1 when the SIMD
  * kernels are in use. For tests and benchmarks; thread-safe. */
 int kvedge_quant_simd(int enable);

@@ -261,6 +261,177 @@ static void test_simd_matches_generic(void **state)
     assert_memory_equal(back[0], back[1], sizeof back[0]);
 }
 
+/* Adversarial fills for the SIMD-against-generic sweep: what tends to break a vector kernel
+ * (tails, signed zeros, subnormals, constants, specials, out-of-range values). */
+enum { S_FILL_KINDS = 12 };
+static void s_fill(kvedge_rng_t *r, int kind, float *f, size_t n, uint32_t D)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = kvedge_rng_normal(r);
+        switch (kind) {
+        case 0: /* outlier channels with offsets */
+            x = (i % D) % 7 == 0 ? 8.0f * x + 3.0f : x;
+            break;
+        case 1: /* only signed zeros */
+            x = (kvedge_rng_next(r) & 1) ? 0.0f : -0.0f;
+            break;
+        case 2: /* ranges that start or end at a signed zero */
+            x = (kvedge_rng_next(r) % 4 == 0) ? ((kvedge_rng_next(r) & 1) ? 0.0f : -0.0f)
+                                              : ((kvedge_rng_next(r) & 1) ? fabsf(x) : -fabsf(x));
+            if (i % D < D / 2)
+                x = fabsf(x);
+            break;
+        case 3: /* a constant */
+            x = 1.5f;
+            break;
+        case 4: /* constant rows */
+            x = 0.25f * (float)(i / D);
+            break;
+        case 5: /* fp16 subnormals */
+            x *= 1e-6f;
+            break;
+        case 6: /* fp32 denormals: zeros of both signs once in 16 bits */
+            x *= 1e-40f;
+            break;
+        case 7: /* near the fp16 limit, and a range fp16 cannot hold */
+            x = (kvedge_rng_next(r) & 1) ? 65504.0f - (float)(i % 64) : -65504.0f;
+            break;
+        case 8: /* too large for fp16 params */
+            x *= 1e6f;
+            break;
+        default:
+            break;
+        }
+        f[i] = x;
+    }
+    /* One special value in some fills: the encoder must refuse them on both paths. */
+    static const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f};
+    if (kind >= 9)
+        f[kvedge_rng_next(r) % n] = specials[kind - 9];
+}
+
+/* kvedge_quant_keys and kvedge_quant_values with the SIMD kernels and with the generic loops
+ * give the same return code and, on success, the same bytes, over odd shapes, every dtype,
+ * group sizes around the vector width, pruned and full keys, and adversarial inputs. */
+static void test_simd_matches_generic_adversarial(void **state)
+{
+    (void)state;
+    if (!kvedge_quant_simd(-1))
+        skip();
+    static const uint32_t tokens[] = {1, 3, 31, 77}, dims[] = {1, 7, 17, 100, 128, 129};
+    static const uint32_t groups[] = {0, 1, 7, 8, 32, 33};
+    kvedge_rng_t r;
+    kvedge_rng_seed(&r, 77);
+    const size_t max_n = 77 * 129;
+    float *f = malloc(max_n * 4);
+    void *x = malloc(max_n * 4);
+    uint16_t *p[2];
+    uint8_t *c[2];
+    for (int i = 0; i < 2; i++) {
+        p[i] = malloc(max_n * 4);
+        c[i] = malloc(max_n);
+    }
+    unsigned combo = 0, refused = 0, accepted = 0;
+    for (size_t ti = 0; ti < 4; ti++)
+        for (size_t di = 0; di < 6; di++)
+            for (size_t gi = 0; gi < 6; gi++)
+                for (unsigned bits = 4; bits <= 8; bits += 4)
+                    for (int dt = KVEDGE_DTYPE_FP16; dt <= KVEDGE_DTYPE_FP32; dt++, combo++) {
+                        const uint32_t T = tokens[ti], D = dims[di], G = groups[gi];
+                        const size_t n = (size_t)T * D;
+                        s_fill(&r, (int)(combo % S_FILL_KINDS), f, n, D);
+                        if (dt == KVEDGE_DTYPE_FP32)
+                            memcpy(x, f, n * 4);
+                        else
+                            kvedge_convert_from_f32(dt, f, n, x);
+                        uint16_t kept[KVEDGE_BLOCK_MAX_HEAD_DIM];
+                        uint32_t C = 0;
+                        const bool masked = (combo / S_FILL_KINDS) % 2 == 1 && D > 1;
+                        for (uint32_t ch = 0; ch < D; ch++)
+                            if (!masked || kvedge_rng_next(&r) % 4 != 0)
+                                kept[C++] = (uint16_t)ch;
+                        if (C == 0)
+                            kept[C++] = 0;
+                        for (int which = 0; which < 2; which++) {
+                            const size_t np = which == 0
+                                                  ? (size_t)kvedge_quant_groups(T, G) * C * 4
+                                                  : (size_t)T * kvedge_quant_groups(D, G) * 4;
+                            const size_t nc =
+                                (size_t)T * kvedge_quant_row_bytes(which == 0 ? C : D, bits);
+                            int rc[2];
+                            for (int path = 0; path < 2; path++) {
+                                kvedge_quant_simd(path == 0 ? 1 : 0);
+                                rc[path] = which == 0 ? kvedge_quant_keys(dt, x, T, D,
+                                                                          masked ? kept : NULL, C,
+                                                                          G, bits, p[path], c[path])
+                                                      : kvedge_quant_values(dt, x, T, D, G, bits,
+                                                                            p[path], c[path]);
+                            }
+                            kvedge_quant_simd(1);
+                            if (rc[0] != rc[1])
+                                fail_msg("%s T=%u D=%u G=%u bits=%u dtype=%d fill=%u: rc %d vs %d",
+                                         which ? "values" : "keys", T, D, G, bits, dt,
+                                         combo % S_FILL_KINDS, rc[0], rc[1]);
+                            if (rc[0] != KVEDGE_OK) {
+                                refused++;
+                                continue;
+                            }
+                            accepted++;
+                            assert_memory_equal(p[0], p[1], np);
+                            assert_memory_equal(c[0], c[1], nc);
+                        }
+                    }
+    /* Both outcomes were exercised. */
+    assert_true(refused > 50 && accepted > 500);
+    for (int i = 0; i < 2; i++) {
+        free(p[i]);
+        free(c[i]);
+    }
+    free(f);
+    free(x);
+}
+
+/* Where a range ends at zero, the sign of the zero kept is the first met (in token order for a
+ * key channel, channel order for a value group), on both paths. */
+static void test_signed_zero_ranges(void **state)
+{
+    (void)state;
+    enum { T = 4, D = 40 };
+    float x[T * D];
+    for (int path = 0; path < 2; path++) {
+        kvedge_quant_simd(path == 0 ? 1 : 0);
+        for (int first_negative = 0; first_negative < 2; first_negative++) {
+            const float z0 = first_negative ? -0.0f : 0.0f, z1 = first_negative ? 0.0f : -0.0f;
+            for (int i = 0; i < T * D; i++)
+                x[i] = (float)(1 + i % 5);
+            /* Every value row: zeros of both signs late in the row, the first at channel 20. */
+            for (int t = 0; t < T; t++) {
+                x[t * D + 20] = z0;
+                x[t * D + 33] = z1;
+                x[t * D + 39] = z1;
+            }
+            uint16_t params[T * D * 2];
+            uint8_t codes[T * D];
+            assert_int_equal(kvedge_quant_values(KVEDGE_DTYPE_FP32, x, T, D, 0, 8, params, codes),
+                             0);
+            for (int t = 0; t < T; t++)
+                assert_int_equal(params[2 * t + 1], first_negative ? 0x8000 : 0x0000);
+            /* Every key channel: a zero of each sign, the first in token 1. */
+            for (int i = 0; i < T * D; i++)
+                x[i] = (float)(1 + i % 3);
+            for (int ch = 0; ch < D; ch++) {
+                x[1 * D + ch] = z0;
+                x[3 * D + ch] = z1;
+            }
+            assert_int_equal(
+                kvedge_quant_keys(KVEDGE_DTYPE_FP32, x, T, D, NULL, D, 0, 8, params, codes), 0);
+            for (int ch = 0; ch < D; ch++)
+                assert_int_equal(params[2 * ch + 1], first_negative ? 0x8000 : 0x0000);
+        }
+    }
+    kvedge_quant_simd(1);
+}
+
 static void test_quant_argument_errors(void **state)
 {
     (void)state;
@@ -274,6 +445,9 @@ static void test_quant_argument_errors(void **state)
     assert_int_equal(kvedge_quant_keys(KVEDGE_DTYPE_FP32, x, 2, 2, NULL, 1, 0, 8, p, c),
                      KVEDGE_EINVAL); /* fewer channels than head_dim needs a kept list */
     assert_int_equal(kvedge_quant_keys(7, x, 2, 2, NULL, 2, 0, 8, p, c), KVEDGE_EINVAL);
+    const uint16_t out_of_range[1] = {2}; /* a kept channel past head_dim */
+    assert_int_equal(kvedge_quant_keys(KVEDGE_DTYPE_FP32, x, 2, 2, out_of_range, 1, 0, 8, p, c),
+                     KVEDGE_EINVAL);
     assert_int_equal(kvedge_quant_values(KVEDGE_DTYPE_FP32, x, 0, 2, 0, 8, p, c), KVEDGE_EINVAL);
     assert_int_equal(kvedge_quant_keys(KVEDGE_DTYPE_FP32, x, 2, 2, NULL, 2, 0, 8, p, c), 0);
     assert_int_equal(kvedge_quant_groups(100, 32), 4);
@@ -285,9 +459,14 @@ static void test_quant_argument_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fp16_exhaustive),      cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_int8_error_bounds),    cmocka_unit_test(test_int4_error_bounds),
-        cmocka_unit_test(test_simd_matches_generic), cmocka_unit_test(test_quant_argument_errors),
+        cmocka_unit_test(test_fp16_exhaustive),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_int8_error_bounds),
+        cmocka_unit_test(test_int4_error_bounds),
+        cmocka_unit_test(test_simd_matches_generic),
+        cmocka_unit_test(test_simd_matches_generic_adversarial),
+        cmocka_unit_test(test_signed_zero_ranges),
+        cmocka_unit_test(test_quant_argument_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
