@@ -492,6 +492,7 @@ struct s_fetch_t {
     bool in_layer; /* a block of next_layer has come */
     uint32_t last_chunk;
     uint16_t last_head;
+    bool mapped; /* the request named a mapped model */
     kvedge_fetch_plan_t plan;
 };
 
@@ -540,6 +541,9 @@ static int s_fetch_plan(struct s_fetch_t *f, const kvedge_wire_frame_t *fr)
         o->layer[l].source = wl.source;
         o->layer[l].reason = wl.reason;
         o->layer[l].cost_us = wl.cost_us;
+        o->layer[l].from_layer = wl.mapped ? (int)wl.from_layer : -1;
+        if (wl.mapped && !f->mapped)
+            return KVEDGE_EPROTO; /* a layer of a model the request did not name */
     }
     f->planned = true;
     return KVEDGE_OK;
@@ -591,7 +595,8 @@ static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, si
                          f->layer_blocks == r->n_chunks * ((uint32_t)f->last_head + 1));
         if (l.layer != f->first_layer + f->next_layer || l.heads != f->layer_blocks ||
             l.source >= (int)f->plan.nsources || !complete ||
-            (l.status != KVEDGE_OK && f->layer_blocks != 0)) {
+            (l.status != KVEDGE_OK && f->layer_blocks != 0) ||
+            (l.from_layer != KVEDGE_WIRE_FETCH_OWN_LAYER && !f->mapped)) {
             rc = KVEDGE_EPROTO;
         } else {
             kvedge_fetch_layer_t info = {
@@ -602,6 +607,7 @@ static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, si
                 .status = l.status,
                 .blocks = l.heads,
                 .attempts = l.attempts,
+                .from_layer = l.from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER ? -1 : l.from_layer,
             };
             f->next_layer++;
             f->in_layer = false;
@@ -1858,13 +1864,21 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
         req->n > KVEDGE_WIRE_MAX_CHUNKS || req->layers == 0 ||
         req->layers > KVEDGE_WIRE_FETCH_MAX_LAYERS || req->deadline_ms < 0 ||
         req->deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS ||
-        (!req->compute_us) != (!req->recompute_us))
+        (!req->compute_us) != (!req->recompute_us) ||
+        (!req->mapped_model_id) != (!req->mapped_chunks))
         return KVEDGE_EINVAL;
     kvedge_wire_fetch_spec_t spec = {
         .first_layer = req->first_layer, .layers = req->layers, .tokens = req->tokens};
-    if (strlen(req->model_id) >= sizeof spec.model_id)
+    if (strlen(req->model_id) >= KVEDGE_WIRE_MODEL_ID_BYTES)
         return KVEDGE_EINVAL;
     strcpy(spec.model_id, req->model_id);
+    uint8_t mhdr[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES];
+    if (req->mapped_model_id) {
+        if (strcmp(req->mapped_model_id, req->model_id) == 0 ||
+            kvedge_wire_fetch_mapped_pack(req->mapped_model_id, mhdr) != KVEDGE_OK)
+            return KVEDGE_EINVAL;
+        spec.flags |= KVEDGE_WIRE_FETCH_FLAG_MAPPED;
+    }
     uint8_t *p;
     s_req_t *r = s_req_frame(KVEDGE_OP_FETCH, (uint32_t)req->n, s_deadline(c, req->deadline_ms),
                              NULL, KVEDGE_WIRE_FETCH_SPEC_BYTES, &p);
@@ -1897,11 +1911,24 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
             zmsg_append(r->payload, &t);
         }
     }
+    if (rc == KVEDGE_OK && req->mapped_model_id) {
+        /* The mapped frame, always the last: its model id and its chain. */
+        size_t ids = req->n * KVEDGE_CHUNK_ID_BYTES;
+        zframe_t *mf = zframe_new(NULL, sizeof mhdr + ids);
+        if (!mf) {
+            rc = KVEDGE_ENOMEM;
+        } else {
+            memcpy(zframe_data(mf), mhdr, sizeof mhdr);
+            memcpy(zframe_data(mf) + sizeof mhdr, req->mapped_chunks, ids);
+            zmsg_append(r->payload, &mf);
+        }
+    }
     if (rc != KVEDGE_OK) {
         s_req_free(r);
         return rc;
     }
     r->fetch->cbs = *cbs;
+    r->fetch->mapped = req->mapped_model_id != NULL;
     r->fetch->first_layer = req->first_layer;
     r->fetch->layers = req->layers;
     r->stream = true;

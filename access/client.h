@@ -208,6 +208,10 @@ typedef struct {
     const float *compute_us;
     const float *recompute_us;
     int deadline_ms; /* 0 = the client's default */
+    /* large–small: the model whose layers may stand in for this one's (a layer map
+     * mapped->this registered with the master); NULL: none */
+    const char *mapped_model_id;
+    const kvedge_chunk_id_t *mapped_chunks; /* its chain over the same tokens, n ids */
 } kvedge_fetch_req_t;
 
 #define KVEDGE_FETCH_MAX_SOURCES 32
@@ -232,6 +236,8 @@ typedef struct {
         int source;                  /* index into source[], -1: compute it locally */
         kvedge_plan_reason_t reason; /* kvedge_plan_reason_name */
         double cost_us;
+        int from_layer; /* -1: this model's own layer; else the mapped model's layer planned
+                           for it */
     } layer[KVEDGE_FETCH_MAX_LAYERS];
 } kvedge_fetch_plan_t;
 
@@ -245,11 +251,15 @@ typedef struct {
     int status;
     uint32_t blocks; /* blocks delivered for the layer (chunks x heads) */
     uint32_t attempts;
+    int from_layer; /* -1 own; else the mapped model's layer delivered (blocks have its heads
+                       and head_dim) */
 } kvedge_fetch_layer_t;
 
 /* Callbacks run on the client's I/O thread, in stream order: on_plan once, then per layer its
  * blocks (chunk, head order; data valid during the call) and on_layer; on_done exactly once
- * when kvedge_client_fetch_async returned 0. Any may be NULL. */
+ * when kvedge_client_fetch_async returned 0. Any may be NULL. With mapped_model_id, a layer
+ * the proxy served from the mapped model comes as that model's blocks (its KV heads and
+ * head_dim) under this model's layer number, and its on_layer says from_layer. */
 typedef struct {
     void (*on_plan)(void *ctx, const kvedge_fetch_plan_t *plan);
     void (*on_block)(void *ctx, uint16_t layer, uint32_t chunk_index, uint16_t head, int source,
@@ -259,7 +269,8 @@ typedef struct {
 } kvedge_fetch_cbs_t;
 
 /* Starts a FETCH on a proxy; returns at once. Errors: KVEDGE_EINVAL (bad request; compute_us
- * without recompute_us or the reverse; a time negative or not finite), KVEDGE_ENOMEM,
+ * without recompute_us or the reverse; a time negative or not finite; mapped_model_id without
+ * mapped_chunks or the reverse, empty, too long or equal to model_id), KVEDGE_ENOMEM,
  * KVEDGE_EBUSY, KVEDGE_ECLOSED. The stream's own errors come in on_done: KVEDGE_ENOMODEL
  * (the proxy does not know the model), KVEDGE_ESHAPE (layers outside it), KVEDGE_ETIMEDOUT,
  * KVEDGE_EPROTO. */

@@ -237,14 +237,27 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
                        kvedge_le_get16(f[0].data) <= KVEDGE_WIRE_MAX_MONITOR_TOP &&
                        kvedge_le_get16(f[0].data + 2) == 0);
     case KVEDGE_OP_FETCH: {
-        /* f1: spec; f2: N chunk ids; f3 (optional): per layer compute_us | recompute_us. */
+        /* f1: spec; f2: N chunk ids; f3 (optional): per layer compute_us | recompute_us;
+         * with MAPPED, last: the mapped frame (its model id, another, and its N chunk ids). */
         kvedge_wire_fetch_spec_t spec;
         if (!s_count_in(c, 1, KVEDGE_WIRE_MAX_CHUNKS) ||
-            !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || (n != 2 && n != 3) ||
+            !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || n < 2 ||
             kvedge_wire_fetch_spec_parse(f[0].data, f[0].len, &spec) != KVEDGE_OK ||
             f[1].len != (size_t)c * KVEDGE_CHUNK_ID_BYTES)
             return KVEDGE_EPROTO;
-        return s_check(n == 2 || f[2].len == (size_t)spec.layers * KVEDGE_WIRE_FETCH_TIMES_BYTES);
+        size_t base = n;
+        if (spec.flags & KVEDGE_WIRE_FETCH_FLAG_MAPPED) {
+            char mid[KVEDGE_WIRE_MODEL_ID_BYTES];
+            const uint8_t *ids;
+            if (n < 3 ||
+                kvedge_wire_fetch_mapped_parse(f[n - 1].data, f[n - 1].len, c, mid, &ids) !=
+                    KVEDGE_OK ||
+                strcmp(mid, spec.model_id) == 0)
+                return KVEDGE_EPROTO;
+            base = n - 1;
+        }
+        return s_check(base == 2 || (base == 3 && f[2].len == (size_t)spec.layers *
+                                                                  KVEDGE_WIRE_FETCH_TIMES_BYTES));
     }
     default:
         return KVEDGE_EPROTO;
@@ -674,13 +687,14 @@ static bool s_time_ok(double v)
     return v >= 0 && v <= 1e300;
 }
 
-/* spec: model id (124) | first layer u16 | layers u16 | tokens u32 | reserved u32 */
+/* spec: model id (124) | first layer u16 | layers u16 | tokens u32 | flags u32 */
 int kvedge_wire_fetch_spec_pack(const kvedge_wire_fetch_spec_t *s,
                                 uint8_t out[KVEDGE_WIRE_FETCH_SPEC_BYTES])
 {
     memset(out, 0, KVEDGE_WIRE_FETCH_SPEC_BYTES);
     if (s->layers < 1 || s->layers > KVEDGE_WIRE_FETCH_MAX_LAYERS ||
-        (uint32_t)s->first_layer + s->layers > 65536u)
+        (uint32_t)s->first_layer + s->layers > 65536u ||
+        (s->flags & ~KVEDGE_WIRE_FETCH_FLAGS_KNOWN))
         return KVEDGE_EINVAL;
     int rc = s_model_id_pack(s->model_id, out);
     if (rc != KVEDGE_OK)
@@ -688,20 +702,47 @@ int kvedge_wire_fetch_spec_pack(const kvedge_wire_fetch_spec_t *s,
     kvedge_le_put16(out + 124, s->first_layer);
     kvedge_le_put16(out + 126, s->layers);
     kvedge_le_put32(out + 128, s->tokens);
+    kvedge_le_put32(out + 132, s->flags);
     return KVEDGE_OK;
 }
 
 int kvedge_wire_fetch_spec_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_spec_t *s)
 {
     memset(s, 0, sizeof *s);
-    if (!in || len != KVEDGE_WIRE_FETCH_SPEC_BYTES || !s_all_zero(in + 132, 4) ||
+    if (!in || len != KVEDGE_WIRE_FETCH_SPEC_BYTES ||
+        (kvedge_le_get32(in + 132) & ~KVEDGE_WIRE_FETCH_FLAGS_KNOWN) ||
         s_model_id_parse(in, s->model_id) != KVEDGE_OK)
         return KVEDGE_EPROTO;
     s->first_layer = kvedge_le_get16(in + 124);
     s->layers = kvedge_le_get16(in + 126);
     s->tokens = kvedge_le_get32(in + 128);
+    s->flags = kvedge_le_get32(in + 132);
     return s_check(s->layers >= 1 && s->layers <= KVEDGE_WIRE_FETCH_MAX_LAYERS &&
                    (uint32_t)s->first_layer + s->layers <= 65536u);
+}
+
+/* mapped: model id (124) | reserved u32 | N chunk ids */
+int kvedge_wire_fetch_mapped_pack(const char *model_id,
+                                  uint8_t out[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES])
+{
+    memset(out, 0, KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES);
+    return model_id ? s_model_id_pack(model_id, out) : KVEDGE_EINVAL;
+}
+
+int kvedge_wire_fetch_mapped_parse(const uint8_t *in, size_t len, uint32_t n,
+                                   char model_id[KVEDGE_WIRE_MODEL_ID_BYTES], const uint8_t **ids)
+{
+    model_id[0] = '\0';
+    *ids = NULL;
+    if (!in || n < 1 || n > KVEDGE_WIRE_MAX_CHUNKS ||
+        len != KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES + (size_t)n * KVEDGE_CHUNK_ID_BYTES ||
+        !s_all_zero(in + KVEDGE_WIRE_MODEL_ID_BYTES, 4) ||
+        s_model_id_parse(in, model_id) != KVEDGE_OK) {
+        model_id[0] = '\0';
+        return KVEDGE_EPROTO;
+    }
+    *ids = in + KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES;
+    return KVEDGE_OK;
 }
 
 /* block: kind u8 | source u8 | layer u16 | chunk index u32 | head u16 | reserved u16 |
@@ -734,7 +775,7 @@ int kvedge_wire_fetch_block_parse(const uint8_t *in, size_t len, kvedge_wire_fet
         (b->status == KVEDGE_OK || b->status == KVEDGE_ENOTFOUND || b->status == KVEDGE_ECORRUPT));
 }
 
-/* layer: kind u8 | reason u8 | layer u16 | source i16 | reserved u16 | status i32 |
+/* layer: kind u8 | reason u8 | layer u16 | source i16 | from_layer u16 | status i32 |
  * heads u32 | attempts u32 | reserved u32 */
 void kvedge_wire_fetch_layer_pack(const kvedge_wire_fetch_layer_t *l,
                                   uint8_t out[KVEDGE_WIRE_FETCH_LAYER_BYTES])
@@ -744,6 +785,7 @@ void kvedge_wire_fetch_layer_pack(const kvedge_wire_fetch_layer_t *l,
     out[1] = l->reason;
     kvedge_le_put16(out + 2, l->layer);
     kvedge_le_put16(out + 4, (uint16_t)l->source);
+    kvedge_le_put16(out + 6, l->from_layer);
     kvedge_le_put32(out + 8, (uint32_t)l->status);
     kvedge_le_put32(out + 12, l->heads);
     kvedge_le_put32(out + 16, l->attempts);
@@ -753,11 +795,12 @@ int kvedge_wire_fetch_layer_parse(const uint8_t *in, size_t len, kvedge_wire_fet
 {
     memset(l, 0, sizeof *l);
     if (!in || len != KVEDGE_WIRE_FETCH_LAYER_BYTES || in[0] != KVEDGE_FETCH_MSG_LAYER ||
-        kvedge_le_get16(in + 6) != 0 || !s_all_zero(in + 20, 4))
+        !s_all_zero(in + 20, 4))
         return KVEDGE_EPROTO;
     l->reason = in[1];
     l->layer = kvedge_le_get16(in + 2);
     l->source = (int16_t)kvedge_le_get16(in + 4);
+    l->from_layer = kvedge_le_get16(in + 6);
     l->status = (int32_t)kvedge_le_get32(in + 8);
     l->heads = kvedge_le_get32(in + 12);
     l->attempts = kvedge_le_get32(in + 16);
@@ -765,7 +808,8 @@ int kvedge_wire_fetch_layer_parse(const uint8_t *in, size_t len, kvedge_wire_fet
     return s_check(s_fetch_reason_ok(l->reason) && l->source >= -1 &&
                    l->source < KVEDGE_WIRE_FETCH_MAX_SOURCES &&
                    (delivered || l->status == KVEDGE_ENOTFOUND) && (!delivered || l->source >= 0) &&
-                   l->attempts <= KVEDGE_WIRE_FETCH_MAX_SOURCES);
+                   l->attempts <= KVEDGE_WIRE_FETCH_MAX_SOURCES &&
+                   (delivered || l->from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER));
 }
 
 /* plan: kind u8 | reserved 3 | sources u32 | layers u32 | split u32 | 5 x f64 */
@@ -837,13 +881,16 @@ int kvedge_wire_fetch_source_parse(const uint8_t *in, size_t len, kvedge_wire_fe
     return s_check(s->kind <= 4 && s_time_ok(s->rtt_us) && s_time_ok(s->bw_bytes_per_s));
 }
 
-/* plan layer: source i16 | reason u8 | reserved 5 | cost_us f64 */
+/* plan layer: source i16 | reason u8 | mapped u8 | from_layer u16 | reserved u16 |
+ * cost_us f64 */
 void kvedge_wire_fetch_plan_layer_pack(const kvedge_wire_fetch_plan_layer_t *l,
                                        uint8_t out[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES])
 {
     memset(out, 0, KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
     kvedge_le_put16(out, (uint16_t)l->source);
     out[2] = l->reason;
+    out[3] = l->mapped ? 1 : 0;
+    kvedge_le_put16(out + 4, l->mapped ? l->from_layer : KVEDGE_WIRE_FETCH_OWN_LAYER);
     s_putd(out + 8, l->cost_us);
 }
 
@@ -851,12 +898,17 @@ int kvedge_wire_fetch_plan_layer_parse(const uint8_t *in, size_t len,
                                        kvedge_wire_fetch_plan_layer_t *l)
 {
     memset(l, 0, sizeof *l);
-    if (!in || len != KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES || !s_all_zero(in + 3, 5))
+    if (!in || len != KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES || in[3] > 1 || !s_all_zero(in + 6, 2))
         return KVEDGE_EPROTO;
     l->source = (int16_t)kvedge_le_get16(in);
     l->reason = in[2];
+    l->mapped = in[3] == 1;
+    l->from_layer = kvedge_le_get16(in + 4);
     l->cost_us = s_getd(in + 8);
-    /* The cost of a layer no up source holds is infinite: allowed here. */
+    /* The cost of a layer no up source holds is infinite: allowed here. A mapped layer comes
+     * from a source and names a layer; an own one names none. */
     return s_check(l->source >= -1 && l->source < KVEDGE_WIRE_FETCH_MAX_SOURCES &&
-                   l->reason <= 16 && (l->cost_us >= 0));
+                   l->reason <= 16 && (l->cost_us >= 0) &&
+                   (l->mapped ? l->source >= 0 && l->from_layer != KVEDGE_WIRE_FETCH_OWN_LAYER
+                              : l->from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER));
 }

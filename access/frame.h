@@ -131,6 +131,14 @@ typedef struct {
 #define KVEDGE_WIRE_FETCH_MAX_LAYERS       1024 /* layers per FETCH (the planner's limit) */
 #define KVEDGE_WIRE_FETCH_MAX_SOURCES      32
 #define KVEDGE_WIRE_FETCH_NAME_BYTES       64 /* source name field, NUL-padded */
+/* The spec's flags: MAPPED (large-small) adds the mapped frame, always the last. Other bits
+ * are refused. */
+#define KVEDGE_WIRE_FETCH_FLAG_MAPPED 0x1u
+#define KVEDGE_WIRE_FETCH_FLAGS_KNOWN KVEDGE_WIRE_FETCH_FLAG_MAPPED
+/* The mapped frame: mapped model id (124, NUL-padded) | reserved u32 | N chunk ids. */
+#define KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES 128
+/* from_layer of a layer that is the requested model's own (plan and LAYER records). */
+#define KVEDGE_WIRE_FETCH_OWN_LAYER 0xFFFFu
 
 typedef enum {
     KVEDGE_FETCH_MSG_BLOCK = 1, /* one head of one chunk of one layer */
@@ -143,6 +151,7 @@ typedef struct {
     uint16_t first_layer;
     uint16_t layers; /* 1 ... KVEDGE_WIRE_FETCH_MAX_LAYERS; first + layers <= 65536 */
     uint32_t tokens; /* context tokens over all chunks (pricing); 0 = unknown */
+    uint32_t flags;  /* KVEDGE_WIRE_FETCH_FLAG_*; only known bits */
 } kvedge_wire_fetch_spec_t;
 
 typedef struct {
@@ -160,6 +169,9 @@ typedef struct {
     int32_t status;    /* 0 delivered; KVEDGE_ENOTFOUND: not delivered, the client computes it */
     uint32_t heads;    /* block messages sent for this layer */
     uint32_t attempts; /* sources tried */
+    /* KVEDGE_WIRE_FETCH_OWN_LAYER: the requested model's own layer (always so when not
+     * delivered); else the mapped model's layer whose blocks were delivered for it. */
+    uint16_t from_layer;
 } kvedge_wire_fetch_layer_t;
 
 typedef struct {
@@ -181,11 +193,20 @@ typedef struct {
     int16_t source; /* -1: recompute */
     uint8_t reason; /* kvedge_plan_reason_t (proxy/plan.h) */
     double cost_us;
+    bool mapped;         /* planned from the mapped model's layer from_layer (source >= 0) */
+    uint16_t from_layer; /* mapped: that layer; else KVEDGE_WIRE_FETCH_OWN_LAYER */
 } kvedge_wire_fetch_plan_layer_t;
 
 int kvedge_wire_fetch_spec_pack(const kvedge_wire_fetch_spec_t *s,
                                 uint8_t out[KVEDGE_WIRE_FETCH_SPEC_BYTES]);
 int kvedge_wire_fetch_spec_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_spec_t *s);
+/* The mapped frame's first 128 bytes (the N chunk ids follow it in the same frame). pack:
+ * KVEDGE_EINVAL for an id that is empty or does not fit. parse: len must be exactly
+ * 128 + n x 32; the id is NUL-padded and non-empty, reserved 0; *ids points into in. */
+int kvedge_wire_fetch_mapped_pack(const char *model_id,
+                                  uint8_t out[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES]);
+int kvedge_wire_fetch_mapped_parse(const uint8_t *in, size_t len, uint32_t n,
+                                   char model_id[KVEDGE_WIRE_MODEL_ID_BYTES], const uint8_t **ids);
 void kvedge_wire_fetch_block_pack(const kvedge_wire_fetch_block_t *b,
                                   uint8_t out[KVEDGE_WIRE_FETCH_BLOCK_BYTES]);
 int kvedge_wire_fetch_block_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_block_t *b);

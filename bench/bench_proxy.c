@@ -199,15 +199,15 @@ static double s_fetch(kvedge_client_t *c, const kvedge_chunk_id_t *ids, bool pri
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    kvedge_fetch_req_t req = {S_MODEL,
-                              ids,
-                              S_CHUNKS,
-                              0,
-                              S_LAYERS,
-                              S_TOKENS,
-                              price_compute ? cu : NULL,
-                              price_compute ? ru : NULL,
-                              120000};
+    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+                              .chunks = ids,
+                              .n = S_CHUNKS,
+                              .first_layer = 0,
+                              .layers = S_LAYERS,
+                              .tokens = S_TOKENS,
+                              .compute_us = price_compute ? cu : NULL,
+                              .recompute_us = price_compute ? ru : NULL,
+                              .deadline_ms = 120000};
     kvedge_fetch_cbs_t cbs = {s_on_plan, NULL, s_on_layer, s_on_done};
     r->t0 = zclock_usecs();
     if (kvedge_client_fetch_async(c, &req, &cbs, r) != 0)

@@ -50,6 +50,13 @@ const char *kvedge_e2e_mode_name(kvedge_e2e_mode_t mode)
     return "?";
 }
 
+const char *kvedge_e2e_result_mode(const kvedge_e2e_result_t *res)
+{
+    if (!res)
+        return "?";
+    return res->large_small ? "ce-lslm" : kvedge_e2e_mode_name(res->mode);
+}
+
 /* ---------------------------------------------------------------- tokens, model, chunks */
 
 int kvedge_e2e_byte_tokens(const char *text, size_t len, uint32_t vocab, int32_t *out, size_t max,
@@ -597,14 +604,49 @@ size_t kvedge_e2e_slot_bytes(uint32_t n, uint32_t ct, uint32_t heads, uint32_t h
     return total;
 }
 
+/* Large–small: the pipeline's adapt callback. The adapter knows which cloud layer each edge
+ * layer was fitted from; a layer the proxy delivered from another (its map and the adapter's
+ * disagree) is refused, so the decoder computes it rather than attend over a wrong layer. */
+static int s_adapt(void *arg, uint16_t layer, uint16_t from_layer, const float *k_src,
+                   const float *v_src, uint32_t tokens, float *k_dst, float *v_dst)
+{
+    const kvedge_adapter_t *a = arg;
+    if (kvedge_adapter_from(a, layer) != (int32_t)from_layer)
+        return KVEDGE_ESHAPE;
+    return kvedge_adapter_apply(a, layer, k_src, v_src, tokens, k_dst, v_dst);
+}
+
+/* Large–small: the adapter is for mapped_model (its cloud_id) and the two models' shapes.
+ * Returns 0, KVEDGE_EINVAL (another cloud model) or KVEDGE_ESHAPE. */
+static int s_adapter_fits(const kvedge_e2e_request_t *req)
+{
+    const kvedge_adapter_info_t *ai = kvedge_adapter_info(req->adapter);
+    const kvedge_model_t *mm = req->mapped_model;
+    if (!ai || kvedge_model_check(mm) != KVEDGE_OK || strcmp(ai->cloud_id, mm->id) != 0)
+        return KVEDGE_EINVAL;
+    char why[256];
+    return kvedge_adapter_check(req->adapter, NULL, mm, req->model, why, sizeof why) == KVEDGE_OK
+               ? KVEDGE_OK
+               : KVEDGE_ESHAPE;
+}
+
 static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
                            kvedge_e2e_result_t *res)
 {
     const kvedge_decoder_t *d = req->decoder;
     const kvedge_decoder_config_t *c = kvedge_decoder_config(d);
     if (!req->proxy || !req->model || !s_model_matches(d, req->model) ||
-        c->layers > KVEDGE_FETCH_MAX_LAYERS || req->deadline_ms < 0)
+        c->layers > KVEDGE_FETCH_MAX_LAYERS || req->deadline_ms < 0 ||
+        !req->mapped_model != !req->adapter)
         return KVEDGE_EINVAL;
+    const kvedge_model_t *mm = req->mapped_model;
+    if (mm) {
+        int rc = s_adapter_fits(req);
+        if (rc != KVEDGE_OK)
+            return rc;
+        res->large_small = true;
+        snprintf(res->mapped_model, sizeof res->mapped_model, "%s", mm->id);
+    }
     const uint32_t L = c->layers, n = req->ctx_len, ct = s_chunk_tokens(req->chunk_tokens);
     if (ct > KVEDGE_BLOCK_MAX_TOKENS)
         return KVEDGE_EINVAL;
@@ -632,16 +674,25 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     uint64_t t0 = s_now_us();
     const size_t max_chunks = ((size_t)n + ct - 1) / ct, kvf = kvedge_decoder_kv_floats(d, n);
     kvedge_chunk_id_t *ids = malloc(max_chunks * sizeof *ids);
+    kvedge_chunk_id_t *mids = mm ? malloc(max_chunks * sizeof *mids) : NULL;
     float *dk = malloc((size_t)L * kvf * sizeof(float));
     float *dv = malloc((size_t)L * kvf * sizeof(float));
     kvedge_kv_dst_t *kd = calloc(L, sizeof *kd), *vd = calloc(L, sizeof *vd);
     kvedge_pipeline_layer_stats_t *ls = calloc(L, sizeof *ls);
     kvedge_decoder_session_t *s = kvedge_decoder_session_new(d);
     kvedge_pipeline_t *pipe = NULL;
-    int rc = ids && dk && dv && kd && vd && ls && s ? KVEDGE_OK : KVEDGE_ENOMEM;
-    size_t n_chunks = 0;
+    int rc = ids && dk && dv && kd && vd && ls && s && (mids || !mm) ? KVEDGE_OK : KVEDGE_ENOMEM;
+    size_t n_chunks = 0, n_mapped = 0;
     if (rc == KVEDGE_OK)
         rc = kvedge_e2e_chunks(req->model, req->ctx, n, ct, ids, max_chunks, &n_chunks);
+    /* The cloud model's chain over the same tokens: the ids its prefill stored them under. */
+    if (rc == KVEDGE_OK && mm)
+        rc = kvedge_e2e_chunks(mm, req->ctx, n, ct, mids, max_chunks, &n_mapped);
+    size_t slot_bytes = kvedge_e2e_slot_bytes(n, ct, c->heads, c->head_dim);
+    if (mm) {
+        size_t theirs = kvedge_e2e_slot_bytes(n, ct, mm->kv_heads, mm->head_dim);
+        slot_bytes = theirs > slot_bytes ? theirs : slot_bytes;
+    }
     if (rc == KVEDGE_OK) {
         for (uint32_t l = 0; l < L; l++) {
             kvedge_kv_dst_t t = {.layout = KVEDGE_KV_CONTIG,
@@ -669,10 +720,14 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
             .token_offset = 0,
             .on_device = false,
             .ring_slots = req->ring_slots,
-            .slot_bytes = kvedge_e2e_slot_bytes(n, ct, c->heads, c->head_dim),
+            .slot_bytes = slot_bytes,
             .compute_us = cu,
             .recompute_us = ru,
             .deadline_ms = req->deadline_ms,
+            .mapped_model = mm,
+            .mapped_chunks = mids,
+            .adapt = mm ? s_adapt : NULL,
+            .adapt_arg = (void *)req->adapter,
         };
         rc = kvedge_pipeline_open(&o, &pipe);
     }
@@ -702,11 +757,14 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
         x->kind = ls[l].kind;
         x->reason = ls[l].reason;
         snprintf(x->source, sizeof x->source, "%s", ls[l].source);
+        x->from_layer = x->computed ? -1 : ls[l].from_layer;
+        x->adapt_failed = ls[l].adapt_failed;
         if (x->computed) {
             snprintf(x->source, sizeof x->source, "local");
             x->kind = -1;
         }
     }
+    res->adapted = ps.adapted;
     res->sent_bytes = ps.sent_bytes;
     res->received_bytes = ps.msg_bytes;
     res->weights_bytes = kvedge_decoder_weights_bytes(d);
@@ -716,7 +774,11 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
                     s_session_kv_bytes(d, n, req->prompt_len + req->max_new) +
                     (uint64_t)ps.slot_bytes * ps.ring_slots +
                     (res->computed ? (uint64_t)n * c->hidden * sizeof(float) : 0);
+    if (mm) /* the pipeline's scratch: a cloud layer dequantized, and adapted */
+        res->kv_bytes += 2ull * n * sizeof(float) *
+                         ((uint64_t)mm->kv_heads * mm->head_dim + (uint64_t)c->heads * c->head_dim);
     kvedge_decoder_session_destroy(&s);
+    free(mids);
     free(ls);
     free(vd);
     free(kd);
@@ -803,7 +865,10 @@ int kvedge_e2e_decode(const kvedge_e2e_request_t *req, int32_t *tokens, kvedge_e
     res->layers = c->layers;
     for (uint32_t l = 0; l < KVEDGE_FETCH_MAX_LAYERS; l++) {
         res->layer[l].kind = -1;
+        res->layer[l].from_layer = -1;
     }
+    if ((req->mapped_model || req->adapter) && req->mode != KVEDGE_E2E_KVEDGE)
+        return KVEDGE_EINVAL;
     switch (req->mode) {
     case KVEDGE_E2E_KVEDGE:
         return s_decode_kvedge(req, tokens, res);
@@ -860,7 +925,7 @@ static void s_print_json(FILE *f, const kvedge_e2e_result_t *r)
 {
     uint32_t layers = r->layers < KVEDGE_FETCH_MAX_LAYERS ? r->layers : KVEDGE_FETCH_MAX_LAYERS;
     fprintf(f, "{\"mode\":");
-    s_json_str(f, kvedge_e2e_mode_name(r->mode));
+    s_json_str(f, kvedge_e2e_result_mode(r));
     fputc(',', f);
     s_json_ms(f, "ttft_ms", r->ttft_us, true);
     s_json_ms(f, "total_ms", r->total_us, true);
@@ -882,11 +947,24 @@ static void s_print_json(FILE *f, const kvedge_e2e_result_t *r)
         fprintf(f, ",\"reason\":");
         s_json_str(f, s_reason_name(x->reason));
         fprintf(f, ",\"computed\":%s,", x->computed ? "true" : "false");
+        if (r->large_small) {
+            if (x->from_layer >= 0)
+                fprintf(f, "\"from_layer\":%d,", x->from_layer);
+            else
+                fprintf(f, "\"from_layer\":null,");
+            fprintf(f, "\"adapt_failed\":%s,", x->adapt_failed ? "true" : "false");
+        }
         s_json_ms(f, "ready_ms", x->ready_us, true);
         s_json_ms(f, "done_ms", x->done_us, false);
         fputc('}', f);
     }
-    fprintf(f, "],\"plan\":");
+    fprintf(f, "],");
+    if (r->large_small) {
+        fprintf(f, "\"mapped_model\":");
+        s_json_str(f, r->mapped_model);
+        fprintf(f, ",\"adapted\":%u,", r->adapted);
+    }
+    fprintf(f, "\"plan\":");
     if (r->have_plan) {
         fputc('{', f);
         s_json_ms(f, "total_ms", r->plan.total_us, true);
@@ -915,6 +993,21 @@ static void s_print_json(FILE *f, const kvedge_e2e_result_t *r)
     fprintf(f, "}\n");
 }
 
+/* Large–small: which K/V fed edge layer l, one line. */
+static void s_print_from(FILE *f, const kvedge_e2e_result_t *res, uint32_t l)
+{
+    const kvedge_e2e_layer_t *x = &res->layer[l];
+    if (x->computed)
+        fprintf(f, "layer %u computed here (%s%s)\n", l, s_reason_name(x->reason),
+                x->adapt_failed ? ", adaptation failed" : "");
+    else if (x->from_layer >= 0)
+        fprintf(f, "layer %u \u2190 cloud %s layer %d via %.63s (%s)\n", l, res->mapped_model,
+                x->from_layer, x->source[0] ? x->source : "-", s_reason_name(x->reason));
+    else
+        fprintf(f, "layer %u \u2190 its own K/V via %.63s (%s)\n", l,
+                x->source[0] ? x->source : "-", s_reason_name(x->reason));
+}
+
 void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json)
 {
     if (!f || !res)
@@ -934,7 +1027,9 @@ void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json)
                     x->ready_us / 1e3, x->done_us / 1e3);
         }
     }
-    fprintf(f, "mode      %s\n", kvedge_e2e_mode_name(res->mode));
+    for (uint32_t l = 0; res->large_small && l < layers; l++)
+        s_print_from(f, res, l);
+    fprintf(f, "mode      %s\n", kvedge_e2e_result_mode(res));
     fprintf(f, "TTFT      %.2f ms\n", res->ttft_us / 1e3);
     fprintf(f, "total     %.2f ms for %u tokens\n", res->total_us / 1e3, res->generated);
     if (res->mode == KVEDGE_E2E_CLOUD_ONLY)
@@ -942,6 +1037,8 @@ void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json)
     else
         fprintf(f, "layers    %u fetched, %u computed of %u\n", res->fetched, res->computed,
                 res->layers);
+    if (res->large_small)
+        fprintf(f, "adapted   %u layers of %s\n", res->adapted, res->mapped_model);
     fprintf(f, "sent      %llu bytes (prompt %llu bytes)\n", (unsigned long long)res->sent_bytes,
             (unsigned long long)res->prompt_bytes_sent);
     fprintf(f, "received  %llu bytes\n", (unsigned long long)res->received_bytes);

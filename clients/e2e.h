@@ -9,6 +9,11 @@
  *    the user's prompt on top. The only request the edge sends is the FETCH: model id, the
  *    context's chunk ids (hashes of the shared context, computed on the edge), layer range,
  *    token count and the decoder's time estimates. The prompt never leaves the process.
+ *  - Large–small ("ce-lslm": KVEDGE_E2E_KVEDGE with a mapped model and an adapter, CE-LSLM
+ *    section V-A, docs/largesmall.md "Serving: the edge client"): the same, but the FETCH also
+ *    names a cloud model and its chunk chain over the same context; the proxy may deliver an
+ *    edge layer as the cloud layer its registered layer map gives, which the adapter turns
+ *    into the edge layer's K/V before the decoder uses it.
  *  - Edge-only (KVEDGE_E2E_LOCAL): the edge recomputes context and prompt itself.
  *  - Cloud-only (KVEDGE_E2E_CLOUD_ONLY): the user's prompt goes to the cloud model, which holds
  *    the context's K/V in memory (prefix caching, the strongest cloud baseline) and sends the
@@ -28,6 +33,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "clients/adapter.h"
 #include "clients/decoder/decoder.h"
 #include "clients/kvedge.h"
 
@@ -138,6 +144,11 @@ typedef struct {
     int kind;        /* kvedge_fetch_source_t kind of that source; -1 when computed */
     int reason;      /* kvedge_fetch_reason_t (kvedge_fetch_reason_name) */
     bool computed;   /* the decoder computed this layer's context K/V itself */
+    /* Large–small: the cloud (mapped) model's layer whose K/V, adapted, the decoder used for
+     * this layer; -1 when it used its own model's (fetched or computed). A mapped layer whose
+     * adaptation failed is computed (-1, adapt_failed). */
+    int from_layer;
+    bool adapt_failed;
     double ready_us; /* since the request started: the decoder's wait for the layer returned
                       * (resident or reported missing; not before the previous layer ran) */
     double done_us;  /* since the request started: decoder layer finished (prompt) */
@@ -165,6 +176,16 @@ typedef struct {
     bool plan_recompute;
     uint32_t ring_slots; /* pipeline ring; 0 = its default */
     int deadline_ms;     /* the fetch's deadline; 0 = the client's default */
+    /* Large–small (KVEDGE_E2E_KVEDGE only; both or neither): the cloud model whose layers may
+     * stand in for the decoder's (its record: id as the proxy knows it, layers, kv_heads =
+     * heads, head_dim), and the adapter from it (clients/adapter.h; its cloud_id must be
+     * mapped_model->id and its shapes the two models', kvedge_adapter_check). The chunk chain
+     * of mapped_model over ctx goes in the FETCH beside the decoder's; a layer the proxy
+     * delivers as the cloud's goes through kvedge_adapter_apply (a delivered cloud layer
+     * other than kvedge_adapter_from's, or a failed adaptation, makes it computed here).
+     * Needs a proxy (not a store node). Borrowed. */
+    const kvedge_model_t *mapped_model;
+    const kvedge_adapter_t *adapter;
     /* KVEDGE_E2E_CLOUD_ONLY. */
     kvedge_e2e_cloud_t *cloud;
     /* Optional, any mode: receives the logits (vocab floats) the first token was taken from
@@ -190,15 +211,27 @@ typedef struct {
     uint64_t kv_bytes;      /* context + local K/V and staging the edge held for the request */
     uint32_t layers;        /* the decoder's layers; kvedge and edge-only modes fill layer[] */
     uint32_t fetched, computed; /* layers fetched / computed locally (edge-only: all computed) */
-    bool have_plan;             /* kvedge mode through a proxy: plan is the proxy's plan */
+    /* Large–small: the request named a mapped model (printed as mode "ce-lslm"), its id, and
+     * how many of the fetched layers were the cloud's, adapted. */
+    bool large_small;
+    char mapped_model[KVEDGE_MODEL_ID_MAX_BYTES + 1];
+    uint32_t adapted;
+    bool have_plan; /* kvedge mode through a proxy: plan is the proxy's plan */
     kvedge_fetch_plan_t plan;
     kvedge_e2e_layer_t layer[KVEDGE_FETCH_MAX_LAYERS];
 } kvedge_e2e_result_t;
 
+/* The mode a result ran in: "ce-lslm" for a large-small request, else
+ * kvedge_e2e_mode_name(res->mode). */
+const char *kvedge_e2e_result_mode(const kvedge_e2e_result_t *res);
+
 /* Runs one request in req->mode and fills *res (about 100 KiB: allocate it) and tokens
  * (max_new ids, greedy: the first from the prompt's logits, then max_new - 1 decoder steps).
  * Errors: KVEDGE_EINVAL (a field missing for the mode, bad sizes, a model record not matching
- * the decoder, a cloud holding another context than ctx), KVEDGE_ETOOBIG (ctx_len +
+ * the decoder, a cloud holding another context than ctx; mapped_model without adapter or the
+ * reverse, either outside KVEDGE_E2E_KVEDGE, an adapter whose cloud_id is not
+ * mapped_model->id, a store-node client), KVEDGE_ESHAPE (an adapter whose shapes are not the
+ * two models'), KVEDGE_ETOOBIG (ctx_len +
  * prompt_len + max_new over the decoder's positions), KVEDGE_ENOMEM, the pipeline's and the
  * decoder's errors (a layer that failed rather than missed, e.g. KVEDGE_ETIMEDOUT, or
  * KVEDGE_ENOMODEL from a proxy that knows the model neither built in nor from its master).
@@ -206,8 +239,10 @@ typedef struct {
  * decoder, a cloud, but not a proxy client. */
 int kvedge_e2e_decode(const kvedge_e2e_request_t *req, int32_t *tokens, kvedge_e2e_result_t *res);
 
-/* Prints the request's result for people: per-layer source and reason (kvedge mode), TTFT,
- * total, bytes; or as one JSON object when json. */
+/* Prints the request's result for people: per-layer source and reason (kvedge mode; for
+ * ce-lslm also a line per layer saying which cloud layer fed it, "layer 2 <- cloud kjv-cloud
+ * layer 4 via cloud1 (planned)"), TTFT, total, bytes; or as one JSON object when json (ce-lslm
+ * adds "mapped_model", "adapted" and per layer "from_layer", null when its own). */
 void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json);
 
 #ifdef __cplusplus

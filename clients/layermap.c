@@ -11,6 +11,7 @@
 #include "clients/layermap.h"
 #include "gpu/cka.h"
 #include "gpu/rsa.h"
+#include "gpu/stage.h"
 #include "store/error.h"
 
 #define S_MAGIC   "kvedge-layermap"
@@ -55,8 +56,9 @@ typedef struct {
 } s_collect_t;
 
 static int s_collect_layer(void *arg, uint32_t layer, const float *hidden, uint32_t n,
-                           const float *k, const float *v)
+                           const float *q, const float *k, const float *v)
 {
+    (void)q;
     (void)k;
     (void)v;
     s_collect_t *c = arg;
@@ -84,12 +86,52 @@ int kvedge_layermap_collect(const kvedge_decoder_t *md, const int32_t *tokens, u
     return KVEDGE_OK;
 }
 
+/* The scores on the device: every layer's states uploaded once, then cuBLAS CKA and RSA per
+ * pair. Returns KVEDGE_EINVAL without a device (or on any CUDA failure), so the caller runs
+ * the CPU references instead: the same numbers within KVEDGE_CKA_TOL / KVEDGE_RSA_TOL. */
+static int s_scores_gpu(const float *edge, uint32_t edge_layers, uint32_t edge_hidden,
+                        const float *cloud, uint32_t cloud_layers, uint32_t cloud_hidden,
+                        uint32_t n, double *cka, double *rsa)
+{
+    if (kvedge_gpu_device_count() <= 0)
+        return KVEDGE_EINVAL;
+    const size_t eb = sizeof(float) * n * edge_hidden, cb = sizeof(float) * n * cloud_hidden;
+    void *de = NULL, *dc = NULL;
+    int rc = kvedge_gpu_dev_alloc(eb * edge_layers, &de);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_gpu_dev_alloc(cb * cloud_layers, &dc);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_gpu_copy_h2d(de, edge, eb * edge_layers, NULL);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_gpu_copy_h2d(dc, cloud, cb * cloud_layers, NULL);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_gpu_stream_sync(NULL);
+    for (uint32_t e = 0; rc == KVEDGE_OK && e < edge_layers; e++)
+        for (uint32_t c = 0; rc == KVEDGE_OK && c < cloud_layers; c++) {
+            const float *x = (const float *)((const char *)de + eb * e);
+            const float *y = (const float *)((const char *)dc + cb * c);
+            double *ck = cka + (size_t)e * cloud_layers + c,
+                   *rs = rsa + (size_t)e * cloud_layers + c;
+            const kvedge_cka_args_t ca = {x, y, n, edge_hidden, cloud_hidden, ck};
+            const kvedge_rsa_args_t ra = {x, y, n, edge_hidden, cloud_hidden, rs};
+            rc = kvedge_gpu_cka(&ca, NULL);
+            if (rc == KVEDGE_OK)
+                rc = kvedge_gpu_rsa(&ra, NULL);
+        }
+    kvedge_gpu_dev_free(de);
+    kvedge_gpu_dev_free(dc);
+    return rc;
+}
+
 int kvedge_layermap_scores(const float *edge, uint32_t edge_layers, uint32_t edge_hidden,
                            const float *cloud, uint32_t cloud_layers, uint32_t cloud_hidden,
                            uint32_t n, double *cka, double *rsa)
 {
     if (!edge || !cloud || !cka || !rsa || edge_layers == 0 || cloud_layers == 0)
         return KVEDGE_EINVAL;
+    if (s_scores_gpu(edge, edge_layers, edge_hidden, cloud, cloud_layers, cloud_hidden, n, cka,
+                     rsa) == KVEDGE_OK)
+        return KVEDGE_OK;
     for (uint32_t e = 0; e < edge_layers; e++)
         for (uint32_t c = 0; c < cloud_layers; c++) {
             const float *x = edge + (size_t)e * n * edge_hidden;
@@ -107,10 +149,10 @@ int kvedge_layermap_scores(const float *edge, uint32_t edge_layers, uint32_t edg
     return KVEDGE_OK;
 }
 
-/* A model id is a non-empty word of printable bytes, at most ID_MAX_BYTES. */
-static bool s_id_ok(const char *id)
+/* Bounded by strnlen: an id from a file need not be terminated within the limit. */
+bool kvedge_layermap_id_ok(const char *id)
 {
-    size_t n = id ? strlen(id) : 0;
+    size_t n = id ? strnlen(id, KVEDGE_LAYERMAP_ID_MAX_BYTES + 1) : 0;
     if (n == 0 || n > KVEDGE_LAYERMAP_ID_MAX_BYTES)
         return false;
     for (size_t i = 0; i < n; i++)
@@ -134,8 +176,8 @@ int kvedge_layermap_build(const kvedge_decoder_t *cloud, const char *cloud_id,
         *cka_out = NULL;
     if (rsa_out)
         *rsa_out = NULL;
-    if (!cloud || !edge || !tokens || !map || !s_id_ok(cloud_id) || !s_id_ok(edge_id) ||
-        !isfinite(cka_min) || !isfinite(rsa_min))
+    if (!cloud || !edge || !tokens || !map || !kvedge_layermap_id_ok(cloud_id) ||
+        !kvedge_layermap_id_ok(edge_id) || !isfinite(cka_min) || !isfinite(rsa_min))
         return KVEDGE_EINVAL;
     memset(map, 0, sizeof *map);
     const kvedge_decoder_config_t *cc = kvedge_decoder_config(cloud),
@@ -231,7 +273,7 @@ static void s_why(char *why, size_t why_len, const char *fmt, ...)
 /* The map's header fields; 0 or KVEDGE_ECORRUPT with why. */
 static int s_check_head(const kvedge_layermap_t *m, char *why, size_t why_len)
 {
-    if (!s_id_ok(m->cloud_id) || !s_id_ok(m->edge_id)) {
+    if (!kvedge_layermap_id_ok(m->cloud_id) || !kvedge_layermap_id_ok(m->edge_id)) {
         s_why(why, why_len, "a model id is empty, over %u bytes or not one printable word",
               KVEDGE_LAYERMAP_ID_MAX_BYTES);
         return KVEDGE_ECORRUPT;
@@ -470,7 +512,7 @@ static int s_read_model(s_reader_t *r, const char *side, char *id, uint32_t *lay
     int rc = s_expect(r, side, f, 4);
     if (rc != KVEDGE_OK)
         return rc;
-    if (!s_id_ok(f[1]))
+    if (!kvedge_layermap_id_ok(f[1]))
         return s_bad(r, "bad model id");
     snprintf(id, KVEDGE_LAYERMAP_ID_MAX_BYTES + 1, "%s", f[1]);
     if (!s_u32(f[2], 1, KVEDGE_LAYERMAP_LAYERS_MAX, layers))

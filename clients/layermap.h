@@ -58,6 +58,10 @@ typedef struct {
     kvedge_layermap_entry_t *entry; /* [edge_layers], owned */
 } kvedge_layermap_t;
 
+/* Whether id can name a model in a map or an adapter: 1..KVEDGE_LAYERMAP_ID_MAX_BYTES
+ * printable bytes, no whitespace. */
+bool kvedge_layermap_id_ok(const char *id);
+
 /* The alignment of a pair, the quantity Eq. 16 maximizes: the mean of CKA and RSA. */
 double kvedge_layermap_alignment(double cka, double rsa);
 
@@ -77,8 +81,10 @@ int kvedge_layermap_collect(const kvedge_decoder_t *md, const int32_t *tokens, u
                             uint32_t window, float *out);
 
 /* Scores of every (edge layer, cloud layer) pair: cka and rsa [edge_layers][cloud_layers]
- * from the collected states edge [edge_layers][n][edge_hidden] and cloud likewise. Errors:
- * KVEDGE_EINVAL, KVEDGE_ENOMEM (those of kvedge_cpu_cka and kvedge_cpu_rsa). */
+ * from the collected states edge [edge_layers][n][edge_hidden] and cloud likewise. On a
+ * machine with a device, cuBLAS (kvedge_gpu_cka, kvedge_gpu_rsa; the CPU references if any
+ * CUDA call fails), else OpenBLAS. Errors: KVEDGE_EINVAL, KVEDGE_ENOMEM (those of
+ * kvedge_cpu_cka and kvedge_cpu_rsa). */
 int kvedge_layermap_scores(const float *edge, uint32_t edge_layers, uint32_t edge_hidden,
                            const float *cloud, uint32_t cloud_layers, uint32_t cloud_hidden,
                            uint32_t n, double *cka, double *rsa);

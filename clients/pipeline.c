@@ -10,6 +10,7 @@
 #include "clients/pipeline.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,13 +54,15 @@ typedef struct {
     char source[64];        /* the record's source name, "" when none */
     int kind;               /* that source's kind in the plan, -1 when none */
     int reason;             /* the record's kvedge_fetch_reason_t */
+    int from;               /* FETCH: the mapped model's layer delivered for it, -1: its own */
+    bool adapt_failed;      /* delivered as the mapped model's, but its adaptation failed */
 } s_layer_t;
 
 typedef struct {
     uint8_t *host;                /* pinned, slot_bytes */
     void *dev;                    /* device staging, slot_bytes (device path) */
     size_t used;                  /* bytes of bodies staged */
-    kvedge_dequant_block_t *desc; /* one per (chunk, head), index chunk * heads + head */
+    kvedge_dequant_block_t *desc; /* one per (chunk, head), index chunk * stride + head */
     uint8_t *have;                /* the same, 1 once staged */
     kvedge_gpu_event_t *copied;   /* device path: after the slot's host-to-device copy */
     int layer;                    /* the layer using it, -1 when free */
@@ -79,6 +82,21 @@ struct kvedge_pipeline_t {
     uint16_t first_layer;
     uint32_t layers;
     uint32_t n_blocks; /* per layer: n_chunks * heads */
+    /* Large–small (mapped): the mapped model's id, shape and chain; a slot's descriptors are
+     * indexed chunk * stride + head for either shape, compacted before dequantizing. */
+    bool mapped;
+    char mapped_id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
+    uint32_t mlayers, mheads, mhead_dim;
+    kvedge_chunk_id_t *mchunks; /* owned copy */
+    uint32_t stride;            /* max(heads, mheads); heads when not mapped */
+    uint32_t n_cap;             /* descriptors per slot: n_chunks * stride */
+    kvedge_pipeline_adapt_fn adapt;
+    void *adapt_arg;
+    kvedge_dequant_block_t *cdesc; /* loader's compacted descriptors, n_cap */
+    float *sk, *sv;                /* a mapped layer dequantized: [mheads][tokens][mhead_dim] */
+    float *ak, *av;                /* adapted: [heads][tokens][head_dim] */
+    uint32_t adapted;              /* layers resident through the adapter */
+    int64_t adapt_us;
     bool device, via_proxy;
     s_layer_t *layer; /* layers entries; freed with the struct */
     s_slot_t *slot;
@@ -172,7 +190,7 @@ static void s_slot_take(kvedge_pipeline_t *p, s_layer_t *l, uint32_t si)
     s_slot_t *s = &p->slot[si];
     s->layer = (int)l->idx;
     s->used = 0;
-    memset(s->have, 0, p->n_blocks);
+    memset(s->have, 0, p->n_cap);
     l->slot = (int)si;
     l->state = S_RECV;
 }
@@ -194,13 +212,34 @@ static void s_done(kvedge_pipeline_t *p, s_layer_t *l, int status)
     pthread_cond_broadcast(&p->cv);
 }
 
+/* Every block of l has come, all staged (status 0, no miss): as many as its shape has
+ * (the mapped model's when it was delivered as that), and with a mapped model, each
+ * (chunk, head) of that shape present with its head size. Locked. */
+static bool s_layer_shape_ok(const kvedge_pipeline_t *p, const s_layer_t *l)
+{
+    uint32_t heads = l->from >= 0 ? p->mheads : p->heads;
+    uint32_t head_dim = l->from >= 0 ? p->mhead_dim : p->head_dim;
+    if (l->blocks != p->n_chunks * heads)
+        return false;
+    if (!p->mapped)
+        return true; /* s_stage checked the head size and refused doubles */
+    const s_slot_t *s = &p->slot[l->slot];
+    for (uint32_t ci = 0; ci < p->n_chunks; ci++)
+        for (uint32_t h = 0; h < heads; h++) {
+            uint32_t j = ci * p->stride + h;
+            if (!s->have[j] || s->desc[j].head_dim != head_dim)
+                return false;
+        }
+    return true;
+}
+
 /* Every block of l has come (or its stream ended): hand it to the loader, or finish it. */
 static void s_received(kvedge_pipeline_t *p, s_layer_t *l)
 {
     l->arrived_us = kvedge_mono_us() - p->t0_us;
     if (l->status == KVEDGE_OK && l->miss)
         l->status = KVEDGE_ENOTFOUND;
-    if (l->status == KVEDGE_OK && l->blocks != p->n_blocks)
+    if (l->status == KVEDGE_OK && !s_layer_shape_ok(p, l))
         l->status = KVEDGE_ESHAPE; /* the node streamed another head count */
     if (l->status != KVEDGE_OK) {
         s_done(p, l, l->status);
@@ -223,6 +262,7 @@ static void s_release(kvedge_pipeline_t *p)
     free(p->plan);
     free(p->layer);
     free(p->chunks);
+    free(p->mchunks);
     free(p);
 }
 
@@ -235,15 +275,18 @@ static void s_release(kvedge_pipeline_t *p)
 static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head,
                    const uint8_t *data, size_t len, uint64_t *raw_bytes)
 {
-    if (ci >= p->n_chunks || head >= p->heads)
+    if (ci >= p->n_chunks || head >= p->stride)
         return KVEDGE_ESHAPE;
-    uint32_t j = ci * p->heads + head;
+    uint32_t j = ci * p->stride + head;
     if (s->have[j])
         return KVEDGE_EPROTO;
     kvedge_block_info_t info;
     if (!data || kvedge_block_parse(data, len, &info) != KVEDGE_OK)
         return KVEDGE_ENOTFOUND;
-    if (info.tokens != s_chunk_tokens(p, ci) || info.head_dim != p->head_dim)
+    /* With a mapped model the layer's record (after its blocks) says which shape it has:
+     * either head size is staged, s_layer_shape_ok checks the whole layer then. */
+    if (info.tokens != s_chunk_tokens(p, ci) ||
+        (info.head_dim != p->head_dim && !(p->mapped && info.head_dim == p->mhead_dim)))
         return KVEDGE_ESHAPE;
     size_t pos = s_align(s->used);
     if (pos > p->slot_bytes || info.raw_len > p->slot_bytes - pos)
@@ -389,9 +432,13 @@ static void s_fx_layer(void *ctx, const kvedge_fetch_layer_t *info)
         if (p->have_plan && info->source >= 0 && (uint32_t)info->source < p->plan->nsources)
             l->kind = p->plan->source[info->source].kind;
         l->reason = info->reason;
+        l->from = info->from_layer >= 0 ? info->from_layer : -1;
     }
     if (!p->abandoned && i < p->layers && p->layer[i].state <= S_RECV) {
         s_layer_t *l = &p->layer[i];
+        if (l->from >= 0 && (!p->mapped || (uint32_t)l->from >= p->mlayers) &&
+            l->status == KVEDGE_OK && info->status == KVEDGE_OK)
+            l->status = KVEDGE_EPROTO; /* a layer of a model this fetch did not name */
         if (info->status == KVEDGE_ENOTFOUND)
             l->miss = true; /* nobody had it, or the plan says recompute */
         else if (info->status != KVEDGE_OK && l->status == KVEDGE_OK)
@@ -460,6 +507,89 @@ static bool s_open_next(kvedge_pipeline_t *p)
     return true;
 }
 
+/* All n floats of x are finite. */
+static bool s_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return false;
+    return true;
+}
+
+/* Writes an adapted layer, [heads][tokens][head_dim], into a fp32 contiguous destination at
+ * token_offset (checked at open). */
+static void s_place(const kvedge_pipeline_t *p, const kvedge_kv_dst_t *d, const float *src)
+{
+    size_t row = (size_t)p->tokens * p->head_dim;
+    for (uint32_t h = 0; h < p->heads; h++)
+        memcpy((float *)d->base + ((size_t)h * d->tokens_cap + p->token_offset) * p->head_dim,
+               src + h * row, row * sizeof(float));
+}
+
+/* A layer of a large–small pipeline (CPU path only): its staged blocks compacted in (chunk,
+ * head) order; this model's own layer dequantized into its destination; a mapped one into
+ * the scratch of the mapped shape (positions from 0), adapted, checked and copied into the
+ * destination, or a miss when the adaptation fails. Unlocked on entry; returns locked with
+ * the layer done. */
+static void s_issue_mapped(kvedge_pipeline_t *p, s_layer_t *l, const s_slot_t *s)
+{
+    const bool mapped = l->from >= 0; /* set by its record, before it was S_READY */
+    const uint32_t heads = mapped ? p->mheads : p->heads;
+    uint32_t n = 0;
+    for (uint32_t ci = 0; ci < p->n_chunks; ci++)
+        for (uint32_t h = 0; h < heads; h++) {
+            kvedge_dequant_block_t *b = &p->cdesc[n++];
+            *b = s->desc[ci * p->stride + h];
+            if (mapped)
+                b->offset = ci * p->chunk_tokens;
+        }
+    int64_t t = kvedge_mono_us(), adapt = 0;
+    bool failed = false;
+    int rc;
+    if (!mapped) {
+        kvedge_dequant_args_t a = {p->cdesc, n, l->k, l->v};
+        rc = kvedge_cpu_dequant(&a);
+    } else {
+        size_t sf = (size_t)p->mheads * p->tokens * p->mhead_dim;
+        kvedge_kv_dst_t d = {.layout = KVEDGE_KV_CONTIG,
+                             .dtype = KVEDGE_DTYPE_FP32,
+                             .base = p->sk,
+                             .cap_bytes = sf * sizeof(float),
+                             .heads = p->mheads,
+                             .head_dim = p->mhead_dim,
+                             .tokens_cap = p->tokens};
+        kvedge_dequant_args_t a = {p->cdesc, n, d, d};
+        a.v.base = p->sv;
+        rc = kvedge_cpu_dequant(&a);
+        if (rc == KVEDGE_OK) {
+            size_t af = (size_t)p->heads * p->tokens * p->head_dim;
+            int64_t t1 = kvedge_mono_us();
+            int arc = p->adapt(p->adapt_arg, (uint16_t)(p->first_layer + l->idx), (uint16_t)l->from,
+                               p->sk, p->sv, p->tokens, p->ak, p->av);
+            adapt = kvedge_mono_us() - t1;
+            failed = arc != KVEDGE_OK || !s_finite(p->ak, af) || !s_finite(p->av, af);
+            if (failed) {
+                rc = KVEDGE_ENOTFOUND; /* the decoder computes it; nothing was written */
+            } else {
+                s_place(p, &l->k, p->ak);
+                s_place(p, &l->v, p->av);
+            }
+        }
+    }
+    int64_t end = kvedge_mono_us();
+    pthread_mutex_lock(&p->mu);
+    p->dequant_us += end - t;
+    p->adapt_us += adapt;
+    if (failed) {
+        l->adapt_failed = true;
+        /* access/proto.h has no reason of its own for this yet; adapt_failed tells it apart */
+        l->reason = KVEDGE_FETCH_MISS;
+    } else if (rc == KVEDGE_OK && mapped) {
+        p->adapted++;
+    }
+    s_done(p, l, rc);
+}
+
 /* Dequantizes a S_READY layer: on the device, copy then kernel then event (S_ISSUED); on the
  * CPU, in place from the slot (S_DONE). Locked; drops the lock for the work. */
 static void s_issue(kvedge_pipeline_t *p, s_layer_t *l)
@@ -467,6 +597,10 @@ static void s_issue(kvedge_pipeline_t *p, s_layer_t *l)
     s_slot_t *s = &p->slot[l->slot];
     l->state = S_ISSUED;
     pthread_mutex_unlock(&p->mu);
+    if (p->mapped) {
+        s_issue_mapped(p, l, s);
+        return;
+    }
     kvedge_dequant_args_t a = {s->desc, p->n_blocks, l->k, l->v};
     int rc;
     int64_t t = kvedge_mono_us(), copy = 0;
@@ -566,6 +700,13 @@ static void s_free_ring(kvedge_pipeline_t *p)
     }
     free(p->slot);
     p->slot = NULL;
+    free(p->cdesc);
+    free(p->sk);
+    free(p->sv);
+    free(p->ak);
+    free(p->av);
+    p->cdesc = NULL;
+    p->sk = p->sv = p->ak = p->av = NULL;
     for (uint32_t i = 0; p->layer && i < p->layers; i++)
         kvedge_gpu_event_destroy(&p->layer[i].ev);
     free(p->tables);
@@ -589,6 +730,17 @@ static int s_check_opts(const kvedge_pipeline_opts_t *o)
         return KVEDGE_EINVAL;
     if (o->chunk_tokens > KVEDGE_BLOCK_MAX_TOKENS)
         return KVEDGE_EINVAL;
+    const kvedge_model_t *mm = o->mapped_model;
+    if (!mm && (o->mapped_chunks || o->adapt))
+        return KVEDGE_EINVAL;
+    if (mm && (!o->mapped_chunks || !o->adapt || o->on_device || kvedge_model_check(mm) != 0 ||
+               strcmp(mm->id, m->id) == 0 ||
+               o->n_chunks * (uint64_t)mm->kv_heads > KVEDGE_DEQUANT_MAX_BLOCKS))
+        return KVEDGE_EINVAL;
+    for (uint32_t i = 0; mm && i < o->layers; i++)
+        if (o->k[i].layout != KVEDGE_KV_CONTIG || o->k[i].dtype != KVEDGE_DTYPE_FP32 ||
+            o->v[i].layout != KVEDGE_KV_CONTIG || o->v[i].dtype != KVEDGE_DTYPE_FP32)
+            return KVEDGE_EINVAL; /* the adapted layer is written as fp32 rows */
     uint64_t end = (uint64_t)o->token_offset + o->tokens;
     int first_enospace = KVEDGE_OK;
     for (uint32_t i = 0; i < o->layers; i++) {
@@ -635,8 +787,8 @@ static int s_alloc_ring(kvedge_pipeline_t *p)
         p->slot[i].layer = -1;
     for (uint32_t i = 0; i < p->nslots; i++) {
         s_slot_t *s = &p->slot[i];
-        s->desc = calloc(p->n_blocks, sizeof *s->desc);
-        s->have = calloc(p->n_blocks, 1);
+        s->desc = calloc(p->n_cap, sizeof *s->desc);
+        s->have = calloc(p->n_cap, 1);
         if (!s->desc || !s->have)
             return KVEDGE_ENOMEM;
         int rc = kvedge_gpu_host_alloc(p->slot_bytes, (void **)&s->host);
@@ -646,6 +798,17 @@ static int s_alloc_ring(kvedge_pipeline_t *p)
             rc = kvedge_gpu_event_new(&s->copied);
         if (rc != KVEDGE_OK)
             return rc;
+    }
+    if (p->mapped) {
+        size_t sf = (size_t)p->mheads * p->tokens * p->mhead_dim;
+        size_t af = (size_t)p->heads * p->tokens * p->head_dim;
+        p->cdesc = calloc(p->n_cap, sizeof *p->cdesc);
+        p->sk = malloc(sf * sizeof(float));
+        p->sv = malloc(sf * sizeof(float));
+        p->ak = malloc(af * sizeof(float));
+        p->av = malloc(af * sizeof(float));
+        if (!p->cdesc || !p->sk || !p->sv || !p->ak || !p->av)
+            return KVEDGE_ENOMEM;
     }
     if (p->device) {
         int rc = kvedge_gpu_stream_new(&p->copy_stream);
@@ -670,6 +833,8 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     bool via_proxy = node && node->role == KVEDGE_ROLE_PROXY;
     if (!via_proxy && node && node->max_chunks && opts->n_chunks > node->max_chunks)
         return KVEDGE_EINVAL; /* one GET_LAYER stream carries the whole chain */
+    if (!via_proxy && opts->mapped_model)
+        return KVEDGE_EINVAL; /* only a proxy delivers another model's layers */
     kvedge_pipeline_t *p = calloc(1, sizeof *p);
     if (!p)
         return KVEDGE_ENOMEM;
@@ -691,29 +856,55 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     p->first_layer = opts->first_layer;
     p->layers = opts->layers;
     p->n_blocks = p->n_chunks * p->heads;
+    p->stride = p->heads;
+    if (opts->mapped_model) {
+        const kvedge_model_t *mm = opts->mapped_model;
+        p->mapped = true;
+        snprintf(p->mapped_id, sizeof p->mapped_id, "%s", mm->id);
+        p->mlayers = mm->layers;
+        p->mheads = mm->kv_heads;
+        p->mhead_dim = mm->head_dim;
+        p->adapt = opts->adapt;
+        p->adapt_arg = opts->adapt_arg;
+        if (p->mheads > p->stride)
+            p->stride = p->mheads;
+    }
+    p->n_cap = p->n_chunks * p->stride;
     p->via_proxy = via_proxy;
     p->device = opts->on_device && kvedge_gpu_stage_on_device() == 1;
     p->nslots = opts->ring_slots ? opts->ring_slots : KVEDGE_PIPELINE_RING_DEFAULT;
     if (p->nslots > p->layers)
         p->nslots = p->layers;
     p->slot_bytes = opts->slot_bytes;
-    if (p->slot_bytes == 0)
-        for (uint32_t ci = 0; ci < p->n_chunks; ci++)
-            p->slot_bytes += p->heads * s_body_bound(s_chunk_tokens(p, ci), p->head_dim);
+    if (p->slot_bytes == 0) {
+        size_t mine = 0, theirs = 0;
+        for (uint32_t ci = 0; ci < p->n_chunks; ci++) {
+            mine += p->heads * s_body_bound(s_chunk_tokens(p, ci), p->head_dim);
+            if (p->mapped)
+                theirs += p->mheads * s_body_bound(s_chunk_tokens(p, ci), p->mhead_dim);
+        }
+        p->slot_bytes = mine > theirs ? mine : theirs;
+    }
     if (node) {
         snprintf(p->node_name, sizeof p->node_name, "%.63s", node->name); /* kept short */
         p->node_kind = node->role == KVEDGE_ROLE_CLOUD ? S_KIND_CLOUD : S_KIND_LOCAL;
     }
     p->chunks = malloc(opts->n_chunks * sizeof *p->chunks);
     p->layer = calloc(p->layers, sizeof *p->layer);
+    p->mchunks = p->mapped ? malloc(opts->n_chunks * sizeof *p->mchunks) : NULL;
     p->plan = via_proxy ? malloc(sizeof *p->plan) : NULL;
-    rc = p->chunks && p->layer && (p->plan || !via_proxy) ? KVEDGE_OK : KVEDGE_ENOMEM;
+    rc = p->chunks && p->layer && (p->plan || !via_proxy) && (p->mchunks || !p->mapped)
+             ? KVEDGE_OK
+             : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK) {
         memcpy(p->chunks, opts->chunks, opts->n_chunks * sizeof *p->chunks);
+        if (p->mapped)
+            memcpy(p->mchunks, opts->mapped_chunks, opts->n_chunks * sizeof *p->mchunks);
         for (uint32_t i = 0; i < p->layers; i++) {
             p->layer[i].p = p;
             p->layer[i].idx = i;
             p->layer[i].slot = -1;
+            p->layer[i].from = -1;
         }
         rc = s_copy_dsts(p, opts);
     }
@@ -723,9 +914,17 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     p->t0_us = kvedge_mono_us();
     p->deadline_ms = p->t0_us / 1000 + deadline;
     if (rc == KVEDGE_OK && via_proxy) {
-        kvedge_fetch_req_t req = {p->model_id,      p->chunks,           p->n_chunks,
-                                  p->first_layer,   (uint16_t)p->layers, p->tokens,
-                                  opts->compute_us, opts->recompute_us,  deadline};
+        kvedge_fetch_req_t req = {.model_id = p->model_id,
+                                  .chunks = p->chunks,
+                                  .n = p->n_chunks,
+                                  .first_layer = p->first_layer,
+                                  .layers = (uint16_t)p->layers,
+                                  .tokens = p->tokens,
+                                  .compute_us = opts->compute_us,
+                                  .recompute_us = opts->recompute_us,
+                                  .deadline_ms = deadline,
+                                  .mapped_model_id = p->mapped ? p->mapped_id : NULL,
+                                  .mapped_chunks = p->mchunks};
         kvedge_fetch_cbs_t cbs = {s_fx_plan, s_fx_block, s_fx_layer, s_fx_done};
         p->refs++; /* the stream's, dropped by s_fx_done */
         rc = kvedge_client_fetch_async(p->client, &req, &cbs, p);
@@ -735,7 +934,10 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
             p->sent_bytes =
                 KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_SPEC_BYTES +
                 (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES +
-                (opts->compute_us ? (uint64_t)p->layers * KVEDGE_WIRE_FETCH_TIMES_BYTES : 0);
+                (opts->compute_us ? (uint64_t)p->layers * KVEDGE_WIRE_FETCH_TIMES_BYTES : 0) +
+                (p->mapped ? KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES +
+                                 (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES
+                           : 0);
     }
     if (rc == KVEDGE_OK) {
         if (pthread_create(&p->loader, NULL, s_loader, p) == 0) {
@@ -836,6 +1038,8 @@ int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
         .copy_us = (double)p->copy_us,
         .dequant_us = (double)p->dequant_us,
         .done_us = p->done == p->layers ? (double)p->done_us : 0,
+        .adapted = p->adapted,
+        .adapt_us = (double)p->adapt_us,
     };
     for (size_t i = 0; layers && i < max && i < p->layers; i++) {
         const s_layer_t *l = &p->layer[i];
@@ -850,6 +1054,8 @@ int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
             .raw_bytes = l->raw_bytes,
             .blocks = l->blocks,
             .kind = -1,
+            .from_layer = l->from,
+            .adapt_failed = l->adapt_failed,
         };
         s_layer_source(p, l, &layers[i]);
     }

@@ -32,6 +32,13 @@
  *    dropped. Other calls on the same client wait as long; give a pipeline its own client
  *    when that matters (or a ring of `layers` slots, which never waits).
  *
+ * Large–small (docs/largesmall.md, "Serving: the edge client"): with mapped_model the FETCH
+ * also names another (cloud) model and its chunk chain; the proxy may deliver a layer as that
+ * model's layer (the LAYER record's from_layer), whose blocks have its shape. Such a layer is
+ * staged in that shape, dequantized on the CPU into an fp32 scratch, turned into this model's
+ * K/V by the caller's adapt callback (on the loader thread) and copied into the destination;
+ * an adaptation that fails makes the layer a miss.
+ *
  * Threads: open, wait, stats and destroy may be called from any thread (wait from several);
  * never from a client callback. The pipeline runs one loader thread of its own.
  *
@@ -63,6 +70,16 @@ extern "C" {
 #define KVEDGE_PIPELINE_ALIGN_BYTES 16
 
 typedef struct kvedge_pipeline_t kvedge_pipeline_t;
+
+/* Large–small (docs/largesmall.md, "Serving: the edge client"): turns the context K/V of
+ * layer from_layer of the mapped model, as delivered for this model's layer `layer`, into
+ * this model's. k_src, v_src: [mapped kv_heads][tokens][mapped head_dim] fp32 (the context's
+ * tokens, position 0 first); k_dst, v_dst: [kv_heads][tokens][head_dim] fp32 scratch to fill.
+ * Runs on the pipeline's loader thread, one layer at a time. Returns 0, or a negative
+ * KVEDGE_E* code: the layer then becomes a miss (the caller computes it). */
+typedef int (*kvedge_pipeline_adapt_fn)(void *arg, uint16_t layer, uint16_t from_layer,
+                                        const float *k_src, const float *v_src, uint32_t tokens,
+                                        float *k_dst, float *v_dst);
 
 typedef struct {
     kvedge_client_t *client;         /* borrowed; a store node or an edge proxy (required) */
@@ -99,6 +116,19 @@ typedef struct {
      * Every layer is resident, missed or failed by then; wait returns by then (plus a
      * small margin) whatever the network does. */
     int deadline_ms;
+    /* Large–small (docs/largesmall.md): a model whose layers may stand in for this one's, its
+     * chunk chain over the same tokens (n_chunks ids, copied), and how a delivered layer of it
+     * becomes this model's. The FETCH names both; the proxy may deliver a layer as the mapped
+     * model's (its LAYER record's from_layer): its blocks are staged with the mapped shape,
+     * dequantized to an fp32 scratch, adapted and written into the destination. A failed
+     * adaptation (adapt's error, or a non-finite output) makes the layer a miss. NULL
+     * mapped_model: none (mapped_chunks and adapt must be NULL too). Requires a proxy source,
+     * on_device false and fp32 contiguous destinations (else KVEDGE_EINVAL); slot_bytes 0 then
+     * sizes the slots for the larger of the two shapes. */
+    const kvedge_model_t *mapped_model;
+    const kvedge_chunk_id_t *mapped_chunks;
+    kvedge_pipeline_adapt_fn adapt; /* required with mapped_model */
+    void *adapt_arg;
 } kvedge_pipeline_opts_t;
 
 /* One layer, as stats report it. Times are microseconds since open. */
@@ -119,6 +149,11 @@ typedef struct {
     char source[64]; /* "" when none delivered it (a miss, a failure, no record yet) */
     int kind;        /* kvedge_fetch_source_t kind: 0 local, 1 peer, 2 cloud, 3 history; -1 none */
     int reason;      /* kvedge_fetch_reason_t (kvedge_fetch_reason_name); 0 when nothing said */
+    /* Large–small: the mapped model's layer the source delivered for this one (its LAYER
+     * record), -1 when its own layer (or none) was. adapt_failed: it was delivered but the
+     * adaptation failed, so the layer is a miss (status KVEDGE_ENOTFOUND). */
+    int from_layer;
+    bool adapt_failed;
 } kvedge_pipeline_layer_stats_t;
 
 typedef struct {
@@ -141,6 +176,10 @@ typedef struct {
     double copy_us;      /* loader time issuing host-to-device copies */
     double dequant_us;   /* loader time dequantizing (CPU path) or launching (device path) */
     double done_us;      /* when the last layer was done, 0 while some are not */
+    /* Large–small: layers delivered as the mapped model's and adapted (resident), and the
+     * loader's time in the adapt callback (dequant_us includes it). */
+    uint32_t adapted;
+    double adapt_us;
 } kvedge_pipeline_stats_t;
 
 /* Validates everything, allocates the ring (pinned host memory, device staging on the device
@@ -151,7 +190,10 @@ typedef struct {
  *     the wrong heads or head_dim, an unknown layout or dtype, a NULL base or page table, a
  *     page table entry outside [0, num_pages); ring_slots > layers; compute_us without
  *     recompute_us or the reverse; more chunks than one GET_LAYER stream may carry (the
- *     node's max_chunks). (on_device with host memory cannot be detected: the caller's bug.)
+ *     node's max_chunks); mapped_model without adapt or mapped_chunks, or not a valid model
+ *     record, mapped_chunks or adapt without mapped_model, mapped_model with a store-node
+ *     source, with on_device or with a destination that is not fp32 contiguous. (on_device
+ *     with host memory cannot be detected: the caller's bug.)
  *   KVEDGE_ENOSPACE: a destination too small: cap_bytes below its tensor
  *     (kvedge_dequant_dst_bytes), contiguous tokens_cap < token_offset + tokens, or paged
  *     table_len * page_size < token_offset + tokens;
@@ -161,11 +203,13 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
 
 /* Blocks until layer (a model layer number in [first_layer, first_layer + layers)) is done.
  * Returns 0: resident, K and V are in place (device path: its event completed); or
- * KVEDGE_ENOTFOUND: a miss (not on the node, a head missing or corrupt, or planned as
- * recompute by the proxy): the caller computes it, its destination is untouched; or why the
- * layer failed: KVEDGE_ETIMEDOUT (deadline), KVEDGE_ECLOSED (client destroyed),
- * KVEDGE_ESHAPE (blocks not of the requested shape), KVEDGE_ENOSPACE (slot_bytes too
- * small), KVEDGE_EPROTO, a decode or GPU error. KVEDGE_EINVAL: layer out of range. */
+ * KVEDGE_ENOTFOUND: a miss (not on the node, a head missing or corrupt, planned as recompute
+ * by the proxy, or a mapped layer whose adaptation failed): the caller computes it, its
+ * destination is untouched; or why the layer failed: KVEDGE_ETIMEDOUT (deadline),
+ * KVEDGE_ECLOSED (client destroyed), KVEDGE_ESHAPE (blocks not of the requested shape, or not
+ * of the mapped model's for a layer delivered as that), KVEDGE_ENOSPACE (slot_bytes too
+ * small), KVEDGE_EPROTO (also a from_layer outside the mapped model, or with none named), a
+ * decode or GPU error. KVEDGE_EINVAL: layer out of range. */
 int kvedge_pipeline_wait(kvedge_pipeline_t *p, uint16_t layer);
 
 /* A snapshot of the counters; layers (may be NULL) receives up to max per-layer records, in

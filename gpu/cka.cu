@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "gpu/cka.h"
+#include "gpu/blas.cuh"
 #include "gpu/common.cuh"
 
 #define S_THREADS 128
@@ -36,16 +37,6 @@ __global__ void s_frob2_kernel(const float *m, size_t len, double *out)
         atomicAdd(out, s);
 }
 
-static int s_blas(cublasStatus_t st)
-{
-    if (st == CUBLAS_STATUS_SUCCESS)
-        return KVEDGE_OK;
-    return st == CUBLAS_STATUS_ALLOC_FAILED ? KVEDGE_ENOMEM
-           : st == CUBLAS_STATUS_NOT_INITIALIZED || st == CUBLAS_STATUS_INVALID_VALUE
-               ? KVEDGE_EINVAL
-               : KVEDGE_EIO;
-}
-
 extern "C" int kvedge_gpu_cka(const kvedge_cka_args_t *a, kvedge_gpu_stream_t s)
 {
     int rc = kvedge_cka_check(a);
@@ -63,9 +54,9 @@ extern "C" int kvedge_gpu_cka(const kvedge_cka_args_t *a, kvedge_gpu_stream_t s)
     float *xc = (float *)(ws + 3 * sizeof(double)), *yc = xc + n * d1, *gx = yc + n * d2;
     float *gy = gx + d1 * d1, *cr = gy + d2 * d2;
     cublasHandle_t h = NULL;
-    rc = s_blas(cublasCreate(&h));
+    rc = kvedge_gpu_blas_err(cublasCreate(&h));
     if (rc == KVEDGE_OK)
-        rc = s_blas(cublasSetStream(h, st));
+        rc = kvedge_gpu_blas_err(cublasSetStream(h, st));
     if (rc == KVEDGE_OK)
         rc = kvedge_gpu_err(cudaMemsetAsync(sums, 0, 3 * sizeof(double), st));
     if (rc == KVEDGE_OK) {
@@ -80,14 +71,14 @@ extern "C" int kvedge_gpu_cka(const kvedge_cka_args_t *a, kvedge_gpu_stream_t s)
     /* Column-major views: Xc^T is [d1 x n] with ld d1. Gx = Xc^T Xc, Gy = Yc^T Yc,
      * Cr^T = Xc^T Yc (the norm does not care about the transpose). */
     if (rc == KVEDGE_OK)
-        rc = s_blas(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, i1, i1, in, &one, xc, i1, xc, i1,
-                                &zero, gx, i1));
+        rc = kvedge_gpu_blas_err(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, i1, i1, in, &one, xc, i1,
+                                             xc, i1, &zero, gx, i1));
     if (rc == KVEDGE_OK)
-        rc = s_blas(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, i2, i2, in, &one, yc, i2, yc, i2,
-                                &zero, gy, i2));
+        rc = kvedge_gpu_blas_err(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, i2, i2, in, &one, yc, i2,
+                                             yc, i2, &zero, gy, i2));
     if (rc == KVEDGE_OK)
-        rc = s_blas(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, i1, i2, in, &one, xc, i1, yc, i2,
-                                &zero, cr, i1));
+        rc = kvedge_gpu_blas_err(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, i1, i2, in, &one, xc, i1,
+                                             yc, i2, &zero, cr, i1));
     if (rc == KVEDGE_OK) {
         s_frob2_kernel<<<64, 256, 0, st>>>(gx, d1 * d1, sums);
         s_frob2_kernel<<<64, 256, 0, st>>>(gy, d2 * d2, sums + 1);

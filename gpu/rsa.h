@@ -1,18 +1,21 @@
 /* Representational similarity analysis (CE-LSLM Eq. 14-15) between two activation matrices
  * over the same n samples: the Pearson correlation of the strict lower triangles of their
  * cosine-similarity matrices. Beside gpu/cka.h, the other score of layer matching
- * (clients/layermap.h). GPU: not yet; the CPU reference is the only path (an offline
- * analysis of a few hundred samples: n^2 (d1 + d2) flops in sgemm). */
+ * (clients/layermap.h). Both paths spend n^2 (d1 + d2) flops in sgemm (OpenBLAS, cuBLAS) and
+ * reduce the triangles in double. */
 #ifndef KVEDGE_GPU_RSA_H
 #define KVEDGE_GPU_RSA_H
 
 #include <stdint.h>
 
+#include "gpu/gpu.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Tests: CPU (sgemm, float) against double loops, |diff| <= 1e-4 (RSA is in [-1, 1]). */
+/* Tests: CPU (sgemm, float) against double loops, |diff| <= 1e-4 (RSA is in [-1, 1]); GPU
+ * against CPU the same. */
 #define KVEDGE_RSA_TOL 1e-4
 
 typedef struct {
@@ -33,6 +36,12 @@ int kvedge_rsa_check(const kvedge_rsa_args_t *a);
 /* 0, KVEDGE_EINVAL (those of kvedge_rsa_check, n over KVEDGE_RSA_MAX_SAMPLES) or
  * KVEDGE_ENOMEM. Scratch: n (d1 + d2) + 2 n^2 floats. */
 int kvedge_cpu_rsa(const kvedge_rsa_args_t *a);
+
+/* x, y in device memory; cuBLAS sgemm; SYNCHRONOUS: waits for s and writes *a->rsa (host
+ * memory). Creates a cuBLAS handle per call (an offline analysis op). Errors: as
+ * kvedge_cpu_rsa, plus the CUDA errors of gpu/gpu.h; without a device KVEDGE_EINVAL. Device
+ * scratch: n (d1 + d2) + 2 n^2 floats. */
+int kvedge_gpu_rsa(const kvedge_rsa_args_t *a, kvedge_gpu_stream_t s);
 
 /* Most samples kvedge_cpu_rsa takes: its two n x n matrices stay under 2 GiB. */
 #define KVEDGE_RSA_MAX_SAMPLES 16384u

@@ -36,6 +36,7 @@ struct kvedge_collab_t {
     _Atomic(kvedge_series_t *) req[S_OPS][S_STATUS + 1];
     _Atomic(kvedge_series_t *) fetch_status[S_STATUS + 1];
     kvedge_series_t *plan_h, *first_h, *last_h, *planned_h, *ratio_h;
+    kvedge_series_t *mapped; /* layers delivered from a mapped model */
     kvedge_collab_gauges_t g;
     pthread_mutex_t mu; /* the transition ring */
     s_transition_t ring[KVEDGE_COLLAB_TRANSITIONS];
@@ -119,6 +120,10 @@ kvedge_collab_t *kvedge_collab_new(kvedge_metrics_t *r, char *why, size_t why_le
     c->ratio_h = s_hist(r, "kvedge_proxy_fetch_actual_to_plan_ratio",
                         "Time to the last layer divided by the plan's T (1: as planned).",
                         &s_ratio_spec, why, why_len);
+    c->mapped = kvedge_metrics_single(r, C, "kvedge_proxy_mapped_layers_total",
+                                      "Layers delivered from a mapped model's layer standing in "
+                                      "for the requested model's (large-small).",
+                                      NULL, why, why_len);
     c->g.up = kvedge_metrics_family(r, G, "kvedge_proxy_source_up",
                                     "1 when the source is connected and not down.", sk, 2, NULL, S,
                                     why, why_len);
@@ -156,8 +161,8 @@ kvedge_collab_t *kvedge_collab_new(kvedge_metrics_t *r, char *why, size_t why_le
         kvedge_metrics_single(r, G, "kvedge_proxy_registry_nodes",
                               "Nodes the master's registry lists.", NULL, why, why_len);
     if (!c->src_bytes || !c->src_layers || !c->transitions || !c->layers || !c->requests ||
-        !c->fetches || !c->plan_h || !c->first_h || !c->last_h || !c->planned_h || !c->ratio_h ||
-        !c->g.up || !c->g.state || !c->g.rtt || !c->g.bw || !c->g.node_alive ||
+        !c->fetches || !c->mapped || !c->plan_h || !c->first_h || !c->last_h || !c->planned_h ||
+        !c->ratio_h || !c->g.up || !c->g.state || !c->g.rtt || !c->g.bw || !c->g.node_alive ||
         !c->g.sync_missing || !c->g.sync_age || !c->g.buffered || !c->g.fetches_open ||
         !c->g.master_synced || !c->g.registry_nodes) {
         kvedge_collab_destroy(&c);
@@ -226,6 +231,12 @@ void kvedge_collab_layer(kvedge_collab_t *c, int src, kvedge_plan_kind_t kind, i
         kvedge_series_inc(c->sl[src]);
         kvedge_series_add(c->sb[src], bytes);
     }
+}
+
+void kvedge_collab_mapped(kvedge_collab_t *c)
+{
+    if (c && !c->off)
+        kvedge_series_inc(c->mapped);
 }
 
 /* Slot S_STATUS - 1 is unused by kvedge codes (they end near -21): cancellations go there. */

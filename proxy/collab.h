@@ -65,6 +65,10 @@ void kvedge_collab_transition(kvedge_collab_t *c, const char *name, int from, in
 void kvedge_collab_layer(kvedge_collab_t *c, int src, kvedge_plan_kind_t kind, int reason,
                          uint64_t bytes);
 
+/* One of the layers kvedge_collab_layer recorded was a mapped model's layer standing in for
+ * the requested one (large-small): kvedge_proxy_mapped_layers_total. */
+void kvedge_collab_mapped(kvedge_collab_t *c);
+
 /* One fetch ended. */
 void kvedge_collab_fetch(kvedge_collab_t *c, const kvedge_collab_fetch_t *f);
 

@@ -31,6 +31,7 @@ struct s_op_t {
     uint32_t layer;  /* offset in the fetch */
     uint32_t gen;    /* the layer's generation when it was opened */
     int src;         /* request-local source index */
+    bool mapped;     /* it streams the mapped model's layer (large-small) */
 };
 
 enum { S_EV_BLOCK = 1, S_EV_DONE = 2 };
@@ -58,6 +59,7 @@ typedef struct {
     zframe_t **blocks; /* nchunks x heads */
     uint64_t bytes;
     uint64_t fp16; /* the same blocks' size as fp16 (from their headers) */
+    bool mapped;   /* done: its blocks are the mapped model's layer */
 } s_layer_t;
 
 typedef struct {
@@ -76,7 +78,7 @@ typedef struct {
     kvedge_plan_request_t req;
     size_t nsrc;
     kvedge_plan_source_t psrc[KVEDGE_PROXY_MAX_SOURCES];
-    int map[KVEDGE_PROXY_MAX_SOURCES]; /* request source -> proxy source */
+    int map_src[KVEDGE_PROXY_MAX_SOURCES]; /* request source -> proxy source */
     double *bytes[KVEDGE_PROXY_MAX_SOURCES];
     kvedge_client_t *client[KVEDGE_PROXY_MAX_SOURCES];
     uint32_t inflight[KVEDGE_PROXY_MAX_SOURCES];
@@ -86,6 +88,17 @@ typedef struct {
     int64_t last_done_us[KVEDGE_PROXY_MAX_SOURCES];
     uint64_t done_bytes[KVEDGE_PROXY_MAX_SOURCES];
     kvedge_plan_t *plan, *replan;
+    /* Large-small: a MAPPED request with a usable map has the mapped model's shape and chain,
+     * the map (map->from[edge layer]), and per source and layer offset whether its option is
+     * the mapped layer (via) and what that option would send (mbytes, -1: it lacks it).
+     * Without a usable map, map is NULL and so are the rows. */
+    kvedge_model_t mmodel;
+    char mapped_id[KVEDGE_WIRE_MODEL_ID_BYTES];
+    kvedge_chunk_id_t *mchunks;
+    kvedge_master_map_t *map;
+    uint8_t *via[KVEDGE_PROXY_MAX_SOURCES];
+    double *mbytes[KVEDGE_PROXY_MAX_SOURCES];
+    uint32_t max_heads; /* blocks per chunk a layer's table holds: both models' KV heads */
     s_layer_t *layer;
     uint32_t next;    /* next layer to deliver */
     zlistx_t *outbox; /* zmsg_t without route, in order */
@@ -102,6 +115,24 @@ static void s_stat_add(kvedge_proxy_impl_t *p, uint64_t *field, uint64_t n)
     pthread_mutex_lock(&p->stats_mu);
     *field += n;
     pthread_mutex_unlock(&p->stats_mu);
+}
+
+/* Whether source s's option for layer offset i is the mapped model's layer. */
+static bool s_via(const s_fetch_t *f, int s, uint32_t i)
+{
+    return s >= 0 && f->via[s] && f->via[s][i];
+}
+
+/* The shape of what a stream of the requested (or the mapped) model's layer sends. */
+static const kvedge_model_t *s_shape(const s_fetch_t *f, bool mapped)
+{
+    return mapped ? &f->mmodel : &f->model;
+}
+
+/* The mapped model's layer that stands in for layer offset i (map set). */
+static uint16_t s_from(const s_fetch_t *f, uint32_t i)
+{
+    return f->map->from[f->first + i];
 }
 
 /* ---------------------------------------------------------------- events */
@@ -176,7 +207,7 @@ void kvedge_proxy_impl_events_free(kvedge_proxy_impl_t *p)
 
 static void s_layer_clear(kvedge_proxy_impl_t *p, s_fetch_t *f, s_layer_t *l)
 {
-    size_t n = (size_t)f->nchunks * f->model.kv_heads;
+    size_t n = (size_t)f->nchunks * f->max_heads;
     for (size_t i = 0; l->blocks && i < n; i++)
         if (l->blocks[i]) {
             p->buffered -= zframe_size(l->blocks[i]);
@@ -206,8 +237,11 @@ static void s_fetch_free(kvedge_proxy_impl_t *p, s_fetch_t *f)
         free(f->layer[i].blocks);
     }
     free(f->layer);
-    for (size_t s = 0; s < f->nsrc; s++)
+    for (size_t s = 0; s < f->nsrc; s++) {
         free(f->bytes[s]);
+        free(f->via[s]);
+        free(f->mbytes[s]);
+    }
     zmsg_t *m;
     while (f->outbox && (m = zlistx_detach(f->outbox, NULL)) != NULL) {
         p->buffered -= s_block_bytes(m);
@@ -216,6 +250,8 @@ static void s_fetch_free(kvedge_proxy_impl_t *p, s_fetch_t *f)
     zlistx_destroy(&f->outbox);
     zframe_destroy(&f->route);
     free(f->chunks);
+    free(f->mchunks);
+    free(f->map);
     free(f->compute);
     free(f->recompute);
     free(f->plan);
@@ -245,7 +281,7 @@ static void s_learn_links(kvedge_proxy_impl_t *p, s_fetch_t *f)
             us = floor_us;
         if (us <= 0)
             continue;
-        kvedge_proxy_impl_src_learn_bw(p, f->map[s], (double)f->done_bytes[s] * 1e6 / us);
+        kvedge_proxy_impl_src_learn_bw(p, f->map_src[s], (double)f->done_bytes[s] * 1e6 / us);
     }
 }
 
@@ -309,13 +345,15 @@ static void s_pump(kvedge_proxy_impl_t *p, s_fetch_t *f)
 /* Queues every layer that is complete (or missed), in layer order. */
 static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
 {
-    uint32_t H = f->model.kv_heads;
     while (f->next < f->L) {
         s_layer_t *l = &f->layer[f->next];
         if (l->state != L_DONE && l->state != L_MISS)
             break;
         uint16_t layer = (uint16_t)(f->first + f->next);
         uint32_t heads = 0;
+        /* A mapped layer: the mapped model's blocks (its heads), under the requested layer. */
+        bool mapped = l->state == L_DONE && l->mapped;
+        uint32_t H = s_shape(f, mapped)->kv_heads;
         if (l->state == L_DONE) {
             for (uint32_t i = 0; i < f->nchunks * H; i++) {
                 kvedge_wire_fetch_block_t b = {(uint8_t)l->src, layer, i / H, (uint16_t)(i % H), 0};
@@ -331,8 +369,12 @@ static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
             s_stat_add(p, &p->stats.bytes, l->bytes);
             if (!f->first_us)
                 f->first_us = kvedge_mono_us();
-            kvedge_collab_layer(p->collab, f->map[l->src], f->psrc[l->src].kind, l->reason,
+            kvedge_collab_layer(p->collab, f->map_src[l->src], f->psrc[l->src].kind, l->reason,
                                 l->bytes);
+            if (mapped) {
+                s_stat_add(p, &p->stats.mapped_layers, 1);
+                kvedge_collab_mapped(p->collab);
+            }
         } else {
             s_stat_add(p, &p->stats.misses, 1);
             kvedge_collab_layer(p->collab, -1, KVEDGE_PLAN_LOCAL, l->reason, 0);
@@ -344,15 +386,16 @@ static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
             .status = l->state == L_DONE ? KVEDGE_OK : KVEDGE_ENOTFOUND,
             .heads = heads,
             .attempts = l->attempts,
+            .from_layer = mapped ? s_from(f, f->next) : KVEDGE_WIRE_FETCH_OWN_LAYER,
         };
         uint8_t buf[KVEDGE_WIRE_FETCH_LAYER_BYTES];
         kvedge_wire_fetch_layer_pack(&rec, buf);
         zmsg_t *m = zmsg_new();
         zmsg_addmem(m, buf, sizeof buf);
         zlistx_add_end(f->outbox, m);
-        kvedge_log_debug("fetch %llu layer %u: %s (%s)", (unsigned long long)f->serial, layer,
+        kvedge_log_debug("fetch %llu layer %u: %s (%s)%s", (unsigned long long)f->serial, layer,
                          l->state == L_DONE ? f->psrc[l->src].name : "-",
-                         kvedge_fetch_reason_name(l->reason));
+                         kvedge_fetch_reason_name(l->reason), mapped ? " mapped" : "");
         f->next++;
     }
     if (f->next == f->L && !f->ended) {
@@ -427,28 +470,49 @@ static void s_source_failed(kvedge_proxy_impl_t *p, s_fetch_t *f, int s, int err
 /* The negative cache's key for "layer of this chain": the last chunk id names the whole
  * chain (ids are chained), then the layer. */
 #define S_NEG_KEY_BYTES (KVEDGE_CHUNK_ID_BYTES + 2)
-static void s_neg_key(const s_fetch_t *f, uint32_t layer, uint8_t key[S_NEG_KEY_BYTES])
+static void s_neg_key(const kvedge_chunk_id_t *chain, uint32_t n, uint32_t layer,
+                      uint8_t key[S_NEG_KEY_BYTES])
 {
-    memcpy(key, f->chunks[f->nchunks - 1].bytes, KVEDGE_CHUNK_ID_BYTES);
+    memcpy(key, chain[n - 1].bytes, KVEDGE_CHUNK_ID_BYTES);
     key[KVEDGE_CHUNK_ID_BYTES] = (uint8_t)(layer >> 8);
     key[KVEDGE_CHUNK_ID_BYTES + 1] = (uint8_t)layer;
 }
 
-/* Layer i is not (or not intact) at its source: remember it, move the layer. */
+/* The chain and the layer number a stream for layer offset i asks for. */
+static const kvedge_chunk_id_t *s_stream_of(const s_fetch_t *f, bool mapped, uint32_t i,
+                                            uint16_t *layer)
+{
+    *layer = mapped ? s_from(f, i) : (uint16_t)(f->first + i);
+    return mapped ? f->mchunks : f->chunks;
+}
+
+/* Layer i is not (or not intact) at its source: remember it, move the layer. A source that
+ * lacked the requested model's layer but may hold the mapped one offers that one next. */
 static void s_layer_failed(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t i, uint8_t reason)
 {
     s_layer_t *l = &f->layer[i];
     int s = l->src;
+    bool mapped = s_via(f, s, i);
+    uint16_t layer;
+    const kvedge_chunk_id_t *chain = s_stream_of(f, mapped, i, &layer);
     uint8_t key[S_NEG_KEY_BYTES];
-    s_neg_key(f, f->first + i, key);
+    s_neg_key(chain, f->nchunks, layer, key);
     kvedge_negcache_add(p->neg, f->psrc[s].name, key, sizeof key, (uint64_t)kvedge_mono_ms(), 0);
     if (reason == KVEDGE_FETCH_FALLBACK_CORRUPT)
         kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)kvedge_mono_ms(),
                               KVEDGE_ECORRUPT);
     s_layer_clear(p, f, l);
     l->gen++;
-    l->tried |= 1ull << s;
-    f->bytes[s][i] = -1; /* the planner's view: s does not hold it */
+    if (!mapped && reason == KVEDGE_FETCH_FALLBACK_MISSING && f->mbytes[s] &&
+        f->mbytes[s][i] >= 0) {
+        f->via[s][i] = 1; /* s stays a candidate, for the mapped layer */
+        f->bytes[s][i] = f->mbytes[s][i];
+    } else {
+        l->tried |= 1ull << s;
+        f->bytes[s][i] = -1; /* the planner's view: s does not hold it */
+        if (f->mbytes[s])
+            f->mbytes[s][i] = -1;
+    }
     uint8_t set[KVEDGE_PLAN_MAX_LAYERS / 8] = {0};
     set[i / 8] = (uint8_t)(1u << (i % 8));
     s_reassign(p, f, set, reason, -1);
@@ -500,10 +564,12 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
                 s_op_t *op = calloc(1, sizeof *op);
                 if (!op)
                     return;
-                *op = (s_op_t){p, f->serial, i, l->gen, (int)s};
-                int rc = kvedge_client_get_layer_async(f->client[s], f->chunks, f->nchunks,
-                                                       (uint16_t)(f->first + i), (int)stall,
-                                                       s_on_block, s_on_done, op);
+                bool mapped = s_via(f, (int)s, i);
+                *op = (s_op_t){p, f->serial, i, l->gen, (int)s, mapped};
+                uint16_t layer;
+                const kvedge_chunk_id_t *chain = s_stream_of(f, mapped, i, &layer);
+                int rc = kvedge_client_get_layer_async(f->client[s], chain, f->nchunks, layer,
+                                                       (int)stall, s_on_block, s_on_done, op);
                 if (rc != KVEDGE_OK) {
                     free(op);
                     s_source_failed(p, f, (int)s, rc);
@@ -525,26 +591,35 @@ static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
 {
     s_op_t *op = e->op;
     s_fetch_t *f = s_fetch_find(p, op->serial);
-    if (f && e->status == KVEDGE_ENOTFOUND) /* held, says the directory: another tenant? */
-        kvedge_proxy_tenant_hint(p, f->psrc[op->src].name, f->chunks, f->nchunks,
-                                 f->first + op->layer);
+    if (f && e->status == KVEDGE_ENOTFOUND) { /* held, says the directory: another tenant? */
+        uint16_t layer;
+        const kvedge_chunk_id_t *chain = s_stream_of(f, op->mapped, op->layer, &layer);
+        kvedge_proxy_tenant_hint(p, f->psrc[op->src].name, chain, f->nchunks, layer);
+    }
+    /* What the stream carries: the requested model's layer, or the mapped model's. */
+    const kvedge_model_t *shape = f ? s_shape(f, op->mapped) : NULL;
     if (e->kind == S_EV_DONE) {
         if (f) {
             f->inflight[op->src]--;
             s_layer_t *l = &f->layer[op->layer];
-            uint32_t want = f->nchunks * f->model.kv_heads;
+            uint32_t want = f->nchunks * shape->kv_heads;
             if (l->gen == op->gen && l->state == L_FLIGHT) {
                 if (e->status == KVEDGE_OK && l->got == want) {
                     l->state = L_DONE;
+                    l->mapped = op->mapped;
                     f->done_bytes[op->src] += l->bytes;
                     f->last_done_us[op->src] = zclock_usecs();
                     kvedge_health_success(p->health, f->psrc[op->src].name,
                                           (uint64_t)kvedge_mono_ms());
                     /* Learn what this source sends per fp16 byte, for the next plans. */
-                    kvedge_proxy_impl_src_t *src = &p->src[f->map[op->src]];
+                    kvedge_proxy_impl_src_t *src = &p->src[f->map_src[op->src]];
                     if (l->fp16 > 0)
                         src->ratio = 0.5 * src->ratio + 0.5 * (double)l->bytes / (double)l->fp16;
-                } else if (e->status == KVEDGE_OK) {
+                } else if (e->status == KVEDGE_OK || e->status == KVEDGE_ENOTFOUND ||
+                           e->status == KVEDGE_ESHAPE) {
+                    /* Short, or ended at once because the node knows no chunk of the chain
+                     * (ENOTFOUND) or no such layer (ESHAPE): the layer is not there, the
+                     * source is fine. */
                     s_layer_failed(p, f, op->layer, KVEDGE_FETCH_FALLBACK_MISSING);
                 } else {
                     s_source_failed(p, f, op->src, e->status);
@@ -564,7 +639,7 @@ static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
         return;
     }
     s_layer_t *l = &f->layer[op->layer];
-    uint32_t H = f->model.kv_heads;
+    uint32_t H = shape->kv_heads;
     bool moved = true;
     if (e->status != KVEDGE_OK) {
         s_layer_failed(p, f, op->layer,
@@ -576,12 +651,13 @@ static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
         int rc = e->chunk_index < f->nchunks && e->head < H
                      ? kvedge_block_parse(zframe_data(e->frame), zframe_size(e->frame), &info)
                      : KVEDGE_EPROTO;
-        if (rc == KVEDGE_OK && (info.head_dim != f->model.head_dim || l->blocks[idx]))
+        if (rc == KVEDGE_OK && (info.head_dim != shape->head_dim || l->blocks[idx]))
             rc = KVEDGE_ECORRUPT;
         if (rc != KVEDGE_OK) {
             s_stat_add(p, &p->stats.corrupt, 1);
-            kvedge_log_warn("source %s sent a bad block (layer %u chunk %u head %u): %s",
-                            f->psrc[op->src].name, f->first + op->layer, e->chunk_index, e->head,
+            kvedge_log_warn("source %s sent a bad block (layer %u%s chunk %u head %u): %s",
+                            f->psrc[op->src].name, f->first + op->layer,
+                            op->mapped ? " mapped" : "", e->chunk_index, e->head,
                             kvedge_strerror(rc));
             s_layer_failed(p, f, op->layer, KVEDGE_FETCH_FALLBACK_CORRUPT);
         } else {
@@ -650,17 +726,17 @@ void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
 /* Does source s (proxy index) hold layer `layer` of every chunk? From the master's block
  * directory when the source is a registered node, and the negative cache in any case. */
 static bool s_holds(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s, bool in_registry,
-                    const s_fetch_t *f, uint32_t layer)
+                    const kvedge_chunk_id_t *chain, uint32_t n, uint32_t layer)
 {
     uint8_t key[S_NEG_KEY_BYTES];
-    s_neg_key(f, layer, key);
+    s_neg_key(chain, n, layer, key);
     if (kvedge_negcache_contains(p->neg, s->conf.name, key, sizeof key, (uint64_t)kvedge_mono_ms()))
         return false;
     if (!in_registry)
         return true; /* no directory for it: assume yes, learn otherwise */
-    for (uint32_t c = 0; c < f->nchunks; c++) {
+    for (uint32_t c = 0; c < n; c++) {
         kvedge_master_dir_t d;
-        if (kvedge_mview_dir(p->view, s->conf.name, &f->chunks[c], &d) != KVEDGE_OK ||
+        if (kvedge_mview_dir(p->view, s->conf.name, &chain[c], &d) != KVEDGE_OK ||
             !kvedge_master_dir_has(&d, layer))
             return false;
     }
@@ -669,11 +745,14 @@ static bool s_holds(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s, bo
 
 /* Builds the request's source table: every known source, priced per layer (Eq. 19 inputs:
  * its link, and the bytes it would send: the fp16 size times what it was seen to send per
- * fp16 byte). Sources not connected, down, or not holding a layer are marked so. */
+ * fp16 byte). Sources not connected, down, or not holding a layer are marked so. With a map,
+ * a source that lacks the requested model's layer e but holds the mapped model's layer
+ * from[e] offers that one, priced by its bytes; one that holds both offers the exact layer. */
 static void s_fetch_sources(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t tokens)
 {
     uint64_t now = (uint64_t)kvedge_mono_ms();
     double fp16 = (double)tokens * f->model.kv_heads * f->model.head_dim * 2 /* K, V */ * 2;
+    double mfp16 = (double)tokens * f->mmodel.kv_heads * f->mmodel.head_dim * 2 * 2;
     size_t n = atomic_load(&p->nsrc);
     f->nsrc = 0;
     for (size_t i = 0; i < n && f->nsrc < KVEDGE_PROXY_MAX_SOURCES; i++) {
@@ -681,9 +760,14 @@ static void s_fetch_sources(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t token
         kvedge_proxy_impl_src_t *s = &p->src[i];
         kvedge_client_t *c = s->client;
         pthread_mutex_unlock(&p->srcs_mu);
-        double *b = calloc(f->L, sizeof *b);
-        if (!b)
+        double *b = calloc(f->L, sizeof *b), *mb = f->map ? calloc(f->L, sizeof *mb) : NULL;
+        uint8_t *via = f->map ? calloc(f->L, 1) : NULL;
+        if (!b || (f->map && (!mb || !via))) {
+            free(b);
+            free(mb);
+            free(via);
             continue;
+        }
         kvedge_plan_source_t *ps = &f->psrc[f->nsrc];
         memset(ps, 0, sizeof *ps);
         ps->kind = s->conf.kind;
@@ -695,12 +779,27 @@ static void s_fetch_sources(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t token
             ps->bw_bytes_per_s *= weight;
         kvedge_master_node_t rec;
         bool in_registry = p->view && kvedge_mview_node(p->view, s->conf.name, &rec) == KVEDGE_OK;
-        for (uint32_t l = 0; l < f->L; l++)
-            b[l] = s_holds(p, s, in_registry, f, f->first + l) ? fp16 * s->ratio : -1;
+        for (uint32_t l = 0; l < f->L; l++) {
+            b[l] = s_holds(p, s, in_registry, f->chunks, f->nchunks, f->first + l) ? fp16 * s->ratio
+                                                                                   : -1;
+            if (!f->map)
+                continue;
+            uint16_t from = s_from(f, l);
+            mb[l] = from != KVEDGE_MASTER_MAP_NONE &&
+                            s_holds(p, s, in_registry, f->mchunks, f->nchunks, from)
+                        ? mfp16 * s->ratio
+                        : -1;
+            if (b[l] < 0 && mb[l] >= 0) {
+                b[l] = mb[l];
+                via[l] = 1;
+            }
+        }
         ps->layer_bytes = b;
         f->bytes[f->nsrc] = b;
+        f->mbytes[f->nsrc] = mb;
+        f->via[f->nsrc] = via;
         f->client[f->nsrc] = c;
-        f->map[f->nsrc] = (int)i;
+        f->map_src[f->nsrc] = (int)i;
         f->nsrc++;
     }
 }
@@ -738,9 +837,11 @@ static zmsg_t *s_plan_message(const s_fetch_t *f)
     }
     for (uint32_t l = 0; l < f->L; l++) {
         double cost = pl->layer[l].cost_us;
-        kvedge_wire_fetch_plan_layer_t wl = {(int16_t)pl->layer[l].source,
-                                             (uint8_t)pl->layer[l].reason,
-                                             isfinite(cost) ? cost : 1e300};
+        bool mapped = s_via(f, pl->layer[l].source, l);
+        kvedge_wire_fetch_plan_layer_t wl = {
+            (int16_t)pl->layer[l].source, (uint8_t)pl->layer[l].reason,
+            isfinite(cost) ? cost : 1e300, mapped,
+            mapped ? s_from(f, l) : (uint16_t)KVEDGE_WIRE_FETCH_OWN_LAYER};
         kvedge_wire_fetch_plan_layer_pack(&wl, zframe_data(layers) +
                                                    (size_t)l * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
     }
@@ -758,6 +859,39 @@ static int s_model(kvedge_proxy_impl_t *p, const char *id, kvedge_model_t *out)
     if (p->view && kvedge_mview_model(p->view, id, out) == KVEDGE_OK)
         return KVEDGE_OK;
     return KVEDGE_ENOMODEL;
+}
+
+/* A MAPPED request: the mapped model's chain, and its shape and map when both can be used.
+ * Anything that makes the map unusable is logged (rate-limited) and leaves f->map NULL: the
+ * layers are planned as without MAPPED. Returns 0 or KVEDGE_ENOMEM. */
+static int s_fetch_mapped(kvedge_proxy_impl_t *p, s_fetch_t *f, const char *edge,
+                          const kvedge_wire_frame_t *mf)
+{
+    const uint8_t *ids = NULL;
+    kvedge_wire_fetch_mapped_parse(mf->data, mf->len, f->nchunks, f->mapped_id,
+                                   &ids); /* validated already */
+    f->mchunks = malloc((size_t)f->nchunks * sizeof *f->mchunks);
+    f->map = malloc(sizeof *f->map);
+    if (!f->mchunks || !f->map)
+        return KVEDGE_ENOMEM;
+    memcpy(f->mchunks, ids, (size_t)f->nchunks * KVEDGE_CHUNK_ID_BYTES);
+    char why[2 * KVEDGE_WIRE_MODEL_ID_BYTES + 96] = "";
+    int rc = s_model(p, f->mapped_id, &f->mmodel);
+    if (rc != KVEDGE_OK)
+        snprintf(why, sizeof why, "no shape known for model %s", f->mapped_id);
+    else if ((rc = kvedge_proxy_impl_map(p, f->mapped_id, edge, f->map)) == KVEDGE_ENOTFOUND)
+        snprintf(why, sizeof why, "no map/%s/%s in the master's registry", f->mapped_id, edge);
+    else if (rc == KVEDGE_EPROTO)
+        snprintf(why, sizeof why, "the registered map was refused");
+    else if (rc != KVEDGE_OK)
+        snprintf(why, sizeof why, "%s", kvedge_strerror(rc));
+    if (rc != KVEDGE_OK) {
+        kvedge_proxy_impl_map_unusable(f->mapped_id, edge, why);
+        free(f->map);
+        f->map = NULL;
+        memset(&f->mmodel, 0, sizeof f->mmodel);
+    }
+    return KVEDGE_OK;
 }
 
 void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
@@ -793,15 +927,23 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
             !f->outbox)
             rc = KVEDGE_ENOMEM;
     }
+    /* MAPPED: the mapped frame is the last; times, when present, come before it. */
+    bool mapped = spec.flags & KVEDGE_WIRE_FETCH_FLAG_MAPPED;
+    bool times = n - (mapped ? 1 : 0) == 3;
+    if (rc == KVEDGE_OK && mapped)
+        rc = s_fetch_mapped(p, f, spec.model_id, &pf[n - 1]);
+    if (rc == KVEDGE_OK)
+        f->max_heads = f->map && f->mmodel.kv_heads > f->model.kv_heads ? f->mmodel.kv_heads
+                                                                        : f->model.kv_heads;
     for (uint32_t l = 0; rc == KVEDGE_OK && l < f->L; l++) {
-        f->layer[l].blocks = calloc((size_t)f->nchunks * f->model.kv_heads, sizeof(zframe_t *));
+        f->layer[l].blocks = calloc((size_t)f->nchunks * f->max_heads, sizeof(zframe_t *));
         if (!f->layer[l].blocks)
             rc = KVEDGE_ENOMEM;
     }
     if (rc == KVEDGE_OK) {
         memcpy(f->chunks, pf[1].data, (size_t)f->nchunks * KVEDGE_CHUNK_ID_BYTES);
         for (uint32_t l = 0; l < f->L; l++) {
-            if (n == 3) {
+            if (times) {
                 float cu, ru;
                 uint32_t a = kvedge_le_get32(pf[2].data + 8 * l),
                          b = kvedge_le_get32(pf[2].data + 8 * l + 4);

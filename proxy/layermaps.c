@@ -1,6 +1,7 @@
 /* The edge proxy's reading of the layer maps the Storage Master holds (map/<cloud>/<edge>,
  * docs/largesmall.md): a map is used only when it agrees with the two models' shapes, so a
- * stale or mistaken map costs recomputation on the edge, never wrong K/V. */
+ * stale or mistaken map costs recomputation on the edge, never wrong K/V. MAPPED FETCHes
+ * (fetch.c) read them here. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +13,8 @@
 /* One line per map key every 10 minutes (and 20 over all keys): a map stays bad until someone
  * registers it again, and the accessor may be asked for it on every request. */
 static kvedge_log_limit_t s_map_lines = KVEDGE_LOG_LIMIT_INIT(600000, 1, 20);
+/* The same for MAPPED requests that found no usable map: one line per pair of models. */
+static kvedge_log_limit_t s_unusable_lines = KVEDGE_LOG_LIMIT_INIT(600000, 1, 20);
 
 /* A model's shape as the proxy plans it: built in, else registered with the master. */
 static int s_model(kvedge_proxy_impl_t *p, const char *id, kvedge_model_t *out)
@@ -92,4 +95,21 @@ int kvedge_proxy_impl_map(kvedge_proxy_impl_t *p, const char *cloud, const char 
     s_ignore(key, why);
     memset(out, 0, sizeof *out);
     return KVEDGE_EPROTO;
+}
+
+void kvedge_proxy_impl_map_unusable(const char *cloud, const char *edge, const char *why)
+{
+    char key[2 * KVEDGE_WIRE_MODEL_ID_BYTES + 8], lk[KVEDGE_LOG_LIMIT_KEY_MAX + 1];
+    snprintf(key, sizeof key, "%s/%s", cloud ? cloud : "", edge ? edge : "");
+    s_limit_key(key, lk);
+    uint64_t held = 0;
+    if (kvedge_log_level() < KVEDGE_LOG_WARN ||
+        !kvedge_log_limit_allow(&s_unusable_lines, lk, kvedge_mono_ms(), &held))
+        return;
+    char more[96] = "";
+    if (held)
+        snprintf(more, sizeof more, " (%llu more such lines not logged)", (unsigned long long)held);
+    kvedge_log_warn("FETCH of %s with MAPPED %s: no usable layer map (%s); its layers are "
+                    "planned without one%s",
+                    edge ? edge : "", cloud ? cloud : "", why, more);
 }

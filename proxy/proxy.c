@@ -88,9 +88,11 @@ static void s_request(kvedge_proxy_impl_t *p, zmsg_t *msg)
     kvedge_wire_header_t h;
     int rc = route && hf ? kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h)
                          : KVEDGE_EPROTO;
+    /* The most payload frames a request has: a MAPPED FETCH with times (spec, chunk ids,
+     * times, mapped frame). */
     kvedge_wire_frame_t pf[4];
     size_t n = zmsg_size(msg);
-    if (rc == KVEDGE_OK && n > 3)
+    if (rc == KVEDGE_OK && n > sizeof pf / sizeof pf[0])
         rc = KVEDGE_EPROTO;
     if (rc == KVEDGE_OK) {
         size_t i = 0;

@@ -92,6 +92,7 @@ typedef struct {
     uint64_t corrupt;   /* blocks that failed verification */
     uint64_t bytes;     /* block bytes delivered */
     uint64_t source_failures;
+    uint64_t mapped_layers; /* layers delivered from a mapped model's layer (large-small) */
 } kvedge_proxy_stats_t;
 
 typedef struct kvedge_proxy_t kvedge_proxy_t;

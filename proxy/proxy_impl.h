@@ -182,12 +182,16 @@ void kvedge_proxy_impl_prober_stop(kvedge_proxy_impl_t *p);
  * counts equal the two models' (built in, else their master records) and every from[] entry is
  * a cloud layer of the model or KVEDGE_MASTER_MAP_NONE. A map refused is logged (warn, once per
  * key per 10 minutes: "ignoring layer map ... those layers are computed locally") and *out
- * zeroed. Not used by planning yet: serving a cloud layer's K/V to an edge layer is a later
- * part of the large-small work (docs/largesmall.md). Any thread. Errors: KVEDGE_EINVAL (NULL,
- * ids that are not registry model ids), KVEDGE_ENOTFOUND (no such map, or no view; not
- * logged), KVEDGE_EPROTO (a map refused). */
+ * zeroed. A MAPPED FETCH (fetch.c) plans with it: edge layer e may be served by the cloud
+ * model's layer from[e] (docs/largesmall.md, "Serving: the proxy"). Any thread. Errors:
+ * KVEDGE_EINVAL (NULL, ids that are not registry model ids), KVEDGE_ENOTFOUND (no such map,
+ * or no view; not logged), KVEDGE_EPROTO (a map refused). */
 int kvedge_proxy_impl_map(kvedge_proxy_impl_t *p, const char *cloud, const char *edge,
                           kvedge_master_map_t *out);
+
+/* Logs (warn, once per pair of models per 10 minutes) that a MAPPED FETCH of edge with the
+ * mapped model cloud found no usable map, and why. Any thread. */
+void kvedge_proxy_impl_map_unusable(const char *cloud, const char *edge, const char *why);
 
 #ifdef __cplusplus
 }

@@ -9,13 +9,18 @@
 # the KV of a chapter the model never saw in training (the shared context) once; edge-a
 # answers private prompts on top of it, fetching layers through its proxy while it computes,
 # and prints the text it generates. Then the cloud goes down and edge-a keeps answering from
-# its peer and its own historical cache. Everything is shut down cleanly at the end.
+# its peer and its own historical cache. In between, edge-a also runs the small edge model
+# (models/kjv/edge: 3 layers x 4 heads x 32) on the cloud model's cache: the layer map in the
+# master and the adapter in models/kjv/ls (large-small, docs/largesmall.md). Everything is
+# shut down cleanly at the end.
 #
 # usage: scripts/demo.sh [path/to/kvedge]     (KVEDGE_DEMO_DIR=DIR keeps the state there)
 set -euo pipefail
 KVEDGE=$(realpath "${1:-build/clients/kvedge}")
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WEIGHTS="$ROOT/models/kjv/cloud/model.safetensors"
+EDGE_WEIGHTS="$ROOT/models/kjv/edge/model.safetensors"
+LS="$ROOT/models/kjv/ls" # the layer map kjv-cloud -> kjv-edge and its K/V adapter
 TOKENIZER="$ROOT/models/kjv" # vocab.json + merges.txt
 CTX_TOKENS=448               # of the chapter: the model has 512 positions, the prompt needs some
 CLOUD_LINK=1gbit,10ms
@@ -131,6 +136,20 @@ decode "
 And the LORD spake unto Noah, saying,"
 decode "
 And the dove came in to him" --quiet
+
+step "Large-small: edge-a's small model (models/kjv/edge, 3 layers x 4 heads) on the cloud model's cache"
+note "the master gets the layer map (CKA/RSA-matched: edge layers 0,1,2 <- cloud layers 0,1,4)"
+"$KVEDGE" layermap --show "$LS/map" --cloud "$WEIGHTS" --edge "$EDGE_WEIGHTS" \
+    --register "$(ep master)" --master-pub "$(ep master-pub)" | grep registered
+sleep 0.5 # the registry reaches the proxy
+note "no node holds the edge model's K/V: the proxy plans the cloud model's layers 0,1,4 for it,"
+note "from the peer's and the cloud's copies, and edge-a adapts them (a least-squares map per layer)"
+"$KVEDGE" -H "$(ep proxy)" decode --weights "$EDGE_WEIGHTS" --model-id kjv-edge --tokenizer "$TOKENIZER" \
+    --context-file "$CTX_FILE" --tokens "$CTX_TOKENS" --prompt "
+And Noah said unto his sons," --max-new 24 --repetition-penalty 1.3 \
+    --adapter "$LS/adapter-linear.safetensors"
+note "(a 1.2 M-parameter model recomputes 448 tokens about as fast; quality and timing at both"
+note " links: docs/benchmarks.md, \"Large-small\")"
 
 step "edge-a's historical cache takes the deep layers 3-5 (subscription added, node restarted)"
 stop edge-a

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "access/shaper.h"
+#include "clients/adapter.h"
 #include "clients/cli/cli.h"
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/tokenizer.h"
@@ -81,6 +82,7 @@ enum {
     S_O_COMPARE,
     S_O_CLOUD_LINK,
     S_O_QUIET,
+    S_O_ADAPTER,
     /* model-synth */
     S_O_SHAPE,
     S_O_OUT,
@@ -782,14 +784,25 @@ static const char s_decode_help[] =
     "                         the context in its prefix cache: its prefill is not timed) and\n"
     "                         print TTFT, time and bytes side by side\n"
     "      --cloud-link SPEC  cloud-only's link, RATE,LATENCY (default " S_CLOUD_LINK_DEFAULT ")\n"
-    "  -q, --quiet            print only the generated tokens (and the comparison)\n\n"
+    "  -q, --quiet            print only the generated tokens (and the comparison)\n"
+    "      --adapter FILE     large-small (mode ce-lslm, docs/largesmall.md): the FETCH also\n"
+    "                         names the cloud model of this adapter (`kvedge layermap\n"
+    "                         --adapter FILE` writes one: its cloud id, layers, heads and\n"
+    "                         head size) and the context's chunk ids under it; a layer the\n"
+    "                         proxy serves from the cloud model (the layer map registered\n"
+    "                         for the pair) is adapted here to this model's shape. Needs a\n"
+    "                         proxy at -H; the adapter must fit --weights\n\n"
     "--json prints one object: {\"kvedge\": RUN, \"edge_only\": RUN, \"cloud_only\": RUN (with\n"
     "--compare), \"tokens\": {MODE: [ids]}, \"text\": STRING (bytes that are not UTF-8 as\n"
-    "U+FFFD), \"tokens_agree\": BOOL, ...}.\n\n"
-    "exit codes: 2 usage (also a --tokenizer refused or whose ids do not fit the model), 1\n"
+    "U+FFFD), \"tokens_agree\": BOOL, ...}; with --adapter the kvedge RUN's mode is\n"
+    "\"ce-lslm\", it names \"mapped_model\" and \"adapted\", and each layer its \"from_layer\"\n"
+    "(the cloud layer that fed it, null when its own).\n\n"
+    "exit codes: 2 usage (also a --tokenizer refused or whose ids do not fit the model, an\n"
+    "--adapter for other shapes than --weights, --adapter against a store node), 1\n"
     "weights that do not load or a decode that failed (a layer failed\n"
-    "rather than missed: a source past the deadline, the proxy gone), 3 the proxy or node\n"
-    "does not know the model, 5 proxy unreachable.\n";
+    "rather than missed: a source past the deadline, the proxy gone), or an --adapter that\n"
+    "cannot be read, 4 an --adapter file refused, 3 the proxy or node does not know the\n"
+    "model, 5 proxy unreachable.\n";
 
 /* The generated tokens as text: byte-tokenizer ids of bytes 32..126 as themselves, anything
  * else as '.'. out holds n + 1 chars. */
@@ -929,6 +942,47 @@ static int s_prompt(const s_common_t *c, const char *text, const char *ids, int3
     return ex;
 }
 
+/* --adapter: reads the adapter file, makes the cloud model's record from it (its cloud id,
+ * layers, heads, head size; fp16 as kvedge_e2e_model's) and checks it against the loaded
+ * edge weights. Returns an exit code. */
+static int s_load_adapter(const s_common_t *c, const char *path, kvedge_adapter_t **out,
+                          kvedge_model_t *mapped)
+{
+    char why[512];
+    int rc = kvedge_adapter_load(path, out, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("decode: cannot use the adapter %s: %s", path,
+                         why[0] ? why : kvedge_strerror(rc));
+        return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_CORRUPT;
+    }
+    const kvedge_adapter_info_t *ai = kvedge_adapter_info(*out);
+    memset(mapped, 0, sizeof *mapped);
+    size_t idlen = strlen(ai->cloud_id);
+    if (idlen == 0 || idlen > KVEDGE_MODEL_ID_MAX_BYTES) {
+        kvedge_cli_error("decode: the adapter %s names a cloud model id the store cannot hold",
+                         path);
+        return KVEDGE_EXIT_USAGE;
+    }
+    memcpy(mapped->id, ai->cloud_id, idlen + 1);
+    mapped->layers = (uint16_t)ai->cloud_layers;
+    mapped->kv_heads = (uint16_t)ai->cloud_heads;
+    mapped->head_dim = (uint16_t)ai->cloud_head_dim;
+    mapped->dtype = KVEDGE_DTYPE_FP16;
+    why[0] = '\0';
+    if (ai->cloud_layers > KVEDGE_MODEL_MAX_LAYERS || ai->cloud_heads > KVEDGE_MODEL_MAX_HEADS ||
+        ai->cloud_head_dim > KVEDGE_BLOCK_MAX_HEAD_DIM || kvedge_model_check(mapped) != KVEDGE_OK)
+        rc = KVEDGE_ESHAPE;
+    else
+        rc = kvedge_adapter_check(*out, NULL, mapped, &c->model, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("decode: the adapter %s does not fit %s (%u layers, %u heads of %u)%s%s",
+                         path, c->weights, c->cfg->layers, c->cfg->heads, c->cfg->head_dim,
+                         why[0] ? ": " : "", why);
+        return KVEDGE_EXIT_USAGE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
 static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -941,6 +995,7 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
         {"compare", no_argument, NULL, S_O_COMPARE},
         {"cloud-link", required_argument, NULL, S_O_CLOUD_LINK},
         {"quiet", no_argument, NULL, 'q'},
+        {"adapter", required_argument, NULL, S_O_ADAPTER},
         {NULL, 0, NULL, 0}};
     const kvedge_cli_cmd_t cmd = {"decode", NULL,
                                   "--weights FILE (--context-file F | --context TEXT | "
@@ -949,6 +1004,7 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
                                   "a proxy."};
     s_common_t c = {.cmd = "decode"};
     const char *prompt_text = NULL, *prompt_ids = NULL, *cloud_link = S_CLOUD_LINK_DEFAULT;
+    const char *adapter_path = NULL;
     uint64_t max_new = S_MAX_NEW_DEFAULT;
     double penalty = 1.0;
     bool plan_recompute = false, compare = false, quiet = false;
@@ -978,6 +1034,8 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
             bad = kvedge_shaper_parse(optarg, &rate, &lat) != KVEDGE_OK;
         } else if (ch == 'q') {
             quiet = true;
+        } else if (ch == S_O_ADAPTER) {
+            adapter_path = optarg;
         } else if (ch == 'h') {
             kvedge_cli_usage(stdout, &cmd, s_decode_help);
             return KVEDGE_EXIT_OK;
@@ -1007,6 +1065,10 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
         return KVEDGE_EXIT_USAGE;
     }
     int ex = s_common_load(&c);
+    kvedge_adapter_t *adapter = NULL;
+    kvedge_model_t mapped;
+    if (!ex && adapter_path)
+        ex = s_load_adapter(&c, adapter_path, &adapter, &mapped);
     int32_t *prompt = NULL;
     uint32_t prompt_len = 0;
     if (!ex)
@@ -1038,7 +1100,12 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
     /* A store node streams whatever it holds and a model it does not know would read as
      * "every layer missed": ask it first (a proxy refuses an unknown model itself). */
     const kvedge_node_info_t *peer = ex ? NULL : kvedge_client_node(proxy);
-    if (peer && peer->role != KVEDGE_ROLE_PROXY) {
+    if (peer && peer->role != KVEDGE_ROLE_PROXY && adapter) {
+        kvedge_cli_error("decode: --adapter needs an edge proxy at -H (%s is a store node: only a "
+                         "proxy serves another model's layers)",
+                         cli->host);
+        ex = KVEDGE_EXIT_USAGE;
+    } else if (peer && peer->role != KVEDGE_ROLE_PROXY) {
         kvedge_model_t known;
         int rc = kvedge_client_get_model(proxy, c.model_id, &known);
         if (rc == KVEDGE_OK &&
@@ -1064,6 +1131,8 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
             req.proxy = proxy;
             req.model = &c.model;
             req.plan_recompute = plan_recompute;
+            req.mapped_model = adapter ? &mapped : NULL;
+            req.adapter = adapter;
         } else if (modes[r] == KVEDGE_E2E_CLOUD_ONLY) {
             /* The emulated cloud prefills the context here, outside any request's time. */
             int rc = kvedge_e2e_cloud_new(c.d, c.ctx, c.ctx_len, cloud_link, &cloud);
@@ -1123,7 +1192,7 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
             if (!quiet)
                 for (int r = 0; r < runs; r++) {
                     if (compare)
-                        printf("== %s\n", kvedge_e2e_mode_name(modes[r]));
+                        printf("== %s\n", kvedge_e2e_result_mode(&res[r]));
                     kvedge_e2e_print(stdout, &res[r], false);
                 }
             if (!quiet && res[0].fetched == 0)
@@ -1144,15 +1213,16 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
                 printf("\n%-11s %10s %10s %11s %11s %11s\n", "MODE", "TTFT ms", "TOTAL ms", "SENT",
                        "RECEIVED", "PROMPT UP");
                 for (int r = 0; r < runs; r++)
-                    printf("%-11s %10.2f %10.2f %11s %11s %11s\n", kvedge_e2e_mode_name(modes[r]),
+                    printf("%-11s %10.2f %10.2f %11s %11s %11s\n", kvedge_e2e_result_mode(&res[r]),
                            res[r].ttft_us / 1e3, res[r].total_us / 1e3,
                            kvedge_cli_bytes(res[r].sent_bytes, b[0], 32),
                            kvedge_cli_bytes(res[r].received_bytes, b[1], 32),
                            kvedge_cli_bytes(res[r].prompt_bytes_sent, b[2], 32));
                 double k = res[0].ttft_us > 0 ? res[0].ttft_us : 1;
-                printf("TTFT edge-only / kvedge: %.2fx, cloud-only / kvedge: %.2fx (cloud link "
+                const char *mine = kvedge_e2e_result_mode(&res[0]); /* kvedge or ce-lslm */
+                printf("TTFT edge-only / %s: %.2fx, cloud-only / %s: %.2fx (cloud link "
                        "%s; the cloud's prefill of the context is not timed)\n",
-                       res[1].ttft_us / k, res[2].ttft_us / k, cloud_link);
+                       mine, res[1].ttft_us / k, mine, res[2].ttft_us / k, cloud_link);
                 if (diff == n)
                     printf("tokens agree: yes (all %u equal in the three modes)\n", n);
                 else
@@ -1167,6 +1237,7 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
         free(tok[r]);
     free(res);
     free(prompt);
+    kvedge_adapter_destroy(&adapter);
     s_common_free(&c);
     return ex;
 }

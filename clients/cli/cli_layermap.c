@@ -1,7 +1,8 @@
 /* `kvedge layermap`: which cloud layer each edge layer matches (CE-LSLM Eq. 11-16), measured
  * by running both models over calibration text (clients/layermap.h); prints the map, writes
- * it (--out), the similarity heatmaps (--heatmap, with gnuplot), and registers it with the
- * Storage Master (--register). */
+ * it (--out), the similarity heatmaps (--heatmap, with gnuplot), fits the K/V adapter for the
+ * map (--adapter, clients/adapter.h) and registers the map with the Storage Master
+ * (--register). */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -13,8 +14,10 @@
 #include <unistd.h>
 
 #include "access/mview.h"
+#include "clients/adapter.h"
 #include "clients/cli/cli.h"
 #include "clients/decoder/tokenizer.h"
+#include "clients/e2e.h"
 #include "clients/layermap.h"
 #include "gpu/rsa.h"
 #include "store/error.h"
@@ -39,15 +42,31 @@ enum {
     S_O_MASTER_PUB,
     S_O_SERVER_KEY,
     S_O_CERT,
+    S_O_ADAPTER,
+    S_O_ADAPT,
+    S_O_RIDGE,
+    S_O_EVAL_TEXT,
+    S_O_SHOW_ADAPTER,
+    S_O_ADAPT_SAMPLES,
 };
 
 /* How long --register waits for the master's snapshot, then for its answer to the SET. */
 #define S_REGISTER_DEADLINE_MS 3000
+/* Most calibration tokens an adapter is fitted on: the fit keeps every mapped pair's K, V
+ * (and the cloud's Q) in memory, (3 x cloud width + 2 x edge width) x 4 bytes a token and
+ * mapped layer (3.3 KiB for the KJV pair). */
+#define S_ADAPT_SAMPLES_MAX 1048576u
+/* Calibration tokens an adapter is fitted on by default: on the KJV pair the held-out error
+ * falls from 2048 to 32768 samples and the gap between fit and held-out closes
+ * (docs/largesmall.md, "Adapting the cloud's K/V"); about 45 s and 420 MB there. */
+#define S_ADAPT_SAMPLES_DEFAULT 32768u
 
 #define S_ARGS                                                                                     \
     "(--cloud W_CLOUD --edge W_EDGE --tokenizer DIR --calib FILE [--samples N] [--cka-min X] "     \
-    "[--rsa-min Y] [--out MAP] [--heatmap PREFIX] | --show MAP) [--cloud-id ID] [--edge-id ID] "   \
-    "[--register MASTER [--master-pub PUB] [--server-key K --cert C]]"
+    "[--rsa-min Y] [--out MAP] [--heatmap PREFIX] [--adapter FILE [--adapt linear|heads] "         \
+    "[--ridge R] [--adapt-samples N] [--eval-text FILE]] | --show MAP | --show-adapter FILE) "     \
+    "[--cloud-id ID] "                                                                             \
+    "[--edge-id ID] [--register MASTER [--master-pub PUB] [--server-key K --cert C]]"
 
 static const char s_help[] =
     "Runs both OPT models (safetensors) over the first N tokens of the calibration text, in\n"
@@ -70,12 +89,30 @@ static const char s_help[] =
     "                         model ids in the map (default: from the path: DIR/SUB of\n"
     "                         DIR/SUB/model.safetensors, else the file name without "
     ".safetensors)\n"
+    "      --adapter FILE     also fit the K/V adapter of the map on the same calibration\n"
+    "                         tokens and write it (safetensors); prints each mapped layer's\n"
+    "                         relative error ||Y - XW|| / ||Y|| for K and V\n"
+    "      --adapt KIND       linear (default: least squares with a bias) or heads (head\n"
+    "                         matching by CKA + ThinK channels, the paper's mechanism)\n"
+    "      --ridge R          the linear fit's ridge, relative to the mean diagonal of X^T X\n"
+    "                         (default 0.001)\n"
+    "      --adapt-samples N  calibration tokens the adapter is fitted on (3..1048576; default\n"
+    "                         32768, or all the text has when fewer, at least --samples); its\n"
+    "                         error is reported on the first --samples of them\n"
+    "      --eval-text FILE   also measure the adapter's error on the first N tokens of FILE\n"
+    "      --show-adapter FILE\n"
+    "                         read an adapter (strictly) and print what it is; with --show MAP,\n"
+    "                         check that it fits the map\n"
     "      --show MAP         read a saved map (strictly) and print it; with --register, its\n"
-    "                         ids may be replaced by --cloud-id and --edge-id\n"
+    "                         ids may be replaced by --cloud-id and --edge-id, and --cloud\n"
+    "                         with --edge give the model records to register as well\n"
     "      --register MASTER  SET the map as map/CLOUD_ID/EDGE_ID in the Storage Master at\n"
     "                         MASTER (its ROUTER); the ids must be registry model ids (no\n"
     "                         '/'), and the layer counts those of the models the master (or\n"
-    "                         the built-in table) knows under those ids\n"
+    "                         the built-in table) knows under those ids; a model the master\n"
+    "                         does not know yet is registered first from its weights (model/ID:\n"
+    "                         layers, heads, head size, fp16), so proxies can use the map\n"
+    "                         before any node stores that model\n"
     "      --master-pub PUB   the master's PUB (default: for tcp://HOST:PORT, PORT+1)\n"
     "      --server-key KEY   the master's public key or certificate (none: plaintext, loopback\n"
     "                         and ipc only)\n"
@@ -84,7 +121,8 @@ static const char s_help[] =
     "second line is the registration's JSON object.\n\n"
     "exit codes: 2 usage, a calibration text shorter than N tokens, a tokenizer or model that\n"
     "is refused or whose vocabularies do not fit, ids that are not registry ids; 4 a map\n"
-    "(--show) that is refused (the message names the file and line), or one whose layer\n"
+    "(--show) or adapter (--show-adapter) that is refused (the message names the file and\n"
+    "line or field), an adapter that does not fit the map, or a map whose layer\n"
     "counts disagree with the master's model records; 5 no master within the deadline; 6 the\n"
     "master refused the client's key; 1 a file that cannot be read or written, or a SET the\n"
     "master refused.\n";
@@ -301,9 +339,13 @@ static bool s_registry_ids(const char *cloud, const char *edge, char *key, size_
 }
 
 /* `--register`: the map as the master's record, checked against the models the registry
- * knows, SET as map/CLOUD/EDGE; prints what was registered. Nothing is written when a check
- * fails. Returns an exit code. */
-static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_reg_t *r)
+ * knows, SET as map/CLOUD/EDGE; prints what was registered. models (cloud, edge; NULL when
+ * the weights are not at hand, as with --show) are the two models' records from their
+ * weights: one the registry lacks is registered first (model/ID), so proxies can check and
+ * use the map before any node stores that model. Nothing is written when a check fails.
+ * Returns an exit code. */
+static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_reg_t *r,
+                      const kvedge_model_t *models)
 {
     kvedge_master_map_t *rec = malloc(sizeof *rec);
     if (!rec)
@@ -358,6 +400,7 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
     }
     const char *side[2] = {"cloud", "edge"}, *id[2] = {map->cloud_id, map->edge_id};
     const uint32_t layers[2] = {map->cloud_layers, map->edge_layers};
+    bool add[2] = {false, false};
     for (int i = 0; !ex && i < 2; i++) {
         uint32_t known = s_known_layers(v, id[i]);
         if (known && known != layers[i]) {
@@ -366,6 +409,8 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
                              "model under that id; nothing registered",
                              side[i], id[i], layers[i], id[i], known);
             ex = KVEDGE_EXIT_CORRUPT;
+        } else if (!known && models) {
+            add[i] = true;
         } else if (!known) {
             fprintf(stderr,
                     "kvedge: layermap: note: the master has no record of model %s; proxies "
@@ -375,6 +420,27 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
     }
     uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
     size_t len = 0;
+    for (int i = 0; !ex && i < 2; i++) {
+        char mkey[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+        if (!add[i])
+            continue;
+        kvedge_model_t m = models[i];
+        snprintf(m.id, sizeof m.id, "%s", id[i]);
+        rc = kvedge_master_key_format(KVEDGE_MASTER_SPACE_MODEL, id[i], NULL, mkey, sizeof mkey);
+        if (rc == KVEDGE_OK && (rc = kvedge_master_model_pack(&m, body, &len)) == KVEDGE_OK)
+            rc = kvedge_mview_set(v, mkey, body, len, r->deadline_ms);
+        if (rc != KVEDGE_OK) {
+            kvedge_cli_error("layermap: the master did not register %s: %s; the map is not "
+                             "registered",
+                             mkey, kvedge_strerror(rc));
+            ex = rc == KVEDGE_ETIMEDOUT ? KVEDGE_EXIT_UNAVAILABLE
+                 : rc == KVEDGE_EDENIED ? KVEDGE_EXIT_DENIED
+                                        : KVEDGE_EXIT_FAILURE;
+        } else if (!cli->json) {
+            printf("registered %s at %s: the %s model, %u layers x %u heads x %u\n", mkey,
+                   r->master, side[i], m.layers, m.kv_heads, m.head_dim);
+        }
+    }
     if (!ex && (rc = kvedge_master_map_pack(rec, body, &len)) == KVEDGE_OK)
         rc = kvedge_mview_set(v, key, body, len, r->deadline_ms);
     if (!ex && rc != KVEDGE_OK) {
@@ -415,11 +481,13 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
 /* `--show MAP`: the strict reader, then the table or JSON; with --register, the map (its ids
  * replaced by cloud_id and edge_id when given) goes to the master. Returns an exit code. */
 static int s_show(kvedge_cli_t *cli, const char *path, bool others, const char *cloud_id,
-                  const char *edge_id, const s_reg_t *reg)
+                  const char *edge_id, const s_reg_t *reg, const char *cloud_w, const char *edge_w)
 {
-    if (others || (!reg->master && (cloud_id || edge_id))) {
+    if (others || (!reg->master && (cloud_id || edge_id || cloud_w || edge_w)) ||
+        (!cloud_w != !edge_w)) {
         kvedge_cli_error("layermap: --show takes no other flag but --json and --register (with "
-                         "--cloud-id, --edge-id and the master's flags)");
+                         "--cloud-id, --edge-id, the master's flags, and --cloud with --edge to "
+                         "register the model records too)");
         return KVEDGE_EXIT_USAGE;
     }
     kvedge_layermap_t map;
@@ -446,9 +514,265 @@ static int s_show(kvedge_cli_t *cli, const char *path, bool others, const char *
     }
     if (!ex && kvedge_layermap_print(stdout, &map, cli->json, NULL, NULL) != KVEDGE_OK)
         ex = KVEDGE_EXIT_FAILURE;
+    /* With the weights, the two model records too (checked against the map's shapes). */
+    kvedge_model_t recs[2];
+    kvedge_decoder_t *w[2] = {NULL, NULL};
+    const char *wpath[2] = {cloud_w, edge_w}, *side[2] = {"cloud", "edge"};
+    const uint32_t layers[2] = {map.cloud_layers, map.edge_layers},
+                   hidden[2] = {map.cloud_hidden, map.edge_hidden};
+    for (int i = 0; !ex && cloud_w && i < 2; i++) {
+        ex = s_load_model(wpath[i], side[i], &w[i]);
+        const kvedge_decoder_config_t *c = ex ? NULL : kvedge_decoder_config(w[i]);
+        if (!ex && (c->layers != layers[i] || c->hidden != hidden[i])) {
+            kvedge_cli_error("layermap: %s has %u layers x %u, the map's %s model %u x %u",
+                             wpath[i], c->layers, c->hidden, side[i], layers[i], hidden[i]);
+            ex = KVEDGE_EXIT_USAGE;
+        }
+        if (!ex && kvedge_e2e_model(w[i], i ? map.edge_id : map.cloud_id, &recs[i]) != KVEDGE_OK) {
+            kvedge_cli_error("layermap: %s cannot be a registry record", wpath[i]);
+            ex = KVEDGE_EXIT_USAGE;
+        }
+    }
     if (!ex && reg->master)
-        ex = s_register(cli, &map, reg);
+        ex = s_register(cli, &map, reg, cloud_w ? recs : NULL);
+    kvedge_decoder_destroy(&w[0]);
+    kvedge_decoder_destroy(&w[1]);
     kvedge_layermap_clear(&map);
+    return ex;
+}
+
+/* The cloud head edge head h of layer e selects (a heads adapter), or -1. */
+static int s_head_source(const kvedge_adapter_t *a, uint32_t e, uint32_t h, uint32_t *kept)
+{
+    const kvedge_adapter_info_t *i = kvedge_adapter_info(a);
+    const float *w = kvedge_adapter_weights(a, e, false);
+    const size_t din = (size_t)i->cloud_heads * i->cloud_head_dim,
+                 dout = (size_t)i->edge_heads * i->edge_head_dim;
+    int src = -1;
+    *kept = 0;
+    for (size_t r = 0; w && r < din; r++)
+        for (uint32_t j = 0; j < i->edge_head_dim; j++)
+            if (w[r * dout + (size_t)h * i->edge_head_dim + j] == 1.0f) {
+                src = (int)(r / i->cloud_head_dim);
+                (*kept)++;
+            }
+    return src;
+}
+
+/* Prints what an adapter is: models, shapes, kind, layer pairs; for heads, which cloud head
+ * each edge head takes. */
+static int s_print_adapter(kvedge_cli_t *cli, const char *path, const kvedge_adapter_t *a)
+{
+    const kvedge_adapter_info_t *i = kvedge_adapter_info(a);
+    if (cli->json) {
+        printf("{\"adapter\":");
+        kvedge_cli_json_str(stdout, path);
+        printf(",\"kind\":\"%s\",\"ridge\":%.17g,\"samples\":%u,\"cloud\":{\"id\":",
+               kvedge_adapt_kind_name(i->kind), i->ridge, i->samples);
+        kvedge_cli_json_str(stdout, i->cloud_id);
+        printf(",\"layers\":%u,\"heads\":%u,\"head_dim\":%u},\"edge\":{\"id\":", i->cloud_layers,
+               i->cloud_heads, i->cloud_head_dim);
+        kvedge_cli_json_str(stdout, i->edge_id);
+        printf(",\"layers\":%u,\"heads\":%u,\"head_dim\":%u},\"from\":[", i->edge_layers,
+               i->edge_heads, i->edge_head_dim);
+        for (uint32_t e = 0; e < i->edge_layers; e++) {
+            const int32_t c = kvedge_adapter_from(a, e);
+            if (c == KVEDGE_LAYERMAP_NONE)
+                printf("%snull", e ? "," : "");
+            else
+                printf("%s%d", e ? "," : "", c);
+        }
+        printf("]}\n");
+    } else {
+        printf("adapter %s: %s", path, kvedge_adapt_kind_name(i->kind));
+        if (i->kind == KVEDGE_ADAPT_LINEAR)
+            printf(", ridge %g", i->ridge);
+        printf(", fitted on %u samples\n", i->samples);
+        printf("cloud %s: %u layers x %u heads x %u; edge %s: %u layers x %u heads x %u\n",
+               i->cloud_id, i->cloud_layers, i->cloud_heads, i->cloud_head_dim, i->edge_id,
+               i->edge_layers, i->edge_heads, i->edge_head_dim);
+        printf("%-10s %-11s%s\n", "edge", "cloud",
+               i->kind == KVEDGE_ADAPT_HEADS ? " edge head <- cloud head (channels)" : "");
+        for (uint32_t e = 0; e < i->edge_layers; e++) {
+            const int32_t c = kvedge_adapter_from(a, e);
+            char cs[16];
+            snprintf(cs, sizeof cs, c == KVEDGE_LAYERMAP_NONE ? "none" : "%d", c);
+            printf("%-10u %-11s", e, cs);
+            for (uint32_t h = 0;
+                 c != KVEDGE_LAYERMAP_NONE && i->kind == KVEDGE_ADAPT_HEADS && h < i->edge_heads;
+                 h++) {
+                uint32_t kept = 0;
+                const int src = s_head_source(a, e, h, &kept);
+                printf(" %u<-%d(%u)", h, src, kept);
+            }
+            printf("\n");
+        }
+    }
+    return fflush(stdout) == 0 ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+}
+
+/* `--show-adapter FILE [--show MAP]`: the strict reader, the description, and with a map the
+ * check that the adapter is the map's. Returns an exit code. */
+static int s_show_adapter(kvedge_cli_t *cli, const char *path, const char *map_path)
+{
+    kvedge_adapter_t *a = NULL;
+    char why[KVEDGE_LAYERMAP_WHY_BYTES] = "";
+    int rc = kvedge_adapter_load(path, &a, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: %s (%s)", why[0] ? why : path, kvedge_strerror(rc));
+        return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_CORRUPT;
+    }
+    int ex = s_print_adapter(cli, path, a);
+    if (!ex && map_path) {
+        kvedge_layermap_t map;
+        rc = kvedge_layermap_read(map_path, &map, why, sizeof why);
+        if (rc != KVEDGE_OK) {
+            kvedge_cli_error("layermap: %s (%s)", why, kvedge_strerror(rc));
+            ex =
+                rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_CORRUPT;
+        } else if ((rc = kvedge_adapter_check(a, &map, NULL, NULL, why, sizeof why)) != KVEDGE_OK) {
+            kvedge_cli_error("layermap: the adapter %s does not fit the map %s: %s", path, map_path,
+                             why);
+            ex = KVEDGE_EXIT_CORRUPT;
+        } else if (!cli->json) {
+            printf("fits the map %s\n", map_path);
+        }
+        kvedge_layermap_clear(&map);
+    }
+    kvedge_adapter_destroy(&a);
+    return ex;
+}
+
+/* What --adapter does after the map is built. */
+typedef struct {
+    const char *path; /* the adapter file */
+    kvedge_adapt_kind_t kind;
+    double ridge;          /* < 0: the default */
+    const char *eval_text; /* or NULL */
+    uint64_t samples;      /* calibration tokens the fit uses; 0: those of the map */
+} s_adapt_opts_t;
+
+/* Reads and encodes a text; its tokens in *ids (caller frees). Returns an exit code. */
+static int s_encode_file(kvedge_tokenizer_t *tok, const char *path, int32_t **ids, size_t *n)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (s_slurp(path, &text, &len) != 0) {
+        kvedge_cli_error("layermap: cannot read %s: %s", path, strerror(errno));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    int rc = kvedge_tokenizer_encode(tok, text, len, ids, n);
+    free(text);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot encode %s: %s", path, kvedge_strerror(rc));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+/* Fits the adapter of map on the calibration tokens, writes it, and prints each mapped
+ * layer's relative error on those tokens (and on --eval-text). Returns an exit code. */
+static int s_adapter(kvedge_cli_t *cli, const s_adapt_opts_t *o, const kvedge_decoder_t *cloud,
+                     const kvedge_decoder_t *edge, kvedge_tokenizer_t *tok,
+                     const kvedge_layermap_t *map, const int32_t *ids, size_t n, uint32_t samples)
+{
+    kvedge_adapter_t *a = NULL;
+    /* Default: the whole calibration text up to S_ADAPT_SAMPLES_DEFAULT, never fewer than the
+     * map's samples (the caller checked the text holds those). */
+    uint32_t fit = (uint32_t)o->samples;
+    if (!fit)
+        fit = n < S_ADAPT_SAMPLES_DEFAULT ? (uint32_t)n : S_ADAPT_SAMPLES_DEFAULT;
+    if (fit < samples)
+        fit = samples;
+    int rc = kvedge_adapter_fit(cloud, edge, map, ids, n, fit, o->kind, o->ridge, &a);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot fit the adapter: %s", kvedge_strerror(rc));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    int ex = KVEDGE_EXIT_OK;
+    if ((rc = kvedge_adapter_save(a, o->path)) != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot write %s: %s", o->path,
+                         rc == KVEDGE_EIO ? strerror(errno) : kvedge_strerror(rc));
+        ex = KVEDGE_EXIT_FAILURE;
+    }
+    const uint32_t L = map->edge_layers;
+    double *err = calloc(4 * (size_t)L, sizeof(double));
+    int32_t *eids = NULL;
+    size_t en = 0;
+    uint32_t esamples = 0;
+    if (!ex && !err)
+        ex = KVEDGE_EXIT_FAILURE;
+    if (!ex &&
+        (rc = kvedge_adapter_eval(a, cloud, edge, ids, n, samples, err, err + L)) != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot measure the adapter: %s", kvedge_strerror(rc));
+        ex = KVEDGE_EXIT_FAILURE;
+    }
+    if (!ex && o->eval_text && !(ex = s_encode_file(tok, o->eval_text, &eids, &en))) {
+        const uint32_t cv = kvedge_decoder_config(cloud)->vocab,
+                       ev = kvedge_decoder_config(edge)->vocab;
+        esamples = en < samples ? (uint32_t)en : samples;
+        for (size_t j = 0; !ex && j < esamples; j++)
+            if (eids[j] < 0 || (uint32_t)eids[j] >= cv || (uint32_t)eids[j] >= ev) {
+                kvedge_cli_error("layermap: token %zu of %s is outside a model's vocabulary", j,
+                                 o->eval_text);
+                ex = KVEDGE_EXIT_USAGE;
+            }
+        if (!ex && esamples < 2) {
+            kvedge_cli_error("layermap: %s gives %zu tokens, too short to measure on", o->eval_text,
+                             en);
+            ex = KVEDGE_EXIT_USAGE;
+        }
+        if (!ex && (rc = kvedge_adapter_eval(a, cloud, edge, eids, en, esamples, err + 2 * L,
+                                             err + 3 * L)) != KVEDGE_OK) {
+            kvedge_cli_error("layermap: cannot measure the adapter on %s: %s", o->eval_text,
+                             kvedge_strerror(rc));
+            ex = KVEDGE_EXIT_FAILURE;
+        }
+    }
+    const kvedge_adapter_info_t *i = kvedge_adapter_info(a);
+    if (!ex && cli->json) {
+        printf("{\"adapter\":");
+        kvedge_cli_json_str(stdout, o->path);
+        printf(",\"kind\":\"%s\",\"ridge\":%.17g,\"samples\":%u,\"fit_error_samples\":%u,"
+               "\"eval_samples\":%u,\"layers\":[",
+               kvedge_adapt_kind_name(i->kind), i->ridge, i->samples, samples, esamples);
+        bool first = true;
+        for (uint32_t e = 0; e < L; e++) {
+            if (kvedge_adapter_from(a, e) == KVEDGE_LAYERMAP_NONE)
+                continue;
+            printf("%s{\"edge\":%u,\"cloud\":%d,\"k_fit\":%.6f,\"v_fit\":%.6f", first ? "" : ",", e,
+                   kvedge_adapter_from(a, e), err[e], err[L + e]);
+            if (o->eval_text)
+                printf(",\"k_eval\":%.6f,\"v_eval\":%.6f", err[2 * L + e], err[3 * L + e]);
+            printf("}");
+            first = false;
+        }
+        printf("]}\n");
+    } else if (!ex) {
+        printf("\nadapter %s", kvedge_adapt_kind_name(i->kind));
+        if (i->kind == KVEDGE_ADAPT_LINEAR)
+            printf(" (ridge %g)", i->ridge);
+        printf(" fitted on %u calibration samples, written to %s; relative error ||Y - XW|| / "
+               "||Y|| on the first %u of them",
+               i->samples, o->path, samples);
+        if (o->eval_text)
+            printf(" and %u of %s", esamples, o->eval_text);
+        printf("\n%-10s %-11s %-8s %-8s%s\n", "edge", "cloud", "K fit", "V fit",
+               o->eval_text ? " K eval   V eval" : "");
+        for (uint32_t e = 0; e < L; e++) {
+            if (kvedge_adapter_from(a, e) == KVEDGE_LAYERMAP_NONE)
+                continue;
+            printf("%-10u %-11d %-8.4f %-8.4f", e, kvedge_adapter_from(a, e), err[e], err[L + e]);
+            if (o->eval_text)
+                printf(" %-8.4f %.4f", err[2 * L + e], err[3 * L + e]);
+            printf("\n");
+        }
+    }
+    if (!ex && fflush(stdout) != 0)
+        ex = KVEDGE_EXIT_FAILURE;
+    free(eids);
+    free(err);
+    kvedge_adapter_destroy(&a);
     return ex;
 }
 
@@ -465,24 +789,31 @@ static bool s_threshold(const char *s, double lo, double *out)
 
 static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
 {
-    static const struct option opts[] = {{"cloud", required_argument, NULL, S_O_CLOUD},
-                                         {"edge", required_argument, NULL, S_O_EDGE},
-                                         {"tokenizer", required_argument, NULL, S_O_TOKENIZER},
-                                         {"calib", required_argument, NULL, S_O_CALIB},
-                                         {"samples", required_argument, NULL, S_O_SAMPLES},
-                                         {"cka-min", required_argument, NULL, S_O_CKA_MIN},
-                                         {"rsa-min", required_argument, NULL, S_O_RSA_MIN},
-                                         {"out", required_argument, NULL, S_O_OUT},
-                                         {"heatmap", required_argument, NULL, S_O_HEATMAP},
-                                         {"cloud-id", required_argument, NULL, S_O_CLOUD_ID},
-                                         {"edge-id", required_argument, NULL, S_O_EDGE_ID},
-                                         {"show", required_argument, NULL, S_O_SHOW},
-                                         {"register", required_argument, NULL, S_O_REGISTER},
-                                         {"master-pub", required_argument, NULL, S_O_MASTER_PUB},
-                                         {"server-key", required_argument, NULL, S_O_SERVER_KEY},
-                                         {"cert", required_argument, NULL, S_O_CERT},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"cloud", required_argument, NULL, S_O_CLOUD},
+        {"edge", required_argument, NULL, S_O_EDGE},
+        {"tokenizer", required_argument, NULL, S_O_TOKENIZER},
+        {"calib", required_argument, NULL, S_O_CALIB},
+        {"samples", required_argument, NULL, S_O_SAMPLES},
+        {"cka-min", required_argument, NULL, S_O_CKA_MIN},
+        {"rsa-min", required_argument, NULL, S_O_RSA_MIN},
+        {"out", required_argument, NULL, S_O_OUT},
+        {"heatmap", required_argument, NULL, S_O_HEATMAP},
+        {"cloud-id", required_argument, NULL, S_O_CLOUD_ID},
+        {"edge-id", required_argument, NULL, S_O_EDGE_ID},
+        {"show", required_argument, NULL, S_O_SHOW},
+        {"register", required_argument, NULL, S_O_REGISTER},
+        {"master-pub", required_argument, NULL, S_O_MASTER_PUB},
+        {"server-key", required_argument, NULL, S_O_SERVER_KEY},
+        {"cert", required_argument, NULL, S_O_CERT},
+        {"adapter", required_argument, NULL, S_O_ADAPTER},
+        {"adapt", required_argument, NULL, S_O_ADAPT},
+        {"ridge", required_argument, NULL, S_O_RIDGE},
+        {"eval-text", required_argument, NULL, S_O_EVAL_TEXT},
+        {"show-adapter", required_argument, NULL, S_O_SHOW_ADAPTER},
+        {"adapt-samples", required_argument, NULL, S_O_ADAPT_SAMPLES},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     const kvedge_cli_cmd_t cmd = {"layermap", NULL, S_ARGS,
                                   "Match edge layers to cloud layers by CKA and RSA."};
     const char *cloud_path = NULL, *edge_path = NULL, *tok_path = NULL, *calib = NULL;
@@ -491,6 +822,9 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
                    cli->deadline_ms > 0 ? cli->deadline_ms : S_REGISTER_DEADLINE_MS};
     uint64_t samples = KVEDGE_LAYERMAP_SAMPLES_DEFAULT;
     double cka_min = KVEDGE_LAYERMAP_CKA_MIN_DEFAULT, rsa_min = KVEDGE_LAYERMAP_RSA_MIN_DEFAULT;
+    s_adapt_opts_t ad = {NULL, KVEDGE_ADAPT_LINEAR, -1.0, NULL, 0};
+    const char *show_adapter = NULL;
+    bool adapt_flags = false;
     int ch;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -535,6 +869,32 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
         case S_O_CERT:
             reg.cert = optarg;
             break;
+        case S_O_ADAPTER:
+            ad.path = optarg;
+            break;
+        case S_O_ADAPT:
+            ok = kvedge_adapt_kind_parse(optarg, &ad.kind) == KVEDGE_OK;
+            adapt_flags = true;
+            break;
+        case S_O_RIDGE: {
+            char *end;
+            errno = 0;
+            ad.ridge = strtod(optarg, &end);
+            ok = *optarg && !*end && !errno && isfinite(ad.ridge) && ad.ridge >= 0;
+            adapt_flags = true;
+            break;
+        }
+        case S_O_EVAL_TEXT:
+            ad.eval_text = optarg;
+            adapt_flags = true;
+            break;
+        case S_O_ADAPT_SAMPLES:
+            ok = kvedge_cli_parse_u64(optarg, 3, S_ADAPT_SAMPLES_MAX, &ad.samples) == 0;
+            adapt_flags = true;
+            break;
+        case S_O_SHOW_ADAPTER:
+            show_adapter = optarg;
+            break;
         case S_O_SAMPLES:
             ok = kvedge_cli_parse_u64(optarg, 3, KVEDGE_RSA_MAX_SAMPLES, &samples) == 0;
             break;
@@ -555,7 +915,8 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
         }
         if (!ok) {
             kvedge_cli_error("layermap: bad value '%s' for %s (samples 3..16384, --cka-min in "
-                             "[0, 1], --rsa-min in [-1, 1])",
+                             "[0, 1], --rsa-min in [-1, 1], --adapt linear or heads, --ridge "
+                             ">= 0)",
                              optarg, argv[optind - 1]);
             return KVEDGE_EXIT_USAGE;
         }
@@ -568,9 +929,26 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
         kvedge_cli_error("layermap: --master-pub, --server-key and --cert go with --register");
         return KVEDGE_EXIT_USAGE;
     }
+    if (adapt_flags && !ad.path) {
+        kvedge_cli_error("layermap: --adapt, --ridge, --adapt-samples and --eval-text go with "
+                         "--adapter");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (show_adapter) {
+        if (ad.path || reg.master || cloud_path || edge_path || tok_path || calib || out ||
+            heatmap || cloud_id || edge_id) {
+            kvedge_cli_error("layermap: --show-adapter takes no other flag but --json and --show");
+            return KVEDGE_EXIT_USAGE;
+        }
+        return s_show_adapter(cli, show_adapter, show);
+    }
+    if (show && ad.path) {
+        kvedge_cli_error("layermap: --adapter fits on the models: it does not go with --show");
+        return KVEDGE_EXIT_USAGE;
+    }
     if (show)
-        return s_show(cli, show, cloud_path || edge_path || tok_path || calib || out || heatmap,
-                      cloud_id, edge_id, &reg);
+        return s_show(cli, show, tok_path || calib || out || heatmap, cloud_id, edge_id, &reg,
+                      cloud_path, edge_path);
     if (!cloud_path || !edge_path || !tok_path || !calib) {
         kvedge_cli_error("layermap: --cloud, --edge, --tokenizer and --calib are required");
         return KVEDGE_EXIT_USAGE;
@@ -624,11 +1002,16 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
                          calib, n, (unsigned long long)samples);
         ex = KVEDGE_EXIT_USAGE;
     }
+    if (!ex && n < ad.samples) {
+        kvedge_cli_error("layermap: %s gives %zu tokens, too short for --adapt-samples %llu", calib,
+                         n, (unsigned long long)ad.samples);
+        ex = KVEDGE_EXIT_USAGE;
+    }
     if (!ex)
         ex = s_load_model(cloud_path, "cloud", &cloud);
     if (!ex)
         ex = s_load_model(edge_path, "edge", &edge);
-    for (size_t i = 0; !ex && i < samples; i++) {
+    for (size_t i = 0; !ex && i < (samples > ad.samples ? samples : ad.samples); i++) {
         const uint32_t cv = kvedge_decoder_config(cloud)->vocab,
                        ev = kvedge_decoder_config(edge)->vocab;
         if (ids[i] < 0 || (uint32_t)ids[i] >= cv || (uint32_t)ids[i] >= ev) {
@@ -658,8 +1041,21 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
     }
     if (!ex && heatmap)
         ex = s_heatmap(heatmap, &map, cka, rsa);
+    if (!ex && ad.path)
+        ex = s_adapter(cli, &ad, cloud, edge, tok, &map, ids, n, (uint32_t)samples);
+    kvedge_model_t recs[2];
+    if (!ex && reg.master) {
+        /* The records a node would publish for these weights (kvedge_e2e_model: fp16). */
+        if ((rc = kvedge_e2e_model(cloud, cid, &recs[0])) != KVEDGE_OK ||
+            (rc = kvedge_e2e_model(edge, eid, &recs[1])) != KVEDGE_OK) {
+            kvedge_cli_error("layermap: the models cannot be registry records (%s): give "
+                             "--cloud-id and --edge-id the served ids",
+                             kvedge_strerror(rc));
+            ex = KVEDGE_EXIT_USAGE;
+        }
+    }
     if (!ex && reg.master)
-        ex = s_register(cli, &map, &reg);
+        ex = s_register(cli, &map, &reg, recs);
     free(cka);
     free(rsa);
     kvedge_layermap_clear(&map);

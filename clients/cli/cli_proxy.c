@@ -269,9 +269,15 @@ static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
                          0,
                          0};
     if (rc == KVEDGE_OK) {
-        kvedge_fetch_req_t req = {
-            model,           ids, n, (uint16_t)a, (uint16_t)(b - a), (uint32_t)tokens, cus, rus,
-            cli->deadline_ms};
+        kvedge_fetch_req_t req = {.model_id = model,
+                                  .chunks = ids,
+                                  .n = n,
+                                  .first_layer = (uint16_t)a,
+                                  .layers = (uint16_t)(b - a),
+                                  .tokens = (uint32_t)tokens,
+                                  .compute_us = cus,
+                                  .recompute_us = rus,
+                                  .deadline_ms = cli->deadline_ms};
         kvedge_fetch_cbs_t cbs = {s_out_plan, s_out_block, s_out_layer, s_out_done};
         rc = kvedge_client_fetch_async(c, &req, &cbs, &out);
         if (rc == KVEDGE_OK) {

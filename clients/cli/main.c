@@ -22,10 +22,15 @@ static const kvedge_cli_cmd_t *s_find_remote(const char *name)
     return NULL;
 }
 
+/* `kvedge lseval` (clients/cli/cli_lseval.c). */
+extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];
+
 static const kvedge_cli_cmd_t *const s_tables[] = {
-    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,   kvedge_cli_master_cmds,
-    kvedge_cli_proxy_cmds,    kvedge_cli_e2e_cmds,      kvedge_cli_eval_cmds,
-    kvedge_cli_tokenize_cmds, kvedge_cli_layermap_cmds, NULL};
+    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,
+    kvedge_cli_master_cmds,   kvedge_cli_proxy_cmds,
+    kvedge_cli_e2e_cmds,      kvedge_cli_eval_cmds,
+    kvedge_cli_tokenize_cmds, kvedge_cli_layermap_cmds,
+    kvedge_cli_lseval_cmds,   NULL};
 
 /* ---- global options ---- */
 

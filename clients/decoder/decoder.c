@@ -570,7 +570,7 @@ static int s_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32
             s_kv_t loc = {k_out ? k_out + l * kvf : tmp, v_out ? v_out + l * kvf : tmp + kvf, 0, n};
             rc = s_layer_forward(self, l, x, n, &none, &loc, &w);
             if (rc == KVEDGE_OK && trace)
-                rc = trace(trace_arg, l, x, n, loc.k, loc.v);
+                rc = trace(trace_arg, l, x, n, w.qh, loc.k, loc.v); /* qh: this layer's */
         }
     }
     if (rc == KVEDGE_OK && logits && layers == c->layers)

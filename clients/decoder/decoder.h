@@ -81,11 +81,13 @@ int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, 
 
 /* Receives the output of layer l of a traced prefill (kvedge_decoder_prefill_trace): hidden
  * holds the residual stream after the layer, [n][hidden] (before the final LayerNorm for the
- * last layer), k and v the layer's K and V, [heads][n][head_dim]. Called for layers 0, 1, ...
- * in order, once each. The buffers belong to the prefill and are valid only during the call.
- * Returns 0, or a negative KVEDGE_E* code, which aborts the prefill with that code. */
+ * last layer); q the layer's queries as attention uses them, SCALED: (LN(x) Wq^T + bq) *
+ * head_dim^-0.5, [heads][n][head_dim]; k and v the layer's K and V, [heads][n][head_dim].
+ * Called for layers 0, 1, ... in order, once each. The buffers belong to the prefill and are
+ * valid only during the call. Returns 0, or a negative KVEDGE_E* code, which aborts the
+ * prefill with that code. */
 typedef int (*kvedge_decoder_layer_fn)(void *arg, uint32_t layer, const float *hidden, uint32_t n,
-                                       const float *k, const float *v);
+                                       const float *q, const float *k, const float *v);
 
 /* kvedge_decoder_prefill with no outputs but trace, called after every layer: how an analysis
  * (layer matching, clients/layermap.h) reads per-layer hidden states. The numbers are those of

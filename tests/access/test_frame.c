@@ -328,7 +328,7 @@ static void test_fetch_messages(void **state)
     assert_int_equal(kvedge_wire_fetch_spec_parse(sb, sizeof sb - 1, &back), KVEDGE_EPROTO);
     uint8_t bad[KVEDGE_WIRE_FETCH_SPEC_BYTES];
     memcpy(bad, sb, sizeof bad);
-    bad[133] = 1; /* reserved */
+    bad[133] = 1; /* flags: an unknown bit */
     assert_int_equal(kvedge_wire_fetch_spec_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
     memcpy(bad, sb, sizeof bad);
     bad[126] = 0, bad[127] = 0; /* zero layers */
@@ -378,12 +378,15 @@ static void test_fetch_messages(void **state)
     kvedge_wire_fetch_block_pack(&b, rb);
     assert_int_equal(kvedge_wire_validate(&r, m, 1), KVEDGE_EPROTO);
 
-    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_FALLBACK_FAILED, 7, 1, 0, 24, 2}, lb;
+    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_FALLBACK_FAILED, 7, 1, 0, 24, 2,
+                                   KVEDGE_WIRE_FETCH_OWN_LAYER},
+                              lb;
     uint8_t rl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
     kvedge_wire_fetch_layer_pack(&l, rl);
     assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), 0);
     assert_true(lb.reason == KVEDGE_FETCH_FALLBACK_FAILED && lb.layer == 7 && lb.source == 1 &&
-                lb.status == 0 && lb.heads == 24 && lb.attempts == 2);
+                lb.status == 0 && lb.heads == 24 && lb.attempts == 2 &&
+                lb.from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER);
     m[0] = (kvedge_wire_frame_t){rl, sizeof rl};
     assert_int_equal(kvedge_wire_validate(&r, m, 1), 0);
     l.source = -1; /* delivered without a source */
@@ -415,7 +418,8 @@ static void test_fetch_messages(void **state)
     assert_string_equal(sob.name, "cloud1");
     assert_true(sob.up && sob.kind == 2 && sob.bw_bytes_per_s == 1.25e7);
     for (int i = 0; i < 10; i++) {
-        kvedge_wire_fetch_plan_layer_t pl = {(int16_t)(i % 2), 1, 100.0 * i};
+        kvedge_wire_fetch_plan_layer_t pl = {(int16_t)(i % 2), 1, 100.0 * i, false,
+                                             KVEDGE_WIRE_FETCH_OWN_LAYER};
         kvedge_wire_fetch_plan_layer_pack(&pl, pls + i * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
     }
     m[0] = (kvedge_wire_frame_t){rp, sizeof rp};
@@ -440,6 +444,149 @@ static void test_fetch_messages(void **state)
     assert_int_equal(kvedge_wire_validate(&r, m, 0), 0);
     r.flags = KVEDGE_WIRE_FLAG_REPLY;
     assert_int_equal(kvedge_wire_validate(&r, m, 0), KVEDGE_EPROTO);
+}
+
+/* Large-small: the spec's flags (MAPPED, unknown bits), the mapped frame, the plan layer
+ * record's mapped/from_layer and the LAYER record's from_layer, round trips and refusals. */
+static void test_fetch_mapped(void **state)
+{
+    (void)state;
+    kvedge_wire_fetch_spec_t spec = {
+        .first_layer = 0, .layers = 3, .tokens = 512, .flags = KVEDGE_WIRE_FETCH_FLAG_MAPPED};
+    strcpy(spec.model_id, "edge-m");
+    uint8_t sb[KVEDGE_WIRE_FETCH_SPEC_BYTES], back_sb[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, sb), 0);
+    assert_int_equal(kvedge_le_get32(sb + 132), KVEDGE_WIRE_FETCH_FLAG_MAPPED);
+    kvedge_wire_fetch_spec_t back;
+    assert_int_equal(kvedge_wire_fetch_spec_parse(sb, sizeof sb, &back), 0);
+    assert_int_equal(back.flags, KVEDGE_WIRE_FETCH_FLAG_MAPPED);
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&back, back_sb), 0);
+    assert_memory_equal(sb, back_sb, sizeof sb);
+    spec.flags = 0x2; /* unknown: refused both ways */
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, back_sb), KVEDGE_EINVAL);
+    for (int bit = 1; bit < 32; bit++) {
+        uint8_t bad[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+        memcpy(bad, sb, sizeof bad);
+        kvedge_le_put32(bad + 132, KVEDGE_WIRE_FETCH_FLAG_MAPPED | (1u << bit));
+        assert_int_equal(kvedge_wire_fetch_spec_parse(bad, sizeof bad, &back), KVEDGE_EPROTO);
+    }
+
+    /* The mapped frame: id | reserved | N ids. */
+    enum { N = 2 };
+    uint8_t mf[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES + N * KVEDGE_CHUNK_ID_BYTES];
+    assert_int_equal(kvedge_wire_fetch_mapped_pack("cloud-m", mf), 0);
+    for (size_t i = 0; i < N * KVEDGE_CHUNK_ID_BYTES; i++)
+        mf[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES + i] = (uint8_t)(i * 7 + 1);
+    char mid[KVEDGE_WIRE_MODEL_ID_BYTES];
+    const uint8_t *mids = NULL;
+    assert_int_equal(kvedge_wire_fetch_mapped_parse(mf, sizeof mf, N, mid, &mids), 0);
+    assert_string_equal(mid, "cloud-m");
+    assert_ptr_equal(mids, mf + KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES);
+    assert_int_equal(kvedge_wire_fetch_mapped_parse(mf, sizeof mf - 1, N, mid, &mids),
+                     KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_fetch_mapped_parse(mf, sizeof mf, N + 1, mid, &mids),
+                     KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_fetch_mapped_parse(mf, sizeof mf, 0, mid, &mids), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_fetch_mapped_pack("", mf), KVEDGE_EINVAL);
+    char longid[KVEDGE_WIRE_MODEL_ID_BYTES + 1];
+    memset(longid, 'a', sizeof longid - 1);
+    longid[sizeof longid - 1] = '\0';
+    assert_int_equal(kvedge_wire_fetch_mapped_pack(longid, mf), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_wire_fetch_mapped_pack("cloud-m", mf), 0);
+    uint8_t badm[sizeof mf];
+    memcpy(badm, mf, sizeof badm);
+    badm[KVEDGE_WIRE_MODEL_ID_BYTES + 2] = 1; /* reserved */
+    assert_int_equal(kvedge_wire_fetch_mapped_parse(badm, sizeof badm, N, mid, &mids),
+                     KVEDGE_EPROTO);
+    memcpy(badm, mf, sizeof badm);
+    badm[100] = 'x'; /* garbage in the padding */
+    assert_int_equal(kvedge_wire_fetch_mapped_parse(badm, sizeof badm, N, mid, &mids),
+                     KVEDGE_EPROTO);
+    memset(badm, 0, KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES); /* empty id */
+    assert_int_equal(kvedge_wire_fetch_mapped_parse(badm, sizeof badm, N, mid, &mids),
+                     KVEDGE_EPROTO);
+
+    /* Whole requests: f1 f2 fm, f1 f2 f3 fm; the mapped frame is required with MAPPED and
+     * refused without it. */
+    uint8_t ids[N * KVEDGE_CHUNK_ID_BYTES] = {0}, times[3 * 8] = {0};
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_FETCH, 0, 9, 0, N, 8, 1000};
+    kvedge_wire_frame_t f[4] = {{sb, sizeof sb}, {ids, sizeof ids}, {mf, sizeof mf}};
+    assert_int_equal(kvedge_wire_validate(&h, f, 3), 0);
+    f[2] = (kvedge_wire_frame_t){times, sizeof times};
+    f[3] = (kvedge_wire_frame_t){mf, sizeof mf};
+    assert_int_equal(kvedge_wire_validate(&h, f, 4), 0);
+    assert_int_equal(kvedge_wire_validate(&h, f, 2), KVEDGE_EPROTO); /* MAPPED, no frame */
+    assert_int_equal(kvedge_wire_validate(&h, f, 3), KVEDGE_EPROTO); /* times as the last */
+    f[3].len -= 1;                                                   /* wrong size */
+    assert_int_equal(kvedge_wire_validate(&h, f, 4), KVEDGE_EPROTO);
+    f[3].len += 1;
+    f[2].len = 8; /* times of the wrong size before it */
+    assert_int_equal(kvedge_wire_validate(&h, f, 4), KVEDGE_EPROTO);
+    f[2].len = sizeof times;
+    kvedge_wire_frame_t f5[5] = {f[0], f[1], f[2], f[2], f[3]};
+    assert_int_equal(kvedge_wire_validate(&h, f5, 5), KVEDGE_EPROTO); /* too many frames */
+    h.count = N + 1; /* the mapped chain must have the same N */
+    uint8_t ids3[(N + 1) * KVEDGE_CHUNK_ID_BYTES] = {0};
+    f[1] = (kvedge_wire_frame_t){ids3, sizeof ids3};
+    assert_int_equal(kvedge_wire_validate(&h, f, 4), KVEDGE_EPROTO);
+    h.count = N;
+    f[1] = (kvedge_wire_frame_t){ids, sizeof ids};
+    assert_int_equal(kvedge_wire_fetch_mapped_pack("edge-m", mf), 0); /* the model itself */
+    assert_int_equal(kvedge_wire_validate(&h, f, 4), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_fetch_mapped_pack("cloud-m", mf), 0);
+    spec.flags = 0; /* without MAPPED, a mapped frame is one frame too many */
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, sb), 0);
+    kvedge_wire_frame_t g[3] = {{sb, sizeof sb}, {ids, sizeof ids}, {mf, sizeof mf}};
+    assert_int_equal(kvedge_wire_validate(&h, g, 3), KVEDGE_EPROTO);
+
+    /* Plan layer record: source i16 | reason u8 | mapped u8 | from u16 | reserved u16 | f64. */
+    uint8_t rec[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+    kvedge_wire_fetch_plan_layer_t pl = {1, 1, 250.0, true, 3}, plb;
+    kvedge_wire_fetch_plan_layer_pack(&pl, rec);
+    assert_int_equal(rec[3], 1);
+    assert_int_equal(kvedge_le_get16(rec + 4), 3);
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(rec, sizeof rec, &plb), 0);
+    assert_true(plb.source == 1 && plb.reason == 1 && plb.cost_us == 250.0 && plb.mapped &&
+                plb.from_layer == 3);
+    pl.mapped = false; /* own: from is always written 0xFFFF */
+    kvedge_wire_fetch_plan_layer_pack(&pl, rec);
+    assert_int_equal(kvedge_le_get16(rec + 4), KVEDGE_WIRE_FETCH_OWN_LAYER);
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(rec, sizeof rec, &plb), 0);
+    assert_true(!plb.mapped && plb.from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER);
+    uint8_t badr[sizeof rec];
+    memcpy(badr, rec, sizeof rec);
+    kvedge_le_put16(badr + 4, 2); /* own, but names a layer */
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(badr, sizeof badr, &plb), KVEDGE_EPROTO);
+    memcpy(badr, rec, sizeof rec);
+    badr[3] = 2; /* mapped not 0/1 */
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(badr, sizeof badr, &plb), KVEDGE_EPROTO);
+    memcpy(badr, rec, sizeof rec);
+    badr[6] = 1; /* reserved */
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(badr, sizeof badr, &plb), KVEDGE_EPROTO);
+    memcpy(badr, rec, sizeof rec);
+    badr[3] = 1; /* mapped without a layer */
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(badr, sizeof badr, &plb), KVEDGE_EPROTO);
+    pl = (kvedge_wire_fetch_plan_layer_t){-1, 5, 10.0, true, 2}; /* mapped recompute */
+    kvedge_wire_fetch_plan_layer_pack(&pl, rec);
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(rec, sizeof rec, &plb), KVEDGE_EPROTO);
+
+    /* LAYER record: from_layer where reserved u16 was. */
+    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED, 2, 0, 0, 12, 1, 3}, lb;
+    uint8_t rl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(kvedge_le_get16(rl + 6), 3);
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), 0);
+    assert_int_equal(lb.from_layer, 3);
+    l.from_layer = KVEDGE_WIRE_FETCH_OWN_LAYER;
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), 0);
+    assert_int_equal(lb.from_layer, KVEDGE_WIRE_FETCH_OWN_LAYER);
+    l = (kvedge_wire_fetch_layer_t){KVEDGE_FETCH_MISS, 1, -1, KVEDGE_ENOTFOUND, 0, 0, 3};
+    kvedge_wire_fetch_layer_pack(&l, rl); /* a miss delivered nothing: no from layer */
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), KVEDGE_EPROTO);
+    l.from_layer = KVEDGE_WIRE_FETCH_OWN_LAYER;
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), 0);
 }
 
 static void test_op_names(void **state)
@@ -1367,6 +1514,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_names),
         cmocka_unit_test(test_fetch_messages),
+        cmocka_unit_test(test_fetch_mapped),
         cmocka_unit_test(test_header_round_trip),
         cmocka_unit_test(test_header_errors),
         cmocka_unit_test(test_valid_messages),

@@ -430,9 +430,10 @@ typedef struct {
     size_t hidden_floats;
 } s_trace_t;
 
-static int s_trace(void *arg, uint32_t layer, const float *hidden, uint32_t n, const float *k,
-                   const float *v)
+static int s_trace(void *arg, uint32_t layer, const float *hidden, uint32_t n, const float *q,
+                   const float *k, const float *v)
 {
+    (void)q;
     s_trace_t *t = arg;
     assert_int_equal(layer, t->calls);
     (void)n;
@@ -443,9 +444,10 @@ static int s_trace(void *arg, uint32_t layer, const float *hidden, uint32_t n, c
     return layer == 99 ? KVEDGE_EIO : KVEDGE_OK;
 }
 
-static int s_abort(void *arg, uint32_t layer, const float *hidden, uint32_t n, const float *k,
-                   const float *v)
+static int s_abort(void *arg, uint32_t layer, const float *hidden, uint32_t n, const float *q,
+                   const float *k, const float *v)
 {
+    (void)q;
     (void)arg;
     (void)hidden;
     (void)n;

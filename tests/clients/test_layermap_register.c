@@ -130,8 +130,10 @@ static void test_register_round_trip(void **state)
     snprintf(path, sizeof path, "%s/out.txt", s_dir);
     assert_true(kt_file_has(path, "registered map/tiny-cloud/tiny-edge at "));
     assert_true(kt_file_has(path, "cloud_layers=3 edge_layers=3 from=0,1,2"));
-    snprintf(path, sizeof path, "%s/err.txt", s_dir);
-    assert_true(kt_file_has(path, "no record of model tiny-edge")); /* a note, not an error */
+    /* The master knew tiny-cloud, not tiny-edge: its record is registered from the weights
+     * first, so proxies can use the map before any node stores that model. */
+    assert_true(kt_file_has(path, "registered model/tiny-edge at "));
+    assert_false(kt_file_has(path, "registered model/tiny-cloud"));
 
     kvedge_master_map_t *r = malloc(sizeof *r);
     assert_non_null(r);
@@ -145,6 +147,9 @@ static void test_register_round_trip(void **state)
     assert_int_equal(r->edge_layers, 3);
     for (uint16_t e = 0; e < 3; e++)
         assert_int_equal(r->from[e], e);
+    kvedge_model_t em;
+    assert_int_equal(kvedge_mview_model(s_view, "tiny-edge", &em), KVEDGE_OK);
+    assert_int_equal(em.layers, 3);
 
     /* The conversion: none becomes KVEDGE_MASTER_MAP_NONE. */
     kvedge_layermap_t m;
@@ -161,14 +166,35 @@ static void test_register_round_trip(void **state)
     kvedge_layermap_clear(&m);
     free(r);
 
-    /* A saved map under other ids, with --json: the map, then the registration. */
+    /* A saved map under other ids, with --json: the map, then the registration; without
+     * the weights the unknown edge model is only noted. */
     assert_int_equal(kt_sh("%s --json layermap --show %s/t.map --cloud-id tiny-cloud --edge-id "
-                           "tiny-edge2 " S_REG " > %s/out.json",
-                           KVEDGE_BIN, s_dir, s_ep, s_pub, s_dir),
+                           "tiny-edge2 " S_REG " > %s/out.json 2> %s/err.txt",
+                           KVEDGE_BIN, s_dir, s_ep, s_pub, s_dir, s_dir),
                      0);
     snprintf(path, sizeof path, "%s/out.json", s_dir);
     assert_true(kt_file_has(path, "{\"registered\":\"map/tiny-cloud/tiny-edge2\""));
     assert_true(kt_file_has(path, "\"from\":[0,1,2]}"));
+    snprintf(path, sizeof path, "%s/err.txt", s_dir);
+    assert_true(kt_file_has(path, "no record of model tiny-edge2")); /* a note, not an error */
+    /* With --cloud and --edge, the saved map's models are registered from the weights; weights
+     * that are not the map's models (here: not a model at all) are refused before anything
+     * is registered, and --cloud needs --edge. */
+    assert_int_equal(kt_sh("%s layermap --show %s/t.map --cloud-id tiny-cloud --edge-id "
+                           "tiny-edge3 --cloud %s --edge %s " S_REG " > %s/out.txt",
+                           KVEDGE_BIN, s_dir, w, w, s_ep, s_pub, s_dir),
+                     0);
+    snprintf(path, sizeof path, "%s/out.txt", s_dir);
+    assert_true(kt_file_has(path, "registered model/tiny-edge3 at "));
+    assert_true(kt_file_has(path, "registered map/tiny-cloud/tiny-edge3 at "));
+    assert_int_equal(kt_sh("%s layermap --show %s/t.map --cloud-id tiny-cloud --edge-id "
+                           "tiny-edge4 --cloud %s --edge %s " S_REG " > /dev/null 2> %s/err.txt",
+                           KVEDGE_BIN, s_dir, w, KVEDGE_FIXTURES "/opt_tiny_expected.safetensors",
+                           s_ep, s_pub, s_dir),
+                     2);
+    assert_int_equal(kt_sh("%s layermap --show %s/t.map --cloud %s " S_REG " 2> %s/err.txt",
+                           KVEDGE_BIN, s_dir, w, s_ep, s_pub, s_dir),
+                     2);
     /* master-dump decodes it. */
     assert_int_equal(kt_sh("%s master-dump --master %s --pub %s --prefix map/ > %s/dump.txt",
                            KVEDGE_BIN, s_ep, s_pub, s_dir),

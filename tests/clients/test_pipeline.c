@@ -657,6 +657,122 @@ static void test_bad_destination_refused(void **state)
     kvedge_client_destroy(&c);
 }
 
+/* ---------------------------------------------------------------- large–small */
+
+/* An adapt callback that must never run (no map anywhere in this test's world). */
+static int s_adapt_never(void *arg, uint16_t layer, uint16_t from_layer, const float *k_src,
+                         const float *v_src, uint32_t tokens, float *k_dst, float *v_dst)
+{
+    (void)layer, (void)from_layer, (void)k_src, (void)v_src, (void)tokens, (void)k_dst, (void)v_dst;
+    (*(int *)arg)++;
+    return KVEDGE_EINVAL;
+}
+
+/* A mapped model is refused where the pipeline cannot adapt: without adapt or chain, with a
+ * store-node source, on the device path, with destinations that are not fp32 contiguous; and
+ * the mapped fields without a mapped model. */
+static void test_mapped_refused(void **state)
+{
+    (void)state;
+    kvedge_model_t m, mm;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    assert_int_equal(kvedge_model_builtin("opt-1.3b", &mm), 0);
+    kvedge_client_t *node = s_client(s_env.node.ep, 5000);
+    kvedge_client_t *proxy = s_client(s_env.proxy_ep, 5000);
+    s_dst_t d, h, pg;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP32, false);
+    s_dst_make(&h, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    s_dst_make(&pg, KVEDGE_KV_PAGED, KVEDGE_DTYPE_FP32, false);
+    int calls = 0;
+    kvedge_pipeline_opts_t o;
+    kvedge_pipeline_t *p = NULL;
+    s_opts(&o, proxy, &m, &s_int8, &d);
+    o.mapped_model = &mm;
+    o.mapped_chunks = s_int4.ids; /* any chain of as many chunks */
+    o.adapt = s_adapt_never;
+    o.adapt_arg = &calls;
+
+    o.adapt = NULL; /* required with mapped_model */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.adapt = s_adapt_never;
+    o.mapped_chunks = NULL;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.mapped_chunks = s_int4.ids;
+    o.mapped_model = &m; /* itself */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.mapped_model = &mm;
+    o.on_device = true;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.on_device = false;
+    o.client = node; /* only a proxy serves another model's layers */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    s_opts(&o, proxy, &m, &s_int8, &h); /* fp16 destinations */
+    o.mapped_model = &mm;
+    o.mapped_chunks = s_int4.ids;
+    o.adapt = s_adapt_never;
+    o.adapt_arg = &calls;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.k = d.k; /* fp32 K, fp16 V */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.k = pg.k; /* paged */
+    o.v = pg.v;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    s_opts(&o, proxy, &m, &s_int8, &d);
+    o.adapt = s_adapt_never; /* without a mapped model */
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    o.adapt = NULL;
+    o.mapped_chunks = s_int4.ids;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_EINVAL);
+    assert_null(p);
+    assert_int_equal(calls, 0);
+    s_dst_free(&d);
+    s_dst_free(&h);
+    s_dst_free(&pg);
+    kvedge_client_destroy(&node);
+    kvedge_client_destroy(&proxy);
+}
+
+/* A FETCH naming a mapped model that no layer map pairs with this one (this proxy has no
+ * master): every layer comes as this model's own, bit-identical to a plain fetch, from_layer
+ * -1, the adapter never called, and the request carries the mapped frame. */
+static void test_mapped_without_map_is_own(void **state)
+{
+    (void)state;
+    kvedge_model_t m, mm;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    assert_int_equal(kvedge_model_builtin("opt-1.3b", &mm), 0);
+    kvedge_client_t *c = s_client(s_env.proxy_ep, 20000);
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP32, false);
+    int calls = 0;
+    kvedge_pipeline_opts_t o;
+    s_opts(&o, c, &m, &s_int8, &d);
+    o.mapped_model = &mm;
+    o.mapped_chunks = s_int4.ids;
+    o.adapt = s_adapt_never;
+    o.adapt_arg = &calls;
+    kvedge_pipeline_t *p = NULL;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+    s_run_t r;
+    memset(&r, 0, sizeof r);
+    for (uint16_t l = 0; l < S_LAYERS; l++)
+        r.status[l] = kvedge_pipeline_wait(p, l);
+    assert_int_equal(kvedge_pipeline_stats(p, &r.st, r.ls, S_LAYERS), 0);
+    kvedge_pipeline_destroy(&p);
+    s_check(&s_int8, &d, &r, -1);
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        assert_int_equal(r.ls[l].from_layer, -1);
+        assert_false(r.ls[l].adapt_failed);
+    }
+    assert_int_equal(r.st.adapted, 0);
+    assert_int_equal(calls, 0);
+    assert_int_equal(r.st.sent_bytes, KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_SPEC_BYTES +
+                                          2ull * S_CHUNKS * KVEDGE_CHUNK_ID_BYTES +
+                                          KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES);
+    s_dst_free(&d);
+    kvedge_client_destroy(&c);
+}
+
 /* ---------------------------------------------------------------- plan and sources */
 
 /* Opens a pipeline on ctx through ep, asks for the plan before any wait (plan_rc, blocking
@@ -915,6 +1031,8 @@ int main(void)
         cmocka_unit_test(test_missing_layer_is_a_miss),
         cmocka_unit_test(test_ring_of_two_delivers_everything),
         cmocka_unit_test(test_bad_destination_refused),
+        cmocka_unit_test(test_mapped_refused),
+        cmocka_unit_test(test_mapped_without_map_is_own),
         cmocka_unit_test(test_proxy_plan_and_layer_sources),
         cmocka_unit_test(test_proxy_planned_recompute),
         cmocka_unit_test(test_node_no_plan_layer_sources),

@@ -125,6 +125,20 @@ static void s_check_fetch(const kvedge_wire_header_t *h, const kvedge_wire_frame
         s_require(n >= 2 && kvedge_wire_fetch_spec_parse(f[0].data, f[0].len, &spec) == 0);
         s_require(kvedge_wire_fetch_spec_pack(&spec, back) == 0 &&
                   memcmp(back, f[0].data, sizeof back) == 0);
+        /* MAPPED: the last frame is the mapped model's id and its chain of the same N. */
+        bool mapped = (spec.flags & KVEDGE_WIRE_FETCH_FLAG_MAPPED) != 0;
+        s_require(n == 2 + (size_t)mapped || n == 3 + (size_t)mapped);
+        if (mapped) {
+            char mid[KVEDGE_WIRE_MODEL_ID_BYTES];
+            const uint8_t *ids = NULL;
+            uint8_t mback[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES];
+            s_require(kvedge_wire_fetch_mapped_parse(f[n - 1].data, f[n - 1].len, h->count, mid,
+                                                     &ids) == 0 &&
+                      strcmp(mid, spec.model_id) != 0 &&
+                      ids == f[n - 1].data + KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES);
+            s_require(kvedge_wire_fetch_mapped_pack(mid, mback) == 0 &&
+                      memcmp(mback, f[n - 1].data, sizeof mback) == 0);
+        }
         return;
     }
     if (!(h->flags & KVEDGE_WIRE_FLAG_MORE))
@@ -155,10 +169,15 @@ static void s_check_fetch(const kvedge_wire_header_t *h, const kvedge_wire_frame
         }
         for (uint32_t i = 0; i < p.layers; i++) {
             kvedge_wire_fetch_plan_layer_t pl;
-            int rc = kvedge_wire_fetch_plan_layer_parse(f[2].data +
-                                                            i * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES,
-                                                        KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES, &pl);
+            const uint8_t *rec = f[2].data + i * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES;
+            int rc =
+                kvedge_wire_fetch_plan_layer_parse(rec, KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES, &pl);
             s_require(rc == 0 || rc == KVEDGE_EPROTO);
+            if (rc == 0) { /* accepted: packs back to the same bytes (mapped, from, reserved) */
+                uint8_t back[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+                kvedge_wire_fetch_plan_layer_pack(&pl, back);
+                s_require(memcmp(back, rec, sizeof back) == 0);
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 /* Writes the seed corpus for fuzz_frame: one valid request and one valid reply per opcode
- * (three stream messages for GET_LAYER, none for CREDIT and CANCEL, which have no reply), in
+ * (three stream messages for GET_LAYER, none for CREDIT and CANCEL, which have no reply; FETCH
+ * also with MAPPED and mapped plan and LAYER records), in
  * fuzz_frame's input format. Run: gen_frame_corpus DIR. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -270,7 +271,8 @@ int main(int argc, char **argv)
     kvedge_wire_fetch_plan_pack(&plan, plan_rec);
     kvedge_wire_fetch_source_t src = {"cloud1", 2, true, 40000.0f, 1.25e7};
     kvedge_wire_fetch_source_pack(&src, src_rec);
-    kvedge_wire_fetch_plan_layer_t pls[2] = {{-1, 4, 25000}, {0, 1, 60000}};
+    kvedge_wire_fetch_plan_layer_t pls[2] = {{-1, 4, 25000, false, KVEDGE_WIRE_FETCH_OWN_LAYER},
+                                             {0, 1, 60000, false, KVEDGE_WIRE_FETCH_OWN_LAYER}};
     kvedge_wire_fetch_plan_layer_pack(&pls[0], pl_rec);
     kvedge_wire_fetch_plan_layer_pack(&pls[1], pl_rec + KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
     m = s_reply(KVEDGE_OP_FETCH, 1);
@@ -287,7 +289,8 @@ int main(int argc, char **argv)
     s_add(&m, fb, sizeof fb);
     s_add(&m, block, sizeof block);
     s_write(dir, "rep-fetch-block", &m);
-    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED, 1, 0, 0, 24, 1};
+    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED,       1, 0, 0, 24, 1,
+                                   KVEDGE_WIRE_FETCH_OWN_LAYER};
     kvedge_wire_fetch_layer_pack(&l, fl);
     m = s_reply(KVEDGE_OP_FETCH, 1);
     m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
@@ -296,6 +299,48 @@ int main(int argc, char **argv)
     m = s_reply(KVEDGE_OP_FETCH, 26);
     m.h.flags |= KVEDGE_WIRE_FLAG_END;
     s_write(dir, "rep-fetch-end", &m);
+
+    /* Large-small: a MAPPED request (with and without times; the mapped frame last), a plan
+     * with a mapped layer and the LAYER record of a mapped layer. */
+    static uint8_t mspec_rec[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+    static uint8_t mapped[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES + 2 * KVEDGE_CHUNK_ID_BYTES];
+    spec.flags = KVEDGE_WIRE_FETCH_FLAG_MAPPED;
+    strcpy(spec.model_id, "edge-m");
+    kvedge_wire_fetch_spec_pack(&spec, mspec_rec);
+    kvedge_wire_fetch_mapped_pack("cloud-m", mapped);
+    memcpy(mapped + KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES, ids + KVEDGE_CHUNK_ID_BYTES,
+           2 * KVEDGE_CHUNK_ID_BYTES);
+    m = s_request(KVEDGE_OP_FETCH, 2);
+    m.h.credit = 8;
+    s_add(&m, mspec_rec, sizeof mspec_rec);
+    s_add(&m, ids, 2 * KVEDGE_CHUNK_ID_BYTES);
+    s_add(&m, times, sizeof times);
+    s_add(&m, mapped, sizeof mapped);
+    s_write(dir, "req-fetch-mapped", &m);
+    m = s_request(KVEDGE_OP_FETCH, 2);
+    m.h.credit = 8;
+    s_add(&m, mspec_rec, sizeof mspec_rec);
+    s_add(&m, ids, 2 * KVEDGE_CHUNK_ID_BYTES);
+    s_add(&m, mapped, sizeof mapped);
+    s_write(dir, "req-fetch-mapped-notimes", &m);
+    static uint8_t mpl_rec[2 * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+    kvedge_wire_fetch_plan_layer_t mpls[2] = {{0, 1, 30000, true, 3},
+                                              {-1, 6, 1e300, false, KVEDGE_WIRE_FETCH_OWN_LAYER}};
+    kvedge_wire_fetch_plan_layer_pack(&mpls[0], mpl_rec);
+    kvedge_wire_fetch_plan_layer_pack(&mpls[1], mpl_rec + KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    m = s_reply(KVEDGE_OP_FETCH, 1);
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, plan_rec, sizeof plan_rec);
+    s_add(&m, src_rec, sizeof src_rec);
+    s_add(&m, mpl_rec, sizeof mpl_rec);
+    s_write(dir, "rep-fetch-plan-mapped", &m);
+    static uint8_t mfl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+    kvedge_wire_fetch_layer_t ml = {KVEDGE_FETCH_PLANNED, 0, 0, 0, 12, 1, 3};
+    kvedge_wire_fetch_layer_pack(&ml, mfl);
+    m = s_reply(KVEDGE_OP_FETCH, 1);
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, mfl, sizeof mfl);
+    s_write(dir, "rep-fetch-layer-mapped", &m);
 
     /* A failed request: status, no payload. */
     m = s_reply(KVEDGE_OP_GET, 0);

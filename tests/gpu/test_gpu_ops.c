@@ -12,6 +12,7 @@
 
 #include "gpu/attn.h"
 #include "gpu/cka.h"
+#include "gpu/rsa.h"
 #include "gpu/gpu.h"
 #include "gpu/scores.h"
 #include "gpu/stage.h"
@@ -221,6 +222,39 @@ static void test_cka_think(void **state)
     free(gs);
 }
 
+/* RSA on odd sample counts (the lower-triangle reductions split rows across threads) and a
+ * zero row (cosine 0 with every row on both paths). */
+static void test_rsa(void **state)
+{
+    (void)state;
+    kvedge_rng_t r;
+    kvedge_rng_seed(&r, 11);
+    const uint32_t ns[] = {2, 3, 37, 300}, d1 = 48, d2 = 29;
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+        const uint32_t n = ns[t];
+        float *x = s_rand(&r, KVEDGE_DTYPE_FP32, (size_t)n * d1, 1.0f);
+        float *y = s_rand(&r, KVEDGE_DTYPE_FP32, (size_t)n * d2, 1.0f);
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t c = 0; c < d2; c++)
+                y[i * d2 + c] += x[i * d1 + c];
+        if (n > 3)
+            memset(x + d1, 0, sizeof(float) * d1);
+        double cr = 2, gr = 2;
+        kvedge_rsa_args_t c = {x, y, n, d1, d2, &cr};
+        assert_int_equal(kvedge_cpu_rsa(&c), KVEDGE_OK);
+        kvedge_rsa_args_t g = c;
+        g.x = s_up(x, sizeof(float) * n * d1);
+        g.y = s_up(y, sizeof(float) * n * d2);
+        g.rsa = &gr;
+        assert_int_equal(kvedge_gpu_rsa(&g, NULL), KVEDGE_OK);
+        assert_true(fabs(gr - cr) <= KVEDGE_RSA_TOL);
+        kvedge_gpu_dev_free((void *)g.x);
+        kvedge_gpu_dev_free((void *)g.y);
+        free(x);
+        free(y);
+    }
+}
+
 int main(void)
 {
     if (kvedge_gpu_device_count() == 0)
@@ -229,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_attn),
         cmocka_unit_test(test_scores),
         cmocka_unit_test(test_cka_think),
+        cmocka_unit_test(test_rsa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

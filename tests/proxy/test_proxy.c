@@ -249,8 +249,12 @@ static double s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_
     pthread_cond_init(&r->cv, NULL);
     r->kill_after_first = kill_pid;
     kvedge_client_t *c = s_client(proxy_ep, deadline_ms);
-    kvedge_fetch_req_t req = {S_MODEL, s_ctx.ids, S_CHUNKS,   0, S_LAYERS, S_CHUNKS * S_TOKENS,
-                              NULL,    NULL,      deadline_ms};
+    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+                              .chunks = s_ctx.ids,
+                              .n = S_CHUNKS,
+                              .layers = S_LAYERS,
+                              .tokens = S_CHUNKS * S_TOKENS,
+                              .deadline_ms = deadline_ms};
     kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
     int64_t t0 = zclock_usecs();
     assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
@@ -1064,7 +1068,12 @@ static int s_fetch_status(kvedge_client_t *c, const char *model, uint16_t first,
     memset(&r, 0, sizeof r);
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);
-    kvedge_fetch_req_t req = {model, s_ctx.ids, S_CHUNKS, first, n, 0, NULL, NULL, 3000};
+    kvedge_fetch_req_t req = {.model_id = model,
+                              .chunks = s_ctx.ids,
+                              .n = S_CHUNKS,
+                              .first_layer = first,
+                              .layers = n,
+                              .deadline_ms = 3000};
     kvedge_fetch_cbs_t cbs = {NULL, NULL, NULL, s_r_done};
     assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, &r), 0);
     pthread_mutex_lock(&r.mu);
