@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs every build, test and benchmark dependency of kvedge from Debian packages.
 # Idempotent: when everything is already installed it only checks and returns.
-# --reference also installs what scripts/opt_reference.py needs to regenerate the decoder's
-# test fixtures (Debian's PyTorch and NumPy); builds and tests never need it.
+# Debian's python3 with NumPy and PyTorch are installed by default: the Python binding's tests
+# (tests/python) and its PyTorch engine need them; scripts/opt_reference.py and
+# scripts/train_models.py (the decoder's fixtures and the trained models) use the same.
+# --reference is kept for compatibility: it adds nothing any more.
 set -euo pipefail
 
 REFERENCE=0
@@ -26,9 +28,10 @@ PACKAGES=(
     libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev libpcre2-dev
     redis-server iperf3 clang clang-format gnuplot-nox nodejs npm
     prometheus curl tmux
+    python3 python3-numpy python3-torch
 )
 if [ "$REFERENCE" -eq 1 ]; then
-    PACKAGES+=(python3-torch python3-numpy)
+    : # python3-torch and python3-numpy are in the default list
 fi
 
 missing=()

@@ -1,0 +1,85 @@
+"""One exception hierarchy for every failure libkvedge reports: kvedge.Error carries the C
+error code (negative KVEDGE_E* value), its symbolic name and its text; each code has its own
+subclass, so callers can catch exactly what they handle. Argument errors found before any C
+call are Python's own TypeError / ValueError."""
+from . import _ffi
+
+
+class Error(Exception):
+    """A libkvedge call failed. code: the negative KVEDGE_E* code; name: "KVEDGE_ETIMEDOUT"...;
+    message: kvedge_strerror's text; what: the call that failed."""
+
+    code = None
+
+    def __init__(self, code, what=""):
+        self.code = code
+        self.name = _ffi.kvedge_errname(code).decode()
+        self.message = _ffi.kvedge_strerror(code).decode()
+        self.what = what
+        super().__init__(f"{what + ': ' if what else ''}{self.message} ({self.name})")
+
+
+# (C name without KVEDGE_, class name, extra Python base)
+_TABLE = [
+    ("EINVAL", "InvalidArgument", None),
+    ("ENOMEM", "OutOfMemory", MemoryError),
+    ("ENOTFOUND", "NotFound", None),
+    ("ECORRUPT", "Corrupt", None),
+    ("EVERSION", "VersionError", None),
+    ("ETOOBIG", "TooBig", None),
+    ("ETRUNCATED", "Truncated", None),
+    ("EIO", "IOFailure", None),
+    ("EBUSY", "Busy", None),
+    ("EFULL", "Full", None),
+    ("ENOMODEL", "NoModel", None),
+    ("ESHAPE", "ShapeError", None),
+    ("ESTORE", "StoreError", None),
+    ("ENOSPACE", "NoSpace", None),
+    ("EEXPIRED", "Expired", None),
+    ("EREADONLY", "ReadOnly", None),
+    ("EAMBIGUOUS", "Ambiguous", None),
+    ("EPROTO", "ProtocolError", None),
+    ("ETIMEDOUT", "Timeout", TimeoutError),
+    ("EDENIED", "Denied", PermissionError),
+    ("ECLOSED", "Closed", None),
+    ("ECANCELED", "Canceled", None),
+]
+
+CODES = {}  # code -> class
+_by_name = {}
+for _i, (_cname, _pyname, _extra) in enumerate(_TABLE):
+    _code = -(_i + 1)
+    assert _ffi.kvedge_errname(_code).decode() == "KVEDGE_" + _cname, _cname
+    _bases = (Error,) if _extra is None else (Error, _extra)
+    _cls = type(_pyname, _bases, {"code": _code, "__doc__": f"KVEDGE_{_cname}: "
+                                  + _ffi.kvedge_strerror(_code).decode()})
+    _cls.__module__ = "kvedge"
+    CODES[_code] = _cls
+    _by_name[_pyname] = _cls
+globals().update(_by_name)
+__all__ = ["Error", "check", "CODES"] + list(_by_name)
+
+
+class UseAfterClose(_by_name["Closed"]):
+    """A method was called on a client, pipeline or loader after close() (a kvedge.Closed,
+    code KVEDGE_ECLOSED)."""
+
+    def __init__(self, what):
+        Error.__init__(self, -21, what)  # KVEDGE_ECLOSED
+        self.args = (f"{what}: the object is closed",)
+
+
+UseAfterClose.__module__ = "kvedge"
+__all__.append("UseAfterClose")
+
+
+def error(code, what=""):
+    """The exception object for a negative code."""
+    return CODES.get(code, Error)(code, what)
+
+
+def check(code, what=""):
+    """Raises the code's exception when code < 0; returns code otherwise."""
+    if code < 0:
+        raise error(code, what)
+    return code
