@@ -6,7 +6,10 @@
  * actor that owns the DEALER socket. The actor assigns request ids, sends, matches replies by
  * id, validates every message with the access/frame.h codec, runs GET_LAYER streams with
  * credit flow control and completes expired requests on its own timer, so a call returns by
- * its deadline whatever the node does. Synchronous calls wait on a per-request future.
+ * its deadline whatever the node does. Asynchronous calls and streams go through the actor.
+ * A synchronous call runs the same code on a direct channel of its own when one is free (a
+ * DEALER the calling thread drives itself, two thread handoffs fewer: see "direct channels");
+ * else it waits on a per-request future that the actor completes.
  *
  * Credit policy: a stream starts with the client's credit (opts.credit, at most the node's
  * max_credit). Each data message consumed (after on_block returns) is owed back to the node;
@@ -43,6 +46,9 @@
 #define S_NAME_DEFAULT    "libkvedge"
 #define S_Z85_KEY_CHARS   40
 #define S_STATUS_BYTES    4
+/* Direct channels: sockets a synchronous caller drives itself (see "direct channels"). */
+#define S_CHAN_MAX      4   /* channels per client; more concurrent callers use the actor */
+#define S_CHAN_SLICE_MS 100 /* a caller checks for destroy at least this often */
 
 /* ---------------------------------------------------------------- clocks */
 
@@ -877,6 +883,14 @@ struct kvedge_client_t {
     uint32_t max_chunks;
     uint32_t credit; /* initial credit of a stream */
     int deadline_ms; /* default deadline */
+    /* Direct channels (after HELLO, without an emulated link): idle ones, and how many exist
+     * and are checked out, under chan_mu; destroy waits on chan_cv for chan_busy to be 0. */
+    bool direct;
+    pthread_mutex_t chan_mu;
+    pthread_cond_t chan_cv;
+    s_io_t *chan_idle[S_CHAN_MAX];
+    size_t chan_nidle, chan_n, chan_busy;
+    atomic_bool chan_closing;
 };
 
 static int64_t s_deadline(const kvedge_client_t *c, int deadline_ms)
@@ -913,16 +927,171 @@ static int s_submit(kvedge_client_t *c, s_req_t *r)
     return err;
 }
 
-/* Sends a unary request and waits. On 0, r holds the reply; the caller releases r. On error,
- * r has been released. */
-static int s_call(kvedge_client_t *c, s_req_t *r)
+/* ---------------------------------------------------------------- direct channels */
+
+/* A synchronous call need not cross the actor. When a direct channel is free, the calling
+ * thread checks it out and runs the actor's own code (s_io_submit, s_io_drain, s_io_expire)
+ * on it: a DEALER of its own to the same node with the same key, options and heartbeats. A
+ * PING then crosses caller -> libzmq I/O thread -> node -> I/O thread -> caller, two thread
+ * handoffs fewer than through the actor's pipe and the future's condition variable. The
+ * socket passes between threads only under chan_mu (the full barrier libzmq asks for), and
+ * only with nothing in flight on it. Streams and asynchronous calls stay on the actor. */
+
+static s_io_t *s_chan_new(const kvedge_client_t *c)
 {
-    int rc = s_submit(c, r);
+    s_io_t *ch = calloc(1, sizeof *ch);
+    if (!ch)
+        return NULL;
+    ch->endpoint = c->io->endpoint; /* the client's, read-only while it lives */
+    ch->server_key = c->io->server_key;
+    ch->client_cert = c->io->client_cert;
+    ch->meter = c->io->meter; /* thread-safe */
+    if (s_io_setup(ch) != KVEDGE_OK) {
+        s_io_teardown(ch);
+        free(ch);
+        return NULL;
+    }
+    return ch;
+}
+
+static void s_chan_destroy(s_io_t **ch_p)
+{
+    if (*ch_p) {
+        s_io_expire(*ch_p, true, KVEDGE_ECLOSED); /* nothing is left in flight; defensive */
+        s_io_teardown(*ch_p);
+        free(*ch_p);
+        *ch_p = NULL;
+    }
+}
+
+/* A free channel for the calling thread, or NULL: the call goes through the actor. */
+static s_io_t *s_chan_get(kvedge_client_t *c)
+{
+    if (!c->direct)
+        return NULL;
+    s_io_t *ch = NULL;
+    bool make = false;
+    pthread_mutex_lock(&c->chan_mu);
+    if (!atomic_load(&c->chan_closing)) {
+        if (c->chan_nidle > 0)
+            ch = c->chan_idle[--c->chan_nidle];
+        else if (c->chan_n < S_CHAN_MAX)
+            make = true;
+        if (ch || make) {
+            c->chan_busy++;
+            c->chan_n += make;
+        }
+    }
+    pthread_mutex_unlock(&c->chan_mu);
+    if (make && !(ch = s_chan_new(c))) {
+        pthread_mutex_lock(&c->chan_mu);
+        c->chan_n--;
+        if (--c->chan_busy == 0)
+            pthread_cond_broadcast(&c->chan_cv);
+        pthread_mutex_unlock(&c->chan_mu);
+    }
+    return ch;
+}
+
+/* Gives ch back (its requests have all completed); a broken one is closed. */
+static void s_chan_put(kvedge_client_t *c, s_io_t *ch, bool broken)
+{
+    pthread_mutex_lock(&c->chan_mu);
+    if (broken || zhashx_size(ch->inflight) > 0 || atomic_load(&c->chan_closing)) {
+        s_chan_destroy(&ch);
+        c->chan_n--;
+    } else {
+        c->chan_idle[c->chan_nidle++] = ch;
+    }
+    if (--c->chan_busy == 0)
+        pthread_cond_broadcast(&c->chan_cv);
+    pthread_mutex_unlock(&c->chan_mu);
+}
+
+/* Caller: runs ch's I/O until *done. Every request ends by its deadline (s_io_expire), or
+ * with KVEDGE_ECLOSED when the client or ZeroMQ closes. Returns false when ch is broken. */
+static bool s_chan_run(kvedge_client_t *c, s_io_t *ch, const bool *done)
+{
+    zmq_pollitem_t item = {zsock_resolve(ch->dealer), 0, ZMQ_POLLIN, 0};
+    while (!*done) {
+        if (atomic_load(&c->chan_closing)) {
+            s_io_expire(ch, true, KVEDGE_ECLOSED);
+            return true;
+        }
+        int timeout = S_CHAN_SLICE_MS;
+        if (ch->next_deadline != INT64_MAX) {
+            int64_t left = ch->next_deadline - kvedge_mono_ms();
+            if (left < timeout)
+                timeout = left < 0 ? 0 : (int)left + 1;
+        }
+        if (zmq_poll(&item, 1, timeout) < 0 && zmq_errno() != EINTR) {
+            s_io_expire(ch, true, KVEDGE_ECLOSED); /* the ZeroMQ context is going away */
+            return false;
+        }
+        s_io_drain(ch);
+        s_io_expire(ch, false, KVEDGE_ETIMEDOUT);
+    }
+    return true;
+}
+
+/* Where one call's requests go: a direct channel, or (ch NULL) the actor. */
+typedef struct {
+    kvedge_client_t *c;
+    s_io_t *ch;
+} s_path_t;
+
+static s_path_t s_path_open(kvedge_client_t *c)
+{
+    return (s_path_t){c, s_chan_get(c)};
+}
+
+static void s_path_close(s_path_t *p, bool broken)
+{
+    if (p->ch)
+        s_chan_put(p->c, p->ch, broken);
+    p->ch = NULL;
+}
+
+/* Sends r (a unary request) as s_submit does: on failure r is freed. */
+static int s_path_submit(s_path_t *p, s_req_t *r)
+{
+    if (!p->ch)
+        return s_submit(p->c, r);
+    r->refs = 2;
+    s_io_submit(p->ch, r); /* failures complete r at once */
+    return KVEDGE_OK;
+}
+
+/* Waits for r as s_req_wait does. A broken channel is given back at once (the call's other
+ * requests on it have completed with KVEDGE_ECLOSED). */
+static int s_path_wait(s_path_t *p, s_req_t *r)
+{
+    if (!p->ch)
+        return s_req_wait(r);
+    if (!s_chan_run(p->c, p->ch, &r->done))
+        s_path_close(p, true);
+    return r->done ? r->status : KVEDGE_ECLOSED;
+}
+
+/* Sends a unary request on p and waits. On 0, r holds the reply; the caller releases r. On
+ * error, r has been released. */
+static int s_call_on(s_path_t *p, s_req_t *r)
+{
+    int rc = s_path_submit(p, r);
     if (rc != KVEDGE_OK)
         return rc;
-    rc = s_req_wait(r);
+    rc = s_path_wait(p, r);
     if (rc != KVEDGE_OK)
         s_req_release(r);
+    return rc;
+}
+
+/* s_call_on on a channel of its own when one is free. */
+static int s_call(kvedge_client_t *c, s_req_t *r)
+{
+    s_path_t p = s_path_open(c);
+    int rc = s_call_on(&p, r);
+    s_path_close(&p, false);
     return rc;
 }
 
@@ -1046,6 +1215,9 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
         return link_rc != KVEDGE_OK ? link_rc : KVEDGE_ENOMEM;
     }
     pthread_mutex_init(&c->pipe_mu, NULL);
+    pthread_mutex_init(&c->chan_mu, NULL);
+    pthread_cond_init(&c->chan_cv, NULL);
+    atomic_init(&c->chan_closing, false);
     c->io = io;
     c->deadline_ms = opts->deadline_ms ? opts->deadline_ms : KVEDGE_CLIENT_DEADLINE_MS_DEFAULT;
     c->credit = opts->credit ? opts->credit : KVEDGE_CLIENT_CREDIT_DEFAULT;
@@ -1057,6 +1229,8 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
         kvedge_client_destroy(&c);
         return rc;
     }
+    /* Synchronous calls may go direct from now on; an emulated link lives in the actor. */
+    c->direct = io->up == NULL;
     *out = c;
     return KVEDGE_OK;
 }
@@ -1072,7 +1246,17 @@ void kvedge_client_destroy(kvedge_client_t **self_p)
     pthread_mutex_lock(&c->pipe_mu);
     c->closing = true;
     pthread_mutex_unlock(&c->pipe_mu);
+    /* Callers on direct channels end their calls with KVEDGE_ECLOSED within a slice. */
+    pthread_mutex_lock(&c->chan_mu);
+    atomic_store(&c->chan_closing, true);
+    while (c->chan_busy > 0)
+        pthread_cond_wait(&c->chan_cv, &c->chan_mu);
+    while (c->chan_nidle > 0)
+        s_chan_destroy(&c->chan_idle[--c->chan_nidle]);
+    pthread_mutex_unlock(&c->chan_mu);
     zactor_destroy(&c->actor); /* $TERM: everything in flight ends with KVEDGE_ECLOSED */
+    pthread_cond_destroy(&c->chan_cv);
+    pthread_mutex_destroy(&c->chan_mu);
     pthread_mutex_destroy(&c->pipe_mu);
     free(c->io->endpoint);
     free(c->io->server_key);
@@ -1378,9 +1562,9 @@ static int s_put_batch(const kvedge_client_t *c, const kvedge_put_item_t *items,
 }
 
 /* Waits for a PUT message and spreads its statuses over the items it carried. */
-static void s_put_collect(s_batch_t *b, int *st)
+static void s_put_collect(s_path_t *path, s_batch_t *b, int *st)
 {
-    int rc = b->rc == KVEDGE_OK ? s_req_wait(b->r) : b->rc;
+    int rc = b->rc == KVEDGE_OK ? s_path_wait(path, b->r) : b->rc;
     if (rc == KVEDGE_OK && b->r->rh.count != b->n)
         rc = KVEDGE_EPROTO;
     const uint8_t *p = rc == KVEDGE_OK ? zframe_data(zmsg_first(b->r->reply)) : NULL;
@@ -1405,6 +1589,7 @@ int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t
     memset(win, 0, sizeof win);
     size_t next = 0, head = 0, used = 0;
     int rc = KVEDGE_OK;
+    s_path_t path = s_path_open(c);
     while ((next < n && rc == KVEDGE_OK) || used > 0) {
         if (next < n && rc == KVEDGE_OK && used < S_PUT_PIPELINE) {
             s_batch_t *b = &win[(head + used) % S_PUT_PIPELINE];
@@ -1416,17 +1601,18 @@ int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t
                 next = n;
                 s_batch_clear(b);
             } else if (b->n > 0) {
-                b->rc = s_submit(c, b->r);
+                b->rc = s_path_submit(&path, b->r);
                 used++;
             } else {
                 s_batch_clear(b);
             }
             continue;
         }
-        s_put_collect(&win[head], st);
+        s_put_collect(&path, &win[head], st);
         head = (head + 1) % S_PUT_PIPELINE;
         used--;
     }
+    s_path_close(&path, false);
     rc = KVEDGE_OK;
     for (size_t i = 0; i < n && rc == KVEDGE_OK; i++)
         rc = st[i];
@@ -1465,7 +1651,7 @@ static s_req_t *s_get_request(const kvedge_block_key_t *keys, const size_t *idx,
 /* Fetches again, one round trip at a time, the keys of a batch the node left out of its
  * reply for size (KVEDGE_ETOOBIG: past KVEDGE_WIRE_MAX_REPLY_BYTES). Every round brings at
  * least the first of them, so this ends. */
-static void s_get_refetch(kvedge_client_t *c, const kvedge_block_key_t *keys, s_batch_t *b,
+static void s_get_refetch(s_path_t *path, const kvedge_block_key_t *keys, s_batch_t *b,
                           int64_t deadline, int *st, zframe_t **blocks)
 {
     size_t *sub = malloc(b->n * sizeof *sub), *pos = malloc(b->n * sizeof *pos);
@@ -1481,7 +1667,7 @@ static void s_get_refetch(kvedge_client_t *c, const kvedge_block_key_t *keys, s_
         if (m == 0)
             break;
         s_req_t *r = s_get_request(keys, sub, m, deadline);
-        int rc = r ? s_call(c, r) : KVEDGE_ENOMEM;
+        int rc = r ? s_call_on(path, r) : KVEDGE_ENOMEM;
         if (rc == KVEDGE_OK) {
             rc = s_get_parse(r, m, sst, sbl);
             s_req_release(r);
@@ -1532,18 +1718,18 @@ static void s_sink_put(s_sink_t *s, int status, const uint8_t *data, size_t len,
 
 /* Waits for one GET message, completes it and lands its blocks in key order. Returns the
  * message's transport error, or 0. */
-static int s_get_collect(kvedge_client_t *c, const kvedge_block_key_t *keys, s_batch_t *b,
+static int s_get_collect(s_path_t *path, const kvedge_block_key_t *keys, s_batch_t *b,
                          int64_t deadline, s_sink_t *sink, kvedge_fetched_t *out)
 {
     int *st = malloc(b->n * sizeof *st);
     zframe_t **blocks = calloc(b->n, sizeof *blocks);
-    int rc = b->rc == KVEDGE_OK ? s_req_wait(b->r) : b->rc;
+    int rc = b->rc == KVEDGE_OK ? s_path_wait(path, b->r) : b->rc;
     if (rc == KVEDGE_OK)
         rc = st && blocks ? s_get_parse(b->r, b->n, st, blocks) : KVEDGE_ENOMEM;
     if (b->rc == KVEDGE_OK)
         s_req_release(b->r);
     if (rc == KVEDGE_OK)
-        s_get_refetch(c, keys, b, deadline, st, blocks);
+        s_get_refetch(path, keys, b, deadline, st, blocks);
     for (uint32_t k = 0; k < b->n; k++) {
         kvedge_fetched_t *o = &out[b->idx[k]];
         if (rc != KVEDGE_OK) {
@@ -1577,6 +1763,7 @@ int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t
     memset(win, 0, sizeof win);
     size_t next = 0, head = 0, used = 0;
     int rc = KVEDGE_OK;
+    s_path_t path = s_path_open(c);
     while (next < n || used > 0) {
         if (next < n && used < S_GET_PIPELINE) {
             s_batch_t *b = &win[(head + used) % S_GET_PIPELINE];
@@ -1593,16 +1780,17 @@ int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t
                 s_batch_clear(b);
                 continue;
             }
-            b->rc = s_submit(c, b->r);
+            b->rc = s_path_submit(&path, b->r);
             next += b->n;
             used++;
             continue;
         }
-        int brc = s_get_collect(c, keys, &win[head], deadline, &sink, out);
+        int brc = s_get_collect(&path, keys, &win[head], deadline, &sink, out);
         rc = rc ? rc : brc;
         head = (head + 1) % S_GET_PIPELINE;
         used--;
     }
+    s_path_close(&path, false);
     if (rc == KVEDGE_OK && sink.full)
         rc = KVEDGE_ENOSPACE;
     return rc;
@@ -1610,11 +1798,25 @@ int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t
 
 /* ---------------------------------------------------------------- get_layer */
 
+static int s_layer_request(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
+                           uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
+                           kvedge_done_fn *on_done, void *ctx, s_req_t **out);
+
 /* One stream of n <= the node's max_chunks chunks (KVEDGE_EINVAL past it); the deadline
  * covers the whole stream. */
 int kvedge_client_get_layer_async(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
                                   uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
                                   kvedge_done_fn *on_done, void *ctx)
+{
+    s_req_t *r;
+    int rc = s_layer_request(c, chunks, n, layer, deadline_ms, on_block, on_done, ctx, &r);
+    return rc == KVEDGE_OK ? s_submit(c, r) : rc;
+}
+
+/* A GET_LAYER stream's request, not yet sent. */
+static int s_layer_request(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
+                           uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
+                           kvedge_done_fn *on_done, void *ctx, s_req_t **out)
 {
     if (!c || !chunks || n == 0 || n > c->max_chunks || deadline_ms < 0 ||
         deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS)
@@ -1633,11 +1835,13 @@ int kvedge_client_get_layer_async(kvedge_client_t *c, const kvedge_chunk_id_t *c
     r->on_block = on_block;
     r->on_done = on_done;
     r->ctx = ctx;
-    return s_submit(c, r);
+    *out = r;
+    return KVEDGE_OK;
 }
 
-/* The synchronous form's state, shared by the caller and the I/O thread's callbacks; the
- * mutex also keeps a callback from writing into the caller's buffer after it gave up. */
+/* The synchronous form's state, shared by the caller and the callbacks (on the I/O thread, or
+ * on the caller's own on a direct channel); the mutex also keeps a callback from writing into
+ * the caller's buffer after it gave up. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -1714,7 +1918,21 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
     l->out = out;
     l->out_cap = out_cap;
     int64_t until = s_deadline(c, 0) + S_WAIT_MARGIN_MS;
-    int rc = kvedge_client_get_layer_async(c, chunks, n, layer, 0, s_layer_block, s_layer_done, l);
+    s_path_t path = s_path_open(c);
+    int rc;
+    if (!path.ch) {
+        rc = kvedge_client_get_layer_async(c, chunks, n, layer, 0, s_layer_block, s_layer_done, l);
+    } else {
+        /* Direct: the stream runs on this thread's channel, its callbacks here too. */
+        s_req_t *r;
+        rc = s_layer_request(c, chunks, n, layer, 0, s_layer_block, s_layer_done, l, &r);
+        if (rc == KVEDGE_OK) {
+            s_io_submit(path.ch, r); /* failures end the stream (on_done) at once */
+            if (!s_chan_run(c, path.ch, &l->done))
+                s_path_close(&path, true);
+        }
+    }
+    s_path_close(&path, false);
     pthread_mutex_lock(&l->mu);
     if (rc != KVEDGE_OK) {
         l->refs--; /* the callbacks will never run */

@@ -2,10 +2,13 @@
  * edge proxy. Installed as <kvedge/client.h>, included by <kvedge/kvedge.h>.
  *
  * Threads: a kvedge_client_t is thread-safe. It owns one I/O thread and one ZeroMQ DEALER
- * socket; calls from any thread are queued to it. Synchronous calls block the calling thread
- * until the reply or the deadline; asynchronous calls return at once and complete through a
- * callback that runs on the client's I/O thread (keep it short; never call the client's
- * synchronous functions from inside it).
+ * socket; asynchronous calls and streams from any thread are queued to it. Synchronous calls
+ * block the calling thread until the reply or the deadline; up to 4 at a time each run on a
+ * DEALER of its own to the same node (same key, options and heartbeats, opened on first use
+ * and kept), which spares the handoffs to and from the I/O thread; more, and every call of a
+ * client with an emulated link (opts.link), are queued to the I/O thread too. Asynchronous calls
+ * return at once and complete through a callback that runs on the client's I/O thread (keep it
+ * short; never call the client's synchronous functions from inside it).
  *
  * Errors: every function returns 0 or a negative KVEDGE_E* code (kvedge_strerror() gives the
  * text). Every call has a deadline (the options' deadline_ms unless the call takes one); when

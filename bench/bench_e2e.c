@@ -13,12 +13,16 @@
  *      time for one request), so the sweep spans unloaded to saturated on any machine.
  *   C. The cloud link swept from 10 Mbit/s to 10 Gbit/s: kvedge's TTFT against the Eq. 20
  *      bound of its plan, against recomputing everything and against fetching everything.
+ *   D. (--only D; not run by default) Repeated requests in one process: the plan's T against
+ *      the TTFT, planned with the one-time calibration (kvedge_decoder_forget before each
+ *      request) and with the decoder's speed learned from the requests before
+ *      (kvedge_e2e_decode feeds the layer times back).
  *
  * Edges, cloud node, proxies and the emulated cloud model all share this machine's cores.
  *
  *   bench_e2e [--contexts 512,1024] [--prompt 32] [--new 16] [--runs 3] [--quick] [--out DIR]
  *             [--only ABC] [--loads 0.3,0.6,1.2,2.4 | --rates R,..] [--requests 8]
- *             [--edges 2] [--no-rss] [--verbose] [--kvedge BIN]
+ *             [--edges 2] [--no-rss] [--verbose] [--kvedge BIN] [--learn-requests 8]
  *
  * Tables go to stdout (markdown); data files for scripts/plot_e2e.gp go to --out. */
 #include <errno.h>
@@ -75,7 +79,8 @@ typedef struct {
     uint32_t prompt, max_new, runs;
     bool quick;
     const char *out;
-    bool run_a, run_b, run_c;
+    bool run_a, run_b, run_c, run_d;
+    uint32_t learn_requests;   /* D: requests per series */
     double rates[S_MAX_RATES]; /* loads (multiples of cloud-only's capacity), or req/s */
     size_t nrates;
     bool absolute; /* rates are req/s (--rates) */
@@ -1159,6 +1164,100 @@ static void s_run_c(void)
     fflush(stdout);
 }
 
+/* ---------------------------------------------------------------- D: learned speed */
+
+/* One series of D: requests 1..R of prompts `first`.. on x through c, TTFT only; with forget,
+ * the model's learned speed is dropped before each request (the one-time calibration). */
+static void s_d_series(s_ctx_t *x, kvedge_client_t *c, bool forget, uint32_t first,
+                       kvedge_e2e_result_t *res, double *ttft, double *plan, uint32_t mix[5])
+{
+    kvedge_decoder_forget(s_dec);
+    for (uint32_t k = 0; k < s_cfg.learn_requests; k++) {
+        if (forget)
+            kvedge_decoder_forget(s_dec);
+        s_check(s_decode(KVEDGE_E2E_KVEDGE, x, first + k, c, true, 1, res), "kvedge");
+        ttft[k] = res->ttft_us / 1e3;
+        plan[k] = res->have_plan ? res->plan.total_us / 1e3 : NAN;
+        s_layer_mix(res, mix);
+    }
+}
+
+static void s_run_d(void)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < s_cfg.ncontexts; i++)
+        n = s_cfg.contexts[i] > n ? s_cfg.contexts[i] : n;
+    s_ctx_t *x = s_context(n);
+    s_on_cloud(x);
+    float cu = 0, ru = 0;
+    kvedge_decoder_forget(s_dec);
+    s_check(kvedge_decoder_estimate(s_dec, n, s_cfg.prompt, &cu, &ru), "estimate");
+    const uint32_t R = s_cfg.learn_requests, L = kvedge_decoder_config(s_dec)->layers;
+    static const char *rates[] = {"100mbit", "1gbit"};
+    static const double bps[] = {100e6, 1e9};
+    printf("### D. The planner learns the decoder's speed\n\n"
+           "Context %u tokens (int8 on the cloud node), prompt %u tokens, TTFT only (1 new "
+           "token), recomputation priced; a fresh proxy per link with the cloud node as its only "
+           "source (%s one way). Per link, two series of %u requests in this process: "
+           "**calibration**, the learned speed dropped before each request, so every plan is "
+           "priced with the one-time calibration (%.1f ms per layer over the prompt, %.1f ms "
+           "more to compute a layer's context K/V); **learned**, each request planned with "
+           "the layer times kvedge_e2e_decode fed back from the requests before it (request 1 "
+           "plans with the calibration). Medians over requests 2..%u of each series.\n\n",
+           n, s_cfg.prompt, S_SWEEP_LATENCY, R, cu / 1e3, ru / 1e3, R);
+    printf("| cloud link | estimates | layers fetched / computed (last) | plan T ms | TTFT ms | "
+           "TTFT / plan T | TTFT / plan T, requests 1..%u | learned factors (compute, "
+           "recompute) |\n|---|---|---|---:|---:|---:|---|---|\n",
+           R);
+    fflush(stdout);
+    kvedge_e2e_result_t *res = bench_alloc(sizeof *res);
+    double ratio_med[2][2];
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++) {
+        char src_spec[700], ep[400];
+        s_cloud_source(src_spec, sizeof src_spec, rates[i], bps[i], S_SWEEP_LATENCY,
+                       S_CLOUD_RTT_US);
+        const char *src[] = {src_spec};
+        pid_t px = s_proxy("proxy-d", src, 1, ep, sizeof ep);
+        kvedge_client_t *c = s_connect(ep);
+        kvedge_decoder_forget(s_dec);
+        s_check(s_decode(KVEDGE_E2E_KVEDGE, x, 0, c, true, 1, res), "kvedge warm-up");
+        for (int learned = 0; learned < 2; learned++) {
+            double ttft[S_MAX_REQUESTS], plan[S_MAX_REQUESTS], ratio[S_MAX_REQUESTS];
+            uint32_t mix[5] = {0};
+            s_d_series(x, c, !learned, 1 + (uint32_t)learned * R, res, ttft, plan, mix);
+            kvedge_decoder_speed_t sp;
+            s_check(kvedge_decoder_speed(s_dec, &sp), "speed");
+            char seq[S_MAX_REQUESTS * 8] = "";
+            size_t off = 0;
+            for (uint32_t k = 0; k < R; k++) {
+                ratio[k] = ttft[k] / plan[k];
+                off += (size_t)snprintf(seq + off, sizeof seq - off, "%s%.2f", k ? ", " : "",
+                                        ratio[k]);
+                if (off >= sizeof seq)
+                    break;
+            }
+            const uint32_t m = R > 1 ? R - 1 : 1, o = R > 1 ? 1 : 0;
+            const double P = bench_median(plan + o, m), T = bench_median(ttft + o, m),
+                         Q = bench_median(ratio + o, m);
+            ratio_med[i][learned] = Q;
+            char fac[64] = "1, 1 (dropped)";
+            if (learned)
+                snprintf(fac, sizeof fac, "%.2f, %.2f", sp.compute, sp.recompute);
+            printf("| %s, %s | %s | %u / %u | %.1f | %.1f | %.2f | %s | %s |\n", rates[i],
+                   S_SWEEP_LATENCY, learned ? "learned" : "calibration", L - mix[0], mix[0], P, T,
+                   Q, seq, fac);
+            fflush(stdout);
+        }
+        s_release(&c);
+        s_stop(px);
+    }
+    free(res);
+    printf("\nTTFT / plan T, median, calibration -> learned: %s %.2f -> %.2f, %s %.2f -> %.2f.\n\n",
+           rates[0], ratio_med[0][0], ratio_med[0][1], rates[1], ratio_med[1][0], ratio_med[1][1]);
+    kvedge_decoder_forget(s_dec);
+    fflush(stdout);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static size_t s_parse_list(const char *s, double *out, size_t max)
@@ -1184,9 +1283,11 @@ static void s_usage(const char *argv0)
             "usage: %s [--contexts 512,1024] [--prompt 32] [--new 16] [--runs 3] [--quick]\n"
             "          [--out DIR] [--only ABC] [--loads 0.3,0.6,1.2,2.4 | --rates R,...]\n"
             "          [--requests 8] [--edges 2] [--no-rss] [--verbose]\n"
-            "          [--kvedge BIN (default %s)]\n"
+            "          [--kvedge BIN (default %s)] [--learn-requests 8]\n"
             "--loads: B's rates as multiples of the cloud model's measured capacity; --rates:\n"
-            "in requests/s. --quick: 1 run, 4 requests per point at loads 0.5 and 2.\n",
+            "in requests/s. --quick: 1 run, 4 requests per point at loads 0.5 and 2.\n"
+            "--only D (learned decoder speed) runs only when named; --learn-requests: per\n"
+            "series of D.\n",
             argv0, KVEDGE_BENCH_KVEDGE_BIN);
     exit(2);
 }
@@ -1210,6 +1311,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
         O_BIN,
         O_WEIGHTS,
         O_CHILD,
+        O_LEARN_REQUESTS,
         O_HELP
     };
     static const struct option opts[] = {
@@ -1229,6 +1331,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
         {"kvedge", required_argument, NULL, O_BIN},
         {"weights", required_argument, NULL, O_WEIGHTS}, /* internal: --child */
         {"child", no_argument, NULL, O_CHILD},           /* internal: s_rss */
+        {"learn-requests", required_argument, NULL, O_LEARN_REQUESTS},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0}};
     memset(&s_cfg, 0, sizeof s_cfg);
@@ -1239,6 +1342,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
     s_cfg.max_new = 16;
     s_cfg.out = ".";
     s_cfg.run_a = s_cfg.run_b = s_cfg.run_c = true;
+    s_cfg.learn_requests = 8;
     s_cfg.edges = 2;
     s_cfg.rss = true;
     s_cfg.bin = KVEDGE_BENCH_KVEDGE_BIN;
@@ -1264,13 +1368,14 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
         case O_NEW:
         case O_RUNS:
         case O_REQUESTS:
+        case O_LEARN_REQUESTS:
         case O_EDGES: {
             char *end;
             long v = strtol(optarg, &end, 10);
-            long max = o == O_RUNS       ? S_MAX_RUNS
-                       : o == O_REQUESTS ? S_MAX_REQUESTS
-                       : o == O_EDGES    ? S_MAX_EDGES
-                                         : S_MAX_TOKENS;
+            long max = o == O_RUNS                                ? S_MAX_RUNS
+                       : o == O_REQUESTS || o == O_LEARN_REQUESTS ? S_MAX_REQUESTS
+                       : o == O_EDGES                             ? S_MAX_EDGES
+                                                                  : S_MAX_TOKENS;
             if (*end || v < 1 || v > max)
                 s_usage(argv[0]);
             if (o == O_PROMPT)
@@ -1281,6 +1386,8 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
                 runs = v;
             else if (o == O_REQUESTS)
                 requests = v;
+            else if (o == O_LEARN_REQUESTS)
+                s_cfg.learn_requests = (uint32_t)v;
             else
                 s_cfg.edges = (uint32_t)v;
             break;
@@ -1295,6 +1402,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
             s_cfg.run_a = strchr(optarg, 'A') || strchr(optarg, 'a');
             s_cfg.run_b = strchr(optarg, 'B') || strchr(optarg, 'b');
             s_cfg.run_c = strchr(optarg, 'C') || strchr(optarg, 'c');
+            s_cfg.run_d = strchr(optarg, 'D') || strchr(optarg, 'd');
             break;
         case O_RATES:
         case O_LOADS:
@@ -1397,6 +1505,8 @@ int main(int argc, char **argv)
         s_run_b();
     if (s_cfg.run_c)
         s_run_c();
+    if (s_cfg.run_d)
+        s_run_d();
     printf("bench_e2e: %.0f s in all; data files in %s\n", bench_now_s() - t_start, s_cfg.out);
     s_cleanup();
     for (size_t i = 0; i < S_MAX_CONTEXTS; i++)

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -711,6 +712,48 @@ static void s_case_run(s_ctx_t *x, s_case_t *cs, size_t index)
     s_lat_done(&cs->tcp, n);
 }
 
+/* What one request costs this process (every thread of it: caller, client I/O thread,
+ * libzmq's I/O thread), from getrusage over a loop of one kind of request alone:
+ * context switches and CPU microseconds. [0] kvedge PING, [1] Redis PING. */
+static struct {
+    double csw, cpu_us, p50_ms;
+} s_floor_cost[2];
+
+static double s_rusage(struct rusage *ru)
+{
+    getrusage(RUSAGE_SELF, ru);
+    return (double)(ru->ru_utime.tv_sec + ru->ru_stime.tv_sec) * 1e6 +
+           (double)(ru->ru_utime.tv_usec + ru->ru_stime.tv_usec);
+}
+
+static void s_floor_cost_run(s_ctx_t *x)
+{
+    for (int k = 0; k < 2; k++) {
+        s_lat_t lat;
+        s_lat_init(&lat, S_FLOOR_ITERS);
+        struct rusage a, b;
+        double ua = s_rusage(&a);
+        for (int i = 0; i < S_FLOOR_ITERS; i++) {
+            double t0 = bench_now_s();
+            if (k == 0) {
+                KVEDGE_BENCH_CHECK(kvedge_client_ping(x->kv, 0, NULL, NULL));
+            } else {
+                redisReply *r = redisCommand(x->rc, "PING");
+                if (!r || r->type != REDIS_REPLY_STATUS)
+                    s_die("%s", "redis PING failed");
+                freeReplyObject(r);
+            }
+            lat.t[i] = bench_now_s() - t0;
+        }
+        double ub = s_rusage(&b);
+        s_lat_done(&lat, S_FLOOR_ITERS);
+        s_floor_cost[k].p50_ms = lat.p50 * S_MS;
+        s_floor_cost[k].csw =
+            (double)(b.ru_nvcsw + b.ru_nivcsw - a.ru_nvcsw - a.ru_nivcsw) / S_FLOOR_ITERS;
+        s_floor_cost[k].cpu_us = (ub - ua) / S_FLOOR_ITERS;
+    }
+}
+
 /* The round-trip floor, no payload to speak of: kvedge PING (answered by the node's frontend,
  * no worker, no engine), Redis PING, and an 8-byte TCP request/response. */
 static void s_floor_run(s_ctx_t *x, s_lat_t *ping, s_lat_t *rping, s_lat_t *tcp)
@@ -738,6 +781,7 @@ static void s_floor_run(s_ctx_t *x, s_lat_t *ping, s_lat_t *rping, s_lat_t *tcp)
     s_lat_done(ping, S_FLOOR_ITERS);
     s_lat_done(rping, S_FLOOR_ITERS);
     s_lat_done(tcp, S_FLOOR_ITERS);
+    s_floor_cost_run(x);
 }
 
 /* ---------------------------------------------------------------- report */
@@ -768,6 +812,11 @@ static void s_print(const s_case_t *cases, const s_lat_t floor[3], double iperf_
            S_FLOOR_ITERS, floor[0].p50 * S_MS, floor[0].p99 * S_MS, floor[1].p50 * S_MS,
            floor[1].p99 * S_MS, S_FLOOR_TCP_BYTES, floor[2].p50 * S_MS, floor[2].p99 * S_MS,
            credit);
+    printf("The same PINGs, %d of each kind alone (not interleaved): kvedge p50 %.3f ms, Redis "
+           "p50 %.3f ms; per request in this process (all its threads, getrusage) kvedge %.2f "
+           "context switches and %.1f us CPU, Redis %.2f and %.1f us.\n\n",
+           S_FLOOR_ITERS, s_floor_cost[0].p50_ms, s_floor_cost[1].p50_ms, s_floor_cost[0].csw,
+           s_floor_cost[0].cpu_us, s_floor_cost[1].csw, s_floor_cost[1].cpu_us);
 
     printf("| layer | heads x tokens | bytes | fetches | kvedge p50 / p99 ms | kvedge GB/s | "
            "Redis GET p50 / p99 ms | GET GB/s | kvedge/GET | Redis MGET p50 / p99 ms | MGET GB/s "

@@ -453,7 +453,7 @@ typedef struct {
     uint64_t t0;
     kvedge_e2e_result_t *res;
     kvedge_pipeline_t *pipe; /* kvedge mode */
-    const float *k, *v;      /* kvedge mode: destinations; cloud-only: the cloud's K/V */
+    const float *k, *v;      /* cloud-only: the cloud's K/V */
     size_t kvf;              /* floats of one layer of k (and of v) */
 } s_prov_t;
 
@@ -475,9 +475,13 @@ static int s_prov_local(void *arg, uint32_t layer, float *k, float *v)
     return KVEDGE_DECODER_MISS;
 }
 
-/* kvedge mode: blocks until the pipeline has layer `layer` resident or missed. */
+/* kvedge mode: blocks until the pipeline has layer `layer` resident or missed. The pipeline
+ * dequantizes into the session's own storage (kvedge_decoder_session_ctx_kv), so a resident
+ * layer is already in k and v. */
 static int s_prov_fetch(void *arg, uint32_t layer, float *k, float *v)
 {
+    (void)k;
+    (void)v;
     s_prov_t *p = arg;
     if (layer > 0)
         p->res->layer[layer - 1].done_us = s_since(p->t0);
@@ -491,10 +495,8 @@ static int s_prov_fetch(void *arg, uint32_t layer, float *k, float *v)
     }
     if (rc != KVEDGE_OK)
         return rc;
-    memcpy(k, p->k + (size_t)layer * p->kvf, p->kvf * sizeof(float));
-    memcpy(v, p->v + (size_t)layer * p->kvf, p->kvf * sizeof(float));
     p->res->fetched++;
-    return KVEDGE_OK;
+    return KVEDGE_DECODER_IN_PLACE;
 }
 
 /* Cloud-only: the cloud's prefix cache. */
@@ -558,14 +560,6 @@ static void s_edge_token(void *arg, uint32_t i)
     c->res->generated = i + 1;
 }
 
-/* Bytes of a session's context and local K/V (kvedge_decoder_session_begin's allocations). */
-static uint64_t s_session_kv_bytes(const kvedge_decoder_t *d, uint32_t ctx_len, uint32_t local)
-{
-    const kvedge_decoder_config_t *c = kvedge_decoder_config(d);
-    return 2ull * c->layers * sizeof(float) *
-           (kvedge_decoder_kv_floats(d, ctx_len) + kvedge_decoder_kv_floats(d, local));
-}
-
 static int s_decode_local(const kvedge_e2e_request_t *req, int32_t *tokens,
                           kvedge_e2e_result_t *res)
 {
@@ -583,11 +577,10 @@ static int s_decode_local(const kvedge_e2e_request_t *req, int32_t *tokens,
         s_edge_clock_t clk = {t0, res};
         rc = s_greedy(s, c->vocab, req, tokens, req->logits, s_edge_token, &clk);
     }
-    kvedge_decoder_session_destroy(&s);
     res->weights_bytes = kvedge_decoder_weights_bytes(d);
     /* The session's K/V and the context's hidden state it ran the context with. */
-    res->kv_bytes = s_session_kv_bytes(d, req->ctx_len, req->prompt_len + req->max_new) +
-                    (uint64_t)req->ctx_len * c->hidden * sizeof(float);
+    res->kv_bytes = kvedge_decoder_session_kv_bytes(s);
+    kvedge_decoder_session_destroy(&s);
     return rc;
 }
 
@@ -651,7 +644,8 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     if (ct > KVEDGE_BLOCK_MAX_TOKENS)
         return KVEDGE_EINVAL;
     /* The decoder's estimates are calibrated once per model (a timed prefill on the first
-     * call): not part of a request, so taken before it starts. */
+     * call), corrected by what earlier requests measured (s_feed_back): not part of a request,
+     * so taken before it starts. */
     float *cu = NULL, *ru = NULL;
     if (req->plan_recompute) {
         float cu1 = 0, ru1 = 0;
@@ -675,14 +669,16 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     const size_t max_chunks = ((size_t)n + ct - 1) / ct, kvf = kvedge_decoder_kv_floats(d, n);
     kvedge_chunk_id_t *ids = malloc(max_chunks * sizeof *ids);
     kvedge_chunk_id_t *mids = mm ? malloc(max_chunks * sizeof *mids) : NULL;
-    float *dk = malloc((size_t)L * kvf * sizeof(float));
-    float *dv = malloc((size_t)L * kvf * sizeof(float));
     kvedge_kv_dst_t *kd = calloc(L, sizeof *kd), *vd = calloc(L, sizeof *vd);
     kvedge_pipeline_layer_stats_t *ls = calloc(L, sizeof *ls);
     kvedge_decoder_session_t *s = kvedge_decoder_session_new(d);
     kvedge_pipeline_t *pipe = NULL;
-    int rc = ids && dk && dv && kd && vd && ls && s && (mids || !mm) ? KVEDGE_OK : KVEDGE_ENOMEM;
+    int rc = ids && kd && vd && ls && s && (mids || !mm) ? KVEDGE_OK : KVEDGE_ENOMEM;
     size_t n_chunks = 0, n_mapped = 0;
+    /* The pipeline dequantizes (and places adapted layers) straight into the session's
+     * context K/V: reserved before the fetch starts, kept until the session is destroyed. */
+    if (rc == KVEDGE_OK)
+        rc = kvedge_decoder_session_reserve(s, n, req->prompt_len, req->max_new);
     if (rc == KVEDGE_OK)
         rc = kvedge_e2e_chunks(req->model, req->ctx, n, ct, ids, max_chunks, &n_chunks);
     /* The cloud model's chain over the same tokens: the ids its prefill stored them under. */
@@ -694,18 +690,22 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
         slot_bytes = theirs > slot_bytes ? theirs : slot_bytes;
     }
     if (rc == KVEDGE_OK) {
-        for (uint32_t l = 0; l < L; l++) {
+        for (uint32_t l = 0; l < L && rc == KVEDGE_OK; l++) {
+            float *sk = NULL, *sv = NULL;
+            rc = kvedge_decoder_session_ctx_kv(s, l, &sk, &sv);
             kvedge_kv_dst_t t = {.layout = KVEDGE_KV_CONTIG,
                                  .dtype = KVEDGE_DTYPE_FP32,
-                                 .base = dk + (size_t)l * kvf,
+                                 .base = sk,
                                  .cap_bytes = kvf * sizeof(float),
                                  .heads = c->heads,
                                  .head_dim = c->head_dim,
                                  .tokens_cap = n};
             kd[l] = t;
-            t.base = dv + (size_t)l * kvf;
+            t.base = sv;
             vd[l] = t;
         }
+    }
+    if (rc == KVEDGE_OK) {
         kvedge_pipeline_opts_t o = {
             .client = req->proxy,
             .model = req->model,
@@ -734,7 +734,7 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     kvedge_pipeline_stats_t ps;
     memset(&ps, 0, sizeof ps);
     if (rc == KVEDGE_OK) {
-        s_prov_t p = {.t0 = t0, .res = res, .pipe = pipe, .k = dk, .v = dv, .kvf = kvf};
+        s_prov_t p = {.t0 = t0, .res = res, .pipe = pipe, .kvf = kvf};
         rc = kvedge_decoder_session_begin(s, req->ctx, n, s_prov_fetch, &p, req->prompt,
                                           req->prompt_len, req->max_new, NULL);
         if (rc == KVEDGE_OK)
@@ -744,10 +744,6 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
         res->have_plan = kvedge_pipeline_plan(pipe, &res->plan) == KVEDGE_OK;
         kvedge_pipeline_destroy(&pipe);
     }
-    /* The fetched copies are in the session now. */
-    free(dk);
-    free(dv);
-    dk = dv = NULL;
     if (rc == KVEDGE_OK) {
         s_edge_clock_t clk = {t0, res};
         rc = s_greedy(s, c->vocab, req, tokens, req->logits, s_edge_token, &clk);
@@ -768,12 +764,9 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     res->sent_bytes = ps.sent_bytes;
     res->received_bytes = ps.msg_bytes;
     res->weights_bytes = kvedge_decoder_weights_bytes(d);
-    /* Fetched destinations + the session's K/V + the ring + the context's hidden state when
-     * the session had to run the context for a computed layer. */
-    res->kv_bytes = 2ull * L * kvf * sizeof(float) +
-                    s_session_kv_bytes(d, n, req->prompt_len + req->max_new) +
-                    (uint64_t)ps.slot_bytes * ps.ring_slots +
-                    (res->computed ? (uint64_t)n * c->hidden * sizeof(float) : 0);
+    /* The session's K/V (the fetched layers were dequantized into it), its context state when
+     * it had to run the context for a computed layer, and the ring. */
+    res->kv_bytes = kvedge_decoder_session_kv_bytes(s) + (uint64_t)ps.slot_bytes * ps.ring_slots;
     if (mm) /* the pipeline's scratch: a cloud layer dequantized, and adapted */
         res->kv_bytes += 2ull * n * sizeof(float) *
                          ((uint64_t)mm->kv_heads * mm->head_dim + (uint64_t)c->heads * c->head_dim);
@@ -850,6 +843,63 @@ static int s_decode_cloud(const kvedge_e2e_request_t *req, int32_t *tokens,
     return rc;
 }
 
+static int s_cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Feeds the decoder's measured layer times back to its model (kvedge_decoder_observe), so the
+ * next request on it in this process plans with them (e2e.h, "Learning the decoder's speed").
+ * Layer l took done(l) - max(ready(l), done(l-1)): the decoder's own time, its wait for the
+ * layer left out. The last layer is not used (its time includes the output head). A fetched
+ * layer is a compute sample. A computed layer also ran the context through the layers c..l
+ * (c: the first the context had not been run through); its extra time over this request's
+ * median fetched layer, per layer run, is a recompute sample; with no fetched layer to compare
+ * (edge-only) its time is split between the two kinds in the proportion of the current
+ * estimates. Best effort: the decode has succeeded whatever the feedback does. */
+static void s_feed_back(const kvedge_e2e_request_t *req, const kvedge_e2e_result_t *res)
+{
+    const kvedge_decoder_t *d = req->decoder;
+    const uint32_t L = kvedge_decoder_config(d)->layers, n = req->ctx_len, p = req->prompt_len;
+    if (L < 2 || L > KVEDGE_FETCH_MAX_LAYERS)
+        return;
+    double *t = malloc(2 * (size_t)L * sizeof *t);
+    if (!t)
+        return;
+    double *fetched = t + L, prev = 0;
+    size_t nf = 0;
+    for (uint32_t l = 0; l + 1 < L; l++) {
+        const kvedge_e2e_layer_t *x = &res->layer[l];
+        t[l] = fmax(x->done_us - fmax(x->ready_us, prev), 0);
+        prev = x->done_us;
+        if (!x->computed) {
+            fetched[nf++] = t[l];
+            kvedge_decoder_observe(d, n, p, t[l], -1);
+        }
+    }
+    qsort(fetched, nf, sizeof *fetched, s_cmp_double);
+    const double median = nf == 0  ? 0
+                          : nf % 2 ? fetched[nf / 2]
+                                   : (fetched[nf / 2 - 1] + fetched[nf / 2]) / 2;
+    float cu = 0, ru = 0;
+    const bool split = nf == 0 && kvedge_decoder_estimate(d, n, p, &cu, &ru) == KVEDGE_OK;
+    uint32_t c = 0; /* the first layer the session's context has not been run through */
+    for (uint32_t l = 0; l + 1 < L; l++) {
+        if (!res->layer[l].computed)
+            continue;
+        const double runs = l - c + 1;
+        c = l + 1;
+        if (nf > 0) {
+            kvedge_decoder_observe(d, n, p, -1, fmax(t[l] - median, 0) / runs);
+        } else if (split && cu + runs * ru > 0) {
+            const double r = t[l] / (cu + runs * ru);
+            kvedge_decoder_observe(d, n, p, r * cu, r * ru);
+        }
+    }
+    free(t);
+}
+
 int kvedge_e2e_decode(const kvedge_e2e_request_t *req, int32_t *tokens, kvedge_e2e_result_t *res)
 {
     if (!req || !tokens || !res || !req->decoder || !req->ctx || req->ctx_len == 0 ||
@@ -869,13 +919,20 @@ int kvedge_e2e_decode(const kvedge_e2e_request_t *req, int32_t *tokens, kvedge_e
     }
     if ((req->mapped_model || req->adapter) && req->mode != KVEDGE_E2E_KVEDGE)
         return KVEDGE_EINVAL;
+    int rc;
     switch (req->mode) {
     case KVEDGE_E2E_KVEDGE:
-        return s_decode_kvedge(req, tokens, res);
+        rc = s_decode_kvedge(req, tokens, res);
+        if (rc == KVEDGE_OK)
+            s_feed_back(req, res);
+        return rc;
     case KVEDGE_E2E_LOCAL:
         if (c->layers > KVEDGE_FETCH_MAX_LAYERS)
             return KVEDGE_EINVAL;
-        return s_decode_local(req, tokens, res);
+        rc = s_decode_local(req, tokens, res);
+        if (rc == KVEDGE_OK)
+            s_feed_back(req, res);
+        return rc;
     case KVEDGE_E2E_CLOUD_ONLY:
         res->layers = kvedge_decoder_config(req->cloud ? req->cloud->d : req->decoder)->layers;
         return s_decode_cloud(req, tokens, res);

@@ -171,8 +171,9 @@ typedef struct {
     kvedge_client_t *proxy;
     const kvedge_model_t *model;
     uint32_t chunk_tokens; /* 0 = KVEDGE_E2E_CHUNK_TOKENS_DEFAULT */
-    /* Give the proxy the decoder's time estimates (kvedge_decoder_estimate) so it may plan
-     * layers as "recompute"; false: fetch only, only layers nobody has are computed. */
+    /* Give the proxy the decoder's time estimates (kvedge_decoder_estimate, corrected by the
+     * layer times of earlier decodes, see kvedge_e2e_decode) so it may plan layers as
+     * "recompute"; false: fetch only, only layers nobody has are computed. */
     bool plan_recompute;
     uint32_t ring_slots; /* pipeline ring; 0 = its default */
     int deadline_ms;     /* the fetch's deadline; 0 = the client's default */
@@ -236,7 +237,15 @@ const char *kvedge_e2e_result_mode(const kvedge_e2e_result_t *res);
  * decoder's errors (a layer that failed rather than missed, e.g. KVEDGE_ETIMEDOUT, or
  * KVEDGE_ENOMODEL from a proxy that knows the model neither built in nor from its master).
  * Thread-safe for distinct requests (each uses its own session); several threads may share a
- * decoder, a cloud, but not a proxy client. */
+ * decoder, a cloud, but not a proxy client.
+ * Learning the decoder's speed: after a successful kvedge or edge-only decode, the decoder's
+ * measured time on each layer but the last (done_us - max(ready_us, the previous layer's
+ * done_us): its wait for the layer left out) goes back to the model through
+ * kvedge_decoder_observe: a fetched layer's as compute time; a computed layer's extra time
+ * over the request's median fetched layer, per context layer it ran, as recompute time (with
+ * no fetched layer, edge-only, split between the two in the proportion of the estimates). So
+ * the next request on the same model in this process gives the proxy estimates corrected by
+ * what the decoder really did while layers arrived (kvedge_decoder_forget drops them). */
 int kvedge_e2e_decode(const kvedge_e2e_request_t *req, int32_t *tokens, kvedge_e2e_result_t *res);
 
 /* Prints the request's result for people: per-layer source and reason (kvedge mode; for

@@ -46,6 +46,9 @@ struct _kvedge_decoder_t {
     pthread_mutex_t cost_lock;
     kvedge_decoder_impl_cost_t cost; /* valid when cost_known */
     bool cost_known;
+    /* The other: what kvedge_decoder_observe learned (decoder_model.c), under learn_lock. */
+    pthread_mutex_t learn_lock;
+    kvedge_decoder_impl_learn_t learn;
 };
 
 /* Scratch of one forward pass, grown on demand and reused across layers and steps. */
@@ -77,6 +80,9 @@ struct _kvedge_decoder_session_t {
     float *loc_k, *loc_v;          /* [layers][heads][loc_cap][head_dim] local K/V */
     float *x;                      /* [loc_cap][hidden] hidden states of the tokens in flight */
     float *logits;                 /* [vocab] logits of the last position */
+    bool reserved;                 /* buffers lent out by reserve: only reserve/destroy free them */
+    uint32_t res_ctx, res_loc;     /* the reserved context length and local capacity */
+    uint64_t kv_bytes;             /* K/V and context state held by the last decode, at its peak */
 };
 
 /* ---------------------------------------------------------------------------------------- */
@@ -98,6 +104,10 @@ kvedge_decoder_t *kvedge_decoder_new(void)
     if (self && pthread_mutex_init(&self->cost_lock, NULL) != 0) {
         free(self);
         self = NULL;
+    } else if (self && pthread_mutex_init(&self->learn_lock, NULL) != 0) {
+        pthread_mutex_destroy(&self->cost_lock);
+        free(self);
+        self = NULL;
     }
     return self;
 }
@@ -117,6 +127,7 @@ static void s_unload(kvedge_decoder_t *self)
     self->weight_bytes = 0;
     memset(&self->cost, 0, sizeof self->cost);
     self->cost_known = false;
+    memset(&self->learn, 0, sizeof self->learn);
 }
 
 void kvedge_decoder_destroy(kvedge_decoder_t **self_p)
@@ -125,6 +136,7 @@ void kvedge_decoder_destroy(kvedge_decoder_t **self_p)
         return;
     s_unload(*self_p);
     pthread_mutex_destroy(&(*self_p)->cost_lock);
+    pthread_mutex_destroy(&(*self_p)->learn_lock);
     free(*self_p);
     *self_p = NULL;
 }
@@ -613,23 +625,63 @@ kvedge_decoder_session_t *kvedge_decoder_session_new(const kvedge_decoder_t *mod
     return self;
 }
 
-/* Frees the per-decode buffers; the session can be begun again. */
-static void s_session_clear(kvedge_decoder_session_t *self)
+/* Frees what a decode allocates beyond the reserved buffers (the context's hidden state and
+ * the rerun scratch) and forgets the decode's progress; the session can be begun again. */
+static void s_session_reset(kvedge_decoder_session_t *self)
 {
-    free(self->x);
-    free(self->loc_v);
-    free(self->loc_k);
     free(self->ctx_tmp_v);
     free(self->ctx_tmp_k);
     free(self->ctx_h);
+    self->ctx_tmp_v = self->ctx_tmp_k = self->ctx_h = NULL;
+    self->ctx_layer = self->loc_len = 0;
+    self->ready = false;
+}
+
+/* Frees the per-decode buffers, reserved ones included; the session can be begun again. */
+static void s_session_clear(kvedge_decoder_session_t *self)
+{
+    s_session_reset(self);
+    free(self->x);
+    free(self->loc_v);
+    free(self->loc_k);
     free(self->ctx_v);
     free(self->ctx_k);
     free(self->ctx_tokens);
-    self->x = self->loc_v = self->loc_k = NULL;
-    self->ctx_tmp_v = self->ctx_tmp_k = self->ctx_h = self->ctx_v = self->ctx_k = NULL;
+    self->x = self->loc_v = self->loc_k = self->ctx_v = self->ctx_k = NULL;
     self->ctx_tokens = NULL;
-    self->ctx_len = self->ctx_layer = self->loc_len = self->loc_cap = 0;
-    self->ready = false;
+    self->ctx_len = self->loc_cap = self->res_ctx = self->res_loc = 0;
+    self->reserved = false;
+}
+
+/* Allocates the context and local buffers of a decode of ctx_len context tokens and loc_cap
+ * local ones (the session is clear). */
+static int s_session_alloc(kvedge_decoder_session_t *self, uint32_t ctx_len, uint32_t loc_cap)
+{
+    const kvedge_decoder_t *md = self->model;
+    const kvedge_decoder_config_t *c = &md->cfg;
+    const size_t ckv = c->layers * kvedge_decoder_kv_floats(md, ctx_len);
+    const size_t lkv = c->layers * kvedge_decoder_kv_floats(md, loc_cap);
+    self->ctx_tokens = malloc((ctx_len ? ctx_len : 1) * sizeof(int32_t));
+    self->ctx_k = malloc((ckv ? ckv : 1) * sizeof(float));
+    self->ctx_v = malloc((ckv ? ckv : 1) * sizeof(float));
+    self->loc_k = malloc(lkv * sizeof(float));
+    self->loc_v = malloc(lkv * sizeof(float));
+    self->x = malloc((size_t)loc_cap * c->hidden * sizeof(float));
+    if (!self->ctx_tokens || !self->ctx_k || !self->ctx_v || !self->loc_k || !self->loc_v ||
+        !self->x) {
+        s_session_clear(self);
+        return KVEDGE_ENOMEM;
+    }
+    self->ctx_len = ctx_len;
+    self->loc_cap = loc_cap;
+    return KVEDGE_OK;
+}
+
+/* Bytes of context and local K/V held by a decode of ctx_len and loc_cap tokens. */
+static uint64_t s_kv_bytes(const kvedge_decoder_t *md, uint32_t ctx_len, uint32_t loc_cap)
+{
+    return 2ull * md->cfg.layers * sizeof(float) *
+           (kvedge_decoder_kv_floats(md, ctx_len) + kvedge_decoder_kv_floats(md, loc_cap));
 }
 
 void kvedge_decoder_session_destroy(kvedge_decoder_session_t **self_p)
@@ -657,6 +709,7 @@ static int s_ctx_advance(kvedge_decoder_session_t *self, uint32_t l)
             return KVEDGE_ENOMEM;
         s_embed(md, self->ctx_tokens, self->ctx_len, 0, self->ctx_h);
         self->ctx_layer = 0;
+        self->kv_bytes += (uint64_t)self->ctx_len * md->cfg.hidden * sizeof(float);
     }
     const s_kv_t none = {0};
     while (self->ctx_layer <= l) {
@@ -668,6 +721,7 @@ static int s_ctx_advance(kvedge_decoder_session_t *self, uint32_t l)
                 self->ctx_tmp_v = malloc(kvf * sizeof(float));
                 if (!self->ctx_tmp_k || !self->ctx_tmp_v)
                     return KVEDGE_ENOMEM;
+                self->kv_bytes += 2ull * kvf * sizeof(float);
             }
             loc.k = self->ctx_tmp_k;
             loc.v = self->ctx_tmp_v;
@@ -695,6 +749,8 @@ static int s_session_run(kvedge_decoder_session_t *self, uint32_t n, kvedge_deco
             int rc = provider(arg, l, ck, cv);
             if (rc == KVEDGE_DECODER_MISS)
                 rc = s_ctx_advance(self, l);
+            else if (rc == KVEDGE_DECODER_IN_PLACE) /* only lent storage can be filled so */
+                rc = self->reserved ? KVEDGE_OK : KVEDGE_EINVAL;
             else if (rc > 0)
                 rc = KVEDGE_EINVAL; /* a provider must say 0, MISS or an error */
             if (rc != KVEDGE_OK)
@@ -712,6 +768,48 @@ static int s_session_run(kvedge_decoder_session_t *self, uint32_t n, kvedge_deco
     return KVEDGE_OK;
 }
 
+int kvedge_decoder_session_reserve(kvedge_decoder_session_t *self, uint32_t ctx_len,
+                                   uint32_t prompt_len, uint32_t max_new)
+{
+    if (!self)
+        return KVEDGE_EINVAL;
+    s_session_clear(self);
+    self->kv_bytes = 0;
+    if (prompt_len == 0)
+        return KVEDGE_EINVAL;
+    if ((uint64_t)ctx_len + prompt_len + max_new > self->model->cfg.max_positions)
+        return KVEDGE_ETOOBIG;
+    int rc = s_session_alloc(self, ctx_len, prompt_len + max_new);
+    if (rc != KVEDGE_OK)
+        return rc;
+    self->reserved = true;
+    self->res_ctx = ctx_len;
+    self->res_loc = prompt_len + max_new;
+    self->kv_bytes = s_kv_bytes(self->model, ctx_len, self->res_loc);
+    return KVEDGE_OK;
+}
+
+int kvedge_decoder_session_ctx_kv(kvedge_decoder_session_t *self, uint32_t layer, float **k,
+                                  float **v)
+{
+    if (k)
+        *k = NULL;
+    if (v)
+        *v = NULL;
+    if (!self || !k || !v || !self->reserved || self->res_ctx == 0 ||
+        layer >= self->model->cfg.layers)
+        return KVEDGE_EINVAL;
+    const size_t kvf = kvedge_decoder_kv_floats(self->model, self->res_ctx);
+    *k = self->ctx_k + layer * kvf;
+    *v = self->ctx_v + layer * kvf;
+    return KVEDGE_OK;
+}
+
+uint64_t kvedge_decoder_session_kv_bytes(const kvedge_decoder_session_t *self)
+{
+    return self ? self->kv_bytes : 0;
+}
+
 int kvedge_decoder_session_begin(kvedge_decoder_session_t *self, const int32_t *ctx_tokens,
                                  uint32_t ctx_len, kvedge_decoder_kv_fn provider, void *arg,
                                  const int32_t *prompt, uint32_t prompt_len, uint32_t max_new,
@@ -719,7 +817,12 @@ int kvedge_decoder_session_begin(kvedge_decoder_session_t *self, const int32_t *
 {
     if (!self)
         return KVEDGE_EINVAL;
-    s_session_clear(self);
+    /* Reserved storage may be lent to a loader still writing it: never freed here. */
+    if (self->reserved)
+        s_session_reset(self);
+    else
+        s_session_clear(self);
+    self->kv_bytes = self->reserved ? s_kv_bytes(self->model, self->res_ctx, self->res_loc) : 0;
     const kvedge_decoder_t *md = self->model;
     const kvedge_decoder_config_t *c = &md->cfg;
     if (!prompt || prompt_len == 0 || (ctx_len && (!ctx_tokens || !provider)))
@@ -729,28 +832,26 @@ int kvedge_decoder_session_begin(kvedge_decoder_session_t *self, const int32_t *
     if (!s_tokens_ok(c, ctx_tokens, ctx_len) || !s_tokens_ok(c, prompt, prompt_len))
         return KVEDGE_EINVAL;
 
-    self->ctx_len = ctx_len;
-    self->loc_cap = prompt_len + max_new;
-    const size_t ckv = c->layers * kvedge_decoder_kv_floats(md, ctx_len);
-    const size_t lkv = c->layers * kvedge_decoder_kv_floats(md, self->loc_cap);
-    self->ctx_tokens = malloc((ctx_len ? ctx_len : 1) * sizeof(int32_t));
-    self->ctx_k = malloc((ckv ? ckv : 1) * sizeof(float));
-    self->ctx_v = malloc((ckv ? ckv : 1) * sizeof(float));
-    self->loc_k = malloc(lkv * sizeof(float));
-    self->loc_v = malloc(lkv * sizeof(float));
-    self->x = malloc((size_t)self->loc_cap * c->hidden * sizeof(float));
-    if (!self->ctx_tokens || !self->ctx_k || !self->ctx_v || !self->loc_k || !self->loc_v ||
-        !self->x) {
-        s_session_clear(self);
-        return KVEDGE_ENOMEM;
+    if (self->reserved) {
+        if (ctx_len != self->res_ctx || (uint64_t)prompt_len + max_new > self->res_loc)
+            return KVEDGE_EINVAL;
+        self->loc_cap = prompt_len + max_new; /* strides shrink; the buffers stay */
+    } else {
+        int rc = s_session_alloc(self, ctx_len, prompt_len + max_new);
+        if (rc != KVEDGE_OK)
+            return rc;
     }
+    self->kv_bytes = s_kv_bytes(md, ctx_len, self->reserved ? self->res_loc : self->loc_cap);
     if (ctx_len)
         memcpy(self->ctx_tokens, ctx_tokens, ctx_len * sizeof(int32_t));
 
     s_embed(md, prompt, prompt_len, ctx_len, self->x);
     int rc = s_session_run(self, prompt_len, provider, arg);
     if (rc != KVEDGE_OK) {
-        s_session_clear(self);
+        if (self->reserved)
+            s_session_reset(self);
+        else
+            s_session_clear(self);
         return rc;
     }
     /* The context's hidden state is only needed while a layer may still MISS. */
@@ -852,6 +953,20 @@ int kvedge_decoder_impl_prefill_layers(const kvedge_decoder_t *self, const int32
     if (!self || layers == 0 || layers > self->cfg.layers)
         return KVEDGE_EINVAL;
     return s_prefill(self, tokens, n, layers, NULL, NULL, NULL, NULL, NULL);
+}
+
+int kvedge_decoder_impl_learned(const kvedge_decoder_t *self,
+                                void (*fn)(void *arg, kvedge_decoder_impl_learn_t *learn),
+                                void *arg)
+{
+    if (!self || !fn)
+        return KVEDGE_EINVAL;
+    /* Like the cost cache: guarded state on an otherwise read-only model. */
+    kvedge_decoder_t *md = (kvedge_decoder_t *)self;
+    pthread_mutex_lock(&md->learn_lock);
+    fn(arg, &md->learn);
+    pthread_mutex_unlock(&md->learn_lock);
+    return KVEDGE_OK;
 }
 
 int kvedge_decoder_impl_costs(const kvedge_decoder_t *self, kvedge_decoder_impl_measure_fn measure,

@@ -19,6 +19,10 @@ extern "C" {
 #define KVEDGE_DECODER_POSITION_OFFSET 2
 /* Returned by a kvedge_decoder_kv_fn for a layer the decoder must compute itself. */
 #define KVEDGE_DECODER_MISS 1
+/* Returned by a kvedge_decoder_kv_fn whose layer is already in the k and v it was handed:
+ * written there by whoever the session lent its storage to (kvedge_decoder_session_ctx_kv).
+ * Only a reserved session accepts it (else the decode fails with KVEDGE_EINVAL). */
+#define KVEDGE_DECODER_IN_PLACE 2
 
 /* The shape of a loaded model, derived from its tensors. */
 typedef struct {
@@ -37,10 +41,13 @@ typedef struct _kvedge_decoder_session_t kvedge_decoder_session_t;
 /* Provides the context's K and V of one layer. Called for layer l (0, 1, ... in order, once
  * each) right before layer l runs, so a pipelined loader may block in it until layer l is
  * resident. k and v each hold heads * ctx_tokens * head_dim floats, laid out
- * [heads][ctx_tokens][head_dim]; the callback fills both and returns 0. It returns
- * KVEDGE_DECODER_MISS when it has no copy of the layer or the plan says to compute it locally
- * (k and v are then left to the decoder), or a negative KVEDGE_E* code, which aborts the decode
- * with that code. The buffers belong to the session; they are not to be kept. */
+ * [heads][ctx_tokens][head_dim]; the callback fills both and returns 0, or returns
+ * KVEDGE_DECODER_IN_PLACE when they already hold the layer complete (a reserved session whose
+ * storage a loader wrote: no copy). It returns KVEDGE_DECODER_MISS when it has no copy of the
+ * layer or the plan says to compute it locally (k and v are then left to the decoder, which
+ * overwrites all of them: whatever a failed load left there is never read), or a negative
+ * KVEDGE_E* code, which aborts the decode with that code. The buffers belong to the session;
+ * they are not to be kept. */
 typedef int (*kvedge_decoder_kv_fn)(void *arg, uint32_t layer, float *k, float *v);
 
 /* Allocates an empty model; NULL when out of memory. Caller owns the return value. */
@@ -115,7 +122,10 @@ void kvedge_decoder_session_destroy(kvedge_decoder_session_t **self_p);
  * NULL). logits (vocab floats, may be NULL) receives the last prompt position's logits.
  * Errors: KVEDGE_EINVAL (bad arguments, a token outside the vocabulary), KVEDGE_ETOOBIG
  * (ctx_len + prompt_len + max_new over max_positions), KVEDGE_ENOMEM, or the provider's own
- * negative code. After an error the session must be begun again. */
+ * negative code. After an error the session must be begun again. On a reserved session
+ * (kvedge_decoder_session_reserve) begin uses the reserved buffers and keeps them, on error
+ * too; ctx_len must be the reserved one and prompt_len + max_new at most the reserved
+ * (else KVEDGE_EINVAL). */
 int kvedge_decoder_session_begin(kvedge_decoder_session_t *self, const int32_t *ctx_tokens,
                                  uint32_t ctx_len, kvedge_decoder_kv_fn provider, void *arg,
                                  const int32_t *prompt, uint32_t prompt_len, uint32_t max_new,
@@ -150,6 +160,42 @@ const float *kvedge_decoder_session_logits(const kvedge_decoder_session_t *self)
 /* Tokens in the local cache (prompt plus appended tokens). */
 uint32_t kvedge_decoder_session_local_tokens(const kvedge_decoder_session_t *self);
 
+/* ---- Context K/V in place (docs/decoder.md, "Context K/V in place") ----
+ * A loader may write the context K/V straight into the session instead of into buffers of
+ * its own that the provider then copies: reserve the session's buffers for the decode's
+ * shape, hand the loader the storage of each layer (kvedge_decoder_session_ctx_kv), and let
+ * the provider return KVEDGE_DECODER_IN_PLACE for a layer the loader completed. A layer the
+ * provider reports as MISS is computed into the same storage, so the loader must not write a
+ * layer after reporting it missed (clients/pipeline.h: a missed or failed layer is never
+ * written, nothing is written after destroy). */
+
+/* Allocates the session's buffers for a decode of ctx_len context tokens, a prompt of
+ * prompt_len tokens and max_new more, and keeps them: the context K/V storage stays at the
+ * same address until the session is destroyed or reserved again; begin (whether it succeeds
+ * or fails) neither frees nor moves it, so a loader may write it before, during and after a
+ * begin. A begin on a reserved session must have this ctx_len and prompt_len + max_new at
+ * most this one's (else KVEDGE_EINVAL). Drops any earlier decode or reservation.
+ * Errors: KVEDGE_EINVAL (NULL, prompt_len 0), KVEDGE_ETOOBIG (over max_positions),
+ * KVEDGE_ENOMEM; the session is then unreserved. */
+int kvedge_decoder_session_reserve(kvedge_decoder_session_t *self, uint32_t ctx_len,
+                                   uint32_t prompt_len, uint32_t max_new);
+
+/* The context K and V storage of one layer of a reserved session: *k and *v each hold
+ * kvedge_decoder_kv_floats(ctx_len) fp32, [heads][ctx_len][head_dim]: the buffers the provider
+ * is handed for that layer. Valid until the session is destroyed or reserved again; the
+ * session writes them only while computing a layer its provider reported as MISS.
+ * Errors: KVEDGE_EINVAL (NULL argument, not reserved, ctx_len 0, layer out of range; *k and
+ * *v are then NULL). */
+int kvedge_decoder_session_ctx_kv(kvedge_decoder_session_t *self, uint32_t layer, float **k,
+                                  float **v);
+
+/* Bytes of K/V and context state the last begin held at its peak (and its session still holds
+ * the K/V): context and local K/V (reserved sizes on a reserved session), plus the context's
+ * hidden state ([ctx_len][hidden]) and one layer's K/V scratch when a MISS made it run the
+ * context (the scratch only when a fetched layer came before the missed one). 0 before any
+ * begin (on a reserved session: its reserved K/V); counts a failed begin up to its failure. */
+uint64_t kvedge_decoder_session_kv_bytes(const kvedge_decoder_session_t *self);
+
 /* ---- Model shapes, synthetic weights and cost estimates (clients/decoder_model.c) ---- */
 
 /* The shape of a released OPT model by name: "opt-125m" (12 layers, 12 heads, hidden 768,
@@ -182,10 +228,57 @@ void kvedge_decoder_layer_flops(const kvedge_decoder_config_t *c, uint32_t ctx_l
  * model): *compute_us for the prompt's tokens over the context, *recompute_us for computing
  * the layer's context K/V. From kvedge_decoder_layer_flops and this machine's measured rate:
  * the first call on a model times a bare attention and two one-layer prefills (about 0.1 s on
- * opt-125m) and keeps the costs;
- * thread-safe. Errors: KVEDGE_EINVAL (not loaded, zero prompt_len), the prefill's errors. */
+ * opt-125m) and keeps the costs (the prior); each is then multiplied by its kind's learned
+ * factor (kvedge_decoder_observe; 1 until something is observed). Thread-safe.
+ * Errors: KVEDGE_EINVAL (not loaded, zero prompt_len), the prefill's errors. */
 int kvedge_decoder_estimate(const kvedge_decoder_t *self, uint32_t ctx_len, uint32_t prompt_len,
                             float *compute_us, float *recompute_us);
+
+/* ---- Learning the decoder's speed (clients/decoder_model.c, docs/decoder.md) ----
+ * The one-time calibration times the decoder alone; in a real decode it shares the cores with
+ * the fetch path and runs slower (2.6x on a 2-core CPU edge). Observed layer times correct the
+ * estimate: per kind (compute, recompute) a factor f, the observed time over the calibrated
+ * estimate for the same ctx_len and prompt_len, learned as a moving average in log space with
+ * a bounded step, so the flop model still carries the shape of a request and one outlier
+ * cannot wreck it:
+ *   r = clamp(observed / prior, LEARN_MIN, LEARN_MAX)
+ *   log f += LEARN_WEIGHT * clamp(log r - log f, -LEARN_STEP_MAX, +LEARN_STEP_MAX)
+ * A steady ratio k in [1/4, 4] is within 5 % after KVEDGE_DECODER_LEARN_SAMPLES samples (any k
+ * in range: 22); one sample moves f by at most 2^0.25 = 1.19x; f never leaves
+ * [LEARN_MIN, LEARN_MAX]. */
+#define KVEDGE_DECODER_LEARN_MIN      0.125
+#define KVEDGE_DECODER_LEARN_MAX      16.0
+#define KVEDGE_DECODER_LEARN_WEIGHT   0.25
+#define KVEDGE_DECODER_LEARN_STEP_MAX 0.69314718055994531 /* log 2 */
+#define KVEDGE_DECODER_LEARN_SAMPLES  16
+
+/* What a model has learned of its speed. */
+typedef struct {
+    double compute;   /* factor on the calibrated compute estimate; 1 when none observed */
+    double recompute; /* factor on the calibrated recompute estimate; 1 when none observed */
+    uint64_t compute_samples, recompute_samples; /* observations taken since the last forget */
+} kvedge_decoder_speed_t;
+
+/* Feeds one observed layer back: the decoder spent compute_us on one layer over prompt_len
+ * prompt tokens attending to ctx_len context tokens, and recompute_us more computing one
+ * layer's context K/V (the extra time of a computed layer, per layer the context was run
+ * through). A negative value means not measured; a recompute_us with ctx_len 0 is ignored; 0
+ * counts (it pulls the factor towards KVEDGE_DECODER_LEARN_MIN, no further). Measures the
+ * prior first when kvedge_decoder_estimate has not. The learned factors live on the model (the
+ * one state besides the cost cache that changes after load, under its own lock), for as long
+ * as it does. Thread-safe.
+ * Errors: KVEDGE_EINVAL (not loaded, zero prompt_len, a NaN or infinite time, nothing
+ * measured), the calibration's errors. Nothing is learned on an error. */
+int kvedge_decoder_observe(const kvedge_decoder_t *self, uint32_t ctx_len, uint32_t prompt_len,
+                           double compute_us, double recompute_us);
+
+/* The factors learned so far (1 and 0 samples for a model nothing was observed on).
+ * Errors: KVEDGE_EINVAL (NULL argument, not loaded). Thread-safe. */
+int kvedge_decoder_speed(const kvedge_decoder_t *self, kvedge_decoder_speed_t *out);
+
+/* Drops what was learned: estimates are the calibration's again (the calibration is kept).
+ * NULL-safe, thread-safe. */
+void kvedge_decoder_forget(const kvedge_decoder_t *self);
 
 #ifdef __cplusplus
 }

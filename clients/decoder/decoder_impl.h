@@ -41,6 +41,21 @@ typedef int (*kvedge_decoder_impl_measure_fn)(const kvedge_decoder_t *model,
 int kvedge_decoder_impl_costs(const kvedge_decoder_t *self, kvedge_decoder_impl_measure_fn measure,
                               kvedge_decoder_impl_cost_t *cost);
 
+/* What kvedge_decoder_observe has learned on a model (decoder_model.c owns the rule): per kind
+ * (0 compute, 1 recompute) the log of the factor on the calibrated estimate and the samples
+ * folded in. Zero on a new model: nothing learned. */
+#define KVEDGE_DECODER_IMPL_KINDS 2
+typedef struct {
+    double log_f[KVEDGE_DECODER_IMPL_KINDS];
+    uint64_t samples[KVEDGE_DECODER_IMPL_KINDS];
+} kvedge_decoder_impl_learn_t;
+
+/* Runs fn on the model's learned state under the model's learning lock (fn may read and
+ * write it; it must not call back into the model). Errors: KVEDGE_EINVAL (NULL). */
+int kvedge_decoder_impl_learned(const kvedge_decoder_t *self,
+                                void (*fn)(void *arg, kvedge_decoder_impl_learn_t *learn),
+                                void *arg);
+
 #ifdef __cplusplus
 }
 #endif

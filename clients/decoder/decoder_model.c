@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -443,8 +444,59 @@ static int s_measure(const kvedge_decoder_t *md, kvedge_decoder_impl_cost_t *cos
     return KVEDGE_OK;
 }
 
-int kvedge_decoder_estimate(const kvedge_decoder_t *self, uint32_t ctx_len, uint32_t prompt_len,
-                            float *compute_us, float *recompute_us)
+/* ---------------------------------------------------------------------------------------- */
+/* Learned speed                                                                             */
+
+enum { S_KIND_COMPUTE, S_KIND_RECOMPUTE, S_KINDS = KVEDGE_DECODER_IMPL_KINDS };
+
+/* The learned state lives on the model (decoder.c, kvedge_decoder_impl_learned); these
+ * callbacks run under its lock. */
+typedef struct {
+    double f[S_KINDS]; /* estimate: the factors to apply */
+} s_factors_t;
+
+static void s_read_factors(void *arg, kvedge_decoder_impl_learn_t *l)
+{
+    s_factors_t *f = arg;
+    for (int i = 0; i < S_KINDS; i++)
+        f->f[i] = exp(l->log_f[i]);
+}
+
+typedef struct {
+    const double *r; /* observed / prior, log, clamped; per kind */
+    const bool *use;
+} s_observe_t;
+
+static void s_fold(void *arg, kvedge_decoder_impl_learn_t *l)
+{
+    const s_observe_t *o = arg;
+    const double step = KVEDGE_DECODER_LEARN_STEP_MAX;
+    for (int i = 0; i < S_KINDS; i++) {
+        if (!o->use[i])
+            continue;
+        l->log_f[i] += KVEDGE_DECODER_LEARN_WEIGHT * fmin(fmax(o->r[i] - l->log_f[i], -step), step);
+        l->samples[i]++;
+    }
+}
+
+static void s_read_speed(void *arg, kvedge_decoder_impl_learn_t *l)
+{
+    kvedge_decoder_speed_t *out = arg;
+    out->compute = exp(l->log_f[S_KIND_COMPUTE]);
+    out->recompute = exp(l->log_f[S_KIND_RECOMPUTE]);
+    out->compute_samples = l->samples[S_KIND_COMPUTE];
+    out->recompute_samples = l->samples[S_KIND_RECOMPUTE];
+}
+
+static void s_clear(void *arg, kvedge_decoder_impl_learn_t *l)
+{
+    (void)arg;
+    memset(l, 0, sizeof *l);
+}
+
+/* The calibrated (prior) estimate in seconds of each kind; recompute 0 when ctx_len is 0. */
+static int s_prior(const kvedge_decoder_t *self, uint32_t ctx_len, uint32_t prompt_len,
+                   double prior[S_KINDS])
 {
     const kvedge_decoder_config_t *c = kvedge_decoder_config(self);
     if (!c || c->layers == 0 || prompt_len == 0)
@@ -453,14 +505,73 @@ int kvedge_decoder_estimate(const kvedge_decoder_t *self, uint32_t ctx_len, uint
     int rc = kvedge_decoder_impl_costs(self, s_measure, &k);
     if (rc != KVEDGE_OK)
         return rc;
-    const double compute = k.fixed_s + s_dense_flops(c, prompt_len) / k.dense_rate +
-                           k.score_s * s_scores(c, prompt_len, ctx_len);
-    const double recompute = ctx_len ? k.fixed_s + s_dense_flops(c, ctx_len) / k.dense_rate +
-                                           k.score_s * s_scores(c, ctx_len, 0)
-                                     : 0;
-    if (compute_us)
-        *compute_us = (float)(compute * 1e6);
-    if (recompute_us)
-        *recompute_us = (float)(recompute * 1e6);
+    prior[S_KIND_COMPUTE] = k.fixed_s + s_dense_flops(c, prompt_len) / k.dense_rate +
+                            k.score_s * s_scores(c, prompt_len, ctx_len);
+    prior[S_KIND_RECOMPUTE] = ctx_len ? k.fixed_s + s_dense_flops(c, ctx_len) / k.dense_rate +
+                                            k.score_s * s_scores(c, ctx_len, 0)
+                                      : 0;
     return KVEDGE_OK;
+}
+
+int kvedge_decoder_estimate(const kvedge_decoder_t *self, uint32_t ctx_len, uint32_t prompt_len,
+                            float *compute_us, float *recompute_us)
+{
+    double t[S_KINDS];
+    int rc = s_prior(self, ctx_len, prompt_len, t);
+    if (rc != KVEDGE_OK)
+        return rc;
+    s_factors_t f;
+    kvedge_decoder_impl_learned(self, s_read_factors, &f);
+    for (int i = 0; i < S_KINDS; i++)
+        t[i] *= f.f[i];
+    if (compute_us)
+        *compute_us = (float)(t[S_KIND_COMPUTE] * 1e6);
+    if (recompute_us)
+        *recompute_us = (float)(t[S_KIND_RECOMPUTE] * 1e6);
+    return KVEDGE_OK;
+}
+
+int kvedge_decoder_observe(const kvedge_decoder_t *self, uint32_t ctx_len, uint32_t prompt_len,
+                           double compute_us, double recompute_us)
+{
+    const double obs[S_KINDS] = {compute_us, recompute_us};
+    bool use[S_KINDS];
+    for (int i = 0; i < S_KINDS; i++) {
+        if (!isfinite(obs[i]))
+            return KVEDGE_EINVAL;
+        use[i] = obs[i] >= 0;
+    }
+    use[S_KIND_RECOMPUTE] = use[S_KIND_RECOMPUTE] && ctx_len > 0;
+    if (!use[S_KIND_COMPUTE] && !use[S_KIND_RECOMPUTE])
+        return KVEDGE_EINVAL;
+    double prior[S_KINDS];
+    int rc = s_prior(self, ctx_len, prompt_len, prior);
+    if (rc != KVEDGE_OK)
+        return rc;
+    const double lo = log(KVEDGE_DECODER_LEARN_MIN), hi = log(KVEDGE_DECODER_LEARN_MAX);
+    double r[S_KINDS] = {0, 0};
+    for (int i = 0; i < S_KINDS; i++) {
+        use[i] = use[i] && prior[i] > 0;
+        /* 0 observed gives log 0 = -inf, which the clamp takes to the floor. */
+        if (use[i])
+            r[i] = fmin(fmax(log(obs[i] * 1e-6 / prior[i]), lo), hi);
+    }
+    const s_observe_t o = {r, use};
+    kvedge_decoder_impl_learned(self, s_fold, (void *)&o);
+    return KVEDGE_OK;
+}
+
+int kvedge_decoder_speed(const kvedge_decoder_t *self, kvedge_decoder_speed_t *out)
+{
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(self);
+    if (!out || !c || c->layers == 0)
+        return KVEDGE_EINVAL;
+    kvedge_decoder_impl_learned(self, s_read_speed, out);
+    return KVEDGE_OK;
+}
+
+void kvedge_decoder_forget(const kvedge_decoder_t *self)
+{
+    if (self)
+        kvedge_decoder_impl_learned(self, s_clear, NULL);
 }

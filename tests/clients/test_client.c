@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <czmq.h>
+#include <errno.h>
 #include <ftw.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1353,6 +1354,196 @@ static void test_concurrent(void **state)
     assert_int_equal(st.blocks, N_THREADS * 3 * 2 * 2 * HEADS);
 }
 
+/* ---------------------------------------------------------------- one client, many callers */
+
+#define SHARED_THREADS  7 /* more than the client's direct channels: both paths run */
+#define SHARED_ROUNDS   25
+#define SHARED_DEADLINE 1500 /* ms */
+
+typedef struct {
+    kvedge_client_t *c;
+    const set_t *set;
+    const kvedge_chunk_id_t *ids;
+    int failures;
+    int rc;          /* the deadline phase: what the call returned */
+    int64_t took_ms; /* and how long it took */
+} shared_t;
+
+/* Synchronous calls of every kind on a client other threads use too, bytes checked. */
+static void *s_shared_worker(void *arg)
+{
+    shared_t *w = arg;
+    const set_t *s = w->set;
+    size_t cap = 0;
+    for (size_t i = 0; i < s->n; i++)
+        cap += s->items[i].len;
+    uint8_t *buf = malloc(cap);
+    kvedge_fetched_t out[2 * HEADS];
+    if (!buf)
+        w->failures++;
+    for (int round = 0; buf && round < SHARED_ROUNDS; round++) {
+        double rtt = 0;
+        if (kvedge_client_ping(w->c, round % 3 ? 0 : 4096, &rtt, NULL) != 0 || rtt <= 0)
+            w->failures++;
+        size_t k = (size_t)round % s->n;
+        kvedge_block_key_t key = s_key(&s->items[k]);
+        if (kvedge_client_get(w->c, &key, 1, buf, cap, out) != 0 || out[0].status != 0 ||
+            out[0].len != s->items[k].len || memcmp(buf, s->blocks[k], out[0].len) != 0)
+            w->failures++;
+        uint32_t heads = 0;
+        if (kvedge_client_get_layer(w->c, w->ids, 2, 3, buf, cap, out, 2 * HEADS, &heads) != 0 ||
+            heads != HEADS)
+            w->failures++;
+        for (size_t i = 0; i < 2 * HEADS; i++)
+            if (out[i].status != 0 || out[i].len != s->items[i].len ||
+                memcmp(buf + out[i].offset, s->blocks[i], out[i].len) != 0)
+                w->failures++;
+        kvedge_engine_stats_t st;
+        if (kvedge_client_stat(w->c, &st) != 0 || st.blocks != s->n)
+            w->failures++;
+    }
+    free(buf);
+    return NULL;
+}
+
+/* The deadline phase: one GET on a node that is gone. */
+static void *s_shared_late(void *arg)
+{
+    shared_t *w = arg;
+    const kvedge_put_item_t *it = &w->set->items[0];
+    kvedge_block_key_t key = s_key(it);
+    kvedge_fetched_t out;
+    uint8_t buf[64];
+    int64_t t0 = s_ms();
+    w->rc = kvedge_client_get(w->c, &key, 1, buf, sizeof buf, &out);
+    w->took_ms = s_ms() - t0;
+    return NULL;
+}
+
+/* One PING on a node that is gone, with a long deadline: destroy ends it. */
+static void *s_shared_ping(void *arg)
+{
+    shared_t *w = arg;
+    int64_t t0 = s_ms();
+    w->rc = kvedge_client_ping(w->c, 0, NULL, NULL);
+    w->took_ms = s_ms() - t0;
+    return NULL;
+}
+
+/* One client shared by threads: synchronous callers (direct channels and, past them, the I/O
+ * actor) beside GET_LAYER streams in flight with a small credit, all correct; a PING goes
+ * through while the I/O thread is held in a callback; then, the node gone, every call ends by
+ * its deadline; destroy ends a call in flight. */
+static void test_shared_callers(void **state)
+{
+    fx_t *fx = *state;
+    kvedge_client_t *c = s_connect(fx, 2, SHARED_DEADLINE);
+    kvedge_chunk_id_t ids[2];
+    s_chain(MODEL, 61, 2, TOKENS, ids);
+    set_t s = s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, 3, 1, HEADS, KVEDGE_SCHEME_LOSSLESS, -1, -1);
+    s_put_ok(c, &s);
+
+    pthread_t th[SHARED_THREADS];
+    shared_t w[SHARED_THREADS];
+    for (int i = 0; i < SHARED_THREADS; i++) {
+        w[i] = (shared_t){c, &s, ids, 0, 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, s_shared_worker, &w[i]), 0);
+    }
+    /* Streams, one after the other, while the callers run. */
+    bool joined[SHARED_THREADS] = {false};
+    int streams = 0;
+    for (bool running = true; running || streams < 3; streams++) {
+        seen_t v;
+        seen_init(&v, &s);
+        assert_int_equal(kvedge_client_get_layer_async(c, ids, 2, 3, 0, on_block, on_done, &v), 0);
+        seen_wait(&v);
+        assert_int_equal(v.status, 0);
+        assert_int_equal(v.blocks, 2 * HEADS);
+        assert_int_equal(v.bad, 0);
+        seen_fini(&v);
+        running = false;
+        for (int i = 0; i < SHARED_THREADS; i++) {
+            joined[i] = joined[i] || pthread_tryjoin_np(th[i], NULL) == 0;
+            running |= !joined[i];
+        }
+    }
+    int failures = 0;
+    for (int i = 0; i < SHARED_THREADS; i++)
+        failures += w[i].failures;
+    assert_int_equal(failures, 0);
+    assert_true(streams >= 3);
+
+    /* The I/O thread held in a stream's callback does not hold up a synchronous call. */
+    seen_t g;
+    seen_init(&g, &s);
+    g.gate = true;
+    assert_int_equal(kvedge_client_get_layer_async(c, ids, 2, 3, 0, on_block, on_done, &g), 0);
+    pthread_mutex_lock(&g.mu);
+    while (!g.entered)
+        pthread_cond_wait(&g.cv, &g.mu);
+    pthread_mutex_unlock(&g.mu);
+    assert_int_equal(kvedge_client_ping(c, 0, NULL, NULL), 0);
+    pthread_mutex_lock(&g.mu);
+    g.open = true;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    seen_wait(&g);
+    assert_int_equal(g.status, 0);
+    assert_int_equal(g.bad, 0);
+    seen_fini(&g);
+
+    /* The node goes away with a stream in flight: every caller gets KVEDGE_ETIMEDOUT by its
+     * deadline, and the stream ends by its own. */
+    seen_t v;
+    seen_init(&v, &s);
+    v.gate = true;
+    int64_t t0 = s_ms();
+    assert_int_equal(kvedge_client_get_layer_async(c, ids, 2, 3, 0, on_block, on_done, &v), 0);
+    pthread_mutex_lock(&v.mu);
+    while (!v.entered)
+        pthread_cond_wait(&v.cv, &v.mu);
+    pthread_mutex_unlock(&v.mu);
+    kvedge_server_destroy(&fx->s);
+    pthread_mutex_lock(&v.mu);
+    v.open = true;
+    pthread_cond_broadcast(&v.cv);
+    pthread_mutex_unlock(&v.mu);
+    for (int i = 0; i < SHARED_THREADS; i++) {
+        w[i] = (shared_t){c, &s, ids, 0, 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, s_shared_late, &w[i]), 0);
+    }
+    for (int i = 0; i < SHARED_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].rc, KVEDGE_ETIMEDOUT);
+        assert_true(w[i].took_ms >= SHARED_DEADLINE - 10);
+        assert_true(w[i].took_ms <= SHARED_DEADLINE + SLACK_MS);
+    }
+    seen_wait(&v);
+    if (v.status != KVEDGE_ECLOSED && v.status != KVEDGE_ETIMEDOUT)
+        fail_msg("stream ended with %d, want ECLOSED or ETIMEDOUT", v.status);
+    assert_true(v.done_ms - t0 <= SHARED_DEADLINE + SLACK_MS);
+    seen_fini(&v);
+
+    /* Destroy while a synchronous call waits: it ends with KVEDGE_ECLOSED, well before its
+     * deadline. */
+    kvedge_client_destroy(&c);
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc://%s/node.ipc", fx->dir);
+    s_start_server(fx, ep);
+    c = s_connect(fx, 0, 60000);
+    assert_int_equal(kvedge_client_ping(c, 0, NULL, NULL), 0); /* a direct channel is up */
+    kvedge_server_destroy(&fx->s);
+    shared_t p = {c, &s, ids, 0, 0, 0};
+    pthread_t pt;
+    assert_int_equal(pthread_create(&pt, NULL, s_shared_ping, &p), 0);
+    usleep(200 * 1000);
+    kvedge_client_destroy(&c);
+    pthread_join(pt, NULL);
+    assert_int_equal(p.rc, KVEDGE_ECLOSED);
+    assert_true(p.took_ms < 5000);
+    s_set_free(&s);
+}
+
 int main(void)
 {
     kvedge_log_set_level(KVEDGE_LOG_WARN); /* the node's lifecycle lines are noise here */
@@ -1373,6 +1564,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_curve, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shared_callers, setup_ipc, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -544,6 +544,191 @@ static void test_context_miss(void **state)
     kvedge_decoder_destroy(&md);
 }
 
+/* ---- context K/V in place ------------------------------------------------------------ */
+
+/* An in-place provider: a "loader" already wrote the fetched layers into the session's own
+ * storage; layers in miss_mask are reported MISS, and their storage holds NaN (what a failed
+ * load might leave), which the decoder must overwrite, never read. */
+typedef struct {
+    kvedge_decoder_session_t *s;
+    uint32_t miss_mask;
+    int fail_layer; /* -1: never */
+    uint32_t calls;
+} s_in_place_t;
+
+static int s_provide_in_place(void *arg, uint32_t layer, float *k, float *v)
+{
+    s_in_place_t *p = arg;
+    p->calls++;
+    float *sk, *sv;
+    assert_int_equal(kvedge_decoder_session_ctx_kv(p->s, layer, &sk, &sv), KVEDGE_OK);
+    assert_ptr_equal(k, sk); /* the very buffers the loader was lent */
+    assert_ptr_equal(v, sv);
+    if ((int)layer == p->fail_layer)
+        return KVEDGE_ETIMEDOUT;
+    return p->miss_mask & (1u << layer) ? KVEDGE_DECODER_MISS : KVEDGE_DECODER_IN_PLACE;
+}
+
+/* The loader's part: every layer's storage gets k/v, or NaN for a layer in miss_mask. */
+static void s_load_in_place(kvedge_decoder_session_t *s, const kvedge_decoder_t *md, const float *k,
+                            const float *v, size_t kvf, uint32_t miss_mask)
+{
+    for (uint32_t l = 0; l < kvedge_decoder_config(md)->layers; l++) {
+        float *sk, *sv;
+        assert_int_equal(kvedge_decoder_session_ctx_kv(s, l, &sk, &sv), KVEDGE_OK);
+        for (size_t i = 0; i < kvf; i++) {
+            sk[i] = miss_mask & (1u << l) ? NAN : k[l * kvf + i];
+            sv[i] = miss_mask & (1u << l) ? NAN : v[l * kvf + i];
+        }
+    }
+}
+
+/* Says IN_PLACE for every layer, whatever the session. */
+static int s_provide_ip_bare(void *arg, uint32_t layer, float *k, float *v)
+{
+    (void)arg;
+    (void)layer;
+    (void)k;
+    (void)v;
+    return KVEDGE_DECODER_IN_PLACE;
+}
+
+/* The in-place path (the session's storage lent to a loader, the provider answering
+ * IN_PLACE) gives the copying path's logits to the bit, lossless and int8, with misses at the
+ * first, the middle and the last layer, and accounts its bytes. */
+static void test_context_in_place(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *md = s_model();
+    const kvedge_decoder_config_t *c = kvedge_decoder_config(md);
+    const uint32_t V = c->vocab;
+    assert_int_equal(c->layers, 3);
+    int32_t all[S_CTX + S_PROMPT];
+    s_tokens(all, S_CTX + S_PROMPT, V, 19);
+    float *ck, *cv;
+    s_context_kv(md, all, S_CTX, &ck, &cv);
+    const size_t kvf = kvedge_decoder_kv_floats(md, S_CTX), all_kv = c->layers * kvf;
+    float *qk = malloc(all_kv * sizeof(float)), *qv = malloc(all_kv * sizeof(float));
+    assert_true(qk && qv);
+    memcpy(qk, ck, all_kv * sizeof(float));
+    memcpy(qv, cv, all_kv * sizeof(float));
+    double k_rel, v_rel;
+    s_quantize_kv(md, qk, qv, S_CTX, KVEDGE_SCHEME_INT8, &k_rel, &v_rel);
+
+    const size_t steps = (size_t)(S_GREEDY + 1) * V;
+    float *ref = malloc(steps * sizeof(float)), *got = malloc(steps * sizeof(float));
+    assert_true(ref && got);
+    int32_t g_ref[S_GREEDY];
+    const uint64_t base =
+        2ull * c->layers * sizeof(float) *
+        (kvf + kvedge_decoder_kv_floats(md, S_PROMPT + S_GREEDY)); /* context + local K/V */
+    const uint64_t hid = (uint64_t)S_CTX * c->hidden * sizeof(float), tmp = 2ull * kvf * 4;
+    const uint32_t masks[] = {0x0, 0x1, 0x2, 0x4, 0x5, 0x7};
+    /* Context state a miss costs: the hidden state, plus a scratch pair to rerun fetched
+     * layers before it (none when every layer before the miss was computed too). */
+    const uint64_t extra[] = {0, hid, hid + tmp, hid + tmp, hid + tmp, hid};
+    const float *kvs[2][2] = {{ck, cv}, {qk, qv}};
+    for (int q = 0; q < 2; q++)
+        for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++) {
+            s_provider_t cp = {.k = kvs[q][0],
+                               .v = kvs[q][1],
+                               .kvf = kvf,
+                               .miss_mask = masks[mi],
+                               .fail_layer = -1};
+            s_decode(md, all, S_CTX, &cp, all + S_CTX, S_PROMPT, ref, g_ref);
+
+            kvedge_decoder_session_t *s = kvedge_decoder_session_new(md);
+            assert_non_null(s);
+            assert_int_equal(kvedge_decoder_session_reserve(s, S_CTX, S_PROMPT, S_GREEDY),
+                             KVEDGE_OK);
+            assert_int_equal(kvedge_decoder_session_kv_bytes(s), base);
+            s_load_in_place(s, md, kvs[q][0], kvs[q][1], kvf, masks[mi]);
+            s_in_place_t ip = {.s = s, .miss_mask = masks[mi], .fail_layer = -1};
+            assert_int_equal(kvedge_decoder_session_begin(s, all, S_CTX, s_provide_in_place, &ip,
+                                                          all + S_CTX, S_PROMPT, S_GREEDY, got),
+                             KVEDGE_OK);
+            assert_int_equal(ip.calls, c->layers);
+            for (uint32_t i = 0; i < S_GREEDY; i++) {
+                int32_t t = s_argmax(kvedge_decoder_session_logits(s), V);
+                assert_int_equal(t, g_ref[i]);
+                assert_int_equal(kvedge_decoder_session_step(s, t, got + (i + 1) * V), KVEDGE_OK);
+            }
+            assert_memory_equal(got, ref, steps * sizeof(float));
+            assert_int_equal(kvedge_decoder_session_kv_bytes(s), base + extra[mi]);
+            kvedge_decoder_session_destroy(&s);
+        }
+    printf("  in place vs copied, lossless and int8 (K rel err %.3g), MISS masks 0,1,2,4,5,7: "
+           "logits bit-identical over %u steps; K/V bytes %llu (+ %llu hidden, + %llu scratch)\n",
+           k_rel, S_GREEDY + 1, (unsigned long long)base, (unsigned long long)hid,
+           (unsigned long long)tmp);
+
+    /* A begin that fails keeps the lent storage where it was and the loader's bytes in it;
+     * the next begin succeeds on it. */
+    kvedge_decoder_session_t *s = kvedge_decoder_session_new(md);
+    assert_non_null(s);
+    float *k0, *v0, *k1, *v1;
+    assert_int_equal(kvedge_decoder_session_ctx_kv(s, 0, &k0, &v0), KVEDGE_EINVAL);
+    assert_null(k0);
+    assert_null(v0);
+    assert_int_equal(kvedge_decoder_session_reserve(s, S_CTX, S_PROMPT, S_GREEDY), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_session_ctx_kv(s, 0, &k0, &v0), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_session_ctx_kv(s, c->layers, &k1, &v1), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_ctx_kv(s, 0, NULL, &v1), KVEDGE_EINVAL);
+    s_load_in_place(s, md, ck, cv, kvf, 0);
+    s_in_place_t ip = {.s = s, .fail_layer = 1};
+    assert_int_equal(kvedge_decoder_session_begin(s, all, S_CTX, s_provide_in_place, &ip,
+                                                  all + S_CTX, S_PROMPT, S_GREEDY, NULL),
+                     KVEDGE_ETIMEDOUT);
+    assert_int_equal(kvedge_decoder_session_ctx_kv(s, 0, &k1, &v1), KVEDGE_OK);
+    assert_ptr_equal(k0, k1);
+    assert_ptr_equal(v0, v1);
+    assert_memory_equal(k0, ck, kvf * sizeof(float));
+    /* The shape must fit the reservation: another context length, more local tokens. */
+    ip.fail_layer = -1;
+    assert_int_equal(kvedge_decoder_session_begin(s, all, S_CTX - 1, s_provide_in_place, &ip,
+                                                  all + S_CTX, S_PROMPT, S_GREEDY, NULL),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_begin(s, all, S_CTX, s_provide_in_place, &ip,
+                                                  all + S_CTX, S_PROMPT, S_GREEDY + 1, NULL),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_ctx_kv(s, 0, &k1, &v1), KVEDGE_OK);
+    assert_ptr_equal(k0, k1);
+    /* Fewer local tokens than reserved: the same logits as a copying session of that shape. */
+    s_provider_t cp = {.k = ck, .v = cv, .kvf = kvf, .fail_layer = -1};
+    s_decode(md, all, S_CTX, &cp, all + S_CTX, S_PROMPT - 4, ref, g_ref);
+    ip.calls = 0;
+    assert_int_equal(kvedge_decoder_session_begin(s, all, S_CTX, s_provide_in_place, &ip,
+                                                  all + S_CTX, S_PROMPT - 4, S_GREEDY, got),
+                     KVEDGE_OK);
+    assert_memory_equal(got, ref, V * sizeof(float));
+    kvedge_decoder_session_destroy(&s);
+
+    /* IN_PLACE from a provider of an unreserved session: nothing was lent, so nothing can be
+     * in place. Reserve's own errors. */
+    s = kvedge_decoder_session_new(md);
+    assert_non_null(s);
+    assert_int_equal(kvedge_decoder_session_begin(s, all, S_CTX, s_provide_ip_bare, NULL,
+                                                  all + S_CTX, S_PROMPT, S_GREEDY, NULL),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_reserve(NULL, S_CTX, S_PROMPT, 1), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_reserve(s, S_CTX, 0, 1), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_reserve(s, c->max_positions, S_PROMPT, 1),
+                     KVEDGE_ETOOBIG);
+    assert_int_equal(kvedge_decoder_session_ctx_kv(s, 0, &k1, &v1), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_reserve(s, 0, S_PROMPT, 1), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_session_ctx_kv(s, 0, &k1, &v1), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_session_kv_bytes(NULL), 0);
+    kvedge_decoder_session_destroy(&s);
+
+    free(got);
+    free(ref);
+    free(qv);
+    free(qk);
+    free(ck);
+    free(cv);
+    kvedge_decoder_destroy(&md);
+}
+
 static void test_provider_errors(void **state)
 {
     (void)state;
@@ -1192,6 +1377,141 @@ static void test_estimate(void **state)
     kvedge_decoder_destroy(&md);
 }
 
+/* |a / b - 1| <= tol */
+static bool s_near(double a, double b, double tol)
+{
+    return b != 0 && fabs(a / b - 1) <= tol;
+}
+
+typedef struct {
+    const kvedge_decoder_t *md;
+    float cu0, ru0; /* the prior at context 128, prompt 8 */
+    int rc;
+    bool in_range; /* every estimate read stayed within the factors' bounds */
+} s_learn_arg_t;
+
+/* Observes layers at 2x the prior and reads the estimate, again and again. */
+static void *s_learn_thread(void *arg)
+{
+    s_learn_arg_t *a = arg;
+    a->in_range = true;
+    for (int i = 0; i < 200 && a->rc == KVEDGE_OK; i++) {
+        a->rc = kvedge_decoder_observe(a->md, 128, 8, 2.0 * a->cu0, 2.0 * a->ru0);
+        float cu = 0, ru = 0;
+        if (a->rc == KVEDGE_OK)
+            a->rc = kvedge_decoder_estimate(a->md, 128, 8, &cu, &ru);
+        if (a->rc == KVEDGE_OK && !(cu >= a->cu0 * 0.99 && cu <= a->cu0 * 2.01 &&
+                                    ru >= a->ru0 * 0.99 && ru <= a->ru0 * 2.01))
+            a->in_range = false;
+    }
+    return NULL;
+}
+
+/* kvedge_decoder_observe: the estimate follows what the decoder really takes, per kind, within
+ * the stated number of samples, one outlier moves it a bounded step, absurd inputs are refused
+ * or clamped, and concurrent observers and readers agree. */
+static void test_learn(void **state)
+{
+    (void)state;
+    kvedge_decoder_speed_t sp;
+    kvedge_decoder_t *empty = kvedge_decoder_new();
+    assert_int_equal(kvedge_decoder_observe(empty, 128, 8, 10, 10), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_observe(NULL, 128, 8, 10, 10), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_speed(empty, &sp), KVEDGE_EINVAL);
+    kvedge_decoder_forget(empty);
+    kvedge_decoder_forget(NULL);
+    kvedge_decoder_destroy(&empty);
+
+    kvedge_decoder_t *md = s_model();
+    assert_int_equal(kvedge_decoder_speed(md, NULL), KVEDGE_EINVAL);
+    float cu0, ru0, cs0, rs0;
+    assert_int_equal(kvedge_decoder_estimate(md, 128, 8, &cu0, &ru0), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_estimate(md, 40, 3, &cs0, &rs0), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_speed(md, &sp), KVEDGE_OK);
+    assert_true(sp.compute == 1 && sp.recompute == 1);
+    assert_true(sp.compute_samples == 0 && sp.recompute_samples == 0);
+
+    /* Refused, and nothing learned: no prompt, NaN, infinities, nothing measured. */
+    assert_int_equal(kvedge_decoder_observe(md, 128, 0, 10, 10), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_observe(md, 128, 8, NAN, 10), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_observe(md, 128, 8, 10, NAN), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_observe(md, 128, 8, INFINITY, -1), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_observe(md, 128, 8, -INFINITY, 10), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_observe(md, 128, 8, 10, INFINITY), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_observe(md, 128, 8, -1, -1), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_observe(md, 0, 8, -1, 10), KVEDGE_EINVAL); /* no context */
+    assert_int_equal(kvedge_decoder_speed(md, &sp), KVEDGE_OK);
+    assert_true(sp.compute == 1 && sp.recompute == 1 && sp.compute_samples == 0);
+
+    /* Compute observed at 3x, recompute at 0.5x: within 5 % after LEARN_SAMPLES samples,
+     * closer with every one, the flop model still scaling other shapes. */
+    double prev = 1;
+    for (int i = 0; i < KVEDGE_DECODER_LEARN_SAMPLES; i++) {
+        assert_int_equal(kvedge_decoder_observe(md, 128, 8, 3.0 * cu0, 0.5 * ru0), KVEDGE_OK);
+        assert_int_equal(kvedge_decoder_speed(md, &sp), KVEDGE_OK);
+        assert_true(sp.compute > prev && sp.compute < 3.0 * 1.0001);
+        assert_true(sp.compute <= prev * pow(2, KVEDGE_DECODER_LEARN_WEIGHT) * 1.0001);
+        prev = sp.compute;
+    }
+    assert_true(sp.compute_samples == KVEDGE_DECODER_LEARN_SAMPLES &&
+                sp.recompute_samples == KVEDGE_DECODER_LEARN_SAMPLES);
+    float cu, ru;
+    assert_int_equal(kvedge_decoder_estimate(md, 128, 8, &cu, &ru), KVEDGE_OK);
+    printf("  learned after %d samples: compute %.3fx, recompute %.3fx of the calibration\n",
+           KVEDGE_DECODER_LEARN_SAMPLES, cu / cu0, ru / ru0);
+    assert_true(s_near(cu, 3.0 * cu0, 0.05) && s_near(ru, 0.5 * ru0, 0.05));
+    float cs, rs;
+    assert_int_equal(kvedge_decoder_estimate(md, 40, 3, &cs, &rs), KVEDGE_OK);
+    assert_true(s_near(cs / cs0, cu / cu0, 1e-5) && s_near(rs / rs0, ru / ru0, 1e-5));
+
+    /* One outlier (a million times the prior) moves the factor one bounded step. */
+    kvedge_decoder_speed_t before;
+    assert_int_equal(kvedge_decoder_speed(md, &before), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_observe(md, 128, 8, 1e6 * cu0, -1), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_speed(md, &sp), KVEDGE_OK);
+    assert_true(sp.compute <= before.compute * pow(2, KVEDGE_DECODER_LEARN_WEIGHT) * 1.0001);
+    assert_true(sp.recompute == before.recompute); /* not measured: unchanged */
+
+    /* Absurd but finite inputs are clamped: no estimate beyond [MIN, MAX] x the calibration. */
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(kvedge_decoder_observe(md, 128, 8, 1e300, 1e300), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_estimate(md, 128, 8, &cu, &ru), KVEDGE_OK);
+    assert_true(isfinite(cu) && cu <= cu0 * KVEDGE_DECODER_LEARN_MAX * 1.0001);
+    assert_true(s_near(cu, cu0 * KVEDGE_DECODER_LEARN_MAX, 0.01));
+    assert_true(isfinite(ru) && ru <= ru0 * KVEDGE_DECODER_LEARN_MAX * 1.0001);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(kvedge_decoder_observe(md, 128, 8, 0, 0), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_estimate(md, 128, 8, &cu, &ru), KVEDGE_OK);
+    assert_true(cu > 0 && cu >= cu0 * KVEDGE_DECODER_LEARN_MIN * 0.9999);
+    assert_true(s_near(cu, cu0 * KVEDGE_DECODER_LEARN_MIN, 0.01));
+    assert_true(ru > 0 && ru >= ru0 * KVEDGE_DECODER_LEARN_MIN * 0.9999);
+
+    /* Forget: the calibration again, exactly; it was not measured again. */
+    kvedge_decoder_forget(md);
+    assert_int_equal(kvedge_decoder_estimate(md, 128, 8, &cu, &ru), KVEDGE_OK);
+    assert_true(cu == cu0 && ru == ru0);
+    assert_int_equal(kvedge_decoder_speed(md, &sp), KVEDGE_OK);
+    assert_true(sp.compute == 1 && sp.recompute_samples == 0);
+
+    /* Threads observing 2x and reading at once: every sample counted, estimates in between. */
+    enum { THREADS = 4 };
+    pthread_t th[THREADS];
+    s_learn_arg_t a[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        a[i] = (s_learn_arg_t){.md = md, .cu0 = cu0, .ru0 = ru0, .rc = KVEDGE_OK};
+        assert_int_equal(pthread_create(&th[i], NULL, s_learn_thread, &a[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(a[i].rc, KVEDGE_OK);
+        assert_true(a[i].in_range);
+    }
+    assert_int_equal(kvedge_decoder_speed(md, &sp), KVEDGE_OK);
+    assert_true(sp.compute_samples == THREADS * 200 && sp.recompute_samples == THREADS * 200);
+    assert_true(s_near(sp.compute, 2, 1e-4) && s_near(sp.recompute, 2, 1e-4));
+    kvedge_decoder_destroy(&md);
+}
+
 /* The project's trained models (models/kjv, scripts/train_models.py) against the PyTorch
  * model that trained them: the same weights (F16 matrices widened to fp32 on both sides),
  * logits at every position of 64 held-out tokens and 8 greedy steps by full recomputation.
@@ -1267,15 +1587,25 @@ static void test_trained_edge(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fixture_config),    cmocka_unit_test(test_fixture_prefill),
-        cmocka_unit_test(test_fixture_greedy),    cmocka_unit_test(test_trained_cloud),
-        cmocka_unit_test(test_trained_edge),      cmocka_unit_test(test_context_lossless),
-        cmocka_unit_test(test_context_quantized), cmocka_unit_test(test_context_miss),
-        cmocka_unit_test(test_provider_errors),   cmocka_unit_test(test_argument_errors),
-        cmocka_unit_test(test_load_errors),       cmocka_unit_test(test_load_variants),
-        cmocka_unit_test(test_prefill_tiles),     cmocka_unit_test(test_model_shapes),
-        cmocka_unit_test(test_synthesize),        cmocka_unit_test(test_layer_flops),
+        cmocka_unit_test(test_fixture_config),
+        cmocka_unit_test(test_fixture_prefill),
+        cmocka_unit_test(test_fixture_greedy),
+        cmocka_unit_test(test_trained_cloud),
+        cmocka_unit_test(test_trained_edge),
+        cmocka_unit_test(test_context_lossless),
+        cmocka_unit_test(test_context_quantized),
+        cmocka_unit_test(test_context_miss),
+        cmocka_unit_test(test_context_in_place),
+        cmocka_unit_test(test_provider_errors),
+        cmocka_unit_test(test_argument_errors),
+        cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_load_variants),
+        cmocka_unit_test(test_prefill_tiles),
+        cmocka_unit_test(test_model_shapes),
+        cmocka_unit_test(test_synthesize),
+        cmocka_unit_test(test_layer_flops),
         cmocka_unit_test(test_estimate),
+        cmocka_unit_test(test_learn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,6 +34,7 @@
 #include "clients/decoder/decoder.h"
 #include "clients/e2e.h"
 #include "clients/kvedge.h"
+#include "clients/pipeline.h"
 #include "proxy/proxy.h"
 
 #define S_WEIGHTS  KVEDGE_FIXTURES "/opt_tiny.safetensors"
@@ -368,15 +369,14 @@ static void s_prefill(const char *ep, const kvedge_e2e_quant_t *q, kvedge_e2e_pr
     kvedge_client_destroy(&c);
 }
 
-/* Puts layers [l0, l1) of the context (lossless fp32, encoded here, not by kvedge_e2e) to the
- * node at ep, after registering the model there. */
-static void s_put_layers(const char *ep, uint32_t l0, uint32_t l1)
+/* Puts layers [l0, l1) of the context (fp32 source as scheme: lossless or int8, encoded here,
+ * not by kvedge_e2e) to the node at ep, after registering the model there. */
+static void s_put_layers_as(const char *ep, uint32_t l0, uint32_t l1, kvedge_scheme_t scheme)
 {
     const uint32_t H = s_fx.c->heads, D = s_fx.c->head_dim;
     kvedge_client_t *c = s_client(ep, S_DEADLINE);
     assert_int_equal(kvedge_client_put_model(c, &s_fx.model), KVEDGE_OK);
-    kvedge_block_spec_t spec = {
-        KVEDGE_DTYPE_FP32, KVEDGE_SCHEME_LOSSLESS, S_CHUNK, (uint16_t)D, 0, NULL, false};
+    kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP32, scheme, S_CHUNK, (uint16_t)D, 0, NULL, false};
     size_t cap = kvedge_block_encoded_bound(&spec);
     assert_true(cap > 0);
     uint8_t *blk = malloc(H * cap);
@@ -412,6 +412,11 @@ static void s_put_layers(const char *ep, uint32_t l0, uint32_t l1)
     free(k);
     free(blk);
     kvedge_client_destroy(&c);
+}
+
+static void s_put_layers(const char *ep, uint32_t l0, uint32_t l1)
+{
+    s_put_layers_as(ep, l0, l1, KVEDGE_SCHEME_LOSSLESS);
 }
 
 /* ---------------------------------------------------------------- the edge */
@@ -511,10 +516,16 @@ static void test_lossless_matches_local(void **state)
     kvedge_e2e_result_t *r = s_result();
     float *got = s_logits(), *direct = s_logits(), *other = s_logits();
     int32_t tok[S_NEW], direct_tok[S_NEW];
+    kvedge_decoder_forget(s_fx.dec);
     int rc = s_e2e(KVEDGE_E2E_KVEDGE, pc, false, S_DEADLINE, NULL, tok, got, r);
     if (rc != KVEDGE_OK)
         fail_msg("decode: %s", kvedge_strerror(rc));
     s_check_layers(r, 0);
+    /* Every layer but the last (it holds the output head) went back as a compute sample. */
+    kvedge_decoder_speed_t sp;
+    assert_int_equal(kvedge_decoder_speed(s_fx.dec, &sp), KVEDGE_OK);
+    assert_int_equal(sp.compute_samples, r->layers - 1);
+    assert_int_equal(sp.recompute_samples, 0);
     assert_true(r->have_plan);
     for (uint32_t l = 0; l < r->layers; l++) {
         assert_string_equal(r->layer[l].source, "cloud1");
@@ -541,9 +552,27 @@ static void test_lossless_matches_local(void **state)
            (unsigned long long)st.fp16_bytes);
     assert_true(d <= S_TOL_LOSSLESS);
 
+    /* The next request plans with what was learned: taught 4x the calibration, the decoder's
+     * estimates are 4x, and the proxy prices recomputing everything with them. */
+    float cu0, ru0, cu, ru;
+    kvedge_decoder_forget(s_fx.dec);
+    assert_int_equal(kvedge_decoder_estimate(s_fx.dec, S_CTX, S_PROMPT, &cu0, &ru0), KVEDGE_OK);
+    for (int i = 0; i < 2 * KVEDGE_DECODER_LEARN_SAMPLES; i++)
+        assert_int_equal(kvedge_decoder_observe(s_fx.dec, S_CTX, S_PROMPT, 4.0 * cu0, 4.0 * ru0),
+                         KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_estimate(s_fx.dec, S_CTX, S_PROMPT, &cu, &ru), KVEDGE_OK);
+    assert_true(fabs(cu / (4.0 * cu0) - 1) < 0.02 && fabs(ru / (4.0 * ru0) - 1) < 0.02);
+
     /* The proxy may plan layers as recomputation: whatever it chooses, same tokens. */
     rc = s_e2e(KVEDGE_E2E_KVEDGE, pc, true, S_DEADLINE, NULL, tok, other, r);
     assert_int_equal(rc, KVEDGE_OK);
+    assert_true(r->have_plan);
+    const double all = (double)r->layers * ((double)cu + ru);
+    if (!(fabs(r->plan.recompute_all_us / all - 1) < 0.01))
+        fail_msg("plan's recompute-all %.1f us, the learned estimates give %.1f us",
+                 r->plan.recompute_all_us, all);
+    assert_int_equal(kvedge_decoder_speed(s_fx.dec, &sp), KVEDGE_OK);
+    assert_true(sp.compute_samples + sp.recompute_samples > 2 * KVEDGE_DECODER_LEARN_SAMPLES);
     assert_int_equal(r->fetched + r->computed, r->layers);
     for (uint32_t l = 0; l < r->layers; l++)
         if (r->layer[l].computed)
@@ -577,9 +606,15 @@ static void test_lossless_matches_local(void **state)
 
     /* Edge-only recomputes everything; cloud-only decodes the prompt in the (emulated)
      * cloud on its prefix cache; a store node without a proxy streams GET_LAYER. */
+    kvedge_decoder_forget(s_fx.dec);
     assert_int_equal(s_e2e(KVEDGE_E2E_LOCAL, NULL, false, 0, NULL, tok, other, r), KVEDGE_OK);
     assert_int_equal(r->mode, KVEDGE_E2E_LOCAL);
     assert_int_equal(r->generated, S_NEW);
+    /* Edge-only: each layer but the last split between the two kinds. */
+    assert_int_equal(kvedge_decoder_speed(s_fx.dec, &sp), KVEDGE_OK);
+    assert_int_equal(sp.compute_samples, r->layers - 1);
+    assert_int_equal(sp.recompute_samples, r->layers - 1);
+    assert_true(sp.compute >= KVEDGE_DECODER_LEARN_MIN && sp.compute <= KVEDGE_DECODER_LEARN_MAX);
     assert_int_equal(r->computed, r->layers);
     assert_int_equal(r->prompt_bytes_sent, 0);
     assert_int_equal(r->sent_bytes, 0);
@@ -854,6 +889,162 @@ static void test_miss_recomputed(void **state)
     free(r);
     free(got);
     s_env_stop(&e);
+}
+
+/* ---------------------------------------------------------------- 4b. in place */
+
+/* The copying path kvedge_e2e_decode used before the session lent its storage: the pipeline
+ * dequantizes into buffers of its own and the provider copies each resident layer into the
+ * session (MISS for the rest). */
+typedef struct {
+    kvedge_pipeline_t *pipe;
+    const float *k, *v;
+    uint32_t missed; /* layers reported as a miss */
+} s_copying_t;
+
+static int s_copying_provide(void *arg, uint32_t layer, float *k, float *v)
+{
+    s_copying_t *p = arg;
+    int rc = kvedge_pipeline_wait(p->pipe, (uint16_t)layer);
+    if (rc == KVEDGE_ENOTFOUND) {
+        p->missed |= 1u << layer;
+        return KVEDGE_DECODER_MISS;
+    }
+    if (rc != KVEDGE_OK)
+        return rc;
+    memcpy(k, p->k + layer * s_fx.kvf, s_fx.kvf * sizeof(float));
+    memcpy(v, p->v + layer * s_fx.kvf, s_fx.kvf * sizeof(float));
+    return 0;
+}
+
+/* The fixture's decode through pc by the copying path: the prompt's last logits, S_NEW tokens;
+ * returns the mask of the layers it computed. */
+static uint32_t s_decode_copying(kvedge_client_t *pc, float *logits, int32_t *tokens)
+{
+    const uint32_t L = s_fx.c->layers;
+    float *dk = malloc(L * s_fx.kvf * sizeof(float)), *dv = malloc(L * s_fx.kvf * sizeof(float));
+    assert_true(dk && dv);
+    kvedge_kv_dst_t kd[S_MAXL], vd[S_MAXL];
+    for (uint32_t l = 0; l < L; l++) {
+        kvedge_kv_dst_t t = {.layout = KVEDGE_KV_CONTIG,
+                             .dtype = KVEDGE_DTYPE_FP32,
+                             .base = dk + l * s_fx.kvf,
+                             .cap_bytes = s_fx.kvf * sizeof(float),
+                             .heads = s_fx.c->heads,
+                             .head_dim = s_fx.c->head_dim,
+                             .tokens_cap = S_CTX};
+        kd[l] = t;
+        t.base = dv + l * s_fx.kvf;
+        vd[l] = t;
+    }
+    kvedge_pipeline_opts_t o = {
+        .client = pc,
+        .model = &s_fx.model,
+        .chunks = s_fx.ids,
+        .n_chunks = S_NCHUNK,
+        .chunk_tokens = S_CHUNK,
+        .tokens = S_CTX,
+        .layers = (uint16_t)L,
+        .k = kd,
+        .v = vd,
+        .slot_bytes = kvedge_e2e_slot_bytes(S_CTX, S_CHUNK, s_fx.c->heads, s_fx.c->head_dim),
+        .deadline_ms = S_DEADLINE,
+    };
+    s_copying_t p = {.k = dk, .v = dv};
+    assert_int_equal(kvedge_pipeline_open(&o, &p.pipe), KVEDGE_OK);
+    assert_int_equal(
+        s_session(s_copying_provide, &p, s_fx.ctx, S_CTX, s_fx.prompt, S_PROMPT, logits, tokens),
+        KVEDGE_OK);
+    kvedge_pipeline_destroy(&p.pipe);
+    free(dv);
+    free(dk);
+    return p.missed;
+}
+
+/* kvedge mode dequantizes straight into the decoder session's K/V: the same logits and tokens
+ * as the copying path to the bit, lossless and int8, with misses at the first and last layers
+ * and at the middle one; and the fetched K/V costs nothing beyond the ring: kvedge's K/V
+ * bytes are edge-only's plus the ring (plus the rerun scratch its misses after fetched
+ * layers take). */
+static void test_in_place_matches_copying(void **state)
+{
+    (void)state;
+    const uint32_t V = s_fx.c->vocab, L = s_fx.c->layers;
+    assert_int_equal(L, 3);
+    float *got = s_logits(), *ref = s_logits();
+    kvedge_e2e_result_t *r = s_result();
+    int32_t tok[S_NEW], ref_tok[S_NEW];
+
+    assert_int_equal(s_e2e(KVEDGE_E2E_LOCAL, NULL, false, 0, NULL, tok, got, r), KVEDGE_OK);
+    const uint64_t local_bytes = r->kv_bytes;
+    const uint64_t sess = 2ull * L * sizeof(float) *
+                          (s_fx.kvf + kvedge_decoder_kv_floats(s_fx.dec, S_PROMPT + S_NEW));
+    const uint64_t hid = (uint64_t)S_CTX * s_fx.c->hidden * sizeof(float);
+    assert_int_equal(local_bytes, sess + hid);
+    const uint64_t tmp = 2ull * s_fx.kvf * sizeof(float);
+    const uint64_t ring =
+        (uint64_t)(L < KVEDGE_PIPELINE_RING_DEFAULT ? L : KVEDGE_PIPELINE_RING_DEFAULT) *
+        kvedge_e2e_slot_bytes(S_CTX, S_CHUNK, s_fx.c->heads, s_fx.c->head_dim);
+
+    const kvedge_scheme_t schemes[] = {KVEDGE_SCHEME_LOSSLESS, KVEDGE_SCHEME_INT8};
+    /* Stored layers [l0, l1) ∪ [l2, l3): misses at 0 and 2 (layer 1 stored), then at 1. */
+    const uint32_t held[2][4] = {{1, 2, 2, 2}, {0, 1, 2, 3}};
+    const uint32_t missed[2] = {0x5, 0x2};
+    int n = 0;
+    for (int si = 0; si < 2; si++)
+        for (int hi = 0; hi < 2; hi++) {
+            char name[32], pname[32], spec[400], pep[300];
+            snprintf(name, sizeof name, "inplace%d", n);
+            snprintf(pname, sizeof pname, "proxy-inplace%d", n++);
+            /* A world of its own: no other case's copy of these chunks in its directory. */
+            s_env_t e;
+            s_env_start(&e);
+            s_node_t node;
+            s_node_start(&node, &e, name, KVEDGE_ROLE_CLOUD, false);
+            s_put_layers_as(node.ep, held[hi][0], held[hi][1], schemes[si]);
+            if (held[hi][2] < held[hi][3])
+                s_put_layers_as(node.ep, held[hi][2], held[hi][3], schemes[si]);
+            snprintf(spec, sizeof spec, "cloud %s %s", name, node.ep);
+            const char *specs[] = {spec};
+            kvedge_proxy_t *p = s_proxy(&e, pname, specs, 1, 1, pep, sizeof pep);
+            kvedge_client_t *pc = s_client(pep, S_DEADLINE);
+
+            int rc = s_e2e(KVEDGE_E2E_KVEDGE, pc, false, S_DEADLINE, NULL, tok, got, r);
+            if (rc != KVEDGE_OK)
+                fail_msg("decode %s: %s", kvedge_scheme_name(schemes[si]), kvedge_strerror(rc));
+            s_check_layers(r, missed[hi]);
+            /* A proxy plans its later requests with what it learned of the link (it may then
+             * price a layer as recompute): the copying path gets a fresh proxy of its own. */
+            char pep2[300];
+            snprintf(pname, sizeof pname, "proxy-copying%d", n);
+            kvedge_proxy_t *p2 = s_proxy(&e, pname, specs, 1, 1, pep2, sizeof pep2);
+            kvedge_client_t *pc2 = s_client(pep2, S_DEADLINE);
+            assert_int_equal(s_decode_copying(pc2, ref, ref_tok), missed[hi]);
+            kvedge_client_destroy(&pc2);
+            kvedge_proxy_destroy(&p2);
+            assert_memory_equal(got, ref, V * sizeof(float));
+            assert_memory_equal(tok, ref_tok, sizeof tok);
+            /* Both have a computed layer after a fetched one: the rerun scratch. */
+            assert_int_equal(r->kv_bytes, local_bytes + tmp + ring);
+            float d = s_max_diff(got, s_fx.ref, V);
+            if (schemes[si] == KVEDGE_SCHEME_INT8)
+                assert_true(d > 0); /* the fetched (lossy) K/V was used */
+            else
+                assert_true(d <= S_TOL_LOSSLESS);
+            printf("  in place, %s, computed layers mask 0x%x: bit-identical to the copying "
+                   "path (|logit diff| vs recompute %.3g); K/V %llu bytes = edge-only %llu + "
+                   "ring %llu + scratch %llu\n",
+                   kvedge_scheme_name(schemes[si]), missed[hi], d, (unsigned long long)r->kv_bytes,
+                   (unsigned long long)local_bytes, (unsigned long long)ring,
+                   (unsigned long long)tmp);
+            kvedge_client_destroy(&pc);
+            kvedge_proxy_destroy(&p);
+            s_node_stop(&node);
+            s_env_stop(&e);
+        }
+    free(r);
+    free(ref);
+    free(got);
 }
 
 /* ---------------------------------------------------------------- 5. privacy */
@@ -1420,6 +1611,7 @@ int main(void)
         cmocka_unit_test(test_quantized_within_bounds),
         cmocka_unit_test(test_sources_identical),
         cmocka_unit_test(test_miss_recomputed),
+        cmocka_unit_test(test_in_place_matches_copying),
         cmocka_unit_test(test_prompt_never_leaves_edge),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
