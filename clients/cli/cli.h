@@ -51,6 +51,7 @@ extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];    /* clients/cli_e2e.c */
 extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];   /* clients/cli_eval.c */
 extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[]; /* clients/cli_layermap.c */
+extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];   /* clients/cli_lseval.c */
 
 /* Prints "kvedge: <message>" to stderr. */
 void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -105,5 +106,40 @@ int kvedge_cli_daemon_settings(kvedge_cli_t *cli, const kvedge_cli_cmd_t *cmd, c
 
 /* Prints usage of one command to f. */
 void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details);
+
+/* ---- files, documents and models, for the commands that read text and weights ---- */
+
+struct option;
+struct _kvedge_decoder_t;
+
+/* The long name of option ch in opts (getopt_long's table), for messages; "?" when none. */
+const char *kvedge_cli_flag_name(const struct option *opts, int ch);
+
+/* Reads the whole file at path into *out (NUL-terminated; caller frees), *len bytes. Errors
+ * are printed as "CMD: cannot read WHAT PATH: reason" and returned as an exit code:
+ * KVEDGE_EXIT_FAILURE (cannot open or read, out of memory), KVEDGE_EXIT_USAGE (over
+ * max_bytes). */
+int kvedge_cli_slurp(const char *cmd, const char *what, const char *path, size_t max_bytes,
+                     char **out, size_t *len);
+
+/* Documents of token ids, as `kvedge eval` and `kvedge lseval` read them. */
+typedef struct {
+    int32_t **doc; /* [n], each owned */
+    size_t *len;   /* [n] tokens */
+    size_t n, cap;
+} kvedge_cli_docs_t;
+
+/* Frees every document and zeroes d. */
+void kvedge_cli_docs_free(kvedge_cli_docs_t *d);
+
+/* Appends a document, taking ownership of ids (freed on failure). Returns 0 or -1 (out of
+ * memory). */
+int kvedge_cli_docs_add(kvedge_cli_docs_t *d, int32_t *ids, size_t n);
+
+/* Loads OPT weights (clients/decoder/decoder.h) into a new model in *out; errors printed as
+ * "CMD: cannot load the SIDE model PATH: reason" and returned as an exit code (failure for
+ * I/O and memory, usage for a file that is not such weights). */
+int kvedge_cli_load_model(const char *cmd, const char *path, const char *side,
+                          struct _kvedge_decoder_t **out);
 
 #endif

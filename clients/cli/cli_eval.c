@@ -99,99 +99,15 @@ static const char s_eval_help[] =
     "exit codes: 2 usage, 1 the evaluation failed, 3 the proxy does not know a scheme's\n"
     "model id, 5 node or proxy unreachable.\n";
 
-/* The long name of option ch in opts, for messages ("?" when none). */
-static const char *s_flag(const struct option *opts, int ch)
-{
-    for (; opts->name; opts++)
-        if (opts->val == ch)
-            return opts->name;
-    return "?";
-}
-
 /* ---------------------------------------------------------------- documents */
-
-typedef struct {
-    int32_t **doc;
-    size_t *len;
-    size_t n, cap;
-} s_docs_t;
-
-static void s_docs_free(s_docs_t *d)
-{
-    for (size_t i = 0; i < d->n; i++)
-        free(d->doc[i]);
-    free(d->doc);
-    free(d->len);
-    memset(d, 0, sizeof *d);
-}
-
-/* Appends a document (takes ownership of ids). Returns 0 or -1 (out of memory). */
-static int s_docs_add(s_docs_t *d, int32_t *ids, size_t n)
-{
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? 2 * d->cap : 64;
-        int32_t **doc = realloc(d->doc, cap * sizeof *doc);
-        if (doc)
-            d->doc = doc;
-        size_t *len = doc ? realloc(d->len, cap * sizeof *len) : NULL;
-        if (!len) {
-            free(ids);
-            return -1;
-        }
-        d->len = len;
-        d->cap = cap;
-    }
-    d->doc[d->n] = ids;
-    d->len[d->n++] = n;
-    return 0;
-}
-
-/* The whole file, NUL-terminated. Returns an exit code. */
-static int s_slurp(const char *what, const char *path, char **out, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        kvedge_cli_error("eval: cannot read %s %s: %s", what, path, strerror(errno));
-        return KVEDGE_EXIT_FAILURE;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap || ferror(f))
-            break;
-        if (cap >= S_FILE_MAX_BYTES) {
-            kvedge_cli_error("eval: %s %s is over %u MiB", what, path, S_FILE_MAX_BYTES >> 20);
-            free(buf);
-            fclose(f);
-            return KVEDGE_EXIT_USAGE;
-        }
-        char *more = realloc(buf, 2 * cap + 1);
-        if (!more)
-            free(buf);
-        buf = more;
-        cap *= 2;
-    }
-    bool err = !buf || ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        kvedge_cli_error("eval: cannot read %s %s", what, path);
-        return KVEDGE_EXIT_FAILURE;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return KVEDGE_EXIT_OK;
-}
 
 /* Documents from an ids file: whitespace-separated ids below vocab; a line holding only
  * whitespace ends a document. Returns an exit code. */
-static int s_read_ids(const char *path, uint32_t vocab, s_docs_t *d)
+static int s_read_ids(const char *path, uint32_t vocab, kvedge_cli_docs_t *d)
 {
     char *text = NULL;
     size_t len = 0;
-    int ex = s_slurp("the ids file", path, &text, &len);
+    int ex = kvedge_cli_slurp("eval", "the ids file", path, S_FILE_MAX_BYTES, &text, &len);
     if (ex)
         return ex;
     int32_t *cur = NULL;
@@ -200,7 +116,7 @@ static int s_read_ids(const char *path, uint32_t vocab, s_docs_t *d)
     for (const char *p = text;; p++) {
         if (*p == '\n' || *p == '\0') {
             if ((blank || *p == '\0') && n) { /* a blank line or the end closes a document */
-                if (s_docs_add(d, cur, n) != 0)
+                if (kvedge_cli_docs_add(d, cur, n) != 0)
                     ex = KVEDGE_EXIT_FAILURE;
                 cur = NULL;
                 n = cap = 0;
@@ -245,7 +161,7 @@ static int s_read_ids(const char *path, uint32_t vocab, s_docs_t *d)
 
 /* Documents from text: pieces between blank lines ("\n\n"), each encoded with "\n\n" after
  * it, as scripts/train_models.py splits and encodes chapters. Returns an exit code. */
-static int s_read_text(const char *dir, const char *path, uint32_t vocab, s_docs_t *d)
+static int s_read_text(const char *dir, const char *path, uint32_t vocab, kvedge_cli_docs_t *d)
 {
     char why[512] = "";
     kvedge_tokenizer_t *t = NULL;
@@ -257,7 +173,7 @@ static int s_read_text(const char *dir, const char *path, uint32_t vocab, s_docs
     }
     char *text = NULL;
     size_t len = 0;
-    int ex = s_slurp("the text", path, &text, &len);
+    int ex = kvedge_cli_slurp("eval", "the text", path, S_FILE_MAX_BYTES, &text, &len);
     char *piece = ex ? NULL : malloc(len + 3);
     if (!ex && !piece)
         ex = KVEDGE_EXIT_FAILURE;
@@ -287,7 +203,7 @@ static int s_read_text(const char *dir, const char *path, uint32_t vocab, s_docs
                     ex = KVEDGE_EXIT_USAGE;
                     break;
                 }
-            if (ex || s_docs_add(d, ids, k) != 0) {
+            if (ex || kvedge_cli_docs_add(d, ids, k) != 0) {
                 if (ex)
                     free(ids);
                 else
@@ -658,7 +574,8 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
         if (ex)
             return ex;
         if (bad) {
-            kvedge_cli_error("eval: bad value '%s' for --%s", optarg, s_flag(opts, ch));
+            kvedge_cli_error("eval: bad value '%s' for --%s", optarg,
+                             kvedge_cli_flag_name(opts, ch));
             return KVEDGE_EXIT_USAGE;
         }
     }
@@ -714,7 +631,7 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
                          (unsigned long long)ctx, (unsigned long long)cont, cfg->max_positions);
         ex = KVEDGE_EXIT_USAGE;
     }
-    s_docs_t docs = {0};
+    kvedge_cli_docs_t docs = {0};
     if (!ex && ids_file)
         ex = s_read_ids(ids_file, cfg->vocab, &docs);
     if (!ex && text_file)
@@ -797,7 +714,7 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
         }
     }
     kvedge_eval_result_destroy(&res);
-    s_docs_free(&docs);
+    kvedge_cli_docs_free(&docs);
     kvedge_decoder_destroy(&d);
     return ex;
 }

@@ -52,6 +52,8 @@ enum {
 
 /* How long --register waits for the master's snapshot, then for its answer to the SET. */
 #define S_REGISTER_DEADLINE_MS 3000
+/* Largest calibration or evaluation text read. */
+#define S_TEXT_MAX_BYTES (256u << 20)
 /* Most calibration tokens an adapter is fitted on: the fit keeps every mapped pair's K, V
  * (and the cloud's Q) in memory, (3 x cloud width + 2 x edge width) x 4 bytes a token and
  * mapped layer (3.3 KiB for the KJV pair). */
@@ -159,50 +161,6 @@ static void s_default_id(const char *path, char *id, size_t len)
     for (char *p = id; *p; p++)
         if (*p == ' ' || *p == '\t' || (unsigned char)*p < 0x21 || *p == 0x7f)
             *p = '_';
-}
-
-/* Reads a file into a new buffer. Returns 0 or -1 (errno set). */
-static int s_slurp(const char *path, char **out, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -1;
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb)
-                free(buf);
-            buf = nb;
-        }
-    }
-    int e = buf ? (ferror(f) ? EIO : 0) : ENOMEM;
-    fclose(f);
-    if (e) {
-        free(buf);
-        errno = e;
-        return -1;
-    }
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-static int s_load_model(const char *path, const char *side, kvedge_decoder_t **out)
-{
-    kvedge_decoder_t *md = kvedge_decoder_new();
-    int rc = md ? kvedge_decoder_load(md, path, 0) : KVEDGE_ENOMEM;
-    if (rc != KVEDGE_OK) {
-        kvedge_cli_error("layermap: cannot load the %s model %s: %s%s%s", side, path,
-                         kvedge_strerror(rc), md && *kvedge_decoder_error(md) ? ": " : "",
-                         md ? kvedge_decoder_error(md) : "");
-        kvedge_decoder_destroy(&md);
-        return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
-    }
-    *out = md;
-    return KVEDGE_EXIT_OK;
 }
 
 /* True when an executable named name is on PATH. */
@@ -521,7 +479,7 @@ static int s_show(kvedge_cli_t *cli, const char *path, bool others, const char *
     const uint32_t layers[2] = {map.cloud_layers, map.edge_layers},
                    hidden[2] = {map.cloud_hidden, map.edge_hidden};
     for (int i = 0; !ex && cloud_w && i < 2; i++) {
-        ex = s_load_model(wpath[i], side[i], &w[i]);
+        ex = kvedge_cli_load_model("layermap", wpath[i], side[i], &w[i]);
         const kvedge_decoder_config_t *c = ex ? NULL : kvedge_decoder_config(w[i]);
         if (!ex && (c->layers != layers[i] || c->hidden != hidden[i])) {
             kvedge_cli_error("layermap: %s has %u layers x %u, the map's %s model %u x %u",
@@ -657,10 +615,9 @@ static int s_encode_file(kvedge_tokenizer_t *tok, const char *path, int32_t **id
 {
     char *text = NULL;
     size_t len = 0;
-    if (s_slurp(path, &text, &len) != 0) {
-        kvedge_cli_error("layermap: cannot read %s: %s", path, strerror(errno));
-        return KVEDGE_EXIT_FAILURE;
-    }
+    int ex = kvedge_cli_slurp("layermap", "the text", path, S_TEXT_MAX_BYTES, &text, &len);
+    if (ex)
+        return ex;
     int rc = kvedge_tokenizer_encode(tok, text, len, ids, n);
     free(text);
     if (rc != KVEDGE_OK) {
@@ -988,10 +945,9 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
         kvedge_cli_error("layermap: cannot load the tokenizer: %s", why);
         ex = rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
     }
-    if (!ex && s_slurp(calib, &text, &len) != 0) {
-        kvedge_cli_error("layermap: cannot read %s: %s", calib, strerror(errno));
-        ex = KVEDGE_EXIT_FAILURE;
-    }
+    if (!ex)
+        ex = kvedge_cli_slurp("layermap", "the calibration text", calib, S_TEXT_MAX_BYTES, &text,
+                              &len);
     if (!ex && (rc = kvedge_tokenizer_encode(tok, text, len, &ids, &n)) != KVEDGE_OK) {
         kvedge_cli_error("layermap: cannot encode %s: %s", calib, kvedge_strerror(rc));
         ex = KVEDGE_EXIT_FAILURE;
@@ -1008,9 +964,9 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
         ex = KVEDGE_EXIT_USAGE;
     }
     if (!ex)
-        ex = s_load_model(cloud_path, "cloud", &cloud);
+        ex = kvedge_cli_load_model("layermap", cloud_path, "cloud", &cloud);
     if (!ex)
-        ex = s_load_model(edge_path, "edge", &edge);
+        ex = kvedge_cli_load_model("layermap", edge_path, "edge", &edge);
     for (size_t i = 0; !ex && i < (samples > ad.samples ? samples : ad.samples); i++) {
         const uint32_t cv = kvedge_decoder_config(cloud)->vocab,
                        ev = kvedge_decoder_config(edge)->vocab;

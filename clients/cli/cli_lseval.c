@@ -69,99 +69,14 @@ static const char s_help[] =
     "models), 4 an adapter file the reader refuses, 1 the evaluation failed or a file cannot\n"
     "be read.\n";
 
-/* The long name of option ch in opts, for messages ("?" when none). */
-static const char *s_flag(const struct option *opts, int ch)
-{
-    for (; opts->name; opts++)
-        if (opts->val == ch)
-            return opts->name;
-    return "?";
-}
-
 /* ---------------------------------------------------------------- documents */
-
-typedef struct {
-    int32_t **doc;
-    size_t *len;
-    size_t n, cap;
-} s_docs_t;
-
-static void s_docs_free(s_docs_t *d)
-{
-    for (size_t i = 0; i < d->n; i++)
-        free(d->doc[i]);
-    free(d->doc);
-    free(d->len);
-    memset(d, 0, sizeof *d);
-}
-
-/* Appends a copy of ids[0..n). Returns 0 or -1 (out of memory). */
-static int s_docs_add(s_docs_t *d, const int32_t *ids, size_t n)
-{
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? 2 * d->cap : 64;
-        int32_t **doc = realloc(d->doc, cap * sizeof *doc);
-        if (!doc)
-            return -1;
-        d->doc = doc;
-        size_t *len = realloc(d->len, cap * sizeof *len);
-        if (!len)
-            return -1;
-        d->len = len;
-        d->cap = cap;
-    }
-    int32_t *copy = malloc(n * sizeof *copy);
-    if (!copy)
-        return -1;
-    memcpy(copy, ids, n * sizeof *copy);
-    d->doc[d->n] = copy;
-    d->len[d->n++] = n;
-    return 0;
-}
-
-/* The whole file, NUL-terminated. Returns an exit code. */
-static int s_slurp(const char *path, char **out, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        kvedge_cli_error("lseval: cannot read %s: %s", path, strerror(errno));
-        return KVEDGE_EXIT_FAILURE;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap || ferror(f))
-            break;
-        char *more = cap < S_TEXT_MAX_BYTES ? realloc(buf, 2 * cap + 1) : NULL;
-        if (!more) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = more;
-        cap *= 2;
-    }
-    bool err = !buf || ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        kvedge_cli_error("lseval: cannot read %s (over %u MiB, or out of memory)", path,
-                         S_TEXT_MAX_BYTES >> 20);
-        return KVEDGE_EXIT_FAILURE;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return KVEDGE_EXIT_OK;
-}
 
 /* Documents of doc_tokens tokens from text: chapters between blank lines, each encoded with
  * "\n\n" after it (as `kvedge eval` and scripts/train_models.py encode them), each cut into
  * consecutive documents of doc_tokens (a chapter's remainder is dropped). *longest receives
  * the longest chapter's tokens. Returns an exit code. */
 static int s_read_docs(const char *dir, const char *path, uint32_t vocab, size_t doc_tokens,
-                       s_docs_t *d, size_t *chapters, size_t *longest)
+                       kvedge_cli_docs_t *d, size_t *chapters, size_t *longest)
 {
     char why[512] = "";
     kvedge_tokenizer_t *t = NULL;
@@ -173,7 +88,7 @@ static int s_read_docs(const char *dir, const char *path, uint32_t vocab, size_t
     }
     char *text = NULL;
     size_t len = 0;
-    int ex = s_slurp(path, &text, &len);
+    int ex = kvedge_cli_slurp("lseval", "the text", path, S_TEXT_MAX_BYTES, &text, &len);
     char *piece = ex ? NULL : malloc(len + 3);
     if (!ex && !piece)
         ex = KVEDGE_EXIT_FAILURE;
@@ -205,11 +120,15 @@ static int s_read_docs(const char *dir, const char *path, uint32_t vocab, size_t
                 }
             (*chapters)++;
             *longest = k > *longest ? k : *longest;
-            for (size_t at = 0; !ex && at + doc_tokens <= k; at += doc_tokens)
-                if (s_docs_add(d, ids + at, doc_tokens) != 0) {
+            for (size_t at = 0; !ex && at + doc_tokens <= k; at += doc_tokens) {
+                int32_t *copy = malloc(doc_tokens * sizeof *copy);
+                if (copy)
+                    memcpy(copy, ids + at, doc_tokens * sizeof *copy);
+                if (!copy || kvedge_cli_docs_add(d, copy, doc_tokens) != 0) {
                     kvedge_cli_error("lseval: out of memory");
                     ex = KVEDGE_EXIT_FAILURE;
                 }
+            }
             free(ids);
         }
         p = e ? e + 2 : NULL;
@@ -221,21 +140,6 @@ static int s_read_docs(const char *dir, const char *path, uint32_t vocab, size_t
 }
 
 /* ---------------------------------------------------------------- models, adapters */
-
-static int s_load_model(const char *path, const char *side, kvedge_decoder_t **out)
-{
-    kvedge_decoder_t *md = kvedge_decoder_new();
-    int rc = md ? kvedge_decoder_load(md, path, 0) : KVEDGE_ENOMEM;
-    if (rc != KVEDGE_OK) {
-        kvedge_cli_error("lseval: cannot load the %s model %s: %s%s%s", side, path,
-                         kvedge_strerror(rc), md && *kvedge_decoder_error(md) ? ": " : "",
-                         md ? kvedge_decoder_error(md) : "");
-        kvedge_decoder_destroy(&md);
-        return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
-    }
-    *out = md;
-    return KVEDGE_EXIT_OK;
-}
 
 static int s_load_adapter(const char *path, const kvedge_decoder_t *cloud,
                           const kvedge_decoder_t *edge, kvedge_adapter_t **out)
@@ -364,7 +268,8 @@ static int s_cmd_lseval(kvedge_cli_t *cli, int argc, char **argv)
             return KVEDGE_EXIT_USAGE;
         }
         if (bad) {
-            kvedge_cli_error("lseval: bad value '%s' for --%s", optarg, s_flag(opts, ch));
+            kvedge_cli_error("lseval: bad value '%s' for --%s", optarg,
+                             kvedge_cli_flag_name(opts, ch));
             return KVEDGE_EXIT_USAGE;
         }
     }
@@ -380,11 +285,11 @@ static int s_cmd_lseval(kvedge_cli_t *cli, int argc, char **argv)
 
     kvedge_decoder_t *cloud = NULL, *edge = NULL;
     kvedge_adapter_t *ad[KVEDGE_LSEVAL_MAX_ADAPTERS] = {NULL};
-    s_docs_t docs = {0};
+    kvedge_cli_docs_t docs = {0};
     kvedge_lseval_result_t *res = NULL;
-    int ex = s_load_model(cloud_w, "cloud", &cloud);
+    int ex = kvedge_cli_load_model("lseval", cloud_w, "cloud", &cloud);
     if (!ex)
-        ex = s_load_model(edge_w, "edge", &edge);
+        ex = kvedge_cli_load_model("lseval", edge_w, "edge", &edge);
     const kvedge_decoder_config_t *cc = cloud ? kvedge_decoder_config(cloud) : NULL;
     const kvedge_decoder_config_t *ec = edge ? kvedge_decoder_config(edge) : NULL;
     if (!ex && cc->vocab != ec->vocab) {
@@ -454,7 +359,7 @@ static int s_cmd_lseval(kvedge_cli_t *cli, int argc, char **argv)
         }
     }
     free(res);
-    s_docs_free(&docs);
+    kvedge_cli_docs_free(&docs);
     for (size_t i = 0; i < n_adapters; i++)
         kvedge_adapter_destroy(&ad[i]);
     kvedge_decoder_destroy(&edge);

@@ -1,6 +1,7 @@
 /* Helpers of the kvedge command: errors, exit codes, store opening, number formats, JSON. */
 #include <czmq.h>
 #include <errno.h>
+#include <getopt.h>
 #include <signal.h>
 #include <math.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "clients/cli/cli.h"
+#include "clients/decoder/decoder.h"
 #include "access/log.h"
 #include "clients/kvedge.h"
 #include "store/error.h"
@@ -298,4 +300,100 @@ int kvedge_cli_daemon_settings(kvedge_cli_t *cli, const kvedge_cli_cmd_t *cmd, c
         kvedge_log_set_level(level);
     kvedge_cli_trap_signals(); /* the first SIGINT/SIGTERM starts a clean stop */
     return -1;
+}
+
+/* ---- files, documents and models ---- */
+
+const char *kvedge_cli_flag_name(const struct option *opts, int ch)
+{
+    for (; opts && opts->name; opts++)
+        if (opts->val == ch)
+            return opts->name;
+    return "?";
+}
+
+int kvedge_cli_slurp(const char *cmd, const char *what, const char *path, size_t max_bytes,
+                     char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kvedge_cli_error("%s: cannot read %s %s: %s", cmd, what, path, strerror(errno));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap || ferror(f))
+            break;
+        if (cap >= max_bytes) {
+            kvedge_cli_error("%s: cannot read %s %s: over %zu MiB", cmd, what, path,
+                             max_bytes >> 20);
+            free(buf);
+            fclose(f);
+            return KVEDGE_EXIT_USAGE;
+        }
+        char *more = realloc(buf, 2 * cap + 1);
+        if (!more)
+            free(buf);
+        buf = more;
+        cap *= 2;
+    }
+    bool err = !buf || ferror(f);
+    fclose(f);
+    if (err) {
+        const char *why = buf ? "read error" : "out of memory";
+        free(buf);
+        kvedge_cli_error("%s: cannot read %s %s: %s", cmd, what, path, why);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return KVEDGE_EXIT_OK;
+}
+
+void kvedge_cli_docs_free(kvedge_cli_docs_t *d)
+{
+    for (size_t i = 0; i < d->n; i++)
+        free(d->doc[i]);
+    free(d->doc);
+    free(d->len);
+    memset(d, 0, sizeof *d);
+}
+
+int kvedge_cli_docs_add(kvedge_cli_docs_t *d, int32_t *ids, size_t n)
+{
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? 2 * d->cap : 64;
+        int32_t **doc = realloc(d->doc, cap * sizeof *doc);
+        if (doc)
+            d->doc = doc;
+        size_t *len = doc ? realloc(d->len, cap * sizeof *len) : NULL;
+        if (!len) {
+            free(ids);
+            return -1;
+        }
+        d->len = len;
+        d->cap = cap;
+    }
+    d->doc[d->n] = ids;
+    d->len[d->n++] = n;
+    return 0;
+}
+
+int kvedge_cli_load_model(const char *cmd, const char *path, const char *side,
+                          kvedge_decoder_t **out)
+{
+    kvedge_decoder_t *md = kvedge_decoder_new();
+    int rc = md ? kvedge_decoder_load(md, path, 0) : KVEDGE_ENOMEM;
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("%s: cannot load the %s model %s: %s%s%s", cmd, side, path,
+                         kvedge_strerror(rc), md && *kvedge_decoder_error(md) ? ": " : "",
+                         md ? kvedge_decoder_error(md) : "");
+        kvedge_decoder_destroy(&md);
+        return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
+    }
+    *out = md;
+    return KVEDGE_EXIT_OK;
 }

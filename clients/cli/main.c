@@ -22,9 +22,6 @@ static const kvedge_cli_cmd_t *s_find_remote(const char *name)
     return NULL;
 }
 
-/* `kvedge lseval` (clients/cli/cli_lseval.c). */
-extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];
-
 static const kvedge_cli_cmd_t *const s_tables[] = {
     kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,
     kvedge_cli_master_cmds,   kvedge_cli_proxy_cmds,
