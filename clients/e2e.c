@@ -689,6 +689,14 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
         size_t theirs = kvedge_e2e_slot_bytes(n, ct, mm->kv_heads, mm->head_dim);
         slot_bytes = theirs > slot_bytes ? theirs : slot_bytes;
     }
+    /* The ring (e2e.h, KVEDGE_E2E_RING_DEFAULT): on this CPU path 2 slots double-buffer, the
+     * I/O thread staging one layer while the loader dequantizes the one before; dequantizing a
+     * layer takes less than receiving it, so more slots only held memory (4 slots: the same
+     * TTFT, docs/benchmarks.md "Fetched K/V in place"). Each slot keeps room for a whole layer
+     * in lossless fp32 (kvedge_e2e_slot_bytes), so whatever scheme arrives fits. */
+    uint32_t ring = req->ring_slots ? req->ring_slots : KVEDGE_E2E_RING_DEFAULT;
+    if (ring > L)
+        ring = L;
     if (rc == KVEDGE_OK) {
         for (uint32_t l = 0; l < L && rc == KVEDGE_OK; l++) {
             float *sk = NULL, *sv = NULL;
@@ -719,7 +727,7 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
             .v = vd,
             .token_offset = 0,
             .on_device = false,
-            .ring_slots = req->ring_slots,
+            .ring_slots = ring,
             .slot_bytes = slot_bytes,
             .compute_us = cu,
             .recompute_us = ru,

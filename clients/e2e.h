@@ -98,6 +98,14 @@ typedef struct {
  * more. */
 #define KVEDGE_E2E_GROUP_MIN 4
 
+/* Ring slots kvedge_e2e_decode gives its pipeline when the request leaves ring_slots 0 (at
+ * most the decoder's layers). Its loader runs on the CPU (the destination is the session's
+ * host K/V): 2 slots double-buffer, the I/O thread staging layer l + 1 while the loader
+ * dequantizes layer l, which takes less than receiving a layer, so the pipeline's 4
+ * (KVEDGE_PIPELINE_RING_DEFAULT) only held memory: docs/benchmarks.md, "Fetched K/V in place"
+ * (4 slots until then: the same TTFT; kvedge's K/V 1.26 / 1.27x edge-only's -> 1.11 / 1.12x). */
+#define KVEDGE_E2E_RING_DEFAULT 2
+
 /* Bytes one pipeline ring slot needs for a whole layer of an n-token context cut into chunks
  * of ct, whatever the cloud stored: lossless fp32, fp16, int8, int4 with groups of
  * KVEDGE_E2E_GROUP_MIN or more (the sizing kvedge_e2e_decode uses). */
@@ -175,8 +183,9 @@ typedef struct {
      * layer times of earlier decodes, see kvedge_e2e_decode) so it may plan layers as
      * "recompute"; false: fetch only, only layers nobody has are computed. */
     bool plan_recompute;
-    uint32_t ring_slots; /* pipeline ring; 0 = its default */
-    int deadline_ms;     /* the fetch's deadline; 0 = the client's default */
+    /* Pipeline ring slots (each sized by kvedge_e2e_slot_bytes); 0 = KVEDGE_E2E_RING_DEFAULT. */
+    uint32_t ring_slots;
+    int deadline_ms; /* the fetch's deadline; 0 = the client's default */
     /* Large–small (KVEDGE_E2E_KVEDGE only; both or neither): the cloud model whose layers may
      * stand in for the decoder's (its record: id as the proxy knows it, layers, kv_heads =
      * heads, head_dim), and the adapter from it (clients/adapter.h; its cloud_id must be

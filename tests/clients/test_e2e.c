@@ -369,8 +369,8 @@ static void s_prefill(const char *ep, const kvedge_e2e_quant_t *q, kvedge_e2e_pr
     kvedge_client_destroy(&c);
 }
 
-/* Puts layers [l0, l1) of the context (fp32 source as scheme: lossless or int8, encoded here,
- * not by kvedge_e2e) to the node at ep, after registering the model there. */
+/* Puts layers [l0, l1) of the context (fp32 source as scheme: lossless, int8 or int4, encoded
+ * here, not by kvedge_e2e) to the node at ep, after registering the model there. */
 static void s_put_layers_as(const char *ep, uint32_t l0, uint32_t l1, kvedge_scheme_t scheme)
 {
     const uint32_t H = s_fx.c->heads, D = s_fx.c->head_dim;
@@ -962,10 +962,11 @@ static uint32_t s_decode_copying(kvedge_client_t *pc, float *logits, int32_t *to
 }
 
 /* kvedge mode dequantizes straight into the decoder session's K/V: the same logits and tokens
- * as the copying path to the bit, lossless and int8, with misses at the first and last layers
- * and at the middle one; and the fetched K/V costs nothing beyond the ring: kvedge's K/V
- * bytes are edge-only's plus the ring (plus the rerun scratch its misses after fetched
- * layers take). */
+ * as the copying path to the bit, lossless fp32, int8 and int4, with misses at the first and
+ * last layers and at the middle one, through the default ring (KVEDGE_E2E_RING_DEFAULT slots,
+ * fewer than the layers: slots are reused); and the fetched K/V costs nothing beyond the
+ * ring: kvedge's K/V bytes are edge-only's plus the ring (plus the rerun scratch its misses
+ * after fetched layers take). */
 static void test_in_place_matches_copying(void **state)
 {
     (void)state;
@@ -982,16 +983,19 @@ static void test_in_place_matches_copying(void **state)
     const uint64_t hid = (uint64_t)S_CTX * s_fx.c->hidden * sizeof(float);
     assert_int_equal(local_bytes, sess + hid);
     const uint64_t tmp = 2ull * s_fx.kvf * sizeof(float);
-    const uint64_t ring =
-        (uint64_t)(L < KVEDGE_PIPELINE_RING_DEFAULT ? L : KVEDGE_PIPELINE_RING_DEFAULT) *
-        kvedge_e2e_slot_bytes(S_CTX, S_CHUNK, s_fx.c->heads, s_fx.c->head_dim);
+    const uint64_t ring = (uint64_t)(L < KVEDGE_E2E_RING_DEFAULT ? L : KVEDGE_E2E_RING_DEFAULT) *
+                          kvedge_e2e_slot_bytes(S_CTX, S_CHUNK, s_fx.c->heads, s_fx.c->head_dim);
+    /* The default ring is smaller than the fixture's layers: a slot is reused mid-fetch. */
+    assert_true(KVEDGE_E2E_RING_DEFAULT < L);
 
-    const kvedge_scheme_t schemes[] = {KVEDGE_SCHEME_LOSSLESS, KVEDGE_SCHEME_INT8};
+    /* Lossless fp32 (the largest a slot must hold), int8 and int4 through the default ring. */
+    const kvedge_scheme_t schemes[] = {KVEDGE_SCHEME_LOSSLESS, KVEDGE_SCHEME_INT8,
+                                       KVEDGE_SCHEME_INT4};
     /* Stored layers [l0, l1) ∪ [l2, l3): misses at 0 and 2 (layer 1 stored), then at 1. */
     const uint32_t held[2][4] = {{1, 2, 2, 2}, {0, 1, 2, 3}};
     const uint32_t missed[2] = {0x5, 0x2};
     int n = 0;
-    for (int si = 0; si < 2; si++)
+    for (int si = 0; si < 3; si++)
         for (int hi = 0; hi < 2; hi++) {
             char name[32], pname[32], spec[400], pep[300];
             snprintf(name, sizeof name, "inplace%d", n);
@@ -1027,7 +1031,7 @@ static void test_in_place_matches_copying(void **state)
             /* Both have a computed layer after a fetched one: the rerun scratch. */
             assert_int_equal(r->kv_bytes, local_bytes + tmp + ring);
             float d = s_max_diff(got, s_fx.ref, V);
-            if (schemes[si] == KVEDGE_SCHEME_INT8)
+            if (schemes[si] != KVEDGE_SCHEME_LOSSLESS)
                 assert_true(d > 0); /* the fetched (lossy) K/V was used */
             else
                 assert_true(d <= S_TOL_LOSSLESS);
