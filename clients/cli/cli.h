@@ -136,6 +136,13 @@ void kvedge_cli_docs_free(kvedge_cli_docs_t *d);
  * memory). */
 int kvedge_cli_docs_add(kvedge_cli_docs_t *d, int32_t *ids, size_t n);
 
+/* Chapters of a text: the pieces between blank lines ("\n\n"), each encoded with "\n\n" after
+ * it (as scripts/train_models.py splits and encodes chapters) by the tokenizer in dir, one
+ * document each, appended to d; every id must lie below vocab (else KVEDGE_EXIT_USAGE).
+ * Errors printed with CMD, returned as an exit code. */
+int kvedge_cli_read_chapters(const char *cmd, const char *dir, const char *path, size_t max_bytes,
+                             uint32_t vocab, kvedge_cli_docs_t *d);
+
 /* Loads OPT weights (clients/decoder/decoder.h) into a new model in *out; errors printed as
  * "CMD: cannot load the SIDE model PATH: reason" and returned as an exit code (failure for
  * I/O and memory, usage for a file that is not such weights). */

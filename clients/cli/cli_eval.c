@@ -159,66 +159,6 @@ static int s_read_ids(const char *path, uint32_t vocab, kvedge_cli_docs_t *d)
     return ex;
 }
 
-/* Documents from text: pieces between blank lines ("\n\n"), each encoded with "\n\n" after
- * it, as scripts/train_models.py splits and encodes chapters. Returns an exit code. */
-static int s_read_text(const char *dir, const char *path, uint32_t vocab, kvedge_cli_docs_t *d)
-{
-    char why[512] = "";
-    kvedge_tokenizer_t *t = NULL;
-    int rc = kvedge_tokenizer_load_dir(dir, &t, why, sizeof why);
-    if (rc != KVEDGE_OK) {
-        kvedge_cli_error("eval: cannot load the tokenizer %s: %s", dir,
-                         why[0] ? why : kvedge_strerror(rc));
-        return KVEDGE_EXIT_FAILURE;
-    }
-    char *text = NULL;
-    size_t len = 0;
-    int ex = kvedge_cli_slurp("eval", "the text", path, S_FILE_MAX_BYTES, &text, &len);
-    char *piece = ex ? NULL : malloc(len + 3);
-    if (!ex && !piece)
-        ex = KVEDGE_EXIT_FAILURE;
-    for (const char *p = text; !ex && p && p < text + len;) {
-        const char *e = strstr(p, "\n\n");
-        size_t n = e ? (size_t)(e - p) : (size_t)(text + len - p);
-        bool empty = true;
-        for (size_t i = 0; i < n && empty; i++)
-            empty = isspace((unsigned char)p[i]) != 0;
-        if (!empty) {
-            memcpy(piece, p, n);
-            memcpy(piece + n, "\n\n", 3);
-            int32_t *ids = NULL;
-            size_t k = 0;
-            rc = kvedge_tokenizer_encode(t, piece, n + 2, &ids, &k);
-            if (rc != KVEDGE_OK) {
-                kvedge_cli_error("eval: cannot tokenize document %zu of %s: %s", d->n + 1, path,
-                                 kvedge_strerror(rc));
-                ex = KVEDGE_EXIT_FAILURE;
-                break;
-            }
-            for (size_t i = 0; i < k; i++)
-                if (ids[i] < 0 || (uint32_t)ids[i] >= vocab) {
-                    kvedge_cli_error("eval: the tokenizer gave id %d, outside the model's "
-                                     "vocabulary of %u",
-                                     ids[i], vocab);
-                    ex = KVEDGE_EXIT_USAGE;
-                    break;
-                }
-            if (ex || kvedge_cli_docs_add(d, ids, k) != 0) {
-                if (ex)
-                    free(ids);
-                else
-                    ex = KVEDGE_EXIT_FAILURE;
-                break;
-            }
-        }
-        p = e ? e + 2 : NULL;
-    }
-    free(piece);
-    free(text);
-    kvedge_tokenizer_destroy(&t);
-    return ex;
-}
-
 /* ---------------------------------------------------------------- the in-process deployment */
 
 typedef struct {
@@ -635,7 +575,8 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
     if (!ex && ids_file)
         ex = s_read_ids(ids_file, cfg->vocab, &docs);
     if (!ex && text_file)
-        ex = s_read_text(tok_dir, text_file, cfg->vocab, &docs);
+        ex = kvedge_cli_read_chapters("eval", tok_dir, text_file, S_FILE_MAX_BYTES, cfg->vocab,
+                                      &docs);
     size_t longest = 0;
     for (size_t i = 0; !ex && i < docs.n; i++)
         longest = docs.len[i] > longest ? docs.len[i] : longest;

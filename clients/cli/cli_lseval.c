@@ -78,64 +78,23 @@ static const char s_help[] =
 static int s_read_docs(const char *dir, const char *path, uint32_t vocab, size_t doc_tokens,
                        kvedge_cli_docs_t *d, size_t *chapters, size_t *longest)
 {
-    char why[512] = "";
-    kvedge_tokenizer_t *t = NULL;
-    int rc = kvedge_tokenizer_load_dir(dir, &t, why, sizeof why);
-    if (rc != KVEDGE_OK) {
-        kvedge_cli_error("lseval: cannot load the tokenizer %s: %s", dir,
-                         why[0] ? why : kvedge_strerror(rc));
-        return KVEDGE_EXIT_FAILURE;
-    }
-    char *text = NULL;
-    size_t len = 0;
-    int ex = kvedge_cli_slurp("lseval", "the text", path, S_TEXT_MAX_BYTES, &text, &len);
-    char *piece = ex ? NULL : malloc(len + 3);
-    if (!ex && !piece)
-        ex = KVEDGE_EXIT_FAILURE;
-    *chapters = *longest = 0;
-    for (const char *p = text; !ex && p && p < text + len;) {
-        const char *e = strstr(p, "\n\n");
-        size_t n = e ? (size_t)(e - p) : (size_t)(text + len - p);
-        bool empty = true;
-        for (size_t i = 0; i < n && empty; i++)
-            empty = isspace((unsigned char)p[i]) != 0;
-        if (!empty) {
-            memcpy(piece, p, n);
-            memcpy(piece + n, "\n\n", 3);
-            int32_t *ids = NULL;
-            size_t k = 0;
-            rc = kvedge_tokenizer_encode(t, piece, n + 2, &ids, &k);
-            if (rc != KVEDGE_OK) {
-                kvedge_cli_error("lseval: cannot tokenize chapter %zu of %s: %s", *chapters + 1,
-                                 path, kvedge_strerror(rc));
+    kvedge_cli_docs_t ch = {0};
+    int ex = kvedge_cli_read_chapters("lseval", dir, path, S_TEXT_MAX_BYTES, vocab, &ch);
+    *chapters = ch.n;
+    *longest = 0;
+    for (size_t c = 0; !ex && c < ch.n; c++) {
+        *longest = ch.len[c] > *longest ? ch.len[c] : *longest;
+        for (size_t at = 0; !ex && at + doc_tokens <= ch.len[c]; at += doc_tokens) {
+            int32_t *copy = malloc(doc_tokens * sizeof *copy);
+            if (copy)
+                memcpy(copy, ch.doc[c] + at, doc_tokens * sizeof *copy);
+            if (!copy || kvedge_cli_docs_add(d, copy, doc_tokens) != 0) {
+                kvedge_cli_error("lseval: out of memory");
                 ex = KVEDGE_EXIT_FAILURE;
-                break;
             }
-            for (size_t i = 0; i < k && !ex; i++)
-                if (ids[i] < 0 || (uint32_t)ids[i] >= vocab) {
-                    kvedge_cli_error("lseval: the tokenizer gave id %d, outside the models' "
-                                     "vocabulary of %u",
-                                     ids[i], vocab);
-                    ex = KVEDGE_EXIT_USAGE;
-                }
-            (*chapters)++;
-            *longest = k > *longest ? k : *longest;
-            for (size_t at = 0; !ex && at + doc_tokens <= k; at += doc_tokens) {
-                int32_t *copy = malloc(doc_tokens * sizeof *copy);
-                if (copy)
-                    memcpy(copy, ids + at, doc_tokens * sizeof *copy);
-                if (!copy || kvedge_cli_docs_add(d, copy, doc_tokens) != 0) {
-                    kvedge_cli_error("lseval: out of memory");
-                    ex = KVEDGE_EXIT_FAILURE;
-                }
-            }
-            free(ids);
         }
-        p = e ? e + 2 : NULL;
     }
-    free(piece);
-    free(text);
-    kvedge_tokenizer_destroy(&t);
+    kvedge_cli_docs_free(&ch);
     return ex;
 }
 

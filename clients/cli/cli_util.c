@@ -1,5 +1,6 @@
 /* Helpers of the kvedge command: errors, exit codes, store opening, number formats, JSON. */
 #include <czmq.h>
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 
 #include "clients/cli/cli.h"
 #include "clients/decoder/decoder.h"
+#include "clients/decoder/tokenizer.h"
 #include "access/log.h"
 #include "clients/kvedge.h"
 #include "store/error.h"
@@ -380,6 +382,65 @@ int kvedge_cli_docs_add(kvedge_cli_docs_t *d, int32_t *ids, size_t n)
     d->doc[d->n] = ids;
     d->len[d->n++] = n;
     return 0;
+}
+
+int kvedge_cli_read_chapters(const char *cmd, const char *dir, const char *path, size_t max_bytes,
+                             uint32_t vocab, kvedge_cli_docs_t *d)
+{
+    char why[512] = "";
+    kvedge_tokenizer_t *t = NULL;
+    int rc = kvedge_tokenizer_load_dir(dir, &t, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("%s: cannot load the tokenizer %s: %s", cmd, dir,
+                         why[0] ? why : kvedge_strerror(rc));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    int ex = kvedge_cli_slurp(cmd, "the text", path, max_bytes, &text, &len);
+    char *piece = ex ? NULL : malloc(len + 3);
+    if (!ex && !piece) {
+        kvedge_cli_error("%s: out of memory reading %s", cmd, path);
+        ex = KVEDGE_EXIT_FAILURE;
+    }
+    for (const char *p = text; !ex && p && p < text + len;) {
+        const char *start = p;
+        const char *e = strstr(p, "\n\n");
+        size_t n = e ? (size_t)(e - p) : (size_t)(text + len - p);
+        bool empty = true;
+        for (size_t i = 0; i < n && empty; i++)
+            empty = isspace((unsigned char)p[i]) != 0;
+        p = e ? e + 2 : NULL;
+        if (empty)
+            continue;
+        memcpy(piece, start, n);
+        memcpy(piece + n, "\n\n", 3);
+        int32_t *ids = NULL;
+        size_t k = 0;
+        rc = kvedge_tokenizer_encode(t, piece, n + 2, &ids, &k);
+        if (rc != KVEDGE_OK) {
+            kvedge_cli_error("%s: cannot tokenize chapter %zu of %s: %s", cmd, d->n + 1, path,
+                             kvedge_strerror(rc));
+            ex = KVEDGE_EXIT_FAILURE;
+            break;
+        }
+        for (size_t i = 0; i < k && !ex; i++)
+            if (ids[i] < 0 || (uint32_t)ids[i] >= vocab) {
+                kvedge_cli_error("%s: the tokenizer gave id %d, outside the vocabulary of %u", cmd,
+                                 ids[i], vocab);
+                ex = KVEDGE_EXIT_USAGE;
+            }
+        if (ex)
+            free(ids);
+        else if (kvedge_cli_docs_add(d, ids, k) != 0) {
+            kvedge_cli_error("%s: out of memory reading %s", cmd, path);
+            ex = KVEDGE_EXIT_FAILURE;
+        }
+    }
+    free(piece);
+    free(text);
+    kvedge_tokenizer_destroy(&t);
+    return ex;
 }
 
 int kvedge_cli_load_model(const char *cmd, const char *path, const char *side,
