@@ -284,10 +284,12 @@ static int s_encode_layer(s_enc_t *e, uint32_t l, kvedge_e2e_prefill_stats_t *st
     return KVEDGE_OK;
 }
 
-int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kvedge_model_t *m,
-                       const int32_t *ctx, uint32_t n, uint32_t chunk_tokens,
-                       const kvedge_e2e_quant_t *q, kvedge_chunk_id_t *ids, size_t max,
-                       kvedge_e2e_prefill_stats_t *stats)
+/* kvedge_e2e_prefill and kvedge_e2e_prefill_kv: the context's K/V computed here (k_in NULL)
+ * or given. */
+static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kvedge_model_t *m,
+                     const int32_t *ctx, uint32_t n, uint32_t chunk_tokens,
+                     const kvedge_e2e_quant_t *q, const float *k_in, const float *v_in,
+                     kvedge_chunk_id_t *ids, size_t max, kvedge_e2e_prefill_stats_t *stats)
 {
     kvedge_e2e_prefill_stats_t st;
     memset(&st, 0, sizeof st);
@@ -309,8 +311,8 @@ int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const 
 
     const size_t kvf = kvedge_decoder_kv_floats(d, n);
     s_enc_t e = {.d = d, .m = m, .q = q, .ids = ids, .n_chunks = n_chunks, .n = n, .ct = ct};
-    float *k = malloc((size_t)c->layers * kvf * sizeof(float));
-    float *v = malloc((size_t)c->layers * kvf * sizeof(float));
+    float *k = k_in ? NULL : malloc((size_t)c->layers * kvf * sizeof(float));
+    float *v = k_in ? NULL : malloc((size_t)c->layers * kvf * sizeof(float));
     size_t src_bytes = (size_t)ct * c->head_dim * kvedge_dtype_size(q->dtype);
     e.src_k = malloc(src_bytes);
     e.src_v = malloc(src_bytes);
@@ -340,16 +342,16 @@ int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const 
         e.arena_cap += c->heads * ((bound + 7) & ~(size_t)7);
     }
     e.arena = rc == KVEDGE_OK ? malloc(e.arena_cap) : NULL;
-    if (rc == KVEDGE_OK && (!k || !v || !e.src_k || !e.src_v || !e.items || !e.arena))
+    if (rc == KVEDGE_OK && ((!k_in && (!k || !v)) || !e.src_k || !e.src_v || !e.items || !e.arena))
         rc = KVEDGE_ENOMEM;
 
-    if (rc == KVEDGE_OK) {
+    if (rc == KVEDGE_OK && !k_in) {
         uint64_t t0 = s_now_us();
         rc = kvedge_decoder_prefill(d, ctx, n, NULL, k, v);
         st.prefill_us = s_since(t0);
     }
-    e.k = k;
-    e.v = v;
+    e.k = k_in ? k_in : k;
+    e.v = k_in ? v_in : v;
     if (rc == KVEDGE_OK) {
         uint64_t t0 = s_now_us();
         rc = kvedge_client_put_model(cloud, m);
@@ -375,6 +377,25 @@ int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const 
     if (stats)
         *stats = st;
     return rc;
+}
+
+int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kvedge_model_t *m,
+                       const int32_t *ctx, uint32_t n, uint32_t chunk_tokens,
+                       const kvedge_e2e_quant_t *q, kvedge_chunk_id_t *ids, size_t max,
+                       kvedge_e2e_prefill_stats_t *stats)
+{
+    return s_prefill(cloud, d, m, ctx, n, chunk_tokens, q, NULL, NULL, ids, max, stats);
+}
+
+int kvedge_e2e_prefill_kv(kvedge_client_t *cloud, const kvedge_decoder_t *d,
+                          const kvedge_model_t *m, const int32_t *ctx, uint32_t n,
+                          uint32_t chunk_tokens, const kvedge_e2e_quant_t *q, const float *k,
+                          const float *v, kvedge_chunk_id_t *ids, size_t max,
+                          kvedge_e2e_prefill_stats_t *stats)
+{
+    if (!k || !v)
+        return KVEDGE_EINVAL;
+    return s_prefill(cloud, d, m, ctx, n, chunk_tokens, q, k, v, ids, max, stats);
 }
 
 /* ---------------------------------------------------------------- the emulated cloud model */

@@ -135,6 +135,16 @@ int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const 
                        const kvedge_e2e_quant_t *q, kvedge_chunk_id_t *ids, size_t max,
                        kvedge_e2e_prefill_stats_t *stats);
 
+/* kvedge_e2e_prefill with the context's K/V computed elsewhere (a GPU cloud model, gpu/opt.h):
+ * k and v hold layers * kvedge_decoder_kv_floats(d, n) floats each, [layers][heads][n][head_dim]
+ * (what kvedge_decoder_prefill writes); d gives the shape only and is not run (stats'
+ * prefill_us is 0). Errors: those of kvedge_e2e_prefill; KVEDGE_EINVAL for a NULL k or v. */
+int kvedge_e2e_prefill_kv(kvedge_client_t *cloud, const kvedge_decoder_t *d,
+                          const kvedge_model_t *m, const int32_t *ctx, uint32_t n,
+                          uint32_t chunk_tokens, const kvedge_e2e_quant_t *q, const float *k,
+                          const float *v, kvedge_chunk_id_t *ids, size_t max,
+                          kvedge_e2e_prefill_stats_t *stats);
+
 /* The emulated cloud model service of the cloud-only baseline: holds the context's K/V (its
  * prefix cache) and serves one request at a time behind an emulated link. */
 typedef struct kvedge_e2e_cloud_t kvedge_e2e_cloud_t;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clients/decoder/decoder_gpu.h"
 #include "clients/decoder/decoder_impl.h"
 #include "clients/decoder/safetensors.h"
 #include "gpu/attn.h"
@@ -996,4 +997,57 @@ int kvedge_decoder_impl_costs(const kvedge_decoder_t *self, kvedge_decoder_impl_
         *cost = md->cost;
     pthread_mutex_unlock(&md->cost_lock);
     return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The GPU decoder's view of the weights (clients/decoder/decoder_gpu.h)                     */
+
+int kvedge_decoder_gpu_weights(const kvedge_decoder_t *model, kvedge_gpu_opt_weights_t *out)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!model || !out || !model->layer)
+        return KVEDGE_EINVAL;
+    const kvedge_decoder_config_t *c = &model->cfg;
+    kvedge_gpu_opt_layer_t *ly = calloc(c->layers, sizeof *ly);
+    if (!ly)
+        return KVEDGE_ENOMEM;
+    for (uint32_t l = 0; l < c->layers; l++) {
+        const s_layer_t *L = &model->layer[l];
+        ly[l] = (kvedge_gpu_opt_layer_t){
+            .ln1_w = L->ln1_w,
+            .ln1_b = L->ln1_b,
+            .wq = L->wq,
+            .bq = L->bq,
+            .wk = L->wk,
+            .bk = L->bk,
+            .wv = L->wv,
+            .bv = L->bv,
+            .wo = L->wo,
+            .bo = L->bo,
+            .ln2_w = L->ln2_w,
+            .ln2_b = L->ln2_b,
+            .fc1_w = L->fc1_w,
+            .fc1_b = L->fc1_b,
+            .fc2_w = L->fc2_w,
+            .fc2_b = L->fc2_b,
+        };
+    }
+    out->cfg = (kvedge_gpu_opt_config_t){c->layers, c->heads, c->head_dim,     c->hidden,
+                                         c->ffn,    c->vocab, c->max_positions};
+    out->embed_tokens = model->embed;
+    out->embed_positions = model->pos;
+    out->final_ln_w = model->lnf_w;
+    out->final_ln_b = model->lnf_b;
+    out->lm_head = model->head;
+    out->layer = ly;
+    return KVEDGE_OK;
+}
+
+void kvedge_decoder_gpu_weights_free(kvedge_gpu_opt_weights_t *w)
+{
+    if (!w)
+        return;
+    free((void *)w->layer);
+    memset(w, 0, sizeof *w);
 }

@@ -819,6 +819,58 @@ static void test_sources_identical(void **state)
     s_env_stop(&e);
 }
 
+/* K/V computed elsewhere (kvedge_e2e_prefill_kv: a GPU cloud hands its own) puts the same
+ * blocks as the cloud prefill that computes it: same counts and bytes, and a decode through
+ * either node gives bit-identical logits. NULL K/V is refused. */
+static void test_prefill_kv_same_blocks(void **state)
+{
+    (void)state;
+    const uint32_t V = s_fx.c->vocab, L = s_fx.c->layers;
+    s_env_t e;
+    s_env_start(&e);
+    s_node_t a, b;
+    s_node_start(&a, &e, "cloudA", KVEDGE_ROLE_CLOUD, false);
+    s_node_start(&b, &e, "cloudB", KVEDGE_ROLE_CLOUD, false);
+    kvedge_e2e_quant_t q;
+    s_quant(&q, KVEDGE_SCHEME_INT8, KVEDGE_DTYPE_FP16, false);
+    kvedge_e2e_prefill_stats_t sa, sb;
+    s_prefill(a.ep, &q, &sa);
+    kvedge_client_t *c = s_client(b.ep, S_DEADLINE);
+    kvedge_chunk_id_t ids[S_NCHUNK + 1];
+    assert_int_equal(kvedge_e2e_prefill_kv(c, s_fx.dec, &s_fx.model, s_fx.ctx, S_CTX, S_CHUNK, &q,
+                                           NULL, s_fx.cv, ids, S_NCHUNK + 1, &sb),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_e2e_prefill_kv(c, s_fx.dec, &s_fx.model, s_fx.ctx, S_CTX, S_CHUNK, &q,
+                                           s_fx.ck, s_fx.cv, ids, S_NCHUNK + 1, &sb),
+                     KVEDGE_OK);
+    kvedge_client_destroy(&c);
+    assert_memory_equal(ids, s_fx.ids, sizeof s_fx.ids);
+    assert_int_equal(sb.blocks, sa.blocks);
+    assert_int_equal(sb.bytes, sa.bytes);
+    assert_true(sb.prefill_us == 0 && sa.prefill_us > 0); /* nothing was computed */
+
+    float *la = s_logits(), *lb = s_logits();
+    kvedge_e2e_result_t *r = s_result();
+    char spec[2][400];
+    snprintf(spec[0], sizeof spec[0], "cloud cloudA %s", a.ep);
+    snprintf(spec[1], sizeof spec[1], "cloud cloudB %s", b.ep);
+    const char *want_a[S_MAXL], *want_b[S_MAXL];
+    for (uint32_t l = 0; l < L; l++) {
+        want_a[l] = "cloudA";
+        want_b[l] = "cloudB";
+    }
+    const char *specs_a[] = {spec[0]}, *specs_b[] = {spec[1]};
+    s_decode_via(&e, "proxy-a", specs_a, 1, want_a, la, r);
+    s_decode_via(&e, "proxy-b", specs_b, 1, want_b, lb, r);
+    assert_memory_equal(la, lb, V * sizeof(float));
+    free(r);
+    free(la);
+    free(lb);
+    s_node_stop(&b);
+    s_node_stop(&a);
+    s_env_stop(&e);
+}
+
 /* ---------------------------------------------------------------- 4. misses */
 
 /* The source holds only the shallow layers: the rest come back as misses and are computed
@@ -1614,6 +1666,7 @@ int main(void)
         cmocka_unit_test(test_lossless_matches_local),
         cmocka_unit_test(test_quantized_within_bounds),
         cmocka_unit_test(test_sources_identical),
+        cmocka_unit_test(test_prefill_kv_same_blocks),
         cmocka_unit_test(test_miss_recomputed),
         cmocka_unit_test(test_in_place_matches_copying),
         cmocka_unit_test(test_prompt_never_leaves_edge),
