@@ -165,6 +165,20 @@ static uint8_t *s_row(const kvedge_kv_dst_t *d, uint32_t h, uint32_t p)
     return (uint8_t *)d->base + ((page * d->page_size + p % d->page_size) * d->heads + h) * row;
 }
 
+/* Positions p.. (at most max) whose rows of one head are equally spaced in d, and that spacing
+ * in bytes: every remaining row when contiguous, the rest of p's page when paged. */
+static uint32_t s_run(const kvedge_kv_dst_t *d, uint32_t p, uint32_t max, size_t *stride)
+{
+    const size_t row = (size_t)d->head_dim * kvedge_dtype_size(d->dtype);
+    if (d->layout == KVEDGE_KV_CONTIG) {
+        *stride = row;
+        return max;
+    }
+    *stride = row * d->heads;
+    const uint32_t left = d->page_size - p % d->page_size;
+    return left < max ? left : max;
+}
+
 /* Scratch shared by the row loops of one block. */
 typedef struct {
     float scale[KVEDGE_BLOCK_MAX_HEAD_DIM];
@@ -194,6 +208,8 @@ static void s_lossless(const kvedge_dequant_block_t *b, const kvedge_dq_layout_t
             } else {
                 memcpy(dst, src, (size_t)D * es);
             }
+        } else if (kd->dtype == KVEDGE_DTYPE_FP32 && !b->masked) { /* no scratch row */
+            kvedge_convert_to_f32(b->dtype, src, kc, (float *)dst);
         } else {
             kvedge_convert_to_f32(b->dtype, src, kc, s->row);
             const float *w = s->row;
@@ -211,6 +227,8 @@ static void s_lossless(const kvedge_dequant_block_t *b, const kvedge_dq_layout_t
         uint8_t *dst = s_row(vd, b->head, b->offset + t);
         if (vd->dtype == b->dtype) {
             memcpy(dst, src, (size_t)D * es);
+        } else if (vd->dtype == KVEDGE_DTYPE_FP32) {
+            kvedge_convert_to_f32(b->dtype, src, D, (float *)dst);
         } else {
             kvedge_convert_to_f32(b->dtype, src, D, s->row);
             kvedge_convert_from_f32(vd->dtype, s->row, D, dst);
@@ -225,41 +243,49 @@ static void s_quant(const kvedge_dequant_block_t *b, const kvedge_dq_layout_t *l
     const uint32_t D = b->head_dim, kc = b->key_channels, G = l->kgroup;
     const uint16_t *kp = (const uint16_t *)(body + l->k_params);
     const uint16_t *vp = (const uint16_t *)(body + l->v_params);
-    /* Keys: a pruned row is widened first, dropped channels get code 0, scale 0, min 0, so
+    /* Keys of every channel: runs of rows that share a token group's params and are equally
+     * spaced in the destination, one call each. */
+    for (uint32_t t = 0; !b->masked && t < b->tokens;) {
+        if (t % G == 0)
+            kvedge_quant_params_expand(kp + (size_t)(t / G) * kc * 2, kc, s->scale, s->min);
+        const uint32_t group_end = (t / G + 1) * G < b->tokens ? (t / G + 1) * G : b->tokens;
+        size_t stride;
+        const uint32_t run = s_run(kd, b->offset + t, group_end - t, &stride);
+        kvedge_dequant_rows_out(body + l->k_codes + (size_t)t * l->krow, l->krow, run, l->bits, kc,
+                                s->scale, s->min, kd->dtype, s_row(kd, b->head, b->offset + t),
+                                stride);
+        t += run;
+    }
+    /* Pruned keys: a row is widened first, dropped channels get code 0, scale 0, min 0, so
      * they come out as exact zeros from the same arithmetic (as kvedge_block_decode does). */
-    for (uint32_t t = 0; t < b->tokens; t++) {
+    for (uint32_t t = 0; b->masked && t < b->tokens; t++) {
         const uint8_t *src = body + l->k_codes + (size_t)t * l->krow;
         if (t % G == 0) {
-            const uint16_t *p = kp + (size_t)(t / G) * kc * 2;
-            if (b->masked) {
-                kvedge_quant_params_expand(p, kc, s->kscale, s->kmin);
-                memset(s->scale, 0, sizeof(float) * D);
-                memset(s->min, 0, sizeof(float) * D);
-                for (uint32_t j = 0; j < kc; j++) {
-                    s->scale[s->plan.idx[j]] = s->kscale[j];
-                    s->min[s->plan.idx[j]] = s->kmin[j];
-                }
-            } else {
-                kvedge_quant_params_expand(p, kc, s->scale, s->min);
+            kvedge_quant_params_expand(kp + (size_t)(t / G) * kc * 2, kc, s->kscale, s->kmin);
+            memset(s->scale, 0, sizeof(float) * D);
+            memset(s->min, 0, sizeof(float) * D);
+            for (uint32_t j = 0; j < kc; j++) {
+                s->scale[s->plan.idx[j]] = s->kscale[j];
+                s->min[s->plan.idx[j]] = s->kmin[j];
             }
         }
-        unsigned rbits = l->bits;
-        if (b->masked) {
-            if (l->bits == 4) {
-                kvedge_quant_unpack4(src, kc, s->codes);
-                src = s->codes;
-            }
-            kvedge_expand_u8(&s->plan, src, s->wcodes);
-            src = s->wcodes;
-            rbits = 8;
+        if (l->bits == 4) {
+            kvedge_quant_unpack4(src, kc, s->codes);
+            src = s->codes;
         }
-        kvedge_dequant_row_out(src, rbits, b->masked ? D : kc, s->scale, s->min, kd->dtype,
+        kvedge_expand_u8(&s->plan, src, s->wcodes);
+        kvedge_dequant_row_out(s->wcodes, 8, D, s->scale, s->min, kd->dtype,
                                s_row(kd, b->head, b->offset + t));
     }
-    for (uint32_t t = 0; t < b->tokens; t++)
-        kvedge_dequant_row_grouped_out(body + l->v_codes + (size_t)t * l->vrow, l->bits, D,
-                                       vp + (size_t)t * l->v_groups * 2, b->group_size, vd->dtype,
-                                       s_row(vd, b->head, b->offset + t));
+    for (uint32_t t = 0; t < b->tokens;) {
+        size_t stride;
+        const uint32_t run = s_run(vd, b->offset + t, b->tokens - t, &stride);
+        kvedge_dequant_rows_grouped_out(body + l->v_codes + (size_t)t * l->vrow, l->vrow, run,
+                                        l->bits, D, vp + (size_t)t * l->v_groups * 2,
+                                        (size_t)l->v_groups * 2, b->group_size, vd->dtype,
+                                        s_row(vd, b->head, b->offset + t), stride);
+        t += run;
+    }
 }
 
 int kvedge_cpu_dequant(const kvedge_dequant_args_t *a)

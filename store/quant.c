@@ -133,6 +133,20 @@ S_AVX2 static void s_avx2_dequant_u8_bcast_fp16(const uint8_t *c, uint32_t n, fl
         out[i] = kvedge_f32_to_fp16((float)c[i] * scale + min);
 }
 
+S_AVX2 static void s_avx2_dequant_u8_bcast_f32(const uint8_t *c, uint32_t n, float scale, float min,
+                                               float *out)
+{
+    const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(min);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 q =
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i))));
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_mul_ps(q, vs), vm));
+    }
+    for (; i < n; i++)
+        out[i] = (float)c[i] * scale + min;
+}
+
 /* s_make_params over 8 groups at a time; returns the number of groups done (a multiple of 8),
  * or -1 if one of them is out of range. */
 S_AVX2 static int64_t s_avx2_make_params(const float *lo, const float *hi, uint32_t n,
@@ -1218,6 +1232,26 @@ static void s_dequant_u8(const uint8_t *c, uint32_t n, const float *scale, const
         out[i] = (float)c[i] * scale[i] + min[i];
 }
 
+KVEDGE_VECTOR_CLONES
+static void s_dequant_u8_bcast_ref(const uint8_t *c, uint32_t n, float scale, float min, float *out)
+{
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = (float)c[i] * scale + min;
+}
+
+/* out[i] = c[i] * scale + min: one group of a value row, the arithmetic of s_dequant_u8 with
+ * the pair broadcast. */
+static void s_dequant_u8_bcast(const uint8_t *c, uint32_t n, float scale, float min, float *out)
+{
+#if S_HAVE_AVX2
+    if (s_avx2()) {
+        s_avx2_dequant_u8_bcast_f32(c, n, scale, min, out);
+        return;
+    }
+#endif
+    s_dequant_u8_bcast_ref(c, n, scale, min, out);
+}
+
 void kvedge_dequant_row(const uint8_t *codes, unsigned bits, uint32_t n, const float *scale,
                         const float *min, float *out)
 {
@@ -1251,6 +1285,10 @@ void kvedge_dequant_row_out(const uint8_t *codes, unsigned bits, uint32_t n, con
         return;
     }
 #endif
+    if (out_dtype == KVEDGE_DTYPE_FP32) { /* straight into the destination: no scratch row */
+        kvedge_dequant_row(codes, bits, n, scale, min, out);
+        return;
+    }
     kvedge_dequant_row(codes, bits, n, scale, min, row);
     kvedge_convert_from_f32(out_dtype, row, n, out);
 }
@@ -1274,9 +1312,84 @@ void kvedge_dequant_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_
         return;
     }
 #endif
-    float scale[KVEDGE_BLOCK_MAX_HEAD_DIM], min[KVEDGE_BLOCK_MAX_HEAD_DIM];
-    kvedge_quant_params_expand_grouped(params, n, group, scale, min);
-    kvedge_dequant_row_out(codes, bits, n, scale, min, out_dtype, out);
+    uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    if (bits == 4) {
+        kvedge_quant_unpack4(codes, n, tmp);
+        codes = tmp;
+    }
+    /* One (scale, min) pair per group, broadcast: no per-channel arrays. fp32 goes straight to
+     * the destination, other dtypes through one scratch row. */
+    float row[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    float *f = out_dtype == KVEDGE_DTYPE_FP32 ? (float *)out : row;
+    for (uint32_t c0 = 0, gi = 0; c0 < n; c0 += g, gi++)
+        s_dequant_u8_bcast(codes + c0, n - c0 < g ? n - c0 : g, kvedge_fp16_to_f32(params[2 * gi]),
+                           kvedge_fp16_to_f32(params[2 * gi + 1]), f + c0);
+    if (f == row)
+        kvedge_convert_from_f32(out_dtype, row, n, out);
+}
+
+void kvedge_dequant_rows_out(const uint8_t *codes, size_t code_stride, uint32_t rows, unsigned bits,
+                             uint32_t n, const float *scale, const float *min, int out_dtype,
+                             void *out, size_t out_stride)
+{
+    uint8_t *o = out;
+#if S_HAVE_AVX2
+    if ((out_dtype == KVEDGE_DTYPE_FP16 || out_dtype == KVEDGE_DTYPE_FP32) && s_avx2()) {
+        uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
+        for (uint32_t r = 0; r < rows; r++) {
+            const uint8_t *c = codes + (size_t)r * code_stride;
+            if (bits == 4) {
+                kvedge_quant_unpack4(c, n, tmp);
+                c = tmp;
+            }
+            if (out_dtype == KVEDGE_DTYPE_FP16)
+                s_avx2_dequant_u8_fp16(c, n, scale, min, (uint16_t *)(o + (size_t)r * out_stride));
+            else
+                s_avx2_dequant_u8(c, n, scale, min, (float *)(o + (size_t)r * out_stride));
+        }
+        return;
+    }
+#endif
+    for (uint32_t r = 0; r < rows; r++)
+        kvedge_dequant_row_out(codes + (size_t)r * code_stride, bits, n, scale, min, out_dtype,
+                               o + (size_t)r * out_stride);
+}
+
+void kvedge_dequant_rows_grouped_out(const uint8_t *codes, size_t code_stride, uint32_t rows,
+                                     unsigned bits, uint32_t n, const uint16_t *params,
+                                     size_t param_stride, uint32_t group, int out_dtype, void *out,
+                                     size_t out_stride)
+{
+    uint8_t *o = out;
+#if S_HAVE_AVX2
+    if ((out_dtype == KVEDGE_DTYPE_FP16 || out_dtype == KVEDGE_DTYPE_FP32) && s_avx2()) {
+        const uint32_t g = (group == 0 || group > n) ? n : group;
+        uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
+        for (uint32_t r = 0; r < rows; r++) {
+            const uint8_t *c = codes + (size_t)r * code_stride;
+            const uint16_t *p = params + (size_t)r * param_stride;
+            uint8_t *dst = o + (size_t)r * out_stride;
+            if (bits == 4) {
+                kvedge_quant_unpack4(c, n, tmp);
+                c = tmp;
+            }
+            for (uint32_t c0 = 0, gi = 0; c0 < n; c0 += g, gi++) {
+                const uint32_t len = n - c0 < g ? n - c0 : g;
+                const float sc = kvedge_fp16_to_f32(p[2 * gi]),
+                            mn = kvedge_fp16_to_f32(p[2 * gi + 1]);
+                if (out_dtype == KVEDGE_DTYPE_FP16)
+                    s_avx2_dequant_u8_bcast_fp16(c + c0, len, sc, mn, (uint16_t *)dst + c0);
+                else
+                    s_avx2_dequant_u8_bcast_f32(c + c0, len, sc, mn, (float *)dst + c0);
+            }
+        }
+        return;
+    }
+#endif
+    for (uint32_t r = 0; r < rows; r++)
+        kvedge_dequant_row_grouped_out(codes + (size_t)r * code_stride, bits, n,
+                                       params + (size_t)r * param_stride, group, out_dtype,
+                                       o + (size_t)r * out_stride);
 }
 
 KVEDGE_VECTOR_CLONES

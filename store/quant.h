@@ -88,6 +88,17 @@ void kvedge_dequant_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_
                                     const uint16_t *params, uint32_t group, int out_dtype,
                                     void *out);
 
+/* The same over `rows` rows: code rows code_stride bytes apart, output rows out_stride bytes
+ * apart; keys with one set of per-element params (a token group), values with row r's pairs at
+ * params + r * param_stride. What a run of tokens of a block costs without a call per row. */
+void kvedge_dequant_rows_out(const uint8_t *codes, size_t code_stride, uint32_t rows, unsigned bits,
+                             uint32_t n, const float *scale, const float *min, int out_dtype,
+                             void *out, size_t out_stride);
+void kvedge_dequant_rows_grouped_out(const uint8_t *codes, size_t code_stride, uint32_t rows,
+                                     unsigned bits, uint32_t n, const uint16_t *params,
+                                     size_t param_stride, uint32_t group, int out_dtype, void *out,
+                                     size_t out_stride);
+
 /* SIMD kernels (AVX2 + F16C, chosen from CPUID: conversions, dequantization, and the fused
  * one-read-per-pass quantization of keys and values) give the same bits as the generic loops.
  * enable 0 forces the generic loops, 1 re-detects, -1 only asks. Returns 1 when the SIMD
