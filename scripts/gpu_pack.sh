@@ -9,6 +9,11 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 cd "$root"
+# The programs name their build directory (the kvedge binary, fixtures): gpu_run.sh recreates it
+# at the same place in the repository, so it must be a directory directly in the repository.
+case $build in
+'' | /* | *..* | */*) echo "gpu_pack: give a build directory directly in the repository (e.g. build)" >&2; exit 2 ;;
+esac
 [ -f "$build/CMakeCache.txt" ] || { echo "gpu_pack: $build is not a CMake build directory" >&2; exit 2; }
 find "$build/gpu" -name '*.cu.o' | grep -q . ||
     { echo "gpu_pack: $build was configured without CUDA (no gpu/*.cu.o)" >&2; exit 2; }
@@ -27,7 +32,7 @@ find "$build" -path '*/CMakeFiles' -prune -o \( -type f -o -type l \) \
     done
 # Shared libraries the programs load, but for the C library, the compiler's runtime and CUDA's
 # (the GPU machine's own are used).
-find .device/build -type f -perm -u+x | xargs ldd 2>/dev/null |
+find .device/build -type f -perm -u+x -exec ldd {} + 2>/dev/null |
     awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt)\.so' |
     while read -r lib; do cp -L "$lib" .device/lib/; done

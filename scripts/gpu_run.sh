@@ -28,7 +28,10 @@ if [ "$root" != /work/main ]; then
     mkdir -p /work
     [ -e /work/main ] || ln -s "$root" /work/main
 fi
-rm -rf "$root/$bdir" && ln -s "$root/.device/build" "$root/$bdir"
+case $bdir in
+'' | /* | *..* | */*) echo "gpu_run: .device/PACKED names no build directory: $bdir" >&2; exit 2 ;;
+esac
+rm -rf "${root:?}/${bdir:?}" && ln -s "$root/.device/build" "$root/$bdir"
 # Shared libraries: the machine's own where it has them, the package's otherwise.
 mkdir -p .device/use
 for lib in .device/lib/*; do
