@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "bench/bench_common.h"
+#include "bench/bench_spawn.h"
 #include "clients/kvedge.h"
 #include "clients/pipeline.h"
 #include "gpu/dequant.h"
@@ -67,44 +68,22 @@ static pid_t s_node_pid;
 
 static void s_stop_node(void)
 {
-    if (s_node_pid > 0) {
-        kill(s_node_pid, SIGTERM);
-        waitpid(s_node_pid, NULL, 0);
-        s_node_pid = 0;
-    }
+    bench_stop(&s_node_pid);
 }
 
-/* Starts `kvedge store` on ipc://dir/node.sock and waits for its ready line. with_metrics_off:
- * pass --metrics off (older binaries do not know the flag and exit at once). Returns false
- * when the node exited before it was ready. */
-static bool s_spawn_try(const char *kvedge, const char *dir, const char *ep, bool with_metrics_off)
+/* Starts `kvedge store` on ipc://dir/node.sock. with_metrics_off: pass --metrics off (older
+ * binaries do not know the flag and exit at once). Returns false when the node did not start. */
+static bool s_spawn_try(const char *kvedge, const char *dir, char *ep, bool with_metrics_off)
 {
     char data[300];
     snprintf(data, sizeof data, "%s/node", dir);
-    int pfd[2];
-    if (pipe(pfd) != 0)
-        exit(1);
-    s_node_pid = fork();
-    if (s_node_pid < 0)
-        exit(1);
-    if (s_node_pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], STDOUT_FILENO);
-        if (with_metrics_off)
-            execl(kvedge, "kvedge", "--data", data, "store", "--insecure", "--bind", ep,
-                  "--log-level", "warn", "--metrics", "off", (char *)NULL);
-        else
-            execl(kvedge, "kvedge", "--data", data, "store", "--insecure", "--bind", ep,
-                  "--log-level", "warn", (char *)NULL);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char line[400];
-    ssize_t n = read(pfd[0], line, sizeof line);
-    close(pfd[0]);
-    if (n > 0)
+    char *argv[] = {"kvedge", "--data",      data,   "store",     "--insecure", "--bind",
+                    ep,       "--log-level", "warn", "--metrics", "off",        NULL};
+    if (!with_metrics_off)
+        argv[9] = NULL; /* drop "--metrics off" */
+    s_node_pid = bench_spawn(kvedge, argv);
+    if (s_node_pid > 0)
         return true;
-    waitpid(s_node_pid, NULL, 0);
     s_node_pid = 0;
     return false;
 }

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "bench/bench_common.h"
+#include "bench/bench_spawn.h"
 #include "clients/decoder/decoder_gpu.h"
 #include "clients/e2e.h"
 #include "clients/pipeline.h"
@@ -110,30 +111,12 @@ static pid_t s_spawn(char *const argv[])
 {
     if (s_npids == S_MAX_PIDS)
         s_die("too many children", 0);
-    int pfd[2];
-    if (pipe(pfd) != 0)
-        s_die("pipe", 0);
-    pid_t pid = fork();
-    if (pid < 0)
-        s_die("fork", 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], STDOUT_FILENO);
-        close(pfd[0]);
-        execv(s_cfg.bin, argv);
-        _exit(127);
-    }
-    close(pfd[1]);
-    s_pids[s_npids++] = pid;
-    char line[400];
-    ssize_t got = read(pfd[0], line, sizeof line - 1);
-    close(pfd[0]);
-    if (got > 0)
-        line[got] = '\0';
-    if (got <= 0 || !strstr(line, "listening")) {
+    pid_t pid = bench_spawn(s_cfg.bin, argv);
+    if (pid < 0) {
         fprintf(stderr, "bench_gpu_e2e: %s %s did not start\n", s_cfg.bin, argv[1]);
         s_die("spawn", 0);
     }
+    s_pids[s_npids++] = pid;
     return pid;
 }
 
@@ -141,8 +124,7 @@ static void s_stop(pid_t pid)
 {
     for (int i = 0; i < s_npids; i++)
         if (s_pids[i] == pid) {
-            kill(pid, SIGTERM);
-            waitpid(pid, NULL, 0);
+            bench_stop(&pid);
             s_pids[i] = s_pids[--s_npids];
             return;
         }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bench/bench_common.h"
+#include "bench/bench_spawn.h"
 #include "clients/kvedge.h"
 #include "clients/pipeline.h"
 #include "gpu/dequant.h"
@@ -43,11 +44,7 @@ static pid_t s_node_pid;
 
 static void s_stop_node(void)
 {
-    if (s_node_pid > 0) {
-        kill(s_node_pid, SIGTERM);
-        waitpid(s_node_pid, NULL, 0);
-        s_node_pid = 0;
-    }
+    bench_stop(&s_node_pid);
 }
 
 /* CPU seconds used so far by this process and by the node (utime + stime), to tell a
@@ -76,25 +73,14 @@ static void s_spawn(const char *kvedge, const char *dir, char *ep, size_t ep_len
     char data[300];
     snprintf(ep, ep_len, "ipc://%s/node.sock", dir);
     snprintf(data, sizeof data, "%s/node", dir);
-    int pfd[2];
-    if (pipe(pfd) != 0)
-        exit(1);
-    s_node_pid = fork();
-    if (s_node_pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], STDOUT_FILENO);
-        execl(kvedge, "kvedge", "--data", data, "store", "--insecure", "--bind", ep, "--log-level",
-              "warn", "--metrics", "off", (char *)NULL);
-        _exit(127);
-    }
-    atexit(s_stop_node);
-    close(pfd[1]);
-    char line[400];
-    if (read(pfd[0], line, sizeof line) <= 0) {
+    char *argv[] = {"kvedge", "--data",      data,   "store",     "--insecure", "--bind",
+                    ep,       "--log-level", "warn", "--metrics", "off",        NULL};
+    s_node_pid = bench_spawn(kvedge, argv);
+    if (s_node_pid < 0) {
         fprintf(stderr, "bench_loader: the node did not start (%s)\n", kvedge);
         exit(1);
     }
-    close(pfd[0]);
+    atexit(s_stop_node);
 }
 
 static uint32_t s_chunk_tokens(uint32_t ci)
