@@ -442,6 +442,34 @@ static bool s_next_head(bool first, uint32_t last_chunk, uint16_t last_head, uin
     return chunk == last_chunk + 1 && head == 0 && (heads == 0 || heads == (uint32_t)last_head + 1);
 }
 
+/* ---------------------------------------------------------------- taking a block's frame */
+
+/* kvedge_client_block_take: the message being dispatched on this thread (set by s_io_message
+ * around s_io_stream / s_io_fetch) and the data pointer of the block an on_block callback is
+ * running for (set around the call only). Nothing after on_block reads the data frame: the
+ * actor accounts credit from the stream header and destroys what is left of the message. */
+static _Thread_local zmsg_t *s_tl_msg;
+static _Thread_local const uint8_t *s_tl_data;
+
+void *kvedge_client_block_take(void)
+{
+    if (!s_tl_msg || !s_tl_data)
+        return NULL;
+    for (zframe_t *f = zmsg_first(s_tl_msg); f; f = zmsg_next(s_tl_msg))
+        if (zframe_data(f) == s_tl_data) {
+            zmsg_remove(s_tl_msg, f); /* the message no longer owns it: destroy skips it */
+            s_tl_data = NULL;         /* taken once */
+            return f;
+        }
+    return NULL;
+}
+
+void kvedge_client_block_free(void *handle)
+{
+    zframe_t *f = handle;
+    zframe_destroy(&f);
+}
+
 /* One GET_LAYER message of stream r (already validated). Data messages must come in
  * (chunk, head) order within the credit granted; anything else fails the stream. */
 static void s_io_stream(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, size_t nframes)
@@ -481,8 +509,11 @@ static void s_io_stream(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, s
         io->due[io->n_due++] = r->id;
     const uint8_t *data = nframes == 2 ? io->frames[1].data : NULL;
     size_t len = nframes == 2 ? io->frames[1].len : 0;
-    if (r->on_block)
+    if (r->on_block) {
+        s_tl_data = data;
         r->on_block(r->ctx, s.chunk_index, s.head, s.status, data, len);
+        s_tl_data = NULL;
+    }
 }
 
 /* ---------------------------------------------------------------- FETCH streams */
@@ -589,9 +620,13 @@ static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, si
             f->last_chunk = b.chunk_index;
             f->last_head = b.head;
             f->layer_blocks++;
-            if (f->cbs.on_block)
-                f->cbs.on_block(r->ctx, b.layer, b.chunk_index, b.head, b.source, b.status,
-                                nframes == 2 ? fr[1].data : NULL, nframes == 2 ? fr[1].len : 0);
+            if (f->cbs.on_block) {
+                const uint8_t *data = nframes == 2 ? fr[1].data : NULL;
+                s_tl_data = data;
+                f->cbs.on_block(r->ctx, b.layer, b.chunk_index, b.head, b.source, b.status, data,
+                                nframes == 2 ? fr[1].len : 0);
+                s_tl_data = NULL;
+            }
         }
     } else { /* LAYER */
         kvedge_wire_fetch_layer_t l;
@@ -666,13 +701,13 @@ static void s_io_message(s_io_t *io, zmsg_t *m)
         s_finish(io, r, rc, r->stream);
         return;
     }
-    if (r->fetch) {
-        s_io_fetch(io, r, &h, n);
-        zmsg_destroy(&m);
-        return;
-    }
-    if (r->stream) {
-        s_io_stream(io, r, &h, n);
+    if (r->fetch || r->stream) {
+        s_tl_msg = m; /* an on_block callback may take its block's frame out of m */
+        if (r->fetch)
+            s_io_fetch(io, r, &h, n);
+        else
+            s_io_stream(io, r, &h, n);
+        s_tl_msg = NULL;
         zmsg_destroy(&m);
         return;
     }

@@ -150,6 +150,18 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
                             uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
                             size_t out_cap, uint32_t *heads);
 
+/* Zero-copy receive: takes ownership of the received ZeroMQ frame that holds the block an
+ * on_block callback (GET_LAYER's kvedge_block_fn, FETCH's kvedge_fetch_cbs_t.on_block) was
+ * just given, so its `data` stays valid after the callback returns, until the handle is
+ * freed. Call it only from inside such a callback, on the thread that runs it; returns the
+ * handle, or NULL outside a callback, for a miss (data NULL) or when already taken. The bytes
+ * are exactly the `data`, `len` of the call: verify them (kvedge_block_parse) as always. A
+ * held frame keeps its receive buffer alive (at most its own size plus ZeroMQ's receive batch,
+ * 8 KiB by default), so hold few, briefly. */
+void *kvedge_client_block_take(void);
+/* Frees a handle from kvedge_client_block_take (any thread; NULL-safe). */
+void kvedge_client_block_free(void *handle);
+
 /* Longest cached prefix: *hit receives how many leading chunks of ids the node holds whole
  * (every layer and head of the chunk's model). */
 int kvedge_client_lookup(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, size_t *hit);

@@ -2,11 +2,13 @@
  * I/O thread, drained by one loader thread that copies, dequantizes and marks layers ready.
  *
  * Locking: one mutex and one condition variable (monotonic clock) guard every layer's state,
- * the slots' ownership and the counters. The bytes of a slot are written without the lock by
- * the I/O thread while its layer is S_RECV (only that thread writes it then), and read
- * without the lock by the loader once the layer is S_READY (the hand-over happens under the
- * lock). Callbacks announce themselves in in_cb, so destroy can free the ring once none is
- * inside; the struct itself lives until the last stream that points at it has ended (refs). */
+ * the slots' ownership and the counters. The bytes of a slot (and the frames it holds for
+ * zero-copy bodies) are written without the lock by the I/O thread while its layer is S_RECV
+ * (only that thread writes it then), and read without the lock by the loader once the layer
+ * is S_READY (the hand-over happens under the lock); the frames are freed under the lock when
+ * the slot is released (s_slot_free), or by destroy once no callback is inside. Callbacks announce
+ * themselves in in_cb, so destroy can free the ring once none is inside; the struct itself lives
+ * until the last stream that points at it has ended (refs). */
 #include "clients/pipeline.h"
 
 #include <errno.h>
@@ -24,6 +26,13 @@
 /* wait() gives up this long after the deadline: the streams end by the deadline on the I/O
  * thread's timer, this only guards against a loader that never comes back. */
 #define S_WAIT_MARGIN_MS 250
+
+/* Zero-copy staging (CPU path): a block stored uncompressed whose body is at least this long
+ * and 4-byte aligned in its frame is dequantized from the received frame itself (taken from
+ * the client with kvedge_client_block_take) instead of being copied into the slot. Smaller
+ * bodies are copied: cheap, and a small frame may sit in ZeroMQ's shared receive buffer (8 KiB
+ * by default), which holding it would keep alive. */
+#define S_ZC_MIN_BYTES 4096
 
 /* kvedge_fetch_source_t kinds (proxy/plan.h kvedge_plan_kind_t) a store-node source maps to. */
 #define S_KIND_LOCAL 0
@@ -64,6 +73,8 @@ typedef struct {
     size_t used;                  /* bytes of bodies staged */
     kvedge_dequant_block_t *desc; /* one per (chunk, head), index chunk * stride + head */
     uint8_t *have;                /* the same, 1 once staged */
+    void **held;                  /* the same: a frame the body is read from in place, or NULL
+                                   * (copied into host); freed when the slot is released */
     kvedge_gpu_event_t *copied;   /* device path: after the slot's host-to-device copy */
     int layer;                    /* the layer using it, -1 when free */
 } s_slot_t;
@@ -111,6 +122,8 @@ struct kvedge_pipeline_t {
     uint32_t next_complete; /* device path: the oldest layer that may still be S_ISSUED */
     uint32_t resident, misses, failed, done;
     uint64_t wire_bytes, raw_bytes;
+    uint32_t zc_blocks;             /* blocks staged in place from their frame */
+    uint64_t zc_bytes;              /* their body bytes */
     uint64_t sent_bytes, msg_bytes; /* encoded request and stream message bytes */
     kvedge_fetch_plan_t *plan;      /* FETCH: the proxy's plan once have_plan; freed last */
     bool have_plan;
@@ -177,9 +190,21 @@ static int s_check_dst(const kvedge_kv_dst_t *d, const kvedge_model_t *m, uint64
 
 /* ---------------------------------------------------------------- layer state (locked) */
 
+/* Frees the frames slot s holds (zero-copy bodies): once its layer is dequantized, missed or
+ * failed, or the pipeline is destroyed. */
+static void s_slot_unhold(const kvedge_pipeline_t *p, s_slot_t *s)
+{
+    for (uint32_t j = 0; s->held && j < p->n_cap; j++)
+        if (s->held[j]) {
+            kvedge_client_block_free(s->held[j]);
+            s->held[j] = NULL;
+        }
+}
+
 static void s_slot_free(kvedge_pipeline_t *p, s_layer_t *l)
 {
     if (l->slot >= 0) {
+        s_slot_unhold(p, &p->slot[l->slot]);
         p->slot[l->slot].layer = -1;
         l->slot = -1;
     }
@@ -269,11 +294,15 @@ static void s_release(kvedge_pipeline_t *p)
 /* ---------------------------------------------------------------- receive (I/O thread) */
 
 /* Verifies one block and writes its decompressed body into l's slot, with its descriptor.
- * Runs without the lock (the I/O thread alone writes a S_RECV slot). Returns 0,
+ * On the CPU path a body stored uncompressed, aligned and not small is not copied: its frame
+ * is taken from the client (kvedge_client_block_take; only ever after kvedge_block_parse has
+ * verified the whole block) and the descriptor points into it; the slot still reserves the
+ * body's room, so what fits a slot does not depend on it. Runs without the lock (the I/O
+ * thread alone writes a S_RECV slot), inside the client's on_block callback. Returns 0,
  * KVEDGE_ENOTFOUND for a block that fails verification (treated as a miss, never used), or
  * the layer's error. */
 static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head,
-                   const uint8_t *data, size_t len, uint64_t *raw_bytes)
+                   const uint8_t *data, size_t len, uint64_t *raw_bytes, bool *zero_copy)
 {
     if (ci >= p->n_chunks || head >= p->stride)
         return KVEDGE_ESHAPE;
@@ -294,11 +323,22 @@ static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head
     const uint8_t *raw = NULL;
     if (kvedge_block_body(&info, s->host + pos, p->slot_bytes - pos, &raw) != KVEDGE_OK)
         return KVEDGE_ENOTFOUND;
-    if (raw != s->host + pos)
-        memcpy(s->host + pos, raw, info.raw_len); /* stored uncompressed: still in the frame */
+    const uint8_t *body = s->host + pos;
+    if (raw != body) { /* stored uncompressed: raw points into the (verified) frame */
+        if (!p->device && info.raw_len >= S_ZC_MIN_BYTES && ((uintptr_t)raw & 3u) == 0)
+            s->held[j] = kvedge_client_block_take();
+        if (s->held[j])
+            body = raw; /* read in place: the frame is ours until the slot is released */
+        else
+            memcpy(s->host + pos, raw, info.raw_len);
+    }
     uint32_t offset = p->token_offset + ci * p->chunk_tokens;
-    if (kvedge_dequant_block_init(&info, s->host + pos, head, offset, &s->desc[j]) != KVEDGE_OK)
+    if (kvedge_dequant_block_init(&info, body, head, offset, &s->desc[j]) != KVEDGE_OK) {
+        kvedge_client_block_free(s->held[j]);
+        s->held[j] = NULL;
         return KVEDGE_ESHAPE;
+    }
+    *zero_copy = s->held[j] != NULL;
     s->have[j] = 1;
     s->used = pos + info.raw_len;
     *raw_bytes = info.raw_len;
@@ -322,9 +362,14 @@ static void s_block_locked(kvedge_pipeline_t *p, s_layer_t *l, uint32_t ci, uint
     p->in_cb++;
     pthread_mutex_unlock(&p->mu);
     uint64_t raw = 0;
-    int rc = s_stage(p, &p->slot[l->slot], ci, head, data, len, &raw);
+    bool zc = false;
+    int rc = s_stage(p, &p->slot[l->slot], ci, head, data, len, &raw, &zc);
     pthread_mutex_lock(&p->mu);
     p->in_cb--;
+    if (zc) {
+        p->zc_blocks++;
+        p->zc_bytes += raw;
+    }
     if (rc == KVEDGE_ENOTFOUND)
         l->miss = true;
     else if (rc != KVEDGE_OK)
@@ -695,6 +740,8 @@ static void s_free_ring(kvedge_pipeline_t *p)
         kvedge_gpu_event_destroy(&s->copied);
         kvedge_gpu_dev_free(s->dev);
         kvedge_gpu_host_free(s->host);
+        s_slot_unhold(p, s); /* a layer still in the slot when destroyed */
+        free(s->held);
         free(s->desc);
         free(s->have);
     }
@@ -789,7 +836,8 @@ static int s_alloc_ring(kvedge_pipeline_t *p)
         s_slot_t *s = &p->slot[i];
         s->desc = calloc(p->n_cap, sizeof *s->desc);
         s->have = calloc(p->n_cap, 1);
-        if (!s->desc || !s->have)
+        s->held = calloc(p->n_cap, sizeof *s->held);
+        if (!s->desc || !s->have || !s->held)
             return KVEDGE_ENOMEM;
         int rc = kvedge_gpu_host_alloc(p->slot_bytes, (void **)&s->host);
         if (rc == KVEDGE_OK && p->device)
@@ -1040,6 +1088,8 @@ int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
         .done_us = p->done == p->layers ? (double)p->done_us : 0,
         .adapted = p->adapted,
         .adapt_us = (double)p->adapt_us,
+        .zero_copy_blocks = p->zc_blocks,
+        .zero_copy_bytes = p->zc_bytes,
     };
     for (size_t i = 0; layers && i < max && i < p->layers; i++) {
         const s_layer_t *l = &p->layer[i];

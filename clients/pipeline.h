@@ -4,7 +4,10 @@
  * kvedge_pipeline_open starts a fetch of layers [first_layer, first_layer + layers) of a
  * context and returns at once. Blocks arrive on the client's I/O thread; each is verified
  * (kvedge_block_parse) and its decompressed body (kvedge_block_body) written straight into the
- * ring slot of its layer: pinned host memory (gpu/stage.h). A complete layer goes to the
+ * ring slot of its layer: pinned host memory (gpu/stage.h). On the CPU path a body stored
+ * uncompressed (and 4-byte aligned, at least 4 KiB) is not copied at all: the verified block's
+ * received frame is taken from the client (kvedge_client_block_take) and dequantized in
+ * place, then freed with the slot (stats: zero_copy_blocks). A complete layer goes to the
  * pipeline's loader thread, which copies the slot to device memory on a copy stream, waits for
  * that copy on a compute stream, dequantizes the whole layer there in one kernel
  * (kvedge_gpu_dequant) and records the layer's event; without a device (or with a host
@@ -20,7 +23,11 @@
  * and a head the node reports missing or corrupt makes its layer a miss.
  *
  * Bounded memory: ring_slots slots of slot_bytes pinned bytes (and as many device bytes on the
- * device path), whatever the number of layers. Layer i always uses slot i % ring_slots and
+ * device path), whatever the number of layers, plus on the CPU path the received frames of
+ * the zero-copy bodies a slot holds: at most one layer's blocks per slot (each frame its block
+ * and ZeroMQ's few dozen bytes), freed when the layer is resident, missed or failed. A slot
+ * still reserves a zero-copy body's room, so which layers fit slot_bytes does not depend on
+ * it. Layer i always uses slot i % ring_slots and
  * cannot start until layer i - ring_slots has left it, so:
  *  - GET_LAYER: the stream of layer i is only opened once its slot is free; the I/O thread
  *    never waits.
@@ -180,6 +187,11 @@ typedef struct {
      * loader's time in the adapt callback (dequant_us includes it). */
     uint32_t adapted;
     double adapt_us;
+    /* CPU path: blocks whose body was dequantized in place from the received frame instead
+     * of being copied into the slot (stored uncompressed, aligned, at least 4 KiB), and their
+     * body bytes (counted in raw_bytes too). Always 0 on the device path. */
+    uint32_t zero_copy_blocks;
+    uint64_t zero_copy_bytes;
 } kvedge_pipeline_stats_t;
 
 /* Validates everything, allocates the ring (pinned host memory, device staging on the device

@@ -4,7 +4,10 @@
  * int4, lz4 and masked blocks, a short last chunk, a token offset), layers become resident in
  * layer order, a layer missing on the node is a miss while the others arrive, a destination
  * too small is refused before anything is fetched, a ring of 2 slots still delivers 12
- * layers, and a node that is gone gives an error within the deadline.
+ * layers, and a node that is gone gives an error within the deadline. On the CPU path bodies
+ * stored uncompressed are dequantized in place from their received frames (zero-copy; lz4
+ * bodies in the same layers are copied), still bit-identical; a block damaged on the wire
+ * (a fake node) on that path is rejected as before: its layer is a miss, nothing written.
  *
  * Built a second time with S_GPU_ONLY as test_pipeline_gpu: the same bit-identity checks with
  * device destinations on the device path; exits 77 where there is no device. */
@@ -465,6 +468,42 @@ static void s_check(const s_ctx_t *ctx, const s_dst_t *d, const s_run_t *r, int 
     assert_true(r->st.wire_bytes > 0 && r->st.raw_bytes > 0);
 }
 
+/* A block the CPU path may stage in place: stored uncompressed, body of 4 KiB or more
+ * (clients/pipeline.c S_ZC_MIN_BYTES). Whether it is also depends on where ZeroMQ put it. */
+static bool s_zc_candidate(const uint8_t *block, size_t len)
+{
+    kvedge_block_info_t info;
+    assert_int_equal(kvedge_block_parse(block, len, &info), 0);
+    return !info.lz4 && info.raw_len >= 4096;
+}
+
+/* Zero-copy on the CPU path: some blocks, never more than the candidates (so every lz4 body
+ * was copied, and the bit-identity check covered both paths in one layer); none on the
+ * device path. */
+static void s_check_zero_copy(const s_ctx_t *ctx, const s_run_t *r)
+{
+    if (r->st.device) {
+        assert_int_equal(r->st.zero_copy_blocks, 0);
+        return;
+    }
+    uint32_t cand = 0;
+    uint64_t bytes = 0;
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++)
+            for (uint32_t h = 0; h < S_HEADS; h++)
+                if (s_zc_candidate(ctx->block[l][ci][h], ctx->len[l][ci][h])) {
+                    kvedge_block_info_t info;
+                    kvedge_block_parse(ctx->block[l][ci][h], ctx->len[l][ci][h], &info);
+                    cand++;
+                    bytes += info.raw_len;
+                }
+    assert_true(cand > 0 || r->st.zero_copy_blocks == 0); /* s_int8: every body is lz4 */
+    assert_true(cand == 0 || r->st.zero_copy_blocks > 0);
+    assert_true(r->st.zero_copy_blocks <= cand);
+    assert_true(r->st.zero_copy_bytes <= bytes && r->st.zero_copy_bytes <= r->st.raw_bytes);
+    assert_true(r->st.zero_copy_bytes >= 4096ull * r->st.zero_copy_blocks);
+}
+
 static void s_bit_identity(const char *ep, const s_ctx_t *ctx, kvedge_kv_layout_t layout,
                            kvedge_dtype_t dtype, bool on_device, bool via_proxy)
 {
@@ -476,10 +515,12 @@ static void s_bit_identity(const char *ep, const s_ctx_t *ctx, kvedge_kv_layout_
     assert_int_equal(r.st.via_proxy, via_proxy);
     assert_int_equal(r.st.device, on_device && kvedge_gpu_stage_on_device() == 1);
     assert_int_equal(r.st.ring_slots, KVEDGE_PIPELINE_RING_DEFAULT);
-    printf("%s %s %s%s: 12 layers resident in %.1f ms (%.2f MB on the wire)\n",
+    s_check_zero_copy(ctx, &r);
+    printf("%s %s %s%s: 12 layers resident in %.1f ms (%.2f MB on the wire, %u blocks "
+           "zero-copy)\n",
            via_proxy ? "proxy" : "node", layout == KVEDGE_KV_CONTIG ? "contiguous" : "paged",
            kvedge_dtype_name(dtype), on_device ? " on_device" : "", r.ms,
-           (double)r.st.wire_bytes / 1e6);
+           (double)r.st.wire_bytes / 1e6, r.st.zero_copy_blocks);
     s_dst_free(&d);
 }
 
@@ -1017,6 +1058,217 @@ static void test_node_gone_deadline(void **state)
     s_dst_free(&d);
 }
 
+/* ---------------------------------------------------------------- damaged on the wire */
+
+/* A fake store node (ROUTER on ipc://) that serves s_int4 with a few blocks damaged in
+ * transit: one bit of the body flipped after the checksum was computed, or the last byte cut
+ * off, as a faulty link or a hostile node would deliver it. It answers HELLO and streams each
+ * GET_LAYER in (chunk, head) order; the client's credit covers a whole layer, so CREDIT messages
+ * are ignored. */
+#define S_BAD_LAYERS 3
+static const struct {
+    uint32_t layer;
+    bool cut;  /* cut the block's last byte off instead of flipping a bit of its body */
+    bool last; /* the layer's last candidate, after others were staged in place; else first */
+} s_bad[S_BAD_LAYERS] = {{3, false, true}, {7, false, false}, {9, true, false}};
+static const s_ctx_t *s_served = &s_int4; /* uncompressed bodies: most are candidates */
+
+static uint8_t *s_bad_block[S_BAD_LAYERS];
+static uint32_t s_bad_ci[S_BAD_LAYERS], s_bad_h[S_BAD_LAYERS];
+
+static void s_damage_pick(void)
+{
+    for (int b = 0; b < S_BAD_LAYERS; b++) {
+        uint32_t l = s_bad[b].layer;
+        bool found = false;
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++)
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                const uint8_t *blk = s_served->block[l][ci][h];
+                size_t len = s_served->len[l][ci][h];
+                if (!s_zc_candidate(blk, len) || (found && !s_bad[b].last))
+                    continue;
+                found = true;
+                s_bad_ci[b] = ci;
+                s_bad_h[b] = h;
+            }
+        assert_true(found);
+        size_t len = s_served->len[l][s_bad_ci[b]][s_bad_h[b]];
+        const uint8_t *blk = s_served->block[l][s_bad_ci[b]][s_bad_h[b]];
+        kvedge_block_info_t info;
+        assert_int_equal(kvedge_block_parse(blk, len, &info), 0);
+        s_bad_block[b] = malloc(len);
+        assert_non_null(s_bad_block[b]);
+        memcpy(s_bad_block[b], blk, len);
+        size_t at = (size_t)(info.body - blk) + info.stored_len / 2;
+        if (!s_bad[b].cut)
+            s_bad_block[b][at] ^= 0x10; /* one bit, mid-body */
+        assert_int_not_equal(kvedge_block_parse(s_bad_block[b], len - s_bad[b].cut, &info), 0);
+    }
+}
+
+static void s_fake_msg(zsock_t *router, zframe_t *route, uint8_t op, uint16_t flags, uint64_t id,
+                       uint32_t count, const void *f1, size_t l1, const void *f2, size_t l2)
+{
+    kvedge_wire_header_t h = {1, op, flags, id, 0, count, 0, 0};
+    uint8_t hb[KVEDGE_WIRE_HEADER_BYTES];
+    kvedge_wire_header_pack(&h, hb);
+    zmsg_t *m = zmsg_new();
+    zframe_t *r = zframe_dup(route);
+    zmsg_append(m, &r);
+    zmsg_addmem(m, hb, sizeof hb);
+    if (f1)
+        zmsg_addmem(m, f1, l1);
+    if (f2)
+        zmsg_addmem(m, f2, l2);
+    zmsg_send(&m, router);
+}
+
+static void s_fake_layer(zsock_t *router, zframe_t *route, uint64_t id, uint32_t l)
+{
+    uint32_t sent = 0;
+    for (uint32_t ci = 0; ci < S_CHUNKS; ci++)
+        for (uint32_t h = 0; h < S_HEADS; h++) {
+            const uint8_t *blk = s_served->block[l][ci][h];
+            size_t len = s_served->len[l][ci][h];
+            for (int b = 0; b < S_BAD_LAYERS; b++)
+                if (s_bad[b].layer == l && s_bad_ci[b] == ci && s_bad_h[b] == h) {
+                    blk = s_bad_block[b];
+                    len -= s_bad[b].cut;
+                }
+            uint8_t sh[KVEDGE_WIRE_STREAM_HDR_BYTES];
+            kvedge_wire_stream_hdr_t st = {ci, (uint16_t)h, 0};
+            kvedge_wire_stream_hdr_pack(&st, sh);
+            s_fake_msg(router, route, KVEDGE_OP_GET_LAYER,
+                       KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE, id, 1, sh, sizeof sh, blk,
+                       len);
+            sent++;
+        }
+    s_fake_msg(router, route, KVEDGE_OP_GET_LAYER, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END,
+               id, sent, NULL, 0, NULL, 0);
+}
+
+static void s_fake_node(zsock_t *pipe, void *args)
+{
+    const char *ep = args;
+    zsock_t *router = zsock_new(ZMQ_ROUTER);
+    zsock_set_linger(router, 0);
+    int rc = zsock_bind(router, "%s", ep);
+    zsock_signal(pipe, rc < 0 ? 1 : 0);
+    zpoller_t *poller = zpoller_new(pipe, router, NULL);
+    while (zpoller_wait(poller, -1) == router) {
+        zmsg_t *m = zmsg_recv(router);
+        zframe_t *route = m ? zmsg_pop(m) : NULL, *hf = m ? zmsg_pop(m) : NULL;
+        zframe_t *pf = m ? zmsg_first(m) : NULL;
+        kvedge_wire_header_t h;
+        if (hf && kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h) == 0) {
+            if (h.opcode == KVEDGE_OP_HELLO) {
+                kvedge_wire_node_info_t info = {KVEDGE_ROLE_CLOUD,
+                                                {0},
+                                                KVEDGE_WIRE_MAX_FRAME_BYTES,
+                                                KVEDGE_WIRE_MAX_ITEMS,
+                                                KVEDGE_WIRE_MAX_CHUNKS,
+                                                KVEDGE_WIRE_MAX_CREDIT,
+                                                8};
+                uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
+                kvedge_wire_node_info_pack(&info, ib);
+                s_fake_msg(router, route, KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, h.request_id, 0,
+                           ib, sizeof ib, "fake", 4);
+            } else if (h.opcode == KVEDGE_OP_GET_LAYER && pf && zframe_size(pf) >= 4) {
+                const uint8_t *q = zframe_data(pf);
+                uint32_t l = (uint32_t)q[0] | (uint32_t)q[1] << 8;
+                if (l < S_LAYERS)
+                    s_fake_layer(router, route, h.request_id, l);
+            }
+        }
+        zframe_destroy(&route);
+        zframe_destroy(&hf);
+        zmsg_destroy(&m);
+    }
+    zpoller_destroy(&poller);
+    zsock_destroy(&router);
+}
+
+/* Blocks damaged on the wire are rejected exactly as before the zero-copy path: verified
+ * (kvedge_block_parse, xxh3) before anything reads them, whether their body would have been
+ * staged in place (layers 3 and 7: the last candidate of a layer whose earlier bodies were
+ * already held in place, and the first) or cut short (layer 9: a length that does not add up).
+ * Each such layer is a miss with its destination untouched; every other layer is resident and
+ * bit-identical, most of it through the zero-copy path. */
+static void test_corrupt_block_on_zero_copy_path(void **state)
+{
+    (void)state;
+    s_damage_pick();
+    char ep[300];
+    snprintf(ep, sizeof ep, "ipc://%s/fake.sock", s_env.root);
+    zactor_t *fake = zactor_new(s_fake_node, ep);
+    assert_non_null(fake);
+
+    kvedge_model_t m;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    kvedge_client_opts_t co;
+    kvedge_client_opts_default(&co);
+    co.endpoint = ep;
+    co.deadline_ms = 20000;
+    co.credit = 2 * S_CHUNKS * S_HEADS; /* a whole layer: the fake ignores CREDIT */
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&co, &c), 0);
+    for (int ring = 1; ring <= 4; ring += 3) {
+        s_dst_t d;
+        s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+        kvedge_pipeline_opts_t o;
+        s_opts(&o, c, &m, s_served, &d);
+        o.ring_slots = (uint32_t)ring;
+        kvedge_pipeline_t *p = NULL;
+        assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+        int status[S_LAYERS];
+        for (uint16_t l = 0; l < S_LAYERS; l++)
+            status[l] = kvedge_pipeline_wait(p, l);
+        kvedge_pipeline_stats_t st;
+        kvedge_pipeline_layer_stats_t ls[S_LAYERS];
+        assert_int_equal(kvedge_pipeline_stats(p, &st, ls, S_LAYERS), 0);
+        kvedge_pipeline_destroy(&p);
+        for (uint32_t l = 0; l < S_LAYERS; l++) {
+            bool bad = false;
+            for (int b = 0; b < S_BAD_LAYERS; b++)
+                bad = bad || s_bad[b].layer == l;
+            uint8_t *gk = s_dst_host(&d, &d.k[l]), *gv = s_dst_host(&d, &d.v[l]);
+            if (bad) {
+                assert_int_equal(status[l], KVEDGE_ENOTFOUND);
+                assert_int_equal(ls[l].status, KVEDGE_ENOTFOUND);
+                assert_int_equal(ls[l].reason, KVEDGE_FETCH_MISS);
+                for (size_t i = 0; i < d.k[l].cap_bytes; i++)
+                    if (gk[i] != S_FILL || gv[i] != S_FILL)
+                        fail_msg("layer %u: a layer with a damaged block was written", l);
+            } else {
+                assert_int_equal(status[l], 0);
+                uint8_t *ek, *ev;
+                s_expect(s_served, l, &d.k[l], &ek, &ev);
+                if (memcmp(gk, ek, d.k[l].cap_bytes) != 0 || memcmp(gv, ev, d.v[l].cap_bytes))
+                    fail_msg("layer %u differs from kvedge_block_decode", l);
+                free(ek);
+                free(ev);
+            }
+            free(gk);
+            free(gv);
+        }
+        assert_int_equal(st.misses, S_BAD_LAYERS);
+        assert_int_equal(st.resident, S_LAYERS - S_BAD_LAYERS);
+        assert_int_equal(st.failed, 0);
+        assert_false(st.device);
+        assert_true(st.zero_copy_blocks > 0);
+        printf("damaged blocks (ring %d): layers 3, 7, 9 missed, %u resident, %u blocks "
+               "zero-copy\n",
+               ring, st.resident, st.zero_copy_blocks);
+        s_dst_free(&d);
+    }
+    kvedge_client_destroy(&c);
+    zactor_destroy(&fake);
+    for (int b = 0; b < S_BAD_LAYERS; b++) {
+        free(s_bad_block[b]);
+        s_bad_block[b] = NULL;
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1037,6 +1289,7 @@ int main(void)
         cmocka_unit_test(test_proxy_planned_recompute),
         cmocka_unit_test(test_node_no_plan_layer_sources),
         cmocka_unit_test(test_node_gone_deadline),
+        cmocka_unit_test(test_corrupt_block_on_zero_copy_path),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

@@ -248,6 +248,8 @@ int main(void)
     F(T, "kvedge_pipeline_stats_t", done_us);
     F(T, "kvedge_pipeline_stats_t", adapted);
     F(T, "kvedge_pipeline_stats_t", adapt_us);
+    F(T, "kvedge_pipeline_stats_t", zero_copy_blocks);
+    F(T, "kvedge_pipeline_stats_t", zero_copy_bytes);
 #undef T
 
 #define T kvedge_block_spec_t

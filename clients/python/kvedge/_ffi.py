@@ -155,7 +155,8 @@ class PipelineStats(Structure):
                 ("failed", c_uint32), ("wire_bytes", c_uint64), ("raw_bytes", c_uint64),
                 ("sent_bytes", c_uint64), ("msg_bytes", c_uint64), ("ring_wait_us", c_double),
                 ("copy_us", c_double), ("dequant_us", c_double), ("done_us", c_double),
-                ("adapted", c_uint32), ("adapt_us", c_double)]
+                ("adapted", c_uint32), ("adapt_us", c_double), ("zero_copy_blocks", c_uint32),
+                ("zero_copy_bytes", c_uint64)]
 
 
 class BlockSpec(Structure):
