@@ -1328,6 +1328,41 @@ void kvedge_dequant_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_
         kvedge_convert_from_f32(out_dtype, row, n, out);
 }
 
+#if S_HAVE_AVX2
+/* kvedge_dequant_rows_grouped_out into fp16 or fp32 with AVX2 + F16C: each row's (scale, min)
+ * pairs converted by F16C (the bits of kvedge_fp16_to_f32), one broadcast kernel per group. */
+S_AVX2 static void s_avx2_rows_grouped(const uint8_t *codes, size_t code_stride, uint32_t rows,
+                                       unsigned bits, uint32_t n, const uint16_t *params,
+                                       size_t param_stride, uint32_t group, bool fp16, void *out,
+                                       size_t out_stride)
+{
+    const uint32_t g = (group == 0 || group > n) ? n : group;
+    uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
+    uint8_t *o = out;
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint8_t *c = codes + (size_t)r * code_stride;
+        const uint16_t *p = params + (size_t)r * param_stride;
+        uint8_t *dst = o + (size_t)r * out_stride;
+        if (bits == 4) {
+            kvedge_quant_unpack4(c, n, tmp);
+            c = tmp;
+        }
+        for (uint32_t c0 = 0, gi = 0; c0 < n; c0 += g, gi++) {
+            const uint32_t len = n - c0 < g ? n - c0 : g;
+            uint32_t pair;
+            memcpy(&pair, p + 2 * gi, sizeof pair);
+            const __m128 sm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)pair));
+            const float sc = _mm_cvtss_f32(sm);
+            const float mn = _mm_cvtss_f32(_mm_shuffle_ps(sm, sm, 1));
+            if (fp16)
+                s_avx2_dequant_u8_bcast_fp16(c + c0, len, sc, mn, (uint16_t *)dst + c0);
+            else
+                s_avx2_dequant_u8_bcast_f32(c + c0, len, sc, mn, (float *)dst + c0);
+        }
+    }
+}
+#endif
+
 void kvedge_dequant_rows_out(const uint8_t *codes, size_t code_stride, uint32_t rows, unsigned bits,
                              uint32_t n, const float *scale, const float *min, int out_dtype,
                              void *out, size_t out_stride)
@@ -1363,26 +1398,8 @@ void kvedge_dequant_rows_grouped_out(const uint8_t *codes, size_t code_stride, u
     uint8_t *o = out;
 #if S_HAVE_AVX2
     if ((out_dtype == KVEDGE_DTYPE_FP16 || out_dtype == KVEDGE_DTYPE_FP32) && s_avx2()) {
-        const uint32_t g = (group == 0 || group > n) ? n : group;
-        uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
-        for (uint32_t r = 0; r < rows; r++) {
-            const uint8_t *c = codes + (size_t)r * code_stride;
-            const uint16_t *p = params + (size_t)r * param_stride;
-            uint8_t *dst = o + (size_t)r * out_stride;
-            if (bits == 4) {
-                kvedge_quant_unpack4(c, n, tmp);
-                c = tmp;
-            }
-            for (uint32_t c0 = 0, gi = 0; c0 < n; c0 += g, gi++) {
-                const uint32_t len = n - c0 < g ? n - c0 : g;
-                const float sc = kvedge_fp16_to_f32(p[2 * gi]),
-                            mn = kvedge_fp16_to_f32(p[2 * gi + 1]);
-                if (out_dtype == KVEDGE_DTYPE_FP16)
-                    s_avx2_dequant_u8_bcast_fp16(c + c0, len, sc, mn, (uint16_t *)dst + c0);
-                else
-                    s_avx2_dequant_u8_bcast_f32(c + c0, len, sc, mn, (float *)dst + c0);
-            }
-        }
+        s_avx2_rows_grouped(codes, code_stride, rows, bits, n, params, param_stride, group,
+                            out_dtype == KVEDGE_DTYPE_FP16, out, out_stride);
         return;
     }
 #endif
