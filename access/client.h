@@ -159,6 +159,8 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
  * held frame keeps its receive buffer alive (at most its own size plus ZeroMQ's receive batch,
  * 8 KiB by default), so hold few, briefly. */
 void *kvedge_client_block_take(void);
+/* The handle is the czmq frame (zframe_t *) that holds the bytes: access/'s users that speak
+ * czmq (the proxy) may forward it as it is, which gives it away (then do not free it). */
 /* Frees a handle from kvedge_client_block_take (any thread; NULL-safe). */
 void kvedge_client_block_free(void *handle);
 

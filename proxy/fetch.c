@@ -17,6 +17,8 @@
 #include "store/error.h"
 #include "store/model.h"
 
+/* Blocks at least this large are forwarded in the frame they arrived in (no copy). */
+#define S_TAKE_MIN_BYTES   4096
 #define S_TOKENS_PER_CHUNK KVEDGE_CHUNK_TOKENS_DEFAULT
 #define S_BW_MIN_BYTES     (256u << 10) /* a fetch teaches a source's bandwidth past this */
 
@@ -164,7 +166,14 @@ static void s_on_block(void *ctx, uint32_t ci, uint16_t head, int status, const 
     e->head = head;
     e->status = status;
     if (status == KVEDGE_OK) {
-        e->frame = zframe_new(data, len);
+        /* Forward the received frame itself (it moves into the reply unchanged, after the
+         * actor verified it) rather than a copy; small frames may share ZeroMQ's receive
+         * buffer, which holding them would keep alive: those are copied. */
+        e->frame = len >= S_TAKE_MIN_BYTES ? kvedge_client_block_take() : NULL;
+        if (e->frame)
+            s_stat_add(op->p, &op->p->stats.forwarded_in_place, 1);
+        else
+            e->frame = zframe_new(data, len);
         if (!e->frame) {
             free(e);
             return;

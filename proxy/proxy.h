@@ -93,6 +93,9 @@ typedef struct {
     uint64_t bytes;     /* block bytes delivered */
     uint64_t source_failures;
     uint64_t mapped_layers; /* layers delivered from a mapped model's layer (large-small) */
+    /* Blocks forwarded in the frame they arrived in (at least 4 KiB: no copy), of those
+     * received from sources. */
+    uint64_t forwarded_in_place;
 } kvedge_proxy_stats_t;
 
 typedef struct kvedge_proxy_t kvedge_proxy_t;
