@@ -38,6 +38,7 @@
 
 #include "bench/bench_common.h"
 #include "bench/bench_spawn.h"
+#include "access/shaper.h"
 #include "clients/decoder/decoder_gpu.h"
 #include "clients/e2e.h"
 #include "clients/pipeline.h"
@@ -182,19 +183,13 @@ static pid_t s_proxy(const char *rate, double bits_per_s, char *ep, size_t len)
     return pid;
 }
 
+/* Bits per second of a link rate ("1gbit", "500mbit": access/shaper.h's syntax); 0 when it is
+ * not one, or unlimited. */
 static double s_rate_bits(const char *rate)
 {
-    char *end = NULL;
-    double v = strtod(rate, &end);
-    if (!end || end == rate)
-        return 0;
-    if (strncmp(end, "gbit", 4) == 0)
-        return v * 1e9;
-    if (strncmp(end, "mbit", 4) == 0)
-        return v * 1e6;
-    if (strncmp(end, "kbit", 4) == 0)
-        return v * 1e3;
-    return 0;
+    uint64_t bps = 0;
+    uint32_t latency_us = 0;
+    return kvedge_shaper_parse(rate, &bps, &latency_us) == KVEDGE_OK ? (double)bps : 0;
 }
 
 static uint64_t s_rng(uint64_t *s)
