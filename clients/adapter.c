@@ -135,16 +135,10 @@ static int s_check_info(const kvedge_adapter_info_t *i, char *why, size_t why_le
         s_why(why, why_len, "kind must be linear or heads");
         return KVEDGE_ECORRUPT;
     }
-    if (!kvedge_layermap_id_ok(i->cloud_id) || !kvedge_layermap_id_ok(i->edge_id)) {
-        s_why(why, why_len, "a model id is empty, over %u bytes or not one printable word",
-              KVEDGE_LAYERMAP_ID_MAX_BYTES);
-        return KVEDGE_ECORRUPT;
-    }
-    if (i->cloud_layers == 0 || i->cloud_layers > KVEDGE_LAYERMAP_LAYERS_MAX ||
-        i->edge_layers == 0 || i->edge_layers > KVEDGE_LAYERMAP_LAYERS_MAX) {
-        s_why(why, why_len, "layer counts must be 1..%u", KVEDGE_LAYERMAP_LAYERS_MAX);
-        return KVEDGE_ECORRUPT;
-    }
+    int rc = kvedge_layermap_pair_check(i->cloud_id, i->edge_id, i->cloud_layers, i->edge_layers,
+                                        why, why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
     if (i->cloud_heads == 0 || i->cloud_heads > KVEDGE_ADAPT_HEADS_MAX || i->edge_heads == 0 ||
         i->edge_heads > KVEDGE_ADAPT_HEADS_MAX || i->cloud_head_dim == 0 ||
         i->cloud_head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX || i->edge_head_dim == 0 ||

@@ -270,19 +270,29 @@ static void s_why(char *why, size_t why_len, const char *fmt, ...)
     va_end(ap);
 }
 
-/* The map's header fields; 0 or KVEDGE_ECORRUPT with why. */
-static int s_check_head(const kvedge_layermap_t *m, char *why, size_t why_len)
+int kvedge_layermap_pair_check(const char *cloud_id, const char *edge_id, uint32_t cloud_layers,
+                               uint32_t edge_layers, char *why, size_t why_len)
 {
-    if (!kvedge_layermap_id_ok(m->cloud_id) || !kvedge_layermap_id_ok(m->edge_id)) {
+    if (!kvedge_layermap_id_ok(cloud_id) || !kvedge_layermap_id_ok(edge_id)) {
         s_why(why, why_len, "a model id is empty, over %u bytes or not one printable word",
               KVEDGE_LAYERMAP_ID_MAX_BYTES);
         return KVEDGE_ECORRUPT;
     }
-    if (m->cloud_layers == 0 || m->cloud_layers > KVEDGE_LAYERMAP_LAYERS_MAX ||
-        m->edge_layers == 0 || m->edge_layers > KVEDGE_LAYERMAP_LAYERS_MAX) {
+    if (cloud_layers == 0 || cloud_layers > KVEDGE_LAYERMAP_LAYERS_MAX || edge_layers == 0 ||
+        edge_layers > KVEDGE_LAYERMAP_LAYERS_MAX) {
         s_why(why, why_len, "layer counts must be 1..%u", KVEDGE_LAYERMAP_LAYERS_MAX);
         return KVEDGE_ECORRUPT;
     }
+    return KVEDGE_OK;
+}
+
+/* The map's header fields; 0 or KVEDGE_ECORRUPT with why. */
+static int s_check_head(const kvedge_layermap_t *m, char *why, size_t why_len)
+{
+    int rc = kvedge_layermap_pair_check(m->cloud_id, m->edge_id, m->cloud_layers, m->edge_layers,
+                                        why, why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
     if (m->cloud_hidden == 0 || m->cloud_hidden > S_HIDDEN_MAX || m->edge_hidden == 0 ||
         m->edge_hidden > S_HIDDEN_MAX) {
         s_why(why, why_len, "hidden sizes must be 1..%u", S_HIDDEN_MAX);

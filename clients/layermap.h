@@ -62,6 +62,12 @@ typedef struct {
  * printable bytes, no whitespace. */
 bool kvedge_layermap_id_ok(const char *id);
 
+/* The model pair a map or an adapter is for: both ids valid (kvedge_layermap_id_ok) and both
+ * layer counts 1..KVEDGE_LAYERMAP_LAYERS_MAX. Returns 0, or KVEDGE_ECORRUPT with why (may be
+ * NULL) saying which. */
+int kvedge_layermap_pair_check(const char *cloud_id, const char *edge_id, uint32_t cloud_layers,
+                               uint32_t edge_layers, char *why, size_t why_len);
+
 /* The alignment of a pair, the quantity Eq. 16 maximizes: the mean of CKA and RSA. */
 double kvedge_layermap_alignment(double cka, double rsa);
 
