@@ -1270,48 +1270,24 @@ void kvedge_dequant_row(const uint8_t *codes, unsigned bits, uint32_t n, const f
     s_dequant_u8(codes, n, scale, min, out);
 }
 
-void kvedge_dequant_row_out(const uint8_t *codes, unsigned bits, uint32_t n, const float *scale,
-                            const float *min, int out_dtype, void *out)
+/* One row into out_dtype by the generic loops (kvedge_dequant_row's own dispatch): what the row
+ * functions do for the dtypes, or on the machines, the AVX2 row loops below do not cover. */
+static void s_row_out(const uint8_t *codes, unsigned bits, uint32_t n, const float *scale,
+                      const float *min, int out_dtype, void *out)
 {
-    uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
-    float row[KVEDGE_BLOCK_MAX_HEAD_DIM];
-#if S_HAVE_AVX2
-    if (out_dtype == KVEDGE_DTYPE_FP16 && s_avx2()) {
-        if (bits == 4) {
-            kvedge_quant_unpack4(codes, n, tmp);
-            codes = tmp;
-        }
-        s_avx2_dequant_u8_fp16(codes, n, scale, min, out);
-        return;
-    }
-#endif
     if (out_dtype == KVEDGE_DTYPE_FP32) { /* straight into the destination: no scratch row */
         kvedge_dequant_row(codes, bits, n, scale, min, out);
         return;
     }
+    float row[KVEDGE_BLOCK_MAX_HEAD_DIM];
     kvedge_dequant_row(codes, bits, n, scale, min, row);
     kvedge_convert_from_f32(out_dtype, row, n, out);
 }
 
-void kvedge_dequant_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_t n,
-                                    const uint16_t *params, uint32_t group, int out_dtype,
-                                    void *out)
+static void s_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_t n,
+                              const uint16_t *params, uint32_t group, int out_dtype, void *out)
 {
     const uint32_t g = (group == 0 || group > n) ? n : group;
-#if S_HAVE_AVX2
-    if (out_dtype == KVEDGE_DTYPE_FP16 && s_avx2()) {
-        uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
-        if (bits == 4) {
-            kvedge_quant_unpack4(codes, n, tmp);
-            codes = tmp;
-        }
-        for (uint32_t c0 = 0, gi = 0; c0 < n; c0 += g, gi++)
-            s_avx2_dequant_u8_bcast_fp16(
-                codes + c0, n - c0 < g ? n - c0 : g, kvedge_fp16_to_f32(params[2 * gi]),
-                kvedge_fp16_to_f32(params[2 * gi + 1]), (uint16_t *)out + c0);
-        return;
-    }
-#endif
     uint8_t tmp[KVEDGE_BLOCK_MAX_HEAD_DIM];
     if (bits == 4) {
         kvedge_quant_unpack4(codes, n, tmp);
@@ -1326,6 +1302,19 @@ void kvedge_dequant_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_
                            kvedge_fp16_to_f32(params[2 * gi + 1]), f + c0);
     if (f == row)
         kvedge_convert_from_f32(out_dtype, row, n, out);
+}
+
+void kvedge_dequant_row_out(const uint8_t *codes, unsigned bits, uint32_t n, const float *scale,
+                            const float *min, int out_dtype, void *out)
+{
+    kvedge_dequant_rows_out(codes, 0, 1, bits, n, scale, min, out_dtype, out, 0);
+}
+
+void kvedge_dequant_row_grouped_out(const uint8_t *codes, unsigned bits, uint32_t n,
+                                    const uint16_t *params, uint32_t group, int out_dtype,
+                                    void *out)
+{
+    kvedge_dequant_rows_grouped_out(codes, 0, 1, bits, n, params, 0, group, out_dtype, out, 0);
 }
 
 #if S_HAVE_AVX2
@@ -1386,8 +1375,8 @@ void kvedge_dequant_rows_out(const uint8_t *codes, size_t code_stride, uint32_t 
     }
 #endif
     for (uint32_t r = 0; r < rows; r++)
-        kvedge_dequant_row_out(codes + (size_t)r * code_stride, bits, n, scale, min, out_dtype,
-                               o + (size_t)r * out_stride);
+        s_row_out(codes + (size_t)r * code_stride, bits, n, scale, min, out_dtype,
+                  o + (size_t)r * out_stride);
 }
 
 void kvedge_dequant_rows_grouped_out(const uint8_t *codes, size_t code_stride, uint32_t rows,
@@ -1404,9 +1393,9 @@ void kvedge_dequant_rows_grouped_out(const uint8_t *codes, size_t code_stride, u
     }
 #endif
     for (uint32_t r = 0; r < rows; r++)
-        kvedge_dequant_row_grouped_out(codes + (size_t)r * code_stride, bits, n,
-                                       params + (size_t)r * param_stride, group, out_dtype,
-                                       o + (size_t)r * out_stride);
+        s_row_grouped_out(codes + (size_t)r * code_stride, bits, n,
+                          params + (size_t)r * param_stride, group, out_dtype,
+                          o + (size_t)r * out_stride);
 }
 
 KVEDGE_VECTOR_CLONES
