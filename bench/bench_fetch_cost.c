@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "bench/bench_common.h"
+#include "bench/bench_context.h"
 #include "bench/bench_spawn.h"
 #include "clients/kvedge.h"
 #include "clients/pipeline.h"
@@ -100,12 +101,6 @@ static void s_spawn(const char *kvedge, const char *dir, char *ep, size_t ep_len
 
 /* ---------------------------------------------------------------- the context */
 
-static uint32_t s_chunk_tokens(uint32_t ci)
-{
-    uint32_t left = s_tokens - ci * S_CHUNK_TOKENS;
-    return left < S_CHUNK_TOKENS ? left : S_CHUNK_TOKENS;
-}
-
 static kvedge_client_t *s_client(const char *ep)
 {
     kvedge_client_opts_t o;
@@ -139,50 +134,21 @@ static double s_put_context(const char *ep)
                            : KVEDGE_EINVAL);
     free(tok);
     kvedge_client_t *c = s_client(ep);
-    kvedge_block_spec_t spec0 = {
-        KVEDGE_DTYPE_FP16, s_scheme, S_CHUNK_TOKENS, s_m.head_dim, 0, NULL, true};
-    s_block_cap = (kvedge_block_encoded_bound(&spec0) + 15) & ~(size_t)15;
+    bench_context_t x = {.m = &s_m,
+                         .ids = s_ids,
+                         .chunks = s_chunks,
+                         .tokens = s_tokens,
+                         .chunk_tokens = S_CHUNK_TOKENS,
+                         .scheme = s_scheme};
+    s_block_cap = bench_context_block_cap(&x);
     size_t nb = (size_t)s_m.layers * s_chunks * s_m.kv_heads;
     s_blocks = bench_alloc(s_block_cap * nb);
     s_block_len = bench_alloc(nb * sizeof *s_block_len);
-    size_t n = (size_t)S_CHUNK_TOKENS * s_m.head_dim;
-    uint16_t *k = bench_alloc(n * 2), *v = bench_alloc(n * 2);
-    kvedge_put_item_t *items = calloc(s_m.kv_heads, sizeof *items);
-    if (!items)
-        exit(1);
-    double bytes = 0;
-    for (uint32_t l = 0; l < s_m.layers; l++)
-        for (uint32_t ci = 0; ci < s_chunks; ci++) {
-            uint32_t t = s_chunk_tokens(ci);
-            kvedge_block_spec_t spec = {
-                KVEDGE_DTYPE_FP16, s_scheme, t, s_m.head_dim, 0, NULL, true};
-            for (uint32_t h = 0; h < s_m.kv_heads; h++) {
-                size_t bi = s_bi(l, ci, h);
-                uint8_t *blk = s_blocks + bi * s_block_cap;
-                KVEDGE_BENCH_CHECK(kvedge_synth_head(l * 1000 + h, ci * S_CHUNK_TOKENS, t,
-                                                     s_m.head_dim, KVEDGE_DTYPE_FP16, k, v));
-                memset(&items[h], 0, sizeof items[h]);
-                KVEDGE_BENCH_CHECK(
-                    kvedge_block_encode(&spec, k, v, blk, s_block_cap, &s_block_len[bi]));
-                items[h].len = s_block_len[bi];
-                items[h].chunk.id = s_ids[ci];
-                items[h].chunk.has_parent = ci > 0;
-                if (ci > 0)
-                    items[h].chunk.parent = s_ids[ci - 1];
-                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-                items[h].chunk.index = ci;
-                items[h].chunk.tokens = t;
-                items[h].layer = (uint16_t)l;
-                items[h].head = (uint16_t)h;
-                items[h].block = blk;
-                bytes += (double)items[h].len;
-            }
-            KVEDGE_BENCH_CHECK(kvedge_client_put(c, items, s_m.kv_heads, NULL));
-        }
+    x.keep = s_blocks;
+    x.keep_cap = s_block_cap;
+    x.keep_len = s_block_len;
+    double bytes = bench_put_context(c, &x);
     kvedge_client_destroy(&c);
-    free(k);
-    free(v);
-    free(items);
     return bytes;
 }
 

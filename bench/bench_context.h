@@ -1,0 +1,88 @@
+/* A synthetic context for the fetch benchmarks (bench_loader, bench_fetch_cost): fp16 K/V of a
+ * model's shape from kvedge_synth_head (head h of layer l seeded l * 1000 + h, positions from
+ * the chunk's first token), cut into chunks, encoded in one scheme (lz4 where it pays) and put
+ * to a node, one PUT per (layer, chunk) with every head. */
+#ifndef KVEDGE_BENCH_CONTEXT_H
+#define KVEDGE_BENCH_CONTEXT_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench_common.h"
+#include "clients/kvedge.h"
+#include "store/block.h"
+#include "store/synth.h"
+
+typedef struct {
+    const kvedge_model_t *m;      /* layers, kv_heads, head_dim; its id names the blocks */
+    const kvedge_chunk_id_t *ids; /* the chain, chunks entries */
+    uint32_t chunks;
+    uint32_t tokens;       /* over all chunks; the last chunk may hold fewer */
+    uint32_t chunk_tokens; /* tokens per chunk */
+    kvedge_scheme_t scheme;
+    /* Optional: every block kept, [layer][chunk][head], block i at keep + i * keep_cap (room
+     * for the largest block, bench_context_block_cap) and its length in keep_len[i]. */
+    uint8_t *keep;
+    size_t keep_cap;
+    size_t *keep_len;
+} bench_context_t;
+
+/* Bytes one encoded block of the context may take (16-byte multiple). */
+static inline size_t bench_context_block_cap(const bench_context_t *x)
+{
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, x->scheme, x->chunk_tokens, x->m->head_dim, 0, NULL, true};
+    return (kvedge_block_encoded_bound(&spec) + 15) & ~(size_t)15;
+}
+
+/* Puts the context with c; returns the bytes of the blocks put. Exits on any error. */
+static inline double bench_put_context(kvedge_client_t *c, const bench_context_t *x)
+{
+    const kvedge_model_t *m = x->m;
+    const size_t cap = x->keep ? x->keep_cap : bench_context_block_cap(x);
+    uint8_t *own = x->keep ? NULL : bench_alloc(cap * m->kv_heads);
+    const size_t n = (size_t)x->chunk_tokens * m->head_dim;
+    uint16_t *k = bench_alloc(n * 2), *v = bench_alloc(n * 2);
+    kvedge_put_item_t *items = bench_alloc(m->kv_heads * sizeof *items);
+    double bytes = 0;
+    for (uint32_t l = 0; l < m->layers; l++)
+        for (uint32_t ci = 0; ci < x->chunks; ci++) {
+            const uint32_t first = ci * x->chunk_tokens;
+            const uint32_t t =
+                x->tokens - first < x->chunk_tokens ? x->tokens - first : x->chunk_tokens;
+            kvedge_block_spec_t spec = {
+                KVEDGE_DTYPE_FP16, x->scheme, t, m->head_dim, 0, NULL, true};
+            for (uint32_t h = 0; h < m->kv_heads; h++) {
+                const size_t bi = ((size_t)l * x->chunks + ci) * m->kv_heads + h;
+                uint8_t *blk = x->keep ? x->keep + bi * cap : own + h * cap;
+                KVEDGE_BENCH_CHECK(kvedge_synth_head(l * 1000 + h, first, t, m->head_dim,
+                                                     KVEDGE_DTYPE_FP16, k, v));
+                kvedge_put_item_t *it = &items[h];
+                memset(it, 0, sizeof *it);
+                KVEDGE_BENCH_CHECK(kvedge_block_encode(&spec, k, v, blk, cap, &it->len));
+                if (x->keep_len)
+                    x->keep_len[bi] = it->len;
+                it->chunk.id = x->ids[ci];
+                it->chunk.has_parent = ci > 0;
+                if (ci > 0)
+                    it->chunk.parent = x->ids[ci - 1];
+                snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%.*s",
+                         (int)sizeof it->chunk.model_id - 1, m->id);
+                it->chunk.index = ci;
+                it->chunk.tokens = t;
+                it->layer = (uint16_t)l;
+                it->head = (uint16_t)h;
+                it->block = blk;
+                bytes += (double)it->len;
+            }
+            KVEDGE_BENCH_CHECK(kvedge_client_put(c, items, m->kv_heads, NULL));
+        }
+    free(own);
+    free(k);
+    free(v);
+    free(items);
+    return bytes;
+}
+
+#endif
