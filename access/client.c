@@ -530,6 +530,7 @@ struct s_fetch_t {
     uint32_t last_chunk;
     uint16_t last_head;
     bool mapped; /* the request named a mapped model */
+    bool prec;   /* the request sent a precision frame */
     kvedge_fetch_plan_t plan;
 };
 
@@ -579,6 +580,10 @@ static int s_fetch_plan(struct s_fetch_t *f, const kvedge_wire_frame_t *fr)
         o->layer[l].reason = wl.reason;
         o->layer[l].cost_us = wl.cost_us;
         o->layer[l].from_layer = wl.mapped ? (int)wl.from_layer : -1;
+        o->layer[l].prec = wl.prec;
+        o->layer[l].prec_reason = wl.prec_reason;
+        if (wl.prec != KVEDGE_PREC_STORED && !f->prec)
+            return KVEDGE_EPROTO; /* a precision the request did not offer */
         if (wl.mapped && !f->mapped)
             return KVEDGE_EPROTO; /* a layer of a model the request did not name */
     }
@@ -637,7 +642,8 @@ static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, si
         if (l.layer != f->first_layer + f->next_layer || l.heads != f->layer_blocks ||
             l.source >= (int)f->plan.nsources || !complete ||
             (l.status != KVEDGE_OK && f->layer_blocks != 0) ||
-            (l.from_layer != KVEDGE_WIRE_FETCH_OWN_LAYER && !f->mapped)) {
+            (l.from_layer != KVEDGE_WIRE_FETCH_OWN_LAYER && !f->mapped) ||
+            (l.prec != KVEDGE_PREC_STORED && !f->prec)) {
             rc = KVEDGE_EPROTO;
         } else {
             kvedge_fetch_layer_t info = {
@@ -649,6 +655,7 @@ static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, si
                 .blocks = l.heads,
                 .attempts = l.attempts,
                 .from_layer = l.from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER ? -1 : l.from_layer,
+                .prec = l.prec,
             };
             f->next_layer++;
             f->in_layer = false;
@@ -1834,8 +1841,9 @@ int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t
 /* ---------------------------------------------------------------- get_layer */
 
 static int s_layer_request(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
-                           uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
-                           kvedge_done_fn *on_done, void *ctx, s_req_t **out);
+                           uint16_t layer, const kvedge_prec_t *accept, size_t n_accept,
+                           int deadline_ms, kvedge_block_fn *on_block, kvedge_done_fn *on_done,
+                           void *ctx, s_req_t **out);
 
 /* One stream of n <= the node's max_chunks chunks (KVEDGE_EINVAL past it); the deadline
  * covers the whole stream. */
@@ -1843,18 +1851,30 @@ int kvedge_client_get_layer_async(kvedge_client_t *c, const kvedge_chunk_id_t *c
                                   uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
                                   kvedge_done_fn *on_done, void *ctx)
 {
+    return kvedge_client_get_layer_prec_async(c, chunks, n, layer, NULL, 0, deadline_ms, on_block,
+                                              on_done, ctx);
+}
+
+int kvedge_client_get_layer_prec_async(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
+                                       size_t n, uint16_t layer, const kvedge_prec_t *accept,
+                                       size_t n_accept, int deadline_ms, kvedge_block_fn *on_block,
+                                       kvedge_done_fn *on_done, void *ctx)
+{
     s_req_t *r;
-    int rc = s_layer_request(c, chunks, n, layer, deadline_ms, on_block, on_done, ctx, &r);
+    int rc = s_layer_request(c, chunks, n, layer, accept, n_accept, deadline_ms, on_block, on_done,
+                             ctx, &r);
     return rc == KVEDGE_OK ? s_submit(c, r) : rc;
 }
 
 /* A GET_LAYER stream's request, not yet sent. */
 static int s_layer_request(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
-                           uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
-                           kvedge_done_fn *on_done, void *ctx, s_req_t **out)
+                           uint16_t layer, const kvedge_prec_t *accept, size_t n_accept,
+                           int deadline_ms, kvedge_block_fn *on_block, kvedge_done_fn *on_done,
+                           void *ctx, s_req_t **out)
 {
     if (!c || !chunks || n == 0 || n > c->max_chunks || deadline_ms < 0 ||
-        deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS)
+        deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS ||
+        (accept && kvedge_prec_list_check(accept, n_accept) != KVEDGE_OK) || (!accept && n_accept))
         return KVEDGE_EINVAL;
     uint8_t *p;
     s_req_t *r = s_req_frame(KVEDGE_OP_GET_LAYER, (uint32_t)n, s_deadline(c, deadline_ms), NULL,
@@ -1864,6 +1884,10 @@ static int s_layer_request(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, 
     p[0] = (uint8_t)layer; /* layer u16 LE | reserved u16 | chunk ids */
     p[1] = (uint8_t)(layer >> 8);
     memcpy(p + 4, chunks, n * KVEDGE_CHUNK_ID_BYTES);
+    if (accept && zmsg_addmem(r->payload, accept, n_accept) != 0) {
+        s_req_free(r);
+        return KVEDGE_ENOMEM;
+    }
     r->stream = true;
     r->credit = c->credit;
     r->n_chunks = (uint32_t)n;
@@ -1937,6 +1961,15 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
                             uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
                             size_t out_cap, uint32_t *heads)
 {
+    return kvedge_client_get_layer_prec(c, chunks, n, layer, NULL, 0, buf, cap, out, out_cap,
+                                        heads);
+}
+
+int kvedge_client_get_layer_prec(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
+                                 uint16_t layer, const kvedge_prec_t *accept, size_t n_accept,
+                                 uint8_t *buf, size_t cap, kvedge_fetched_t *out, size_t out_cap,
+                                 uint32_t *heads)
+{
     if (!c || (cap && !buf) || (out_cap && !out))
         return KVEDGE_EINVAL;
     s_layer_t *l = calloc(1, sizeof *l);
@@ -1956,11 +1989,13 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
     s_path_t path = s_path_open(c);
     int rc;
     if (!path.ch) {
-        rc = kvedge_client_get_layer_async(c, chunks, n, layer, 0, s_layer_block, s_layer_done, l);
+        rc = kvedge_client_get_layer_prec_async(c, chunks, n, layer, accept, n_accept, 0,
+                                                s_layer_block, s_layer_done, l);
     } else {
         /* Direct: the stream runs on this thread's channel, its callbacks here too. */
         s_req_t *r;
-        rc = s_layer_request(c, chunks, n, layer, 0, s_layer_block, s_layer_done, l, &r);
+        rc = s_layer_request(c, chunks, n, layer, accept, n_accept, 0, s_layer_block, s_layer_done,
+                             l, &r);
         if (rc == KVEDGE_OK) {
             s_io_submit(path.ch, r); /* failures end the stream (on_done) at once */
             if (!s_chan_run(c, path.ch, &l->done))
@@ -2118,8 +2153,20 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
         req->layers > KVEDGE_WIRE_FETCH_MAX_LAYERS || req->deadline_ms < 0 ||
         req->deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS ||
         (!req->compute_us) != (!req->recompute_us) ||
-        (!req->mapped_model_id) != (!req->mapped_chunks))
+        (!req->mapped_model_id) != (!req->mapped_chunks) || (!req->accept && req->n_accept) ||
+        (!req->accept && req->quality_metric != KVEDGE_QUALITY_NONE))
         return KVEDGE_EINVAL;
+    kvedge_wire_fetch_prec_t prec = {0};
+    if (req->accept) {
+        if (req->n_accept > KVEDGE_WIRE_MAX_ACCEPT)
+            return KVEDGE_EINVAL;
+        prec.metric = req->quality_metric;
+        prec.n = (uint8_t)req->n_accept;
+        prec.budget = req->quality_budget;
+        memcpy(prec.accept, req->accept, req->n_accept);
+        if (kvedge_wire_fetch_prec_check(&prec) != KVEDGE_OK)
+            return KVEDGE_EINVAL;
+    }
     kvedge_wire_fetch_spec_t spec = {
         .first_layer = req->first_layer, .layers = req->layers, .tokens = req->tokens};
     if (strlen(req->model_id) >= KVEDGE_WIRE_MODEL_ID_BYTES)
@@ -2132,6 +2179,8 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
             return KVEDGE_EINVAL;
         spec.flags |= KVEDGE_WIRE_FETCH_FLAG_MAPPED;
     }
+    if (req->accept)
+        spec.flags |= KVEDGE_WIRE_FETCH_FLAG_PREC;
     uint8_t *p;
     s_req_t *r = s_req_frame(KVEDGE_OP_FETCH, (uint32_t)req->n, s_deadline(c, req->deadline_ms),
                              NULL, KVEDGE_WIRE_FETCH_SPEC_BYTES, &p);
@@ -2164,6 +2213,14 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
             zmsg_append(r->payload, &t);
         }
     }
+    if (rc == KVEDGE_OK && req->accept) {
+        /* The precision frame: after the times, before the mapped frame. */
+        uint8_t pf[KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + KVEDGE_WIRE_MAX_ACCEPT];
+        size_t plen;
+        kvedge_wire_fetch_prec_pack(&prec, pf, &plen);
+        if (zmsg_addmem(r->payload, pf, plen) != 0)
+            rc = KVEDGE_ENOMEM;
+    }
     if (rc == KVEDGE_OK && req->mapped_model_id) {
         /* The mapped frame, always the last: its model id and its chain. */
         size_t ids = req->n * KVEDGE_CHUNK_ID_BYTES;
@@ -2182,6 +2239,7 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
     }
     r->fetch->cbs = *cbs;
     r->fetch->mapped = req->mapped_model_id != NULL;
+    r->fetch->prec = req->accept != NULL;
     r->fetch->first_layer = req->first_layer;
     r->fetch->layers = req->layers;
     r->stream = true;

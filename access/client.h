@@ -29,6 +29,7 @@
 #include "store/chunk.h"
 #include "store/error.h"
 #include "store/model.h"
+#include "store/prec.h"
 #include "store/stats.h"
 
 #ifdef __cplusplus
@@ -150,6 +151,23 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
                             uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
                             size_t out_cap, uint32_t *heads);
 
+/* GET_LAYER at a precision (the cache optimizer): the node serves each head at the first
+ * precision of accept (n_accept store/prec.h rungs, best first) it holds, or derives it from
+ * a finer block when its settings allow (docs/protocol.md, "Precisions"); a head it can serve
+ * at none of them is a miss (KVEDGE_ENOTFOUND). The blocks say their own precision
+ * (kvedge_prec_of_block). accept NULL and n_accept 0: the blocks as stored, exactly as
+ * kvedge_client_get_layer_async / kvedge_client_get_layer. Errors: those of the plain forms;
+ * KVEDGE_EINVAL for a list kvedge_prec_list_check refuses (empty, too long, unknown rung,
+ * a rung twice). */
+int kvedge_client_get_layer_prec_async(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
+                                       size_t n, uint16_t layer, const kvedge_prec_t *accept,
+                                       size_t n_accept, int deadline_ms, kvedge_block_fn *on_block,
+                                       kvedge_done_fn *on_done, void *ctx);
+int kvedge_client_get_layer_prec(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, size_t n,
+                                 uint16_t layer, const kvedge_prec_t *accept, size_t n_accept,
+                                 uint8_t *buf, size_t cap, kvedge_fetched_t *out, size_t out_cap,
+                                 uint32_t *heads);
+
 /* Zero-copy receive: takes ownership of the received ZeroMQ frame that holds the block an
  * on_block callback (GET_LAYER's kvedge_block_fn, FETCH's kvedge_fetch_cbs_t.on_block) was
  * just given, so its `data` stays valid after the callback returns, until the handle is
@@ -229,6 +247,14 @@ typedef struct {
      * mapped->this registered with the master); NULL: none */
     const char *mapped_model_id;
     const kvedge_chunk_id_t *mapped_chunks; /* its chain over the same tokens, n ids */
+    /* The cache optimizer: the precisions (store/prec.h rungs, best first, n_accept of them)
+     * the client accepts for fetched layers, and a quality budget the proxy keeps the sum of
+     * the chosen layers' costs under (the model's per-layer sensitivity profile, the metric's
+     * unit; KVEDGE_QUALITY_NONE: no budget, budget 0). accept NULL: the blocks as stored. */
+    const kvedge_prec_t *accept;
+    size_t n_accept;
+    kvedge_quality_metric_t quality_metric;
+    double quality_budget;
 } kvedge_fetch_req_t;
 
 #define KVEDGE_FETCH_MAX_SOURCES 32
@@ -253,8 +279,10 @@ typedef struct {
         int source;                  /* index into source[], -1: compute it locally */
         kvedge_plan_reason_t reason; /* kvedge_plan_reason_name */
         double cost_us;
-        int from_layer; /* -1: this model's own layer; else the mapped model's layer planned
-                           for it */
+        int from_layer;  /* -1: this model's own layer; else the mapped model's layer planned
+                            for it */
+        int prec;        /* the rung planned (store/prec.h); 0 without a precision choice */
+        int prec_reason; /* why (kvedge_plan_prec_reason_name); 0 with prec 0 */
     } layer[KVEDGE_FETCH_MAX_LAYERS];
 } kvedge_fetch_plan_t;
 
@@ -270,6 +298,7 @@ typedef struct {
     uint32_t attempts;
     int from_layer; /* -1 own; else the mapped model's layer delivered (blocks have its heads
                        and head_dim) */
+    int prec;       /* the rung planned for a delivered layer; 0 without a precision choice */
 } kvedge_fetch_layer_t;
 
 /* Callbacks run on the client's I/O thread, in stream order: on_plan once, then per layer its
@@ -287,7 +316,9 @@ typedef struct {
 
 /* Starts a FETCH on a proxy; returns at once. Errors: KVEDGE_EINVAL (bad request; compute_us
  * without recompute_us or the reverse; a time negative or not finite; mapped_model_id without
- * mapped_chunks or the reverse, empty, too long or equal to model_id), KVEDGE_ENOMEM,
+ * mapped_chunks or the reverse, empty, too long or equal to model_id; accept refused by
+ * kvedge_prec_list_check, n_accept without accept, a metric or budget refused by
+ * kvedge_quality_budget_check, a metric without accept), KVEDGE_ENOMEM,
  * KVEDGE_EBUSY, KVEDGE_ECLOSED. The stream's own errors come in on_done: KVEDGE_ENOMODEL
  * (the proxy does not know the model), KVEDGE_ESHAPE (layers outside it), KVEDGE_ETIMEDOUT,
  * KVEDGE_EPROTO. */

@@ -200,13 +200,17 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
                 return KVEDGE_EPROTO;
         return KVEDGE_OK;
     case KVEDGE_OP_GET:
-        return s_check(s_count_in(c, 1, KVEDGE_WIRE_MAX_ITEMS) &&
-                       s_one_array(f, n, c, KVEDGE_WIRE_KEY_BYTES));
+        /* f1: keys; f2 (optional): the precisions accepted. */
+        return s_check(s_count_in(c, 1, KVEDGE_WIRE_MAX_ITEMS) && (n == 1 || n == 2) &&
+                       f[0].len == (size_t)c * KVEDGE_WIRE_KEY_BYTES &&
+                       (n == 1 || f[1].len <= KVEDGE_WIRE_MAX_ACCEPT));
     case KVEDGE_OP_GET_LAYER:
-        /* f1: layer u16 | reserved u16 | N chunk ids. */
+        /* f1: layer u16 | reserved u16 | N chunk ids; f2 (optional): the precisions
+         * accepted. */
         if (!s_count_in(c, 1, KVEDGE_WIRE_MAX_CHUNKS) ||
-            !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || n != 1 ||
-            f[0].len != 4 + (size_t)c * KVEDGE_CHUNK_ID_BYTES)
+            !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || (n != 1 && n != 2) ||
+            f[0].len != 4 + (size_t)c * KVEDGE_CHUNK_ID_BYTES ||
+            (n == 2 && f[1].len > KVEDGE_WIRE_MAX_ACCEPT))
             return KVEDGE_EPROTO;
         return s_check(kvedge_le_get16(f[0].data + 2) == 0);
     case KVEDGE_OP_LOOKUP:
@@ -255,6 +259,13 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
                 strcmp(mid, spec.model_id) == 0)
                 return KVEDGE_EPROTO;
             base = n - 1;
+        }
+        if (spec.flags & KVEDGE_WIRE_FETCH_FLAG_PREC) {
+            kvedge_wire_fetch_prec_t pr;
+            if (base < 3 ||
+                kvedge_wire_fetch_prec_parse(f[base - 1].data, f[base - 1].len, &pr) != KVEDGE_OK)
+                return KVEDGE_EPROTO;
+            base--;
         }
         return s_check(base == 2 || (base == 3 && f[2].len == (size_t)spec.layers *
                                                                   KVEDGE_WIRE_FETCH_TIMES_BYTES));
@@ -721,6 +732,41 @@ int kvedge_wire_fetch_spec_parse(const uint8_t *in, size_t len, kvedge_wire_fetc
                    (uint32_t)s->first_layer + s->layers <= 65536u);
 }
 
+/* prec: metric u8 | K u8 | reserved u16 | reserved u32 | budget f64 | K rungs */
+int kvedge_wire_fetch_prec_pack(const kvedge_wire_fetch_prec_t *p, uint8_t *out, size_t *len)
+{
+    if (!p || !out || !len || p->n > KVEDGE_WIRE_MAX_ACCEPT)
+        return KVEDGE_EINVAL;
+    memset(out, 0, KVEDGE_WIRE_FETCH_PREC_HDR_BYTES);
+    out[0] = (uint8_t)p->metric;
+    out[1] = p->n;
+    s_putd(out + 8, p->budget);
+    memcpy(out + KVEDGE_WIRE_FETCH_PREC_HDR_BYTES, p->accept, p->n);
+    *len = KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + p->n;
+    return KVEDGE_OK;
+}
+
+int kvedge_wire_fetch_prec_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_prec_t *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!in || len < KVEDGE_WIRE_FETCH_PREC_HDR_BYTES ||
+        len != KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + (size_t)in[1] || in[1] > KVEDGE_WIRE_MAX_ACCEPT ||
+        !s_all_zero(in + 2, 6))
+        return KVEDGE_EPROTO;
+    p->metric = (kvedge_quality_metric_t)in[0];
+    p->n = in[1];
+    p->budget = s_getd(in + 8);
+    memcpy(p->accept, in + KVEDGE_WIRE_FETCH_PREC_HDR_BYTES, p->n);
+    return KVEDGE_OK;
+}
+
+int kvedge_wire_fetch_prec_check(const kvedge_wire_fetch_prec_t *p)
+{
+    if (!p || kvedge_prec_list_check(p->accept, p->n) != KVEDGE_OK)
+        return KVEDGE_EINVAL;
+    return kvedge_quality_budget_check(p->metric, p->budget);
+}
+
 /* mapped: model id (124) | reserved u32 | N chunk ids */
 int kvedge_wire_fetch_mapped_pack(const char *model_id,
                                   uint8_t out[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES])
@@ -789,14 +835,16 @@ void kvedge_wire_fetch_layer_pack(const kvedge_wire_fetch_layer_t *l,
     kvedge_le_put32(out + 8, (uint32_t)l->status);
     kvedge_le_put32(out + 12, l->heads);
     kvedge_le_put32(out + 16, l->attempts);
+    out[20] = l->prec;
 }
 
 int kvedge_wire_fetch_layer_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_layer_t *l)
 {
     memset(l, 0, sizeof *l);
     if (!in || len != KVEDGE_WIRE_FETCH_LAYER_BYTES || in[0] != KVEDGE_FETCH_MSG_LAYER ||
-        !s_all_zero(in + 20, 4))
+        !s_all_zero(in + 21, 3))
         return KVEDGE_EPROTO;
+    l->prec = in[20];
     l->reason = in[1];
     l->layer = kvedge_le_get16(in + 2);
     l->source = (int16_t)kvedge_le_get16(in + 4);
@@ -809,7 +857,8 @@ int kvedge_wire_fetch_layer_parse(const uint8_t *in, size_t len, kvedge_wire_fet
                    l->source < KVEDGE_WIRE_FETCH_MAX_SOURCES &&
                    (delivered || l->status == KVEDGE_ENOTFOUND) && (!delivered || l->source >= 0) &&
                    l->attempts <= KVEDGE_WIRE_FETCH_MAX_SOURCES &&
-                   (delivered || l->from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER));
+                   (delivered || l->from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER) &&
+                   (l->prec == KVEDGE_PREC_STORED || (delivered && kvedge_prec_valid(l->prec))));
 }
 
 /* plan: kind u8 | reserved 3 | sources u32 | layers u32 | split u32 | 5 x f64 */
@@ -891,6 +940,8 @@ void kvedge_wire_fetch_plan_layer_pack(const kvedge_wire_fetch_plan_layer_t *l,
     out[2] = l->reason;
     out[3] = l->mapped ? 1 : 0;
     kvedge_le_put16(out + 4, l->mapped ? l->from_layer : KVEDGE_WIRE_FETCH_OWN_LAYER);
+    out[6] = l->prec;
+    out[7] = l->prec_reason;
     s_putd(out + 8, l->cost_us);
 }
 
@@ -898,9 +949,11 @@ int kvedge_wire_fetch_plan_layer_parse(const uint8_t *in, size_t len,
                                        kvedge_wire_fetch_plan_layer_t *l)
 {
     memset(l, 0, sizeof *l);
-    if (!in || len != KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES || in[3] > 1 || !s_all_zero(in + 6, 2))
+    if (!in || len != KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES || in[3] > 1)
         return KVEDGE_EPROTO;
     l->source = (int16_t)kvedge_le_get16(in);
+    l->prec = in[6];
+    l->prec_reason = in[7];
     l->reason = in[2];
     l->mapped = in[3] == 1;
     l->from_layer = kvedge_le_get16(in + 4);
@@ -909,6 +962,13 @@ int kvedge_wire_fetch_plan_layer_parse(const uint8_t *in, size_t len,
      * from a source and names a layer; an own one names none. */
     return s_check(l->source >= -1 && l->source < KVEDGE_WIRE_FETCH_MAX_SOURCES &&
                    l->reason <= 16 && (l->cost_us >= 0) &&
+                   /* a rung only for a fetched layer; a reason only with a rung, but for a
+                    * layer recomputed to stay within the budget */
+                   (l->prec == KVEDGE_PREC_STORED
+                        ? l->prec_reason == KVEDGE_PLAN_PREC_NONE ||
+                              (l->source == -1 && l->prec_reason == KVEDGE_PLAN_PREC_BUDGET)
+                        : l->source >= 0 && kvedge_prec_valid(l->prec) &&
+                              l->prec_reason <= KVEDGE_PLAN_PREC_ONLY) &&
                    (l->mapped ? l->source >= 0 && l->from_layer != KVEDGE_WIRE_FETCH_OWN_LAYER
                               : l->from_layer == KVEDGE_WIRE_FETCH_OWN_LAYER));
 }

@@ -12,6 +12,7 @@
 #include "store/byteorder.h"
 #include "store/stats.h"
 #include "store/model.h"
+#include "store/prec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,6 +47,11 @@ extern "C" {
 #define KVEDGE_WIRE_STATS_BYTES       136
 #define KVEDGE_WIRE_NODE_INFO_BYTES   64
 #define KVEDGE_WIRE_STREAM_HDR_BYTES  12
+/* GET and GET_LAYER: an optional last frame lists the precisions (store/prec.h rungs, one
+ * byte each, best first) the reader accepts: at most this many bytes. The node checks the
+ * list itself (kvedge_prec_list_check) and answers an empty, unknown or repeating one with
+ * KVEDGE_EINVAL. */
+#define KVEDGE_WIRE_MAX_ACCEPT KVEDGE_PREC_MAX_ACCEPT
 
 typedef enum {
     KVEDGE_OP_HELLO = 1,
@@ -134,7 +140,13 @@ typedef struct {
 /* The spec's flags: MAPPED (large-small) adds the mapped frame, always the last. Other bits
  * are refused. */
 #define KVEDGE_WIRE_FETCH_FLAG_MAPPED 0x1u
-#define KVEDGE_WIRE_FETCH_FLAGS_KNOWN KVEDGE_WIRE_FETCH_FLAG_MAPPED
+/* PREC (the cache optimizer): a precision frame, after the times frame and before the
+ * mapped frame: the precisions the client accepts and its quality budget. */
+#define KVEDGE_WIRE_FETCH_FLAG_PREC   0x2u
+#define KVEDGE_WIRE_FETCH_FLAGS_KNOWN (KVEDGE_WIRE_FETCH_FLAG_MAPPED | KVEDGE_WIRE_FETCH_FLAG_PREC)
+/* The precision frame: metric u8 | K u8 | reserved u16 | reserved u32 | budget f64 | K rungs
+ * (16 + K bytes, K 0 ... KVEDGE_WIRE_MAX_ACCEPT). */
+#define KVEDGE_WIRE_FETCH_PREC_HDR_BYTES 16
 /* The mapped frame: mapped model id (124, NUL-padded) | reserved u32 | N chunk ids. */
 #define KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES 128
 /* from_layer of a layer that is the requested model's own (plan and LAYER records). */
@@ -154,6 +166,15 @@ typedef struct {
     uint32_t flags;  /* KVEDGE_WIRE_FETCH_FLAG_*; only known bits */
 } kvedge_wire_fetch_spec_t;
 
+/* A FETCH's precision frame. parse checks the structure only (length, reserved bytes);
+ * kvedge_wire_fetch_prec_check checks the meaning (the proxy answers KVEDGE_EINVAL). */
+typedef struct {
+    kvedge_quality_metric_t metric; /* what the budget bounds; NONE: no budget */
+    uint8_t n;                      /* rungs in accept */
+    kvedge_prec_t accept[KVEDGE_WIRE_MAX_ACCEPT];
+    double budget; /* the most the request's layers may cost together, in the metric's unit */
+} kvedge_wire_fetch_prec_t;
+
 typedef struct {
     uint8_t source; /* index into the plan's sources */
     uint16_t layer;
@@ -172,6 +193,9 @@ typedef struct {
     /* KVEDGE_WIRE_FETCH_OWN_LAYER: the requested model's own layer (always so when not
      * delivered); else the mapped model's layer whose blocks were delivered for it. */
     uint16_t from_layer;
+    /* The precision the plan chose for it (a store/prec.h rung), when the request had a
+     * precision frame and the layer was delivered; else KVEDGE_PREC_STORED (0). */
+    kvedge_prec_t prec;
 } kvedge_wire_fetch_layer_t;
 
 typedef struct {
@@ -195,6 +219,10 @@ typedef struct {
     double cost_us;
     bool mapped;         /* planned from the mapped model's layer from_layer (source >= 0) */
     uint16_t from_layer; /* mapped: that layer; else KVEDGE_WIRE_FETCH_OWN_LAYER */
+    /* With a precision frame: the rung planned for a fetched layer and why
+     * (kvedge_plan_prec_reason_t, proxy/plan.h); 0 and 0 otherwise. */
+    kvedge_prec_t prec;
+    uint8_t prec_reason;
 } kvedge_wire_fetch_plan_layer_t;
 
 int kvedge_wire_fetch_spec_pack(const kvedge_wire_fetch_spec_t *s,
@@ -207,6 +235,14 @@ int kvedge_wire_fetch_mapped_pack(const char *model_id,
                                   uint8_t out[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES]);
 int kvedge_wire_fetch_mapped_parse(const uint8_t *in, size_t len, uint32_t n,
                                    char model_id[KVEDGE_WIRE_MODEL_ID_BYTES], const uint8_t **ids);
+/* pack: KVEDGE_EINVAL when n > KVEDGE_WIRE_MAX_ACCEPT; writes 16 + n bytes into out (room
+ * for KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + KVEDGE_WIRE_MAX_ACCEPT). parse: KVEDGE_EPROTO unless
+ * len is 16 + K with K <= KVEDGE_WIRE_MAX_ACCEPT and the reserved bytes are 0. */
+int kvedge_wire_fetch_prec_pack(const kvedge_wire_fetch_prec_t *p, uint8_t *out, size_t *len);
+int kvedge_wire_fetch_prec_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_prec_t *p);
+/* The meaning: a valid accept list (kvedge_prec_list_check), a known metric, and a budget
+ * inside the metric's bounds (kvedge_quality_budget_check). 0 or KVEDGE_EINVAL. */
+int kvedge_wire_fetch_prec_check(const kvedge_wire_fetch_prec_t *p);
 void kvedge_wire_fetch_block_pack(const kvedge_wire_fetch_block_t *b,
                                   uint8_t out[KVEDGE_WIRE_FETCH_BLOCK_BYTES]);
 int kvedge_wire_fetch_block_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_block_t *b);

@@ -555,10 +555,12 @@ int kvedge_master_dir_pack(const kvedge_master_dir_t *r,
     /* Bits past the last layer must be zero: canonical bytes. */
     if (r->layers % 8 && (r->held[bl - 1] >> (r->layers % 8)) != 0)
         return KVEDGE_EINVAL;
+    if (r->rungs == KVEDGE_MASTER_DIR_DERIVES) /* "derives" says nothing without a rung */
+        return KVEDGE_EINVAL;
     s_rec_head_pack(out, S_REC_DIR);
     out[2] = (uint8_t)ml;
     kvedge_le_put16(out + 4, r->layers);
-    kvedge_le_put16(out + 6, 0);
+    kvedge_le_put16(out + 6, r->rungs);
     memcpy(out + KVEDGE_MASTER_DIR_FIXED_BYTES, r->model_id, ml);
     memcpy(out + KVEDGE_MASTER_DIR_FIXED_BYTES + ml, r->held, bl);
     *len = KVEDGE_MASTER_DIR_FIXED_BYTES + ml + bl;
@@ -571,7 +573,11 @@ int kvedge_master_dir_parse(const uint8_t *in, size_t len, kvedge_master_dir_t *
     int rc = s_rec_head(in, len, S_REC_DIR);
     if (rc != KVEDGE_OK)
         return rc;
-    if (len < KVEDGE_MASTER_DIR_FIXED_BYTES || in[3] != 0 || kvedge_le_get16(in + 6) != 0)
+    if (len < KVEDGE_MASTER_DIR_FIXED_BYTES || in[3] != 0)
+        return KVEDGE_EPROTO;
+    /* rungs: bits 0 ... 14 and the DERIVES bit; "derives" says nothing without a rung. */
+    uint16_t rungs = kvedge_le_get16(in + 6);
+    if (rungs == KVEDGE_MASTER_DIR_DERIVES)
         return KVEDGE_EPROTO;
     size_t ml = in[2];
     uint16_t layers = kvedge_le_get16(in + 4);
@@ -586,7 +592,36 @@ int kvedge_master_dir_parse(const uint8_t *in, size_t len, kvedge_master_dir_t *
     memcpy(r->model_id, id, ml);
     r->layers = layers;
     memcpy(r->held, bits, bl);
+    r->rungs = rungs;
     return KVEDGE_OK;
+}
+
+int kvedge_master_rung_bit(kvedge_prec_t rung)
+{
+    if (!kvedge_prec_valid(rung))
+        return -1;
+    return (int)(KVEDGE_PREC_BASE(rung) - 1 + 5 * KVEDGE_PREC_THINK(rung));
+}
+
+bool kvedge_master_dir_serves(const kvedge_master_dir_t *d, kvedge_prec_t rung)
+{
+    uint16_t held = d->rungs & (uint16_t)~KVEDGE_MASTER_DIR_DERIVES;
+    if (held == 0)
+        return true; /* not said */
+    int want = kvedge_master_rung_bit(rung);
+    if (want < 0)
+        return false;
+    if (held >> want & 1u)
+        return true;
+    if (!(d->rungs & KVEDGE_MASTER_DIR_DERIVES))
+        return false;
+    for (unsigned b = 0; b < KVEDGE_MASTER_DIR_RUNGS; b++)
+        if (held >> b & 1u) {
+            kvedge_prec_t from = KVEDGE_PREC_MAKE(b % 5 + 1, b / 5);
+            if (kvedge_prec_derivable(from, rung))
+                return true;
+        }
+    return false;
 }
 
 int kvedge_master_link_pack(const kvedge_master_link_t *r,

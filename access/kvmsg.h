@@ -191,10 +191,18 @@ typedef struct {
     uint16_t from[KVEDGE_MODEL_MAX_LAYERS]; /* per edge layer: a cloud layer, or MAP_NONE */
 } kvedge_master_map_t;
 
+/* The precisions a directory entry says a node serves (the cache optimizer): bit i for
+ * the ladder rung kvedge_master_rung_bit(i) held by every block of the chunk's held layers
+ * (as put: the primary), and KVEDGE_MASTER_DIR_DERIVES when the node derives coarser rungs
+ * from them. 0: not said (an older node): assume anything may be served. */
+#define KVEDGE_MASTER_DIR_RUNGS   15
+#define KVEDGE_MASTER_DIR_DERIVES 0x8000u
+
 typedef struct {
     char model_id[KVEDGE_MASTER_MAX_MODEL_ID_BYTES + 1];
     uint16_t layers;                           /* bits of held that count */
     uint8_t held[KVEDGE_MODEL_MAX_LAYERS / 8]; /* bit l (LSB first) = layer l held */
+    uint16_t rungs;                            /* precisions served, above; 0: unknown */
 } kvedge_master_dir_t;
 
 typedef struct {
@@ -237,6 +245,13 @@ static inline void kvedge_master_dir_set(kvedge_master_dir_t *d, unsigned layer)
     if (layer < d->layers)
         d->held[layer / 8] |= (uint8_t)(1u << (layer % 8));
 }
+
+/* The bit of a ladder rung in kvedge_master_dir_t.rungs: (base - 1) + 5 x ThinK level, 0 ...
+ * 14; -1 for anything that is not a rung. */
+int kvedge_master_rung_bit(kvedge_prec_t rung);
+/* Whether a directory entry says its node can serve `rung` (held, or derivable from a held
+ * rung by a node that derives); true when the entry says nothing (rungs 0). */
+bool kvedge_master_dir_serves(const kvedge_master_dir_t *d, kvedge_prec_t rung);
 
 int kvedge_master_link_pack(const kvedge_master_link_t *r,
                             uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len);

@@ -45,7 +45,8 @@ typedef enum {
     X(FALLBACK_CORRUPT, 4, "fallback:corrupt") /* its source sent a block that failed checks */    \
     X(RECOMPUTE, 5, "recompute")               /* the plan says computing it is faster */          \
     X(MISS, 6, "miss")                         /* no reachable source has it */                    \
-    X(MISS_DEADLINE, 7, "miss:deadline")       /* the request's deadline came first */
+    X(MISS_DEADLINE, 7, "miss:deadline")       /* the request's deadline came first */             \
+    X(REPLAN_BANDWIDTH, 8, "replan:bandwidth") /* a source's bandwidth changed mid-request */
 
 typedef enum {
 #define KVEDGE_FETCH_REASON_ENUM(name, value, text) KVEDGE_FETCH_##name = value,
@@ -57,6 +58,51 @@ typedef enum {
 const char *kvedge_fetch_reason_name(int reason);
 
 /* Short text for a reason ("near", "recompute:no-source"); never NULL, static storage. */
+/* Why the planner (proxy/plan.h, kvedge_plan_make_prec) gave a layer its precision: the PLAN
+ * layer record's prec reason. Only layers of a plan made with a precision choice have one
+ * other than NONE; a recomputed layer has NONE or BUDGET. */
+#define KVEDGE_PLAN_PREC_REASON_MAP(X)                                                             \
+    X(NONE, "none")                     /* recompute (not BUDGET), or no precision choice */       \
+    X(FINEST, "finest")                 /* the finest rung its source serves for the layer */      \
+    X(COARSER_FASTER, "coarser-faster") /* coarser than the source's finest: lowers T, fits */     \
+    X(BUDGET, "budget") /* a coarser rung (or, for a recomputed layer, any fetch) would lower T    \
+                           but the plan would exceed the budget */                                 \
+    X(ONLY, "only")     /* the source serves this layer at this rung only */
+
+typedef enum {
+#define KVEDGE_PLAN_PREC_REASON_ENUM(name, text) KVEDGE_PLAN_PREC_##name,
+    KVEDGE_PLAN_PREC_REASON_MAP(KVEDGE_PLAN_PREC_REASON_ENUM)
+#undef KVEDGE_PLAN_PREC_REASON_ENUM
+} kvedge_plan_prec_reason_t;
+
+/* Short text for a precision reason ("finest", "coarser-faster"); "?" for an unknown value;
+ * never NULL, static storage. */
+const char *kvedge_plan_prec_reason_name(kvedge_plan_prec_reason_t reason);
+
+/* What a request's quality budget bounds (the cache optimizer): the sum over its layers of
+ * each layer's cost at the precision it is fetched at, from the model's per-layer
+ * sensitivity profile (proxy/quality.h). */
+typedef enum {
+    KVEDGE_QUALITY_NONE = 0,    /* no budget: any accepted precision, fastest first */
+    KVEDGE_QUALITY_PPL_PCT = 1, /* perplexity increase over lossless, percent (0 ... 100) */
+    KVEDGE_QUALITY_KL = 2,      /* mean KL(lossless || fetched), nats (0 ... 10) */
+} kvedge_quality_metric_t;
+#define KVEDGE_QUALITY_PPL_PCT_MAX 100.0
+#define KVEDGE_QUALITY_KL_MAX      10.0
+
+/* "none", "ppl", "kl"; "?" for anything else. */
+const char *kvedge_quality_metric_name(kvedge_quality_metric_t metric);
+/* 0 when budget is finite, >= 0 and within the metric's maximum (NONE: budget 0), else
+ * KVEDGE_EINVAL (also for an unknown metric). */
+int kvedge_quality_budget_check(kvedge_quality_metric_t metric, double budget);
+
+/* Parses a budget: "ppl:X" or "ppl:X%" (perplexity change, percent, 0 ..
+ * KVEDGE_QUALITY_PPL_PCT_MAX) or "kl:X" (nats, 0 .. KVEDGE_QUALITY_KL_MAX), X a decimal number
+ * (digits first, exponent allowed; no sign, hex, "nan" or "inf"); "none" is
+ * KVEDGE_QUALITY_NONE with budget 0. Errors: KVEDGE_EINVAL (NULL, empty, an unknown metric, a
+ * malformed, non-finite or underflowing number, out of bounds); outputs untouched then. */
+int kvedge_quality_budget_parse(const char *s, kvedge_quality_metric_t *metric, double *budget);
+
 const char *kvedge_plan_reason_name(kvedge_plan_reason_t reason);
 
 /* Short text for a kind ("local", "peer", "cloud", "history", "recompute"); never NULL. */

@@ -1,5 +1,7 @@
 /* Block codec throughput: encode and decode (parse + decode to fp16) of a working set larger
- * than the caches, for each scheme, compared with memcpy of the same bytes in the same run. */
+ * than the caches, for each scheme, compared with memcpy of the same bytes in the same run;
+ * with --transcode, deriving a coarser precision from a stored block (store/prec.h) against
+ * reading one stored at that precision. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -9,6 +11,7 @@
 #include "bench/bench_common.h"
 #include "store/block.h"
 #include "store/error.h"
+#include "store/prec.h"
 #include "store/synth.h"
 
 /* One block: one head of one layer of one chunk. */
@@ -154,9 +157,157 @@ static void s_usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--reps N (>= %d)] [--mib N (working set, default %d)] [--row N]\n"
-            "       %s --callgrind [--mib N] [--row N]\n",
-            argv0, KVEDGE_BENCH_REPS_MIN, S_WORKING_SET_MIB_DEFAULT, argv0);
+            "       %s --callgrind [--mib N] [--row N]\n"
+            "       %s --transcode [--reps N] [--mib N]\n",
+            argv0, KVEDGE_BENCH_REPS_MIN, S_WORKING_SET_MIB_DEFAULT, argv0, argv0);
     exit(2);
+}
+
+/* --transcode: one row per derivation a node may make instead of storing the variant. */
+typedef struct {
+    const s_row_t *src; /* the stored blocks it derives from */
+    kvedge_prec_t from, to;
+    size_t stride;  /* bytes reserved per output block */
+    uint8_t *arena; /* the same blocks stored at `to` (the output of a transcode pass) */
+    uint8_t *copy;  /* memcpy's destination */
+    size_t *len;    /* length of each block at `to` */
+    uint64_t out;   /* bytes of the working set at `to` */
+    double *t_tx;   /* seconds per pass: verify the source, transcode, free the output */
+    double *t_read; /* seconds per pass: verify the stored block at `to` */
+    double *t_mem;  /* seconds per pass: memcpy of the blocks at `to` */
+} s_tx_row_t;
+
+/* What serving a precision the node does not hold costs: the stored source is verified as
+ * every read is (kvedge_block_check), then re-encoded; the output is counted, then freed. */
+static double s_pass_transcode(s_tx_row_t *row, size_t n, bool keep)
+{
+    double t0 = bench_now_s();
+    for (size_t i = 0; i < n; i++) {
+        kvedge_block_info_t info;
+        KVEDGE_BENCH_CHECK(
+            kvedge_block_check(row->src->arena + i * row->src->stride, row->src->len[i], &info));
+        uint8_t *out = NULL;
+        size_t len = 0;
+        KVEDGE_BENCH_CHECK(kvedge_block_transcode(&info, row->to, false, &out, &len));
+        if (keep) {
+            if (len > row->stride) {
+                fprintf(stderr, "%s: block %zu is %zu bytes, %zu reserved\n",
+                        kvedge_prec_name(row->to), i, len, row->stride);
+                exit(1);
+            }
+            memcpy(row->arena + i * row->stride, out, len);
+            row->len[i] = len;
+        }
+        free(out);
+    }
+    return bench_now_s() - t0;
+}
+
+/* The alternative, storing the variant: a hit reads and verifies the block as stored. */
+static double s_pass_read(const s_tx_row_t *row, size_t n)
+{
+    double t0 = bench_now_s();
+    for (size_t i = 0; i < n; i++) {
+        kvedge_block_info_t info;
+        KVEDGE_BENCH_CHECK(kvedge_block_check(row->arena + i * row->stride, row->len[i], &info));
+    }
+    return bench_now_s() - t0;
+}
+
+static double s_pass_tx_memcpy(const s_tx_row_t *row, size_t n)
+{
+    double t0 = bench_now_s();
+    for (size_t i = 0; i < n; i++)
+        memcpy(row->copy + i * row->stride, row->arena + i * row->stride, row->len[i]);
+    return bench_now_s() - t0;
+}
+
+static int s_transcode_bench(s_row_t *src, size_t n_src, const s_set_t *set, int reps)
+{
+    for (size_t r = 0; r < n_src; r++) {
+        s_row_init(&src[r], set, reps);
+        s_pass_encode(&src[r], set);
+    }
+    const kvedge_prec_t think50 = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, KVEDGE_PREC_THINK_50);
+    s_tx_row_t rows[] = {
+        {.src = &src[0], .from = KVEDGE_PREC_LOSSLESS, .to = KVEDGE_PREC_INT8},
+        {.src = &src[0], .from = KVEDGE_PREC_LOSSLESS, .to = KVEDGE_PREC_INT4_G32},
+        {.src = &src[0], .from = KVEDGE_PREC_LOSSLESS, .to = think50},
+        {.src = &src[1], .from = KVEDGE_PREC_INT8, .to = KVEDGE_PREC_INT4_G32},
+    };
+    const size_t n_rows = sizeof rows / sizeof rows[0];
+    for (size_t r = 0; r < n_rows; r++) {
+        s_tx_row_t *row = &rows[r];
+        /* Every block has one shape, so the size of a rung's block is known before any. */
+        double per = kvedge_prec_bytes_per_fp16(row->to, S_TOKENS, S_HEAD_DIM, 2);
+        row->stride = ((size_t)(per * (double)set->half_bytes * 2.0 + 0.5) + 63) & ~(size_t)63;
+        row->arena = bench_alloc(set->n * row->stride);
+        row->copy = bench_alloc(set->n * row->stride);
+        memset(row->arena, 0, set->n * row->stride);
+        memset(row->copy, 0, set->n * row->stride);
+        row->len = bench_alloc(set->n * sizeof *row->len);
+        row->t_tx = bench_alloc((size_t)reps * sizeof(double));
+        row->t_read = bench_alloc((size_t)reps * sizeof(double));
+        row->t_mem = bench_alloc((size_t)reps * sizeof(double));
+        /* Untimed: fills the arena with the blocks at `to`, as if they had been stored. */
+        s_pass_transcode(row, set->n, true);
+        row->out = 0;
+        for (size_t i = 0; i < set->n; i++) {
+            kvedge_block_info_t info;
+            KVEDGE_BENCH_CHECK(
+                kvedge_block_parse(row->arena + i * row->stride, row->len[i], &info));
+            if (kvedge_prec_of_block(&info) != row->to) {
+                fprintf(stderr, "derived block is not at %s\n", kvedge_prec_name(row->to));
+                return 1;
+            }
+            row->out += row->len[i];
+        }
+        s_pass_read(row, set->n);
+        s_pass_tx_memcpy(row, set->n);
+    }
+
+    /* Repetitions interleave the rows and their peers, so noise spreads over all of them. */
+    for (int rep = 0; rep < reps; rep++)
+        for (size_t r = 0; r < n_rows; r++) {
+            rows[r].t_mem[rep] = s_pass_tx_memcpy(&rows[r], set->n);
+            rows[r].t_tx[rep] = s_pass_transcode(&rows[r], set->n, false);
+            rows[r].t_read[rep] = s_pass_read(&rows[r], set->n);
+        }
+
+    printf("### Transcode: %zu blocks of %u tokens x %u dims fp16 K+V (%.1f MiB as fp16), "
+           "median of %d passes\n\n",
+           set->n, S_TOKENS, S_HEAD_DIM, 2.0 * (double)set->n * (double)set->half_bytes / (1 << 20),
+           reps);
+    printf("| from | to | out MiB | transcode MB/s | us/block | read+verify MB/s | memcpy MB/s "
+           "| transcode/memcpy | transcode/read |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t r = 0; r < n_rows; r++) {
+        const s_tx_row_t *row = &rows[r];
+        const double bytes = (double)row->out;
+        double tx = bench_mbps(bytes, row->t_tx, (size_t)reps);
+        double rd = bench_mbps(bytes, row->t_read, (size_t)reps);
+        double mem = bench_mbps(bytes, row->t_mem, (size_t)reps);
+        double us = bench_median(row->t_tx, (size_t)reps) * 1e6 / (double)set->n;
+        printf("| %s | %s | %.1f | %.0f | %.1f | %.0f | %.0f | %.3f | %.3f |\n",
+               kvedge_prec_name(row->from), kvedge_prec_name(row->to), bytes / (1 << 20), tx, us,
+               rd, mem, tx / mem, tx / rd);
+    }
+    printf("\nMB/s = 10^6 bytes of output-rung blocks per second. transcode = kvedge_block_check "
+           "of the stored source, then kvedge_block_transcode (no lz4); read+verify = "
+           "kvedge_block_check of the block stored at the output rung; memcpy copies those "
+           "blocks, same run.\n");
+
+    for (size_t r = 0; r < n_rows; r++) {
+        free(rows[r].arena);
+        free(rows[r].copy);
+        free(rows[r].len);
+        free(rows[r].t_tx);
+        free(rows[r].t_read);
+        free(rows[r].t_mem);
+    }
+    for (size_t r = 0; r < n_src; r++)
+        s_row_free(&src[r]);
+    return 0;
 }
 
 /* --callgrind: one untimed encode pass of each selected row and nothing else timed, for an
@@ -192,7 +343,7 @@ int main(int argc, char **argv)
     int reps = KVEDGE_BENCH_REPS_MIN;
     size_t mib = S_WORKING_SET_MIB_DEFAULT;
     int only = -1; /* --row: one row of the table (0-based), -1 all */
-    bool callgrind = false;
+    bool callgrind = false, transcode = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
@@ -202,14 +353,26 @@ int main(int argc, char **argv)
             only = atoi(argv[++i]);
         else if (strcmp(argv[i], "--callgrind") == 0)
             callgrind = true;
+        else if (strcmp(argv[i], "--transcode") == 0)
+            transcode = true;
         else
             s_usage(argv[0]);
     }
-    if (reps < KVEDGE_BENCH_REPS_MIN || mib == 0 || only < -1)
+    if (reps < KVEDGE_BENCH_REPS_MIN || mib == 0 || only < -1 ||
+        (transcode && (callgrind || only >= 0)))
         s_usage(argv[0]);
 
     s_set_t set;
     s_make_set(&set, mib);
+    if (transcode) {
+        s_row_t src[] = {{.scheme = KVEDGE_SCHEME_LOSSLESS}, {.scheme = KVEDGE_SCHEME_INT8}};
+        int rc = s_transcode_bench(src, sizeof src / sizeof src[0], &set, reps);
+        free(set.k_in);
+        free(set.v_in);
+        free(set.k_out);
+        free(set.v_out);
+        return rc;
+    }
     s_row_t all_rows[] = {
         {.scheme = KVEDGE_SCHEME_LOSSLESS},
         {.scheme = KVEDGE_SCHEME_LOSSLESS, .lz4 = true},

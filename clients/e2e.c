@@ -203,6 +203,12 @@ static int s_quant_check(const kvedge_e2e_quant_t *q, uint32_t head_dim)
     return KVEDGE_OK;
 }
 
+/* Whether prefill puts layer l: every layer without a pruning set. */
+static bool s_layer_put(const kvedge_e2e_quant_t *q, uint32_t l)
+{
+    return !q->layers || kvedge_prune_set_has(q->layers, l);
+}
+
 /* Encodes every (chunk, head) of layer l into arena and describes them in items. */
 typedef struct {
     const kvedge_decoder_t *d;
@@ -300,6 +306,10 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
     int rc = s_quant_check(q, c->head_dim);
     if (rc != KVEDGE_OK)
         return rc;
+    /* A pruning set of another model, or one that keeps nothing: storing nothing is never
+     * what the caller meant. */
+    if (q->layers && (q->layers->layers != c->layers || kvedge_prune_set_count(q->layers) == 0))
+        return KVEDGE_EINVAL;
     uint32_t ct = s_chunk_tokens(chunk_tokens);
     if (ct > KVEDGE_BLOCK_MAX_TOKENS)
         return KVEDGE_EINVAL;
@@ -357,16 +367,28 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
         rc = kvedge_client_put_model(cloud, m);
         st.put_us += s_since(t0);
     }
-    /* One layer (every chunk and head) per batch: memory bounded by a layer's blocks. */
+    /* One layer (every chunk and head) per batch: memory bounded by a layer's blocks. A
+     * pruned layer is encoded too, only to count what leaving it out saves. */
     for (uint32_t l = 0; rc == KVEDGE_OK && l < c->layers; l++) {
+        bool put = s_layer_put(q, l);
+        kvedge_e2e_prefill_stats_t pruned;
+        memset(&pruned, 0, sizeof pruned);
         uint64_t t0 = s_now_us();
-        rc = s_encode_layer(&e, l, &st);
+        rc = s_encode_layer(&e, l, put ? &st : &pruned);
         st.encode_us += s_since(t0);
         if (rc != KVEDGE_OK)
             break;
+        if (!put) {
+            st.pruned_blocks += pruned.blocks;
+            st.pruned_bytes += pruned.bytes;
+            st.pruned_fp16_bytes += pruned.fp16_bytes;
+            continue;
+        }
         t0 = s_now_us();
         rc = kvedge_client_put(cloud, e.items, n_chunks * c->heads, NULL);
         st.put_us += s_since(t0);
+        if (rc == KVEDGE_OK)
+            st.layers_put++;
     }
     free(e.arena);
     free(e.items);
@@ -757,6 +779,10 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
             .mapped_chunks = mids,
             .adapt = mm ? s_adapt : NULL,
             .adapt_arg = (void *)req->adapter,
+            .accept = req->accept,
+            .n_accept = req->n_accept,
+            .quality_metric = req->quality_metric,
+            .quality_budget = req->quality_budget,
         };
         rc = kvedge_pipeline_open(&o, &pipe);
     }
@@ -1007,6 +1033,20 @@ static void s_json_ms(FILE *f, const char *key, double us, bool comma)
         fprintf(f, "\"%s\":null%s", key, comma ? "," : "");
 }
 
+/* Whether the proxy planned precisions (a request with an accept list): some layer has a
+ * rung or a precision reason. */
+static bool s_prec_planned(const kvedge_e2e_result_t *r)
+{
+    if (!r->have_plan)
+        return false;
+    uint32_t n =
+        r->plan.layers < KVEDGE_FETCH_MAX_LAYERS ? r->plan.layers : KVEDGE_FETCH_MAX_LAYERS;
+    for (uint32_t l = 0; l < n; l++)
+        if (r->plan.layer[l].prec || r->plan.layer[l].prec_reason)
+            return true;
+    return false;
+}
+
 static void s_print_json(FILE *f, const kvedge_e2e_result_t *r)
 {
     uint32_t layers = r->layers < KVEDGE_FETCH_MAX_LAYERS ? r->layers : KVEDGE_FETCH_MAX_LAYERS;
@@ -1039,6 +1079,18 @@ static void s_print_json(FILE *f, const kvedge_e2e_result_t *r)
             else
                 fprintf(f, "\"from_layer\":null,");
             fprintf(f, "\"adapt_failed\":%s,", x->adapt_failed ? "true" : "false");
+        }
+        if (s_prec_planned(r)) { /* the cache optimizer: the rung planned, and why */
+            int pr = r->plan.layer[l].prec;
+            fprintf(f, "\"prec\":");
+            if (pr)
+                s_json_str(f, kvedge_prec_name((kvedge_prec_t)pr));
+            else
+                fprintf(f, "null");
+            fprintf(f, ",\"prec_reason\":");
+            s_json_str(f, kvedge_plan_prec_reason_name(
+                              (kvedge_plan_prec_reason_t)r->plan.layer[l].prec_reason));
+            fputc(',', f);
         }
         s_json_ms(f, "ready_ms", x->ready_us, true);
         s_json_ms(f, "done_ms", x->done_us, false);
@@ -1103,14 +1155,25 @@ void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json)
         return;
     }
     uint32_t layers = res->layers < KVEDGE_FETCH_MAX_LAYERS ? res->layers : KVEDGE_FETCH_MAX_LAYERS;
+    bool prec = s_prec_planned(res);
     if (res->mode != KVEDGE_E2E_CLOUD_ONLY && layers) {
-        fprintf(f, "%5s  %-24s %-8s %-18s %10s %10s\n", "layer", "source", "kind", "reason",
+        fprintf(f, "%5s  %-24s %-8s %-18s %10s %10s", "layer", "source", "kind", "reason",
                 "ready ms", "done ms");
+        if (prec)
+            fprintf(f, "  %-20s %s", "precision", "why");
+        fputc('\n', f);
         for (uint32_t l = 0; l < layers; l++) {
             const kvedge_e2e_layer_t *x = &res->layer[l];
-            fprintf(f, "%5u  %-24.63s %-8s %-18s %10.2f %10.2f\n", l,
-                    x->source[0] ? x->source : "-", s_kind_name(x->kind), s_reason_name(x->reason),
-                    x->ready_us / 1e3, x->done_us / 1e3);
+            fprintf(f, "%5u  %-24.63s %-8s %-18s %10.2f %10.2f", l, x->source[0] ? x->source : "-",
+                    s_kind_name(x->kind), s_reason_name(x->reason), x->ready_us / 1e3,
+                    x->done_us / 1e3);
+            if (prec) {
+                int pr = res->plan.layer[l].prec;
+                fprintf(f, "  %-20s %s", pr ? kvedge_prec_name((kvedge_prec_t)pr) : "-",
+                        kvedge_plan_prec_reason_name(
+                            (kvedge_plan_prec_reason_t)res->plan.layer[l].prec_reason));
+            }
+            fputc('\n', f);
         }
     }
     for (uint32_t l = 0; res->large_small && l < layers; l++)

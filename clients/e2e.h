@@ -36,6 +36,7 @@
 #include "clients/adapter.h"
 #include "clients/decoder/decoder.h"
 #include "clients/kvedge.h"
+#include "clients/prune.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -91,6 +92,10 @@ typedef struct {
     bool compress;          /* lz4 on bodies where it helps */
     bool pin;
     uint32_t ttl_s; /* 0 = node default */
+    /* Pruning (docs/largesmall.md, "Pruning unmapped layers"): the layers to put; the others
+     * are computed (the deeper layers need them) but not stored. NULL: every layer. Its
+     * `layers` must be the model's and it must hold at least one layer. Borrowed. */
+    const kvedge_prune_set_t *layers;
 } kvedge_e2e_quant_t;
 
 /* Smallest int4 group_size prefill accepts (0, the default, is fine): the edge's staging
@@ -111,7 +116,7 @@ typedef struct {
  * KVEDGE_E2E_GROUP_MIN or more (the sizing kvedge_e2e_decode uses). */
 size_t kvedge_e2e_slot_bytes(uint32_t n, uint32_t ct, uint32_t heads, uint32_t head_dim);
 
-/* Defaults: int8, fp16, group 0, all channels, lz4 on, not pinned, node TTL. */
+/* Defaults: int8, fp16, group 0, all channels, lz4 on, not pinned, node TTL, every layer. */
 void kvedge_e2e_quant_default(kvedge_e2e_quant_t *q);
 
 typedef struct {
@@ -122,12 +127,18 @@ typedef struct {
     uint64_t bytes;      /* encoded block bytes put */
     uint64_t fp16_bytes; /* the same K/V in fp16 */
     size_t n_chunks;
+    /* Layers put (all of them without q->layers), and what the layers pruning left out
+     * would have been (encoded with the same settings to count them, never put). */
+    uint32_t layers_put;
+    uint64_t pruned_blocks, pruned_bytes, pruned_fp16_bytes;
 } kvedge_e2e_prefill_stats_t;
 
 /* Cloud prefill: runs the context through the decoder (kvedge_decoder_prefill), registers m
  * on the node (kvedge_client_put_model), and puts every (chunk, layer, head) block, encoded
- * with q, in batches. m must match the decoder (kvedge_e2e_model). ids (room for max) receives
- * the chunk chain. Errors: KVEDGE_EINVAL (bad arguments, m not matching the decoder),
+ * with q, in batches; with q->layers only the blocks of those layers. m must match the
+ * decoder (kvedge_e2e_model). ids (room for max) receives the chunk chain. Errors:
+ * KVEDGE_EINVAL (bad arguments, m not matching the decoder, q->layers of another layer count
+ * or empty),
  * KVEDGE_ENOSPACE (max too small), the decoder's, the codec's and the client's errors (the
  * first failed put's status). stats may be NULL. */
 int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kvedge_model_t *m,
@@ -206,6 +217,13 @@ typedef struct {
      * Needs a proxy (not a store node). Borrowed. */
     const kvedge_model_t *mapped_model;
     const kvedge_adapter_t *adapter;
+    /* The cache optimizer (KVEDGE_E2E_KVEDGE through a proxy): the precisions the edge
+     * accepts (best first) and its quality budget (kvedge_fetch_req_t). accept NULL: the
+     * blocks as stored. */
+    const kvedge_prec_t *accept;
+    size_t n_accept;
+    kvedge_quality_metric_t quality_metric;
+    double quality_budget;
     /* KVEDGE_E2E_CLOUD_ONLY. */
     kvedge_e2e_cloud_t *cloud;
     /* Optional, any mode: receives the logits (vocab floats) the first token was taken from

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "clients/pipeline.h"
+#include "proxy/quality.h"
 
 static double s_now_s(void)
 {
@@ -147,6 +148,44 @@ size_t kvedge_eval_profiles_default(kvedge_eval_scheme_t *out, size_t max)
 {
     static const char *const names[] = {"int4-g32", "think-50"};
     return s_parse_list(names, sizeof names / sizeof *names, out, max);
+}
+
+size_t kvedge_eval_profiles_ladder(kvedge_eval_scheme_t *out, size_t max)
+{
+    static const char *const names[] = {
+        "int8",          "int4-g32",          "int4-g64",          "int4-g128",          "think-75",
+        "int8+think-75", "int4-g32+think-75", "int4-g64+think-75", "int4-g128+think-75", "think-50",
+        "int8+think-50", "int4-g32+think-50", "int4-g64+think-50", "int4-g128+think-50"};
+    return s_parse_list(names, sizeof names / sizeof *names, out, max);
+}
+
+int kvedge_eval_scheme_prec(const kvedge_eval_scheme_t *s, kvedge_prec_t *out)
+{
+    if (!s || !out)
+        return KVEDGE_EINVAL;
+    unsigned base, think;
+    if (s->scheme == KVEDGE_SCHEME_LOSSLESS && s->dtype == KVEDGE_DTYPE_FP32)
+        base = KVEDGE_PREC_LOSSLESS;
+    else if (s->scheme == KVEDGE_SCHEME_INT8)
+        base = KVEDGE_PREC_INT8;
+    else if (s->scheme == KVEDGE_SCHEME_INT4 && s->group_size == 32)
+        base = KVEDGE_PREC_INT4_G32;
+    else if (s->scheme == KVEDGE_SCHEME_INT4 && s->group_size == 64)
+        base = KVEDGE_PREC_INT4_G64;
+    else if (s->scheme == KVEDGE_SCHEME_INT4 && s->group_size == 128)
+        base = KVEDGE_PREC_INT4_G128;
+    else
+        return KVEDGE_EINVAL;
+    if (s->keep_pct == 100)
+        think = KVEDGE_PREC_THINK_NONE;
+    else if (s->keep_pct == 75)
+        think = KVEDGE_PREC_THINK_75;
+    else if (s->keep_pct == 50)
+        think = KVEDGE_PREC_THINK_50;
+    else
+        return KVEDGE_EINVAL;
+    *out = KVEDGE_PREC_MAKE(base, think);
+    return KVEDGE_OK;
 }
 
 uint32_t kvedge_eval_keep_channels(uint8_t keep_pct, uint32_t head_dim)
@@ -843,4 +882,131 @@ void kvedge_eval_print_layers_dat(FILE *f, const kvedge_eval_result_t *r)
             fprintf(f, " %.9g %.9g", r->profile[p][l].ppl_rel * 100, r->profile[p][l].kl);
         fputc('\n', f);
     }
+}
+
+/* ---------------------------------------------------------------- the quality profile */
+
+/* A number in the fewest digits that read back as the same double (JSON has no NaN: the
+ * caller checked). */
+static void s_exact(FILE *f, double x)
+{
+    char buf[40];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    fputs(buf, f);
+}
+
+/* A JSON string: quotes, backslashes and control bytes escaped. */
+static void s_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static bool s_row_ok(const kvedge_eval_row_t *x)
+{
+    return isfinite(x->ppl_rel) && x->ppl_rel > -1 && isfinite(x->kl) && x->kl >= 0 &&
+           isfinite(x->agreement) && x->agreement >= 0 && x->agreement <= 1;
+}
+
+/* The scheme row i as a lossy ladder rung (with finite figures), or false. */
+static bool s_whole_rung(const kvedge_eval_row_t *x, kvedge_prec_t *rung)
+{
+    kvedge_eval_scheme_t s;
+    return kvedge_eval_scheme_parse(x->name, &s) == KVEDGE_OK &&
+           kvedge_eval_scheme_prec(&s, rung) == KVEDGE_OK && *rung != KVEDGE_PREC_LOSSLESS;
+}
+
+int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char *model_id)
+{
+    if (!f || !r || !model_id || r->n_profiles == 0 || r->n_profiles > KVEDGE_EVAL_MAX_PROFILES ||
+        r->layers == 0 || model_id[0] == '\0' ||
+        strnlen(model_id, KVEDGE_MODEL_ID_MAX_BYTES + 1) > KVEDGE_MODEL_ID_MAX_BYTES)
+        return KVEDGE_EINVAL;
+    kvedge_prec_t rung[KVEDGE_EVAL_MAX_PROFILES];
+    for (size_t p = 0; p < r->n_profiles; p++) {
+        kvedge_eval_scheme_t s;
+        if (!r->profile[p] || kvedge_eval_scheme_parse(r->profile[p][0].name, &s) != KVEDGE_OK ||
+            kvedge_eval_scheme_prec(&s, &rung[p]) != KVEDGE_OK)
+            return KVEDGE_EINVAL;
+        for (size_t q = 0; q < p; q++)
+            if (rung[q] == rung[p])
+                return KVEDGE_EINVAL;
+        for (uint32_t l = 0; l < r->layers; l++)
+            if (!s_row_ok(&r->profile[p][l]))
+                return KVEDGE_EINVAL;
+    }
+    double base = r->reference.ppl;
+    for (size_t i = 0; i < r->n_schemes; i++) {
+        kvedge_prec_t x;
+        if (strcmp(r->scheme[i].name, "lossless") == 0)
+            base = r->scheme[i].ppl;
+        else if (s_whole_rung(&r->scheme[i], &x) && !s_row_ok(&r->scheme[i]))
+            return KVEDGE_EINVAL;
+    }
+
+    fprintf(f, "{\n  \"kvedge_quality_profile\": %d,\n  \"model\": ", KVEDGE_QUALITY_VERSION);
+    s_json_str(f, model_id);
+    fprintf(f,
+            ",\n  \"layers\": %u,\n  \"context_tokens\": %u,\n  \"continuation_tokens\": %u,\n"
+            "  \"documents\": %zu,\n  \"positions\": %llu,\n  \"lossless_ppl\": ",
+            r->layers, r->ctx_tokens, r->cont_tokens, r->n_docs,
+            (unsigned long long)r->reference.positions);
+    if (isfinite(base))
+        s_exact(f, base);
+    else
+        fputs("null", f);
+    fprintf(f, ",\n  \"writer\": \"kvedge eval\",\n  \"rungs\": [");
+    for (size_t p = 0; p < r->n_profiles; p++)
+        fprintf(f, "%s\"%s\"", p ? ", " : "", kvedge_prec_name(rung[p]));
+    fprintf(f, "],\n  \"per_layer\": [\n");
+    static const char *const keys[3] = {"ppl_pct", "kl", "agreement"};
+    for (uint32_t l = 0; l < r->layers; l++) {
+        fprintf(f, "    {\"layer\": %u", l);
+        for (int k = 0; k < 3; k++) {
+            fprintf(f, ", \"%s\": [", keys[k]);
+            for (size_t p = 0; p < r->n_profiles; p++) {
+                const kvedge_eval_row_t *x = &r->profile[p][l];
+                if (p)
+                    fputs(", ", f);
+                s_exact(f, k == 0 ? x->ppl_rel * 100 : k == 1 ? x->kl : x->agreement);
+            }
+            fputc(']', f);
+        }
+        fprintf(f, "}%s\n", l + 1 < r->layers ? "," : "");
+    }
+    fprintf(f, "  ],\n  \"whole_model\": [");
+    bool first = true;
+    for (size_t i = 0; i < r->n_schemes; i++) {
+        const kvedge_eval_row_t *x = &r->scheme[i];
+        kvedge_prec_t w;
+        if (!s_whole_rung(x, &w))
+            continue;
+        fprintf(f, "%s\n    {\"rung\": \"%s\", \"ppl_pct\": ", first ? "" : ",",
+                kvedge_prec_name(w));
+        s_exact(f, x->ppl_rel * 100);
+        fputs(", \"kl\": ", f);
+        s_exact(f, x->kl);
+        fputs(", \"agreement\": ", f);
+        s_exact(f, x->agreement);
+        if (x->fp16_bytes) {
+            fputs(", \"bytes_over_fp16\": ", f);
+            s_exact(f, (double)x->bytes / (double)x->fp16_bytes);
+        }
+        fputc('}', f);
+        first = false;
+    }
+    fprintf(f, "%s]\n}\n", first ? "" : "\n  ");
+    return ferror(f) || fflush(f) != 0 ? KVEDGE_EIO : KVEDGE_OK;
 }

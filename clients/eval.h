@@ -7,8 +7,10 @@
  * Per scheme: perplexity of the continuation (natural log, exp of the mean NLL), its change
  * against lossless, greedy next-token agreement with the reference, the largest |logit
  * difference| and the mean KL(reference || scheme). Per layer (the sensitivity profile):
- * the same with only that layer stored in a profile scheme (int4 g32, ThinK 50 %) and every
- * other layer lossless.
+ * the same with only that layer stored in a profile scheme (by default int4 g32 and ThinK
+ * 50 %) and every other layer lossless. kvedge_eval_profile_write saves that profile, for
+ * profile schemes that are rungs of the precision ladder (store/prec.h), as the file the
+ * edge proxy's planner reads (proxy/quality.h).
  *
  * Scheme s of a run is stored under its own model id, "<model_id>@<scheme name>": its chunk
  * ids differ from every other scheme's, so no store or cache can mix two schemes' blocks.
@@ -24,6 +26,7 @@
 #include "clients/decoder/decoder.h"
 #include "clients/e2e.h"
 #include "clients/kvedge.h"
+#include "store/prec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,8 +36,9 @@ extern "C" {
 #define KVEDGE_EVAL_NAME_BYTES 32
 /* Schemes one run measures at most (the default list has 9). */
 #define KVEDGE_EVAL_MAX_SCHEMES 16
-/* Profile schemes (per-layer rows) one run measures at most (the default list has 2). */
-#define KVEDGE_EVAL_MAX_PROFILES 4
+/* Profile schemes (per-layer rows) one run measures at most (the default list has 2, the
+ * ladder's 14). */
+#define KVEDGE_EVAL_MAX_PROFILES 16
 /* The goals of the quality issue: perplexity change against lossless, in percent. Lossless
  * itself must give logits bit-identical to the reference. */
 #define KVEDGE_EVAL_GOAL_INT8_PCT     0.5
@@ -73,6 +77,18 @@ size_t kvedge_eval_schemes_default(kvedge_eval_scheme_t *out, size_t max);
 
 /* The default profile schemes: int4-g32 and think-50. Returns how many (at most max). */
 size_t kvedge_eval_profiles_default(kvedge_eval_scheme_t *out, size_t max);
+
+/* Every lossy rung of the precision ladder as profile schemes (`kvedge eval --profiles
+ * ladder`), the table a planner can choose from: int8, int4-g32, int4-g64, int4-g128, then
+ * the same four with +think-75 after think-75, and with +think-50 after think-50 (14).
+ * Returns how many (at most max). */
+size_t kvedge_eval_profiles_ladder(kvedge_eval_scheme_t *out, size_t max);
+
+/* The ladder rung a scheme is: lossless (fp32, the eval's lossless: the ladder's lossless
+ * keeps whatever element type is stored) or int8 or int4 with a group of 32, 64 or 128, with
+ * every key channel or ThinK keeping 75 % or 50 %. Errors: KVEDGE_EINVAL (NULL; fp16, another
+ * int4 group or ThinK share: not a rung). */
+int kvedge_eval_scheme_prec(const kvedge_eval_scheme_t *s, kvedge_prec_t *out);
 
 /* Key channels a keep_pct keeps of head_dim: round(head_dim * pct / 100), at least 1;
  * head_dim when pct is 0 or 100. */
@@ -172,6 +188,19 @@ void kvedge_eval_print(FILE *f, const kvedge_eval_result_t *r, bool json);
  * with '#'. */
 void kvedge_eval_print_schemes_dat(FILE *f, const kvedge_eval_result_t *r);
 void kvedge_eval_print_layers_dat(FILE *f, const kvedge_eval_result_t *r);
+
+/* Writes the sensitivity profile as a quality profile file (proxy/quality.h, version
+ * KVEDGE_QUALITY_VERSION) for model id model_id (the base id, not ID@SCHEME): the profile
+ * schemes are its rungs (kvedge_prec_name's names, in the run's order); per layer the
+ * perplexity change against lossless in percent (as measured: negative changes stay
+ * negative; the loader clamps them for budgeting), mean KL in nats and greedy agreement;
+ * the run's context and continuation tokens, documents and positions, and lossless_ppl; and
+ * under "whole_model" the scheme rows that are lossy ladder rungs (every layer at that rung),
+ * with their bytes over fp16. Numbers are written so they read back bit for bit. Everything
+ * is checked before anything is written. Errors: KVEDGE_EINVAL (NULL, no profile, a model id
+ * empty or over KVEDGE_MODEL_ID_MAX_BYTES, a profile scheme that is not a ladder rung
+ * (kvedge_eval_scheme_prec), a figure that is not finite), KVEDGE_EIO (the write failed). */
+int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char *model_id);
 
 #ifdef __cplusplus
 }

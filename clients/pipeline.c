@@ -87,6 +87,8 @@ struct kvedge_pipeline_t {
     int in_cb;         /* callbacks staging into the ring right now */
     kvedge_client_t *client;
     char model_id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
+    kvedge_prec_t accept[KVEDGE_PREC_MAX_ACCEPT]; /* precisions accepted (GET_LAYER path) */
+    size_t n_accept;
     uint32_t heads, head_dim;
     kvedge_chunk_id_t *chunks; /* owned copy */
     uint32_t n_chunks, chunk_tokens, tokens, token_offset;
@@ -536,17 +538,18 @@ static bool s_open_next(kvedge_pipeline_t *p)
     s_slot_take(p, l, si);
     p->open_streams++;
     p->refs++;
-    p->sent_bytes += KVEDGE_WIRE_HEADER_BYTES + 4 + (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES;
+    uint64_t req_bytes =
+        KVEDGE_WIRE_HEADER_BYTES + 4 + (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES + p->n_accept;
+    p->sent_bytes += req_bytes;
     pthread_mutex_unlock(&p->mu);
-    int rc = kvedge_client_get_layer_async(p->client, p->chunks, p->n_chunks,
-                                           (uint16_t)(p->first_layer + i), (int)left, s_gl_block,
-                                           s_gl_done, l);
+    int rc = kvedge_client_get_layer_prec_async(
+        p->client, p->chunks, p->n_chunks, (uint16_t)(p->first_layer + i),
+        p->n_accept ? p->accept : NULL, p->n_accept, (int)left, s_gl_block, s_gl_done, l);
     pthread_mutex_lock(&p->mu);
     if (rc != KVEDGE_OK) {
         p->open_streams--;
         p->refs--; /* never below 1: the caller's reference is held while the loader runs */
-        p->sent_bytes -=
-            KVEDGE_WIRE_HEADER_BYTES + 4 + (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES;
+        p->sent_bytes -= req_bytes;
         s_done(p, l, rc);
     }
     return true;
@@ -766,6 +769,9 @@ static int s_check_opts(const kvedge_pipeline_opts_t *o)
     if (!o->client || !m || !o->chunks || o->n_chunks == 0 || o->chunk_tokens == 0 ||
         o->tokens == 0 || o->layers == 0 || !o->k || !o->v || o->deadline_ms < 0 ||
         (!o->compute_us) != (!o->recompute_us) || o->ring_slots > o->layers ||
+        (!o->accept && (o->n_accept || o->quality_metric != KVEDGE_QUALITY_NONE)) ||
+        (o->accept && kvedge_prec_list_check(o->accept, o->n_accept) != KVEDGE_OK) ||
+        kvedge_quality_budget_check(o->quality_metric, o->quality_budget) != KVEDGE_OK ||
         o->n_chunks > KVEDGE_WIRE_MAX_CHUNKS || o->layers > KVEDGE_FETCH_MAX_LAYERS ||
         o->n_chunks * (uint64_t)(m ? m->kv_heads : 0) > KVEDGE_DEQUANT_MAX_BLOCKS)
         return KVEDGE_EINVAL;
@@ -883,6 +889,8 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
         return KVEDGE_EINVAL; /* one GET_LAYER stream carries the whole chain */
     if (!via_proxy && opts->mapped_model)
         return KVEDGE_EINVAL; /* only a proxy delivers another model's layers */
+    if (!via_proxy && opts->quality_metric != KVEDGE_QUALITY_NONE)
+        return KVEDGE_EINVAL; /* only a proxy plans under a budget */
     kvedge_pipeline_t *p = calloc(1, sizeof *p);
     if (!p)
         return KVEDGE_ENOMEM;
@@ -895,6 +903,10 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     p->refs = 1;
     p->client = opts->client;
     snprintf(p->model_id, sizeof p->model_id, "%s", opts->model->id);
+    if (opts->accept) {
+        memcpy(p->accept, opts->accept, opts->n_accept);
+        p->n_accept = opts->n_accept;
+    }
     p->heads = opts->model->kv_heads;
     p->head_dim = opts->model->head_dim;
     p->n_chunks = (uint32_t)opts->n_chunks;
@@ -972,7 +984,11 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
                                   .recompute_us = opts->recompute_us,
                                   .deadline_ms = deadline,
                                   .mapped_model_id = p->mapped ? p->mapped_id : NULL,
-                                  .mapped_chunks = p->mchunks};
+                                  .mapped_chunks = p->mchunks,
+                                  .accept = opts->accept,
+                                  .n_accept = opts->n_accept,
+                                  .quality_metric = opts->quality_metric,
+                                  .quality_budget = opts->quality_budget};
         kvedge_fetch_cbs_t cbs = {s_fx_plan, s_fx_block, s_fx_layer, s_fx_done};
         p->refs++; /* the stream's, dropped by s_fx_done */
         rc = kvedge_client_fetch_async(p->client, &req, &cbs, p);
@@ -985,7 +1001,8 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
                 (opts->compute_us ? (uint64_t)p->layers * KVEDGE_WIRE_FETCH_TIMES_BYTES : 0) +
                 (p->mapped ? KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES +
                                  (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES
-                           : 0);
+                           : 0) +
+                (opts->accept ? KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + opts->n_accept : 0);
     }
     if (rc == KVEDGE_OK) {
         if (pthread_create(&p->loader, NULL, s_loader, p) == 0) {

@@ -136,6 +136,16 @@ typedef struct {
     const kvedge_chunk_id_t *mapped_chunks;
     kvedge_pipeline_adapt_fn adapt; /* required with mapped_model */
     void *adapt_arg;
+    /* The cache optimizer (kvedge_fetch_req_t's fields, copied): the precisions accepted
+     * (store/prec.h rungs, best first) and the quality budget a proxy plans under. With a
+     * store-node source each GET_LAYER carries the list (the node serves each head at the
+     * first rung it holds or derives) and a budget is refused (KVEDGE_EINVAL: only a proxy
+     * plans). accept NULL: the blocks as stored. Blocks are self-describing: a layer comes at
+     * whatever rung was chosen and is dequantized as such. */
+    const kvedge_prec_t *accept;
+    size_t n_accept;
+    kvedge_quality_metric_t quality_metric;
+    double quality_budget;
 } kvedge_pipeline_opts_t;
 
 /* One layer, as stats report it. Times are microseconds since open. */

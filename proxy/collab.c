@@ -14,7 +14,7 @@
 #include "store/error.h"
 
 #define S_KINDS   5 /* local, peer, cloud, history, none */
-#define S_REASONS 8 /* kvedge_fetch_reason_t 1 ... 7, 0 unknown */
+#define S_REASONS 9 /* kvedge_fetch_reason_t 1 ... 8, 0 unknown */
 #define S_OPS     (KVEDGE_OP_MONITOR + 1)
 #define S_STATUS  32
 
@@ -95,7 +95,8 @@ kvedge_collab_t *kvedge_collab_new(kvedge_metrics_t *r, char *why, size_t why_le
     c->layers = kvedge_metrics_family(
         r, C, "kvedge_proxy_layers_total",
         "Layers reported to clients, by the kind of source that delivered them (none: not "
-        "delivered) and the reason (planned, fallback:*, recompute, miss, miss:deadline).",
+        "delivered) and the reason (planned, fallback:*, recompute, miss, miss:deadline, "
+        "replan:bandwidth).",
         kr, 2, NULL, S_KINDS * S_REASONS, why, why_len);
     c->requests = kvedge_metrics_family(r, C, "kvedge_proxy_requests_total",
                                         "Client requests, by opcode and status.", os, 2, NULL,

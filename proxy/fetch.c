@@ -21,6 +21,10 @@
 #define S_TAKE_MIN_BYTES   4096
 #define S_TOKENS_PER_CHUNK KVEDGE_CHUNK_TOKENS_DEFAULT
 #define S_BW_MIN_BYTES     (256u << 10) /* a fetch teaches a source's bandwidth past this */
+/* Mid-request re-plan: when a source's throughput over this fetch (at least S_BW_MIN_BYTES)
+ * is off its planned bandwidth by more than this factor either way, the layers still queued
+ * are re-planned with the measured figure (sources, and precisions under the budget). */
+#define S_REPLAN_BW_FACTOR 2.0
 
 /* ---------------------------------------------------------------- state */
 
@@ -62,6 +66,7 @@ typedef struct {
     uint64_t bytes;
     uint64_t fp16; /* the same blocks' size as fp16 (from their headers) */
     bool mapped;   /* done: its blocks are the mapped model's layer */
+    int prec;      /* precision index into the request's accept list; -1: none */
 } s_layer_t;
 
 typedef struct {
@@ -101,6 +106,14 @@ typedef struct {
     uint8_t *via[KVEDGE_PROXY_MAX_SOURCES];
     double *mbytes[KVEDGE_PROXY_MAX_SOURCES];
     uint32_t max_heads; /* blocks per chunk a layer's table holds: both models' KV heads */
+    /* The cache optimizer (a PREC request without a usable map): the accept list and budget,
+     * the quality cost of each layer at each rung ([L][P], the model's profile) and, per
+     * source, what it would send per layer and rung ([L][P], -1: it lacks the layer). */
+    bool prec_on;
+    kvedge_wire_fetch_prec_t pw;
+    double *qcost;
+    double *pbytes[KVEDGE_PROXY_MAX_SOURCES];
+    kvedge_plan_prec_t pp;
     s_layer_t *layer;
     uint32_t next;    /* next layer to deliver */
     zlistx_t *outbox; /* zmsg_t without route, in order */
@@ -250,7 +263,9 @@ static void s_fetch_free(kvedge_proxy_impl_t *p, s_fetch_t *f)
         free(f->bytes[s]);
         free(f->via[s]);
         free(f->mbytes[s]);
+        free(f->pbytes[s]);
     }
+    free(f->qcost);
     zmsg_t *m;
     while (f->outbox && (m = zlistx_detach(f->outbox, NULL)) != NULL) {
         p->buffered -= s_block_bytes(m);
@@ -396,6 +411,8 @@ static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
             .heads = heads,
             .attempts = l->attempts,
             .from_layer = mapped ? s_from(f, f->next) : KVEDGE_WIRE_FETCH_OWN_LAYER,
+            .prec = l->state == L_DONE && f->prec_on && l->prec >= 0 ? f->pw.accept[l->prec]
+                                                                     : KVEDGE_PREC_STORED,
         };
         uint8_t buf[KVEDGE_WIRE_FETCH_LAYER_BYTES];
         kvedge_wire_fetch_layer_pack(&rec, buf);
@@ -422,8 +439,9 @@ static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
 static void s_reassign(kvedge_proxy_impl_t *p, s_fetch_t *f, const uint8_t *set, uint8_t reason,
                        int failed)
 {
-    int rc = kvedge_plan_replan(&f->req, f->psrc, f->nsrc, f->plan, f->next,
-                                failed >= 0 ? failed : KVEDGE_PLAN_SRC_NONE, f->replan);
+    int rc =
+        kvedge_plan_replan_prec(&f->req, f->prec_on ? &f->pp : NULL, f->psrc, f->nsrc, f->plan,
+                                f->next, failed >= 0 ? failed : KVEDGE_PLAN_SRC_NONE, f->replan);
     for (uint32_t i = f->next; i < f->L; i++) {
         if (!(set[i / 8] >> (i % 8) & 1))
             continue;
@@ -447,8 +465,75 @@ static void s_reassign(kvedge_proxy_impl_t *p, s_fetch_t *f, const uint8_t *set,
             l->state = L_QUEUED;
             l->src = ns;
             l->reason = reason;
+            l->prec = f->replan->layer[i].prec;
         }
+        /* The plan keeps the current assignment: a later re-plan counts what was delivered at
+         * the precision it was delivered at. */
+        if (rc == KVEDGE_OK)
+            f->plan->layer[i] = f->replan->layer[i];
     }
+}
+
+/* Source s delivered a layer of a request with a precision choice: when its throughput over
+ * this fetch so far is off the bandwidth the plan used by more than S_REPLAN_BW_FACTOR, the
+ * layers not yet asked for are re-planned with the measured bandwidth: each may move to
+ * another source or rung, or to recomputation. Layers up to the first one still queued
+ * (delivered, here, in flight or missed) keep what they have and count against the budget as
+ * planned (kvedge_plan_replan_prec's delivered prefix); the re-plan is skipped when a layer
+ * past that point is already in flight (several sources interleaving). */
+static void s_bw_replan(kvedge_proxy_impl_t *p, s_fetch_t *f, int s)
+{
+    /* Requests with a precision choice only: what a layer costs in time then decides its
+     * rung, so a wrong bandwidth means a wrong rung. Other requests keep their plan (a source
+     * failing or stalling still re-plans them). */
+    if (!f->prec_on || f->done_bytes[s] < S_BW_MIN_BYTES || !f->first_issue_us[s] || !f->psrc[s].up)
+        return;
+    double us = (double)(f->last_done_us[s] - f->first_issue_us[s]) - f->psrc[s].rtt_us;
+    if (us <= 0)
+        return;
+    double bw = (double)f->done_bytes[s] * 1e6 / us, was = f->psrc[s].bw_bytes_per_s;
+    if (!(bw > 0) || (bw <= was * S_REPLAN_BW_FACTOR && bw * S_REPLAN_BW_FACTOR >= was))
+        return;
+    uint32_t k = f->next;
+    while (k < f->L && f->layer[k].state != L_QUEUED)
+        k++;
+    if (k == f->L)
+        return; /* nothing left to decide */
+    for (uint32_t i = k; i < f->L; i++)
+        if (f->layer[i].state == L_FLIGHT || f->layer[i].state == L_DONE)
+            return;
+    f->psrc[s].bw_bytes_per_s = bw;
+    if (kvedge_plan_replan_prec(&f->req, f->prec_on ? &f->pp : NULL, f->psrc, f->nsrc, f->plan, k,
+                                KVEDGE_PLAN_SRC_NONE, f->replan) != KVEDGE_OK)
+        return;
+    uint32_t moved = 0;
+    for (uint32_t i = k; i < f->L; i++) {
+        s_layer_t *l = &f->layer[i];
+        const kvedge_plan_layer_t *r = &f->replan->layer[i];
+        if (l->state != L_QUEUED)
+            continue; /* a planned recompute stays one: it costs no quality */
+        int q = f->prec_on ? r->prec : -1;
+        if (r->source == l->src && q == l->prec)
+            continue;
+        if (r->source >= 0 && (l->tried >> r->source & 1))
+            continue; /* never back to a source that failed it */
+        moved++;
+        if (r->source < 0) {
+            l->state = L_MISS;
+            l->src = -1;
+            l->reason = KVEDGE_FETCH_RECOMPUTE;
+        } else {
+            l->src = r->source;
+            l->prec = q;
+            l->reason = KVEDGE_FETCH_REPLAN_BANDWIDTH;
+        }
+        f->plan->layer[i] = *r;
+    }
+    kvedge_log_debug("fetch %llu: %s measured %.3g MB/s (planned %.3g): %u of layers %u.. "
+                     "re-planned",
+                     (unsigned long long)f->serial, f->psrc[s].name, bw / 1e6, was / 1e6, moved, k);
+    if (moved)
+        s_stat_add(p, &p->stats.replans, 1);
 }
 
 /* Source s failed for this request (error, stall, protocol): every layer still on it moves. */
@@ -495,6 +580,34 @@ static const kvedge_chunk_id_t *s_stream_of(const s_fetch_t *f, bool mapped, uin
     return mapped ? f->mchunks : f->chunks;
 }
 
+/* What source s sends for layer offset i: at the planned precision for a PREC request. */
+static double s_layer_bytes(const s_fetch_t *f, int s, uint32_t i)
+{
+    int q = f->layer[i].prec;
+    if (f->prec_on && q >= 0)
+        return f->pbytes[s][(size_t)i * f->pw.n + (size_t)q];
+    return f->bytes[s][i];
+}
+
+/* The accept list a layer's stream asks for: its planned rung first, then every other rung
+ * of the request's list that cost no more quality at this layer, send no more bytes, and which
+ * the source has not yet failed to serve (a node that can neither hold nor derive the planned
+ * rung may serve one of them; none can take the request over its budget or its plan's time).
+ * A finer rung is never listed: a node serves a rung it holds before deriving one, so listing
+ * a held lossless block would bring it instead of the planned rung. Returns how many. */
+static size_t s_layer_accept(const s_fetch_t *f, int s, uint32_t i, kvedge_prec_t *out)
+{
+    int q = f->layer[i].prec;
+    size_t n = 0, P = f->pw.n;
+    out[n++] = f->pw.accept[q];
+    double qb = f->pbytes[s][i * P + (size_t)q];
+    for (size_t r = 0; r < P; r++)
+        if ((int)r != q && f->qcost[i * P + r] <= f->qcost[i * P + (size_t)q] &&
+            f->pbytes[s][i * P + r] >= 0 && f->pbytes[s][i * P + r] <= qb)
+            out[n++] = f->pw.accept[r];
+    return n;
+}
+
 /* Layer i is not (or not intact) at its source: remember it, move the layer. A source that
  * lacked the requested model's layer but may hold the mapped one offers that one next. */
 static void s_layer_failed(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t i, uint8_t reason)
@@ -502,6 +615,23 @@ static void s_layer_failed(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t i, uin
     s_layer_t *l = &f->layer[i];
     int s = l->src;
     bool mapped = s_via(f, s, i);
+    if (f->prec_on && l->prec >= 0 && reason == KVEDGE_FETCH_FALLBACK_MISSING) {
+        /* Missing at the rungs it was asked for, which says nothing of the others: those
+         * rungs are out for this source and layer, the source stays a candidate at the rest
+         * (at most P such rounds), and nothing goes to the negative cache. */
+        kvedge_prec_t acc[KVEDGE_PREC_MAX_ACCEPT];
+        size_t nacc = s_layer_accept(f, s, i, acc), P = f->pw.n;
+        for (size_t a = 0; a < nacc; a++)
+            for (size_t r = 0; r < P; r++)
+                if (f->pw.accept[r] == acc[a])
+                    f->pbytes[s][(size_t)i * P + r] = -1;
+        s_layer_clear(p, f, l);
+        l->gen++;
+        uint8_t set[KVEDGE_PLAN_MAX_LAYERS / 8] = {0};
+        set[i / 8] = (uint8_t)(1u << (i % 8));
+        s_reassign(p, f, set, reason, -1);
+        return;
+    }
     uint16_t layer;
     const kvedge_chunk_id_t *chain = s_stream_of(f, mapped, i, &layer);
     uint8_t key[S_NEG_KEY_BYTES];
@@ -556,14 +686,14 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
                 s_layer_t *l = &f->layer[i];
                 if (l->state != L_QUEUED || l->src != (int)s)
                     continue;
-                double lb = f->bytes[s][i];
+                double lb = s_layer_bytes(f, (int)s, i);
                 if (f->inflight[s] >= s_window(f, (int)s, lb))
                     break;
                 /* The stream may take FACTOR x (its transfer + the ones ahead of it). */
                 double ahead_us = 0;
                 for (uint32_t j = f->next; j < f->L; j++)
                     if (f->layer[j].state == L_FLIGHT && f->layer[j].src == (int)s)
-                        ahead_us += f->bytes[s][j] * 1e6 / f->psrc[s].bw_bytes_per_s;
+                        ahead_us += s_layer_bytes(f, (int)s, j) * 1e6 / f->psrc[s].bw_bytes_per_s;
                 double est_us = f->psrc[s].rtt_us + ahead_us + lb * 1e6 / f->psrc[s].bw_bytes_per_s;
                 int64_t stall = (int64_t)(KVEDGE_PROXY_STALL_FACTOR * est_us / 1e3);
                 if (stall < (int64_t)p->opts.stall_min_ms)
@@ -577,8 +707,11 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
                 *op = (s_op_t){p, f->serial, i, l->gen, (int)s, mapped};
                 uint16_t layer;
                 const kvedge_chunk_id_t *chain = s_stream_of(f, mapped, i, &layer);
-                int rc = kvedge_client_get_layer_async(f->client[s], chain, f->nchunks, layer,
-                                                       (int)stall, s_on_block, s_on_done, op);
+                kvedge_prec_t acc[KVEDGE_PREC_MAX_ACCEPT];
+                size_t nacc = f->prec_on && l->prec >= 0 ? s_layer_accept(f, (int)s, i, acc) : 0;
+                int rc = kvedge_client_get_layer_prec_async(f->client[s], chain, f->nchunks, layer,
+                                                            nacc ? acc : NULL, nacc, (int)stall,
+                                                            s_on_block, s_on_done, op);
                 if (rc != KVEDGE_OK) {
                     free(op);
                     s_source_failed(p, f, (int)s, rc);
@@ -622,8 +755,9 @@ static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
                                           (uint64_t)kvedge_mono_ms());
                     /* Learn what this source sends per fp16 byte, for the next plans. */
                     kvedge_proxy_impl_src_t *src = &p->src[f->map_src[op->src]];
-                    if (l->fp16 > 0)
+                    if (l->fp16 > 0 && !f->prec_on)
                         src->ratio = 0.5 * src->ratio + 0.5 * (double)l->bytes / (double)l->fp16;
+                    s_bw_replan(p, f, op->src);
                 } else if (e->status == KVEDGE_OK || e->status == KVEDGE_ENOTFOUND ||
                            e->status == KVEDGE_ESHAPE) {
                     /* Short, or ended at once because the node knows no chunk of the chain
@@ -752,6 +886,22 @@ static bool s_holds(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s, bo
     return true;
 }
 
+/* Whether the directory lets source s serve rung `rung` of every chunk of the chain (held,
+ * or derivable by a node that derives); true without a directory, or when it says nothing. */
+static bool s_serves(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s, bool in_registry,
+                     const kvedge_chunk_id_t *chain, uint32_t n, kvedge_prec_t rung)
+{
+    if (!in_registry)
+        return true;
+    for (uint32_t c = 0; c < n; c++) {
+        kvedge_master_dir_t d;
+        if (kvedge_mview_dir(p->view, s->conf.name, &chain[c], &d) == KVEDGE_OK &&
+            !kvedge_master_dir_serves(&d, rung))
+            return false;
+    }
+    return true;
+}
+
 /* Builds the request's source table: every known source, priced per layer (Eq. 19 inputs:
  * its link, and the bytes it would send: the fp16 size times what it was seen to send per
  * fp16 byte). Sources not connected, down, or not holding a layer are marked so. With a map,
@@ -804,6 +954,27 @@ static void s_fetch_sources(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t token
             }
         }
         ps->layer_bytes = b;
+        if (f->prec_on) {
+            /* Per rung: the block size of that rung for this shape (a node serves a rung it
+             * holds, or derives it), for every layer the source holds. */
+            size_t P = f->pw.n;
+            double *pb = malloc((size_t)f->L * P * sizeof *pb);
+            uint32_t per_chunk = f->nchunks ? (tokens + f->nchunks - 1) / f->nchunks : 1;
+            bool serves[KVEDGE_PREC_MAX_ACCEPT];
+            for (size_t r = 0; r < P; r++)
+                serves[r] = s_serves(p, s, in_registry, f->chunks, f->nchunks, f->pw.accept[r]);
+            for (uint32_t l = 0; pb && l < f->L; l++)
+                for (size_t r = 0; r < P; r++)
+                    pb[(size_t)l * P + r] =
+                        b[l] < 0 || !serves[r]
+                            ? -1
+                            : fp16 * kvedge_prec_bytes_per_fp16(f->pw.accept[r], per_chunk,
+                                                                f->model.head_dim, 2);
+            f->pbytes[f->nsrc] = pb;
+            f->pp.layer_prec_bytes[f->nsrc] = pb;
+            if (!pb)
+                ps->up = false; /* out of memory: price it out rather than misprice it */
+        }
         f->bytes[f->nsrc] = b;
         f->mbytes[f->nsrc] = mb;
         f->via[f->nsrc] = via;
@@ -847,10 +1018,19 @@ static zmsg_t *s_plan_message(const s_fetch_t *f)
     for (uint32_t l = 0; l < f->L; l++) {
         double cost = pl->layer[l].cost_us;
         bool mapped = s_via(f, pl->layer[l].source, l);
+        int q = pl->layer[l].prec;
+        bool fetched = f->prec_on && q >= 0 && pl->layer[l].source >= 0;
+        /* A layer recomputed because a fetch would break the budget says so. */
+        bool budget = f->prec_on && pl->layer[l].source < 0 &&
+                      pl->layer[l].prec_reason == KVEDGE_PLAN_PREC_BUDGET;
         kvedge_wire_fetch_plan_layer_t wl = {
-            (int16_t)pl->layer[l].source, (uint8_t)pl->layer[l].reason,
-            isfinite(cost) ? cost : 1e300, mapped,
-            mapped ? s_from(f, l) : (uint16_t)KVEDGE_WIRE_FETCH_OWN_LAYER};
+            (int16_t)pl->layer[l].source,
+            (uint8_t)pl->layer[l].reason,
+            isfinite(cost) ? cost : 1e300,
+            mapped,
+            mapped ? s_from(f, l) : (uint16_t)KVEDGE_WIRE_FETCH_OWN_LAYER,
+            fetched ? f->pw.accept[q] : KVEDGE_PREC_STORED,
+            fetched || budget ? (uint8_t)pl->layer[l].prec_reason : 0};
         kvedge_wire_fetch_plan_layer_pack(&wl, zframe_data(layers) +
                                                    (size_t)l * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
     }
@@ -858,6 +1038,47 @@ static zmsg_t *s_plan_message(const s_fetch_t *f)
     zmsg_append(m, &srcs);
     zmsg_append(m, &layers);
     return m;
+}
+
+/* A PREC request's quality costs: per layer and accepted rung, the model's profile's figure
+ * in the request's metric (lossless and a request without a budget: 0). A rung the profile
+ * does not measure, or any lossy rung of a model without a profile, is priced out of the
+ * budget (1e300): the plan never picks it. Sets prec_on. Returns 0 or KVEDGE_ENOMEM. */
+static int s_fetch_quality(kvedge_proxy_impl_t *p, s_fetch_t *f, const char *model)
+{
+    size_t P = f->pw.n;
+    f->qcost = malloc((size_t)f->L * P * sizeof *f->qcost);
+    if (!f->qcost)
+        return KVEDGE_ENOMEM;
+    const kvedge_quality_profile_t *q = kvedge_proxy_impl_quality(p, model);
+    bool unpriced = false;
+    for (uint32_t l = 0; l < f->L; l++)
+        for (size_t r = 0; r < P; r++) {
+            double c = 0;
+            kvedge_prec_t rung = f->pw.accept[r];
+            bool exact = rung == KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, KVEDGE_PREC_THINK_NONE);
+            if (f->pw.metric != KVEDGE_QUALITY_NONE && !exact) {
+                if (!q || kvedge_quality_cost(q, f->first + l, rung, f->pw.metric, &c) != 0 ||
+                    !(c >= 0 && isfinite(c))) {
+                    c = 1e300;
+                    unpriced = true;
+                } else {
+                    c *= p->opts.quality_margin_pct / 100.0; /* the margin over the mean */
+                }
+            }
+            f->qcost[(size_t)l * P + r] = c;
+        }
+    if (unpriced)
+        kvedge_log_warn("fetch of %s: %s; the rungs it lacks are never chosen under a budget",
+                        model,
+                        q ? "its quality profile does not measure every accepted rung"
+                          : "no quality profile for the model (--quality)");
+    f->pp = (kvedge_plan_prec_t){.n = (uint32_t)P,
+                                 .quality_cost = f->qcost,
+                                 .budget = f->pw.metric == KVEDGE_QUALITY_NONE ? 0 : f->pw.budget,
+                                 .rungs = f->pw.accept};
+    f->prec_on = true;
+    return KVEDGE_OK;
 }
 
 /* A model's shape: built-in, else registered with the master. */
@@ -936,11 +1157,23 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
             !f->outbox)
             rc = KVEDGE_ENOMEM;
     }
-    /* MAPPED: the mapped frame is the last; times, when present, come before it. */
+    /* MAPPED: the mapped frame is the last; PREC: the precision frame before it; times, when
+     * present, come first. */
     bool mapped = spec.flags & KVEDGE_WIRE_FETCH_FLAG_MAPPED;
-    bool times = n - (mapped ? 1 : 0) == 3;
+    bool precf = spec.flags & KVEDGE_WIRE_FETCH_FLAG_PREC;
+    bool times = n - (mapped ? 1 : 0) - (precf ? 1 : 0) == 3;
+    if (rc == KVEDGE_OK && precf) {
+        kvedge_wire_fetch_prec_parse(pf[n - 1 - (mapped ? 1 : 0)].data,
+                                     pf[n - 1 - (mapped ? 1 : 0)].len, &f->pw); /* validated */
+        if (kvedge_wire_fetch_prec_check(&f->pw) != KVEDGE_OK)
+            rc = KVEDGE_EINVAL;
+    }
     if (rc == KVEDGE_OK && mapped)
         rc = s_fetch_mapped(p, f, spec.model_id, &pf[n - 1]);
+    /* Precisions are chosen for the requested model's own layers: a request whose map is
+     * usable is planned as without PREC (its blocks come as stored). */
+    if (rc == KVEDGE_OK && precf && !f->map)
+        rc = s_fetch_quality(p, f, spec.model_id);
     if (rc == KVEDGE_OK)
         f->max_heads = f->map && f->mmodel.kv_heads > f->model.kv_heads ? f->mmodel.kv_heads
                                                                         : f->model.kv_heads;
@@ -972,7 +1205,7 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
     if (rc == KVEDGE_OK) {
         uint32_t tokens = spec.tokens ? spec.tokens : f->nchunks * S_TOKENS_PER_CHUNK;
         s_fetch_sources(p, f, tokens);
-        rc = kvedge_plan_make(&f->req, f->psrc, f->nsrc, f->plan);
+        rc = kvedge_plan_make_prec(&f->req, f->prec_on ? &f->pp : NULL, f->psrc, f->nsrc, f->plan);
         if (rc != KVEDGE_OK)
             rc = KVEDGE_EINVAL;
     }
@@ -993,6 +1226,7 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
     for (uint32_t l = 0; l < f->L; l++) {
         s_layer_t *ly = &f->layer[l];
         ly->src = f->plan->layer[l].source;
+        ly->prec = f->prec_on ? f->plan->layer[l].prec : -1;
         if (ly->src < 0) {
             ly->state = L_MISS;
             ly->reason = f->plan->layer[l].reason == KVEDGE_PLAN_RECOMPUTE_FASTER

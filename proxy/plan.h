@@ -1,6 +1,7 @@
 /* Path planner: prices every source of a request's context KV per layer (CE-LSLM Eq. 19) and
- * picks a source per layer that minimizes the pipelined completion time (Eq. 20, EdgePrompt's
- * overlap model). Pure functions: no I/O, no clocks, no allocation, no logging. */
+ * picks a source per layer, and optionally a precision (CacheGen-style, under a quality budget),
+ * that minimizes the pipelined completion time (Eq. 20, EdgePrompt's overlap model). Pure
+ * functions: no I/O, no clocks, no allocation, no logging. */
 #ifndef KVEDGE_PROXY_PLAN_H
 #define KVEDGE_PROXY_PLAN_H
 
@@ -9,6 +10,7 @@
 #include <stdint.h>
 
 #include "access/proto.h"
+#include "store/prec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +29,8 @@ extern "C" {
  * simulated layer steps (one step = one layer of one candidate timeline). */
 #define KVEDGE_PLAN_IMPROVE_PASSES 2
 #define KVEDGE_PLAN_IMPROVE_STEPS  (1u << 22)
+/* Precisions (rungs) one request may offer at most: an accept list's length. */
+#define KVEDGE_PLAN_MAX_PRECS 8
 
 /* One place a request's layers can come from. Network sources (every kind but RECOMPUTE)
  * stream the layers assigned to them in layer order on one stream that pays rtt_us once.
@@ -39,7 +43,8 @@ typedef struct {
     double bw_bytes_per_s;           /* > 0 for an up network source */
     /* Per layer (L entries, indexed by absolute layer) the bytes this source would send for
      * it, at its own precision (a cloud may hold int4, a peer fp16); negative: it does not
-     * hold the layer. Unused (may be NULL) for kind RECOMPUTE. */
+     * hold the layer. Unused (may be NULL) for kind RECOMPUTE, and by the *_prec functions
+     * given a precision choice (kvedge_plan_prec_t.layer_prec_bytes prices it then). */
     const double *layer_bytes;
 } kvedge_plan_source_t;
 
@@ -51,6 +56,29 @@ typedef struct {
     const double *recompute_us; /* L: extra decoder time to compute layer l's context KV */
 } kvedge_plan_request_t;
 
+/* The precision choice of a request (CacheGen-style): the request accepts P precisions, an
+ * accept list best first (index 0 the finest; "coarser" below means a higher index), and the
+ * planner picks a (source, precision) pair or recompute per layer, minimizing T subject to
+ *   quality(plan) = sum over the fetched layers l of quality_cost[l][p(l)] <= budget
+ * (a first-order model: per-layer sensitivities add). Recomputed layers cost 0 (recompute is
+ * exact); layers delivered before a replan keep the cost they were delivered at. Passed to the
+ * *_prec functions beside the request (NULL there: no precision choice, exactly the plain
+ * functions). The caller owns every array; the planner reads them only during a call. */
+typedef struct {
+    uint32_t n;                 /* P, 1..KVEDGE_PLAN_MAX_PRECS */
+    const double *quality_cost; /* [L][P] row-major: cost of layer l at precision p, finite >= 0
+                                   (perplexity increase %, KL, ...: any additive unit) */
+    double budget;              /* finite >= 0, in quality_cost's unit */
+    /* Per source (indexed as sources[]): [L][P] row-major, the bytes the source sends for layer
+     * l at precision p; negative: it cannot serve l at p. Required (non-NULL, every entry
+     * finite) for an up network source; unread for down and RECOMPUTE-kind sources. With a
+     * precision choice a source's layer_bytes is ignored: these bytes are its prices. */
+    const double *layer_prec_bytes[KVEDGE_PLAN_MAX_SOURCES];
+    /* Optional (NULL: none): the n rung codes of the accept list (store/prec.h), best first;
+     * checked with kvedge_prec_list_check, copied into the plan for the formatter's names. */
+    const kvedge_prec_t *rungs;
+} kvedge_plan_prec_t;
+
 /* A planned layer. Times are on the stream timeline: 0 = streams start (after prefix_us). */
 typedef struct {
     int32_t source; /* index into sources[], or KVEDGE_PLAN_SRC_RECOMPUTE */
@@ -58,9 +86,12 @@ typedef struct {
     double cost_us;    /* Eq. 19 price: rtt + bytes / bw, or recompute_us */
     double arrival_us; /* A(l): resident on the client (0 for recompute and delivered) */
     double done_us;    /* done(l): the decoder has finished layer l (0 for delivered) */
+    int32_t prec;      /* index into the accept list; -1: recompute or no precision choice */
+    kvedge_plan_prec_reason_t prec_reason;
+    double quality; /* quality_cost[l][prec] for a fetched layer, else 0; kept when delivered */
 } kvedge_plan_layer_t;
 
-/* A plan. About 40 KiB (the layer table is fixed-size so a plan owns no memory): allocate it
+/* A plan. About 50 KiB (the layer table is fixed-size so a plan owns no memory): allocate it
  * on the heap or statically in long-lived code. */
 typedef struct {
     uint32_t layers;             /* L */
@@ -75,6 +106,17 @@ typedef struct {
     double recompute_all_us;     /* every layer recomputed */
     double load_then_compute_us; /* this plan's sources, but no compute before every transfer
                                     has finished: prefix + max stream end + sum of computes */
+    /* The precision choice (kvedge_plan_make_prec): precs = P, 0 without one. */
+    uint32_t precs;
+    kvedge_prec_t prec_rung[KVEDGE_PLAN_MAX_PRECS]; /* the accept list's codes; 0 unknown */
+    double quality_used; /* sum of the layers' quality (delivered ones included) */
+    double budget;       /* the request's budget; INFINITY without a precision choice */
+    /* fixed_prec_us[p]: T of the planner's best plan with every fetched layer at precision p
+     * (kvedge_plan_make_prec's step 1: recompute allowed, within the budget, so finite for
+     * p < precs); fixed_prec_quality[p] its quality, delivered layers included. INFINITY and
+     * 0 for p >= precs. */
+    double fixed_prec_us[KVEDGE_PLAN_MAX_PRECS];
+    double fixed_prec_quality[KVEDGE_PLAN_MAX_PRECS];
     kvedge_plan_layer_t layer[KVEDGE_PLAN_MAX_LAYERS]; /* [0, layers) are valid */
 } kvedge_plan_t;
 
@@ -151,22 +193,113 @@ int kvedge_plan_make(const kvedge_plan_request_t *req, const kvedge_plan_source_
  * is treated as down; layers [k, L) are planned as kvedge_plan_make plans a new request with
  * the time origin at now: streams restart (each pays its rtt again), the decoder is taken as
  * free (its backlog of received layers is not modelled) and prefix_us is not paid again.
- * Layers below k keep prev's source and cost, reason DELIVERED, times 0. total_us and every
- * other time in *out are the remaining time from now. The caller's sources are not
- * modified. out may be prev.
- * Errors: KVEDGE_EINVAL (as kvedge_plan_make; prev NULL or prev->layers != L; k > L; failed
- * neither KVEDGE_PLAN_SRC_NONE nor a source index); *out unchanged. */
+ * Layers below k keep prev's source, cost, precision and quality, reason DELIVERED, times 0;
+ * quality_used is their quality's sum (budget INFINITY, precs 0: no precision choice for the
+ * rest). total_us and every other time in *out are the remaining time from now. The caller's
+ * sources are not modified. out may be prev. Errors: KVEDGE_EINVAL (as kvedge_plan_make; prev NULL
+ * or prev->layers != L; k > L; failed neither KVEDGE_PLAN_SRC_NONE nor a source index); *out
+ * unchanged. */
 int kvedge_plan_replan(const kvedge_plan_request_t *req, const kvedge_plan_source_t *sources,
                        size_t nsrc, const kvedge_plan_t *prev, uint32_t first_layer_not_received,
                        int32_t failed, kvedge_plan_t *out);
 
 /* Writes a human-readable table of the plan into buf (always NUL-terminated when len > 0):
- * one row per layer (layer, source, kind, cost ms, arrival ms, done ms, reason), then T, the
- * bound, the split and the comparison totals. sources are the ones the plan was made with,
+ * one row per layer (layer, source, kind, cost ms, arrival ms, done ms, reason, and for a plan
+ * with a precision choice the precision index, its rung name and the precision reason), then T,
+ * the bound, the split and the comparison totals (and the quality used, the budget and each
+ * fixed precision's T). sources are the ones the plan was made with,
  * for names. Errors: KVEDGE_EINVAL (NULL plan or buf, len 0, sources NULL with nsrc > 0);
  * KVEDGE_ENOSPACE (buf too small: it holds a truncated table). */
 int kvedge_plan_format(const kvedge_plan_t *plan, const kvedge_plan_source_t *sources, size_t nsrc,
                        char *buf, size_t len);
+
+/* ---- precision choice ------------------------------------------------------------------
+ * The functions below take a kvedge_plan_prec_t beside the request; prec NULL makes each one
+ * exactly its plain counterpart above (prec_assign is then not read). With prec, a layer's
+ * option is (source, precision) or recompute: a source's bytes for layer l are
+ * prec->layer_prec_bytes[source][l * P + p] (its layer_bytes is not read) and every timeline
+ * rule above is unchanged. prec_assign[l] (L entries) is the precision index of layer l; it is
+ * read only where assign[l] is a network source, and must be < P with the source serving the
+ * layer at that precision. Validation: as kvedge_plan_make, plus KVEDGE_EINVAL for P 0 or
+ * above KVEDGE_PLAN_MAX_PRECS; quality_cost NULL or an entry negative or not finite; budget
+ * negative or not finite; an up network source whose layer_prec_bytes is NULL or has an entry
+ * that is not finite; rungs not NULL and failing kvedge_prec_list_check. */
+
+/* Eq. 19 at precision prec_index: rtt + bytes(layer, prec_index) / bw; recompute as
+ * kvedge_plan_cost. INFINITY where kvedge_plan_cost is, or when prec_index >= P or the source
+ * cannot serve the layer at it. */
+double kvedge_plan_cost_prec(const kvedge_plan_request_t *req, const kvedge_plan_prec_t *prec,
+                             const kvedge_plan_source_t *sources, size_t nsrc, int32_t source,
+                             int32_t prec_index, uint32_t layer);
+
+/* kvedge_plan_simulate and kvedge_plan_bound of an assignment with precisions. Errors: as
+ * their plain counterparts, plus a bad prec or a prec_assign entry that cannot be served
+ * (prec_assign NULL with prec set is KVEDGE_EINVAL); nothing written. */
+int kvedge_plan_simulate_prec(const kvedge_plan_request_t *req, const kvedge_plan_prec_t *prec,
+                              const kvedge_plan_source_t *sources, size_t nsrc,
+                              const int32_t *assign, const int32_t *prec_assign, double *total_us,
+                              double *arrival_us, double *done_us);
+int kvedge_plan_bound_prec(const kvedge_plan_request_t *req, const kvedge_plan_prec_t *prec,
+                           const kvedge_plan_source_t *sources, size_t nsrc, const int32_t *assign,
+                           const int32_t *prec_assign, double *bound_us);
+
+/* The quality cost of an assignment: the sum, in layer order from layer 0, of
+ * quality_cost[l][prec_assign[l]] over the layers assigned to a network source (the same sum,
+ * bit for bit, as a plan's quality_used for a plan made by kvedge_plan_make_prec). 0 when prec
+ * is NULL. Errors: as kvedge_plan_simulate_prec; nothing written. */
+int kvedge_plan_quality(const kvedge_plan_request_t *req, const kvedge_plan_prec_t *prec,
+                        const kvedge_plan_source_t *sources, size_t nsrc, const int32_t *assign,
+                        const int32_t *prec_assign, double *quality);
+
+/* Chooses a (source, precision) pair or recompute per layer: minimizes T subject to
+ * quality <= budget. prec NULL: kvedge_plan_make.
+ * 1. Fixed precision: for each p in 0..P-1, kvedge_plan_make's steps 1-3 with every source
+ *    restricted to precision p, under the budget: a split or baseline candidate over the
+ *    budget is repaired by recomputing its fetched layers, highest quality_cost[l][p] first
+ *    (ties: the lower layer), the fewest that make it fit (recompute-all always fits); a
+ *    greedy move that would leave the budget is not taken. Its T is fixed_prec_us[p]. The
+ *    lowest wins (ties: the lower p); split, split_us are that run's; cloud_only_us and
+ *    cloud_source the lowest cloud-only of all the runs (ties: the lower p).
+ * 2. When P > 1, across every option (any up source at any precision it serves, or
+ *    recompute): the greedy improvement of kvedge_plan_make, within the budget, from each
+ *    precision's plan of step 1, and from step 1's winner re-allocated as a multiple-choice
+ *    knapsack (CacheGen-style): every fetched layer at its source's rung of least quality
+ *    cost, then, one move at a time, the move of a layer to a rung of its source with fewer
+ *    bytes that saves the most transfer time per unit of quality cost it adds (ties: the lower
+ *    layer, then the finer rung), a move that would leave the budget dropped. The lowest T
+ *    wins (ties: the lower p, the knapsack start last).
+ * 3. When P > 1, one pass of quality recovery in layer order: a fetched layer moves to the
+ *    option of least quality cost (recompute's is 0), strictly below its own, that does not
+ *    raise T (ties: the lower T, then sources in index order, precisions best first).
+ * Each greedy run, the knapsack start and step 3 spend at most KVEDGE_PLAN_IMPROVE_STEPS, so
+ * the work is about (2P + 2) times kvedge_plan_make's, plus P split searches. T (exactly
+ * kvedge_plan_simulate_prec's) <= min over p of fixed_prec_us[p] <= each run's split,
+ * cloud-only and recompute-all; quality_used <= budget; with P == 1 and a budget at least the
+ * all-fetched cost the plan is kvedge_plan_make's for the same bytes. Precision reasons: ONLY when
+ * the source serves the layer at one rung; else BUDGET when a coarser rung of the same source would
+ * strictly lower T but exceed the budget; else FINEST or COARSER_FASTER by whether a finer rung is
+ * served. A recomputed layer is BUDGET when some fetch would strictly lower T but exceed the
+ * budget, else NONE. These checks spend at most KVEDGE_PLAN_IMPROVE_STEPS too; past it no layer is
+ * marked BUDGET. Source reasons are relative to step 1's winner.
+ * Fills *out completely. Errors: as kvedge_plan_make and the validation above; *out
+ * unchanged. */
+int kvedge_plan_make_prec(const kvedge_plan_request_t *req, const kvedge_plan_prec_t *prec,
+                          const kvedge_plan_source_t *sources, size_t nsrc, kvedge_plan_t *out);
+
+/* kvedge_plan_replan with a precision choice (prec NULL: kvedge_plan_replan, which keeps the
+ * delivered layers' precision and quality and reports their sum as quality_used). Called when
+ * a source failed or its bandwidth changed (the caller updates bw_bytes_per_s first): layers
+ * [k, L) are planned as kvedge_plan_make_prec plans them, and may change precision; delivered
+ * layers keep their source, precision, prec_reason and quality, and their quality counts
+ * against the budget: the rest is planned within budget minus their sum (in layer order).
+ * When the delivered layers alone exceed the budget (the caller lowered it) the rest may add
+ * no quality cost, and quality_used exceeds budget by exactly the delivered excess.
+ * Errors: as kvedge_plan_replan and the validation above, plus a delivered layer's quality
+ * negative or not finite; *out unchanged. */
+int kvedge_plan_replan_prec(const kvedge_plan_request_t *req, const kvedge_plan_prec_t *prec,
+                            const kvedge_plan_source_t *sources, size_t nsrc,
+                            const kvedge_plan_t *prev, uint32_t first_layer_not_received,
+                            int32_t failed, kvedge_plan_t *out);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@
 #include "access/log.h"
 #include "proxy/proxy_impl.h"
 #include "store/clock.h"
+#include "store/why.h"
 #include "store/error.h"
 
 #define S_CREDIT_DEFAULT 64
@@ -88,9 +89,9 @@ static void s_request(kvedge_proxy_impl_t *p, zmsg_t *msg)
     kvedge_wire_header_t h;
     int rc = route && hf ? kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h)
                          : KVEDGE_EPROTO;
-    /* The most payload frames a request has: a MAPPED FETCH with times (spec, chunk ids,
-     * times, mapped frame). */
-    kvedge_wire_frame_t pf[4];
+    /* The most payload frames a request has: a MAPPED, PREC FETCH with times (spec, chunk
+     * ids, times, precision frame, mapped frame). */
+    kvedge_wire_frame_t pf[5];
     size_t n = zmsg_size(msg);
     if (rc == KVEDGE_OK && n > sizeof pf / sizeof pf[0])
         rc = KVEDGE_EPROTO;
@@ -210,6 +211,8 @@ static void s_proxy_free(kvedge_proxy_impl_t *p)
     zlistx_destroy(&p->fetches);
     kvedge_health_destroy(&p->health);
     kvedge_negcache_destroy(&p->neg);
+    for (size_t i = 0; i < p->nquality; i++)
+        kvedge_quality_destroy(&p->quality[i]);
     if (p->ev_fd >= 0)
         close(p->ev_fd);
     pthread_mutex_destroy(&p->srcs_mu);
@@ -223,16 +226,63 @@ static void s_proxy_free(kvedge_proxy_impl_t *p)
     free(p);
 }
 
+/* Loads the quality profiles named in list (comma-separated paths): at most
+ * KVEDGE_PROXY_MAX_QUALITY, one per model. A profile that does not load fails the start. */
+static int s_quality_load(kvedge_proxy_impl_t *p, const char *list, char *why, size_t why_len)
+{
+    if (!list || !list[0])
+        return KVEDGE_OK;
+    char *copy = strdup(list), *save = NULL;
+    if (!copy)
+        return KVEDGE_ENOMEM;
+    int rc = KVEDGE_OK;
+    for (char *path = strtok_r(copy, ",", &save); path && rc == KVEDGE_OK;
+         path = strtok_r(NULL, ",", &save)) {
+        kvedge_quality_profile_t *q = NULL;
+        if (p->nquality == KVEDGE_PROXY_MAX_QUALITY) {
+            rc = kvedge_why(why, why_len, KVEDGE_ETOOBIG, "more than %d quality profiles",
+                            KVEDGE_PROXY_MAX_QUALITY);
+            break;
+        }
+        rc = kvedge_quality_load(path, &q, why, why_len);
+        if (rc != KVEDGE_OK)
+            break;
+        if (kvedge_proxy_impl_quality(p, kvedge_quality_model(q))) {
+            rc = kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: a second quality profile for %s",
+                            path, kvedge_quality_model(q));
+            kvedge_quality_destroy(&q);
+            break;
+        }
+        p->quality[p->nquality++] = q;
+        kvedge_log_info("quality profile of %s: %s", kvedge_quality_model(q), path);
+    }
+    free(copy);
+    return rc;
+}
+
+const kvedge_quality_profile_t *kvedge_proxy_impl_quality(const kvedge_proxy_impl_t *p,
+                                                          const char *model)
+{
+    for (size_t i = 0; i < p->nquality; i++)
+        if (strcmp(kvedge_quality_model(p->quality[i]), model) == 0)
+            return p->quality[i];
+    return NULL;
+}
+
 int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, char *why,
                        size_t why_len)
 {
     if (why && why_len)
         why[0] = '\0';
     if (!opts || !out || opts->nsources > KVEDGE_PROXY_MAX_SOURCES ||
+        (opts->quality_margin_pct &&
+         (opts->quality_margin_pct < 100 || opts->quality_margin_pct > 1000)) ||
         (opts->nsources && !opts->sources) || (opts->id && !kvedge_master_id_ok(opts->id)) ||
         (!opts->master != !opts->master_pub)) {
         if (why && why_len)
-            snprintf(why, why_len, "invalid options (id, sources, or master without its PUB)");
+            snprintf(why, why_len,
+                     "invalid options (id, sources, master without its PUB, or a "
+                     "quality margin outside 100 ... 1000 %%)");
         return KVEDGE_EINVAL;
     }
     *out = NULL;
@@ -256,6 +306,8 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
         p->opts.neg_ttl_ms = KVEDGE_PROXY_NEG_TTL_MS;
     if (!p->opts.credit)
         p->opts.credit = S_CREDIT_DEFAULT;
+    if (!p->opts.quality_margin_pct)
+        p->opts.quality_margin_pct = KVEDGE_PROXY_QUALITY_MARGIN_PCT;
     snprintf(p->id, sizeof p->id, "%s", opts->id ? opts->id : "proxy");
     pthread_mutex_init(&p->srcs_mu, NULL);
     pthread_mutex_init(&p->ev_mu, NULL);
@@ -269,6 +321,8 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
     p->fetches = zlistx_new();
     p->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     int rc = p->health && p->neg && p->fetches && p->ev_fd >= 0 ? KVEDGE_OK : KVEDGE_ENOMEM;
+    if (rc == KVEDGE_OK)
+        rc = s_quality_load(p, opts->quality, why, why_len);
     if (rc == KVEDGE_OK)
         rc = kvedge_proxy_impl_monitor_open(p, why, why_len);
     if (rc == KVEDGE_OK)

@@ -25,6 +25,10 @@ extern "C" {
 /* How often the historical cache's lag is read from each history source (MONITOR). */
 #define KVEDGE_PROXY_HISTORY_POLL_MS 5000
 #define KVEDGE_PROXY_MAX_SOURCES     KVEDGE_PLAN_MAX_SOURCES
+/* The default margin on quality profiles' costs, percent. */
+#define KVEDGE_PROXY_QUALITY_MARGIN_PCT 150
+/* Quality profiles a proxy holds at most (one per model). */
+#define KVEDGE_PROXY_MAX_QUALITY 16
 /* A layer's stream from one source may take STALL_FACTOR times its priced transfer time, and
  * never less than STALL_MIN_MS, before the source counts as stalled and the layer moves. */
 #define KVEDGE_PROXY_STALL_MIN_MS 400
@@ -81,6 +85,15 @@ typedef struct {
      * Collaboration Monitor records (no_monitor: only the live gauges). */
     const char *metrics;
     bool no_monitor;
+    /* The cache optimizer: per-layer sensitivity profiles (proxy/quality.h, written by
+     * `kvedge eval --profile-out`), comma-separated paths, one per model; NULL or "": none
+     * (a request's lossy rungs are then never chosen under a quality budget). */
+    const char *quality;
+    /* Percent the profile's per-layer costs are priced at (100 ... 1000; 0 = the default
+     * KVEDGE_PROXY_QUALITY_MARGIN_PCT): a profile is a mean over held-out documents, and a
+     * workload's documents vary around it, so pricing above the mean keeps the measured
+     * quality under the budget (docs/benchmarks.md, "The cache optimizer"). */
+    uint32_t quality_margin_pct;
 } kvedge_proxy_opts_t;
 
 /* Counters since start. */
@@ -93,6 +106,7 @@ typedef struct {
     uint64_t bytes;     /* block bytes delivered */
     uint64_t source_failures;
     uint64_t mapped_layers; /* layers delivered from a mapped model's layer (large-small) */
+    uint64_t replans;       /* re-plans after a source's measured bandwidth changed */
     /* Blocks forwarded in the frame they arrived in (at least 4 KiB: no copy), of those
      * received from sources. */
     uint64_t forwarded_in_place;

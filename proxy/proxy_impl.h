@@ -22,6 +22,7 @@
 #include "proxy/health.h"
 #include "proxy/negcache.h"
 #include "proxy/proxy.h"
+#include "proxy/quality.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,6 +60,9 @@ typedef struct {
     atomic_size_t nsrc;
     kvedge_health_t *health;
     kvedge_negcache_t *neg;
+    /* Quality profiles by model (the cache optimizer), read at start, immutable after. */
+    kvedge_quality_profile_t *quality[KVEDGE_PROXY_MAX_QUALITY];
+    size_t nquality;
     kvedge_mview_t *view;
     /* The event queue: libkvedge I/O threads -> actor. */
     pthread_mutex_t ev_mu;
@@ -192,6 +196,10 @@ int kvedge_proxy_impl_map(kvedge_proxy_impl_t *p, const char *cloud, const char 
 /* Logs (warn, once per pair of models per 10 minutes) that a MAPPED FETCH of edge with the
  * mapped model cloud found no usable map, and why. Any thread. */
 void kvedge_proxy_impl_map_unusable(const char *cloud, const char *edge, const char *why);
+
+/* The quality profile of a model, or NULL (proxy.c). */
+const kvedge_quality_profile_t *kvedge_proxy_impl_quality(const kvedge_proxy_impl_t *p,
+                                                          const char *model);
 
 #ifdef __cplusplus
 }

@@ -242,6 +242,7 @@ static char *s_doc(kvedge_proxy_impl_t *p, size_t *len)
     cJSON_AddNumberToObject(so, "bytes", (double)stats.bytes);
     cJSON_AddNumberToObject(so, "source_failures", (double)stats.source_failures);
     cJSON_AddNumberToObject(so, "mapped_layers", (double)stats.mapped_layers);
+    cJSON_AddNumberToObject(so, "replans", (double)stats.replans);
     cJSON_AddNumberToObject(so, "buffered_bytes", (double)atomic_load(&p->buffered_now));
     cJSON_AddNumberToObject(so, "fetches_open", (double)atomic_load(&p->fetches_open));
     s_src_view_t *v = calloc(KVEDGE_PROXY_MAX_SOURCES, sizeof *v);

@@ -131,6 +131,25 @@ static const kvedge_setting_t s_settings[] = {
      .example = "0.0.0.0:9752",
      .help = "HTTP endpoint for /metrics, /health and /ready (HOST:PORT; port 0: any free); "
              "off: none"},
+    {.key = "quality",
+     .flag = "quality",
+     .arg = "FILES",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, quality),
+     .example = "models/kjv/cloud/quality.json",
+     .help =
+         "per-layer quality profiles of the models (kvedge eval --profile-out), comma-separated: "
+         "what a FETCH's quality budget is priced with"},
+    {.key = "quality_margin",
+     .flag = "quality-margin",
+     .arg = "PCT",
+     .type = KVEDGE_SETTING_UINT,
+     KVEDGE_SETTING_AT(S_T, quality_margin),
+     .min = 100,
+     .max = 1000,
+     .def_num = KVEDGE_PROXY_QUALITY_MARGIN_PCT,
+     .help = "price each layer's quality cost at PCT % of its profile's figure (a profile is a "
+             "mean over documents: above 100 keeps the measured quality under a budget)"},
     {.key = "monitor",
      .flag = "monitor",
      .type = KVEDGE_SETTING_BOOL,
@@ -247,6 +266,8 @@ int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t
     po.history_node = s->history_node[0] ? s->history_node : NULL;
     po.metrics = s->metrics;
     po.no_monitor = !s->monitor;
+    po.quality = s->quality[0] ? s->quality : NULL;
+    po.quality_margin_pct = s->quality_margin;
     rc = kvedge_proxy_start(&po, out, why, why_len);
     free(src);
     if (rc == KVEDGE_OK && need_cert)

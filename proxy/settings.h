@@ -37,6 +37,8 @@ typedef struct {
     char clients[KVEDGE_PROXY_PATH_BYTES];  /* client allowlist (CURVE toward clients) */
     bool insecure;                          /* plaintext for clients: loopback or ipc only */
     char metrics[128];                      /* HTTP endpoint "HOST:PORT", or "off" */
+    char quality[1024];                     /* quality profiles, comma-separated paths */
+    uint32_t quality_margin;                /* percent the profiles' costs are priced at */
     bool monitor;                           /* the Collaboration Monitor records */
     kvedge_log_level_t log_level;           /* the daemon's main sets the logger's level */
 } kvedge_proxy_settings_t;

@@ -15,7 +15,7 @@
 #define S_CACHE_SHARD_BITS_MAX  6
 
 static const char *const s_cf_names[S_CF_COUNT] = {
-    "default", "blocks", "meta", "lru", "ttl", "prefixes", "models", "quarantine",
+    "default", "blocks", "meta", "lru", "ttl", "prefixes", "models", "quarantine", "variants",
 };
 
 /* ---------------------------------------------------------------- RocksDB boundary */
@@ -82,8 +82,10 @@ void kvedge_engine_totals(kvedge_engine_t *e, const kvedge_block_meta_t *m, bool
 {
     void (*f)(_Atomic uint64_t *, uint64_t) = add ? s_add : s_sub;
     f(&e->blocks, 1);
-    if (with_bytes)
+    if (with_bytes) {
         f(&e->bytes, m->bytes);
+        f(&e->used, m->bytes);
+    }
     f(&e->fp16_bytes, kvedge_block_fp16_bytes(m->tokens, m->head_dim));
     if (m->pinned) {
         f(&e->pinned_blocks, 1);
@@ -205,7 +207,10 @@ static int s_load_totals(kvedge_engine_t *e)
     it = kvedge_engine_iter(e, S_CF_QUARANTINE, NULL, 0, NULL, 0, &ro);
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it))
         s_add(&e->quarantined, 1);
-    return kvedge_engine_iter_close(it, ro, KVEDGE_OK);
+    rc = kvedge_engine_iter_close(it, ro, KVEDGE_OK);
+    if (rc != KVEDGE_OK)
+        return rc;
+    return kvedge_engine_load_variant_totals(e);
 }
 
 static bool s_store_exists(const char *dir)
@@ -253,6 +258,23 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
             goto done;
         }
     }
+    size_t n_ours = S_CF_COUNT;
+    if (e->opts.read_only) {
+        /* A read-only open cannot create families: a kvedge store has them all, but for the
+         * variants family (the last of ours), which a store that never held variants lacks. */
+        for (size_t j = 0; exists && j < S_CF_COUNT; j++) {
+            bool found = false;
+            for (size_t i = 0; i < n_listed; i++)
+                found = found || strcmp(listed[i], s_cf_names[j]) == 0;
+            if (!found && j == S_CF_VARIANTS) {
+                n_ours = S_CF_VARIANTS;
+            } else if (!found) {
+                s_why(why, why_len, "store %s lacks the column family %s", dir, s_cf_names[j]);
+                rc = KVEDGE_ECORRUPT;
+                goto done;
+            }
+        }
+    }
     size_t cap = S_CF_COUNT + n_listed;
     names = calloc(cap, sizeof *names);
     cfo = calloc(cap, sizeof *cfo);
@@ -262,7 +284,7 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
         goto done;
     }
     size_t n = 0;
-    for (size_t i = 0; i < S_CF_COUNT; i++)
+    for (size_t i = 0; i < n_ours; i++)
         names[n++] = s_cf_names[i];
     for (size_t i = 0; i < n_listed; i++) {
         bool ours = false;
@@ -270,19 +292,6 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
             ours = ours || strcmp(listed[i], s_cf_names[j]) == 0;
         if (!ours)
             names[n++] = listed[i];
-    }
-    if (e->opts.read_only) {
-        /* A read-only open cannot create families: a kvedge store has them all. */
-        for (size_t j = 0; exists && j < S_CF_COUNT; j++) {
-            bool found = false;
-            for (size_t i = 0; i < n_listed; i++)
-                found = found || strcmp(listed[i], s_cf_names[j]) == 0;
-            if (!found) {
-                s_why(why, why_len, "store %s lacks the column family %s", dir, s_cf_names[j]);
-                rc = KVEDGE_ECORRUPT;
-                goto done;
-            }
-        }
     }
     blobs = rocksdb_options_create();
     if (e->salvage) {
@@ -316,7 +325,7 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
         goto done;
     }
     e->n_handles = n;
-    for (size_t i = 0; i < S_CF_COUNT; i++)
+    for (size_t i = 0; i < n_ours; i++)
         e->cf[i] = e->handles[i];
 done:
     if (blobs)

@@ -1,6 +1,7 @@
 /* The block engine: kvedge blocks in RocksDB, addressed by chunk | layer | head, with per-block
  * metadata, capacity-bounded approximate-LRU eviction, pinning, TTL, quarantine of corrupt
- * blocks and statistics. Thread-safe: one engine may be used from any number of threads. */
+ * blocks, variants (other precisions of a block) and statistics. Thread-safe: one engine may be
+ * used from any number of threads. */
 #ifndef KVEDGE_STORE_ENGINE_H
 #define KVEDGE_STORE_ENGINE_H
 
@@ -11,6 +12,7 @@
 #include "store/block.h"
 #include "store/chunk.h"
 #include "store/model.h"
+#include "store/prec.h"
 #include "store/stats.h"
 
 #ifdef __cplusplus
@@ -40,10 +42,14 @@ typedef struct {
     uint64_t created_ms;
     uint64_t atime_ms;   /* last access, at the engine's atime granularity */
     uint64_t expires_ms; /* 0 = never */
+    /* Re-encoded coarser by kvedge_engine_demote (section "Demotion"), and the rung it was
+     * put at (KVEDGE_PREC_STORED when not demoted). A new put of the block clears both. */
+    bool demoted;
+    kvedge_prec_t demoted_from;
 } kvedge_block_meta_t;
 
 typedef struct {
-    uint64_t capacity_bytes;       /* 0 = unlimited; counts encoded block bytes */
+    uint64_t capacity_bytes;       /* 0 = unlimited; counts encoded block bytes, variants too */
     uint32_t default_ttl_s;        /* 0 = blocks do not expire unless a put asks */
     bool sync;                     /* fsync the WAL on every write (durable puts) */
     bool create_if_missing;        /* default true */
@@ -54,6 +60,10 @@ typedef struct {
     /* Clock in milliseconds; NULL = wall clock. Tests inject their own. */
     uint64_t (*clock_ms)(void *ctx);
     void *clock_ctx;
+    /* Capacity pressure (section "Demotion"): 0 (KVEDGE_PREC_STORED) = plain LRU eviction;
+     * a rung = drop variants first, then demote least-recently-used blocks to this rung,
+     * then evict, demoted blocks last. */
+    kvedge_prec_t pressure_demote;
 } kvedge_engine_opts_t;
 
 typedef struct {
@@ -61,7 +71,8 @@ typedef struct {
     bool pin;       /* pinned blocks are never evicted and never expire */
 } kvedge_put_opts_t;
 
-/* A value read from the engine. data stays valid until kvedge_value_release. */
+/* A value read from the engine. data stays valid until kvedge_value_release (priv: the pinned
+ * RocksDB value, or a buffer of the engine's own for a derived block). */
 typedef struct {
     const uint8_t *data;
     size_t len;
@@ -149,13 +160,16 @@ int kvedge_engine_pin(kvedge_engine_t *e, const kvedge_block_key_t *key, bool pi
 int kvedge_engine_pin_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id, bool pin,
                             uint64_t *changed);
 
-/* Evicts least-recently-used unpinned blocks until at most target_bytes are stored.
+/* Evicts least-recently-used unpinned blocks until at most target_bytes are stored (primaries
+ * and variants together, as capacity counts them; evicting a block drops its variants, and
+ * *bytes counts both). With opts.pressure_demote set it frees in the pressure order (section
+ * "Demotion"): *blocks counts the blocks evicted, *bytes every byte freed.
  * Returns 0, or KVEDGE_EFULL if pinned blocks alone exceed the target (it still evicts all
  * it can). Outputs may be NULL. */
 int kvedge_engine_evict(kvedge_engine_t *e, uint64_t target_bytes, uint64_t *blocks,
                         uint64_t *bytes);
 
-/* Deletes every expired, unpinned block. */
+/* Deletes every expired, unpinned block (with its variants). */
 int kvedge_engine_expire(kvedge_engine_t *e, uint64_t *blocks);
 
 /* Reads every block and checks it as a get does (kvedge_block_check: structure, checksum, lz4
@@ -164,12 +178,171 @@ int kvedge_engine_expire(kvedge_engine_t *e, uint64_t *blocks);
  * quarantine. Reading with RocksDB's own checksums on, verify also finds a damaged RocksDB
  * record around a block that still reads intact (a get serves it): cb hears it with
  * KVEDGE_EIO, it does not count in *bad, and with quarantine it is written again as a fresh
- * record. Returns 0 after a full scan (bad blocks are reported in *bad). */
+ * record. Returns 0 after a full scan (bad blocks are reported in *bad).
+ * Variants are checked too (structure, checksum, their rung and their primary's shape) and
+ * count in *checked and *bad; cb hears a bad variant under its primary's key (the primary
+ * itself may be sound: kvedge_engine_get_variant tells which rung), and with quarantine it is
+ * quarantined as kvedge_engine_get_variant does. With quarantine, variant records left bound
+ * to no live primary (a store an older kvedge wrote to) are dropped, not counted. */
 typedef int (*kvedge_verify_cb)(void *ctx, const kvedge_block_key_t *key, int err);
 int kvedge_engine_verify(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb cb, void *ctx,
                          uint64_t *checked, uint64_t *bad);
 
+/* blocks, bytes, fp16_bytes and the pinned totals count primaries only (the record is a wire
+ * record); variants are in kvedge_engine_variant_stats, and capacity_bytes bounds both. gets,
+ * hits, misses, puts and the byte counters include variant reads and writes. */
 int kvedge_engine_stats(kvedge_engine_t *e, kvedge_engine_stats_t *out);
+
+/* ---------------------------------------------------------------- variants
+ *
+ * A block (one chunk, layer, head) may be held at more than one precision (store/prec.h). The
+ * block put with kvedge_engine_put is the primary: metadata, LRU, TTL and pin are its. Other
+ * rungs are variants, stored beside it (column family `variants`) and bound to the primary
+ * they were put against: a variant lives and dies with its primary (delete, eviction, expiry,
+ * quarantine of the primary, and a new put of the primary, which changes the data the variants
+ * came from, drop them in the same write). Variant bytes count toward capacity_bytes; only
+ * primaries are evicted, each taking its variants along. Writers of one block key serialize
+ * with its primary's writers. Variants are stored, never made, by the engine:
+ * kvedge_engine_get_prec derives a missing rung on the fly and leaves storing it to the
+ * caller. Each variant record carries the checksum of the primary it was put against: one
+ * bound to another primary (left by a kvedge that knew no variants, which keeps the family but
+ * does not drop variants with their blocks) is never served, listed or reported bad; reads,
+ * delete_chunk and verify with quarantine drop it. A read-only open of a store that never held
+ * variants (no family to open) holds none. */
+
+/* Stores block as the variant at rung prec of the primary at key, replacing the variant held
+ * at that rung. The block is verified first (kvedge_block_check) and must be at rung prec
+ * (kvedge_prec_of_block). Evicts least-recently-used unpinned primaries (never this one) when
+ * over capacity.
+ * Errors: codec errors of kvedge_block_check; KVEDGE_EINVAL (NULL, prec not a ladder rung, the
+ * block at another rung, or prec the primary's own rung: the primary already is that
+ * precision); KVEDGE_ENOTFOUND (no live primary); KVEDGE_ESHAPE (tokens, head_dim or dtype not
+ * the primary's); KVEDGE_ETOOBIG, KVEDGE_EFULL, KVEDGE_EREADONLY, store errors, as
+ * kvedge_engine_put. */
+int kvedge_engine_put_variant(kvedge_engine_t *e, const kvedge_block_key_t *key, kvedge_prec_t prec,
+                              const uint8_t *block, size_t len);
+
+/* Reads and verifies the variant at rung prec of key (kvedge_block_check, still at rung prec,
+ * the primary's shape). Serving a variant is an access of its block: the primary's access time
+ * is refreshed at the engine's granularity. A variant failing verification is moved to
+ * quarantine (under its block key | rung), counted as quarantined and corrupt, and reported
+ * KVEDGE_ECORRUPT (the next get says KVEDGE_ENOTFOUND). KVEDGE_ENOTFOUND when not held, or when
+ * the primary is gone or expired (an expired primary is deleted, variants with it).
+ * KVEDGE_EINVAL for NULL or an invalid rung. Caller releases *out with kvedge_value_release. */
+int kvedge_engine_get_variant(kvedge_engine_t *e, const kvedge_block_key_t *key, kvedge_prec_t prec,
+                              kvedge_value_t *out);
+
+/* The rungs held as variants of key, ascending, the primary's own not included (the listing
+ * reads keys, not blocks: a listed variant may still fail its check when read). At most max
+ * are written to out (may be NULL when max is 0); *n receives how many are held, which may
+ * exceed max. Errors: KVEDGE_EINVAL, KVEDGE_ENOTFOUND (no primary), store errors. */
+int kvedge_engine_variants(kvedge_engine_t *e, const kvedge_block_key_t *key, kvedge_prec_t *out,
+                           size_t max, size_t *n);
+
+/* Deletes the variant at rung prec of key. Errors: KVEDGE_EINVAL, KVEDGE_ENOTFOUND (not held),
+ * KVEDGE_EREADONLY, store errors. */
+int kvedge_engine_drop_variant(kvedge_engine_t *e, const kvedge_block_key_t *key,
+                               kvedge_prec_t prec);
+
+/* Serves key at the best precision a reader accepts. accept lists the rungs it takes, best
+ * first (kvedge_prec_list_check, else KVEDGE_EINVAL). For each rung in order: the primary when
+ * it is at that rung, else the variant held at it; the first found and verified is served.
+ * When none is held and derive is set: the first rung in the list that can be derived
+ * (kvedge_prec_derivable; kvedge_block_transcode's rule for a primary off the ladder) from the
+ * primary or a held variant, finest source first, is made with kvedge_block_transcode (lz4
+ * when it pays) and served with *derived true; the engine does not store it (the caller may
+ * kvedge_engine_put_variant it). A corrupt variant is quarantined (and counted) and the next
+ * acceptable option is tried; a corrupt primary is quarantined with its variants, leaving
+ * nothing to serve: KVEDGE_ECORRUPT. The primary's access time is refreshed as by
+ * kvedge_engine_get_variant. *served receives the rung served (served must not be NULL;
+ * derived may be).
+ * Errors: KVEDGE_EINVAL, KVEDGE_ENOTFOUND (no primary, or nothing acceptable held or
+ * derivable: a reader accepting only lossless never gets a quantized block),
+ * KVEDGE_ECORRUPT, KVEDGE_ENOMEM, store errors. Caller releases *out with
+ * kvedge_value_release. */
+int kvedge_engine_get_prec(kvedge_engine_t *e, const kvedge_block_key_t *key,
+                           const kvedge_prec_t *accept, size_t n, bool derive, kvedge_value_t *out,
+                           kvedge_prec_t *served, bool *derived);
+
+/* Variant records held and their encoded block bytes (what capacity counts of them). Outputs
+ * may be NULL. */
+int kvedge_engine_variant_stats(kvedge_engine_t *e, uint64_t *blocks, uint64_t *bytes);
+
+/* ---------------------------------------------------------------- demotion
+ *
+ * A cold block can stay at a coarser precision rather than leave: demotion replaces the
+ * primary, in place and in one write batch, with kvedge_block_transcode of it at a coarser
+ * rung (lz4 when it pays), and marks it demoted (kvedge_block_meta_t.demoted and
+ * .demoted_from; the meta record is then version 2, which an older kvedge reads as damaged).
+ * Pin, TTL, created and access time stay; the LRU and TTL entries do not move. Variants
+ * coarser than the new rung (kvedge_prec_derivable from it, not equal to it) are kept and
+ * bound to the new primary: they were made from the finer data and are at least as good as
+ * what the demoted block would give. The others (finer, the new rung itself, incomparable
+ * ThinK levels) are dropped: they are worth more bytes than the demotion frees, and a reader
+ * must never be served a finer precision than the primary can back. The totals stay exact.
+ * A demoted block is served as what it now is: to a reader with an accept list only at its
+ * new rung or what derives from it (a reader accepting only lossless misses); to a plain GET
+ * as stored.
+ *
+ * Capacity pressure (opts.pressure_demote set): when a put needs room, or
+ * kvedge_engine_evict is asked for it, the engine frees, in this order and each step only
+ * until used <= the target: (1) variant records, roughly least recently used block first
+ * (they are re-derivable extras); (2) demotion of least-recently-used unpinned blocks not yet
+ * demoted to opts.pressure_demote, when that rung derives from theirs and the block shrinks;
+ * (3) eviction of least-recently-used blocks not demoted (those that could not be); (4)
+ * eviction of demoted blocks, least recently used first. Pinned blocks are never touched.
+ * With opts.pressure_demote 0 eviction is plain LRU, as before. The walks resume where the
+ * last one stopped (an unpin restarts them), so a store full of demoted blocks is not
+ * re-read on every put. */
+
+/* Demotes the primary at key to rung prec. *saved (may be NULL) receives the bytes freed:
+ * the primary's old size less its new one, plus the variants dropped (negative when the new
+ * encoding is larger: lz4 did not pay). A demoted block can be demoted again, further down.
+ * Errors: KVEDGE_EINVAL (NULL, prec not a rung, not derivable from the primary's rung or
+ * equal to it: kvedge_prec_derivable, and for a primary off the ladder
+ * kvedge_block_transcode's rule), KVEDGE_ENOTFOUND (no live primary), KVEDGE_ECORRUPT (the
+ * primary failed verification: quarantined, as a get does), KVEDGE_EFULL (the new encoding is
+ * larger and does not fit), KVEDGE_EREADONLY, KVEDGE_ENOMEM, store errors. */
+int kvedge_engine_demote(kvedge_engine_t *e, const kvedge_block_key_t *key, kvedge_prec_t prec,
+                         int64_t *saved);
+
+/* Demotes every block of a chunk that prec derives from (pinned ones too: the caller asked),
+ * skipping those it does not (already at or below prec, another ThinK level). *blocks and
+ * *saved (may be NULL) receive the blocks demoted and the bytes freed. Errors: KVEDGE_EINVAL,
+ * KVEDGE_ENOTFOUND (no block of the chunk), KVEDGE_EREADONLY, store errors (it stops there;
+ * what was demoted stays demoted). */
+int kvedge_engine_demote_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id, kvedge_prec_t prec,
+                               uint64_t *blocks, int64_t *saved);
+
+/* The cold pass: demotes to prec every unpinned block not demoted whose access time is at
+ * least idle_ms old (the LRU index, oldest first, up to the first block accessed since), when
+ * prec derives from its rung and the block shrinks; at most max blocks (0: no limit).
+ * *blocks and *saved as kvedge_engine_demote_chunk. Errors: KVEDGE_EINVAL, KVEDGE_EREADONLY,
+ * store errors. */
+int kvedge_engine_demote_idle(kvedge_engine_t *e, kvedge_prec_t prec, uint64_t idle_ms,
+                              uint64_t max, uint64_t *blocks, int64_t *saved);
+
+/* Stores the variant at rung prec of key made from its primary (kvedge_block_transcode, lz4
+ * when it pays), when not held yet: *bytes (may be NULL) receives its size, 0 when it was
+ * held already. Never evicts: KVEDGE_EFULL when it does not fit within capacity (preparing
+ * ahead of demand must not push out what was asked for). Neither the access time nor the read
+ * statistics move. Errors: KVEDGE_EINVAL (as kvedge_engine_demote: not derivable, or the
+ * primary's own rung), KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT, KVEDGE_EFULL, KVEDGE_EREADONLY,
+ * KVEDGE_ENOMEM, store errors. */
+int kvedge_engine_prepare_variant(kvedge_engine_t *e, const kvedge_block_key_t *key,
+                                  kvedge_prec_t prec, uint64_t *bytes);
+
+/* Demotion counters since open. */
+typedef struct {
+    uint64_t demoted;          /* demotions, whatever asked for them */
+    uint64_t saved_bytes;      /* bytes they freed */
+    uint64_t pressure_demoted; /* of those, made under capacity pressure */
+    uint64_t pressure_saved_bytes;
+    uint64_t pressure_variant_blocks; /* variant records dropped under capacity pressure */
+    uint64_t pressure_variant_bytes;
+} kvedge_engine_demote_stats_t;
+
+int kvedge_engine_demote_stats(kvedge_engine_t *e, kvedge_engine_demote_stats_t *out);
 
 /* What kvedge_engine_repair did. */
 typedef struct {
@@ -198,7 +371,10 @@ typedef struct {
  * metadata is rebuilt from its block. When RocksDB cannot open the files at all,
  * rocksdb_repair_db rebuilds its MANIFEST first (the blob files, which it drops, are linked
  * into dir/lost/blobs-TIME/ beforehand and read from there). Needs free space for a copy of
- * what is kept. Errors: KVEDGE_ENOTFOUND (no store), KVEDGE_EBUSY (in use), KVEDGE_EVERSION
+ * what is kept. Variants of kept blocks that pass the same check and are bound to the block
+ * kept are carried over; the others are dropped (neither quarantined nor reported: a variant
+ * can be made again from its primary). Errors: KVEDGE_ENOTFOUND (no store), KVEDGE_EBUSY (in
+ * use), KVEDGE_EVERSION
  * (written by a newer kvedge: left alone), KVEDGE_EIO,
  * KVEDGE_ENOMEM, store errors; why receives a one-line reason. out may be NULL. */
 int kvedge_engine_repair(const char *dir, kvedge_verify_cb cb, void *ctx,

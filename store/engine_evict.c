@@ -4,10 +4,13 @@
 
 /* ---------------------------------------------------------------- dropping blocks */
 
-/* Deletes a block and everything that indexes it. */
-void kvedge_engine_batch_drop(rocksdb_writebatch_t *b, kvedge_engine_t *e, const uint8_t *kb,
-                              const kvedge_block_meta_t *m)
+/* Deletes a block, everything that indexes it and its variants. */
+int kvedge_engine_batch_drop(rocksdb_writebatch_t *b, kvedge_engine_t *e, const uint8_t *kb,
+                             const kvedge_block_meta_t *m, kvedge_engine_vset_t *vs)
 {
+    int rc = kvedge_engine_batch_drop_variants(b, e, kb, vs);
+    if (rc != KVEDGE_OK)
+        return rc;
     uint8_t ik[S_INDEX_KEY_BYTES];
     rocksdb_writebatch_delete_cf(b, e->cf[S_CF_BLOCKS], (const char *)kb, KVEDGE_BLOCK_KEY_BYTES);
     rocksdb_writebatch_delete_cf(b, e->cf[S_CF_META], (const char *)kb, KVEDGE_BLOCK_KEY_BYTES);
@@ -19,16 +22,30 @@ void kvedge_engine_batch_drop(rocksdb_writebatch_t *b, kvedge_engine_t *e, const
             rocksdb_writebatch_delete_cf(b, e->cf[S_CF_TTL], (const char *)ik, sizeof ik);
         }
     }
+    return KVEDGE_OK;
 }
 
 int kvedge_engine_drop_locked(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_meta_t *m)
 {
+    return kvedge_engine_drop_locked_vs(e, kb, m, NULL);
+}
+
+int kvedge_engine_drop_locked_vs(kvedge_engine_t *e, const uint8_t *kb,
+                                 const kvedge_block_meta_t *m, kvedge_engine_vset_t *vs_out)
+{
+    kvedge_engine_vset_t vs;
     rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-    kvedge_engine_batch_drop(b, e, kb, m);
-    int rc = s_write(e, b);
+    int rc = kvedge_engine_batch_drop(b, e, kb, m, &vs);
+    if (rc == KVEDGE_OK)
+        rc = s_write(e, b);
     rocksdb_writebatch_destroy(b);
-    if (rc == KVEDGE_OK && m)
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (m)
         kvedge_engine_totals(e, m, false, true);
+    kvedge_engine_variants_gone(e, &vs);
+    if (vs_out)
+        *vs_out = vs;
     return rc;
 }
 
@@ -37,11 +54,33 @@ int kvedge_engine_drop_locked(kvedge_engine_t *e, const uint8_t *kb, const kvedg
 int kvedge_engine_evict_locked(kvedge_engine_t *e, uint64_t target, const uint8_t *keep,
                                uint64_t *n_out, uint64_t *bytes_out)
 {
+    uint64_t epoch = s_get(&e->lru_epoch);
+    if (epoch != e->walk_epoch) { /* an unpin put an old access time back */
+        memset(e->walk_at_set, 0, sizeof e->walk_at_set);
+        e->walk_epoch = epoch;
+    }
+    if (e->opts.pressure_demote != KVEDGE_PREC_STORED)
+        return kvedge_engine_pressure_locked(e, target, keep, n_out, bytes_out);
+    return kvedge_engine_evict_lru_locked(e, target, keep, n_out, bytes_out);
+}
+
+int kvedge_engine_evict_lru_locked(kvedge_engine_t *e, uint64_t target, const uint8_t *keep,
+                                   uint64_t *n_out, uint64_t *bytes_out)
+{
+    uint8_t *at = e->walk_at[S_WALK_LRU];
+    bool *set = &e->walk_at_set[S_WALK_LRU];
+    if (*set && s_now(e) < kvedge_be_get64(at))
+        *set = false; /* the clock went back: entries may sort before the resume point */
+    bool resumed = *set;
+    int rc;
+again:
+    rc = KVEDGE_EFULL;
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it = kvedge_engine_iter(e, S_CF_LRU, NULL, 0, NULL, 0, &ro);
-    int rc = KVEDGE_EFULL;
+    rocksdb_iterator_t *it = kvedge_engine_iter(e, S_CF_LRU, resumed ? at : NULL,
+                                                resumed ? S_INDEX_KEY_BYTES : 0, NULL, 0, &ro);
+    bool hold = false; /* an entry was skipped: the resume point stays before it */
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-        if (s_get(&e->bytes) <= target) {
+        if (s_get(&e->used) <= target) {
             rc = KVEDGE_OK;
             break;
         }
@@ -56,22 +95,26 @@ int kvedge_engine_evict_locked(kvedge_engine_t *e, uint64_t target, const uint8_
         }
         uint64_t atime = kvedge_be_get64(ik);
         const uint8_t *kb = ik + 8;
-        if (keep && memcmp(kb, keep, KVEDGE_BLOCK_KEY_BYTES) == 0)
+        if (keep && memcmp(kb, keep, KVEDGE_BLOCK_KEY_BYTES) == 0) {
+            hold = true;
             continue;
+        }
         unsigned s = s_stripe_of(kb);
         s_lock(e, s);
         kvedge_block_meta_t m;
         int mrc = kvedge_engine_read_meta(e, kb, &m);
         int wrc = KVEDGE_OK;
         if (mrc == KVEDGE_OK && m.atime_ms == atime && !m.pinned) {
-            wrc = kvedge_engine_drop_locked(e, kb, &m);
+            kvedge_engine_vset_t vs;
+            wrc = kvedge_engine_drop_locked_vs(e, kb, &m, &vs);
             if (wrc == KVEDGE_OK) {
+                /* Bytes freed: the block's and its variants' (capacity counts both). */
                 s_add(&e->evicted_blocks, 1);
-                s_add(&e->evicted_bytes, m.bytes);
+                s_add(&e->evicted_bytes, m.bytes + vs.bytes);
                 if (n_out)
                     (*n_out)++;
                 if (bytes_out)
-                    *bytes_out += m.bytes;
+                    *bytes_out += m.bytes + vs.bytes;
             }
         } else if (mrc == KVEDGE_OK || mrc == KVEDGE_ENOTFOUND || mrc == KVEDGE_ECORRUPT) {
             /* Stale entry: the block is gone, pinned, or was touched since. */
@@ -87,10 +130,19 @@ int kvedge_engine_evict_locked(kvedge_engine_t *e, uint64_t target, const uint8_
             rc = wrc;
             break;
         }
+        if (!hold) {
+            memcpy(at, ik, S_INDEX_KEY_BYTES);
+            *set = true;
+        }
     }
-    if (rc == KVEDGE_EFULL && s_get(&e->bytes) <= target)
+    if (rc == KVEDGE_EFULL && s_get(&e->used) <= target)
         rc = KVEDGE_OK;
-    return kvedge_engine_iter_close(it, ro, rc);
+    rc = kvedge_engine_iter_close(it, ro, rc);
+    if (rc == KVEDGE_EFULL && resumed) {
+        resumed = false; /* ran out past the resume point: look from the start once */
+        goto again;
+    }
+    return rc;
 }
 
 int kvedge_engine_evict(kvedge_engine_t *e, uint64_t target_bytes, uint64_t *blocks,
@@ -197,6 +249,8 @@ static int s_pin_key(kvedge_engine_t *e, const uint8_t *kb, bool pin)
         }
         rc = s_write(e, b);
         rocksdb_writebatch_destroy(b);
+        if (rc == KVEDGE_OK && !pin)
+            s_add(&e->lru_epoch, 1); /* an old access time is back in the LRU */
         if (rc == KVEDGE_OK) {
             void (*f)(_Atomic uint64_t *, uint64_t) = pin ? s_add : s_sub;
             f(&e->pinned_blocks, 1);

@@ -25,9 +25,12 @@
 
 /* Writers of one key serialize on one of these mutexes, picked by a hash of the key. */
 #define S_STRIPES 64
-/* Meta record: version 1, fixed 56 bytes, little-endian (see kvedge_engine_meta_pack). */
-#define S_META_VERSION      1
-#define S_META_RECORD_BYTES 56
+/* Meta record: fixed 56 bytes, little-endian (see kvedge_engine_meta_pack). Version 1 for a
+ * block as put; version 2 only for a demoted one (engine_demote.c), so that stores that never
+ * demote stay readable by every kvedge. Both are read. */
+#define S_META_VERSION         1
+#define S_META_VERSION_DEMOTED 2
+#define S_META_RECORD_BYTES    56
 /* Prefix record: version 1, 104 fixed bytes followed by the model id (see
  * kvedge_engine_prefix_pack). */
 #define S_PREFIX_VERSION     1
@@ -39,6 +42,16 @@
 #define S_UPPER_BYTES (KVEDGE_BLOCK_KEY_BYTES + 1)
 /* The longest blocks-family key a walk can step past when its value cannot be read. */
 #define S_WALK_KEY_MAX 255
+/* Variant records (engine_variant.c): key = block key | rung u8; value = the checksum of the
+ * primary it was put against (u64 little-endian) | the encoded block. */
+#define S_VARIANT_KEY_BYTES  (KVEDGE_BLOCK_KEY_BYTES + 1)
+#define S_VARIANT_HEAD_BYTES 8
+/* An exclusive upper bound for every variant key of one block key: block key | 0xFF 0xFF. */
+#define S_VARIANT_UPPER_BYTES (KVEDGE_BLOCK_KEY_BYTES + 2)
+
+/* The resumable walks of the LRU under capacity pressure: plain eviction (engine_evict.c), and
+ * the pressure order's demotion and eviction of blocks not demoted (engine_demote.c). */
+enum { S_WALK_LRU = 0, S_WALK_DEMOTE = 1, S_WALK_EVICT = 2, S_WALKS = 3 };
 
 enum {
     S_CF_DEFAULT,
@@ -49,6 +62,7 @@ enum {
     S_CF_PREFIXES,
     S_CF_MODELS,
     S_CF_QUARANTINE,
+    S_CF_VARIANTS, /* last: a read-only open of a store older than variants goes without it */
     S_CF_COUNT
 };
 
@@ -64,8 +78,10 @@ struct kvedge_engine_t {
     rocksdb_t *db;
     rocksdb_column_family_handle_t **handles; /* every family open, ours and foreign */
     size_t n_handles;
-    rocksdb_column_family_handle_t *cf[S_CF_COUNT]; /* ours, borrowed from handles */
-    rocksdb_readoptions_t *ro;                      /* point lookups, RocksDB checksums on */
+    /* Ours, borrowed from handles; cf[S_CF_VARIANTS] is NULL in a read-only open of a store
+     * that never held variants (the family cannot be created then). */
+    rocksdb_column_family_handle_t *cf[S_CF_COUNT];
+    rocksdb_readoptions_t *ro; /* point lookups, RocksDB checksums on */
     /* Block reads (get, get_layer): RocksDB's own checksums off, since every block carries
      * its xxh3 and is checked against it and its meta on every read. */
     rocksdb_readoptions_t *ro_blk;
@@ -80,8 +96,11 @@ struct kvedge_engine_t {
     pthread_mutex_t models_mu;          /* put_model check-then-write */
     /* Totals of what is stored, kept exact under the stripes. */
     _Atomic uint64_t blocks;
-    _Atomic uint64_t bytes;
+    _Atomic uint64_t bytes; /* primaries' encoded bytes */
     _Atomic uint64_t fp16_bytes;
+    _Atomic uint64_t variant_blocks;
+    _Atomic uint64_t variant_bytes; /* variants' encoded block bytes */
+    _Atomic uint64_t used;          /* bytes + variant_bytes: what capacity bounds */
     _Atomic uint64_t pinned_blocks;
     _Atomic uint64_t pinned_bytes;
     _Atomic uint64_t quarantined;
@@ -96,6 +115,23 @@ struct kvedge_engine_t {
     _Atomic uint64_t expired;
     _Atomic uint64_t bytes_written;
     _Atomic uint64_t bytes_read;
+    /* Demotion (engine_demote.c): counters since open. */
+    _Atomic uint64_t demoted;          /* every demotion, whatever asked for it */
+    _Atomic uint64_t demoted_saved;    /* bytes they freed (primaries and dropped variants) */
+    _Atomic uint64_t pressure_demoted; /* of those, demotions under capacity pressure */
+    _Atomic uint64_t pressure_saved;
+    _Atomic uint64_t pressure_vblocks; /* variant records dropped under capacity pressure */
+    _Atomic uint64_t pressure_vbytes;
+    /* Bumped by every unpin (it puts an LRU entry back at an old access time): the eviction
+     * walks' resume points are dropped when it moved. */
+    _Atomic uint64_t lru_epoch;
+    /* Under evict_mu: where the eviction walks of the LRU resume (S_WALK_*); every entry before
+     * one was found done (for the plain walk: evicted or stale; for the pressure walks:
+     * demoted, not demotable, pinned or stale). Hints that save re-reading the LRU's head on
+     * every put: a missed entry costs order, never totals. */
+    uint8_t walk_at[S_WALKS][S_INDEX_KEY_BYTES];
+    bool walk_at_set[S_WALKS];
+    uint64_t walk_epoch; /* lru_epoch when the resume points were last valid */
 };
 
 /* ---------------------------------------------------------------- keys and records
@@ -212,6 +248,67 @@ void kvedge_engine_walk_next(kvedge_engine_walk_t *w);
 /* Ends a walk; returns rc, or the store error that ended the walk when rc is not negative. */
 int kvedge_engine_walk_close(kvedge_engine_walk_t *w, int rc);
 
+/* ---------------------------------------------------------------- variants
+ * (engine_variant.c) */
+
+/* The variants of one block as they leave the store together. */
+typedef struct {
+    uint64_t n;     /* records */
+    uint64_t bytes; /* their block bytes, as variant_bytes counts them */
+} kvedge_engine_vset_t;
+
+/* Block bytes a variant record of vlen bytes counts for. */
+static inline uint64_t s_variant_bytes(size_t vlen)
+{
+    return vlen > S_VARIANT_HEAD_BYTES ? (uint64_t)(vlen - S_VARIANT_HEAD_BYTES) : 0;
+}
+
+/* Whether a variant record (value vlen bytes at v) of rung prec is sound and bound to the
+ * primary whose meta is m: 0, KVEDGE_ECORRUPT, or KVEDGE_ENOMEM (no verdict). */
+int kvedge_engine_check_variant(const uint8_t *v, size_t vlen, kvedge_prec_t prec,
+                                const kvedge_block_meta_t *m);
+
+/* Under kb's stripe: adds to b the deletion of every variant record of kb (bound to any
+ * primary, or to none); *vs receives what they count. 0 or a store error. */
+int kvedge_engine_batch_drop_variants(rocksdb_writebatch_t *b, kvedge_engine_t *e,
+                                      const uint8_t *kb, kvedge_engine_vset_t *vs);
+
+/* Totals once the batch that dropped vs is written. */
+void kvedge_engine_variants_gone(kvedge_engine_t *e, const kvedge_engine_vset_t *vs);
+
+/* At open: adds every variant record to the totals. */
+int kvedge_engine_load_variant_totals(kvedge_engine_t *e);
+
+/* The variant half of kvedge_engine_verify (bad ones reported under their primary's key);
+ * adds to *checked and *bad. Records bound to no live primary are dropped with quarantine. */
+int kvedge_engine_verify_variants(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb cb,
+                                  void *ctx, uint64_t *checked, uint64_t *bad);
+
+/* Drops the variant records of one chunk whose primary is gone (delete_chunk, after its
+ * blocks). */
+int kvedge_engine_drop_chunk_variants(kvedge_engine_t *e, const kvedge_chunk_id_t *id);
+
+/* ---------------------------------------------------------------- the read path's pieces
+ * (engine_io.c) */
+
+/* Gives v a malloc'd buffer: kvedge_value_release frees it. */
+void kvedge_engine_value_own(kvedge_value_t *v, uint8_t *buf, size_t len);
+
+/* Reads and verifies one primary as kvedge_engine_get does (quarantine, expiry, atime), without
+ * counting it in the get statistics. 0 with *blk and *m (its meta), KVEDGE_ENOTFOUND,
+ * KVEDGE_ECORRUPT (quarantined, variants with it) or a store error. */
+int kvedge_engine_read_primary(kvedge_engine_t *e, const uint8_t *kb, uint64_t now,
+                               kvedge_block_meta_t *m, rocksdb_pinnableslice_t **blk);
+
+/* Records an access of the primary at kb if its meta still is seen (same checksum and size)
+ * and wants a refresh; takes the stripe. Best effort. */
+void kvedge_engine_touch(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_meta_t *seen,
+                         uint64_t now);
+
+/* Bytes stored (used) may grow by delta only while within capacity; a delta <= 0 always
+ * succeeds. With no capacity it always succeeds. */
+bool kvedge_engine_reserve(kvedge_engine_t *e, int64_t delta);
+
 /* ---------------------------------------------------------------- time, stripes, totals */
 
 static inline uint64_t s_now(const kvedge_engine_t *e)
@@ -253,8 +350,8 @@ static inline uint64_t s_get(_Atomic uint64_t *a)
     return atomic_load_explicit(a, memory_order_relaxed);
 }
 
-/* Totals of one block entering or leaving the store; bytes too when with_bytes (a put moves
- * bytes itself, by reservation). */
+/* Totals of one block entering or leaving the store; bytes (and used) too when with_bytes (a
+ * put moves bytes itself, by reservation). */
 void kvedge_engine_totals(kvedge_engine_t *e, const kvedge_block_meta_t *m, bool add,
                           bool with_bytes);
 
@@ -294,20 +391,42 @@ int kvedge_engine_quarantine_locked(kvedge_engine_t *e, const uint8_t *kb,
 /* ---------------------------------------------------------------- dropping and evicting
  * blocks (engine_evict.c) */
 
-/* Adds to b the deletion of a block and everything that indexes it (m NULL: meta unusable,
- * only the block and meta records). */
-void kvedge_engine_batch_drop(rocksdb_writebatch_t *b, kvedge_engine_t *e, const uint8_t *kb,
-                              const kvedge_block_meta_t *m);
+/* Under the key's stripe: adds to b the deletion of a block and everything that indexes it
+ * (m NULL: meta unusable, only the block and meta records), its variants included (*vs
+ * receives what they count: apply it with kvedge_engine_variants_gone once b is written).
+ * Returns 0 or a store error (the variants could not be listed: write nothing). */
+int kvedge_engine_batch_drop(rocksdb_writebatch_t *b, kvedge_engine_t *e, const uint8_t *kb,
+                             const kvedge_block_meta_t *m, kvedge_engine_vset_t *vs);
 
 /* Under the key's stripe: deletes a block whose meta is m (NULL: meta unusable, totals do not
- * count it). */
+ * count it) with its variants; the _vs form tells what the variants counted (vs may be NULL). */
 int kvedge_engine_drop_locked(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_meta_t *m);
+int kvedge_engine_drop_locked_vs(kvedge_engine_t *e, const uint8_t *kb,
+                                 const kvedge_block_meta_t *m, kvedge_engine_vset_t *vs);
 
-/* Under evict_mu: evicts least-recently-used unpinned blocks until bytes <= target, skipping
- * the key `keep` (may be NULL). Takes each victim's stripe in turn; the caller holds none.
- * Returns 0, KVEDGE_EFULL when the LRU ran out first, or a store error. */
+/* Under evict_mu: frees space until used <= target, skipping the key `keep` (may be NULL):
+ * by plain LRU eviction, or in the pressure order when opts.pressure_demote is set
+ * (kvedge_engine_pressure_locked). Takes each victim's stripe in turn; the caller holds none.
+ * *n_out counts blocks evicted, *bytes_out every byte freed. Returns 0, KVEDGE_EFULL when
+ * nothing was left to free first, or a store error. */
 int kvedge_engine_evict_locked(kvedge_engine_t *e, uint64_t target, const uint8_t *keep,
                                uint64_t *n_out, uint64_t *bytes_out);
+
+/* Under evict_mu: plain LRU eviction of unpinned blocks, oldest first, as
+ * kvedge_engine_evict_locked. It resumes where the last walk stopped and walks from the LRU's
+ * start only when that runs out, so a put over capacity does not re-read every entry dropped
+ * since the last flush. */
+int kvedge_engine_evict_lru_locked(kvedge_engine_t *e, uint64_t target, const uint8_t *keep,
+                                   uint64_t *n_out, uint64_t *bytes_out);
+
+/* ---------------------------------------------------------------- demotion
+ * (engine_demote.c) */
+
+/* Under evict_mu: the pressure order (store/engine.h, "Demotion"): drop variants, demote the
+ * least recently used blocks not demoted to opts.pressure_demote, evict blocks not demoted,
+ * then demoted ones, each step until used <= target. As kvedge_engine_evict_locked. */
+int kvedge_engine_pressure_locked(kvedge_engine_t *e, uint64_t target, const uint8_t *keep,
+                                  uint64_t *n_out, uint64_t *bytes_out);
 
 /* ---------------------------------------------------------------- chunks (engine_scan.c) */
 

@@ -2,6 +2,8 @@
  * time refresh that reads do and the capacity reservation that puts do. */
 #include "store/engine_impl.h"
 
+#include <stdlib.h>
+
 #include "store/engine_debug.h"
 
 /* ---------------------------------------------------------------- access time */
@@ -32,9 +34,10 @@ static int s_touch_locked(kvedge_engine_t *e, const uint8_t *kb, kvedge_block_me
 
 /* The read path once the lock-free look found something to act on: under the key's stripe,
  * reads again and quarantines, expires or touches as the fresh state says. Returns 0 with
- * *blk, KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT (quarantined), or a store error. */
+ * *blk (and its meta in *m_out when not NULL), KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT
+ * (quarantined), or a store error. */
 static int s_read_locked(kvedge_engine_t *e, const uint8_t *kb, uint64_t now,
-                         rocksdb_pinnableslice_t **blk)
+                         rocksdb_pinnableslice_t **blk, kvedge_block_meta_t *m_out)
 {
     unsigned s = s_stripe_of(kb);
     kvedge_block_meta_t m;
@@ -64,6 +67,8 @@ static int s_read_locked(kvedge_engine_t *e, const uint8_t *kb, uint64_t now,
         rc = KVEDGE_ECORRUPT;
     }
     s_unlock(e, s);
+    if (rc == KVEDGE_OK && m_out)
+        *m_out = m;
     return rc;
 }
 
@@ -83,20 +88,27 @@ static void s_touch_if_same(kvedge_engine_t *e, const uint8_t *kb, const kvedge_
     s_unlock(e, s);
 }
 
+void kvedge_engine_touch(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_meta_t *seen,
+                         uint64_t now)
+{
+    s_touch_if_same(e, kb, seen, now);
+}
+
 /* ---------------------------------------------------------------- put */
 
-/* Bytes may grow by delta only while the total stays within capacity. */
-static bool s_reserve(kvedge_engine_t *e, int64_t delta)
+/* Capacity is reserved on used (primaries and variants together), so that concurrent puts of
+ * either kind never overshoot it; bytes and variant_bytes follow once a write is done. */
+bool kvedge_engine_reserve(kvedge_engine_t *e, int64_t delta)
 {
-    if (delta <= 0) {
-        s_sub(&e->bytes, (uint64_t)-delta);
+    if (delta <= 0 || !e->opts.capacity_bytes) {
+        s_add(&e->used, (uint64_t)delta); /* modular: adds a negative delta too */
         return true;
     }
-    uint64_t cur = atomic_load(&e->bytes);
+    uint64_t cur = atomic_load(&e->used);
     do {
         if (cur + (uint64_t)delta > e->opts.capacity_bytes)
             return false;
-    } while (!atomic_compare_exchange_weak(&e->bytes, &cur, cur + (uint64_t)delta));
+    } while (!atomic_compare_exchange_weak(&e->used, &cur, cur + (uint64_t)delta));
     return true;
 }
 
@@ -163,7 +175,10 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
     bool evicting = false, exhausted = false;
     kvedge_block_meta_t old, m;
     bool have_old;
-    int64_t delta;
+    int64_t delta, udelta;
+    kvedge_engine_vset_t vs;
+    /* The new block replaces the data its variants came from: they go in the same batch. */
+    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
     s_lock(e, s);
     for (;;) {
         int orc = kvedge_engine_read_meta(e, kb, &old);
@@ -171,21 +186,25 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
             rc = orc;
             goto out;
         }
+        rocksdb_writebatch_clear(b);
+        rc = kvedge_engine_batch_drop_variants(b, e, kb, &vs);
+        if (rc != KVEDGE_OK)
+            goto out;
         /* A replaced block keeps an operator's pin: pins are lifted only explicitly. */
         have_old = orc == KVEDGE_OK;
         memset(&m, 0, sizeof m);
         m.pinned = (opts && opts->pin) || (have_old && old.pinned);
         delta = (int64_t)len - (have_old ? (int64_t)old.bytes : 0);
-        if (!cap) {
-            s_add(&e->bytes, (uint64_t)delta);
-            break;
+        udelta = delta - (int64_t)vs.bytes;
+        if (cap) {
+            uint64_t pinned_other =
+                s_get(&e->pinned_bytes) - (have_old && old.pinned ? old.bytes : 0);
+            if (pinned_other + len > cap) {
+                rc = KVEDGE_EFULL;
+                goto out;
+            }
         }
-        uint64_t pinned_other = s_get(&e->pinned_bytes) - (have_old && old.pinned ? old.bytes : 0);
-        if (pinned_other + len > cap) {
-            rc = KVEDGE_EFULL;
-            goto out;
-        }
-        if (s_reserve(e, delta))
+        if (kvedge_engine_reserve(e, udelta))
             break;
         if (exhausted) {
             rc = KVEDGE_EFULL;
@@ -201,7 +220,7 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
             continue;
         }
         uint64_t freed = 0;
-        int erc = kvedge_engine_evict_locked(e, cap - (uint64_t)delta, kb, &freed, NULL);
+        int erc = kvedge_engine_evict_locked(e, cap - (uint64_t)udelta, kb, &freed, NULL);
         s_lock(e, s);
         if (erc != KVEDGE_OK && erc != KVEDGE_EFULL) {
             rc = erc;
@@ -233,7 +252,6 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
     uint8_t rec[S_META_RECORD_BYTES], ik[S_INDEX_KEY_BYTES], prec[S_PREFIX_MAX_BYTES];
     kvedge_engine_meta_pack(&m, rec);
     size_t plen = kvedge_engine_prefix_pack(&crec, prec);
-    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
     rocksdb_writebatch_put_cf(b, e->cf[S_CF_BLOCKS], (const char *)kb, sizeof kb,
                               (const char *)block, len);
     rocksdb_writebatch_put_cf(b, e->cf[S_CF_META], (const char *)kb, sizeof kb, (const char *)rec,
@@ -257,12 +275,14 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
     rocksdb_writebatch_put_cf(b, e->cf[S_CF_PREFIXES], (const char *)chunk->id.bytes,
                               KVEDGE_CHUNK_ID_BYTES, (const char *)prec, plen);
     rc = s_write(e, b);
-    rocksdb_writebatch_destroy(b);
     if (rc != KVEDGE_OK) {
-        s_sub(&e->bytes, (uint64_t)delta); /* give the reservation back */
+        s_sub(&e->used, (uint64_t)udelta); /* give the reservation back */
         goto out;
     }
-    /* bytes moved already, by delta; the other totals follow. */
+    /* used moved already, by udelta; the other totals follow. */
+    s_add(&e->bytes, (uint64_t)delta);
+    s_sub(&e->variant_blocks, vs.n);
+    s_sub(&e->variant_bytes, vs.bytes);
     if (have_old)
         kvedge_engine_totals(e, &old, false, false);
     kvedge_engine_totals(e, &m, true, false);
@@ -270,6 +290,7 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
     s_add(&e->bytes_written, len);
 out:
     s_unlock(e, s);
+    rocksdb_writebatch_destroy(b);
     if (evicting)
         pthread_mutex_unlock(&e->evict_mu);
     return rc;
@@ -291,13 +312,55 @@ int kvedge_engine_debug_put_unchecked(kvedge_engine_t *e, const kvedge_chunk_inf
 
 /* ---------------------------------------------------------------- get */
 
+/* priv of a value whose data is a malloc'd buffer of the engine's (a derived block), not a
+ * pinned RocksDB value. */
+static const uint8_t s_value_owned;
+
 void kvedge_value_release(kvedge_value_t *v)
 {
     if (!v)
         return;
-    if (v->priv)
+    if (v->priv == &s_value_owned)
+        free((void *)v->data);
+    else if (v->priv)
         rocksdb_pinnableslice_destroy(v->priv);
     memset(v, 0, sizeof *v);
+}
+
+void kvedge_engine_value_own(kvedge_value_t *v, uint8_t *buf, size_t len)
+{
+    v->data = buf;
+    v->len = len;
+    v->priv = (void *)&s_value_owned;
+}
+
+int kvedge_engine_read_primary(kvedge_engine_t *e, const uint8_t *kb, uint64_t now,
+                               kvedge_block_meta_t *m, rocksdb_pinnableslice_t **blk)
+{
+    bool meta_ok;
+    int rc = kvedge_engine_load(e, kb, m, &meta_ok, blk, NULL, false);
+    if (rc < 0)
+        return rc;
+    bool ro = e->opts.read_only;
+    if (rc == S_LOAD_OK && !s_expired(m, now)) {
+        if (!ro && s_needs_touch(e, m, now))
+            s_touch_if_same(e, kb, m, now);
+        rc = KVEDGE_OK;
+    } else if (rc == S_LOAD_MISSING) {
+        rc = KVEDGE_ENOTFOUND;
+    } else if (ro) {
+        rc = rc == S_LOAD_OK ? KVEDGE_ENOTFOUND : KVEDGE_ECORRUPT;
+    } else {
+        if (*blk)
+            rocksdb_pinnableslice_destroy(*blk);
+        *blk = NULL;
+        rc = s_read_locked(e, kb, now, blk, m);
+    }
+    if (rc != KVEDGE_OK && *blk) {
+        rocksdb_pinnableslice_destroy(*blk);
+        *blk = NULL;
+    }
+    return rc;
 }
 
 int kvedge_engine_get(kvedge_engine_t *e, const kvedge_block_key_t *key, kvedge_value_t *out)
@@ -309,31 +372,10 @@ int kvedge_engine_get(kvedge_engine_t *e, const kvedge_block_key_t *key, kvedge_
     uint8_t kb[KVEDGE_BLOCK_KEY_BYTES];
     kvedge_block_key_pack(key, kb);
     s_add(&e->gets, 1);
-    uint64_t now = s_now(e);
     kvedge_block_meta_t m;
-    bool meta_ok;
     rocksdb_pinnableslice_t *blk;
-    int rc = kvedge_engine_load(e, kb, &m, &meta_ok, &blk, NULL, false);
-    if (rc < 0)
-        return rc;
-    bool ro = e->opts.read_only;
-    if (rc == S_LOAD_OK && !s_expired(&m, now)) {
-        if (!ro && s_needs_touch(e, &m, now))
-            s_touch_if_same(e, kb, &m, now);
-        rc = KVEDGE_OK;
-    } else if (rc == S_LOAD_MISSING) {
-        rc = KVEDGE_ENOTFOUND;
-    } else if (ro) {
-        rc = rc == S_LOAD_OK ? KVEDGE_ENOTFOUND : KVEDGE_ECORRUPT;
-    } else {
-        if (blk)
-            rocksdb_pinnableslice_destroy(blk);
-        blk = NULL;
-        rc = s_read_locked(e, kb, now, &blk);
-    }
+    int rc = kvedge_engine_read_primary(e, kb, s_now(e), &m, &blk);
     if (rc != KVEDGE_OK) {
-        if (blk)
-            rocksdb_pinnableslice_destroy(blk);
         if (rc == KVEDGE_ECORRUPT)
             s_add(&e->corrupt, 1);
         if (rc == KVEDGE_ENOTFOUND || rc == KVEDGE_ECORRUPT)
@@ -397,7 +439,7 @@ int kvedge_engine_get_layer(kvedge_engine_t *e, const kvedge_chunk_id_t *chunk, 
         } else if (read_only) {
             status = good ? KVEDGE_ENOTFOUND : KVEDGE_ECORRUPT;
         } else {
-            status = s_read_locked(e, kb, now, &blk);
+            status = s_read_locked(e, kb, now, &blk, NULL);
             if (status == KVEDGE_OK)
                 data = s_pval(blk, &vlen);
         }

@@ -2,16 +2,20 @@
  * chunk, packed and checked here and nowhere else. */
 #include "store/engine_impl.h"
 
-/* Layout: version u8, dtype u8, scheme u8, flags u8 (1 lz4, 2 pinned), bytes u32, tokens u32,
- * head_dim u16, key_channels u16, group_size u16, zero u16, zero u32, checksum u64,
- * created u64, atime u64, expires u64. */
+/* Layout: version u8, dtype u8, scheme u8, flags u8 (1 lz4, 2 pinned; version 2 also 4
+ * demoted), bytes u32, tokens u32, head_dim u16, key_channels u16, group_size u16, zero u16
+ * (version 2: the rung it was demoted from u8, zero u8), zero u32, checksum u64, created u64,
+ * atime u64, expires u64. A block that is not demoted is written as version 1, which every
+ * kvedge reads; an older kvedge refuses a version-2 record (it reads the block as damaged). */
 void kvedge_engine_meta_pack(const kvedge_block_meta_t *m, uint8_t out[S_META_RECORD_BYTES])
 {
     memset(out, 0, S_META_RECORD_BYTES);
-    out[0] = S_META_VERSION;
+    out[0] = m->demoted ? S_META_VERSION_DEMOTED : S_META_VERSION;
     out[1] = (uint8_t)m->dtype;
     out[2] = (uint8_t)m->scheme;
-    out[3] = (uint8_t)((m->lz4 ? 1 : 0) | (m->pinned ? 2 : 0));
+    out[3] = (uint8_t)((m->lz4 ? 1 : 0) | (m->pinned ? 2 : 0) | (m->demoted ? 4 : 0));
+    if (m->demoted)
+        out[18] = m->demoted_from;
     kvedge_le_put32(out + 4, m->bytes);
     kvedge_le_put32(out + 8, m->tokens);
     kvedge_le_put16(out + 12, m->head_dim);
@@ -25,8 +29,12 @@ void kvedge_engine_meta_pack(const kvedge_block_meta_t *m, uint8_t out[S_META_RE
 
 int kvedge_engine_meta_unpack(const uint8_t *in, size_t len, kvedge_block_meta_t *m)
 {
-    if (len != S_META_RECORD_BYTES || in[0] != S_META_VERSION || (in[3] & ~3u) != 0 ||
-        kvedge_le_get16(in + 18) != 0 || kvedge_le_get32(in + 20) != 0)
+    if (len != S_META_RECORD_BYTES || kvedge_le_get32(in + 20) != 0)
+        return KVEDGE_ECORRUPT;
+    /* Version 1: no demotion; version 2: demoted, with the rung it came from. */
+    bool v1 = in[0] == S_META_VERSION;
+    if (v1 ? (in[3] & ~3u) != 0 || kvedge_le_get16(in + 18) != 0
+           : in[0] != S_META_VERSION_DEMOTED || (in[3] & ~7u) != 0 || !(in[3] & 4) || in[19] != 0)
         return KVEDGE_ECORRUPT;
     memset(m, 0, sizeof *m);
     m->dtype = (kvedge_dtype_t)in[1];
@@ -42,6 +50,8 @@ int kvedge_engine_meta_unpack(const uint8_t *in, size_t len, kvedge_block_meta_t
     m->created_ms = kvedge_le_get64(in + 32);
     m->atime_ms = kvedge_le_get64(in + 40);
     m->expires_ms = kvedge_le_get64(in + 48);
+    m->demoted = !v1;
+    m->demoted_from = v1 ? KVEDGE_PREC_STORED : in[18];
     if (kvedge_dtype_size(m->dtype) == 0 || m->scheme > KVEDGE_SCHEME_INT4 ||
         m->bytes < KVEDGE_BLOCK_HEADER_BYTES + KVEDGE_BLOCK_CHECKSUM_BYTES ||
         m->bytes > KVEDGE_BLOCK_MAX_BYTES || m->tokens == 0 ||

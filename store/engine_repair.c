@@ -482,7 +482,8 @@ static int s_copy_records(s_salvage_t *s, int cf)
                 s->rep->models_kept++;
             else if (rc == KVEDGE_ESHAPE)
                 rc = KVEDGE_OK; /* already carried over with a chunk */
-        } else if (klen == KVEDGE_BLOCK_KEY_BYTES) {
+        } else if (klen == KVEDGE_BLOCK_KEY_BYTES || klen == S_VARIANT_KEY_BYTES) {
+            /* A block's entry, or a variant's (block key | rung). */
             rocksdb_pinnableslice_t *p;
             int q = kvedge_engine_pget(s->dst, s->dst->ro, S_CF_QUARANTINE, k, klen, &p);
             if (p)
@@ -507,6 +508,46 @@ static int s_copy_records(s_salvage_t *s, int cf)
     return rc;
 }
 
+/* Carries over the variants of kept blocks that pass the check a get makes and are bound to the
+ * block kept; the rest are dropped, not quarantined (a variant can be made again from its
+ * primary). Reads up to the first record RocksDB cannot read back. */
+static int s_salvage_variants(s_salvage_t *s)
+{
+    if (!s->src->cf[S_CF_VARIANTS])
+        return KVEDGE_OK;
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_fill_cache(ro, 0);
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(s->src->db, ro, s->src->cf[S_CF_VARIANTS]);
+    int rc = KVEDGE_OK;
+    for (rocksdb_iter_seek_to_first(it); rc == KVEDGE_OK && rocksdb_iter_valid(it);
+         rocksdb_iter_next(it)) {
+        size_t klen, vlen;
+        const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &klen);
+        const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vlen);
+        kvedge_block_meta_t m;
+        if (klen != S_VARIANT_KEY_BYTES || kvedge_engine_read_meta(s->dst, k, &m) != KVEDGE_OK)
+            continue;
+        rc = kvedge_engine_check_variant(v, vlen, k[KVEDGE_BLOCK_KEY_BYTES], &m);
+        if (rc == KVEDGE_ECORRUPT) {
+            rc = KVEDGE_OK;
+            continue;
+        }
+        if (rc != KVEDGE_OK)
+            break;
+        rocksdb_writebatch_put_cf(s->b, s->dst->cf[S_CF_VARIANTS], (const char *)k, klen,
+                                  (const char *)v, vlen);
+        if (++s->in_batch >= S_BATCH_BLOCKS)
+            rc = s_flush(s);
+    }
+    char *err = NULL;
+    rocksdb_iter_get_error(it, &err);
+    if (err)
+        (void)kvedge_rocks_error(&err); /* the rest of the family cannot be read: dropped */
+    rocksdb_iter_destroy(it);
+    rocksdb_readoptions_destroy(ro);
+    return rc == KVEDGE_OK ? s_flush(s) : rc;
+}
+
 static int s_salvage(kvedge_engine_t *src, kvedge_engine_t *dst, const char *blob_dir,
                      kvedge_verify_cb cb, void *ctx, kvedge_repair_report_t *rep)
 {
@@ -520,6 +561,8 @@ static int s_salvage(kvedge_engine_t *src, kvedge_engine_t *dst, const char *blo
         rc = s_salvage_block(&s, ks.k + i * KVEDGE_BLOCK_KEY_BYTES);
     if (rc == KVEDGE_OK)
         rc = s_flush(&s);
+    if (rc == KVEDGE_OK)
+        rc = s_salvage_variants(&s);
     if (rc == KVEDGE_OK)
         rc = s_copy_records(&s, S_CF_MODELS);
     if (rc == KVEDGE_OK)

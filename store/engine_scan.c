@@ -211,6 +211,8 @@ static int s_delete_one_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id, u
     int rc = s_erase_chunk_keys(e, S_CF_META, id, n);
     if (rc == KVEDGE_OK)
         rc = s_erase_chunk_keys(e, S_CF_BLOCKS, id, n);
+    if (rc == KVEDGE_OK) /* each block took its variants; these are variants left without one */
+        rc = kvedge_engine_drop_chunk_variants(e, id);
     if (rc != KVEDGE_OK)
         return rc;
     rocksdb_pinnableslice_t *p;

@@ -69,13 +69,16 @@ int kvedge_engine_quarantine_locked(kvedge_engine_t *e, const uint8_t *kb,
     rocksdb_writebatch_t *b = rocksdb_writebatch_create();
     rocksdb_writebatch_put_cf(b, e->cf[S_CF_QUARANTINE], (const char *)kb, KVEDGE_BLOCK_KEY_BYTES,
                               (const char *)v, len);
-    kvedge_engine_batch_drop(b, e, kb, m);
-    rc = s_write(e, b);
+    kvedge_engine_vset_t vs; /* the variants go with it: they were bound to this primary */
+    rc = kvedge_engine_batch_drop(b, e, kb, m, &vs);
+    if (rc == KVEDGE_OK)
+        rc = s_write(e, b);
     rocksdb_writebatch_destroy(b);
     if (rc != KVEDGE_OK)
         return rc;
     if (m)
         kvedge_engine_totals(e, m, false, true);
+    kvedge_engine_variants_gone(e, &vs);
     if (!had)
         s_add(&e->quarantined, 1);
     return KVEDGE_OK;
@@ -258,6 +261,8 @@ int kvedge_engine_verify(kvedge_engine_t *e, bool quarantine, kvedge_verify_cb c
     rc = kvedge_engine_walk_close(&wb, rc);
     rc = kvedge_engine_iter_close(im, rom, rc);
     rocksdb_release_snapshot(e->db, snap);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_engine_verify_variants(e, quarantine, cb, ctx, &n, &nbad);
     s_scrub_end(e);
     if (checked)
         *checked = n;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "access/mview.h"
 #include "access/shaper.h"
 #include "clients/adapter.h"
 #include "clients/cli/cli.h"
@@ -14,6 +15,7 @@
 #include "clients/decoder/tokenizer.h"
 #include "clients/e2e.h"
 #include "clients/kvedge.h"
+#include "clients/prune.h"
 #include "clients/decoder/safetensors.h"
 #include "store/block.h"
 #include "store/error.h"
@@ -73,6 +75,11 @@ enum {
     S_O_KEEP,
     S_O_PIN,
     S_O_TTL,
+    S_O_LAYERS,
+    S_O_MAPPED_ONLY,
+    S_O_MASTER,
+    S_O_MASTER_PUB,
+    S_O_MASTER_KEY,
     /* decode */
     S_O_PROMPT,
     S_O_PROMPT_IDS,
@@ -83,6 +90,8 @@ enum {
     S_O_CLOUD_LINK,
     S_O_QUIET,
     S_O_ADAPTER,
+    S_O_ACCEPT,
+    S_O_BUDGET,
     /* model-synth */
     S_O_SHAPE,
     S_O_OUT,
@@ -621,10 +630,100 @@ static const char s_prefill_help[] =
     "      --group N          int4 group size (default: the codec's)\n"
     "      --keep-channels N  ThinK: key channels kept per head (default all)\n"
     "      --pin              pin the blocks (never evicted)\n"
-    "      --ttl S            expire after S seconds (default: the node's)\n\n"
+    "      --ttl S            expire after S seconds (default: the node's)\n"
+    "      --layers LIST      prune: put only these layers (0,1,4); the others are computed\n"
+    "                         (deeper layers need them) but not stored\n"
+    "      --mapped-only      prune: put only the layers that the layer maps registered for\n"
+    "                         this model (map/MODEL/EDGE at --master) use, their union;\n"
+    "                         refused when no map names the model\n"
+    "      --master EP        the Storage Master's ROUTER (with --mapped-only)\n"
+    "      --master-pub EP    its PUB (default: for tcp://HOST:PORT, PORT+1)\n"
+    "      --master-key KEY   the master's public key or certificate (none: plaintext,\n"
+    "                         loopback and ipc only; with the global --cert)\n\n"
+    "A request of this model for a layer that was not stored is a miss, which the edge\n"
+    "computes; an edge model's MAPPED request asks only for the layers its map names, which\n"
+    "--mapped-only keeps. Layers an earlier prefill stored stay (kvedge delete removes them).\n\n"
     "exit codes: 2 usage (also weights of no known shape without --model-id, a --tokenizer\n"
-    "refused or whose ids do not fit the model), 1 weights or a tokenizer that cannot be\n"
-    "read or a failed put, 5 node unreachable.\n";
+    "refused or whose ids do not fit the model, a bad --layers), 1 weights or a tokenizer\n"
+    "that cannot be read or a failed put, 3 --mapped-only with no map naming the model (or\n"
+    "maps that use none of its layers), 4 a map that does not fit the model, 5 node or\n"
+    "master unreachable.\n";
+
+/* The PUB endpoint next to a ROUTER endpoint tcp://HOST:PORT: tcp://HOST:PORT+1. */
+static int s_default_pub(const char *master, char *out, size_t cap)
+{
+    const char *colon = strrchr(master, ':');
+    uint64_t port;
+    if (strncmp(master, "tcp://", 6) != 0 || !colon ||
+        kvedge_cli_parse_u64(colon + 1, 1, 65534, &port) != 0)
+        return -1;
+    snprintf(out, cap, "%.*s:%llu", (int)(colon - master), master, (unsigned long long)port + 1);
+    return 0;
+}
+
+/* Where --mapped-only reads the maps. */
+typedef struct {
+    const char *master, *pub, *key, *cert;
+    int deadline_ms;
+} s_master_t;
+
+/* --mapped-only: the union of the layers the maps naming model m use (kvedge_prune_from_view
+ * on a snapshot of map/<m>/). edges receives their edge ids. Returns an exit code. */
+static int s_mapped_layers(const s_master_t *ms, const kvedge_model_t *m, kvedge_prune_set_t *keep,
+                           size_t *n_maps, char *edges, size_t edges_cap)
+{
+    char pub[300], prefix[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    if (!ms->pub && s_default_pub(ms->master, pub, sizeof pub) != 0) {
+        kvedge_cli_error("prefill: give --master-pub for %s", ms->master);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (ms->key && !ms->cert) {
+        kvedge_cli_error("prefill: --master-key needs --cert (this client's secret certificate)");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (kvedge_master_key_format(KVEDGE_MASTER_SPACE_MAP, m->id, "x", prefix, sizeof prefix) !=
+        KVEDGE_OK) {
+        kvedge_cli_error("prefill: '%s' is not a registry model id (1..%u printable bytes, no "
+                         "'/'): no map can name it, so --mapped-only cannot be used",
+                         m->id, KVEDGE_MASTER_MAX_MODEL_ID_BYTES);
+        return KVEDGE_EXIT_USAGE;
+    }
+    prefix[strlen(prefix) - 1] = '\0'; /* map/<model>/ */
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = ms->master;
+    vo.pub = ms->pub ? ms->pub : pub;
+    vo.server_key = ms->key;
+    vo.client_cert = ms->key ? ms->cert : NULL;
+    vo.prefix = prefix;
+    vo.start_wait_ms = ms->deadline_ms;
+    kvedge_mview_t *v = NULL;
+    int rc = kvedge_mview_start(&vo, &v);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("prefill: cannot reach the master: %s%s", kvedge_strerror(rc),
+                         rc == KVEDGE_EDENIED ? " (plaintext is for loopback and ipc only: give "
+                                                "--master-key and --cert)"
+                                              : "");
+        return rc == KVEDGE_EINVAL || rc == KVEDGE_EDENIED ? KVEDGE_EXIT_USAGE
+                                                           : KVEDGE_EXIT_FAILURE;
+    }
+    int ex = KVEDGE_EXIT_OK;
+    char why[KVEDGE_PRUNE_WHY_BYTES] = "";
+    if (kvedge_mview_state(v) != KVEDGE_MVIEW_SYNCED) {
+        kvedge_cli_error("prefill: no snapshot from the master at %s within %d ms (master down, "
+                         "wrong endpoint, or key not allowed); nothing stored",
+                         ms->master, ms->deadline_ms);
+        ex = KVEDGE_EXIT_UNAVAILABLE;
+    } else if ((rc = kvedge_prune_from_view(v, m->id, m->layers, keep, n_maps, edges, edges_cap,
+                                            why, sizeof why)) != KVEDGE_OK) {
+        kvedge_cli_error("prefill: --mapped-only: %s; nothing stored", why);
+        ex = rc == KVEDGE_ENOTFOUND                         ? KVEDGE_EXIT_NOTFOUND
+             : rc == KVEDGE_ECORRUPT || rc == KVEDGE_EPROTO ? KVEDGE_EXIT_CORRUPT
+                                                            : KVEDGE_EXIT_FAILURE;
+    }
+    kvedge_mview_destroy(&v);
+    return ex;
+}
 
 static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
 {
@@ -635,6 +734,11 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
                                          {"keep-channels", required_argument, NULL, S_O_KEEP},
                                          {"pin", no_argument, NULL, S_O_PIN},
                                          {"ttl", required_argument, NULL, S_O_TTL},
+                                         {"layers", required_argument, NULL, S_O_LAYERS},
+                                         {"mapped-only", no_argument, NULL, S_O_MAPPED_ONLY},
+                                         {"master", required_argument, NULL, S_O_MASTER},
+                                         {"master-pub", required_argument, NULL, S_O_MASTER_PUB},
+                                         {"master-key", required_argument, NULL, S_O_MASTER_KEY},
                                          {NULL, 0, NULL, 0}};
     const kvedge_cli_cmd_t cmd = {"prefill", NULL,
                                   "--weights FILE (--context-file F | --context TEXT | "
@@ -643,12 +747,32 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
     s_common_t c = {.cmd = "prefill"};
     kvedge_e2e_quant_t q;
     kvedge_e2e_quant_default(&q);
+    const char *layers_arg = NULL;
+    bool mapped_only = false;
+    s_master_t ms = {NULL, NULL, NULL, cli->cert,
+                     cli->deadline_ms > 0 ? cli->deadline_ms : KVEDGE_MVIEW_SNAPSHOT_MS};
+    char why[KVEDGE_PRUNE_WHY_BYTES] = "";
     uint64_t v;
     int ch;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "w:h", opts, NULL)) != -1) {
         bool bad = false;
         if (s_common_opt(&c, ch, optarg, &bad)) {
+        } else if (ch == S_O_LAYERS) {
+            /* The syntax now, the range once the weights say how many layers there are. */
+            kvedge_prune_set_t syntax;
+            layers_arg = optarg;
+            bad = kvedge_prune_parse(optarg, KVEDGE_MODEL_MAX_LAYERS, &syntax, why, sizeof why) !=
+                      KVEDGE_OK &&
+                  !strstr(why, "out of range");
+        } else if (ch == S_O_MAPPED_ONLY) {
+            mapped_only = true;
+        } else if (ch == S_O_MASTER) {
+            ms.master = optarg;
+        } else if (ch == S_O_MASTER_PUB) {
+            ms.pub = optarg;
+        } else if (ch == S_O_MASTER_KEY) {
+            ms.key = optarg;
         } else if (ch == S_O_SCHEME) {
             bad = kvedge_scheme_parse(optarg, &q.scheme) != KVEDGE_OK;
         } else if (ch == S_O_DTYPE) {
@@ -675,10 +799,12 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
             return KVEDGE_EXIT_USAGE;
         }
         if (bad) {
-            kvedge_cli_error("prefill: bad value '%s' for --%s%s", optarg, s_flag(opts, ch),
-                             ch == S_O_SCHEME  ? " (int8, int4 or lossless)"
-                             : ch == S_O_DTYPE ? " (fp16 or fp32)"
-                                               : "");
+            kvedge_cli_error("prefill: bad value '%s' for --%s%s%s", optarg, s_flag(opts, ch),
+                             ch == S_O_SCHEME   ? " (int8, int4 or lossless)"
+                             : ch == S_O_DTYPE  ? " (fp16 or fp32)"
+                             : ch == S_O_LAYERS ? ": "
+                                                : "",
+                             ch == S_O_LAYERS ? why : "");
             return KVEDGE_EXIT_USAGE;
         }
     }
@@ -690,7 +816,31 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
         kvedge_cli_error("prefill: needs -H NODE: the store node to put the context's K/V to");
         return KVEDGE_EXIT_USAGE;
     }
+    if (layers_arg && mapped_only) {
+        kvedge_cli_error("prefill: give --layers LIST or --mapped-only, not both");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (mapped_only != (ms.master != NULL) || (!ms.master && (ms.pub || ms.key))) {
+        kvedge_cli_error("prefill: --mapped-only needs --master EP (the Storage Master holding "
+                         "the layer maps), and --master, --master-pub and --master-key go with "
+                         "--mapped-only");
+        return KVEDGE_EXIT_USAGE;
+    }
     int ex = s_common_load(&c);
+    /* Pruning: the set of layers to put, settled before anything is computed or stored. */
+    kvedge_prune_set_t keep;
+    size_t n_maps = 0;
+    char edges[1024] = "";
+    if (!ex && layers_arg) {
+        if (kvedge_prune_parse(layers_arg, c.cfg->layers, &keep, why, sizeof why) != KVEDGE_OK) {
+            kvedge_cli_error("prefill: bad value '%s' for --layers: %s", layers_arg, why);
+            ex = KVEDGE_EXIT_USAGE;
+        }
+    } else if (!ex && mapped_only) {
+        ex = s_mapped_layers(&ms, &c.model, &keep, &n_maps, edges, sizeof edges);
+    }
+    if (!ex && (layers_arg || mapped_only))
+        q.layers = &keep;
     kvedge_client_t *node = NULL;
     if (!ex)
         ex = kvedge_cli_connect(cli, "kvedge prefill", &node);
@@ -736,11 +886,26 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
                 printf("%s\"%s\"", i ? "," : "", kvedge_chunk_id_hex(&ids[i], hex));
             printf("],\"scheme\":\"%s\",\"dtype\":\"%s\",\"blocks\":%llu,\"bytes\":%llu,"
                    "\"fp16_bytes\":%llu,\"prefill_ms\":%.3f,\"encode_ms\":%.3f,"
-                   "\"put_ms\":%.3f}\n",
+                   "\"put_ms\":%.3f",
                    kvedge_scheme_name(q.scheme), kvedge_dtype_name(q.dtype),
                    (unsigned long long)st.blocks, (unsigned long long)st.bytes,
                    (unsigned long long)st.fp16_bytes, st.prefill_us / 1e3, st.encode_us / 1e3,
                    st.put_us / 1e3);
+            if (q.layers) {
+                printf(",\"layers\":[");
+                for (uint32_t l = 0, k = 0; l < c.cfg->layers; l++)
+                    if (kvedge_prune_set_has(q.layers, l))
+                        printf("%s%u", k++ ? "," : "", l);
+                printf("],\"pruned_blocks\":%llu,\"pruned_bytes\":%llu,"
+                       "\"pruned_fp16_bytes\":%llu",
+                       (unsigned long long)st.pruned_blocks, (unsigned long long)st.pruned_bytes,
+                       (unsigned long long)st.pruned_fp16_bytes);
+                if (mapped_only) {
+                    printf(",\"maps\":");
+                    kvedge_cli_json_str(stdout, edges);
+                }
+            }
+            printf("}\n");
         } else {
             printf("prefilled %u context tokens of %s (%u layers, %u heads of %u) on %s\n",
                    c.ctx_len, c.model_id, c.cfg->layers, c.cfg->heads, c.cfg->head_dim, cli->host);
@@ -750,6 +915,21 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
                    (unsigned long long)st.blocks, kvedge_scheme_name(q.scheme),
                    kvedge_dtype_name(q.dtype), kvedge_cli_bytes(st.bytes, b1, sizeof b1),
                    kvedge_cli_bytes(st.fp16_bytes, b2, sizeof b2), ratio, q.pin ? ", pinned" : "");
+            if (q.layers) {
+                char kept[KVEDGE_PRUNE_LIST_BYTES], b3[32];
+                kvedge_prune_set_format(q.layers, kept, sizeof kept);
+                uint64_t full = st.bytes + st.pruned_bytes;
+                printf("layers: kept %s of %u (%s), pruned %u: saved %s of %s (%.1f%%), %llu "
+                       "blocks\n",
+                       kept, c.cfg->layers, mapped_only ? "mapped" : "--layers",
+                       c.cfg->layers - st.layers_put,
+                       kvedge_cli_bytes(st.pruned_bytes, b1, sizeof b1),
+                       kvedge_cli_bytes(full, b3, sizeof b3),
+                       full ? 100.0 * (double)st.pruned_bytes / (double)full : 0.0,
+                       (unsigned long long)st.pruned_blocks);
+                if (mapped_only)
+                    printf("maps: %zu naming %s (edge models %s)\n", n_maps, c.model.id, edges);
+            }
             printf("time: prefill %.1f ms, encode %.1f ms, put %.1f ms\n", st.prefill_us / 1e3,
                    st.encode_us / 1e3, st.put_us / 1e3);
         }
@@ -791,7 +971,14 @@ static const char s_decode_help[] =
     "                         head size) and the context's chunk ids under it; a layer the\n"
     "                         proxy serves from the cloud model (the layer map registered\n"
     "                         for the pair) is adapted here to this model's shape. Needs a\n"
-    "                         proxy at -H; the adapter must fit --weights\n\n"
+    "                         proxy at -H; the adapter must fit --weights\n"
+    "      --accept LIST      the cache optimizer: the precisions this edge accepts, best\n"
+    "                         first (lossless, int8, int4-g32/64/128, each +think-75 or\n"
+    "                         +think-50; docs/protocol.md \"Precisions\"); the proxy picks one\n"
+    "                         per layer, a store node serves the first it holds or derives\n"
+    "      --budget M:V       the quality budget the proxy plans under: ppl:PCT (perplexity\n"
+    "                         increase, 0 to 100) or kl:NATS (0 to 10), priced with the\n"
+    "                         proxy's --quality profiles; needs --accept and a proxy\n\n"
     "--json prints one object: {\"kvedge\": RUN, \"edge_only\": RUN, \"cloud_only\": RUN (with\n"
     "--compare), \"tokens\": {MODE: [ids]}, \"text\": STRING (bytes that are not UTF-8 as\n"
     "U+FFFD), \"tokens_agree\": BOOL, ...}; with --adapter the kvedge RUN's mode is\n"
@@ -996,6 +1183,8 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
         {"cloud-link", required_argument, NULL, S_O_CLOUD_LINK},
         {"quiet", no_argument, NULL, 'q'},
         {"adapter", required_argument, NULL, S_O_ADAPTER},
+        {"accept", required_argument, NULL, S_O_ACCEPT},
+        {"budget", required_argument, NULL, S_O_BUDGET},
         {NULL, 0, NULL, 0}};
     const kvedge_cli_cmd_t cmd = {"decode", NULL,
                                   "--weights FILE (--context-file F | --context TEXT | "
@@ -1008,6 +1197,10 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
     uint64_t max_new = S_MAX_NEW_DEFAULT;
     double penalty = 1.0;
     bool plan_recompute = false, compare = false, quiet = false;
+    kvedge_prec_t accept[KVEDGE_PREC_MAX_ACCEPT];
+    size_t n_accept = 0;
+    kvedge_quality_metric_t metric = KVEDGE_QUALITY_NONE;
+    double budget = 0;
     int ch;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "w:qh", opts, NULL)) != -1) {
@@ -1036,6 +1229,11 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
             quiet = true;
         } else if (ch == S_O_ADAPTER) {
             adapter_path = optarg;
+        } else if (ch == S_O_ACCEPT) {
+            bad = kvedge_prec_list_parse(optarg, accept, KVEDGE_PREC_MAX_ACCEPT, &n_accept) !=
+                  KVEDGE_OK;
+        } else if (ch == S_O_BUDGET) {
+            bad = kvedge_quality_budget_parse(optarg, &metric, &budget) != KVEDGE_OK;
         } else if (ch == 'h') {
             kvedge_cli_usage(stdout, &cmd, s_decode_help);
             return KVEDGE_EXIT_OK;
@@ -1047,7 +1245,12 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
         }
         if (bad) {
             kvedge_cli_error("decode: bad value '%s' for --%s%s", optarg, s_flag(opts, ch),
-                             ch == S_O_CLOUD_LINK ? " (RATE,LATENCY such as 1gbit,10ms)" : "");
+                             ch == S_O_CLOUD_LINK ? " (RATE,LATENCY such as 1gbit,10ms)"
+                             : ch == S_O_ACCEPT
+                                 ? " (1 to 8 distinct precisions, best first, such as "
+                                   "int8,int4-g32,int4-g32+think-50)"
+                             : ch == S_O_BUDGET ? " (ppl:PCT (0 to 100) or kl:NATS (0 to 10))"
+                                                : "");
             return KVEDGE_EXIT_USAGE;
         }
     }
@@ -1062,6 +1265,10 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
     }
     if (!prompt_text == !prompt_ids) {
         kvedge_cli_error("decode: give the prompt once: --prompt TEXT or --prompt-ids LIST");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (metric != KVEDGE_QUALITY_NONE && !n_accept) {
+        kvedge_cli_error("decode: --budget needs --accept: the precisions it may choose among");
         return KVEDGE_EXIT_USAGE;
     }
     int ex = s_common_load(&c);
@@ -1133,6 +1340,10 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
             req.plan_recompute = plan_recompute;
             req.mapped_model = adapter ? &mapped : NULL;
             req.adapter = adapter;
+            req.accept = n_accept ? accept : NULL;
+            req.n_accept = n_accept;
+            req.quality_metric = metric;
+            req.quality_budget = budget;
         } else if (modes[r] == KVEDGE_E2E_CLOUD_ONLY) {
             /* The emulated cloud prefills the context here, outside any request's time. */
             int rc = kvedge_e2e_cloud_new(c.d, c.ctx, c.ctx_len, cloud_link, &cloud);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "access/kvmsg.h"
 #include "access/log.h"
@@ -20,6 +21,7 @@
 #include "clients/eval.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
+#include "proxy/quality.h"
 #include "store/error.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
@@ -50,6 +52,7 @@ enum {
     S_O_PROFILES,
     S_O_NO_PROFILE,
     S_O_PLOT_DIR,
+    S_O_PROFILE_OUT,
     S_O_PROXY,
     S_O_WAIT,
     S_O_QUIET,
@@ -87,8 +90,18 @@ static const char s_eval_help[] =
     "                         int4-g64,int4-g128,think-75,think-50,int4-g32+think-50.\n"
     "                         Names: lossless (fp32), fp16, int8, int4[-gN], each with an\n"
     "                         optional +think-P (keep P % of the key channels), think-P\n"
-    "      --profiles LIST    per-layer profile schemes (default int4-g32,think-50)\n"
+    "      --profiles LIST    per-layer profile schemes (default int4-g32,think-50), at\n"
+    "                         most 16; 'ladder': every lossy rung of the precision ladder\n"
+    "                         (int8, int4-g32, int4-g64, int4-g128, each alone, with\n"
+    "                         +think-75 and with +think-50, and think-75, think-50: 14)\n"
     "      --no-profile       no per-layer profile\n"
+    "      --profile-out FILE write the per-layer profile as the quality profile the edge\n"
+    "                         proxy's planner reads (proxy/quality.h, JSON version 1):\n"
+    "                         per layer and rung the perplexity change (%), mean KL and\n"
+    "                         agreement, and the whole-model rows of the schemes that are\n"
+    "                         ladder rungs. Every profile scheme must be a ladder rung\n"
+    "                         (lossless, int8, int4-g32/g64/g128, each optionally with\n"
+    "                         +think-75 or +think-50; not fp16 or other groups or shares)\n"
     "      --plot-dir DIR     write quality_schemes.dat, quality_layers.dat and\n"
     "                         quality.json there (scripts/plot_quality.gp draws them)\n"
     "      --proxy EP         with -H: the edge proxy to fetch through\n"
@@ -381,6 +394,65 @@ static int s_write(const char *dir, const char *name, const kvedge_eval_result_t
     return KVEDGE_EXIT_OK;
 }
 
+/* --profile-out: the profile schemes are ladder rungs, and the file's folder takes a file
+ * (checked before the run, which may take minutes). Returns an exit code. */
+static int s_profile_check(const kvedge_eval_scheme_t *profiles, size_t n, const char *path)
+{
+    if (n == 0) {
+        kvedge_cli_error("eval: --profile-out needs a per-layer profile (not --no-profile)");
+        return KVEDGE_EXIT_USAGE;
+    }
+    for (size_t i = 0; i < n; i++) {
+        kvedge_prec_t p;
+        if (kvedge_eval_scheme_prec(&profiles[i], &p) != KVEDGE_OK) {
+            kvedge_cli_error("eval: --profile-out: profile scheme %s is not a rung of the "
+                             "precision ladder (lossless, int8, int4-g32, int4-g64, int4-g128, "
+                             "each optionally with +think-75 or +think-50)",
+                             profiles[i].name);
+            return KVEDGE_EXIT_USAGE;
+        }
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[slash == dir ? 1 : 0] = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
+    if (access(dir, W_OK | X_OK) != 0) {
+        kvedge_cli_error("eval: --profile-out %s: cannot write in %s: %s", path, dir,
+                         strerror(errno));
+        return KVEDGE_EXIT_USAGE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+/* Writes the quality profile to path.tmp and renames it over path, so a proxy that reloads
+ * the file never reads half of it. Returns an exit code. */
+static int s_profile_write(const char *path, const kvedge_eval_result_t *r, const char *model_id)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        kvedge_cli_error("eval: cannot write %s: %s", tmp, strerror(errno));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    int rc = kvedge_eval_profile_write(f, r, model_id);
+    if (fclose(f) != 0 && rc == KVEDGE_OK)
+        rc = KVEDGE_EIO;
+    if (rc == KVEDGE_OK && rename(tmp, path) != 0)
+        rc = KVEDGE_EIO;
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("eval: cannot write the quality profile %s: %s%s", path,
+                         kvedge_strerror(rc),
+                         rc == KVEDGE_EINVAL ? " (a figure is not finite)" : "");
+        remove(tmp);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
 /* Why the run failed, said plainly. Returns the exit code. */
 static int s_run_fail(int rc, const char *model_id, const kvedge_eval_opts_t *o)
 {
@@ -425,6 +497,7 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
         {"profiles", required_argument, NULL, S_O_PROFILES},
         {"no-profile", no_argument, NULL, S_O_NO_PROFILE},
         {"plot-dir", required_argument, NULL, S_O_PLOT_DIR},
+        {"profile-out", required_argument, NULL, S_O_PROFILE_OUT},
         {"proxy", required_argument, NULL, S_O_PROXY},
         {"wait", required_argument, NULL, S_O_WAIT},
         {"quiet", no_argument, NULL, 'q'},
@@ -435,7 +508,7 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
                                   "[-H CLOUD --proxy EP] [...]",
                                   "Measure the quality of every cache scheme on held-out text."};
     const char *weights = NULL, *model_id = S_MODEL_ID_DEFAULT, *ids_file = NULL, *tok_dir = NULL,
-               *text_file = NULL, *plot_dir = NULL, *proxy_ep = NULL;
+               *text_file = NULL, *plot_dir = NULL, *proxy_ep = NULL, *profile_out = NULL;
     uint64_t heads = 0, ctx = S_CONTEXT_DEFAULT, cont = S_CONTINUATION_DEFAULT, chunk = 0,
              docs_max = 0, budget = 0, wait_ms = 0;
     kvedge_eval_scheme_t schemes[KVEDGE_EVAL_MAX_SCHEMES], profiles[KVEDGE_EVAL_MAX_PROFILES];
@@ -486,13 +559,21 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
             ex = s_schemes("--schemes", optarg, schemes, KVEDGE_EVAL_MAX_SCHEMES, &n_schemes);
             break;
         case S_O_PROFILES:
-            ex = s_schemes("--profiles", optarg, profiles, KVEDGE_EVAL_MAX_PROFILES, &n_profiles);
+            if (strcmp(optarg, "ladder") == 0)
+                n_profiles = kvedge_eval_profiles_ladder(profiles, KVEDGE_EVAL_MAX_PROFILES);
+            else
+                ex = s_schemes("--profiles", optarg, profiles, KVEDGE_EVAL_MAX_PROFILES,
+                               &n_profiles);
             break;
         case S_O_NO_PROFILE:
             n_profiles = 0;
             break;
         case S_O_PLOT_DIR:
             plot_dir = optarg;
+            break;
+        case S_O_PROFILE_OUT:
+            profile_out = optarg;
+            bad = !*optarg;
             break;
         case S_O_PROXY:
             proxy_ep = optarg;
@@ -537,6 +618,10 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
                          "and edge proxy); without both, everything runs in this process");
         return KVEDGE_EXIT_USAGE;
     }
+    if (profile_out)
+        ex = s_profile_check(profiles, n_profiles, profile_out);
+    if (ex)
+        return ex;
     if (plot_dir) {
         struct stat sb;
         if (stat(plot_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
@@ -653,6 +738,8 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
             if (!ex)
                 ex = s_write(plot_dir, "quality.json", res, 2);
         }
+        if (!ex && profile_out)
+            ex = s_profile_write(profile_out, res, model_id);
     }
     kvedge_eval_result_destroy(&res);
     kvedge_cli_docs_free(&docs);

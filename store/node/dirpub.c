@@ -73,14 +73,18 @@ static int s_collect(void *ctx, const kvedge_chunk_info_t *info)
 
 typedef struct {
     uint16_t heads[KVEDGE_MODEL_MAX_LAYERS]; /* blocks seen per layer */
+    uint16_t rungs; /* kvedge_master_dir_t.rungs bits every block is at; all set before */
 } s_counts_t;
 
 static int s_count(void *ctx, const kvedge_block_key_t *key, const kvedge_block_meta_t *meta)
 {
-    (void)meta;
     s_counts_t *c = ctx;
     if (key->layer < KVEDGE_MODEL_MAX_LAYERS && c->heads[key->layer] < UINT16_MAX)
         c->heads[key->layer]++;
+    /* The rungs every block of the chunk is at (a block off the ladder: none). */
+    int bit = kvedge_master_rung_bit(
+        kvedge_prec_of_shape(meta->scheme, meta->group_size, meta->key_channels, meta->head_dim));
+    c->rungs &= bit < 0 ? 0 : (uint16_t)(1u << bit);
     return 0;
 }
 
@@ -317,6 +321,7 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
             s_counts_t *counts = calloc(1, sizeof *counts);
             if (!counts)
                 break;
+            counts->rungs = (uint16_t)((1u << KVEDGE_MASTER_DIR_RUNGS) - 1);
             kvedge_engine_scan(d->opts.engine, &ci->id, s_count, counts);
             kvedge_master_dir_t rec;
             memset(&rec, 0, sizeof rec);
@@ -324,9 +329,16 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
             rec.layers = m.layers;
             /* A layer is held only with all its heads: a proxy never plans one onto a node
              * that a crash during an unacknowledged PUT left with some of them. */
+            bool any = false;
             for (unsigned l = 0; l < m.layers; l++)
-                if (counts->heads[l] >= m.kv_heads)
+                if (counts->heads[l] >= m.kv_heads) {
                     kvedge_master_dir_set(&rec, l);
+                    any = true;
+                }
+            /* The precisions it serves: the one rung all its blocks are at, and whether the
+             * node derives coarser ones; nothing said for blocks at mixed rungs. */
+            if (any && counts->rungs)
+                rec.rungs = counts->rungs | (d->opts.derives ? KVEDGE_MASTER_DIR_DERIVES : 0);
             free(counts);
             static const kvedge_chunk_id_t zero;
             const kvedge_chunk_id_t *name =
@@ -335,9 +347,12 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
             kvedge_master_chunk_hex(name, hex);
             /* Two tenants with the same tokens: one record says what any of them holds. */
             kvedge_master_dir_t *prev_now = zhashx_lookup(now, hex);
-            if (prev_now)
+            if (prev_now) {
                 for (size_t b = 0; b < sizeof rec.held; b++)
                     rec.held[b] |= prev_now->held[b];
+                if (prev_now->rungs != rec.rungs)
+                    rec.rungs = 0; /* the two disagree: say nothing */
+            }
             kvedge_master_dir_t *copy = malloc(sizeof *copy);
             if (!copy)
                 break;

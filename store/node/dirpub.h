@@ -40,6 +40,7 @@ typedef struct {
     const char *cert; /* the public certificate the view presents to the master (its key must be
                        * in the master's allowlist), named in the fix when it is refused; may
                        * be NULL (plaintext) */
+    bool derives;     /* the node derives precisions it does not hold (directory rungs) */
 } kvedge_dirpub_opts_t;
 
 /* Where the registration of node/<id> stands. */

@@ -22,6 +22,7 @@
 #include "store/node/dirpub.h"
 #include "store/node/hsync.h"
 #include "store/node/node_impl.h"
+#include "store/node/optimizer.h"
 #include "store/node/server.h"
 
 #define S_MASTER_START_WAIT_MS 1500 /* how long start waits for the master's snapshot */
@@ -67,6 +68,19 @@ static bool s_wildcard(const char *ep)
            (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "*") == 0 || strcmp(host, "::") == 0);
 }
 
+/* The optimizer's options from the settings (engine and analyzer left NULL). */
+static int s_optimizer_opts(const kvedge_node_settings_t *s, kvedge_optimizer_opts_t *o, char *why,
+                            size_t why_len)
+{
+    memset(o, 0, sizeof *o);
+    o->interval_s = s->optimize_interval_s;
+    o->idle_s = s->demote_idle_s;
+    o->hot_reads = s->hot_reads;
+    o->hot_top = s->hot_top;
+    o->pressure = s->demote_on_pressure;
+    return kvedge_optimizer_parse(s->demote_to, s->prepare, o, why, why_len);
+}
+
 int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_t why_len)
 {
     if (!s || !s->data[0])
@@ -82,6 +96,10 @@ int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_
                           "refusing plaintext on %s: insecure is only allowed on loopback "
                           "(tcp://127.0.0.1:PORT) or ipc:// endpoints",
                           s->bind);
+    kvedge_optimizer_opts_t oo;
+    int rc = s_optimizer_opts(s, &oo, why, why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
     char host[256];
     const char *port;
     if (s->master[0] && !s->advertise[0] && s_wildcard(s->bind) &&
@@ -178,7 +196,8 @@ static int s_join_master(kvedge_node_t *n, const char *endpoint)
                                .node = &rec,
                                .interval_ms = s->dir_interval_ms,
                                .master = s->master,
-                               .cert = s->master_key[0] ? s->cert : NULL};
+                               .cert = s->master_key[0] ? s->cert : NULL,
+                               .derives = s->derive};
     rc = kvedge_dirpub_start(&po, &n->dirpub);
     if (rc != KVEDGE_OK)
         kvedge_mview_destroy(&n->view);
@@ -239,6 +258,10 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
     eo.capacity_bytes = n->s.capacity_bytes;
     eo.sync = n->s.sync;
     eo.cache_bytes = n->s.cache_bytes;
+    kvedge_optimizer_opts_t oo;
+    (void)s_optimizer_opts(&n->s, &oo, NULL, 0); /* checked above */
+    if (n->s.optimize && n->s.demote_on_pressure)
+        eo.pressure_demote = oo.demote_to;
     char ewhy[512] = "";
     rc = kvedge_engine_open(n->s.data, &eo, &n->engine, ewhy, sizeof ewhy);
     if (rc != KVEDGE_OK) {
@@ -273,7 +296,9 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
                                n->engine,
                                n->analyzer,
                                kvedge_node_monitor_doc,
-                               n};
+                               n,
+                               !n->s.derive,
+                               n->s.keep_derived};
     rc = kvedge_server_start(&so, &n->server, why, why_len);
     if (rc != KVEDGE_OK) {
         kvedge_node_destroy(&n);
@@ -283,6 +308,31 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
         kvedge_log_info("node public key %s (certificate %s); clients allowed: the "
                         "certificates in %s",
                         kvedge_server_public_key(n->server), n->s.cert, n->s.clients);
+    if (n->s.optimize) {
+        oo.engine = n->engine;
+        oo.analyzer = n->analyzer;
+        rc = kvedge_optimizer_start(&oo, &n->optimizer, why, why_len);
+        if (rc != KVEDGE_OK) {
+            kvedge_node_destroy(&n);
+            return rc;
+        }
+        char prep[KVEDGE_PREC_MAX_ACCEPT * KVEDGE_PREC_NAME_BYTES] = "";
+        for (size_t i = 0; i < oo.n_prepare; i++)
+            snprintf(prep + strlen(prep), sizeof prep - strlen(prep), "%s%s", i ? "," : "",
+                     kvedge_prec_name(oo.prepare[i]));
+        char when[96];
+        if (oo.idle_s)
+            snprintf(when, sizeof when, "after %u s idle%s", oo.idle_s,
+                     oo.pressure ? " and before evicting" : "");
+        else
+            snprintf(when, sizeof when, "%s", oo.pressure ? "before evicting" : "never");
+        kvedge_log_info("storage optimizer: a pass every %u s; demote to %s %s; prepare %s for "
+                        "prefixes read %u times an interval (top %u)%s",
+                        oo.interval_s ? oo.interval_s : KVEDGE_OPTIMIZER_INTERVAL_S_DEFAULT,
+                        kvedge_prec_name(oo.demote_to), when, oo.n_prepare ? prep : "nothing",
+                        oo.hot_reads, oo.hot_top,
+                        n->analyzer ? "" : " (monitor is off: no hot prefixes known)");
+    }
     if (n->s.subscriptions[0]) {
         char swhy[512] = "";
         if (s_start_sync(n, swhy, sizeof swhy) != KVEDGE_OK)
@@ -317,6 +367,7 @@ void kvedge_node_destroy(kvedge_node_t **self_p)
     kvedge_dirpub_destroy(&n->dirpub);
     kvedge_mview_destroy(&n->view);
     kvedge_hsync_sched_destroy(&n->sched);
+    kvedge_optimizer_destroy(&n->optimizer);
     kvedge_http_stop(&n->http); /* its readiness reads the parts stopped below */
     kvedge_server_destroy(&n->server);
     kvedge_node_monitor_close(n);
@@ -345,6 +396,13 @@ int kvedge_node_publish(kvedge_node_t *n, uint32_t *changed)
 const char *kvedge_node_metrics_url(kvedge_node_t *n)
 {
     return n && n->http ? kvedge_http_url(n->http) : NULL;
+}
+
+int kvedge_node_optimize(kvedge_node_t *n)
+{
+    if (!n || !n->optimizer)
+        return KVEDGE_EINVAL;
+    return kvedge_optimizer_pass(n->optimizer, NULL);
 }
 
 kvedge_engine_t *kvedge_node_engine(kvedge_node_t *n)

@@ -59,6 +59,22 @@ typedef struct {
      * records (off: /metrics and MONITOR still show the store's gauges). */
     char metrics[128];
     bool monitor;
+    /* Precisions (the cache optimizer): derive a precision a reader accepts from a finer
+     * block when no held block is at it, and keep what was derived as a variant. */
+    bool derive;
+    bool keep_derived;
+    /* The storage optimizer (store/node/optimizer.h): off unless optimize. Prepares the
+     * `prepare` rungs of hot prefixes (hot_reads accesses in one interval, among the
+     * analyzer's hot_top), demotes blocks idle demote_idle_s to demote_to, and with
+     * demote_on_pressure demotes before it evicts. Rungs as text (kvedge_prec_parse). */
+    bool optimize;
+    uint32_t optimize_interval_s;
+    char demote_to[KVEDGE_PREC_NAME_BYTES];
+    uint32_t demote_idle_s; /* 0: no idle demotion */
+    bool demote_on_pressure;
+    char prepare[128]; /* "int4-g32,int4-g128"; "" or "none": nothing */
+    uint32_t hot_reads;
+    uint32_t hot_top;
     kvedge_log_level_t log_level; /* the process-wide logger's level: the daemon's main sets it */
 } kvedge_node_settings_t;
 
@@ -73,7 +89,8 @@ void kvedge_node_settings_default(kvedge_node_settings_t *s);
 
 /* Checks the settings without starting anything: why (may be NULL) says what is wrong.
  * Errors: KVEDGE_EINVAL (no data directory, a role other than cloud or edge, --master
- * without master_pub and a valid node_id), KVEDGE_EDENIED (plaintext on an endpoint other
+ * without master_pub and a valid node_id, optimizer settings that do not parse or hold:
+ * kvedge_optimizer_parse), KVEDGE_EDENIED (plaintext on an endpoint other
  * hosts can reach). */
 int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_t why_len);
 
@@ -103,6 +120,11 @@ int kvedge_node_publish(kvedge_node_t *n, uint32_t *changed);
 /* "http://HOST:PORT" of the node's metrics endpoint as bound (port 0 resolved), or NULL when
  * it is off. Valid until destroy. */
 const char *kvedge_node_metrics_url(kvedge_node_t *n);
+
+/* One storage-optimizer pass now, on the caller's thread (serialized with the optimizer's
+ * own): for tests and tools. Errors: KVEDGE_EINVAL (the optimizer is off), those of the
+ * pass. */
+int kvedge_node_optimize(kvedge_node_t *n);
 
 /* The node's engine, for tests and tools in the same process. Valid until destroy. */
 kvedge_engine_t *kvedge_node_engine(kvedge_node_t *n);

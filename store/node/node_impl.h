@@ -13,6 +13,7 @@
 #include "store/node/dirpub.h"
 #include "store/node/hsync.h"
 #include "store/node/node.h"
+#include "store/node/optimizer.h"
 #include "store/node/server.h"
 
 #ifdef __cplusplus
@@ -27,6 +28,7 @@ struct kvedge_node_t {
     kvedge_hsync_sched_t *sched; /* NULL unless subscriptions were given and loaded */
     kvedge_mview_t *view;        /* NULL unless joined to a master */
     kvedge_dirpub_t *dirpub;
+    kvedge_optimizer_t *optimizer; /* NULL unless the `optimize` setting is on */
     /* Monitoring (node_monitor.c). */
     uint64_t start_wall_ms, start_mono_ms;
     kvedge_metrics_t *metrics;   /* always made: the endpoint and MONITOR read it */

@@ -27,6 +27,13 @@ struct kvedge_node_mon_t {
         *quarantine, *registered, *uptime;
     s_mirror_t puts, evicted_blocks, evicted_bytes, expired, corrupt, written, read, denials;
     kvedge_metric_t *hot, *hot_layers, *sync_state, *sync_missing, *sync_held, *sync_age;
+    /* Precisions and the storage optimizer: variants held, demotions by cause (idle: the
+     * optimizer's passes; pressure: the engine, before evicting), variants prepared and
+     * dropped under pressure. */
+    kvedge_series_t *variant_blocks, *variant_bytes, *opt_hot;
+    kvedge_metric_t *demoted_f, *demoted_bytes_f;
+    s_mirror_t demoted_idle, demoted_pressure, saved_idle, saved_pressure, prepared, prepared_bytes,
+        vdropped, vdropped_bytes, opt_passes;
 };
 
 static kvedge_series_t *s_gauge(kvedge_metrics_t *r, kvedge_metric_type_t type, const char *name,
@@ -148,6 +155,28 @@ static void s_collect(kvedge_metrics_t *r, void *arg)
         s_mirror(&m->corrupt, es.corrupt);
         s_mirror(&m->written, es.bytes_written);
         s_mirror(&m->read, es.bytes_read);
+    }
+    uint64_t vblocks = 0, vbytes = 0;
+    if (kvedge_engine_variant_stats(n->engine, &vblocks, &vbytes) == KVEDGE_OK) {
+        kvedge_series_set(m->variant_blocks, (double)vblocks);
+        kvedge_series_set(m->variant_bytes, (double)vbytes);
+    }
+    kvedge_engine_demote_stats_t ds;
+    if (kvedge_engine_demote_stats(n->engine, &ds) == KVEDGE_OK) {
+        s_mirror(&m->demoted_pressure, ds.pressure_demoted);
+        s_mirror(&m->saved_pressure, ds.pressure_saved_bytes);
+        s_mirror(&m->vdropped, ds.pressure_variant_blocks);
+        s_mirror(&m->vdropped_bytes, ds.pressure_variant_bytes);
+    }
+    if (n->optimizer) {
+        kvedge_optimizer_stats_t os;
+        kvedge_optimizer_stats(n->optimizer, &os);
+        s_mirror(&m->demoted_idle, os.demoted);
+        s_mirror(&m->saved_idle, os.saved_bytes > 0 ? (uint64_t)os.saved_bytes : 0);
+        s_mirror(&m->prepared, os.prepared);
+        s_mirror(&m->prepared_bytes, os.prepared_bytes);
+        s_mirror(&m->opt_passes, os.passes);
+        kvedge_series_set(m->opt_hot, os.last_hot);
     }
     kvedge_series_set(m->uptime, (double)((uint64_t)kvedge_mono_ms() - n->start_mono_ms) / 1e3);
     s_mirror(&m->denials, kvedge_server_denials(n->server));
@@ -286,6 +315,45 @@ static bool s_node_families(kvedge_node_t *n, char *why, size_t why_len)
         r, G, "kvedge_node_sync_last_success_age_seconds",
         "Historical cache: seconds since the last pass that copied the whole context.", sub_l, 1,
         NULL, KVEDGE_HSYNC_MAX_SUBS, why, why_len);
+    const char *cause_l[] = {"cause"}, *idle_v[] = {"idle"}, *pressure_v[] = {"pressure"};
+    m->variant_blocks = s_gauge(r, G, "kvedge_node_variant_blocks",
+                                "Variants held: other precisions of stored blocks.");
+    m->variant_bytes = s_gauge(r, G, "kvedge_node_variant_bytes",
+                               "Encoded bytes of the variants held (they count toward capacity).");
+    m->demoted_f = kvedge_metrics_family(
+        r, C, "kvedge_node_demoted_blocks_total",
+        "Blocks re-encoded at a coarser precision, by cause (idle: a storage-optimizer pass; "
+        "pressure: capacity, before evicting).",
+        cause_l, 1, NULL, 2, why, why_len);
+    m->demoted_bytes_f = kvedge_metrics_family(
+        r, C, "kvedge_node_demoted_saved_bytes_total",
+        "Bytes freed by demotions (smaller blocks, variants dropped with them), by cause.", cause_l,
+        1, NULL, 2, why, why_len);
+    if (m->demoted_f && m->demoted_bytes_f) {
+        m->demoted_idle.series = kvedge_metric_series(m->demoted_f, idle_v, 1);
+        m->demoted_pressure.series = kvedge_metric_series(m->demoted_f, pressure_v, 1);
+        m->saved_idle.series = kvedge_metric_series(m->demoted_bytes_f, idle_v, 1);
+        m->saved_pressure.series = kvedge_metric_series(m->demoted_bytes_f, pressure_v, 1);
+    }
+    m->prepared.series = s_gauge(r, C, "kvedge_node_variants_prepared_total",
+                                 "Variants the storage optimizer stored ahead of demand for hot "
+                                 "prefixes.");
+    m->prepared_bytes.series = s_gauge(r, C, "kvedge_node_variants_prepared_bytes_total",
+                                       "Bytes of the variants prepared ahead of demand.");
+    m->vdropped.series = s_gauge(r, C, "kvedge_node_pressure_variant_drops_total",
+                                 "Variants dropped to make room before any block was demoted or "
+                                 "evicted.");
+    m->vdropped_bytes.series = s_gauge(r, C, "kvedge_node_pressure_variant_drop_bytes_total",
+                                       "Bytes of the variants dropped under capacity pressure.");
+    m->opt_passes.series =
+        s_gauge(r, C, "kvedge_node_optimizer_passes_total", "Storage-optimizer passes run.");
+    m->opt_hot = s_gauge(r, G, "kvedge_node_optimizer_hot_prefixes",
+                         "Hot prefixes the last storage-optimizer pass prepared variants for.");
+    if (!m->variant_blocks || !m->variant_bytes || !m->demoted_idle.series ||
+        !m->demoted_pressure.series || !m->saved_idle.series || !m->saved_pressure.series ||
+        !m->prepared.series || !m->prepared_bytes.series || !m->vdropped.series ||
+        !m->vdropped_bytes.series || !m->opt_passes.series || !m->opt_hot)
+        return false;
     return m->blocks && m->bytes && m->fp16_bytes && m->pinned_blocks && m->pinned_bytes &&
            m->capacity && m->quarantine && m->puts.series && m->evicted_blocks.series &&
            m->evicted_bytes.series && m->expired.series && m->corrupt.series && m->written.series &&
@@ -365,6 +433,32 @@ static void s_json_store(kvedge_node_t *n, cJSON *root)
     cJSON_AddNumberToObject(o, "expired", (double)es.expired);
 }
 
+/* The storage optimizer and what capacity pressure did: always there ("enabled": false
+ * when off), so a reader sees whether demotion can happen. */
+static void s_json_optimizer(kvedge_node_t *n, cJSON *root)
+{
+    cJSON *o = cJSON_AddObjectToObject(root, "optimizer");
+    if (!o)
+        return;
+    cJSON_AddBoolToObject(o, "enabled", n->optimizer != NULL);
+    if (n->optimizer)
+        (void)kvedge_optimizer_json(n->optimizer, o);
+    uint64_t vblocks = 0, vbytes = 0;
+    (void)kvedge_engine_variant_stats(n->engine, &vblocks, &vbytes);
+    cJSON_AddNumberToObject(o, "variant_blocks", (double)vblocks);
+    cJSON_AddNumberToObject(o, "variant_bytes", (double)vbytes);
+    kvedge_engine_demote_stats_t ds;
+    if (kvedge_engine_demote_stats(n->engine, &ds) == KVEDGE_OK) {
+        cJSON_AddNumberToObject(o, "demoted_blocks", (double)ds.demoted);
+        cJSON_AddNumberToObject(o, "demoted_saved_bytes", (double)ds.saved_bytes);
+        cJSON_AddNumberToObject(o, "pressure_demoted_blocks", (double)ds.pressure_demoted);
+        cJSON_AddNumberToObject(o, "pressure_saved_bytes", (double)ds.pressure_saved_bytes);
+        cJSON_AddNumberToObject(o, "pressure_variant_drops", (double)ds.pressure_variant_blocks);
+        cJSON_AddNumberToObject(o, "pressure_variant_drop_bytes",
+                                (double)ds.pressure_variant_bytes);
+    }
+}
+
 static void s_json_sync(kvedge_node_t *n, cJSON *root)
 {
     kvedge_hsync_sub_t *subs;
@@ -417,6 +511,7 @@ char *kvedge_node_monitor_doc(void *arg, uint32_t top, size_t *len)
         return NULL;
     }
     s_json_store(n, root);
+    s_json_optimizer(n, root);
     s_json_sync(n, root);
     if (n->s.master[0]) {
         cJSON *o = cJSON_AddObjectToObject(root, "master");

@@ -54,6 +54,9 @@ typedef struct {
     char *start_error;    /* set when start fails, read by kvedge_server_start */
     int start_rc;
     kvedge_server_t *owner;
+    /* Precisions derived for readers since start, and those kept as variants (workers). */
+    _Atomic uint64_t derived;
+    _Atomic uint64_t derived_kept;
 } s_node_t;
 
 /* ---------------------------------------------------------------- tenants */
@@ -230,9 +233,55 @@ static void s_do_put(s_node_t *n, const uint8_t tag[16], kvedge_series_t *stored
     free(st);
 }
 
-static void s_do_get(s_node_t *n, size_t shard, const uint8_t tag[16],
-                     const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf, zmsg_t *reply)
+/* The accept list of a GET or GET_LAYER (its optional last frame): 0 and *na = 0 without
+ * one, KVEDGE_EINVAL for a list kvedge_prec_list_check refuses. */
+static int s_accept(const kvedge_wire_frame_t *f, size_t npf, size_t at, kvedge_prec_t *accept,
+                    size_t *na)
 {
+    *na = 0;
+    if (npf <= at)
+        return KVEDGE_OK;
+    if (f[at].len > KVEDGE_PREC_MAX_ACCEPT ||
+        kvedge_prec_list_check(f[at].data, f[at].len) != KVEDGE_OK)
+        return KVEDGE_EINVAL;
+    memcpy(accept, f[at].data, f[at].len);
+    *na = f[at].len;
+    return KVEDGE_OK;
+}
+
+/* One block for a reader: as stored without an accept list, else at the first precision of
+ * the list the store holds or (settings allowing) derives; a derived block is kept as a
+ * variant when the settings say so. */
+static int s_read_block(s_node_t *n, const kvedge_block_key_t *k, const kvedge_prec_t *accept,
+                        size_t na, kvedge_value_t *v)
+{
+    if (na == 0)
+        return kvedge_engine_get(n->opts.engine, k, v);
+    kvedge_prec_t served = KVEDGE_PREC_STORED;
+    bool derived = false;
+    int rc = kvedge_engine_get_prec(n->opts.engine, k, accept, na, !n->opts.no_derive, v, &served,
+                                    &derived);
+    if (rc == KVEDGE_OK && derived) {
+        atomic_fetch_add(&n->derived, 1);
+        if (n->opts.keep_derived &&
+            kvedge_engine_put_variant(n->opts.engine, k, served, v->data, v->len) == KVEDGE_OK)
+            atomic_fetch_add(&n->derived_kept, 1);
+    }
+    return rc;
+}
+
+static void s_do_get(s_node_t *n, size_t shard, const uint8_t tag[16],
+                     const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf, size_t npf,
+                     zmsg_t *reply)
+{
+    kvedge_prec_t accept[KVEDGE_PREC_MAX_ACCEPT];
+    size_t na;
+    if (s_accept(pf, npf, 1, accept, &na) != KVEDGE_OK) {
+        zframe_t *hdr =
+            s_header_frame(KVEDGE_OP_GET, KVEDGE_WIRE_FLAG_REPLY, h->request_id, KVEDGE_EINVAL, 0);
+        zmsg_append(reply, &hdr);
+        return;
+    }
     int32_t *st = calloc(h->count, sizeof *st);
     zmsg_t *blocks = zmsg_new();
     uint64_t total = 0;
@@ -240,8 +289,8 @@ static void s_do_get(s_node_t *n, size_t shard, const uint8_t tag[16],
         kvedge_block_key_t k;
         kvedge_wire_key_parse(pf[0].data + (size_t)i * KVEDGE_WIRE_KEY_BYTES, &k);
         kvedge_tenant_chunk_id(tag, &k.chunk, &k.chunk);
-        kvedge_value_t v;
-        int rc = kvedge_engine_get(n->opts.engine, &k, &v);
+        kvedge_value_t v = {0};
+        int rc = s_read_block(n, &k, accept, na, &v);
         if (rc == KVEDGE_OK && total + v.len > KVEDGE_WIRE_MAX_REPLY_BYTES)
             rc = KVEDGE_ETOOBIG;
         if (rc == KVEDGE_OK) {
@@ -510,7 +559,7 @@ static zmsg_t *s_run_request(s_node_t *n, size_t shard, zmsg_t *job)
     kvedge_wire_header_t h;
     kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h); /* checked by frontend */
     kvedge_wire_frame_t pf[KVEDGE_WIRE_MAX_FRAMES];
-    s_payload(job, pf, KVEDGE_WIRE_MAX_FRAMES);
+    size_t npf = s_payload(job, pf, KVEDGE_WIRE_MAX_FRAMES);
     zmsg_t *reply = zmsg_new();
     zmsg_append(reply, &route);
     if ((uint64_t)kvedge_mono_us() > arrival_us + (uint64_t)h.deadline_ms * 1000) {
@@ -524,7 +573,7 @@ static zmsg_t *s_run_request(s_node_t *n, size_t shard, zmsg_t *job)
             s_do_put(n, tag, stored, &h, pf, reply);
             break;
         case KVEDGE_OP_GET:
-            s_do_get(n, shard, tag, &h, pf, reply);
+            s_do_get(n, shard, tag, &h, pf, npf, reply);
             break;
         case KVEDGE_OP_LOOKUP:
             s_do_lookup(n, tag, &h, pf, reply);
@@ -600,6 +649,13 @@ static int s_send_mem(void *sock, const void *data, size_t len, bool more)
 static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
 {
     zframe_t *key = zmsg_pop(job), *seq = zmsg_pop(job), *keys = zmsg_pop(job);
+    zframe_t *acc = zmsg_pop(job); /* the stream's accept list (checked at open), or none */
+    size_t na = acc ? zframe_size(acc) : 0;
+    kvedge_prec_t accept[KVEDGE_PREC_MAX_ACCEPT];
+    if (na > KVEDGE_PREC_MAX_ACCEPT)
+        na = 0;
+    if (na)
+        memcpy(accept, zframe_data(acc), na);
     void *sock = zsock_resolve(results);
     uint32_t count = (uint32_t)(zframe_size(keys) / KVEDGE_BLOCK_KEY_BYTES);
     uint8_t nb[4];
@@ -612,7 +668,7 @@ static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
         kvedge_block_key_t k;
         kvedge_block_key_unpack(zframe_data(keys) + (size_t)i * KVEDGE_BLOCK_KEY_BYTES, &k);
         kvedge_value_t *v = calloc(1, sizeof *v);
-        int rc = v ? kvedge_engine_get(n->opts.engine, &k, v) : KVEDGE_ENOMEM;
+        int rc = v ? s_read_block(n, &k, accept, na, v) : KVEDGE_ENOMEM;
         if (rc == KVEDGE_ECORRUPT)
             s_quarantined(n, &k);
         uint8_t st[4];
@@ -630,6 +686,7 @@ static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
     zframe_destroy(&key);
     zframe_destroy(&seq);
     zframe_destroy(&keys);
+    zframe_destroy(&acc);
 }
 
 typedef struct {
@@ -699,6 +756,8 @@ typedef struct {
      * bytes of the chunk being sent (touched once its last head went out). */
     uint64_t start_us, in_bytes, out_bytes, chunk_bytes;
     char model[KVEDGE_HOT_LABEL_BYTES + 1];
+    kvedge_prec_t accept[KVEDGE_PREC_MAX_ACCEPT]; /* precisions accepted, best first */
+    size_t n_accept;                              /* 0: the blocks as stored */
     s_slot_t slots[KVEDGE_WIRE_MAX_CREDIT];
 } s_stream_t;
 
@@ -810,6 +869,8 @@ static void s_stream_pump(s_node_t *n, s_stream_t *s)
         zmsg_addstr(job, s->key);
         zmsg_addmem(job, seq, sizeof seq);
         zmsg_addmem(job, kb, (size_t)w * KVEDGE_BLOCK_KEY_BYTES);
+        if (s->n_accept)
+            zmsg_addmem(job, s->accept, s->n_accept);
         if (zmsg_send(&job, n->jobs) != 0) {
             zmsg_destroy(&job);
             break; /* queue full: retried on the next result or tick */
@@ -852,11 +913,15 @@ static void s_stream_result(s_node_t *n, zmsg_t *m)
 
 static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16],
                              const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
-                             uint64_t start_us)
+                             size_t npf, uint64_t start_us)
 {
     s_stream_t *s = calloc(1, sizeof *s);
     if (!s)
         return KVEDGE_ENOMEM;
+    if (s_accept(pf, npf, 1, s->accept, &s->n_accept) != KVEDGE_OK) {
+        free(s);
+        return KVEDGE_EINVAL;
+    }
     s->start_us = start_us;
     s->in_bytes = pf[0].len;
     s->route = zframe_dup(route);
@@ -1056,7 +1121,7 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         s_stat(n, route, &h);
         break;
     case KVEDGE_OP_GET_LAYER: {
-        int32_t src = s_stream_open(n, route, tag, &h, pf, start_us);
+        int32_t src = s_stream_open(n, route, tag, &h, pf, np, start_us);
         if (src != KVEDGE_OK) {
             kvedge_analyzer_request(n->opts.analyzer, KVEDGE_OP_GET_LAYER, src,
                                     kvedge_mono_us() - start_us, pf[0].len, 0);
@@ -1327,6 +1392,13 @@ uint64_t kvedge_server_denials(kvedge_server_t *s)
 {
     s_node_t *n = s ? s->frontend_state : NULL;
     return n ? kvedge_secure_router_denials(&n->sec) : 0;
+}
+
+void kvedge_server_derived(kvedge_server_t *s, uint64_t *derived, uint64_t *kept)
+{
+    s_node_t *n = s ? s->frontend_state : NULL;
+    *derived = n ? atomic_load(&n->derived) : 0;
+    *kept = n ? atomic_load(&n->derived_kept) : 0;
 }
 
 const char *kvedge_server_public_key(kvedge_server_t *s)

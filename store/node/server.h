@@ -39,6 +39,10 @@ typedef struct {
      * of memory; called on the frontend thread. NULL: MONITOR is answered EPROTO. */
     char *(*monitor)(void *arg, uint32_t top, size_t *len);
     void *monitor_arg;
+    /* GET and GET_LAYER with an accept list: do not derive a precision that is not held
+     * (default: derive), and keep what was derived as a variant (default: no). */
+    bool no_derive;
+    bool keep_derived;
 } kvedge_server_opts_t;
 
 /* Worker threads a node with opts->workers = workers runs (0: one per core, at least 2). */
@@ -56,6 +60,10 @@ const char *kvedge_server_endpoint(kvedge_server_t *s);
 
 /* CURVE handshakes the node's ZAP handler refused since start (0 when plaintext). */
 uint64_t kvedge_server_denials(kvedge_server_t *s);
+
+/* Blocks derived at a precision a reader asked for since start, and how many of them were
+ * kept as variants (keep_derived). */
+void kvedge_server_derived(kvedge_server_t *s, uint64_t *derived, uint64_t *kept);
 
 /* The node's public key (Z85, 40 chars), or NULL when plaintext. */
 const char *kvedge_server_public_key(kvedge_server_t *s);

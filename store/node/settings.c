@@ -5,11 +5,38 @@
 
 #include "store/node/hsync.h"
 #include "store/node/node.h"
+#include "store/node/optimizer.h"
+
+#include <stdio.h>
 
 #define S_T kvedge_node_settings_t
 
 static const kvedge_setting_choice_t s_roles[] = {
     {"cloud", KVEDGE_ROLE_CLOUD}, {"edge", KVEDGE_ROLE_EDGE}, {NULL, 0}};
+
+/* demote_to: a rung coarser than lossless. */
+static int s_check_demote(const char *value, char *why, size_t why_len)
+{
+    kvedge_optimizer_opts_t o = {.hot_reads = 1, .hot_top = 1};
+    if (kvedge_optimizer_parse(value, "", &o, NULL, 0) == 0)
+        return 0;
+    snprintf(why, why_len,
+             "not a precision coarser than lossless (int8, int4-g32, int4-g64, int4-g128, "
+             "optionally +think-75 or +think-50)");
+    return -1;
+}
+
+/* prepare: a list of rungs, or "" / "none". */
+static int s_check_prepare(const char *value, char *why, size_t why_len)
+{
+    kvedge_optimizer_opts_t o = {.hot_reads = 1, .hot_top = 1};
+    if (kvedge_optimizer_parse(KVEDGE_OPTIMIZER_DEMOTE_DEFAULT, value, &o, NULL, 0) == 0)
+        return 0;
+    snprintf(why, why_len,
+             "not a list of distinct precisions other than lossless (int4-g32,int4-g128+think-50) "
+             "or none");
+    return -1;
+}
 
 static const kvedge_setting_t s_settings[] = {
     {.key = "role",
@@ -110,6 +137,85 @@ static const kvedge_setting_t s_settings[] = {
      .def_num = 1,
      .help = "record the I/O Analyzer (requests, latency, hits, hot prefixes); no: only the "
              "store's gauges"},
+    {.key = "derive",
+     .flag = "derive",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, derive),
+     .def_num = 1,
+     .help = "serve a precision a reader accepts by re-encoding a finer block when none is held "
+             "at it; no: only held precisions"},
+    {.key = "keep_derived",
+     .flag = "keep-derived",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, keep_derived),
+     .help = "store each derived precision as a variant of its block (counts toward capacity)"},
+    {.key = "optimize",
+     .flag = "optimize",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, optimize),
+     .help = "run the storage optimizer: prepare hot prefixes' variants, demote idle blocks, "
+             "demote before evicting (docs/operations.md, Storage optimizer)"},
+    {.key = "optimize_interval",
+     .flag = "optimize-interval",
+     .arg = "S",
+     .type = KVEDGE_SETTING_SECONDS,
+     KVEDGE_SETTING_AT(S_T, optimize_interval_s),
+     .min = 1,
+     .max = 86400,
+     .def_num = KVEDGE_OPTIMIZER_INTERVAL_S_DEFAULT,
+     .help = "seconds between storage-optimizer passes"},
+    {.key = "demote_to",
+     .flag = "demote-to",
+     .arg = "PREC",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, demote_to),
+     .def = KVEDGE_OPTIMIZER_DEMOTE_DEFAULT,
+     .check = s_check_demote,
+     .example = "int4-g128",
+     .help = "precision idle blocks and blocks under capacity pressure are demoted to"},
+    {.key = "demote_idle",
+     .flag = "demote-idle",
+     .arg = "S",
+     .type = KVEDGE_SETTING_SECONDS,
+     KVEDGE_SETTING_AT(S_T, demote_idle_s),
+     .min = 0,
+     .max = 365 * 86400,
+     .def_num = KVEDGE_OPTIMIZER_IDLE_S_DEFAULT,
+     .help = "seconds unread before a block is demoted by a pass; 0: only under pressure"},
+    {.key = "demote_on_pressure",
+     .flag = "demote-on-pressure",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, demote_on_pressure),
+     .def_num = 1,
+     .help = "with optimize, free capacity by dropping variants, then demoting, before evicting "
+             "(demoted blocks last)"},
+    {.key = "prepare",
+     .flag = "prepare",
+     .arg = "PRECS",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, prepare),
+     .def = KVEDGE_OPTIMIZER_PREPARE_DEFAULT,
+     .check = s_check_prepare,
+     .example = "int4-g32,int4-g128+think-50",
+     .help = "precisions stored ahead of demand as variants of hot prefixes; none: nothing"},
+    {.key = "hot_reads",
+     .flag = "hot-reads",
+     .arg = "N",
+     .type = KVEDGE_SETTING_UINT,
+     KVEDGE_SETTING_AT(S_T, hot_reads),
+     .min = 1,
+     .max = 1000000000,
+     .def_num = KVEDGE_OPTIMIZER_HOT_READS_DEFAULT,
+     .help = "accesses within one optimizer interval that make a top prefix hot"},
+    {.key = "hot_top",
+     .flag = "hot-top",
+     .arg = "K",
+     .type = KVEDGE_SETTING_UINT,
+     KVEDGE_SETTING_AT(S_T, hot_top),
+     .min = 1,
+     .max = KVEDGE_OPTIMIZER_HOT_TOP_MAX,
+     .def_num = KVEDGE_OPTIMIZER_HOT_TOP_DEFAULT,
+     .help = "prefixes of the I/O Analyzer's top an optimizer pass looks at"},
     {.key = "log",
      .flag = "log-level",
      .type = KVEDGE_SETTING_ENUM,

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -379,7 +380,7 @@ static void test_fetch_messages(void **state)
     assert_int_equal(kvedge_wire_validate(&r, m, 1), KVEDGE_EPROTO);
 
     kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_FALLBACK_FAILED, 7, 1, 0, 24, 2,
-                                   KVEDGE_WIRE_FETCH_OWN_LAYER},
+                                   KVEDGE_WIRE_FETCH_OWN_LAYER,  0},
                               lb;
     uint8_t rl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
     kvedge_wire_fetch_layer_pack(&l, rl);
@@ -418,8 +419,8 @@ static void test_fetch_messages(void **state)
     assert_string_equal(sob.name, "cloud1");
     assert_true(sob.up && sob.kind == 2 && sob.bw_bytes_per_s == 1.25e7);
     for (int i = 0; i < 10; i++) {
-        kvedge_wire_fetch_plan_layer_t pl = {(int16_t)(i % 2), 1, 100.0 * i, false,
-                                             KVEDGE_WIRE_FETCH_OWN_LAYER};
+        kvedge_wire_fetch_plan_layer_t pl = {
+            (int16_t)(i % 2), 1, 100.0 * i, false, KVEDGE_WIRE_FETCH_OWN_LAYER, 0, 0};
         kvedge_wire_fetch_plan_layer_pack(&pl, pls + i * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
     }
     m[0] = (kvedge_wire_frame_t){rp, sizeof rp};
@@ -462,9 +463,9 @@ static void test_fetch_mapped(void **state)
     assert_int_equal(back.flags, KVEDGE_WIRE_FETCH_FLAG_MAPPED);
     assert_int_equal(kvedge_wire_fetch_spec_pack(&back, back_sb), 0);
     assert_memory_equal(sb, back_sb, sizeof sb);
-    spec.flags = 0x2; /* unknown: refused both ways */
+    spec.flags = 0x4; /* unknown: refused both ways */
     assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, back_sb), KVEDGE_EINVAL);
-    for (int bit = 1; bit < 32; bit++) {
+    for (int bit = 2; bit < 32; bit++) {
         uint8_t bad[KVEDGE_WIRE_FETCH_SPEC_BYTES];
         memcpy(bad, sb, sizeof bad);
         kvedge_le_put32(bad + 132, KVEDGE_WIRE_FETCH_FLAG_MAPPED | (1u << bit));
@@ -541,7 +542,7 @@ static void test_fetch_mapped(void **state)
 
     /* Plan layer record: source i16 | reason u8 | mapped u8 | from u16 | reserved u16 | f64. */
     uint8_t rec[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
-    kvedge_wire_fetch_plan_layer_t pl = {1, 1, 250.0, true, 3}, plb;
+    kvedge_wire_fetch_plan_layer_t pl = {1, 1, 250.0, true, 3, 0, 0}, plb;
     kvedge_wire_fetch_plan_layer_pack(&pl, rec);
     assert_int_equal(rec[3], 1);
     assert_int_equal(kvedge_le_get16(rec + 4), 3);
@@ -561,17 +562,17 @@ static void test_fetch_mapped(void **state)
     badr[3] = 2; /* mapped not 0/1 */
     assert_int_equal(kvedge_wire_fetch_plan_layer_parse(badr, sizeof badr, &plb), KVEDGE_EPROTO);
     memcpy(badr, rec, sizeof rec);
-    badr[6] = 1; /* reserved */
+    badr[7] = 1; /* a precision reason without a precision */
     assert_int_equal(kvedge_wire_fetch_plan_layer_parse(badr, sizeof badr, &plb), KVEDGE_EPROTO);
     memcpy(badr, rec, sizeof rec);
     badr[3] = 1; /* mapped without a layer */
     assert_int_equal(kvedge_wire_fetch_plan_layer_parse(badr, sizeof badr, &plb), KVEDGE_EPROTO);
-    pl = (kvedge_wire_fetch_plan_layer_t){-1, 5, 10.0, true, 2}; /* mapped recompute */
+    pl = (kvedge_wire_fetch_plan_layer_t){-1, 5, 10.0, true, 2, 0, 0}; /* mapped recompute */
     kvedge_wire_fetch_plan_layer_pack(&pl, rec);
     assert_int_equal(kvedge_wire_fetch_plan_layer_parse(rec, sizeof rec, &plb), KVEDGE_EPROTO);
 
     /* LAYER record: from_layer where reserved u16 was. */
-    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED, 2, 0, 0, 12, 1, 3}, lb;
+    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED, 2, 0, 0, 12, 1, 3, 0}, lb;
     uint8_t rl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
     kvedge_wire_fetch_layer_pack(&l, rl);
     assert_int_equal(kvedge_le_get16(rl + 6), 3);
@@ -581,12 +582,184 @@ static void test_fetch_mapped(void **state)
     kvedge_wire_fetch_layer_pack(&l, rl);
     assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), 0);
     assert_int_equal(lb.from_layer, KVEDGE_WIRE_FETCH_OWN_LAYER);
-    l = (kvedge_wire_fetch_layer_t){KVEDGE_FETCH_MISS, 1, -1, KVEDGE_ENOTFOUND, 0, 0, 3};
+    l = (kvedge_wire_fetch_layer_t){KVEDGE_FETCH_MISS, 1, -1, KVEDGE_ENOTFOUND, 0, 0, 3, 0};
     kvedge_wire_fetch_layer_pack(&l, rl); /* a miss delivered nothing: no from layer */
     assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), KVEDGE_EPROTO);
     l.from_layer = KVEDGE_WIRE_FETCH_OWN_LAYER;
     kvedge_wire_fetch_layer_pack(&l, rl);
     assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), 0);
+}
+
+/* The precision frame of a FETCH (PREC), GET/GET_LAYER accept lists, and the precision
+ * fields of the PLAN layer and LAYER records. */
+static void test_fetch_prec(void **state)
+{
+    (void)state;
+    const kvedge_prec_t int8 = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT8, 0),
+                        int4 = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, 0),
+                        think = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, KVEDGE_PREC_THINK_50);
+    kvedge_wire_fetch_prec_t pr = {KVEDGE_QUALITY_PPL_PCT, 3, {int8, int4, think}, 0.5}, pb;
+    uint8_t pf[KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + KVEDGE_WIRE_MAX_ACCEPT + 1];
+    size_t plen = 0;
+    assert_int_equal(kvedge_wire_fetch_prec_pack(&pr, pf, &plen), 0);
+    assert_int_equal(plen, KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + 3);
+    assert_int_equal(pf[0], KVEDGE_QUALITY_PPL_PCT);
+    assert_int_equal(pf[1], 3);
+    assert_int_equal(pf[16], int8);
+    assert_int_equal(pf[18], think);
+    assert_int_equal(kvedge_wire_fetch_prec_parse(pf, plen, &pb), 0);
+    assert_true(pb.metric == pr.metric && pb.n == 3 && pb.budget == 0.5 &&
+                memcmp(pb.accept, pr.accept, 3) == 0);
+    assert_int_equal(kvedge_wire_fetch_prec_check(&pb), 0);
+    /* Structure: the length must be 16 + K, K <= 8, reserved bytes 0. */
+    assert_int_equal(kvedge_wire_fetch_prec_parse(pf, plen - 1, &pb), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_fetch_prec_parse(pf, plen + 1, &pb), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_fetch_prec_parse(pf, 15, &pb), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_wire_fetch_prec_parse(NULL, plen, &pb), KVEDGE_EPROTO);
+    for (int i = 2; i < 8; i++) {
+        uint8_t bad[sizeof pf];
+        memcpy(bad, pf, plen);
+        bad[i] = 1;
+        assert_int_equal(kvedge_wire_fetch_prec_parse(bad, plen, &pb), KVEDGE_EPROTO);
+    }
+    uint8_t nine[KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + 9] = {0};
+    nine[1] = 9;
+    assert_int_equal(kvedge_wire_fetch_prec_parse(nine, sizeof nine, &pb), KVEDGE_EPROTO);
+    pr.n = 9;
+    assert_int_equal(kvedge_wire_fetch_prec_pack(&pr, pf, &plen), KVEDGE_EINVAL);
+    pr.n = 3;
+    /* Meaning (the proxy answers KVEDGE_EINVAL): the list, the metric, the budget. */
+    kvedge_wire_fetch_prec_t c = pr;
+    c.n = 0; /* empty */
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), KVEDGE_EINVAL);
+    c = pr;
+    c.accept[1] = int8; /* contradictory: a rung twice */
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), KVEDGE_EINVAL);
+    c = pr;
+    c.accept[2] = 0x7F; /* unknown */
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), KVEDGE_EINVAL);
+    c = pr;
+    c.accept[0] = KVEDGE_PREC_STORED; /* not a rung */
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), KVEDGE_EINVAL);
+    c = pr;
+    c.metric = (kvedge_quality_metric_t)3;
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), KVEDGE_EINVAL);
+    double bad_budgets[] = {-0.1, 100.5, INFINITY, NAN};
+    for (size_t i = 0; i < sizeof bad_budgets / sizeof *bad_budgets; i++) {
+        c = pr;
+        c.budget = bad_budgets[i];
+        assert_int_equal(kvedge_wire_fetch_prec_check(&c), KVEDGE_EINVAL);
+    }
+    c = pr;
+    c.metric = KVEDGE_QUALITY_KL;
+    c.budget = 10.5; /* KL's bound is 10 nats */
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), KVEDGE_EINVAL);
+    c.budget = 10;
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), 0);
+    c.metric = KVEDGE_QUALITY_NONE; /* no budget: 0 only */
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), KVEDGE_EINVAL);
+    c.budget = 0;
+    assert_int_equal(kvedge_wire_fetch_prec_check(&c), 0);
+    /* Budgets as text (the CLI's --budget). */
+    kvedge_quality_metric_t qm = KVEDGE_QUALITY_NONE;
+    double qb = -1;
+    assert_int_equal(kvedge_quality_budget_parse("ppl:0.5", &qm, &qb), 0);
+    assert_true(qm == KVEDGE_QUALITY_PPL_PCT && qb == 0.5);
+    assert_int_equal(kvedge_quality_budget_parse("ppl:3%", &qm, &qb), 0);
+    assert_true(qm == KVEDGE_QUALITY_PPL_PCT && qb == 3);
+    assert_int_equal(kvedge_quality_budget_parse("kl:1e-4", &qm, &qb), 0);
+    assert_true(qm == KVEDGE_QUALITY_KL && qb == 1e-4);
+    const char *bad_text[] = {"",        "ppl",     "ppl:",   "ppl:-1",   "ppl:101",
+                              "kl:11",   "kl:nan",  "kl:inf", "ppl:0.5x", "kl:1%",
+                              "PPL:0.5", "mse:0.1", "ppl: 1", "ppl:+1",   "ppl:0.5%%"};
+    for (size_t i = 0; i < sizeof bad_text / sizeof *bad_text; i++) {
+        qm = KVEDGE_QUALITY_NONE;
+        qb = -1;
+        assert_int_equal(kvedge_quality_budget_parse(bad_text[i], &qm, &qb), KVEDGE_EINVAL);
+        assert_true(qm == KVEDGE_QUALITY_NONE && qb == -1); /* untouched */
+    }
+    assert_int_equal(kvedge_quality_budget_parse(NULL, &qm, &qb), KVEDGE_EINVAL);
+    assert_string_equal(kvedge_quality_metric_name(KVEDGE_QUALITY_KL), "kl");
+    assert_string_equal(kvedge_quality_metric_name((kvedge_quality_metric_t)9), "?");
+
+    /* Whole requests: f1 f2 [times] prec [mapped]. */
+    enum { N = 2 };
+    kvedge_wire_fetch_spec_t spec = {
+        .first_layer = 0, .layers = 3, .tokens = 512, .flags = KVEDGE_WIRE_FETCH_FLAG_PREC};
+    strcpy(spec.model_id, "edge-m");
+    uint8_t sb[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, sb), 0);
+    assert_int_equal(kvedge_wire_fetch_prec_pack(&pr, pf, &plen), 0);
+    uint8_t ids[N * KVEDGE_CHUNK_ID_BYTES] = {0}, times[3 * 8] = {0};
+    uint8_t mf[KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES + N * KVEDGE_CHUNK_ID_BYTES] = {0};
+    assert_int_equal(kvedge_wire_fetch_mapped_pack("cloud-m", mf), 0);
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_FETCH, 0, 9, 0, N, 8, 1000};
+    kvedge_wire_frame_t sf = {sb, sizeof sb}, idf = {ids, sizeof ids}, tf = {times, sizeof times},
+                        prf = {pf, plen}, mff = {mf, sizeof mf};
+    kvedge_wire_frame_t f[5] = {sf, idf, prf};
+    assert_int_equal(kvedge_wire_validate(&h, f, 3), 0);
+    assert_int_equal(kvedge_wire_validate(&h, f, 2), KVEDGE_EPROTO); /* PREC, no frame */
+    f[2] = tf;
+    f[3] = prf;
+    assert_int_equal(kvedge_wire_validate(&h, f, 4), 0); /* times, then prec */
+    f[2] = prf;
+    f[3] = tf;
+    assert_int_equal(kvedge_wire_validate(&h, f, 4), KVEDGE_EPROTO); /* the wrong order */
+    f[2] = (kvedge_wire_frame_t){pf, plen - 1};
+    assert_int_equal(kvedge_wire_validate(&h, f, 3), KVEDGE_EPROTO); /* a frame of bad size */
+    spec.flags = KVEDGE_WIRE_FETCH_FLAG_PREC | KVEDGE_WIRE_FETCH_FLAG_MAPPED;
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, sb), 0);
+    kvedge_wire_frame_t g[5] = {sf, idf, tf, prf, mff};
+    assert_int_equal(kvedge_wire_validate(&h, g, 5), 0);
+    g[2] = prf;
+    g[3] = mff;
+    assert_int_equal(kvedge_wire_validate(&h, g, 4), 0); /* no times */
+    g[2] = mff;
+    g[3] = prf;
+    assert_int_equal(kvedge_wire_validate(&h, g, 4), KVEDGE_EPROTO); /* mapped not last */
+    spec.flags = 0; /* without PREC the frame is one too many */
+    assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, sb), 0);
+    kvedge_wire_frame_t k[3] = {sf, idf, prf};
+    assert_int_equal(kvedge_wire_validate(&h, k, 3), KVEDGE_EPROTO);
+
+    /* Plan layer record: prec u8 | prec reason u8 where reserved u16 was. */
+    uint8_t rec[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+    kvedge_wire_fetch_plan_layer_t pl = {0, 1, 120.0, false, KVEDGE_WIRE_FETCH_OWN_LAYER, int4, 2},
+                                   plb;
+    kvedge_wire_fetch_plan_layer_pack(&pl, rec);
+    assert_int_equal(rec[6], int4);
+    assert_int_equal(rec[7], 2);
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(rec, sizeof rec, &plb), 0);
+    assert_true(plb.prec == int4 && plb.prec_reason == 2);
+    pl.prec = 0x7F; /* not a rung */
+    kvedge_wire_fetch_plan_layer_pack(&pl, rec);
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(rec, sizeof rec, &plb), KVEDGE_EPROTO);
+    pl = (kvedge_wire_fetch_plan_layer_t){-1, 5, 10.0, false, KVEDGE_WIRE_FETCH_OWN_LAYER, int8, 1};
+    kvedge_wire_fetch_plan_layer_pack(&pl, rec); /* a rung on a recomputed layer */
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(rec, sizeof rec, &plb), KVEDGE_EPROTO);
+    pl.prec = 0;
+    pl.prec_reason = 0;
+    kvedge_wire_fetch_plan_layer_pack(&pl, rec);
+    assert_int_equal(kvedge_wire_fetch_plan_layer_parse(rec, sizeof rec, &plb), 0);
+
+    /* LAYER record: prec u8 where the reserved u32 began. */
+    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED,        2,    0, 0, 12, 1,
+                                   KVEDGE_WIRE_FETCH_OWN_LAYER, think},
+                              lb;
+    uint8_t rl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(rl[20], think);
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), 0);
+    assert_int_equal(lb.prec, think);
+    rl[21] = 1; /* still reserved */
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), KVEDGE_EPROTO);
+    l.prec = 0x7F;
+    kvedge_wire_fetch_layer_pack(&l, rl);
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), KVEDGE_EPROTO);
+    l = (kvedge_wire_fetch_layer_t){KVEDGE_FETCH_MISS,           1,   -1, KVEDGE_ENOTFOUND, 0, 0,
+                                    KVEDGE_WIRE_FETCH_OWN_LAYER, int8};
+    kvedge_wire_fetch_layer_pack(&l, rl); /* a miss has no precision */
+    assert_int_equal(kvedge_wire_fetch_layer_parse(rl, sizeof rl, &lb), KVEDGE_EPROTO);
 }
 
 static void test_op_names(void **state)
@@ -711,12 +884,24 @@ static void test_frame_count(void **state)
         const t_case_t *c = &s_cases[i];
         t_msg_t *m = t_build(c, c->count);
         size_t n = m->n;
+        /* GET and GET_LAYER requests take an optional last frame: the accept list, 0 ... 8
+         * bytes (its meaning is the node's to check). */
+        bool accept = !c->reply && (c->op == KVEDGE_OP_GET || c->op == KVEDGE_OP_GET_LAYER);
         t_add(m, "x", 1, 1, 1);
-        T_EXPECT(c, "one frame more", t_validate(m), KVEDGE_EPROTO);
+        T_EXPECT(c, "one frame more", t_validate(m), accept ? 0 : KVEDGE_EPROTO);
         m->n = n;
         t_add(m, NULL, 0, 0, 0);
-        T_EXPECT(c, "one empty frame more", t_validate(m), KVEDGE_EPROTO);
+        T_EXPECT(c, "one empty frame more", t_validate(m), accept ? 0 : KVEDGE_EPROTO);
         m->n = n;
+        if (accept) {
+            t_add(m, "123456789", 9, 9, 9);
+            T_EXPECT(c, "an accept list over 8 bytes", t_validate(m), KVEDGE_EPROTO);
+            m->n = n;
+            t_add(m, "x", 1, 1, 1);
+            t_add(m, "x", 1, 1, 1);
+            T_EXPECT(c, "two frames more", t_validate(m), KVEDGE_EPROTO);
+            m->n = n;
+        }
         if (n > 0) {
             m->n = n - 1;
             T_EXPECT(c, "one frame less", t_validate(m), KVEDGE_EPROTO);
@@ -1515,6 +1700,7 @@ int main(void)
         cmocka_unit_test(test_op_names),
         cmocka_unit_test(test_fetch_messages),
         cmocka_unit_test(test_fetch_mapped),
+        cmocka_unit_test(test_fetch_prec),
         cmocka_unit_test(test_header_round_trip),
         cmocka_unit_test(test_header_errors),
         cmocka_unit_test(test_valid_messages),

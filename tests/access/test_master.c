@@ -245,6 +245,37 @@ static void test_records_roundtrip(void **state)
     assert_false(kvedge_master_dir_has(&d2, 5) || kvedge_master_dir_has(&d2, 12));
     buf[len - 1] |= 0x80; /* a bit past the last layer */
     assert_int_equal(kvedge_master_dir_parse(buf, len, &d2), KVEDGE_EPROTO);
+    /* The precisions it serves (rungs): none said serves anything; int8 held by a node that
+     * derives serves int8 and everything coarser, never lossless; without DERIVES only int8. */
+    const kvedge_prec_t lossless = KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, 0),
+                        int8 = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT8, 0),
+                        int4 = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, 0),
+                        int4t = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G128, KVEDGE_PREC_THINK_50);
+    assert_int_equal(kvedge_master_rung_bit(lossless), 0);
+    assert_int_equal(kvedge_master_rung_bit(int4t), 14);
+    assert_int_equal(kvedge_master_rung_bit(KVEDGE_PREC_STORED), -1);
+    assert_int_equal(kvedge_master_rung_bit(0x7F), -1);
+    d.rungs = 0;
+    assert_true(kvedge_master_dir_serves(&d, lossless) && kvedge_master_dir_serves(&d, int4t));
+    d.rungs = (uint16_t)(1u << kvedge_master_rung_bit(int8)) | KVEDGE_MASTER_DIR_DERIVES;
+    assert_int_equal(kvedge_master_dir_pack(&d, buf, &len), 0);
+    assert_int_equal(kvedge_master_dir_parse(buf, len, &d2), 0);
+    assert_int_equal(d2.rungs, d.rungs);
+    assert_true(kvedge_master_dir_serves(&d2, int8) && kvedge_master_dir_serves(&d2, int4) &&
+                kvedge_master_dir_serves(&d2, int4t));
+    assert_false(kvedge_master_dir_serves(&d2, lossless));
+    assert_false(kvedge_master_dir_serves(&d2, KVEDGE_PREC_STORED));
+    d.rungs &= (uint16_t)~KVEDGE_MASTER_DIR_DERIVES;
+    assert_true(kvedge_master_dir_serves(&d, int8));
+    assert_false(kvedge_master_dir_serves(&d, int4));
+    d.rungs = KVEDGE_MASTER_DIR_DERIVES; /* "derives" alone says nothing: refused both ways */
+    assert_int_equal(kvedge_master_dir_pack(&d, buf, &len), KVEDGE_EINVAL);
+    d.rungs = 1;
+    assert_int_equal(kvedge_master_dir_pack(&d, buf, &len), 0);
+    buf[6] = 0;
+    buf[7] = 0x80;
+    assert_int_equal(kvedge_master_dir_parse(buf, len, &d2), KVEDGE_EPROTO);
+    d.rungs = 0;
 
     kvedge_master_link_t l = {1200, 50000000, 7, false, 1700000000000ull}, l2;
     assert_int_equal(kvedge_master_link_pack(&l, buf, &len), 0);

@@ -526,7 +526,9 @@ static void test_plaintext_only_on_loopback(void **state)
                                n->engine,
                                NULL,
                                NULL,
-                               NULL};
+                               NULL,
+                               false,
+                               false};
     kvedge_server_t *s = NULL;
     char why[256];
     assert_int_equal(kvedge_server_start(&so, &s, why, sizeof why), KVEDGE_EDENIED);

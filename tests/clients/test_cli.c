@@ -925,6 +925,27 @@ static void test_e2e_usage(void **state)
     assert_int_equal(
         s_run("%s decode --weights %s --context-ids 5 --prompt-ids 7 --max-new 0", nowhere, S_TINY),
         2);
+    /* The cache optimizer's flags: a bad list or budget, a budget without a list. */
+    const char *bad_accept[] = {"int8,int8", "int9", "", "stored", "int8,,int4"};
+    for (size_t i = 0; i < sizeof bad_accept / sizeof *bad_accept; i++) {
+        assert_int_equal(s_run("%s decode --weights %s --context-ids 5 --prompt-ids 7 "
+                               "--accept '%s'",
+                               nowhere, S_TINY, bad_accept[i]),
+                         2);
+        assert_contains(s_errtext, "--accept");
+    }
+    const char *bad_budget[] = {"ppl:101", "kl:-1", "mse:1", "kl:nan", "ppl"};
+    for (size_t i = 0; i < sizeof bad_budget / sizeof *bad_budget; i++) {
+        assert_int_equal(s_run("%s decode --weights %s --context-ids 5 --prompt-ids 7 "
+                               "--accept int8 --budget '%s'",
+                               nowhere, S_TINY, bad_budget[i]),
+                         2);
+        assert_contains(s_errtext, "--budget");
+    }
+    assert_int_equal(s_run("%s decode --weights %s --context-ids 5 --prompt-ids 7 --budget kl:1e-4",
+                           nowhere, S_TINY),
+                     2);
+    assert_contains(s_errtext, "--budget needs --accept");
     /* Everything in order: only then the network, which is not there. */
     assert_int_equal(
         s_run("%s decode --weights %s --context-ids 5 --prompt-ids 7", nowhere, S_TINY), 5);
@@ -991,6 +1012,14 @@ static void test_e2e_node(void **state)
     assert_string_equal(a, b);
     assert_string_equal(a, c);
     assert_contains(s_out, "\"tokens_agree\":true");
+
+    /* The same context at int8, as the node derives it from the lossless blocks: the run
+     * completes (int8 K/V may change a greedy pick, so the tokens are not compared). */
+    assert_int_equal(s_run("-H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
+                           "--prompt-ids 10,20,30 --max-new 8 --accept int8",
+                           ep, S_TINY, ctx),
+                     0);
+    assert_contains(s_out, "\"fetched\":3");
 
     /* People's output: the table, and the same tokens. */
     assert_int_equal(s_run("-H %s decode --weights %s --context-ids %s --chunk-tokens 16 "

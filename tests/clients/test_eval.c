@@ -2,7 +2,8 @@
  * cloud node and edge proxy, two documents: lossless gives the reference's logits exactly,
  * int8 stays within a bound derived from the decoder's int8 tolerance, the per-layer profile
  * has one row per layer, the outputs parse, an unregistered model fails rather than being
- * recomputed, bad arguments are refused; and `kvedge eval` end to end. */
+ * recomputed, bad arguments are refused, the profile written as a quality profile
+ * (proxy/quality.h) loads back with the run's figures; and `kvedge eval` end to end. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +27,7 @@
 #include "clients/eval.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
+#include "proxy/quality.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
 
@@ -347,6 +349,165 @@ static void test_lossless_int8_profile(void **state)
     assert_null(r);
 }
 
+/* ---------------------------------------------------------------- the quality profile */
+
+/* The profile file of a one-document run (profiles int8 and int4-g32) loads back with the
+ * run's rows bit for bit; whole-model rows for the lossy ladder schemes. */
+static void test_profile_file(void **state)
+{
+    (void)state;
+    kvedge_eval_scheme_t sc[4], pr[2];
+    s_parse("lossless", &sc[0]);
+    s_parse("int8", &sc[1]);
+    s_parse("int4-g32", &sc[2]);
+    s_parse("fp16", &sc[3]); /* not a rung: no whole-model row */
+    s_parse("int8", &pr[0]);
+    s_parse("int4-g32", &pr[1]);
+    s_register("fp16");
+    kvedge_eval_opts_t o;
+    s_opts(&o, sc, 4, pr, 2);
+    o.max_docs = 1;
+    kvedge_eval_result_t *r = NULL;
+    int rc = kvedge_eval_run(&o, &r);
+    if (rc != KVEDGE_OK)
+        fail_msg("eval: %s", kvedge_strerror(rc));
+    assert_int_equal(r->n_docs, 1);
+
+    char path[200], why[512] = "";
+    snprintf(path, sizeof path, "%s/quality.json", s_w.root);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_OK);
+    assert_int_equal(fclose(f), 0);
+    kvedge_quality_profile_t *q = NULL;
+    rc = kvedge_quality_load(path, &q, why, sizeof why);
+    if (rc != KVEDGE_OK)
+        fail_msg("load: %s", why);
+    assert_string_equal(kvedge_quality_model(q), S_MODEL_ID);
+    assert_int_equal(kvedge_quality_layers(q), r->layers);
+    assert_int_equal(kvedge_quality_context_tokens(q), S_CTX);
+    assert_int_equal(kvedge_quality_continuation_tokens(q), S_CONT);
+    assert_int_equal(kvedge_quality_documents(q), 1);
+    assert_int_equal(kvedge_quality_n_rungs(q), 2);
+    const kvedge_prec_t rung[2] = {KVEDGE_PREC_INT8, KVEDGE_PREC_INT4_G32};
+    for (size_t p = 0; p < 2; p++) {
+        assert_int_equal(kvedge_quality_rung(q, p), rung[p]);
+        for (uint32_t l = 0; l < r->layers; l++) {
+            const kvedge_eval_row_t *x = &r->profile[p][l];
+            kvedge_quality_figures_t fg;
+            double ppl = -1, kl = -1;
+            assert_int_equal(kvedge_quality_figures(q, l, rung[p], &fg), KVEDGE_OK);
+            assert_true(fg.ppl_pct == x->ppl_rel * 100);
+            assert_true(fg.kl == x->kl);
+            assert_true(fg.agreement == x->agreement);
+            assert_int_equal(kvedge_quality_cost(q, l, rung[p], KVEDGE_QUALITY_PPL_PCT, &ppl),
+                             KVEDGE_OK);
+            assert_int_equal(kvedge_quality_cost(q, l, rung[p], KVEDGE_QUALITY_KL, &kl), KVEDGE_OK);
+            assert_true(ppl == (x->ppl_rel > 0 ? x->ppl_rel * 100 : 0));
+            assert_true(kl == x->kl);
+            printf("  layer %u %-8s ppl %+.5f%% (cost %.5f) KL %.3g agree %.4f\n", l,
+                   kvedge_prec_name(rung[p]), fg.ppl_pct, ppl, kl, fg.agreement);
+        }
+    }
+    double c;
+    assert_int_equal(kvedge_quality_cost(q, 0, KVEDGE_PREC_INT4_G64, KVEDGE_QUALITY_KL, &c),
+                     KVEDGE_ENOTFOUND);
+    /* Whole-model rows: int8 and int4-g32 (not lossless, not fp16). */
+    for (size_t i = 1; i < 3; i++) {
+        kvedge_quality_figures_t fg;
+        assert_int_equal(kvedge_quality_whole(q, rung[i - 1], &fg), KVEDGE_OK);
+        assert_string_equal(r->scheme[i].name, kvedge_prec_name(rung[i - 1]));
+        assert_true(fg.ppl_pct == r->scheme[i].ppl_rel * 100);
+        assert_true(fg.kl == r->scheme[i].kl);
+        assert_true(fg.agreement == r->scheme[i].agreement);
+    }
+    kvedge_quality_destroy(&q);
+
+    /* Refusals, before anything is written. */
+    char *buf = NULL;
+    size_t len = 0;
+    f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_int_equal(kvedge_eval_profile_write(f, r, ""), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_eval_profile_write(f, NULL, S_MODEL_ID), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_eval_profile_write(NULL, r, S_MODEL_ID), KVEDGE_EINVAL);
+    char long_id[KVEDGE_MODEL_ID_MAX_BYTES + 2];
+    memset(long_id, 'x', sizeof long_id - 1);
+    long_id[sizeof long_id - 1] = '\0';
+    assert_int_equal(kvedge_eval_profile_write(f, r, long_id), KVEDGE_EINVAL);
+    double saved = r->profile[1][0].kl;
+    r->profile[1][0].kl = NAN;
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_EINVAL);
+    r->profile[1][0].kl = saved;
+    char name[KVEDGE_EVAL_NAME_BYTES];
+    memcpy(name, r->profile[1][0].name, sizeof name);
+    snprintf(r->profile[1][0].name, sizeof name, "int4-g16"); /* not a rung */
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_EINVAL);
+    snprintf(r->profile[1][0].name, sizeof name, "int8"); /* the same rung twice */
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_EINVAL);
+    memcpy(r->profile[1][0].name, name, sizeof name);
+    size_t np = r->n_profiles;
+    r->n_profiles = 0;
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_EINVAL);
+    r->n_profiles = np;
+    fflush(f);
+    assert_int_equal(len, 0);
+    /* A model id that needs escaping round-trips. */
+    assert_int_equal(kvedge_eval_profile_write(f, r, "a\"b\\c\n"), KVEDGE_OK);
+    fclose(f);
+    assert_int_equal(kvedge_quality_parse(buf, len, &q, why, sizeof why), KVEDGE_OK);
+    assert_string_equal(kvedge_quality_model(q), "a\"b\\c\n");
+    kvedge_quality_destroy(&q);
+    free(buf);
+    kvedge_eval_result_destroy(&r);
+}
+
+/* Scheme to rung, and the ladder's profile list. */
+static void test_scheme_prec(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        kvedge_prec_t prec;
+    } good[] = {
+        {"lossless", KVEDGE_PREC_LOSSLESS},
+        {"int8", KVEDGE_PREC_INT8},
+        {"int4", KVEDGE_PREC_INT4_G32},
+        {"int4-g64", KVEDGE_PREC_INT4_G64},
+        {"int4-g128", KVEDGE_PREC_INT4_G128},
+        {"think-75", KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, KVEDGE_PREC_THINK_75)},
+        {"int4-g32+think-50", KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, KVEDGE_PREC_THINK_50)},
+        {"int8+think-75", KVEDGE_PREC_MAKE(KVEDGE_PREC_INT8, KVEDGE_PREC_THINK_75)},
+    };
+    kvedge_eval_scheme_t s;
+    kvedge_prec_t p;
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        s_parse(good[i].name, &s);
+        assert_int_equal(kvedge_eval_scheme_prec(&s, &p), KVEDGE_OK);
+        assert_int_equal(p, good[i].prec);
+    }
+    const char *bad[] = {"fp16",     "int4-g16",      "int4-g256",
+                         "think-60", "int8+think-25", "fp16+think-50"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        s_parse(bad[i], &s);
+        if (kvedge_eval_scheme_prec(&s, &p) != KVEDGE_EINVAL)
+            fail_msg("%s taken for a rung", bad[i]);
+    }
+    assert_int_equal(kvedge_eval_scheme_prec(NULL, &p), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_eval_scheme_prec(&s, NULL), KVEDGE_EINVAL);
+
+    kvedge_eval_scheme_t list[KVEDGE_EVAL_MAX_PROFILES];
+    size_t n = kvedge_eval_profiles_ladder(list, KVEDGE_EVAL_MAX_PROFILES);
+    assert_int_equal(n, 14);
+    bool seen[256] = {false};
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(kvedge_eval_scheme_prec(&list[i], &p), KVEDGE_OK);
+        assert_true(p != KVEDGE_PREC_LOSSLESS && !seen[p]);
+        seen[p] = true;
+    }
+    assert_int_equal(kvedge_eval_profiles_ladder(list, 3), 3);
+}
+
 /* ---------------------------------------------------------------- 2. refusals */
 
 /* A scheme whose model id the proxy never learns fails with ENOMODEL after the retry window:
@@ -594,6 +755,39 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "int8"));
     free(out);
 
+    /* --profile-out: the quality profile, loaded back; --profiles ladder measures 14 rungs. */
+    char qpath[300], why[512] = "";
+    snprintf(qpath, sizeof qpath, "%s/quality.json", plots);
+    ex = s_kvedge(NULL,
+                  "eval %s --ids %s --schemes lossless,int8 --profiles int8,int4 --docs 1 -q "
+                  "--model-id cli-model --profile-out %s",
+                  common, ids, qpath);
+    assert_int_equal(ex, 0);
+    kvedge_quality_profile_t *q = NULL;
+    if (kvedge_quality_load(qpath, &q, why, sizeof why) != KVEDGE_OK)
+        fail_msg("%s", why);
+    assert_string_equal(kvedge_quality_model(q), "cli-model");
+    assert_int_equal(kvedge_quality_layers(q), s_w.c->layers);
+    assert_int_equal(kvedge_quality_documents(q), 1);
+    assert_int_equal(kvedge_quality_n_rungs(q), 2);
+    assert_int_equal(kvedge_quality_rung(q, 1), KVEDGE_PREC_INT4_G32);
+    kvedge_quality_figures_t fg;
+    assert_int_equal(kvedge_quality_whole(q, KVEDGE_PREC_INT8, &fg), KVEDGE_OK);
+    kvedge_quality_destroy(&q);
+    char tmp[sizeof qpath + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", qpath);
+    assert_int_equal(access(tmp, F_OK), -1); /* renamed into place */
+    ex = s_kvedge(NULL,
+                  "eval %s --ids %s --schemes lossless --profiles ladder --docs 1 -q "
+                  "--profile-out %s",
+                  common, ids, qpath);
+    assert_int_equal(ex, 0);
+    if (kvedge_quality_load(qpath, &q, why, sizeof why) != KVEDGE_OK)
+        fail_msg("%s", why);
+    assert_int_equal(kvedge_quality_n_rungs(q), 14);
+    assert_string_equal(kvedge_quality_model(q), "kvedge-eval");
+    kvedge_quality_destroy(&q);
+
     /* Usage errors: exit 2, before anything starts. */
     const char *bad[] = {
         "eval --ids /dev/null",                          /* no weights */
@@ -607,6 +801,12 @@ static void test_cli(void **state)
         "eval --weights " S_WEIGHTS " --ids X --proxy ipc:///nowhere", /* without -H */
         "-H ipc:///nowhere eval --weights " S_WEIGHTS " --ids X",      /* without --proxy */
         "eval --weights " S_WEIGHTS " --ids X --plot-dir /nonexistent/dir",
+        "eval --weights " S_WEIGHTS " --ids X --profiles fp16 --profile-out /tmp/q.json",
+        "eval --weights " S_WEIGHTS " --ids X --profiles int8,int4-g16 --profile-out /tmp/q.json",
+        "eval --weights " S_WEIGHTS " --ids X --no-profile --profile-out /tmp/q.json",
+        "eval --weights " S_WEIGHTS " --ids X --profile-out /nonexistent/dir/q.json",
+        "eval --weights " S_WEIGHTS " --ids X --profile-out ''",
+        "eval --weights " S_WEIGHTS " --ids X --profiles ladder,int8",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         if ((ex = s_kvedge(NULL, "%s", bad[i])) != 2)
@@ -643,6 +843,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lossless_int8_profile),
+        cmocka_unit_test(test_profile_file),
+        cmocka_unit_test(test_scheme_prec),
         cmocka_unit_test(test_unknown_model_fails),
         cmocka_unit_test(test_scheme_names),
         cmocka_unit_test(test_bad_arguments),

@@ -127,7 +127,22 @@ static void s_check_fetch(const kvedge_wire_header_t *h, const kvedge_wire_frame
                   memcmp(back, f[0].data, sizeof back) == 0);
         /* MAPPED: the last frame is the mapped model's id and its chain of the same N. */
         bool mapped = (spec.flags & KVEDGE_WIRE_FETCH_FLAG_MAPPED) != 0;
-        s_require(n == 2 + (size_t)mapped || n == 3 + (size_t)mapped);
+        bool prec = (spec.flags & KVEDGE_WIRE_FETCH_FLAG_PREC) != 0;
+        size_t extra = (size_t)mapped + (size_t)prec;
+        s_require(n == 2 + extra || n == 3 + extra);
+        if (prec) {
+            /* PREC: the frame before the mapped one (or the last) parses and packs back; its
+             * meaning is checked without crashing, whatever it says. */
+            const kvedge_wire_frame_t *pf = &f[n - 1 - (size_t)mapped];
+            kvedge_wire_fetch_prec_t pr;
+            uint8_t pback[KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + KVEDGE_WIRE_MAX_ACCEPT];
+            size_t plen = 0;
+            s_require(kvedge_wire_fetch_prec_parse(pf->data, pf->len, &pr) == 0);
+            s_require(kvedge_wire_fetch_prec_pack(&pr, pback, &plen) == 0 && plen == pf->len &&
+                      memcmp(pback, pf->data, plen) == 0);
+            int rc = kvedge_wire_fetch_prec_check(&pr);
+            s_require(rc == 0 || rc == KVEDGE_EINVAL);
+        }
         if (mapped) {
             char mid[KVEDGE_WIRE_MODEL_ID_BYTES];
             const uint8_t *ids = NULL;
@@ -196,7 +211,11 @@ static void s_valid_records(const kvedge_wire_header_t *h, const kvedge_wire_fra
         }
         break;
     case KVEDGE_OP_GET:
-        if (!reply && n == 1) {
+        if (!reply && n == 2) { /* an accept list: the node checks it (and may refuse it) */
+            int rc = kvedge_prec_list_check(f[1].data, f[1].len);
+            s_require(f[1].len <= KVEDGE_WIRE_MAX_ACCEPT && (rc == 0 || rc == KVEDGE_EINVAL));
+        }
+        if (!reply && (n == 1 || n == 2)) {
             s_require(f[0].len == (size_t)h->count * KVEDGE_WIRE_KEY_BYTES);
             for (size_t i = 0; i < h->count; i++)
                 s_check_key(f[0].data + i * KVEDGE_WIRE_KEY_BYTES);
@@ -223,6 +242,10 @@ static void s_valid_records(const kvedge_wire_header_t *h, const kvedge_wire_fra
         }
         break;
     case KVEDGE_OP_GET_LAYER:
+        if (!reply && n == 2) {
+            int rc = kvedge_prec_list_check(f[1].data, f[1].len);
+            s_require(f[1].len <= KVEDGE_WIRE_MAX_ACCEPT && (rc == 0 || rc == KVEDGE_EINVAL));
+        }
         if (reply && (h->flags & KVEDGE_WIRE_FLAG_MORE)) {
             kvedge_wire_stream_hdr_t s;
             s_require(n >= 1 && kvedge_wire_stream_hdr_parse(f[0].data, f[0].len, &s) == 0);

@@ -153,6 +153,9 @@ int main(int argc, char **argv)
     }
     s_add(&m, keys, sizeof keys);
     s_write(dir, "req-get", &m);
+    static const uint8_t accept[] = {3, 2, 0x43}; /* int4-g32, int8, int4-g32+think-50 */
+    s_add(&m, accept, 2);
+    s_write(dir, "req-get-accept", &m);
     m = s_reply(KVEDGE_OP_GET, 3);
     uint8_t get_st[12];
     kvedge_le_put32(get_st, 0);
@@ -169,6 +172,8 @@ int main(int argc, char **argv)
     memcpy(gl + 4, ids, 2 * KVEDGE_CHUNK_ID_BYTES);
     s_add(&m, gl, sizeof gl);
     s_write(dir, "req-get_layer", &m);
+    s_add(&m, accept, sizeof accept);
+    s_write(dir, "req-get_layer-accept", &m);
     uint8_t sh[2][KVEDGE_WIRE_STREAM_HDR_BYTES];
     kvedge_wire_stream_hdr_t hit = {0, 0, 0}, miss = {1, 3, KVEDGE_ECORRUPT};
     kvedge_wire_stream_hdr_pack(&hit, sh[0]);
@@ -265,14 +270,31 @@ int main(int argc, char **argv)
     s_add(&m, ids, 2 * KVEDGE_CHUNK_ID_BYTES);
     s_add(&m, times, sizeof times);
     s_write(dir, "req-fetch", &m);
+    /* PREC: a precision frame after the times. */
+    static uint8_t prec_spec[KVEDGE_WIRE_FETCH_SPEC_BYTES];
+    static uint8_t prec_rec[KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + KVEDGE_WIRE_MAX_ACCEPT];
+    size_t prec_len = 0;
+    kvedge_wire_fetch_spec_t pspec = spec;
+    pspec.flags = KVEDGE_WIRE_FETCH_FLAG_PREC;
+    kvedge_wire_fetch_spec_pack(&pspec, prec_spec);
+    kvedge_wire_fetch_prec_t pr = {KVEDGE_QUALITY_PPL_PCT, 3, {1, 2, 3}, 0.5};
+    kvedge_wire_fetch_prec_pack(&pr, prec_rec, &prec_len);
+    m = s_request(KVEDGE_OP_FETCH, 2);
+    m.h.credit = 8;
+    s_add(&m, prec_spec, sizeof prec_spec);
+    s_add(&m, ids, 2 * KVEDGE_CHUNK_ID_BYTES);
+    s_add(&m, times, sizeof times);
+    s_add(&m, prec_rec, prec_len);
+    s_write(dir, "req-fetch-prec", &m);
     static uint8_t plan_rec[KVEDGE_WIRE_FETCH_PLAN_BYTES], src_rec[KVEDGE_WIRE_FETCH_SOURCE_BYTES],
         pl_rec[2 * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
     kvedge_wire_fetch_plan_t plan = {1, 2, 1, 10, 9, 20, 50, 30};
     kvedge_wire_fetch_plan_pack(&plan, plan_rec);
     kvedge_wire_fetch_source_t src = {"cloud1", 2, true, 40000.0f, 1.25e7};
     kvedge_wire_fetch_source_pack(&src, src_rec);
-    kvedge_wire_fetch_plan_layer_t pls[2] = {{-1, 4, 25000, false, KVEDGE_WIRE_FETCH_OWN_LAYER},
-                                             {0, 1, 60000, false, KVEDGE_WIRE_FETCH_OWN_LAYER}};
+    kvedge_wire_fetch_plan_layer_t pls[2] = {
+        {-1, 4, 25000, false, KVEDGE_WIRE_FETCH_OWN_LAYER, 0, 0},
+        {0, 1, 60000, false, KVEDGE_WIRE_FETCH_OWN_LAYER, 0, 0}};
     kvedge_wire_fetch_plan_layer_pack(&pls[0], pl_rec);
     kvedge_wire_fetch_plan_layer_pack(&pls[1], pl_rec + KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
     m = s_reply(KVEDGE_OP_FETCH, 1);
@@ -281,6 +303,18 @@ int main(int argc, char **argv)
     s_add(&m, src_rec, sizeof src_rec);
     s_add(&m, pl_rec, sizeof pl_rec);
     s_write(dir, "rep-fetch-plan", &m);
+    static uint8_t ppl_rec[2 * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+    kvedge_wire_fetch_plan_layer_t ppls[2] = {
+        {-1, 4, 25000, false, KVEDGE_WIRE_FETCH_OWN_LAYER, 0, 0},
+        {0, 1, 30000, false, KVEDGE_WIRE_FETCH_OWN_LAYER, 3, 2}};
+    kvedge_wire_fetch_plan_layer_pack(&ppls[0], ppl_rec);
+    kvedge_wire_fetch_plan_layer_pack(&ppls[1], ppl_rec + KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    m = s_reply(KVEDGE_OP_FETCH, 1);
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, plan_rec, sizeof plan_rec);
+    s_add(&m, src_rec, sizeof src_rec);
+    s_add(&m, ppl_rec, sizeof ppl_rec);
+    s_write(dir, "rep-fetch-plan-prec", &m);
     static uint8_t fb[KVEDGE_WIRE_FETCH_BLOCK_BYTES], fl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
     kvedge_wire_fetch_block_t b = {0, 1, 0, 0, 0};
     kvedge_wire_fetch_block_pack(&b, fb);
@@ -289,8 +323,8 @@ int main(int argc, char **argv)
     s_add(&m, fb, sizeof fb);
     s_add(&m, block, sizeof block);
     s_write(dir, "rep-fetch-block", &m);
-    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED,       1, 0, 0, 24, 1,
-                                   KVEDGE_WIRE_FETCH_OWN_LAYER};
+    kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED,        1, 0, 0, 24, 1,
+                                   KVEDGE_WIRE_FETCH_OWN_LAYER, 0};
     kvedge_wire_fetch_layer_pack(&l, fl);
     m = s_reply(KVEDGE_OP_FETCH, 1);
     m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
@@ -324,8 +358,8 @@ int main(int argc, char **argv)
     s_add(&m, mapped, sizeof mapped);
     s_write(dir, "req-fetch-mapped-notimes", &m);
     static uint8_t mpl_rec[2 * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
-    kvedge_wire_fetch_plan_layer_t mpls[2] = {{0, 1, 30000, true, 3},
-                                              {-1, 6, 1e300, false, KVEDGE_WIRE_FETCH_OWN_LAYER}};
+    kvedge_wire_fetch_plan_layer_t mpls[2] = {
+        {0, 1, 30000, true, 3, 0, 0}, {-1, 6, 1e300, false, KVEDGE_WIRE_FETCH_OWN_LAYER, 0, 0}};
     kvedge_wire_fetch_plan_layer_pack(&mpls[0], mpl_rec);
     kvedge_wire_fetch_plan_layer_pack(&mpls[1], mpl_rec + KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
     m = s_reply(KVEDGE_OP_FETCH, 1);
@@ -335,7 +369,7 @@ int main(int argc, char **argv)
     s_add(&m, mpl_rec, sizeof mpl_rec);
     s_write(dir, "rep-fetch-plan-mapped", &m);
     static uint8_t mfl[KVEDGE_WIRE_FETCH_LAYER_BYTES];
-    kvedge_wire_fetch_layer_t ml = {KVEDGE_FETCH_PLANNED, 0, 0, 0, 12, 1, 3};
+    kvedge_wire_fetch_layer_t ml = {KVEDGE_FETCH_PLANNED, 0, 0, 0, 12, 1, 3, 0};
     kvedge_wire_fetch_layer_pack(&ml, mfl);
     m = s_reply(KVEDGE_OP_FETCH, 1);
     m.h.flags |= KVEDGE_WIRE_FLAG_MORE;

@@ -241,7 +241,13 @@ static void s_fetch(s_fx_t *fx, const char *ep, s_result_t *r)
     o.deadline_ms = 5000;
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
-    kvedge_fetch_req_t req = {S_MODEL, &fx->id, 1, 0, 1, S_TOKENS, NULL, NULL, 5000, NULL, NULL};
+    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+                              .chunks = &fx->id,
+                              .n = 1,
+                              .first_layer = 0,
+                              .layers = 1,
+                              .tokens = S_TOKENS,
+                              .deadline_ms = 5000};
     kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
     assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), KVEDGE_OK);
     pthread_mutex_lock(&r->mu);

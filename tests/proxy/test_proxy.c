@@ -625,6 +625,10 @@ static void test_partial_layer_not_held(void **state)
         assert_int_equal(kvedge_mview_dir(view, "edgeA", &s_ctx.ids[c], &d), 0);
         for (unsigned l = 0; l < S_LAYERS; l++)
             assert_int_equal(kvedge_master_dir_has(&d, l), l != partial);
+        /* The precisions it serves: its blocks are int8, and it derives coarser rungs. */
+        assert_int_equal(d.rungs,
+                         (1u << kvedge_master_rung_bit(KVEDGE_PREC_MAKE(KVEDGE_PREC_INT8, 0))) |
+                             KVEDGE_MASTER_DIR_DERIVES);
     }
 
     kvedge_proxy_source_t src[2];
@@ -656,6 +660,36 @@ static void test_partial_layer_not_held(void **state)
     assert_true(from_peer >= 1);                        /* the peer is a planned source ... */
     assert_int_equal(r.plan.layer[partial].source, ci); /* ... but not of its partial layer */
     assert_string_equal(r.layer[partial].source_name, "cloud1");
+
+    /* A request that accepts only lossless: the directory says neither node can serve it (both
+     * hold int8, and lossless derives from nothing else), so no layer is even asked for. */
+    kvedge_client_t *lc = s_client(pep, 20000);
+    const kvedge_prec_t lossless = KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, 0);
+    kvedge_fetch_req_t lreq = {.model_id = S_MODEL,
+                               .chunks = s_ctx.ids,
+                               .n = S_CHUNKS,
+                               .layers = S_LAYERS,
+                               .tokens = S_CHUNKS * S_TOKENS,
+                               .deadline_ms = 20000,
+                               .accept = &lossless,
+                               .n_accept = 1};
+    memset(&r, 0, sizeof r);
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    kvedge_fetch_cbs_t lcbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
+    assert_int_equal(kvedge_client_fetch_async(lc, &lreq, &lcbs, &r), 0);
+    pthread_mutex_lock(&r.mu);
+    while (!r.done)
+        pthread_cond_wait(&r.cv, &r.mu);
+    pthread_mutex_unlock(&r.mu);
+    kvedge_client_destroy(&lc);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.blocks, 0);
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        assert_int_equal(r.plan.layer[l].source, -1);
+        assert_int_equal(r.layer[l].status, KVEDGE_ENOTFOUND);
+        assert_int_equal(r.layer[l].attempts, 0);
+    }
 
     /* The missing heads arrive: the chunk is whole, and so is its layer in the directory. */
     s_put(peer.ep, partial, partial + 1, false);

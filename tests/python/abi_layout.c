@@ -118,6 +118,10 @@ int main(void)
     F(T, "kvedge_fetch_req_t", deadline_ms);
     F(T, "kvedge_fetch_req_t", mapped_model_id);
     F(T, "kvedge_fetch_req_t", mapped_chunks);
+    F(T, "kvedge_fetch_req_t", accept);
+    F(T, "kvedge_fetch_req_t", n_accept);
+    F(T, "kvedge_fetch_req_t", quality_metric);
+    F(T, "kvedge_fetch_req_t", quality_budget);
 #undef T
 
 #define T kvedge_fetch_source_t
@@ -135,6 +139,8 @@ int main(void)
     F(T, "kvedge_fetch_plan_t.layer", reason);
     F(T, "kvedge_fetch_plan_t.layer", cost_us);
     F(T, "kvedge_fetch_plan_t.layer", from_layer);
+    F(T, "kvedge_fetch_plan_t.layer", prec);
+    F(T, "kvedge_fetch_plan_t.layer", prec_reason);
 #undef T
 
 #define T kvedge_fetch_plan_t
@@ -161,6 +167,7 @@ int main(void)
     F(T, "kvedge_fetch_layer_t", blocks);
     F(T, "kvedge_fetch_layer_t", attempts);
     F(T, "kvedge_fetch_layer_t", from_layer);
+    F(T, "kvedge_fetch_layer_t", prec);
 #undef T
 
 #define T kvedge_fetch_cbs_t
@@ -209,6 +216,10 @@ int main(void)
     F(T, "kvedge_pipeline_opts_t", mapped_chunks);
     F(T, "kvedge_pipeline_opts_t", adapt);
     F(T, "kvedge_pipeline_opts_t", adapt_arg);
+    F(T, "kvedge_pipeline_opts_t", accept);
+    F(T, "kvedge_pipeline_opts_t", n_accept);
+    F(T, "kvedge_pipeline_opts_t", quality_metric);
+    F(T, "kvedge_pipeline_opts_t", quality_budget);
 #undef T
 
 #define T kvedge_pipeline_layer_stats_t

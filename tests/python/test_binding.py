@@ -148,6 +148,28 @@ class ClientTest(Cluster):
         with self.assertRaises(kvedge.Error):
             self.node.fetch(self.chain, model=MODEL)
 
+    def test_fetch_precisions(self):
+        # The cache optimizer: the node holds lossless and derives what is asked; without a
+        # budget the proxy picks the fastest accepted precision, and the blocks come at it.
+        r = self.proxy.fetch(self.chain, model=MODEL, blocks=True, accept=["int8", "int4-g32"])
+        self.assertEqual(r["status"], 0)
+        for x, p in zip(r["layers"][1:], r["plan"]["layers"][1:]):
+            self.assertEqual(x["status"], 0)
+            self.assertIn(p["prec"], ("int8", "int4-g32"))
+            self.assertEqual(x["prec"], p["prec"])
+        self.assertIsNone(r["plan"]["layers"][0]["prec"])  # nobody has layer 0
+        # lossless only: as stored, never quantized
+        r = self.proxy.fetch(self.chain, model=MODEL, accept="lossless")
+        self.assertEqual([x["prec"] for x in r["layers"][1:]], ["lossless"] * 3)
+        for bad in ("int8,int8", "int9", "", ["int8", 8]):
+            with self.assertRaises((ValueError, TypeError)):
+                self.proxy.fetch(self.chain, model=MODEL, accept=bad)
+        for bad in ("kl:-1", "ppl:101", "x:1", 3):
+            with self.assertRaises((ValueError, TypeError)):
+                self.proxy.fetch(self.chain, model=MODEL, accept="int8", budget=bad)
+        with self.assertRaises(ValueError):
+            self.proxy.fetch(self.chain, model=MODEL, budget="kl:1e-4")
+
 
     def test_concurrent_fetches(self):
         """FETCH callbacks take the GIL on the client's I/O thread while other threads wait in

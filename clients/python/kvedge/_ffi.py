@@ -83,7 +83,8 @@ class FetchReq(Structure):
                 ("first_layer", c_uint16), ("layers", c_uint16), ("tokens", c_uint32),
                 ("compute_us", POINTER(c_float)), ("recompute_us", POINTER(c_float)),
                 ("deadline_ms", c_int), ("mapped_model_id", c_char_p),
-                ("mapped_chunks", POINTER(ChunkId))]
+                ("mapped_chunks", POINTER(ChunkId)), ("accept", POINTER(c_uint8)),
+                ("n_accept", c_size_t), ("quality_metric", c_int), ("quality_budget", c_double)]
 
 
 class FetchSource(Structure):
@@ -93,7 +94,7 @@ class FetchSource(Structure):
 
 class PlanLayer(Structure):
     _fields_ = [("source", c_int), ("reason", c_int), ("cost_us", c_double),
-                ("from_layer", c_int)]
+                ("from_layer", c_int), ("prec", c_int), ("prec_reason", c_int)]
 
 
 class FetchPlan(Structure):
@@ -107,7 +108,7 @@ class FetchPlan(Structure):
 class FetchLayer(Structure):
     _fields_ = [("layer", c_uint16), ("source", c_int), ("source_name", c_char_p),
                 ("reason", c_int), ("status", c_int), ("blocks", c_uint32),
-                ("attempts", c_uint32), ("from_layer", c_int)]
+                ("attempts", c_uint32), ("from_layer", c_int), ("prec", c_int)]
 
 
 ON_PLAN = CFUNCTYPE(None, c_void_p, POINTER(FetchPlan))
@@ -138,7 +139,8 @@ class PipelineOpts(Structure):
                 ("compute_us", POINTER(c_float)), ("recompute_us", POINTER(c_float)),
                 ("deadline_ms", c_int), ("mapped_model", POINTER(Model)),
                 ("mapped_chunks", POINTER(ChunkId)), ("adapt", c_void_p),
-                ("adapt_arg", c_void_p)]
+                ("adapt_arg", c_void_p), ("accept", POINTER(c_uint8)), ("n_accept", c_size_t),
+                ("quality_metric", c_int), ("quality_budget", c_double)]
 
 
 class PipelineLayerStats(Structure):
@@ -284,4 +286,10 @@ kvedge_block_check = _fn("kvedge_block_check", c_int, c_void_p, c_size_t, P(Bloc
 kvedge_block_decode = _fn("kvedge_block_decode", c_int, P(BlockInfo), c_int, c_void_p, c_void_p)
 kvedge_fetch_reason_name = _fn("kvedge_fetch_reason_name", c_char_p, c_int)
 kvedge_plan_reason_name = _fn("kvedge_plan_reason_name", c_char_p, c_int)
+kvedge_plan_prec_reason_name = _fn("kvedge_plan_prec_reason_name", c_char_p, c_int)
+kvedge_prec_name = _fn("kvedge_prec_name", c_char_p, c_uint8)
+kvedge_prec_list_parse = _fn("kvedge_prec_list_parse", c_int, c_char_p, P(c_uint8), c_size_t,
+                             P(c_size_t))
+kvedge_quality_budget_parse = _fn("kvedge_quality_budget_parse", c_int, c_char_p, P(c_int),
+                                  P(c_double))
 kvedge_plan_kind_name = _fn("kvedge_plan_kind_name", c_char_p, c_int)

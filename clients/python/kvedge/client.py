@@ -11,7 +11,8 @@ import operator
 import threading
 import weakref
 from contextlib import contextmanager
-from ctypes import byref, c_bool, c_double, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import (byref, c_bool, c_double, c_float, c_int, c_size_t, c_uint8, c_uint32,
+                    c_uint64, c_void_p)
 
 from . import _ffi
 from .errors import CODES, UseAfterClose, check, error
@@ -285,7 +286,8 @@ def _on_layer(ctx, lp):
             "layer": l.layer, "source": l.source,
             "source_name": (l.source_name or b"").decode(errors="replace"),
             "reason": _ffi.kvedge_fetch_reason_name(l.reason).decode(), "status": l.status,
-            "blocks": l.blocks, "attempts": l.attempts, "from_layer": l.from_layer})
+            "blocks": l.blocks, "attempts": l.attempts, "from_layer": l.from_layer,
+            "prec": _prec_name(l.prec)})
 
 
 def _on_done(ctx, status):
@@ -301,6 +303,42 @@ _CBS_NO_BLOCKS = _ffi.FetchCbs(_THUNKS[0], _ffi.ON_BLOCK(), _THUNKS[2], _THUNKS[
 _CBS_BLOCKS = _ffi.FetchCbs(*_THUNKS)
 
 
+def _prec_name(rung):
+    """A precision rung's name ("int8", "int4-g32+think-50"), None for 0 (none chosen)."""
+    return _ffi.kvedge_prec_name(rung).decode() if rung else None
+
+
+def _accept_arg(accept):
+    """An accept list: "int8,int4-g32" or a sequence of names, best first -> (array, n)."""
+    if accept is None:
+        return None, 0
+    if not isinstance(accept, str):
+        if isinstance(accept, bytes) or not hasattr(accept, "__iter__"):
+            raise TypeError("accept must be a str or a sequence of precision names")
+        names = list(accept)
+        if not all(isinstance(x, str) for x in names):
+            raise TypeError("accept must name precisions as str")
+        accept = ",".join(names)
+    out = (c_uint8 * 8)()
+    n = c_size_t(0)
+    if _ffi.kvedge_prec_list_parse(accept.encode(), out, 8, byref(n)) != 0:
+        raise ValueError(f"accept {accept!r}: 1 to 8 distinct precisions, best first "
+                         "(lossless, int8, int4-g32/64/128, each optionally +think-75/+think-50)")
+    return out, n.value
+
+
+def _budget_arg(budget):
+    """A quality budget "kl:2e-5" / "ppl:0.5" / "none" -> (metric, value)."""
+    if budget is None:
+        return 0, 0.0
+    if not isinstance(budget, str):
+        raise TypeError("budget must be a str such as 'kl:2e-5' or 'ppl:0.5'")
+    metric, value = c_int(0), c_double(0)
+    if _ffi.kvedge_quality_budget_parse(budget.encode(), byref(metric), byref(value)) != 0:
+        raise ValueError(f"budget {budget!r}: ppl:PCT (0 to 100), kl:NATS (0 to 10) or none")
+    return metric.value, value.value
+
+
 def plan_to_dict(p):
     """A kvedge_fetch_plan_t as a dict (sources, per-layer choices, the priced totals)."""
     ns = min(p.nsources, _ffi.FETCH_MAX_SOURCES)
@@ -313,7 +351,9 @@ def plan_to_dict(p):
         name = sources[l.source]["name"] if 0 <= l.source < ns else "local"
         layers.append({"source": l.source, "source_name": name,
                        "reason": _ffi.kvedge_plan_reason_name(l.reason).decode(),
-                       "cost_us": l.cost_us, "from_layer": l.from_layer})
+                       "cost_us": l.cost_us, "from_layer": l.from_layer,
+                       "prec": _prec_name(l.prec),
+                       "prec_reason": _ffi.kvedge_plan_prec_reason_name(l.prec_reason).decode()})
     return {"sources": sources, "layers": layers, "split": p.split, "total_us": p.total_us,
             "bound_us": p.bound_us, "cloud_only_us": p.cloud_only_us,
             "recompute_all_us": p.recompute_all_us,
@@ -646,11 +686,14 @@ class Client:
         return list(changed)
 
     def fetch(self, chain, model=None, first_layer=0, layers=None, compute_us=None,
-              recompute_us=None, deadline_ms=0, blocks=False):
+              recompute_us=None, deadline_ms=0, blocks=False, accept=None, budget=None):
         """A planned FETCH through an edge proxy (this client must be connected to one).
         Returns {"status", "plan" (dict or None), "layers" (one record per layer, in order),
         "blocks" (with blocks=True: every block's bytes)}. A layer nobody delivered has status
-        KVEDGE_ENOTFOUND (-3) in its record; a failed stream raises its error."""
+        KVEDGE_ENOTFOUND (-3) in its record; a failed stream raises its error.
+        The cache optimizer: accept ("int8,int4-g32" or a list of names, best first) lets the
+        proxy choose each layer's precision, under budget ("kl:2e-5", "ppl:0.5"; needs
+        accept); the plan's layers and the records then say the precision ("prec")."""
         model_id = chain.model_id if model is None and isinstance(chain, Chain) else None
         m = None
         if model is not None:
@@ -677,6 +720,12 @@ class Client:
         req.tokens = chain.tokens if isinstance(chain, Chain) else 0
         req.compute_us, req.recompute_us = cu, ru
         req.deadline_ms = dl
+        acc, nacc = _accept_arg(accept)
+        metric, value = _budget_arg(budget)
+        if acc is None and metric:
+            raise ValueError("budget needs accept: the precisions it may choose among")
+        req.accept, req.n_accept = acc, nacc
+        req.quality_metric, req.quality_budget = metric, value
         if not isinstance(blocks, bool):
             raise TypeError("blocks must be a bool")
         st = _FetchState(blocks)
