@@ -49,6 +49,7 @@
 #include "bench/bench_common.h"
 #include "clients/decoder/decoder.h"
 #include "clients/e2e.h"
+#include "clients/eval.h"
 #include "clients/pipeline.h"
 #include "proxy/proxy.h"
 #include "proxy/quality.h"
@@ -478,22 +479,6 @@ static s_ref_t s_refs[S_MAX_DOCS];
 static double s_ref_nll;
 static uint64_t s_ref_n;
 
-static double s_lse(const float *x, uint32_t n, int32_t *argmax)
-{
-    float m = x[0];
-    uint32_t at = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > m) {
-            m = x[i];
-            at = i;
-        }
-    double sum = 0;
-    for (uint32_t i = 0; i < n; i++)
-        sum += exp((double)x[i] - m);
-    *argmax = (int32_t)at;
-    return (double)m + log(sum);
-}
-
 /* Teacher-forced continuation of document d over the provider's context; ref NULL: the
  * reference run, kept in s_refs[d]; else scored into m. */
 static void s_session(kvedge_decoder_session_t *sess, size_t d, s_prov_t *prov, s_meas_t *m,
@@ -509,7 +494,7 @@ static void s_session(kvedge_decoder_session_t *sess, size_t d, s_prov_t *prov, 
                         : kvedge_decoder_session_step(sess, cont[i], out);
         s_check(rc, "teacher-forced session");
         int32_t arg;
-        double lse = s_lse(out, V, &arg), nll = lse - out[cont[i + 1]];
+        double lse = kvedge_eval_lse(out, V, &arg), nll = lse - out[cont[i + 1]];
         if (!m) {
             ref->lse[i] = lse;
             ref->arg[i] = arg;

@@ -253,30 +253,12 @@ typedef struct {
     const float **lk, **lv; /* [layers]: a provider's source per layer */
 } s_eval_t;
 
-/* log(sum(exp(x))) in double, and the arg-max (lowest id on a tie). */
-static double s_lse(const float *x, uint32_t n, int32_t *argmax)
-{
-    float m = x[0];
-    uint32_t at = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > m) {
-            m = x[i];
-            at = i;
-        }
-    double sum = 0;
-    for (uint32_t i = 0; i < n; i++)
-        sum += exp((double)x[i] - m);
-    if (argmax)
-        *argmax = (int32_t)at;
-    return (double)m + log(sum);
-}
-
 /* Position i of a document: the reference's log-softmax is ref[i] - ref_lse[i]. */
 static void s_score(s_eval_t *e, uint32_t i, const float *x, int32_t target, s_acc_t *a)
 {
     const uint32_t V = e->c->vocab;
     int32_t arg;
-    double lse = s_lse(x, V, &arg);
+    double lse = kvedge_eval_lse(x, V, &arg);
     a->nll += lse - x[target];
     a->n++;
     const float *r = e->ref + (size_t)i * V;
@@ -330,7 +312,7 @@ static int s_session(s_eval_t *e, const int32_t *doc, kvedge_decoder_kv_fn prov,
         if (acc) {
             s_score(e, i, x, cont[i + 1], acc);
         } else {
-            e->ref_lse[i] = s_lse(x, V, &e->ref_arg[i]);
+            e->ref_lse[i] = kvedge_eval_lse(x, V, &e->ref_arg[i]);
             e->ref_acc.nll += e->ref_lse[i] - x[cont[i + 1]];
             e->ref_acc.n++;
             e->ref_acc.agree++;
@@ -1009,4 +991,21 @@ int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char
     }
     fprintf(f, "%s]\n}\n", first ? "" : "\n  ");
     return ferror(f) || fflush(f) != 0 ? KVEDGE_EIO : KVEDGE_OK;
+}
+
+double kvedge_eval_lse(const float *x, uint32_t n, int32_t *argmax)
+{
+    float m = x[0];
+    uint32_t at = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > m) {
+            m = x[i];
+            at = i;
+        }
+    double sum = 0;
+    for (uint32_t i = 0; i < n; i++)
+        sum += exp((double)x[i] - m);
+    if (argmax)
+        *argmax = (int32_t)at;
+    return (double)m + log(sum);
 }

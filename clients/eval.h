@@ -202,6 +202,11 @@ void kvedge_eval_print_layers_dat(FILE *f, const kvedge_eval_result_t *r);
  * (kvedge_eval_scheme_prec), a figure that is not finite), KVEDGE_EIO (the write failed). */
 int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char *model_id);
 
+/* log(sum(exp(x[0..n)))) in double (n >= 1), and the arg-max (the lowest id on a tie, as the
+ * decoder's greedy pick) when argmax is not NULL: the scoring of a continuation's logits that
+ * eval, lseval and the cache optimizer's benchmark share. */
+double kvedge_eval_lse(const float *x, uint32_t n, int32_t *argmax);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clients/eval.h"
 #include "store/error.h"
 
 static double s_now_s(void)
@@ -187,23 +188,6 @@ typedef struct {
     s_acc_t acc[KVEDGE_LSEVAL_MAX_ROWS];
 } s_ls_t;
 
-/* log(sum(exp(x))) in double, and the arg-max (lowest id on a tie, as the decoder's pick). */
-static double s_lse(const float *x, uint32_t n, int32_t *argmax)
-{
-    float m = x[0];
-    uint32_t at = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > m) {
-            m = x[i];
-            at = i;
-        }
-    double sum = 0;
-    for (uint32_t i = 0; i < n; i++)
-        sum += exp((double)x[i] - m);
-    *argmax = (int32_t)at;
-    return (double)m + log(sum);
-}
-
 static int s_provider(void *arg, uint32_t layer, float *k, float *v)
 {
     const s_src_t *s = arg;
@@ -221,7 +205,7 @@ static void s_score(s_ls_t *e, size_t r, uint32_t i, const float *x, int32_t tar
     const uint32_t V = e->V;
     s_acc_t *a = &e->acc[r];
     int32_t arg;
-    double lse = s_lse(x, V, &arg);
+    double lse = kvedge_eval_lse(x, V, &arg);
     a->nll += lse - x[target];
     a->n++;
     if (r == 0) {

@@ -421,16 +421,7 @@ int kvedge_engine_prepare_variant(kvedge_engine_t *e, const kvedge_block_key_t *
         rc = KVEDGE_EFULL; /* never evicts: preparing must not push anything out */
         goto out;
     }
-    uint8_t head[S_VARIANT_HEAD_BYTES];
-    kvedge_le_put64(head, m.checksum);
-    const char *keys[1] = {(const char *)vk};
-    size_t key_sizes[1] = {sizeof vk};
-    const char *parts[2] = {(const char *)head, (const char *)nb};
-    size_t part_sizes[2] = {sizeof head, nlen};
-    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-    rocksdb_writebatch_putv_cf(b, e->cf[S_CF_VARIANTS], 1, keys, key_sizes, 2, parts, part_sizes);
-    rc = s_write(e, b);
-    rocksdb_writebatch_destroy(b);
+    rc = s_variant_write(e, vk, m.checksum, nb, nlen);
     if (rc != KVEDGE_OK) {
         s_sub(&e->used, (uint64_t)delta);
         goto out;

@@ -257,6 +257,24 @@ typedef struct {
     uint64_t bytes; /* their block bytes, as variant_bytes counts them */
 } kvedge_engine_vset_t;
 
+/* Writes the variant record at vk: the primary's checksum (what binds the variant to it) and
+ * the block, in one put. 0 or the write's error. */
+static inline int s_variant_write(kvedge_engine_t *e, const uint8_t vk[S_VARIANT_KEY_BYTES],
+                                  uint64_t primary_checksum, const uint8_t *block, size_t len)
+{
+    uint8_t head[S_VARIANT_HEAD_BYTES];
+    kvedge_le_put64(head, primary_checksum);
+    const char *keys[1] = {(const char *)vk};
+    size_t key_sizes[1] = {S_VARIANT_KEY_BYTES};
+    const char *parts[2] = {(const char *)head, (const char *)block};
+    size_t part_sizes[2] = {sizeof head, len};
+    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+    rocksdb_writebatch_putv_cf(b, e->cf[S_CF_VARIANTS], 1, keys, key_sizes, 2, parts, part_sizes);
+    int rc = s_write(e, b);
+    rocksdb_writebatch_destroy(b);
+    return rc;
+}
+
 /* Block bytes a variant record of vlen bytes counts for. */
 static inline uint64_t s_variant_bytes(size_t vlen)
 {

@@ -452,16 +452,7 @@ int kvedge_engine_put_variant(kvedge_engine_t *e, const kvedge_block_key_t *key,
         }
         exhausted = erc == KVEDGE_EFULL && freed == 0;
     }
-    uint8_t head[S_VARIANT_HEAD_BYTES];
-    kvedge_le_put64(head, m.checksum);
-    const char *vk_list[1] = {(const char *)vk};
-    size_t vk_sizes[1] = {sizeof vk};
-    const char *parts[2] = {(const char *)head, (const char *)block};
-    size_t part_sizes[2] = {sizeof head, len};
-    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
-    rocksdb_writebatch_putv_cf(b, e->cf[S_CF_VARIANTS], 1, vk_list, vk_sizes, 2, parts, part_sizes);
-    rc = s_write(e, b);
-    rocksdb_writebatch_destroy(b);
+    rc = s_variant_write(e, vk, m.checksum, block, len);
     if (rc != KVEDGE_OK) {
         s_sub(&e->used, (uint64_t)delta); /* give the reservation back */
         goto out;
