@@ -235,9 +235,11 @@ static int s_build(kvedge_quality_profile_t *p, const cJSON *root, const char *o
     snprintf(p->model, sizeof p->model, "%s", m->valuestring);
     uint64_t layers;
     const cJSON *lj = cJSON_GetObjectItemCaseSensitive(root, "layers");
-    if (!s_int(lj, INFINITY, &layers) || layers == 0)
-        return kvedge_why(why, why_len, KVEDGE_EINVAL, "%s: \"layers\" must be a whole number >= 1",
-                          origin);
+    /* Bounded below 2^53 before the conversion: a larger double does not fit a uint64_t (and
+     * anything past KVEDGE_QUALITY_MAX_LAYERS is refused as too big just below). */
+    if (!s_int(lj, 9007199254740992.0, &layers) || layers == 0)
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "%s: \"layers\" must be a whole number 1 .. 2^53", origin);
     if (layers > KVEDGE_QUALITY_MAX_LAYERS)
         return kvedge_why(why, why_len, KVEDGE_ETOOBIG, "%s: %llu layers, at most %d", origin,
                           (unsigned long long)layers, KVEDGE_QUALITY_MAX_LAYERS);
