@@ -712,6 +712,90 @@ static void test_quantized_within_bounds(void **state)
     s_env_stop(&e);
 }
 
+/* The cache optimizer end to end: the context stored lossless fp32, a decode that accepts
+ * only int8 gets every layer at int8 (the node derives it), its logits within int8's bound
+ * and not bit-identical (the int8 K/V was used); the plan and both printouts say the
+ * precision of each layer. A decode without an accept list gets the lossless blocks. */
+static void test_precision_accept(void **state)
+{
+    (void)state;
+    s_env_t e;
+    s_env_start(&e);
+    s_node_t cloud;
+    s_node_start(&cloud, &e, "cloudp", KVEDGE_ROLE_CLOUD, false);
+    kvedge_e2e_quant_t q;
+    s_quant(&q, KVEDGE_SCHEME_LOSSLESS, KVEDGE_DTYPE_FP32, false);
+    kvedge_e2e_prefill_stats_t st;
+    s_prefill(cloud.ep, &q, &st);
+    char spec[400], pep[300];
+    snprintf(spec, sizeof spec, "cloud cloudp %s", cloud.ep);
+    const char *specs[] = {spec};
+    kvedge_proxy_t *p = s_proxy(&e, "proxy-prec", specs, 1, 1, pep, sizeof pep);
+    kvedge_client_t *pc = s_client(pep, S_DEADLINE);
+    float *got = s_logits();
+    kvedge_e2e_result_t *r = s_result();
+    int32_t tok[S_NEW];
+    const kvedge_prec_t int8 = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT8, 0);
+    kvedge_e2e_request_t rq = {.mode = KVEDGE_E2E_KVEDGE,
+                               .decoder = s_fx.dec,
+                               .ctx = s_fx.ctx,
+                               .ctx_len = S_CTX,
+                               .prompt = s_fx.prompt,
+                               .prompt_len = S_PROMPT,
+                               .max_new = S_NEW,
+                               .proxy = pc,
+                               .model = &s_fx.model,
+                               .chunk_tokens = S_CHUNK,
+                               .deadline_ms = S_DEADLINE,
+                               .logits = got,
+                               .accept = &int8,
+                               .n_accept = 1};
+    assert_int_equal(kvedge_e2e_decode(&rq, tok, r), KVEDGE_OK);
+    s_check_layers(r, 0);
+    assert_true(r->have_plan);
+    for (uint32_t l = 0; l < r->layers; l++) {
+        assert_int_equal(r->plan.layer[l].prec, int8);
+        assert_int_equal(r->plan.layer[l].prec_reason, KVEDGE_PLAN_PREC_ONLY);
+    }
+    float d = s_max_diff(got, s_fx.ref, s_fx.c->vocab);
+    assert_true(d > 0 && d <= S_TOL_INT8);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    kvedge_e2e_print(f, r, true);
+    fclose(f);
+    assert_non_null(strstr(buf, "\"prec\":\"int8\",\"prec_reason\":\"only\""));
+    cJSON *js = cJSON_Parse(buf);
+    assert_non_null(js);
+    cJSON_Delete(js);
+    free(buf);
+    f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    kvedge_e2e_print(f, r, false);
+    fclose(f);
+    assert_non_null(strstr(buf, "precision"));
+    assert_non_null(strstr(buf, "int8"));
+    free(buf);
+    /* No accept list: the blocks as stored (lossless fp32), bit-identical logits, no rung. */
+    rq.accept = NULL;
+    rq.n_accept = 0;
+    assert_int_equal(kvedge_e2e_decode(&rq, tok, r), KVEDGE_OK);
+    assert_int_equal(s_max_diff(got, s_fx.ref, s_fx.c->vocab), 0);
+    for (uint32_t l = 0; l < r->layers; l++)
+        assert_int_equal(r->plan.layer[l].prec, 0);
+    /* A budget without an accept list is refused before anything is sent. */
+    rq.quality_metric = KVEDGE_QUALITY_KL;
+    rq.quality_budget = 1e-4;
+    assert_int_equal(kvedge_e2e_decode(&rq, tok, r), KVEDGE_EINVAL);
+    free(r);
+    free(got);
+    kvedge_client_destroy(&pc);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&cloud);
+    s_env_stop(&e);
+}
+
 /* ---------------------------------------------------------------- 3. sources */
 
 /* One proxy over the given sources, one decode: the per-layer sources (expected_src[l], NULL:
@@ -1665,6 +1749,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_lossless_matches_local),
         cmocka_unit_test(test_quantized_within_bounds),
+        cmocka_unit_test(test_precision_accept),
         cmocka_unit_test(test_sources_identical),
         cmocka_unit_test(test_prefill_kv_same_blocks),
         cmocka_unit_test(test_miss_recomputed),
