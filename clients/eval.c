@@ -12,6 +12,7 @@
 
 #include "clients/pipeline.h"
 #include "proxy/quality.h"
+#include "store/prec.h"
 
 static double s_now_s(void)
 {
@@ -192,8 +193,7 @@ uint32_t kvedge_eval_keep_channels(uint8_t keep_pct, uint32_t head_dim)
 {
     if (keep_pct == 0 || keep_pct >= 100)
         return head_dim;
-    uint32_t k = (uint32_t)((head_dim * (uint64_t)keep_pct + 50) / 100);
-    return k ? k : 1;
+    return kvedge_prec_keep_share(keep_pct, head_dim);
 }
 
 int kvedge_eval_model(const kvedge_model_t *m, const kvedge_eval_scheme_t *s, kvedge_model_t *out)

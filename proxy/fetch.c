@@ -615,35 +615,34 @@ static void s_layer_failed(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t i, uin
     s_layer_t *l = &f->layer[i];
     int s = l->src;
     bool mapped = s_via(f, s, i);
-    if (f->prec_on && l->prec >= 0 && reason == KVEDGE_FETCH_FALLBACK_MISSING) {
-        /* Missing at the rungs it was asked for, which says nothing of the others: those
-         * rungs are out for this source and layer, the source stays a candidate at the rest
-         * (at most P such rounds), and nothing goes to the negative cache. */
+    /* Missing at the rungs a precision request asked for says nothing of the others: those
+     * rungs are out for this source and layer, the source stays a candidate at the rest (at
+     * most P such rounds), and nothing goes to the negative cache. */
+    bool rungs_only = f->prec_on && l->prec >= 0 && reason == KVEDGE_FETCH_FALLBACK_MISSING;
+    if (rungs_only) {
         kvedge_prec_t acc[KVEDGE_PREC_MAX_ACCEPT];
         size_t nacc = s_layer_accept(f, s, i, acc), P = f->pw.n;
         for (size_t a = 0; a < nacc; a++)
             for (size_t r = 0; r < P; r++)
                 if (f->pw.accept[r] == acc[a])
                     f->pbytes[s][(size_t)i * P + r] = -1;
-        s_layer_clear(p, f, l);
-        l->gen++;
-        uint8_t set[KVEDGE_PLAN_MAX_LAYERS / 8] = {0};
-        set[i / 8] = (uint8_t)(1u << (i % 8));
-        s_reassign(p, f, set, reason, -1);
-        return;
+    } else {
+        uint16_t layer;
+        const kvedge_chunk_id_t *chain = s_stream_of(f, mapped, i, &layer);
+        uint8_t key[S_NEG_KEY_BYTES];
+        s_neg_key(chain, f->nchunks, layer, key);
+        kvedge_negcache_add(p->neg, f->psrc[s].name, key, sizeof key, (uint64_t)kvedge_mono_ms(),
+                            0);
+        if (reason == KVEDGE_FETCH_FALLBACK_CORRUPT)
+            kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)kvedge_mono_ms(),
+                                  KVEDGE_ECORRUPT);
     }
-    uint16_t layer;
-    const kvedge_chunk_id_t *chain = s_stream_of(f, mapped, i, &layer);
-    uint8_t key[S_NEG_KEY_BYTES];
-    s_neg_key(chain, f->nchunks, layer, key);
-    kvedge_negcache_add(p->neg, f->psrc[s].name, key, sizeof key, (uint64_t)kvedge_mono_ms(), 0);
-    if (reason == KVEDGE_FETCH_FALLBACK_CORRUPT)
-        kvedge_health_failure(p->health, f->psrc[s].name, (uint64_t)kvedge_mono_ms(),
-                              KVEDGE_ECORRUPT);
     s_layer_clear(p, f, l);
     l->gen++;
-    if (!mapped && reason == KVEDGE_FETCH_FALLBACK_MISSING && f->mbytes[s] &&
-        f->mbytes[s][i] >= 0) {
+    if (rungs_only) {
+        /* the planner's view is the rungs marked above */
+    } else if (!mapped && reason == KVEDGE_FETCH_FALLBACK_MISSING && f->mbytes[s] &&
+               f->mbytes[s][i] >= 0) {
         f->via[s][i] = 1; /* s stays a candidate, for the mapped layer */
         f->bytes[s][i] = f->mbytes[s][i];
     } else {
@@ -1068,11 +1067,15 @@ static int s_fetch_quality(kvedge_proxy_impl_t *p, s_fetch_t *f, const char *mod
             }
             f->qcost[(size_t)l * P + r] = c;
         }
-    if (unpriced)
+    /* At most once a minute: a proxy without a profile would otherwise say it per request. */
+    int64_t now_ms = kvedge_mono_ms();
+    if (unpriced && (!p->quality_warned_ms || now_ms - p->quality_warned_ms >= 60000)) {
+        p->quality_warned_ms = now_ms;
         kvedge_log_warn("fetch of %s: %s; the rungs it lacks are never chosen under a budget",
                         model,
                         q ? "its quality profile does not measure every accepted rung"
                           : "no quality profile for the model (--quality)");
+    }
     f->pp = (kvedge_plan_prec_t){.n = (uint32_t)P,
                                  .quality_cost = f->qcost,
                                  .budget = f->pw.metric == KVEDGE_QUALITY_NONE ? 0 : f->pw.budget,

@@ -63,6 +63,7 @@ typedef struct {
     /* Quality profiles by model (the cache optimizer), read at start, immutable after. */
     kvedge_quality_profile_t *quality[KVEDGE_PROXY_MAX_QUALITY];
     size_t nquality;
+    int64_t quality_warned_ms; /* the last "a rung is unpriced" warning (actor only) */
     kvedge_mview_t *view;
     /* The event queue: libkvedge I/O threads -> actor. */
     pthread_mutex_t ev_mu;

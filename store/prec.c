@@ -56,8 +56,7 @@ uint16_t kvedge_prec_group(kvedge_prec_t p)
     }
 }
 
-/* round(head_dim x pct / 100), at least 1 and at most head_dim: kvedge eval's rule. */
-static uint32_t s_keep(uint32_t pct, uint32_t head_dim)
+uint32_t kvedge_prec_keep_share(uint32_t pct, uint32_t head_dim)
 {
     uint32_t k = (uint32_t)(((uint64_t)head_dim * pct + 50) / 100);
     if (k == 0)
@@ -69,9 +68,9 @@ uint32_t kvedge_prec_keep_channels(kvedge_prec_t p, uint32_t head_dim)
 {
     switch (KVEDGE_PREC_THINK(p)) {
     case KVEDGE_PREC_THINK_75:
-        return s_keep(75, head_dim);
+        return kvedge_prec_keep_share(75, head_dim);
     case KVEDGE_PREC_THINK_50:
-        return s_keep(50, head_dim);
+        return kvedge_prec_keep_share(50, head_dim);
     default:
         return head_dim;
     }
@@ -198,9 +197,9 @@ kvedge_prec_t kvedge_prec_of_shape(kvedge_scheme_t scheme, uint16_t group_size,
     unsigned think;
     if (kc == d)
         think = KVEDGE_PREC_THINK_NONE;
-    else if (kc == s_keep(75, d))
+    else if (kc == kvedge_prec_keep_share(75, d))
         think = KVEDGE_PREC_THINK_75;
-    else if (kc == s_keep(50, d))
+    else if (kc == kvedge_prec_keep_share(50, d))
         think = KVEDGE_PREC_THINK_50;
     else
         return KVEDGE_PREC_STORED;

@@ -60,6 +60,10 @@ bool kvedge_prec_valid(kvedge_prec_t p);
  * whose count is head_dim (think-75 at head_dim <= 2, either level at head_dim 1) is encoded
  * without a mask. Undefined for an invalid p (callers check kvedge_prec_valid first). */
 kvedge_scheme_t kvedge_prec_scheme(kvedge_prec_t p);
+/* Key channels a ThinK share of pct percent keeps of head_dim: round(head_dim x pct / 100),
+ * at least 1, at most head_dim (the rounding every keep count uses: the ladder's rungs and
+ * kvedge eval's think-P schemes). */
+uint32_t kvedge_prec_keep_share(uint32_t pct, uint32_t head_dim);
 uint16_t kvedge_prec_group(kvedge_prec_t p);
 uint32_t kvedge_prec_keep_channels(kvedge_prec_t p, uint32_t head_dim);
 
