@@ -26,6 +26,7 @@ struct kvedge_node_mon_t {
     kvedge_series_t *blocks, *bytes, *fp16_bytes, *pinned_blocks, *pinned_bytes, *capacity,
         *quarantine, *registered, *uptime;
     s_mirror_t puts, evicted_blocks, evicted_bytes, expired, corrupt, written, read, denials;
+    s_mirror_t derived, derived_kept; /* precisions derived for readers, and those kept */
     kvedge_metric_t *hot, *hot_layers, *sync_state, *sync_missing, *sync_held, *sync_age;
     /* Precisions and the storage optimizer: variants held, demotions by cause (idle: the
      * optimizer's passes; pressure: the engine, before evicting), variants prepared and
@@ -180,6 +181,10 @@ static void s_collect(kvedge_metrics_t *r, void *arg)
     }
     kvedge_series_set(m->uptime, (double)((uint64_t)kvedge_mono_ms() - n->start_mono_ms) / 1e3);
     s_mirror(&m->denials, kvedge_server_denials(n->server));
+    uint64_t derived, kept;
+    kvedge_server_derived(n->server, &derived, &kept);
+    s_mirror(&m->derived, derived);
+    s_mirror(&m->derived_kept, kept);
     if (n->s.master[0]) {
         const char *state;
         char why[1536];
@@ -284,6 +289,12 @@ static bool s_node_families(kvedge_node_t *n, char *why, size_t why_len)
     m->denials.series = s_gauge(r, C, "kvedge_node_handshake_denials_total",
                                 "CURVE handshakes refused: client keys not in the allowlist "
                                 "(each is logged, a few a minute per address).");
+    m->derived.series = s_gauge(r, C, "kvedge_node_derived_blocks_total",
+                                "Blocks served at a precision the node did not hold, re-encoded "
+                                "from a finer one (setting derive).");
+    m->derived_kept.series =
+        s_gauge(r, C, "kvedge_node_derived_kept_blocks_total",
+                "Derived blocks kept as variants of their block (setting keep_derived).");
     m->registered = s_gauge(r, G, "kvedge_node_master_registered",
                             "1 when the node is registered with its Storage Master, else 0 "
                             "(absent without a master).");
@@ -357,8 +368,9 @@ static bool s_node_families(kvedge_node_t *n, char *why, size_t why_len)
     return m->blocks && m->bytes && m->fp16_bytes && m->pinned_blocks && m->pinned_bytes &&
            m->capacity && m->quarantine && m->puts.series && m->evicted_blocks.series &&
            m->evicted_bytes.series && m->expired.series && m->corrupt.series && m->written.series &&
-           m->read.series && m->denials.series && m->registered && m->hot && m->hot_layers &&
-           m->sync_state && m->sync_missing && m->sync_held && m->sync_age;
+           m->read.series && m->denials.series && m->derived.series && m->derived_kept.series &&
+           m->registered && m->hot && m->hot_layers && m->sync_state && m->sync_missing &&
+           m->sync_held && m->sync_age;
 }
 
 int kvedge_node_monitor_open(kvedge_node_t *n, char *why, size_t why_len)

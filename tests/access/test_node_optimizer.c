@@ -288,6 +288,35 @@ static void test_off_by_default(void **state)
     cJSON_Delete(doc);
 }
 
+/* Precisions a reader asked for that the node derived, and kept (keep_derived), count in
+ * /metrics; a second read of the same rung finds the kept variants and derives nothing. */
+static void test_derived_counted(void **state)
+{
+    s_env_t *e = *state;
+    kvedge_node_settings_t ns;
+    s_settings(e, &ns);
+    ns.keep_derived = true;
+    s_start(e, &ns);
+    kvedge_chunk_id_t id;
+    s_put(e, 9, &id); /* int8 blocks */
+    uint8_t *buf = malloc(1 << 20);
+    kvedge_fetched_t out[S_HEADS];
+    uint32_t heads = 0;
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(kvedge_client_get_layer_prec(e->client, &id, 1, 0, &S_G32, 1, buf, 1 << 20,
+                                                      out, S_HEADS, &heads),
+                         0);
+        for (int h = 0; h < S_HEADS; h++)
+            assert_int_equal(out[h].status, 0);
+    }
+    free(buf);
+    char *body = malloc(1 << 20);
+    assert_int_equal(s_http_get(kvedge_node_metrics_url(e->node), "/metrics", body, 1 << 20), 200);
+    assert_true(s_metric(body, "kvedge_node_derived_blocks_total ") == S_HEADS);
+    assert_true(s_metric(body, "kvedge_node_derived_kept_blocks_total ") == S_HEADS);
+    free(body);
+}
+
 /* A hot prefix gets its variants, an idle one is demoted; MONITOR and /metrics show it. */
 static void test_hot_prepared_cold_demoted(void **state)
 {
@@ -416,10 +445,8 @@ static void test_thread_and_pressure(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(test_bad_settings_refused),
-        T(test_off_by_default),
-        T(test_hot_prepared_cold_demoted),
-        T(test_thread_and_pressure),
+        T(test_bad_settings_refused),      T(test_off_by_default),      T(test_derived_counted),
+        T(test_hot_prepared_cold_demoted), T(test_thread_and_pressure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
