@@ -23,8 +23,10 @@
  *   bench_e2e [--contexts 512,1024] [--prompt 32] [--new 16] [--runs 3] [--quick] [--out DIR]
  *             [--only ABC] [--loads 0.3,0.6,1.2,2.4 | --rates R,..] [--requests 8]
  *             [--edges 2] [--no-rss] [--verbose] [--kvedge BIN] [--learn-requests 8]
+ *             [--links 10mbit,100mbit,1gbit,10gbit]
  *
  * Tables go to stdout (markdown); data files for scripts/plot_e2e.gp go to --out. */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -68,9 +70,10 @@
 #define S_HIST_RTT_US     200
 #define S_SWEEP_LATENCY   "10ms"
 #define S_DEADLINE_MS     120000
-#define S_PROXY_SETTLE_MS 600  /* the proxy connects and pings its sources */
-#define S_SLOW_BPS        50e6 /* below it, fetch-everything runs once (it takes seconds) */
-#define S_NOISE           1.05 /* "never slower": ratios up to it count as equal (noise) */
+#define S_PROXY_SETTLE_MS 600    /* the proxy connects and pings its sources */
+#define S_SLOW_BPS        50e6   /* below it, fetch-everything runs once (it takes seconds) */
+#define S_NOISE           1.05   /* "never slower": ratios up to it count as equal (noise) */
+#define S_BLAS_IDLE_US    300000 /* OpenBLAS's threads spin about 0.1 s before they sleep */
 
 /* ---------------------------------------------------------------- options and state */
 
@@ -82,6 +85,7 @@ typedef struct {
     const char *out;
     bool run_a, run_b, run_c, run_d;
     uint32_t learn_requests;   /* D: requests per series */
+    const char *links;         /* C: the cloud links swept (NULL: all four) */
     double rates[S_MAX_RATES]; /* loads (multiples of cloud-only's capacity), or req/s */
     size_t nrates;
     bool absolute; /* rates are req/s (--rates) */
@@ -108,6 +112,7 @@ static char s_dir[] = "/tmp/kvedge-be2e-XXXXXX";
 static bool s_have_dir;
 static char s_weights[320];
 static char s_cloud_ep[320], s_hist_ep[320];
+static pid_t s_cloud_pid;
 static kvedge_decoder_t *s_dec;
 static kvedge_model_t s_model;
 static s_ctx_t s_ctx[S_MAX_CONTEXTS];
@@ -238,7 +243,7 @@ static void s_stop(pid_t pid)
         }
 }
 
-static void s_store(const char *name, const char *role, char *ep, size_t len)
+static pid_t s_store(const char *name, const char *role, char *ep, size_t len)
 {
     char data[340];
     snprintf(ep, len, "ipc://%s/%s.sock", s_dir, name);
@@ -246,7 +251,7 @@ static void s_store(const char *name, const char *role, char *ep, size_t len)
     char *argv[] = {"kvedge",     "--data",     data,     "store", "--role",
                     (char *)role, "--insecure", "--bind", ep,      "--log-level",
                     "error",      "--metrics",  "off",    NULL};
-    s_spawn(argv);
+    return s_spawn(argv);
 }
 
 /* An edge proxy named name with the given source specs; ep receives its endpoint. */
@@ -961,7 +966,43 @@ static void s_run_b(void)
 /* Milliseconds until every layer of x is resident at the edge through the proxy client c,
  * fetched only (no decoder running): the transfer path alone (link, proxy, client, CPU
  * dequantize into the decoder's fp32 layout, as kvedge mode does). */
-static double s_transfer_alone(kvedge_client_t *c, const s_ctx_t *x)
+/* CPU time of every thread of process pid (0: this one) so far, ms: the sum of the first
+ * field of /proc/PID/task/TID/schedstat (ns on the CPU). NAN when it cannot be read. */
+static double s_cpu_ms(pid_t pid)
+{
+    char dir[64];
+    if (pid > 0)
+        snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    else
+        snprintf(dir, sizeof dir, "/proc/self/task");
+    DIR *d = opendir(dir);
+    if (!d)
+        return NAN;
+    double ns = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[400];
+        snprintf(path, sizeof path, "%s/%s/schedstat", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        unsigned long long t = 0;
+        if (f && fscanf(f, "%llu", &t) == 1)
+            ns += (double)t;
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return ns / 1e6;
+}
+
+/* The fetch path's CPU over one transfer-alone request, ms: the cloud node, the proxy and this
+ * process (the client's threads and the loader; the decoder idle). */
+typedef struct {
+    double node, proxy, client;
+} s_fetch_cpu_t;
+
+static double s_transfer_alone(kvedge_client_t *c, const s_ctx_t *x, pid_t proxy,
+                               s_fetch_cpu_t *cpu)
 {
     const kvedge_decoder_config_t *dc = kvedge_decoder_config(s_dec);
     const uint32_t L = dc->layers;
@@ -996,6 +1037,10 @@ static double s_transfer_alone(kvedge_client_t *c, const s_ctx_t *x)
     o.v = vd;
     o.deadline_ms = S_DEADLINE_MS;
     kvedge_pipeline_t *pipe = NULL;
+    /* OpenBLAS's idle threads spin for a while after the last decode: let them sleep, so the
+     * CPU counted here is the fetch path's. */
+    usleep(S_BLAS_IDLE_US);
+    const double n0 = s_cpu_ms(s_cloud_pid), p0 = s_cpu_ms(proxy), c0 = s_cpu_ms(0);
     double t0 = bench_now_s();
     s_check(kvedge_pipeline_open(&o, &pipe), "transfer alone");
     for (uint32_t l = 0; l < L; l++) {
@@ -1006,6 +1051,9 @@ static double s_transfer_alone(kvedge_client_t *c, const s_ctx_t *x)
         }
     }
     double ms = (bench_now_s() - t0) * 1e3;
+    cpu->node = s_cpu_ms(s_cloud_pid) - n0;
+    cpu->proxy = s_cpu_ms(proxy) - p0;
+    cpu->client = s_cpu_ms(0) - c0;
     kvedge_pipeline_destroy(&pipe);
     free(kd);
     free(vd);
@@ -1027,6 +1075,22 @@ static void s_busy_wait(const kvedge_e2e_result_t *r, double *busy, double *wait
     b += r->ttft_us - prev;
     *busy = b / 1e3;
     *wait = w / 1e3;
+}
+
+/* C's --links: a comma-separated subset of its four rates. */
+static bool s_link_wanted(const char *rate)
+{
+    if (!s_cfg.links)
+        return true;
+    size_t n = strlen(rate);
+    for (const char *p = s_cfg.links; *p;) {
+        const char *e = strchr(p, ',');
+        size_t k = e ? (size_t)(e - p) : strlen(p);
+        if (k == n && strncmp(p, rate, n) == 0)
+            return true;
+        p += k + (e != NULL);
+    }
+    return false;
 }
 
 static void s_run_c(void)
@@ -1051,7 +1115,9 @@ static void s_run_c(void)
            "priced (every layer fetched, the decoder runs each layer as it arrives). edge-only: "
            "every layer recomputed (does not depend on the link). bound: the Eq. 20 bound of "
            "kvedge's plan (the proxy's PLAN, priced with its measured links and the decoder's "
-           "estimates); plan T: the plan's own predicted time. kvedge busy / waiting: its "
+           "estimates); plan T: the plan's own predicted time. yielded: fetched layers the "
+           "decoder computed on fewer BLAS threads, the next layer not yet there "
+           "(kvedge_decoder_share_cores). kvedge busy / waiting: its "
            "decoder's time computing (layers, LM head) and waiting for layers. transfer "
            "alone: every layer fetched and resident at the edge with no decoder running (the "
            "path link -> proxy -> client -> dequantize, as kvedge mode uses it). Medians of %u "
@@ -1059,10 +1125,11 @@ static void s_run_c(void)
            "run).\n\n",
            n, (double)x->pre.bytes / 1e6, s_cfg.prompt, S_SWEEP_LATENCY, cu / 1e3, ru / 1e3, L,
            s_cfg.runs, S_SLOW_BPS / 1e6);
-    printf("| cloud link | proxy's link MB/s | layers fetched / computed | kvedge TTFT ms | "
-           "kvedge busy / waiting ms | Eq. 20 bound ms | plan T ms | kvedge/bound | edge-only "
-           "ms | fetch-all ms | transfer alone ms | kvedge/min(edge-only, fetch-all) |\n"
-           "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf(
+        "| cloud link | proxy's link MB/s | layers fetched / computed (yielded) | kvedge TTFT ms | "
+        "kvedge busy / waiting ms | Eq. 20 bound ms | plan T ms | kvedge/bound | edge-only "
+        "ms | fetch-all ms | transfer alone ms | kvedge/min(edge-only, fetch-all) |\n"
+        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
     fflush(stdout);
     kvedge_e2e_result_t *res = bench_alloc(sizeof *res);
     double edge[S_MAX_RUNS];
@@ -1077,7 +1144,11 @@ static void s_run_c(void)
                  "transfer alone (ms; NaN: not run)\nbps label kvedge bound recompute fetchall "
                  "transfer\n");
     int miss_bound = 0, miss_best = 0, below_bound = 0;
+    char cpus[4][160];
+    size_t ncpus = 0;
     for (size_t i = 0; i < nb; i++) {
+        if (!s_link_wanted(rates[i]))
+            continue;
         char src_spec[700], ep[400];
         s_cloud_source(src_spec, sizeof src_spec, rates[i], bps[i], S_SWEEP_LATENCY,
                        S_CLOUD_RTT_US);
@@ -1086,9 +1157,11 @@ static void s_run_c(void)
         kvedge_client_t *c = s_connect(ep);
         uint32_t fa_runs = bps[i] < S_SLOW_BPS ? 1 : s_cfg.runs;
         double kv[S_MAX_RUNS], busy[S_MAX_RUNS], wait[S_MAX_RUNS], bound[S_MAX_RUNS],
-            plan[S_MAX_RUNS], fa[S_MAX_RUNS], tr[S_MAX_RUNS];
+            plan[S_MAX_RUNS], fa[S_MAX_RUNS], tr[S_MAX_RUNS], cn[S_MAX_RUNS], cp[S_MAX_RUNS],
+            cc[S_MAX_RUNS];
         double link_bw = 0;
         uint32_t mix[5] = {0};
+        double yl[S_MAX_RUNS];
         s_check(s_decode(KVEDGE_E2E_KVEDGE, x, 0, c, true, 1, res), "kvedge warm-up");
         for (uint32_t k = 0; k < s_cfg.runs; k++) {
             s_check(s_decode(KVEDGE_E2E_KVEDGE, x, 1 + k, c, true, 1, res), "kvedge");
@@ -1099,10 +1172,17 @@ static void s_run_c(void)
             if (res->have_plan && res->plan.nsources > 0)
                 link_bw = res->plan.source[0].bw_bytes_per_s / 1e6;
             s_layer_mix(res, mix);
+            yl[k] = 0;
+            for (uint32_t l = 0; l < res->layers; l++)
+                yl[k] += res->layer[l].yielded;
             if (k < fa_runs) {
                 s_check(s_decode(KVEDGE_E2E_KVEDGE, x, 1 + k, c, false, 1, res), "fetch-all");
                 fa[k] = res->ttft_us / 1e3;
-                tr[k] = bps[i] < S_SLOW_BPS ? NAN : s_transfer_alone(c, x);
+                s_fetch_cpu_t cpu = {NAN, NAN, NAN};
+                tr[k] = bps[i] < S_SLOW_BPS ? NAN : s_transfer_alone(c, x, px, &cpu);
+                cn[k] = cpu.node;
+                cp[k] = cpu.proxy;
+                cc[k] = cpu.client;
             }
         }
         s_release(&c);
@@ -1115,11 +1195,21 @@ static void s_run_c(void)
         if (!isnan(TR))
             snprintf(trs, sizeof trs, "%.1f", TR);
         double best = EO < F ? EO : F;
-        printf("| %s, %s | %.1f | %u / %u | %.1f | %.1f / %.1f | %.1f | %.1f | %.2f | %.1f | "
-               "%.1f | %s | %.2f |\n",
-               rates[i], S_SWEEP_LATENCY, link_bw, L - mix[0], mix[0], K, BU, W, B, P, K / B, EO, F,
-               trs, K / best);
+        printf(
+            "| %s, %s | %.1f | %u / %u (%.0f) | %.1f | %.1f / %.1f | %.1f | %.1f | %.2f | %.1f | "
+            "%.1f | %s | %.2f |\n",
+            rates[i], S_SWEEP_LATENCY, link_bw, L - mix[0], mix[0], bench_median(yl, s_cfg.runs), K,
+            BU, W, B, P, K / B, EO, F, trs, K / best);
         fflush(stdout);
+        if (!isnan(TR))
+            snprintf(
+                cpus[ncpus++], sizeof cpus[0],
+                "| %s, %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", rates[i], S_SWEEP_LATENCY,
+                TR, bench_median(cn, fa_runs), bench_median(cp, fa_runs), bench_median(cc, fa_runs),
+                bench_median(cn, fa_runs) + bench_median(cp, fa_runs) + bench_median(cc, fa_runs),
+                (bench_median(cn, fa_runs) + bench_median(cp, fa_runs) +
+                 bench_median(cc, fa_runs)) /
+                    TR);
         fprintf(dat, "%.0f \"%s\" %.2f %.2f %.2f %.2f %.2f\n", bps[i], rates[i], K, B, EO, F, TR);
         if (!(K <= 1.10 * B))
             miss_bound = 1;
@@ -1130,6 +1220,15 @@ static void s_run_c(void)
     }
     fclose(dat);
     free(res);
+    if (ncpus > 0) {
+        printf(
+            "\nThe fetch path's CPU over one transfer alone (medians; ms on the CPU, every "
+            "thread of the process: /proc/PID/task/*/schedstat). The decoder computes on the "
+            "same cores.\n\n| cloud link | transfer alone ms | cloud node ms | proxy ms | "
+            "client ms | fetch path CPU ms | cores busy |\n|---|---:|---:|---:|---:|---:|---:|\n");
+        for (size_t i = 0; i < ncpus; i++)
+            printf("%s", cpus[i]);
+    }
     printf("\nDecoder time per layer: estimated %.1f ms (%.1f over the prompt + %.1f to compute "
            "the context's K/V), measured %.1f ms (edge-only TTFT / %u layers, LM head "
            "included).\n",
@@ -1266,10 +1365,11 @@ static void s_usage(const char *argv0)
             "          [--out DIR] [--only ABC] [--loads 0.3,0.6,1.2,2.4 | --rates R,...]\n"
             "          [--requests 8] [--edges 2] [--no-rss] [--verbose]\n"
             "          [--kvedge BIN (default %s)] [--learn-requests 8]\n"
+            "          [--links 10mbit,100mbit,1gbit,10gbit]\n"
             "--loads: B's rates as multiples of the cloud model's measured capacity; --rates:\n"
             "in requests/s. --quick: 1 run, 4 requests per point at loads 0.5 and 2.\n"
             "--only D (learned decoder speed) runs only when named; --learn-requests: per\n"
-            "series of D.\n",
+            "series of D. --links: the cloud links C sweeps (default all four).\n",
             argv0, KVEDGE_BENCH_KVEDGE_BIN);
     exit(2);
 }
@@ -1294,6 +1394,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
         O_WEIGHTS,
         O_CHILD,
         O_LEARN_REQUESTS,
+        O_LINKS,
         O_HELP
     };
     static const struct option opts[] = {
@@ -1314,6 +1415,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
         {"weights", required_argument, NULL, O_WEIGHTS}, /* internal: --child */
         {"child", no_argument, NULL, O_CHILD},           /* internal: s_rss */
         {"learn-requests", required_argument, NULL, O_LEARN_REQUESTS},
+        {"links", required_argument, NULL, O_LINKS},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0}};
     memset(&s_cfg, 0, sizeof s_cfg);
@@ -1390,6 +1492,20 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
         case O_LOADS:
             rates = optarg;
             s_cfg.absolute = o == O_RATES;
+            break;
+        case O_LINKS:
+            s_cfg.links = optarg;
+            for (const char *p = optarg; *p;) {
+                const char *e = strchr(p, ',');
+                size_t k = e ? (size_t)(e - p) : strlen(p);
+                static const char *const ok[] = {"10mbit", "100mbit", "1gbit", "10gbit"};
+                bool known = false;
+                for (size_t j = 0; j < 4; j++)
+                    known |= k == strlen(ok[j]) && strncmp(p, ok[j], k) == 0;
+                if (!known)
+                    s_usage(argv[0]);
+                p += k + (e != NULL);
+            }
             break;
         case O_VERBOSE:
             s_cfg.verbose = true;
@@ -1474,7 +1590,7 @@ int main(int argc, char **argv)
             s_cleanup();
             return 2;
         }
-    s_store("cloud", "cloud", s_cloud_ep, sizeof s_cloud_ep);
+    s_cloud_pid = s_store("cloud", "cloud", s_cloud_ep, sizeof s_cloud_ep);
     s_store("history", "edge", s_hist_ep, sizeof s_hist_ep);
 
     printf("## End to end (bench_e2e): %ld cores, %s shape (synthetic weights, %.0f MB fp32)\n\n",

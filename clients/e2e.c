@@ -498,6 +498,8 @@ typedef struct {
     kvedge_pipeline_t *pipe; /* kvedge mode */
     const float *k, *v;      /* cloud-only: the cloud's K/V */
     size_t kvf;              /* floats of one layer of k (and of v) */
+    uint32_t layers;         /* kvedge mode: the model's */
+    bool shared;             /* kvedge mode: holds a share of the cores for the fetch */
 } s_prov_t;
 
 /* Edge-only: the session computes every layer of the context. */
@@ -510,6 +512,7 @@ static int s_prov_local(void *arg, uint32_t layer, float *k, float *v)
     if (layer > 0)
         p->res->layer[layer - 1].done_us = now;
     kvedge_e2e_layer_t *L = &p->res->layer[layer];
+    L->blas_threads = kvedge_decoder_share_cores(&p->shared, false);
     snprintf(L->source, sizeof L->source, "local");
     L->kind = -1;
     L->computed = true;
@@ -531,6 +534,13 @@ static int s_prov_fetch(void *arg, uint32_t layer, float *k, float *v)
     int rc = kvedge_pipeline_wait(p->pipe, (uint16_t)layer);
     kvedge_e2e_layer_t *L = &p->res->layer[layer];
     L->ready_us = s_since(p->t0);
+    /* Work placed where it costs least: a layer it computes itself, or the next layer
+     * already here, and the decoder is the critical path (all the cores); the next layer
+     * still on its way, and the fetch is: the decoder leaves it the cores it needs. */
+    const bool ahead = rc == KVEDGE_OK && layer + 1 < p->layers &&
+                       kvedge_pipeline_ready(p->pipe, (uint16_t)(layer + 1)) == 0;
+    L->blas_threads = kvedge_decoder_share_cores(&p->shared, ahead);
+    L->yielded = p->shared;
     if (rc == KVEDGE_ENOTFOUND) {
         L->computed = true;
         p->res->computed++;
@@ -789,9 +799,10 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     kvedge_pipeline_stats_t ps;
     memset(&ps, 0, sizeof ps);
     if (rc == KVEDGE_OK) {
-        s_prov_t p = {.t0 = t0, .res = res, .pipe = pipe, .kvf = kvf};
+        s_prov_t p = {.t0 = t0, .res = res, .pipe = pipe, .kvf = kvf, .layers = L};
         rc = kvedge_decoder_session_begin(s, req->ctx, n, s_prov_fetch, &p, req->prompt,
                                           req->prompt_len, req->max_new, NULL);
+        kvedge_decoder_share_cores(&p.shared, false); /* the fetch is over */
         if (rc == KVEDGE_OK)
             res->layer[L - 1].done_us = s_since(t0);
         /* Every layer has been waited for (or the decode failed): what the pipeline saw. */
@@ -908,11 +919,12 @@ static int s_cmp_double(const void *a, const void *b)
  * next request on it in this process plans with them (e2e.h, "Learning the decoder's speed").
  * Layer l took done(l) - max(ready(l), done(l-1)): the decoder's own time, its wait for the
  * layer left out. The last layer is not used (its time includes the output head). A fetched
- * layer is a compute sample. A computed layer also ran the context through the layers c..l
- * (c: the first the context had not been run through); its extra time over this request's
- * median fetched layer, per layer run, is a recompute sample; with no fetched layer to compare
- * (edge-only) its time is split between the two kinds in the proportion of the current
- * estimates. Best effort: the decode has succeeded whatever the feedback does. */
+ * layer is a compute sample, unless it was yielded (computed on fewer threads while the decoder
+ * was ahead of the fetch: slower on purpose, off the critical path). A computed layer also ran the
+ * context through the layers c..l (c: the first the context had not been run through); its extra
+ * time over this request's median fetched layer, per layer run, is a recompute sample; with no
+ * fetched layer to compare (edge-only) its time is split between the two kinds in the proportion of
+ * the current estimates. Best effort: the decode has succeeded whatever the feedback does. */
 static void s_feed_back(const kvedge_e2e_request_t *req, const kvedge_e2e_result_t *res)
 {
     const kvedge_decoder_t *d = req->decoder;
@@ -928,7 +940,7 @@ static void s_feed_back(const kvedge_e2e_request_t *req, const kvedge_e2e_result
         const kvedge_e2e_layer_t *x = &res->layer[l];
         t[l] = fmax(x->done_us - fmax(x->ready_us, prev), 0);
         prev = x->done_us;
-        if (!x->computed) {
+        if (!x->computed && !x->yielded) {
             fetched[nf++] = t[l];
             kvedge_decoder_observe(d, n, p, t[l], -1);
         }

@@ -181,6 +181,12 @@ typedef struct {
     double ready_us; /* since the request started: the decoder's wait for the layer returned
                       * (resident or reported missing; not before the previous layer ran) */
     double done_us;  /* since the request started: decoder layer finished (prompt) */
+    /* The BLAS threads the decoder computed this layer on (0 in cloud-only mode); yielded:
+     * fewer than the process's, because it was ahead of the fetch (the next layer had not
+     * arrived) and left the fetch path those cores (kvedge_decoder_share_cores). A yielded
+     * layer's time is not fed back as the decoder's speed. */
+    int blas_threads;
+    bool yielded;
 } kvedge_e2e_layer_t;
 
 typedef struct {

@@ -1041,6 +1041,16 @@ int kvedge_pipeline_wait(kvedge_pipeline_t *p, uint16_t layer)
     return rc;
 }
 
+int kvedge_pipeline_ready(kvedge_pipeline_t *p, uint16_t layer)
+{
+    if (!p || layer < p->first_layer || (uint32_t)(layer - p->first_layer) >= p->layers)
+        return KVEDGE_EINVAL;
+    pthread_mutex_lock(&p->mu);
+    const int done = p->layer[layer - p->first_layer].state == S_DONE;
+    pthread_mutex_unlock(&p->mu);
+    return done;
+}
+
 /* Who delivered l, into its stats (locked). */
 static void s_layer_source(const kvedge_pipeline_t *p, const s_layer_t *l,
                            kvedge_pipeline_layer_stats_t *out)

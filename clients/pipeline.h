@@ -234,6 +234,12 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
  * decode or GPU error. KVEDGE_EINVAL: layer out of range. */
 int kvedge_pipeline_wait(kvedge_pipeline_t *p, uint16_t layer);
 
+/* Whether layer is done (resident or a miss, as kvedge_pipeline_wait would return at once)
+ * without blocking: 1 done, 0 not yet. A decoder asks it of the next layer to learn whether
+ * it is ahead of the fetch (kvedge_decoder_share_cores). KVEDGE_EINVAL: NULL or a layer out of
+ * range. */
+int kvedge_pipeline_ready(kvedge_pipeline_t *p, uint16_t layer);
+
 /* A snapshot of the counters; layers (may be NULL) receives up to max per-layer records, in
  * layer order. */
 int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,

@@ -280,6 +280,21 @@ int kvedge_decoder_speed(const kvedge_decoder_t *self, kvedge_decoder_speed_t *o
  * NULL-safe, thread-safe. */
 void kvedge_decoder_forget(const kvedge_decoder_t *self);
 
+/* ---- Sharing the cores with a fetch (clients/decoder_model.c, docs/decoder.md) ----
+ * While a context's layers arrive, the receive path (the client's I/O thread, the loader's
+ * verify and dequantize) runs on the same cores as the decoder's GEMMs. When the decoder is
+ * ahead of the fetch (the layer after the one it computes has not arrived), its speed is not
+ * on the critical path but the fetch's is: a decode that holds a share runs its BLAS on
+ * KVEDGE_DECODER_FETCH_THREADS fewer threads (at least 1), leaving those cores to the fetch;
+ * when the next layer is already there, it gives the share back and computes on all of them.
+ * OpenBLAS keeps one thread count per process, so the shares are counted process-wide: the
+ * count in use when the first share is taken is restored when the last one is given back
+ * (an application that sets OpenBLAS's threads itself should do so with no decode running).
+ * *held is the caller's own flag (false to start): taking a share held, or giving back one
+ * not held, does nothing. Thread-safe. Returns the threads BLAS now runs on. */
+#define KVEDGE_DECODER_FETCH_THREADS 2
+int kvedge_decoder_share_cores(bool *held, bool share);
+
 #ifdef __cplusplus
 }
 #endif

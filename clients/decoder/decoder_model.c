@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
 #include "clients/decoder/decoder_impl.h"
 #include "clients/decoder/safetensors.h"
 #include "gpu/attn.h"
@@ -574,4 +576,30 @@ void kvedge_decoder_forget(const kvedge_decoder_t *self)
 {
     if (self)
         kvedge_decoder_impl_learned(self, s_clear, NULL);
+}
+
+/* ---------------------------------------------------------------- sharing the cores */
+
+static pthread_mutex_t s_share_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned s_share_count; /* shares held, process-wide */
+static int s_share_base;       /* OpenBLAS's threads when the first share was taken */
+
+int kvedge_decoder_share_cores(bool *held, bool share)
+{
+    pthread_mutex_lock(&s_share_mu);
+    if (held && share && !*held) {
+        if (s_share_count++ == 0) {
+            s_share_base = openblas_get_num_threads();
+            const int fewer = s_share_base - KVEDGE_DECODER_FETCH_THREADS;
+            openblas_set_num_threads(fewer > 1 ? fewer : 1);
+        }
+        *held = true;
+    } else if (held && !share && *held) {
+        if (--s_share_count == 0)
+            openblas_set_num_threads(s_share_base);
+        *held = false;
+    }
+    const int now = openblas_get_num_threads();
+    pthread_mutex_unlock(&s_share_mu);
+    return now;
 }

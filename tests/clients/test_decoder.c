@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cblas.h>
 #include <cmocka.h>
 
 #include "clients/decoder/decoder.h"
@@ -1584,6 +1585,67 @@ static void test_trained_edge(void **state)
     s_trained("edge");
 }
 
+/* One holder taking and giving its share 1000 times; *arg is the base thread count. While it
+ * holds one, BLAS runs on the fewer threads, whatever the others do. */
+static void *s_share_loop(void *arg)
+{
+    const int base = *(const int *)arg, fewer = base - KVEDGE_DECODER_FETCH_THREADS;
+    bool held = false;
+    for (int i = 0; i < 1000; i++) {
+        const int n = kvedge_decoder_share_cores(&held, i % 3 != 0);
+        if (held ? n != fewer : n != fewer && n != base)
+            return (void *)1;
+    }
+    kvedge_decoder_share_cores(&held, false);
+    return NULL;
+}
+
+/* kvedge_decoder_share_cores: a share runs BLAS on KVEDGE_DECODER_FETCH_THREADS fewer threads
+ * (at least 1); shares are counted process-wide and the count in use before the first is
+ * restored when the last is given back; a holder's flag makes taking and giving idempotent. */
+static void test_share_cores(void **state)
+{
+    (void)state;
+    const int before = openblas_get_num_threads();
+    openblas_set_num_threads(4); /* OpenBLAS starts more threads than cores if asked */
+    const int base = openblas_get_num_threads();
+    assert_true(base > KVEDGE_DECODER_FETCH_THREADS);
+    const int fewer = base - KVEDGE_DECODER_FETCH_THREADS;
+    bool a = false, b = false;
+    assert_int_equal(kvedge_decoder_share_cores(&a, false), base); /* not held: nothing */
+    assert_false(a);
+    assert_int_equal(kvedge_decoder_share_cores(NULL, true), base); /* no flag: nothing */
+    assert_int_equal(kvedge_decoder_share_cores(&a, true), fewer);
+    assert_true(a);
+    assert_int_equal(openblas_get_num_threads(), fewer);
+    assert_int_equal(kvedge_decoder_share_cores(&a, true), fewer); /* held: counted once */
+    assert_int_equal(kvedge_decoder_share_cores(&b, true), fewer);
+    assert_int_equal(kvedge_decoder_share_cores(&a, false), fewer); /* b still holds one */
+    assert_false(a);
+    assert_int_equal(kvedge_decoder_share_cores(&a, false), fewer); /* not held: nothing */
+    assert_int_equal(kvedge_decoder_share_cores(&b, false), base);  /* the last: restored */
+    assert_false(b);
+    assert_int_equal(openblas_get_num_threads(), base);
+    /* Two threads of cores: a share keeps at least one. */
+    openblas_set_num_threads(2);
+    assert_int_equal(kvedge_decoder_share_cores(&a, true), 1);
+    assert_int_equal(kvedge_decoder_share_cores(&a, false), 2);
+    /* Many holders on many threads: balanced, they leave the count as it was. */
+    openblas_set_num_threads(base);
+    enum { S_HOLDERS = 8 };
+    pthread_t t[S_HOLDERS];
+    int base_arg = base;
+    for (int i = 0; i < S_HOLDERS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, s_share_loop, &base_arg), 0);
+    for (int i = 0; i < S_HOLDERS; i++) {
+        void *bad = (void *)1;
+        pthread_join(t[i], &bad);
+        assert_null(bad);
+    }
+    assert_int_equal(openblas_get_num_threads(), base);
+    openblas_set_num_threads(before);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1606,6 +1668,7 @@ int main(void)
         cmocka_unit_test(test_layer_flops),
         cmocka_unit_test(test_estimate),
         cmocka_unit_test(test_learn),
+        cmocka_unit_test(test_share_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

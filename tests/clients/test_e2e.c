@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cblas.h>
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
@@ -481,8 +482,21 @@ static void s_check_layers(const kvedge_e2e_result_t *r, uint32_t computed_mask)
             assert_int_equal(r->layer[l].kind, -1);
         else
             assert_true(r->layer[l].source[0] != '\0');
+        /* Cores are yielded only for a fetched layer with a next one still on its way. */
+        assert_true(r->layer[l].blas_threads >= 1);
+        if (r->layer[l].yielded)
+            assert_true(!r->layer[l].computed && l + 1 < r->layers);
     }
     assert_int_equal(computed, r->computed);
+}
+
+/* The layers fed back as compute samples: fetched, not yielded, not the last. */
+static uint64_t s_compute_samples(const kvedge_e2e_result_t *r)
+{
+    uint64_t n = 0;
+    for (uint32_t l = 0; l + 1 < r->layers; l++)
+        n += !r->layer[l].computed && !r->layer[l].yielded;
+    return n;
 }
 
 /* ---------------------------------------------------------------- 1. lossless */
@@ -521,10 +535,11 @@ static void test_lossless_matches_local(void **state)
     if (rc != KVEDGE_OK)
         fail_msg("decode: %s", kvedge_strerror(rc));
     s_check_layers(r, 0);
-    /* Every layer but the last (it holds the output head) went back as a compute sample. */
+    /* Every layer but the last (it holds the output head) and those computed on yielded
+     * cores went back as a compute sample. */
     kvedge_decoder_speed_t sp;
     assert_int_equal(kvedge_decoder_speed(s_fx.dec, &sp), KVEDGE_OK);
-    assert_int_equal(sp.compute_samples, r->layers - 1);
+    assert_int_equal(sp.compute_samples, s_compute_samples(r));
     assert_int_equal(sp.recompute_samples, 0);
     assert_true(r->have_plan);
     for (uint32_t l = 0; l < r->layers; l++) {
@@ -901,6 +916,55 @@ static void test_sources_identical(void **state)
     s_node_stop(&peer);
     s_node_stop(&cloud);
     s_env_stop(&e);
+}
+
+/* Issue 16, work placed where it costs least: over a slow link the decoder is ahead of the
+ * fetch, so it computes a fetched layer whose successor has not arrived on fewer BLAS threads
+ * (kvedge_decoder_share_cores), not feeding that layer's time back as its speed; the last
+ * layer runs on all of them, the process's count is restored after the decode, and the logits
+ * are those of a full recompute. */
+static void test_yields_cores_to_a_slow_fetch(void **state)
+{
+    (void)state;
+    const uint32_t V = s_fx.c->vocab, L = s_fx.c->layers;
+    const int before = openblas_get_num_threads();
+    openblas_set_num_threads(4);
+    const int fewer = 4 - KVEDGE_DECODER_FETCH_THREADS;
+    s_env_t e;
+    s_env_start(&e);
+    s_node_t cloud;
+    s_node_start(&cloud, &e, "cloud1", KVEDGE_ROLE_CLOUD, false);
+    kvedge_e2e_quant_t q;
+    s_quant(&q, KVEDGE_SCHEME_LOSSLESS, KVEDGE_DTYPE_FP32, false);
+    kvedge_e2e_prefill_stats_t st;
+    s_prefill(cloud.ep, &q, &st);
+    /* Each layer takes 8 * st.bytes / L / 2e6 s on the link (tens of ms): the decoder, which
+     * computes a layer of this model in well under a millisecond, always waits for the next. */
+    char spec[400];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s link=2mbit,1ms bw=250000 rtt=2000", cloud.ep);
+    const char *specs[] = {spec};
+    float *lg = s_logits();
+    kvedge_e2e_result_t *r = s_result();
+    kvedge_decoder_forget(s_fx.dec);
+    s_decode_via(&e, "proxy-slow", specs, 1, NULL, lg, r);
+    for (uint32_t l = 0; l < L; l++) {
+        const kvedge_e2e_layer_t *x = &r->layer[l];
+        printf("  layer %u: ready %.1f ms, done %.1f ms, %d BLAS threads%s\n", l, x->ready_us / 1e3,
+               x->done_us / 1e3, x->blas_threads, x->yielded ? " (yielded to the fetch)" : "");
+        const bool last = l + 1 == L;
+        assert_int_equal(x->yielded, !last);
+        assert_int_equal(x->blas_threads, last ? 4 : fewer);
+    }
+    assert_int_equal(openblas_get_num_threads(), 4);
+    kvedge_decoder_speed_t sp;
+    assert_int_equal(kvedge_decoder_speed(s_fx.dec, &sp), KVEDGE_OK);
+    assert_int_equal(sp.compute_samples, 0); /* every sample was yielded or the last */
+    assert_true(s_max_diff(lg, s_fx.ref, V) <= S_TOL_LOSSLESS);
+    free(r);
+    free(lg);
+    s_node_stop(&cloud);
+    s_env_stop(&e);
+    openblas_set_num_threads(before);
 }
 
 /* K/V computed elsewhere (kvedge_e2e_prefill_kv: a GPU cloud hands its own) puts the same
@@ -1751,6 +1815,7 @@ int main(void)
         cmocka_unit_test(test_quantized_within_bounds),
         cmocka_unit_test(test_precision_accept),
         cmocka_unit_test(test_sources_identical),
+        cmocka_unit_test(test_yields_cores_to_a_slow_fetch),
         cmocka_unit_test(test_prefill_kv_same_blocks),
         cmocka_unit_test(test_miss_recomputed),
         cmocka_unit_test(test_in_place_matches_copying),

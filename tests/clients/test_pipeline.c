@@ -681,7 +681,10 @@ static void test_bad_destination_refused(void **state)
     assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
     assert_int_equal(kvedge_pipeline_wait(p, S_LAYERS), KVEDGE_EINVAL);
     assert_int_equal(kvedge_pipeline_wait(NULL, 0), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_pipeline_ready(p, S_LAYERS), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_pipeline_ready(NULL, 0), KVEDGE_EINVAL);
     assert_int_equal(kvedge_pipeline_wait(p, 0), 0);
+    assert_int_equal(kvedge_pipeline_ready(p, 0), 1);
     kvedge_pipeline_destroy(&p); /* with layers still in flight */
     kvedge_pipeline_destroy(NULL);
     /* Nothing is written after destroy returns, though streams are still in flight. */
@@ -1043,9 +1046,13 @@ static void test_node_gone_deadline(void **state)
     int64_t t0 = zclock_usecs();
     kvedge_pipeline_t *p = NULL;
     assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+    /* Nothing can arrive: no layer is ready before its wait fails, and each is after. */
+    assert_int_equal(kvedge_pipeline_ready(p, 0), 0);
+    assert_int_equal(kvedge_pipeline_ready(p, S_LAYERS - 1), 0);
     for (uint16_t l = 0; l < S_LAYERS; l++) {
         int rc = kvedge_pipeline_wait(p, l);
         assert_true(rc == KVEDGE_ETIMEDOUT || rc == KVEDGE_ECLOSED);
+        assert_int_equal(kvedge_pipeline_ready(p, l), 1);
     }
     double ms = (double)(zclock_usecs() - t0) / 1e3;
     printf("node gone: every layer failed after %.0f ms (deadline 800 ms)\n", ms);

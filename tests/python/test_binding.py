@@ -207,8 +207,10 @@ class ClientTest(Cluster):
 class PipelineTest(Cluster):
     def check_layers(self, p, view=lambda t: t):
         self.assertIsNone(p.wait(0))  # miss: the caller computes it
+        self.assertTrue(p.ready(0))  # done, as a miss
         for l in range(1, 4):
             k, v = p.wait(l)
+            self.assertTrue(p.ready(l))
             ek, ev = kv(l, 100)
             self.assertTrue(np.array_equal(view(k), ek), f"layer {l} K")
             self.assertTrue(np.array_equal(view(v), ev), f"layer {l} V")
@@ -237,6 +239,10 @@ class PipelineTest(Cluster):
             self.assertTrue(np.array_equal(k, kv(2, 100)[0].astype(np.float16)))
             with self.assertRaises(ValueError):
                 p.wait(0)
+            with self.assertRaises(ValueError):
+                p.ready(3)
+            with self.assertRaises(TypeError):
+                p.ready(True)
         with kvedge.Pipeline(self.proxy, MODEL, self.chain, layout="paged", page_size=7,
                              tensors="torch", dtype="bf16") as p:
             k, v = p.wait(1)

@@ -270,6 +270,7 @@ kvedge_client_fetch_async = _fn("kvedge_client_fetch_async", c_int, c_void_p, P(
                                 P(FetchCbs), c_void_p)
 kvedge_pipeline_open = _fn("kvedge_pipeline_open", c_int, P(PipelineOpts), P(c_void_p))
 kvedge_pipeline_wait = _fn("kvedge_pipeline_wait", c_int, c_void_p, c_uint16)
+kvedge_pipeline_ready = _fn("kvedge_pipeline_ready", c_int, c_void_p, c_uint16)
 kvedge_pipeline_stats = _fn("kvedge_pipeline_stats", c_int, c_void_p, P(PipelineStats),
                             P(PipelineLayerStats), c_size_t)
 kvedge_pipeline_plan = _fn("kvedge_pipeline_plan", c_int, c_void_p, P(FetchPlan))

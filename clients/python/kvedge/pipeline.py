@@ -243,13 +243,7 @@ class Pipeline:
         """Blocks until `layer` (a model layer number) is done: (k, v) views of the
         destination when resident, None when it is a miss; raises its error (kvedge.Timeout,
         kvedge.Closed, ...) when it failed."""
-        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
-            raise TypeError(f"layer must be an int, not {type(layer).__name__}")
-        layer = operator.index(layer)
-        i = layer - self.first_layer
-        if not 0 <= i < self.layers:
-            raise ValueError(f"layer {layer} outside [{self.first_layer}, "
-                             f"{self.first_layer + self.layers})")
+        layer, i = self._layer(layer)
         with self._guard.use("wait"):
             rc = _ffi.kvedge_pipeline_wait(self._h, layer)
         if rc == 0:
@@ -257,6 +251,26 @@ class Pipeline:
         if rc == _ENOTFOUND:
             return None
         raise error(rc, f"wait layer {layer}")
+
+    def ready(self, layer):
+        """Whether `layer` is done (resident or a miss: wait() would return at once),
+        without blocking."""
+        layer, _ = self._layer(layer)
+        with self._guard.use("ready"):
+            rc = _ffi.kvedge_pipeline_ready(self._h, layer)
+        if rc < 0:
+            raise error(rc, f"ready layer {layer}")
+        return rc == 1
+
+    def _layer(self, layer):
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
+            raise TypeError(f"layer must be an int, not {type(layer).__name__}")
+        layer = operator.index(layer)
+        i = layer - self.first_layer
+        if not 0 <= i < self.layers:
+            raise ValueError(f"layer {layer} outside [{self.first_layer}, "
+                             f"{self.first_layer + self.layers})")
+        return layer, i
 
     def plan(self):
         """The proxy's plan (dict, see kvedge.Client.fetch), or None (a store-node source, or
