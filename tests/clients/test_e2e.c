@@ -447,6 +447,16 @@ static int s_e2e(kvedge_e2e_mode_t mode, kvedge_client_t *proxy, bool plan_recom
     return kvedge_e2e_decode(&rq, tokens, res);
 }
 
+/* A cloud node named name holding the fixture's context, lossless fp32 (st may be NULL). */
+static void s_lossless_cloud(const s_env_t *e, s_node_t *cloud, const char *name,
+                             kvedge_e2e_prefill_stats_t *st)
+{
+    s_node_start(cloud, e, name, KVEDGE_ROLE_CLOUD, false);
+    kvedge_e2e_quant_t q;
+    s_quant(&q, KVEDGE_SCHEME_LOSSLESS, KVEDGE_DTYPE_FP32, false);
+    s_prefill(cloud->ep, &q, st);
+}
+
 static kvedge_e2e_result_t *s_result(void)
 {
     kvedge_e2e_result_t *r = calloc(1, sizeof *r);
@@ -513,11 +523,8 @@ static void test_lossless_matches_local(void **state)
     s_env_t e;
     s_env_start(&e);
     s_node_t cloud;
-    s_node_start(&cloud, &e, "cloud1", KVEDGE_ROLE_CLOUD, false);
-    kvedge_e2e_quant_t q;
-    s_quant(&q, KVEDGE_SCHEME_LOSSLESS, KVEDGE_DTYPE_FP32, false);
     kvedge_e2e_prefill_stats_t st;
-    s_prefill(cloud.ep, &q, &st);
+    s_lossless_cloud(&e, &cloud, "cloud1", &st);
     /* fp32 lossless: more than the fp16 size (lz4 gains little on random weights). */
     assert_true(st.bytes > st.fp16_bytes);
 
@@ -737,11 +744,8 @@ static void test_precision_accept(void **state)
     s_env_t e;
     s_env_start(&e);
     s_node_t cloud;
-    s_node_start(&cloud, &e, "cloudp", KVEDGE_ROLE_CLOUD, false);
-    kvedge_e2e_quant_t q;
-    s_quant(&q, KVEDGE_SCHEME_LOSSLESS, KVEDGE_DTYPE_FP32, false);
     kvedge_e2e_prefill_stats_t st;
-    s_prefill(cloud.ep, &q, &st);
+    s_lossless_cloud(&e, &cloud, "cloudp", &st);
     char spec[400], pep[300];
     snprintf(spec, sizeof spec, "cloud cloudp %s", cloud.ep);
     const char *specs[] = {spec};
@@ -933,11 +937,8 @@ static void test_yields_cores_to_a_slow_fetch(void **state)
     s_env_t e;
     s_env_start(&e);
     s_node_t cloud;
-    s_node_start(&cloud, &e, "cloud1", KVEDGE_ROLE_CLOUD, false);
-    kvedge_e2e_quant_t q;
-    s_quant(&q, KVEDGE_SCHEME_LOSSLESS, KVEDGE_DTYPE_FP32, false);
     kvedge_e2e_prefill_stats_t st;
-    s_prefill(cloud.ep, &q, &st);
+    s_lossless_cloud(&e, &cloud, "cloud1", &st);
     /* Each layer takes 8 * st.bytes / L / 2e6 s on the link (tens of ms): the decoder, which
      * computes a layer of this model in well under a millisecond, always waits for the next. */
     char spec[400];
