@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "gpu/stage_impl.h"
+#include "store/bigmem.h"
 #include "store/error.h"
 
 struct kvedge_gpu_event_s {
@@ -157,7 +158,7 @@ int kvedge_gpu_host_alloc(size_t bytes, void **out)
         return KVEDGE_EINVAL;
     if (kvedge_gpu_stage_on_device())
         return kvedge_gpu_cuda_host_alloc(bytes, out);
-    void *p = malloc(bytes);
+    void *p = kvedge_big_alloc(bytes);
     if (!p)
         return KVEDGE_ENOMEM;
     *out = p;

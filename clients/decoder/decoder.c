@@ -15,6 +15,7 @@
 #include "clients/decoder/decoder_impl.h"
 #include "clients/decoder/safetensors.h"
 #include "gpu/attn.h"
+#include "store/bigmem.h"
 #include "store/error.h"
 
 /* nn.LayerNorm's default, which every OPT checkpoint uses. */
@@ -663,10 +664,11 @@ static int s_session_alloc(kvedge_decoder_session_t *self, uint32_t ctx_len, uin
     const size_t ckv = c->layers * kvedge_decoder_kv_floats(md, ctx_len);
     const size_t lkv = c->layers * kvedge_decoder_kv_floats(md, loc_cap);
     self->ctx_tokens = malloc((ctx_len ? ctx_len : 1) * sizeof(int32_t));
-    self->ctx_k = malloc((ckv ? ckv : 1) * sizeof(float));
-    self->ctx_v = malloc((ckv ? ckv : 1) * sizeof(float));
-    self->loc_k = malloc(lkv * sizeof(float));
-    self->loc_v = malloc(lkv * sizeof(float));
+    /* Big: the loader dequantizes fetched layers into ctx_k and ctx_v while the fetch runs. */
+    self->ctx_k = kvedge_big_alloc(ckv * sizeof(float));
+    self->ctx_v = kvedge_big_alloc(ckv * sizeof(float));
+    self->loc_k = kvedge_big_alloc(lkv * sizeof(float));
+    self->loc_v = kvedge_big_alloc(lkv * sizeof(float));
     self->x = malloc((size_t)loc_cap * c->hidden * sizeof(float));
     if (!self->ctx_tokens || !self->ctx_k || !self->ctx_v || !self->loc_k || !self->loc_v ||
         !self->x) {
