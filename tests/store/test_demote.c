@@ -22,6 +22,7 @@
 #include "store/engine.h"
 #include "store/error.h"
 #include "store/prec.h"
+#include "tests/common/engine_fx.h"
 #include "tests/common/testutil.h"
 
 #define MODEL    "test-model"
@@ -37,69 +38,21 @@ static const kvedge_prec_t G64 = KVEDGE_PREC_INT4_G64;
 static const kvedge_prec_t G128 = KVEDGE_PREC_INT4_G128;
 #define G32T50 KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, KVEDGE_PREC_THINK_50)
 
-typedef struct {
-    char dir[64];
-    char path[96];
-    _Atomic uint64_t now;
-    kvedge_engine_t *e;
-} fx_t;
-
-static uint64_t s_clock(void *ctx)
-{
-    return ((fx_t *)ctx)->now;
-}
-
-static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static int setup(void **state)
 {
-    fx_t *fx = calloc(1, sizeof *fx);
-    if (!fx)
-        return -1;
-    strcpy(fx->dir, "/tmp/kvedge-test-demote-XXXXXX");
-    if (!mkdtemp(fx->dir)) {
-        free(fx);
-        return -1;
-    }
-    snprintf(fx->path, sizeof fx->path, "%s/store", fx->dir);
-    fx->now = 1000000;
-    *state = fx;
-    return 0;
+    return kt_fx_setup(state, "demote", 1000000);
 }
 
 static int teardown(void **state)
 {
-    fx_t *fx = *state;
-    kvedge_engine_destroy(&fx->e);
-    nftw(fx->dir, s_rm, 16, FTW_DEPTH | FTW_PHYS);
-    free(fx);
-    return 0;
+    return kt_fx_teardown(state);
 }
 
-static kvedge_engine_opts_t s_opts(fx_t *fx)
-{
-    kvedge_engine_opts_t o;
-    kvedge_engine_opts_default(&o);
-    o.clock_ms = s_clock;
-    o.clock_ctx = fx;
-    return o;
-}
-
+/* Opens fx->e with opts (the fixture's clock when opts is NULL) and registers the model. */
 static void s_open(fx_t *fx, const kvedge_engine_opts_t *opts)
 {
-    kvedge_engine_opts_t o = opts ? *opts : s_opts(fx);
-    char why[256];
-    int rc = kvedge_engine_open(fx->path, &o, &fx->e, why, sizeof why);
-    if (rc != 0)
-        fail_msg("open: %s: %s", kvedge_errname(rc), why);
-    kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
-    assert_int_equal(kvedge_engine_put_model(fx->e, &m), 0);
+    const kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    kt_fx_open(fx, opts, &m);
 }
 
 static uint8_t *s_block(uint64_t seed, kvedge_scheme_t scheme, uint16_t group, size_t *len)
@@ -291,7 +244,7 @@ static void test_errors(void **state)
     s_check_totals(fx->e);
     kvedge_engine_destroy(&fx->e);
     /* Read-only. */
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.read_only = true;
     char why[256];
     assert_int_equal(kvedge_engine_open(fx->path, &o, &fx->e, why, sizeof why), 0);
@@ -528,7 +481,7 @@ static void test_chunk_and_idle(void **state)
 static void test_prepare_variant(void **state)
 {
     fx_t *fx = *state;
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     size_t pl, gl;
     uint8_t *p = s_block(17, KVEDGE_SCHEME_INT8, 0, &pl);
     uint8_t *g = s_at(p, pl, G32, &gl);
@@ -587,7 +540,7 @@ static void test_pressure_order(void **state)
     size_t l8, l4;
     uint8_t *i8 = s_block(100, KVEDGE_SCHEME_INT8, 0, &l8);
     uint8_t *g = s_at(i8, l8, G32, &l4);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.capacity_bytes = 8 * l8 - 1; /* not quite eight int8 blocks */
     o.pressure_demote = G32;
     s_open(fx, &o);
@@ -680,7 +633,7 @@ static void test_pressure_off_by_default(void **state)
     fx_t *fx = *state;
     size_t l8;
     uint8_t *i8 = s_block(100, KVEDGE_SCHEME_INT8, 0, &l8);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     assert_int_equal(o.pressure_demote, KVEDGE_PREC_STORED);
     o.capacity_bytes = 4 * l8;
     s_open(fx, &o);
@@ -703,7 +656,7 @@ static void test_pressure_off_by_default(void **state)
 static void test_pressure_evict_and_unpin(void **state)
 {
     fx_t *fx = *state;
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.pressure_demote = G32;
     s_open(fx, &o);
     kvedge_chunk_info_t c = s_chunk(11);
@@ -783,7 +736,7 @@ static void test_pressure_concurrent(void **state)
     fx_t *fx = *state;
     size_t l8;
     uint8_t *i8 = s_block(100, KVEDGE_SCHEME_INT8, 0, &l8);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.capacity_bytes = 6 * l8;
     o.pressure_demote = G32;
     s_open(fx, &o);

@@ -25,6 +25,7 @@
 #include "store/engine.h"
 #include "store/engine_debug.h"
 #include "store/error.h"
+#include "tests/common/engine_fx.h"
 #include "tests/common/testutil.h"
 
 #define MODEL    "test-model"
@@ -32,73 +33,21 @@
 #define HEADS    4
 #define HEAD_DIM 64
 
-/* Per-test state: a fresh directory, an injectable clock, the engine under test. */
-typedef struct {
-    char dir[64];
-    char path[96]; /* the store, inside dir */
-    uint64_t now;
-    kvedge_engine_t *e;
-} fx_t;
-
-static uint64_t s_clock(void *ctx)
-{
-    return ((fx_t *)ctx)->now;
-}
-
-static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static int setup(void **state)
 {
-    fx_t *fx = calloc(1, sizeof *fx);
-    if (!fx)
-        return -1;
-    strcpy(fx->dir, "/tmp/kvedge-test-engine-XXXXXX");
-    if (!mkdtemp(fx->dir)) {
-        free(fx);
-        return -1;
-    }
-    snprintf(fx->path, sizeof fx->path, "%s/store", fx->dir);
-    fx->now = 1000;
-    *state = fx;
-    return 0;
+    return kt_fx_setup(state, "engine", 1000);
 }
 
 static int teardown(void **state)
 {
-    fx_t *fx = *state;
-    kvedge_engine_destroy(&fx->e);
-    nftw(fx->dir, s_rm, 16, FTW_DEPTH | FTW_PHYS);
-    free(fx);
-    return 0;
-}
-
-static kvedge_engine_opts_t s_opts(fx_t *fx)
-{
-    kvedge_engine_opts_t o;
-    kvedge_engine_opts_default(&o);
-    o.clock_ms = s_clock;
-    o.clock_ctx = fx;
-    return o;
+    return kt_fx_teardown(state);
 }
 
 /* Opens fx->e with opts (the fixture's clock when opts is NULL) and registers the model. */
 static void s_open(fx_t *fx, const kvedge_engine_opts_t *opts)
 {
-    kvedge_engine_opts_t o = opts ? *opts : s_opts(fx);
-    char why[256];
-    int rc = kvedge_engine_open(fx->path, &o, &fx->e, why, sizeof why);
-    if (rc != 0)
-        fail_msg("open: %s: %s", kvedge_errname(rc), why);
-    if (!o.read_only) {
-        kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
-        assert_int_equal(kvedge_engine_put_model(fx->e, &m), 0);
-    }
+    const kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    kt_fx_open(fx, opts, &m);
 }
 
 static uint8_t *s_block(uint64_t seed, uint32_t tokens, kvedge_scheme_t scheme, size_t *len)
@@ -437,7 +386,7 @@ static void test_eviction_order(void **state)
     fx_t *fx = *state;
     size_t len;
     uint8_t *blk = s_block(1, 16, KVEDGE_SCHEME_LOSSLESS, &len);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.capacity_bytes = 3 * len;
     s_open(fx, &o);
     kvedge_chunk_info_t c = s_chunk(7, NULL, 16);
@@ -493,7 +442,7 @@ static void test_pinned_survive_eviction(void **state)
     fx_t *fx = *state;
     size_t len;
     uint8_t *blk = s_block(2, 16, KVEDGE_SCHEME_LOSSLESS, &len);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.capacity_bytes = 3 * len;
     s_open(fx, &o);
     kvedge_chunk_info_t c = s_chunk(8, NULL, 16);
@@ -565,7 +514,7 @@ static void test_pinned_survive_eviction(void **state)
 static void test_ttl(void **state)
 {
     fx_t *fx = *state;
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.default_ttl_s = 100;
     s_open(fx, &o);
     size_t len;
@@ -727,7 +676,7 @@ static void test_put_errors_leave_data_intact(void **state)
     uint8_t *big = s_block(7, 256, KVEDGE_SCHEME_LOSSLESS, &big_len);
     uint8_t *b32 = s_block(8, 32, KVEDGE_SCHEME_LOSSLESS, &len32);
     assert_true(big_len > 4 * len);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.capacity_bytes = 4 * len;
     s_open(fx, &o);
     kvedge_chunk_info_t c = s_chunk(12, NULL, 16);
@@ -893,7 +842,7 @@ static void test_read_only(void **state)
     assert_int_equal(kvedge_engine_debug_put_raw(fx->e, &k1, blk, len / 2), 0);
     kvedge_engine_destroy(&fx->e);
 
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.read_only = true;
     s_open(fx, &o);
     fx->now = 100000; /* would refresh atime if the engine could write */
@@ -950,7 +899,7 @@ static void test_second_open_is_busy(void **state)
 static void test_missing_dir(void **state)
 {
     fx_t *fx = *state;
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.create_if_missing = false;
     kvedge_engine_t *e = NULL;
     char why[256] = "";
@@ -1297,7 +1246,7 @@ static void test_blob_damage_read_only(void **state)
     s_blob_store(fx, &bf, false);
     kvedge_block_key_t k5 = s_key(&bf.c, 0, 5);
     s_damage_blob(fx, &k5, BLOB_VALUE_OFF);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.read_only = true;
     s_open(fx, &o);
 
@@ -1648,7 +1597,7 @@ static void test_cache_sizes(void **state)
     kvedge_model_t bm = {BLOB_MODEL, 2, BLOB_HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         snprintf(fx->path, sizeof fx->path, "%s/store-%zu", fx->dir, i);
-        kvedge_engine_opts_t o = s_opts(fx);
+        kvedge_engine_opts_t o = kt_fx_opts(fx);
         o.cache_bytes = sizes[i];
         fx->now = 1000;
         s_open(fx, &o);

@@ -22,6 +22,7 @@
 #include "store/engine_debug.h"
 #include "store/error.h"
 #include "store/prec.h"
+#include "tests/common/engine_fx.h"
 #include "tests/common/testutil.h"
 
 #define MODEL    "test-model"
@@ -35,71 +36,21 @@ static const kvedge_prec_t I8 = KVEDGE_PREC_INT8;
 static const kvedge_prec_t G32 = KVEDGE_PREC_INT4_G32;
 static const kvedge_prec_t G64 = KVEDGE_PREC_INT4_G64;
 
-typedef struct {
-    char dir[64];
-    char path[96];
-    uint64_t now;
-    kvedge_engine_t *e;
-} fx_t;
-
-static uint64_t s_clock(void *ctx)
-{
-    return ((fx_t *)ctx)->now;
-}
-
-static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
 static int setup(void **state)
 {
-    fx_t *fx = calloc(1, sizeof *fx);
-    if (!fx)
-        return -1;
-    strcpy(fx->dir, "/tmp/kvedge-test-variants-XXXXXX");
-    if (!mkdtemp(fx->dir)) {
-        free(fx);
-        return -1;
-    }
-    snprintf(fx->path, sizeof fx->path, "%s/store", fx->dir);
-    fx->now = 1000;
-    *state = fx;
-    return 0;
+    return kt_fx_setup(state, "variants", 1000);
 }
 
 static int teardown(void **state)
 {
-    fx_t *fx = *state;
-    kvedge_engine_destroy(&fx->e);
-    nftw(fx->dir, s_rm, 16, FTW_DEPTH | FTW_PHYS);
-    free(fx);
-    return 0;
+    return kt_fx_teardown(state);
 }
 
-static kvedge_engine_opts_t s_opts(fx_t *fx)
-{
-    kvedge_engine_opts_t o;
-    kvedge_engine_opts_default(&o);
-    o.clock_ms = s_clock;
-    o.clock_ctx = fx;
-    return o;
-}
-
+/* Opens fx->e with opts (the fixture's clock when opts is NULL) and registers the model. */
 static void s_open(fx_t *fx, const kvedge_engine_opts_t *opts)
 {
-    kvedge_engine_opts_t o = opts ? *opts : s_opts(fx);
-    char why[256];
-    int rc = kvedge_engine_open(fx->path, &o, &fx->e, why, sizeof why);
-    if (rc != 0)
-        fail_msg("open: %s: %s", kvedge_errname(rc), why);
-    if (!o.read_only) {
-        kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
-        assert_int_equal(kvedge_engine_put_model(fx->e, &m), 0);
-    }
+    const kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    kt_fx_open(fx, opts, &m);
 }
 
 /* A synthetic block of one scheme (group 0: lossless or int8). */
@@ -520,7 +471,7 @@ static void test_put_variant_errors(void **state)
 
     /* Read-only. */
     kvedge_engine_destroy(&fx->e);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.read_only = true;
     s_open(fx, &o);
     assert_int_equal(kvedge_engine_put_variant(fx->e, &k, I8, i8, i8l), KVEDGE_EREADONLY);
@@ -748,7 +699,7 @@ static void test_capacity(void **state)
     size_t pl, i8l;
     uint8_t *p = s_block(91, TOKENS, KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, &pl);
     uint8_t *i8 = s_at(p, pl, I8, &i8l);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.capacity_bytes = 2 * pl + i8l / 2; /* two primaries, not a variant besides */
     s_open(fx, &o);
     kvedge_chunk_info_t c = s_chunk(10, TOKENS);
@@ -826,7 +777,7 @@ static void test_read_only_without_family(void **state)
     kvedge_engine_destroy(&fx->e);
     s_raw(fx, "variants", NULL, 0, NULL, 0); /* a store from before variants */
 
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.read_only = true;
     s_open(fx, &o);
     kvedge_block_key_t k = s_key(&c, 0, 0);
@@ -953,7 +904,7 @@ static void test_concurrent(void **state)
     t.p = s_block(131, TOKENS, KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, &t.pl);
     t.i8 = s_at(t.p, t.pl, I8, &t.i8l);
     t.g32 = s_at(t.p, t.pl, G32, &t.g32l);
-    kvedge_engine_opts_t o = s_opts(fx);
+    kvedge_engine_opts_t o = kt_fx_opts(fx);
     o.clock_ms = NULL; /* the wall clock: threads read it */
     /* Room for what the other threads may hold reserved and not yet written (a primary each)
      * and for a block with its variants, never for every block: puts keep evicting. */
