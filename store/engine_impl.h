@@ -327,6 +327,15 @@ void kvedge_engine_touch(kvedge_engine_t *e, const uint8_t *kb, const kvedge_blo
  * succeeds. With no capacity it always succeeds. */
 bool kvedge_engine_reserve(kvedge_engine_t *e, int64_t delta);
 
+/* One step of a write's reserve-or-evict loop, the caller holding stripe s: reserves delta
+ * (returns KVEDGE_OK: write now), or makes room and returns 1 (the stripe was dropped: re-read
+ * the key and try again). Lock order is evict_mu, then one stripe at a time: the first miss
+ * takes evict_mu (*evicting), each later one evicts down to cap - delta, sparing kb, with the
+ * stripe dropped; a pass that freed nothing after one that ran out (*exhausted) gives
+ * KVEDGE_EFULL; an eviction error is returned. The caller unlocks evict_mu when *evicting. */
+int kvedge_engine_make_room(kvedge_engine_t *e, unsigned s, int64_t delta, uint64_t cap,
+                            const uint8_t *kb, bool *evicting, bool *exhausted);
+
 /* ---------------------------------------------------------------- time, stripes, totals */
 
 static inline uint64_t s_now(const kvedge_engine_t *e)

@@ -112,6 +112,30 @@ bool kvedge_engine_reserve(kvedge_engine_t *e, int64_t delta)
     return true;
 }
 
+int kvedge_engine_make_room(kvedge_engine_t *e, unsigned s, int64_t delta, uint64_t cap,
+                            const uint8_t *kb, bool *evicting, bool *exhausted)
+{
+    if (kvedge_engine_reserve(e, delta))
+        return KVEDGE_OK;
+    if (*exhausted)
+        return KVEDGE_EFULL;
+    /* Ours is dropped while others' blocks are evicted; the caller re-reads its key. */
+    s_unlock(e, s);
+    if (!*evicting) {
+        pthread_mutex_lock(&e->evict_mu);
+        *evicting = true;
+        s_lock(e, s);
+        return 1;
+    }
+    uint64_t freed = 0;
+    int erc = kvedge_engine_evict_locked(e, cap - (uint64_t)delta, kb, &freed, NULL);
+    s_lock(e, s);
+    if (erc != KVEDGE_OK && erc != KVEDGE_EFULL)
+        return erc;
+    *exhausted = erc == KVEDGE_EFULL && freed == 0;
+    return 1;
+}
+
 /* Checks a put's chunk against the model and the stored record; fills the record to write. */
 static int s_put_chunk_check(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint64_t now,
                              kvedge_chunk_info_t *rec)
@@ -204,29 +228,11 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
                 goto out;
             }
         }
-        if (kvedge_engine_reserve(e, udelta))
+        rc = kvedge_engine_make_room(e, s, udelta, cap, kb, &evicting, &exhausted);
+        if (rc == KVEDGE_OK)
             break;
-        if (exhausted) {
-            rc = KVEDGE_EFULL;
+        if (rc < 0)
             goto out;
-        }
-        /* Lock order is evict_mu, then one stripe at a time: ours is dropped while others'
-         * blocks are evicted, and the loop re-reads our key once it is back. */
-        s_unlock(e, s);
-        if (!evicting) {
-            pthread_mutex_lock(&e->evict_mu);
-            evicting = true;
-            s_lock(e, s);
-            continue;
-        }
-        uint64_t freed = 0;
-        int erc = kvedge_engine_evict_locked(e, cap - (uint64_t)udelta, kb, &freed, NULL);
-        s_lock(e, s);
-        if (erc != KVEDGE_OK && erc != KVEDGE_EFULL) {
-            rc = erc;
-            goto out;
-        }
-        exhausted = erc == KVEDGE_EFULL && freed == 0;
     }
     if (evicting) {
         pthread_mutex_unlock(&e->evict_mu);

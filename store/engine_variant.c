@@ -429,28 +429,11 @@ int kvedge_engine_put_variant(kvedge_engine_t *e, const kvedge_block_key_t *key,
             rc = KVEDGE_EFULL;
             goto out;
         }
-        if (kvedge_engine_reserve(e, delta))
+        rc = kvedge_engine_make_room(e, s, delta, cap, kb, &evicting, &exhausted);
+        if (rc == KVEDGE_OK)
             break;
-        if (exhausted) {
-            rc = KVEDGE_EFULL;
+        if (rc < 0)
             goto out;
-        }
-        /* As kvedge_engine_put: evict_mu first, then one stripe at a time. */
-        s_unlock(e, s);
-        if (!evicting) {
-            pthread_mutex_lock(&e->evict_mu);
-            evicting = true;
-            s_lock(e, s);
-            continue;
-        }
-        uint64_t freed = 0;
-        int erc = kvedge_engine_evict_locked(e, cap - (uint64_t)delta, kb, &freed, NULL);
-        s_lock(e, s);
-        if (erc != KVEDGE_OK && erc != KVEDGE_EFULL) {
-            rc = erc;
-            goto out;
-        }
-        exhausted = erc == KVEDGE_EFULL && freed == 0;
     }
     rc = s_variant_write(e, vk, m.checksum, block, len);
     if (rc != KVEDGE_OK) {
