@@ -100,9 +100,7 @@ static int s_rebind_variants(rocksdb_writebatch_t *b, kvedge_engine_t *e, const 
     if (!e->cf[S_CF_VARIANTS])
         return KVEDGE_OK;
     uint8_t upper[S_VARIANT_UPPER_BYTES];
-    memcpy(upper, kb, KVEDGE_BLOCK_KEY_BYTES);
-    upper[KVEDGE_BLOCK_KEY_BYTES] = 0xff;
-    upper[KVEDGE_BLOCK_KEY_BYTES + 1] = 0xff;
+    kvedge_variant_upper(kb, upper);
     uint8_t head[S_VARIANT_HEAD_BYTES];
     kvedge_le_put64(head, sum);
     rocksdb_readoptions_t *ro;

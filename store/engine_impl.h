@@ -362,6 +362,15 @@ static inline void s_unlock(kvedge_engine_t *e, unsigned s)
     pthread_mutex_unlock(&e->stripes[s]);
 }
 
+/* The exclusive upper bound of kb's variant keys (block key | 0xFF 0xFF), for an iterator
+ * over them from kb; out must outlive the iterator. */
+static inline void kvedge_variant_upper(const uint8_t *kb, uint8_t out[S_VARIANT_UPPER_BYTES])
+{
+    memcpy(out, kb, KVEDGE_BLOCK_KEY_BYTES);
+    out[KVEDGE_BLOCK_KEY_BYTES] = 0xff;
+    out[KVEDGE_BLOCK_KEY_BYTES + 1] = 0xff;
+}
+
 static inline void s_add(_Atomic uint64_t *a, uint64_t v)
 {
     atomic_fetch_add_explicit(a, v, memory_order_relaxed);

@@ -17,13 +17,6 @@ static void s_vkey(const uint8_t *kb, kvedge_prec_t prec, uint8_t out[S_VARIANT_
     out[KVEDGE_BLOCK_KEY_BYTES] = prec;
 }
 
-static void s_vupper(const uint8_t *kb, uint8_t out[S_VARIANT_UPPER_BYTES])
-{
-    memcpy(out, kb, KVEDGE_BLOCK_KEY_BYTES);
-    out[KVEDGE_BLOCK_KEY_BYTES] = 0xff;
-    out[KVEDGE_BLOCK_KEY_BYTES + 1] = 0xff;
-}
-
 /* The rung of a primary from its meta: the rung whose encoding (scheme, group, key channels
  * kept) the meta describes, shallowest ThinK level first, as kvedge_prec_of_block reads a
  * header; KVEDGE_PREC_STORED when none. */
@@ -126,7 +119,7 @@ int kvedge_engine_batch_drop_variants(rocksdb_writebatch_t *b, kvedge_engine_t *
     if (!s_has_family(e))
         return KVEDGE_OK;
     uint8_t upper[S_VARIANT_UPPER_BYTES];
-    s_vupper(kb, upper);
+    kvedge_variant_upper(kb, upper);
     rocksdb_readoptions_t *ro;
     rocksdb_iterator_t *it =
         kvedge_engine_iter(e, S_CF_VARIANTS, kb, KVEDGE_BLOCK_KEY_BYTES, upper, sizeof upper, &ro);
@@ -480,7 +473,7 @@ static int s_list(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_meta
     if (!s_has_family(e))
         return KVEDGE_OK;
     uint8_t upper[S_VARIANT_UPPER_BYTES];
-    s_vupper(kb, upper);
+    kvedge_variant_upper(kb, upper);
     rocksdb_readoptions_t *ro;
     rocksdb_iterator_t *it =
         kvedge_engine_iter(e, S_CF_VARIANTS, kb, KVEDGE_BLOCK_KEY_BYTES, upper, sizeof upper, &ro);
