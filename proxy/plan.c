@@ -834,19 +834,35 @@ static void s_make(const s_ctx_t *c, kvedge_plan_t *out)
         s_prec_reasons(&ca, fin, fdone, out);
 }
 
+/* What kvedge_plan_cost and kvedge_plan_cost_prec share: the checks, and the costs that do not
+ * depend on bytes. Returns true with *cost final (INFINITY for bad input or a down source,
+ * recomputation for RECOMPUTE or a local source), else false with *net, the network source. */
+static bool s_cost_fixed(const kvedge_plan_request_t *req, const kvedge_plan_source_t *sources,
+                         size_t nsrc, int32_t source, uint32_t layer, double *cost,
+                         const kvedge_plan_source_t **net)
+{
+    *cost = INFINITY;
+    if (!req || !req->recompute_us || layer >= req->layers || layer >= KVEDGE_PLAN_MAX_LAYERS ||
+        nsrc > KVEDGE_PLAN_MAX_SOURCES || (nsrc > 0 && !sources))
+        return true;
+    if (source != KVEDGE_PLAN_SRC_RECOMPUTE &&
+        (source < 0 || (size_t)source >= nsrc || !sources[source].up))
+        return true;
+    if (source == KVEDGE_PLAN_SRC_RECOMPUTE || !s_is_net(&sources[source])) {
+        *cost = req->recompute_us[layer];
+        return true;
+    }
+    *net = &sources[source];
+    return false;
+}
+
 double kvedge_plan_cost(const kvedge_plan_request_t *req, const kvedge_plan_source_t *sources,
                         size_t nsrc, int32_t source, uint32_t layer)
 {
-    if (!req || !req->recompute_us || layer >= req->layers || layer >= KVEDGE_PLAN_MAX_LAYERS ||
-        nsrc > KVEDGE_PLAN_MAX_SOURCES || (nsrc > 0 && !sources))
-        return INFINITY;
-    if (source == KVEDGE_PLAN_SRC_RECOMPUTE)
-        return req->recompute_us[layer];
-    if (source < 0 || (size_t)source >= nsrc || !sources[source].up)
-        return INFINITY;
-    const kvedge_plan_source_t *s = &sources[source];
-    if (!s_is_net(s))
-        return req->recompute_us[layer];
+    double cost;
+    const kvedge_plan_source_t *s;
+    if (s_cost_fixed(req, sources, nsrc, source, layer, &cost, &s))
+        return cost;
     if (!s->layer_bytes || !(s->layer_bytes[layer] >= 0))
         return INFINITY;
     return s->rtt_us + s_xfer_us(s->layer_bytes[layer], s->bw_bytes_per_s);
@@ -858,17 +874,12 @@ double kvedge_plan_cost_prec(const kvedge_plan_request_t *req, const kvedge_plan
 {
     if (!prec)
         return kvedge_plan_cost(req, sources, nsrc, source, layer);
-    if (!req || !req->recompute_us || layer >= req->layers || layer >= KVEDGE_PLAN_MAX_LAYERS ||
-        nsrc > KVEDGE_PLAN_MAX_SOURCES || (nsrc > 0 && !sources) || prec->n < 1 ||
-        prec->n > KVEDGE_PLAN_MAX_PRECS)
+    if (prec->n < 1 || prec->n > KVEDGE_PLAN_MAX_PRECS)
         return INFINITY;
-    if (source == KVEDGE_PLAN_SRC_RECOMPUTE)
-        return req->recompute_us[layer];
-    if (source < 0 || (size_t)source >= nsrc || !sources[source].up)
-        return INFINITY;
-    const kvedge_plan_source_t *s = &sources[source];
-    if (!s_is_net(s))
-        return req->recompute_us[layer];
+    double cost;
+    const kvedge_plan_source_t *s;
+    if (s_cost_fixed(req, sources, nsrc, source, layer, &cost, &s))
+        return cost;
     const double *b = prec->layer_prec_bytes[source];
     if (prec_index < 0 || (uint32_t)prec_index >= prec->n || !b)
         return INFINITY;
