@@ -14,38 +14,7 @@
 
 #include "proxy/plan.h"
 #include "store/error.h"
-
-#define EPS 1e-9
-#define R   KVEDGE_PLAN_SRC_RECOMPUTE
-
-/* Fails unless |got - want| <= EPS. */
-#define EQ(got, want)                                                                              \
-    do {                                                                                           \
-        double g_ = (got), w_ = (want);                                                            \
-        if (!(fabs(g_ - w_) <= EPS))                                                               \
-            fail_msg("%s = %.12g, want %.12g", #got, g_, w_);                                      \
-    } while (0)
-
-static kvedge_plan_source_t s_src(kvedge_plan_kind_t kind, const char *name, double rtt_us,
-                                  double bw, const double *bytes)
-{
-    kvedge_plan_source_t s;
-    memset(&s, 0, sizeof s);
-    s.kind = kind;
-    snprintf(s.name, sizeof s.name, "%s", name);
-    s.up = true;
-    s.rtt_us = rtt_us;
-    s.bw_bytes_per_s = bw;
-    s.layer_bytes = bytes;
-    return s;
-}
-
-static kvedge_plan_t *s_plan_new(void)
-{
-    kvedge_plan_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    return p;
-}
+#include "tests/common/plan_fx.h"
 
 static void s_assign_of(const kvedge_plan_t *p, int32_t *as)
 {
@@ -585,21 +554,6 @@ static void test_errors(void **state)
 }
 
 /* ---- property test --------------------------------------------------------------------- */
-
-static uint64_t g_rng;
-
-static uint64_t s_next(void)
-{
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull); /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double s_unif(double lo, double hi)
-{
-    return lo + (hi - lo) * ((double)(s_next() >> 11) / 9007199254740992.0);
-}
 
 /* T of the assignment "source s where it has the layer, recompute elsewhere". */
 static double s_single(const kvedge_plan_request_t *req, const kvedge_plan_source_t *src, size_t n,

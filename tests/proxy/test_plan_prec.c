@@ -15,31 +15,7 @@
 
 #include "proxy/plan.h"
 #include "store/error.h"
-
-#define EPS 1e-9
-#define R   KVEDGE_PLAN_SRC_RECOMPUTE
-
-/* Fails unless |got - want| <= EPS. */
-#define EQ(got, want)                                                                              \
-    do {                                                                                           \
-        double g_ = (got), w_ = (want);                                                            \
-        if (!(fabs(g_ - w_) <= EPS))                                                               \
-            fail_msg("%s = %.12g, want %.12g", #got, g_, w_);                                      \
-    } while (0)
-
-static kvedge_plan_source_t s_src(kvedge_plan_kind_t kind, const char *name, double rtt_us,
-                                  double bw, const double *bytes)
-{
-    kvedge_plan_source_t s;
-    memset(&s, 0, sizeof s);
-    s.kind = kind;
-    snprintf(s.name, sizeof s.name, "%s", name);
-    s.up = true;
-    s.rtt_us = rtt_us;
-    s.bw_bytes_per_s = bw;
-    s.layer_bytes = bytes;
-    return s;
-}
+#include "tests/common/plan_fx.h"
 
 static kvedge_plan_prec_t s_prec(uint32_t n, const double *qc, double budget)
 {
@@ -48,13 +24,6 @@ static kvedge_plan_prec_t s_prec(uint32_t n, const double *qc, double budget)
     p.n = n;
     p.quality_cost = qc;
     p.budget = budget;
-    return p;
-}
-
-static kvedge_plan_t *s_plan_new(void)
-{
-    kvedge_plan_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
     return p;
 }
 
@@ -565,21 +534,6 @@ static void test_errors_prec(void **state)
 }
 
 /* ---- property test --------------------------------------------------------------------- */
-
-static uint64_t g_rng;
-
-static uint64_t s_next(void)
-{
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull); /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double s_unif(double lo, double hi)
-{
-    return lo + (hi - lo) * ((double)(s_next() >> 11) / 9007199254740992.0);
-}
 
 /* The plan is what the precision-aware simulate says it is, within its budget, never above a
  * fixed precision, its bound below it and its per-layer numbers consistent. */
