@@ -39,6 +39,7 @@
 #include "store/master/master.h"
 #include "store/error.h"
 #include "store/node/node.h"
+#include "tests/common/world.h"
 
 #define S_CLOUD_ID  "ls-cloud"
 #define S_CLOUD2_ID "ls-cloud2" /* the same shape; no map pairs it with the edge */
@@ -74,14 +75,7 @@ static struct {
     size_t ekvf;                /* floats of one edge layer */
     float *ek, *ev;             /* the edge's own context K/V, [layers][heads][S_CTX][hd] */
     float *ak[3], *av[3];       /* kvedge_adapter_apply of the mapped layers, [4][S_CTX][16] */
-    /* The world: a master with the models and the map, a cloud node, a proxy. */
-    char mdir[200], mep[200], mpub[200];
-    kvedge_master_t *master;
-    kvedge_mview_t *reg;
-    char ndir[200], nep[250];
-    kvedge_node_t *node;
-    char pep[250];
-    kvedge_proxy_t *proxy;
+    kt_world_t w;               /* a master with the models and the maps, a cloud node, a proxy */
 } s_fx;
 
 static void s_synth(const char *path, uint32_t layers, uint32_t heads, uint64_t seed)
@@ -140,7 +134,7 @@ static kvedge_adapter_t *s_fit(const char *cloud_id)
         assert_int_equal(
             kvedge_master_key_format(KVEDGE_MASTER_SPACE_MAP, cloud_id, S_EDGE_ID, key, sizeof key),
             KVEDGE_OK);
-        assert_int_equal(kvedge_mview_set(s_fx.reg, key, body, len, 3000), KVEDGE_OK);
+        assert_int_equal(kvedge_mview_set(s_fx.w.reg, key, body, len, 3000), KVEDGE_OK);
         free(rec);
     }
     return a;
@@ -155,7 +149,7 @@ static void s_register_model(const kvedge_model_t *m)
     assert_int_equal(
         kvedge_master_key_format(KVEDGE_MASTER_SPACE_MODEL, m->id, NULL, key, sizeof key),
         KVEDGE_OK);
-    assert_int_equal(kvedge_mview_set(s_fx.reg, key, body, len, 3000), KVEDGE_OK);
+    assert_int_equal(kvedge_mview_set(s_fx.w.reg, key, body, len, 3000), KVEDGE_OK);
 }
 
 static kvedge_client_t *s_client(const char *ep)
@@ -220,43 +214,16 @@ static void s_put_edge_layer(kvedge_client_t *c, uint32_t l)
 
 static void s_world_start(void)
 {
-    snprintf(s_fx.mdir, sizeof s_fx.mdir, "%s/master", s_fx.root);
-    snprintf(s_fx.mep, sizeof s_fx.mep, "ipc://%s/m.sock", s_fx.root);
-    snprintf(s_fx.mpub, sizeof s_fx.mpub, "ipc://%s/mp.sock", s_fx.root);
-    kvedge_master_opts_t mo;
-    kvedge_master_opts_default(&mo);
-    mo.bind = s_fx.mep;
-    mo.pub = s_fx.mpub;
-    mo.data_dir = s_fx.mdir;
-    mo.insecure = true;
-    assert_int_equal(kvedge_master_start(&mo, &s_fx.master, NULL, 0), KVEDGE_OK);
-    kvedge_mview_opts_t vo;
-    kvedge_mview_opts_default(&vo);
-    vo.master = s_fx.mep;
-    vo.pub = s_fx.mpub;
-    assert_int_equal(kvedge_mview_start(&vo, &s_fx.reg), KVEDGE_OK);
+    kt_world_master(&s_fx.w, s_fx.root);
     s_register_model(&s_fx.cloud_m);
     s_register_model(&s_fx.cloud2_m);
     s_register_model(&s_fx.edge_m);
 
-    snprintf(s_fx.ndir, sizeof s_fx.ndir, "%s/cloud1", s_fx.root);
-    snprintf(s_fx.nep, sizeof s_fx.nep, "ipc://%s.sock", s_fx.ndir);
-    kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = KVEDGE_ROLE_CLOUD;
-    ns.insecure = true;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s", s_fx.ndir);
-    snprintf(ns.bind, sizeof ns.bind, "%s", s_fx.nep);
-    snprintf(ns.name, sizeof ns.name, "cloud1");
-    char why[256];
-    if (kvedge_node_start(&ns, &s_fx.node, why, sizeof why) != KVEDGE_OK)
-        fail_msg("node: %s", why);
+    kt_world_node(&s_fx.w, s_fx.root);
 
     /* The cloud role: the cloud model's context, lossless fp32, so the edge gets its exact
      * K/V. */
-    kvedge_client_t *c = s_client(s_fx.nep);
+    kvedge_client_t *c = s_client(s_fx.w.nep);
     kvedge_e2e_quant_t q;
     kvedge_e2e_quant_default(&q);
     q.scheme = KVEDGE_SCHEME_LOSSLESS;
@@ -268,23 +235,7 @@ static void s_world_start(void)
     s_put_edge_layer(c, 1);
     kvedge_client_destroy(&c);
 
-    kvedge_proxy_source_t src;
-    char spec[400];
-    snprintf(spec, sizeof spec, "cloud cloud1 %s bw=1000000000 rtt=200", s_fx.nep);
-    assert_int_equal(kvedge_proxy_source_parse(spec, &src), KVEDGE_OK);
-    snprintf(s_fx.pep, sizeof s_fx.pep, "ipc://%s/proxy.sock", s_fx.root);
-    kvedge_proxy_opts_t po;
-    kvedge_proxy_opts_default(&po);
-    po.bind = s_fx.pep;
-    po.insecure = true;
-    po.id = "proxy-ls";
-    po.sources = &src;
-    po.nsources = 1;
-    po.master = s_fx.mep;
-    po.master_pub = s_fx.mpub;
-    if (kvedge_proxy_start(&po, &s_fx.proxy, why, sizeof why) != KVEDGE_OK)
-        fail_msg("proxy: %s", why);
-    assert_int_equal(kvedge_proxy_wait_sources(s_fx.proxy, 1, 5000), KVEDGE_OK);
+    kt_world_proxy(&s_fx.w, s_fx.root, "proxy-ls");
 }
 
 static int s_setup(void **state)
@@ -356,10 +307,7 @@ static int s_setup(void **state)
 static int s_teardown(void **state)
 {
     (void)state;
-    kvedge_proxy_destroy(&s_fx.proxy);
-    kvedge_node_destroy(&s_fx.node);
-    kvedge_mview_destroy(&s_fx.reg);
-    kvedge_master_destroy(&s_fx.master);
+    kt_world_stop(&s_fx.w);
     for (int e = 0; e < 3; e++) {
         free(s_fx.ak[e]);
         free(s_fx.av[e]);
@@ -500,7 +448,7 @@ static void s_dst_expect(const kvedge_kv_dst_t *d, uint32_t offset, const float 
 static void test_pipeline_mapped_exact(void **state)
 {
     (void)state;
-    kvedge_client_t *c = s_client(s_fx.pep);
+    kvedge_client_t *c = s_client(s_fx.w.pep);
     s_dst_t d;
     s_dst_make(&d, S_OFFSET);
     kvedge_chunk_id_t ids[S_NCHUNK], mids[S_NCHUNK];
@@ -601,7 +549,7 @@ static void s_decode(s_prov_t *pv, float *logits)
 static void test_adapt_failure_is_a_miss(void **state)
 {
     (void)state;
-    kvedge_client_t *c = s_client(s_fx.pep);
+    kvedge_client_t *c = s_client(s_fx.w.pep);
     s_dst_t d;
     s_dst_make(&d, 0);
     for (int l = 0; l < 3; l++) /* tokens_cap S_CTX: s_provide copies the layer as it is */
@@ -694,7 +642,7 @@ static int s_e2e(kvedge_e2e_mode_t mode, kvedge_client_t *proxy, const kvedge_mo
 static void test_e2e_large_small(void **state)
 {
     (void)state;
-    kvedge_client_t *c = s_client(s_fx.pep);
+    kvedge_client_t *c = s_client(s_fx.w.pep);
     kvedge_e2e_result_t *r = calloc(1, sizeof *r);
     float *got = malloc(S_VOCAB * sizeof(float)), *want = malloc(S_VOCAB * sizeof(float));
     assert_true(r && got && want);
@@ -754,7 +702,7 @@ static void test_e2e_large_small(void **state)
 static void test_no_map_all_computed(void **state)
 {
     (void)state;
-    kvedge_client_t *c = s_client(s_fx.pep);
+    kvedge_client_t *c = s_client(s_fx.w.pep);
     kvedge_e2e_result_t *r = calloc(1, sizeof *r);
     float *got = malloc(S_VOCAB * sizeof(float)), *want = malloc(S_VOCAB * sizeof(float));
     assert_true(r && got && want);
@@ -782,7 +730,7 @@ static void test_no_map_all_computed(void **state)
 static void test_e2e_refused(void **state)
 {
     (void)state;
-    kvedge_client_t *c = s_client(s_fx.pep), *node = s_client(s_fx.nep);
+    kvedge_client_t *c = s_client(s_fx.w.pep), *node = s_client(s_fx.w.nep);
     kvedge_e2e_result_t *r = calloc(1, sizeof *r);
     assert_non_null(r);
     int32_t tok[S_NEW];
@@ -827,7 +775,7 @@ static void test_cli_decode_adapter(void **state)
     snprintf(cmd, sizeof cmd,
              "%s -H %s decode --weights %s --model-id %s --context-ids %s --prompt-ids %s "
              "--chunk-tokens %d --max-new %d --adapter %s > %s 2>&1",
-             KVEDGE_BIN, s_fx.pep, s_fx.edge_w, S_EDGE_ID, ctx, prompt, S_CHUNK, S_NEW,
+             KVEDGE_BIN, s_fx.w.pep, s_fx.edge_w, S_EDGE_ID, ctx, prompt, S_CHUNK, S_NEW,
              s_fx.adapter_path, out);
     int rc = system(cmd);
     char text[8192] = "";
@@ -848,7 +796,7 @@ static void test_cli_decode_adapter(void **state)
     snprintf(cmd, sizeof cmd,
              "%s -H %s decode --weights %s --model-id %s --context-ids %s --prompt-ids %s "
              "--chunk-tokens %d --max-new %d --adapter %s > %s 2>&1",
-             KVEDGE_BIN, s_fx.pep, s_fx.cloud_w, S_CLOUD_ID, ctx, prompt, S_CHUNK, S_NEW,
+             KVEDGE_BIN, s_fx.w.pep, s_fx.cloud_w, S_CLOUD_ID, ctx, prompt, S_CHUNK, S_NEW,
              s_fx.adapter_path, out);
     rc = system(cmd);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);

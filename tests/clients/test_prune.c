@@ -38,6 +38,7 @@
 #include "store/error.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
+#include "tests/common/world.h"
 
 #define S_CLOUD_ID "pr-cloud" /* pruned to the maps' union */
 #define S_FULL_ID  "pr-full"  /* the same weights, every layer stored */
@@ -70,13 +71,7 @@ static struct {
     kvedge_adapter_t *adapter, *adapter_full;
     kvedge_e2e_prefill_stats_t st_full, st_pruned;
     kvedge_prune_set_t keep; /* what the pruned prefill used */
-    char mdir[200], mep[200], mpub[200];
-    kvedge_master_t *master;
-    kvedge_mview_t *reg;
-    char ndir[200], nep[250];
-    kvedge_node_t *node;
-    char pep[250];
-    kvedge_proxy_t *proxy;
+    kt_world_t w;            /* a master with the models and the maps, a cloud node, a proxy */
 } s_fx;
 
 /* ---------------------------------------------------------------- helpers */
@@ -105,7 +100,7 @@ static kvedge_decoder_t *s_load(const char *path)
 
 static void s_set(const char *key, const uint8_t *body, size_t len)
 {
-    assert_int_equal(kvedge_mview_set(s_fx.reg, key, body, len, 3000), KVEDGE_OK);
+    assert_int_equal(kvedge_mview_set(s_fx.w.reg, key, body, len, 3000), KVEDGE_OK);
 }
 
 static void s_register_model(const kvedge_model_t *m)
@@ -197,21 +192,7 @@ static void s_quant(kvedge_e2e_quant_t *q, const kvedge_prune_set_t *layers)
 
 static void s_world_start(void)
 {
-    snprintf(s_fx.mdir, sizeof s_fx.mdir, "%s/master", s_fx.root);
-    snprintf(s_fx.mep, sizeof s_fx.mep, "ipc://%s/m.sock", s_fx.root);
-    snprintf(s_fx.mpub, sizeof s_fx.mpub, "ipc://%s/mp.sock", s_fx.root);
-    kvedge_master_opts_t mo;
-    kvedge_master_opts_default(&mo);
-    mo.bind = s_fx.mep;
-    mo.pub = s_fx.mpub;
-    mo.data_dir = s_fx.mdir;
-    mo.insecure = true;
-    assert_int_equal(kvedge_master_start(&mo, &s_fx.master, NULL, 0), KVEDGE_OK);
-    kvedge_mview_opts_t vo;
-    kvedge_mview_opts_default(&vo);
-    vo.master = s_fx.mep;
-    vo.pub = s_fx.mpub;
-    assert_int_equal(kvedge_mview_start(&vo, &s_fx.reg), KVEDGE_OK);
+    kt_world_master(&s_fx.w, s_fx.root);
     s_register_model(&s_fx.cloud_m);
     s_register_model(&s_fx.full_m);
     s_register_model(&s_fx.nomap_m);
@@ -223,29 +204,16 @@ static void s_world_start(void)
 
     /* The cloud node is not registered with the master: no directory, so the proxy learns
      * that a layer is missing from the node's answer (the fallback path). */
-    snprintf(s_fx.ndir, sizeof s_fx.ndir, "%s/cloud1", s_fx.root);
-    snprintf(s_fx.nep, sizeof s_fx.nep, "ipc://%s.sock", s_fx.ndir);
-    kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = KVEDGE_ROLE_CLOUD;
-    ns.insecure = true;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s", s_fx.ndir);
-    snprintf(ns.bind, sizeof ns.bind, "%s", s_fx.nep);
-    snprintf(ns.name, sizeof ns.name, "cloud1");
-    char why[KVEDGE_PRUNE_WHY_BYTES];
-    if (kvedge_node_start(&ns, &s_fx.node, why, sizeof why) != KVEDGE_OK)
-        fail_msg("node: %s", why);
+    kt_world_node(&s_fx.w, s_fx.root);
 
     /* The cloud role: the context whole under pr-full, pruned to the maps' union under
      * pr-cloud. */
     size_t n_maps = 0;
-    char edges[256];
-    if (kvedge_prune_from_view(s_fx.reg, S_CLOUD_ID, s_fx.cc->layers, &s_fx.keep, &n_maps, edges,
+    char edges[256], why[KVEDGE_PRUNE_WHY_BYTES];
+    if (kvedge_prune_from_view(s_fx.w.reg, S_CLOUD_ID, s_fx.cc->layers, &s_fx.keep, &n_maps, edges,
                                sizeof edges, why, sizeof why) != KVEDGE_OK)
         fail_msg("kvedge_prune_from_view: %s", why);
-    kvedge_client_t *c = s_client(s_fx.nep);
+    kvedge_client_t *c = s_client(s_fx.w.nep);
     kvedge_e2e_quant_t q;
     kvedge_chunk_id_t ids[S_NCHUNK];
     s_quant(&q, NULL);
@@ -258,23 +226,7 @@ static void s_world_start(void)
                      KVEDGE_OK);
     kvedge_client_destroy(&c);
 
-    kvedge_proxy_source_t src;
-    char spec[400];
-    snprintf(spec, sizeof spec, "cloud cloud1 %s bw=1000000000 rtt=200", s_fx.nep);
-    assert_int_equal(kvedge_proxy_source_parse(spec, &src), KVEDGE_OK);
-    snprintf(s_fx.pep, sizeof s_fx.pep, "ipc://%s/proxy.sock", s_fx.root);
-    kvedge_proxy_opts_t po;
-    kvedge_proxy_opts_default(&po);
-    po.bind = s_fx.pep;
-    po.insecure = true;
-    po.id = "proxy-pr";
-    po.sources = &src;
-    po.nsources = 1;
-    po.master = s_fx.mep;
-    po.master_pub = s_fx.mpub;
-    if (kvedge_proxy_start(&po, &s_fx.proxy, why, sizeof why) != KVEDGE_OK)
-        fail_msg("proxy: %s", why);
-    assert_int_equal(kvedge_proxy_wait_sources(s_fx.proxy, 1, 5000), KVEDGE_OK);
+    kt_world_proxy(&s_fx.w, s_fx.root, "proxy-pr");
 }
 
 static int s_setup(void **state)
@@ -319,10 +271,7 @@ static int s_setup(void **state)
 static int s_teardown(void **state)
 {
     (void)state;
-    kvedge_proxy_destroy(&s_fx.proxy);
-    kvedge_node_destroy(&s_fx.node);
-    kvedge_mview_destroy(&s_fx.reg);
-    kvedge_master_destroy(&s_fx.master);
+    kt_world_stop(&s_fx.w);
     kvedge_adapter_destroy(&s_fx.adapter);
     kvedge_adapter_destroy(&s_fx.adapter_full);
     kvedge_decoder_destroy(&s_fx.cloud);
@@ -477,17 +426,17 @@ static void test_from_view(void **state)
     kvedge_prune_set_t s;
     size_t n = 99;
     char edges[256], why[KVEDGE_PRUNE_WHY_BYTES] = "";
-    assert_int_equal(kvedge_prune_from_view(s_fx.reg, S_CLOUD_ID, 4, &s, &n, edges, sizeof edges,
+    assert_int_equal(kvedge_prune_from_view(s_fx.w.reg, S_CLOUD_ID, 4, &s, &n, edges, sizeof edges,
                                             why, sizeof why),
                      KVEDGE_OK);
     s_expect_list(&s, "0,1,3");
     assert_int_equal(n, 2);
     assert_string_equal(edges, "pr-edge,pr-edge2");
-    assert_int_equal(kvedge_prune_from_view(s_fx.reg, S_FULL_ID, 4, &s, &n, NULL, 0, NULL, 0),
+    assert_int_equal(kvedge_prune_from_view(s_fx.w.reg, S_FULL_ID, 4, &s, &n, NULL, 0, NULL, 0),
                      KVEDGE_OK);
     assert_int_equal(n, 1);
     /* pr-cloud's key is a prefix of nothing else: pr-cloud2 would not count */
-    assert_int_equal(kvedge_prune_from_view(s_fx.reg, S_NOMAP_ID, 4, &s, &n, edges, sizeof edges,
+    assert_int_equal(kvedge_prune_from_view(s_fx.w.reg, S_NOMAP_ID, 4, &s, &n, edges, sizeof edges,
                                             why, sizeof why),
                      KVEDGE_ENOTFOUND);
     printf("  %s\n", why);
@@ -496,20 +445,20 @@ static void test_from_view(void **state)
     assert_int_equal(kvedge_prune_set_count(&s), 0);
     /* a map record of another layer count than the caller's model */
     assert_int_equal(
-        kvedge_prune_from_view(s_fx.reg, S_CLOUD_ID, 6, &s, &n, NULL, 0, why, sizeof why),
+        kvedge_prune_from_view(s_fx.w.reg, S_CLOUD_ID, 6, &s, &n, NULL, 0, why, sizeof why),
         KVEDGE_ECORRUPT);
     printf("  %s\n", why);
     /* maps that use none of the model's layers */
     const int32_t fn[2] = {-1, -1};
     s_register_map("pr-allnone", S_EDGE2_ID, fn, 2);
     assert_int_equal(
-        kvedge_prune_from_view(s_fx.reg, "pr-allnone", 4, &s, &n, NULL, 0, why, sizeof why),
+        kvedge_prune_from_view(s_fx.w.reg, "pr-allnone", 4, &s, &n, NULL, 0, why, sizeof why),
         KVEDGE_ENOTFOUND);
     printf("  %s\n", why);
     assert_non_null(strstr(why, "the 1 map of pr-allnone uses none of its layers"));
     assert_int_equal(kvedge_prune_from_view(NULL, S_CLOUD_ID, 4, &s, &n, NULL, 0, NULL, 0),
                      KVEDGE_EINVAL);
-    assert_int_equal(kvedge_prune_from_view(s_fx.reg, "a/b", 4, &s, &n, NULL, 0, NULL, 0),
+    assert_int_equal(kvedge_prune_from_view(s_fx.w.reg, "a/b", 4, &s, &n, NULL, 0, NULL, 0),
                      KVEDGE_EINVAL);
 }
 
@@ -518,7 +467,7 @@ static void test_from_view(void **state)
 /* Blocks the node holds of each layer of model m's context: GET_LAYER per layer. */
 static void s_count_layers(const kvedge_model_t *m, uint32_t *blocks)
 {
-    kvedge_client_t *c = s_client(s_fx.nep);
+    kvedge_client_t *c = s_client(s_fx.w.nep);
     kvedge_chunk_id_t ids[S_NCHUNK];
     size_t n;
     assert_int_equal(kvedge_e2e_chunks(m, s_fx.ctx, S_CTX, S_CHUNK, ids, S_NCHUNK, &n), KVEDGE_OK);
@@ -570,7 +519,7 @@ static void test_prefill_stores_kept_layers(void **state)
     for (uint32_t l = 0; l < 4; l++)
         assert_int_equal(blocks[l], per_layer);
 
-    kvedge_client_t *c = s_client(s_fx.nep);
+    kvedge_client_t *c = s_client(s_fx.w.nep);
     kvedge_chunk_entry_t *all = NULL;
     size_t n = 0, pruned_chunks = 0;
     assert_int_equal(kvedge_client_list_all(c, &all, &n), KVEDGE_OK);
@@ -635,7 +584,7 @@ static int s_e2e(kvedge_e2e_mode_t mode, kvedge_client_t *proxy, const kvedge_de
 static void test_cloud_fetch_of_pruned_layer_is_a_miss(void **state)
 {
     (void)state;
-    kvedge_client_t *c = s_client(s_fx.pep);
+    kvedge_client_t *c = s_client(s_fx.w.pep);
     kvedge_e2e_result_t *r = calloc(1, sizeof *r);
     float *got = malloc(S_VOCAB * sizeof(float)), *want = malloc(S_VOCAB * sizeof(float));
     assert_true(r && got && want);
@@ -670,7 +619,7 @@ static void test_cloud_fetch_of_pruned_layer_is_a_miss(void **state)
 static void test_mapped_request_unchanged(void **state)
 {
     (void)state;
-    kvedge_client_t *c = s_client(s_fx.pep);
+    kvedge_client_t *c = s_client(s_fx.w.pep);
     kvedge_e2e_result_t *r = calloc(1, sizeof *r), *rf = calloc(1, sizeof *rf);
     float *got = malloc(S_VOCAB * sizeof(float)), *want = malloc(S_VOCAB * sizeof(float));
     assert_true(r && rf && got && want);
@@ -743,8 +692,8 @@ static void test_cli(void **state)
     snprintf(base, sizeof base,
              "-H %s prefill --weights %s --context-ids %s --chunk-tokens %d --scheme lossless "
              "--dtype fp32",
-             s_fx.nep, s_fx.cloud_w, ctx, S_CHUNK);
-    snprintf(master, sizeof master, "--master %s --master-pub %s", s_fx.mep, s_fx.mpub);
+             s_fx.w.nep, s_fx.cloud_w, ctx, S_CHUNK);
+    snprintf(master, sizeof master, "--master %s --master-pub %s", s_fx.w.mep, s_fx.w.mpub);
     char extra[1024];
 
     /* --layers: what was kept, and the bytes saved (the same as the library's) */
