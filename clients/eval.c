@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clients/e2e.h"
 #include "clients/pipeline.h"
 #include "proxy/quality.h"
 #include "store/prec.h"
@@ -881,21 +882,6 @@ static void s_exact(FILE *f, double x)
     fputs(buf, f);
 }
 
-/* A JSON string: quotes, backslashes and control bytes escaped. */
-static void s_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 static bool s_row_ok(const kvedge_eval_row_t *x)
 {
     return isfinite(x->ppl_rel) && x->ppl_rel > -1 && isfinite(x->kl) && x->kl >= 0 &&
@@ -939,7 +925,7 @@ int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char
     }
 
     fprintf(f, "{\n  \"kvedge_quality_profile\": %d,\n  \"model\": ", KVEDGE_QUALITY_VERSION);
-    s_json_str(f, model_id);
+    kvedge_e2e_json_text(f, model_id, strlen(model_id));
     fprintf(f,
             ",\n  \"layers\": %u,\n  \"context_tokens\": %u,\n  \"continuation_tokens\": %u,\n"
             "  \"documents\": %zu,\n  \"positions\": %llu,\n  \"lossless_ppl\": ",

@@ -77,6 +77,10 @@ int kvedge_cli_parse_size(const char *s, uint64_t *out);
 /* Parses a decimal integer in [min, max]. Returns 0 or -1. */
 int kvedge_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 
+/* The PUB endpoint next to a master's ROUTER endpoint tcp://HOST:PORT: tcp://HOST:PORT+1 into
+ * out; -1 when master is not tcp://HOST:PORT with PORT in 1 .. 65534. */
+int kvedge_cli_default_pub(const char *master, char *out, size_t cap);
+
 /* Writes s as a JSON string literal (quoted, escaped). */
 void kvedge_cli_json_str(FILE *f, const char *s);
 

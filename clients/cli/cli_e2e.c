@@ -649,18 +649,6 @@ static const char s_prefill_help[] =
     "maps that use none of its layers), 4 a map that does not fit the model, 5 node or\n"
     "master unreachable.\n";
 
-/* The PUB endpoint next to a ROUTER endpoint tcp://HOST:PORT: tcp://HOST:PORT+1. */
-static int s_default_pub(const char *master, char *out, size_t cap)
-{
-    const char *colon = strrchr(master, ':');
-    uint64_t port;
-    if (strncmp(master, "tcp://", 6) != 0 || !colon ||
-        kvedge_cli_parse_u64(colon + 1, 1, 65534, &port) != 0)
-        return -1;
-    snprintf(out, cap, "%.*s:%llu", (int)(colon - master), master, (unsigned long long)port + 1);
-    return 0;
-}
-
 /* Where --mapped-only reads the maps. */
 typedef struct {
     const char *master, *pub, *key, *cert;
@@ -673,7 +661,7 @@ static int s_mapped_layers(const s_master_t *ms, const kvedge_model_t *m, kvedge
                            size_t *n_maps, char *edges, size_t edges_cap)
 {
     char pub[300], prefix[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
-    if (!ms->pub && s_default_pub(ms->master, pub, sizeof pub) != 0) {
+    if (!ms->pub && kvedge_cli_default_pub(ms->master, pub, sizeof pub) != 0) {
         kvedge_cli_error("prefill: give --master-pub for %s", ms->master);
         return KVEDGE_EXIT_USAGE;
     }

@@ -260,18 +260,6 @@ typedef struct {
     int deadline_ms;
 } s_reg_t;
 
-/* The PUB endpoint next to a ROUTER endpoint tcp://HOST:PORT: tcp://HOST:PORT+1. */
-static int s_default_pub(const char *master, char *out, size_t cap)
-{
-    const char *colon = strrchr(master, ':');
-    uint64_t port;
-    if (strncmp(master, "tcp://", 6) != 0 || !colon ||
-        kvedge_cli_parse_u64(colon + 1, 1, 65534, &port) != 0)
-        return -1;
-    snprintf(out, cap, "%.*s:%llu", (int)(colon - master), master, (unsigned long long)port + 1);
-    return 0;
-}
-
 /* The layer count the registry gives model id (built in, else its model record, as the proxy
  * resolves it), or 0 when it knows none. */
 static uint32_t s_known_layers(kvedge_mview_t *v, const char *id)
@@ -318,7 +306,7 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
         ex = KVEDGE_EXIT_USAGE;
     }
     char pub[300];
-    if (!ex && !r->pub && s_default_pub(r->master, pub, sizeof pub) != 0) {
+    if (!ex && !r->pub && kvedge_cli_default_pub(r->master, pub, sizeof pub) != 0) {
         kvedge_cli_error("layermap: give --master-pub for %s", r->master);
         ex = KVEDGE_EXIT_USAGE;
     }

@@ -181,6 +181,17 @@ int kvedge_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ou
     return 0;
 }
 
+int kvedge_cli_default_pub(const char *master, char *out, size_t cap)
+{
+    const char *colon = strrchr(master, ':');
+    uint64_t port;
+    if (strncmp(master, "tcp://", 6) != 0 || !colon ||
+        kvedge_cli_parse_u64(colon + 1, 1, 65534, &port) != 0)
+        return -1;
+    snprintf(out, cap, "%.*s:%llu", (int)(colon - master), master, (unsigned long long)port + 1);
+    return 0;
+}
+
 void kvedge_cli_json_str(FILE *f, const char *s)
 {
     fputc('"', f);
