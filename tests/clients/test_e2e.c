@@ -926,7 +926,13 @@ static void test_sources_identical(void **state)
  * fetch, so it computes a fetched layer whose successor has not arrived on fewer BLAS threads
  * (kvedge_decoder_share_cores), not feeding that layer's time back as its speed; the last
  * layer runs on all of them, the process's count is restored after the decode, and the logits
- * are those of a full recompute. */
+ * are those of a full recompute. Which layers are yielded depends on when the next one lands
+ * (the proxy may deliver two layers within a millisecond), so the test checks the rule where
+ * the timeline decides it: a layer after which the decoder waited long for the next one was
+ * computed while that one was still on its way, so it must have been yielded; over this link
+ * at least one such layer exists. */
+#define S_WAITED_US 20000.0 /* far above a wake-up's latency, far below a layer on the link */
+
 static void test_yields_cores_to_a_slow_fetch(void **state)
 {
     (void)state;
@@ -939,8 +945,8 @@ static void test_yields_cores_to_a_slow_fetch(void **state)
     s_node_t cloud;
     kvedge_e2e_prefill_stats_t st;
     s_lossless_cloud(&e, &cloud, "cloud1", &st);
-    /* Each layer takes 8 * st.bytes / L / 2e6 s on the link (tens of ms): the decoder, which
-     * computes a layer of this model in well under a millisecond, always waits for the next. */
+    /* Each layer takes 8 * st.bytes / L / 2e6 s on the link (tens of ms); the decoder computes
+     * a layer of this model in well under a millisecond. */
     char spec[400];
     snprintf(spec, sizeof spec, "cloud cloud1 %s link=2mbit,1ms bw=250000 rtt=2000", cloud.ep);
     const char *specs[] = {spec};
@@ -948,18 +954,24 @@ static void test_yields_cores_to_a_slow_fetch(void **state)
     kvedge_e2e_result_t *r = s_result();
     kvedge_decoder_forget(s_fx.dec);
     s_decode_via(&e, "proxy-slow", specs, 1, NULL, lg, r);
+    uint32_t waited = 0;
     for (uint32_t l = 0; l < L; l++) {
         const kvedge_e2e_layer_t *x = &r->layer[l];
         printf("  layer %u: ready %.1f ms, done %.1f ms, %d BLAS threads%s\n", l, x->ready_us / 1e3,
                x->done_us / 1e3, x->blas_threads, x->yielded ? " (yielded to the fetch)" : "");
-        const bool last = l + 1 == L;
-        assert_int_equal(x->yielded, !last);
-        assert_int_equal(x->blas_threads, last ? 4 : fewer);
+        assert_int_equal(x->blas_threads, x->yielded ? fewer : 4);
+        if (l + 1 == L) {
+            assert_false(x->yielded); /* nothing left to fetch */
+        } else if (r->layer[l + 1].ready_us - x->done_us > S_WAITED_US) {
+            assert_true(x->yielded); /* the next layer landed well after this one was done */
+            waited++;
+        }
     }
+    assert_true(waited >= 1);
     assert_int_equal(openblas_get_num_threads(), 4);
     kvedge_decoder_speed_t sp;
     assert_int_equal(kvedge_decoder_speed(s_fx.dec, &sp), KVEDGE_OK);
-    assert_int_equal(sp.compute_samples, 0); /* every sample was yielded or the last */
+    assert_int_equal(sp.compute_samples, s_compute_samples(r)); /* none of the yielded ones */
     assert_true(s_max_diff(lg, s_fx.ref, V) <= S_TOL_LOSSLESS);
     free(r);
     free(lg);
