@@ -15,7 +15,13 @@
  * max_credit). Each data message consumed (after on_block returns) is owed back to the node;
  * owed credit is granted in one CREDIT per stream after each drain of the socket (at most
  * S_DRAIN_MAX messages), so the node keeps about `credit` messages in flight with one CREDIT
- * per wakeup rather than one per block. */
+ * per wakeup rather than one per block. Credit counts messages, but what keeps a stream at
+ * line rate is bytes in flight: with small blocks (an int4 head of 256 tokens is 40 KiB) eight
+ * messages are a few hundred KiB and the stream stalls on every round of credit. So the
+ * client also grants extra credit, once it has seen the stream's block sizes, until about
+ * opts.window_bytes of blocks are in flight (never more than the node's max_credit messages,
+ * never less than `credit`), and starts its next stream on the same socket at the credit the
+ * last one ended with. */
 #include "access/client.h"
 
 #include <czmq.h>
@@ -86,7 +92,9 @@ struct s_req_t {
     /* What to send; filled in by the calling thread. */
     uint8_t opcode;
     uint32_t count;      /* header count */
-    uint32_t credit;     /* GET_LAYER: initial credit */
+    uint32_t credit;     /* GET_LAYER, FETCH: initial credit */
+    uint32_t credit_max; /* streams: the node's max credit */
+    uint32_t window;     /* streams: block bytes to keep in flight (opts.window_bytes) */
     int64_t deadline_ms; /* absolute, monotonic */
     zmsg_t *payload;     /* payload frames; the I/O thread sends them */
     /* A GET_LAYER stream: callbacks and flow control (I/O thread only). */
@@ -98,6 +106,9 @@ struct s_req_t {
     uint32_t outstanding; /* data messages the node may still send */
     uint32_t owed;        /* consumed, not yet granted back */
     uint32_t received;    /* data messages delivered */
+    uint32_t target;      /* credit the stream runs at: initial, plus extra granted */
+    uint64_t blk_bytes;   /* bytes of the blocks received, for the window */
+    uint32_t blk_n;       /* blocks received */
     uint32_t heads;       /* the model's KV heads, once the stream has shown them */
     uint32_t last_chunk;  /* position of the last data message */
     uint16_t last_head;
@@ -207,7 +218,8 @@ typedef struct {
     int64_t next_deadline;     /* earliest deadline in flight (may be stale early), or INT64_MAX */
     uint64_t due[S_DRAIN_MAX]; /* streams owed credit in this drain */
     size_t n_due;
-    bool heard; /* the node has answered something: a handshake completed */
+    bool heard;       /* the node has answered something: a handshake completed */
+    uint32_t blk_avg; /* mean block of the last stream that ended here (0: none yet) */
     kvedge_wire_frame_t frames[KVEDGE_WIRE_MAX_FRAMES];
 } s_io_t;
 
@@ -354,11 +366,23 @@ static void s_finish(s_io_t *io, s_req_t *r, int status, bool cancel)
     }
     if (cancel && r->id)
         s_send_header(io, KVEDGE_OP_CANCEL, r->id, 0, r->deadline_ms);
+    if (r->blk_n)
+        io->blk_avg = (uint32_t)(r->blk_bytes / r->blk_n);
     if (r->fetch)
         s_fetch_done(r, status);
     else if (r->on_done)
         r->on_done(r->ctx, status, r->received);
     s_req_free(r);
+}
+
+/* The credit that keeps about r->window bytes of blocks of avg bytes each in flight, within
+ * [r->credit, r->credit_max]; r->credit when avg is not known. */
+static uint32_t s_window_credit(const s_req_t *r, uint64_t avg)
+{
+    uint64_t want = avg ? r->window / avg : 0;
+    if (want < r->credit)
+        return r->credit;
+    return want > r->credit_max ? r->credit_max : (uint32_t)want;
 }
 
 /* A request handed over by a caller: numbered, sent, tracked. */
@@ -368,6 +392,8 @@ static void s_io_submit(s_io_t *io, s_req_t *r)
         s_finish(io, r, KVEDGE_ETIMEDOUT, false);
         return;
     }
+    if (r->stream)
+        r->credit = r->target = s_window_credit(r, io->blk_avg);
     zmsg_t *m = r->payload ? r->payload : zmsg_new();
     r->payload = NULL;
     r->id = ++io->next_id;
@@ -509,6 +535,10 @@ static void s_io_stream(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, s
         io->due[io->n_due++] = r->id;
     const uint8_t *data = nframes == 2 ? io->frames[1].data : NULL;
     size_t len = nframes == 2 ? io->frames[1].len : 0;
+    if (data) {
+        r->blk_bytes += len;
+        r->blk_n++;
+    }
     if (r->on_block) {
         s_tl_data = data;
         r->on_block(r->ctx, s.chunk_index, s.head, s.status, data, len);
@@ -625,6 +655,10 @@ static void s_io_fetch(s_io_t *io, s_req_t *r, const kvedge_wire_header_t *h, si
             f->last_chunk = b.chunk_index;
             f->last_head = b.head;
             f->layer_blocks++;
+            if (nframes == 2) {
+                r->blk_bytes += fr[1].len;
+                r->blk_n++;
+            }
             if (f->cbs.on_block) {
                 const uint8_t *data = nframes == 2 ? fr[1].data : NULL;
                 s_tl_data = data;
@@ -732,9 +766,18 @@ static void s_io_flush_credit(s_io_t *io)
         if (!r || r->owed == 0)
             continue; /* ended in the meantime */
         uint32_t grant = r->owed > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : r->owed;
+        r->owed -= grant;
+        /* Widen the stream to its window now that its blocks' size is known. */
+        uint32_t want = s_window_credit(r, r->blk_n ? r->blk_bytes / r->blk_n : 0);
+        if (want > r->target) {
+            uint32_t extra = want - r->target;
+            if (extra > KVEDGE_WIRE_MAX_CREDIT - grant)
+                extra = KVEDGE_WIRE_MAX_CREDIT - grant;
+            grant += extra;
+            r->target += extra;
+        }
         s_send_header(io, KVEDGE_OP_CREDIT, r->id, grant, r->deadline_ms);
         r->outstanding += grant;
-        r->owed -= grant;
     }
     io->n_due = 0;
 }
@@ -923,8 +966,10 @@ struct kvedge_client_t {
     uint32_t max_frame;      /* the node's limits from HELLO */
     uint32_t max_items;
     uint32_t max_chunks;
-    uint32_t credit; /* initial credit of a stream */
-    int deadline_ms; /* default deadline */
+    uint32_t credit;     /* initial credit of a stream */
+    uint32_t max_credit; /* the node's, from HELLO */
+    uint32_t window;     /* opts.window_bytes */
+    int deadline_ms;     /* default deadline */
     /* Direct channels (after HELLO, without an emulated link): idle ones, and how many exist
      * and are checked out, under chan_mu; destroy waits on chan_cv for chan_busy to be 0. */
     bool direct;
@@ -1195,6 +1240,7 @@ static int s_hello(kvedge_client_t *c, const char *name)
         c->max_chunks = info.max_chunks;
         if (c->credit > info.max_credit)
             c->credit = info.max_credit;
+        c->max_credit = info.max_credit;
     }
     s_req_release(r);
     return rc;
@@ -1218,8 +1264,8 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
     const char *name = opts && opts->name ? opts->name : S_NAME_DEFAULT;
     if (!opts || !opts->endpoint || !*opts->endpoint || opts->deadline_ms < 0 ||
         opts->deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS || opts->credit > KVEDGE_WIRE_MAX_CREDIT ||
-        (opts->server_key && !opts->client_cert) || strlen(name) < 1 ||
-        strlen(name) > KVEDGE_WIRE_MAX_NAME_BYTES)
+        opts->window_bytes > KVEDGE_CLIENT_WINDOW_MAX || (opts->server_key && !opts->client_cert) ||
+        strlen(name) < 1 || strlen(name) > KVEDGE_WIRE_MAX_NAME_BYTES)
         return KVEDGE_EINVAL;
     /* czmq would install process-wide SIGINT/SIGTERM handlers on first use and swallow the
      * application's Ctrl-C; a library must not change that. */
@@ -1263,6 +1309,7 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
     c->io = io;
     c->deadline_ms = opts->deadline_ms ? opts->deadline_ms : KVEDGE_CLIENT_DEADLINE_MS_DEFAULT;
     c->credit = opts->credit ? opts->credit : KVEDGE_CLIENT_CREDIT_DEFAULT;
+    c->window = opts->window_bytes ? opts->window_bytes : KVEDGE_CLIENT_WINDOW_DEFAULT;
     c->actor = zactor_new(s_actor, io);
     int rc = !c->actor ? KVEDGE_ENOMEM : io->setup_rc;
     if (rc == KVEDGE_OK)
@@ -1890,6 +1937,8 @@ static int s_layer_request(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, 
     }
     r->stream = true;
     r->credit = c->credit;
+    r->credit_max = c->max_credit;
+    r->window = c->window;
     r->n_chunks = (uint32_t)n;
     r->on_block = on_block;
     r->on_done = on_done;
@@ -2244,6 +2293,8 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
     r->fetch->layers = req->layers;
     r->stream = true;
     r->credit = c->credit;
+    r->credit_max = c->max_credit;
+    r->window = c->window;
     r->n_chunks = (uint32_t)req->n;
     r->ctx = ctx;
     return s_submit(c, r);

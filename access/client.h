@@ -38,6 +38,8 @@ extern "C" {
 
 #define KVEDGE_CLIENT_DEADLINE_MS_DEFAULT 5000
 #define KVEDGE_CLIENT_CREDIT_DEFAULT      8
+#define KVEDGE_CLIENT_WINDOW_DEFAULT      (4u << 20)
+#define KVEDGE_CLIENT_WINDOW_MAX          (256u << 20)
 
 typedef struct kvedge_client_t kvedge_client_t;
 
@@ -48,12 +50,17 @@ typedef struct {
     const char *client_cert; /* path to this client's secret certificate (kvedge keygen);
                               * required with server_key */
     int deadline_ms;         /* default deadline of every call; 0 = default */
-    uint32_t credit;         /* GET_LAYER messages in flight; 0 = default */
+    uint32_t credit;         /* stream messages in flight, at least; 0 = default */
     const char *name;        /* sent in HELLO; NULL = "libkvedge" */
     /* Emulated link for tests and benchmarks on loopback, e.g. "100mbit,20ms": every message
      * in each direction waits as a link of that rate and one-way latency would make it
      * (access/shaper.h). NULL = none. A bad spec fails connect with KVEDGE_EINVAL. */
     const char *link;
+    /* Block bytes a stream (GET_LAYER, FETCH) keeps in flight: when its blocks are small, the
+     * client grants more than `credit` messages, up to about this many bytes (at most the
+     * node's max credit; it never grants less than `credit`). 0 = default (4 MiB), at most
+     * KVEDGE_CLIENT_WINDOW_MAX; 1 keeps every stream at `credit`. */
+    uint32_t window_bytes;
 } kvedge_client_opts_t;
 
 /* What the node said in HELLO. */

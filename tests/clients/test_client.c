@@ -83,8 +83,10 @@ static kvedge_client_t *s_connect(fx_t *fx, uint32_t credit, int deadline_ms)
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
     o.endpoint = kvedge_server_endpoint(fx->s);
-    if (credit)
+    if (credit) { /* exactly this credit: no widening past it */
         o.credit = credit;
+        o.window_bytes = 1;
+    }
     if (deadline_ms)
         o.deadline_ms = deadline_ms;
     kvedge_client_t *c = NULL;
@@ -318,6 +320,9 @@ static void test_args(void **state)
     o.credit = KVEDGE_WIRE_MAX_CREDIT + 1;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
     o.credit = 0;
+    o.window_bytes = KVEDGE_CLIENT_WINDOW_MAX + 1;
+    assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
+    o.window_bytes = 0;
     o.name = "";
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
     o.name = NULL;
@@ -1249,6 +1254,161 @@ static void test_malformed(void **state)
     zactor_destroy(&fake);
 }
 
+/* ---------------------------------------------------------------- stream window */
+
+/* A node that serves every GET_LAYER as one chunk of W_HEADS heads of W_BLOCK bytes each, sends
+ * exactly what its credit allows, and records per stream the initial credit and the most credit
+ * it held after a grant: what the client's window policy let it have in flight. */
+#define W_HEADS   256
+#define W_BLOCK   (64u << 10)
+#define W_STREAMS 2
+
+static struct {
+    uint32_t max_credit; /* advertised in HELLO */
+    uint32_t initial[W_STREAMS], most[W_STREAMS];
+    int streams;
+} s_win;
+
+static void s_win_node(zsock_t *pipe, void *args)
+{
+    (void)args;
+    zsock_t *router = zsock_new(ZMQ_ROUTER);
+    zsock_set_linger(router, 0);
+    int port = zsock_bind(router, "tcp://127.0.0.1:*");
+    zsock_signal(pipe, 0);
+    zsock_send(pipe, "i", port);
+    uint8_t *block = calloc(1, W_BLOCK);
+    zframe_t *route = NULL;
+    uint64_t id = 0;
+    uint32_t sent = W_HEADS, allowed = 0;
+    int k = -1;
+    zpoller_t *poller = zpoller_new(pipe, router, NULL);
+    while (zpoller_wait(poller, -1) == router) {
+        zmsg_t *m = zmsg_recv(router);
+        zframe_t *r = zmsg_pop(m), *hf = zmsg_pop(m);
+        kvedge_wire_header_t h;
+        kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h);
+        if (h.opcode == KVEDGE_OP_HELLO) {
+            kvedge_wire_node_info_t info = {KVEDGE_ROLE_EDGE,
+                                            {0},
+                                            KVEDGE_WIRE_MAX_FRAME_BYTES,
+                                            KVEDGE_WIRE_MAX_ITEMS,
+                                            KVEDGE_WIRE_MAX_CHUNKS,
+                                            s_win.max_credit,
+                                            1};
+            uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
+            kvedge_wire_node_info_pack(&info, ib);
+            s_fake_send(router, r, 1, KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, h.request_id, 0, 0,
+                        ib, sizeof ib, "win", 3);
+        } else if (h.opcode == KVEDGE_OP_GET_LAYER && s_win.streams < W_STREAMS) {
+            k = s_win.streams++;
+            zframe_destroy(&route);
+            route = zframe_dup(r);
+            id = h.request_id;
+            sent = 0;
+            allowed = s_win.initial[k] = s_win.most[k] = h.credit;
+        } else if (h.opcode == KVEDGE_OP_CREDIT && h.request_id == id && k >= 0) {
+            allowed += h.credit;
+            if (allowed > s_win.most[k])
+                s_win.most[k] = allowed;
+        }
+        for (; route && sent < W_HEADS && allowed > 0; sent++, allowed--) {
+            uint8_t sh[KVEDGE_WIRE_STREAM_HDR_BYTES];
+            kvedge_wire_stream_hdr_t st = {0, (uint16_t)sent, 0};
+            kvedge_wire_stream_hdr_pack(&st, sh);
+            s_fake_send(router, route, 1, KVEDGE_OP_GET_LAYER,
+                        KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE, id, 0, 1, sh, sizeof sh,
+                        block, W_BLOCK);
+            if (sent + 1 == W_HEADS)
+                s_fake_send(router, route, 1, KVEDGE_OP_GET_LAYER,
+                            KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END, id, 0, W_HEADS, NULL, 0,
+                            NULL, 0);
+        }
+        zframe_destroy(&r);
+        zframe_destroy(&hf);
+        zmsg_destroy(&m);
+    }
+    zframe_destroy(&route);
+    free(block);
+    zpoller_destroy(&poller);
+    zsock_destroy(&router);
+}
+
+static void s_win_block(void *ctx, uint32_t chunk, uint16_t head, int status, const uint8_t *data,
+                        size_t len)
+{
+    (void)chunk, (void)head, (void)data;
+    if (status == 0 && len == W_BLOCK)
+        atomic_fetch_add((atomic_int *)ctx, 1);
+}
+
+static void s_win_done(void *ctx, int status, uint32_t heads)
+{
+    (void)heads;
+    atomic_fetch_add((atomic_int *)ctx, status == 0 ? 1000 : 100000);
+}
+
+/* Two streams, one after the other, through the actor (asynchronous calls). */
+static void s_win_run(uint32_t max_credit, uint32_t window_bytes)
+{
+    memset(&s_win, 0, sizeof s_win);
+    s_win.max_credit = max_credit;
+    zactor_t *node = zactor_new(s_win_node, NULL);
+    int port = 0;
+    assert_int_equal(zsock_recv(node, "i", &port), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.window_bytes = window_bytes;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    kvedge_chunk_id_t id;
+    memset(&id, 5, sizeof id);
+    for (int i = 0; i < W_STREAMS; i++) {
+        atomic_int got = 0;
+        assert_int_equal(
+            kvedge_client_get_layer_async(c, &id, 1, 0, 5000, s_win_block, s_win_done, &got), 0);
+        int64_t t0 = s_ms();
+        while (atomic_load(&got) < 1000 && s_ms() - t0 < 6000)
+            usleep(2000);
+        assert_int_equal(atomic_load(&got), 1000 + W_HEADS); /* every block, then done, OK */
+    }
+    kvedge_client_destroy(&c);
+    zactor_destroy(&node);
+}
+
+/* Credit counts messages; with small blocks the client widens a stream to about window_bytes
+ * in flight, never past the node's max credit, never below its own credit, and starts the next
+ * stream at what the last one ran at. */
+static void test_stream_window(void **state)
+{
+    (void)state;
+    /* Default window (4 MiB) over 64 KiB blocks: 64 messages. */
+    s_win_run(KVEDGE_WIRE_MAX_CREDIT, 0);
+    assert_int_equal(s_win.initial[0], KVEDGE_CLIENT_CREDIT_DEFAULT);
+    assert_true(s_win.most[0] > KVEDGE_CLIENT_CREDIT_DEFAULT);
+    assert_true(s_win.most[0] <= KVEDGE_CLIENT_WINDOW_DEFAULT / W_BLOCK);
+    assert_int_equal(s_win.initial[1], KVEDGE_CLIENT_WINDOW_DEFAULT / W_BLOCK);
+    assert_true(s_win.most[1] <= KVEDGE_CLIENT_WINDOW_DEFAULT / W_BLOCK);
+    /* The node's max credit caps it. */
+    s_win_run(16, 0);
+    assert_int_equal(s_win.initial[0], KVEDGE_CLIENT_CREDIT_DEFAULT);
+    assert_true(s_win.most[0] > KVEDGE_CLIENT_CREDIT_DEFAULT && s_win.most[0] <= 16);
+    assert_int_equal(s_win.initial[1], 16);
+    /* A window of 1 byte keeps the credit fixed. */
+    s_win_run(KVEDGE_WIRE_MAX_CREDIT, 1);
+    for (int i = 0; i < W_STREAMS; i++) {
+        assert_int_equal(s_win.initial[i], KVEDGE_CLIENT_CREDIT_DEFAULT);
+        assert_true(s_win.most[i] <= KVEDGE_CLIENT_CREDIT_DEFAULT);
+    }
+    /* A larger window: 16 MiB over 64 KiB blocks is 256 messages, the whole layer. */
+    s_win_run(KVEDGE_WIRE_MAX_CREDIT, 16u << 20);
+    assert_true(s_win.most[0] > KVEDGE_CLIENT_WINDOW_DEFAULT / W_BLOCK);
+    assert_int_equal(s_win.initial[1], 256);
+}
+
 /* ---------------------------------------------------------------- concurrency */
 
 typedef struct {
@@ -1563,6 +1723,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deadline, setup_ipc, teardown),
         cmocka_unit_test_setup_teardown(test_curve, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_stream_window, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shared_callers, setup_ipc, teardown),
     };

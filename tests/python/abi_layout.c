@@ -46,6 +46,7 @@ int main(void)
     F(T, "kvedge_client_opts_t", credit);
     F(T, "kvedge_client_opts_t", name);
     F(T, "kvedge_client_opts_t", link);
+    F(T, "kvedge_client_opts_t", window_bytes);
 #undef T
 
 #define T kvedge_node_info_t

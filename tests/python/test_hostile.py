@@ -111,7 +111,8 @@ class HostileTest(unittest.TestCase):
         k = np.ones((2, 20, 8), np.float32)
         calls = [
             ("Client", kvedge.Client, [self.node_ep],
-             dict(server_key=None, cert=None, deadline_ms=300, credit=0, name=None, link=None)),
+             dict(server_key=None, cert=None, deadline_ms=300, credit=0, name=None, link=None,
+                  window_bytes=0)),
             ("Model", kvedge.Model, ["m", 2, 2, 8], dict(dtype="fp16")),
             ("Model.builtin", kvedge.Model.builtin, ["opt-125m"], {}),
             ("chunk_ids", kvedge.chunk_ids, [[1, 2, 3], MODEL], dict(chunk_tokens=8)),

@@ -46,7 +46,7 @@ class ChunkInfo(Structure):
 class ClientOpts(Structure):
     _fields_ = [("endpoint", c_char_p), ("server_key", c_char_p), ("client_cert", c_char_p),
                 ("deadline_ms", c_int), ("credit", c_uint32), ("name", c_char_p),
-                ("link", c_char_p)]
+                ("link", c_char_p), ("window_bytes", c_uint32)]
 
 
 class NodeInfo(Structure):

@@ -384,11 +384,13 @@ class Client:
     Client(endpoint, server_key=None, cert=None, deadline_ms=0): server_key is the node's
     public key (Z85 or a certificate path) and cert this client's secret certificate, both or
     neither (plaintext). deadline_ms (0 = 5000) bounds every call: a dead node raises
-    kvedge.Timeout within it. Thread-safe; close() (or `with`, or garbage collection) ends it,
+    kvedge.Timeout within it. credit (0 = 8) is the least a stream keeps in flight, in messages;
+    window_bytes (0 = 4 MiB, at most 256 MiB) the block bytes a stream of small blocks is widened
+    to (1: never widened). Thread-safe; close() (or `with`, or garbage collection) ends it,
     after closing the pipelines opened on it."""
 
     def __init__(self, endpoint, server_key=None, cert=None, deadline_ms=0, credit=0, name=None,
-                 link=None):
+                 link=None, window_bytes=0):
         self._h = c_void_p()
         self._guard = _Guard()
         self._guard.closed = True  # until connected
@@ -402,11 +404,13 @@ class Client:
             raise ValueError("server_key and cert go together (or neither: plaintext)")
         dl = _deadline_arg(deadline_ms)
         credit = _int_arg("credit", credit, 0, 1 << 20)
+        window = _int_arg("window_bytes", window_bytes, 0, 256 << 20)
         opts = _ffi.ClientOpts()
         _ffi.kvedge_client_opts_default(byref(opts))
         opts.endpoint, opts.server_key, opts.client_cert, opts.name, opts.link = self._keep
         opts.deadline_ms = dl
         opts.credit = credit
+        opts.window_bytes = window
         self.endpoint = endpoint
         self.deadline_ms = opts.deadline_ms or DEADLINE_MS_DEFAULT
         h = c_void_p()
