@@ -152,15 +152,22 @@ static uint16_t s_from(const s_fetch_t *f, uint32_t i)
 
 /* ---------------------------------------------------------------- events */
 
+/* Queues an event for the actor. Only the push onto an empty queue signals the eventfd: the
+ * actor reads the eventfd before it takes the whole queue, so an event pushed onto a queue
+ * that is not empty is taken with the one that signalled (a stream's blocks come in bursts,
+ * one upstream drain at a time: one wakeup per burst, not per block). */
 static void s_event_push(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
 {
     pthread_mutex_lock(&p->ev_mu);
+    bool was_empty = p->ev_head == NULL;
     if (p->ev_tail)
         p->ev_tail->next = e;
     else
         p->ev_head = e;
     p->ev_tail = e;
     pthread_mutex_unlock(&p->ev_mu);
+    if (!was_empty)
+        return;
     uint64_t one = 1;
     ssize_t w = write(p->ev_fd, &one, sizeof one);
     (void)w; /* a full eventfd counter still wakes the actor */
