@@ -27,6 +27,7 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "bench/bench_common.h"
 #include "bench/bench_scrape.h"
@@ -338,6 +339,66 @@ static int s_tcp_start(void)
     return fd;
 }
 
+/* The ZeroMQ peer: a ROUTER in a child that echoes every message, and this process's DEALER to
+ * it, each in a libzmq context of its own: the round trip of the transport kvedge is built on,
+ * with no kvedge code at either end. */
+static void s_zmq_serve(int port)
+{
+    void *ctx = zmq_ctx_new(), *r = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    if (!r || zmq_bind(r, ep) != 0)
+        _exit(1);
+    zmq_msg_t parts[2];
+    for (;;) {
+        int n = 0, more = 1;
+        while (more && n < 2) {
+            zmq_msg_init(&parts[n]);
+            if (zmq_msg_recv(&parts[n], r, 0) < 0)
+                _exit(0);
+            more = zmq_msg_more(&parts[n]);
+            n++;
+        }
+        for (int i = 0; i < n; i++)
+            zmq_msg_send(&parts[i], r, i + 1 < n ? ZMQ_SNDMORE : 0);
+    }
+}
+
+/* Forks the ZeroMQ peer (before any thread exists) and returns a DEALER connected to it. */
+static void *s_zmq_start(void **ctx)
+{
+    int port = s_free_port();
+    int slot = -1;
+    for (int i = 0; i < S_MAX_CHILDREN && slot < 0; i++)
+        if (s_children[i] == 0)
+            slot = i;
+    pid_t pid = slot < 0 ? -1 : fork();
+    if (pid < 0)
+        s_die("zmq peer: fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        s_zmq_serve(port);
+    }
+    s_children[slot] = pid;
+    *ctx = zmq_ctx_new();
+    void *d = *ctx ? zmq_socket(*ctx, ZMQ_DEALER) : NULL;
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    int linger = 0;
+    if (!d || zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_connect(d, ep) != 0)
+        s_die("zmq peer connect: %s", zmq_strerror(zmq_errno()));
+    return d;
+}
+
+/* One 8-byte echo through the ZeroMQ peer. */
+static void s_zmq_echo(void *d)
+{
+    char b[S_FLOOR_TCP_BYTES] = {0};
+    if (zmq_send(d, b, sizeof b, 0) != (int)sizeof b ||
+        zmq_recv(d, b, sizeof b, 0) != (int)sizeof b)
+        s_die("zmq peer: %s", zmq_strerror(zmq_errno()));
+}
+
 /* One request/response of len bytes into dst. */
 static void s_tcp_fetch(int fd, uint8_t *dst, size_t len)
 {
@@ -595,7 +656,8 @@ typedef struct {
     kvedge_client_t *kv;
     redisContext *rc;
     int tcp;
-    uint8_t *buf; /* the caller's buffer every fetch lands in */
+    void *zmq_ctx, *zmq; /* the ZeroMQ echo peer's context and DEALER */
+    uint8_t *buf;        /* the caller's buffer every fetch lands in */
     size_t cap;
     kvedge_fetched_t *out;
     char **mget_argv; /* "MGET" and the per-head keys */
@@ -714,10 +776,11 @@ static void s_case_run(s_ctx_t *x, s_case_t *cs, size_t index)
 
 /* What one request costs this process (every thread of it: caller, client I/O thread,
  * libzmq's I/O thread), from getrusage over a loop of one kind of request alone:
- * context switches and CPU microseconds. [0] kvedge PING, [1] Redis PING. */
+ * context switches and CPU microseconds. [0] kvedge PING, [1] Redis PING, [2] the ZeroMQ
+ * echo peer. */
 static struct {
     double csw, cpu_us, p50_ms;
-} s_floor_cost[2];
+} s_floor_cost[3];
 
 static double s_rusage(struct rusage *ru)
 {
@@ -728,7 +791,7 @@ static double s_rusage(struct rusage *ru)
 
 static void s_floor_cost_run(s_ctx_t *x)
 {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         s_lat_t lat;
         s_lat_init(&lat, S_FLOOR_ITERS);
         struct rusage a, b;
@@ -737,6 +800,8 @@ static void s_floor_cost_run(s_ctx_t *x)
             double t0 = bench_now_s();
             if (k == 0) {
                 KVEDGE_BENCH_CHECK(kvedge_client_ping(x->kv, 0, NULL, NULL));
+            } else if (k == 2) {
+                s_zmq_echo(x->zmq);
             } else {
                 redisReply *r = redisCommand(x->rc, "PING");
                 if (!r || r->type != REDIS_REPLY_STATUS)
@@ -755,12 +820,14 @@ static void s_floor_cost_run(s_ctx_t *x)
 }
 
 /* The round-trip floor, no payload to speak of: kvedge PING (answered by the node's frontend,
- * no worker, no engine), Redis PING, and an 8-byte TCP request/response. */
-static void s_floor_run(s_ctx_t *x, s_lat_t *ping, s_lat_t *rping, s_lat_t *tcp)
+ * no worker, no engine), Redis PING, an 8-byte TCP request/response and an 8-byte ZeroMQ
+ * DEALER/ROUTER echo. */
+static void s_floor_run(s_ctx_t *x, s_lat_t *ping, s_lat_t *rping, s_lat_t *tcp, s_lat_t *zmq)
 {
     s_lat_init(ping, S_FLOOR_ITERS);
     s_lat_init(rping, S_FLOOR_ITERS);
     s_lat_init(tcp, S_FLOOR_ITERS);
+    s_lat_init(zmq, S_FLOOR_ITERS);
     for (int i = -1; i < S_FLOOR_ITERS; i++) { /* i = -1: warm-up */
         double t0 = bench_now_s();
         KVEDGE_BENCH_CHECK(kvedge_client_ping(x->kv, 0, NULL, NULL));
@@ -772,15 +839,19 @@ static void s_floor_run(s_ctx_t *x, s_lat_t *ping, s_lat_t *rping, s_lat_t *tcp)
         double t2 = bench_now_s();
         s_tcp_fetch(x->tcp, x->buf, S_FLOOR_TCP_BYTES);
         double t3 = bench_now_s();
+        s_zmq_echo(x->zmq);
+        double t4 = bench_now_s();
         if (i >= 0) {
             ping->t[i] = t1 - t0;
             rping->t[i] = t2 - t1;
             tcp->t[i] = t3 - t2;
+            zmq->t[i] = t4 - t3;
         }
     }
     s_lat_done(ping, S_FLOOR_ITERS);
     s_lat_done(rping, S_FLOOR_ITERS);
     s_lat_done(tcp, S_FLOOR_ITERS);
+    s_lat_done(zmq, S_FLOOR_ITERS);
     s_floor_cost_run(x);
 }
 
@@ -791,7 +862,7 @@ static double s_gbps(double bytes, double secs)
     return bytes / S_GB / secs;
 }
 
-static void s_print(const s_case_t *cases, const s_lat_t floor[3], double iperf_bps, int ncpu,
+static void s_print(const s_case_t *cases, const s_lat_t floor[4], double iperf_bps, int ncpu,
                     uint32_t credit, bool restarted)
 {
     printf("### Fetch over loopback: one layer of one chunk, GET_LAYER against Redis and TCP\n\n");
@@ -817,6 +888,16 @@ static void s_print(const s_case_t *cases, const s_lat_t floor[3], double iperf_
            "context switches and %.1f us CPU, Redis %.2f and %.1f us.\n\n",
            S_FLOOR_ITERS, s_floor_cost[0].p50_ms, s_floor_cost[1].p50_ms, s_floor_cost[0].csw,
            s_floor_cost[0].cpu_us, s_floor_cost[1].csw, s_floor_cost[1].cpu_us);
+    printf("The transport's own floor: a ZeroMQ DEALER/ROUTER echo of %d bytes (libzmq at both "
+           "ends, a child process echoing, no kvedge code), interleaved p50 / p99 %.3f / %.3f ms, "
+           "alone p50 %.3f ms, %.2f context switches and %.1f us CPU per request in this process. "
+           "Alone: kvedge PING / Redis PING %.2f (goal <= 2), ZeroMQ echo / Redis PING %.2f, "
+           "kvedge PING / ZeroMQ echo %.2f.\n\n",
+           S_FLOOR_TCP_BYTES, floor[3].p50 * S_MS, floor[3].p99 * S_MS, s_floor_cost[2].p50_ms,
+           s_floor_cost[2].csw, s_floor_cost[2].cpu_us,
+           s_floor_cost[0].p50_ms / s_floor_cost[1].p50_ms,
+           s_floor_cost[2].p50_ms / s_floor_cost[1].p50_ms,
+           s_floor_cost[0].p50_ms / s_floor_cost[2].p50_ms);
 
     printf("| layer | heads x tokens | bytes | fetches | kvedge p50 / p99 ms | kvedge GB/s | "
            "Redis GET p50 / p99 ms | GET GB/s | kvedge/GET | Redis MGET p50 / p99 ms | MGET GB/s "
@@ -1125,6 +1206,7 @@ int main(int argc, char **argv)
     s_ctx_t x;
     memset(&x, 0, sizeof x);
     x.tcp = s_tcp_start();
+    x.zmq = s_zmq_start(&x.zmq_ctx);
     char data[S_PATH_MAX + 16], ep[256];
     snprintf(data, sizeof data, "%s/node", s_tmpdir);
     pid_t node = s_node_start(bin, data, ep, sizeof ep);
@@ -1170,8 +1252,8 @@ int main(int argc, char **argv)
         cases[i].sz = &sizes[i];
         s_case_run(&x, &cases[i], i);
     }
-    s_lat_t floor[3];
-    s_floor_run(&x, &floor[0], &floor[1], &floor[2]);
+    s_lat_t floor[4];
+    s_floor_run(&x, &floor[0], &floor[1], &floor[2], &floor[3]);
     /* Last, as it loads both cores for seconds: the streaming ceiling of loopback. */
     double bps = iperf ? s_iperf() : 0;
 
@@ -1186,6 +1268,8 @@ int main(int argc, char **argv)
     }
     redisFree(x.rc);
     close(x.tcp);
+    zmq_close(x.zmq);
+    zmq_ctx_term(x.zmq_ctx);
     for (uint16_t h = 0; h < max_heads; h++)
         free(x.mget_argv[h + 1]);
     free(x.mget_argv);
