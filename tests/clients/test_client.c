@@ -1085,14 +1085,39 @@ static void s_fake_data(zsock_t *router, zframe_t *route, uint64_t id, uint32_t 
                 status == 0 ? block : NULL, sizeof block);
 }
 
-static void s_fake_node(zsock_t *pipe, void *args)
+/* A fake node's ROUTER on a free port, which the actor's pipe is told (s_fake_connect). */
+static zsock_t *s_fake_router(zsock_t *pipe)
 {
-    (void)args;
     zsock_t *router = zsock_new(ZMQ_ROUTER);
     zsock_set_linger(router, 0);
     int port = zsock_bind(router, "tcp://127.0.0.1:*");
     zsock_signal(pipe, 0);
     zsock_send(pipe, "i", port);
+    return router;
+}
+
+/* A client of the fake node run by actor node (deadline_ms 0: the default). */
+static kvedge_client_t *s_fake_connect(zactor_t *node, int deadline_ms, uint32_t window_bytes)
+{
+    int port = 0;
+    assert_int_equal(zsock_recv(node, "i", &port), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    if (deadline_ms)
+        o.deadline_ms = deadline_ms;
+    o.window_bytes = window_bytes;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    return c;
+}
+
+static void s_fake_node(zsock_t *pipe, void *args)
+{
+    (void)args;
+    zsock_t *router = s_fake_router(pipe);
     zpoller_t *poller = zpoller_new(pipe, router, NULL);
     while (true) {
         void *which = zpoller_wait(poller, -1);
@@ -1190,16 +1215,7 @@ static void test_malformed(void **state)
     (void)state;
     atomic_store(&s_fake_mode, FAKE_GOOD);
     zactor_t *fake = zactor_new(s_fake_node, NULL);
-    int port = 0;
-    assert_int_equal(zsock_recv(fake, "i", &port), 0);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = SHORT_MS;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    kvedge_client_t *c = s_fake_connect(fake, SHORT_MS, 0);
     assert_string_equal(kvedge_client_node(c)->name, "fake");
 
     kvedge_engine_stats_t st;
@@ -1272,11 +1288,7 @@ static struct {
 static void s_win_node(zsock_t *pipe, void *args)
 {
     (void)args;
-    zsock_t *router = zsock_new(ZMQ_ROUTER);
-    zsock_set_linger(router, 0);
-    int port = zsock_bind(router, "tcp://127.0.0.1:*");
-    zsock_signal(pipe, 0);
-    zsock_send(pipe, "i", port);
+    zsock_t *router = s_fake_router(pipe);
     uint8_t *block = calloc(1, W_BLOCK);
     zframe_t *route = NULL;
     uint64_t id = 0;
@@ -1354,16 +1366,7 @@ static void s_win_run(uint32_t max_credit, uint32_t window_bytes)
     memset(&s_win, 0, sizeof s_win);
     s_win.max_credit = max_credit;
     zactor_t *node = zactor_new(s_win_node, NULL);
-    int port = 0;
-    assert_int_equal(zsock_recv(node, "i", &port), 0);
-    char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.window_bytes = window_bytes;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    kvedge_client_t *c = s_fake_connect(node, 0, window_bytes);
     kvedge_chunk_id_t id;
     memset(&id, 5, sizeof id);
     for (int i = 0; i < W_STREAMS; i++) {
