@@ -1085,6 +1085,23 @@ static void s_fake_data(zsock_t *router, zframe_t *route, uint64_t id, uint32_t 
                 status == 0 ? block : NULL, sizeof block);
 }
 
+/* A fake node's HELLO answer: an edge node with the protocol's limits and these credits. */
+static void s_fake_hello(zsock_t *router, zframe_t *route, uint64_t id, const char *name,
+                         uint32_t max_credit, uint32_t default_credit)
+{
+    kvedge_wire_node_info_t info = {KVEDGE_ROLE_EDGE,
+                                    {0},
+                                    KVEDGE_WIRE_MAX_FRAME_BYTES,
+                                    KVEDGE_WIRE_MAX_ITEMS,
+                                    KVEDGE_WIRE_MAX_CHUNKS,
+                                    max_credit,
+                                    default_credit};
+    uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
+    kvedge_wire_node_info_pack(&info, ib);
+    s_fake_send(router, route, 1, KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, id, 0, 0, ib, sizeof ib,
+                name, strlen(name));
+}
+
 /* A fake node's ROUTER on a free port, which the actor's pipe is told (s_fake_connect). */
 static zsock_t *s_fake_router(zsock_t *pipe)
 {
@@ -1134,16 +1151,7 @@ static void s_fake_node(zsock_t *pipe, void *args)
         uint8_t stats[KVEDGE_WIRE_STATS_BYTES];
         memset(stats, 0, sizeof stats);
         if (h.opcode == KVEDGE_OP_HELLO) {
-            kvedge_wire_node_info_t info = {KVEDGE_ROLE_EDGE,
-                                            {0},
-                                            KVEDGE_WIRE_MAX_FRAME_BYTES,
-                                            KVEDGE_WIRE_MAX_ITEMS,
-                                            KVEDGE_WIRE_MAX_CHUNKS,
-                                            KVEDGE_WIRE_MAX_CREDIT,
-                                            8};
-            uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
-            kvedge_wire_node_info_pack(&info, ib);
-            s_fake_send(router, route, 1, KVEDGE_OP_HELLO, R, id, 0, 0, ib, sizeof ib, "fake", 4);
+            s_fake_hello(router, route, id, "fake", KVEDGE_WIRE_MAX_CREDIT, 8);
         } else if (h.opcode == KVEDGE_OP_CANCEL) {
             atomic_fetch_add(&s_fake_cancels, 1);
         } else if (h.opcode == KVEDGE_OP_STAT) {
@@ -1301,17 +1309,7 @@ static void s_win_node(zsock_t *pipe, void *args)
         kvedge_wire_header_t h;
         kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h);
         if (h.opcode == KVEDGE_OP_HELLO) {
-            kvedge_wire_node_info_t info = {KVEDGE_ROLE_EDGE,
-                                            {0},
-                                            KVEDGE_WIRE_MAX_FRAME_BYTES,
-                                            KVEDGE_WIRE_MAX_ITEMS,
-                                            KVEDGE_WIRE_MAX_CHUNKS,
-                                            s_win.max_credit,
-                                            1};
-            uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
-            kvedge_wire_node_info_pack(&info, ib);
-            s_fake_send(router, r, 1, KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, h.request_id, 0, 0,
-                        ib, sizeof ib, "win", 3);
+            s_fake_hello(router, r, h.request_id, "win", s_win.max_credit, 1);
         } else if (h.opcode == KVEDGE_OP_GET_LAYER && s_win.streams < W_STREAMS) {
             k = s_win.streams++;
             zframe_destroy(&route);
