@@ -99,13 +99,11 @@ static int s_rebind_variants(rocksdb_writebatch_t *b, kvedge_engine_t *e, const 
     memset(vs, 0, sizeof *vs);
     if (!e->cf[S_CF_VARIANTS])
         return KVEDGE_OK;
-    uint8_t upper[S_VARIANT_UPPER_BYTES];
-    kvedge_variant_upper(kb, upper);
     uint8_t head[S_VARIANT_HEAD_BYTES];
     kvedge_le_put64(head, sum);
+    uint8_t upper[S_VARIANT_UPPER_BYTES];
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it =
-        kvedge_engine_iter(e, S_CF_VARIANTS, kb, KVEDGE_BLOCK_KEY_BYTES, upper, sizeof upper, &ro);
+    rocksdb_iterator_t *it = kvedge_variant_iter(e, kb, upper, &ro);
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t klen, vlen;
         const char *k = rocksdb_iter_key(it, &klen);
@@ -283,10 +281,8 @@ int kvedge_engine_demote_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id, 
     if (e->opts.read_only)
         return KVEDGE_EREADONLY;
     uint8_t upper[S_UPPER_BYTES];
-    s_upper(id->bytes, KVEDGE_CHUNK_ID_BYTES, upper);
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it = kvedge_engine_iter(e, S_CF_META, id->bytes, KVEDGE_CHUNK_ID_BYTES,
-                                                upper, sizeof upper, &ro);
+    rocksdb_iterator_t *it = kvedge_engine_chunk_iter(e, S_CF_META, id, upper, &ro);
     int rc = KVEDGE_OK;
     uint64_t n = 0, seen = 0;
     int64_t total = 0;

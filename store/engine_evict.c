@@ -284,10 +284,8 @@ int kvedge_engine_pin_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id, boo
     if (e->opts.read_only)
         return KVEDGE_EREADONLY;
     uint8_t upper[S_UPPER_BYTES];
-    s_upper(id->bytes, KVEDGE_CHUNK_ID_BYTES, upper);
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it = kvedge_engine_iter(e, S_CF_META, id->bytes, KVEDGE_CHUNK_ID_BYTES,
-                                                upper, sizeof upper, &ro);
+    rocksdb_iterator_t *it = kvedge_engine_chunk_iter(e, S_CF_META, id, upper, &ro);
     int rc = KVEDGE_OK;
     uint64_t n = 0, seen = 0;
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {

@@ -206,6 +206,17 @@ int kvedge_engine_read_meta(kvedge_engine_t *e, const uint8_t *kb, kvedge_block_
 rocksdb_iterator_t *kvedge_engine_iter(kvedge_engine_t *e, int cf, const void *lower, size_t llen,
                                        const void *upper, size_t ulen, rocksdb_readoptions_t **ro);
 
+/* Iterator over one family's keys of chunk id (every key that starts with its 32 bytes); upper
+ * receives the bound and must outlive the iterator. */
+static inline rocksdb_iterator_t *kvedge_engine_chunk_iter(kvedge_engine_t *e, int cf,
+                                                           const kvedge_chunk_id_t *id,
+                                                           uint8_t upper[S_UPPER_BYTES],
+                                                           rocksdb_readoptions_t **ro)
+{
+    s_upper(id->bytes, KVEDGE_CHUNK_ID_BYTES, upper);
+    return kvedge_engine_iter(e, cf, id->bytes, KVEDGE_CHUNK_ID_BYTES, upper, S_UPPER_BYTES, ro);
+}
+
 /* Closes an iterator, returning its error if it stopped on one (else rc unchanged). */
 int kvedge_engine_iter_close(rocksdb_iterator_t *it, rocksdb_readoptions_t *ro, int rc);
 
@@ -362,13 +373,17 @@ static inline void s_unlock(kvedge_engine_t *e, unsigned s)
     pthread_mutex_unlock(&e->stripes[s]);
 }
 
-/* The exclusive upper bound of kb's variant keys (block key | 0xFF 0xFF), for an iterator
- * over them from kb; out must outlive the iterator. */
-static inline void kvedge_variant_upper(const uint8_t *kb, uint8_t out[S_VARIANT_UPPER_BYTES])
+/* Iterator over kb's variant keys (from kb to kb | 0xFF 0xFF); upper receives the bound and
+ * must outlive the iterator. Close with kvedge_engine_iter_close. */
+static inline rocksdb_iterator_t *kvedge_variant_iter(kvedge_engine_t *e, const uint8_t *kb,
+                                                      uint8_t upper[S_VARIANT_UPPER_BYTES],
+                                                      rocksdb_readoptions_t **ro)
 {
-    memcpy(out, kb, KVEDGE_BLOCK_KEY_BYTES);
-    out[KVEDGE_BLOCK_KEY_BYTES] = 0xff;
-    out[KVEDGE_BLOCK_KEY_BYTES + 1] = 0xff;
+    memcpy(upper, kb, KVEDGE_BLOCK_KEY_BYTES);
+    upper[KVEDGE_BLOCK_KEY_BYTES] = 0xff;
+    upper[KVEDGE_BLOCK_KEY_BYTES + 1] = 0xff;
+    return kvedge_engine_iter(e, S_CF_VARIANTS, kb, KVEDGE_BLOCK_KEY_BYTES, upper,
+                              S_VARIANT_UPPER_BYTES, ro);
 }
 
 static inline void s_add(_Atomic uint64_t *a, uint64_t v)

@@ -187,8 +187,7 @@ static int s_erase_chunk_keys(kvedge_engine_t *e, int cf, const kvedge_chunk_id_
         return kvedge_engine_walk_close(&w, rc);
     }
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it =
-        kvedge_engine_iter(e, cf, id->bytes, KVEDGE_CHUNK_ID_BYTES, upper, sizeof upper, &ro);
+    rocksdb_iterator_t *it = kvedge_engine_chunk_iter(e, cf, id, upper, &ro);
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t klen;
         const uint8_t *kb = (const uint8_t *)rocksdb_iter_key(it, &klen);

@@ -119,10 +119,8 @@ int kvedge_engine_batch_drop_variants(rocksdb_writebatch_t *b, kvedge_engine_t *
     if (!s_has_family(e))
         return KVEDGE_OK;
     uint8_t upper[S_VARIANT_UPPER_BYTES];
-    kvedge_variant_upper(kb, upper);
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it =
-        kvedge_engine_iter(e, S_CF_VARIANTS, kb, KVEDGE_BLOCK_KEY_BYTES, upper, sizeof upper, &ro);
+    rocksdb_iterator_t *it = kvedge_variant_iter(e, kb, upper, &ro);
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t klen, vlen;
         const char *k = rocksdb_iter_key(it, &klen);
@@ -204,10 +202,8 @@ int kvedge_engine_drop_chunk_variants(kvedge_engine_t *e, const kvedge_chunk_id_
     if (!s_has_family(e))
         return KVEDGE_OK;
     uint8_t upper[S_UPPER_BYTES];
-    s_upper(id->bytes, KVEDGE_CHUNK_ID_BYTES, upper);
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it = kvedge_engine_iter(e, S_CF_VARIANTS, id->bytes, KVEDGE_CHUNK_ID_BYTES,
-                                                upper, sizeof upper, &ro);
+    rocksdb_iterator_t *it = kvedge_engine_chunk_iter(e, S_CF_VARIANTS, id, upper, &ro);
     int rc = KVEDGE_OK;
     for (; rc == KVEDGE_OK && rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t klen, vlen;
@@ -473,10 +469,8 @@ static int s_list(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_meta
     if (!s_has_family(e))
         return KVEDGE_OK;
     uint8_t upper[S_VARIANT_UPPER_BYTES];
-    kvedge_variant_upper(kb, upper);
     rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it =
-        kvedge_engine_iter(e, S_CF_VARIANTS, kb, KVEDGE_BLOCK_KEY_BYTES, upper, sizeof upper, &ro);
+    rocksdb_iterator_t *it = kvedge_variant_iter(e, kb, upper, &ro);
     for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
         size_t klen, vlen;
         const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &klen);
