@@ -78,28 +78,6 @@ static struct {
     kt_world_t w;               /* a master with the models and the maps, a cloud node, a proxy */
 } s_fx;
 
-static void s_synth(const char *path, uint32_t layers, uint32_t heads, uint64_t seed)
-{
-    kvedge_decoder_config_t c = {.layers = layers,
-                                 .heads = heads,
-                                 .head_dim = 16,
-                                 .hidden = heads * 16,
-                                 .ffn = heads * 32,
-                                 .vocab = S_VOCAB,
-                                 .max_positions = S_POS};
-    assert_int_equal(kvedge_decoder_synthesize(path, &c, seed, false), KVEDGE_OK);
-}
-
-static kvedge_decoder_t *s_load(const char *path)
-{
-    kvedge_decoder_t *d = kvedge_decoder_new();
-    assert_non_null(d);
-    int rc = kvedge_decoder_load(d, path, 0);
-    if (rc != KVEDGE_OK)
-        fail_msg("load %s: %s (%s)", path, kvedge_strerror(rc), kvedge_decoder_error(d));
-    return d;
-}
-
 /* A map cloud_id -> ls-edge with s_from, and an adapter fitted on it. */
 static kvedge_adapter_t *s_fit(const char *cloud_id)
 {
@@ -246,10 +224,10 @@ static int s_setup(void **state)
     snprintf(s_fx.cloud_w, sizeof s_fx.cloud_w, "%s/cloud.safetensors", s_fx.root);
     snprintf(s_fx.edge_w, sizeof s_fx.edge_w, "%s/edge.safetensors", s_fx.root);
     snprintf(s_fx.adapter_path, sizeof s_fx.adapter_path, "%s/ls.adapter", s_fx.root);
-    s_synth(s_fx.cloud_w, 4, 6, 11);
-    s_synth(s_fx.edge_w, 3, 4, 22);
-    s_fx.cloud = s_load(s_fx.cloud_w);
-    s_fx.edge = s_load(s_fx.edge_w);
+    kt_synth(s_fx.cloud_w, 4, 6, S_VOCAB, S_POS, 11);
+    kt_synth(s_fx.edge_w, 3, 4, S_VOCAB, S_POS, 22);
+    s_fx.cloud = kt_load(s_fx.cloud_w);
+    s_fx.edge = kt_load(s_fx.edge_w);
     s_fx.cc = kvedge_decoder_config(s_fx.cloud);
     s_fx.ec = kvedge_decoder_config(s_fx.edge);
     assert_int_equal(kvedge_e2e_model(s_fx.cloud, S_CLOUD_ID, &s_fx.cloud_m), KVEDGE_OK);

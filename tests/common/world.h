@@ -1,16 +1,43 @@
 /* A small in-process world for the large-small tests (test_largesmall, test_prune): a Storage
  * Master with a view of it, a cloud node "cloud1" not registered with the master, and an edge
- * proxy whose one source is that node. Include after <cmocka.h>. */
+ * proxy whose one source is that node; and the synthetic decoders those tests pair. Include
+ * after <cmocka.h>. */
 #ifndef KVEDGE_TESTS_WORLD_H
 #define KVEDGE_TESTS_WORLD_H
 
 #include <stdio.h>
 
 #include "access/mview.h"
+#include "clients/decoder/decoder.h"
 #include "proxy/proxy.h"
 #include "store/error.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
+
+/* Synthetic OPT-style weights at path: head_dim 16, hidden 16 x heads, FFN 32 x heads. */
+static inline void kt_synth(const char *path, uint32_t layers, uint32_t heads, uint32_t vocab,
+                            uint32_t positions, uint64_t seed)
+{
+    kvedge_decoder_config_t c = {.layers = layers,
+                                 .heads = heads,
+                                 .head_dim = 16,
+                                 .hidden = heads * 16,
+                                 .ffn = heads * 32,
+                                 .vocab = vocab,
+                                 .max_positions = positions};
+    assert_int_equal(kvedge_decoder_synthesize(path, &c, seed, false), KVEDGE_OK);
+}
+
+/* A decoder of the weights at path (fails the test with the loader's error otherwise). */
+static inline kvedge_decoder_t *kt_load(const char *path)
+{
+    kvedge_decoder_t *d = kvedge_decoder_new();
+    assert_non_null(d);
+    int rc = kvedge_decoder_load(d, path, 0);
+    if (rc != KVEDGE_OK)
+        fail_msg("load %s: %s (%s)", path, kvedge_strerror(rc), kvedge_decoder_error(d));
+    return d;
+}
 
 typedef struct {
     char mdir[200], mep[200], mpub[200];
