@@ -75,9 +75,13 @@ static void s_stop(s_env_t *e)
 static int s_setup(void **state)
 {
     s_env_t *e = calloc(1, sizeof *e);
-    snprintf(e->dir, sizeof e->dir, "/tmp/kvedge-nodeopt-XXXXXX");
-    if (!e || !mkdtemp(e->dir))
+    if (!e)
         return -1;
+    snprintf(e->dir, sizeof e->dir, "/tmp/kvedge-nodeopt-XXXXXX");
+    if (!mkdtemp(e->dir)) {
+        free(e);
+        return -1;
+    }
     *state = e;
     return 0;
 }

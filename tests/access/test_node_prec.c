@@ -102,9 +102,13 @@ static void s_put(s_env_t *e, kvedge_scheme_t scheme, uint16_t group)
 static int s_setup(void **state)
 {
     s_env_t *e = calloc(1, sizeof *e);
-    snprintf(e->dir, sizeof e->dir, "/tmp/kvedge-nodeprec-XXXXXX");
-    if (!e || !mkdtemp(e->dir))
+    if (!e)
         return -1;
+    snprintf(e->dir, sizeof e->dir, "/tmp/kvedge-nodeprec-XXXXXX");
+    if (!mkdtemp(e->dir)) {
+        free(e);
+        return -1;
+    }
     *state = e;
     return 0;
 }
