@@ -116,7 +116,7 @@ typedef struct {
 static pid_t s_children[S_MAX_CHILDREN];
 static char s_tmpdir[S_PATH_MAX];
 
-static void s_die(const char *fmt, const char *arg)
+_Noreturn static void s_die(const char *fmt, const char *arg)
 {
     fprintf(stderr, "bench_fetch: ");
     fprintf(stderr, fmt, arg);
@@ -205,6 +205,15 @@ static void s_on_signal(int sig)
     _exit(128 + sig);
 }
 
+/* A free entry of s_children (dies when there is none). */
+static int s_child_slot(void)
+{
+    for (int i = 0; i < S_MAX_CHILDREN; i++)
+        if (s_children[i] == 0)
+            return i;
+    s_die("%s", "too many children");
+}
+
 /* Starts argv[0] (searched in PATH) as a child that dies with us. Its stdout goes to a pipe
  * (*out_fd, when out_fd is not NULL) or to /dev/null; its stderr stays ours unless quiet. */
 static pid_t s_spawn(char *const argv[], int *out_fd, bool quiet)
@@ -212,12 +221,7 @@ static pid_t s_spawn(char *const argv[], int *out_fd, bool quiet)
     int fds[2] = {-1, -1};
     if (out_fd && pipe2(fds, O_CLOEXEC) != 0)
         s_die("pipe: %s", strerror(errno));
-    int slot = -1;
-    for (int i = 0; i < S_MAX_CHILDREN && slot < 0; i++)
-        if (s_children[i] == 0)
-            slot = i;
-    if (slot < 0)
-        s_die("%s", "too many children");
+    int slot = s_child_slot();
     pid_t pid = fork();
     if (pid < 0)
         s_die("fork: %s", strerror(errno));
@@ -368,11 +372,8 @@ static void s_zmq_serve(int port)
 static void *s_zmq_start(void **ctx)
 {
     int port = s_free_port();
-    int slot = -1;
-    for (int i = 0; i < S_MAX_CHILDREN && slot < 0; i++)
-        if (s_children[i] == 0)
-            slot = i;
-    pid_t pid = slot < 0 ? -1 : fork();
+    int slot = s_child_slot();
+    pid_t pid = fork();
     if (pid < 0)
         s_die("zmq peer: fork: %s", strerror(errno));
     if (pid == 0) {
