@@ -3,6 +3,7 @@
  * store/engine.h lives in store/engine_*.c, sharing store/engine_impl.h. */
 #include "store/engine_impl.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,17 +214,60 @@ static int s_load_totals(kvedge_engine_t *e)
     return kvedge_engine_load_variant_totals(e);
 }
 
-static bool s_store_exists(const char *dir)
+/* What a directory holds, read before RocksDB touches it: RocksDB opened with
+ * create_if_missing on a directory whose CURRENT is gone writes a new CURRENT and an empty
+ * MANIFEST, and its next open deletes every table and blob file that MANIFEST does not name. */
+int kvedge_engine_dir_state(const char *dir)
 {
-    size_t n = strlen(dir) + sizeof "/CURRENT";
-    char *path = malloc(n);
+    size_t n = strlen(dir) + sizeof "/" KVEDGE_REPAIR_TMP_DIR "/" KVEDGE_REPAIR_MARK_FILE;
+    char *path = malloc(n > 4096 ? n : 4096);
     if (!path)
-        return false;
-    snprintf(path, n, "%s/CURRENT", dir);
+        return KVEDGE_STORE_DIR_NONE;
+    int state = KVEDGE_STORE_DIR_NONE;
     struct stat st;
-    bool ok = stat(path, &st) == 0;
+    snprintf(path, 4096, "%s/" KVEDGE_REPAIR_TMP_DIR "/" KVEDGE_REPAIR_MARK_FILE, dir);
+    if (stat(path, &st) == 0) {
+        free(path);
+        return KVEDGE_STORE_DIR_REPAIRING;
+    }
+    bool data = false;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        while (!data && (de = readdir(d)) != NULL)
+            data = kvedge_engine_rocks_data_file(de->d_name);
+        closedir(d);
+    }
+    /* CURRENT names the MANIFEST: "MANIFEST-NNNNNN\n". */
+    char cur[64] = "";
+    snprintf(path, 4096, "%s/CURRENT", dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        size_t got = fread(cur, 1, sizeof cur - 1, f);
+        cur[got] = '\0';
+        fclose(f);
+        size_t len = strcspn(cur, "\n");
+        bool named = len > 9 && strncmp(cur, "MANIFEST-", 9) == 0 && cur[len] == '\n' &&
+                     strspn(cur + 9, "0123456789") == len - 9;
+        cur[len] = '\0';
+        if (named && snprintf(path, 4096, "%s/%s", dir, cur) < 4096 && stat(path, &st) == 0 &&
+            S_ISREG(st.st_mode))
+            state = KVEDGE_STORE_DIR_SOUND;
+        else
+            state = KVEDGE_STORE_DIR_DAMAGED;
+    } else if (data) {
+        state = KVEDGE_STORE_DIR_DAMAGED;
+    }
     free(path);
-    return ok;
+    return state;
+}
+
+bool kvedge_engine_rocks_data_file(const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(name, "MANIFEST-", 9) == 0 ||
+           (n > 4 && (strcmp(name + n - 4, ".sst") == 0 || strcmp(name + n - 4, ".log") == 0)) ||
+           (n > 5 && strcmp(name + n - 5, ".blob") == 0);
 }
 
 /* Opens the database with our families plus any others it holds. */
@@ -367,7 +411,25 @@ static int s_open(const char *dir, const kvedge_engine_opts_t *opts, bool salvag
     pthread_mutex_init(&e->scrub_mu, NULL);
 
     int rc;
-    bool exists = s_store_exists(dir);
+    int state = kvedge_engine_dir_state(dir);
+    bool exists = state == KVEDGE_STORE_DIR_SOUND;
+    if (state == KVEDGE_STORE_DIR_REPAIRING) {
+        /* A repair verified a new store and stopped while putting it in place. */
+        s_why(why, why_len,
+              "store %s is being repaired: a verified new store waits in %s/" KVEDGE_REPAIR_TMP_DIR
+              "; run kvedge repair --data %s to finish putting it in place",
+              dir, dir, dir);
+        rc = KVEDGE_EBUSY;
+        goto fail;
+    }
+    if (state == KVEDGE_STORE_DIR_DAMAGED) {
+        /* Never opened by RocksDB: it would create a new store over the files. */
+        s_why(why, why_len,
+              "its CURRENT file is missing or names no MANIFEST, but it holds RocksDB data "
+              "files (left untouched)");
+        rc = KVEDGE_ECORRUPT;
+        goto fail;
+    }
     if (!exists && (e->opts.read_only || !e->opts.create_if_missing)) {
         s_why(why, why_len, "no kvedge store at %s", dir);
         rc = KVEDGE_ENOTFOUND;
@@ -413,7 +475,8 @@ int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge
     int rc = s_open(dir, opts, false, out, why, why_len);
     /* CURRENT naming a MANIFEST that is gone or unreadable: the store is damaged, not the
      * disk failing. */
-    if (rc == KVEDGE_EIO && why && strstr(why, "MANIFEST") && s_store_exists(dir))
+    if (rc == KVEDGE_EIO && why && strstr(why, "MANIFEST") &&
+        kvedge_engine_dir_state(dir) != KVEDGE_STORE_DIR_NONE)
         rc = KVEDGE_ECORRUPT;
     if (rc == KVEDGE_ECORRUPT && why && why_len) {
         /* The way out, in every message that reports a damaged store (CLI, node). The hint

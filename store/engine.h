@@ -344,39 +344,57 @@ typedef struct {
 
 int kvedge_engine_demote_stats(kvedge_engine_t *e, kvedge_engine_demote_stats_t *out);
 
-/* What kvedge_engine_repair did. */
+/* What kvedge_engine_repair found and did. blocks_found = blocks_kept + blocks_lost. */
 typedef struct {
+    uint64_t blocks_found;    /* blocks the store named or held (tables, indexes, blob files) */
     uint64_t blocks_kept;     /* blocks that passed the full check: in the repaired store */
     uint64_t blocks_lost;     /* blocks that did not: in its quarantine family */
     uint64_t from_blob_files; /* kept blocks RocksDB could not read, found in its blob files */
     uint64_t meta_rebuilt;    /* kept blocks whose metadata was unreadable: rebuilt from the block
                                  (not pinned, no expiry, accessed now) */
     uint64_t chunks_kept;     /* chunk records carried over */
-    uint64_t chunks_lost;     /* chunks of kept blocks whose record could not be read */
+    uint64_t chunks_rebuilt;  /* chunks of kept blocks whose record was unreadable: rebuilt from
+                                 the blocks and the one model they fit (listed by no tenant) */
+    uint64_t chunks_lost;     /* chunks of kept blocks with no record: their blocks are kept by
+                                 key, but no layer of them is served */
     uint64_t models_kept;     /* model records carried over */
+    uint64_t models_lost;     /* models named by kept chunks whose record was unreadable */
     uint64_t quarantine_kept; /* entries already in quarantine, carried over */
-    bool rocksdb_repaired;    /* RocksDB could not open the files: its own repair ran first */
-    char old_files[512];      /* where the damaged store's RocksDB files were moved */
+    uint64_t variants_kept;   /* variant records carried over */
+    uint64_t
+        variants_dropped; /* variant records dropped: unreadable, failing, or of a lost block */
+    uint64_t table_files, blob_files, wal_files; /* what the store held before the repair */
+    uint64_t data_bytes;                         /* their bytes (and the MANIFESTs') */
+    bool rocksdb_repaired; /* RocksDB could not open the files: its own repair ran on a copy */
+    bool damaged;   /* RocksDB's view was incomplete: blocks were also taken from the blob files */
+    bool unchanged; /* the store was left as it was (nothing to repair, or the repair failed) */
+    bool resumed;   /* an interrupted repair's verified store was put in place */
+    char old_files[512]; /* where the damaged store's RocksDB files were moved */
 } kvedge_repair_report_t;
 
-/* Salvages a damaged store (the node stopped: it takes the store's lock). Reads every record
- * RocksDB can still read back, checks every block as a get does (kvedge_block_check and its
- * metadata), and writes a new store of what passes into dir/repair.tmp; then moves the old
- * RocksDB files to dir/lost/repair-TIME/ and the new ones into dir (other files of dir, such
- * as certificates, stay). A block RocksDB cannot read is looked for in the blob files
- * themselves (its newest copy that passes, and matches its metadata when that is readable).
- * Blocks that still fail are quarantined in the new store (with their bytes when those could
- * be read) and reported through cb (may be NULL; a non-zero return stops the repair, leaving
- * the store as it was) with their error. The LRU and TTL indexes are rebuilt; unreadable
- * metadata is rebuilt from its block. When RocksDB cannot open the files at all,
- * rocksdb_repair_db rebuilds its MANIFEST first (the blob files, which it drops, are linked
- * into dir/lost/blobs-TIME/ beforehand and read from there). Needs free space for a copy of
- * what is kept. Variants of kept blocks that pass the same check and are bound to the block
- * kept are carried over; the others are dropped (neither quarantined nor reported: a variant
- * can be made again from its primary). Errors: KVEDGE_ENOTFOUND (no store), KVEDGE_EBUSY (in
- * use), KVEDGE_EVERSION
- * (written by a newer kvedge: left alone), KVEDGE_EIO,
- * KVEDGE_ENOMEM, store errors; why receives a one-line reason. out may be NULL. */
+/* Salvages a damaged store (the node stopped: it takes the store's lock). Never changes an
+ * original file before a new store has been built and read back: the damaged store is read
+ * through a working copy (dir/repair.work: table and blob files linked, the rest copied), so
+ * neither RocksDB's open nor its repair touches what it reads. Every record RocksDB can still
+ * read is read, every block checked as a get does (kvedge_block_check and its metadata), and a
+ * new store of what passes is written into dir/repair.tmp. When RocksDB's view is incomplete
+ * (it needed rocksdb_repair_db, or dropped table or blob files its MANIFEST does not name, or a
+ * family could not be read whole), the blocks the blob files hold are taken too. A block
+ * RocksDB cannot read is looked for in the blob files themselves (its newest copy that
+ * passes, and matches its metadata when that is readable). Blocks that still fail are
+ * quarantined in the new store (with their bytes when those could be read) and reported through
+ * cb (may be NULL; a non-zero return stops the repair, leaving the store as it was) with their
+ * error. The LRU and TTL indexes are rebuilt; unreadable metadata is rebuilt from its block;
+ * unreadable chunk records are rebuilt when one known model fits the chunk's blocks. Variants
+ * of kept blocks that pass the same check and are bound to the block kept are carried over.
+ * The new store is then opened and verified block by block (it must hold every block kept);
+ * only then are the old RocksDB files moved to dir/lost/repair-TIME/ and the new ones into dir
+ * (a mark in dir/repair.tmp lets the next run finish a repair stopped there; the node refuses
+ * to open meanwhile). A store with nothing to repair is left as it was (out->unchanged).
+ * Needs free space for a copy of what is kept. Errors: KVEDGE_ENOTFOUND (no store),
+ * KVEDGE_EBUSY (in use), KVEDGE_EVERSION (written by a newer kvedge: left alone),
+ * KVEDGE_ECORRUPT (the new store did not read back whole: not put in place), KVEDGE_EIO,
+ * KVEDGE_ENOSPC, KVEDGE_ENOMEM, store errors; why receives a one-line reason. out may be NULL. */
 int kvedge_engine_repair(const char *dir, kvedge_verify_cb cb, void *ctx,
                          kvedge_repair_report_t *out, char *why, size_t why_len);
 

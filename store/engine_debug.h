@@ -24,6 +24,14 @@ int kvedge_engine_debug_put_unchecked(kvedge_engine_t *e, const kvedge_chunk_inf
                                       uint16_t layer, uint16_t head, const uint8_t *block,
                                       size_t len);
 
+/* Faults kvedge_engine_repair meets once each, then forgets (0: none). */
+enum {
+    KVEDGE_REPAIR_FAULT_NONE,
+    KVEDGE_REPAIR_FAULT_SHORT_STORE, /* one kept block goes missing from the new store */
+    KVEDGE_REPAIR_FAULT_STOP_SWAP,   /* the swap stops once the old files have moved */
+};
+void kvedge_engine_debug_repair_fault(int fault);
+
 #ifdef __cplusplus
 }
 #endif

@@ -162,6 +162,34 @@ int kvedge_engine_prefix_unpack(const uint8_t *key, size_t klen, const uint8_t *
 /* ---------------------------------------------------------------- opening for repair
  * (engine.c) */
 
+/* Repair builds its new store in dir/KVEDGE_REPAIR_TMP_DIR and, once it has read that store
+ * back, writes KVEDGE_REPAIR_MARK_FILE there before it moves any file: a directory with the
+ * mark is a repair to finish, which nothing else opens. */
+#define KVEDGE_REPAIR_TMP_DIR   "repair.tmp"
+#define KVEDGE_REPAIR_MARK_FILE "KVEDGE-REPAIR-VERIFIED"
+
+enum {
+    KVEDGE_STORE_DIR_NONE,      /* no RocksDB data files and no CURRENT: no store */
+    KVEDGE_STORE_DIR_SOUND,     /* CURRENT names a MANIFEST that exists */
+    KVEDGE_STORE_DIR_DAMAGED,   /* data files, and CURRENT missing or naming no MANIFEST */
+    KVEDGE_STORE_DIR_REPAIRING, /* a verified repaired store waits to be put in place */
+};
+
+/* Whether a chunk record was rebuilt by repair from its blocks (tenant tag all 0xff). */
+static inline bool kvedge_engine_chunk_rebuilt(const kvedge_chunk_info_t *c)
+{
+    for (size_t i = 0; i < sizeof c->tenant; i++)
+        if (c->tenant[i] != 0xff)
+            return false;
+    return true;
+}
+
+/* Classifies a store directory from its file names alone (RocksDB is not called). */
+int kvedge_engine_dir_state(const char *dir);
+
+/* A MANIFEST, table, blob or WAL file name: what holds a store's data. */
+bool kvedge_engine_rocks_data_file(const char *name);
+
 /* Opens the RocksDB database of a store for salvage (engine_repair.c): writable, missing
  * families created, RocksDB's paranoid checks and automatic compactions off (a table whose
  * own blocks are damaged still opens; reads from it fail one by one), no cache, and neither

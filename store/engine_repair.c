@@ -12,13 +12,31 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "store/engine_debug.h"
 #include "store/why.h"
+
+static _Atomic int s_fault; /* kvedge_engine_debug_repair_fault */
+
+void kvedge_engine_debug_repair_fault(int fault)
+{
+    s_fault = fault;
+}
+
+static bool s_fault_take(int fault)
+{
+    int want = fault;
+    return atomic_compare_exchange_strong(&s_fault, &want, KVEDGE_REPAIR_FAULT_NONE);
+}
 
 /* The new store is built here, inside the store directory (same file system: moved by
  * rename), and the old RocksDB files go under S_LOST_DIR (where RocksDB's own repair puts
  * what it drops). */
-#define S_TMP_DIR  "repair.tmp"
+#define S_TMP_DIR  KVEDGE_REPAIR_TMP_DIR
 #define S_LOST_DIR "lost"
+/* The damaged store is read through a working copy (table and blob files linked, every file
+ * RocksDB may rewrite copied): nothing RocksDB does while opening or repairing it reaches an
+ * original file. */
+#define S_WORK_DIR "repair.work"
 /* Blocks written to the new store per write batch. */
 #define S_BATCH_BLOCKS 256
 #define S_PATH_MAX     4096
@@ -65,33 +83,43 @@ static void s_keys_seal(s_keys_t *ks)
 }
 
 /* Adds the block keys one family names (key_off: where the block key starts in its keys, 0
- * for meta, 8 for the LRU and TTL indexes), in key order, up to its end or the first record
- * RocksDB cannot read back: the other families name what lies past it. */
-static int s_collect_index(kvedge_engine_t *e, int cf, size_t key_off, s_keys_t *ks)
+ * for meta, 8 for the LRU and TTL indexes). A read that fails (a damaged table block) ends the
+ * forward pass; a backward pass from the last key then takes what lies past the damage. Sets
+ * *damaged when a read failed. */
+static int s_collect_index(kvedge_engine_t *e, int cf, size_t key_off, s_keys_t *ks, bool *damaged)
 {
     rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_fill_cache(ro, 0);
-    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(e->db, ro, e->cf[cf]);
     int rc = KVEDGE_OK;
-    for (rocksdb_iter_seek_to_first(it); rc == KVEDGE_OK && rocksdb_iter_valid(it);
-         rocksdb_iter_next(it)) {
-        size_t klen;
-        const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &klen);
-        if (klen == key_off + KVEDGE_BLOCK_KEY_BYTES)
-            rc = s_keys_add(ks, k + key_off);
-    }
-    char *err = NULL;
-    rocksdb_iter_get_error(it, &err);
-    if (err)
+    for (int pass = 0; pass < 2 && rc == KVEDGE_OK; pass++) {
+        rocksdb_iterator_t *it = rocksdb_create_iterator_cf(e->db, ro, e->cf[cf]);
+        if (pass == 0)
+            rocksdb_iter_seek_to_first(it);
+        else
+            rocksdb_iter_seek_to_last(it);
+        for (; rc == KVEDGE_OK && rocksdb_iter_valid(it);
+             pass == 0 ? rocksdb_iter_next(it) : rocksdb_iter_prev(it)) {
+            size_t klen;
+            const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &klen);
+            if (klen == key_off + KVEDGE_BLOCK_KEY_BYTES)
+                rc = s_keys_add(ks, k + key_off);
+        }
+        char *err = NULL;
+        rocksdb_iter_get_error(it, &err);
+        rocksdb_iter_destroy(it);
+        if (!err)
+            break; /* the whole family was read: no backward pass */
         (void)kvedge_rocks_error(&err);
-    rocksdb_iter_destroy(it);
+        *damaged = true;
+    }
     rocksdb_readoptions_destroy(ro);
     return rc;
 }
 
 /* Every block key the damaged store still names: its blocks (a walk, which steps past values
- * it cannot read), its meta records and its LRU and TTL indexes. */
-static int s_collect_keys(kvedge_engine_t *e, s_keys_t *ks)
+ * it cannot read), its meta records and its LRU and TTL indexes. Sets *damaged when a family
+ * could not be read whole. */
+static int s_collect_keys(kvedge_engine_t *e, s_keys_t *ks, bool *damaged)
 {
     kvedge_engine_walk_t w;
     kvedge_engine_walk_open(&w, e, NULL, NULL, 0, NULL, 0, false, false);
@@ -103,15 +131,14 @@ static int s_collect_keys(kvedge_engine_t *e, s_keys_t *ks)
             rc = s_keys_add(ks, k);
     }
     int wrc = kvedge_engine_walk_close(&w, KVEDGE_OK);
-    (void)wrc; /* a walk ended by damage: the indexes below name the keys past it */
+    if (wrc != KVEDGE_OK && wrc != KVEDGE_ENOMEM)
+        *damaged = true; /* a walk ended by damage: the indexes below name the keys past it */
     if (rc == KVEDGE_OK)
-        rc = s_collect_index(e, S_CF_META, 0, ks);
+        rc = s_collect_index(e, S_CF_META, 0, ks, damaged);
     if (rc == KVEDGE_OK)
-        rc = s_collect_index(e, S_CF_LRU, 8, ks);
+        rc = s_collect_index(e, S_CF_LRU, 8, ks, damaged);
     if (rc == KVEDGE_OK)
-        rc = s_collect_index(e, S_CF_TTL, 8, ks);
-    if (rc == KVEDGE_OK)
-        s_keys_seal(ks);
+        rc = s_collect_index(e, S_CF_TTL, 8, ks, damaged);
     return rc;
 }
 
@@ -269,6 +296,20 @@ static void s_blobs_close(s_blobs_t *b)
     memset(b, 0, sizeof *b);
 }
 
+/* Whether the blob files hold any record of the block (sound or not). */
+static bool s_blobs_have(const s_blobs_t *b, const uint8_t *kb)
+{
+    size_t lo = 0, hi = b->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (memcmp(b->r[mid].key, kb, KVEDGE_BLOCK_KEY_BYTES) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < b->n && memcmp(b->r[lo].key, kb, KVEDGE_BLOCK_KEY_BYTES) == 0;
+}
+
 /* The newest copy of a block in the blob files that passes the full check (and matches m when
  * m is not NULL). Returns a buffer the caller frees, or NULL. */
 static uint8_t *s_blobs_find(const s_blobs_t *b, const uint8_t *kb, const kvedge_block_meta_t *m,
@@ -308,6 +349,8 @@ typedef struct {
     void *ctx;
     kvedge_repair_report_t *rep;
     const s_blobs_t *blobs;
+    bool damaged;      /* RocksDB's view is incomplete: the blob files name blocks too */
+    bool models_whole; /* every model record of the store was read */
     rocksdb_writebatch_t *b;
     size_t in_batch;
     uint64_t now;
@@ -355,8 +398,10 @@ static int s_salvage_block(s_salvage_t *s, const uint8_t *kb)
     int brc = kvedge_engine_pget(s->src, s->src->ro, S_CF_BLOCKS, kb, KVEDGE_BLOCK_KEY_BYTES, &blk);
     kvedge_block_meta_t m;
     int mrc = kvedge_engine_read_meta(s->src, kb, &m);
-    if (brc == KVEDGE_ENOTFOUND && mrc == KVEDGE_ENOTFOUND)
+    if (brc == KVEDGE_ENOTFOUND && mrc == KVEDGE_ENOTFOUND &&
+        !(s->damaged && s_blobs_have(s->blobs, kb)))
         return KVEDGE_OK; /* an index entry left behind: no block */
+    s->rep->blocks_found++;
     size_t len = 0;
     const uint8_t *data = brc == KVEDGE_OK ? s_pval(blk, &len) : NULL;
     kvedge_block_info_t info;
@@ -419,6 +464,112 @@ static int s_salvage_block(s_salvage_t *s, const uint8_t *kb)
     return rc;
 }
 
+/* What the kept blocks of one chunk say about it, and the one model they fit. */
+typedef struct {
+    uint16_t layers, heads; /* 1 + the largest layer and head kept */
+    uint16_t head_dim;
+    kvedge_dtype_t dtype;
+    uint32_t tokens;
+    bool mixed; /* blocks that disagree on tokens, head dim or dtype */
+    kvedge_model_t fit, exact;
+    int n_fit, n_exact;
+} s_shape_t;
+
+/* Counts the models that fit exactly (layers and heads as kept) and loosely (at least). */
+static void s_shape_fit(s_shape_t *sh, const kvedge_model_t *m)
+{
+    if (m->layers < sh->layers || m->kv_heads < sh->heads || m->head_dim != sh->head_dim ||
+        m->dtype != sh->dtype)
+        return;
+    bool exact = m->layers == sh->layers && m->kv_heads == sh->heads;
+    if ((exact && sh->n_exact && strcmp(sh->exact.id, m->id) == 0) ||
+        (sh->n_fit && strcmp(sh->fit.id, m->id) == 0))
+        return; /* a built-in also recorded in the store */
+    if (exact) {
+        sh->exact = *m;
+        sh->n_exact++;
+    }
+    sh->fit = *m;
+    sh->n_fit++;
+}
+
+static int s_shape_model_cb(void *ctx, const kvedge_model_t *m)
+{
+    s_shape_fit(ctx, m);
+    return KVEDGE_OK;
+}
+
+/* A kept chunk whose record cannot be read gets one rebuilt from its blocks when exactly one
+ * model the store knows fits them (layers and heads at least those kept, head dim, dtype):
+ * served again, listed under no tenant (its tenant tag is all 0xff) and replaced by the next put
+ * of the chunk. Only when the models family was read whole: a model whose record was lost
+ * could fit too. Otherwise the chunk is lost: its blocks are kept by key. */
+static int s_rebuild_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
+{
+    uint8_t upper[S_UPPER_BYTES];
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = kvedge_engine_chunk_iter(s->dst, S_CF_META, id, upper, &ro);
+    s_shape_t sh = {0};
+    bool any = false;
+    for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t klen, vlen;
+        const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &klen);
+        const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vlen);
+        kvedge_block_meta_t m;
+        if (klen != KVEDGE_BLOCK_KEY_BYTES || kvedge_engine_meta_unpack(v, vlen, &m) != KVEDGE_OK)
+            continue;
+        kvedge_block_key_t key;
+        kvedge_block_key_unpack(k, &key);
+        if (!any) {
+            sh.head_dim = m.head_dim;
+            sh.dtype = m.dtype;
+            sh.tokens = m.tokens;
+        }
+        sh.mixed =
+            sh.mixed || m.head_dim != sh.head_dim || m.dtype != sh.dtype || m.tokens != sh.tokens;
+        sh.layers = key.layer + 1 > sh.layers ? (uint16_t)(key.layer + 1) : sh.layers;
+        sh.heads = key.head + 1 > sh.heads ? (uint16_t)(key.head + 1) : sh.heads;
+        any = true;
+    }
+    int rc = kvedge_engine_iter_close(it, ro, KVEDGE_OK);
+    if (rc == KVEDGE_ENOMEM)
+        return rc;
+    if (rc == KVEDGE_OK && any && !sh.mixed) {
+        size_t n_builtin;
+        const kvedge_model_t *b = kvedge_model_builtins(&n_builtin);
+        for (size_t i = 0; i < n_builtin; i++)
+            s_shape_fit(&sh, &b[i]);
+        rc = kvedge_engine_list_models(s->dst, s_shape_model_cb, &sh);
+        if (rc == KVEDGE_ENOMEM)
+            return rc;
+    }
+    /* One exact fit, else one loose fit; only when every model the store knew was read. */
+    const kvedge_model_t *fit = sh.n_exact == 1                    ? &sh.exact
+                                : sh.n_exact == 0 && sh.n_fit == 1 ? &sh.fit
+                                                                   : NULL;
+    if (rc != KVEDGE_OK || !any || sh.mixed || !fit || !s->models_whole) {
+        s->rep->chunks_lost++;
+        return KVEDGE_OK;
+    }
+    kvedge_chunk_info_t c;
+    memset(&c, 0, sizeof c);
+    c.id = *id;
+    c.name = *id;
+    snprintf(c.model_id, sizeof c.model_id, "%s", fit->id);
+    c.tokens = sh.tokens;
+    c.created_ms = s->now;
+    memset(c.tenant, 0xff, sizeof c.tenant);
+    uint8_t rec[S_PREFIX_MAX_BYTES];
+    size_t n = kvedge_engine_prefix_pack(&c, rec);
+    char *err = NULL;
+    rocksdb_put_cf(s->dst->db, s->dst->wo, s->dst->cf[S_CF_PREFIXES], (const char *)id->bytes,
+                   KVEDGE_CHUNK_ID_BYTES, (const char *)rec, n, &err);
+    if (err)
+        return kvedge_rocks_error(&err);
+    s->rep->chunks_rebuilt++;
+    return KVEDGE_OK;
+}
+
 /* Copies one readable chunk record and the model it names (when the new store lacks it). */
 static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
 {
@@ -428,10 +579,10 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
     int rc = kvedge_engine_read_chunk(s->src, id, &c);
     if (rc == KVEDGE_ENOMEM)
         return rc;
-    if (rc != KVEDGE_OK) {
-        s->rep->chunks_lost++;
-        return KVEDGE_OK;
-    }
+    if (rc == KVEDGE_ENOTFOUND && !s->damaged)
+        return KVEDGE_OK; /* no record in a sound store: lost before (kept by key), not now */
+    if (rc != KVEDGE_OK)
+        return s_rebuild_chunk(s, id);
     uint8_t rec[S_PREFIX_MAX_BYTES];
     size_t n = kvedge_engine_prefix_pack(&c, rec);
     char *err = NULL;
@@ -441,9 +592,12 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
         return kvedge_rocks_error(&err);
     s->rep->chunks_kept++;
     kvedge_model_t model;
-    if (kvedge_engine_get_model(s->dst, c.model_id, &model) == KVEDGE_OK ||
-        kvedge_engine_get_model(s->src, c.model_id, &model) != KVEDGE_OK)
+    if (kvedge_engine_get_model(s->dst, c.model_id, &model) == KVEDGE_OK)
         return KVEDGE_OK;
+    if (kvedge_engine_get_model(s->src, c.model_id, &model) != KVEDGE_OK) {
+        s->rep->models_lost++; /* its blocks are kept; the node cannot tell their shape */
+        return KVEDGE_OK;
+    }
     rc = kvedge_engine_put_model(s->dst, &model);
     if (rc == KVEDGE_OK)
         s->rep->models_kept++;
@@ -471,12 +625,16 @@ static int s_copy_records(s_salvage_t *s, int cf)
         } else if (cf == S_CF_MODELS) {
             char id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
             kvedge_model_t m;
-            if (klen == 0 || klen > KVEDGE_MODEL_ID_MAX_BYTES || memchr(k, 0, klen))
+            if (klen == 0 || klen > KVEDGE_MODEL_ID_MAX_BYTES || memchr(k, 0, klen)) {
+                s->models_whole = false;
                 continue;
+            }
             memcpy(id, k, klen);
             id[klen] = '\0';
-            if (kvedge_model_unpack(id, (const uint8_t *)v, vlen, &m) != KVEDGE_OK)
+            if (kvedge_model_unpack(id, (const uint8_t *)v, vlen, &m) != KVEDGE_OK) {
+                s->models_whole = false;
                 continue;
+            }
             rc = kvedge_engine_put_model(s->dst, &m);
             if (rc == KVEDGE_OK)
                 s->rep->models_kept++;
@@ -501,8 +659,11 @@ static int s_copy_records(s_salvage_t *s, int cf)
     }
     char *err = NULL;
     rocksdb_iter_get_error(it, &err);
-    if (err)
+    if (err) {
         (void)kvedge_rocks_error(&err); /* the rest of this family cannot be read */
+        s->damaged = true;
+        s->models_whole = s->models_whole && cf != S_CF_MODELS;
+    }
     rocksdb_iter_destroy(it);
     rocksdb_readoptions_destroy(ro);
     return rc;
@@ -525,10 +686,13 @@ static int s_salvage_variants(s_salvage_t *s)
         const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &klen);
         const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vlen);
         kvedge_block_meta_t m;
-        if (klen != S_VARIANT_KEY_BYTES || kvedge_engine_read_meta(s->dst, k, &m) != KVEDGE_OK)
+        if (klen != S_VARIANT_KEY_BYTES || kvedge_engine_read_meta(s->dst, k, &m) != KVEDGE_OK) {
+            s->rep->variants_dropped++;
             continue;
+        }
         rc = kvedge_engine_check_variant(v, vlen, k[KVEDGE_BLOCK_KEY_BYTES], &m);
         if (rc == KVEDGE_ECORRUPT) {
+            s->rep->variants_dropped++;
             rc = KVEDGE_OK;
             continue;
         }
@@ -536,27 +700,39 @@ static int s_salvage_variants(s_salvage_t *s)
             break;
         rocksdb_writebatch_put_cf(s->b, s->dst->cf[S_CF_VARIANTS], (const char *)k, klen,
                                   (const char *)v, vlen);
+        s->rep->variants_kept++;
         if (++s->in_batch >= S_BATCH_BLOCKS)
             rc = s_flush(s);
     }
     char *err = NULL;
     rocksdb_iter_get_error(it, &err);
-    if (err)
+    if (err) {
         (void)kvedge_rocks_error(&err); /* the rest of the family cannot be read: dropped */
+        s->damaged = true;
+    }
     rocksdb_iter_destroy(it);
     rocksdb_readoptions_destroy(ro);
     return rc == KVEDGE_OK ? s_flush(s) : rc;
 }
 
-static int s_salvage(kvedge_engine_t *src, kvedge_engine_t *dst, const char *blob_dir,
+/* Salvages src into dst. damaged: RocksDB's view of src is known to be incomplete (it had to
+ * be rebuilt, or it lost files the directory holds), so blocks that only the blob files hold
+ * are taken too; the reads below may find more damage. */
+static int s_salvage(kvedge_engine_t *src, kvedge_engine_t *dst, const char *blob_dir, bool damaged,
                      kvedge_verify_cb cb, void *ctx, kvedge_repair_report_t *rep)
 {
     s_blobs_t blobs = {0};
-    s_salvage_t s = {src, dst, cb, ctx, rep, &blobs, rocksdb_writebatch_create(), 0, s_now(dst)};
+    s_salvage_t s = {
+        src, dst, cb, ctx, rep, &blobs, damaged, true, rocksdb_writebatch_create(), 0, s_now(dst)};
     s_keys_t ks = {0};
     int rc = s_blobs_open(&blobs, blob_dir);
     if (rc == KVEDGE_OK)
-        rc = s_collect_keys(src, &ks);
+        rc = s_collect_keys(src, &ks, &s.damaged);
+    /* Blocks no table names any more are in the blob files still. */
+    for (size_t i = 0; rc == KVEDGE_OK && s.damaged && i < blobs.n; i++)
+        rc = s_keys_add(&ks, blobs.r[i].key);
+    if (rc == KVEDGE_OK)
+        s_keys_seal(&ks);
     for (size_t i = 0; rc == KVEDGE_OK && i < ks.n; i++)
         rc = s_salvage_block(&s, ks.k + i * KVEDGE_BLOCK_KEY_BYTES);
     if (rc == KVEDGE_OK)
@@ -568,9 +744,10 @@ static int s_salvage(kvedge_engine_t *src, kvedge_engine_t *dst, const char *blo
     if (rc == KVEDGE_OK)
         rc = s_copy_records(&s, S_CF_PREFIXES);
     /* The chunk of every kept block, also where the prefixes family could not be read. */
+    const uint8_t *done = NULL; /* the last chunk copied */
     for (size_t i = 0; rc == KVEDGE_OK && i < ks.n; i++) {
         const uint8_t *kb = ks.k + i * KVEDGE_BLOCK_KEY_BYTES;
-        if (i > 0 && memcmp(kb, kb - KVEDGE_BLOCK_KEY_BYTES, KVEDGE_CHUNK_ID_BYTES) == 0)
+        if (done && memcmp(kb, done, KVEDGE_CHUNK_ID_BYTES) == 0)
             continue;
         rocksdb_pinnableslice_t *p;
         int have = kvedge_engine_pget(dst, dst->ro, S_CF_META, kb, KVEDGE_BLOCK_KEY_BYTES, &p);
@@ -581,9 +758,11 @@ static int s_salvage(kvedge_engine_t *src, kvedge_engine_t *dst, const char *blo
         kvedge_chunk_id_t id;
         memcpy(id.bytes, kb, KVEDGE_CHUNK_ID_BYTES);
         rc = s_copy_chunk(&s, &id);
+        done = kb;
     }
     if (rc == KVEDGE_OK)
         rc = s_copy_records(&s, S_CF_QUARANTINE);
+    rep->damaged = s.damaged;
     free(ks.k);
     s_blobs_close(&blobs);
     rocksdb_writebatch_destroy(s.b);
@@ -609,12 +788,35 @@ static bool s_rocks_file(const char *name)
            s_ends(name, ".log") || s_ends(name, ".dbtmp");
 }
 
+/* The files a swap moves: RocksDB's but the LOCK, which repair holds throughout. */
+static bool s_moved_file(const char *name)
+{
+    return s_rocks_file(name) && strcmp(name, "LOCK") != 0;
+}
+
+/* What the working copy needs: RocksDB's files but the lock and its info logs. */
+static bool s_work_file(const char *name)
+{
+    return s_moved_file(name) && strcmp(name, "LOG") != 0 && strncmp(name, "LOG.old.", 8) != 0;
+}
+
+/* Files RocksDB never writes again once written: the working copy links them. */
+static bool s_immutable_file(const char *name)
+{
+    return s_ends(name, ".sst") || s_ends(name, ".blob");
+}
+
 static int s_rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st;
     (void)flag;
     (void)ftw;
     return remove(path);
+}
+
+static void s_rm_tree(const char *path)
+{
+    (void)nftw(path, s_rm_cb, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static bool s_exists(const char *dir, const char *name)
@@ -659,35 +861,39 @@ static int s_lost_dir(const char *dir, const char *prefix, char *out, size_t out
     return KVEDGE_EIO;
 }
 
-/* Moves (link: keep a copy with) the files of from that pick selects into to; CURRENT last,
- * so a store whose CURRENT is in place is whole. */
+/* Moves the files of from that pick selects into to. CURRENT goes first when current_first
+ * (a store losing its files stops being one at once) and last otherwise (a store gaining
+ * them is one only when whole). */
 static int s_move_files(const char *from, const char *to, bool (*pick)(const char *),
-                        bool link_only)
+                        bool current_first)
 {
+    char a[S_PATH_MAX], b[S_PATH_MAX];
+    snprintf(a, sizeof a, "%s/CURRENT", from);
+    snprintf(b, sizeof b, "%s/CURRENT", to);
+    struct stat st;
+    bool current = stat(a, &st) == 0;
+    if (current && current_first && rename(a, b) != 0)
+        return KVEDGE_EIO;
     DIR *d = opendir(from);
     if (!d)
         return KVEDGE_EIO;
     int rc = KVEDGE_OK;
-    bool current = false;
     struct dirent *de;
-    char a[S_PATH_MAX], b[S_PATH_MAX];
     while (rc == KVEDGE_OK && (de = readdir(d)) != NULL) {
-        if (de->d_name[0] == '.' || (pick && !pick(de->d_name)))
+        if (de->d_name[0] == '.' || !pick(de->d_name) || strcmp(de->d_name, "CURRENT") == 0)
             continue;
-        if (strcmp(de->d_name, "CURRENT") == 0) {
-            current = true;
-            continue;
+        if (snprintf(a, sizeof a, "%s/%s", from, de->d_name) >= (int)sizeof a ||
+            snprintf(b, sizeof b, "%s/%s", to, de->d_name) >= (int)sizeof b) {
+            rc = KVEDGE_EINVAL;
+            break;
         }
-        snprintf(a, sizeof a, "%s/%s", from, de->d_name);
-        snprintf(b, sizeof b, "%s/%s", to, de->d_name);
-        struct stat st;
         if (stat(a, &st) != 0 || !S_ISREG(st.st_mode))
             continue;
-        if ((link_only ? link(a, b) : rename(a, b)) != 0)
+        if (rename(a, b) != 0)
             rc = KVEDGE_EIO;
     }
     closedir(d);
-    if (rc == KVEDGE_OK && current && !link_only) {
+    if (rc == KVEDGE_OK && current && !current_first) {
         snprintf(a, sizeof a, "%s/CURRENT", from);
         snprintf(b, sizeof b, "%s/CURRENT", to);
         if (rename(a, b) != 0)
@@ -698,73 +904,330 @@ static int s_move_files(const char *from, const char *to, bool (*pick)(const cha
     return rc;
 }
 
-static bool s_is_blob(const char *name)
+static int s_copy_file(const char *from, const char *to)
 {
-    return s_ends(name, ".blob");
+    int in = open(from, O_RDONLY);
+    if (in < 0)
+        return KVEDGE_EIO;
+    int out = open(to, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (out < 0) {
+        close(in);
+        return KVEDGE_EIO;
+    }
+    int rc = KVEDGE_OK;
+    char buf[1 << 16];
+    for (;;) {
+        ssize_t n = read(in, buf, sizeof buf);
+        if (n == 0)
+            break;
+        if (n < 0 || write(out, buf, (size_t)n) != n) {
+            rc = errno == ENOSPC ? KVEDGE_ENOSPC : KVEDGE_EIO;
+            break;
+        }
+    }
+    if (rc == KVEDGE_OK && fsync(out) != 0)
+        rc = KVEDGE_EIO;
+    close(in);
+    close(out);
+    return rc;
 }
 
-/* Puts the new store in place: the old RocksDB files to dir/lost/repair-TIME, the new ones
- * from dir/repair.tmp into dir. */
-static int s_swap(const char *dir, const char *tmp, kvedge_repair_report_t *rep, char *why,
-                  size_t why_len)
+/* The working copy of the damaged store in work: its table and blob files linked (copied where
+ * the file system cannot link), the rest copied; counts what the store holds into rep. */
+static int s_make_work(const char *dir, const char *work, kvedge_repair_report_t *rep)
+{
+    s_rm_tree(work);
+    if (mkdir(work, 0755) != 0)
+        return KVEDGE_EIO;
+    DIR *d = opendir(dir);
+    if (!d)
+        return KVEDGE_EIO;
+    int rc = KVEDGE_OK;
+    struct dirent *de;
+    char a[S_PATH_MAX], b[S_PATH_MAX];
+    while (rc == KVEDGE_OK && (de = readdir(d)) != NULL) {
+        if (!s_work_file(de->d_name))
+            continue;
+        if (snprintf(a, sizeof a, "%s/%s", dir, de->d_name) >= (int)sizeof a ||
+            snprintf(b, sizeof b, "%s/%s", work, de->d_name) >= (int)sizeof b) {
+            rc = KVEDGE_EINVAL;
+            break;
+        }
+        struct stat st;
+        if (stat(a, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (s_ends(de->d_name, ".sst"))
+            rep->table_files++;
+        else if (s_ends(de->d_name, ".blob"))
+            rep->blob_files++;
+        else if (s_ends(de->d_name, ".log"))
+            rep->wal_files++;
+        if (kvedge_engine_rocks_data_file(de->d_name))
+            rep->data_bytes += (uint64_t)st.st_size;
+        if (!s_immutable_file(de->d_name) || link(a, b) != 0)
+            rc = s_copy_file(a, b);
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Whether RocksDB, opening the working copy, dropped a table or blob file of the store: data
+ * its MANIFEST does not name (a lost or rebuilt MANIFEST). */
+static bool s_files_dropped(const char *dir, const char *work)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool dropped = false;
+    struct dirent *de;
+    while (!dropped && (de = readdir(d)) != NULL)
+        dropped = s_immutable_file(de->d_name) && !s_exists(work, de->d_name);
+    closedir(d);
+    return dropped;
+}
+
+/* ---------------------------------------------------------------- the lock and the mark */
+
+/* Takes the store's lock the way RocksDB does (a record lock on dir/LOCK), as an open file
+ * description lock: it conflicts with a node's lock, also one in this process. */
+static int s_lock_store(const char *dir, int *fd, char *why, size_t why_len)
+{
+    char path[S_PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/LOCK", dir) >= (int)sizeof path)
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "store path too long");
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return kvedge_why(why, why_len, KVEDGE_ENOTFOUND, "no kvedge store at %s", dir);
+    *fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (*fd < 0)
+        return kvedge_why(why, why_len, KVEDGE_EIO, "cannot open %s: %s", path, strerror(errno));
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(*fd, F_OFD_SETLK, &fl) != 0) {
+        close(*fd);
+        *fd = -1;
+        return kvedge_why(why, why_len, KVEDGE_EBUSY,
+                          "store %s is in use by another process or handle (stop the node first)",
+                          dir);
+    }
+    return KVEDGE_OK;
+}
+
+/* The mark a verified new store carries until it is in place: "PHASE N\nOLD-FILES-DIR\n",
+ * phase 1 when the old files may still be in dir, 2 once they are all in OLD-FILES-DIR. */
+static int s_mark_write(const char *tmp, int phase, uint64_t kept, const char *old)
+{
+    char path[S_PATH_MAX], next[S_PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/" KVEDGE_REPAIR_MARK_FILE, tmp) >= (int)sizeof path ||
+        snprintf(next, sizeof next, "%s.new", path) >= (int)sizeof next)
+        return KVEDGE_EINVAL;
+    FILE *f = fopen(next, "w");
+    if (!f)
+        return KVEDGE_EIO;
+    int ok = fprintf(f, "%d %llu\n%s\n", phase, (unsigned long long)kept, old) > 0;
+    ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(next, path) != 0)
+        return KVEDGE_EIO;
+    s_sync_dir(tmp);
+    return KVEDGE_OK;
+}
+
+static int s_mark_read(const char *tmp, int *phase, uint64_t *kept, char *old, size_t old_len)
+{
+    char path[S_PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/" KVEDGE_REPAIR_MARK_FILE, tmp) >= (int)sizeof path)
+        return KVEDGE_EINVAL;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return KVEDGE_ENOTFOUND;
+    unsigned long long k = 0;
+    int ok = fscanf(f, "%d %llu\n", phase, &k) == 2 && fgets(old, (int)old_len, f) != NULL;
+    fclose(f);
+    old[ok ? strcspn(old, "\n") : 0] = '\0';
+    *kept = k;
+    return ok && (*phase == 1 || *phase == 2) && old[0] == '/' ? KVEDGE_OK : KVEDGE_ECORRUPT;
+}
+
+/* Puts the verified new store of tmp in place: the old RocksDB files to rep->old_files (made
+ * when empty), the new ones from tmp into dir. Each step is recorded in the mark first, so a
+ * repair that stops here is finished by the next run. */
+static int s_swap(const char *dir, const char *tmp, int phase, kvedge_repair_report_t *rep,
+                  char *why, size_t why_len)
 {
     int rc = KVEDGE_OK;
-    if (s_exists(dir, "CURRENT")) {
+    if (!rep->old_files[0]) {
         rc = s_lost_dir(dir, "repair", rep->old_files, sizeof rep->old_files);
         if (rc == KVEDGE_OK)
-            rc = s_move_files(dir, rep->old_files, s_rocks_file, false);
+            rc = s_mark_write(tmp, 1, rep->blocks_kept, rep->old_files);
         if (rc != KVEDGE_OK)
-            return kvedge_why(why, why_len, rc, "cannot move the damaged store's files to %s: %s",
-                              rep->old_files[0] ? rep->old_files : dir, strerror(errno));
+            return kvedge_why(why, why_len, rc, "cannot prepare to move the old files: %s",
+                              strerror(errno));
     }
-    rc = s_move_files(tmp, dir, NULL, false);
+    if (phase <= 1) {
+        rc = s_move_files(dir, rep->old_files, s_moved_file, true);
+        if (rc == KVEDGE_OK)
+            rc = s_mark_write(tmp, 2, rep->blocks_kept, rep->old_files);
+        if (rc == KVEDGE_OK && s_fault_take(KVEDGE_REPAIR_FAULT_STOP_SWAP))
+            return kvedge_why(why, why_len, KVEDGE_EIO, "stopped by a test fault");
+        if (rc != KVEDGE_OK)
+            return kvedge_why(why, why_len, rc,
+                              "cannot move the damaged store's files to %s: %s (run kvedge "
+                              "repair again to finish)",
+                              rep->old_files, strerror(errno));
+    }
+    rc = s_move_files(tmp, dir, s_moved_file, false);
     if (rc != KVEDGE_OK)
-        return kvedge_why(why, why_len, rc, "cannot move the repaired store from %s into %s: %s",
+        return kvedge_why(why, why_len, rc,
+                          "cannot move the repaired store from %s into %s: %s (run kvedge "
+                          "repair again to finish)",
                           tmp, dir, strerror(errno));
-    (void)rmdir(tmp);
+    s_sync_dir(dir);
+    s_rm_tree(tmp); /* the mark goes last of all */
     return KVEDGE_OK;
 }
 
 /* ---------------------------------------------------------------- repair */
 
-/* Opens the damaged store; when RocksDB cannot, runs its repair (which rebuilds the MANIFEST
- * from the tables it can read) and tries again. */
-static int s_open_src(const char *dir, kvedge_engine_t **src, kvedge_repair_report_t *rep,
-                      char *blob_dir, size_t blob_dir_len, char *why, size_t why_len)
+/* Opens the working copy; when RocksDB cannot, runs its repair on the copy (which rebuilds the
+ * MANIFEST from the tables it can read, and drops the blob files from it) and tries again. */
+static int s_open_src(const char *work, kvedge_engine_t **src, kvedge_repair_report_t *rep,
+                      char *why, size_t why_len)
 {
-    snprintf(blob_dir, blob_dir_len, "%s", dir);
     char msg[KVEDGE_ROCKS_MSG_MAX_BYTES] = "";
-    int rc = kvedge_engine_open_salvage(dir, src, msg, sizeof msg);
+    int rc = kvedge_engine_open_salvage(work, src, msg, sizeof msg);
     if (rc == KVEDGE_OK)
         return rc;
-    if (rc == KVEDGE_EBUSY)
-        return kvedge_why(why, why_len, rc, "%s (stop the node first)", msg);
-    if (rc == KVEDGE_ENOTFOUND || rc == KVEDGE_ENOMEM)
+    if (rc == KVEDGE_ENOMEM)
         return kvedge_why(why, why_len, rc, "%s", msg);
-    /* RocksDB's repair leaves blob files out of its new MANIFEST, and the next open deletes
-     * them: keep a link to each first. */
-    char blobs[S_PATH_MAX] = "";
-    rc = s_lost_dir(dir, "blobs", blobs, sizeof blobs);
-    if (rc == KVEDGE_OK)
-        rc = s_move_files(dir, blobs, s_is_blob, true);
-    if (rc != KVEDGE_OK)
-        return kvedge_why(why, why_len, rc, "cannot keep the blob files of %s: %s", dir,
-                          strerror(errno));
     rocksdb_options_t *o = rocksdb_options_create();
     rocksdb_options_set_enable_blob_files(o, 1);
     char *err = NULL;
-    rocksdb_repair_db(o, dir, &err);
+    rocksdb_repair_db(o, work, &err);
     rocksdb_options_destroy(o);
     if (err) {
         rc = kvedge_rocks_error_msg(&err, msg, sizeof msg);
-        return kvedge_why(why, why_len, rc, "RocksDB cannot repair %s: %s", dir, msg);
+        return kvedge_why(why, why_len, rc, "RocksDB cannot rebuild a copy of the store: %s", msg);
     }
     rep->rocksdb_repaired = true;
-    snprintf(blob_dir, blob_dir_len, "%s", blobs);
-    rc = kvedge_engine_open_salvage(dir, src, msg, sizeof msg);
+    rc = kvedge_engine_open_salvage(work, src, msg, sizeof msg);
     if (rc != KVEDGE_OK)
         return kvedge_why(why, why_len, rc, "%s, even after RocksDB's repair", msg);
     return KVEDGE_OK;
+}
+
+/* KVEDGE_REPAIR_FAULT_SHORT_STORE: deletes the first kept block of the new store. */
+static void s_fault_drop_one(kvedge_engine_t *e)
+{
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = kvedge_engine_iter(e, S_CF_BLOCKS, NULL, 0, NULL, 0, &ro);
+    if (rocksdb_iter_valid(it)) {
+        size_t klen;
+        const char *k = rocksdb_iter_key(it, &klen);
+        char *err = NULL;
+        rocksdb_delete_cf(e->db, e->wo, e->cf[S_CF_BLOCKS], k, klen, &err);
+        if (err)
+            (void)kvedge_rocks_error(&err);
+    }
+    (void)kvedge_engine_iter_close(it, ro, KVEDGE_OK);
+}
+
+/* Reads the new store back block by block: it must hold every block the salvage kept, each
+ * passing the check a read makes. */
+static int s_verify_new(const char *tmp, const kvedge_repair_report_t *rep, char *why,
+                        size_t why_len)
+{
+    kvedge_engine_opts_t o;
+    kvedge_engine_opts_default(&o);
+    o.cache_bytes = 0;
+    o.create_if_missing = false;
+    kvedge_engine_t *e = NULL;
+    char msg[KVEDGE_ROCKS_MSG_MAX_BYTES] = "";
+    int rc = kvedge_engine_open(tmp, &o, &e, msg, sizeof msg);
+    if (rc != KVEDGE_OK)
+        return kvedge_why(why, why_len, rc, "cannot read the repaired store back: %s", msg);
+    uint64_t checked = 0, bad = 0;
+    kvedge_engine_stats_t st;
+    rc = kvedge_engine_verify(e, false, NULL, NULL, &checked, &bad);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_engine_stats(e, &st);
+    kvedge_engine_destroy(&e);
+    if (rc != KVEDGE_OK)
+        return kvedge_why(why, why_len, rc, "cannot read the repaired store back: %s",
+                          kvedge_strerror(rc));
+    /* verify counts variant records beside blocks */
+    if (checked != rep->blocks_kept + rep->variants_kept || bad != 0 ||
+        st.blocks != rep->blocks_kept)
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                          "the repaired store reads back %llu sound blocks and variants (%llu "
+                          "bad), not the %llu blocks and %llu variants kept: it was not put in "
+                          "place",
+                          (unsigned long long)(checked - bad), (unsigned long long)bad,
+                          (unsigned long long)rep->blocks_kept,
+                          (unsigned long long)rep->variants_kept);
+    return KVEDGE_OK;
+}
+
+static bool s_changed(const kvedge_repair_report_t *r)
+{
+    return r->damaged || r->rocksdb_repaired || r->blocks_lost || r->meta_rebuilt ||
+           r->from_blob_files || r->chunks_lost || r->chunks_rebuilt || r->models_lost ||
+           r->variants_dropped;
+}
+
+/* Builds, verifies and puts in place the repaired store; the lock is held. */
+static int s_repair(const char *dir, const char *tmp, const char *work, kvedge_verify_cb cb,
+                    void *ctx, kvedge_repair_report_t *rep, char *why, size_t why_len)
+{
+    if (kvedge_engine_dir_state(dir) == KVEDGE_STORE_DIR_NONE)
+        return kvedge_why(why, why_len, KVEDGE_ENOTFOUND, "no kvedge store at %s", dir);
+    int rc = s_make_work(dir, work, rep);
+    if (rc != KVEDGE_OK) {
+        s_rm_tree(work);
+        return kvedge_why(why, why_len, rc, "cannot make a working copy of %s in %s: %s", dir, work,
+                          kvedge_strerror(rc));
+    }
+    kvedge_engine_t *src = NULL, *dst = NULL;
+    rc = s_open_src(work, &src, rep, why, why_len);
+    if (rc != KVEDGE_OK) {
+        s_rm_tree(work);
+        return rc;
+    }
+    bool damaged = rep->rocksdb_repaired || s_files_dropped(dir, work);
+    /* A newer kvedge's store is not rewritten in this one's format (a damaged record is). */
+    if (kvedge_engine_check_format(src, why, why_len) == KVEDGE_EVERSION) {
+        kvedge_engine_destroy(&src);
+        s_rm_tree(work);
+        return KVEDGE_EVERSION;
+    }
+    if (why && why_len)
+        why[0] = '\0';
+    s_rm_tree(tmp); /* a half-built store of an interrupted repair */
+    kvedge_engine_opts_t o;
+    kvedge_engine_opts_default(&o);
+    o.cache_bytes = 0;
+    char msg[KVEDGE_ROCKS_MSG_MAX_BYTES] = "";
+    rc = kvedge_engine_open(tmp, &o, &dst, msg, sizeof msg);
+    if (rc == KVEDGE_OK) {
+        /* The blob files are read where they are: the working copy's are links to them. */
+        rc = s_salvage(src, dst, dir, damaged, cb, ctx, rep);
+        if (rc == KVEDGE_OK && s_fault_take(KVEDGE_REPAIR_FAULT_SHORT_STORE))
+            s_fault_drop_one(dst);
+        kvedge_engine_destroy(&dst); /* flushed: the new store's tables hold everything */
+    } else {
+        snprintf(why, why_len, "cannot create the repaired store: %s", msg);
+    }
+    kvedge_engine_destroy(&src);
+    s_rm_tree(work);
+    if (rc == KVEDGE_OK)
+        rc = s_verify_new(tmp, rep, why, why_len);
+    else if (!why || !why[0])
+        kvedge_why(why, why_len, rc, "salvage of %s stopped: %s", dir, kvedge_strerror(rc));
+    if (rc != KVEDGE_OK || !s_changed(rep)) {
+        s_rm_tree(tmp);
+        rep->unchanged = true;
+        return rc;
+    }
+    return s_swap(dir, tmp, 0, rep, why, why_len);
 }
 
 int kvedge_engine_repair(const char *dir, kvedge_verify_cb cb, void *ctx,
@@ -778,54 +1241,24 @@ int kvedge_engine_repair(const char *dir, kvedge_verify_cb cb, void *ctx,
         why[0] = '\0';
     if (!dir || !*dir)
         return kvedge_why(why, why_len, KVEDGE_EINVAL, "no store directory given");
-    char tmp[S_PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s/" S_TMP_DIR, dir) >= (int)sizeof tmp)
+    char tmp[S_PATH_MAX], work[S_PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s/" S_TMP_DIR, dir) >= (int)sizeof tmp ||
+        snprintf(work, sizeof work, "%s/" S_WORK_DIR, dir) >= (int)sizeof work)
         return kvedge_why(why, why_len, KVEDGE_EINVAL, "store path too long");
-    int rc;
-    if (!s_exists(dir, "CURRENT") && s_exists(tmp, "CURRENT")) {
-        /* An earlier repair stopped while moving files: its new store is whole. */
-        rc = s_swap(dir, tmp, &rep, why, why_len);
-        goto done;
-    }
-    if (!s_exists(dir, "CURRENT")) {
-        rc = kvedge_why(why, why_len, KVEDGE_ENOTFOUND, "no kvedge store at %s", dir);
-        goto done;
-    }
-    kvedge_engine_t *src = NULL, *dst = NULL;
-    char blob_dir[S_PATH_MAX];
-    rc = s_open_src(dir, &src, &rep, blob_dir, sizeof blob_dir, why, why_len);
+    int lock = -1;
+    int rc = s_lock_store(dir, &lock, why, why_len);
     if (rc != KVEDGE_OK)
         goto done;
-    /* A newer kvedge's store is not rewritten in this one's format (a damaged record is). */
-    if (kvedge_engine_check_format(src, why, why_len) == KVEDGE_EVERSION) {
-        kvedge_engine_destroy(&src);
-        rc = KVEDGE_EVERSION;
-        goto done;
+    int phase;
+    if (s_mark_read(tmp, &phase, &rep.blocks_kept, rep.old_files, sizeof rep.old_files) ==
+        KVEDGE_OK) {
+        /* An earlier repair stopped while putting its verified store in place. */
+        rep.resumed = true;
+        rc = s_swap(dir, tmp, phase, &rep, why, why_len);
+    } else {
+        rc = s_repair(dir, tmp, work, cb, ctx, &rep, why, why_len);
     }
-    if (why && why_len)
-        why[0] = '\0';
-    /* A half-built store of an interrupted repair is ours to throw away. */
-    (void)nftw(tmp, s_rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-    kvedge_engine_opts_t o;
-    kvedge_engine_opts_default(&o);
-    o.cache_bytes = 0;
-    char msg[KVEDGE_ROCKS_MSG_MAX_BYTES] = "";
-    rc = kvedge_engine_open(tmp, &o, &dst, msg, sizeof msg);
-    if (rc != KVEDGE_OK) {
-        kvedge_engine_destroy(&src);
-        rc = kvedge_why(why, why_len, rc, "cannot create the repaired store: %s", msg);
-        goto done;
-    }
-    rc = s_salvage(src, dst, blob_dir, cb, ctx, &rep);
-    kvedge_engine_destroy(&dst); /* flushed: the new store's tables hold everything */
-    kvedge_engine_destroy(&src);
-    if (rc != KVEDGE_OK) {
-        (void)nftw(tmp, s_rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-        rc = kvedge_why(why, why_len, rc, "salvage of %s stopped: %s (the store is unchanged)", dir,
-                        kvedge_strerror(rc));
-        goto done;
-    }
-    rc = s_swap(dir, tmp, &rep, why, why_len);
+    close(lock);
 done:
     if (out)
         *out = rep;

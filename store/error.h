@@ -31,7 +31,8 @@ extern "C" {
     X(ETIMEDOUT, -19, "deadline passed")                                                           \
     X(EDENIED, -20, "not allowed")                                                                 \
     X(ECLOSED, -21, "peer is shutting down or gone")                                               \
-    X(ECANCELED, -22, "cancelled")
+    X(ECANCELED, -22, "cancelled")                                                                 \
+    X(ENOSPC, -23, "no space left on the store's disk")
 
 typedef enum {
 #define KVEDGE_ERR_ENUM(name, value, msg) KVEDGE_##name = (value),

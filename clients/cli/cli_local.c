@@ -1052,13 +1052,16 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
 {
     int ex = s_no_options(
         s_cmd("repair"), argc, argv, 0,
-        "Salvages a store that cannot be opened or verified any more (a damaged table or\n"
-        "MANIFEST): every record RocksDB can still read is read, every block is checked as\n"
-        "a read checks it, and a new store of what passes replaces the old one. Blocks that\n"
-        "fail are listed and kept in quarantine; the old RocksDB files are moved to\n"
-        "DIR/lost/repair-TIME (delete them once satisfied). Stop the node first; needs free\n"
-        "space for a copy of the store. Exit code 0 when every block was kept, 4 when some\n"
-        "were lost, 5 when the store is missing or in use.\n");
+        "Salvages a store that cannot be opened or verified any more (a damaged table, blob\n"
+        "file or MANIFEST, a lost CURRENT). The damaged store is read through a working copy\n"
+        "(DIR/repair.work), so nothing is changed before a new store of every block that\n"
+        "passes the check a read makes has been built (DIR/repair.tmp) and read back whole;\n"
+        "then the old RocksDB files move to DIR/lost/repair-TIME (delete them once satisfied)\n"
+        "and the new ones into DIR. Blocks that fail are listed and kept in quarantine. A\n"
+        "sound store is left as it is. Stop the node first; needs free space for a copy of\n"
+        "the store. Exit code 0 when nothing was lost, 4 when blocks, chunk or model records\n"
+        "were lost, 5 when the store is missing or in use, 1 on any other failure (the store\n"
+        "is then as it was).\n");
     if (ex >= 0)
         return ex;
     s_repair_t r = {cli->json, 0};
@@ -1067,30 +1070,53 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
     if (cli->json)
         printf("{\"lost_blocks\":[");
     int rc = kvedge_engine_repair(cli->data_dir, s_repair_lost, &r, &rep, why, sizeof why);
+    bool lost = rep.blocks_lost || rep.chunks_lost || rep.models_lost;
     if (cli->json) {
-        printf("],\"ok\":%s,\"kept\":%llu,\"lost\":%llu,\"meta_rebuilt\":%llu,\"from_blob_files\":%"
-               "llu,"
-               "\"chunks_kept\":%llu,\"chunks_lost\":%llu,\"models_kept\":%llu,"
-               "\"quarantine_kept\":%llu,\"rocksdb_repaired\":%s,\"old_files\":",
-               rc == KVEDGE_OK ? "true" : "false", (unsigned long long)rep.blocks_kept,
-               (unsigned long long)rep.blocks_lost, (unsigned long long)rep.meta_rebuilt,
-               (unsigned long long)rep.from_blob_files, (unsigned long long)rep.chunks_kept,
+        printf("],\"ok\":%s,\"changed\":%s,\"resumed\":%s,\"damaged\":%s,\"found\":%llu,"
+               "\"kept\":%llu,\"lost\":%llu,\"meta_rebuilt\":%llu,\"from_blob_files\":%llu,"
+               "\"chunks_kept\":%llu,\"chunks_rebuilt\":%llu,\"chunks_lost\":%llu,"
+               "\"models_kept\":%llu,\"models_lost\":%llu,\"quarantine_kept\":%llu,"
+               "\"variants_dropped\":%llu,\"before\":{\"table_files\":%llu,\"blob_files\":%llu,"
+               "\"wal_files\":%llu,\"data_bytes\":%llu},\"rocksdb_repaired\":%s,\"old_files\":",
+               rc == KVEDGE_OK && !lost ? "true" : "false",
+               rc == KVEDGE_OK && !rep.unchanged ? "true" : "false", rep.resumed ? "true" : "false",
+               rep.damaged ? "true" : "false", (unsigned long long)rep.blocks_found,
+               (unsigned long long)rep.blocks_kept, (unsigned long long)rep.blocks_lost,
+               (unsigned long long)rep.meta_rebuilt, (unsigned long long)rep.from_blob_files,
+               (unsigned long long)rep.chunks_kept, (unsigned long long)rep.chunks_rebuilt,
                (unsigned long long)rep.chunks_lost, (unsigned long long)rep.models_kept,
-               (unsigned long long)rep.quarantine_kept, rep.rocksdb_repaired ? "true" : "false");
+               (unsigned long long)rep.models_lost, (unsigned long long)rep.quarantine_kept,
+               (unsigned long long)rep.variants_dropped, (unsigned long long)rep.table_files,
+               (unsigned long long)rep.blob_files, (unsigned long long)rep.wal_files,
+               (unsigned long long)rep.data_bytes, rep.rocksdb_repaired ? "true" : "false");
         kvedge_cli_json_str(stdout, rep.old_files);
         printf("}\n");
+    } else if (rc == KVEDGE_OK && rep.resumed) {
+        printf("finished an interrupted repair of %s: its verified store of %llu blocks is in "
+               "place; the damaged store's files are in %s\n",
+               cli->data_dir, (unsigned long long)rep.blocks_kept, rep.old_files);
     } else if (rc == KVEDGE_OK) {
-        printf("repaired %s: %llu blocks kept, %llu lost (in quarantine), %llu with rebuilt "
-               "metadata; %llu chunks kept, %llu chunk records lost\n",
-               cli->data_dir, (unsigned long long)rep.blocks_kept,
-               (unsigned long long)rep.blocks_lost, (unsigned long long)rep.meta_rebuilt,
-               (unsigned long long)rep.chunks_kept, (unsigned long long)rep.chunks_lost);
+        printf("%s held %llu table, %llu blob and %llu WAL files (%llu bytes), naming %llu "
+               "blocks\n",
+               cli->data_dir, (unsigned long long)rep.table_files,
+               (unsigned long long)rep.blob_files, (unsigned long long)rep.wal_files,
+               (unsigned long long)rep.data_bytes, (unsigned long long)rep.blocks_found);
+        if (rep.unchanged)
+            printf("nothing to repair: every block and record reads back; the store is left as "
+                   "it is\n");
+        else
+            printf("repaired %s: %llu blocks kept, %llu lost (in quarantine), %llu with rebuilt "
+                   "metadata; %llu chunks kept, %llu rebuilt, %llu chunk records lost; %llu "
+                   "model records lost\n",
+                   cli->data_dir, (unsigned long long)rep.blocks_kept,
+                   (unsigned long long)rep.blocks_lost, (unsigned long long)rep.meta_rebuilt,
+                   (unsigned long long)rep.chunks_kept, (unsigned long long)rep.chunks_rebuilt,
+                   (unsigned long long)rep.chunks_lost, (unsigned long long)rep.models_lost);
         if (rep.from_blob_files)
             printf("%llu of the kept blocks were read from the blob files directly\n",
                    (unsigned long long)rep.from_blob_files);
         if (rep.rocksdb_repaired)
-            printf("RocksDB's own repair ran first: the old blob files are in %s/lost/blobs-*\n",
-                   cli->data_dir);
+            printf("RocksDB could not open the store: its own repair rebuilt a copy first\n");
         if (rep.old_files[0])
             printf("the damaged store's files are in %s\n", rep.old_files);
     }
@@ -1100,7 +1126,7 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
                    ? KVEDGE_EXIT_UNAVAILABLE
                    : KVEDGE_EXIT_FAILURE;
     }
-    return rep.blocks_lost ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
+    return lost ? KVEDGE_EXIT_CORRUPT : KVEDGE_EXIT_OK;
 }
 
 /* ---- evict ---- */

@@ -341,13 +341,32 @@ static void test_damaged_store(void **state)
     s_dir[n] = '\0';
 }
 
-/* Flips one byte in the middle of every blob file: verify must find corrupt blocks and say
- * so with exit code 4, and quarantine them on request. */
-static void test_corrupt_blob_detected(void **state)
+/* The store's CURRENT is lost: nothing opens it (and nothing writes over it), repair keeps
+ * every block and says how many it found; a second repair has nothing to do. */
+static void test_repair_lost_current(void **state)
 {
     (void)state;
     assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 256 --scheme lossless"), 0);
-    assert_int_equal(s_run("verify"), 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/CURRENT", s_dir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(s_run("inspect"), 5);
+    assert_contains(s_errtext, "CURRENT file is missing");
+    assert_contains(s_errtext, "kvedge repair --data");
+    struct stat st;
+    assert_int_not_equal(stat(path, &st), 0); /* the failed open wrote no new CURRENT */
+    assert_int_equal(s_run("--json repair"), 0);
+    assert_contains(s_out, "\"ok\":true,\"changed\":true");
+    assert_contains(s_out, "\"found\":144,\"kept\":144,\"lost\":0");
+    assert_int_equal(s_run("--json inspect"), 0);
+    assert_contains(s_out, "\"blocks\":144");
+    assert_int_equal(s_run("repair"), 0);
+    assert_contains(s_out, "nothing to repair");
+}
+
+/* Flips one byte inside the middle record's value of every blob file. */
+static void s_damage_blobs(void)
+{
     DIR *d = opendir(s_dir);
     assert_non_null(d);
     struct dirent *de;
@@ -373,6 +392,30 @@ static void test_corrupt_blob_detected(void **state)
     }
     closedir(d);
     assert_true(damaged > 0);
+}
+
+/* Blocks damaged in the blob files: repair loses them, lists them and exits 4; the store it
+ * leaves is sound, and a second repair has nothing to do. */
+static void test_repair_lost_blocks(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 256 --scheme lossless"), 0);
+    s_damage_blobs();
+    assert_int_equal(s_run("repair"), 4);
+    assert_contains(s_out, "lost: prefix");
+    assert_int_equal(s_run("verify"), 0);
+    assert_int_equal(s_run("repair"), 0);
+    assert_contains(s_out, "nothing to repair");
+}
+
+/* Flips one byte in the middle of every blob file: verify must find corrupt blocks and say
+ * so with exit code 4, and quarantine them on request. */
+static void test_corrupt_blob_detected(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 256 --scheme lossless"), 0);
+    assert_int_equal(s_run("verify"), 0);
+    s_damage_blobs();
     assert_int_equal(s_run("verify"), 4);
     assert_contains(s_out, "corrupt: prefix");
     assert_int_equal(s_run("--json verify --quarantine"), 4);
@@ -1284,6 +1327,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pin_evict_delete, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_locked_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_damaged_store, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_repair_lost_current, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_repair_lost_blocks, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_blob_detected, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_remote_mode, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_global_options_after_command, s_setup, s_teardown),

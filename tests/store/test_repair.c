@@ -1,6 +1,7 @@
 /* Block engine: the full check that put, get, get_layer and verify share (an lz4 body that does
  * not decode under a valid checksum), and kvedge_engine_repair of a store with a damaged table
- * file, a damaged CURRENT, or nothing wrong. */
+ * file, a lost or damaged CURRENT, a lost MANIFEST, flips in every table file or in a blob file,
+ * a truncated WAL, or nothing wrong; a second repair of each is a no-op. */
 #define _GNU_SOURCE /* nftw */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <rocksdb/c.h>
 #include <xxhash.h>
@@ -435,6 +437,421 @@ static void test_repair_lost_manifest(void **state)
     free(p);
 }
 
+/* ---------------------------------------------------------------- what must never be lost */
+
+/* A listing of a directory's regular files, "name size\n" sorted, into out. */
+static void s_listing(const char *dir, char *out, size_t cap)
+{
+    char names[256][300];
+    int n = 0;
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL && n < 256) {
+        char f[512];
+        struct stat st;
+        snprintf(f, sizeof f, "%s/%s", dir, de->d_name);
+        if (stat(f, &st) != 0 || !S_ISREG(st.st_mode) || strcmp(de->d_name, "LOG") == 0)
+            continue;
+        assert_true(snprintf(names[n++], sizeof names[0], "%s %lld", de->d_name,
+                             (long long)st.st_size) < (int)sizeof names[0]);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        strncat(out, names[i], cap - strlen(out) - 2);
+        strcat(out, "\n");
+    }
+}
+
+/* Flips one byte of a file at off. */
+static void s_flip(const char *file, off_t off)
+{
+    int fd = open(file, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, off), 1);
+    b ^= 0x5a;
+    assert_int_equal(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+
+/* Calls fn on every file of dir whose name ends with suffix; returns how many. */
+static int s_each(const char *dir, const char *suffix, void (*fn)(const char *file, off_t size))
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        size_t len = strlen(de->d_name), sl = strlen(suffix);
+        if (len < sl || strcmp(de->d_name + len - sl, suffix) != 0)
+            continue;
+        char f[512];
+        struct stat st;
+        snprintf(f, sizeof f, "%s/%s", dir, de->d_name);
+        assert_int_equal(stat(f, &st), 0);
+        if (fn)
+            fn(f, st.st_size);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Five flips spread over the file, clear of its last 64 bytes (the footer). */
+static void s_flip5(const char *file, off_t size)
+{
+    for (int i = 1; i <= 5; i++)
+        s_flip(file, (size - 64) * i / 6);
+}
+
+static void s_flip_middle(const char *file, off_t size)
+{
+    s_flip(file, size / 2);
+}
+
+/* A repair of a repaired store changes nothing: every block is found and kept again, none
+ * lost, and the directory's files are as they were. */
+static void s_second_repair_noop(fx_t *fx, uint64_t kept)
+{
+    static char before[1 << 16], after[1 << 16];
+    char why[1024];
+    s_listing(fx->path, before, sizeof before);
+    kvedge_repair_report_t rep;
+    int rc = kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("second repair: %s: %s", kvedge_errname(rc), why);
+    if (!rep.unchanged)
+        fail_msg("second repair changed the store: damaged %d rocksdb %d found %llu kept %llu "
+                 "lost %llu meta %llu blobs %llu chunks lost %llu rebuilt %llu models lost %llu "
+                 "variants dropped %llu",
+                 rep.damaged, rep.rocksdb_repaired, (unsigned long long)rep.blocks_found,
+                 (unsigned long long)rep.blocks_kept, (unsigned long long)rep.blocks_lost,
+                 (unsigned long long)rep.meta_rebuilt, (unsigned long long)rep.from_blob_files,
+                 (unsigned long long)rep.chunks_lost, (unsigned long long)rep.chunks_rebuilt,
+                 (unsigned long long)rep.models_lost, (unsigned long long)rep.variants_dropped);
+    assert_false(rep.damaged);
+    assert_int_equal(rep.blocks_found, kept);
+    assert_int_equal(rep.blocks_kept, kept);
+    assert_int_equal(rep.blocks_lost, 0);
+    assert_int_equal(rep.chunks_lost, 0);
+    assert_int_equal(rep.models_lost, 0);
+    assert_string_equal(rep.old_files, "");
+    s_listing(fx->path, after, sizeof after);
+    assert_string_equal(before, after);
+}
+
+/* A store whose CURRENT is gone: opening it changes nothing on disk (RocksDB, asked to create a
+ * store there, would have written a new CURRENT over an empty MANIFEST and then deleted every
+ * table and blob file); repair finds every block in the files and keeps them all. */
+static void test_repair_lost_current(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    static char before[1 << 16], after[1 << 16];
+    char cur[160];
+    snprintf(cur, sizeof cur, "%s/CURRENT", fx->path);
+    assert_int_equal(unlink(cur), 0);
+    s_listing(fx->path, before, sizeof before);
+    char why[1024] = "";
+    for (int i = 0; i < 2; i++) { /* a node restarted by its supervisor, twice */
+        assert_int_equal(kvedge_engine_open(fx->path, NULL, &fx->e, why, sizeof why),
+                         KVEDGE_ECORRUPT);
+        assert_non_null(strstr(why, "CURRENT"));
+        assert_non_null(strstr(why, "run kvedge repair --data "));
+    }
+    s_listing(fx->path, after, sizeof after);
+    assert_string_equal(before, after);
+
+    lost_t lost = {0};
+    kvedge_repair_report_t rep;
+    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    assert_true(rep.damaged);
+    assert_false(rep.unchanged);
+    assert_true(rep.blob_files > 0);
+    assert_int_equal(rep.blocks_found, put);
+    assert_int_equal(rep.blocks_kept, put);
+    assert_int_equal(rep.blocks_lost, 0);
+    assert_int_equal(lost.lost, 0);
+    assert_int_equal(rep.chunks_kept + rep.chunks_rebuilt, N_CHUNKS);
+    assert_int_equal(rep.chunks_lost, 0);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), put);
+    /* Every layer is served again: its chunk names its model (what a node's GET_LAYER needs). */
+    for (int i = 0; i < N_CHUNKS; i++) {
+        layer_t l = {0, 0};
+        assert_int_equal(kvedge_engine_get_layer(fx->e, &p->c[i].id, LAYERS - 1, s_layer_cb, &l),
+                         HEADS);
+        assert_int_equal(l.status, 0);
+        kvedge_chunk_info_t ci;
+        assert_int_equal(kvedge_engine_get_chunk(fx->e, &p->c[i].id, &ci), 0);
+        assert_string_equal(ci.model_id, MODEL);
+        assert_int_equal(ci.tokens, TOKENS);
+    }
+    kvedge_engine_destroy(&fx->e);
+    s_second_repair_noop(fx, put);
+    s_put_free(p);
+    free(p);
+}
+
+/* The MANIFEST file itself is gone (CURRENT names it). */
+static void test_repair_manifest_file_gone(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    assert_int_equal(s_each(fx->path, "", NULL) > 0, 1);
+    char m[512];
+    DIR *d = opendir(fx->path);
+    struct dirent *de;
+    int removed = 0;
+    while ((de = readdir(d)) != NULL)
+        if (strncmp(de->d_name, "MANIFEST-", 9) == 0) {
+            assert_true(snprintf(m, sizeof m, "%s/%s", fx->path, de->d_name) < (int)sizeof m);
+            assert_int_equal(unlink(m), 0);
+            removed++;
+        }
+    closedir(d);
+    assert_true(removed > 0);
+    char why[1024] = "";
+    assert_int_equal(kvedge_engine_open(fx->path, NULL, &fx->e, why, sizeof why), KVEDGE_ECORRUPT);
+    kvedge_repair_report_t rep;
+    int rc = kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    assert_true(rep.rocksdb_repaired);
+    assert_int_equal(rep.blocks_found, put);
+    assert_int_equal(rep.blocks_kept, put);
+    assert_int_equal(rep.blocks_lost, 0);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), put);
+    kvedge_engine_destroy(&fx->e);
+    s_second_repair_noop(fx, put);
+    s_put_free(p);
+    free(p);
+}
+
+/* Five flipped bytes in every table file: the blob files still hold every block, and repair
+ * keeps every one of them; whatever it reports lost it says so. */
+static void test_repair_flips_in_every_sst(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    assert_true(s_each(fx->path, ".sst", s_flip5) > 0);
+    lost_t lost = {0};
+    kvedge_repair_report_t rep;
+    char why[1024] = "";
+    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    assert_true(rep.damaged);
+    assert_int_equal(rep.blocks_found, put);
+    assert_int_equal(rep.blocks_kept + rep.blocks_lost, rep.blocks_found);
+    assert_int_equal(rep.blocks_kept, put); /* the blob files are intact */
+    assert_int_equal((uint64_t)lost.lost, rep.blocks_lost);
+    assert_int_equal(rep.chunks_kept + rep.chunks_rebuilt + rep.chunks_lost, N_CHUNKS);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), rep.blocks_kept);
+    kvedge_engine_stats_t st;
+    assert_int_equal(kvedge_engine_stats(fx->e, &st), 0);
+    assert_int_equal(st.blocks, rep.blocks_kept);
+    /* A chunk whose record was lost or rebuilt is counted as such. */
+    uint64_t recorded = 0;
+    for (int i = 0; i < N_CHUNKS; i++) {
+        kvedge_chunk_info_t ci;
+        recorded += kvedge_engine_get_chunk(fx->e, &p->c[i].id, &ci) == 0;
+    }
+    assert_int_equal(recorded, rep.chunks_kept + rep.chunks_rebuilt);
+    kvedge_engine_destroy(&fx->e);
+    s_second_repair_noop(fx, rep.blocks_kept);
+    s_put_free(p);
+    free(p);
+}
+
+/* A flipped byte in the middle of every blob file: the blocks it hits are lost (reported, in
+ * quarantine), every other is kept and served byte for byte. */
+static void test_repair_flip_in_blob(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    int blobs = s_each(fx->path, ".blob", s_flip_middle);
+    assert_true(blobs > 0);
+    lost_t lost = {0};
+    kvedge_repair_report_t rep;
+    char why[1024] = "";
+    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    assert_false(rep.unchanged);
+    assert_int_equal(rep.blocks_found, put);
+    assert_int_equal(rep.blocks_kept + rep.blocks_lost, put);
+    assert_true(rep.blocks_lost >= 1 && rep.blocks_lost <= (uint64_t)blobs);
+    assert_int_equal((uint64_t)lost.lost, rep.blocks_lost);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), rep.blocks_kept);
+    kvedge_engine_stats_t st;
+    assert_int_equal(kvedge_engine_stats(fx->e, &st), 0);
+    assert_int_equal(st.quarantined, rep.blocks_lost);
+    kvedge_engine_destroy(&fx->e);
+    s_second_repair_noop(fx, rep.blocks_kept);
+    s_put_free(p);
+    free(p);
+}
+
+/* Puts every block with synced writes in a child that then dies without closing the store:
+ * they are in the WAL only. */
+static void s_put_all_unflushed(fx_t *fx, put_t *p)
+{
+    for (int i = 0; i < N_CHUNKS; i++) {
+        p->c[i] = s_chunk((uint8_t)(10 * i + 3), TOKENS);
+        for (int l = 0; l < LAYERS; l++)
+            for (int h = 0; h < HEADS; h++) {
+                kvedge_block_spec_t spec = {
+                    KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, TOKENS, HEAD_DIM, 0, NULL, false};
+                p->blk[i][l][h] =
+                    kt_encode(&spec, (uint64_t)(i * 1000 + l * 10 + h), &p->len[i][l][h]);
+                assert_non_null(p->blk[i][l][h]);
+            }
+    }
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        kvedge_engine_opts_t o;
+        kvedge_engine_opts_default(&o);
+        o.sync = true;
+        kvedge_engine_t *e = NULL;
+        char why[256];
+        if (kvedge_engine_open(fx->path, &o, &e, why, sizeof why) != 0)
+            _exit(2);
+        kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
+        if (kvedge_engine_put_model(e, &m) != 0)
+            _exit(3);
+        for (int i = 0; i < N_CHUNKS; i++)
+            for (int l = 0; l < LAYERS; l++)
+                for (int h = 0; h < HEADS; h++)
+                    if (kvedge_engine_put(e, &p->c[i], (uint16_t)l, (uint16_t)h, p->blk[i][l][h],
+                                          p->len[i][l][h], NULL) != 0)
+                        _exit(4);
+        _exit(0); /* no close: nothing flushed */
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static void s_truncate_third(const char *file, off_t size)
+{
+    assert_int_equal(truncate(file, size - size / 3), 0);
+}
+
+/* The WAL cut short (a crash of the disk under it): RocksDB replays it up to the cut; every
+ * block it replays is sound, kept and served, and none of it is reported lost. */
+static void test_repair_truncated_wal(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all_unflushed(fx, p);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    assert_int_equal(s_each(fx->path, ".blob", NULL), 0); /* nothing flushed */
+    assert_true(s_each(fx->path, ".log", s_truncate_third) > 0);
+    lost_t lost = {0};
+    kvedge_repair_report_t rep;
+    char why[1024] = "";
+    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    assert_true(rep.wal_files > 0);
+    assert_true(rep.blocks_found > 0 && rep.blocks_found < put); /* the cut lost the rest */
+    assert_int_equal(rep.blocks_kept, rep.blocks_found);
+    assert_int_equal(rep.blocks_lost, 0);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), rep.blocks_kept);
+    kvedge_engine_destroy(&fx->e);
+    s_second_repair_noop(fx, rep.blocks_kept);
+    s_put_free(p);
+    free(p);
+}
+
+/* A new store that does not read back whole is never put in place: the damaged store stays. */
+static void test_repair_refuses_short_store(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    static char before[1 << 16], after[1 << 16];
+    char cur[160];
+    snprintf(cur, sizeof cur, "%s/CURRENT", fx->path);
+    assert_int_equal(unlink(cur), 0);
+    s_listing(fx->path, before, sizeof before);
+    kvedge_engine_debug_repair_fault(KVEDGE_REPAIR_FAULT_SHORT_STORE);
+    kvedge_repair_report_t rep;
+    char why[1024] = "";
+    assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why),
+                     KVEDGE_ECORRUPT);
+    assert_non_null(strstr(why, "not put in place"));
+    assert_true(rep.unchanged);
+    s_listing(fx->path, after, sizeof after);
+    assert_string_equal(before, after);
+    struct stat st;
+    char tmp[160];
+    snprintf(tmp, sizeof tmp, "%s/repair.tmp", fx->path);
+    assert_int_not_equal(stat(tmp, &st), 0);
+    /* Without the fault the same store is repaired whole. */
+    assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why), 0);
+    assert_int_equal(rep.blocks_kept, (uint64_t)N_CHUNKS * LAYERS * HEADS);
+    s_put_free(p);
+    free(p);
+}
+
+/* A repair stopped after moving the old files: the node refuses the directory, the next repair
+ * finishes putting the verified store in place. */
+static void test_repair_resumes_swap(void **state)
+{
+    fx_t *fx = *state;
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, TOKENS);
+    const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
+    char cur[160];
+    snprintf(cur, sizeof cur, "%s/CURRENT", fx->path);
+    assert_int_equal(unlink(cur), 0);
+    kvedge_engine_debug_repair_fault(KVEDGE_REPAIR_FAULT_STOP_SWAP);
+    kvedge_repair_report_t rep;
+    char why[1024] = "";
+    assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why), KVEDGE_EIO);
+    assert_int_equal(kvedge_engine_open(fx->path, NULL, &fx->e, why, sizeof why), KVEDGE_EBUSY);
+    assert_non_null(strstr(why, "being repaired"));
+    int rc = kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("resumed repair: %s: %s", kvedge_errname(rc), why);
+    assert_true(rep.resumed);
+    assert_int_equal(rep.blocks_kept, put);
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), put);
+    kvedge_engine_destroy(&fx->e);
+    s_second_repair_noop(fx, put);
+    s_put_free(p);
+    free(p);
+}
+
 static void test_repair_sound_store(void **state)
 {
     fx_t *fx = *state;
@@ -498,6 +915,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_repair_damaged_sst, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_damaged_inline_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_lost_manifest, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_lost_current, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_manifest_file_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_flips_in_every_sst, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_flip_in_blob, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_truncated_wal, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_refuses_short_store, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_resumes_swap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_sound_store, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_errors, setup, teardown),
     };

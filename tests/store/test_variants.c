@@ -817,8 +817,11 @@ static void test_repair_keeps_variants(void **state)
     kvedge_engine_destroy(&fx->e);
     kvedge_repair_report_t rep;
     char why[256];
-    assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why), 0);
+    int rc = kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
     assert_int_equal(rep.blocks_kept, 1);
+    assert_int_equal(rep.variants_dropped, 1);
     s_open(fx, NULL);
     s_expect_variant(fx->e, &k, I8, t.i8, t.i8l);
     assert_int_equal(s_variant_rc(fx->e, &k, G32), KVEDGE_ENOTFOUND); /* dropped */

@@ -43,6 +43,7 @@ _TABLE = [
     ("EDENIED", "Denied", PermissionError),
     ("ECLOSED", "Closed", None),
     ("ECANCELED", "Canceled", None),
+    ("ENOSPC", "DiskFull", None),
 ]
 
 CODES = {}  # code -> class
