@@ -83,6 +83,8 @@ void kvedge_engine_totals(kvedge_engine_t *e, const kvedge_block_meta_t *m, bool
 {
     void (*f)(_Atomic uint64_t *, uint64_t) = add ? s_add : s_sub;
     f(&e->blocks, 1);
+    if (!add)
+        s_add(&e->uncompacted, m->bytes); /* its blob stays on disk until a compaction */
     if (with_bytes) {
         f(&e->bytes, m->bytes);
         f(&e->used, m->bytes);
@@ -290,6 +292,20 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
     }
     rocksdb_options_set_create_if_missing(base, !e->opts.read_only);
     rocksdb_options_set_create_missing_column_families(base, !e->opts.read_only);
+    uint64_t wb, small_wb;
+    kvedge_engine_disk_bounds(dir, e->opts.capacity_bytes, &wb, &small_wb, &e->wal_bound_bytes);
+    e->write_buffer_bytes = wb;
+    /* Of the capacity, the WAL may take its bound, and the blob files of blocks evicted but
+     * not yet compacted away about two write buffers: blocks get the rest. */
+    uint64_t disk_share = e->wal_bound_bytes + 2 * wb;
+    e->block_capacity = e->opts.capacity_bytes > 2 * disk_share
+                            ? e->opts.capacity_bytes - disk_share
+                            : e->opts.capacity_bytes;
+    rocksdb_options_set_write_buffer_size(base, (size_t)small_wb);
+    rocksdb_options_set_max_total_wal_size(base, e->wal_bound_bytes);
+    /* RocksDB's own info log (DIR/LOG) rolls at 1 MiB, two kept: bounded on disk too. */
+    rocksdb_options_set_max_log_file_size(base, 1u << 20);
+    rocksdb_options_set_keep_log_file_num(base, 2);
     if (e->salvage) {
         rocksdb_options_set_paranoid_checks(base, 0);
         rocksdb_options_set_disable_auto_compactions(base, 1);
@@ -342,9 +358,17 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
         rocksdb_options_set_paranoid_checks(blobs, 0);
         rocksdb_options_set_disable_auto_compactions(blobs, 1);
     }
+    rocksdb_options_set_write_buffer_size(blobs, (size_t)wb);
+    rocksdb_options_set_max_total_wal_size(blobs, e->wal_bound_bytes);
     rocksdb_options_set_enable_blob_files(blobs, 1);
     rocksdb_options_set_min_blob_size(blobs, e->opts.blob_min_bytes);
-    rocksdb_options_set_enable_blob_gc(blobs, 1);
+    /* No blob garbage collection: it relocates the live blocks of the oldest blob files in
+     * every compaction, which needs free space the size of what it moves (a store filling its
+     * disk then fails its compactions for good) and fails on a damaged blob. A blob file goes
+     * back to the file system once none of its blocks is referenced any more; evictions free
+     * the oldest first (see kvedge_engine_disk_admit for the compaction that drops the
+     * references). */
+    rocksdb_options_set_enable_blob_gc(blobs, 0);
     if (e->cache) {
         rocksdb_options_set_block_based_table_factory(blobs, table);
         /* A hit pins the cached value in the get's PinnableSlice: no read, no copy. Blobs
@@ -435,6 +459,8 @@ static int s_open(const char *dir, const kvedge_engine_opts_t *opts, bool salvag
         rc = KVEDGE_ENOTFOUND;
         goto fail;
     }
+    if (!e->opts.read_only && !salvage)
+        kvedge_engine_disk_before_open(dir);
     if (e->opts.cache_bytes) {
         rocksdb_lru_cache_options_t *co = rocksdb_lru_cache_options_create();
         rocksdb_lru_cache_options_set_capacity(co, (size_t)e->opts.cache_bytes);
@@ -443,6 +469,8 @@ static int s_open(const char *dir, const kvedge_engine_opts_t *opts, bool salvag
         rocksdb_lru_cache_options_destroy(co);
     }
     rc = s_open_db(e, dir, exists, why, why_len);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_engine_disk_open(e, dir);
     if (rc != KVEDGE_OK)
         goto fail;
     e->ro = rocksdb_readoptions_create();
@@ -514,8 +542,13 @@ void kvedge_engine_destroy(kvedge_engine_t **self_p)
     *self_p = NULL;
     if (e->db) {
         /* Flush memtables on a clean close: blob files and SSTs hold everything, and the
-         * next open has no WAL to replay. A failed flush loses nothing (the WAL has it). */
-        if (!e->opts.read_only) {
+         * next open has no WAL to replay. A failed flush loses nothing (the WAL has it); not
+         * tried after a failed write or without room for it (a RocksDB writer used again after
+         * an error aborts the process). */
+        bool writable = !e->opts.read_only && !kvedge_engine_disk_write_stopped(e);
+        if (writable && !kvedge_engine_disk_can_flush(e))
+            kvedge_engine_disk_release(e); /* the reserve is the room the flush needs */
+        if (writable && kvedge_engine_disk_can_flush(e)) {
             rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
             rocksdb_flushoptions_set_wait(fo, 1);
             for (size_t i = 0; i < e->n_handles; i++) {
@@ -526,13 +559,23 @@ void kvedge_engine_destroy(kvedge_engine_t **self_p)
             }
             rocksdb_flushoptions_destroy(fo);
         }
-        for (size_t i = e->n_handles; i-- > 0;)
-            rocksdb_column_family_handle_destroy(e->handles[i]);
-        rocksdb_close(e->db);
+        if (!e->opts.read_only && kvedge_engine_disk_write_stopped(e)) {
+            /* RocksDB stopped writing on an error (a full disk under a flush): closing would use
+             * the writer that failed again, which Debian's librocksdb (built with assertions)
+             * aborts on. Its background work is stopped and the handle left to the process's
+             * exit: every acknowledged write is in the WAL, which the next open replays. */
+            rocksdb_cancel_all_background_work(e->db, 1);
+            e->db = NULL;
+        } else {
+            for (size_t i = e->n_handles; i-- > 0;)
+                rocksdb_column_family_handle_destroy(e->handles[i]);
+            rocksdb_close(e->db);
+        }
     }
     if (e->cache)
         rocksdb_cache_destroy(e->cache); /* after the DB: its families hold it until closed */
     free(e->handles);
+    free(e->dir);
     if (e->wo)
         rocksdb_writeoptions_destroy(e->wo);
     if (e->ro)

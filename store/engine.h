@@ -64,7 +64,37 @@ typedef struct {
      * a rung = drop variants first, then demote least-recently-used blocks to this rung,
      * then evict, demoted blocks last. */
     kvedge_prec_t pressure_demote;
+    /* Size of the reserve file (DIR/kvedge.reserve) given back to the file system when the disk
+     * fills, so deletes, flushes and a restart have room: 0 = a 32nd of the file system, 1 MiB
+     * to 64 MiB; KVEDGE_ENGINE_RESERVE_NONE = none. */
+    uint64_t reserve_bytes;
 } kvedge_engine_opts_t;
+
+#define KVEDGE_ENGINE_RESERVE_FILE "kvedge.reserve"
+#define KVEDGE_ENGINE_RESERVE_NONE UINT64_MAX
+
+/* The store's disk: what the engine sees and did about it. */
+typedef struct {
+    uint64_t free_bytes;         /* free on the store's file system (statvfs f_bavail) */
+    uint64_t fs_bytes;           /* the file system's size */
+    uint64_t files_bytes;        /* RocksDB's table and blob files */
+    uint64_t memtable_bytes;     /* in the memtables (and the WAL): what a flush writes out */
+    uint64_t write_buffer_bytes; /* the blocks family's write buffer */
+    uint64_t wal_bound_bytes;    /* the WAL is flushed past this */
+    uint64_t reserve_bytes;      /* the reserve file's size (0: none) */
+    bool reserve_held;           /* it is on disk now */
+    uint64_t reserve_releases;   /* times it was given back since open */
+    bool full;                   /* the last large write was refused: KVEDGE_ENOSPC */
+    bool write_failed;           /* RocksDB failed a write (no space, I/O): writes stopped
+                                    until the store is reopened */
+    uint64_t refused;            /* writes refused for want of space since open */
+    uint64_t compactions;        /* compactions run to free space (at most one a second) */
+} kvedge_engine_disk_t;
+
+int kvedge_engine_disk(kvedge_engine_t *e, kvedge_engine_disk_t *out);
+
+/* The store directory the engine was opened on (valid while it is open). */
+const char *kvedge_engine_dir(const kvedge_engine_t *e);
 
 typedef struct {
     uint32_t ttl_s; /* 0 = engine default, KVEDGE_TTL_NEVER = never */
@@ -106,7 +136,9 @@ int kvedge_engine_list_models(kvedge_engine_t *e, int (*cb)(void *ctx, const kve
  * blocks when over capacity. opts may be NULL.
  * Errors: codec errors of kvedge_block_parse, KVEDGE_ENOMODEL, KVEDGE_ESHAPE (shape or chunk
  * info disagreeing with what is stored), KVEDGE_ETOOBIG (larger than the capacity),
- * KVEDGE_EFULL (cannot free enough: the rest is pinned), KVEDGE_EREADONLY, KVEDGE_ESTORE. */
+ * KVEDGE_EFULL (cannot free enough: the rest is pinned), KVEDGE_ENOSPC (the disk has no room
+ * for it beside what the memtables will flush: nothing written), KVEDGE_EREADONLY,
+ * KVEDGE_ESTORE. */
 int kvedge_engine_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t layer,
                       uint16_t head, const uint8_t *block, size_t len,
                       const kvedge_put_opts_t *opts);

@@ -132,7 +132,55 @@ struct kvedge_engine_t {
     uint8_t walk_at[S_WALKS][S_INDEX_KEY_BYTES];
     bool walk_at_set[S_WALKS];
     uint64_t walk_epoch; /* lru_epoch when the resume points were last valid */
+    /* Disk space (engine_disk.c). */
+    char *dir;                   /* the store directory */
+    uint64_t reserve_bytes;      /* the reserve file's size; 0: none */
+    uint64_t write_buffer_bytes; /* the blocks family's write buffer */
+    uint64_t wal_bound_bytes;    /* max_total_wal_size */
+    /* What blocks may take of opts.capacity_bytes: the rest is the WAL's, so that capacity
+     * bounds the bytes on disk (0: no limit). */
+    uint64_t block_capacity;
+    _Atomic bool reserve_held;         /* the reserve file is on disk */
+    _Atomic bool disk_full;            /* the last large write was refused for want of space */
+    _Atomic bool write_failed;         /* a RocksDB write failed (no space, I/O): writes stopped */
+    _Atomic uint64_t disk_refused;     /* writes refused for want of space */
+    _Atomic uint64_t disk_compactions; /* compactions a refusal ran */
+    _Atomic uint64_t compacted_at_ms;  /* the last (monotonic) */
+    _Atomic uint64_t uncompacted;      /* block bytes deleted since the last compaction */
+    _Atomic uint64_t reserve_releases;
+    _Atomic uint64_t memtables_bytes; /* cached "rocksdb.cur-size-all-mem-tables", summed */
+    _Atomic uint64_t memtables_at_ms; /* when read (monotonic) */
+    _Atomic uint64_t admitted;        /* bytes let in since (in flight or in the memtables) */
 };
+
+/* ---------------------------------------------------------------- disk space
+ * (engine_disk.c) */
+
+/* Write-buffer bounds for a store in dir with capacity (0: none): the blocks family's write
+ * buffer, the other families', and max_total_wal_size. */
+void kvedge_engine_disk_bounds(const char *dir, uint64_t capacity, uint64_t *write_buffer,
+                               uint64_t *small_write_buffer, uint64_t *wal);
+/* Before RocksDB opens dir: gives the reserve file back when the disk is nearly full (the WAL's
+ * replay flushes). */
+void kvedge_engine_disk_before_open(const char *dir);
+/* After the open: the reserve file made or found. 0 or KVEDGE_ENOMEM. */
+int kvedge_engine_disk_open(kvedge_engine_t *e, const char *dir);
+/* Whether a write batch of n bytes may go: KVEDGE_ENOSPC when it might not fit beside the
+ * flush of what the memtables hold. Small batches (deletes) always go. */
+int kvedge_engine_disk_admit(kvedge_engine_t *e, size_t n);
+/* Compacts the blocks' index (blob references only: small), so that the blob files of deleted
+ * and evicted blocks go back to the file system, when at least min_bytes of blocks were deleted
+ * since the last compaction (false when skipped). */
+bool kvedge_engine_disk_compact(kvedge_engine_t *e, uint64_t min_bytes);
+/* Whether RocksDB has stopped writing: a write of ours failed, or a background flush or
+ * compaction did ("rocksdb.background-errors"). */
+bool kvedge_engine_disk_write_stopped(kvedge_engine_t *e);
+/* Gives the reserve file back to the file system. */
+void kvedge_engine_disk_release(kvedge_engine_t *e);
+/* Whether the free space holds a flush of the memtables. */
+bool kvedge_engine_disk_can_flush(kvedge_engine_t *e);
+/* A RocksDB write failed with rc: notes it (writes have stopped) and gives the reserve back. */
+void kvedge_engine_disk_failed(kvedge_engine_t *e, int rc);
 
 /* ---------------------------------------------------------------- keys and records
  * (engine_record.c) */
@@ -205,9 +253,18 @@ int kvedge_engine_check_format(kvedge_engine_t *e, char *why, size_t why_len);
 
 static inline int s_write(kvedge_engine_t *e, rocksdb_writebatch_t *b)
 {
+    size_t n = 0;
+    (void)rocksdb_writebatch_data(b, &n);
+    int rc = kvedge_engine_disk_admit(e, n);
+    if (rc != KVEDGE_OK)
+        return rc;
     char *err = NULL;
     rocksdb_write(e->db, e->wo, b, &err);
-    return err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+    if (!err)
+        return KVEDGE_OK;
+    rc = kvedge_rocks_error(&err);
+    kvedge_engine_disk_failed(e, rc);
+    return rc;
 }
 
 /* Zero-copy point lookup under ro. Returns 0 with *out set, KVEDGE_ENOTFOUND, or a store

@@ -100,13 +100,13 @@ void kvedge_engine_touch(kvedge_engine_t *e, const uint8_t *kb, const kvedge_blo
  * either kind never overshoot it; bytes and variant_bytes follow once a write is done. */
 bool kvedge_engine_reserve(kvedge_engine_t *e, int64_t delta)
 {
-    if (delta <= 0 || !e->opts.capacity_bytes) {
+    if (delta <= 0 || !e->block_capacity) {
         s_add(&e->used, (uint64_t)delta); /* modular: adds a negative delta too */
         return true;
     }
     uint64_t cur = atomic_load(&e->used);
     do {
-        if (cur + (uint64_t)delta > e->opts.capacity_bytes)
+        if (cur + (uint64_t)delta > e->block_capacity)
             return false;
     } while (!atomic_compare_exchange_weak(&e->used, &cur, cur + (uint64_t)delta));
     return true;
@@ -129,6 +129,8 @@ int kvedge_engine_make_room(kvedge_engine_t *e, unsigned s, int64_t delta, uint6
     }
     uint64_t freed = 0;
     int erc = kvedge_engine_evict_locked(e, cap - (uint64_t)delta, kb, &freed, NULL);
+    if (freed) /* the evicted blocks' blob files go back to the disk */
+        kvedge_engine_disk_compact(e, 2 * e->write_buffer_bytes);
     s_lock(e, s);
     if (erc != KVEDGE_OK && erc != KVEDGE_EFULL)
         return erc;
@@ -184,7 +186,7 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
         full_check ? kvedge_block_check(block, len, &info) : kvedge_block_parse(block, len, &info);
     if (rc != KVEDGE_OK)
         return rc;
-    uint64_t cap = e->opts.capacity_bytes;
+    uint64_t cap = e->block_capacity;
     if (cap && len > cap)
         return KVEDGE_ETOOBIG;
     kvedge_model_t model;

@@ -335,6 +335,8 @@ int kvedge_engine_delete_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id, 
     free(owned);
     if (blocks)
         *blocks = count;
+    if (count) /* their blob files go back to the disk once nothing references them */
+        kvedge_engine_disk_compact(e, 2 * e->write_buffer_bytes);
     if (rc == KVEDGE_OK && !found)
         rc = KVEDGE_ENOTFOUND;
     return rc;

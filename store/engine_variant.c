@@ -375,7 +375,7 @@ int kvedge_engine_put_variant(kvedge_engine_t *e, const kvedge_block_key_t *key,
         return rc;
     if (kvedge_prec_of_block(&info) != prec)
         return KVEDGE_EINVAL;
-    uint64_t cap = e->opts.capacity_bytes;
+    uint64_t cap = e->block_capacity;
     if (cap && len > cap)
         return KVEDGE_ETOOBIG;
     uint8_t kb[KVEDGE_BLOCK_KEY_BYTES], vk[S_VARIANT_KEY_BYTES];

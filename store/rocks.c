@@ -20,6 +20,11 @@ static int s_translate(const char *m, bool open)
         return KVEDGE_EBUSY;
     if (strstr(m, "Corruption"))
         return KVEDGE_ECORRUPT;
+    /* "IO error: No space left on device: While appending to file ..." (ENOSPC), and RocksDB's
+     * own "NoSpace" sub-code once it has stopped writes on a background error of that kind. */
+    if (strstr(m, "No space left on device") || strstr(m, "NoSpace") ||
+        strstr(m, "Disk quota exceeded"))
+        return KVEDGE_ENOSPC;
     if (strstr(m, "IO error"))
         return KVEDGE_EIO;
     return KVEDGE_ESTORE;

@@ -32,6 +32,9 @@ struct kvedge_node_mon_t {
      * optimizer's passes; pressure: the engine, before evicting), variants prepared and
      * dropped under pressure. */
     kvedge_series_t *variant_blocks, *variant_bytes, *opt_hot;
+    /* The store's disk (kvedge_engine_disk). */
+    kvedge_series_t *disk_free, *disk_size, *disk_files, *disk_full, *disk_reserve;
+    s_mirror_t disk_refused, disk_failed;
     kvedge_metric_t *demoted_f, *demoted_bytes_f;
     s_mirror_t demoted_idle, demoted_pressure, saved_idle, saved_pressure, prepared, prepared_bytes,
         vdropped, vdropped_bytes, opt_passes;
@@ -156,6 +159,16 @@ static void s_collect(kvedge_metrics_t *r, void *arg)
         s_mirror(&m->corrupt, es.corrupt);
         s_mirror(&m->written, es.bytes_written);
         s_mirror(&m->read, es.bytes_read);
+    }
+    kvedge_engine_disk_t dk;
+    if (kvedge_engine_disk(n->engine, &dk) == KVEDGE_OK) {
+        kvedge_series_set(m->disk_free, (double)dk.free_bytes);
+        kvedge_series_set(m->disk_size, (double)dk.fs_bytes);
+        kvedge_series_set(m->disk_files, (double)dk.files_bytes);
+        kvedge_series_set(m->disk_full, dk.full || dk.write_failed ? 1.0 : 0.0);
+        kvedge_series_set(m->disk_reserve, dk.reserve_held ? (double)dk.reserve_bytes : 0.0);
+        s_mirror(&m->disk_refused, dk.refused);
+        s_mirror(&m->disk_failed, dk.write_failed ? 1 : 0);
     }
     uint64_t vblocks = 0, vbytes = 0;
     if (kvedge_engine_variant_stats(n->engine, &vblocks, &vbytes) == KVEDGE_OK) {
@@ -327,6 +340,20 @@ static bool s_node_families(kvedge_node_t *n, char *why, size_t why_len)
         "Historical cache: seconds since the last pass that copied the whole context.", sub_l, 1,
         NULL, KVEDGE_HSYNC_MAX_SUBS, why, why_len);
     const char *cause_l[] = {"cause"}, *idle_v[] = {"idle"}, *pressure_v[] = {"pressure"};
+    m->disk_free =
+        s_gauge(r, G, "kvedge_node_disk_free_bytes", "Free bytes on the store's file system.");
+    m->disk_size = s_gauge(r, G, "kvedge_node_disk_size_bytes", "Size of the store's file system.");
+    m->disk_files = s_gauge(r, G, "kvedge_node_store_files_bytes",
+                            "Bytes of the store's table and blob files.");
+    m->disk_full = s_gauge(r, G, "kvedge_node_disk_full",
+                           "1 while block writes are refused for want of disk space.");
+    m->disk_reserve = s_gauge(r, G, "kvedge_node_disk_reserve_bytes",
+                              "Bytes held in the reserve file (0 once given back to a full disk).");
+    m->disk_refused.series = s_gauge(r, C, "kvedge_node_disk_refused_writes_total",
+                                     "Block writes refused with KVEDGE_ENOSPC.");
+    m->disk_failed.series =
+        s_gauge(r, C, "kvedge_node_store_write_failures_total",
+                "1 once RocksDB failed a write (writes stopped until restart).");
     m->variant_blocks = s_gauge(r, G, "kvedge_node_variant_blocks",
                                 "Variants held: other precisions of stored blocks.");
     m->variant_bytes = s_gauge(r, G, "kvedge_node_variant_bytes",

@@ -57,7 +57,54 @@ typedef struct {
     /* Precisions derived for readers since start, and those kept as variants (workers). */
     _Atomic uint64_t derived;
     _Atomic uint64_t derived_kept;
+    /* A full disk: said once when it fills, again at most once a minute while it stays
+     * full (with the count refused meanwhile), and once when it has room again (workers). */
+    pthread_mutex_t disk_mu;
+    bool disk_full_said;
+    uint64_t disk_said_ms;
+    uint64_t disk_refused_unsaid;
 } s_node_t;
+
+#define S_DISK_LOG_INTERVAL_MS 60000
+#define S_DISK_ROOM_MAX_BYTES  (1ull << 30)
+
+/* Says what a put's outcome tells of the disk: refused for want of space, or going again. */
+static void s_disk_note(s_node_t *n, int rc)
+{
+    if (rc != KVEDGE_ENOSPC && (rc != KVEDGE_OK || !n->disk_full_said))
+        return;
+    pthread_mutex_lock(&n->disk_mu);
+    uint64_t now = (uint64_t)kvedge_mono_ms();
+    kvedge_engine_disk_t d;
+    bool have = kvedge_engine_disk(n->opts.engine, &d) == KVEDGE_OK;
+    const char *dir = kvedge_engine_dir(n->opts.engine);
+    if (rc == KVEDGE_ENOSPC) {
+        n->disk_refused_unsaid++;
+        if (!n->disk_full_said || now - n->disk_said_ms >= S_DISK_LOG_INTERVAL_MS) {
+            kvedge_log_warn("disk full: store %s has %.1f MiB free of %.1f MiB; %llu block "
+                            "write(s) refused with KVEDGE_ENOSPC%s; reads go on. Free space: "
+                            "kvedge delete / evict (a refused write compacts what they free), "
+                            "a lower --capacity, or a larger disk",
+                            dir, have ? (double)d.free_bytes / 1048576.0 : 0.0,
+                            have ? (double)d.fs_bytes / 1048576.0 : 0.0,
+                            (unsigned long long)n->disk_refused_unsaid,
+                            n->disk_full_said ? " in the last minute" : "");
+            n->disk_full_said = true;
+            n->disk_said_ms = now;
+            n->disk_refused_unsaid = 0;
+        }
+    } else if (n->disk_full_said && have &&
+               d.free_bytes >= (d.fs_bytes / 4 < S_DISK_ROOM_MAX_BYTES ? d.fs_bytes / 4
+                                                                       : S_DISK_ROOM_MAX_BYTES)) {
+        /* Said only with room to spare (a quarter of the disk, at most 1 GiB): a disk at its
+         * edge takes one block and refuses the next. */
+        kvedge_log_info("disk has room again: store %s has %.1f MiB free; writes are accepted", dir,
+                        have ? (double)d.free_bytes / 1048576.0 : 0.0);
+        n->disk_full_said = false;
+        n->disk_refused_unsaid = 0;
+    }
+    pthread_mutex_unlock(&n->disk_mu);
+}
 
 /* ---------------------------------------------------------------- tenants */
 
@@ -221,6 +268,7 @@ static void s_do_put(s_node_t *n, const uint8_t tag[16], kvedge_series_t *stored
                                    pf[2 * i + 1].len, &po);
             if (rc == KVEDGE_OK)
                 kvedge_series_add(stored, pf[2 * i + 1].len);
+            s_disk_note(n, rc);
         }
         st[i] = rc;
     }
@@ -1348,6 +1396,7 @@ int kvedge_server_start(const kvedge_server_opts_t *opts, kvedge_server_t **out,
     }
     n->opts = *opts;
     n->owner = s;
+    pthread_mutex_init(&n->disk_mu, NULL);
     n->n_workers = kvedge_server_workers(opts->workers);
     if (n->opts.default_credit == 0 || n->opts.default_credit > KVEDGE_WIRE_MAX_CREDIT)
         n->opts.default_credit = KVEDGE_SERVER_CREDIT_DEFAULT;
@@ -1413,6 +1462,8 @@ void kvedge_server_destroy(kvedge_server_t **self_p)
     kvedge_server_t *s = *self_p;
     *self_p = NULL;
     zactor_destroy(&s->frontend); /* sends $TERM and waits for the drain */
+    if (s->frontend_state)
+        pthread_mutex_destroy(&((s_node_t *)s->frontend_state)->disk_mu);
     free(s->frontend_state);
     free(s);
 }
