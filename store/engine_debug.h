@@ -24,6 +24,12 @@ int kvedge_engine_debug_put_unchecked(kvedge_engine_t *e, const kvedge_chunk_inf
                                       uint16_t layer, uint16_t head, const uint8_t *block,
                                       size_t len);
 
+/* Writes bytes into the models family under any key, bypassing every check: how a test builds
+ * a store in an older record layout (a node-wide record's key is the bare model id, its value
+ * kvedge_model_pack's). Errors: KVEDGE_EINVAL, KVEDGE_EREADONLY, store errors. */
+int kvedge_engine_debug_put_model_record(kvedge_engine_t *e, const void *key, size_t klen,
+                                         const uint8_t *rec, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

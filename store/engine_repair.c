@@ -441,10 +441,10 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
         return kvedge_rocks_error(&err);
     s->rep->chunks_kept++;
     kvedge_model_t model;
-    if (kvedge_engine_get_model(s->dst, c.model_id, &model) == KVEDGE_OK ||
-        kvedge_engine_get_model(s->src, c.model_id, &model) != KVEDGE_OK)
+    if (kvedge_engine_get_tenant_model(s->dst, c.tenant, c.model_id, &model) == KVEDGE_OK ||
+        kvedge_engine_get_tenant_model(s->src, c.tenant, c.model_id, &model) != KVEDGE_OK)
         return KVEDGE_OK;
-    rc = kvedge_engine_put_model(s->dst, &model);
+    rc = kvedge_engine_put_tenant_model(s->dst, c.tenant, &model);
     if (rc == KVEDGE_OK)
         s->rep->models_kept++;
     return rc;
@@ -469,19 +469,11 @@ static int s_copy_records(s_salvage_t *s, int cf)
                                             &c) == KVEDGE_OK)
                 rc = s_copy_chunk(s, &c.id);
         } else if (cf == S_CF_MODELS) {
-            char id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
-            kvedge_model_t m;
-            if (klen == 0 || klen > KVEDGE_MODEL_ID_MAX_BYTES || memchr(k, 0, klen))
-                continue;
-            memcpy(id, k, klen);
-            id[klen] = '\0';
-            if (kvedge_model_unpack(id, (const uint8_t *)v, vlen, &m) != KVEDGE_OK)
-                continue;
-            rc = kvedge_engine_put_model(s->dst, &m);
+            rc = kvedge_engine_model_restore(s->dst, k, klen, v, vlen);
             if (rc == KVEDGE_OK)
                 s->rep->models_kept++;
-            else if (rc == KVEDGE_ESHAPE)
-                rc = KVEDGE_OK; /* already carried over with a chunk */
+            else if (rc == KVEDGE_ESHAPE || rc == KVEDGE_ECORRUPT)
+                rc = KVEDGE_OK; /* already carried over with a chunk, or unreadable */
         } else if (klen == KVEDGE_BLOCK_KEY_BYTES || klen == S_VARIANT_KEY_BYTES) {
             /* A block's entry, or a variant's (block key | rung). */
             rocksdb_pinnableslice_t *p;

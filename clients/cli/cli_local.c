@@ -215,7 +215,8 @@ static int s_cmd_inspect(kvedge_cli_t *cli, int argc, char **argv)
             j++;
         if (j == nm) {
             m[nm].model = c.rows[i].info.model_id;
-            if (kvedge_engine_get_model(e, m[nm].model, &m[nm].shape) != KVEDGE_OK)
+            if (kvedge_engine_get_tenant_model(e, c.rows[i].info.tenant, m[nm].model,
+                                               &m[nm].shape) != KVEDGE_OK)
                 memset(&m[nm].shape, 0, sizeof m[nm].shape);
             nm++;
         }
@@ -456,7 +457,7 @@ static int s_cmd_show(kvedge_cli_t *cli, int argc, char **argv)
     }
     kvedge_model_t m; /* a layer past the model is a mistake, not an empty table */
     if (s.layer >= 0 &&
-        (kvedge_engine_get_model(s.e, info.model_id, &m) == KVEDGE_OK ||
+        (kvedge_engine_get_tenant_model(s.e, info.tenant, info.model_id, &m) == KVEDGE_OK ||
          kvedge_model_builtin(info.model_id, &m) == KVEDGE_OK) &&
         (uint32_t)s.layer >= m.layers) {
         kvedge_cli_error("show: --layer %d is past the %u layers of %s (0 to %u)", s.layer,

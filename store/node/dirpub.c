@@ -314,7 +314,8 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
             size_t idlen = strlen(ci->model_id);
             if (idlen > KVEDGE_MASTER_MAX_MODEL_ID_BYTES)
                 continue; /* not addressable in the registry */
-            if (kvedge_engine_get_model(d->opts.engine, ci->model_id, &m) != KVEDGE_OK &&
+            if (kvedge_engine_get_tenant_model(d->opts.engine, ci->tenant, ci->model_id, &m) !=
+                    KVEDGE_OK &&
                 kvedge_model_builtin(ci->model_id, &m) != KVEDGE_OK)
                 continue; /* no shape: no way to say which layers are complete */
             n_changed += (uint32_t)s_keep_model(d, &m);
