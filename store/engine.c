@@ -591,7 +591,8 @@ int kvedge_engine_get_tenant_model(kvedge_engine_t *e, const uint8_t *tenant, co
 {
     if (!e || !s_id_ok(id) || !out)
         return KVEDGE_EINVAL;
-    if (s_tenant_named(tenant)) {
+    kvedge_model_t builtin; /* never in a tenant's namespace: one lookup, on every put */
+    if (s_tenant_named(tenant) && kvedge_model_builtin(id, &builtin) != KVEDGE_OK) {
         int rc = s_model_read(e, tenant, id, out);
         if (rc != KVEDGE_ENOMODEL)
             return rc;

@@ -130,7 +130,8 @@ int kvedge_engine_list_tenant_models(kvedge_engine_t *e,
                                      void *ctx);
 
 /* Stores one block (data and metadata in one write batch), registering its chunk. The block
- * is verified first; its model must be registered, layer/head inside the model's shape, its
+ * is verified first; its model must be registered for the chunk's tenant
+ * (kvedge_engine_get_tenant_model with chunk->tenant), layer/head inside that shape, its
  * head_dim the model's and its token count the chunk's. Evicts least-recently-used unpinned
  * blocks when over capacity. opts may be NULL.
  * Errors: codec errors of kvedge_block_parse, KVEDGE_ENOMODEL, KVEDGE_ESHAPE (shape or chunk
