@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "access/log.h"
+#include "access/transport.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "proxy/settings.h"
@@ -298,13 +299,19 @@ static void test_right_tenant_is_served(void **state)
 
 /* Puts every layer and head of one chunk of model m as the client with certificate cert,
  * registering m first; returns its id. */
-static kvedge_chunk_id_t s_put_shape(s_fx_t *fx, const char *cert, const kvedge_model_t *m)
+static kvedge_chunk_id_t s_chunk_of(const char *model_id)
 {
     uint32_t tok[S_TOKENS];
     for (uint32_t i = 0; i < S_TOKENS; i++)
         tok[i] = 11 * i + 3;
     kvedge_chunk_id_t id;
-    assert_int_equal(kvedge_chunk_chain(NULL, 0, m->id, tok, S_TOKENS, S_TOKENS, &id, 1), 1);
+    assert_int_equal(kvedge_chunk_chain(NULL, 0, model_id, tok, S_TOKENS, S_TOKENS, &id, 1), 1);
+    return id;
+}
+
+static kvedge_chunk_id_t s_put_shape(s_fx_t *fx, const char *cert, const kvedge_model_t *m)
+{
+    kvedge_chunk_id_t id = s_chunk_of(m->id);
     char secret[160];
     snprintf(secret, sizeof secret, "%s_secret", cert);
     kvedge_client_opts_t o;
@@ -378,14 +385,25 @@ static void s_fetch_model(const char *ep, const kvedge_model_t *m, const kvedge_
 
 /* Two tenants register the same model id with two shapes on the node and store the same
  * tokens under it; the node publishes each tenant's shape under its tenant
- * (tmodel/<tag>/<id>), and each tenant's proxy plans and serves the tenant's own shape. */
+ * (tmodel/<tag>/<id>), and each tenant's proxy plans and serves the tenant's own shape. The
+ * one directory entry of the shared client chunk id says every layer either holds: the model
+ * with fewer layers is given to the tenant whose chunk the node lists last (stored ids in
+ * key order), the order in which a merge could cut the other's layers. */
 static void test_tenant_models_through_proxy(void **state)
 {
     s_fx_t *fx = *state;
-    kvedge_model_t ma = {
+    kvedge_model_t big = {
         .id = "m", .layers = 3, .kv_heads = 2, .head_dim = 64, .dtype = KVEDGE_DTYPE_FP16};
-    kvedge_model_t mb = {
+    kvedge_model_t small = {
         .id = "m", .layers = 2, .kv_heads = 4, .head_dim = 32, .dtype = KVEDGE_DTYPE_FP16};
+    kvedge_chunk_id_t client = s_chunk_of("m"), sa, sb;
+    uint8_t ta[16], tb[16];
+    kvedge_tenant_tag("acme", ta);
+    kvedge_tenant_tag("other", tb);
+    kvedge_tenant_chunk_id(ta, &client, &sa);
+    kvedge_tenant_chunk_id(tb, &client, &sb);
+    bool acme_first = memcmp(sa.bytes, sb.bytes, sizeof sa.bytes) < 0;
+    kvedge_model_t ma = acme_first ? big : small, mb = acme_first ? small : big;
     kvedge_chunk_id_t idb = s_put_shape(fx, fx->proxy_b, &mb); /* tenant other, first */
     kvedge_chunk_id_t ida = s_put_shape(fx, fx->writer, &ma);  /* tenant acme */
     assert_memory_equal(&ida, &idb, sizeof ida);
