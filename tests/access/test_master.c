@@ -435,6 +435,19 @@ static void test_set_get(void **state)
     assert_int_equal(kvedge_mview_set(v, "bogus/x", body, len, 2000), KVEDGE_EINVAL);
     assert_int_equal(kvedge_mview_set(v, "bad key", body, len, 2000), KVEDGE_EINVAL);
     assert_int_equal(kvedge_master_seq(fx->master), 3);
+    /* A tenant's model record, tmodel/<tag hex>/<id>, read back by its tag only. */
+    const uint8_t tag[16] = {0x42}, other[16] = {0x43};
+    char hex[KVEDGE_MASTER_TENANT_HEX_BYTES + 1], key[200];
+    kvedge_master_tenant_hex(tag, hex);
+    snprintf(key, sizeof key, "tmodel/%s/opt-125m", hex);
+    assert_int_equal(kvedge_mview_set(v, key, body, len, 2000), 0);
+    assert_int_equal(kvedge_mview_tenant_model(v, tag, "opt-125m", &m2), 0);
+    assert_int_equal(m2.kv_heads, 12);
+    assert_int_equal(kvedge_mview_tenant_model(v, other, "opt-125m", &m2), KVEDGE_ENOTFOUND);
+    assert_int_equal(kvedge_mview_tenant_model(v, NULL, "opt-125m", &m2), KVEDGE_EINVAL);
+    snprintf(key, sizeof key, "tmodel/%s/other", hex);
+    assert_int_equal(kvedge_mview_set(v, key, body, len, 2000), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_master_seq(fx->master), 4);
     kvedge_mview_destroy(&v);
     kvedge_mview_destroy(&v); /* idempotent */
 }
