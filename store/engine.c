@@ -644,6 +644,29 @@ int kvedge_engine_put_model(kvedge_engine_t *e, const kvedge_model_t *model)
     return kvedge_engine_put_tenant_model(e, NULL, model);
 }
 
+int kvedge_engine_copy_model(kvedge_engine_t *dst, kvedge_engine_t *src, const uint8_t *tenant,
+                             const char *id)
+{
+    if (!dst || !src)
+        return KVEDGE_EINVAL;
+    if (!s_id_ok(id))
+        return 0; /* no record can have it */
+    kvedge_model_t m, builtin;
+    if (kvedge_engine_get_tenant_model(dst, tenant, id, &m) == KVEDGE_OK)
+        return 0;
+    int rc = KVEDGE_ENOMODEL;
+    if (s_tenant_named(tenant) && kvedge_model_builtin(id, &builtin) != KVEDGE_OK)
+        rc = s_model_read(src, tenant, id, &m);
+    if (rc == KVEDGE_ENOMODEL) {
+        tenant = NULL;
+        rc = s_model_read(src, NULL, id, &m);
+    }
+    if (rc != KVEDGE_OK)
+        return 0;
+    rc = kvedge_engine_put_tenant_model(dst, tenant, &m);
+    return rc == KVEDGE_OK ? 1 : rc;
+}
+
 int kvedge_engine_model_restore(kvedge_engine_t *e, const void *k, size_t klen, const void *v,
                                 size_t vlen)
 {

@@ -118,6 +118,13 @@ int kvedge_engine_put_tenant_model(kvedge_engine_t *e, const uint8_t *tenant,
  * node-wide one. Errors as kvedge_engine_get_model. */
 int kvedge_engine_get_tenant_model(kvedge_engine_t *e, const uint8_t *tenant, const char *id,
                                    kvedge_model_t *out);
+/* Copies into dst the record src resolves id to for tenant (kvedge_engine_get_tenant_model),
+ * in the namespace it has in src: the tenant's own record stays the tenant's, a node-wide one
+ * stays node-wide. Nothing when dst already resolves id for tenant, src does not, or id is
+ * not a model id. Returns 1 when a record was written, 0 when none was, KVEDGE_EINVAL (NULL
+ * store) or an error of kvedge_engine_put_tenant_model. */
+int kvedge_engine_copy_model(kvedge_engine_t *dst, kvedge_engine_t *src, const uint8_t *tenant,
+                             const char *id);
 /* Calls cb for each node-wide record in id order (list_models), or for every record
  * (list_tenant_models): each tenant's, by tag then id, with its 16-byte tag, then the
  * node-wide ones with tenant NULL. A record that does not parse stops the walk with

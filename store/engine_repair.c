@@ -440,14 +440,10 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
     if (err)
         return kvedge_rocks_error(&err);
     s->rep->chunks_kept++;
-    kvedge_model_t model;
-    if (kvedge_engine_get_tenant_model(s->dst, c.tenant, c.model_id, &model) == KVEDGE_OK ||
-        kvedge_engine_get_tenant_model(s->src, c.tenant, c.model_id, &model) != KVEDGE_OK)
-        return KVEDGE_OK;
-    rc = kvedge_engine_put_tenant_model(s->dst, c.tenant, &model);
-    if (rc == KVEDGE_OK)
+    rc = kvedge_engine_copy_model(s->dst, s->src, c.tenant, c.model_id);
+    if (rc > 0)
         s->rep->models_kept++;
-    return rc;
+    return rc > 0 ? KVEDGE_OK : rc;
 }
 
 /* Readable records of the prefixes, models and quarantine families, in key order up to the

@@ -501,6 +501,39 @@ static void test_repair_keeps_tenant_models(void **state)
     free(blk);
 }
 
+/* A model copied for a chunk keeps its namespace: a tenant's own record stays the tenant's, a
+ * node-wide one stays node-wide (what repair does for a chunk whose model the walk over the
+ * models family did not reach). */
+static void test_copy_model_keeps_namespace(void **state)
+{
+    fx_t *fx = *state;
+    s_open(fx);
+    char path[300];
+    snprintf(path, sizeof path, "%s/dst", fx->dir);
+    kvedge_engine_t *dst = NULL;
+    char why[256];
+    assert_int_equal(kvedge_engine_open(path, NULL, &dst, why, sizeof why), 0);
+    const uint8_t a[16] = {0xa};
+    kvedge_model_t own = {"x", 2, 2, HEAD_DIM, KVEDGE_DTYPE_FP16}, got;
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, &own), 0);
+    /* MODEL is node-wide in fx->e (s_open). */
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, MODEL), 1);
+    assert_int_equal(kvedge_engine_get_model(dst, MODEL, &got), 0);
+    assert_int_equal(got.layers, LAYERS);
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, "x"), 1);
+    assert_int_equal(kvedge_engine_get_tenant_model(dst, a, "x", &got), 0);
+    assert_int_equal(got.layers, 2);
+    assert_int_equal(kvedge_engine_get_model(dst, "x", &got), KVEDGE_ENOMODEL);
+    /* Nothing to do: already there, unknown, or not a model id. */
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, "x"), 0);
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, NULL, "x"), 0);
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, "none"), 0);
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, ""), 0);
+    assert_int_equal(kvedge_engine_copy_model(NULL, fx->e, a, "x"), KVEDGE_EINVAL);
+    kvedge_engine_destroy(&dst);
+    kvedge_engine_destroy(&fx->e);
+}
+
 static void test_repair_errors(void **state)
 {
     fx_t *fx = *state;
@@ -544,6 +577,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_repair_lost_manifest, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_sound_store, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_keeps_tenant_models, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_model_keeps_namespace, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_errors, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
