@@ -98,11 +98,15 @@ int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double 
 int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_us,
                        uint64_t *samples);
 
-/* Registers a model shape on the node (built-in models need not be registered). */
+/* Registers a model shape on the node, in the client's tenant (built-in models need not be
+ * registered; docs/protocol.md, "Model ids and tenants"). Errors: KVEDGE_ESHAPE (the id is
+ * built in, node-wide or already this tenant's, with another shape), KVEDGE_EINVAL, transport
+ * errors. */
 int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model);
 
-/* The node's shape of model id (built-in or registered), registering nothing. Errors:
- * KVEDGE_EINVAL (bad id), KVEDGE_ENOMODEL (the node does not know it), transport errors. */
+/* The shape of model id the client's tenant sees on the node (built in, its own, or
+ * node-wide), registering nothing. Errors: KVEDGE_EINVAL (bad id), KVEDGE_ENOMODEL (none),
+ * transport errors. */
 int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *out);
 
 /* One block to store: the chunk it belongs to (ids as computed by kvedge_chunk_chain with an

@@ -231,9 +231,9 @@ static bool s_model_id_ok(const char *s, size_t len)
     return true;
 }
 
-static bool s_hex_ok(const char *s, size_t len)
+static bool s_hex_ok(const char *s, size_t len, size_t want)
 {
-    if (len != KVEDGE_MASTER_CHUNK_HEX_BYTES)
+    if (len != want)
         return false;
     for (size_t i = 0; i < len; i++)
         if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
@@ -246,9 +246,10 @@ static const struct {
     kvedge_master_space_t space;
     int parts; /* components after the prefix */
 } s_spaces[] = {
-    {"node/", KVEDGE_MASTER_SPACE_NODE, 1},   {"health/", KVEDGE_MASTER_SPACE_HEALTH, 1},
-    {"model/", KVEDGE_MASTER_SPACE_MODEL, 1}, {"map/", KVEDGE_MASTER_SPACE_MAP, 2},
-    {"dir/", KVEDGE_MASTER_SPACE_DIR, 2},     {"link/", KVEDGE_MASTER_SPACE_LINK, 2},
+    {"node/", KVEDGE_MASTER_SPACE_NODE, 1},     {"health/", KVEDGE_MASTER_SPACE_HEALTH, 1},
+    {"model/", KVEDGE_MASTER_SPACE_MODEL, 1},   {"map/", KVEDGE_MASTER_SPACE_MAP, 2},
+    {"dir/", KVEDGE_MASTER_SPACE_DIR, 2},       {"link/", KVEDGE_MASTER_SPACE_LINK, 2},
+    {"tmodel/", KVEDGE_MASTER_SPACE_TMODEL, 2},
 };
 #define S_SPACE_COUNT (sizeof s_spaces / sizeof s_spaces[0])
 
@@ -260,7 +261,10 @@ static bool s_part_ok(kvedge_master_space_t sp, int which, const char *s, size_t
     case KVEDGE_MASTER_SPACE_MAP:
         return s_model_id_ok(s, len);
     case KVEDGE_MASTER_SPACE_DIR:
-        return which == 0 ? s_id_ok(s, len) : s_hex_ok(s, len);
+        return which == 0 ? s_id_ok(s, len) : s_hex_ok(s, len, KVEDGE_MASTER_CHUNK_HEX_BYTES);
+    case KVEDGE_MASTER_SPACE_TMODEL:
+        return which == 0 ? s_hex_ok(s, len, KVEDGE_MASTER_TENANT_HEX_BYTES)
+                          : s_model_id_ok(s, len);
     default:
         return s_id_ok(s, len);
     }
@@ -315,6 +319,16 @@ int kvedge_master_key_format(kvedge_master_space_t space, const char *a, const c
         return n >= 0 && (size_t)n < cap ? KVEDGE_OK : KVEDGE_ENOSPACE;
     }
     return KVEDGE_EINVAL;
+}
+
+void kvedge_master_tenant_hex(const uint8_t tag[16], char out[KVEDGE_MASTER_TENANT_HEX_BYTES + 1])
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = hex[tag[i] >> 4];
+        out[2 * i + 1] = hex[tag[i] & 15];
+    }
+    out[KVEDGE_MASTER_TENANT_HEX_BYTES] = '\0';
 }
 
 void kvedge_master_chunk_hex(const kvedge_chunk_id_t *id,
@@ -670,10 +684,12 @@ int kvedge_master_check_set(const char *key, size_t key_len, const uint8_t *body
     }
     case KVEDGE_MASTER_SPACE_HEALTH:
         return KVEDGE_EDENIED;
-    case KVEDGE_MASTER_SPACE_MODEL: {
+    case KVEDGE_MASTER_SPACE_MODEL:
+    case KVEDGE_MASTER_SPACE_TMODEL: {
         kvedge_model_t m;
         int rc = kvedge_master_model_parse(body, len, &m);
-        return rc != KVEDGE_OK ? rc : strcmp(m.id, k.a) == 0 ? KVEDGE_OK : KVEDGE_EPROTO;
+        const char *id = k.space == KVEDGE_MASTER_SPACE_MODEL ? k.a : k.b;
+        return rc != KVEDGE_OK ? rc : strcmp(m.id, id) == 0 ? KVEDGE_OK : KVEDGE_EPROTO;
     }
     case KVEDGE_MASTER_SPACE_MAP: {
         kvedge_master_map_t *r = malloc(sizeof *r);

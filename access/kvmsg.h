@@ -126,6 +126,7 @@ typedef enum {
     KVEDGE_MASTER_SPACE_MAP,      /* map/<cloud model>/<edge model> */
     KVEDGE_MASTER_SPACE_DIR,      /* dir/<node id>/<chunk id, 64 lowercase hex> */
     KVEDGE_MASTER_SPACE_LINK,     /* link/<from node>/<to node> */
+    KVEDGE_MASTER_SPACE_TMODEL,   /* tmodel/<tenant tag, 32 lowercase hex>/<model id> */
 } kvedge_master_space_t;
 
 /* A key split into its space and components (NUL-terminated). */
@@ -143,6 +144,10 @@ int kvedge_master_key_parse(const char *key, size_t len, kvedge_master_key_t *ou
  * KVEDGE_EINVAL (a component is not allowed there), or KVEDGE_ENOSPACE. */
 int kvedge_master_key_format(kvedge_master_space_t space, const char *a, const char *b, char *out,
                              size_t cap);
+
+/* The 32 lowercase hex digits of a tenant tag (kvedge_tenant_tag), as tmodel keys use them. */
+#define KVEDGE_MASTER_TENANT_HEX_BYTES 32
+void kvedge_master_tenant_hex(const uint8_t tag[16], char out[KVEDGE_MASTER_TENANT_HEX_BYTES + 1]);
 
 /* The 64 lowercase hex digits of a chunk id, as dir keys use them. */
 void kvedge_master_chunk_hex(const kvedge_chunk_id_t *id,

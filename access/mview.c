@@ -1485,6 +1485,19 @@ int kvedge_mview_model(kvedge_mview_t *v, const char *model_id, kvedge_model_t *
     return rc != KVEDGE_OK ? rc : kvedge_master_model_parse(buf, len, out);
 }
 
+int kvedge_mview_tenant_model(kvedge_mview_t *v, const uint8_t tag[16], const char *model_id,
+                              kvedge_model_t *out)
+{
+    if (!tag)
+        return KVEDGE_EINVAL;
+    char hex[KVEDGE_MASTER_TENANT_HEX_BYTES + 1];
+    kvedge_master_tenant_hex(tag, hex);
+    uint8_t buf[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    int rc = s_get_record(v, KVEDGE_MASTER_SPACE_TMODEL, hex, model_id, buf, &len);
+    return rc != KVEDGE_OK ? rc : kvedge_master_model_parse(buf, len, out);
+}
+
 int kvedge_mview_map(kvedge_mview_t *v, const char *cloud_model, const char *edge_model,
                      kvedge_master_map_t *out)
 {

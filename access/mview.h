@@ -149,6 +149,10 @@ int kvedge_mview_heartbeat(kvedge_mview_t *v, const char *id);
 int kvedge_mview_node(kvedge_mview_t *v, const char *id, kvedge_master_node_t *out);
 int kvedge_mview_health(kvedge_mview_t *v, const char *id, kvedge_master_health_t *out);
 int kvedge_mview_model(kvedge_mview_t *v, const char *model_id, kvedge_model_t *out);
+/* The model record a tenant registered on a node (tmodel/<tag hex>/<id>), tag its
+ * kvedge_tenant_tag; errors as kvedge_mview_model. */
+int kvedge_mview_tenant_model(kvedge_mview_t *v, const uint8_t tag[16], const char *model_id,
+                              kvedge_model_t *out);
 int kvedge_mview_map(kvedge_mview_t *v, const char *cloud_model, const char *edge_model,
                      kvedge_master_map_t *out);
 int kvedge_mview_dir(kvedge_mview_t *v, const char *node_id, const kvedge_chunk_id_t *chunk,

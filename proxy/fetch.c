@@ -1091,16 +1091,6 @@ static int s_fetch_quality(kvedge_proxy_impl_t *p, s_fetch_t *f, const char *mod
     return KVEDGE_OK;
 }
 
-/* A model's shape: built-in, else registered with the master. */
-static int s_model(kvedge_proxy_impl_t *p, const char *id, kvedge_model_t *out)
-{
-    if (kvedge_model_builtin(id, out) == KVEDGE_OK)
-        return KVEDGE_OK;
-    if (p->view && kvedge_mview_model(p->view, id, out) == KVEDGE_OK)
-        return KVEDGE_OK;
-    return KVEDGE_ENOMODEL;
-}
-
 /* A MAPPED request: the mapped model's chain, and its shape and map when both can be used.
  * Anything that makes the map unusable is logged (rate-limited) and leaves f->map NULL: the
  * layers are planned as without MAPPED. Returns 0 or KVEDGE_ENOMEM. */
@@ -1116,7 +1106,7 @@ static int s_fetch_mapped(kvedge_proxy_impl_t *p, s_fetch_t *f, const char *edge
         return KVEDGE_ENOMEM;
     memcpy(f->mchunks, ids, (size_t)f->nchunks * KVEDGE_CHUNK_ID_BYTES);
     char why[2 * KVEDGE_WIRE_MODEL_ID_BYTES + 96] = "";
-    int rc = s_model(p, f->mapped_id, &f->mmodel);
+    int rc = kvedge_proxy_impl_model(p, f->mapped_id, &f->mmodel);
     if (rc != KVEDGE_OK)
         snprintf(why, sizeof why, "no shape known for model %s", f->mapped_id);
     else if ((rc = kvedge_proxy_impl_map(p, f->mapped_id, edge, f->map)) == KVEDGE_ENOTFOUND)
@@ -1144,7 +1134,7 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
     s_fetch_t *f = calloc(1, sizeof *f);
     int rc = f ? KVEDGE_OK : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK)
-        rc = s_model(p, spec.model_id, &f->model);
+        rc = kvedge_proxy_impl_model(p, spec.model_id, &f->model);
     if (rc == KVEDGE_OK && (uint32_t)spec.first_layer + spec.layers > f->model.layers)
         rc = KVEDGE_ESHAPE;
     if (rc == KVEDGE_OK) {

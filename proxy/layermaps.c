@@ -16,10 +16,12 @@ static kvedge_log_limit_t s_map_lines = KVEDGE_LOG_LIMIT_INIT(600000, 1, 20);
 /* The same for MAPPED requests that found no usable map: one line per pair of models. */
 static kvedge_log_limit_t s_unusable_lines = KVEDGE_LOG_LIMIT_INIT(600000, 1, 20);
 
-/* A model's shape as the proxy plans it: built in, else registered with the master. */
-static int s_model(kvedge_proxy_impl_t *p, const char *id, kvedge_model_t *out)
+int kvedge_proxy_impl_model(kvedge_proxy_impl_t *p, const char *id, kvedge_model_t *out)
 {
     if (kvedge_model_builtin(id, out) == KVEDGE_OK)
+        return KVEDGE_OK;
+    if (p->view && p->has_tenant &&
+        kvedge_mview_tenant_model(p->view, p->tenant_tag, id, out) == KVEDGE_OK)
         return KVEDGE_OK;
     if (p->view && kvedge_mview_model(p->view, id, out) == KVEDGE_OK)
         return KVEDGE_OK;
@@ -76,9 +78,9 @@ int kvedge_proxy_impl_map(kvedge_proxy_impl_t *p, const char *cloud, const char 
     kvedge_model_t cm, em;
     if (rc != KVEDGE_OK)
         snprintf(why, sizeof why, "not a valid map record (%s)", kvedge_strerror(rc));
-    else if (s_model(p, cloud, &cm) != KVEDGE_OK)
+    else if (kvedge_proxy_impl_model(p, cloud, &cm) != KVEDGE_OK)
         snprintf(why, sizeof why, "no record of model %s to check it against", cloud);
-    else if (s_model(p, edge, &em) != KVEDGE_OK)
+    else if (kvedge_proxy_impl_model(p, edge, &em) != KVEDGE_OK)
         snprintf(why, sizeof why, "no record of model %s to check it against", edge);
     else if (out->cloud_layers != cm.layers)
         snprintf(why, sizeof why, "it has %u cloud layers, model %s has %u", out->cloud_layers,

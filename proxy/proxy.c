@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "access/log.h"
+#include "access/transport.h"
 #include "proxy/proxy_impl.h"
 #include "store/clock.h"
 #include "store/why.h"
@@ -269,6 +270,20 @@ const kvedge_quality_profile_t *kvedge_proxy_impl_quality(const kvedge_proxy_imp
     return NULL;
 }
 
+/* The tenant source nodes file the proxy under, derived as they derive it (access/transport.h):
+ * its certificate's tenant metadata, else the Z85 text of its key. None without a certificate
+ * (plaintext sources file it under the loopback tenant, whose models are node-wide). */
+static void s_tenant(kvedge_proxy_impl_t *p)
+{
+    zcert_t *c = p->cert_path ? zcert_load(p->cert_path) : NULL;
+    if (!c)
+        return;
+    const char *t = zcert_meta(c, "tenant");
+    kvedge_tenant_tag(t && *t ? t : zcert_public_txt(c), p->tenant_tag);
+    p->has_tenant = true;
+    zcert_destroy(&c);
+}
+
 int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, char *why,
                        size_t why_len)
 {
@@ -328,6 +343,8 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
     if (rc == KVEDGE_OK)
         rc = kvedge_secure_router_open(&p->sec, p->opts.bind, opts->insecure, opts->cert,
                                        opts->clients_dir, why, why_len);
+    if (rc == KVEDGE_OK)
+        s_tenant(p);
     for (size_t i = 0; rc == KVEDGE_OK && i < opts->nsources; i++)
         kvedge_proxy_impl_src_add(p, &opts->sources[i]);
     if (rc == KVEDGE_OK && opts->master) {

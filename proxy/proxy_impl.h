@@ -55,6 +55,10 @@ typedef struct {
     kvedge_proxy_opts_t opts;
     char id[KVEDGE_MASTER_MAX_ID_BYTES + 1];
     char *cert_path, *master_key;
+    /* The tenant source nodes file this proxy under (from its certificate), whose own model
+     * records (tmodel/<tag>/<id>) it plans with; none without a certificate. */
+    uint8_t tenant_tag[16];
+    bool has_tenant;
     pthread_mutex_t srcs_mu;
     kvedge_proxy_impl_src_t src[KVEDGE_PROXY_MAX_SOURCES];
     atomic_size_t nsrc;
@@ -191,6 +195,10 @@ void kvedge_proxy_impl_prober_stop(kvedge_proxy_impl_t *p);
  * model's layer from[e] (docs/largesmall.md, "Serving: the proxy"). Any thread. Errors:
  * KVEDGE_EINVAL (NULL, ids that are not registry model ids), KVEDGE_ENOTFOUND (no such map,
  * or no view; not logged), KVEDGE_EPROTO (a map refused). */
+/* A model's shape as the proxy plans it: built in, else the record the proxy's tenant
+ * registered (tmodel/<tag>/<id>), else the node-wide one (model/<id>), as a node resolves it
+ * for that tenant. Returns 0 or KVEDGE_ENOMODEL. */
+int kvedge_proxy_impl_model(kvedge_proxy_impl_t *p, const char *id, kvedge_model_t *out);
 int kvedge_proxy_impl_map(kvedge_proxy_impl_t *p, const char *cloud, const char *edge,
                           kvedge_master_map_t *out);
 

@@ -2,6 +2,7 @@
  * families), its RocksDB primitives, model shapes and statistics. The rest of the contract of
  * store/engine.h lives in store/engine_*.c, sharing store/engine_impl.h. */
 #include "store/engine_impl.h"
+#include "store/engine_debug.h"
 
 #include <dirent.h>
 #include <stdarg.h>
@@ -592,17 +593,12 @@ void kvedge_engine_destroy(kvedge_engine_t **self_p)
 
 /* ---------------------------------------------------------------- models */
 
-/* A model id arrives as a key: check it and make it a C string. */
-static int s_model_from_kv(const char *k, size_t klen, const char *v, size_t vlen,
-                           kvedge_model_t *out)
-{
-    char id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
-    if (klen == 0 || klen > KVEDGE_MODEL_ID_MAX_BYTES || memchr(k, 0, klen) != NULL)
-        return KVEDGE_ECORRUPT;
-    memcpy(id, k, klen);
-    id[klen] = '\0';
-    return kvedge_model_unpack(id, (const uint8_t *)v, vlen, out);
-}
+/* A node-wide record's key is its model id, which never holds a NUL (the layout of every store
+ * written before tenants had namespaces); a tenant's is NUL | tenant tag (16 bytes) | id. The
+ * two never meet, so an older store opens as it is: its records are the node-wide ones. */
+#define S_MODEL_TAG_BYTES    16
+#define S_MODEL_PREFIX_BYTES (1 + S_MODEL_TAG_BYTES)
+#define S_MODEL_KEY_MAX      (S_MODEL_PREFIX_BYTES + KVEDGE_MODEL_ID_MAX_BYTES)
 
 static bool s_id_ok(const char *id)
 {
@@ -616,14 +612,66 @@ static bool s_same_shape(const kvedge_model_t *a, const kvedge_model_t *b)
            a->dtype == b->dtype;
 }
 
+/* A tenant namespace was named: a tag that is not NULL and not all zero. */
+static bool s_tenant_named(const uint8_t *tenant)
+{
+    if (!tenant)
+        return false;
+    for (int i = 0; i < S_MODEL_TAG_BYTES; i++)
+        if (tenant[i])
+            return true;
+    return false;
+}
+
+/* The key of id's record in tenant's namespace (NULL: node-wide); returns its length. */
+static size_t s_model_key(const uint8_t *tenant, const char *id, char out[S_MODEL_KEY_MAX])
+{
+    size_t n = strlen(id), at = 0;
+    if (s_tenant_named(tenant)) {
+        out[0] = '\0';
+        memcpy(out + 1, tenant, S_MODEL_TAG_BYTES);
+        at = S_MODEL_PREFIX_BYTES;
+    }
+    memcpy(out + at, id, n);
+    return at + n;
+}
+
+/* Splits a stored key into its tenant (NULL: node-wide; else points into k) and its id. */
+static int s_model_key_parse(const char *k, size_t klen, const uint8_t **tenant,
+                             char id[KVEDGE_MODEL_ID_MAX_BYTES + 1])
+{
+    *tenant = NULL;
+    if (klen > 0 && k[0] == '\0') {
+        if (klen <= S_MODEL_PREFIX_BYTES)
+            return KVEDGE_ECORRUPT;
+        *tenant = (const uint8_t *)k + 1;
+        k += S_MODEL_PREFIX_BYTES;
+        klen -= S_MODEL_PREFIX_BYTES;
+    }
+    if (klen == 0 || klen > KVEDGE_MODEL_ID_MAX_BYTES || memchr(k, 0, klen) != NULL)
+        return KVEDGE_ECORRUPT;
+    memcpy(id, k, klen);
+    id[klen] = '\0';
+    return KVEDGE_OK;
+}
+
 /* A built-in id always has its built-in shape, even where an older node stored another one
  * for it (registrations used to be able to claim a built-in name). */
-int kvedge_engine_get_model(kvedge_engine_t *e, const char *id, kvedge_model_t *out)
+static void s_builtin_wins(kvedge_model_t *m)
 {
-    if (!e || !s_id_ok(id) || !out)
-        return KVEDGE_EINVAL;
+    kvedge_model_t builtin;
+    if (kvedge_model_builtin(m->id, &builtin) == KVEDGE_OK && !s_same_shape(m, &builtin))
+        *m = builtin;
+}
+
+/* id's record in one namespace: 0, KVEDGE_ENOMODEL, KVEDGE_ECORRUPT or a store error. */
+static int s_model_read(kvedge_engine_t *e, const uint8_t *tenant, const char *id,
+                        kvedge_model_t *out)
+{
+    char key[S_MODEL_KEY_MAX];
+    size_t klen = s_model_key(tenant, id, key);
     rocksdb_pinnableslice_t *p;
-    int rc = s_pget(e, S_CF_MODELS, id, strlen(id), &p);
+    int rc = s_pget(e, S_CF_MODELS, key, klen, &p);
     if (rc == KVEDGE_ENOTFOUND)
         return KVEDGE_ENOMODEL;
     if (rc != KVEDGE_OK)
@@ -632,14 +680,37 @@ int kvedge_engine_get_model(kvedge_engine_t *e, const char *id, kvedge_model_t *
     const uint8_t *v = s_pval(p, &len);
     rc = kvedge_model_unpack(id, v, len, out);
     rocksdb_pinnableslice_destroy(p);
-    kvedge_model_t builtin;
-    if (rc == KVEDGE_OK && kvedge_model_builtin(id, &builtin) == KVEDGE_OK &&
-        !s_same_shape(out, &builtin))
-        *out = builtin;
+    if (rc == KVEDGE_OK)
+        s_builtin_wins(out);
     return rc;
 }
 
-int kvedge_engine_put_model(kvedge_engine_t *e, const kvedge_model_t *model)
+int kvedge_engine_get_model(kvedge_engine_t *e, const char *id, kvedge_model_t *out)
+{
+    if (!e || !s_id_ok(id) || !out)
+        return KVEDGE_EINVAL;
+    return s_model_read(e, NULL, id, out);
+}
+
+int kvedge_engine_get_tenant_model(kvedge_engine_t *e, const uint8_t *tenant, const char *id,
+                                   kvedge_model_t *out)
+{
+    if (!e || !s_id_ok(id) || !out)
+        return KVEDGE_EINVAL;
+    kvedge_model_t builtin; /* never in a tenant's namespace: one lookup, on every put */
+    if (s_tenant_named(tenant) && kvedge_model_builtin(id, &builtin) != KVEDGE_OK) {
+        int rc = s_model_read(e, tenant, id, out);
+        if (rc != KVEDGE_ENOMODEL)
+            return rc;
+    }
+    return s_model_read(e, NULL, id, out);
+}
+
+/* The first registration an id's namespace sees stands: the same shape again answers 0, another
+ * KVEDGE_ESHAPE. A tenant is bound by the node-wide records too (they are what every tenant
+ * sees), and a built-in id is node-wide. */
+int kvedge_engine_put_tenant_model(kvedge_engine_t *e, const uint8_t *tenant,
+                                   const kvedge_model_t *model)
 {
     if (!e || !model || memchr(model->id, 0, sizeof model->id) == NULL)
         return KVEDGE_EINVAL;
@@ -647,26 +718,110 @@ int kvedge_engine_put_model(kvedge_engine_t *e, const kvedge_model_t *model)
     if (rc != KVEDGE_OK)
         return rc;
     kvedge_model_t builtin;
-    if (kvedge_model_builtin(model->id, &builtin) == KVEDGE_OK && !s_same_shape(model, &builtin))
-        return KVEDGE_ESHAPE; /* a built-in name is never another shape */
+    if (kvedge_model_builtin(model->id, &builtin) == KVEDGE_OK) {
+        if (!s_same_shape(model, &builtin))
+            return KVEDGE_ESHAPE; /* a built-in name is never another shape */
+        tenant = NULL;
+    }
     if (e->opts.read_only)
         return KVEDGE_EREADONLY;
     pthread_mutex_lock(&e->models_mu);
     kvedge_model_t old;
-    rc = kvedge_engine_get_model(e, model->id, &old);
+    rc = kvedge_engine_get_tenant_model(e, tenant, model->id, &old);
     if (rc == KVEDGE_OK) {
         if (!s_same_shape(&old, model))
             rc = KVEDGE_ESHAPE; /* records are immutable: the first registration stands */
     } else if (rc == KVEDGE_ENOMODEL || rc == KVEDGE_ECORRUPT) {
         uint8_t rec[KVEDGE_MODEL_RECORD_BYTES];
         kvedge_model_pack(model, rec);
+        char key[S_MODEL_KEY_MAX];
+        size_t klen = s_model_key(tenant, model->id, key);
         char *err = NULL;
-        rocksdb_put_cf(e->db, e->wo, e->cf[S_CF_MODELS], model->id, strlen(model->id),
-                       (const char *)rec, sizeof rec, &err);
+        rocksdb_put_cf(e->db, e->wo, e->cf[S_CF_MODELS], key, klen, (const char *)rec, sizeof rec,
+                       &err);
         rc = err ? kvedge_rocks_error(&err) : KVEDGE_OK;
     }
     pthread_mutex_unlock(&e->models_mu);
     return rc;
+}
+
+int kvedge_engine_put_model(kvedge_engine_t *e, const kvedge_model_t *model)
+{
+    return kvedge_engine_put_tenant_model(e, NULL, model);
+}
+
+int kvedge_engine_copy_model(kvedge_engine_t *dst, kvedge_engine_t *src, const uint8_t *tenant,
+                             const char *id)
+{
+    if (!dst || !src)
+        return KVEDGE_EINVAL;
+    if (!s_id_ok(id))
+        return 0; /* no record can have it */
+    kvedge_model_t m, builtin;
+    if (kvedge_engine_get_tenant_model(dst, tenant, id, &m) == KVEDGE_OK)
+        return 0;
+    int rc = KVEDGE_ENOMODEL;
+    if (s_tenant_named(tenant) && kvedge_model_builtin(id, &builtin) != KVEDGE_OK)
+        rc = s_model_read(src, tenant, id, &m);
+    if (rc == KVEDGE_ENOMODEL) {
+        tenant = NULL;
+        rc = s_model_read(src, NULL, id, &m);
+    }
+    if (rc != KVEDGE_OK)
+        return 0;
+    rc = kvedge_engine_put_tenant_model(dst, tenant, &m);
+    return rc == KVEDGE_OK ? 1 : rc;
+}
+
+int kvedge_engine_model_restore(kvedge_engine_t *e, const void *k, size_t klen, const void *v,
+                                size_t vlen)
+{
+    const uint8_t *tenant;
+    char id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
+    kvedge_model_t m;
+    int rc = s_model_key_parse(k, klen, &tenant, id);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_model_unpack(id, v, vlen, &m);
+    return rc == KVEDGE_OK ? kvedge_engine_put_tenant_model(e, tenant, &m) : KVEDGE_ECORRUPT;
+}
+
+typedef struct {
+    int (*cb)(void *ctx, const kvedge_model_t *model);
+    void *ctx;
+} s_list_wide_t;
+
+static int s_list_wide(void *ctx, const uint8_t *tenant, const kvedge_model_t *model)
+{
+    s_list_wide_t *w = ctx;
+    return tenant ? KVEDGE_OK : w->cb(w->ctx, model);
+}
+
+/* Walks the records from lower (NULL: all), each as kvedge_engine_get_tenant_model answers it. */
+static int s_list(kvedge_engine_t *e, const char *lower, size_t llen,
+                  int (*cb)(void *ctx, const uint8_t *tenant, const kvedge_model_t *model),
+                  void *ctx)
+{
+    rocksdb_readoptions_t *ro;
+    rocksdb_iterator_t *it = kvedge_engine_iter(e, S_CF_MODELS, lower, llen, NULL, 0, &ro);
+    int rc = KVEDGE_OK;
+    for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t klen, vlen;
+        const char *k = rocksdb_iter_key(it, &klen);
+        const char *v = rocksdb_iter_value(it, &vlen);
+        const uint8_t *tenant;
+        char id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
+        kvedge_model_t m;
+        rc = s_model_key_parse(k, klen, &tenant, id);
+        if (rc == KVEDGE_OK)
+            rc = kvedge_model_unpack(id, (const uint8_t *)v, vlen, &m);
+        if (rc == KVEDGE_OK) {
+            s_builtin_wins(&m);
+            rc = cb(ctx, tenant, &m);
+        }
+        if (rc != KVEDGE_OK)
+            break;
+    }
+    return kvedge_engine_iter_close(it, ro, rc);
 }
 
 int kvedge_engine_list_models(kvedge_engine_t *e, int (*cb)(void *ctx, const kvedge_model_t *model),
@@ -674,24 +829,30 @@ int kvedge_engine_list_models(kvedge_engine_t *e, int (*cb)(void *ctx, const kve
 {
     if (!e || !cb)
         return KVEDGE_EINVAL;
-    rocksdb_readoptions_t *ro;
-    rocksdb_iterator_t *it = kvedge_engine_iter(e, S_CF_MODELS, NULL, 0, NULL, 0, &ro);
-    int rc = KVEDGE_OK;
-    for (; rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
-        size_t klen, vlen;
-        const char *k = rocksdb_iter_key(it, &klen);
-        const char *v = rocksdb_iter_value(it, &vlen);
-        kvedge_model_t m;
-        rc = s_model_from_kv(k, klen, v, vlen, &m);
-        kvedge_model_t builtin;
-        if (rc == KVEDGE_OK && kvedge_model_builtin(m.id, &builtin) == KVEDGE_OK)
-            m = builtin; /* as kvedge_engine_get_model answers */
-        if (rc == KVEDGE_OK)
-            rc = cb(ctx, &m);
-        if (rc != KVEDGE_OK)
-            break;
-    }
-    return kvedge_engine_iter_close(it, ro, rc);
+    s_list_wide_t w = {cb, ctx};
+    return s_list(e, "\x01", 1, s_list_wide, &w); /* past every tenant's key */
+}
+
+int kvedge_engine_list_tenant_models(kvedge_engine_t *e,
+                                     int (*cb)(void *ctx, const uint8_t *tenant,
+                                               const kvedge_model_t *model),
+                                     void *ctx)
+{
+    if (!e || !cb)
+        return KVEDGE_EINVAL;
+    return s_list(e, NULL, 0, cb, ctx);
+}
+
+int kvedge_engine_debug_put_model_record(kvedge_engine_t *e, const void *key, size_t klen,
+                                         const uint8_t *rec, size_t len)
+{
+    if (!e || !key || klen == 0 || !rec)
+        return KVEDGE_EINVAL;
+    if (e->opts.read_only)
+        return KVEDGE_EREADONLY;
+    char *err = NULL;
+    rocksdb_put_cf(e->db, e->wo, e->cf[S_CF_MODELS], key, klen, (const char *)rec, len, &err);
+    return err ? kvedge_rocks_error(&err) : KVEDGE_OK;
 }
 
 /* ---------------------------------------------------------------- stats */

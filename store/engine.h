@@ -122,16 +122,53 @@ int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge
  * idempotent, nulls *self_p. */
 void kvedge_engine_destroy(kvedge_engine_t **self_p);
 
-/* Registers a model shape. Records are immutable once registered, and built-in ids are
- * reserved for their built-in shape: idempotent for the same shape; KVEDGE_ESHAPE if the id
- * is a built-in or is taken with a different shape (nothing changes then). */
+/* Model records live in namespaces. The node-wide one holds the records of local use and of
+ * the node's plaintext loopback clients, and every record of a store written before tenants
+ * had namespaces; each tenant tag (kvedge_chunk_info_t.tenant) has its own. A tenant sees its
+ * own records, then the node-wide ones: built-in ids have their built-in shape everywhere, a
+ * node-wide record binds its id for every tenant, and any other id is free for each tenant to
+ * bind in its own namespace. Records are immutable once registered.
+ *
+ * Registers a shape in the node-wide namespace: idempotent for the same shape; KVEDGE_ESHAPE
+ * if the id is a built-in or is taken with a different shape (nothing changes then). Other
+ * errors: KVEDGE_EINVAL, KVEDGE_ETOOBIG (kvedge_model_check), KVEDGE_EREADONLY, store
+ * errors. */
 int kvedge_engine_put_model(kvedge_engine_t *e, const kvedge_model_t *model);
+/* The node-wide record of id (a built-in id answers its built-in shape once a record exists,
+ * whatever the record says). Errors: KVEDGE_EINVAL, KVEDGE_ENOMODEL, KVEDGE_ECORRUPT, store
+ * errors. */
 int kvedge_engine_get_model(kvedge_engine_t *e, const char *id, kvedge_model_t *out);
+/* Registers a shape in tenant's namespace (NULL or all zero: the node-wide one, as
+ * kvedge_engine_put_model). A built-in id is registered node-wide. KVEDGE_ESHAPE when the
+ * id is built in, bound node-wide or bound by this tenant with a different shape; errors
+ * otherwise as kvedge_engine_put_model. */
+int kvedge_engine_put_tenant_model(kvedge_engine_t *e, const uint8_t *tenant,
+                                   const kvedge_model_t *model);
+/* The shape tenant (NULL or all zero: node-wide only) sees for id: its own record, else the
+ * node-wide one. Errors as kvedge_engine_get_model. */
+int kvedge_engine_get_tenant_model(kvedge_engine_t *e, const uint8_t *tenant, const char *id,
+                                   kvedge_model_t *out);
+/* Copies into dst the record src resolves id to for tenant (kvedge_engine_get_tenant_model),
+ * in the namespace it has in src: the tenant's own record stays the tenant's, a node-wide one
+ * stays node-wide. Nothing when dst already resolves id for tenant, src does not, or id is
+ * not a model id. Returns 1 when a record was written, 0 when none was, KVEDGE_EINVAL (NULL
+ * store) or an error of kvedge_engine_put_tenant_model. */
+int kvedge_engine_copy_model(kvedge_engine_t *dst, kvedge_engine_t *src, const uint8_t *tenant,
+                             const char *id);
+/* Calls cb for each node-wide record in id order (list_models), or for every record
+ * (list_tenant_models): each tenant's, by tag then id, with its 16-byte tag, then the
+ * node-wide ones with tenant NULL. A record that does not parse stops the walk with
+ * KVEDGE_ECORRUPT; a nonzero cb return stops it and is returned. */
 int kvedge_engine_list_models(kvedge_engine_t *e, int (*cb)(void *ctx, const kvedge_model_t *model),
                               void *ctx);
+int kvedge_engine_list_tenant_models(kvedge_engine_t *e,
+                                     int (*cb)(void *ctx, const uint8_t *tenant,
+                                               const kvedge_model_t *model),
+                                     void *ctx);
 
 /* Stores one block (data and metadata in one write batch), registering its chunk. The block
- * is verified first; its model must be registered, layer/head inside the model's shape, its
+ * is verified first; its model must be registered for the chunk's tenant
+ * (kvedge_engine_get_tenant_model with chunk->tenant), layer/head inside that shape, its
  * head_dim the model's and its token count the chunk's. Evicts least-recently-used unpinned
  * blocks when over capacity. opts may be NULL.
  * Errors: codec errors of kvedge_block_parse, KVEDGE_ENOMODEL, KVEDGE_ESHAPE (shape or chunk

@@ -32,6 +32,12 @@ enum {
 };
 void kvedge_engine_debug_repair_fault(int fault);
 
+/* Writes bytes into the models family under any key, bypassing every check: how a test builds
+ * a store in an older record layout (a node-wide record's key is the bare model id, its value
+ * kvedge_model_pack's). Errors: KVEDGE_EINVAL, KVEDGE_EREADONLY, store errors. */
+int kvedge_engine_debug_put_model_record(kvedge_engine_t *e, const void *key, size_t klen,
+                                         const uint8_t *rec, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

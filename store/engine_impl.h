@@ -267,6 +267,13 @@ static inline int s_write(kvedge_engine_t *e, rocksdb_writebatch_t *b)
     return rc;
 }
 
+/* Registers one stored record of the models family (either key layout: a node-wide id, or a
+ * tenant's NUL | tag | id) in e, as kvedge_engine_put_tenant_model does; repair carries
+ * records over with it. Returns KVEDGE_ECORRUPT for a record that does not parse, else as
+ * kvedge_engine_put_tenant_model. */
+int kvedge_engine_model_restore(kvedge_engine_t *e, const void *k, size_t klen, const void *v,
+                                size_t vlen);
+
 /* Zero-copy point lookup under ro. Returns 0 with *out set, KVEDGE_ENOTFOUND, or a store
  * error (KVEDGE_ECORRUPT for a value RocksDB cannot read back intact). */
 int kvedge_engine_pget(kvedge_engine_t *e, const rocksdb_readoptions_t *ro, int cf, const void *key,

@@ -190,7 +190,7 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
     if (cap && len > cap)
         return KVEDGE_ETOOBIG;
     kvedge_model_t model;
-    rc = kvedge_engine_get_model(e, chunk->model_id, &model);
+    rc = kvedge_engine_get_tenant_model(e, chunk->tenant, chunk->model_id, &model);
     if (rc != KVEDGE_OK)
         return rc == KVEDGE_EINVAL ? KVEDGE_ENOMODEL : rc;
     if (layer >= model.layers || head >= model.kv_heads || info.head_dim != model.head_dim ||

@@ -473,6 +473,7 @@ typedef struct {
     bool mixed; /* blocks that disagree on tokens, head dim or dtype */
     kvedge_model_t fit, exact;
     int n_fit, n_exact;
+    bool tenant_fit; /* a tenant's own record fits */
 } s_shape_t;
 
 /* Counts the models that fit exactly (layers and heads as kept) and loosely (at least). */
@@ -493,9 +494,15 @@ static void s_shape_fit(s_shape_t *sh, const kvedge_model_t *m)
     sh->n_fit++;
 }
 
-static int s_shape_model_cb(void *ctx, const kvedge_model_t *m)
+/* Every record counts toward the fits; a tenant's own record marks the fit as one a rebuilt
+ * record (which no tenant owns) could not resolve. */
+static int s_shape_model_cb(void *ctx, const uint8_t *tenant, const kvedge_model_t *m)
 {
-    s_shape_fit(ctx, m);
+    s_shape_t *sh = ctx;
+    int exact = sh->n_exact, fit = sh->n_fit;
+    s_shape_fit(sh, m);
+    if (tenant && (sh->n_exact != exact || sh->n_fit != fit))
+        sh->tenant_fit = true;
     return KVEDGE_OK;
 }
 
@@ -539,7 +546,7 @@ static int s_rebuild_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
         const kvedge_model_t *b = kvedge_model_builtins(&n_builtin);
         for (size_t i = 0; i < n_builtin; i++)
             s_shape_fit(&sh, &b[i]);
-        rc = kvedge_engine_list_models(s->dst, s_shape_model_cb, &sh);
+        rc = kvedge_engine_list_tenant_models(s->dst, s_shape_model_cb, &sh);
         if (rc == KVEDGE_ENOMEM)
             return rc;
     }
@@ -547,7 +554,7 @@ static int s_rebuild_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
     const kvedge_model_t *fit = sh.n_exact == 1                    ? &sh.exact
                                 : sh.n_exact == 0 && sh.n_fit == 1 ? &sh.fit
                                                                    : NULL;
-    if (rc != KVEDGE_OK || !any || sh.mixed || !fit || !s->models_whole) {
+    if (rc != KVEDGE_OK || !any || sh.mixed || !fit || sh.tenant_fit || !s->models_whole) {
         s->rep->chunks_lost++;
         return KVEDGE_OK;
     }
@@ -591,17 +598,14 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
     if (err)
         return kvedge_rocks_error(&err);
     s->rep->chunks_kept++;
-    kvedge_model_t model;
-    if (kvedge_engine_get_model(s->dst, c.model_id, &model) == KVEDGE_OK)
-        return KVEDGE_OK;
-    if (kvedge_engine_get_model(s->src, c.model_id, &model) != KVEDGE_OK) {
-        s->rep->models_lost++; /* its blocks are kept; the node cannot tell their shape */
-        return KVEDGE_OK;
-    }
-    rc = kvedge_engine_put_model(s->dst, &model);
-    if (rc == KVEDGE_OK)
+    rc = kvedge_engine_copy_model(s->dst, s->src, c.tenant, c.model_id);
+    kvedge_model_t have;
+    if (rc > 0)
         s->rep->models_kept++;
-    return rc;
+    else if (rc == 0 &&
+             kvedge_engine_get_tenant_model(s->dst, c.tenant, c.model_id, &have) != KVEDGE_OK)
+        s->rep->models_lost++; /* its blocks are kept; the node cannot tell their shape */
+    return rc > 0 ? KVEDGE_OK : rc;
 }
 
 /* Readable records of the prefixes, models and quarantine families, in key order up to the
@@ -623,23 +627,13 @@ static int s_copy_records(s_salvage_t *s, int cf)
                                             &c) == KVEDGE_OK)
                 rc = s_copy_chunk(s, &c.id);
         } else if (cf == S_CF_MODELS) {
-            char id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
-            kvedge_model_t m;
-            if (klen == 0 || klen > KVEDGE_MODEL_ID_MAX_BYTES || memchr(k, 0, klen)) {
+            rc = kvedge_engine_model_restore(s->dst, k, klen, v, vlen);
+            if (rc == KVEDGE_ECORRUPT)
                 s->models_whole = false;
-                continue;
-            }
-            memcpy(id, k, klen);
-            id[klen] = '\0';
-            if (kvedge_model_unpack(id, (const uint8_t *)v, vlen, &m) != KVEDGE_OK) {
-                s->models_whole = false;
-                continue;
-            }
-            rc = kvedge_engine_put_model(s->dst, &m);
             if (rc == KVEDGE_OK)
                 s->rep->models_kept++;
-            else if (rc == KVEDGE_ESHAPE)
-                rc = KVEDGE_OK; /* already carried over with a chunk */
+            else if (rc == KVEDGE_ESHAPE || rc == KVEDGE_ECORRUPT)
+                rc = KVEDGE_OK; /* already carried over with a chunk, or unreadable */
         } else if (klen == KVEDGE_BLOCK_KEY_BYTES || klen == S_VARIANT_KEY_BYTES) {
             /* A block's entry, or a variant's (block key | rung). */
             rocksdb_pinnableslice_t *p;

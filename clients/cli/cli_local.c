@@ -215,7 +215,8 @@ static int s_cmd_inspect(kvedge_cli_t *cli, int argc, char **argv)
             j++;
         if (j == nm) {
             m[nm].model = c.rows[i].info.model_id;
-            if (kvedge_engine_get_model(e, m[nm].model, &m[nm].shape) != KVEDGE_OK)
+            if (kvedge_engine_get_tenant_model(e, c.rows[i].info.tenant, m[nm].model,
+                                               &m[nm].shape) != KVEDGE_OK)
                 memset(&m[nm].shape, 0, sizeof m[nm].shape);
             nm++;
         }
@@ -456,7 +457,7 @@ static int s_cmd_show(kvedge_cli_t *cli, int argc, char **argv)
     }
     kvedge_model_t m; /* a layer past the model is a mistake, not an empty table */
     if (s.layer >= 0 &&
-        (kvedge_engine_get_model(s.e, info.model_id, &m) == KVEDGE_OK ||
+        (kvedge_engine_get_tenant_model(s.e, info.tenant, info.model_id, &m) == KVEDGE_OK ||
          kvedge_model_builtin(info.model_id, &m) == KVEDGE_OK) &&
         (uint32_t)s.layer >= m.layers) {
         kvedge_cli_error("show: --layer %d is past the %u layers of %s (0 to %u)", s.layer,
@@ -1307,19 +1308,30 @@ static void s_print_model(s_models_t *s, const kvedge_model_t *m, const char *so
     s->n++;
 }
 
-static int s_registered_model(void *ctx, const kvedge_model_t *m)
+/* A registered record: node-wide ("registered"), or a tenant's own ("tenant:" and its tag in
+ * hex, as the master's tmodel/ keys say it). */
+static int s_registered_model(void *ctx, const uint8_t *tenant, const kvedge_model_t *m)
 {
     kvedge_model_t b;
-    if (kvedge_model_builtin(m->id, &b) != KVEDGE_OK)
-        s_print_model(ctx, m, "registered");
+    if (kvedge_model_builtin(m->id, &b) == KVEDGE_OK)
+        return 0;
+    char source[8 + 32 + 1] = "registered";
+    if (tenant) {
+        int at = snprintf(source, sizeof source, "tenant:");
+        for (int i = 0; i < 16; i++)
+            at += snprintf(source + at, sizeof source - (size_t)at, "%02x", tenant[i]);
+    }
+    s_print_model(ctx, m, source);
     return 0;
 }
 
 static int s_cmd_models(kvedge_cli_t *cli, int argc, char **argv)
 {
-    int ex = s_no_options(s_cmd("models"), argc, argv, 0,
-                          "Lists the built-in model shapes and any other model registered in the\n"
-                          "store (when the store exists).\n");
+    int ex =
+        s_no_options(s_cmd("models"), argc, argv, 0,
+                     "Lists the built-in model shapes and any other model registered in the\n"
+                     "store (when the store exists): node-wide ones as registered, a tenant's\n"
+                     "own as tenant:TAG (its tenant tag in hex).\n");
     if (ex >= 0)
         return ex;
     s_models_t s = {cli->json, 0};
@@ -1338,7 +1350,7 @@ static int s_cmd_models(kvedge_cli_t *cli, int argc, char **argv)
     opts.read_only = true;
     kvedge_engine_t *e;
     if (kvedge_engine_open(cli->data_dir, &opts, &e, NULL, 0) == KVEDGE_OK) {
-        kvedge_engine_list_models(e, s_registered_model, &s);
+        kvedge_engine_list_tenant_models(e, s_registered_model, &s);
         kvedge_engine_destroy(&e);
     }
     if (cli->json)

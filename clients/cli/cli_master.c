@@ -120,7 +120,8 @@ static void s_print_value(bool json, const char *key, const uint8_t *body, size_
             printf("%llu", (unsigned long long)r.changed_ms);
             break;
         }
-        case KVEDGE_MASTER_SPACE_MODEL: {
+        case KVEDGE_MASTER_SPACE_MODEL:
+        case KVEDGE_MASTER_SPACE_TMODEL: {
             kvedge_model_t r;
             if ((rc = kvedge_master_model_parse(body, len, &r)) != KVEDGE_OK)
                 break;

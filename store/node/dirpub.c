@@ -265,30 +265,41 @@ void kvedge_dirpub_registration(kvedge_dirpub_t *d, kvedge_dirpub_reg_t *out)
 
 /* Registers the shape of a model this node holds blocks of, once per node run (and again
  * when the registry lost this node's records), unless it is built in (every proxy knows
- * those): a proxy can then plan fetches of a model it was never told about. Returns 1 when a
- * record was written. */
-static int s_keep_model(kvedge_dirpub_t *d, const kvedge_model_t *m)
+ * those): a proxy can then plan fetches of a model it was never told about. A shape the
+ * chunk's tenant registered for itself (not the node-wide one) goes under
+ * tmodel/<tenant tag>/<id>, where only proxies of that tenant look. Returns 1 when a record
+ * was written. */
+static int s_keep_model(kvedge_dirpub_t *d, const kvedge_chunk_info_t *ci, const kvedge_model_t *m)
 {
-    kvedge_model_t builtin;
-    const kvedge_model_t *sent = zhashx_lookup(d->models, m->id);
-    if (kvedge_model_builtin(m->id, &builtin) == KVEDGE_OK ||
-        (sent && sent->layers == m->layers && sent->kv_heads == m->kv_heads &&
-         sent->head_dim == m->head_dim && sent->dtype == m->dtype))
+    kvedge_model_t builtin, wide;
+    if (kvedge_model_builtin(m->id, &builtin) == KVEDGE_OK)
+        return 0;
+    bool own = kvedge_engine_get_model(d->opts.engine, m->id, &wide) != KVEDGE_OK ||
+               wide.layers != m->layers || wide.kv_heads != m->kv_heads ||
+               wide.head_dim != m->head_dim || wide.dtype != m->dtype;
+    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    char hex[KVEDGE_MASTER_TENANT_HEX_BYTES + 1];
+    kvedge_master_tenant_hex(ci->tenant, hex);
+    int rc =
+        own ? kvedge_master_key_format(KVEDGE_MASTER_SPACE_TMODEL, hex, m->id, key, sizeof key)
+            : kvedge_master_key_format(KVEDGE_MASTER_SPACE_MODEL, m->id, NULL, key, sizeof key);
+    if (rc != KVEDGE_OK)
+        return 0; /* an id the registry cannot address */
+    const kvedge_model_t *sent = zhashx_lookup(d->models, key);
+    if (sent && sent->layers == m->layers && sent->kv_heads == m->kv_heads &&
+        sent->head_dim == m->head_dim && sent->dtype == m->dtype)
         return 0;
     uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
     size_t len;
-    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
-    if (kvedge_master_model_pack(m, body, &len) != KVEDGE_OK ||
-        kvedge_master_key_format(KVEDGE_MASTER_SPACE_MODEL, m->id, NULL, key, sizeof key) !=
-            KVEDGE_OK)
-        return 0; /* an id the registry cannot address */
+    if (kvedge_master_model_pack(m, body, &len) != KVEDGE_OK)
+        return 0;
     kvedge_model_t *copy = malloc(sizeof *copy);
     if (!copy || s_set(d, key, body, len) != KVEDGE_OK) {
         free(copy);
         return 0;
     }
     *copy = *m;
-    zhashx_update(d->models, m->id, copy);
+    zhashx_update(d->models, key, copy);
     return 1;
 }
 
@@ -314,10 +325,11 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
             size_t idlen = strlen(ci->model_id);
             if (idlen > KVEDGE_MASTER_MAX_MODEL_ID_BYTES)
                 continue; /* not addressable in the registry */
-            if (kvedge_engine_get_model(d->opts.engine, ci->model_id, &m) != KVEDGE_OK &&
+            if (kvedge_engine_get_tenant_model(d->opts.engine, ci->tenant, ci->model_id, &m) !=
+                    KVEDGE_OK &&
                 kvedge_model_builtin(ci->model_id, &m) != KVEDGE_OK)
                 continue; /* no shape: no way to say which layers are complete */
-            n_changed += (uint32_t)s_keep_model(d, &m);
+            n_changed += (uint32_t)s_keep_model(d, ci, &m);
             s_counts_t *counts = calloc(1, sizeof *counts);
             if (!counts)
                 break;
@@ -348,6 +360,9 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
             /* Two tenants with the same tokens: one record says what any of them holds. */
             kvedge_master_dir_t *prev_now = zhashx_lookup(now, hex);
             if (prev_now) {
+                /* Their models may differ (model ids are per tenant): the larger count. */
+                if (prev_now->layers > rec.layers)
+                    rec.layers = prev_now->layers;
                 for (size_t b = 0; b < sizeof rec.held; b++)
                     rec.held[b] |= prev_now->held[b];
                 if (prev_now->rungs != rec.rungs)

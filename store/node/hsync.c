@@ -153,7 +153,7 @@ static void s_local_chain(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub
             max_steps = (uint64_t)info.index + 1;
         s_add_held(engine, &id, st);
         kvedge_model_t m;
-        if (kvedge_engine_get_model(engine, info.model_id, &m) == KVEDGE_OK ||
+        if (kvedge_engine_get_tenant_model(engine, info.tenant, info.model_id, &m) == KVEDGE_OK ||
             kvedge_model_builtin(info.model_id, &m) == KVEDGE_OK) {
             s_local_t have = {0, 0, 0, 0, 0};
             s_range(sub, &m, &have.first_layer, &have.end_layer);
@@ -209,18 +209,23 @@ static void s_on_done(void *ctx, int status, uint32_t heads)
 }
 
 /* Copies layers [first, end) of one chunk; returns 0 or the first error. */
-/* The chunk's model: the engine's, else a built-in one, else the cloud's (a model its
- * prefill registered there), registered here before the first block is stored. */
-static int s_model(kvedge_client_t *c, kvedge_engine_t *engine, const kvedge_chunk_entry_t *e,
-                   kvedge_model_t *m)
+/* The chunk's model as the local tenant (tag) sees it: the engine's, else a built-in one, else
+ * the cloud's (a model its prefill registered there, in the tenant this edge's key has on
+ * the cloud), registered here before the first block is stored: in the local tenant's
+ * namespace, or node-wide for the loopback tenant (as its MODEL calls would). */
+static int s_model(kvedge_client_t *c, kvedge_engine_t *engine, const uint8_t tag[16],
+                   const kvedge_chunk_entry_t *e, kvedge_model_t *m)
 {
-    int rc = kvedge_engine_get_model(engine, e->chunk.model_id, m);
+    int rc = kvedge_engine_get_tenant_model(engine, tag, e->chunk.model_id, m);
     if (rc == KVEDGE_OK)
         return rc;
     rc = kvedge_model_builtin(e->chunk.model_id, m);
     if (rc != KVEDGE_OK)
         rc = kvedge_client_get_model(c, e->chunk.model_id, m);
-    return rc == KVEDGE_OK ? kvedge_engine_put_model(engine, m) : rc;
+    uint8_t loopback[16];
+    kvedge_tenant_tag(KVEDGE_LOOPBACK_TENANT, loopback);
+    const uint8_t *ns = memcmp(tag, loopback, 16) == 0 ? NULL : tag;
+    return rc == KVEDGE_OK ? kvedge_engine_put_tenant_model(engine, ns, m) : rc;
 }
 
 /* The subscription's layer range within m: [*first, *end). */
@@ -328,7 +333,7 @@ int kvedge_hsync_run(kvedge_engine_t *engine, const kvedge_hsync_sub_t *sub, int
         kvedge_chunk_id_t stored;
         kvedge_tenant_chunk_id(tag, &e->chunk.id, &stored);
         kvedge_model_t m;
-        rc = s_model(c, engine, e, &m);
+        rc = s_model(c, engine, tag, e, &m);
         if (rc != KVEDGE_OK)
             break;
         s_local_t have = {0, 0, 0, 0, 0};

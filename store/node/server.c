@@ -227,7 +227,15 @@ static void s_send(s_node_t *n, zmsg_t **m)
 
 static uint32_t s_model_heads(kvedge_engine_t *e, const kvedge_chunk_info_t *c, kvedge_model_t *m)
 {
-    return kvedge_engine_get_model(e, c->model_id, m) == KVEDGE_OK ? m->kv_heads : 0;
+    return kvedge_engine_get_tenant_model(e, c->tenant, c->model_id, m) == KVEDGE_OK ? m->kv_heads
+                                                                                     : 0;
+}
+
+/* The namespace a tenant's MODEL registers in: its own, except for plaintext loopback clients
+ * (the operator's machine), whose registrations are node-wide as they always were. */
+static const uint8_t *s_model_ns(const s_node_t *n, const uint8_t tag[16])
+{
+    return memcmp(tag, n->loopback_tag, 16) == 0 ? NULL : tag;
 }
 
 /* Registers a built-in model on first use, so clients need no MODEL call for them. */
@@ -564,23 +572,25 @@ static void s_do_evict(s_node_t *n, bool admin, const kvedge_wire_header_t *h,
                         (unsigned long long)bytes, rc ? " (pinned blocks remain over target)" : "");
 }
 
-/* Model records are node-wide and immutable: a registration of an id the node knows (built
- * in, or registered by any tenant) with another shape is refused with KVEDGE_ESHAPE, so no
- * tenant can change what another stores or reads under that id. A query tells the shape. */
-static void s_do_model(s_node_t *n, const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
-                       zmsg_t *reply)
+/* Model records are immutable and namespaced per tenant: a tenant registers ids in its own
+ * namespace, so no tenant can claim an id for another; built-in ids and the node-wide records
+ * (plaintext loopback clients', and those of a store written before namespaces) bind their id
+ * for every tenant, and a registration with another shape than the one the tenant sees is
+ * refused with KVEDGE_ESHAPE. A query tells the shape the tenant sees. */
+static void s_do_model(s_node_t *n, const uint8_t tag[16], const kvedge_wire_header_t *h,
+                       const kvedge_wire_frame_t *pf, zmsg_t *reply)
 {
     kvedge_model_t m, have;
     int rc;
     if (kvedge_wire_model_query_parse(pf[0].data, pf[0].len, m.id) == KVEDGE_OK) {
         s_ensure_builtin_model(n->opts.engine, m.id); /* a query: register nothing else */
-        rc = kvedge_engine_get_model(n->opts.engine, m.id, &have);
+        rc = kvedge_engine_get_tenant_model(n->opts.engine, tag, m.id, &have);
     } else {
         rc = kvedge_wire_model_parse(pf[0].data, pf[0].len, &m);
         if (rc == KVEDGE_OK)
-            rc = kvedge_engine_put_model(n->opts.engine, &m);
-        if (rc == KVEDGE_OK)
-            rc = kvedge_engine_get_model(n->opts.engine, m.id, &have); /* the node's shape */
+            rc = kvedge_engine_put_tenant_model(n->opts.engine, s_model_ns(n, tag), &m);
+        if (rc == KVEDGE_OK) /* the shape the tenant now sees */
+            rc = kvedge_engine_get_tenant_model(n->opts.engine, tag, m.id, &have);
     }
     zframe_t *hdr = s_header_frame(KVEDGE_OP_MODEL, KVEDGE_WIRE_FLAG_REPLY, h->request_id, rc, 0);
     zmsg_append(reply, &hdr);
@@ -635,7 +645,7 @@ static zmsg_t *s_run_request(s_node_t *n, size_t shard, zmsg_t *job)
             s_do_chunks(n, tag, &h, pf, reply);
             break;
         case KVEDGE_OP_MODEL:
-            s_do_model(n, &h, pf, reply);
+            s_do_model(n, tag, &h, pf, reply);
             break;
         case KVEDGE_OP_EVICT:
             s_do_evict(n, admin, &h, pf, reply);

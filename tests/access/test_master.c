@@ -319,6 +319,31 @@ static void test_keys_and_kvmsg(void **state)
                      0);
     assert_int_equal(kvedge_master_key_parse(key, strlen(key), &k), 0);
     assert_int_equal(k.space, KVEDGE_MASTER_SPACE_DIR);
+    /* tmodel/<tenant tag hex>/<model id>: a tenant's model record, its id the key's. */
+    const uint8_t tag[16] = {0x01, 0xfe};
+    char thex[KVEDGE_MASTER_TENANT_HEX_BYTES + 1];
+    kvedge_master_tenant_hex(tag, thex);
+    assert_string_equal(thex, "01fe0000000000000000000000000000");
+    assert_int_equal(
+        kvedge_master_key_format(KVEDGE_MASTER_SPACE_TMODEL, thex, "acme.m", key, sizeof key), 0);
+    assert_string_equal(key, "tmodel/01fe0000000000000000000000000000/acme.m");
+    assert_int_equal(kvedge_master_key_parse(key, strlen(key), &k), 0);
+    assert_int_equal(k.space, KVEDGE_MASTER_SPACE_TMODEL);
+    assert_string_equal(k.a, thex);
+    assert_string_equal(k.b, "acme.m");
+    assert_int_equal(kvedge_master_key_parse("tmodel/01fe/m", 13, &k), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_master_key_parse("tmodel/m", 8, &k), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_master_key_parse("tmodel/01FE0000000000000000000000000000/m", 40, &k),
+                     KVEDGE_EINVAL);
+    kvedge_model_t tm = {
+        .id = "acme.m", .layers = 2, .kv_heads = 2, .head_dim = 64, .dtype = KVEDGE_DTYPE_FP16};
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t blen;
+    assert_int_equal(kvedge_master_model_pack(&tm, body, &blen), 0);
+    assert_int_equal(kvedge_master_check_set(key, strlen(key), body, blen), 0);
+    snprintf(tm.id, sizeof tm.id, "other");
+    assert_int_equal(kvedge_master_model_pack(&tm, body, &blen), 0);
+    assert_int_equal(kvedge_master_check_set(key, strlen(key), body, blen), KVEDGE_EPROTO);
     assert_int_equal(kvedge_master_key_format(KVEDGE_MASTER_SPACE_NODE, "a/b", NULL, key, 256),
                      KVEDGE_EINVAL);
     assert_int_equal(kvedge_master_key_format(KVEDGE_MASTER_SPACE_NODE, "a", NULL, key, 4),
@@ -410,6 +435,19 @@ static void test_set_get(void **state)
     assert_int_equal(kvedge_mview_set(v, "bogus/x", body, len, 2000), KVEDGE_EINVAL);
     assert_int_equal(kvedge_mview_set(v, "bad key", body, len, 2000), KVEDGE_EINVAL);
     assert_int_equal(kvedge_master_seq(fx->master), 3);
+    /* A tenant's model record, tmodel/<tag hex>/<id>, read back by its tag only. */
+    const uint8_t tag[16] = {0x42}, other[16] = {0x43};
+    char hex[KVEDGE_MASTER_TENANT_HEX_BYTES + 1], key[200];
+    kvedge_master_tenant_hex(tag, hex);
+    snprintf(key, sizeof key, "tmodel/%s/opt-125m", hex);
+    assert_int_equal(kvedge_mview_set(v, key, body, len, 2000), 0);
+    assert_int_equal(kvedge_mview_tenant_model(v, tag, "opt-125m", &m2), 0);
+    assert_int_equal(m2.kv_heads, 12);
+    assert_int_equal(kvedge_mview_tenant_model(v, other, "opt-125m", &m2), KVEDGE_ENOTFOUND);
+    assert_int_equal(kvedge_mview_tenant_model(v, NULL, "opt-125m", &m2), KVEDGE_EINVAL);
+    snprintf(key, sizeof key, "tmodel/%s/other", hex);
+    assert_int_equal(kvedge_mview_set(v, key, body, len, 2000), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_master_seq(fx->master), 4);
     kvedge_mview_destroy(&v);
     kvedge_mview_destroy(&v); /* idempotent */
 }

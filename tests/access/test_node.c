@@ -26,6 +26,7 @@
 #include "store/node/node.h"
 #include "store/node/server.h"
 #include "clients/kvedge.h"
+#include "store/engine_debug.h"
 #include "store/synth.h"
 
 #define S_MODEL "opt-125m" /* built in: 12 layers x 12 heads x 64 */
@@ -149,38 +150,60 @@ static kvedge_client_t *s_client(s_node_t *n, const char *cert_name, int deadlin
     return rc == 0 ? c : NULL;
 }
 
-/* Puts one chunk of S_MODEL (layers 0..layers-1, every head) with ids from `seed`. */
-static void s_put_chunk(kvedge_client_t *c, uint32_t seed, uint32_t layers, uint32_t tokens,
-                        kvedge_chunk_id_t *id_out)
+/* Encodes and puts one chunk of model m (layers 0..layers-1, every head, blocks of m's head
+ * dim) with ids from `seed`; returns the PUT's result, the chunk id in *id_out. */
+static int s_put_shape(kvedge_client_t *c, const kvedge_model_t *m, uint32_t seed, uint32_t layers,
+                       uint32_t tokens, kvedge_chunk_id_t *id_out)
 {
     uint32_t tok[256];
     for (uint32_t i = 0; i < tokens; i++)
         tok[i] = seed * 1000 + i;
     kvedge_chunk_id_t id;
-    assert_int_equal(kvedge_chunk_chain(NULL, 0, S_MODEL, tok, tokens, 0, &id, 1), 1);
-    kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, tokens, 64, 0, NULL, false};
+    assert_int_equal(kvedge_chunk_chain(NULL, 0, m->id, tok, tokens, 0, &id, 1), 1);
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, tokens, m->head_dim, 0, NULL, false};
     size_t cap = kvedge_block_encoded_bound(&spec);
-    uint8_t *blocks = malloc(cap * S_HEADS);
-    uint16_t k[256 * 64], v[256 * 64];
-    kvedge_put_item_t items[S_HEADS];
-    for (uint32_t l = 0; l < layers; l++) {
-        for (uint32_t h = 0; h < S_HEADS; h++) {
-            assert_int_equal(
-                kvedge_synth_head(seed + l * 100 + h, 0, tokens, 64, KVEDGE_DTYPE_FP16, k, v), 0);
+    uint8_t *blocks = malloc(cap * m->kv_heads);
+    uint16_t *k = malloc((size_t)tokens * m->head_dim * 2),
+             *v = malloc((size_t)tokens * m->head_dim * 2);
+    kvedge_put_item_t *items = calloc(m->kv_heads, sizeof *items);
+    assert_non_null(blocks);
+    assert_non_null(k);
+    assert_non_null(v);
+    assert_non_null(items);
+    int rc = 0;
+    for (uint32_t l = 0; l < layers && rc == 0; l++) {
+        for (uint32_t h = 0; h < m->kv_heads; h++) {
+            assert_int_equal(kvedge_synth_head(seed + l * 100 + h, 0, tokens, m->head_dim,
+                                               KVEDGE_DTYPE_FP16, k, v),
+                             0);
             memset(&items[h], 0, sizeof items[h]);
             assert_int_equal(kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len),
                              0);
             items[h].chunk.id = id;
-            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, "%s", m->id);
             items[h].chunk.tokens = tokens;
             items[h].layer = (uint16_t)l;
             items[h].head = (uint16_t)h;
             items[h].block = blocks + h * cap;
         }
-        assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
+        rc = kvedge_client_put(c, items, m->kv_heads, NULL);
     }
+    free(items);
+    free(v);
+    free(k);
     free(blocks);
     *id_out = id;
+    return rc;
+}
+
+/* Puts one chunk of S_MODEL (layers 0..layers-1, every head) with ids from `seed`. */
+static void s_put_chunk(kvedge_client_t *c, uint32_t seed, uint32_t layers, uint32_t tokens,
+                        kvedge_chunk_id_t *id_out)
+{
+    kvedge_model_t m;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    assert_int_equal(s_put_shape(c, &m, seed, layers, tokens, id_out), 0);
 }
 
 /* ---- raw protocol peer ---- */
@@ -638,64 +661,187 @@ static bool s_same_shape(const kvedge_model_t *a, const kvedge_model_t *b)
            a->head_dim == b->head_dim && a->dtype == b->dtype;
 }
 
-/* Model shapes are shared by every tenant of a node, so they are immutable: no tenant can
- * redefine a built-in model or another tenant's model, and so change what others store. */
-static void test_model_records_immutable_across_tenants(void **state)
+/* Every layer of chunk id comes back to c whole, in m's shape (every head, m's head dim). */
+static void s_check_shape(kvedge_client_t *c, const kvedge_model_t *m, const kvedge_chunk_id_t *id,
+                          uint32_t tokens)
+{
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    kvedge_fetched_t *out = calloc(m->kv_heads, sizeof *out);
+    assert_non_null(buf);
+    assert_non_null(out);
+    for (uint16_t l = 0; l < m->layers; l++) {
+        uint32_t heads = 0;
+        assert_int_equal(kvedge_client_get_layer(c, id, 1, l, buf, cap, out, m->kv_heads, &heads),
+                         0);
+        assert_int_equal(heads, m->kv_heads);
+        for (uint32_t h = 0; h < heads; h++) {
+            kvedge_block_info_t info;
+            assert_int_equal(out[h].status, 0);
+            assert_int_equal(kvedge_block_parse(buf + out[h].offset, out[h].len, &info), 0);
+            assert_int_equal(info.head_dim, m->head_dim);
+            assert_int_equal(info.tokens, tokens);
+        }
+    }
+    free(out);
+    free(buf);
+}
+
+/* Registered model ids are per tenant: one tenant registering an id first takes nothing from
+ * another, who registers the same id with its own shape and stores and reads its own blocks.
+ * Built-in ids keep their built-in shape for every tenant, and a tenant's own record is
+ * immutable. */
+static void test_model_ids_per_tenant(void **state)
 {
     s_node_t *n = *state;
     s_make_client_cert(n, "ma", "acme", true);
     s_make_client_cert(n, "mb", "bravo", true);
-    kvedge_client_t *a = s_client(n, "ma", 3000), *b = s_client(n, "mb", 3000);
+    s_make_client_cert(n, "mc", "charlie", true);
+    kvedge_client_t *a = s_client(n, "ma", 3000), *b = s_client(n, "mb", 3000),
+                    *c = s_client(n, "mc", 3000);
     assert_non_null(a);
     assert_non_null(b);
+    assert_non_null(c);
     kvedge_model_t real, got;
     assert_int_equal(kvedge_model_builtin(S_MODEL, &real), 0);
 
-    /* B, first on a fresh node, claims the built-in name with another shape: refused. */
-    kvedge_model_t fake = real;
-    fake.layers = 2;
-    fake.kv_heads = 1;
-    assert_int_equal(kvedge_client_put_model(b, &fake), KVEDGE_ESHAPE);
-    fake = real;
-    fake.dtype = KVEDGE_DTYPE_BF16;
-    assert_int_equal(kvedge_client_put_model(b, &fake), KVEDGE_ESHAPE);
-    kvedge_model_t llama;
-    assert_int_equal(kvedge_model_builtin("llama-3-8b", &llama), 0);
-    fake = llama;
-    fake.kv_heads = 32;
-    assert_int_equal(kvedge_client_put_model(b, &fake), KVEDGE_ESHAPE);
-    /* The node still answers the real shapes, and A's puts of the real model succeed. */
-    assert_int_equal(kvedge_client_get_model(b, S_MODEL, &got), 0);
-    assert_true(s_same_shape(&got, &real));
-    assert_int_equal(kvedge_client_get_model(a, "llama-3-8b", &got), 0);
-    assert_true(s_same_shape(&got, &llama));
+    /* Built-in ids: another shape is refused for every tenant, first on a fresh node or not. */
+    kvedge_client_t *all[] = {b, a, c};
+    for (size_t i = 0; i < 3; i++) {
+        kvedge_model_t fake = real;
+        fake.layers = 2;
+        fake.kv_heads = 1;
+        assert_int_equal(kvedge_client_put_model(all[i], &fake), KVEDGE_ESHAPE);
+        fake = real;
+        fake.dtype = KVEDGE_DTYPE_BF16;
+        assert_int_equal(kvedge_client_put_model(all[i], &fake), KVEDGE_ESHAPE);
+        kvedge_model_t llama;
+        assert_int_equal(kvedge_model_builtin("llama-3-8b", &llama), 0);
+        fake = llama;
+        fake.kv_heads = 32;
+        assert_int_equal(kvedge_client_put_model(all[i], &fake), KVEDGE_ESHAPE);
+        assert_int_equal(kvedge_client_get_model(all[i], "llama-3-8b", &got), 0);
+        assert_true(s_same_shape(&got, &llama));
+        assert_int_equal(kvedge_client_get_model(all[i], S_MODEL, &got), 0);
+        assert_true(s_same_shape(&got, &real));
+        assert_int_equal(kvedge_client_put_model(all[i], &real), 0); /* its own shape: fine */
+    }
     kvedge_chunk_id_t id;
     s_put_chunk(a, 9, 12, 32, &id);
-    size_t hit = 0;
-    assert_int_equal(kvedge_client_lookup(a, &id, 1, &hit), 0);
-    assert_int_equal(hit, 1);
     s_check_served(a, &id);
-    /* Registering a built-in with its own shape is fine (and changes nothing). */
-    assert_int_equal(kvedge_client_put_model(b, &real), 0);
 
-    /* B registers a new model; A can neither change its shape nor its dtype. */
-    kvedge_model_t x = {
-        .id = "bravo-x", .layers = 4, .kv_heads = 2, .head_dim = 64, .dtype = KVEDGE_DTYPE_FP16};
-    assert_int_equal(kvedge_client_put_model(b, &x), 0);
-    kvedge_model_t other = x;
-    other.layers = 8;
-    other.kv_heads = 4;
-    assert_int_equal(kvedge_client_put_model(a, &other), KVEDGE_ESHAPE);
-    other = x;
-    other.dtype = KVEDGE_DTYPE_BF16;
-    assert_int_equal(kvedge_client_put_model(a, &other), KVEDGE_ESHAPE);
-    assert_int_equal(kvedge_client_get_model(b, "bravo-x", &got), 0);
-    assert_true(s_same_shape(&got, &x));
-    /* The same shape again, from either tenant, answers 0. */
-    assert_int_equal(kvedge_client_put_model(a, &x), 0);
-    assert_int_equal(kvedge_client_put_model(b, &x), 0);
+    /* B registers "m" first with S1; A registers "m" with S2: both stand, each for its own. */
+    kvedge_model_t s1 = {
+        .id = "m", .layers = 3, .kv_heads = 2, .head_dim = 64, .dtype = KVEDGE_DTYPE_FP16};
+    kvedge_model_t s2 = {
+        .id = "m", .layers = 2, .kv_heads = 4, .head_dim = 32, .dtype = KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_client_put_model(b, &s1), 0);
+    assert_int_equal(kvedge_client_put_model(a, &s2), 0);
+    assert_int_equal(kvedge_client_get_model(b, "m", &got), 0);
+    assert_true(s_same_shape(&got, &s1));
+    assert_int_equal(kvedge_client_get_model(a, "m", &got), 0);
+    assert_true(s_same_shape(&got, &s2));
+    assert_int_equal(kvedge_client_get_model(c, "m", &got), KVEDGE_ENOMODEL);
+    /* Each tenant's record is immutable; the same shape again answers 0. */
+    assert_int_equal(kvedge_client_put_model(b, &s2), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_client_put_model(a, &s1), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_client_put_model(b, &s1), 0);
+    assert_int_equal(kvedge_client_put_model(a, &s2), 0);
+
+    /* Both PUT blocks of "m" in their own shape (the same tokens, so the same client chunk
+     * id) and read them back; blocks in the other tenant's shape are refused. */
+    kvedge_chunk_id_t ida, idb, idx;
+    assert_int_equal(s_put_shape(b, &s1, 40, s1.layers, 16, &idb), 0);
+    assert_int_equal(s_put_shape(a, &s2, 40, s2.layers, 16, &ida), 0);
+    assert_memory_equal(&ida, &idb, sizeof ida);
+    s_check_shape(b, &s1, &idb, 16);
+    s_check_shape(a, &s2, &ida, 16);
+    assert_int_equal(s_put_shape(a, &s1, 41, 1, 16, &idx), KVEDGE_ESHAPE);
+    assert_int_equal(s_put_shape(b, &s2, 42, 1, 16, &idx), KVEDGE_ESHAPE);
+    assert_int_equal(s_put_shape(c, &s1, 43, 1, 16, &idx), KVEDGE_ENOMODEL);
+    /* C registering "m" later is as free as A was. */
+    kvedge_model_t s3 = s1;
+    s3.head_dim = 128;
+    assert_int_equal(kvedge_client_put_model(c, &s3), 0);
+    assert_int_equal(s_put_shape(c, &s3, 40, 1, 16, &idx), 0);
+    s_check_shape(b, &s1, &idb, 16);
+    s_check_shape(a, &s2, &ida, 16);
+
+    /* The records survive a restart, each in its tenant. */
     kvedge_client_destroy(&a);
     kvedge_client_destroy(&b);
+    kvedge_client_destroy(&c);
+    s_node_stop(n);
+    s_node_start(n);
+    a = s_client(n, "ma", 3000);
+    b = s_client(n, "mb", 3000);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(kvedge_client_get_model(b, "m", &got), 0);
+    assert_true(s_same_shape(&got, &s1));
+    assert_int_equal(kvedge_client_get_model(a, "m", &got), 0);
+    assert_true(s_same_shape(&got, &s2));
+    s_check_shape(b, &s1, &idb, 16);
+    s_check_shape(a, &s2, &ida, 16);
+    kvedge_client_destroy(&a);
+    kvedge_client_destroy(&b);
+}
+
+/* A store written before model ids had tenant namespaces (each record keyed by its bare id):
+ * its records are node-wide, so they still resolve for every tenant, whose blocks of them go
+ * on being stored and read; they stay bound (another shape is refused), while ids the old
+ * store never knew are registered per tenant. */
+static void test_model_store_before_namespaces(void **state)
+{
+    s_node_t *n = *state;
+    s_node_stop(n);
+    kvedge_model_t old = {
+        .id = "legacy-m", .layers = 2, .kv_heads = 3, .head_dim = 64, .dtype = KVEDGE_DTYPE_FP16};
+    kvedge_engine_opts_t eo;
+    kvedge_engine_opts_default(&eo);
+    kvedge_engine_t *e = NULL;
+    char why[256] = "";
+    assert_int_equal(kvedge_engine_open(n->dir, &eo, &e, why, sizeof why), 0);
+    uint8_t rec[KVEDGE_MODEL_RECORD_BYTES];
+    kvedge_model_pack(&old, rec);
+    assert_int_equal(
+        kvedge_engine_debug_put_model_record(e, old.id, strlen(old.id), rec, sizeof rec), 0);
+    kvedge_engine_destroy(&e);
+    s_node_start(n);
+
+    s_make_client_cert(n, "la", "acme", true);
+    s_make_client_cert(n, "lb", "bravo", true);
+    kvedge_client_t *a = s_client(n, "la", 3000), *b = s_client(n, "lb", 3000);
+    assert_non_null(a);
+    assert_non_null(b);
+    kvedge_model_t got;
+    assert_int_equal(kvedge_client_get_model(a, old.id, &got), 0);
+    assert_true(s_same_shape(&got, &old));
+    assert_int_equal(kvedge_client_get_model(b, old.id, &got), 0);
+    assert_true(s_same_shape(&got, &old));
+    kvedge_chunk_id_t ida, idb;
+    assert_int_equal(s_put_shape(a, &old, 50, old.layers, 32, &ida), 0);
+    assert_int_equal(s_put_shape(b, &old, 51, old.layers, 32, &idb), 0);
+    s_check_shape(a, &old, &ida, 32);
+    s_check_shape(b, &old, &idb, 32);
+    /* Read-only for tenants: the same shape is accepted, another is refused. */
+    assert_int_equal(kvedge_client_put_model(a, &old), 0);
+    kvedge_model_t other = old;
+    other.layers = 5;
+    assert_int_equal(kvedge_client_put_model(b, &other), KVEDGE_ESHAPE);
+    /* New ids: per tenant. */
+    kvedge_model_t na = {
+        .id = "new-m", .layers = 1, .kv_heads = 1, .head_dim = 64, .dtype = KVEDGE_DTYPE_FP16};
+    kvedge_model_t nb = na;
+    nb.layers = 4;
+    assert_int_equal(kvedge_client_put_model(a, &na), 0);
+    assert_int_equal(kvedge_client_put_model(b, &nb), 0);
+    kvedge_client_destroy(&a);
+    kvedge_client_destroy(&b);
+    /* The old record is still where the old layout had it, and the tenants' are apart. */
+    assert_int_equal(kvedge_engine_get_model(n->engine, old.id, &got), 0);
+    assert_true(s_same_shape(&got, &old));
+    assert_int_equal(kvedge_engine_get_model(n->engine, "new-m", &got), KVEDGE_ENOMODEL);
 }
 
 /* One MODEL exchange on a raw socket; returns the header status, *nf the payload frames and
@@ -1011,7 +1157,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_curve_unlisted_refused_and_garbage, s_setup_curve,
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_tenant_isolation, s_setup_curve, s_teardown),
-        cmocka_unit_test_setup_teardown(test_model_records_immutable_across_tenants, s_setup_curve,
+        cmocka_unit_test_setup_teardown(test_model_ids_per_tenant, s_setup_curve, s_teardown),
+        cmocka_unit_test_setup_teardown(test_model_store_before_namespaces, s_setup_curve,
                                         s_teardown),
         cmocka_unit_test_setup_teardown(test_model_refusal_status, s_setup_plain, s_teardown),
         cmocka_unit_test_setup_teardown(test_restart_keeps_data, s_setup_plain, s_teardown),

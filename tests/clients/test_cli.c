@@ -302,6 +302,31 @@ static void test_pin_evict_delete(void **state)
     assert_int_equal(s_run("show %s", prefix), 3);
 }
 
+/* `kvedge models` lists node-wide records as registered and a tenant's own as tenant:TAG. */
+static void test_models_per_tenant(void **state)
+{
+    (void)state;
+    kvedge_engine_t *e;
+    assert_int_equal(kvedge_engine_open(s_dir, NULL, &e, NULL, 0), 0);
+    kvedge_model_t wide = {"wide-m", 2, 2, 64, KVEDGE_DTYPE_FP16}, mine = wide;
+    snprintf(mine.id, sizeof mine.id, "mine-m");
+    mine.layers = 5;
+    const uint8_t tag[16] = {0xab, 0x01};
+    assert_int_equal(kvedge_engine_put_model(e, &wide), 0);
+    assert_int_equal(kvedge_engine_put_tenant_model(e, tag, &mine), 0);
+    kvedge_engine_destroy(&e);
+    assert_int_equal(s_run("models"), 0);
+    assert_contains(s_out, "llama-2-7b");
+    assert_contains(s_out, "registered");
+    assert_contains(s_out, "tenant:ab010000000000000000000000000000");
+    assert_int_equal(s_count(s_out, "wide-m"), 1);
+    assert_int_equal(s_count(s_out, "mine-m"), 1);
+    assert_int_equal(s_run("--json models"), 0);
+    assert_contains(s_out, "\"model\":\"mine-m\",\"layers\":5");
+    assert_contains(s_out, "\"source\":\"tenant:ab010000000000000000000000000000\"");
+    assert_contains(s_out, "\"model\":\"wide-m\",\"layers\":2");
+}
+
 static void test_locked_store(void **state)
 {
     (void)state;
@@ -1326,6 +1351,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_put_inspect_show_verify, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_pin_evict_delete, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_locked_store, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_models_per_tenant, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_damaged_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_repair_lost_current, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_repair_lost_blocks, s_setup, s_teardown),

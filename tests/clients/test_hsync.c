@@ -175,6 +175,49 @@ static void test_sync_model_from_cloud(void **state)
     kvedge_client_destroy(&cloud);
 }
 
+/* A model the sync registers on the edge goes into the subscription's local tenant, as that
+ * tenant's own MODEL would: another tenant of the edge holding the id with another shape
+ * neither blocks the copy nor sees the copied shape. */
+static void test_sync_model_keeps_tenant(void **state)
+{
+    s_fx_t *f = *state;
+    kvedge_client_t *cloud = s_client(f->cloud_ep);
+    kvedge_model_t custom = {.id = "custom-t",
+                             .layers = S_LAYERS,
+                             .kv_heads = S_HEADS,
+                             .head_dim = 64,
+                             .dtype = KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_client_put_model(cloud, &custom), 0);
+    kvedge_chunk_id_t ids[2];
+    s_put_context_of(cloud, "custom-t", 0, 2, ids);
+    uint8_t acme[16], bravo[16];
+    kvedge_tenant_tag("acme", acme);
+    kvedge_tenant_tag("bravo", bravo);
+    kvedge_model_t other = custom, got;
+    other.layers = 1;
+    other.kv_heads = 1;
+    assert_int_equal(kvedge_engine_put_tenant_model(f->edge_engine, bravo, &other), 0);
+
+    kvedge_hsync_sub_t sub;
+    memset(&sub, 0, sizeof sub);
+    snprintf(sub.name, sizeof sub.name, "tenant");
+    snprintf(sub.cloud, sizeof sub.cloud, "%s", f->cloud_ep);
+    snprintf(sub.tenant, sizeof sub.tenant, "acme");
+    sub.prefix = ids[1];
+    kvedge_hsync_status_t st;
+    memset(&st, 0, sizeof st);
+    assert_int_equal(kvedge_hsync_run(f->edge_engine, &sub, 2000, &st), 0);
+    assert_int_equal(st.state, KVEDGE_HSYNC_OK);
+    assert_int_equal(st.blocks_copied, 2 * 2 * S_HEADS);
+    assert_int_equal(kvedge_engine_get_tenant_model(f->edge_engine, acme, "custom-t", &got), 0);
+    assert_int_equal(got.layers, S_LAYERS);
+    assert_int_equal(got.kv_heads, S_HEADS);
+    assert_int_equal(kvedge_engine_get_tenant_model(f->edge_engine, bravo, "custom-t", &got), 0);
+    assert_int_equal(got.layers, 1);
+    assert_int_equal(kvedge_engine_get_model(f->edge_engine, "custom-t", &got), KVEDGE_ENOMODEL);
+    kvedge_client_destroy(&cloud);
+}
+
 static void test_sync_serve_offline_and_delta(void **state)
 {
     s_fx_t *f = *state;
@@ -523,6 +566,7 @@ static void test_cli_cloud_down(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_sync_model_keeps_tenant, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_model_from_cloud, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_serve_offline_and_delta, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_layer_range, s_setup, s_teardown),

@@ -2,7 +2,8 @@
  * carries; a context stored under tenant A, fetched through a proxy whose key the node files
  * under tenant B, misses everywhere although the master's directory says the node holds it, and
  * the proxy says that the tenant is the likely cause. With a key of tenant A the same fetch is
- * served and nothing is said. */
+ * served and nothing is said. A model id two tenants registered with two shapes is planned
+ * and served in each tenant's own shape through its proxy. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "access/log.h"
+#include "access/transport.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "proxy/settings.h"
@@ -295,11 +297,144 @@ static void test_right_tenant_is_served(void **state)
     kvedge_proxy_destroy(&p);
 }
 
+/* Puts every layer and head of one chunk of model m as the client with certificate cert,
+ * registering m first; returns its id. */
+static kvedge_chunk_id_t s_chunk_of(const char *model_id)
+{
+    uint32_t tok[S_TOKENS];
+    for (uint32_t i = 0; i < S_TOKENS; i++)
+        tok[i] = 11 * i + 3;
+    kvedge_chunk_id_t id;
+    assert_int_equal(kvedge_chunk_chain(NULL, 0, model_id, tok, S_TOKENS, S_TOKENS, &id, 1), 1);
+    return id;
+}
+
+static kvedge_chunk_id_t s_put_shape(s_fx_t *fx, const char *cert, const kvedge_model_t *m)
+{
+    kvedge_chunk_id_t id = s_chunk_of(m->id);
+    char secret[160];
+    snprintf(secret, sizeof secret, "%s_secret", cert);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = kvedge_node_endpoint(fx->node);
+    o.server_key = kvedge_node_public_key(fx->node);
+    o.client_cert = secret;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
+    assert_int_equal(kvedge_client_put_model(c, m), KVEDGE_OK);
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, m->head_dim, 0, NULL, false};
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    uint16_t *k = malloc((size_t)S_TOKENS * m->head_dim * 2);
+    uint16_t *v = malloc((size_t)S_TOKENS * m->head_dim * 2);
+    uint8_t *blocks = malloc(cap);
+    assert_non_null(k);
+    assert_non_null(v);
+    assert_non_null(blocks);
+    for (uint16_t l = 0; l < m->layers; l++)
+        for (uint16_t h = 0; h < m->kv_heads; h++) {
+            kvedge_put_item_t item;
+            memset(&item, 0, sizeof item);
+            assert_int_equal(
+                kvedge_synth_head(l * 100u + h, 0, S_TOKENS, m->head_dim, KVEDGE_DTYPE_FP16, k, v),
+                0);
+            assert_int_equal(kvedge_block_encode(&spec, k, v, blocks, cap, &item.len), 0);
+            item.chunk.id = id;
+            snprintf(item.chunk.model_id, sizeof item.chunk.model_id, "%s", m->id);
+            item.chunk.tokens = S_TOKENS;
+            item.layer = l;
+            item.head = h;
+            item.block = blocks;
+            assert_int_equal(kvedge_client_put(c, &item, 1, NULL), KVEDGE_OK);
+        }
+    free(blocks);
+    free(v);
+    free(k);
+    kvedge_client_destroy(&c);
+    return id;
+}
+
+/* Fetches every layer of chunk id of model m through the proxy at ep. */
+static void s_fetch_model(const char *ep, const kvedge_model_t *m, const kvedge_chunk_id_t *id,
+                          s_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.deadline_ms = 5000;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
+    kvedge_fetch_req_t req = {.model_id = m->id,
+                              .chunks = id,
+                              .n = 1,
+                              .first_layer = 0,
+                              .layers = m->layers,
+                              .tokens = S_TOKENS,
+                              .deadline_ms = 5000};
+    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), KVEDGE_OK);
+    pthread_mutex_lock(&r->mu);
+    while (!r->done)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    kvedge_client_destroy(&c);
+}
+
+/* Two tenants register the same model id with two shapes on the node and store the same
+ * tokens under it; the node publishes each tenant's shape under its tenant
+ * (tmodel/<tag>/<id>), and each tenant's proxy plans and serves the tenant's own shape. The
+ * one directory entry of the shared client chunk id says every layer either holds: the model
+ * with fewer layers is given to the tenant whose chunk the node lists last (stored ids in
+ * key order), the order in which a merge could cut the other's layers. */
+static void test_tenant_models_through_proxy(void **state)
+{
+    s_fx_t *fx = *state;
+    kvedge_model_t big = {
+        .id = "m", .layers = 3, .kv_heads = 2, .head_dim = 64, .dtype = KVEDGE_DTYPE_FP16};
+    kvedge_model_t small = {
+        .id = "m", .layers = 2, .kv_heads = 4, .head_dim = 32, .dtype = KVEDGE_DTYPE_FP16};
+    kvedge_chunk_id_t client = s_chunk_of("m"), sa, sb;
+    uint8_t ta[16], tb[16];
+    kvedge_tenant_tag("acme", ta);
+    kvedge_tenant_tag("other", tb);
+    kvedge_tenant_chunk_id(ta, &client, &sa);
+    kvedge_tenant_chunk_id(tb, &client, &sb);
+    bool acme_first = memcmp(sa.bytes, sb.bytes, sizeof sa.bytes) < 0;
+    kvedge_model_t ma = acme_first ? big : small, mb = acme_first ? small : big;
+    kvedge_chunk_id_t idb = s_put_shape(fx, fx->proxy_b, &mb); /* tenant other, first */
+    kvedge_chunk_id_t ida = s_put_shape(fx, fx->writer, &ma);  /* tenant acme */
+    assert_memory_equal(&ida, &idb, sizeof ida);
+    uint32_t changed = 0;
+    assert_int_equal(kvedge_node_publish(fx->node, &changed), KVEDGE_OK);
+
+    char ep[256];
+    s_result_t r;
+    kvedge_proxy_t *p = s_proxy(fx, fx->proxy_a, ep, sizeof ep);
+    s_fetch_model(ep, &ma, &ida, &r);
+    assert_int_equal(r.status, KVEDGE_OK);
+    assert_int_equal(r.layers, ma.layers);
+    assert_int_equal(r.served, ma.layers);
+    assert_int_equal(r.blocks, ma.layers * ma.kv_heads);
+    kvedge_proxy_destroy(&p);
+
+    p = s_proxy(fx, fx->proxy_b, ep, sizeof ep);
+    s_fetch_model(ep, &mb, &idb, &r);
+    assert_int_equal(r.status, KVEDGE_OK);
+    assert_int_equal(r.layers, mb.layers);
+    assert_int_equal(r.served, mb.layers);
+    assert_int_equal(r.blocks, mb.layers * mb.kv_heads);
+    kvedge_proxy_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_wrong_tenant_is_named, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_right_tenant_is_served, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_tenant_models_through_proxy, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1796,6 +1796,128 @@ static void test_cache_rewrite_detected(void **state)
     s_blob_free(&bf);
 }
 
+typedef struct {
+    int wide, tenants;
+    bool saw_a;
+} s_model_count_t;
+
+static int s_count_wide(void *ctx, const kvedge_model_t *m)
+{
+    (void)m;
+    ((s_model_count_t *)ctx)->wide++;
+    return 0;
+}
+
+static int s_count_all(void *ctx, const uint8_t *tenant, const kvedge_model_t *m)
+{
+    s_model_count_t *c = ctx;
+    static const uint8_t a[16] = {0xa};
+    if (!tenant)
+        c->wide++;
+    else
+        c->tenants++;
+    c->saw_a |= tenant && memcmp(tenant, a, 16) == 0 && strcmp(m->id, "x") == 0 && m->layers == 2;
+    return 0;
+}
+
+/* Registered model ids live per tenant namespace: two tenants bind one id to two shapes and
+ * store blocks of each; node-wide records (and a store's records in the layout from before
+ * namespaces) bind their id for every tenant; built-in ids keep their shape everywhere. */
+static void test_model_namespaces(void **state)
+{
+    fx_t *fx = *state;
+    s_open(fx, NULL);
+    const uint8_t a[16] = {0xa}, b[16] = {0xb}, c[16] = {0xc}, zero[16] = {0};
+    kvedge_model_t s1 = {"x", 2, 2, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    kvedge_model_t s2 = {"x", 1, 1, HEAD_DIM, KVEDGE_DTYPE_FP16}, got;
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, &s1), 0);
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, b, &s2), 0);
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, b, &s1), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, &s1), 0);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, a, "x", &got), 0);
+    assert_int_equal(got.layers, 2);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, b, "x", &got), 0);
+    assert_int_equal(got.layers, 1);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, c, "x", &got), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, zero, "x", &got), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_engine_get_model(fx->e, "x", &got), KVEDGE_ENOMODEL);
+
+    /* Blocks are checked against the shape of the chunk's tenant. */
+    size_t len;
+    uint8_t *blk = s_block(71, 16, KVEDGE_SCHEME_LOSSLESS, &len);
+    kvedge_chunk_info_t ca = s_chunk(70, NULL, 16), cb = ca;
+    strcpy(ca.model_id, "x");
+    strcpy(cb.model_id, "x");
+    memcpy(ca.tenant, a, 16);
+    memcpy(cb.tenant, b, 16);
+    cb.id.bytes[0] ^= 1; /* namespaced ids differ */
+    assert_int_equal(kvedge_engine_put(fx->e, &ca, 1, 1, blk, len, NULL), 0);
+    assert_int_equal(kvedge_engine_put(fx->e, &cb, 0, 0, blk, len, NULL), 0);
+    assert_int_equal(kvedge_engine_put(fx->e, &cb, 1, 0, blk, len, NULL), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_engine_put(fx->e, &cb, 0, 1, blk, len, NULL), KVEDGE_ESHAPE);
+    s_expect(fx->e, &ca, 1, 1, blk, len);
+    s_expect(fx->e, &cb, 0, 0, blk, len);
+
+    /* A node-wide record binds its id for every tenant. */
+    kvedge_model_t wide = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, c, MODEL, &got), 0);
+    assert_int_equal(got.layers, LAYERS);
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, c, &wide), 0);
+    wide.layers = 1;
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, c, &wide), KVEDGE_ESHAPE);
+    /* Built-in ids: their shape for every tenant, registered node-wide. */
+    kvedge_model_t opt;
+    assert_int_equal(kvedge_model_builtin("opt-125m", &opt), 0);
+    kvedge_model_t fake = opt;
+    fake.kv_heads = 1;
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, &fake), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, &opt), 0);
+    assert_int_equal(kvedge_engine_get_model(fx->e, "opt-125m", &got), 0);
+    assert_int_equal(got.kv_heads, opt.kv_heads);
+    /* A later node-wide record of a tenant's id leaves the tenant its own shape. */
+    kvedge_model_t s3 = {"x", 3, 1, HEAD_DIM, KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_engine_put_model(fx->e, &s3), 0);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, a, "x", &got), 0);
+    assert_int_equal(got.layers, 2);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, c, "x", &got), 0);
+    assert_int_equal(got.layers, 3);
+
+    /* A record in the layout of a store from before namespaces (the bare id as its key) is
+     * node-wide, after a reopen too. */
+    kvedge_model_t legacy = {"legacy", 2, 3, HEAD_DIM, KVEDGE_DTYPE_BF16};
+    uint8_t rec[KVEDGE_MODEL_RECORD_BYTES];
+    kvedge_model_pack(&legacy, rec);
+    assert_int_equal(kvedge_engine_debug_put_model_record(fx->e, "legacy", 6, rec, sizeof rec), 0);
+    kvedge_engine_destroy(&fx->e);
+    s_open(fx, NULL);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, b, "legacy", &got), 0);
+    assert_int_equal(got.kv_heads, 3);
+    assert_int_equal(got.dtype, KVEDGE_DTYPE_BF16);
+    assert_int_equal(kvedge_engine_get_model(fx->e, "legacy", &got), 0);
+    legacy.kv_heads = 4;
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, &legacy), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, a, "x", &got), 0);
+    assert_int_equal(got.layers, 2);
+
+    /* Listing: node-wide records alone, or every record with its tenant. */
+    s_model_count_t n = {0, 0, false};
+    assert_int_equal(kvedge_engine_list_models(fx->e, s_count_wide, &n), 0);
+    assert_int_equal(n.wide, 4); /* MODEL, opt-125m, x, legacy */
+    n = (s_model_count_t){0, 0, false};
+    assert_int_equal(kvedge_engine_list_tenant_models(fx->e, s_count_all, &n), 0);
+    assert_int_equal(n.wide, 4);
+    assert_int_equal(n.tenants, 2);
+    assert_true(n.saw_a);
+    /* A damaged tenant key is reported by the full walk; the node-wide walk never reaches it. */
+    assert_int_equal(kvedge_engine_debug_put_model_record(fx->e, "\0ab", 3, rec, sizeof rec), 0);
+    n = (s_model_count_t){0, 0, false};
+    assert_int_equal(kvedge_engine_list_tenant_models(fx->e, s_count_all, &n), KVEDGE_ECORRUPT);
+    assert_int_equal(kvedge_engine_list_models(fx->e, s_count_wide, &n), 0);
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, a, "", &got), KVEDGE_EINVAL);
+    free(blk);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -1829,6 +1951,7 @@ int main(void)
         T(test_cache_sizes),
         T(test_atime_refresh_reads),
         T(test_cache_rewrite_detected),
+        T(test_model_namespaces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

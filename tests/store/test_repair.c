@@ -874,6 +874,83 @@ static void test_repair_sound_store(void **state)
     free(p);
 }
 
+/* Model records of tenant namespaces are carried over as they were, beside the node-wide ones,
+ * and a tenant's blocks are served in its shape after the repair. */
+static void test_repair_keeps_tenant_models(void **state)
+{
+    fx_t *fx = *state;
+    s_open(fx);
+    const uint8_t a[16] = {0xa}, b[16] = {0xb};
+    kvedge_model_t sa = {"x", LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16}, sb = sa, got;
+    sb.layers = 1;
+    sb.kv_heads = 1;
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, &sa), 0);
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, b, &sb), 0);
+    kvedge_chunk_info_t c = s_chunk(77, TOKENS);
+    strcpy(c.model_id, "x");
+    memcpy(c.tenant, a, 16);
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, TOKENS, HEAD_DIM, 0, NULL, false};
+    size_t len;
+    uint8_t *blk = kt_encode(&spec, 77, &len);
+    assert_non_null(blk);
+    assert_int_equal(kvedge_engine_put(fx->e, &c, LAYERS - 1, HEADS - 1, blk, len, NULL), 0);
+    kvedge_engine_destroy(&fx->e);
+
+    kvedge_repair_report_t rep;
+    char why[512];
+    assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why), 0);
+    assert_int_equal(rep.blocks_kept, 1);
+    assert_int_equal(rep.models_kept, 3); /* MODEL node-wide, x of a, x of b */
+    s_open(fx);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, a, "x", &got), 0);
+    assert_int_equal(got.layers, LAYERS);
+    assert_int_equal(kvedge_engine_get_tenant_model(fx->e, b, "x", &got), 0);
+    assert_int_equal(got.layers, 1);
+    assert_int_equal(kvedge_engine_get_model(fx->e, "x", &got), KVEDGE_ENOMODEL);
+    kvedge_block_key_t k = s_key(&c, LAYERS - 1, HEADS - 1);
+    kvedge_value_t v;
+    assert_int_equal(kvedge_engine_get(fx->e, &k, &v), 0);
+    assert_int_equal(v.len, len);
+    assert_memory_equal(v.data, blk, len);
+    kvedge_value_release(&v);
+    kvedge_engine_destroy(&fx->e);
+    free(blk);
+}
+
+/* A model copied for a chunk keeps its namespace: a tenant's own record stays the tenant's, a
+ * node-wide one stays node-wide (what repair does for a chunk whose model the walk over the
+ * models family did not reach). */
+static void test_copy_model_keeps_namespace(void **state)
+{
+    fx_t *fx = *state;
+    s_open(fx);
+    char path[300];
+    snprintf(path, sizeof path, "%s/dst", fx->dir);
+    kvedge_engine_t *dst = NULL;
+    char why[256];
+    assert_int_equal(kvedge_engine_open(path, NULL, &dst, why, sizeof why), 0);
+    const uint8_t a[16] = {0xa};
+    kvedge_model_t own = {"x", 2, 2, HEAD_DIM, KVEDGE_DTYPE_FP16}, got;
+    assert_int_equal(kvedge_engine_put_tenant_model(fx->e, a, &own), 0);
+    /* MODEL is node-wide in fx->e (s_open). */
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, MODEL), 1);
+    assert_int_equal(kvedge_engine_get_model(dst, MODEL, &got), 0);
+    assert_int_equal(got.layers, LAYERS);
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, "x"), 1);
+    assert_int_equal(kvedge_engine_get_tenant_model(dst, a, "x", &got), 0);
+    assert_int_equal(got.layers, 2);
+    assert_int_equal(kvedge_engine_get_model(dst, "x", &got), KVEDGE_ENOMODEL);
+    /* Nothing to do: already there, unknown, or not a model id. */
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, "x"), 0);
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, NULL, "x"), 0);
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, "none"), 0);
+    assert_int_equal(kvedge_engine_copy_model(dst, fx->e, a, ""), 0);
+    assert_int_equal(kvedge_engine_copy_model(NULL, fx->e, a, "x"), KVEDGE_EINVAL);
+    kvedge_engine_destroy(&dst);
+    kvedge_engine_destroy(&fx->e);
+}
+
 static void test_repair_errors(void **state)
 {
     fx_t *fx = *state;
@@ -923,6 +1000,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_repair_refuses_short_store, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_resumes_swap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_sound_store, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_keeps_tenant_models, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_model_keeps_namespace, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repair_errors, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
