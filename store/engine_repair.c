@@ -296,8 +296,8 @@ static void s_blobs_close(s_blobs_t *b)
     memset(b, 0, sizeof *b);
 }
 
-/* Whether the blob files hold any record of the block (sound or not). */
-static bool s_blobs_have(const s_blobs_t *b, const uint8_t *kb)
+/* The first record of the block in the (sorted) index, or b->n. */
+static size_t s_blobs_first(const s_blobs_t *b, const uint8_t *kb)
 {
     size_t lo = 0, hi = b->n;
     while (lo < hi) {
@@ -307,6 +307,13 @@ static bool s_blobs_have(const s_blobs_t *b, const uint8_t *kb)
         else
             hi = mid;
     }
+    return lo;
+}
+
+/* Whether the blob files hold any record of the block (sound or not). */
+static bool s_blobs_have(const s_blobs_t *b, const uint8_t *kb)
+{
+    size_t lo = s_blobs_first(b, kb);
     return lo < b->n && memcmp(b->r[lo].key, kb, KVEDGE_BLOCK_KEY_BYTES) == 0;
 }
 
@@ -315,15 +322,8 @@ static bool s_blobs_have(const s_blobs_t *b, const uint8_t *kb)
 static uint8_t *s_blobs_find(const s_blobs_t *b, const uint8_t *kb, const kvedge_block_meta_t *m,
                              size_t *len, kvedge_block_info_t *info)
 {
-    size_t lo = 0, hi = b->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (memcmp(b->r[mid].key, kb, KVEDGE_BLOCK_KEY_BYTES) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    for (size_t i = lo; i < b->n && memcmp(b->r[i].key, kb, KVEDGE_BLOCK_KEY_BYTES) == 0; i++) {
+    for (size_t i = s_blobs_first(b, kb);
+         i < b->n && memcmp(b->r[i].key, kb, KVEDGE_BLOCK_KEY_BYTES) == 0; i++) {
         const s_blobrec_t *r = &b->r[i];
         if (r->len > (uint64_t)KVEDGE_BLOCK_MAX_BYTES * 2)
             continue;
@@ -464,6 +464,17 @@ static int s_salvage_block(s_salvage_t *s, const uint8_t *kb)
     return rc;
 }
 
+/* Writes a chunk record into the new store. */
+static int s_put_chunk_record(s_salvage_t *s, const kvedge_chunk_info_t *c)
+{
+    uint8_t rec[S_PREFIX_MAX_BYTES];
+    size_t n = kvedge_engine_prefix_pack(c, rec);
+    char *err = NULL;
+    rocksdb_put_cf(s->dst->db, s->dst->wo, s->dst->cf[S_CF_PREFIXES], (const char *)c->id.bytes,
+                   KVEDGE_CHUNK_ID_BYTES, (const char *)rec, n, &err);
+    return err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+}
+
 /* What the kept blocks of one chunk say about it, and the one model they fit. */
 typedef struct {
     uint16_t layers, heads; /* 1 + the largest layer and head kept */
@@ -566,15 +577,10 @@ static int s_rebuild_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
     c.tokens = sh.tokens;
     c.created_ms = s->now;
     memset(c.tenant, 0xff, sizeof c.tenant);
-    uint8_t rec[S_PREFIX_MAX_BYTES];
-    size_t n = kvedge_engine_prefix_pack(&c, rec);
-    char *err = NULL;
-    rocksdb_put_cf(s->dst->db, s->dst->wo, s->dst->cf[S_CF_PREFIXES], (const char *)id->bytes,
-                   KVEDGE_CHUNK_ID_BYTES, (const char *)rec, n, &err);
-    if (err)
-        return kvedge_rocks_error(&err);
-    s->rep->chunks_rebuilt++;
-    return KVEDGE_OK;
+    int wrc = s_put_chunk_record(s, &c);
+    if (wrc == KVEDGE_OK)
+        s->rep->chunks_rebuilt++;
+    return wrc;
 }
 
 /* Copies one readable chunk record and the model it names (when the new store lacks it). */
@@ -590,13 +596,9 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
         return KVEDGE_OK; /* no record in a sound store: lost before (kept by key), not now */
     if (rc != KVEDGE_OK)
         return s_rebuild_chunk(s, id);
-    uint8_t rec[S_PREFIX_MAX_BYTES];
-    size_t n = kvedge_engine_prefix_pack(&c, rec);
-    char *err = NULL;
-    rocksdb_put_cf(s->dst->db, s->dst->wo, s->dst->cf[S_CF_PREFIXES], (const char *)id->bytes,
-                   KVEDGE_CHUNK_ID_BYTES, (const char *)rec, n, &err);
-    if (err)
-        return kvedge_rocks_error(&err);
+    rc = s_put_chunk_record(s, &c);
+    if (rc != KVEDGE_OK)
+        return rc;
     s->rep->chunks_kept++;
     rc = kvedge_engine_copy_model(s->dst, s->src, c.tenant, c.model_id);
     kvedge_model_t have;

@@ -237,12 +237,29 @@ static void s_put_all(fx_t *fx, put_t *p, uint32_t tokens)
     kvedge_engine_destroy(&fx->e);
 }
 
-static void s_put_free(put_t *p)
+/* A store of every block, closed; the caller frees it with s_stored_free. */
+static put_t *s_stored(fx_t *fx, uint32_t tokens)
+{
+    put_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    s_put_all(fx, p, tokens);
+    return p;
+}
+
+static void s_unlink_in(fx_t *fx, const char *name)
+{
+    char path[256];
+    assert_true(snprintf(path, sizeof path, "%s/%s", fx->path, name) < (int)sizeof path);
+    assert_int_equal(unlink(path), 0);
+}
+
+static void s_stored_free(put_t *p)
 {
     for (int i = 0; i < N_CHUNKS; i++)
         for (int l = 0; l < LAYERS; l++)
             for (int h = 0; h < HEADS; h++)
                 free(p->blk[i][l][h]);
+    free(p);
 }
 
 /* Flips the byte in the middle of the largest table file of the store. */
@@ -313,9 +330,7 @@ static uint64_t s_count_served(fx_t *fx, const put_t *p)
 static void test_repair_damaged_sst(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
     /* Files that are not RocksDB's stay where they are. */
     char cert[160];
@@ -367,8 +382,7 @@ static void test_repair_damaged_sst(void **state)
     assert_int_equal(
         kvedge_engine_put(fx->e, &p->c[0], 0, 0, p->blk[0][0][0], p->len[0][0][0], NULL), 0);
     kvedge_engine_destroy(&fx->e);
-    s_put_free(p);
-    free(p);
+    s_stored_free(p);
 }
 
 /* Small blocks live in the table files themselves: a damaged data block of the blocks family
@@ -398,8 +412,7 @@ static void test_repair_damaged_inline_blocks(void **state)
     assert_int_equal(checked, rep.blocks_kept);
     assert_int_equal(bad, 0);
     kvedge_engine_destroy(&fx->e);
-    s_put_free(p);
-    free(p);
+    s_stored_free(p);
 }
 
 /* CURRENT names a MANIFEST that is gone: RocksDB's repair rebuilds one from the tables, and
@@ -407,9 +420,7 @@ static void test_repair_damaged_inline_blocks(void **state)
 static void test_repair_lost_manifest(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
     char cur[160];
     snprintf(cur, sizeof cur, "%s/CURRENT", fx->path);
@@ -433,8 +444,7 @@ static void test_repair_lost_manifest(void **state)
     s_open(fx);
     assert_int_equal(s_count_served(fx, p), put);
     kvedge_engine_destroy(&fx->e);
-    s_put_free(p);
-    free(p);
+    s_stored_free(p);
 }
 
 /* ---------------------------------------------------------------- what must never be lost */
@@ -543,20 +553,26 @@ static void s_second_repair_noop(fx_t *fx, uint64_t kept)
     assert_string_equal(before, after);
 }
 
+/* Opens the repaired store, checks every block put is served byte for byte, closes it, and
+ * checks a second repair changes nothing. */
+static void s_served_then_noop(fx_t *fx, const put_t *p, uint64_t served)
+{
+    s_open(fx);
+    assert_int_equal(s_count_served(fx, p), served);
+    kvedge_engine_destroy(&fx->e);
+    s_second_repair_noop(fx, served);
+}
+
 /* A store whose CURRENT is gone: opening it changes nothing on disk (RocksDB, asked to create a
  * store there, would have written a new CURRENT over an empty MANIFEST and then deleted every
  * table and blob file); repair finds every block in the files and keeps them all. */
 static void test_repair_lost_current(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
     static char before[1 << 16], after[1 << 16];
-    char cur[160];
-    snprintf(cur, sizeof cur, "%s/CURRENT", fx->path);
-    assert_int_equal(unlink(cur), 0);
+    s_unlink_in(fx, "CURRENT");
     s_listing(fx->path, before, sizeof before);
     char why[1024] = "";
     for (int i = 0; i < 2; i++) { /* a node restarted by its supervisor, twice */
@@ -597,17 +613,14 @@ static void test_repair_lost_current(void **state)
     }
     kvedge_engine_destroy(&fx->e);
     s_second_repair_noop(fx, put);
-    s_put_free(p);
-    free(p);
+    s_stored_free(p);
 }
 
 /* The MANIFEST file itself is gone (CURRENT names it). */
 static void test_repair_manifest_file_gone(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
     assert_int_equal(s_each(fx->path, "", NULL) > 0, 1);
     char m[512];
@@ -632,12 +645,8 @@ static void test_repair_manifest_file_gone(void **state)
     assert_int_equal(rep.blocks_found, put);
     assert_int_equal(rep.blocks_kept, put);
     assert_int_equal(rep.blocks_lost, 0);
-    s_open(fx);
-    assert_int_equal(s_count_served(fx, p), put);
-    kvedge_engine_destroy(&fx->e);
-    s_second_repair_noop(fx, put);
-    s_put_free(p);
-    free(p);
+    s_served_then_noop(fx, p, put);
+    s_stored_free(p);
 }
 
 /* Five flipped bytes in every table file: the blob files still hold every block, and repair
@@ -645,9 +654,7 @@ static void test_repair_manifest_file_gone(void **state)
 static void test_repair_flips_in_every_sst(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
     assert_true(s_each(fx->path, ".sst", s_flip5) > 0);
     lost_t lost = {0};
@@ -676,8 +683,7 @@ static void test_repair_flips_in_every_sst(void **state)
     assert_int_equal(recorded, rep.chunks_kept + rep.chunks_rebuilt);
     kvedge_engine_destroy(&fx->e);
     s_second_repair_noop(fx, rep.blocks_kept);
-    s_put_free(p);
-    free(p);
+    s_stored_free(p);
 }
 
 /* A flipped byte in the middle of every blob file: the blocks it hits are lost (reported, in
@@ -685,9 +691,7 @@ static void test_repair_flips_in_every_sst(void **state)
 static void test_repair_flip_in_blob(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
     int blobs = s_each(fx->path, ".blob", s_flip_middle);
     assert_true(blobs > 0);
@@ -709,8 +713,7 @@ static void test_repair_flip_in_blob(void **state)
     assert_int_equal(st.quarantined, rep.blocks_lost);
     kvedge_engine_destroy(&fx->e);
     s_second_repair_noop(fx, rep.blocks_kept);
-    s_put_free(p);
-    free(p);
+    s_stored_free(p);
 }
 
 /* Puts every block with synced writes in a child that then dies without closing the store:
@@ -781,25 +784,17 @@ static void test_repair_truncated_wal(void **state)
     assert_true(rep.blocks_found > 0 && rep.blocks_found < put); /* the cut lost the rest */
     assert_int_equal(rep.blocks_kept, rep.blocks_found);
     assert_int_equal(rep.blocks_lost, 0);
-    s_open(fx);
-    assert_int_equal(s_count_served(fx, p), rep.blocks_kept);
-    kvedge_engine_destroy(&fx->e);
-    s_second_repair_noop(fx, rep.blocks_kept);
-    s_put_free(p);
-    free(p);
+    s_served_then_noop(fx, p, rep.blocks_kept);
+    s_stored_free(p);
 }
 
 /* A new store that does not read back whole is never put in place: the damaged store stays. */
 static void test_repair_refuses_short_store(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     static char before[1 << 16], after[1 << 16];
-    char cur[160];
-    snprintf(cur, sizeof cur, "%s/CURRENT", fx->path);
-    assert_int_equal(unlink(cur), 0);
+    s_unlink_in(fx, "CURRENT");
     s_listing(fx->path, before, sizeof before);
     kvedge_engine_debug_repair_fault(KVEDGE_REPAIR_FAULT_SHORT_STORE);
     kvedge_repair_report_t rep;
@@ -817,8 +812,7 @@ static void test_repair_refuses_short_store(void **state)
     /* Without the fault the same store is repaired whole. */
     assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why), 0);
     assert_int_equal(rep.blocks_kept, (uint64_t)N_CHUNKS * LAYERS * HEADS);
-    s_put_free(p);
-    free(p);
+    s_stored_free(p);
 }
 
 /* A repair stopped after moving the old files: the node refuses the directory, the next repair
@@ -826,13 +820,9 @@ static void test_repair_refuses_short_store(void **state)
 static void test_repair_resumes_swap(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     const uint64_t put = (uint64_t)N_CHUNKS * LAYERS * HEADS;
-    char cur[160];
-    snprintf(cur, sizeof cur, "%s/CURRENT", fx->path);
-    assert_int_equal(unlink(cur), 0);
+    s_unlink_in(fx, "CURRENT");
     kvedge_engine_debug_repair_fault(KVEDGE_REPAIR_FAULT_STOP_SWAP);
     kvedge_repair_report_t rep;
     char why[1024] = "";
@@ -844,20 +834,14 @@ static void test_repair_resumes_swap(void **state)
         fail_msg("resumed repair: %s: %s", kvedge_errname(rc), why);
     assert_true(rep.resumed);
     assert_int_equal(rep.blocks_kept, put);
-    s_open(fx);
-    assert_int_equal(s_count_served(fx, p), put);
-    kvedge_engine_destroy(&fx->e);
-    s_second_repair_noop(fx, put);
-    s_put_free(p);
-    free(p);
+    s_served_then_noop(fx, p, put);
+    s_stored_free(p);
 }
 
 static void test_repair_sound_store(void **state)
 {
     fx_t *fx = *state;
-    put_t *p = calloc(1, sizeof *p);
-    assert_non_null(p);
-    s_put_all(fx, p, TOKENS);
+    put_t *p = s_stored(fx, TOKENS);
     kvedge_repair_report_t rep;
     char why[512];
     assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why), 0);
@@ -870,8 +854,7 @@ static void test_repair_sound_store(void **state)
     s_open(fx);
     assert_int_equal(s_count_served(fx, p), rep.blocks_kept);
     kvedge_engine_destroy(&fx->e);
-    s_put_free(p);
-    free(p);
+    s_stored_free(p);
 }
 
 /* Model records of tenant namespaces are carried over as they were, beside the node-wide ones,
