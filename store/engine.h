@@ -416,6 +416,8 @@ int kvedge_engine_demote_stats(kvedge_engine_t *e, kvedge_engine_demote_stats_t 
 /* What kvedge_engine_repair found and did. blocks_found = blocks_kept + blocks_lost. */
 typedef struct {
     uint64_t blocks_found;    /* blocks the store named or held (tables, indexes, blob files) */
+    uint64_t damaged_keys;    /* keys no put could have written (layer or head past the limits):
+                                 damage to a key, not blocks; not counted in found */
     uint64_t blocks_kept;     /* blocks that passed the full check: in the repaired store */
     uint64_t blocks_lost;     /* blocks that did not: in its quarantine family */
     uint64_t from_blob_files; /* kept blocks RocksDB could not read, found in its blob files */

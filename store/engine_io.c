@@ -148,9 +148,9 @@ static int s_put_chunk_check(kvedge_engine_t *e, const kvedge_chunk_info_t *chun
     kvedge_chunk_info_t old;
     int rc = kvedge_engine_read_chunk(e, &chunk->id, &old);
     if (rc == KVEDGE_OK && kvedge_engine_chunk_rebuilt(&old)) {
-        /* Rebuilt by repair from its blocks: the put's record, which knows its place in the
-         * chain and its tenant, replaces it. */
-        if (strcmp(old.model_id, rec->model_id) != 0 || old.tokens != rec->tokens)
+        /* Rebuilt by repair from its blocks, its model guessed from their shape: the put's
+         * record, which knows its model, place in the chain and tenant, replaces it. */
+        if (old.tokens != rec->tokens)
             return KVEDGE_ESHAPE;
         rec->created_ms = old.created_ms;
         return KVEDGE_OK;

@@ -401,6 +401,13 @@ static int s_salvage_block(s_salvage_t *s, const uint8_t *kb)
     if (brc == KVEDGE_ENOTFOUND && mrc == KVEDGE_ENOTFOUND &&
         !(s->damaged && s_blobs_have(s->blobs, kb)))
         return KVEDGE_OK; /* an index entry left behind: no block */
+    kvedge_block_key_t key;
+    kvedge_block_key_unpack(kb, &key);
+    if (key.layer >= KVEDGE_MODEL_MAX_LAYERS || key.head >= KVEDGE_MODEL_MAX_HEADS) {
+        s->rep->damaged_keys++; /* no put writes such a key: a damaged one, not a block */
+        s->damaged = true;
+        return KVEDGE_OK;
+    }
     s->rep->blocks_found++;
     size_t len = 0;
     const uint8_t *data = brc == KVEDGE_OK ? s_pval(blk, &len) : NULL;
@@ -450,11 +457,8 @@ static int s_salvage_block(s_salvage_t *s, const uint8_t *kb)
                                   KVEDGE_BLOCK_KEY_BYTES, data ? (const char *)data : "",
                                   data ? len : 0);
         s->rep->blocks_lost++;
-        if (s->cb) {
-            kvedge_block_key_t key;
-            kvedge_block_key_unpack(kb, &key);
+        if (s->cb)
             rc = s->cb(s->ctx, &key, err);
-        }
     }
     if (rc == KVEDGE_OK && ++s->in_batch >= S_BATCH_BLOCKS)
         rc = s_flush(s);
@@ -473,6 +477,22 @@ static int s_put_chunk_record(s_salvage_t *s, const kvedge_chunk_info_t *c)
     rocksdb_put_cf(s->dst->db, s->dst->wo, s->dst->cf[S_CF_PREFIXES], (const char *)c->id.bytes,
                    KVEDGE_CHUNK_ID_BYTES, (const char *)rec, n, &err);
     return err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+}
+
+/* A kept chunk's model the new store cannot resolve: a built-in gets its record (as a node
+ * registers one on first use); any other is lost (its blocks are kept; no node can tell their
+ * shape). */
+static int s_builtin_or_lost(s_salvage_t *s, const char *id)
+{
+    kvedge_model_t builtin;
+    if (kvedge_model_builtin(id, &builtin) != KVEDGE_OK) {
+        s->rep->models_lost++;
+        return KVEDGE_OK;
+    }
+    int rc = kvedge_engine_put_model(s->dst, &builtin);
+    if (rc == KVEDGE_OK)
+        s->rep->models_kept++;
+    return rc;
 }
 
 /* What the kept blocks of one chunk say about it, and the one model they fit. */
@@ -520,8 +540,8 @@ static int s_shape_model_cb(void *ctx, const uint8_t *tenant, const kvedge_model
 /* A kept chunk whose record cannot be read gets one rebuilt from its blocks when exactly one
  * model the store knows fits them (layers and heads at least those kept, head dim, dtype):
  * served again, listed under no tenant (its tenant tag is all 0xff) and replaced by the next put
- * of the chunk. Only when the models family was read whole: a model whose record was lost
- * could fit too. Otherwise the chunk is lost: its blocks are kept by key. */
+ * of the chunk. When the models family was not read whole, only an exact fit that is built in.
+ * Otherwise the chunk is lost: its blocks are kept by key. */
 static int s_rebuild_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
 {
     uint8_t upper[S_UPPER_BYTES];
@@ -561,11 +581,17 @@ static int s_rebuild_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
         if (rc == KVEDGE_ENOMEM)
             return rc;
     }
-    /* One exact fit, else one loose fit; only when every model the store knew was read. */
+    /* One exact fit, else one loose fit, when every model the store knew was read; when some
+     * record could not be read, only a built-in the blocks fit exactly (a lost record could
+     * fit as well as any other). */
     const kvedge_model_t *fit = sh.n_exact == 1                    ? &sh.exact
                                 : sh.n_exact == 0 && sh.n_fit == 1 ? &sh.fit
                                                                    : NULL;
-    if (rc != KVEDGE_OK || !any || sh.mixed || !fit || sh.tenant_fit || !s->models_whole) {
+    kvedge_model_t builtin;
+    if (fit && !s->models_whole &&
+        (fit != &sh.exact || kvedge_model_builtin(fit->id, &builtin) != KVEDGE_OK))
+        fit = NULL;
+    if (rc != KVEDGE_OK || !any || sh.mixed || !fit || sh.tenant_fit) {
         s->rep->chunks_lost++;
         return KVEDGE_OK;
     }
@@ -578,9 +604,13 @@ static int s_rebuild_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
     c.created_ms = s->now;
     memset(c.tenant, 0xff, sizeof c.tenant);
     int wrc = s_put_chunk_record(s, &c);
-    if (wrc == KVEDGE_OK)
-        s->rep->chunks_rebuilt++;
-    return wrc;
+    if (wrc != KVEDGE_OK)
+        return wrc;
+    s->rep->chunks_rebuilt++;
+    kvedge_model_t have;
+    return kvedge_engine_get_model(s->dst, fit->id, &have) == KVEDGE_OK
+               ? KVEDGE_OK
+               : s_builtin_or_lost(s, fit->id);
 }
 
 /* Copies one readable chunk record and the model it names (when the new store lacks it). */
@@ -606,7 +636,7 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
         s->rep->models_kept++;
     else if (rc == 0 &&
              kvedge_engine_get_tenant_model(s->dst, c.tenant, c.model_id, &have) != KVEDGE_OK)
-        s->rep->models_lost++; /* its blocks are kept; the node cannot tell their shape */
+        rc = s_builtin_or_lost(s, c.model_id);
     return rc > 0 ? KVEDGE_OK : rc;
 }
 

@@ -1077,7 +1077,8 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
                "\"kept\":%llu,\"lost\":%llu,\"meta_rebuilt\":%llu,\"from_blob_files\":%llu,"
                "\"chunks_kept\":%llu,\"chunks_rebuilt\":%llu,\"chunks_lost\":%llu,"
                "\"models_kept\":%llu,\"models_lost\":%llu,\"quarantine_kept\":%llu,"
-               "\"variants_dropped\":%llu,\"before\":{\"table_files\":%llu,\"blob_files\":%llu,"
+               "\"variants_dropped\":%llu,\"damaged_keys\":%llu,\"before\":{\"table_files\":%llu,"
+               "\"blob_files\":%llu,"
                "\"wal_files\":%llu,\"data_bytes\":%llu},\"rocksdb_repaired\":%s,\"old_files\":",
                rc == KVEDGE_OK && !lost ? "true" : "false",
                rc == KVEDGE_OK && !rep.unchanged ? "true" : "false", rep.resumed ? "true" : "false",
@@ -1087,9 +1088,10 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
                (unsigned long long)rep.chunks_kept, (unsigned long long)rep.chunks_rebuilt,
                (unsigned long long)rep.chunks_lost, (unsigned long long)rep.models_kept,
                (unsigned long long)rep.models_lost, (unsigned long long)rep.quarantine_kept,
-               (unsigned long long)rep.variants_dropped, (unsigned long long)rep.table_files,
-               (unsigned long long)rep.blob_files, (unsigned long long)rep.wal_files,
-               (unsigned long long)rep.data_bytes, rep.rocksdb_repaired ? "true" : "false");
+               (unsigned long long)rep.variants_dropped, (unsigned long long)rep.damaged_keys,
+               (unsigned long long)rep.table_files, (unsigned long long)rep.blob_files,
+               (unsigned long long)rep.wal_files, (unsigned long long)rep.data_bytes,
+               rep.rocksdb_repaired ? "true" : "false");
         kvedge_cli_json_str(stdout, rep.old_files);
         printf("}\n");
     } else if (rc == KVEDGE_OK && rep.resumed) {

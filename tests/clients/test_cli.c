@@ -419,6 +419,49 @@ static void s_damage_blobs(void)
     assert_true(damaged > 0);
 }
 
+/* Five flipped bytes in every table file of a store of a built-in model: every block is kept
+ * from the blob files and every chunk record rebuilt from its blocks, so ls lists them all;
+ * a second repair has nothing to do. */
+static void test_repair_flips_in_every_sst(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 2560 --scheme int8"), 0);
+    DIR *d = opendir(s_dir);
+    assert_non_null(d);
+    struct dirent *de;
+    int tables = 0;
+    while ((de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n < 5 || strcmp(de->d_name + n - 4, ".sst") != 0)
+            continue;
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", s_dir, de->d_name);
+        int fd = open(path, O_RDWR);
+        assert_true(fd >= 0);
+        struct stat st;
+        assert_int_equal(fstat(fd, &st), 0);
+        for (int i = 1; i <= 5; i++) {
+            off_t at = (st.st_size - 64) * i / 6;
+            uint8_t b;
+            assert_int_equal(pread(fd, &b, 1, at), 1);
+            b ^= 0x5a;
+            assert_int_equal(pwrite(fd, &b, 1, at), 1);
+        }
+        close(fd);
+        tables++;
+    }
+    closedir(d);
+    assert_true(tables > 0);
+    assert_int_equal(s_run("--json repair"), 0);
+    assert_contains(s_out, "\"found\":1440,\"kept\":1440,\"lost\":0");
+    assert_contains(s_out, "\"chunks_lost\":0");
+    assert_int_equal(s_run("--json ls"), 0);
+    assert_int_equal(s_count(s_out, "\"model\":\"opt-125m\""), 10);
+    assert_int_equal(s_run("verify"), 0);
+    assert_int_equal(s_run("repair"), 0);
+    assert_contains(s_out, "nothing to repair");
+}
+
 /* Blocks damaged in the blob files: repair loses them, lists them and exits 4; the store it
  * leaves is sound, and a second repair has nothing to do. */
 static void test_repair_lost_blocks(void **state)
@@ -1355,6 +1398,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_damaged_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_repair_lost_current, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_repair_lost_blocks, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_repair_flips_in_every_sst, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_blob_detected, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_remote_mode, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_global_options_after_command, s_setup, s_teardown),
