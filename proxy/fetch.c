@@ -994,14 +994,17 @@ static void s_fetch_sources(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t token
 static zmsg_t *s_plan_message(const s_fetch_t *f)
 {
     const kvedge_plan_t *pl = f->plan;
+    /* Unpriced (recomputation the request did not allow): 1e300 on the wire. */
+#define S_WIRE_US(x) (isfinite(x) ? (x) : 1e300)
     kvedge_wire_fetch_plan_t w = {(uint32_t)f->nsrc,
                                   f->L,
                                   pl->split,
-                                  pl->total_us,
-                                  pl->bound_us,
-                                  pl->cloud_only_us,
-                                  pl->recompute_all_us,
-                                  pl->load_then_compute_us};
+                                  S_WIRE_US(pl->total_us),
+                                  S_WIRE_US(pl->bound_us),
+                                  S_WIRE_US(pl->cloud_only_us),
+                                  S_WIRE_US(pl->recompute_all_us),
+                                  S_WIRE_US(pl->load_then_compute_us)};
+#undef S_WIRE_US
     uint8_t head[KVEDGE_WIRE_FETCH_PLAN_BYTES];
     kvedge_wire_fetch_plan_pack(&w, head);
     zframe_t *srcs = zframe_new(NULL, f->nsrc * KVEDGE_WIRE_FETCH_SOURCE_BYTES);
@@ -1194,23 +1197,19 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
     }
     if (rc == KVEDGE_OK) {
         memcpy(f->chunks, pf[1].data, (size_t)f->nchunks * KVEDGE_CHUNK_ID_BYTES);
-        for (uint32_t l = 0; l < f->L; l++) {
-            if (times) {
-                float cu, ru;
-                uint32_t a = kvedge_le_get32(pf[2].data + 8 * l),
-                         b = kvedge_le_get32(pf[2].data + 8 * l + 4);
-                memcpy(&cu, &a, 4);
-                memcpy(&ru, &b, 4);
-                if (!(cu >= 0 && cu < 1e30f) || !(ru >= 0 && ru < 1e30f))
-                    rc = KVEDGE_EPROTO;
-                f->compute[l] = cu;
-                f->recompute[l] = ru;
-            } else {
-                /* Fetch only: computing a layer is priced out of reach (an hour). */
-                f->recompute[l] = 3.6e9;
-            }
+        for (uint32_t l = 0; times && l < f->L; l++) {
+            float cu, ru;
+            uint32_t a = kvedge_le_get32(pf[2].data + 8 * l),
+                     b = kvedge_le_get32(pf[2].data + 8 * l + 4);
+            memcpy(&cu, &a, 4);
+            memcpy(&ru, &b, 4);
+            if (!(cu >= 0 && cu < 1e30f) || !(ru >= 0 && ru < 1e30f))
+                rc = KVEDGE_EPROTO;
+            f->compute[l] = cu;
+            f->recompute[l] = ru;
         }
-        f->req = (kvedge_plan_request_t){f->L, 0, f->compute, f->recompute};
+        /* Fetch only (no times): the request allows no recomputation (proxy/plan.h). */
+        f->req = (kvedge_plan_request_t){f->L, 0, f->compute, times ? f->recompute : NULL};
     }
     if (rc == KVEDGE_OK) {
         uint32_t tokens = spec.tokens ? spec.tokens : f->nchunks * S_TOKENS_PER_CHUNK;

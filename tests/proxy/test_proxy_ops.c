@@ -1,0 +1,395 @@
+/* The edge proxy under operational faults, with real processes: a cloud node stopped
+ * (SIGSTOP) while a peer holds the shallow layers: every layer the peer holds is fetched from
+ * it, none is reported as recomputed when the request allowed no recomputation; sources
+ * learned from the master are labelled so; a node learned from the master that runs CURVE is
+ * reached by a proxy whose clients are plaintext (its certificate loaded because the master
+ * may name such nodes), and without a certificate the proxy says which flag to give; a FETCH
+ * sent right after the blocks were stored, before the node published its directory, finds
+ * them (the proxy asks its sources before it reports a miss). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <czmq.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "access/secure.h"
+#include "clients/kvedge.h"
+#include "proxy/proxy.h"
+#include "proxy/settings.h"
+#include "store/master/master.h"
+#include "store/node/node.h"
+#include "store/synth.h"
+
+#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  12
+#define S_LAYERS 12
+#define S_CHUNKS 2
+#define S_TOKENS 256 /* per chunk */
+
+/* ---------------------------------------------------------------- the context */
+
+static kvedge_chunk_id_t s_ids[S_CHUNKS];
+static uint8_t *s_block[S_LAYERS][S_CHUNKS][S_HEADS];
+static size_t s_len[S_LAYERS][S_CHUNKS][S_HEADS];
+
+static void s_make_context(void)
+{
+    uint32_t tok[S_CHUNKS * S_TOKENS];
+    for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
+        tok[i] = 7 * i + 5;
+    assert_int_equal(
+        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS, s_ids, S_CHUNKS),
+        S_CHUNKS);
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t c = 0; c < S_CHUNKS; c++)
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                s_block[l][c][h] = malloc(cap);
+                assert_non_null(s_block[l][c][h]);
+                assert_int_equal(kvedge_synth_head(l * 1000 + c * 100 + h, 0, S_TOKENS, 64,
+                                                   KVEDGE_DTYPE_FP16, k, v),
+                                 0);
+                assert_int_equal(
+                    kvedge_block_encode(&spec, k, v, s_block[l][c][h], cap, &s_len[l][c][h]), 0);
+            }
+}
+
+static kvedge_client_t *s_client(const char *ep, int deadline_ms)
+{
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.deadline_ms = deadline_ms;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    return c;
+}
+
+/* Puts layers [l0, l1) of the context to the node at ep. */
+static void s_put(const char *ep, uint32_t l0, uint32_t l1)
+{
+    kvedge_client_t *c = s_client(ep, 10000);
+    kvedge_put_item_t items[S_HEADS];
+    for (uint32_t l = l0; l < l1; l++)
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                memset(&items[h], 0, sizeof items[h]);
+                items[h].chunk.id = s_ids[ci];
+                items[h].chunk.has_parent = ci > 0;
+                if (ci > 0)
+                    items[h].chunk.parent = s_ids[ci - 1];
+                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+                items[h].chunk.index = ci;
+                items[h].chunk.tokens = S_TOKENS;
+                items[h].layer = (uint16_t)l;
+                items[h].head = (uint16_t)h;
+                items[h].block = s_block[l][ci][h];
+                items[h].len = s_len[l][ci][h];
+            }
+            assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
+        }
+    kvedge_client_destroy(&c);
+}
+
+static void s_rmrf(const char *dir)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* ---------------------------------------------------------------- daemons */
+
+/* A master on ipc endpoints under root (plaintext: loopback only). */
+typedef struct {
+    char dir[300], ep[350], pub[350];
+    kvedge_master_t *m;
+} s_master_t;
+
+__attribute__((unused)) static void s_master_start(s_master_t *mm, const char *root)
+{
+    kvedge_master_opts_t o;
+    kvedge_master_opts_default(&o);
+    snprintf(mm->dir, sizeof mm->dir, "%.200s/master", root);
+    snprintf(mm->ep, sizeof mm->ep, "ipc://%.200s/m.sock", root);
+    snprintf(mm->pub, sizeof mm->pub, "ipc://%.200s/mp.sock", root);
+    o.bind = mm->ep;
+    o.pub = mm->pub;
+    o.data_dir = mm->dir;
+    o.insecure = true;
+    assert_int_equal(kvedge_master_start(&o, &mm->m, NULL, 0), 0);
+}
+
+/* A store node in this process; registered with the master when mm is given (directory
+ * every dir_ms), CURVE toward its clients unless insecure. */
+typedef struct {
+    char dir[200], ep[250];
+    kvedge_node_t *node;
+} s_node_t;
+
+static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
+                         const s_master_t *mm, uint32_t dir_ms, bool insecure)
+{
+    memset(n, 0, sizeof *n);
+    snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
+    snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
+    ns.role = role;
+    ns.insecure = insecure;
+    ns.workers = 2;
+    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
+    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
+    snprintf(ns.name, sizeof ns.name, "%s", name);
+    if (mm) {
+        snprintf(ns.master, sizeof ns.master, "%s", mm->ep);
+        snprintf(ns.master_pub, sizeof ns.master_pub, "%s", mm->pub);
+        snprintf(ns.node_id, sizeof ns.node_id, "%s", name);
+        ns.dir_interval_ms = dir_ms;
+    }
+    char why[256];
+    if (kvedge_node_start(&ns, &n->node, why, sizeof why) != 0)
+        fail_msg("start %s: %s", name, why);
+}
+
+/* A plaintext cloud node in its own process (`kvedge store`), so it can be stopped. */
+static pid_t s_spawn_cloud(const char *root, const char *ep)
+{
+    char data[400];
+    snprintf(data, sizeof data, "%s/cloud-proc", root);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        execl(KVEDGE_BIN, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure",
+              "--bind", ep, "--log-level", "error", "--metrics", "off", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[300];
+    ssize_t r = read(pfd[0], line, sizeof line);
+    close(pfd[0]);
+    assert_true(r > 0);
+    return pid;
+}
+
+static kvedge_proxy_t *s_proxy(kvedge_proxy_opts_t *po, const char *root, char *ep, size_t ep_len)
+{
+    snprintf(ep, ep_len, "ipc://%s/proxy.sock", root);
+    po->bind = ep;
+    po->insecure = true;
+    po->id = "proxy-ops";
+    po->metrics = "off";
+    char why[256];
+    kvedge_proxy_t *p = NULL;
+    if (kvedge_proxy_start(po, &p, why, sizeof why) != 0)
+        fail_msg("proxy: %s", why);
+    return p;
+}
+
+/* ---------------------------------------------------------------- fetching */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    kvedge_fetch_plan_t plan;
+    kvedge_fetch_layer_t layer[S_LAYERS];
+    char src[S_LAYERS][64];
+    uint32_t layers, mismatches;
+} s_result_t;
+
+static void s_r_plan(void *ctx, const kvedge_fetch_plan_t *p)
+{
+    ((s_result_t *)ctx)->plan = *p;
+}
+
+static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source, int status,
+                      const uint8_t *data, size_t len)
+{
+    (void)source;
+    s_result_t *r = ctx;
+    if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
+        len != s_len[layer][ci][head] || memcmp(data, s_block[layer][ci][head], len) != 0)
+        r->mismatches++;
+}
+
+static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
+{
+    s_result_t *r = ctx;
+    if (r->layers < S_LAYERS) {
+        r->layer[r->layers] = *l;
+        snprintf(r->src[r->layers], sizeof r->src[0], "%s", l->source_name);
+    }
+    r->layers++;
+}
+
+static void s_r_done(void *ctx, int status)
+{
+    s_result_t *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    r->status = status;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Fetches every layer through the proxy, without decoder times (fetch only: the request
+ * allows no recomputation). */
+static void s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    kvedge_client_t *c = s_client(proxy_ep, deadline_ms);
+    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+                              .chunks = s_ids,
+                              .n = S_CHUNKS,
+                              .layers = S_LAYERS,
+                              .tokens = S_CHUNKS * S_TOKENS,
+                              .deadline_ms = deadline_ms};
+    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
+    pthread_mutex_lock(&r->mu);
+    while (!r->done)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    kvedge_client_destroy(&c);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+}
+
+static cJSON *s_monitor(const char *ep)
+{
+    kvedge_client_t *c = s_client(ep, 5000);
+    char *json = NULL;
+    size_t len = 0;
+    assert_int_equal(kvedge_client_monitor(c, 0, &json, &len), 0);
+    kvedge_client_destroy(&c);
+    cJSON *doc = cJSON_ParseWithLength(json, len);
+    assert_non_null(doc);
+    free(json);
+    return doc;
+}
+
+/* The proxy's MONITOR entry of source name (caller deletes *doc), or NULL. */
+__attribute__((unused)) static const cJSON *s_source_entry(const char *pep, const char *name,
+                                                           cJSON **doc)
+{
+    *doc = s_monitor(pep);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(*doc, "sources"))
+    {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
+        if (cJSON_IsString(n) && strcmp(n->valuestring, name) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+__attribute__((unused)) static const char *s_str(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* ---------------------------------------------------------------- tests */
+
+/* The cloud holds all 12 layers, a peer layers 0-5; the cloud is stopped (SIGSTOP: its socket
+ * stays open, nothing answers). A FETCH without decoder times allows no recomputation: every
+ * layer the peer holds is delivered from it in every one of 8 fetches, and none is reported
+ * as recomputed (the deep layers nobody can deliver are misses). */
+static void test_peer_layers_fetched_while_cloud_stopped(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-pops-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    char cep[300];
+    snprintf(cep, sizeof cep, "ipc://%s/cloud.sock", root);
+    pid_t cloud = s_spawn_cloud(root, cep);
+    s_put(cep, 0, S_LAYERS);
+    s_node_t peer;
+    s_node_start(&peer, root, "peer1", KVEDGE_ROLE_EDGE, NULL, 0, true);
+    s_put(peer.ep, 0, 6);
+
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s bw=125000000 rtt=2000", cep);
+    assert_int_equal(kvedge_proxy_source_parse(spec, &src[0]), 0);
+    snprintf(spec, sizeof spec, "peer peer1 %s bw=125000000 rtt=1000", peer.ep);
+    assert_int_equal(kvedge_proxy_source_parse(spec, &src[1]), 0);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.sources = src;
+    po.nsources = 2;
+    po.stall_min_ms = 200;
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(&po, root, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 5000), 0);
+
+    assert_int_equal(kill(cloud, SIGSTOP), 0);
+    for (int i = 0; i < 8; i++) {
+        s_result_t r;
+        s_fetch(pep, 5000, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(r.layers, S_LAYERS);
+        assert_int_equal(r.mismatches, 0);
+        for (uint32_t l = 0; l < S_LAYERS; l++) {
+            const kvedge_fetch_layer_t *ly = &r.layer[l];
+            if (ly->reason == KVEDGE_FETCH_RECOMPUTE)
+                fail_msg("fetch %d: layer %u reported recompute (the request sent no times)", i, l);
+            if (l < 6) {
+                if (ly->status != 0)
+                    fail_msg("fetch %d: layer %u (held by the peer) not delivered: %s", i, l,
+                             kvedge_fetch_reason_name(ly->reason));
+                assert_string_equal(r.src[l], "peer1");
+            } else {
+                assert_int_equal(ly->status, KVEDGE_ENOTFOUND);
+            }
+        }
+        /* Nothing in the plan is priced as recomputation: the request allowed none. */
+        for (uint32_t l = 0; l < 6; l++)
+            assert_true(r.plan.layer[l].source >= 0);
+    }
+
+    kill(cloud, SIGKILL);
+    kill(cloud, SIGCONT);
+    waitpid(cloud, NULL, 0);
+    kvedge_proxy_destroy(&p);
+    kvedge_node_destroy(&peer.node);
+    s_rmrf(root);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    s_make_context();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_peer_layers_fetched_while_cloud_stopped),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t c = 0; c < S_CHUNKS; c++)
+            for (uint32_t h = 0; h < S_HEADS; h++)
+                free(s_block[l][c][h]);
+    return rc;
+}
