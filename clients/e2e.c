@@ -1036,10 +1036,11 @@ static void s_json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* Milliseconds from microseconds; null when not finite (JSON has no NaN or infinity). */
+/* Milliseconds from microseconds; null when not finite (JSON has no NaN or infinity) or not a
+ * price (proxy/plan.h: unpriced). */
 static void s_json_ms(FILE *f, const char *key, double us, bool comma)
 {
-    if (isfinite(us) && fabs(us) < 1e290)
+    if (isfinite(us) && fabs(us) < KVEDGE_PLAN_UNPRICED_US)
         fprintf(f, "\"%s\":%.3f%s", key, us / 1e3, comma ? "," : "");
     else
         fprintf(f, "\"%s\":null%s", key, comma ? "," : "");
@@ -1205,10 +1206,13 @@ void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json)
     fprintf(f, "received  %llu bytes\n", (unsigned long long)res->received_bytes);
     fprintf(f, "memory    weights %.2f MB, KV %.2f MB\n", (double)res->weights_bytes / 1e6,
             (double)res->kv_bytes / 1e6);
-    if (res->have_plan)
-        fprintf(f,
-                "plan      T %.2f ms, bound %.2f ms, cloud-only %.2f ms, recompute-all %.2f ms, "
-                "split %u\n",
-                res->plan.total_us / 1e3, res->plan.bound_us / 1e3, res->plan.cloud_only_us / 1e3,
-                res->plan.recompute_all_us / 1e3, res->plan.split);
+    if (res->have_plan) {
+        char t[4][32]; /* an unpriced total (recomputation not allowed) prints as "unpriced" */
+        fprintf(f, "plan      T %s, bound %s, cloud-only %s, recompute-all %s, split %u\n",
+                kvedge_plan_ms_text(res->plan.total_us, 2, t[0], sizeof t[0]),
+                kvedge_plan_ms_text(res->plan.bound_us, 2, t[1], sizeof t[1]),
+                kvedge_plan_ms_text(res->plan.cloud_only_us, 2, t[2], sizeof t[2]),
+                kvedge_plan_ms_text(res->plan.recompute_all_us, 2, t[3], sizeof t[3]),
+                res->plan.split);
+    }
 }

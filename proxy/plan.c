@@ -1113,13 +1113,26 @@ static const char *s_prec_name(const kvedge_plan_t *plan, int32_t p, char *tmp, 
     return tmp;
 }
 
+const char *kvedge_plan_ms_text(double us, int decimals, char *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return "";
+    if (!isfinite(us) || us >= KVEDGE_PLAN_UNPRICED_US)
+        snprintf(buf, len, "unpriced");
+    else
+        snprintf(buf, len, "%.*f ms", decimals < 0 ? 0 : decimals > 6 ? 6 : decimals, us / 1e3);
+    return buf;
+}
+
 /* A time in ms with 3 decimals (and the unit when unit), or "-" ("unpriced" with unit) for
  * one that is not a price (recomputation the request did not allow): never a sentinel. */
 static const char *s_ms(double us, bool unit, char *tmp, size_t len)
 {
+    if (unit)
+        return kvedge_plan_ms_text(us, 3, tmp, len);
     if (!isfinite(us) || us >= KVEDGE_PLAN_UNPRICED_US)
-        return unit ? "unpriced" : "-";
-    snprintf(tmp, len, unit ? "%.3f ms" : "%.3f", us / 1e3);
+        return "-";
+    snprintf(tmp, len, "%.3f", us / 1e3);
     return tmp;
 }
 

@@ -226,6 +226,11 @@ int kvedge_plan_replan(const kvedge_plan_request_t *req, const kvedge_plan_sourc
 int kvedge_plan_format(const kvedge_plan_t *plan, const kvedge_plan_source_t *sources, size_t nsrc,
                        char *buf, size_t len);
 
+/* A time for people: "%.<decimals>f ms" of us, or "unpriced" when us is not a price (not
+ * finite, or at least KVEDGE_PLAN_UNPRICED_US). Writes buf (always NUL-terminated when
+ * len > 0) and returns it; decimals is clamped to 0..6. */
+const char *kvedge_plan_ms_text(double us, int decimals, char *buf, size_t len);
+
 /* ---- precision choice ------------------------------------------------------------------
  * The functions below take a kvedge_plan_prec_t beside the request; prec NULL makes each one
  * exactly its plain counterpart above (prec_assign is then not read). With prec, a layer's

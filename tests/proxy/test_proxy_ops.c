@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "access/secure.h"
+#include "clients/e2e.h"
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "proxy/settings.h"
@@ -312,6 +313,18 @@ __attribute__((unused)) static const char *s_str(const cJSON *o, const char *key
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
+/* Runs a shell command; its stdout (at most cap - 1 bytes) into out. Returns its exit
+ * status. */
+static int s_capture(const char *cmd, char *out, size_t cap)
+{
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* ---------------------------------------------------------------- tests */
 
 /* The cloud holds all 12 layers, a peer layers 0-5; the cloud is stopped (SIGSTOP: its socket
@@ -371,6 +384,16 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
             assert_true(r.plan.layer[l].source >= 0);
     }
 
+    /* `kvedge fetch` prints the plan's totals: recompute-all is unpriced, not a time. */
+    char hex[S_CHUNKS][KVEDGE_CHUNK_ID_HEX_BYTES], cmd[1200];
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s -H %s fetch --model %s --chunks %s,%s 2>/dev/null", KVEDGE_BIN,
+             pep, S_MODEL, kvedge_chunk_id_hex(&s_ids[0], hex[0]),
+             kvedge_chunk_id_hex(&s_ids[1], hex[1]));
+    s_capture(cmd, out, sizeof out);
+    if (!strstr(out, "recompute-all unpriced)"))
+        fail_msg("kvedge fetch printed:\n%s", out);
+
     kill(cloud, SIGKILL);
     kill(cloud, SIGCONT);
     waitpid(cloud, NULL, 0);
@@ -379,12 +402,51 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
     s_rmrf(root);
 }
 
+/* The decode printout: a total the proxy could not price (1e300 on the wire: recomputation
+ * the request did not allow) is "unpriced" in text and null in JSON, never a time. */
+static void test_decode_prints_unpriced(void **state)
+{
+    (void)state;
+    kvedge_e2e_result_t *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    r->mode = KVEDGE_E2E_KVEDGE;
+    r->have_plan = true;
+    r->plan.layers = 1;
+    r->plan.total_us = 2500;
+    r->plan.bound_us = 2000;
+    r->plan.cloud_only_us = 1e300;
+    r->plan.recompute_all_us = 1e300;
+    r->plan.load_then_compute_us = 3000;
+    static char buf[1 << 16];
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    assert_non_null(f);
+    kvedge_e2e_print(f, r, false);
+    fclose(f);
+    if (!strstr(buf, "cloud-only unpriced, recompute-all unpriced") || strstr(buf, "e+") ||
+        !strstr(buf, "T 2.50 ms"))
+        fail_msg("text:\n%s", buf);
+    f = fmemopen(buf, sizeof buf, "w");
+    assert_non_null(f);
+    kvedge_e2e_print(f, r, true);
+    fclose(f);
+    cJSON *doc = cJSON_Parse(buf);
+    if (!doc)
+        fail_msg("not JSON:\n%s", buf);
+    const cJSON *plan = cJSON_GetObjectItemCaseSensitive(doc, "plan");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(plan, "recompute_all_ms")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(plan, "cloud_only_ms")));
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(plan, "total_ms")));
+    cJSON_Delete(doc);
+    free(r);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     s_make_context();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peer_layers_fetched_while_cloud_stopped),
+        cmocka_unit_test(test_decode_prints_unpriced),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (uint32_t l = 0; l < S_LAYERS; l++)
