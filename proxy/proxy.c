@@ -329,7 +329,7 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
         rc = kvedge_secure_router_open(&p->sec, p->opts.bind, opts->insecure, opts->cert,
                                        opts->clients_dir, why, why_len);
     for (size_t i = 0; rc == KVEDGE_OK && i < opts->nsources; i++)
-        kvedge_proxy_impl_src_add(p, &opts->sources[i]);
+        kvedge_proxy_impl_src_add(p, &opts->sources[i], false);
     if (rc == KVEDGE_OK && opts->master) {
         kvedge_mview_opts_t vo;
         kvedge_mview_opts_default(&vo);

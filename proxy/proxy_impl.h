@@ -32,7 +32,10 @@ extern "C" {
  * so an index stays valid for the proxy's life. */
 typedef struct {
     kvedge_proxy_source_t conf;
-    bool from_master;        /* discovered in the master's node list */
+    bool from_master; /* discovered in the master's node list */
+    /* Why the prober cannot reach it, when a flag would fix it (shown as its last error in
+     * the `sources` view); "" otherwise (under srcs_mu). */
+    char hint[320];
     kvedge_client_t *client; /* set once by the prober (under srcs_mu), never replaced */
     double ratio;            /* learned wire bytes per fp16 byte (actor only) */
     double bw_est;           /* throughput measured over whole fetches (under srcs_mu) */
@@ -156,8 +159,11 @@ void kvedge_proxy_impl_monitor_poll_history(kvedge_proxy_impl_t *p);
 
 /* ---------------------------------------------------------------- sources.c: sources */
 
-/* Appends a source to the table and to health. Returns its index, or -1 when it is full. */
-int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf);
+/* Appends a source to the table and to health; from_master: found in the master's registry
+ * (the `sources` view's origin), else given at start. Returns its index, or -1 when it is
+ * full. */
+int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf,
+                              bool from_master);
 
 /* The link the planner prices source s at (c: its client, or NULL): measured, else the
  * master's link record, else declared, else the defaults. Any thread. */

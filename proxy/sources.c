@@ -82,7 +82,8 @@ int kvedge_proxy_source_parse(const char *spec, kvedge_proxy_source_t *out)
 }
 
 /* Adds a source (prober or start); returns its index or -1 when the table is full. */
-int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf)
+int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf,
+                              bool from_master)
 {
     pthread_mutex_lock(&p->srcs_mu);
     size_t n = atomic_load(&p->nsrc);
@@ -91,6 +92,7 @@ int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_
         kvedge_proxy_impl_src_t *s = &p->src[n];
         memset(s, 0, sizeof *s);
         s->conf = *conf;
+        s->from_master = from_master;
         s->ratio = S_RATIO_PRIOR;
         idx = (int)n;
         atomic_store(&p->nsrc, n + 1);
@@ -223,11 +225,36 @@ static void s_discover(kvedge_proxy_impl_t *p)
             conf.kind = rec.role == KVEDGE_ROLE_CLOUD ? KVEDGE_PLAN_CLOUD : KVEDGE_PLAN_PEER;
         conf.bw_bytes_per_s = (double)rec.bandwidth_bytes_per_s;
         conf.rtt_us = rec.rtt_us;
-        if (kvedge_proxy_impl_src_add(p, &conf) >= 0)
+        if (kvedge_proxy_impl_src_add(p, &conf, true) >= 0)
             kvedge_log_info("source %s (%s) from the master: %s", id,
                             kvedge_plan_kind_name(conf.kind), conf.endpoint);
     }
     free(acc.ids);
+}
+
+/* A source that runs CURVE (it has a public key) cannot be reached without a certificate of
+ * our own: say so, in the `sources` view and in the log (warn, once a minute per source), with
+ * the flag that fixes it, rather than fail the connect with "invalid argument". */
+static kvedge_log_limit_t s_no_cert_lines = KVEDGE_LOG_LIMIT_INIT(60000, 1, 30);
+
+static void s_no_cert(kvedge_proxy_impl_t *p, size_t i, const kvedge_proxy_source_t *conf,
+                      uint64_t now)
+{
+    pthread_mutex_lock(&p->srcs_mu);
+    bool from_master = p->src[i].from_master;
+    snprintf(p->src[i].hint, sizeof p->src[i].hint,
+             "%s runs CURVE and this proxy has no certificate: start the proxy with --cert FILE "
+             "and allowlist FILE's public key on %s",
+             conf->name, conf->name);
+    pthread_mutex_unlock(&p->srcs_mu);
+    kvedge_health_failure(p->health, conf->name, now, KVEDGE_EDENIED);
+    uint64_t held = 0;
+    if (kvedge_log_limit_allow(&s_no_cert_lines, conf->name, kvedge_mono_ms(), &held))
+        kvedge_log_warn("source %s (%s%s) runs CURVE (it has a public key) but this proxy has no "
+                        "certificate, so it cannot connect: start the proxy with --cert FILE "
+                        "(made if missing) and allowlist FILE's public key on %s",
+                        conf->name, conf->endpoint, from_master ? ", from the master" : "",
+                        conf->name);
 }
 
 static void s_probe_source(kvedge_proxy_impl_t *p, size_t i)
@@ -238,6 +265,10 @@ static void s_probe_source(kvedge_proxy_impl_t *p, size_t i)
     kvedge_proxy_source_t conf = s->conf;
     pthread_mutex_unlock(&p->srcs_mu);
     uint64_t now = (uint64_t)kvedge_mono_ms();
+    if (!c && conf.server_key[0] && !p->cert_path) {
+        s_no_cert(p, i, &conf, now);
+        return;
+    }
     if (!c) {
         kvedge_client_opts_t o;
         kvedge_client_opts_default(&o);

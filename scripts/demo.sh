@@ -112,7 +112,7 @@ note "edge-b: $(grep -o 'sync chapter.*' "$DIR/edge-b.log" | head -1)"
 step "Start edge-a's proxy: cloud over $CLOUD_LINK, peer edge-b over $PEER_LINK, own node as history"
 note "the proxy measures each link when it connects, and learns from every fetch"
 start proxy proxy --bind "$(ep proxy)" --insecure --master "$(ep master)" \
-    --master-pub "$(ep master-pub)" --snapshot "$DIR/proxy.snapshot" \
+    --master-pub "$(ep master-pub)" --snapshot "$DIR/proxy.snapshot" --cert "$DIR/proxy.cert" \
     -s "cloud cloud $(ep cloud) link=$CLOUD_LINK" \
     -s "peer edge-b $(ep edge-b) link=$PEER_LINK" \
     -s "history edge-a $(ep edge-a)"

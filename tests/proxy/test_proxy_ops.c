@@ -117,17 +117,17 @@ static void s_rmrf(const char *dir)
 
 /* A master on ipc endpoints under root (plaintext: loopback only). */
 typedef struct {
-    char dir[300], ep[350], pub[350];
+    char dir[200], ep[220], pub[220];
     kvedge_master_t *m;
 } s_master_t;
 
-__attribute__((unused)) static void s_master_start(s_master_t *mm, const char *root)
+static void s_master_start(s_master_t *mm, const char *root)
 {
     kvedge_master_opts_t o;
     kvedge_master_opts_default(&o);
-    snprintf(mm->dir, sizeof mm->dir, "%.200s/master", root);
-    snprintf(mm->ep, sizeof mm->ep, "ipc://%.200s/m.sock", root);
-    snprintf(mm->pub, sizeof mm->pub, "ipc://%.200s/mp.sock", root);
+    snprintf(mm->dir, sizeof mm->dir, "%.120s/master", root);
+    snprintf(mm->ep, sizeof mm->ep, "ipc://%.120s/m.sock", root);
+    snprintf(mm->pub, sizeof mm->pub, "ipc://%.120s/mp.sock", root);
     o.bind = mm->ep;
     o.pub = mm->pub;
     o.data_dir = mm->dir;
@@ -293,8 +293,7 @@ static cJSON *s_monitor(const char *ep)
 }
 
 /* The proxy's MONITOR entry of source name (caller deletes *doc), or NULL. */
-__attribute__((unused)) static const cJSON *s_source_entry(const char *pep, const char *name,
-                                                           cJSON **doc)
+static const cJSON *s_source_entry(const char *pep, const char *name, cJSON **doc)
 {
     *doc = s_monitor(pep);
     const cJSON *e;
@@ -307,7 +306,7 @@ __attribute__((unused)) static const cJSON *s_source_entry(const char *pep, cons
     return NULL;
 }
 
-__attribute__((unused)) static const char *s_str(const cJSON *o, const char *key)
+static const char *s_str(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsString(v) ? v->valuestring : "";
@@ -440,6 +439,119 @@ static void test_decode_prints_unpriced(void **state)
     free(r);
 }
 
+/* Polls the proxy's MONITOR document until source name's entry satisfies ok (10 s at most);
+ * returns whether it did. */
+static bool s_wait_source(const char *pep, const char *name,
+                          bool (*ok)(const cJSON *e, const void *arg), const void *arg)
+{
+    for (int i = 0; i < 200; i++) {
+        cJSON *doc;
+        const cJSON *e = s_source_entry(pep, name, &doc);
+        bool yes = e && ok(e, arg);
+        cJSON_Delete(doc);
+        if (yes)
+            return true;
+        zclock_sleep(50);
+    }
+    return false;
+}
+
+static bool s_is_up(const cJSON *e, const void *arg)
+{
+    (void)arg;
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "connected")) &&
+           strcmp(s_str(e, "state"), "up") == 0;
+}
+
+static bool s_error_has(const cJSON *e, const void *arg)
+{
+    return strstr(s_str(e, "last_error"), (const char *)arg) != NULL &&
+           strcmp(s_str(e, "state"), "down") == 0;
+}
+
+/* A node learned from the master runs CURVE; the proxy's clients are plaintext (--insecure)
+ * and it has a certificate (--cert): it loads it because the master may name such nodes, and
+ * reaches the node once the node allowlists it. The `sources` view says where each source
+ * came from: master for n1, config for the static one. A proxy without a certificate says in
+ * the view which flag to give, and counts the node down. */
+static void test_curve_node_from_master(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-pops-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_master_t mm;
+    s_master_start(&mm, root);
+    s_node_t n1, st;
+    s_node_start(&n1, root, "n1", KVEDGE_ROLE_CLOUD, &mm, 100, false);
+    s_node_start(&st, root, "static1", KVEDGE_ROLE_EDGE, NULL, 0, true);
+
+    /* The daemon's path: settings, as `kvedge proxy --insecure --master .. --cert ..`. */
+    kvedge_proxy_settings_t ps;
+    kvedge_proxy_settings_default(&ps);
+    char pep[200];
+    snprintf(pep, sizeof pep, "ipc://%s/proxy.sock", root);
+    snprintf(ps.bind, sizeof ps.bind, "%s", pep);
+    ps.insecure = true;
+    snprintf(ps.master, sizeof ps.master, "%s", mm.ep);
+    snprintf(ps.master_pub, sizeof ps.master_pub, "%s", mm.pub);
+    snprintf(ps.cert, sizeof ps.cert, "%.200s/proxy.cert", root);
+    snprintf(ps.metrics, sizeof ps.metrics, "off");
+    snprintf(ps.source[0], sizeof ps.source[0], "peer static1 %s", st.ep);
+    ps.nsource = 1;
+    kvedge_proxy_t *p = NULL;
+    char why[512];
+    if (kvedge_proxy_settings_start(&ps, &p, why, sizeof why) != 0)
+        fail_msg("proxy: %s", why);
+    /* n1 lets the proxy in: its public certificate in n1's clients directory. */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp '%.300s' '%.200s/clients/proxy.cert'", ps.cert, n1.dir);
+    assert_int_equal(system(cmd), 0);
+    if (!s_wait_source(pep, "n1", s_is_up, NULL)) {
+        cJSON *doc;
+        const cJSON *e = s_source_entry(pep, "n1", &doc);
+        char *txt = e ? cJSON_PrintUnformatted(e) : NULL;
+        fail_msg("n1 never came up: %s", txt ? txt : "(not listed)");
+    }
+    cJSON *doc;
+    const cJSON *e = s_source_entry(pep, "n1", &doc);
+    assert_string_equal(s_str(e, "origin"), "master");
+    cJSON_Delete(doc);
+    e = s_source_entry(pep, "static1", &doc);
+    assert_non_null(e);
+    assert_string_equal(s_str(e, "origin"), "config");
+    cJSON_Delete(doc);
+    /* The CLI's table says the same. */
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s -H %s sources 2>&1", KVEDGE_BIN, pep);
+    assert_int_equal(s_capture(cmd, out, sizeof out), 0);
+    const char *row = strstr(out, "\nn1 ");
+    if (!row || !strstr(row, " master ") || !strstr(strstr(out, "\nstatic1 "), " config "))
+        fail_msg("kvedge sources printed:\n%s", out);
+    kvedge_proxy_destroy(&p);
+
+    /* No certificate at all (the library's path): the view names the flag. */
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.master = mm.ep;
+    po.master_pub = mm.pub;
+    p = s_proxy(&po, root, pep, sizeof pep);
+    if (!s_wait_source(pep, "n1", s_error_has, "--cert FILE")) {
+        e = s_source_entry(pep, "n1", &doc);
+        char *txt = e ? cJSON_PrintUnformatted(e) : NULL;
+        fail_msg("n1's entry does not say to give --cert: %s", txt ? txt : "(not listed)");
+    }
+    snprintf(cmd, sizeof cmd, "%s -H %s sources 2>&1", KVEDGE_BIN, pep);
+    assert_int_equal(s_capture(cmd, out, sizeof out), 0);
+    if (!strstr(out, "no certificate: start the proxy with --cert FILE"))
+        fail_msg("kvedge sources printed:\n%s", out);
+    kvedge_proxy_destroy(&p);
+
+    kvedge_node_destroy(&st.node);
+    kvedge_node_destroy(&n1.node);
+    kvedge_master_destroy(&mm.m);
+    s_rmrf(root);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -447,6 +559,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peer_layers_fetched_while_cloud_stopped),
         cmocka_unit_test(test_decode_prints_unpriced),
+        cmocka_unit_test(test_curve_node_from_master),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (uint32_t l = 0; l < S_LAYERS; l++)
