@@ -51,6 +51,8 @@ typedef struct {
 
 /* A block or an end of stream from an upstream client's I/O thread; defined in fetch.c. */
 typedef struct kvedge_proxy_impl_event_t kvedge_proxy_impl_event_t;
+/* A LOOKUP a FETCH asks of a source, queued for the asker thread; defined in sources.c. */
+typedef struct kvedge_proxy_impl_ask_t kvedge_proxy_impl_ask_t;
 
 /* The proxy's state. Owned by kvedge_proxy_t; freed after the actor and the prober stopped. */
 typedef struct {
@@ -72,12 +74,14 @@ typedef struct {
     pthread_mutex_t ev_mu;
     kvedge_proxy_impl_event_t *ev_head, *ev_tail;
     int ev_fd;
-    /* Prober thread. */
-    pthread_t prober;
-    bool prober_started;
+    /* Prober thread, and the asker thread that runs FETCH's LOOKUPs (its queue and the stop
+     * flag under stop_mu, both woken by stop_cv). */
+    pthread_t prober, asker;
+    bool prober_started, asker_started;
     pthread_mutex_t stop_mu;
     pthread_cond_t stop_cv;
     bool stop;
+    kvedge_proxy_impl_ask_t *ask_head, *ask_tail;
     /* Actor only. */
     kvedge_secure_router_t sec;
     zlistx_t *fetches; /* fetch.c's fetches in progress, owned */
@@ -128,6 +132,12 @@ void kvedge_proxy_impl_fetch_credit(kvedge_proxy_impl_t *p, zframe_t *route, uin
 /* CANCEL: ends the client's fetch rid with an END (KVEDGE_ECANCELED, the data messages sent);
  * what was not sent is dropped. Unknown: ignored. */
 void kvedge_proxy_impl_fetch_cancel(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid);
+
+/* The answer to a LOOKUP that fetch serial asked of its request-local source `local`
+ * (kvedge_proxy_impl_ask): status, and how many leading chunks of the chain the source holds
+ * whole. Queued for the actor like an upstream event. Any thread. */
+void kvedge_proxy_impl_fetch_asked(kvedge_proxy_impl_t *p, uint64_t serial, int local, int status,
+                                   uint32_t hit);
 
 /* Handles every queued upstream event (ev_fd was readable). Actor only. */
 void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p);
@@ -181,11 +191,19 @@ size_t kvedge_proxy_impl_src_usable(kvedge_proxy_impl_t *p);
 void kvedge_proxy_impl_src_close(kvedge_proxy_impl_t *p);
 
 /* Starts the prober thread (connects, pings, discovers, publishes links every
- * KVEDGE_PROXY_PROBE_MS). Returns 0 or KVEDGE_ENOMEM. */
+ * KVEDGE_PROXY_PROBE_MS) and the asker thread. Returns 0 or KVEDGE_ENOMEM. */
 int kvedge_proxy_impl_prober_start(kvedge_proxy_impl_t *p);
 
-/* Stops and joins the prober, if started. Idempotent. */
+/* Stops and joins the prober and the asker, if started, and drops the asks still queued.
+ * Idempotent. */
 void kvedge_proxy_impl_prober_stop(kvedge_proxy_impl_t *p);
+
+/* Queues a LOOKUP of chain (n ids, copied) on proxy source src for fetch serial, whose
+ * request-local index of the source is local; the asker thread runs it (the source's client
+ * deadline bounds it) and answers with kvedge_proxy_impl_fetch_asked. Any thread. Returns 0,
+ * KVEDGE_ENOMEM or KVEDGE_ECLOSED (stopping). */
+int kvedge_proxy_impl_ask(kvedge_proxy_impl_t *p, uint64_t serial, int src, int local,
+                          const kvedge_chunk_id_t *chain, uint32_t n);
 
 /* ---------------------------------------------------------------- layermaps.c */
 

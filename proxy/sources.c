@@ -402,12 +402,87 @@ static void s_on_health(const char *name, kvedge_health_state_t from, kvedge_hea
                     reason, more);
 }
 
+/* ---------------------------------------------------------------- asker */
+
+/* A LOOKUP a FETCH asks of a source. */
+struct kvedge_proxy_impl_ask_t {
+    kvedge_proxy_impl_ask_t *next;
+    uint64_t serial; /* the fetch */
+    int src, local;  /* proxy index of the source; the fetch's own index of it */
+    uint32_t n;
+    kvedge_chunk_id_t ids[]; /* the chain */
+};
+
+int kvedge_proxy_impl_ask(kvedge_proxy_impl_t *p, uint64_t serial, int src, int local,
+                          const kvedge_chunk_id_t *chain, uint32_t n)
+{
+    kvedge_proxy_impl_ask_t *a = malloc(sizeof *a + (size_t)n * sizeof a->ids[0]);
+    if (!a)
+        return KVEDGE_ENOMEM;
+    *a = (kvedge_proxy_impl_ask_t){NULL, serial, src, local, n};
+    memcpy(a->ids, chain, (size_t)n * sizeof a->ids[0]);
+    pthread_mutex_lock(&p->stop_mu);
+    bool stopping = p->stop || !p->asker_started;
+    if (!stopping) {
+        if (p->ask_tail)
+            p->ask_tail->next = a;
+        else
+            p->ask_head = a;
+        p->ask_tail = a;
+        pthread_cond_broadcast(&p->stop_cv);
+    }
+    pthread_mutex_unlock(&p->stop_mu);
+    if (stopping) {
+        free(a);
+        return KVEDGE_ECLOSED;
+    }
+    return KVEDGE_OK;
+}
+
+/* Runs the queued LOOKUPs one after the other, each bounded by its client's deadline, and
+ * hands every answer to the actor. */
+static void *s_asker(void *arg)
+{
+    kvedge_proxy_impl_t *p = arg;
+    pthread_mutex_lock(&p->stop_mu);
+    while (!p->stop) {
+        kvedge_proxy_impl_ask_t *a = p->ask_head;
+        if (!a) {
+            pthread_cond_wait(&p->stop_cv, &p->stop_mu);
+            continue;
+        }
+        p->ask_head = a->next;
+        if (!p->ask_head)
+            p->ask_tail = NULL;
+        pthread_mutex_unlock(&p->stop_mu);
+        pthread_mutex_lock(&p->srcs_mu);
+        kvedge_client_t *c = p->src[a->src].client;
+        pthread_mutex_unlock(&p->srcs_mu);
+        size_t hit = 0;
+        int rc = c ? kvedge_client_lookup(c, a->ids, a->n, &hit) : KVEDGE_ECLOSED;
+        kvedge_log_debug("fetch %llu: LOOKUP on %s: %s, %zu of %u chunks held whole",
+                         (unsigned long long)a->serial, p->src[a->src].conf.name,
+                         kvedge_strerror(rc), hit, a->n);
+        kvedge_proxy_impl_fetch_asked(p, a->serial, a->local, rc,
+                                      hit > UINT32_MAX ? UINT32_MAX : (uint32_t)hit);
+        free(a);
+        pthread_mutex_lock(&p->stop_mu);
+    }
+    pthread_mutex_unlock(&p->stop_mu);
+    return NULL;
+}
+
 int kvedge_proxy_impl_prober_start(kvedge_proxy_impl_t *p)
 {
     kvedge_health_set_observer(p->health, s_on_health, p);
     if (pthread_create(&p->prober, NULL, s_prober, p) != 0)
         return KVEDGE_ENOMEM;
     p->prober_started = true;
+    if (pthread_create(&p->asker, NULL, s_asker, p) != 0)
+        return KVEDGE_ENOMEM;
+    pthread_mutex_lock(&p->stop_mu);
+    p->asker_started = true;
+    pthread_mutex_unlock(&p->stop_mu);
     return KVEDGE_OK;
 }
 
@@ -418,7 +493,20 @@ void kvedge_proxy_impl_prober_stop(kvedge_proxy_impl_t *p)
     pthread_mutex_lock(&p->stop_mu);
     p->stop = true;
     pthread_cond_broadcast(&p->stop_cv);
+    bool asker = p->asker_started;
     pthread_mutex_unlock(&p->stop_mu);
     pthread_join(p->prober, NULL);
+    if (asker)
+        pthread_join(p->asker, NULL);
     p->prober_started = false;
+    pthread_mutex_lock(&p->stop_mu);
+    p->asker_started = false;
+    kvedge_proxy_impl_ask_t *a = p->ask_head;
+    p->ask_head = p->ask_tail = NULL;
+    pthread_mutex_unlock(&p->stop_mu);
+    while (a) {
+        kvedge_proxy_impl_ask_t *next = a->next;
+        free(a);
+        a = next;
+    }
 }

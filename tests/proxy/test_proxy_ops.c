@@ -36,7 +36,8 @@
 #define S_HEADS  12
 #define S_LAYERS 12
 #define S_CHUNKS 2
-#define S_TOKENS 256 /* per chunk */
+#define S_TOKENS 256                                     /* per chunk */
+#define S_TINY   KVEDGE_FIXTURES "/opt_tiny.safetensors" /* OPT, 3 layers x 4 heads */
 
 /* ---------------------------------------------------------------- the context */
 
@@ -552,6 +553,99 @@ static void test_curve_node_from_master(void **state)
     s_rmrf(root);
 }
 
+/* Comma-separated token ids of a context of n tokens (chunks of 16 for the tiny model). */
+static const char *s_ctx_ids(char *ids, size_t len, int n, int seed)
+{
+    size_t at = 0;
+    ids[0] = '\0';
+    for (int i = 0; i < n && at + 8 < len; i++)
+        at += (size_t)snprintf(ids + at, len - at, "%s%d", i ? "," : "",
+                               (seed + 37 * i + (i * i) % 11) % 250 + 4);
+    return ids;
+}
+
+/* A prefill to the cloud node, then at once (no wait) a decode through the proxy: the node
+ * publishes its block directory to the master only every so often (here: only when the test
+ * says), so the proxy's directory lists nobody for the new context; the proxy asks the node
+ * (LOOKUP) and every layer is fetched. A context nobody holds is still decoded, every layer
+ * computed here, and the output says how many were missed and why. */
+static void test_decode_right_after_prefill(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-pops-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_master_t mm;
+    s_master_start(&mm, root);
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, &mm, 600000, true);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.master = mm.ep;
+    po.master_pub = mm.pub;
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(&po, root, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 10000), 0);
+
+    static char out[1 << 16];
+    char cmd[3000], a[400], b[400];
+    /* A first context, published: the master (and through it the proxy) knows the model. */
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
+             "--scheme lossless --dtype fp32",
+             KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 3));
+    if (s_capture(cmd, out, sizeof out) != 0)
+        fail_msg("prefill: %s", out);
+    uint32_t changed;
+    assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
+             "--prompt-ids 10,20,30 --max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY, a);
+    bool known = false;
+    for (int i = 0; i < 100 && !known; i++) {
+        known = s_capture(cmd, out, sizeof out) == 0 && strstr(out, "\"fetched\":3,");
+        if (!known)
+            zclock_sleep(100);
+    }
+    if (!known)
+        fail_msg("the first context never reached the proxy:\n%s", out);
+
+    /* The second context: prefilled, then decoded at once, before any directory pass. */
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
+             "--scheme lossless --dtype fp32",
+             KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(b, sizeof b, 40, 11));
+    if (s_capture(cmd, out, sizeof out) != 0)
+        fail_msg("prefill: %s", out);
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
+             "--prompt-ids 10,20,30 --max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY, b);
+    if (s_capture(cmd, out, sizeof out) != 0 || !strstr(out, "\"fetched\":3,\"computed\":0"))
+        fail_msg("decode right after prefill:\n%s", out);
+
+    /* Nobody holds this context: decoded anyway, the misses counted with their reason. */
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 "
+             "--max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY);
+    if (s_capture(cmd, out, sizeof out) != 0 ||
+        !strstr(out, "\"fetched\":0,\"computed\":3,\"missed\":3") ||
+        !strstr(out, "\"why\":{\"miss\":3}"))
+        fail_msg("decode of a context nobody holds:\n%s", out);
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 --max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY);
+    if (s_capture(cmd, out, sizeof out) != 0 ||
+        !strstr(out, "layers    0 fetched, 3 computed of 3 (3 missed: miss 3)"))
+        fail_msg("decode of a context nobody holds:\n%s", out);
+
+    kvedge_proxy_destroy(&p);
+    kvedge_node_destroy(&cloud.node);
+    kvedge_master_destroy(&mm.m);
+    s_rmrf(root);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -560,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_peer_layers_fetched_while_cloud_stopped),
         cmocka_unit_test(test_decode_prints_unpriced),
         cmocka_unit_test(test_curve_node_from_master),
+        cmocka_unit_test(test_decode_right_after_prefill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (uint32_t l = 0; l < S_LAYERS; l++)
