@@ -1351,11 +1351,14 @@ static bool s_ask(kvedge_proxy_impl_t *p, s_fetch_t *f)
             kvedge_proxy_impl_ask(p, f->serial, f->map_src[s], (int)s, f->chunks, f->nchunks) ==
                 KVEDGE_OK)
             f->asking++;
-    if (f->asking)
-        kvedge_log_debug("fetch %llu: the directory lists no holder of some layers: asking %u "
-                         "sources (LOOKUP)",
-                         (unsigned long long)f->serial, f->asking);
-    return f->asking > 0;
+    if (!f->asking) {
+        f->ask_until_ms = 0; /* nobody to ask: the plan stands */
+        return false;
+    }
+    kvedge_log_debug("fetch %llu: the directory lists no holder of some layers: asking %u "
+                     "sources (LOOKUP)",
+                     (unsigned long long)f->serial, f->asking);
+    return true;
 }
 
 /* The fetch starts: (planned again when it asked) its PLAN goes out, its streams open. */

@@ -1,11 +1,13 @@
 /* The edge proxy under operational faults, with real processes: a cloud node stopped
  * (SIGSTOP) while a peer holds the shallow layers: every layer the peer holds is fetched from
- * it, none is reported as recomputed when the request allowed no recomputation; sources
- * learned from the master are labelled so; a node learned from the master that runs CURVE is
- * reached by a proxy whose clients are plaintext (its certificate loaded because the master
- * may name such nodes), and without a certificate the proxy says which flag to give; a FETCH
- * sent right after the blocks were stored, before the node published its directory, finds
- * them (the proxy asks its sources before it reports a miss). */
+ * it, none is reported as recomputed when the request allowed no recomputation, and the plan's
+ * recompute-all total prints as unpriced (kvedge fetch, the decode printout: text and JSON);
+ * sources learned from the master are labelled so; a node learned from the master that runs
+ * CURVE is reached by a proxy whose clients are plaintext (its certificate loaded because the
+ * master may name such nodes), and without a certificate the proxy says which flag to give; a
+ * decode sent right after a prefill, before the node published its directory, fetches every
+ * layer (the proxy asks its sources before it reports a miss), and a decode prints how many
+ * layers were fetched, computed and missed, and why. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
