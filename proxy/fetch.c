@@ -876,10 +876,11 @@ void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p)
     }
 }
 
-/* Layers not delivered by the deadline (less the margin) are reported as misses. */
 static void s_fetch_go(kvedge_proxy_impl_t *p, s_fetch_t *f);
 static bool s_ask(kvedge_proxy_impl_t *p, s_fetch_t *f);
 
+/* Layers not delivered by the deadline (less the margin) are reported as misses; a fetch still
+ * asking past its ask_until_ms starts with what it learned. */
 void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
 {
     int64_t now = kvedge_mono_ms();

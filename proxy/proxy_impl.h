@@ -142,8 +142,8 @@ void kvedge_proxy_impl_fetch_asked(kvedge_proxy_impl_t *p, uint64_t serial, int 
 /* Handles every queued upstream event (ev_fd was readable). Actor only. */
 void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p);
 
-/* Reports layers past their deadline as misses, drops fetches long past it. Actor only; called
- * every tick. */
+/* Reports layers past their deadline as misses, drops fetches long past it, starts fetches whose
+ * LOOKUPs took too long. Actor only; called every tick. */
 void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p);
 
 /* Shutdown: ends every open fetch with KVEDGE_ECLOSED and frees it. Actor only. */
