@@ -1,6 +1,7 @@
 /* The edge proxy's sources: the table of store nodes it fetches from (given as flags, or found
  * in the Storage Master's registry), the prober thread that connects them, pings them back to
- * health and publishes the links it measured, and what is learned of each link. */
+ * health and publishes the links it measured, what is learned of each link, and the asker
+ * thread that runs the LOOKUPs a FETCH asks of nodes its directory says nothing of. */
 #include <czmq.h>
 #include <math.h>
 #include <pthread.h>
