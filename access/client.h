@@ -285,6 +285,8 @@ typedef struct {
     kvedge_fetch_source_t source[KVEDGE_FETCH_MAX_SOURCES];
     uint32_t layers;
     uint32_t split; /* m: layers below it were priced "near" (local, peer, history) */
+    /* 1e300 means unpriced: a request without decoder times allows no recomputation, so
+     * recompute-all (and cloud-only where the cloud lacks a layer) has no price. */
     double total_us, bound_us, cloud_only_us, recompute_all_us, load_then_compute_us;
     struct {
         int source;                  /* index into source[], -1: compute it locally */

@@ -171,13 +171,15 @@ static void s_start_cluster(void)
 static pid_t s_proxy(const char *rate, double bits_per_s, char *ep, size_t len)
 {
     static unsigned seq;
+    char cert[600]; /* with a master the proxy loads (makes) a certificate: keep it here */
+    snprintf(cert, sizeof cert, "%s/proxy%u.cert", s_dir, seq);
     snprintf(ep, len, "ipc://%s/proxy%u.sock", s_dir, seq++);
     char src[800];
     snprintf(src, sizeof src, "cloud cloud %s link=%s,%s bw=%.0f", s_cloud_ep, rate, s_cfg.latency,
              bits_per_s / 8);
-    char *argv[] = {"kvedge",    "proxy",        "--insecure", "--bind",   ep,  "--master",
-                    s_master_ep, "--master-pub", s_master_pub, "--source", src, "--log-level",
-                    "error",     "--metrics",    "off",        NULL};
+    char *argv[] = {"kvedge",    "proxy",        "--insecure", "--bind",    ep,    "--master",
+                    s_master_ep, "--master-pub", s_master_pub, "--source",  src,   "--cert",
+                    cert,        "--log-level",  "error",      "--metrics", "off", NULL};
     pid_t pid = s_spawn(argv);
     s_sleep_ms(S_SETTLE_MS);
     return pid;

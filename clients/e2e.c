@@ -1036,10 +1036,11 @@ static void s_json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* Milliseconds from microseconds; null when not finite (JSON has no NaN or infinity). */
+/* Milliseconds from microseconds; null when not finite (JSON has no NaN or infinity) or not a
+ * price (proxy/plan.h: unpriced). */
 static void s_json_ms(FILE *f, const char *key, double us, bool comma)
 {
-    if (isfinite(us) && fabs(us) < 1e290)
+    if (isfinite(us) && fabs(us) < KVEDGE_PLAN_UNPRICED_US)
         fprintf(f, "\"%s\":%.3f%s", key, us / 1e3, comma ? "," : "");
     else
         fprintf(f, "\"%s\":null%s", key, comma ? "," : "");
@@ -1059,6 +1060,41 @@ static bool s_prec_planned(const kvedge_e2e_result_t *r)
     return false;
 }
 
+/* Why the layers computed here were not fetched, as (reason, count) pairs in order of first
+ * appearance: the LAYER record's reason ("recompute": the plan chose it; "miss", "miss:deadline":
+ * nobody delivered it), or "adaptation-failed" for a mapped layer the adapter refused. Only a
+ * kvedge-mode decode has reasons (edge-only computes everything by design). *missed counts the
+ * computed layers the plan had not chosen to compute. Returns the number of pairs. */
+#define S_WHY_MAX 16
+typedef struct {
+    const char *why;
+    uint32_t count;
+} s_why_t;
+
+static uint32_t s_why(const kvedge_e2e_result_t *r, s_why_t *out, uint32_t *missed)
+{
+    uint32_t n = 0,
+             layers = r->layers < KVEDGE_FETCH_MAX_LAYERS ? r->layers : KVEDGE_FETCH_MAX_LAYERS;
+    *missed = 0;
+    for (uint32_t l = 0; r->mode == KVEDGE_E2E_KVEDGE && l < layers; l++) {
+        const kvedge_e2e_layer_t *x = &r->layer[l];
+        if (!x->computed || !x->reason)
+            continue;
+        const char *why = x->adapt_failed ? "adaptation-failed" : s_reason_name(x->reason);
+        if (x->adapt_failed || x->reason != KVEDGE_FETCH_RECOMPUTE)
+            (*missed)++;
+        uint32_t i = 0;
+        while (i < n && strcmp(out[i].why, why) != 0)
+            i++;
+        if (i == n && n == S_WHY_MAX)
+            continue;
+        if (i == n)
+            out[n++] = (s_why_t){why, 0};
+        out[i].count++;
+    }
+    return n;
+}
+
 static void s_print_json(FILE *f, const kvedge_e2e_result_t *r)
 {
     uint32_t layers = r->layers < KVEDGE_FETCH_MAX_LAYERS ? r->layers : KVEDGE_FETCH_MAX_LAYERS;
@@ -1071,10 +1107,19 @@ static void s_print_json(FILE *f, const kvedge_e2e_result_t *r)
     fprintf(f,
             "\"generated\":%u,\"sent_bytes\":%llu,\"received_bytes\":%llu,"
             "\"prompt_bytes_sent\":%llu,\"weights_bytes\":%llu,\"kv_bytes\":%llu,"
-            "\"layers\":%u,\"fetched\":%u,\"computed\":%u,\"layer\":[",
+            "\"layers\":%u,\"fetched\":%u,\"computed\":%u,",
             r->generated, (unsigned long long)r->sent_bytes, (unsigned long long)r->received_bytes,
             (unsigned long long)r->prompt_bytes_sent, (unsigned long long)r->weights_bytes,
             (unsigned long long)r->kv_bytes, r->layers, r->fetched, r->computed);
+    s_why_t why[S_WHY_MAX];
+    uint32_t missed, nwhy = s_why(r, why, &missed);
+    fprintf(f, "\"missed\":%u,\"why\":{", missed);
+    for (uint32_t i = 0; i < nwhy; i++) {
+        fprintf(f, "%s", i ? "," : "");
+        s_json_str(f, why[i].why);
+        fprintf(f, ":%u", why[i].count);
+    }
+    fprintf(f, "},\"layer\":[");
     bool per_layer = r->mode != KVEDGE_E2E_CLOUD_ONLY;
     for (uint32_t l = 0; per_layer && l < layers; l++) {
         const kvedge_e2e_layer_t *x = &r->layer[l];
@@ -1158,6 +1203,33 @@ static void s_print_from(FILE *f, const kvedge_e2e_result_t *res, uint32_t l)
                 x->source[0] ? x->source : "-", s_reason_name(x->reason));
 }
 
+/* "layers    F fetched, C computed of L", and why the computed ones were: "(1 planned
+ * recompute; 2 missed: miss 1, miss:deadline 1)". */
+static void s_print_counts(FILE *f, const kvedge_e2e_result_t *res)
+{
+    s_why_t why[S_WHY_MAX];
+    uint32_t missed, nwhy = s_why(res, why, &missed), chosen = 0;
+    const char *recompute = kvedge_fetch_reason_name(KVEDGE_FETCH_RECOMPUTE);
+    fprintf(f, "layers    %u fetched, %u computed of %u", res->fetched, res->computed, res->layers);
+    for (uint32_t i = 0; i < nwhy; i++)
+        if (strcmp(why[i].why, recompute) == 0)
+            chosen = why[i].count;
+    if (chosen)
+        fprintf(f, " (%u planned recompute%s", chosen, missed ? "; " : ")");
+    if (missed) {
+        fprintf(f, "%s%u missed:", chosen ? "" : " (", missed);
+        bool first = true;
+        for (uint32_t i = 0; i < nwhy; i++) {
+            if (strcmp(why[i].why, recompute) == 0)
+                continue;
+            fprintf(f, "%s %s %u", first ? "" : ",", why[i].why, why[i].count);
+            first = false;
+        }
+        fprintf(f, ")");
+    }
+    fprintf(f, "\n");
+}
+
 void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json)
 {
     if (!f || !res)
@@ -1196,8 +1268,7 @@ void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json)
     if (res->mode == KVEDGE_E2E_CLOUD_ONLY)
         fprintf(f, "queue     %.2f ms waiting for the cloud model\n", res->queue_us / 1e3);
     else
-        fprintf(f, "layers    %u fetched, %u computed of %u\n", res->fetched, res->computed,
-                res->layers);
+        s_print_counts(f, res);
     if (res->large_small)
         fprintf(f, "adapted   %u layers of %s\n", res->adapted, res->mapped_model);
     fprintf(f, "sent      %llu bytes (prompt %llu bytes)\n", (unsigned long long)res->sent_bytes,
@@ -1205,10 +1276,13 @@ void kvedge_e2e_print(FILE *f, const kvedge_e2e_result_t *res, bool json)
     fprintf(f, "received  %llu bytes\n", (unsigned long long)res->received_bytes);
     fprintf(f, "memory    weights %.2f MB, KV %.2f MB\n", (double)res->weights_bytes / 1e6,
             (double)res->kv_bytes / 1e6);
-    if (res->have_plan)
-        fprintf(f,
-                "plan      T %.2f ms, bound %.2f ms, cloud-only %.2f ms, recompute-all %.2f ms, "
-                "split %u\n",
-                res->plan.total_us / 1e3, res->plan.bound_us / 1e3, res->plan.cloud_only_us / 1e3,
-                res->plan.recompute_all_us / 1e3, res->plan.split);
+    if (res->have_plan) {
+        char t[4][32]; /* an unpriced total (recomputation not allowed) prints as "unpriced" */
+        fprintf(f, "plan      T %s, bound %s, cloud-only %s, recompute-all %s, split %u\n",
+                kvedge_plan_ms_text(res->plan.total_us, 2, t[0], sizeof t[0]),
+                kvedge_plan_ms_text(res->plan.bound_us, 2, t[1], sizeof t[1]),
+                kvedge_plan_ms_text(res->plan.cloud_only_us, 2, t[2], sizeof t[2]),
+                kvedge_plan_ms_text(res->plan.recompute_all_us, 2, t[3], sizeof t[3]),
+                res->plan.split);
+    }
 }

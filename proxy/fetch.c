@@ -40,7 +40,7 @@ struct s_op_t {
     bool mapped;     /* it streams the mapped model's layer (large-small) */
 };
 
-enum { S_EV_BLOCK = 1, S_EV_DONE = 2 };
+enum { S_EV_BLOCK = 1, S_EV_DONE = 2, S_EV_ASKED = 3 /* a LOOKUP's answer: status, hit */ };
 
 struct kvedge_proxy_impl_event_t {
     kvedge_proxy_impl_event_t *next;
@@ -119,6 +119,12 @@ typedef struct {
     zlistx_t *outbox; /* zmsg_t without route, in order */
     uint32_t sent;    /* data messages sent */
     bool ended;
+    /* Asking: LOOKUPs still out to sources the directory says nothing of, for layers it lists
+     * no holder for; the fetch is planned again and starts once they are answered or at
+     * ask_until_ms (monotonic). tokens: the context's, for pricing. */
+    uint32_t asking;
+    int64_t ask_until_ms;
+    uint32_t tokens;
     /* For the Collaboration Monitor: arrival, plan and first data layer (monotonic us), and
      * whether its end was recorded. */
     int64_t start_us, plan_us, first_us;
@@ -217,7 +223,24 @@ static void s_on_done(void *ctx, int status, uint32_t heads)
     s_event_push(op->p, e);
 }
 
-/* A DONE event owns its op (a BLOCK event only borrows it), so only DONE frees it. */
+void kvedge_proxy_impl_fetch_asked(kvedge_proxy_impl_t *p, uint64_t serial, int local, int status,
+                                   uint32_t hit)
+{
+    s_op_t *op = calloc(1, sizeof *op);
+    kvedge_proxy_impl_event_t *e = op ? calloc(1, sizeof *e) : NULL;
+    if (!e) {
+        free(op); /* lost: the fetch stops waiting at its ask_until_ms */
+        return;
+    }
+    *op = (s_op_t){p, serial, 0, 0, local, false};
+    e->kind = S_EV_ASKED;
+    e->op = op;
+    e->status = status;
+    e->chunk_index = hit;
+    s_event_push(p, e);
+}
+
+/* A DONE or ASKED event owns its op (a BLOCK event only borrows it), so only those free it. */
 void kvedge_proxy_impl_events_free(kvedge_proxy_impl_t *p)
 {
     kvedge_proxy_impl_event_t *e = p->ev_head;
@@ -225,7 +248,7 @@ void kvedge_proxy_impl_events_free(kvedge_proxy_impl_t *p)
     while (e) {
         kvedge_proxy_impl_event_t *next = e->next;
         zframe_destroy(&e->frame);
-        if (e->kind == S_EV_DONE)
+        if (e->kind != S_EV_BLOCK)
             free(e->op);
         free(e);
         e = next;
@@ -735,10 +758,19 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
 
 /* ---------------------------------------------------------------- upstream events */
 
+static void s_asked(kvedge_proxy_impl_t *p, s_fetch_t *f, int s, int status, uint32_t hit);
+
 static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
 {
     s_op_t *op = e->op;
     s_fetch_t *f = s_fetch_find(p, op->serial);
+    if (e->kind == S_EV_ASKED) {
+        if (f && f->asking)
+            s_asked(p, f, op->src, e->status, e->chunk_index);
+        free(op);
+        free(e);
+        return;
+    }
     if (f && e->status == KVEDGE_ENOTFOUND) { /* held, says the directory: another tenant? */
         uint16_t layer;
         const kvedge_chunk_id_t *chain = s_stream_of(f, op->mapped, op->layer, &layer);
@@ -844,14 +876,25 @@ void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p)
     }
 }
 
-/* Layers not delivered by the deadline (less the margin) are reported as misses. */
+static void s_fetch_go(kvedge_proxy_impl_t *p, s_fetch_t *f);
+static bool s_ask(kvedge_proxy_impl_t *p, s_fetch_t *f);
+
+/* Layers not delivered by the deadline (less the margin) are reported as misses; a fetch still
+ * asking past its ask_until_ms starts with what it learned. */
 void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
 {
     int64_t now = kvedge_mono_ms();
     s_fetch_t *f = zlistx_first(p->fetches);
     while (f) {
         s_fetch_t *next = zlistx_next(p->fetches);
-        if (!f->ended && now >= f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
+        if (f->asking) {
+            if (now >= f->ask_until_ms) { /* what was answered is known; the rest is not */
+                kvedge_log_debug("fetch %llu: %u LOOKUPs unanswered, planning without them",
+                                 (unsigned long long)f->serial, f->asking);
+                f->asking = 0;
+                s_fetch_go(p, f);
+            }
+        } else if (!f->ended && now >= f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
             for (uint32_t i = f->next; i < f->L; i++) {
                 s_layer_t *l = &f->layer[i];
                 if (l->state == L_DONE || l->state == L_MISS)
@@ -890,6 +933,23 @@ static bool s_holds(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s, bo
             return false;
     }
     return true;
+}
+
+/* Whether s is a registered node whose directory says nothing of some chunk of the chain: the
+ * directory lags what a node holds (it is published every few hundred ms), so a node it does
+ * not list for a chunk may still hold it. */
+static bool s_unlisted(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s,
+                       const kvedge_chunk_id_t *chain, uint32_t n)
+{
+    kvedge_master_node_t rec;
+    if (!p->view || kvedge_mview_node(p->view, s->conf.name, &rec) != KVEDGE_OK)
+        return false;
+    for (uint32_t c = 0; c < n; c++) {
+        kvedge_master_dir_t d;
+        if (kvedge_mview_dir(p->view, s->conf.name, &chain[c], &d) != KVEDGE_OK)
+            return true;
+    }
+    return false;
 }
 
 /* Whether the directory lets source s serve rung `rung` of every chunk of the chain (held,
@@ -994,14 +1054,17 @@ static void s_fetch_sources(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t token
 static zmsg_t *s_plan_message(const s_fetch_t *f)
 {
     const kvedge_plan_t *pl = f->plan;
+    /* Unpriced (recomputation the request did not allow): 1e300 on the wire. */
+#define S_WIRE_US(x) (isfinite(x) ? (x) : 1e300)
     kvedge_wire_fetch_plan_t w = {(uint32_t)f->nsrc,
                                   f->L,
                                   pl->split,
-                                  pl->total_us,
-                                  pl->bound_us,
-                                  pl->cloud_only_us,
-                                  pl->recompute_all_us,
-                                  pl->load_then_compute_us};
+                                  S_WIRE_US(pl->total_us),
+                                  S_WIRE_US(pl->bound_us),
+                                  S_WIRE_US(pl->cloud_only_us),
+                                  S_WIRE_US(pl->recompute_all_us),
+                                  S_WIRE_US(pl->load_then_compute_us)};
+#undef S_WIRE_US
     uint8_t head[KVEDGE_WIRE_FETCH_PLAN_BYTES];
     kvedge_wire_fetch_plan_pack(&w, head);
     zframe_t *srcs = zframe_new(NULL, f->nsrc * KVEDGE_WIRE_FETCH_SOURCE_BYTES);
@@ -1184,26 +1247,23 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
     }
     if (rc == KVEDGE_OK) {
         memcpy(f->chunks, pf[1].data, (size_t)f->nchunks * KVEDGE_CHUNK_ID_BYTES);
-        for (uint32_t l = 0; l < f->L; l++) {
-            if (times) {
-                float cu, ru;
-                uint32_t a = kvedge_le_get32(pf[2].data + 8 * l),
-                         b = kvedge_le_get32(pf[2].data + 8 * l + 4);
-                memcpy(&cu, &a, 4);
-                memcpy(&ru, &b, 4);
-                if (!(cu >= 0 && cu < 1e30f) || !(ru >= 0 && ru < 1e30f))
-                    rc = KVEDGE_EPROTO;
-                f->compute[l] = cu;
-                f->recompute[l] = ru;
-            } else {
-                /* Fetch only: computing a layer is priced out of reach (an hour). */
-                f->recompute[l] = 3.6e9;
-            }
+        for (uint32_t l = 0; times && l < f->L; l++) {
+            float cu, ru;
+            uint32_t a = kvedge_le_get32(pf[2].data + 8 * l),
+                     b = kvedge_le_get32(pf[2].data + 8 * l + 4);
+            memcpy(&cu, &a, 4);
+            memcpy(&ru, &b, 4);
+            if (!(cu >= 0 && cu < 1e30f) || !(ru >= 0 && ru < 1e30f))
+                rc = KVEDGE_EPROTO;
+            f->compute[l] = cu;
+            f->recompute[l] = ru;
         }
-        f->req = (kvedge_plan_request_t){f->L, 0, f->compute, f->recompute};
+        /* Fetch only (no times): the request allows no recomputation (proxy/plan.h). */
+        f->req = (kvedge_plan_request_t){f->L, 0, f->compute, times ? f->recompute : NULL};
     }
     if (rc == KVEDGE_OK) {
         uint32_t tokens = spec.tokens ? spec.tokens : f->nchunks * S_TOKENS_PER_CHUNK;
+        f->tokens = tokens;
         s_fetch_sources(p, f, tokens);
         rc = kvedge_plan_make_prec(&f->req, f->prec_on ? &f->pp : NULL, f->psrc, f->nsrc, f->plan);
         if (rc != KVEDGE_OK)
@@ -1217,9 +1277,88 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
         return;
     }
     f->start_us = start_us;
-    f->plan_us = kvedge_mono_us();
     atomic_fetch_add(&p->fetches_open, 1);
     s_stat_add(p, &p->stats.requests, 1);
+    zlistx_add_end(p->fetches, f);
+    if (!s_ask(p, f))
+        s_fetch_go(p, f);
+}
+
+/* Source s (request-local) holds every chunk of the chain whole (LOOKUP): every layer of
+ * it, priced as s_fetch_sources prices a layer the directory lists. */
+static void s_learn_holder(kvedge_proxy_impl_t *p, s_fetch_t *f, int s)
+{
+    double fp16 = (double)f->tokens * f->model.kv_heads * f->model.head_dim * 2 * 2;
+    double ratio = p->src[f->map_src[s]].ratio;
+    size_t P = f->prec_on ? f->pw.n : 0;
+    uint32_t per_chunk = f->nchunks ? (f->tokens + f->nchunks - 1) / f->nchunks : 1;
+    for (uint32_t l = 0; l < f->L; l++) {
+        if (f->via[s] && f->via[s][l]) { /* the requested model's own layer is better */
+            f->via[s][l] = 0;
+            f->bytes[s][l] = -1;
+        }
+        if (f->bytes[s][l] < 0)
+            f->bytes[s][l] = fp16 * ratio;
+        for (size_t r = 0; f->pbytes[s] && r < P; r++)
+            if (f->pbytes[s][(size_t)l * P + r] < 0)
+                f->pbytes[s][(size_t)l * P + r] =
+                    fp16 *
+                    kvedge_prec_bytes_per_fp16(f->pw.accept[r], per_chunk, f->model.head_dim, 2);
+    }
+}
+
+/* A LOOKUP answered: a source that holds the whole chain becomes a holder of every layer;
+ * once every answer is in, the fetch is planned again and starts. */
+static void s_asked(kvedge_proxy_impl_t *p, s_fetch_t *f, int s, int status, uint32_t hit)
+{
+    if (s >= 0 && (size_t)s < f->nsrc && status == KVEDGE_OK && hit >= f->nchunks) {
+        s_learn_holder(p, f, s);
+        kvedge_log_debug("fetch %llu: %s holds the context (LOOKUP), though the directory does "
+                         "not list it yet",
+                         (unsigned long long)f->serial, f->psrc[s].name);
+    }
+    if (--f->asking == 0)
+        s_fetch_go(p, f);
+}
+
+/* Layers the plan leaves to nobody (no holder) while registered sources the directory says
+ * nothing of are up: asks them (LOOKUP) before the misses are final. Returns whether it
+ * asked (the fetch then waits, at most until ask_until_ms). */
+static bool s_ask(kvedge_proxy_impl_t *p, s_fetch_t *f)
+{
+    bool missed = false;
+    for (uint32_t l = 0; l < f->L && !missed; l++)
+        missed = f->plan->layer[l].source < 0 &&
+                 f->plan->layer[l].reason == KVEDGE_PLAN_RECOMPUTE_NO_SOURCE;
+    int64_t now = kvedge_mono_ms();
+    int64_t until = now + KVEDGE_PROXY_ASK_MS,
+            last = f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS - 1;
+    if (!missed || !p->view || (until > last ? last : until) <= now)
+        return false;
+    f->ask_until_ms = until > last ? last : until;
+    for (size_t s = 0; s < f->nsrc; s++)
+        if (f->psrc[s].up && f->client[s] &&
+            s_unlisted(p, &p->src[f->map_src[s]], f->chunks, f->nchunks) &&
+            kvedge_proxy_impl_ask(p, f->serial, f->map_src[s], (int)s, f->chunks, f->nchunks) ==
+                KVEDGE_OK)
+            f->asking++;
+    if (!f->asking) {
+        f->ask_until_ms = 0; /* nobody to ask: the plan stands */
+        return false;
+    }
+    kvedge_log_debug("fetch %llu: the directory lists no holder of some layers: asking %u "
+                     "sources (LOOKUP)",
+                     (unsigned long long)f->serial, f->asking);
+    return true;
+}
+
+/* The fetch starts: (planned again when it asked) its PLAN goes out, its streams open. */
+static void s_fetch_go(kvedge_proxy_impl_t *p, s_fetch_t *f)
+{
+    if (f->ask_until_ms) /* it asked: plan with what the answers taught */
+        (void)kvedge_plan_make_prec(&f->req, f->prec_on ? &f->pp : NULL, f->psrc, f->nsrc,
+                                    f->plan); /* the same inputs planned once: no error */
+    f->plan_us = kvedge_mono_us();
     zmsg_t *pm = s_plan_message(f);
     if (pm)
         zlistx_add_end(f->outbox, pm);
@@ -1237,7 +1376,6 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
             ly->reason = KVEDGE_FETCH_PLANNED;
         }
     }
-    zlistx_add_end(p->fetches, f);
     s_issue(p, f);
     s_deliver(p, f);
 }

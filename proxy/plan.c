@@ -29,6 +29,10 @@ typedef struct {
     int32_t fix;                    /* -1: every precision; else only this one (step 1) */
     double q0;                      /* quality of the delivered layers (a replan) */
     double limit;                   /* the most quality may reach; INFINITY without prec */
+    /* A request without recompute_us (recomputation not allowed): held[l] says some up
+     * network source serves layer l at some precision, so recomputing it is out of reach;
+     * a layer nobody holds is a miss the plan cannot avoid, priced at its compute time. */
+    bool held[KVEDGE_PLAN_MAX_LAYERS];
 } s_ctx_t;
 
 static bool s_finite_nonneg(double x)
@@ -170,10 +174,11 @@ static int s_check_all(const kvedge_plan_request_t *req, const kvedge_plan_prec_
                        const kvedge_plan_source_t *sources, size_t nsrc)
 {
     if (!req || req->layers < 1 || req->layers > KVEDGE_PLAN_MAX_LAYERS ||
-        !s_finite_nonneg(req->prefix_us) || !req->compute_us || !req->recompute_us)
+        !s_finite_nonneg(req->prefix_us) || !req->compute_us)
         return KVEDGE_EINVAL;
     for (uint32_t l = 0; l < req->layers; l++)
-        if (!s_finite_nonneg(req->compute_us[l]) || !s_finite_nonneg(req->recompute_us[l]))
+        if (!s_finite_nonneg(req->compute_us[l]) ||
+            (req->recompute_us && !s_finite_nonneg(req->recompute_us[l])))
             return KVEDGE_EINVAL;
     if (s_check_sources(sources, nsrc, req->layers, !prec) != KVEDGE_OK)
         return KVEDGE_EINVAL;
@@ -246,6 +251,9 @@ static s_ctx_t s_ctx(const kvedge_plan_request_t *req, const kvedge_plan_prec_t 
                  .fix = -1,
                  .q0 = 0,
                  .limit = prec ? prec->budget : INFINITY};
+    for (uint32_t l = first; !req->recompute_us && l < c.layers; l++)
+        for (size_t s = 0; s < nsrc && !c.held[l]; s++)
+            c.held[l] = s_src_holds(&c, s, l);
     return c;
 }
 
@@ -254,6 +262,10 @@ static s_ctx_t s_ctx(const kvedge_plan_request_t *req, const kvedge_plan_prec_t 
  * *ctx to l (decoder.h); advances *ctx past l. */
 static double s_recompute(const s_ctx_t *c, uint32_t l, uint32_t *ctx)
 {
+    if (!c->req->recompute_us) { /* not allowed: out of reach, or a miss nobody can avoid */
+        *ctx = l + 1;
+        return c->held[l] ? INFINITY : 0;
+    }
     double work = 0;
     for (uint32_t j = *ctx < l ? *ctx : l; j <= l; j++)
         work += c->req->recompute_us[j];
@@ -356,7 +368,7 @@ static double s_load_then_compute(const s_ctx_t *c, const int32_t *assign)
 static double s_cost(const s_ctx_t *c, int32_t a, uint32_t l)
 {
     if (s_is_recompute(c, a))
-        return c->req->recompute_us[l];
+        return c->req->recompute_us ? c->req->recompute_us[l] : INFINITY; /* unpriced */
     const kvedge_plan_source_t *p = &c->src[s_src_of(c, a)];
     return p->rtt_us + s_xfer_us(s_bytes(c, a, l), p->bw_bytes_per_s);
 }
@@ -810,7 +822,7 @@ static void s_make(const s_ctx_t *c, kvedge_plan_t *out)
     out->bound_us = s_bound(&ca, fin);
     out->split_us = win.split_t;
     out->cloud_only_us = cloud_t;
-    out->recompute_all_us = win.recompute_t;
+    out->recompute_all_us = c->req->recompute_us ? win.recompute_t : INFINITY;
     out->load_then_compute_us = s_load_then_compute(&ca, fin);
     out->precs = c->np;
     out->quality_used = s_quality(&ca, fin);
@@ -842,14 +854,14 @@ static bool s_cost_fixed(const kvedge_plan_request_t *req, const kvedge_plan_sou
                          const kvedge_plan_source_t **net)
 {
     *cost = INFINITY;
-    if (!req || !req->recompute_us || layer >= req->layers || layer >= KVEDGE_PLAN_MAX_LAYERS ||
+    if (!req || layer >= req->layers || layer >= KVEDGE_PLAN_MAX_LAYERS ||
         nsrc > KVEDGE_PLAN_MAX_SOURCES || (nsrc > 0 && !sources))
         return true;
     if (source != KVEDGE_PLAN_SRC_RECOMPUTE &&
         (source < 0 || (size_t)source >= nsrc || !sources[source].up))
         return true;
     if (source == KVEDGE_PLAN_SRC_RECOMPUTE || !s_is_net(&sources[source])) {
-        *cost = req->recompute_us[layer];
+        *cost = req->recompute_us ? req->recompute_us[layer] : INFINITY;
         return true;
     }
     *net = &sources[source];
@@ -1101,6 +1113,29 @@ static const char *s_prec_name(const kvedge_plan_t *plan, int32_t p, char *tmp, 
     return tmp;
 }
 
+const char *kvedge_plan_ms_text(double us, int decimals, char *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return "";
+    if (!isfinite(us) || us >= KVEDGE_PLAN_UNPRICED_US)
+        snprintf(buf, len, "unpriced");
+    else
+        snprintf(buf, len, "%.*f ms", decimals < 0 ? 0 : decimals > 6 ? 6 : decimals, us / 1e3);
+    return buf;
+}
+
+/* A time in ms with 3 decimals (and the unit when unit), or "-" ("unpriced" with unit) for
+ * one that is not a price (recomputation the request did not allow): never a sentinel. */
+static const char *s_ms(double us, bool unit, char *tmp, size_t len)
+{
+    if (unit)
+        return kvedge_plan_ms_text(us, 3, tmp, len);
+    if (!isfinite(us) || us >= KVEDGE_PLAN_UNPRICED_US)
+        return "-";
+    snprintf(tmp, len, "%.3f", us / 1e3);
+    return tmp;
+}
+
 int kvedge_plan_format(const kvedge_plan_t *plan, const kvedge_plan_source_t *sources, size_t nsrc,
                        char *buf, size_t len)
 {
@@ -1110,7 +1145,7 @@ int kvedge_plan_format(const kvedge_plan_t *plan, const kvedge_plan_source_t *so
     buf[0] = '\0';
     uint32_t L = plan->layers < KVEDGE_PLAN_MAX_LAYERS ? plan->layers : KVEDGE_PLAN_MAX_LAYERS;
     bool prec = plan->precs > 0;
-    char tmp[16];
+    char tmp[16], t1[32], t2[32], t3[32];
     if (plan->first_layer > 0)
         s_put(&o, "re-plan from layer %u: times are from now\n", (unsigned)plan->first_layer);
     if (prec)
@@ -1121,32 +1156,36 @@ int kvedge_plan_format(const kvedge_plan_t *plan, const kvedge_plan_source_t *so
               "arrive_ms", "done_ms", "reason");
     for (uint32_t l = 0; l < L; l++) {
         const kvedge_plan_layer_t *p = &plan->layer[l];
+        const char *cost = s_ms(p->cost_us, false, t1, sizeof t1),
+                   *arrive = s_ms(p->arrival_us, false, t2, sizeof t2),
+                   *done = s_ms(p->done_us, false, t3, sizeof t3);
         if (prec)
-            s_put(&o, "%5u  %-20.63s %-9s %10.3f %10.3f %10.3f  %-19s %4d %-18s %s\n", (unsigned)l,
-                  s_src_name(sources, nsrc, p->source), s_src_kind(sources, nsrc, p->source),
-                  p->cost_us / 1e3, p->arrival_us / 1e3, p->done_us / 1e3,
-                  kvedge_plan_reason_name(p->reason), (int)p->prec,
+            s_put(&o, "%5u  %-20.63s %-9s %10s %10s %10s  %-19s %4d %-18s %s\n", (unsigned)l,
+                  s_src_name(sources, nsrc, p->source), s_src_kind(sources, nsrc, p->source), cost,
+                  arrive, done, kvedge_plan_reason_name(p->reason), (int)p->prec,
                   s_prec_name(plan, p->prec, tmp, sizeof tmp),
                   kvedge_plan_prec_reason_name(p->prec_reason));
         else
-            s_put(&o, "%5u  %-20.63s %-9s %10.3f %10.3f %10.3f  %s\n", (unsigned)l,
-                  s_src_name(sources, nsrc, p->source), s_src_kind(sources, nsrc, p->source),
-                  p->cost_us / 1e3, p->arrival_us / 1e3, p->done_us / 1e3,
-                  kvedge_plan_reason_name(p->reason));
+            s_put(&o, "%5u  %-20.63s %-9s %10s %10s %10s  %s\n", (unsigned)l,
+                  s_src_name(sources, nsrc, p->source), s_src_kind(sources, nsrc, p->source), cost,
+                  arrive, done, kvedge_plan_reason_name(p->reason));
     }
-    s_put(&o, "T %.3f ms  bound %.3f ms  split m=%u (%.3f ms before improvement)\n",
-          plan->total_us / 1e3, plan->bound_us / 1e3, (unsigned)plan->split, plan->split_us / 1e3);
-    s_put(&o, "cloud-only %.3f ms (%.63s)  recompute-all %.3f ms  load-then-compute %.3f ms\n",
-          plan->cloud_only_us / 1e3,
+    char t4[32];
+    s_put(&o, "T %s  bound %s  split m=%u (%s before improvement)\n",
+          s_ms(plan->total_us, true, t1, sizeof t1), s_ms(plan->bound_us, true, t2, sizeof t2),
+          (unsigned)plan->split, s_ms(plan->split_us, true, t3, sizeof t3));
+    s_put(&o, "cloud-only %s (%.63s)  recompute-all %s  load-then-compute %s\n",
+          s_ms(plan->cloud_only_us, true, t1, sizeof t1),
           plan->cloud_source >= 0 ? s_src_name(sources, nsrc, plan->cloud_source) : "no cloud",
-          plan->recompute_all_us / 1e3, plan->load_then_compute_us / 1e3);
+          s_ms(plan->recompute_all_us, true, t2, sizeof t2),
+          s_ms(plan->load_then_compute_us, true, t4, sizeof t4));
     if (prec) {
         s_put(&o, "quality %.6g of budget %.6g\n", plan->quality_used, plan->budget);
         s_put(&o, "fixed precision:");
         for (uint32_t p = 0; p < plan->precs && p < KVEDGE_PLAN_MAX_PRECS; p++)
-            s_put(&o, " %s %.3f ms (quality %.6g)%s",
-                  s_prec_name(plan, (int32_t)p, tmp, sizeof tmp), plan->fixed_prec_us[p] / 1e3,
-                  plan->fixed_prec_quality[p], p + 1 < plan->precs ? "," : "");
+            s_put(&o, " %s %s (quality %.6g)%s", s_prec_name(plan, (int32_t)p, tmp, sizeof tmp),
+                  s_ms(plan->fixed_prec_us[p], true, t1, sizeof t1), plan->fixed_prec_quality[p],
+                  p + 1 < plan->precs ? "," : "");
         s_put(&o, "\n");
     }
     return o.truncated ? KVEDGE_ENOSPACE : KVEDGE_OK;

@@ -31,6 +31,10 @@ extern "C" {
 #define KVEDGE_PLAN_IMPROVE_STEPS  (1u << 22)
 /* Precisions (rungs) one request may offer at most: an accept list's length. */
 #define KVEDGE_PLAN_MAX_PRECS 8
+/* A time at or above this (or not finite) is not a price but "unpriced": INFINITY in a plan
+ * (recomputation a request did not allow), 1e300 on the wire (docs/protocol.md). Printers
+ * show it as "-" or "unpriced" (JSON: null), never as a time. */
+#define KVEDGE_PLAN_UNPRICED_US 1e290
 
 /* One place a request's layers can come from. Network sources (every kind but RECOMPUTE)
  * stream the layers assigned to them in layer order on one stream that pays rtt_us once.
@@ -50,10 +54,18 @@ typedef struct {
 
 /* One request: layers 0..L-1 of one context. Times in microseconds. */
 typedef struct {
-    uint32_t layers;            /* L, 1..KVEDGE_PLAN_MAX_LAYERS */
-    double prefix_us;           /* serial work outside the overlap (T_prefix); added once */
-    const double *compute_us;   /* L: decoder time of layer l over the user prompt (t_le,c) */
-    const double *recompute_us; /* L: extra decoder time to compute layer l's context KV */
+    uint32_t layers;          /* L, 1..KVEDGE_PLAN_MAX_LAYERS */
+    double prefix_us;         /* serial work outside the overlap (T_prefix); added once */
+    const double *compute_us; /* L: decoder time of layer l over the user prompt (t_le,c) */
+    /* L: extra decoder time to compute layer l's context KV. NULL: the request allows no
+     * recomputation (a fetch-only client that sent no decoder times): a layer some up source
+     * holds is never planned as recomputed (recomputing it is priced INFINITY, so no plan
+     * that does so is ever lower), and a layer no up source holds is planned as
+     * KVEDGE_PLAN_SRC_RECOMPUTE, reason RECOMPUTE_NO_SOURCE (a miss: the client computes it),
+     * its timeline step priced at compute_us[l] alone and its cost_us INFINITY; the plan's
+     * recompute_all_us is INFINITY (unpriced) and cloud_only_us is when the best cloud source
+     * lacks a layer another source holds. */
+    const double *recompute_us;
 } kvedge_plan_request_t;
 
 /* The precision choice of a request (CacheGen-style): the request accepts P precisions, an
@@ -126,8 +138,9 @@ typedef struct {
 /* Eq. 19: the price in microseconds of layer `layer` from sources[source]:
  * rtt + bytes / bw for a network source, recompute_us[layer] (the layer alone; timelines price
  * R(l), see kvedge_plan_simulate) for KVEDGE_PLAN_SRC_RECOMPUTE or
- * a source of kind RECOMPUTE. INFINITY when the source is down, does not hold the layer, or
- * an argument is out of range (numbers are not otherwise validated here). */
+ * a source of kind RECOMPUTE (INFINITY without recompute_us). INFINITY when the source is down,
+ * does not hold the layer, or an argument is out of range (numbers are not otherwise validated
+ * here). */
 double kvedge_plan_cost(const kvedge_plan_request_t *req, const kvedge_plan_source_t *sources,
                         size_t nsrc, int32_t source, uint32_t layer);
 
@@ -181,10 +194,10 @@ int kvedge_plan_bound(const kvedge_plan_request_t *req, const kvedge_plan_source
  * Down sources and sources of kind RECOMPUTE are never chosen (recompute is the index
  * KVEDGE_PLAN_SRC_RECOMPUTE). Fills *out completely (first_layer 0).
  * Errors: KVEDGE_EINVAL (NULL req/out; sources NULL with nsrc > 0; nsrc >
- * KVEDGE_PLAN_MAX_SOURCES; L outside 1..KVEDGE_PLAN_MAX_LAYERS; prefix_us, compute_us or
- * recompute_us NULL, negative or not finite; an unknown kind or a name without NUL; an up
- * network source whose rtt is negative or not finite, bw not finite or not > 0, layer_bytes
- * NULL or an entry not finite); *out unchanged. */
+ * KVEDGE_PLAN_MAX_SOURCES; L outside 1..KVEDGE_PLAN_MAX_LAYERS; prefix_us or compute_us NULL,
+ * negative or not finite; a recompute_us entry negative or not finite; an unknown kind or a name
+ * without NUL; an up network source whose rtt is negative or not finite, bw not finite or not > 0,
+ * layer_bytes NULL or an entry not finite); *out unchanged. */
 int kvedge_plan_make(const kvedge_plan_request_t *req, const kvedge_plan_source_t *sources,
                      size_t nsrc, kvedge_plan_t *out);
 
@@ -212,6 +225,11 @@ int kvedge_plan_replan(const kvedge_plan_request_t *req, const kvedge_plan_sourc
  * KVEDGE_ENOSPACE (buf too small: it holds a truncated table). */
 int kvedge_plan_format(const kvedge_plan_t *plan, const kvedge_plan_source_t *sources, size_t nsrc,
                        char *buf, size_t len);
+
+/* A time for people: "%.<decimals>f ms" of us, or "unpriced" when us is not a price (not
+ * finite, or at least KVEDGE_PLAN_UNPRICED_US). Writes buf (always NUL-terminated when
+ * len > 0) and returns it; decimals is clamped to 0..6. */
+const char *kvedge_plan_ms_text(double us, int decimals, char *buf, size_t len);
 
 /* ---- precision choice ------------------------------------------------------------------
  * The functions below take a kvedge_plan_prec_t beside the request; prec NULL makes each one

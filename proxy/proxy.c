@@ -346,7 +346,7 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
     if (rc == KVEDGE_OK)
         s_tenant(p);
     for (size_t i = 0; rc == KVEDGE_OK && i < opts->nsources; i++)
-        kvedge_proxy_impl_src_add(p, &opts->sources[i]);
+        kvedge_proxy_impl_src_add(p, &opts->sources[i], false);
     if (rc == KVEDGE_OK && opts->master) {
         kvedge_mview_opts_t vo;
         kvedge_mview_opts_default(&vo);

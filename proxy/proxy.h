@@ -40,6 +40,11 @@ extern "C" {
 #define KVEDGE_PROXY_BUFFER_BYTES_DEFAULT (1ull << 30)
 /* How long "source s lacks layer l of chain c" is remembered. */
 #define KVEDGE_PROXY_NEG_TTL_MS 30000
+/* A FETCH with layers the master's directory lists no holder for asks its registered sources
+ * the directory says nothing of (LOOKUP) before it plans them as misses, waiting this long at
+ * most for the answers (and never past its deadline less the margin): a directory lags the
+ * blocks it describes (a node publishes it every few hundred ms). */
+#define KVEDGE_PROXY_ASK_MS 1000
 /* Unreachable and down sources are retried (connect, PING) this often. */
 #define KVEDGE_PROXY_PROBE_MS 500
 /* Measured links are published to the master this often. */

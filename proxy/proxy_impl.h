@@ -32,7 +32,10 @@ extern "C" {
  * so an index stays valid for the proxy's life. */
 typedef struct {
     kvedge_proxy_source_t conf;
-    bool from_master;        /* discovered in the master's node list */
+    bool from_master; /* discovered in the master's node list */
+    /* Why the prober cannot reach it, when a flag would fix it (shown as its last error in
+     * the `sources` view); "" otherwise (under srcs_mu). */
+    char hint[320];
     kvedge_client_t *client; /* set once by the prober (under srcs_mu), never replaced */
     double ratio;            /* learned wire bytes per fp16 byte (actor only) */
     double bw_est;           /* throughput measured over whole fetches (under srcs_mu) */
@@ -48,6 +51,8 @@ typedef struct {
 
 /* A block or an end of stream from an upstream client's I/O thread; defined in fetch.c. */
 typedef struct kvedge_proxy_impl_event_t kvedge_proxy_impl_event_t;
+/* A LOOKUP a FETCH asks of a source, queued for the asker thread; defined in sources.c. */
+typedef struct kvedge_proxy_impl_ask_t kvedge_proxy_impl_ask_t;
 
 /* The proxy's state. Owned by kvedge_proxy_t; freed after the actor and the prober stopped. */
 typedef struct {
@@ -73,12 +78,14 @@ typedef struct {
     pthread_mutex_t ev_mu;
     kvedge_proxy_impl_event_t *ev_head, *ev_tail;
     int ev_fd;
-    /* Prober thread. */
-    pthread_t prober;
-    bool prober_started;
+    /* Prober thread, and the asker thread that runs FETCH's LOOKUPs (its queue and the stop
+     * flag under stop_mu, both woken by stop_cv). */
+    pthread_t prober, asker;
+    bool prober_started, asker_started;
     pthread_mutex_t stop_mu;
     pthread_cond_t stop_cv;
     bool stop;
+    kvedge_proxy_impl_ask_t *ask_head, *ask_tail;
     /* Actor only. */
     kvedge_secure_router_t sec;
     zlistx_t *fetches; /* fetch.c's fetches in progress, owned */
@@ -130,11 +137,17 @@ void kvedge_proxy_impl_fetch_credit(kvedge_proxy_impl_t *p, zframe_t *route, uin
  * what was not sent is dropped. Unknown: ignored. */
 void kvedge_proxy_impl_fetch_cancel(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid);
 
+/* The answer to a LOOKUP that fetch serial asked of its request-local source `local`
+ * (kvedge_proxy_impl_ask): status, and how many leading chunks of the chain the source holds
+ * whole. Queued for the actor like an upstream event. Any thread. */
+void kvedge_proxy_impl_fetch_asked(kvedge_proxy_impl_t *p, uint64_t serial, int local, int status,
+                                   uint32_t hit);
+
 /* Handles every queued upstream event (ev_fd was readable). Actor only. */
 void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p);
 
-/* Reports layers past their deadline as misses, drops fetches long past it. Actor only; called
- * every tick. */
+/* Reports layers past their deadline as misses, drops fetches long past it, starts fetches whose
+ * LOOKUPs took too long. Actor only; called every tick. */
 void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p);
 
 /* Shutdown: ends every open fetch with KVEDGE_ECLOSED and frees it. Actor only. */
@@ -160,8 +173,11 @@ void kvedge_proxy_impl_monitor_poll_history(kvedge_proxy_impl_t *p);
 
 /* ---------------------------------------------------------------- sources.c: sources */
 
-/* Appends a source to the table and to health. Returns its index, or -1 when it is full. */
-int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf);
+/* Appends a source to the table and to health; from_master: found in the master's registry
+ * (the `sources` view's origin), else given at start. Returns its index, or -1 when it is
+ * full. */
+int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf,
+                              bool from_master);
 
 /* The link the planner prices source s at (c: its client, or NULL): measured, else the
  * master's link record, else declared, else the defaults. Any thread. */
@@ -179,11 +195,19 @@ size_t kvedge_proxy_impl_src_usable(kvedge_proxy_impl_t *p);
 void kvedge_proxy_impl_src_close(kvedge_proxy_impl_t *p);
 
 /* Starts the prober thread (connects, pings, discovers, publishes links every
- * KVEDGE_PROXY_PROBE_MS). Returns 0 or KVEDGE_ENOMEM. */
+ * KVEDGE_PROXY_PROBE_MS) and the asker thread. Returns 0 or KVEDGE_ENOMEM. */
 int kvedge_proxy_impl_prober_start(kvedge_proxy_impl_t *p);
 
-/* Stops and joins the prober, if started. Idempotent. */
+/* Stops and joins the prober and the asker, if started, and drops the asks still queued.
+ * Idempotent. */
 void kvedge_proxy_impl_prober_stop(kvedge_proxy_impl_t *p);
+
+/* Queues a LOOKUP of chain (n ids, copied) on proxy source src for fetch serial, whose
+ * request-local index of the source is local; the asker thread runs it (the source's client
+ * deadline bounds it) and answers with kvedge_proxy_impl_fetch_asked. Any thread. Returns 0,
+ * KVEDGE_ENOMEM or KVEDGE_ECLOSED (stopping). */
+int kvedge_proxy_impl_ask(kvedge_proxy_impl_t *p, uint64_t serial, int src, int local,
+                          const kvedge_chunk_id_t *chain, uint32_t n);
 
 /* ---------------------------------------------------------------- layermaps.c */
 

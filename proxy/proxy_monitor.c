@@ -24,6 +24,7 @@ typedef struct {
     char history_state[16];
     uint32_t failures;
     int last_err;
+    char hint[320]; /* why it cannot be reached, when a flag would fix it */
 } s_src_view_t;
 
 static size_t s_sources(kvedge_proxy_impl_t *p, s_src_view_t *out)
@@ -37,6 +38,7 @@ static size_t s_sources(kvedge_proxy_impl_t *p, s_src_view_t *out)
         v->conf = s->conf;
         kvedge_client_t *c = s->client;
         v->from_master = s->from_master;
+        snprintf(v->hint, sizeof v->hint, "%s", s->hint);
         v->history_known = s->history_known;
         v->history_missing = s->history_missing;
         v->history_age_s = s->history_age_s;
@@ -261,7 +263,9 @@ static char *s_doc(kvedge_proxy_impl_t *p, size_t *len)
         cJSON_AddNumberToObject(e, "bandwidth", v[i].bw);
         cJSON_AddNumberToObject(e, "failures", v[i].failures);
         cJSON_AddStringToObject(e, "last_error",
-                                v[i].last_err ? kvedge_strerror(v[i].last_err) : "");
+                                v[i].hint[0]    ? v[i].hint
+                                : v[i].last_err ? kvedge_strerror(v[i].last_err)
+                                                : "");
         if (v[i].conf.kind == KVEDGE_PLAN_HISTORY && v[i].history_known) {
             cJSON *h = cJSON_AddObjectToObject(e, "history");
             cJSON_AddStringToObject(h, "state", v[i].history_state);

@@ -109,7 +109,8 @@ static const kvedge_setting_t s_settings[] = {
      KVEDGE_SETTING_AT(S_T, cert),
      .def = KVEDGE_PROXY_CERT_DEFAULT,
      .help = "proxy certificate, CURVE toward clients, sources and the master (its _secret "
-             "file is read; made on first start)"},
+             "file is read; made on first start); loaded whenever CURVE may be used, with a "
+             "master too (it may name nodes that run CURVE)"},
     {.key = "clients",
      .flag = "clients",
      .arg = "DIR",
@@ -240,14 +241,26 @@ int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t
         kvedge_proxy_source_parse(s->source[i], &src[i]); /* checked above */
         need_cert = need_cert || src[i].server_key[0];
     }
+    /* The master may name nodes that run CURVE (a node record carries its public key): the
+     * certificate is loaded (made if missing) with a master too. Only then is a certificate
+     * that cannot be made not fatal: nodes that run CURVE stay unreachable, and the `sources`
+     * view and the log say which flag fixes it. */
+    bool may_need = !need_cert && s->master[0];
     char secret[KVEDGE_PROXY_PATH_BYTES + 16] = "";
-    if (need_cert) {
-        if (kvedge_secure_ensure_cert(s->cert, "kvedge proxy") != KVEDGE_OK) {
+    if (need_cert || may_need) {
+        if (kvedge_secure_ensure_cert(s->cert, "kvedge proxy") == KVEDGE_OK) {
+            need_cert = true;
+            snprintf(secret, sizeof secret, "%s_secret", s->cert);
+        } else if (!may_need) {
             free(src);
             return kvedge_why(why, why_len, KVEDGE_EIO, "cannot create the proxy certificate %s",
                               s->cert);
+        } else {
+            kvedge_log_warn("cannot load or make the proxy certificate %s: nodes the master names "
+                            "that run CURVE cannot be reached (give --cert FILE in a writable "
+                            "place)",
+                            s->cert);
         }
-        snprintf(secret, sizeof secret, "%s_secret", s->cert);
     }
     kvedge_proxy_opts_t po;
     kvedge_proxy_opts_default(&po);

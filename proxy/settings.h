@@ -54,8 +54,10 @@ void kvedge_proxy_settings_default(kvedge_proxy_settings_t *s);
  * KVEDGE_EDENIED (plaintext on an endpoint other hosts can reach). */
 int kvedge_proxy_settings_check(const kvedge_proxy_settings_t *s, char *why, size_t why_len);
 
-/* Checks the settings, makes the proxy certificate where CURVE is used (toward clients, the
- * master or a source with key=) and it is missing, and starts the proxy (kvedge_proxy_start).
+/* Checks the settings, loads the proxy certificate (making it when missing) where CURVE is or
+ * may be used (toward clients, the master or a source with key=, and with any master: it may
+ * name nodes that run CURVE; only then is a certificate that cannot be made not fatal, it is
+ * logged at warn), and starts the proxy (kvedge_proxy_start).
  * s must outlive the proxy. Caller owns *out. Errors: those of the check (nothing is created
  * then), KVEDGE_EIO (the certificate cannot be made), KVEDGE_ENOMEM, and those of
  * kvedge_proxy_start. */

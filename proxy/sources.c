@@ -1,6 +1,7 @@
 /* The edge proxy's sources: the table of store nodes it fetches from (given as flags, or found
  * in the Storage Master's registry), the prober thread that connects them, pings them back to
- * health and publishes the links it measured, and what is learned of each link. */
+ * health and publishes the links it measured, what is learned of each link, and the asker
+ * thread that runs the LOOKUPs a FETCH asks of nodes its directory says nothing of. */
 #include <czmq.h>
 #include <math.h>
 #include <pthread.h>
@@ -82,7 +83,8 @@ int kvedge_proxy_source_parse(const char *spec, kvedge_proxy_source_t *out)
 }
 
 /* Adds a source (prober or start); returns its index or -1 when the table is full. */
-int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf)
+int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_t *conf,
+                              bool from_master)
 {
     pthread_mutex_lock(&p->srcs_mu);
     size_t n = atomic_load(&p->nsrc);
@@ -91,6 +93,7 @@ int kvedge_proxy_impl_src_add(kvedge_proxy_impl_t *p, const kvedge_proxy_source_
         kvedge_proxy_impl_src_t *s = &p->src[n];
         memset(s, 0, sizeof *s);
         s->conf = *conf;
+        s->from_master = from_master;
         s->ratio = S_RATIO_PRIOR;
         idx = (int)n;
         atomic_store(&p->nsrc, n + 1);
@@ -223,11 +226,36 @@ static void s_discover(kvedge_proxy_impl_t *p)
             conf.kind = rec.role == KVEDGE_ROLE_CLOUD ? KVEDGE_PLAN_CLOUD : KVEDGE_PLAN_PEER;
         conf.bw_bytes_per_s = (double)rec.bandwidth_bytes_per_s;
         conf.rtt_us = rec.rtt_us;
-        if (kvedge_proxy_impl_src_add(p, &conf) >= 0)
+        if (kvedge_proxy_impl_src_add(p, &conf, true) >= 0)
             kvedge_log_info("source %s (%s) from the master: %s", id,
                             kvedge_plan_kind_name(conf.kind), conf.endpoint);
     }
     free(acc.ids);
+}
+
+/* A source that runs CURVE (it has a public key) cannot be reached without a certificate of
+ * our own: say so, in the `sources` view and in the log (warn, once a minute per source), with
+ * the flag that fixes it, rather than fail the connect with "invalid argument". */
+static kvedge_log_limit_t s_no_cert_lines = KVEDGE_LOG_LIMIT_INIT(60000, 1, 30);
+
+static void s_no_cert(kvedge_proxy_impl_t *p, size_t i, const kvedge_proxy_source_t *conf,
+                      uint64_t now)
+{
+    pthread_mutex_lock(&p->srcs_mu);
+    bool from_master = p->src[i].from_master;
+    snprintf(p->src[i].hint, sizeof p->src[i].hint,
+             "%s runs CURVE and this proxy has no certificate: start the proxy with --cert FILE "
+             "and allowlist FILE's public key on %s",
+             conf->name, conf->name);
+    pthread_mutex_unlock(&p->srcs_mu);
+    kvedge_health_failure(p->health, conf->name, now, KVEDGE_EDENIED);
+    uint64_t held = 0;
+    if (kvedge_log_limit_allow(&s_no_cert_lines, conf->name, kvedge_mono_ms(), &held))
+        kvedge_log_warn("source %s (%s%s) runs CURVE (it has a public key) but this proxy has no "
+                        "certificate, so it cannot connect: start the proxy with --cert FILE "
+                        "(made if missing) and allowlist FILE's public key on %s",
+                        conf->name, conf->endpoint, from_master ? ", from the master" : "",
+                        conf->name);
 }
 
 static void s_probe_source(kvedge_proxy_impl_t *p, size_t i)
@@ -238,6 +266,10 @@ static void s_probe_source(kvedge_proxy_impl_t *p, size_t i)
     kvedge_proxy_source_t conf = s->conf;
     pthread_mutex_unlock(&p->srcs_mu);
     uint64_t now = (uint64_t)kvedge_mono_ms();
+    if (!c && conf.server_key[0] && !p->cert_path) {
+        s_no_cert(p, i, &conf, now);
+        return;
+    }
     if (!c) {
         kvedge_client_opts_t o;
         kvedge_client_opts_default(&o);
@@ -371,12 +403,87 @@ static void s_on_health(const char *name, kvedge_health_state_t from, kvedge_hea
                     reason, more);
 }
 
+/* ---------------------------------------------------------------- asker */
+
+/* A LOOKUP a FETCH asks of a source. */
+struct kvedge_proxy_impl_ask_t {
+    kvedge_proxy_impl_ask_t *next;
+    uint64_t serial; /* the fetch */
+    int src, local;  /* proxy index of the source; the fetch's own index of it */
+    uint32_t n;
+    kvedge_chunk_id_t ids[]; /* the chain */
+};
+
+int kvedge_proxy_impl_ask(kvedge_proxy_impl_t *p, uint64_t serial, int src, int local,
+                          const kvedge_chunk_id_t *chain, uint32_t n)
+{
+    kvedge_proxy_impl_ask_t *a = malloc(sizeof *a + (size_t)n * sizeof a->ids[0]);
+    if (!a)
+        return KVEDGE_ENOMEM;
+    *a = (kvedge_proxy_impl_ask_t){NULL, serial, src, local, n};
+    memcpy(a->ids, chain, (size_t)n * sizeof a->ids[0]);
+    pthread_mutex_lock(&p->stop_mu);
+    bool stopping = p->stop || !p->asker_started;
+    if (!stopping) {
+        if (p->ask_tail)
+            p->ask_tail->next = a;
+        else
+            p->ask_head = a;
+        p->ask_tail = a;
+        pthread_cond_broadcast(&p->stop_cv);
+    }
+    pthread_mutex_unlock(&p->stop_mu);
+    if (stopping) {
+        free(a);
+        return KVEDGE_ECLOSED;
+    }
+    return KVEDGE_OK;
+}
+
+/* Runs the queued LOOKUPs one after the other, each bounded by its client's deadline, and
+ * hands every answer to the actor. */
+static void *s_asker(void *arg)
+{
+    kvedge_proxy_impl_t *p = arg;
+    pthread_mutex_lock(&p->stop_mu);
+    while (!p->stop) {
+        kvedge_proxy_impl_ask_t *a = p->ask_head;
+        if (!a) {
+            pthread_cond_wait(&p->stop_cv, &p->stop_mu);
+            continue;
+        }
+        p->ask_head = a->next;
+        if (!p->ask_head)
+            p->ask_tail = NULL;
+        pthread_mutex_unlock(&p->stop_mu);
+        pthread_mutex_lock(&p->srcs_mu);
+        kvedge_client_t *c = p->src[a->src].client;
+        pthread_mutex_unlock(&p->srcs_mu);
+        size_t hit = 0;
+        int rc = c ? kvedge_client_lookup(c, a->ids, a->n, &hit) : KVEDGE_ECLOSED;
+        kvedge_log_debug("fetch %llu: LOOKUP on %s: %s, %zu of %u chunks held whole",
+                         (unsigned long long)a->serial, p->src[a->src].conf.name,
+                         kvedge_strerror(rc), hit, a->n);
+        kvedge_proxy_impl_fetch_asked(p, a->serial, a->local, rc,
+                                      hit > UINT32_MAX ? UINT32_MAX : (uint32_t)hit);
+        free(a);
+        pthread_mutex_lock(&p->stop_mu);
+    }
+    pthread_mutex_unlock(&p->stop_mu);
+    return NULL;
+}
+
 int kvedge_proxy_impl_prober_start(kvedge_proxy_impl_t *p)
 {
     kvedge_health_set_observer(p->health, s_on_health, p);
     if (pthread_create(&p->prober, NULL, s_prober, p) != 0)
         return KVEDGE_ENOMEM;
     p->prober_started = true;
+    if (pthread_create(&p->asker, NULL, s_asker, p) != 0)
+        return KVEDGE_ENOMEM;
+    pthread_mutex_lock(&p->stop_mu);
+    p->asker_started = true;
+    pthread_mutex_unlock(&p->stop_mu);
     return KVEDGE_OK;
 }
 
@@ -387,7 +494,20 @@ void kvedge_proxy_impl_prober_stop(kvedge_proxy_impl_t *p)
     pthread_mutex_lock(&p->stop_mu);
     p->stop = true;
     pthread_cond_broadcast(&p->stop_cv);
+    bool asker = p->asker_started;
     pthread_mutex_unlock(&p->stop_mu);
     pthread_join(p->prober, NULL);
+    if (asker)
+        pthread_join(p->asker, NULL);
     p->prober_started = false;
+    pthread_mutex_lock(&p->stop_mu);
+    p->asker_started = false;
+    kvedge_proxy_impl_ask_t *a = p->ask_head;
+    p->ask_head = p->ask_tail = NULL;
+    pthread_mutex_unlock(&p->stop_mu);
+    while (a) {
+        kvedge_proxy_impl_ask_t *next = a->next;
+        free(a);
+        a = next;
+    }
 }

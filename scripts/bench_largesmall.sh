@@ -121,7 +121,7 @@ proxy() {
     local args=()
     for s in "$@"; do args+=(-s "$s"); done
     start "$name" proxy --bind "$(ep "$name")" --insecure "${MASTER[@]}" --id "$name" \
-        --log-level error "${args[@]}"
+        --cert "$DIR/$name.cert" --log-level error "${args[@]}"
     sleep 1 # the first probes, and the registry's models and map
 }
 

@@ -112,7 +112,7 @@ note "edge-b: $(grep -o 'sync chapter.*' "$DIR/edge-b.log" | head -1)"
 step "Start edge-a's proxy: cloud over $CLOUD_LINK, peer edge-b over $PEER_LINK, own node as history"
 note "the proxy measures each link when it connects, and learns from every fetch"
 start proxy proxy --bind "$(ep proxy)" --insecure --master "$(ep master)" \
-    --master-pub "$(ep master-pub)" --snapshot "$DIR/proxy.snapshot" \
+    --master-pub "$(ep master-pub)" --snapshot "$DIR/proxy.snapshot" --cert "$DIR/proxy.cert" \
     -s "cloud cloud $(ep cloud) link=$CLOUD_LINK" \
     -s "peer edge-b $(ep edge-b) link=$PEER_LINK" \
     -s "history edge-a $(ep edge-a)"
@@ -170,6 +170,12 @@ decode "
 And God blessed Noah and his sons, and said"
 
 step "What edge-a's proxy saw (its Collaboration Monitor, over the wire; also on /metrics)"
+# The proxy counts the killed cloud down after 4 failed probes (a PING deadline of 1 s each,
+# every 500 ms: about 6 s after the kill; suspect after 3 s of silence): wait for it, 20 s at
+# most, so the table shows what the proxy concluded rather than a moment in between.
+cloud_state() { "$KVEDGE" -H "$(ep proxy)" sources | awk '$1 == "cloud" { print $6 }'; }
+for _ in $(seq 200); do [ "$(cloud_state)" = down ] && break; sleep 0.1; done
+[ "$(cloud_state)" = down ] || { echo "demo: the proxy still counts the killed cloud $(cloud_state)" >&2; exit 1; }
 "$KVEDGE" -H "$(ep proxy)" sources
 "$KVEDGE" -H "$(ep proxy)" stat
 note "live view: kvedge -H $(ep proxy) top; Prometheus: $(grep -o 'http://127.0.0.1:[0-9]*' "$DIR/proxy.log" | head -1)/metrics"

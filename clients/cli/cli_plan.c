@@ -3,6 +3,7 @@
  * recompute-all and load-then-compute, and the Eq. 20 bound. Sources are given on the command
  * line (the edge proxy fills them from the Storage Master's directory and link table). */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,17 @@ static double s_layer_bytes(const kvedge_model_t *m, uint64_t tokens, kvedge_sch
 
 /* KIND:NAME:LINK:SCHEME[:FIRST-LAST] e.g. cloud:c1:100mbit,20ms:int8 or
  * peer:e2:1gbit,1ms:lossless:0-11. */
+
+/* "KEY":VALUE, in microseconds with one decimal, or null for a time that is not a price
+ * (proxy/plan.h: unpriced), never a sentinel. */
+static void s_json_us(const char *key, double us)
+{
+    if (isfinite(us) && us < KVEDGE_PLAN_UNPRICED_US)
+        printf("\"%s\":%.1f,", key, us);
+    else
+        printf("\"%s\":null,", key);
+}
+
 static int s_parse_source(const char *spec, const kvedge_model_t *m, uint64_t tokens,
                           kvedge_plan_source_t *src, double *bytes)
 {
@@ -185,18 +197,20 @@ int kvedge_cli_plan(kvedge_cli_t *cli, int argc, char **argv)
         return kvedge_cli_exit_code(rc);
     }
     if (cli->json) {
-        printf("{\"model\":\"%s\",\"tokens\":%llu,\"total_us\":%.1f,\"bound_us\":%.1f,"
-               "\"cloud_only_us\":%.1f,\"recompute_all_us\":%.1f,\"load_then_compute_us\":%.1f,"
-               "\"split\":%u,\"layers\":[",
-               m.id, (unsigned long long)tokens, plan.total_us, plan.bound_us, plan.cloud_only_us,
-               plan.recompute_all_us, plan.load_then_compute_us, plan.split);
+        printf("{\"model\":\"%s\",\"tokens\":%llu,", m.id, (unsigned long long)tokens);
+        s_json_us("total_us", plan.total_us);
+        s_json_us("bound_us", plan.bound_us);
+        s_json_us("cloud_only_us", plan.cloud_only_us);
+        s_json_us("recompute_all_us", plan.recompute_all_us);
+        s_json_us("load_then_compute_us", plan.load_then_compute_us);
+        printf("\"split\":%u,\"layers\":[", plan.split);
         for (uint32_t l = 0; l < m.layers; l++) {
             int32_t s = plan.layer[l].source;
-            printf("%s{\"layer\":%u,\"source\":\"%s\",\"reason\":\"%s\",\"cost_us\":%.1f,"
-                   "\"done_us\":%.1f}",
-                   l ? "," : "", l, s >= 0 ? src[s].name : "recompute",
-                   kvedge_plan_reason_name(plan.layer[l].reason), plan.layer[l].cost_us,
-                   plan.layer[l].done_us);
+            printf("%s{\"layer\":%u,\"source\":\"%s\",\"reason\":\"%s\",", l ? "," : "", l,
+                   s >= 0 ? src[s].name : "recompute",
+                   kvedge_plan_reason_name(plan.layer[l].reason));
+            s_json_us("cost_us", plan.layer[l].cost_us);
+            printf("\"done_us\":%.1f}", plan.layer[l].done_us);
         }
         printf("]}\n");
         return KVEDGE_EXIT_OK;

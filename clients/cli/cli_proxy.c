@@ -79,10 +79,14 @@ static void s_out_plan(void *ctx, const kvedge_fetch_plan_t *pl)
     s_fetch_out_t *o = ctx;
     if (o->json)
         return;
-    printf("plan: %u layers, split %u, T %.1f ms (bound %.1f, cloud-only %.1f, "
-           "load-then-compute %.1f, recompute-all %.1f)\n",
-           pl->layers, pl->split, pl->total_us / 1e3, pl->bound_us / 1e3, pl->cloud_only_us / 1e3,
-           pl->load_then_compute_us / 1e3, pl->recompute_all_us / 1e3);
+    char t[5][32]; /* an unpriced total (recomputation not allowed) prints as "unpriced" */
+    printf("plan: %u layers, split %u, T %s (bound %s, cloud-only %s, load-then-compute %s, "
+           "recompute-all %s)\n",
+           pl->layers, pl->split, kvedge_plan_ms_text(pl->total_us, 1, t[0], sizeof t[0]),
+           kvedge_plan_ms_text(pl->bound_us, 1, t[1], sizeof t[1]),
+           kvedge_plan_ms_text(pl->cloud_only_us, 1, t[2], sizeof t[2]),
+           kvedge_plan_ms_text(pl->load_then_compute_us, 1, t[3], sizeof t[3]),
+           kvedge_plan_ms_text(pl->recompute_all_us, 1, t[4], sizeof t[4]));
     for (uint32_t s = 0; s < pl->nsources; s++)
         printf("  source %u %-16s %-8s %-4s rtt %.2f ms, %.1f MB/s\n", s, pl->source[s].name,
                kvedge_plan_kind_name((kvedge_plan_kind_t)pl->source[s].kind),

@@ -479,21 +479,23 @@ static void test_mapped_fetch(void **state)
                                   "it has 2 edge layers, model " S_EDGE " has 3", NULL),
                      1);
 
-    /* 3. The map edge 0 -> 0, 1 -> none, 2 -> 3, with only the cloud holding anything:
-     * layer 2 comes from the cloud as the cloud's layer 3 (six heads, from_layer 3); layer 1
-     * is a miss, and so layer 0 is not fetched: the client must run the context through
-     * layer 0 to compute layer 1 (R(l), proxy/plan.h), so computing layer 0 costs nothing
-     * more and the plan recomputes it. */
+    /* 3. The map edge 0 -> 0, 1 -> none, 2 -> 3, with only the cloud holding anything, and
+     * the decoder's times in the request: layer 2 comes from the cloud as the cloud's layer 3
+     * (six heads, from_layer 3); layer 1 is a miss, and so layer 0 is not fetched: the client
+     * must run the context through layer 0 to compute layer 1 (R(l), proxy/plan.h), so
+     * computing layer 0 costs nothing more and the plan recomputes it. */
     map->edge_layers = S_ED_LAYERS;
     map->from[2] = 3;
     s_set_map(t, map);
     const int only_cloud[S_ED_LAYERS] = {-1, -1, 3};
+    s_with_times = true;
     for (int i = 0; i < 100; i++) {
         s_fetch(t->pep, r, only_cloud);
         if (r->plan.layer[2].from_layer == 3)
             break;
         zclock_sleep(50);
     }
+    s_with_times = false;
     assert_int_equal(r->status, 0);
     assert_int_equal(r->layers, S_ED_LAYERS);
     assert_int_equal(r->mismatches, 0);
@@ -509,6 +511,19 @@ static void test_mapped_fetch(void **state)
     kvedge_proxy_stats_t st;
     kvedge_proxy_stats(t->proxy, &st);
     assert_int_equal(st.mapped_layers, 1);
+
+    /* 3b. The same without times (fetch only): the request allows no recomputation, so
+     * layer 0, which the cloud serves as its layer 0, is fetched; layer 1 is a miss. */
+    const int fetch_only[S_ED_LAYERS] = {0, -1, 3};
+    s_fetch(t->pep, r, fetch_only);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->mismatches, 0);
+    s_check_mapped(r, 0, 0, false);
+    assert_int_equal(r->layer[1].status, KVEDGE_ENOTFOUND);
+    assert_int_equal(r->layer[1].reason, KVEDGE_FETCH_MISS);
+    s_check_mapped(r, 2, 3, false);
+    kvedge_proxy_stats(t->proxy, &st);
+    assert_int_equal(st.mapped_layers, 3);
 
     /* 4. The peer computed the edge model's own layer 1: it serves it exactly (four heads,
      * from_layer -1); the mapped layers still come from the cloud. */

@@ -437,6 +437,69 @@ static void test_format(void **state)
     free(p);
 }
 
+/* ---- a request that allows no recomputation -------------------------------------------- */
+
+/* No recompute_us (a fetch-only client): the cloud is down, a peer holds layers 0-5. Every
+ * layer the peer holds is fetched from it, the others are misses nobody can avoid
+ * (recompute:no-source, unpriced), recompute-all is unpriced and printed so, and a re-plan
+ * after the peer's own failure keeps its delivered layers and plans the rest as misses. With
+ * recomputation priced as a large finite time instead, the context's lazy recomputation makes
+ * recomputing layer 0 look cheaper than fetching it (it saves the wait for layer 5). */
+static void test_no_recompute(void **state)
+{
+    (void)state;
+    enum { L = 12 };
+    double compute[L] = {0}, peer[L], cloud[L];
+    for (uint32_t l = 0; l < L; l++) {
+        peer[l] = l < 6 ? 1e6 : -1;
+        cloud[l] = 1e6;
+    }
+    kvedge_plan_request_t req = {L, 0, compute, NULL};
+    kvedge_plan_source_t src[2] = {
+        s_src(KVEDGE_PLAN_CLOUD, "cloud", 2000, 1e8, cloud),
+        s_src(KVEDGE_PLAN_PEER, "peer", 1000, 1e8, peer),
+    };
+    src[0].up = false;
+    kvedge_plan_t *p = s_plan_new();
+    assert_int_equal(kvedge_plan_make(&req, src, 2, p), KVEDGE_OK);
+    for (uint32_t l = 0; l < L; l++) {
+        if (l < 6) {
+            assert_int_equal(p->layer[l].source, 1);
+        } else {
+            assert_int_equal(p->layer[l].source, R);
+            assert_int_equal(p->layer[l].reason, KVEDGE_PLAN_RECOMPUTE_NO_SOURCE);
+            assert_true(isinf(p->layer[l].cost_us));
+        }
+    }
+    assert_true(isfinite(p->total_us));
+    assert_true(isinf(p->recompute_all_us));
+    EQ(kvedge_plan_cost(&req, src, 2, 1, 0), 1000 + 1e4);
+    assert_true(isinf(kvedge_plan_cost(&req, src, 2, R, 0)));
+    char buf[4096];
+    assert_int_equal(kvedge_plan_format(p, src, 2, buf, sizeof buf), KVEDGE_OK);
+    assert_non_null(strstr(buf, "recompute-all unpriced"));
+    assert_null(strstr(buf, "inf"));
+    /* The peer fails after layers 0-2 arrived: 3-5 have no source left; nothing that was not
+     * allowed is planned (each is a miss, not "faster"). */
+    kvedge_plan_t *q = s_plan_new();
+    assert_int_equal(kvedge_plan_replan(&req, src, 2, p, 3, 1, q), KVEDGE_OK);
+    for (uint32_t l = 3; l < L; l++) {
+        assert_int_equal(q->layer[l].source, R);
+        assert_int_equal(q->layer[l].reason, KVEDGE_PLAN_RECOMPUTE_NO_SOURCE);
+    }
+    /* The same request with an hour per layer of recomputation: the planner may trade a held
+     * layer for recomputation when that is priced, which is what a request without times
+     * must never get. */
+    double hour[L];
+    for (uint32_t l = 0; l < L; l++)
+        hour[l] = 3.6e9;
+    req.recompute_us = hour;
+    assert_int_equal(kvedge_plan_make(&req, src, 2, p), KVEDGE_OK);
+    assert_int_equal(p->layer[0].source, R);
+    free(q);
+    free(p);
+}
+
 /* ---- errors ---------------------------------------------------------------------------- */
 
 static void test_errors(void **state)
@@ -479,9 +542,6 @@ static void test_errors(void **state)
     req.compute_us = NULL;
     BAD(kvedge_plan_make(&req, src, 1, q));
     req.compute_us = compute;
-    req.recompute_us = NULL;
-    BAD(kvedge_plan_make(&req, src, 1, q));
-    req.recompute_us = recompute;
     compute[2] = NAN;
     BAD(kvedge_plan_make(&req, src, 1, q));
     compute[2] = 100;
@@ -686,6 +746,7 @@ int main(void)
         cmocka_unit_test(test_make_ties),
         cmocka_unit_test(test_replan_cloud_fails),
         cmocka_unit_test(test_format),
+        cmocka_unit_test(test_no_recompute),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_property),
         cmocka_unit_test(test_large),

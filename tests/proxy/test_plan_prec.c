@@ -136,6 +136,25 @@ static void test_budget_keeps_sensitive_layer_fine(void **state)
     free(p);
 }
 
+/* No recompute_us (a fetch-only request): with a budget that int4 everywhere would break, the
+ * plan fetches every layer within it (int8 where it must) and never recomputes one that a
+ * source serves, though recomputation would cost no quality. */
+static void test_no_recompute(void **state)
+{
+    (void)state;
+    kvedge_plan_request_t req = {3, 0, g_compute, NULL};
+    kvedge_plan_source_t src[1] = {s_src(KVEDGE_PLAN_CLOUD, "cloud", 100, 1e6, NULL)};
+    kvedge_plan_prec_t pr = s_prec(2, g_qc, 2);
+    pr.layer_prec_bytes[0] = g_cloud;
+    kvedge_plan_t *p = s_plan_new();
+    assert_int_equal(kvedge_plan_make_prec(&req, &pr, src, 1, p), KVEDGE_OK);
+    s_expect(p, (int32_t[]){0, 0, 0}, (int32_t[]){0, 1, 1});
+    EQ(p->total_us, 1000);
+    assert_true(p->quality_used <= 2);
+    assert_true(isinf(p->recompute_all_us));
+    free(p);
+}
+
 static void test_budget_zero(void **state)
 {
     (void)state;
@@ -707,6 +726,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_keeps_sensitive_layer_fine),
         cmocka_unit_test(test_budget_zero),
+        cmocka_unit_test(test_no_recompute),
         cmocka_unit_test(test_rung_not_served),
         cmocka_unit_test(test_simulate_prec),
         cmocka_unit_test(test_replan_bandwidth_drop),

@@ -1,0 +1,667 @@
+/* The edge proxy under operational faults, with real processes: a cloud node stopped
+ * (SIGSTOP) while a peer holds the shallow layers: every layer the peer holds is fetched from
+ * it, none is reported as recomputed when the request allowed no recomputation, and the plan's
+ * recompute-all total prints as unpriced (kvedge fetch, the decode printout: text and JSON);
+ * sources learned from the master are labelled so; a node learned from the master that runs
+ * CURVE is reached by a proxy whose clients are plaintext (its certificate loaded because the
+ * master may name such nodes), and without a certificate the proxy says which flag to give; a
+ * decode sent right after a prefill, before the node published its directory, fetches every
+ * layer (the proxy asks its sources before it reports a miss), and a decode prints how many
+ * layers were fetched, computed and missed, and why. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <czmq.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "access/secure.h"
+#include "clients/e2e.h"
+#include "clients/kvedge.h"
+#include "proxy/proxy.h"
+#include "proxy/settings.h"
+#include "store/master/master.h"
+#include "store/node/node.h"
+#include "store/synth.h"
+
+#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  12
+#define S_LAYERS 12
+#define S_CHUNKS 2
+#define S_TOKENS 256                                     /* per chunk */
+#define S_TINY   KVEDGE_FIXTURES "/opt_tiny.safetensors" /* OPT, 3 layers x 4 heads */
+
+/* ---------------------------------------------------------------- the context */
+
+static kvedge_chunk_id_t s_ids[S_CHUNKS];
+static uint8_t *s_block[S_LAYERS][S_CHUNKS][S_HEADS];
+static size_t s_len[S_LAYERS][S_CHUNKS][S_HEADS];
+
+static void s_make_context(void)
+{
+    uint32_t tok[S_CHUNKS * S_TOKENS];
+    for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
+        tok[i] = 7 * i + 5;
+    assert_int_equal(
+        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS, s_ids, S_CHUNKS),
+        S_CHUNKS);
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t c = 0; c < S_CHUNKS; c++)
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                s_block[l][c][h] = malloc(cap);
+                assert_non_null(s_block[l][c][h]);
+                assert_int_equal(kvedge_synth_head(l * 1000 + c * 100 + h, 0, S_TOKENS, 64,
+                                                   KVEDGE_DTYPE_FP16, k, v),
+                                 0);
+                assert_int_equal(
+                    kvedge_block_encode(&spec, k, v, s_block[l][c][h], cap, &s_len[l][c][h]), 0);
+            }
+}
+
+static kvedge_client_t *s_client(const char *ep, int deadline_ms)
+{
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.deadline_ms = deadline_ms;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    return c;
+}
+
+/* Puts layers [l0, l1) of the context to the node at ep. */
+static void s_put(const char *ep, uint32_t l0, uint32_t l1)
+{
+    kvedge_client_t *c = s_client(ep, 10000);
+    kvedge_put_item_t items[S_HEADS];
+    for (uint32_t l = l0; l < l1; l++)
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
+            for (uint32_t h = 0; h < S_HEADS; h++) {
+                memset(&items[h], 0, sizeof items[h]);
+                items[h].chunk.id = s_ids[ci];
+                items[h].chunk.has_parent = ci > 0;
+                if (ci > 0)
+                    items[h].chunk.parent = s_ids[ci - 1];
+                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+                items[h].chunk.index = ci;
+                items[h].chunk.tokens = S_TOKENS;
+                items[h].layer = (uint16_t)l;
+                items[h].head = (uint16_t)h;
+                items[h].block = s_block[l][ci][h];
+                items[h].len = s_len[l][ci][h];
+            }
+            assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
+        }
+    kvedge_client_destroy(&c);
+}
+
+static void s_rmrf(const char *dir)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* ---------------------------------------------------------------- daemons */
+
+/* A master on ipc endpoints under root (plaintext: loopback only). */
+typedef struct {
+    char dir[200], ep[220], pub[220];
+    kvedge_master_t *m;
+} s_master_t;
+
+static void s_master_start(s_master_t *mm, const char *root)
+{
+    kvedge_master_opts_t o;
+    kvedge_master_opts_default(&o);
+    snprintf(mm->dir, sizeof mm->dir, "%.120s/master", root);
+    snprintf(mm->ep, sizeof mm->ep, "ipc://%.120s/m.sock", root);
+    snprintf(mm->pub, sizeof mm->pub, "ipc://%.120s/mp.sock", root);
+    o.bind = mm->ep;
+    o.pub = mm->pub;
+    o.data_dir = mm->dir;
+    o.insecure = true;
+    assert_int_equal(kvedge_master_start(&o, &mm->m, NULL, 0), 0);
+}
+
+/* A store node in this process; registered with the master when mm is given (directory
+ * every dir_ms), CURVE toward its clients unless insecure. */
+typedef struct {
+    char dir[200], ep[250];
+    kvedge_node_t *node;
+} s_node_t;
+
+static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
+                         const s_master_t *mm, uint32_t dir_ms, bool insecure)
+{
+    memset(n, 0, sizeof *n);
+    snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
+    snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
+    ns.role = role;
+    ns.insecure = insecure;
+    ns.workers = 2;
+    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
+    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
+    snprintf(ns.name, sizeof ns.name, "%s", name);
+    if (mm) {
+        snprintf(ns.master, sizeof ns.master, "%s", mm->ep);
+        snprintf(ns.master_pub, sizeof ns.master_pub, "%s", mm->pub);
+        snprintf(ns.node_id, sizeof ns.node_id, "%s", name);
+        ns.dir_interval_ms = dir_ms;
+    }
+    char why[256];
+    if (kvedge_node_start(&ns, &n->node, why, sizeof why) != 0)
+        fail_msg("start %s: %s", name, why);
+}
+
+/* A plaintext cloud node in its own process (`kvedge store`), so it can be stopped. */
+static pid_t s_spawn_cloud(const char *root, const char *ep)
+{
+    char data[400];
+    snprintf(data, sizeof data, "%s/cloud-proc", root);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        execl(KVEDGE_BIN, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure",
+              "--bind", ep, "--log-level", "error", "--metrics", "off", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[300];
+    ssize_t r = read(pfd[0], line, sizeof line);
+    close(pfd[0]);
+    assert_true(r > 0);
+    return pid;
+}
+
+static kvedge_proxy_t *s_proxy(kvedge_proxy_opts_t *po, const char *root, char *ep, size_t ep_len)
+{
+    snprintf(ep, ep_len, "ipc://%s/proxy.sock", root);
+    po->bind = ep;
+    po->insecure = true;
+    po->id = "proxy-ops";
+    po->metrics = "off";
+    char why[256];
+    kvedge_proxy_t *p = NULL;
+    if (kvedge_proxy_start(po, &p, why, sizeof why) != 0)
+        fail_msg("proxy: %s", why);
+    return p;
+}
+
+/* ---------------------------------------------------------------- fetching */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    kvedge_fetch_plan_t plan;
+    kvedge_fetch_layer_t layer[S_LAYERS];
+    char src[S_LAYERS][64];
+    uint32_t layers, mismatches;
+} s_result_t;
+
+static void s_r_plan(void *ctx, const kvedge_fetch_plan_t *p)
+{
+    ((s_result_t *)ctx)->plan = *p;
+}
+
+static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source, int status,
+                      const uint8_t *data, size_t len)
+{
+    (void)source;
+    s_result_t *r = ctx;
+    if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
+        len != s_len[layer][ci][head] || memcmp(data, s_block[layer][ci][head], len) != 0)
+        r->mismatches++;
+}
+
+static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
+{
+    s_result_t *r = ctx;
+    if (r->layers < S_LAYERS) {
+        r->layer[r->layers] = *l;
+        snprintf(r->src[r->layers], sizeof r->src[0], "%s", l->source_name);
+    }
+    r->layers++;
+}
+
+static void s_r_done(void *ctx, int status)
+{
+    s_result_t *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    r->status = status;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Fetches every layer through the proxy, without decoder times (fetch only: the request
+ * allows no recomputation). */
+static void s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    kvedge_client_t *c = s_client(proxy_ep, deadline_ms);
+    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+                              .chunks = s_ids,
+                              .n = S_CHUNKS,
+                              .layers = S_LAYERS,
+                              .tokens = S_CHUNKS * S_TOKENS,
+                              .deadline_ms = deadline_ms};
+    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
+    pthread_mutex_lock(&r->mu);
+    while (!r->done)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    kvedge_client_destroy(&c);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+}
+
+static cJSON *s_monitor(const char *ep)
+{
+    kvedge_client_t *c = s_client(ep, 5000);
+    char *json = NULL;
+    size_t len = 0;
+    assert_int_equal(kvedge_client_monitor(c, 0, &json, &len), 0);
+    kvedge_client_destroy(&c);
+    cJSON *doc = cJSON_ParseWithLength(json, len);
+    assert_non_null(doc);
+    free(json);
+    return doc;
+}
+
+/* The proxy's MONITOR entry of source name (caller deletes *doc), or NULL. */
+static const cJSON *s_source_entry(const char *pep, const char *name, cJSON **doc)
+{
+    *doc = s_monitor(pep);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(*doc, "sources"))
+    {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
+        if (cJSON_IsString(n) && strcmp(n->valuestring, name) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static const char *s_str(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* Runs a shell command; its stdout (at most cap - 1 bytes) into out. Returns its exit
+ * status. */
+static int s_capture(const char *cmd, char *out, size_t cap)
+{
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+/* The cloud holds all 12 layers, a peer layers 0-5; the cloud is stopped (SIGSTOP: its socket
+ * stays open, nothing answers). A FETCH without decoder times allows no recomputation: every
+ * layer the peer holds is delivered from it in every one of 8 fetches, and none is reported
+ * as recomputed (the deep layers nobody can deliver are misses). */
+static void test_peer_layers_fetched_while_cloud_stopped(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-pops-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    char cep[300];
+    snprintf(cep, sizeof cep, "ipc://%s/cloud.sock", root);
+    pid_t cloud = s_spawn_cloud(root, cep);
+    s_put(cep, 0, S_LAYERS);
+    s_node_t peer;
+    s_node_start(&peer, root, "peer1", KVEDGE_ROLE_EDGE, NULL, 0, true);
+    s_put(peer.ep, 0, 6);
+
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s bw=125000000 rtt=2000", cep);
+    assert_int_equal(kvedge_proxy_source_parse(spec, &src[0]), 0);
+    snprintf(spec, sizeof spec, "peer peer1 %s bw=125000000 rtt=1000", peer.ep);
+    assert_int_equal(kvedge_proxy_source_parse(spec, &src[1]), 0);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.sources = src;
+    po.nsources = 2;
+    po.stall_min_ms = 200;
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(&po, root, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 5000), 0);
+
+    assert_int_equal(kill(cloud, SIGSTOP), 0);
+    for (int i = 0; i < 8; i++) {
+        s_result_t r;
+        s_fetch(pep, 5000, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(r.layers, S_LAYERS);
+        assert_int_equal(r.mismatches, 0);
+        for (uint32_t l = 0; l < S_LAYERS; l++) {
+            const kvedge_fetch_layer_t *ly = &r.layer[l];
+            if (ly->reason == KVEDGE_FETCH_RECOMPUTE)
+                fail_msg("fetch %d: layer %u reported recompute (the request sent no times)", i, l);
+            if (l < 6) {
+                if (ly->status != 0)
+                    fail_msg("fetch %d: layer %u (held by the peer) not delivered: %s", i, l,
+                             kvedge_fetch_reason_name(ly->reason));
+                assert_string_equal(r.src[l], "peer1");
+            } else {
+                assert_int_equal(ly->status, KVEDGE_ENOTFOUND);
+            }
+        }
+        /* Nothing in the plan is priced as recomputation: the request allowed none. */
+        for (uint32_t l = 0; l < 6; l++)
+            assert_true(r.plan.layer[l].source >= 0);
+    }
+
+    /* `kvedge fetch` prints the plan's totals: recompute-all is unpriced, not a time. */
+    char hex[S_CHUNKS][KVEDGE_CHUNK_ID_HEX_BYTES], cmd[1200];
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s -H %s fetch --model %s --chunks %s,%s 2>/dev/null", KVEDGE_BIN,
+             pep, S_MODEL, kvedge_chunk_id_hex(&s_ids[0], hex[0]),
+             kvedge_chunk_id_hex(&s_ids[1], hex[1]));
+    s_capture(cmd, out, sizeof out);
+    if (!strstr(out, "recompute-all unpriced)"))
+        fail_msg("kvedge fetch printed:\n%s", out);
+
+    kill(cloud, SIGKILL);
+    kill(cloud, SIGCONT);
+    waitpid(cloud, NULL, 0);
+    kvedge_proxy_destroy(&p);
+    kvedge_node_destroy(&peer.node);
+    s_rmrf(root);
+}
+
+/* The decode printout: a total the proxy could not price (1e300 on the wire: recomputation
+ * the request did not allow) is "unpriced" in text and null in JSON, never a time. */
+static void test_decode_prints_unpriced(void **state)
+{
+    (void)state;
+    kvedge_e2e_result_t *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    r->mode = KVEDGE_E2E_KVEDGE;
+    r->have_plan = true;
+    r->plan.layers = 1;
+    r->plan.total_us = 2500;
+    r->plan.bound_us = 2000;
+    r->plan.cloud_only_us = 1e300;
+    r->plan.recompute_all_us = 1e300;
+    r->plan.load_then_compute_us = 3000;
+    static char buf[1 << 16];
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    assert_non_null(f);
+    kvedge_e2e_print(f, r, false);
+    fclose(f);
+    if (!strstr(buf, "cloud-only unpriced, recompute-all unpriced") || strstr(buf, "e+") ||
+        !strstr(buf, "T 2.50 ms"))
+        fail_msg("text:\n%s", buf);
+    f = fmemopen(buf, sizeof buf, "w");
+    assert_non_null(f);
+    kvedge_e2e_print(f, r, true);
+    fclose(f);
+    cJSON *doc = cJSON_Parse(buf);
+    if (!doc)
+        fail_msg("not JSON:\n%s", buf);
+    const cJSON *plan = cJSON_GetObjectItemCaseSensitive(doc, "plan");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(plan, "recompute_all_ms")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(plan, "cloud_only_ms")));
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(plan, "total_ms")));
+    cJSON_Delete(doc);
+    free(r);
+}
+
+/* Polls the proxy's MONITOR document until source name's entry satisfies ok (10 s at most);
+ * returns whether it did. */
+static bool s_wait_source(const char *pep, const char *name,
+                          bool (*ok)(const cJSON *e, const void *arg), const void *arg)
+{
+    for (int i = 0; i < 200; i++) {
+        cJSON *doc;
+        const cJSON *e = s_source_entry(pep, name, &doc);
+        bool yes = e && ok(e, arg);
+        cJSON_Delete(doc);
+        if (yes)
+            return true;
+        zclock_sleep(50);
+    }
+    return false;
+}
+
+static bool s_is_up(const cJSON *e, const void *arg)
+{
+    (void)arg;
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "connected")) &&
+           strcmp(s_str(e, "state"), "up") == 0;
+}
+
+static bool s_error_has(const cJSON *e, const void *arg)
+{
+    return strstr(s_str(e, "last_error"), (const char *)arg) != NULL &&
+           strcmp(s_str(e, "state"), "down") == 0;
+}
+
+/* A node learned from the master runs CURVE; the proxy's clients are plaintext (--insecure)
+ * and it has a certificate (--cert): it loads it because the master may name such nodes, and
+ * reaches the node once the node allowlists it. The `sources` view says where each source
+ * came from: master for n1, config for the static one. A proxy without a certificate says in
+ * the view which flag to give, and counts the node down. */
+static void test_curve_node_from_master(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-pops-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_master_t mm;
+    s_master_start(&mm, root);
+    s_node_t n1, st;
+    s_node_start(&n1, root, "n1", KVEDGE_ROLE_CLOUD, &mm, 100, false);
+    s_node_start(&st, root, "static1", KVEDGE_ROLE_EDGE, NULL, 0, true);
+
+    /* The daemon's path: settings, as `kvedge proxy --insecure --master .. --cert ..`. */
+    kvedge_proxy_settings_t ps;
+    kvedge_proxy_settings_default(&ps);
+    char pep[200];
+    snprintf(pep, sizeof pep, "ipc://%s/proxy.sock", root);
+    snprintf(ps.bind, sizeof ps.bind, "%s", pep);
+    ps.insecure = true;
+    snprintf(ps.master, sizeof ps.master, "%s", mm.ep);
+    snprintf(ps.master_pub, sizeof ps.master_pub, "%s", mm.pub);
+    snprintf(ps.cert, sizeof ps.cert, "%.200s/proxy.cert", root);
+    snprintf(ps.metrics, sizeof ps.metrics, "off");
+    snprintf(ps.source[0], sizeof ps.source[0], "peer static1 %s", st.ep);
+    ps.nsource = 1;
+    kvedge_proxy_t *p = NULL;
+    char why[512];
+    if (kvedge_proxy_settings_start(&ps, &p, why, sizeof why) != 0)
+        fail_msg("proxy: %s", why);
+    /* n1 lets the proxy in: its public certificate in n1's clients directory. */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp '%.300s' '%.200s/clients/proxy.cert'", ps.cert, n1.dir);
+    assert_int_equal(system(cmd), 0);
+    if (!s_wait_source(pep, "n1", s_is_up, NULL)) {
+        cJSON *doc;
+        const cJSON *e = s_source_entry(pep, "n1", &doc);
+        char *txt = e ? cJSON_PrintUnformatted(e) : NULL;
+        fail_msg("n1 never came up: %s", txt ? txt : "(not listed)");
+    }
+    cJSON *doc;
+    const cJSON *e = s_source_entry(pep, "n1", &doc);
+    assert_string_equal(s_str(e, "origin"), "master");
+    cJSON_Delete(doc);
+    e = s_source_entry(pep, "static1", &doc);
+    assert_non_null(e);
+    assert_string_equal(s_str(e, "origin"), "config");
+    cJSON_Delete(doc);
+    /* The CLI's table says the same. */
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s -H %s sources 2>&1", KVEDGE_BIN, pep);
+    assert_int_equal(s_capture(cmd, out, sizeof out), 0);
+    const char *row = strstr(out, "\nn1 ");
+    if (!row || !strstr(row, " master ") || !strstr(strstr(out, "\nstatic1 "), " config "))
+        fail_msg("kvedge sources printed:\n%s", out);
+    kvedge_proxy_destroy(&p);
+
+    /* No certificate at all (the library's path): the view names the flag. */
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.master = mm.ep;
+    po.master_pub = mm.pub;
+    p = s_proxy(&po, root, pep, sizeof pep);
+    if (!s_wait_source(pep, "n1", s_error_has, "--cert FILE")) {
+        e = s_source_entry(pep, "n1", &doc);
+        char *txt = e ? cJSON_PrintUnformatted(e) : NULL;
+        fail_msg("n1's entry does not say to give --cert: %s", txt ? txt : "(not listed)");
+    }
+    snprintf(cmd, sizeof cmd, "%s -H %s sources 2>&1", KVEDGE_BIN, pep);
+    assert_int_equal(s_capture(cmd, out, sizeof out), 0);
+    if (!strstr(out, "no certificate: start the proxy with --cert FILE"))
+        fail_msg("kvedge sources printed:\n%s", out);
+    kvedge_proxy_destroy(&p);
+
+    kvedge_node_destroy(&st.node);
+    kvedge_node_destroy(&n1.node);
+    kvedge_master_destroy(&mm.m);
+    s_rmrf(root);
+}
+
+/* Comma-separated token ids of a context of n tokens (chunks of 16 for the tiny model). */
+static const char *s_ctx_ids(char *ids, size_t len, int n, int seed)
+{
+    size_t at = 0;
+    ids[0] = '\0';
+    for (int i = 0; i < n && at + 8 < len; i++)
+        at += (size_t)snprintf(ids + at, len - at, "%s%d", i ? "," : "",
+                               (seed + 37 * i + (i * i) % 11) % 250 + 4);
+    return ids;
+}
+
+/* A prefill to the cloud node, then at once (no wait) a decode through the proxy: the node
+ * publishes its block directory to the master only every so often (here: only when the test
+ * says), so the proxy's directory lists nobody for the new context; the proxy asks the node
+ * (LOOKUP) and every layer is fetched. A context nobody holds is still decoded, every layer
+ * computed here, and the output says how many were missed and why. */
+static void test_decode_right_after_prefill(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-pops-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_master_t mm;
+    s_master_start(&mm, root);
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, &mm, 600000, true);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.master = mm.ep;
+    po.master_pub = mm.pub;
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(&po, root, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 10000), 0);
+
+    static char out[1 << 16];
+    char cmd[3000], a[400], b[400];
+    /* A first context, published: the master (and through it the proxy) knows the model. */
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
+             "--scheme lossless --dtype fp32",
+             KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 3));
+    if (s_capture(cmd, out, sizeof out) != 0)
+        fail_msg("prefill: %s", out);
+    uint32_t changed;
+    assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
+             "--prompt-ids 10,20,30 --max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY, a);
+    bool known = false;
+    for (int i = 0; i < 100 && !known; i++) {
+        known = s_capture(cmd, out, sizeof out) == 0 && strstr(out, "\"fetched\":3,");
+        if (!known)
+            zclock_sleep(100);
+    }
+    if (!known)
+        fail_msg("the first context never reached the proxy:\n%s", out);
+
+    /* The second context: prefilled, then decoded at once, before any directory pass. */
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
+             "--scheme lossless --dtype fp32",
+             KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(b, sizeof b, 40, 11));
+    if (s_capture(cmd, out, sizeof out) != 0)
+        fail_msg("prefill: %s", out);
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
+             "--prompt-ids 10,20,30 --max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY, b);
+    if (s_capture(cmd, out, sizeof out) != 0 || !strstr(out, "\"fetched\":3,\"computed\":0"))
+        fail_msg("decode right after prefill:\n%s", out);
+
+    /* Nobody holds this context: decoded anyway, the misses counted with their reason. */
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 "
+             "--max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY);
+    if (s_capture(cmd, out, sizeof out) != 0 ||
+        !strstr(out, "\"fetched\":0,\"computed\":3,\"missed\":3") ||
+        !strstr(out, "\"why\":{\"miss\":3}"))
+        fail_msg("decode of a context nobody holds:\n%s", out);
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 --max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY);
+    if (s_capture(cmd, out, sizeof out) != 0 ||
+        !strstr(out, "layers    0 fetched, 3 computed of 3 (3 missed: miss 3)"))
+        fail_msg("decode of a context nobody holds:\n%s", out);
+
+    kvedge_proxy_destroy(&p);
+    kvedge_node_destroy(&cloud.node);
+    kvedge_master_destroy(&mm.m);
+    s_rmrf(root);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    s_make_context();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_peer_layers_fetched_while_cloud_stopped),
+        cmocka_unit_test(test_decode_prints_unpriced),
+        cmocka_unit_test(test_curve_node_from_master),
+        cmocka_unit_test(test_decode_right_after_prefill),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (uint32_t l = 0; l < S_LAYERS; l++)
+        for (uint32_t c = 0; c < S_CHUNKS; c++)
+            for (uint32_t h = 0; h < S_HEADS; h++)
+                free(s_block[l][c][h]);
+    return rc;
+}
