@@ -239,6 +239,9 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
     if (!n)
         return kvedge_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
     n->s = *s;
+    /* A node without a name goes by its id in the registry (HELLO, MONITOR, its log lines). */
+    if (!n->s.name[0] && n->s.node_id[0])
+        snprintf(n->s.name, sizeof n->s.name, "%s", n->s.node_id);
     if (!n->s.insecure) {
         if (!n->s.cert[0] && snprintf(n->s.cert, sizeof n->s.cert, "%s/%s", n->s.data,
                                       KVEDGE_NODE_CERT_NAME) >= (int)sizeof n->s.cert) {
