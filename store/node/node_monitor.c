@@ -254,7 +254,11 @@ static bool s_ready(void *arg, char *why, size_t why_len)
         const char *state;
         char reason[1536];
         uint32_t attempts;
-        if (!s_registration(n, &state, reason, sizeof reason, &attempts)) {
+        /* A node that lost its master after registering serves as before: still ready (an
+         * orchestrator that pulled every node when the master dies would turn one loss into
+         * an outage); the state, the gauges and the log say it. */
+        if (!s_registration(n, &state, reason, sizeof reason, &attempts) &&
+            strcmp(state, kvedge_dirpub_reg_state_name(KVEDGE_DIRPUB_LOST)) != 0) {
             snprintf(why, why_len, "not registered with the master (%s): %s", state, reason);
             return false;
         }

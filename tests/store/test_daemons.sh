@@ -186,6 +186,8 @@ master_field "$N1_EP" why | grep -q "nothing heard from the master" || fail "n1:
 metric_is "$N1_HTTP" "kvedge_node_master_registered 0" || fail "n1 /metrics: still registered"
 metric_is "$N1_HTTP" "kvedge_node_master_reachable 0" || fail "n1 /metrics: still reachable"
 metric_is "$N2_HTTP" "kvedge_node_master_reachable 0" || fail "n2 /metrics: still reachable"
+ready=$(curl -s -o /dev/null -w '%{http_code}' "http://$N1_HTTP/ready")
+[ "$ready" = 200 ] || fail "n1 /ready answers $ready with the master lost: it serves as before"
 
 step "the master back on the same registry: both nodes registered again"
 start master "${master_args[@]}"
