@@ -102,7 +102,9 @@ int kvedge_endpoint_probe(const char *ep, char *why, size_t why_len)
     memcpy(host, h, len);
     host[len] = '\0';
     bool any = strcmp(host, "*") == 0;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+    /* libzmq resolves names to IPv4 unless the socket has ZMQ_IPV6, which kvedge never sets;
+     * an IPv6 literal stays IPv6. */
+    struct addrinfo hints = {.ai_family = strchr(host, ':') ? AF_INET6 : AF_INET,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
                     *res = NULL;
@@ -110,12 +112,6 @@ int kvedge_endpoint_probe(const char *ep, char *why, size_t why_len)
         return KVEDGE_OK; /* an interface name, say: libzmq resolves those itself */
     int rc = KVEDGE_OK;
     struct addrinfo *ai = res;
-    if (any) /* libzmq binds "*" as IPv4's any address */
-        for (struct addrinfo *a = res; a; a = a->ai_next)
-            if (a->ai_family == AF_INET) {
-                ai = a;
-                break;
-            }
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
