@@ -11,9 +11,12 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/error.h"
+
+#define S_PROBE_STEP_MS 50
 
 void kvedge_tenant_tag(const char *tenant, uint8_t tag[16])
 {
@@ -76,10 +79,8 @@ static int s_probe_ipc(const char *ep, char *why, size_t why_len)
     return KVEDGE_OK;
 }
 
-int kvedge_endpoint_probe(const char *ep, char *why, size_t why_len)
+static int s_probe_once(const char *ep, char *why, size_t why_len)
 {
-    if (!ep)
-        return KVEDGE_OK;
     if (strncmp(ep, "ipc://", 6) == 0)
         return s_probe_ipc(ep, why, why_len);
     if (strncmp(ep, "tcp://", 6) != 0)
@@ -124,5 +125,21 @@ int kvedge_endpoint_probe(const char *ep, char *why, size_t why_len)
     if (fd >= 0)
         close(fd);
     freeaddrinfo(res);
+    return rc;
+}
+
+int kvedge_endpoint_probe(const char *ep, char *why, size_t why_len)
+{
+    if (!ep)
+        return KVEDGE_OK;
+    /* libzmq closes a socket's listener on its I/O thread after zmq_close returns: an endpoint
+     * a daemon of this process (or one that just exited) let go of is free a moment later. */
+    int rc = s_probe_once(ep, why, why_len);
+    for (int waited = 0; rc == KVEDGE_EBUSY && waited < KVEDGE_PROBE_GRACE_MS;
+         waited += S_PROBE_STEP_MS) {
+        struct timespec ts = {0, S_PROBE_STEP_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        rc = s_probe_once(ep, why, why_len);
+    }
     return rc;
 }

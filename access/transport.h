@@ -31,8 +31,13 @@ bool kvedge_endpoint_is_loopback(const char *endpoint);
  * resolve (an interface name, another transport) pass: the real bind says. For a daemon that
  * checks every endpoint it will take before it creates or joins anything. Returns 0,
  * KVEDGE_EBUSY (in use: why names the endpoint and the system's reason) or KVEDGE_EIO (cannot
- * bind for another reason, e.g. an address of no interface here). */
+ * bind for another reason, e.g. an address of no interface here). An endpoint in use is tried
+ * again for up to KVEDGE_PROBE_GRACE_MS: libzmq lets a closed socket's listener go a moment
+ * after zmq_close returns, so a daemon restarted at once (in the same process, say) finds it
+ * free. */
 int kvedge_endpoint_probe(const char *endpoint, char *why, size_t why_len);
+
+#define KVEDGE_PROBE_GRACE_MS 1000
 
 /* Tenant tag (16 bytes) of a tenant name, and a client chunk id namespaced into a tenant. */
 void kvedge_tenant_tag(const char *tenant, uint8_t tag[16]);

@@ -69,6 +69,7 @@ refused() {
     timeout 10 "$kv" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" || rc=$?
     [ "$rc" -ne 0 ] || fail "$name started although its address is taken"
     [ "$rc" -ne 124 ] || fail "$name did not exit within 10 s"
+    [ "$rc" -eq 5 ] || fail "$name exited $rc, not 5 (unavailable): $(cat "$tmp/$name.err")"
 }
 
 # Polls until the command succeeds, up to $1 seconds.
