@@ -316,6 +316,36 @@ static void test_master_down_failing(void **state)
     kvedge_engine_destroy(&e);
 }
 
+/* The store under the temp dir, and a publisher on it that keeps node/<id> (an edge node at
+ * tcp://10.0.0.7:7400) registered through v, a pass every 100 ms. */
+static kvedge_engine_t *s_engine(s_fx_t *fx)
+{
+    char edata[128];
+    snprintf(edata, sizeof edata, "%s/engine", fx->dir);
+    kvedge_engine_t *e = NULL;
+    assert_int_equal(kvedge_engine_open(edata, NULL, &e, NULL, 0), KVEDGE_OK);
+    return e;
+}
+
+static kvedge_dirpub_t *s_publisher(kvedge_engine_t *e, kvedge_mview_t *v, const char *id,
+                                    const char *master, const char *cert)
+{
+    kvedge_master_node_t rec;
+    memset(&rec, 0, sizeof rec);
+    rec.role = KVEDGE_ROLE_EDGE;
+    snprintf(rec.endpoint, sizeof rec.endpoint, "tcp://10.0.0.7:7400");
+    kvedge_dirpub_opts_t po = {.engine = e,
+                               .view = v,
+                               .node_id = id,
+                               .node = &rec,
+                               .interval_ms = 100,
+                               .master = master,
+                               .cert = cert};
+    kvedge_dirpub_t *d = NULL;
+    assert_int_equal(kvedge_dirpub_start(&po, &d), KVEDGE_OK);
+    return d;
+}
+
 /* A node that joins the CURVE master in plaintext is not refused but ignored (the handshake
  * fails on the mechanism): the registration says that the master requires CURVE and which
  * setting to give. */
@@ -323,11 +353,8 @@ static void test_plaintext_to_curve_master(void **state)
 {
     s_fx_t *fx = *state;
     s_master_start(fx);
-    char edata[128];
-    snprintf(edata, sizeof edata, "%s/engine", fx->dir);
-    kvedge_engine_t *e = NULL;
-    assert_int_equal(kvedge_engine_open(edata, NULL, &e, NULL, 0), KVEDGE_OK);
-    kvedge_mview_opts_t vo;
+    kvedge_engine_t *e = s_engine(fx);
+    kvedge_mview_opts_t vo; /* no server_key: plaintext */
     kvedge_mview_opts_default(&vo);
     vo.master = kvedge_master_endpoint(fx->master);
     vo.pub = kvedge_master_pub_endpoint(fx->master);
@@ -335,18 +362,7 @@ static void test_plaintext_to_curve_master(void **state)
     vo.start_wait_ms = -1;
     kvedge_mview_t *v = NULL;
     assert_int_equal(kvedge_mview_start(&vo, &v), KVEDGE_OK);
-    kvedge_master_node_t rec;
-    memset(&rec, 0, sizeof rec);
-    rec.role = KVEDGE_ROLE_EDGE;
-    snprintf(rec.endpoint, sizeof rec.endpoint, "tcp://10.0.0.7:7400");
-    kvedge_dirpub_opts_t po = {.engine = e,
-                               .view = v,
-                               .node_id = "edge-9",
-                               .node = &rec,
-                               .interval_ms = 100,
-                               .master = kvedge_master_endpoint(fx->master)};
-    kvedge_dirpub_t *d = NULL;
-    assert_int_equal(kvedge_dirpub_start(&po, &d), KVEDGE_OK);
+    kvedge_dirpub_t *d = s_publisher(e, v, "edge-9", kvedge_master_endpoint(fx->master), NULL);
     assert_true(s_wait_state(d, KVEDGE_DIRPUB_FAILING, S_WAIT_MS));
     kvedge_mview_conn_t c;
     kvedge_mview_conn(v, &c);
@@ -375,11 +391,9 @@ static void test_master_lost_and_back(void **state)
     char bind[128], pub[128];
     snprintf(bind, sizeof bind, "%s", kvedge_master_endpoint(fx->master));
     snprintf(pub, sizeof pub, "%s", kvedge_master_pub_endpoint(fx->master));
-    char edata[128], secret[160];
-    snprintf(edata, sizeof edata, "%s/engine", fx->dir);
+    char secret[160];
     snprintf(secret, sizeof secret, "%s_secret", fx->ncert);
-    kvedge_engine_t *e = NULL;
-    assert_int_equal(kvedge_engine_open(edata, NULL, &e, NULL, 0), KVEDGE_OK);
+    kvedge_engine_t *e = s_engine(fx);
     kvedge_mview_opts_t vo;
     kvedge_mview_opts_default(&vo);
     vo.master = bind;
@@ -392,19 +406,7 @@ static void test_master_lost_and_back(void **state)
     vo.start_wait_ms = 2000;
     kvedge_mview_t *v = NULL;
     assert_int_equal(kvedge_mview_start(&vo, &v), KVEDGE_OK);
-    kvedge_master_node_t rec;
-    memset(&rec, 0, sizeof rec);
-    rec.role = KVEDGE_ROLE_EDGE;
-    snprintf(rec.endpoint, sizeof rec.endpoint, "tcp://10.0.0.5:7400");
-    kvedge_dirpub_opts_t po = {.engine = e,
-                               .view = v,
-                               .node_id = "edge-5",
-                               .node = &rec,
-                               .interval_ms = 100,
-                               .master = bind,
-                               .cert = fx->ncert};
-    kvedge_dirpub_t *d = NULL;
-    assert_int_equal(kvedge_dirpub_start(&po, &d), KVEDGE_OK);
+    kvedge_dirpub_t *d = s_publisher(e, v, "edge-5", bind, fx->ncert);
     assert_true(s_wait_state(d, KVEDGE_DIRPUB_REGISTERED, S_WAIT_MS));
 
     kvedge_mview_destroy(&fx->observer);
