@@ -423,19 +423,9 @@ static void test_master_lost_and_back(void **state)
     assert_int_equal(kvedge_dirpub_sync(d, NULL), KVEDGE_ETIMEDOUT);
     assert_int_equal(s_reg_state(d), KVEDGE_DIRPUB_LOST);
 
-    /* Back on the same registry and endpoints. */
-    char data[128], msecret[160], why[512] = "";
-    snprintf(data, sizeof data, "%s/master", fx->dir);
-    snprintf(msecret, sizeof msecret, "%s_secret", fx->mcert);
-    kvedge_master_opts_t o;
-    kvedge_master_opts_default(&o);
-    o.bind = bind;
-    o.pub = pub;
-    o.data_dir = data;
-    o.cert = msecret;
-    o.clients_dir = fx->mclients;
-    if (kvedge_master_start(&o, &fx->master, why, sizeof why) != KVEDGE_OK)
-        fail_msg("master again: %s", why);
+    /* Back on the same registry and endpoints (the same ipc paths). */
+    s_master_start(fx);
+    assert_string_equal(kvedge_master_endpoint(fx->master), bind);
     assert_true(s_wait_state(d, KVEDGE_DIRPUB_REGISTERED, S_WAIT_MS));
     assert_int_equal(kt_log_count(&fx->log, "master lost", "nothing heard", NULL), 1);
     assert_int_equal(kt_log_count(&fx->log, "is back: registered as edge-5", NULL), 1);
