@@ -28,7 +28,9 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -211,7 +213,8 @@ typedef struct {
     zlistx_t *held_up;     /* s_held_t: messages on the emulated uplink, in due order */
     zlistx_t *held_down;   /* s_held_t: messages on the emulated downlink, in due order */
     int setup_rc;          /* result of s_io_setup, read by connect */
-    atomic_int queued;     /* requests sent into the pipe, not yet taken by the actor */
+    char setup_why[KVEDGE_CLIENT_ERROR_BYTES]; /* what s_io_setup says when it fails */
+    atomic_int queued; /* requests sent into the pipe, not yet taken by the actor */
     zsock_t *dealer;
     zhashx_t *inflight; /* request id -> s_req_t */
     uint64_t next_id;
@@ -239,6 +242,44 @@ static int s_id_cmp(const void *a, const void *b)
 }
 
 #define S_KEY(id) ((const void *)(uintptr_t)(id))
+
+/* What the latest failing public call on this thread had to say (kvedge_client_last_error). */
+static _Thread_local char s_tl_err[KVEDGE_CLIENT_ERROR_BYTES];
+
+const char *kvedge_client_last_error(void)
+{
+    return s_tl_err;
+}
+
+/* Every public call starts with no message: one that fails says its own, or nothing. */
+static void s_err_clear(void)
+{
+    s_tl_err[0] = '\0';
+}
+
+static int s_err(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Sets this thread's message; returns rc. */
+static int s_err(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s_tl_err, sizeof s_tl_err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Which requests a peer answers, by the role its HELLO gave (docs/protocol.md): an edge proxy
+ * HELLO, PING, FETCH and MONITOR; a store node everything but FETCH. Unknown roles: all. */
+static bool s_role_serves(int role, uint8_t op)
+{
+    if (role == KVEDGE_ROLE_PROXY)
+        return op == KVEDGE_OP_HELLO || op == KVEDGE_OP_PING || op == KVEDGE_OP_FETCH ||
+               op == KVEDGE_OP_MONITOR;
+    if (role == KVEDGE_ROLE_CLOUD || role == KVEDGE_ROLE_EDGE)
+        return op != KVEDGE_OP_FETCH;
+    return true;
+}
 
 /* Node's public key: a certificate file when one exists at that path, else 40 chars of Z85. */
 static int s_server_key(const char *key, char out[S_Z85_KEY_CHARS + 1])
@@ -295,26 +336,54 @@ static int s_io_setup(s_io_t *io)
     zsock_set_heartbeat_ivl(d, KVEDGE_HEARTBEAT_IVL_MS);
     zsock_set_heartbeat_timeout(d, KVEDGE_HEARTBEAT_TIMEOUT_MS);
     zsock_set_maxmsgsize(d, (int)KVEDGE_WIRE_MAX_FRAME_BYTES);
+    char *why = io->setup_why;
+    const size_t wl = sizeof io->setup_why;
     if (io->server_key) {
-        if (!zsys_has_curve())
+        if (!zsys_has_curve()) {
+            snprintf(why, wl, "this libzmq has no CURVE support: a server key cannot be used");
             return KVEDGE_EDENIED;
+        }
         char server_pub[S_Z85_KEY_CHARS + 1];
         int rc = s_server_key(io->server_key, server_pub);
+        if (rc == KVEDGE_EIO && zsys_file_exists(io->server_key))
+            snprintf(why, wl,
+                     "server key %s: not a readable certificate (kvedge keygen writes one)",
+                     io->server_key);
+        else if (rc == KVEDGE_EIO)
+            snprintf(why, wl, "server key %s: no such file, and not a key (40 characters of Z85)",
+                     io->server_key);
+        else if (rc != KVEDGE_OK)
+            snprintf(why, wl, "server key %s: not a valid Z85 key", io->server_key);
         if (rc != KVEDGE_OK)
             return rc;
-        zcert_t *mine = zcert_load(io->client_cert);
-        if (!mine)
+        zcert_t *mine = zsys_file_exists(io->client_cert) ? zcert_load(io->client_cert) : NULL;
+        if (!mine) {
+            snprintf(why, wl, "client certificate %s: %s", io->client_cert,
+                     zsys_file_exists(io->client_cert)
+                         ? "not a readable certificate (kvedge keygen writes one)"
+                         : "no such file (give the secret certificate, PATH_secret of kvedge "
+                           "keygen PATH)");
             return KVEDGE_EIO;
+        }
         if (s_all_zero_txt(zcert_secret_txt(mine))) {
             zcert_destroy(&mine); /* a public certificate: no secret key to prove who we are */
+            snprintf(why, wl,
+                     "client certificate %s holds no secret key: give the secret certificate "
+                     "(PATH_secret of kvedge keygen PATH)",
+                     io->client_cert);
             return KVEDGE_EIO;
         }
         zcert_apply(mine, d);
         zcert_destroy(&mine);
         zsock_set_curve_serverkey(d, server_pub);
     }
-    if (zsock_connect(d, "%s", io->endpoint) != 0)
+    if (zsock_connect(d, "%s", io->endpoint) != 0) {
+        snprintf(why, wl,
+                 "cannot connect to \"%s\" (%s): an endpoint is tcp://HOST:PORT or "
+                 "ipc://PATH",
+                 io->endpoint, zmq_strerror(zmq_errno()));
         return KVEDGE_EINVAL;
+    }
     return KVEDGE_OK;
 }
 
@@ -1173,13 +1242,31 @@ static int s_call_on(s_path_t *p, s_req_t *r)
     return rc;
 }
 
+/* A request failed that the peer's role does not answer: this thread's message says which
+ * daemon does. Returns rc. */
+static int s_role_err(const kvedge_client_t *c, uint8_t op, int rc)
+{
+    if (rc == KVEDGE_OK || rc == KVEDGE_ETIMEDOUT || s_role_serves(c->node.role, op))
+        return rc;
+    bool proxy = c->node.role == KVEDGE_ROLE_PROXY;
+    return s_err(rc, "%s is %s (\"%s\", as its HELLO says): %s is answered by %s", c->io->endpoint,
+                 proxy                               ? "an edge proxy"
+                 : c->node.role == KVEDGE_ROLE_CLOUD ? "a cloud store node"
+                                                     : "an edge store node",
+                 c->node.name, kvedge_wire_op_name(op),
+                 proxy ? "store nodes (kvedge store): connect to a node's endpoint for it"
+                       : "edge proxies (kvedge proxy); a store node streams its layers with "
+                         "GET_LAYER (get_layer)");
+}
+
 /* s_call_on on a channel of its own when one is free. */
 static int s_call(kvedge_client_t *c, s_req_t *r)
 {
+    uint8_t op = r->opcode;
     s_path_t p = s_path_open(c);
     int rc = s_call_on(&p, r);
     s_path_close(&p, false);
-    return rc;
+    return s_role_err(c, op, rc);
 }
 
 /* A request with one payload frame of len bytes (copied from data, or zeroed when data is
@@ -1256,17 +1343,46 @@ static char *s_strdup_or_null(const char *s, bool *failed)
     return d;
 }
 
+/* The options connect refuses, each with this thread's message. */
+static int s_connect_check(const kvedge_client_opts_t *opts)
+{
+    if (!opts || !opts->endpoint || !*opts->endpoint)
+        return s_err(KVEDGE_EINVAL, "no endpoint: give tcp://HOST:PORT or ipc://PATH");
+    const char *ep = opts->endpoint;
+    if (!strstr(ep, "://"))
+        return s_err(KVEDGE_EINVAL,
+                     "endpoint \"%.200s\" has no transport: an endpoint is tcp://HOST:PORT "
+                     "(e.g. tcp://%.200s) or ipc://PATH",
+                     ep, strchr(ep, ':') ? ep : "127.0.0.1:7400");
+    if (opts->deadline_ms < 0 || opts->deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS)
+        return s_err(KVEDGE_EINVAL, "deadline_ms %d outside 0 ... %d (0: the default, %d)",
+                     opts->deadline_ms, KVEDGE_WIRE_MAX_DEADLINE_MS,
+                     KVEDGE_CLIENT_DEADLINE_MS_DEFAULT);
+    if (opts->credit > KVEDGE_WIRE_MAX_CREDIT)
+        return s_err(KVEDGE_EINVAL, "credit %u above %u", opts->credit, KVEDGE_WIRE_MAX_CREDIT);
+    if (opts->window_bytes > KVEDGE_CLIENT_WINDOW_MAX)
+        return s_err(KVEDGE_EINVAL, "window_bytes %u above %u", opts->window_bytes,
+                     KVEDGE_CLIENT_WINDOW_MAX);
+    if (opts->server_key && !opts->client_cert)
+        return s_err(KVEDGE_EINVAL, "a server key needs this client's secret certificate "
+                                    "(client_cert: PATH_secret of kvedge keygen PATH)");
+    const char *name = opts->name ? opts->name : S_NAME_DEFAULT;
+    if (strlen(name) < 1 || strlen(name) > KVEDGE_WIRE_MAX_NAME_BYTES)
+        return s_err(KVEDGE_EINVAL, "name is %zu bytes: 1 ... %d", strlen(name),
+                     KVEDGE_WIRE_MAX_NAME_BYTES);
+    return KVEDGE_OK;
+}
+
 int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **out)
 {
+    s_err_clear();
     if (!out)
-        return KVEDGE_EINVAL;
+        return s_err(KVEDGE_EINVAL, "no place for the client (out is NULL)");
     *out = NULL;
-    const char *name = opts && opts->name ? opts->name : S_NAME_DEFAULT;
-    if (!opts || !opts->endpoint || !*opts->endpoint || opts->deadline_ms < 0 ||
-        opts->deadline_ms > KVEDGE_WIRE_MAX_DEADLINE_MS || opts->credit > KVEDGE_WIRE_MAX_CREDIT ||
-        opts->window_bytes > KVEDGE_CLIENT_WINDOW_MAX || (opts->server_key && !opts->client_cert) ||
-        strlen(name) < 1 || strlen(name) > KVEDGE_WIRE_MAX_NAME_BYTES)
-        return KVEDGE_EINVAL;
+    int rc = s_connect_check(opts);
+    if (rc != KVEDGE_OK)
+        return rc;
+    const char *name = opts->name ? opts->name : S_NAME_DEFAULT;
     /* czmq would install process-wide SIGINT/SIGTERM handlers on first use and swallow the
      * application's Ctrl-C; a library must not change that. */
     zsys_handler_set(NULL);
@@ -1300,7 +1416,10 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
         }
         free(io);
         free(c);
-        return link_rc != KVEDGE_OK ? link_rc : KVEDGE_ENOMEM;
+        if (link_rc != KVEDGE_OK)
+            return s_err(link_rc, "link \"%.200s\": expected RATE,LATENCY (e.g. 100mbit,20ms)",
+                         opts->link);
+        return KVEDGE_ENOMEM;
     }
     pthread_mutex_init(&c->pipe_mu, NULL);
     pthread_mutex_init(&c->chan_mu, NULL);
@@ -1311,9 +1430,20 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
     c->credit = opts->credit ? opts->credit : KVEDGE_CLIENT_CREDIT_DEFAULT;
     c->window = opts->window_bytes ? opts->window_bytes : KVEDGE_CLIENT_WINDOW_DEFAULT;
     c->actor = zactor_new(s_actor, io);
-    int rc = !c->actor ? KVEDGE_ENOMEM : io->setup_rc;
-    if (rc == KVEDGE_OK)
+    rc = !c->actor ? KVEDGE_ENOMEM : io->setup_rc;
+    if (rc != KVEDGE_OK && io->setup_why[0])
+        s_err(rc, "%s", io->setup_why);
+    if (rc == KVEDGE_OK) {
         rc = s_hello(c, name);
+        if (rc == KVEDGE_ETIMEDOUT)
+            s_err(rc, "no answer from %.200s within %d ms: nothing serves there%s", opts->endpoint,
+                  c->deadline_ms,
+                  opts->server_key
+                      ? ", or the server key is not the node's, or the node does not allowlist "
+                        "this client's certificate (CURVE refusals are silent)"
+                      : ", or it runs with CURVE and ignores plaintext clients (give its "
+                        "server key and this client's certificate)");
+    }
     if (rc != KVEDGE_OK) {
         kvedge_client_destroy(&c);
         return rc;
@@ -1358,6 +1488,7 @@ void kvedge_client_destroy(kvedge_client_t **self_p)
 int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_us,
                        uint64_t *samples)
 {
+    s_err_clear();
     if (!c)
         return KVEDGE_EINVAL;
     kvedge_meter_stats_t st;
@@ -1412,6 +1543,7 @@ static int s_ping_once(kvedge_client_t *c, size_t bytes, double *rtt_us)
  * moved), with the tiny ping's latency taken out when it is smaller. */
 int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double *bw_bytes_per_s)
 {
+    s_err_clear();
     if (!c || bytes > KVEDGE_WIRE_MAX_PING_BYTES)
         return KVEDGE_EINVAL;
     double rtt = 0, big = 0;
@@ -1455,6 +1587,7 @@ static int s_model_call(kvedge_client_t *c, const kvedge_model_t *model, const c
 
 int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *out)
 {
+    s_err_clear();
     if (!c || !id || !out)
         return KVEDGE_EINVAL;
     int rc = s_model_call(c, NULL, id, out);
@@ -1465,6 +1598,7 @@ int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *
 
 int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model)
 {
+    s_err_clear();
     if (!c || !model)
         return KVEDGE_EINVAL;
     kvedge_model_t have;
@@ -1480,6 +1614,7 @@ int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model)
 
 int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n)
 {
+    s_err_clear();
     size_t cap = S_LIST_PAGE_ENTRIES, len = 0;
     kvedge_chunk_entry_t *all = malloc(cap * sizeof *all);
     bool more = true;
@@ -1511,6 +1646,7 @@ int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_
 
 int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
 {
+    s_err_clear();
     if (!c || !out)
         return KVEDGE_EINVAL;
     s_req_t *r = s_req_new(KVEDGE_OP_STAT, 0, s_deadline(c, 0));
@@ -1527,6 +1663,7 @@ int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
 
 int kvedge_client_monitor(kvedge_client_t *c, uint32_t top, char **json, size_t *len)
 {
+    s_err_clear();
     if (!c || !json || top > KVEDGE_WIRE_MAX_MONITOR_TOP)
         return KVEDGE_EINVAL;
     *json = NULL;
@@ -1555,6 +1692,7 @@ int kvedge_client_monitor(kvedge_client_t *c, uint32_t top, char **json, size_t 
 int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blocks,
                         uint64_t *bytes)
 {
+    s_err_clear();
     if (!c)
         return KVEDGE_EINVAL;
     uint8_t *p;
@@ -1666,6 +1804,7 @@ static void s_put_collect(s_path_t *path, s_batch_t *b, int *st)
 
 int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t n, int *statuses)
 {
+    s_err_clear();
     if (!c || (n && !items))
         return KVEDGE_EINVAL;
     if (n == 0)
@@ -1707,7 +1846,7 @@ int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t
         rc = st[i];
     if (st != statuses)
         free(st);
-    return rc;
+    return s_role_err(c, KVEDGE_OP_PUT, rc);
 }
 
 /* ---------------------------------------------------------------- get */
@@ -1841,6 +1980,7 @@ static int s_get_collect(s_path_t *path, const kvedge_block_key_t *keys, s_batch
 int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t n, uint8_t *buf,
                       size_t cap, kvedge_fetched_t *out)
 {
+    s_err_clear();
     if (!c || (n && (!keys || !out)) || (cap && !buf))
         return KVEDGE_EINVAL;
     if (n == 0)
@@ -1882,7 +2022,7 @@ int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t
     s_path_close(&path, false);
     if (rc == KVEDGE_OK && sink.full)
         rc = KVEDGE_ENOSPACE;
-    return rc;
+    return s_role_err(c, KVEDGE_OP_GET, rc);
 }
 
 /* ---------------------------------------------------------------- get_layer */
@@ -1898,6 +2038,7 @@ int kvedge_client_get_layer_async(kvedge_client_t *c, const kvedge_chunk_id_t *c
                                   uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
                                   kvedge_done_fn *on_done, void *ctx)
 {
+    s_err_clear();
     return kvedge_client_get_layer_prec_async(c, chunks, n, layer, NULL, 0, deadline_ms, on_block,
                                               on_done, ctx);
 }
@@ -1907,6 +2048,7 @@ int kvedge_client_get_layer_prec_async(kvedge_client_t *c, const kvedge_chunk_id
                                        size_t n_accept, int deadline_ms, kvedge_block_fn *on_block,
                                        kvedge_done_fn *on_done, void *ctx)
 {
+    s_err_clear();
     s_req_t *r;
     int rc = s_layer_request(c, chunks, n, layer, accept, n_accept, deadline_ms, on_block, on_done,
                              ctx, &r);
@@ -2010,6 +2152,7 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
                             uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
                             size_t out_cap, uint32_t *heads)
 {
+    s_err_clear();
     return kvedge_client_get_layer_prec(c, chunks, n, layer, NULL, 0, buf, cap, out, out_cap,
                                         heads);
 }
@@ -2019,6 +2162,7 @@ int kvedge_client_get_layer_prec(kvedge_client_t *c, const kvedge_chunk_id_t *ch
                                  uint8_t *buf, size_t cap, kvedge_fetched_t *out, size_t out_cap,
                                  uint32_t *heads)
 {
+    s_err_clear();
     if (!c || (cap && !buf) || (out_cap && !out))
         return KVEDGE_EINVAL;
     s_layer_t *l = calloc(1, sizeof *l);
@@ -2073,7 +2217,7 @@ int kvedge_client_get_layer_prec(kvedge_client_t *c, const kvedge_chunk_id_t *ch
     if (heads)
         *heads = l->done && l->status == KVEDGE_OK ? l->received / (uint32_t)n : l->max_head_plus1;
     s_layer_release(l);
-    return rc;
+    return s_role_err(c, KVEDGE_OP_GET_LAYER, rc);
 }
 
 /* ---------------------------------------------------------------- chunk operations */
@@ -2092,6 +2236,7 @@ static s_req_t *s_ids_request(uint8_t opcode, const kvedge_chunk_id_t *ids, uint
 
 int kvedge_client_lookup(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, size_t *hit)
 {
+    s_err_clear();
     if (!c || (n && !ids) || !hit)
         return KVEDGE_EINVAL;
     *hit = 0;
@@ -2146,18 +2291,21 @@ static int s_chunks_op(kvedge_client_t *c, uint8_t opcode, const kvedge_chunk_id
 int kvedge_client_delete(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n,
                          uint32_t *changed)
 {
+    s_err_clear();
     return s_chunks_op(c, KVEDGE_OP_DELETE, ids, n, changed);
 }
 
 int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, bool pin,
                       uint32_t *changed)
 {
+    s_err_clear();
     return s_chunks_op(c, pin ? KVEDGE_OP_PIN : KVEDGE_OP_UNPIN, ids, n, changed);
 }
 
 int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
                        kvedge_chunk_entry_t *out, size_t max, size_t *n, bool *more)
 {
+    s_err_clear();
     if (!c || !out || max == 0 || !n)
         return KVEDGE_EINVAL;
     *n = 0;
@@ -2197,6 +2345,9 @@ int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
 int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
                               const kvedge_fetch_cbs_t *cbs, void *ctx)
 {
+    s_err_clear();
+    if (c && !s_role_serves(c->node.role, KVEDGE_OP_FETCH))
+        return s_role_err(c, KVEDGE_OP_FETCH, KVEDGE_EPROTO); /* a node would refuse it */
     if (!c || !req || !cbs || !req->model_id || !req->chunks || req->n == 0 ||
         req->n > KVEDGE_WIRE_MAX_CHUNKS || req->layers == 0 ||
         req->layers > KVEDGE_WIRE_FETCH_MAX_LAYERS || req->deadline_ms < 0 ||

@@ -11,8 +11,10 @@
  * short; never call the client's synchronous functions from inside it).
  *
  * Errors: every function returns 0 or a negative KVEDGE_E* code (kvedge_strerror() gives the
- * text). Every call has a deadline (the options' deadline_ms unless the call takes one); when
- * the node dies or stalls, the call returns KVEDGE_ETIMEDOUT within it. If a function that
+ * text); kvedge_client_last_error() then says, where there is more to say, what exactly was
+ * wrong and what to do (the endpoint's form, the file that is missing, which daemon answers
+ * the request). Every call has a deadline (the options' deadline_ms unless the call takes one);
+ * when the node dies or stalls, the call returns KVEDGE_ETIMEDOUT within it. If a function that
  * takes a callback fails, the callback is never called.
  *
  * The library never logs and never exits. It turns off czmq's process-wide SIGINT/SIGTERM
@@ -42,6 +44,19 @@ extern "C" {
 #define KVEDGE_CLIENT_WINDOW_MAX          (256u << 20)
 
 typedef struct kvedge_client_t kvedge_client_t;
+
+/* The longest message kvedge_client_last_error returns, its NUL included. */
+#define KVEDGE_CLIENT_ERROR_BYTES 512
+
+/* What the latest kvedge_client_* call on this thread said when it failed, beyond its code:
+ * e.g. 'endpoint "127.0.0.1:7400" has no transport: an endpoint is tcp://HOST:PORT ... or
+ * ipc://PATH', 'client certificate /k/me_secret: no such file ...', 'tcp://... is an edge
+ * proxy ("p1", as its HELLO says): STAT is answered by store nodes ...'. "" when that call
+ * succeeded or its code says it all. Every kvedge_client_* call but destroy, node and
+ * opts_default resets it. The string belongs to the calling thread: valid until its next
+ * kvedge_client_* call. Never NULL. (A FETCH stream's own errors arrive in on_done, on the
+ * I/O thread: they carry no message.) */
+const char *kvedge_client_last_error(void);
 
 typedef struct {
     const char *endpoint;    /* e.g. "tcp://10.0.0.5:7400" (required) */
@@ -75,7 +90,8 @@ typedef struct {
 void kvedge_client_opts_default(kvedge_client_opts_t *opts);
 
 /* Connects and says HELLO within the deadline. Caller owns *out.
- * Errors: KVEDGE_EINVAL, KVEDGE_EIO (bad certificate or key file), KVEDGE_ETIMEDOUT (no
+ * Errors: KVEDGE_EINVAL (an option: the endpoint is tcp://HOST:PORT or ipc://PATH),
+ * KVEDGE_EIO (bad certificate or key file: the message names it), KVEDGE_ETIMEDOUT (no
  * answer: node down, wrong key, or key not allowlisted: CURVE refusals are silent),
  * KVEDGE_EVERSION, KVEDGE_EPROTO. */
 int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **out);
@@ -331,8 +347,9 @@ typedef struct {
  * without recompute_us or the reverse; a time negative or not finite; mapped_model_id without
  * mapped_chunks or the reverse, empty, too long or equal to model_id; accept refused by
  * kvedge_prec_list_check, n_accept without accept, a metric or budget refused by
- * kvedge_quality_budget_check, a metric without accept), KVEDGE_ENOMEM,
- * KVEDGE_EBUSY, KVEDGE_ECLOSED. The stream's own errors come in on_done: KVEDGE_ENOMODEL
+ * kvedge_quality_budget_check, a metric without accept), KVEDGE_EPROTO (the peer is a store
+ * node, as its HELLO said: only edge proxies answer FETCH), KVEDGE_ENOMEM, KVEDGE_EBUSY,
+ * KVEDGE_ECLOSED. The stream's own errors come in on_done: KVEDGE_ENOMODEL
  * (the proxy does not know the model), KVEDGE_ESHAPE (layers outside it), KVEDGE_ETIMEDOUT,
  * KVEDGE_EPROTO. */
 int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,

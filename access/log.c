@@ -10,6 +10,17 @@
 static atomic_int s_level = KVEDGE_LOG_INFO;
 static const char *s_names[] = {"error", "warn", "info", "debug"};
 
+/* The daemon's name in every line: "[NAME] ", or "" (set before the threads log). */
+static char s_name[64 + 4];
+
+void kvedge_log_set_name(const char *name)
+{
+    if (!name || !*name)
+        s_name[0] = '\0';
+    else
+        snprintf(s_name, sizeof s_name, "[%.64s] ", name);
+}
+
 /* The sink: read without the lock first, so a process without one pays one atomic load. */
 static atomic_bool s_sink_on;
 static pthread_mutex_t s_sink_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -52,9 +63,9 @@ void kvedge_log_write(kvedge_log_level_t level, const char *fmt, ...)
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ",
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     ts.tv_nsec / 1000000, s_names[level < 4 ? level : 3]);
+                     ts.tv_nsec / 1000000, s_names[level < 4 ? level : 3], s_name);
     va_list ap;
     va_start(ap, fmt);
     if (n > 0 && (size_t)n < sizeof line)

@@ -24,6 +24,11 @@ kvedge_log_level_t kvedge_log_level(void);
 /* Parses "error", "warn", "info", "debug". Returns 0 or -1. */
 int kvedge_log_parse(const char *name, kvedge_log_level_t *out);
 
+/* Names the daemon in every line ("... info  [edge-3] ..."): its node id, "master", the proxy's
+ * id, so that the logs of several daemons read apart. At most 64 bytes are kept; NULL or ""
+ * removes it. Call it before the daemon's threads log. Sinks get the text without it. */
+void kvedge_log_set_name(const char *name);
+
 void kvedge_log_write(kvedge_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

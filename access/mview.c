@@ -168,7 +168,7 @@ struct s_io_t {
     kvedge_mview_change_fn on_change;
     void *ctx;
     zsock_t *dealer, *sub;
-    zsock_t *mon;         /* PAIR: the DEALER's handshake events (CURVE only) */
+    zsock_t *mon;         /* PAIR: the DEALER's handshake events */
     uint32_t mon_gen;     /* makes each monitor's endpoint unique */
     int64_t reconnect_at; /* new sockets then unless the master was heard; 0 = none due */
     uint32_t retry_ms;    /* the current backoff of new sockets */
@@ -464,7 +464,8 @@ static void s_monitor(s_io_t *io)
     char ep[96];
     snprintf(ep, sizeof ep, "inproc://kvedge-mview-mon-%p-%u", (void *)io, ++io->mon_gen);
     if (zmq_socket_monitor(zsock_resolve(io->dealer), ep,
-                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0)
+                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0)
         return;
     io->mon = zsock_new(ZMQ_PAIR);
     if (io->mon && zsock_connect(io->mon, "%s", ep) != 0) {
@@ -501,8 +502,7 @@ static int s_connect(s_io_t *io)
     s_sock_common(io, io->dealer);
     zsock_set_immediate(io->dealer, 1);
     zsock_set_sndtimeo(io->dealer, 0);
-    if (io->curve)
-        s_monitor(io);
+    s_monitor(io); /* refusals (CURVE) and a master of another mechanism (either way) */
     /* Sockets that hear nothing for this long are replaced (s_timers). */
     uint32_t wait = io->dead_ms > io->retry_ms ? io->dead_ms : io->retry_ms;
     io->reconnect_at = kvedge_mono_ms() + wait;
@@ -535,9 +535,18 @@ static void s_on_mon(s_io_t *io)
             v->conn.refusals++;
             pthread_cond_broadcast(&v->cv);
             pthread_mutex_unlock(&v->mu);
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+            uint32_t value;
+            memcpy(&value, zframe_data(f) + sizeof event, sizeof value);
+            if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+                pthread_mutex_lock(&v->mu);
+                v->conn.mismatch = true;
+                pthread_mutex_unlock(&v->mu);
+            }
         } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             pthread_mutex_lock(&v->mu);
             v->conn.refused = false;
+            v->conn.mismatch = false;
             pthread_mutex_unlock(&v->mu);
         }
     }
@@ -717,6 +726,7 @@ static void s_sync_finish(s_io_t *io, const kvedge_kvmsg_t *k)
     v->stats.syncs++;
     v->version++;
     v->conn.refused = false;
+    v->conn.mismatch = false;
     v->conn.retry_ms = KVEDGE_MVIEW_RECONNECT_MIN_MS;
     pthread_cond_broadcast(&v->cv);
     pthread_mutex_unlock(&v->mu);
@@ -787,6 +797,7 @@ static void s_on_sub(s_io_t *io)
             pthread_mutex_lock(&v->mu);
             v->conn.heard = true;
             v->conn.refused = false;
+            v->conn.mismatch = false;
             pthread_mutex_unlock(&v->mu);
         }
         io->subscribed = true;
@@ -1203,6 +1214,7 @@ int kvedge_mview_start(const kvedge_mview_opts_t *opts, kvedge_mview_t **out)
     pthread_mutex_init(&v->pipe_mu, NULL);
     s_cond_init(&v->cv);
     io->v = v;
+    v->conn.dead_ms = io->dead_ms;
     v->io = io;
 
     /* The last state known, until the master says otherwise. */

@@ -107,6 +107,10 @@ typedef struct {
     uint64_t reconnects; /* new sockets made because the master refused or did not answer */
     uint32_t retry_ms;   /* the wait before the next new sockets while not heard */
     bool heard;          /* the current sockets have heard the master */
+    uint32_t dead_ms;    /* silence after which the master counts as gone (opts.dead_ms) */
+    bool mismatch;       /* the master speaks another security mechanism: it requires CURVE
+                          * and this view is plaintext (no server_key), or the reverse; cleared
+                          * by the next handshake that succeeds */
 } kvedge_mview_conn_t;
 
 /* Copies the connection's state. A refused view keeps trying (new sockets, with backoff), so

@@ -257,6 +257,20 @@ static int s_listen(const char *addr, const s_addr_t *a, char *why, size_t why_l
     return fd;
 }
 
+int kvedge_http_probe(const char *addr, char *why, size_t why_len)
+{
+    if (addr && strcmp(addr, KVEDGE_HTTP_OFF) == 0)
+        return 0;
+    s_addr_t a;
+    if (s_parse(addr, &a, why, why_len) != 0)
+        return KVEDGE_MONITOR_EINVAL;
+    int fd = s_listen(addr, &a, why, why_len);
+    if (fd < 0)
+        return KVEDGE_MONITOR_EIO;
+    close(fd);
+    return 0;
+}
+
 int kvedge_http_start(const char *addr, kvedge_metrics_t *metrics, kvedge_http_ready_fn ready,
                       void *ready_arg, kvedge_http_t **out, char *why, size_t why_len)
 {

@@ -45,6 +45,12 @@ int kvedge_http_check_addr(const char *addr, char *why, size_t why_len);
 int kvedge_http_start(const char *addr, kvedge_metrics_t *metrics, kvedge_http_ready_fn ready,
                       void *ready_arg, kvedge_http_t **out, char *why, size_t why_len);
 
+/* Binds addr and lets it go at once: whether kvedge_http_start would bind it now, for a
+ * daemon that checks every address it will take before it does anything else. "off" passes.
+ * Returns 0, KVEDGE_MONITOR_EINVAL (bad address) or KVEDGE_MONITOR_EIO (cannot bind: why
+ * names the address and the system's reason, e.g. "Address already in use"). */
+int kvedge_http_probe(const char *addr, char *why, size_t why_len);
+
 /* The port bound (resolves port 0). */
 uint16_t kvedge_http_port(const kvedge_http_t *h);
 

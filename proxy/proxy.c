@@ -17,6 +17,7 @@
 
 #include "access/log.h"
 #include "access/transport.h"
+#include "monitor/http.h"
 #include "proxy/proxy_impl.h"
 #include "store/clock.h"
 #include "store/why.h"
@@ -284,6 +285,27 @@ static void s_tenant(kvedge_proxy_impl_t *p)
     zcert_destroy(&c);
 }
 
+/* The client endpoint and the metrics address, checked before anything starts: a second
+ * proxy on a host fails at once and names the setting that moves it. */
+static int s_probe(const kvedge_proxy_opts_t *o, char *why, size_t why_len)
+{
+    char sys[512] = "";
+    int rc = kvedge_endpoint_probe(o->bind ? o->bind : KVEDGE_PROXY_BIND_DEFAULT, sys, sizeof sys);
+    bool http = false;
+    if (rc == KVEDGE_OK && o->metrics && o->metrics[0] &&
+        kvedge_http_probe(o->metrics, sys, sizeof sys) != 0) {
+        http = true;
+        rc = strstr(sys, "in use") ? KVEDGE_EBUSY : KVEDGE_EIO;
+    }
+    if (rc != KVEDGE_OK && why && why_len)
+        snprintf(why, why_len, "%s%s: give this proxy another %s; nothing was started", sys,
+                 rc == KVEDGE_EBUSY ? " (another daemon on this host?)" : "",
+                 http ? "metrics endpoint with --metrics HOST:PORT (port 0: any free one, its URL "
+                        "is logged), or --metrics off (config key metrics)"
+                      : "endpoint with --bind tcp://HOST:PORT (config key bind)");
+    return rc;
+}
+
 int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, char *why,
                        size_t why_len)
 {
@@ -301,6 +323,9 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
         return KVEDGE_EINVAL;
     }
     *out = NULL;
+    int prc = s_probe(opts, why, why_len);
+    if (prc != KVEDGE_OK)
+        return prc;
     zsys_handler_set(NULL);
     kvedge_proxy_impl_t *p = calloc(1, sizeof *p);
     kvedge_proxy_t *self = calloc(1, sizeof *self);

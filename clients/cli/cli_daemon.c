@@ -41,6 +41,12 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_store_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
         return ex;
+    /* Its lines carry the name it goes by: its name, else its id in the registry, else its
+     * role. */
+    kvedge_log_set_name(s.name[0]                     ? s.name
+                        : s.node_id[0]                ? s.node_id
+                        : s.role == KVEDGE_ROLE_CLOUD ? "cloud"
+                                                      : "edge");
     char why[1024] = "";
     kvedge_node_t *node;
     int rc = kvedge_node_start(&s, &node, why, sizeof why);

@@ -43,6 +43,7 @@ static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_master_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
         return ex;
+    kvedge_log_set_name("master");
     char why[1024] = "";
     kvedge_master_t *m;
     int rc = kvedge_master_settings_start(&s, &m, why, sizeof why);

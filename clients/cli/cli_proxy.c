@@ -45,12 +45,14 @@ static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_proxy_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
         return ex;
+    kvedge_log_set_name(s.id[0] ? s.id : "proxy"); /* the id it has in the registry */
     char why[1024] = "";
     kvedge_proxy_t *p;
     int rc = kvedge_proxy_settings_start(&s, &p, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("proxy: %s", why[0] ? why : kvedge_strerror(rc));
         return rc == KVEDGE_EDENIED || rc == KVEDGE_EINVAL ? KVEDGE_EXIT_USAGE
+               : rc == KVEDGE_EBUSY                        ? KVEDGE_EXIT_UNAVAILABLE /* taken */
                                                            : KVEDGE_EXIT_FAILURE;
     }
     printf("listening %s\n", kvedge_proxy_endpoint(p));

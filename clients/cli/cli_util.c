@@ -269,6 +269,9 @@ int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, kvedge_client_t **ou
         kvedge_cli_error("cannot connect to %s: bad endpoint or --link '%s' (want RATE,LATENCY "
                          "such as 100mbit,20ms)",
                          cli->host, cli->link);
+    else if (kvedge_client_last_error()[0]) /* the option or file at fault, and its form */
+        kvedge_cli_error("cannot connect to %s: %s (%s)", cli->host, kvedge_client_last_error(),
+                         kvedge_strerror(rc));
     else
         kvedge_cli_error("cannot connect to %s: %s", cli->host, kvedge_strerror(rc));
     return KVEDGE_EXIT_UNAVAILABLE;

@@ -595,6 +595,9 @@ static int s_open_registry(s_master_t *m, char *why, size_t why_len)
             zhashx_size(m->peers) < KVEDGE_MASTER_MAX_HEALTH) {
             s_peer_t p = {now, h.last_seen_ms, h.state};
             zhashx_insert(m->peers, key.a, &p);
+            /* Exported from the start: a peer that registered with the master's previous run
+             * and only heartbeats now has its series as well. */
+            s_peer_metric(m, key.a, h.state);
         }
     }
     rocksdb_iter_get_error(it, &err);
@@ -887,6 +890,36 @@ void kvedge_master_opts_default(kvedge_master_opts_t *opts)
     opts->pub = KVEDGE_MASTER_PUB_DEFAULT;
 }
 
+int kvedge_master_probe(const kvedge_master_opts_t *o, char *why, size_t why_len)
+{
+    if (!o)
+        return KVEDGE_EINVAL;
+    const char *eps[2] = {o->bind, o->pub}, *flags[2] = {"--bind", "--pub"},
+               *keys[2] = {"bind", "pub"};
+    char sys[512] = "";
+    for (int i = 0; i < 2; i++) {
+        int rc = kvedge_endpoint_probe(eps[i], sys, sizeof sys);
+        if (rc != KVEDGE_OK) {
+            s_why(why, why_len,
+                  "%s%s: give this master another endpoint with %s tcp://HOST:PORT (config key "
+                  "%s); nothing was started",
+                  sys, rc == KVEDGE_EBUSY ? " (another master on this host?)" : "", flags[i],
+                  keys[i]);
+            return rc;
+        }
+    }
+    if (o->metrics && o->metrics[0] && kvedge_http_probe(o->metrics, sys, sizeof sys) != 0) {
+        bool busy = strstr(sys, "in use") != NULL;
+        s_why(why, why_len,
+              "%s%s: give this master another metrics endpoint with --metrics HOST:PORT (port 0: "
+              "any free one, its URL is logged), or --metrics off (config key metrics); nothing "
+              "was started",
+              sys, busy ? " (another daemon on this host?)" : "");
+        return busy ? KVEDGE_EBUSY : KVEDGE_EIO;
+    }
+    return KVEDGE_OK;
+}
+
 int kvedge_master_start(const kvedge_master_opts_t *opts, kvedge_master_t **out, char *why,
                         size_t why_len)
 {
@@ -897,6 +930,9 @@ int kvedge_master_start(const kvedge_master_opts_t *opts, kvedge_master_t **out,
     *out = NULL;
     if (sodium_init() < 0)
         return KVEDGE_ENOMEM;
+    int prc = kvedge_master_probe(opts, why, why_len);
+    if (prc != KVEDGE_OK)
+        return prc;
     kvedge_master_t *s = calloc(1, sizeof *s);
     s_master_t *m = calloc(1, sizeof *m);
     if (!s || !m) {

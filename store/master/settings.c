@@ -141,6 +141,10 @@ int kvedge_master_settings_start(const kvedge_master_settings_t *s, kvedge_maste
     int rc = kvedge_master_settings_check(s, why, why_len);
     if (rc != KVEDGE_OK)
         return rc;
+    kvedge_master_opts_t po = {.bind = s->bind, .pub = s->pub, .metrics = s->metrics};
+    rc = kvedge_master_probe(&po, why, why_len); /* before the directory and certificate */
+    if (rc != KVEDGE_OK)
+        return rc;
     if (mkdir(s->data, 0700) != 0 && !zsys_file_exists(s->data))
         return kvedge_why(why, why_len, KVEDGE_ENOTFOUND, "cannot create the data directory %s",
                           s->data);

@@ -128,6 +128,8 @@ const char *kvedge_dirpub_reg_state_name(int state)
         return "refused";
     case KVEDGE_DIRPUB_FAILING:
         return "failing";
+    case KVEDGE_DIRPUB_LOST:
+        return "lost";
     }
     return "?";
 }
@@ -179,6 +181,53 @@ static int s_refused(kvedge_dirpub_t *d)
     return KVEDGE_EDENIED;
 }
 
+/* The master was registered with and has gone silent: say so once, when it starts. */
+static int s_lost(kvedge_dirpub_t *d)
+{
+    if (d->reg.state == KVEDGE_DIRPUB_LOST)
+        return KVEDGE_ETIMEDOUT;
+    kvedge_mview_conn_t conn;
+    kvedge_mview_conn(d->opts.view, &conn);
+    char why[sizeof d->master + 160]; /* the getter keeps the first bytes */
+    snprintf(why, sizeof why,
+             "nothing heard from the master %s for %u ms (heartbeats unanswered): it is down or "
+             "unreachable; serving on, registering again when it is back",
+             d->master, conn.dead_ms);
+    s_reg_set(d, KVEDGE_DIRPUB_LOST, KVEDGE_ETIMEDOUT, why);
+    kvedge_log_warn("master lost: %s", why);
+    return KVEDGE_ETIMEDOUT;
+}
+
+/* Why a registration SET failed, with the fix when the view's connection tells it: a master
+ * of another security mechanism, or silence from a master that may require CURVE. */
+static void s_failing_why(kvedge_dirpub_t *d, int rc, char *why, size_t cap)
+{
+    kvedge_mview_conn_t conn;
+    kvedge_mview_conn(d->opts.view, &conn);
+    const char *what =
+        rc == KVEDGE_ETIMEDOUT ? "no answer from the master" : "the master refused the record";
+    if (conn.mismatch && !d->cert[0])
+        snprintf(why, cap,
+                 "%s (%s): the master requires CURVE and this node joins it in plaintext: give "
+                 "--master-key with the master's public key or certificate (config key "
+                 "master_key); next try in %u s",
+                 what, kvedge_strerror(rc), d->retry_ms / 1000);
+    else if (conn.mismatch)
+        snprintf(why, cap,
+                 "%s (%s): the master runs in plaintext (--insecure) and this node joins it "
+                 "with CURVE: drop --master-key, or run the master with CURVE; next try in %u s",
+                 what, kvedge_strerror(rc), d->retry_ms / 1000);
+    else if (rc == KVEDGE_ETIMEDOUT && !d->cert[0])
+        snprintf(why, cap,
+                 "%s (%s); if the master runs with CURVE (its default) it ignores plaintext "
+                 "peers: give --master-key with its public key or certificate (config key "
+                 "master_key); next try in %u s",
+                 what, kvedge_strerror(rc), d->retry_ms / 1000);
+    else
+        snprintf(why, cap, "%s (%s); next try in %u s", what, kvedge_strerror(rc),
+                 d->retry_ms / 1000);
+}
+
 /* The node record is sent at start and again whenever the registry lost it (a master that
  * came back empty, an operator's delete). A failed try waits for the backoff, unless the
  * view has come back since; a refused handshake is not tried at all (no SET can get through)
@@ -200,13 +249,20 @@ static int s_keep_node(kvedge_dirpub_t *d)
      * may still be there, but nothing of this node reaches the master any more. */
     if (!synced && conn.refused)
         return s_refused(d);
-    if (d->node_sent && kvedge_mview_node(d->opts.view, d->node_id, &cur) == KVEDGE_OK) {
-        if (d->reg.state != KVEDGE_DIRPUB_REGISTERED)
+    /* Registered, and the master has gone silent (the view replaced its sockets: nothing
+     * heard for its dead_ms, heartbeats unanswered): lost until it is heard again. */
+    if (!synced && d->node_sent && !conn.heard)
+        return s_lost(d);
+    if (synced && d->node_sent && kvedge_mview_node(d->opts.view, d->node_id, &cur) == KVEDGE_OK) {
+        if (d->reg.state != KVEDGE_DIRPUB_REGISTERED) {
+            if (d->reg.state == KVEDGE_DIRPUB_LOST)
+                kvedge_log_info("the master %s is back: registered as %s", d->master, d->node_id);
             s_reg_set(d, KVEDGE_DIRPUB_REGISTERED, 0, "");
+        }
         return KVEDGE_OK;
     }
     if (!synced && d->node_sent)
-        return KVEDGE_OK; /* cannot tell from here; the view re-syncs by itself */
+        return KVEDGE_OK; /* a re-sync under way; the view finishes it by itself */
     int64_t now = kvedge_mono_ms();
     if (now < d->next_try_ms && !(synced && d->tried_unsynced)) {
         pthread_mutex_lock(&d->reg_mu);
@@ -235,10 +291,8 @@ static int s_keep_node(kvedge_dirpub_t *d)
     }
     d->node_sent = false;
     d->next_try_ms = kvedge_mono_ms() + d->retry_ms; /* from the end of this try (a SET waits) */
-    char why[256];
-    snprintf(why, sizeof why, "%s (%s); next try in %u s",
-             rc == KVEDGE_ETIMEDOUT ? "no answer from the master" : "the master refused the record",
-             kvedge_strerror(rc), d->retry_ms / 1000);
+    char why[sizeof d->reg.why];
+    s_failing_why(d, rc, why, sizeof why);
     d->retry_ms =
         d->retry_ms * 2 < KVEDGE_DIRPUB_RETRY_MAX_MS ? d->retry_ms * 2 : KVEDGE_DIRPUB_RETRY_MAX_MS;
     s_reg_set(d, KVEDGE_DIRPUB_FAILING, rc, why);

@@ -25,7 +25,8 @@ extern "C" {
 #define KVEDGE_DIRPUB_RETRY_MIN_MS 1000
 #define KVEDGE_DIRPUB_RETRY_MAX_MS 30000
 /* A registration problem (refused, failing) is logged when it starts and then at most once
- * per this long while it lasts. */
+ * per this long while it lasts. Losing the master and hearing it again are logged once per
+ * transition. */
 #define KVEDGE_DIRPUB_PROBLEM_LOG_MS 300000
 
 typedef struct kvedge_dirpub_t kvedge_dirpub_t;
@@ -51,6 +52,9 @@ typedef enum {
     KVEDGE_DIRPUB_REFUSED = 2,    /* the master refuses this node's handshake: its certificate
                                    * is not in the master's allowlist */
     KVEDGE_DIRPUB_FAILING = 3,    /* the master does not answer, or answers with an error */
+    KVEDGE_DIRPUB_LOST = 4,       /* registered, then the master went silent: nothing heard
+                                   * (HUGZ, heartbeat answers) for the view's dead_ms; the node
+                                   * serves on and is registered again when the master is back */
 } kvedge_dirpub_reg_state_t;
 
 typedef struct {
@@ -60,7 +64,7 @@ typedef struct {
                         * master refused */
     int last_error;    /* the latest try's error (KVEDGE_EDENIED for a refused handshake);
                         * 0 when none since the last registration */
-    char why[256];     /* the state in words, with the fix when there is one; "" registered */
+    char why[384];     /* the state in words, with the fix when there is one; "" registered */
 } kvedge_dirpub_reg_t;
 
 /* Starts the publisher thread. Caller owns *out. Errors: KVEDGE_EINVAL, KVEDGE_ENOMEM. */
@@ -81,7 +85,7 @@ int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed);
 /* Copies where the registration stands. Thread-safe, never waits on the network. */
 void kvedge_dirpub_registration(kvedge_dirpub_t *d, kvedge_dirpub_reg_t *out);
 
-/* "pending", "registered", "refused", "failing", or "?"; static storage. */
+/* "pending", "registered", "refused", "failing", "lost", or "?"; static storage. */
 const char *kvedge_dirpub_reg_state_name(int state);
 
 #ifdef __cplusplus

@@ -227,6 +227,27 @@ static int s_start_sync(kvedge_node_t *n, char *why, size_t why_len)
     return rc;
 }
 
+/* Every address the node will bind, checked before it opens or creates the store, registers
+ * or syncs anything: a second node on a host that takes a default port fails at once and says
+ * which setting moves it. */
+static int s_probe(const kvedge_node_settings_t *s, char *why, size_t why_len)
+{
+    char sys[512] = "";
+    int rc = kvedge_endpoint_probe(s->bind, sys, sizeof sys);
+    if (rc != KVEDGE_OK)
+        return kvedge_why(why, why_len, rc,
+                          "%s%s: give this node another endpoint with --bind tcp://HOST:PORT "
+                          "(config key bind); nothing was started",
+                          sys, rc == KVEDGE_EBUSY ? " (another daemon on this host?)" : "");
+    if (s->metrics[0] && kvedge_http_probe(s->metrics, sys, sizeof sys) != 0)
+        return kvedge_why(why, why_len, strstr(sys, "in use") ? KVEDGE_EBUSY : KVEDGE_EIO,
+                          "%s%s: give this node another metrics "
+                          "endpoint with --metrics HOST:PORT (port 0: any free one, its URL is "
+                          "logged), or --metrics off (config key metrics); nothing was started",
+                          sys, strstr(sys, "in use") ? " (another daemon on this host?)" : "");
+    return KVEDGE_OK;
+}
+
 int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char *why,
                       size_t why_len)
 {
@@ -235,10 +256,16 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
     int rc = kvedge_node_settings_check(s, why, why_len);
     if (rc != KVEDGE_OK)
         return rc;
+    rc = s_probe(s, why, why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
     kvedge_node_t *n = calloc(1, sizeof *n);
     if (!n)
         return kvedge_why(why, why_len, KVEDGE_ENOMEM, "out of memory");
     n->s = *s;
+    /* A node without a name goes by its id in the registry (HELLO, MONITOR, its log lines). */
+    if (!n->s.name[0] && n->s.node_id[0])
+        snprintf(n->s.name, sizeof n->s.name, "%s", n->s.node_id);
     if (!n->s.insecure) {
         if (!n->s.cert[0] && snprintf(n->s.cert, sizeof n->s.cert, "%s/%s", n->s.data,
                                       KVEDGE_NODE_CERT_NAME) >= (int)sizeof n->s.cert) {

@@ -36,7 +36,7 @@ typedef struct {
     char bind[KVEDGE_NODE_EP_BYTES];      /* ZeroMQ endpoint */
     char cert[KVEDGE_NODE_PATH_BYTES];    /* node certificate; "" = DATA/node.cert, made once */
     char clients[KVEDGE_NODE_PATH_BYTES]; /* allowlist directory; "" = DATA/clients */
-    char name[KVEDGE_NODE_EP_BYTES];      /* name in HELLO; "" = "kvedge" */
+    char name[KVEDGE_NODE_EP_BYTES];      /* name in HELLO; "" = node_id, or "kvedge" */
     bool insecure;                        /* plaintext: only on loopback or ipc endpoints */
     bool sync;                            /* fsync the WAL on every write */
     uint32_t workers;                     /* 0 = one per core, at least 2 */

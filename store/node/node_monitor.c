@@ -24,7 +24,7 @@ typedef struct {
 struct kvedge_node_mon_t {
     pthread_mutex_t mu; /* collect runs on the HTTP thread; MONITOR on the frontend */
     kvedge_series_t *blocks, *bytes, *fp16_bytes, *pinned_blocks, *pinned_bytes, *capacity,
-        *quarantine, *registered, *uptime;
+        *quarantine, *registered, *reachable, *uptime;
     s_mirror_t puts, evicted_blocks, evicted_bytes, expired, corrupt, written, read, denials;
     s_mirror_t derived, derived_kept; /* precisions derived for readers, and those kept */
     kvedge_metric_t *hot, *hot_layers, *sync_state, *sync_missing, *sync_held, *sync_age;
@@ -131,6 +131,12 @@ static bool s_registration(kvedge_node_t *n, const char **state, char *why, size
     return reg.state == KVEDGE_DIRPUB_REGISTERED;
 }
 
+/* Whether the node hears its master now: the view follows its updates. */
+static bool s_reachable(kvedge_node_t *n)
+{
+    return n->view && kvedge_mview_state(n->view) == KVEDGE_MVIEW_SYNCED;
+}
+
 static void s_hex8(const uint8_t *b, char out[17])
 {
     for (int i = 0; i < 8; i++)
@@ -204,6 +210,7 @@ static void s_collect(kvedge_metrics_t *r, void *arg)
         uint32_t attempts;
         kvedge_series_set(m->registered,
                           s_registration(n, &state, why, sizeof why, &attempts) ? 1 : 0);
+        kvedge_series_set(m->reachable, s_reachable(n) ? 1 : 0);
     }
     /* The hot set: top-K only, replaced at every scrape, so the series stay bounded. */
     kvedge_hot_entry_t *top = calloc(KVEDGE_ANALYZER_METRICS_TOP, sizeof *top);
@@ -260,7 +267,11 @@ static bool s_ready(void *arg, char *why, size_t why_len)
         const char *state;
         char reason[1536];
         uint32_t attempts;
-        if (!s_registration(n, &state, reason, sizeof reason, &attempts)) {
+        /* A node that lost its master after registering serves as before: still ready (an
+         * orchestrator that pulled every node when the master dies would turn one loss into
+         * an outage); the state, the gauges and the log say it. */
+        if (!s_registration(n, &state, reason, sizeof reason, &attempts) &&
+            strcmp(state, kvedge_dirpub_reg_state_name(KVEDGE_DIRPUB_LOST)) != 0) {
             snprintf(why, why_len, "not registered with the master (%s): %s", state, reason);
             return false;
         }
@@ -311,6 +322,10 @@ static bool s_node_families(kvedge_node_t *n, char *why, size_t why_len)
     m->registered = s_gauge(r, G, "kvedge_node_master_registered",
                             "1 when the node is registered with its Storage Master, else 0 "
                             "(absent without a master).");
+    m->reachable = s_gauge(r, G, "kvedge_node_master_reachable",
+                           "1 while the node hears its Storage Master (HUGZ, heartbeat answers), "
+                           "0 once it has been silent past the deadline (absent without a "
+                           "master).");
     const char *hot_l[] = {"rank", "prefix", "model"}, *layer_l[] = {"rank", "layer"},
                *sub_l[] = {"subscription"};
     m->hot = kvedge_metrics_family(
@@ -396,8 +411,8 @@ static bool s_node_families(kvedge_node_t *n, char *why, size_t why_len)
            m->capacity && m->quarantine && m->puts.series && m->evicted_blocks.series &&
            m->evicted_bytes.series && m->expired.series && m->corrupt.series && m->written.series &&
            m->read.series && m->denials.series && m->derived.series && m->derived_kept.series &&
-           m->registered && m->hot && m->hot_layers && m->sync_state && m->sync_missing &&
-           m->sync_held && m->sync_age;
+           m->registered && m->reachable && m->hot && m->hot_layers && m->sync_state &&
+           m->sync_missing && m->sync_held && m->sync_age;
 }
 
 int kvedge_node_monitor_open(kvedge_node_t *n, char *why, size_t why_len)
@@ -561,6 +576,12 @@ char *kvedge_node_monitor_doc(void *arg, uint32_t top, size_t *len)
         uint32_t attempts;
         s_registration(n, &state, reason, sizeof reason, &attempts);
         cJSON_AddStringToObject(o, "state", state);
+        cJSON_AddBoolToObject(o, "reachable", s_reachable(n));
+        if (n->dirpub) {
+            kvedge_dirpub_reg_t reg;
+            kvedge_dirpub_registration(n->dirpub, &reg);
+            cJSON_AddNumberToObject(o, "since_ms", (double)reg.since_ms);
+        }
         cJSON_AddNumberToObject(o, "attempts", attempts);
         cJSON_AddStringToObject(o, "why", reason);
     }

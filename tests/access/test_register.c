@@ -181,6 +181,7 @@ static void test_state_names(void **state)
     assert_string_equal(kvedge_dirpub_reg_state_name(KVEDGE_DIRPUB_REGISTERED), "registered");
     assert_string_equal(kvedge_dirpub_reg_state_name(KVEDGE_DIRPUB_REFUSED), "refused");
     assert_string_equal(kvedge_dirpub_reg_state_name(KVEDGE_DIRPUB_FAILING), "failing");
+    assert_string_equal(kvedge_dirpub_reg_state_name(KVEDGE_DIRPUB_LOST), "lost");
     assert_string_equal(kvedge_dirpub_reg_state_name(42), "?");
     kvedge_dirpub_reg_t r;
     memset(&r, 0xff, sizeof r);
@@ -310,6 +311,124 @@ static void test_master_down_failing(void **state)
     assert_true(zclock_mono() - t < 1000);
     assert_int_equal(kt_log_count(&fx->log, "registration with the master", "failing", rt, NULL),
                      1);
+    kvedge_dirpub_destroy(&d);
+    kvedge_mview_destroy(&v);
+    kvedge_engine_destroy(&e);
+}
+
+/* The store under the temp dir, and a publisher on it that keeps node/<id> (an edge node at
+ * tcp://10.0.0.7:7400) registered through v, a pass every 100 ms. */
+static kvedge_engine_t *s_engine(s_fx_t *fx)
+{
+    char edata[128];
+    snprintf(edata, sizeof edata, "%s/engine", fx->dir);
+    kvedge_engine_t *e = NULL;
+    assert_int_equal(kvedge_engine_open(edata, NULL, &e, NULL, 0), KVEDGE_OK);
+    return e;
+}
+
+static kvedge_dirpub_t *s_publisher(kvedge_engine_t *e, kvedge_mview_t *v, const char *id,
+                                    const char *master, const char *cert)
+{
+    kvedge_master_node_t rec;
+    memset(&rec, 0, sizeof rec);
+    rec.role = KVEDGE_ROLE_EDGE;
+    snprintf(rec.endpoint, sizeof rec.endpoint, "tcp://10.0.0.7:7400");
+    kvedge_dirpub_opts_t po = {.engine = e,
+                               .view = v,
+                               .node_id = id,
+                               .node = &rec,
+                               .interval_ms = 100,
+                               .master = master,
+                               .cert = cert};
+    kvedge_dirpub_t *d = NULL;
+    assert_int_equal(kvedge_dirpub_start(&po, &d), KVEDGE_OK);
+    return d;
+}
+
+/* A node that joins the CURVE master in plaintext is not refused but ignored (the handshake
+ * fails on the mechanism): the registration says that the master requires CURVE and which
+ * setting to give. */
+static void test_plaintext_to_curve_master(void **state)
+{
+    s_fx_t *fx = *state;
+    s_master_start(fx);
+    kvedge_engine_t *e = s_engine(fx);
+    kvedge_mview_opts_t vo; /* no server_key: plaintext */
+    kvedge_mview_opts_default(&vo);
+    vo.master = kvedge_master_endpoint(fx->master);
+    vo.pub = kvedge_master_pub_endpoint(fx->master);
+    vo.prefix = "node/";
+    vo.start_wait_ms = -1;
+    kvedge_mview_t *v = NULL;
+    assert_int_equal(kvedge_mview_start(&vo, &v), KVEDGE_OK);
+    kvedge_dirpub_t *d = s_publisher(e, v, "edge-9", kvedge_master_endpoint(fx->master), NULL);
+    assert_true(s_wait_state(d, KVEDGE_DIRPUB_FAILING, S_WAIT_MS));
+    kvedge_mview_conn_t c;
+    kvedge_mview_conn(v, &c);
+    assert_true(c.mismatch);
+    assert_false(c.refused); /* not a ZAP refusal: the mechanisms differ */
+    kvedge_dirpub_reg_t r;
+    kvedge_dirpub_registration(d, &r);
+    assert_int_equal(r.last_error, KVEDGE_ETIMEDOUT);
+    assert_non_null(strstr(r.why, "the master requires CURVE"));
+    assert_non_null(strstr(r.why, "--master-key"));
+    assert_int_equal(kt_log_count(&fx->log, "registration with the master", "requires CURVE",
+                                  "--master-key", NULL),
+                     1);
+    kvedge_dirpub_destroy(&d);
+    kvedge_mview_destroy(&v);
+    kvedge_engine_destroy(&e);
+}
+
+/* Registered, then the master goes away: lost once it has been silent for the view's
+ * dead_ms, said once; registered again when it comes back on its registry, said once. */
+static void test_master_lost_and_back(void **state)
+{
+    s_fx_t *fx = *state;
+    s_allow_node(fx);
+    s_master_start(fx); /* ipc: the restarted master takes the same paths */
+    char bind[128], pub[128];
+    snprintf(bind, sizeof bind, "%s", kvedge_master_endpoint(fx->master));
+    snprintf(pub, sizeof pub, "%s", kvedge_master_pub_endpoint(fx->master));
+    char secret[160];
+    snprintf(secret, sizeof secret, "%s_secret", fx->ncert);
+    kvedge_engine_t *e = s_engine(fx);
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = bind;
+    vo.pub = pub;
+    vo.server_key = fx->mcert;
+    vo.client_cert = secret;
+    vo.prefix = "node/";
+    vo.heartbeat_id = "edge-5";
+    vo.dead_ms = 1500; /* above the master's HUGZ interval (1 s): silence, not a gap */
+    vo.start_wait_ms = 2000;
+    kvedge_mview_t *v = NULL;
+    assert_int_equal(kvedge_mview_start(&vo, &v), KVEDGE_OK);
+    kvedge_dirpub_t *d = s_publisher(e, v, "edge-5", bind, fx->ncert);
+    assert_true(s_wait_state(d, KVEDGE_DIRPUB_REGISTERED, S_WAIT_MS));
+
+    kvedge_mview_destroy(&fx->observer);
+    kvedge_master_destroy(&fx->master);
+    int64_t t0 = zclock_mono();
+    assert_true(s_wait_state(d, KVEDGE_DIRPUB_LOST, 5000));
+    assert_true(zclock_mono() - t0 >= 400); /* not before the view's dead_ms (less the time
+                                             * since the last HUGZ, at most 1 s) */
+    kvedge_dirpub_reg_t r;
+    kvedge_dirpub_registration(d, &r);
+    assert_int_equal(r.last_error, KVEDGE_ETIMEDOUT);
+    assert_non_null(strstr(r.why, "nothing heard from the master"));
+    assert_non_null(strstr(r.why, "1500 ms"));
+    assert_int_equal(kvedge_dirpub_sync(d, NULL), KVEDGE_ETIMEDOUT);
+    assert_int_equal(s_reg_state(d), KVEDGE_DIRPUB_LOST);
+
+    /* Back on the same registry and endpoints (the same ipc paths). */
+    s_master_start(fx);
+    assert_string_equal(kvedge_master_endpoint(fx->master), bind);
+    assert_true(s_wait_state(d, KVEDGE_DIRPUB_REGISTERED, S_WAIT_MS));
+    assert_int_equal(kt_log_count(&fx->log, "master lost", "nothing heard", NULL), 1);
+    assert_int_equal(kt_log_count(&fx->log, "is back: registered as edge-5", NULL), 1);
     kvedge_dirpub_destroy(&d);
     kvedge_mview_destroy(&v);
     kvedge_engine_destroy(&e);
@@ -446,6 +565,8 @@ int main(void)
         cmocka_unit_test(test_state_names),
         cmocka_unit_test_setup_teardown(test_refused_then_registered, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_master_down_failing, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_plaintext_to_curve_master, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_master_lost_and_back, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_node_registers_without_restart, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_wildcard_not_advertised, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_wildcard_without_a_tcp_master_refused, s_setup,

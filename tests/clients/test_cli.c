@@ -1273,6 +1273,17 @@ static void test_endpoint_ports(void **state)
     assert_int_equal(s_run("proxy --insecure --bind ipc:///tmp/x.sock --source 'cloud c1 "
                            "tcp://nohost:7400' --check-config"),
                      0);
+    /* A remote command's endpoint without its transport: the form it takes, not "invalid
+     * argument" alone. */
+    assert_int_equal(s_run_bare("-H 127.0.0.1:17400 stat"), 5);
+    assert_contains(s_errtext, "tcp://HOST:PORT");
+    assert_contains(s_errtext, "tcp://127.0.0.1:17400");
+    /* A server key file that is not there is named. */
+    assert_int_equal(s_run_bare("-H tcp://127.0.0.1:1 --server-key %s.gone.cert --cert %s.x "
+                                "stat",
+                                s_dir, s_dir),
+                     5);
+    assert_contains(s_errtext, ".gone.cert: no such file");
 }
 
 /* --data on the command line with the node in KVEDGE_HOST: refused, not silently ignored. */

@@ -385,6 +385,38 @@ class PipelineTest(Cluster):
         self.assertIsInstance(kvedge.Timeout(-19), TimeoutError)
 
 
+class ErrorDetailTest(Cluster):
+    """What the library says beyond the code (kvedge.Error.detail, also in str(e)): the form of
+    an endpoint, and which daemon answers a request sent to the other kind."""
+
+    def test_endpoint_form(self):
+        with self.assertRaises(kvedge.InvalidArgument) as cm:
+            kvedge.Client("127.0.0.1:17400")
+        e = cm.exception
+        self.assertIn("tcp://HOST:PORT", e.detail)
+        self.assertIn("ipc://PATH", e.detail)
+        self.assertIn("tcp://127.0.0.1:17400", str(e))
+
+    def test_request_to_the_wrong_daemon(self):
+        with self.assertRaises(kvedge.InvalidArgument) as cm:
+            self.proxy.stat()
+        self.assertIn("is an edge proxy", cm.exception.detail)
+        self.assertIn("STAT is answered by store nodes", str(cm.exception))
+        with self.assertRaises(kvedge.InvalidArgument) as cm:
+            self.proxy.get_model(MODEL.id)
+        self.assertIn("MODEL is answered by store nodes", cm.exception.detail)
+        with self.assertRaises(kvedge.ProtocolError) as cm:
+            self.node.fetch(self.chain, model=MODEL, layers=2)
+        self.assertIn("is a cloud store node", cm.exception.detail)
+        self.assertIn("FETCH is answered by edge proxies", str(cm.exception))
+        self.node.stat()  # the same client, a request it answers: no error
+
+    def test_no_detail_when_the_code_says_it_all(self):
+        e = kvedge.Timeout(-19, "x")
+        self.assertEqual(e.detail, "")
+        self.assertEqual(str(e), "x: deadline passed (KVEDGE_ETIMEDOUT)")
+
+
 class CurveTest(unittest.TestCase):
     """A node with CURVE (the default without --insecure): a client with the node's public key
     and an allowlisted certificate connects; a plaintext client is refused silently, which
@@ -408,8 +440,12 @@ class CurveTest(unittest.TestCase):
                 self.assertEqual(c.list(), [])
             with self.assertRaises(kvedge.Timeout):
                 kvedge.Client(ep, deadline_ms=500)
-            with self.assertRaises(kvedge.IOFailure):
+            with self.assertRaises(kvedge.IOFailure) as cm:
                 kvedge.Client(ep, server_key=key, cert=alice + "_missing", deadline_ms=500)
+            self.assertIn(alice + "_missing", str(cm.exception))  # the file is named
+            with self.assertRaises(kvedge.IOFailure) as cm:
+                kvedge.Client(ep, server_key=key + ".gone", cert=alice + "_secret")
+            self.assertIn(key + ".gone: no such file", cm.exception.detail)
             with self.assertRaises(ValueError):
                 kvedge.Client(ep, server_key=key)  # a key without a certificate
         finally:

@@ -244,6 +244,15 @@ P = POINTER
 kvedge_version = _fn("kvedge_version", c_char_p)
 kvedge_strerror = _fn("kvedge_strerror", c_char_p, c_int)
 kvedge_errname = _fn("kvedge_errname", c_char_p, c_int)
+kvedge_client_last_error = _fn("kvedge_client_last_error", c_char_p)
+
+
+def last_error():
+    """What the latest kvedge_client_* call on this thread said beyond its code ("" if
+    nothing): read right after the call that failed."""
+    return (kvedge_client_last_error() or b"").decode(errors="replace")
+
+
 kvedge_client_opts_default = _fn("kvedge_client_opts_default", None, P(ClientOpts))
 kvedge_client_connect = _fn("kvedge_client_connect", c_int, P(ClientOpts), P(c_void_p))
 kvedge_client_destroy = _fn("kvedge_client_destroy", None, P(c_void_p))

@@ -16,6 +16,7 @@ from ctypes import (byref, c_bool, c_double, c_float, c_int, c_size_t, c_uint8, 
 
 from . import _ffi
 from .errors import CODES, UseAfterClose, check, error
+from .errors import client_check as _check
 
 DTYPES = {"fp16": _ffi.DTYPE_FP16, "bf16": _ffi.DTYPE_BF16, "fp32": _ffi.DTYPE_FP32}
 SCHEMES = {"lossless": _ffi.SCHEME_LOSSLESS, "int8": _ffi.SCHEME_INT8, "int4": _ffi.SCHEME_INT4}
@@ -414,7 +415,7 @@ class Client:
         self.endpoint = endpoint
         self.deadline_ms = opts.deadline_ms or DEADLINE_MS_DEFAULT
         h = c_void_p()
-        check(_ffi.kvedge_client_connect(byref(opts), byref(h)), f"connect {endpoint}")
+        _check(_ffi.kvedge_client_connect(byref(opts), byref(h)), f"connect {endpoint}")
         self._h = h
         self._guard.closed = False
         _live_clients.add(self)
@@ -470,27 +471,27 @@ class Client:
         n = _int_arg("bytes", bytes, 0, 64 << 20)
         rtt, bw = c_double(), c_double()
         with self._use("ping") as h:
-            check(_ffi.kvedge_client_ping(h, n, byref(rtt), byref(bw)), "ping")
+            _check(_ffi.kvedge_client_ping(h, n, byref(rtt), byref(bw)), "ping")
         return rtt.value, bw.value
 
     def link(self):
         """What the client measured of its link: bandwidth, rtt, samples."""
         bw, rtt, n = c_double(), c_double(), c_uint64()
         with self._use("link") as h:
-            check(_ffi.kvedge_client_link(h, byref(bw), byref(rtt), byref(n)), "link")
+            _check(_ffi.kvedge_client_link(h, byref(bw), byref(rtt), byref(n)), "link")
         return {"bw_bytes_per_s": bw.value, "rtt_us": rtt.value, "samples": n.value}
 
     def put_model(self, model):
         m = _model_arg(model)._to_c()
         with self._use("put_model") as h:
-            check(_ffi.kvedge_client_put_model(h, byref(m)), "put_model")
+            _check(_ffi.kvedge_client_put_model(h, byref(m)), "put_model")
 
     def get_model(self, id):
         """The node's (or proxy's) shape of a model id: a kvedge.Model; kvedge.NoModel else."""
         mid = _str_arg("id", id, optional=False, max_bytes=_ffi.MODEL_ID_MAX_BYTES)
         m = _ffi.Model()
         with self._use("get_model") as h:
-            check(_ffi.kvedge_client_get_model(h, mid, byref(m)), "get_model")
+            _check(_ffi.kvedge_client_get_model(h, mid, byref(m)), "get_model")
         return Model._from_c(m)
 
     def put_blocks(self, chain, items, pin=False, ttl_s=0):
@@ -539,7 +540,7 @@ class Client:
         st = (c_int * n)()
         with self._use("put_blocks") as h:
             rc = _ffi.kvedge_client_put(h, arr, n, st)
-        check(rc, "put_blocks")
+        _check(rc, "put_blocks")
         return list(st)
 
     def put_layer(self, model, chain, layer, k, v, scheme="int8", dtype="fp16", group_size=0,
@@ -624,7 +625,7 @@ class Client:
                 cap *= 4
                 out_cap = max(out_cap, n * max(heads.value, 1))
                 continue
-            check(rc, "get_layer")
+            _check(rc, "get_layer")
             break
         nh = heads.value
         raw = buf.raw
@@ -642,7 +643,7 @@ class Client:
         ids = _chunk_array(chain)
         hit = c_size_t()
         with self._use("lookup") as h:
-            check(_ffi.kvedge_client_lookup(h, ids, len(ids), byref(hit)), "lookup")
+            _check(_ffi.kvedge_client_lookup(h, ids, len(ids), byref(hit)), "lookup")
         return hit.value
 
     def list(self, limit=None):
@@ -657,7 +658,7 @@ class Client:
             arr = (_ffi.ChunkEntry * page)()
             n, more = c_size_t(), c_bool()
             with self._use("list") as h:
-                check(_ffi.kvedge_client_list(h, byref(after) if after is not None else None,
+                _check(_ffi.kvedge_client_list(h, byref(after) if after is not None else None,
                                               arr, page, byref(n), byref(more)), "list")
             for e in arr[:n.value]:
                 c = e.chunk
@@ -676,7 +677,7 @@ class Client:
         """The node's store statistics (kvedge_engine_stats_t) as a dict."""
         s = _ffi.EngineStats()
         with self._use("stat") as h:
-            check(_ffi.kvedge_client_stat(h, byref(s)), "stat")
+            _check(_ffi.kvedge_client_stat(h, byref(s)), "stat")
         return {f: getattr(s, f) for f in _ffi.ENGINE_STATS_FIELDS}
 
     def pin(self, chain, pin=True):
@@ -686,7 +687,7 @@ class Client:
             raise TypeError("pin must be a bool")
         changed = (c_uint32 * len(ids))()
         with self._use("pin") as h:
-            check(_ffi.kvedge_client_pin(h, ids, len(ids), pin, changed), "pin")
+            _check(_ffi.kvedge_client_pin(h, ids, len(ids), pin, changed), "pin")
         return list(changed)
 
     def fetch(self, chain, model=None, first_layer=0, layers=None, compute_us=None,
@@ -741,7 +742,7 @@ class Client:
                                                 c_void_p(key))
             if rc < 0:
                 _fetches.pop(key, None)
-                raise error(rc, "fetch")
+                raise error(rc, "fetch", _ffi.last_error())
             # on_done always comes (within the deadline: the client guarantees it).
             if not st.event.wait(dl / 1000.0 + _WAIT_MARGIN_S):
                 raise error(-19, "fetch")  # KVEDGE_ETIMEDOUT; the state stays registered

@@ -7,16 +7,20 @@ from . import _ffi
 
 class Error(Exception):
     """A libkvedge call failed. code: the negative KVEDGE_E* code; name: "KVEDGE_ETIMEDOUT"...;
-    message: kvedge_strerror's text; what: the call that failed."""
+    message: kvedge_strerror's text; what: the call that failed; detail: what the library said
+    beyond the code (kvedge_client_last_error: the endpoint's form, the missing file, which
+    daemon answers the request), "" when nothing."""
 
     code = None
 
-    def __init__(self, code, what=""):
+    def __init__(self, code, what="", detail=""):
         self.code = code
         self.name = _ffi.kvedge_errname(code).decode()
         self.message = _ffi.kvedge_strerror(code).decode()
         self.what = what
-        super().__init__(f"{what + ': ' if what else ''}{self.message} ({self.name})")
+        self.detail = detail or ""
+        super().__init__(f"{what + ': ' if what else ''}{self.message} ({self.name})"
+                         f"{': ' + self.detail if self.detail else ''}")
 
 
 # (C name without KVEDGE_, class name, extra Python base)
@@ -58,7 +62,7 @@ for _i, (_cname, _pyname, _extra) in enumerate(_TABLE):
     CODES[_code] = _cls
     _by_name[_pyname] = _cls
 globals().update(_by_name)
-__all__ = ["Error", "check", "CODES"] + list(_by_name)
+__all__ = ["Error", "check", "client_check", "CODES"] + list(_by_name)
 
 
 class UseAfterClose(_by_name["Closed"]):
@@ -74,13 +78,21 @@ UseAfterClose.__module__ = "kvedge"
 __all__.append("UseAfterClose")
 
 
-def error(code, what=""):
+def error(code, what="", detail=""):
     """The exception object for a negative code."""
-    return CODES.get(code, Error)(code, what)
+    return CODES.get(code, Error)(code, what, detail)
 
 
 def check(code, what=""):
     """Raises the code's exception when code < 0; returns code otherwise."""
     if code < 0:
         raise error(code, what)
+    return code
+
+
+def client_check(code, what=""):
+    """check() for a kvedge_client_* call, just made on this thread: the exception carries
+    what the library said beyond the code (Error.detail)."""
+    if code < 0:
+        raise error(code, what, _ffi.last_error())
     return code
