@@ -68,10 +68,10 @@ typedef struct {
     bool mapped;   /* done: its blocks are the mapped model's layer */
     int prec;      /* precision index into the request's accept list; -1: none */
     /* In flight: when its stream was opened, when it last made progress (opened, or a block
-     * of it or of another stream of its source arrived), the silence it is allowed (the
-     * stall window), and whether it was opened alone on its source (its first block is then
-     * a round trip). */
-    int64_t issued_ms, quiet_since_ms, window_ms;
+     * of it arrived), when it was last let wait for a source still heard from, the silence
+     * it is allowed (the stall window), and whether it was opened alone on its source (its
+     * first block is then a round trip). */
+    int64_t issued_ms, progress_ms, waited_ms, window_ms;
     bool alone;
 } s_layer_t;
 
@@ -737,7 +737,7 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
                 }
                 l->state = L_FLIGHT;
                 l->attempts++;
-                l->issued_ms = l->quiet_since_ms = now;
+                l->issued_ms = l->progress_ms = l->waited_ms = now;
                 l->window_ms = stall;
                 l->alone = f->inflight[s] == 0;
                 if (f->inflight[s]++ == 0 && !f->first_issue_us[s])
@@ -828,7 +828,7 @@ static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
             if (l->got == 0 && l->alone) /* request to first block, nothing ahead of it */
                 kvedge_health_rtt(p->health, f->psrc[op->src].name, (uint64_t)now,
                                   (double)(now - l->issued_ms) * 1e3);
-            l->quiet_since_ms = now;
+            l->progress_ms = now;
             f->last_block_ms[op->src] = now;
             p->buffered += zframe_size(e->frame);
             l->bytes += zframe_size(e->frame);
@@ -864,32 +864,22 @@ void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p)
     }
 }
 
-/* Source s of f stalled: one of its streams has been silent past its window while the
- * source sent nothing on any stream of the fetch either. A source still heard from (its
- * pings answered, within the window and one probe interval) is slow on this connection, not
- * gone (a retransmission backing off, a jittery link): the stream's window starts again.
- * One that is silent everywhere fails for this fetch (its layers move) and counts a timeout
- * against its health. Returns whether it failed. */
-static bool s_stalled(kvedge_proxy_impl_t *p, s_fetch_t *f, int s, const s_layer_t *l, int64_t now)
+/* Whether source s, silent on a stream of f, is still heard from: its pings answered within
+ * the stream's window and one probe interval. Such a source is slow on this connection (a
+ * retransmission backing off, a jittery link), not gone. */
+static bool s_heard(kvedge_proxy_impl_t *p, s_fetch_t *f, int s, const s_layer_t *l, int64_t now)
 {
     kvedge_health_info_t info;
-    if (kvedge_health_get(p->health, f->psrc[s].name, (uint64_t)now, &info) == KVEDGE_OK &&
-        info.last_heard_ms &&
-        now - (int64_t)info.last_heard_ms <= l->window_ms + KVEDGE_PROXY_PROBE_MS) {
-        kvedge_log_debug("fetch %llu: %s silent for %lld ms (window %lld ms) but heard %lld ms "
-                         "ago: waiting",
-                         (unsigned long long)f->serial, f->psrc[s].name,
-                         (long long)(now - l->quiet_since_ms), (long long)l->window_ms,
-                         (long long)(now - (int64_t)info.last_heard_ms));
-        return false;
-    }
-    s_source_failed(p, f, s, KVEDGE_ETIMEDOUT);
-    return true;
+    return kvedge_health_get(p->health, f->psrc[s].name, (uint64_t)now, &info) == KVEDGE_OK &&
+           info.last_heard_ms &&
+           now - (int64_t)info.last_heard_ms <= l->window_ms + KVEDGE_PROXY_PROBE_MS;
 }
 
 /* Streams silent past their window (no block of theirs or of their source's other streams
- * for that long) stall their source (s_stalled). Returns whether layers moved (then f may have
- * ended and been freed). */
+ * for that long) stall their source: it fails for this fetch (its layers move) and counts a
+ * timeout against its health. A source still heard from is waited for, a window at a time, up
+ * to STALL_FACTOR windows of silence. Returns whether layers moved (then f may have ended and
+ * been freed). */
 static bool s_watch(kvedge_proxy_impl_t *p, s_fetch_t *f, int64_t now)
 {
     bool moved = false;
@@ -897,15 +887,23 @@ static bool s_watch(kvedge_proxy_impl_t *p, s_fetch_t *f, int64_t now)
         s_layer_t *l = &f->layer[i];
         if (l->state != L_FLIGHT || l->src < 0)
             continue;
-        int64_t since = l->quiet_since_ms;
-        if (f->last_block_ms[l->src] > since)
-            since = f->last_block_ms[l->src];
+        int64_t progress = l->progress_ms;
+        if (f->last_block_ms[l->src] > progress)
+            progress = f->last_block_ms[l->src];
+        int64_t since = l->waited_ms > progress ? l->waited_ms : progress;
         if (now - since <= l->window_ms)
             continue;
-        if (s_stalled(p, f, l->src, l, now))
-            moved = true;
-        else
-            l->quiet_since_ms = now;
+        if (now - progress <= KVEDGE_PROXY_STALL_FACTOR * l->window_ms &&
+            s_heard(p, f, l->src, l, now)) {
+            kvedge_log_debug("fetch %llu layer %u: %s silent for %lld ms (window %lld ms) but "
+                             "answering pings: waiting",
+                             (unsigned long long)f->serial, f->first + i, f->psrc[l->src].name,
+                             (long long)(now - progress), (long long)l->window_ms);
+            l->waited_ms = now;
+            continue;
+        }
+        s_source_failed(p, f, l->src, KVEDGE_ETIMEDOUT);
+        moved = true;
     }
     if (moved) {
         s_issue(p, f);
