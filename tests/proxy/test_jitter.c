@@ -4,12 +4,13 @@
  * client (over ipc). Every TCP packet arriving in either namespace goes through NFQUEUE to a
  * delayer thread here that holds it 50 ms +- 20 ms, drawn per packet, so packets overtake
  * one another (real reordering, as netem's jitter gives: this kernel has no sch_netem), or
- * drops 5 % of them. Packets are held where they arrive, not where they leave: a packet held
- * on its sender's way out still counts against the sender's socket (TCP small queues), which
- * would throttle the sender as no real link does. Every fetch must complete with every layer
- * fetched from the cloud, its blocks intact, within its deadline, and the proxy must never
- * write the cloud off (no "source cloud1 down" or "suspect" line). Skips (77) where the
- * namespaces, the veth pair or the NFQUEUE rules cannot be made (not root, no iptables). */
+ * drops 5 % of them, or both. Packets are held where they arrive, not where they leave: a
+ * packet held on its sender's way out still counts against the sender's socket (TCP small
+ * queues), which would throttle the sender as no real link does. Every fetch must complete
+ * with every layer fetched from the cloud, its blocks intact, within its deadline, and the
+ * proxy must never write the cloud off (no "source cloud1 down" or "suspect" line). Skips
+ * (77) where the namespaces, the veth pair or the NFQUEUE rules cannot be made (not root, no
+ * iptables). */
 #define _GNU_SOURCE /* setns */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -55,7 +56,7 @@
 #define S_SPREAD_US   20000
 #define S_LOSS_PCT    5
 #define S_DEADLINE_MS 10000 /* each fetch's */
-#define S_RUN_MS      15000 /* fetches back to back this long, per case */
+#define S_RUN_MS      12000 /* fetches back to back this long, per case */
 
 /* ---------------------------------------------------------------- the link */
 
@@ -666,6 +667,13 @@ static void test_loss(void **state)
     s_run("loss", false, S_LOSS_PCT);
 }
 
+/* Both: the jitter, and 5 % of the packets lost each way. */
+static void test_jitter_and_loss(void **state)
+{
+    (void)state;
+    s_run("jitter-and-loss", true, S_LOSS_PCT);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -690,6 +698,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
             cmocka_unit_test_teardown(test_jitter, s_teardown),
             cmocka_unit_test_teardown(test_loss, s_teardown),
+            cmocka_unit_test_teardown(test_jitter_and_loss, s_teardown),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);
         s_free_context();
