@@ -156,7 +156,7 @@ typedef struct {
     bool jitter;
     int loss_pct;
     atomic_bool stop;
-    bool ready, failed;
+    bool started, ready, failed;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t th;
@@ -246,12 +246,13 @@ static void *s_delayer_main(void *arg)
         int one = 1;
         setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
     }
+    char *buf = malloc(1u << 16); /* one per delayer: both run at once */
+    ok = ok && buf;
     pthread_mutex_lock(&d->mu);
     d->ready = true;
     d->failed = !ok;
     pthread_cond_signal(&d->cv);
     pthread_mutex_unlock(&d->mu);
-    static char buf[1 << 16];
     while (ok && !atomic_load(&d->stop)) {
         uint64_t now = s_now_us();
         while (d->n && d->heap[0].due_us <= now)
@@ -264,7 +265,7 @@ static void *s_delayer_main(void *arg)
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, wait_ms) > 0) {
             ssize_t r;
-            while ((r = recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0)
+            while ((r = recv(fd, buf, 1u << 16, MSG_DONTWAIT)) > 0)
                 nfq_handle_packet(h, buf, (int)r);
         }
     }
@@ -275,6 +276,7 @@ static void *s_delayer_main(void *arg)
         nfq_destroy_queue(d->qh);
     if (h)
         nfq_close(h);
+    free(buf);
     return NULL;
 }
 
@@ -288,6 +290,7 @@ static void s_delayer_start(s_delayer_t *d, int ns, bool jitter, int loss_pct)
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv, NULL);
     assert_int_equal(pthread_create(&d->th, NULL, s_delayer_main, d), 0);
+    d->started = true;
     pthread_mutex_lock(&d->mu);
     while (!d->ready)
         pthread_cond_wait(&d->cv, &d->mu);
@@ -298,6 +301,9 @@ static void s_delayer_start(s_delayer_t *d, int ns, bool jitter, int loss_pct)
 
 static void s_delayer_stop(s_delayer_t *d)
 {
+    if (!d->started)
+        return;
+    d->started = false;
     atomic_store(&d->stop, true);
     pthread_join(d->th, NULL);
     free(d->heap);
@@ -603,9 +609,9 @@ static void s_run(const char *name, bool jitter, int loss_pct)
     assert_non_null(ep);
     ep[strcspn(ep, " \r\n")] = '\0';
 
+    s_dl_on = true;
     for (int i = 0; i < S_NS; i++)
         s_delayer_start(&s_dl[i], i, jitter, loss_pct);
-    s_dl_on = true;
     char src[700], pep[300];
     snprintf(src, sizeof src, "cloud cloud1 %s key=%s", ep, s_node_pub);
     snprintf(pep, sizeof pep, "ipc://%s/proxy-%s.sock", s_root, name);
@@ -639,13 +645,13 @@ static void s_run(const char *name, bool jitter, int loss_pct)
                      fetches, kvedge_strerror(r.status), r.fetched, S_LAYERS, r.mismatches, ms);
     }
     kvedge_client_destroy(&c);
+    s_teardown(NULL); /* the delayers' counters are read once they are stopped */
     print_message(
         "%s: %d fetches, %s, slowest %.0f ms; packets %llu + %llu, "
         "dropped %llu + %llu\n",
         name, fetches, bad[0] ? "failed" : "every layer fetched", worst,
         (unsigned long long)s_dl[S_EDGE].packets, (unsigned long long)s_dl[S_CLOUD].packets,
         (unsigned long long)s_dl[S_EDGE].dropped, (unsigned long long)s_dl[S_CLOUD].dropped);
-    s_teardown(NULL);
     bool off = s_file_has(log, "source cloud1 down") || s_file_has(log, "source cloud1 suspect");
     if (bad[0] || off) {
         s_cat(log);
