@@ -295,7 +295,8 @@ static void s_heard(kvedge_health_t *h, s_changes_t *c, s_node_t *n, uint64_t no
     }
 }
 
-/* The three inputs and add share validation and lookup; ev picks the event. */
+/* The inputs (heard, success, failure, a round trip) and add share validation and lookup;
+ * ev picks the event. */
 typedef enum { S_ADD, S_HEARD, S_SUCCESS, S_FAILURE, S_RTT } s_event_t;
 
 /* Caller holds h->mu. RFC 6298, section 2: the first sample sets both estimators, later ones
