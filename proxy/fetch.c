@@ -67,6 +67,12 @@ typedef struct {
     uint64_t fp16; /* the same blocks' size as fp16 (from their headers) */
     bool mapped;   /* done: its blocks are the mapped model's layer */
     int prec;      /* precision index into the request's accept list; -1: none */
+    /* In flight: when its stream was opened, when it last made progress (opened, or a block
+     * of it arrived), when it was last let wait for a source still heard from, the silence
+     * it is allowed (the stall window), and whether it was opened alone on its source (its
+     * first block is then a round trip). */
+    int64_t issued_ms, progress_ms, waited_ms, window_ms;
+    bool alone;
 } s_layer_t;
 
 typedef struct {
@@ -94,6 +100,7 @@ typedef struct {
     int64_t first_issue_us[KVEDGE_PROXY_MAX_SOURCES];
     int64_t last_done_us[KVEDGE_PROXY_MAX_SOURCES];
     uint64_t done_bytes[KVEDGE_PROXY_MAX_SOURCES];
+    int64_t last_block_ms[KVEDGE_PROXY_MAX_SOURCES]; /* latest block from the source; 0 none */
     kvedge_plan_t *plan, *replan;
     /* Large-small: a MAPPED request with a usable map has the mapped model's shape and chain,
      * the map (map->from[edge layer]), and per source and layer offset whether its option is
@@ -718,17 +725,19 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
                 double lb = s_layer_bytes(f, (int)s, i);
                 if (f->inflight[s] >= s_window(f, (int)s, lb))
                     break;
-                /* The stream may take FACTOR x (its transfer + the ones ahead of it). */
+                /* The stream may stay silent FACTOR x (a round trip as the link's measured
+                 * variability allows it, its transfer and the ones ahead of it); every block
+                 * restarts that window (kvedge_proxy_impl_fetch_deadlines). */
                 double ahead_us = 0;
                 for (uint32_t j = f->next; j < f->L; j++)
                     if (f->layer[j].state == L_FLIGHT && f->layer[j].src == (int)s)
                         ahead_us += s_layer_bytes(f, (int)s, j) * 1e6 / f->psrc[s].bw_bytes_per_s;
-                double est_us = f->psrc[s].rtt_us + ahead_us + lb * 1e6 / f->psrc[s].bw_bytes_per_s;
+                double rto_us = kvedge_health_rto_ms(p->health, f->psrc[s].name) * 1e3;
+                double rt_us = rto_us > f->psrc[s].rtt_us ? rto_us : f->psrc[s].rtt_us;
+                double est_us = rt_us + ahead_us + lb * 1e6 / f->psrc[s].bw_bytes_per_s;
                 int64_t stall = (int64_t)(KVEDGE_PROXY_STALL_FACTOR * est_us / 1e3);
                 if (stall < (int64_t)p->opts.stall_min_ms)
                     stall = p->opts.stall_min_ms;
-                if (stall > left)
-                    stall = left;
                 s_op_t *op = calloc(1, sizeof *op);
                 if (!op)
                     return;
@@ -738,8 +747,10 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
                 const kvedge_chunk_id_t *chain = s_stream_of(f, mapped, i, &layer);
                 kvedge_prec_t acc[KVEDGE_PREC_MAX_ACCEPT];
                 size_t nacc = f->prec_on && l->prec >= 0 ? s_layer_accept(f, (int)s, i, acc) : 0;
+                /* The stream itself may run to the request's deadline: stalls are judged by
+                 * silence here, not by its length. */
                 int rc = kvedge_client_get_layer_prec_async(f->client[s], chain, f->nchunks, layer,
-                                                            nacc ? acc : NULL, nacc, (int)stall,
+                                                            nacc ? acc : NULL, nacc, (int)left,
                                                             s_on_block, s_on_done, op);
                 if (rc != KVEDGE_OK) {
                     free(op);
@@ -749,6 +760,9 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
                 }
                 l->state = L_FLIGHT;
                 l->attempts++;
+                l->issued_ms = l->progress_ms = l->waited_ms = now;
+                l->window_ms = stall;
+                l->alone = f->inflight[s] == 0;
                 if (f->inflight[s]++ == 0 && !f->first_issue_us[s])
                     f->first_issue_us[s] = zclock_usecs();
             }
@@ -842,6 +856,12 @@ static void s_event(kvedge_proxy_impl_t *p, kvedge_proxy_impl_event_t *e)
                             kvedge_strerror(rc));
             s_layer_failed(p, f, op->layer, KVEDGE_FETCH_FALLBACK_CORRUPT);
         } else {
+            int64_t now = kvedge_mono_ms();
+            if (l->got == 0 && l->alone) /* request to first block, nothing ahead of it */
+                kvedge_health_rtt(p->health, f->psrc[op->src].name, (uint64_t)now,
+                                  (double)(now - l->issued_ms) * 1e3);
+            l->progress_ms = now;
+            f->last_block_ms[op->src] = now;
             p->buffered += zframe_size(e->frame);
             l->bytes += zframe_size(e->frame);
             l->fp16 += kvedge_block_fp16_bytes(info.tokens, info.head_dim);
@@ -879,8 +899,57 @@ void kvedge_proxy_impl_fetch_events(kvedge_proxy_impl_t *p)
 static void s_fetch_go(kvedge_proxy_impl_t *p, s_fetch_t *f);
 static bool s_ask(kvedge_proxy_impl_t *p, s_fetch_t *f);
 
-/* Layers not delivered by the deadline (less the margin) are reported as misses; a fetch still
- * asking past its ask_until_ms starts with what it learned. */
+/* Whether source s, silent on a stream of f, is still heard from: its pings answered within
+ * the stream's window and one probe interval. Such a source is slow on this connection (a
+ * retransmission backing off, a jittery link), not gone. */
+static bool s_heard(kvedge_proxy_impl_t *p, s_fetch_t *f, int s, const s_layer_t *l, int64_t now)
+{
+    kvedge_health_info_t info;
+    return kvedge_health_get(p->health, f->psrc[s].name, (uint64_t)now, &info) == KVEDGE_OK &&
+           info.last_heard_ms &&
+           now - (int64_t)info.last_heard_ms <= l->window_ms + KVEDGE_PROXY_PROBE_MS;
+}
+
+/* Streams silent past their window (no block of theirs or of their source's other streams
+ * for that long) stall their source: it fails for this fetch (its layers move) and counts a
+ * timeout against its health. A source still heard from is waited for, a window at a time, up
+ * to STALL_FACTOR windows of silence. Returns whether layers moved (then f may have ended and
+ * been freed). */
+static bool s_watch(kvedge_proxy_impl_t *p, s_fetch_t *f, int64_t now)
+{
+    bool moved = false;
+    for (uint32_t i = f->next; i < f->L; i++) {
+        s_layer_t *l = &f->layer[i];
+        if (l->state != L_FLIGHT || l->src < 0)
+            continue;
+        int64_t progress = l->progress_ms;
+        if (f->last_block_ms[l->src] > progress)
+            progress = f->last_block_ms[l->src];
+        int64_t since = l->waited_ms > progress ? l->waited_ms : progress;
+        if (now - since <= l->window_ms)
+            continue;
+        if (now - progress <= KVEDGE_PROXY_STALL_FACTOR * l->window_ms &&
+            s_heard(p, f, l->src, l, now)) {
+            kvedge_log_debug("fetch %llu layer %u: %s silent for %lld ms (window %lld ms) but "
+                             "answering pings: waiting",
+                             (unsigned long long)f->serial, f->first + i, f->psrc[l->src].name,
+                             (long long)(now - progress), (long long)l->window_ms);
+            l->waited_ms = now;
+            continue;
+        }
+        s_source_failed(p, f, l->src, KVEDGE_ETIMEDOUT);
+        moved = true;
+    }
+    if (moved) {
+        s_issue(p, f);
+        s_deliver(p, f);
+    }
+    return moved;
+}
+
+/* Stalled streams are judged (s_watch); layers not delivered by the deadline (less the
+ * margin) are reported as misses; a fetch still asking past its ask_until_ms starts with what
+ * it learned. */
 void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
 {
     int64_t now = kvedge_mono_ms();
@@ -894,6 +963,10 @@ void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
                 f->asking = 0;
                 s_fetch_go(p, f);
             }
+        } else if (!f->ended && now < f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS &&
+                   s_watch(p, f, now)) {
+            f = next;
+            continue;
         } else if (!f->ended && now >= f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
             for (uint32_t i = f->next; i < f->L; i++) {
                 s_layer_t *l = &f->layer[i];

@@ -2,6 +2,7 @@
  * open-addressing index by name, all under one mutex. */
 #include "proxy/health.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@ typedef struct {
     bool probation;              /* re-admitted, ramp not finished */
     uint64_t probation_start_ms; /* valid while probation */
     int last_err;                /* latest failure's error; 0 = none */
+    double srtt_us, rttvar_us;   /* RFC 6298 estimators; srtt_us 0 = no sample yet */
 } s_node_t;
 
 struct kvedge_health_t {
@@ -232,6 +234,8 @@ static void s_info(const s_node_t *n, uint64_t now, kvedge_health_info_t *out)
     out->probation = n->probation;
     out->probation_start_ms = n->probation_start_ms;
     out->last_err = n->last_err;
+    out->srtt_us = n->srtt_us;
+    out->rttvar_us = n->rttvar_us;
 }
 
 kvedge_health_t *kvedge_health_new(size_t max_nodes)
@@ -291,10 +295,25 @@ static void s_heard(kvedge_health_t *h, s_changes_t *c, s_node_t *n, uint64_t no
     }
 }
 
-/* The three inputs and add share validation and lookup; ev picks the event. */
-typedef enum { S_ADD, S_HEARD, S_SUCCESS, S_FAILURE } s_event_t;
+/* The inputs (heard, success, failure, a round trip) and add share validation and lookup;
+ * ev picks the event. */
+typedef enum { S_ADD, S_HEARD, S_SUCCESS, S_FAILURE, S_RTT } s_event_t;
 
-static int s_event(kvedge_health_t *h, const char *node, uint64_t now, s_event_t ev, int err)
+/* Caller holds h->mu. RFC 6298, section 2: the first sample sets both estimators, later ones
+ * move RTTVAR by a quarter of the deviation and SRTT by an eighth of the difference. */
+static void s_rtt_sample(s_node_t *n, double r)
+{
+    if (n->srtt_us <= 0) {
+        n->srtt_us = r > 1 ? r : 1; /* > 0 marks "sampled"; loopback pings can read 0 */
+        n->rttvar_us = r / 2;
+        return;
+    }
+    n->rttvar_us = 0.75 * n->rttvar_us + 0.25 * fabs(n->srtt_us - r);
+    n->srtt_us = 0.875 * n->srtt_us + 0.125 * r;
+}
+
+static int s_event(kvedge_health_t *h, const char *node, uint64_t now, s_event_t ev, int err,
+                   double rtt_us)
 {
     size_t len = s_name_len(node);
     if (!h || len == 0)
@@ -312,6 +331,9 @@ static int s_event(kvedge_health_t *h, const char *node, uint64_t now, s_event_t
     switch (ev) {
     case S_ADD:
         break;
+    case S_RTT:
+        s_rtt_sample(n, rtt_us);
+        break;
     case S_SUCCESS:
         n->failures = 0;
         s_heard(h, &c, n, now); /* a reply is proof of life */
@@ -325,7 +347,7 @@ static int s_event(kvedge_health_t *h, const char *node, uint64_t now, s_event_t
         if (n->failures < UINT32_MAX)
             n->failures++;
         n->last_err = err;
-        if (n->probation) {
+        if (n->probation && err != KVEDGE_ETIMEDOUT) {
             kvedge_health_state_t before = n->state;
             s_set_down(n);
             s_note(h, &c, n, before, now, "failed on probation: %s", kvedge_strerror(err));
@@ -340,24 +362,42 @@ static int s_event(kvedge_health_t *h, const char *node, uint64_t now, s_event_t
 
 int kvedge_health_add(kvedge_health_t *h, const char *node, uint64_t now_ms)
 {
-    return s_event(h, node, now_ms, S_ADD, 0);
+    return s_event(h, node, now_ms, S_ADD, 0, 0);
 }
 
 int kvedge_health_heartbeat(kvedge_health_t *h, const char *node, uint64_t now_ms)
 {
-    return s_event(h, node, now_ms, S_HEARD, 0);
+    return s_event(h, node, now_ms, S_HEARD, 0, 0);
 }
 
 int kvedge_health_success(kvedge_health_t *h, const char *node, uint64_t now_ms)
 {
-    return s_event(h, node, now_ms, S_SUCCESS, 0);
+    return s_event(h, node, now_ms, S_SUCCESS, 0, 0);
 }
 
 int kvedge_health_failure(kvedge_health_t *h, const char *node, uint64_t now_ms, int err)
 {
     if (err >= 0)
         return KVEDGE_EINVAL;
-    return s_event(h, node, now_ms, S_FAILURE, err);
+    return s_event(h, node, now_ms, S_FAILURE, err, 0);
+}
+
+int kvedge_health_rtt(kvedge_health_t *h, const char *node, uint64_t now_ms, double rtt_us)
+{
+    if (!(rtt_us >= 0) || !isfinite(rtt_us))
+        return KVEDGE_EINVAL;
+    return s_event(h, node, now_ms, S_RTT, 0, rtt_us);
+}
+
+double kvedge_health_rto_ms(kvedge_health_t *h, const char *node)
+{
+    if (!h || s_name_len(node) == 0)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    s_node_t *n = s_find(h, node);
+    double rto = n && n->srtt_us > 0 ? (n->srtt_us + 4 * n->rttvar_us) / 1000.0 : 0;
+    pthread_mutex_unlock(&h->mu);
+    return rto;
 }
 
 int kvedge_health_tick(kvedge_health_t *h, uint64_t now_ms)

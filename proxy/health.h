@@ -25,7 +25,10 @@ extern "C" {
 /* ...and this many DOWN. */
 #define KVEDGE_HEALTH_DOWN_FAILURES 4
 /* A DOWN node that is heard again is on probation this long: its weight ramps linearly from
- * KVEDGE_HEALTH_READMIT_WEIGHT_MIN to 1, and a single failure sends it back to DOWN. */
+ * KVEDGE_HEALTH_READMIT_WEIGHT_MIN to 1, and a single failure other than a timeout sends it
+ * back to DOWN. A timeout on probation counts as any failure does (SUSPECT at 2, DOWN at 4):
+ * the deadlines that time out follow the link's measured round trips (kvedge_health_rto_ms),
+ * and a jittery link that is up misses one now and then. */
 #define KVEDGE_HEALTH_READMIT_MS 10000
 /* Weight of a node at the first instant of its probation. */
 #define KVEDGE_HEALTH_READMIT_WEIGHT_MIN 0.1
@@ -51,6 +54,8 @@ typedef struct {
     bool probation;         /* re-admitted and still ramping up */
     uint64_t probation_start_ms; /* start of the current probation; 0 when not on probation */
     int last_err;                /* error of the latest failure; 0 = none yet */
+    double srtt_us;              /* smoothed round trip (RFC 6298 SRTT); 0 = no sample yet */
+    double rttvar_us;            /* its mean deviation (RTTVAR) */
 } kvedge_health_info_t;
 
 /* Called once per node by kvedge_health_foreach; info is valid only during the call. Return 0
@@ -85,10 +90,23 @@ int kvedge_health_heartbeat(kvedge_health_t *h, const char *node, uint64_t now_m
 int kvedge_health_success(kvedge_health_t *h, const char *node, uint64_t now_ms);
 
 /* A request to the node failed with err (a negative KVEDGE_E* code, e.g. KVEDGE_ETIMEDOUT).
- * Counts one consecutive failure; a node on probation goes DOWN at once. A failure is not
- * proof of life: the silence clock is untouched. Extra error: KVEDGE_EINVAL when err >= 0
- * (nothing recorded). */
+ * Counts one consecutive failure; a node on probation goes DOWN at once unless err is
+ * KVEDGE_ETIMEDOUT (then it counts as any failure). A failure is not proof of life: the
+ * silence clock is untouched. Extra error: KVEDGE_EINVAL when err >= 0 (nothing recorded). */
 int kvedge_health_failure(kvedge_health_t *h, const char *node, uint64_t now_ms, int err);
+
+/* One round-trip measurement of the node (a ping, the first block of a stream sent while no
+ * other was in flight), in microseconds: folded into SRTT and RTTVAR as RFC 6298 says (the
+ * first sample R gives SRTT = R, RTTVAR = R / 2; then RTTVAR += (|SRTT - R| - RTTVAR) / 4,
+ * SRTT += (R - SRTT) / 8). Not proof of life by itself (the caller says heartbeat or success).
+ * Errors: as kvedge_health_add, and KVEDGE_EINVAL for a negative or non-finite rtt_us. */
+int kvedge_health_rtt(kvedge_health_t *h, const char *node, uint64_t now_ms, double rtt_us);
+
+/* The node's retransmission timeout as RFC 6298 computes it from the samples above:
+ * SRTT + 4 x RTTVAR, in milliseconds; 0 when no sample yet, or for an unknown node or bad
+ * arguments. What a deadline on this node should allow for one round trip: it grows with the
+ * link's variability (jitter, a retransmission now and then), not only its mean. */
+double kvedge_health_rto_ms(kvedge_health_t *h, const char *node);
 
 /* Applies the time-based transitions (silence) to every node as of now_ms. Queries apply them
  * lazily to the node they read, so ticking is only needed to make foreach and monitors
@@ -129,10 +147,10 @@ const char *kvedge_health_state_name(int state);
 #define KVEDGE_HEALTH_REASON_MAX 159
 
 /* Hears one state change of one node: from and to differ, reason says why in words ("silent
- * for 3012 ms", "4 consecutive failures, last: deadline passed", "failed on probation: deadline
- * passed", "heard again after 5230 ms" (a DOWN node re-admitted on probation), "heard again",
- * "a request succeeded"), now_ms is the stamp of the call that saw it. node and reason are
- * valid only during the call. */
+ * for 3012 ms", "4 consecutive failures, last: deadline passed", "failed on probation: peer
+ * is shutting down or gone", "heard again after 5230 ms" (a DOWN node re-admitted on probation),
+ * "heard again", "a request succeeded"), now_ms is the stamp of the call that saw it. node and
+ * reason are valid only during the call. */
 typedef void (*kvedge_health_observer_fn)(const char *node, kvedge_health_state_t from,
                                           kvedge_health_state_t to, const char *reason,
                                           uint64_t now_ms, void *arg);

@@ -303,10 +303,13 @@ static void s_probe_source(kvedge_proxy_impl_t *p, size_t i)
      * went down is heard again (re-admission). */
     double rtt = 0;
     int rc = kvedge_client_ping(c, 0, &rtt, NULL);
-    if (rc == KVEDGE_OK)
+    if (rc == KVEDGE_OK) {
+        /* Its round trip feeds the deadlines of streams from this source (fetch.c). */
+        kvedge_health_rtt(p->health, conf.name, (uint64_t)kvedge_mono_ms(), rtt);
         kvedge_health_heartbeat(p->health, conf.name, (uint64_t)kvedge_mono_ms());
-    else
+    } else {
         kvedge_health_failure(p->health, conf.name, (uint64_t)kvedge_mono_ms(), rc);
+    }
 }
 
 /* Publishes what this proxy measured of its link to each source (link/<proxy>/<node>). */

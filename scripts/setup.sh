@@ -28,6 +28,8 @@ PACKAGES=(
     libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev libpcre2-dev
     redis-server iperf3 clang clang-format gnuplot-nox nodejs npm
     prometheus curl tmux
+    # test_jitter's link: NFQUEUE in a network namespace
+    iptables libnetfilter-queue-dev
     python3 python3-numpy python3-torch
 )
 if [ "$REFERENCE" -eq 1 ]; then

@@ -289,8 +289,13 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
         /* One cache for the table blocks of every family and the blob values. */
         table = rocksdb_block_based_options_create();
         rocksdb_block_based_options_set_block_cache(table, e->cache);
+        /* Index and filter blocks live in the cache too, under its bound. */
+        rocksdb_block_based_options_set_cache_index_and_filter_blocks(table, 1);
         rocksdb_options_set_block_based_table_factory(base, table);
     }
+    /* Memory bounds besides the cache: the memtables (docs/operations.md, "Memory"). */
+    rocksdb_options_set_db_write_buffer_size(base, KVEDGE_ENGINE_MEMTABLE_BYTES);
+    rocksdb_options_set_max_write_buffer_number(base, 2);
     rocksdb_options_set_create_if_missing(base, !e->opts.read_only);
     rocksdb_options_set_create_missing_column_families(base, !e->opts.read_only);
     uint64_t wb, small_wb;
@@ -360,6 +365,7 @@ static int s_open_db(kvedge_engine_t *e, const char *dir, bool exists, char *why
         rocksdb_options_set_disable_auto_compactions(blobs, 1);
     }
     rocksdb_options_set_write_buffer_size(blobs, (size_t)wb);
+    rocksdb_options_set_max_write_buffer_number(blobs, 2);
     rocksdb_options_set_max_total_wal_size(blobs, e->wal_bound_bytes);
     rocksdb_options_set_enable_blob_files(blobs, 1);
     rocksdb_options_set_min_blob_size(blobs, e->opts.blob_min_bytes);

@@ -24,6 +24,10 @@ extern "C" {
 #define KVEDGE_ENGINE_BLOB_MIN_BYTES_DEFAULT       4096
 #define KVEDGE_ENGINE_ATIME_GRANULARITY_MS_DEFAULT 1000
 #define KVEDGE_ENGINE_CACHE_BYTES_DEFAULT          (256ull << 20)
+/* Memtables of all column families together: past this RocksDB flushes the largest
+ * (db_write_buffer_size); the blocks family's memtable is half of it, each other's 4 MiB,
+ * two of each at most (one filling, one flushing). */
+#define KVEDGE_ENGINE_MEMTABLE_BYTES (64ull << 20)
 
 typedef struct kvedge_engine_t kvedge_engine_t;
 

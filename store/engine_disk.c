@@ -26,7 +26,7 @@
 #define S_MEMTABLE_REFRESH_MS 50
 /* Bounds of the blocks family's write buffer. */
 #define S_WRITE_BUFFER_MIN_BYTES (1u << 20)
-#define S_WRITE_BUFFER_MAX_BYTES (64u << 20)
+#define S_WRITE_BUFFER_MAX_BYTES (KVEDGE_ENGINE_MEMTABLE_BYTES / 2)
 /* The small families' write buffer. */
 #define S_SMALL_WRITE_BUFFER_BYTES (1u << 20)
 /* Bounds of the reserve file's default size. */

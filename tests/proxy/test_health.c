@@ -1,6 +1,7 @@
 /* Node health: every state transition on an injected clock (silence, failures, success,
- * re-admission ramp, failure on probation), weights, capacity, name limits, foreach,
- * concurrent use, and the observer that hears each transition with its reason. */
+ * re-admission ramp, failure on probation, a timeout on probation), weights, capacity, name
+ * limits, foreach, concurrent use, the observer that hears each transition with its reason,
+ * and the round-trip estimators (RFC 6298) that stream deadlines follow. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -249,9 +250,9 @@ static void test_failure_on_probation(void **state)
     assert_int_equal(info.failures, 0);
     assert_true(info.probation);
 
-    /* One failure on probation: DOWN at once. */
+    /* One failure on probation (not a timeout): DOWN at once. */
     assert_int_equal(kvedge_health_heartbeat(h, n, T0 + 3000), KVEDGE_OK);
-    assert_int_equal(kvedge_health_failure(h, n, T0 + 5100, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 5100, KVEDGE_ECLOSED), KVEDGE_OK);
     s_assert_state(h, n, T0 + 5100, KVEDGE_HEALTH_DOWN);
     assert_false(kvedge_health_usable(h, n, T0 + 5100));
     assert_int_equal(kvedge_health_get(h, n, T0 + 5100, &info), KVEDGE_OK);
@@ -268,6 +269,85 @@ static void test_failure_on_probation(void **state)
     NEAR(kvedge_health_weight(h, "late", T0 + 10), 0.1);
     assert_int_equal(kvedge_health_get(h, "late", T0 + 10, &info), KVEDGE_OK);
     assert_true(info.probation);
+    kvedge_health_destroy(&h);
+}
+
+/* A timeout on probation counts as any failure: the node stays usable on its ramp, SUSPECT
+ * at the second in a row, DOWN at the fourth; a success in between clears the count and the
+ * probation goes on. */
+static void test_timeout_on_probation(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(8);
+    const char *n = "jittery";
+    s_knock_down(h, n, T0);
+    assert_int_equal(kvedge_health_heartbeat(h, n, T0 + 100), KVEDGE_OK);
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 200, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    kvedge_health_info_t info;
+    assert_int_equal(kvedge_health_get(h, n, T0 + 200, &info), KVEDGE_OK);
+    assert_int_equal(info.state, KVEDGE_HEALTH_UP);
+    assert_true(info.probation);
+    assert_int_equal(info.failures, 1);
+    assert_true(kvedge_health_usable(h, n, T0 + 200));
+    NEAR(kvedge_health_weight(h, n, T0 + 1100), 0.1 + 0.9 * 1000 / KVEDGE_HEALTH_READMIT_MS);
+
+    /* A success clears the count; the ramp is not restarted. */
+    assert_int_equal(kvedge_health_success(h, n, T0 + 1100), KVEDGE_OK);
+    assert_int_equal(kvedge_health_get(h, n, T0 + 1100, &info), KVEDGE_OK);
+    assert_int_equal(info.failures, 0);
+    assert_int_equal(info.probation_start_ms, T0 + 100);
+
+    /* Two in a row: SUSPECT (still usable, capped), four: DOWN. */
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 1200, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 1300, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    s_assert_state(h, n, T0 + 1300, KVEDGE_HEALTH_SUSPECT);
+    assert_true(kvedge_health_usable(h, n, T0 + 1300));
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 1400, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    assert_int_equal(kvedge_health_failure(h, n, T0 + 1500, KVEDGE_ETIMEDOUT), KVEDGE_OK);
+    s_assert_state(h, n, T0 + 1500, KVEDGE_HEALTH_DOWN);
+    kvedge_health_destroy(&h);
+}
+
+/* RFC 6298 on the round-trip samples: the first sets SRTT = R and RTTVAR = R / 2, later ones
+ * move them by 1/8 and 1/4; the timeout is SRTT + 4 x RTTVAR and grows with the variation
+ * of the samples, not only their mean. */
+static void test_rtt_estimators(void **state)
+{
+    (void)state;
+    kvedge_health_t *h = kvedge_health_new(8);
+    assert_int_equal(kvedge_health_rtt(NULL, "a", T0, 1000), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_rtt(h, "", T0, 1000), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_rtt(h, "a", T0, -1), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_rtt(h, "a", T0, NAN), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_health_rtt(h, "a", T0, INFINITY), KVEDGE_EINVAL);
+    NEAR(kvedge_health_rto_ms(NULL, "a"), 0);
+    NEAR(kvedge_health_rto_ms(h, "unknown"), 0);
+    assert_int_equal(kvedge_health_add(h, "a", T0), KVEDGE_OK);
+    NEAR(kvedge_health_rto_ms(h, "a"), 0); /* known, never sampled */
+
+    assert_int_equal(kvedge_health_rtt(h, "a", T0, 100000), KVEDGE_OK); /* 100 ms */
+    NEAR(kvedge_health_rto_ms(h, "a"), 100 + 4 * 50);
+    assert_int_equal(kvedge_health_rtt(h, "a", T0, 60000), KVEDGE_OK);
+    /* RTTVAR = 3/4 50 + 1/4 |100 - 60| = 47.5 ms, SRTT = 7/8 100 + 1/8 60 = 95 ms. */
+    kvedge_health_info_t info;
+    assert_int_equal(kvedge_health_get(h, "a", T0, &info), KVEDGE_OK);
+    NEAR(info.srtt_us, 95000);
+    NEAR(info.rttvar_us, 47500);
+    NEAR(kvedge_health_rto_ms(h, "a"), 95 + 4 * 47.5);
+    /* A sample is not proof of life: the node is as silent as it was. */
+    assert_int_equal(info.last_heard_ms, 0);
+
+    /* Steady samples shrink RTTVAR toward 0 and the timeout toward SRTT; one that is far off
+     * (a retransmission) widens it again. */
+    for (int i = 0; i < 60; i++)
+        assert_int_equal(kvedge_health_rtt(h, "b", T0, 50000), KVEDGE_OK);
+    double steady = kvedge_health_rto_ms(h, "b");
+    assert_true(steady > 50 && steady < 51);
+    assert_int_equal(kvedge_health_rtt(h, "b", T0, 250000), KVEDGE_OK);
+    assert_true(kvedge_health_rto_ms(h, "b") > steady + 4 * 0.25 * 200 - 1);
+    /* 0 (loopback at microsecond resolution) is a sample too. */
+    assert_int_equal(kvedge_health_rtt(h, "c", T0, 0), KVEDGE_OK);
+    assert_true(kvedge_health_rto_ms(h, "c") > 0);
     kvedge_health_destroy(&h);
 }
 
@@ -533,9 +613,9 @@ static void test_observer(void **state)
     s_assert_seen(o, 2, "quiet", KVEDGE_HEALTH_DOWN, KVEDGE_HEALTH_UP,
                   "heard again after 20000 ms");
     assert_int_equal(o->n, 3);
-    /* A failure on probation sends it straight back. */
-    assert_int_equal(kvedge_health_failure(h, "quiet", T0 + 20100, KVEDGE_ETIMEDOUT), KVEDGE_OK);
-    snprintf(want, sizeof want, "failed on probation: %s", kvedge_strerror(KVEDGE_ETIMEDOUT));
+    /* A failure on probation (not a timeout) sends it straight back. */
+    assert_int_equal(kvedge_health_failure(h, "quiet", T0 + 20100, KVEDGE_ECLOSED), KVEDGE_OK);
+    snprintf(want, sizeof want, "failed on probation: %s", kvedge_strerror(KVEDGE_ECLOSED));
     s_assert_seen(o, 3, "quiet", KVEDGE_HEALTH_UP, KVEDGE_HEALTH_DOWN, want);
     assert_int_equal(o->n, 4);
 
@@ -605,6 +685,8 @@ int main(void)
         cmocka_unit_test(test_failures_and_success),
         cmocka_unit_test(test_readmission_ramp),
         cmocka_unit_test(test_failure_on_probation),
+        cmocka_unit_test(test_timeout_on_probation),
+        cmocka_unit_test(test_rtt_estimators),
         cmocka_unit_test(test_out_of_order_stamps),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_foreach),

@@ -1,0 +1,181 @@
+/* A layer stream that is making progress is not a stalled one: a cloud node whose link is
+ * far slower than the proxy believes (declared 1 GB/s, emulated 8 Mbit/s) streams each layer
+ * for much longer than the stall window priced from the belief, but its blocks keep arriving,
+ * so every layer is fetched from it and no source failure is counted. In-process node and
+ * proxy over ipc with the emulated link (access/shaper.h); tests/proxy/test_jitter.c is the
+ * same over a real jittery and lossy link. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <czmq.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/kvedge.h"
+#include "proxy/proxy.h"
+#include "store/node/node.h"
+#include "store/synth.h"
+
+#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  12
+#define S_LAYERS 4 /* fetched: the first four */
+#define S_TOKENS 256
+/* At 8 Mbit/s a layer (12 int8 blocks of 256 tokens, about 400 KB) takes about 0.4 s and the
+ * four about 1.6 s: each stream outlives the 400 ms window many times over. */
+#define S_LINK "8mbit,1ms"
+
+static kvedge_chunk_id_t s_id;
+
+static void s_put(const char *ep)
+{
+    uint32_t tok[S_TOKENS];
+    for (uint32_t i = 0; i < S_TOKENS; i++)
+        tok[i] = 3 * i + 1;
+    assert_int_equal(kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_TOKENS, S_TOKENS, &s_id, 1), 1);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    uint8_t *blocks = malloc(cap * S_HEADS);
+    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
+    assert_non_null(blocks);
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        kvedge_put_item_t items[S_HEADS];
+        for (uint32_t h = 0; h < S_HEADS; h++) {
+            assert_int_equal(
+                kvedge_synth_head(l * 100 + h, 0, S_TOKENS, 64, KVEDGE_DTYPE_FP16, k, v), 0);
+            memset(&items[h], 0, sizeof items[h]);
+            assert_int_equal(kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len),
+                             0);
+            items[h].chunk.id = s_id;
+            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
+            items[h].chunk.tokens = S_TOKENS;
+            items[h].layer = (uint16_t)l;
+            items[h].head = (uint16_t)h;
+            items[h].block = blocks + h * cap;
+        }
+        assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
+    }
+    free(blocks);
+    kvedge_client_destroy(&c);
+}
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    uint32_t layers, fetched;
+} s_result_t;
+
+static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
+{
+    s_result_t *r = ctx;
+    r->layers++;
+    if (l->status == 0 && l->source >= 0)
+        r->fetched++;
+}
+
+static void s_r_done(void *ctx, int status)
+{
+    s_result_t *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    r->status = status;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void test_slow_stream_is_not_stalled(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-progress-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    kvedge_node_settings_t ns;
+    kvedge_node_settings_default(&ns);
+    snprintf(ns.metrics, sizeof ns.metrics, "off");
+    ns.role = KVEDGE_ROLE_CLOUD;
+    ns.insecure = true;
+    ns.workers = 2;
+    snprintf(ns.data, sizeof ns.data, "%s/cloud1", root);
+    snprintf(ns.bind, sizeof ns.bind, "ipc://%s/cloud1.sock", root);
+    snprintf(ns.name, sizeof ns.name, "cloud1");
+    kvedge_node_t *node = NULL;
+    char why[256];
+    if (kvedge_node_start(&ns, &node, why, sizeof why) != KVEDGE_OK)
+        fail_msg("node: %s", why);
+    s_put(ns.bind);
+
+    kvedge_proxy_source_t src;
+    char spec[400], pep[300];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s bw=1000000000 rtt=200 link=%s", ns.bind, S_LINK);
+    assert_int_equal(kvedge_proxy_source_parse(spec, &src), KVEDGE_OK);
+    snprintf(pep, sizeof pep, "ipc://%s/proxy.sock", root);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.bind = pep;
+    po.insecure = true;
+    po.sources = &src;
+    po.nsources = 1;
+    po.metrics = "off";
+    kvedge_proxy_t *proxy = NULL;
+    if (kvedge_proxy_start(&po, &proxy, why, sizeof why) != KVEDGE_OK)
+        fail_msg("proxy: %s", why);
+    assert_int_equal(kvedge_proxy_wait_sources(proxy, 1, 5000), KVEDGE_OK);
+
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = pep;
+    o.deadline_ms = 20000;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    s_result_t r = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, 0, 0};
+    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+                              .chunks = &s_id,
+                              .n = 1,
+                              .layers = S_LAYERS,
+                              .tokens = S_TOKENS,
+                              .deadline_ms = 20000};
+    kvedge_fetch_cbs_t cbs = {NULL, NULL, s_r_layer, s_r_done};
+    int64_t t0 = zclock_mono();
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, &r), 0);
+    pthread_mutex_lock(&r.mu);
+    while (!r.done)
+        pthread_cond_wait(&r.cv, &r.mu);
+    pthread_mutex_unlock(&r.mu);
+    int64_t ms = zclock_mono() - t0;
+    kvedge_client_destroy(&c);
+
+    kvedge_proxy_stats_t st;
+    kvedge_proxy_stats(proxy, &st);
+    print_message("%u of %u layers fetched in %lld ms; %llu source failures\n", r.fetched, S_LAYERS,
+                  (long long)ms, (unsigned long long)st.source_failures);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.fetched, S_LAYERS);
+    assert_int_equal(st.source_failures, 0);
+    /* The link was as slow as it says: the streams did outlive the window. */
+    assert_true(ms > 2 * KVEDGE_PROXY_STALL_MIN_MS);
+    kvedge_proxy_destroy(&proxy);
+    kvedge_node_destroy(&node);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slow_stream_is_not_stalled),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
