@@ -415,9 +415,14 @@ done:
     return rc;
 }
 
+/* Set by the first open: RocksDB's background threads may exist in this process from then on,
+ * and a fork would copy none of them (engine_repair.c forks only before). */
+_Atomic bool kvedge_engine_rocksdb_started;
+
 static int s_open(const char *dir, const kvedge_engine_opts_t *opts, bool salvage,
                   kvedge_engine_t **out, char *why, size_t why_len)
 {
+    atomic_store(&kvedge_engine_rocksdb_started, true);
     if (why && why_len)
         why[0] = '\0';
     if (!out)

@@ -441,6 +441,8 @@ typedef struct {
     uint64_t table_files, blob_files, wal_files; /* what the store held before the repair */
     uint64_t data_bytes;                         /* their bytes (and the MANIFESTs') */
     bool rocksdb_repaired; /* RocksDB could not open the files: its own repair ran on a copy */
+    bool rocksdb_aborted;  /* RocksDB aborted reading the damaged tables (an assertion of
+                              librocksdb's): the blocks were taken from the blob files alone */
     bool damaged;   /* RocksDB's view was incomplete: blocks were also taken from the blob files */
     bool unchanged; /* the store was left as it was (nothing to repair, or the repair failed) */
     bool resumed;   /* an interrupted repair's verified store was put in place */

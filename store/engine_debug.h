@@ -32,6 +32,11 @@ enum {
 };
 void kvedge_engine_debug_repair_fault(int fault);
 
+/* Test-only, for a command run as a child process: with this variable set to "abort", a repair
+ * run in a process that has not opened RocksDB yet (kvedge repair) dies in its first try as a
+ * librocksdb assertion would make it, and takes the blob files alone in its second. */
+#define KVEDGE_REPAIR_FAULT_ENV "KVEDGE_DEBUG_REPAIR_FAULT"
+
 /* Writes bytes into the models family under any key, bypassing every check: how a test builds
  * a store in an older record layout (a node-wide record's key is the bare model id, its value
  * kvedge_model_pack's). Errors: KVEDGE_EINVAL, KVEDGE_EREADONLY, store errors. */

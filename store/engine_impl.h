@@ -232,6 +232,9 @@ static inline bool kvedge_engine_chunk_rebuilt(const kvedge_chunk_info_t *c)
     return true;
 }
 
+/* Whether this process has opened a RocksDB database (its thread pools may then run). */
+extern _Atomic bool kvedge_engine_rocksdb_started;
+
 /* Classifies a store directory from its file names alone (RocksDB is not called). */
 int kvedge_engine_dir_state(const char *dir);
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "store/engine_debug.h"
@@ -394,10 +395,13 @@ static void s_meta_for(const kvedge_block_info_t *info, size_t len, bool have, b
 /* One key of the damaged store: its block kept (with meta and indexes) or quarantined. */
 static int s_salvage_block(s_salvage_t *s, const uint8_t *kb)
 {
-    rocksdb_pinnableslice_t *blk;
-    int brc = kvedge_engine_pget(s->src, s->src->ro, S_CF_BLOCKS, kb, KVEDGE_BLOCK_KEY_BYTES, &blk);
+    /* Without src (RocksDB could not read the tables: blob files only) nothing is found there. */
+    rocksdb_pinnableslice_t *blk = NULL;
+    int brc = s->src ? kvedge_engine_pget(s->src, s->src->ro, S_CF_BLOCKS, kb,
+                                          KVEDGE_BLOCK_KEY_BYTES, &blk)
+                     : KVEDGE_ENOTFOUND;
     kvedge_block_meta_t m;
-    int mrc = kvedge_engine_read_meta(s->src, kb, &m);
+    int mrc = s->src ? kvedge_engine_read_meta(s->src, kb, &m) : KVEDGE_ENOTFOUND;
     if (brc == KVEDGE_ENOTFOUND && mrc == KVEDGE_ENOTFOUND &&
         !(s->damaged && s_blobs_have(s->blobs, kb)))
         return KVEDGE_OK; /* an index entry left behind: no block */
@@ -619,7 +623,7 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
     kvedge_chunk_info_t c;
     if (kvedge_engine_read_chunk(s->dst, id, &c) == KVEDGE_OK)
         return KVEDGE_OK;
-    int rc = kvedge_engine_read_chunk(s->src, id, &c);
+    int rc = s->src ? kvedge_engine_read_chunk(s->src, id, &c) : KVEDGE_ECORRUPT;
     if (rc == KVEDGE_ENOMEM)
         return rc;
     if (rc == KVEDGE_ENOTFOUND && !s->damaged)
@@ -644,6 +648,10 @@ static int s_copy_chunk(s_salvage_t *s, const kvedge_chunk_id_t *id)
  * first that cannot be read; chunks of kept blocks past that are looked up one by one. */
 static int s_copy_records(s_salvage_t *s, int cf)
 {
+    if (!s->src) {
+        s->models_whole = false;
+        return KVEDGE_OK;
+    }
     rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_fill_cache(ro, 0);
     rocksdb_iterator_t *it = rocksdb_create_iterator_cf(s->src->db, ro, s->src->cf[cf]);
@@ -700,7 +708,7 @@ static int s_copy_records(s_salvage_t *s, int cf)
  * primary). Reads up to the first record RocksDB cannot read back. */
 static int s_salvage_variants(s_salvage_t *s)
 {
-    if (!s->src->cf[S_CF_VARIANTS])
+    if (!s->src || !s->src->cf[S_CF_VARIANTS])
         return KVEDGE_OK;
     rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_fill_cache(ro, 0);
@@ -743,7 +751,7 @@ static int s_salvage_variants(s_salvage_t *s)
 
 /* Salvages src into dst. damaged: RocksDB's view of src is known to be incomplete (it had to
  * be rebuilt, or it lost files the directory holds), so blocks that only the blob files hold
- * are taken too; the reads below may find more damage. */
+ * are taken too; the reads below may find more damage. src NULL: from the blob files alone. */
 static int s_salvage(kvedge_engine_t *src, kvedge_engine_t *dst, const char *blob_dir, bool damaged,
                      kvedge_verify_cb cb, void *ctx, kvedge_repair_report_t *rep)
 {
@@ -752,7 +760,7 @@ static int s_salvage(kvedge_engine_t *src, kvedge_engine_t *dst, const char *blo
         src, dst, cb, ctx, rep, &blobs, damaged, true, rocksdb_writebatch_create(), 0, s_now(dst)};
     s_keys_t ks = {0};
     int rc = s_blobs_open(&blobs, blob_dir);
-    if (rc == KVEDGE_OK)
+    if (rc == KVEDGE_OK && src)
         rc = s_collect_keys(src, &ks, &s.damaged);
     /* Blocks no table names any more are in the blob files still. */
     for (size_t i = 0; rc == KVEDGE_OK && s.damaged && i < blobs.n; i++)
@@ -1200,9 +1208,12 @@ static bool s_changed(const kvedge_repair_report_t *r)
            r->variants_dropped;
 }
 
-/* Builds, verifies and puts in place the repaired store; the lock is held. */
-static int s_repair(const char *dir, const char *tmp, const char *work, kvedge_verify_cb cb,
-                    void *ctx, kvedge_repair_report_t *rep, char *why, size_t why_len)
+/* Builds the repaired store in tmp and reads it back; the lock is held. blob_only: RocksDB
+ * is not asked to read the damaged store (an earlier try aborted in it): the blocks come from
+ * the blob files alone. Touches no original file. */
+static int s_build(const char *dir, const char *tmp, const char *work, bool blob_only,
+                   kvedge_verify_cb cb, void *ctx, kvedge_repair_report_t *rep, char *why,
+                   size_t why_len)
 {
     if (kvedge_engine_dir_state(dir) == KVEDGE_STORE_DIR_NONE)
         return kvedge_why(why, why_len, KVEDGE_ENOTFOUND, "no kvedge store at %s", dir);
@@ -1213,20 +1224,23 @@ static int s_repair(const char *dir, const char *tmp, const char *work, kvedge_v
                           kvedge_strerror(rc));
     }
     kvedge_engine_t *src = NULL, *dst = NULL;
-    rc = s_open_src(work, &src, rep, why, why_len);
-    if (rc != KVEDGE_OK) {
-        s_rm_tree(work);
-        return rc;
+    bool damaged = blob_only;
+    if (!blob_only) {
+        rc = s_open_src(work, &src, rep, why, why_len);
+        if (rc != KVEDGE_OK) {
+            s_rm_tree(work);
+            return rc;
+        }
+        damaged = rep->rocksdb_repaired || s_files_dropped(dir, work);
+        /* A newer kvedge's store is not rewritten in this one's format (a damaged record is). */
+        if (kvedge_engine_check_format(src, why, why_len) == KVEDGE_EVERSION) {
+            kvedge_engine_destroy(&src);
+            s_rm_tree(work);
+            return KVEDGE_EVERSION;
+        }
+        if (why && why_len)
+            why[0] = '\0';
     }
-    bool damaged = rep->rocksdb_repaired || s_files_dropped(dir, work);
-    /* A newer kvedge's store is not rewritten in this one's format (a damaged record is). */
-    if (kvedge_engine_check_format(src, why, why_len) == KVEDGE_EVERSION) {
-        kvedge_engine_destroy(&src);
-        s_rm_tree(work);
-        return KVEDGE_EVERSION;
-    }
-    if (why && why_len)
-        why[0] = '\0';
     s_rm_tree(tmp); /* a half-built store of an interrupted repair */
     kvedge_engine_opts_t o;
     kvedge_engine_opts_default(&o);
@@ -1251,9 +1265,150 @@ static int s_repair(const char *dir, const char *tmp, const char *work, kvedge_v
     if (rc != KVEDGE_OK || !s_changed(rep)) {
         s_rm_tree(tmp);
         rep->unchanged = true;
-        return rc;
     }
-    return s_swap(dir, tmp, 0, rep, why, why_len);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- a build in a child process
+
+ * Debian's librocksdb is built with assertions, and reading damaged tables can trip one
+ * (get_context.cc: a value type no record should have): the build runs in a child process, so
+ * an abort costs that try, not the caller. Lost blocks are relayed to the caller's callback (an
+ * ack for each, so a stop is obeyed before anything else happens), then the report. */
+
+typedef struct {
+    int out; /* to the parent */
+    int in;  /* the parent's acks */
+} s_relay_t;
+
+enum { S_MSG_LOST = 'L', S_MSG_DONE = 'R' };
+
+static bool s_write_all(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+static bool s_read_all(int fd, void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false;
+        p += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+static int s_relay_lost(void *ctx, const kvedge_block_key_t *key, int err)
+{
+    s_relay_t *r = ctx;
+    uint8_t msg[1 + sizeof *key + sizeof err], ack = 1;
+    msg[0] = S_MSG_LOST;
+    memcpy(msg + 1, key, sizeof *key);
+    memcpy(msg + 1 + sizeof *key, &err, sizeof err);
+    if (!s_write_all(r->out, msg, sizeof msg) || !s_read_all(r->in, &ack, 1))
+        return KVEDGE_ECANCELED;
+    return ack ? KVEDGE_ECANCELED : 0;
+}
+
+/* Runs s_build in a child (only in a process where RocksDB has not started its threads).
+ * Returns its result, or 1 when the child died of a signal (*sig). */
+static int s_build_in_child(const char *dir, const char *tmp, const char *work, bool blob_only,
+                            kvedge_verify_cb cb, void *ctx, kvedge_repair_report_t *rep, char *why,
+                            size_t why_len, int *sig)
+{
+    int up[2], down[2];
+    if (pipe(up) != 0)
+        return kvedge_why(why, why_len, KVEDGE_EIO, "cannot make a pipe: %s", strerror(errno));
+    if (pipe(down) != 0) {
+        close(up[0]);
+        close(up[1]);
+        return kvedge_why(why, why_len, KVEDGE_EIO, "cannot make a pipe: %s", strerror(errno));
+    }
+    fflush(NULL); /* nothing buffered is written twice */
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(up[0]);
+        close(up[1]);
+        close(down[0]);
+        close(down[1]);
+        return kvedge_why(why, why_len, KVEDGE_EIO, "cannot fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        /* Test-only (engine_debug.h): the first try dies as librocksdb's assertions make it. */
+        const char *fault = getenv(KVEDGE_REPAIR_FAULT_ENV);
+        if (!blob_only && fault && strcmp(fault, "abort") == 0)
+            abort();
+        s_relay_t r = {up[1], down[0]};
+        char cwhy[1024] = "";
+        int32_t crc = s_build(dir, tmp, work, blob_only, cb ? s_relay_lost : NULL, &r, rep, cwhy,
+                              sizeof cwhy);
+        uint8_t tag = S_MSG_DONE;
+        bool ok = s_write_all(up[1], &tag, 1) && s_write_all(up[1], &crc, sizeof crc) &&
+                  s_write_all(up[1], rep, sizeof *rep) && s_write_all(up[1], cwhy, sizeof cwhy);
+        _exit(ok ? 0 : 1);
+    }
+    close(up[1]);
+    close(down[0]);
+    int rc = KVEDGE_EIO;
+    bool done = false;
+    for (;;) {
+        uint8_t tag;
+        if (!s_read_all(up[0], &tag, 1))
+            break;
+        if (tag == S_MSG_LOST) {
+            kvedge_block_key_t key;
+            int err;
+            if (!s_read_all(up[0], &key, sizeof key) || !s_read_all(up[0], &err, sizeof err))
+                break;
+            uint8_t stop = cb(ctx, &key, err) != 0;
+            if (!s_write_all(down[1], &stop, 1))
+                break;
+        } else if (tag == S_MSG_DONE) {
+            int32_t crc;
+            char cwhy[1024];
+            done = s_read_all(up[0], &crc, sizeof crc) && s_read_all(up[0], rep, sizeof *rep) &&
+                   s_read_all(up[0], cwhy, sizeof cwhy);
+            if (done) {
+                cwhy[sizeof cwhy - 1] = '\0';
+                rc = crc;
+                if (why && why_len)
+                    snprintf(why, why_len, "%s", cwhy);
+            }
+            break;
+        } else {
+            break;
+        }
+    }
+    close(up[0]);
+    close(down[1]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    (void)s_fault_take(KVEDGE_REPAIR_FAULT_SHORT_STORE); /* the child met it */
+    if (!done && WIFSIGNALED(st)) {
+        *sig = WTERMSIG(st);
+        return 1;
+    }
+    if (!done)
+        return kvedge_why(why, why_len, KVEDGE_EIO, "the repair's child process failed");
+    return rc;
 }
 
 int kvedge_engine_repair(const char *dir, kvedge_verify_cb cb, void *ctx,
@@ -1281,8 +1436,34 @@ int kvedge_engine_repair(const char *dir, kvedge_verify_cb cb, void *ctx,
         /* An earlier repair stopped while putting its verified store in place. */
         rep.resumed = true;
         rc = s_swap(dir, tmp, phase, &rep, why, why_len);
+    } else if (atomic_load(&kvedge_engine_rocksdb_started)) {
+        /* RocksDB's thread pools run in this process and a child would have none of them (its
+         * flushes would never run): the build runs here, unprotected from an abort. */
+        rc = s_build(dir, tmp, work, false, cb, ctx, &rep, why, why_len);
+        if (rc == KVEDGE_OK && !rep.unchanged)
+            rc = s_swap(dir, tmp, 0, &rep, why, why_len);
     } else {
-        rc = s_repair(dir, tmp, work, cb, ctx, &rep, why, why_len);
+        int sig = 0;
+        rc = s_build_in_child(dir, tmp, work, false, cb, ctx, &rep, why, why_len, &sig);
+        if (rc == 1) {
+            /* RocksDB aborted reading the damaged tables: the blob files alone, once. */
+            memset(&rep, 0, sizeof rep);
+            rep.rocksdb_aborted = true;
+            s_rm_tree(work);
+            s_rm_tree(tmp);
+            rc = s_build_in_child(dir, tmp, work, true, cb, ctx, &rep, why, why_len, &sig);
+            rep.rocksdb_aborted = true;
+            if (rc == 1) {
+                s_rm_tree(work);
+                s_rm_tree(tmp);
+                rc = kvedge_why(why, why_len, KVEDGE_ESTORE,
+                                "the repair died of signal %d twice, the second time reading the "
+                                "blob files alone; the store is unchanged",
+                                sig);
+            }
+        }
+        if (rc == KVEDGE_OK && !rep.unchanged)
+            rc = s_swap(dir, tmp, 0, &rep, why, why_len);
     }
     close(lock);
 done:

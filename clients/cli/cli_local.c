@@ -1079,7 +1079,9 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
                "\"models_kept\":%llu,\"models_lost\":%llu,\"quarantine_kept\":%llu,"
                "\"variants_dropped\":%llu,\"damaged_keys\":%llu,\"before\":{\"table_files\":%llu,"
                "\"blob_files\":%llu,"
-               "\"wal_files\":%llu,\"data_bytes\":%llu},\"rocksdb_repaired\":%s,\"old_files\":",
+               "\"wal_files\":%llu,\"data_bytes\":%llu},\"rocksdb_repaired\":%s,\"rocksdb_"
+               "aborted\":%s,"
+               "\"old_files\":",
                rc == KVEDGE_OK && !lost ? "true" : "false",
                rc == KVEDGE_OK && !rep.unchanged ? "true" : "false", rep.resumed ? "true" : "false",
                rep.damaged ? "true" : "false", (unsigned long long)rep.blocks_found,
@@ -1091,7 +1093,7 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
                (unsigned long long)rep.variants_dropped, (unsigned long long)rep.damaged_keys,
                (unsigned long long)rep.table_files, (unsigned long long)rep.blob_files,
                (unsigned long long)rep.wal_files, (unsigned long long)rep.data_bytes,
-               rep.rocksdb_repaired ? "true" : "false");
+               rep.rocksdb_repaired ? "true" : "false", rep.rocksdb_aborted ? "true" : "false");
         kvedge_cli_json_str(stdout, rep.old_files);
         printf("}\n");
     } else if (rc == KVEDGE_OK && rep.resumed) {
@@ -1120,6 +1122,9 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
                    (unsigned long long)rep.from_blob_files);
         if (rep.rocksdb_repaired)
             printf("RocksDB could not open the store: its own repair rebuilt a copy first\n");
+        if (rep.rocksdb_aborted)
+            printf("RocksDB aborted reading the damaged tables: the blocks were taken from the "
+                   "blob files alone (metadata, chunk records and variants rebuilt or dropped)\n");
         if (rep.old_files[0])
             printf("the damaged store's files are in %s\n", rep.old_files);
     }

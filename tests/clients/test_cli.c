@@ -462,6 +462,29 @@ static void test_repair_flips_in_every_sst(void **state)
     assert_contains(s_out, "nothing to repair");
 }
 
+/* RocksDB aborts reading a damaged store (librocksdb's assertions; forced here through the
+ * test-only KVEDGE_DEBUG_REPAIR_FAULT): the repair's child dies, the caller does not, and the
+ * second try takes every block from the blob files and rebuilds the chunk records. */
+static void test_repair_survives_rocksdb_abort(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 512 --scheme int8"), 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/CURRENT", s_dir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(setenv("KVEDGE_DEBUG_REPAIR_FAULT", "abort", 1), 0);
+    int rc = s_run("--json repair");
+    unsetenv("KVEDGE_DEBUG_REPAIR_FAULT");
+    assert_int_equal(rc, 0);
+    assert_contains(s_out, "\"found\":288,\"kept\":288,\"lost\":0");
+    assert_contains(s_out, "\"chunks_rebuilt\":2,\"chunks_lost\":0");
+    assert_contains(s_out, "\"rocksdb_aborted\":true");
+    assert_int_equal(s_run("--json ls"), 0);
+    assert_int_equal(s_count(s_out, "\"model\":\"opt-125m\""), 2);
+    assert_int_equal(s_run("repair"), 0);
+    assert_contains(s_out, "nothing to repair");
+}
+
 /* Blocks damaged in the blob files: repair loses them, lists them and exits 4; the store it
  * leaves is sound, and a second repair has nothing to do. */
 static void test_repair_lost_blocks(void **state)
@@ -1410,6 +1433,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_repair_lost_current, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_repair_lost_blocks, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_repair_flips_in_every_sst, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_repair_survives_rocksdb_abort, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_blob_detected, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_remote_mode, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_global_options_after_command, s_setup, s_teardown),
