@@ -389,16 +389,27 @@ static void test_repair_lost_current(void **state)
     assert_contains(s_out, "nothing to repair");
 }
 
-/* Flips one byte inside the middle record's value of every blob file. */
-static void s_damage_blobs(void)
+/* Flips the byte at off of an open file. */
+static void s_flip_at(int fd, off_t off, uint8_t mask)
+{
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, off), 1);
+    b ^= mask;
+    assert_int_equal(pwrite(fd, &b, 1, off), 1);
+}
+
+/* Calls damage(fd, size) on every file of the store whose name ends with suffix; asserts there
+ * was one. */
+static void s_damage_files(const char *suffix, void (*damage)(int fd, off_t size))
 {
     DIR *d = opendir(s_dir);
     assert_non_null(d);
     struct dirent *de;
     int damaged = 0;
+    size_t sl = strlen(suffix);
     while ((de = readdir(d)) != NULL) {
         size_t n = strlen(de->d_name);
-        if (n < 5 || strcmp(de->d_name + n - 5, ".blob") != 0)
+        if (n <= sl || strcmp(de->d_name + n - sl, suffix) != 0)
             continue;
         char path[600];
         snprintf(path, sizeof path, "%s/%s", s_dir, de->d_name);
@@ -406,17 +417,32 @@ static void s_damage_blobs(void)
         assert_true(fd >= 0);
         struct stat st;
         assert_int_equal(fstat(fd, &st), 0);
-        /* Past the middle record's header, inside its value: the block itself is damaged
-         * (a damaged record header around an intact block is served, and verify says so). */
-        uint8_t b;
-        assert_int_equal(pread(fd, &b, 1, st.st_size / 2 + 128), 1);
-        b ^= 0xFF;
-        assert_int_equal(pwrite(fd, &b, 1, st.st_size / 2 + 128), 1);
+        damage(fd, st.st_size);
         close(fd);
         damaged++;
     }
     closedir(d);
     assert_true(damaged > 0);
+}
+
+/* Past the middle record's header, inside its value: the block itself is damaged (a damaged
+ * record header around an intact block is served, and verify says so). */
+static void s_flip_blob_middle(int fd, off_t size)
+{
+    s_flip_at(fd, size / 2 + 128, 0xff);
+}
+
+/* Five flips spread over a table file, clear of its footer. */
+static void s_flip_table_5(int fd, off_t size)
+{
+    for (int i = 1; i <= 5; i++)
+        s_flip_at(fd, (size - 64) * i / 6, 0x5a);
+}
+
+/* Flips one byte inside the middle record's value of every blob file. */
+static void s_damage_blobs(void)
+{
+    s_damage_files(".blob", s_flip_blob_middle);
 }
 
 /* Five flipped bytes in every table file of a store of a built-in model: every block is kept
@@ -426,32 +452,7 @@ static void test_repair_flips_in_every_sst(void **state)
 {
     (void)state;
     assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 2560 --scheme int8"), 0);
-    DIR *d = opendir(s_dir);
-    assert_non_null(d);
-    struct dirent *de;
-    int tables = 0;
-    while ((de = readdir(d)) != NULL) {
-        size_t n = strlen(de->d_name);
-        if (n < 5 || strcmp(de->d_name + n - 4, ".sst") != 0)
-            continue;
-        char path[600];
-        snprintf(path, sizeof path, "%s/%s", s_dir, de->d_name);
-        int fd = open(path, O_RDWR);
-        assert_true(fd >= 0);
-        struct stat st;
-        assert_int_equal(fstat(fd, &st), 0);
-        for (int i = 1; i <= 5; i++) {
-            off_t at = (st.st_size - 64) * i / 6;
-            uint8_t b;
-            assert_int_equal(pread(fd, &b, 1, at), 1);
-            b ^= 0x5a;
-            assert_int_equal(pwrite(fd, &b, 1, at), 1);
-        }
-        close(fd);
-        tables++;
-    }
-    closedir(d);
-    assert_true(tables > 0);
+    s_damage_files(".sst", s_flip_table_5);
     assert_int_equal(s_run("--json repair"), 0);
     assert_contains(s_out, "\"found\":1440,\"kept\":1440,\"lost\":0");
     assert_contains(s_out, "\"chunks_lost\":0");

@@ -216,10 +216,9 @@ typedef struct {
     kvedge_chunk_info_t c[N_CHUNKS];
 } put_t;
 
-/* Puts N_CHUNKS x LAYERS x HEADS lossless blocks of tokens tokens, and closes the store. */
-static void s_put_all(fx_t *fx, put_t *p, uint32_t tokens)
+/* Encodes N_CHUNKS x LAYERS x HEADS lossless blocks of tokens tokens into p. */
+static void s_encode_all(put_t *p, uint32_t tokens)
 {
-    s_open(fx);
     for (int i = 0; i < N_CHUNKS; i++) {
         p->c[i] = s_chunk((uint8_t)(10 * i + 3), tokens);
         for (int l = 0; l < LAYERS; l++)
@@ -229,11 +228,30 @@ static void s_put_all(fx_t *fx, put_t *p, uint32_t tokens)
                 p->blk[i][l][h] =
                     kt_encode(&spec, (uint64_t)(i * 1000 + l * 10 + h), &p->len[i][l][h]);
                 assert_non_null(p->blk[i][l][h]);
-                assert_int_equal(kvedge_engine_put(fx->e, &p->c[i], (uint16_t)l, (uint16_t)h,
-                                                   p->blk[i][l][h], p->len[i][l][h], NULL),
-                                 0);
             }
     }
+}
+
+/* Puts every block of p into e; 0 or the first error. */
+static int s_put_blocks(kvedge_engine_t *e, const put_t *p)
+{
+    for (int i = 0; i < N_CHUNKS; i++)
+        for (int l = 0; l < LAYERS; l++)
+            for (int h = 0; h < HEADS; h++) {
+                int rc = kvedge_engine_put(e, &p->c[i], (uint16_t)l, (uint16_t)h, p->blk[i][l][h],
+                                           p->len[i][l][h], NULL);
+                if (rc != 0)
+                    return rc;
+            }
+    return 0;
+}
+
+/* Puts N_CHUNKS x LAYERS x HEADS lossless blocks of tokens tokens, and closes the store. */
+static void s_put_all(fx_t *fx, put_t *p, uint32_t tokens)
+{
+    s_open(fx);
+    s_encode_all(p, tokens);
+    assert_int_equal(s_put_blocks(fx->e, p), 0);
     kvedge_engine_destroy(&fx->e);
 }
 
@@ -720,17 +738,7 @@ static void test_repair_flip_in_blob(void **state)
  * they are in the WAL only. */
 static void s_put_all_unflushed(fx_t *fx, put_t *p)
 {
-    for (int i = 0; i < N_CHUNKS; i++) {
-        p->c[i] = s_chunk((uint8_t)(10 * i + 3), TOKENS);
-        for (int l = 0; l < LAYERS; l++)
-            for (int h = 0; h < HEADS; h++) {
-                kvedge_block_spec_t spec = {
-                    KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, TOKENS, HEAD_DIM, 0, NULL, false};
-                p->blk[i][l][h] =
-                    kt_encode(&spec, (uint64_t)(i * 1000 + l * 10 + h), &p->len[i][l][h]);
-                assert_non_null(p->blk[i][l][h]);
-            }
-    }
+    s_encode_all(p, TOKENS);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -744,13 +752,7 @@ static void s_put_all_unflushed(fx_t *fx, put_t *p)
         kvedge_model_t m = {MODEL, LAYERS, HEADS, HEAD_DIM, KVEDGE_DTYPE_FP16};
         if (kvedge_engine_put_model(e, &m) != 0)
             _exit(3);
-        for (int i = 0; i < N_CHUNKS; i++)
-            for (int l = 0; l < LAYERS; l++)
-                for (int h = 0; h < HEADS; h++)
-                    if (kvedge_engine_put(e, &p->c[i], (uint16_t)l, (uint16_t)h, p->blk[i][l][h],
-                                          p->len[i][l][h], NULL) != 0)
-                        _exit(4);
-        _exit(0); /* no close: nothing flushed */
+        _exit(s_put_blocks(e, p) != 0 ? 4 : 0); /* no close: nothing flushed */
     }
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
