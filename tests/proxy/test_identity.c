@@ -231,8 +231,9 @@ static void s_r_done(void *ctx, int status)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Fetches layer 0 of the chunk through the proxy at ep. */
-static void s_fetch(s_fx_t *fx, const char *ep, s_result_t *r)
+/* Fetches the first `layers` layers of chunk id of model_id through the proxy at ep. */
+static void s_fetch_layers(const char *ep, const char *model_id, const kvedge_chunk_id_t *id,
+                           uint16_t layers, s_result_t *r)
 {
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
@@ -243,11 +244,11 @@ static void s_fetch(s_fx_t *fx, const char *ep, s_result_t *r)
     o.deadline_ms = 5000;
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
-    kvedge_fetch_req_t req = {.model_id = S_MODEL,
-                              .chunks = &fx->id,
+    kvedge_fetch_req_t req = {.model_id = model_id,
+                              .chunks = id,
                               .n = 1,
                               .first_layer = 0,
-                              .layers = 1,
+                              .layers = layers,
                               .tokens = S_TOKENS,
                               .deadline_ms = 5000};
     kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
@@ -257,6 +258,12 @@ static void s_fetch(s_fx_t *fx, const char *ep, s_result_t *r)
         pthread_cond_wait(&r->cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
     kvedge_client_destroy(&c);
+}
+
+/* Fetches layer 0 of the chunk through the proxy at ep. */
+static void s_fetch(s_fx_t *fx, const char *ep, s_result_t *r)
+{
+    s_fetch_layers(ep, S_MODEL, &fx->id, 1, r);
 }
 
 static void test_wrong_tenant_is_named(void **state)
@@ -358,29 +365,7 @@ static kvedge_chunk_id_t s_put_shape(s_fx_t *fx, const char *cert, const kvedge_
 static void s_fetch_model(const char *ep, const kvedge_model_t *m, const kvedge_chunk_id_t *id,
                           s_result_t *r)
 {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = 5000;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
-    kvedge_fetch_req_t req = {.model_id = m->id,
-                              .chunks = id,
-                              .n = 1,
-                              .first_layer = 0,
-                              .layers = m->layers,
-                              .tokens = S_TOKENS,
-                              .deadline_ms = 5000};
-    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), KVEDGE_OK);
-    pthread_mutex_lock(&r->mu);
-    while (!r->done)
-        pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
-    kvedge_client_destroy(&c);
+    s_fetch_layers(ep, m->id, id, m->layers, r);
 }
 
 /* Two tenants register the same model id with two shapes on the node and store the same
