@@ -33,81 +33,18 @@
 #include "store/master/master.h"
 #include "store/node/node.h"
 #include "store/synth.h"
+#include "tests/common/ctx_fx.h"
 
-#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
-#define S_HEADS  12
-#define S_LAYERS 12
+#define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  KT_CTX_HEADS
+#define S_LAYERS KT_CTX_LAYERS
 #define S_CHUNKS 2
-#define S_TOKENS 256                                     /* per chunk */
+#define S_TOKENS KT_CTX_TOKENS                           /* per chunk */
 #define S_TINY   KVEDGE_FIXTURES "/opt_tiny.safetensors" /* OPT, 3 layers x 4 heads */
 
 /* ---------------------------------------------------------------- the context */
 
-static kvedge_chunk_id_t s_ids[S_CHUNKS];
-static uint8_t *s_block[S_LAYERS][S_CHUNKS][S_HEADS];
-static size_t s_len[S_LAYERS][S_CHUNKS][S_HEADS];
-
-static void s_make_context(void)
-{
-    uint32_t tok[S_CHUNKS * S_TOKENS];
-    for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
-        tok[i] = 7 * i + 5;
-    assert_int_equal(
-        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS, s_ids, S_CHUNKS),
-        S_CHUNKS);
-    kvedge_block_spec_t spec = {
-        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++) {
-                s_block[l][c][h] = malloc(cap);
-                assert_non_null(s_block[l][c][h]);
-                assert_int_equal(kvedge_synth_head(l * 1000 + c * 100 + h, 0, S_TOKENS, 64,
-                                                   KVEDGE_DTYPE_FP16, k, v),
-                                 0);
-                assert_int_equal(
-                    kvedge_block_encode(&spec, k, v, s_block[l][c][h], cap, &s_len[l][c][h]), 0);
-            }
-}
-
-static kvedge_client_t *s_client(const char *ep, int deadline_ms)
-{
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = deadline_ms;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    return c;
-}
-
-/* Puts layers [l0, l1) of the context to the node at ep. */
-static void s_put(const char *ep, uint32_t l0, uint32_t l1)
-{
-    kvedge_client_t *c = s_client(ep, 10000);
-    kvedge_put_item_t items[S_HEADS];
-    for (uint32_t l = l0; l < l1; l++)
-        for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
-            for (uint32_t h = 0; h < S_HEADS; h++) {
-                memset(&items[h], 0, sizeof items[h]);
-                items[h].chunk.id = s_ids[ci];
-                items[h].chunk.has_parent = ci > 0;
-                if (ci > 0)
-                    items[h].chunk.parent = s_ids[ci - 1];
-                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-                items[h].chunk.index = ci;
-                items[h].chunk.tokens = S_TOKENS;
-                items[h].layer = (uint16_t)l;
-                items[h].head = (uint16_t)h;
-                items[h].block = s_block[l][ci][h];
-                items[h].len = s_len[l][ci][h];
-            }
-            assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
-        }
-    kvedge_client_destroy(&c);
-}
+static kt_ctx_t s_ctx;
 
 static void s_rmrf(const char *dir)
 {
@@ -233,7 +170,7 @@ static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int
     (void)source;
     s_result_t *r = ctx;
     if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
-        len != s_len[layer][ci][head] || memcmp(data, s_block[layer][ci][head], len) != 0)
+        len != s_ctx.len[layer][ci][head] || memcmp(data, s_ctx.block[layer][ci][head], len) != 0)
         r->mismatches++;
 }
 
@@ -264,9 +201,9 @@ static void s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r)
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    kvedge_client_t *c = s_client(proxy_ep, deadline_ms);
+    kvedge_client_t *c = kt_client(proxy_ep, deadline_ms);
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
-                              .chunks = s_ids,
+                              .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,
                               .tokens = S_CHUNKS * S_TOKENS,
@@ -284,7 +221,7 @@ static void s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r)
 
 static cJSON *s_monitor(const char *ep)
 {
-    kvedge_client_t *c = s_client(ep, 5000);
+    kvedge_client_t *c = kt_client(ep, 5000);
     char *json = NULL;
     size_t len = 0;
     assert_int_equal(kvedge_client_monitor(c, 0, &json, &len), 0);
@@ -341,10 +278,10 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
     char cep[300];
     snprintf(cep, sizeof cep, "ipc://%s/cloud.sock", root);
     pid_t cloud = s_spawn_cloud(root, cep);
-    s_put(cep, 0, S_LAYERS);
+    kt_ctx_put(&s_ctx, cep, 0, S_LAYERS, false);
     s_node_t peer;
     s_node_start(&peer, root, "peer1", KVEDGE_ROLE_EDGE, NULL, 0, true);
-    s_put(peer.ep, 0, 6);
+    kt_ctx_put(&s_ctx, peer.ep, 0, 6, false);
 
     kvedge_proxy_source_t src[2];
     char spec[600];
@@ -390,8 +327,8 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
     char hex[S_CHUNKS][KVEDGE_CHUNK_ID_HEX_BYTES], cmd[1200];
     static char out[1 << 16];
     snprintf(cmd, sizeof cmd, "%s -H %s fetch --model %s --chunks %s,%s 2>/dev/null", KVEDGE_BIN,
-             pep, S_MODEL, kvedge_chunk_id_hex(&s_ids[0], hex[0]),
-             kvedge_chunk_id_hex(&s_ids[1], hex[1]));
+             pep, S_MODEL, kvedge_chunk_id_hex(&s_ctx.ids[0], hex[0]),
+             kvedge_chunk_id_hex(&s_ctx.ids[1], hex[1]));
     s_capture(cmd, out, sizeof out);
     if (!strstr(out, "recompute-all unpriced)"))
         fail_msg("kvedge fetch printed:\n%s", out);
@@ -651,7 +588,7 @@ static void test_decode_right_after_prefill(void **state)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    s_make_context();
+    kt_ctx_make(&s_ctx, S_CHUNKS, 7, 5, false);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peer_layers_fetched_while_cloud_stopped),
         cmocka_unit_test(test_decode_prints_unpriced),
@@ -659,9 +596,6 @@ int main(void)
         cmocka_unit_test(test_decode_right_after_prefill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++)
-                free(s_block[l][c][h]);
+    kt_ctx_free(&s_ctx);
     return rc;
 }
