@@ -43,13 +43,14 @@
 #include "clients/kvedge.h"
 #include "store/engine.h"
 #include "store/synth.h"
+#include "tests/common/ctx_fx.h"
 
-#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
-#define S_HEADS  12
-#define S_LAYERS 12
+#define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  KT_CTX_HEADS
+#define S_LAYERS KT_CTX_LAYERS
 #define S_CHUNKS 1
-#define S_TOKENS 256      /* per chunk */
-#define S_TENANT "jitter" /* of the proxy's key: the node files the context under it */
+#define S_TOKENS KT_CTX_TOKENS /* per chunk */
+#define S_TENANT "jitter"      /* of the proxy's key: the node files the context under it */
 /* The link, each way: a packet's delay is uniform in DELAY +- SPREAD (jitter cases), or it
  * is dropped with probability LOSS_PCT % (loss cases). */
 #define S_DELAY_US    50000
@@ -313,61 +314,10 @@ static void s_delayer_stop(s_delayer_t *d)
 
 /* ---------------------------------------------------------------- the context */
 
-typedef struct {
-    kvedge_chunk_id_t ids[S_CHUNKS];
-    uint8_t *block[S_LAYERS][S_CHUNKS][S_HEADS];
-    size_t len[S_LAYERS][S_CHUNKS][S_HEADS];
-} s_ctx_t;
-
-static s_ctx_t s_ctx;
-
-static void s_make_context(void)
-{
-    uint32_t tok[S_CHUNKS * S_TOKENS];
-    for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
-        tok[i] = 7 * i + 5;
-    assert_int_equal(kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS,
-                                        s_ctx.ids, S_CHUNKS),
-                     S_CHUNKS);
-    kvedge_block_spec_t spec = {
-        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++) {
-                s_ctx.block[l][c][h] = malloc(cap);
-                assert_non_null(s_ctx.block[l][c][h]);
-                assert_int_equal(kvedge_synth_head(l * 1000 + c * 100 + h, c * S_TOKENS, S_TOKENS,
-                                                   64, KVEDGE_DTYPE_FP16, k, v),
-                                 0);
-                assert_int_equal(kvedge_block_encode(&spec, k, v, s_ctx.block[l][c][h], cap,
-                                                     &s_ctx.len[l][c][h]),
-                                 0);
-            }
-}
-
-static void s_free_context(void)
-{
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++)
-                free(s_ctx.block[l][c][h]);
-}
+static kt_ctx_t s_ctx;
 
 static char s_root[] = "/tmp/kvedge-jitter-XXXXXX";
 static char s_node_pub[300], s_proxy_cert[300], s_clients[300];
-
-static kvedge_client_t *s_client(const char *ep, int deadline_ms)
-{
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = deadline_ms;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    return c;
-}
 
 /* Writes every layer of the context into the store at dir before its node starts, filed
  * under S_TENANT as the node files what a client of that tenant puts (store/node/server.c):
@@ -627,7 +577,7 @@ static void s_run(const char *name, bool jitter, int loss_pct)
     if (!s_file_has(log, "source cloud1 (cloud) connected"))
         fail_msg("the proxy did not connect to the cloud (see %s)", log);
 
-    kvedge_client_t *c = s_client(pep, S_DEADLINE_MS);
+    kvedge_client_t *c = kt_client(pep, S_DEADLINE_MS);
     int fetches = 0;
     double worst = 0;
     char bad[300] = "";
@@ -700,14 +650,14 @@ int main(void)
         s_keygen(s_node_pub);
         s_keygen(s_proxy_cert);
         s_allow(s_proxy_cert, "proxy.cert");
-        s_make_context();
+        kt_ctx_make(&s_ctx, S_CHUNKS, 7, 5, true);
         const struct CMUnitTest tests[] = {
             cmocka_unit_test_teardown(test_jitter, s_teardown),
             cmocka_unit_test_teardown(test_loss, s_teardown),
             cmocka_unit_test_teardown(test_jitter_and_loss, s_teardown),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);
-        s_free_context();
+        kt_ctx_free(&s_ctx);
     }
     s_net_down();
     char cmd[400];
