@@ -4,6 +4,7 @@
 #ifndef KVEDGE_TESTS_CTX_FX_H
 #define KVEDGE_TESTS_CTX_FX_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -106,6 +107,52 @@ static inline void kt_ctx_put(const kt_ctx_t *x, const char *ep, uint32_t l0, ui
             assert_int_equal(kvedge_client_put(c, items, KT_CTX_HEADS, NULL), 0);
         }
     kvedge_client_destroy(&c);
+}
+
+/* Whether a fetched block (layer, chunk ci, head) came with status 0 and is the context's. */
+static inline bool kt_ctx_block_ok(const kt_ctx_t *x, uint16_t layer, uint32_t ci, uint16_t head,
+                                   int status, const uint8_t *data, size_t len)
+{
+    return status == 0 && layer < KT_CTX_LAYERS && ci < x->chunks && head < KT_CTX_HEADS &&
+           len == x->len[layer][ci][head] && memcmp(data, x->block[layer][ci][head], len) == 0;
+}
+
+/* The end of an asynchronous fetch: the first member of a test's fetch result, so that
+ * kt_fetch_done can be the request's done callback and kt_fetch_wait can wait for it. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+} kt_fetch_end_t;
+
+static inline void kt_fetch_done(void *ctx, int status)
+{
+    kt_fetch_end_t *e = ctx;
+    pthread_mutex_lock(&e->mu);
+    e->done = true;
+    e->status = status;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Sends req on c with the callbacks cbs (their ctx: a result whose first member is a
+ * kt_fetch_end_t, cbs->done kt_fetch_done) and returns when the fetch has ended. */
+static inline void kt_fetch_wait(kvedge_client_t *c, const kvedge_fetch_req_t *req,
+                                 const kvedge_fetch_cbs_t *cbs, void *ctx)
+{
+    kt_fetch_end_t *e = ctx;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->done = false;
+    e->status = 0;
+    assert_int_equal(kvedge_client_fetch_async(c, req, cbs, ctx), 0);
+    pthread_mutex_lock(&e->mu);
+    while (!e->done)
+        pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
 }
 
 #endif

@@ -458,10 +458,7 @@ static void s_cat(const char *path)
 /* ---------------------------------------------------------------- fetching */
 
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
+    kt_fetch_end_t end; /* first */
     uint32_t layers, fetched, mismatches;
 } s_result_t;
 
@@ -470,8 +467,7 @@ static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int
 {
     (void)source;
     s_result_t *r = ctx;
-    if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
-        len != s_ctx.len[layer][ci][head] || memcmp(data, s_ctx.block[layer][ci][head], len) != 0)
+    if (!kt_ctx_block_ok(&s_ctx, layer, ci, head, status, data, len))
         r->mismatches++;
 }
 
@@ -483,37 +479,19 @@ static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
         r->fetched++;
 }
 
-static void s_r_done(void *ctx, int status)
-{
-    s_result_t *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    r->done = true;
-    r->status = status;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
 /* One fetch of every layer; returns its time in ms. */
 static double s_fetch(kvedge_client_t *c, s_result_t *r)
 {
     memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,
                               .tokens = S_CHUNKS * S_TOKENS,
                               .deadline_ms = S_DEADLINE_MS};
-    kvedge_fetch_cbs_t cbs = {NULL, s_r_block, s_r_layer, s_r_done};
+    kvedge_fetch_cbs_t cbs = {NULL, s_r_block, s_r_layer, kt_fetch_done};
     int64_t t0 = zclock_usecs();
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
-    pthread_mutex_lock(&r->mu);
-    while (!r->done)
-        pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
+    kt_fetch_wait(c, &req, &cbs, r);
     return (double)(zclock_usecs() - t0) / 1e3;
 }
 
@@ -587,12 +565,12 @@ static void s_run(const char *name, bool jitter, int loss_pct)
         double ms = s_fetch(c, &r);
         fetches++;
         worst = ms > worst ? ms : worst;
-        if (r.status != 0 || r.layers != S_LAYERS || r.fetched != S_LAYERS || r.mismatches ||
+        if (r.end.status != 0 || r.layers != S_LAYERS || r.fetched != S_LAYERS || r.mismatches ||
             ms >= S_DEADLINE_MS)
             snprintf(bad, sizeof bad,
                      "fetch %d: %s, %u of %u layers fetched, %u bad blocks, "
                      "%.0f ms",
-                     fetches, kvedge_strerror(r.status), r.fetched, S_LAYERS, r.mismatches, ms);
+                     fetches, kvedge_strerror(r.end.status), r.fetched, S_LAYERS, r.mismatches, ms);
     }
     kvedge_client_destroy(&c);
     s_teardown(NULL); /* the delayers' counters are read once they are stopped */

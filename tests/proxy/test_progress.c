@@ -20,6 +20,7 @@
 #include "proxy/proxy.h"
 #include "store/node/node.h"
 #include "store/synth.h"
+#include "tests/common/ctx_fx.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
@@ -70,10 +71,7 @@ static void s_put(const char *ep)
 }
 
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
+    kt_fetch_end_t end; /* first */
     uint32_t layers, fetched;
 } s_result_t;
 
@@ -83,16 +81,6 @@ static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
     r->layers++;
     if (l->status == 0 && l->source >= 0)
         r->fetched++;
-}
-
-static void s_r_done(void *ctx, int status)
-{
-    s_result_t *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    r->done = true;
-    r->status = status;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
 }
 
 static void test_slow_stream_is_not_stalled(void **state)
@@ -132,26 +120,17 @@ static void test_slow_stream_is_not_stalled(void **state)
         fail_msg("proxy: %s", why);
     assert_int_equal(kvedge_proxy_wait_sources(proxy, 1, 5000), KVEDGE_OK);
 
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = pep;
-    o.deadline_ms = 20000;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    s_result_t r = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, 0, 0};
+    kvedge_client_t *c = kt_client(pep, 20000);
+    s_result_t r = {0};
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = &s_id,
                               .n = 1,
                               .layers = S_LAYERS,
                               .tokens = S_TOKENS,
                               .deadline_ms = 20000};
-    kvedge_fetch_cbs_t cbs = {NULL, NULL, s_r_layer, s_r_done};
+    kvedge_fetch_cbs_t cbs = {NULL, NULL, s_r_layer, kt_fetch_done};
     int64_t t0 = zclock_mono();
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, &r), 0);
-    pthread_mutex_lock(&r.mu);
-    while (!r.done)
-        pthread_cond_wait(&r.cv, &r.mu);
-    pthread_mutex_unlock(&r.mu);
+    kt_fetch_wait(c, &req, &cbs, &r);
     int64_t ms = zclock_mono() - t0;
     kvedge_client_destroy(&c);
 
@@ -159,7 +138,7 @@ static void test_slow_stream_is_not_stalled(void **state)
     kvedge_proxy_stats(proxy, &st);
     print_message("%u of %u layers fetched in %lld ms; %llu source failures\n", r.fetched, S_LAYERS,
                   (long long)ms, (unsigned long long)st.source_failures);
-    assert_int_equal(r.status, 0);
+    assert_int_equal(r.end.status, 0);
     assert_int_equal(r.layers, S_LAYERS);
     assert_int_equal(r.fetched, S_LAYERS);
     assert_int_equal(st.source_failures, 0);

@@ -149,10 +149,7 @@ static kvedge_proxy_t *s_proxy(kvedge_proxy_opts_t *po, const char *root, char *
 /* ---------------------------------------------------------------- fetching */
 
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
+    kt_fetch_end_t end; /* first */
     kvedge_fetch_plan_t plan;
     kvedge_fetch_layer_t layer[S_LAYERS];
     char src[S_LAYERS][64];
@@ -169,8 +166,7 @@ static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int
 {
     (void)source;
     s_result_t *r = ctx;
-    if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
-        len != s_ctx.len[layer][ci][head] || memcmp(data, s_ctx.block[layer][ci][head], len) != 0)
+    if (!kt_ctx_block_ok(&s_ctx, layer, ci, head, status, data, len))
         r->mismatches++;
 }
 
@@ -184,23 +180,11 @@ static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
     r->layers++;
 }
 
-static void s_r_done(void *ctx, int status)
-{
-    s_result_t *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    r->done = true;
-    r->status = status;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
 /* Fetches every layer through the proxy, without decoder times (fetch only: the request
  * allows no recomputation). */
 static void s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r)
 {
     memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
     kvedge_client_t *c = kt_client(proxy_ep, deadline_ms);
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = s_ctx.ids,
@@ -208,15 +192,9 @@ static void s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r)
                               .layers = S_LAYERS,
                               .tokens = S_CHUNKS * S_TOKENS,
                               .deadline_ms = deadline_ms};
-    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
-    pthread_mutex_lock(&r->mu);
-    while (!r->done)
-        pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
+    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, kt_fetch_done};
+    kt_fetch_wait(c, &req, &cbs, r);
     kvedge_client_destroy(&c);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
 }
 
 static cJSON *s_monitor(const char *ep)
@@ -302,7 +280,7 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
     for (int i = 0; i < 8; i++) {
         s_result_t r;
         s_fetch(pep, 5000, &r);
-        assert_int_equal(r.status, 0);
+        assert_int_equal(r.end.status, 0);
         assert_int_equal(r.layers, S_LAYERS);
         assert_int_equal(r.mismatches, 0);
         for (uint32_t l = 0; l < S_LAYERS; l++) {
