@@ -78,12 +78,20 @@ static int s_teardown(void **state)
     return 0;
 }
 
-static kvedge_client_t *s_connect(const char *ep)
+/* The default client options with endpoint ep and, when deadline_ms > 0, that deadline. */
+static kvedge_client_opts_t s_opts(const char *ep, int deadline_ms)
 {
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
     o.endpoint = ep;
-    o.deadline_ms = 3000;
+    if (deadline_ms > 0)
+        o.deadline_ms = deadline_ms;
+    return o;
+}
+
+static kvedge_client_t *s_connect(const char *ep)
+{
+    kvedge_client_opts_t o = s_opts(ep, 3000);
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
     assert_string_equal(kvedge_client_last_error(), "");
@@ -100,9 +108,7 @@ static void s_has(const char *msg, const char *needle)
 static void test_endpoint_form(void **state)
 {
     (void)state;
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = "127.0.0.1:17400";
+    kvedge_client_opts_t o = s_opts("127.0.0.1:17400", 0);
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
     assert_null(c);
@@ -138,9 +144,7 @@ static void test_missing_files(void **state)
     zcert_t *z = zcert_new();
     assert_int_equal(zcert_save(z, cert), 0);
     zcert_destroy(&z);
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = fx->node_ep;
+    kvedge_client_opts_t o = s_opts(fx->node_ep, 0);
     o.server_key = missing_key;
     o.client_cert = cert;
     kvedge_client_t *c = NULL;
@@ -218,9 +222,7 @@ static void *s_other_thread(void *arg)
 static void test_per_thread(void **state)
 {
     (void)state;
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = "localhost:7400";
+    kvedge_client_opts_t o = s_opts("localhost:7400", 0);
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
     assert_true(kvedge_client_last_error()[0] != '\0');
@@ -238,10 +240,7 @@ static void test_no_answer(void **state)
     s_fx_t *fx = *state;
     char ep[128];
     snprintf(ep, sizeof ep, "ipc://%s/nobody.sock", fx->root);
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = 300;
+    kvedge_client_opts_t o = s_opts(ep, 300);
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_ETIMEDOUT);
     s_has(kvedge_client_last_error(), "no answer from");
