@@ -28,6 +28,30 @@ typedef struct {
     size_t *keep_len;
 } bench_context_t;
 
+/* Head h of layer l of chunk ci of the chain ids (model_id, spec->tokens tokens a chunk): fp16
+ * K/V synthesized from seed at the chunk's first position into k and v (spec->tokens x
+ * spec->head_dim each), encoded with spec into block (cap bytes), and *it filled to put it. */
+static inline void bench_chunk_item(kvedge_put_item_t *it, const char *model_id,
+                                    const kvedge_chunk_id_t *ids, uint32_t ci, uint32_t l,
+                                    uint32_t h, uint64_t seed, const kvedge_block_spec_t *spec,
+                                    uint8_t *block, size_t cap, uint16_t *k, uint16_t *v)
+{
+    kvedge_synth_head(seed, ci * spec->tokens, spec->tokens, spec->head_dim, KVEDGE_DTYPE_FP16, k,
+                      v);
+    memset(it, 0, sizeof *it);
+    kvedge_block_encode(spec, k, v, block, cap, &it->len);
+    it->chunk.id = ids[ci];
+    it->chunk.has_parent = ci > 0;
+    if (ci > 0)
+        it->chunk.parent = ids[ci - 1];
+    snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%s", model_id);
+    it->chunk.index = ci;
+    it->chunk.tokens = spec->tokens;
+    it->layer = (uint16_t)l;
+    it->head = (uint16_t)h;
+    it->block = block;
+}
+
 /* Bytes one encoded block of the context may take (16-byte multiple). */
 static inline size_t bench_context_block_cap(const bench_context_t *x)
 {

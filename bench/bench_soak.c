@@ -24,6 +24,7 @@
 
 #include "bench/bench_scrape.h"
 #include "bench/bench_spawn.h"
+#include "bench/bench_context.h"
 #include "clients/kvedge.h"
 #include "store/synth.h"
 
@@ -121,22 +122,9 @@ static void *s_putter(void *arg)
         for (uint32_t l = 0; l < S_LAYERS && rc == KVEDGE_OK; l++)
             for (uint32_t ci = 0; ci < S_CHUNKS && rc == KVEDGE_OK; ci++) {
                 kvedge_put_item_t items[S_HEADS];
-                for (uint32_t h = 0; h < S_HEADS; h++) {
-                    kvedge_synth_head(ctx * 1000 + l * 100 + h, ci * 256, 256, S_DIM,
-                                      KVEDGE_DTYPE_FP16, k, v);
-                    memset(&items[h], 0, sizeof items[h]);
-                    kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len);
-                    items[h].chunk.id = ids[ci];
-                    items[h].chunk.has_parent = ci > 0;
-                    if (ci > 0)
-                        items[h].chunk.parent = ids[ci - 1];
-                    snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-                    items[h].chunk.index = ci;
-                    items[h].chunk.tokens = 256;
-                    items[h].layer = (uint16_t)l;
-                    items[h].head = (uint16_t)h;
-                    items[h].block = blocks + h * cap;
-                }
+                for (uint32_t h = 0; h < S_HEADS; h++)
+                    bench_chunk_item(&items[h], S_MODEL, ids, ci, l, h, ctx * 1000 + l * 100 + h,
+                                     &spec, blocks + h * cap, cap, k, v);
                 rc = kvedge_client_put(c, items, S_HEADS, NULL);
                 atomic_fetch_add(&s_ops[0], 1);
             }
