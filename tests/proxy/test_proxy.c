@@ -32,6 +32,7 @@
 #include "proxy/proxy.h"
 #include "store/synth.h"
 #include "tests/common/ctx_fx.h"
+#include "tests/common/world.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -67,14 +68,8 @@ static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge
     snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
     snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
+    kt_node_settings(&ns, role, name, n->dir, n->ep);
     snprintf(ns.metrics, sizeof ns.metrics, "%s", s_with_metrics ? "127.0.0.1:0" : "off");
-    ns.role = role;
-    ns.insecure = true;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
-    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
-    snprintf(ns.name, sizeof ns.name, "%s", name);
     if (master) {
         snprintf(ns.master, sizeof ns.master, "%s", master);
         snprintf(ns.master_pub, sizeof ns.master_pub, "%s", pub);
@@ -253,27 +248,6 @@ static void s_rmrf(const char *dir)
     assert_int_equal(system(cmd), 0);
 }
 
-/* A master on ipc endpoints under root, registry in root/master. */
-typedef struct {
-    kvedge_master_opts_t opts;
-    char dir[300], ep[350], pub[350];
-} s_master_t;
-
-static kvedge_master_t *s_master_start(s_master_t *mm, const char *root)
-{
-    kvedge_master_opts_default(&mm->opts);
-    snprintf(mm->dir, sizeof mm->dir, "%.200s/master", root);
-    snprintf(mm->ep, sizeof mm->ep, "ipc://%.200s/m.sock", root);
-    snprintf(mm->pub, sizeof mm->pub, "ipc://%.200s/mp.sock", root);
-    mm->opts.bind = mm->ep;
-    mm->opts.pub = mm->pub;
-    mm->opts.data_dir = mm->dir;
-    mm->opts.insecure = true;
-    kvedge_master_t *m = NULL;
-    assert_int_equal(kvedge_master_start(&mm->opts, &m, NULL, 0), 0);
-    return m;
-}
-
 /* ---------------------------------------------------------------- tests */
 
 /* A node that holds blocks of a model the registry does not know registers its shape
@@ -283,8 +257,8 @@ static void test_node_registers_its_models(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     s_node_t node;
     s_node_start(&node, root, "edgeM", KVEDGE_ROLE_EDGE, mm.ep, mm.pub);
     kvedge_model_t custom = {.id = "custom-model",
@@ -340,8 +314,8 @@ static void test_peer_sharing_with_directory(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     const char *mep = mm.ep, *mpub = mm.pub;
     s_node_t cloud, peer;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
@@ -530,8 +504,8 @@ static void test_partial_layer_not_held(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     s_node_t cloud, peer;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mm.ep, mm.pub);
     s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, mm.ep, mm.pub);
@@ -797,8 +771,8 @@ static void test_master_restart_resync(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     const char *mep = mm.ep, *mpub = mm.pub;
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
@@ -833,8 +807,8 @@ static void test_master_down_at_start_uses_snapshot(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mm.ep, mm.pub);
     kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);

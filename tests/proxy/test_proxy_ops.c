@@ -34,6 +34,7 @@
 #include "store/node/node.h"
 #include "store/synth.h"
 #include "tests/common/ctx_fx.h"
+#include "tests/common/world.h"
 
 #define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  KT_CTX_HEADS
@@ -55,26 +56,6 @@ static void s_rmrf(const char *dir)
 
 /* ---------------------------------------------------------------- daemons */
 
-/* A master on ipc endpoints under root (plaintext: loopback only). */
-typedef struct {
-    char dir[200], ep[220], pub[220];
-    kvedge_master_t *m;
-} s_master_t;
-
-static void s_master_start(s_master_t *mm, const char *root)
-{
-    kvedge_master_opts_t o;
-    kvedge_master_opts_default(&o);
-    snprintf(mm->dir, sizeof mm->dir, "%.120s/master", root);
-    snprintf(mm->ep, sizeof mm->ep, "ipc://%.120s/m.sock", root);
-    snprintf(mm->pub, sizeof mm->pub, "ipc://%.120s/mp.sock", root);
-    o.bind = mm->ep;
-    o.pub = mm->pub;
-    o.data_dir = mm->dir;
-    o.insecure = true;
-    assert_int_equal(kvedge_master_start(&o, &mm->m, NULL, 0), 0);
-}
-
 /* A store node in this process; registered with the master when mm is given (directory
  * every dir_ms), CURVE toward its clients unless insecure. */
 typedef struct {
@@ -83,20 +64,14 @@ typedef struct {
 } s_node_t;
 
 static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
-                         const s_master_t *mm, uint32_t dir_ms, bool insecure)
+                         const kt_master_t *mm, uint32_t dir_ms, bool insecure)
 {
     memset(n, 0, sizeof *n);
     snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
     snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = role;
+    kt_node_settings(&ns, role, name, n->dir, n->ep);
     ns.insecure = insecure;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
-    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
-    snprintf(ns.name, sizeof ns.name, "%s", name);
     if (mm) {
         snprintf(ns.master, sizeof ns.master, "%s", mm->ep);
         snprintf(ns.master_pub, sizeof ns.master_pub, "%s", mm->pub);
@@ -397,8 +372,8 @@ static void test_curve_node_from_master(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-pops-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    s_master_start(&mm, root);
+    kt_master_t mm;
+    kt_master_start(&mm, root);
     s_node_t n1, st;
     s_node_start(&n1, root, "n1", KVEDGE_ROLE_CLOUD, &mm, 100, false);
     s_node_start(&st, root, "static1", KVEDGE_ROLE_EDGE, NULL, 0, true);
@@ -491,8 +466,8 @@ static void test_decode_right_after_prefill(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-pops-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    s_master_start(&mm, root);
+    kt_master_t mm;
+    kt_master_start(&mm, root);
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, &mm, 600000, true);
     kvedge_proxy_opts_t po;
