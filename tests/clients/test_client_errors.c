@@ -18,6 +18,7 @@
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "store/node/node.h"
+#include "tests/common/world.h"
 
 typedef struct {
     char root[64];
@@ -38,15 +39,11 @@ static int s_setup(void **state)
     }
     snprintf(fx->node_ep, sizeof fx->node_ep, "ipc://%s/node.sock", fx->root);
     snprintf(fx->proxy_ep, sizeof fx->proxy_ep, "ipc://%s/proxy.sock", fx->root);
+    char data[100];
+    snprintf(data, sizeof data, "%s/node", fx->root);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = KVEDGE_ROLE_CLOUD;
-    ns.insecure = true;
+    kt_node_settings(&ns, KVEDGE_ROLE_CLOUD, "c1", data, fx->node_ep);
     ns.workers = 1;
-    snprintf(ns.data, sizeof ns.data, "%s/node", fx->root);
-    snprintf(ns.bind, sizeof ns.bind, "%s", fx->node_ep);
-    snprintf(ns.name, sizeof ns.name, "c1");
     char why[512];
     if (kvedge_node_start(&ns, &fx->node, why, sizeof why) != 0) {
         fprintf(stderr, "node: %s\n", why);

@@ -21,6 +21,7 @@
 #include "store/node/node.h"
 #include "store/synth.h"
 #include "tests/common/ctx_fx.h"
+#include "tests/common/world.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
@@ -88,15 +89,11 @@ static void test_slow_stream_is_not_stalled(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-progress-XXXXXX";
     assert_non_null(mkdtemp(root));
+    char data[200], bind[200];
+    snprintf(data, sizeof data, "%s/cloud1", root);
+    snprintf(bind, sizeof bind, "ipc://%s/cloud1.sock", root);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = KVEDGE_ROLE_CLOUD;
-    ns.insecure = true;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s/cloud1", root);
-    snprintf(ns.bind, sizeof ns.bind, "ipc://%s/cloud1.sock", root);
-    snprintf(ns.name, sizeof ns.name, "cloud1");
+    kt_node_settings(&ns, KVEDGE_ROLE_CLOUD, "cloud1", data, bind);
     kvedge_node_t *node = NULL;
     char why[256];
     if (kvedge_node_start(&ns, &node, why, sizeof why) != KVEDGE_OK)
