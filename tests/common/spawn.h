@@ -1,9 +1,10 @@
 /* Starting the kvedge binary as a daemon from a test: `kvedge --data DIR store --insecure
- * --bind EP`, in its own process that dies with the test, its stdout on a pipe. */
+ * --bind EP`, in its own process that dies with the test. */
 #ifndef KVEDGE_TESTS_SPAWN_H
 #define KVEDGE_TESTS_SPAWN_H
 
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
@@ -37,6 +38,37 @@ static inline pid_t kt_spawn_store(const char *bin, const char *data, const char
         return -1;
     }
     *out_fd = pfd[0];
+    return pid;
+}
+
+/* Starts a plaintext cloud store node on ep (`kvedge --data ROOT/cloud-proc store --role cloud
+ * --insecure`, log level error) and waits for the first line it prints. Returns the pid, or -1
+ * when it did not start. */
+static inline pid_t kt_spawn_cloud(const char *bin, const char *root, const char *ep)
+{
+    char data[400];
+    snprintf(data, sizeof data, "%s/cloud-proc", root);
+    int pfd[2];
+    if (pipe(pfd) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], STDOUT_FILENO);
+        execl(bin, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure", "--bind", ep,
+              "--log-level", "error", "--metrics", "off", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char line[300];
+    ssize_t r = read(pfd[0], line, sizeof line);
+    close(pfd[0]);
+    if (r <= 0) {
+        kill(pid, SIGKILL);
+        return -1;
+    }
     return pid;
 }
 

@@ -34,6 +34,7 @@
 #include "store/node/node.h"
 #include "store/synth.h"
 #include "tests/common/ctx_fx.h"
+#include "tests/common/spawn.h"
 #include "tests/common/world.h"
 
 #define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
@@ -86,24 +87,8 @@ static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge
 /* A plaintext cloud node in its own process (`kvedge store`), so it can be stopped. */
 static pid_t s_spawn_cloud(const char *root, const char *ep)
 {
-    char data[400];
-    snprintf(data, sizeof data, "%s/cloud-proc", root);
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], STDOUT_FILENO);
-        execl(KVEDGE_BIN, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure",
-              "--bind", ep, "--log-level", "error", "--metrics", "off", (char *)NULL);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char line[300];
-    ssize_t r = read(pfd[0], line, sizeof line);
-    close(pfd[0]);
-    assert_true(r > 0);
+    pid_t pid = kt_spawn_cloud(KVEDGE_BIN, root, ep);
+    assert_true(pid > 0);
     return pid;
 }
 
