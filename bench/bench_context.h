@@ -1,10 +1,13 @@
 /* A synthetic context for the fetch benchmarks (bench_loader, bench_fetch_cost): fp16 K/V of a
  * model's shape from kvedge_synth_head (head h of layer l seeded l * 1000 + h, positions from
  * the chunk's first token), cut into chunks, encoded in one scheme (lz4 where it pays) and put
- * to a node, one PUT per (layer, chunk) with every head. */
+ * to a node, one PUT per (layer, chunk) with every head; and the put items and fetch waits that
+ * bench_proxy, bench_pipeline and bench_soak share. */
 #ifndef KVEDGE_BENCH_CONTEXT_H
 #define KVEDGE_BENCH_CONTEXT_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +53,48 @@ static inline void bench_chunk_item(kvedge_put_item_t *it, const char *model_id,
     it->layer = (uint16_t)l;
     it->head = (uint16_t)h;
     it->block = block;
+}
+
+/* The end of an asynchronous fetch: the first member of a benchmark's fetch state, so that
+ * bench_fetch_done can be the request's done callback and bench_fetch_wait can wait for it. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status; /* the fetch's */
+} bench_fetch_end_t;
+
+static inline void bench_fetch_done(void *ctx, int status)
+{
+    bench_fetch_end_t *e = ctx;
+    pthread_mutex_lock(&e->mu);
+    e->done = true;
+    e->status = status;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Sends req on c with the callbacks cbs (their ctx: a state whose first member is a
+ * bench_fetch_end_t, cbs->done bench_fetch_done) and, when it was sent, waits for its end.
+ * Returns the send's error (0 when sent); the fetch's status is in the end's status. */
+static inline int bench_fetch_wait(kvedge_client_t *c, const kvedge_fetch_req_t *req,
+                                   const kvedge_fetch_cbs_t *cbs, void *ctx)
+{
+    bench_fetch_end_t *e = ctx;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->done = false;
+    e->status = 0;
+    int rc = kvedge_client_fetch_async(c, req, cbs, ctx);
+    if (rc == 0) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->done)
+            pthread_cond_wait(&e->cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    }
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    return rc;
 }
 
 /* Bytes one encoded block of the context may take (16-byte multiple). */

@@ -174,23 +174,6 @@ static void *s_getter(void *arg)
     return NULL;
 }
 
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
-} s_wait_t;
-
-static void s_fetch_done(void *ctx, int status)
-{
-    s_wait_t *w = ctx;
-    pthread_mutex_lock(&w->mu);
-    w->done = true;
-    w->status = status;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 /* FETCH: every layer of a context of the ring through the proxy (which streams them from the
  * node over its own CURVE connection). */
 static void *s_fetcher(void *arg)
@@ -204,7 +187,7 @@ static void *s_fetcher(void *arg)
     while (!atomic_load(&s_stop)) {
         kvedge_chunk_id_t ids[S_CHUNKS];
         if (s_ring_pick(ids)) {
-            s_wait_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0};
+            bench_fetch_end_t w;
             kvedge_fetch_req_t req = {.model_id = S_MODEL,
                                       .chunks = ids,
                                       .n = S_CHUNKS,
@@ -212,15 +195,10 @@ static void *s_fetcher(void *arg)
                                       .layers = S_LAYERS,
                                       .tokens = S_TOKENS,
                                       .deadline_ms = 10000};
-            kvedge_fetch_cbs_t cbs = {NULL, NULL, NULL, s_fetch_done};
-            int rc = kvedge_client_fetch_async(c, &req, &cbs, &w);
-            if (rc == KVEDGE_OK) {
-                pthread_mutex_lock(&w.mu);
-                while (!w.done)
-                    pthread_cond_wait(&w.cv, &w.mu);
-                pthread_mutex_unlock(&w.mu);
+            kvedge_fetch_cbs_t cbs = {NULL, NULL, NULL, bench_fetch_done};
+            int rc = bench_fetch_wait(c, &req, &cbs, &w);
+            if (rc == KVEDGE_OK)
                 rc = w.status;
-            }
             atomic_fetch_add(&s_ops[2], 1);
             if (rc != KVEDGE_OK)
                 s_fail(2, rc);
