@@ -109,6 +109,39 @@ static inline void kt_ctx_put(const kt_ctx_t *x, const char *ep, uint32_t l0, ui
     kvedge_client_destroy(&c);
 }
 
+/* Puts layers [0, layers) of the one-chunk context id of KT_CTX_MODEL (KT_CTX_TOKENS tokens,
+ * every head, no parent) with c, encoded in scheme: head h of layer l synthesized from seed +
+ * l * 100 + h. */
+static inline void kt_put_chunk(kvedge_client_t *c, const kvedge_chunk_id_t *id, uint32_t layers,
+                                kvedge_scheme_t scheme, uint64_t seed)
+{
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, scheme, KT_CTX_TOKENS, KT_CTX_DIM, 0, NULL, false};
+    size_t cap = kvedge_block_encoded_bound(&spec);
+    uint8_t *blocks = malloc(cap * KT_CTX_HEADS);
+    assert_non_null(blocks);
+    static uint16_t k[KT_CTX_TOKENS * KT_CTX_DIM], v[KT_CTX_TOKENS * KT_CTX_DIM];
+    kvedge_put_item_t items[KT_CTX_HEADS];
+    for (uint32_t l = 0; l < layers; l++) {
+        for (uint32_t h = 0; h < KT_CTX_HEADS; h++) {
+            assert_int_equal(kvedge_synth_head(seed + l * 100 + h, 0, KT_CTX_TOKENS, KT_CTX_DIM,
+                                               KVEDGE_DTYPE_FP16, k, v),
+                             0);
+            memset(&items[h], 0, sizeof items[h]);
+            assert_int_equal(kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len),
+                             0);
+            items[h].chunk.id = *id;
+            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, KT_CTX_MODEL);
+            items[h].chunk.tokens = KT_CTX_TOKENS;
+            items[h].layer = (uint16_t)l;
+            items[h].head = (uint16_t)h;
+            items[h].block = blocks + h * cap;
+        }
+        assert_int_equal(kvedge_client_put(c, items, KT_CTX_HEADS, NULL), 0);
+    }
+    free(blocks);
+}
+
 /* Whether a fetched block (layer, chunk ci, head) came with status 0 and is the context's. */
 static inline bool kt_ctx_block_ok(const kt_ctx_t *x, uint16_t layer, uint32_t ci, uint16_t head,
                                    int status, const uint8_t *data, size_t len)

@@ -23,10 +23,9 @@
 #include "tests/common/ctx_fx.h"
 #include "tests/common/world.h"
 
-#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
-#define S_HEADS  12
-#define S_LAYERS 4 /* fetched: the first four */
-#define S_TOKENS 256
+#define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
+#define S_LAYERS 4            /* put and fetched: the first four */
+#define S_TOKENS KT_CTX_TOKENS
 /* At 8 Mbit/s a layer (12 int8 blocks of 256 tokens, about 400 KB) takes about 0.4 s and the
  * four about 1.6 s: each stream outlives the 400 ms window many times over. */
 #define S_LINK "8mbit,1ms"
@@ -44,30 +43,7 @@ static void s_put(const char *ep)
     o.endpoint = ep;
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    kvedge_block_spec_t spec = {
-        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    uint8_t *blocks = malloc(cap * S_HEADS);
-    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
-    assert_non_null(blocks);
-    for (uint32_t l = 0; l < S_LAYERS; l++) {
-        kvedge_put_item_t items[S_HEADS];
-        for (uint32_t h = 0; h < S_HEADS; h++) {
-            assert_int_equal(
-                kvedge_synth_head(l * 100 + h, 0, S_TOKENS, 64, KVEDGE_DTYPE_FP16, k, v), 0);
-            memset(&items[h], 0, sizeof items[h]);
-            assert_int_equal(kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len),
-                             0);
-            items[h].chunk.id = s_id;
-            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-            items[h].chunk.tokens = S_TOKENS;
-            items[h].layer = (uint16_t)l;
-            items[h].head = (uint16_t)h;
-            items[h].block = blocks + h * cap;
-        }
-        assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
-    }
-    free(blocks);
+    kt_put_chunk(c, &s_id, S_LAYERS, KVEDGE_SCHEME_INT8, 0);
     kvedge_client_destroy(&c);
 }
 
