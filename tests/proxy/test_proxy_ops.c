@@ -34,6 +34,7 @@
 #include "store/node/node.h"
 #include "store/synth.h"
 #include "tests/common/ctx_fx.h"
+#include "tests/common/shell.h"
 #include "tests/common/spawn.h"
 #include "tests/common/world.h"
 
@@ -190,18 +191,6 @@ static const char *s_str(const cJSON *o, const char *key)
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
-/* Runs a shell command; its stdout (at most cap - 1 bytes) into out. Returns its exit
- * status. */
-static int s_capture(const char *cmd, char *out, size_t cap)
-{
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* ---------------------------------------------------------------- tests */
 
 /* The cloud holds all 12 layers, a peer layers 0-5; the cloud is stopped (SIGSTOP: its socket
@@ -267,7 +256,7 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
     snprintf(cmd, sizeof cmd, "%s -H %s fetch --model %s --chunks %s,%s 2>/dev/null", KVEDGE_BIN,
              pep, S_MODEL, kvedge_chunk_id_hex(&s_ctx.ids[0], hex[0]),
              kvedge_chunk_id_hex(&s_ctx.ids[1], hex[1]));
-    s_capture(cmd, out, sizeof out);
+    kt_capture(cmd, out, sizeof out);
     if (!strstr(out, "recompute-all unpriced)"))
         fail_msg("kvedge fetch printed:\n%s", out);
 
@@ -401,7 +390,7 @@ static void test_curve_node_from_master(void **state)
     /* The CLI's table says the same. */
     static char out[1 << 16];
     snprintf(cmd, sizeof cmd, "%s -H %s sources 2>&1", KVEDGE_BIN, pep);
-    assert_int_equal(s_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(kt_capture(cmd, out, sizeof out), 0);
     const char *row = strstr(out, "\nn1 ");
     if (!row || !strstr(row, " master ") || !strstr(strstr(out, "\nstatic1 "), " config "))
         fail_msg("kvedge sources printed:\n%s", out);
@@ -419,7 +408,7 @@ static void test_curve_node_from_master(void **state)
         fail_msg("n1's entry does not say to give --cert: %s", txt ? txt : "(not listed)");
     }
     snprintf(cmd, sizeof cmd, "%s -H %s sources 2>&1", KVEDGE_BIN, pep);
-    assert_int_equal(s_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(kt_capture(cmd, out, sizeof out), 0);
     if (!strstr(out, "no certificate: start the proxy with --cert FILE"))
         fail_msg("kvedge sources printed:\n%s", out);
     kvedge_proxy_destroy(&p);
@@ -470,7 +459,7 @@ static void test_decode_right_after_prefill(void **state)
              "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
              "--scheme lossless --dtype fp32",
              KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 3));
-    if (s_capture(cmd, out, sizeof out) != 0)
+    if (kt_capture(cmd, out, sizeof out) != 0)
         fail_msg("prefill: %s", out);
     uint32_t changed;
     assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
@@ -480,7 +469,7 @@ static void test_decode_right_after_prefill(void **state)
              KVEDGE_BIN, pep, S_TINY, a);
     bool known = false;
     for (int i = 0; i < 100 && !known; i++) {
-        known = s_capture(cmd, out, sizeof out) == 0 && strstr(out, "\"fetched\":3,");
+        known = kt_capture(cmd, out, sizeof out) == 0 && strstr(out, "\"fetched\":3,");
         if (!known)
             zclock_sleep(100);
     }
@@ -492,13 +481,13 @@ static void test_decode_right_after_prefill(void **state)
              "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
              "--scheme lossless --dtype fp32",
              KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(b, sizeof b, 40, 11));
-    if (s_capture(cmd, out, sizeof out) != 0)
+    if (kt_capture(cmd, out, sizeof out) != 0)
         fail_msg("prefill: %s", out);
     snprintf(cmd, sizeof cmd,
              "%s -H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
              "--prompt-ids 10,20,30 --max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY, b);
-    if (s_capture(cmd, out, sizeof out) != 0 || !strstr(out, "\"fetched\":3,\"computed\":0"))
+    if (kt_capture(cmd, out, sizeof out) != 0 || !strstr(out, "\"fetched\":3,\"computed\":0"))
         fail_msg("decode right after prefill:\n%s", out);
 
     /* Nobody holds this context: decoded anyway, the misses counted with their reason. */
@@ -506,14 +495,14 @@ static void test_decode_right_after_prefill(void **state)
              "%s -H %s --json decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 "
              "--max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY);
-    if (s_capture(cmd, out, sizeof out) != 0 ||
+    if (kt_capture(cmd, out, sizeof out) != 0 ||
         !strstr(out, "\"fetched\":0,\"computed\":3,\"missed\":3") ||
         !strstr(out, "\"why\":{\"miss\":3}"))
         fail_msg("decode of a context nobody holds:\n%s", out);
     snprintf(cmd, sizeof cmd,
              "%s -H %s decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 --max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY);
-    if (s_capture(cmd, out, sizeof out) != 0 ||
+    if (kt_capture(cmd, out, sizeof out) != 0 ||
         !strstr(out, "layers    0 fetched, 3 computed of 3 (3 missed: miss 3)"))
         fail_msg("decode of a context nobody holds:\n%s", out);
 
