@@ -150,14 +150,26 @@ static inline bool kt_ctx_block_ok(const kt_ctx_t *x, uint16_t layer, uint32_t c
            len == x->len[layer][ci][head] && memcmp(data, x->block[layer][ci][head], len) == 0;
 }
 
-/* The end of an asynchronous fetch: the first member of a test's fetch result, so that
- * kt_fetch_done can be the request's done callback and kt_fetch_wait can wait for it. */
+/* The end of an asynchronous fetch, and the check of its blocks: the first member of a test's
+ * fetch result, so that kt_fetch_done can be the request's done callback (kt_fetch_wait waits
+ * for it) and kt_fetch_block its block callback. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done;
     int status;
+    const kt_ctx_t *ctx; /* what kt_fetch_block checks the blocks against */
+    uint32_t mismatches; /* blocks that came with an error or differ from ctx's */
 } kt_fetch_end_t;
+
+static inline void kt_fetch_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
+                                  int status, const uint8_t *data, size_t len)
+{
+    (void)source;
+    kt_fetch_end_t *e = ctx;
+    if (!kt_ctx_block_ok(e->ctx, layer, ci, head, status, data, len))
+        e->mismatches++;
+}
 
 static inline void kt_fetch_done(void *ctx, int status)
 {

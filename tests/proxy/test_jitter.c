@@ -459,17 +459,8 @@ static void s_cat(const char *path)
 
 typedef struct {
     kt_fetch_end_t end; /* first */
-    uint32_t layers, fetched, mismatches;
+    uint32_t layers, fetched;
 } s_result_t;
-
-static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source, int status,
-                      const uint8_t *data, size_t len)
-{
-    (void)source;
-    s_result_t *r = ctx;
-    if (!kt_ctx_block_ok(&s_ctx, layer, ci, head, status, data, len))
-        r->mismatches++;
-}
 
 static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
 {
@@ -483,13 +474,14 @@ static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
 static double s_fetch(kvedge_client_t *c, s_result_t *r)
 {
     memset(r, 0, sizeof *r);
+    r->end.ctx = &s_ctx;
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,
                               .tokens = S_CHUNKS * S_TOKENS,
                               .deadline_ms = S_DEADLINE_MS};
-    kvedge_fetch_cbs_t cbs = {NULL, s_r_block, s_r_layer, kt_fetch_done};
+    kvedge_fetch_cbs_t cbs = {NULL, kt_fetch_block, s_r_layer, kt_fetch_done};
     int64_t t0 = zclock_usecs();
     kt_fetch_wait(c, &req, &cbs, r);
     return (double)(zclock_usecs() - t0) / 1e3;
@@ -565,12 +557,13 @@ static void s_run(const char *name, bool jitter, int loss_pct)
         double ms = s_fetch(c, &r);
         fetches++;
         worst = ms > worst ? ms : worst;
-        if (r.end.status != 0 || r.layers != S_LAYERS || r.fetched != S_LAYERS || r.mismatches ||
-            ms >= S_DEADLINE_MS)
+        if (r.end.status != 0 || r.layers != S_LAYERS || r.fetched != S_LAYERS ||
+            r.end.mismatches || ms >= S_DEADLINE_MS)
             snprintf(bad, sizeof bad,
                      "fetch %d: %s, %u of %u layers fetched, %u bad blocks, "
                      "%.0f ms",
-                     fetches, kvedge_strerror(r.end.status), r.fetched, S_LAYERS, r.mismatches, ms);
+                     fetches, kvedge_strerror(r.end.status), r.fetched, S_LAYERS, r.end.mismatches,
+                     ms);
     }
     kvedge_client_destroy(&c);
     s_teardown(NULL); /* the delayers' counters are read once they are stopped */
