@@ -150,9 +150,10 @@ static inline bool kt_ctx_block_ok(const kt_ctx_t *x, uint16_t layer, uint32_t c
            len == x->len[layer][ci][head] && memcmp(data, x->block[layer][ci][head], len) == 0;
 }
 
-/* The end of an asynchronous fetch, and the check of its blocks: the first member of a test's
- * fetch result, so that kt_fetch_done can be the request's done callback (kt_fetch_wait waits
- * for it) and kt_fetch_block its block callback. */
+/* What an asynchronous fetch comes to: its end (kt_fetch_done, the request's done callback;
+ * kt_fetch_wait waits for it), its blocks checked against a context (kt_fetch_block) and its
+ * layers counted (kt_fetch_layer). A test that gathers more makes it the first member of its
+ * own result. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -160,20 +161,30 @@ typedef struct {
     int status;
     const kt_ctx_t *ctx; /* what kt_fetch_block checks the blocks against */
     uint32_t mismatches; /* blocks that came with an error or differ from ctx's */
-} kt_fetch_end_t;
+    uint32_t layers;     /* layers reported (kt_fetch_layer) */
+    uint32_t fetched;    /* of them, delivered by a source */
+} kt_fetch_t;
+
+static inline void kt_fetch_layer(void *ctx, const kvedge_fetch_layer_t *l)
+{
+    kt_fetch_t *e = ctx;
+    e->layers++;
+    if (l->status == 0 && l->source >= 0)
+        e->fetched++;
+}
 
 static inline void kt_fetch_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
                                   int status, const uint8_t *data, size_t len)
 {
     (void)source;
-    kt_fetch_end_t *e = ctx;
+    kt_fetch_t *e = ctx;
     if (!kt_ctx_block_ok(e->ctx, layer, ci, head, status, data, len))
         e->mismatches++;
 }
 
 static inline void kt_fetch_done(void *ctx, int status)
 {
-    kt_fetch_end_t *e = ctx;
+    kt_fetch_t *e = ctx;
     pthread_mutex_lock(&e->mu);
     e->done = true;
     e->status = status;
@@ -182,11 +193,11 @@ static inline void kt_fetch_done(void *ctx, int status)
 }
 
 /* Sends req on c with the callbacks cbs (their ctx: a result whose first member is a
- * kt_fetch_end_t, cbs->done kt_fetch_done) and returns when the fetch has ended. */
+ * kt_fetch_t, cbs->done kt_fetch_done) and returns when the fetch has ended. */
 static inline void kt_fetch_wait(kvedge_client_t *c, const kvedge_fetch_req_t *req,
                                  const kvedge_fetch_cbs_t *cbs, void *ctx)
 {
-    kt_fetch_end_t *e = ctx;
+    kt_fetch_t *e = ctx;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->done = false;

@@ -457,31 +457,18 @@ static void s_cat(const char *path)
 
 /* ---------------------------------------------------------------- fetching */
 
-typedef struct {
-    kt_fetch_end_t end; /* first */
-    uint32_t layers, fetched;
-} s_result_t;
-
-static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
-{
-    s_result_t *r = ctx;
-    r->layers++;
-    if (l->status == 0 && l->source >= 0)
-        r->fetched++;
-}
-
 /* One fetch of every layer; returns its time in ms. */
-static double s_fetch(kvedge_client_t *c, s_result_t *r)
+static double s_fetch(kvedge_client_t *c, kt_fetch_t *r)
 {
     memset(r, 0, sizeof *r);
-    r->end.ctx = &s_ctx;
+    r->ctx = &s_ctx;
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,
                               .tokens = S_CHUNKS * S_TOKENS,
                               .deadline_ms = S_DEADLINE_MS};
-    kvedge_fetch_cbs_t cbs = {NULL, kt_fetch_block, s_r_layer, kt_fetch_done};
+    kvedge_fetch_cbs_t cbs = {NULL, kt_fetch_block, kt_fetch_layer, kt_fetch_done};
     int64_t t0 = zclock_usecs();
     kt_fetch_wait(c, &req, &cbs, r);
     return (double)(zclock_usecs() - t0) / 1e3;
@@ -553,17 +540,16 @@ static void s_run(const char *name, bool jitter, int loss_pct)
     char bad[300] = "";
     int64_t end = zclock_mono() + S_RUN_MS;
     while (!bad[0] && zclock_mono() < end) {
-        s_result_t r;
+        kt_fetch_t r;
         double ms = s_fetch(c, &r);
         fetches++;
         worst = ms > worst ? ms : worst;
-        if (r.end.status != 0 || r.layers != S_LAYERS || r.fetched != S_LAYERS ||
-            r.end.mismatches || ms >= S_DEADLINE_MS)
+        if (r.status != 0 || r.layers != S_LAYERS || r.fetched != S_LAYERS || r.mismatches ||
+            ms >= S_DEADLINE_MS)
             snprintf(bad, sizeof bad,
                      "fetch %d: %s, %u of %u layers fetched, %u bad blocks, "
                      "%.0f ms",
-                     fetches, kvedge_strerror(r.end.status), r.fetched, S_LAYERS, r.end.mismatches,
-                     ms);
+                     fetches, kvedge_strerror(r.status), r.fetched, S_LAYERS, r.mismatches, ms);
     }
     kvedge_client_destroy(&c);
     s_teardown(NULL); /* the delayers' counters are read once they are stopped */

@@ -47,19 +47,6 @@ static void s_put(const char *ep)
     kvedge_client_destroy(&c);
 }
 
-typedef struct {
-    kt_fetch_end_t end; /* first */
-    uint32_t layers, fetched;
-} s_result_t;
-
-static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
-{
-    s_result_t *r = ctx;
-    r->layers++;
-    if (l->status == 0 && l->source >= 0)
-        r->fetched++;
-}
-
 static void test_slow_stream_is_not_stalled(void **state)
 {
     (void)state;
@@ -94,14 +81,14 @@ static void test_slow_stream_is_not_stalled(void **state)
     assert_int_equal(kvedge_proxy_wait_sources(proxy, 1, 5000), KVEDGE_OK);
 
     kvedge_client_t *c = kt_client(pep, 20000);
-    s_result_t r = {0};
+    kt_fetch_t r = {0};
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = &s_id,
                               .n = 1,
                               .layers = S_LAYERS,
                               .tokens = S_TOKENS,
                               .deadline_ms = 20000};
-    kvedge_fetch_cbs_t cbs = {NULL, NULL, s_r_layer, kt_fetch_done};
+    kvedge_fetch_cbs_t cbs = {NULL, NULL, kt_fetch_layer, kt_fetch_done};
     int64_t t0 = zclock_mono();
     kt_fetch_wait(c, &req, &cbs, &r);
     int64_t ms = zclock_mono() - t0;
@@ -111,7 +98,7 @@ static void test_slow_stream_is_not_stalled(void **state)
     kvedge_proxy_stats(proxy, &st);
     print_message("%u of %u layers fetched in %lld ms; %llu source failures\n", r.fetched, S_LAYERS,
                   (long long)ms, (unsigned long long)st.source_failures);
-    assert_int_equal(r.end.status, 0);
+    assert_int_equal(r.status, 0);
     assert_int_equal(r.layers, S_LAYERS);
     assert_int_equal(r.fetched, S_LAYERS);
     assert_int_equal(st.source_failures, 0);

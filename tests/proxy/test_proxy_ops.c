@@ -110,7 +110,7 @@ static kvedge_proxy_t *s_proxy(kvedge_proxy_opts_t *po, const char *root, char *
 /* ---------------------------------------------------------------- fetching */
 
 typedef struct {
-    kt_fetch_end_t end; /* first */
+    kt_fetch_t end; /* first */
     kvedge_fetch_plan_t plan;
     kvedge_fetch_layer_t layer[S_LAYERS];
     char src[S_LAYERS][64];
