@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/bench_context.h"
 #include "clients/kvedge.h"
 #include "proxy/plan.h"
 #include "store/synth.h"
@@ -166,19 +167,8 @@ static void s_put_context(kvedge_client_t *c, kvedge_scheme_t scheme, kvedge_chu
         layer_bytes[l] = 0;
         for (uint32_t ci = 0; ci < nchunks; ci++) {
             for (uint32_t h = 0; h < heads; h++) {
-                kvedge_synth_head(l * 100 + h, ci * 256, 256, 64, KVEDGE_DTYPE_FP16, k, v);
-                memset(&items[h], 0, sizeof items[h]);
-                kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len);
-                items[h].chunk.id = ids[ci];
-                items[h].chunk.has_parent = ci > 0;
-                if (ci > 0)
-                    items[h].chunk.parent = ids[ci - 1];
-                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-                items[h].chunk.index = ci;
-                items[h].chunk.tokens = 256;
-                items[h].layer = (uint16_t)l;
-                items[h].head = (uint16_t)h;
-                items[h].block = blocks + h * cap;
+                bench_chunk_item(&items[h], S_MODEL, ids, ci, l, h, l * 100 + h, &spec,
+                                 blocks + h * cap, cap, k, v);
                 layer_bytes[l] += (double)items[h].len;
             }
             if (kvedge_client_put(c, items, heads, NULL) != 0) {

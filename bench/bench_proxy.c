@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "bench/bench_scrape.h"
+#include "bench/bench_context.h"
 #include "clients/kvedge.h"
 #include "store/synth.h"
 
@@ -114,19 +115,8 @@ static void s_put(const char *ep, const kvedge_chunk_id_t *ids, uint32_t layers,
             bytes[l] = 0;
         for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
             for (uint32_t h = 0; h < S_HEADS; h++) {
-                kvedge_synth_head(l * 100 + h, ci * 256, 256, 64, KVEDGE_DTYPE_FP16, k, v);
-                memset(&items[h], 0, sizeof items[h]);
-                kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len);
-                items[h].chunk.id = ids[ci];
-                items[h].chunk.has_parent = ci > 0;
-                if (ci > 0)
-                    items[h].chunk.parent = ids[ci - 1];
-                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-                items[h].chunk.index = ci;
-                items[h].chunk.tokens = 256;
-                items[h].layer = (uint16_t)l;
-                items[h].head = (uint16_t)h;
-                items[h].block = blocks + h * cap;
+                bench_chunk_item(&items[h], S_MODEL, ids, ci, l, h, l * 100 + h, &spec,
+                                 blocks + h * cap, cap, k, v);
                 if (bytes)
                     bytes[l] += (double)items[h].len;
             }
@@ -143,10 +133,7 @@ static void s_put(const char *ep, const kvedge_chunk_id_t *ids, uint32_t layers,
 }
 
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
+    bench_fetch_end_t end; /* first */
     int64_t t0;
     double wall_us; /* from the request to its end */
     double arrival_us[S_LAYERS];
@@ -176,16 +163,6 @@ static void s_on_layer(void *ctx, const kvedge_fetch_layer_t *l)
         r->from[r->kinds[l->source]]++;
 }
 
-static void s_on_done(void *ctx, int status)
-{
-    s_run_t *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    r->done = true;
-    r->status = status;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
 /* One FETCH through the proxy at ep; times (compute/recompute) are sent when price_compute.
  * Returns the emulated decoder's completion time T; *ltc receives load-then-compute. */
 static double s_fetch(kvedge_client_t *c, const kvedge_chunk_id_t *ids, bool price_compute,
@@ -197,8 +174,6 @@ static double s_fetch(kvedge_client_t *c, const kvedge_chunk_id_t *ids, bool pri
         ru[l] = (float)S_RECOMPUTE_US;
     }
     memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = ids,
                               .n = S_CHUNKS,
@@ -208,17 +183,13 @@ static double s_fetch(kvedge_client_t *c, const kvedge_chunk_id_t *ids, bool pri
                               .compute_us = price_compute ? cu : NULL,
                               .recompute_us = price_compute ? ru : NULL,
                               .deadline_ms = 120000};
-    kvedge_fetch_cbs_t cbs = {s_on_plan, NULL, s_on_layer, s_on_done};
+    kvedge_fetch_cbs_t cbs = {s_on_plan, NULL, s_on_layer, bench_fetch_done};
     r->t0 = zclock_usecs();
-    if (kvedge_client_fetch_async(c, &req, &cbs, r) != 0)
+    if (bench_fetch_wait(c, &req, &cbs, r) != 0)
         exit(1);
-    pthread_mutex_lock(&r->mu);
-    while (!r->done)
-        pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
     r->wall_us = (double)(zclock_usecs() - r->t0);
-    if (r->status != 0) {
-        fprintf(stderr, "bench_proxy: fetch: %s\n", kvedge_strerror(r->status));
+    if (r->end.status != 0) {
+        fprintf(stderr, "bench_proxy: fetch: %s\n", kvedge_strerror(r->end.status));
         exit(1);
     }
     double done = 0, last = 0, compute = 0;

@@ -24,6 +24,7 @@
 
 #include "bench/bench_scrape.h"
 #include "bench/bench_spawn.h"
+#include "bench/bench_context.h"
 #include "clients/kvedge.h"
 #include "store/synth.h"
 
@@ -121,22 +122,9 @@ static void *s_putter(void *arg)
         for (uint32_t l = 0; l < S_LAYERS && rc == KVEDGE_OK; l++)
             for (uint32_t ci = 0; ci < S_CHUNKS && rc == KVEDGE_OK; ci++) {
                 kvedge_put_item_t items[S_HEADS];
-                for (uint32_t h = 0; h < S_HEADS; h++) {
-                    kvedge_synth_head(ctx * 1000 + l * 100 + h, ci * 256, 256, S_DIM,
-                                      KVEDGE_DTYPE_FP16, k, v);
-                    memset(&items[h], 0, sizeof items[h]);
-                    kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len);
-                    items[h].chunk.id = ids[ci];
-                    items[h].chunk.has_parent = ci > 0;
-                    if (ci > 0)
-                        items[h].chunk.parent = ids[ci - 1];
-                    snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-                    items[h].chunk.index = ci;
-                    items[h].chunk.tokens = 256;
-                    items[h].layer = (uint16_t)l;
-                    items[h].head = (uint16_t)h;
-                    items[h].block = blocks + h * cap;
-                }
+                for (uint32_t h = 0; h < S_HEADS; h++)
+                    bench_chunk_item(&items[h], S_MODEL, ids, ci, l, h, ctx * 1000 + l * 100 + h,
+                                     &spec, blocks + h * cap, cap, k, v);
                 rc = kvedge_client_put(c, items, S_HEADS, NULL);
                 atomic_fetch_add(&s_ops[0], 1);
             }
@@ -186,23 +174,6 @@ static void *s_getter(void *arg)
     return NULL;
 }
 
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
-} s_wait_t;
-
-static void s_fetch_done(void *ctx, int status)
-{
-    s_wait_t *w = ctx;
-    pthread_mutex_lock(&w->mu);
-    w->done = true;
-    w->status = status;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 /* FETCH: every layer of a context of the ring through the proxy (which streams them from the
  * node over its own CURVE connection). */
 static void *s_fetcher(void *arg)
@@ -216,7 +187,7 @@ static void *s_fetcher(void *arg)
     while (!atomic_load(&s_stop)) {
         kvedge_chunk_id_t ids[S_CHUNKS];
         if (s_ring_pick(ids)) {
-            s_wait_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0};
+            bench_fetch_end_t w;
             kvedge_fetch_req_t req = {.model_id = S_MODEL,
                                       .chunks = ids,
                                       .n = S_CHUNKS,
@@ -224,15 +195,10 @@ static void *s_fetcher(void *arg)
                                       .layers = S_LAYERS,
                                       .tokens = S_TOKENS,
                                       .deadline_ms = 10000};
-            kvedge_fetch_cbs_t cbs = {NULL, NULL, NULL, s_fetch_done};
-            int rc = kvedge_client_fetch_async(c, &req, &cbs, &w);
-            if (rc == KVEDGE_OK) {
-                pthread_mutex_lock(&w.mu);
-                while (!w.done)
-                    pthread_cond_wait(&w.cv, &w.mu);
-                pthread_mutex_unlock(&w.mu);
+            kvedge_fetch_cbs_t cbs = {NULL, NULL, NULL, bench_fetch_done};
+            int rc = bench_fetch_wait(c, &req, &cbs, &w);
+            if (rc == KVEDGE_OK)
                 rc = w.status;
-            }
             atomic_fetch_add(&s_ops[2], 1);
             if (rc != KVEDGE_OK)
                 s_fail(2, rc);

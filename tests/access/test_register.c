@@ -196,31 +196,55 @@ static void test_state_names(void **state)
     assert_int_equal(c.refusals, 0);
 }
 
-/* The publisher and the view on their own: refused (with the fix), then registered once the
- * certificate is in the master's allowlist; the view says why it is not synced meanwhile. */
-static void test_refused_then_registered(void **state)
+/* The store under the temp dir, and a publisher on it that keeps node/<id> (an edge node at
+ * tcp://10.0.0.7:7400) registered through v, a pass every interval_ms. */
+static kvedge_engine_t *s_engine(s_fx_t *fx)
 {
-    s_fx_t *fx = *state;
-    s_master_start(fx);
     char edata[128];
     snprintf(edata, sizeof edata, "%s/engine", fx->dir);
     kvedge_engine_t *e = NULL;
     assert_int_equal(kvedge_engine_open(edata, NULL, &e, NULL, 0), KVEDGE_OK);
-    kvedge_mview_t *v = s_node_view(fx);
+    return e;
+}
+
+static kvedge_dirpub_t *s_publisher(kvedge_engine_t *e, kvedge_mview_t *v, const char *id,
+                                    const char *master, const char *cert, uint32_t interval_ms)
+{
     kvedge_master_node_t rec;
     memset(&rec, 0, sizeof rec);
     rec.role = KVEDGE_ROLE_EDGE;
     snprintf(rec.endpoint, sizeof rec.endpoint, "tcp://10.0.0.7:7400");
     kvedge_dirpub_opts_t po = {.engine = e,
                                .view = v,
-                               .node_id = "edge-7",
+                               .node_id = id,
                                .node = &rec,
-                               .interval_ms = 100,
-                               .master = kvedge_master_endpoint(fx->master),
-                               .cert = fx->ncert};
+                               .interval_ms = interval_ms,
+                               .master = master,
+                               .cert = cert};
     kvedge_dirpub_t *d = NULL;
-    int64_t t0 = zclock_mono();
     assert_int_equal(kvedge_dirpub_start(&po, &d), KVEDGE_OK);
+    return d;
+}
+
+/* Stops the publisher, then the view, then the store. */
+static void s_stop(kvedge_dirpub_t **d, kvedge_mview_t **v, kvedge_engine_t **e)
+{
+    kvedge_dirpub_destroy(d);
+    kvedge_mview_destroy(v);
+    kvedge_engine_destroy(e);
+}
+
+/* The publisher and the view on their own: refused (with the fix), then registered once the
+ * certificate is in the master's allowlist; the view says why it is not synced meanwhile. */
+static void test_refused_then_registered(void **state)
+{
+    s_fx_t *fx = *state;
+    s_master_start(fx);
+    kvedge_engine_t *e = s_engine(fx);
+    kvedge_mview_t *v = s_node_view(fx);
+    int64_t t0 = zclock_mono();
+    kvedge_dirpub_t *d =
+        s_publisher(e, v, "edge-7", kvedge_master_endpoint(fx->master), fx->ncert, 100);
 
     assert_true(s_wait_state(d, KVEDGE_DIRPUB_REFUSED, 5000));
     kvedge_dirpub_reg_t r;
@@ -262,21 +286,17 @@ static void test_refused_then_registered(void **state)
     assert_int_equal(kt_log_count(&fx->log, "registered with the master", "as edge-7", NULL), 1);
     assert_int_equal(kvedge_dirpub_sync(d, NULL), KVEDGE_OK);
     assert_true(zclock_mono() - t0 < 18000);
-    kvedge_dirpub_destroy(&d);
-    kvedge_mview_destroy(&v);
-    kvedge_engine_destroy(&e);
+    s_stop(&d, &v, &e);
 }
 
 /* A master that does not answer: failing, with the reason, retried with a backoff. */
 static void test_master_down_failing(void **state)
 {
     s_fx_t *fx = *state;
-    char edata[128], rt[128], pb[128];
-    snprintf(edata, sizeof edata, "%s/engine", fx->dir);
+    char rt[128], pb[128];
     snprintf(rt, sizeof rt, "ipc://%s/none-r.ipc", fx->dir);
     snprintf(pb, sizeof pb, "ipc://%s/none-p.ipc", fx->dir);
-    kvedge_engine_t *e = NULL;
-    assert_int_equal(kvedge_engine_open(edata, NULL, &e, NULL, 0), KVEDGE_OK);
+    kvedge_engine_t *e = s_engine(fx);
     kvedge_mview_opts_t vo;
     kvedge_mview_opts_default(&vo);
     vo.master = rt;
@@ -284,19 +304,8 @@ static void test_master_down_failing(void **state)
     vo.start_wait_ms = -1;
     kvedge_mview_t *v = NULL;
     assert_int_equal(kvedge_mview_start(&vo, &v), KVEDGE_OK);
-    kvedge_master_node_t rec;
-    memset(&rec, 0, sizeof rec);
-    rec.role = KVEDGE_ROLE_EDGE;
-    snprintf(rec.endpoint, sizeof rec.endpoint, "tcp://10.0.0.7:7400");
     /* One pass at start, then none for a minute: the test's own passes are not queued. */
-    kvedge_dirpub_opts_t po = {.engine = e,
-                               .view = v,
-                               .node_id = "edge-8",
-                               .node = &rec,
-                               .interval_ms = 60000,
-                               .master = rt};
-    kvedge_dirpub_t *d = NULL;
-    assert_int_equal(kvedge_dirpub_start(&po, &d), KVEDGE_OK);
+    kvedge_dirpub_t *d = s_publisher(e, v, "edge-8", rt, NULL, 60000);
     kvedge_dirpub_reg_t r;
     kvedge_dirpub_registration(d, &r);
     assert_true(r.state == KVEDGE_DIRPUB_PENDING || r.state == KVEDGE_DIRPUB_FAILING);
@@ -311,39 +320,7 @@ static void test_master_down_failing(void **state)
     assert_true(zclock_mono() - t < 1000);
     assert_int_equal(kt_log_count(&fx->log, "registration with the master", "failing", rt, NULL),
                      1);
-    kvedge_dirpub_destroy(&d);
-    kvedge_mview_destroy(&v);
-    kvedge_engine_destroy(&e);
-}
-
-/* The store under the temp dir, and a publisher on it that keeps node/<id> (an edge node at
- * tcp://10.0.0.7:7400) registered through v, a pass every 100 ms. */
-static kvedge_engine_t *s_engine(s_fx_t *fx)
-{
-    char edata[128];
-    snprintf(edata, sizeof edata, "%s/engine", fx->dir);
-    kvedge_engine_t *e = NULL;
-    assert_int_equal(kvedge_engine_open(edata, NULL, &e, NULL, 0), KVEDGE_OK);
-    return e;
-}
-
-static kvedge_dirpub_t *s_publisher(kvedge_engine_t *e, kvedge_mview_t *v, const char *id,
-                                    const char *master, const char *cert)
-{
-    kvedge_master_node_t rec;
-    memset(&rec, 0, sizeof rec);
-    rec.role = KVEDGE_ROLE_EDGE;
-    snprintf(rec.endpoint, sizeof rec.endpoint, "tcp://10.0.0.7:7400");
-    kvedge_dirpub_opts_t po = {.engine = e,
-                               .view = v,
-                               .node_id = id,
-                               .node = &rec,
-                               .interval_ms = 100,
-                               .master = master,
-                               .cert = cert};
-    kvedge_dirpub_t *d = NULL;
-    assert_int_equal(kvedge_dirpub_start(&po, &d), KVEDGE_OK);
-    return d;
+    s_stop(&d, &v, &e);
 }
 
 /* A node that joins the CURVE master in plaintext is not refused but ignored (the handshake
@@ -362,7 +339,7 @@ static void test_plaintext_to_curve_master(void **state)
     vo.start_wait_ms = -1;
     kvedge_mview_t *v = NULL;
     assert_int_equal(kvedge_mview_start(&vo, &v), KVEDGE_OK);
-    kvedge_dirpub_t *d = s_publisher(e, v, "edge-9", kvedge_master_endpoint(fx->master), NULL);
+    kvedge_dirpub_t *d = s_publisher(e, v, "edge-9", kvedge_master_endpoint(fx->master), NULL, 100);
     assert_true(s_wait_state(d, KVEDGE_DIRPUB_FAILING, S_WAIT_MS));
     kvedge_mview_conn_t c;
     kvedge_mview_conn(v, &c);
@@ -376,9 +353,7 @@ static void test_plaintext_to_curve_master(void **state)
     assert_int_equal(kt_log_count(&fx->log, "registration with the master", "requires CURVE",
                                   "--master-key", NULL),
                      1);
-    kvedge_dirpub_destroy(&d);
-    kvedge_mview_destroy(&v);
-    kvedge_engine_destroy(&e);
+    s_stop(&d, &v, &e);
 }
 
 /* Registered, then the master goes away: lost once it has been silent for the view's
@@ -406,7 +381,7 @@ static void test_master_lost_and_back(void **state)
     vo.start_wait_ms = 2000;
     kvedge_mview_t *v = NULL;
     assert_int_equal(kvedge_mview_start(&vo, &v), KVEDGE_OK);
-    kvedge_dirpub_t *d = s_publisher(e, v, "edge-5", bind, fx->ncert);
+    kvedge_dirpub_t *d = s_publisher(e, v, "edge-5", bind, fx->ncert, 100);
     assert_true(s_wait_state(d, KVEDGE_DIRPUB_REGISTERED, S_WAIT_MS));
 
     kvedge_mview_destroy(&fx->observer);
@@ -429,9 +404,7 @@ static void test_master_lost_and_back(void **state)
     assert_true(s_wait_state(d, KVEDGE_DIRPUB_REGISTERED, S_WAIT_MS));
     assert_int_equal(kt_log_count(&fx->log, "master lost", "nothing heard", NULL), 1);
     assert_int_equal(kt_log_count(&fx->log, "is back: registered as edge-5", NULL), 1);
-    kvedge_dirpub_destroy(&d);
-    kvedge_mview_destroy(&v);
-    kvedge_engine_destroy(&e);
+    s_stop(&d, &v, &e);
 }
 
 /* The whole node: started before its certificate is allowlisted, registered without a restart

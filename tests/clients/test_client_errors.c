@@ -18,6 +18,7 @@
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "store/node/node.h"
+#include "tests/common/world.h"
 
 typedef struct {
     char root[64];
@@ -38,15 +39,11 @@ static int s_setup(void **state)
     }
     snprintf(fx->node_ep, sizeof fx->node_ep, "ipc://%s/node.sock", fx->root);
     snprintf(fx->proxy_ep, sizeof fx->proxy_ep, "ipc://%s/proxy.sock", fx->root);
+    char data[100];
+    snprintf(data, sizeof data, "%s/node", fx->root);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = KVEDGE_ROLE_CLOUD;
-    ns.insecure = true;
+    kt_node_settings(&ns, KVEDGE_ROLE_CLOUD, "c1", data, fx->node_ep);
     ns.workers = 1;
-    snprintf(ns.data, sizeof ns.data, "%s/node", fx->root);
-    snprintf(ns.bind, sizeof ns.bind, "%s", fx->node_ep);
-    snprintf(ns.name, sizeof ns.name, "c1");
     char why[512];
     if (kvedge_node_start(&ns, &fx->node, why, sizeof why) != 0) {
         fprintf(stderr, "node: %s\n", why);
@@ -78,12 +75,20 @@ static int s_teardown(void **state)
     return 0;
 }
 
-static kvedge_client_t *s_connect(const char *ep)
+/* The default client options with endpoint ep and, when deadline_ms > 0, that deadline. */
+static kvedge_client_opts_t s_opts(const char *ep, int deadline_ms)
 {
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
     o.endpoint = ep;
-    o.deadline_ms = 3000;
+    if (deadline_ms > 0)
+        o.deadline_ms = deadline_ms;
+    return o;
+}
+
+static kvedge_client_t *s_connect(const char *ep)
+{
+    kvedge_client_opts_t o = s_opts(ep, 3000);
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
     assert_string_equal(kvedge_client_last_error(), "");
@@ -100,9 +105,7 @@ static void s_has(const char *msg, const char *needle)
 static void test_endpoint_form(void **state)
 {
     (void)state;
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = "127.0.0.1:17400";
+    kvedge_client_opts_t o = s_opts("127.0.0.1:17400", 0);
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
     assert_null(c);
@@ -138,9 +141,7 @@ static void test_missing_files(void **state)
     zcert_t *z = zcert_new();
     assert_int_equal(zcert_save(z, cert), 0);
     zcert_destroy(&z);
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = fx->node_ep;
+    kvedge_client_opts_t o = s_opts(fx->node_ep, 0);
     o.server_key = missing_key;
     o.client_cert = cert;
     kvedge_client_t *c = NULL;
@@ -218,9 +219,7 @@ static void *s_other_thread(void *arg)
 static void test_per_thread(void **state)
 {
     (void)state;
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = "localhost:7400";
+    kvedge_client_opts_t o = s_opts("localhost:7400", 0);
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
     assert_true(kvedge_client_last_error()[0] != '\0');
@@ -238,10 +237,7 @@ static void test_no_answer(void **state)
     s_fx_t *fx = *state;
     char ep[128];
     snprintf(ep, sizeof ep, "ipc://%s/nobody.sock", fx->root);
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = 300;
+    kvedge_client_opts_t o = s_opts(ep, 300);
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_ETIMEDOUT);
     s_has(kvedge_client_last_error(), "no answer from");

@@ -21,6 +21,7 @@
 #include "store/node/hsync.h"
 #include "clients/kvedge.h"
 #include "store/synth.h"
+#include "tests/common/shell.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
@@ -515,12 +516,7 @@ static int s_kvedge(char *out, size_t cap, const char *fmt, ...)
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", KVEDGE_BIN, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t len = fread(out, 1, cap - 1, p);
-    out[len] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return kt_capture(cmd, out, cap);
 }
 
 /* `kvedge sync` with the cloud down: the pass fails (exit code says so) and the output says

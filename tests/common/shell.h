@@ -1,5 +1,6 @@
-/* For tests that run the kvedge command through a shell: run a command line, and look for a
- * text in the file its output went to. Header-only: tests are programs. */
+/* For tests that run the kvedge command through a shell: run a command line (or capture what
+ * it prints), and look for a text in the file its output went to. Header-only: tests are
+ * programs. Include after <cmocka.h>. */
 #ifndef KVEDGE_TESTS_SHELL_H
 #define KVEDGE_TESTS_SHELL_H
 
@@ -20,6 +21,18 @@ static inline int kt_sh(const char *fmt, ...)
     vsnprintf(cmd, sizeof cmd, fmt, ap);
     va_end(ap);
     int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Runs a shell command line; its stdout (at most cap - 1 bytes) into out. Returns its exit
+ * code, or -1 when it did not exit. */
+static inline int kt_capture(const char *cmd, char *out, size_t cap)
+{
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 

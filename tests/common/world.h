@@ -1,6 +1,7 @@
 /* A small in-process world for the large-small tests (test_largesmall, test_prune): a Storage
  * Master with a view of it, a cloud node "cloud1" not registered with the master, and an edge
- * proxy whose one source is that node; and the synthetic decoders those tests pair. Include
+ * proxy whose one source is that node; and the synthetic decoders those tests pair. Its master
+ * and node settings serve the proxy tests too (kt_master_start, kt_node_settings). Include
  * after <cmocka.h>. */
 #ifndef KVEDGE_TESTS_WORLD_H
 #define KVEDGE_TESTS_WORLD_H
@@ -39,6 +40,43 @@ static inline kvedge_decoder_t *kt_load(const char *path)
     return d;
 }
 
+/* A master on ipc endpoints under root (plaintext: loopback only), registry in root/master. */
+typedef struct {
+    kvedge_master_opts_t opts; /* as started: a test may start it again */
+    char dir[200], ep[220], pub[220];
+    kvedge_master_t *m;
+} kt_master_t;
+
+static inline kvedge_master_t *kt_master_start(kt_master_t *mm, const char *root)
+{
+    kvedge_master_opts_default(&mm->opts);
+    snprintf(mm->dir, sizeof mm->dir, "%.120s/master", root);
+    snprintf(mm->ep, sizeof mm->ep, "ipc://%.120s/m.sock", root);
+    snprintf(mm->pub, sizeof mm->pub, "ipc://%.120s/mp.sock", root);
+    mm->opts.bind = mm->ep;
+    mm->opts.pub = mm->pub;
+    mm->opts.data_dir = mm->dir;
+    mm->opts.insecure = true;
+    mm->m = NULL;
+    assert_int_equal(kvedge_master_start(&mm->opts, &mm->m, NULL, 0), 0);
+    return mm->m;
+}
+
+/* The settings of a plaintext store node called name (2 workers, no metrics) with its store in
+ * data, bound to bind. */
+static inline void kt_node_settings(kvedge_node_settings_t *ns, kvedge_role_t role,
+                                    const char *name, const char *data, const char *bind)
+{
+    kvedge_node_settings_default(ns);
+    snprintf(ns->metrics, sizeof ns->metrics, "off");
+    ns->role = role;
+    ns->insecure = true;
+    ns->workers = 2;
+    snprintf(ns->data, sizeof ns->data, "%s", data);
+    snprintf(ns->bind, sizeof ns->bind, "%s", bind);
+    snprintf(ns->name, sizeof ns->name, "%s", name);
+}
+
 typedef struct {
     char mdir[200], mep[200], mpub[200];
     kvedge_master_t *master;
@@ -75,14 +113,7 @@ static inline void kt_world_node(kt_world_t *w, const char *root)
     snprintf(w->ndir, sizeof w->ndir, "%s/cloud1", root);
     snprintf(w->nep, sizeof w->nep, "ipc://%s.sock", w->ndir);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = KVEDGE_ROLE_CLOUD;
-    ns.insecure = true;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s", w->ndir);
-    snprintf(ns.bind, sizeof ns.bind, "%s", w->nep);
-    snprintf(ns.name, sizeof ns.name, "cloud1");
+    kt_node_settings(&ns, KVEDGE_ROLE_CLOUD, "cloud1", w->ndir, w->nep);
     char why[256];
     if (kvedge_node_start(&ns, &w->node, why, sizeof why) != KVEDGE_OK)
         fail_msg("node: %s", why);

@@ -43,13 +43,14 @@
 #include "clients/kvedge.h"
 #include "store/engine.h"
 #include "store/synth.h"
+#include "tests/common/ctx_fx.h"
 
-#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
-#define S_HEADS  12
-#define S_LAYERS 12
+#define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  KT_CTX_HEADS
+#define S_LAYERS KT_CTX_LAYERS
 #define S_CHUNKS 1
-#define S_TOKENS 256      /* per chunk */
-#define S_TENANT "jitter" /* of the proxy's key: the node files the context under it */
+#define S_TOKENS KT_CTX_TOKENS /* per chunk */
+#define S_TENANT "jitter"      /* of the proxy's key: the node files the context under it */
 /* The link, each way: a packet's delay is uniform in DELAY +- SPREAD (jitter cases), or it
  * is dropped with probability LOSS_PCT % (loss cases). */
 #define S_DELAY_US    50000
@@ -313,61 +314,10 @@ static void s_delayer_stop(s_delayer_t *d)
 
 /* ---------------------------------------------------------------- the context */
 
-typedef struct {
-    kvedge_chunk_id_t ids[S_CHUNKS];
-    uint8_t *block[S_LAYERS][S_CHUNKS][S_HEADS];
-    size_t len[S_LAYERS][S_CHUNKS][S_HEADS];
-} s_ctx_t;
-
-static s_ctx_t s_ctx;
-
-static void s_make_context(void)
-{
-    uint32_t tok[S_CHUNKS * S_TOKENS];
-    for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
-        tok[i] = 7 * i + 5;
-    assert_int_equal(kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS,
-                                        s_ctx.ids, S_CHUNKS),
-                     S_CHUNKS);
-    kvedge_block_spec_t spec = {
-        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++) {
-                s_ctx.block[l][c][h] = malloc(cap);
-                assert_non_null(s_ctx.block[l][c][h]);
-                assert_int_equal(kvedge_synth_head(l * 1000 + c * 100 + h, c * S_TOKENS, S_TOKENS,
-                                                   64, KVEDGE_DTYPE_FP16, k, v),
-                                 0);
-                assert_int_equal(kvedge_block_encode(&spec, k, v, s_ctx.block[l][c][h], cap,
-                                                     &s_ctx.len[l][c][h]),
-                                 0);
-            }
-}
-
-static void s_free_context(void)
-{
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++)
-                free(s_ctx.block[l][c][h]);
-}
+static kt_ctx_t s_ctx;
 
 static char s_root[] = "/tmp/kvedge-jitter-XXXXXX";
 static char s_node_pub[300], s_proxy_cert[300], s_clients[300];
-
-static kvedge_client_t *s_client(const char *ep, int deadline_ms)
-{
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = deadline_ms;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    return c;
-}
 
 /* Writes every layer of the context into the store at dir before its node starts, filed
  * under S_TENANT as the node files what a client of that tenant puts (store/node/server.c):
@@ -507,63 +457,20 @@ static void s_cat(const char *path)
 
 /* ---------------------------------------------------------------- fetching */
 
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
-    uint32_t layers, fetched, mismatches;
-} s_result_t;
-
-static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source, int status,
-                      const uint8_t *data, size_t len)
-{
-    (void)source;
-    s_result_t *r = ctx;
-    if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
-        len != s_ctx.len[layer][ci][head] || memcmp(data, s_ctx.block[layer][ci][head], len) != 0)
-        r->mismatches++;
-}
-
-static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
-{
-    s_result_t *r = ctx;
-    r->layers++;
-    if (l->status == 0 && l->source >= 0)
-        r->fetched++;
-}
-
-static void s_r_done(void *ctx, int status)
-{
-    s_result_t *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    r->done = true;
-    r->status = status;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
 /* One fetch of every layer; returns its time in ms. */
-static double s_fetch(kvedge_client_t *c, s_result_t *r)
+static double s_fetch(kvedge_client_t *c, kt_fetch_t *r)
 {
     memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    r->ctx = &s_ctx;
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,
                               .tokens = S_CHUNKS * S_TOKENS,
                               .deadline_ms = S_DEADLINE_MS};
-    kvedge_fetch_cbs_t cbs = {NULL, s_r_block, s_r_layer, s_r_done};
+    kvedge_fetch_cbs_t cbs = {NULL, kt_fetch_block, kt_fetch_layer, kt_fetch_done};
     int64_t t0 = zclock_usecs();
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
-    pthread_mutex_lock(&r->mu);
-    while (!r->done)
-        pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
+    kt_fetch_wait(c, &req, &cbs, r);
     return (double)(zclock_usecs() - t0) / 1e3;
 }
 
@@ -627,13 +534,13 @@ static void s_run(const char *name, bool jitter, int loss_pct)
     if (!s_file_has(log, "source cloud1 (cloud) connected"))
         fail_msg("the proxy did not connect to the cloud (see %s)", log);
 
-    kvedge_client_t *c = s_client(pep, S_DEADLINE_MS);
+    kvedge_client_t *c = kt_client(pep, S_DEADLINE_MS);
     int fetches = 0;
     double worst = 0;
     char bad[300] = "";
     int64_t end = zclock_mono() + S_RUN_MS;
     while (!bad[0] && zclock_mono() < end) {
-        s_result_t r;
+        kt_fetch_t r;
         double ms = s_fetch(c, &r);
         fetches++;
         worst = ms > worst ? ms : worst;
@@ -700,14 +607,14 @@ int main(void)
         s_keygen(s_node_pub);
         s_keygen(s_proxy_cert);
         s_allow(s_proxy_cert, "proxy.cert");
-        s_make_context();
+        kt_ctx_make(&s_ctx, S_CHUNKS, 7, 5, true);
         const struct CMUnitTest tests[] = {
             cmocka_unit_test_teardown(test_jitter, s_teardown),
             cmocka_unit_test_teardown(test_loss, s_teardown),
             cmocka_unit_test_teardown(test_jitter_and_loss, s_teardown),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);
-        s_free_context();
+        kt_ctx_free(&s_ctx);
     }
     s_net_down();
     char cmd[400];

@@ -20,11 +20,12 @@
 #include "proxy/proxy.h"
 #include "store/node/node.h"
 #include "store/synth.h"
+#include "tests/common/ctx_fx.h"
+#include "tests/common/world.h"
 
-#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
-#define S_HEADS  12
-#define S_LAYERS 4 /* fetched: the first four */
-#define S_TOKENS 256
+#define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
+#define S_LAYERS 4            /* put and fetched: the first four */
+#define S_TOKENS KT_CTX_TOKENS
 /* At 8 Mbit/s a layer (12 int8 blocks of 256 tokens, about 400 KB) takes about 0.4 s and the
  * four about 1.6 s: each stream outlives the 400 ms window many times over. */
 #define S_LINK "8mbit,1ms"
@@ -42,57 +43,8 @@ static void s_put(const char *ep)
     o.endpoint = ep;
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    kvedge_block_spec_t spec = {
-        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    uint8_t *blocks = malloc(cap * S_HEADS);
-    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
-    assert_non_null(blocks);
-    for (uint32_t l = 0; l < S_LAYERS; l++) {
-        kvedge_put_item_t items[S_HEADS];
-        for (uint32_t h = 0; h < S_HEADS; h++) {
-            assert_int_equal(
-                kvedge_synth_head(l * 100 + h, 0, S_TOKENS, 64, KVEDGE_DTYPE_FP16, k, v), 0);
-            memset(&items[h], 0, sizeof items[h]);
-            assert_int_equal(kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len),
-                             0);
-            items[h].chunk.id = s_id;
-            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-            items[h].chunk.tokens = S_TOKENS;
-            items[h].layer = (uint16_t)l;
-            items[h].head = (uint16_t)h;
-            items[h].block = blocks + h * cap;
-        }
-        assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
-    }
-    free(blocks);
+    kt_put_chunk(c, &s_id, S_LAYERS, KVEDGE_SCHEME_INT8, 0);
     kvedge_client_destroy(&c);
-}
-
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
-    uint32_t layers, fetched;
-} s_result_t;
-
-static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
-{
-    s_result_t *r = ctx;
-    r->layers++;
-    if (l->status == 0 && l->source >= 0)
-        r->fetched++;
-}
-
-static void s_r_done(void *ctx, int status)
-{
-    s_result_t *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    r->done = true;
-    r->status = status;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
 }
 
 static void test_slow_stream_is_not_stalled(void **state)
@@ -100,15 +52,11 @@ static void test_slow_stream_is_not_stalled(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-progress-XXXXXX";
     assert_non_null(mkdtemp(root));
+    char data[200], bind[200];
+    snprintf(data, sizeof data, "%s/cloud1", root);
+    snprintf(bind, sizeof bind, "ipc://%s/cloud1.sock", root);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = KVEDGE_ROLE_CLOUD;
-    ns.insecure = true;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s/cloud1", root);
-    snprintf(ns.bind, sizeof ns.bind, "ipc://%s/cloud1.sock", root);
-    snprintf(ns.name, sizeof ns.name, "cloud1");
+    kt_node_settings(&ns, KVEDGE_ROLE_CLOUD, "cloud1", data, bind);
     kvedge_node_t *node = NULL;
     char why[256];
     if (kvedge_node_start(&ns, &node, why, sizeof why) != KVEDGE_OK)
@@ -132,26 +80,17 @@ static void test_slow_stream_is_not_stalled(void **state)
         fail_msg("proxy: %s", why);
     assert_int_equal(kvedge_proxy_wait_sources(proxy, 1, 5000), KVEDGE_OK);
 
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = pep;
-    o.deadline_ms = 20000;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    s_result_t r = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0, 0, 0};
+    kvedge_client_t *c = kt_client(pep, 20000);
+    kt_fetch_t r = {0};
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = &s_id,
                               .n = 1,
                               .layers = S_LAYERS,
                               .tokens = S_TOKENS,
                               .deadline_ms = 20000};
-    kvedge_fetch_cbs_t cbs = {NULL, NULL, s_r_layer, s_r_done};
+    kvedge_fetch_cbs_t cbs = {NULL, NULL, kt_fetch_layer, kt_fetch_done};
     int64_t t0 = zclock_mono();
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, &r), 0);
-    pthread_mutex_lock(&r.mu);
-    while (!r.done)
-        pthread_cond_wait(&r.cv, &r.mu);
-    pthread_mutex_unlock(&r.mu);
+    kt_fetch_wait(c, &req, &cbs, &r);
     int64_t ms = zclock_mono() - t0;
     kvedge_client_destroy(&c);
 

@@ -31,89 +31,24 @@
 #include "clients/kvedge.h"
 #include "proxy/proxy.h"
 #include "store/synth.h"
+#include "tests/common/ctx_fx.h"
+#include "tests/common/spawn.h"
+#include "tests/common/world.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
-#define S_HEADS  12
-#define S_LAYERS 12
+#define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  KT_CTX_HEADS
+#define S_LAYERS KT_CTX_LAYERS
 #define S_CHUNKS 2
-#define S_TOKENS 256 /* per chunk */
+#define S_TOKENS KT_CTX_TOKENS /* per chunk */
 
 /* ---------------------------------------------------------------- the context */
 
-typedef struct {
-    kvedge_chunk_id_t ids[S_CHUNKS];
-    uint8_t *block[S_LAYERS][S_CHUNKS][S_HEADS];
-    size_t len[S_LAYERS][S_CHUNKS][S_HEADS];
-} s_ctx_t;
-
-static s_ctx_t s_ctx;
-
-static void s_make_context(void)
-{
-    uint32_t tok[S_CHUNKS * S_TOKENS];
-    for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
-        tok[i] = 11 * i + 3;
-    assert_int_equal(
-        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS, s_ctx.ids, 2), 2);
-    kvedge_block_spec_t spec = {
-        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++) {
-                s_ctx.block[l][c][h] = malloc(cap);
-                assert_int_equal(kvedge_synth_head(l * 1000 + c * 100 + h, 0, S_TOKENS, 64,
-                                                   KVEDGE_DTYPE_FP16, k, v),
-                                 0);
-                assert_int_equal(kvedge_block_encode(&spec, k, v, s_ctx.block[l][c][h], cap,
-                                                     &s_ctx.len[l][c][h]),
-                                 0);
-            }
-}
-
-static kvedge_client_t *s_client(const char *ep, int deadline_ms)
-{
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = deadline_ms;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    return c;
-}
-
-/* Puts layers [l0, l1) of the context to the node at ep. */
-static void s_put(const char *ep, uint32_t l0, uint32_t l1, bool pin)
-{
-    kvedge_client_t *c = s_client(ep, 10000);
-    kvedge_put_item_t items[S_HEADS];
-    for (uint32_t l = l0; l < l1; l++)
-        for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
-            for (uint32_t h = 0; h < S_HEADS; h++) {
-                memset(&items[h], 0, sizeof items[h]);
-                items[h].chunk.id = s_ctx.ids[ci];
-                items[h].chunk.has_parent = ci > 0;
-                if (ci > 0)
-                    items[h].chunk.parent = s_ctx.ids[ci - 1];
-                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-                items[h].chunk.index = ci;
-                items[h].chunk.tokens = S_TOKENS;
-                items[h].layer = (uint16_t)l;
-                items[h].head = (uint16_t)h;
-                items[h].block = s_ctx.block[l][ci][h];
-                items[h].len = s_ctx.len[l][ci][h];
-                items[h].pin = pin;
-            }
-            assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
-        }
-    kvedge_client_destroy(&c);
-}
+static kt_ctx_t s_ctx;
 
 /* ---------------------------------------------------------------- nodes */
 
@@ -134,14 +69,8 @@ static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge
     snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
     snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
+    kt_node_settings(&ns, role, name, n->dir, n->ep);
     snprintf(ns.metrics, sizeof ns.metrics, "%s", s_with_metrics ? "127.0.0.1:0" : "off");
-    ns.role = role;
-    ns.insecure = true;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
-    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
-    snprintf(ns.name, sizeof ns.name, "%s", name);
     if (master) {
         snprintf(ns.master, sizeof ns.master, "%s", master);
         snprintf(ns.master_pub, sizeof ns.master_pub, "%s", pub);
@@ -162,23 +91,8 @@ static void s_node_stop(s_node_t *n)
 /* A cloud node in its own process, so it can be killed mid-request. */
 static pid_t s_spawn_cloud(const char *root, const char *ep)
 {
-    char data[400];
-    snprintf(data, sizeof data, "%s/cloud-proc", root);
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], STDOUT_FILENO);
-        execl(KVEDGE_BIN, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure",
-              "--bind", ep, "--log-level", "error", "--metrics", "off", (char *)NULL);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char line[300];
-    ssize_t r = read(pfd[0], line, sizeof line);
-    close(pfd[0]);
-    assert_true(r > 0);
+    pid_t pid = kt_spawn_cloud(KVEDGE_BIN, root, ep);
+    assert_true(pid > 0);
     return pid;
 }
 
@@ -248,7 +162,7 @@ static double s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->kill_after_first = kill_pid;
-    kvedge_client_t *c = s_client(proxy_ep, deadline_ms);
+    kvedge_client_t *c = kt_client(proxy_ep, deadline_ms);
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
@@ -320,27 +234,6 @@ static void s_rmrf(const char *dir)
     assert_int_equal(system(cmd), 0);
 }
 
-/* A master on ipc endpoints under root, registry in root/master. */
-typedef struct {
-    kvedge_master_opts_t opts;
-    char dir[300], ep[350], pub[350];
-} s_master_t;
-
-static kvedge_master_t *s_master_start(s_master_t *mm, const char *root)
-{
-    kvedge_master_opts_default(&mm->opts);
-    snprintf(mm->dir, sizeof mm->dir, "%.200s/master", root);
-    snprintf(mm->ep, sizeof mm->ep, "ipc://%.200s/m.sock", root);
-    snprintf(mm->pub, sizeof mm->pub, "ipc://%.200s/mp.sock", root);
-    mm->opts.bind = mm->ep;
-    mm->opts.pub = mm->pub;
-    mm->opts.data_dir = mm->dir;
-    mm->opts.insecure = true;
-    kvedge_master_t *m = NULL;
-    assert_int_equal(kvedge_master_start(&mm->opts, &m, NULL, 0), 0);
-    return m;
-}
-
 /* ---------------------------------------------------------------- tests */
 
 /* A node that holds blocks of a model the registry does not know registers its shape
@@ -350,8 +243,8 @@ static void test_node_registers_its_models(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     s_node_t node;
     s_node_start(&node, root, "edgeM", KVEDGE_ROLE_EDGE, mm.ep, mm.pub);
     kvedge_model_t custom = {.id = "custom-model",
@@ -360,7 +253,7 @@ static void test_node_registers_its_models(void **state)
                              .head_dim = 64,
                              .dtype = KVEDGE_DTYPE_FP16};
     assert_int_equal(kvedge_engine_put_model(node.engine, &custom), 0);
-    kvedge_client_t *c = s_client(node.ep, 10000);
+    kvedge_client_t *c = kt_client(node.ep, 10000);
     kvedge_put_item_t item;
     memset(&item, 0, sizeof item);
     item.chunk.id = s_ctx.ids[0];
@@ -407,14 +300,15 @@ static void test_peer_sharing_with_directory(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     const char *mep = mm.ep, *mpub = mm.pub;
     s_node_t cloud, peer;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
     s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, mep, mpub);
-    s_put(cloud.ep, 0, S_LAYERS, false);
-    s_put(peer.ep, 0, 6, false); /* edge A computed the shallow layers and published them */
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, peer.ep, 0, 6,
+               false); /* edge A computed the shallow layers and published them */
     uint32_t changed;
     assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
     assert_int_equal(kvedge_node_publish(peer.node, &changed), 0);
@@ -483,8 +377,8 @@ static void test_stale_directory_falls_back(void **state)
     s_node_t cloud, peer;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
     s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, NULL, NULL);
-    s_put(cloud.ep, 0, S_LAYERS, false);
-    s_put(peer.ep, 0, 6, false);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, peer.ep, 0, 6, false);
     kvedge_proxy_source_t src[2];
     char spec[600];
     snprintf(spec, sizeof spec, "cloud cloud1 %s link=100mbit,20ms bw=12500000 rtt=40000",
@@ -536,7 +430,7 @@ static void test_stale_directory_falls_back(void **state)
 /* Puts heads [0, h1) of layer `layer` of every chunk of the context to the node at ep. */
 static void s_put_heads(const char *ep, uint32_t layer, uint32_t h1)
 {
-    kvedge_client_t *c = s_client(ep, 10000);
+    kvedge_client_t *c = kt_client(ep, 10000);
     kvedge_put_item_t items[S_HEADS];
     for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
         for (uint32_t h = 0; h < h1; h++) {
@@ -560,7 +454,7 @@ static void s_put_heads(const char *ep, uint32_t layer, uint32_t h1)
 
 static size_t s_lookup(const char *ep)
 {
-    kvedge_client_t *c = s_client(ep, 10000);
+    kvedge_client_t *c = kt_client(ep, 10000);
     size_t hit = 99;
     assert_int_equal(kvedge_client_lookup(c, s_ctx.ids, S_CHUNKS, &hit), 0);
     kvedge_client_destroy(&c);
@@ -596,16 +490,16 @@ static void test_partial_layer_not_held(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     s_node_t cloud, peer;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mm.ep, mm.pub);
     s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, mm.ep, mm.pub);
-    s_put(cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
     const unsigned partial = 5;
-    s_put(peer.ep, 0, partial, false);
+    kt_ctx_put(&s_ctx, peer.ep, 0, partial, false);
     s_put_heads(peer.ep, partial, S_HEADS / 2);
-    s_put(peer.ep, partial + 1, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, peer.ep, partial + 1, S_LAYERS, false);
 
     /* Every layer but one is whole on the peer: not a cached chunk. */
     assert_int_equal(s_lookup(cloud.ep), S_CHUNKS);
@@ -665,7 +559,7 @@ static void test_partial_layer_not_held(void **state)
 
     /* A request that accepts only lossless: the directory says neither node can serve it (both
      * hold int8, and lossless derives from nothing else), so no layer is even asked for. */
-    kvedge_client_t *lc = s_client(pep, 20000);
+    kvedge_client_t *lc = kt_client(pep, 20000);
     const kvedge_prec_t lossless = KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, 0);
     kvedge_fetch_req_t lreq = {.model_id = S_MODEL,
                                .chunks = s_ctx.ids,
@@ -694,7 +588,7 @@ static void test_partial_layer_not_held(void **state)
     }
 
     /* The missing heads arrive: the chunk is whole, and so is its layer in the directory. */
-    s_put(peer.ep, partial, partial + 1, false);
+    kt_ctx_put(&s_ctx, peer.ep, partial, partial + 1, false);
     assert_int_equal(s_lookup(peer.ep), S_CHUNKS);
     s_wait_dir(view, peer.node, "edgeA", partial, true);
 
@@ -716,8 +610,8 @@ static void test_corrupt_block_falls_back(void **state)
     s_node_t cloud, peer;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
     s_node_start(&peer, root, "edgeA", KVEDGE_ROLE_EDGE, NULL, NULL);
-    s_put(cloud.ep, 0, S_LAYERS, false);
-    s_put(peer.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, peer.ep, 0, S_LAYERS, false);
     /* Damage layer 2, chunk 0, head 3 on the peer (stored under the loopback tenant). */
     uint8_t tag[16];
     kvedge_tenant_tag(KVEDGE_LOOPBACK_TENANT, tag);
@@ -767,8 +661,8 @@ static void test_cloud_killed_mid_request(void **state)
     pid_t cloud = s_spawn_cloud(root, cep);
     s_node_t hist;
     s_node_start(&hist, root, "history", KVEDGE_ROLE_EDGE, NULL, NULL);
-    s_put(cep, 0, S_LAYERS, false);
-    s_put(hist.ep, 0, S_LAYERS, true); /* the pinned historical copy */
+    kt_ctx_put(&s_ctx, cep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, hist.ep, 0, S_LAYERS, true); /* the pinned historical copy */
     kvedge_proxy_source_t src[2];
     char spec[600];
     /* The cloud is the fast source here, so the plan starts there. */
@@ -828,7 +722,7 @@ static void test_all_sources_down_misses(void **state)
     char cep[350];
     snprintf(cep, sizeof cep, "ipc://%s/cloud.sock", root);
     pid_t cloud = s_spawn_cloud(root, cep);
-    s_put(cep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, cep, 0, S_LAYERS, false);
     kvedge_proxy_source_t src[2];
     char spec[600];
     snprintf(spec, sizeof spec, "cloud cloud1 %s", cep);
@@ -863,12 +757,12 @@ static void test_master_restart_resync(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     const char *mep = mm.ep, *mpub = mm.pub;
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
-    s_put(cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
     char pep[350];
     kvedge_proxy_t *p = s_proxy(root, NULL, 0, mep, mpub, pep, sizeof pep);
     assert_int_equal(kvedge_proxy_wait_sources(p, 1, 8000), 0); /* discovered */
@@ -899,11 +793,11 @@ static void test_master_down_at_start_uses_snapshot(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-proxy-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    kvedge_master_t *m = s_master_start(&mm, root);
+    kt_master_t mm;
+    kvedge_master_t *m = kt_master_start(&mm, root);
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, mm.ep, mm.pub);
-    s_put(cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
     uint32_t changed;
     assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
     char snap[300], pep[350];
@@ -958,7 +852,7 @@ static int s_http_get(const char *url, const char *path, char *buf, size_t cap)
 
 static cJSON *s_monitor(const char *ep, uint32_t top)
 {
-    kvedge_client_t *c = s_client(ep, 5000);
+    kvedge_client_t *c = kt_client(ep, 5000);
     char *json = NULL;
     size_t len = 0;
     assert_int_equal(kvedge_client_monitor(c, top, &json, &len), 0);
@@ -1003,7 +897,7 @@ static void test_monitoring(void **state)
     s_with_metrics = true;
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
-    s_put(cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
     kvedge_proxy_source_t src;
     char spec[600];
     snprintf(spec, sizeof spec, "cloud cloud1 %s", cloud.ep);
@@ -1132,7 +1026,7 @@ static void test_bad_requests(void **state)
     assert_non_null(mkdtemp(root));
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
-    s_put(cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
     kvedge_proxy_source_t src[1];
     char spec[600];
     snprintf(spec, sizeof spec, "cloud cloud1 %s", cloud.ep);
@@ -1140,7 +1034,7 @@ static void test_bad_requests(void **state)
     char pep[350];
     kvedge_proxy_t *p = s_proxy(root, src, 1, NULL, NULL, pep, sizeof pep);
     assert_int_equal(kvedge_proxy_wait_sources(p, 1, 5000), 0);
-    kvedge_client_t *c = s_client(pep, 3000);
+    kvedge_client_t *c = kt_client(pep, 3000);
     assert_int_equal(kvedge_client_node(c)->role, KVEDGE_ROLE_PROXY);
     assert_int_equal(s_fetch_status(c, "no-such-model", 0, 1), KVEDGE_ENOMODEL);
     assert_int_equal(s_fetch_status(c, S_MODEL, 10, 5), KVEDGE_ESHAPE);
@@ -1185,7 +1079,7 @@ static void test_cancel_ends_fetch(void **state)
     assert_non_null(mkdtemp(root));
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
-    s_put(cloud.ep, 0, S_LAYERS, false);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
     kvedge_proxy_source_t src[1];
     char spec[600];
     snprintf(spec, sizeof spec, "cloud cloud1 %s", cloud.ep);
@@ -1243,7 +1137,7 @@ static void test_cancel_ends_fetch(void **state)
     zsock_destroy(&raw);
 
     /* Still serving. */
-    kvedge_client_t *cl = s_client(pep, 3000);
+    kvedge_client_t *cl = kt_client(pep, 3000);
     assert_int_equal(s_fetch_status(cl, S_MODEL, 0, S_LAYERS), 0);
     kvedge_client_destroy(&cl);
     kvedge_proxy_destroy(&p);
@@ -1254,7 +1148,7 @@ static void test_cancel_ends_fetch(void **state)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    s_make_context();
+    kt_ctx_make(&s_ctx, S_CHUNKS, 11, 3, false);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_cancel_ends_fetch),
@@ -1270,9 +1164,6 @@ int main(void)
         cmocka_unit_test(test_monitoring),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++)
-                free(s_ctx.block[l][c][h]);
+    kt_ctx_free(&s_ctx);
     return rc;
 }

@@ -33,81 +33,21 @@
 #include "store/master/master.h"
 #include "store/node/node.h"
 #include "store/synth.h"
+#include "tests/common/ctx_fx.h"
+#include "tests/common/shell.h"
+#include "tests/common/spawn.h"
+#include "tests/common/world.h"
 
-#define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
-#define S_HEADS  12
-#define S_LAYERS 12
+#define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS  KT_CTX_HEADS
+#define S_LAYERS KT_CTX_LAYERS
 #define S_CHUNKS 2
-#define S_TOKENS 256                                     /* per chunk */
+#define S_TOKENS KT_CTX_TOKENS                           /* per chunk */
 #define S_TINY   KVEDGE_FIXTURES "/opt_tiny.safetensors" /* OPT, 3 layers x 4 heads */
 
 /* ---------------------------------------------------------------- the context */
 
-static kvedge_chunk_id_t s_ids[S_CHUNKS];
-static uint8_t *s_block[S_LAYERS][S_CHUNKS][S_HEADS];
-static size_t s_len[S_LAYERS][S_CHUNKS][S_HEADS];
-
-static void s_make_context(void)
-{
-    uint32_t tok[S_CHUNKS * S_TOKENS];
-    for (uint32_t i = 0; i < S_CHUNKS * S_TOKENS; i++)
-        tok[i] = 7 * i + 5;
-    assert_int_equal(
-        kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_CHUNKS * S_TOKENS, S_TOKENS, s_ids, S_CHUNKS),
-        S_CHUNKS);
-    kvedge_block_spec_t spec = {
-        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, S_TOKENS, 64, 0, NULL, false};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++) {
-                s_block[l][c][h] = malloc(cap);
-                assert_non_null(s_block[l][c][h]);
-                assert_int_equal(kvedge_synth_head(l * 1000 + c * 100 + h, 0, S_TOKENS, 64,
-                                                   KVEDGE_DTYPE_FP16, k, v),
-                                 0);
-                assert_int_equal(
-                    kvedge_block_encode(&spec, k, v, s_block[l][c][h], cap, &s_len[l][c][h]), 0);
-            }
-}
-
-static kvedge_client_t *s_client(const char *ep, int deadline_ms)
-{
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = deadline_ms;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    return c;
-}
-
-/* Puts layers [l0, l1) of the context to the node at ep. */
-static void s_put(const char *ep, uint32_t l0, uint32_t l1)
-{
-    kvedge_client_t *c = s_client(ep, 10000);
-    kvedge_put_item_t items[S_HEADS];
-    for (uint32_t l = l0; l < l1; l++)
-        for (uint32_t ci = 0; ci < S_CHUNKS; ci++) {
-            for (uint32_t h = 0; h < S_HEADS; h++) {
-                memset(&items[h], 0, sizeof items[h]);
-                items[h].chunk.id = s_ids[ci];
-                items[h].chunk.has_parent = ci > 0;
-                if (ci > 0)
-                    items[h].chunk.parent = s_ids[ci - 1];
-                snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-                items[h].chunk.index = ci;
-                items[h].chunk.tokens = S_TOKENS;
-                items[h].layer = (uint16_t)l;
-                items[h].head = (uint16_t)h;
-                items[h].block = s_block[l][ci][h];
-                items[h].len = s_len[l][ci][h];
-            }
-            assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
-        }
-    kvedge_client_destroy(&c);
-}
+static kt_ctx_t s_ctx;
 
 static void s_rmrf(const char *dir)
 {
@@ -118,26 +58,6 @@ static void s_rmrf(const char *dir)
 
 /* ---------------------------------------------------------------- daemons */
 
-/* A master on ipc endpoints under root (plaintext: loopback only). */
-typedef struct {
-    char dir[200], ep[220], pub[220];
-    kvedge_master_t *m;
-} s_master_t;
-
-static void s_master_start(s_master_t *mm, const char *root)
-{
-    kvedge_master_opts_t o;
-    kvedge_master_opts_default(&o);
-    snprintf(mm->dir, sizeof mm->dir, "%.120s/master", root);
-    snprintf(mm->ep, sizeof mm->ep, "ipc://%.120s/m.sock", root);
-    snprintf(mm->pub, sizeof mm->pub, "ipc://%.120s/mp.sock", root);
-    o.bind = mm->ep;
-    o.pub = mm->pub;
-    o.data_dir = mm->dir;
-    o.insecure = true;
-    assert_int_equal(kvedge_master_start(&o, &mm->m, NULL, 0), 0);
-}
-
 /* A store node in this process; registered with the master when mm is given (directory
  * every dir_ms), CURVE toward its clients unless insecure. */
 typedef struct {
@@ -146,20 +66,14 @@ typedef struct {
 } s_node_t;
 
 static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
-                         const s_master_t *mm, uint32_t dir_ms, bool insecure)
+                         const kt_master_t *mm, uint32_t dir_ms, bool insecure)
 {
     memset(n, 0, sizeof *n);
     snprintf(n->dir, sizeof n->dir, "%.120s/%.60s", root, name);
     snprintf(n->ep, sizeof n->ep, "ipc://%.200s.sock", n->dir);
     kvedge_node_settings_t ns;
-    kvedge_node_settings_default(&ns);
-    snprintf(ns.metrics, sizeof ns.metrics, "off");
-    ns.role = role;
+    kt_node_settings(&ns, role, name, n->dir, n->ep);
     ns.insecure = insecure;
-    ns.workers = 2;
-    snprintf(ns.data, sizeof ns.data, "%s", n->dir);
-    snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
-    snprintf(ns.name, sizeof ns.name, "%s", name);
     if (mm) {
         snprintf(ns.master, sizeof ns.master, "%s", mm->ep);
         snprintf(ns.master_pub, sizeof ns.master_pub, "%s", mm->pub);
@@ -174,24 +88,8 @@ static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge
 /* A plaintext cloud node in its own process (`kvedge store`), so it can be stopped. */
 static pid_t s_spawn_cloud(const char *root, const char *ep)
 {
-    char data[400];
-    snprintf(data, sizeof data, "%s/cloud-proc", root);
-    int pfd[2];
-    assert_int_equal(pipe(pfd), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], STDOUT_FILENO);
-        execl(KVEDGE_BIN, "kvedge", "--data", data, "store", "--role", "cloud", "--insecure",
-              "--bind", ep, "--log-level", "error", "--metrics", "off", (char *)NULL);
-        _exit(127);
-    }
-    close(pfd[1]);
-    char line[300];
-    ssize_t r = read(pfd[0], line, sizeof line);
-    close(pfd[0]);
-    assert_true(r > 0);
+    pid_t pid = kt_spawn_cloud(KVEDGE_BIN, root, ep);
+    assert_true(pid > 0);
     return pid;
 }
 
@@ -212,29 +110,16 @@ static kvedge_proxy_t *s_proxy(kvedge_proxy_opts_t *po, const char *root, char *
 /* ---------------------------------------------------------------- fetching */
 
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
+    kt_fetch_t end; /* first */
     kvedge_fetch_plan_t plan;
     kvedge_fetch_layer_t layer[S_LAYERS];
     char src[S_LAYERS][64];
-    uint32_t layers, mismatches;
+    uint32_t layers;
 } s_result_t;
 
 static void s_r_plan(void *ctx, const kvedge_fetch_plan_t *p)
 {
     ((s_result_t *)ctx)->plan = *p;
-}
-
-static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source, int status,
-                      const uint8_t *data, size_t len)
-{
-    (void)source;
-    s_result_t *r = ctx;
-    if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
-        len != s_len[layer][ci][head] || memcmp(data, s_block[layer][ci][head], len) != 0)
-        r->mismatches++;
 }
 
 static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
@@ -247,44 +132,27 @@ static void s_r_layer(void *ctx, const kvedge_fetch_layer_t *l)
     r->layers++;
 }
 
-static void s_r_done(void *ctx, int status)
-{
-    s_result_t *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    r->done = true;
-    r->status = status;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
 /* Fetches every layer through the proxy, without decoder times (fetch only: the request
  * allows no recomputation). */
 static void s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r)
 {
     memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    kvedge_client_t *c = s_client(proxy_ep, deadline_ms);
+    r->end.ctx = &s_ctx;
+    kvedge_client_t *c = kt_client(proxy_ep, deadline_ms);
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
-                              .chunks = s_ids,
+                              .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,
                               .tokens = S_CHUNKS * S_TOKENS,
                               .deadline_ms = deadline_ms};
-    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
-    pthread_mutex_lock(&r->mu);
-    while (!r->done)
-        pthread_cond_wait(&r->cv, &r->mu);
-    pthread_mutex_unlock(&r->mu);
+    kvedge_fetch_cbs_t cbs = {s_r_plan, kt_fetch_block, s_r_layer, kt_fetch_done};
+    kt_fetch_wait(c, &req, &cbs, r);
     kvedge_client_destroy(&c);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
 }
 
 static cJSON *s_monitor(const char *ep)
 {
-    kvedge_client_t *c = s_client(ep, 5000);
+    kvedge_client_t *c = kt_client(ep, 5000);
     char *json = NULL;
     size_t len = 0;
     assert_int_equal(kvedge_client_monitor(c, 0, &json, &len), 0);
@@ -315,18 +183,6 @@ static const char *s_str(const cJSON *o, const char *key)
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
-/* Runs a shell command; its stdout (at most cap - 1 bytes) into out. Returns its exit
- * status. */
-static int s_capture(const char *cmd, char *out, size_t cap)
-{
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* ---------------------------------------------------------------- tests */
 
 /* The cloud holds all 12 layers, a peer layers 0-5; the cloud is stopped (SIGSTOP: its socket
@@ -341,10 +197,10 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
     char cep[300];
     snprintf(cep, sizeof cep, "ipc://%s/cloud.sock", root);
     pid_t cloud = s_spawn_cloud(root, cep);
-    s_put(cep, 0, S_LAYERS);
+    kt_ctx_put(&s_ctx, cep, 0, S_LAYERS, false);
     s_node_t peer;
     s_node_start(&peer, root, "peer1", KVEDGE_ROLE_EDGE, NULL, 0, true);
-    s_put(peer.ep, 0, 6);
+    kt_ctx_put(&s_ctx, peer.ep, 0, 6, false);
 
     kvedge_proxy_source_t src[2];
     char spec[600];
@@ -365,9 +221,9 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
     for (int i = 0; i < 8; i++) {
         s_result_t r;
         s_fetch(pep, 5000, &r);
-        assert_int_equal(r.status, 0);
+        assert_int_equal(r.end.status, 0);
         assert_int_equal(r.layers, S_LAYERS);
-        assert_int_equal(r.mismatches, 0);
+        assert_int_equal(r.end.mismatches, 0);
         for (uint32_t l = 0; l < S_LAYERS; l++) {
             const kvedge_fetch_layer_t *ly = &r.layer[l];
             if (ly->reason == KVEDGE_FETCH_RECOMPUTE)
@@ -390,9 +246,9 @@ static void test_peer_layers_fetched_while_cloud_stopped(void **state)
     char hex[S_CHUNKS][KVEDGE_CHUNK_ID_HEX_BYTES], cmd[1200];
     static char out[1 << 16];
     snprintf(cmd, sizeof cmd, "%s -H %s fetch --model %s --chunks %s,%s 2>/dev/null", KVEDGE_BIN,
-             pep, S_MODEL, kvedge_chunk_id_hex(&s_ids[0], hex[0]),
-             kvedge_chunk_id_hex(&s_ids[1], hex[1]));
-    s_capture(cmd, out, sizeof out);
+             pep, S_MODEL, kvedge_chunk_id_hex(&s_ctx.ids[0], hex[0]),
+             kvedge_chunk_id_hex(&s_ctx.ids[1], hex[1]));
+    kt_capture(cmd, out, sizeof out);
     if (!strstr(out, "recompute-all unpriced)"))
         fail_msg("kvedge fetch printed:\n%s", out);
 
@@ -482,8 +338,8 @@ static void test_curve_node_from_master(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-pops-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    s_master_start(&mm, root);
+    kt_master_t mm;
+    kt_master_start(&mm, root);
     s_node_t n1, st;
     s_node_start(&n1, root, "n1", KVEDGE_ROLE_CLOUD, &mm, 100, false);
     s_node_start(&st, root, "static1", KVEDGE_ROLE_EDGE, NULL, 0, true);
@@ -526,7 +382,7 @@ static void test_curve_node_from_master(void **state)
     /* The CLI's table says the same. */
     static char out[1 << 16];
     snprintf(cmd, sizeof cmd, "%s -H %s sources 2>&1", KVEDGE_BIN, pep);
-    assert_int_equal(s_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(kt_capture(cmd, out, sizeof out), 0);
     const char *row = strstr(out, "\nn1 ");
     if (!row || !strstr(row, " master ") || !strstr(strstr(out, "\nstatic1 "), " config "))
         fail_msg("kvedge sources printed:\n%s", out);
@@ -544,7 +400,7 @@ static void test_curve_node_from_master(void **state)
         fail_msg("n1's entry does not say to give --cert: %s", txt ? txt : "(not listed)");
     }
     snprintf(cmd, sizeof cmd, "%s -H %s sources 2>&1", KVEDGE_BIN, pep);
-    assert_int_equal(s_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(kt_capture(cmd, out, sizeof out), 0);
     if (!strstr(out, "no certificate: start the proxy with --cert FILE"))
         fail_msg("kvedge sources printed:\n%s", out);
     kvedge_proxy_destroy(&p);
@@ -576,8 +432,8 @@ static void test_decode_right_after_prefill(void **state)
     (void)state;
     char root[] = "/tmp/kvedge-pops-XXXXXX";
     assert_non_null(mkdtemp(root));
-    s_master_t mm;
-    s_master_start(&mm, root);
+    kt_master_t mm;
+    kt_master_start(&mm, root);
     s_node_t cloud;
     s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, &mm, 600000, true);
     kvedge_proxy_opts_t po;
@@ -595,7 +451,7 @@ static void test_decode_right_after_prefill(void **state)
              "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
              "--scheme lossless --dtype fp32",
              KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 3));
-    if (s_capture(cmd, out, sizeof out) != 0)
+    if (kt_capture(cmd, out, sizeof out) != 0)
         fail_msg("prefill: %s", out);
     uint32_t changed;
     assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
@@ -605,7 +461,7 @@ static void test_decode_right_after_prefill(void **state)
              KVEDGE_BIN, pep, S_TINY, a);
     bool known = false;
     for (int i = 0; i < 100 && !known; i++) {
-        known = s_capture(cmd, out, sizeof out) == 0 && strstr(out, "\"fetched\":3,");
+        known = kt_capture(cmd, out, sizeof out) == 0 && strstr(out, "\"fetched\":3,");
         if (!known)
             zclock_sleep(100);
     }
@@ -617,13 +473,13 @@ static void test_decode_right_after_prefill(void **state)
              "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
              "--scheme lossless --dtype fp32",
              KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(b, sizeof b, 40, 11));
-    if (s_capture(cmd, out, sizeof out) != 0)
+    if (kt_capture(cmd, out, sizeof out) != 0)
         fail_msg("prefill: %s", out);
     snprintf(cmd, sizeof cmd,
              "%s -H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
              "--prompt-ids 10,20,30 --max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY, b);
-    if (s_capture(cmd, out, sizeof out) != 0 || !strstr(out, "\"fetched\":3,\"computed\":0"))
+    if (kt_capture(cmd, out, sizeof out) != 0 || !strstr(out, "\"fetched\":3,\"computed\":0"))
         fail_msg("decode right after prefill:\n%s", out);
 
     /* Nobody holds this context: decoded anyway, the misses counted with their reason. */
@@ -631,14 +487,14 @@ static void test_decode_right_after_prefill(void **state)
              "%s -H %s --json decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 "
              "--max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY);
-    if (s_capture(cmd, out, sizeof out) != 0 ||
+    if (kt_capture(cmd, out, sizeof out) != 0 ||
         !strstr(out, "\"fetched\":0,\"computed\":3,\"missed\":3") ||
         !strstr(out, "\"why\":{\"miss\":3}"))
         fail_msg("decode of a context nobody holds:\n%s", out);
     snprintf(cmd, sizeof cmd,
              "%s -H %s decode --weights %s --context-ids 1,2,3,4 --prompt-ids 5 --max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY);
-    if (s_capture(cmd, out, sizeof out) != 0 ||
+    if (kt_capture(cmd, out, sizeof out) != 0 ||
         !strstr(out, "layers    0 fetched, 3 computed of 3 (3 missed: miss 3)"))
         fail_msg("decode of a context nobody holds:\n%s", out);
 
@@ -651,7 +507,7 @@ static void test_decode_right_after_prefill(void **state)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    s_make_context();
+    kt_ctx_make(&s_ctx, S_CHUNKS, 7, 5, false);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peer_layers_fetched_while_cloud_stopped),
         cmocka_unit_test(test_decode_prints_unpriced),
@@ -659,9 +515,6 @@ int main(void)
         cmocka_unit_test(test_decode_right_after_prefill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    for (uint32_t l = 0; l < S_LAYERS; l++)
-        for (uint32_t c = 0; c < S_CHUNKS; c++)
-            for (uint32_t h = 0; h < S_HEADS; h++)
-                free(s_block[l][c][h]);
+    kt_ctx_free(&s_ctx);
     return rc;
 }

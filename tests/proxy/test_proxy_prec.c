@@ -24,11 +24,12 @@
 #include "store/node/node.h"
 #include "store/prec.h"
 #include "store/synth.h"
+#include "tests/common/ctx_fx.h"
 
-#define S_MODEL   "opt-125m" /* built in: 12 layers x 12 heads x 64 */
-#define S_HEADS   12
-#define S_LAYERS  12
-#define S_TOKENS  256
+#define S_MODEL   KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
+#define S_HEADS   KT_CTX_HEADS
+#define S_LAYERS  KT_CTX_LAYERS
+#define S_TOKENS  KT_CTX_TOKENS
 #define S_INT8_ID "opt-125m" /* the int8 context: same model, other tokens */
 
 static const kvedge_prec_t S_LOSSLESS = KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, 0);
@@ -62,39 +63,7 @@ static void s_put_context(kvedge_client_t *c, uint32_t seed, kvedge_scheme_t sch
     for (uint32_t i = 0; i < S_TOKENS; i++)
         tok[i] = seed + 7 * i;
     assert_int_equal(kvedge_chunk_chain(NULL, 0, S_MODEL, tok, S_TOKENS, S_TOKENS, id, 1), 1);
-    kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP16, scheme, S_TOKENS, 64, 0, NULL, false};
-    size_t cap = kvedge_block_encoded_bound(&spec);
-    uint8_t *blocks = malloc(cap * S_HEADS);
-    static uint16_t k[S_TOKENS * 64], v[S_TOKENS * 64];
-    kvedge_put_item_t items[S_HEADS];
-    for (uint32_t l = 0; l < S_LAYERS; l++) {
-        for (uint32_t h = 0; h < S_HEADS; h++) {
-            assert_int_equal(
-                kvedge_synth_head(seed + l * 100 + h, 0, S_TOKENS, 64, KVEDGE_DTYPE_FP16, k, v), 0);
-            memset(&items[h], 0, sizeof items[h]);
-            assert_int_equal(kvedge_block_encode(&spec, k, v, blocks + h * cap, cap, &items[h].len),
-                             0);
-            items[h].chunk.id = *id;
-            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, S_MODEL);
-            items[h].chunk.tokens = S_TOKENS;
-            items[h].layer = (uint16_t)l;
-            items[h].head = (uint16_t)h;
-            items[h].block = blocks + h * cap;
-        }
-        assert_int_equal(kvedge_client_put(c, items, S_HEADS, NULL), 0);
-    }
-    free(blocks);
-}
-
-static kvedge_client_t *s_client(const char *ep, int deadline_ms)
-{
-    kvedge_client_opts_t o;
-    kvedge_client_opts_default(&o);
-    o.endpoint = ep;
-    o.deadline_ms = deadline_ms;
-    kvedge_client_t *c = NULL;
-    assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    return c;
+    kt_put_chunk(c, id, S_LAYERS, scheme, seed);
 }
 
 /* The profile file: model S_MODEL, 12 layers, rungs int8 and int4-g32. */
@@ -167,7 +136,7 @@ static int s_setup(void **state)
     char why[256] = "";
     if (kvedge_node_start(&ns, &s_env.node, why, sizeof why) != 0)
         return -1;
-    kvedge_client_t *c = s_client(kvedge_node_endpoint(s_env.node), 10000);
+    kvedge_client_t *c = kt_client(kvedge_node_endpoint(s_env.node), 10000);
     s_put_context(c, 1000, KVEDGE_SCHEME_LOSSLESS, &s_env.id);
     s_put_context(c, 5000, KVEDGE_SCHEME_INT8, &s_env.id_int8);
     kvedge_client_destroy(&c);
@@ -254,7 +223,7 @@ static void s_fetch(const kvedge_chunk_id_t *id, uint16_t layers, const kvedge_p
         cu[l] = compute_us;
         ru[l] = 1e9f; /* recomputing is never worth it here */
     }
-    kvedge_client_t *c = s_client(s_env.proxy_ep, 30000);
+    kvedge_client_t *c = kt_client(s_env.proxy_ep, 30000);
     kvedge_fetch_req_t req = {.model_id = S_MODEL,
                               .chunks = id,
                               .n = 1,
@@ -475,7 +444,7 @@ static void test_bad_precision_requests(void **state)
     assert_int_equal(s_raw_fetch(s, &good), 0);
     zsock_destroy(&s);
     /* The client library refuses the same before sending. */
-    kvedge_client_t *c = s_client(s_env.proxy_ep, 5000);
+    kvedge_client_t *c = kt_client(s_env.proxy_ep, 5000);
     s_res_t r;
     kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
     const kvedge_prec_t dup[] = {S_INT8, S_INT8};
