@@ -306,6 +306,28 @@ static int s_probe(const kvedge_proxy_opts_t *o, char *why, size_t why_len)
     return rc;
 }
 
+void kvedge_proxy_impl_master_hint(kvedge_proxy_impl_t *p, char *out, size_t cap)
+{
+    kvedge_mview_conn_t conn;
+    kvedge_mview_conn(p->view, &conn);
+    bool curve = p->opts.master_key && p->opts.master_key[0];
+    if (conn.mismatch && !curve)
+        snprintf(out, cap,
+                 "; the master requires CURVE and this proxy joins it in plaintext: give "
+                 "--master-key with the master's public key or certificate (config key "
+                 "master_key)");
+    else if (conn.mismatch)
+        snprintf(out, cap,
+                 "; the master runs in plaintext (--insecure) and this proxy joins it with "
+                 "CURVE: drop --master-key, or run the master with CURVE");
+    else if (!conn.heard && !curve)
+        snprintf(out, cap,
+                 "; if the master runs with CURVE (its default) it ignores plaintext peers: give "
+                 "--master-key with its public key or certificate (config key master_key)");
+    else
+        out[0] = '\0';
+}
+
 int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, char *why,
                        size_t why_len)
 {
@@ -387,9 +409,11 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
             if (why && why_len)
                 snprintf(why, why_len, "master view: %s", kvedge_strerror(rc));
         } else if (kvedge_mview_state(p->view) != KVEDGE_MVIEW_SYNCED) {
-            kvedge_log_warn("master %s unreachable: planning from %s until it answers",
+            char hint[512];
+            kvedge_proxy_impl_master_hint(p, hint, sizeof hint);
+            kvedge_log_warn("master %s unreachable: planning from %s until it answers%s",
                             opts->master,
-                            kvedge_mview_count(p->view) ? "the last snapshot" : "flags only");
+                            kvedge_mview_count(p->view) ? "the last snapshot" : "flags only", hint);
         }
     }
     if (rc == KVEDGE_OK) {

@@ -234,6 +234,10 @@ void kvedge_proxy_impl_map_unusable(const char *cloud, const char *edge, const c
 const kvedge_quality_profile_t *kvedge_proxy_impl_quality(const kvedge_proxy_impl_t *p,
                                                           const char *model);
 
+/* Why the master's view may not be heard, with the flag that fixes it ("; ..."), or ""
+ * (proxy.c). */
+void kvedge_proxy_impl_master_hint(kvedge_proxy_impl_t *p, char *out, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

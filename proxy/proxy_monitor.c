@@ -150,10 +150,12 @@ static bool s_ready(void *arg, char *why, size_t why_len)
 {
     kvedge_proxy_impl_t *p = arg;
     if (p->view && kvedge_mview_state(p->view) == KVEDGE_MVIEW_EMPTY) {
+        char hint[512];
+        kvedge_proxy_impl_master_hint(p, hint, sizeof hint);
         snprintf(why, why_len,
                  "no registry yet: the master %s has not answered and there is "
-                 "no snapshot",
-                 p->opts.master);
+                 "no snapshot%s",
+                 p->opts.master, hint);
         return false;
     }
     if (atomic_load(&p->nsrc) == 0) {

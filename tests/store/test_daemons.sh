@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What an operator sees of the daemons, with real processes on loopback: a second node, master
 # or proxy whose port is taken fails at once, names the flag that moves it and creates nothing;
-# a node pointed at a CURVE master without --master-key says so; both nodes see the master's
+# a node or a plaintext proxy pointed at a CURVE master without --master-key says so (the
+# node in top --json and its log, the proxy on /ready and in its log); both nodes see the master's
 # SIGKILL (top --json, /metrics, one log line) and its return; the restarted master exports
 # kvedge_master_peer_state for the nodes that registered with its previous run; every log line
 # names its daemon.
@@ -95,7 +96,7 @@ metric_is() { # whole output first: grep -q would close the pipe under curl (pip
     body=$(curl -s "http://$1/metrics") && grep -qx -- "$2" <<<"$body"
 }
 
-mapfile -t P < <(free_ports 12)
+mapfile -t P < <(free_ports 14)
 M_EP=tcp://127.0.0.1:${P[0]}
 M_PUB=tcp://127.0.0.1:${P[1]}
 M_HTTP=127.0.0.1:${P[2]}
@@ -108,6 +109,8 @@ PX_HTTP=127.0.0.1:${P[8]}
 CM_EP=tcp://127.0.0.1:${P[9]}
 CM_PUB=tcp://127.0.0.1:${P[10]}
 N3_EP=tcp://127.0.0.1:${P[11]}
+CPX_EP=tcp://127.0.0.1:${P[12]}
+CPX_HTTP=127.0.0.1:${P[13]}
 
 master_args=(master --data "$tmp/master" --insecure --bind "$M_EP" --pub "$M_PUB" --metrics "$M_HTTP")
 node_args() { # ID BIND HTTP
@@ -214,5 +217,11 @@ why_has_key() { master_field "$N3_EP" why | grep -q -- "requires CURVE.*--master
 wait_for 15 "n3 says the master requires CURVE" why_has_key
 [ "$(master_field "$N3_EP" state)" = failing ] || fail "n3: $(master_field "$N3_EP" state)"
 wait_for 5 "n3's log says the master requires CURVE" grep -q "requires CURVE.*--master-key" "$tmp/n3.err"
+
+step "a plaintext proxy pointed at a CURVE master says so on /ready"
+start cproxy proxy --insecure --bind "$CPX_EP" --metrics "$CPX_HTTP" --id cpx \
+    --cert "$tmp/cpx.cert" --master "$CM_EP" --master-pub "$CM_PUB"
+ready_has_key() { curl -s "http://$CPX_HTTP/ready" | grep -q -- "requires CURVE.*--master-key"; }
+wait_for 15 "the proxy's /ready says the master requires CURVE" ready_has_key
 
 echo "PASS"
