@@ -143,6 +143,9 @@ class ClientTest(Cluster):
             self.assertEqual((x["status"], x["source_name"], x["blocks"]), (0, "cloud", 8))
         self.assertEqual(r["layers"][0]["status"], -3)  # nobody has layer 0: a miss
         self.assertEqual(plan["layers"][0]["reason"], "recompute:no-source")
+        # no decoder times: recomputation was not allowed, so it has no price
+        self.assertIsNone(plan["recompute_all_us"])
+        self.assertIsInstance(plan["total_us"], float)
         self.assertEqual(len([b for b in r["blocks"] if b["status"] == 0]), 24)
         # fetch on a store node is refused by the node
         with self.assertRaises(kvedge.Error):

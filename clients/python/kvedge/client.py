@@ -7,6 +7,7 @@ call waiting on the network never blocks other Python threads. Arguments are che
 import atexit
 import ctypes
 import itertools
+import math
 import operator
 import threading
 import weakref
@@ -352,13 +353,23 @@ def plan_to_dict(p):
         name = sources[l.source]["name"] if 0 <= l.source < ns else "local"
         layers.append({"source": l.source, "source_name": name,
                        "reason": _ffi.kvedge_plan_reason_name(l.reason).decode(),
-                       "cost_us": l.cost_us, "from_layer": l.from_layer,
+                       "cost_us": _priced(l.cost_us), "from_layer": l.from_layer,
                        "prec": _prec_name(l.prec),
                        "prec_reason": _ffi.kvedge_plan_prec_reason_name(l.prec_reason).decode()})
-    return {"sources": sources, "layers": layers, "split": p.split, "total_us": p.total_us,
-            "bound_us": p.bound_us, "cloud_only_us": p.cloud_only_us,
-            "recompute_all_us": p.recompute_all_us,
-            "load_then_compute_us": p.load_then_compute_us}
+    return {"sources": sources, "layers": layers, "split": p.split,
+            "total_us": _priced(p.total_us), "bound_us": _priced(p.bound_us),
+            "cloud_only_us": _priced(p.cloud_only_us),
+            "recompute_all_us": _priced(p.recompute_all_us),
+            "load_then_compute_us": _priced(p.load_then_compute_us)}
+
+
+# A plan cost of 1e300 (or more) on the wire means "unpriced": what the request did not allow
+# (recomputation without decoder times) has no price. Python gets None for it.
+_UNPRICED_US = 1e290
+
+
+def _priced(us):
+    return us if math.isfinite(us) and abs(us) < _UNPRICED_US else None
 
 
 def _floats_arg(name, values, n):
