@@ -135,7 +135,6 @@ grep -q '^kvedge_node_hot_prefix_accesses{rank="1",' "$DIR/metrics-$C_PORT.txt" 
     fail "the cloud node shows no hot prefix"
 
 # ---------------------------------------------------------------- a real Prometheus
-PROM_PORT=$(free_port)
 cat >"$DIR/prometheus.yml" <<EOF
 global:
   scrape_interval: 1s
@@ -146,9 +145,24 @@ scrape_configs:
       - targets: ['127.0.0.1:$M_PORT', '127.0.0.1:$C_PORT', '127.0.0.1:$E_PORT', '127.0.0.1:$P_PORT']
 EOF
 promtool check config "$DIR/prometheus.yml" >/dev/null || fail "promtool rejects the config"
-prometheus --config.file="$DIR/prometheus.yml" --storage.tsdb.path="$DIR/tsdb" \
-    --web.listen-address="127.0.0.1:$PROM_PORT" >"$DIR/prometheus.log" 2>&1 &
-PIDS+=($!)
+# A port found free may be taken by a parallel test before Prometheus binds it: Prometheus then
+# exits with "address already in use", and is started again on another port (5 tries).
+for try in 1 2 3 4 5; do
+    PROM_PORT=$(free_port)
+    prometheus --config.file="$DIR/prometheus.yml" --storage.tsdb.path="$DIR/tsdb" \
+        --web.listen-address="127.0.0.1:$PROM_PORT" >"$DIR/prometheus.log" 2>&1 &
+    PROM_PID=$!
+    for _ in $(seq 150); do
+        curl -sf "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null 2>&1 && break
+        kill -0 "$PROM_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$PROM_PID" 2>/dev/null && break
+    grep -q "address already in use" "$DIR/prometheus.log" ||
+        fail "Prometheus exited: $(tail -3 "$DIR/prometheus.log")"
+    [ "$try" -lt 5 ] || fail "Prometheus found no free port in 5 tries"
+done
+PIDS+=("$PROM_PID")
 API="http://127.0.0.1:$PROM_PORT/api/v1/query"
 up=""
 for _ in $(seq 150); do
