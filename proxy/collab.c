@@ -135,6 +135,11 @@ kvedge_collab_t *kvedge_collab_new(kvedge_metrics_t *r, char *why, size_t why_le
                                      "Round trip the planner prices each source at (measured, "
                                      "else the master's link record, else declared).",
                                      sk, 2, NULL, S, why, why_len);
+    c->g.rto = kvedge_metrics_family(
+        r, G, "kvedge_proxy_source_rto_seconds",
+        "Retransmission timeout of each source (RFC 6298 SRTT + 4 RTTVAR of its measured round "
+        "trips): what a layer stream's silence window allows per round trip; 0 before a sample.",
+        sk, 2, NULL, S, why, why_len);
     c->g.bw = kvedge_metrics_family(r, G, "kvedge_proxy_source_bandwidth_bytes_per_second",
                                     "Bandwidth the planner prices each source at.", sk, 2, NULL, S,
                                     why, why_len);
@@ -163,9 +168,9 @@ kvedge_collab_t *kvedge_collab_new(kvedge_metrics_t *r, char *why, size_t why_le
                               "Nodes the master's registry lists.", NULL, why, why_len);
     if (!c->src_bytes || !c->src_layers || !c->transitions || !c->layers || !c->requests ||
         !c->fetches || !c->mapped || !c->plan_h || !c->first_h || !c->last_h || !c->planned_h ||
-        !c->ratio_h || !c->g.up || !c->g.state || !c->g.rtt || !c->g.bw || !c->g.node_alive ||
-        !c->g.sync_missing || !c->g.sync_age || !c->g.buffered || !c->g.fetches_open ||
-        !c->g.master_synced || !c->g.registry_nodes) {
+        !c->ratio_h || !c->g.up || !c->g.state || !c->g.rtt || !c->g.rto || !c->g.bw ||
+        !c->g.node_alive || !c->g.sync_missing || !c->g.sync_age || !c->g.buffered ||
+        !c->g.fetches_open || !c->g.master_synced || !c->g.registry_nodes) {
         kvedge_collab_destroy(&c);
         return NULL;
     }

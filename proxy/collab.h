@@ -81,7 +81,7 @@ int kvedge_collab_json(kvedge_collab_t *c, cJSON *obj);
 
 /* The families the proxy sets at scrape time from its live state. */
 typedef struct {
-    kvedge_metric_t *up, *state, *rtt, *bw, *node_alive, *sync_missing, *sync_age;
+    kvedge_metric_t *up, *state, *rtt, *rto, *bw, *node_alive, *sync_missing, *sync_age;
     kvedge_series_t *buffered, *fetches_open, *master_synced, *registry_nodes;
 } kvedge_collab_gauges_t;
 const kvedge_collab_gauges_t *kvedge_collab_gauges(kvedge_collab_t *c);

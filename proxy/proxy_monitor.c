@@ -20,6 +20,7 @@ typedef struct {
     bool connected, from_master, history_known;
     int state; /* kvedge_health_state_t, or -1 unknown */
     double weight, bw, rtt_us;
+    double srtt_us, rttvar_us, rto_ms; /* RFC 6298 estimators of its round trips (0: none) */
     double history_missing, history_age_s, history_blocks;
     char history_state[16];
     uint32_t failures;
@@ -52,10 +53,14 @@ static size_t s_sources(kvedge_proxy_impl_t *p, s_src_view_t *out)
         kvedge_health_info_t info;
         v->failures = 0;
         v->last_err = 0;
+        v->srtt_us = v->rttvar_us = 0;
         if (kvedge_health_get(p->health, v->conf.name, now, &info) == KVEDGE_OK) {
             v->failures = info.failures;
             v->last_err = info.last_err;
+            v->srtt_us = info.srtt_us;
+            v->rttvar_us = info.rttvar_us;
         }
+        v->rto_ms = kvedge_health_rto_ms(p->health, v->conf.name);
     }
     return n;
 }
@@ -125,6 +130,7 @@ static void s_collect(kvedge_metrics_t *r, void *arg)
                           v[i].connected && v[i].state != KVEDGE_HEALTH_DOWN ? 1 : 0);
         kvedge_series_set(kvedge_metric_series(g->state, lv, 2), v[i].state);
         kvedge_series_set(kvedge_metric_series(g->rtt, lv, 2), v[i].rtt_us / 1e6);
+        kvedge_series_set(kvedge_metric_series(g->rto, lv, 2), v[i].rto_ms / 1e3);
         kvedge_series_set(kvedge_metric_series(g->bw, lv, 2), v[i].bw);
         if (v[i].conf.kind == KVEDGE_PLAN_HISTORY && v[i].history_known) {
             const char *hv[] = {v[i].conf.name};
@@ -262,6 +268,9 @@ static char *s_doc(kvedge_proxy_impl_t *p, size_t *len)
         cJSON_AddStringToObject(e, "state", s_state_name(v[i].state));
         cJSON_AddNumberToObject(e, "weight", v[i].weight > 0 ? v[i].weight : 0);
         cJSON_AddNumberToObject(e, "rtt_us", v[i].rtt_us);
+        cJSON_AddNumberToObject(e, "srtt_us", v[i].srtt_us);
+        cJSON_AddNumberToObject(e, "rttvar_us", v[i].rttvar_us);
+        cJSON_AddNumberToObject(e, "rto_ms", v[i].rto_ms);
         cJSON_AddNumberToObject(e, "bandwidth", v[i].bw);
         cJSON_AddNumberToObject(e, "failures", v[i].failures);
         cJSON_AddStringToObject(e, "last_error",

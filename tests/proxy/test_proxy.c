@@ -954,6 +954,10 @@ static void test_monitoring(void **state)
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s0, "name")->valuestring, "cloud1");
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s0, "state")->valuestring, "up");
     assert_true(s_num(s0, "rtt_us") > 0);
+    /* The fetch's first stream, opened alone, was a round-trip sample: the RTO it set. */
+    assert_true(s_num(s0, "srtt_us") > 0);
+    assert_true(fabs(s_num(s0, "rto_ms") - (s_num(s0, "srtt_us") + 4 * s_num(s0, "rttvar_us")) /
+                                               1e3) < 1e-6 * (1 + s_num(s0, "rto_ms")));
     const cJSON *l0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(pd, "layers"), 0);
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(l0, "kind")->valuestring, "cloud");
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(l0, "reason")->valuestring, "planned");
@@ -979,6 +983,7 @@ static void test_monitoring(void **state)
         (int)s_metric(body, "kvedge_proxy_layers_total{kind=\"cloud\",reason=\"planned\"} "),
         S_LAYERS);
     assert_int_equal((int)s_metric(body, "kvedge_proxy_source_up{source=\"cloud1\""), 1);
+    assert_true(s_metric(body, "kvedge_proxy_source_rto_seconds{source=\"cloud1\"") > 0);
     assert_int_equal(s_http_get(nurl, "/ready", body, sizeof body), 200);
     assert_int_equal(s_http_get(purl, "/ready", body, sizeof body), 200);
 
