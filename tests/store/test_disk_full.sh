@@ -20,11 +20,11 @@ cleanup() {
         kill -9 "$NODE_PID" 2>/dev/null || true
         wait "$NODE_PID" 2>/dev/null || true
     fi
+    [ -n "${KEEP:-}" ] && { echo "kept: $T (umount $M when done)" >&2; return; }
     umount "$M" 2>/dev/null || true
     rm -rf "$T"
 }
-trap cleanup EXIT
-[ -n "${KEEP:-}" ] && trap - EXIT # KEEP=1: leave the tmpfs and logs for a look
+trap cleanup EXIT # KEEP=1: the node is stopped, the tmpfs and logs are left for a look
 mkdir -p "$M"
 if ! mount -t tmpfs -o size=48m tmpfs "$M" 2>/dev/null; then
     echo "SKIP: cannot mount a tmpfs (needs root)"
