@@ -222,17 +222,12 @@ static int s_load_totals(kvedge_engine_t *e)
  * MANIFEST, and its next open deletes every table and blob file that MANIFEST does not name. */
 int kvedge_engine_dir_state(const char *dir)
 {
-    size_t n = strlen(dir) + sizeof "/" KVEDGE_REPAIR_TMP_DIR "/" KVEDGE_REPAIR_MARK_FILE;
-    char *path = malloc(n > 4096 ? n : 4096);
-    if (!path)
-        return KVEDGE_STORE_DIR_NONE;
-    int state = KVEDGE_STORE_DIR_NONE;
+    char path[4096];
     struct stat st;
-    snprintf(path, 4096, "%s/" KVEDGE_REPAIR_TMP_DIR "/" KVEDGE_REPAIR_MARK_FILE, dir);
-    if (stat(path, &st) == 0) {
-        free(path);
+    if (snprintf(path, sizeof path, "%s/" KVEDGE_REPAIR_TMP_DIR "/" KVEDGE_REPAIR_MARK_FILE, dir) <
+            (int)sizeof path &&
+        stat(path, &st) == 0)
         return KVEDGE_STORE_DIR_REPAIRING;
-    }
     bool data = false;
     DIR *d = opendir(dir);
     if (d) {
@@ -243,26 +238,21 @@ int kvedge_engine_dir_state(const char *dir)
     }
     /* CURRENT names the MANIFEST: "MANIFEST-NNNNNN\n". */
     char cur[64] = "";
-    snprintf(path, 4096, "%s/CURRENT", dir);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        size_t got = fread(cur, 1, sizeof cur - 1, f);
-        cur[got] = '\0';
-        fclose(f);
-        size_t len = strcspn(cur, "\n");
-        bool named = len > 9 && strncmp(cur, "MANIFEST-", 9) == 0 && cur[len] == '\n' &&
-                     strspn(cur + 9, "0123456789") == len - 9;
-        cur[len] = '\0';
-        if (named && snprintf(path, 4096, "%s/%s", dir, cur) < 4096 && stat(path, &st) == 0 &&
-            S_ISREG(st.st_mode))
-            state = KVEDGE_STORE_DIR_SOUND;
-        else
-            state = KVEDGE_STORE_DIR_DAMAGED;
-    } else if (data) {
-        state = KVEDGE_STORE_DIR_DAMAGED;
-    }
-    free(path);
-    return state;
+    FILE *f =
+        snprintf(path, sizeof path, "%s/CURRENT", dir) < (int)sizeof path ? fopen(path, "r") : NULL;
+    if (!f)
+        return data ? KVEDGE_STORE_DIR_DAMAGED : KVEDGE_STORE_DIR_NONE;
+    size_t got = fread(cur, 1, sizeof cur - 1, f);
+    cur[got] = '\0';
+    fclose(f);
+    size_t len = strcspn(cur, "\n");
+    bool named = len > 9 && strncmp(cur, "MANIFEST-", 9) == 0 && cur[len] == '\n' &&
+                 strspn(cur + 9, "0123456789") == len - 9;
+    cur[len] = '\0';
+    return named && snprintf(path, sizeof path, "%s/%s", dir, cur) < (int)sizeof path &&
+                   stat(path, &st) == 0 && S_ISREG(st.st_mode)
+               ? KVEDGE_STORE_DIR_SOUND
+               : KVEDGE_STORE_DIR_DAMAGED;
 }
 
 bool kvedge_engine_rocks_data_file(const char *name)
@@ -557,10 +547,13 @@ void kvedge_engine_destroy(kvedge_engine_t **self_p)
          * next open has no WAL to replay. A failed flush loses nothing (the WAL has it); not
          * tried after a failed write or without room for it (a RocksDB writer used again after
          * an error aborts the process). */
-        bool writable = !e->opts.read_only && !kvedge_engine_disk_write_stopped(e);
-        if (writable && !kvedge_engine_disk_can_flush(e))
+        bool stopped = !e->opts.read_only && kvedge_engine_disk_write_stopped(e);
+        bool flush = !e->opts.read_only && !stopped && kvedge_engine_disk_can_flush(e);
+        if (!e->opts.read_only && !stopped && !flush) {
             kvedge_engine_disk_release(e); /* the reserve is the room the flush needs */
-        if (writable && kvedge_engine_disk_can_flush(e)) {
+            flush = kvedge_engine_disk_can_flush(e);
+        }
+        if (flush) {
             rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
             rocksdb_flushoptions_set_wait(fo, 1);
             for (size_t i = 0; i < e->n_handles; i++) {
@@ -571,7 +564,7 @@ void kvedge_engine_destroy(kvedge_engine_t **self_p)
             }
             rocksdb_flushoptions_destroy(fo);
         }
-        if (!e->opts.read_only && kvedge_engine_disk_write_stopped(e)) {
+        if (stopped) {
             /* RocksDB stopped writing on an error (a full disk under a flush): closing would use
              * the writer that failed again, which Debian's librocksdb (built with assertions)
              * aborts on. Its background work is stopped and the handle left to the process's

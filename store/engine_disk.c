@@ -85,9 +85,9 @@ void kvedge_engine_disk_bounds(const char *dir, uint64_t capacity, uint64_t *wri
 
 /* ---------------------------------------------------------------- the reserve file */
 
-static int s_reserve_path(const kvedge_engine_t *e, char *out, size_t len)
+static int s_reserve_path(const char *dir, char *out, size_t len)
 {
-    int n = snprintf(out, len, "%s/" KVEDGE_ENGINE_RESERVE_FILE, e->dir);
+    int n = snprintf(out, len, "%s/" KVEDGE_ENGINE_RESERVE_FILE, dir);
     return n > 0 && (size_t)n < len ? KVEDGE_OK : KVEDGE_EINVAL;
 }
 
@@ -98,7 +98,7 @@ static void s_reserve_make(kvedge_engine_t *e, uint64_t avail)
         avail < 2 * e->reserve_bytes + S_SLACK_BYTES)
         return;
     char path[4096];
-    if (s_reserve_path(e, path, sizeof path) != KVEDGE_OK)
+    if (s_reserve_path(e->dir, path, sizeof path) != KVEDGE_OK)
         return;
     int fd = open(path, O_WRONLY | O_CREAT, 0600);
     if (fd < 0)
@@ -123,7 +123,7 @@ void kvedge_engine_disk_release(kvedge_engine_t *e)
     if (!atomic_compare_exchange_strong(&e->reserve_held, &held, false))
         return;
     char path[4096];
-    if (s_reserve_path(e, path, sizeof path) == KVEDGE_OK)
+    if (s_reserve_path(e->dir, path, sizeof path) == KVEDGE_OK)
         (void)unlink(path);
     atomic_fetch_add(&e->reserve_releases, 1);
 }
@@ -169,7 +169,7 @@ int kvedge_engine_disk_open(kvedge_engine_t *e, const char *dir)
                                : 0;
     char path[4096];
     struct stat st;
-    if (s_reserve_path(e, path, sizeof path) == KVEDGE_OK && stat(path, &st) == 0)
+    if (s_reserve_path(e->dir, path, sizeof path) == KVEDGE_OK && stat(path, &st) == 0)
         atomic_store(&e->reserve_held, true);
     if (known)
         s_reserve_make(e, avail);
@@ -178,12 +178,13 @@ int kvedge_engine_disk_open(kvedge_engine_t *e, const char *dir)
 
 void kvedge_engine_disk_before_open(const char *dir)
 {
-    /* Opening replays the WAL and flushes it: with the disk full, the reserve makes the room. */
+    /* Opening replays the WAL and flushes it: with the disk nearly full (less free than the
+     * reserve holds), the reserve makes the room. */
     uint64_t avail = 0, total = 0;
-    if (!s_statvfs(dir, &avail, &total) || avail >= S_RESERVE_MAX_BYTES + S_SLACK_BYTES)
-        return;
     char path[4096];
-    if (snprintf(path, sizeof path, "%s/" KVEDGE_ENGINE_RESERVE_FILE, dir) < (int)sizeof path)
+    struct stat st;
+    if (s_reserve_path(dir, path, sizeof path) == KVEDGE_OK && stat(path, &st) == 0 &&
+        s_statvfs(dir, &avail, &total) && avail < (uint64_t)st.st_size + S_SLACK_BYTES)
         (void)unlink(path);
 }
 
