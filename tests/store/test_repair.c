@@ -324,6 +324,15 @@ static int s_lost_cb(void *ctx, const kvedge_block_key_t *key, int err)
     return 0;
 }
 
+/* Repairs the fixture's store, which must succeed; lost blocks are counted in lost. */
+static void s_repair_ok(fx_t *fx, lost_t *lost, kvedge_repair_report_t *rep)
+{
+    char why[1024] = "";
+    int rc = kvedge_engine_repair(fx->path, s_lost_cb, lost, rep, why, sizeof why);
+    if (rc != 0)
+        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+}
+
 /* Every block that reads back is what was put; returns how many did. */
 static uint64_t s_count_served(fx_t *fx, const put_t *p)
 {
@@ -416,10 +425,7 @@ static void test_repair_damaged_inline_blocks(void **state)
     s_damage_largest_sst(fx->path);
     lost_t lost = {0};
     kvedge_repair_report_t rep;
-    char why[1024];
-    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
-    if (rc != 0)
-        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    s_repair_ok(fx, &lost, &rep);
     assert_int_equal(rep.blocks_kept + rep.blocks_lost, put);
     assert_true(rep.blocks_kept > 0);
     assert_int_equal((uint64_t)lost.lost, rep.blocks_lost);
@@ -677,10 +683,7 @@ static void test_repair_flips_in_every_sst(void **state)
     assert_true(s_each(fx->path, ".sst", s_flip5) > 0);
     lost_t lost = {0};
     kvedge_repair_report_t rep;
-    char why[1024] = "";
-    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
-    if (rc != 0)
-        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    s_repair_ok(fx, &lost, &rep);
     assert_true(rep.damaged);
     assert_int_equal(rep.blocks_found, put);
     assert_int_equal(rep.blocks_kept + rep.blocks_lost, rep.blocks_found);
@@ -715,10 +718,7 @@ static void test_repair_flip_in_blob(void **state)
     assert_true(blobs > 0);
     lost_t lost = {0};
     kvedge_repair_report_t rep;
-    char why[1024] = "";
-    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
-    if (rc != 0)
-        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    s_repair_ok(fx, &lost, &rep);
     assert_false(rep.unchanged);
     assert_int_equal(rep.blocks_found, put);
     assert_int_equal(rep.blocks_kept + rep.blocks_lost, put);
@@ -778,10 +778,7 @@ static void test_repair_truncated_wal(void **state)
     assert_true(s_each(fx->path, ".log", s_truncate_third) > 0);
     lost_t lost = {0};
     kvedge_repair_report_t rep;
-    char why[1024] = "";
-    int rc = kvedge_engine_repair(fx->path, s_lost_cb, &lost, &rep, why, sizeof why);
-    if (rc != 0)
-        fail_msg("repair: %s: %s", kvedge_errname(rc), why);
+    s_repair_ok(fx, &lost, &rep);
     assert_true(rep.wal_files > 0);
     assert_true(rep.blocks_found > 0 && rep.blocks_found < put); /* the cut lost the rest */
     assert_int_equal(rep.blocks_kept, rep.blocks_found);
