@@ -1047,7 +1047,41 @@ struct kvedge_client_t {
     s_io_t *chan_idle[S_CHAN_MAX];
     size_t chan_nidle, chan_n, chan_busy;
     atomic_bool chan_closing;
+    /* Threads inside a public call (S_ENTER), under chan_mu: destroy frees the client only
+     * when the last has left, so a call that destroy ended reads nothing freed. */
+    size_t users;
 };
+
+/* A public call's hold on its client, released when the call's scope ends (even by an early
+ * return): destroy waits for every hold to go. */
+typedef struct {
+    kvedge_client_t *c;
+} s_user_t;
+
+static s_user_t s_user_enter(kvedge_client_t *c)
+{
+    s_err_clear();
+    if (c) {
+        pthread_mutex_lock(&c->chan_mu);
+        c->users++;
+        pthread_mutex_unlock(&c->chan_mu);
+    }
+    return (s_user_t){c};
+}
+
+static void s_user_leave(s_user_t *u)
+{
+    if (!u->c)
+        return;
+    pthread_mutex_lock(&u->c->chan_mu);
+    if (--u->c->users == 0)
+        pthread_cond_broadcast(&u->c->chan_cv);
+    pthread_mutex_unlock(&u->c->chan_mu);
+}
+
+/* Starts a public call on c (which may be NULL): clears this thread's message and holds c
+ * until the enclosing scope ends. */
+#define S_ENTER(c) s_user_t s_user_ __attribute__((cleanup(s_user_leave))) = s_user_enter(c)
 
 static int64_t s_deadline(const kvedge_client_t *c, int deadline_ms)
 {
@@ -1474,6 +1508,11 @@ void kvedge_client_destroy(kvedge_client_t **self_p)
         s_chan_destroy(&c->chan_idle[--c->chan_nidle]);
     pthread_mutex_unlock(&c->chan_mu);
     zactor_destroy(&c->actor); /* $TERM: everything in flight ends with KVEDGE_ECLOSED */
+    /* Calls that destroy ended may still be on their way out. */
+    pthread_mutex_lock(&c->chan_mu);
+    while (c->users > 0)
+        pthread_cond_wait(&c->chan_cv, &c->chan_mu);
+    pthread_mutex_unlock(&c->chan_mu);
     pthread_cond_destroy(&c->chan_cv);
     pthread_mutex_destroy(&c->chan_mu);
     pthread_mutex_destroy(&c->pipe_mu);
@@ -1488,7 +1527,7 @@ void kvedge_client_destroy(kvedge_client_t **self_p)
 int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_us,
                        uint64_t *samples)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c)
         return KVEDGE_EINVAL;
     kvedge_meter_stats_t st;
@@ -1543,7 +1582,7 @@ static int s_ping_once(kvedge_client_t *c, size_t bytes, double *rtt_us)
  * moved), with the tiny ping's latency taken out when it is smaller. */
 int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double *bw_bytes_per_s)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || bytes > KVEDGE_WIRE_MAX_PING_BYTES)
         return KVEDGE_EINVAL;
     double rtt = 0, big = 0;
@@ -1587,7 +1626,7 @@ static int s_model_call(kvedge_client_t *c, const kvedge_model_t *model, const c
 
 int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *out)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || !id || !out)
         return KVEDGE_EINVAL;
     int rc = s_model_call(c, NULL, id, out);
@@ -1598,7 +1637,7 @@ int kvedge_client_get_model(kvedge_client_t *c, const char *id, kvedge_model_t *
 
 int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || !model)
         return KVEDGE_EINVAL;
     kvedge_model_t have;
@@ -1614,7 +1653,7 @@ int kvedge_client_put_model(kvedge_client_t *c, const kvedge_model_t *model)
 
 int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n)
 {
-    s_err_clear();
+    S_ENTER(c);
     size_t cap = S_LIST_PAGE_ENTRIES, len = 0;
     kvedge_chunk_entry_t *all = malloc(cap * sizeof *all);
     bool more = true;
@@ -1646,7 +1685,7 @@ int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_
 
 int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || !out)
         return KVEDGE_EINVAL;
     s_req_t *r = s_req_new(KVEDGE_OP_STAT, 0, s_deadline(c, 0));
@@ -1663,7 +1702,7 @@ int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
 
 int kvedge_client_monitor(kvedge_client_t *c, uint32_t top, char **json, size_t *len)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || !json || top > KVEDGE_WIRE_MAX_MONITOR_TOP)
         return KVEDGE_EINVAL;
     *json = NULL;
@@ -1692,7 +1731,7 @@ int kvedge_client_monitor(kvedge_client_t *c, uint32_t top, char **json, size_t 
 int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blocks,
                         uint64_t *bytes)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c)
         return KVEDGE_EINVAL;
     uint8_t *p;
@@ -1804,7 +1843,7 @@ static void s_put_collect(s_path_t *path, s_batch_t *b, int *st)
 
 int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t n, int *statuses)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || (n && !items))
         return KVEDGE_EINVAL;
     if (n == 0)
@@ -1980,7 +2019,7 @@ static int s_get_collect(s_path_t *path, const kvedge_block_key_t *keys, s_batch
 int kvedge_client_get(kvedge_client_t *c, const kvedge_block_key_t *keys, size_t n, uint8_t *buf,
                       size_t cap, kvedge_fetched_t *out)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || (n && (!keys || !out)) || (cap && !buf))
         return KVEDGE_EINVAL;
     if (n == 0)
@@ -2038,7 +2077,7 @@ int kvedge_client_get_layer_async(kvedge_client_t *c, const kvedge_chunk_id_t *c
                                   uint16_t layer, int deadline_ms, kvedge_block_fn *on_block,
                                   kvedge_done_fn *on_done, void *ctx)
 {
-    s_err_clear();
+    S_ENTER(c);
     return kvedge_client_get_layer_prec_async(c, chunks, n, layer, NULL, 0, deadline_ms, on_block,
                                               on_done, ctx);
 }
@@ -2048,7 +2087,7 @@ int kvedge_client_get_layer_prec_async(kvedge_client_t *c, const kvedge_chunk_id
                                        size_t n_accept, int deadline_ms, kvedge_block_fn *on_block,
                                        kvedge_done_fn *on_done, void *ctx)
 {
-    s_err_clear();
+    S_ENTER(c);
     s_req_t *r;
     int rc = s_layer_request(c, chunks, n, layer, accept, n_accept, deadline_ms, on_block, on_done,
                              ctx, &r);
@@ -2152,7 +2191,7 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
                             uint16_t layer, uint8_t *buf, size_t cap, kvedge_fetched_t *out,
                             size_t out_cap, uint32_t *heads)
 {
-    s_err_clear();
+    S_ENTER(c);
     return kvedge_client_get_layer_prec(c, chunks, n, layer, NULL, 0, buf, cap, out, out_cap,
                                         heads);
 }
@@ -2162,7 +2201,7 @@ int kvedge_client_get_layer_prec(kvedge_client_t *c, const kvedge_chunk_id_t *ch
                                  uint8_t *buf, size_t cap, kvedge_fetched_t *out, size_t out_cap,
                                  uint32_t *heads)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || (cap && !buf) || (out_cap && !out))
         return KVEDGE_EINVAL;
     s_layer_t *l = calloc(1, sizeof *l);
@@ -2236,7 +2275,7 @@ static s_req_t *s_ids_request(uint8_t opcode, const kvedge_chunk_id_t *ids, uint
 
 int kvedge_client_lookup(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, size_t *hit)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || (n && !ids) || !hit)
         return KVEDGE_EINVAL;
     *hit = 0;
@@ -2291,21 +2330,21 @@ static int s_chunks_op(kvedge_client_t *c, uint8_t opcode, const kvedge_chunk_id
 int kvedge_client_delete(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n,
                          uint32_t *changed)
 {
-    s_err_clear();
+    S_ENTER(c);
     return s_chunks_op(c, KVEDGE_OP_DELETE, ids, n, changed);
 }
 
 int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, bool pin,
                       uint32_t *changed)
 {
-    s_err_clear();
+    S_ENTER(c);
     return s_chunks_op(c, pin ? KVEDGE_OP_PIN : KVEDGE_OP_UNPIN, ids, n, changed);
 }
 
 int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
                        kvedge_chunk_entry_t *out, size_t max, size_t *n, bool *more)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (!c || !out || max == 0 || !n)
         return KVEDGE_EINVAL;
     *n = 0;
@@ -2345,7 +2384,7 @@ int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
 int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
                               const kvedge_fetch_cbs_t *cbs, void *ctx)
 {
-    s_err_clear();
+    S_ENTER(c);
     if (c && !s_role_serves(c->node.role, KVEDGE_OP_FETCH))
         return s_role_err(c, KVEDGE_OP_FETCH, KVEDGE_EPROTO); /* a node would refuse it */
     if (!c || !req || !cbs || !req->model_id || !req->chunks || req->n == 0 ||
