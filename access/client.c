@@ -1,4 +1,4 @@
-/* libkvedge (clients/kvedge.h): the reference client of the kvedge wire protocol
+/* libkvedge (clients/lib/kvedge.h): the reference client of the kvedge wire protocol
  * (docs/protocol.md).
  *
  * Public calls build a request in the caller's thread (payload frames copied there, so the
@@ -39,7 +39,7 @@
 #include "access/meter.h"
 #include "access/shaper.h"
 #include "access/transport.h"
-#include "store/clock.h"
+#include "access/codec/clock.h"
 
 #define S_WAIT_MARGIN_MS  250         /* a caller waits this long past its deadline */
 #define S_PUT_BATCH_BYTES (64u << 20) /* payload bytes per PUT message (one item may be more) */

@@ -27,12 +27,12 @@
 #include <stdint.h>
 
 #include "access/proto.h"
-#include "store/block.h"
-#include "store/chunk.h"
-#include "store/error.h"
-#include "store/model.h"
-#include "store/prec.h"
-#include "store/stats.h"
+#include "access/codec/block.h"
+#include "access/codec/chunk.h"
+#include "access/codec/error.h"
+#include "access/codec/model.h"
+#include "access/codec/prec.h"
+#include "access/codec/stats.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -179,7 +179,7 @@ int kvedge_client_get_layer(kvedge_client_t *c, const kvedge_chunk_id_t *chunks,
                             size_t out_cap, uint32_t *heads);
 
 /* GET_LAYER at a precision (the cache optimizer): the node serves each head at the first
- * precision of accept (n_accept store/prec.h rungs, best first) it holds, or derives it from
+ * precision of accept (n_accept access/codec/prec.h rungs, best first) it holds, or derives it from
  * a finer block when its settings allow (docs/protocol.md, "Precisions"); a head it can serve
  * at none of them is a miss (KVEDGE_ENOTFOUND). The blocks say their own precision
  * (kvedge_prec_of_block). accept NULL and n_accept 0: the blocks as stored, exactly as
@@ -274,7 +274,7 @@ typedef struct {
      * mapped->this registered with the master); NULL: none */
     const char *mapped_model_id;
     const kvedge_chunk_id_t *mapped_chunks; /* its chain over the same tokens, n ids */
-    /* The cache optimizer: the precisions (store/prec.h rungs, best first, n_accept of them)
+    /* The cache optimizer: the precisions (access/codec/prec.h rungs, best first, n_accept of them)
      * the client accepts for fetched layers, and a quality budget the proxy keeps the sum of
      * the chosen layers' costs under (the model's per-layer sensitivity profile, the metric's
      * unit; KVEDGE_QUALITY_NONE: no budget, budget 0). accept NULL: the blocks as stored. */
@@ -310,7 +310,7 @@ typedef struct {
         double cost_us;
         int from_layer;  /* -1: this model's own layer; else the mapped model's layer planned
                             for it */
-        int prec;        /* the rung planned (store/prec.h); 0 without a precision choice */
+        int prec;        /* the rung planned (access/codec/prec.h); 0 without a precision choice */
         int prec_reason; /* why (kvedge_plan_prec_reason_name); 0 with prec 0 */
     } layer[KVEDGE_FETCH_MAX_LAYERS];
 } kvedge_fetch_plan_t;

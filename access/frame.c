@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "store/byteorder.h"
-#include "store/error.h"
+#include "access/codec/byteorder.h"
+#include "access/codec/error.h"
 
 #define S_MAGIC        "KVEP"
 #define S_FLAGS_KNOWN  (KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE | KVEDGE_WIRE_FLAG_END)
@@ -325,7 +325,7 @@ static int s_validate_stream(const kvedge_wire_header_t *h, const kvedge_wire_fr
 static int s_validate_reply(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
 {
     /* Spec: a reply's status is 0 or negative; any negative value is accepted because
-     * store/error.h appends new codes and a newer node may send one. */
+     * access/codec/error.h appends new codes and a newer node may send one. */
     if (!(h->flags & KVEDGE_WIRE_FLAG_REPLY) || h->deadline_ms != 0 || h->credit != 0 ||
         h->status > 0)
         return KVEDGE_EPROTO;

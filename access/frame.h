@@ -7,12 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store/chunk.h"
+#include "access/codec/chunk.h"
 #include "access/proto.h"
-#include "store/byteorder.h"
-#include "store/stats.h"
-#include "store/model.h"
-#include "store/prec.h"
+#include "access/codec/byteorder.h"
+#include "access/codec/stats.h"
+#include "access/codec/model.h"
+#include "access/codec/prec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,7 +47,7 @@ extern "C" {
 #define KVEDGE_WIRE_STATS_BYTES       136
 #define KVEDGE_WIRE_NODE_INFO_BYTES   64
 #define KVEDGE_WIRE_STREAM_HDR_BYTES  12
-/* GET and GET_LAYER: an optional last frame lists the precisions (store/prec.h rungs, one
+/* GET and GET_LAYER: an optional last frame lists the precisions (access/codec/prec.h rungs, one
  * byte each, best first) the reader accepts: at most this many bytes. The node checks the
  * list itself (kvedge_prec_list_check) and answers an empty, unknown or repeating one with
  * KVEDGE_EINVAL. */
@@ -193,7 +193,7 @@ typedef struct {
     /* KVEDGE_WIRE_FETCH_OWN_LAYER: the requested model's own layer (always so when not
      * delivered); else the mapped model's layer whose blocks were delivered for it. */
     uint16_t from_layer;
-    /* The precision the plan chose for it (a store/prec.h rung), when the request had a
+    /* The precision the plan chose for it (a access/codec/prec.h rung), when the request had a
      * precision frame and the layer was delivered; else KVEDGE_PREC_STORED (0). */
     kvedge_prec_t prec;
 } kvedge_wire_fetch_layer_t;

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "store/clock.h"
-#include "store/error.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 
 /* One smoothed quantity: its value, how many samples shaped it (a prior counts as one),
  * and whether any of them was a real observation. */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 const char *kvedge_plan_reason_name(kvedge_plan_reason_t reason)
 {

@@ -9,7 +9,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* Link time in nanoseconds, wide enough that neither a clock's absolute value times 1000 nor
  * the serialization time of 2^64 bytes at 1 bit/s can overflow it. */

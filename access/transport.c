@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 #define S_PROBE_STEP_MS 50
 

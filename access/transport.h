@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "store/chunk.h"
+#include "access/codec/chunk.h"
 
 #ifdef __cplusplus
 extern "C" {

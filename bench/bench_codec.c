@@ -1,6 +1,6 @@
 /* Block codec throughput: encode and decode (parse + decode to fp16) of a working set larger
  * than the caches, for each scheme, compared with memcpy of the same bytes in the same run;
- * with --transcode, deriving a coarser precision from a stored block (store/prec.h) against
+ * with --transcode, deriving a coarser precision from a stored block (access/codec/prec.h) against
  * reading one stored at that precision. */
 #include <stdbool.h>
 #include <stdint.h>
@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "bench/bench_common.h"
-#include "store/block.h"
-#include "store/error.h"
-#include "store/prec.h"
-#include "store/synth.h"
+#include "access/codec/block.h"
+#include "access/codec/error.h"
+#include "access/codec/prec.h"
+#include "access/codec/synth.h"
 
 /* One block: one head of one layer of one chunk. */
 #define S_TOKENS   256

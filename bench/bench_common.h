@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* Every figure is the median of at least this many repetitions. */
 #define KVEDGE_BENCH_REPS_MIN 7

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "bench/bench_common.h"
-#include "clients/kvedge.h"
-#include "store/block.h"
-#include "store/synth.h"
+#include "clients/lib/kvedge.h"
+#include "access/codec/block.h"
+#include "access/codec/synth.h"
 
 typedef struct {
     const kvedge_model_t *m;      /* layers, kv_heads, head_dim; its id names the blocks */

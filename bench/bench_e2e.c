@@ -45,8 +45,8 @@
 
 #include "bench/bench_common.h"
 #include "bench/bench_spawn.h"
-#include "clients/e2e.h"
-#include "clients/pipeline.h"
+#include "clients/e2e/e2e.h"
+#include "clients/lib/pipeline.h"
 
 #ifndef KVEDGE_BENCH_KVEDGE_BIN
 #define KVEDGE_BENCH_KVEDGE_BIN "clients/kvedge"

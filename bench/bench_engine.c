@@ -17,12 +17,12 @@
 #include <unistd.h>
 
 #include "bench/bench_common.h"
-#include "store/block.h"
-#include "store/chunk.h"
-#include "store/engine.h"
-#include "store/error.h"
-#include "store/model.h"
-#include "store/synth.h"
+#include "access/codec/block.h"
+#include "access/codec/chunk.h"
+#include "store/engine/engine.h"
+#include "access/codec/error.h"
+#include "access/codec/model.h"
+#include "access/codec/synth.h"
 
 #define S_HEAD_DIM 128
 /* The bench model: 32 layers x 8 KV heads, so one chunk holds 256 blocks. */

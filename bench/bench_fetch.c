@@ -31,12 +31,12 @@
 
 #include "bench/bench_common.h"
 #include "bench/bench_scrape.h"
-#include "clients/kvedge.h"
-#include "store/block.h"
-#include "store/chunk.h"
-#include "store/error.h"
-#include "store/model.h"
-#include "store/synth.h"
+#include "clients/lib/kvedge.h"
+#include "access/codec/block.h"
+#include "access/codec/chunk.h"
+#include "access/codec/error.h"
+#include "access/codec/model.h"
+#include "access/codec/synth.h"
 
 #define S_HEAD_DIM     128
 #define S_LAYERS       4 /* layers 0, 1, 2 hold the same data as lossless, int8, int4 */

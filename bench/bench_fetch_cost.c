@@ -8,15 +8,15 @@
  * A local store node is spawned from the kvedge binary on an ipc:// endpoint (it runs natively:
  * valgrind does not follow the exec). The context (opt-125m shape, --tokens tokens in chunks of
  * 256, every block in one scheme, lz4 where it pays) is put once. Then the pipelined loader
- * (clients/pipeline.h, GET_LAYER streams from the node, CPU path) fetches every layer into fp32
- * contiguous host destinations, the decoder's K/V layout (clients/e2e.c): one warm-up fetch,
+ * (clients/lib/pipeline.h, GET_LAYER streams from the node, CPU path) fetches every layer into fp32
+ * contiguous host destinations, the decoder's K/V layout (clients/e2e/e2e.c): one warm-up fetch,
  * checked against kvedge_block_decode of the blocks put, then --reps fetches between
  * CALLGRIND_START_INSTRUMENTATION and CALLGRIND_STOP_INSTRUMENTATION (run valgrind with
  * --instr-atstart=no), so the node's start, the put and the set-up are not counted; every thread
  * of this process is (the client's I/O thread, ZeroMQ's threads, the pipeline's loader).
  *
  * --copy-into-session adds, after each layer's wait, the copy of its K and V into a second
- * buffer: what the decoder's provider did at 09fc98c (clients/e2e.c s_prov_fetch copied each
+ * buffer: what the decoder's provider did at 09fc98c (clients/e2e/e2e.c s_prov_fetch copied each
  * fetched layer into the session), before the fetch dequantized in place.
  *
  * Prints one line "fetch_cost: key=value ..." for the script (bytes per fetch). */
@@ -32,10 +32,10 @@
 #include "bench/bench_common.h"
 #include "bench/bench_context.h"
 #include "bench/bench_spawn.h"
-#include "clients/kvedge.h"
-#include "clients/pipeline.h"
+#include "clients/lib/kvedge.h"
+#include "clients/lib/pipeline.h"
 #include "gpu/dequant.h"
-#include "store/synth.h"
+#include "access/codec/synth.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/callgrind.h>)
@@ -57,7 +57,7 @@
 #define S_DEADLINE_MS 600000
 
 static uint32_t s_tokens = 1024;
-static uint32_t s_ring = 2; /* the edge decode's ring (clients/e2e.h KVEDGE_E2E_RING_DEFAULT) */
+static uint32_t s_ring = 2; /* the edge decode's ring (clients/e2e/e2e.h KVEDGE_E2E_RING_DEFAULT) */
 static kvedge_scheme_t s_scheme = KVEDGE_SCHEME_INT8;
 static kvedge_model_t s_m;
 static uint32_t s_chunks;

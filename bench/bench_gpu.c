@@ -11,9 +11,9 @@
 #include "gpu/dequant.h"
 #include "gpu/gpu.h"
 #include "gpu/stage.h"
-#include "store/block.h"
-#include "store/error.h"
-#include "store/synth.h"
+#include "access/codec/block.h"
+#include "access/codec/error.h"
+#include "access/codec/synth.h"
 
 #ifdef KVEDGE_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -16,8 +16,8 @@
 #include "gpu/gpu.h"
 #include "gpu/opt.h"
 #include "gpu/stage.h"
-#include "store/error.h"
-#include "store/synth.h"
+#include "access/codec/error.h"
+#include "access/codec/synth.h"
 
 #ifdef KVEDGE_HAVE_CUDA
 #include <cuda_runtime.h>

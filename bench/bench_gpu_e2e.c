@@ -6,7 +6,7 @@
  * cloud store node spawned from the kvedge binary (with a Storage Master, so a proxy knows
  * models that are not built in). Then, per link, a proxy is spawned with that node as its
  * cloud source behind the link, and each run is one edge request from scratch:
- *   kvedge:     FETCH through the proxy into the pipelined loader (clients/pipeline.h) with
+ *   kvedge:     FETCH through the proxy into the pipelined loader (clients/lib/pipeline.h) with
  *               device destinations (the dequantize kernel writes each layer's fp16 K/V), the
  *               decoder session running layer l as soon as layer l is resident, the prompt's
  *               first token picked: TTFT.
@@ -40,11 +40,11 @@
 #include "bench/bench_spawn.h"
 #include "access/shaper.h"
 #include "clients/decoder/decoder_gpu.h"
-#include "clients/e2e.h"
-#include "clients/pipeline.h"
+#include "clients/e2e/e2e.h"
+#include "clients/lib/pipeline.h"
 #include "gpu/opt.h"
 #include "gpu/stage.h"
-#include "store/quant.h"
+#include "access/codec/quant.h"
 
 #ifndef KVEDGE_BENCH_KVEDGE_BIN
 #define KVEDGE_BENCH_KVEDGE_BIN "clients/kvedge"

@@ -1,4 +1,4 @@
-/* Pipeline overlap of the pipelined loader (clients/pipeline.h): the time to have every layer
+/* Pipeline overlap of the pipelined loader (clients/lib/pipeline.h): the time to have every layer
  * of a context resident, against its stages measured alone in the same run (transfer with
  * verify and staging, host-to-device copy, dequantize). With perfect overlap the pipeline
  * takes max(stages) plus one layer's tail; load-then-dequantize takes their sum.
@@ -21,11 +21,11 @@
 #include "bench/bench_common.h"
 #include "bench/bench_context.h"
 #include "bench/bench_spawn.h"
-#include "clients/kvedge.h"
-#include "clients/pipeline.h"
+#include "clients/lib/kvedge.h"
+#include "clients/lib/pipeline.h"
 #include "gpu/dequant.h"
 #include "gpu/stage.h"
-#include "store/synth.h"
+#include "access/codec/synth.h"
 
 #define S_MODEL        "opt-1.3b" /* 24 layers x 32 KV heads x 64 */
 #define S_CHUNK_TOKENS 256

@@ -16,7 +16,7 @@
  *  - quality: for each of --docs held-out documents, one FETCH of its context with the same
  *    accept list, budget and time estimates through the same proxy, the planned-recompute
  *    layers computed here, and the continuation scored with teacher forcing against the
- *    context's K/V computed here in fp32 (clients/eval.h's measurement): perplexity change,
+ *    context's K/V computed here in fp32 (clients/lab/eval.h's measurement): perplexity change,
  *    mean KL(reference || row) and greedy agreement. The plan depends on the link, so quality
  *    is measured per rate.
  *
@@ -43,19 +43,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "access/kvmsg.h"
-#include "access/log.h"
-#include "access/mview.h"
+#include "runtime/kvmsg.h"
+#include "runtime/log.h"
+#include "runtime/mview.h"
 #include "bench/bench_common.h"
 #include "clients/decoder/decoder.h"
-#include "clients/e2e.h"
-#include "clients/eval.h"
-#include "clients/pipeline.h"
+#include "clients/e2e/e2e.h"
+#include "clients/lab/eval.h"
+#include "clients/lib/pipeline.h"
 #include "proxy/proxy.h"
 #include "proxy/quality.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
-#include "store/prec.h"
+#include "access/codec/prec.h"
 
 #ifndef KVEDGE_BENCH_MODELS
 #define KVEDGE_BENCH_MODELS "models"

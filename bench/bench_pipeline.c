@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 #include "bench/bench_context.h"
-#include "clients/kvedge.h"
+#include "clients/lib/kvedge.h"
 #include "proxy/plan.h"
-#include "store/synth.h"
+#include "access/codec/synth.h"
 
 #define S_MODEL      "opt-125m" /* 12 layers x 12 KV heads x 64 */
 #define S_TOKENS     512

@@ -24,8 +24,8 @@
 
 #include "bench/bench_scrape.h"
 #include "bench/bench_context.h"
-#include "clients/kvedge.h"
-#include "store/synth.h"
+#include "clients/lib/kvedge.h"
+#include "access/codec/synth.h"
 
 #define S_MODEL        "opt-125m" /* 12 layers x 12 KV heads x 64 */
 #define S_LAYERS       12

@@ -18,13 +18,13 @@
 #include <unistd.h>
 
 #include "bench/bench_common.h"
-#include "store/block.h"
-#include "store/chunk.h"
-#include "store/engine.h"
-#include "store/error.h"
-#include "store/model.h"
-#include "store/prec.h"
-#include "store/synth.h"
+#include "access/codec/block.h"
+#include "access/codec/chunk.h"
+#include "store/engine/engine.h"
+#include "access/codec/error.h"
+#include "access/codec/model.h"
+#include "access/codec/prec.h"
+#include "access/codec/synth.h"
 
 #define S_MODEL            "opt-125m" /* built in: 12 layers x 12 KV heads x 64 */
 #define S_HEADS            12

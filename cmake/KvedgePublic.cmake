@@ -1,6 +1,6 @@
 # What libkvedge installs, decided at configure time: the public headers (copied to
 # <build>/include/kvedge/ with their project includes rewritten to the installed names) and
-# the check that clients/kvedge.h carries the project's version.
+# the check that clients/lib/kvedge.h carries the project's version.
 
 # The only <...> headers an installed header may include: the C standard library's. Anything
 # else would make every user of libkvedge depend on it.
@@ -11,7 +11,7 @@ set(KVEDGE_PUBLIC_SYSTEM_INCLUDES
     wctype.h)
 
 # kvedge_public_headers(OUT_VAR DIR HEADER...)
-# HEADERs are paths from the source root ("store/chunk.h"), the public set. Each is copied to
+# HEADERs are paths from the source root ("access/codec/chunk.h"), the public set. Each is copied to
 # DIR/kvedge/<its file name> with every `#include "a/b.h"` of a public header rewritten to
 # `#include "kvedge/b.h"`; OUT_VAR receives the copies' paths. Configuring fails when a public
 # header includes a project header outside the set, a non-standard system header, or a
@@ -49,7 +49,7 @@ function(kvedge_public_headers out_var dir)
                     message(FATAL_ERROR
                         "public header ${h} includes \"${inc}\", which is not a public header: "
                         "add it to KVEDGE_PUBLIC_HEADERS (clients/CMakeLists.txt) and "
-                        "clients/libkvedge.map, or drop the include")
+                        "clients/lib/libkvedge.map, or drop the include")
                 endif()
                 get_filename_component(name "${inc}" NAME)
                 string(REPLACE "\"${inc}\"" "\"kvedge/${name}\"" line "${d}")

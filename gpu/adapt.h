@@ -1,4 +1,4 @@
-/* An affine map of row vectors, y = [x, 1] W: how an adapter (clients/adapter.h) turns a
+/* An affine map of row vectors, y = [x, 1] W: how an adapter (clients/e2e/adapter.h) turns a
  * cloud model's K or V, one token's heads concatenated, into the edge model's shape. One sgemm
  * (OpenBLAS on the CPU, cuBLAS on the GPU) after the bias row is broadcast into y. */
 #ifndef KVEDGE_GPU_ADAPT_H

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "gpu/adapt.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 int kvedge_adapt_check(const kvedge_adapt_args_t *a)
 {

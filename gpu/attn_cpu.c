@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "gpu/attn.h"
-#include "store/error.h"
-#include "store/quant.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
 
 /* Query rows per sgemm: bounds the score scratch at S_QTILE * n floats. */
 #define S_QTILE 64

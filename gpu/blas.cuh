@@ -5,7 +5,7 @@
 
 #include <cublas_v2.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 static inline int kvedge_gpu_blas_err(cublasStatus_t st)
 {

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "gpu/cka.h"
-#include "store/block.h"
-#include "store/error.h"
+#include "access/codec/block.h"
+#include "access/codec/error.h"
 
 int kvedge_cka_check(const kvedge_cka_args_t *a)
 {

@@ -1,5 +1,5 @@
 /* Device helpers shared by the gpu/ kernels: CUDA error mapping and the exact fp16/bf16
- * conversions of store/half.h (same bits, NaN payloads included), written with explicitly
+ * conversions of access/codec/half.h (same bits, NaN payloads included), written with explicitly
  * rounded float ops so nvcc cannot fuse them. */
 #ifndef KVEDGE_GPU_COMMON_CUH
 #define KVEDGE_GPU_COMMON_CUH
@@ -7,7 +7,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* Maps a CUDA error to a KVEDGE_E* code (see gpu/gpu.h) and clears the sticky last error. */
 static inline int kvedge_gpu_err(cudaError_t e)

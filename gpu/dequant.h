@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "gpu/gpu.h"
-#include "store/block.h"
+#include "access/codec/block.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,8 +5,8 @@
 
 #include "gpu/dequant.h"
 #include "gpu/dequant_impl.h"
-#include "store/error.h"
-#include "store/quant.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
 
 static uint32_t s_popcount(const uint8_t *mask, uint32_t head_dim)
 {

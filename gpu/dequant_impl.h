@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "gpu/dequant.h"
-#include "store/quant.h"
+#include "access/codec/quant.h"
 
 #ifdef __cplusplus
 extern "C" {

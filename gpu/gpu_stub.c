@@ -6,7 +6,7 @@
 #include "gpu/rsa.h"
 #include "gpu/dequant.h"
 #include "gpu/scores.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 int kvedge_gpu_dequant(const kvedge_dequant_args_t *a, kvedge_gpu_stream_t s)
 {

@@ -10,8 +10,8 @@
 #include "gpu/blas.cuh"
 #include "gpu/common.cuh"
 #include "gpu/opt.h"
-#include "store/error.h"
-#include "store/quant.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
 
 #define S_THREADS 256
 /* Attention scores held at once (fp32, plus as many probabilities in dtype): queries are taken

@@ -3,7 +3,7 @@
 #include <stddef.h>
 
 #include "gpu/opt.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 int kvedge_gpu_opt_new(const kvedge_gpu_opt_weights_t *w, kvedge_dtype_t dtype,
                        kvedge_gpu_opt_t **out)

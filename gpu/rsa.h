@@ -1,7 +1,7 @@
 /* Representational similarity analysis (CE-LSLM Eq. 14-15) between two activation matrices
  * over the same n samples: the Pearson correlation of the strict lower triangles of their
  * cosine-similarity matrices. Beside gpu/cka.h, the other score of layer matching
- * (clients/layermap.h). Both paths spend n^2 (d1 + d2) flops in sgemm (OpenBLAS, cuBLAS) and
+ * (clients/e2e/layermap.h). Both paths spend n^2 (d1 + d2) flops in sgemm (OpenBLAS, cuBLAS) and
  * reduce the triangles in double. */
 #ifndef KVEDGE_GPU_RSA_H
 #define KVEDGE_GPU_RSA_H

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "gpu/rsa.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 int kvedge_rsa_check(const kvedge_rsa_args_t *a)
 {

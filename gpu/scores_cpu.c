@@ -4,8 +4,8 @@
 #include <stdlib.h>
 
 #include "gpu/scores.h"
-#include "store/error.h"
-#include "store/quant.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
 
 int kvedge_scores_check(const kvedge_scores_args_t *a)
 {

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "gpu/stage_impl.h"
-#include "store/bigmem.h"
-#include "store/error.h"
+#include "access/codec/bigmem.h"
+#include "access/codec/error.h"
 
 struct kvedge_gpu_event_s {
     void *ev;            /* cudaEvent_t on the device path, NULL on the CPU path */

@@ -30,7 +30,7 @@ extern "C" {
 /* The label value every label of the overflow series carries. */
 #define KVEDGE_METRICS_OTHER "_other"
 
-/* Error codes of monitor/'s int-returning calls. They equal store/error.h's KVEDGE_EINVAL,
+/* Error codes of monitor/'s int-returning calls. They equal access/codec/error.h's KVEDGE_EINVAL,
  * KVEDGE_ENOMEM and KVEDGE_EIO (kvedge_strerror reads them), spelt here because monitor/ stands
  * alone and may not include store/. */
 #define KVEDGE_MONITOR_EINVAL (-1)

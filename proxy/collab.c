@@ -10,8 +10,8 @@
 
 #include "access/frame.h"
 #include "proxy/proxy.h"
-#include "store/clock.h"
-#include "store/error.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 
 #define S_KINDS   5 /* local, peer, cloud, history, none */
 #define S_REASONS 9 /* kvedge_fetch_reason_t 1 ... 8, 0 unknown */

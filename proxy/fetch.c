@@ -10,12 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "access/log.h"
+#include "runtime/log.h"
 #include "proxy/proxy_impl.h"
 #include "proxy/tenant_hint.h"
-#include "store/clock.h"
-#include "store/error.h"
-#include "store/model.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
+#include "access/codec/model.h"
 
 /* Blocks at least this large are forwarded in the frame they arrived in (no copy). */
 #define S_TAKE_MIN_BYTES   4096

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* One node. UP and SUSPECT are derived from silence and failures at each evaluation; DOWN is
  * latched until the node is heard again. */

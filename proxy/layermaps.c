@@ -5,10 +5,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "access/log.h"
+#include "runtime/log.h"
 #include "proxy/proxy_impl.h"
-#include "store/clock.h"
-#include "store/error.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 
 /* One line per map key every 10 minutes (and 20 over all keys): a map stays bad until someone
  * registers it again, and the accessor may be asked for it on every request. */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 #define S_NONE UINT32_MAX /* empty index slot */
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* An accept list fits the ladder's, and a layer's rungs fit a byte of flags (s_coarsen). */
 _Static_assert(KVEDGE_PLAN_MAX_PRECS <= KVEDGE_PREC_MAX_ACCEPT, "accept list longer than prec.h's");

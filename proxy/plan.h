@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "access/proto.h"
-#include "store/prec.h"
+#include "access/codec/prec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -86,7 +86,7 @@ typedef struct {
      * finite) for an up network source; unread for down and RECOMPUTE-kind sources. With a
      * precision choice a source's layer_bytes is ignored: these bytes are its prices. */
     const double *layer_prec_bytes[KVEDGE_PLAN_MAX_SOURCES];
-    /* Optional (NULL: none): the n rung codes of the accept list (store/prec.h), best first;
+    /* Optional (NULL: none): the n rung codes of the accept list (access/codec/prec.h), best first;
      * checked with kvedge_prec_list_check, copied into the plan for the formatter's names. */
     const kvedge_prec_t *rungs;
 } kvedge_plan_prec_t;

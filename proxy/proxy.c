@@ -15,13 +15,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "access/log.h"
+#include "runtime/log.h"
 #include "access/transport.h"
 #include "monitor/http.h"
 #include "proxy/proxy_impl.h"
-#include "store/clock.h"
-#include "store/why.h"
-#include "store/error.h"
+#include "access/codec/clock.h"
+#include "access/codec/why.h"
+#include "access/codec/error.h"
 
 #define S_CREDIT_DEFAULT 64
 #define S_NEG_CAPACITY   65536

@@ -13,9 +13,9 @@
 
 #include "access/client.h"
 #include "access/frame.h"
-#include "access/kvmsg.h"
-#include "access/mview.h"
-#include "access/secure.h"
+#include "runtime/kvmsg.h"
+#include "runtime/mview.h"
+#include "runtime/secure.h"
 #include "monitor/http.h"
 #include "monitor/metrics.h"
 #include "proxy/collab.h"

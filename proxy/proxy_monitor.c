@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/log.h"
+#include "runtime/log.h"
 #include "proxy/proxy_impl.h"
-#include "store/clock.h"
-#include "store/error.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 
 #define S_HISTORY_DEADLINE_MS 1000
 

@@ -10,9 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "store/error.h"
-#include "store/model.h"
-#include "store/why.h"
+#include "access/codec/error.h"
+#include "access/codec/model.h"
+#include "access/codec/why.h"
 
 struct kvedge_quality_profile_t {
     char model[KVEDGE_MODEL_ID_MAX_BYTES + 1]; /* the base model id */

@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #include "access/proto.h"
-#include "store/prec.h"
+#include "access/codec/prec.h"
 
 #ifdef __cplusplus
 extern "C" {

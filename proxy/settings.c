@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/log.h"
-#include "access/secure.h"
+#include "runtime/log.h"
+#include "runtime/secure.h"
 #include "access/transport.h"
 #include "monitor/http.h"
-#include "store/error.h"
-#include "store/why.h"
+#include "access/codec/error.h"
+#include "access/codec/why.h"
 
 #define S_T kvedge_proxy_settings_t
 

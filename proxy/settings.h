@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "access/log.h"
-#include "access/settings.h"
+#include "runtime/log.h"
+#include "runtime/settings.h"
 #include "proxy/proxy.h"
 
 #ifdef __cplusplus

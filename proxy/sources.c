@@ -10,12 +10,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "access/log.h"
-#include "access/settings.h"
+#include "runtime/log.h"
+#include "runtime/settings.h"
 #include "access/shaper.h"
 #include "proxy/proxy_impl.h"
-#include "store/clock.h"
-#include "store/error.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 
 #define S_HELLO_MS    1000           /* connect (HELLO) deadline of one probe */
 #define S_PING_MS     500            /* PING deadline of one probe */

@@ -4,9 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "access/log.h"
-#include "access/mview.h"
-#include "store/clock.h"
+#include "runtime/log.h"
+#include "runtime/mview.h"
+#include "access/codec/clock.h"
 
 /* One line per source and window; at most 16 sources' lines in a window in all. */
 static kvedge_log_limit_t s_lines = KVEDGE_LOG_LIMIT_INIT(KVEDGE_PROXY_TENANT_HINT_MS, 1, 16);

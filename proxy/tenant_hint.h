@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "proxy/proxy_impl.h"
-#include "store/chunk.h"
+#include "access/codec/chunk.h"
 
 #ifdef __cplusplus
 extern "C" {

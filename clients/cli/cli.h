@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "access/settings.h"
-#include "store/engine.h"
+#include "runtime/settings.h"
+#include "store/engine/engine.h"
 
 /* Exit codes, documented in `kvedge --help` and README. */
 enum {

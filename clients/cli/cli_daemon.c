@@ -11,13 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "access/log.h"
-#include "access/settings.h"
+#include "runtime/log.h"
+#include "runtime/settings.h"
 #include "store/node/node.h"
 #include "clients/cli/cli.h"
 #include "clients/cli/cli_plan.h"
 #include "store/node/hsync.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 static const char s_store_about[] =
     "Serves the store in --data over ZeroMQ (docs/protocol.md) until SIGINT or SIGTERM, then\n"

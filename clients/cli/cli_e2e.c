@@ -1,5 +1,5 @@
 /* `kvedge model-synth`, `kvedge prefill` (the cloud role) and `kvedge decode` (the edge role,
- * with the edge-only and cloud-only baselines): clients/e2e.h from the command line. */
+ * with the edge-only and cloud-only baselines): clients/e2e/e2e.h from the command line. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
@@ -7,18 +7,18 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "access/mview.h"
+#include "runtime/mview.h"
 #include "access/shaper.h"
-#include "clients/adapter.h"
+#include "clients/e2e/adapter.h"
 #include "clients/cli/cli.h"
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/tokenizer.h"
-#include "clients/e2e.h"
-#include "clients/kvedge.h"
-#include "clients/prune.h"
+#include "clients/e2e/e2e.h"
+#include "clients/lib/kvedge.h"
+#include "clients/e2e/prune.h"
 #include "clients/decoder/safetensors.h"
-#include "store/block.h"
-#include "store/error.h"
+#include "access/codec/block.h"
+#include "access/codec/error.h"
 
 /* Tokens --max-new generates when not given. */
 #define S_MAX_NEW_DEFAULT 16

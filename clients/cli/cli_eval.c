@@ -1,4 +1,4 @@
-/* `kvedge eval`: the quality of every cache scheme on held-out text (clients/eval.h), against a
+/* `kvedge eval`: the quality of every cache scheme on held-out text (clients/lab/eval.h), against a
  * master, cloud node and edge proxy started in this process, or against a deployment's cloud
  * node (-H) and edge proxy (--proxy). */
 #define _GNU_SOURCE /* nftw */
@@ -11,18 +11,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "access/kvmsg.h"
-#include "access/log.h"
-#include "access/mview.h"
+#include "runtime/kvmsg.h"
+#include "runtime/log.h"
+#include "runtime/mview.h"
 #include "clients/cli/cli.h"
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/tokenizer.h"
-#include "clients/e2e.h"
-#include "clients/eval.h"
-#include "clients/kvedge.h"
+#include "clients/e2e/e2e.h"
+#include "clients/lab/eval.h"
+#include "clients/lib/kvedge.h"
 #include "proxy/proxy.h"
 #include "proxy/quality.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
 

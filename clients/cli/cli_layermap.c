@@ -1,7 +1,7 @@
 /* `kvedge layermap`: which cloud layer each edge layer matches (CE-LSLM Eq. 11-16), measured
- * by running both models over calibration text (clients/layermap.h); prints the map, writes
+ * by running both models over calibration text (clients/e2e/layermap.h); prints the map, writes
  * it (--out), the similarity heatmaps (--heatmap, with gnuplot), fits the K/V adapter for the
- * map (--adapter, clients/adapter.h) and registers the map with the Storage Master
+ * map (--adapter, clients/e2e/adapter.h) and registers the map with the Storage Master
  * (--register). */
 #include <errno.h>
 #include <getopt.h>
@@ -13,15 +13,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "access/mview.h"
-#include "clients/adapter.h"
+#include "runtime/mview.h"
+#include "clients/e2e/adapter.h"
 #include "clients/cli/cli.h"
 #include "clients/decoder/tokenizer.h"
-#include "clients/e2e.h"
-#include "clients/layermap.h"
+#include "clients/e2e/e2e.h"
+#include "clients/e2e/layermap.h"
 #include "gpu/rsa.h"
-#include "store/error.h"
-#include "store/model.h"
+#include "access/codec/error.h"
+#include "access/codec/model.h"
 
 extern char **environ;
 

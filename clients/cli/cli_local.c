@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include "clients/cli/cli.h"
-#include "clients/kvedge.h"
-#include "store/error.h"
-#include "store/quant.h"
-#include "store/synth.h"
+#include "clients/lib/kvedge.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
+#include "access/codec/synth.h"
 
 #define S_SHORT_ID_DIGITS 16
 #define S_VOCAB_SIZE      50272 /* OPT's vocabulary: synthetic token ids are drawn from it */

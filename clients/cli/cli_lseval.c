@@ -1,19 +1,19 @@
-/* `kvedge lseval`: the quality of large-small collaboration on held-out text (clients/lseval.h):
- * the cloud model, the edge model on its own context, on a peer's int8 copy of it, on the
- * cloud's context K/V adapted through each --adapter, and on no context. In process, no
- * network. */
+/* `kvedge lseval`: the quality of large-small collaboration on held-out text
+ * (clients/lab/lseval.h): the cloud model, the edge model on its own context, on a peer's int8 copy
+ * of it, on the cloud's context K/V adapted through each --adapter, and on no context. In process,
+ * no network. */
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/adapter.h"
+#include "clients/e2e/adapter.h"
 #include "clients/cli/cli.h"
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/tokenizer.h"
-#include "clients/lseval.h"
-#include "store/error.h"
+#include "clients/lab/lseval.h"
+#include "access/codec/error.h"
 
 /* Context and scored continuation, in tokens, when not given. */
 #define S_CONTEXT_DEFAULT      256
@@ -56,7 +56,7 @@ static const char s_help[] =
     "      --edge FILE        the SLM's weights (same vocabulary)\n"
     "      --tokenizer DIR    a BPE tokenizer directory (vocab.json, merges.txt)\n"
     "      --text FILE        held-out text\n"
-    "      --adapter FILE     an adapter file (clients/adapter.h) from the LLM to the SLM;\n"
+    "      --adapter FILE     an adapter file (clients/e2e/adapter.h) from the LLM to the SLM;\n"
     "                         up to 4, one row group each\n"
     "      --ctx N            context tokens (default 256)\n"
     "      --cont N           scored continuation positions (default 64)\n"

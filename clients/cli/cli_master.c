@@ -9,13 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "access/log.h"
+#include "runtime/log.h"
 #include "store/master/master.h"
 #include "store/master/settings.h"
-#include "access/mview.h"
+#include "runtime/mview.h"
 #include "access/transport.h"
 #include "clients/cli/cli.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 #define S_DUMP_DEADLINE_MS 3000
 

@@ -12,7 +12,7 @@
 #include "clients/cli/cli.h"
 #include "clients/cli/cli_plan.h"
 #include "proxy/plan.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 #define S_GROUP_INT4 32
 

@@ -11,13 +11,13 @@
 #include <sys/stat.h>
 
 #include "access/frame.h"
-#include "access/log.h"
+#include "runtime/log.h"
 #include "access/transport.h"
 #include "clients/cli/cli.h"
-#include "clients/kvedge.h"
+#include "clients/lib/kvedge.h"
 #include "proxy/proxy.h"
 #include "proxy/settings.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 static const char s_proxy_about[] =
     "Runs the edge proxy: clients send it FETCH (docs/protocol.md); it prices every source of\n"

@@ -9,7 +9,7 @@
 #include "access/frame.h"
 #include "clients/cli/cli.h"
 #include "clients/cli/top_doc.h"
-#include "clients/kvedge.h"
+#include "clients/lib/kvedge.h"
 
 #define S_PING_ROUNDS 20
 

@@ -10,8 +10,8 @@
 
 #include "clients/cli/cli.h"
 #include "clients/decoder/tokenizer.h"
-#include "clients/e2e.h"
-#include "store/error.h"
+#include "clients/e2e/e2e.h"
+#include "access/codec/error.h"
 
 enum {
     S_O_VOCAB = 1000,

@@ -17,8 +17,8 @@
 #include "access/frame.h"
 #include "clients/cli/cli.h"
 #include "clients/cli/top_doc.h"
-#include "clients/kvedge.h"
-#include "store/clock.h"
+#include "clients/lib/kvedge.h"
+#include "access/codec/clock.h"
 
 #define S_INTERVAL_S_DEFAULT 1.0
 #define S_INTERVAL_S_MIN     0.1

@@ -15,9 +15,9 @@
 #include "clients/cli/cli.h"
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/tokenizer.h"
-#include "access/log.h"
-#include "clients/kvedge.h"
-#include "store/error.h"
+#include "runtime/log.h"
+#include "clients/lib/kvedge.h"
+#include "access/codec/error.h"
 
 void kvedge_cli_error(const char *fmt, ...)
 {

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "access/frame.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* ---------------------------------------------------------------- typed getters */
 

@@ -15,8 +15,8 @@
 #include "clients/decoder/decoder_impl.h"
 #include "clients/decoder/safetensors.h"
 #include "gpu/attn.h"
-#include "store/bigmem.h"
-#include "store/error.h"
+#include "access/codec/bigmem.h"
+#include "access/codec/error.h"
 
 /* nn.LayerNorm's default, which every OPT checkpoint uses. */
 #define S_LAYER_NORM_EPS 1e-5

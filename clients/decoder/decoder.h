@@ -97,7 +97,7 @@ typedef int (*kvedge_decoder_layer_fn)(void *arg, uint32_t layer, const float *h
                                        const float *q, const float *k, const float *v);
 
 /* kvedge_decoder_prefill with no outputs but trace, called after every layer: how an analysis
- * (layer matching, clients/layermap.h) reads per-layer hidden states. The numbers are those of
+ * (layer matching, clients/e2e/layermap.h) reads per-layer hidden states. The numbers are those of
  * kvedge_decoder_prefill to the bit; a plain prefill only tests a NULL pointer per layer.
  * Errors: those of kvedge_decoder_prefill, KVEDGE_EINVAL (trace NULL), or trace's own code. */
 int kvedge_decoder_prefill_trace(const kvedge_decoder_t *self, const int32_t *tokens, uint32_t n,
@@ -166,7 +166,7 @@ uint32_t kvedge_decoder_session_local_tokens(const kvedge_decoder_session_t *sel
  * shape, hand the loader the storage of each layer (kvedge_decoder_session_ctx_kv), and let
  * the provider return KVEDGE_DECODER_IN_PLACE for a layer the loader completed. A layer the
  * provider reports as MISS is computed into the same storage, so the loader must not write a
- * layer after reporting it missed (clients/pipeline.h: a missed or failed layer is never
+ * layer after reporting it missed (clients/lib/pipeline.h: a missed or failed layer is never
  * written, nothing is written after destroy). */
 
 /* Allocates the session's buffers for a decode of ctx_len context tokens, a prompt of

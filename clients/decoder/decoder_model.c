@@ -19,10 +19,10 @@
 #include "clients/decoder/decoder_impl.h"
 #include "clients/decoder/safetensors.h"
 #include "gpu/attn.h"
-#include "store/error.h"
-#include "store/half.h"
-#include "store/model.h"
-#include "store/synth.h"
+#include "access/codec/error.h"
+#include "access/codec/half.h"
+#include "access/codec/model.h"
+#include "access/codec/synth.h"
 
 /* OPT's initializer (init_std): every matrix and embedding is normal with this deviation. */
 #define S_SYNTH_STD 0.02

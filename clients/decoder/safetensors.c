@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "store/error.h"
-#include "store/half.h"
+#include "access/codec/error.h"
+#include "access/codec/half.h"
 
 /* Bytes of the little-endian header length that opens every file. */
 #define S_PREFIX_BYTES 8

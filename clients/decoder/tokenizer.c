@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "store/error.h"
-#include "store/why.h"
+#include "access/codec/error.h"
+#include "access/codec/why.h"
 
 /* JavaScript's \s, written out, because GPT-2's reference encoder is JavaScript: PCRE2's \s
  * with UCP also takes U+0085 and U+180E and leaves out U+FEFF. */

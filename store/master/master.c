@@ -16,13 +16,13 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "access/log.h"
-#include "access/secure.h"
+#include "runtime/log.h"
+#include "runtime/secure.h"
 #include "access/transport.h"
-#include "store/byteorder.h"
-#include "store/clock.h"
-#include "store/error.h"
-#include "store/rocks.h"
+#include "access/codec/byteorder.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
+#include "store/engine/rocks.h"
 
 /* ---------------------------------------------------------------- the daemon */
 
@@ -93,7 +93,8 @@ static void s_publish_size(s_master_t *m)
     atomic_store(&m->owner->bytes, m->bytes);
 }
 
-/* A RocksDB error on the registry: logged, then translated (store/rocks.h), which frees it. */
+/* A RocksDB error on the registry: logged, then translated (store/engine/rocks.h), which frees it.
+ */
 static int s_rerr(char **err)
 {
     kvedge_log_error("registry: %s", *err);

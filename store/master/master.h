@@ -1,7 +1,7 @@
 /* The Storage Master daemon (docs/master.md): a sequenced registry of nodes, health, models,
  * layer maps, block directories and links, served the zguide "Clone" way: a ROUTER for
  * snapshots and updates, a PUB for sequenced updates and HUGZ. Its messages and records are
- * access/kvmsg.h. */
+ * runtime/kvmsg.h. */
 #ifndef KVEDGE_STORE_MASTER_MASTER_H
 #define KVEDGE_STORE_MASTER_MASTER_H
 
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "access/kvmsg.h"
+#include "runtime/kvmsg.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,11 +9,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "access/secure.h"
+#include "runtime/secure.h"
 #include "access/transport.h"
 #include "monitor/http.h"
-#include "store/error.h"
-#include "store/why.h"
+#include "access/codec/error.h"
+#include "access/codec/why.h"
 
 #define S_T kvedge_master_settings_t
 

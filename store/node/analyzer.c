@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "access/frame.h"
-#include "store/block.h"
-#include "store/error.h"
+#include "access/codec/block.h"
+#include "access/codec/error.h"
 
 #define S_OPS      (KVEDGE_OP_MONITOR + 1)
 #define S_STATUSES 32 /* -status for every kvedge code; larger ones count as "other" */

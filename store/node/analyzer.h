@@ -19,7 +19,7 @@
 
 #include "monitor/hot.h"
 #include "monitor/metrics.h"
-#include "store/chunk.h"
+#include "access/codec/chunk.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/log.h"
-#include "store/clock.h"
-#include "store/error.h"
-#include "store/model.h"
+#include "runtime/log.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
+#include "access/codec/model.h"
 
 #define S_SET_DEADLINE_MS 2000
 

@@ -10,9 +10,9 @@
 
 #include <stdint.h>
 
-#include "access/kvmsg.h"
-#include "access/mview.h"
-#include "store/engine.h"
+#include "runtime/kvmsg.h"
+#include "runtime/mview.h"
+#include "store/engine/engine.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -11,9 +11,9 @@
 
 #include "access/transport.h"
 #include "access/client.h"
-#include "access/log.h"
-#include "store/clock.h"
-#include "store/error.h"
+#include "runtime/log.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 
 /* "A:B" -> first_layer A, layers B - A (0 <= A < B <= KVEDGE_MODEL_MAX_LAYERS). */
 static int s_parse_layers(const char *v, uint16_t *first, uint16_t *n)

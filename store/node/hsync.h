@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store/engine.h"
+#include "store/engine/engine.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -12,13 +12,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "access/kvmsg.h"
-#include "access/log.h"
-#include "access/mview.h"
-#include "access/secure.h"
+#include "runtime/kvmsg.h"
+#include "runtime/log.h"
+#include "runtime/mview.h"
+#include "runtime/secure.h"
 #include "access/transport.h"
-#include "store/error.h"
-#include "store/why.h"
+#include "access/codec/error.h"
+#include "access/codec/why.h"
 #include "store/node/dirpub.h"
 #include "store/node/hsync.h"
 #include "store/node/node_impl.h"

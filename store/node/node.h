@@ -10,10 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "access/log.h"
+#include "runtime/log.h"
 #include "access/proto.h"
-#include "access/settings.h"
-#include "store/engine.h"
+#include "runtime/settings.h"
+#include "store/engine/engine.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -6,7 +6,7 @@
 
 #include <pthread.h>
 
-#include "access/mview.h"
+#include "runtime/mview.h"
 #include "monitor/http.h"
 #include "monitor/metrics.h"
 #include "store/node/analyzer.h"

@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/log.h"
-#include "store/clock.h"
-#include "store/error.h"
+#include "runtime/log.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 #include "store/node/node_impl.h"
-#include "store/why.h"
+#include "access/codec/why.h"
 
 #define S_LAYER_RANKS 3 /* hot prefixes whose per-layer counts /metrics shows */
 

@@ -8,10 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "access/log.h"
-#include "store/clock.h"
-#include "store/error.h"
-#include "store/why.h"
+#include "runtime/log.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
+#include "access/codec/why.h"
 
 /* One prefix of the last pass's top and its access count then. */
 typedef struct {

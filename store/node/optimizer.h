@@ -12,9 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "store/engine.h"
+#include "store/engine/engine.h"
 #include "store/node/analyzer.h"
-#include "store/prec.h"
+#include "access/codec/prec.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -10,11 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "access/log.h"
-#include "access/secure.h"
+#include "runtime/log.h"
+#include "runtime/secure.h"
 #include "access/transport.h"
-#include "store/clock.h"
-#include "store/error.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 
 /* Job kinds on the internal sockets (first frame, one byte). */
 #define S_JOB_REQUEST                                                                              \

@@ -10,7 +10,7 @@
 
 #include "access/frame.h"
 #include "access/transport.h"
-#include "store/engine.h"
+#include "store/engine/engine.h"
 #include "store/node/analyzer.h"
 
 #ifdef __cplusplus

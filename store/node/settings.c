@@ -1,6 +1,6 @@
 /* The store node's settings table: every setting of `kvedge store` once, with its config key
- * (section `store`), flags, bounds, default and help (access/settings.h drives the rest). */
-#include "access/settings.h"
+ * (section `store`), flags, bounds, default and help (runtime/settings.h drives the rest). */
+#include "runtime/settings.h"
 #include "monitor/http.h"
 
 #include "store/node/hsync.h"

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "access/frame.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* One zeroed buffer one byte past the largest frame, for size boundaries. */
 static uint8_t *s_big;

@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include "access/client.h"
-#include "store/clock.h"
-#include "store/error.h"
+#include "access/codec/clock.h"
+#include "access/codec/error.h"
 #include "proxy/proxy.h"
 #include "store/master/master.h"
 #include "store/node/node.h"

@@ -10,7 +10,7 @@
 #include <pthread.h>
 
 #include "access/meter.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* Fails unless |got - want| <= rel * |want|. */
 #define NEAR(got, want, rel)                                                                       \

@@ -10,7 +10,7 @@
 #include <pthread.h>
 
 #include "access/shaper.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 #define NEAR(got, want, rel)                                                                       \
     do {                                                                                           \

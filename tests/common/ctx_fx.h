@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/kvedge.h"
-#include "store/synth.h"
+#include "clients/lib/kvedge.h"
+#include "access/codec/synth.h"
 
 #define KT_CTX_MODEL      "opt-125m"
 #define KT_CTX_LAYERS     12

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "store/engine.h"
-#include "store/error.h"
+#include "store/engine/engine.h"
+#include "access/codec/error.h"
 
 typedef struct {
     char dir[64];

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/log.h"
+#include "runtime/log.h"
 
 #define KT_LOG_LINES 512 /* lines kept; later ones are dropped */
 

@@ -7,9 +7,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "store/block.h"
-#include "store/quant.h"
-#include "store/synth.h"
+#include "access/codec/block.h"
+#include "access/codec/quant.h"
+#include "access/codec/synth.h"
 
 /* ||a - b|| / ||a|| over n floats. */
 static inline double kt_rel_err(const float *a, const float *b, size_t n)

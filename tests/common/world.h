@@ -8,10 +8,10 @@
 
 #include <stdio.h>
 
-#include "access/mview.h"
+#include "runtime/mview.h"
 #include "clients/decoder/decoder.h"
 #include "proxy/proxy.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
 

@@ -1,4 +1,4 @@
-/* Fuzz target for the adapter reader (clients/adapter.h): adapter files come from disk beside
+/* Fuzz target for the adapter reader (clients/e2e/adapter.h): adapter files come from disk beside
  * a layer map. The safetensors layer has its own fuzzer; this one reaches the metadata strings
  * (numbers, ids, the "from" list), the tensor names and shapes, and the weight checks. A
  * refused file leaves a "PATH: reason" and no adapter; an accepted one, written back, reads
@@ -13,8 +13,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "clients/adapter.h"
-#include "store/error.h"
+#include "clients/e2e/adapter.h"
+#include "access/codec/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -7,8 +7,8 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "store/block.h"
-#include "store/error.h"
+#include "access/codec/block.h"
+#include "access/codec/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "access/frame.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

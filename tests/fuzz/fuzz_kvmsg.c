@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/kvmsg.h"
-#include "store/error.h"
+#include "runtime/kvmsg.h"
+#include "access/codec/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

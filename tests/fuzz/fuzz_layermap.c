@@ -1,4 +1,4 @@
-/* Fuzz target for the layer-map reader (clients/layermap.h): map files come from disk and, once
+/* Fuzz target for the layer-map reader (clients/e2e/layermap.h): map files come from disk and, once
  * registered, from the master. A refused file leaves a "PATH:LINE: reason" and a zeroed map;
  * an accepted one passes the checker, and written back it reads back the same. Built with
  * libFuzzer (KVEDGE_FUZZ=ON, clang) it fuzzes; built normally it replays the committed
@@ -12,8 +12,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "clients/layermap.h"
-#include "store/error.h"
+#include "clients/e2e/layermap.h"
+#include "access/codec/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "clients/cli/top_doc.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "proxy/quality.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,4 +1,4 @@
-/* Fuzz target for the daemons' config-file reader (access/settings.h) with the store node's,
+/* Fuzz target for the daemons' config-file reader (runtime/settings.h) with the store node's,
  * the master's and the proxy's tables. Built with libFuzzer (KVEDGE_FUZZ=ON, clang) it fuzzes;
  * built normally it replays the committed corpus. */
 #define _GNU_SOURCE
@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/settings.h"
+#include "runtime/settings.h"
 #include "proxy/settings.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 #include "store/master/settings.h"
 #include "store/node/node.h"
 

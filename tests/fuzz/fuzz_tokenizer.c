@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "clients/decoder/tokenizer.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

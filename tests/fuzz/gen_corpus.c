@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/block.h"
-#include "store/synth.h"
+#include "access/codec/block.h"
+#include "access/codec/synth.h"
 
 static void s_write(const char *dir, const char *name, const uint8_t *buf, size_t len)
 {

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "access/frame.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 #define S_MAX_FRAMES 8 /* fuzz_frame's limit, header included */
 

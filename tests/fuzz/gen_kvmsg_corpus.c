@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/kvmsg.h"
-#include "store/error.h"
+#include "runtime/kvmsg.h"
+#include "access/codec/error.h"
 
 /* Checks the message is valid, encodes it as fuzz_kvmsg reads it, and writes it. */
 static void s_write(const char *dir, const char *name, const kvedge_kvmsg_t *m)

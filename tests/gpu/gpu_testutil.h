@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "gpu/dequant.h"
-#include "store/block.h"
-#include "store/error.h"
-#include "store/synth.h"
+#include "access/codec/block.h"
+#include "access/codec/error.h"
+#include "access/codec/synth.h"
 #include "tests/common/testutil.h"
 
 /* Blocks of one test layer: heads x chunks, the last chunk partial. */

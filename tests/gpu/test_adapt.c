@@ -13,8 +13,8 @@
 #include "gpu/adapt.h"
 #include "gpu/gpu.h"
 #include "gpu/stage.h"
-#include "store/error.h"
-#include "store/synth.h"
+#include "access/codec/error.h"
+#include "access/codec/synth.h"
 
 static void *s_up(const void *src, size_t n)
 {

@@ -14,9 +14,9 @@
 
 #include "gpu/attn.h"
 #include "gpu/gpu.h"
-#include "store/error.h"
-#include "store/quant.h"
-#include "store/synth.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
+#include "access/codec/synth.h"
 
 /* Random [n] floats, stored in dtype (buf) and read back as the exact float values (f). */
 static void s_fill(kvedge_rng_t *r, kvedge_dtype_t dt, size_t n, float amp, void *buf, float *f)

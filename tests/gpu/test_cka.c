@@ -12,9 +12,9 @@
 
 #include "gpu/cka.h"
 #include "gpu/gpu.h"
-#include "store/block.h"
-#include "store/error.h"
-#include "store/synth.h"
+#include "access/codec/block.h"
+#include "access/codec/error.h"
+#include "access/codec/synth.h"
 
 /* Linear CKA in double via the n x n Gram matrices (the other textbook form than the
  * reference's feature-space one, so a shared mistake is unlikely). */

@@ -13,8 +13,8 @@
 
 #include "gpu/dequant.h"
 #include "gpu/gpu.h"
-#include "store/error.h"
-#include "store/quant.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
 #include "tests/gpu/gpu_testutil.h"
 
 static const uint32_t s_pages[] = {0, 1, 3, 7, 16, 17}; /* 0: contiguous */

@@ -20,9 +20,9 @@
 #include "gpu/gpu.h"
 #include "gpu/opt.h"
 #include "gpu/stage.h"
-#include "store/error.h"
-#include "store/quant.h"
-#include "store/synth.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
+#include "access/codec/synth.h"
 
 /* fp32 mode: max |gpu - cpu| / max |cpu| over the logits (and K/V). Only the summation order
  * differs (cuBLAS fp32 compute, no TF32): ~1e-6 is expected, 1e-3 leaves margin. */

@@ -14,7 +14,7 @@
 #include "gpu/dequant.h"
 #include "gpu/gpu.h"
 #include "gpu/stage.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 #include "tests/gpu/gpu_testutil.h"
 
 /* Device copy of a host buffer. */

@@ -16,9 +16,9 @@
 #include "gpu/gpu.h"
 #include "gpu/scores.h"
 #include "gpu/stage.h"
-#include "store/error.h"
-#include "store/quant.h"
-#include "store/synth.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
+#include "access/codec/synth.h"
 
 static void *s_up(const void *src, size_t n)
 {

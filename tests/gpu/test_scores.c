@@ -12,9 +12,9 @@
 
 #include "gpu/gpu.h"
 #include "gpu/scores.h"
-#include "store/error.h"
-#include "store/quant.h"
-#include "store/synth.h"
+#include "access/codec/error.h"
+#include "access/codec/quant.h"
+#include "access/codec/synth.h"
 
 static void s_case(uint32_t D, uint32_t T, uint32_t nq, kvedge_dtype_t dt, int masked,
                    uint64_t seed)

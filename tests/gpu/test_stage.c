@@ -10,7 +10,7 @@
 
 #include "gpu/gpu.h"
 #include "gpu/stage.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 static void test_round_trip(void **state)
 {

@@ -105,7 +105,7 @@ printf '#include <kvedge/kvedge.h>\n' | "$cc" -E -P -I"$inc" -x c - |
 nm -D --defined-only "$so" | awk '$2 != "A" { sub(/@.*/, "", $3); print $3 }' |
     sort -u >"$tmp/exported.txt"
 if ! diff -u --label declared --label exported "$tmp/declared.txt" "$tmp/exported.txt" >&2; then
-    fail "exports differ from the functions the headers declare (clients/libkvedge.map)"
+    fail "exports differ from the functions the headers declare (clients/lib/libkvedge.map)"
 fi
 echo "   $(wc -l <"$tmp/exported.txt") exported functions = the functions the headers declare"
 

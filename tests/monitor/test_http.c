@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "monitor/http.h"
-#include "store/error.h" /* only to check that the monitor's codes equal kvedge's */
+#include "access/codec/error.h" /* only to check that the monitor's codes equal kvedge's */
 
 #define WHY_BYTES  256
 #define REPLY_MAX  (256 * 1024)

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "monitor/metrics.h"
-#include "store/error.h" /* only to check that the monitor's codes equal kvedge's */
+#include "access/codec/error.h" /* only to check that the monitor's codes equal kvedge's */
 
 #define WHY_BYTES 256
 

@@ -16,7 +16,7 @@
 
 #include "access/frame.h"
 #include "proxy/collab.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 #include "store/node/analyzer.h"
 
 /* Lines of text that start with prefix. */

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "proxy/health.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 #define NEAR(got, want)                                                                            \
     do {                                                                                           \

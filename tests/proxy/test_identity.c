@@ -16,14 +16,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "access/log.h"
+#include "runtime/log.h"
 #include "access/transport.h"
-#include "clients/kvedge.h"
+#include "clients/lib/kvedge.h"
 #include "proxy/proxy.h"
 #include "proxy/settings.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
-#include "store/synth.h"
+#include "access/codec/synth.h"
 #include "tests/common/logcap.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */

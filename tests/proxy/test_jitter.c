@@ -40,9 +40,9 @@
 #include <unistd.h>
 
 #include "access/transport.h"
-#include "clients/kvedge.h"
-#include "store/engine.h"
-#include "store/synth.h"
+#include "clients/lib/kvedge.h"
+#include "store/engine/engine.h"
+#include "access/codec/synth.h"
 #include "tests/common/ctx_fx.h"
 
 #define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */

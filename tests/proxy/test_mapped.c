@@ -19,15 +19,15 @@
 #include <unistd.h>
 
 #include "access/frame.h"
-#include "access/kvmsg.h"
-#include "access/log.h"
-#include "access/mview.h"
-#include "clients/kvedge.h"
+#include "runtime/kvmsg.h"
+#include "runtime/log.h"
+#include "runtime/mview.h"
+#include "clients/lib/kvedge.h"
 #include "proxy/proxy.h"
-#include "store/engine.h"
+#include "store/engine/engine.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
-#include "store/synth.h"
+#include "access/codec/synth.h"
 #include "tests/common/logcap.h"
 
 #define S_CLOUD     "ls-cloud" /* 4 layers x 6 heads x 32 */

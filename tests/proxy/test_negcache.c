@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "proxy/negcache.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 #define T0  500000u /* an arbitrary clock origin */
 #define TTL 1000u   /* default TTL of most caches here */

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "proxy/plan.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 #include "tests/common/plan_fx.h"
 
 static void s_assign_of(const kvedge_plan_t *p, int32_t *as)

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "proxy/plan.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 #include "tests/common/plan_fx.h"
 
 static kvedge_plan_prec_t s_prec(uint32_t n, const double *qc, double budget)

@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/kvedge.h"
+#include "clients/lib/kvedge.h"
 #include "proxy/proxy.h"
 #include "store/node/node.h"
-#include "store/synth.h"
+#include "access/codec/synth.h"
 #include "tests/common/ctx_fx.h"
 #include "tests/common/world.h"
 

@@ -25,14 +25,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "access/secure.h"
-#include "clients/e2e.h"
-#include "clients/kvedge.h"
+#include "runtime/secure.h"
+#include "clients/e2e/e2e.h"
+#include "clients/lib/kvedge.h"
 #include "proxy/proxy.h"
 #include "proxy/settings.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
-#include "store/synth.h"
+#include "access/codec/synth.h"
 #include "tests/common/ctx_fx.h"
 #include "tests/common/shell.h"
 #include "tests/common/spawn.h"

@@ -18,12 +18,12 @@
 #include <string.h>
 
 #include "access/frame.h"
-#include "clients/kvedge.h"
+#include "clients/lib/kvedge.h"
 #include "proxy/plan.h"
 #include "proxy/proxy.h"
 #include "store/node/node.h"
-#include "store/prec.h"
-#include "store/synth.h"
+#include "access/codec/prec.h"
+#include "access/codec/synth.h"
 #include "tests/common/ctx_fx.h"
 
 #define S_MODEL   KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */

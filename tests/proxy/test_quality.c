@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "proxy/quality.h"
-#include "store/error.h"
+#include "access/codec/error.h"
 
 /* Two layers, three rungs; layer 1's think-50 perplexity change is negative. */
 static const char s_good[] =

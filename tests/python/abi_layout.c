@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "clients/kvedge.h"
+#include "clients/lib/kvedge.h"
 
 typedef __typeof__(((kvedge_fetch_plan_t *)0)->layer[0]) s_plan_layer_t;
 

@@ -1,6 +1,6 @@
 """Shared pieces of the Python binding's tests: where the build is, and real daemons
 (`kvedge master`, `kvedge store`, `kvedge proxy`) started on ipc endpoints in a temporary
-directory with --metrics off, as tests/clients/test_top.sh and scripts/demo.sh start them.
+directory with --metrics off, as tests/clients/cli/test_top.sh and scripts/demo.sh start them.
 
 Environment (set by tests/CMakeLists.txt): KVEDGE_LIB (the build's libkvedge.so), KVEDGE_BIN
 (the build's kvedge), KVEDGE_ABI (the abi_layout program), KVEDGE_SRC (the source tree)."""

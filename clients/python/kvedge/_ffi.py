@@ -1,4 +1,4 @@
-"""ctypes mirror of libkvedge's C API (clients/kvedge.h and the headers it includes).
+"""ctypes mirror of libkvedge's C API (clients/lib/kvedge.h and the headers it includes).
 
 Every struct here mirrors its C definition field for field, in order; tests/python/abi_layout.c
 prints the C sizes and offsets and tests/python/test_binding.py compares them with these, so a

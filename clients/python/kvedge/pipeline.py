@@ -16,7 +16,7 @@ _ENOTFOUND = -3
 
 def _slot_bytes_any(chain, heads, head_dim):
     """Ring slot bytes for a whole layer whatever the store holds: lossless fp32 (8 bytes per
-    K/V element pair) is the largest scheme (the sizing clients/e2e.c uses). C's own default
+    K/V element pair) is the largest scheme (the sizing clients/e2e/e2e.c uses). C's own default
     (slot_bytes 0) fits fp16 and quantized blocks only."""
     total = 0
     for t in chain.counts:

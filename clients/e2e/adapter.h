@@ -1,0 +1,172 @@
+/* Adapting a cloud model's context K/V to an edge model's shape (CE-LSLM section V-A/V-B,
+ * docs/largesmall.md "Adapting the cloud's K/V"): for every edge layer a layer map
+ * (clients/e2e/layermap.h) gives a cloud layer, an adapter turns that cloud layer's K and V,
+ * [cloud_heads][tokens][cloud_head_dim], into what the edge layer attends over,
+ * [edge_heads][tokens][edge_head_dim].
+ *
+ * Two kinds, both stored as one affine map per layer and per K and V, applied the same way
+ * (gpu/adapt.h: y = [x, 1] W, x a token's cloud heads concatenated, y the edge's):
+ *  - KVEDGE_ADAPT_HEADS, the paper's mechanism: each edge head takes the cloud head whose keys
+ *    are most similar (linear CKA, one cloud head per edge head while there are enough), and
+ *    ThinK's channel selection (Eq. 17) keeps the edge_head_dim channels of that cloud head
+ *    that best preserve its query-key interaction; W is a 0/1 selection matrix.
+ *  - KVEDGE_ADAPT_LINEAR: a least-squares linear map with a bias per mapped layer, fitted on
+ *    calibration text (edge K/V ~ [cloud K/V, 1] W), ridge-regularised.
+ *
+ * An adapter is a safetensors file (format in docs/largesmall.md) written beside the map; its
+ * metadata name both models and their shapes and the map's layer pairs, and the reader checks
+ * them. */
+#ifndef KVEDGE_CLIENTS_ADAPTER_H
+#define KVEDGE_CLIENTS_ADAPTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "clients/decoder/decoder.h"
+#include "clients/e2e/layermap.h"
+#include "access/codec/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    KVEDGE_ADAPT_LINEAR = 1, /* least squares, the default (docs/largesmall.md says why) */
+    KVEDGE_ADAPT_HEADS = 2,  /* head matching + ThinK channel selection */
+} kvedge_adapt_kind_t;
+
+/* "linear", "heads"; "?" otherwise. */
+const char *kvedge_adapt_kind_name(kvedge_adapt_kind_t kind);
+/* Parses "linear" or "heads". Errors: KVEDGE_EINVAL. */
+int kvedge_adapt_kind_parse(const char *name, kvedge_adapt_kind_t *out);
+
+/* Default ridge of the linear fit, relative to the mean diagonal of X^T X. */
+#define KVEDGE_ADAPT_RIDGE_DEFAULT 1e-3
+/* Bounds of an adapter file: heads and head size per side, input width heads * head_dim. */
+#define KVEDGE_ADAPT_HEADS_MAX    1024u
+#define KVEDGE_ADAPT_HEAD_DIM_MAX 1024u
+#define KVEDGE_ADAPT_WIDTH_MAX    16384u
+
+typedef struct kvedge_adapter_t kvedge_adapter_t;
+
+/* What an adapter is for. */
+typedef struct {
+    kvedge_adapt_kind_t kind;
+    char cloud_id[KVEDGE_LAYERMAP_ID_MAX_BYTES + 1];
+    char edge_id[KVEDGE_LAYERMAP_ID_MAX_BYTES + 1];
+    uint32_t cloud_layers, cloud_heads, cloud_head_dim;
+    uint32_t edge_layers, edge_heads, edge_head_dim;
+    uint32_t samples; /* calibration token positions it was fitted on */
+    double ridge;     /* linear: the relative ridge; heads: 0 */
+} kvedge_adapter_info_t;
+
+/* Fits an adapter of the given kind for every mapped edge layer of map (entry[e].cloud !=
+ * KVEDGE_LAYERMAP_NONE): both models run over tokens[0..samples) (windows as
+ * kvedge_layermap_collect), collecting each mapped pair's K and V (and the cloud's queries for
+ * ThinK; the decoder's scaled queries, which rank channels as unscaled ones would). ridge:
+ * linear only (< 0: the default; NaN or infinite: KVEDGE_EINVAL). The map's layer counts and
+ * hidden sizes must be the models'; its ids become the adapter's. Errors: KVEDGE_EINVAL (bad
+ * arguments, a map for other models, a singular linear system: ridge 0 with too few samples),
+ * KVEDGE_ETRUNCATED (ntokens < samples, or samples < 2), KVEDGE_ETOOBIG (heads, head_dim or a
+ * width over the bounds above, samples over 2^24), KVEDGE_ENOMEM, the decoder's errors.
+ * Memory: both sides' K and V (and the cloud's Q) of every mapped pair, [heads][samples][dim]
+ * fp32. Caller owns *out. */
+int kvedge_adapter_fit(const kvedge_decoder_t *cloud, const kvedge_decoder_t *edge,
+                       const kvedge_layermap_t *map, const int32_t *tokens, size_t ntokens,
+                       uint32_t samples, kvedge_adapt_kind_t kind, double ridge,
+                       kvedge_adapter_t **out);
+
+/* Frees the adapter. NULL-safe; nulls *self_p. */
+void kvedge_adapter_destroy(kvedge_adapter_t **self_p);
+
+/* The adapter's models, shapes and kind. */
+const kvedge_adapter_info_t *kvedge_adapter_info(const kvedge_adapter_t *a);
+
+/* The cloud layer edge layer e is adapted from, or KVEDGE_LAYERMAP_NONE (not mapped, or e out
+ * of range). */
+int32_t kvedge_adapter_from(const kvedge_adapter_t *a, uint32_t edge_layer);
+
+/* Adapts one mapped layer: k_src and v_src, [cloud_heads][tokens][cloud_head_dim] (the context
+ * K/V of cloud layer kvedge_adapter_from(a, edge_layer)), into k_dst and v_dst,
+ * [edge_heads][tokens][edge_head_dim]. CPU (gpu/adapt.h's reference); thread-safe on one
+ * adapter. Errors: KVEDGE_EINVAL (NULL, tokens 0, the layer not mapped), KVEDGE_ENOMEM,
+ * KVEDGE_ECORRUPT (an output is not finite: the caller computes the layer itself). */
+int kvedge_adapter_apply(const kvedge_adapter_t *a, uint32_t edge_layer, const float *k_src,
+                         const float *v_src, uint32_t tokens, float *k_dst, float *v_dst);
+
+/* Checks the adapter against a layer map (same ids, layer counts and layer pairs) and the two
+ * models' records (layers, kv_heads, head_dim); each of map, cloud and edge may be NULL, and is
+ * then not checked. Errors: KVEDGE_EINVAL (NULL a), KVEDGE_ESHAPE (a mismatch; why says
+ * which). */
+int kvedge_adapter_check(const kvedge_adapter_t *a, const kvedge_layermap_t *map,
+                         const kvedge_model_t *cloud, const kvedge_model_t *edge, char *why,
+                         size_t why_len);
+
+/* Writes the adapter as a safetensors file (a temporary file, renamed). Errors: KVEDGE_EINVAL,
+ * KVEDGE_EIO (errno holds the cause), KVEDGE_ENOMEM. */
+int kvedge_adapter_save(const kvedge_adapter_t *a, const char *path);
+
+/* Reads an adapter file strictly (the safetensors reader, then every metadata field, tensor
+ * name, shape and value: finite weights, a selection matrix of 0/1 for heads). Errors: those
+ * of the safetensors reader, KVEDGE_ECORRUPT (a field missing or malformed, a non-finite
+ * weight), KVEDGE_EVERSION, KVEDGE_ESHAPE (a tensor of the wrong shape), KVEDGE_ENOMEM; why
+ * receives "PATH: reason". Caller owns *out. */
+int kvedge_adapter_load(const char *path, kvedge_adapter_t **out, char *why, size_t why_len);
+
+/* ---- Beyond fitting and files: measuring, the weights, and the pieces of the fit ---- */
+
+/* Relative reconstruction error of the adapter on text: both models over tokens[0..samples)
+ * (windows as kvedge_adapter_fit), and for every mapped edge layer e, err_k[e] =
+ * ||K_edge - adapt(K_cloud)||_F / ||K_edge||_F over all heads and samples (err_v[e] likewise);
+ * NaN for an unmapped layer. err_k and err_v hold edge_layers doubles. The models must have
+ * the adapter's shapes. Errors: KVEDGE_EINVAL (bad arguments, other shapes), KVEDGE_ETRUNCATED
+ * (ntokens < samples, samples < 2), KVEDGE_ENOMEM, the decoder's errors. */
+int kvedge_adapter_eval(const kvedge_adapter_t *a, const kvedge_decoder_t *cloud,
+                        const kvedge_decoder_t *edge, const int32_t *tokens, size_t ntokens,
+                        uint32_t samples, double *err_k, double *err_v);
+
+/* The weights of mapped edge layer e, K (v false) or V (v true): [din + 1][dout] fp32,
+ * row-major, din = cloud_heads * cloud_head_dim, dout = edge_heads * edge_head_dim, row din the
+ * bias: what kvedge_gpu_adapt takes once uploaded. NULL when e is not mapped. Valid while the
+ * adapter lives. */
+const float *kvedge_adapter_weights(const kvedge_adapter_t *a, uint32_t edge_layer, bool v);
+
+/* An adapter from given weights (the loader's path; tests and tools): info, from
+ * [edge_layers] (a cloud layer or KVEDGE_LAYERMAP_NONE) and, for every mapped e, w[2e] (K)
+ * and w[2e + 1] (V), [din + 1][dout] each, copied. Checked as the loader checks a file.
+ * Errors: KVEDGE_EINVAL (NULL), KVEDGE_ECORRUPT (a field out of bounds, a non-finite weight,
+ * a heads adapter that is not a 0/1 selection), KVEDGE_ENOMEM; why says which. Caller owns
+ * *out. */
+int kvedge_adapter_make(const kvedge_adapter_info_t *info, const int32_t *from,
+                        const float *const *w, kvedge_adapter_t **out, char *why, size_t why_len);
+
+/* The linear fit alone: w [din + 1][dout] minimizing ||[x, 1] w - y||^2 + lambda ||w[0..din)||^2
+ * with lambda = ridge * the mean diagonal of x^T x (the bias row is not penalized); normal
+ * equations in double, Cholesky. x [n][din], y [n][dout]. Errors: KVEDGE_EINVAL (NULL, a zero
+ * size, ridge negative or not finite, a singular system: ridge 0 with too few samples),
+ * KVEDGE_ENOMEM. */
+int kvedge_adapter_fit_linear(const float *x, const float *y, uint32_t n, uint32_t din,
+                              uint32_t dout, double ridge, float *w);
+
+/* Head matching alone: for the keys edge_k [edge_heads][n][edge_head_dim] and cloud_k
+ * [cloud_heads][n][cloud_head_dim], match[h] receives the cloud head of edge head h: pairs
+ * taken greedily by linear CKA, highest first (ties: lower edge head, then lower cloud head),
+ * each cloud head once; only when cloud_heads < edge_heads, the edge heads left over take
+ * their best cloud head again. cka ([edge_heads][cloud_heads]) may be NULL. Errors:
+ * KVEDGE_EINVAL (NULL, zero sizes, n < 2), KVEDGE_ENOMEM. */
+int kvedge_adapter_match_heads(const float *edge_k, uint32_t edge_heads, uint32_t edge_head_dim,
+                               const float *cloud_k, uint32_t cloud_heads, uint32_t cloud_head_dim,
+                               uint32_t n, uint32_t *match, double *cka);
+
+/* ThinK's channel selection (Eq. 17, its greedy criterion) for one head: q and k [n][head_dim]
+ * (the head's queries and keys); channels[0..keep) receives the keep channels of highest
+ * ||Q[:,j]|| ||K[:,j]|| (ties: the lower channel), in channel order. Errors: KVEDGE_EINVAL
+ * (NULL, zero sizes, keep > head_dim, head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX). */
+int kvedge_adapter_think_channels(const float *q, const float *k, uint32_t n, uint32_t head_dim,
+                                  uint32_t keep, uint32_t *channels);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
