@@ -22,7 +22,9 @@
  * client also grants extra credit, once it has seen the stream's block sizes, until about
  * opts.window_bytes of blocks are in flight (never more than the node's max_credit messages,
  * never less than `credit`), and starts its next stream on the same socket at the credit the
- * last one ended with. */
+ * last one ended with. An asynchronous stream's on_block may hold its message's credit
+ * (access/client_credit.h: the loader parks a block it has no slot for) and give it back
+ * later; the I/O thread grants it then. */
 #include "access/client.h"
 
 #include <czmq.h>

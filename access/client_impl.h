@@ -51,6 +51,7 @@ struct kvedge_client__req_t {
     uint32_t last_chunk;  /* position of the last data message */
     uint16_t last_head;
     struct kvedge_client__fetch_t *fetch; /* a FETCH stream (stream is true too); NULL otherwise */
+    uint64_t grant_to; /* KVEDGE_OP_CREDIT: the stream whose held credit comes back (count) */
     /* I/O thread bookkeeping. */
     uint64_t id;       /* 0 until sent */
     int64_t sent_us;   /* when the request left */
@@ -87,6 +88,7 @@ typedef struct {
     uint64_t due[KVEDGE_CLIENT__DRAIN_MAX]; /* streams owed credit in this drain */
     size_t n_due;
     bool heard;       /* the node has answered something: a handshake completed */
+    bool actor;       /* this is the client's I/O actor (not a direct channel) */
     uint32_t blk_avg; /* mean block of the last stream that ended here (0: none yet) */
     kvedge_wire_frame_t frames[KVEDGE_WIRE_MAX_FRAMES];
 } kvedge_client__io_t;

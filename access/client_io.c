@@ -515,6 +515,18 @@ static void s_io_expire(kvedge_client__io_t *io, bool all, int status)
     zlistx_destroy(&ended);
 }
 
+/* Credit a stream's consumer held (kvedge_client_credit_hold) and gives back now: owed to the
+ * node in this wakeup's CREDIT. A stream that has ended in the meantime ignores it. */
+static void s_io_credit(kvedge_client__io_t *io, const kvedge_client__req_t *g)
+{
+    kvedge_client__req_t *r = zhashx_lookup(io->inflight, S_KEY(g->grant_to));
+    if (!r || !r->stream)
+        return;
+    if (r->owed == 0 && io->n_due < KVEDGE_CLIENT__DRAIN_MAX)
+        io->due[io->n_due++] = r->id;
+    r->owed += g->count;
+}
+
 /* Takes requests from the pipe; returns false on $TERM. */
 static bool s_io_pipe(kvedge_client__io_t *io, zsock_t *pipe, bool closing)
 {
@@ -528,7 +540,11 @@ static bool s_io_pipe(kvedge_client__io_t *io, zsock_t *pipe, bool closing)
             kvedge_client__req_t *r;
             memcpy(&r, buf, sizeof r);
             atomic_fetch_sub(&io->queued, 1);
-            if (closing)
+            if (r->opcode == KVEDGE_OP_CREDIT) { /* a control request: nobody waits for it */
+                if (!closing)
+                    s_io_credit(io, r);
+                kvedge_client__req_free(r);
+            } else if (closing)
                 kvedge_client__finish(io, r, KVEDGE_ECLOSED, false);
             else
                 kvedge_client__io_submit(io, r);
@@ -588,6 +604,7 @@ void kvedge_client__io_free_link(kvedge_client__io_t *io)
 void kvedge_client__actor(zsock_t *pipe, void *args)
 {
     kvedge_client__io_t *io = args;
+    io->actor = true;
     io->setup_rc = s_io_setup(io);
     zsock_signal(pipe, 0);
     if (io->setup_rc != KVEDGE_OK) {

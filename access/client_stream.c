@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "access/client_credit.h"
 #include "access/client_impl.h"
 #include "access/codec/clock.h"
 
@@ -35,6 +36,10 @@ static bool s_next_head(bool first, uint32_t last_chunk, uint16_t last_head, uin
  * actor accounts credit from the stream header and destroys what is left of the message. */
 static _Thread_local zmsg_t *s_tl_msg;
 static _Thread_local const uint8_t *s_tl_data;
+/* kvedge_client_credit_hold: the stream whose on_block runs on the I/O actor right now (set
+ * around the call only), and whether the callback kept that message's credit. */
+static _Thread_local kvedge_client__req_t *s_tl_hold_req;
+static _Thread_local bool s_tl_held;
 
 void *kvedge_client_block_take(void)
 {
@@ -47,6 +52,52 @@ void *kvedge_client_block_take(void)
             return f;
         }
     return NULL;
+}
+
+uint64_t kvedge_client_credit_hold(void)
+{
+    if (!s_tl_hold_req)
+        return 0;
+    s_tl_held = true;
+    return s_tl_hold_req->id;
+}
+
+int kvedge_client_credit_return(kvedge_client_t *c, uint64_t stream, uint32_t n)
+{
+    KVEDGE_CLIENT__ENTER(c);
+    if (!c || stream == 0 || n == 0 || n > KVEDGE_WIRE_MAX_CREDIT)
+        return KVEDGE_EINVAL;
+    kvedge_client__req_t *r =
+        kvedge_client__req_new(KVEDGE_OP_CREDIT, n, kvedge_client__deadline(c, 0));
+    if (!r)
+        return KVEDGE_ENOMEM;
+    r->grant_to = stream;
+    return kvedge_client__submit(c, r);
+}
+
+/* Around a stream's on_block call: what kvedge_client_block_take and kvedge_client_credit_hold
+ * may use while it runs. s_cb_leave returns whether the callback held the message's credit. */
+static void s_cb_enter(const kvedge_client__io_t *io, kvedge_client__req_t *r, const uint8_t *data)
+{
+    s_tl_data = data;
+    s_tl_hold_req = io->actor ? r : NULL; /* a direct channel's caller cannot be given it back */
+}
+
+static bool s_cb_leave(void)
+{
+    bool held = s_tl_held;
+    s_tl_data = NULL;
+    s_tl_hold_req = NULL;
+    s_tl_held = false;
+    return held;
+}
+
+/* One more message of r consumed: its credit is owed back to the node (in this drain's
+ * CREDIT), unless the consumer held it. */
+static void s_owe(kvedge_client__io_t *io, kvedge_client__req_t *r)
+{
+    if (r->owed++ == 0 && io->n_due < KVEDGE_CLIENT__DRAIN_MAX)
+        io->due[io->n_due++] = r->id;
 }
 
 void kvedge_client_block_free(void *handle)
@@ -91,19 +142,20 @@ static void s_io_stream(kvedge_client__io_t *io, kvedge_client__req_t *r,
     r->last_head = s.head;
     r->outstanding--;
     r->received++;
-    if (r->owed++ == 0 && io->n_due < KVEDGE_CLIENT__DRAIN_MAX)
-        io->due[io->n_due++] = r->id;
     const uint8_t *data = nframes == 2 ? io->frames[1].data : NULL;
     size_t len = nframes == 2 ? io->frames[1].len : 0;
     if (data) {
         r->blk_bytes += len;
         r->blk_n++;
     }
+    bool held = false;
     if (r->on_block) {
-        s_tl_data = data;
+        s_cb_enter(io, r, data);
         r->on_block(r->ctx, s.chunk_index, s.head, s.status, data, len);
-        s_tl_data = NULL;
+        held = s_cb_leave();
     }
+    if (!held)
+        s_owe(io, r);
 }
 
 /* ---------------------------------------------------------------- FETCH streams */
@@ -197,6 +249,7 @@ static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
     }
     const kvedge_wire_frame_t *fr = io->frames;
     int rc = KVEDGE_OK;
+    bool held = false; /* the consumer keeps this message's credit for now */
     uint8_t kind = fr[0].data[0];
     if (kind == KVEDGE_FETCH_MSG_PLAN) {
         rc = s_fetch_plan(f, fr);
@@ -222,10 +275,10 @@ static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
             }
             if (f->cbs.on_block) {
                 const uint8_t *data = nframes == 2 ? fr[1].data : NULL;
-                s_tl_data = data;
+                s_cb_enter(io, r, data);
                 f->cbs.on_block(r->ctx, b.layer, b.chunk_index, b.head, b.source, b.status, data,
                                 nframes == 2 ? fr[1].len : 0);
-                s_tl_data = NULL;
+                held = s_cb_leave();
             }
         }
     } else { /* LAYER */
@@ -265,8 +318,8 @@ static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
     }
     r->outstanding--;
     r->received++;
-    if (r->owed++ == 0 && io->n_due < KVEDGE_CLIENT__DRAIN_MAX)
-        io->due[io->n_due++] = r->id;
+    if (!held)
+        s_owe(io, r);
 }
 
 void kvedge_client__stream_message(kvedge_client__io_t *io, kvedge_client__req_t *r,

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "access/client_credit.h"
 #include "access/frame.h" /* wire sizes for the slots */
 #include "gpu/stage.h"
 #include "access/codec/clock.h"
@@ -66,6 +67,29 @@ typedef struct {
     int from;               /* FETCH: the mapped model's layer delivered for it, -1: its own */
     bool adapt_failed;      /* delivered as the mapped model's, but its adaptation failed */
 } s_layer_t;
+
+/* FETCH: a message that came while its layer's slot was still taken, or behind one that did
+ * (kept in arrival order). A block keeps its received frame (or a copy) and holds its credit,
+ * so the proxy sends no more than the credit window meanwhile; the loader stages it once the
+ * slot is free and gives the credit back. */
+typedef enum { S_PARK_BLOCK, S_PARK_LAYER, S_PARK_DONE } s_park_kind_t;
+
+typedef struct s_park_t s_park_t;
+struct s_park_t {
+    s_park_t *next;
+    s_park_kind_t kind;
+    uint32_t idx; /* BLOCK, LAYER: the layer's index in the request */
+    uint32_t ci;  /* BLOCK */
+    uint16_t head;
+    int status;          /* BLOCK: the head's status; DONE: the stream's */
+    const uint8_t *data; /* BLOCK: the block, in frame or copy (NULL: none came) */
+    size_t len;
+    void *frame;               /* its received frame (kvedge_client_block_take), or NULL */
+    uint8_t *copy;             /* or a copy of it */
+    bool held;                 /* its credit is held (kvedge_client_credit_hold) */
+    kvedge_fetch_layer_t info; /* LAYER: the record, its source name copied */
+    char source_name[64];
+};
 
 typedef struct {
     uint8_t *host;                /* pinned, slot_bytes */
@@ -129,9 +153,15 @@ struct kvedge_pipeline_t {
     uint64_t sent_bytes, msg_bytes; /* encoded request and stream message bytes */
     kvedge_fetch_plan_t *plan;      /* FETCH: the proxy's plan once have_plan; freed last */
     bool have_plan;
-    bool stream_over;   /* FETCH: on_done has run */
-    char node_name[64]; /* GET_LAYER: the node's HELLO name */
-    int node_kind;      /* GET_LAYER: its kind (cloud or local) */
+    bool stream_over;           /* FETCH: on_done has run */
+    s_park_t *park, *park_tail; /* FETCH: messages waiting for a slot, oldest first */
+    bool unparking;             /* the loader stages a parked block outside the lock */
+    int64_t park_us;            /* when the park last became non-empty */
+    uint64_t stream_id;         /* FETCH: the stream parked blocks hold credit of */
+    uint32_t credit_held;       /* credit of parked blocks not staged yet */
+    uint32_t credit_due;        /* credit of parked blocks staged, not given back yet */
+    char node_name[64];         /* GET_LAYER: the node's HELLO name */
+    int node_kind;              /* GET_LAYER: its kind (cloud or local) */
     int64_t ring_wait_us, copy_us, dequant_us, done_us;
     pthread_t loader;
     bool loader_started;
@@ -300,11 +330,13 @@ static void s_release(kvedge_pipeline_t *p)
  * is taken from the client (kvedge_client_block_take; only ever after kvedge_block_parse has
  * verified the whole block) and the descriptor points into it; the slot still reserves the
  * body's room, so what fits a slot does not depend on it. Runs without the lock (the I/O
- * thread alone writes a S_RECV slot), inside the client's on_block callback. Returns 0,
+ * thread alone writes a S_RECV slot), inside the client's on_block callback; or by the loader
+ * for a parked block, whose frame (*frame, when not NULL) the slot may keep. Returns 0,
  * KVEDGE_ENOTFOUND for a block that fails verification (treated as a miss, never used), or
  * the layer's error. */
 static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head,
-                   const uint8_t *data, size_t len, uint64_t *raw_bytes, bool *zero_copy)
+                   const uint8_t *data, size_t len, void **frame, uint64_t *raw_bytes,
+                   bool *zero_copy)
 {
     if (ci >= p->n_chunks || head >= p->stride)
         return KVEDGE_ESHAPE;
@@ -327,8 +359,11 @@ static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head
         return KVEDGE_ENOTFOUND;
     const uint8_t *body = s->host + pos;
     if (raw != body) { /* stored uncompressed: raw points into the (verified) frame */
-        if (!p->device && info.raw_len >= S_ZC_MIN_BYTES && ((uintptr_t)raw & 3u) == 0)
-            s->held[j] = kvedge_client_block_take();
+        if (!p->device && info.raw_len >= S_ZC_MIN_BYTES && ((uintptr_t)raw & 3u) == 0) {
+            s->held[j] = frame && *frame ? *frame : kvedge_client_block_take();
+            if (frame && s->held[j] == *frame)
+                *frame = NULL; /* a parked block's frame: the slot holds it now */
+        }
         if (s->held[j])
             body = raw; /* read in place: the frame is ours until the slot is released */
         else
@@ -348,9 +383,10 @@ static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head
 }
 
 /* Stages a block of l outside the lock when l still wants blocks; accounts for it under it.
- * Called with the lock held; returns with it held. */
+ * frame: a parked block's received frame, or NULL. Called with the lock held; returns with it
+ * held. */
 static void s_block_locked(kvedge_pipeline_t *p, s_layer_t *l, uint32_t ci, uint16_t head,
-                           int status, const uint8_t *data, size_t len)
+                           int status, const uint8_t *data, size_t len, void **frame)
 {
     l->blocks++;
     l->wire_bytes += len;
@@ -365,7 +401,7 @@ static void s_block_locked(kvedge_pipeline_t *p, s_layer_t *l, uint32_t ci, uint
     pthread_mutex_unlock(&p->mu);
     uint64_t raw = 0;
     bool zc = false;
-    int rc = s_stage(p, &p->slot[l->slot], ci, head, data, len, &raw, &zc);
+    int rc = s_stage(p, &p->slot[l->slot], ci, head, data, len, frame, &raw, &zc);
     pthread_mutex_lock(&p->mu);
     p->in_cb--;
     if (zc) {
@@ -390,7 +426,7 @@ static void s_gl_block(void *ctx, uint32_t ci, uint16_t head, int status, const 
     pthread_mutex_lock(&p->mu);
     p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_STREAM_HDR_BYTES + len;
     if (!p->abandoned)
-        s_block_locked(p, l, ci, head, status, data, len);
+        s_block_locked(p, l, ci, head, status, data, len, NULL);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -414,6 +450,56 @@ static void s_gl_done(void *ctx, int status, uint32_t heads)
     s_release(p);
 }
 
+/* Appends e to the park (locked). */
+static void s_park_add(kvedge_pipeline_t *p, s_park_t *e)
+{
+    if (!p->park)
+        p->park_us = kvedge_mono_us();
+    if (p->park_tail)
+        p->park_tail->next = e;
+    else
+        p->park = e;
+    p->park_tail = e;
+    pthread_cond_broadcast(&p->cv);
+}
+
+static void s_park_free(s_park_t *e)
+{
+    kvedge_client_block_free(e->frame);
+    free(e->copy);
+    free(e);
+}
+
+/* Parks a block of layer index i (locked, in its on_block callback): its frame taken from the
+ * client (or copied), its credit held. Returns false when there is no memory for it. */
+static bool s_park_block(kvedge_pipeline_t *p, uint32_t i, uint32_t ci, uint16_t head, int status,
+                         const uint8_t *data, size_t len)
+{
+    s_park_t *e = calloc(1, sizeof *e);
+    if (!e)
+        return false;
+    *e = (s_park_t){.kind = S_PARK_BLOCK, .idx = i, .ci = ci, .head = head, .status = status};
+    if (data) {
+        e->frame = kvedge_client_block_take();
+        if (!e->frame && !(e->copy = malloc(len ? len : 1))) {
+            free(e);
+            return false;
+        }
+        if (e->copy)
+            memcpy(e->copy, data, len);
+        e->data = e->copy ? e->copy : data; /* the frame's data stays where it is */
+        e->len = len;
+    }
+    uint64_t id = kvedge_client_credit_hold();
+    if (id) {
+        p->stream_id = id;
+        e->held = true;
+        p->credit_held++;
+    }
+    s_park_add(p, e);
+    return true;
+}
+
 static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
                        int status, const uint8_t *data, size_t len)
 {
@@ -427,26 +513,19 @@ static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, in
         return;
     }
     s_layer_t *l = &p->layer[i];
-    if (l->state == S_IDLE && l->status == KVEDGE_OK) {
-        /* Its slot is free once layer i - nslots has left it; every earlier layer has fully
-         * arrived (FETCH is in order), so only the loader can hold it, and it makes progress
-         * without this thread. Not reading meanwhile holds the proxy back by credit. */
-        s_slot_t *s = &p->slot[i % p->nslots];
-        int64_t t = kvedge_mono_us();
-        while (s->layer >= 0 && !p->abandoned)
-            if (s_wait_until(p, p->deadline_ms) == ETIMEDOUT)
-                break;
-        p->ring_wait_us += kvedge_mono_us() - t;
-        if (p->abandoned) {
-            pthread_mutex_unlock(&p->mu);
-            return;
-        }
-        if (s->layer >= 0)
-            l->status = KVEDGE_ETIMEDOUT;
-        else
-            s_slot_take(p, l, i % p->nslots);
+    /* Its slot is free once layer i - nslots has left it. Until then this thread does not
+     * wait: the block is parked with its credit held (so the proxy is held back by credit,
+     * nothing dropped) and every later message parks behind it, in order. */
+    bool wants_slot = l->state == S_IDLE && l->status == KVEDGE_OK;
+    if (p->park || p->unparking || (wants_slot && p->slot[i % p->nslots].layer >= 0)) {
+        if (!s_park_block(p, i, ci, head, status, data, len) && l->status == KVEDGE_OK)
+            l->status = KVEDGE_ENOMEM; /* the layer fails; the stream goes on */
+        pthread_mutex_unlock(&p->mu);
+        return;
     }
-    s_block_locked(p, l, ci, head, status, data, len);
+    if (wants_slot)
+        s_slot_take(p, l, i % p->nslots);
+    s_block_locked(p, l, ci, head, status, data, len, NULL);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -465,34 +544,71 @@ static void s_fx_plan(void *ctx, const kvedge_fetch_plan_t *plan)
     pthread_mutex_unlock(&p->mu);
 }
 
+/* A layer's LAYER record (locked): who delivered it, and its end on the wire. */
+static void s_layer_record(kvedge_pipeline_t *p, const kvedge_fetch_layer_t *info)
+{
+    uint32_t i = (uint32_t)(info->layer - p->first_layer);
+    if (i >= p->layers)
+        return;
+    s_layer_t *l = &p->layer[i];
+    l->recorded = true;
+    snprintf(l->source, sizeof l->source, "%s", info->source_name ? info->source_name : "");
+    l->kind = -1;
+    if (p->have_plan && info->source >= 0 && (uint32_t)info->source < p->plan->nsources)
+        l->kind = p->plan->source[info->source].kind;
+    l->reason = info->reason;
+    l->from = info->from_layer >= 0 ? info->from_layer : -1;
+    if (l->state > S_RECV)
+        return;
+    if (l->from >= 0 && (!p->mapped || (uint32_t)l->from >= p->mlayers) && l->status == KVEDGE_OK &&
+        info->status == KVEDGE_OK)
+        l->status = KVEDGE_EPROTO; /* a layer of a model this fetch did not name */
+    if (info->status == KVEDGE_ENOTFOUND)
+        l->miss = true; /* nobody had it, or the plan says recompute */
+    else if (info->status != KVEDGE_OK && l->status == KVEDGE_OK)
+        l->status = info->status;
+    s_received(p, l);
+}
+
 static void s_fx_layer(void *ctx, const kvedge_fetch_layer_t *info)
 {
     kvedge_pipeline_t *p = ctx;
     pthread_mutex_lock(&p->mu);
     p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_LAYER_BYTES;
-    uint32_t i = (uint32_t)(info->layer - p->first_layer);
-    if (!p->abandoned && i < p->layers) {
-        s_layer_t *l = &p->layer[i];
-        l->recorded = true;
-        snprintf(l->source, sizeof l->source, "%s", info->source_name ? info->source_name : "");
-        l->kind = -1;
-        if (p->have_plan && info->source >= 0 && (uint32_t)info->source < p->plan->nsources)
-            l->kind = p->plan->source[info->source].kind;
-        l->reason = info->reason;
-        l->from = info->from_layer >= 0 ? info->from_layer : -1;
+    if (!p->abandoned && (p->park || p->unparking)) { /* after its parked blocks */
+        s_park_t *e = calloc(1, sizeof *e);
+        if (e) {
+            e->kind = S_PARK_LAYER;
+            e->info = *info;
+            snprintf(e->source_name, sizeof e->source_name, "%s",
+                     info->source_name ? info->source_name : "");
+            e->info.source_name = e->source_name; /* the client's copy ends with the call */
+            s_park_add(p, e);
+            pthread_mutex_unlock(&p->mu);
+            return;
+        }
+        /* No memory to keep it in order: the layer fails now, its parked blocks drop. */
+        uint32_t i = (uint32_t)(info->layer - p->first_layer);
+        if (i < p->layers && p->layer[i].status == KVEDGE_OK)
+            p->layer[i].status = KVEDGE_ENOMEM;
     }
-    if (!p->abandoned && i < p->layers && p->layer[i].state <= S_RECV) {
-        s_layer_t *l = &p->layer[i];
-        if (l->from >= 0 && (!p->mapped || (uint32_t)l->from >= p->mlayers) &&
-            l->status == KVEDGE_OK && info->status == KVEDGE_OK)
-            l->status = KVEDGE_EPROTO; /* a layer of a model this fetch did not name */
-        if (info->status == KVEDGE_ENOTFOUND)
-            l->miss = true; /* nobody had it, or the plan says recompute */
-        else if (info->status != KVEDGE_OK && l->status == KVEDGE_OK)
-            l->status = info->status;
-        s_received(p, l);
-    }
+    if (!p->abandoned)
+        s_layer_record(p, info);
     pthread_mutex_unlock(&p->mu);
+}
+
+/* The FETCH stream's end (locked): every layer without its record ends with why. */
+static void s_stream_end(kvedge_pipeline_t *p, int status)
+{
+    for (uint32_t i = 0; i < p->layers; i++) {
+        s_layer_t *l = &p->layer[i];
+        if (l->state > S_RECV)
+            continue;
+        /* The stream ended before this layer's record: its status says why. */
+        if (l->status == KVEDGE_OK)
+            l->status = status != KVEDGE_OK ? status : KVEDGE_EPROTO;
+        s_done(p, l, l->status);
+    }
 }
 
 static void s_fx_done(void *ctx, int status)
@@ -502,16 +618,14 @@ static void s_fx_done(void *ctx, int status)
     p->stream_over = true;
     if (status == KVEDGE_OK)
         p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES; /* the proxy's end message */
-    if (!p->abandoned)
-        for (uint32_t i = 0; i < p->layers; i++) {
-            s_layer_t *l = &p->layer[i];
-            if (l->state > S_RECV)
-                continue;
-            /* The stream ended before this layer's record: its status says why. */
-            if (l->status == KVEDGE_OK)
-                l->status = status != KVEDGE_OK ? status : KVEDGE_EPROTO;
-            s_done(p, l, l->status);
-        }
+    s_park_t *e = NULL;
+    if (!p->abandoned && (p->park || p->unparking) && (e = calloc(1, sizeof *e)) != NULL) {
+        e->kind = S_PARK_DONE; /* after the parked messages */
+        e->status = status;
+        s_park_add(p, e);
+    } else if (!p->abandoned) {
+        s_stream_end(p, status);
+    }
     pthread_cond_broadcast(&p->cv);
     s_release(p);
 }
@@ -553,6 +667,65 @@ static bool s_open_next(kvedge_pipeline_t *p)
         s_done(p, l, rc);
     }
     return true;
+}
+
+/* FETCH: stages the oldest parked message when it can go: a block once its layer's slot is
+ * free (or its layer is lost already, or the deadline has passed: the layer then fails with
+ * KVEDGE_ETIMEDOUT), a record, the stream's end. Locked; drops the lock while staging.
+ * Returns true if it did something. */
+static bool s_unpark(kvedge_pipeline_t *p)
+{
+    s_park_t *e = p->park;
+    if (!e)
+        return false;
+    s_layer_t *l = e->kind == S_PARK_BLOCK ? &p->layer[e->idx] : NULL;
+    if (l && l->state == S_IDLE && l->status == KVEDGE_OK) {
+        uint32_t si = e->idx % p->nslots;
+        if (p->slot[si].layer < 0)
+            s_slot_take(p, l, si);
+        else if (kvedge_mono_us() / 1000 >= p->deadline_ms)
+            l->status = KVEDGE_ETIMEDOUT;
+        else
+            return false; /* the loader frees it: it comes back here then */
+    }
+    p->park = e->next;
+    if (!p->park)
+        p->park_tail = NULL;
+    if (e->kind == S_PARK_BLOCK) {
+        p->unparking = true; /* the I/O thread parks behind it meanwhile */
+        s_block_locked(p, l, e->ci, e->head, e->status, e->data, e->len, &e->frame);
+        p->unparking = false;
+        if (e->held) {
+            p->credit_held--;
+            p->credit_due++;
+        }
+    } else if (e->kind == S_PARK_LAYER) {
+        s_layer_record(p, &e->info);
+    } else {
+        s_stream_end(p, e->status);
+    }
+    s_park_free(e); /* unlocked would do; it is short */
+    if (!p->park)
+        p->ring_wait_us += kvedge_mono_us() - p->park_us;
+    return true;
+}
+
+/* Gives the credit of staged parked blocks back to the stream (locked; drops the lock for the
+ * call). Returns false when the client is too busy to take it now (try again shortly). */
+static bool s_give_credit(kvedge_pipeline_t *p)
+{
+    if (p->credit_due == 0 || p->stream_id == 0)
+        return true;
+    uint32_t n = p->credit_due > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : p->credit_due;
+    p->credit_due -= n;
+    pthread_mutex_unlock(&p->mu);
+    int rc = kvedge_client_credit_return(p->client, p->stream_id, n);
+    pthread_mutex_lock(&p->mu);
+    if (rc == KVEDGE_EBUSY || rc == KVEDGE_ENOMEM) {
+        p->credit_due += n;
+        return false;
+    }
+    return true; /* given back; or the client is closing and the stream ends anyway */
 }
 
 /* All n floats of x are finite. */
@@ -696,8 +869,13 @@ static void *s_loader(void *arg)
 {
     kvedge_pipeline_t *p = arg;
     pthread_mutex_lock(&p->mu);
+    bool credit_ok = true;
     while (!p->abandoned && p->done < p->layers) {
         if (s_open_next(p))
+            continue;
+        if (s_unpark(p))
+            continue;
+        if (p->credit_due && (credit_ok = s_give_credit(p)))
             continue;
         if (p->next_issue < p->layers) {
             s_layer_t *l = &p->layer[p->next_issue];
@@ -724,6 +902,9 @@ static void *s_loader(void *arg)
             if (!p->via_proxy)
                 p->next_open = p->layers;
             pthread_cond_wait(&p->cv, &p->mu);
+        } else if (!credit_ok) {
+            s_wait_until(p, kvedge_mono_us() / 1000 + 1); /* the client was busy: again soon */
+            credit_ok = true;
         } else {
             s_wait_until(p, p->deadline_ms);
         }
@@ -1157,6 +1338,25 @@ void kvedge_pipeline_destroy(kvedge_pipeline_t **self_p)
         pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
     s_free_ring(p); /* the stream destroys wait for queued device work first */
+    pthread_mutex_lock(&p->mu);
+    /* Parked messages are dropped; their held credit goes back so the stream ends now rather
+     * than at its deadline (its callbacks drop the rest). */
+    uint32_t held = p->credit_held + p->credit_due;
+    while (p->park) {
+        s_park_t *e = p->park;
+        p->park = e->next;
+        s_park_free(e);
+    }
+    p->park_tail = NULL;
+    p->credit_held = p->credit_due = 0;
+    uint64_t stream = p->stream_id;
+    bool over = p->stream_over;
+    pthread_mutex_unlock(&p->mu);
+    for (uint32_t n; held > 0 && !over; held -= n) {
+        n = held > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : held;
+        if (kvedge_client_credit_return(p->client, stream, n) != KVEDGE_OK)
+            break; /* the stream ends at its deadline instead */
+    }
     pthread_mutex_lock(&p->mu);
     s_release(p);
 }
