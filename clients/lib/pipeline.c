@@ -8,11 +8,12 @@
  * is S_READY (the hand-over happens under the lock); the frames are freed under the lock when
  * the slot is released (s_slot_free), or by destroy once no callback is inside. Callbacks announce
  * themselves in in_cb, so destroy can free the ring once none is inside; the struct itself lives
- * until the last stream that points at it has ended (refs). */
+ * until the last stream that points at it has ended (refs). A large–small pipeline's layers go
+ * through its adapt stage (pipeline_adapt.c) on the loader thread. */
 #include "clients/lib/pipeline.h"
+#include "clients/lib/pipeline_impl.h"
 
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,21 +120,10 @@ struct kvedge_pipeline_t {
     uint16_t first_layer;
     uint32_t layers;
     uint32_t n_blocks; /* per layer: n_chunks * heads */
-    /* Large–small (mapped): the mapped model's id, shape and chain; a slot's descriptors are
-     * indexed chunk * stride + head for either shape, compacted before dequantizing. */
-    bool mapped;
-    char mapped_id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
-    uint32_t mlayers, mheads, mhead_dim;
-    kvedge_chunk_id_t *mchunks; /* owned copy */
-    uint32_t stride;            /* max(heads, mheads); heads when not mapped */
-    uint32_t n_cap;             /* descriptors per slot: n_chunks * stride */
-    kvedge_pipeline_adapt_fn adapt;
-    void *adapt_arg;
-    kvedge_dequant_block_t *cdesc; /* loader's compacted descriptors, n_cap */
-    float *sk, *sv;                /* a mapped layer dequantized: [mheads][tokens][mhead_dim] */
-    float *ak, *av;                /* adapted: [heads][tokens][head_dim] */
-    uint32_t adapted;              /* layers resident through the adapter */
-    int64_t adapt_us;
+    /* A slot's descriptors are indexed chunk * stride + head for either model's shape. */
+    uint32_t stride;                 /* max(heads, the mapped model's heads); heads when none */
+    uint32_t n_cap;                  /* descriptors per slot: n_chunks * stride */
+    kvedge_pipeline__adapt_t *adapt; /* large–small stage (pipeline_adapt.c); NULL: none */
     bool device, via_proxy;
     s_layer_t *layer; /* layers entries; freed with the struct */
     s_slot_t *slot;
@@ -274,11 +264,11 @@ static void s_done(kvedge_pipeline_t *p, s_layer_t *l, int status)
  * (chunk, head) of that shape present with its head size. Locked. */
 static bool s_layer_shape_ok(const kvedge_pipeline_t *p, const s_layer_t *l)
 {
-    uint32_t heads = l->from >= 0 ? p->mheads : p->heads;
-    uint32_t head_dim = l->from >= 0 ? p->mhead_dim : p->head_dim;
+    uint32_t heads = l->from >= 0 ? p->adapt->heads : p->heads;
+    uint32_t head_dim = l->from >= 0 ? p->adapt->head_dim : p->head_dim;
     if (l->blocks != p->n_chunks * heads)
         return false;
-    if (!p->mapped)
+    if (!p->adapt)
         return true; /* s_stage checked the head size and refused doubles */
     const s_slot_t *s = &p->slot[l->slot];
     for (uint32_t ci = 0; ci < p->n_chunks; ci++)
@@ -319,7 +309,6 @@ static void s_release(kvedge_pipeline_t *p)
     free(p->plan);
     free(p->layer);
     free(p->chunks);
-    free(p->mchunks);
     free(p);
 }
 
@@ -349,7 +338,7 @@ static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head
     /* With a mapped model the layer's record (after its blocks) says which shape it has:
      * either head size is staged, s_layer_shape_ok checks the whole layer then. */
     if (info.tokens != s_chunk_tokens(p, ci) ||
-        (info.head_dim != p->head_dim && !(p->mapped && info.head_dim == p->mhead_dim)))
+        (info.head_dim != p->head_dim && !(p->adapt && info.head_dim == p->adapt->head_dim)))
         return KVEDGE_ESHAPE;
     size_t pos = s_align(s->used);
     if (pos > p->slot_bytes || info.raw_len > p->slot_bytes - pos)
@@ -560,8 +549,8 @@ static void s_layer_record(kvedge_pipeline_t *p, const kvedge_fetch_layer_t *inf
     l->from = info->from_layer >= 0 ? info->from_layer : -1;
     if (l->state > S_RECV)
         return;
-    if (l->from >= 0 && (!p->mapped || (uint32_t)l->from >= p->mlayers) && l->status == KVEDGE_OK &&
-        info->status == KVEDGE_OK)
+    if (l->from >= 0 && (!p->adapt || (uint32_t)l->from >= p->adapt->layers) &&
+        l->status == KVEDGE_OK && info->status == KVEDGE_OK)
         l->status = KVEDGE_EPROTO; /* a layer of a model this fetch did not name */
     if (info->status == KVEDGE_ENOTFOUND)
         l->miss = true; /* nobody had it, or the plan says recompute */
@@ -728,85 +717,24 @@ static bool s_give_credit(kvedge_pipeline_t *p)
     return true; /* given back; or the client is closing and the stream ends anyway */
 }
 
-/* All n floats of x are finite. */
-static bool s_finite(const float *x, size_t n)
+/* A layer of a large–small pipeline (CPU path only) through the adapt stage, which writes
+ * it or finds it a miss. Unlocked on entry; returns locked with the layer done. */
+static void s_issue_adapt(kvedge_pipeline_t *p, s_layer_t *l, const s_slot_t *s)
 {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return false;
-    return true;
-}
-
-/* Writes an adapted layer, [heads][tokens][head_dim], into a fp32 contiguous destination at
- * token_offset (checked at open). */
-static void s_place(const kvedge_pipeline_t *p, const kvedge_kv_dst_t *d, const float *src)
-{
-    size_t row = (size_t)p->tokens * p->head_dim;
-    for (uint32_t h = 0; h < p->heads; h++)
-        memcpy((float *)d->base + ((size_t)h * d->tokens_cap + p->token_offset) * p->head_dim,
-               src + h * row, row * sizeof(float));
-}
-
-/* A layer of a large–small pipeline (CPU path only): its staged blocks compacted in (chunk,
- * head) order; this model's own layer dequantized into its destination; a mapped one into
- * the scratch of the mapped shape (positions from 0), adapted, checked and copied into the
- * destination, or a miss when the adaptation fails. Unlocked on entry; returns locked with
- * the layer done. */
-static void s_issue_mapped(kvedge_pipeline_t *p, s_layer_t *l, const s_slot_t *s)
-{
-    const bool mapped = l->from >= 0; /* set by its record, before it was S_READY */
-    const uint32_t heads = mapped ? p->mheads : p->heads;
-    uint32_t n = 0;
-    for (uint32_t ci = 0; ci < p->n_chunks; ci++)
-        for (uint32_t h = 0; h < heads; h++) {
-            kvedge_dequant_block_t *b = &p->cdesc[n++];
-            *b = s->desc[ci * p->stride + h];
-            if (mapped)
-                b->offset = ci * p->chunk_tokens;
-        }
-    int64_t t = kvedge_mono_us(), adapt = 0;
     bool failed = false;
-    int rc;
-    if (!mapped) {
-        kvedge_dequant_args_t a = {p->cdesc, n, l->k, l->v};
-        rc = kvedge_cpu_dequant(&a);
-    } else {
-        size_t sf = (size_t)p->mheads * p->tokens * p->mhead_dim;
-        kvedge_kv_dst_t d = {.layout = KVEDGE_KV_CONTIG,
-                             .dtype = KVEDGE_DTYPE_FP32,
-                             .base = p->sk,
-                             .cap_bytes = sf * sizeof(float),
-                             .heads = p->mheads,
-                             .head_dim = p->mhead_dim,
-                             .tokens_cap = p->tokens};
-        kvedge_dequant_args_t a = {p->cdesc, n, d, d};
-        a.v.base = p->sv;
-        rc = kvedge_cpu_dequant(&a);
-        if (rc == KVEDGE_OK) {
-            size_t af = (size_t)p->heads * p->tokens * p->head_dim;
-            int64_t t1 = kvedge_mono_us();
-            int arc = p->adapt(p->adapt_arg, (uint16_t)(p->first_layer + l->idx), (uint16_t)l->from,
-                               p->sk, p->sv, p->tokens, p->ak, p->av);
-            adapt = kvedge_mono_us() - t1;
-            failed = arc != KVEDGE_OK || !s_finite(p->ak, af) || !s_finite(p->av, af);
-            if (failed) {
-                rc = KVEDGE_ENOTFOUND; /* the decoder computes it; nothing was written */
-            } else {
-                s_place(p, &l->k, p->ak);
-                s_place(p, &l->v, p->av);
-            }
-        }
-    }
+    int64_t t = kvedge_mono_us(), adapt = 0;
+    int rc = kvedge_pipeline__adapt_layer(p->adapt, (uint16_t)(p->first_layer + l->idx), l->from,
+                                          s->desc, &l->k, &l->v, &failed, &adapt);
     int64_t end = kvedge_mono_us();
     pthread_mutex_lock(&p->mu);
     p->dequant_us += end - t;
-    p->adapt_us += adapt;
+    p->adapt->adapt_us += adapt;
     if (failed) {
         l->adapt_failed = true;
         /* access/proto.h has no reason of its own for this yet; adapt_failed tells it apart */
         l->reason = KVEDGE_FETCH_MISS;
-    } else if (rc == KVEDGE_OK && mapped) {
-        p->adapted++;
+    } else if (rc == KVEDGE_OK && l->from >= 0) {
+        p->adapt->adapted++;
     }
     s_done(p, l, rc);
 }
@@ -818,8 +746,8 @@ static void s_issue(kvedge_pipeline_t *p, s_layer_t *l)
     s_slot_t *s = &p->slot[l->slot];
     l->state = S_ISSUED;
     pthread_mutex_unlock(&p->mu);
-    if (p->mapped) {
-        s_issue_mapped(p, l, s);
+    if (p->adapt) {
+        s_issue_adapt(p, l, s);
         return;
     }
     kvedge_dequant_args_t a = {s->desc, p->n_blocks, l->k, l->v};
@@ -931,13 +859,7 @@ static void s_free_ring(kvedge_pipeline_t *p)
     }
     free(p->slot);
     p->slot = NULL;
-    free(p->cdesc);
-    free(p->sk);
-    free(p->sv);
-    free(p->ak);
-    free(p->av);
-    p->cdesc = NULL;
-    p->sk = p->sv = p->ak = p->av = NULL;
+    kvedge_pipeline__adapt_destroy(&p->adapt);
     for (uint32_t i = 0; p->layer && i < p->layers; i++)
         kvedge_gpu_event_destroy(&p->layer[i].ev);
     free(p->tables);
@@ -1034,16 +956,12 @@ static int s_alloc_ring(kvedge_pipeline_t *p)
         if (rc != KVEDGE_OK)
             return rc;
     }
-    if (p->mapped) {
-        size_t sf = (size_t)p->mheads * p->tokens * p->mhead_dim;
-        size_t af = (size_t)p->heads * p->tokens * p->head_dim;
-        p->cdesc = calloc(p->n_cap, sizeof *p->cdesc);
-        p->sk = malloc(sf * sizeof(float));
-        p->sv = malloc(sf * sizeof(float));
-        p->ak = malloc(af * sizeof(float));
-        p->av = malloc(af * sizeof(float));
-        if (!p->cdesc || !p->sk || !p->sv || !p->ak || !p->av)
-            return KVEDGE_ENOMEM;
+    if (p->adapt) {
+        kvedge_pipeline__geom_t g = {p->heads,  p->head_dim,     p->n_chunks, p->chunk_tokens,
+                                     p->tokens, p->token_offset, p->stride};
+        int rc = kvedge_pipeline__adapt_alloc(p->adapt, &g);
+        if (rc != KVEDGE_OK)
+            return rc;
     }
     if (p->device) {
         int rc = kvedge_gpu_stream_new(&p->copy_stream);
@@ -1099,16 +1017,9 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     p->n_blocks = p->n_chunks * p->heads;
     p->stride = p->heads;
     if (opts->mapped_model) {
-        const kvedge_model_t *mm = opts->mapped_model;
-        p->mapped = true;
-        snprintf(p->mapped_id, sizeof p->mapped_id, "%s", mm->id);
-        p->mlayers = mm->layers;
-        p->mheads = mm->kv_heads;
-        p->mhead_dim = mm->head_dim;
-        p->adapt = opts->adapt;
-        p->adapt_arg = opts->adapt_arg;
-        if (p->mheads > p->stride)
-            p->stride = p->mheads;
+        p->adapt = kvedge_pipeline__adapt_new(opts);
+        if (p->adapt && p->adapt->heads > p->stride)
+            p->stride = p->adapt->heads;
     }
     p->n_cap = p->n_chunks * p->stride;
     p->via_proxy = via_proxy;
@@ -1121,8 +1032,8 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
         size_t mine = 0, theirs = 0;
         for (uint32_t ci = 0; ci < p->n_chunks; ci++) {
             mine += p->heads * s_body_bound(s_chunk_tokens(p, ci), p->head_dim);
-            if (p->mapped)
-                theirs += p->mheads * s_body_bound(s_chunk_tokens(p, ci), p->mhead_dim);
+            if (p->adapt)
+                theirs += p->adapt->heads * s_body_bound(s_chunk_tokens(p, ci), p->adapt->head_dim);
         }
         p->slot_bytes = mine > theirs ? mine : theirs;
     }
@@ -1132,15 +1043,12 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     }
     p->chunks = malloc(opts->n_chunks * sizeof *p->chunks);
     p->layer = calloc(p->layers, sizeof *p->layer);
-    p->mchunks = p->mapped ? malloc(opts->n_chunks * sizeof *p->mchunks) : NULL;
     p->plan = via_proxy ? malloc(sizeof *p->plan) : NULL;
-    rc = p->chunks && p->layer && (p->plan || !via_proxy) && (p->mchunks || !p->mapped)
+    rc = p->chunks && p->layer && (p->plan || !via_proxy) && (p->adapt || !opts->mapped_model)
              ? KVEDGE_OK
              : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK) {
         memcpy(p->chunks, opts->chunks, opts->n_chunks * sizeof *p->chunks);
-        if (p->mapped)
-            memcpy(p->mchunks, opts->mapped_chunks, opts->n_chunks * sizeof *p->mchunks);
         for (uint32_t i = 0; i < p->layers; i++) {
             p->layer[i].p = p;
             p->layer[i].idx = i;
@@ -1164,8 +1072,8 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
                                   .compute_us = opts->compute_us,
                                   .recompute_us = opts->recompute_us,
                                   .deadline_ms = deadline,
-                                  .mapped_model_id = p->mapped ? p->mapped_id : NULL,
-                                  .mapped_chunks = p->mchunks,
+                                  .mapped_model_id = p->adapt ? p->adapt->id : NULL,
+                                  .mapped_chunks = p->adapt ? p->adapt->chunks : NULL,
                                   .accept = opts->accept,
                                   .n_accept = opts->n_accept,
                                   .quality_metric = opts->quality_metric,
@@ -1180,9 +1088,9 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
                 KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_SPEC_BYTES +
                 (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES +
                 (opts->compute_us ? (uint64_t)p->layers * KVEDGE_WIRE_FETCH_TIMES_BYTES : 0) +
-                (p->mapped ? KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES +
-                                 (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES
-                           : 0) +
+                (p->adapt ? KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES +
+                                (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES
+                          : 0) +
                 (opts->accept ? KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + opts->n_accept : 0);
     }
     if (rc == KVEDGE_OK) {
@@ -1294,8 +1202,8 @@ int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
         .copy_us = (double)p->copy_us,
         .dequant_us = (double)p->dequant_us,
         .done_us = p->done == p->layers ? (double)p->done_us : 0,
-        .adapted = p->adapted,
-        .adapt_us = (double)p->adapt_us,
+        .adapted = p->adapt ? p->adapt->adapted : 0,
+        .adapt_us = p->adapt ? (double)p->adapt->adapt_us : 0,
         .zero_copy_blocks = p->zc_blocks,
         .zero_copy_bytes = p->zc_bytes,
     };
