@@ -8,17 +8,19 @@
  * is S_READY (the hand-over happens under the lock); the frames are freed under the lock when
  * the slot is released (s_slot_free), or by destroy once no callback is inside. Callbacks announce
  * themselves in in_cb, so destroy can free the ring once none is inside; the struct itself lives
- * until the last stream that points at it has ended (refs). */
+ * until the last stream that points at it has ended (refs). A large–small pipeline's layers go
+ * through its adapt stage (pipeline_adapt.c) on the loader thread. */
 #include "clients/lib/pipeline.h"
+#include "clients/lib/pipeline_impl.h"
 
 #include <errno.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "access/client_credit.h"
 #include "access/frame.h" /* wire sizes for the slots */
 #include "gpu/stage.h"
 #include "access/codec/clock.h"
@@ -67,6 +69,29 @@ typedef struct {
     bool adapt_failed;      /* delivered as the mapped model's, but its adaptation failed */
 } s_layer_t;
 
+/* FETCH: a message that came while its layer's slot was still taken, or behind one that did
+ * (kept in arrival order). A block keeps its received frame (or a copy) and holds its credit,
+ * so the proxy sends no more than the credit window meanwhile; the loader stages it once the
+ * slot is free and gives the credit back. */
+typedef enum { S_PARK_BLOCK, S_PARK_LAYER, S_PARK_DONE } s_park_kind_t;
+
+typedef struct s_park_t s_park_t;
+struct s_park_t {
+    s_park_t *next;
+    s_park_kind_t kind;
+    uint32_t idx; /* BLOCK, LAYER: the layer's index in the request */
+    uint32_t ci;  /* BLOCK */
+    uint16_t head;
+    int status;          /* BLOCK: the head's status; DONE: the stream's */
+    const uint8_t *data; /* BLOCK: the block, in frame or copy (NULL: none came) */
+    size_t len;
+    void *frame;               /* its received frame (kvedge_client_block_take), or NULL */
+    uint8_t *copy;             /* or a copy of it */
+    bool held;                 /* its credit is held (kvedge_client_credit_hold) */
+    kvedge_fetch_layer_t info; /* LAYER: the record, its source name copied */
+    char source_name[64];
+};
+
 typedef struct {
     uint8_t *host;                /* pinned, slot_bytes */
     void *dev;                    /* device staging, slot_bytes (device path) */
@@ -95,21 +120,10 @@ struct kvedge_pipeline_t {
     uint16_t first_layer;
     uint32_t layers;
     uint32_t n_blocks; /* per layer: n_chunks * heads */
-    /* Large–small (mapped): the mapped model's id, shape and chain; a slot's descriptors are
-     * indexed chunk * stride + head for either shape, compacted before dequantizing. */
-    bool mapped;
-    char mapped_id[KVEDGE_MODEL_ID_MAX_BYTES + 1];
-    uint32_t mlayers, mheads, mhead_dim;
-    kvedge_chunk_id_t *mchunks; /* owned copy */
-    uint32_t stride;            /* max(heads, mheads); heads when not mapped */
-    uint32_t n_cap;             /* descriptors per slot: n_chunks * stride */
-    kvedge_pipeline_adapt_fn adapt;
-    void *adapt_arg;
-    kvedge_dequant_block_t *cdesc; /* loader's compacted descriptors, n_cap */
-    float *sk, *sv;                /* a mapped layer dequantized: [mheads][tokens][mhead_dim] */
-    float *ak, *av;                /* adapted: [heads][tokens][head_dim] */
-    uint32_t adapted;              /* layers resident through the adapter */
-    int64_t adapt_us;
+    /* A slot's descriptors are indexed chunk * stride + head for either model's shape. */
+    uint32_t stride;                 /* max(heads, the mapped model's heads); heads when none */
+    uint32_t n_cap;                  /* descriptors per slot: n_chunks * stride */
+    kvedge_pipeline__adapt_t *adapt; /* large–small stage (pipeline_adapt.c); NULL: none */
     bool device, via_proxy;
     s_layer_t *layer; /* layers entries; freed with the struct */
     s_slot_t *slot;
@@ -129,9 +143,15 @@ struct kvedge_pipeline_t {
     uint64_t sent_bytes, msg_bytes; /* encoded request and stream message bytes */
     kvedge_fetch_plan_t *plan;      /* FETCH: the proxy's plan once have_plan; freed last */
     bool have_plan;
-    bool stream_over;   /* FETCH: on_done has run */
-    char node_name[64]; /* GET_LAYER: the node's HELLO name */
-    int node_kind;      /* GET_LAYER: its kind (cloud or local) */
+    bool stream_over;           /* FETCH: on_done has run */
+    s_park_t *park, *park_tail; /* FETCH: messages waiting for a slot, oldest first */
+    bool unparking;             /* the loader stages a parked block outside the lock */
+    int64_t park_us;            /* when the park last became non-empty */
+    uint64_t stream_id;         /* FETCH: the stream parked blocks hold credit of */
+    uint32_t credit_held;       /* credit of parked blocks not staged yet */
+    uint32_t credit_due;        /* credit of parked blocks staged, not given back yet */
+    char node_name[64];         /* GET_LAYER: the node's HELLO name */
+    int node_kind;              /* GET_LAYER: its kind (cloud or local) */
     int64_t ring_wait_us, copy_us, dequant_us, done_us;
     pthread_t loader;
     bool loader_started;
@@ -244,11 +264,11 @@ static void s_done(kvedge_pipeline_t *p, s_layer_t *l, int status)
  * (chunk, head) of that shape present with its head size. Locked. */
 static bool s_layer_shape_ok(const kvedge_pipeline_t *p, const s_layer_t *l)
 {
-    uint32_t heads = l->from >= 0 ? p->mheads : p->heads;
-    uint32_t head_dim = l->from >= 0 ? p->mhead_dim : p->head_dim;
+    uint32_t heads = l->from >= 0 ? p->adapt->heads : p->heads;
+    uint32_t head_dim = l->from >= 0 ? p->adapt->head_dim : p->head_dim;
     if (l->blocks != p->n_chunks * heads)
         return false;
-    if (!p->mapped)
+    if (!p->adapt)
         return true; /* s_stage checked the head size and refused doubles */
     const s_slot_t *s = &p->slot[l->slot];
     for (uint32_t ci = 0; ci < p->n_chunks; ci++)
@@ -289,7 +309,6 @@ static void s_release(kvedge_pipeline_t *p)
     free(p->plan);
     free(p->layer);
     free(p->chunks);
-    free(p->mchunks);
     free(p);
 }
 
@@ -300,11 +319,13 @@ static void s_release(kvedge_pipeline_t *p)
  * is taken from the client (kvedge_client_block_take; only ever after kvedge_block_parse has
  * verified the whole block) and the descriptor points into it; the slot still reserves the
  * body's room, so what fits a slot does not depend on it. Runs without the lock (the I/O
- * thread alone writes a S_RECV slot), inside the client's on_block callback. Returns 0,
+ * thread alone writes a S_RECV slot), inside the client's on_block callback; or by the loader
+ * for a parked block, whose frame (*frame, when not NULL) the slot may keep. Returns 0,
  * KVEDGE_ENOTFOUND for a block that fails verification (treated as a miss, never used), or
  * the layer's error. */
 static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head,
-                   const uint8_t *data, size_t len, uint64_t *raw_bytes, bool *zero_copy)
+                   const uint8_t *data, size_t len, void **frame, uint64_t *raw_bytes,
+                   bool *zero_copy)
 {
     if (ci >= p->n_chunks || head >= p->stride)
         return KVEDGE_ESHAPE;
@@ -317,7 +338,7 @@ static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head
     /* With a mapped model the layer's record (after its blocks) says which shape it has:
      * either head size is staged, s_layer_shape_ok checks the whole layer then. */
     if (info.tokens != s_chunk_tokens(p, ci) ||
-        (info.head_dim != p->head_dim && !(p->mapped && info.head_dim == p->mhead_dim)))
+        (info.head_dim != p->head_dim && !(p->adapt && info.head_dim == p->adapt->head_dim)))
         return KVEDGE_ESHAPE;
     size_t pos = s_align(s->used);
     if (pos > p->slot_bytes || info.raw_len > p->slot_bytes - pos)
@@ -327,8 +348,11 @@ static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head
         return KVEDGE_ENOTFOUND;
     const uint8_t *body = s->host + pos;
     if (raw != body) { /* stored uncompressed: raw points into the (verified) frame */
-        if (!p->device && info.raw_len >= S_ZC_MIN_BYTES && ((uintptr_t)raw & 3u) == 0)
-            s->held[j] = kvedge_client_block_take();
+        if (!p->device && info.raw_len >= S_ZC_MIN_BYTES && ((uintptr_t)raw & 3u) == 0) {
+            s->held[j] = frame && *frame ? *frame : kvedge_client_block_take();
+            if (frame && s->held[j] == *frame)
+                *frame = NULL; /* a parked block's frame: the slot holds it now */
+        }
         if (s->held[j])
             body = raw; /* read in place: the frame is ours until the slot is released */
         else
@@ -348,9 +372,10 @@ static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head
 }
 
 /* Stages a block of l outside the lock when l still wants blocks; accounts for it under it.
- * Called with the lock held; returns with it held. */
+ * frame: a parked block's received frame, or NULL. Called with the lock held; returns with it
+ * held. */
 static void s_block_locked(kvedge_pipeline_t *p, s_layer_t *l, uint32_t ci, uint16_t head,
-                           int status, const uint8_t *data, size_t len)
+                           int status, const uint8_t *data, size_t len, void **frame)
 {
     l->blocks++;
     l->wire_bytes += len;
@@ -365,7 +390,7 @@ static void s_block_locked(kvedge_pipeline_t *p, s_layer_t *l, uint32_t ci, uint
     pthread_mutex_unlock(&p->mu);
     uint64_t raw = 0;
     bool zc = false;
-    int rc = s_stage(p, &p->slot[l->slot], ci, head, data, len, &raw, &zc);
+    int rc = s_stage(p, &p->slot[l->slot], ci, head, data, len, frame, &raw, &zc);
     pthread_mutex_lock(&p->mu);
     p->in_cb--;
     if (zc) {
@@ -390,7 +415,7 @@ static void s_gl_block(void *ctx, uint32_t ci, uint16_t head, int status, const 
     pthread_mutex_lock(&p->mu);
     p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_STREAM_HDR_BYTES + len;
     if (!p->abandoned)
-        s_block_locked(p, l, ci, head, status, data, len);
+        s_block_locked(p, l, ci, head, status, data, len, NULL);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -414,6 +439,56 @@ static void s_gl_done(void *ctx, int status, uint32_t heads)
     s_release(p);
 }
 
+/* Appends e to the park (locked). */
+static void s_park_add(kvedge_pipeline_t *p, s_park_t *e)
+{
+    if (!p->park)
+        p->park_us = kvedge_mono_us();
+    if (p->park_tail)
+        p->park_tail->next = e;
+    else
+        p->park = e;
+    p->park_tail = e;
+    pthread_cond_broadcast(&p->cv);
+}
+
+static void s_park_free(s_park_t *e)
+{
+    kvedge_client_block_free(e->frame);
+    free(e->copy);
+    free(e);
+}
+
+/* Parks a block of layer index i (locked, in its on_block callback): its frame taken from the
+ * client (or copied), its credit held. Returns false when there is no memory for it. */
+static bool s_park_block(kvedge_pipeline_t *p, uint32_t i, uint32_t ci, uint16_t head, int status,
+                         const uint8_t *data, size_t len)
+{
+    s_park_t *e = calloc(1, sizeof *e);
+    if (!e)
+        return false;
+    *e = (s_park_t){.kind = S_PARK_BLOCK, .idx = i, .ci = ci, .head = head, .status = status};
+    if (data) {
+        e->frame = kvedge_client_block_take();
+        if (!e->frame && !(e->copy = malloc(len ? len : 1))) {
+            free(e);
+            return false;
+        }
+        if (e->copy)
+            memcpy(e->copy, data, len);
+        e->data = e->copy ? e->copy : data; /* the frame's data stays where it is */
+        e->len = len;
+    }
+    uint64_t id = kvedge_client_credit_hold();
+    if (id) {
+        p->stream_id = id;
+        e->held = true;
+        p->credit_held++;
+    }
+    s_park_add(p, e);
+    return true;
+}
+
 static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
                        int status, const uint8_t *data, size_t len)
 {
@@ -427,26 +502,19 @@ static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, in
         return;
     }
     s_layer_t *l = &p->layer[i];
-    if (l->state == S_IDLE && l->status == KVEDGE_OK) {
-        /* Its slot is free once layer i - nslots has left it; every earlier layer has fully
-         * arrived (FETCH is in order), so only the loader can hold it, and it makes progress
-         * without this thread. Not reading meanwhile holds the proxy back by credit. */
-        s_slot_t *s = &p->slot[i % p->nslots];
-        int64_t t = kvedge_mono_us();
-        while (s->layer >= 0 && !p->abandoned)
-            if (s_wait_until(p, p->deadline_ms) == ETIMEDOUT)
-                break;
-        p->ring_wait_us += kvedge_mono_us() - t;
-        if (p->abandoned) {
-            pthread_mutex_unlock(&p->mu);
-            return;
-        }
-        if (s->layer >= 0)
-            l->status = KVEDGE_ETIMEDOUT;
-        else
-            s_slot_take(p, l, i % p->nslots);
+    /* Its slot is free once layer i - nslots has left it. Until then this thread does not
+     * wait: the block is parked with its credit held (so the proxy is held back by credit,
+     * nothing dropped) and every later message parks behind it, in order. */
+    bool wants_slot = l->state == S_IDLE && l->status == KVEDGE_OK;
+    if (p->park || p->unparking || (wants_slot && p->slot[i % p->nslots].layer >= 0)) {
+        if (!s_park_block(p, i, ci, head, status, data, len) && l->status == KVEDGE_OK)
+            l->status = KVEDGE_ENOMEM; /* the layer fails; the stream goes on */
+        pthread_mutex_unlock(&p->mu);
+        return;
     }
-    s_block_locked(p, l, ci, head, status, data, len);
+    if (wants_slot)
+        s_slot_take(p, l, i % p->nslots);
+    s_block_locked(p, l, ci, head, status, data, len, NULL);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -465,34 +533,71 @@ static void s_fx_plan(void *ctx, const kvedge_fetch_plan_t *plan)
     pthread_mutex_unlock(&p->mu);
 }
 
+/* A layer's LAYER record (locked): who delivered it, and its end on the wire. */
+static void s_layer_record(kvedge_pipeline_t *p, const kvedge_fetch_layer_t *info)
+{
+    uint32_t i = (uint32_t)(info->layer - p->first_layer);
+    if (i >= p->layers)
+        return;
+    s_layer_t *l = &p->layer[i];
+    l->recorded = true;
+    snprintf(l->source, sizeof l->source, "%s", info->source_name ? info->source_name : "");
+    l->kind = -1;
+    if (p->have_plan && info->source >= 0 && (uint32_t)info->source < p->plan->nsources)
+        l->kind = p->plan->source[info->source].kind;
+    l->reason = info->reason;
+    l->from = info->from_layer >= 0 ? info->from_layer : -1;
+    if (l->state > S_RECV)
+        return;
+    if (l->from >= 0 && (!p->adapt || (uint32_t)l->from >= p->adapt->layers) &&
+        l->status == KVEDGE_OK && info->status == KVEDGE_OK)
+        l->status = KVEDGE_EPROTO; /* a layer of a model this fetch did not name */
+    if (info->status == KVEDGE_ENOTFOUND)
+        l->miss = true; /* nobody had it, or the plan says recompute */
+    else if (info->status != KVEDGE_OK && l->status == KVEDGE_OK)
+        l->status = info->status;
+    s_received(p, l);
+}
+
 static void s_fx_layer(void *ctx, const kvedge_fetch_layer_t *info)
 {
     kvedge_pipeline_t *p = ctx;
     pthread_mutex_lock(&p->mu);
     p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_LAYER_BYTES;
-    uint32_t i = (uint32_t)(info->layer - p->first_layer);
-    if (!p->abandoned && i < p->layers) {
-        s_layer_t *l = &p->layer[i];
-        l->recorded = true;
-        snprintf(l->source, sizeof l->source, "%s", info->source_name ? info->source_name : "");
-        l->kind = -1;
-        if (p->have_plan && info->source >= 0 && (uint32_t)info->source < p->plan->nsources)
-            l->kind = p->plan->source[info->source].kind;
-        l->reason = info->reason;
-        l->from = info->from_layer >= 0 ? info->from_layer : -1;
+    if (!p->abandoned && (p->park || p->unparking)) { /* after its parked blocks */
+        s_park_t *e = calloc(1, sizeof *e);
+        if (e) {
+            e->kind = S_PARK_LAYER;
+            e->info = *info;
+            snprintf(e->source_name, sizeof e->source_name, "%s",
+                     info->source_name ? info->source_name : "");
+            e->info.source_name = e->source_name; /* the client's copy ends with the call */
+            s_park_add(p, e);
+            pthread_mutex_unlock(&p->mu);
+            return;
+        }
+        /* No memory to keep it in order: the layer fails now, its parked blocks drop. */
+        uint32_t i = (uint32_t)(info->layer - p->first_layer);
+        if (i < p->layers && p->layer[i].status == KVEDGE_OK)
+            p->layer[i].status = KVEDGE_ENOMEM;
     }
-    if (!p->abandoned && i < p->layers && p->layer[i].state <= S_RECV) {
-        s_layer_t *l = &p->layer[i];
-        if (l->from >= 0 && (!p->mapped || (uint32_t)l->from >= p->mlayers) &&
-            l->status == KVEDGE_OK && info->status == KVEDGE_OK)
-            l->status = KVEDGE_EPROTO; /* a layer of a model this fetch did not name */
-        if (info->status == KVEDGE_ENOTFOUND)
-            l->miss = true; /* nobody had it, or the plan says recompute */
-        else if (info->status != KVEDGE_OK && l->status == KVEDGE_OK)
-            l->status = info->status;
-        s_received(p, l);
-    }
+    if (!p->abandoned)
+        s_layer_record(p, info);
     pthread_mutex_unlock(&p->mu);
+}
+
+/* The FETCH stream's end (locked): every layer without its record ends with why. */
+static void s_stream_end(kvedge_pipeline_t *p, int status)
+{
+    for (uint32_t i = 0; i < p->layers; i++) {
+        s_layer_t *l = &p->layer[i];
+        if (l->state > S_RECV)
+            continue;
+        /* The stream ended before this layer's record: its status says why. */
+        if (l->status == KVEDGE_OK)
+            l->status = status != KVEDGE_OK ? status : KVEDGE_EPROTO;
+        s_done(p, l, l->status);
+    }
 }
 
 static void s_fx_done(void *ctx, int status)
@@ -502,16 +607,14 @@ static void s_fx_done(void *ctx, int status)
     p->stream_over = true;
     if (status == KVEDGE_OK)
         p->msg_bytes += KVEDGE_WIRE_HEADER_BYTES; /* the proxy's end message */
-    if (!p->abandoned)
-        for (uint32_t i = 0; i < p->layers; i++) {
-            s_layer_t *l = &p->layer[i];
-            if (l->state > S_RECV)
-                continue;
-            /* The stream ended before this layer's record: its status says why. */
-            if (l->status == KVEDGE_OK)
-                l->status = status != KVEDGE_OK ? status : KVEDGE_EPROTO;
-            s_done(p, l, l->status);
-        }
+    s_park_t *e = NULL;
+    if (!p->abandoned && (p->park || p->unparking) && (e = calloc(1, sizeof *e)) != NULL) {
+        e->kind = S_PARK_DONE; /* after the parked messages */
+        e->status = status;
+        s_park_add(p, e);
+    } else if (!p->abandoned) {
+        s_stream_end(p, status);
+    }
     pthread_cond_broadcast(&p->cv);
     s_release(p);
 }
@@ -555,85 +658,83 @@ static bool s_open_next(kvedge_pipeline_t *p)
     return true;
 }
 
-/* All n floats of x are finite. */
-static bool s_finite(const float *x, size_t n)
+/* FETCH: stages the oldest parked message when it can go: a block once its layer's slot is
+ * free (or its layer is lost already, or the deadline has passed: the layer then fails with
+ * KVEDGE_ETIMEDOUT), a record, the stream's end. Locked; drops the lock while staging.
+ * Returns true if it did something. */
+static bool s_unpark(kvedge_pipeline_t *p)
 {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return false;
+    s_park_t *e = p->park;
+    if (!e)
+        return false;
+    s_layer_t *l = e->kind == S_PARK_BLOCK ? &p->layer[e->idx] : NULL;
+    if (l && l->state == S_IDLE && l->status == KVEDGE_OK) {
+        uint32_t si = e->idx % p->nslots;
+        if (p->slot[si].layer < 0)
+            s_slot_take(p, l, si);
+        else if (kvedge_mono_us() / 1000 >= p->deadline_ms)
+            l->status = KVEDGE_ETIMEDOUT;
+        else
+            return false; /* the loader frees it: it comes back here then */
+    }
+    p->park = e->next;
+    if (!p->park)
+        p->park_tail = NULL;
+    if (e->kind == S_PARK_BLOCK) {
+        p->unparking = true; /* the I/O thread parks behind it meanwhile */
+        s_block_locked(p, l, e->ci, e->head, e->status, e->data, e->len, &e->frame);
+        p->unparking = false;
+        if (e->held) {
+            p->credit_held--;
+            p->credit_due++;
+        }
+    } else if (e->kind == S_PARK_LAYER) {
+        s_layer_record(p, &e->info);
+    } else {
+        s_stream_end(p, e->status);
+    }
+    s_park_free(e); /* unlocked would do; it is short */
+    if (!p->park)
+        p->ring_wait_us += kvedge_mono_us() - p->park_us;
     return true;
 }
 
-/* Writes an adapted layer, [heads][tokens][head_dim], into a fp32 contiguous destination at
- * token_offset (checked at open). */
-static void s_place(const kvedge_pipeline_t *p, const kvedge_kv_dst_t *d, const float *src)
+/* Gives the credit of staged parked blocks back to the stream (locked; drops the lock for the
+ * call). Returns false when the client is too busy to take it now (try again shortly). */
+static bool s_give_credit(kvedge_pipeline_t *p)
 {
-    size_t row = (size_t)p->tokens * p->head_dim;
-    for (uint32_t h = 0; h < p->heads; h++)
-        memcpy((float *)d->base + ((size_t)h * d->tokens_cap + p->token_offset) * p->head_dim,
-               src + h * row, row * sizeof(float));
+    if (p->credit_due == 0 || p->stream_id == 0)
+        return true;
+    uint32_t n = p->credit_due > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : p->credit_due;
+    p->credit_due -= n;
+    pthread_mutex_unlock(&p->mu);
+    int rc = kvedge_client_credit_return(p->client, p->stream_id, n);
+    pthread_mutex_lock(&p->mu);
+    if (rc == KVEDGE_EBUSY || rc == KVEDGE_ENOMEM) {
+        p->credit_due += n;
+        return false;
+    }
+    return true; /* given back; or the client is closing and the stream ends anyway */
 }
 
-/* A layer of a large–small pipeline (CPU path only): its staged blocks compacted in (chunk,
- * head) order; this model's own layer dequantized into its destination; a mapped one into
- * the scratch of the mapped shape (positions from 0), adapted, checked and copied into the
- * destination, or a miss when the adaptation fails. Unlocked on entry; returns locked with
- * the layer done. */
-static void s_issue_mapped(kvedge_pipeline_t *p, s_layer_t *l, const s_slot_t *s)
+/* A layer of a large–small pipeline (CPU path only) through the adapt stage, which writes
+ * it or finds it a miss. Unlocked on entry; returns locked with the layer done. */
+static void s_issue_adapt(kvedge_pipeline_t *p, s_layer_t *l, const s_slot_t *s)
 {
-    const bool mapped = l->from >= 0; /* set by its record, before it was S_READY */
-    const uint32_t heads = mapped ? p->mheads : p->heads;
-    uint32_t n = 0;
-    for (uint32_t ci = 0; ci < p->n_chunks; ci++)
-        for (uint32_t h = 0; h < heads; h++) {
-            kvedge_dequant_block_t *b = &p->cdesc[n++];
-            *b = s->desc[ci * p->stride + h];
-            if (mapped)
-                b->offset = ci * p->chunk_tokens;
-        }
-    int64_t t = kvedge_mono_us(), adapt = 0;
     bool failed = false;
-    int rc;
-    if (!mapped) {
-        kvedge_dequant_args_t a = {p->cdesc, n, l->k, l->v};
-        rc = kvedge_cpu_dequant(&a);
-    } else {
-        size_t sf = (size_t)p->mheads * p->tokens * p->mhead_dim;
-        kvedge_kv_dst_t d = {.layout = KVEDGE_KV_CONTIG,
-                             .dtype = KVEDGE_DTYPE_FP32,
-                             .base = p->sk,
-                             .cap_bytes = sf * sizeof(float),
-                             .heads = p->mheads,
-                             .head_dim = p->mhead_dim,
-                             .tokens_cap = p->tokens};
-        kvedge_dequant_args_t a = {p->cdesc, n, d, d};
-        a.v.base = p->sv;
-        rc = kvedge_cpu_dequant(&a);
-        if (rc == KVEDGE_OK) {
-            size_t af = (size_t)p->heads * p->tokens * p->head_dim;
-            int64_t t1 = kvedge_mono_us();
-            int arc = p->adapt(p->adapt_arg, (uint16_t)(p->first_layer + l->idx), (uint16_t)l->from,
-                               p->sk, p->sv, p->tokens, p->ak, p->av);
-            adapt = kvedge_mono_us() - t1;
-            failed = arc != KVEDGE_OK || !s_finite(p->ak, af) || !s_finite(p->av, af);
-            if (failed) {
-                rc = KVEDGE_ENOTFOUND; /* the decoder computes it; nothing was written */
-            } else {
-                s_place(p, &l->k, p->ak);
-                s_place(p, &l->v, p->av);
-            }
-        }
-    }
+    int64_t t = kvedge_mono_us(), adapt = 0;
+    int rc = kvedge_pipeline__adapt_layer(p->adapt, (uint16_t)(p->first_layer + l->idx), l->from,
+                                          s->desc, &l->k, &l->v, &failed, &adapt);
     int64_t end = kvedge_mono_us();
     pthread_mutex_lock(&p->mu);
     p->dequant_us += end - t;
-    p->adapt_us += adapt;
+    p->adapt->adapt_us += adapt;
     if (failed) {
         l->adapt_failed = true;
         /* access/proto.h has no reason of its own for this yet; adapt_failed tells it apart */
         l->reason = KVEDGE_FETCH_MISS;
-    } else if (rc == KVEDGE_OK && mapped) {
-        p->adapted++;
+    } else if (rc == KVEDGE_OK && l->from >= 0) {
+        p->adapt->adapted++;
     }
     s_done(p, l, rc);
 }
@@ -645,8 +746,8 @@ static void s_issue(kvedge_pipeline_t *p, s_layer_t *l)
     s_slot_t *s = &p->slot[l->slot];
     l->state = S_ISSUED;
     pthread_mutex_unlock(&p->mu);
-    if (p->mapped) {
-        s_issue_mapped(p, l, s);
+    if (p->adapt) {
+        s_issue_adapt(p, l, s);
         return;
     }
     kvedge_dequant_args_t a = {s->desc, p->n_blocks, l->k, l->v};
@@ -696,8 +797,13 @@ static void *s_loader(void *arg)
 {
     kvedge_pipeline_t *p = arg;
     pthread_mutex_lock(&p->mu);
+    bool credit_ok = true;
     while (!p->abandoned && p->done < p->layers) {
         if (s_open_next(p))
+            continue;
+        if (s_unpark(p))
+            continue;
+        if (p->credit_due && (credit_ok = s_give_credit(p)))
             continue;
         if (p->next_issue < p->layers) {
             s_layer_t *l = &p->layer[p->next_issue];
@@ -724,6 +830,9 @@ static void *s_loader(void *arg)
             if (!p->via_proxy)
                 p->next_open = p->layers;
             pthread_cond_wait(&p->cv, &p->mu);
+        } else if (!credit_ok) {
+            s_wait_until(p, kvedge_mono_us() / 1000 + 1); /* the client was busy: again soon */
+            credit_ok = true;
         } else {
             s_wait_until(p, p->deadline_ms);
         }
@@ -750,13 +859,7 @@ static void s_free_ring(kvedge_pipeline_t *p)
     }
     free(p->slot);
     p->slot = NULL;
-    free(p->cdesc);
-    free(p->sk);
-    free(p->sv);
-    free(p->ak);
-    free(p->av);
-    p->cdesc = NULL;
-    p->sk = p->sv = p->ak = p->av = NULL;
+    kvedge_pipeline__adapt_destroy(&p->adapt);
     for (uint32_t i = 0; p->layer && i < p->layers; i++)
         kvedge_gpu_event_destroy(&p->layer[i].ev);
     free(p->tables);
@@ -853,16 +956,12 @@ static int s_alloc_ring(kvedge_pipeline_t *p)
         if (rc != KVEDGE_OK)
             return rc;
     }
-    if (p->mapped) {
-        size_t sf = (size_t)p->mheads * p->tokens * p->mhead_dim;
-        size_t af = (size_t)p->heads * p->tokens * p->head_dim;
-        p->cdesc = calloc(p->n_cap, sizeof *p->cdesc);
-        p->sk = malloc(sf * sizeof(float));
-        p->sv = malloc(sf * sizeof(float));
-        p->ak = malloc(af * sizeof(float));
-        p->av = malloc(af * sizeof(float));
-        if (!p->cdesc || !p->sk || !p->sv || !p->ak || !p->av)
-            return KVEDGE_ENOMEM;
+    if (p->adapt) {
+        kvedge_pipeline__geom_t g = {p->heads,  p->head_dim,     p->n_chunks, p->chunk_tokens,
+                                     p->tokens, p->token_offset, p->stride};
+        int rc = kvedge_pipeline__adapt_alloc(p->adapt, &g);
+        if (rc != KVEDGE_OK)
+            return rc;
     }
     if (p->device) {
         int rc = kvedge_gpu_stream_new(&p->copy_stream);
@@ -918,16 +1017,9 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     p->n_blocks = p->n_chunks * p->heads;
     p->stride = p->heads;
     if (opts->mapped_model) {
-        const kvedge_model_t *mm = opts->mapped_model;
-        p->mapped = true;
-        snprintf(p->mapped_id, sizeof p->mapped_id, "%s", mm->id);
-        p->mlayers = mm->layers;
-        p->mheads = mm->kv_heads;
-        p->mhead_dim = mm->head_dim;
-        p->adapt = opts->adapt;
-        p->adapt_arg = opts->adapt_arg;
-        if (p->mheads > p->stride)
-            p->stride = p->mheads;
+        p->adapt = kvedge_pipeline__adapt_new(opts);
+        if (p->adapt && p->adapt->heads > p->stride)
+            p->stride = p->adapt->heads;
     }
     p->n_cap = p->n_chunks * p->stride;
     p->via_proxy = via_proxy;
@@ -940,8 +1032,8 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
         size_t mine = 0, theirs = 0;
         for (uint32_t ci = 0; ci < p->n_chunks; ci++) {
             mine += p->heads * s_body_bound(s_chunk_tokens(p, ci), p->head_dim);
-            if (p->mapped)
-                theirs += p->mheads * s_body_bound(s_chunk_tokens(p, ci), p->mhead_dim);
+            if (p->adapt)
+                theirs += p->adapt->heads * s_body_bound(s_chunk_tokens(p, ci), p->adapt->head_dim);
         }
         p->slot_bytes = mine > theirs ? mine : theirs;
     }
@@ -951,15 +1043,12 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     }
     p->chunks = malloc(opts->n_chunks * sizeof *p->chunks);
     p->layer = calloc(p->layers, sizeof *p->layer);
-    p->mchunks = p->mapped ? malloc(opts->n_chunks * sizeof *p->mchunks) : NULL;
     p->plan = via_proxy ? malloc(sizeof *p->plan) : NULL;
-    rc = p->chunks && p->layer && (p->plan || !via_proxy) && (p->mchunks || !p->mapped)
+    rc = p->chunks && p->layer && (p->plan || !via_proxy) && (p->adapt || !opts->mapped_model)
              ? KVEDGE_OK
              : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK) {
         memcpy(p->chunks, opts->chunks, opts->n_chunks * sizeof *p->chunks);
-        if (p->mapped)
-            memcpy(p->mchunks, opts->mapped_chunks, opts->n_chunks * sizeof *p->mchunks);
         for (uint32_t i = 0; i < p->layers; i++) {
             p->layer[i].p = p;
             p->layer[i].idx = i;
@@ -983,8 +1072,8 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
                                   .compute_us = opts->compute_us,
                                   .recompute_us = opts->recompute_us,
                                   .deadline_ms = deadline,
-                                  .mapped_model_id = p->mapped ? p->mapped_id : NULL,
-                                  .mapped_chunks = p->mchunks,
+                                  .mapped_model_id = p->adapt ? p->adapt->id : NULL,
+                                  .mapped_chunks = p->adapt ? p->adapt->chunks : NULL,
                                   .accept = opts->accept,
                                   .n_accept = opts->n_accept,
                                   .quality_metric = opts->quality_metric,
@@ -999,9 +1088,9 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
                 KVEDGE_WIRE_HEADER_BYTES + KVEDGE_WIRE_FETCH_SPEC_BYTES +
                 (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES +
                 (opts->compute_us ? (uint64_t)p->layers * KVEDGE_WIRE_FETCH_TIMES_BYTES : 0) +
-                (p->mapped ? KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES +
-                                 (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES
-                           : 0) +
+                (p->adapt ? KVEDGE_WIRE_FETCH_MAPPED_HDR_BYTES +
+                                (uint64_t)p->n_chunks * KVEDGE_CHUNK_ID_BYTES
+                          : 0) +
                 (opts->accept ? KVEDGE_WIRE_FETCH_PREC_HDR_BYTES + opts->n_accept : 0);
     }
     if (rc == KVEDGE_OK) {
@@ -1113,8 +1202,8 @@ int kvedge_pipeline_stats(kvedge_pipeline_t *p, kvedge_pipeline_stats_t *out,
         .copy_us = (double)p->copy_us,
         .dequant_us = (double)p->dequant_us,
         .done_us = p->done == p->layers ? (double)p->done_us : 0,
-        .adapted = p->adapted,
-        .adapt_us = (double)p->adapt_us,
+        .adapted = p->adapt ? p->adapt->adapted : 0,
+        .adapt_us = p->adapt ? (double)p->adapt->adapt_us : 0,
         .zero_copy_blocks = p->zc_blocks,
         .zero_copy_bytes = p->zc_bytes,
     };
@@ -1157,6 +1246,25 @@ void kvedge_pipeline_destroy(kvedge_pipeline_t **self_p)
         pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
     s_free_ring(p); /* the stream destroys wait for queued device work first */
+    pthread_mutex_lock(&p->mu);
+    /* Parked messages are dropped; their held credit goes back so the stream ends now rather
+     * than at its deadline (its callbacks drop the rest). */
+    uint32_t held = p->credit_held + p->credit_due;
+    while (p->park) {
+        s_park_t *e = p->park;
+        p->park = e->next;
+        s_park_free(e);
+    }
+    p->park_tail = NULL;
+    p->credit_held = p->credit_due = 0;
+    uint64_t stream = p->stream_id;
+    bool over = p->stream_over;
+    pthread_mutex_unlock(&p->mu);
+    for (uint32_t n; held > 0 && !over; held -= n) {
+        n = held > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : held;
+        if (kvedge_client_credit_return(p->client, stream, n) != KVEDGE_OK)
+            break; /* the stream ends at its deadline instead */
+    }
     pthread_mutex_lock(&p->mu);
     s_release(p);
 }

@@ -31,13 +31,16 @@
  * cannot start until layer i - ring_slots has left it, so:
  *  - GET_LAYER: the stream of layer i is only opened once its slot is free; the I/O thread
  *    never waits.
- *  - FETCH: the first block of layer i waits on the I/O thread until its slot is free. That
- *    wait depends only on the loader (every earlier layer has fully arrived, since FETCH
- *    delivers in order), never on the network or on the caller, so it cannot deadlock: it
- *    lasts at most one layer's copy + dequantize. While it waits the client reads nothing
- *    more, so no credit goes back and the proxy's credit window holds it back: nothing is
- *    dropped. Other calls on the same client wait as long; give a pipeline its own client
- *    when that matters (or a ring of `layers` slots, which never waits).
+ *  - FETCH: a block of layer i that comes before its slot is free is parked, never waited
+ *    for: the pipeline keeps its received frame and holds back its credit (the client does
+ *    not grant it back to the proxy), and every later message of the stream parks behind it
+ *    in order. The loader stages parked blocks once the slot is free and then gives their
+ *    credit back. The proxy therefore sends no more than the stream's credit window while
+ *    the ring is full (parked memory is bounded by it; nothing is dropped), and the client's
+ *    I/O thread goes on serving every other call and stream of the same client meanwhile.
+ *    The slot frees through the loader alone (every earlier layer has fully arrived, since
+ *    FETCH delivers in order), never through the network or the caller, so this cannot
+ *    deadlock.
  *
  * Large–small (docs/largesmall.md, "Serving: the edge client"): with mapped_model the FETCH
  * also names another (cloud) model and its chunk chain; the proxy may deliver a layer as that
@@ -189,7 +192,7 @@ typedef struct {
      * the end message once a stream has ended normally (a FETCH's comes after its last
      * layer's record: a snapshot taken right after the last wait may not count it yet). */
     uint64_t sent_bytes, msg_bytes;
-    double ring_wait_us; /* FETCH: time the I/O thread waited for a free slot */
+    double ring_wait_us; /* FETCH: time blocks were parked waiting for a free slot */
     double copy_us;      /* loader time issuing host-to-device copies */
     double dequant_us;   /* loader time dequantizing (CPU path) or launching (device path) */
     double done_us;      /* when the last layer was done, 0 while some are not */

@@ -8,6 +8,9 @@
  * stored uncompressed are dequantized in place from their received frames (zero-copy; lz4
  * bodies in the same layers are copied), still bit-identical; a block damaged on the wire
  * (a fake node) on that path is rejected as before: its layer is a miss, nothing written.
+ * While a FETCH pipeline's ring is full (a fake proxy; the loader held inside an adaptation),
+ * the client's I/O thread does not wait for a slot: another call on the same client completes
+ * within its deadline, the proxy is held back by credit, and every layer still lands.
  *
  * Built a second time with S_GPU_ONLY as test_pipeline_gpu: the same bit-identity checks with
  * device destinations on the device path; exits 77 where there is no device. */
@@ -18,6 +21,8 @@
 #include <cmocka.h>
 
 #include <czmq.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1276,6 +1281,304 @@ static void test_corrupt_block_on_zero_copy_path(void **state)
     }
 }
 
+/* ---------------------------------------------------------------- a full ring */
+
+/* A fake edge proxy (ROUTER on ipc://) for the full-ring test: it answers HELLO (role proxy)
+ * and PING, and streams a FETCH of s_int8's layers with layer 0 delivered as the mapped
+ * model's layer 0 (the same blocks: the mapped model has this one's shape), honouring the
+ * client's credit exactly as a proxy does: a message goes only while credit is left. */
+typedef struct {
+    char ep[300];
+    atomic_int sent;    /* FETCH messages sent (the end not counted) */
+    atomic_int credits; /* CREDIT messages received */
+} s_fxp_t;
+
+static zmsg_t *s_fxp_msg(uint8_t op, uint16_t flags, uint64_t id, uint32_t count)
+{
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, op, flags, id, 0, count, 0, 0};
+    uint8_t hb[KVEDGE_WIRE_HEADER_BYTES];
+    kvedge_wire_header_pack(&h, hb);
+    zmsg_t *m = zmsg_new();
+    zmsg_addmem(m, hb, sizeof hb);
+    return m;
+}
+
+/* The whole FETCH reply but its end: the plan, then per layer its blocks and its record. */
+static void s_fxp_fetch(zlist_t *q, uint64_t id, uint16_t layers)
+{
+    const uint16_t fl = KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE;
+    zmsg_t *m = s_fxp_msg(KVEDGE_OP_FETCH, fl, id, 1);
+    uint8_t pb[KVEDGE_WIRE_FETCH_PLAN_BYTES], sb[KVEDGE_WIRE_FETCH_SOURCE_BYTES];
+    kvedge_wire_fetch_plan_t plan = {.sources = 1, .layers = layers};
+    kvedge_wire_fetch_plan_pack(&plan, pb);
+    kvedge_wire_fetch_source_t src = {.kind = 2, .up = true, .rtt_us = 100, .bw_bytes_per_s = 1e9};
+    snprintf(src.name, sizeof src.name, "fake-cloud");
+    kvedge_wire_fetch_source_pack(&src, sb);
+    uint8_t lb[S_LAYERS * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+    for (uint16_t l = 0; l < layers; l++) {
+        kvedge_wire_fetch_plan_layer_t pl = {
+            .source = 0, .mapped = l == 0, .from_layer = l == 0 ? 0 : KVEDGE_WIRE_FETCH_OWN_LAYER};
+        kvedge_wire_fetch_plan_layer_pack(&pl, lb + (size_t)l * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    }
+    zmsg_addmem(m, pb, sizeof pb);
+    zmsg_addmem(m, sb, sizeof sb);
+    zmsg_addmem(m, lb, (size_t)layers * KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES);
+    zlist_append(q, m);
+    for (uint16_t l = 0; l < layers; l++) {
+        for (uint32_t ci = 0; ci < S_CHUNKS; ci++)
+            for (uint16_t h = 0; h < S_HEADS; h++) {
+                uint8_t bb[KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+                kvedge_wire_fetch_block_t b = {0, l, ci, h, 0};
+                kvedge_wire_fetch_block_pack(&b, bb);
+                m = s_fxp_msg(KVEDGE_OP_FETCH, fl, id, 1);
+                zmsg_addmem(m, bb, sizeof bb);
+                zmsg_addmem(m, s_int8.block[l][ci][h], s_int8.len[l][ci][h]);
+                zlist_append(q, m);
+            }
+        uint8_t rb[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+        kvedge_wire_fetch_layer_t rec = {.reason = KVEDGE_FETCH_PLANNED,
+                                         .layer = l,
+                                         .heads = S_CHUNKS * S_HEADS,
+                                         .attempts = 1,
+                                         .from_layer = l == 0 ? 0 : KVEDGE_WIRE_FETCH_OWN_LAYER};
+        kvedge_wire_fetch_layer_pack(&rec, rb);
+        m = s_fxp_msg(KVEDGE_OP_FETCH, fl, id, 1);
+        zmsg_addmem(m, rb, sizeof rb);
+        zlist_append(q, m);
+    }
+}
+
+static void s_fxp_send(zsock_t *router, zframe_t *route, zmsg_t **m)
+{
+    zframe_t *r = zframe_dup(route);
+    zmsg_prepend(*m, &r);
+    zmsg_send(m, router);
+}
+
+static void s_fake_proxy(zsock_t *pipe, void *args)
+{
+    s_fxp_t *fx = args;
+    zsock_t *router = zsock_new(ZMQ_ROUTER);
+    zsock_set_linger(router, 0);
+    int rc = zsock_bind(router, "%s", fx->ep);
+    zsock_signal(pipe, rc < 0 ? 1 : 0);
+    zpoller_t *poller = zpoller_new(pipe, router, NULL);
+    zlist_t *q = zlist_new(); /* the FETCH's messages not sent yet */
+    zframe_t *froute = NULL;  /* the FETCH's client */
+    uint64_t fid = 0;
+    uint32_t credit = 0;
+    bool ended = true;
+    while (zpoller_wait(poller, -1) == router) {
+        zmsg_t *m = zmsg_recv(router);
+        zframe_t *route = m ? zmsg_pop(m) : NULL, *hf = m ? zmsg_pop(m) : NULL;
+        kvedge_wire_header_t h;
+        if (hf && kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h) == 0) {
+            if (h.opcode == KVEDGE_OP_HELLO) {
+                kvedge_wire_node_info_t info = {KVEDGE_ROLE_PROXY,
+                                                {0},
+                                                KVEDGE_WIRE_MAX_FRAME_BYTES,
+                                                KVEDGE_WIRE_MAX_ITEMS,
+                                                KVEDGE_WIRE_MAX_CHUNKS,
+                                                KVEDGE_WIRE_MAX_CREDIT,
+                                                8};
+                uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
+                kvedge_wire_node_info_pack(&info, ib);
+                zmsg_t *r = s_fxp_msg(KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, h.request_id, 0);
+                zmsg_addmem(r, ib, sizeof ib);
+                zmsg_addmem(r, "fakeproxy", 9);
+                s_fxp_send(router, route, &r);
+            } else if (h.opcode == KVEDGE_OP_PING && zmsg_first(m)) {
+                zmsg_t *r = s_fxp_msg(KVEDGE_OP_PING, KVEDGE_WIRE_FLAG_REPLY, h.request_id, 0);
+                zframe_t *echo = zmsg_pop(m);
+                zmsg_append(r, &echo);
+                s_fxp_send(router, route, &r);
+            } else if (h.opcode == KVEDGE_OP_FETCH && zmsg_first(m)) {
+                kvedge_wire_fetch_spec_t spec;
+                zframe_t *sf = zmsg_first(m);
+                assert_int_equal(
+                    kvedge_wire_fetch_spec_parse(zframe_data(sf), zframe_size(sf), &spec), 0);
+                zframe_destroy(&froute);
+                froute = zframe_dup(route);
+                fid = h.request_id;
+                credit = h.credit;
+                ended = false;
+                s_fxp_fetch(q, fid, spec.layers);
+            } else if (h.opcode == KVEDGE_OP_CREDIT && h.request_id == fid) {
+                credit += h.credit;
+                atomic_fetch_add(&fx->credits, 1);
+            }
+        }
+        zframe_destroy(&route);
+        zframe_destroy(&hf);
+        zmsg_destroy(&m);
+        for (; credit > 0 && zlist_size(q) > 0; credit--) {
+            zmsg_t *next = zlist_pop(q);
+            s_fxp_send(router, froute, &next);
+            atomic_fetch_add(&fx->sent, 1);
+        }
+        if (!ended && zlist_size(q) == 0) {
+            zmsg_t *end =
+                s_fxp_msg(KVEDGE_OP_FETCH, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END, fid, 0);
+            s_fxp_send(router, froute, &end);
+            ended = true;
+        }
+    }
+    zmsg_t *left;
+    while ((left = zlist_pop(q)) != NULL)
+        zmsg_destroy(&left);
+    zlist_destroy(&q);
+    zframe_destroy(&froute);
+    zpoller_destroy(&poller);
+    zsock_destroy(&router);
+}
+
+/* An adapt callback held at a gate: the loader thread stays inside it (so the ring stays full)
+ * until the test opens the gate. The mapped model has this one's shape: it copies. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool open;
+    int entered;
+} s_gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, 0};
+
+static int s_adapt_gated(void *arg, uint16_t layer, uint16_t from_layer, const float *k_src,
+                         const float *v_src, uint32_t tokens, float *k_dst, float *v_dst)
+{
+    (void)arg, (void)layer, (void)from_layer;
+    pthread_mutex_lock(&s_gate.mu);
+    s_gate.entered++;
+    pthread_cond_broadcast(&s_gate.cv);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30; /* a test that failed still ends */
+    while (!s_gate.open)
+        if (pthread_cond_timedwait(&s_gate.cv, &s_gate.mu, &until) != 0)
+            break;
+    pthread_mutex_unlock(&s_gate.mu);
+    size_t n = (size_t)S_HEADS * tokens * S_HD;
+    memcpy(k_dst, k_src, n * sizeof(float));
+    memcpy(v_dst, v_src, n * sizeof(float));
+    return 0;
+}
+
+static void s_gate_open(bool open)
+{
+    pthread_mutex_lock(&s_gate.mu);
+    s_gate.open = open;
+    pthread_cond_broadcast(&s_gate.cv);
+    pthread_mutex_unlock(&s_gate.mu);
+}
+
+static int s_gate_entered(void)
+{
+    pthread_mutex_lock(&s_gate.mu);
+    int n = s_gate.entered;
+    pthread_mutex_unlock(&s_gate.mu);
+    return n;
+}
+
+#define S_FULL_LAYERS   3
+#define S_FULL_CREDIT   4
+#define S_FULL_LAYER0   (1 + S_CHUNKS * S_HEADS + 1) /* the plan, layer 0's blocks and record */
+#define S_CALL_DEADLINE 3000                         /* ms: the PING's deadline */
+
+/* A FETCH pipeline whose ring (one slot) is full: layer 0 sits in the loader (its adaptation
+ * held at a gate) while layer 1's blocks arrive. The client's I/O thread does not wait for
+ * the slot: a PING on the same client, through that same I/O thread (the client has an
+ * emulated link, so no call takes a direct channel), completes within its deadline while the
+ * ring stays full, and the proxy is held back by credit meanwhile (it has sent no more than
+ * the stream's credit beyond layer 0). Then the loader goes on and every layer lands
+ * bit-identical to kvedge_block_decode. */
+static void test_full_ring_other_calls_go_on(void **state)
+{
+    (void)state;
+    s_fxp_t fx;
+    memset(&fx, 0, sizeof fx);
+    snprintf(fx.ep, sizeof fx.ep, "ipc://%s/fakeproxy.sock", s_env.root);
+    zactor_t *fake = zactor_new(s_fake_proxy, &fx);
+    assert_non_null(fake);
+    s_gate_open(false);
+    s_gate.entered = 0;
+
+    kvedge_client_opts_t co;
+    kvedge_client_opts_default(&co);
+    co.endpoint = fx.ep;
+    co.deadline_ms = S_CALL_DEADLINE;
+    co.link = "unlimited"; /* every call through the I/O thread, as a busy client's would */
+    co.credit = S_FULL_CREDIT;
+    co.window_bytes = 1; /* no extra credit past S_FULL_CREDIT */
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&co, &c), 0);
+
+    kvedge_model_t m, mm;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    mm = m; /* a "large" model of the same shape: adapting is a copy */
+    snprintf(mm.id, sizeof mm.id, "%s-twin", S_MODEL);
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP32, false);
+    kvedge_pipeline_opts_t o;
+    s_opts(&o, c, &m, &s_int8, &d);
+    o.layers = S_FULL_LAYERS;
+    o.ring_slots = 1;
+    o.mapped_model = &mm;
+    o.mapped_chunks = s_int8.ids;
+    o.adapt = s_adapt_gated;
+    kvedge_pipeline_t *p = NULL;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+
+    /* The ring is full: layer 0 is in the loader, and the proxy has sent layer 1's first
+     * blocks, which have no slot to go to. */
+    int64_t until = zclock_mono() + 10000;
+    while ((s_gate_entered() == 0 || atomic_load(&fx.sent) <= S_FULL_LAYER0) &&
+           zclock_mono() < until)
+        zclock_sleep(5);
+    assert_int_equal(s_gate_entered(), 1);
+    assert_true(atomic_load(&fx.sent) > S_FULL_LAYER0);
+    assert_int_equal(kvedge_pipeline_ready(p, 0), 0);
+
+    int64_t t0 = zclock_mono();
+    double rtt = 0;
+    int ping_rc = kvedge_client_ping(c, 0, &rtt, NULL);
+    int64_t ping_ms = zclock_mono() - t0;
+    int sent_full = atomic_load(&fx.sent);
+    int ready0 = kvedge_pipeline_ready(p, 0);
+    s_gate_open(true); /* whatever happened, let the loader go on */
+    printf("full ring: PING on the same client %s in %lld ms (rtt %.0f us); the proxy held at "
+           "%d of %d messages\n",
+           ping_rc == 0 ? "answered" : kvedge_strerror(ping_rc), (long long)ping_ms, rtt, sent_full,
+           1 + S_FULL_LAYERS * (S_CHUNKS * S_HEADS + 1));
+    assert_int_equal(ping_rc, 0);
+    assert_true(ping_ms < S_CALL_DEADLINE);
+    assert_int_equal(ready0, 0); /* the ring was still full when the PING came back */
+    assert_true(sent_full <= S_FULL_LAYER0 + S_FULL_CREDIT); /* held back by credit */
+
+    s_run_t r;
+    memset(&r, 0, sizeof r);
+    for (uint16_t l = 0; l < S_FULL_LAYERS; l++)
+        r.status[l] = kvedge_pipeline_wait(p, l);
+    assert_int_equal(kvedge_pipeline_stats(p, &r.st, r.ls, S_FULL_LAYERS), 0);
+    kvedge_pipeline_destroy(&p);
+    for (uint32_t l = 0; l < S_FULL_LAYERS; l++) {
+        assert_int_equal(r.status[l], 0);
+        assert_int_equal(r.ls[l].blocks, S_CHUNKS * S_HEADS);
+        assert_int_equal(r.ls[l].from_layer, l == 0 ? 0 : -1);
+        uint8_t *ek, *ev;
+        s_expect(&s_int8, l, &d.k[l], &ek, &ev);
+        if (memcmp(d.k[l].base, ek, d.k[l].cap_bytes) != 0 ||
+            memcmp(d.v[l].base, ev, d.v[l].cap_bytes) != 0)
+            fail_msg("layer %u differs from kvedge_block_decode", l);
+        free(ek);
+        free(ev);
+    }
+    assert_int_equal(r.st.resident, S_FULL_LAYERS);
+    assert_int_equal(r.st.adapted, 1);
+    assert_true(r.st.ring_wait_us > 0);
+    assert_true(atomic_load(&fx.credits) > 0);
+    s_dst_free(&d);
+    kvedge_client_destroy(&c);
+    zactor_destroy(&fake);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1297,6 +1600,7 @@ int main(void)
         cmocka_unit_test(test_node_no_plan_layer_sources),
         cmocka_unit_test(test_node_gone_deadline),
         cmocka_unit_test(test_corrupt_block_on_zero_copy_path),
+        cmocka_unit_test(test_full_ring_other_calls_go_on),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
