@@ -190,6 +190,7 @@ static void test_llama_specials(void **state)
     assert_int_equal(kvedge_tokenizer_decode(t, txt, tn, &back, &blen), KVEDGE_OK);
     assert_memory_equal(back, chat, blen);
     free(back);
+    free(txt);
     /* An unknown flag is refused. */
     assert_int_equal(kvedge_tokenizer_encode_ex(t, "x", 1, 4u, &txt, &tn), KVEDGE_EINVAL);
     assert_null(txt);
