@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "clients/decoder/tokenizer.h"
@@ -120,6 +121,35 @@ static size_t s_cases(kvedge_tokenizer_t *t, const char *vocab, size_t *same)
     return cases;
 }
 
+/* Prints the time to encode 1 MiB of the cases' texts, repeated (not asserted: the machine is
+ * shared). */
+static void s_time(kvedge_tokenizer_t *t, const char *vocab)
+{
+    char p[1024];
+    size_t il;
+    snprintf(p, sizeof p, "%s/%s/%s.inp", s_dir, vocab, vocab);
+    char *inp = s_read(p, &il);
+    assert_non_null(inp);
+    assert_true(il > 0);
+    size_t len = 1u << 20;
+    char *buf = malloc(len);
+    assert_non_null(buf);
+    for (size_t k = 0; k < len; k += il)
+        memcpy(buf + k, inp, len - k < il ? len - k : il);
+    struct timespec a, b;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    assert_int_equal(kvedge_tokenizer_encode(t, buf, len, &ids, &n), KVEDGE_OK);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    print_message("%s: 1 MiB of the cases' texts -> %zu ids in %.1f ms (%.1f MB/s)\n", vocab, n, ms,
+                  (double)len / 1e3 / ms);
+    free(ids);
+    free(buf);
+    free(inp);
+}
+
 /* Every llama-bpe (Llama 3) case gives llama.cpp's ids. */
 static void test_llama_bpe(void **state)
 {
@@ -129,6 +159,7 @@ static void test_llama_bpe(void **state)
     print_message("llama-bpe: %zu of %zu cases give llama.cpp's ids\n", same, cases);
     assert_true(cases >= 40);
     assert_int_equal(same, cases);
+    s_time(t, "llama-bpe");
     kvedge_tokenizer_destroy(&t);
 }
 
@@ -141,6 +172,7 @@ static void test_qwen2(void **state)
     print_message("qwen2: %zu of %zu cases give llama.cpp's ids\n", same, cases);
     assert_true(cases >= 40);
     assert_int_equal(same, cases);
+    s_time(t, "qwen2");
     kvedge_tokenizer_destroy(&t);
 }
 
