@@ -11,7 +11,6 @@
 #include <pcre2.h>
 #include <pthread.h>
 #include <stdbool.h>
-#include <sys/types.h>
 #include <utf8proc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +31,8 @@ static const char s_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[
                                 "\\p{L}\\p{N}]+|[" S_WS "]+(?![^" S_WS "])|[" S_WS "]+";
 
 /* \s of Hugging Face's regex engine (Oniguruma): Unicode's White_Space, written out for PCRE2
- * (whose \s with UCP differs at U+0085 and U+180E), as the inside of a character class. */
+ * (whose \s with UCP also takes U+180E, White_Space no more since Unicode 6.3), as the inside of
+ * a character class. */
 #define S_WS_ONIG                                                                                  \
     "\\x{09}-\\x{0D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"           \
     "\\x{202F}\\x{205F}\\x{3000}"

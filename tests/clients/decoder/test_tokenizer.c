@@ -956,17 +956,16 @@ static void test_refuse_json(void **state)
     "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+"
 
 /* A tokenizer.json of Llama 3's form over the 256 byte tokens (id = byte) and "ab", "abc",
- * "Ġab", "123", "'S" (256..260), with
+ * "Ġab", "123", "'S", "!" U+180E (256..261), with
  * merges "a b", "Ġ ab"; parts may be replaced: NORM (the normalizer), PRE (the pre_tokenizer),
  * IGN (ignore_merges), ADDED (added_tokens), POST (post_processor). Caller frees. */
 static char *s_llama_doc(const char *norm, const char *pre, const char *ign, const char *added,
                          const char *post)
 {
-    static const char *const extra[] = {"ab", "abc",
-                                        "\xc4\xa0"
-                                        "ab",
-                                        "123", "'S"};
-    char *v = s_vocab_json(extra, 5);
+    /* "!" U+180E through GPT-2's byte map: "!" "á" "ł" "İ" (bytes 21 E1 A0 8E). */
+    static const char *const extra[] = {"ab",  "abc", "\u0120ab",
+                                        "123", "'S",  "!\xc3\xa1\xc5\x82\xc4\xb0"};
+    char *v = s_vocab_json(extra, 6);
     static const char def_pre[] =
         "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
         "{\"Regex\": \"" S_LLAMA3_RE "\"}, \"behavior\": \"Isolated\", \"invert\": false}, "
@@ -1031,7 +1030,7 @@ static void s_want(kvedge_tokenizer_t *t, const char *text, unsigned flags, cons
 static void test_llama_form(void **state)
 {
     (void)state;
-    enum { AB = 256, ABC = 257, GAB = 258, N123 = 259, QS = 260 };
+    enum { AB = 256, ABC = 257, GAB = 258, N123 = 259, QS = 260, BANG180E = 261 };
     char *doc = s_llama_doc(NULL, NULL, NULL, NULL, NULL);
     kvedge_tokenizer_t *t = s_llama_load(doc);
     free(doc);
@@ -1045,6 +1044,9 @@ static void test_llama_form(void **state)
     /* Digits in groups of three; "'S" is one piece, as "'s" is. */
     s_want(t, "12345", 0, (const int32_t[]){N123, '4', '5'}, 3);
     s_want(t, "ab'S", 0, (const int32_t[]){AB, QS}, 2);
+    /* U+180E is not \s for Hugging Face (Oniguruma): "!" U+180E is one piece of
+     * ` ?[^\s\p{L}\p{N}]+`, where PCRE2's own \s would cut it in two. */
+    s_want(t, "!\xe1\xa0\x8e", 0, (const int32_t[]){BANG180E}, 1);
     /* Specials: text unless allowed; then the longest ("<|bos|>x") wins. */
     s_want(t, "<x>ab", 0, (const int32_t[]){302, AB}, 2);
     s_want(t, "<|bos|>xab", KVEDGE_TOKENIZER_SPECIAL, (const int32_t[]){301, AB}, 2);
