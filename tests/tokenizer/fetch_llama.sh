@@ -3,7 +3,7 @@
 # node-llama-cpp 3.22.1 was built from carries them. npm pack fetches the pinned tarball (its
 # sha512 is checked against the value below), its llama/gitRelease.bundle (a git bundle of
 # llama.cpp) is fetched into a bare repository under DEST, and for each vocabulary (llama-bpe:
-# Llama 3, qwen2: Qwen2) DEST/VOCAB/ gets tokenizer.json (made from models/ggml-vocab-VOCAB.gguf
+# Llama 3, qwen2: Qwen2, gpt-2: GPT-2) DEST/VOCAB/ gets tokenizer.json (made from models/ggml-vocab-VOCAB.gguf
 # by gguf_vocab.py) and the cases, VOCAB.inp and VOCAB.out. Nothing is committed; cached: does
 # nothing when DEST already holds this version's files.
 # Exit: 0 installed; 77 the registry cannot be reached (the test skips, saying so); 1 anything
@@ -11,11 +11,13 @@
 # Usage: fetch_llama.sh DEST
 set -euo pipefail
 dest=${1:?usage: fetch_llama.sh DEST}
+mkdir -p "$dest"
+dest=$(cd "$dest" && pwd) # git -C below runs elsewhere
 here=$(cd "$(dirname "$0")" && pwd)
 pkg=node-llama-cpp
 version=3.22.1
 integrity=sha512-bltIipuWmc123H7tMIgDGKSsSrhmhlQYeVUC48XTjVW7XGJJiJJyCdlTMzQ/LiWoPkGDpcL4FviDpgw7qfTiDw==
-vocabs=(llama-bpe qwen2)
+vocabs=(llama-bpe qwen2 gpt-2)
 stamp=$dest/installed
 want="$pkg@$version $integrity $(cksum <"$here/gguf_vocab.py")"
 
@@ -36,7 +38,6 @@ for tool in npm git python3; do
         exit 1
     fi
 done
-mkdir -p "$dest"
 rm -rf "$dest/pack" "$stamp"
 mkdir -p "$dest/pack"
 # The tarball only: its dependencies (and their platform packages) are not needed.

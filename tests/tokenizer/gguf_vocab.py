@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Turns one of llama.cpp's tokenizer test vocabularies (models/ggml-vocab-llama-bpe.gguf,
-models/ggml-vocab-qwen2.gguf: GGUF v3 files holding only metadata) into the Hugging Face
-tokenizer.json that Llama 3 or Qwen2 ships, so that kvedge's tokenizer can be run on llama.cpp's
-.inp/.out cases.
+models/ggml-vocab-qwen2.gguf, models/ggml-vocab-gpt-2.gguf: GGUF v3 files holding only metadata)
+into the Hugging Face tokenizer.json that Llama 3, Qwen2 or GPT-2 ships, so that kvedge's
+tokenizer can be run on llama.cpp's .inp/.out cases.
 
 GGUF v3 (ggml/docs/gguf.md): "GGUF", u32 version, u64 tensor count, u64 key count, then the keys:
 a string (u64 length + bytes), a u32 value type, the value. The vocabulary is in
@@ -32,6 +32,13 @@ FORMS = {
                    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
         "ignore_merges": False,
         "normalizer": {"type": "NFC"},
+        "add_bos": False,
+    },
+    # GPT-2's form: ByteLevel with its own regex, no Split.
+    "gpt-2": {
+        "pattern": None,
+        "ignore_merges": False,
+        "normalizer": None,
         "add_bos": False,
     },
 }
@@ -136,17 +143,20 @@ def to_tokenizer_json(meta, path):
                      {"SpecialToken": {"id": bos, "type_id": 1}},
                      {"Sequence": {"id": "B", "type_id": 1}}],
             "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}]}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": form["pattern"] is None}
+    pre_tokenizer = byte_level
+    if form["pattern"] is not None:
+        pre_tokenizer = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": form["pattern"]}, "behavior": "Isolated",
+             "invert": False}, byte_level]}
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": added,
         "normalizer": form["normalizer"],
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": form["pattern"]}, "behavior": "Isolated",
-             "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-             "use_regex": False}]},
+        "pre_tokenizer": pre_tokenizer,
         "post_processor": post,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                     "use_regex": True},

@@ -1,10 +1,11 @@
-/* The tokenizer against llama.cpp's own tokenizer test cases: for Llama 3 (llama-bpe) and Qwen2,
- * every text of llama.cpp's models/ggml-vocab-VOCAB.gguf.inp gives exactly the ids of its .out
- * (which Hugging Face's tokenizers wrote), from the tokenizer.json that tests/tokenizer/
- * gguf_vocab.py makes of the .gguf vocabulary. llama.cpp's tests/test-tokenizer-0.cpp reads the
- * cases the same way: texts separated by "\n__ggml_vocab_test__\n", one line of ids each, with
- * neither BOS nor special tokens parsed. Then what the cases leave out: the template's BOS,
- * special and plain added tokens in the text, and decoding.
+/* The tokenizer against llama.cpp's own tokenizer test cases: for Llama 3 (llama-bpe) and Qwen2
+ * (and GPT-2's form, gpt-2), every text of llama.cpp's models/ggml-vocab-VOCAB.gguf.inp gives
+ * exactly the ids of its .out (which Hugging Face's tokenizers wrote), from the tokenizer.json that
+ * tests/tokenizer/ gguf_vocab.py makes of the .gguf vocabulary. llama.cpp's
+ * tests/test-tokenizer-0.cpp reads the cases the same way: texts separated by
+ * "\n__ggml_vocab_test__\n", one line of ids each, with neither BOS nor special tokens parsed. Then
+ * what the cases leave out: the template's BOS, special and plain added tokens in the text, and
+ * decoding.
  *
  * argv[1]: the folder tests/tokenizer/fetch_llama.sh fills (ctest passes it); skips (77) when it
  * lacks the cases. */
@@ -176,6 +177,19 @@ static void test_qwen2(void **state)
     kvedge_tokenizer_destroy(&t);
 }
 
+/* Every gpt-2 case gives llama.cpp's ids: GPT-2's form of tokenizer.json (ByteLevel with GPT-2's
+ * pattern) checked by the same reference. */
+static void test_gpt2(void **state)
+{
+    (void)state;
+    kvedge_tokenizer_t *t = s_load("gpt-2");
+    size_t same, cases = s_cases(t, "gpt-2", &same);
+    print_message("gpt-2: %zu of %zu cases give llama.cpp's ids\n", same, cases);
+    assert_true(cases >= 40);
+    assert_int_equal(same, cases);
+    kvedge_tokenizer_destroy(&t);
+}
+
 static void s_encode(kvedge_tokenizer_t *t, const char *text, unsigned flags, int32_t **ids,
                      size_t *n)
 {
@@ -276,9 +290,8 @@ int main(int argc, char **argv)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama_bpe),
-        cmocka_unit_test(test_qwen2),
-        cmocka_unit_test(test_llama_specials),
+        cmocka_unit_test(test_llama_bpe),      cmocka_unit_test(test_qwen2),
+        cmocka_unit_test(test_gpt2),           cmocka_unit_test(test_llama_specials),
         cmocka_unit_test(test_qwen2_specials),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
