@@ -26,6 +26,7 @@ PACKAGES=(
     build-essential cmake pkg-config git
     librocksdb-dev libzmq3-dev libczmq-dev liblz4-dev libxxhash-dev libsodium-dev
     libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev libpcre2-dev
+    libutf8proc-dev
     redis-server iperf3 clang clang-format gnuplot-nox nodejs npm
     prometheus curl tmux
     # test_jitter's link: NFQUEUE in a network namespace

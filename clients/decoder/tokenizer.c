@@ -1,5 +1,7 @@
-/* The byte-level BPE tokenizer: vocabularies read and checked (cJSON), GPT-2's pre-tokenization
- * (PCRE2), merges applied in rank order with a heap, a locked word cache, decoding to bytes. */
+/* The byte-level BPE tokenizer: vocabularies read and checked (cJSON), GPT-2's pre-tokenization or
+ * a tokenizer.json's Split regex (PCRE2), Qwen2's NFC normalizer (utf8proc), added tokens matched
+ * before the regex, merges applied in rank order with a heap, a locked word cache, decoding to
+ * bytes. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "clients/decoder/tokenizer.h"
 
@@ -9,6 +11,7 @@
 #include <pcre2.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <utf8proc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +30,17 @@
 static const char s_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" S_WS
                                 "\\p{L}\\p{N}]+|[" S_WS "]+(?![^" S_WS "])|[" S_WS "]+";
 
+/* \s of Hugging Face's regex engine (Oniguruma): Unicode's White_Space, written out for PCRE2
+ * (whose \s with UCP also takes U+180E, White_Space no more since Unicode 6.3), as the inside of
+ * a character class. */
+#define S_WS_ONIG                                                                                  \
+    "\\x{09}-\\x{0D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"           \
+    "\\x{202F}\\x{205F}\\x{3000}"
+/* Longest Split regex read from a tokenizer.json (Llama 3's is 99 bytes). */
+#define S_PATTERN_MAX_BYTES 4096u
+/* The longest a Split regex becomes once \s and \S are written out. */
+#define S_PATTERN_OUT_BYTES (S_PATTERN_MAX_BYTES * 40u)
+
 /* Striped locks of the word cache. */
 #define S_LOCKS 64
 /* Bytes of a token quoted in a message (longer ones are cut, "..." added). */
@@ -40,7 +54,15 @@ typedef struct {
     uint32_t raw;  /* offset of the token's decoded bytes in raw */
     uint32_t nraw; /* their count */
     int32_t id;
+    bool in_model; /* in the BPE model's vocabulary (false: only an added token) */
 } s_tok_t;
+
+typedef struct {
+    uint32_t tok;  /* index into toks */
+    uint32_t len;  /* its bytes */
+    uint8_t first; /* its first byte */
+    bool special;  /* matched only when the caller allows special tokens */
+} s_added_t;
 
 typedef struct {
     uint64_t key;   /* (left << 32 | right) + 1; 0 = empty slot */
@@ -56,19 +78,27 @@ typedef struct {
 } s_slot_t;
 
 struct kvedge_tokenizer_t {
-    s_tok_t *toks;        /* the vocabulary, in file order */
-    uint32_t n_toks;      /* its tokens */
-    char *strs;           /* token strings, each NUL-terminated */
-    uint8_t *raw;         /* decoded bytes of the tokens */
-    uint32_t *vhash;      /* token string -> index into toks + 1 (0 = empty); open addressing */
-    uint32_t vmask;       /* slots of vhash - 1 */
-    int32_t *by_id;       /* id -> index into toks, -1 for ids nobody has; vocab_size entries */
-    uint32_t vocab_size;  /* largest id + 1 */
-    s_merge_t *mhash;     /* (left, right) -> rank, merged; open addressing */
-    uint32_t mmask;       /* slots of mhash - 1 */
-    uint32_t n_merges;    /* merges */
-    int32_t byte_id[256]; /* the single-byte token of each byte */
-    s_slot_t *cache;      /* KVEDGE_TOKENIZER_CACHE_WORDS entries, direct-mapped */
+    s_tok_t *toks;          /* the vocabulary, in file order */
+    uint32_t n_toks;        /* its tokens */
+    char *strs;             /* token strings, each NUL-terminated */
+    uint8_t *raw;           /* decoded bytes of the tokens */
+    uint32_t *vhash;        /* token string -> index into toks + 1 (0 = empty); open addressing */
+    uint32_t vmask;         /* slots of vhash - 1 */
+    int32_t *by_id;         /* id -> index into toks, -1 for ids nobody has; vocab_size entries */
+    uint32_t vocab_size;    /* largest id + 1 */
+    s_merge_t *mhash;       /* (left, right) -> rank, merged; open addressing */
+    uint32_t mmask;         /* slots of mhash - 1 */
+    uint32_t n_merges;      /* merges */
+    int32_t byte_id[256];   /* the single-byte token of each byte */
+    s_slot_t *cache;        /* KVEDGE_TOKENIZER_CACHE_WORDS entries, direct-mapped */
+    pcre2_code *re;         /* a tokenizer.json's Split regex; NULL: GPT-2's pattern (s_re) */
+    bool ignore_merges;     /* a piece that is in the model's vocabulary is one id, unmerged */
+    bool nfc;               /* text is NFC-normalized (between added tokens) before the regex */
+    s_added_t *added;       /* added tokens, by first byte, longest first */
+    uint32_t n_added;       /* their count */
+    uint32_t added_at[257]; /* added[added_at[b] .. added_at[b + 1]) start with byte b */
+    int32_t bos_id;         /* the template's token before the text, -1 for none */
+    int32_t eos_id;         /* the template's token after the text, -1 for none */
     pthread_mutex_t locks[S_LOCKS]; /* cache slot i is guarded by locks[i % S_LOCKS] */
 };
 
@@ -284,6 +314,7 @@ static kvedge_tokenizer_t *s_new(void)
     }
     for (int i = 0; i < S_LOCKS; i++)
         pthread_mutex_init(&t->locks[i], NULL);
+    t->bos_id = t->eos_id = -1;
     return t;
 }
 
@@ -294,6 +325,8 @@ void kvedge_tokenizer_destroy(kvedge_tokenizer_t **self_p)
     kvedge_tokenizer_t *t = *self_p;
     for (int i = 0; i < S_LOCKS; i++)
         pthread_mutex_destroy(&t->locks[i]);
+    pcre2_code_free(t->re);
+    free(t->added);
     free(t->cache);
     free(t->mhash);
     free(t->by_id);
@@ -343,10 +376,11 @@ static uint32_t s_slots(uint32_t n)
 
 /* ---------------------------------------------------------------- the vocabulary */
 
-/* Fills the vocabulary from a JSON object of token string to id. label names the file and
- * key the path of the object in it ("" for the top level). */
+/* Fills the vocabulary from a JSON object of token string to id, with room for extra_n more
+ * tokens of extra_bytes bytes in all (the added tokens). label names the file and key the path
+ * of the object in it ("" for the top level). */
 static int s_vocab(kvedge_tokenizer_t *t, const cJSON *obj, const char *label, const char *key,
-                   char *why, size_t why_len)
+                   size_t extra_n, size_t extra_bytes, char *why, size_t why_len)
 {
     char q[S_QUOTE_BYTES], q2[S_QUOTE_BYTES];
     if (!cJSON_IsObject(obj))
@@ -364,12 +398,18 @@ static int s_vocab(kvedge_tokenizer_t *t, const cJSON *obj, const char *label, c
     if (count == 0)
         return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s has no tokens", label,
                           key[0] ? key : "the vocabulary");
+    if (count + extra_n > KVEDGE_TOKENIZER_VOCAB_MAX)
+        return kvedge_why(why, why_len, KVEDGE_ETOOBIG,
+                          "%s: %s and added_tokens have more than %u tokens "
+                          "(KVEDGE_TOKENIZER_VOCAB_MAX)",
+                          label, key[0] ? key : "the vocabulary", KVEDGE_TOKENIZER_VOCAB_MAX);
+    bytes += extra_bytes;
     if (bytes > UINT32_MAX)
         return kvedge_why(why, why_len, KVEDGE_ETOOBIG, "%s: the tokens are too long", label);
-    t->toks = calloc(count, sizeof *t->toks);
+    t->toks = calloc(count + extra_n, sizeof *t->toks);
     t->strs = malloc(bytes);
     t->raw = malloc(bytes);
-    uint32_t slots = s_slots((uint32_t)count);
+    uint32_t slots = s_slots((uint32_t)(count + extra_n));
     t->vhash = calloc(slots, sizeof *t->vhash);
     if (!t->toks || !t->strs || !t->raw || !t->vhash)
         return kvedge_why(why, why_len, KVEDGE_ENOMEM, "%s: out of memory", label);
@@ -427,8 +467,12 @@ static int s_vocab(kvedge_tokenizer_t *t, const cJSON *obj, const char *label, c
                                   label, pre, open, s_quote(s, n, q), close);
         }
         memcpy(t->strs + so, s, n + 1);
-        t->toks[idx] = (s_tok_t){
-            .str = so, .len = (uint32_t)n, .raw = raw0, .nraw = ro - raw0, .id = (int32_t)d};
+        t->toks[idx] = (s_tok_t){.str = so,
+                                 .len = (uint32_t)n,
+                                 .raw = raw0,
+                                 .nraw = ro - raw0,
+                                 .id = (int32_t)d,
+                                 .in_model = true};
         so += (uint32_t)n + 1;
         t->n_toks++;
         if ((uint32_t)d > max_id)
@@ -672,7 +716,7 @@ static int s_parse(const char *vocab, size_t vocab_len, const char *vlabel, cons
     int rc = KVEDGE_OK;
     cJSON *j = s_json(vocab, vocab_len, vlabel, &rc, why, why_len);
     if (j) {
-        rc = s_vocab(t, j, vlabel, "", why, why_len);
+        rc = s_vocab(t, j, vlabel, "", 0, 0, why, why_len);
         cJSON_Delete(j);
     }
     if (rc == KVEDGE_OK)
@@ -680,14 +724,199 @@ static int s_parse(const char *vocab, size_t vocab_len, const char *vlabel, cons
     return s_finish(t, rc, out);
 }
 
-/* tokenizer.json's settings that would change what Hugging Face gives: refused, not ignored. */
-static int s_json_settings(const cJSON *root, const cJSON *model, const char *label, char *why,
+/* The "type" of a tokenizer.json component, or NULL when it has none that is a string. */
+static const char *s_type(const cJSON *v)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
+    return cJSON_IsString(type) ? type->valuestring : NULL;
+}
+
+/* "%s: KEY type "X" is not supported (WHAT)" for component v at key. */
+static int s_unsupported(const cJSON *v, const char *label, const char *key, const char *what,
+                         char *why, size_t why_len)
+{
+    char q[S_QUOTE_BYTES];
+    const char *type = s_type(v);
+    if (!cJSON_IsObject(v) || !type)
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s has no \"type\" (%s)", label, key,
+                          what);
+    return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s type %s is not supported (%s)", label,
+                      key, s_quote(type, strlen(type), q), what);
+}
+
+/* A ByteLevel pre-tokenizer at key: no prefix space; use_regex as want_regex says (absent means
+ * true, as in Hugging Face). */
+static int s_byte_level(const cJSON *v, bool want_regex, const char *label, const char *key,
+                        char *why, size_t why_len)
+{
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "add_prefix_space")))
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s.add_prefix_space: not supported",
+                          label, key);
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(v, "use_regex");
+    bool regex = !cJSON_IsFalse(re);
+    if (regex != want_regex)
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s.use_regex %s: not supported %s",
+                          label, key, regex ? "true" : "false",
+                          want_regex ? "without a Split before it"
+                                     : "after a Split (the Split's regex pre-tokenizes)");
+    return KVEDGE_OK;
+}
+
+/* Hugging Face's regex (Oniguruma syntax) for PCRE2: \s and \S written out as Oniguruma reads
+ * them; the rest of the Llama 3 / Qwen2 patterns means the same in both. *out is a new
+ * NUL-terminated string. Refused: \S inside a class, and a class inside a class (Oniguruma's
+ * nested sets and POSIX brackets). */
+static int s_onig_to_pcre2(const char *in, size_t n, char **out, const char *label, const char *key,
+                           char *why, size_t why_len)
+{
+    char *o = malloc(S_PATTERN_OUT_BYTES);
+    if (!o)
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "%s: out of memory", label);
+    size_t k = 0;
+    bool in_class = false;
+    const char *bad = NULL;
+    for (size_t i = 0; i < n && !bad;) {
+        const char *src = in + i;
+        size_t len = 1;
+        if (in[i] == '\\' && i + 1 < n) {
+            len = 2;
+            if (in[i + 1] == 's') {
+                src = in_class ? S_WS_ONIG : "[" S_WS_ONIG "]";
+                len = strlen(src);
+            } else if (in[i + 1] == 'S' && !in_class) {
+                src = "[^" S_WS_ONIG "]";
+                len = strlen(src);
+            } else if (in[i + 1] == 'S') {
+                bad = "\\S inside a character class";
+            }
+            i += 2;
+        } else if (in[i] == '[' && in_class) {
+            bad = "a character class inside a class";
+        } else if (in[i] == '[') {
+            /* "[", "[^", then a ']' right after is a literal one. */
+            in_class = true;
+            if (i + len < n && in[i + len] == '^')
+                len++;
+            if (i + len < n && in[i + len] == ']')
+                len++;
+            i += len;
+        } else {
+            in_class = in_class && in[i] != ']';
+            i++;
+        }
+        if (!bad && k + len + 1 > S_PATTERN_OUT_BYTES)
+            bad = "too long once \\s is written out";
+        if (!bad) {
+            memcpy(o + k, src, len);
+            k += len;
+        }
+    }
+    if (bad) {
+        free(o);
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                          "%s: %s.pattern.Regex: %s is not supported", label, key, bad);
+    }
+    o[k] = '\0';
+    *out = o;
+    return KVEDGE_OK;
+}
+
+/* A Split pre-tokenizer at key: a Regex pattern, Isolated, not inverted. Compiles it into
+ * t->re. */
+static int s_split(kvedge_tokenizer_t *t, const cJSON *v, const char *label, const char *key,
+                   char *why, size_t why_len)
+{
+    char q[S_QUOTE_BYTES];
+    const cJSON *behavior = cJSON_GetObjectItemCaseSensitive(v, "behavior");
+    if (!cJSON_IsString(behavior) || strcmp(behavior->valuestring, "Isolated") != 0)
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                          "%s: %s.behavior %s is not supported (only \"Isolated\")", label, key,
+                          cJSON_IsString(behavior)
+                              ? s_quote(behavior->valuestring, strlen(behavior->valuestring), q)
+                              : "(missing)");
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "invert")))
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s.invert: not supported", label,
+                          key);
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(v, "pattern");
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+    if (!cJSON_IsString(re))
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                          "%s: %s.pattern: only {\"Regex\": \"...\"} is supported", label, key);
+    size_t n = strlen(re->valuestring);
+    if (n == 0 || n > S_PATTERN_MAX_BYTES)
+        return kvedge_why(why, why_len, n ? KVEDGE_ETOOBIG : KVEDGE_ECORRUPT,
+                          "%s: %s.pattern.Regex: %zu bytes (1..%u)", label, key, n,
+                          S_PATTERN_MAX_BYTES);
+    char *pcre = NULL;
+    int rc = s_onig_to_pcre2(re->valuestring, n, &pcre, label, key, why, why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
+    int err;
+    PCRE2_SIZE off;
+    t->re = pcre2_compile((PCRE2_SPTR)pcre, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
+    free(pcre);
+    if (!t->re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s.pattern.Regex: %s", label, key,
+                          (const char *)msg);
+    }
+    uint32_t min = 0;
+    if (pcre2_pattern_info(t->re, PCRE2_INFO_MINLENGTH, &min) != 0 || min == 0)
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                          "%s: %s.pattern.Regex: may match the empty string (not supported)", label,
+                          key);
+    (void)pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
+    return KVEDGE_OK;
+}
+
+/* pre_tokenizer: GPT-2's ByteLevel, or Llama 3's / Qwen2's Sequence of a Split and a ByteLevel
+ * without its regex. */
+static int s_pre_tokenizer(kvedge_tokenizer_t *t, const cJSON *v, const char *label, char *why,
                            size_t why_len)
 {
+    static const char what[] = "ByteLevel, or a Sequence of Split and ByteLevel";
+    if (!v || cJSON_IsNull(v))
+        return KVEDGE_OK;
+    const char *type = s_type(v);
+    if (type && strcmp(type, "ByteLevel") == 0)
+        return s_byte_level(v, true, label, "pre_tokenizer", why, why_len);
+    if (!type || strcmp(type, "Sequence") != 0)
+        return s_unsupported(v, label, "pre_tokenizer", what, why, why_len);
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(v, "pretokenizers");
+    if (!cJSON_IsArray(seq) || cJSON_GetArraySize(seq) != 2)
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                          "%s: pre_tokenizer.pretokenizers: only [Split, ByteLevel] is supported",
+                          label);
+    const cJSON *split = seq->child, *bl = seq->child->next;
+    type = s_type(split);
+    if (!type || strcmp(type, "Split") != 0)
+        return s_unsupported(split, label, "pre_tokenizer.pretokenizers[0]", "only Split", why,
+                             why_len);
+    type = s_type(bl);
+    if (!type || strcmp(type, "ByteLevel") != 0)
+        return s_unsupported(bl, label, "pre_tokenizer.pretokenizers[1]", "only ByteLevel", why,
+                             why_len);
+    int rc = s_byte_level(bl, false, label, "pre_tokenizer.pretokenizers[1]", why, why_len);
+    if (rc == KVEDGE_OK)
+        rc = s_split(t, split, label, "pre_tokenizer.pretokenizers[0]", why, why_len);
+    return rc;
+}
+
+/* tokenizer.json's settings that would change what Hugging Face gives: read, or refused naming
+ * the component; never ignored. */
+static int s_json_settings(kvedge_tokenizer_t *t, const cJSON *root, const cJSON *model,
+                           const char *label, char *why, size_t why_len)
+{
+    char q[S_QUOTE_BYTES];
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, "type");
     if (v && !(cJSON_IsString(v) && strcmp(v->valuestring, "BPE") == 0))
         return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
-                          "%s: model.type: only BPE models are supported", label);
+                          "%s: model.type %s is not supported (only BPE models are supported)",
+                          label,
+                          cJSON_IsString(v) ? s_quote(v->valuestring, strlen(v->valuestring), q)
+                                            : "(not a string)");
     v = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
         return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
@@ -699,26 +928,290 @@ static int s_json_settings(const cJSON *root, const cJSON *model, const char *la
             return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
                               "%s: model.%s: not supported by a byte-level BPE", label, affixes[i]);
     }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges")))
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")))
         return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
-                          "%s: model.ignore_merges: not supported (GPT-2 applies every merge)",
+                          "%s: model.byte_fallback: not supported (a SentencePiece-style BPE)",
                           label);
+    t->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
     v = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (v && !cJSON_IsNull(v))
-        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
-                          "%s: normalizer: not supported (GPT-2's tokenizer has none)", label);
-    v = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     if (v && !cJSON_IsNull(v)) {
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "type");
-        if (!cJSON_IsString(type) || strcmp(type->valuestring, "ByteLevel") != 0)
+        const char *type = s_type(v);
+        if (!type || strcmp(type, "NFC") != 0)
+            return s_unsupported(v, label, "normalizer", "only NFC", why, why_len);
+        t->nfc = true;
+    }
+    int rc = s_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), label, why,
+                             why_len);
+    if (rc != KVEDGE_OK)
+        return rc;
+    v = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    if (v && !cJSON_IsNull(v) && !(s_type(v) && strcmp(s_type(v), "ByteLevel") == 0))
+        return s_unsupported(v, label, "decoder", "only ByteLevel", why, why_len);
+    return KVEDGE_OK;
+}
+
+/* ---------------------------------------------------------------- added tokens */
+
+/* Counts added_tokens' entries and their content bytes (+ 1 each), for s_vocab to make room. */
+static void s_added_size(const cJSON *arr, size_t *n, size_t *bytes)
+{
+    *n = *bytes = 0;
+    if (!cJSON_IsArray(arr))
+        return;
+    for (const cJSON *a = arr->child; a; a = a->next) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content");
+        (*n)++;
+        if (cJSON_IsString(c))
+            *bytes += strlen(c->valuestring) + 1;
+    }
+}
+
+/* By first byte, then longest first. */
+static int s_added_cmp(const void *pa, const void *pb)
+{
+    const s_added_t *a = pa, *b = pb;
+    if (a->first != b->first)
+        return a->first < b->first ? -1 : 1;
+    return a->len != b->len ? (a->len > b->len ? -1 : 1) : 0;
+}
+
+/* added_tokens: each {"id", "content", "special", ...}. A token the model's vocabulary has must
+ * have its id there; one it lacks takes its id and decodes to its content. */
+static int s_added(kvedge_tokenizer_t *t, const cJSON *arr, bool normalizer, const char *label,
+                   char *why, size_t why_len)
+{
+    char q[S_QUOTE_BYTES], q2[S_QUOTE_BYTES];
+    if (!arr || cJSON_IsNull(arr))
+        return KVEDGE_OK;
+    if (!cJSON_IsArray(arr))
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: added_tokens is not an array", label);
+    size_t count = (size_t)cJSON_GetArraySize(arr);
+    if (count == 0)
+        return KVEDGE_OK;
+    t->added = calloc(count, sizeof *t->added);
+    if (!t->added)
+        return kvedge_why(why, why_len, KVEDGE_ENOMEM, "%s: out of memory", label);
+    uint32_t so = 0, ro = 0;
+    for (uint32_t i = 0; i < t->n_toks; i++) {
+        const s_tok_t *k = &t->toks[i];
+        so = k->str + k->len + 1 > so ? k->str + k->len + 1 : so;
+        ro = k->raw + k->nraw > ro ? k->raw + k->nraw : ro;
+    }
+    uint32_t i = 0;
+    for (const cJSON *a = arr->child; a; a = a->next, i++) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content");
+        const cJSON *idv = cJSON_GetObjectItemCaseSensitive(a, "id");
+        if (!cJSON_IsObject(a) || !cJSON_IsString(c) || !cJSON_IsNumber(idv))
             return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
-                              "%s: pre_tokenizer: only ByteLevel (GPT-2's) is supported", label);
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "add_prefix_space")))
+                              "%s: added_tokens[%u]: expected an object with \"id\" and "
+                              "\"content\"",
+                              label, i);
+        const char *s = c->valuestring;
+        size_t n = strlen(s);
+        uint32_t cp;
+        if (n == 0)
             return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
-                              "%s: pre_tokenizer.add_prefix_space: not supported", label);
-        if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(v, "use_regex")))
+                              "%s: added_tokens[%u].content: empty token", label, i);
+        if (n > KVEDGE_TOKENIZER_TOKEN_MAX_BYTES)
+            return kvedge_why(why, why_len, KVEDGE_ETOOBIG,
+                              "%s: added_tokens[%u].content: %zu bytes, over the limit of %u "
+                              "(KVEDGE_TOKENIZER_TOKEN_MAX_BYTES)",
+                              label, i, n, KVEDGE_TOKENIZER_TOKEN_MAX_BYTES);
+        for (size_t b = 0, k; b < n; b += k)
+            if ((k = s_utf8((const uint8_t *)s + b, n - b, &cp)) == 0)
+                return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                                  "%s: added_tokens[%u].content: not valid UTF-8 at byte %zu",
+                                  label, i, b);
+        double d = idv->valuedouble;
+        if (!(d >= 0 && d < KVEDGE_TOKENIZER_VOCAB_MAX) || d != floor(d))
             return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
-                              "%s: pre_tokenizer.use_regex false: not supported", label);
+                              "%s: added_tokens[%u]: id %g is not an integer in 0..%u", label, i, d,
+                              KVEDGE_TOKENIZER_VOCAB_MAX - 1);
+        static const char *const refused[] = {"single_word", "lstrip", "rstrip"};
+        for (int r = 0; r < 3; r++)
+            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, refused[r])))
+                return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                                  "%s: added_tokens[%u].%s: not supported", label, i, refused[r]);
+        /* Hugging Face matches a normalized added token in the normalized text: not done here. */
+        if (normalizer && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "normalized")))
+            return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                              "%s: added_tokens[%u].normalized: not supported with a normalizer",
+                              label, i);
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(a, "special");
+        bool special = cJSON_IsTrue(sp);
+        if (sp && !cJSON_IsBool(sp))
+            return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                              "%s: added_tokens[%u].special: not true or false", label, i);
+        int32_t id = (int32_t)d;
+        int64_t have = s_find(t, s, n);
+        if (have >= 0 && !t->toks[have].in_model)
+            return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                              "%s: added_tokens[%u]: %s appears twice", label, i, s_quote(s, n, q));
+        if (have >= 0 && t->toks[have].id != id)
+            return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                              "%s: added_tokens[%u]: %s has id %d, but model.vocab gives it %d",
+                              label, i, s_quote(s, n, q), id, t->toks[have].id);
+        if (have < 0) {
+            if ((uint32_t)id < t->vocab_size && t->by_id[id] >= 0) {
+                const s_tok_t *o = &t->toks[t->by_id[id]];
+                return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                                  "%s: added_tokens[%u]: %s and %s both have id %d", label, i,
+                                  s_quote(s, n, q), s_quote(t->strs + o->str, o->len, q2), id);
+            }
+            if ((uint32_t)id >= t->vocab_size) {
+                int32_t *nb = realloc(t->by_id, ((size_t)id + 1) * sizeof *nb);
+                if (!nb)
+                    return kvedge_why(why, why_len, KVEDGE_ENOMEM, "%s: out of memory", label);
+                for (uint32_t k = t->vocab_size; k <= (uint32_t)id; k++)
+                    nb[k] = -1;
+                t->by_id = nb;
+                t->vocab_size = (uint32_t)id + 1;
+            }
+            uint32_t idx = t->n_toks++;
+            memcpy(t->strs + so, s, n + 1);
+            memcpy(t->raw + ro, s, n);
+            t->toks[idx] = (s_tok_t){.str = so,
+                                     .len = (uint32_t)n,
+                                     .raw = ro,
+                                     .nraw = (uint32_t)n,
+                                     .id = id,
+                                     .in_model = false};
+            so += (uint32_t)n + 1;
+            ro += (uint32_t)n;
+            for (uint32_t h = (uint32_t)s_hash(s, n) & t->vmask;; h = (h + 1) & t->vmask)
+                if (t->vhash[h] == 0) {
+                    t->vhash[h] = idx + 1;
+                    break;
+                }
+            t->by_id[id] = (int32_t)idx;
+            have = idx;
+        } else {
+            for (uint32_t k = 0; k < t->n_added; k++)
+                if (t->added[k].tok == (uint32_t)have)
+                    return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                                      "%s: added_tokens[%u]: %s appears twice", label, i,
+                                      s_quote(s, n, q));
+        }
+        t->added[t->n_added++] = (s_added_t){
+            .tok = (uint32_t)have, .len = (uint32_t)n, .first = (uint8_t)s[0], .special = special};
+    }
+    qsort(t->added, t->n_added, sizeof *t->added, s_added_cmp);
+    uint32_t k = 0;
+    for (int b = 0; b < 256; b++) {
+        t->added_at[b] = k;
+        while (k < t->n_added && t->added[k].first == b)
+            k++;
+    }
+    t->added_at[256] = k;
+    return KVEDGE_OK;
+}
+
+/* ---------------------------------------------------------------- the template */
+
+/* The id of the template's special token named name ("<|begin_of_text|>"): its one id in
+ * special_tokens, which must be a token of the vocabulary. */
+static int s_template_id(const kvedge_tokenizer_t *t, const cJSON *specials, const char *name,
+                         const char *label, const char *key, int32_t *id, char *why, size_t why_len)
+{
+    char q[S_QUOTE_BYTES];
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(specials, name);
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(e, "ids");
+    if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) != 1 || !cJSON_IsNumber(ids->child))
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                          "%s: %s: special_tokens[%s] has not exactly one id", label, key,
+                          s_quote(name, strlen(name), q));
+    double d = ids->child->valuedouble;
+    if (!(d >= 0 && d < t->vocab_size) || d != floor(d) || t->by_id[(uint32_t)d] < 0)
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                          "%s: %s: special_tokens[%s]: id %g is not in the vocabulary", label, key,
+                          s_quote(name, strlen(name), q), d);
+    *id = (int32_t)d;
+    return KVEDGE_OK;
+}
+
+/* A TemplateProcessing's "single": at most one special token before the text (BOS) and one
+ * after it (EOS). */
+static int s_template(kvedge_tokenizer_t *t, const cJSON *v, const char *label, const char *key,
+                      char *why, size_t why_len)
+{
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(v, "single");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(v, "special_tokens");
+    if (!cJSON_IsArray(single))
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s.single is not an array", label,
+                          key);
+    int before = 0, after = 0, seqs = 0;
+    uint32_t i = 0;
+    for (const cJSON *e = single->child; e; e = e->next, i++) {
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
+        const cJSON *sq = cJSON_GetObjectItemCaseSensitive(e, "Sequence");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(st, "id");
+        if (cJSON_IsObject(sq)) {
+            const cJSON *sid = cJSON_GetObjectItemCaseSensitive(sq, "id");
+            if (!cJSON_IsString(sid) || strcmp(sid->valuestring, "A") != 0 || seqs++)
+                return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                                  "%s: %s.single[%u]: only one Sequence, \"A\", is supported",
+                                  label, key, i);
+        } else if (cJSON_IsString(name)) {
+            if ((seqs ? after++ : before++) > 0)
+                return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                                  "%s: %s.single[%u]: more than one special token %s the text is "
+                                  "not supported",
+                                  label, key, i, seqs ? "after" : "before");
+            int rc = s_template_id(t, specials, name->valuestring, label, key,
+                                   seqs ? &t->eos_id : &t->bos_id, why, why_len);
+            if (rc != KVEDGE_OK)
+                return rc;
+        } else {
+            return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                              "%s: %s.single[%u]: expected a SpecialToken or a Sequence", label,
+                              key, i);
+        }
+    }
+    if (seqs != 1)
+        return kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: %s.single: no Sequence \"A\"", label,
+                          key);
+    return KVEDGE_OK;
+}
+
+/* post_processor: none, ByteLevel (it moves offsets only), TemplateProcessing, or a Sequence of
+ * those with at most one template. */
+static int s_post_processor(kvedge_tokenizer_t *t, const cJSON *v, const char *label, char *why,
+                            size_t why_len)
+{
+    static const char what[] = "ByteLevel, TemplateProcessing or a Sequence of them";
+    if (!v || cJSON_IsNull(v))
+        return KVEDGE_OK;
+    const char *type = s_type(v);
+    const cJSON *list = v, *one = NULL;
+    bool seq = type && strcmp(type, "Sequence") == 0;
+    if (seq) {
+        list = cJSON_GetObjectItemCaseSensitive(v, "processors");
+        if (!cJSON_IsArray(list))
+            return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                              "%s: post_processor.processors is not an array", label);
+        one = list->child;
+    } else {
+        one = v;
+    }
+    int templates = 0;
+    uint32_t i = 0;
+    for (; one; one = seq ? one->next : NULL, i++) {
+        char key[64];
+        if (seq)
+            snprintf(key, sizeof key, "post_processor.processors[%u]", i);
+        else
+            snprintf(key, sizeof key, "post_processor");
+        type = s_type(one);
+        if (type && strcmp(type, "ByteLevel") == 0)
+            continue;
+        if (!type || strcmp(type, "TemplateProcessing") != 0)
+            return s_unsupported(one, label, key, what, why, why_len);
+        if (templates++)
+            return kvedge_why(why, why_len, KVEDGE_ECORRUPT,
+                              "%s: %s: a second TemplateProcessing is not supported", label, key);
+        int rc = s_template(t, one, label, key, why, why_len);
+        if (rc != KVEDGE_OK)
+            return rc;
     }
     return KVEDGE_OK;
 }
@@ -736,16 +1229,24 @@ static int s_parse_json(const char *json, size_t len, const char *label, kvedge_
     cJSON *root = s_json(json, len, label, &rc, why, why_len);
     if (root) {
         const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+        const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+        size_t added_n = 0, added_bytes = 0;
+        s_added_size(added, &added_n, &added_bytes);
         if (!cJSON_IsObject(model))
             rc = kvedge_why(why, why_len, KVEDGE_ECORRUPT, "%s: no \"model\" object", label);
         if (rc == KVEDGE_OK)
-            rc = s_json_settings(root, model, label, why, why_len);
+            rc = s_json_settings(t, root, model, label, why, why_len);
         if (rc == KVEDGE_OK)
             rc = s_vocab(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), label, "model.vocab",
-                         why, why_len);
+                         added_n, added_bytes, why, why_len);
         if (rc == KVEDGE_OK)
             rc = s_merges_json(t, cJSON_GetObjectItemCaseSensitive(model, "merges"), label, why,
                                why_len);
+        if (rc == KVEDGE_OK)
+            rc = s_added(t, added, t->nfc, label, why, why_len);
+        if (rc == KVEDGE_OK)
+            rc = s_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"),
+                                  label, why, why_len);
         cJSON_Delete(root);
     }
     return s_finish(t, rc, out);
@@ -1002,6 +1503,21 @@ static size_t s_bpe(const kvedge_tokenizer_t *t, const uint8_t *w, size_t n, s_s
     return k;
 }
 
+/* The id of piece w (n bytes) when the model's vocabulary has it whole (ignore_merges), else -1:
+ * the piece is looked up as the vocabulary writes it, each byte through GPT-2's byte map. */
+static int32_t s_whole(const kvedge_tokenizer_t *t, const char *w, size_t n)
+{
+    char s[KVEDGE_TOKENIZER_TOKEN_MAX_BYTES];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k + 2 > sizeof s)
+            return -1;
+        k += s_put_utf8(s_b2u[(uint8_t)w[i]], s + k);
+    }
+    int64_t i = s_find(t, s, k);
+    return i >= 0 && t->toks[i].in_model ? t->toks[i].id : -1;
+}
+
 /* One word (a piece of the pattern) into out, through the cache; returns the count of ids or a
  * negative error. */
 static int64_t s_word(kvedge_tokenizer_t *t, const char *w, size_t n, s_scratch_t *sc, int32_t *out)
@@ -1009,6 +1525,13 @@ static int64_t s_word(kvedge_tokenizer_t *t, const char *w, size_t n, s_scratch_
     if (n == 1) {
         out[0] = t->byte_id[(uint8_t)w[0]];
         return 1;
+    }
+    if (t->ignore_merges) {
+        int32_t id = s_whole(t, w, n);
+        if (id >= 0) {
+            out[0] = id;
+            return 1;
+        }
     }
     bool cacheable = n <= KVEDGE_TOKENIZER_CACHE_WORD_MAX_BYTES;
     uint32_t slot = 0;
@@ -1041,27 +1564,117 @@ static int64_t s_word(kvedge_tokenizer_t *t, const char *w, size_t n, s_scratch_
     return (int64_t)k;
 }
 
-int kvedge_tokenizer_encode(kvedge_tokenizer_t *t, const char *text, size_t len, int32_t **ids,
-                            size_t *n)
+/* Ids being collected: grown as pieces come. */
+typedef struct {
+    int32_t *v;
+    size_t n, cap;
+} s_ids_t;
+
+/* Room for more ids. */
+static int s_ids_room(s_ids_t *ids, size_t more)
 {
-    if (ids)
-        *ids = NULL;
-    if (n)
-        *n = 0;
-    if (!t || !ids || !n || (!text && len))
-        return KVEDGE_EINVAL;
-    if (len == 0)
+    if (ids->n + more <= ids->cap)
         return KVEDGE_OK;
-    if (len > INT32_MAX)
-        return KVEDGE_ETOOBIG;
+    size_t cap = ids->cap ? ids->cap : 16;
+    while (cap < ids->n + more) {
+        if (cap > SIZE_MAX / (2 * sizeof *ids->v))
+            return KVEDGE_ENOMEM;
+        cap *= 2;
+    }
+    int32_t *v = realloc(ids->v, cap * sizeof *v);
+    if (!v)
+        return KVEDGE_ENOMEM;
+    ids->v = v;
+    ids->cap = cap;
+    return KVEDGE_OK;
+}
+
+/* A piece the regex did not match (text it skipped: bytes that are not UTF-8, or what a Split
+ * regex leaves between matches): its valid UTF-8 runs are words, every other byte a piece of its
+ * own. Room for n ids is made by the caller. */
+static int s_gap(kvedge_tokenizer_t *t, const char *g, size_t n, s_scratch_t *sc, s_ids_t *ids)
+{
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i, k;
+        uint32_t cp;
+        while (j < n && (k = s_utf8((const uint8_t *)g + j, n - j, &cp)) > 0)
+            j += k;
+        if (j > i) {
+            int64_t got = s_word(t, g + i, j - i, sc, ids->v + ids->n);
+            if (got < 0)
+                return (int)got;
+            ids->n += (size_t)got;
+            i = j;
+        } else {
+            ids->v[ids->n++] = t->byte_id[(uint8_t)g[i++]];
+        }
+    }
+    return KVEDGE_OK;
+}
+
+/* One stretch of text between added tokens: normalized (NFC) when the tokenizer says so, split
+ * by the pattern, each piece through BPE. */
+static int s_segment(kvedge_tokenizer_t *t, const char *text, size_t len, pcre2_match_data *md,
+                     s_scratch_t *sc, s_ids_t *ids)
+{
+    char *norm = NULL;
+    if (t->nfc && len > 0) {
+        /* Valid UTF-8 runs are composed; bytes that are not UTF-8 stay as they are. */
+        size_t cap = len + 16, k = 0;
+        norm = malloc(cap);
+        if (!norm)
+            return KVEDGE_ENOMEM;
+        for (size_t i = 0; i < len;) {
+            size_t j = i, c;
+            uint32_t cp;
+            while (j < len && (c = s_utf8((const uint8_t *)text + j, len - j, &cp)) > 0)
+                j += c;
+            const char *piece = text + i;
+            size_t pn = j > i ? j - i : 1;
+            utf8proc_uint8_t *nfc = NULL;
+            if (j > i) {
+                utf8proc_ssize_t got =
+                    utf8proc_map((const utf8proc_uint8_t *)piece, (utf8proc_ssize_t)pn, &nfc,
+                                 UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+                if (got < 0) {
+                    free(norm);
+                    return got == UTF8PROC_ERROR_NOMEM ? KVEDGE_ENOMEM : KVEDGE_ETOOBIG;
+                }
+                piece = (const char *)nfc;
+                pn = (size_t)got;
+            }
+            if (k + pn > cap) {
+                size_t ncap = cap;
+                while (ncap < k + pn)
+                    ncap *= 2;
+                char *nb = realloc(norm, ncap);
+                if (!nb) {
+                    free(nfc);
+                    free(norm);
+                    return KVEDGE_ENOMEM;
+                }
+                norm = nb;
+                cap = ncap;
+            }
+            memcpy(norm + k, piece, pn);
+            k += pn;
+            free(nfc);
+            i = j > i ? j : i + 1;
+        }
+        if (k > INT32_MAX) {
+            free(norm);
+            return KVEDGE_ETOOBIG;
+        }
+        text = norm;
+        len = k;
+    }
     /* Every piece gives at most one id per byte. */
-    int32_t *out = malloc(len * sizeof *out);
-    pcre2_match_data *md = pcre2_match_data_create_from_pattern(s_re, NULL);
-    s_scratch_t sc = {0};
-    int rc = out && md ? KVEDGE_OK : KVEDGE_ENOMEM;
-    size_t pos = 0, k = 0;
+    int rc = s_ids_room(ids, len);
+    const pcre2_code *re = t->re ? t->re : s_re;
+    size_t pos = 0;
     while (rc == KVEDGE_OK && pos < len) {
-        int m = pcre2_match(s_re, (PCRE2_SPTR)text, len, pos, 0, md, NULL);
+        int m = pcre2_match(re, (PCRE2_SPTR)text, len, pos, 0, md, NULL);
         size_t start = len, end = len;
         if (m > 0) {
             const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
@@ -1071,32 +1684,114 @@ int kvedge_tokenizer_encode(kvedge_tokenizer_t *t, const char *text, size_t len,
             rc = m == PCRE2_ERROR_NOMEMORY ? KVEDGE_ENOMEM : KVEDGE_ETOOBIG;
             break;
         }
-        /* The matcher skips what is not valid UTF-8: each such byte is a piece of its own. */
-        for (; pos < start; pos++)
-            out[k++] = t->byte_id[(uint8_t)text[pos]];
-        if (end > start) {
-            int64_t got = s_word(t, text + start, end - start, &sc, out + k);
-            if (got < 0) {
+        if (start > pos)
+            rc = s_gap(t, text + pos, start - pos, sc, ids);
+        if (rc == KVEDGE_OK && end > start) {
+            int64_t got = s_word(t, text + start, end - start, sc, ids->v + ids->n);
+            if (got < 0)
                 rc = (int)got;
-                break;
-            }
-            k += (size_t)got;
+            else
+                ids->n += (size_t)got;
             pos = end;
-        } else if (start < len) { /* no alternative matches empty; never loop on one */
-            out[k++] = t->byte_id[(uint8_t)text[start]];
+        } else if (rc == KVEDGE_OK && start < len) {
+            /* An empty match: patterns that allow one are refused at load; never loop. */
+            rc = s_gap(t, text + start, 1, sc, ids);
             pos = start + 1;
+        } else {
+            pos = len;
         }
+    }
+    free(norm);
+    return rc;
+}
+
+/* The leftmost added token in text[from..len) that flags allow, the longest where several start
+ * there: its position in *at, its index into added; -1 when none. */
+static int64_t s_next_added(const kvedge_tokenizer_t *t, const char *text, size_t len, size_t from,
+                            unsigned flags, size_t *at)
+{
+    if (t->n_added == 0)
+        return -1;
+    for (size_t i = from; i < len; i++) {
+        uint8_t b = (uint8_t)text[i];
+        for (uint32_t k = t->added_at[b]; k < t->added_at[b + 1]; k++) {
+            const s_added_t *a = &t->added[k];
+            const s_tok_t *tok = &t->toks[a->tok];
+            if (a->special && !(flags & KVEDGE_TOKENIZER_SPECIAL))
+                continue;
+            if (tok->len <= len - i && memcmp(text + i, t->strs + tok->str, tok->len) == 0) {
+                *at = i;
+                return k;
+            }
+        }
+    }
+    return -1;
+}
+
+int kvedge_tokenizer_encode_ex(kvedge_tokenizer_t *t, const char *text, size_t len, unsigned flags,
+                               int32_t **ids, size_t *n)
+{
+    if (ids)
+        *ids = NULL;
+    if (n)
+        *n = 0;
+    if (!t || !ids || !n || (!text && len) ||
+        (flags & ~(KVEDGE_TOKENIZER_SPECIAL | KVEDGE_TOKENIZER_TEMPLATE)))
+        return KVEDGE_EINVAL;
+    if (len > INT32_MAX)
+        return KVEDGE_ETOOBIG;
+    bool tmpl = flags & KVEDGE_TOKENIZER_TEMPLATE;
+    s_ids_t out = {0};
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->re ? t->re : s_re, NULL);
+    s_scratch_t sc = {0};
+    int rc = md ? s_ids_room(&out, len + 2) : KVEDGE_ENOMEM;
+    if (rc == KVEDGE_OK && tmpl && t->bos_id >= 0)
+        out.v[out.n++] = t->bos_id;
+    size_t pos = 0;
+    while (rc == KVEDGE_OK && pos < len) {
+        size_t at = len;
+        int64_t k = s_next_added(t, text, len, pos, flags, &at);
+        rc = s_segment(t, text + pos, at - pos, md, &sc, &out);
+        if (rc == KVEDGE_OK && k >= 0) {
+            const s_tok_t *tok = &t->toks[t->added[k].tok];
+            rc = s_ids_room(&out, 1);
+            if (rc == KVEDGE_OK)
+                out.v[out.n++] = tok->id;
+            at += tok->len;
+        }
+        pos = at;
+    }
+    if (rc == KVEDGE_OK && tmpl && t->eos_id >= 0) {
+        rc = s_ids_room(&out, 1);
+        if (rc == KVEDGE_OK)
+            out.v[out.n++] = t->eos_id;
     }
     s_scratch_free(&sc);
     pcre2_match_data_free(md);
-    if (rc != KVEDGE_OK) {
-        free(out);
+    if (rc != KVEDGE_OK || out.n == 0) {
+        free(out.v);
         return rc;
     }
-    int32_t *fit = realloc(out, k * sizeof *out);
-    *ids = fit ? fit : out;
-    *n = k;
+    int32_t *fit = realloc(out.v, out.n * sizeof *out.v);
+    *ids = fit ? fit : out.v;
+    *n = out.n;
     return KVEDGE_OK;
+}
+
+int kvedge_tokenizer_encode(kvedge_tokenizer_t *t, const char *text, size_t len, int32_t **ids,
+                            size_t *n)
+{
+    return kvedge_tokenizer_encode_ex(t, text, len, 0, ids, n);
+}
+
+int32_t kvedge_tokenizer_bos_id(const kvedge_tokenizer_t *t)
+{
+    return t ? t->bos_id : -1;
+}
+
+int32_t kvedge_tokenizer_eos_id(const kvedge_tokenizer_t *t)
+{
+    return t ? t->eos_id : -1;
 }
 
 /* ---------------------------------------------------------------- decoding */

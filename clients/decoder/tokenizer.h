@@ -1,9 +1,11 @@
-/* A byte-level BPE tokenizer of the GPT-2 family (GPT-2, OPT, RoBERTa): GPT-2's pre-tokenization
- * pattern over UTF-8 (PCRE2), GPT-2's map of bytes to printable characters, merges applied by
- * rank, and decoding back to the exact bytes. It reads Hugging Face's vocab.json + merges.txt
- * (GPT-2's encoder.json + vocab.bpe are the same formats) or the "model" section of a
- * tokenizer.json. docs/decoder.md ("Tokenizer") has the formats, bounds and how it was checked
- * against GPT-2's own encoder.
+/* A byte-level BPE tokenizer of the GPT-2 family (GPT-2, OPT, RoBERTa) and of Llama 3 and Qwen2:
+ * GPT-2's pre-tokenization pattern, or the Split regex a tokenizer.json gives, over UTF-8 (PCRE2),
+ * GPT-2's map of bytes to printable characters, merges applied by rank, added and special tokens
+ * matched before the regex, Qwen2's NFC normalizer, the BOS a template adds, and decoding back to
+ * the exact bytes. It reads Hugging Face's vocab.json + merges.txt (GPT-2's encoder.json +
+ * vocab.bpe are the same formats) or a tokenizer.json. docs/decoder.md ("Tokenizer") has the
+ * forms, what is refused, the bounds and how it was checked against GPT-2's own encoder and
+ * llama.cpp's test cases.
  *
  * Everything read from a file is bounded and checked; a refused file gives a negative KVEDGE_E*
  * code and, in why, one line naming the file and the position (merges.txt line, JSON key, array
@@ -49,12 +51,24 @@ typedef struct kvedge_tokenizer_t kvedge_tokenizer_t;
 int kvedge_tokenizer_load(const char *vocab_path, const char *merges_path, kvedge_tokenizer_t **out,
                           char *why, size_t why_len);
 
-/* Loads the "model" section of a Hugging Face tokenizer.json: type "BPE" (when given), "vocab"
- * as in vocab.json, "merges" as "a b" strings or ["a", "b"] pairs. Settings that would make
- * Hugging Face tokenize differently are refused rather than ignored: a dropout, a subword
- * prefix or suffix, ignore_merges, a normalizer, a pre_tokenizer other than ByteLevel without
- * add_prefix_space. Errors: those of kvedge_tokenizer_load; why names the key
- * ("model.vocab[\"x\"]", "model.merges[12]") or the byte offset of a JSON syntax error. */
+/* Loads a Hugging Face tokenizer.json of one of two forms:
+ *  - GPT-2's: pre_tokenizer ByteLevel (use_regex true, no add_prefix_space), no normalizer;
+ *  - Llama 3's and Qwen2's: pre_tokenizer a Sequence of a Split (a "Regex" pattern, behavior
+ *    "Isolated", not inverted; Oniguruma's \s is kept) and a ByteLevel with use_regex false;
+ *    normalizer none or NFC (Qwen2).
+ * model: type "BPE" (when given), "vocab" as in vocab.json, "merges" as "a b" strings or
+ * ["a", "b"] pairs, ignore_merges (a piece the vocabulary has whole is one id). added_tokens:
+ * matched in the text before the regex, never merged; a token the vocabulary lacks takes its id
+ * and decodes to its content. post_processor: none, ByteLevel, TemplateProcessing (at most one
+ * special token before the text, kvedge_tokenizer_bos_id, and one after it,
+ * kvedge_tokenizer_eos_id) or a Sequence of them. decoder: none or ByteLevel.
+ * Anything else that would make Hugging Face tokenize differently is refused naming the component
+ * and its type (`normalizer type "Lowercase" is not supported (only NFC)`): other models
+ * (WordPiece, Unigram), normalizers, pre-tokenizers, post-processors, decoders; a dropout, a
+ * subword prefix or suffix, byte_fallback, added tokens with single_word, lstrip or rstrip, or
+ * normalized under a normalizer; a regex that may match the empty string. Errors: those of
+ * kvedge_tokenizer_load; why names the key ("model.vocab[\"x\"]", "model.merges[12]",
+ * "added_tokens[3].content") or the byte offset of a JSON syntax error. */
 int kvedge_tokenizer_load_json(const char *path, kvedge_tokenizer_t **out, char *why,
                                size_t why_len);
 
@@ -77,15 +91,36 @@ void kvedge_tokenizer_destroy(kvedge_tokenizer_t **self_p);
 /* The largest id + 1: the embedding rows a model needs to take every id. */
 uint32_t kvedge_tokenizer_vocab_size(const kvedge_tokenizer_t *t);
 
+/* Flags of kvedge_tokenizer_encode_ex. */
+/* Special added tokens ("special": true: "<|begin_of_text|>", "<|im_start|>", "</s>") written in
+ * the text are their ids; without it they are text like any other. */
+#define KVEDGE_TOKENIZER_SPECIAL 1u
+/* The template's tokens around the text: kvedge_tokenizer_bos_id before, _eos_id after. */
+#define KVEDGE_TOKENIZER_TEMPLATE 2u
+
 /* Text (len bytes, any bytes: NULs are characters, bytes that are not valid UTF-8 become one
- * piece each) to ids, as GPT-2's encoder gives them. Special tokens written in the text ("</s>")
- * are not recognized: they are text like any other (kvedge_tokenizer_token_id gives their id).
- * Thread-safe: threads may encode on one tokenizer at once (the word cache is locked). *ids
- * (caller frees it with free(); NULL when *n is 0) receives *n ids. Errors: KVEDGE_EINVAL (NULL
- * argument), KVEDGE_ETOOBIG (len over INT32_MAX, or the text exceeds the pattern matcher's limits),
- * KVEDGE_ENOMEM; on error *ids is NULL and *n 0. */
+ * piece each) to ids, as Hugging Face's tokenizer gives them for valid UTF-8 (GPT-2's own encoder
+ * for GPT-2's form). Added tokens that are not special are matched in the text always (as Hugging
+ * Face and llama.cpp do); special ones only with KVEDGE_TOKENIZER_SPECIAL. flags: 0 or an OR of
+ * KVEDGE_TOKENIZER_*. Thread-safe: threads may encode on one tokenizer at once (the word cache is
+ * locked). *ids (caller frees it with free(); NULL when *n is 0) receives *n ids. Errors:
+ * KVEDGE_EINVAL (NULL argument, an unknown flag), KVEDGE_ETOOBIG (len over INT32_MAX, or the text
+ * exceeds the pattern matcher's limits), KVEDGE_ENOMEM; on error *ids is NULL and *n 0. */
+int kvedge_tokenizer_encode_ex(kvedge_tokenizer_t *t, const char *text, size_t len, unsigned flags,
+                               int32_t **ids, size_t *n);
+
+/* kvedge_tokenizer_encode_ex with flags 0: special tokens are text, no BOS. */
 int kvedge_tokenizer_encode(kvedge_tokenizer_t *t, const char *text, size_t len, int32_t **ids,
                             size_t *n);
+
+/* The id the tokenizer.json's template puts before the text (Llama 3's <|begin_of_text|>), or
+ * -1 when it adds none (GPT-2, Qwen2, vocab.json + merges.txt). What "add BOS" means for this
+ * tokenizer: kvedge_tokenizer_encode_ex with KVEDGE_TOKENIZER_TEMPLATE adds it. */
+int32_t kvedge_tokenizer_bos_id(const kvedge_tokenizer_t *t);
+
+/* The id the template puts after the text, or -1 when it adds none (Llama 3 and Qwen2 add
+ * none). */
+int32_t kvedge_tokenizer_eos_id(const kvedge_tokenizer_t *t);
 
 /* Ids back to the bytes of their tokens, exactly: not necessarily valid UTF-8 when the ids split
  * a character. *text (caller frees it with free()) holds *len bytes and a terminating NUL.
@@ -94,7 +129,8 @@ int kvedge_tokenizer_encode(kvedge_tokenizer_t *t, const char *text, size_t len,
 int kvedge_tokenizer_decode(const kvedge_tokenizer_t *t, const int32_t *ids, size_t n, char **text,
                             size_t *len);
 
-/* The id of a token as the vocabulary writes it ("</s>", "Ġthe"), or -1 when it has none. */
+/* The id of a token as the vocabulary or added_tokens write it ("</s>", "Ġthe",
+ * "<|eot_id|>"), or -1 when it has none. */
 int32_t kvedge_tokenizer_token_id(const kvedge_tokenizer_t *t, const char *token);
 
 #ifdef __cplusplus

@@ -905,7 +905,9 @@ static void test_refuse_json(void **state)
     s_refused_json("{\n \"model\": [}\n", KVEDGE_ECORRUPT, "invalid JSON", "line 2");
     s_refused_json("{}", KVEDGE_ECORRUPT, "no \"model\" object", NULL);
     s_refused_json("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", KVEDGE_ECORRUPT,
-                   "model.type", "only BPE");
+                   "model.type \"WordPiece\" is not supported", "only BPE");
+    s_refused_json("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", KVEDGE_ECORRUPT,
+                   "model.type \"Unigram\" is not supported", NULL);
     s_refused_json("{\"model\": {\"merges\": []}}", KVEDGE_ECORRUPT, "model.vocab",
                    "not a JSON object");
     s_refused_json("{\"model\": {\"vocab\": {\"x\": 0.5}}}", KVEDGE_ECORRUPT, "model.vocab[\"x\"]",
@@ -925,12 +927,12 @@ static void test_refuse_json(void **state)
     sprintf(doc, "{\"model\": {\"end_of_word_suffix\": \"</w>\", \"vocab\": %s, \"merges\": []}}",
             v);
     s_refused_json(doc, KVEDGE_ECORRUPT, "model.end_of_word_suffix", NULL);
-    sprintf(doc, "{\"model\": {\"ignore_merges\": true, \"vocab\": %s, \"merges\": []}}", v);
-    s_refused_json(doc, KVEDGE_ECORRUPT, "model.ignore_merges", NULL);
-    sprintf(doc, "{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"vocab\": %s}}", v);
-    s_refused_json(doc, KVEDGE_ECORRUPT, "normalizer", NULL);
+    sprintf(doc, "{\"normalizer\": {\"type\": \"Lowercase\"}, \"model\": {\"vocab\": %s}}", v);
+    s_refused_json(doc, KVEDGE_ECORRUPT, "normalizer type \"Lowercase\" is not supported",
+                   "only NFC");
     sprintf(doc, "{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"vocab\": %s}}", v);
-    s_refused_json(doc, KVEDGE_ECORRUPT, "pre_tokenizer", "only ByteLevel");
+    s_refused_json(doc, KVEDGE_ECORRUPT, "pre_tokenizer type \"Whitespace\" is not supported",
+                   "ByteLevel");
     sprintf(doc,
             "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true}, "
             "\"model\": {\"vocab\": %s}}",
@@ -944,6 +946,280 @@ static void test_refuse_json(void **state)
     assert_null(t);
     free(doc);
     free(v);
+}
+
+/* ---------------------------------------------------------------- Llama 3 / Qwen2 form */
+
+/* Llama 3's pre-tokenizer regex, as its tokenizer.json writes it (JSON-escaped). */
+#define S_LLAMA3_RE                                                                                \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| "         \
+    "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+"
+
+/* A tokenizer.json of Llama 3's form over the 256 byte tokens (id = byte) and "ab", "abc",
+ * "Ġab", "123", "'S", "!" U+180E (256..261), with
+ * merges "a b", "Ġ ab"; parts may be replaced: NORM (the normalizer), PRE (the pre_tokenizer),
+ * IGN (ignore_merges), ADDED (added_tokens), POST (post_processor). Caller frees. */
+static char *s_llama_doc(const char *norm, const char *pre, const char *ign, const char *added,
+                         const char *post)
+{
+    /* "!" U+180E through GPT-2's byte map: "!" "á" "ł" "İ" (bytes 21 E1 A0 8E). */
+    static const char *const extra[] = {"ab",  "abc", "\u0120ab",
+                                        "123", "'S",  "!\xc3\xa1\xc5\x82\xc4\xb0"};
+    char *v = s_vocab_json(extra, 6);
+    static const char def_pre[] =
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+        "{\"Regex\": \"" S_LLAMA3_RE "\"}, \"behavior\": \"Isolated\", \"invert\": false}, "
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, "
+        "\"use_regex\": false}]}";
+    static const char def_added[] =
+        "[{\"id\": 300, \"content\": \"<|bos|>\", \"single_word\": false, \"lstrip\": false, "
+        "\"rstrip\": false, \"normalized\": false, \"special\": true}, "
+        "{\"id\": 301, \"content\": \"<|bos|>x\", \"special\": true}, "
+        "{\"id\": 302, \"content\": \"<x>\", \"normalized\": false, \"special\": false}]";
+    static const char def_post[] =
+        "{\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\", \"trim_offsets\": "
+        "false}, {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": "
+        "\"<|bos|>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
+        "\"special_tokens\": {\"<|bos|>\": {\"id\": \"<|bos|>\", \"ids\": [300], \"tokens\": "
+        "[\"<|bos|>\"]}}}]}";
+    size_t cap = strlen(v) + 8192;
+    char *doc = malloc(cap);
+    assert_non_null(doc);
+    snprintf(doc, cap,
+             "{\"version\": \"1.0\", \"added_tokens\": %s, \"normalizer\": %s, "
+             "\"pre_tokenizer\": %s, \"post_processor\": %s, \"decoder\": {\"type\": "
+             "\"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"dropout\": null, "
+             "\"byte_fallback\": false, \"ignore_merges\": %s, \"vocab\": %s, \"merges\": "
+             "[\"a b\", \"\xc4\xa0 ab\"]}}",
+             added ? added : def_added, norm ? norm : "null", pre ? pre : def_pre,
+             post ? post : def_post, ign ? ign : "true", v);
+    free(v);
+    return doc;
+}
+
+static kvedge_tokenizer_t *s_llama_load(const char *doc)
+{
+    char why[KVEDGE_TOKENIZER_WHY_BYTES] = "";
+    kvedge_tokenizer_t *t = NULL;
+    int rc = kvedge_tokenizer_parse_json(doc, strlen(doc), &t, why, sizeof why);
+    if (rc != KVEDGE_OK)
+        print_message("%s\n", why);
+    assert_int_equal(rc, KVEDGE_OK);
+    return t;
+}
+
+static void s_want(kvedge_tokenizer_t *t, const char *text, unsigned flags, const int32_t *want,
+                   size_t wn)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(kvedge_tokenizer_encode_ex(t, text, strlen(text), flags, &ids, &n), KVEDGE_OK);
+    if (n != wn || memcmp(ids, want, n * sizeof *ids) != 0) {
+        print_message("\"%s\" (flags %u): %zu ids, want %zu:", text, flags, n, wn);
+        for (size_t i = 0; i < n; i++)
+            print_message(" %d", ids[i]);
+        print_message("\n");
+        fail();
+    }
+    free(ids);
+}
+
+/* The Llama 3 form without the network (llama.cpp's own cases are test_tokenizer_llama): the
+ * Split regex (digits in threes, "'S" case-insensitive), ignore_merges, added tokens matched
+ * before the regex (longest first, special ones only when allowed), the template's BOS, NFC. */
+static void test_llama_form(void **state)
+{
+    (void)state;
+    enum { AB = 256, ABC = 257, GAB = 258, N123 = 259, QS = 260, BANG180E = 261 };
+    char *doc = s_llama_doc(NULL, NULL, NULL, NULL, NULL);
+    kvedge_tokenizer_t *t = s_llama_load(doc);
+    free(doc);
+    assert_int_equal(kvedge_tokenizer_vocab_size(t), 303);
+    assert_int_equal(kvedge_tokenizer_token_id(t, "<|bos|>"), 300);
+    assert_int_equal(kvedge_tokenizer_bos_id(t), 300);
+    assert_int_equal(kvedge_tokenizer_eos_id(t), -1);
+    assert_int_equal(kvedge_tokenizer_token_id(t, "<x>"), 302);
+    /* "abc" is in the vocabulary whole: one id, though no merge makes it (ignore_merges). */
+    s_want(t, "abc abc", 0, (const int32_t[]){ABC, GAB, 'c'}, 3);
+    /* Digits in groups of three; "'S" is one piece, as "'s" is. */
+    s_want(t, "12345", 0, (const int32_t[]){N123, '4', '5'}, 3);
+    s_want(t, "ab'S", 0, (const int32_t[]){AB, QS}, 2);
+    /* U+180E is not \s for Hugging Face (Oniguruma): "!" U+180E is one piece of
+     * ` ?[^\s\p{L}\p{N}]+`, where PCRE2's own \s would cut it in two. */
+    s_want(t, "!\xe1\xa0\x8e", 0, (const int32_t[]){BANG180E}, 1);
+    /* Specials: text unless allowed; then the longest ("<|bos|>x") wins. */
+    s_want(t, "<x>ab", 0, (const int32_t[]){302, AB}, 2);
+    s_want(t, "<|bos|>xab", KVEDGE_TOKENIZER_SPECIAL, (const int32_t[]){301, AB}, 2);
+    s_want(t, "<|bos|>ab", KVEDGE_TOKENIZER_SPECIAL | KVEDGE_TOKENIZER_TEMPLATE,
+           (const int32_t[]){300, 300, AB}, 3);
+    s_want(t, "ab", KVEDGE_TOKENIZER_TEMPLATE, (const int32_t[]){300, AB}, 2);
+    s_want(t, "", KVEDGE_TOKENIZER_TEMPLATE, (const int32_t[]){300}, 1);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(kvedge_tokenizer_encode_ex(t, "<|bos|>ab", 9, 0, &ids, &n), KVEDGE_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_true(ids[i] < 300);
+    char *back = NULL;
+    size_t blen = 0;
+    assert_int_equal(kvedge_tokenizer_decode(t, (const int32_t[]){300, 302, ABC}, 3, &back, &blen),
+                     KVEDGE_OK);
+    assert_string_equal(back, "<|bos|><x>abc");
+    free(back);
+    free(ids);
+    /* Without the normalizer a decomposed "é" stays three bytes; with NFC it is two. */
+    s_want(t, "e\xcc\x81", 0, (const int32_t[]){'e', 0xcc, 0x81}, 3);
+    kvedge_tokenizer_destroy(&t);
+    doc = s_llama_doc("{\"type\": \"NFC\"}", NULL, "false", NULL, NULL);
+    t = s_llama_load(doc);
+    free(doc);
+    s_want(t, "e\xcc\x81", 0, (const int32_t[]){0xc3, 0xa9}, 2);
+    /* Bytes that are not UTF-8 pass through the normalizer as they are. */
+    s_want(t,
+           "\xff"
+           "e\xcc\x81",
+           0, (const int32_t[]){0xff, 0xc3, 0xa9}, 3);
+    /* ignore_merges false: "abc" is merged as far as the merges go. */
+    s_want(t, "abc", 0, (const int32_t[]){AB, 'c'}, 2);
+    kvedge_tokenizer_destroy(&t);
+}
+
+/* Each unsupported component of a tokenizer.json refused naming it; bad added tokens, templates
+ * and regexes with clear reasons; nothing loaded. */
+static void test_refuse_llama_json(void **state)
+{
+    (void)state;
+    static const char split[] = "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"%s\"}, "
+                                "\"behavior\": \"%s\", \"invert\": %s}";
+    static const char bl[] = "{\"type\": \"ByteLevel\", \"use_regex\": %s}";
+    char pre[1024], a[512], b[256];
+    const struct {
+        const char *norm, *pre, *ign, *added, *post;
+        int rc;
+        const char *must1, *must2;
+    } cases[] = {
+        {"{\"type\": \"Lowercase\"}", NULL, NULL, NULL, NULL, KVEDGE_ECORRUPT,
+         "normalizer type \"Lowercase\" is not supported", NULL},
+        {"{\"type\": \"Sequence\", \"normalizers\": []}", NULL, NULL, NULL, NULL, KVEDGE_ECORRUPT,
+         "normalizer type \"Sequence\" is not supported", NULL},
+        {"{\"kind\": \"NFC\"}", NULL, NULL, NULL, NULL, KVEDGE_ECORRUPT, "normalizer has no", NULL},
+        {NULL, "{\"type\": \"Metaspace\", \"replacement\": \"_\"}", NULL, NULL, NULL,
+         KVEDGE_ECORRUPT, "pre_tokenizer type \"Metaspace\" is not supported", NULL},
+        {NULL,
+         "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}, "
+         "{\"type\": \"ByteLevel\"}]}",
+         NULL, NULL, NULL, KVEDGE_ECORRUPT, "pretokenizers[0] type \"Digits\" is not supported",
+         NULL},
+        {NULL, "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"ByteLevel\"}]}", NULL,
+         NULL, NULL, KVEDGE_ECORRUPT, "pre_tokenizer.pretokenizers", "[Split, ByteLevel]"},
+        {NULL, "{\"type\": \"ByteLevel\", \"use_regex\": false}", NULL, NULL, NULL, KVEDGE_ECORRUPT,
+         "pre_tokenizer.use_regex false", NULL},
+        {NULL,
+         "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+         "{\"String\": \" \"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", "
+         "\"use_regex\": false}]}",
+         NULL, NULL, NULL, KVEDGE_ECORRUPT, "pretokenizers[0].pattern", "Regex"},
+        {NULL,
+         "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+         "{\"Regex\": \"x\"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\"}]}",
+         NULL, NULL, NULL, KVEDGE_ECORRUPT, "pretokenizers[1].use_regex true", NULL},
+        {NULL, NULL, NULL, "[{\"id\": 300, \"content\": \"\", \"special\": true}]", NULL,
+         KVEDGE_ECORRUPT, "added_tokens[0].content: empty token", NULL},
+        {NULL, NULL, NULL, "[{\"id\": 300, \"special\": true}]", NULL, KVEDGE_ECORRUPT,
+         "added_tokens[0]", "\"content\""},
+        {NULL, NULL, NULL, "[{\"id\": 97, \"content\": \"<s>\"}]", NULL, KVEDGE_ECORRUPT,
+         "added_tokens[0]", "both have id 97"},
+        {NULL, NULL, NULL, "[{\"id\": 300, \"content\": \"ab\"}]", NULL, KVEDGE_ECORRUPT,
+         "added_tokens[0]", "model.vocab gives it 256"},
+        {NULL, NULL, NULL,
+         "[{\"id\": 300, \"content\": \"<s>\"}, {\"id\": 301, \"content\": "
+         "\"<s>\"}]",
+         NULL, KVEDGE_ECORRUPT, "added_tokens[1]", "appears twice"},
+        {NULL, NULL, NULL, "[{\"id\": 300, \"content\": \"<s>\", \"lstrip\": true}]", NULL,
+         KVEDGE_ECORRUPT, "added_tokens[0].lstrip: not supported", NULL},
+        {NULL, NULL, NULL, "[{\"id\": 300, \"content\": \"<s>\", \"special\": 1}]", NULL,
+         KVEDGE_ECORRUPT, "added_tokens[0].special", NULL},
+        {NULL, NULL, NULL, "[{\"id\": -1, \"content\": \"<s>\"}]", NULL, KVEDGE_ECORRUPT,
+         "added_tokens[0]: id -1", NULL},
+        {NULL, NULL, NULL, "{}", NULL, KVEDGE_ECORRUPT, "added_tokens is not an array", NULL},
+        {"{\"type\": \"NFC\"}", NULL, NULL,
+         "[{\"id\": 300, \"content\": \"<s>\", \"normalized\": "
+         "true}]",
+         NULL, KVEDGE_ECORRUPT, "added_tokens[0].normalized", NULL},
+        {NULL, NULL, NULL, NULL, "{\"type\": \"RobertaProcessing\"}", KVEDGE_ECORRUPT,
+         "post_processor type \"RobertaProcessing\" is not supported", NULL},
+        {NULL, NULL, NULL, NULL,
+         "{\"type\": \"Sequence\", \"processors\": [{\"type\": \"BertProcessing\"}]}",
+         KVEDGE_ECORRUPT, "post_processor.processors[0] type \"BertProcessing\"", NULL},
+        {NULL, NULL, NULL, NULL,
+         "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": "
+         "\"<|bos|>\"}}, "
+         "{\"SpecialToken\": {\"id\": \"<|bos|>\"}}, {\"Sequence\": {\"id\": \"A\"}}], "
+         "\"special_tokens\": {\"<|bos|>\": {\"ids\": [300]}}}",
+         KVEDGE_ECORRUPT, "post_processor.single[1]", "more than one special token before"},
+        {NULL, NULL, NULL, NULL,
+         "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": "
+         "\"<|bos|>\"}}, "
+         "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {}}",
+         KVEDGE_ECORRUPT, "special_tokens[\"<|bos|>\"] has not exactly one id", NULL},
+        {NULL, NULL, NULL, NULL,
+         "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": "
+         "\"<|bos|>\"}}, "
+         "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<|bos|>\": {\"ids\": [9999]}}}",
+         KVEDGE_ECORRUPT, "id 9999 is not in the vocabulary", NULL},
+        {NULL, NULL, NULL, NULL,
+         "{\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"B\"}}]}",
+         KVEDGE_ECORRUPT, "post_processor.single[0]", "Sequence"},
+        {NULL, NULL, NULL, NULL, "{\"type\": \"TemplateProcessing\", \"single\": []}",
+         KVEDGE_ECORRUPT, "post_processor.single: no Sequence", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *doc =
+            s_llama_doc(cases[i].norm, cases[i].pre, cases[i].ign, cases[i].added, cases[i].post);
+        s_refused_json(doc, cases[i].rc, cases[i].must1, cases[i].must2);
+        free(doc);
+    }
+    /* The Split: behavior, invert, regexes that do not compile, may match nothing, or use what
+     * PCRE2 would read differently. */
+    const struct {
+        const char *re, *behavior, *invert, *must1, *must2;
+    } splits[] = {
+        {"x", "Removed", "false", "pretokenizers[0].behavior \"Removed\" is not supported", NULL},
+        {"x", "Isolated", "true", "pretokenizers[0].invert", NULL},
+        {"(x", "Isolated", "false", "pretokenizers[0].pattern.Regex", "missing closing"},
+        {"x*", "Isolated", "false", "pattern.Regex", "empty string"},
+        {"[\\\\S]", "Isolated", "false", "\\S inside a character class", NULL},
+        {"[[:alpha:]]", "Isolated", "false", "a character class inside a class", NULL},
+        {"", "Isolated", "false", "pattern.Regex: 0 bytes", NULL},
+    };
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
+        snprintf(a, sizeof a, split, splits[i].re, splits[i].behavior, splits[i].invert);
+        snprintf(b, sizeof b, bl, "false");
+        snprintf(pre, sizeof pre, "{\"type\": \"Sequence\", \"pretokenizers\": [%s, %s]}", a, b);
+        char *doc = s_llama_doc(NULL, pre, NULL, NULL, NULL);
+        s_refused_json(doc, KVEDGE_ECORRUPT, splits[i].must1, splits[i].must2);
+        free(doc);
+    }
+    /* A ']' first in a class is a literal, and \s inside a class is written out: both load. */
+    snprintf(a, sizeof a, split, "[]a]+|[^\\\\s]+|\\\\s+", "Isolated", "false");
+    snprintf(b, sizeof b, bl, "false");
+    snprintf(pre, sizeof pre, "{\"type\": \"Sequence\", \"pretokenizers\": [%s, %s]}", a, b);
+    char *doc = s_llama_doc(NULL, pre, NULL, NULL, NULL);
+    kvedge_tokenizer_t *t = s_llama_load(doc);
+    free(doc);
+    s_want(t, "]a]ab ab", 0, (const int32_t[]){']', 'a', ']', 'a', 'b', ' ', 'a', 'b'}, 8);
+    kvedge_tokenizer_destroy(&t);
+    /* A model.vocab at the bound with one added token more than it takes. */
+    size_t count = KVEDGE_TOKENIZER_VOCAB_MAX;
+    char *huge = malloc(count * 20 + 256);
+    assert_non_null(huge);
+    size_t k = (size_t)sprintf(huge, "{\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\"}], "
+                                     "\"model\": {\"vocab\": {");
+    for (size_t i = 0; i < count; i++)
+        k += (size_t)sprintf(huge + k, "%s\"t%zu\":%zu", i ? "," : "", i, i);
+    strcpy(huge + k, "}, \"merges\": []}}");
+    s_refused_json(huge, KVEDGE_ETOOBIG, "model.vocab and added_tokens have more than 1048576",
+                   NULL);
+    free(huge);
 }
 
 /* ---------------------------------------------------------------- the kvedge command */
@@ -1208,6 +1484,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_refuse_vocab, s_setup_tmp, s_teardown_tmp),
         cmocka_unit_test_setup_teardown(test_refuse_merges, s_setup_tmp, s_teardown_tmp),
         cmocka_unit_test_setup_teardown(test_refuse_json, s_setup_tmp, s_teardown_tmp),
+        cmocka_unit_test(test_llama_form),
+        cmocka_unit_test_setup_teardown(test_refuse_llama_json, s_setup_tmp, s_teardown_tmp),
         cmocka_unit_test_setup_teardown(test_cli_tokenize, s_setup_tmp, s_teardown_tmp),
         cmocka_unit_test_setup_teardown(test_cli_e2e, s_setup_tmp, s_teardown_tmp),
     };
