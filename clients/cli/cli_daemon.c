@@ -35,8 +35,9 @@ static int s_check(const void *settings, char *why, size_t why_len)
 static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_node_settings_table;
-    const kvedge_cli_cmd_t cmd = {"store", NULL, "[OPTIONS] [--config FILE] [--check-config]",
-                                  "Run a store node."};
+    const kvedge_cli_cmd_t cmd = {
+        "store", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run a store node.",
+        NULL,    NULL};
     static kvedge_node_settings_t s;
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_store_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -83,7 +84,8 @@ static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
                                          {"force", no_argument, NULL, 'f'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"keygen", NULL, "PATH [--tenant NAME] [--admin] [--force]", NULL};
+    const kvedge_cli_cmd_t cmd = {"keygen", NULL, "PATH [--tenant NAME] [--admin] [--force]",
+                                  NULL,     NULL, NULL};
     const char *tenant = NULL;
     bool force = false, admin = false;
     int ch;
@@ -272,11 +274,11 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[] = {
     {"store", s_cmd_store, "[--role cloud|edge] [--bind EP] [--config FILE] [--check-config]",
-     "Run a store node (cloud or edge role) serving the data directory."},
-    {"keygen", s_cmd_keygen, "PATH [--tenant NAME]", "Write a CURVE certificate pair."},
+     "Run a store node (cloud or edge role) serving the data directory.", NULL, NULL},
+    {"keygen", s_cmd_keygen, "PATH [--tenant NAME]", "Write a CURVE certificate pair.", NULL, NULL},
     {"plan", kvedge_cli_plan, "--model ID --source SPEC [...]",
-     "What the planner would fetch from where, without fetching."},
+     "What the planner would fetch from where, without fetching.", NULL, NULL},
     {"sync", s_cmd_sync, "[--once] [--subscriptions FILE]",
-     "Historical cache of an edge: progress, or one pass."},
-    {NULL, NULL, NULL, NULL},
+     "Historical cache of an edge: progress, or one pass.", NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

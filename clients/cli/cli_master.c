@@ -37,8 +37,9 @@ static int s_check(const void *settings, char *why, size_t why_len)
 static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_master_settings_table;
-    const kvedge_cli_cmd_t cmd = {"master", NULL, "[OPTIONS] [--config FILE] [--check-config]",
-                                  "Run the Storage Master."};
+    const kvedge_cli_cmd_t cmd = {
+        "master", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run the Storage Master.",
+        NULL,     NULL};
     static kvedge_master_settings_t s;
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_master_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -249,9 +250,12 @@ static int s_cmd_dump(kvedge_cli_t *cli, int argc, char **argv)
                                          {"deadline", required_argument, NULL, S_O_DEADLINE},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"master-dump", NULL,
+    const kvedge_cli_cmd_t cmd = {"master-dump",
+                                  NULL,
                                   "[--master EP] [--pub EP] [--prefix P] [--json]",
-                                  "Snapshot the master's registry and print it."};
+                                  "Snapshot the master's registry and print it.",
+                                  NULL,
+                                  NULL};
     const char *master = KVEDGE_MASTER_BIND_DEFAULT, *pub = NULL, *prefix = NULL;
     const char *key = cli->server_key, *cert = cli->cert;
     bool json = cli->json;
@@ -363,8 +367,8 @@ static int s_cmd_dump(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_master_cmds[] = {
     {"master", s_cmd_master, "[--bind EP] [--pub EP] [--data DIR] [--config FILE] [...]",
-     "Run the Storage Master (registry of nodes, models, maps, blocks, links)."},
+     "Run the Storage Master (registry of nodes, models, maps, blocks, links).", NULL, NULL},
     {"master-dump", s_cmd_dump, "[--master EP] [--pub EP] [--prefix P] [--json]",
-     "Snapshot the master's registry and print it."},
-    {NULL, NULL, NULL, NULL},
+     "Snapshot the master's registry and print it.", NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -39,8 +39,9 @@ static int s_check(const void *settings, char *why, size_t why_len)
 static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_proxy_settings_table;
-    const kvedge_cli_cmd_t cmd = {"proxy", NULL, "[OPTIONS] [--config FILE] [--check-config]",
-                                  "Run the edge proxy."};
+    const kvedge_cli_cmd_t cmd = {
+        "proxy", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run the edge proxy.",
+        NULL,    NULL};
     static kvedge_proxy_settings_t s; /* 70 KiB of source specs; the proxy points into it */
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_proxy_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -171,8 +172,9 @@ static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
                                          {"recompute-us", required_argument, NULL, S_O_RU},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"fetch", NULL, "-H PROXY --model ID --chunks IDS [...]",
-                                  "Fetch through a proxy."};
+    const kvedge_cli_cmd_t cmd = {
+        "fetch", NULL, "-H PROXY --model ID --chunks IDS [...]", "Fetch through a proxy.",
+        NULL,    NULL};
     const char *model = NULL, *chunks = NULL, *layers = NULL;
     uint64_t tokens = 0, cu = 0, ru = 0;
     bool have_cu = false, have_ru = false;
@@ -310,8 +312,8 @@ static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[] = {
     {"proxy", s_cmd_proxy, "[--bind EP] [--source SPEC]... [--master EP --master-pub EP]",
-     "Run the edge proxy (planned multi-source fetches, failover, misses)."},
+     "Run the edge proxy (planned multi-source fetches, failover, misses).", NULL, NULL},
     {"fetch", s_cmd_fetch, "-H PROXY --model ID --chunks IDS [--layers A:B]",
-     "Fetch a context's layers through a proxy; print each layer's source and reason."},
-    {NULL, NULL, NULL, NULL},
+     "Fetch a context's layers through a proxy; print each layer's source and reason.", NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

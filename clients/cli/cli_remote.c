@@ -762,15 +762,17 @@ static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
 }
 
 const kvedge_cli_cmd_t kvedge_cli_remote_cmds[] = {
-    {"inspect", s_r_inspect, "", "Summarize this tenant on the node, and the node."},
-    {"ls", s_r_ls, "[--model ID] [--full]", "List this tenant's prefix chunks."},
-    {"show", s_r_show, "PREFIX [--layer L]", "Fetch and verify every block of a prefix chunk."},
-    {"verify", s_r_verify, "", "Fetch and verify every block of this tenant."},
-    {"evict", s_r_evict, "--to SIZE", "Store-wide LRU eviction (admin key)."},
-    {"pin", s_r_pin, "PREFIX", "Pin a prefix and its chain."},
-    {"unpin", s_r_unpin, "PREFIX", "Unpin a prefix and its chain."},
-    {"delete", s_r_delete, "PREFIX", "Delete a prefix chunk and the chunks below it."},
-    {"stat", s_r_stat, "", "Node statistics."},
-    {"ping", s_r_ping, "[--count N] [--size SIZE]", "Round-trip latency and bandwidth."},
-    {NULL, NULL, NULL, NULL},
+    {"inspect", s_r_inspect, "", "Summarize this tenant on the node, and the node.", NULL, NULL},
+    {"ls", s_r_ls, "[--model ID] [--full]", "List this tenant's prefix chunks.", NULL, NULL},
+    {"show", s_r_show, "PREFIX [--layer L]", "Fetch and verify every block of a prefix chunk.",
+     NULL, NULL},
+    {"verify", s_r_verify, "", "Fetch and verify every block of this tenant.", NULL, NULL},
+    {"evict", s_r_evict, "--to SIZE", "Store-wide LRU eviction (admin key).", NULL, NULL},
+    {"pin", s_r_pin, "PREFIX", "Pin a prefix and its chain.", NULL, NULL},
+    {"unpin", s_r_unpin, "PREFIX", "Unpin a prefix and its chain.", NULL, NULL},
+    {"delete", s_r_delete, "PREFIX", "Delete a prefix chunk and the chunks below it.", NULL, NULL},
+    {"stat", s_r_stat, "", "Node statistics.", NULL, NULL},
+    {"ping", s_r_ping, "[--count N] [--size SIZE]", "Round-trip latency and bandwidth.", NULL,
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

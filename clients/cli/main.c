@@ -208,6 +208,21 @@ static const kvedge_cli_cmd_t *s_find(const char *name)
     return NULL;
 }
 
+/* The command a mistyped name most likely meant, or NULL. */
+static const char *s_nearest(const char *name)
+{
+    const char *names[128];
+    size_t n = 0;
+    for (int t = 0; s_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = s_tables[t]; c->name && n < 127; c++)
+            names[n++] = c->name;
+    for (int t = 0; s_remote_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = s_remote_tables[t]; c->name && n < 127; c++)
+            names[n++] = c->name;
+    names[n++] = "help";
+    return kvedge_settings_nearest(name, names, n);
+}
+
 static void s_help(FILE *f)
 {
     fprintf(
@@ -233,11 +248,11 @@ static void s_help(FILE *f)
            "commands:\n");
     for (int t = 0; s_tables[t]; t++)
         for (const kvedge_cli_cmd_t *c = s_tables[t]; c->name; c++)
-            fprintf(f, "  %-14s %s\n", c->name, c->summary);
+            fprintf(f, "  %-14s %s\n", c->name, kvedge_cli_summary(c));
     fprintf(f, "  %-14s %s\n  %-14s %s\n", "stat", "Node statistics (with -H).", "ping",
             "Round-trip latency and bandwidth to a node (with -H).");
     for (const kvedge_cli_cmd_t *c = kvedge_cli_top_cmds; c->name; c++)
-        fprintf(f, "  %-14s %s\n", c->name, c->summary);
+        fprintf(f, "  %-14s %s\n", c->name, kvedge_cli_summary(c));
     fprintf(
         f, "\nexit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found,\n"
            "            4 corrupt blocks found, 5 store unavailable (missing, locked, too new),\n"
@@ -331,7 +346,7 @@ int main(int argc, char **argv)
             char help[] = "--help";
             char *sub[] = {argv[optind + 1], help, NULL};
             optind = 0;
-            return cmd->run(&cli, 2, sub);
+            return kvedge_cli_dispatch(&cli, cmd, 2, sub);
         }
         s_help(stdout);
         return KVEDGE_EXIT_OK;
@@ -366,8 +381,13 @@ int main(int argc, char **argv)
         int sub_argc = argc - optind;
         char **sub_argv = argv + optind;
         optind = 0; /* glibc: a full reset, so the command parses its own options */
-        return cmd->run(&cli, sub_argc, sub_argv);
+        return kvedge_cli_dispatch(&cli, cmd, sub_argc, sub_argv);
     }
-    kvedge_cli_error("unknown command '%s' (see kvedge --help)", name);
+    const char *near = s_nearest(name);
+    if (near)
+        kvedge_cli_error("unknown command '%s' (did you mean `kvedge %s`? see kvedge --help)", name,
+                         near);
+    else
+        kvedge_cli_error("unknown command '%s' (see kvedge --help)", name);
     return KVEDGE_EXIT_USAGE;
 }

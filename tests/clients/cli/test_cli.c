@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clients/cli/cli.h"
 #include "tests/common/spawn.h"
 #include "store/engine/engine.h"
 
@@ -156,6 +157,77 @@ static double s_now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A mistyped command or flag gets the nearest name and exit code 2. */
+static void test_did_you_mean(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("stats"), 2);
+    assert_contains(s_errtext, "unknown command 'stats'");
+    assert_contains(s_errtext, "did you mean `kvedge stat`?");
+    assert_int_equal(s_run("tokenise"), 2);
+    assert_contains(s_errtext, "did you mean `kvedge tokenize`?");
+    assert_int_equal(s_run("tokenize --fle x"), 2);
+    assert_contains(s_errtext, "tokenize: --fle: unknown option (did you mean --file?)");
+    assert_int_equal(s_run("tokenize --decdoe"), 2);
+    assert_contains(s_errtext, "did you mean --decode?");
+    assert_int_equal(s_run("tokenize --tokenizer"), 2);
+    assert_contains(s_errtext, "tokenize: --tokenizer: needs a value (PATH)");
+    assert_int_equal(s_run("tokenize stray"), 2);
+    assert_contains(s_errtext, "tokenize: unexpected argument 'stray'");
+}
+
+/* Every command's table is consistent, `kvedge help` lists every command, and each table
+ * command's --help lists every option, alias and argument of its table. */
+static const kvedge_cli_cmd_t *const s_all_tables[] = {
+    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,   kvedge_cli_master_cmds,
+    kvedge_cli_proxy_cmds,    kvedge_cli_e2e_cmds,      kvedge_cli_eval_cmds,
+    kvedge_cli_tokenize_cmds, kvedge_cli_layermap_cmds, kvedge_cli_lseval_cmds,
+    kvedge_cli_remote_cmds,   kvedge_cli_top_cmds,      NULL};
+
+static void test_help_lists_every_option(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run_bare("help"), 0);
+    char *list = strdup(s_out);
+    assert_non_null(list);
+    size_t tables = 0;
+    for (int t = 0; s_all_tables[t]; t++) {
+        bool remote =
+            s_all_tables[t] == kvedge_cli_remote_cmds || s_all_tables[t] == kvedge_cli_top_cmds;
+        for (const kvedge_cli_cmd_t *c = s_all_tables[t]; c->name; c++) {
+            char line[64];
+            snprintf(line, sizeof line, "\n  %s ", c->name);
+            assert_contains(list, line);
+            if (!c->opts)
+                continue;
+            tables++;
+            char why[300] = "";
+            if (kvedge_cmdopts_check(c->opts, why, sizeof why) != 0)
+                fail_msg("%s: %s", c->name, why);
+            assert_int_equal(
+                s_run_bare("%s %s --help", remote ? "-H tcp://127.0.0.1:1" : "", c->name), 0);
+            /* Wrapped help lines read as one. */
+            for (char *p = s_out; (p = strstr(p, "\n                            ")) != NULL;)
+                memmove(p, p + 28, strlen(p + 28) + 1), *p = ' ';
+            for (size_t i = 0; i < c->opts->count; i++) {
+                const kvedge_cmdopt_t *o = &c->opts->opts[i];
+                char want[96];
+                snprintf(want, sizeof want, "%s%s", o->positional ? "  " : "--", o->name);
+                assert_contains(s_out, want);
+                if (o->alias) {
+                    snprintf(want, sizeof want, "--%s", o->alias);
+                    assert_contains(s_out, want);
+                    snprintf(want, sizeof want,
+                             "deprecated alias of --%s, removed in the next release", o->name);
+                    assert_contains(s_out, want);
+                }
+            }
+        }
+    }
+    assert_true(tables > 0);
+    free(list);
 }
 
 static void test_help_and_usage_errors(void **state)
@@ -1424,6 +1496,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_help_and_usage_errors, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_did_you_mean, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_help_lists_every_option, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_missing_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_model, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_put_inspect_show_verify, s_setup, s_teardown),
