@@ -185,9 +185,9 @@ static int s_unknown_long(const kvedge_cmdopts_t *t, const char *nm, size_t n, c
     names[k++] = "help";
     const char *near = kvedge_settings_nearest(word, names, k);
     if (near)
-        return kvedge_why(why, len, KVEDGE_EINVAL, "--%s: unknown option (did you mean --%s?)",
+        return kvedge_why(why, len, KVEDGE_EINVAL, "unknown option '--%s' (did you mean --%s?)",
                           word, near);
-    return kvedge_why(why, len, KVEDGE_EINVAL, "--%s: unknown option", word);
+    return kvedge_why(why, len, KVEDGE_EINVAL, "unknown option '--%s'", word);
 }
 
 static int s_long(s_parser_t *p, int argc, char *const *argv, int *i)
@@ -219,7 +219,7 @@ static int s_short(s_parser_t *p, int argc, char *const *argv, int *i)
                 o = &p->t->opts[k];
         char shown[3] = {'-', *c, '\0'};
         if (!o)
-            return kvedge_why(p->why, p->why_len, KVEDGE_EINVAL, "%s: unknown option", shown);
+            return kvedge_why(p->why, p->why_len, KVEDGE_EINVAL, "unknown option '%s'", shown);
         if (o->type == KVEDGE_CMDOPT_BOOL) {
             int rc = s_apply(p, o, shown, "yes");
             if (rc != KVEDGE_OK)
@@ -375,6 +375,9 @@ static void s_opt_text(const kvedge_cmdopt_t *o, const void *defaults, char *tex
     } else if (o->type == KVEDGE_CMDOPT_STR && o->def) {
         snprintf(value, sizeof value, "%s", o->def);
     }
+    if (o->def_text) {
+        snprintf(value, sizeof value, "%s", o->def_text);
+    }
     if (s_numeric(o->type) && (o->min > 0 || o->max < UINT64_MAX))
         snprintf(choices, sizeof choices, "; %llu to %llu", (unsigned long long)o->min,
                  (unsigned long long)o->max);
@@ -469,8 +472,9 @@ static bool s_size_ok(const kvedge_cmdopt_t *o)
     case KVEDGE_CMDOPT_DOUBLE:
         return o->size == sizeof(double) && o->dmin <= o->def_double && o->def_double <= o->dmax;
     default:
-        return ((o->size == 4 && o->max <= UINT32_MAX) || o->size == 8) && o->min <= o->max &&
-               o->def_num >= o->min && o->def_num <= o->max;
+        return ((o->size == 4 && o->max <= UINT32_MAX && o->def_num <= UINT32_MAX) ||
+                o->size == 8) &&
+               o->min <= o->max && (o->def_text || (o->def_num >= o->min && o->def_num <= o->max));
     }
 }
 

@@ -82,6 +82,8 @@ typedef struct {
     bool required;     /* the line (or env) must give it */
     bool positional;   /* an argument, not a flag: in table order; a STRS one takes the rest */
     const char *help;  /* one phrase; --help adds the default, env and alias */
+    const char *def_text; /* numbers: what --help calls the default; with it, def_num may lie
+                           * outside [min, max] and stands for "not given" ("all layers") */
 } kvedge_cmdopt_t;
 
 #define KVEDGE_CMDOPT_AT(type, member)                                                             \
@@ -115,7 +117,7 @@ void kvedge_cmdopts_defaults(const kvedge_cmdopts_t *t, void *opts);
 /* Parses a command line (argv[0] is the command's name) into *opts: the defaults, then the
  * environment for options the line does not give, then the line. *help is set when -h or
  * --help is on it (then nothing else is checked). On failure why names the flag or argument
- * and the reason: "--count: '0' is out of range (1 to 1000)", "--fle: unknown option (did you
+ * and the reason: "--count: '0' is out of range (1 to 1000)", "unknown option '--fle' (did you
  * mean --file?)", "--model is required", "missing PREFIX", "unexpected argument 'x'"; the
  * environment as "$KVEDGE_X: ...". Returns 0 or KVEDGE_EINVAL. */
 int kvedge_cmdopts_parse(const kvedge_cmdopts_t *t, void *opts, int argc, char *const *argv,

@@ -78,6 +78,9 @@ extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[]; /* clients/cli_layermap.c */
 extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];   /* clients/cli_lseval.c */
 
+/* The block encodings by name (kvedge_scheme_t), for ENUM options. */
+extern const kvedge_setting_choice_t kvedge_cli_schemes[];
+
 /* Prints "kvedge: <message>" to stderr. */
 void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

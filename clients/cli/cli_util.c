@@ -17,7 +17,13 @@
 #include "clients/decoder/tokenizer.h"
 #include "runtime/log.h"
 #include "clients/lib/kvedge.h"
+#include "access/codec/block.h"
 #include "access/codec/error.h"
+
+const kvedge_setting_choice_t kvedge_cli_schemes[] = {{"lossless", KVEDGE_SCHEME_LOSSLESS},
+                                                      {"int8", KVEDGE_SCHEME_INT8},
+                                                      {"int4", KVEDGE_SCHEME_INT4},
+                                                      {NULL, 0}};
 
 void kvedge_cli_error(const char *fmt, ...)
 {

@@ -208,11 +208,11 @@ static void test_did_you_mean(void **state)
     s_opts_t o;
     bool help;
     assert_int_equal(s_parse(&o, &help, "--cuont", "3", NULL), KVEDGE_EINVAL);
-    assert_string_equal(s_why, "--cuont: unknown option (did you mean --count?)");
+    assert_string_equal(s_why, "unknown option '--cuont' (did you mean --count?)");
     assert_int_equal(s_parse(&o, &help, "--xyzzy-plugh", NULL), KVEDGE_EINVAL);
-    assert_string_equal(s_why, "--xyzzy-plugh: unknown option");
+    assert_string_equal(s_why, "unknown option '--xyzzy-plugh'");
     assert_int_equal(s_parse(&o, &help, "-z", NULL), KVEDGE_EINVAL);
-    assert_string_equal(s_why, "-z: unknown option");
+    assert_string_equal(s_why, "unknown option '-z'");
 }
 
 static void test_required_and_positionals(void **state)
