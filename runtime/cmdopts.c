@@ -414,6 +414,20 @@ void kvedge_cmdopts_help(const kvedge_cmdopts_t *t, const char *prog, FILE *f)
             s_line(f, left, text);
         }
     fputs("\noptions:\n", f);
+    kvedge_cmdopts_options_help(t, f);
+    s_line(f, "  -h, --help", "this help");
+    if (t->about)
+        fprintf(f, "\n%s", t->about);
+    free(defaults);
+}
+
+void kvedge_cmdopts_options_help(const kvedge_cmdopts_t *t, FILE *f)
+{
+    void *defaults = t ? calloc(1, t->struct_size ? t->struct_size : 1) : NULL;
+    if (!defaults)
+        return;
+    kvedge_cmdopts_defaults(t, defaults);
+    char left[160], text[1200];
     for (size_t k = 0; k < t->count; k++) {
         const kvedge_cmdopt_t *o = &t->opts[k];
         if (o->positional)
@@ -440,9 +454,6 @@ void kvedge_cmdopts_help(const kvedge_cmdopts_t *t, const char *prog, FILE *f)
             s_line(f, left, text);
         }
     }
-    s_line(f, "  -h, --help", "this help");
-    if (t->about)
-        fprintf(f, "\n%s", t->about);
     free(defaults);
 }
 

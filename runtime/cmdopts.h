@@ -130,6 +130,9 @@ void kvedge_cmdopts_synopsis(const kvedge_cmdopts_t *t, char *buf, size_t len);
  * (each with its default, environment variable and deprecated alias), then about. */
 void kvedge_cmdopts_help(const kvedge_cmdopts_t *t, const char *prog, FILE *f);
 
+/* Prints only the option lines of --help (flags, value, help, default, env, alias). */
+void kvedge_cmdopts_options_help(const kvedge_cmdopts_t *t, FILE *f);
+
 #ifdef __cplusplus
 }
 #endif
