@@ -648,6 +648,30 @@ typedef struct {
     size_t *lens; /* encoded length per head */
 } s_synth_buf_t;
 
+/* Allocates b for blocks of spec: values floats values per head, es bytes each, heads heads.
+ * Returns false (what was allocated stays for s_synth_buf_free) when out of memory. */
+static bool s_synth_buf_new(s_synth_buf_t *b, const kvedge_block_spec_t *spec, size_t values,
+                            size_t es, uint32_t heads)
+{
+    b->slot = (kvedge_block_encoded_bound(spec) + 7) & ~(size_t)7;
+    b->kf = malloc(sizeof(float) * 2 * values);
+    b->vf = b->kf ? b->kf + values : NULL;
+    b->k = malloc(values * es);
+    b->v = malloc(values * es);
+    b->blocks = malloc(b->slot * heads);
+    b->lens = calloc(heads, sizeof *b->lens);
+    return b->kf && b->k && b->v && b->blocks && b->lens;
+}
+
+static void s_synth_buf_free(s_synth_buf_t *b)
+{
+    free(b->kf);
+    free(b->k);
+    free(b->v);
+    free(b->blocks);
+    free(b->lens);
+}
+
 /* Generates and encodes every head of one layer of one chunk (the same bytes whatever the
  * write path). spec->tokens is the chunk's token count. */
 static int s_synth_layer(const s_synth_opts_t *o, const kvedge_model_t *m, uint32_t ci,
@@ -748,17 +772,9 @@ static int s_put_synthetic(kvedge_cli_t *cli, s_sink_t *sink, const kvedge_model
     kvedge_block_spec_t spec = {
         m->dtype, (kvedge_scheme_t)o->scheme, C, m->head_dim, (uint16_t)o->group, NULL, !o->no_lz4};
     s_synth_buf_t b;
-    b.slot = (kvedge_block_encoded_bound(&spec) + 7) & ~(size_t)7;
-    b.kf = malloc(sizeof(float) * 2 * C * D);
-    b.vf = b.kf ? b.kf + (size_t)C * D : NULL;
-    b.k = malloc((size_t)C * D * es);
-    b.v = malloc((size_t)C * D * es);
-    b.blocks = malloc(b.slot * H);
-    b.lens = calloc(H, sizeof *b.lens);
+    bool buf_ok = s_synth_buf_new(&b, &spec, C * D, es, H);
     kvedge_put_item_t *items = sink->c ? calloc(H, sizeof *items) : NULL;
-    int rc = (tokens && ids && b.kf && b.k && b.v && b.blocks && b.lens && (items || !sink->c))
-                 ? KVEDGE_OK
-                 : KVEDGE_ENOMEM;
+    int rc = (tokens && ids && buf_ok && (items || !sink->c)) ? KVEDGE_OK : KVEDGE_ENOMEM;
     kvedge_rng_t r;
     kvedge_rng_seed(&r, o->seed);
     for (uint64_t i = 0; rc == KVEDGE_OK && i < o->tokens; i++)
@@ -810,11 +826,7 @@ static int s_put_synthetic(kvedge_cli_t *cli, s_sink_t *sink, const kvedge_model
     }
     free(tokens);
     free(ids);
-    free(b.kf);
-    free(b.k);
-    free(b.v);
-    free(b.blocks);
-    free(b.lens);
+    s_synth_buf_free(&b);
     free(items);
     return rc;
 }
