@@ -178,6 +178,23 @@ static void test_did_you_mean(void **state)
     assert_contains(s_errtext, "tokenize: unexpected argument 'stray'");
 }
 
+/* The environment variables the global options fall back on still work, and the line wins. */
+static void test_env_vars(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 10"), 0);
+    assert_int_equal(setenv("KVEDGE_DATA", s_dir, 1), 0);
+    assert_int_equal(s_run_bare("--json inspect"), 0);
+    assert_contains(s_out, "\"chunks\":1");
+    assert_int_equal(s_run_bare("--data %s/none inspect", s_dir), 5); /* the line wins */
+    assert_int_equal(unsetenv("KVEDGE_DATA"), 0);
+    assert_int_equal(setenv("KVEDGE_HOST", "ipc:///nonexistent/kvedge-env.sock", 1), 0);
+    assert_int_equal(s_run_bare("--deadline 200 stat"), 5); /* a node, not "give it -H" */
+    assert_int_equal(unsetenv("KVEDGE_HOST"), 0);
+    assert_int_equal(s_run_bare("stat"), 2);
+    assert_contains(s_errtext, "give it -H");
+}
+
 /* Every command table, as main.c lists them. */
 static const kvedge_cli_cmd_t *const s_all_tables[] = {
     kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,   kvedge_cli_master_cmds,
@@ -1545,6 +1562,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_help_lists_every_option, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bounds_name_the_flag, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_aliases_work, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_env_vars, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_missing_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_model, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_put_inspect_show_verify, s_setup, s_teardown),
