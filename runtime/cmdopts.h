@@ -25,6 +25,9 @@
  *   static const kvedge_cmdopts_t s_opts = {.command = "tokenize", .summary = "One line.",
  *       .about = "Longer text for --help (or NULL).", KVEDGE_CMDOPTS_OF(s_opts_t, s_opt_list)};
  *
+ * A number that may be left unset takes a default outside its bounds and says in def_text what
+ * that means (`.max = 63, .def_num = UINT32_MAX, .def_text = "all"`).
+ *
  * Then kvedge_cmdopts_parse fills an s_opts_t: defaults, then $env for options that have one
  * and the line does not give, then the line. The CLI (clients/cli/cli.h) does that for a
  * command whose entry names its table, and calls its run with the parsed struct.
@@ -82,8 +85,9 @@ typedef struct {
     bool required;     /* the line (or env) must give it */
     bool positional;   /* an argument, not a flag: in table order; a STRS one takes the rest */
     const char *help;  /* one phrase; --help adds the default, env and alias */
-    const char *def_text; /* numbers: what --help calls the default; with it, def_num may lie
-                           * outside [min, max] and stands for "not given" ("all layers") */
+    /* Numbers: what --help calls the default; with it, def_num may lie outside [min, max]
+     * and stands for "not given" ("all layers"). */
+    const char *def_text;
 } kvedge_cmdopt_t;
 
 #define KVEDGE_CMDOPT_AT(type, member)                                                             \
@@ -107,8 +111,8 @@ typedef struct kvedge_cmdopts_s {
     .struct_size = sizeof(type), .opts = list, .count = sizeof(list) / sizeof((list)[0])
 
 /* Checks a table's own consistency: names, letters and aliases unique and well formed, fields
- * inside the struct and of the type's size, defaults within bounds, help for every entry, at
- * most one STRS positional and only last. For tests. Returns 0 or KVEDGE_EINVAL. */
+ * inside the struct and of the type's size, defaults within bounds (or def_text), help for every
+ * entry, a STRS positional only last. For tests. Returns 0 or KVEDGE_EINVAL. */
 int kvedge_cmdopts_check(const kvedge_cmdopts_t *t, char *why, size_t why_len);
 
 /* Zeroes *opts (t->struct_size bytes) and stores every default. */
