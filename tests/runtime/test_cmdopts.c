@@ -138,6 +138,14 @@ static void test_table_is_consistent(void **state)
     dflt[0].def_num = 0; /* below min */
     kvedge_cmdopts_t t3 = {.command = "bad", .summary = "x", KVEDGE_CMDOPTS_OF(s_opts_t, dflt)};
     assert_int_equal(kvedge_cmdopts_check(&t3, why, sizeof why), KVEDGE_EINVAL);
+    /* ... unless def_text says what the default outside the bounds stands for. */
+    dflt[0].def_text = "unset";
+    assert_int_equal(kvedge_cmdopts_check(&t3, why, sizeof why), KVEDGE_OK);
+    s_opts_t o;
+    bool help;
+    char *argv[] = {"bad", NULL};
+    assert_int_equal(kvedge_cmdopts_parse(&t3, &o, 1, argv, &help, why, sizeof why), KVEDGE_OK);
+    assert_int_equal(o.count, 0); /* not given: the sentinel */
 }
 
 static void test_every_form(void **state)

@@ -174,6 +174,10 @@ static void test_did_you_mean(void **state)
     assert_contains(s_errtext, "did you mean --decode?");
     assert_int_equal(s_run("tokenize --tokenizer"), 2);
     assert_contains(s_errtext, "tokenize: --tokenizer: needs a value (PATH)");
+    assert_int_equal(s_run_bare("--jsno inspect"), 2); /* a global option before the command */
+    assert_contains(s_errtext, "unknown option '--jsno' (did you mean --json?)");
+    assert_int_equal(s_run("ls --ful"), 2);
+    assert_contains(s_errtext, "ls: unknown option '--ful' (did you mean --full?)");
     assert_int_equal(s_run("tokenize stray"), 2);
     assert_contains(s_errtext, "tokenize: unexpected argument 'stray'");
 }
