@@ -491,6 +491,42 @@ static const kvedge_setting_t *s_suggest(const kvedge_settings_table_t *t, const
     return best;
 }
 
+const char *kvedge_settings_nearest(const char *word, const char *const *names, size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = 3;
+    for (size_t i = 0; word && names && i < n; i++) {
+        if (!names[i])
+            continue;
+        char other[S_FLAG_NAME_BYTES];
+        snprintf(other, sizeof other, "%s", names[i]);
+        for (char *p = other; *p; p++)
+            *p = *p == '-' ? '_' : *p == '_' ? '-' : *p;
+        if (strcmp(word, other) == 0)
+            return names[i];
+        size_t d = s_distance(word, names[i]);
+        if (d < best_d) {
+            best_d = d;
+            best = names[i];
+        }
+    }
+    return best;
+}
+
+int kvedge_setting_parse(const kvedge_setting_t *e, void *settings, const char *value, char *why,
+                         size_t why_len)
+{
+    if (!e || !settings || !value)
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "bad arguments");
+    return s_set_value(e, settings, value, why, why_len) == 0 ? KVEDGE_OK : KVEDGE_EINVAL;
+}
+
+void kvedge_setting_default(const kvedge_setting_t *e, void *settings)
+{
+    if (e && settings)
+        s_default(e, settings);
+}
+
 /* ---------------------------------------------------------------- the config reader */
 
 static bool s_is_namechar(char c)

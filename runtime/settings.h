@@ -149,6 +149,18 @@ void kvedge_settings_print(const kvedge_settings_table_t *t, const void *setting
  * --config, --check-config and --help. */
 void kvedge_settings_help(const kvedge_settings_table_t *t, FILE *f);
 
+/* One setting on its own, for tables other than a daemon's (runtime/cmdopts.h): parses value
+ * into e's field of settings (a LIST appends) with e's type and bounds; on failure why holds
+ * the reason without the key ("'0' is out of range (1 to 64)") and settings is unchanged.
+ * Returns 0 or KVEDGE_EINVAL. kvedge_setting_default stores e's default. */
+int kvedge_setting_parse(const kvedge_setting_t *e, void *settings, const char *value, char *why,
+                         size_t why_len);
+void kvedge_setting_default(const kvedge_setting_t *e, void *settings);
+
+/* The name a mistyped word most likely meant, among names[0..n): one spelled with '-' and '_'
+ * swapped, else the nearest within 2 edits (case-insensitive); NULL when none is that near. */
+const char *kvedge_settings_nearest(const char *word, const char *const *names, size_t n);
+
 /* Checks for STRING settings: an endpoint (tcp://HOST:PORT, ipc://PATH, inproc://NAME) or "";
  * a registry id (1-64 of [A-Za-z0-9._:@+-]) or "". */
 int kvedge_settings_check_endpoint(const char *value, char *why, size_t why_len);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "runtime/cmdopts.h"
 #include "runtime/settings.h"
 #include "store/engine/engine.h"
 
@@ -32,12 +33,36 @@ typedef struct {
     const char *link;       /* --link: emulated link to the node ("100mbit,20ms") */
 } kvedge_cli_t;
 
+/* One command. A command declares its options as a table (runtime/cmdopts.h, which says how)
+ * and an exec that runs on the parsed struct:
+ *
+ *   static int s_tokenize(kvedge_cli_t *cli, const void *opts);   // run, then print
+ *   const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[] = {
+ *       {.name = "tokenize", .opts = &s_tokenize_opts, .exec = s_tokenize},
+ *       {NULL, NULL, NULL, NULL, NULL, NULL},
+ *   };
+ *
+ * The CLI then parses the line from the table, prints --help from it, refuses a bad line with
+ * exit code 2 (naming the flag, and the nearest flag for a mistyped one) and calls exec. Keep
+ * exec short: a run(opts) -> result that does the work and returns an exit code, then a
+ * printer for text and one for --json (cli->json). A command without a table (opts NULL)
+ * parses its own argv in run and gives args and summary here. */
 typedef struct {
     const char *name;
     int (*run)(kvedge_cli_t *cli, int argc, char **argv); /* argv[0] is the command name */
-    const char *args;
-    const char *summary;
+    const char *args;    /* usage after the name; NULL with a table (it comes from there) */
+    const char *summary; /* one line; NULL with a table (its summary) */
+    const kvedge_cmdopts_t *opts;                     /* the options table, or NULL */
+    int (*exec)(kvedge_cli_t *cli, const void *opts); /* with a table: returns an exit code */
 } kvedge_cli_cmd_t;
+
+/* A command's one-line summary (its table's, or its own). */
+const char *kvedge_cli_summary(const kvedge_cli_cmd_t *cmd);
+
+/* Runs cmd on its line (argv[0] is its name): a table command's options parsed, its --help
+ * printed, a bad line refused ("kvedge: CMD: WHY (see kvedge CMD --help)", exit code 2), then
+ * its exec; else its run. Returns the exit code. */
+int kvedge_cli_dispatch(kvedge_cli_t *cli, const kvedge_cli_cmd_t *cmd, int argc, char **argv);
 
 /* The local-mode commands (clients/cli_local.c), the daemons (clients/cli_daemon.c). Each
  * table ends with an entry whose name is NULL. */
@@ -52,6 +77,9 @@ extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];   /* clients/cli_eval.c */
 extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[]; /* clients/cli_layermap.c */
 extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];   /* clients/cli_lseval.c */
+
+/* The block encodings by name (kvedge_scheme_t), for ENUM options. */
+extern const kvedge_setting_choice_t kvedge_cli_schemes[];
 
 /* Prints "kvedge: <message>" to stderr. */
 void kvedge_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

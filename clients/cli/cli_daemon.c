@@ -4,7 +4,6 @@
 #include <cjson/cJSON.h>
 #include <czmq.h>
 #include <errno.h>
-#include <getopt.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +34,9 @@ static int s_check(const void *settings, char *why, size_t why_len)
 static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_node_settings_table;
-    const kvedge_cli_cmd_t cmd = {"store", NULL, "[OPTIONS] [--config FILE] [--check-config]",
-                                  "Run a store node."};
+    const kvedge_cli_cmd_t cmd = {
+        "store", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run a store node.",
+        NULL,    NULL};
     static kvedge_node_settings_t s;
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_store_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -76,47 +76,68 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
     return KVEDGE_EXIT_OK;
 }
 
-static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    const char *path;
+    const char *tenant;
+    bool admin, force;
+} s_keygen_opts_t;
+
+static const kvedge_cmdopt_t s_keygen_list[] = {
+    {.name = "tenant",
+     .letter = 't',
+     .arg = "NAME",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_keygen_opts_t, tenant),
+     .help = "put the client in a named tenant: every key of the same tenant shares one cache "
+             "namespace"},
+    {.name = "admin",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_keygen_opts_t, admin),
+     .help = "let the key run store-wide operations (evict) once its public certificate is in "
+             "a node's allowlist"},
+    {.name = "force",
+     .letter = 'f',
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_keygen_opts_t, force),
+     .help = "replace existing files"},
+    {.name = "PATH",
+     .positional = true,
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_keygen_opts_t, path),
+     .required = true,
+     .help = "the public certificate; the secret one is PATH_secret"},
+};
+
+static const kvedge_cmdopts_t s_keygen_opts = {
+    .command = "keygen",
+    .summary = "Write a CURVE certificate pair.",
+    .about = "Writes a CURVE certificate pair: PATH (public: give it to the node's\n"
+             "clients directory, or to clients as the node key) and PATH_secret (mode\n"
+             "0600: keep it).\n"
+             "--json prints {\"public\": PATH, \"secret\": PATH_secret, \"public_key\": KEY}.\n",
+    KVEDGE_CMDOPTS_OF(s_keygen_opts_t, s_keygen_list)};
+
+static void s_keygen_print(const kvedge_cli_t *cli, const char *path, const char *secret,
+                           zcert_t *cert)
 {
-    static const struct option opts[] = {{"tenant", required_argument, NULL, 't'},
-                                         {"admin", no_argument, NULL, 'a'},
-                                         {"force", no_argument, NULL, 'f'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"keygen", NULL, "PATH [--tenant NAME] [--admin] [--force]", NULL};
-    const char *tenant = NULL;
-    bool force = false, admin = false;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "t:fh", opts, NULL)) != -1) {
-        if (ch == 't') {
-            tenant = optarg;
-        } else if (ch == 'a') {
-            admin = true;
-        } else if (ch == 'f') {
-            force = true;
-        } else if (ch == 'h') {
-            printf(
-                "usage: kvedge keygen PATH [--tenant NAME] [--admin] [--force]\n\n"
-                "Writes a CURVE certificate pair: PATH (public: give it to the node's\n"
-                "clients directory, or to clients as the node key) and PATH_secret (mode\n"
-                "0600: keep it). --tenant puts the client in a named tenant: every key of\n"
-                "the same tenant shares one cache namespace. --admin lets the key run store-wide\n"
-                "operations (evict) once its public certificate is in a node's allowlist.\n"
-                "--json prints {\"public\": PATH, \"secret\": PATH_secret, \"public_key\": "
-                "KEY}.\n");
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("keygen: unknown option '%s'", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
+    if (cli->json) {
+        printf("{\"public\":");
+        kvedge_cli_json_str(stdout, path);
+        printf(",\"secret\":");
+        kvedge_cli_json_str(stdout, secret);
+        printf(",\"public_key\":");
+        kvedge_cli_json_str(stdout, zcert_public_txt(cert));
+        printf("}\n");
+    } else {
+        printf("public key %s\nwrote %s and %s\n", zcert_public_txt(cert), path, secret);
     }
-    (void)cmd;
-    if (argc - optind != 1) {
-        kvedge_cli_error("keygen: expected one PATH");
-        return KVEDGE_EXIT_USAGE;
-    }
-    const char *path = argv[optind];
+}
+
+static int s_keygen(kvedge_cli_t *cli, const void *opts)
+{
+    const s_keygen_opts_t *o = opts;
+    const char *path = o->path, *tenant = o->tenant;
+    bool force = o->force, admin = o->admin;
     char secret[4200];
     snprintf(secret, sizeof secret, "%s_secret", path);
     if (!force && (zsys_file_exists(path) || zsys_file_exists(secret))) {
@@ -136,17 +157,7 @@ static int s_cmd_keygen(kvedge_cli_t *cli, int argc, char **argv)
     if (rc == 0) {
         chmod(secret, 0600);
         chmod(path, 0644);
-        if (cli->json) {
-            printf("{\"public\":");
-            kvedge_cli_json_str(stdout, path);
-            printf(",\"secret\":");
-            kvedge_cli_json_str(stdout, secret);
-            printf(",\"public_key\":");
-            kvedge_cli_json_str(stdout, zcert_public_txt(cert));
-            printf("}\n");
-        } else {
-            printf("public key %s\nwrote %s and %s\n", zcert_public_txt(cert), path, secret);
-        }
+        s_keygen_print(cli, path, secret, cert);
     } else {
         kvedge_cli_error("keygen: cannot write %s: %s", path, strerror(errno));
     }
@@ -171,74 +182,91 @@ static void s_sync_status_line(const char *line)
 
 /* `kvedge sync`: the historical cache's progress (what a running edge node last wrote), or
  * one pass in the foreground with --once. */
-static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    bool once;
+    const char *subscriptions; /* NULL: DIR/subscriptions.conf */
+    uint32_t deadline_ms;
+} s_sync_opts_t;
+
+static const kvedge_cmdopt_t s_sync_list[] = {
+    {.name = "once",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_sync_opts_t, once),
+     .help = "one pass now into DIR (the node must not be running)"},
+    {.name = "subscriptions",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_sync_opts_t, subscriptions),
+     .help = "the contexts to copy (default DIR/subscriptions.conf): the store node's "
+             "--subscriptions file"},
+    {.name = "deadline",
+     .arg = "MS",
+     .type = KVEDGE_CMDOPT_MS,
+     KVEDGE_CMDOPT_AT(s_sync_opts_t, deadline_ms),
+     .min = 1,
+     .max = 600000,
+     .def_num = 10000,
+     .help = "per-call deadline of a --once pass"},
+};
+
+static const kvedge_cmdopts_t s_sync_opts = {
+    .command = "sync",
+    .summary = "Historical cache of an edge: progress, or one pass.",
+    .about = "The edge's historical cache: contexts copied from a cloud node and pinned,\n"
+             "so the edge serves them with the network down. Without --once: the\n"
+             "progress a running node last wrote (DIR/" KVEDGE_HSYNC_STATUS_FILE
+             "), one line per context;\n"
+             "with --json, the file's JSON lines. With --once: one pass now into DIR\n"
+             "(the node must not be running). The file (default\n"
+             "DIR/subscriptions.conf) has one section per context:\n\n"
+             "  subscription\n"
+             "      name = support-bot\n"
+             "      cloud = tcp://cloud:7400\n"
+             "      server_key = /etc/kvedge/cloud.cert   # omit for plaintext loopback\n"
+             "      cert = /etc/kvedge/keys/edge_secret\n"
+             "      tenant = acme          # local tenant the copy serves\n"
+             "      prefix = <64 hex digits: the context's last chunk, as kvedge -H ls "
+             "shows>\n"
+             "      layers = 6:12          # optional: only layers 6..11 (default all)\n\n"
+             "--once prints one line per context: its state (ok, partial, failed) and what\n"
+             "the pass did; a pass that fails still says what is held locally (pinned,\n"
+             "served). Exit 0 when every context synced; else the code of the first\n"
+             "failure: 1 (cloud unreachable, ...), 3 (the cloud lacks a subscribed chunk).\n",
+    KVEDGE_CMDOPTS_OF(s_sync_opts_t, s_sync_list)};
+
+/* Without --once: prints the status file a running edge node last wrote. */
+static int s_sync_status(const kvedge_cli_t *cli)
 {
-    static const struct option opts[] = {{"once", no_argument, NULL, 'o'},
-                                         {"subscriptions", required_argument, NULL, 'U'},
-                                         {"deadline", required_argument, NULL, 'D'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    bool once = false;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", cli->data_dir, KVEDGE_HSYNC_STATUS_FILE);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        kvedge_cli_error("no sync status in %s: no edge node with --subscriptions has run "
+                         "there yet (or run kvedge sync --once)",
+                         cli->data_dir);
+        return KVEDGE_EXIT_NOTFOUND;
+    }
+    char line[2048];
+    while (fgets(line, sizeof line, f))
+        if (cli->json)
+            fputs(line, stdout);
+        else
+            s_sync_status_line(line);
+    fclose(f);
+    return KVEDGE_EXIT_OK;
+}
+
+static int s_sync(kvedge_cli_t *cli, const void *opts)
+{
+    const s_sync_opts_t *o = opts;
     char subs_path[KVEDGE_NODE_PATH_BYTES];
-    uint64_t deadline = 10000;
-    snprintf(subs_path, sizeof subs_path, "%s/subscriptions.conf", cli->data_dir);
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (ch == 'o') {
-            once = true;
-        } else if (ch == 'U') {
-            snprintf(subs_path, sizeof subs_path, "%s", optarg);
-        } else if (ch == 'D' && kvedge_cli_parse_u64(optarg, 1, 600000, &deadline) == 0) {
-            continue;
-        } else if (ch == 'h') {
-            printf(
-                "usage: kvedge [--data DIR] sync [--once] [--subscriptions FILE]\n\n"
-                "The edge's historical cache: contexts copied from a cloud node and pinned,\n"
-                "so the edge serves them with the network down. Without --once: the\n"
-                "progress a running node last wrote (DIR/" KVEDGE_HSYNC_STATUS_FILE
-                "), one line per context;\n"
-                "with --json, the file's JSON lines. With --once: one pass now into DIR\n"
-                "(the node must not be running). The file (default\n"
-                "DIR/subscriptions.conf) has one section per context:\n\n"
-                "  subscription\n"
-                "      name = support-bot\n"
-                "      cloud = tcp://cloud:7400\n"
-                "      server_key = /etc/kvedge/cloud.cert   # omit for plaintext loopback\n"
-                "      cert = /etc/kvedge/keys/edge_secret\n"
-                "      tenant = acme          # local tenant the copy serves\n"
-                "      prefix = <64 hex digits: the context's last chunk, as kvedge -H ls "
-                "shows>\n"
-                "      layers = 6:12          # optional: only layers 6..11 (default all)\n\n"
-                "--once prints one line per context: its state (ok, partial, failed) and what\n"
-                "the pass did; a pass that fails still says what is held locally (pinned,\n"
-                "served). Exit 0 when every context synced; else the code of the first\n"
-                "failure: 1 (cloud unreachable, ...), 3 (the cloud lacks a subscribed chunk).\n");
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("sync: bad option '%s'", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (!once) {
-        char path[1200];
-        snprintf(path, sizeof path, "%s/%s", cli->data_dir, KVEDGE_HSYNC_STATUS_FILE);
-        FILE *f = fopen(path, "r");
-        if (!f) {
-            kvedge_cli_error("no sync status in %s: no edge node with --subscriptions has run "
-                             "there yet (or run kvedge sync --once)",
-                             cli->data_dir);
-            return KVEDGE_EXIT_NOTFOUND;
-        }
-        char line[2048];
-        while (fgets(line, sizeof line, f))
-            if (cli->json)
-                fputs(line, stdout);
-            else
-                s_sync_status_line(line);
-        fclose(f);
-        return KVEDGE_EXIT_OK;
-    }
+    if (o->subscriptions)
+        snprintf(subs_path, sizeof subs_path, "%s", o->subscriptions);
+    else
+        snprintf(subs_path, sizeof subs_path, "%s/subscriptions.conf", cli->data_dir);
+    uint64_t deadline = o->deadline_ms;
+    if (!o->once)
+        return s_sync_status(cli);
     static kvedge_hsync_sub_t subs[KVEDGE_HSYNC_MAX_SUBS];
     static kvedge_hsync_status_t st[KVEDGE_HSYNC_MAX_SUBS];
     size_t n = 0;
@@ -272,11 +300,9 @@ static int s_cmd_sync(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[] = {
     {"store", s_cmd_store, "[--role cloud|edge] [--bind EP] [--config FILE] [--check-config]",
-     "Run a store node (cloud or edge role) serving the data directory."},
-    {"keygen", s_cmd_keygen, "PATH [--tenant NAME]", "Write a CURVE certificate pair."},
-    {"plan", kvedge_cli_plan, "--model ID --source SPEC [...]",
-     "What the planner would fetch from where, without fetching."},
-    {"sync", s_cmd_sync, "[--once] [--subscriptions FILE]",
-     "Historical cache of an edge: progress, or one pass."},
-    {NULL, NULL, NULL, NULL},
+     "Run a store node (cloud or edge role) serving the data directory.", NULL, NULL},
+    {.name = "keygen", .opts = &s_keygen_opts, .exec = s_keygen},
+    {.name = "plan", .opts = &kvedge_cli_plan_opts, .exec = kvedge_cli_plan_exec},
+    {.name = "sync", .opts = &s_sync_opts, .exec = s_sync},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -527,9 +527,12 @@ static int s_cmd_synth(kvedge_cli_t *cli, int argc, char **argv)
                                          {"fp32", no_argument, NULL, S_O_FP32},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"model-synth", NULL,
+    const kvedge_cli_cmd_t cmd = {"model-synth",
+                                  NULL,
                                   "--shape NAME --out FILE [--seed N] [--fp32]",
-                                  "Write synthetic OPT weights of a named shape."};
+                                  "Write synthetic OPT weights of a named shape.",
+                                  NULL,
+                                  NULL};
     const char *shape = NULL, *out = NULL;
     uint64_t seed = 0;
     bool fp32 = false;
@@ -728,10 +731,13 @@ static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
                                          {"master-pub", required_argument, NULL, S_O_MASTER_PUB},
                                          {"master-key", required_argument, NULL, S_O_MASTER_KEY},
                                          {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"prefill", NULL,
+    const kvedge_cli_cmd_t cmd = {"prefill",
+                                  NULL,
                                   "--weights FILE (--context-file F | --context TEXT | "
                                   "--context-ids L) [...]",
-                                  "Cloud role: prefill a shared context, put its K/V to a node."};
+                                  "Cloud role: prefill a shared context, put its K/V to a node.",
+                                  NULL,
+                                  NULL};
     s_common_t c = {.cmd = "prefill"};
     kvedge_e2e_quant_t q;
     kvedge_e2e_quant_default(&q);
@@ -1174,11 +1180,14 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
         {"accept", required_argument, NULL, S_O_ACCEPT},
         {"budget", required_argument, NULL, S_O_BUDGET},
         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"decode", NULL,
+    const kvedge_cli_cmd_t cmd = {"decode",
+                                  NULL,
                                   "--weights FILE (--context-file F | --context TEXT | "
                                   "--context-ids L) (--prompt TEXT | --prompt-ids L) [...]",
                                   "Edge role: decode a prompt on a context's K/V fetched through "
-                                  "a proxy."};
+                                  "a proxy.",
+                                  NULL,
+                                  NULL};
     s_common_t c = {.cmd = "decode"};
     const char *prompt_text = NULL, *prompt_ids = NULL, *cloud_link = S_CLOUD_LINK_DEFAULT;
     const char *adapter_path = NULL;
@@ -1443,10 +1452,10 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[] = {
     {"model-synth", s_cmd_synth, "--shape NAME --out FILE [--seed N] [--fp32]",
-     "Write synthetic OPT weights of a named shape (opt-125m, opt-1.3b, ...)."},
+     "Write synthetic OPT weights of a named shape (opt-125m, opt-1.3b, ...).", NULL, NULL},
     {"prefill", s_cmd_prefill, "-H NODE --weights FILE --context... [--scheme S]",
-     "Cloud role: prefill a shared context and put its K/V to a node."},
+     "Cloud role: prefill a shared context and put its K/V to a node.", NULL, NULL},
     {"decode", s_cmd_decode, "-H PROXY --weights FILE --context... --prompt TEXT [--compare]",
-     "Edge role: decode a prompt on the context's K/V fetched through a proxy."},
-    {NULL, NULL, NULL, NULL},
+     "Edge role: decode a prompt on the context's K/V fetched through a proxy.", NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

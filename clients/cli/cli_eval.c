@@ -503,10 +503,13 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"eval", NULL,
+    const kvedge_cli_cmd_t cmd = {"eval",
+                                  NULL,
                                   "--weights FILE (--ids FILE | --tokenizer DIR --text FILE) "
                                   "[-H CLOUD --proxy EP] [...]",
-                                  "Measure the quality of every cache scheme on held-out text."};
+                                  "Measure the quality of every cache scheme on held-out text.",
+                                  NULL,
+                                  NULL};
     const char *weights = NULL, *model_id = S_MODEL_ID_DEFAULT, *ids_file = NULL, *tok_dir = NULL,
                *text_file = NULL, *plot_dir = NULL, *proxy_ep = NULL, *profile_out = NULL;
     uint64_t heads = 0, ctx = S_CONTEXT_DEFAULT, cont = S_CONTINUATION_DEFAULT, chunk = 0,
@@ -750,6 +753,7 @@ static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
 const kvedge_cli_cmd_t kvedge_cli_eval_cmds[] = {
     {"eval", s_cmd_eval,
      "--weights FILE (--ids FILE | --tokenizer DIR --text FILE) [-H CLOUD --proxy EP]",
-     "Measure the quality of every cache scheme (perplexity, agreement, KL) on held-out text."},
-    {NULL, NULL, NULL, NULL},
+     "Measure the quality of every cache scheme (perplexity, agreement, KL) on held-out text.",
+     NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

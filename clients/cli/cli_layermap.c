@@ -759,8 +759,8 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
         {"adapt-samples", required_argument, NULL, S_O_ADAPT_SAMPLES},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"layermap", NULL, S_ARGS,
-                                  "Match edge layers to cloud layers by CKA and RSA."};
+    const kvedge_cli_cmd_t cmd = {
+        "layermap", NULL, S_ARGS, "Match edge layers to cloud layers by CKA and RSA.", NULL, NULL};
     const char *cloud_path = NULL, *edge_path = NULL, *tok_path = NULL, *calib = NULL;
     const char *out = NULL, *heatmap = NULL, *cloud_id = NULL, *edge_id = NULL, *show = NULL;
     s_reg_t reg = {NULL, NULL, cli->server_key, cli->cert,
@@ -1013,6 +1013,6 @@ static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[] = {
     {"layermap", s_cmd_layermap, S_ARGS,
-     "Match each edge layer to a cloud layer by CKA and RSA over calibration text."},
-    {NULL, NULL, NULL, NULL},
+     "Match each edge layer to a cloud layer by CKA and RSA over calibration text.", NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

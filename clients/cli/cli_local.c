@@ -1,7 +1,6 @@
 /* The kvedge admin commands in local mode: they open the store directory themselves.
  * Inspection commands open it read-only, so they also work beside a running node.
  * put-synthetic is one command for both modes: with -H it writes through a node. */
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/statvfs.h>
@@ -21,48 +20,26 @@
 #define S_TOKENS_MAX      (1u << 24) /* put-synthetic --tokens */
 #define S_TOKENS_UNFORCED (1u << 20) /* put-synthetic --tokens past this wants --force */
 
-/* ---- option parsing shared by every command ---- */
+/* ---- options shared by several commands ---- */
 
-/* Parses only --help for commands without options; returns -1 to go on, else an exit code. */
-static int s_no_options(const kvedge_cli_cmd_t *cmd, int argc, char **argv, int want_args,
-                        const char *details)
-{
-    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c == 'h') {
-            kvedge_cli_usage(stdout, cmd, details);
-            return KVEDGE_EXIT_OK;
-        }
-        kvedge_cli_error("%s: unknown option '%s'", cmd->name, argv[optind - 1]);
-        kvedge_cli_usage(stderr, cmd, NULL);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (argc - optind != want_args) {
-        kvedge_cli_error("%s: expected %d argument%s, got %d", cmd->name, want_args,
-                         want_args == 1 ? "" : "s", argc - optind);
-        kvedge_cli_usage(stderr, cmd, NULL);
-        return KVEDGE_EXIT_USAGE;
-    }
-    return -1;
-}
+/* The options of the commands without any (inspect, repair, models). */
+typedef struct {
+    char unused;
+} s_none_t;
 
-static int s_bad_option(const kvedge_cli_cmd_t *cmd, int argc, char **argv)
-{
-    (void)argc;
-    kvedge_cli_error("%s: unknown option or missing value '%s'", cmd->name, argv[optind - 1]);
-    kvedge_cli_usage(stderr, cmd, NULL);
-    return KVEDGE_EXIT_USAGE;
-}
+/* The commands that name one prefix (pin, unpin, delete). */
+typedef struct {
+    const char *prefix;
+} s_prefix_opts_t;
 
-static const kvedge_cli_cmd_t *s_cmd(const char *name)
-{
-    for (const kvedge_cli_cmd_t *c = kvedge_cli_local_cmds; c->name; c++)
-        if (strcmp(c->name, name) == 0)
-            return c;
-    return NULL;
-}
+static const kvedge_cmdopt_t s_prefix_list[] = {
+    {.name = "PREFIX",
+     .positional = true,
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_prefix_opts_t, prefix),
+     .required = true,
+     .help = "a prefix id: at least 4 hex digits of its last chunk (see kvedge ls)"},
+};
 
 /* Resolves a PREFIX argument (hex, at least 4 digits) to a chunk, with clear errors. */
 static int s_resolve(kvedge_cli_t *cli, kvedge_engine_t *e, const char *arg,
@@ -192,184 +169,218 @@ typedef struct {
     unsigned schemes;
 } s_model_row_t;
 
-static int s_cmd_inspect(kvedge_cli_t *cli, int argc, char **argv)
-{
-    int ex = s_no_options(s_cmd("inspect"), argc, argv, 0,
-                          "Per model: prefix chunks, tokens, layers x heads x head_dim, blocks,\n"
-                          "bytes stored against their fp16 size, schemes and compression ratio.\n");
-    if (ex >= 0)
-        return ex;
-    kvedge_engine_t *e;
-    if ((ex = kvedge_cli_open(cli, false, &e)) != 0)
-        return ex;
+/* What inspect found: the store's chunks, summed per model, and its totals. */
+typedef struct {
     s_chunks_t c;
-    int rc = s_load_chunks(e, &c);
+    s_model_row_t *m;
+    size_t nm;
     kvedge_engine_stats_t st;
+} s_inspect_t;
+
+static const kvedge_cmdopts_t s_inspect_opts = {
+    .command = "inspect",
+    .summary = "Summarize the store: models, prefixes, bytes, compression.",
+    .about = "Per model: prefix chunks, tokens, layers x heads x head_dim, blocks,\n"
+             "bytes stored against their fp16 size, schemes and compression ratio.\n",
+    .struct_size = sizeof(s_none_t)};
+
+static int s_inspect_run(kvedge_engine_t *e, s_inspect_t *r)
+{
+    int rc = s_load_chunks(e, &r->c);
     if (rc == KVEDGE_OK)
-        rc = kvedge_engine_stats(e, &st);
-    s_model_row_t *m = calloc(c.n + 1, sizeof *m);
-    size_t nm = 0;
-    for (size_t i = 0; rc == KVEDGE_OK && m && i < c.n; i++) {
+        rc = kvedge_engine_stats(e, &r->st);
+    r->m = calloc(r->c.n + 1, sizeof *r->m);
+    s_model_row_t *m = r->m;
+    for (size_t i = 0; rc == KVEDGE_OK && m && i < r->c.n; i++) {
+        const s_chunk_row_t *row = &r->c.rows[i];
         size_t j = 0;
-        while (j < nm && strcmp(m[j].model, c.rows[i].info.model_id) != 0)
+        while (j < r->nm && strcmp(m[j].model, row->info.model_id) != 0)
             j++;
-        if (j == nm) {
-            m[nm].model = c.rows[i].info.model_id;
-            if (kvedge_engine_get_tenant_model(e, c.rows[i].info.tenant, m[nm].model,
-                                               &m[nm].shape) != KVEDGE_OK)
-                memset(&m[nm].shape, 0, sizeof m[nm].shape);
-            nm++;
+        if (j == r->nm) {
+            m[j].model = row->info.model_id;
+            if (kvedge_engine_get_tenant_model(e, row->info.tenant, m[j].model, &m[j].shape) !=
+                KVEDGE_OK)
+                memset(&m[j].shape, 0, sizeof m[j].shape);
+            r->nm++;
         }
         m[j].chunks++;
-        m[j].tokens += c.rows[i].info.tokens;
-        m[j].blocks += c.rows[i].blocks;
-        m[j].bytes += c.rows[i].bytes;
-        m[j].fp16_bytes += c.rows[i].fp16_bytes;
-        m[j].pinned += c.rows[i].pinned;
-        m[j].schemes |= c.rows[i].schemes;
+        m[j].tokens += row->info.tokens;
+        m[j].blocks += row->blocks;
+        m[j].bytes += row->bytes;
+        m[j].fp16_bytes += row->fp16_bytes;
+        m[j].pinned += row->pinned;
+        m[j].schemes |= row->schemes;
     }
-    if (rc == KVEDGE_OK && !m)
-        rc = KVEDGE_ENOMEM;
+    return rc == KVEDGE_OK && !m ? KVEDGE_ENOMEM : rc;
+}
+
+static void s_inspect_json(const kvedge_cli_t *cli, const s_inspect_t *r)
+{
+    const kvedge_engine_stats_t *st = &r->st;
+    printf("{\"store\":");
+    kvedge_cli_json_str(stdout, cli->data_dir);
+    printf(",\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
+           "\"quarantined\":%llu,\"chunks\":%zu,\"models\":[",
+           (unsigned long long)st->blocks, (unsigned long long)st->bytes,
+           (unsigned long long)st->fp16_bytes, (unsigned long long)st->pinned_blocks,
+           (unsigned long long)st->quarantined, r->c.n);
+    for (size_t j = 0; j < r->nm; j++) {
+        const s_model_row_t *m = &r->m[j];
+        char sch[32];
+        printf("%s{\"model\":", j ? "," : "");
+        kvedge_cli_json_str(stdout, m->model);
+        printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"chunks\":%llu,"
+               "\"tokens\":%llu,\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,"
+               "\"pinned_blocks\":%llu,\"ratio\":%.3f,\"schemes\":\"%s\"}",
+               m->shape.layers, m->shape.kv_heads, m->shape.head_dim, (unsigned long long)m->chunks,
+               (unsigned long long)m->tokens, (unsigned long long)m->blocks,
+               (unsigned long long)m->bytes, (unsigned long long)m->fp16_bytes,
+               (unsigned long long)m->pinned, s_ratio(m->fp16_bytes, m->bytes),
+               s_schemes(m->schemes, sch, sizeof sch));
+    }
+    printf("]}\n");
+}
+
+static void s_inspect_text(const kvedge_cli_t *cli, const s_inspect_t *r)
+{
+    const kvedge_engine_stats_t *st = &r->st;
+    char b1[32], b2[32];
+    printf("store %s: %zu model%s, %zu prefix chunks, %llu blocks (%llu pinned), "
+           "%llu quarantined\n",
+           cli->data_dir, r->nm, r->nm == 1 ? "" : "s", r->c.n, (unsigned long long)st->blocks,
+           (unsigned long long)st->pinned_blocks, (unsigned long long)st->quarantined);
+    printf("stored %s for %s of fp16 KV: %.2fx\n\n", kvedge_cli_bytes(st->bytes, b1, 32),
+           kvedge_cli_bytes(st->fp16_bytes, b2, 32), s_ratio(st->fp16_bytes, st->bytes));
+    printf("%-16s %6s %5s %4s %6s %7s %8s %11s %11s %7s  %s\n", "MODEL", "LAYERS", "HEADS", "DIM",
+           "CHUNKS", "TOKENS", "BLOCKS", "STORED", "FP16", "RATIO", "SCHEMES");
+    for (size_t j = 0; j < r->nm; j++) {
+        const s_model_row_t *m = &r->m[j];
+        char sch[32];
+        printf("%-16s %6u %5u %4u %6llu %7llu %8llu %11s %11s %6.2fx  %s\n", m->model,
+               m->shape.layers, m->shape.kv_heads, m->shape.head_dim, (unsigned long long)m->chunks,
+               (unsigned long long)m->tokens, (unsigned long long)m->blocks,
+               kvedge_cli_bytes(m->bytes, b1, 32), kvedge_cli_bytes(m->fp16_bytes, b2, 32),
+               s_ratio(m->fp16_bytes, m->bytes), s_schemes(m->schemes, sch, sizeof sch));
+    }
+    if (r->nm == 0)
+        printf("(empty)\n");
+}
+
+static int s_inspect(kvedge_cli_t *cli, const void *opts)
+{
+    (void)opts;
+    kvedge_engine_t *e;
+    int ex = kvedge_cli_open(cli, false, &e);
+    if (ex)
+        return ex;
+    s_inspect_t r;
+    memset(&r, 0, sizeof r);
+    int rc = s_inspect_run(e, &r);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("inspect %s: %s", cli->data_dir, kvedge_strerror(rc));
         ex = kvedge_cli_exit_code(rc);
     } else if (cli->json) {
-        printf("{\"store\":");
-        kvedge_cli_json_str(stdout, cli->data_dir);
-        printf(",\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
-               "\"quarantined\":%llu,\"chunks\":%zu,\"models\":[",
-               (unsigned long long)st.blocks, (unsigned long long)st.bytes,
-               (unsigned long long)st.fp16_bytes, (unsigned long long)st.pinned_blocks,
-               (unsigned long long)st.quarantined, c.n);
-        for (size_t j = 0; j < nm; j++) {
-            char sch[32];
-            printf("%s{\"model\":", j ? "," : "");
-            kvedge_cli_json_str(stdout, m[j].model);
-            printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"chunks\":%llu,"
-                   "\"tokens\":%llu,\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,"
-                   "\"pinned_blocks\":%llu,\"ratio\":%.3f,\"schemes\":\"%s\"}",
-                   m[j].shape.layers, m[j].shape.kv_heads, m[j].shape.head_dim,
-                   (unsigned long long)m[j].chunks, (unsigned long long)m[j].tokens,
-                   (unsigned long long)m[j].blocks, (unsigned long long)m[j].bytes,
-                   (unsigned long long)m[j].fp16_bytes, (unsigned long long)m[j].pinned,
-                   s_ratio(m[j].fp16_bytes, m[j].bytes), s_schemes(m[j].schemes, sch, sizeof sch));
-        }
-        printf("]}\n");
+        s_inspect_json(cli, &r);
     } else {
-        char b1[32], b2[32];
-        printf("store %s: %zu model%s, %zu prefix chunks, %llu blocks (%llu pinned), "
-               "%llu quarantined\n",
-               cli->data_dir, nm, nm == 1 ? "" : "s", c.n, (unsigned long long)st.blocks,
-               (unsigned long long)st.pinned_blocks, (unsigned long long)st.quarantined);
-        printf("stored %s for %s of fp16 KV: %.2fx\n\n", kvedge_cli_bytes(st.bytes, b1, 32),
-               kvedge_cli_bytes(st.fp16_bytes, b2, 32), s_ratio(st.fp16_bytes, st.bytes));
-        printf("%-16s %6s %5s %4s %6s %7s %8s %11s %11s %7s  %s\n", "MODEL", "LAYERS", "HEADS",
-               "DIM", "CHUNKS", "TOKENS", "BLOCKS", "STORED", "FP16", "RATIO", "SCHEMES");
-        for (size_t j = 0; j < nm; j++) {
-            char sch[32];
-            printf("%-16s %6u %5u %4u %6llu %7llu %8llu %11s %11s %6.2fx  %s\n", m[j].model,
-                   m[j].shape.layers, m[j].shape.kv_heads, m[j].shape.head_dim,
-                   (unsigned long long)m[j].chunks, (unsigned long long)m[j].tokens,
-                   (unsigned long long)m[j].blocks, kvedge_cli_bytes(m[j].bytes, b1, 32),
-                   kvedge_cli_bytes(m[j].fp16_bytes, b2, 32), s_ratio(m[j].fp16_bytes, m[j].bytes),
-                   s_schemes(m[j].schemes, sch, sizeof sch));
-        }
-        if (nm == 0)
-            printf("(empty)\n");
+        s_inspect_text(cli, &r);
     }
-    free(m);
-    free(c.rows);
+    free(r.m);
+    free(r.c.rows);
     kvedge_engine_destroy(&e);
     return ex;
 }
 
 /* ---- ls ---- */
 
-static int s_cmd_ls(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    const char *model; /* only this model's prefixes; NULL = all */
+    bool full;         /* 64-digit ids */
+} s_ls_opts_t;
+
+static const kvedge_cmdopt_t s_ls_list[] = {
+    {.name = "model",
+     .letter = 'm',
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_ls_opts_t, model),
+     .help = "only prefixes of this model"},
+    {.name = "full",
+     .letter = 'f',
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_ls_opts_t, full),
+     .help = "print full 64-digit prefix ids"},
+};
+
+static const kvedge_cmdopts_t s_ls_opts = {
+    .command = "ls", .summary = "List prefix chunks.", KVEDGE_CMDOPTS_OF(s_ls_opts_t, s_ls_list)};
+
+static void s_ls_json(const s_chunk_row_t *r, size_t shown)
 {
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"full", no_argument, NULL, 'f'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t *cmd = s_cmd("ls");
-    const char *model = NULL;
-    bool full = false;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "m:fh", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            model = optarg;
-            break;
-        case 'f':
-            full = true;
-            break;
-        case 'h':
-            kvedge_cli_usage(stdout, cmd,
-                             "  -m, --model ID   only prefixes of this model\n"
-                             "  -f, --full       print full 64-digit prefix ids\n");
-            return KVEDGE_EXIT_OK;
-        default:
-            return s_bad_option(cmd, argc, argv);
-        }
-    }
-    if (optind != argc)
-        return s_bad_option(cmd, argc, argv);
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES], sch[32];
+    kvedge_chunk_id_hex(&r->info.id, hex);
+    printf("%s{\"prefix\":\"%s\",\"parent\":", shown ? "," : "", hex);
+    if (r->info.has_parent)
+        printf("\"%s\"", kvedge_chunk_id_hex(&r->info.parent, phex));
+    else
+        printf("null");
+    printf(",\"model\":");
+    kvedge_cli_json_str(stdout, r->info.model_id);
+    printf(",\"chunk\":%u,\"tokens\":%u,\"layers\":%u,\"heads\":%u,\"blocks\":%llu,"
+           "\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
+           "\"schemes\":\"%s\"}",
+           r->info.index, r->info.tokens, r->layers_max, r->heads_max,
+           (unsigned long long)r->blocks, (unsigned long long)r->bytes,
+           (unsigned long long)r->fp16_bytes, (unsigned long long)r->pinned,
+           s_schemes(r->schemes, sch, sizeof sch));
+}
+
+static void s_ls_text(const s_chunk_row_t *r, bool full)
+{
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], sch[32], b[32];
+    kvedge_chunk_id_hex(&r->info.id, hex);
+    if (!full)
+        hex[S_SHORT_ID_DIGITS] = '\0';
+    printf("%-*s %-16s %5u %6u %6u %5u %6llu %10s %6.2fx %6llu %s\n", full ? 64 : S_SHORT_ID_DIGITS,
+           hex, r->info.model_id, r->info.index, r->info.tokens, r->layers_max, r->heads_max,
+           (unsigned long long)r->blocks, kvedge_cli_bytes(r->bytes, b, sizeof b),
+           s_ratio(r->fp16_bytes, r->bytes), (unsigned long long)r->pinned,
+           s_schemes(r->schemes, sch, sizeof sch));
+}
+
+static int s_ls(kvedge_cli_t *cli, const void *opts)
+{
+    const s_ls_opts_t *o = opts;
     kvedge_engine_t *e;
     int ex = kvedge_cli_open(cli, false, &e);
     if (ex)
         return ex;
     s_chunks_t ch;
     int rc = s_load_chunks(e, &ch);
+    kvedge_engine_destroy(&e);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("ls %s: %s", cli->data_dir, kvedge_strerror(rc));
         free(ch.rows);
-        kvedge_engine_destroy(&e);
         return kvedge_cli_exit_code(rc);
     }
     if (!cli->json)
-        printf("%-*s %-16s %5s %6s %6s %5s %6s %10s %7s %6s %s\n", full ? 64 : S_SHORT_ID_DIGITS,
+        printf("%-*s %-16s %5s %6s %6s %5s %6s %10s %7s %6s %s\n", o->full ? 64 : S_SHORT_ID_DIGITS,
                "PREFIX", "MODEL", "CHUNK", "TOKENS", "LAYERS", "HEADS", "BLOCKS", "STORED", "RATIO",
                "PINNED", "SCHEMES");
     else
         printf("[");
     size_t shown = 0;
     for (size_t i = 0; i < ch.n; i++) {
-        const s_chunk_row_t *r = &ch.rows[i];
-        if (model && strcmp(model, r->info.model_id) != 0)
+        if (o->model && strcmp(o->model, ch.rows[i].info.model_id) != 0)
             continue;
-        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES], sch[32], b[32];
-        kvedge_chunk_id_hex(&r->info.id, hex);
-        if (cli->json) {
-            printf("%s{\"prefix\":\"%s\",\"parent\":", shown ? "," : "", hex);
-            if (r->info.has_parent)
-                printf("\"%s\"", kvedge_chunk_id_hex(&r->info.parent, phex));
-            else
-                printf("null");
-            printf(",\"model\":");
-            kvedge_cli_json_str(stdout, r->info.model_id);
-            printf(",\"chunk\":%u,\"tokens\":%u,\"layers\":%u,\"heads\":%u,\"blocks\":%llu,"
-                   "\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
-                   "\"schemes\":\"%s\"}",
-                   r->info.index, r->info.tokens, r->layers_max, r->heads_max,
-                   (unsigned long long)r->blocks, (unsigned long long)r->bytes,
-                   (unsigned long long)r->fp16_bytes, (unsigned long long)r->pinned,
-                   s_schemes(r->schemes, sch, sizeof sch));
-        } else {
-            if (!full)
-                hex[S_SHORT_ID_DIGITS] = '\0';
-            printf("%-*s %-16s %5u %6u %6u %5u %6llu %10s %6.2fx %6llu %s\n",
-                   full ? 64 : S_SHORT_ID_DIGITS, hex, r->info.model_id, r->info.index,
-                   r->info.tokens, r->layers_max, r->heads_max, (unsigned long long)r->blocks,
-                   kvedge_cli_bytes(r->bytes, b, sizeof b), s_ratio(r->fp16_bytes, r->bytes),
-                   (unsigned long long)r->pinned, s_schemes(r->schemes, sch, sizeof sch));
-        }
+        if (cli->json)
+            s_ls_json(&ch.rows[i], shown);
+        else
+            s_ls_text(&ch.rows[i], o->full);
         shown++;
     }
     if (cli->json)
         printf("]\n");
     free(ch.rows);
-    kvedge_engine_destroy(&e);
     return KVEDGE_EXIT_OK;
 }
 
@@ -412,75 +423,85 @@ static int s_show_block(void *ctx, const kvedge_block_key_t *key, const kvedge_b
     return 0;
 }
 
-static int s_cmd_show(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    const char *prefix;
+    uint32_t layer; /* UINT32_MAX = all */
+} s_show_opts_t;
+
+static const kvedge_cmdopt_t s_show_list[] = {
+    {.name = "layer",
+     .letter = 'l',
+     .arg = "L",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_show_opts_t, layer),
+     .max = KVEDGE_MODEL_MAX_LAYERS - 1,
+     .def_num = UINT32_MAX,
+     .def_text = "all",
+     .help = "only layer L"},
+    {.name = "PREFIX",
+     .positional = true,
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_show_opts_t, prefix),
+     .required = true,
+     .help = "a prefix id: at least 4 hex digits of its last chunk (see kvedge ls)"},
+};
+
+static const kvedge_cmdopts_t s_show_opts = {
+    .command = "show",
+    .summary = "Per layer and head of a prefix: scheme, bytes, checksum.",
+    .about = "Reads and verifies every block of the prefix chunk and prints, per\n"
+             "layer and head: scheme, dtype, group, kept key channels, bytes, lz4,\n"
+             "compression against fp16, pinned, checksum and its state.\n",
+    KVEDGE_CMDOPTS_OF(s_show_opts_t, s_show_list)};
+
+/* A layer past the prefix's model is a mistake, not an empty table. Returns an exit code. */
+static int s_show_layer_ok(kvedge_engine_t *e, const kvedge_chunk_info_t *info, int layer)
 {
-    static const struct option opts[] = {{"layer", required_argument, NULL, 'l'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t *cmd = s_cmd("show");
-    s_show_t s = {NULL, cli->json, -1, 0, 0};
-    uint64_t v;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "l:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'l':
-            if (kvedge_cli_parse_u64(optarg, 0, KVEDGE_MODEL_MAX_LAYERS - 1, &v) != 0) {
-                kvedge_cli_error("show: --layer wants a layer number, got '%s'", optarg);
-                return KVEDGE_EXIT_USAGE;
-            }
-            s.layer = (int)v;
-            break;
-        case 'h':
-            kvedge_cli_usage(
-                stdout, cmd,
-                "Reads and verifies every block of the prefix chunk and prints, per\n"
-                "layer and head: scheme, dtype, group, kept key channels, bytes, lz4,\n"
-                "compression against fp16, pinned, checksum and its state.\n\n"
-                "  -l, --layer L   only layer L\n");
-            return KVEDGE_EXIT_OK;
-        default:
-            return s_bad_option(cmd, argc, argv);
-        }
-    }
-    if (argc - optind != 1) {
-        kvedge_cli_error("show: expected one PREFIX (see kvedge ls)");
+    kvedge_model_t m;
+    if (layer >= 0 &&
+        (kvedge_engine_get_tenant_model(e, info->tenant, info->model_id, &m) == KVEDGE_OK ||
+         kvedge_model_builtin(info->model_id, &m) == KVEDGE_OK) &&
+        (uint32_t)layer >= m.layers) {
+        kvedge_cli_error("show: --layer %d is past the %u layers of %s (0 to %u)", layer, m.layers,
+                         m.id, m.layers - 1u);
         return KVEDGE_EXIT_USAGE;
     }
+    return KVEDGE_EXIT_OK;
+}
+
+static void s_show_head(const kvedge_cli_t *cli, const kvedge_chunk_info_t *info)
+{
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES];
+    kvedge_chunk_id_hex(&info->id, hex);
+    if (info->has_parent)
+        kvedge_chunk_id_hex(&info->parent, phex);
+    if (cli->json) {
+        printf("{\"prefix\":\"%s\",\"parent\":%s%s%s,\"model\":", hex, info->has_parent ? "\"" : "",
+               info->has_parent ? phex : "null", info->has_parent ? "\"" : "");
+        kvedge_cli_json_str(stdout, info->model_id);
+        printf(",\"chunk\":%u,\"tokens\":%u,\"blocks\":[", info->index, info->tokens);
+        return;
+    }
+    printf("prefix %s\nmodel  %s   chunk #%u   tokens %u   parent %s\n\n", hex, info->model_id,
+           info->index, info->tokens, info->has_parent ? phex : "-");
+    printf("%5s %4s %-8s %-5s %5s %9s %9s %3s %7s %6s %-16s %s\n", "LAYER", "HEAD", "SCHEME",
+           "DTYPE", "GROUP", "CHANNELS", "BYTES", "LZ4", "RATIO", "PINNED", "CHECKSUM", "STATE");
+}
+
+static int s_show(kvedge_cli_t *cli, const void *opts)
+{
+    const s_show_opts_t *o = opts;
+    s_show_t s = {NULL, cli->json, o->layer == UINT32_MAX ? -1 : (int)o->layer, 0, 0};
     int ex = kvedge_cli_open(cli, false, &s.e);
     if (ex)
         return ex;
     kvedge_chunk_info_t info;
-    if ((ex = s_resolve(cli, s.e, argv[optind], &info)) != 0) {
+    if ((ex = s_resolve(cli, s.e, o->prefix, &info)) != 0 ||
+        (ex = s_show_layer_ok(s.e, &info, s.layer)) != 0) {
         kvedge_engine_destroy(&s.e);
         return ex;
     }
-    kvedge_model_t m; /* a layer past the model is a mistake, not an empty table */
-    if (s.layer >= 0 &&
-        (kvedge_engine_get_tenant_model(s.e, info.tenant, info.model_id, &m) == KVEDGE_OK ||
-         kvedge_model_builtin(info.model_id, &m) == KVEDGE_OK) &&
-        (uint32_t)s.layer >= m.layers) {
-        kvedge_cli_error("show: --layer %d is past the %u layers of %s (0 to %u)", s.layer,
-                         m.layers, m.id, m.layers - 1u);
-        kvedge_engine_destroy(&s.e);
-        return KVEDGE_EXIT_USAGE;
-    }
-    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES];
-    kvedge_chunk_id_hex(&info.id, hex);
-    if (info.has_parent)
-        kvedge_chunk_id_hex(&info.parent, phex);
-    if (cli->json) {
-        printf("{\"prefix\":\"%s\",\"parent\":%s%s%s,\"model\":", hex, info.has_parent ? "\"" : "",
-               info.has_parent ? phex : "null", info.has_parent ? "\"" : "");
-        kvedge_cli_json_str(stdout, info.model_id);
-        printf(",\"chunk\":%u,\"tokens\":%u,\"blocks\":[", info.index, info.tokens);
-    } else {
-        printf("prefix %s\nmodel  %s   chunk #%u   tokens %u   parent %s\n\n", hex, info.model_id,
-               info.index, info.tokens, info.has_parent ? phex : "-");
-        printf("%5s %4s %-8s %-5s %5s %9s %9s %3s %7s %6s %-16s %s\n", "LAYER", "HEAD", "SCHEME",
-               "DTYPE", "GROUP", "CHANNELS", "BYTES", "LZ4", "RATIO", "PINNED", "CHECKSUM",
-               "STATE");
-    }
+    s_show_head(cli, &info);
     int rc = kvedge_engine_scan(s.e, &info.id, s_show_block, &s);
     if (cli->json)
         printf("],\"corrupt\":%llu}\n", (unsigned long long)s.bad);
@@ -499,11 +520,112 @@ static int s_cmd_show(kvedge_cli_t *cli, int argc, char **argv)
 
 typedef struct {
     const char *model;
-    uint64_t tokens, group, keep, seed, chunk_tokens, ttl;
-    bool group_set, keep_set, lz4, pin, salt_set;
-    kvedge_scheme_t scheme;
-    const char *salt;
+    uint64_t tokens, group, keep, seed, chunk_tokens, ttl; /* group, keep, ttl: see the table */
+    bool no_lz4, pin, force;
+    int scheme;       /* kvedge_scheme_t */
+    const char *salt; /* NULL: S_SALT_DEFAULT */
 } s_synth_opts_t;
+
+#define S_GROUP_UNSET UINT64_MAX /* --group not given: the scheme's default */
+
+static const kvedge_cmdopt_t s_synth_list[] = {
+    {.name = "model",
+     .letter = 'm',
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, model),
+     .required = true,
+     .help = "model shape (see kvedge models; with -H, a built-in one)"},
+    {.name = "tokens",
+     .letter = 't',
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, tokens),
+     .min = 1,
+     .max = S_TOKENS_MAX,
+     .def_num = S_TOKENS_DEFAULT,
+     .help = "context length in tokens"},
+    {.name = "scheme",
+     .letter = 's',
+     .type = KVEDGE_CMDOPT_ENUM,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, scheme),
+     .choices = kvedge_cli_schemes,
+     .def = "int8",
+     .help = "how blocks are encoded"},
+    {.name = "group",
+     .letter = 'g',
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, group),
+     .max = UINT16_MAX,
+     .def_num = S_GROUP_UNSET,
+     .def_text = "int8 0 = whole axis, int4 32",
+     .help = "quantization group"},
+    {.name = "keep-channels",
+     .letter = 'k',
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, keep),
+     .min = 1,
+     .max = KVEDGE_BLOCK_MAX_HEAD_DIM,
+     .def_num = 0,
+     .def_text = "all",
+     .help = "ThinK: keep the N key channels of largest magnitude"},
+    {.name = "no-lz4",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, no_lz4),
+     .help = "never lz4-compress blocks"},
+    {.name = "seed",
+     .letter = 'S',
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, seed),
+     .max = UINT64_MAX,
+     .def_num = 1,
+     .help = "data and token seed"},
+    {.name = "salt",
+     .arg = "STR",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, salt),
+     .help = "tenant namespace of the chunk ids (default " S_SALT_DEFAULT
+             "); not with -H: there the node's tenant of this client's key is the namespace"},
+    {.name = "chunk-tokens",
+     .letter = 'c',
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, chunk_tokens),
+     .min = 1,
+     .max = KVEDGE_BLOCK_MAX_TOKENS,
+     .def_num = KVEDGE_CHUNK_TOKENS_DEFAULT,
+     .help = "tokens per chunk"},
+    {.name = "pin",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, pin),
+     .help = "pin the blocks (never evicted or expired)"},
+    {.name = "ttl",
+     .arg = "SECONDS",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, ttl),
+     .min = 1,
+     .max = UINT32_MAX - 1,
+     .def_num = 0,
+     .def_text = "never",
+     .help = "expire the blocks after SECONDS"},
+    {.name = "force",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, force),
+     .help = "write past the size check: more than 1048576 tokens, or more than the free disk "
+             "space (about)"},
+};
+
+static const kvedge_cmdopts_t s_synth_opts = {
+    .command = "put-synthetic",
+    .summary = "Store a realistic synthetic KV cache (in the store, or on a node with -H).",
+    .about = "Generates a realistic synthetic KV cache (Gaussian values, keys with outlier\n"
+             "channels) for a model shape and a random token sequence, and stores it in the\n"
+             "store of --data, or with -H EP on that node (in this client's tenant). The\n"
+             "same options give the same blocks either way.\n",
+    KVEDGE_CMDOPTS_OF(s_synth_opts_t, s_synth_list)};
 
 /* Where put-synthetic writes: exactly one of the two is set. */
 typedef struct {
@@ -525,6 +647,30 @@ typedef struct {
     size_t slot;
     size_t *lens; /* encoded length per head */
 } s_synth_buf_t;
+
+/* Allocates b for blocks of spec: values floats values per head, es bytes each, heads heads.
+ * Returns false (what was allocated stays for s_synth_buf_free) when out of memory. */
+static bool s_synth_buf_new(s_synth_buf_t *b, const kvedge_block_spec_t *spec, size_t values,
+                            size_t es, uint32_t heads)
+{
+    b->slot = (kvedge_block_encoded_bound(spec) + 7) & ~(size_t)7;
+    b->kf = malloc(sizeof(float) * 2 * values);
+    b->vf = b->kf ? b->kf + values : NULL;
+    b->k = malloc(values * es);
+    b->v = malloc(values * es);
+    b->blocks = malloc(b->slot * heads);
+    b->lens = calloc(heads, sizeof *b->lens);
+    return b->kf && b->k && b->v && b->blocks && b->lens;
+}
+
+static void s_synth_buf_free(s_synth_buf_t *b)
+{
+    free(b->kf);
+    free(b->k);
+    free(b->v);
+    free(b->blocks);
+    free(b->lens);
+}
 
 /* Generates and encodes every head of one layer of one chunk (the same bytes whatever the
  * write path). spec->tokens is the chunk's token count. */
@@ -582,6 +728,37 @@ static int s_sink_layer(s_sink_t *s, const s_synth_opts_t *o, const kvedge_chunk
     return kvedge_client_put(s->c, items, heads, NULL);
 }
 
+/* What put-synthetic wrote. */
+typedef struct {
+    kvedge_chunk_id_t last; /* the prefix: its last chunk */
+    uint32_t chunks;
+    uint64_t blocks, stored, fp16;
+    double secs;
+} s_synth_done_t;
+
+static void s_synth_print(const kvedge_cli_t *cli, const s_sink_t *sink, const kvedge_model_t *m,
+                          const s_synth_opts_t *o, const s_synth_done_t *d)
+{
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
+    kvedge_chunk_id_hex(&d->last, hex);
+    if (cli->json) {
+        printf("{\"prefix\":\"%s\",\"model\":", hex);
+        kvedge_cli_json_str(stdout, m->id);
+        printf(",\"scheme\":\"%s\",\"tokens\":%llu,\"chunks\":%u,\"blocks\":%llu,"
+               "\"bytes\":%llu,\"fp16_bytes\":%llu,\"ratio\":%.3f,\"seconds\":%.3f}\n",
+               kvedge_scheme_name((kvedge_scheme_t)o->scheme), (unsigned long long)o->tokens,
+               d->chunks, (unsigned long long)d->blocks, (unsigned long long)d->stored,
+               (unsigned long long)d->fp16, s_ratio(d->fp16, d->stored), d->secs);
+        return;
+    }
+    printf("put %llu blocks of %s%s%s (%llu tokens in %u chunks, %u layers x %u heads, "
+           "%s): %s stored for %s fp16 (%.2fx) in %.2f s\nprefix %s\n",
+           (unsigned long long)d->blocks, m->id, sink->c ? " to " : "", sink->c ? cli->host : "",
+           (unsigned long long)o->tokens, d->chunks, m->layers, m->kv_heads,
+           kvedge_scheme_name((kvedge_scheme_t)o->scheme), kvedge_cli_bytes(d->stored, b1, 32),
+           kvedge_cli_bytes(d->fp16, b2, 32), s_ratio(d->fp16, d->stored), d->secs, hex);
+}
+
 static int s_put_synthetic(kvedge_cli_t *cli, s_sink_t *sink, const kvedge_model_t *m,
                            const s_synth_opts_t *o)
 {
@@ -589,23 +766,15 @@ static int s_put_synthetic(kvedge_cli_t *cli, s_sink_t *sink, const kvedge_model
     const size_t es = kvedge_dtype_size(m->dtype);
     const uint32_t n_chunks = (uint32_t)((o->tokens + C - 1) / C);
     /* The node namespaces chunk ids by this client's tenant: ids go with an empty salt. */
-    const char *salt = sink->c ? "" : o->salt;
+    const char *salt = sink->c ? "" : o->salt ? o->salt : S_SALT_DEFAULT;
     uint32_t *tokens = malloc(sizeof(uint32_t) * o->tokens);
     kvedge_chunk_id_t *ids = malloc(sizeof *ids * n_chunks);
-    kvedge_block_spec_t spec = {m->dtype,           o->scheme, C,     m->head_dim,
-                                (uint16_t)o->group, NULL,      o->lz4};
+    kvedge_block_spec_t spec = {
+        m->dtype, (kvedge_scheme_t)o->scheme, C, m->head_dim, (uint16_t)o->group, NULL, !o->no_lz4};
     s_synth_buf_t b;
-    b.slot = (kvedge_block_encoded_bound(&spec) + 7) & ~(size_t)7;
-    b.kf = malloc(sizeof(float) * 2 * C * D);
-    b.vf = b.kf ? b.kf + (size_t)C * D : NULL;
-    b.k = malloc((size_t)C * D * es);
-    b.v = malloc((size_t)C * D * es);
-    b.blocks = malloc(b.slot * H);
-    b.lens = calloc(H, sizeof *b.lens);
+    bool buf_ok = s_synth_buf_new(&b, &spec, C * D, es, H);
     kvedge_put_item_t *items = sink->c ? calloc(H, sizeof *items) : NULL;
-    int rc = (tokens && ids && b.kf && b.k && b.v && b.blocks && b.lens && (items || !sink->c))
-                 ? KVEDGE_OK
-                 : KVEDGE_ENOMEM;
+    int rc = (tokens && ids && buf_ok && (items || !sink->c)) ? KVEDGE_OK : KVEDGE_ENOMEM;
     kvedge_rng_t r;
     kvedge_rng_seed(&r, o->seed);
     for (uint64_t i = 0; rc == KVEDGE_OK && i < o->tokens; i++)
@@ -652,32 +821,12 @@ static int s_put_synthetic(kvedge_cli_t *cli, s_sink_t *sink, const kvedge_model
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("put-synthetic: %s", kvedge_strerror(rc));
     } else {
-        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
-        kvedge_chunk_id_hex(&ids[n_chunks - 1], hex);
-        if (cli->json) {
-            printf("{\"prefix\":\"%s\",\"model\":", hex);
-            kvedge_cli_json_str(stdout, m->id);
-            printf(",\"scheme\":\"%s\",\"tokens\":%llu,\"chunks\":%u,\"blocks\":%llu,"
-                   "\"bytes\":%llu,\"fp16_bytes\":%llu,\"ratio\":%.3f,\"seconds\":%.3f}\n",
-                   kvedge_scheme_name(o->scheme), (unsigned long long)o->tokens, n_chunks,
-                   (unsigned long long)blocks, (unsigned long long)stored, (unsigned long long)fp16,
-                   s_ratio(fp16, stored), secs);
-        } else {
-            printf("put %llu blocks of %s%s%s (%llu tokens in %u chunks, %u layers x %u heads, "
-                   "%s): %s stored for %s fp16 (%.2fx) in %.2f s\nprefix %s\n",
-                   (unsigned long long)blocks, m->id, sink->c ? " to " : "",
-                   sink->c ? cli->host : "", (unsigned long long)o->tokens, n_chunks, m->layers,
-                   m->kv_heads, kvedge_scheme_name(o->scheme), kvedge_cli_bytes(stored, b1, 32),
-                   kvedge_cli_bytes(fp16, b2, 32), s_ratio(fp16, stored), secs, hex);
-        }
+        s_synth_done_t done = {ids[n_chunks - 1], n_chunks, blocks, stored, fp16, secs};
+        s_synth_print(cli, sink, m, o, &done);
     }
     free(tokens);
     free(ids);
-    free(b.kf);
-    free(b.k);
-    free(b.v);
-    free(b.blocks);
-    free(b.lens);
+    s_synth_buf_free(&b);
     free(items);
     return rc;
 }
@@ -718,7 +867,7 @@ static int s_synth_model(kvedge_cli_t *cli, kvedge_engine_t *e, s_synth_opts_t *
         kvedge_cli_error("put-synthetic: %s", kvedge_strerror(rc));
         return kvedge_cli_exit_code(rc);
     }
-    if (!o->keep_set)
+    if (!o->keep)
         o->keep = m->head_dim;
     if (o->keep > m->head_dim) {
         kvedge_cli_error("put-synthetic: --keep-channels %llu exceeds head_dim %u of %s",
@@ -752,143 +901,42 @@ static int s_synth_fits(kvedge_cli_t *cli, const kvedge_model_t *m, const s_synt
     return KVEDGE_EXIT_USAGE;
 }
 
-static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
+/* The checks of the options that need more than one of them. Returns an exit code. */
+static int s_synth_check(const kvedge_cli_t *cli, s_synth_opts_t *o)
 {
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"tokens", required_argument, NULL, 't'},
-                                         {"scheme", required_argument, NULL, 's'},
-                                         {"group", required_argument, NULL, 'g'},
-                                         {"keep-channels", required_argument, NULL, 'k'},
-                                         {"no-lz4", no_argument, NULL, 'Z'},
-                                         {"seed", required_argument, NULL, 'S'},
-                                         {"salt", required_argument, NULL, 'a'},
-                                         {"chunk-tokens", required_argument, NULL, 'c'},
-                                         {"pin", no_argument, NULL, 'p'},
-                                         {"ttl", required_argument, NULL, 'T'},
-                                         {"force", no_argument, NULL, 'F'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t *cmd = s_cmd("put-synthetic");
-    s_synth_opts_t o = {NULL,
-                        S_TOKENS_DEFAULT,
-                        0,
-                        0,
-                        1,
-                        KVEDGE_CHUNK_TOKENS_DEFAULT,
-                        0,
-                        false,
-                        false,
-                        true,
-                        false,
-                        false,
-                        KVEDGE_SCHEME_INT8,
-                        S_SALT_DEFAULT};
-    bool force = false;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "m:t:s:g:k:S:c:h", opts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case 'm':
-            o.model = optarg;
-            break;
-        case 't':
-            bad = kvedge_cli_parse_u64(optarg, 1, S_TOKENS_MAX, &o.tokens);
-            break;
-        case 's':
-            bad = kvedge_scheme_parse(optarg, &o.scheme) ? -1 : 0;
-            break;
-        case 'g':
-            bad = kvedge_cli_parse_u64(optarg, 0, UINT16_MAX, &o.group);
-            o.group_set = true;
-            break;
-        case 'k':
-            bad = kvedge_cli_parse_u64(optarg, 1, KVEDGE_BLOCK_MAX_HEAD_DIM, &o.keep);
-            o.keep_set = true;
-            break;
-        case 'Z':
-            o.lz4 = false;
-            break;
-        case 'S':
-            bad = kvedge_cli_parse_u64(optarg, 0, UINT64_MAX, &o.seed);
-            break;
-        case 'a':
-            o.salt = optarg;
-            o.salt_set = true;
-            bad = strlen(optarg) > KVEDGE_SALT_MAX_BYTES ? -1 : 0;
-            break;
-        case 'c':
-            bad = kvedge_cli_parse_u64(optarg, 1, KVEDGE_BLOCK_MAX_TOKENS, &o.chunk_tokens);
-            break;
-        case 'p':
-            o.pin = true;
-            break;
-        case 'T':
-            bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX - 1, &o.ttl);
-            break;
-        case 'F':
-            force = true;
-            break;
-        case 'h':
-            kvedge_cli_usage(
-                stdout, cmd,
-                "Generates a realistic synthetic KV cache (Gaussian values, keys with outlier\n"
-                "channels) for a model shape and a random token sequence, and stores it in the\n"
-                "store of --data, or with -H EP on that node (in this client's tenant). The\n"
-                "same options give the same blocks either way.\n\n"
-                "  -m, --model ID          model shape (required; see kvedge models; with -H,\n"
-                "                          a built-in one)\n"
-                "  -t, --tokens N          context length in tokens (default 1024)\n"
-                "  -s, --scheme S          lossless, int8 or int4 (default int8)\n"
-                "  -g, --group N           quantization group (default: int8 0 = whole axis,\n"
-                "                          int4 32)\n"
-                "  -k, --keep-channels N   ThinK: keep the N key channels of largest magnitude\n"
-                "      --no-lz4            never lz4-compress blocks\n"
-                "  -S, --seed N            data and token seed (default 1)\n"
-                "      --salt STR          tenant namespace of the chunk ids (default local);\n"
-                "                          not with -H: there the node's tenant of this\n"
-                "                          client's key is the namespace\n"
-                "  -c, --chunk-tokens N    tokens per chunk (default 256)\n"
-                "      --pin               pin the blocks (never evicted or expired)\n"
-                "      --ttl SECONDS       expire the blocks after SECONDS\n"
-                "      --force             write past the size check: more than 1048576\n"
-                "                          tokens, or more than the free disk space (about)\n");
-            return KVEDGE_EXIT_OK;
-        default:
-            return s_bad_option(cmd, argc, argv);
-        }
-        if (bad) {
-            kvedge_cli_error("put-synthetic: bad value '%s' for %s", optarg, argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc)
-        return s_bad_option(cmd, argc, argv);
-    if (!o.model) {
-        kvedge_cli_error("put-synthetic: --model is required");
-        s_list_builtin_models(stderr);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (o.scheme == KVEDGE_SCHEME_LOSSLESS && o.group_set && o.group) {
+    if (o->scheme == KVEDGE_SCHEME_LOSSLESS && o->group != S_GROUP_UNSET && o->group) {
         kvedge_cli_error("put-synthetic: --group applies to int8 and int4 only");
         return KVEDGE_EXIT_USAGE;
     }
-    if (cli->host && o.salt_set) {
+    if (cli->host && o->salt) {
         kvedge_cli_error("put-synthetic: --salt is for a local store; with -H the node "
                          "namespaces chunk ids by the tenant of this client's key");
         return KVEDGE_EXIT_USAGE;
     }
-    if (!o.group_set)
-        o.group = o.scheme == KVEDGE_SCHEME_INT4 ? KVEDGE_BLOCK_INT4_GROUP_DEFAULT : 0;
-    if (o.tokens > S_TOKENS_UNFORCED && !force) { /* before the store is opened or made */
-        kvedge_cli_error("put-synthetic: --tokens %llu is over %u: pass --force to write that "
-                         "much synthetic KV",
-                         (unsigned long long)o.tokens, S_TOKENS_UNFORCED);
+    if (o->salt && strlen(o->salt) > KVEDGE_SALT_MAX_BYTES) {
+        kvedge_cli_error("put-synthetic: bad value '%s' for --salt (at most %d bytes)", o->salt,
+                         KVEDGE_SALT_MAX_BYTES);
         return KVEDGE_EXIT_USAGE;
     }
+    if (o->group == S_GROUP_UNSET)
+        o->group = o->scheme == KVEDGE_SCHEME_INT4 ? KVEDGE_BLOCK_INT4_GROUP_DEFAULT : 0;
+    if (o->tokens > S_TOKENS_UNFORCED && !o->force) { /* before the store is opened or made */
+        kvedge_cli_error("put-synthetic: --tokens %llu is over %u: pass --force to write that "
+                         "much synthetic KV",
+                         (unsigned long long)o->tokens, S_TOKENS_UNFORCED);
+        return KVEDGE_EXIT_USAGE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+static int s_put_synthetic_cmd(kvedge_cli_t *cli, const void *opts)
+{
+    s_synth_opts_t o = *(const s_synth_opts_t *)opts;
+    int ex = s_synth_check(cli, &o);
+    if (ex)
+        return ex;
     s_sink_t sink = {NULL, NULL};
     kvedge_model_t m;
-    int ex;
     if (cli->host) { /* the shape first: a usage error needs no network */
         if ((ex = s_synth_model(cli, NULL, &o, &m)) != 0)
             return ex;
@@ -898,7 +946,7 @@ static int s_cmd_put_synthetic(kvedge_cli_t *cli, int argc, char **argv)
         if ((ex = kvedge_cli_open_create(cli, &sink.e)) != 0)
             return ex;
         if ((ex = s_synth_model(cli, sink.e, &o, &m)) != 0 ||
-            (ex = s_synth_fits(cli, &m, &o, force)) != 0) {
+            (ex = s_synth_fits(cli, &m, &o, o.force)) != 0) {
             kvedge_engine_destroy(&sink.e);
             return ex;
         }
@@ -963,35 +1011,49 @@ static int s_open_verify(kvedge_cli_t *cli, bool writable, kvedge_engine_t **e)
     return KVEDGE_EXIT_CORRUPT;
 }
 
-static int s_cmd_verify(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    bool quarantine;
+} s_verify_opts_t;
+
+static const kvedge_cmdopt_t s_verify_list[] = {
+    {.name = "quarantine",
+     .letter = 'q',
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_verify_opts_t, quarantine),
+     .help = "move corrupt blocks to quarantine (needs the store not to be in use)"},
+};
+
+static const kvedge_cmdopts_t s_verify_opts = {
+    .command = "verify",
+    .summary = "Check every block as a read does; find damage.",
+    .about = "Reads every block and checks it as a read does: structure, xxh3\n"
+             "checksum, lz4 body, metadata. A RocksDB record that fails its\n"
+             "own checksums around an intact block is listed apart (reads serve\n"
+             "the block; --quarantine writes it again). Exit code 4 when any\n"
+             "block is corrupt or any record damaged, or when the store is too\n"
+             "damaged to open (then run kvedge repair).\n",
+    KVEDGE_CMDOPTS_OF(s_verify_opts_t, s_verify_list)};
+
+static void s_verify_summary(const kvedge_cli_t *cli, bool quarantine, uint64_t checked,
+                             uint64_t bad, uint64_t records)
 {
-    static const struct option opts[] = {{"quarantine", no_argument, NULL, 'q'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t *cmd = s_cmd("verify");
-    bool quarantine = false;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
-        if (c == 'q') {
-            quarantine = true;
-        } else if (c == 'h') {
-            kvedge_cli_usage(stdout, cmd,
-                             "Reads every block and checks it as a read does: structure, xxh3\n"
-                             "checksum, lz4 body, metadata. A RocksDB record that fails its\n"
-                             "own checksums around an intact block is listed apart (reads serve\n"
-                             "the block; --quarantine writes it again). Exit code 4 when any\n"
-                             "block is corrupt or any record damaged, or when the store is too\n"
-                             "damaged to open (then run kvedge repair).\n\n"
-                             "  -q, --quarantine   move corrupt blocks to quarantine (needs the\n"
-                             "                     store not to be in use)\n");
-            return KVEDGE_EXIT_OK;
-        } else {
-            return s_bad_option(cmd, argc, argv);
-        }
-    }
-    if (optind != argc)
-        return s_bad_option(cmd, argc, argv);
+    if (cli->json)
+        printf("],\"checked\":%llu,\"corrupt\":%llu,\"damaged_records\":%llu,"
+               "\"quarantined\":%s}\n",
+               (unsigned long long)checked, (unsigned long long)bad, (unsigned long long)records,
+               quarantine && bad ? "true" : "false");
+    else
+        printf("verified %llu blocks: %llu ok, %llu corrupt%s%s\n", (unsigned long long)checked,
+               (unsigned long long)(checked - bad), (unsigned long long)bad,
+               bad ? (quarantine ? " (moved to quarantine)" : " (run verify --quarantine)") : "",
+               records ? (quarantine ? "; damaged records rewritten"
+                                     : "; damaged records (run verify --quarantine)")
+                       : "");
+}
+
+static int s_verify(kvedge_cli_t *cli, const void *opts)
+{
+    bool quarantine = ((const s_verify_opts_t *)opts)->quarantine;
     kvedge_engine_t *e;
     int ex = s_open_verify(cli, quarantine, &e);
     if (ex)
@@ -1001,18 +1063,7 @@ static int s_cmd_verify(kvedge_cli_t *cli, int argc, char **argv)
     if (cli->json)
         printf("{\"corrupt_blocks\":[");
     int rc = kvedge_engine_verify(e, quarantine, s_verify_bad, &v, &checked, &bad);
-    if (cli->json)
-        printf("],\"checked\":%llu,\"corrupt\":%llu,\"damaged_records\":%llu,"
-               "\"quarantined\":%s}\n",
-               (unsigned long long)checked, (unsigned long long)bad, (unsigned long long)v.records,
-               quarantine && bad ? "true" : "false");
-    else
-        printf("verified %llu blocks: %llu ok, %llu corrupt%s%s\n", (unsigned long long)checked,
-               (unsigned long long)(checked - bad), (unsigned long long)bad,
-               bad ? (quarantine ? " (moved to quarantine)" : " (run verify --quarantine)") : "",
-               v.records ? (quarantine ? "; damaged records rewritten"
-                                       : "; damaged records (run verify --quarantine)")
-                         : "");
+    s_verify_summary(cli, quarantine, checked, bad, v.records);
     kvedge_engine_destroy(&e);
     if (rc == KVEDGE_ECORRUPT) { /* a table RocksDB cannot read ended the scan */
         kvedge_cli_error("verify: store %s is damaged past the blocks checked (%s); run kvedge "
@@ -1049,10 +1100,10 @@ static int s_repair_lost(void *ctx, const kvedge_block_key_t *key, int err)
     return 0;
 }
 
-static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
-{
-    int ex = s_no_options(
-        s_cmd("repair"), argc, argv, 0,
+static const kvedge_cmdopts_t s_repair_opts = {
+    .command = "repair",
+    .summary = "Salvage a damaged store: keep what verifies, quarantine the rest.",
+    .about =
         "Salvages a store that cannot be opened or verified any more (a damaged table, blob\n"
         "file or MANIFEST, a lost CURRENT). The damaged store is read through a working copy\n"
         "(DIR/repair.work), so nothing is changed before a new store of every block that\n"
@@ -1062,9 +1113,75 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
         "sound store is left as it is. Stop the node first; needs free space for a copy of\n"
         "the store. Exit code 0 when nothing was lost, 4 when blocks, chunk or model records\n"
         "were lost, 5 when the store is missing or in use, 1 on any other failure (the store\n"
-        "is then as it was).\n");
-    if (ex >= 0)
-        return ex;
+        "is then as it was).\n",
+    .struct_size = sizeof(s_none_t)};
+
+static void s_repair_json(int rc, const kvedge_repair_report_t *r, bool lost)
+{
+    printf("],\"ok\":%s,\"changed\":%s,\"resumed\":%s,\"damaged\":%s,\"found\":%llu,"
+           "\"kept\":%llu,\"lost\":%llu,\"meta_rebuilt\":%llu,\"from_blob_files\":%llu,"
+           "\"chunks_kept\":%llu,\"chunks_rebuilt\":%llu,\"chunks_lost\":%llu,"
+           "\"models_kept\":%llu,\"models_lost\":%llu,\"quarantine_kept\":%llu,"
+           "\"variants_dropped\":%llu,\"damaged_keys\":%llu,\"before\":{\"table_files\":%llu,"
+           "\"blob_files\":%llu,"
+           "\"wal_files\":%llu,\"data_bytes\":%llu},\"rocksdb_repaired\":%s,\"rocksdb_"
+           "aborted\":%s,"
+           "\"old_files\":",
+           rc == KVEDGE_OK && !lost ? "true" : "false",
+           rc == KVEDGE_OK && !r->unchanged ? "true" : "false", r->resumed ? "true" : "false",
+           r->damaged ? "true" : "false", (unsigned long long)r->blocks_found,
+           (unsigned long long)r->blocks_kept, (unsigned long long)r->blocks_lost,
+           (unsigned long long)r->meta_rebuilt, (unsigned long long)r->from_blob_files,
+           (unsigned long long)r->chunks_kept, (unsigned long long)r->chunks_rebuilt,
+           (unsigned long long)r->chunks_lost, (unsigned long long)r->models_kept,
+           (unsigned long long)r->models_lost, (unsigned long long)r->quarantine_kept,
+           (unsigned long long)r->variants_dropped, (unsigned long long)r->damaged_keys,
+           (unsigned long long)r->table_files, (unsigned long long)r->blob_files,
+           (unsigned long long)r->wal_files, (unsigned long long)r->data_bytes,
+           r->rocksdb_repaired ? "true" : "false", r->rocksdb_aborted ? "true" : "false");
+    kvedge_cli_json_str(stdout, r->old_files);
+    printf("}\n");
+}
+
+static void s_repair_text(const kvedge_cli_t *cli, int rc, const kvedge_repair_report_t *r)
+{
+    if (rc == KVEDGE_OK && r->resumed) {
+        printf("finished an interrupted repair of %s: its verified store of %llu blocks is in "
+               "place; the damaged store's files are in %s\n",
+               cli->data_dir, (unsigned long long)r->blocks_kept, r->old_files);
+    } else if (rc == KVEDGE_OK) {
+        printf("%s held %llu table, %llu blob and %llu WAL files (%llu bytes), naming %llu "
+               "blocks\n",
+               cli->data_dir, (unsigned long long)r->table_files, (unsigned long long)r->blob_files,
+               (unsigned long long)r->wal_files, (unsigned long long)r->data_bytes,
+               (unsigned long long)r->blocks_found);
+        if (r->unchanged)
+            printf("nothing to repair: every block and record reads back; the store is left as "
+                   "it is\n");
+        else
+            printf("repaired %s: %llu blocks kept, %llu lost (in quarantine), %llu with rebuilt "
+                   "metadata; %llu chunks kept, %llu rebuilt, %llu chunk records lost; %llu "
+                   "model records lost\n",
+                   cli->data_dir, (unsigned long long)r->blocks_kept,
+                   (unsigned long long)r->blocks_lost, (unsigned long long)r->meta_rebuilt,
+                   (unsigned long long)r->chunks_kept, (unsigned long long)r->chunks_rebuilt,
+                   (unsigned long long)r->chunks_lost, (unsigned long long)r->models_lost);
+        if (r->from_blob_files)
+            printf("%llu of the kept blocks were read from the blob files directly\n",
+                   (unsigned long long)r->from_blob_files);
+        if (r->rocksdb_repaired)
+            printf("RocksDB could not open the store: its own repair rebuilt a copy first\n");
+        if (r->rocksdb_aborted)
+            printf("RocksDB aborted reading the damaged tables: the blocks were taken from the "
+                   "blob files alone (metadata, chunk records and variants rebuilt or dropped)\n");
+        if (r->old_files[0])
+            printf("the damaged store's files are in %s\n", r->old_files);
+    }
+}
+
+static int s_repair(kvedge_cli_t *cli, const void *opts)
+{
+    (void)opts;
     s_repair_t r = {cli->json, 0};
     kvedge_repair_report_t rep;
     char why[1024] = "";
@@ -1072,62 +1189,10 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
         printf("{\"lost_blocks\":[");
     int rc = kvedge_engine_repair(cli->data_dir, s_repair_lost, &r, &rep, why, sizeof why);
     bool lost = rep.blocks_lost || rep.chunks_lost || rep.models_lost;
-    if (cli->json) {
-        printf("],\"ok\":%s,\"changed\":%s,\"resumed\":%s,\"damaged\":%s,\"found\":%llu,"
-               "\"kept\":%llu,\"lost\":%llu,\"meta_rebuilt\":%llu,\"from_blob_files\":%llu,"
-               "\"chunks_kept\":%llu,\"chunks_rebuilt\":%llu,\"chunks_lost\":%llu,"
-               "\"models_kept\":%llu,\"models_lost\":%llu,\"quarantine_kept\":%llu,"
-               "\"variants_dropped\":%llu,\"damaged_keys\":%llu,\"before\":{\"table_files\":%llu,"
-               "\"blob_files\":%llu,"
-               "\"wal_files\":%llu,\"data_bytes\":%llu},\"rocksdb_repaired\":%s,\"rocksdb_"
-               "aborted\":%s,"
-               "\"old_files\":",
-               rc == KVEDGE_OK && !lost ? "true" : "false",
-               rc == KVEDGE_OK && !rep.unchanged ? "true" : "false", rep.resumed ? "true" : "false",
-               rep.damaged ? "true" : "false", (unsigned long long)rep.blocks_found,
-               (unsigned long long)rep.blocks_kept, (unsigned long long)rep.blocks_lost,
-               (unsigned long long)rep.meta_rebuilt, (unsigned long long)rep.from_blob_files,
-               (unsigned long long)rep.chunks_kept, (unsigned long long)rep.chunks_rebuilt,
-               (unsigned long long)rep.chunks_lost, (unsigned long long)rep.models_kept,
-               (unsigned long long)rep.models_lost, (unsigned long long)rep.quarantine_kept,
-               (unsigned long long)rep.variants_dropped, (unsigned long long)rep.damaged_keys,
-               (unsigned long long)rep.table_files, (unsigned long long)rep.blob_files,
-               (unsigned long long)rep.wal_files, (unsigned long long)rep.data_bytes,
-               rep.rocksdb_repaired ? "true" : "false", rep.rocksdb_aborted ? "true" : "false");
-        kvedge_cli_json_str(stdout, rep.old_files);
-        printf("}\n");
-    } else if (rc == KVEDGE_OK && rep.resumed) {
-        printf("finished an interrupted repair of %s: its verified store of %llu blocks is in "
-               "place; the damaged store's files are in %s\n",
-               cli->data_dir, (unsigned long long)rep.blocks_kept, rep.old_files);
-    } else if (rc == KVEDGE_OK) {
-        printf("%s held %llu table, %llu blob and %llu WAL files (%llu bytes), naming %llu "
-               "blocks\n",
-               cli->data_dir, (unsigned long long)rep.table_files,
-               (unsigned long long)rep.blob_files, (unsigned long long)rep.wal_files,
-               (unsigned long long)rep.data_bytes, (unsigned long long)rep.blocks_found);
-        if (rep.unchanged)
-            printf("nothing to repair: every block and record reads back; the store is left as "
-                   "it is\n");
-        else
-            printf("repaired %s: %llu blocks kept, %llu lost (in quarantine), %llu with rebuilt "
-                   "metadata; %llu chunks kept, %llu rebuilt, %llu chunk records lost; %llu "
-                   "model records lost\n",
-                   cli->data_dir, (unsigned long long)rep.blocks_kept,
-                   (unsigned long long)rep.blocks_lost, (unsigned long long)rep.meta_rebuilt,
-                   (unsigned long long)rep.chunks_kept, (unsigned long long)rep.chunks_rebuilt,
-                   (unsigned long long)rep.chunks_lost, (unsigned long long)rep.models_lost);
-        if (rep.from_blob_files)
-            printf("%llu of the kept blocks were read from the blob files directly\n",
-                   (unsigned long long)rep.from_blob_files);
-        if (rep.rocksdb_repaired)
-            printf("RocksDB could not open the store: its own repair rebuilt a copy first\n");
-        if (rep.rocksdb_aborted)
-            printf("RocksDB aborted reading the damaged tables: the blocks were taken from the "
-                   "blob files alone (metadata, chunk records and variants rebuilt or dropped)\n");
-        if (rep.old_files[0])
-            printf("the damaged store's files are in %s\n", rep.old_files);
-    }
+    if (cli->json)
+        s_repair_json(rc, &rep, lost);
+    else
+        s_repair_text(cli, rc, &rep);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("repair: %s", why[0] ? why : kvedge_strerror(rc));
         return rc == KVEDGE_ENOTFOUND || rc == KVEDGE_EBUSY || rc == KVEDGE_EVERSION
@@ -1139,36 +1204,31 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
 
 /* ---- evict ---- */
 
-static int s_cmd_evict(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    uint64_t to; /* bytes */
+} s_evict_opts_t;
+
+static const kvedge_cmdopt_t s_evict_list[] = {
+    {.name = "to",
+     .letter = 't',
+     .arg = "SIZE",
+     .type = KVEDGE_CMDOPT_SIZE,
+     KVEDGE_CMDOPT_AT(s_evict_opts_t, to),
+     .max = KVEDGE_SETTINGS_SIZE_MAX,
+     .required = true,
+     .help = "target size: bytes, or with K, M, G, T suffix"},
+};
+
+static const kvedge_cmdopts_t s_evict_opts = {
+    .command = "evict",
+    .summary = "Evict least-recently-used unpinned blocks.",
+    .about = "Evicts least-recently-used unpinned blocks until at most SIZE bytes\n"
+             "are stored. Pinned blocks are never evicted.\n",
+    KVEDGE_CMDOPTS_OF(s_evict_opts_t, s_evict_list)};
+
+static int s_evict(kvedge_cli_t *cli, const void *opts)
 {
-    static const struct option opts[] = {
-        {"to", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t *cmd = s_cmd("evict");
-    uint64_t target = 0;
-    bool have = false;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "t:h", opts, NULL)) != -1) {
-        if (c == 't') {
-            if (kvedge_cli_parse_size(optarg, &target) != 0) {
-                kvedge_cli_error("evict: --to wants a size such as 512M, got '%s'", optarg);
-                return KVEDGE_EXIT_USAGE;
-            }
-            have = true;
-        } else if (c == 'h') {
-            kvedge_cli_usage(stdout, cmd,
-                             "Evicts least-recently-used unpinned blocks until at most SIZE bytes\n"
-                             "are stored. Pinned blocks are never evicted.\n\n"
-                             "  -t, --to SIZE   target size: bytes, or with K, M, G, T suffix\n");
-            return KVEDGE_EXIT_OK;
-        } else {
-            return s_bad_option(cmd, argc, argv);
-        }
-    }
-    if (!have || optind != argc) {
-        kvedge_cli_error("evict: --to SIZE is required");
-        return KVEDGE_EXIT_USAGE;
-    }
+    uint64_t target = ((const s_evict_opts_t *)opts)->to;
     kvedge_engine_t *e;
     int ex = kvedge_cli_open(cli, true, &e);
     if (ex)
@@ -1200,20 +1260,15 @@ static int s_cmd_evict(kvedge_cli_t *cli, int argc, char **argv)
 /* ---- pin / unpin / delete ---- */
 
 /* Pins or unpins a prefix: the chunk and every chunk above it in its chain. */
-static int s_pin(kvedge_cli_t *cli, int argc, char **argv, bool pin)
+static int s_pin(kvedge_cli_t *cli, const char *prefix, bool pin)
 {
-    const kvedge_cli_cmd_t *cmd = s_cmd(pin ? "pin" : "unpin");
-    int ex = s_no_options(cmd, argc, argv, 1,
-                          "A prefix is its last chunk together with every chunk before it in\n"
-                          "the chain; all their blocks are (un)pinned. Pinned blocks are never\n"
-                          "evicted and never expire.\n");
-    if (ex >= 0)
-        return ex;
+    const char *name = pin ? "pin" : "unpin";
     kvedge_engine_t *e;
-    if ((ex = kvedge_cli_open(cli, true, &e)) != 0)
+    int ex = kvedge_cli_open(cli, true, &e);
+    if (ex)
         return ex;
     kvedge_chunk_info_t info;
-    if ((ex = s_resolve(cli, e, argv[optind], &info)) != 0) {
+    if ((ex = s_resolve(cli, e, prefix, &info)) != 0) {
         kvedge_engine_destroy(&e);
         return ex;
     }
@@ -1239,7 +1294,7 @@ static int s_pin(kvedge_cli_t *cli, int argc, char **argv, bool pin)
     }
     kvedge_engine_destroy(&e);
     if (rc != KVEDGE_OK) {
-        kvedge_cli_error("%s: %s", cmd->name, kvedge_strerror(rc));
+        kvedge_cli_error("%s: %s", name, kvedge_strerror(rc));
         return kvedge_cli_exit_code(rc);
     }
     if (cli->json)
@@ -1251,28 +1306,47 @@ static int s_pin(kvedge_cli_t *cli, int argc, char **argv, bool pin)
     return KVEDGE_EXIT_OK;
 }
 
-static int s_cmd_pin(kvedge_cli_t *cli, int argc, char **argv)
+#define S_PIN_ABOUT                                                                                \
+    "A prefix is its last chunk together with every chunk before it in\n"                          \
+    "the chain; all their blocks are (un)pinned. Pinned blocks are never\n"                        \
+    "evicted and never expire.\n"
+
+static const kvedge_cmdopts_t s_pin_opts = {.command = "pin",
+                                            .summary =
+                                                "Pin a prefix: never evicted, never expired.",
+                                            .about = S_PIN_ABOUT,
+                                            KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+
+static const kvedge_cmdopts_t s_unpin_opts = {.command = "unpin",
+                                              .summary = "Unpin a prefix.",
+                                              .about = S_PIN_ABOUT,
+                                              KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+
+static int s_pin_cmd(kvedge_cli_t *cli, const void *opts)
 {
-    return s_pin(cli, argc, argv, true);
+    return s_pin(cli, ((const s_prefix_opts_t *)opts)->prefix, true);
 }
 
-static int s_cmd_unpin(kvedge_cli_t *cli, int argc, char **argv)
+static int s_unpin_cmd(kvedge_cli_t *cli, const void *opts)
 {
-    return s_pin(cli, argc, argv, false);
+    return s_pin(cli, ((const s_prefix_opts_t *)opts)->prefix, false);
 }
 
-static int s_cmd_delete(kvedge_cli_t *cli, int argc, char **argv)
+static const kvedge_cmdopts_t s_delete_opts = {
+    .command = "delete",
+    .summary = "Delete a prefix chunk and the chunks chained below it.",
+    .about = "Deletes the prefix chunk and every chunk chained below it (their\n"
+             "blocks are unreachable without it), pinned or not.\n",
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+
+static int s_delete(kvedge_cli_t *cli, const void *opts)
 {
-    int ex = s_no_options(s_cmd("delete"), argc, argv, 1,
-                          "Deletes the prefix chunk and every chunk chained below it (their\n"
-                          "blocks are unreachable without it), pinned or not.\n");
-    if (ex >= 0)
-        return ex;
     kvedge_engine_t *e;
-    if ((ex = kvedge_cli_open(cli, true, &e)) != 0)
+    int ex = kvedge_cli_open(cli, true, &e);
+    if (ex)
         return ex;
     kvedge_chunk_info_t info;
-    if ((ex = s_resolve(cli, e, argv[optind], &info)) != 0) {
+    if ((ex = s_resolve(cli, e, ((const s_prefix_opts_t *)opts)->prefix, &info)) != 0) {
         kvedge_engine_destroy(&e);
         return ex;
     }
@@ -1332,15 +1406,17 @@ static int s_registered_model(void *ctx, const uint8_t *tenant, const kvedge_mod
     return 0;
 }
 
-static int s_cmd_models(kvedge_cli_t *cli, int argc, char **argv)
+static const kvedge_cmdopts_t s_models_opts = {
+    .command = "models",
+    .summary = "List known model shapes.",
+    .about = "Lists the built-in model shapes and any other model registered in the\n"
+             "store (when the store exists): node-wide ones as registered, a tenant's\n"
+             "own as tenant:TAG (its tenant tag in hex).\n",
+    .struct_size = sizeof(s_none_t)};
+
+static int s_models(kvedge_cli_t *cli, const void *unused)
 {
-    int ex =
-        s_no_options(s_cmd("models"), argc, argv, 0,
-                     "Lists the built-in model shapes and any other model registered in the\n"
-                     "store (when the store exists): node-wide ones as registered, a tenant's\n"
-                     "own as tenant:TAG (its tenant tag in hex).\n");
-    if (ex >= 0)
-        return ex;
+    (void)unused;
     s_models_t s = {cli->json, 0};
     if (cli->json)
         printf("[");
@@ -1351,12 +1427,12 @@ static int s_cmd_models(kvedge_cli_t *cli, int argc, char **argv)
     const kvedge_model_t *t = kvedge_model_builtins(&n);
     for (size_t i = 0; i < n; i++)
         s_print_model(&s, &t[i], "built-in");
-    kvedge_engine_opts_t opts;
-    kvedge_engine_opts_default(&opts);
-    opts.create_if_missing = false;
-    opts.read_only = true;
+    kvedge_engine_opts_t eo;
+    kvedge_engine_opts_default(&eo);
+    eo.create_if_missing = false;
+    eo.read_only = true;
     kvedge_engine_t *e;
-    if (kvedge_engine_open(cli->data_dir, &opts, &e, NULL, 0) == KVEDGE_OK) {
+    if (kvedge_engine_open(cli->data_dir, &eo, &e, NULL, 0) == KVEDGE_OK) {
         kvedge_engine_list_tenant_models(e, s_registered_model, &s);
         kvedge_engine_destroy(&e);
     }
@@ -1366,19 +1442,16 @@ static int s_cmd_models(kvedge_cli_t *cli, int argc, char **argv)
 }
 
 const kvedge_cli_cmd_t kvedge_cli_local_cmds[] = {
-    {"inspect", s_cmd_inspect, "", "Summarize the store: models, prefixes, bytes, compression."},
-    {"ls", s_cmd_ls, "[--model ID] [--full]", "List prefix chunks."},
-    {"show", s_cmd_show, "PREFIX [--layer L]",
-     "Per layer and head of a prefix: scheme, bytes, checksum."},
-    {"put-synthetic", s_cmd_put_synthetic, "--model ID [--tokens N] [--scheme S] [...]",
-     "Store a realistic synthetic KV cache (in the store, or on a node with -H)."},
-    {"verify", s_cmd_verify, "[--quarantine]", "Check every block as a read does; find damage."},
-    {"repair", s_cmd_repair, "",
-     "Salvage a damaged store: keep what verifies, quarantine the rest."},
-    {"evict", s_cmd_evict, "--to SIZE", "Evict least-recently-used unpinned blocks."},
-    {"pin", s_cmd_pin, "PREFIX", "Pin a prefix: never evicted, never expired."},
-    {"unpin", s_cmd_unpin, "PREFIX", "Unpin a prefix."},
-    {"delete", s_cmd_delete, "PREFIX", "Delete a prefix chunk and the chunks chained below it."},
-    {"models", s_cmd_models, "", "List known model shapes."},
-    {NULL, NULL, NULL, NULL},
+    {.name = "inspect", .opts = &s_inspect_opts, .exec = s_inspect},
+    {.name = "ls", .opts = &s_ls_opts, .exec = s_ls},
+    {.name = "show", .opts = &s_show_opts, .exec = s_show},
+    {.name = "put-synthetic", .opts = &s_synth_opts, .exec = s_put_synthetic_cmd},
+    {.name = "verify", .opts = &s_verify_opts, .exec = s_verify},
+    {.name = "repair", .opts = &s_repair_opts, .exec = s_repair},
+    {.name = "evict", .opts = &s_evict_opts, .exec = s_evict},
+    {.name = "pin", .opts = &s_pin_opts, .exec = s_pin_cmd},
+    {.name = "unpin", .opts = &s_unpin_opts, .exec = s_unpin_cmd},
+    {.name = "delete", .opts = &s_delete_opts, .exec = s_delete},
+    {.name = "models", .opts = &s_models_opts, .exec = s_models},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

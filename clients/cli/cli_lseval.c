@@ -172,7 +172,7 @@ static int s_cmd_lseval(kvedge_cli_t *cli, int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    static const kvedge_cli_cmd_t cmd = {"lseval", NULL, S_ARGS, NULL};
+    static const kvedge_cli_cmd_t cmd = {"lseval", NULL, S_ARGS, NULL, NULL, NULL};
     const char *cloud_w = NULL, *edge_w = NULL, *tok_dir = NULL, *text = NULL, *dat = NULL;
     const char *adapter_path[KVEDGE_LSEVAL_MAX_ADAPTERS];
     size_t n_adapters = 0;
@@ -328,6 +328,6 @@ static int s_cmd_lseval(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[] = {
     {"lseval", s_cmd_lseval, S_ARGS,
-     "Large-small quality: an edge model on a cloud model's adapted context K/V."},
-    {NULL, NULL, NULL, NULL},
+     "Large-small quality: an edge model on a cloud model's adapted context K/V.", NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

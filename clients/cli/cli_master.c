@@ -2,7 +2,6 @@
  * settings the table in store/master/settings.c) and `master-dump` (a snapshot of the registry
  * through a replica view, printed). Thin mains. */
 #include <czmq.h>
-#include <getopt.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,8 +36,9 @@ static int s_check(const void *settings, char *why, size_t why_len)
 static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_master_settings_table;
-    const kvedge_cli_cmd_t cmd = {"master", NULL, "[OPTIONS] [--config FILE] [--check-config]",
-                                  "Run the Storage Master."};
+    const kvedge_cli_cmd_t cmd = {
+        "master", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run the Storage Master.",
+        NULL,     NULL};
     static kvedge_master_settings_t s;
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_master_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -75,128 +75,180 @@ static void s_hex(FILE *f, const uint8_t *p, size_t n)
         fprintf(f, "%02x", p[i]);
 }
 
+/* How a record prints: text (k=v pairs) or the members of a JSON object. */
+typedef struct {
+    bool json;
+    const char *q, *sep, *eq; /* quote, separator, between name and value */
+} s_fmt_t;
+
+#define S_F(name) printf("%s%s%s", q, name, eq)
+
+static int s_value_node(const s_fmt_t *f, const uint8_t *body, size_t len)
+{
+    const char *q = f->q, *sep = f->sep, *eq = f->eq;
+    bool json = f->json;
+    int rc = KVEDGE_OK;
+    kvedge_master_node_t r;
+    if ((rc = kvedge_master_node_parse(body, len, &r)) != KVEDGE_OK)
+        return rc;
+    S_F("role");
+    printf("%s%s%s%s", q, r.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge", q, sep);
+    S_F("region");
+    json ? kvedge_cli_json_str(stdout, r.region) : (void)printf("%s", r.region);
+    printf("%s", sep);
+    S_F("endpoint");
+    json ? kvedge_cli_json_str(stdout, r.endpoint) : (void)printf("%s", r.endpoint);
+    printf("%s", sep);
+    S_F("public_key");
+    json ? kvedge_cli_json_str(stdout, r.public_key) : (void)printf("%s", r.public_key);
+    printf("%s", sep);
+    S_F("capacity_bytes");
+    printf("%llu%s", (unsigned long long)r.capacity_bytes, sep);
+    S_F("bandwidth_bytes_per_s");
+    printf("%llu%s", (unsigned long long)r.bandwidth_bytes_per_s, sep);
+    S_F("rtt_us");
+    printf("%u", r.rtt_us);
+    return rc;
+}
+
+static int s_value_health(const s_fmt_t *f, const uint8_t *body, size_t len)
+{
+    const char *q = f->q, *sep = f->sep, *eq = f->eq;
+    int rc = KVEDGE_OK;
+    kvedge_master_health_t r;
+    if ((rc = kvedge_master_health_parse(body, len, &r)) != KVEDGE_OK)
+        return rc;
+    S_F("state");
+    printf("%s%s%s%s", q, kvedge_master_health_name(r.state), q, sep);
+    S_F("last_seen_ms");
+    printf("%llu%s", (unsigned long long)r.last_seen_ms, sep);
+    S_F("changed_ms");
+    printf("%llu", (unsigned long long)r.changed_ms);
+    return rc;
+}
+
+static int s_value_tmodel(const s_fmt_t *f, const uint8_t *body, size_t len)
+{
+    const char *q = f->q, *sep = f->sep, *eq = f->eq;
+    int rc = KVEDGE_OK;
+    kvedge_model_t r;
+    if ((rc = kvedge_master_model_parse(body, len, &r)) != KVEDGE_OK)
+        return rc;
+    S_F("layers");
+    printf("%u%s", r.layers, sep);
+    S_F("kv_heads");
+    printf("%u%s", r.kv_heads, sep);
+    S_F("head_dim");
+    printf("%u%s", r.head_dim, sep);
+    S_F("dtype");
+    printf("%s%s%s", q, kvedge_dtype_name(r.dtype), q);
+    return rc;
+}
+
+static int s_value_map(const s_fmt_t *f, const uint8_t *body, size_t len)
+{
+    const char *q = f->q, *sep = f->sep, *eq = f->eq;
+    bool json = f->json;
+    int rc = KVEDGE_OK;
+    kvedge_master_map_t *r = malloc(sizeof *r);
+    if (!r || (rc = kvedge_master_map_parse(body, len, r)) != KVEDGE_OK) {
+        rc = r ? rc : KVEDGE_ENOMEM;
+        free(r);
+        return rc;
+    }
+    S_F("cloud_layers");
+    printf("%u%s", r->cloud_layers, sep);
+    S_F("edge_layers");
+    printf("%u%s", r->edge_layers, sep);
+    S_F("from"); /* per edge layer: its cloud layer, or - (null): computed on the edge */
+    printf("%s", json ? "[" : "");
+    for (uint32_t i = 0; i < r->edge_layers; i++) {
+        const char *comma = i ? "," : "";
+        if (r->from[i] == KVEDGE_MASTER_MAP_NONE)
+            printf("%s%s", comma, json ? "null" : "-");
+        else
+            printf("%s%u", comma, r->from[i]);
+    }
+    printf("%s", json ? "]" : "");
+    free(r);
+    return rc;
+}
+
+static int s_value_dir(const s_fmt_t *f, const uint8_t *body, size_t len)
+{
+    const char *q = f->q, *sep = f->sep, *eq = f->eq;
+    bool json = f->json;
+    int rc = KVEDGE_OK;
+    kvedge_master_dir_t r;
+    if ((rc = kvedge_master_dir_parse(body, len, &r)) != KVEDGE_OK)
+        return rc;
+    S_F("model");
+    json ? kvedge_cli_json_str(stdout, r.model_id) : (void)printf("%s", r.model_id);
+    printf("%s", sep);
+    S_F("layers");
+    printf("%u%s", r.layers, sep);
+    S_F("held");
+    printf("%s", json ? "[" : "");
+    bool first = true;
+    for (unsigned l = 0; l < r.layers; l++)
+        if (kvedge_master_dir_has(&r, l)) {
+            printf("%s%u", first ? "" : ",", l);
+            first = false;
+        }
+    printf("%s", json ? "]" : "");
+    return rc;
+}
+
+static int s_value_link(const s_fmt_t *f, const uint8_t *body, size_t len)
+{
+    const char *q = f->q, *sep = f->sep, *eq = f->eq;
+    int rc = KVEDGE_OK;
+    kvedge_master_link_t r;
+    if ((rc = kvedge_master_link_parse(body, len, &r)) != KVEDGE_OK)
+        return rc;
+    S_F("rtt_us");
+    printf("%u%s", r.rtt_us, sep);
+    S_F("bw_bytes_per_s");
+    printf("%llu%s", (unsigned long long)r.bw_bytes_per_s, sep);
+    S_F("samples");
+    printf("%u%s", r.samples, sep);
+    S_F("declared");
+    printf("%s%s", r.declared ? "true" : "false", sep);
+    S_F("updated_ms");
+    printf("%llu", (unsigned long long)r.updated_ms);
+    return rc;
+}
+
+/* Prints the fields of one record of space; returns what its parser said. */
+static int s_value_fields(const s_fmt_t *f, int space, const uint8_t *body, size_t len)
+{
+    switch (space) {
+    case KVEDGE_MASTER_SPACE_NODE:
+        return s_value_node(f, body, len);
+    case KVEDGE_MASTER_SPACE_HEALTH:
+        return s_value_health(f, body, len);
+    case KVEDGE_MASTER_SPACE_MODEL:
+    case KVEDGE_MASTER_SPACE_TMODEL:
+        return s_value_tmodel(f, body, len);
+    case KVEDGE_MASTER_SPACE_MAP:
+        return s_value_map(f, body, len);
+    case KVEDGE_MASTER_SPACE_DIR:
+        return s_value_dir(f, body, len);
+    case KVEDGE_MASTER_SPACE_LINK:
+        return s_value_link(f, body, len);
+    }
+    return KVEDGE_EINVAL;
+}
+
 /* One record, decoded by its key's space: text (k=v pairs) or a JSON object. */
 static void s_print_value(bool json, const char *key, const uint8_t *body, size_t len)
 {
     kvedge_master_key_t k;
-    int rc = kvedge_master_key_parse(key, strlen(key), &k) == KVEDGE_OK ? KVEDGE_OK : KVEDGE_EINVAL;
-    const char *q = json ? "\"" : "";
-    const char *sep = json ? ", " : " ";
-    const char *eq = json ? "\": " : "=";
-#define S_F(name) printf("%s%s%s", q, name, eq)
-    if (rc == KVEDGE_OK)
-        switch (k.space) {
-        case KVEDGE_MASTER_SPACE_NODE: {
-            kvedge_master_node_t r;
-            if ((rc = kvedge_master_node_parse(body, len, &r)) != KVEDGE_OK)
-                break;
-            S_F("role");
-            printf("%s%s%s%s", q, r.role == KVEDGE_ROLE_CLOUD ? "cloud" : "edge", q, sep);
-            S_F("region");
-            json ? kvedge_cli_json_str(stdout, r.region) : (void)printf("%s", r.region);
-            printf("%s", sep);
-            S_F("endpoint");
-            json ? kvedge_cli_json_str(stdout, r.endpoint) : (void)printf("%s", r.endpoint);
-            printf("%s", sep);
-            S_F("public_key");
-            json ? kvedge_cli_json_str(stdout, r.public_key) : (void)printf("%s", r.public_key);
-            printf("%s", sep);
-            S_F("capacity_bytes");
-            printf("%llu%s", (unsigned long long)r.capacity_bytes, sep);
-            S_F("bandwidth_bytes_per_s");
-            printf("%llu%s", (unsigned long long)r.bandwidth_bytes_per_s, sep);
-            S_F("rtt_us");
-            printf("%u", r.rtt_us);
-            break;
-        }
-        case KVEDGE_MASTER_SPACE_HEALTH: {
-            kvedge_master_health_t r;
-            if ((rc = kvedge_master_health_parse(body, len, &r)) != KVEDGE_OK)
-                break;
-            S_F("state");
-            printf("%s%s%s%s", q, kvedge_master_health_name(r.state), q, sep);
-            S_F("last_seen_ms");
-            printf("%llu%s", (unsigned long long)r.last_seen_ms, sep);
-            S_F("changed_ms");
-            printf("%llu", (unsigned long long)r.changed_ms);
-            break;
-        }
-        case KVEDGE_MASTER_SPACE_MODEL:
-        case KVEDGE_MASTER_SPACE_TMODEL: {
-            kvedge_model_t r;
-            if ((rc = kvedge_master_model_parse(body, len, &r)) != KVEDGE_OK)
-                break;
-            S_F("layers");
-            printf("%u%s", r.layers, sep);
-            S_F("kv_heads");
-            printf("%u%s", r.kv_heads, sep);
-            S_F("head_dim");
-            printf("%u%s", r.head_dim, sep);
-            S_F("dtype");
-            printf("%s%s%s", q, kvedge_dtype_name(r.dtype), q);
-            break;
-        }
-        case KVEDGE_MASTER_SPACE_MAP: {
-            kvedge_master_map_t *r = malloc(sizeof *r);
-            if (!r || (rc = kvedge_master_map_parse(body, len, r)) != KVEDGE_OK) {
-                rc = r ? rc : KVEDGE_ENOMEM;
-                free(r);
-                break;
-            }
-            S_F("cloud_layers");
-            printf("%u%s", r->cloud_layers, sep);
-            S_F("edge_layers");
-            printf("%u%s", r->edge_layers, sep);
-            S_F("from"); /* per edge layer: its cloud layer, or - (null): computed on the edge */
-            printf("%s", json ? "[" : "");
-            for (uint32_t i = 0; i < r->edge_layers; i++) {
-                const char *comma = i ? "," : "";
-                if (r->from[i] == KVEDGE_MASTER_MAP_NONE)
-                    printf("%s%s", comma, json ? "null" : "-");
-                else
-                    printf("%s%u", comma, r->from[i]);
-            }
-            printf("%s", json ? "]" : "");
-            free(r);
-            break;
-        }
-        case KVEDGE_MASTER_SPACE_DIR: {
-            kvedge_master_dir_t r;
-            if ((rc = kvedge_master_dir_parse(body, len, &r)) != KVEDGE_OK)
-                break;
-            S_F("model");
-            json ? kvedge_cli_json_str(stdout, r.model_id) : (void)printf("%s", r.model_id);
-            printf("%s", sep);
-            S_F("layers");
-            printf("%u%s", r.layers, sep);
-            S_F("held");
-            printf("%s", json ? "[" : "");
-            bool first = true;
-            for (unsigned l = 0; l < r.layers; l++)
-                if (kvedge_master_dir_has(&r, l)) {
-                    printf("%s%u", first ? "" : ",", l);
-                    first = false;
-                }
-            printf("%s", json ? "]" : "");
-            break;
-        }
-        case KVEDGE_MASTER_SPACE_LINK: {
-            kvedge_master_link_t r;
-            if ((rc = kvedge_master_link_parse(body, len, &r)) != KVEDGE_OK)
-                break;
-            S_F("rtt_us");
-            printf("%u%s", r.rtt_us, sep);
-            S_F("bw_bytes_per_s");
-            printf("%llu%s", (unsigned long long)r.bw_bytes_per_s, sep);
-            S_F("samples");
-            printf("%u%s", r.samples, sep);
-            S_F("declared");
-            printf("%s%s", r.declared ? "true" : "false", sep);
-            S_F("updated_ms");
-            printf("%llu", (unsigned long long)r.updated_ms);
-            break;
-        }
-        }
+    const s_fmt_t f = {json, json ? "\"" : "", json ? ", " : " ", json ? "\": " : "="};
+    const char *q = f.q, *eq = f.eq;
+    int rc = kvedge_master_key_parse(key, strlen(key), &k) == KVEDGE_OK
+                 ? s_value_fields(&f, (int)k.space, body, len)
+                 : KVEDGE_EINVAL;
     if (rc != KVEDGE_OK) {
         S_F("undecoded");
         printf("%s", q);
@@ -237,80 +289,93 @@ static int s_default_pub(const char *master, char *out, size_t cap)
     return 0;
 }
 
-static int s_cmd_dump(kvedge_cli_t *cli, int argc, char **argv)
+/* What master-dump runs on; key, cert, json and deadline default to the global options. */
+typedef struct {
+    const char *master, *pub, *prefix;
+    bool json;
+    const char *server_key, *cert;
+    uint32_t deadline_ms; /* 0: the global --deadline, else S_DUMP_DEADLINE_MS */
+} s_dump_opts_t;
+
+static const kvedge_cmdopt_t s_dump_list[] = {
+    {.name = "master",
+     .letter = 'm',
+     .arg = "EP",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_dump_opts_t, master),
+     .def = KVEDGE_MASTER_BIND_DEFAULT,
+     .help = "the master's ROUTER"},
+    {.name = "pub",
+     .letter = 'p',
+     .arg = "EP",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_dump_opts_t, pub),
+     .help = "its PUB (default: for tcp://HOST:PORT, PORT+1)"},
+    {.name = "prefix",
+     .letter = 'P',
+     .arg = "P",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_dump_opts_t, prefix),
+     .help = "only keys starting with P (node/, health/, model/, map/, dir/, link/ or longer)"},
+    {.name = "json",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_dump_opts_t, json),
+     .help = "JSON output"},
+    {.name = "server-key",
+     .arg = "KEY",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_dump_opts_t, server_key),
+     .help = "the master's public key or certificate (default the global --server-key; none: "
+             "plaintext, loopback only)"},
+    {.name = "cert",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_dump_opts_t, cert),
+     .help = "this client's secret certificate (with --server-key; default the global --cert)"},
+    {.name = "deadline",
+     .arg = "MS",
+     .type = KVEDGE_CMDOPT_MS,
+     KVEDGE_CMDOPT_AT(s_dump_opts_t, deadline_ms),
+     .min = 1,
+     .max = 600000,
+     .def_num = 0,
+     .def_text = "the global --deadline, else 3000",
+     .help = "how long to wait for the snapshot"},
+};
+
+static const kvedge_cmdopts_t s_dump_opts = {
+    .command = "master-dump",
+    .summary = "Snapshot the master's registry and print it.",
+    .about = "Takes a snapshot of the master's registry (or of the keys under --prefix)\n"
+             "through a replica view and prints one record per line, decoded (`KEY seq=N\n"
+             "field=value ...`), or a JSON document with --json. Exit 5 when the master\n"
+             "does not answer within the deadline.\n",
+    KVEDGE_CMDOPTS_OF(s_dump_opts_t, s_dump_list)};
+
+/* Prints every record of the synced view v under prefix. Returns an exit code. */
+static int s_dump_print(kvedge_mview_t *v, const char *prefix, bool json)
 {
-    enum { S_O_JSON = 1000, S_O_KEY, S_O_CERT, S_O_DEADLINE };
-    static const struct option opts[] = {{"master", required_argument, NULL, 'm'},
-                                         {"pub", required_argument, NULL, 'p'},
-                                         {"prefix", required_argument, NULL, 'P'},
-                                         {"json", no_argument, NULL, S_O_JSON},
-                                         {"server-key", required_argument, NULL, S_O_KEY},
-                                         {"cert", required_argument, NULL, S_O_CERT},
-                                         {"deadline", required_argument, NULL, S_O_DEADLINE},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"master-dump", NULL,
-                                  "[--master EP] [--pub EP] [--prefix P] [--json]",
-                                  "Snapshot the master's registry and print it."};
-    const char *master = KVEDGE_MASTER_BIND_DEFAULT, *pub = NULL, *prefix = NULL;
-    const char *key = cli->server_key, *cert = cli->cert;
-    bool json = cli->json;
-    uint64_t deadline = cli->deadline_ms > 0 ? (uint64_t)cli->deadline_ms : S_DUMP_DEADLINE_MS;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "m:p:P:h", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'm':
-            master = optarg;
-            break;
-        case 'p':
-            pub = optarg;
-            break;
-        case 'P':
-            prefix = optarg;
-            break;
-        case S_O_JSON:
-            json = true;
-            break;
-        case S_O_KEY:
-            key = optarg;
-            break;
-        case S_O_CERT:
-            cert = optarg;
-            break;
-        case S_O_DEADLINE:
-            if (kvedge_cli_parse_u64(optarg, 1, 600000, &deadline) != 0) {
-                kvedge_cli_error("master-dump: --deadline wants milliseconds, got '%s'", optarg);
-                return KVEDGE_EXIT_USAGE;
-            }
-            break;
-        case 'h':
-            kvedge_cli_usage(
-                stdout, &cmd,
-                "Takes a snapshot of the master's registry (or of the keys under --prefix)\n"
-                "through a replica view and prints one record per line, decoded (`KEY seq=N\n"
-                "field=value ...`), or a JSON document with --json. Exit 5 when the master\n"
-                "does not answer within the deadline.\n\n"
-                "  -m, --master EP      the master's ROUTER (default " KVEDGE_MASTER_BIND_DEFAULT
-                ")\n"
-                "  -p, --pub EP         its PUB (default: for tcp://HOST:PORT, PORT+1)\n"
-                "  -P, --prefix P       only keys starting with P (node/, health/, model/, map/,\n"
-                "                       dir/, link/ or longer)\n"
-                "      --json           JSON output\n"
-                "      --server-key KEY the master's public key or certificate (none: plaintext,\n"
-                "                       loopback only)\n"
-                "      --cert FILE      this client's secret certificate (with --server-key)\n"
-                "      --deadline MS    how long to wait for the snapshot (default 3000)\n");
-            return KVEDGE_EXIT_OK;
-        default:
-            kvedge_cli_error("master-dump: unknown option or missing value '%s'", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("master-dump: unexpected argument '%s'", argv[optind]);
-        return KVEDGE_EXIT_USAGE;
-    }
+    s_dump_t d = {json, 0};
+    if (json)
+        printf("{\"seq\": %llu, \"records\": [", (unsigned long long)kvedge_mview_seq(v));
+    int rc = kvedge_mview_foreach(v, prefix, s_dump_cb, &d);
+    if (json)
+        printf("%s]}\n", d.n ? "\n  " : "");
+    else
+        printf("# %zu records at seq %llu\n", d.n, (unsigned long long)kvedge_mview_seq(v));
+    return rc == KVEDGE_OK ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+}
+
+static int s_dump(kvedge_cli_t *cli, const void *opts)
+{
+    const s_dump_opts_t *o = opts;
+    const char *master = o->master, *pub = o->pub, *prefix = o->prefix;
+    const char *key = o->server_key ? o->server_key : cli->server_key;
+    const char *cert = o->cert ? o->cert : cli->cert;
+    bool json = o->json || cli->json;
+    uint64_t deadline = o->deadline_ms         ? o->deadline_ms
+                        : cli->deadline_ms > 0 ? (uint64_t)cli->deadline_ms
+                                               : S_DUMP_DEADLINE_MS;
     char pub_buf[300];
     if (!pub) {
         if (s_default_pub(master, pub_buf, sizeof pub_buf) != 0) {
@@ -349,22 +414,14 @@ static int s_cmd_dump(kvedge_cli_t *cli, int argc, char **argv)
         kvedge_mview_destroy(&v);
         return KVEDGE_EXIT_UNAVAILABLE;
     }
-    s_dump_t d = {json, 0};
-    if (json)
-        printf("{\"seq\": %llu, \"records\": [", (unsigned long long)kvedge_mview_seq(v));
-    rc = kvedge_mview_foreach(v, prefix, s_dump_cb, &d);
-    if (json)
-        printf("%s]}\n", d.n ? "\n  " : "");
-    else
-        printf("# %zu records at seq %llu\n", d.n, (unsigned long long)kvedge_mview_seq(v));
+    int ex = s_dump_print(v, prefix, json);
     kvedge_mview_destroy(&v);
-    return rc == KVEDGE_OK ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+    return ex;
 }
 
 const kvedge_cli_cmd_t kvedge_cli_master_cmds[] = {
     {"master", s_cmd_master, "[--bind EP] [--pub EP] [--data DIR] [--config FILE] [...]",
-     "Run the Storage Master (registry of nodes, models, maps, blocks, links)."},
-    {"master-dump", s_cmd_dump, "[--master EP] [--pub EP] [--prefix P] [--json]",
-     "Snapshot the master's registry and print it."},
-    {NULL, NULL, NULL, NULL},
+     "Run the Storage Master (registry of nodes, models, maps, blocks, links).", NULL, NULL},
+    {.name = "master-dump", .opts = &s_dump_opts, .exec = s_dump},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -2,7 +2,6 @@
  * per layer the source, its Eq. 19 cost and the pipelined timeline, against cloud-only,
  * recompute-all and load-then-compute, and the Eq. 20 bound. Sources are given on the command
  * line (the edge proxy fills them from the Storage Master's directory and link table). */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,80 +92,109 @@ static int s_parse_source(const char *spec, const kvedge_model_t *m, uint64_t to
     return 0;
 }
 
-int kvedge_cli_plan(kvedge_cli_t *cli, int argc, char **argv)
+/* What `kvedge plan` runs on. */
+typedef struct {
+    const char *model;
+    uint64_t tokens, compute_us, recompute_us, prefix_us;
+    const char *sources[KVEDGE_PLAN_MAX_SOURCES];
+    size_t n_sources;
+    const char *down[KVEDGE_PLAN_MAX_SOURCES];
+    size_t n_down;
+} s_plan_opts_t;
+
+static const kvedge_cmdopt_t s_plan_list[] = {
+    {.name = "model",
+     .letter = 'm',
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_plan_opts_t, model),
+     .required = true,
+     .help = "a built-in model (see kvedge models)"},
+    {.name = "tokens",
+     .letter = 't',
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_plan_opts_t, tokens),
+     .min = 1,
+     .max = 1u << 20,
+     .def_num = 1024,
+     .help = "context length"},
+    {.name = "source",
+     .letter = 's',
+     .arg = "SPEC",
+     .type = KVEDGE_CMDOPT_STRS,
+     KVEDGE_CMDOPT_LIST_AT(s_plan_opts_t, sources, n_sources),
+     .help = "a source, KIND:NAME:LINK:SCHEME[:FIRST-LAST] (below)"},
+    {.name = "compute-us",
+     .arg = "US",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_plan_opts_t, compute_us),
+     .max = 1ull << 40,
+     .def_num = 2000,
+     .help = "decoder time per layer over the user prompt"},
+    {.name = "recompute-us",
+     .arg = "US",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_plan_opts_t, recompute_us),
+     .max = 1ull << 40,
+     .def_num = 20000,
+     .help = "extra time per layer to compute its context KV"},
+    {.name = "prefix-us",
+     .arg = "US",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_plan_opts_t, prefix_us),
+     .max = 1ull << 40,
+     .def_num = 0,
+     .help = "serial time outside the overlap"},
+    {.name = "down",
+     .arg = "NAME",
+     .type = KVEDGE_CMDOPT_STRS,
+     KVEDGE_CMDOPT_LIST_AT(s_plan_opts_t, down, n_down),
+     .help = "treat that source as down"},
+};
+
+const kvedge_cmdopts_t kvedge_cli_plan_opts = {
+    .command = "plan",
+    .summary = "What the planner would fetch from where, without fetching.",
+    .about = "What the edge proxy's planner would do for a context of N tokens of a model,\n"
+             "without fetching anything: per layer the chosen source, its cost\n"
+             "rtt + bytes/bw (CE-LSLM Eq. 19) and the pipelined timeline (Eq. 20), against\n"
+             "cloud-only, recompute-all and load-then-compute, and the Eq. 20 bound.\n\n"
+             "  SPEC  KIND:NAME:LINK:SCHEME[:FIRST-LAST]\n"
+             "        KIND local|peer|cloud|history; LINK rate,one-way-latency as in\n"
+             "        100mbit,20ms; SCHEME lossless|int8|int4 (what that source stores);\n"
+             "        FIRST-LAST the layers it holds (default all)\n\n"
+             "example: kvedge plan --model opt-1.3b --tokens 1024 \\\n"
+             "           --source cloud:c1:100mbit,20ms:int8 "
+             "--source peer:e2:1gbit,1ms:lossless:0-7\n",
+    KVEDGE_CMDOPTS_OF(s_plan_opts_t, s_plan_list)};
+
+static void s_plan_json(const kvedge_model_t *m, uint64_t tokens, const kvedge_plan_t *plan,
+                        const kvedge_plan_source_t *src)
 {
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"tokens", required_argument, NULL, 't'},
-                                         {"source", required_argument, NULL, 's'},
-                                         {"compute-us", required_argument, NULL, 'c'},
-                                         {"recompute-us", required_argument, NULL, 'r'},
-                                         {"prefix-us", required_argument, NULL, 'p'},
-                                         {"down", required_argument, NULL, 'd'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const char *model_id = NULL, *specs[KVEDGE_PLAN_MAX_SOURCES], *down[KVEDGE_PLAN_MAX_SOURCES];
-    size_t nspec = 0, ndown = 0;
-    uint64_t tokens = 1024, compute = 2000, recompute = 20000, prefix = 0;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "m:t:s:h", opts, NULL)) != -1) {
-        int bad = 0;
-        switch (ch) {
-        case 'm':
-            model_id = optarg;
-            break;
-        case 't':
-            bad = kvedge_cli_parse_u64(optarg, 1, 1u << 20, &tokens);
-            break;
-        case 'c':
-            bad = kvedge_cli_parse_u64(optarg, 0, 1ull << 40, &compute);
-            break;
-        case 'r':
-            bad = kvedge_cli_parse_u64(optarg, 0, 1ull << 40, &recompute);
-            break;
-        case 'p':
-            bad = kvedge_cli_parse_u64(optarg, 0, 1ull << 40, &prefix);
-            break;
-        case 's':
-            bad = nspec == KVEDGE_PLAN_MAX_SOURCES;
-            if (!bad)
-                specs[nspec++] = optarg;
-            break;
-        case 'd':
-            bad = ndown == KVEDGE_PLAN_MAX_SOURCES;
-            if (!bad)
-                down[ndown++] = optarg;
-            break;
-        case 'h':
-            printf("usage: kvedge plan --model ID [--tokens N] --source SPEC [--source SPEC ...]\n"
-                   "                   [--compute-us US] [--recompute-us US] [--prefix-us US]\n"
-                   "                   [--down NAME]\n\n"
-                   "What the edge proxy's planner would do for a context of N tokens of a model,\n"
-                   "without fetching anything: per layer the chosen source, its cost\n"
-                   "rtt + bytes/bw (CE-LSLM Eq. 19) and the pipelined timeline (Eq. 20), against\n"
-                   "cloud-only, recompute-all and load-then-compute, and the Eq. 20 bound.\n\n"
-                   "  SPEC  KIND:NAME:LINK:SCHEME[:FIRST-LAST]\n"
-                   "        KIND local|peer|cloud|history; LINK rate,one-way-latency as in\n"
-                   "        100mbit,20ms; SCHEME lossless|int8|int4 (what that source stores);\n"
-                   "        FIRST-LAST the layers it holds (default all)\n"
-                   "  --compute-us US    decoder time per layer over the user prompt (2000)\n"
-                   "  --recompute-us US  extra time per layer to compute its context KV (20000)\n"
-                   "  --prefix-us US     serial time outside the overlap (0)\n"
-                   "  --down NAME        treat that source as down\n\n"
-                   "example: kvedge plan --model opt-1.3b --tokens 1024 \\\n"
-                   "           --source cloud:c1:100mbit,20ms:int8 "
-                   "--source peer:e2:1gbit,1ms:lossless:0-7\n");
-            return KVEDGE_EXIT_OK;
-        default:
-            bad = 1;
-            break;
-        }
-        if (bad) {
-            kvedge_cli_error("plan: bad option or value '%s' (see kvedge plan --help)",
-                             argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
+    printf("{\"model\":\"%s\",\"tokens\":%llu,", m->id, (unsigned long long)tokens);
+    s_json_us("total_us", plan->total_us);
+    s_json_us("bound_us", plan->bound_us);
+    s_json_us("cloud_only_us", plan->cloud_only_us);
+    s_json_us("recompute_all_us", plan->recompute_all_us);
+    s_json_us("load_then_compute_us", plan->load_then_compute_us);
+    printf("\"split\":%u,\"layers\":[", plan->split);
+    for (uint32_t l = 0; l < m->layers; l++) {
+        int32_t s = plan->layer[l].source;
+        printf("%s{\"layer\":%u,\"source\":\"%s\",\"reason\":\"%s\",", l ? "," : "", l,
+               s >= 0 ? src[s].name : "recompute", kvedge_plan_reason_name(plan->layer[l].reason));
+        s_json_us("cost_us", plan->layer[l].cost_us);
+        printf("\"done_us\":%.1f}", plan->layer[l].done_us);
     }
+    printf("]}\n");
+}
+
+int kvedge_cli_plan_exec(kvedge_cli_t *cli, const void *opts)
+{
+    const s_plan_opts_t *o = opts;
+    const char *model_id = o->model;
+    uint64_t tokens = o->tokens;
+    size_t nspec = o->n_sources;
     kvedge_model_t m;
     if (!model_id || kvedge_model_builtin(model_id, &m) != KVEDGE_OK) {
         kvedge_cli_error("plan: --model must name a built-in model (see kvedge models)");
@@ -175,21 +203,21 @@ int kvedge_cli_plan(kvedge_cli_t *cli, int argc, char **argv)
     kvedge_plan_source_t src[KVEDGE_PLAN_MAX_SOURCES];
     static double bytes[KVEDGE_PLAN_MAX_SOURCES][KVEDGE_PLAN_MAX_LAYERS];
     for (size_t i = 0; i < nspec; i++) {
-        if (s_parse_source(specs[i], &m, tokens, &src[i], bytes[i]) != 0) {
+        if (s_parse_source(o->sources[i], &m, tokens, &src[i], bytes[i]) != 0) {
             kvedge_cli_error("plan: bad --source '%s' (KIND:NAME:LINK:SCHEME[:FIRST-LAST])",
-                             specs[i]);
+                             o->sources[i]);
             return KVEDGE_EXIT_USAGE;
         }
-        for (size_t d = 0; d < ndown; d++)
-            if (strcmp(down[d], src[i].name) == 0)
+        for (size_t d = 0; d < o->n_down; d++)
+            if (strcmp(o->down[d], src[i].name) == 0)
                 src[i].up = false;
     }
     double cu[KVEDGE_PLAN_MAX_LAYERS], ru[KVEDGE_PLAN_MAX_LAYERS];
     for (uint32_t l = 0; l < m.layers; l++) {
-        cu[l] = (double)compute;
-        ru[l] = (double)recompute;
+        cu[l] = (double)o->compute_us;
+        ru[l] = (double)o->recompute_us;
     }
-    kvedge_plan_request_t req = {m.layers, (double)prefix, cu, ru};
+    kvedge_plan_request_t req = {m.layers, (double)o->prefix_us, cu, ru};
     static kvedge_plan_t plan;
     int rc = kvedge_plan_make(&req, src, nspec, &plan);
     if (rc != KVEDGE_OK) {
@@ -197,26 +225,18 @@ int kvedge_cli_plan(kvedge_cli_t *cli, int argc, char **argv)
         return kvedge_cli_exit_code(rc);
     }
     if (cli->json) {
-        printf("{\"model\":\"%s\",\"tokens\":%llu,", m.id, (unsigned long long)tokens);
-        s_json_us("total_us", plan.total_us);
-        s_json_us("bound_us", plan.bound_us);
-        s_json_us("cloud_only_us", plan.cloud_only_us);
-        s_json_us("recompute_all_us", plan.recompute_all_us);
-        s_json_us("load_then_compute_us", plan.load_then_compute_us);
-        printf("\"split\":%u,\"layers\":[", plan.split);
-        for (uint32_t l = 0; l < m.layers; l++) {
-            int32_t s = plan.layer[l].source;
-            printf("%s{\"layer\":%u,\"source\":\"%s\",\"reason\":\"%s\",", l ? "," : "", l,
-                   s >= 0 ? src[s].name : "recompute",
-                   kvedge_plan_reason_name(plan.layer[l].reason));
-            s_json_us("cost_us", plan.layer[l].cost_us);
-            printf("\"done_us\":%.1f}", plan.layer[l].done_us);
-        }
-        printf("]}\n");
+        s_plan_json(&m, tokens, &plan, src);
         return KVEDGE_EXIT_OK;
     }
     static char text[1 << 18];
     rc = kvedge_plan_format(&plan, src, nspec, text, sizeof text);
     fputs(text, stdout);
     return rc == KVEDGE_OK ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+}
+
+int kvedge_cli_plan(kvedge_cli_t *cli, int argc, char **argv)
+{
+    const kvedge_cli_cmd_t cmd = {
+        .name = "plan", .opts = &kvedge_cli_plan_opts, .exec = kvedge_cli_plan_exec};
+    return kvedge_cli_dispatch(cli, &cmd, argc, argv);
 }

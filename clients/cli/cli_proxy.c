@@ -3,7 +3,6 @@
  * layer came from and why). */
 #include <czmq.h>
 #include <ctype.h>
-#include <getopt.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -39,8 +38,9 @@ static int s_check(const void *settings, char *why, size_t why_len)
 static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_proxy_settings_table;
-    const kvedge_cli_cmd_t cmd = {"proxy", NULL, "[OPTIONS] [--config FILE] [--check-config]",
-                                  "Run the edge proxy."};
+    const kvedge_cli_cmd_t cmd = {
+        "proxy", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run the edge proxy.",
+        NULL,    NULL};
     static kvedge_proxy_settings_t s; /* 70 KiB of source specs; the proxy points into it */
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_proxy_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -148,113 +148,118 @@ static int s_hex_id(const char *s, size_t n, kvedge_chunk_id_t *out)
     return 0;
 }
 
-static const char s_fetch_help[] =
-    "Fetches layers of a context through an edge proxy (-H) and prints the plan and, per\n"
-    "layer, the source that delivered it and why (planned, fallback:failed, fallback:missing,\n"
-    "fallback:corrupt, recompute, miss, miss:deadline). Blocks are verified and counted,\n"
-    "not kept.\n\n"
-    "  -m, --model ID        the model the context was computed with\n"
-    "      --chunks IDS      the context's chunk chain: 64-hex ids, comma-separated, in order\n"
-    "      --layers A:B      layers A .. B-1 (default: every layer of the model)\n"
-    "      --tokens N        context tokens, for pricing (default 256 per chunk)\n"
-    "      --compute-us US   the decoder's time per layer (with --recompute-us)\n"
-    "      --recompute-us US its extra time to compute a layer's context KV\n";
+/* What `kvedge fetch` runs on. */
+typedef struct {
+    const char *model, *chunks, *layers;
+    uint64_t tokens;       /* 0: 256 per chunk */
+    uint64_t cu_us, ru_us; /* S_US_UNSET: not given */
+} s_fetch_opts_t;
 
-static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
+#define S_US_UNSET UINT64_MAX
+
+static const kvedge_cmdopt_t s_fetch_list[] = {
+    {.name = "model",
+     .letter = 'm',
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_fetch_opts_t, model),
+     .required = true,
+     .help = "the model the context was computed with"},
+    {.name = "chunks",
+     .arg = "IDS",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_fetch_opts_t, chunks),
+     .required = true,
+     .help = "the context's chunk chain: 64-hex ids, comma-separated, in order"},
+    {.name = "layers",
+     .arg = "A:B",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_fetch_opts_t, layers),
+     .help = "layers A .. B-1 (default: every layer of the model)"},
+    {.name = "tokens",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_fetch_opts_t, tokens),
+     .min = 1,
+     .max = UINT32_MAX,
+     .def_num = 0,
+     .def_text = "256 per chunk",
+     .help = "context tokens, for pricing"},
+    {.name = "compute-us",
+     .arg = "US",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_fetch_opts_t, cu_us),
+     .max = 1000000000,
+     .def_num = S_US_UNSET,
+     .def_text = "none",
+     .help = "the decoder's time per layer (with --recompute-us)"},
+    {.name = "recompute-us",
+     .arg = "US",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_fetch_opts_t, ru_us),
+     .max = 1000000000,
+     .def_num = S_US_UNSET,
+     .def_text = "none",
+     .help = "its extra time to compute a layer's context KV"},
+};
+
+static const kvedge_cmdopts_t s_fetch_opts = {
+    .command = "fetch",
+    .summary = "Fetch a context's layers through a proxy; print each layer's source and reason.",
+    .about = "Fetches layers of a context through an edge proxy (-H) and prints the plan and, per\n"
+             "layer, the source that delivered it and why (planned, fallback:failed,\n"
+             "fallback:missing, fallback:corrupt, recompute, miss, miss:deadline). Blocks are\n"
+             "verified and counted, not kept.\n",
+    KVEDGE_CMDOPTS_OF(s_fetch_opts_t, s_fetch_list)};
+
+/* The layers [*a, *b) of --layers, else every layer of a built-in model. Exit code. */
+static int s_fetch_range(const s_fetch_opts_t *o, unsigned *a, unsigned *b)
 {
-    enum { S_O_CHUNKS = 1000, S_O_LAYERS, S_O_TOKENS, S_O_CU, S_O_RU };
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"chunks", required_argument, NULL, S_O_CHUNKS},
-                                         {"layers", required_argument, NULL, S_O_LAYERS},
-                                         {"tokens", required_argument, NULL, S_O_TOKENS},
-                                         {"compute-us", required_argument, NULL, S_O_CU},
-                                         {"recompute-us", required_argument, NULL, S_O_RU},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"fetch", NULL, "-H PROXY --model ID --chunks IDS [...]",
-                                  "Fetch through a proxy."};
-    const char *model = NULL, *chunks = NULL, *layers = NULL;
-    uint64_t tokens = 0, cu = 0, ru = 0;
-    bool have_cu = false, have_ru = false;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        bool bad = false;
-        switch (ch) {
-        case 'm':
-            model = optarg;
-            break;
-        case S_O_CHUNKS:
-            chunks = optarg;
-            break;
-        case S_O_LAYERS:
-            layers = optarg;
-            break;
-        case S_O_TOKENS:
-            bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX, &tokens) != 0;
-            break;
-        case S_O_CU:
-            bad = kvedge_cli_parse_u64(optarg, 0, 1000000000, &cu) != 0;
-            have_cu = true;
-            break;
-        case S_O_RU:
-            bad = kvedge_cli_parse_u64(optarg, 0, 1000000000, &ru) != 0;
-            have_ru = true;
-            break;
-        case 'h':
-            kvedge_cli_usage(stdout, &cmd, s_fetch_help);
-            return KVEDGE_EXIT_OK;
-        default:
-            kvedge_cli_error("fetch: unknown option or missing value '%s'", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (bad) {
-            kvedge_cli_error("fetch: bad value '%s' for %s", optarg, argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (!cli->host || !model || !chunks || have_cu != have_ru) {
-        kvedge_cli_error("fetch: needs -H PROXY, --model and --chunks (and --compute-us with "
-                         "--recompute-us)");
-        return KVEDGE_EXIT_USAGE;
-    }
     kvedge_model_t shape;
-    unsigned a = 0, b = 0;
-    if (layers) {
-        if (sscanf(layers, "%u:%u", &a, &b) != 2 || b <= a || b - a > KVEDGE_FETCH_MAX_LAYERS ||
-            b > 65536) {
+    *a = *b = 0;
+    if (o->layers) {
+        if (sscanf(o->layers, "%u:%u", a, b) != 2 || *b <= *a ||
+            *b - *a > KVEDGE_FETCH_MAX_LAYERS || *b > 65536) {
             kvedge_cli_error("fetch: --layers wants A:B with A < B, at most %d layers",
                              KVEDGE_FETCH_MAX_LAYERS);
             return KVEDGE_EXIT_USAGE;
         }
-    } else if (kvedge_model_builtin(model, &shape) == KVEDGE_OK) {
-        b = shape.layers;
+    } else if (kvedge_model_builtin(o->model, &shape) == KVEDGE_OK) {
+        *b = shape.layers;
     } else {
-        kvedge_cli_error("fetch: %s is not a built-in model: give --layers A:B", model);
+        kvedge_cli_error("fetch: %s is not a built-in model: give --layers A:B", o->model);
         return KVEDGE_EXIT_USAGE;
     }
-    size_t n = 0, len = strlen(chunks);
-    kvedge_chunk_id_t *ids = calloc(len / 64 + 1, sizeof *ids);
+    return KVEDGE_EXIT_OK;
+}
+
+/* The ids of --chunks into a new array (caller frees). Exit code. */
+static int s_fetch_ids(const char *chunks, kvedge_chunk_id_t **out, size_t *n)
+{
+    kvedge_chunk_id_t *ids = calloc(strlen(chunks) / 64 + 1, sizeof *ids);
+    *n = 0;
     for (const char *p = chunks; ids && *p;) {
         const char *e = strchr(p, ',');
         size_t l = e ? (size_t)(e - p) : strlen(p);
-        if (n > KVEDGE_WIRE_MAX_CHUNKS || s_hex_id(p, l, &ids[n]) != 0) {
+        if (*n > KVEDGE_WIRE_MAX_CHUNKS || s_hex_id(p, l, &ids[*n]) != 0) {
             kvedge_cli_error("fetch: --chunks wants 64-hex chunk ids separated by commas");
             free(ids);
             return KVEDGE_EXIT_USAGE;
         }
-        n++;
+        (*n)++;
         p = e ? e + 1 : p + l;
     }
-    float *cus = NULL, *rus = NULL;
-    if (have_cu) {
-        cus = calloc(b - a, sizeof *cus);
-        rus = calloc(b - a, sizeof *rus);
-        for (unsigned i = 0; cus && rus && i < b - a; i++) {
-            cus[i] = (float)cu;
-            rus[i] = (float)ru;
-        }
+    if (!ids) {
+        kvedge_cli_error("fetch: out of memory");
+        return KVEDGE_EXIT_FAILURE;
     }
+    *out = ids;
+    return KVEDGE_EXIT_OK;
+}
+
+/* Connects to the proxy and runs the fetch, the callbacks printing into *out. */
+static int s_fetch_run(const kvedge_cli_t *cli, const kvedge_fetch_req_t *req, s_fetch_out_t *out)
+{
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
     o.endpoint = cli->host;
@@ -264,7 +269,43 @@ static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
     o.link = cli->link;
     o.name = "kvedge fetch";
     kvedge_client_t *c = NULL;
-    int rc = ids ? kvedge_client_connect(&o, &c) : KVEDGE_ENOMEM;
+    int rc = kvedge_client_connect(&o, &c);
+    if (rc == KVEDGE_OK) {
+        kvedge_fetch_cbs_t cbs = {s_out_plan, s_out_block, s_out_layer, s_out_done};
+        rc = kvedge_client_fetch_async(c, req, &cbs, out);
+        if (rc == KVEDGE_OK) {
+            pthread_mutex_lock(&out->mu);
+            while (!out->done)
+                pthread_cond_wait(&out->cv, &out->mu);
+            pthread_mutex_unlock(&out->mu);
+            rc = out->status;
+        }
+    }
+    kvedge_client_destroy(&c);
+    return rc;
+}
+
+static int s_fetch(kvedge_cli_t *cli, const void *opts)
+{
+    const s_fetch_opts_t *o = opts;
+    bool have_cu = o->cu_us != S_US_UNSET, have_ru = o->ru_us != S_US_UNSET;
+    if (!cli->host || have_cu != have_ru) {
+        kvedge_cli_error("fetch: needs -H PROXY, --model and --chunks (and --compute-us with "
+                         "--recompute-us)");
+        return KVEDGE_EXIT_USAGE;
+    }
+    unsigned a, b;
+    kvedge_chunk_id_t *ids = NULL;
+    size_t n = 0;
+    int ex = s_fetch_range(o, &a, &b);
+    if (ex || (ex = s_fetch_ids(o->chunks, &ids, &n)) != 0)
+        return ex;
+    float *cus = have_cu ? calloc(b - a, sizeof *cus) : NULL;
+    float *rus = have_cu ? calloc(b - a, sizeof *rus) : NULL;
+    for (unsigned i = 0; cus && rus && i < b - a; i++) {
+        cus[i] = (float)o->cu_us;
+        rus[i] = (float)o->ru_us;
+    }
     s_fetch_out_t out = {PTHREAD_MUTEX_INITIALIZER,
                          PTHREAD_COND_INITIALIZER,
                          false,
@@ -274,27 +315,16 @@ static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
                          0,
                          0,
                          0};
-    if (rc == KVEDGE_OK) {
-        kvedge_fetch_req_t req = {.model_id = model,
-                                  .chunks = ids,
-                                  .n = n,
-                                  .first_layer = (uint16_t)a,
-                                  .layers = (uint16_t)(b - a),
-                                  .tokens = (uint32_t)tokens,
-                                  .compute_us = cus,
-                                  .recompute_us = rus,
-                                  .deadline_ms = cli->deadline_ms};
-        kvedge_fetch_cbs_t cbs = {s_out_plan, s_out_block, s_out_layer, s_out_done};
-        rc = kvedge_client_fetch_async(c, &req, &cbs, &out);
-        if (rc == KVEDGE_OK) {
-            pthread_mutex_lock(&out.mu);
-            while (!out.done)
-                pthread_cond_wait(&out.cv, &out.mu);
-            pthread_mutex_unlock(&out.mu);
-            rc = out.status;
-        }
-    }
-    kvedge_client_destroy(&c);
+    kvedge_fetch_req_t req = {.model_id = o->model,
+                              .chunks = ids,
+                              .n = n,
+                              .first_layer = (uint16_t)a,
+                              .layers = (uint16_t)(b - a),
+                              .tokens = (uint32_t)o->tokens,
+                              .compute_us = cus,
+                              .recompute_us = rus,
+                              .deadline_ms = cli->deadline_ms};
+    int rc = s_fetch_run(cli, &req, &out);
     free(ids);
     free(cus);
     free(rus);
@@ -310,8 +340,7 @@ static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[] = {
     {"proxy", s_cmd_proxy, "[--bind EP] [--source SPEC]... [--master EP --master-pub EP]",
-     "Run the edge proxy (planned multi-source fetches, failover, misses)."},
-    {"fetch", s_cmd_fetch, "-H PROXY --model ID --chunks IDS [--layers A:B]",
-     "Fetch a context's layers through a proxy; print each layer's source and reason."},
-    {NULL, NULL, NULL, NULL},
+     "Run the edge proxy (planned multi-source fetches, failover, misses).", NULL, NULL},
+    {.name = "fetch", .opts = &s_fetch_opts, .exec = s_fetch},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

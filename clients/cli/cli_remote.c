@@ -1,7 +1,6 @@
 /* The kvedge admin commands in remote mode (-H ENDPOINT): the same commands as local mode,
  * through libkvedge against a running node, within the tenant of this client's key.
  * put-synthetic is not here: one command in clients/cli/cli_local.c writes either way. */
-#include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,21 +12,24 @@
 
 #define S_PING_ROUNDS 20
 
-/* For the remote commands that take no arguments: --help, or a usage error on anything. */
-static int s_no_args(int argc, char **argv, const char *what)
-{
-    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        printf("usage: kvedge -H ENDPOINT [--server-key KEY --cert FILE] %s\n\n%s\n", argv[0],
-               what);
-        return KVEDGE_EXIT_OK;
-    }
-    if (argc > 1) {
-        kvedge_cli_error("%s: unexpected argument '%s' (see kvedge -H EP %s --help)", argv[0],
-                         argv[1], argv[0]);
-        return KVEDGE_EXIT_USAGE;
-    }
-    return -1;
-}
+/* The options of the commands without any (inspect, verify, stat). */
+typedef struct {
+    char unused;
+} s_none_t;
+
+/* The commands that name one prefix (pin, unpin, delete). */
+typedef struct {
+    const char *prefix;
+} s_prefix_opts_t;
+
+static const kvedge_cmdopt_t s_prefix_list[] = {
+    {.name = "PREFIX",
+     .positional = true,
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_prefix_opts_t, prefix),
+     .required = true,
+     .help = "a prefix id: at least 4 hex digits of its last chunk (see kvedge -H EP ls)"},
+};
 
 static int s_fail(const char *what, int rc)
 {
@@ -115,39 +117,61 @@ static s_ls_row_t *s_ls_rows(kvedge_chunk_entry_t *all, size_t n)
     return rows;
 }
 
-static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    const char *model; /* only this model's prefixes; NULL = all */
+    bool full;         /* 64-digit ids */
+} s_ls_opts_t;
+
+static const kvedge_cmdopt_t s_ls_list[] = {
+    {.name = "model",
+     .letter = 'm',
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_ls_opts_t, model),
+     .help = "only prefixes of this model"},
+    {.name = "full",
+     .letter = 'f',
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_ls_opts_t, full),
+     .help = "print full 64-digit prefix ids (what subscriptions and fetch --chunks take)"},
+};
+
+static const kvedge_cmdopts_t s_ls_opts = {
+    .command = "ls",
+    .summary = "List this tenant's prefix chunks.",
+    .about = "Lists this tenant's prefix chunks on the node (client ids), each context's\n"
+             "chunks together in chain order.\n",
+    KVEDGE_CMDOPTS_OF(s_ls_opts_t, s_ls_list)};
+
+static void s_ls_row(const kvedge_cli_t *cli, const kvedge_chunk_entry_t *e, int idw, size_t shown)
 {
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"full", no_argument, NULL, 'f'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const char *model = NULL;
-    bool full = false;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "m:fh", opts, NULL)) != -1) {
-        if (ch == 'm') {
-            model = optarg;
-        } else if (ch == 'f') {
-            full = true;
-        } else if (ch == 'h') {
-            printf("usage: kvedge -H ENDPOINT [--server-key KEY --cert FILE] ls [--model ID] "
-                   "[--full]\n\n"
-                   "Lists this tenant's prefix chunks on the node (client ids), each context's\n"
-                   "chunks together in chain order.\n\n"
-                   "  -m, --model ID   only prefixes of this model\n"
-                   "  -f, --full       print full 64-digit prefix ids (what subscriptions and\n"
-                   "                   fetch --chunks take)\n");
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("ls: bad option '%s' (see kvedge -H EP ls --help)", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES], b[32];
+    kvedge_chunk_id_hex(&e->chunk.id, hex);
+    double ratio = e->bytes ? (double)e->fp16_bytes / (double)e->bytes : 0.0;
+    if (cli->json) {
+        printf("%s{\"prefix\":\"%s\",\"parent\":", shown ? "," : "", hex);
+        if (e->chunk.has_parent)
+            printf("\"%s\"", kvedge_chunk_id_hex(&e->chunk.parent, phex));
+        else
+            printf("null");
+        printf(",\"model\":");
+        kvedge_cli_json_str(stdout, e->chunk.model_id);
+        printf(",\"chunk\":%u,\"tokens\":%u,\"blocks\":%u,\"bytes\":%llu,\"fp16_bytes\":%llu,"
+               "\"pinned_blocks\":%u}",
+               e->chunk.index, e->chunk.tokens, e->blocks, (unsigned long long)e->bytes,
+               (unsigned long long)e->fp16_bytes, e->pinned_blocks);
+    } else {
+        hex[idw] = '\0';
+        printf("%-*s %-16s %5u %6u %6u %10s %6.2fx %6u\n", idw, hex, e->chunk.model_id,
+               e->chunk.index, e->chunk.tokens, e->blocks, kvedge_cli_bytes(e->bytes, b, sizeof b),
+               ratio, e->pinned_blocks);
     }
-    if (optind != argc) {
-        kvedge_cli_error("ls: unexpected argument '%s' (see kvedge -H EP ls --help)", argv[optind]);
-        return KVEDGE_EXIT_USAGE;
-    }
+}
+
+static int s_r_ls(kvedge_cli_t *cli, const void *opts)
+{
+    const char *model = ((const s_ls_opts_t *)opts)->model;
+    bool full = ((const s_ls_opts_t *)opts)->full;
     kvedge_client_t *c;
     int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
@@ -174,27 +198,7 @@ static int s_r_ls(kvedge_cli_t *cli, int argc, char **argv)
         const kvedge_chunk_entry_t *e = rows[i].e;
         if (model && strcmp(model, e->chunk.model_id) != 0)
             continue;
-        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], phex[KVEDGE_CHUNK_ID_HEX_BYTES], b[32];
-        kvedge_chunk_id_hex(&e->chunk.id, hex);
-        double ratio = e->bytes ? (double)e->fp16_bytes / (double)e->bytes : 0.0;
-        if (cli->json) {
-            printf("%s{\"prefix\":\"%s\",\"parent\":", shown++ ? "," : "", hex);
-            if (e->chunk.has_parent)
-                printf("\"%s\"", kvedge_chunk_id_hex(&e->chunk.parent, phex));
-            else
-                printf("null");
-            printf(",\"model\":");
-            kvedge_cli_json_str(stdout, e->chunk.model_id);
-            printf(",\"chunk\":%u,\"tokens\":%u,\"blocks\":%u,\"bytes\":%llu,\"fp16_bytes\":%llu,"
-                   "\"pinned_blocks\":%u}",
-                   e->chunk.index, e->chunk.tokens, e->blocks, (unsigned long long)e->bytes,
-                   (unsigned long long)e->fp16_bytes, e->pinned_blocks);
-        } else {
-            hex[idw] = '\0';
-            printf("%-*s %-16s %5u %6u %6u %10s %6.2fx %6u\n", idw, hex, e->chunk.model_id,
-                   e->chunk.index, e->chunk.tokens, e->blocks,
-                   kvedge_cli_bytes(e->bytes, b, sizeof b), ratio, e->pinned_blocks);
-        }
+        s_ls_row(cli, e, idw, shown++);
     }
     if (cli->json)
         printf("]\n");
@@ -265,15 +269,18 @@ static int s_r_stat_proxy(kvedge_cli_t *cli, const kvedge_top_doc_t *d)
     return KVEDGE_EXIT_OK;
 }
 
-static int s_r_stat(kvedge_cli_t *cli, int argc, char **argv)
+static const kvedge_cmdopts_t s_stat_opts = {
+    .command = "stat",
+    .summary = "Node statistics.",
+    .about = "Node-wide counters: blocks, bytes, gets, hits, misses, corrupt, and the\n"
+             "I/O analyzer's summary; on an edge proxy, its fetch counters and sources.\n",
+    .struct_size = sizeof(s_none_t)};
+
+static int s_r_stat(kvedge_cli_t *cli, const void *unused)
 {
-    int ex = s_no_args(argc, argv,
-                       "Node-wide counters: blocks, bytes, gets, hits, misses, corrupt, and the\n"
-                       "I/O analyzer's summary; on an edge proxy, its fetch counters and sources.");
-    if (ex >= 0)
-        return ex;
+    (void)unused;
     kvedge_client_t *c;
-    ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_top_doc_t *d = calloc(1, sizeof *d);
@@ -328,13 +335,17 @@ static int s_r_stat(kvedge_cli_t *cli, int argc, char **argv)
     return KVEDGE_EXIT_OK;
 }
 
-static int s_r_inspect(kvedge_cli_t *cli, int argc, char **argv)
+static const kvedge_cmdopts_t s_inspect_opts = {
+    .command = "inspect",
+    .summary = "Summarize this tenant on the node, and the node.",
+    .about = "Summarizes this tenant on the node, and the node.\n",
+    .struct_size = sizeof(s_none_t)};
+
+static int s_r_inspect(kvedge_cli_t *cli, const void *unused)
 {
-    int ex = s_no_args(argc, argv, "Summarizes this tenant on the node, and the node.");
-    if (ex >= 0)
-        return ex;
+    (void)unused;
     kvedge_client_t *c;
-    ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_engine_stats_t st;
@@ -413,47 +424,73 @@ static void s_show_block(void *ctx, uint32_t chunk_index, uint16_t head, int sta
     s->shown++;
 }
 
-static void s_show_done(void *ctx, int status, uint32_t heads)
+typedef struct {
+    const char *prefix;
+    uint32_t layer; /* UINT32_MAX = all */
+} s_show_opts_t;
+
+static const kvedge_cmdopt_t s_show_list[] = {
+    {.name = "layer",
+     .letter = 'l',
+     .arg = "L",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_show_opts_t, layer),
+     .max = KVEDGE_MODEL_MAX_LAYERS - 1,
+     .def_num = UINT32_MAX,
+     .def_text = "all",
+     .help = "only layer L"},
+    {.name = "PREFIX",
+     .positional = true,
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_show_opts_t, prefix),
+     .required = true,
+     .help = "a prefix id: at least 4 hex digits of its last chunk (see kvedge -H EP ls)"},
+};
+
+static const kvedge_cmdopts_t s_show_opts = {
+    .command = "show",
+    .summary = "Fetch and verify every block of a prefix chunk.",
+    .about = "Fetches every block of the prefix chunk (or of layer L) from the node and\n"
+             "verifies it after the network: per layer and head, scheme, dtype, kept key\n"
+             "channels, bytes and state.\n",
+    KVEDGE_CMDOPTS_OF(s_show_opts_t, s_show_list)};
+
+/* Fetches and prints every block of chunk id (of layer only, or of all when only < 0), layer
+ * by layer through GET_LAYER until the node says the layer is past the model (ESHAPE). */
+static int s_show_layers(kvedge_client_t *c, const kvedge_chunk_id_t *id, int64_t only, s_show_t *s)
 {
-    (void)ctx;
-    (void)status;
-    (void)heads;
+    int rc = KVEDGE_OK;
+    for (uint32_t layer = only >= 0 ? (uint32_t)only : 0; layer < KVEDGE_MODEL_MAX_LAYERS;
+         layer++) {
+        s->layer = layer;
+        uint8_t *buf = malloc(64u << 20);
+        kvedge_fetched_t *out = calloc(KVEDGE_MODEL_MAX_HEADS, sizeof *out);
+        uint32_t heads = 0;
+        rc = buf && out ? kvedge_client_get_layer(c, id, 1, (uint16_t)layer, buf, 64u << 20, out,
+                                                  KVEDGE_MODEL_MAX_HEADS, &heads)
+                        : KVEDGE_ENOMEM;
+        for (uint32_t h = 0; rc == KVEDGE_OK && h < heads; h++)
+            s_show_block(s, 0, (uint16_t)h, out[h].status, buf + out[h].offset, out[h].len);
+        free(buf);
+        free(out);
+        if (rc == KVEDGE_ESHAPE)
+            return KVEDGE_OK;
+        if (rc != KVEDGE_OK || only >= 0)
+            break;
+    }
+    return rc;
 }
 
-static int s_r_show(kvedge_cli_t *cli, int argc, char **argv)
+static int s_r_show(kvedge_cli_t *cli, const void *opts)
 {
-    static const struct option opts[] = {{"layer", required_argument, NULL, 'l'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    int64_t only = -1;
-    uint64_t v;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "l:h", opts, NULL)) != -1) {
-        if (ch == 'l' && kvedge_cli_parse_u64(optarg, 0, KVEDGE_MODEL_MAX_LAYERS - 1, &v) == 0) {
-            only = (int64_t)v;
-        } else if (ch == 'h') {
-            printf("usage: kvedge -H ENDPOINT [--server-key KEY --cert FILE] show PREFIX "
-                   "[--layer L]\n\n"
-                   "Fetches every block of the prefix chunk (or of layer L) from the node and\n"
-                   "verifies it after the network: per layer and head, scheme, dtype, kept key\n"
-                   "channels, bytes and state.\n");
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("show: usage: kvedge -H EP show PREFIX [--layer L]");
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (argc - optind != 1) {
-        kvedge_cli_error("show: expected one PREFIX");
-        return KVEDGE_EXIT_USAGE;
-    }
+    const s_show_opts_t *o = opts;
+    int64_t only = o->layer == UINT32_MAX ? -1 : (int64_t)o->layer;
     kvedge_client_t *c;
     int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t e;
-    if ((ex = s_resolve(cli, c, argv[optind], &e)) != 0) {
+    if ((ex = s_resolve(cli, c, o->prefix, &e)) != 0) {
         kvedge_client_destroy(&c);
         return ex;
     }
@@ -475,31 +512,8 @@ static int s_r_show(kvedge_cli_t *cli, int argc, char **argv)
                "%9s %9s %s\n",
                hex, e.chunk.model_id, e.chunk.index, e.chunk.tokens, cli->host, "LAYER", "HEAD",
                "SCHEME", "DTYPE", "CHANNELS", "BYTES", "STATE");
-    /* Layer by layer through GET_LAYER streams until the node says the layer is past the
-     * model (ESHAPE): every block is verified here, after the network. */
     s_show_t s = {cli->json, 0, 0, 0};
-    int rc = KVEDGE_OK;
-    for (uint32_t layer = only >= 0 ? (uint32_t)only : 0; layer < KVEDGE_MODEL_MAX_LAYERS;
-         layer++) {
-        s.layer = layer;
-        uint8_t *buf = malloc(64u << 20);
-        kvedge_fetched_t *out = calloc(KVEDGE_MODEL_MAX_HEADS, sizeof *out);
-        uint32_t heads = 0;
-        rc = buf && out ? kvedge_client_get_layer(c, &e.chunk.id, 1, (uint16_t)layer, buf,
-                                                  64u << 20, out, KVEDGE_MODEL_MAX_HEADS, &heads)
-                        : KVEDGE_ENOMEM;
-        for (uint32_t h = 0; rc == KVEDGE_OK && h < heads; h++)
-            s_show_block(&s, 0, (uint16_t)h, out[h].status, buf + out[h].offset, out[h].len);
-        free(buf);
-        free(out);
-        if (rc == KVEDGE_ESHAPE) {
-            rc = KVEDGE_OK;
-            break;
-        }
-        if (rc != KVEDGE_OK || only >= 0)
-            break;
-    }
-    (void)s_show_done;
+    int rc = s_show_layers(c, &e.chunk.id, only, &s);
     kvedge_client_destroy(&c);
     if (cli->json)
         printf("],\"corrupt\":%llu}\n", (unsigned long long)s.bad);
@@ -512,14 +526,17 @@ static int s_r_show(kvedge_cli_t *cli, int argc, char **argv)
 }
 
 /* verify over the network: every block of every chunk of the tenant, fetched and checked. */
-static int s_r_verify(kvedge_cli_t *cli, int argc, char **argv)
+static const kvedge_cmdopts_t s_verify_opts = {
+    .command = "verify",
+    .summary = "Fetch and verify every block of this tenant.",
+    .about = "Fetches every block of this tenant and verifies it after the network.\n",
+    .struct_size = sizeof(s_none_t)};
+
+static int s_r_verify(kvedge_cli_t *cli, const void *unused)
 {
-    int ex = s_no_args(argc, argv,
-                       "Fetches every block of this tenant and verifies it after the network.");
-    if (ex >= 0)
-        return ex;
+    (void)unused;
     kvedge_client_t *c;
-    ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
+    int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t *all = NULL;
@@ -578,24 +595,15 @@ static int s_r_verify(kvedge_cli_t *cli, int argc, char **argv)
 
 /* pin/unpin a prefix: the chunk and every chunk above it in its chain; delete: the chunk and
  * every chunk below it (the node follows the chain down). */
-static int s_r_chain(kvedge_cli_t *cli, int argc, char **argv, int op)
+static int s_r_chain(kvedge_cli_t *cli, const char *prefix, int op)
 {
-    if (argc == 2 && strcmp(argv[1], "--help") == 0) {
-        printf("usage: kvedge -H ENDPOINT %s PREFIX\n\n%s\n", argv[0],
-               op == 0 ? "Deletes the prefix chunk and every chunk chained below it."
-                       : "(Un)pins the prefix chunk and every chunk above it in its chain.");
-        return KVEDGE_EXIT_OK;
-    }
-    if (argc != 2) {
-        kvedge_cli_error("%s: expected one PREFIX", argv[0]);
-        return KVEDGE_EXIT_USAGE;
-    }
+    const char *name = op == 0 ? "delete" : op > 0 ? "pin" : "unpin";
     kvedge_client_t *c;
     int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
         return ex;
     kvedge_chunk_entry_t e;
-    if ((ex = s_resolve(cli, c, argv[1], &e)) != 0) {
+    if ((ex = s_resolve(cli, c, prefix, &e)) != 0) {
         kvedge_client_destroy(&c);
         return ex;
     }
@@ -624,7 +632,7 @@ static int s_r_chain(kvedge_cli_t *cli, int argc, char **argv, int op)
                      : kvedge_client_pin(c, ids, n, op > 0, changed);
     kvedge_client_destroy(&c);
     if (rc != KVEDGE_OK)
-        return s_fail(argv[0], rc);
+        return s_fail(name, rc);
     uint64_t total = 0;
     for (size_t i = 0; i < (op == 0 ? 1 : n); i++)
         total += changed[i];
@@ -638,44 +646,85 @@ static int s_r_chain(kvedge_cli_t *cli, int argc, char **argv, int op)
     return KVEDGE_EXIT_OK;
 }
 
-static int s_r_pin(kvedge_cli_t *cli, int argc, char **argv)
+static const kvedge_cmdopts_t s_pin_opts = {
+    .command = "pin",
+    .summary = "Pin a prefix and its chain.",
+    .about = "Pins the prefix chunk and every chunk above it in its chain.\n",
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+
+static const kvedge_cmdopts_t s_unpin_opts = {
+    .command = "unpin",
+    .summary = "Unpin a prefix and its chain.",
+    .about = "Unpins the prefix chunk and every chunk above it in its chain.\n",
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+
+static const kvedge_cmdopts_t s_delete_opts = {
+    .command = "delete",
+    .summary = "Delete a prefix chunk and the chunks below it.",
+    .about = "Deletes the prefix chunk and every chunk chained below it.\n",
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+
+static int s_r_pin(kvedge_cli_t *cli, const void *opts)
 {
-    return s_r_chain(cli, argc, argv, 1);
+    return s_r_chain(cli, ((const s_prefix_opts_t *)opts)->prefix, 1);
 }
 
-static int s_r_unpin(kvedge_cli_t *cli, int argc, char **argv)
+static int s_r_unpin(kvedge_cli_t *cli, const void *opts)
 {
-    return s_r_chain(cli, argc, argv, -1);
+    return s_r_chain(cli, ((const s_prefix_opts_t *)opts)->prefix, -1);
 }
 
-static int s_r_delete(kvedge_cli_t *cli, int argc, char **argv)
+static int s_r_delete(kvedge_cli_t *cli, const void *opts)
 {
-    return s_r_chain(cli, argc, argv, 0);
+    return s_r_chain(cli, ((const s_prefix_opts_t *)opts)->prefix, 0);
 }
 
-static int s_r_ping(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    uint64_t count, size;
+} s_ping_opts_t;
+
+static const kvedge_cmdopt_t s_ping_list[] = {
+    {.name = "count",
+     .letter = 'c',
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_ping_opts_t, count),
+     .min = 1,
+     .max = 100000,
+     .def_num = S_PING_ROUNDS,
+     .help = "rounds"},
+    {.name = "size",
+     .letter = 's',
+     .arg = "SIZE",
+     .type = KVEDGE_CMDOPT_SIZE,
+     KVEDGE_CMDOPT_AT(s_ping_opts_t, size),
+     .max = 16u << 20,
+     .def_num = 4u << 20,
+     .help = "payload of the bandwidth PINGs"},
+};
+
+static const kvedge_cmdopts_t s_ping_opts = {
+    .command = "ping",
+    .summary = "Round-trip latency and bandwidth.",
+    .about = "Round-trip latency (empty PINGs) and measured bandwidth (PINGs of SIZE\n"
+             "bytes): medians over N rounds.\n",
+    KVEDGE_CMDOPTS_OF(s_ping_opts_t, s_ping_list)};
+
+/* Sorts v[0..n) in place (insertion: n is small). */
+static void s_sort(double *v, uint64_t n)
 {
-    static const struct option opts[] = {{"count", required_argument, NULL, 'c'},
-                                         {"size", required_argument, NULL, 's'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    uint64_t count = S_PING_ROUNDS, size = 4u << 20;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
-        if (ch == 'c' && kvedge_cli_parse_u64(optarg, 1, 100000, &count) == 0)
-            continue;
-        if (ch == 's' && kvedge_cli_parse_size(optarg, &size) == 0 && size <= (16u << 20))
-            continue;
-        if (ch == 'h') {
-            printf("usage: kvedge -H EP ping [--count N] [--size SIZE]\n\n"
-                   "Round-trip latency (empty PINGs) and measured bandwidth (PINGs of SIZE\n"
-                   "bytes, default 4M, at most 16M): medians over N rounds (default 20).\n");
-            return KVEDGE_EXIT_OK;
+    for (uint64_t i = 1; i < n; i++)
+        for (uint64_t j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
         }
-        kvedge_cli_error("ping: bad option '%s'", argv[optind - 1]);
-        return KVEDGE_EXIT_USAGE;
-    }
+}
+
+static int s_r_ping(kvedge_cli_t *cli, const void *opts)
+{
+    uint64_t count = ((const s_ping_opts_t *)opts)->count;
+    uint64_t size = ((const s_ping_opts_t *)opts)->size;
     kvedge_client_t *c;
     int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
@@ -694,18 +743,8 @@ static int s_r_ping(kvedge_cli_t *cli, int argc, char **argv)
         return s_fail("ping", rc);
     }
     /* medians: these links are noisy */
-    for (uint64_t i = 1; i < count; i++)
-        for (uint64_t j = i; j > 0 && rtt[j] < rtt[j - 1]; j--) {
-            double t = rtt[j];
-            rtt[j] = rtt[j - 1];
-            rtt[j - 1] = t;
-        }
-    for (uint64_t i = 1; i < count; i++)
-        for (uint64_t j = i; j > 0 && bw[j] < bw[j - 1]; j--) {
-            double t = bw[j];
-            bw[j] = bw[j - 1];
-            bw[j - 1] = t;
-        }
+    s_sort(rtt, count);
+    s_sort(bw, count);
     double rtt_med = rtt[count / 2], bw_med = bw[count / 2];
     if (cli->json)
         printf("{\"rtt_us_p50\":%.1f,\"rtt_us_min\":%.1f,\"bandwidth_bytes_per_s_p50\":%.0f,"
@@ -721,18 +760,30 @@ static int s_r_ping(kvedge_cli_t *cli, int argc, char **argv)
     return KVEDGE_EXIT_OK;
 }
 
-static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
+typedef struct {
+    uint64_t to; /* bytes */
+} s_evict_opts_t;
+
+static const kvedge_cmdopt_t s_evict_list[] = {
+    {.name = "to",
+     .letter = 't',
+     .arg = "SIZE",
+     .type = KVEDGE_CMDOPT_SIZE,
+     KVEDGE_CMDOPT_AT(s_evict_opts_t, to),
+     .max = KVEDGE_SETTINGS_SIZE_MAX,
+     .required = true,
+     .help = "target size: bytes, or with K, M, G, T suffix"},
+};
+
+static const kvedge_cmdopts_t s_evict_opts = {
+    .command = "evict",
+    .summary = "Store-wide LRU eviction (admin key).",
+    .about = "Store-wide LRU eviction of unpinned blocks on the node; needs an admin key.\n",
+    KVEDGE_CMDOPTS_OF(s_evict_opts_t, s_evict_list)};
+
+static int s_r_evict(kvedge_cli_t *cli, const void *opts)
 {
-    uint64_t target = 0;
-    if (argc == 2 && strcmp(argv[1], "--help") == 0) {
-        printf("usage: kvedge -H ENDPOINT evict --to SIZE\n\nStore-wide LRU eviction of "
-               "unpinned blocks on the node; needs an admin key.\n");
-        return KVEDGE_EXIT_OK;
-    }
-    if (argc != 3 || strcmp(argv[1], "--to") != 0 || kvedge_cli_parse_size(argv[2], &target)) {
-        kvedge_cli_error("evict: usage: kvedge -H EP evict --to SIZE (an admin key is needed)");
-        return KVEDGE_EXIT_USAGE;
-    }
+    uint64_t target = ((const s_evict_opts_t *)opts)->to;
     kvedge_client_t *c;
     int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
     if (ex)
@@ -762,15 +813,15 @@ static int s_r_evict(kvedge_cli_t *cli, int argc, char **argv)
 }
 
 const kvedge_cli_cmd_t kvedge_cli_remote_cmds[] = {
-    {"inspect", s_r_inspect, "", "Summarize this tenant on the node, and the node."},
-    {"ls", s_r_ls, "[--model ID] [--full]", "List this tenant's prefix chunks."},
-    {"show", s_r_show, "PREFIX [--layer L]", "Fetch and verify every block of a prefix chunk."},
-    {"verify", s_r_verify, "", "Fetch and verify every block of this tenant."},
-    {"evict", s_r_evict, "--to SIZE", "Store-wide LRU eviction (admin key)."},
-    {"pin", s_r_pin, "PREFIX", "Pin a prefix and its chain."},
-    {"unpin", s_r_unpin, "PREFIX", "Unpin a prefix and its chain."},
-    {"delete", s_r_delete, "PREFIX", "Delete a prefix chunk and the chunks below it."},
-    {"stat", s_r_stat, "", "Node statistics."},
-    {"ping", s_r_ping, "[--count N] [--size SIZE]", "Round-trip latency and bandwidth."},
-    {NULL, NULL, NULL, NULL},
+    {.name = "inspect", .opts = &s_inspect_opts, .exec = s_r_inspect},
+    {.name = "ls", .opts = &s_ls_opts, .exec = s_r_ls},
+    {.name = "show", .opts = &s_show_opts, .exec = s_r_show},
+    {.name = "verify", .opts = &s_verify_opts, .exec = s_r_verify},
+    {.name = "evict", .opts = &s_evict_opts, .exec = s_r_evict},
+    {.name = "pin", .opts = &s_pin_opts, .exec = s_r_pin},
+    {.name = "unpin", .opts = &s_unpin_opts, .exec = s_r_unpin},
+    {.name = "delete", .opts = &s_delete_opts, .exec = s_r_delete},
+    {.name = "stat", .opts = &s_stat_opts, .exec = s_r_stat},
+    {.name = "ping", .opts = &s_ping_opts, .exec = s_r_ping},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -3,7 +3,6 @@
  * a folder holding either. */
 #include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -13,30 +12,68 @@
 #include "clients/e2e/e2e.h"
 #include "access/codec/error.h"
 
-enum {
-    S_O_VOCAB = 1000,
-    S_O_MERGES,
-    S_O_TOKENIZER,
-    S_O_FILE,
-    S_O_DECODE,
+/* What `kvedge tokenize` runs on. */
+typedef struct {
+    const char *vocab, *merges, *tokenizer; /* the tokenizer: vocab + merges, or one path */
+    const char *file;                       /* the input; NULL = stdin */
+    bool decode;                            /* ids to text */
+} s_opts_t;
+
+static const kvedge_cmdopt_t s_opt_list[] = {
+    {.name = "vocab",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, vocab),
+     .help = "vocab.json (GPT-2's encoder.json)"},
+    {.name = "merges",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, merges),
+     .help = "merges.txt (GPT-2's vocab.bpe)"},
+    {.name = "tokenizer",
+     .arg = "PATH",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, tokenizer),
+     .help = "a tokenizer.json, or a folder with vocab.json + merges.txt (else tokenizer.json)"},
+    {.name = "file",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, file),
+     .help = "read the text (or the ids) from FILE; default stdin"},
+    {.name = "decode",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_opts_t, decode),
+     .help = "ids to text"},
 };
 
-static const char s_help[] =
+static const char s_about[] =
     "Text to token ids (printed separated by spaces, then a newline), or with --decode ids\n"
     "(separated by spaces, commas or newlines) back to the text, printed as its exact bytes.\n"
     "GPT-2's byte-level BPE, as GPT-2, OPT and RoBERTa tokenize (docs/decoder.md, "
-    "\"Tokenizer\").\n\n"
-    "      --vocab FILE       vocab.json (GPT-2's encoder.json)\n"
-    "      --merges FILE      merges.txt (GPT-2's vocab.bpe)\n"
-    "      --tokenizer PATH   a tokenizer.json, or a folder with vocab.json + merges.txt\n"
-    "                         (else tokenizer.json)\n"
-    "      --file FILE        read the text (or the ids) from FILE; default stdin\n"
-    "      --decode           ids to text\n\n"
+    "\"Tokenizer\").\n"
+    "Give the tokenizer once: --vocab with --merges, or --tokenizer.\n\n"
     "--json prints {\"ids\": [...], \"count\": N} or {\"text\": \"...\", \"bytes\": N} (bytes that "
     "are\n"
     "not UTF-8 as U+FFFD).\n\n"
     "exit codes: 2 usage, a tokenizer file that is refused (the message names the file and\n"
     "the line, key or byte), ids that are not the tokenizer's; 1 a file that cannot be read.\n";
+
+static const kvedge_cmdopts_t s_opts = {
+    .command = "tokenize",
+    .summary = "Text to token ids, or ids back to text, with a byte-level BPE (GPT-2, OPT).",
+    .about = s_about,
+    KVEDGE_CMDOPTS_OF(s_opts_t, s_opt_list)};
+
+/* What it made: ids (encode, or the ids read to decode) and text (the input, or decoded). */
+typedef struct {
+    kvedge_tokenizer_t *t;
+    char *input;
+    size_t input_len;
+    int32_t *ids;
+    size_t n;
+    char *text;
+    size_t len;
+} s_result_t;
 
 /* Reads all of f into a new NUL-terminated buffer. Returns 0 or -1 (errno set). */
 static int s_slurp(FILE *f, char **out, size_t *len)
@@ -145,113 +182,82 @@ static int s_parse_ids(const kvedge_tokenizer_t *t, const char *src, const char 
     return KVEDGE_EXIT_OK;
 }
 
-static int s_cmd_tokenize(kvedge_cli_t *cli, int argc, char **argv)
+/* Loads the tokenizer, reads the input and encodes or decodes it into r. Returns an exit
+ * code, the reason printed. */
+static int s_run(const s_opts_t *o, s_result_t *r)
 {
-    static const struct option opts[] = {{"vocab", required_argument, NULL, S_O_VOCAB},
-                                         {"merges", required_argument, NULL, S_O_MERGES},
-                                         {"tokenizer", required_argument, NULL, S_O_TOKENIZER},
-                                         {"file", required_argument, NULL, S_O_FILE},
-                                         {"decode", no_argument, NULL, S_O_DECODE},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"tokenize", NULL,
-                                  "(--vocab FILE --merges FILE | --tokenizer PATH) [--file FILE] "
-                                  "[--decode]",
-                                  "Text to token ids, or ids to text, with a byte-level BPE."};
-    const char *vocab = NULL, *merges = NULL, *path = NULL, *file = NULL;
-    bool decode = false;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (ch == S_O_VOCAB) {
-            vocab = optarg;
-        } else if (ch == S_O_MERGES) {
-            merges = optarg;
-        } else if (ch == S_O_TOKENIZER) {
-            path = optarg;
-        } else if (ch == S_O_FILE) {
-            file = optarg;
-        } else if (ch == S_O_DECODE) {
-            decode = true;
-        } else if (ch == 'h') {
-            kvedge_cli_usage(stdout, &cmd, s_help);
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("tokenize: unknown option or missing value '%s' (see kvedge tokenize "
-                             "--help)",
-                             argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("tokenize: unexpected argument '%s'", argv[optind]);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (!path == !(vocab || merges) || (!path && (!vocab || !merges))) {
+    if (!o->tokenizer == !(o->vocab || o->merges) || (!o->tokenizer && (!o->vocab || !o->merges))) {
         kvedge_cli_error("tokenize: give the tokenizer once: --vocab FILE with --merges FILE, or "
                          "--tokenizer PATH");
         return KVEDGE_EXIT_USAGE;
     }
-    kvedge_tokenizer_t *t = NULL;
-    int ex = s_load(vocab, merges, path, &t);
+    int ex = s_load(o->vocab, o->merges, o->tokenizer, &r->t);
     if (ex)
         return ex;
-    FILE *in = file ? fopen(file, "rb") : stdin;
-    char *text = NULL;
-    size_t len = 0;
-    if (!in || s_slurp(in, &text, &len) != 0) {
-        kvedge_cli_error("tokenize: cannot read %s: %s", file ? file : "stdin", strerror(errno));
+    const char *src = o->file ? o->file : "stdin";
+    FILE *in = o->file ? fopen(o->file, "rb") : stdin;
+    if (!in || s_slurp(in, &r->input, &r->input_len) != 0) {
+        kvedge_cli_error("tokenize: cannot read %s: %s", src, strerror(errno));
         ex = KVEDGE_EXIT_FAILURE;
     }
     if (in && in != stdin)
         fclose(in);
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (!ex && decode) {
-        char *out = NULL;
-        size_t olen = 0;
-        ex = s_parse_ids(t, file ? file : "stdin", text, &ids, &n);
-        if (!ex && kvedge_tokenizer_decode(t, ids, n, &out, &olen) != KVEDGE_OK) {
+    if (ex)
+        return ex;
+    if (o->decode) {
+        ex = s_parse_ids(r->t, src, r->input, &r->ids, &r->n);
+        if (!ex && kvedge_tokenizer_decode(r->t, r->ids, r->n, &r->text, &r->len) != KVEDGE_OK) {
             kvedge_cli_error("tokenize: out of memory");
             ex = KVEDGE_EXIT_FAILURE;
         }
-        if (!ex && cli->json) {
-            printf("{\"text\":");
-            kvedge_e2e_json_text(stdout, out, olen);
-            printf(",\"bytes\":%zu}\n", olen);
-        } else if (!ex) {
-            fwrite(out, 1, olen, stdout);
-        }
-        free(out);
-    } else if (!ex) {
-        int rc = kvedge_tokenizer_encode(t, text, len, &ids, &n);
-        if (rc != KVEDGE_OK) {
-            kvedge_cli_error("tokenize: cannot encode %s: %s", file ? file : "stdin",
-                             kvedge_strerror(rc));
-            ex = KVEDGE_EXIT_FAILURE;
-        } else {
-            if (cli->json)
-                fputs("{\"ids\":[", stdout);
-            for (size_t i = 0; i < n; i++)
-                printf("%s%d", i ? (cli->json ? "," : " ") : "", ids[i]);
-            if (cli->json)
-                printf("],\"count\":%zu}", n);
-            printf("\n");
-        }
+        return ex;
     }
+    int rc = kvedge_tokenizer_encode(r->t, r->input, r->input_len, &r->ids, &r->n);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("tokenize: cannot encode %s: %s", src, kvedge_strerror(rc));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+static void s_print(const kvedge_cli_t *cli, const s_opts_t *o, const s_result_t *r)
+{
+    if (o->decode && cli->json) {
+        printf("{\"text\":");
+        kvedge_e2e_json_text(stdout, r->text, r->len);
+        printf(",\"bytes\":%zu}\n", r->len);
+    } else if (o->decode) {
+        fwrite(r->text, 1, r->len, stdout);
+    } else {
+        if (cli->json)
+            fputs("{\"ids\":[", stdout);
+        for (size_t i = 0; i < r->n; i++)
+            printf("%s%d", i ? (cli->json ? "," : " ") : "", r->ids[i]);
+        if (cli->json)
+            printf("],\"count\":%zu}", r->n);
+        printf("\n");
+    }
+}
+
+static int s_tokenize(kvedge_cli_t *cli, const void *opts)
+{
+    const s_opts_t *o = opts;
+    s_result_t r = {0};
+    int ex = s_run(o, &r);
+    if (!ex)
+        s_print(cli, o, &r);
     if (!ex && (fflush(stdout) != 0 || ferror(stdout))) {
         kvedge_cli_error("tokenize: cannot write the output: %s", strerror(errno));
         ex = KVEDGE_EXIT_FAILURE;
     }
-    free(ids);
-    free(text);
-    kvedge_tokenizer_destroy(&t);
+    free(r.ids);
+    free(r.text);
+    free(r.input);
+    kvedge_tokenizer_destroy(&r.t);
     return ex;
 }
 
 const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[] = {
-    {"tokenize", s_cmd_tokenize,
-     "(--vocab FILE --merges FILE | --tokenizer PATH) [--file FILE] [--decode]",
-     "Text to token ids, or ids back to text, with a byte-level BPE (GPT-2, OPT)."},
-    {NULL, NULL, NULL, NULL},
+    {.name = "tokenize", .opts = &s_opts, .exec = s_tokenize},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

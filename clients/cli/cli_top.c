@@ -810,7 +810,8 @@ static int s_r_sources(kvedge_cli_t *cli, int argc, char **argv)
 
 const kvedge_cli_cmd_t kvedge_cli_top_cmds[] = {
     {"top", s_r_top, "[--interval S] [--count N] [--top K] [--json]",
-     "Live view of a node or proxy (with -H): rates, latency, hot prefixes, sources."},
-    {"sources", s_r_sources, "[--json]", "An edge proxy's sources and their state (with -H)."},
-    {NULL, NULL, NULL, NULL},
+     "Live view of a node or proxy (with -H): rates, latency, hot prefixes, sources.", NULL, NULL},
+    {"sources", s_r_sources, "[--json]", "An edge proxy's sources and their state (with -H).", NULL,
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -17,7 +17,13 @@
 #include "clients/decoder/tokenizer.h"
 #include "runtime/log.h"
 #include "clients/lib/kvedge.h"
+#include "access/codec/block.h"
 #include "access/codec/error.h"
+
+const kvedge_setting_choice_t kvedge_cli_schemes[] = {{"lossless", KVEDGE_SCHEME_LOSSLESS},
+                                                      {"int8", KVEDGE_SCHEME_INT8},
+                                                      {"int4", KVEDGE_SCHEME_INT4},
+                                                      {NULL, 0}};
 
 void kvedge_cli_error(const char *fmt, ...)
 {
@@ -208,10 +214,54 @@ void kvedge_cli_json_str(FILE *f, const char *s)
 
 void kvedge_cli_usage(FILE *f, const kvedge_cli_cmd_t *cmd, const char *details)
 {
-    fprintf(f, "usage: kvedge [--data DIR] [--json] %s %s\n\n%s\n", cmd->name, cmd->args,
-            cmd->summary);
+    char syn[512];
+    if (cmd->opts)
+        kvedge_cmdopts_synopsis(cmd->opts, syn, sizeof syn);
+    fprintf(f, "usage: kvedge [--data DIR] [--json] %s %s\n\n%s\n", cmd->name,
+            cmd->opts ? syn : cmd->args, kvedge_cli_summary(cmd));
     if (details)
         fprintf(f, "\n%s", details);
+}
+
+const char *kvedge_cli_summary(const kvedge_cli_cmd_t *cmd)
+{
+    return cmd->opts ? cmd->opts->summary : cmd->summary;
+}
+
+/* How --help writes the start of a command's line: a node's commands need -H. */
+static const char *s_prog(const kvedge_cli_cmd_t *cmd)
+{
+    const kvedge_cli_cmd_t *const remote[] = {kvedge_cli_remote_cmds, kvedge_cli_top_cmds};
+    for (size_t t = 0; t < sizeof remote / sizeof remote[0]; t++)
+        for (const kvedge_cli_cmd_t *c = remote[t]; c->name; c++)
+            if (c == cmd)
+                return "kvedge -H ENDPOINT [--json]";
+    return "kvedge [--data DIR] [--json]";
+}
+
+int kvedge_cli_dispatch(kvedge_cli_t *cli, const kvedge_cli_cmd_t *cmd, int argc, char **argv)
+{
+    if (!cmd->opts)
+        return cmd->run(cli, argc, argv);
+    void *opts = calloc(1, cmd->opts->struct_size);
+    if (!opts) {
+        kvedge_cli_error("%s: out of memory", cmd->name);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    bool help = false;
+    char why[600];
+    int ex;
+    if (kvedge_cmdopts_parse(cmd->opts, opts, argc, argv, &help, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("%s: %s (see kvedge %s --help)", cmd->name, why, cmd->name);
+        ex = KVEDGE_EXIT_USAGE;
+    } else if (help) {
+        kvedge_cmdopts_help(cmd->opts, s_prog(cmd), stdout);
+        ex = KVEDGE_EXIT_OK;
+    } else {
+        ex = cmd->exec(cli, opts);
+    }
+    free(opts);
+    return ex;
 }
 
 static volatile sig_atomic_t s_stop;

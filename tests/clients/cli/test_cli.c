@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clients/cli/cli.h"
 #include "tests/common/spawn.h"
 #include "store/engine/engine.h"
 
@@ -156,6 +157,143 @@ static double s_now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A mistyped command or flag gets the nearest name and exit code 2. */
+static void test_did_you_mean(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("stats"), 2);
+    assert_contains(s_errtext, "unknown command 'stats'");
+    assert_contains(s_errtext, "did you mean `kvedge stat`?");
+    assert_int_equal(s_run("tokenise"), 2);
+    assert_contains(s_errtext, "did you mean `kvedge tokenize`?");
+    assert_int_equal(s_run("tokenize --fle x"), 2);
+    assert_contains(s_errtext, "tokenize: unknown option '--fle' (did you mean --file?)");
+    assert_int_equal(s_run("tokenize --decdoe"), 2);
+    assert_contains(s_errtext, "did you mean --decode?");
+    assert_int_equal(s_run("tokenize --tokenizer"), 2);
+    assert_contains(s_errtext, "tokenize: --tokenizer: needs a value (PATH)");
+    assert_int_equal(s_run_bare("--jsno inspect"), 2); /* a global option before the command */
+    assert_contains(s_errtext, "unknown option '--jsno' (did you mean --json?)");
+    assert_int_equal(s_run("ls --ful"), 2);
+    assert_contains(s_errtext, "ls: unknown option '--ful' (did you mean --full?)");
+    assert_int_equal(s_run("tokenize stray"), 2);
+    assert_contains(s_errtext, "tokenize: unexpected argument 'stray'");
+}
+
+/* The environment variables the global options fall back on still work, and the line wins. */
+static void test_env_vars(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 10"), 0);
+    assert_int_equal(setenv("KVEDGE_DATA", s_dir, 1), 0);
+    assert_int_equal(s_run_bare("--json inspect"), 0);
+    assert_contains(s_out, "\"chunks\":1");
+    assert_int_equal(s_run_bare("--data %s/none inspect", s_dir), 5); /* the line wins */
+    assert_int_equal(unsetenv("KVEDGE_DATA"), 0);
+    assert_int_equal(setenv("KVEDGE_HOST", "ipc:///nonexistent/kvedge-env.sock", 1), 0);
+    assert_int_equal(s_run_bare("--deadline 200 stat"), 5); /* a node, not "give it -H" */
+    assert_int_equal(unsetenv("KVEDGE_HOST"), 0);
+    assert_int_equal(s_run_bare("stat"), 2);
+    assert_contains(s_errtext, "give it -H");
+}
+
+/* Every command table, as main.c lists them. */
+static const kvedge_cli_cmd_t *const s_all_tables[] = {
+    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,   kvedge_cli_master_cmds,
+    kvedge_cli_proxy_cmds,    kvedge_cli_e2e_cmds,      kvedge_cli_eval_cmds,
+    kvedge_cli_tokenize_cmds, kvedge_cli_layermap_cmds, kvedge_cli_lseval_cmds,
+    kvedge_cli_remote_cmds,   kvedge_cli_top_cmds,      NULL};
+
+/* A value out of a table's bounds is refused with exit code 2, naming the flag and the bound. */
+static void test_bounds_name_the_flag(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run("put-synthetic --model opt-125m --tokens 0"), 2);
+    assert_contains(s_errtext, "put-synthetic: --tokens: '0' is out of range (1 to 16777216)");
+    assert_int_equal(s_run("put-synthetic --model opt-125m -k 2000"), 2);
+    assert_contains(s_errtext, "put-synthetic: -k: '2000' is out of range (1 to 1024)");
+    assert_int_equal(s_run("show --layer=99999 abcd"), 2);
+    assert_contains(s_errtext, "show: --layer: '99999' is out of range (0 to ");
+    assert_int_equal(s_run("put-synthetic --model opt-125m --scheme int3"), 2);
+    assert_contains(s_errtext, "put-synthetic: --scheme: 'int3' is not one of lossless|int8|int4");
+    assert_int_equal(s_run("evict"), 2);
+    assert_contains(s_errtext, "evict: --to is required");
+    assert_int_equal(s_run("pin"), 2);
+    assert_contains(s_errtext, "pin: missing PREFIX");
+    assert_int_equal(s_run("evict --to 1G extra"), 2);
+    assert_contains(s_errtext, "evict: unexpected argument 'extra'");
+}
+
+/* Every deprecated alias in a table does what its option does: the same line with the alias
+ * and with the option's name prints the same and exits the same. */
+static void test_aliases_work(void **state)
+{
+    (void)state;
+    for (int t = 0; s_all_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = s_all_tables[t]; c->name; c++)
+            for (size_t i = 0; c->opts && i < c->opts->count; i++) {
+                const kvedge_cmdopt_t *o = &c->opts->opts[i];
+                if (!o->alias)
+                    continue;
+                const char *v = o->type == KVEDGE_CMDOPT_BOOL ? "" : "/nonexistent/kvedge-alias";
+                int rc_new = s_run("%s --%s %s", c->name, o->name, v);
+                char *out_new = strdup(s_out), *err_new = strdup(s_errtext);
+                int rc_old = s_run("%s --%s %s", c->name, o->alias, v);
+                assert_int_equal(rc_old, rc_new);
+                assert_string_equal(s_out, out_new);
+                assert_string_equal(s_errtext, err_new);
+                free(out_new);
+                free(err_new);
+            }
+}
+
+/* Every command's table is consistent, `kvedge help` lists every command, and each table
+ * command's --help lists every option, alias and argument of its table. */
+
+static void test_help_lists_every_option(void **state)
+{
+    (void)state;
+    assert_int_equal(s_run_bare("help"), 0);
+    char *list = strdup(s_out);
+    assert_non_null(list);
+    size_t tables = 0;
+    for (int t = 0; s_all_tables[t]; t++) {
+        bool remote =
+            s_all_tables[t] == kvedge_cli_remote_cmds || s_all_tables[t] == kvedge_cli_top_cmds;
+        for (const kvedge_cli_cmd_t *c = s_all_tables[t]; c->name; c++) {
+            char line[64];
+            snprintf(line, sizeof line, "\n  %s ", c->name);
+            assert_contains(list, line);
+            if (!c->opts)
+                continue;
+            tables++;
+            char why[300] = "";
+            if (kvedge_cmdopts_check(c->opts, why, sizeof why) != 0)
+                fail_msg("%s: %s", c->name, why);
+            assert_int_equal(
+                s_run_bare("%s %s --help", remote ? "-H tcp://127.0.0.1:1" : "", c->name), 0);
+            /* Wrapped help lines read as one. */
+            for (char *p = s_out; (p = strstr(p, "\n                            ")) != NULL;)
+                memmove(p, p + 28, strlen(p + 28) + 1), *p = ' ';
+            for (size_t i = 0; i < c->opts->count; i++) {
+                const kvedge_cmdopt_t *o = &c->opts->opts[i];
+                char want[96];
+                snprintf(want, sizeof want, "%s%s", o->positional ? "  " : "--", o->name);
+                assert_contains(s_out, want);
+                if (o->alias) {
+                    snprintf(want, sizeof want, "--%s", o->alias);
+                    assert_contains(s_out, want);
+                    snprintf(want, sizeof want,
+                             "deprecated alias of --%s, removed in the next release", o->name);
+                    assert_contains(s_out, want);
+                }
+            }
+        }
+    }
+    assert_true(tables > 0);
+    free(list);
 }
 
 static void test_help_and_usage_errors(void **state)
@@ -749,7 +887,7 @@ static void test_global_options_after_command(void **state)
     assert_int_equal(s_run("ls --data"), 2);
     assert_contains(s_errtext, "'--data' needs a value");
     assert_int_equal(s_run("ls --deadline soon"), 2);
-    assert_contains(s_errtext, "--deadline wants milliseconds");
+    assert_contains(s_errtext, "--deadline: 'soon' is not a duration");
 
     /* `--` ends the global options: what follows is the command's (inspect has no --json). */
     assert_int_equal(s_run("inspect -- --json"), 2);
@@ -759,9 +897,9 @@ static void test_global_options_after_command(void **state)
 
     /* Names a command keeps for itself: its own parser answers, not the global one. */
     assert_int_equal(s_run("sync --once --deadline soon"), 2);
-    assert_contains(s_errtext, "sync: bad option");
+    assert_contains(s_errtext, "sync: --deadline: 'soon' is not a duration");
     assert_int_equal(s_run("master-dump --deadline soon"), 2);
-    assert_contains(s_errtext, "master-dump: --deadline wants milliseconds");
+    assert_contains(s_errtext, "master-dump: --deadline: 'soon' is not a duration");
 }
 
 /* put-synthetic is one command: with -H (here after the command's name) it takes every
@@ -1424,6 +1562,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_help_and_usage_errors, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_did_you_mean, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_help_lists_every_option, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_bounds_name_the_flag, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_aliases_work, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_env_vars, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_missing_store, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_unknown_model, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_put_inspect_show_verify, s_setup, s_teardown),
