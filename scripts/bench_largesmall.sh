@@ -111,7 +111,7 @@ start peer --data "$DIR/peer" store --role edge --bind "$(ep peer)" --insecure \
 # prefill NODE WEIGHTS ID CTXFILE TOKENS SCHEME
 prefill() {
     "$KVEDGE" -H "$(ep "$1")" prefill --weights "$2" --model-id "$3" --tokenizer "$TOK" \
-        --context-file "$4" --tokens "$5" --scheme "$6" --pin >>"$DIR/prefill.out"
+        --file "$4" --tokens "$5" --scheme "$6" --pin >>"$DIR/prefill.out"
 }
 
 # proxy NAME SPECS...: a fresh proxy (its own link estimates) joined to the master
@@ -130,7 +130,7 @@ decode() {
     local tag=$1 px=$2 w=$3 id=$4 cf=$5 n=$6
     shift 6
     "$KVEDGE" -H "$(ep "$px")" decode --weights "$w" --model-id "$id" --tokenizer "$TOK" \
-        --context-file "$cf" --tokens "$n" --prompt "$PROMPT" --max-new "$NEW" --json -q "$@" \
+        --file "$cf" --tokens "$n" --prompt "$PROMPT" --max-new "$NEW" --json -q "$@" \
         >"$OUT/raw/$tag.json" 2>"$DIR/$tag.err" ||
         { log "$tag failed:"; cat "$DIR/$tag.err" >&2; exit 1; }
 }

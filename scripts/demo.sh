@@ -87,7 +87,7 @@ note "master $(ep master), cloud node $(ep cloud)"
 
 step "Cloud prefill: the cloud model computes the chapter's KV once and stores it (int8)"
 "$KVEDGE" -H "$(ep cloud)" prefill --weights "$WEIGHTS" --model-id kjv-cloud --tokenizer "$TOKENIZER" \
-    --context-file "$CTX_FILE" --tokens "$CTX_TOKENS" --scheme int8 | tee "$DIR/prefill.out"
+    --file "$CTX_FILE" --tokens "$CTX_TOKENS" --scheme int8 | tee "$DIR/prefill.out"
 # The chapter's last chunk (the highest chunk index) names the whole chain.
 PREFIX=$("$KVEDGE" -H "$(ep cloud)" ls --full | awk 'NR > 1 { print $3, $1 }' | sort -n |
     tail -1 | cut -d' ' -f2)
@@ -122,7 +122,7 @@ decode() { # decode PROMPT [EXTRA ARGS]: an edge request through the proxy
     local prompt=$1
     shift
     "$KVEDGE" -H "$(ep proxy)" decode --weights "$WEIGHTS" --model-id kjv-cloud --tokenizer "$TOKENIZER" \
-        --context-file "$CTX_FILE" --tokens "$CTX_TOKENS" --prompt "$prompt" --max-new 24 \
+        --file "$CTX_FILE" --tokens "$CTX_TOKENS" --prompt "$prompt" --max-new 24 \
         --repetition-penalty 1.3 --plan-recompute "$@"
 }
 
@@ -145,7 +145,7 @@ sleep 0.5 # the registry reaches the proxy
 note "no node holds the edge model's K/V: the proxy plans the cloud model's layers 0,1,4 for it,"
 note "from the peer's and the cloud's copies, and edge-a adapts them (a least-squares map per layer)"
 "$KVEDGE" -H "$(ep proxy)" decode --weights "$EDGE_WEIGHTS" --model-id kjv-edge --tokenizer "$TOKENIZER" \
-    --context-file "$CTX_FILE" --tokens "$CTX_TOKENS" --prompt "
+    --file "$CTX_FILE" --tokens "$CTX_TOKENS" --prompt "
 And Noah said unto his sons," --max-new 24 --repetition-penalty 1.3 \
     --adapter "$LS/adapter-linear.safetensors"
 note "(a 1.2 M-parameter model recomputes 448 tokens about as fast; quality and timing at both"

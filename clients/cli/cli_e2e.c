@@ -1,7 +1,6 @@
 /* `kvedge model-synth`, `kvedge prefill` (the cloud role) and `kvedge decode` (the edge role,
  * with the edge-only and cloud-only baselines): clients/e2e/e2e.h from the command line. */
 #include <errno.h>
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -24,7 +23,7 @@
 #define S_MAX_NEW_DEFAULT 16
 /* The cloud-only baseline's link when --cloud-link is not given. */
 #define S_CLOUD_LINK_DEFAULT "1gbit,10ms"
-/* Most bytes of a --context-file read for the BPE tokenizer (the byte tokenizer reads only as
+/* Most bytes of a --file read for the BPE tokenizer (the byte tokenizer reads only as
  * many bytes as it may use tokens). */
 #define S_CONTEXT_MAX_BYTES (64u << 20)
 
@@ -59,123 +58,91 @@ typedef struct {
     uint32_t ctx_len;
 } s_common_t;
 
-enum {
-    S_O_WEIGHTS = 1000,
-    S_O_MODEL_ID,
-    S_O_CTX_FILE,
-    S_O_CTX,
-    S_O_CTX_IDS,
-    S_O_TOKENS,
-    S_O_CHUNK_TOKENS,
-    S_O_TOKENIZER,
-    /* prefill */
-    S_O_SCHEME,
-    S_O_DTYPE,
-    S_O_GROUP,
-    S_O_KEEP,
-    S_O_PIN,
-    S_O_TTL,
-    S_O_LAYERS,
-    S_O_MAPPED_ONLY,
-    S_O_MASTER,
-    S_O_MASTER_PUB,
-    S_O_MASTER_KEY,
-    /* decode */
-    S_O_PROMPT,
-    S_O_PROMPT_IDS,
-    S_O_MAX_NEW,
-    S_O_REPETITION,
-    S_O_PLAN_RECOMPUTE,
-    S_O_COMPARE,
-    S_O_CLOUD_LINK,
-    S_O_QUIET,
-    S_O_ADAPTER,
-    S_O_ACCEPT,
-    S_O_BUDGET,
-    /* model-synth */
-    S_O_SHAPE,
-    S_O_OUT,
-    S_O_SEED,
-    S_O_FP32,
-};
+/* The options prefill and decode share, first in each one's options struct (as `c`). */
+typedef struct {
+    const char *weights, *model_id, *tokenizer;
+    const char *file, *context, *context_ids;
+    uint32_t tokens;       /* 0: as given */
+    uint32_t chunk_tokens; /* 0: the default */
+} s_common_opts_t;
 
-#define S_COMMON_OPTS                                                                              \
-    {"weights", required_argument, NULL, S_O_WEIGHTS},                                             \
-        {"model-id", required_argument, NULL, S_O_MODEL_ID},                                       \
-        {"context-file", required_argument, NULL, S_O_CTX_FILE},                                   \
-        {"context", required_argument, NULL, S_O_CTX},                                             \
-        {"context-ids", required_argument, NULL, S_O_CTX_IDS},                                     \
-        {"tokens", required_argument, NULL, S_O_TOKENS},                                           \
-        {"chunk-tokens", required_argument, NULL, S_O_CHUNK_TOKENS},                               \
-        {"tokenizer", required_argument, NULL, S_O_TOKENIZER},                                     \
+/* The table entries of s_common_opts_t, in an options struct T whose member c holds it. */
+#define S_COMMON_LIST(T)                                                                           \
+    {.name = "weights",                                                                            \
+     .letter = 'w',                                                                                \
+     .arg = "FILE",                                                                                \
+     .type = KVEDGE_CMDOPT_STR,                                                                    \
+     KVEDGE_CMDOPT_AT(T, c.weights),                                                               \
+     .help = "OPT weights (safetensors, Hugging Face names; `kvedge model-synth` makes "           \
+             "synthetic ones); required"},                                                         \
+        {.name = "model-id",                                                                       \
+         .arg = "ID",                                                                              \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.model_id),                                                          \
+         .def_text = "the shape's name",                                                           \
+         .help = "the model's id on the store; required when the weights have no known "           \
+                 "shape (opt-125m, opt-1.3b, opt-2.7b, opt-tiny)"},                                \
+        {.name = "tokenizer",                                                                      \
+         .arg = "PATH",                                                                            \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.tokenizer),                                                         \
+         .help = "the BPE tokenizer of --file, --context and --prompt (and of decode's "           \
+                 "text): a folder with vocab.json + merges.txt or tokenizer.json, or a "           \
+                 "tokenizer.json; its ids must fit the model's vocabulary (`kvedge tokenize` "     \
+                 "shows its ids)"},                                                                \
+        {.name = "file",                                                                           \
+         .arg = "FILE",                                                                            \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.file),                                                              \
+         .alias = "context-file",                                                                  \
+         .help = "the shared context: the text of FILE (without --tokenizer, the byte "            \
+                 "tokenizer: byte b is token b+4, so the model needs at least 260 token ids)"},    \
+        {.name = "context",                                                                        \
+         .arg = "TEXT",                                                                            \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.context),                                                           \
+         .help = "the shared context as text"},                                                    \
+        {.name = "context-ids",                                                                    \
+         .arg = "LIST",                                                                            \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.context_ids),                                                       \
+         .help = "the shared context as token ids: 5,17,42,..."},                                  \
+        {.name = "tokens",                                                                         \
+         .arg = "N",                                                                               \
+         .type = KVEDGE_CMDOPT_UINT,                                                               \
+         KVEDGE_CMDOPT_AT(T, c.tokens),                                                            \
+         .min = 1,                                                                                 \
+         .max = UINT32_MAX,                                                                        \
+         .def_text = "as given",                                                                   \
+         .help = "exactly N context tokens: a longer context is cut to its first N tokens, a "     \
+                 "shorter one repeated from its start until it has N (a small file stands in "     \
+                 "for a long context)"},                                                           \
     {                                                                                              \
-        "help", no_argument, NULL, 'h'                                                             \
+        .name = "chunk-tokens", .arg = "N", .type = KVEDGE_CMDOPT_UINT,                            \
+        KVEDGE_CMDOPT_AT(T, c.chunk_tokens), .min = 1, .max = KVEDGE_BLOCK_MAX_TOKENS,             \
+        .def_text = "256",                                                                         \
+        .help = "context tokens per chunk; prefill and decode must agree, as on the model id "     \
+                "and the context"                                                                  \
     }
 
-#define S_COMMON_HELP                                                                              \
-    "  -w, --weights FILE     OPT weights (safetensors, Hugging Face names; `kvedge\n"             \
-    "                         model-synth` makes synthetic ones)\n"                                \
-    "      --model-id ID      the model's id on the store (default: the shape's name when\n"       \
-    "                         the weights have the shape of opt-125m, opt-1.3b, opt-2.7b or\n"     \
-    "                         opt-tiny; required otherwise)\n"                                     \
-    "      --tokenizer PATH   the BPE tokenizer of --context-file, --context and --prompt\n"       \
-    "                         (and of decode's text): a folder with vocab.json + merges.txt or\n"  \
-    "                         tokenizer.json, or a tokenizer.json; its ids must fit the model's\n" \
-    "                         vocabulary (`kvedge tokenize` shows its ids)\n"                      \
-    "      --context-file F   the shared context: the text of F (without --tokenizer, the byte\n"  \
-    "                         tokenizer: byte b is token b+4, so the model needs at least 260\n"   \
-    "                         token ids)\n"                                                        \
-    "      --context TEXT     the shared context as text\n"                                        \
-    "      --context-ids L    the shared context as token ids: 5,17,42,...\n"                      \
-    "      --tokens N         exactly N context tokens: a longer context is cut to its first\n"    \
-    "                         N tokens, a shorter one repeated from its start until it has N\n"    \
-    "                         (a small file stands in for a long context)\n"                       \
-    "      --chunk-tokens N   context tokens per chunk (default 256); prefill and decode\n"        \
-    "                         must agree, as on the model id and the context\n"
-
-/* The long name of option ch in opts, for messages ("?" when none). */
-static const char *s_flag(const struct option *opts, int ch)
+/* The shared part of a command's runtime state from its options; the model id checked as
+ * the line's value was. Returns an exit code. */
+static int s_common_from(s_common_t *c, const char *cmd, const s_common_opts_t *o)
 {
-    for (; opts->name; opts++)
-        if (opts->val == ch)
-            return opts->name;
-    return "?";
-}
-
-/* Handles one of the options every command of this file shares. Returns 1 when it was one
- * (*bad set when its value is wrong), 0 when it is not. */
-static int s_common_opt(s_common_t *c, int ch, const char *arg, bool *bad)
-{
-    switch (ch) {
-    case 'w':
-    case S_O_WEIGHTS:
-        c->weights = arg;
-        return 1;
-    case S_O_MODEL_ID:
-        c->model_id = arg;
-        *bad = !*arg || strlen(arg) > KVEDGE_MODEL_ID_MAX_BYTES;
-        return 1;
-    case S_O_CTX_FILE:
-        c->ctx_file = arg;
-        return 1;
-    case S_O_CTX:
-        c->ctx_text = arg;
-        return 1;
-    case S_O_CTX_IDS:
-        c->ctx_ids = arg;
-        return 1;
-    case S_O_TOKENS:
-        *bad = kvedge_cli_parse_u64(arg, 1, UINT32_MAX, &c->tokens) != 0;
-        return 1;
-    case S_O_CHUNK_TOKENS:
-        *bad = kvedge_cli_parse_u64(arg, 1, KVEDGE_BLOCK_MAX_TOKENS, &c->chunk_tokens) != 0;
-        return 1;
-    case S_O_TOKENIZER:
-        c->tokenizer = arg;
-        return 1;
-    default:
-        return 0;
+    *c = (s_common_t){.cmd = cmd,
+                      .weights = o->weights,
+                      .model_id = o->model_id,
+                      .ctx_file = o->file,
+                      .ctx_text = o->context,
+                      .ctx_ids = o->context_ids,
+                      .tokenizer = o->tokenizer,
+                      .tokens = o->tokens,
+                      .chunk_tokens = o->chunk_tokens};
+    if (o->model_id && (!*o->model_id || strlen(o->model_id) > KVEDGE_MODEL_ID_MAX_BYTES)) {
+        kvedge_cli_error("%s: bad value '%s' for --model-id", cmd, o->model_id);
+        return KVEDGE_EXIT_USAGE;
     }
+    return KVEDGE_EXIT_OK;
 }
 
 static void s_common_free(s_common_t *c)
@@ -296,7 +263,7 @@ static int s_read_file(const char *cmd, const char *path, size_t max, char **out
     return KVEDGE_EXIT_OK;
 }
 
-/* The context's tokens from the one of --context-file, --context, --context-ids given (checked
+/* The context's tokens from the one of --file, --context, --context-ids given (checked
  * by the caller), cut or repeated to --tokens when given. Returns an exit code. */
 static int s_context(s_common_t *c)
 {
@@ -343,8 +310,8 @@ static int s_context(s_common_t *c)
         }
         if (!c->tok && len > want)
             len = want;
-        ex = len ? s_text_ids(c->cmd, c->ctx_file ? "--context-file" : "--context", c->tok, text,
-                              len, c->cfg->vocab, &ids, &n)
+        ex = len ? s_text_ids(c->cmd, c->ctx_file ? "--file" : "--context", c->tok, text, len,
+                              c->cfg->vocab, &ids, &n)
                  : KVEDGE_EXIT_OK;
         free(buf);
     }
@@ -428,7 +395,7 @@ static int s_common_load(s_common_t *c)
     }
     int given = !!c->ctx_file + !!c->ctx_text + !!c->ctx_ids;
     if (given != 1) { /* before the weights: a usage error should not wait for a load */
-        kvedge_cli_error("%s: give the shared context once: --context-file F, --context TEXT or "
+        kvedge_cli_error("%s: give the shared context once: --file F, --context TEXT or "
                          "--context-ids LIST",
                          c->cmd);
         return KVEDGE_EXIT_USAGE;
@@ -509,148 +476,229 @@ static int s_remote_fail(const s_common_t *c, kvedge_cli_t *cli, int rc)
 
 /* ---------------------------------------------------------------- model-synth */
 
-static const char s_synth_help[] =
-    "Writes synthetic OPT weights of a released model's shape: the Hugging Face tensor names\n"
-    "and __metadata__, seeded normal weights (std 0.02), fp16 unless --fp32. The text they\n"
-    "generate means nothing, but every size and cost is that of the real model, so prefill,\n"
-    "decode and the benchmarks run where the real weights are not at hand.\n\n"
-    "  -s, --shape NAME   opt-125m, opt-1.3b, opt-2.7b or opt-tiny (the test fixture's shape)\n"
-    "  -o, --out FILE     where to write (via a temporary file, renamed)\n"
-    "      --seed N       random seed (default 0); the same seed writes the same bytes\n"
-    "      --fp32         fp32 tensors (twice the size)\n";
+/* What `kvedge model-synth` runs on. */
+typedef struct {
+    const char *shape, *out;
+    uint64_t seed;
+    bool fp32;
+} s_synth_opts_t;
 
-static int s_cmd_synth(kvedge_cli_t *cli, int argc, char **argv)
-{
-    static const struct option opts[] = {{"shape", required_argument, NULL, 's'},
-                                         {"out", required_argument, NULL, 'o'},
-                                         {"seed", required_argument, NULL, S_O_SEED},
-                                         {"fp32", no_argument, NULL, S_O_FP32},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"model-synth",
-                                  NULL,
-                                  "--shape NAME --out FILE [--seed N] [--fp32]",
-                                  "Write synthetic OPT weights of a named shape.",
-                                  NULL,
-                                  NULL};
-    const char *shape = NULL, *out = NULL;
-    uint64_t seed = 0;
-    bool fp32 = false;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "s:o:h", opts, NULL)) != -1) {
-        if (ch == 's') {
-            shape = optarg;
-        } else if (ch == 'o') {
-            out = optarg;
-        } else if (ch == S_O_SEED) {
-            if (kvedge_cli_parse_u64(optarg, 0, UINT64_MAX, &seed) != 0) {
-                kvedge_cli_error("model-synth: --seed wants a non-negative integer, got '%s'",
-                                 optarg);
-                return KVEDGE_EXIT_USAGE;
-            }
-        } else if (ch == S_O_FP32) {
-            fp32 = true;
-        } else if (ch == 'h') {
-            kvedge_cli_usage(stdout, &cmd, s_synth_help);
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("model-synth: unknown option or missing value '%s'", argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("model-synth: unexpected argument '%s'", argv[optind]);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (!shape || !out) {
-        kvedge_cli_error("model-synth: needs --shape NAME and --out FILE");
-        return KVEDGE_EXIT_USAGE;
-    }
+static const kvedge_cmdopt_t s_synth_list[] = {
+    {.name = "shape",
+     .letter = 's',
+     .arg = "NAME",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, shape),
+     .required = true,
+     .help = "opt-125m, opt-1.3b, opt-2.7b or opt-tiny (the test fixture's shape)"},
+    {.name = "out",
+     .letter = 'o',
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, out),
+     .required = true,
+     .help = "where to write (via a temporary file, renamed)"},
+    {.name = "seed",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, seed),
+     .min = 0,
+     .max = UINT64_MAX,
+     .help = "random seed; the same seed writes the same bytes"},
+    {.name = "fp32",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_synth_opts_t, fp32),
+     .help = "fp32 tensors (twice the size)"},
+};
+
+static const kvedge_cmdopts_t s_synth_opts = {
+    .command = "model-synth",
+    .summary = "Write synthetic OPT weights of a named shape (opt-125m, opt-1.3b, ...).",
+    .about = "Writes synthetic OPT weights of a released model's shape: the Hugging Face tensor\n"
+             "names and __metadata__, seeded normal weights (std 0.02), fp16 unless --fp32. The\n"
+             "text they generate means nothing, but every size and cost is that of the real\n"
+             "model, so prefill, decode and the benchmarks run where the real weights are not at\n"
+             "hand.\n",
+    KVEDGE_CMDOPTS_OF(s_synth_opts_t, s_synth_list)};
+
+/* What model-synth wrote. */
+typedef struct {
     kvedge_decoder_config_t c;
-    if (kvedge_decoder_shape(shape, &c) != KVEDGE_OK) {
+    uint64_t params, bytes;
+    double ms;
+} s_synth_t;
+
+/* Writes the weights and counts what was written. Returns an exit code. */
+static int s_synth_run(const s_synth_opts_t *o, s_synth_t *r)
+{
+    if (kvedge_decoder_shape(o->shape, &r->c) != KVEDGE_OK) {
         kvedge_cli_error("model-synth: unknown shape '%s' (opt-125m, opt-1.3b, opt-2.7b, "
                          "opt-tiny)",
-                         shape);
+                         o->shape);
         return KVEDGE_EXIT_USAGE;
     }
     double t0 = s_now_ms();
     errno = 0;
-    int rc = kvedge_decoder_synthesize(out, &c, seed, !fp32);
+    int rc = kvedge_decoder_synthesize(o->out, &r->c, o->seed, !o->fp32);
     int err = errno;
-    double ms = s_now_ms() - t0;
+    r->ms = s_now_ms() - t0;
     if (rc != KVEDGE_OK) {
-        kvedge_cli_error("model-synth: cannot write %s: %s%s%s", out, kvedge_strerror(rc),
+        kvedge_cli_error("model-synth: cannot write %s: %s%s%s", o->out, kvedge_strerror(rc),
                          rc == KVEDGE_EIO && err ? ": " : "",
                          rc == KVEDGE_EIO && err ? strerror(err) : "");
         return KVEDGE_EXIT_FAILURE;
     }
     /* Count what was written rather than what the shape implies. */
-    uint64_t params = 0;
     struct stat st;
     kvedge_safetensors_t *f = kvedge_safetensors_new();
-    rc = f ? kvedge_safetensors_open(f, out) : KVEDGE_ENOMEM;
+    rc = f ? kvedge_safetensors_open(f, o->out) : KVEDGE_ENOMEM;
     for (size_t i = 0; rc == KVEDGE_OK && i < kvedge_safetensors_count(f); i++)
-        params += kvedge_safetensors_at(f, i)->numel;
+        r->params += kvedge_safetensors_at(f, i)->numel;
     kvedge_safetensors_destroy(&f);
-    if (rc != KVEDGE_OK || stat(out, &st) != 0) {
-        kvedge_cli_error("model-synth: wrote %s but cannot read it back: %s", out,
+    if (rc != KVEDGE_OK || stat(o->out, &st) != 0) {
+        kvedge_cli_error("model-synth: wrote %s but cannot read it back: %s", o->out,
                          kvedge_strerror(rc != KVEDGE_OK ? rc : KVEDGE_EIO));
         return KVEDGE_EXIT_FAILURE;
     }
+    r->bytes = (uint64_t)st.st_size;
+    return KVEDGE_EXIT_OK;
+}
+
+static void s_synth_print(const kvedge_cli_t *cli, const s_synth_opts_t *o, const s_synth_t *r)
+{
+    const kvedge_decoder_config_t *c = &r->c;
+    const char *dtype = o->fp32 ? "fp32" : "fp16";
     char b[32];
     if (cli->json) {
         printf("{\"path\":");
-        kvedge_cli_json_str(stdout, out);
+        kvedge_cli_json_str(stdout, o->out);
         printf(",\"shape\":\"%s\",\"layers\":%u,\"heads\":%u,\"hidden\":%u,\"ffn\":%u,"
                "\"vocab\":%u,\"max_positions\":%u,\"parameters\":%llu,\"bytes\":%llu,"
                "\"dtype\":\"%s\",\"seed\":%llu,\"ms\":%.1f}\n",
-               shape, c.layers, c.heads, c.hidden, c.ffn, c.vocab, c.max_positions,
-               (unsigned long long)params, (unsigned long long)st.st_size, fp32 ? "fp32" : "fp16",
-               (unsigned long long)seed, ms);
-    } else {
-        printf("wrote %s: %s (%u layers, %u heads, hidden %u, ffn %u, vocab %u, %u positions)\n",
-               out, shape, c.layers, c.heads, c.hidden, c.ffn, c.vocab, c.max_positions);
-        printf("%.2f M parameters, %s %s, seed %llu, in %.1f s\n", (double)params / 1e6,
-               kvedge_cli_bytes((uint64_t)st.st_size, b, sizeof b), fp32 ? "fp32" : "fp16",
-               (unsigned long long)seed, ms / 1e3);
+               o->shape, c->layers, c->heads, c->hidden, c->ffn, c->vocab, c->max_positions,
+               (unsigned long long)r->params, (unsigned long long)r->bytes, dtype,
+               (unsigned long long)o->seed, r->ms);
+        return;
     }
-    return KVEDGE_EXIT_OK;
+    printf("wrote %s: %s (%u layers, %u heads, hidden %u, ffn %u, vocab %u, %u positions)\n",
+           o->out, o->shape, c->layers, c->heads, c->hidden, c->ffn, c->vocab, c->max_positions);
+    printf("%.2f M parameters, %s %s, seed %llu, in %.1f s\n", (double)r->params / 1e6,
+           kvedge_cli_bytes(r->bytes, b, sizeof b), dtype, (unsigned long long)o->seed,
+           r->ms / 1e3);
+}
+
+static int s_synth(kvedge_cli_t *cli, const void *opts)
+{
+    s_synth_t r = {0};
+    int ex = s_synth_run(opts, &r);
+    if (!ex)
+        s_synth_print(cli, opts, &r);
+    return ex;
 }
 
 /* ---------------------------------------------------------------- prefill */
 
-static const char s_prefill_help[] =
-    "Run as `kvedge -H NODE [--server-key KEY --cert FILE] prefill ...` (-H goes before\n"
-    "the command).\n\n"
-    "The cloud role: runs the shared context through the model and puts its K/V to the\n"
-    "store node at -H, one block per (chunk, layer, head), quantized as asked, under the\n"
-    "model id (registered on the node). Edges then decode on top of it with `kvedge -H PROXY\n"
-    "decode` given the same weights, model id, context and --chunk-tokens. Prints the chunk\n"
-    "chain, the blocks and bytes stored against fp16, and the time of each step.\n\n" S_COMMON_HELP
-    "      --scheme S         int8 (default), int4 or lossless\n"
-    "      --dtype D          fp16 (default) or fp32: lossless blocks' element type\n"
-    "      --group N          int4 group size (default: the codec's)\n"
-    "      --keep-channels N  ThinK: key channels kept per head (default all)\n"
-    "      --pin              pin the blocks (never evicted)\n"
-    "      --ttl S            expire after S seconds (default: the node's)\n"
-    "      --layers LIST      prune: put only these layers (0,1,4); the others are computed\n"
-    "                         (deeper layers need them) but not stored\n"
-    "      --mapped-only      prune: put only the layers that the layer maps registered for\n"
-    "                         this model (map/MODEL/EDGE at --master) use, their union;\n"
-    "                         refused when no map names the model\n"
-    "      --master EP        the Storage Master's ROUTER (with --mapped-only)\n"
-    "      --master-pub EP    its PUB (default: for tcp://HOST:PORT, PORT+1)\n"
-    "      --master-key KEY   the master's public key or certificate (none: plaintext,\n"
-    "                         loopback and ipc only; with the global --cert)\n\n"
-    "A request of this model for a layer that was not stored is a miss, which the edge\n"
-    "computes; an edge model's MAPPED request asks only for the layers its map names, which\n"
-    "--mapped-only keeps. Layers an earlier prefill stored stay (kvedge delete removes them).\n\n"
-    "exit codes: 2 usage (also weights of no known shape without --model-id, a --tokenizer\n"
-    "refused or whose ids do not fit the model, a bad --layers), 1 weights or a tokenizer\n"
-    "that cannot be read or a failed put, 3 --mapped-only with no map naming the model (or\n"
-    "maps that use none of its layers), 4 a map that does not fit the model, 5 node or\n"
-    "master unreachable.\n";
+/* What `kvedge prefill` runs on. */
+typedef struct {
+    s_common_opts_t c;
+    const char *scheme, *dtype, *layers;
+    uint32_t group, keep_channels, ttl_s;
+    bool pin, mapped_only;
+    const char *master, *master_pub, *master_key;
+} s_prefill_opts_t;
+
+static const kvedge_cmdopt_t s_prefill_list[] = {
+    S_COMMON_LIST(s_prefill_opts_t),
+    {.name = "scheme",
+     .arg = "S",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, scheme),
+     .def = "int8",
+     .help = "int8, int4 or lossless"},
+    {.name = "dtype",
+     .arg = "D",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, dtype),
+     .def = "fp16",
+     .help = "fp16 or fp32: lossless blocks' element type"},
+    {.name = "group",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, group),
+     .max = UINT16_MAX,
+     .def_text = "the codec's",
+     .help = "int4 group size"},
+    {.name = "keep-channels",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, keep_channels),
+     .max = UINT16_MAX,
+     .def_text = "all",
+     .help = "ThinK: key channels kept per head"},
+    {.name = "pin",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, pin),
+     .help = "pin the blocks (never evicted)"},
+    {.name = "ttl",
+     .arg = "S",
+     .type = KVEDGE_CMDOPT_SECONDS,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, ttl_s),
+     .min = 1,
+     .max = UINT32_MAX,
+     .def_text = "the node's",
+     .help = "expire after S seconds"},
+    {.name = "layers",
+     .arg = "LIST",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, layers),
+     .help = "prune: put only these layers (0,1,4); the others are computed (deeper layers "
+             "need them) but not stored"},
+    {.name = "mapped-only",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, mapped_only),
+     .help = "prune: put only the layers that the layer maps registered for this model "
+             "(map/MODEL/EDGE at --master) use, their union; refused when no map names the "
+             "model"},
+    {.name = "master",
+     .arg = "EP",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, master),
+     .help = "the Storage Master's ROUTER (with --mapped-only)"},
+    {.name = "master-pub",
+     .arg = "EP",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, master_pub),
+     .def_text = "for tcp://HOST:PORT, PORT+1",
+     .help = "the master's PUB"},
+    {.name = "master-key",
+     .arg = "KEY",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, master_key),
+     .help = "the master's public key or certificate (none: plaintext, loopback and ipc only; "
+             "with the global --cert)"},
+};
+
+static const kvedge_cmdopts_t s_prefill_opts = {
+    .command = "prefill",
+    .summary = "Cloud role: prefill a shared context and put its K/V to a node.",
+    .about =
+        "Run as `kvedge -H NODE [--server-key KEY --cert FILE] prefill ...` (-H goes before\n"
+        "the command). Give the shared context once: --file, --context or --context-ids.\n\n"
+        "The cloud role: runs the shared context through the model and puts its K/V to the\n"
+        "store node at -H, one block per (chunk, layer, head), quantized as asked, under the\n"
+        "model id (registered on the node). Edges then decode on top of it with `kvedge -H PROXY\n"
+        "decode` given the same weights, model id, context and --chunk-tokens. Prints the chunk\n"
+        "chain, the blocks and bytes stored against fp16, and the time of each step.\n\n"
+        "A request of this model for a layer that was not stored is a miss, which the edge\n"
+        "computes; an edge model's MAPPED request asks only for the layers its map names, which\n"
+        "--mapped-only keeps. Layers an earlier prefill stored stay (kvedge delete removes "
+        "them).\n\n"
+        "exit codes: 2 usage (also weights of no known shape without --model-id, a --tokenizer\n"
+        "refused or whose ids do not fit the model, a bad --layers), 1 weights or a tokenizer\n"
+        "that cannot be read or a failed put, 3 --mapped-only with no map naming the model (or\n"
+        "maps that use none of its layers), 4 a map that does not fit the model, 5 node or\n"
+        "master unreachable.\n",
+    KVEDGE_CMDOPTS_OF(s_prefill_opts_t, s_prefill_list)};
 
 /* Where --mapped-only reads the maps. */
 typedef struct {
@@ -716,274 +764,343 @@ static int s_mapped_layers(const s_master_t *ms, const kvedge_model_t *m, kvedge
     return ex;
 }
 
-static int s_cmd_prefill(kvedge_cli_t *cli, int argc, char **argv)
-{
-    static const struct option opts[] = {S_COMMON_OPTS,
-                                         {"scheme", required_argument, NULL, S_O_SCHEME},
-                                         {"dtype", required_argument, NULL, S_O_DTYPE},
-                                         {"group", required_argument, NULL, S_O_GROUP},
-                                         {"keep-channels", required_argument, NULL, S_O_KEEP},
-                                         {"pin", no_argument, NULL, S_O_PIN},
-                                         {"ttl", required_argument, NULL, S_O_TTL},
-                                         {"layers", required_argument, NULL, S_O_LAYERS},
-                                         {"mapped-only", no_argument, NULL, S_O_MAPPED_ONLY},
-                                         {"master", required_argument, NULL, S_O_MASTER},
-                                         {"master-pub", required_argument, NULL, S_O_MASTER_PUB},
-                                         {"master-key", required_argument, NULL, S_O_MASTER_KEY},
-                                         {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"prefill",
-                                  NULL,
-                                  "--weights FILE (--context-file F | --context TEXT | "
-                                  "--context-ids L) [...]",
-                                  "Cloud role: prefill a shared context, put its K/V to a node.",
-                                  NULL,
-                                  NULL};
-    s_common_t c = {.cmd = "prefill"};
+/* What prefill works on and what it did. */
+typedef struct {
+    s_common_t c;
     kvedge_e2e_quant_t q;
-    kvedge_e2e_quant_default(&q);
-    const char *layers_arg = NULL;
-    bool mapped_only = false;
-    s_master_t ms = {NULL, NULL, NULL, cli->cert,
-                     cli->deadline_ms > 0 ? cli->deadline_ms : KVEDGE_MVIEW_SNAPSHOT_MS};
+    kvedge_prune_set_t keep;
+    size_t n_maps;
+    char edges[1024]; /* --mapped-only: the edge models of the maps */
+    uint32_t ct;      /* tokens per chunk */
+    kvedge_chunk_id_t *ids;
+    size_t n_ids;
+    kvedge_e2e_prefill_stats_t st;
+} s_prefill_t;
+
+/* The values the table cannot check (--scheme, --dtype, the syntax of --layers; its range
+ * once the weights say how many layers there are) into r->q, then which flags go together.
+ * Returns an exit code. */
+static int s_prefill_check(const kvedge_cli_t *cli, const s_prefill_opts_t *o, s_prefill_t *r)
+{
     char why[KVEDGE_PRUNE_WHY_BYTES] = "";
-    uint64_t v;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "w:h", opts, NULL)) != -1) {
-        bool bad = false;
-        if (s_common_opt(&c, ch, optarg, &bad)) {
-        } else if (ch == S_O_LAYERS) {
-            /* The syntax now, the range once the weights say how many layers there are. */
-            kvedge_prune_set_t syntax;
-            layers_arg = optarg;
-            bad = kvedge_prune_parse(optarg, KVEDGE_MODEL_MAX_LAYERS, &syntax, why, sizeof why) !=
-                      KVEDGE_OK &&
-                  !strstr(why, "out of range");
-        } else if (ch == S_O_MAPPED_ONLY) {
-            mapped_only = true;
-        } else if (ch == S_O_MASTER) {
-            ms.master = optarg;
-        } else if (ch == S_O_MASTER_PUB) {
-            ms.pub = optarg;
-        } else if (ch == S_O_MASTER_KEY) {
-            ms.key = optarg;
-        } else if (ch == S_O_SCHEME) {
-            bad = kvedge_scheme_parse(optarg, &q.scheme) != KVEDGE_OK;
-        } else if (ch == S_O_DTYPE) {
-            bad = kvedge_dtype_parse(optarg, &q.dtype) != KVEDGE_OK ||
-                  (q.dtype != KVEDGE_DTYPE_FP16 && q.dtype != KVEDGE_DTYPE_FP32);
-        } else if (ch == S_O_GROUP) {
-            bad = kvedge_cli_parse_u64(optarg, 0, UINT16_MAX, &v) != 0;
-            q.group_size = (uint16_t)v;
-        } else if (ch == S_O_KEEP) {
-            bad = kvedge_cli_parse_u64(optarg, 0, UINT16_MAX, &v) != 0;
-            q.keep_channels = (uint16_t)v;
-        } else if (ch == S_O_PIN) {
-            q.pin = true;
-        } else if (ch == S_O_TTL) {
-            bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX, &v) != 0;
-            q.ttl_s = (uint32_t)v;
-        } else if (ch == 'h') {
-            kvedge_cli_usage(stdout, &cmd, s_prefill_help);
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("prefill: unknown option or missing value '%s' (see kvedge prefill "
-                             "--help)",
-                             argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (bad) {
-            kvedge_cli_error("prefill: bad value '%s' for --%s%s%s", optarg, s_flag(opts, ch),
-                             ch == S_O_SCHEME   ? " (int8, int4 or lossless)"
-                             : ch == S_O_DTYPE  ? " (fp16 or fp32)"
-                             : ch == S_O_LAYERS ? ": "
-                                                : "",
-                             ch == S_O_LAYERS ? why : "");
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("prefill: unexpected argument '%s'", argv[optind]);
+    kvedge_prune_set_t syntax;
+    kvedge_e2e_quant_default(&r->q);
+    int ex = s_common_from(&r->c, "prefill", &o->c);
+    const char *flag = NULL, *val = NULL, *hint = "";
+    if (ex)
+        return ex;
+    if (kvedge_scheme_parse(o->scheme, &r->q.scheme) != KVEDGE_OK)
+        flag = "scheme", val = o->scheme, hint = " (int8, int4 or lossless)";
+    else if (kvedge_dtype_parse(o->dtype, &r->q.dtype) != KVEDGE_OK ||
+             (r->q.dtype != KVEDGE_DTYPE_FP16 && r->q.dtype != KVEDGE_DTYPE_FP32))
+        flag = "dtype", val = o->dtype, hint = " (fp16 or fp32)";
+    else if (o->layers &&
+             kvedge_prune_parse(o->layers, KVEDGE_MODEL_MAX_LAYERS, &syntax, why, sizeof why) !=
+                 KVEDGE_OK &&
+             !strstr(why, "out of range"))
+        flag = "layers", val = o->layers, hint = ": ";
+    if (flag) {
+        kvedge_cli_error("prefill: bad value '%s' for --%s%s%s", val, flag, hint,
+                         strcmp(flag, "layers") == 0 ? why : "");
         return KVEDGE_EXIT_USAGE;
     }
+    r->q.group_size = (uint16_t)o->group;
+    r->q.keep_channels = (uint16_t)o->keep_channels;
+    r->q.pin = o->pin;
+    r->q.ttl_s = o->ttl_s;
     if (!cli->host) {
         kvedge_cli_error("prefill: needs -H NODE: the store node to put the context's K/V to");
         return KVEDGE_EXIT_USAGE;
     }
-    if (layers_arg && mapped_only) {
+    if (o->layers && o->mapped_only) {
         kvedge_cli_error("prefill: give --layers LIST or --mapped-only, not both");
         return KVEDGE_EXIT_USAGE;
     }
-    if (mapped_only != (ms.master != NULL) || (!ms.master && (ms.pub || ms.key))) {
+    if (o->mapped_only != (o->master != NULL) || (!o->master && (o->master_pub || o->master_key))) {
         kvedge_cli_error("prefill: --mapped-only needs --master EP (the Storage Master holding "
                          "the layer maps), and --master, --master-pub and --master-key go with "
                          "--mapped-only");
         return KVEDGE_EXIT_USAGE;
     }
-    int ex = s_common_load(&c);
-    /* Pruning: the set of layers to put, settled before anything is computed or stored. */
-    kvedge_prune_set_t keep;
-    size_t n_maps = 0;
-    char edges[1024] = "";
-    if (!ex && layers_arg) {
-        if (kvedge_prune_parse(layers_arg, c.cfg->layers, &keep, why, sizeof why) != KVEDGE_OK) {
-            kvedge_cli_error("prefill: bad value '%s' for --layers: %s", layers_arg, why);
+    return KVEDGE_EXIT_OK;
+}
+
+/* Pruning: the set of layers to put (--layers, or --mapped-only's maps), settled before
+ * anything is computed or stored; r->q.layers points at it. Returns an exit code. */
+static int s_prefill_layers(const kvedge_cli_t *cli, const s_prefill_opts_t *o, s_prefill_t *r)
+{
+    char why[KVEDGE_PRUNE_WHY_BYTES] = "";
+    int ex = KVEDGE_EXIT_OK;
+    if (o->layers) {
+        if (kvedge_prune_parse(o->layers, r->c.cfg->layers, &r->keep, why, sizeof why) !=
+            KVEDGE_OK) {
+            kvedge_cli_error("prefill: bad value '%s' for --layers: %s", o->layers, why);
             ex = KVEDGE_EXIT_USAGE;
         }
-    } else if (!ex && mapped_only) {
-        ex = s_mapped_layers(&ms, &c.model, &keep, &n_maps, edges, sizeof edges);
+    } else if (o->mapped_only) {
+        s_master_t ms = {o->master, o->master_pub, o->master_key, cli->cert,
+                         cli->deadline_ms > 0 ? cli->deadline_ms : KVEDGE_MVIEW_SNAPSHOT_MS};
+        ex = s_mapped_layers(&ms, &r->c.model, &r->keep, &r->n_maps, r->edges, sizeof r->edges);
     }
-    if (!ex && (layers_arg || mapped_only))
-        q.layers = &keep;
+    if (!ex && (o->layers || o->mapped_only))
+        r->q.layers = &r->keep;
+    return ex;
+}
+
+/* Connects to the node at -H (refusing a proxy, which would refuse each PUT as invalid) and
+ * puts the context's K/V. Returns an exit code. */
+static int s_prefill_put(kvedge_cli_t *cli, s_prefill_t *r)
+{
     kvedge_client_t *node = NULL;
-    if (!ex)
-        ex = kvedge_cli_connect(cli, "kvedge prefill", &node);
+    int ex = kvedge_cli_connect(cli, "kvedge prefill", &node);
     const kvedge_node_info_t *peer = ex ? NULL : kvedge_client_node(node);
-    if (peer && peer->role == KVEDGE_ROLE_PROXY) { /* it would refuse each PUT as invalid */
+    if (peer && peer->role == KVEDGE_ROLE_PROXY) {
         kvedge_cli_error("prefill: %s is an edge proxy (%s), not a store node: prefill puts the "
                          "context's K/V to a store node (the cloud node the proxy fetches from)",
                          cli->host, peer->name);
         ex = KVEDGE_EXIT_USAGE;
     }
-    uint32_t ct = c.chunk_tokens ? (uint32_t)c.chunk_tokens : KVEDGE_E2E_CHUNK_TOKENS_DEFAULT;
-    size_t max = ex ? 0 : (c.ctx_len + ct - 1) / ct, n_ids = 0;
-    kvedge_chunk_id_t *ids = ex ? NULL : calloc(max, sizeof *ids);
-    kvedge_e2e_prefill_stats_t st = {0};
-    if (!ex && !ids) {
+    r->ct = r->c.chunk_tokens ? (uint32_t)r->c.chunk_tokens : KVEDGE_E2E_CHUNK_TOKENS_DEFAULT;
+    size_t max = ex ? 0 : (r->c.ctx_len + r->ct - 1) / r->ct;
+    r->ids = ex ? NULL : calloc(max, sizeof *r->ids);
+    if (!ex && !r->ids) {
         kvedge_cli_error("prefill: out of memory");
         ex = KVEDGE_EXIT_FAILURE;
     }
     if (!ex) {
-        int rc = kvedge_e2e_prefill(node, c.d, &c.model, c.ctx, c.ctx_len, ct, &q, ids, max, &st);
+        const s_common_t *c = &r->c;
+        int rc = kvedge_e2e_prefill(node, c->d, &c->model, c->ctx, c->ctx_len, r->ct, &r->q, r->ids,
+                                    max, &r->st);
         if (rc == KVEDGE_EINVAL) {
             kvedge_cli_error("prefill: the node or codec refused these settings (scheme %s, "
                              "dtype %s, group %u, keep-channels %u of %u): %s",
-                             kvedge_scheme_name(q.scheme), kvedge_dtype_name(q.dtype), q.group_size,
-                             q.keep_channels, c.cfg->head_dim, kvedge_strerror(rc));
+                             kvedge_scheme_name(r->q.scheme), kvedge_dtype_name(r->q.dtype),
+                             r->q.group_size, r->q.keep_channels, c->cfg->head_dim,
+                             kvedge_strerror(rc));
             ex = KVEDGE_EXIT_USAGE;
         } else if (rc != KVEDGE_OK) {
-            ex = s_remote_fail(&c, cli, rc);
+            ex = s_remote_fail(c, cli, rc);
         }
-        n_ids = st.n_chunks ? st.n_chunks : max;
+        r->n_ids = r->st.n_chunks ? r->st.n_chunks : max;
     }
     kvedge_client_destroy(&node);
-    if (!ex) {
-        char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
-        double ratio = st.bytes ? (double)st.fp16_bytes / (double)st.bytes : 0.0;
-        if (cli->json) {
-            printf("{\"node\":");
-            kvedge_cli_json_str(stdout, cli->host);
-            printf(",\"model\":");
-            kvedge_cli_json_str(stdout, c.model_id);
-            printf(",\"tokens\":%u,\"chunk_tokens\":%u,\"chunks\":[", c.ctx_len, ct);
-            for (size_t i = 0; i < n_ids; i++)
-                printf("%s\"%s\"", i ? "," : "", kvedge_chunk_id_hex(&ids[i], hex));
-            printf("],\"scheme\":\"%s\",\"dtype\":\"%s\",\"blocks\":%llu,\"bytes\":%llu,"
-                   "\"fp16_bytes\":%llu,\"prefill_ms\":%.3f,\"encode_ms\":%.3f,"
-                   "\"put_ms\":%.3f",
-                   kvedge_scheme_name(q.scheme), kvedge_dtype_name(q.dtype),
-                   (unsigned long long)st.blocks, (unsigned long long)st.bytes,
-                   (unsigned long long)st.fp16_bytes, st.prefill_us / 1e3, st.encode_us / 1e3,
-                   st.put_us / 1e3);
-            if (q.layers) {
-                printf(",\"layers\":[");
-                for (uint32_t l = 0, k = 0; l < c.cfg->layers; l++)
-                    if (kvedge_prune_set_has(q.layers, l))
-                        printf("%s%u", k++ ? "," : "", l);
-                printf("],\"pruned_blocks\":%llu,\"pruned_bytes\":%llu,"
-                       "\"pruned_fp16_bytes\":%llu",
-                       (unsigned long long)st.pruned_blocks, (unsigned long long)st.pruned_bytes,
-                       (unsigned long long)st.pruned_fp16_bytes);
-                if (mapped_only) {
-                    printf(",\"maps\":");
-                    kvedge_cli_json_str(stdout, edges);
-                }
-            }
-            printf("}\n");
-        } else {
-            printf("prefilled %u context tokens of %s (%u layers, %u heads of %u) on %s\n",
-                   c.ctx_len, c.model_id, c.cfg->layers, c.cfg->heads, c.cfg->head_dim, cli->host);
-            printf("chunks: %zu of %u tokens, first %s\n", n_ids, ct,
-                   n_ids ? kvedge_chunk_id_hex(&ids[0], hex) : "-");
-            printf("blocks: %llu (%s %s), %s stored for %s fp16: %.2fx%s\n",
-                   (unsigned long long)st.blocks, kvedge_scheme_name(q.scheme),
-                   kvedge_dtype_name(q.dtype), kvedge_cli_bytes(st.bytes, b1, sizeof b1),
-                   kvedge_cli_bytes(st.fp16_bytes, b2, sizeof b2), ratio, q.pin ? ", pinned" : "");
-            if (q.layers) {
-                char kept[KVEDGE_PRUNE_LIST_BYTES], b3[32];
-                kvedge_prune_set_format(q.layers, kept, sizeof kept);
-                uint64_t full = st.bytes + st.pruned_bytes;
-                printf("layers: kept %s of %u (%s), pruned %u: saved %s of %s (%.1f%%), %llu "
-                       "blocks\n",
-                       kept, c.cfg->layers, mapped_only ? "mapped" : "--layers",
-                       c.cfg->layers - st.layers_put,
-                       kvedge_cli_bytes(st.pruned_bytes, b1, sizeof b1),
-                       kvedge_cli_bytes(full, b3, sizeof b3),
-                       full ? 100.0 * (double)st.pruned_bytes / (double)full : 0.0,
-                       (unsigned long long)st.pruned_blocks);
-                if (mapped_only)
-                    printf("maps: %zu naming %s (edge models %s)\n", n_maps, c.model.id, edges);
-            }
-            printf("time: prefill %.1f ms, encode %.1f ms, put %.1f ms\n", st.prefill_us / 1e3,
-                   st.encode_us / 1e3, st.put_us / 1e3);
+    return ex;
+}
+
+static void s_prefill_json(const kvedge_cli_t *cli, const s_prefill_t *r, bool mapped_only)
+{
+    const kvedge_e2e_prefill_stats_t *st = &r->st;
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
+    printf("{\"node\":");
+    kvedge_cli_json_str(stdout, cli->host);
+    printf(",\"model\":");
+    kvedge_cli_json_str(stdout, r->c.model_id);
+    printf(",\"tokens\":%u,\"chunk_tokens\":%u,\"chunks\":[", r->c.ctx_len, r->ct);
+    for (size_t i = 0; i < r->n_ids; i++)
+        printf("%s\"%s\"", i ? "," : "", kvedge_chunk_id_hex(&r->ids[i], hex));
+    printf("],\"scheme\":\"%s\",\"dtype\":\"%s\",\"blocks\":%llu,\"bytes\":%llu,"
+           "\"fp16_bytes\":%llu,\"prefill_ms\":%.3f,\"encode_ms\":%.3f,"
+           "\"put_ms\":%.3f",
+           kvedge_scheme_name(r->q.scheme), kvedge_dtype_name(r->q.dtype),
+           (unsigned long long)st->blocks, (unsigned long long)st->bytes,
+           (unsigned long long)st->fp16_bytes, st->prefill_us / 1e3, st->encode_us / 1e3,
+           st->put_us / 1e3);
+    if (r->q.layers) {
+        printf(",\"layers\":[");
+        for (uint32_t l = 0, k = 0; l < r->c.cfg->layers; l++)
+            if (kvedge_prune_set_has(r->q.layers, l))
+                printf("%s%u", k++ ? "," : "", l);
+        printf("],\"pruned_blocks\":%llu,\"pruned_bytes\":%llu,"
+               "\"pruned_fp16_bytes\":%llu",
+               (unsigned long long)st->pruned_blocks, (unsigned long long)st->pruned_bytes,
+               (unsigned long long)st->pruned_fp16_bytes);
+        if (mapped_only) {
+            printf(",\"maps\":");
+            kvedge_cli_json_str(stdout, r->edges);
         }
     }
-    free(ids);
-    s_common_free(&c);
+    printf("}\n");
+}
+
+static void s_prefill_text(const kvedge_cli_t *cli, const s_prefill_t *r, bool mapped_only)
+{
+    const kvedge_e2e_prefill_stats_t *st = &r->st;
+    const s_common_t *c = &r->c;
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
+    double ratio = st->bytes ? (double)st->fp16_bytes / (double)st->bytes : 0.0;
+    printf("prefilled %u context tokens of %s (%u layers, %u heads of %u) on %s\n", c->ctx_len,
+           c->model_id, c->cfg->layers, c->cfg->heads, c->cfg->head_dim, cli->host);
+    printf("chunks: %zu of %u tokens, first %s\n", r->n_ids, r->ct,
+           r->n_ids ? kvedge_chunk_id_hex(&r->ids[0], hex) : "-");
+    printf("blocks: %llu (%s %s), %s stored for %s fp16: %.2fx%s\n", (unsigned long long)st->blocks,
+           kvedge_scheme_name(r->q.scheme), kvedge_dtype_name(r->q.dtype),
+           kvedge_cli_bytes(st->bytes, b1, sizeof b1),
+           kvedge_cli_bytes(st->fp16_bytes, b2, sizeof b2), ratio, r->q.pin ? ", pinned" : "");
+    if (r->q.layers) {
+        char kept[KVEDGE_PRUNE_LIST_BYTES], b3[32];
+        kvedge_prune_set_format(r->q.layers, kept, sizeof kept);
+        uint64_t full = st->bytes + st->pruned_bytes;
+        printf("layers: kept %s of %u (%s), pruned %u: saved %s of %s (%.1f%%), %llu "
+               "blocks\n",
+               kept, c->cfg->layers, mapped_only ? "mapped" : "--layers",
+               c->cfg->layers - st->layers_put, kvedge_cli_bytes(st->pruned_bytes, b1, sizeof b1),
+               kvedge_cli_bytes(full, b3, sizeof b3),
+               full ? 100.0 * (double)st->pruned_bytes / (double)full : 0.0,
+               (unsigned long long)st->pruned_blocks);
+        if (mapped_only)
+            printf("maps: %zu naming %s (edge models %s)\n", r->n_maps, c->model.id, r->edges);
+    }
+    printf("time: prefill %.1f ms, encode %.1f ms, put %.1f ms\n", st->prefill_us / 1e3,
+           st->encode_us / 1e3, st->put_us / 1e3);
+}
+
+static int s_prefill(kvedge_cli_t *cli, const void *opts)
+{
+    const s_prefill_opts_t *o = opts;
+    s_prefill_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        kvedge_cli_error("prefill: out of memory");
+        return KVEDGE_EXIT_FAILURE;
+    }
+    int ex = s_prefill_check(cli, o, r);
+    if (!ex)
+        ex = s_common_load(&r->c);
+    if (!ex)
+        ex = s_prefill_layers(cli, o, r);
+    if (!ex)
+        ex = s_prefill_put(cli, r);
+    if (!ex && cli->json)
+        s_prefill_json(cli, r, o->mapped_only);
+    else if (!ex)
+        s_prefill_text(cli, r, o->mapped_only);
+    free(r->ids);
+    s_common_free(&r->c);
+    free(r);
     return ex;
 }
 
 /* ---------------------------------------------------------------- decode */
 
-static const char s_decode_help[] =
-    "Run as `kvedge -H PROXY [--server-key KEY --cert FILE] decode ...` (-H goes before\n"
-    "the command).\n\n"
-    "The edge role: asks the proxy at -H (or a store node) for the shared context's K/V,\n"
-    "one FETCH with the context's chunk ids (computed here from the context), runs each\n"
-    "decoder layer as soon as its K/V is resident, computes itself every layer that comes\n"
-    "back as a miss, then decodes the prompt on top and generates greedily. The prompt never\n"
-    "leaves this process. Prints each layer's source and reason, TTFT, total time and bytes,\n"
-    "and the generated token ids and their text: with --tokenizer, the bytes of their tokens;\n"
-    "without, as bytes of the byte tokenizer (bytes 32..126 as themselves, others as "
-    "'.').\n\n" S_COMMON_HELP
-    "      --prompt TEXT      the user's prompt (through --tokenizer, else the byte tokenizer)\n"
-    "      --prompt-ids L     the prompt as token ids\n"
-    "      --max-new N        tokens to generate (default 16)\n"
-    "      --repetition-penalty P  > 1: greedy picks divide the logits of tokens already in\n"
-    "                         the prompt or generated by P (CTRL's penalty; default 1: off)\n"
-    "      --plan-recompute   send the decoder's time estimates: the proxy may plan layers\n"
-    "                         to be computed here rather than fetched\n"
-    "      --compare          also run edge-only (recompute everything here) and cloud-only\n"
-    "                         (the prompt goes to a cloud model, emulated in this process with\n"
-    "                         the context in its prefix cache: its prefill is not timed) and\n"
-    "                         print TTFT, time and bytes side by side\n"
-    "      --cloud-link SPEC  cloud-only's link, RATE,LATENCY (default " S_CLOUD_LINK_DEFAULT ")\n"
-    "  -q, --quiet            print only the generated tokens (and the comparison)\n"
-    "      --adapter FILE     large-small (mode ce-lslm, docs/largesmall.md): the FETCH also\n"
-    "                         names the cloud model of this adapter (`kvedge layermap\n"
-    "                         --adapter FILE` writes one: its cloud id, layers, heads and\n"
-    "                         head size) and the context's chunk ids under it; a layer the\n"
-    "                         proxy serves from the cloud model (the layer map registered\n"
-    "                         for the pair) is adapted here to this model's shape. Needs a\n"
-    "                         proxy at -H; the adapter must fit --weights\n"
-    "      --accept LIST      the cache optimizer: the precisions this edge accepts, best\n"
-    "                         first (lossless, int8, int4-g32/64/128, each +think-75 or\n"
-    "                         +think-50; docs/protocol.md \"Precisions\"); the proxy picks one\n"
-    "                         per layer, a store node serves the first it holds or derives\n"
-    "      --budget M:V       the quality budget the proxy plans under: ppl:PCT (perplexity\n"
-    "                         increase, 0 to 100) or kl:NATS (0 to 10), priced with the\n"
-    "                         proxy's --quality profiles; needs --accept and a proxy\n\n"
-    "--json prints one object: {\"kvedge\": RUN, \"edge_only\": RUN, \"cloud_only\": RUN (with\n"
-    "--compare), \"tokens\": {MODE: [ids]}, \"text\": STRING (bytes that are not UTF-8 as\n"
-    "U+FFFD), \"tokens_agree\": BOOL, ...}; with --adapter the kvedge RUN's mode is\n"
-    "\"ce-lslm\", it names \"mapped_model\" and \"adapted\", and each layer its \"from_layer\"\n"
-    "(the cloud layer that fed it, null when its own).\n\n"
-    "exit codes: 2 usage (also a --tokenizer refused or whose ids do not fit the model, an\n"
-    "--adapter for other shapes than --weights, --adapter against a store node), 1\n"
-    "weights that do not load or a decode that failed (a layer failed\n"
-    "rather than missed: a source past the deadline, the proxy gone), or an --adapter that\n"
-    "cannot be read, 4 an --adapter file refused, 3 the proxy or node does not know the\n"
-    "model, 5 proxy unreachable.\n";
+/* What `kvedge decode` runs on. */
+typedef struct {
+    s_common_opts_t c;
+    const char *prompt, *prompt_ids;
+    uint32_t max_new;
+    double penalty;
+    bool plan_recompute, compare, quiet;
+    const char *cloud_link, *adapter, *accept, *budget;
+} s_decode_opts_t;
+
+static const kvedge_cmdopt_t s_decode_list[] = {
+    S_COMMON_LIST(s_decode_opts_t),
+    {.name = "prompt",
+     .arg = "TEXT",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, prompt),
+     .help = "the user's prompt (through --tokenizer, else the byte tokenizer)"},
+    {.name = "prompt-ids",
+     .arg = "LIST",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, prompt_ids),
+     .help = "the prompt as token ids"},
+    {.name = "max-new",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, max_new),
+     .min = 1,
+     .max = UINT32_MAX,
+     .def_num = S_MAX_NEW_DEFAULT,
+     .help = "tokens to generate"},
+    {.name = "repetition-penalty",
+     .arg = "P",
+     .type = KVEDGE_CMDOPT_DOUBLE,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, penalty),
+     .dmin = 1.0,
+     .dmax = 10.0,
+     .def_double = 1.0,
+     .help = "> 1: greedy picks divide the logits of tokens already in the prompt or generated "
+             "by P (CTRL's penalty; 1: off)"},
+    {.name = "plan-recompute",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, plan_recompute),
+     .help = "send the decoder's time estimates: the proxy may plan layers to be computed here "
+             "rather than fetched"},
+    {.name = "compare",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, compare),
+     .help = "also run edge-only (recompute everything here) and cloud-only (the prompt goes to "
+             "a cloud model, emulated in this process with the context in its prefix cache: "
+             "its prefill is not timed) and print TTFT, time and bytes side by side"},
+    {.name = "cloud-link",
+     .arg = "SPEC",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, cloud_link),
+     .def = S_CLOUD_LINK_DEFAULT,
+     .help = "cloud-only's link, RATE,LATENCY"},
+    {.name = "quiet",
+     .letter = 'q',
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, quiet),
+     .help = "print only the generated tokens (and the comparison)"},
+    {.name = "adapter",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, adapter),
+     .help = "large-small (mode ce-lslm, docs/largesmall.md): the FETCH also names the cloud "
+             "model of this adapter (`kvedge layermap --adapter FILE` writes one: its cloud id, "
+             "layers, heads and head size) and the context's chunk ids under it; a layer the "
+             "proxy serves from the cloud model (the layer map registered for the pair) is "
+             "adapted here to this model's shape. Needs a proxy at -H; the adapter must fit "
+             "--weights"},
+    {.name = "accept",
+     .arg = "LIST",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, accept),
+     .help = "the cache optimizer: the precisions this edge accepts, best first (lossless, "
+             "int8, int4-g32/64/128, each +think-75 or +think-50; docs/protocol.md "
+             "\"Precisions\"); the proxy picks one per layer, a store node serves the first it "
+             "holds or derives"},
+    {.name = "budget",
+     .arg = "M:V",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, budget),
+     .help = "the quality budget the proxy plans under: ppl:PCT (perplexity increase, 0 to "
+             "100) or kl:NATS (0 to 10), priced with the proxy's --quality profiles; needs "
+             "--accept and a proxy"},
+};
+
+static const kvedge_cmdopts_t s_decode_opts = {
+    .command = "decode",
+    .summary = "Edge role: decode a prompt on the context's K/V fetched through a proxy.",
+    .about =
+        "Run as `kvedge -H PROXY [--server-key KEY --cert FILE] decode ...` (-H goes before\n"
+        "the command). Give the shared context once (--file, --context or --context-ids) and\n"
+        "the prompt once (--prompt or --prompt-ids).\n\n"
+        "The edge role: asks the proxy at -H (or a store node) for the shared context's K/V,\n"
+        "one FETCH with the context's chunk ids (computed here from the context), runs each\n"
+        "decoder layer as soon as its K/V is resident, computes itself every layer that comes\n"
+        "back as a miss, then decodes the prompt on top and generates greedily. The prompt "
+        "never\n"
+        "leaves this process. Prints each layer's source and reason, TTFT, total time and "
+        "bytes,\n"
+        "and the generated token ids and their text: with --tokenizer, the bytes of their "
+        "tokens;\n"
+        "without, as bytes of the byte tokenizer (bytes 32..126 as themselves, others as "
+        "'.').\n\n"
+        "--json prints one object: {\"kvedge\": RUN, \"edge_only\": RUN, \"cloud_only\": RUN "
+        "(with\n"
+        "--compare), \"tokens\": {MODE: [ids]}, \"text\": STRING (bytes that are not UTF-8 as\n"
+        "U+FFFD), \"tokens_agree\": BOOL, ...}; with --adapter the kvedge RUN's mode is\n"
+        "\"ce-lslm\", it names \"mapped_model\" and \"adapted\", and each layer its "
+        "\"from_layer\"\n"
+        "(the cloud layer that fed it, null when its own).\n\n"
+        "exit codes: 2 usage (also a --tokenizer refused or whose ids do not fit the model, an\n"
+        "--adapter for other shapes than --weights, --adapter against a store node), 1\n"
+        "weights that do not load or a decode that failed (a layer failed\n"
+        "rather than missed: a source past the deadline, the proxy gone), or an --adapter that\n"
+        "cannot be read, 4 an --adapter file refused, 3 the proxy or node does not know the\n"
+        "model, 5 proxy unreachable.\n",
+    KVEDGE_CMDOPTS_OF(s_decode_opts_t, s_decode_list)};
 
 /* The generated tokens as text: byte-tokenizer ids of bytes 32..126 as themselves, anything
  * else as '.'. out holds n + 1 chars. */
@@ -1164,95 +1281,59 @@ static int s_load_adapter(const s_common_t *c, const char *path, kvedge_adapter_
     return KVEDGE_EXIT_OK;
 }
 
-static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
-{
-    static const struct option opts[] = {
-        S_COMMON_OPTS,
-        {"prompt", required_argument, NULL, S_O_PROMPT},
-        {"prompt-ids", required_argument, NULL, S_O_PROMPT_IDS},
-        {"max-new", required_argument, NULL, S_O_MAX_NEW},
-        {"repetition-penalty", required_argument, NULL, S_O_REPETITION},
-        {"plan-recompute", no_argument, NULL, S_O_PLAN_RECOMPUTE},
-        {"compare", no_argument, NULL, S_O_COMPARE},
-        {"cloud-link", required_argument, NULL, S_O_CLOUD_LINK},
-        {"quiet", no_argument, NULL, 'q'},
-        {"adapter", required_argument, NULL, S_O_ADAPTER},
-        {"accept", required_argument, NULL, S_O_ACCEPT},
-        {"budget", required_argument, NULL, S_O_BUDGET},
-        {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"decode",
-                                  NULL,
-                                  "--weights FILE (--context-file F | --context TEXT | "
-                                  "--context-ids L) (--prompt TEXT | --prompt-ids L) [...]",
-                                  "Edge role: decode a prompt on a context's K/V fetched through "
-                                  "a proxy.",
-                                  NULL,
-                                  NULL};
-    s_common_t c = {.cmd = "decode"};
-    const char *prompt_text = NULL, *prompt_ids = NULL, *cloud_link = S_CLOUD_LINK_DEFAULT;
-    const char *adapter_path = NULL;
-    uint64_t max_new = S_MAX_NEW_DEFAULT;
-    double penalty = 1.0;
-    bool plan_recompute = false, compare = false, quiet = false;
+enum { S_RUNS = 3 };
+static const kvedge_e2e_mode_t s_modes[S_RUNS] = {KVEDGE_E2E_KVEDGE, KVEDGE_E2E_LOCAL,
+                                                  KVEDGE_E2E_CLOUD_ONLY};
+static const char *const s_run_keys[S_RUNS] = {"kvedge", "edge_only", "cloud_only"};
+
+/* What decode works on and what its runs made. */
+typedef struct {
+    s_common_t c;
     kvedge_prec_t accept[KVEDGE_PREC_MAX_ACCEPT];
-    size_t n_accept = 0;
-    kvedge_quality_metric_t metric = KVEDGE_QUALITY_NONE;
-    double budget = 0;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "w:qh", opts, NULL)) != -1) {
-        bool bad = false;
-        if (s_common_opt(&c, ch, optarg, &bad)) {
-        } else if (ch == S_O_PROMPT) {
-            prompt_text = optarg;
-        } else if (ch == S_O_PROMPT_IDS) {
-            prompt_ids = optarg;
-        } else if (ch == S_O_MAX_NEW) {
-            bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX, &max_new) != 0;
-        } else if (ch == S_O_REPETITION) {
-            char *end;
-            penalty = strtod(optarg, &end);
-            bad = *end != '\0' || !(penalty >= 1.0 && penalty <= 10.0);
-        } else if (ch == S_O_PLAN_RECOMPUTE) {
-            plan_recompute = true;
-        } else if (ch == S_O_COMPARE) {
-            compare = true;
-        } else if (ch == S_O_CLOUD_LINK) {
-            uint64_t rate;
-            uint32_t lat;
-            cloud_link = optarg;
-            bad = kvedge_shaper_parse(optarg, &rate, &lat) != KVEDGE_OK;
-        } else if (ch == 'q') {
-            quiet = true;
-        } else if (ch == S_O_ADAPTER) {
-            adapter_path = optarg;
-        } else if (ch == S_O_ACCEPT) {
-            bad = kvedge_prec_list_parse(optarg, accept, KVEDGE_PREC_MAX_ACCEPT, &n_accept) !=
-                  KVEDGE_OK;
-        } else if (ch == S_O_BUDGET) {
-            bad = kvedge_quality_budget_parse(optarg, &metric, &budget) != KVEDGE_OK;
-        } else if (ch == 'h') {
-            kvedge_cli_usage(stdout, &cmd, s_decode_help);
-            return KVEDGE_EXIT_OK;
-        } else {
-            kvedge_cli_error("decode: unknown option or missing value '%s' (see kvedge decode "
-                             "--help)",
-                             argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (bad) {
-            kvedge_cli_error("decode: bad value '%s' for --%s%s", optarg, s_flag(opts, ch),
-                             ch == S_O_CLOUD_LINK ? " (RATE,LATENCY such as 1gbit,10ms)"
-                             : ch == S_O_ACCEPT
-                                 ? " (1 to 8 distinct precisions, best first, such as "
-                                   "int8,int4-g32,int4-g32+think-50)"
-                             : ch == S_O_BUDGET ? " (ppl:PCT (0 to 100) or kl:NATS (0 to 10))"
-                                                : "");
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("decode: unexpected argument '%s'", argv[optind]);
+    size_t n_accept;
+    kvedge_quality_metric_t metric;
+    double budget;
+    kvedge_adapter_t *adapter; /* --adapter, or NULL */
+    kvedge_model_t mapped;     /* the adapter's cloud model */
+    int32_t *prompt;
+    uint32_t prompt_len;
+    int runs;                 /* 1, or S_RUNS with --compare */
+    kvedge_e2e_result_t *res; /* [S_RUNS]: about 100 KiB each, on the heap */
+    int32_t *tok[S_RUNS];     /* [max_new] each */
+} s_decode_t;
+
+static void s_decode_free(s_decode_t *r)
+{
+    for (int i = 0; i < S_RUNS; i++)
+        free(r->tok[i]);
+    free(r->res);
+    free(r->prompt);
+    kvedge_adapter_destroy(&r->adapter);
+    s_common_free(&r->c);
+}
+
+/* The values the table cannot check (--cloud-link, --accept, --budget), then which flags go
+ * together. Returns an exit code. */
+static int s_decode_check(const kvedge_cli_t *cli, const s_decode_opts_t *o, s_decode_t *r)
+{
+    uint64_t rate;
+    uint32_t lat;
+    const char *flag = NULL, *val = NULL, *hint = "";
+    int ex = s_common_from(&r->c, "decode", &o->c);
+    if (ex)
+        return ex;
+    if (kvedge_shaper_parse(o->cloud_link, &rate, &lat) != KVEDGE_OK)
+        flag = "cloud-link", val = o->cloud_link, hint = " (RATE,LATENCY such as 1gbit,10ms)";
+    else if (o->accept && kvedge_prec_list_parse(o->accept, r->accept, KVEDGE_PREC_MAX_ACCEPT,
+                                                 &r->n_accept) != KVEDGE_OK)
+        flag = "accept", val = o->accept,
+        hint = " (1 to 8 distinct precisions, best first, such as "
+               "int8,int4-g32,int4-g32+think-50)";
+    else if (o->budget &&
+             kvedge_quality_budget_parse(o->budget, &r->metric, &r->budget) != KVEDGE_OK)
+        flag = "budget", val = o->budget, hint = " (ppl:PCT (0 to 100) or kl:NATS (0 to 10))";
+    if (flag) {
+        kvedge_cli_error("decode: bad value '%s' for --%s%s", val, flag, hint);
         return KVEDGE_EXIT_USAGE;
     }
     if (!cli->host) {
@@ -1260,202 +1341,244 @@ static int s_cmd_decode(kvedge_cli_t *cli, int argc, char **argv)
                          "context's K/V from");
         return KVEDGE_EXIT_USAGE;
     }
-    if (!prompt_text == !prompt_ids) {
+    if (!o->prompt == !o->prompt_ids) {
         kvedge_cli_error("decode: give the prompt once: --prompt TEXT or --prompt-ids LIST");
         return KVEDGE_EXIT_USAGE;
     }
-    if (metric != KVEDGE_QUALITY_NONE && !n_accept) {
+    if (r->metric != KVEDGE_QUALITY_NONE && !r->n_accept) {
         kvedge_cli_error("decode: --budget needs --accept: the precisions it may choose among");
         return KVEDGE_EXIT_USAGE;
     }
-    int ex = s_common_load(&c);
-    kvedge_adapter_t *adapter = NULL;
-    kvedge_model_t mapped;
-    if (!ex && adapter_path)
-        ex = s_load_adapter(&c, adapter_path, &adapter, &mapped);
-    int32_t *prompt = NULL;
-    uint32_t prompt_len = 0;
+    return KVEDGE_EXIT_OK;
+}
+
+/* Loads the weights, the context, the adapter and the prompt, and makes room for the runs'
+ * results. Returns an exit code. */
+static int s_decode_prepare(const s_decode_opts_t *o, s_decode_t *r)
+{
+    int ex = s_common_load(&r->c);
+    if (!ex && o->adapter)
+        ex = s_load_adapter(&r->c, o->adapter, &r->adapter, &r->mapped);
     if (!ex)
-        ex = s_prompt(&c, prompt_text, prompt_ids, &prompt, &prompt_len);
-    if (!ex && (uint64_t)c.ctx_len + prompt_len + max_new > c.cfg->max_positions) {
+        ex = s_prompt(&r->c, o->prompt, o->prompt_ids, &r->prompt, &r->prompt_len);
+    if (!ex && (uint64_t)r->c.ctx_len + r->prompt_len + o->max_new > r->c.cfg->max_positions) {
         kvedge_cli_error("decode: context (%u) + prompt (%u) + --max-new (%llu) tokens exceed the "
                          "model's %u positions",
-                         c.ctx_len, prompt_len, (unsigned long long)max_new, c.cfg->max_positions);
+                         r->c.ctx_len, r->prompt_len, (unsigned long long)o->max_new,
+                         r->c.cfg->max_positions);
         ex = KVEDGE_EXIT_USAGE;
     }
-    enum { S_RUNS = 3 };
-    static const kvedge_e2e_mode_t modes[S_RUNS] = {KVEDGE_E2E_KVEDGE, KVEDGE_E2E_LOCAL,
-                                                    KVEDGE_E2E_CLOUD_ONLY};
-    static const char *const keys[S_RUNS] = {"kvedge", "edge_only", "cloud_only"};
-    int runs = compare ? S_RUNS : 1;
-    /* Results are about 100 KiB each: on the heap. */
-    kvedge_e2e_result_t *res = ex ? NULL : calloc(S_RUNS, sizeof *res);
-    int32_t *tok[S_RUNS] = {NULL, NULL, NULL};
-    bool oom = !ex && !res;
-    for (int r = 0; !ex && r < runs; r++)
-        oom = oom || !(tok[r] = calloc(max_new, sizeof *tok[r]));
+    if (ex)
+        return ex;
+    r->runs = o->compare ? S_RUNS : 1;
+    r->res = calloc(S_RUNS, sizeof *r->res);
+    bool oom = !r->res;
+    for (int i = 0; i < r->runs; i++)
+        oom = oom || !(r->tok[i] = calloc(o->max_new, sizeof *r->tok[i]));
     if (oom) {
         kvedge_cli_error("decode: out of memory");
-        ex = KVEDGE_EXIT_FAILURE;
+        return KVEDGE_EXIT_FAILURE;
     }
-    kvedge_client_t *proxy = NULL;
-    if (!ex)
-        ex = kvedge_cli_connect(cli, "kvedge decode", &proxy);
-    /* A store node streams whatever it holds and a model it does not know would read as
-     * "every layer missed": ask it first (a proxy refuses an unknown model itself). */
-    const kvedge_node_info_t *peer = ex ? NULL : kvedge_client_node(proxy);
-    if (peer && peer->role != KVEDGE_ROLE_PROXY && adapter) {
+    return KVEDGE_EXIT_OK;
+}
+
+/* Connects to -H. A store node streams whatever it holds and a model it does not know would
+ * read as "every layer missed": ask it first (a proxy refuses an unknown model itself).
+ * Returns an exit code. */
+static int s_decode_connect(kvedge_cli_t *cli, s_decode_t *r, kvedge_client_t **proxy)
+{
+    int ex = kvedge_cli_connect(cli, "kvedge decode", proxy);
+    const kvedge_node_info_t *peer = ex ? NULL : kvedge_client_node(*proxy);
+    if (peer && peer->role != KVEDGE_ROLE_PROXY && r->adapter) {
         kvedge_cli_error("decode: --adapter needs an edge proxy at -H (%s is a store node: only a "
                          "proxy serves another model's layers)",
                          cli->host);
         ex = KVEDGE_EXIT_USAGE;
     } else if (peer && peer->role != KVEDGE_ROLE_PROXY) {
         kvedge_model_t known;
-        int rc = kvedge_client_get_model(proxy, c.model_id, &known);
+        int rc = kvedge_client_get_model(*proxy, r->c.model_id, &known);
         if (rc == KVEDGE_OK &&
-            (known.layers != c.model.layers || known.kv_heads != c.model.kv_heads ||
-             known.head_dim != c.model.head_dim))
+            (known.layers != r->c.model.layers || known.kv_heads != r->c.model.kv_heads ||
+             known.head_dim != r->c.model.head_dim))
             rc = KVEDGE_ESHAPE;
         if (rc != KVEDGE_OK)
-            ex = s_remote_fail(&c, cli, rc);
+            ex = s_remote_fail(&r->c, cli, rc);
     }
+    return ex;
+}
+
+/* One run's request: kvedge through the proxy, or a baseline. */
+static kvedge_e2e_request_t s_decode_request(const kvedge_cli_t *cli, const s_decode_opts_t *o,
+                                             s_decode_t *r, kvedge_e2e_mode_t mode,
+                                             kvedge_client_t *proxy)
+{
+    kvedge_e2e_request_t req = {.mode = mode,
+                                .decoder = r->c.d,
+                                .ctx = r->c.ctx,
+                                .ctx_len = r->c.ctx_len,
+                                .prompt = r->prompt,
+                                .prompt_len = r->prompt_len,
+                                .max_new = o->max_new,
+                                .repetition_penalty = (float)o->penalty,
+                                .chunk_tokens = (uint32_t)r->c.chunk_tokens,
+                                .deadline_ms = cli->deadline_ms};
+    if (mode == KVEDGE_E2E_KVEDGE) {
+        req.proxy = proxy;
+        req.model = &r->c.model;
+        req.plan_recompute = o->plan_recompute;
+        req.mapped_model = r->adapter ? &r->mapped : NULL;
+        req.adapter = r->adapter;
+        req.accept = r->n_accept ? r->accept : NULL;
+        req.n_accept = r->n_accept;
+        req.quality_metric = r->metric;
+        req.quality_budget = r->budget;
+    }
+    return req;
+}
+
+/* The runs: kvedge through the proxy at -H, then (--compare) edge-only and cloud-only.
+ * Returns an exit code. */
+static int s_decode_runs(kvedge_cli_t *cli, const s_decode_opts_t *o, s_decode_t *r)
+{
+    kvedge_client_t *proxy = NULL;
     kvedge_e2e_cloud_t *cloud = NULL;
-    for (int r = 0; !ex && r < runs; r++) {
-        kvedge_e2e_request_t req = {.mode = modes[r],
-                                    .decoder = c.d,
-                                    .ctx = c.ctx,
-                                    .ctx_len = c.ctx_len,
-                                    .prompt = prompt,
-                                    .prompt_len = prompt_len,
-                                    .max_new = (uint32_t)max_new,
-                                    .repetition_penalty = (float)penalty,
-                                    .chunk_tokens = (uint32_t)c.chunk_tokens,
-                                    .deadline_ms = cli->deadline_ms};
-        if (modes[r] == KVEDGE_E2E_KVEDGE) {
-            req.proxy = proxy;
-            req.model = &c.model;
-            req.plan_recompute = plan_recompute;
-            req.mapped_model = adapter ? &mapped : NULL;
-            req.adapter = adapter;
-            req.accept = n_accept ? accept : NULL;
-            req.n_accept = n_accept;
-            req.quality_metric = metric;
-            req.quality_budget = budget;
-        } else if (modes[r] == KVEDGE_E2E_CLOUD_ONLY) {
+    int ex = s_decode_connect(cli, r, &proxy);
+    for (int i = 0; !ex && i < r->runs; i++) {
+        kvedge_e2e_request_t req = s_decode_request(cli, o, r, s_modes[i], proxy);
+        if (s_modes[i] == KVEDGE_E2E_CLOUD_ONLY) {
             /* The emulated cloud prefills the context here, outside any request's time. */
-            int rc = kvedge_e2e_cloud_new(c.d, c.ctx, c.ctx_len, cloud_link, &cloud);
+            int rc = kvedge_e2e_cloud_new(r->c.d, r->c.ctx, r->c.ctx_len, o->cloud_link, &cloud);
             if (rc != KVEDGE_OK) {
                 kvedge_cli_error("decode: cannot start the emulated cloud model (link %s): %s",
-                                 cloud_link, kvedge_strerror(rc));
+                                 o->cloud_link, kvedge_strerror(rc));
                 ex = KVEDGE_EXIT_FAILURE;
                 break;
             }
             req.cloud = cloud;
         }
-        int rc = kvedge_e2e_decode(&req, tok[r], &res[r]);
+        int rc = kvedge_e2e_decode(&req, r->tok[i], &r->res[i]);
         if (rc != KVEDGE_OK)
-            ex = s_decode_fail(&c, cli, modes[r], prompt_len, (uint32_t)max_new, rc);
-        if (r == 0) /* the proxy is needed for the kvedge run only */
+            ex = s_decode_fail(&r->c, cli, s_modes[i], r->prompt_len, o->max_new, rc);
+        if (i == 0) /* the proxy is needed for the kvedge run only */
             kvedge_client_destroy(&proxy);
     }
     kvedge_client_destroy(&proxy);
     kvedge_e2e_cloud_destroy(&cloud);
-    if (!ex) {
-        uint32_t n = (uint32_t)max_new;
-        uint32_t diff = s_agree(tok, runs, n);
-        size_t text_len = 0;
-        char *text = s_gen_text(&c, tok[0], n, &text_len);
-        if (cli->json) {
-            printf("{");
-            for (int r = 0; r < runs; r++) {
-                printf("%s\"%s\":", r ? "," : "", keys[r]);
-                s_print_run_json(&res[r]);
-            }
-            printf(",\"model\":");
-            kvedge_cli_json_str(stdout, c.model_id);
-            printf(",\"context_tokens\":%u,\"prompt_tokens\":%u,\"tokens\":{", c.ctx_len,
-                   prompt_len);
-            for (int r = 0; r < runs; r++) {
-                printf("%s\"%s\":[", r ? "," : "", keys[r]);
-                s_print_ids(stdout, tok[r], n, ",");
-                printf("]");
-            }
-            printf("},\"text\":");
-            if (text) {
-                kvedge_e2e_json_text(stdout, text, text_len);
-            } else {
-                printf("null");
-            }
-            if (compare) {
-                double k = res[0].ttft_us > 0 ? res[0].ttft_us : 1;
-                printf(",\"tokens_agree\":%s,\"first_token_agrees\":%s,"
-                       "\"ttft_edge_only_over_kvedge\":%.3f,"
-                       "\"ttft_cloud_only_over_kvedge\":%.3f,\"cloud_link\":",
-                       diff == n ? "true" : "false", diff > 0 ? "true" : "false",
-                       res[1].ttft_us / k, res[2].ttft_us / k);
-                kvedge_cli_json_str(stdout, cloud_link);
-            }
-            printf("}\n");
-        } else {
-            if (!quiet)
-                for (int r = 0; r < runs; r++) {
-                    if (compare)
-                        printf("== %s\n", kvedge_e2e_result_mode(&res[r]));
-                    kvedge_e2e_print(stdout, &res[r], false);
-                }
-            if (!quiet && res[0].fetched == 0)
-                printf("note: no layer came from %s: was the context prefilled there with the "
-                       "same tokens, --model-id and --chunk-tokens?\n",
-                       cli->host);
-            printf("generated %u tokens: ", n);
-            s_print_ids(stdout, tok[0], n, " ");
-            if (text) {
-                printf("\ntext: \"");
-                fwrite(text, 1, text_len, stdout);
-                printf("\"\n");
-            } else {
-                printf("\n");
-            }
-            if (compare) {
-                char b[4][32];
-                printf("\n%-11s %10s %10s %11s %11s %11s\n", "MODE", "TTFT ms", "TOTAL ms", "SENT",
-                       "RECEIVED", "PROMPT UP");
-                for (int r = 0; r < runs; r++)
-                    printf("%-11s %10.2f %10.2f %11s %11s %11s\n", kvedge_e2e_result_mode(&res[r]),
-                           res[r].ttft_us / 1e3, res[r].total_us / 1e3,
-                           kvedge_cli_bytes(res[r].sent_bytes, b[0], 32),
-                           kvedge_cli_bytes(res[r].received_bytes, b[1], 32),
-                           kvedge_cli_bytes(res[r].prompt_bytes_sent, b[2], 32));
-                double k = res[0].ttft_us > 0 ? res[0].ttft_us : 1;
-                const char *mine = kvedge_e2e_result_mode(&res[0]); /* kvedge or ce-lslm */
-                printf("TTFT edge-only / %s: %.2fx, cloud-only / %s: %.2fx (cloud link "
-                       "%s; the cloud's prefill of the context is not timed)\n",
-                       mine, res[1].ttft_us / k, mine, res[2].ttft_us / k, cloud_link);
-                if (diff == n)
-                    printf("tokens agree: yes (all %u equal in the three modes)\n", n);
-                else
-                    printf("tokens agree: no (first difference at token %u: K/V stored "
-                           "quantized or in fp16 may change greedy picks)\n",
-                           diff);
-            }
+    return ex;
+}
+
+static void s_decode_json(const s_decode_opts_t *o, const s_decode_t *r, const char *text,
+                          size_t text_len)
+{
+    uint32_t n = o->max_new, diff = s_agree(r->tok, r->runs, n);
+    printf("{");
+    for (int i = 0; i < r->runs; i++) {
+        printf("%s\"%s\":", i ? "," : "", s_run_keys[i]);
+        s_print_run_json(&r->res[i]);
+    }
+    printf(",\"model\":");
+    kvedge_cli_json_str(stdout, r->c.model_id);
+    printf(",\"context_tokens\":%u,\"prompt_tokens\":%u,\"tokens\":{", r->c.ctx_len, r->prompt_len);
+    for (int i = 0; i < r->runs; i++) {
+        printf("%s\"%s\":[", i ? "," : "", s_run_keys[i]);
+        s_print_ids(stdout, r->tok[i], n, ",");
+        printf("]");
+    }
+    printf("},\"text\":");
+    if (text)
+        kvedge_e2e_json_text(stdout, text, text_len);
+    else
+        printf("null");
+    if (o->compare) {
+        double k = r->res[0].ttft_us > 0 ? r->res[0].ttft_us : 1;
+        printf(",\"tokens_agree\":%s,\"first_token_agrees\":%s,"
+               "\"ttft_edge_only_over_kvedge\":%.3f,"
+               "\"ttft_cloud_only_over_kvedge\":%.3f,\"cloud_link\":",
+               diff == n ? "true" : "false", diff > 0 ? "true" : "false", r->res[1].ttft_us / k,
+               r->res[2].ttft_us / k);
+        kvedge_cli_json_str(stdout, o->cloud_link);
+    }
+    printf("}\n");
+}
+
+/* --compare's table of the three runs and whether their tokens agree. */
+static void s_decode_compare(const s_decode_opts_t *o, const s_decode_t *r)
+{
+    uint32_t n = o->max_new, diff = s_agree(r->tok, r->runs, n);
+    const kvedge_e2e_result_t *res = r->res;
+    char b[4][32];
+    printf("\n%-11s %10s %10s %11s %11s %11s\n", "MODE", "TTFT ms", "TOTAL ms", "SENT", "RECEIVED",
+           "PROMPT UP");
+    for (int i = 0; i < r->runs; i++)
+        printf("%-11s %10.2f %10.2f %11s %11s %11s\n", kvedge_e2e_result_mode(&res[i]),
+               res[i].ttft_us / 1e3, res[i].total_us / 1e3,
+               kvedge_cli_bytes(res[i].sent_bytes, b[0], 32),
+               kvedge_cli_bytes(res[i].received_bytes, b[1], 32),
+               kvedge_cli_bytes(res[i].prompt_bytes_sent, b[2], 32));
+    double k = res[0].ttft_us > 0 ? res[0].ttft_us : 1;
+    const char *mine = kvedge_e2e_result_mode(&res[0]); /* kvedge or ce-lslm */
+    printf("TTFT edge-only / %s: %.2fx, cloud-only / %s: %.2fx (cloud link "
+           "%s; the cloud's prefill of the context is not timed)\n",
+           mine, res[1].ttft_us / k, mine, res[2].ttft_us / k, o->cloud_link);
+    if (diff == n)
+        printf("tokens agree: yes (all %u equal in the three modes)\n", n);
+    else
+        printf("tokens agree: no (first difference at token %u: K/V stored "
+               "quantized or in fp16 may change greedy picks)\n",
+               diff);
+}
+
+static void s_decode_text(const kvedge_cli_t *cli, const s_decode_opts_t *o, const s_decode_t *r,
+                          const char *text, size_t text_len)
+{
+    if (!o->quiet)
+        for (int i = 0; i < r->runs; i++) {
+            if (o->compare)
+                printf("== %s\n", kvedge_e2e_result_mode(&r->res[i]));
+            kvedge_e2e_print(stdout, &r->res[i], false);
         }
+    if (!o->quiet && r->res[0].fetched == 0)
+        printf("note: no layer came from %s: was the context prefilled there with the "
+               "same tokens, --model-id and --chunk-tokens?\n",
+               cli->host);
+    printf("generated %u tokens: ", o->max_new);
+    s_print_ids(stdout, r->tok[0], o->max_new, " ");
+    if (text) {
+        printf("\ntext: \"");
+        fwrite(text, 1, text_len, stdout);
+        printf("\"\n");
+    } else {
+        printf("\n");
+    }
+    if (o->compare)
+        s_decode_compare(o, r);
+}
+
+static int s_decode(kvedge_cli_t *cli, const void *opts)
+{
+    const s_decode_opts_t *o = opts;
+    s_decode_t r = {0};
+    int ex = s_decode_check(cli, o, &r);
+    if (!ex)
+        ex = s_decode_prepare(o, &r);
+    if (!ex)
+        ex = s_decode_runs(cli, o, &r);
+    if (!ex) {
+        size_t text_len = 0;
+        char *text = s_gen_text(&r.c, r.tok[0], o->max_new, &text_len);
+        if (cli->json)
+            s_decode_json(o, &r, text, text_len);
+        else
+            s_decode_text(cli, o, &r, text, text_len);
         free(text);
     }
-    for (int r = 0; r < S_RUNS; r++)
-        free(tok[r]);
-    free(res);
-    free(prompt);
-    kvedge_adapter_destroy(&adapter);
-    s_common_free(&c);
+    s_decode_free(&r);
     return ex;
 }
 
 const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[] = {
-    {"model-synth", s_cmd_synth, "--shape NAME --out FILE [--seed N] [--fp32]",
-     "Write synthetic OPT weights of a named shape (opt-125m, opt-1.3b, ...).", NULL, NULL},
-    {"prefill", s_cmd_prefill, "-H NODE --weights FILE --context... [--scheme S]",
-     "Cloud role: prefill a shared context and put its K/V to a node.", NULL, NULL},
-    {"decode", s_cmd_decode, "-H PROXY --weights FILE --context... --prompt TEXT [--compare]",
-     "Edge role: decode a prompt on the context's K/V fetched through a proxy.", NULL, NULL},
+    {.name = "model-synth", .opts = &s_synth_opts, .exec = s_synth},
+    {.name = "prefill", .opts = &s_prefill_opts, .exec = s_prefill},
+    {.name = "decode", .opts = &s_decode_opts, .exec = s_decode},
     {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -5,7 +5,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <ftw.h>
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -36,28 +35,6 @@
 /* Bytes of an ids file or a text read at most. */
 #define S_FILE_MAX_BYTES (256u << 20)
 
-enum {
-    S_O_WEIGHTS = 1000,
-    S_O_HEADS,
-    S_O_MODEL_ID,
-    S_O_IDS,
-    S_O_TOKENIZER,
-    S_O_TEXT,
-    S_O_CONTEXT,
-    S_O_CONTINUATION,
-    S_O_CHUNK_TOKENS,
-    S_O_DOCS,
-    S_O_TIME_BUDGET,
-    S_O_SCHEMES,
-    S_O_PROFILES,
-    S_O_NO_PROFILE,
-    S_O_PLOT_DIR,
-    S_O_PROFILE_OUT,
-    S_O_PROXY,
-    S_O_WAIT,
-    S_O_QUIET,
-};
-
 static const char s_eval_help[] =
     "Measures the quality of the cache schemes on held-out text. For each document (the\n"
     "first --context tokens are the shared context, the next --continuation tokens are\n"
@@ -73,44 +50,161 @@ static const char s_eval_help[] =
     "endpoints in a temporary directory). With -H CLOUD --proxy EP it runs against a\n"
     "deployment: scheme S is stored under model id ID@S, which the proxy must know (a cloud\n"
     "node joined to the proxy's master registers it; fetches are retried for --wait).\n\n"
-    "  -w, --weights FILE     OPT weights (safetensors), as prefill and decode take them\n"
-    "      --heads N          attention heads (default: the file's metadata, else hidden/64)\n"
-    "      --model-id ID      base of the schemes' model ids (default " S_MODEL_ID_DEFAULT ")\n"
-    "      --ids FILE         documents as token ids: whitespace-separated, documents\n"
-    "                         separated by blank lines\n"
-    "      --tokenizer DIR    with --text: a BPE tokenizer directory (vocab.json, merges.txt)\n"
-    "      --text FILE        documents as text, separated by blank lines (chapters)\n"
-    "      --context N        shared context tokens (default 256)\n"
-    "      --continuation N   scored continuation tokens (default 128); a document needs\n"
-    "                         context + continuation + 1 tokens, shorter ones are skipped\n"
-    "      --chunk-tokens N   context tokens per chunk (default 256)\n"
-    "      --docs N           measure at most N documents (default: all)\n"
-    "      --time-budget S    start no document after S seconds (default: none)\n"
-    "      --schemes LIST     comma-separated, default: lossless,fp16,int8,int4-g32,\n"
-    "                         int4-g64,int4-g128,think-75,think-50,int4-g32+think-50.\n"
-    "                         Names: lossless (fp32), fp16, int8, int4[-gN], each with an\n"
-    "                         optional +think-P (keep P % of the key channels), think-P\n"
-    "      --profiles LIST    per-layer profile schemes (default int4-g32,think-50), at\n"
-    "                         most 16; 'ladder': every lossy rung of the precision ladder\n"
-    "                         (int8, int4-g32, int4-g64, int4-g128, each alone, with\n"
-    "                         +think-75 and with +think-50, and think-75, think-50: 14)\n"
-    "      --no-profile       no per-layer profile\n"
-    "      --profile-out FILE write the per-layer profile as the quality profile the edge\n"
-    "                         proxy's planner reads (proxy/quality.h, JSON version 1):\n"
-    "                         per layer and rung the perplexity change (%), mean KL and\n"
-    "                         agreement, and the whole-model rows of the schemes that are\n"
-    "                         ladder rungs. Every profile scheme must be a ladder rung\n"
-    "                         (lossless, int8, int4-g32/g64/g128, each optionally with\n"
-    "                         +think-75 or +think-50; not fp16 or other groups or shares)\n"
-    "      --plot-dir DIR     write quality_schemes.dat, quality_layers.dat and\n"
-    "                         quality.json there (scripts/plot_quality.gp draws them)\n"
-    "      --proxy EP         with -H: the edge proxy to fetch through\n"
-    "      --wait MS          retry a fetch the proxy cannot serve yet for MS (default 10000)\n"
-    "  -q, --quiet            no progress on stderr\n\n"
     "--json prints one object: {\"reference\": ROW, \"schemes\": [ROW], \"profiles\":\n"
     "[{\"scheme\", \"layers\": [ROW]}], \"doc_index\", ...}.\n\n"
     "exit codes: 2 usage, 1 the evaluation failed, 3 the proxy does not know a scheme's\n"
     "model id, 5 node or proxy unreachable.\n";
+
+/* What `kvedge eval` runs on. */
+typedef struct {
+    const char *weights, *model_id, *ids, *tokenizer, *file;
+    uint32_t heads, context, continuation, chunk_tokens, time_budget_s, wait_ms;
+    uint64_t docs;
+    const char *schemes, *profiles, *plot_dir, *profile_out, *proxy;
+    bool no_profile, quiet;
+} s_eval_opts_t;
+
+static const kvedge_cmdopt_t s_eval_list[] = {
+    {.name = "weights",
+     .letter = 'w',
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, weights),
+     .help = "OPT weights (safetensors), as prefill and decode take them; required"},
+    {.name = "heads",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, heads),
+     .min = 1,
+     .max = KVEDGE_MODEL_MAX_HEADS,
+     .def_text = "the file's metadata, else hidden/64",
+     .help = "attention heads"},
+    {.name = "model-id",
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, model_id),
+     .def = S_MODEL_ID_DEFAULT,
+     .help = "base of the schemes' model ids"},
+    {.name = "ids",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, ids),
+     .help = "documents as token ids: whitespace-separated, documents separated by blank "
+             "lines"},
+    {.name = "tokenizer",
+     .arg = "DIR",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, tokenizer),
+     .help = "with --file: a BPE tokenizer directory (vocab.json, merges.txt)"},
+    {.name = "file",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, file),
+     .alias = "text",
+     .help = "documents as text, separated by blank lines (chapters)"},
+    {.name = "context",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, context),
+     .min = 1,
+     .max = UINT32_MAX,
+     .def_num = S_CONTEXT_DEFAULT,
+     .help = "shared context tokens"},
+    {.name = "continuation",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, continuation),
+     .min = 1,
+     .max = UINT32_MAX,
+     .def_num = S_CONTINUATION_DEFAULT,
+     .help = "scored continuation tokens; a document needs context + continuation + 1 tokens, "
+             "shorter ones are skipped"},
+    {.name = "chunk-tokens",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, chunk_tokens),
+     .min = 1,
+     .max = KVEDGE_BLOCK_MAX_TOKENS,
+     .def_text = "256",
+     .help = "context tokens per chunk"},
+    {.name = "docs",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, docs),
+     .min = 1,
+     .max = SIZE_MAX,
+     .def_text = "all",
+     .help = "measure at most N documents"},
+    {.name = "time-budget",
+     .arg = "S",
+     .type = KVEDGE_CMDOPT_SECONDS,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, time_budget_s),
+     .min = 1,
+     .max = 1000000,
+     .def_text = "none",
+     .help = "start no document after S seconds"},
+    {.name = "schemes",
+     .arg = "LIST",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, schemes),
+     .def_text = "lossless,fp16,int8,int4-g32,int4-g64,int4-g128,think-75,think-50,"
+                 "int4-g32+think-50",
+     .help = "comma-separated scheme names: lossless (fp32), fp16, int8, int4[-gN], each with "
+             "an optional +think-P (keep P % of the key channels), think-P"},
+    {.name = "profiles",
+     .arg = "LIST",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, profiles),
+     .def_text = "int4-g32,think-50",
+     .help = "per-layer profile schemes, at most 16; 'ladder': every lossy rung of the "
+             "precision ladder (int8, int4-g32, int4-g64, int4-g128, each alone, with +think-75 "
+             "and with +think-50, and think-75, think-50: 14)"},
+    {.name = "no-profile",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, no_profile),
+     .help = "no per-layer profile"},
+    {.name = "profile-out",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, profile_out),
+     .help = "write the per-layer profile as the quality profile the edge proxy's planner reads "
+             "(proxy/quality.h, JSON version 1): per layer and rung the perplexity change (%), "
+             "mean KL and agreement, and the whole-model rows of the schemes that are ladder "
+             "rungs. Every profile scheme must be a ladder rung (lossless, int8, "
+             "int4-g32/g64/g128, each optionally with +think-75 or +think-50; not fp16 or other "
+             "groups or shares)"},
+    {.name = "plot-dir",
+     .arg = "DIR",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, plot_dir),
+     .help = "write quality_schemes.dat, quality_layers.dat and quality.json there "
+             "(scripts/plot_quality.gp draws them)"},
+    {.name = "proxy",
+     .arg = "EP",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, proxy),
+     .help = "with -H: the edge proxy to fetch through"},
+    {.name = "wait",
+     .arg = "MS",
+     .type = KVEDGE_CMDOPT_MS,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, wait_ms),
+     .min = 1,
+     .max = 3600000,
+     .def_text = "10000",
+     .help = "retry a fetch the proxy cannot serve yet for MS"},
+    {.name = "quiet",
+     .letter = 'q',
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, quiet),
+     .help = "no progress on stderr"},
+};
+
+static const kvedge_cmdopts_t s_eval_opts = {
+    .command = "eval",
+    .summary = "Measure the quality of every cache scheme (perplexity, agreement, KL) on "
+               "held-out text.",
+    .about = s_eval_help,
+    KVEDGE_CMDOPTS_OF(s_eval_opts_t, s_eval_list)};
 
 /* ---------------------------------------------------------------- documents */
 
@@ -479,281 +573,218 @@ static int s_run_fail(int rc, const char *model_id, const kvedge_eval_opts_t *o)
     }
 }
 
-static int s_cmd_eval(kvedge_cli_t *cli, int argc, char **argv)
-{
-    static const struct option opts[] = {
-        {"weights", required_argument, NULL, S_O_WEIGHTS},
-        {"heads", required_argument, NULL, S_O_HEADS},
-        {"model-id", required_argument, NULL, S_O_MODEL_ID},
-        {"ids", required_argument, NULL, S_O_IDS},
-        {"tokenizer", required_argument, NULL, S_O_TOKENIZER},
-        {"text", required_argument, NULL, S_O_TEXT},
-        {"context", required_argument, NULL, S_O_CONTEXT},
-        {"continuation", required_argument, NULL, S_O_CONTINUATION},
-        {"chunk-tokens", required_argument, NULL, S_O_CHUNK_TOKENS},
-        {"docs", required_argument, NULL, S_O_DOCS},
-        {"time-budget", required_argument, NULL, S_O_TIME_BUDGET},
-        {"schemes", required_argument, NULL, S_O_SCHEMES},
-        {"profiles", required_argument, NULL, S_O_PROFILES},
-        {"no-profile", no_argument, NULL, S_O_NO_PROFILE},
-        {"plot-dir", required_argument, NULL, S_O_PLOT_DIR},
-        {"profile-out", required_argument, NULL, S_O_PROFILE_OUT},
-        {"proxy", required_argument, NULL, S_O_PROXY},
-        {"wait", required_argument, NULL, S_O_WAIT},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {"eval",
-                                  NULL,
-                                  "--weights FILE (--ids FILE | --tokenizer DIR --text FILE) "
-                                  "[-H CLOUD --proxy EP] [...]",
-                                  "Measure the quality of every cache scheme on held-out text.",
-                                  NULL,
-                                  NULL};
-    const char *weights = NULL, *model_id = S_MODEL_ID_DEFAULT, *ids_file = NULL, *tok_dir = NULL,
-               *text_file = NULL, *plot_dir = NULL, *proxy_ep = NULL, *profile_out = NULL;
-    uint64_t heads = 0, ctx = S_CONTEXT_DEFAULT, cont = S_CONTINUATION_DEFAULT, chunk = 0,
-             docs_max = 0, budget = 0, wait_ms = 0;
+/* What eval works on and what it measured. */
+typedef struct {
     kvedge_eval_scheme_t schemes[KVEDGE_EVAL_MAX_SCHEMES], profiles[KVEDGE_EVAL_MAX_PROFILES];
-    size_t n_schemes = kvedge_eval_schemes_default(schemes, KVEDGE_EVAL_MAX_SCHEMES);
-    size_t n_profiles = kvedge_eval_profiles_default(profiles, KVEDGE_EVAL_MAX_PROFILES);
-    s_progress_t prog = {false};
-    int ch, ex = KVEDGE_EXIT_OK;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "w:qh", opts, NULL)) != -1) {
-        bool bad = false;
-        switch (ch) {
-        case 'w':
-        case S_O_WEIGHTS:
-            weights = optarg;
-            break;
-        case S_O_HEADS:
-            bad = kvedge_cli_parse_u64(optarg, 1, KVEDGE_MODEL_MAX_HEADS, &heads) != 0;
-            break;
-        case S_O_MODEL_ID:
-            model_id = optarg;
-            bad = !*optarg || strlen(optarg) > KVEDGE_MODEL_ID_MAX_BYTES;
-            break;
-        case S_O_IDS:
-            ids_file = optarg;
-            break;
-        case S_O_TOKENIZER:
-            tok_dir = optarg;
-            break;
-        case S_O_TEXT:
-            text_file = optarg;
-            break;
-        case S_O_CONTEXT:
-            bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX, &ctx) != 0;
-            break;
-        case S_O_CONTINUATION:
-            bad = kvedge_cli_parse_u64(optarg, 1, UINT32_MAX, &cont) != 0;
-            break;
-        case S_O_CHUNK_TOKENS:
-            bad = kvedge_cli_parse_u64(optarg, 1, KVEDGE_BLOCK_MAX_TOKENS, &chunk) != 0;
-            break;
-        case S_O_DOCS:
-            bad = kvedge_cli_parse_u64(optarg, 1, SIZE_MAX, &docs_max) != 0;
-            break;
-        case S_O_TIME_BUDGET:
-            bad = kvedge_cli_parse_u64(optarg, 1, 1000000, &budget) != 0;
-            break;
-        case S_O_SCHEMES:
-            ex = s_schemes("--schemes", optarg, schemes, KVEDGE_EVAL_MAX_SCHEMES, &n_schemes);
-            break;
-        case S_O_PROFILES:
-            if (strcmp(optarg, "ladder") == 0)
-                n_profiles = kvedge_eval_profiles_ladder(profiles, KVEDGE_EVAL_MAX_PROFILES);
-            else
-                ex = s_schemes("--profiles", optarg, profiles, KVEDGE_EVAL_MAX_PROFILES,
-                               &n_profiles);
-            break;
-        case S_O_NO_PROFILE:
-            n_profiles = 0;
-            break;
-        case S_O_PLOT_DIR:
-            plot_dir = optarg;
-            break;
-        case S_O_PROFILE_OUT:
-            profile_out = optarg;
-            bad = !*optarg;
-            break;
-        case S_O_PROXY:
-            proxy_ep = optarg;
-            break;
-        case S_O_WAIT:
-            bad = kvedge_cli_parse_u64(optarg, 1, 3600000, &wait_ms) != 0;
-            break;
-        case 'q':
-            prog.quiet = true;
-            break;
-        case 'h':
-            kvedge_cli_usage(stdout, &cmd, s_eval_help);
-            return KVEDGE_EXIT_OK;
-        default:
-            kvedge_cli_error("eval: unknown option or missing value '%s' (see kvedge eval --help)",
-                             argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (ex)
-            return ex;
-        if (bad) {
-            kvedge_cli_error("eval: bad value '%s' for --%s", optarg,
-                             kvedge_cli_flag_name(opts, ch));
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("eval: unexpected argument '%s'", argv[optind]);
+    size_t n_schemes, n_profiles;
+    kvedge_decoder_t *d;
+    kvedge_model_t model;
+    kvedge_cli_docs_t docs;
+    s_local_t w; /* the in-process deployment (without -H) */
+    kvedge_client_t *cloud, *proxy;
+    kvedge_eval_result_t *res;
+    s_progress_t prog;
+} s_eval_t;
+
+/* The scheme lists into r, and the values and combinations the table cannot check. Returns an
+ * exit code. */
+static int s_eval_check(const kvedge_cli_t *cli, const s_eval_opts_t *o, s_eval_t *r)
+{
+    int ex = KVEDGE_EXIT_OK;
+    r->n_schemes = kvedge_eval_schemes_default(r->schemes, KVEDGE_EVAL_MAX_SCHEMES);
+    r->n_profiles = kvedge_eval_profiles_default(r->profiles, KVEDGE_EVAL_MAX_PROFILES);
+    if (o->schemes)
+        ex = s_schemes("--schemes", o->schemes, r->schemes, KVEDGE_EVAL_MAX_SCHEMES, &r->n_schemes);
+    if (!ex && o->profiles && strcmp(o->profiles, "ladder") == 0)
+        r->n_profiles = kvedge_eval_profiles_ladder(r->profiles, KVEDGE_EVAL_MAX_PROFILES);
+    else if (!ex && o->profiles)
+        ex = s_schemes("--profiles", o->profiles, r->profiles, KVEDGE_EVAL_MAX_PROFILES,
+                       &r->n_profiles);
+    if (o->no_profile)
+        r->n_profiles = 0;
+    if (ex)
+        return ex;
+    const char *bad = !*o->model_id || strlen(o->model_id) > KVEDGE_MODEL_ID_MAX_BYTES ? "model-id"
+                      : o->profile_out && !*o->profile_out ? "profile-out"
+                                                           : NULL;
+    if (bad) {
+        kvedge_cli_error("eval: bad value '%s' for --%s",
+                         strcmp(bad, "model-id") == 0 ? o->model_id : o->profile_out, bad);
         return KVEDGE_EXIT_USAGE;
     }
-    if (!weights) {
+    if (!o->weights) {
         kvedge_cli_error("eval: --weights FILE is required");
         return KVEDGE_EXIT_USAGE;
     }
-    if (!ids_file == !text_file || !text_file != !tok_dir) {
+    if (!o->ids == !o->file || !o->file != !o->tokenizer) {
         kvedge_cli_error("eval: give the documents once: --ids FILE, or --tokenizer DIR with "
-                         "--text FILE");
+                         "--file FILE");
         return KVEDGE_EXIT_USAGE;
     }
-    if (!cli->host != !proxy_ep) {
+    if (!cli->host != !o->proxy) {
         kvedge_cli_error("eval: -H CLOUD and --proxy EP go together (a deployment's cloud node "
                          "and edge proxy); without both, everything runs in this process");
         return KVEDGE_EXIT_USAGE;
     }
-    if (profile_out)
-        ex = s_profile_check(profiles, n_profiles, profile_out);
-    if (ex)
+    if (o->profile_out && (ex = s_profile_check(r->profiles, r->n_profiles, o->profile_out)))
         return ex;
-    if (plot_dir) {
-        struct stat sb;
-        if (stat(plot_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-            kvedge_cli_error("eval: --plot-dir %s is not a directory", plot_dir);
-            return KVEDGE_EXIT_USAGE;
-        }
+    struct stat sb;
+    if (o->plot_dir && (stat(o->plot_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+        kvedge_cli_error("eval: --plot-dir %s is not a directory", o->plot_dir);
+        return KVEDGE_EXIT_USAGE;
     }
+    return KVEDGE_EXIT_OK;
+}
 
-    kvedge_decoder_t *d = kvedge_decoder_new();
-    if (!d) {
+/* The weights, the model's record and the documents, long enough for --context and
+ * --continuation. Returns an exit code. */
+static int s_eval_load(const s_eval_opts_t *o, s_eval_t *r)
+{
+    r->d = kvedge_decoder_new();
+    if (!r->d) {
         kvedge_cli_error("eval: out of memory");
         return KVEDGE_EXIT_FAILURE;
     }
-    int rc = kvedge_decoder_load(d, weights, (uint32_t)heads);
+    int rc = kvedge_decoder_load(r->d, o->weights, o->heads);
     if (rc != KVEDGE_OK) {
-        const char *why = kvedge_decoder_error(d);
-        kvedge_cli_error("eval: cannot load the weights %s: %s%s%s", weights, kvedge_strerror(rc),
-                         why[0] ? ": " : "", why);
-        kvedge_decoder_destroy(&d);
+        const char *why = kvedge_decoder_error(r->d);
+        kvedge_cli_error("eval: cannot load the weights %s: %s%s%s", o->weights,
+                         kvedge_strerror(rc), why[0] ? ": " : "", why);
         return KVEDGE_EXIT_FAILURE;
     }
-    const kvedge_decoder_config_t *cfg = kvedge_decoder_config(d);
-    kvedge_model_t model;
-    rc = kvedge_e2e_model(d, model_id, &model);
-    if (rc != KVEDGE_OK) {
-        kvedge_cli_error("eval: model '%s' cannot be stored: %s", model_id, kvedge_strerror(rc));
+    const kvedge_decoder_config_t *cfg = kvedge_decoder_config(r->d);
+    uint64_t ctx = o->context, cont = o->continuation;
+    int ex = KVEDGE_EXIT_OK;
+    if ((rc = kvedge_e2e_model(r->d, o->model_id, &r->model)) != KVEDGE_OK) {
+        kvedge_cli_error("eval: model '%s' cannot be stored: %s", o->model_id, kvedge_strerror(rc));
         ex = KVEDGE_EXIT_USAGE;
-    }
-    if (!ex && ctx + cont > cfg->max_positions) {
+    } else if (ctx + cont > cfg->max_positions) {
         kvedge_cli_error("eval: --context (%llu) + --continuation (%llu) exceed the model's %u "
                          "positions",
                          (unsigned long long)ctx, (unsigned long long)cont, cfg->max_positions);
         ex = KVEDGE_EXIT_USAGE;
+    } else if (o->ids) {
+        ex = s_read_ids(o->ids, cfg->vocab, &r->docs);
+    } else {
+        ex = kvedge_cli_read_chapters("eval", o->tokenizer, o->file, S_FILE_MAX_BYTES, cfg->vocab,
+                                      &r->docs);
     }
-    kvedge_cli_docs_t docs = {0};
-    if (!ex && ids_file)
-        ex = s_read_ids(ids_file, cfg->vocab, &docs);
-    if (!ex && text_file)
-        ex = kvedge_cli_read_chapters("eval", tok_dir, text_file, S_FILE_MAX_BYTES, cfg->vocab,
-                                      &docs);
     size_t longest = 0;
-    for (size_t i = 0; !ex && i < docs.n; i++)
-        longest = docs.len[i] > longest ? docs.len[i] : longest;
+    for (size_t i = 0; !ex && i < r->docs.n; i++)
+        longest = r->docs.len[i] > longest ? r->docs.len[i] : longest;
     if (!ex && longest < ctx + cont + 1) {
         kvedge_cli_error("eval: no document has the %llu tokens a context of %llu and a "
                          "continuation of %llu need (%zu documents, the longest %zu tokens)",
                          (unsigned long long)(ctx + cont + 1), (unsigned long long)ctx,
-                         (unsigned long long)cont, docs.n, longest);
+                         (unsigned long long)cont, r->docs.n, longest);
         ex = KVEDGE_EXIT_USAGE;
     }
+    return ex;
+}
 
-    s_local_t w;
-    memset(&w, 0, sizeof w);
-    kvedge_client_t *cloud = NULL, *proxy = NULL;
-    if (!ex && !cli->host) {
-        kvedge_log_set_level(KVEDGE_LOG_WARN);
-        ex = s_local_start(&w);
-        kvedge_eval_scheme_t ll;
-        kvedge_eval_scheme_parse("lossless", &ll);
-        if (!ex)
-            ex = s_local_register(&w, &model, schemes, n_schemes);
-        if (!ex)
-            ex = s_local_register(&w, &model, profiles, n_profiles);
-        if (!ex)
-            ex = s_local_register(&w, &model, &ll, 1);
-        if (!ex)
-            ex = s_local_client(w.n_ep, cli->deadline_ms, "kvedge eval (cloud)", &cloud);
-        if (!ex)
-            ex = s_local_client(w.p_ep, cli->deadline_ms, "kvedge eval (edge)", &proxy);
-    } else if (!ex) {
-        ex = kvedge_cli_connect(cli, "kvedge eval (cloud)", &cloud);
+/* The cloud node and the proxy: started here (the schemes' models registered with the
+ * in-process master), or the deployment's at -H and --proxy. Returns an exit code. */
+static int s_eval_connect(kvedge_cli_t *cli, const s_eval_opts_t *o, s_eval_t *r)
+{
+    int ex;
+    if (cli->host) {
+        ex = kvedge_cli_connect(cli, "kvedge eval (cloud)", &r->cloud);
         kvedge_cli_t pc = *cli;
-        pc.host = proxy_ep;
+        pc.host = o->proxy;
+        return ex ? ex : kvedge_cli_connect(&pc, "kvedge eval (edge)", &r->proxy);
+    }
+    kvedge_log_set_level(KVEDGE_LOG_WARN);
+    ex = s_local_start(&r->w);
+    kvedge_eval_scheme_t ll;
+    kvedge_eval_scheme_parse("lossless", &ll);
+    if (!ex)
+        ex = s_local_register(&r->w, &r->model, r->schemes, r->n_schemes);
+    if (!ex)
+        ex = s_local_register(&r->w, &r->model, r->profiles, r->n_profiles);
+    if (!ex)
+        ex = s_local_register(&r->w, &r->model, &ll, 1);
+    if (!ex)
+        ex = s_local_client(r->w.n_ep, cli->deadline_ms, "kvedge eval (cloud)", &r->cloud);
+    if (!ex)
+        ex = s_local_client(r->w.p_ep, cli->deadline_ms, "kvedge eval (edge)", &r->proxy);
+    return ex;
+}
+
+/* Runs the evaluation into r->res. Returns an exit code. */
+static int s_eval_measure(const kvedge_cli_t *cli, const s_eval_opts_t *o, s_eval_t *r)
+{
+    r->prog.quiet = o->quiet;
+    kvedge_eval_opts_t eo = {
+        .decoder = r->d,
+        .model = &r->model,
+        .cloud = r->cloud,
+        .proxy = r->proxy,
+        .docs = (const int32_t *const *)r->docs.doc,
+        .doc_len = r->docs.len,
+        .n_docs = r->docs.n,
+        .ctx_tokens = o->context,
+        .cont_tokens = o->continuation,
+        .chunk_tokens = o->chunk_tokens,
+        .schemes = r->schemes,
+        .n_schemes = r->n_schemes,
+        .profiles = r->profiles,
+        .n_profiles = r->n_profiles,
+        .max_docs = (size_t)o->docs,
+        .max_s = (double)o->time_budget_s,
+        .deadline_ms = cli->deadline_ms,
+        .wait_ms = (int)o->wait_ms,
+        .progress = s_progress,
+        .progress_arg = &r->prog,
+    };
+    int rc = kvedge_eval_run(&eo, &r->res);
+    return rc == KVEDGE_OK ? KVEDGE_EXIT_OK : s_run_fail(rc, o->model_id, &eo);
+}
+
+/* Prints the result, then writes --plot-dir's files and --profile-out. Returns an exit code. */
+static int s_eval_print(const kvedge_cli_t *cli, const s_eval_opts_t *o, const s_eval_t *r)
+{
+    int ex = KVEDGE_EXIT_OK;
+    kvedge_eval_print(stdout, r->res, cli->json);
+    if (o->plot_dir) {
+        ex = s_write(o->plot_dir, "quality_schemes.dat", r->res, 0);
         if (!ex)
-            ex = kvedge_cli_connect(&pc, "kvedge eval (edge)", &proxy);
+            ex = s_write(o->plot_dir, "quality_layers.dat", r->res, 1);
+        if (!ex)
+            ex = s_write(o->plot_dir, "quality.json", r->res, 2);
     }
-    kvedge_eval_result_t *res = NULL;
-    if (!ex) {
-        kvedge_eval_opts_t o = {
-            .decoder = d,
-            .model = &model,
-            .cloud = cloud,
-            .proxy = proxy,
-            .docs = (const int32_t *const *)docs.doc,
-            .doc_len = docs.len,
-            .n_docs = docs.n,
-            .ctx_tokens = (uint32_t)ctx,
-            .cont_tokens = (uint32_t)cont,
-            .chunk_tokens = (uint32_t)chunk,
-            .schemes = schemes,
-            .n_schemes = n_schemes,
-            .profiles = profiles,
-            .n_profiles = n_profiles,
-            .max_docs = (size_t)docs_max,
-            .max_s = (double)budget,
-            .deadline_ms = cli->deadline_ms,
-            .wait_ms = (int)wait_ms,
-            .progress = s_progress,
-            .progress_arg = &prog,
-        };
-        rc = kvedge_eval_run(&o, &res);
-        if (rc != KVEDGE_OK)
-            ex = s_run_fail(rc, model_id, &o);
+    if (!ex && o->profile_out)
+        ex = s_profile_write(o->profile_out, r->res, o->model_id);
+    return ex;
+}
+
+static int s_eval(kvedge_cli_t *cli, const void *opts)
+{
+    const s_eval_opts_t *o = opts;
+    s_eval_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        kvedge_cli_error("eval: out of memory");
+        return KVEDGE_EXIT_FAILURE;
     }
-    kvedge_client_destroy(&proxy);
-    kvedge_client_destroy(&cloud);
-    s_local_stop(&w);
-    if (!ex) {
-        kvedge_eval_print(stdout, res, cli->json);
-        if (plot_dir) {
-            ex = s_write(plot_dir, "quality_schemes.dat", res, 0);
-            if (!ex)
-                ex = s_write(plot_dir, "quality_layers.dat", res, 1);
-            if (!ex)
-                ex = s_write(plot_dir, "quality.json", res, 2);
-        }
-        if (!ex && profile_out)
-            ex = s_profile_write(profile_out, res, model_id);
-    }
-    kvedge_eval_result_destroy(&res);
-    kvedge_cli_docs_free(&docs);
-    kvedge_decoder_destroy(&d);
+    int ex = s_eval_check(cli, o, r);
+    if (!ex)
+        ex = s_eval_load(o, r);
+    if (!ex)
+        ex = s_eval_connect(cli, o, r);
+    if (!ex)
+        ex = s_eval_measure(cli, o, r);
+    kvedge_client_destroy(&r->proxy);
+    kvedge_client_destroy(&r->cloud);
+    s_local_stop(&r->w);
+    if (!ex)
+        ex = s_eval_print(cli, o, r);
+    kvedge_eval_result_destroy(&r->res);
+    kvedge_cli_docs_free(&r->docs);
+    kvedge_decoder_destroy(&r->d);
+    free(r);
     return ex;
 }
 
 const kvedge_cli_cmd_t kvedge_cli_eval_cmds[] = {
-    {"eval", s_cmd_eval,
-     "--weights FILE (--ids FILE | --tokenizer DIR --text FILE) [-H CLOUD --proxy EP]",
-     "Measure the quality of every cache scheme (perplexity, agreement, KL) on held-out text.",
-     NULL, NULL},
+    {.name = "eval", .opts = &s_eval_opts, .exec = s_eval},
     {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -4,7 +4,6 @@
  * map (--adapter, clients/e2e/adapter.h) and registers the map with the Storage Master
  * (--register). */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -25,31 +24,6 @@
 
 extern char **environ;
 
-enum {
-    S_O_CLOUD = 1000,
-    S_O_EDGE,
-    S_O_TOKENIZER,
-    S_O_CALIB,
-    S_O_SAMPLES,
-    S_O_CKA_MIN,
-    S_O_RSA_MIN,
-    S_O_OUT,
-    S_O_HEATMAP,
-    S_O_CLOUD_ID,
-    S_O_EDGE_ID,
-    S_O_SHOW,
-    S_O_REGISTER,
-    S_O_MASTER_PUB,
-    S_O_SERVER_KEY,
-    S_O_CERT,
-    S_O_ADAPTER,
-    S_O_ADAPT,
-    S_O_RIDGE,
-    S_O_EVAL_TEXT,
-    S_O_SHOW_ADAPTER,
-    S_O_ADAPT_SAMPLES,
-};
-
 /* How long --register waits for the master's snapshot, then for its answer to the SET. */
 #define S_REGISTER_DEADLINE_MS 3000
 /* Largest calibration or evaluation text read. */
@@ -63,62 +37,16 @@ enum {
  * (docs/largesmall.md, "Adapting the cloud's K/V"); about 45 s and 420 MB there. */
 #define S_ADAPT_SAMPLES_DEFAULT 32768u
 
-#define S_ARGS                                                                                     \
-    "(--cloud W_CLOUD --edge W_EDGE --tokenizer DIR --calib FILE [--samples N] [--cka-min X] "     \
-    "[--rsa-min Y] [--out MAP] [--heatmap PREFIX] [--adapter FILE [--adapt linear|heads] "         \
-    "[--ridge R] [--adapt-samples N] [--eval-text FILE]] | --show MAP | --show-adapter FILE) "     \
-    "[--cloud-id ID] "                                                                             \
-    "[--edge-id ID] [--register MASTER [--master-pub PUB] [--server-key K --cert C]]"
-
 static const char s_help[] =
     "Runs both OPT models (safetensors) over the first N tokens of the calibration text, in\n"
     "windows of up to 256 tokens, compares every edge layer's output hidden states with every\n"
     "cloud layer's by linear CKA and RSA, and picks for each edge layer the cloud layer of\n"
     "Eq. 16: among the cloud layers with CKA >= X and RSA >= Y, the shallowest whose\n"
     "(CKA + RSA) / 2 is within 0.02 of the best; or none (docs/largesmall.md).\n\n"
-    "      --cloud FILE       the large model's weights\n"
-    "      --edge FILE        the small model's weights\n"
-    "      --tokenizer PATH   a folder with vocab.json + merges.txt (else tokenizer.json), or a\n"
-    "                         tokenizer.json\n"
-    "      --calib FILE       calibration text\n"
-    "      --samples N        token positions compared (default 2048; 3..16384)\n"
-    "      --cka-min X        CKA threshold (default 0.5)\n"
-    "      --rsa-min Y        RSA threshold (default 0.5)\n"
-    "      --out MAP          write the map file (format in docs/largesmall.md)\n"
-    "      --heatmap PREFIX   PREFIX_cka.png and PREFIX_rsa.png (with .dat and .gp beside them)\n"
-    "                         when gnuplot is on PATH\n"
-    "      --cloud-id ID, --edge-id ID\n"
-    "                         model ids in the map (default: from the path: DIR/SUB of\n"
-    "                         DIR/SUB/model.safetensors, else the file name without "
-    ".safetensors)\n"
-    "      --adapter FILE     also fit the K/V adapter of the map on the same calibration\n"
-    "                         tokens and write it (safetensors); prints each mapped layer's\n"
-    "                         relative error ||Y - XW|| / ||Y|| for K and V\n"
-    "      --adapt KIND       linear (default: least squares with a bias) or heads (head\n"
-    "                         matching by CKA + ThinK channels, the paper's mechanism)\n"
-    "      --ridge R          the linear fit's ridge, relative to the mean diagonal of X^T X\n"
-    "                         (default 0.001)\n"
-    "      --adapt-samples N  calibration tokens the adapter is fitted on (3..1048576; default\n"
-    "                         32768, or all the text has when fewer, at least --samples); its\n"
-    "                         error is reported on the first --samples of them\n"
-    "      --eval-text FILE   also measure the adapter's error on the first N tokens of FILE\n"
-    "      --show-adapter FILE\n"
-    "                         read an adapter (strictly) and print what it is; with --show MAP,\n"
-    "                         check that it fits the map\n"
-    "      --show MAP         read a saved map (strictly) and print it; with --register, its\n"
-    "                         ids may be replaced by --cloud-id and --edge-id, and --cloud\n"
-    "                         with --edge give the model records to register as well\n"
-    "      --register MASTER  SET the map as map/CLOUD_ID/EDGE_ID in the Storage Master at\n"
-    "                         MASTER (its ROUTER); the ids must be registry model ids (no\n"
-    "                         '/'), and the layer counts those of the models the master (or\n"
-    "                         the built-in table) knows under those ids; a model the master\n"
-    "                         does not know yet is registered first from its weights (model/ID:\n"
-    "                         layers, heads, head size, fp16), so proxies can use the map\n"
-    "                         before any node stores that model\n"
-    "      --master-pub PUB   the master's PUB (default: for tcp://HOST:PORT, PORT+1)\n"
-    "      --server-key KEY   the master's public key or certificate (none: plaintext, loopback\n"
-    "                         and ipc only)\n"
-    "      --cert FILE        this client's secret certificate (with --server-key)\n\n"
+    "Modes: measure (--cloud, --edge, --tokenizer and --file, the calibration text), --show MAP\n"
+    "or --show-adapter FILE. With --register, the global --server-key (the master's public key\n"
+    "or certificate; none: plaintext, loopback and ipc only) and --cert (this client's secret\n"
+    "certificate) reach the master.\n\n"
     "--json prints the map and both score matrices as one JSON object; with --register, a\n"
     "second line is the registration's JSON object.\n\n"
     "exit codes: 2 usage, a calibration text shorter than N tokens, a tokenizer or model that\n"
@@ -128,6 +56,161 @@ static const char s_help[] =
     "counts disagree with the master's model records; 5 no master within the deadline; 6 the\n"
     "master refused the client's key; 1 a file that cannot be read or written, or a SET the\n"
     "master refused.\n";
+
+/* What `kvedge layermap` runs on. */
+typedef struct {
+    const char *cloud, *edge, *tokenizer, *file, *out, *heatmap, *cloud_id, *edge_id;
+    uint32_t samples, adapt_samples;
+    double cka_min, rsa_min, ridge;
+    int adapt; /* kvedge_adapt_kind_t */
+    const char *adapter, *eval_text, *show, *show_adapter, *reg, *master_pub;
+} s_opts_t;
+
+static const kvedge_setting_choice_t s_adapt_kinds[] = {
+    {"linear", KVEDGE_ADAPT_LINEAR}, {"heads", KVEDGE_ADAPT_HEADS}, {NULL, 0}};
+
+static const kvedge_cmdopt_t s_opt_list[] = {
+    {.name = "cloud",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, cloud),
+     .help = "the large model's weights"},
+    {.name = "edge",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, edge),
+     .help = "the small model's weights"},
+    {.name = "tokenizer",
+     .arg = "PATH",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, tokenizer),
+     .help = "a folder with vocab.json + merges.txt (else tokenizer.json), or a tokenizer.json"},
+    {.name = "file",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, file),
+     .alias = "calib",
+     .help = "calibration text"},
+    {.name = "samples",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_opts_t, samples),
+     .min = 3,
+     .max = KVEDGE_RSA_MAX_SAMPLES,
+     .def_num = KVEDGE_LAYERMAP_SAMPLES_DEFAULT,
+     .help = "token positions compared"},
+    {.name = "cka-min",
+     .arg = "X",
+     .type = KVEDGE_CMDOPT_DOUBLE,
+     KVEDGE_CMDOPT_AT(s_opts_t, cka_min),
+     .dmin = 0,
+     .dmax = 1,
+     .def_double = KVEDGE_LAYERMAP_CKA_MIN_DEFAULT,
+     .help = "CKA threshold"},
+    {.name = "rsa-min",
+     .arg = "Y",
+     .type = KVEDGE_CMDOPT_DOUBLE,
+     KVEDGE_CMDOPT_AT(s_opts_t, rsa_min),
+     .dmin = -1,
+     .dmax = 1,
+     .def_double = KVEDGE_LAYERMAP_RSA_MIN_DEFAULT,
+     .help = "RSA threshold"},
+    {.name = "out",
+     .arg = "MAP",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, out),
+     .help = "write the map file (format in docs/largesmall.md)"},
+    {.name = "heatmap",
+     .arg = "PREFIX",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, heatmap),
+     .help = "PREFIX_cka.png and PREFIX_rsa.png (with .dat and .gp beside them) when gnuplot "
+             "is on PATH"},
+    {.name = "cloud-id",
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, cloud_id),
+     .def_text = "from the path: DIR/SUB of DIR/SUB/model.safetensors, else the file name "
+                 "without .safetensors",
+     .help = "the cloud model's id in the map"},
+    {.name = "edge-id",
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, edge_id),
+     .def_text = "from the path, as --cloud-id",
+     .help = "the edge model's id in the map"},
+    {.name = "adapter",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, adapter),
+     .help = "also fit the K/V adapter of the map on the same calibration tokens and write it "
+             "(safetensors); prints each mapped layer's relative error ||Y - XW|| / ||Y|| for K "
+             "and V"},
+    {.name = "adapt",
+     .type = KVEDGE_CMDOPT_ENUM,
+     KVEDGE_CMDOPT_AT(s_opts_t, adapt),
+     .choices = s_adapt_kinds,
+     .def = "linear",
+     .help = "linear (least squares with a bias) or heads (head matching by CKA + ThinK "
+             "channels, the paper's mechanism)"},
+    {.name = "ridge",
+     .arg = "R",
+     .type = KVEDGE_CMDOPT_DOUBLE,
+     KVEDGE_CMDOPT_AT(s_opts_t, ridge),
+     .dmin = 0,
+     .dmax = 1e9,
+     .def_double = KVEDGE_ADAPT_RIDGE_DEFAULT,
+     .help = "the linear fit's ridge, relative to the mean diagonal of X^T X"},
+    {.name = "adapt-samples",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_opts_t, adapt_samples),
+     .min = 3,
+     .max = S_ADAPT_SAMPLES_MAX,
+     .def_text = "32768, or all the text has when fewer, at least --samples",
+     .help = "calibration tokens the adapter is fitted on; its error is reported on the first "
+             "--samples of them"},
+    {.name = "eval-text",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, eval_text),
+     .help = "also measure the adapter's error on the first N tokens of FILE"},
+    {.name = "show-adapter",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, show_adapter),
+     .help = "read an adapter (strictly) and print what it is; with --show MAP, check that it "
+             "fits the map"},
+    {.name = "show",
+     .arg = "MAP",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, show),
+     .help = "read a saved map (strictly) and print it; with --register, its ids may be "
+             "replaced by --cloud-id and --edge-id, and --cloud with --edge give the model "
+             "records to register as well"},
+    {.name = "register",
+     .arg = "MASTER",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, reg),
+     .help = "SET the map as map/CLOUD_ID/EDGE_ID in the Storage Master at MASTER (its "
+             "ROUTER); the ids must be registry model ids (no '/'), and the layer counts those "
+             "of the models the master (or the built-in table) knows under those ids; a model "
+             "the master does not know yet is registered first from its weights (model/ID: "
+             "layers, heads, head size, fp16), so proxies can use the map before any node "
+             "stores that model"},
+    {.name = "master-pub",
+     .arg = "PUB",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, master_pub),
+     .def_text = "for tcp://HOST:PORT, PORT+1",
+     .help = "the master's PUB"},
+};
+
+static const kvedge_cmdopts_t s_opts = {
+    .command = "layermap",
+    .summary = "Match each edge layer to a cloud layer by CKA and RSA over calibration text.",
+    .about = s_help,
+    KVEDGE_CMDOPTS_OF(s_opts_t, s_opt_list)};
 
 /* The default id of a weights file: "kjv/cloud" for models/kjv/cloud/model.safetensors,
  * "opt_tiny" for .../opt_tiny.safetensors; whitespace becomes '_'. */
@@ -284,6 +367,114 @@ static bool s_registry_ids(const char *cloud, const char *edge, char *key, size_
     return false;
 }
 
+/* Registers the models of the map the registry does not know yet (models: their records
+ * from the weights, or NULL), after checking that those it knows have the map's layer counts.
+ * Returns an exit code. */
+static int s_register_models(kvedge_cli_t *cli, kvedge_mview_t *v, const kvedge_layermap_t *map,
+                             const s_reg_t *r, const kvedge_model_t *models)
+{
+    const char *side[2] = {"cloud", "edge"}, *id[2] = {map->cloud_id, map->edge_id};
+    const uint32_t layers[2] = {map->cloud_layers, map->edge_layers};
+    bool add[2] = {false, false};
+    for (int i = 0; i < 2; i++) {
+        uint32_t known = s_known_layers(v, id[i]);
+        if (known && known != layers[i]) {
+            kvedge_cli_error("layermap: the map gives the %s model %s %u layers, but the "
+                             "registry's model %s has %u: a map of other models, or another "
+                             "model under that id; nothing registered",
+                             side[i], id[i], layers[i], id[i], known);
+            return KVEDGE_EXIT_CORRUPT;
+        }
+        add[i] = !known && models;
+        if (!known && !models)
+            fprintf(stderr,
+                    "kvedge: layermap: note: the master has no record of model %s; proxies "
+                    "ignore the map until it has\n",
+                    id[i]);
+    }
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len = 0;
+    for (int i = 0; i < 2; i++) {
+        char mkey[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+        if (!add[i])
+            continue;
+        kvedge_model_t m = models[i];
+        snprintf(m.id, sizeof m.id, "%s", id[i]);
+        int rc =
+            kvedge_master_key_format(KVEDGE_MASTER_SPACE_MODEL, id[i], NULL, mkey, sizeof mkey);
+        if (rc == KVEDGE_OK && (rc = kvedge_master_model_pack(&m, body, &len)) == KVEDGE_OK)
+            rc = kvedge_mview_set(v, mkey, body, len, r->deadline_ms);
+        if (rc != KVEDGE_OK) {
+            kvedge_cli_error("layermap: the master did not register %s: %s; the map is not "
+                             "registered",
+                             mkey, kvedge_strerror(rc));
+            return rc == KVEDGE_ETIMEDOUT ? KVEDGE_EXIT_UNAVAILABLE
+                   : rc == KVEDGE_EDENIED ? KVEDGE_EXIT_DENIED
+                                          : KVEDGE_EXIT_FAILURE;
+        }
+        if (!cli->json)
+            printf("registered %s at %s: the %s model, %u layers x %u heads x %u\n", mkey,
+                   r->master, side[i], m.layers, m.kv_heads, m.head_dim);
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+/* What was registered, as text or JSON. Returns an exit code. */
+static int s_register_print(const kvedge_cli_t *cli, const char *key, const char *master,
+                            uint64_t seq, const kvedge_master_map_t *rec)
+{
+    if (cli->json) {
+        printf("{\"registered\":");
+        kvedge_cli_json_str(stdout, key);
+        printf(",\"master\":");
+        kvedge_cli_json_str(stdout, master);
+        printf(",\"seq\":%llu,\"cloud_layers\":%u,\"edge_layers\":%u,\"from\":[",
+               (unsigned long long)seq, rec->cloud_layers, rec->edge_layers);
+    } else {
+        printf("registered %s at %s (seq %llu): cloud_layers=%u edge_layers=%u from=", key, master,
+               (unsigned long long)seq, rec->cloud_layers, rec->edge_layers);
+    }
+    for (uint32_t e = 0; e < rec->edge_layers; e++) {
+        const char *comma = e ? "," : "";
+        if (rec->from[e] == KVEDGE_MASTER_MAP_NONE)
+            printf("%s%s", comma, cli->json ? "null" : "-");
+        else
+            printf("%s%u", comma, rec->from[e]);
+    }
+    printf("%s\n", cli->json ? "]}" : "");
+    return fflush(stdout) == 0 ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+}
+
+/* The replica view of the master's model/ and map/ records for --register, synced; or an
+ * exit code said why. Returns an exit code. */
+static int s_register_view(const s_reg_t *r, const char *pub, kvedge_mview_t **v)
+{
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = r->master;
+    vo.pub = r->pub ? r->pub : pub;
+    vo.server_key = r->server_key;
+    vo.client_cert = r->server_key ? r->cert : NULL;
+    vo.prefix = "m"; /* model/ and map/, nothing else */
+    vo.start_wait_ms = r->deadline_ms;
+    int rc = kvedge_mview_start(&vo, v);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot reach the master: %s%s", kvedge_strerror(rc),
+                         rc == KVEDGE_EDENIED ? " (plaintext is for loopback and ipc only: give "
+                                                "--server-key and --cert)"
+                                              : "");
+        return rc == KVEDGE_EINVAL || rc == KVEDGE_EDENIED ? KVEDGE_EXIT_USAGE
+                                                           : KVEDGE_EXIT_FAILURE;
+    }
+    if (kvedge_mview_state(*v) != KVEDGE_MVIEW_SYNCED) {
+        kvedge_cli_error("layermap: no snapshot from the master at %s within %d ms (master down, "
+                         "wrong endpoint, or key not allowed); nothing registered",
+                         r->master, r->deadline_ms);
+        return KVEDGE_EXIT_UNAVAILABLE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
 /* `--register`: the map as the master's record, checked against the models the registry
  * knows, SET as map/CLOUD/EDGE; prints what was registered. models (cloud, edge; NULL when
  * the weights are not at hand, as with --show) are the two models' records from their
@@ -296,7 +487,7 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
     kvedge_master_map_t *rec = malloc(sizeof *rec);
     if (!rec)
         return KVEDGE_EXIT_FAILURE;
-    char why[KVEDGE_LAYERMAP_WHY_BYTES] = "", key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    char why[KVEDGE_LAYERMAP_WHY_BYTES] = "", key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1], pub[300];
     int ex = KVEDGE_EXIT_OK, rc = kvedge_layermap_to_master(map, rec, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("layermap: the map cannot be registered: %s (%s)", why,
@@ -304,89 +495,21 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
         ex = KVEDGE_EXIT_CORRUPT;
     } else if (!s_registry_ids(map->cloud_id, map->edge_id, key, sizeof key)) {
         ex = KVEDGE_EXIT_USAGE;
-    }
-    char pub[300];
-    if (!ex && !r->pub && kvedge_cli_default_pub(r->master, pub, sizeof pub) != 0) {
+    } else if (!r->pub && kvedge_cli_default_pub(r->master, pub, sizeof pub) != 0) {
         kvedge_cli_error("layermap: give --master-pub for %s", r->master);
         ex = KVEDGE_EXIT_USAGE;
-    }
-    if (!ex && r->server_key && !r->cert) {
+    } else if (r->server_key && !r->cert) {
         kvedge_cli_error("layermap: --server-key needs --cert (this client's secret "
                          "certificate)");
         ex = KVEDGE_EXIT_USAGE;
     }
-    if (ex) {
-        free(rec);
-        return ex;
-    }
-    kvedge_mview_opts_t vo;
-    kvedge_mview_opts_default(&vo);
-    vo.master = r->master;
-    vo.pub = r->pub ? r->pub : pub;
-    vo.server_key = r->server_key;
-    vo.client_cert = r->server_key ? r->cert : NULL;
-    vo.prefix = "m"; /* model/ and map/, nothing else */
-    vo.start_wait_ms = r->deadline_ms;
     kvedge_mview_t *v = NULL;
-    rc = kvedge_mview_start(&vo, &v);
-    if (rc != KVEDGE_OK) {
-        kvedge_cli_error("layermap: cannot reach the master: %s%s", kvedge_strerror(rc),
-                         rc == KVEDGE_EDENIED ? " (plaintext is for loopback and ipc only: give "
-                                                "--server-key and --cert)"
-                                              : "");
-        free(rec);
-        return rc == KVEDGE_EINVAL || rc == KVEDGE_EDENIED ? KVEDGE_EXIT_USAGE
-                                                           : KVEDGE_EXIT_FAILURE;
-    }
-    if (kvedge_mview_state(v) != KVEDGE_MVIEW_SYNCED) {
-        kvedge_cli_error("layermap: no snapshot from the master at %s within %d ms (master down, "
-                         "wrong endpoint, or key not allowed); nothing registered",
-                         r->master, r->deadline_ms);
-        ex = KVEDGE_EXIT_UNAVAILABLE;
-    }
-    const char *side[2] = {"cloud", "edge"}, *id[2] = {map->cloud_id, map->edge_id};
-    const uint32_t layers[2] = {map->cloud_layers, map->edge_layers};
-    bool add[2] = {false, false};
-    for (int i = 0; !ex && i < 2; i++) {
-        uint32_t known = s_known_layers(v, id[i]);
-        if (known && known != layers[i]) {
-            kvedge_cli_error("layermap: the map gives the %s model %s %u layers, but the "
-                             "registry's model %s has %u: a map of other models, or another "
-                             "model under that id; nothing registered",
-                             side[i], id[i], layers[i], id[i], known);
-            ex = KVEDGE_EXIT_CORRUPT;
-        } else if (!known && models) {
-            add[i] = true;
-        } else if (!known) {
-            fprintf(stderr,
-                    "kvedge: layermap: note: the master has no record of model %s; proxies "
-                    "ignore the map until it has\n",
-                    id[i]);
-        }
-    }
+    if (!ex)
+        ex = s_register_view(r, pub, &v);
+    if (!ex)
+        ex = s_register_models(cli, v, map, r, models);
     uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
     size_t len = 0;
-    for (int i = 0; !ex && i < 2; i++) {
-        char mkey[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
-        if (!add[i])
-            continue;
-        kvedge_model_t m = models[i];
-        snprintf(m.id, sizeof m.id, "%s", id[i]);
-        rc = kvedge_master_key_format(KVEDGE_MASTER_SPACE_MODEL, id[i], NULL, mkey, sizeof mkey);
-        if (rc == KVEDGE_OK && (rc = kvedge_master_model_pack(&m, body, &len)) == KVEDGE_OK)
-            rc = kvedge_mview_set(v, mkey, body, len, r->deadline_ms);
-        if (rc != KVEDGE_OK) {
-            kvedge_cli_error("layermap: the master did not register %s: %s; the map is not "
-                             "registered",
-                             mkey, kvedge_strerror(rc));
-            ex = rc == KVEDGE_ETIMEDOUT ? KVEDGE_EXIT_UNAVAILABLE
-                 : rc == KVEDGE_EDENIED ? KVEDGE_EXIT_DENIED
-                                        : KVEDGE_EXIT_FAILURE;
-        } else if (!cli->json) {
-            printf("registered %s at %s: the %s model, %u layers x %u heads x %u\n", mkey,
-                   r->master, side[i], m.layers, m.kv_heads, m.head_dim);
-        }
-    }
     if (!ex && (rc = kvedge_master_map_pack(rec, body, &len)) == KVEDGE_OK)
         rc = kvedge_mview_set(v, key, body, len, r->deadline_ms);
     if (!ex && rc != KVEDGE_OK) {
@@ -395,30 +518,8 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
              : rc == KVEDGE_EDENIED ? KVEDGE_EXIT_DENIED
                                     : KVEDGE_EXIT_FAILURE;
     }
-    if (!ex) {
-        if (cli->json) {
-            printf("{\"registered\":");
-            kvedge_cli_json_str(stdout, key);
-            printf(",\"master\":");
-            kvedge_cli_json_str(stdout, r->master);
-            printf(",\"seq\":%llu,\"cloud_layers\":%u,\"edge_layers\":%u,\"from\":[",
-                   (unsigned long long)kvedge_mview_seq(v), rec->cloud_layers, rec->edge_layers);
-        } else {
-            printf("registered %s at %s (seq %llu): cloud_layers=%u edge_layers=%u from=", key,
-                   r->master, (unsigned long long)kvedge_mview_seq(v), rec->cloud_layers,
-                   rec->edge_layers);
-        }
-        for (uint32_t e = 0; e < rec->edge_layers; e++) {
-            const char *comma = e ? "," : "";
-            if (rec->from[e] == KVEDGE_MASTER_MAP_NONE)
-                printf("%s%s", comma, cli->json ? "null" : "-");
-            else
-                printf("%s%u", comma, rec->from[e]);
-        }
-        printf("%s\n", cli->json ? "]}" : "");
-        if (fflush(stdout) != 0)
-            ex = KVEDGE_EXIT_FAILURE;
-    }
+    if (!ex)
+        ex = s_register_print(cli, key, r->master, kvedge_mview_seq(v), rec);
     kvedge_mview_destroy(&v);
     free(rec);
     return ex;
@@ -615,6 +716,90 @@ static int s_encode_file(kvedge_tokenizer_t *tok, const char *path, int32_t **id
     return KVEDGE_EXIT_OK;
 }
 
+/* The adapter's relative errors, per mapped edge layer: K and V on the fit's first samples
+ * calibration tokens, and on --eval-text. */
+typedef struct {
+    double *k_fit, *v_fit, *k_eval, *v_eval; /* [edge layers] each, one allocation */
+    uint32_t samples, eval_samples;
+} s_adapt_err_t;
+
+/* The adapter's error on the first samples tokens of --eval-text into e. Returns an exit
+ * code. */
+static int s_adapter_eval_text(const s_adapt_opts_t *o, const kvedge_adapter_t *a,
+                               const kvedge_decoder_t *cloud, const kvedge_decoder_t *edge,
+                               kvedge_tokenizer_t *tok, s_adapt_err_t *e)
+{
+    int32_t *eids = NULL;
+    size_t en = 0;
+    int ex = s_encode_file(tok, o->eval_text, &eids, &en);
+    const uint32_t cv = kvedge_decoder_config(cloud)->vocab,
+                   ev = kvedge_decoder_config(edge)->vocab;
+    e->eval_samples = en < e->samples ? (uint32_t)en : e->samples;
+    for (size_t j = 0; !ex && j < e->eval_samples; j++)
+        if (eids[j] < 0 || (uint32_t)eids[j] >= cv || (uint32_t)eids[j] >= ev) {
+            kvedge_cli_error("layermap: token %zu of %s is outside a model's vocabulary", j,
+                             o->eval_text);
+            ex = KVEDGE_EXIT_USAGE;
+        }
+    if (!ex && e->eval_samples < 2) {
+        kvedge_cli_error("layermap: %s gives %zu tokens, too short to measure on", o->eval_text,
+                         en);
+        ex = KVEDGE_EXIT_USAGE;
+    }
+    int rc;
+    if (!ex && (rc = kvedge_adapter_eval(a, cloud, edge, eids, en, e->eval_samples, e->k_eval,
+                                         e->v_eval)) != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot measure the adapter on %s: %s", o->eval_text,
+                         kvedge_strerror(rc));
+        ex = KVEDGE_EXIT_FAILURE;
+    }
+    free(eids);
+    return ex;
+}
+
+/* The fitted adapter and its errors, as text or JSON. */
+static void s_adapter_print(const kvedge_cli_t *cli, const s_adapt_opts_t *o,
+                            const kvedge_adapter_t *a, const s_adapt_err_t *e)
+{
+    const kvedge_adapter_info_t *i = kvedge_adapter_info(a);
+    if (cli->json) {
+        printf("{\"adapter\":");
+        kvedge_cli_json_str(stdout, o->path);
+        printf(",\"kind\":\"%s\",\"ridge\":%.17g,\"samples\":%u,\"fit_error_samples\":%u,"
+               "\"eval_samples\":%u,\"layers\":[",
+               kvedge_adapt_kind_name(i->kind), i->ridge, i->samples, e->samples, e->eval_samples);
+    } else {
+        printf("\nadapter %s", kvedge_adapt_kind_name(i->kind));
+        if (i->kind == KVEDGE_ADAPT_LINEAR)
+            printf(" (ridge %g)", i->ridge);
+        printf(" fitted on %u calibration samples, written to %s; relative error ||Y - XW|| / "
+               "||Y|| on the first %u of them",
+               i->samples, o->path, e->samples);
+        if (o->eval_text)
+            printf(" and %u of %s", e->eval_samples, o->eval_text);
+        printf("\n%-10s %-11s %-8s %-8s%s\n", "edge", "cloud", "K fit", "V fit",
+               o->eval_text ? " K eval   V eval" : "");
+    }
+    bool first = true;
+    for (uint32_t l = 0; l < i->edge_layers; l++) {
+        if (kvedge_adapter_from(a, l) == KVEDGE_LAYERMAP_NONE)
+            continue;
+        if (cli->json)
+            printf("%s{\"edge\":%u,\"cloud\":%d,\"k_fit\":%.6f,\"v_fit\":%.6f", first ? "" : ",", l,
+                   kvedge_adapter_from(a, l), e->k_fit[l], e->v_fit[l]);
+        else
+            printf("%-10u %-11d %-8.4f %-8.4f", l, kvedge_adapter_from(a, l), e->k_fit[l],
+                   e->v_fit[l]);
+        if (o->eval_text)
+            printf(cli->json ? ",\"k_eval\":%.6f,\"v_eval\":%.6f" : " %-8.4f %.4f", e->k_eval[l],
+                   e->v_eval[l]);
+        printf(cli->json ? "}" : "\n");
+        first = false;
+    }
+    if (cli->json)
+        printf("]}\n");
+}
+
 /* Fits the adapter of map on the calibration tokens, writes it, and prints each mapped
  * layer's relative error on those tokens (and on --eval-text). Returns an exit code. */
 static int s_adapter(kvedge_cli_t *cli, const s_adapt_opts_t *o, const kvedge_decoder_t *cloud,
@@ -642,377 +827,226 @@ static int s_adapter(kvedge_cli_t *cli, const s_adapt_opts_t *o, const kvedge_de
     }
     const uint32_t L = map->edge_layers;
     double *err = calloc(4 * (size_t)L, sizeof(double));
-    int32_t *eids = NULL;
-    size_t en = 0;
-    uint32_t esamples = 0;
+    s_adapt_err_t e = {err, err + L, err + 2 * L, err + 3 * L, samples, 0};
     if (!ex && !err)
         ex = KVEDGE_EXIT_FAILURE;
-    if (!ex &&
-        (rc = kvedge_adapter_eval(a, cloud, edge, ids, n, samples, err, err + L)) != KVEDGE_OK) {
+    if (!ex && (rc = kvedge_adapter_eval(a, cloud, edge, ids, n, samples, e.k_fit, e.v_fit)) !=
+                   KVEDGE_OK) {
         kvedge_cli_error("layermap: cannot measure the adapter: %s", kvedge_strerror(rc));
         ex = KVEDGE_EXIT_FAILURE;
     }
-    if (!ex && o->eval_text && !(ex = s_encode_file(tok, o->eval_text, &eids, &en))) {
-        const uint32_t cv = kvedge_decoder_config(cloud)->vocab,
-                       ev = kvedge_decoder_config(edge)->vocab;
-        esamples = en < samples ? (uint32_t)en : samples;
-        for (size_t j = 0; !ex && j < esamples; j++)
-            if (eids[j] < 0 || (uint32_t)eids[j] >= cv || (uint32_t)eids[j] >= ev) {
-                kvedge_cli_error("layermap: token %zu of %s is outside a model's vocabulary", j,
-                                 o->eval_text);
-                ex = KVEDGE_EXIT_USAGE;
-            }
-        if (!ex && esamples < 2) {
-            kvedge_cli_error("layermap: %s gives %zu tokens, too short to measure on", o->eval_text,
-                             en);
-            ex = KVEDGE_EXIT_USAGE;
-        }
-        if (!ex && (rc = kvedge_adapter_eval(a, cloud, edge, eids, en, esamples, err + 2 * L,
-                                             err + 3 * L)) != KVEDGE_OK) {
-            kvedge_cli_error("layermap: cannot measure the adapter on %s: %s", o->eval_text,
-                             kvedge_strerror(rc));
-            ex = KVEDGE_EXIT_FAILURE;
-        }
-    }
-    const kvedge_adapter_info_t *i = kvedge_adapter_info(a);
-    if (!ex && cli->json) {
-        printf("{\"adapter\":");
-        kvedge_cli_json_str(stdout, o->path);
-        printf(",\"kind\":\"%s\",\"ridge\":%.17g,\"samples\":%u,\"fit_error_samples\":%u,"
-               "\"eval_samples\":%u,\"layers\":[",
-               kvedge_adapt_kind_name(i->kind), i->ridge, i->samples, samples, esamples);
-        bool first = true;
-        for (uint32_t e = 0; e < L; e++) {
-            if (kvedge_adapter_from(a, e) == KVEDGE_LAYERMAP_NONE)
-                continue;
-            printf("%s{\"edge\":%u,\"cloud\":%d,\"k_fit\":%.6f,\"v_fit\":%.6f", first ? "" : ",", e,
-                   kvedge_adapter_from(a, e), err[e], err[L + e]);
-            if (o->eval_text)
-                printf(",\"k_eval\":%.6f,\"v_eval\":%.6f", err[2 * L + e], err[3 * L + e]);
-            printf("}");
-            first = false;
-        }
-        printf("]}\n");
-    } else if (!ex) {
-        printf("\nadapter %s", kvedge_adapt_kind_name(i->kind));
-        if (i->kind == KVEDGE_ADAPT_LINEAR)
-            printf(" (ridge %g)", i->ridge);
-        printf(" fitted on %u calibration samples, written to %s; relative error ||Y - XW|| / "
-               "||Y|| on the first %u of them",
-               i->samples, o->path, samples);
-        if (o->eval_text)
-            printf(" and %u of %s", esamples, o->eval_text);
-        printf("\n%-10s %-11s %-8s %-8s%s\n", "edge", "cloud", "K fit", "V fit",
-               o->eval_text ? " K eval   V eval" : "");
-        for (uint32_t e = 0; e < L; e++) {
-            if (kvedge_adapter_from(a, e) == KVEDGE_LAYERMAP_NONE)
-                continue;
-            printf("%-10u %-11d %-8.4f %-8.4f", e, kvedge_adapter_from(a, e), err[e], err[L + e]);
-            if (o->eval_text)
-                printf(" %-8.4f %.4f", err[2 * L + e], err[3 * L + e]);
-            printf("\n");
-        }
-    }
+    if (!ex && o->eval_text)
+        ex = s_adapter_eval_text(o, a, cloud, edge, tok, &e);
+    if (!ex)
+        s_adapter_print(cli, o, a, &e);
     if (!ex && fflush(stdout) != 0)
         ex = KVEDGE_EXIT_FAILURE;
-    free(eids);
     free(err);
     kvedge_adapter_destroy(&a);
     return ex;
 }
 
-static bool s_threshold(const char *s, double lo, double *out)
+/* What a layermap measurement works on. */
+typedef struct {
+    char cid[KVEDGE_LAYERMAP_ID_MAX_BYTES + 1], eid[KVEDGE_LAYERMAP_ID_MAX_BYTES + 1];
+    kvedge_tokenizer_t *tok;
+    kvedge_decoder_t *cloud, *edge;
+    char *text;
+    int32_t *ids;
+    size_t n;
+    kvedge_layermap_t map;
+    double *cka, *rsa;
+} s_lm_t;
+
+static void s_lm_free(s_lm_t *r)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !isfinite(v) || v < lo || v > 1)
-        return false;
-    *out = v;
-    return true;
+    free(r->cka);
+    free(r->rsa);
+    kvedge_layermap_clear(&r->map);
+    kvedge_decoder_destroy(&r->edge);
+    kvedge_decoder_destroy(&r->cloud);
+    free(r->ids);
+    free(r->text);
+    kvedge_tokenizer_destroy(&r->tok);
 }
 
-static int s_cmd_layermap(kvedge_cli_t *cli, int argc, char **argv)
+/* Which flags go together; -1 when the line asks for a measurement, else an exit code (a
+ * refused line, or --show / --show-adapter, which run here). */
+static int s_lm_mode(kvedge_cli_t *cli, const s_opts_t *o, const s_reg_t *reg)
 {
-    static const struct option opts[] = {
-        {"cloud", required_argument, NULL, S_O_CLOUD},
-        {"edge", required_argument, NULL, S_O_EDGE},
-        {"tokenizer", required_argument, NULL, S_O_TOKENIZER},
-        {"calib", required_argument, NULL, S_O_CALIB},
-        {"samples", required_argument, NULL, S_O_SAMPLES},
-        {"cka-min", required_argument, NULL, S_O_CKA_MIN},
-        {"rsa-min", required_argument, NULL, S_O_RSA_MIN},
-        {"out", required_argument, NULL, S_O_OUT},
-        {"heatmap", required_argument, NULL, S_O_HEATMAP},
-        {"cloud-id", required_argument, NULL, S_O_CLOUD_ID},
-        {"edge-id", required_argument, NULL, S_O_EDGE_ID},
-        {"show", required_argument, NULL, S_O_SHOW},
-        {"register", required_argument, NULL, S_O_REGISTER},
-        {"master-pub", required_argument, NULL, S_O_MASTER_PUB},
-        {"server-key", required_argument, NULL, S_O_SERVER_KEY},
-        {"cert", required_argument, NULL, S_O_CERT},
-        {"adapter", required_argument, NULL, S_O_ADAPTER},
-        {"adapt", required_argument, NULL, S_O_ADAPT},
-        {"ridge", required_argument, NULL, S_O_RIDGE},
-        {"eval-text", required_argument, NULL, S_O_EVAL_TEXT},
-        {"show-adapter", required_argument, NULL, S_O_SHOW_ADAPTER},
-        {"adapt-samples", required_argument, NULL, S_O_ADAPT_SAMPLES},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
-    const kvedge_cli_cmd_t cmd = {
-        "layermap", NULL, S_ARGS, "Match edge layers to cloud layers by CKA and RSA.", NULL, NULL};
-    const char *cloud_path = NULL, *edge_path = NULL, *tok_path = NULL, *calib = NULL;
-    const char *out = NULL, *heatmap = NULL, *cloud_id = NULL, *edge_id = NULL, *show = NULL;
-    s_reg_t reg = {NULL, NULL, cli->server_key, cli->cert,
-                   cli->deadline_ms > 0 ? cli->deadline_ms : S_REGISTER_DEADLINE_MS};
-    uint64_t samples = KVEDGE_LAYERMAP_SAMPLES_DEFAULT;
-    double cka_min = KVEDGE_LAYERMAP_CKA_MIN_DEFAULT, rsa_min = KVEDGE_LAYERMAP_RSA_MIN_DEFAULT;
-    s_adapt_opts_t ad = {NULL, KVEDGE_ADAPT_LINEAR, -1.0, NULL, 0};
-    const char *show_adapter = NULL;
-    bool adapt_flags = false;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        bool ok = true;
-        switch (ch) {
-        case S_O_CLOUD:
-            cloud_path = optarg;
-            break;
-        case S_O_EDGE:
-            edge_path = optarg;
-            break;
-        case S_O_TOKENIZER:
-            tok_path = optarg;
-            break;
-        case S_O_CALIB:
-            calib = optarg;
-            break;
-        case S_O_OUT:
-            out = optarg;
-            break;
-        case S_O_HEATMAP:
-            heatmap = optarg;
-            break;
-        case S_O_CLOUD_ID:
-            cloud_id = optarg;
-            break;
-        case S_O_EDGE_ID:
-            edge_id = optarg;
-            break;
-        case S_O_SHOW:
-            show = optarg;
-            break;
-        case S_O_REGISTER:
-            reg.master = optarg;
-            break;
-        case S_O_MASTER_PUB:
-            reg.pub = optarg;
-            break;
-        case S_O_SERVER_KEY:
-            reg.server_key = optarg;
-            break;
-        case S_O_CERT:
-            reg.cert = optarg;
-            break;
-        case S_O_ADAPTER:
-            ad.path = optarg;
-            break;
-        case S_O_ADAPT:
-            ok = kvedge_adapt_kind_parse(optarg, &ad.kind) == KVEDGE_OK;
-            adapt_flags = true;
-            break;
-        case S_O_RIDGE: {
-            char *end;
-            errno = 0;
-            ad.ridge = strtod(optarg, &end);
-            ok = *optarg && !*end && !errno && isfinite(ad.ridge) && ad.ridge >= 0;
-            adapt_flags = true;
-            break;
-        }
-        case S_O_EVAL_TEXT:
-            ad.eval_text = optarg;
-            adapt_flags = true;
-            break;
-        case S_O_ADAPT_SAMPLES:
-            ok = kvedge_cli_parse_u64(optarg, 3, S_ADAPT_SAMPLES_MAX, &ad.samples) == 0;
-            adapt_flags = true;
-            break;
-        case S_O_SHOW_ADAPTER:
-            show_adapter = optarg;
-            break;
-        case S_O_SAMPLES:
-            ok = kvedge_cli_parse_u64(optarg, 3, KVEDGE_RSA_MAX_SAMPLES, &samples) == 0;
-            break;
-        case S_O_CKA_MIN:
-            ok = s_threshold(optarg, 0, &cka_min);
-            break;
-        case S_O_RSA_MIN:
-            ok = s_threshold(optarg, -1, &rsa_min);
-            break;
-        case 'h':
-            kvedge_cli_usage(stdout, &cmd, s_help);
-            return KVEDGE_EXIT_OK;
-        default:
-            kvedge_cli_error("layermap: unknown option or missing value '%s' (see kvedge "
-                             "layermap --help)",
-                             argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (!ok) {
-            kvedge_cli_error("layermap: bad value '%s' for %s (samples 3..16384, --cka-min in "
-                             "[0, 1], --rsa-min in [-1, 1], --adapt linear or heads, --ridge "
-                             ">= 0)",
-                             optarg, argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("layermap: unexpected argument '%s'", argv[optind]);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (!reg.master && (reg.pub || reg.server_key != cli->server_key || reg.cert != cli->cert)) {
+    bool adapt_flags = o->adapt != KVEDGE_ADAPT_LINEAR || o->ridge != KVEDGE_ADAPT_RIDGE_DEFAULT ||
+                       o->adapt_samples || o->eval_text;
+    if (!o->reg && o->master_pub) {
         kvedge_cli_error("layermap: --master-pub, --server-key and --cert go with --register");
         return KVEDGE_EXIT_USAGE;
     }
-    if (adapt_flags && !ad.path) {
+    if (adapt_flags && !o->adapter) {
         kvedge_cli_error("layermap: --adapt, --ridge, --adapt-samples and --eval-text go with "
                          "--adapter");
         return KVEDGE_EXIT_USAGE;
     }
-    if (show_adapter) {
-        if (ad.path || reg.master || cloud_path || edge_path || tok_path || calib || out ||
-            heatmap || cloud_id || edge_id) {
+    if (o->show_adapter) {
+        if (o->adapter || o->reg || o->cloud || o->edge || o->tokenizer || o->file || o->out ||
+            o->heatmap || o->cloud_id || o->edge_id) {
             kvedge_cli_error("layermap: --show-adapter takes no other flag but --json and --show");
             return KVEDGE_EXIT_USAGE;
         }
-        return s_show_adapter(cli, show_adapter, show);
+        return s_show_adapter(cli, o->show_adapter, o->show);
     }
-    if (show && ad.path) {
+    if (o->show && o->adapter) {
         kvedge_cli_error("layermap: --adapter fits on the models: it does not go with --show");
         return KVEDGE_EXIT_USAGE;
     }
-    if (show)
-        return s_show(cli, show, tok_path || calib || out || heatmap, cloud_id, edge_id, &reg,
-                      cloud_path, edge_path);
-    if (!cloud_path || !edge_path || !tok_path || !calib) {
-        kvedge_cli_error("layermap: --cloud, --edge, --tokenizer and --calib are required");
+    if (o->show)
+        return s_show(cli, o->show, o->tokenizer || o->file || o->out || o->heatmap, o->cloud_id,
+                      o->edge_id, reg, o->cloud, o->edge);
+    if (!o->cloud || !o->edge || !o->tokenizer || !o->file) {
+        kvedge_cli_error("layermap: --cloud, --edge, --tokenizer and --file are required");
         return KVEDGE_EXIT_USAGE;
     }
-    char cid[KVEDGE_LAYERMAP_ID_MAX_BYTES + 1], eid[KVEDGE_LAYERMAP_ID_MAX_BYTES + 1];
-    s_default_id(cloud_path, cid, sizeof cid);
-    s_default_id(edge_path, eid, sizeof eid);
-    if (cloud_id)
-        snprintf(cid, sizeof cid, "%s", cloud_id);
-    if (edge_id)
-        snprintf(eid, sizeof eid, "%s", edge_id);
-    if ((cloud_id && strlen(cloud_id) >= sizeof cid) ||
-        (edge_id && strlen(edge_id) >= sizeof eid) || strpbrk(cid, " \t\n\r") ||
-        strpbrk(eid, " \t\n\r") || !*cid || !*eid) {
+    return -1;
+}
+
+/* The model ids of the map: given, else from the weights' paths; with --register, registry
+ * ids (checked before the models run). Returns an exit code. */
+static int s_lm_ids(const s_opts_t *o, s_lm_t *r)
+{
+    s_default_id(o->cloud, r->cid, sizeof r->cid);
+    s_default_id(o->edge, r->eid, sizeof r->eid);
+    if (o->cloud_id)
+        snprintf(r->cid, sizeof r->cid, "%s", o->cloud_id);
+    if (o->edge_id)
+        snprintf(r->eid, sizeof r->eid, "%s", o->edge_id);
+    if ((o->cloud_id && strlen(o->cloud_id) >= sizeof r->cid) ||
+        (o->edge_id && strlen(o->edge_id) >= sizeof r->eid) || strpbrk(r->cid, " \t\n\r") ||
+        strpbrk(r->eid, " \t\n\r") || !*r->cid || !*r->eid) {
         kvedge_cli_error("layermap: a model id is one word of at most %u bytes",
                          KVEDGE_LAYERMAP_ID_MAX_BYTES);
         return KVEDGE_EXIT_USAGE;
     }
     char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
-    if (reg.master && !s_registry_ids(cid, eid, key, sizeof key))
-        return KVEDGE_EXIT_USAGE; /* before the models run */
+    if (o->reg && !s_registry_ids(r->cid, r->eid, key, sizeof key))
+        return KVEDGE_EXIT_USAGE;
+    return KVEDGE_EXIT_OK;
+}
 
-    kvedge_tokenizer_t *tok = NULL;
-    kvedge_decoder_t *cloud = NULL, *edge = NULL;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    size_t len = 0, n = 0;
-    kvedge_layermap_t map = {0};
-    double *cka = NULL, *rsa = NULL;
+/* The tokenizer, the calibration text's tokens (enough for --samples and --adapt-samples)
+ * and both models, whose vocabularies must hold those tokens. Returns an exit code. */
+static int s_lm_load(const s_opts_t *o, s_lm_t *r)
+{
     char why[KVEDGE_TOKENIZER_WHY_BYTES] = "";
     struct stat st;
-    int rc = stat(tok_path, &st) == 0 && S_ISDIR(st.st_mode)
-                 ? kvedge_tokenizer_load_dir(tok_path, &tok, why, sizeof why)
-                 : kvedge_tokenizer_load_json(tok_path, &tok, why, sizeof why);
-    int ex = KVEDGE_EXIT_OK;
+    size_t len = 0;
+    int rc = stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode)
+                 ? kvedge_tokenizer_load_dir(o->tokenizer, &r->tok, why, sizeof why)
+                 : kvedge_tokenizer_load_json(o->tokenizer, &r->tok, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("layermap: cannot load the tokenizer: %s", why);
-        ex = rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
+        return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
     }
-    if (!ex)
-        ex = kvedge_cli_slurp("layermap", "the calibration text", calib, S_TEXT_MAX_BYTES, &text,
-                              &len);
-    if (!ex && (rc = kvedge_tokenizer_encode(tok, text, len, &ids, &n)) != KVEDGE_OK) {
-        kvedge_cli_error("layermap: cannot encode %s: %s", calib, kvedge_strerror(rc));
+    int ex = kvedge_cli_slurp("layermap", "the calibration text", o->file, S_TEXT_MAX_BYTES,
+                              &r->text, &len);
+    if (!ex && (rc = kvedge_tokenizer_encode(r->tok, r->text, len, &r->ids, &r->n)) != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot encode %s: %s", o->file, kvedge_strerror(rc));
         ex = KVEDGE_EXIT_FAILURE;
     }
-    if (!ex && n < samples) {
-        kvedge_cli_error("layermap: %s gives %zu tokens, too short for %llu samples (give a "
+    if (!ex && r->n < o->samples) {
+        kvedge_cli_error("layermap: %s gives %zu tokens, too short for %u samples (give a "
                          "longer text or a smaller --samples, at least 3)",
-                         calib, n, (unsigned long long)samples);
+                         o->file, r->n, o->samples);
         ex = KVEDGE_EXIT_USAGE;
     }
-    if (!ex && n < ad.samples) {
-        kvedge_cli_error("layermap: %s gives %zu tokens, too short for --adapt-samples %llu", calib,
-                         n, (unsigned long long)ad.samples);
+    if (!ex && r->n < o->adapt_samples) {
+        kvedge_cli_error("layermap: %s gives %zu tokens, too short for --adapt-samples %u", o->file,
+                         r->n, o->adapt_samples);
         ex = KVEDGE_EXIT_USAGE;
     }
     if (!ex)
-        ex = kvedge_cli_load_model("layermap", cloud_path, "cloud", &cloud);
+        ex = kvedge_cli_load_model("layermap", o->cloud, "cloud", &r->cloud);
     if (!ex)
-        ex = kvedge_cli_load_model("layermap", edge_path, "edge", &edge);
-    for (size_t i = 0; !ex && i < (samples > ad.samples ? samples : ad.samples); i++) {
-        const uint32_t cv = kvedge_decoder_config(cloud)->vocab,
-                       ev = kvedge_decoder_config(edge)->vocab;
-        if (ids[i] < 0 || (uint32_t)ids[i] >= cv || (uint32_t)ids[i] >= ev) {
+        ex = kvedge_cli_load_model("layermap", o->edge, "edge", &r->edge);
+    size_t need = o->samples > o->adapt_samples ? o->samples : o->adapt_samples;
+    for (size_t i = 0; !ex && i < need; i++) {
+        const uint32_t cv = kvedge_decoder_config(r->cloud)->vocab,
+                       ev = kvedge_decoder_config(r->edge)->vocab;
+        if (r->ids[i] < 0 || (uint32_t)r->ids[i] >= cv || (uint32_t)r->ids[i] >= ev) {
             kvedge_cli_error("layermap: token %zu of %s is id %d, outside the vocabulary of the "
                              "%s model (%u): the tokenizer does not fit the models",
-                             i, calib, ids[i], (uint32_t)ids[i] >= cv ? "cloud" : "edge",
-                             (uint32_t)ids[i] >= cv ? cv : ev);
+                             i, o->file, r->ids[i], (uint32_t)r->ids[i] >= cv ? "cloud" : "edge",
+                             (uint32_t)r->ids[i] >= cv ? cv : ev);
             ex = KVEDGE_EXIT_USAGE;
         }
     }
-    if (!ex) {
-        rc = kvedge_layermap_build(cloud, cid, edge, eid, ids, n, (uint32_t)samples, cka_min,
-                                   rsa_min, &map, &cka, &rsa);
-        if (rc != KVEDGE_OK) {
-            kvedge_cli_error("layermap: %s", kvedge_strerror(rc));
-            ex = KVEDGE_EXIT_FAILURE;
-        }
+    return ex;
+}
+
+/* Builds the map, writes it (--out), prints it, draws the heatmaps. Returns an exit code. */
+static int s_lm_build(const kvedge_cli_t *cli, const s_opts_t *o, s_lm_t *r)
+{
+    int rc = kvedge_layermap_build(r->cloud, r->cid, r->edge, r->eid, r->ids, r->n, o->samples,
+                                   o->cka_min, o->rsa_min, &r->map, &r->cka, &r->rsa);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: %s", kvedge_strerror(rc));
+        return KVEDGE_EXIT_FAILURE;
     }
-    if (!ex && out && (rc = kvedge_layermap_save(out, &map)) != KVEDGE_OK) {
-        kvedge_cli_error("layermap: cannot write %s: %s", out,
+    if (o->out && (rc = kvedge_layermap_save(o->out, &r->map)) != KVEDGE_OK) {
+        kvedge_cli_error("layermap: cannot write %s: %s", o->out,
                          rc == KVEDGE_EIO ? strerror(errno) : kvedge_strerror(rc));
-        ex = KVEDGE_EXIT_FAILURE;
+        return KVEDGE_EXIT_FAILURE;
     }
-    if (!ex && kvedge_layermap_print(stdout, &map, cli->json, cka, rsa) != KVEDGE_OK) {
+    if (kvedge_layermap_print(stdout, &r->map, cli->json, r->cka, r->rsa) != KVEDGE_OK) {
         kvedge_cli_error("layermap: cannot write the output: %s", strerror(errno));
-        ex = KVEDGE_EXIT_FAILURE;
+        return KVEDGE_EXIT_FAILURE;
     }
-    if (!ex && heatmap)
-        ex = s_heatmap(heatmap, &map, cka, rsa);
-    if (!ex && ad.path)
-        ex = s_adapter(cli, &ad, cloud, edge, tok, &map, ids, n, (uint32_t)samples);
+    return o->heatmap ? s_heatmap(o->heatmap, &r->map, r->cka, r->rsa) : KVEDGE_EXIT_OK;
+}
+
+/* --register after a measurement: the records a node would publish for these weights
+ * (kvedge_e2e_model: fp16), then the map. Returns an exit code. */
+static int s_lm_register(kvedge_cli_t *cli, const s_reg_t *reg, s_lm_t *r)
+{
     kvedge_model_t recs[2];
-    if (!ex && reg.master) {
-        /* The records a node would publish for these weights (kvedge_e2e_model: fp16). */
-        if ((rc = kvedge_e2e_model(cloud, cid, &recs[0])) != KVEDGE_OK ||
-            (rc = kvedge_e2e_model(edge, eid, &recs[1])) != KVEDGE_OK) {
-            kvedge_cli_error("layermap: the models cannot be registry records (%s): give "
-                             "--cloud-id and --edge-id the served ids",
-                             kvedge_strerror(rc));
-            ex = KVEDGE_EXIT_USAGE;
-        }
+    int rc;
+    if ((rc = kvedge_e2e_model(r->cloud, r->cid, &recs[0])) != KVEDGE_OK ||
+        (rc = kvedge_e2e_model(r->edge, r->eid, &recs[1])) != KVEDGE_OK) {
+        kvedge_cli_error("layermap: the models cannot be registry records (%s): give "
+                         "--cloud-id and --edge-id the served ids",
+                         kvedge_strerror(rc));
+        return KVEDGE_EXIT_USAGE;
     }
-    if (!ex && reg.master)
-        ex = s_register(cli, &map, &reg, recs);
-    free(cka);
-    free(rsa);
-    kvedge_layermap_clear(&map);
-    kvedge_decoder_destroy(&edge);
-    kvedge_decoder_destroy(&cloud);
-    free(ids);
-    free(text);
-    kvedge_tokenizer_destroy(&tok);
+    return s_register(cli, &r->map, reg, recs);
+}
+
+static int s_layermap(kvedge_cli_t *cli, const void *opts)
+{
+    const s_opts_t *o = opts;
+    s_reg_t reg = {o->reg, o->master_pub, cli->server_key, cli->cert,
+                   cli->deadline_ms > 0 ? cli->deadline_ms : S_REGISTER_DEADLINE_MS};
+    s_adapt_opts_t ad = {o->adapter, (kvedge_adapt_kind_t)o->adapt, o->ridge, o->eval_text,
+                         o->adapt_samples};
+    int ex = s_lm_mode(cli, o, &reg);
+    if (ex >= 0)
+        return ex;
+    s_lm_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        kvedge_cli_error("layermap: out of memory");
+        return KVEDGE_EXIT_FAILURE;
+    }
+    ex = s_lm_ids(o, r);
+    if (!ex)
+        ex = s_lm_load(o, r);
+    if (!ex)
+        ex = s_lm_build(cli, o, r);
+    if (!ex && o->adapter)
+        ex = s_adapter(cli, &ad, r->cloud, r->edge, r->tok, &r->map, r->ids, r->n, o->samples);
+    if (!ex && o->reg)
+        ex = s_lm_register(cli, &reg, r);
+    s_lm_free(r);
+    free(r);
     return ex;
 }
 
 const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[] = {
-    {"layermap", s_cmd_layermap, S_ARGS,
-     "Match each edge layer to a cloud layer by CKA and RSA over calibration text.", NULL, NULL},
+    {.name = "layermap", .opts = &s_opts, .exec = s_layermap},
     {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -4,7 +4,6 @@
  * no network. */
 #include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,23 +20,6 @@
 /* Bytes of a text read at most. */
 #define S_TEXT_MAX_BYTES (256u << 20)
 
-enum {
-    S_O_CLOUD = 1000,
-    S_O_EDGE,
-    S_O_TOKENIZER,
-    S_O_TEXT,
-    S_O_ADAPTER,
-    S_O_CTX,
-    S_O_CONT,
-    S_O_DOCS,
-    S_O_DAT,
-    S_O_QUIET,
-};
-
-#define S_ARGS                                                                                     \
-    "--cloud W --edge W --tokenizer DIR --text FILE [--adapter FILE]... [--ctx N] [--cont N] "     \
-    "[--docs N] [--dat FILE]"
-
 static const char s_help[] =
     "Measures what a small edge model (SLM) gains from a large cloud model's (LLM) context\n"
     "K/V, on held-out text, in this process (no network). The text is cut into chapters at\n"
@@ -52,17 +34,6 @@ static const char s_help[] =
     "greedy agreement with cloud-only and with edge-only, mean KL(cloud-only || row), and\n"
     "the context's bytes the row needs from elsewhere (encoded blocks; ce-lslm: the mapped\n"
     "cloud layers only).\n\n"
-    "      --cloud FILE       the LLM's weights (safetensors)\n"
-    "      --edge FILE        the SLM's weights (same vocabulary)\n"
-    "      --tokenizer DIR    a BPE tokenizer directory (vocab.json, merges.txt)\n"
-    "      --text FILE        held-out text\n"
-    "      --adapter FILE     an adapter file (clients/e2e/adapter.h) from the LLM to the SLM;\n"
-    "                         up to 4, one row group each\n"
-    "      --ctx N            context tokens (default 256)\n"
-    "      --cont N           scored continuation positions (default 64)\n"
-    "      --docs N           measure at most N documents (default: all)\n"
-    "      --dat FILE         also write the rows as a data file (scripts/plot_largesmall.gp)\n"
-    "  -q, --quiet            no progress on stderr\n\n"
     "--json prints one object: {\"rows\": [{\"name\", \"kind\", \"ppl\", \"agree_cloud\",\n"
     "\"agree_edge\", \"kl\", \"bytes\", ...}], \"documents\", ...}.\n\n"
     "exit codes: 2 usage (also: a text too short for one document, an adapter for other\n"
@@ -156,101 +127,108 @@ static void s_progress(void *arg, size_t done, size_t doc_index, double elapsed_
                 elapsed_s);
 }
 
-static int s_cmd_lseval(kvedge_cli_t *cli, int argc, char **argv)
-{
-    static const struct option opts[] = {
-        {"cloud", required_argument, NULL, S_O_CLOUD},
-        {"edge", required_argument, NULL, S_O_EDGE},
-        {"tokenizer", required_argument, NULL, S_O_TOKENIZER},
-        {"text", required_argument, NULL, S_O_TEXT},
-        {"adapter", required_argument, NULL, S_O_ADAPTER},
-        {"ctx", required_argument, NULL, S_O_CTX},
-        {"cont", required_argument, NULL, S_O_CONT},
-        {"docs", required_argument, NULL, S_O_DOCS},
-        {"dat", required_argument, NULL, S_O_DAT},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    static const kvedge_cli_cmd_t cmd = {"lseval", NULL, S_ARGS, NULL, NULL, NULL};
-    const char *cloud_w = NULL, *edge_w = NULL, *tok_dir = NULL, *text = NULL, *dat = NULL;
-    const char *adapter_path[KVEDGE_LSEVAL_MAX_ADAPTERS];
-    size_t n_adapters = 0;
-    uint64_t ctx = S_CONTEXT_DEFAULT, cont = S_CONTINUATION_DEFAULT, docs_max = 0;
-    s_progress_t prog = {false};
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "qh", opts, NULL)) != -1) {
-        bool bad = false;
-        switch (ch) {
-        case S_O_CLOUD:
-            cloud_w = optarg;
-            break;
-        case S_O_EDGE:
-            edge_w = optarg;
-            break;
-        case S_O_TOKENIZER:
-            tok_dir = optarg;
-            break;
-        case S_O_TEXT:
-            text = optarg;
-            break;
-        case S_O_ADAPTER:
-            if (n_adapters == KVEDGE_LSEVAL_MAX_ADAPTERS) {
-                kvedge_cli_error("lseval: at most %d --adapter", KVEDGE_LSEVAL_MAX_ADAPTERS);
-                return KVEDGE_EXIT_USAGE;
-            }
-            adapter_path[n_adapters++] = optarg;
-            break;
-        case S_O_CTX:
-            bad = kvedge_cli_parse_u64(optarg, 1, KVEDGE_BLOCK_MAX_TOKENS, &ctx) != 0;
-            break;
-        case S_O_CONT:
-            bad = kvedge_cli_parse_u64(optarg, 1, KVEDGE_BLOCK_MAX_TOKENS, &cont) != 0;
-            break;
-        case S_O_DOCS:
-            bad = kvedge_cli_parse_u64(optarg, 1, SIZE_MAX, &docs_max) != 0;
-            break;
-        case S_O_DAT:
-            dat = optarg;
-            break;
-        case 'q':
-            prog.quiet = true;
-            break;
-        case 'h':
-            kvedge_cli_usage(stdout, &cmd, s_help);
-            return KVEDGE_EXIT_OK;
-        default:
-            kvedge_cli_error("lseval: unknown option or missing value '%s' (see kvedge lseval "
-                             "--help)",
-                             argv[optind - 1]);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (bad) {
-            kvedge_cli_error("lseval: bad value '%s' for --%s", optarg,
-                             kvedge_cli_flag_name(opts, ch));
-            return KVEDGE_EXIT_USAGE;
-        }
-    }
-    if (optind != argc) {
-        kvedge_cli_error("lseval: unexpected argument '%s'", argv[optind]);
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (!cloud_w || !edge_w || !tok_dir || !text) {
-        kvedge_cli_error("lseval: --cloud, --edge, --tokenizer and --text are required (see "
-                         "kvedge lseval --help)");
-        return KVEDGE_EXIT_USAGE;
-    }
+/* What `kvedge lseval` runs on. */
+typedef struct {
+    const char *cloud, *edge, *tokenizer, *file, *dat;
+    const char *adapters[KVEDGE_LSEVAL_MAX_ADAPTERS];
+    size_t n_adapters;
+    uint32_t ctx, cont;
+    uint64_t docs;
+    bool quiet;
+} s_opts_t;
 
-    kvedge_decoder_t *cloud = NULL, *edge = NULL;
-    kvedge_adapter_t *ad[KVEDGE_LSEVAL_MAX_ADAPTERS] = {NULL};
-    kvedge_cli_docs_t docs = {0};
-    kvedge_lseval_result_t *res = NULL;
-    int ex = kvedge_cli_load_model("lseval", cloud_w, "cloud", &cloud);
+static const kvedge_cmdopt_t s_opt_list[] = {
+    {.name = "cloud",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, cloud),
+     .required = true,
+     .help = "the LLM's weights (safetensors)"},
+    {.name = "edge",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, edge),
+     .required = true,
+     .help = "the SLM's weights (same vocabulary)"},
+    {.name = "tokenizer",
+     .arg = "DIR",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, tokenizer),
+     .required = true,
+     .help = "a BPE tokenizer directory (vocab.json, merges.txt)"},
+    {.name = "file",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, file),
+     .alias = "text",
+     .required = true,
+     .help = "held-out text"},
+    {.name = "adapter",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STRS,
+     KVEDGE_CMDOPT_LIST_AT(s_opts_t, adapters, n_adapters),
+     .help = "an adapter file (clients/e2e/adapter.h) from the LLM to the SLM; repeat for up "
+             "to 4, one row group each"},
+    {.name = "ctx",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_opts_t, ctx),
+     .min = 1,
+     .max = KVEDGE_BLOCK_MAX_TOKENS,
+     .def_num = S_CONTEXT_DEFAULT,
+     .help = "context tokens"},
+    {.name = "cont",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_opts_t, cont),
+     .min = 1,
+     .max = KVEDGE_BLOCK_MAX_TOKENS,
+     .def_num = S_CONTINUATION_DEFAULT,
+     .help = "scored continuation positions"},
+    {.name = "docs",
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_opts_t, docs),
+     .min = 1,
+     .max = SIZE_MAX,
+     .def_text = "all",
+     .help = "measure at most N documents"},
+    {.name = "dat",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, dat),
+     .help = "also write the rows as a data file (scripts/plot_largesmall.gp)"},
+    {.name = "quiet",
+     .letter = 'q',
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_opts_t, quiet),
+     .help = "no progress on stderr"},
+};
+
+static const kvedge_cmdopts_t s_opts = {
+    .command = "lseval",
+    .summary = "Large-small quality: an edge model on a cloud model's adapted context K/V.",
+    .about = s_help,
+    KVEDGE_CMDOPTS_OF(s_opts_t, s_opt_list)};
+
+/* What lseval works on. */
+typedef struct {
+    kvedge_decoder_t *cloud, *edge;
+    kvedge_adapter_t *ad[KVEDGE_LSEVAL_MAX_ADAPTERS];
+    kvedge_cli_docs_t docs;
+    kvedge_lseval_result_t *res;
+} s_lseval_t;
+
+/* The models (one vocabulary, positions for --ctx + --cont), the adapters and the documents.
+ * Returns an exit code. */
+static int s_lseval_load(const s_opts_t *o, s_lseval_t *r)
+{
+    int ex = kvedge_cli_load_model("lseval", o->cloud, "cloud", &r->cloud);
     if (!ex)
-        ex = kvedge_cli_load_model("lseval", edge_w, "edge", &edge);
-    const kvedge_decoder_config_t *cc = cloud ? kvedge_decoder_config(cloud) : NULL;
-    const kvedge_decoder_config_t *ec = edge ? kvedge_decoder_config(edge) : NULL;
+        ex = kvedge_cli_load_model("lseval", o->edge, "edge", &r->edge);
+    const kvedge_decoder_config_t *cc = r->cloud ? kvedge_decoder_config(r->cloud) : NULL;
+    const kvedge_decoder_config_t *ec = r->edge ? kvedge_decoder_config(r->edge) : NULL;
+    uint64_t ctx = o->ctx, cont = o->cont;
     if (!ex && cc->vocab != ec->vocab) {
         kvedge_cli_error("lseval: the models' vocabularies differ (cloud %u, edge %u): they "
                          "must share a tokenizer",
@@ -264,70 +242,90 @@ static int s_cmd_lseval(kvedge_cli_t *cli, int argc, char **argv)
                          ec->max_positions);
         ex = KVEDGE_EXIT_USAGE;
     }
-    for (size_t i = 0; !ex && i < n_adapters; i++)
-        ex = s_load_adapter(adapter_path[i], cloud, edge, &ad[i]);
+    for (size_t i = 0; !ex && i < o->n_adapters; i++)
+        ex = s_load_adapter(o->adapters[i], r->cloud, r->edge, &r->ad[i]);
     size_t chapters = 0, longest = 0;
     if (!ex)
-        ex = s_read_docs(tok_dir, text, cc->vocab, (size_t)(ctx + cont + 1), &docs, &chapters,
-                         &longest);
-    if (!ex && docs.n == 0) {
+        ex = s_read_docs(o->tokenizer, o->file, cc->vocab, (size_t)(ctx + cont + 1), &r->docs,
+                         &chapters, &longest);
+    if (!ex && r->docs.n == 0) {
         kvedge_cli_error("lseval: %s is too short for one document: a context of %llu and a "
                          "continuation of %llu need %llu tokens in one chapter (%zu chapters, "
                          "the longest %zu tokens)",
-                         text, (unsigned long long)ctx, (unsigned long long)cont,
+                         o->file, (unsigned long long)ctx, (unsigned long long)cont,
                          (unsigned long long)(ctx + cont + 1), chapters, longest);
         ex = KVEDGE_EXIT_USAGE;
     }
+    return ex;
+}
+
+/* Runs the evaluation into r->res. Returns an exit code. */
+static int s_lseval_measure(const s_opts_t *o, s_lseval_t *r)
+{
     char names[KVEDGE_LSEVAL_MAX_ADAPTERS][KVEDGE_LSEVAL_NAME_BYTES / 2];
     const char *name_p[KVEDGE_LSEVAL_MAX_ADAPTERS];
-    if (!ex) {
-        s_names((const kvedge_adapter_t *const *)ad, adapter_path, n_adapters, names);
-        for (size_t i = 0; i < n_adapters; i++)
-            name_p[i] = names[i];
-        kvedge_lseval_opts_t o = {
-            .cloud = cloud,
-            .edge = edge,
-            .adapters = (const kvedge_adapter_t *const *)ad,
-            .adapter_names = name_p,
-            .n_adapters = n_adapters,
-            .docs = (const int32_t *const *)docs.doc,
-            .doc_len = docs.len,
-            .n_docs = docs.n,
-            .ctx_tokens = (uint32_t)ctx,
-            .cont_tokens = (uint32_t)cont,
-            .max_docs = (size_t)docs_max,
-            .progress = s_progress,
-            .progress_arg = &prog,
-        };
-        int rc = kvedge_lseval_run(&o, &res);
-        if (rc != KVEDGE_OK) {
-            kvedge_cli_error("lseval: the evaluation failed: %s", kvedge_strerror(rc));
-            ex = KVEDGE_EXIT_FAILURE;
-        }
+    s_progress_t prog = {o->quiet};
+    s_names((const kvedge_adapter_t *const *)r->ad, o->adapters, o->n_adapters, names);
+    for (size_t i = 0; i < o->n_adapters; i++)
+        name_p[i] = names[i];
+    kvedge_lseval_opts_t lo = {
+        .cloud = r->cloud,
+        .edge = r->edge,
+        .adapters = (const kvedge_adapter_t *const *)r->ad,
+        .adapter_names = name_p,
+        .n_adapters = o->n_adapters,
+        .docs = (const int32_t *const *)r->docs.doc,
+        .doc_len = r->docs.len,
+        .n_docs = r->docs.n,
+        .ctx_tokens = o->ctx,
+        .cont_tokens = o->cont,
+        .max_docs = (size_t)o->docs,
+        .progress = s_progress,
+        .progress_arg = &prog,
+    };
+    int rc = kvedge_lseval_run(&lo, &r->res);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("lseval: the evaluation failed: %s", kvedge_strerror(rc));
+        return KVEDGE_EXIT_FAILURE;
     }
-    if (!ex) {
-        kvedge_lseval_print(stdout, res, cli->json);
-        if (dat) {
-            FILE *f = fopen(dat, "w");
-            if (f)
-                kvedge_lseval_print_dat(f, res);
-            if (!f || fclose(f) != 0) {
-                kvedge_cli_error("lseval: cannot write %s: %s", dat, strerror(errno));
-                ex = KVEDGE_EXIT_FAILURE;
-            }
-        }
+    return KVEDGE_EXIT_OK;
+}
+
+/* Prints the rows, and writes them to --dat. Returns an exit code. */
+static int s_lseval_print(const kvedge_cli_t *cli, const s_opts_t *o, const s_lseval_t *r)
+{
+    kvedge_lseval_print(stdout, r->res, cli->json);
+    if (!o->dat)
+        return KVEDGE_EXIT_OK;
+    FILE *f = fopen(o->dat, "w");
+    if (f)
+        kvedge_lseval_print_dat(f, r->res);
+    if (!f || fclose(f) != 0) {
+        kvedge_cli_error("lseval: cannot write %s: %s", o->dat, strerror(errno));
+        return KVEDGE_EXIT_FAILURE;
     }
-    free(res);
-    kvedge_cli_docs_free(&docs);
-    for (size_t i = 0; i < n_adapters; i++)
-        kvedge_adapter_destroy(&ad[i]);
-    kvedge_decoder_destroy(&edge);
-    kvedge_decoder_destroy(&cloud);
+    return KVEDGE_EXIT_OK;
+}
+
+static int s_lseval(kvedge_cli_t *cli, const void *opts)
+{
+    const s_opts_t *o = opts;
+    s_lseval_t r = {0};
+    int ex = s_lseval_load(o, &r);
+    if (!ex)
+        ex = s_lseval_measure(o, &r);
+    if (!ex)
+        ex = s_lseval_print(cli, o, &r);
+    free(r.res);
+    kvedge_cli_docs_free(&r.docs);
+    for (size_t i = 0; i < o->n_adapters; i++)
+        kvedge_adapter_destroy(&r.ad[i]);
+    kvedge_decoder_destroy(&r.edge);
+    kvedge_decoder_destroy(&r.cloud);
     return ex;
 }
 
 const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[] = {
-    {"lseval", s_cmd_lseval, S_ARGS,
-     "Large-small quality: an edge model on a cloud model's adapted context K/V.", NULL, NULL},
+    {.name = "lseval", .opts = &s_opts, .exec = s_lseval},
     {NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -2,7 +2,6 @@
  * from its MONITOR document (clients/cli/top_doc.h). top redraws in place on a terminal and
  * prints plain frames into a pipe; rates come from the difference of two snapshots. */
 #include <cjson/cJSON.h>
-#include <getopt.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -289,8 +288,9 @@ static void s_header(s_screen_t *s, const kvedge_top_doc_t *d, const char *ep, d
            d->ready ? "ready" : "NOT READY: ", d->ready ? "" : d->not_ready);
 }
 
-static void s_node_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kvedge_top_doc_t *prev,
-                          double dt, uint32_t top)
+/* The node's request line: rates, hit ratio, bytes, latency over the interval. */
+static void s_node_requests(s_screen_t *s, const kvedge_top_doc_t *cur,
+                            const kvedge_top_doc_t *prev, double dt)
 {
     char b1[32], b2[32], b3[32], b4[32];
     const uint64_t *le = cur->node.le_us;
@@ -321,6 +321,12 @@ static void s_node_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kved
     } else {
         s_line(s, "requests: the node's I/O analyzer is off (monitor = false): no rates");
     }
+}
+
+/* The node's store, sync subscriptions and master lines. */
+static void s_node_state(s_screen_t *s, const kvedge_top_doc_t *cur)
+{
+    char b1[32], b2[32], b3[32];
     if (cur->node.has_store) {
         const kvedge_top_store_t *st = &cur->node.store;
         char cap[48] = "";
@@ -355,8 +361,15 @@ static void s_node_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kved
                cur->node.master.state[0] ? cur->node.master.state : "?",
                (unsigned long long)cur->node.master.attempts, cur->node.master.why[0] ? ": " : "",
                cur->node.master.why);
-    if (!cur->node.analyzer)
-        return;
+}
+
+/* The table of operations, busiest first. */
+static void s_node_ops(s_screen_t *s, const kvedge_top_doc_t *cur, const kvedge_top_doc_t *prev,
+                       double dt)
+{
+    char b1[32], b2[32];
+    const uint64_t *le = cur->node.le_us;
+    uint32_t nle = cur->node.nle;
     s_line(s, "%s", "");
     s_line(s, "%-14s %9s %9s %9s %9s %12s", "OP", "REQ/S", "P50", "P99", "ERR/S", "TOTAL");
     s_op_row_t rows[KVEDGE_TOP_DOC_MAX_OPS];
@@ -382,6 +395,13 @@ static void s_node_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kved
     }
     if (nr == 0)
         s_line(s, "(no requests yet)");
+}
+
+/* The hottest prefixes, at most top. */
+static void s_node_hot(s_screen_t *s, const kvedge_top_doc_t *cur, const kvedge_top_doc_t *prev,
+                       double dt, uint32_t top)
+{
+    char b1[32];
     s_line(s, "%s", "");
     uint32_t np = cur->node.hot.nprefixes < top ? cur->node.hot.nprefixes : top;
     s_line(s, "HOT PREFIXES   %llu accesses seen, table of %llu entries (%s)",
@@ -403,6 +423,17 @@ static void s_node_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kved
         s_line(s, "(none yet)");
 }
 
+static void s_node_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kvedge_top_doc_t *prev,
+                          double dt, uint32_t top)
+{
+    s_node_requests(s, cur, prev, dt);
+    s_node_state(s, cur);
+    if (!cur->node.analyzer)
+        return;
+    s_node_ops(s, cur, prev, dt);
+    s_node_hot(s, cur, prev, dt, top);
+}
+
 /* ---------------------------------------------------------------- the proxy's screen */
 
 static void s_source_lag(const kvedge_top_source_t *src, char *b, size_t n)
@@ -418,18 +449,12 @@ static void s_source_lag(const kvedge_top_source_t *src, char *b, size_t n)
                  (unsigned long long)src->history.chunks_missing);
 }
 
-static void s_proxy_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kvedge_top_doc_t *prev,
-                           double dt, int room)
+/* Layers per second by reason, over every source kind, as "   REASON RATE..." into by;
+ * returns its length. */
+static size_t s_reasons(const kvedge_top_doc_t *cur, const kvedge_top_doc_t *prev, double dt,
+                        char *by, size_t cap)
 {
-    char b1[32], b2[32], b3[32], b4[32];
-    const kvedge_top_proxy_stats_t *st = &cur->proxy.stats, *pst = prev ? &prev->proxy.stats : NULL;
-    s_line(s, "fetches %.1f/s   layers %.1f/s   delivered %s   open %llu   buffered %s",
-           s_rate(st->requests, pst ? pst->requests : 0, dt),
-           s_rate(st->layers, pst ? pst->layers : 0, dt),
-           s_bps(s_rate(st->bytes, pst ? pst->bytes : 0, dt), b1, 32),
-           (unsigned long long)st->fetches_open, kvedge_cli_bytes(st->buffered_bytes, b2, 32));
     /* layers/s by reason, over every source kind */
-    char by[S_LINE_BYTES] = "";
     size_t len = 0;
     for (uint32_t i = 0; i < cur->proxy.nlayers; i++) {
         const char *reason = cur->proxy.layers[i].b;
@@ -445,10 +470,26 @@ static void s_proxy_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kve
         for (uint32_t j = 0; prev && j < prev->proxy.nlayers; j++)
             if (strcmp(prev->proxy.layers[j].b, reason) == 0)
                 p += prev->proxy.layers[j].count;
-        if (len < sizeof by)
-            len += (size_t)snprintf(by + len, sizeof by - len, "   %s %.1f",
-                                    reason[0] ? reason : "?", s_rate(c, p, dt));
+        if (len < cap)
+            len += (size_t)snprintf(by + len, cap - len, "   %s %.1f", reason[0] ? reason : "?",
+                                    s_rate(c, p, dt));
     }
+    return len;
+}
+
+/* The proxy's rate, reason, latency and master lines. */
+static void s_proxy_rates(s_screen_t *s, const kvedge_top_doc_t *cur, const kvedge_top_doc_t *prev,
+                          double dt)
+{
+    char b1[32], b2[32], b3[32], b4[32];
+    const kvedge_top_proxy_stats_t *st = &cur->proxy.stats, *pst = prev ? &prev->proxy.stats : NULL;
+    s_line(s, "fetches %.1f/s   layers %.1f/s   delivered %s   open %llu   buffered %s",
+           s_rate(st->requests, pst ? pst->requests : 0, dt),
+           s_rate(st->layers, pst ? pst->layers : 0, dt),
+           s_bps(s_rate(st->bytes, pst ? pst->bytes : 0, dt), b1, 32),
+           (unsigned long long)st->fetches_open, kvedge_cli_bytes(st->buffered_bytes, b2, 32));
+    char by[S_LINE_BYTES] = "";
+    size_t len = s_reasons(cur, prev, dt, by, sizeof by);
     s_line(s, "layers/s by reason:%s", len ? by : "   -");
     s_line(s, "misses %.1f/s   fallbacks %.1f/s   corrupt %.1f/s   source failures %.1f/s",
            s_rate(st->misses, pst ? pst->misses : 0, dt),
@@ -475,6 +516,12 @@ static void s_proxy_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kve
                cur->proxy.master.registry[0] ? cur->proxy.master.registry : "?",
                cur->proxy.master.nnodes, up);
     }
+}
+
+/* The sources table. */
+static void s_proxy_sources(s_screen_t *s, const kvedge_top_doc_t *cur)
+{
+    char b1[32], b2[32];
     s_line(s, "%s", "");
     s_line(s, "%-16s %-8s %-8s %4s %9s %12s %8s  %s", "SOURCE", "KIND", "STATE", "CONN", "RTT",
            "BANDWIDTH", "FAILURES", "HISTORY LAG");
@@ -488,6 +535,11 @@ static void s_proxy_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kve
     }
     if (cur->proxy.nsources == 0)
         s_line(s, "(no sources)");
+}
+
+/* As many of the last transitions as the screen has room for. */
+static void s_proxy_transitions(s_screen_t *s, const kvedge_top_doc_t *cur, int room)
+{
     s_line(s, "%s", "");
     /* As many of the last transitions as the screen has room for. */
     int shown = S_TRANSITIONS_SHOWN;
@@ -508,6 +560,14 @@ static void s_proxy_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kve
             strftime(when, sizeof when, "%H:%M:%S", &tm);
         s_line(s, "%s  %-16s %s -> %s   %s", when, t->source, t->from, t->to, t->reason);
     }
+}
+
+static void s_proxy_screen(s_screen_t *s, const kvedge_top_doc_t *cur, const kvedge_top_doc_t *prev,
+                           double dt, int room)
+{
+    s_proxy_rates(s, cur, prev, dt);
+    s_proxy_sources(s, cur);
+    s_proxy_transitions(s, cur, room);
 }
 
 /* ---------------------------------------------------------------- top */
@@ -543,25 +603,6 @@ static int s_snapshot(kvedge_cli_t *cli, kvedge_client_t *c, uint32_t top, bool 
     return gone ? KVEDGE_EXIT_UNAVAILABLE : KVEDGE_EXIT_FAILURE;
 }
 
-static int s_usage_top(FILE *f)
-{
-    fprintf(f,
-            "usage: kvedge -H EP top [--interval S] [--count N] [--top K] [--json]\n\n"
-            "A live view of a store node or an edge proxy from its MONITOR document: rates over\n"
-            "the interval, latency percentiles, the hottest prefixes (node), the sources and\n"
-            "their transitions (proxy).\n\n"
-            "  --interval S  seconds between frames, 0.1 to 3600 (default 1); the first frame\n"
-            "                comes after one interval (rates need two snapshots)\n"
-            "  --count N     frames to print, then exit (default: 1 into a pipe, no limit on a\n"
-            "                terminal)\n"
-            "  --top K       hot prefixes shown, 0 to %u (default %u)\n"
-            "  --json        print one snapshot (the document, pretty-printed) and exit\n\n"
-            "On a terminal the screen is redrawn in place: q or Ctrl-C quits. Into a pipe each\n"
-            "frame is plain text, frames separated by a blank line.\n",
-            KVEDGE_WIRE_MAX_MONITOR_TOP, S_TOP_DEFAULT);
-    return KVEDGE_EXIT_OK;
-}
-
 /* --json: one snapshot, the document as the daemon sent it, pretty-printed. */
 static int s_top_json(kvedge_cli_t *cli, kvedge_client_t *c, uint32_t top, kvedge_top_doc_t *d)
 {
@@ -582,130 +623,152 @@ static int s_top_json(kvedge_cli_t *cli, kvedge_client_t *c, uint32_t top, kvedg
     return KVEDGE_EXIT_OK;
 }
 
-static int s_r_top(kvedge_cli_t *cli, int argc, char **argv)
+/* What `kvedge top` runs on. */
+typedef struct {
+    double interval;
+    uint32_t count; /* 0: 1 into a pipe, no limit on a terminal */
+    uint32_t top;
+} s_top_opts_t;
+
+static const kvedge_cmdopt_t s_top_list[] = {
+    {.name = "interval",
+     .letter = 'i',
+     .arg = "S",
+     .type = KVEDGE_CMDOPT_DOUBLE,
+     KVEDGE_CMDOPT_AT(s_top_opts_t, interval),
+     .dmin = S_INTERVAL_S_MIN,
+     .dmax = S_INTERVAL_S_MAX,
+     .def_double = S_INTERVAL_S_DEFAULT,
+     .help = "seconds between frames; the first frame comes after one interval (rates need "
+             "two snapshots)"},
+    {.name = "count",
+     .letter = 'n',
+     .arg = "N",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_top_opts_t, count),
+     .min = 1,
+     .max = UINT32_MAX,
+     .def_text = "1 into a pipe, no limit on a terminal",
+     .help = "frames to print, then exit"},
+    {.name = "top",
+     .letter = 'k',
+     .arg = "K",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_top_opts_t, top),
+     .max = KVEDGE_WIRE_MAX_MONITOR_TOP,
+     .def_num = S_TOP_DEFAULT,
+     .help = "hot prefixes shown"},
+};
+
+static const kvedge_cmdopts_t s_top_opts = {
+    .command = "top",
+    .summary = "Live view of a node or proxy (with -H): rates, latency, hot prefixes, sources.",
+    .about = "Run as `kvedge -H EP top ...`. A live view of a store node or an edge proxy from\n"
+             "its MONITOR document: rates over the interval, latency percentiles, the hottest\n"
+             "prefixes (node), the sources and their transitions (proxy). --json prints one\n"
+             "snapshot (the document, pretty-printed) and exits.\n\n"
+             "On a terminal the screen is redrawn in place: q or Ctrl-C quits. Into a pipe each\n"
+             "frame is plain text, frames separated by a blank line.\n",
+    KVEDGE_CMDOPTS_OF(s_top_opts_t, s_top_list)};
+
+/* The live view's state between frames. */
+typedef struct {
+    kvedge_top_doc_t docs[2];
+    kvedge_top_doc_t *prev, *cur;
+    int64_t prev_ms;
+    bool tty;
+    s_screen_t screen;
+} s_top_t;
+
+/* Draws one frame of cur against prev (the daemon's clock gives the interval; a smaller
+ * uptime means it restarted, so its counters start again from zero). */
+static void s_top_frame(const kvedge_cli_t *cli, const s_top_opts_t *o, s_top_t *t, uint64_t frame,
+                        int64_t now_ms)
 {
-    static const struct option opts[] = {{"interval", required_argument, NULL, 'i'},
-                                         {"count", required_argument, NULL, 'n'},
-                                         {"top", required_argument, NULL, 'k'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    double interval = S_INTERVAL_S_DEFAULT;
-    uint64_t count = 0, top = S_TOP_DEFAULT;
-    bool count_given = false;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "i:n:k:h", opts, NULL)) != -1) {
-        char *end = NULL;
-        if (ch == 'h')
-            return s_usage_top(stdout);
-        if (ch == 'i') {
-            interval = strtod(optarg, &end);
-            if (end != optarg && *end == '\0' && interval >= S_INTERVAL_S_MIN &&
-                interval <= S_INTERVAL_S_MAX)
-                continue;
-            kvedge_cli_error("top: --interval wants seconds, 0.1 to 3600, got '%s'", optarg);
-            return KVEDGE_EXIT_USAGE;
-        }
-        if (ch == 'n') {
-            count_given = true;
-            if (kvedge_cli_parse_u64(optarg, 1, UINT32_MAX, &count) == 0)
-                continue;
-            kvedge_cli_error("top: --count wants a number of frames >= 1, got '%s'", optarg);
-        } else if (ch == 'k') {
-            if (kvedge_cli_parse_u64(optarg, 0, KVEDGE_WIRE_MAX_MONITOR_TOP, &top) == 0)
-                continue;
-            kvedge_cli_error("top: --top wants 0 to %u hot prefixes, got '%s'",
-                             KVEDGE_WIRE_MAX_MONITOR_TOP, optarg);
-        } else {
-            kvedge_cli_error("top: unknown or incomplete option '%s' (see kvedge -H EP top --help)",
-                             argv[optind - 1]);
-        }
-        return KVEDGE_EXIT_USAGE;
-    }
-    if (optind < argc) {
-        kvedge_cli_error("top: unexpected argument '%s' (see kvedge -H EP top --help)",
-                         argv[optind]);
-        return KVEDGE_EXIT_USAGE;
-    }
-    bool tty = isatty(STDOUT_FILENO);
-    if (!count_given)
-        count = tty ? 0 : 1;
-    kvedge_top_doc_t *docs = calloc(2, sizeof *docs);
-    if (!docs) {
-        kvedge_cli_error("top: out of memory");
-        return KVEDGE_EXIT_FAILURE;
-    }
-    kvedge_client_t *c;
-    int ex = kvedge_cli_connect(cli, "kvedge-top", &c);
-    if (ex) {
-        free(docs);
-        return ex;
-    }
-    if (cli->json) {
-        ex = s_top_json(cli, c, (uint32_t)top, &docs[0]);
-        kvedge_client_destroy(&c);
-        free(docs);
-        return ex;
-    }
-    s_trap();
-    if (tty)
-        s_term_keys();
-    s_screen_t screen = {0};
-    kvedge_top_doc_t *prev = &docs[0], *cur = &docs[1];
-    ex = s_snapshot(cli, c, (uint32_t)top, false, prev, NULL);
-    int64_t prev_ms = kvedge_mono_ms();
-    if (ex == KVEDGE_EXIT_OK && tty) {
+    const kvedge_top_doc_t *cur = t->cur, *prev = t->prev;
+    bool restarted = cur->uptime_ms < prev->uptime_ms || cur->kind != prev->kind;
+    double dt =
+        restarted ? (double)cur->uptime_ms / 1e3 : (double)(cur->uptime_ms - prev->uptime_ms) / 1e3;
+    if (!(dt > 0))
+        dt = (double)(now_ms - t->prev_ms) / 1e3;
+    if (!(dt > 0))
+        dt = o->interval;
+    int cols = 0, rows = 0;
+    if (t->tty)
+        s_term_size(&cols, &rows);
+    s_screen_t *s = &t->screen;
+    s->len = 0;
+    s->lines = 0;
+    s->width = cols;
+    s->max_lines = t->tty ? (rows > 1 ? rows - 1 : 1) : 0;
+    s_header(s, cur, cli->host, o->interval);
+    const kvedge_top_doc_t *base = restarted ? NULL : prev;
+    if (cur->kind == KVEDGE_TOP_DOC_NODE)
+        s_node_screen(s, cur, base, dt, o->top);
+    else
+        s_proxy_screen(s, cur, base, dt, s->max_lines);
+    if (t->tty)
+        fputs("\033[H\033[2J", stdout);
+    else if (frame > 0)
+        fputc('\n', stdout);
+    if (s->len)
+        fwrite(s->buf, 1, s->len, stdout);
+    fflush(stdout);
+}
+
+/* The frames: a snapshot every --interval until --count frames, q, a signal or an error.
+ * Returns an exit code. */
+static int s_top_loop(kvedge_cli_t *cli, const s_top_opts_t *o, kvedge_client_t *c, s_top_t *t)
+{
+    uint32_t count = o->count ? o->count : t->tty ? 0 : 1;
+    t->prev = &t->docs[0];
+    t->cur = &t->docs[1];
+    int ex = s_snapshot(cli, c, o->top, false, t->prev, NULL);
+    t->prev_ms = kvedge_mono_ms();
+    if (ex == KVEDGE_EXIT_OK && t->tty) {
         printf("\033[H\033[2Jkvedge top - %s: the first frame in %.1fs (q quits)\n", cli->host,
-               interval);
+               o->interval);
         fflush(stdout);
     }
     for (uint64_t frame = 0; ex == KVEDGE_EXIT_OK && (count == 0 || frame < count); frame++) {
-        if (s_wait(interval))
+        if (s_wait(o->interval))
             break;
-        ex = s_snapshot(cli, c, (uint32_t)top, true, cur, NULL);
+        ex = s_snapshot(cli, c, o->top, true, t->cur, NULL);
         if (ex)
             break;
         int64_t now_ms = kvedge_mono_ms();
-        /* The daemon's own clock gives the interval; a smaller uptime means it restarted,
-         * so its counters start again from zero. */
-        bool restarted = cur->uptime_ms < prev->uptime_ms || cur->kind != prev->kind;
-        double dt = restarted ? (double)cur->uptime_ms / 1e3
-                              : (double)(cur->uptime_ms - prev->uptime_ms) / 1e3;
-        if (!(dt > 0))
-            dt = (double)(now_ms - prev_ms) / 1e3;
-        if (!(dt > 0))
-            dt = interval;
-        int cols = 0, rows = 0;
-        if (tty)
-            s_term_size(&cols, &rows);
-        screen.len = 0;
-        screen.lines = 0;
-        screen.width = cols;
-        screen.max_lines = tty ? (rows > 1 ? rows - 1 : 1) : 0;
-        s_header(&screen, cur, cli->host, interval);
-        const kvedge_top_doc_t *base = restarted ? NULL : prev;
-        if (cur->kind == KVEDGE_TOP_DOC_NODE) {
-            uint32_t shown = (uint32_t)top;
-            s_node_screen(&screen, cur, base, dt, shown);
-        } else {
-            s_proxy_screen(&screen, cur, base, dt, screen.max_lines);
-        }
-        if (tty)
-            fputs("\033[H\033[2J", stdout);
-        else if (frame > 0)
-            fputc('\n', stdout);
-        if (screen.len)
-            fwrite(screen.buf, 1, screen.len, stdout);
-        fflush(stdout);
-        kvedge_top_doc_t *t = prev;
-        prev = cur;
-        cur = t;
-        prev_ms = now_ms;
+        s_top_frame(cli, o, t, frame, now_ms);
+        kvedge_top_doc_t *swap = t->prev;
+        t->prev = t->cur;
+        t->cur = swap;
+        t->prev_ms = now_ms;
     }
-    s_term_restore();
+    return ex;
+}
+
+static int s_top(kvedge_cli_t *cli, const void *opts)
+{
+    const s_top_opts_t *o = opts;
+    s_top_t *t = calloc(1, sizeof *t);
+    if (!t) {
+        kvedge_cli_error("top: out of memory");
+        return KVEDGE_EXIT_FAILURE;
+    }
+    t->tty = isatty(STDOUT_FILENO);
+    kvedge_client_t *c = NULL;
+    int ex = kvedge_cli_connect(cli, "kvedge-top", &c);
+    if (!ex && cli->json) {
+        ex = s_top_json(cli, c, o->top, &t->docs[0]);
+    } else if (!ex) {
+        s_trap();
+        if (t->tty)
+            s_term_keys();
+        ex = s_top_loop(cli, o, c, t);
+        s_term_restore();
+    }
     kvedge_client_destroy(&c);
-    free(screen.buf);
-    free(docs);
+    free(t->screen.buf);
+    free(t);
     return ex;
 }
 
@@ -745,31 +808,29 @@ static void s_sources_json(const kvedge_top_doc_t *d)
     printf("]\n");
 }
 
-static int s_r_sources(kvedge_cli_t *cli, int argc, char **argv)
+/* `kvedge sources` takes no options of its own. */
+typedef struct {
+    bool unused;
+} s_sources_opts_t;
+
+static const kvedge_cmdopts_t s_sources_opts = {
+    .command = "sources",
+    .summary = "An edge proxy's sources and their state (with -H).",
+    .about = "Run as `kvedge -H PROXY sources`. The edge proxy's sources: kind, endpoint, where\n"
+             "it came from (config or the master), connection, health state, measured round\n"
+             "trip and bandwidth, failures, the last error, and the lag of history sources.\n"
+             "--json prints them as an array.\n",
+    .struct_size = sizeof(s_sources_opts_t),
+    .opts = NULL,
+    .count = 0};
+
+/* The proxy's MONITOR document into d; a store node is refused. Returns an exit code. */
+static int s_sources_run(kvedge_cli_t *cli, kvedge_top_doc_t *d)
 {
-    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        printf("usage: kvedge -H PROXY sources [--json]\n\nThe edge proxy's sources: kind, "
-               "endpoint, where it came from (config or\nthe master), connection, health "
-               "state, measured round trip and bandwidth,\nfailures, the last error, and the "
-               "lag of history sources.\n");
-        return KVEDGE_EXIT_OK;
-    }
-    if (argc > 1) {
-        kvedge_cli_error("sources: unexpected argument '%s' (see kvedge -H EP sources --help)",
-                         argv[1]);
-        return KVEDGE_EXIT_USAGE;
-    }
-    kvedge_top_doc_t *d = calloc(1, sizeof *d);
-    if (!d) {
-        kvedge_cli_error("sources: out of memory");
-        return KVEDGE_EXIT_FAILURE;
-    }
     kvedge_client_t *c;
     int ex = kvedge_cli_connect(cli, "kvedge-cli", &c);
-    if (ex) {
-        free(d);
+    if (ex)
         return ex;
-    }
     const kvedge_node_info_t *ni = kvedge_client_node(c);
     bool proxy = ni && ni->role == KVEDGE_ROLE_PROXY;
     if (proxy)
@@ -778,18 +839,13 @@ static int s_r_sources(kvedge_cli_t *cli, int argc, char **argv)
     if (!proxy || (ex == KVEDGE_EXIT_OK && d->kind != KVEDGE_TOP_DOC_PROXY)) {
         kvedge_cli_error("not a proxy: %s is a store node (use kvedge -H %s top)", cli->host,
                          cli->host);
-        free(d);
         return KVEDGE_EXIT_USAGE;
     }
-    if (ex) {
-        free(d);
-        return ex;
-    }
-    if (cli->json) {
-        s_sources_json(d);
-        free(d);
-        return KVEDGE_EXIT_OK;
-    }
+    return ex;
+}
+
+static void s_sources_text(const kvedge_top_doc_t *d)
+{
     char b1[32], b2[32];
     printf("%-16s %-8s %-28s %-7s %4s %-8s %9s %12s %8s  %-24s %s\n", "SOURCE", "KIND", "ENDPOINT",
            "ORIGIN", "CONN", "STATE", "RTT", "BANDWIDTH", "FAILURES", "HISTORY LAG", "LAST ERROR");
@@ -804,14 +860,27 @@ static int s_r_sources(kvedge_cli_t *cli, int argc, char **argv)
     }
     if (d->proxy.nsources == 0)
         printf("(no sources)\n");
+}
+
+static int s_sources(kvedge_cli_t *cli, const void *opts)
+{
+    (void)opts;
+    kvedge_top_doc_t *d = calloc(1, sizeof *d);
+    if (!d) {
+        kvedge_cli_error("sources: out of memory");
+        return KVEDGE_EXIT_FAILURE;
+    }
+    int ex = s_sources_run(cli, d);
+    if (!ex && cli->json)
+        s_sources_json(d);
+    else if (!ex)
+        s_sources_text(d);
     free(d);
-    return KVEDGE_EXIT_OK;
+    return ex;
 }
 
 const kvedge_cli_cmd_t kvedge_cli_top_cmds[] = {
-    {"top", s_r_top, "[--interval S] [--count N] [--top K] [--json]",
-     "Live view of a node or proxy (with -H): rates, latency, hot prefixes, sources.", NULL, NULL},
-    {"sources", s_r_sources, "[--json]", "An edge proxy's sources and their state (with -H).", NULL,
-     NULL},
+    {.name = "top", .opts = &s_top_opts, .exec = s_top},
+    {.name = "sources", .opts = &s_sources_opts, .exec = s_sources},
     {NULL, NULL, NULL, NULL, NULL, NULL},
 };
