@@ -197,8 +197,9 @@ static int s_long(s_parser_t *p, int argc, char *const *argv, int *i)
     const kvedge_cmdopt_t *o = s_find_long(p->t, nm, n);
     if (!o)
         return s_unknown_long(p->t, nm, n, p->why, p->why_len);
+    /* Messages name the option, not the deprecated alias it was given by. */
     char shown[S_WORD_BYTES + 2];
-    snprintf(shown, sizeof shown, "--%.*s", (int)(n < S_WORD_BYTES ? n : S_WORD_BYTES - 1), nm);
+    snprintf(shown, sizeof shown, "--%.*s", S_WORD_BYTES - 1, o->name);
     if (o->type == KVEDGE_CMDOPT_BOOL)
         return s_apply(p, o, shown, eq ? eq + 1 : "yes");
     if (eq)

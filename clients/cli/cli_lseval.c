@@ -169,22 +169,24 @@ static const kvedge_cmdopt_t s_opt_list[] = {
      KVEDGE_CMDOPT_LIST_AT(s_opts_t, adapters, n_adapters),
      .help = "an adapter file (clients/e2e/adapter.h) from the LLM to the SLM; repeat for up "
              "to 4, one row group each"},
-    {.name = "ctx",
+    {.name = "context",
+     .alias = "ctx",
      .arg = "N",
      .type = KVEDGE_CMDOPT_UINT,
      KVEDGE_CMDOPT_AT(s_opts_t, ctx),
      .min = 1,
      .max = KVEDGE_BLOCK_MAX_TOKENS,
      .def_num = S_CONTEXT_DEFAULT,
-     .help = "context tokens"},
-    {.name = "cont",
+     .help = "shared context tokens"},
+    {.name = "continuation",
+     .alias = "cont",
      .arg = "N",
      .type = KVEDGE_CMDOPT_UINT,
      KVEDGE_CMDOPT_AT(s_opts_t, cont),
      .min = 1,
      .max = KVEDGE_BLOCK_MAX_TOKENS,
      .def_num = S_CONTINUATION_DEFAULT,
-     .help = "scored continuation positions"},
+     .help = "scored continuation tokens"},
     {.name = "docs",
      .arg = "N",
      .type = KVEDGE_CMDOPT_UINT,
@@ -219,8 +221,8 @@ typedef struct {
     kvedge_lseval_result_t *res;
 } s_lseval_t;
 
-/* The models (one vocabulary, positions for --ctx + --cont), the adapters and the documents.
- * Returns an exit code. */
+/* The models (one vocabulary, positions for --context + --continuation), the adapters and the
+ * documents. Returns an exit code. */
 static int s_lseval_load(const s_opts_t *o, s_lseval_t *r)
 {
     int ex = kvedge_cli_load_model("lseval", o->cloud, "cloud", &r->cloud);
@@ -236,10 +238,11 @@ static int s_lseval_load(const s_opts_t *o, s_lseval_t *r)
         ex = KVEDGE_EXIT_USAGE;
     }
     if (!ex && (ctx + cont > cc->max_positions || ctx + cont > ec->max_positions)) {
-        kvedge_cli_error("lseval: --ctx (%llu) + --cont (%llu) exceed the models' positions "
-                         "(cloud %u, edge %u)",
-                         (unsigned long long)ctx, (unsigned long long)cont, cc->max_positions,
-                         ec->max_positions);
+        kvedge_cli_error(
+            "lseval: --context (%llu) + --continuation (%llu) exceed the models' positions "
+            "(cloud %u, edge %u)",
+            (unsigned long long)ctx, (unsigned long long)cont, cc->max_positions,
+            ec->max_positions);
         ex = KVEDGE_EXIT_USAGE;
     }
     for (size_t i = 0; !ex && i < o->n_adapters; i++)

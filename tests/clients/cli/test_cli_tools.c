@@ -207,7 +207,7 @@ static void test_bounds_name_the_flag(void **state)
         {"eval --weights " S_TINY " --ids /dev/null --wait 2h",
          "eval: --wait: '2h' is out of range"},
         {"lseval --cloud a --edge b --tokenizer c --file d --cont 70000",
-         "lseval: --cont: '70000' is out of range (1 to 65536)"},
+         "lseval: --continuation: '70000' is out of range (1 to 65536)"},
         {"layermap --cloud a --edge b --tokenizer c --file d --cka-min 2",
          "layermap: --cka-min: '2' is out of range (0 to 1)"},
         {"layermap --cloud a --edge b --tokenizer c --file d --samples 2",

@@ -457,8 +457,8 @@ static void test_command(void **state)
           f);
     fclose(f);
     /* Too short for one document: usage, and says how long the text is. */
-    assert_int_equal(kt_sh("%s lseval --cloud %s --edge %s --tokenizer %s --text %s --ctx 32 "
-                           "--cont 8 -q > %s 2> %s",
+    assert_int_equal(kt_sh("%s lseval --cloud %s --edge %s --tokenizer %s --text %s --context 32 "
+                           "--continuation 8 -q > %s 2> %s",
                            KVEDGE_BIN, edge, edge, tok, text, out, err),
                      2);
     assert_true(kt_file_has(err, "too short for one document"));
@@ -466,25 +466,26 @@ static void test_command(void **state)
     /* Missing arguments, bad values. */
     assert_int_equal(kt_sh("%s lseval --cloud %s --text %s 2> %s", KVEDGE_BIN, edge, text, err), 2);
     assert_true(kt_file_has(err, "required"));
-    assert_int_equal(kt_sh("%s lseval --cloud %s --edge %s --tokenizer %s --text %s --ctx 0 2> %s",
-                           KVEDGE_BIN, edge, edge, tok, text, err),
-                     2);
-    assert_true(kt_file_has(err, "--ctx: '0' is out of range"));
+    assert_int_equal(
+        kt_sh("%s lseval --cloud %s --edge %s --tokenizer %s --file %s --context 0 2> %s",
+              KVEDGE_BIN, edge, edge, tok, text, err),
+        2);
+    assert_true(kt_file_has(err, "--context: '0' is out of range"));
     /* An adapter for other models (the synthesized pair's). */
     assert_int_equal(kt_sh("head -c 20000 %s/kjv/heldout.txt > %s", KVEDGE_MODELS, longtext), 0);
     assert_int_equal(kt_sh("%s lseval --cloud %s --edge %s --tokenizer %s --text %s --adapter "
-                           "%s/small.adapter --ctx 32 --cont 8 -q 2> %s",
+                           "%s/small.adapter --context 32 --continuation 8 -q 2> %s",
                            KVEDGE_BIN, edge, edge, tok, longtext, s_dir, err),
                      2);
     assert_true(kt_file_has(err, "does not fit these models"));
     /* A file that is no adapter. */
     assert_int_equal(kt_sh("%s lseval --cloud %s --edge %s --tokenizer %s --text %s --adapter %s "
-                           "--ctx 32 --cont 8 -q 2> %s",
+                           "--context 32 --continuation 8 -q 2> %s",
                            KVEDGE_BIN, edge, edge, tok, longtext, text, err),
                      4);
     /* A run: the KJV edge model against itself, two documents, JSON. */
-    assert_int_equal(kt_sh("%s lseval --cloud %s --edge %s --tokenizer %s --text %s --ctx 32 "
-                           "--cont 8 --docs 2 -q --json --dat %s/rows.dat > %s 2> %s",
+    assert_int_equal(kt_sh("%s lseval --cloud %s --edge %s --tokenizer %s --text %s --context 32 "
+                           "--continuation 8 --docs 2 -q --json --dat %s/rows.dat > %s 2> %s",
                            KVEDGE_BIN, edge, edge, tok, longtext, s_dir, out, err),
                      0);
     assert_true(kt_file_has(out, "\"documents\":2,"));
