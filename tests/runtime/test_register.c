@@ -311,6 +311,8 @@ static void test_refused_then_registered(void **state)
     assert_false(c.refused);
     assert_true(c.heard);
     assert_int_equal(c.retry_ms, KVEDGE_MVIEW_RECONNECT_MIN_MS);
+    /* The state moves first, then the line is written. */
+    kt_wait_for(kt_log_count(&fx->log, "registered with the master", NULL) > 0, KT_WAIT_MS);
     assert_int_equal(kt_log_count(&fx->log, "registered with the master", "as edge-7", NULL), 1);
     assert_int_equal(kvedge_dirpub_sync(d, NULL), KVEDGE_OK);
     assert_true(zclock_mono() - t0 < 18000 + KT_SLACK_MS); /* the backoff's 1, 2, 4, 8 s */
@@ -346,6 +348,8 @@ static void test_master_down_failing(void **state)
     int64_t t = zclock_mono();
     assert_int_equal(kvedge_dirpub_sync(d, NULL), KVEDGE_ETIMEDOUT);
     assert_true(zclock_mono() - t < 1000);
+    kt_wait_for(kt_log_count(&fx->log, "registration with the master", "failing", NULL) > 0,
+                KT_WAIT_MS);
     assert_int_equal(kt_log_count(&fx->log, "registration with the master", "failing", rt, NULL),
                      1);
     s_stop(&d, &v, &e);
@@ -378,6 +382,8 @@ static void test_plaintext_to_curve_master(void **state)
     assert_int_equal(r.last_error, KVEDGE_ETIMEDOUT);
     assert_non_null(strstr(r.why, "the master requires CURVE"));
     assert_non_null(strstr(r.why, "--master-key"));
+    kt_wait_for(kt_log_count(&fx->log, "registration with the master", "failing", NULL) > 0,
+                KT_WAIT_MS);
     assert_int_equal(kt_log_count(&fx->log, "registration with the master", "requires CURVE",
                                   "--master-key", NULL),
                      1);
