@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034 # the constants are the sourcing test's
 # Waiting for a condition in the .sh tests, with a deadline (source it). The shell side of
-# tests/common/testutil.h: a test waits for what it needs, never sleeps standing for it.
+# tests/common/testutil.h: a test waits for what it needs, never pauses in its place.
 
 # How long a .sh test waits for a condition that should hold within a second on an idle
 # machine: generous, since a wait that holds returns as soon as it does.
