@@ -345,6 +345,15 @@ const char *kvedge_http_url(const kvedge_http_t *h)
     return h ? h->url : NULL;
 }
 
+unsigned kvedge_http_connections(const kvedge_http_t *h)
+{
+    if (!h)
+        return 0;
+    const union MHD_DaemonInfo *info =
+        MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return info ? info->num_connections : 0;
+}
+
 void kvedge_http_stop(kvedge_http_t **self_p)
 {
     if (!self_p || !*self_p)

@@ -57,6 +57,9 @@ uint16_t kvedge_http_port(const kvedge_http_t *h);
 /* "http://HOST:PORT" as bound (port 0 resolved), for logs. Valid until stop. */
 const char *kvedge_http_url(const kvedge_http_t *h);
 
+/* Connections the endpoint has accepted and not yet closed (0 for NULL). */
+unsigned kvedge_http_connections(const kvedge_http_t *h);
+
 /* Stops serving (in-flight requests finish) and frees. NULL-safe, nulls *self_p. */
 void kvedge_http_stop(kvedge_http_t **self_p);
 

@@ -486,3 +486,11 @@ int kvedge_proxy_wait_sources(kvedge_proxy_t *self, size_t want, int timeout_ms)
     } while (kvedge_mono_ms() < until);
     return KVEDGE_ETIMEDOUT;
 }
+
+int kvedge_proxy_wait_view(kvedge_proxy_t *self, uint64_t min_seq, int timeout_ms)
+{
+    if (!self || !self->p->view)
+        return KVEDGE_EINVAL;
+    return kvedge_mview_wait(self->p->view, min_seq, timeout_ms) == 0 ? KVEDGE_OK
+                                                                      : KVEDGE_ETIMEDOUT;
+}

@@ -147,6 +147,12 @@ const char *kvedge_proxy_metrics_url(kvedge_proxy_t *p);
  * KVEDGE_ETIMEDOUT. */
 int kvedge_proxy_wait_sources(kvedge_proxy_t *p, size_t n, int timeout_ms);
 
+/* Waits until the proxy's view of the Storage Master is synced at seq >= min_seq (e.g. the
+ * master's kvedge_master_seq), its changes applied: plans made after it returns see the
+ * directory, models and maps up to there. Returns 0, KVEDGE_ETIMEDOUT, or KVEDGE_EINVAL for a
+ * proxy without a master. */
+int kvedge_proxy_wait_view(kvedge_proxy_t *p, uint64_t min_seq, int timeout_ms);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,15 +1,94 @@
-/* Helpers shared by kvedge's cmocka tests. */
+/* Helpers shared by kvedge's cmocka tests: waiting for a condition with a deadline, the one
+ * slack timing asserts allow, and synthetic blocks. */
 #ifndef KVEDGE_TESTS_TESTUTIL_H
 #define KVEDGE_TESTS_TESTUTIL_H
 
 #include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
+
+#include <cmocka.h>
 
 #include "access/codec/block.h"
 #include "access/codec/quant.h"
 #include "access/codec/synth.h"
+
+/* How late past its bound something a test times may end: what a loaded, shared 2-core
+ * runner (ASan, parallel ctest) meets with a wide margin. A timing assert says "not before the
+ * deadline, and not grossly after it": >= deadline - a little, <= deadline + KT_SLACK_MS. */
+#define KT_SLACK_MS 5000
+/* How long a test waits for a condition that should hold within milliseconds on an idle
+ * machine (a view catching up, a log line, a counter): generous, since a wait that holds
+ * returns as soon as it does. */
+#define KT_WAIT_MS 20000
+/* How often kt_poll looks at its predicate. */
+#define KT_POLL_MS 10
+
+/* Monotonic milliseconds. */
+static inline int64_t kt_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Lets ms pass. Only for a pause that is the point of a test (a deadline to expire, a silence
+ * to last, load to pace); "until X happened" is kt_poll / kt_wait_until on X. */
+static inline void kt_pause_ms(int64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+typedef bool (*kt_pred_t)(void *ctx);
+
+/* Polls pred(ctx) every KT_POLL_MS until it holds (true) or deadline_ms have passed (false;
+ * pred is asked one last time at the deadline). */
+static inline bool kt_poll(kt_pred_t pred, void *ctx, int64_t deadline_ms)
+{
+    int64_t end = kt_now_ms() + deadline_ms;
+    for (;;) {
+        if (pred(ctx))
+            return true;
+        if (kt_now_ms() >= end)
+            return pred(ctx);
+        kt_pause_ms(KT_POLL_MS); /* the poll interval, not a wait for anything */
+    }
+}
+
+static inline void kt_wait_until_(kt_pred_t pred, void *ctx, int64_t deadline_ms, const char *what,
+                                  const char *file, int line)
+{
+    if (!kt_poll(pred, ctx, deadline_ms))
+        fail_msg("%s:%d: waited %lld ms for %s: it did not happen", file, line,
+                 (long long)deadline_ms, what);
+}
+
+/* Waits until pred(ctx) holds; fails the test, naming pred, when deadline_ms pass first. */
+#define kt_wait_until(pred, ctx, deadline_ms)                                                      \
+    kt_wait_until_((pred), (ctx), (deadline_ms), #pred, __FILE__, __LINE__)
+
+/* Waits until the expression cond holds (evaluated every KT_POLL_MS); fails the test, naming
+ * cond, when deadline_ms pass first. */
+#define kt_wait_for(cond, deadline_ms)                                                             \
+    do {                                                                                           \
+        int64_t kt_end_ = kt_now_ms() + (deadline_ms);                                             \
+        while (!(cond)) {                                                                          \
+            if (kt_now_ms() >= kt_end_) {                                                          \
+                if (cond)                                                                          \
+                    break;                                                                         \
+                fail_msg("%s:%d: waited %lld ms for %s: it did not happen", __FILE__, __LINE__,    \
+                         (long long)(deadline_ms), #cond);                                         \
+            }                                                                                      \
+            kt_pause_ms(KT_POLL_MS);                                                               \
+        }                                                                                          \
+    } while (0)
 
 /* ||a - b|| / ||a|| over n floats. */
 static inline double kt_rel_err(const float *a, const float *b, size_t n)

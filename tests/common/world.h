@@ -14,6 +14,7 @@
 #include "access/codec/error.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
+#include "tests/common/testutil.h"
 
 /* Synthetic OPT-style weights at path: head_dim 16, hidden 16 x heads, FFN 32 x heads. */
 static inline void kt_synth(const char *path, uint32_t layers, uint32_t heads, uint32_t vocab,
@@ -141,6 +142,14 @@ static inline void kt_world_proxy(kt_world_t *w, const char *root, const char *i
     if (kvedge_proxy_start(&po, &w->proxy, why, sizeof why) != KVEDGE_OK)
         fail_msg("proxy: %s", why);
     assert_int_equal(kvedge_proxy_wait_sources(w->proxy, 1, 5000), KVEDGE_OK);
+}
+
+/* Waits until the proxy's replica of the registry has what the master holds now (the maps
+ * and models registered so far). */
+static inline void kt_world_proxy_sync(kt_world_t *w)
+{
+    assert_int_equal(kvedge_proxy_wait_view(w->proxy, kvedge_master_seq(w->master), KT_WAIT_MS),
+                     KVEDGE_OK);
 }
 
 /* Stops what was started, proxy first. */

@@ -6,6 +6,8 @@
 # metrics address that cannot be bound failing the start with the address named.
 # Usage: test_prometheus.sh KVEDGE_BIN
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=../common/wait.sh
+. "$(dirname "$0")/../common/wait.sh"
 
 KVEDGE=${1:?usage: test_prometheus.sh KVEDGE_BIN}
 for tool in prometheus promtool curl; do
@@ -52,16 +54,14 @@ start() {
     shift
     "$KVEDGE" "$@" >"$DIR/$name.log" 2>&1 &
     PIDS+=($!)
-    for _ in $(seq 100); do
-        if grep -q 'metrics on http://127.0.0.1:' "$DIR/$name.log"; then
-            PORT=$(grep -o 'metrics on http://127.0.0.1:[0-9]*' "$DIR/$name.log" | head -1 |
-                sed 's/.*://')
-            return
-        fi
-        kill -0 "${PIDS[-1]}" 2>/dev/null || fail "$name exited"
-        sleep 0.1
-    done
-    fail "$name did not start its metrics endpoint"
+    wait_until "$KT_WAIT_S" started_or_gone "$DIR/$name.log" "${PIDS[-1]}" ||
+        fail "$name did not start its metrics endpoint"
+    grep -q 'metrics on http://127.0.0.1:' "$DIR/$name.log" || fail "$name exited"
+    PORT=$(grep -o 'metrics on http://127.0.0.1:[0-9]*' "$DIR/$name.log" | head -1 | sed 's/.*://')
+}
+# Whether the daemon logging to $1 has logged its metrics URL, or its process $2 is gone.
+started_or_gone() {
+    grep -q 'metrics on http://127.0.0.1:' "$1" || ! kill -0 "$2" 2>/dev/null
 }
 
 ep() { echo "ipc://$DIR/$1.sock"; }
@@ -92,11 +92,9 @@ done
 ctype=$(curl -s -o /dev/null -w '%{content_type}' "http://127.0.0.1:$C_PORT/metrics")
 case "$ctype" in text/plain*version=0.0.4*) ;; *) fail "content type '$ctype'" ;; esac
 # Readiness: nodes are ready once registered with the master.
+ready() { [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/ready")" = 200 ]; }
 for port in "$C_PORT" "$E_PORT"; do
-    for _ in $(seq 50); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/ready")" = 200 ] && break
-        sleep 0.1
-    done
+    wait_until "$KT_WAIT_S" ready "$port" || fail "node on $port not ready"
     [ "$(curl -s "http://127.0.0.1:$port/ready")" = "ready" ] || fail "node on $port not ready"
 done
 
@@ -106,11 +104,12 @@ done
 CHAIN=$("$KVEDGE" -H "$(ep cloud)" ls --full | awk 'NR > 1 { print $3, $1 }' | sort -n |
     cut -d' ' -f2 | paste -sd, -)
 [ -n "$CHAIN" ] || fail "no chunks on the cloud node"
-for _ in $(seq 50); do
+# The proxy serves the chain once its view of the master has the cloud node's directory.
+fetched() {
     "$KVEDGE" -H "$(ep proxy)" fetch --model opt-125m --chunks "$CHAIN" >"$DIR/fetch.out" 2>&1 &&
-        grep -q "12 layers delivered" "$DIR/fetch.out" && break
-    sleep 0.2
-done
+        grep -q "12 layers delivered" "$DIR/fetch.out"
+}
+wait_until "$KT_WAIT_S" fetched || true
 grep -q "12 layers delivered" "$DIR/fetch.out" || fail "fetch: $(cat "$DIR/fetch.out")"
 fetches_ok() { # the proxy's count of fetches that ended OK, from its /metrics
     curl -s "http://127.0.0.1:$P_PORT/metrics" |
@@ -147,16 +146,15 @@ EOF
 promtool check config "$DIR/prometheus.yml" >/dev/null || fail "promtool rejects the config"
 # A port found free may be taken by a parallel test before Prometheus binds it: Prometheus then
 # exits with "address already in use", and is started again on another port (5 tries).
+prom_ready_or_gone() {
+    curl -sf "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null 2>&1 || ! kill -0 "$PROM_PID" 2>/dev/null
+}
 for try in 1 2 3 4 5; do
     PROM_PORT=$(free_port)
     prometheus --config.file="$DIR/prometheus.yml" --storage.tsdb.path="$DIR/tsdb" \
         --web.listen-address="127.0.0.1:$PROM_PORT" >"$DIR/prometheus.log" 2>&1 &
     PROM_PID=$!
-    for _ in $(seq 150); do
-        curl -sf "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null 2>&1 && break
-        kill -0 "$PROM_PID" 2>/dev/null || break
-        sleep 0.1
-    done
+    wait_until "$KT_WAIT_S" prom_ready_or_gone || true
     kill -0 "$PROM_PID" 2>/dev/null && break
     grep -q "address already in use" "$DIR/prometheus.log" ||
         fail "Prometheus exited: $(tail -3 "$DIR/prometheus.log")"
@@ -165,24 +163,24 @@ done
 PIDS+=("$PROM_PID")
 API="http://127.0.0.1:$PROM_PORT/api/v1/query"
 up=""
-for _ in $(seq 150); do
+four_up() { # sets up: what Prometheus says of sum(up)
     up=$(curl -s --get "$API" --data-urlencode 'query=sum(up{job="kvedge"})' 2>/dev/null |
         grep -o '"value":\[[^]]*\]' || true)
-    case "$up" in *'"4"]') break ;; esac
-    sleep 0.2
-done
+    case "$up" in *'"4"]') return 0 ;; *) return 1 ;; esac
+}
+wait_until $((KT_WAIT_S + 10)) four_up || true
 case "$up" in *'"4"]') ;; *) fail "Prometheus does not see 4 targets up: $up" ;; esac
 first=$(curl -s --get "$API" --data-urlencode 'query=kvedge_proxy_fetches_total{status="OK"}' |
     grep -o '"value":\[[^]]*\]')
 "$KVEDGE" -H "$(ep proxy)" fetch --model opt-125m --chunks "$CHAIN" >/dev/null
 moved=""
-for _ in $(seq 50); do
+counter_moved() { # sets moved: the counter once Prometheus scraped it past $after
     moved=$(curl -s --get "$API" \
         --data-urlencode "query=kvedge_proxy_fetches_total{status=\"OK\"} > $after" |
         grep -o '"value":\[[^]]*\]' || true)
-    [ -n "$moved" ] && break
-    sleep 0.2
-done
+    [ -n "$moved" ]
+}
+wait_until $((KT_WAIT_S + 10)) counter_moved || true
 [ -n "$moved" ] || fail "Prometheus did not see the fetch counter move (first $first)"
 echo "prometheus: 4 targets up; fetch counter $first -> $moved"
 

@@ -25,6 +25,7 @@
 #include "store/node/node.h"
 #include "access/codec/synth.h"
 #include "tests/common/logcap.h"
+#include "tests/common/testutil.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
@@ -188,7 +189,8 @@ static kvedge_proxy_t *s_proxy(s_fx_t *fx, const char *cert, char *ep, size_t ep
     if (kvedge_proxy_settings_start(&s, &p, why, sizeof why) != KVEDGE_OK)
         fail_msg("proxy: %s", why);
     assert_int_equal(kvedge_proxy_wait_sources(p, 1, 5000), KVEDGE_OK);
-    zclock_sleep(500); /* the proxy's view catches up with the directory */
+    /* The proxy's view catches up with the directory. */
+    assert_int_equal(kvedge_proxy_wait_view(p, kvedge_master_seq(fx->master), KT_WAIT_MS), 0);
     return p;
 }
 

@@ -44,6 +44,7 @@
 #include "store/engine/engine.h"
 #include "access/codec/synth.h"
 #include "tests/common/ctx_fx.h"
+#include "tests/common/testutil.h"
 
 #define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  KT_CTX_HEADS
@@ -528,11 +529,7 @@ static void s_run(const char *name, bool jitter, int loss_pct)
                      "off",    "--log-level", "info",       NULL};
     s_proxy_pid = s_spawn(pargv, S_EDGE, log, line, sizeof line);
     /* The source connects in the background: wait for it (the proxy says so). */
-    int64_t until = zclock_mono() + 10000;
-    while (!s_file_has(log, "source cloud1 (cloud) connected") && zclock_mono() < until)
-        zclock_sleep(50);
-    if (!s_file_has(log, "source cloud1 (cloud) connected"))
-        fail_msg("the proxy did not connect to the cloud (see %s)", log);
+    kt_wait_for(s_file_has(log, "source cloud1 (cloud) connected"), KT_WAIT_MS); /* see log */
 
     kvedge_client_t *c = kt_client(pep, S_DEADLINE_MS);
     int fetches = 0;

@@ -29,6 +29,7 @@
 #include "store/node/node.h"
 #include "access/codec/synth.h"
 #include "tests/common/logcap.h"
+#include "tests/common/testutil.h"
 
 #define S_CLOUD     "ls-cloud" /* 4 layers x 6 heads x 32 */
 #define S_EDGE      "ls-edge"  /* 3 layers x 4 heads x 32 */
@@ -446,12 +447,7 @@ static void test_mapped_fetch(void **state)
     s_topo_start(t);
 
     /* The proxy knows both models once its view has the records. */
-    for (int i = 0; i < 100; i++) {
-        s_fetch(t->pep, r, s_none);
-        if (r->status != KVEDGE_ENOMODEL)
-            break;
-        zclock_sleep(50);
-    }
+    kt_wait_for((s_fetch(t->pep, r, s_none), r->status != KVEDGE_ENOMODEL), KT_WAIT_MS);
     /* 1. No map registered: planned as today, said once (rate-limited) however often. */
     s_check_all_missed(r);
     s_fetch(t->pep, r, s_none);
@@ -468,13 +464,9 @@ static void test_mapped_fetch(void **state)
     map->from[0] = 0;
     map->from[1] = KVEDGE_MASTER_MAP_NONE;
     s_set_map(t, map);
-    for (int i = 0; i < 100; i++) {
-        s_fetch(t->pep, r, s_none);
-        s_check_all_missed(r);
-        if (kt_log_count(&log, "ignoring layer map map/" S_CLOUD "/" S_EDGE, NULL) > 0)
-            break;
-        zclock_sleep(50);
-    }
+    kt_wait_for((s_fetch(t->pep, r, s_none), s_check_all_missed(r),
+                 kt_log_count(&log, "ignoring layer map map/" S_CLOUD "/" S_EDGE, NULL) > 0),
+                KT_WAIT_MS);
     assert_int_equal(kt_log_count(&log, "ignoring layer map map/" S_CLOUD "/" S_EDGE,
                                   "it has 2 edge layers, model " S_EDGE " has 3", NULL),
                      1);
@@ -489,12 +481,7 @@ static void test_mapped_fetch(void **state)
     s_set_map(t, map);
     const int only_cloud[S_ED_LAYERS] = {-1, -1, 3};
     s_with_times = true;
-    for (int i = 0; i < 100; i++) {
-        s_fetch(t->pep, r, only_cloud);
-        if (r->plan.layer[2].from_layer == 3)
-            break;
-        zclock_sleep(50);
-    }
+    kt_wait_for((s_fetch(t->pep, r, only_cloud), r->plan.layer[2].from_layer == 3), KT_WAIT_MS);
     s_with_times = false;
     assert_int_equal(r->status, 0);
     assert_int_equal(r->layers, S_ED_LAYERS);
@@ -531,12 +518,7 @@ static void test_mapped_fetch(void **state)
     uint32_t changed;
     assert_int_equal(kvedge_node_publish(t->peer.node, &changed), 0);
     const int with_peer[S_ED_LAYERS] = {0, -1, 3};
-    for (int i = 0; i < 100; i++) {
-        s_fetch(t->pep, r, with_peer);
-        if (r->layer[1].status == 0)
-            break;
-        zclock_sleep(50);
-    }
+    kt_wait_for((s_fetch(t->pep, r, with_peer), r->layer[1].status == 0), KT_WAIT_MS);
     assert_int_equal(r->status, 0);
     assert_int_equal(r->mismatches, 0);
     assert_int_equal(r->layer[1].status, 0);
@@ -627,12 +609,9 @@ static void test_mapped_fallback(void **state)
     map->from[2] = 3;
     s_set_map(t, map);
     const int from3[S_ED_LAYERS] = {-1, -1, 3};
-    for (int i = 0; i < 100; i++) {
-        s_fetch_range(t->pep, r, from3, 2, 1);
-        if (r->status == 0 && r->layer[2].from_layer == 3)
-            break;
-        zclock_sleep(50);
-    }
+    kt_wait_for(
+        (s_fetch_range(t->pep, r, from3, 2, 1), r->status == 0 && r->layer[2].from_layer == 3),
+        KT_WAIT_MS);
     assert_int_equal(r->status, 0);
     assert_int_equal(r->mismatches, 0);
     assert_int_equal(r->layers, 1);
@@ -710,12 +689,8 @@ static void test_mapped_refused(void **state)
     assert_int_equal(s_raw_fetch(t->pep, 0x1, good + KVEDGE_CHUNK_ID_BYTES, true), KVEDGE_EPROTO);
     assert_int_equal(s_raw_fetch(t->pep, 0x0, good, true), KVEDGE_EPROTO); /* one too many */
     /* Well-formed, it is served (the first answer is the plan: status 0). */
-    int rc = KVEDGE_ENOMODEL;
-    for (int i = 0; i < 100 && rc == KVEDGE_ENOMODEL; i++) {
-        rc = s_raw_fetch(t->pep, 0x1, good, true);
-        if (rc == KVEDGE_ENOMODEL)
-            zclock_sleep(50);
-    }
+    int rc;
+    kt_wait_for((rc = s_raw_fetch(t->pep, 0x1, good, true)) != KVEDGE_ENOMODEL, KT_WAIT_MS);
     assert_int_equal(rc, 0);
     s_topo_stop(t);
     free(t);

@@ -36,6 +36,7 @@
 #include "tests/common/ctx_fx.h"
 #include "tests/common/shell.h"
 #include "tests/common/spawn.h"
+#include "tests/common/testutil.h"
 #include "tests/common/world.h"
 
 #define S_MODEL  KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
@@ -298,21 +299,29 @@ static void test_decode_prints_unpriced(void **state)
     free(r);
 }
 
-/* Polls the proxy's MONITOR document until source name's entry satisfies ok (10 s at most);
- * returns whether it did. */
+typedef struct {
+    const char *pep, *name;
+    bool (*ok)(const cJSON *e, const void *arg);
+    const void *arg;
+} s_source_ctx_t;
+
+static bool s_source_ok(void *arg)
+{
+    s_source_ctx_t *x = arg;
+    cJSON *doc;
+    const cJSON *e = s_source_entry(x->pep, x->name, &doc);
+    bool yes = e && x->ok(e, x->arg);
+    cJSON_Delete(doc);
+    return yes;
+}
+
+/* Polls the proxy's MONITOR document until source name's entry satisfies ok (KT_WAIT_MS at
+ * most); returns whether it did. */
 static bool s_wait_source(const char *pep, const char *name,
                           bool (*ok)(const cJSON *e, const void *arg), const void *arg)
 {
-    for (int i = 0; i < 200; i++) {
-        cJSON *doc;
-        const cJSON *e = s_source_entry(pep, name, &doc);
-        bool yes = e && ok(e, arg);
-        cJSON_Delete(doc);
-        if (yes)
-            return true;
-        zclock_sleep(50);
-    }
-    return false;
+    s_source_ctx_t x = {pep, name, ok, arg};
+    return kt_poll(s_source_ok, &x, KT_WAIT_MS);
 }
 
 static bool s_is_up(const cJSON *e, const void *arg)
@@ -422,6 +431,20 @@ static const char *s_ctx_ids(char *ids, size_t len, int n, int seed)
     return ids;
 }
 
+typedef struct {
+    const char *cmd;
+    char *out;
+    size_t cap;
+    const char *want;
+} s_cmd_ctx_t;
+
+/* Runs the command line; whether it succeeded with want in its output. */
+static bool s_cmd_says(void *arg)
+{
+    s_cmd_ctx_t *x = arg;
+    return kt_capture(x->cmd, x->out, x->cap) == 0 && strstr(x->out, x->want);
+}
+
 /* A prefill to the cloud node, then at once (no wait) a decode through the proxy: the node
  * publishes its block directory to the master only every so often (here: only when the test
  * says), so the proxy's directory lists nobody for the new context; the proxy asks the node
@@ -459,13 +482,9 @@ static void test_decode_right_after_prefill(void **state)
              "%s -H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
              "--prompt-ids 10,20,30 --max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY, a);
-    bool known = false;
-    for (int i = 0; i < 100 && !known; i++) {
-        known = kt_capture(cmd, out, sizeof out) == 0 && strstr(out, "\"fetched\":3,");
-        if (!known)
-            zclock_sleep(100);
-    }
-    if (!known)
+    assert_int_equal(kvedge_proxy_wait_view(p, kvedge_master_seq(mm.m), KT_WAIT_MS), 0);
+    s_cmd_ctx_t first = {cmd, out, sizeof out, "\"fetched\":3,"};
+    if (!kt_poll(s_cmd_says, &first, KT_WAIT_MS))
         fail_msg("the first context never reached the proxy:\n%s", out);
 
     /* The second context: prefilled, then decoded at once, before any directory pass. */

@@ -8,6 +8,8 @@
 # names its daemon.
 # Usage: test_daemons.sh KVEDGE_BINARY
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=../common/wait.sh
+. "$(dirname "$0")/../common/wait.sh"
 kv=${1:?usage: test_daemons.sh KVEDGE_BINARY}
 [ -x "$kv" ] || { echo "FAIL: $kv is not executable" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "FAIL: python3 is not installed" >&2; exit 1; }
@@ -53,13 +55,13 @@ start() {
     local pid=$!
     pids+=("$pid")
     echo "$pid" >"$tmp/$name.pid"
-    for _ in $(seq 100); do
-        grep -q '^listening ' "$tmp/$name.out" && return 0
-        kill -0 "$pid" 2>/dev/null || { cat "$tmp/$name.err" >&2; fail "$name exited"; }
-        sleep 0.1
-    done
-    cat "$tmp/$name.err" >&2
-    fail "$name not listening"
+    wait_until "$KT_WAIT_S" listening_or_gone "$tmp/$name.out" "$pid" ||
+        { cat "$tmp/$name.err" >&2; fail "$name not listening"; }
+    grep -q '^listening ' "$tmp/$name.out" || { cat "$tmp/$name.err" >&2; fail "$name exited"; }
+}
+# Whether the daemon writing to $1 says it is listening, or its process $2 is gone.
+listening_or_gone() {
+    grep -q '^listening ' "$1" || ! kill -0 "$2" 2>/dev/null
 }
 
 # Runs a daemon that must refuse to start: its exit code (non-zero) and stderr in NAME.err.
@@ -73,16 +75,11 @@ refused() {
     [ "$rc" -eq 5 ] || fail "$name exited $rc, not 5 (unavailable): $(cat "$tmp/$name.err")"
 }
 
-# Polls until the command succeeds, up to $1 seconds.
+# Polls until the command succeeds: $1 seconds (what an idle machine needs) plus KT_SLACK_S.
 wait_for() {
-    local secs=$1 what=$2
+    local secs=$(($1 + KT_SLACK_S)) what=$2
     shift 2
-    local end=$((SECONDS + secs))
-    while [ $SECONDS -lt $end ]; do
-        "$@" && return 0
-        sleep 0.2
-    done
-    fail "$what (not within $secs s)"
+    wait_until "$secs" "$@" || fail "$what (not within $secs s)"
 }
 
 # The master object of a node's MONITOR document, one field.

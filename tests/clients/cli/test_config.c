@@ -24,6 +24,7 @@
 #include "access/codec/error.h"
 #include "store/master/settings.h"
 #include "store/node/node.h"
+#include "tests/common/testutil.h"
 
 #define S_RUN_TIMEOUT_MS 15000 /* a refused config exits at once; past this it is a hang */
 
@@ -90,6 +91,32 @@ static bool s_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
+typedef struct {
+    pid_t pid;
+    int st;
+} s_child_t;
+
+/* Whether the child has exited (its status into st). */
+static bool s_exited(void *arg)
+{
+    s_child_t *c = arg;
+    return waitpid(c->pid, &c->st, WNOHANG) == c->pid;
+}
+
+typedef struct {
+    const char *path;
+    char *got; /* the file's text at the last look */
+} s_file_ctx_t;
+
+/* Whether the daemon's stdout file says it is listening. */
+static bool s_says_listening(void *arg)
+{
+    s_file_ctx_t *x = arg;
+    free(x->got);
+    x->got = s_slurp(x->path);
+    return x->got && strstr(x->got, "listening");
+}
+
 /* Runs KVEDGE_BIN with argv (argv[0] is "kvedge", NULL-terminated; no shell, so values with
  * blanks need no quoting) in s_dir. Returns its exit code (128 + signal, or 124 when it ran
  * past S_RUN_TIMEOUT_MS); stdout in s_out, stderr in s_err. */
@@ -108,17 +135,14 @@ static int s_exec(char *const *argv)
         execv(KVEDGE_BIN, argv);
         _exit(127);
     }
-    int st = 0, waited = 0;
-    while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (waited >= S_RUN_TIMEOUT_MS) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            st = 124 << 8;
-            break;
-        }
-        struct timespec ts = {0, 5 * 1000000L};
-        nanosleep(&ts, NULL);
-        waited += 5;
+    s_child_t child = {pid, 0};
+    int st;
+    if (kt_poll(s_exited, &child, S_RUN_TIMEOUT_MS)) {
+        st = child.st;
+    } else {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        st = 124 << 8;
     }
     free(s_out);
     free(s_err);
@@ -651,15 +675,9 @@ static void test_daemons_start_from_file(void **state)
             execl(KVEDGE_BIN, "kvedge", cmd, "--config", conf, (char *)NULL);
             _exit(127);
         }
-        char *got = NULL;
-        for (int i = 0; i < 1000; i++) { /* 10 s */
-            free(got);
-            got = s_slurp(out);
-            if (got && strstr(got, "listening"))
-                break;
-            struct timespec ts = {0, 10 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
+        s_file_ctx_t fc = {out, NULL};
+        kt_poll(s_says_listening, &fc, KT_WAIT_MS);
+        char *got = fc.got;
         assert_non_null(got);
         if (!strstr(got, "listening ipc://"))
             fail_msg("%s did not start from %s", cmd, conf);

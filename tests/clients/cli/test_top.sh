@@ -4,6 +4,8 @@
 # the daemon going away), top into a pipe and --json, and an edge proxy's stat and sources.
 # Usage: test_top.sh KVEDGE_BINARY
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=../../common/wait.sh
+. "$(dirname "$0")/../../common/wait.sh"
 kv=${1:?usage: test_top.sh KVEDGE_BINARY}
 [ -x "$kv" ] || { echo "FAIL: $kv is not executable" >&2; exit 1; }
 
@@ -39,24 +41,28 @@ start() {
     local pid=$!
     pids+=("$pid")
     echo "$pid" >"$tmp/$name.pid"
-    for _ in $(seq 100); do
-        grep -q '^listening ' "$tmp/$name.out" && break
-        kill -0 "$pid" 2>/dev/null || { cat "$tmp/$name.err" >&2; fail "$name exited"; }
-        sleep 0.1
-    done
+    wait_until "$KT_WAIT_S" listening_or_gone "$tmp/$name.out" "$pid" || true
+    kill -0 "$pid" 2>/dev/null || { cat "$tmp/$name.err" >&2; fail "$name exited"; }
     grep -q '^listening ' "$tmp/$name.out" || { cat "$tmp/$name.err" >&2; fail "$name not listening"; }
+}
+
+# Whether the daemon writing to $1 says it is listening, or its process $2 is gone.
+listening_or_gone() {
+    grep -q '^listening ' "$1" || ! kill -0 "$2" 2>/dev/null
+}
+
+# Whether the pane $1 shows a line matching the extended regex $2 (the screen in pane.txt).
+pane_has() {
+    tm capture-pane -p -t "$1" >"$tmp/pane.txt" 2>/dev/null || true
+    grep -Eq -- "$2" "$tmp/pane.txt"
 }
 
 # Waits until the pane shows a line matching the extended regex, or fails with the screen.
 wait_pane() {
     local target=$1 re=$2 what=$3
-    for _ in $(seq 100); do
-        tm capture-pane -p -t "$target" >"$tmp/pane.txt" 2>/dev/null || true
-        grep -Eq -- "$re" "$tmp/pane.txt" && return 0
-        sleep 0.1
-    done
+    wait_until "$KT_WAIT_S" pane_has "$target" "$re" && return 0
     cat "$tmp/pane.txt" >&2
-    fail "$what (no line matching /$re/ on the screen after 10 s)"
+    fail "$what (no line matching /$re/ on the screen after $KT_WAIT_S s)"
 }
 
 # A pane's program: top, then its exit status and the terminal's modes once it returned.
@@ -65,7 +71,7 @@ cat >"$tmp/run_top.sh" <<'EOF'
 "$@"
 echo "EXITED $?"
 echo "TTY $(stty -a | tr ' ;' '\n\n' | grep -Ex -- '-?(icanon|echo)' | paste -sd' ')"
-sleep 60
+sleep 60 # keeps the pane open so its screen can be read: the test kills it, nothing waits
 EOF
 chmod +x "$tmp/run_top.sh"
 
@@ -79,7 +85,7 @@ prefix=$("$kv" -H "$ep" ls | awk 'NR == 2 { print $1 }')
 [ -n "$prefix" ] || fail "ls lists no prefix after put-synthetic"
 (while :; do
     "$kv" -H "$ep" show "$prefix" >/dev/null 2>&1 || true
-    sleep 0.05
+    sleep 0.05 # paces the background reads (traffic for top to show), not a wait
 done) &
 pids+=($!)
 
@@ -152,11 +158,11 @@ step "edge proxy: stat, sources, top"
 start proxy proxy --insecure --bind 'tcp://127.0.0.1:*' --source "local n1 $ep" --metrics off \
     --cert "$tmp/proxy.cert"
 px=$(sed -n 's/^listening //p' "$tmp/proxy.out")
-for _ in $(seq 100); do
+source_up() {
     "$kv" -H "$px" stat >"$tmp/pstat.txt" 2>&1 || true
-    grep -q '^sources: 1 up of 1' "$tmp/pstat.txt" && break
-    sleep 0.1
-done
+    grep -q '^sources: 1 up of 1' "$tmp/pstat.txt"
+}
+wait_until "$KT_WAIT_S" source_up || true
 grep -q "^proxy proxy ($px): ready" "$tmp/pstat.txt" || { cat "$tmp/pstat.txt" >&2; fail "stat on the proxy"; }
 grep -q '^sources: 1 up of 1' "$tmp/pstat.txt" || { cat "$tmp/pstat.txt" >&2; fail "stat: the source is not up"; }
 grep -q '^since start: [0-9]* fetch requests' "$tmp/pstat.txt" || fail "stat: no proxy counters"

@@ -258,7 +258,7 @@ static int s_setup(void **state)
     s_fx.adapter = s_fit(S_CLOUD_ID);
     s_fx.adapter2 = s_fit(S_CLOUD2_ID);
     assert_int_equal(kvedge_adapter_save(s_fx.adapter, s_fx.adapter_path), KVEDGE_OK);
-    usleep(300 * 1000); /* the proxy's replica of the registry gets the map */
+    kt_world_proxy_sync(&s_fx.w); /* the proxy's replica of the registry gets the map */
 
     /* The reference: the cloud's own K/V of the context, and the adapter applied here. */
     s_fx.ckvf = kvedge_decoder_kv_floats(s_fx.cloud, S_CTX);

@@ -242,7 +242,7 @@ static int s_setup(void **state)
     s_world_start();
     s_fx.adapter = s_fit(S_CLOUD_ID);
     s_fx.adapter_full = s_fit(S_FULL_ID);
-    usleep(300 * 1000); /* the proxy's replica of the registry gets the maps */
+    kt_world_proxy_sync(&s_fx.w); /* the proxy's replica of the registry gets the map */
     return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "access/codec/clock.h"
 #include "access/codec/error.h"
 #include "access/codec/synth.h"
+#include "tests/common/testutil.h"
 
 #define S_KILLS       12    /* kills (and restarts) at least */
 #define S_BUDGET_MS   50000 /* the whole test, kills included */
@@ -95,7 +96,7 @@ typedef struct {
 static void *s_killer(void *arg)
 {
     s_killer_t *k = arg;
-    usleep((useconds_t)k->delay_ms * 1000);
+    kt_pause_ms(k->delay_ms); /* the point: a kill at a random time into the writes */
     kill(k->pid, SIGKILL);
     return NULL;
 }
@@ -110,13 +111,24 @@ static kvedge_client_t *s_connect(const char *ep)
     return kvedge_client_connect(&o, &c) == KVEDGE_OK ? c : NULL;
 }
 
+typedef struct {
+    const char *ep;
+    kvedge_client_t *c;
+} s_conn_ctx_t;
+
+/* Whether a client could connect to the node just started (into c). */
+static bool s_connected(void *arg)
+{
+    s_conn_ctx_t *x = arg;
+    return (x->c = s_connect(x->ep)) != NULL;
+}
+
 /* Every acknowledged block is there, bit for bit. Returns how many were checked. */
 static uint32_t s_verify(const char *ep, const bool *acked, uint32_t n)
 {
-    kvedge_client_t *c = NULL;
-    for (int i = 0; i < 20 && !(c = s_connect(ep)); i++)
-        usleep(50 * 1000);
-    assert_non_null(c);
+    s_conn_ctx_t cc = {ep, NULL};
+    kt_wait_until(s_connected, &cc, KT_WAIT_MS);
+    kvedge_client_t *c = cc.c;
     uint32_t checked = 0;
     uint8_t buf[64 << 10];
     for (uint32_t i = 0; i < n; i++) {

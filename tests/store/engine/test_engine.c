@@ -1716,6 +1716,18 @@ static long s_manifest_bytes(fx_t *fx)
     return total;
 }
 
+typedef struct {
+    fx_t *fx;
+    long before;
+} s_manifest_ctx_t;
+
+/* Whether the engine's MANIFEST has grown: a flush has been installed. */
+static bool s_manifest_grew(void *arg)
+{
+    s_manifest_ctx_t *x = arg;
+    return s_manifest_bytes(x->fx) != x->before;
+}
+
 /* Puts other blocks (the blob model's, chunk tags from 100) until the blocks family's
  * memtable has been flushed, without closing: waits for the flush to be installed. */
 static void s_flush_by_filling(fx_t *fx, const blob_fx_t *bf)
@@ -1733,8 +1745,9 @@ static void s_flush_by_filling(fx_t *fx, const blob_fx_t *bf)
                 put += bf->len[h];
             }
         /* Past the default 64 MiB write buffer, a flush is under way: wait for it. */
-        for (int i = 0; put > (80u << 20) && i < 3000 && s_manifest_bytes(fx) == before; i++)
-            usleep(10000);
+        s_manifest_ctx_t mc = {fx, before};
+        if (put > (80u << 20))
+            kt_poll(s_manifest_grew, &mc, 30000);
     }
     assert_true(s_manifest_bytes(fx) > before);
 }

@@ -6,6 +6,8 @@
 # offline evict works there too; and --capacity bounds RocksDB's files on disk, WAL included.
 # Real processes over an ipc endpoint; skips (77) where a tmpfs cannot be mounted.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=../../common/wait.sh
+. "$(dirname "$0")/../../common/wait.sh"
 K=$1
 T=$(mktemp -d /tmp/kvedge-diskfull-XXXXXX)
 M=$T/disk
@@ -33,14 +35,9 @@ fi
 EP=ipc://$T/node.sock
 STORE=$M/store
 
-# Polls a command until it succeeds (at most 10 s).
-wait_for() {
-    for _ in $(seq 1 200); do
-        if "$@" >/dev/null 2>&1; then return 0; fi
-        sleep 0.05
-    done
-    return 1
-}
+# Polls a command (quietly) until it succeeds, at most KT_WAIT_S.
+quiet() { "$@" >/dev/null 2>&1; }
+wait_for() { wait_until "$KT_WAIT_S" quiet "$@"; }
 start_node() {
     "$K" --data "$STORE" store --insecure --bind "$EP" --metrics 127.0.0.1:0 "$@" \
         >>"$T/node.log" 2>&1 &

@@ -28,6 +28,7 @@
 #include "clients/lib/kvedge.h"
 #include "store/engine/engine_debug.h"
 #include "access/codec/synth.h"
+#include "tests/common/testutil.h"
 
 #define S_MODEL "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS 12
@@ -403,7 +404,7 @@ static void test_stalled_reader_and_credit_abuse(void **state)
     s_send_frames(stall, s_hdr(KVEDGE_OP_GET_LAYER, 0, 1, 0, 1, 2, 300), zframe_new(lr, sizeof lr),
                   NULL);
     s_check_served(good, &id);
-    zclock_sleep(600);
+    kt_pause_ms(600); /* the time is the point: the stalled stream's 300 ms deadline passes */
     s_check_served(good, &id);
     int data = 0, ended = 0;
     kvedge_wire_header_t h;
@@ -468,8 +469,9 @@ static void test_cancel_ends_stream(void **state)
     memcpy(lr + 4, id.bytes, 32);
     kvedge_wire_header_t h;
 
-    /* Credit 2: two data messages, then the stream waits for credit; CANCEL ends it. */
-    s_send_frames(raw, s_hdr(KVEDGE_OP_GET_LAYER, 0, 1, 0, 1, 2, 5000), zframe_new(lr, sizeof lr),
+    /* Credit 2: two data messages, then the stream waits for credit; CANCEL ends it, long
+     * before the stream's 60 s deadline would. */
+    s_send_frames(raw, s_hdr(KVEDGE_OP_GET_LAYER, 0, 1, 0, 1, 2, 60000), zframe_new(lr, sizeof lr),
                   NULL);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(s_recv(raw, &h, NULL), 0);
@@ -486,7 +488,7 @@ static void test_cancel_ends_stream(void **state)
     assert_int_equal(h.status, KVEDGE_ECANCELED);
     assert_int_equal(h.count, 2);
     assert_int_equal(nf, 0);
-    assert_true(took < 100);
+    assert_true(took < KT_SLACK_MS);
     zsock_set_rcvtimeo(raw, 300);
     assert_int_equal(s_recv(raw, &h, NULL), -1); /* nothing after the END */
 
@@ -576,7 +578,7 @@ static void test_curve_unlisted_refused_and_garbage(void **state)
     /* An unlisted key completes no handshake: the connect times out within its deadline. */
     int64_t t0 = zclock_mono();
     assert_null(s_client(n, "eve", 800));
-    assert_true(zclock_mono() - t0 < 800 + 700);
+    assert_true(zclock_mono() - t0 < 800 + KT_SLACK_MS);
     /* A plaintext client gets nothing either. */
     assert_null(s_client(n, NULL, 500));
 
@@ -977,7 +979,7 @@ static void test_node_killed_mid_stream(void **state)
     if (rc != KVEDGE_ETIMEDOUT)
         fail_msg("ep %s: rc %d heads %u after %lld ms", ep, rc, heads,
                  (long long)(zclock_mono() - t0));
-    assert_true(zclock_mono() - t0 < 1500 + 700);
+    assert_true(zclock_mono() - t0 < 1500 + KT_SLACK_MS);
     free(buf);
     kvedge_client_destroy(&c);
     s_rmrf(dir);
@@ -1006,10 +1008,15 @@ static void test_link_emulation_and_meter(void **state)
     assert_int_equal(kvedge_client_connect(&o, &bad), KVEDGE_EINVAL);
     assert_null(bad);
 
-    double rtt_slow = 0, rtt_fast = 0;
+    double rtt_slow = 0, rtt_fast = 1e12;
     assert_int_equal(kvedge_client_ping(slow, 0, &rtt_slow, NULL), 0);
-    assert_int_equal(kvedge_client_ping(fast, 0, &rtt_fast, NULL), 0);
     assert_true(rtt_slow >= 40000.0); /* 20 ms each way */
+    /* Without the emulated link: the best of a few pings (one may wait for a busy core). */
+    for (int i = 0; i < 5; i++) {
+        double rtt_us = 0;
+        assert_int_equal(kvedge_client_ping(fast, 0, &rtt_us, NULL), 0);
+        rtt_fast = rtt_us < rtt_fast ? rtt_us : rtt_fast;
+    }
     assert_true(rtt_fast < 20000.0);
 
     uint8_t *buf = malloc(1 << 20);

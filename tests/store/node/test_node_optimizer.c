@@ -25,6 +25,7 @@
 #include "store/node/node.h"
 #include "access/codec/prec.h"
 #include "access/codec/synth.h"
+#include "tests/common/testutil.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
@@ -211,10 +212,13 @@ static double s_metric(const char *metrics, const char *prefix)
     return -1;
 }
 
-static void s_sleep_ms(long ms)
+/* Whether the node's optimizer thread has made a pass (its MONITOR document says so). */
+static bool s_optimizer_passed(void *arg)
 {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
+    cJSON *doc = s_monitor(arg);
+    double passes = s_num(cJSON_GetObjectItemCaseSensitive(doc, "optimizer"), "passes");
+    cJSON_Delete(doc);
+    return passes >= 1;
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -336,7 +340,7 @@ static void test_hot_prepared_cold_demoted(void **state)
     s_put(e, 1, &hot);
     s_put(e, 2, &cold);
     /* Past the idle threshold, then the hot prefix read (its access time refreshed). */
-    s_sleep_ms(1300);
+    kt_pause_ms(1300); /* the time is the point: past demote_idle_s for both */
     for (int i = 0; i < 5; i++)
         s_read(e, &hot);
     assert_int_equal(kvedge_node_optimize(e->node), 0);
@@ -428,14 +432,7 @@ static void test_thread_and_pressure(void **state)
         assert_int_equal(kvedge_engine_get_meta(e->engine, &k, &m), 0);
     }
     /* The thread's passes. */
-    double passes = 0;
-    for (int i = 0; i < 50 && passes < 1; i++) {
-        s_sleep_ms(100);
-        cJSON *doc = s_monitor(e);
-        passes = s_num(cJSON_GetObjectItemCaseSensitive(doc, "optimizer"), "passes");
-        cJSON_Delete(doc);
-    }
-    assert_true(passes >= 1);
+    kt_wait_until(s_optimizer_passed, e, KT_WAIT_MS);
     char *body = malloc(1 << 20);
     assert_int_equal(s_http_get(kvedge_node_metrics_url(e->node), "/metrics", body, 1 << 20), 200);
     assert_int_equal(s_metric(body, "kvedge_node_demoted_blocks_total{cause=\"pressure\"} "),
