@@ -199,8 +199,10 @@ static int s_lost(kvedge_dirpub_t *d)
 }
 
 /* Why a registration SET failed, with the fix when the view's connection tells it: a master
- * of another security mechanism, or silence from a master that may require CURVE. */
-static void s_failing_why(kvedge_dirpub_t *d, int rc, char *why, size_t cap)
+ * of another security mechanism, or silence from a master that may require CURVE. Returns the
+ * cause's key for the log limiter: a cause learned later (the view sees the mismatch after the
+ * first try failed) gets its own line instead of waiting out the first one's window. */
+static const char *s_failing_why(kvedge_dirpub_t *d, int rc, char *why, size_t cap)
 {
     kvedge_mview_conn_t conn;
     kvedge_mview_conn(d->opts.view, &conn);
@@ -217,7 +219,9 @@ static void s_failing_why(kvedge_dirpub_t *d, int rc, char *why, size_t cap)
                  "%s (%s): the master runs in plaintext (--insecure) and this node joins it "
                  "with CURVE: drop --master-key, or run the master with CURVE; next try in %u s",
                  what, kvedge_strerror(rc), d->retry_ms / 1000);
-    else if (rc == KVEDGE_ETIMEDOUT && !d->cert[0])
+    if (conn.mismatch)
+        return "failing: mechanism";
+    if (rc == KVEDGE_ETIMEDOUT && !d->cert[0])
         snprintf(why, cap,
                  "%s (%s); if the master runs with CURVE (its default) it ignores plaintext "
                  "peers: give --master-key with its public key or certificate (config key "
@@ -226,6 +230,7 @@ static void s_failing_why(kvedge_dirpub_t *d, int rc, char *why, size_t cap)
     else
         snprintf(why, cap, "%s (%s); next try in %u s", what, kvedge_strerror(rc),
                  d->retry_ms / 1000);
+    return "failing";
 }
 
 /* The node record is sent at start and again whenever the registry lost it (a master that
@@ -292,13 +297,13 @@ static int s_keep_node(kvedge_dirpub_t *d)
     d->node_sent = false;
     d->next_try_ms = kvedge_mono_ms() + d->retry_ms; /* from the end of this try (a SET waits) */
     char why[sizeof d->reg.why];
-    s_failing_why(d, rc, why, sizeof why);
+    const char *cause = s_failing_why(d, rc, why, sizeof why);
     d->retry_ms =
         d->retry_ms * 2 < KVEDGE_DIRPUB_RETRY_MAX_MS ? d->retry_ms * 2 : KVEDGE_DIRPUB_RETRY_MAX_MS;
     s_reg_set(d, KVEDGE_DIRPUB_FAILING, rc, why);
     uint64_t held = 0;
     if (kvedge_log_level() >= KVEDGE_LOG_WARN &&
-        kvedge_log_limit_allow(&d->lines, "failing", now, &held))
+        kvedge_log_limit_allow(&d->lines, cause, now, &held))
         kvedge_log_warn("registration with the master %s as %s failing: %s; retrying with "
                         "backoff up to %u s",
                         d->master, d->node_id, why, KVEDGE_DIRPUB_RETRY_MAX_MS / 1000);

@@ -391,12 +391,14 @@ void kvedge_node_destroy(kvedge_node_t **self_p)
     if (!self_p || !*self_p)
         return;
     kvedge_node_t *n = *self_p;
+    /* The endpoints first: no request (MONITOR reads every part, a worker the optimizer's
+     * analyzer) is answered by a node half taken apart. */
+    kvedge_http_stop(&n->http); /* its readiness reads the parts stopped below */
+    kvedge_server_destroy(&n->server);
     kvedge_dirpub_destroy(&n->dirpub);
     kvedge_mview_destroy(&n->view);
     kvedge_hsync_sched_destroy(&n->sched);
     kvedge_optimizer_destroy(&n->optimizer);
-    kvedge_http_stop(&n->http); /* its readiness reads the parts stopped below */
-    kvedge_server_destroy(&n->server);
     kvedge_node_monitor_close(n);
     kvedge_engine_destroy(&n->engine);
     free(n);

@@ -22,6 +22,7 @@
 
 #include "clients/cli/cli.h"
 #include "tests/common/spawn.h"
+#include "tests/common/testutil.h"
 #include "store/engine/engine.h"
 
 static char s_dir[256]; /* the store directory of the current test */
@@ -1042,6 +1043,8 @@ static void test_proxy_cli(void **state)
     char line[700] = "";
     assert_true(read(pfd[0], line, sizeof line - 1) > 0);
     assert_non_null(strstr(line, "listening ipc://"));
+    /* The plan takes the sources the proxy has heard: wait for its first probe of the node. */
+    kt_wait_for(s_run("-H %s stat", pep) == 0 && strstr(s_out, "sources: 1 up of 1"), KT_WAIT_MS);
     assert_int_equal(s_run("-H %s fetch --model opt-125m --chunks %s", pep, ids), 0);
     assert_contains(s_out, "12 layers delivered, 0 to compute locally");
     assert_contains(s_out, "cloud1");
