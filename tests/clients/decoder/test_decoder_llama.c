@@ -19,6 +19,7 @@
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/decoder_impl.h"
 #include "access/codec/error.h"
+#include "access/codec/model.h"
 
 #define S_LAYERS 2
 #define S_HIDDEN 32
@@ -583,12 +584,56 @@ static void test_bad_files(void **state)
     /* The GPU decoder is OPT's: a rotary model's weights are not handed to it. */
 }
 
+/* The built-in shapes of the edge models agree with their published config.json (the copies in
+ * the fuzz corpus) as the decoder reads them: layers, KV heads, head_dim; and GQA's K/V per
+ * token: Llama 3.2 1B holds 32 KiB of fp16 K/V per token against opt-1.3b's 192 KiB. */
+static void test_builtin_shapes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *id, *config;
+    } cases[] = {
+        {"llama-3.2-1b", "llama32_1b.json"},
+        {"qwen2.5-0.5b", "qwen25_05b.json"},
+        {"smollm2-360m", "smollm2_360m.json"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[512], text[4096];
+        snprintf(path, sizeof path, "%s/corpus/decoder_config/%s", KVEDGE_FUZZ_DIR,
+                 cases[i].config);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        size_t n = fread(text, 1, sizeof text, f);
+        fclose(f);
+        kvedge_decoder_impl_hf_config_t hf;
+        char err[256];
+        assert_int_equal(kvedge_decoder_impl_parse_config(text, n, &hf, err, sizeof err), 0);
+        kvedge_model_t m;
+        assert_int_equal(kvedge_model_builtin(cases[i].id, &m), 0);
+        assert_int_equal(m.layers, hf.cfg.layers);
+        assert_int_equal(m.kv_heads, hf.kv_heads);
+        assert_int_equal(m.head_dim, hf.cfg.head_dim);
+        assert_int_equal(m.dtype, KVEDGE_DTYPE_BF16);
+    }
+    kvedge_model_t a, b;
+    assert_int_equal(kvedge_model_builtin("llama-3.2-1b", &a), 0);
+    assert_int_equal(kvedge_model_builtin("opt-1.3b", &b), 0);
+    assert_int_equal(kvedge_model_fp16_bytes(&a, 1), 32u << 10);
+    assert_int_equal(kvedge_model_fp16_bytes(&b, 1), 192u << 10);
+    static const char *const more[] = {"llama-3.2-3b", "qwen2.5-1.5b"};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(kvedge_model_builtin(more[i], &a), 0);
+        assert_int_equal(kvedge_model_check(&a), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shapes),          cmocka_unit_test(test_session_llama),
         cmocka_unit_test(test_session_qwen2),   cmocka_unit_test(test_rotary_positions),
         cmocka_unit_test(test_config_refusals), cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_builtin_shapes),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
