@@ -1,7 +1,9 @@
 /* The reference decoder: a CPU, fp32 implementation of the OPT architecture (Hugging Face OPT
- * with do_layer_norm_before, as OPT-125m and OPT-1.3B) that prefills a shared context into
- * per-layer K/V and decodes a local prompt on top of context K/V it is handed layer by layer.
- * docs/decoder.md has the model details and the tolerances the tests hold it to. */
+ * with do_layer_norm_before, as OPT-125m and OPT-1.3B) and of the Llama family (Llama, Mistral
+ * without sliding windows, Qwen2: rotary positions, grouped-query attention, RMSNorm, SwiGLU) that
+ * prefills a shared context into per-layer K/V and decodes a local prompt on top of context K/V it
+ * is handed layer by layer. docs/decoder.md has the model details and the tolerances the tests hold
+ * it to. */
 #ifndef KVEDGE_CLIENTS_DECODER_DECODER_H
 #define KVEDGE_CLIENTS_DECODER_DECODER_H
 
