@@ -259,6 +259,30 @@ static void test_shapes(void **state)
     assert_int_equal(kvedge_decoder_load(md, KVEDGE_FIXTURES "/opt_tiny.safetensors", 0), 0);
     assert_string_equal(kvedge_decoder_arch(md), "opt");
     assert_int_equal(kvedge_decoder_kv_heads(md), kvedge_decoder_config(md)->heads);
+
+    /* ...and as a Hugging Face directory (config.json model_type opt), to the same logits. */
+    const kvedge_decoder_config_t oc = *kvedge_decoder_config(md);
+    s_dir(dir, sizeof dir, "opt");
+    char cfg[256], path[512];
+    snprintf(cfg, sizeof cfg,
+             "{\"model_type\":\"opt\",\"num_attention_heads\":%u,\"num_hidden_layers\":%u,"
+             "\"activation_function\":\"relu\",\"do_layer_norm_before\":true}",
+             oc.heads, oc.layers);
+    s_write_text(dir, "config.json", cfg);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(symlink(KVEDGE_FIXTURES "/opt_tiny.safetensors", path), 0);
+    kvedge_decoder_t *md2 = s_load(dir);
+    assert_string_equal(kvedge_decoder_arch(md2), "opt");
+    assert_memory_equal(kvedge_decoder_config(md2), &oc, sizeof oc);
+    const int32_t ids[4] = {3, 1, 4, 1};
+    float *a = malloc(oc.vocab * sizeof(float)), *b = malloc(oc.vocab * sizeof(float));
+    assert_true(a && b);
+    assert_int_equal(kvedge_decoder_prefill(md, ids, 4, a, NULL, NULL), 0);
+    assert_int_equal(kvedge_decoder_prefill(md2, ids, 4, b, NULL, NULL), 0);
+    assert_memory_equal(a, b, oc.vocab * sizeof(float));
+    free(b);
+    free(a);
+    kvedge_decoder_destroy(&md2);
     kvedge_decoder_destroy(&md);
 }
 
