@@ -6,7 +6,12 @@
 #include "access/codec/error.h"
 
 /* KV shapes as published in each model's configuration (num_hidden_layers,
- * num_key_value_heads, hidden_size / num_attention_heads). */
+ * num_key_value_heads, hidden_size / num_attention_heads, or head_dim where the config gives
+ * it; dtype from torch_dtype). The edge models, from their config.json on Hugging Face:
+ * meta-llama/Llama-3.2-1B (16 layers, 8 KV of 32 heads, head_dim 64, bfloat16),
+ * meta-llama/Llama-3.2-3B (28, 8 of 24, 3072 / 24 = 128, bfloat16), Qwen/Qwen2.5-0.5B (24, 2 of
+ * 14, 896 / 14 = 64, bfloat16), Qwen/Qwen2.5-1.5B (28, 2 of 12, 1536 / 12 = 128, bfloat16),
+ * HuggingFaceTB/SmolLM2-360M (32, 5 of 15, 960 / 15 = 64, bfloat16). */
 static const kvedge_model_t s_builtins[] = {
     {"opt-125m", 12, 12, 64, KVEDGE_DTYPE_FP16},    {"opt-350m", 24, 16, 64, KVEDGE_DTYPE_FP16},
     {"opt-1.3b", 24, 32, 64, KVEDGE_DTYPE_FP16},    {"opt-2.7b", 32, 32, 80, KVEDGE_DTYPE_FP16},
@@ -14,6 +19,9 @@ static const kvedge_model_t s_builtins[] = {
     {"llama-2-7b", 32, 32, 128, KVEDGE_DTYPE_FP16}, {"llama-2-13b", 40, 40, 128, KVEDGE_DTYPE_FP16},
     {"llama-3-8b", 32, 8, 128, KVEDGE_DTYPE_BF16},  {"mistral-7b", 32, 8, 128, KVEDGE_DTYPE_BF16},
     {"qwen2-0.5b", 24, 2, 64, KVEDGE_DTYPE_BF16},   {"qwen2-7b", 28, 4, 128, KVEDGE_DTYPE_BF16},
+    {"llama-3.2-1b", 16, 8, 64, KVEDGE_DTYPE_BF16}, {"llama-3.2-3b", 28, 8, 128, KVEDGE_DTYPE_BF16},
+    {"qwen2.5-0.5b", 24, 2, 64, KVEDGE_DTYPE_BF16}, {"qwen2.5-1.5b", 28, 2, 128, KVEDGE_DTYPE_BF16},
+    {"smollm2-360m", 32, 5, 64, KVEDGE_DTYPE_BF16},
 };
 
 const kvedge_model_t *kvedge_model_builtins(size_t *n)

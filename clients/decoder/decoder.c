@@ -1,8 +1,12 @@
-/* The reference OPT decoder: fp32 on the CPU with OpenBLAS, Hugging Face OPT semantics
- * (pre-LayerNorm, learned positions with an offset of 2, ReLU FFN, tied output head). */
+/* The reference decoder: fp32 on the CPU with OpenBLAS, Hugging Face semantics for OPT
+ * (pre-LayerNorm, learned positions with an offset of 2, ReLU FFN, tied output head) and the
+ * Llama family (rotary positions, grouped-query attention, RMSNorm, SwiGLU), one forward whose
+ * few differences an architecture table names. */
 #include "clients/decoder/decoder.h"
 
 #include <cblas.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -10,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "clients/decoder/decoder_gpu.h"
 #include "clients/decoder/decoder_impl.h"
@@ -24,17 +29,44 @@
 /* Longest tensor name we build: prefix, layer index and the longest suffix. */
 #define S_NAME_BYTES 160
 
+/* Largest config.json and model.safetensors.index.json read. */
+#define S_JSON_MAX_BYTES (64u << 20)
+/* Most shards an index may name. */
+#define S_MAX_SHARDS 4096
+
+/* What differs between the architectures, as data: the forward branches only on these. */
 typedef struct {
-    const float *ln1_w, *ln1_b; /* self_attn_layer_norm */
-    const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
-    const float *ln2_w, *ln2_b; /* final_layer_norm of the block, before the FFN */
-    const float *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    const char *model_type; /* Hugging Face's config.json model_type */
+    bool rotary;            /* rotary positions (else OPT's learned ones, offset 2) */
+    bool rms_norm;          /* RMSNorm without bias (else LayerNorm with bias) */
+    bool swiglu;            /* down(silu(gate(x)) * up(x)) (else fc2(relu(fc1(x))) with biases) */
+    bool qkv_bias;          /* q/k/v projections carry biases */
+    bool o_bias;            /* the output projection carries a bias */
+} s_arch_t;
+
+static const s_arch_t s_archs[] = {
+    {"opt", false, false, false, true, true},
+    {"llama", true, true, true, false, false},
+    {"mistral", true, true, true, false, false},
+    {"qwen2", true, true, true, true, false},
+};
+
+typedef struct {
+    const float *ln1_w, *ln1_b; /* self_attn_layer_norm / input_layernorm (no bias: RMSNorm) */
+    const float *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo; /* biases NULL where the arch has none */
+    const float *ln2_w, *ln2_b; /* final_layer_norm / post_attention_layernorm, before the MLP */
+    const float *fc1_w, *fc1_b, *fc2_w, *fc2_b; /* OPT; SwiGLU: fc1 gate, fc2 down */
+    const float *up_w;                          /* SwiGLU's up_proj */
 } s_layer_t;
 
 struct _kvedge_decoder_t {
     kvedge_decoder_config_t cfg; /* shape, zero until loaded */
+    const s_arch_t *arch;        /* the architecture, NULL until loaded */
+    uint32_t kv_heads;           /* K/V heads: cfg.heads, or fewer (grouped-query attention) */
+    double norm_eps;             /* LayerNorm's 1e-5, or config.json's rms_norm_eps */
+    float *inv_freq;             /* rotary: [head_dim / 2] frequencies, scaling applied; owned */
     const float *embed;          /* embed_tokens [vocab][hidden] */
-    const float *pos;            /* embed_positions [max_positions + 2][hidden] */
+    const float *pos;            /* embed_positions [max_positions + 2][hidden]; NULL if rotary */
     const float *head;           /* output head [vocab][hidden]: embed, or lm_head if stored */
     const float *lnf_w, *lnf_b;  /* the decoder's final_layer_norm */
     s_layer_t *layer;            /* [layers] pointers into weights */
@@ -58,10 +90,10 @@ typedef struct {
     float *buf;         /* one allocation holding everything below */
     size_t cap;         /* floats in buf */
     float *ln;          /* [n][hidden] normalized input */
-    float *q;           /* [n][hidden] queries, then projection outputs */
-    float *k, *v;       /* [n][hidden] new keys and values, token-major */
-    float *attn;        /* [n][hidden] merged attention output */
-    float *ffn;         /* [n][ffn] */
+    float *q;           /* [n][max(hidden, heads * head_dim)] queries, then projection outputs */
+    float *k, *v;       /* [n][kv_heads * head_dim] new keys and values, token-major */
+    float *attn;        /* [n][heads * head_dim] merged attention output */
+    float *ffn;         /* [n][ffn] (SwiGLU: gate, then up after it, [2][n][ffn]) */
     float *qh;          /* [heads][n][head_dim] scaled queries, as gpu/attn.h takes them */
     float *oa, *ob;     /* [heads][n][head_dim] partial outputs over external and local K/V */
     float *lsea, *lseb; /* [heads][n] their log-sum-exps */
@@ -73,13 +105,13 @@ struct _kvedge_decoder_session_t {
     bool ready;                    /* a begin succeeded and nothing failed since */
     uint32_t ctx_len;              /* context tokens */
     int32_t *ctx_tokens;           /* [ctx_len], for recomputing a MISS layer */
-    float *ctx_k, *ctx_v;          /* [layers][heads][ctx_len][head_dim] context K/V */
+    float *ctx_k, *ctx_v;          /* [layers][kv_heads][ctx_len][head_dim] context K/V */
     float *ctx_h;                  /* [ctx_len][hidden] context hidden at ctx_layer's input */
     uint32_t ctx_layer;            /* layers the context has been run through */
-    float *ctx_tmp_k, *ctx_tmp_v;  /* [heads][ctx_len][head_dim] K/V of a fetched layer rerun */
+    float *ctx_tmp_k, *ctx_tmp_v;  /* [kv_heads][ctx_len][head_dim] a fetched layer's rerun */
     uint32_t loc_len;              /* tokens in the local cache */
     uint32_t loc_cap;              /* prompt plus max_new */
-    float *loc_k, *loc_v;          /* [layers][heads][loc_cap][head_dim] local K/V */
+    float *loc_k, *loc_v;          /* [layers][kv_heads][loc_cap][head_dim] local K/V */
     float *x;                      /* [loc_cap][hidden] hidden states of the tokens in flight */
     float *logits;                 /* [vocab] logits of the last position */
     bool reserved;                 /* buffers lent out by reserve: only reserve/destroy free them */
@@ -121,6 +153,10 @@ static void s_unload(kvedge_decoder_t *self)
         free(self->weights[i - 1]);
     free(self->weights);
     free(self->layer);
+    free(self->inv_freq);
+    self->inv_freq = NULL;
+    self->arch = NULL;
+    self->kv_heads = 0;
     memset(&self->cfg, 0, sizeof self->cfg);
     self->embed = self->pos = self->head = self->lnf_w = self->lnf_b = NULL;
     self->layer = NULL;
@@ -155,12 +191,46 @@ const kvedge_decoder_config_t *kvedge_decoder_config(const kvedge_decoder_t *sel
 
 size_t kvedge_decoder_kv_floats(const kvedge_decoder_t *self, uint32_t tokens)
 {
-    return self ? (size_t)self->cfg.heads * tokens * self->cfg.head_dim : 0;
+    return self ? (size_t)self->kv_heads * tokens * self->cfg.head_dim : 0;
+}
+
+uint32_t kvedge_decoder_kv_heads(const kvedge_decoder_t *self)
+{
+    return self ? self->kv_heads : 0;
+}
+
+/* The safetensors files of a model: one, or the shards an index names. */
+typedef struct {
+    kvedge_safetensors_t **st; /* open readers, [n] */
+    char **file;               /* their file names as the index gives them, [n] */
+    size_t n;
+} s_tset_t;
+
+static void s_tset_free(s_tset_t *ts)
+{
+    for (size_t i = ts->n; i > 0; i--) {
+        kvedge_safetensors_destroy(&ts->st[i - 1]);
+        free(ts->file[i - 1]);
+    }
+    free(ts->st);
+    free(ts->file);
+    memset(ts, 0, sizeof *ts);
+}
+
+/* The tensor called name in any of the files, or NULL. */
+static const kvedge_safetensors_tensor_t *s_tfind(const s_tset_t *ts, const char *name)
+{
+    for (size_t i = 0; i < ts->n; i++) {
+        const kvedge_safetensors_tensor_t *t = kvedge_safetensors_find(ts->st[i], name);
+        if (t)
+            return t;
+    }
+    return NULL;
 }
 
 /* Where the file keeps the decoder's tensors: "model.decoder." or "decoder.". */
 typedef struct {
-    const kvedge_safetensors_t *st;
+    const s_tset_t *ts;
     const char *prefix;
 } s_names_t;
 
@@ -175,7 +245,7 @@ static const kvedge_safetensors_tensor_t *s_find(const s_names_t *nm, const char
     vsnprintf(suffix, sizeof suffix, fmt, ap);
     va_end(ap);
     snprintf(name, sizeof name, "%s%s", nm->prefix, suffix);
-    return kvedge_safetensors_find(nm->st, name);
+    return s_tfind(nm->ts, name);
 }
 
 /* Checks tensor t against the expected shape (d1 == 0: one dimension) and converts it to an
@@ -211,7 +281,7 @@ static int s_take(kvedge_decoder_t *self, const kvedge_safetensors_tensor_t *t, 
 /* Reads a positive count from __metadata__; 0 when absent, -1 when malformed. */
 static long s_meta_count(const kvedge_safetensors_t *st, const char *key)
 {
-    const char *s = kvedge_safetensors_metadata(st, key);
+    const char *s = st ? kvedge_safetensors_metadata(st, key) : NULL;
     if (!s)
         return 0;
     char *end;
@@ -240,8 +310,9 @@ static int s_config(kvedge_decoder_t *self, const s_names_t *nm, uint32_t heads)
     c->max_positions = (uint32_t)(pos->shape[0] - KVEDGE_DECODER_POSITION_OFFSET);
     if (s_find(nm, "project_in.weight") || s_find(nm, "project_out.weight"))
         return s_fail(self, KVEDGE_EINVAL, "OPT with project_in/out (OPT-350m) is not supported");
-    const char *pre = kvedge_safetensors_metadata(nm->st, "do_layer_norm_before");
-    const char *act = kvedge_safetensors_metadata(nm->st, "activation_function");
+    const kvedge_safetensors_t *st0 = nm->ts->n ? nm->ts->st[0] : NULL;
+    const char *pre = st0 ? kvedge_safetensors_metadata(st0, "do_layer_norm_before") : NULL;
+    const char *act = st0 ? kvedge_safetensors_metadata(st0, "activation_function") : NULL;
     if ((pre && strcmp(pre, "true") != 0 && strcmp(pre, "True") != 0 && strcmp(pre, "1") != 0) ||
         (act && strcmp(act, "relu") != 0))
         return s_fail(self, KVEDGE_EINVAL, "only pre-LayerNorm OPT with ReLU is supported");
@@ -259,7 +330,7 @@ static int s_config(kvedge_decoder_t *self, const s_names_t *nm, uint32_t heads)
         return s_fail(self, KVEDGE_ESHAPE, "tensor %s is not [ffn][hidden]", fc1->name);
     c->ffn = (uint32_t)fc1->shape[0];
 
-    long mh = s_meta_count(nm->st, "num_attention_heads");
+    long mh = s_meta_count(st0, "num_attention_heads");
     if (mh < 0)
         return s_fail(self, KVEDGE_ESHAPE, "__metadata__ num_attention_heads is not a count");
     if (heads)
@@ -272,31 +343,272 @@ static int s_config(kvedge_decoder_t *self, const s_names_t *nm, uint32_t heads)
         return s_fail(self, KVEDGE_ESHAPE, "%u heads do not divide hidden size %u", c->heads,
                       c->hidden);
     c->head_dim = c->hidden / c->heads;
+    self->kv_heads = c->heads;
     return KVEDGE_OK;
 }
 
-int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads)
+/* ---- config.json ---- */
+
+/* A field that is present and not null. */
+static const cJSON *s_jfield(const cJSON *o, const char *key)
 {
-    if (!self || !path)
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    return j && !cJSON_IsNull(j) ? j : NULL;
+}
+
+/* Reads an integer field in [lo, hi] into *out; absent: *out stays (required: an error). */
+static int s_jcount(const cJSON *o, const char *key, bool required, uint32_t lo, uint32_t hi,
+                    uint32_t *out, char *err, size_t err_bytes)
+{
+    const cJSON *j = s_jfield(o, key);
+    if (!j) {
+        if (!required)
+            return KVEDGE_OK;
+        snprintf(err, err_bytes, "%s is missing", key);
+        return KVEDGE_ECORRUPT;
+    }
+    const double v = cJSON_IsNumber(j) ? j->valuedouble : -1;
+    if (!cJSON_IsNumber(j) || v != floor(v) || v < lo || v > hi) {
+        snprintf(err, err_bytes, "%s is not an integer in [%u, %u]", key, lo, hi);
+        return KVEDGE_ECORRUPT;
+    }
+    *out = (uint32_t)v;
+    return KVEDGE_OK;
+}
+
+/* Reads a number field in (lo, hi] into *out; absent: *out stays. */
+static int s_jnum(const cJSON *o, const char *key, double lo, double hi, double *out, char *err,
+                  size_t err_bytes)
+{
+    const cJSON *j = s_jfield(o, key);
+    if (!j)
+        return KVEDGE_OK;
+    if (!cJSON_IsNumber(j) || !(j->valuedouble > lo && j->valuedouble <= hi)) {
+        snprintf(err, err_bytes, "%s is not a number in (%g, %g]", key, lo, hi);
+        return KVEDGE_ECORRUPT;
+    }
+    *out = j->valuedouble;
+    return KVEDGE_OK;
+}
+
+/* A field's value as text for a refusal ("true", "0.5", "\"x\""). */
+static void s_jtext(const cJSON *j, char *buf, size_t len)
+{
+    char *t = cJSON_PrintUnformatted(j);
+    snprintf(buf, len, "%.60s", t ? t : "?");
+    cJSON_free(t);
+}
+
+/* The features the decoder does not implement, refused by name when config.json uses them. */
+static int s_config_refuse(const cJSON *root, const char *model_type, uint32_t max_positions,
+                           char *err, size_t err_bytes)
+{
+    char val[64];
+    /* Present and non-null means in use: MLA, soft-capping, MoE. */
+    static const char *const used[] = {
+        "kv_lora_rank", "q_lora_rank",       "attn_logit_softcapping", "final_logit_softcapping",
+        "num_experts",  "num_local_experts", "n_routed_experts"};
+    for (size_t i = 0; i < sizeof used / sizeof used[0]; i++) {
+        const cJSON *j = s_jfield(root, used[i]);
+        if (j && !(cJSON_IsNumber(j) && j->valuedouble == 0) && !cJSON_IsFalse(j)) {
+            s_jtext(j, val, sizeof val);
+            snprintf(err, err_bytes, "%s %s is not supported", used[i], val);
+            return KVEDGE_EINVAL;
+        }
+    }
+    const cJSON *j = s_jfield(root, "partial_rotary_factor");
+    if (j && !(cJSON_IsNumber(j) && j->valuedouble == 1.0)) {
+        s_jtext(j, val, sizeof val);
+        snprintf(err, err_bytes, "partial_rotary_factor %s is not supported (only 1)", val);
         return KVEDGE_EINVAL;
-    if (self->layer)
-        return s_fail(self, KVEDGE_EINVAL, "model already loaded");
-    self->err[0] = '\0';
-    kvedge_safetensors_t *st = kvedge_safetensors_new();
-    if (!st)
-        return s_fail(self, KVEDGE_ENOMEM, "out of memory");
-    int rc = kvedge_safetensors_open(st, path);
-    if (rc != KVEDGE_OK) {
-        s_fail(self, rc, "%s", kvedge_safetensors_error(st));
-        kvedge_safetensors_destroy(&st);
+    }
+    /* Sliding windows: Qwen2 says whether with use_sliding_window; Mistral by giving one. A
+     * window as long as the context changes nothing. */
+    const cJSON *use = s_jfield(root, "use_sliding_window");
+    const cJSON *win = s_jfield(root, "sliding_window");
+    if (use && cJSON_IsTrue(use)) {
+        snprintf(err, err_bytes, "use_sliding_window true is not supported");
+        return KVEDGE_EINVAL;
+    }
+    if (!use && win && !(cJSON_IsNumber(win) && win->valuedouble >= max_positions)) {
+        s_jtext(win, val, sizeof val);
+        snprintf(err, err_bytes, "sliding_window %s is not supported (%s without one)", val,
+                 model_type);
+        return KVEDGE_EINVAL;
+    }
+    j = s_jfield(root, "mlp_bias");
+    if (j && !cJSON_IsFalse(j)) {
+        s_jtext(j, val, sizeof val);
+        snprintf(err, err_bytes, "mlp_bias %s is not supported", val);
+        return KVEDGE_EINVAL;
+    }
+    return KVEDGE_OK;
+}
+
+/* rope_scaling: null, "default", or Llama 3's. */
+static int s_config_rope(const cJSON *root, kvedge_decoder_impl_hf_config_t *out, char *err,
+                         size_t err_bytes)
+{
+    const cJSON *rs = s_jfield(root, "rope_scaling");
+    if (!rs)
+        return KVEDGE_OK;
+    if (!cJSON_IsObject(rs)) {
+        snprintf(err, err_bytes, "rope_scaling is not an object");
+        return KVEDGE_ECORRUPT;
+    }
+    const char *type = cJSON_GetStringValue(s_jfield(rs, "rope_type"));
+    if (!type)
+        type = cJSON_GetStringValue(s_jfield(rs, "type"));
+    if (type && strcmp(type, "default") == 0)
+        return KVEDGE_OK;
+    if (!type || strcmp(type, "llama3") != 0) {
+        snprintf(err, err_bytes, "rope_scaling.rope_type \"%.40s\" is not supported (llama3)",
+                 type ? type : "(none)");
+        return KVEDGE_EINVAL;
+    }
+    out->rope_llama3 = true;
+    out->rope_factor = out->rope_low = out->rope_high = out->rope_orig_max = 0;
+    int rc = s_jnum(rs, "factor", 0, 1e6, &out->rope_factor, err, err_bytes);
+    if (rc == KVEDGE_OK)
+        rc = s_jnum(rs, "low_freq_factor", 0, 1e6, &out->rope_low, err, err_bytes);
+    if (rc == KVEDGE_OK)
+        rc = s_jnum(rs, "high_freq_factor", 0, 1e6, &out->rope_high, err, err_bytes);
+    if (rc == KVEDGE_OK)
+        rc = s_jnum(rs, "original_max_position_embeddings", 0, 1e9, &out->rope_orig_max, err,
+                    err_bytes);
+    if (rc == KVEDGE_OK && !(out->rope_factor > 0 && out->rope_low > 0 &&
+                             out->rope_high > out->rope_low && out->rope_orig_max > 0)) {
+        snprintf(err, err_bytes,
+                 "rope_scaling (llama3) needs factor, low_freq_factor < "
+                 "high_freq_factor and original_max_position_embeddings");
+        rc = KVEDGE_ECORRUPT;
+    }
+    return rc;
+}
+
+int kvedge_decoder_impl_parse_config(const char *json, size_t len,
+                                     kvedge_decoder_impl_hf_config_t *out, char *err,
+                                     size_t err_bytes)
+{
+    if (!json || !out || !err || err_bytes == 0)
+        return KVEDGE_EINVAL;
+    memset(out, 0, sizeof *out);
+    err[0] = '\0';
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        snprintf(err, err_bytes, "not a JSON object");
+        return KVEDGE_ECORRUPT;
+    }
+    int rc = KVEDGE_OK;
+    const char *mt = cJSON_GetStringValue(s_jfield(root, "model_type"));
+    const s_arch_t *arch = NULL;
+    for (size_t i = 0; mt && i < sizeof s_archs / sizeof s_archs[0]; i++)
+        if (strcmp(s_archs[i].model_type, mt) == 0)
+            arch = &s_archs[i];
+    if (!mt) {
+        snprintf(err, err_bytes, "model_type is missing");
+        rc = KVEDGE_ECORRUPT;
+    } else if (!arch) {
+        snprintf(err, err_bytes,
+                 "model_type \"%.40s\" is not supported (opt, llama, mistral, qwen2)", mt);
+        rc = KVEDGE_EINVAL;
+    }
+    kvedge_decoder_config_t *c = &out->cfg;
+    const uint32_t big = 1u << 24;
+    if (rc == KVEDGE_OK) {
+        snprintf(out->model_type, sizeof out->model_type, "%s", mt);
+        rc = s_jcount(root, "num_attention_heads", true, 1, 1024, &c->heads, err, err_bytes);
+    }
+    if (rc == KVEDGE_OK)
+        rc = s_jcount(root, "num_hidden_layers", !arch->rotary ? false : true, 1, 1024, &c->layers,
+                      err, err_bytes);
+    if (rc == KVEDGE_OK && !arch->rotary) { /* OPT: the tensors give the rest */
+        const char *act = cJSON_GetStringValue(s_jfield(root, "activation_function"));
+        const cJSON *pre = s_jfield(root, "do_layer_norm_before");
+        uint32_t proj = 0, hidden = 0;
+        rc = s_jcount(root, "word_embed_proj_dim", false, 1, big, &proj, err, err_bytes);
+        if (rc == KVEDGE_OK)
+            rc = s_jcount(root, "hidden_size", false, 1, big, &hidden, err, err_bytes);
+        if (rc == KVEDGE_OK && act && strcmp(act, "relu") != 0) {
+            snprintf(err, err_bytes, "activation_function \"%.40s\" is not supported (relu)", act);
+            rc = KVEDGE_EINVAL;
+        } else if (rc == KVEDGE_OK && pre && !cJSON_IsTrue(pre)) {
+            snprintf(err, err_bytes, "do_layer_norm_before false is not supported");
+            rc = KVEDGE_EINVAL;
+        } else if (rc == KVEDGE_OK && proj && hidden && proj != hidden) {
+            snprintf(err, err_bytes, "word_embed_proj_dim %u is not supported (only hidden_size)",
+                     proj);
+            rc = KVEDGE_EINVAL;
+        }
+        cJSON_Delete(root);
         return rc;
     }
+    if (rc == KVEDGE_OK)
+        rc = s_jcount(root, "hidden_size", true, 1, big, &c->hidden, err, err_bytes);
+    if (rc == KVEDGE_OK)
+        rc = s_jcount(root, "intermediate_size", true, 1, big, &c->ffn, err, err_bytes);
+    if (rc == KVEDGE_OK)
+        rc = s_jcount(root, "vocab_size", true, 1, INT32_MAX, &c->vocab, err, err_bytes);
+    c->max_positions = 2048;
+    if (rc == KVEDGE_OK)
+        rc = s_jcount(root, "max_position_embeddings", false, 1, big, &c->max_positions, err,
+                      err_bytes);
+    out->kv_heads = c->heads;
+    if (rc == KVEDGE_OK)
+        rc = s_jcount(root, "num_key_value_heads", false, 1, 1024, &out->kv_heads, err, err_bytes);
+    if (rc == KVEDGE_OK && c->heads % out->kv_heads != 0) {
+        snprintf(err, err_bytes, "num_key_value_heads %u does not divide num_attention_heads %u",
+                 out->kv_heads, c->heads);
+        rc = KVEDGE_ECORRUPT;
+    }
+    c->head_dim = c->heads ? c->hidden / c->heads : 0;
+    if (rc == KVEDGE_OK)
+        rc = s_jcount(root, "head_dim", false, 2, 4096, &c->head_dim, err, err_bytes);
+    if (rc == KVEDGE_OK && (c->head_dim < 2 || c->head_dim % 2 != 0)) {
+        snprintf(err, err_bytes, "head_dim %u is not even (hidden_size / num_attention_heads)",
+                 c->head_dim);
+        rc = KVEDGE_ECORRUPT;
+    }
+    out->norm_eps = 1e-6;
+    out->rope_theta = 10000.0;
+    if (rc == KVEDGE_OK)
+        rc = s_jnum(root, "rms_norm_eps", 0, 1, &out->norm_eps, err, err_bytes);
+    if (rc == KVEDGE_OK)
+        rc = s_jnum(root, "rope_theta", 1, 1e12, &out->rope_theta, err, err_bytes);
+    if (rc == KVEDGE_OK) {
+        const char *act = cJSON_GetStringValue(s_jfield(root, "hidden_act"));
+        if (act && strcmp(act, "silu") != 0) {
+            snprintf(err, err_bytes, "hidden_act \"%.40s\" is not supported (silu)", act);
+            rc = KVEDGE_EINVAL;
+        }
+    }
+    if (rc == KVEDGE_OK)
+        rc = s_config_refuse(root, mt, c->max_positions, err, err_bytes);
+    if (rc == KVEDGE_OK)
+        rc = s_config_rope(root, out, err, err_bytes);
+    if (rc == KVEDGE_OK) {
+        /* transformers' default: tied, unless the config says otherwise. */
+        const cJSON *tie = s_jfield(root, "tie_word_embeddings");
+        out->tie_embeddings = !tie || cJSON_IsTrue(tie);
+        const cJSON *ab = s_jfield(root, "attention_bias");
+        out->attention_bias = ab && cJSON_IsTrue(ab);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* Loads OPT from the tensors of ts (heads: 0 for metadata's or the default). */
+static int s_load_opt(kvedge_decoder_t *self, const s_tset_t *ts, uint32_t heads)
+{
+    self->arch = &s_archs[0];
+    self->norm_eps = S_LAYER_NORM_EPS;
     /* HF checkpoints of OPTForCausalLM say "model.decoder.", those of OPTModel "decoder.". */
-    s_names_t nm = {st, "model.decoder."};
+    s_names_t nm = {ts, "model.decoder."};
     if (!s_find(&nm, "embed_tokens.weight"))
         nm.prefix = "decoder.";
 
-    rc = s_config(self, &nm, heads);
+    int rc = s_config(self, &nm, heads);
     const kvedge_decoder_config_t c = self->cfg;
     if (rc == KVEDGE_OK) {
         self->layer = calloc(c.layers, sizeof *self->layer);
@@ -307,7 +619,7 @@ int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads
         if (rc == KVEDGE_OK) {                                                                     \
             char what_[S_NAME_BYTES + 16];                                                         \
             snprintf(what_, sizeof what_, __VA_ARGS__);                                            \
-            const kvedge_safetensors_tensor_t *t_ = kvedge_safetensors_find(st, what_);            \
+            const kvedge_safetensors_tensor_t *t_ = s_tfind(ts, what_);                            \
             rc = s_take(self, t_, what_, (d0), (d1), &(ptr));                                      \
         }                                                                                          \
     } while (0)
@@ -338,13 +650,316 @@ int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads
     }
     /* The head is tied to embed_tokens; some checkpoints also store it as lm_head.weight. */
     self->head = self->embed;
-    if (rc == KVEDGE_OK && kvedge_safetensors_find(st, "lm_head.weight"))
+    if (rc == KVEDGE_OK && s_tfind(ts, "lm_head.weight"))
         S_TAKE(self->head, c.vocab, c.hidden, "lm_head.weight");
 #undef S_TAKE
-    kvedge_safetensors_destroy(&st);
+    return rc;
+}
+
+/* Loads a Llama-family model (hf parsed from its config.json) from the tensors of ts. */
+static int s_load_llama(kvedge_decoder_t *self, const s_tset_t *ts,
+                        const kvedge_decoder_impl_hf_config_t *hf)
+{
+    for (size_t i = 0; i < sizeof s_archs / sizeof s_archs[0]; i++)
+        if (strcmp(s_archs[i].model_type, hf->model_type) == 0)
+            self->arch = &s_archs[i];
+    if (!self->arch || !self->arch->rotary)
+        return s_fail(self, KVEDGE_EINVAL, "config.json: model_type \"%s\" is not supported",
+                      hf->model_type);
+    self->cfg = hf->cfg;
+    self->kv_heads = hf->kv_heads;
+    self->norm_eps = hf->norm_eps;
+    const kvedge_decoder_config_t c = self->cfg;
+    const uint64_t H = c.hidden, F = c.ffn, QD = (uint64_t)c.heads * c.head_dim,
+                   KD = (uint64_t)hf->kv_heads * c.head_dim;
+    const bool qkv_bias = self->arch->qkv_bias || hf->attention_bias;
+    const bool o_bias = self->arch->o_bias || hf->attention_bias;
+    const kvedge_safetensors_tensor_t *emb = s_tfind(ts, "model.embed_tokens.weight");
+    if (emb && emb->ndim == 2 && emb->shape[1] == H && emb->shape[0] < c.vocab)
+        return s_fail(self, KVEDGE_ESHAPE,
+                      "config.json: vocab_size %u is larger than the embedding's %llu rows",
+                      c.vocab, (unsigned long long)emb->shape[0]);
+    if (s_tfind(ts, "model.layers.0.mlp.experts.0.gate_proj.weight") ||
+        s_tfind(ts, "model.layers.0.block_sparse_moe.gate.weight"))
+        return s_fail(self, KVEDGE_EINVAL, "the tensors hold mixture-of-experts layers");
+    {
+        char extra[S_NAME_BYTES];
+        snprintf(extra, sizeof extra, "model.layers.%u.input_layernorm.weight", c.layers);
+        if (s_tfind(ts, extra))
+            return s_fail(self, KVEDGE_ESHAPE,
+                          "the tensors hold more layers than num_hidden_layers %u (%s)", c.layers,
+                          extra);
+    }
+    self->layer = calloc(c.layers, sizeof *self->layer);
+    self->inv_freq = malloc(c.head_dim / 2 * sizeof(float));
+    if (!self->layer || !self->inv_freq)
+        return s_fail(self, KVEDGE_ENOMEM, "out of memory");
+    /* HF's rotary frequencies base^(-2i/d); Llama 3's rope_scaling divides the low ones by
+     * factor and blends the middle band (transformers' _compute_llama3_parameters). */
+    for (uint32_t i = 0; i < c.head_dim / 2; i++) {
+        double f = 1.0 / pow(hf->rope_theta, 2.0 * i / c.head_dim);
+        if (hf->rope_llama3) {
+            const double wavelen = 2.0 * M_PI / f;
+            const double low_wl = hf->rope_orig_max / hf->rope_low;
+            const double high_wl = hf->rope_orig_max / hf->rope_high;
+            if (wavelen > low_wl) {
+                f /= hf->rope_factor;
+            } else if (wavelen >= high_wl) {
+                const double sm =
+                    (hf->rope_orig_max / wavelen - hf->rope_low) / (hf->rope_high - hf->rope_low);
+                f = (1.0 - sm) * f / hf->rope_factor + sm * f;
+            }
+        }
+        self->inv_freq[i] = (float)f;
+    }
+    int rc = KVEDGE_OK;
+#define S_TAKE(ptr, d0, d1, ...)                                                                   \
+    do {                                                                                           \
+        if (rc == KVEDGE_OK) {                                                                     \
+            char what_[S_NAME_BYTES + 16];                                                         \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                            \
+            rc = s_take(self, s_tfind(ts, what_), what_, (d0), (d1), &(ptr));                      \
+        }                                                                                          \
+    } while (0)
+    S_TAKE(self->embed, c.vocab, H, "model.embed_tokens.weight");
+    for (uint32_t l = 0; rc == KVEDGE_OK && l < c.layers; l++) {
+        s_layer_t *L = &self->layer[l];
+        const char *p = "model.layers";
+        S_TAKE(L->ln1_w, H, 0, "%s.%u.input_layernorm.weight", p, l);
+        S_TAKE(L->wq, QD, H, "%s.%u.self_attn.q_proj.weight", p, l);
+        S_TAKE(L->wk, KD, H, "%s.%u.self_attn.k_proj.weight", p, l);
+        S_TAKE(L->wv, KD, H, "%s.%u.self_attn.v_proj.weight", p, l);
+        S_TAKE(L->wo, H, QD, "%s.%u.self_attn.o_proj.weight", p, l);
+        if (qkv_bias) {
+            S_TAKE(L->bq, QD, 0, "%s.%u.self_attn.q_proj.bias", p, l);
+            S_TAKE(L->bk, KD, 0, "%s.%u.self_attn.k_proj.bias", p, l);
+            S_TAKE(L->bv, KD, 0, "%s.%u.self_attn.v_proj.bias", p, l);
+        }
+        if (o_bias)
+            S_TAKE(L->bo, H, 0, "%s.%u.self_attn.o_proj.bias", p, l);
+        S_TAKE(L->ln2_w, H, 0, "%s.%u.post_attention_layernorm.weight", p, l);
+        S_TAKE(L->fc1_w, F, H, "%s.%u.mlp.gate_proj.weight", p, l);
+        S_TAKE(L->up_w, F, H, "%s.%u.mlp.up_proj.weight", p, l);
+        S_TAKE(L->fc2_w, H, F, "%s.%u.mlp.down_proj.weight", p, l);
+    }
+    S_TAKE(self->lnf_w, H, 0, "model.norm.weight");
+    self->head = self->embed;
+    if (!hf->tie_embeddings)
+        S_TAKE(self->head, c.vocab, H, "lm_head.weight");
+#undef S_TAKE
+    return rc;
+}
+
+/* Reads a whole small file (JSON) into a NUL-terminated buffer the caller frees; NULL with
+ * errno set on failure (EFBIG: over S_JSON_MAX_BYTES). */
+static char *s_read_text(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n == cap) {
+            if (cap >= S_JSON_MAX_BYTES) {
+                free(buf);
+                fclose(f);
+                errno = EFBIG;
+                return NULL;
+            }
+            cap = cap ? cap * 2 : 4096;
+            char *b = realloc(buf, cap + 1);
+            if (!b) {
+                free(buf);
+                fclose(f);
+                errno = ENOMEM;
+                return NULL;
+            }
+            buf = b;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* Opens file (a name inside dir) as one more reader of ts. */
+static int s_tset_open(kvedge_decoder_t *self, s_tset_t *ts, const char *dir, const char *file)
+{
+    if (ts->n >= S_MAX_SHARDS)
+        return s_fail(self, KVEDGE_ETOOBIG, "model.safetensors.index.json: over %u shards",
+                      S_MAX_SHARDS);
+    kvedge_safetensors_t **st = realloc(ts->st, (ts->n + 1) * sizeof *st);
+    if (st)
+        ts->st = st;
+    char **fl = realloc(ts->file, (ts->n + 1) * sizeof *fl);
+    if (fl)
+        ts->file = fl;
+    char path[4096];
+    if (!st || !fl)
+        return s_fail(self, KVEDGE_ENOMEM, "out of memory");
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path)
+        return s_fail(self, KVEDGE_EINVAL, "%s: path too long", file);
+    ts->st[ts->n] = kvedge_safetensors_new();
+    ts->file[ts->n] = strdup(file);
+    if (!ts->st[ts->n] || !ts->file[ts->n]) {
+        kvedge_safetensors_destroy(&ts->st[ts->n]);
+        free(ts->file[ts->n]);
+        return s_fail(self, KVEDGE_ENOMEM, "out of memory");
+    }
+    ts->n++;
+    int rc = kvedge_safetensors_open(ts->st[ts->n - 1], path);
+    if (rc != KVEDGE_OK)
+        return s_fail(self, rc, "%s: %s", file, kvedge_safetensors_error(ts->st[ts->n - 1]));
+    return KVEDGE_OK;
+}
+
+/* Opens the shards model.safetensors.index.json (text) names and checks that they agree
+ * with it: every tensor the index maps is in the shard it names, and every tensor a shard
+ * holds is mapped to that shard. */
+static int s_open_index(kvedge_decoder_t *self, s_tset_t *ts, const char *dir, const char *text)
+{
+    const char *ix = "model.safetensors.index.json";
+    cJSON *root = cJSON_Parse(text);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    int rc = KVEDGE_OK;
+    if (!cJSON_IsObject(map))
+        rc = s_fail(self, KVEDGE_ECORRUPT, "%s: no weight_map object", ix);
+    const cJSON *e;
+    size_t entries = 0;
+    cJSON_ArrayForEach(e, map)
+    {
+        if (rc != KVEDGE_OK)
+            break;
+        entries++;
+        const char *file = cJSON_GetStringValue(e);
+        if (!file || !*file || strchr(file, '/') || strcmp(file, "..") == 0 ||
+            strcmp(file, ".") == 0) {
+            rc = s_fail(self, KVEDGE_ECORRUPT, "%s: tensor %s names no shard file in dir", ix,
+                        e->string);
+            break;
+        }
+        size_t i = 0;
+        while (i < ts->n && strcmp(ts->file[i], file) != 0)
+            i++;
+        if (i == ts->n && (rc = s_tset_open(self, ts, dir, file)) != KVEDGE_OK)
+            break;
+        if (!kvedge_safetensors_find(ts->st[i], e->string))
+            rc = s_fail(self, KVEDGE_ECORRUPT, "%s: tensor %s is not in %s, where %s maps it", file,
+                        e->string, file, ix);
+    }
+    for (size_t i = 0; rc == KVEDGE_OK && i < ts->n; i++)
+        for (size_t j = 0; rc == KVEDGE_OK && j < kvedge_safetensors_count(ts->st[i]); j++) {
+            const char *name = kvedge_safetensors_at(ts->st[i], j)->name;
+            const char *file = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(map, name));
+            if (!file || strcmp(file, ts->file[i]) != 0)
+                rc = s_fail(self, KVEDGE_ECORRUPT, "%s: holds tensor %s, which %s maps %s%s",
+                            ts->file[i], name, ix, file ? "to " : "nowhere", file ? file : "");
+        }
+    if (rc == KVEDGE_OK && entries == 0)
+        rc = s_fail(self, KVEDGE_ECORRUPT, "%s: weight_map is empty", ix);
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* Loads a Hugging Face model directory: config.json, then single or sharded safetensors. */
+static int s_load_dir(kvedge_decoder_t *self, const char *dir, uint32_t heads, s_tset_t *ts)
+{
+    char path[4096];
+    size_t len = 0;
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return s_fail(self, KVEDGE_EINVAL, "path too long");
+    char *text = s_read_text(path, &len);
+    if (!text)
+        return s_fail(self, errno == ENOMEM ? KVEDGE_ENOMEM : KVEDGE_EIO, "config.json: %s",
+                      strerror(errno));
+    kvedge_decoder_impl_hf_config_t hf;
+    char err[S_ERROR_BYTES];
+    int rc = kvedge_decoder_impl_parse_config(text, len, &hf, err, sizeof err);
+    free(text);
+    if (rc != KVEDGE_OK)
+        return s_fail(self, rc, "config.json: %s", err);
+    if (heads && heads != hf.cfg.heads)
+        return s_fail(self, KVEDGE_EINVAL,
+                      "config.json: num_attention_heads %u, but %u heads were asked for",
+                      hf.cfg.heads, heads);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    text = s_read_text(path, &len);
+    if (text) {
+        rc = s_open_index(self, ts, dir, text);
+        free(text);
+    } else if (errno == ENOENT) {
+        rc = s_tset_open(self, ts, dir, "model.safetensors");
+    } else {
+        rc = s_fail(self, KVEDGE_EIO, "model.safetensors.index.json: %s", strerror(errno));
+    }
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (strcmp(hf.model_type, "opt") != 0)
+        return s_load_llama(self, ts, &hf);
+    rc = s_load_opt(self, ts, hf.cfg.heads);
+    if (rc == KVEDGE_OK && hf.cfg.layers && hf.cfg.layers != self->cfg.layers)
+        rc = s_fail(self, KVEDGE_ESHAPE,
+                    "config.json: num_hidden_layers %u, but the tensors hold %u layers",
+                    hf.cfg.layers, self->cfg.layers);
+    return rc;
+}
+
+int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads)
+{
+    if (!self || !path)
+        return KVEDGE_EINVAL;
+    if (self->layer)
+        return s_fail(self, KVEDGE_EINVAL, "model already loaded");
+    self->err[0] = '\0';
+    s_tset_t ts = {0};
+    struct stat sb;
+    int rc;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        rc = s_load_dir(self, path, heads, &ts);
+        if (rc != KVEDGE_OK) {
+            /* "dir/file: what" when the detail names a file, else "dir: what". */
+            char detail[S_ERROR_BYTES];
+            snprintf(detail, sizeof detail, "%s", self->err);
+            const char *colon = strstr(detail, ": ");
+            const bool names_file = colon && memchr(detail, ' ', (size_t)(colon - detail)) == NULL;
+            s_fail(self, rc, "%s%s%s", path, names_file ? "/" : ": ", detail);
+        }
+    } else {
+        kvedge_safetensors_t *st = kvedge_safetensors_new();
+        if (!st)
+            return s_fail(self, KVEDGE_ENOMEM, "out of memory");
+        rc = kvedge_safetensors_open(st, path);
+        if (rc != KVEDGE_OK) {
+            s_fail(self, rc, "%s", kvedge_safetensors_error(st));
+            kvedge_safetensors_destroy(&st);
+            return rc;
+        }
+        ts = (s_tset_t){&st, NULL, 1};
+        rc = s_load_opt(self, &ts, heads);
+        kvedge_safetensors_destroy(&st);
+        ts = (s_tset_t){0};
+    }
+    s_tset_free(&ts);
     if (rc != KVEDGE_OK)
         s_unload(self);
     return rc;
+}
+
+const char *kvedge_decoder_arch(const kvedge_decoder_t *self)
+{
+    return self && self->arch ? self->arch->model_type : "";
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -354,17 +969,31 @@ int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads
 static void s_linear(const float *x, uint32_t n, uint32_t in, const float *w, const float *b,
                      uint32_t out, float *y)
 {
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; b && i < n; i++)
         memcpy(y + (size_t)i * out, b, out * sizeof(float));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, x,
-                (int)in, w, (int)in, 1.0f, y, (int)out);
+                (int)in, w, (int)in, b ? 1.0f : 0.0f, y, (int)out);
 }
 
-/* nn.LayerNorm over rows of width d; statistics in double so the result does not depend on
+/* The model's norm over rows of width d: nn.LayerNorm (OPT), or RMSNorm, x / sqrt(mean(x^2) +
+ * eps) * w (Llama family; b unused); statistics in double so the result does not depend on
  * the order of summation. */
-static void s_layer_norm(const float *x, uint32_t n, uint32_t d, const float *w, const float *b,
-                         float *y)
+static void s_norm(const kvedge_decoder_t *md, const float *x, uint32_t n, uint32_t d,
+                   const float *w, const float *b, float *y)
 {
+    if (md->arch->rms_norm) {
+        for (uint32_t i = 0; i < n; i++) {
+            const float *xr = x + (size_t)i * d;
+            float *yr = y + (size_t)i * d;
+            double ms = 0;
+            for (uint32_t j = 0; j < d; j++)
+                ms += (double)xr[j] * xr[j];
+            const double inv = 1.0 / sqrt(ms / d + md->norm_eps);
+            for (uint32_t j = 0; j < d; j++)
+                yr[j] = (float)(xr[j] * inv) * w[j];
+        }
+        return;
+    }
     for (uint32_t i = 0; i < n; i++) {
         const float *xr = x + (size_t)i * d;
         float *yr = y + (size_t)i * d;
@@ -375,7 +1004,7 @@ static void s_layer_norm(const float *x, uint32_t n, uint32_t d, const float *w,
         for (uint32_t j = 0; j < d; j++)
             var += (xr[j] - mean) * (xr[j] - mean);
         var /= d;
-        const double inv = 1.0 / sqrt(var + S_LAYER_NORM_EPS);
+        const double inv = 1.0 / sqrt(var + md->norm_eps);
         for (uint32_t j = 0; j < d; j++)
             yr[j] = (float)((xr[j] - mean) * inv) * w[j] + b[j];
     }
@@ -387,14 +1016,17 @@ static void s_layer_norm(const float *x, uint32_t n, uint32_t d, const float *w,
 /* Partial attention of the queries qh ([heads][n][head_dim], already scaled) over the first
  * keys tokens of kv. causal: query i sees keys j <= past + i (the local cache holds past
  * earlier tokens); else it sees all of them. Writes o [heads][n][head_dim], lse [heads][n]. */
-static int s_attn_partial(const kvedge_decoder_config_t *c, const float *qh, uint32_t n,
-                          const float *k, const float *v, uint32_t stride, uint32_t keys,
-                          bool causal, uint32_t past, float *o, float *lse)
+static int s_attn_partial(const kvedge_decoder_t *md, const float *qh, uint32_t n, const float *k,
+                          const float *v, uint32_t stride, uint32_t keys, bool causal,
+                          uint32_t past, float *o, float *lse)
 {
+    const kvedge_decoder_config_t *c = &md->cfg;
     const size_t hd = c->head_dim;
+    const uint32_t kvh = md->kv_heads, group = c->heads / kvh;
     kvedge_attn_partial_args_t a = {
         .dtype = KVEDGE_DTYPE_FP32,
         .heads = c->heads,
+        .kv_heads = kvh,
         .nq = n,
         .n = keys,
         .head_dim = c->head_dim,
@@ -406,11 +1038,11 @@ static int s_attn_partial(const kvedge_decoder_config_t *c, const float *qh, uin
      * head. */
     const uint32_t calls = stride == keys ? 1 : c->heads;
     if (calls > 1)
-        a.heads = 1;
+        a.heads = a.kv_heads = 1;
     for (uint32_t h = 0; h < calls; h++) {
         a.q = qh + (size_t)h * n * hd;
-        a.k = k + (size_t)h * stride * hd;
-        a.v = v + (size_t)h * stride * hd;
+        a.k = k + (size_t)(h / group) * stride * hd;
+        a.v = v + (size_t)(h / group) * stride * hd;
         a.o = o + (size_t)h * n * hd;
         a.lse = lse + (size_t)h * n;
         int rc = kvedge_cpu_attn_partial(&a);
@@ -421,10 +1053,14 @@ static int s_attn_partial(const kvedge_decoder_config_t *c, const float *qh, uin
 }
 
 /* Makes room for a pass of n tokens. */
-static int s_work_reserve(s_work_t *w, const kvedge_decoder_config_t *c, uint32_t n)
+static int s_work_reserve(s_work_t *w, const kvedge_decoder_t *md, uint32_t n)
 {
-    const size_t H = c->hidden;
-    const size_t need = (size_t)n * (8 * H + c->ffn + 2 * (size_t)c->heads);
+    const kvedge_decoder_config_t *c = &md->cfg;
+    const bool swiglu = md->arch->swiglu;
+    const size_t H = c->hidden, QD = (size_t)c->heads * c->head_dim;
+    const size_t KD = (size_t)md->kv_heads * c->head_dim, D = H > QD ? H : QD;
+    const size_t F = (swiglu ? 2 : 1) * (size_t)c->ffn;
+    const size_t need = (size_t)n * (H + D + 2 * KD + 4 * QD + F + 2 * (size_t)c->heads);
     if (need > w->cap) {
         float *b = realloc(w->buf, need * sizeof(float));
         if (!b)
@@ -434,14 +1070,14 @@ static int s_work_reserve(s_work_t *w, const kvedge_decoder_config_t *c, uint32_
     }
     float *p = w->buf;
     w->ln = p, p += (size_t)n * H;
-    w->q = p, p += (size_t)n * H;
-    w->k = p, p += (size_t)n * H;
-    w->v = p, p += (size_t)n * H;
-    w->attn = p, p += (size_t)n * H;
-    w->ffn = p, p += (size_t)n * c->ffn;
-    w->qh = p, p += (size_t)n * H;
-    w->oa = p, p += (size_t)n * H;
-    w->ob = p, p += (size_t)n * H;
+    w->q = p, p += (size_t)n * D;
+    w->k = p, p += (size_t)n * KD;
+    w->v = p, p += (size_t)n * KD;
+    w->attn = p, p += (size_t)n * QD;
+    w->ffn = p, p += (size_t)n * F;
+    w->qh = p, p += (size_t)n * QD;
+    w->oa = p, p += (size_t)n * QD;
+    w->ob = p, p += (size_t)n * QD;
     w->lsea = p, p += (size_t)n * c->heads;
     w->lseb = p;
     return KVEDGE_OK;
@@ -453,44 +1089,77 @@ typedef struct {
     uint32_t len, stride;
 } s_kv_t;
 
-/* Runs layer l on the hidden states x [n][hidden] in place. The n tokens attend to all of ext
- * (context K/V, may be empty) and causally to loc, whose first loc->len tokens are earlier
- * local tokens; their own K/V is written to loc at loc->len .. loc->len + n - 1 (loc->len is
- * left for the caller to advance once every layer has run). */
+/* Rotary positions in Hugging Face's rotate-half layout on rows [n][heads * head_dim] of
+ * tokens at positions pos0..: for i < d/2, (x_i, x_{i+d/2}) turns by angle pos * inv_freq_i.
+ * Angles and their sines in double, so a position's rotation does not depend on the pass. */
+static void s_rotate(const kvedge_decoder_t *md, float *x, uint32_t n, uint32_t heads,
+                     uint32_t pos0, float *cs)
+{
+    const uint32_t hd = md->cfg.head_dim, half = hd / 2;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t j = 0; j < half; j++) {
+            const double a = (double)(pos0 + i) * md->inv_freq[j];
+            cs[j] = (float)cos(a);
+            cs[half + j] = (float)sin(a);
+        }
+        for (uint32_t h = 0; h < heads; h++) {
+            float *r = x + ((size_t)i * heads + h) * hd;
+            for (uint32_t j = 0; j < half; j++) {
+                const float x1 = r[j], x2 = r[half + j];
+                r[j] = x1 * cs[j] - x2 * cs[half + j];
+                r[half + j] = x2 * cs[j] + x1 * cs[half + j];
+            }
+        }
+    }
+}
+
+/* Runs layer l on the hidden states x [n][hidden] (tokens at positions pos0..) in place. The
+ * n tokens attend to all of ext (context K/V, may be empty) and causally to loc, whose first
+ * loc->len tokens are earlier local tokens; their own K/V is written to loc at loc->len ..
+ * loc->len + n - 1 (loc->len is left for the caller to advance once every layer has run). */
 static int s_layer_forward(const kvedge_decoder_t *md, uint32_t l, float *x, uint32_t n,
-                           const s_kv_t *ext, const s_kv_t *loc, s_work_t *w)
+                           uint32_t pos0, const s_kv_t *ext, const s_kv_t *loc, s_work_t *w)
 {
     const kvedge_decoder_config_t *c = &md->cfg;
     const s_layer_t *L = &md->layer[l];
-    const uint32_t H = c->hidden, hd = c->head_dim;
-    if (s_work_reserve(w, c, n) != KVEDGE_OK)
+    const uint32_t H = c->hidden, hd = c->head_dim, kvh = md->kv_heads;
+    const uint32_t QD = c->heads * hd, KD = kvh * hd;
+    if (s_work_reserve(w, md, n) != KVEDGE_OK)
         return KVEDGE_ENOMEM;
 
-    s_layer_norm(x, n, H, L->ln1_w, L->ln1_b, w->ln);
-    s_linear(w->ln, n, H, L->wq, L->bq, H, w->q);
-    s_linear(w->ln, n, H, L->wk, L->bk, H, w->k);
-    s_linear(w->ln, n, H, L->wv, L->bv, H, w->v);
+    s_norm(md, x, n, H, L->ln1_w, L->ln1_b, w->ln);
+    s_linear(w->ln, n, H, L->wq, L->bq, QD, w->q);
+    s_linear(w->ln, n, H, L->wk, L->bk, KD, w->k);
+    s_linear(w->ln, n, H, L->wv, L->bv, KD, w->v);
+    if (md->arch->rotary) { /* w->attn is free until attention writes it */
+        s_rotate(md, w->q, n, c->heads, pos0, w->attn);
+        s_rotate(md, w->k, n, kvh, pos0, w->attn);
+    }
     /* HF scales q after its bias: q_proj(x) * head_dim^-0.5. Queries go head-major for
      * attn.h; the new K/V joins the local cache, which is head-major too. */
     const float scale = 1.0f / sqrtf((float)hd);
     for (uint32_t h = 0; h < c->heads; h++)
         for (uint32_t i = 0; i < n; i++) {
-            const size_t src = (size_t)i * H + (size_t)h * hd;
-            const size_t dst = ((size_t)h * loc->stride + loc->len + i) * hd;
+            const size_t src = (size_t)i * QD + (size_t)h * hd;
             float *qd = w->qh + ((size_t)h * n + i) * hd;
             for (uint32_t j = 0; j < hd; j++)
                 qd[j] = w->q[src + j] * scale;
+        }
+    for (uint32_t h = 0; h < kvh; h++)
+        for (uint32_t i = 0; i < n; i++) {
+            const size_t src = (size_t)i * KD + (size_t)h * hd;
+            const size_t dst = ((size_t)h * loc->stride + loc->len + i) * hd;
             memcpy(loc->k + dst, w->k + src, hd * sizeof(float));
             memcpy(loc->v + dst, w->v + src, hd * sizeof(float));
         }
 
     /* Causally over the local cache; then, with a context, over all of its K/V, merged by
      * log-sum-exp into attention over the concatenation. */
-    int rc = s_attn_partial(c, w->qh, n, loc->k, loc->v, loc->stride, loc->len + n, true, loc->len,
+    int rc = s_attn_partial(md, w->qh, n, loc->k, loc->v, loc->stride, loc->len + n, true, loc->len,
                             w->ob, w->lseb);
     const float *o = w->ob;
     if (rc == KVEDGE_OK && ext->len) {
-        rc = s_attn_partial(c, w->qh, n, ext->k, ext->v, ext->stride, ext->len, false, 0, w->oa,
+        rc = s_attn_partial(md, w->qh, n, ext->k, ext->v, ext->stride, ext->len, false, 0, w->oa,
                             w->lsea);
         const kvedge_attn_merge_args_t mg = {
             .o1 = w->oa,
@@ -510,17 +1179,25 @@ static int s_layer_forward(const kvedge_decoder_t *md, uint32_t l, float *x, uin
         return rc;
     for (uint32_t h = 0; h < c->heads; h++)
         for (uint32_t i = 0; i < n; i++)
-            memcpy(w->attn + (size_t)i * H + (size_t)h * hd, o + ((size_t)h * n + i) * hd,
+            memcpy(w->attn + (size_t)i * QD + (size_t)h * hd, o + ((size_t)h * n + i) * hd,
                    hd * sizeof(float));
 
     /* Residual adds go through the projection's output buffer: out = attn Wo^T + bo. */
-    s_linear(w->attn, n, H, L->wo, L->bo, H, w->q);
+    s_linear(w->attn, n, QD, L->wo, L->bo, H, w->q);
     for (size_t i = 0; i < (size_t)n * H; i++)
         x[i] += w->q[i];
-    s_layer_norm(x, n, H, L->ln2_w, L->ln2_b, w->ln);
+    s_norm(md, x, n, H, L->ln2_w, L->ln2_b, w->ln);
+    const size_t nf = (size_t)n * c->ffn;
     s_linear(w->ln, n, H, L->fc1_w, L->fc1_b, c->ffn, w->ffn);
-    for (size_t i = 0; i < (size_t)n * c->ffn; i++)
-        w->ffn[i] = w->ffn[i] > 0 ? w->ffn[i] : 0;
+    if (md->arch->swiglu) { /* silu(gate) * up, as HF's LlamaMLP */
+        float *up = w->ffn + nf;
+        s_linear(w->ln, n, H, L->up_w, NULL, c->ffn, up);
+        for (size_t i = 0; i < nf; i++)
+            w->ffn[i] = w->ffn[i] / (1.0f + expf(-w->ffn[i])) * up[i];
+    } else {
+        for (size_t i = 0; i < nf; i++)
+            w->ffn[i] = w->ffn[i] > 0 ? w->ffn[i] : 0;
+    }
     s_linear(w->ffn, n, c->ffn, L->fc2_w, L->fc2_b, H, w->q);
     for (size_t i = 0; i < (size_t)n * H; i++)
         x[i] += w->q[i];
@@ -535,11 +1212,17 @@ static bool s_tokens_ok(const kvedge_decoder_config_t *c, const int32_t *t, uint
     return true;
 }
 
-/* x [n][hidden] = embed_tokens[t] + embed_positions[pos0 + i + 2]. */
+/* x [n][hidden] = embed_tokens[t] + embed_positions[pos0 + i + 2]; rotary models: the token
+ * embedding alone (positions enter in attention). */
 static void s_embed(const kvedge_decoder_t *md, const int32_t *t, uint32_t n, uint32_t pos0,
                     float *x)
 {
     const uint32_t H = md->cfg.hidden;
+    if (!md->pos) {
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(x + (size_t)i * H, md->embed + (size_t)t[i] * H, H * sizeof(float));
+        return;
+    }
     for (uint32_t i = 0; i < n; i++) {
         const float *e = md->embed + (size_t)t[i] * H;
         const float *p = md->pos + ((size_t)pos0 + i + KVEDGE_DECODER_POSITION_OFFSET) * H;
@@ -552,7 +1235,7 @@ static void s_embed(const kvedge_decoder_t *md, const int32_t *t, uint32_t n, ui
 static void s_logits(const kvedge_decoder_t *md, const float *xrow, float *scratch, float *logits)
 {
     const kvedge_decoder_config_t *c = &md->cfg;
-    s_layer_norm(xrow, 1, c->hidden, md->lnf_w, md->lnf_b, scratch);
+    s_norm(md, xrow, 1, c->hidden, md->lnf_w, md->lnf_b, scratch);
     cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)c->vocab, (int)c->hidden, 1.0f, md->head,
                 (int)c->hidden, scratch, 1, 0.0f, logits, 1);
 }
@@ -582,7 +1265,7 @@ static int s_prefill(const kvedge_decoder_t *self, const int32_t *tokens, uint32
         const s_kv_t none = {0};
         for (uint32_t l = 0; rc == KVEDGE_OK && l < layers; l++) {
             s_kv_t loc = {k_out ? k_out + l * kvf : tmp, v_out ? v_out + l * kvf : tmp + kvf, 0, n};
-            rc = s_layer_forward(self, l, x, n, &none, &loc, &w);
+            rc = s_layer_forward(self, l, x, n, 0, &none, &loc, &w);
             if (rc == KVEDGE_OK && trace)
                 rc = trace(trace_arg, l, x, n, w.qh, loc.k, loc.v); /* qh: this layer's */
         }
@@ -729,7 +1412,7 @@ static int s_ctx_advance(kvedge_decoder_session_t *self, uint32_t l)
             loc.k = self->ctx_tmp_k;
             loc.v = self->ctx_tmp_v;
         }
-        int rc = s_layer_forward(md, j, self->ctx_h, self->ctx_len, &none, &loc, &self->work);
+        int rc = s_layer_forward(md, j, self->ctx_h, self->ctx_len, 0, &none, &loc, &self->work);
         if (rc != KVEDGE_OK)
             return rc;
         self->ctx_layer++;
@@ -762,7 +1445,8 @@ static int s_session_run(kvedge_decoder_session_t *self, uint32_t n, kvedge_deco
         const s_kv_t ext = {ck, cv, self->ctx_len, self->ctx_len};
         const s_kv_t loc = {self->loc_k + l * lkvf, self->loc_v + l * lkvf, self->loc_len,
                             self->loc_cap};
-        int rc = s_layer_forward(md, l, self->x, n, &ext, &loc, &self->work);
+        int rc = s_layer_forward(md, l, self->x, n, self->ctx_len + self->loc_len, &ext, &loc,
+                                 &self->work);
         if (rc != KVEDGE_OK)
             return rc;
     }
@@ -1008,7 +1692,7 @@ int kvedge_decoder_gpu_weights(const kvedge_decoder_t *model, kvedge_gpu_opt_wei
 {
     if (out)
         memset(out, 0, sizeof *out);
-    if (!model || !out || !model->layer)
+    if (!model || !out || !model->layer || model->arch->rotary) /* the GPU decoder is OPT's */
         return KVEDGE_EINVAL;
     const kvedge_decoder_config_t *c = &model->cfg;
     kvedge_gpu_opt_layer_t *ly = calloc(c->layers, sizeof *ly);

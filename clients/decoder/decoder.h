@@ -1,7 +1,9 @@
 /* The reference decoder: a CPU, fp32 implementation of the OPT architecture (Hugging Face OPT
- * with do_layer_norm_before, as OPT-125m and OPT-1.3B) that prefills a shared context into
- * per-layer K/V and decodes a local prompt on top of context K/V it is handed layer by layer.
- * docs/decoder.md has the model details and the tolerances the tests hold it to. */
+ * with do_layer_norm_before, as OPT-125m and OPT-1.3B) and of the Llama family (Llama, Mistral
+ * without sliding windows, Qwen2: rotary positions, grouped-query attention, RMSNorm, SwiGLU) that
+ * prefills a shared context into per-layer K/V and decodes a local prompt on top of context K/V it
+ * is handed layer by layer. docs/decoder.md has the model details and the tolerances the tests hold
+ * it to. */
 #ifndef KVEDGE_CLIENTS_DECODER_DECODER_H
 #define KVEDGE_CLIENTS_DECODER_DECODER_H
 
@@ -24,15 +26,16 @@ extern "C" {
  * Only a reserved session accepts it (else the decode fails with KVEDGE_EINVAL). */
 #define KVEDGE_DECODER_IN_PLACE 2
 
-/* The shape of a loaded model, derived from its tensors. */
+/* The shape of a loaded model: an OPT model's derived from its tensors, a Llama-family model's
+ * from its config.json (checked against the tensors). */
 typedef struct {
     uint32_t layers;
-    uint32_t heads;
-    uint32_t head_dim;      /* hidden / heads */
+    uint32_t heads;         /* query heads */
+    uint32_t head_dim;      /* hidden / heads for OPT; config.json's head_dim where it says */
     uint32_t hidden;        /* embedding and residual width */
-    uint32_t ffn;           /* fc1 output width */
+    uint32_t ffn;           /* fc1 (OPT) or gate_proj/up_proj (SwiGLU) output width */
     uint32_t vocab;         /* rows of embed_tokens, and logits per position */
-    uint32_t max_positions; /* rows of embed_positions minus the offset of 2 */
+    uint32_t max_positions; /* OPT: rows of embed_positions minus 2; else max_position_embeddings */
 } kvedge_decoder_config_t;
 
 typedef struct _kvedge_decoder_t kvedge_decoder_t;
@@ -40,8 +43,8 @@ typedef struct _kvedge_decoder_session_t kvedge_decoder_session_t;
 
 /* Provides the context's K and V of one layer. Called for layer l (0, 1, ... in order, once
  * each) right before layer l runs, so a pipelined loader may block in it until layer l is
- * resident. k and v each hold heads * ctx_tokens * head_dim floats, laid out
- * [heads][ctx_tokens][head_dim]; the callback fills both and returns 0, or returns
+ * resident. k and v each hold kv_heads * ctx_tokens * head_dim floats, laid out
+ * [kv_heads][ctx_tokens][head_dim]; the callback fills both and returns 0, or returns
  * KVEDGE_DECODER_IN_PLACE when they already hold the layer complete (a reserved session whose
  * storage a loader wrote: no copy). It returns KVEDGE_DECODER_MISS when it has no copy of the
  * layer or the plan says to compute it locally (k and v are then left to the decoder, which
@@ -57,7 +60,13 @@ kvedge_decoder_t *kvedge_decoder_new(void);
  * nulls *self_p. */
 void kvedge_decoder_destroy(kvedge_decoder_t **self_p);
 
-/* Loads OPT weights from a safetensors file with the Hugging Face names (with or without the
+/* Loads a model. path is either an OPT safetensors file (below) or a Hugging Face model
+ * directory: config.json (its model_type picks the architecture: "opt", "llama" (Llama 2/3,
+ * SmolLM2), "mistral" (without sliding-window attention), "qwen2") and model.safetensors or
+ * model.safetensors.index.json with its shards, with HF's tensor names; docs/decoder.md lists
+ * what is supported and what is refused. A directory's errors start with the file they are
+ * about. For a directory, heads must be 0 or config.json's num_attention_heads.
+ * An OPT file: weights from a safetensors file with the Hugging Face names (with or without the
  * leading "model."), converting F16/BF16 to fp32. Sizes come from the tensors; the head count
  * is heads when non-zero, else __metadata__'s "num_attention_heads", else hidden / 64. Every
  * tensor's shape is checked against that config. Errors: those of kvedge_safetensors_open,
@@ -73,12 +82,19 @@ const char *kvedge_decoder_error(const kvedge_decoder_t *self);
 /* The config of a loaded model (all zero before load). Valid while the model lives. */
 const kvedge_decoder_config_t *kvedge_decoder_config(const kvedge_decoder_t *self);
 
-/* Floats in one layer of K (or V) for tokens tokens: heads * tokens * head_dim. */
+/* K/V heads of a loaded model: heads for OPT; config.json's num_key_value_heads for the Llama
+ * family (grouped-query attention: query head h reads KV head h / (heads / kv_heads)). 0
+ * before load. */
+uint32_t kvedge_decoder_kv_heads(const kvedge_decoder_t *self);
+
+/* Floats in one layer of K (or V) for tokens tokens: kv_heads * tokens * head_dim. K is stored
+ * as attention reads it: for rotary models after the rotation (Hugging Face's rotate-half
+ * layout, unscaled), so a fetched layer is used as it is and a recomputed one is identical. */
 size_t kvedge_decoder_kv_floats(const kvedge_decoder_t *self, uint32_t tokens);
 
 /* Runs n tokens (positions 0..n-1) through the model: what a cloud node does with a shared
  * context. logits (vocab floats) receives the logits of the last position; k_out and v_out
- * (layers * kvedge_decoder_kv_floats(n) floats each, [layers][heads][n][head_dim]) receive the
+ * (layers * kvedge_decoder_kv_floats(n) floats each, [layers][kv_heads][n][head_dim]) receive the
  * context's K and V. Each output may be NULL; k_out and v_out go together. The model is only
  * read, so threads may prefill on one model at once. Errors: KVEDGE_EINVAL (no model, n == 0,
  * a token outside the vocabulary, only one of k_out/v_out), KVEDGE_ETOOBIG (n over
@@ -88,11 +104,11 @@ int kvedge_decoder_prefill(const kvedge_decoder_t *self, const int32_t *tokens, 
 
 /* Receives the output of layer l of a traced prefill (kvedge_decoder_prefill_trace): hidden
  * holds the residual stream after the layer, [n][hidden] (before the final LayerNorm for the
- * last layer); q the layer's queries as attention uses them, SCALED: (LN(x) Wq^T + bq) *
- * head_dim^-0.5, [heads][n][head_dim]; k and v the layer's K and V, [heads][n][head_dim].
- * Called for layers 0, 1, ... in order, once each. The buffers belong to the prefill and are
- * valid only during the call. Returns 0, or a negative KVEDGE_E* code, which aborts the
- * prefill with that code. */
+ * last layer); q the layer's queries as attention uses them, SCALED (and rotated, for rotary
+ * models): (LN(x) Wq^T + bq) * head_dim^-0.5, [heads][n][head_dim]; k and v the layer's K and V,
+ * [kv_heads][n][head_dim]. Called for layers 0, 1, ... in order, once each. The buffers belong to
+ * the prefill and are valid only during the call. Returns 0, or a negative KVEDGE_E* code, which
+ * aborts the prefill with that code. */
 typedef int (*kvedge_decoder_layer_fn)(void *arg, uint32_t layer, const float *hidden, uint32_t n,
                                        const float *q, const float *k, const float *v);
 
@@ -181,7 +197,7 @@ int kvedge_decoder_session_reserve(kvedge_decoder_session_t *self, uint32_t ctx_
                                    uint32_t prompt_len, uint32_t max_new);
 
 /* The context K and V storage of one layer of a reserved session: *k and *v each hold
- * kvedge_decoder_kv_floats(ctx_len) fp32, [heads][ctx_len][head_dim]: the buffers the provider
+ * kvedge_decoder_kv_floats(ctx_len) fp32, [kv_heads][ctx_len][head_dim]: the buffers the provider
  * is handed for that layer. Valid until the session is destroyed or reserved again; the
  * session writes them only while computing a layer its provider reported as MISS.
  * Errors: KVEDGE_EINVAL (NULL argument, not reserved, ctx_len 0, layer out of range; *k and
@@ -215,6 +231,10 @@ int kvedge_decoder_shape(const char *name, kvedge_decoder_config_t *out);
  * holds the cause), KVEDGE_ENOMEM. */
 int kvedge_decoder_synthesize(const char *path, const kvedge_decoder_config_t *c, uint64_t seed,
                               bool fp16);
+
+/* The Hugging Face model_type of a loaded model ("opt", "llama", "mistral", "qwen2"); "" before
+ * load. A safetensors file loads as "opt". Static. */
+const char *kvedge_decoder_arch(const kvedge_decoder_t *self);
 
 /* Bytes of the loaded fp32 weights. 0 before load. */
 uint64_t kvedge_decoder_weights_bytes(const kvedge_decoder_t *self);

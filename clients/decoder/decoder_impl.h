@@ -3,6 +3,8 @@
 #ifndef KVEDGE_CLIENTS_DECODER_DECODER_IMPL_H
 #define KVEDGE_CLIENTS_DECODER_DECODER_IMPL_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "clients/decoder/decoder.h"
@@ -55,6 +57,31 @@ typedef struct {
 int kvedge_decoder_impl_learned(const kvedge_decoder_t *self,
                                 void (*fn)(void *arg, kvedge_decoder_impl_learn_t *learn),
                                 void *arg);
+
+/* What a Hugging Face config.json says of a model (kvedge_decoder_impl_parse_config). */
+typedef struct {
+    char model_type[16];         /* "opt", "llama", "mistral" or "qwen2" */
+    kvedge_decoder_config_t cfg; /* shape; for OPT only heads and layers are read */
+    uint32_t kv_heads;           /* num_key_value_heads (num_attention_heads when absent) */
+    double norm_eps;             /* rms_norm_eps (Llama family) */
+    double rope_theta;           /* rotary base; 10000 when not given */
+    bool rope_llama3;            /* rope_scaling of rope_type "llama3" */
+    double rope_factor, rope_low, rope_high; /* its factor, low_freq_factor, high_freq_factor */
+    double rope_orig_max;                    /* its original_max_position_embeddings */
+    bool tie_embeddings;                     /* tie_word_embeddings: the head is embed_tokens */
+    bool attention_bias; /* Llama's attention_bias: q/k/v/o projections carry biases */
+} kvedge_decoder_impl_hf_config_t;
+
+/* Parses len bytes of config.json. Refuses, naming the field and its value in err, an
+ * unsupported model_type or feature: sliding-window attention in use, MLA (kv_lora_rank,
+ * q_lora_rank), partial_rotary_factor other than 1, soft-capping (attn_logit_softcapping,
+ * final_logit_softcapping), MoE (num_experts, num_local_experts), a rope_scaling other than
+ * llama3's, an activation other than silu (ReLU for OPT), mlp_bias; and missing or
+ * out-of-range sizes. Errors: KVEDGE_EINVAL (NULL argument, or a refusal above),
+ * KVEDGE_ECORRUPT (not JSON, a field missing or of the wrong type or range). */
+int kvedge_decoder_impl_parse_config(const char *json, size_t len,
+                                     kvedge_decoder_impl_hf_config_t *out, char *err,
+                                     size_t err_bytes);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,9 @@
 # sha512 is checked against the value below), its llama/gitRelease.bundle (a git bundle of
 # llama.cpp) is fetched into a bare repository under DEST, and for each vocabulary (llama-bpe:
 # Llama 3, qwen2: Qwen2, gpt-2: GPT-2) DEST/VOCAB/ gets tokenizer.json (made from models/ggml-vocab-VOCAB.gguf
-# by gguf_vocab.py) and the cases, VOCAB.inp and VOCAB.out. Nothing is committed; cached: does
+# by gguf_vocab.py) and the cases, VOCAB.inp and VOCAB.out; DEST/release.json is the package's
+# llama/binariesGithubRelease.json, the llama.cpp release its prebuilt libraries (the
+# @node-llama-cpp/* packages) were made from. Nothing is committed; cached: does
 # nothing when DEST already holds this version's files.
 # Exit: 0 installed; 77 the registry cannot be reached (the test skips, saying so); 1 anything
 # else (no npm, a tarball whose hash differs, a bundle without the files).
@@ -27,6 +29,7 @@ have_all() {
             [ -s "$dest/$v/$f" ] || return 1
         done
     done
+    [ -s "$dest/release.json" ]
 }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && have_all; then
     echo "fetch_llama: $dest holds llama.cpp's tokenizer cases from $pkg@$version"
@@ -58,7 +61,9 @@ if [ "$got" != "$integrity" ]; then
     echo "fetch_llama: $tgz: integrity $got, expected $integrity" >&2
     exit 1
 fi
-tar -xzf "$tgz" -C "$dest/pack" package/llama/gitRelease.bundle
+tar -xzf "$tgz" -C "$dest/pack" package/llama/gitRelease.bundle \
+    package/llama/binariesGithubRelease.json
+cp "$dest/pack/package/llama/binariesGithubRelease.json" "$dest/release.json"
 repo=$dest/llama.cpp.git
 rm -rf "$repo"
 git init -q --bare "$repo"
