@@ -40,6 +40,7 @@
 #include "access/shaper.h"
 #include "access/transport.h"
 #include "access/codec/clock.h"
+#include "access/codec/errwire.h"
 
 #define S_WAIT_MARGIN_MS  250         /* a caller waits this long past its deadline */
 #define S_PUT_BATCH_BYTES (64u << 20) /* payload bytes per PUT message (one item may be more) */
@@ -47,7 +48,7 @@
 #define S_GET_PIPELINE    2           /* GET messages of one call in flight */
 #define S_DRAIN_MAX       256         /* messages read per wakeup before credit goes out */
 #define S_PIPE_MAX        64          /* requests taken from the pipe per wakeup */
-/* Requests waiting in the pipe before calls fail with KVEDGE_EBUSY: well under the pipe's
+/* Requests waiting in the pipe before calls fail with KVEDGE_EBACKLOG: well under the pipe's
  * high-water mark (czmq's default 1000), so destroy's $TERM always finds room. */
 #define S_PIPE_QUEUED_MAX 512
 #define S_PING_TINY_BYTES 8 /* payload of the latency ping */
@@ -515,7 +516,7 @@ static void s_io_submit(s_io_t *io, s_req_t *r)
         /* The queue to the node is full (it is gone or stalled): fail now rather than
          * block the actor; nothing of this message was sent. */
         r->id = 0;
-        s_finish(io, r, KVEDGE_EBUSY, false);
+        s_finish(io, r, KVEDGE_EBACKLOG, false);
         return;
     }
     r->outstanding = r->credit;
@@ -954,7 +955,7 @@ static void s_io_flush_up(s_io_t *io)
         zlistx_delete(io->held_up, zlistx_cursor(io->held_up));
         s_req_t *r = rc != 0 && id ? zhashx_lookup(io->inflight, S_KEY(id)) : NULL;
         if (r)
-            s_finish(io, r, KVEDGE_EBUSY, false);
+            s_finish(io, r, KVEDGE_EBACKLOG, false);
     }
 }
 
@@ -1098,7 +1099,7 @@ static int s_submit(kvedge_client_t *c, s_req_t *r)
     if (c->closing) {
         err = KVEDGE_ECLOSED;
     } else if (atomic_fetch_add(&c->io->queued, 1) >= S_PIPE_QUEUED_MAX) {
-        err = KVEDGE_EBUSY; /* the I/O thread is that far behind (held up in a callback) */
+        err = KVEDGE_EBACKLOG; /* the I/O thread is that far behind (held up in a callback) */
     } else {
         zsock_t *pipe = zactor_sock(c->actor);
         zsock_set_sndtimeo(pipe, (int)s_left_ms(r->deadline_ms));
@@ -1835,7 +1836,8 @@ static void s_put_collect(s_path_t *path, s_batch_t *b, int *st)
         rc = KVEDGE_EPROTO;
     const uint8_t *p = rc == KVEDGE_OK ? zframe_data(zmsg_first(b->r->reply)) : NULL;
     for (uint32_t k = 0; k < b->n; k++)
-        st[b->idx[k]] = p ? (int32_t)kvedge_le_get32(p + (size_t)k * S_STATUS_BYTES) : rc;
+        st[b->idx[k]] =
+            p ? kvedge_err_from_wire((int32_t)kvedge_le_get32(p + (size_t)k * S_STATUS_BYTES)) : rc;
     if (b->rc == KVEDGE_OK)
         s_req_release(b->r);
     s_batch_clear(b);
@@ -1897,7 +1899,8 @@ static int s_get_parse(s_req_t *r, uint32_t n, int *st, zframe_t **blocks)
         return KVEDGE_EPROTO;
     zframe_t *sf = zmsg_pop(r->reply);
     for (uint32_t k = 0; k < n; k++) {
-        st[k] = (int32_t)kvedge_le_get32(zframe_data(sf) + (size_t)k * S_STATUS_BYTES);
+        st[k] = kvedge_err_from_wire(
+            (int32_t)kvedge_le_get32(zframe_data(sf) + (size_t)k * S_STATUS_BYTES));
         blocks[k] = st[k] == KVEDGE_OK ? zmsg_pop(r->reply) : NULL; /* counts validated */
     }
     zframe_destroy(&sf);

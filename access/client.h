@@ -348,7 +348,7 @@ typedef struct {
  * mapped_chunks or the reverse, empty, too long or equal to model_id; accept refused by
  * kvedge_prec_list_check, n_accept without accept, a metric or budget refused by
  * kvedge_quality_budget_check, a metric without accept), KVEDGE_EPROTO (the peer is a store
- * node, as its HELLO said: only edge proxies answer FETCH), KVEDGE_ENOMEM, KVEDGE_EBUSY,
+ * node, as its HELLO said: only edge proxies answer FETCH), KVEDGE_ENOMEM, KVEDGE_EBACKLOG,
  * KVEDGE_ECLOSED. The stream's own errors come in on_done: KVEDGE_ENOMODEL
  * (the proxy does not know the model), KVEDGE_ESHAPE (layers outside it), KVEDGE_ETIMEDOUT,
  * KVEDGE_EPROTO. */

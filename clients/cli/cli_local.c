@@ -1130,7 +1130,7 @@ static int s_cmd_repair(kvedge_cli_t *cli, int argc, char **argv)
     }
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("repair: %s", why[0] ? why : kvedge_strerror(rc));
-        return rc == KVEDGE_ENOTFOUND || rc == KVEDGE_EBUSY || rc == KVEDGE_EVERSION
+        return rc == KVEDGE_ENOTFOUND || rc == KVEDGE_ELOCKED || rc == KVEDGE_EVERSION
                    ? KVEDGE_EXIT_UNAVAILABLE
                    : KVEDGE_EXIT_FAILURE;
     }
