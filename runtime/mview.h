@@ -139,7 +139,8 @@ int kvedge_mview_foreach(kvedge_mview_t *v, const char *prefix, kvedge_mview_cb 
  * update whose answer was lost: SET is idempotent, retry it. Errors: KVEDGE_EINVAL (key or length),
  * the master's refusal (KVEDGE_EINVAL, KVEDGE_EDENIED, KVEDGE_EPROTO, KVEDGE_EVERSION,
  * KVEDGE_EFULL, store errors), KVEDGE_ETIMEDOUT (no answer: the master is down; keep working
- * on the view), KVEDGE_ECLOSED (the view is being destroyed), KVEDGE_EBACKLOG (its queue is full). */
+ * on the view), KVEDGE_ECLOSED (the view is being destroyed), KVEDGE_EBACKLOG (its queue is full).
+ */
 int kvedge_mview_set(kvedge_mview_t *v, const char *key, const void *body, size_t len,
                      int deadline_ms);
 

@@ -52,7 +52,7 @@ static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("proxy: %s", why[0] ? why : kvedge_strerror(rc));
         return rc == KVEDGE_EDENIED || rc == KVEDGE_EINVAL ? KVEDGE_EXIT_USAGE
-               : rc == KVEDGE_ELOCKED                        ? KVEDGE_EXIT_UNAVAILABLE /* taken */
+               : rc == KVEDGE_ELOCKED                      ? KVEDGE_EXIT_UNAVAILABLE /* taken */
                                                            : KVEDGE_EXIT_FAILURE;
     }
     printf("listening %s\n", kvedge_proxy_endpoint(p));

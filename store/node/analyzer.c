@@ -308,8 +308,9 @@ int kvedge_analyzer_json(kvedge_analyzer_t *a, cJSON *obj, size_t top)
                 continue;
             cJSON *r = cJSON_CreateObject();
             cJSON_AddStringToObject(r, "op", s_op_label(o));
-            cJSON_AddStringToObject(r, "status",
-                                    si == S_STATUSES ? "other" : s_status_label(kvedge_err_from_wire(-(int32_t)si)));
+            cJSON_AddStringToObject(
+                r, "status",
+                si == S_STATUSES ? "other" : s_status_label(kvedge_err_from_wire(-(int32_t)si)));
             cJSON_AddNumberToObject(r, "count", v);
             cJSON_AddItemToArray(req, r);
         }
@@ -339,8 +340,10 @@ int kvedge_analyzer_json(kvedge_analyzer_t *a, cJSON *obj, size_t top)
     for (size_t si = 1; misses && si <= S_STATUSES; si++) {
         kvedge_series_t *s = atomic_load_explicit(&a->miss[si], memory_order_acquire);
         if (s && kvedge_series_value(s) > 0)
-            cJSON_AddNumberToObject(misses, si == S_STATUSES ? "other" : s_status_label(kvedge_err_from_wire(-(int32_t)si)),
-                                    kvedge_series_value(s));
+            cJSON_AddNumberToObject(
+                misses,
+                si == S_STATUSES ? "other" : s_status_label(kvedge_err_from_wire(-(int32_t)si)),
+                kvedge_series_value(s));
     }
     cJSON_AddNumberToObject(reads, "quarantined", kvedge_series_value(a->quar));
     cJSON *served = cJSON_AddObjectToObject(obj, "served_bytes");

@@ -731,7 +731,7 @@ static void s_run_read(s_node_t *n, zmsg_t *job, zsock_t *results)
         if (rc == KVEDGE_ECORRUPT)
             s_quarantined(n, &k);
         uint8_t st[4];
-        kvedge_le_put32(st, (uint32_t)kvedge_err_to_wire(rc));
+        kvedge_le_put32(st, (uint32_t)rc);
         bool last = i + 1 == count;
         s_send_mem(sock, st, 4, rc == KVEDGE_OK || !last);
         if (rc == KVEDGE_OK) {

@@ -230,12 +230,13 @@ static t_msg_t *t_build(const t_case_t *c, uint32_t count)
         break;
     case KVEDGE_OP_PUT:
         for (uint32_t i = 0; i < count; i++)
-            kvedge_le_put32(arr + 4 * i, (uint32_t)(i % 2 ? KVEDGE_ESHAPE : 0));
+            kvedge_le_put32(arr + 4 * i, (uint32_t)kvedge_err_to_wire(i % 2 ? KVEDGE_ESHAPE : 0));
         t_add_fixed(m, arr, 4 * (size_t)count);
         break;
     case KVEDGE_OP_GET:
         for (uint32_t i = 0; i < count; i++)
-            kvedge_le_put32(arr + 4 * i, (uint32_t)(i % 3 == 1 ? KVEDGE_ENOTFOUND : 0));
+            kvedge_le_put32(arr + 4 * i,
+                            (uint32_t)kvedge_err_to_wire(i % 3 == 1 ? KVEDGE_ENOTFOUND : 0));
         t_add_fixed(m, arr, 4 * (size_t)count);
         for (uint32_t i = 0; i < count; i++)
             if (i % 3 != 1)
@@ -1106,9 +1107,9 @@ static void test_status_wire_round_trip(void **state)
         assert_int_equal(kvedge_err_to_wire(code), -n);
         assert_int_equal(kvedge_err_from_wire(-n), code);
 
-        kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_GET, KVEDGE_WIRE_FLAG_REPLY,
-                                  9, code, 0, 0, 0},
-                             back;
+        kvedge_wire_header_t
+            h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_GET, KVEDGE_WIRE_FLAG_REPLY, 9, code, 0, 0, 0},
+            back;
         uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
         kvedge_wire_header_pack(&h, buf);
         assert_int_equal((int32_t)kvedge_le_get32(buf + 16), -n);
@@ -1148,9 +1149,9 @@ static void test_status_wire_unknown(void **state)
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         assert_int_equal(kvedge_err_from_wire(unknown[i]), KVEDGE_EPROTO);
         uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
-        kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_GET, KVEDGE_WIRE_FLAG_REPLY,
-                                  9, 0, 0, 0, 0},
-                             back;
+        kvedge_wire_header_t
+            h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_GET, KVEDGE_WIRE_FLAG_REPLY, 9, 0, 0, 0, 0},
+            back;
         kvedge_wire_header_pack(&h, buf);
         kvedge_le_put32(buf + 16, (uint32_t)unknown[i]);
         assert_int_equal(kvedge_wire_header_parse(buf, sizeof buf, &back), 0);
