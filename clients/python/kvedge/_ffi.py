@@ -25,6 +25,8 @@ SCHEME_LOSSLESS, SCHEME_INT8, SCHEME_INT4 = 0, 1, 2
 KV_CONTIG, KV_PAGED = 0, 1
 ROLE_CLOUD, ROLE_EDGE, ROLE_PROXY = 1, 2, 3
 TTL_NEVER = 0xFFFFFFFF
+# The ABI this mirror describes: libkvedge.so.SOVERSION (clients/lib/CMakeLists.txt).
+SOVERSION = 1
 
 
 class ChunkId(Structure):
@@ -213,7 +215,7 @@ def _candidates():
             yield _paths.LIBRARY
     except ImportError:
         pass
-    yield "libkvedge.so.0"
+    yield "libkvedge.so.%d" % SOVERSION
     found = ctypes.util.find_library("kvedge")
     if found:
         yield found
@@ -242,6 +244,7 @@ def _fn(name, restype, *argtypes):
 
 P = POINTER
 kvedge_version = _fn("kvedge_version", c_char_p)
+kvedge_version_number = _fn("kvedge_version_number", c_int)
 kvedge_strerror = _fn("kvedge_strerror", c_char_p, c_int)
 kvedge_errname = _fn("kvedge_errname", c_char_p, c_int)
 kvedge_client_last_error = _fn("kvedge_client_last_error", c_char_p)

@@ -797,3 +797,9 @@ def decode_layer(records, heads):
 def version():
     """The version of the libkvedge loaded ("MAJOR.MINOR.PATCH")."""
     return _ffi.kvedge_version().decode()
+
+
+def version_number():
+    """The version of the libkvedge loaded as one number that orders versions:
+    MAJOR * 10000 + MINOR * 100 + PATCH (0.1.0 is 100), as KVEDGE_VERSION_NUMBER."""
+    return _ffi.kvedge_version_number()
