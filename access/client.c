@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "access/client_frame.h"
 #include "access/frame.h"
 #include "access/meter.h"
 #include "access/shaper.h"
@@ -547,7 +548,7 @@ static bool s_next_head(bool first, uint32_t last_chunk, uint16_t last_head, uin
 static _Thread_local zmsg_t *s_tl_msg;
 static _Thread_local const uint8_t *s_tl_data;
 
-void *kvedge_client_block_take(void)
+zframe_t *kvedge_client_block_take_frame(void)
 {
     if (!s_tl_msg || !s_tl_data)
         return NULL;
@@ -560,9 +561,24 @@ void *kvedge_client_block_take(void)
     return NULL;
 }
 
-void kvedge_client_block_free(void *handle)
+/* A kvedge_block_ref_t is the zframe_t that holds the bytes, under a name of its own: the
+ * public API names no czmq type. */
+kvedge_block_ref_t *kvedge_client_block_take(void)
 {
-    zframe_t *f = handle;
+    return (kvedge_block_ref_t *)kvedge_client_block_take_frame();
+}
+
+const uint8_t *kvedge_block_ref_data(const kvedge_block_ref_t *ref, size_t *len)
+{
+    zframe_t *f = (zframe_t *)ref;
+    if (len)
+        *len = f ? zframe_size(f) : 0;
+    return f ? zframe_data(f) : NULL;
+}
+
+void kvedge_client_block_free(kvedge_block_ref_t *ref)
+{
+    zframe_t *f = (zframe_t *)ref;
     zframe_destroy(&f);
 }
 
@@ -1684,7 +1700,7 @@ int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_
     return KVEDGE_OK;
 }
 
-int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
+int kvedge_client_stat(kvedge_client_t *c, kvedge_store_stats_t *out)
 {
     S_ENTER(c);
     if (!c || !out)

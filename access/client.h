@@ -195,19 +195,28 @@ int kvedge_client_get_layer_prec(kvedge_client_t *c, const kvedge_chunk_id_t *ch
                                  uint8_t *buf, size_t cap, kvedge_fetched_t *out, size_t out_cap,
                                  uint32_t *heads);
 
-/* Zero-copy receive: takes ownership of the received ZeroMQ frame that holds the block an
+/* A received block the caller holds on to (kvedge_client_block_take): opaque; its bytes are
+ * those the on_block callback was given (kvedge_block_ref_data). */
+typedef struct kvedge_block_ref kvedge_block_ref_t;
+
+/* Zero-copy receive: takes ownership of the received message part that holds the block an
  * on_block callback (GET_LAYER's kvedge_block_fn, FETCH's kvedge_fetch_cbs_t.on_block) was
- * just given, so its `data` stays valid after the callback returns, until the handle is
- * freed. Call it only from inside such a callback, on the thread that runs it; returns the
- * handle, or NULL outside a callback, for a miss (data NULL) or when already taken. The bytes
- * are exactly the `data`, `len` of the call: verify them (kvedge_block_parse) as always. A
- * held frame keeps its receive buffer alive (at most its own size plus ZeroMQ's receive batch,
- * 8 KiB by default), so hold few, briefly. */
-void *kvedge_client_block_take(void);
-/* The handle is the czmq frame (zframe_t *) that holds the bytes: access/'s users that speak
- * czmq (the proxy) may forward it as it is, which gives it away (then do not free it). */
-/* Frees a handle from kvedge_client_block_take (any thread; NULL-safe). */
-void kvedge_client_block_free(void *handle);
+ * just given, so its `data` stays valid after the callback returns, until the reference is
+ * freed. Call it only from inside such a callback, on the thread that runs it. Returns the
+ * reference (caller owns it: kvedge_client_block_free), or NULL outside a callback, for a miss
+ * (data NULL) or when already taken; it never fails otherwise. The bytes are exactly the
+ * `data`, `len` of the call: verify them (kvedge_block_parse) as always. A held reference
+ * keeps its receive buffer alive (at most its own size plus ZeroMQ's receive batch, 8 KiB by
+ * default), so hold few, briefly. */
+kvedge_block_ref_t *kvedge_client_block_take(void);
+
+/* The bytes a reference holds: the block's first byte, *len (may be NULL) its length; valid
+ * until the reference is freed. NULL (and *len 0) for a NULL reference. */
+const uint8_t *kvedge_block_ref_data(const kvedge_block_ref_t *ref, size_t *len);
+
+/* Frees a reference from kvedge_client_block_take, from any thread; NULL-safe. Its bytes are
+ * gone after it. */
+void kvedge_client_block_free(kvedge_block_ref_t *ref);
 
 /* Longest cached prefix: *hit receives how many leading chunks of ids the node holds whole
  * (every layer and head of the chunk's model). */
@@ -230,7 +239,13 @@ int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
 /* Every chunk of the tenant, in id order, paging through LIST. Caller frees *out (free). */
 int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n);
 
-int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out);
+/* STAT: what the store node holds and has done (kvedge_store_stats_t, <kvedge/stats.h>:
+ * blocks and bytes stored, pinned, quarantined, capacity, and the node's counters since it
+ * opened its store), written into *out (caller's memory). Store nodes answer it, edge
+ * proxies do not. Errors: KVEDGE_EINVAL (c or out NULL; the peer is an edge proxy, as its
+ * HELLO said: kvedge_client_last_error says so), KVEDGE_ETIMEDOUT, KVEDGE_ECLOSED,
+ * KVEDGE_EPROTO, and the node's own error as its reply says. */
+int kvedge_client_stat(kvedge_client_t *c, kvedge_store_stats_t *out);
 
 /* MONITOR: what the node or edge proxy has seen, as the JSON document of docs/protocol.md
  * ("MONITOR"), with at most `top` (0 ... KVEDGE_WIRE_MAX_MONITOR_TOP) hot prefixes. *json is
