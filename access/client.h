@@ -58,7 +58,14 @@ typedef struct kvedge_client_t kvedge_client_t;
  * I/O thread: they carry no message.) */
 const char *kvedge_client_last_error(void);
 
+/* Structs a caller fills and passes in start with `size`: sizeof the struct as the caller
+ * compiled it, set by their _default function (or `.size = sizeof(T)` in an initializer).
+ * The library checks it: fields appended by a newer library take their defaults for a caller
+ * built against older headers, and a size the library does not know (0: never set; larger
+ * than its own: headers newer than the library) fails with KVEDGE_EINVAL and a message for
+ * kvedge_client_last_error. Other fields keep their place; new ones are only appended. */
 typedef struct {
+    size_t size;             /* sizeof(kvedge_client_opts_t): kvedge_client_opts_default */
     const char *endpoint;    /* e.g. "tcp://10.0.0.5:7400" (required) */
     const char *server_key;  /* the node's public key, Z85 (40 chars) or a path to its public
                               * certificate; NULL = plaintext (the node must allow it) */
@@ -87,6 +94,8 @@ typedef struct {
     uint32_t max_chunks;
 } kvedge_node_info_t;
 
+/* Fills *opts with the defaults (every field 0 or NULL, size set): set endpoint (and keys)
+ * then connect. Never fails; opts NULL does nothing. */
 void kvedge_client_opts_default(kvedge_client_opts_t *opts);
 
 /* Connects and says HELLO within the deadline. Caller owns *out.
@@ -273,6 +282,7 @@ int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n
  * proxy (`kvedge proxy`), which picks a source per layer, streams them from several sources
  * at once and delivers them in layer order (docs/protocol.md, "FETCH"). */
 typedef struct {
+    size_t size;                     /* sizeof(kvedge_fetch_req_t): kvedge_fetch_req_default */
     const char *model_id;            /* the model the chunks were computed with */
     const kvedge_chunk_id_t *chunks; /* the context's chunk chain */
     size_t n;                        /* 1 ... 4096 */
@@ -369,6 +379,10 @@ typedef struct {
  * KVEDGE_EPROTO. */
 int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
                               const kvedge_fetch_cbs_t *cbs, void *ctx);
+
+/* Fills *req with the defaults (every field 0 or NULL: no decoder times, no mapped model, the
+ * blocks as stored, no budget; size set). Never fails; req NULL does nothing. */
+void kvedge_fetch_req_default(kvedge_fetch_req_t *req);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "access/client_frame.h"
+#include "access/client_internal.h"
 #include "runtime/log.h"
 #include "proxy/proxy_impl.h"
 #include "proxy/tenant_hint.h"

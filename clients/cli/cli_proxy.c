@@ -275,7 +275,8 @@ static int s_cmd_fetch(kvedge_cli_t *cli, int argc, char **argv)
                          0,
                          0};
     if (rc == KVEDGE_OK) {
-        kvedge_fetch_req_t req = {.model_id = model,
+        kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                                  .model_id = model,
                                   .chunks = ids,
                                   .n = n,
                                   .first_layer = (uint16_t)a,

@@ -47,6 +47,7 @@ int main(void)
 
 #define T kvedge_client_opts_t
     S(T, "kvedge_client_opts_t");
+    F(T, "kvedge_client_opts_t", size);
     F(T, "kvedge_client_opts_t", endpoint);
     F(T, "kvedge_client_opts_t", server_key);
     F(T, "kvedge_client_opts_t", client_cert);
@@ -116,6 +117,7 @@ int main(void)
 
 #define T kvedge_fetch_req_t
     S(T, "kvedge_fetch_req_t");
+    F(T, "kvedge_fetch_req_t", size);
     F(T, "kvedge_fetch_req_t", model_id);
     F(T, "kvedge_fetch_req_t", chunks);
     F(T, "kvedge_fetch_req_t", n);
@@ -204,6 +206,7 @@ int main(void)
 
 #define T kvedge_pipeline_opts_t
     S(T, "kvedge_pipeline_opts_t");
+    F(T, "kvedge_pipeline_opts_t", size);
     F(T, "kvedge_pipeline_opts_t", client);
     F(T, "kvedge_pipeline_opts_t", model);
     F(T, "kvedge_pipeline_opts_t", chunks);

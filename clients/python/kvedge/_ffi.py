@@ -45,8 +45,17 @@ class ChunkInfo(Structure):
                 ("name", ChunkId)]
 
 
-class ClientOpts(Structure):
-    _fields_ = [("endpoint", c_char_p), ("server_key", c_char_p), ("client_cert", c_char_p),
+class _Sized(Structure):
+    """A struct that can grow: its first field is size, sizeof the struct as this mirror lays it
+    out (the C _default functions set it the same way)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.size = ctypes.sizeof(self)
+
+
+class ClientOpts(_Sized):
+    _fields_ = [("size", c_size_t), ("endpoint", c_char_p), ("server_key", c_char_p), ("client_cert", c_char_p),
                 ("deadline_ms", c_int), ("credit", c_uint32), ("name", c_char_p),
                 ("link", c_char_p), ("window_bytes", c_uint32)]
 
@@ -80,8 +89,8 @@ class EngineStats(Structure):
     _fields_ = [(f, c_uint64) for f in ENGINE_STATS_FIELDS]
 
 
-class FetchReq(Structure):
-    _fields_ = [("model_id", c_char_p), ("chunks", POINTER(ChunkId)), ("n", c_size_t),
+class FetchReq(_Sized):
+    _fields_ = [("size", c_size_t), ("model_id", c_char_p), ("chunks", POINTER(ChunkId)), ("n", c_size_t),
                 ("first_layer", c_uint16), ("layers", c_uint16), ("tokens", c_uint32),
                 ("compute_us", POINTER(c_float)), ("recompute_us", POINTER(c_float)),
                 ("deadline_ms", c_int), ("mapped_model_id", c_char_p),
@@ -132,8 +141,8 @@ class KvDst(Structure):
                 ("page_table", POINTER(c_int32)), ("table_len", c_uint32)]
 
 
-class PipelineOpts(Structure):
-    _fields_ = [("client", c_void_p), ("model", POINTER(Model)), ("chunks", POINTER(ChunkId)),
+class PipelineOpts(_Sized):
+    _fields_ = [("size", c_size_t), ("client", c_void_p), ("model", POINTER(Model)), ("chunks", POINTER(ChunkId)),
                 ("n_chunks", c_size_t), ("chunk_tokens", c_uint32), ("tokens", c_uint32),
                 ("first_layer", c_uint16), ("layers", c_uint16), ("k", POINTER(KvDst)),
                 ("v", POINTER(KvDst)), ("token_offset", c_uint32), ("on_device", c_bool),
