@@ -110,16 +110,20 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
  * cleanup aborts when it finds a client's I/O thread still running. */
 void kvedge_client_destroy(kvedge_client_t **self_p);
 
-/* The node's HELLO answer. */
+/* The node's HELLO answer, owned by the client: valid until kvedge_client_destroy. NULL for a
+ * NULL client; never fails otherwise. */
 const kvedge_node_info_t *kvedge_client_node(kvedge_client_t *c);
 
 /* Round trip of `bytes` bytes of payload (0 = latency only). rtt_us and bw_bytes_per_s (may
- * be NULL) receive the measured round trip and payload bandwidth (both directions). */
+ * be NULL) receive the measured round trip and payload bandwidth (both directions).
+ * Errors: KVEDGE_EINVAL (c NULL, bytes over KVEDGE_WIRE_MAX_PING_BYTES), KVEDGE_ENOMEM,
+ * KVEDGE_ETIMEDOUT, KVEDGE_ECLOSED, KVEDGE_EBACKLOG, KVEDGE_EPROTO. */
 int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double *bw_bytes_per_s);
 
 /* What this client has measured of its link to the node: an EWMA over completed exchanges
  * (request to last byte; transfers of at least 64 KiB update the bandwidth, smaller ones the
- * round trip; access/meter.h). Zeros until measured. Any pointer may be NULL. */
+ * round trip; access/meter.h). Zeros until measured. Any pointer may be NULL. Sends nothing.
+ * Errors: KVEDGE_EINVAL (c NULL). */
 int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_us,
                        uint64_t *samples);
 
@@ -146,9 +150,12 @@ typedef struct {
     uint32_t ttl_s; /* 0 = node default, KVEDGE_TTL_NEVER = never */
 } kvedge_put_item_t;
 
-/* Stores n items (batched into messages of at most the node's limit). statuses (may be NULL)
- * receives each item's result. Returns 0 when every item was stored, else the first failing
- * item's error (or a transport error). */
+/* Stores n items (batched into messages of at most the node's limit); the blocks are copied,
+ * the caller keeps its memory. statuses (may be NULL; n entries, caller's memory) receives each
+ * item's result. Returns 0 when every item was stored, else the first failing item's error
+ * (KVEDGE_ENOMODEL, KVEDGE_ESHAPE, KVEDGE_ECORRUPT, KVEDGE_ENOSPC, ...: docs/protocol.md, "PUT
+ * item statuses") or a transport error (KVEDGE_ETIMEDOUT, KVEDGE_ECLOSED, KVEDGE_EBACKLOG,
+ * KVEDGE_EBUSY from an overloaded node, KVEDGE_EPROTO); KVEDGE_EINVAL for NULL items. */
 int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t n, int *statuses);
 
 /* A block fetched into caller memory. */
@@ -228,7 +235,8 @@ const uint8_t *kvedge_block_ref_data(const kvedge_block_ref_t *ref, size_t *len)
 void kvedge_client_block_free(kvedge_block_ref_t *ref);
 
 /* Longest cached prefix: *hit receives how many leading chunks of ids the node holds whole
- * (every layer and head of the chunk's model). */
+ * (every layer and head of the chunk's model). Errors: KVEDGE_EINVAL (c or hit NULL, ids
+ * NULL with n > 0), and transport errors as every call. */
 int kvedge_client_lookup(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, size_t *hit);
 
 /* A chunk as LIST reports it (ids are the client's own). */
@@ -240,12 +248,14 @@ typedef struct {
     uint64_t fp16_bytes;
 } kvedge_chunk_entry_t;
 
-/* Lists the tenant's chunks in id order after `after` (NULL = from the start), at most max.
- * *n receives the count, *more whether more follow. */
+/* Lists the tenant's chunks in id order after `after` (NULL = from the start), at most max,
+ * into the caller's out. *n receives the count, *more whether more follow. Errors:
+ * KVEDGE_EINVAL (c, out or n NULL; max 0), and transport errors as every call. */
 int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
                        kvedge_chunk_entry_t *out, size_t max, size_t *n, bool *more);
 
-/* Every chunk of the tenant, in id order, paging through LIST. Caller frees *out (free). */
+/* Every chunk of the tenant, in id order, paging through LIST. Caller frees *out (free).
+ * Errors: those of kvedge_client_list, KVEDGE_ENOMEM; *out is NULL then. */
 int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n);
 
 /* STAT: what the store node holds and has done (kvedge_store_stats_t, <kvedge/stats.h>:
@@ -270,7 +280,9 @@ int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blo
                         uint64_t *bytes);
 
 /* DELETE (the chunk and every chunk chained below it), PIN, UNPIN of n chunks; changed[i]
- * (may be NULL) receives the blocks affected per chunk. */
+ * (may be NULL; n entries, caller's memory) receives the blocks affected per chunk. A chunk
+ * the node does not hold changes nothing and is no error. Errors: KVEDGE_EINVAL (a bad
+ * argument), the node's store error, and transport errors as every call. */
 int kvedge_client_delete(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n,
                          uint32_t *changed);
 int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, bool pin,
