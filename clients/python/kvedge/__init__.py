@@ -29,5 +29,5 @@ def __getattr__(name):
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "CODES", "Error", "UseAfterClose", "Chain", "Client", "Model",
-           "chunk_ids", "decode_layer", "fetch", "version", "version_number", "Pipeline", "KVLoader",
-           "LoadHandle"] + [c.__name__ for c in CODES.values()]
+           "chunk_ids", "decode_layer", "fetch", "version", "version_number", "Pipeline",
+           "KVLoader", "LoadHandle"] + [c.__name__ for c in CODES.values()]

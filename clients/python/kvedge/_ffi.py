@@ -55,7 +55,8 @@ class _Sized(Structure):
 
 
 class ClientOpts(_Sized):
-    _fields_ = [("size", c_size_t), ("endpoint", c_char_p), ("server_key", c_char_p), ("client_cert", c_char_p),
+    _fields_ = [("size", c_size_t), ("endpoint", c_char_p), ("server_key", c_char_p),
+                ("client_cert", c_char_p),
                 ("deadline_ms", c_int), ("credit", c_uint32), ("name", c_char_p),
                 ("link", c_char_p), ("window_bytes", c_uint32)]
 
@@ -90,7 +91,8 @@ class EngineStats(Structure):
 
 
 class FetchReq(_Sized):
-    _fields_ = [("size", c_size_t), ("model_id", c_char_p), ("chunks", POINTER(ChunkId)), ("n", c_size_t),
+    _fields_ = [("size", c_size_t), ("model_id", c_char_p), ("chunks", POINTER(ChunkId)),
+                ("n", c_size_t),
                 ("first_layer", c_uint16), ("layers", c_uint16), ("tokens", c_uint32),
                 ("compute_us", POINTER(c_float)), ("recompute_us", POINTER(c_float)),
                 ("deadline_ms", c_int), ("mapped_model_id", c_char_p),
@@ -142,7 +144,8 @@ class KvDst(Structure):
 
 
 class PipelineOpts(_Sized):
-    _fields_ = [("size", c_size_t), ("client", c_void_p), ("model", POINTER(Model)), ("chunks", POINTER(ChunkId)),
+    _fields_ = [("size", c_size_t), ("client", c_void_p), ("model", POINTER(Model)),
+                ("chunks", POINTER(ChunkId)),
                 ("n_chunks", c_size_t), ("chunk_tokens", c_uint32), ("tokens", c_uint32),
                 ("first_layer", c_uint16), ("layers", c_uint16), ("k", POINTER(KvDst)),
                 ("v", POINTER(KvDst)), ("token_offset", c_uint32), ("on_device", c_bool),
