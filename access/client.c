@@ -39,6 +39,7 @@
 #include <time.h>
 
 #include "access/client_impl.h"
+#include "access/client_internal.h"
 #include "access/codec/clock.h"
 #include "access/meter.h"
 #include "access/shaper.h"
@@ -141,8 +142,39 @@ void kvedge_client_opts_default(kvedge_client_opts_t *opts)
     if (!opts)
         return;
     memset(opts, 0, sizeof *opts);
+    opts->size = sizeof *opts;
     opts->deadline_ms = KVEDGE_CLIENT_DEADLINE_MS_DEFAULT;
     opts->credit = KVEDGE_CLIENT_CREDIT_DEFAULT;
+}
+
+void kvedge_fetch_req_default(kvedge_fetch_req_t *req)
+{
+    if (!req)
+        return;
+    memset(req, 0, sizeof *req);
+    req->size = sizeof *req;
+}
+
+int kvedge_abi_read(void *dst, size_t dst_size, const void *src, size_t min_size, const char *type)
+{
+    if (!src)
+        return s_err(KVEDGE_EINVAL, "%s is NULL", type);
+    size_t size;
+    memcpy(&size, src, sizeof size); /* every such struct starts with size_t size */
+    if (size == 0)
+        return s_err(KVEDGE_EINVAL,
+                     "%s.size is 0: fill it with its _default function, or set .size = sizeof(%s)",
+                     type, type);
+    if (size < min_size || size > dst_size)
+        return s_err(KVEDGE_EINVAL,
+                     "%s.size %zu is no layout this library knows (%zu ... %zu bytes): %s", type,
+                     size, min_size, dst_size,
+                     size > dst_size ? "the caller was built against newer kvedge headers than the "
+                                       "library it runs with"
+                                     : "set it with the _default function");
+    memcpy(dst, src, size);
+    memcpy(dst, &dst_size, sizeof dst_size);
+    return KVEDGE_OK;
 }
 
 /* HELLO: the node's info and name. */
@@ -223,6 +255,14 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
     if (!out)
         return s_err(KVEDGE_EINVAL, "no place for the client (out is NULL)");
     *out = NULL;
+    kvedge_client_opts_t o; /* the caller's, in this library's layout */
+    if (opts) {
+        kvedge_client_opts_default(&o);
+        int rc = kvedge_abi_read(&o, sizeof o, opts, KVEDGE_CLIENT_OPTS_SIZE_MIN, "opts");
+        if (rc != KVEDGE_OK)
+            return rc;
+        opts = &o;
+    }
     int rc = s_connect_check(opts);
     if (rc != KVEDGE_OK)
         return rc;

@@ -58,7 +58,14 @@ typedef struct kvedge_client_t kvedge_client_t;
  * I/O thread: they carry no message.) */
 const char *kvedge_client_last_error(void);
 
+/* Structs a caller fills and passes in start with `size`: sizeof the struct as the caller
+ * compiled it, set by their _default function (or `.size = sizeof(T)` in an initializer).
+ * The library checks it: fields appended by a newer library take their defaults for a caller
+ * built against older headers, and a size the library does not know (0: never set; larger
+ * than its own: headers newer than the library) fails with KVEDGE_EINVAL and a message for
+ * kvedge_client_last_error. Other fields keep their place; new ones are only appended. */
 typedef struct {
+    size_t size;             /* sizeof(kvedge_client_opts_t): kvedge_client_opts_default */
     const char *endpoint;    /* e.g. "tcp://10.0.0.5:7400" (required) */
     const char *server_key;  /* the node's public key, Z85 (40 chars) or a path to its public
                               * certificate; NULL = plaintext (the node must allow it) */
@@ -87,6 +94,8 @@ typedef struct {
     uint32_t max_chunks;
 } kvedge_node_info_t;
 
+/* Fills *opts with the defaults (every field 0 or NULL, size set): set endpoint (and keys)
+ * then connect. Never fails; opts NULL does nothing. */
 void kvedge_client_opts_default(kvedge_client_opts_t *opts);
 
 /* Connects and says HELLO within the deadline. Caller owns *out.
@@ -101,16 +110,20 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
  * cleanup aborts when it finds a client's I/O thread still running. */
 void kvedge_client_destroy(kvedge_client_t **self_p);
 
-/* The node's HELLO answer. */
+/* The node's HELLO answer, owned by the client: valid until kvedge_client_destroy. NULL for a
+ * NULL client; never fails otherwise. */
 const kvedge_node_info_t *kvedge_client_node(kvedge_client_t *c);
 
 /* Round trip of `bytes` bytes of payload (0 = latency only). rtt_us and bw_bytes_per_s (may
- * be NULL) receive the measured round trip and payload bandwidth (both directions). */
+ * be NULL) receive the measured round trip and payload bandwidth (both directions).
+ * Errors: KVEDGE_EINVAL (c NULL, bytes over KVEDGE_WIRE_MAX_PING_BYTES), KVEDGE_ENOMEM,
+ * KVEDGE_ETIMEDOUT, KVEDGE_ECLOSED, KVEDGE_EBACKLOG, KVEDGE_EPROTO. */
 int kvedge_client_ping(kvedge_client_t *c, size_t bytes, double *rtt_us, double *bw_bytes_per_s);
 
 /* What this client has measured of its link to the node: an EWMA over completed exchanges
  * (request to last byte; transfers of at least 64 KiB update the bandwidth, smaller ones the
- * round trip; access/meter.h). Zeros until measured. Any pointer may be NULL. */
+ * round trip; access/meter.h). Zeros until measured. Any pointer may be NULL. Sends nothing.
+ * Errors: KVEDGE_EINVAL (c NULL). */
 int kvedge_client_link(kvedge_client_t *c, double *bw_bytes_per_s, double *rtt_us,
                        uint64_t *samples);
 
@@ -137,9 +150,12 @@ typedef struct {
     uint32_t ttl_s; /* 0 = node default, KVEDGE_TTL_NEVER = never */
 } kvedge_put_item_t;
 
-/* Stores n items (batched into messages of at most the node's limit). statuses (may be NULL)
- * receives each item's result. Returns 0 when every item was stored, else the first failing
- * item's error (or a transport error). */
+/* Stores n items (batched into messages of at most the node's limit); the blocks are copied,
+ * the caller keeps its memory. statuses (may be NULL; n entries, caller's memory) receives each
+ * item's result. Returns 0 when every item was stored, else the first failing item's error
+ * (KVEDGE_ENOMODEL, KVEDGE_ESHAPE, KVEDGE_ECORRUPT, KVEDGE_ENOSPC, ...: docs/protocol.md, "PUT
+ * item statuses") or a transport error (KVEDGE_ETIMEDOUT, KVEDGE_ECLOSED, KVEDGE_EBACKLOG,
+ * KVEDGE_EBUSY from an overloaded node, KVEDGE_EPROTO); KVEDGE_EINVAL for NULL items. */
 int kvedge_client_put(kvedge_client_t *c, const kvedge_put_item_t *items, size_t n, int *statuses);
 
 /* A block fetched into caller memory. */
@@ -195,22 +211,32 @@ int kvedge_client_get_layer_prec(kvedge_client_t *c, const kvedge_chunk_id_t *ch
                                  uint8_t *buf, size_t cap, kvedge_fetched_t *out, size_t out_cap,
                                  uint32_t *heads);
 
-/* Zero-copy receive: takes ownership of the received ZeroMQ frame that holds the block an
+/* A received block the caller holds on to (kvedge_client_block_take): opaque; its bytes are
+ * those the on_block callback was given (kvedge_block_ref_data). */
+typedef struct kvedge_block_ref kvedge_block_ref_t;
+
+/* Zero-copy receive: takes ownership of the received message part that holds the block an
  * on_block callback (GET_LAYER's kvedge_block_fn, FETCH's kvedge_fetch_cbs_t.on_block) was
- * just given, so its `data` stays valid after the callback returns, until the handle is
- * freed. Call it only from inside such a callback, on the thread that runs it; returns the
- * handle, or NULL outside a callback, for a miss (data NULL) or when already taken. The bytes
- * are exactly the `data`, `len` of the call: verify them (kvedge_block_parse) as always. A
- * held frame keeps its receive buffer alive (at most its own size plus ZeroMQ's receive batch,
- * 8 KiB by default), so hold few, briefly. */
-void *kvedge_client_block_take(void);
-/* The handle is the czmq frame (zframe_t *) that holds the bytes: access/'s users that speak
- * czmq (the proxy) may forward it as it is, which gives it away (then do not free it). */
-/* Frees a handle from kvedge_client_block_take (any thread; NULL-safe). */
-void kvedge_client_block_free(void *handle);
+ * just given, so its `data` stays valid after the callback returns, until the reference is
+ * freed. Call it only from inside such a callback, on the thread that runs it. Returns the
+ * reference (caller owns it: kvedge_client_block_free), or NULL outside a callback, for a miss
+ * (data NULL) or when already taken; it never fails otherwise. The bytes are exactly the
+ * `data`, `len` of the call: verify them (kvedge_block_parse) as always. A held reference
+ * keeps its receive buffer alive (at most its own size plus ZeroMQ's receive batch, 8 KiB by
+ * default), so hold few, briefly. */
+kvedge_block_ref_t *kvedge_client_block_take(void);
+
+/* The bytes a reference holds: the block's first byte, *len (may be NULL) its length; valid
+ * until the reference is freed. NULL (and *len 0) for a NULL reference. */
+const uint8_t *kvedge_block_ref_data(const kvedge_block_ref_t *ref, size_t *len);
+
+/* Frees a reference from kvedge_client_block_take, from any thread; NULL-safe. Its bytes are
+ * gone after it. */
+void kvedge_client_block_free(kvedge_block_ref_t *ref);
 
 /* Longest cached prefix: *hit receives how many leading chunks of ids the node holds whole
- * (every layer and head of the chunk's model). */
+ * (every layer and head of the chunk's model). Errors: KVEDGE_EINVAL (c or hit NULL, ids
+ * NULL with n > 0), and transport errors as every call. */
 int kvedge_client_lookup(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, size_t *hit);
 
 /* A chunk as LIST reports it (ids are the client's own). */
@@ -222,15 +248,23 @@ typedef struct {
     uint64_t fp16_bytes;
 } kvedge_chunk_entry_t;
 
-/* Lists the tenant's chunks in id order after `after` (NULL = from the start), at most max.
- * *n receives the count, *more whether more follow. */
+/* Lists the tenant's chunks in id order after `after` (NULL = from the start), at most max,
+ * into the caller's out. *n receives the count, *more whether more follow. Errors:
+ * KVEDGE_EINVAL (c, out or n NULL; max 0), and transport errors as every call. */
 int kvedge_client_list(kvedge_client_t *c, const kvedge_chunk_id_t *after,
                        kvedge_chunk_entry_t *out, size_t max, size_t *n, bool *more);
 
-/* Every chunk of the tenant, in id order, paging through LIST. Caller frees *out (free). */
+/* Every chunk of the tenant, in id order, paging through LIST. Caller frees *out (free).
+ * Errors: those of kvedge_client_list, KVEDGE_ENOMEM; *out is NULL then. */
 int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_t *n);
 
-int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out);
+/* STAT: what the store node holds and has done (kvedge_store_stats_t, <kvedge/stats.h>:
+ * blocks and bytes stored, pinned, quarantined, capacity, and the node's counters since it
+ * opened its store), written into *out (caller's memory). Store nodes answer it, edge
+ * proxies do not. Errors: KVEDGE_EINVAL (c or out NULL; the peer is an edge proxy, as its
+ * HELLO said: kvedge_client_last_error says so), KVEDGE_ETIMEDOUT, KVEDGE_ECLOSED,
+ * KVEDGE_EPROTO, and the node's own error as its reply says. */
+int kvedge_client_stat(kvedge_client_t *c, kvedge_store_stats_t *out);
 
 /* MONITOR: what the node or edge proxy has seen, as the JSON document of docs/protocol.md
  * ("MONITOR"), with at most `top` (0 ... KVEDGE_WIRE_MAX_MONITOR_TOP) hot prefixes. *json is
@@ -246,7 +280,9 @@ int kvedge_client_evict(kvedge_client_t *c, uint64_t target_bytes, uint64_t *blo
                         uint64_t *bytes);
 
 /* DELETE (the chunk and every chunk chained below it), PIN, UNPIN of n chunks; changed[i]
- * (may be NULL) receives the blocks affected per chunk. */
+ * (may be NULL; n entries, caller's memory) receives the blocks affected per chunk. A chunk
+ * the node does not hold changes nothing and is no error. Errors: KVEDGE_EINVAL (a bad
+ * argument), the node's store error, and transport errors as every call. */
 int kvedge_client_delete(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n,
                          uint32_t *changed);
 int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n, bool pin,
@@ -258,6 +294,7 @@ int kvedge_client_pin(kvedge_client_t *c, const kvedge_chunk_id_t *ids, size_t n
  * proxy (`kvedge proxy`), which picks a source per layer, streams them from several sources
  * at once and delivers them in layer order (docs/protocol.md, "FETCH"). */
 typedef struct {
+    size_t size;                     /* sizeof(kvedge_fetch_req_t): kvedge_fetch_req_default */
     const char *model_id;            /* the model the chunks were computed with */
     const kvedge_chunk_id_t *chunks; /* the context's chunk chain */
     size_t n;                        /* 1 ... 4096 */
@@ -348,12 +385,16 @@ typedef struct {
  * mapped_chunks or the reverse, empty, too long or equal to model_id; accept refused by
  * kvedge_prec_list_check, n_accept without accept, a metric or budget refused by
  * kvedge_quality_budget_check, a metric without accept), KVEDGE_EPROTO (the peer is a store
- * node, as its HELLO said: only edge proxies answer FETCH), KVEDGE_ENOMEM, KVEDGE_EBUSY,
+ * node, as its HELLO said: only edge proxies answer FETCH), KVEDGE_ENOMEM, KVEDGE_EBACKLOG,
  * KVEDGE_ECLOSED. The stream's own errors come in on_done: KVEDGE_ENOMODEL
  * (the proxy does not know the model), KVEDGE_ESHAPE (layers outside it), KVEDGE_ETIMEDOUT,
  * KVEDGE_EPROTO. */
 int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
                               const kvedge_fetch_cbs_t *cbs, void *ctx);
+
+/* Fills *req with the defaults (every field 0 or NULL: no decoder times, no mapped model, the
+ * blocks as stored, no budget; size set). Never fails; req NULL does nothing. */
+void kvedge_fetch_req_default(kvedge_fetch_req_t *req);
 
 #ifdef __cplusplus
 }

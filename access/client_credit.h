@@ -24,7 +24,7 @@ uint64_t kvedge_client_credit_hold(void);
  * them to the node in its next CREDIT. A stream that has ended meanwhile ignores them. Any
  * thread may call it, a callback on the I/O thread too (it only queues).
  * Errors: KVEDGE_EINVAL (NULL client, stream 0, n 0 or above KVEDGE_WIRE_MAX_CREDIT),
- * KVEDGE_ENOMEM, KVEDGE_ECLOSED (the client is closing), KVEDGE_EBUSY (the I/O thread is far
+ * KVEDGE_ENOMEM, KVEDGE_ECLOSED (the client is closing), KVEDGE_EBACKLOG (the I/O thread is far
  * behind: try again), KVEDGE_ETIMEDOUT. */
 int kvedge_client_credit_return(kvedge_client_t *c, uint64_t stream, uint32_t n);
 

@@ -18,7 +18,7 @@
 #include "access/transport.h"
 
 #define S_PIPE_MAX 64 /* requests taken from the pipe per wakeup */
-/* Requests waiting in the pipe before calls fail with KVEDGE_EBUSY: well under the pipe's
+/* Requests waiting in the pipe before calls fail with KVEDGE_EBACKLOG: well under the pipe's
  * high-water mark (czmq's default 1000), so destroy's $TERM always finds room. */
 #define S_PIPE_QUEUED_MAX 512
 #define S_Z85_KEY_CHARS   40
@@ -375,7 +375,7 @@ void kvedge_client__io_submit(kvedge_client__io_t *io, kvedge_client__req_t *r)
         /* The queue to the node is full (it is gone or stalled): fail now rather than
          * block the actor; nothing of this message was sent. */
         r->id = 0;
-        kvedge_client__finish(io, r, KVEDGE_EBUSY, false);
+        kvedge_client__finish(io, r, KVEDGE_EBACKLOG, false);
         return;
     }
     r->outstanding = r->credit;
@@ -575,7 +575,7 @@ static void s_io_flush_up(kvedge_client__io_t *io)
         zlistx_delete(io->held_up, zlistx_cursor(io->held_up));
         kvedge_client__req_t *r = rc != 0 && id ? zhashx_lookup(io->inflight, S_KEY(id)) : NULL;
         if (r)
-            kvedge_client__finish(io, r, KVEDGE_EBUSY, false);
+            kvedge_client__finish(io, r, KVEDGE_EBACKLOG, false);
     }
 }
 
@@ -656,7 +656,7 @@ int kvedge_client__submit(kvedge_client_t *c, kvedge_client__req_t *r)
     if (c->closing) {
         err = KVEDGE_ECLOSED;
     } else if (atomic_fetch_add(&c->io->queued, 1) >= S_PIPE_QUEUED_MAX) {
-        err = KVEDGE_EBUSY; /* the I/O thread is that far behind (held up in a callback) */
+        err = KVEDGE_EBACKLOG; /* the I/O thread is that far behind (held up in a callback) */
     } else {
         zsock_t *pipe = zactor_sock(c->actor);
         zsock_set_sndtimeo(pipe, (int)s_left_ms(r->deadline_ms));

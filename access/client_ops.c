@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "access/client_impl.h"
+#include "access/codec/errwire.h"
 #include "access/codec/clock.h"
 
 #define S_PUT_BATCH_BYTES (64u << 20) /* payload bytes per PUT message (one item may be more) */
@@ -156,7 +157,7 @@ int kvedge_client_list_all(kvedge_client_t *c, kvedge_chunk_entry_t **out, size_
     return KVEDGE_OK;
 }
 
-int kvedge_client_stat(kvedge_client_t *c, kvedge_engine_stats_t *out)
+int kvedge_client_stat(kvedge_client_t *c, kvedge_store_stats_t *out)
 {
     KVEDGE_CLIENT__ENTER(c);
     if (!c || !out)
@@ -311,7 +312,8 @@ static void s_put_collect(kvedge_client__path_t *path, s_batch_t *b, int *st)
         rc = KVEDGE_EPROTO;
     const uint8_t *p = rc == KVEDGE_OK ? zframe_data(zmsg_first(b->r->reply)) : NULL;
     for (uint32_t k = 0; k < b->n; k++)
-        st[b->idx[k]] = p ? (int32_t)kvedge_le_get32(p + (size_t)k * S_STATUS_BYTES) : rc;
+        st[b->idx[k]] =
+            p ? kvedge_err_from_wire((int32_t)kvedge_le_get32(p + (size_t)k * S_STATUS_BYTES)) : rc;
     if (b->rc == KVEDGE_OK)
         kvedge_client__req_release(b->r);
     s_batch_clear(b);
@@ -373,7 +375,8 @@ static int s_get_parse(kvedge_client__req_t *r, uint32_t n, int *st, zframe_t **
         return KVEDGE_EPROTO;
     zframe_t *sf = zmsg_pop(r->reply);
     for (uint32_t k = 0; k < n; k++) {
-        st[k] = (int32_t)kvedge_le_get32(zframe_data(sf) + (size_t)k * S_STATUS_BYTES);
+        st[k] = kvedge_err_from_wire(
+            (int32_t)kvedge_le_get32(zframe_data(sf) + (size_t)k * S_STATUS_BYTES));
         blocks[k] = st[k] == KVEDGE_OK ? zmsg_pop(r->reply) : NULL; /* counts validated */
     }
     zframe_destroy(&sf);

@@ -13,6 +13,7 @@
 
 #include "access/client_credit.h"
 #include "access/client_impl.h"
+#include "access/client_internal.h"
 #include "access/codec/clock.h"
 
 /* Whether (chunk, head) is the block that must come next in (chunk, head) order: (0, 0)
@@ -41,7 +42,7 @@ static _Thread_local const uint8_t *s_tl_data;
 static _Thread_local kvedge_client__req_t *s_tl_hold_req;
 static _Thread_local bool s_tl_held;
 
-void *kvedge_client_block_take(void)
+zframe_t *kvedge_client_block_take_frame(void)
 {
     if (!s_tl_msg || !s_tl_data)
         return NULL;
@@ -100,9 +101,24 @@ static void s_owe(kvedge_client__io_t *io, kvedge_client__req_t *r)
         io->due[io->n_due++] = r->id;
 }
 
-void kvedge_client_block_free(void *handle)
+/* A kvedge_block_ref_t is the zframe_t that holds the bytes, under a name of its own: the
+ * public API names no czmq type. */
+kvedge_block_ref_t *kvedge_client_block_take(void)
 {
-    zframe_t *f = handle;
+    return (kvedge_block_ref_t *)kvedge_client_block_take_frame();
+}
+
+const uint8_t *kvedge_block_ref_data(const kvedge_block_ref_t *ref, size_t *len)
+{
+    zframe_t *f = (zframe_t *)ref;
+    if (len)
+        *len = f ? zframe_size(f) : 0;
+    return f ? zframe_data(f) : NULL;
+}
+
+void kvedge_client_block_free(kvedge_block_ref_t *ref)
+{
+    zframe_t *f = (zframe_t *)ref;
     zframe_destroy(&f);
 }
 
@@ -535,6 +551,14 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
                               const kvedge_fetch_cbs_t *cbs, void *ctx)
 {
     KVEDGE_CLIENT__ENTER(c);
+    kvedge_fetch_req_t rq; /* the caller's, in this library's layout */
+    if (req) {
+        kvedge_fetch_req_default(&rq);
+        int rc = kvedge_abi_read(&rq, sizeof rq, req, KVEDGE_FETCH_REQ_SIZE_MIN, "req");
+        if (rc != KVEDGE_OK)
+            return rc;
+        req = &rq;
+    }
     if (c && !kvedge_client__role_serves(c->node.role, KVEDGE_OP_FETCH))
         return kvedge_client__role_err(c, KVEDGE_OP_FETCH,
                                        KVEDGE_EPROTO); /* a node would refuse it */

@@ -11,6 +11,7 @@
 
 #include "access/codec/byteorder.h"
 #include "access/codec/error.h"
+#include "access/codec/errwire.h"
 
 #define S_MAGIC        "KVEP"
 #define S_FLAGS_KNOWN  (KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE | KVEDGE_WIRE_FLAG_END)
@@ -102,7 +103,7 @@ void kvedge_wire_header_pack(const kvedge_wire_header_t *h, uint8_t out[KVEDGE_W
     out[5] = h->opcode;
     kvedge_le_put16(out + 6, h->flags);
     kvedge_le_put64(out + 8, h->request_id);
-    kvedge_le_put32(out + 16, (uint32_t)h->status);
+    kvedge_le_put32(out + 16, (uint32_t)kvedge_err_to_wire(h->status));
     kvedge_le_put32(out + 20, h->count);
     kvedge_le_put32(out + 24, h->credit);
     kvedge_le_put32(out + 28, h->deadline_ms);
@@ -121,7 +122,7 @@ int kvedge_wire_header_parse(const uint8_t *buf, size_t len, kvedge_wire_header_
     h->opcode = buf[5];
     h->flags = kvedge_le_get16(buf + 6);
     h->request_id = kvedge_le_get64(buf + 8);
-    h->status = (int32_t)kvedge_le_get32(buf + 16);
+    h->status = kvedge_err_from_wire((int32_t)kvedge_le_get32(buf + 16));
     h->count = kvedge_le_get32(buf + 20);
     h->credit = kvedge_le_get32(buf + 24);
     h->deadline_ms = kvedge_le_get32(buf + 28);
@@ -325,7 +326,8 @@ static int s_validate_stream(const kvedge_wire_header_t *h, const kvedge_wire_fr
 static int s_validate_reply(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
 {
     /* Spec: a reply's status is 0 or negative; any negative value is accepted because
-     * access/codec/error.h appends new codes and a newer node may send one. */
+     * access/codec/error.h appends new codes and a newer node may send one (header_parse
+     * reads a status this library does not know, positive ones too, as KVEDGE_EPROTO). */
     if (!(h->flags & KVEDGE_WIRE_FLAG_REPLY) || h->deadline_ms != 0 || h->credit != 0 ||
         h->status > 0)
         return KVEDGE_EPROTO;
@@ -642,7 +644,7 @@ void kvedge_wire_stream_hdr_pack(const kvedge_wire_stream_hdr_t *s,
     kvedge_le_put32(out, s->chunk_index);
     kvedge_le_put16(out + 4, s->head);
     kvedge_le_put16(out + 6, 0);
-    kvedge_le_put32(out + 8, (uint32_t)s->status);
+    kvedge_le_put32(out + 8, (uint32_t)kvedge_err_to_wire(s->status));
 }
 
 int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stream_hdr_t *s)
@@ -652,7 +654,7 @@ int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stre
         return KVEDGE_EPROTO;
     s->chunk_index = kvedge_le_get32(in);
     s->head = kvedge_le_get16(in + 4);
-    s->status = (int32_t)kvedge_le_get32(in + 8);
+    s->status = kvedge_err_from_wire((int32_t)kvedge_le_get32(in + 8));
     return s_check(s->status == KVEDGE_OK || s->status == KVEDGE_ENOTFOUND ||
                    s->status == KVEDGE_ECORRUPT);
 }
@@ -802,7 +804,7 @@ void kvedge_wire_fetch_block_pack(const kvedge_wire_fetch_block_t *b,
     kvedge_le_put16(out + 2, b->layer);
     kvedge_le_put32(out + 4, b->chunk_index);
     kvedge_le_put16(out + 8, b->head);
-    kvedge_le_put32(out + 12, (uint32_t)b->status);
+    kvedge_le_put32(out + 12, (uint32_t)kvedge_err_to_wire(b->status));
 }
 
 int kvedge_wire_fetch_block_parse(const uint8_t *in, size_t len, kvedge_wire_fetch_block_t *b)
@@ -815,7 +817,7 @@ int kvedge_wire_fetch_block_parse(const uint8_t *in, size_t len, kvedge_wire_fet
     b->layer = kvedge_le_get16(in + 2);
     b->chunk_index = kvedge_le_get32(in + 4);
     b->head = kvedge_le_get16(in + 8);
-    b->status = (int32_t)kvedge_le_get32(in + 12);
+    b->status = kvedge_err_from_wire((int32_t)kvedge_le_get32(in + 12));
     return s_check(
         b->source < KVEDGE_WIRE_FETCH_MAX_SOURCES && b->chunk_index < KVEDGE_WIRE_MAX_CHUNKS &&
         (b->status == KVEDGE_OK || b->status == KVEDGE_ENOTFOUND || b->status == KVEDGE_ECORRUPT));
@@ -832,7 +834,7 @@ void kvedge_wire_fetch_layer_pack(const kvedge_wire_fetch_layer_t *l,
     kvedge_le_put16(out + 2, l->layer);
     kvedge_le_put16(out + 4, (uint16_t)l->source);
     kvedge_le_put16(out + 6, l->from_layer);
-    kvedge_le_put32(out + 8, (uint32_t)l->status);
+    kvedge_le_put32(out + 8, (uint32_t)kvedge_err_to_wire(l->status));
     kvedge_le_put32(out + 12, l->heads);
     kvedge_le_put32(out + 16, l->attempts);
     out[20] = l->prec;
@@ -849,7 +851,7 @@ int kvedge_wire_fetch_layer_parse(const uint8_t *in, size_t len, kvedge_wire_fet
     l->layer = kvedge_le_get16(in + 2);
     l->source = (int16_t)kvedge_le_get16(in + 4);
     l->from_layer = kvedge_le_get16(in + 6);
-    l->status = (int32_t)kvedge_le_get32(in + 8);
+    l->status = kvedge_err_from_wire((int32_t)kvedge_le_get32(in + 8));
     l->heads = kvedge_le_get32(in + 12);
     l->attempts = kvedge_le_get32(in + 16);
     bool delivered = l->status == KVEDGE_OK;

@@ -103,6 +103,8 @@ int kvedge_quality_budget_check(kvedge_quality_metric_t metric, double budget);
  * malformed, non-finite or underflowing number, out of bounds); outputs untouched then. */
 int kvedge_quality_budget_parse(const char *s, kvedge_quality_metric_t *metric, double *budget);
 
+/* Short text for a plan reason (a layer's kvedge_fetch_plan_t reason), as the proxy's plan
+ * names it; never NULL (unknown values have a text too), static storage. */
 const char *kvedge_plan_reason_name(kvedge_plan_reason_t reason);
 
 /* Short text for a kind ("local", "peer", "cloud", "history", "recompute"); never NULL. */

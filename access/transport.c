@@ -74,7 +74,7 @@ static int s_probe_ipc(const char *ep, char *why, size_t why_len)
     if (rc == 0) {
         if (why && why_len)
             snprintf(why, why_len, "%s: already in use (another process accepts on it)", ep);
-        return KVEDGE_EBUSY;
+        return KVEDGE_ELOCKED;
     }
     return KVEDGE_OK;
 }
@@ -118,7 +118,7 @@ static int s_probe_once(const char *ep, char *why, size_t why_len)
     if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
         bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
         int e = errno;
-        rc = e == EADDRINUSE ? KVEDGE_EBUSY : KVEDGE_EIO;
+        rc = e == EADDRINUSE ? KVEDGE_ELOCKED : KVEDGE_EIO;
         if (why && why_len)
             snprintf(why, why_len, "%s: cannot bind: %s", ep, strerror(e));
     }
@@ -135,7 +135,7 @@ int kvedge_endpoint_probe(const char *ep, char *why, size_t why_len)
     /* libzmq closes a socket's listener on its I/O thread after zmq_close returns: an endpoint
      * a daemon of this process (or one that just exited) let go of is free a moment later. */
     int rc = s_probe_once(ep, why, why_len);
-    for (int waited = 0; rc == KVEDGE_EBUSY && waited < KVEDGE_PROBE_GRACE_MS;
+    for (int waited = 0; rc == KVEDGE_ELOCKED && waited < KVEDGE_PROBE_GRACE_MS;
          waited += S_PROBE_STEP_MS) {
         struct timespec ts = {0, S_PROBE_STEP_MS * 1000000L};
         nanosleep(&ts, NULL);

@@ -30,7 +30,7 @@ bool kvedge_endpoint_is_loopback(const char *endpoint);
  * on the path (libzmq would take the path over from it). Port 0 or "*" and endpoints it cannot
  * resolve (an interface name, another transport) pass: the real bind says. For a daemon that
  * checks every endpoint it will take before it creates or joins anything. Returns 0,
- * KVEDGE_EBUSY (in use: why names the endpoint and the system's reason) or KVEDGE_EIO (cannot
+ * KVEDGE_ELOCKED (in use: why names the endpoint and the system's reason) or KVEDGE_EIO (cannot
  * bind for another reason, e.g. an address of no interface here). An endpoint in use is tried
  * again for up to KVEDGE_PROBE_GRACE_MS: libzmq lets a closed socket's listener go a moment
  * after zmq_close returns, so a daemon restarted at once (in the same process, say) finds it

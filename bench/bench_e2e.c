@@ -1025,7 +1025,7 @@ static double s_transfer_alone(kvedge_client_t *c, const s_ctx_t *x, pid_t proxy
         vd[l] = t;
     }
     kvedge_pipeline_opts_t o;
-    memset(&o, 0, sizeof o);
+    kvedge_pipeline_opts_default(&o);
     o.client = c;
     o.model = &s_model;
     o.chunks = x->ids;

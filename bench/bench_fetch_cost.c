@@ -186,7 +186,8 @@ static void s_dst_make(void)
  * with --copy-into-session), stats, destroy. */
 static void s_fetch(kvedge_client_t *c, kvedge_pipeline_stats_t *st)
 {
-    kvedge_pipeline_opts_t o = {.client = c,
+    kvedge_pipeline_opts_t o = {.size = sizeof(kvedge_pipeline_opts_t),
+                                .client = c,
                                 .model = &s_m,
                                 .chunks = s_ids,
                                 .n_chunks = s_chunks,

@@ -355,7 +355,8 @@ static void s_run_context(s_model_t *M, uint32_t n)
             uint64_t wire = 0;
             kvedge_pipeline_layer_stats_t *ls = bench_alloc(L * sizeof *ls);
             for (uint32_t r = 0; r <= R; r++) { /* run 0 warms the proxy's link estimates */
-                kvedge_pipeline_opts_t o = {.client = pc,
+                kvedge_pipeline_opts_t o = {.size = sizeof(kvedge_pipeline_opts_t),
+                                            .client = pc,
                                             .model = &M->rec,
                                             .chunks = ids,
                                             .n_chunks = ps.n_chunks,

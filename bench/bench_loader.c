@@ -279,7 +279,8 @@ static double s_dequant(s_dst_t *d, kvedge_gpu_stream_t s)
 /* The pipeline: open to the last layer resident. */
 static double s_pipeline(kvedge_client_t *c, s_dst_t *d, kvedge_pipeline_stats_t *st)
 {
-    kvedge_pipeline_opts_t o = {.client = c,
+    kvedge_pipeline_opts_t o = {.size = sizeof(kvedge_pipeline_opts_t),
+                                .client = c,
                                 .model = &s_m,
                                 .chunks = s_ids,
                                 .n_chunks = s_chunks,

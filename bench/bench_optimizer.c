@@ -544,7 +544,8 @@ static void s_fetch_doc(const s_row_t *r, size_t d, float *k, float *v, bool *re
         t.base = v + l * kvf;
         vd[l] = t;
     }
-    kvedge_pipeline_opts_t o = {.client = s_edge,
+    kvedge_pipeline_opts_t o = {.size = sizeof(kvedge_pipeline_opts_t),
+                                .client = s_edge,
                                 .model = &s_model,
                                 .chunks = ids,
                                 .n_chunks = nids,

@@ -174,7 +174,8 @@ static double s_fetch(kvedge_client_t *c, const kvedge_chunk_id_t *ids, bool pri
         ru[l] = (float)S_RECOMPUTE_US;
     }
     memset(r, 0, sizeof *r);
-    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_MODEL,
                               .chunks = ids,
                               .n = S_CHUNKS,
                               .first_layer = 0,

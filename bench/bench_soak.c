@@ -188,7 +188,8 @@ static void *s_fetcher(void *arg)
         kvedge_chunk_id_t ids[S_CHUNKS];
         if (s_ring_pick(ids)) {
             bench_fetch_end_t w;
-            kvedge_fetch_req_t req = {.model_id = S_MODEL,
+            kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                                      .model_id = S_MODEL,
                                       .chunks = ids,
                                       .n = S_CHUNKS,
                                       .first_layer = 0,

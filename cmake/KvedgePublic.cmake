@@ -91,10 +91,17 @@ endfunction()
 
 # kvedge_check_header_version(HEADER): fails unless HEADER's KVEDGE_VERSION_MAJOR/MINOR/PATCH
 # are the project's version (project(... VERSION) in the top CMakeLists.txt), which names the
-# shared library (VERSION, SOVERSION) and kvedge.pc.
+# shared library (VERSION) and kvedge.pc and gives kvedge_version() / kvedge_version_number();
+# MINOR and PATCH stay below 100 so that KVEDGE_VERSION_NUMBER orders versions.
 function(kvedge_check_header_version header)
     set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${header}")
     file(READ "${header}" text)
+    foreach(part MINOR PATCH)
+        if(PROJECT_VERSION_${part} GREATER 99)
+            message(FATAL_ERROR "project version ${PROJECT_VERSION}: ${part} must stay below "
+                                "100 (KVEDGE_VERSION_NUMBER is MAJOR*10000 + MINOR*100 + PATCH)")
+        endif()
+    endforeach()
     foreach(part MAJOR MINOR PATCH)
         if(NOT text MATCHES "#define[ \t]+KVEDGE_VERSION_${part}[ \t]+([0-9]+)")
             message(FATAL_ERROR "${header}: no #define KVEDGE_VERSION_${part}")
@@ -105,4 +112,7 @@ function(kvedge_check_header_version header)
                 "${PROJECT_VERSION}: change both together")
         endif()
     endforeach()
+    if(NOT text MATCHES "#define[ \t]+KVEDGE_VERSION_NUMBER")
+        message(FATAL_ERROR "${header}: no #define KVEDGE_VERSION_NUMBER")
+    endif()
 endfunction()

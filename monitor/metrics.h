@@ -31,11 +31,11 @@ extern "C" {
 #define KVEDGE_METRICS_OTHER "_other"
 
 /* Error codes of monitor/'s int-returning calls. They equal access/codec/error.h's KVEDGE_EINVAL,
- * KVEDGE_ENOMEM and KVEDGE_EIO (kvedge_strerror reads them), spelt here because monitor/ stands
- * alone and may not include store/. */
-#define KVEDGE_MONITOR_EINVAL (-1)
-#define KVEDGE_MONITOR_ENOMEM (-2)
-#define KVEDGE_MONITOR_EIO    (-8)
+ * KVEDGE_ENOMEM and KVEDGE_EIO (KVEDGE_ERR_BASE - 1, - 2, - 8; kvedge_strerror reads them),
+ * spelt here because monitor/ stands alone and may not include access/codec/. */
+#define KVEDGE_MONITOR_EINVAL (-30701)
+#define KVEDGE_MONITOR_ENOMEM (-30702)
+#define KVEDGE_MONITOR_EIO    (-30708)
 
 /* Histogram buckets: upper bounds (le) first_le, first_le·2, first_le·4, … (buckets of them),
  * then +Inf. Observations are integers in the family's unit; scale converts to the exposed

@@ -12,6 +12,7 @@
 #include "proxy/proxy.h"
 #include "access/codec/clock.h"
 #include "access/codec/error.h"
+#include "access/codec/errwire.h"
 
 #define S_KINDS   5 /* local, peer, cloud, history, none */
 #define S_REASONS 9 /* kvedge_fetch_reason_t 1 ... 8, 0 unknown */
@@ -58,7 +59,7 @@ static const char *s_status(int status)
 {
     if (status == KVEDGE_COLLAB_CANCELLED)
         return "CANCELLED";
-    if (status > 0 || status <= -S_STATUS)
+    if (kvedge_err_index(status) < 0 || kvedge_err_index(status) >= S_STATUS)
         return "other";
     const char *n = kvedge_errname(status);
     return strncmp(n, "KVEDGE_", 7) == 0 ? n + 7 : n;
@@ -245,12 +246,14 @@ void kvedge_collab_mapped(kvedge_collab_t *c)
         kvedge_series_inc(c->mapped);
 }
 
-/* Slot S_STATUS - 1 is unused by kvedge codes (they end near -21): cancellations go there. */
+/* A slot per kvedge code (kvedge_err_index); slot S_STATUS - 1 is unused by them (they end
+ * near 25): cancellations go there. */
 static size_t s_status_index(int status)
 {
     if (status == KVEDGE_COLLAB_CANCELLED)
         return S_STATUS - 1;
-    return status <= 0 && status > -(S_STATUS - 1) ? (size_t)-status : S_STATUS;
+    int i = kvedge_err_index(status);
+    return i >= 0 && i < S_STATUS - 1 ? (size_t)i : S_STATUS;
 }
 
 void kvedge_collab_fetch(kvedge_collab_t *c, const kvedge_collab_fetch_t *f)

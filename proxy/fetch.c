@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "access/client_internal.h"
 #include "runtime/log.h"
 #include "proxy/proxy_impl.h"
 #include "proxy/tenant_hint.h"
@@ -202,7 +203,7 @@ static void s_on_block(void *ctx, uint32_t ci, uint16_t head, int status, const 
         /* Forward the received frame itself (it moves into the reply unchanged, after the
          * actor verified it) rather than a copy; small frames may share ZeroMQ's receive
          * buffer, which holding them would keep alive: those are copied. */
-        e->frame = len >= S_TAKE_MIN_BYTES ? kvedge_client_block_take() : NULL;
+        e->frame = len >= S_TAKE_MIN_BYTES ? kvedge_client_block_take_frame() : NULL;
         if (e->frame)
             s_stat_add(op->p, &op->p->stats.forwarded_in_place, 1);
         else

@@ -295,11 +295,11 @@ static int s_probe(const kvedge_proxy_opts_t *o, char *why, size_t why_len)
     if (rc == KVEDGE_OK && o->metrics && o->metrics[0] &&
         kvedge_http_probe(o->metrics, sys, sizeof sys) != 0) {
         http = true;
-        rc = strstr(sys, "in use") ? KVEDGE_EBUSY : KVEDGE_EIO;
+        rc = strstr(sys, "in use") ? KVEDGE_ELOCKED : KVEDGE_EIO;
     }
     if (rc != KVEDGE_OK && why && why_len)
         snprintf(why, why_len, "%s%s: give this proxy another %s; nothing was started", sys,
-                 rc == KVEDGE_EBUSY ? " (another daemon on this host?)" : "",
+                 rc == KVEDGE_ELOCKED ? " (another daemon on this host?)" : "",
                  http ? "metrics endpoint with --metrics HOST:PORT (port 0: any free one, its URL "
                         "is logged), or --metrics off (config key metrics)"
                       : "endpoint with --bind tcp://HOST:PORT (config key bind)");

@@ -8,6 +8,7 @@
 
 #include "access/codec/byteorder.h"
 #include "access/codec/error.h"
+#include "access/codec/errwire.h"
 static bool s_zero(const uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -132,8 +133,9 @@ int kvedge_kvmsg_parse(const kvedge_wire_frame_t *f, size_t n, kvedge_kvmsg_t *m
         ok = s_prefix_ok(m->key, m->key_len) && m->seq == 0 && m->body_len >= 4 &&
              s_reason_ok(b + 4, m->body_len - 4);
         if (ok) {
-            m->status = (int32_t)kvedge_le_get32(b);
-            ok = m->status < 0;
+            int32_t wire = (int32_t)kvedge_le_get32(b);
+            ok = wire < 0;
+            m->status = kvedge_err_from_wire(wire);
             m->body = m->body_len > 4 ? b + 4 : NULL;
             m->body_len -= 4;
         }
@@ -179,7 +181,7 @@ int kvedge_kvmsg_pack(const kvedge_kvmsg_t *m, kvedge_kvmsg_buf_t *buf,
     case KVEDGE_KVMSG_ERR:
         if (m->body_len > KVEDGE_KVMSG_MAX_REASON_BYTES)
             return KVEDGE_EINVAL;
-        kvedge_le_put32(buf->body, (uint32_t)m->status);
+        kvedge_le_put32(buf->body, (uint32_t)kvedge_err_to_wire(m->status));
         if (m->body_len)
             memcpy(buf->body + 4, m->body, m->body_len);
         out[3] = (kvedge_wire_frame_t){buf->body, 4 + m->body_len};

@@ -1395,13 +1395,13 @@ static int s_submit(kvedge_mview_t *v, const char *cmd, const void *ptr, const c
         rc = KVEDGE_ECLOSED;
     } else if (atomic_fetch_add(&v->queued, 1) >= S_PIPE_QUEUED_MAX) {
         atomic_fetch_sub(&v->queued, 1);
-        rc = KVEDGE_EBUSY;
+        rc = KVEDGE_EBACKLOG;
     } else {
         zsock_t *pipe = zactor_sock(v->actor);
         int sent = ptr ? zsock_send(pipe, "sp", cmd, ptr) : zsock_send(pipe, "ss", cmd, id);
         if (sent != 0) {
             atomic_fetch_sub(&v->queued, 1);
-            rc = KVEDGE_EBUSY;
+            rc = KVEDGE_EBACKLOG;
         }
     }
     pthread_mutex_unlock(&v->pipe_mu);

@@ -139,12 +139,13 @@ int kvedge_mview_foreach(kvedge_mview_t *v, const char *prefix, kvedge_mview_cb 
  * update whose answer was lost: SET is idempotent, retry it. Errors: KVEDGE_EINVAL (key or length),
  * the master's refusal (KVEDGE_EINVAL, KVEDGE_EDENIED, KVEDGE_EPROTO, KVEDGE_EVERSION,
  * KVEDGE_EFULL, store errors), KVEDGE_ETIMEDOUT (no answer: the master is down; keep working
- * on the view), KVEDGE_ECLOSED (the view is being destroyed), KVEDGE_EBUSY. */
+ * on the view), KVEDGE_ECLOSED (the view is being destroyed), KVEDGE_EBACKLOG (its queue is full).
+ */
 int kvedge_mview_set(kvedge_mview_t *v, const char *key, const void *body, size_t len,
                      int deadline_ms);
 
 /* Queues one HEARTBEAT for id (dropped when the master is unreachable). Returns 0, or
- * KVEDGE_EINVAL (not a node id), KVEDGE_ECLOSED, KVEDGE_EBUSY. */
+ * KVEDGE_EINVAL (not a node id), KVEDGE_ECLOSED, KVEDGE_EBACKLOG. */
 int kvedge_mview_heartbeat(kvedge_mview_t *v, const char *id);
 
 /* Typed getters: the record under the key built from the ids, decoded. Errors: those of

@@ -73,6 +73,9 @@ typedef struct {
     kvedge_chunk_id_t name;
 } kvedge_chunk_info_t;
 
+/* A block key as its KVEDGE_BLOCK_KEY_BYTES bytes (the order keys sort in a store and on the
+ * wire) and back: pack writes exactly that many bytes into the caller's out; unpack reads as
+ * many from in into *key. Neither fails nor allocates. */
 void kvedge_block_key_pack(const kvedge_block_key_t *key, uint8_t out[KVEDGE_BLOCK_KEY_BYTES]);
 void kvedge_block_key_unpack(const uint8_t in[KVEDGE_BLOCK_KEY_BYTES], kvedge_block_key_t *key);
 

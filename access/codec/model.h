@@ -39,6 +39,11 @@ uint64_t kvedge_model_fp16_bytes(const kvedge_model_t *m, uint64_t tokens);
 
 /* Fixed-size serialization used by the engine's models column family. */
 #define KVEDGE_MODEL_RECORD_BYTES 16
+/* pack writes the shape of *m (not its id) as KVEDGE_MODEL_RECORD_BYTES bytes into the
+ * caller's out; it never fails. unpack reads such a record (len bytes at buf) back into *out
+ * with the given id: KVEDGE_ECORRUPT for a NULL argument, a wrong len or record version, an id
+ * longer than KVEDGE_MODEL_ID_MAX_BYTES, or a shape that is not a valid model
+ * (kvedge_model_check). */
 void kvedge_model_pack(const kvedge_model_t *m, uint8_t out[KVEDGE_MODEL_RECORD_BYTES]);
 int kvedge_model_unpack(const char *id, const uint8_t *buf, size_t len, kvedge_model_t *out);
 

@@ -57,7 +57,7 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
         case KVEDGE_EDENIED:
             return KVEDGE_EXIT_USAGE;
         case KVEDGE_ENOTFOUND:
-        case KVEDGE_EBUSY:
+        case KVEDGE_ELOCKED:
         case KVEDGE_ECORRUPT:
         case KVEDGE_EVERSION:
         case KVEDGE_ESTORE:

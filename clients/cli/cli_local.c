@@ -1195,7 +1195,7 @@ static int s_repair(kvedge_cli_t *cli, const void *opts)
         s_repair_text(cli, rc, &rep);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("repair: %s", why[0] ? why : kvedge_strerror(rc));
-        return rc == KVEDGE_ENOTFOUND || rc == KVEDGE_EBUSY || rc == KVEDGE_EVERSION
+        return rc == KVEDGE_ENOTFOUND || rc == KVEDGE_ELOCKED || rc == KVEDGE_EVERSION
                    ? KVEDGE_EXIT_UNAVAILABLE
                    : KVEDGE_EXIT_FAILURE;
     }

@@ -52,7 +52,7 @@ static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("proxy: %s", why[0] ? why : kvedge_strerror(rc));
         return rc == KVEDGE_EDENIED || rc == KVEDGE_EINVAL ? KVEDGE_EXIT_USAGE
-               : rc == KVEDGE_EBUSY                        ? KVEDGE_EXIT_UNAVAILABLE /* taken */
+               : rc == KVEDGE_ELOCKED                      ? KVEDGE_EXIT_UNAVAILABLE /* taken */
                                                            : KVEDGE_EXIT_FAILURE;
     }
     printf("listening %s\n", kvedge_proxy_endpoint(p));
@@ -315,7 +315,8 @@ static int s_fetch(kvedge_cli_t *cli, const void *opts)
                          0,
                          0,
                          0};
-    kvedge_fetch_req_t req = {.model_id = o->model,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = o->model,
                               .chunks = ids,
                               .n = n,
                               .first_layer = (uint16_t)a,

@@ -47,6 +47,8 @@ int kvedge_cli_exit_code(int err)
     case KVEDGE_EAMBIGUOUS:
         return KVEDGE_EXIT_USAGE;
     case KVEDGE_EBUSY:
+    case KVEDGE_ELOCKED:
+    case KVEDGE_EBACKLOG:
     case KVEDGE_EVERSION:
     case KVEDGE_EREADONLY:
         return KVEDGE_EXIT_UNAVAILABLE;
@@ -86,7 +88,7 @@ static int s_open(kvedge_cli_t *cli, bool writable, bool create, kvedge_engine_t
                          "put-synthetic ...` or point --data / KVEDGE_DATA at a store)",
                          cli->data_dir, cli->data_dir);
         break;
-    case KVEDGE_EBUSY: /* why: "store DIR is in use by another process or handle (...)" */
+    case KVEDGE_ELOCKED: /* why: "store DIR is in use by another process or handle (...)" */
         kvedge_cli_error("%s; stop it, or use a read-only command such as inspect",
                          why[0] ? why : "store is in use by another process");
         break;

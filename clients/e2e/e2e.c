@@ -768,6 +768,7 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     }
     if (rc == KVEDGE_OK) {
         kvedge_pipeline_opts_t o = {
+            .size = sizeof(kvedge_pipeline_opts_t),
             .client = req->proxy,
             .model = req->model,
             .chunks = ids,

@@ -349,6 +349,7 @@ static int s_fetch_once(s_eval_t *e, const kvedge_model_t *m, size_t n_ids, floa
         vd[l] = t;
     }
     kvedge_pipeline_opts_t po = {
+        .size = sizeof(kvedge_pipeline_opts_t),
         .client = e->o->proxy,
         .model = m,
         .chunks = e->ids,

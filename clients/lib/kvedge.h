@@ -20,15 +20,26 @@
 extern "C" {
 #endif
 
-/* The version of these headers; kvedge_version() gives the library's, which may be newer
- * within the same major version (the SONAME). Must match project(VERSION) in the top
- * CMakeLists.txt: configuring fails when they differ. */
+/* The version of these headers; kvedge_version() and kvedge_version_number() give the
+ * library's, which may be newer within the same ABI (the SONAME, libkvedge.so.1). Must match
+ * project(VERSION) in the top CMakeLists.txt: configuring fails when they differ (MINOR and
+ * PATCH stay below 100). */
 #define KVEDGE_VERSION_MAJOR 0
 #define KVEDGE_VERSION_MINOR 1
 #define KVEDGE_VERSION_PATCH 0
+/* One number that orders versions: MAJOR * 10000 + MINOR * 100 + PATCH (0.1.0 is 100), for
+ * `#if KVEDGE_VERSION_NUMBER >= 10200` in code that must build against several versions. */
+#define KVEDGE_VERSION_NUMBER                                                                      \
+    (KVEDGE_VERSION_MAJOR * 10000 + KVEDGE_VERSION_MINOR * 100 + KVEDGE_VERSION_PATCH)
 
-/* "MAJOR.MINOR.PATCH" of the library linked at run time; static storage. */
+/* "MAJOR.MINOR.PATCH" of the library linked at run time. Never fails; the string is static
+ * storage (do not free it). */
 const char *kvedge_version(void);
+
+/* KVEDGE_VERSION_NUMBER of the library linked at run time (MAJOR * 10000 + MINOR * 100 +
+ * PATCH): compare it with the headers' macro to tell an older library from a newer one.
+ * Never fails. */
+int kvedge_version_number(void);
 
 #ifdef __cplusplus
 }

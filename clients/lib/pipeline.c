@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "access/client_credit.h"
+#include "access/client_internal.h"
 #include "access/frame.h" /* wire sizes for the slots */
 #include "gpu/stage.h"
 #include "access/codec/clock.h"
@@ -710,7 +711,7 @@ static bool s_give_credit(kvedge_pipeline_t *p)
     pthread_mutex_unlock(&p->mu);
     int rc = kvedge_client_credit_return(p->client, p->stream_id, n);
     pthread_mutex_lock(&p->mu);
-    if (rc == KVEDGE_EBUSY || rc == KVEDGE_ENOMEM) {
+    if (rc == KVEDGE_EBACKLOG || rc == KVEDGE_ENOMEM) {
         p->credit_due += n;
         return false;
     }
@@ -975,11 +976,29 @@ static int s_alloc_ring(kvedge_pipeline_t *p)
     return KVEDGE_OK;
 }
 
+/* The smallest kvedge_pipeline_opts_t the loader accepts (kvedge_abi_read): the first layout
+ * with a size field, today's. */
+#define KVEDGE_PIPELINE_OPTS_SIZE_MIN sizeof(kvedge_pipeline_opts_t)
+
+void kvedge_pipeline_opts_default(kvedge_pipeline_opts_t *opts)
+{
+    if (!opts)
+        return;
+    memset(opts, 0, sizeof *opts);
+    opts->size = sizeof *opts;
+}
+
 int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t **out)
 {
     if (!opts || !out)
         return KVEDGE_EINVAL;
-    int rc = s_check_opts(opts);
+    kvedge_pipeline_opts_t o; /* the caller's, in this library's layout */
+    kvedge_pipeline_opts_default(&o);
+    int rc = kvedge_abi_read(&o, sizeof o, opts, KVEDGE_PIPELINE_OPTS_SIZE_MIN, "opts");
+    if (rc != KVEDGE_OK)
+        return rc;
+    opts = &o;
+    rc = s_check_opts(opts);
     if (rc != KVEDGE_OK)
         return rc;
     const kvedge_node_info_t *node = kvedge_client_node(opts->client);
@@ -1063,7 +1082,8 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
     p->t0_us = kvedge_mono_us();
     p->deadline_ms = p->t0_us / 1000 + deadline;
     if (rc == KVEDGE_OK && via_proxy) {
-        kvedge_fetch_req_t req = {.model_id = p->model_id,
+        kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                                  .model_id = p->model_id,
                                   .chunks = p->chunks,
                                   .n = p->n_chunks,
                                   .first_layer = p->first_layer,

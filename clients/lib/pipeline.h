@@ -91,7 +91,9 @@ typedef int (*kvedge_pipeline_adapt_fn)(void *arg, uint16_t layer, uint16_t from
                                         const float *k_src, const float *v_src, uint32_t tokens,
                                         float *k_dst, float *v_dst);
 
+/* Starts with `size` as every struct that can grow (access/client.h, kvedge_client_opts_t). */
 typedef struct {
+    size_t size;                     /* sizeof(kvedge_pipeline_opts_t): _opts_default sets it */
     kvedge_client_t *client;         /* borrowed; a store node or an edge proxy (required) */
     const kvedge_model_t *model;     /* id (FETCH) and shape: layers, kv_heads, head_dim */
     const kvedge_chunk_id_t *chunks; /* the context's chunk chain (copied) */
@@ -225,6 +227,10 @@ typedef struct {
  *   KVEDGE_ENOMEM; the errors of kvedge_client_fetch_async / get_layer_async and of
  *     gpu/stage.h (stream, event, pinned or device allocation). */
 int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t **out);
+
+/* Fills *opts with the defaults (every field 0 or NULL, size set): set client, model, chunks,
+ * tokens, layers and the destinations, then open. Never fails; opts NULL does nothing. */
+void kvedge_pipeline_opts_default(kvedge_pipeline_opts_t *opts);
 
 /* Blocks until layer (a model layer number in [first_layer, first_layer + layers)) is done.
  * Returns 0: resident, K and V are in place (device path: its event completed); or

@@ -136,7 +136,7 @@ static int s_open_err(char **err, const char *dir, char *why, size_t why_len)
 {
     char msg[KVEDGE_ROCKS_MSG_MAX_BYTES];
     int rc = kvedge_rocks_open_error(err, msg, sizeof msg);
-    if (rc == KVEDGE_EBUSY)
+    if (rc == KVEDGE_ELOCKED)
         s_why(why, why_len, "store %s is in use by another process or handle (%s)", dir, msg);
     else
         s_why(why, why_len, "cannot open store %s: %s", dir, msg);
@@ -445,7 +445,7 @@ static int s_open(const char *dir, const kvedge_engine_opts_t *opts, bool salvag
               "store %s is being repaired: a verified new store waits in %s/" KVEDGE_REPAIR_TMP_DIR
               "; run kvedge repair --data %s to finish putting it in place",
               dir, dir, dir);
-        rc = KVEDGE_EBUSY;
+        rc = KVEDGE_ELOCKED;
         goto fail;
     }
     if (state == KVEDGE_STORE_DIR_DAMAGED) {

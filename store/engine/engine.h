@@ -117,7 +117,7 @@ void kvedge_engine_opts_default(kvedge_engine_opts_t *opts);
 
 /* Opens (creating if allowed) the store in dir. On failure, why (if not NULL) receives a
  * one-line reason. Errors: KVEDGE_ENOTFOUND (no store and create_if_missing false),
- * KVEDGE_EBUSY (another process holds it), KVEDGE_ECORRUPT (RocksDB reports corruption),
+ * KVEDGE_ELOCKED (another process holds it), KVEDGE_ECORRUPT (RocksDB reports corruption),
  * KVEDGE_EVERSION (written by a newer kvedge), KVEDGE_EIO, KVEDGE_ESTORE. */
 int kvedge_engine_open(const char *dir, const kvedge_engine_opts_t *opts, kvedge_engine_t **out,
                        char *why, size_t why_len);
@@ -469,7 +469,7 @@ typedef struct {
  * (a mark in dir/repair.tmp lets the next run finish a repair stopped there; the node refuses
  * to open meanwhile). A store with nothing to repair is left as it was (out->unchanged).
  * Needs free space for a copy of what is kept. Errors: KVEDGE_ENOTFOUND (no store),
- * KVEDGE_EBUSY (in use), KVEDGE_EVERSION (written by a newer kvedge: left alone),
+ * KVEDGE_ELOCKED (in use), KVEDGE_EVERSION (written by a newer kvedge: left alone),
  * KVEDGE_ECORRUPT (the new store did not read back whole: not put in place), KVEDGE_EIO,
  * KVEDGE_ENOSPC, KVEDGE_ENOMEM, store errors; why receives a one-line reason. out may be NULL. */
 int kvedge_engine_repair(const char *dir, kvedge_verify_cb cb, void *ctx,

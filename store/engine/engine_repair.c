@@ -1039,7 +1039,7 @@ static int s_lock_store(const char *dir, int *fd, char *why, size_t why_len)
     if (fcntl(*fd, F_OFD_SETLK, &fl) != 0) {
         close(*fd);
         *fd = -1;
-        return kvedge_why(why, why_len, KVEDGE_EBUSY,
+        return kvedge_why(why, why_len, KVEDGE_ELOCKED,
                           "store %s is in use by another process or handle (stop the node first)",
                           dir);
     }

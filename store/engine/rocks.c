@@ -17,7 +17,7 @@ static int s_translate(const char *m, bool open)
 {
     if (open && (strstr(m, "While lock file") || strstr(m, "lock hold by current process") ||
                  strstr(m, "LOCK") || strstr(m, "Resource temporarily unavailable")))
-        return KVEDGE_EBUSY;
+        return KVEDGE_ELOCKED;
     if (strstr(m, "Corruption"))
         return KVEDGE_ECORRUPT;
     /* "IO error: No space left on device: While appending to file ..." (ENOSPC), and RocksDB's

@@ -21,7 +21,7 @@ int kvedge_rocks_error(char **errptr);
 int kvedge_rocks_error_msg(char **errptr, char *msg, size_t msg_len);
 
 /* For a failed open (or column family listing): as kvedge_rocks_error_msg, but a message about
- * the store's LOCK file, or EAGAIN on it, is KVEDGE_EBUSY (another process or handle holds
+ * the store's LOCK file, or EAGAIN on it, is KVEDGE_ELOCKED (another process or handle holds
  * the store). */
 int kvedge_rocks_open_error(char **errptr, char *msg, size_t msg_len);
 

@@ -904,7 +904,7 @@ int kvedge_master_probe(const kvedge_master_opts_t *o, char *why, size_t why_len
             s_why(why, why_len,
                   "%s%s: give this master another endpoint with %s tcp://HOST:PORT (config key "
                   "%s); nothing was started",
-                  sys, rc == KVEDGE_EBUSY ? " (another master on this host?)" : "", flags[i],
+                  sys, rc == KVEDGE_ELOCKED ? " (another master on this host?)" : "", flags[i],
                   keys[i]);
             return rc;
         }
@@ -916,7 +916,7 @@ int kvedge_master_probe(const kvedge_master_opts_t *o, char *why, size_t why_len
               "any free one, its URL is logged), or --metrics off (config key metrics); nothing "
               "was started",
               sys, busy ? " (another daemon on this host?)" : "");
-        return busy ? KVEDGE_EBUSY : KVEDGE_EIO;
+        return busy ? KVEDGE_ELOCKED : KVEDGE_EIO;
     }
     return KVEDGE_OK;
 }

@@ -43,7 +43,7 @@ void kvedge_master_opts_default(kvedge_master_opts_t *opts);
 /* Opens the registry, starts the ZAP handler (CURVE), binds both sockets and serves. Returns
  * once it serves; why (if not NULL) receives a reason on failure. Caller owns *out.
  * Errors: KVEDGE_EINVAL, KVEDGE_EDENIED (plaintext on a non-loopback endpoint, no CURVE),
- * KVEDGE_EBUSY (the directory is in use, or an address: checked before anything is opened),
+ * KVEDGE_ELOCKED (the directory is in use, or an address: checked before anything is opened),
  * KVEDGE_EVERSION (a newer registry format), KVEDGE_ECORRUPT, KVEDGE_EIO (bind failed, unreadable
  * certificate), KVEDGE_ESTORE, KVEDGE_ENOMEM. */
 int kvedge_master_start(const kvedge_master_opts_t *opts, kvedge_master_t **out, char *why,
@@ -53,7 +53,7 @@ int kvedge_master_start(const kvedge_master_opts_t *opts, kvedge_master_t **out,
  * releasing it, before anything is opened or created: a second master on a host fails at once
  * and why names the setting that moves it (--bind, --pub, --metrics). kvedge_master_start
  * calls it first; a caller that prepares files before (kvedge_master_settings_start: the data
- * directory, the certificate) calls it before those. Errors: KVEDGE_EBUSY (in use), KVEDGE_EIO
+ * directory, the certificate) calls it before those. Errors: KVEDGE_ELOCKED (in use), KVEDGE_EIO
  * (cannot bind for another reason), KVEDGE_EINVAL. */
 int kvedge_master_probe(const kvedge_master_opts_t *opts, char *why, size_t why_len);
 

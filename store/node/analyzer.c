@@ -10,9 +10,10 @@
 #include "access/frame.h"
 #include "access/codec/block.h"
 #include "access/codec/error.h"
+#include "access/codec/errwire.h"
 
 #define S_OPS      (KVEDGE_OP_MONITOR + 1)
-#define S_STATUSES 32 /* -status for every kvedge code; larger ones count as "other" */
+#define S_STATUSES 32 /* a slot per kvedge code (kvedge_err_index); others count as "other" */
 #define S_SCHEMES  6  /* lossless, int8, int4, each whole or pruned (ThinK mask) */
 
 struct kvedge_analyzer_t {
@@ -46,7 +47,8 @@ static const char *s_op_label(int op)
 
 static size_t s_status_index(int status)
 {
-    return status <= 0 && status > -S_STATUSES ? (size_t)-status : S_STATUSES;
+    int i = kvedge_err_index(status);
+    return i >= 0 && i < S_STATUSES ? (size_t)i : S_STATUSES;
 }
 
 static const char *s_status_label(int status)
@@ -306,8 +308,9 @@ int kvedge_analyzer_json(kvedge_analyzer_t *a, cJSON *obj, size_t top)
                 continue;
             cJSON *r = cJSON_CreateObject();
             cJSON_AddStringToObject(r, "op", s_op_label(o));
-            cJSON_AddStringToObject(r, "status",
-                                    si == S_STATUSES ? "other" : s_status_label(-(int)si));
+            cJSON_AddStringToObject(
+                r, "status",
+                si == S_STATUSES ? "other" : s_status_label(kvedge_err_from_wire(-(int32_t)si)));
             cJSON_AddNumberToObject(r, "count", v);
             cJSON_AddItemToArray(req, r);
         }
@@ -337,8 +340,10 @@ int kvedge_analyzer_json(kvedge_analyzer_t *a, cJSON *obj, size_t top)
     for (size_t si = 1; misses && si <= S_STATUSES; si++) {
         kvedge_series_t *s = atomic_load_explicit(&a->miss[si], memory_order_acquire);
         if (s && kvedge_series_value(s) > 0)
-            cJSON_AddNumberToObject(misses, si == S_STATUSES ? "other" : s_status_label(-(int)si),
-                                    kvedge_series_value(s));
+            cJSON_AddNumberToObject(
+                misses,
+                si == S_STATUSES ? "other" : s_status_label(kvedge_err_from_wire(-(int32_t)si)),
+                kvedge_series_value(s));
     }
     cJSON_AddNumberToObject(reads, "quarantined", kvedge_series_value(a->quar));
     cJSON *served = cJSON_AddObjectToObject(obj, "served_bytes");

@@ -238,9 +238,9 @@ static int s_probe(const kvedge_node_settings_t *s, char *why, size_t why_len)
         return kvedge_why(why, why_len, rc,
                           "%s%s: give this node another endpoint with --bind tcp://HOST:PORT "
                           "(config key bind); nothing was started",
-                          sys, rc == KVEDGE_EBUSY ? " (another daemon on this host?)" : "");
+                          sys, rc == KVEDGE_ELOCKED ? " (another daemon on this host?)" : "");
     if (s->metrics[0] && kvedge_http_probe(s->metrics, sys, sizeof sys) != 0)
-        return kvedge_why(why, why_len, strstr(sys, "in use") ? KVEDGE_EBUSY : KVEDGE_EIO,
+        return kvedge_why(why, why_len, strstr(sys, "in use") ? KVEDGE_ELOCKED : KVEDGE_EIO,
                           "%s%s: give this node another metrics "
                           "endpoint with --metrics HOST:PORT (port 0: any free one, its URL is "
                           "logged), or --metrics off (config key metrics); nothing was started",

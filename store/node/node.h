@@ -98,7 +98,7 @@ int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_
  * serves; then starts the historical-cache scheduler and joins the master (both only logged
  * when they fail: the node serves what it has). Returns once it serves. Caller owns *out.
  * Errors: those of kvedge_node_settings_check; the engine's open errors (KVEDGE_ENOTFOUND,
- * KVEDGE_EBUSY, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ESTORE: the store is unavailable);
+ * KVEDGE_ELOCKED, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ESTORE: the store is unavailable);
  * KVEDGE_EIO (bind failed, certificate unreadable or not writable); KVEDGE_ENOMEM. */
 int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char *why,
                       size_t why_len);

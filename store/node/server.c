@@ -15,6 +15,7 @@
 #include "access/transport.h"
 #include "access/codec/clock.h"
 #include "access/codec/error.h"
+#include "access/codec/errwire.h"
 
 /* Job kinds on the internal sockets (first frame, one byte). */
 #define S_JOB_REQUEST                                                                              \
@@ -252,7 +253,7 @@ static zframe_t *s_status_frame(const int32_t *st, uint32_t n)
 {
     zframe_t *f = zframe_new(NULL, (size_t)n * 4);
     for (uint32_t i = 0; i < n; i++)
-        kvedge_le_put32(zframe_data(f) + 4 * i, (uint32_t)st[i]);
+        kvedge_le_put32(zframe_data(f) + 4 * i, (uint32_t)kvedge_err_to_wire(st[i]));
     return f;
 }
 

@@ -648,6 +648,95 @@ static void seen_wait(seen_t *v)
     pthread_mutex_unlock(&v->mu);
 }
 
+/* Zero-copy receive: every block of a GET_LAYER stream taken in its callback as a
+ * kvedge_block_ref_t, read after the stream ended. */
+typedef struct {
+    pthread_mutex_t mu;
+    kvedge_block_ref_t *ref[2 * HEADS];
+    const uint8_t *data[2 * HEADS];
+    size_t len[2 * HEADS];
+    uint32_t chunk[2 * HEADS];
+    uint16_t head[2 * HEADS];
+    uint32_t n;
+    int twice; /* a second take in the same callback returned something */
+    bool done;
+} refs_t;
+
+static void on_block_take(void *ctx, uint32_t chunk, uint16_t head, int status, const uint8_t *data,
+                          size_t len)
+{
+    refs_t *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    if (status == 0 && r->n < 2 * HEADS) {
+        r->ref[r->n] = kvedge_client_block_take();
+        r->twice += kvedge_client_block_take() != NULL;
+        r->data[r->n] = data;
+        r->len[r->n] = len;
+        r->chunk[r->n] = chunk;
+        r->head[r->n] = head;
+        r->n++;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void on_done_take(void *ctx, int status, uint32_t heads)
+{
+    (void)status, (void)heads;
+    refs_t *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->done = true;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void test_block_ref(void **state)
+{
+    fx_t *fx = *state;
+    kvedge_chunk_id_t ids[2];
+    set_t s = s_layer_set(fx, ids);
+    refs_t r;
+    memset(&r, 0, sizeof r);
+    pthread_mutex_init(&r.mu, NULL);
+    assert_null(kvedge_client_block_take()); /* outside a callback */
+    assert_int_equal(
+        kvedge_client_get_layer_async(fx->c, ids, 2, 3, 0, on_block_take, on_done_take, &r), 0);
+    for (int64_t until = s_ms() + 10000;;) {
+        pthread_mutex_lock(&r.mu);
+        bool done = r.done;
+        pthread_mutex_unlock(&r.mu);
+        if (done)
+            break;
+        assert_true(s_ms() < until);
+        usleep(1000);
+    }
+    uint32_t hits = 0; /* the set leaves some heads out: those are misses, nothing to take */
+    for (uint32_t i = 0; i < 2 * HEADS; i++) {
+        const uint8_t *block;
+        hits += s_item_of(&s, i / HEADS, (uint16_t)(i % HEADS), &block) != NULL;
+    }
+    assert_true(hits > 0);
+    assert_int_equal(r.n, hits);
+    assert_int_equal(r.twice, 0);
+    for (uint32_t i = 0; i < r.n; i++) {
+        /* The bytes the callback was given, still there after the stream ended. */
+        assert_non_null(r.ref[i]);
+        size_t len = 0;
+        assert_ptr_equal(kvedge_block_ref_data(r.ref[i], &len), r.data[i]);
+        assert_int_equal(len, r.len[i]);
+        const uint8_t *block = NULL;
+        const kvedge_put_item_t *it = s_item_of(&s, r.chunk[i], r.head[i], &block);
+        assert_non_null(it);
+        assert_int_equal(len, it->len);
+        assert_memory_equal(r.data[i], block, len);
+        kvedge_client_block_free(r.ref[i]);
+    }
+    size_t len = 1;
+    assert_null(kvedge_block_ref_data(NULL, &len));
+    assert_int_equal(len, 0);
+    kvedge_client_block_free(NULL);
+    pthread_mutex_destroy(&r.mu);
+    s_set_free(&s);
+}
+
 static void test_get_layer_async(void **state)
 {
     fx_t *fx = *state;
@@ -1791,6 +1880,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_get_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer_async, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_block_ref, setup, teardown),
         cmocka_unit_test_setup_teardown(test_big_layer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_credit_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lookup, setup, teardown),

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access/client_internal.h"
 #include "clients/lib/kvedge.h"
 #include "proxy/proxy.h"
 #include "store/node/node.h"
@@ -192,7 +193,7 @@ static void test_role(void **state)
     kvedge_chunk_id_t id;
     assert_int_equal(kvedge_chunk_chain(NULL, 0, "opt-125m", tok, 256, 256, &id, 1), 1);
     kvedge_fetch_req_t req;
-    memset(&req, 0, sizeof req);
+    kvedge_fetch_req_default(&req);
     req.model_id = "opt-125m";
     req.chunks = &id;
     req.n = 1;
@@ -245,12 +246,85 @@ static void test_no_answer(void **state)
     s_has(kvedge_client_last_error(), "CURVE");
 }
 
+/* Structs that can grow: a size the library does not know is refused with a message; the
+ * _default functions and `.size = sizeof(T)` set it. */
+static void test_struct_size(void **state)
+{
+    s_fx_t *fx = *state;
+    kvedge_client_opts_t o = s_opts(fx->node_ep, 0);
+    assert_int_equal(o.size, sizeof o);
+    kvedge_client_t *c = NULL;
+    o.size = 0; /* a caller that filled the struct without kvedge_client_opts_default */
+    assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
+    assert_null(c);
+    s_has(kvedge_client_last_error(), "opts.size is 0");
+    s_has(kvedge_client_last_error(), "_default");
+    o.size = sizeof o + 8; /* built against newer headers */
+    assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
+    s_has(kvedge_client_last_error(), "newer kvedge headers");
+    o.size = sizeof o - 1;
+    assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_EINVAL);
+    s_has(kvedge_client_last_error(), "no layout this library knows");
+    o.size = sizeof o;
+    assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
+
+    kvedge_fetch_req_t req = {.size = sizeof req, .model_id = "opt-125m"};
+    kvedge_fetch_req_t def;
+    kvedge_fetch_req_default(&def);
+    assert_int_equal(def.size, sizeof def);
+    assert_null(def.model_id);
+    kvedge_fetch_cbs_t cbs;
+    memset(&cbs, 0, sizeof cbs);
+    req.size = 0;
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, NULL), KVEDGE_EINVAL);
+    s_has(kvedge_client_last_error(), "req.size is 0");
+
+    kvedge_pipeline_opts_t po;
+    kvedge_pipeline_opts_default(&po);
+    assert_int_equal(po.size, sizeof po);
+    po.client = c;
+    po.size = sizeof po * 2;
+    kvedge_pipeline_t *p = NULL;
+    assert_int_equal(kvedge_pipeline_open(&po, &p), KVEDGE_EINVAL);
+    assert_null(p);
+    s_has(kvedge_client_last_error(), "opts.size");
+    kvedge_client_destroy(&c);
+}
+
+/* An older caller's struct (a known layout smaller than the library's) keeps the library's
+ * defaults in the tail it lacks. */
+static void test_struct_size_tail(void **state)
+{
+    (void)state;
+    typedef struct {
+        size_t size;
+        int a;
+        int b; /* appended by a newer library */
+    } s_grown_t;
+    const size_t old_size = offsetof(s_grown_t, b);
+    s_grown_t caller = {old_size, 5, 99}; /* b is not the caller's: never read */
+    s_grown_t lib = {0, 1, 7};            /* the library's defaults */
+    assert_int_equal(kvedge_abi_read(&lib, sizeof lib, &caller, old_size, "grown"), KVEDGE_OK);
+    assert_int_equal(lib.size, sizeof lib);
+    assert_int_equal(lib.a, 5);
+    assert_int_equal(lib.b, 7);
+    caller.size = old_size - 1;
+    assert_int_equal(kvedge_abi_read(&lib, sizeof lib, &caller, old_size, "grown"), KVEDGE_EINVAL);
+    s_has(kvedge_client_last_error(), "grown.size");
+    assert_int_equal(kvedge_abi_read(&lib, sizeof lib, NULL, old_size, "grown"), KVEDGE_EINVAL);
+    s_has(kvedge_client_last_error(), "grown is NULL");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_endpoint_form), cmocka_unit_test(test_missing_files),
-        cmocka_unit_test(test_role),          cmocka_unit_test(test_per_thread),
+        cmocka_unit_test(test_endpoint_form),
+        cmocka_unit_test(test_missing_files),
+        cmocka_unit_test(test_role),
+        cmocka_unit_test(test_per_thread),
         cmocka_unit_test(test_no_answer),
+        cmocka_unit_test(test_struct_size),
+        cmocka_unit_test(test_struct_size_tail),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

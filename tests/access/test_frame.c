@@ -13,6 +13,7 @@
 
 #include "access/frame.h"
 #include "access/codec/error.h"
+#include "access/codec/errwire.h"
 
 /* One zeroed buffer one byte past the largest frame, for size boundaries. */
 static uint8_t *s_big;
@@ -229,12 +230,13 @@ static t_msg_t *t_build(const t_case_t *c, uint32_t count)
         break;
     case KVEDGE_OP_PUT:
         for (uint32_t i = 0; i < count; i++)
-            kvedge_le_put32(arr + 4 * i, (uint32_t)(i % 2 ? KVEDGE_ESHAPE : 0));
+            kvedge_le_put32(arr + 4 * i, (uint32_t)kvedge_err_to_wire(i % 2 ? KVEDGE_ESHAPE : 0));
         t_add_fixed(m, arr, 4 * (size_t)count);
         break;
     case KVEDGE_OP_GET:
         for (uint32_t i = 0; i < count; i++)
-            kvedge_le_put32(arr + 4 * i, (uint32_t)(i % 3 == 1 ? KVEDGE_ENOTFOUND : 0));
+            kvedge_le_put32(arr + 4 * i,
+                            (uint32_t)kvedge_err_to_wire(i % 3 == 1 ? KVEDGE_ENOTFOUND : 0));
         t_add_fixed(m, arr, 4 * (size_t)count);
         for (uint32_t i = 0; i < count; i++)
             if (i % 3 != 1)
@@ -852,7 +854,7 @@ static void test_header_errors(void **state)
         assert_int_equal(back.request_id, 42);
     }
     /* The parser does not judge opcode-dependent fields. */
-    h = (kvedge_wire_header_t){KVEDGE_WIRE_VERSION, 200, 7, 1, 5, 6, 7, 0};
+    h = (kvedge_wire_header_t){KVEDGE_WIRE_VERSION, 200, 7, 1, KVEDGE_EIO, 6, 7, 0};
     kvedge_wire_header_pack(&h, buf);
     assert_int_equal(kvedge_wire_header_parse(buf, 32, &back), 0);
     t_header_equal(&back, &h);
@@ -1093,6 +1095,76 @@ static void test_status(void **state)
     }
 }
 
+/* Every code crosses the wire as its small number -n (docs/protocol.md, "Status codes") and
+ * comes back as itself, in the header and in every record that carries a status. */
+static void test_status_wire_round_trip(void **state)
+{
+    (void)state;
+    for (int n = 0; n < KVEDGE_ERR_COUNT; n++) {
+        int code = n ? KVEDGE_ERR_BASE - n : KVEDGE_OK;
+        assert_string_not_equal(kvedge_errname(code), "KVEDGE_EUNKNOWN");
+        assert_int_equal(kvedge_err_index(code), n);
+        assert_int_equal(kvedge_err_to_wire(code), -n);
+        assert_int_equal(kvedge_err_from_wire(-n), code);
+
+        kvedge_wire_header_t
+            h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_GET, KVEDGE_WIRE_FLAG_REPLY, 9, code, 0, 0, 0},
+            back;
+        uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
+        kvedge_wire_header_pack(&h, buf);
+        assert_int_equal((int32_t)kvedge_le_get32(buf + 16), -n);
+        assert_int_equal(kvedge_wire_header_parse(buf, sizeof buf, &back), 0);
+        assert_int_equal(back.status, code);
+    }
+    /* The wire values are the protocol's, unchanged: a few by name. */
+    assert_int_equal(kvedge_err_to_wire(KVEDGE_EINVAL), -1);
+    assert_int_equal(kvedge_err_to_wire(KVEDGE_ENOTFOUND), -3);
+    assert_int_equal(kvedge_err_to_wire(KVEDGE_EBUSY), -9);
+    assert_int_equal(kvedge_err_to_wire(KVEDGE_EPROTO), -18);
+    assert_int_equal(kvedge_err_to_wire(KVEDGE_ENOSPC), -23);
+    /* The records that carry a head's or a layer's status. */
+    const int miss[] = {KVEDGE_OK, KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT};
+    for (size_t i = 0; i < 3; i++) {
+        kvedge_wire_stream_hdr_t s = {3, 1, miss[i]}, sb;
+        uint8_t sbuf[KVEDGE_WIRE_STREAM_HDR_BYTES];
+        kvedge_wire_stream_hdr_pack(&s, sbuf);
+        assert_int_equal((int32_t)kvedge_le_get32(sbuf + 8), kvedge_err_to_wire(miss[i]));
+        assert_int_equal(kvedge_wire_stream_hdr_parse(sbuf, sizeof sbuf, &sb), 0);
+        assert_int_equal(sb.status, miss[i]);
+        kvedge_wire_fetch_block_t b = {0, 2, 3, 1, miss[i]}, bb;
+        uint8_t bbuf[KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+        kvedge_wire_fetch_block_pack(&b, bbuf);
+        assert_int_equal((int32_t)kvedge_le_get32(bbuf + 12), kvedge_err_to_wire(miss[i]));
+        assert_int_equal(kvedge_wire_fetch_block_parse(bbuf, sizeof bbuf, &bb), 0);
+        assert_int_equal(bb.status, miss[i]);
+    }
+}
+
+/* A status this library does not know (a code a newer peer added, a positive value) reads as
+ * KVEDGE_EPROTO; a value that is no kvedge code (a -errno) is sent as KVEDGE_EIO's number. */
+static void test_status_wire_unknown(void **state)
+{
+    (void)state;
+    const int32_t unknown[] = {-KVEDGE_ERR_COUNT, -99, -30701, 1, 5, INT32_MIN, INT32_MAX};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        assert_int_equal(kvedge_err_from_wire(unknown[i]), KVEDGE_EPROTO);
+        uint8_t buf[KVEDGE_WIRE_HEADER_BYTES];
+        kvedge_wire_header_t
+            h = {KVEDGE_WIRE_VERSION, KVEDGE_OP_GET, KVEDGE_WIRE_FLAG_REPLY, 9, 0, 0, 0, 0},
+            back;
+        kvedge_wire_header_pack(&h, buf);
+        kvedge_le_put32(buf + 16, (uint32_t)unknown[i]);
+        assert_int_equal(kvedge_wire_header_parse(buf, sizeof buf, &back), 0);
+        assert_int_equal(back.status, KVEDGE_EPROTO);
+        assert_string_equal(kvedge_errname(back.status), "KVEDGE_EPROTO");
+    }
+    assert_int_equal(kvedge_err_index(-22), -1); /* -EINVAL is no kvedge code */
+    assert_int_equal(kvedge_err_to_wire(-22), kvedge_err_to_wire(KVEDGE_EIO));
+    assert_int_equal(kvedge_err_to_wire(7), kvedge_err_to_wire(KVEDGE_EIO));
+    assert_int_equal(kvedge_err_to_wire(KVEDGE_ERR_BASE - KVEDGE_ERR_COUNT),
+                     kvedge_err_to_wire(KVEDGE_EIO));
+}
+
 static void test_deadline_and_credit(void **state)
 {
     (void)state;
@@ -1228,16 +1300,16 @@ static void test_get_layer_stream(void **state)
     uint8_t *f1 = (uint8_t *)m->f[0].data;
     assert_int_equal(t_validate(m), 0);
     /* A miss carries no block, a hit always one. */
-    kvedge_le_put32(f1 + 8, (uint32_t)KVEDGE_ENOTFOUND);
+    kvedge_le_put32(f1 + 8, (uint32_t)kvedge_err_to_wire(KVEDGE_ENOTFOUND));
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
     m->n = 1;
     assert_int_equal(t_validate(m), 0);
-    kvedge_le_put32(f1 + 8, (uint32_t)KVEDGE_ECORRUPT);
+    kvedge_le_put32(f1 + 8, (uint32_t)kvedge_err_to_wire(KVEDGE_ECORRUPT));
     assert_int_equal(t_validate(m), 0);
     kvedge_le_put32(f1 + 8, 0);
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
     /* Other head statuses end the stream instead. */
-    kvedge_le_put32(f1 + 8, (uint32_t)KVEDGE_EIO);
+    kvedge_le_put32(f1 + 8, (uint32_t)kvedge_err_to_wire(KVEDGE_EIO));
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
     m->n = 2;
     assert_int_equal(t_validate(m), KVEDGE_EPROTO);
@@ -1710,6 +1782,8 @@ int main(void)
         cmocka_unit_test(test_count_limits),
         cmocka_unit_test(test_flags),
         cmocka_unit_test(test_status),
+        cmocka_unit_test(test_status_wire_round_trip),
+        cmocka_unit_test(test_status_wire_unknown),
         cmocka_unit_test(test_deadline_and_credit),
         cmocka_unit_test(test_opcode_and_version),
         cmocka_unit_test(test_get_reply_items),

@@ -8,6 +8,7 @@
 
 #include "access/frame.h"
 #include "access/codec/error.h"
+#include "access/codec/errwire.h"
 
 #define S_MAX_FRAMES 8 /* fuzz_frame's limit, header included */
 
@@ -140,7 +141,7 @@ int main(int argc, char **argv)
     s_write(dir, "req-put", &m);
     m = s_reply(KVEDGE_OP_PUT, 2);
     kvedge_le_put32(u32s, 0);
-    kvedge_le_put32(u32s + 4, (uint32_t)KVEDGE_ESHAPE);
+    kvedge_le_put32(u32s + 4, (uint32_t)kvedge_err_to_wire(KVEDGE_ESHAPE));
     s_add(&m, u32s, 8);
     s_write(dir, "rep-put", &m);
 
@@ -159,7 +160,7 @@ int main(int argc, char **argv)
     m = s_reply(KVEDGE_OP_GET, 3);
     uint8_t get_st[12];
     kvedge_le_put32(get_st, 0);
-    kvedge_le_put32(get_st + 4, (uint32_t)KVEDGE_ENOTFOUND);
+    kvedge_le_put32(get_st + 4, (uint32_t)kvedge_err_to_wire(KVEDGE_ENOTFOUND));
     kvedge_le_put32(get_st + 8, 0);
     s_add(&m, get_st, sizeof get_st);
     s_add(&m, block, sizeof block);

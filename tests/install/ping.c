@@ -22,6 +22,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "ping: library %s, headers %s\n", kvedge_version(), S_HEADER_VERSION);
         return 1;
     }
+    if (kvedge_version_number() != KVEDGE_VERSION_NUMBER ||
+        KVEDGE_VERSION_NUMBER !=
+            KVEDGE_VERSION_MAJOR * 10000 + KVEDGE_VERSION_MINOR * 100 + KVEDGE_VERSION_PATCH) {
+        fprintf(stderr, "ping: library version number %d, headers %d\n", kvedge_version_number(),
+                KVEDGE_VERSION_NUMBER);
+        return 1;
+    }
 
     kvedge_client_opts_t opts;
     kvedge_client_opts_default(&opts);

@@ -4,22 +4,25 @@
 # installed header alone (C, and C++ when there is a C++ compiler), builds ping.c against the
 # staged tree with pkg-config, and pings a store node started from the installed kvedge.
 #
-# usage: test_install.sh BUILD_DIR VERSION LIBDIR INCLUDEDIR CC [CXX]
+# usage: test_install.sh BUILD_DIR VERSION SOVERSION LIBDIR INCLUDEDIR CC [CXX]
+#   VERSION: the project's (libkvedge.so.VERSION); SOVERSION: the ABI's (the SONAME
+#   libkvedge.so.SOVERSION), which moves on its own when the ABI breaks
 #   LIBDIR, INCLUDEDIR: CMAKE_INSTALL_LIBDIR / CMAKE_INSTALL_INCLUDEDIR (relative to the prefix)
 #   KVEDGE_TEST_CFLAGS: extra flags for what this compiles (the sanitizer build's)
 # Never writes outside its temporary directory.
 set -euo pipefail
 
-if [ $# -lt 5 ]; then
-    echo "usage: $0 BUILD_DIR VERSION LIBDIR INCLUDEDIR CC [CXX]" >&2
+if [ $# -lt 6 ]; then
+    echo "usage: $0 BUILD_DIR VERSION SOVERSION LIBDIR INCLUDEDIR CC [CXX]" >&2
     exit 2
 fi
 build=$1
 version=$2
-libdir=$3
-includedir=$4
-cc=$5
-cxx=${6:-}
+soversion=$3
+libdir=$4
+includedir=$5
+cc=$6
+cxx=${7:-}
 here=$(cd "$(dirname "$0")" && pwd)
 read -r -a extra <<<"${KVEDGE_TEST_CFLAGS:-}"
 
@@ -56,18 +59,18 @@ if grep -E '^-- (Installing|Up-to-date|Set runtime path)' "$tmp/install.log" |
     fail "installed outside DESTDIR"
 fi
 
-for f in bin/kvedge "$libdir/libkvedge.so" "$libdir/libkvedge.so.${version%%.*}" \
+for f in bin/kvedge "$libdir/libkvedge.so" "$libdir/libkvedge.so.${soversion}" \
     "$libdir/libkvedge.so.$version" "$libdir/pkgconfig/kvedge.pc" "$includedir/kvedge/kvedge.h"; do
     [ -e "$root/$f" ] || fail "not installed: $f"
 done
 [ -x "$root/bin/kvedge" ] || fail "bin/kvedge is not executable"
 
 # ---------------------------------------------------------------- the shared library
-so=$lib/libkvedge.so.${version%%.*}
+so=$lib/libkvedge.so.${soversion}
 step "readelf -d ${so#"$stage"}"
 readelf -d "$so" >"$tmp/dynamic.txt"
-grep -q 'Library soname: \[libkvedge\.so\.'"${version%%.*}"'\]' "$tmp/dynamic.txt" ||
-    fail "SONAME is not libkvedge.so.${version%%.*}: $(grep SONAME "$tmp/dynamic.txt")"
+grep -q 'Library soname: \[libkvedge\.so\.'"$soversion"'\]' "$tmp/dynamic.txt" ||
+    fail "SONAME is not libkvedge.so.${soversion}: $(grep SONAME "$tmp/dynamic.txt")"
 grep '(NEEDED)' "$tmp/dynamic.txt" | sed 's/.*\[\(.*\)\]/   NEEDED \1/'
 if grep -i '(NEEDED).*rocksdb' "$tmp/dynamic.txt"; then
     fail "libkvedge needs RocksDB"
@@ -136,6 +139,8 @@ grep -qx 'prefix=/usr' "$lib/pkgconfig/kvedge.pc" ||
 export PKG_CONFIG_PATH=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$stage
 modversion=$(pkg-config --modversion kvedge)
 [ "$modversion" = "$version" ] || fail "pkg-config --modversion kvedge: $modversion"
+pcso=$(pkg-config --variable=soversion kvedge)
+[ "$pcso" = "$soversion" ] || fail "pkg-config --variable=soversion kvedge: $pcso"
 read -r -a pc_flags <<<"$(pkg-config --cflags --libs kvedge)"
 echo "   ${pc_flags[*]}"
 for want in "-I$inc" "-L$lib" -lkvedge; do
@@ -151,7 +156,7 @@ unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
 # (Whole outputs are captured before matching: with pipefail, `cmd | grep -q` fails when
 # grep's early exit kills cmd with SIGPIPE.)
 deps=$(LD_LIBRARY_PATH=$lib ldd "$tmp/ping")
-grep -q -F "libkvedge.so.${version%%.*} => $lib/" <<<"$deps" ||
+grep -q -F "libkvedge.so.${soversion} => $lib/" <<<"$deps" ||
     fail "ping does not load the staged libkvedge: $deps"
 
 # ---------------------------------------------------------------- ping the installed node

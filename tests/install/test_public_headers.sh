@@ -33,6 +33,7 @@ cat >"$tmp/p/mod/api.h" <<'EOF'
 #define KVEDGE_VERSION_MAJOR 1
 #define KVEDGE_VERSION_MINOR 2
 #define KVEDGE_VERSION_PATCH 3
+#define KVEDGE_VERSION_NUMBER (KVEDGE_VERSION_MAJOR * 10000 + KVEDGE_VERSION_MINOR * 100 + KVEDGE_VERSION_PATCH)
 EOF
 printf '#include <stddef.h>\n  #  include "sub/b.h"\nint kvedge_a(void);\n' >"$tmp/p/mod/a.h"
 printf 'int kvedge_b(void);\n' >"$tmp/p/sub/b.h"
@@ -88,6 +89,13 @@ configure missing 'public header sub/none.h does not exist' "sub/none.h;mod/api.
 
 sed -i 's/KVEDGE_VERSION_PATCH 3/KVEDGE_VERSION_PATCH 4/' "$tmp/p/mod/api.h"
 configure version 'says KVEDGE_VERSION_PATCH 4, the project version is 1.2.3'
+sed -i 's/KVEDGE_VERSION_PATCH 4/KVEDGE_VERSION_PATCH 3/' "$tmp/p/mod/api.h"
+# KVEDGE_VERSION_NUMBER (MAJOR*10000 + MINOR*100 + PATCH) orders versions only below 100.
+sed -i 's/VERSION 1.2.3/VERSION 1.100.3/' "$tmp/p/CMakeLists.txt"
+configure number-range 'MINOR must stay below 100'
+sed -i 's/VERSION 1.100.3/VERSION 1.2.3/' "$tmp/p/CMakeLists.txt"
+sed -i '/define KVEDGE_VERSION_NUMBER/d' "$tmp/p/mod/api.h"
+configure no-number 'no #define KVEDGE_VERSION_NUMBER'
 sed -i '/KVEDGE_VERSION_MINOR/d' "$tmp/p/mod/api.h"
 configure no-version 'no #define KVEDGE_VERSION_MINOR'
 echo PASS

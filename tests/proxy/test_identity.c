@@ -246,7 +246,8 @@ static void s_fetch_layers(const char *ep, const char *model_id, const kvedge_ch
     o.deadline_ms = 5000;
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), KVEDGE_OK);
-    kvedge_fetch_req_t req = {.model_id = model_id,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = model_id,
                               .chunks = id,
                               .n = 1,
                               .first_layer = 0,

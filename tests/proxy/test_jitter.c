@@ -463,7 +463,8 @@ static double s_fetch(kvedge_client_t *c, kt_fetch_t *r)
 {
     memset(r, 0, sizeof *r);
     r->ctx = &s_ctx;
-    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_MODEL,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,

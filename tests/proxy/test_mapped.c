@@ -361,7 +361,8 @@ static void s_fetch_range(const char *ep, s_result_t *r, const int expect_from[S
         compute[l] = 100.0f;
         recompute[l] = 1e9f;
     }
-    kvedge_fetch_req_t req = {.model_id = S_EDGE,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_EDGE,
                               .chunks = s_edge.ids,
                               .n = S_CHUNKS,
                               .first_layer = first,
@@ -550,7 +551,8 @@ static void test_mapped_fetch(void **state)
     pthread_mutex_init(&plain->mu, NULL);
     pthread_cond_init(&plain->cv, NULL);
     memcpy(plain->expect_from, s_none, sizeof plain->expect_from);
-    kvedge_fetch_req_t req = {.model_id = S_EDGE,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_EDGE,
                               .chunks = s_edge.ids,
                               .n = S_CHUNKS,
                               .layers = S_ED_LAYERS,

@@ -82,7 +82,8 @@ static void test_slow_stream_is_not_stalled(void **state)
 
     kvedge_client_t *c = kt_client(pep, 20000);
     kt_fetch_t r = {0};
-    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_MODEL,
                               .chunks = &s_id,
                               .n = 1,
                               .layers = S_LAYERS,

@@ -164,7 +164,8 @@ static double s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_
     pthread_cond_init(&r->cv, NULL);
     r->kill_after_first = kill_pid;
     kvedge_client_t *c = kt_client(proxy_ep, deadline_ms);
-    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_MODEL,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,
@@ -572,7 +573,8 @@ static void test_partial_layer_not_held(void **state)
      * hold int8, and lossless derives from nothing else), so no layer is even asked for. */
     kvedge_client_t *lc = kt_client(pep, 20000);
     const kvedge_prec_t lossless = KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, 0);
-    kvedge_fetch_req_t lreq = {.model_id = S_MODEL,
+    kvedge_fetch_req_t lreq = {.size = sizeof(kvedge_fetch_req_t),
+                               .model_id = S_MODEL,
                                .chunks = s_ctx.ids,
                                .n = S_CHUNKS,
                                .layers = S_LAYERS,
@@ -1021,7 +1023,8 @@ static int s_fetch_status(kvedge_client_t *c, const char *model, uint16_t first,
     memset(&r, 0, sizeof r);
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);
-    kvedge_fetch_req_t req = {.model_id = model,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = model,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .first_layer = first,

@@ -140,7 +140,8 @@ static void s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r)
     memset(r, 0, sizeof *r);
     r->end.ctx = &s_ctx;
     kvedge_client_t *c = kt_client(proxy_ep, deadline_ms);
-    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_MODEL,
                               .chunks = s_ctx.ids,
                               .n = S_CHUNKS,
                               .layers = S_LAYERS,

@@ -224,7 +224,8 @@ static void s_fetch(const kvedge_chunk_id_t *id, uint16_t layers, const kvedge_p
         ru[l] = 1e9f; /* recomputing is never worth it here */
     }
     kvedge_client_t *c = kt_client(s_env.proxy_ep, 30000);
-    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_MODEL,
                               .chunks = id,
                               .n = 1,
                               .layers = layers,
@@ -448,7 +449,8 @@ static void test_bad_precision_requests(void **state)
     s_res_t r;
     kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
     const kvedge_prec_t dup[] = {S_INT8, S_INT8};
-    kvedge_fetch_req_t req = {.model_id = S_MODEL,
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_MODEL,
                               .chunks = &s_env.id,
                               .n = 1,
                               .layers = 2,

@@ -1,7 +1,9 @@
 /* Prints the size of every libkvedge struct the Python binding mirrors with ctypes
  * (clients/python/kvedge/_ffi.py) and the offset of each of its fields, one per line:
- * "S struct size" and "F struct field offset". tests/python/test_abi.py compares them with
- * ctypes.sizeof / offsetof, so a field added on either side fails that test. */
+ * "S struct size" and "F struct field offset", and the constants it mirrors: "C name value"
+ * (the headers' version and every error code). tests/python/test_abi.py compares them with
+ * ctypes.sizeof / offsetof and the package's values, so a change on either side fails that
+ * test. */
 #include <stddef.h>
 #include <stdio.h>
 
@@ -14,6 +16,12 @@ typedef __typeof__(((kvedge_fetch_plan_t *)0)->layer[0]) s_plan_layer_t;
 
 int main(void)
 {
+    printf("C KVEDGE_VERSION_NUMBER %d\n", KVEDGE_VERSION_NUMBER);
+    printf("C KVEDGE_ERR_BASE %d\n", KVEDGE_ERR_BASE);
+#define S_ERR(name, n, msg) printf("C KVEDGE_" #name " %d\n", (int)KVEDGE_##name);
+    KVEDGE_ERRNO_MAP(S_ERR)
+#undef S_ERR
+
     S(kvedge_chunk_id_t, "kvedge_chunk_id_t");
     F(kvedge_chunk_id_t, "kvedge_chunk_id_t", bytes);
 
@@ -39,6 +47,7 @@ int main(void)
 
 #define T kvedge_client_opts_t
     S(T, "kvedge_client_opts_t");
+    F(T, "kvedge_client_opts_t", size);
     F(T, "kvedge_client_opts_t", endpoint);
     F(T, "kvedge_client_opts_t", server_key);
     F(T, "kvedge_client_opts_t", client_cert);
@@ -108,6 +117,7 @@ int main(void)
 
 #define T kvedge_fetch_req_t
     S(T, "kvedge_fetch_req_t");
+    F(T, "kvedge_fetch_req_t", size);
     F(T, "kvedge_fetch_req_t", model_id);
     F(T, "kvedge_fetch_req_t", chunks);
     F(T, "kvedge_fetch_req_t", n);
@@ -196,6 +206,7 @@ int main(void)
 
 #define T kvedge_pipeline_opts_t
     S(T, "kvedge_pipeline_opts_t");
+    F(T, "kvedge_pipeline_opts_t", size);
     F(T, "kvedge_pipeline_opts_t", client);
     F(T, "kvedge_pipeline_opts_t", model);
     F(T, "kvedge_pipeline_opts_t", chunks);

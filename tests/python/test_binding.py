@@ -77,7 +77,7 @@ class ClientTest(Cluster):
         self.assertEqual(self.node.get_model("py-other"), other)
         with self.assertRaises(kvedge.NoModel) as cm:
             self.node.get_model("no-such-model")
-        self.assertEqual(cm.exception.code, -11)
+        self.assertEqual(cm.exception.code, kvedge.errors.ENOMODEL)
         self.assertEqual(cm.exception.name, "KVEDGE_ENOMODEL")
         self.assertEqual(kvedge.Model.builtin("opt-125m").layers, 12)
 
@@ -141,7 +141,8 @@ class ClientTest(Cluster):
         self.assertEqual([x["layer"] for x in r["layers"]], [0, 1, 2, 3])
         for x in r["layers"][1:]:
             self.assertEqual((x["status"], x["source_name"], x["blocks"]), (0, "cloud", 8))
-        self.assertEqual(r["layers"][0]["status"], -3)  # nobody has layer 0: a miss
+        # nobody has layer 0: a miss
+        self.assertEqual(r["layers"][0]["status"], kvedge.errors.ENOTFOUND)
         self.assertEqual(plan["layers"][0]["reason"], "recompute:no-source")
         # no decoder times: recomputation was not allowed, so it has no price
         self.assertIsNone(plan["recompute_all_us"])
@@ -204,7 +205,7 @@ class ClientTest(Cluster):
         stop.set()
         sp.join()
         self.assertEqual(errors, [])
-        self.assertEqual(results, [[-3, 0, 0, 0]] * 100)
+        self.assertEqual(results, [[kvedge.errors.ENOTFOUND, 0, 0, 0]] * 100)
 
 
 class PipelineTest(Cluster):
@@ -372,7 +373,8 @@ class PipelineTest(Cluster):
         with self.assertRaises(kvedge.NoSpace) as cm:
             with kvedge.Pipeline(self.node, MODEL, self.chain, slot_bytes=1024) as p:
                 p.wait(1)
-        self.assertEqual((cm.exception.code, cm.exception.name), (-14, "KVEDGE_ENOSPACE"))
+        self.assertEqual((cm.exception.code, cm.exception.name),
+                         (kvedge.errors.ENOSPACE, "KVEDGE_ENOSPACE"))
         self.assertIsInstance(cm.exception, kvedge.Error)
         unknown = kvedge.Model("py-unknown", 2, 2, 16)
         ch = kvedge.chunk_ids(self.tokens, unknown, 32)
@@ -385,7 +387,7 @@ class PipelineTest(Cluster):
             self.assertEqual(e.code, code)
             self.assertTrue(e.name.startswith("KVEDGE_E"))
             self.assertIsInstance(e, kvedge.Error)
-        self.assertIsInstance(kvedge.Timeout(-19), TimeoutError)
+        self.assertIsInstance(kvedge.Timeout(kvedge.errors.ETIMEDOUT), TimeoutError)
 
 
 class ErrorDetailTest(Cluster):
@@ -415,7 +417,7 @@ class ErrorDetailTest(Cluster):
         self.node.stat()  # the same client, a request it answers: no error
 
     def test_no_detail_when_the_code_says_it_all(self):
-        e = kvedge.Timeout(-19, "x")
+        e = kvedge.Timeout(kvedge.errors.ETIMEDOUT, "x")
         self.assertEqual(e.detail, "")
         self.assertEqual(str(e), "x: deadline passed (KVEDGE_ETIMEDOUT)")
 
@@ -500,7 +502,7 @@ class DeadlineTest(unittest.TestCase):
         took = time.monotonic() - t0
         self.assertLess(took, deadline_s + self.SLACK_S)
         self.assertGreater(ticks[0], 10 * deadline_s, "the GIL was held while C waited")
-        self.assertEqual(cm.exception.code, -19)
+        self.assertEqual(cm.exception.code, kvedge.errors.ETIMEDOUT)
         return took
 
     def test_stopped_node_and_proxy(self):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The package as users install it: `cmake --install` into a fresh prefix puts kvedge into
 lib/python3.X/dist-packages (or site-packages) with _paths.py naming the installed
-libkvedge.so.0, so `import kvedge` works with neither KVEDGE_LIB nor LD_LIBRARY_PATH; and
+libkvedge.so.1, so `import kvedge` works with neither KVEDGE_LIB nor LD_LIBRARY_PATH; and
 `pip install --no-index ./clients/python` into a virtual environment works offline and leaves
 no build byproducts in the source tree."""
 import glob

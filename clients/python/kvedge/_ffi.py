@@ -25,6 +25,8 @@ SCHEME_LOSSLESS, SCHEME_INT8, SCHEME_INT4 = 0, 1, 2
 KV_CONTIG, KV_PAGED = 0, 1
 ROLE_CLOUD, ROLE_EDGE, ROLE_PROXY = 1, 2, 3
 TTL_NEVER = 0xFFFFFFFF
+# The ABI this mirror describes: libkvedge.so.SOVERSION (clients/lib/CMakeLists.txt).
+SOVERSION = 1
 
 
 class ChunkId(Structure):
@@ -43,8 +45,18 @@ class ChunkInfo(Structure):
                 ("name", ChunkId)]
 
 
-class ClientOpts(Structure):
-    _fields_ = [("endpoint", c_char_p), ("server_key", c_char_p), ("client_cert", c_char_p),
+class _Sized(Structure):
+    """A struct that can grow: its first field is size, sizeof the struct as this mirror lays it
+    out (the C _default functions set it the same way)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.size = ctypes.sizeof(self)
+
+
+class ClientOpts(_Sized):
+    _fields_ = [("size", c_size_t), ("endpoint", c_char_p), ("server_key", c_char_p),
+                ("client_cert", c_char_p),
                 ("deadline_ms", c_int), ("credit", c_uint32), ("name", c_char_p),
                 ("link", c_char_p), ("window_bytes", c_uint32)]
 
@@ -78,8 +90,9 @@ class EngineStats(Structure):
     _fields_ = [(f, c_uint64) for f in ENGINE_STATS_FIELDS]
 
 
-class FetchReq(Structure):
-    _fields_ = [("model_id", c_char_p), ("chunks", POINTER(ChunkId)), ("n", c_size_t),
+class FetchReq(_Sized):
+    _fields_ = [("size", c_size_t), ("model_id", c_char_p), ("chunks", POINTER(ChunkId)),
+                ("n", c_size_t),
                 ("first_layer", c_uint16), ("layers", c_uint16), ("tokens", c_uint32),
                 ("compute_us", POINTER(c_float)), ("recompute_us", POINTER(c_float)),
                 ("deadline_ms", c_int), ("mapped_model_id", c_char_p),
@@ -130,8 +143,9 @@ class KvDst(Structure):
                 ("page_table", POINTER(c_int32)), ("table_len", c_uint32)]
 
 
-class PipelineOpts(Structure):
-    _fields_ = [("client", c_void_p), ("model", POINTER(Model)), ("chunks", POINTER(ChunkId)),
+class PipelineOpts(_Sized):
+    _fields_ = [("size", c_size_t), ("client", c_void_p), ("model", POINTER(Model)),
+                ("chunks", POINTER(ChunkId)),
                 ("n_chunks", c_size_t), ("chunk_tokens", c_uint32), ("tokens", c_uint32),
                 ("first_layer", c_uint16), ("layers", c_uint16), ("k", POINTER(KvDst)),
                 ("v", POINTER(KvDst)), ("token_offset", c_uint32), ("on_device", c_bool),
@@ -213,7 +227,7 @@ def _candidates():
             yield _paths.LIBRARY
     except ImportError:
         pass
-    yield "libkvedge.so.0"
+    yield "libkvedge.so.%d" % SOVERSION
     found = ctypes.util.find_library("kvedge")
     if found:
         yield found
@@ -242,6 +256,7 @@ def _fn(name, restype, *argtypes):
 
 P = POINTER
 kvedge_version = _fn("kvedge_version", c_char_p)
+kvedge_version_number = _fn("kvedge_version_number", c_int)
 kvedge_strerror = _fn("kvedge_strerror", c_char_p, c_int)
 kvedge_errname = _fn("kvedge_errname", c_char_p, c_int)
 kvedge_client_last_error = _fn("kvedge_client_last_error", c_char_p)

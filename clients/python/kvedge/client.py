@@ -17,6 +17,7 @@ from ctypes import (byref, c_bool, c_double, c_float, c_int, c_size_t, c_uint8, 
 
 from . import _ffi
 from .errors import CODES, UseAfterClose, check, error
+from . import errors as _err
 from .errors import client_check as _check
 
 DTYPES = {"fp16": _ffi.DTYPE_FP16, "bf16": _ffi.DTYPE_BF16, "fp32": _ffi.DTYPE_FP32}
@@ -610,7 +611,7 @@ class Client:
             start += t
         try:
             self.put_blocks(chain, items, pin=pin, ttl_s=ttl_s)
-        except CODES[-11]:  # KVEDGE_ENOMODEL: register the shape once, then put again
+        except CODES[_err.ENOMODEL]:  # register the shape once, then put again
             self.put_model(m)
             self.put_blocks(chain, items, pin=pin, ttl_s=ttl_s)
         return {"blocks": len(items), "bytes": total}
@@ -632,7 +633,7 @@ class Client:
             with self._use("get_layer") as h:
                 rc = _ffi.kvedge_client_get_layer(h, ids, n, layer, buf, cap, out, out_cap,
                                                   byref(heads))
-            if rc == -14 and cap < (1 << 31):  # KVEDGE_ENOSPACE: grow and ask again
+            if rc == _err.ENOSPACE and cap < (1 << 31):  # grow and ask again
                 cap *= 4
                 out_cap = max(out_cap, n * max(heads.value, 1))
                 continue
@@ -706,7 +707,7 @@ class Client:
         """A planned FETCH through an edge proxy (this client must be connected to one).
         Returns {"status", "plan" (dict or None), "layers" (one record per layer, in order),
         "blocks" (with blocks=True: every block's bytes)}. A layer nobody delivered has status
-        KVEDGE_ENOTFOUND (-3) in its record; a failed stream raises its error.
+        KVEDGE_ENOTFOUND (kvedge.errors.ENOTFOUND) in its record; a failed stream raises its error.
         The cache optimizer: accept ("int8,int4-g32" or a list of names, best first) lets the
         proxy choose each layer's precision, under budget ("kl:2e-5", "ppl:0.5"; needs
         accept); the plan's layers and the records then say the precision ("prec")."""
@@ -756,7 +757,7 @@ class Client:
                 raise error(rc, "fetch", _ffi.last_error())
             # on_done always comes (within the deadline: the client guarantees it).
             if not st.event.wait(dl / 1000.0 + _WAIT_MARGIN_S):
-                raise error(-19, "fetch")  # KVEDGE_ETIMEDOUT; the state stays registered
+                raise error(_err.ETIMEDOUT, "fetch")  # the state stays registered
         if st.status < 0:
             raise error(st.status, "fetch")
         return {"status": st.status,
@@ -775,11 +776,11 @@ def decode_layer(records, heads):
     """K and V fp32 [heads][tokens][head_dim] from get_layer's records of one layer."""
     import numpy as np
     if heads == 0 or not records:
-        raise error(-3, "decode_layer")
+        raise error(_err.ENOTFOUND, "decode_layer")
     ks, vs = [[] for _ in range(heads)], [[] for _ in range(heads)]
     for r in records:
         if r["status"] != 0:
-            raise error(r["status"] if r["status"] < 0 else -3, "decode_layer")
+            raise error(r["status"] if r["status"] < 0 else _err.ENOTFOUND, "decode_layer")
         blk = r["block"]
         info = _ffi.BlockInfo()
         cbuf = ctypes.create_string_buffer(blk, len(blk))
@@ -796,3 +797,9 @@ def decode_layer(records, heads):
 def version():
     """The version of the libkvedge loaded ("MAJOR.MINOR.PATCH")."""
     return _ffi.kvedge_version().decode()
+
+
+def version_number():
+    """The version of the libkvedge loaded as one number that orders versions:
+    MAJOR * 10000 + MINOR * 100 + PATCH (0.1.0 is 100), as KVEDGE_VERSION_NUMBER."""
+    return _ffi.kvedge_version_number()

@@ -1,7 +1,10 @@
 """One exception hierarchy for every failure libkvedge reports: kvedge.Error carries the C
 error code (negative KVEDGE_E* value), its symbolic name and its text; each code has its own
 subclass, so callers can catch exactly what they handle. Argument errors found before any C
-call are Python's own TypeError / ValueError."""
+call are Python's own TypeError / ValueError.
+
+The codes sit in a range of their own, ERR_BASE - 1 down (KVEDGE_EINVAL is -30701), never on a
+-errno value; this module names each one (kvedge.errors.ENOTFOUND == kvedge.NotFound.code)."""
 from . import _ffi
 
 
@@ -48,12 +51,16 @@ _TABLE = [
     ("ECLOSED", "Closed", None),
     ("ECANCELED", "Canceled", None),
     ("ENOSPC", "DiskFull", None),
+    ("ELOCKED", "Locked", None),
+    ("EBACKLOG", "Backlog", None),
 ]
+
+ERR_BASE = -30700  # KVEDGE_ERR_BASE: code n of the table is ERR_BASE - n
 
 CODES = {}  # code -> class
 _by_name = {}
 for _i, (_cname, _pyname, _extra) in enumerate(_TABLE):
-    _code = -(_i + 1)
+    _code = ERR_BASE - (_i + 1)
     assert _ffi.kvedge_errname(_code).decode() == "KVEDGE_" + _cname, _cname
     _bases = (Error,) if _extra is None else (Error, _extra)
     _cls = type(_pyname, _bases, {"code": _code, "__doc__": f"KVEDGE_{_cname}: "
@@ -61,6 +68,7 @@ for _i, (_cname, _pyname, _extra) in enumerate(_TABLE):
     _cls.__module__ = "kvedge"
     CODES[_code] = _cls
     _by_name[_pyname] = _cls
+    globals()[_cname] = _code  # ENOTFOUND = -30703 ...
 globals().update(_by_name)
 __all__ = ["Error", "check", "client_check", "CODES"] + list(_by_name)
 
@@ -70,7 +78,7 @@ class UseAfterClose(_by_name["Closed"]):
     code KVEDGE_ECLOSED)."""
 
     def __init__(self, what):
-        Error.__init__(self, -21, what)  # KVEDGE_ECLOSED
+        Error.__init__(self, ECLOSED, what)  # noqa: F821 (defined from _TABLE)
         self.args = (f"{what}: the object is closed",)
 
 

@@ -9,9 +9,9 @@ from . import _ffi
 from . import _arrays
 from .client import (Chain, Client, _chunk_array, _deadline_arg, _floats_arg, _Guard, _int_arg,
                      _model_arg, plan_to_dict)
+from .errors import ENOTFOUND as _ENOTFOUND
 from .errors import check, error
 
-_ENOTFOUND = -3
 
 
 def _slot_bytes_any(chain, heads, head_dim):

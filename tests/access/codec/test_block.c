@@ -359,7 +359,22 @@ static void test_sections_and_names(void **state)
     assert_string_equal(kvedge_strerror(KVEDGE_ECORRUPT),
                         "data is corrupt (checksum or structure check failed)");
     assert_string_equal(kvedge_errname(KVEDGE_EVERSION), "KVEDGE_EVERSION");
-    assert_string_equal(kvedge_strerror(12345), "unknown error");
+    assert_string_equal(kvedge_strerror(12345), "unknown error (not a kvedge error code)");
+    assert_string_equal(kvedge_errname(12345), "KVEDGE_EUNKNOWN");
+    /* Codes sit in their own range, never on a -errno value (Linux's stay below 4096). */
+    assert_int_equal(KVEDGE_EINVAL, -30701);
+    assert_int_equal(KVEDGE_EBACKLOG, KVEDGE_ERR_BASE - (KVEDGE_ERR_COUNT - 1));
+    assert_string_equal(kvedge_strerror(-22), "unknown error (not a kvedge error code)");
+    /* One meaning per code: the three kinds of "busy" are three codes. */
+    assert_string_equal(kvedge_errname(KVEDGE_ELOCKED), "KVEDGE_ELOCKED");
+    assert_string_equal(kvedge_errname(KVEDGE_EBACKLOG), "KVEDGE_EBACKLOG");
+    assert_string_not_equal(kvedge_strerror(KVEDGE_EBUSY), kvedge_strerror(KVEDGE_ELOCKED));
+    assert_string_not_equal(kvedge_strerror(KVEDGE_EBUSY), kvedge_strerror(KVEDGE_EBACKLOG));
+    for (int n = 1; n < KVEDGE_ERR_COUNT; n++) {
+        int code = KVEDGE_ERR_BASE - n;
+        assert_true(code < -4095);
+        assert_string_not_equal(kvedge_strerror(code), "unknown error (not a kvedge error code)");
+    }
 }
 
 int main(void)

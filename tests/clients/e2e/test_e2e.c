@@ -1156,6 +1156,7 @@ static uint32_t s_decode_copying(kvedge_client_t *pc, float *logits, int32_t *to
         vd[l] = t;
     }
     kvedge_pipeline_opts_t o = {
+        .size = sizeof(kvedge_pipeline_opts_t),
         .client = pc,
         .model = &s_fx.model,
         .chunks = s_fx.ids,

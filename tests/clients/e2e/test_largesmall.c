@@ -372,7 +372,7 @@ static void s_opts(kvedge_pipeline_opts_t *o, kvedge_client_t *c, const s_dst_t 
                      KVEDGE_OK);
     assert_int_equal(kvedge_e2e_chunks(&s_fx.cloud_m, s_fx.ctx, S_CTX, S_CHUNK, mids, S_NCHUNK, &n),
                      KVEDGE_OK);
-    memset(o, 0, sizeof *o);
+    kvedge_pipeline_opts_default(o);
     o->client = c;
     o->model = &s_fx.edge_m;
     o->chunks = ids;

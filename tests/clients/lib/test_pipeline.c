@@ -387,7 +387,7 @@ typedef struct {
 static void s_opts(kvedge_pipeline_opts_t *o, kvedge_client_t *c, const kvedge_model_t *m,
                    const s_ctx_t *ctx, const s_dst_t *d)
 {
-    memset(o, 0, sizeof *o);
+    kvedge_pipeline_opts_default(o);
     o->client = c;
     o->model = m;
     o->chunks = ctx->ids;

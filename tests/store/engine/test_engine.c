@@ -886,7 +886,7 @@ static void test_second_open_is_busy(void **state)
     s_open(fx, NULL);
     kvedge_engine_t *e2 = NULL;
     char why[256] = "";
-    assert_int_equal(kvedge_engine_open(fx->path, NULL, &e2, why, sizeof why), KVEDGE_EBUSY);
+    assert_int_equal(kvedge_engine_open(fx->path, NULL, &e2, why, sizeof why), KVEDGE_ELOCKED);
     assert_null(e2);
     assert_true(strlen(why) > 0);
     assert_null(strchr(why, '\n'));

@@ -826,7 +826,7 @@ static void test_repair_resumes_swap(void **state)
     kvedge_repair_report_t rep;
     char why[1024] = "";
     assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why), KVEDGE_EIO);
-    assert_int_equal(kvedge_engine_open(fx->path, NULL, &fx->e, why, sizeof why), KVEDGE_EBUSY);
+    assert_int_equal(kvedge_engine_open(fx->path, NULL, &fx->e, why, sizeof why), KVEDGE_ELOCKED);
     assert_non_null(strstr(why, "being repaired"));
     int rc = kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why);
     if (rc != 0)
@@ -944,7 +944,7 @@ static void test_repair_errors(void **state)
     /* A store in use is not repaired under its user. */
     s_open(fx);
     assert_int_equal(kvedge_engine_repair(fx->path, NULL, NULL, &rep, why, sizeof why),
-                     KVEDGE_EBUSY);
+                     KVEDGE_ELOCKED);
     assert_non_null(strstr(why, "stop the node"));
     kvedge_engine_destroy(&fx->e);
 

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "access/frame.h"
+#include "access/codec/errwire.h"
 #include "store/node/node.h"
 #include "store/node/server.h"
 #include "clients/lib/kvedge.h"
@@ -341,7 +342,8 @@ static void test_malformed_messages(void **state)
     assert_non_null(m);
     zframe_t *st = zmsg_last(m);
     assert_int_equal(zframe_size(st), 4);
-    assert_int_equal((int32_t)kvedge_le_get32(zframe_data(st)), KVEDGE_ETRUNCATED);
+    assert_int_equal(kvedge_err_from_wire((int32_t)kvedge_le_get32(zframe_data(st))),
+                     KVEDGE_ETRUNCATED);
     zmsg_destroy(&m);
     /* GET over the item limit. */
     s_send_frames(bad, s_hdr(KVEDGE_OP_GET, 0, 16, 0, KVEDGE_WIRE_MAX_ITEMS + 1, 0, 1000),
