@@ -58,6 +58,29 @@ def write_vocab_gguf(path, n):
         f.write(b"".join(out))
 
 
+def quiet(fn, *args):
+    """fn(*args) without the ResourceWarnings of tiny_llama.py's files left to the collector."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        return fn(*args)
+
+
+def write_safetensors(path, tensors, dtype):
+    """tensors ({name: fp32 array}) as one safetensors file of BF16 (truncated) or F16."""
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a, dtype="<f4")
+        b = ((a.view("<u4") >> 16).astype("<u2") if dtype == "BF16" else a.astype("<f2"))
+        header[name] = {"dtype": dtype, "shape": list(a.shape),
+                        "data_offsets": [off, off + b.nbytes]}
+        blobs.append(b.tobytes())
+        off += b.nbytes
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 def c_logits(model_dir, ids, gen=GEN):
     """decoder_logits's logits [len(ids)][vocab] and gen greedy tokens."""
     out = os.path.join(os.path.dirname(model_dir), os.path.basename(model_dir) + ".c.bin")
@@ -125,9 +148,7 @@ class LlamaTest(unittest.TestCase):
         cls.models, cls.ids, cls.c = {}, {}, {}
         for kind in KINDS:
             d = os.path.join(cls.dir, kind)
-            with warnings.catch_warnings():  # tiny_llama.py leaves a file to the collector
-                warnings.simplefilter("ignore", ResourceWarning)
-                tiny_llama.make(kind, vocab, tok, d)
+            quiet(tiny_llama.make, kind, vocab, tok, d)
             r = random.Random(kind)
             cls.models[kind] = d
             cls.ids[kind] = [r.randrange(VOCAB) for _ in range(N_IDS)]
@@ -192,6 +213,27 @@ class LlamaTest(unittest.TestCase):
     def test_qwen2_against_c(self):
         self.check_against_c("qwen2")
 
+    def test_half_precision_weights(self):
+        """BF16 (as Llama 3.2, Qwen2.5 and SmolLM2 ship) and F16 copies of the weights: the
+        same logits as C's from the same files."""
+        for kind, dtype in (("llama", "BF16"), ("qwen2", "F16")):
+            src = quiet(tiny_llama.load_dir, self.models[kind])
+            d = os.path.join(self.dir, f"{kind}-{dtype.lower()}")
+            os.makedirs(d)
+            shutil.copy(os.path.join(self.models[kind], "config.json"), d)
+            write_safetensors(os.path.join(d, "model.safetensors"), src, dtype)
+            eng = Llama(d)
+            c_lg, c_gen = c_logits(d, self.ids[kind])
+            py_lg = eng.prefill(self.ids[kind], all_logits=True)
+            diff = (py_lg - c_lg).abs().max().item()
+            moved = (c_lg - self.c[kind][0]).abs().max().item()
+            print(f"{kind} {dtype}: max |d| {diff:.3g} (the rounding moved C's logits by "
+                  f"{moved:.3g})")
+            self.assertLessEqual(diff, TOL)
+            self.assertGreater(moved, 0)  # the file really holds rounded weights
+            ctx, prompt = self.split(kind)
+            self.assertEqual(eng.decode(ctx, prompt, GEN)[0], c_gen)
+
     # -- through a store node and a proxy
 
     def test_through_the_store(self):
@@ -220,6 +262,19 @@ class LlamaTest(unittest.TestCase):
                                        for l in range(eng.n_layers)])
                 self.assertEqual(toks, c_gen)
                 self.assertLessEqual(d, TOL)
+                if skip:
+                    continue
+                # the engine's time estimates go to the proxy: exactly the layers its plan
+                # leaves to the edge are computed, and the tokens stay C's
+                with KVLoader(self.proxy, m, role="edge", chunk_tokens=CHUNK) as edge:
+                    h = edge.start_load(ctx, *eng.estimate(len(ctx), len(prompt)))
+                    toks, _, how = eng.decode(ctx, prompt, GEN, loader=edge, handle=h)
+                    plan = h.plan
+                print(f"{kind}: plan with the engine's estimates: "
+                      f"{[x['reason'] for x in plan['layers']]}")
+                self.assertEqual(how, ["computed" if x["source"] < 0 else "fetched"
+                                       for x in plan["layers"]])
+                self.assertEqual(toks, c_gen)
             m = eng.store_model(f"py-{kind}-int8")
             with KVLoader(self.node, m, role="cloud", chunk_tokens=CHUNK) as cloud:
                 eng.prefill(ctx, loader=cloud)
@@ -344,6 +399,8 @@ class LlamaTest(unittest.TestCase):
             eng.decode([1, 2, 3], [4], 1, kv=lambda l: (torch.zeros(4, 3, 16),) * 2)
         with self.assertRaises(FileNotFoundError):
             Llama(os.path.join(self.dir, "nowhere"))
+        with self.assertRaises(TypeError):
+            Llama(3)
         d = os.path.join(self.dir, "truncated")
         os.makedirs(d)
         shutil.copy(os.path.join(self.models["llama"], "config.json"), d)

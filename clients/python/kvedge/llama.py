@@ -306,6 +306,9 @@ class Llama(RoleEngine):
     naming the file and the field or tensor; a missing file FileNotFoundError."""
 
     def __init__(self, path):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a model directory's path, not {type(path).__name__}")
+        path = os.fspath(path)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"{path}: not a model directory (config.json and "
                                     f"model.safetensors or {INDEX})")
