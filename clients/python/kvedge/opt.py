@@ -15,6 +15,8 @@ leaves to the edge) as the C decoder does: the context's hidden state is run laz
 layers up to the deepest such layer, and a fetched layer it passes keeps its fetched K/V.
 Greedy picks are the C decoder's (lowest id on a tie, CTRL repetition penalty over the prompt
 and the generated tokens), so the tokens equal `kvedge decode`'s given the same stored K/V.
+The roles (store_model, prefill, decode, estimate, pick) are kvedge._roles.RoleEngine's, shared
+with the Llama-family engine kvedge.llama.
 """
 import json
 import struct
@@ -22,7 +24,7 @@ import struct
 import numpy as np
 import torch
 
-from .client import Model
+from ._roles import RoleEngine
 
 POSITION_OFFSET = 2  # HF OPTLearnedPositionalEmbedding: position p reads row p + 2
 LN_EPS = 1e-5
@@ -56,7 +58,7 @@ def load_safetensors(path):
     return out, meta
 
 
-class OPT:
+class OPT(RoleEngine):
     """An OPT model (Hugging Face names, do_layer_norm_before) in fp32 torch. heads: the
     attention heads (default: the file's __metadata__ num_attention_heads, else a config.json
     beside the weights with "heads", else hidden / 64)."""
@@ -79,6 +81,7 @@ class OPT:
                 with open(cfg) as f:
                     heads = json.load(f).get("heads")
         self.heads = int(heads) if heads else self.hidden // 64
+        self.kv_heads = self.heads
         self.head_dim = self.hidden // self.heads
         self.scale = self.head_dim ** -0.5
         self.final_ln = (w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"])
@@ -99,11 +102,6 @@ class OPT:
             })
             i += 1
         self.n_layers = len(self.layers)
-
-    def store_model(self, model_id):
-        """The store's record of this model's KV shape (what `kvedge prefill --model-id`
-        registers: kv_heads = heads, fp16)."""
-        return Model(model_id, self.n_layers, self.heads, self.head_dim, "fp16")
 
     # -- pieces
     @staticmethod
@@ -130,23 +128,10 @@ class OPT:
         pos = torch.arange(start, start + t.numel()) + POSITION_OFFSET
         return self.embed[t] + self.pos[pos]
 
-    def _attend(self, q, keys, vals, n_prefix, causal_offset):
-        """q [heads][n][hd] over keys/vals [heads][n_prefix + m][hd]: every query sees the
-        n_prefix context keys and the local keys up to its own position."""
-        s = q @ keys.transpose(1, 2)
-        n, m = q.shape[1], keys.shape[1] - n_prefix
-        if n > 1 or m > causal_offset + 1:
-            qi = torch.arange(n)[:, None] + causal_offset
-            kj = torch.arange(m)[None, :]
-            mask = torch.zeros(n, n_prefix + m, dtype=torch.bool)
-            mask[:, n_prefix:] = kj > qi
-            s = s.masked_fill(mask, float("-inf"))
-        return torch.softmax(s, dim=-1) @ vals
-
-    def _layer(self, l, x, ctx_k=None, ctx_v=None, past_k=None, past_v=None):
+    def _layer(self, l, x, pos0=0, ctx_k=None, ctx_v=None, past_k=None, past_v=None):
         """One decoder layer over x [n][hidden]: attention over the context K/V (may be None),
         the local cache past_k/past_v (may be None) and x's own K/V, causal. Returns the new x
-        and x's own k, v [heads][n][hd]."""
+        and x's own k, v [heads][n][hd]. pos0 is unused: OPT's positions enter at _embed."""
         L = self.layers[l]
         h = self._ln(x, L["ln1"])
         q = self._split(self._lin(h, L["q"]) * self.scale)
@@ -168,130 +153,3 @@ class OPT:
 
     def _logits(self, x):
         return self._ln(x, self.final_ln) @ self.lm_head.T
-
-    # -- the two roles
-    @torch.no_grad()
-    def prefill(self, tokens, loader=None, handle=None, all_logits=False):
-        """Runs the context through the model; with a cloud-role loader every layer's K/V
-        ([heads][n][head_dim]) goes to loader.save_layer as soon as it is computed (handle:
-        default loader.start_load(tokens)). Returns the last position's logits (all positions'
-        with all_logits)."""
-        if loader is not None and handle is None:
-            handle = loader.start_load(tokens)
-        x = self._embed(tokens, 0)
-        for l in range(self.n_layers):
-            x, k, v = self._layer(l, x)
-            if loader is not None:
-                loader.save_layer(l, k, v, handle=handle)
-        out = self._logits(x)
-        if loader is not None:
-            loader.finish(handle)
-        return out if all_logits else out[-1]
-
-    @staticmethod
-    def pick(logits, seen, penalty):
-        """The C decoder's greedy pick (kvedge_decoder_pick): CTRL penalty on seen ids, then
-        the arg-max, lowest id on a tie."""
-        lg = logits.detach().numpy().astype(np.float32, copy=True)
-        if penalty > 1.0 and seen:
-            for t in set(seen):
-                lg[t] = lg[t] / penalty if lg[t] > 0 else lg[t] * penalty
-        return int(np.argmax(lg))
-
-    @torch.no_grad()
-    def estimate(self, ctx_len, prompt_len, reps=2):
-        """Per-layer microseconds on this machine, as kvedge_decoder_estimate gives them for the
-        C decoder: compute (prompt_len tokens over a ctx_len context) and recompute (the
-        context's own K/V, causal), timed on layer 0 (every OPT layer costs the same), best of
-        reps after a warm-up. Two lists of one entry per layer, for start_load's compute_us
-        and recompute_us (the proxy may then plan layers as "recompute")."""
-        import time
-        g = torch.Generator().manual_seed(0)
-        xc = torch.randn(ctx_len, self.hidden, generator=g)
-        xp = torch.randn(prompt_len, self.hidden, generator=g)
-        _, ck, cv = self._layer(0, xc)
-
-        def best(fn):
-            fn()
-            t = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                t.append(time.perf_counter() - t0)
-            return min(t) * 1e6
-        recompute = best(lambda: self._layer(0, xc))
-        compute = best(lambda: self._layer(0, xp, ck, cv))
-        return [compute] * self.n_layers, [recompute] * self.n_layers
-
-    @torch.no_grad()
-    def decode(self, ctx_tokens, prompt, max_new, loader=None, handle=None,
-               repetition_penalty=1.0, kv=None, plan_recompute=False):
-        """The edge role: decodes prompt (positions len(ctx)..) over the context's K/V, taken
-        layer by layer from loader.wait_for_layer (handle: default loader.start_load(ctx)) or
-        from kv(l) -> (k, v) | None, computing each layer they do not deliver. Generates
-        max_new tokens greedily. plan_recompute (with a loader, no handle): give the proxy this
-        engine's time estimates (estimate()), so it may plan layers as "recompute", as
-        `kvedge decode --plan-recompute` does. Returns (tokens, logits of the prompt's last
-        position, per-layer "fetched" / "computed")."""
-        n = len(ctx_tokens)
-        if len(prompt) < 1 or max_new < 1:
-            raise ValueError("need a prompt and max_new >= 1")
-        if n + len(prompt) + max_new > self.max_positions:
-            raise ValueError("context + prompt + max_new over the model's positions")
-        own = False
-        if loader is not None and handle is None and n:
-            cu = ru = None
-            if plan_recompute:
-                cu, ru = self.estimate(n, len(prompt))
-            handle = loader.start_load(ctx_tokens, compute_us=cu, recompute_us=ru)
-            own = True
-        ctx_h, ctx_done = None, 0  # the context's hidden state, run through ctx_done layers
-        ctx_k, ctx_v, loc_k, loc_v, how = [], [], [], [], []
-        x = self._embed(prompt, n)
-        try:
-            for l in range(self.n_layers):
-                got = None
-                if n:
-                    if loader is not None:
-                        got = loader.wait_for_layer(handle, l)
-                    elif kv is not None:
-                        got = kv(l)
-                if n and got is None:
-                    if ctx_h is None:
-                        ctx_h = self._embed(ctx_tokens, 0)
-                    while ctx_done <= l:
-                        ctx_h, ck, cv = self._layer(ctx_done, ctx_h)
-                        ctx_done += 1
-                    how.append("computed")
-                elif n:
-                    # Zero-copy views of the loader's buffer (they keep it alive after
-                    # finish()); converted only when the loader hands out fp16/bf16.
-                    ck, cv = (torch.as_tensor(t).float() for t in got)
-                    how.append("fetched")
-                else:
-                    ck = cv = None
-                x, k, v = self._layer(l, x, ck, cv)
-                ctx_k.append(ck)
-                ctx_v.append(cv)
-                loc_k.append(k)
-                loc_v.append(v)
-        finally:
-            if own:
-                loader.finish(handle)
-        logits = self._logits(x[-1:])[0]
-        first_logits = logits.clone()
-        seen = list(prompt)
-        out = []
-        for i in range(max_new):
-            tok = self.pick(logits, seen, repetition_penalty)
-            out.append(tok)
-            seen.append(tok)
-            if i == max_new - 1:
-                break
-            y = self._embed([tok], n + len(prompt) + i)
-            for l in range(self.n_layers):
-                y, k, v = self._layer(l, y, ctx_k[l], ctx_v[l], loc_k[l], loc_v[l])
-                loc_k[l] = torch.cat([loc_k[l], k], 1)
-                loc_v[l] = torch.cat([loc_v[l], v], 1)
-            logits = self._logits(y)[0]
-        return out, first_logits, how
