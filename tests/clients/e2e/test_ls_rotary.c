@@ -20,6 +20,7 @@
 #include "clients/decoder/decoder.h"
 #include "clients/e2e/layermap.h"
 #include "access/codec/error.h"
+#include "access/codec/synth.h"
 
 #define S_VOCAB 300u
 #define S_N     48u /* context tokens */
@@ -301,6 +302,44 @@ static void test_think_pairs(void **state)
     assert_int_equal(kvedge_adapter_think_pairs(NULL, n, k, n, hd, 2, ch), KVEDGE_EINVAL);
 }
 
+/* The store's key-channel mask (the quantized schemes' ThinK) for rotary K keeps pairs. */
+static void test_key_mask_pairs(void **state)
+{
+    (void)state;
+    const uint32_t n = 30, hd = 16, half = 8;
+    float k[30 * 16];
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t j = 0; j < hd; j++)
+            k[t * hd + j] = 0.1f;
+    for (uint32_t t = 0; t < n; t++) { /* channel 1 alone is largest; pair (6, 14) as a pair */
+        k[t * hd + 1] = 3.0f;
+        k[t * hd + 9] = 0.0f;
+        k[t * hd + 6] = k[t * hd + 14] = -2.0f;
+    }
+    uint8_t m[2];
+    assert_int_equal(kvedge_synth_key_mask(k, n, hd, 1, m), KVEDGE_OK);
+    assert_int_equal(m[0], 1u << 1);
+    assert_int_equal(kvedge_synth_key_mask_pairs(k, n, hd, 2, m), KVEDGE_OK);
+    assert_int_equal(m[0], 1u << 6);
+    assert_int_equal(m[1], 1u << 6);
+    for (int rep = 0; rep < 20; rep++) {
+        for (uint32_t i = 0; i < n * hd; i++)
+            k[i] = s_unit();
+        for (uint32_t keep = 2; keep <= hd; keep += 2) {
+            assert_int_equal(kvedge_synth_key_mask_pairs(k, n, hd, keep, m), KVEDGE_OK);
+            uint32_t count = 0;
+            for (uint32_t j = 0; j < half; j++) {
+                const bool lo = (m[j >> 3] >> (j & 7)) & 1u,
+                           hi = (m[(j + half) >> 3] >> ((j + half) & 7)) & 1u;
+                assert_int_equal(lo, hi);
+                count += 2u * lo;
+            }
+            assert_int_equal(count, keep);
+        }
+    }
+    assert_int_equal(kvedge_synth_key_mask_pairs(k, n, 15, 2, m), KVEDGE_EINVAL);
+}
+
 /* ---- fitting, files ---- */
 
 static void s_map(kvedge_layermap_t *m, const kvedge_decoder_t *cloud, const kvedge_decoder_t *edge,
@@ -521,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_identity_same_settings),
         cmocka_unit_test(test_identity_across_theta),
         cmocka_unit_test(test_think_pairs),
+        cmocka_unit_test(test_key_mask_pairs),
         cmocka_unit_test(test_fit_linear_across_theta),
         cmocka_unit_test(test_fit_heads_file),
         cmocka_unit_test(test_old_files),
