@@ -493,6 +493,54 @@ static void test_fit_heads_file(void **state)
     kvedge_decoder_destroy(&edge);
 }
 
+/* The other way, head_dim 32 to 16: ThinK picks 8 of the cloud head's 16 rotate-half pairs,
+ * scored with the queries of both query heads that read the KV head (4 query / 2 KV heads),
+ * and pair (a, a + 16) lands on edge pair (i, i + 8). */
+static void test_fit_heads_think(void **state)
+{
+    (void)state;
+    kvedge_decoder_t *cloud = s_load("scaled"), *edge = s_load("cloud");
+    const int32_t from[3] = {0, 1, KVEDGE_LAYERMAP_NONE};
+    kvedge_layermap_t map;
+    s_map(&map, cloud, edge, from);
+    enum { T = 300 };
+    int32_t tok[T];
+    s_tokens(tok, T, 11);
+    kvedge_adapter_t *a = NULL;
+    assert_int_equal(kvedge_adapter_fit(cloud, edge, &map, tok, T, T, KVEDGE_ADAPT_HEADS, -1, &a),
+                     KVEDGE_OK);
+    const kvedge_adapter_info_t *i = kvedge_adapter_info(a);
+    assert_int_equal(i->cloud_heads, 2);
+    assert_int_equal(i->cloud_head_dim, 32);
+    assert_int_equal(i->edge_head_dim, 16);
+    const uint32_t dc = 32, de = 16, dout = i->edge_heads * de;
+    assert_null(kvedge_adapter_weights(a, 2, false));
+    for (uint32_t e = 0; e < 2; e++) {
+        const float *w = kvedge_adapter_weights(a, e, false);
+        for (uint32_t h = 0; h < i->edge_heads; h++) {
+            int prev = -1;
+            for (uint32_t j = 0; j < de / 2; j++) {
+                int lo = -1, hi = -1;
+                for (uint32_t r = 0; r < i->cloud_heads * dc; r++) {
+                    if (w[(size_t)r * dout + h * de + j] == 1.0f)
+                        lo = (int)r;
+                    if (w[(size_t)r * dout + h * de + j + de / 2] == 1.0f)
+                        hi = (int)r;
+                }
+                assert_true(lo >= 0);
+                assert_true((uint32_t)lo % dc < dc / 2); /* a first half ... */
+                assert_int_equal(hi, lo + (int)dc / 2);  /* ... and its partner */
+                assert_true(lo > prev);                  /* in channel order */
+                prev = lo;
+            }
+        }
+    }
+    free(map.entry);
+    kvedge_adapter_destroy(&a);
+    kvedge_decoder_destroy(&cloud);
+    kvedge_decoder_destroy(&edge);
+}
+
 /* The committed OPT adapters (version 1, no settings) still load, as not rotary, and an OPT
  * adapter saved again is version 1 with no rotary fields. */
 static void test_old_files(void **state)
@@ -563,6 +611,7 @@ int main(void)
         cmocka_unit_test(test_key_mask_pairs),
         cmocka_unit_test(test_fit_linear_across_theta),
         cmocka_unit_test(test_fit_heads_file),
+        cmocka_unit_test(test_fit_heads_think),
         cmocka_unit_test(test_old_files),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
