@@ -119,3 +119,33 @@ int kvedge_synth_key_mask(const float *k, uint32_t tokens, uint32_t head_dim, ui
     free(mag);
     return KVEDGE_OK;
 }
+
+int kvedge_synth_key_mask_pairs(const float *k, uint32_t tokens, uint32_t head_dim, uint32_t keep,
+                                uint8_t *mask)
+{
+    if (!k || !mask || head_dim == 0 || head_dim % 2 != 0)
+        return KVEDGE_EINVAL;
+    const uint32_t half = head_dim / 2;
+    double *mag = calloc(half, sizeof(double));
+    if (!mag)
+        return KVEDGE_ENOMEM;
+    for (uint32_t t = 0; t < tokens; t++)
+        for (uint32_t c = 0; c < head_dim; c++)
+            mag[c % half] += fabs(k[(size_t)t * head_dim + c]);
+    memset(mask, 0, ((size_t)head_dim + 7) / 8);
+    uint32_t pairs = keep / 2;
+    pairs = pairs < 1 ? 1 : pairs > half ? half : pairs;
+    for (uint32_t n = 0; n < pairs; n++) {
+        uint32_t best = 0;
+        double best_mag = -1.0;
+        for (uint32_t c = 0; c < half; c++)
+            if (!((mask[c >> 3] >> (c & 7)) & 1u) && mag[c] > best_mag) {
+                best = c;
+                best_mag = mag[c];
+            }
+        mask[best >> 3] |= (uint8_t)(1u << (best & 7));
+        mask[(best + half) >> 3] |= (uint8_t)(1u << ((best + half) & 7));
+    }
+    free(mag);
+    return KVEDGE_OK;
+}

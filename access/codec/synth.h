@@ -42,6 +42,13 @@ int kvedge_synth_head(uint64_t seed, uint32_t token_offset, uint32_t tokens, uin
 int kvedge_synth_key_mask(const float *k, uint32_t tokens, uint32_t head_dim, uint32_t keep,
                           uint8_t *mask);
 
+/* The same for the K of a rotary model (Hugging Face's rotate-half layout): channels j and
+ * j + head_dim / 2 rotate together and are kept or dropped together, a pair ranked by the sum
+ * of both channels' mean |K| (ties: the lower pair). keep is rounded down to even (at least
+ * 2). Errors: KVEDGE_EINVAL (NULL, head_dim odd or 0), KVEDGE_ENOMEM. */
+int kvedge_synth_key_mask_pairs(const float *k, uint32_t tokens, uint32_t head_dim, uint32_t keep,
+                                uint8_t *mask);
+
 #ifdef __cplusplus
 }
 #endif

@@ -65,6 +65,7 @@ struct _kvedge_decoder_t {
     uint32_t kv_heads;           /* K/V heads: cfg.heads, or fewer (grouped-query attention) */
     double norm_eps;             /* LayerNorm's 1e-5, or config.json's rms_norm_eps */
     float *inv_freq;             /* rotary: [head_dim / 2] frequencies, scaling applied; owned */
+    kvedge_decoder_rope_t rope;  /* rotary settings (rotary false for OPT) */
     const float *embed;          /* embed_tokens [vocab][hidden] */
     const float *pos;            /* embed_positions [max_positions + 2][hidden]; NULL if rotary */
     const float *head;           /* output head [vocab][hidden]: embed, or lm_head if stored */
@@ -155,6 +156,7 @@ static void s_unload(kvedge_decoder_t *self)
     free(self->layer);
     free(self->inv_freq);
     self->inv_freq = NULL;
+    memset(&self->rope, 0, sizeof self->rope);
     self->arch = NULL;
     self->kv_heads = 0;
     memset(&self->cfg, 0, sizeof self->cfg);
@@ -192,6 +194,14 @@ const kvedge_decoder_config_t *kvedge_decoder_config(const kvedge_decoder_t *sel
 size_t kvedge_decoder_kv_floats(const kvedge_decoder_t *self, uint32_t tokens)
 {
     return self ? (size_t)self->kv_heads * tokens * self->cfg.head_dim : 0;
+}
+
+int kvedge_decoder_rope(const kvedge_decoder_t *self, kvedge_decoder_rope_t *out)
+{
+    if (!self || !out)
+        return KVEDGE_EINVAL;
+    *out = self->rope;
+    return KVEDGE_OK;
 }
 
 uint32_t kvedge_decoder_kv_heads(const kvedge_decoder_t *self)
@@ -694,24 +704,19 @@ static int s_load_llama(kvedge_decoder_t *self, const s_tset_t *ts,
     self->inv_freq = malloc(c.head_dim / 2 * sizeof(float));
     if (!self->layer || !self->inv_freq)
         return s_fail(self, KVEDGE_ENOMEM, "out of memory");
-    /* HF's rotary frequencies base^(-2i/d); Llama 3's rope_scaling divides the low ones by
-     * factor and blends the middle band (transformers' _compute_llama3_parameters). */
-    for (uint32_t i = 0; i < c.head_dim / 2; i++) {
-        double f = 1.0 / pow(hf->rope_theta, 2.0 * i / c.head_dim);
-        if (hf->rope_llama3) {
-            const double wavelen = 2.0 * M_PI / f;
-            const double low_wl = hf->rope_orig_max / hf->rope_low;
-            const double high_wl = hf->rope_orig_max / hf->rope_high;
-            if (wavelen > low_wl) {
-                f /= hf->rope_factor;
-            } else if (wavelen >= high_wl) {
-                const double sm =
-                    (hf->rope_orig_max / wavelen - hf->rope_low) / (hf->rope_high - hf->rope_low);
-                f = (1.0 - sm) * f / hf->rope_factor + sm * f;
-            }
-        }
-        self->inv_freq[i] = (float)f;
-    }
+    self->rope = (kvedge_decoder_rope_t){.rotary = true,
+                                         .theta = hf->rope_theta,
+                                         .llama3 = hf->rope_llama3,
+                                         .factor = hf->rope_factor,
+                                         .low_freq_factor = hf->rope_low,
+                                         .high_freq_factor = hf->rope_high,
+                                         .original_max = hf->rope_orig_max};
+    if (!hf->rope_llama3)
+        self->rope.factor = self->rope.low_freq_factor = self->rope.high_freq_factor =
+            self->rope.original_max = 0;
+    /* HF's rotary frequencies, Llama 3's rope_scaling applied (rope.c). */
+    if (kvedge_decoder_rope_freqs(&self->rope, c.head_dim, self->inv_freq) != KVEDGE_OK)
+        return s_fail(self, KVEDGE_EINVAL, "config.json: rotary settings out of range");
     int rc = KVEDGE_OK;
 #define S_TAKE(ptr, d0, d1, ...)                                                                   \
     do {                                                                                           \

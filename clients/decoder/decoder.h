@@ -87,6 +87,47 @@ const kvedge_decoder_config_t *kvedge_decoder_config(const kvedge_decoder_t *sel
  * before load. */
 uint32_t kvedge_decoder_kv_heads(const kvedge_decoder_t *self);
 
+/* ---- Rotary settings (clients/decoder/rope.c) ----
+ * What a model's K rotation is made of: config.json's rope_theta and Llama 3's rope_scaling.
+ * Two models whose settings are equal (kvedge_decoder_rope_equal) rotate K the same way. */
+#define KVEDGE_DECODER_ROPE_HEAD_DIM_MAX 4096u
+typedef struct {
+    bool rotary;             /* false: learned positions (OPT), every other field 0 */
+    double theta;            /* rope_theta, the frequency base */
+    bool llama3;             /* rope_scaling of rope_type "llama3" */
+    double factor;           /* its factor */
+    double low_freq_factor;  /* its low_freq_factor */
+    double high_freq_factor; /* its high_freq_factor */
+    double original_max;     /* its original_max_position_embeddings */
+} kvedge_decoder_rope_t;
+
+/* The rotary settings of a loaded model (rotary false for OPT and before load). Errors:
+ * KVEDGE_EINVAL (NULL). */
+int kvedge_decoder_rope(const kvedge_decoder_t *self, kvedge_decoder_rope_t *out);
+
+/* Whether a and b rotate K alike: both not rotary, or the same theta and scaling. */
+bool kvedge_decoder_rope_equal(const kvedge_decoder_rope_t *a, const kvedge_decoder_rope_t *b);
+
+/* 0 when r is usable: not rotary, or theta in [1, 1e12] and, with llama3, a positive factor,
+ * 0 < low_freq_factor < high_freq_factor and a positive original_max, all finite; else
+ * KVEDGE_EINVAL. */
+int kvedge_decoder_rope_check(const kvedge_decoder_rope_t *r);
+
+/* The head_dim / 2 rotary frequencies of r (Llama 3's scaling applied), exactly those the
+ * decoder's forward uses. Errors: KVEDGE_EINVAL (NULL, r not rotary or not usable, head_dim
+ * odd, 0 or over KVEDGE_DECODER_ROPE_HEAD_DIM_MAX). */
+int kvedge_decoder_rope_freqs(const kvedge_decoder_rope_t *r, uint32_t head_dim, float *inv_freq);
+
+/* Rotates x, [heads][tokens][head_dim] (a layer of K as the decoder stores it), in place as the
+ * forward rotates K at positions pos0..pos0 + tokens - 1 (Hugging Face's rotate-half layout:
+ * channels j and j + head_dim / 2 turn together), or, with inverse, takes that rotation off
+ * (the same angles, turned back): un-rotating then rotating with the same settings gives x
+ * back to fp32 rounding. r not rotary: x is left as it is. Errors: KVEDGE_EINVAL (NULL, heads
+ * or tokens 0, r not usable, positions past 2^32, head_dim as kvedge_decoder_rope_freqs),
+ * KVEDGE_ENOMEM. */
+int kvedge_decoder_rope_apply(const kvedge_decoder_rope_t *r, uint32_t head_dim, float *x,
+                              uint32_t heads, uint32_t tokens, uint32_t pos0, bool inverse);
+
 /* Floats in one layer of K (or V) for tokens tokens: kv_heads * tokens * head_dim. K is stored
  * as attention reads it: for rotary models after the rotation (Hugging Face's rotate-half
  * layout, unscaled), so a fetched layer is used as it is and a recomputed one is identical. */

@@ -19,6 +19,11 @@
 
 #define S_FORMAT  "kvedge-adapter"
 #define S_VERSION 1
+/* The rotary settings are two optional metadata fields, cloud_rope and edge_rope, written when
+ * either model is rotary: a file without them (every OPT adapter's, written as it always was)
+ * means learned positions. */
+/* Room for a rotary setting as the file writes it (s_fmt_rope). */
+#define S_ROPE_BYTES 256
 /* Most calibration positions a file may name (far above what a fit can hold in memory). */
 #define S_SAMPLES_MAX (1u << 24)
 
@@ -30,6 +35,7 @@ struct kvedge_adapter_t {
 
 static void s_why(char *why, size_t why_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+static void s_fmt_double(double x, char *out, size_t len);
 static void s_why(char *why, size_t why_len, const char *fmt, ...)
 {
     if (!why || why_len == 0)
@@ -156,6 +162,17 @@ static int s_check_info(const kvedge_adapter_info_t *i, char *why, size_t why_le
         s_why(why, why_len, "ridge must be finite and >= 0 (0 for heads)");
         return KVEDGE_ECORRUPT;
     }
+    const kvedge_decoder_rope_t *rope[2] = {&i->cloud_rope, &i->edge_rope};
+    const uint32_t hd[2] = {i->cloud_head_dim, i->edge_head_dim};
+    for (int k = 0; k < 2; k++)
+        if (kvedge_decoder_rope_check(rope[k]) != KVEDGE_OK ||
+            (rope[k]->rotary && hd[k] % 2 != 0)) {
+            s_why(why, why_len,
+                  "%s rotary settings out of range (theta 1..1e12, llama3 scaling with 0 < "
+                  "low_freq_factor < high_freq_factor, an even head_dim)",
+                  k ? "edge" : "cloud");
+            return KVEDGE_ECORRUPT;
+        }
     return KVEDGE_OK;
 }
 
@@ -245,12 +262,15 @@ int kvedge_adapter_make(const kvedge_adapter_info_t *info, const int32_t *from,
 /* ---------------------------------------------------------------------------------------- */
 /* Collection                                                                                */
 
-/* What a traced prefill keeps: for every layer with a slot, its K, V (and Q when q is set),
- * each [heads][samples][head_dim], the window's rows at row0. */
+/* What a traced prefill keeps: for every layer with a slot, its K and V, each
+ * [kv_heads][samples][head_dim], and Q when q is set, [q_heads][samples][head_dim], the
+ * window's rows at row0; K and Q un-rotated with rope when it is set (a window's tokens are at
+ * positions 0..n-1: each window is a prefill of its own). */
 typedef struct {
-    uint32_t heads, head_dim, samples, row0;
-    const int32_t *slot; /* [layers]: the layer's slot, or -1 */
-    float **k, **v, **q; /* [slots]; q NULL when not wanted */
+    uint32_t kv_heads, q_heads, head_dim, samples, row0;
+    const kvedge_decoder_rope_t *rope; /* NULL: keep K and Q as the model stores them */
+    const int32_t *slot;               /* [layers]: the layer's slot, or -1 */
+    float **k, **v, **q;               /* [slots]; q NULL when not wanted */
 } s_grab_t;
 
 static int s_grab_layer(void *arg, uint32_t layer, const float *hidden, uint32_t n, const float *q,
@@ -262,14 +282,21 @@ static int s_grab_layer(void *arg, uint32_t layer, const float *hidden, uint32_t
     if (s < 0)
         return KVEDGE_OK;
     const size_t hd = g->head_dim, row = (size_t)n * hd;
-    for (uint32_t h = 0; h < g->heads; h++) {
+    int rc = KVEDGE_OK;
+    for (uint32_t h = 0; rc == KVEDGE_OK && h < g->kv_heads; h++) {
         const size_t dst = ((size_t)h * g->samples + g->row0) * hd, src = (size_t)h * row;
         memcpy(g->k[s] + dst, k + src, row * sizeof(float));
         memcpy(g->v[s] + dst, v + src, row * sizeof(float));
-        if (g->q)
-            memcpy(g->q[s] + dst, q + src, row * sizeof(float));
+        if (g->rope)
+            rc = kvedge_decoder_rope_apply(g->rope, g->head_dim, g->k[s] + dst, 1, n, 0, true);
     }
-    return KVEDGE_OK;
+    for (uint32_t h = 0; rc == KVEDGE_OK && g->q && h < g->q_heads; h++) {
+        const size_t dst = ((size_t)h * g->samples + g->row0) * hd, src = (size_t)h * row;
+        memcpy(g->q[s] + dst, q + src, row * sizeof(float));
+        if (g->rope)
+            rc = kvedge_decoder_rope_apply(g->rope, g->head_dim, g->q[s] + dst, 1, n, 0, true);
+    }
+    return rc;
 }
 
 /* Runs md over tokens[0..samples) in windows of window tokens, filling g. */
@@ -286,7 +313,8 @@ static int s_grab(const kvedge_decoder_t *md, const int32_t *tokens, uint32_t wi
 }
 
 /* Everything a fit or an evaluation needs from both models, per mapped edge layer e:
- * ck/cv/cq of its cloud layer (cq only with queries) and ek/ev, [heads][samples][head_dim]. */
+ * ck/cv/cq of its cloud layer (cq only with queries) and ek/ev, [kv_heads][samples][head_dim]
+ * (cq [heads][samples][head_dim]); K and Q un-rotated when asked. */
 typedef struct {
     uint32_t slots_c, slots_e;
     int32_t *slot_c, *slot_e; /* [cloud layers], [edge layers] */
@@ -317,10 +345,11 @@ static void s_states_free(s_states_t *st)
 }
 
 /* Collects st for the layer pairs from[] (one slot per distinct cloud layer and per mapped
- * edge layer); queries too when queries is set. */
+ * edge layer); queries too when queries is set; K and Q un-rotated (each model's own rotary
+ * settings) when unrotate is set. */
 static int s_states(const kvedge_decoder_t *cloud, const kvedge_decoder_t *edge,
                     const int32_t *from, const int32_t *tokens, uint32_t samples, bool queries,
-                    s_states_t *st)
+                    bool unrotate, s_states_t *st)
 {
     memset(st, 0, sizeof *st);
     const kvedge_decoder_config_t *cc = kvedge_decoder_config(cloud),
@@ -348,12 +377,15 @@ static int s_states(const kvedge_decoder_t *cloud, const kvedge_decoder_t *edge,
     st->ek = calloc(ne, sizeof(float *));
     st->ev = calloc(ne, sizeof(float *));
     bool ok = st->ck && st->cv && (!queries || st->cq) && st->ek && st->ev;
-    const size_t fc = (size_t)cc->hidden * samples, fe = (size_t)ec->hidden * samples;
+    const uint32_t kvc = kvedge_decoder_kv_heads(cloud), kve = kvedge_decoder_kv_heads(edge);
+    const size_t fc = (size_t)kvc * cc->head_dim * samples,
+                 fq = (size_t)cc->heads * cc->head_dim * samples,
+                 fe = (size_t)kve * ec->head_dim * samples;
     for (uint32_t i = 0; ok && i < st->slots_c; i++) {
         st->ck[i] = malloc(fc * sizeof(float));
         st->cv[i] = malloc(fc * sizeof(float));
         if (queries)
-            st->cq[i] = malloc(fc * sizeof(float));
+            st->cq[i] = malloc(fq * sizeof(float));
         ok = st->ck[i] && st->cv[i] && (!queries || st->cq[i]);
     }
     for (uint32_t i = 0; ok && i < st->slots_e; i++) {
@@ -370,8 +402,13 @@ static int s_states(const kvedge_decoder_t *cloud, const kvedge_decoder_t *edge,
     uint32_t window = KVEDGE_LAYERMAP_WINDOW_TOKENS_MAX;
     window = cc->max_positions < window ? cc->max_positions : window;
     window = ec->max_positions < window ? ec->max_positions : window;
-    s_grab_t gc = {cc->heads, cc->head_dim, samples, 0, st->slot_c, st->ck, st->cv, st->cq};
-    s_grab_t ge = {ec->heads, ec->head_dim, samples, 0, st->slot_e, st->ek, st->ev, NULL};
+    kvedge_decoder_rope_t rc_rope, re_rope;
+    kvedge_decoder_rope(cloud, &rc_rope);
+    kvedge_decoder_rope(edge, &re_rope);
+    s_grab_t gc = {kvc,        cc->heads, cc->head_dim, samples, 0, unrotate ? &rc_rope : NULL,
+                   st->slot_c, st->ck,    st->cv,       st->cq};
+    s_grab_t ge = {kve,        ec->heads, ec->head_dim, samples, 0, unrotate ? &re_rope : NULL,
+                   st->slot_e, st->ek,    st->ev,       NULL};
     int rc = s_grab(cloud, tokens, window, &gc);
     if (rc == KVEDGE_OK)
         rc = s_grab(edge, tokens, window, &ge);
@@ -563,15 +600,16 @@ int kvedge_adapter_match_heads(const float *edge_k, uint32_t edge_heads, uint32_
     return rc;
 }
 
-int kvedge_adapter_think_channels(const float *q, const float *k, uint32_t n, uint32_t head_dim,
-                                  uint32_t keep, uint32_t *channels)
+/* kvedge_adapter_think_channels with nq queries and n keys. */
+static int s_think(const float *q, uint32_t nq, const float *k, uint32_t n, uint32_t head_dim,
+                   uint32_t keep, uint32_t *channels)
 {
-    if (!q || !k || !channels || n == 0 || head_dim == 0 || keep == 0 || keep > head_dim ||
-        head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX)
+    if (!q || !k || !channels || nq == 0 || n == 0 || head_dim == 0 || keep == 0 ||
+        keep > head_dim || head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX)
         return KVEDGE_EINVAL;
     float scores[KVEDGE_ADAPT_HEAD_DIM_MAX];
     uint8_t mask[KVEDGE_ADAPT_HEAD_DIM_MAX / 8];
-    const kvedge_think_args_t a = {q, k, 1, n, n, head_dim, scores};
+    const kvedge_think_args_t a = {q, k, 1, nq, n, head_dim, scores};
     int rc = kvedge_cpu_think_scores(&a);
     if (rc == KVEDGE_OK)
         rc = kvedge_think_keep_mask(scores, head_dim, keep, mask, sizeof mask);
@@ -584,14 +622,51 @@ int kvedge_adapter_think_channels(const float *q, const float *k, uint32_t n, ui
     return got == keep ? KVEDGE_OK : KVEDGE_EINVAL;
 }
 
+int kvedge_adapter_think_channels(const float *q, const float *k, uint32_t n, uint32_t head_dim,
+                                  uint32_t keep, uint32_t *channels)
+{
+    return s_think(q, n, k, n, head_dim, keep, channels);
+}
+
+int kvedge_adapter_think_pairs(const float *q, uint32_t nq, const float *k, uint32_t n,
+                               uint32_t head_dim, uint32_t keep, uint32_t *channels)
+{
+    if (!q || !k || !channels || nq == 0 || n == 0 || head_dim == 0 || head_dim % 2 != 0 ||
+        keep == 0 || keep % 2 != 0 || keep > head_dim || head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX)
+        return KVEDGE_EINVAL;
+    const uint32_t half = head_dim / 2;
+    float scores[KVEDGE_ADAPT_HEAD_DIM_MAX], pair[KVEDGE_ADAPT_HEAD_DIM_MAX / 2];
+    uint8_t mask[KVEDGE_ADAPT_HEAD_DIM_MAX / 16];
+    const kvedge_think_args_t a = {q, k, 1, nq, n, head_dim, scores};
+    int rc = kvedge_cpu_think_scores(&a);
+    for (uint32_t j = 0; j < half; j++)
+        pair[j] = scores[j] + scores[half + j];
+    if (rc == KVEDGE_OK) /* the same ranking (ties: the lower pair) over the pairs */
+        rc = kvedge_think_keep_mask(pair, half, keep / 2, mask, sizeof mask);
+    if (rc != KVEDGE_OK)
+        return rc;
+    uint32_t got = 0;
+    for (uint32_t j = 0; j < half; j++)
+        if (mask[j >> 3] & (1u << (j & 7))) {
+            channels[got] = j;
+            channels[keep / 2 + got] = half + j;
+            got++;
+        }
+    return got == keep / 2 ? KVEDGE_OK : KVEDGE_EINVAL;
+}
+
 /* The selection W [din + 1][dout] of one layer: edge head h, channel j <- cloud head match[h],
- * its j-th kept channel (ThinK, when the cloud head is wider), or zero (when narrower). */
-static int s_fit_heads(const kvedge_adapter_info_t *i, const float *cq, const float *ck,
-                       const float *ek, uint32_t n, float *w)
+ * its j-th kept channel (ThinK, when the cloud head is wider), or zero (when narrower). cq
+ * holds group query heads per cloud KV head. With pairs (a rotary model on either side), a
+ * rotate-half pair of the cloud head goes to a pair of the edge head: ThinK keeps pairs, and a
+ * narrower cloud head's channel j (j < dc/2) lands on edge channel j, j + dc/2 on j + de/2. */
+static int s_fit_heads(const kvedge_adapter_info_t *i, const float *cq, uint32_t group,
+                       const float *ck, const float *ek, uint32_t n, bool pairs, float *w)
 {
     const uint32_t hc = i->cloud_heads, dc = i->cloud_head_dim, he = i->edge_heads,
                    de = i->edge_head_dim;
-    uint32_t *match = malloc(he * sizeof(uint32_t)), ch[KVEDGE_ADAPT_HEAD_DIM_MAX];
+    uint32_t *match = malloc(he * sizeof(uint32_t)), ch[KVEDGE_ADAPT_HEAD_DIM_MAX],
+             to[KVEDGE_ADAPT_HEAD_DIM_MAX];
     if (!match)
         return KVEDGE_ENOMEM;
     int rc = kvedge_adapter_match_heads(ek, he, de, ck, hc, dc, n, match, NULL);
@@ -599,14 +674,18 @@ static int s_fit_heads(const kvedge_adapter_info_t *i, const float *cq, const fl
     memset(w, 0, (s_din(i) + 1) * dout * sizeof(float));
     for (uint32_t h = 0; rc == KVEDGE_OK && h < he; h++) {
         const uint32_t c = match[h], keep = dc < de ? dc : de;
-        if (dc > de)
-            rc = kvedge_adapter_think_channels(cq + (size_t)c * n * dc, ck + (size_t)c * n * dc, n,
-                                               dc, de, ch);
+        const float *q = cq ? cq + (size_t)c * group * n * dc : NULL, *k = ck + (size_t)c * n * dc;
+        if (dc > de && pairs)
+            rc = kvedge_adapter_think_pairs(q, group * n, k, n, dc, de, ch);
+        else if (dc > de)
+            rc = s_think(q, group * n, k, n, dc, de, ch);
         else
             for (uint32_t j = 0; j < keep; j++)
                 ch[j] = j;
+        for (uint32_t j = 0; j < keep; j++)
+            to[j] = pairs && dc < de && j >= dc / 2 ? j - dc / 2 + de / 2 : j;
         for (uint32_t j = 0; rc == KVEDGE_OK && j < keep; j++)
-            w[((size_t)c * dc + ch[j]) * dout + (size_t)h * de + j] = 1.0f;
+            w[((size_t)c * dc + ch[j]) * dout + (size_t)h * de + to[j]] = 1.0f;
     }
     free(match);
     return rc;
@@ -621,7 +700,8 @@ static bool s_models_fit(const kvedge_decoder_t *cloud, const kvedge_decoder_t *
 {
     const kvedge_decoder_config_t *cc = kvedge_decoder_config(cloud),
                                   *ec = kvedge_decoder_config(edge);
-    return cc->layers == cloud_layers && ec->layers == edge_layers && cc->heads && ec->heads;
+    return cc->layers == cloud_layers && ec->layers == edge_layers &&
+           kvedge_decoder_kv_heads(cloud) && kvedge_decoder_kv_heads(edge);
 }
 
 int kvedge_adapter_fit(const kvedge_decoder_t *cloud, const kvedge_decoder_t *edge,
@@ -640,10 +720,11 @@ int kvedge_adapter_fit(const kvedge_decoder_t *cloud, const kvedge_decoder_t *ed
     if (!s_models_fit(cloud, edge, map->cloud_layers, map->edge_layers) ||
         cc->hidden != map->cloud_hidden || ec->hidden != map->edge_hidden)
         return KVEDGE_EINVAL;
-    if (cc->heads > KVEDGE_ADAPT_HEADS_MAX || ec->heads > KVEDGE_ADAPT_HEADS_MAX ||
+    const uint32_t kvc = kvedge_decoder_kv_heads(cloud), kve = kvedge_decoder_kv_heads(edge);
+    if (kvc > KVEDGE_ADAPT_HEADS_MAX || kve > KVEDGE_ADAPT_HEADS_MAX ||
         cc->head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX || ec->head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX ||
-        (size_t)cc->heads * cc->head_dim > KVEDGE_ADAPT_WIDTH_MAX ||
-        (size_t)ec->heads * ec->head_dim > KVEDGE_ADAPT_WIDTH_MAX || samples > S_SAMPLES_MAX)
+        (size_t)kvc * cc->head_dim > KVEDGE_ADAPT_WIDTH_MAX ||
+        (size_t)kve * ec->head_dim > KVEDGE_ADAPT_WIDTH_MAX || samples > S_SAMPLES_MAX)
         return KVEDGE_ETOOBIG;
     if (samples < 2 || ntokens < samples)
         return KVEDGE_ETRUNCATED;
@@ -652,14 +733,18 @@ int kvedge_adapter_fit(const kvedge_decoder_t *cloud, const kvedge_decoder_t *ed
     kvedge_adapter_info_t info = {
         .kind = kind,
         .cloud_layers = cc->layers,
-        .cloud_heads = cc->heads,
+        .cloud_heads = kvc,
         .cloud_head_dim = cc->head_dim,
         .edge_layers = ec->layers,
-        .edge_heads = ec->heads,
+        .edge_heads = kve,
         .edge_head_dim = ec->head_dim,
         .samples = samples,
         .ridge = kind == KVEDGE_ADAPT_LINEAR ? ridge : 0.0,
     };
+    kvedge_decoder_rope(cloud, &info.cloud_rope);
+    kvedge_decoder_rope(edge, &info.edge_rope);
+    const bool pairs = (info.cloud_rope.rotary || info.edge_rope.rotary) && cc->head_dim % 2 == 0 &&
+                       ec->head_dim % 2 == 0;
     snprintf(info.cloud_id, sizeof info.cloud_id, "%s", map->cloud_id);
     snprintf(info.edge_id, sizeof info.edge_id, "%s", map->edge_id);
     int32_t *from = malloc(ec->layers * sizeof(int32_t));
@@ -669,7 +754,7 @@ int kvedge_adapter_fit(const kvedge_decoder_t *cloud, const kvedge_decoder_t *ed
         from[e] = map->entry[e].cloud;
     kvedge_adapter_t *a = s_new(&info, from);
     s_states_t st = {0};
-    int rc = a ? s_states(cloud, edge, from, tokens, samples, kind == KVEDGE_ADAPT_HEADS, &st)
+    int rc = a ? s_states(cloud, edge, from, tokens, samples, kind == KVEDGE_ADAPT_HEADS, true, &st)
                : KVEDGE_ENOMEM;
     const size_t din = s_din(&info), dout = s_dout(&info);
     float *x = NULL, *y = NULL;
@@ -684,14 +769,15 @@ int kvedge_adapter_fit(const kvedge_decoder_t *cloud, const kvedge_decoder_t *ed
             continue;
         const int32_t sc = st.slot_c[from[e]], se = st.slot_e[e];
         if (kind == KVEDGE_ADAPT_HEADS) {
-            rc = s_fit_heads(&info, st.cq[sc], st.ck[sc], st.ek[se], samples, a->w[2 * e]);
+            rc = s_fit_heads(&info, st.cq[sc], cc->heads / kvc, st.ck[sc], st.ek[se], samples,
+                             pairs, a->w[2 * e]);
             if (rc == KVEDGE_OK) /* V takes the heads and channels K chose */
                 memcpy(a->w[2 * e + 1], a->w[2 * e], (din + 1) * dout * sizeof(float));
             continue;
         }
         for (int t = 0; rc == KVEDGE_OK && t < 2; t++) {
-            s_gather(t ? st.cv[sc] : st.ck[sc], cc->heads, samples, cc->head_dim, x);
-            s_gather(t ? st.ev[se] : st.ek[se], ec->heads, samples, ec->head_dim, y);
+            s_gather(t ? st.cv[sc] : st.ck[sc], kvc, samples, cc->head_dim, x);
+            s_gather(t ? st.ev[se] : st.ek[se], kve, samples, ec->head_dim, y);
             rc = kvedge_adapter_fit_linear(x, y, samples, (uint32_t)din, (uint32_t)dout, ridge,
                                            a->w[2 * e + t]);
         }
@@ -722,23 +808,45 @@ static int s_apply_one(const kvedge_adapter_info_t *i, const float *w, const flo
     return finite ? KVEDGE_OK : KVEDGE_ECORRUPT;
 }
 
-int kvedge_adapter_apply(const kvedge_adapter_t *a, uint32_t edge_layer, const float *k_src,
-                         const float *v_src, uint32_t tokens, float *k_dst, float *v_dst)
+/* kvedge_adapter_apply; with rope false the bare map, on K already un-rotated and giving K
+ * un-rotated (an evaluation compares there). */
+static int s_apply(const kvedge_adapter_t *a, uint32_t edge_layer, const float *k_src,
+                   const float *v_src, uint32_t tokens, float *k_dst, float *v_dst, bool rope)
 {
     if (!a || !k_src || !v_src || !k_dst || !v_dst || tokens == 0 ||
         kvedge_adapter_from(a, edge_layer) == KVEDGE_LAYERMAP_NONE)
         return KVEDGE_EINVAL;
     const kvedge_adapter_info_t *i = &a->info;
-    float *x = malloc((size_t)tokens * s_din(i) * sizeof(float));
+    const bool unrotate = rope && i->cloud_rope.rotary, rotate = rope && i->edge_rope.rotary;
+    const size_t src_floats = (size_t)tokens * s_din(i);
+    float *x = malloc(src_floats * sizeof(float));
     float *y = malloc((size_t)tokens * s_dout(i) * sizeof(float));
-    int rc = x && y ? KVEDGE_OK : KVEDGE_ENOMEM;
+    float *kr = unrotate ? malloc(src_floats * sizeof(float)) : NULL;
+    int rc = x && y && (!unrotate || kr) ? KVEDGE_OK : KVEDGE_ENOMEM;
+    const float *ks = k_src;
+    if (rc == KVEDGE_OK && unrotate) { /* the cloud's rotation off a copy */
+        memcpy(kr, k_src, src_floats * sizeof(float));
+        rc = kvedge_decoder_rope_apply(&i->cloud_rope, i->cloud_head_dim, kr, i->cloud_heads,
+                                       tokens, 0, true);
+        ks = kr;
+    }
     if (rc == KVEDGE_OK)
-        rc = s_apply_one(i, a->w[2 * edge_layer], k_src, tokens, x, y, k_dst);
+        rc = s_apply_one(i, a->w[2 * edge_layer], ks, tokens, x, y, k_dst);
+    if (rc == KVEDGE_OK && rotate) /* the edge's rotation on */
+        rc = kvedge_decoder_rope_apply(&i->edge_rope, i->edge_head_dim, k_dst, i->edge_heads,
+                                       tokens, 0, false);
     if (rc == KVEDGE_OK)
         rc = s_apply_one(i, a->w[2 * edge_layer + 1], v_src, tokens, x, y, v_dst);
     free(x);
     free(y);
+    free(kr);
     return rc;
+}
+
+int kvedge_adapter_apply(const kvedge_adapter_t *a, uint32_t edge_layer, const float *k_src,
+                         const float *v_src, uint32_t tokens, float *k_dst, float *v_dst)
+{
+    return s_apply(a, edge_layer, k_src, v_src, tokens, k_dst, v_dst, true);
 }
 
 /* ||ref - got|| / ||ref|| over len floats, in double. */
@@ -763,15 +871,18 @@ int kvedge_adapter_eval(const kvedge_adapter_t *a, const kvedge_decoder_t *cloud
     const kvedge_decoder_config_t *cc = kvedge_decoder_config(cloud),
                                   *ec = kvedge_decoder_config(edge);
     if (!s_models_fit(cloud, edge, i->cloud_layers, i->edge_layers) ||
-        cc->heads != i->cloud_heads || cc->head_dim != i->cloud_head_dim ||
-        ec->heads != i->edge_heads || ec->head_dim != i->edge_head_dim)
+        kvedge_decoder_kv_heads(cloud) != i->cloud_heads || cc->head_dim != i->cloud_head_dim ||
+        kvedge_decoder_kv_heads(edge) != i->edge_heads || ec->head_dim != i->edge_head_dim ||
+        kvedge_adapter_check_rope(a, cloud, edge, NULL, 0) != KVEDGE_OK)
         return KVEDGE_EINVAL;
     if (samples < 2 || ntokens < samples)
         return KVEDGE_ETRUNCATED;
     for (uint32_t e = 0; e < i->edge_layers; e++)
         err_k[e] = err_v[e] = NAN;
     s_states_t st;
-    int rc = s_states(cloud, edge, a->from, tokens, samples, false, &st);
+    /* Compared un-rotated: the edge's rotation turns rotate-half pairs, so it keeps both norms,
+     * and windows restart positions, which the un-rotated K does not depend on. */
+    int rc = s_states(cloud, edge, a->from, tokens, samples, false, true, &st);
     if (rc != KVEDGE_OK)
         return rc;
     const size_t len = (size_t)samples * s_dout(i);
@@ -781,7 +892,7 @@ int kvedge_adapter_eval(const kvedge_adapter_t *a, const kvedge_decoder_t *cloud
         if (a->from[e] == KVEDGE_LAYERMAP_NONE)
             continue;
         const int32_t sc = st.slot_c[a->from[e]], se = st.slot_e[e];
-        rc = kvedge_adapter_apply(a, e, st.ck[sc], st.cv[sc], samples, yk, yv);
+        rc = s_apply(a, e, st.ck[sc], st.cv[sc], samples, yk, yv, false);
         if (rc == KVEDGE_ECORRUPT) /* measured as it is: an infinite error */
             rc = KVEDGE_OK;
         err_k[e] = s_rel_err(st.ek[se], yk, len);
@@ -835,6 +946,67 @@ int kvedge_adapter_check(const kvedge_adapter_t *a, const kvedge_layermap_t *map
                   want[s][1], want[s][2]);
             return KVEDGE_ESHAPE;
         }
+    return KVEDGE_OK;
+}
+
+/* The shortest decimal that reads back as x, without an exponent when one that short exists
+ * (a setting reads as config.json spells it: 500000, not 5e+05). */
+static void s_fmt_plain(double x, char *out, size_t len)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(out, len, "%.*g", prec, x);
+        if (strtod(out, NULL) == x && !strchr(out, 'e'))
+            return;
+    }
+    s_fmt_double(x, out, len);
+}
+
+/* "none", or "theta=T" with ",llama3,factor=F,low_freq_factor=L,high_freq_factor=H,
+ * original_max_position_embeddings=M" when scaled: the metadata value, and what a mismatch
+ * names. */
+static void s_fmt_rope(const kvedge_decoder_rope_t *r, char *out, size_t len)
+{
+    if (!r->rotary) {
+        snprintf(out, len, "none");
+        return;
+    }
+    char t[32], f[32], lo[32], hi[32], m[32];
+    s_fmt_plain(r->theta, t, sizeof t);
+    if (!r->llama3) {
+        snprintf(out, len, "theta=%s", t);
+        return;
+    }
+    s_fmt_plain(r->factor, f, sizeof f);
+    s_fmt_plain(r->low_freq_factor, lo, sizeof lo);
+    s_fmt_plain(r->high_freq_factor, hi, sizeof hi);
+    s_fmt_plain(r->original_max, m, sizeof m);
+    snprintf(out, len,
+             "theta=%s,llama3,factor=%s,low_freq_factor=%s,high_freq_factor=%s,"
+             "original_max_position_embeddings=%s",
+             t, f, lo, hi, m);
+}
+
+int kvedge_adapter_check_rope(const kvedge_adapter_t *a, const kvedge_decoder_t *cloud,
+                              const kvedge_decoder_t *edge, char *why, size_t why_len)
+{
+    if (why && why_len)
+        why[0] = '\0';
+    if (!a)
+        return KVEDGE_EINVAL;
+    const kvedge_decoder_t *m[2] = {cloud, edge};
+    const kvedge_decoder_rope_t *want[2] = {&a->info.cloud_rope, &a->info.edge_rope};
+    for (int s = 0; s < 2; s++) {
+        kvedge_decoder_rope_t have;
+        if (!m[s] || kvedge_decoder_rope(m[s], &have) != KVEDGE_OK ||
+            kvedge_decoder_rope_equal(&have, want[s]))
+            continue;
+        char h[S_ROPE_BYTES], w[S_ROPE_BYTES];
+        s_fmt_rope(&have, h, sizeof h);
+        s_fmt_rope(want[s], w, sizeof w);
+        s_why(why, why_len, "the %s model's rotary settings are %s, the adapter's %s",
+              s ? "edge" : "cloud", h, w);
+        return KVEDGE_ESHAPE;
+    }
     return KVEDGE_OK;
 }
 
@@ -920,6 +1092,7 @@ int kvedge_adapter_save(const kvedge_adapter_t *a, const char *path)
     char ridge[32];
     s_fmt_double(i->ridge, ridge, sizeof ridge);
     s_buf_t h = {0};
+    const bool rope = i->cloud_rope.rotary || i->edge_rope.rotary;
     s_put(&h, "{\"__metadata__\":{\"format\":\"%s\",\"version\":\"%d\",\"kind\":\"%s\",", S_FORMAT,
           S_VERSION, kvedge_adapt_kind_name(i->kind));
     s_put(&h, "\"cloud_id\":");
@@ -932,7 +1105,15 @@ int kvedge_adapter_save(const kvedge_adapter_t *a, const char *path)
           i->cloud_layers, i->cloud_heads, i->cloud_head_dim, i->edge_layers, i->edge_heads,
           i->edge_head_dim);
     s_put_from(&h, a);
-    s_put(&h, "\",\"samples\":\"%u\",\"ridge\":\"%s\"}", i->samples, ridge);
+    s_put(&h, "\",\"samples\":\"%u\",\"ridge\":\"%s\"", i->samples, ridge);
+    if (rope) {
+        char r[S_ROPE_BYTES];
+        s_fmt_rope(&i->cloud_rope, r, sizeof r);
+        s_put(&h, ",\"cloud_rope\":\"%s\"", r);
+        s_fmt_rope(&i->edge_rope, r, sizeof r);
+        s_put(&h, ",\"edge_rope\":\"%s\"", r);
+    }
+    s_put(&h, "}");
     uint64_t off = 0;
     for (uint32_t e = 0; e < i->edge_layers; e++)
         for (int t = 0; a->from[e] != KVEDGE_LAYERMAP_NONE && t < 2; t++) {
@@ -1068,6 +1249,51 @@ static bool s_num(const char *s, double *out)
     return true;
 }
 
+/* One item "key=number" of a rotary setting, at *s (advanced past it and its comma). */
+static bool s_rope_item(const char **s, const char *key, double *out)
+{
+    const size_t kl = strlen(key);
+    if (strncmp(*s, key, kl) != 0 || (*s)[kl] != '=')
+        return false;
+    const char *v = *s + kl + 1;
+    const size_t n = strcspn(v, ",");
+    char tok[40];
+    if (n == 0 || n >= sizeof tok)
+        return false;
+    memcpy(tok, v, n);
+    tok[n] = '\0';
+    if (!s_num(tok, out))
+        return false;
+    *s = v + n + (v[n] == ',');
+    return true;
+}
+
+/* A rotary setting as s_fmt_rope writes it, strictly, checked. */
+static bool s_parse_rope(const char *s, kvedge_decoder_rope_t *r)
+{
+    memset(r, 0, sizeof *r);
+    if (strcmp(s, "none") == 0)
+        return true;
+    const size_t len = strlen(s);
+    if (len == 0 || s[len - 1] == ',')
+        return false;
+    r->rotary = true;
+    if (!s_rope_item(&s, "theta", &r->theta))
+        return false;
+    if (*s) {
+        if (strncmp(s, "llama3,", 7) != 0)
+            return false;
+        s += 7;
+        r->llama3 = true;
+        if (!s_rope_item(&s, "factor", &r->factor) ||
+            !s_rope_item(&s, "low_freq_factor", &r->low_freq_factor) ||
+            !s_rope_item(&s, "high_freq_factor", &r->high_freq_factor) ||
+            !s_rope_item(&s, "original_max_position_embeddings", &r->original_max) || *s)
+            return false;
+    }
+    return kvedge_decoder_rope_check(r) == KVEDGE_OK;
+}
+
 /* The metadata into info and from; 0, KVEDGE_ECORRUPT or KVEDGE_EVERSION with why. */
 static int s_read_meta(const kvedge_safetensors_t *st, const char *path, kvedge_adapter_info_t *i,
                        int32_t **from, char *why, size_t why_len)
@@ -1092,6 +1318,22 @@ static int s_read_meta(const kvedge_safetensors_t *st, const char *path, kvedge_
     if (ver != S_VERSION) {
         s_why(why, why_len, "%s: format version %u, this reader knows %d", path, ver, S_VERSION);
         return KVEDGE_EVERSION;
+    }
+    memset(&i->cloud_rope, 0, sizeof i->cloud_rope); /* absent: not rotary */
+    memset(&i->edge_rope, 0, sizeof i->edge_rope);
+    {
+        const char *rk[2] = {"cloud_rope", "edge_rope"};
+        kvedge_decoder_rope_t *ro[2] = {&i->cloud_rope, &i->edge_rope};
+        for (int k = 0; k < 2; k++) {
+            const char *rv = kvedge_safetensors_metadata(st, rk[k]);
+            if (rv && !s_parse_rope(rv, ro[k])) {
+                s_why(why, why_len,
+                      "%s: %s must be none, theta=T or theta=T,llama3,factor=F,"
+                      "low_freq_factor=L,high_freq_factor=H,original_max_position_embeddings=M",
+                      path, rk[k]);
+                return KVEDGE_ECORRUPT;
+            }
+        }
     }
     if (kvedge_adapt_kind_parse(v[2], &i->kind) != KVEDGE_OK) {
         s_why(why, why_len, "%s: kind must be linear or heads", path);

@@ -13,9 +13,15 @@
  *  - KVEDGE_ADAPT_LINEAR: a least-squares linear map with a bias per mapped layer, fitted on
  *    calibration text (edge K/V ~ [cloud K/V, 1] W), ridge-regularised.
  *
+ * Heads are KV heads throughout (grouped-query attention: a model's num_key_value_heads, not
+ * its query heads). Rotary models (the Llama family) store K after the rotation, which a
+ * per-token linear map or a channel selection does not commute with: fitting and applying work
+ * on K with the rotation taken off (each model's own settings, recorded in the adapter), and a
+ * channel selection keeps rotate-half pairs (j, j + head_dim / 2) together.
+ *
  * An adapter is a safetensors file (format in docs/largesmall.md) written beside the map; its
- * metadata name both models and their shapes and the map's layer pairs, and the reader checks
- * them. */
+ * metadata name both models and their shapes, rotary settings and the map's layer pairs, and
+ * the reader checks them. */
 #ifndef KVEDGE_CLIENTS_ADAPTER_H
 #define KVEDGE_CLIENTS_ADAPTER_H
 
@@ -59,12 +65,19 @@ typedef struct {
     uint32_t edge_layers, edge_heads, edge_head_dim;
     uint32_t samples; /* calibration token positions it was fitted on */
     double ridge;     /* linear: the relative ridge; heads: 0 */
+    /* Rotary settings of each model (rotary false: learned positions, as OPT's, and what a file
+     * that names none means). The map acts on un-rotated K: apply takes the cloud's rotation
+     * off its K, maps, and puts the edge's on (V is never rotated). */
+    kvedge_decoder_rope_t cloud_rope, edge_rope;
 } kvedge_adapter_info_t;
 
 /* Fits an adapter of the given kind for every mapped edge layer of map (entry[e].cloud !=
  * KVEDGE_LAYERMAP_NONE): both models run over tokens[0..samples) (windows as
- * kvedge_layermap_collect), collecting each mapped pair's K and V (and the cloud's queries for
- * ThinK; the decoder's scaled queries, which rank channels as unscaled ones would). ridge:
+ * kvedge_layermap_collect), collecting each mapped pair's K and V per KV head (and the cloud's
+ * queries for ThinK; the decoder's scaled queries, which rank channels as unscaled ones would;
+ * a KV head's queries are those of the query heads that read it). A rotary model's K (and
+ * queries) are un-rotated with its own settings before the fit, which records both models'
+ * settings. ridge:
  * linear only (< 0: the default; NaN or infinite: KVEDGE_EINVAL). The map's layer counts and
  * hidden sizes must be the models'; its ids become the adapter's. Errors: KVEDGE_EINVAL (bad
  * arguments, a map for other models, a singular linear system: ridge 0 with too few samples),
@@ -88,20 +101,31 @@ const kvedge_adapter_info_t *kvedge_adapter_info(const kvedge_adapter_t *a);
 int32_t kvedge_adapter_from(const kvedge_adapter_t *a, uint32_t edge_layer);
 
 /* Adapts one mapped layer: k_src and v_src, [cloud_heads][tokens][cloud_head_dim] (the context
- * K/V of cloud layer kvedge_adapter_from(a, edge_layer)), into k_dst and v_dst,
- * [edge_heads][tokens][edge_head_dim]. CPU (gpu/adapt.h's reference); thread-safe on one
- * adapter. Errors: KVEDGE_EINVAL (NULL, tokens 0, the layer not mapped), KVEDGE_ENOMEM,
- * KVEDGE_ECORRUPT (an output is not finite: the caller computes the layer itself). */
+ * K/V of cloud layer kvedge_adapter_from(a, edge_layer), tokens at positions 0..tokens-1), into
+ * k_dst and v_dst, [edge_heads][tokens][edge_head_dim]. With a rotary cloud model its K is
+ * un-rotated (a copy; k_src is not written) before the map, with a rotary edge model the
+ * result is rotated with the edge's settings after it. CPU (gpu/adapt.h's reference, which is
+ * the bare map: kvedge_gpu_adapt does not rotate); thread-safe on one adapter. Errors:
+ * KVEDGE_EINVAL (NULL, tokens 0, the layer not mapped), KVEDGE_ENOMEM, KVEDGE_ECORRUPT (an output
+ * is not finite: the caller computes the layer itself). */
 int kvedge_adapter_apply(const kvedge_adapter_t *a, uint32_t edge_layer, const float *k_src,
                          const float *v_src, uint32_t tokens, float *k_dst, float *v_dst);
 
 /* Checks the adapter against a layer map (same ids, layer counts and layer pairs) and the two
  * models' records (layers, kv_heads, head_dim); each of map, cloud and edge may be NULL, and is
- * then not checked. Errors: KVEDGE_EINVAL (NULL a), KVEDGE_ESHAPE (a mismatch; why says
+ * then not checked. (The records carry no rotary settings; kvedge_adapter_check_rope checks
+ * those against loaded models.) Errors: KVEDGE_EINVAL (NULL a), KVEDGE_ESHAPE (a mismatch; why says
  * which). */
 int kvedge_adapter_check(const kvedge_adapter_t *a, const kvedge_layermap_t *map,
                          const kvedge_model_t *cloud, const kvedge_model_t *edge, char *why,
                          size_t why_len);
+
+/* Checks the adapter's rotary settings against two loaded models' (either may be NULL, and is
+ * then not checked): an adapter fitted for other settings would un-rotate or re-rotate K with
+ * the wrong angles. Errors: KVEDGE_EINVAL (NULL a), KVEDGE_ESHAPE (they differ; why says
+ * which side). */
+int kvedge_adapter_check_rope(const kvedge_adapter_t *a, const kvedge_decoder_t *cloud,
+                              const kvedge_decoder_t *edge, char *why, size_t why_len);
 
 /* Writes the adapter as a safetensors file (a temporary file, renamed). Errors: KVEDGE_EINVAL,
  * KVEDGE_EIO (errno holds the cause), KVEDGE_ENOMEM. */
@@ -158,6 +182,16 @@ int kvedge_adapter_fit_linear(const float *x, const float *y, uint32_t n, uint32
 int kvedge_adapter_match_heads(const float *edge_k, uint32_t edge_heads, uint32_t edge_head_dim,
                                const float *cloud_k, uint32_t cloud_heads, uint32_t cloud_head_dim,
                                uint32_t n, uint32_t *match, double *cka);
+
+/* ThinK's channel selection for a rotary head: the pairs (j, j + head_dim / 2) that rotate
+ * together are kept or dropped together, a pair scored by the sum of its two channels' scores
+ * ||Q[:,j]|| ||K[:,j]|| (which, summed, do not depend on the rotation). q [nq][head_dim] (all
+ * queries that read the head), k [n][head_dim]; channels[0..keep) receives the keep / 2 pairs
+ * of highest score (ties: the lower pair), first halves in channel order, then their partners
+ * j + head_dim / 2 in the same order. Errors: KVEDGE_EINVAL (NULL, zero sizes, head_dim or keep
+ * odd, keep > head_dim, head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX). */
+int kvedge_adapter_think_pairs(const float *q, uint32_t nq, const float *k, uint32_t n,
+                               uint32_t head_dim, uint32_t keep, uint32_t *channels);
 
 /* ThinK's channel selection (Eq. 17, its greedy criterion) for one head: q and k [n][head_dim]
  * (the head's queries and keys); channels[0..keep) receives the keep channels of highest

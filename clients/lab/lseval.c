@@ -53,20 +53,20 @@ int kvedge_lseval_adapter_check(const kvedge_adapter_t *a, const kvedge_decoder_
     const kvedge_decoder_config_t *ec = kvedge_decoder_config(edge);
     if (!in)
         return KVEDGE_EINVAL;
-    if (in->cloud_layers != cc->layers || in->cloud_heads != cc->heads ||
+    const uint32_t kvc = kvedge_decoder_kv_heads(cloud), kve = kvedge_decoder_kv_heads(edge);
+    if (in->cloud_layers != cc->layers || in->cloud_heads != kvc ||
         in->cloud_head_dim != cc->head_dim) {
         snprintf(why, why_len,
                  "the adapter is for a cloud model of %u layers x %u heads x %u, not %u x %u x %u",
-                 in->cloud_layers, in->cloud_heads, in->cloud_head_dim, cc->layers, cc->heads,
+                 in->cloud_layers, in->cloud_heads, in->cloud_head_dim, cc->layers, kvc,
                  cc->head_dim);
         return KVEDGE_ESHAPE;
     }
-    if (in->edge_layers != ec->layers || in->edge_heads != ec->heads ||
+    if (in->edge_layers != ec->layers || in->edge_heads != kve ||
         in->edge_head_dim != ec->head_dim) {
         snprintf(why, why_len,
                  "the adapter is for an edge model of %u layers x %u heads x %u, not %u x %u x %u",
-                 in->edge_layers, in->edge_heads, in->edge_head_dim, ec->layers, ec->heads,
-                 ec->head_dim);
+                 in->edge_layers, in->edge_heads, in->edge_head_dim, ec->layers, kve, ec->head_dim);
         return KVEDGE_ESHAPE;
     }
     for (uint32_t e = 0; e < ec->layers; e++) {
@@ -78,7 +78,7 @@ int kvedge_lseval_adapter_check(const kvedge_adapter_t *a, const kvedge_decoder_
             return KVEDGE_ESHAPE;
         }
     }
-    return KVEDGE_OK;
+    return kvedge_adapter_check_rope(a, cloud, edge, why, why_len);
 }
 
 /* ---------------------------------------------------------------- block round trip */
@@ -351,8 +351,8 @@ static int s_ce_row(s_ls_t *e, size_t r, const kvedge_adapter_t *a, kvedge_schem
             e->use[c] = true;
     }
     uint64_t bytes = 0, f16 = 0;
-    int rc = kvedge_lseval_roundtrip(e->ck, e->cv, Lc, e->cc->heads, e->K, e->cc->head_dim, e->use,
-                                     s, e->ct, e->qk, e->qv, &bytes, &f16);
+    int rc = kvedge_lseval_roundtrip(e->ck, e->cv, Lc, kvedge_decoder_kv_heads(e->o->cloud), e->K,
+                                     e->cc->head_dim, e->use, s, e->ct, e->qk, e->qv, &bytes, &f16);
     if (rc != KVEDGE_OK)
         return rc;
     uint32_t adapted = 0;
@@ -403,8 +403,9 @@ static int s_document(s_ls_t *e, const int32_t *doc)
     if (rc == KVEDGE_OK)
         rc = kvedge_decoder_prefill(o->edge, doc, e->K, NULL, e->ek, e->ev);
     if (rc == KVEDGE_OK)
-        rc = kvedge_lseval_roundtrip(e->ek, e->ev, Le, e->ec->heads, e->K, e->ec->head_dim, NULL,
-                                     KVEDGE_SCHEME_INT8, e->ct, e->qk, e->qv, &bytes, &f16);
+        rc = kvedge_lseval_roundtrip(e->ek, e->ev, Le, kvedge_decoder_kv_heads(e->o->edge), e->K,
+                                     e->ec->head_dim, NULL, KVEDGE_SCHEME_INT8, e->ct, e->qk, e->qv,
+                                     &bytes, &f16);
     s_src_t psrc = {e->qk, e->qv, e->kvf_e, NULL};
     if (rc == KVEDGE_OK)
         rc = s_session(e, e->es, doc, e->K, &psrc, cont, 2);

@@ -8,6 +8,10 @@
       original context so that every frequency band is used, tied head, head_dim 32) and qwen2
       (Q/K/V biases, tied head). The vocabulary is that of the llama.cpp test vocabulary
       VOCAB.gguf, whose token count sizes the embedding. Seeded: same kind, same bytes.
+  tiny_llama.py bare KIND VOCAB THETA DIR
+      the same model with a vocabulary of VOCAB tokens, rope_theta THETA and no tokenizer.json
+      (the weights do not depend on THETA: two models that differ only in it have the same
+      un-rotated K at layer 0); for tests that need no llama.cpp (test_ls_rotary).
   tiny_llama.py gguf DIR VOCAB.gguf OUT.gguf
       converts DIR to a GGUF v3 file as llama.cpp's convert_hf_to_gguf.py does for F32: the
       llama arch gets its Q/K rows permuted (LlamaModel.permute: llama.cpp's llama rotary pairs
@@ -123,10 +127,13 @@ def read_safetensors(path):
     return out
 
 
-def make(kind, vocab_gguf, tokenizer, out):
-    k = KINDS[kind]
+def make(kind, vocab_gguf, tokenizer, out, vocab=None, theta=None):
+    k = dict(KINDS[kind])
+    if theta is not None:
+        k["theta"] = theta
     rng = np.random.default_rng(k["seed"])
-    vocab = vocab_size(gguf_raw_keys(vocab_gguf))
+    if vocab is None:
+        vocab = vocab_size(gguf_raw_keys(vocab_gguf))
     H, F, hd = k["hidden"], k["ffn"], k["head_dim"]
     QD, KD = k["heads"] * hd, k["kv_heads"] * hd
 
@@ -180,8 +187,9 @@ def make(kind, vocab_gguf, tokenizer, out):
             json.dump(index, f, indent=1)
     else:
         write_safetensors(os.path.join(out, "model.safetensors"), t)
-    with open(tokenizer, "rb") as src, open(os.path.join(out, "tokenizer.json"), "wb") as dst:
-        dst.write(src.read())
+    if tokenizer is not None:
+        with open(tokenizer, "rb") as src, open(os.path.join(out, "tokenizer.json"), "wb") as dst:
+            dst.write(src.read())
 
 
 def load_dir(d):
@@ -307,6 +315,9 @@ def to_gguf(d, vocab_gguf, out):
 def main():
     if len(sys.argv) == 6 and sys.argv[1] == "make" and sys.argv[2] in KINDS:
         make(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
+    elif len(sys.argv) == 6 and sys.argv[1] == "bare" and sys.argv[2] in KINDS:
+        make(sys.argv[2], None, None, sys.argv[5], vocab=int(sys.argv[3]),
+             theta=float(sys.argv[4]))
     elif len(sys.argv) == 5 and sys.argv[1] == "gguf":
         to_gguf(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
