@@ -124,18 +124,7 @@ static void s_rope_suffix(uint32_t f, char out[KVEDGE_E2E_ROPE_SUFFIX_BYTES + 1]
 /* The rotary fingerprint an id ends with (its "@rope-XXXXXXXX" suffix), 0 when none. */
 static uint32_t s_id_rope(const char *id)
 {
-    size_t len = strlen(id), sl = KVEDGE_E2E_ROPE_SUFFIX_BYTES;
-    if (len <= sl || strncmp(id + len - sl, "@rope-", 6) != 0)
-        return 0;
-    uint32_t f = 0;
-    for (size_t i = len - 8; i < len; i++) {
-        char ch = id[i];
-        int v = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-        if (v < 0)
-            return 0;
-        f = f << 4 | (uint32_t)v;
-    }
-    return f;
+    return kvedge_model_id_rope(id);
 }
 
 int kvedge_e2e_model(const kvedge_decoder_t *d, const char *id, kvedge_model_t *out)

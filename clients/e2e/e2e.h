@@ -72,7 +72,7 @@ int kvedge_e2e_byte_tokens(const char *text, size_t len, uint32_t vocab, int32_t
 void kvedge_e2e_json_text(FILE *f, const char *text, size_t len);
 
 /* Bytes of the rotary suffix of a model id: "@rope-" and 8 lowercase hex digits. */
-#define KVEDGE_E2E_ROPE_SUFFIX_BYTES 14
+#define KVEDGE_E2E_ROPE_SUFFIX_BYTES KVEDGE_MODEL_ROPE_SUFFIX_BYTES
 
 /* The store's model record for a loaded decoder: layers, kv_heads (the decoder's KV heads,
  * kvedge_decoder_kv_heads: fewer than its query heads under grouped-query attention),

@@ -299,12 +299,35 @@ static void test_opt_id_unchanged(void **state)
     kvedge_decoder_destroy(&d);
 }
 
+/* What a proxy with no master knows of a rotary id named after a built-in shape. */
+static void test_builtin_rope(void **state)
+{
+    (void)state;
+    kvedge_model_t m;
+    assert_int_equal(kvedge_model_id_rope("llama-3.2-1b@rope-0123abcd"), 0x0123abcdu);
+    assert_int_equal(kvedge_model_builtin_rope("llama-3.2-1b@rope-0123abcd", &m), KVEDGE_OK);
+    assert_string_equal(m.id, "llama-3.2-1b@rope-0123abcd");
+    assert_int_equal(m.layers, 16);
+    assert_int_equal(m.kv_heads, 8);
+    assert_int_equal(m.head_dim, 64);
+    assert_int_equal(m.dtype, KVEDGE_DTYPE_FP16);
+    /* Not built in, no suffix, a malformed suffix. */
+    assert_int_equal(kvedge_model_builtin_rope("tiny@rope-0123abcd", &m), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_model_builtin_rope("llama-3.2-1b", &m), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_model_builtin_rope("llama-3.2-1b@rope-0123ABCD", &m), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_model_builtin_rope("llama-3.2-1b@rope-123abcd", &m), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_model_builtin_rope("@rope-0123abcd", &m), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_model_builtin_rope(NULL, &m), KVEDGE_ENOMODEL);
+    assert_int_equal(kvedge_model_id_rope(NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gqa_fetched_matches_recompute),
         cmocka_unit_test(test_rope_mismatch_refused),
         cmocka_unit_test(test_opt_id_unchanged),
+        cmocka_unit_test(test_builtin_rope),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
