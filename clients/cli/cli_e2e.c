@@ -978,13 +978,16 @@ static int s_prefill_put(kvedge_cli_t *cli, s_prefill_t *r)
             ex = KVEDGE_EXIT_USAGE;
         } else if (rc != KVEDGE_OK) {
             ex = s_remote_fail(c, cli, rc);
-        } else if (strcmp(c->model.id, c->model_id) != 0) {
+        } else if (strcmp(c->model.id, c->model_id) != 0 &&
+                   kvedge_model_builtin(c->model_id, &(kvedge_model_t){0}) != KVEDGE_OK) {
             /* The plain id too, with no blocks: a decode by a model of other rotary settings
-             * then learns that the context is there, for another model (s_decode_connect). */
+             * then learns that the context is there, for another model (s_decode_connect).
+             * A built-in id needs none (every node knows it); one another client registered
+             * with another shape keeps it. */
             kvedge_model_t plain = c->model;
             snprintf(plain.id, sizeof plain.id, "%s", c->model_id);
             rc = kvedge_client_put_model(node, &plain);
-            if (rc != KVEDGE_OK)
+            if (rc != KVEDGE_OK && rc != KVEDGE_ESHAPE)
                 ex = s_remote_fail(c, cli, rc);
         }
         r->n_ids = r->st.n_chunks ? r->st.n_chunks : max;
@@ -1510,7 +1513,8 @@ static int s_decode_connect(kvedge_cli_t *cli, s_decode_t *r, kvedge_client_t **
             (known.layers != r->c.model.layers || known.kv_heads != r->c.model.kv_heads ||
              known.head_dim != r->c.model.head_dim))
             rc = KVEDGE_ESHAPE;
-        if (rc == KVEDGE_ENOMODEL && strcmp(r->c.model.id, r->c.model_id) != 0 &&
+        bool builtin = kvedge_model_builtin(r->c.model_id, &(kvedge_model_t){0}) == KVEDGE_OK;
+        if (rc == KVEDGE_ENOMODEL && strcmp(r->c.model.id, r->c.model_id) != 0 && !builtin &&
             kvedge_client_get_model(*proxy, r->c.model_id, &known) == KVEDGE_OK) {
             kvedge_cli_error("decode: the context of model '%s' on %s was prefilled by a model "
                              "with other rotary settings than %s (rope_theta or rope_scaling; "

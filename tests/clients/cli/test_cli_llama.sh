@@ -101,6 +101,18 @@ cat "$tmp/theta.err"
 grep -q "prefilled by a model with other rotary settings" "$tmp/theta.err" ||
     fail "the refusal does not say why"
 
+step "a built-in name as the id: the suffixed id is stored, the other rotary settings miss it"
+"$kv" -H "$ep" prefill --weights "$tmp/llama" --model-id llama-3.2-1b --context "$ctx" \
+    >"$tmp/builtin.out" || fail "prefill under a built-in name failed"
+grep -Eq "of llama-3.2-1b@rope-[0-9a-f]{8} " "$tmp/builtin.out" || fail "no suffixed id"
+set +e
+"$kv" -H "$ep" decode --weights "$tmp/llama-theta" --model-id llama-3.2-1b --context "$ctx" \
+    --prompt " And" --max-new 2 >/dev/null 2>"$tmp/builtin.err"
+rc=$?
+set -e
+[ "$rc" = 3 ] && grep -q "does not know model 'llama-3.2-1b@rope-" "$tmp/builtin.err" ||
+    { cat "$tmp/builtin.err" >&2; fail "decode with other rotary settings under a built-in name: exit $rc"; }
+
 step "--add-bos and --special"
 count() { "$kv" -H "$ep" --json prefill --weights "$tmp/llama" --model-id bos --chunk-tokens 4 "$@" |
     "$py" -c 'import json, sys; print(json.load(sys.stdin)["tokens"])'; }
