@@ -33,7 +33,7 @@ done
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvedge-cli-llama.XXXXXX")
 pid=
 cleanup() {
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi
     wait 2>/dev/null || true
     rm -rf "$tmp"
 }
