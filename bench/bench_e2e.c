@@ -52,15 +52,16 @@
 #define KVEDGE_BENCH_KVEDGE_BIN "clients/kvedge"
 #endif
 
-#define S_SHAPE           "opt-125m"
-#define S_MODEL_ID        "opt-125m" /* the built-in record: a proxy without a master knows it */
+/* The default --shape. Its name is the model id: a built-in record (a rotary model's with its
+ * @rope- suffix, which a proxy without a master knows by the built-in shape). */
+#define S_SHAPE_DEFAULT   "opt-125m"
 #define S_WEIGHTS_SEED    125
 #define S_TOKENS_SEED     0x6b7665646765ull /* contexts and prompts */
 #define S_ARRIVALS_SEED   7
 #define S_MAX_CONTEXTS    8
 #define S_MAX_RATES       16
 #define S_MAX_CHUNKS      64
-#define S_MAX_TOKENS      2048 /* OPT's positions */
+#define S_MAX_TOKENS      8192 /* longest context (the shape's positions bound it too) */
 #define S_MAX_EDGES       8
 #define S_MAX_REQUESTS    1000
 #define S_MAX_RUNS        100
@@ -83,7 +84,8 @@ typedef struct {
     uint32_t prompt, max_new, runs;
     bool quick;
     const char *out;
-    bool run_a, run_b, run_c, run_d;
+    bool run_a, run_b, run_c, run_d, run_l;
+    const char *shape;         /* --shape: the model shape of the synthetic weights */
     uint32_t learn_requests;   /* D: requests per series */
     const char *links;         /* C: the cloud links swept (NULL: all four) */
     double rates[S_MAX_RATES]; /* loads (multiples of cloud-only's capacity), or req/s */
@@ -466,7 +468,7 @@ static int s_child(int argc, char **argv)
     uint32_t n = (uint32_t)strtoul(argv[1], NULL, 10);
     s_dec = kvedge_decoder_new();
     if (!s_dec || kvedge_decoder_load(s_dec, s_weights, 0) != 0 ||
-        kvedge_e2e_model(s_dec, S_MODEL_ID, &s_model) != 0 || n == 0 || n > S_MAX_TOKENS)
+        kvedge_e2e_model(s_dec, s_cfg.shape, &s_model) != 0 || n == 0 || n > S_MAX_TOKENS)
         return 1;
     s_ctx_t *x = s_context(n);
     float cu, ru;
@@ -510,6 +512,8 @@ static bool s_rss(kvedge_e2e_mode_t mode, const s_ctx_t *x, const char *proxy_ep
                     snew,
                     "--weights",
                     s_weights,
+                    "--shape",
+                    (char *)s_cfg.shape,
                     "--child",
                     smode,
                     sn,
@@ -599,7 +603,7 @@ static void s_run_a(void)
            "request, RSS = resident set of a fresh process after loading the model -> its "
            "peak during one request. Medians of %u runs after one warm-up each, modes "
            "interleaved. Every process shares this machine's %ld cores.\n\n",
-           S_SHAPE, S_WEIGHTS_SEED, s_cfg.prompt, s_cfg.max_new, S_CLOUD_LINK, s_cfg.runs,
+           s_cfg.shape, S_WEIGHTS_SEED, s_cfg.prompt, s_cfg.max_new, S_CLOUD_LINK, s_cfg.runs,
            sysconf(_SC_NPROCESSORS_ONLN));
     printf("| context | mode | TTFT ms | total ms | edge-only TTFT / TTFT | layers cloud / history "
            "/ computed | weights MB | KV MB | RSS MB load -> peak | sent bytes | received MB | "
@@ -1017,7 +1021,7 @@ static double s_transfer_alone(kvedge_client_t *c, const s_ctx_t *x, pid_t proxy
         t.dtype = KVEDGE_DTYPE_FP32;
         t.base = k + (size_t)l * kvf;
         t.cap_bytes = kvf * sizeof(float);
-        t.heads = dc->heads;
+        t.heads = kvedge_decoder_kv_heads(s_dec);
         t.head_dim = dc->head_dim;
         t.tokens_cap = x->n;
         kd[l] = t;
@@ -1339,6 +1343,140 @@ static void s_run_d(void)
     fflush(stdout);
 }
 
+/* ---------------------------------------------------------------- L: Llama-family shapes */
+
+/* L's cloud links, one way, with S_SWEEP_LATENCY. */
+static const char *const s_l_rates[] = {"100mbit", "1gbit"};
+static const double s_l_bps[] = {100e6, 1e9};
+#define S_L_LINKS 2
+
+/* Puts x's context K/V (computed once, k and v) to the node at ep encoded as scheme, pinned.
+ * Returns the stored bytes. */
+static uint64_t s_l_put(s_ctx_t *x, const char *ep, kvedge_scheme_t scheme, const float *k,
+                        const float *v)
+{
+    kvedge_client_t *c = s_connect(ep);
+    kvedge_e2e_quant_t q;
+    kvedge_e2e_quant_default(&q);
+    q.scheme = scheme;
+    q.pin = true;
+    kvedge_e2e_prefill_stats_t st;
+    s_check(kvedge_e2e_prefill_kv(c, s_dec, &s_model, x->tok, x->n, 0, &q, k, v, x->ids,
+                                  S_MAX_CHUNKS, &st),
+            "put");
+    x->nids = st.n_chunks;
+    s_release(&c);
+    return st.bytes;
+}
+
+/* Median TTFT (ms) of runs requests of mode on x (prompts 1..), after one warm-up request
+ * (prompt 0) but for edge-only: at these shapes one edge-only request takes many seconds, and
+ * it needs no connection or calibration warmed. mix gets the last run's layer mix. */
+static double s_l_ttft(kvedge_e2e_mode_t mode, s_ctx_t *x, kvedge_client_t *c, uint32_t mix[5],
+                       kvedge_e2e_result_t *res)
+{
+    double t[S_MAX_RUNS];
+    if (mode != KVEDGE_E2E_LOCAL)
+        s_check(s_decode(mode, x, 0, c, true, 1, res), "warm-up");
+    for (uint32_t k = 0; k < s_cfg.runs; k++) {
+        s_check(s_decode(mode, x, 1 + k, c, true, 1, res), kvedge_e2e_mode_name(mode));
+        t[k] = res->ttft_us / 1e3;
+    }
+    if (mix)
+        s_layer_mix(res, mix);
+    return bench_median(t, s_cfg.runs);
+}
+
+/* kvedge TTFT through a fresh proxy whose one source is the node at ep behind link i. */
+static double s_l_kvedge(s_ctx_t *x, const char *ep, size_t i, uint32_t mix[5],
+                         kvedge_e2e_result_t *res)
+{
+    char spec[700], pep[400];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s link=%s,%s bw=%.0f rtt=%d", ep, s_l_rates[i],
+             S_SWEEP_LATENCY, s_l_bps[i] / 8, S_CLOUD_RTT_US);
+    const char *src[] = {spec};
+    pid_t px = s_proxy("proxy-l", src, 1, pep, sizeof pep);
+    kvedge_client_t *c = s_connect(pep);
+    double ms = s_l_ttft(KVEDGE_E2E_KVEDGE, x, c, mix, res);
+    s_release(&c);
+    s_stop(px);
+    return ms;
+}
+
+static void s_run_l(void)
+{
+    const kvedge_decoder_config_t *dc = kvedge_decoder_config(s_dec);
+    char ep4[320];
+    s_store("cloud4", "cloud", ep4, sizeof ep4);
+    kvedge_model_t ref;
+    s_check(kvedge_model_builtin("opt-1.3b", &ref), "opt-1.3b");
+    const double tok_fp16 = (double)kvedge_model_fp16_bytes(&s_model, 1),
+                 ref_fp16 = (double)kvedge_model_fp16_bytes(&ref, 1);
+    printf("### L. Llama-family shapes: TTFT of kvedge (int8, int4) against edge-only and "
+           "cloud-only\n\n"
+           "%s shape (%s: %u layers, %u query / %u KV heads of %u, hidden %u, ffn %u, vocab %u), "
+           "synthetic weights, fp32 CPU decoder; model id %s. Prompt %u tokens, TTFT (1 new "
+           "token). kvedge: the context's K/V on a cloud node (int8, or int4 with the codec's "
+           "groups) behind the cloud link (%s one way), a fresh edge proxy per point, "
+           "recomputation priced. edge-only: every layer recomputed on the edge (no link). "
+           "cloud-only: the prompt goes over the same link to an emulated cloud model with the "
+           "context in its prefix cache (its prefill not timed), the same CPU decoder. Medians "
+           "of %u runs (kvedge and cloud-only after one warm-up request, edge-only none).\n\n",
+           s_cfg.shape, kvedge_decoder_arch(s_dec), dc->layers, dc->heads,
+           kvedge_decoder_kv_heads(s_dec), dc->head_dim, dc->hidden, dc->ffn, dc->vocab, s_model.id,
+           s_cfg.prompt, S_SWEEP_LATENCY, s_cfg.runs);
+    printf("| context | cloud link | kvedge int8 TTFT ms (fetched / computed) | kvedge int4 TTFT "
+           "ms (fetched / computed) | edge-only TTFT ms | cloud-only TTFT ms | edge-only / "
+           "kvedge int8 | cloud-only / kvedge int8 |\n|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    fflush(stdout);
+    kvedge_e2e_result_t *res = bench_alloc(sizeof *res);
+    double per_tok[S_MAX_CONTEXTS][2];
+    for (size_t ci = 0; ci < s_cfg.ncontexts; ci++) {
+        s_ctx_t *x = s_context(s_cfg.contexts[ci]);
+        const size_t kvf = kvedge_decoder_kv_floats(s_dec, x->n);
+        float *k = bench_alloc((size_t)dc->layers * kvf * sizeof *k),
+              *v = bench_alloc((size_t)dc->layers * kvf * sizeof *v);
+        double t0 = bench_now_s();
+        s_check(kvedge_decoder_prefill(s_dec, x->tok, x->n, NULL, k, v), "cloud prefill");
+        fprintf(stderr, "bench_e2e: L: %s context %u prefilled in %.1f s\n", s_cfg.shape, x->n,
+                bench_now_s() - t0);
+        per_tok[ci][0] = (double)s_l_put(x, s_cloud_ep, KVEDGE_SCHEME_INT8, k, v) / x->n;
+        per_tok[ci][1] = (double)s_l_put(x, ep4, KVEDGE_SCHEME_INT4, k, v) / x->n;
+        free(k);
+        free(v);
+        double eo = s_l_ttft(KVEDGE_E2E_LOCAL, x, NULL, NULL, res);
+        fprintf(stderr, "bench_e2e: L: context %u edge-only %.0f ms\n", x->n, eo);
+        for (size_t i = 0; i < S_L_LINKS; i++) {
+            char link[64];
+            snprintf(link, sizeof link, "%s,%s", s_l_rates[i], S_SWEEP_LATENCY);
+            s_check(kvedge_e2e_cloud_new(s_dec, x->tok, x->n, link, &x->cloud),
+                    "cloud-only service");
+            double co = s_l_ttft(KVEDGE_E2E_CLOUD_ONLY, x, NULL, NULL, res);
+            kvedge_e2e_cloud_destroy(&x->cloud);
+            uint32_t m8[5], m4[5];
+            double k8 = s_l_kvedge(x, s_cloud_ep, i, m8, res);
+            double k4 = s_l_kvedge(x, ep4, i, m4, res);
+            printf("| %u | %s, %s | %.0f (%u / %u) | %.0f (%u / %u) | %.0f | %.0f | %.2f | %.2f "
+                   "|\n",
+                   x->n, s_l_rates[i], S_SWEEP_LATENCY, k8, dc->layers - m8[0], m8[0], k4,
+                   dc->layers - m4[0], m4[0], eo, co, eo / k8, co / k8);
+            fflush(stdout);
+        }
+    }
+    printf("\nBytes per context token: the K/V in fp16 (layers x KV heads x head_dim x 2 x 2 "
+           "bytes) against opt-1.3b's (%u layers x %u heads x %u: %.0f bytes), and as stored "
+           "(encoded blocks, lz4 where it helps).\n\n"
+           "| shape | fp16 K/V bytes / token | / opt-1.3b's | context | int8 stored bytes / "
+           "token | int4 stored bytes / token |\n|---|---:|---:|---:|---:|---:|\n",
+           ref.layers, ref.kv_heads, ref.head_dim, ref_fp16);
+    for (size_t ci = 0; ci < s_cfg.ncontexts; ci++)
+        printf("| %s | %.0f | %.3f | %u | %.0f | %.0f |\n", s_cfg.shape, tok_fp16,
+               tok_fp16 / ref_fp16, s_cfg.contexts[ci], per_tok[ci][0], per_tok[ci][1]);
+    printf("\n");
+    fflush(stdout);
+    free(res);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static size_t s_parse_list(const char *s, double *out, size_t max)
@@ -1365,7 +1503,10 @@ static void s_usage(const char *argv0)
             "          [--out DIR] [--only ABC] [--loads 0.3,0.6,1.2,2.4 | --rates R,...]\n"
             "          [--requests 8] [--edges 2] [--no-rss] [--verbose]\n"
             "          [--kvedge BIN (default %s)] [--learn-requests 8]\n"
-            "          [--links 10mbit,100mbit,1gbit,10gbit]\n"
+            "          [--links 10mbit,100mbit,1gbit,10gbit] [--shape opt-125m]\n"
+            "--shape: the synthetic model (opt-125m, opt-1.3b, llama-3.2-1b, qwen2.5-0.5b, ...).\n"
+            "--only L (Llama-family shapes: kvedge int8 / int4 against edge-only and cloud-only\n"
+            "at 100 Mbit/s and 1 Gbit/s) runs only when named.\n"
             "--loads: B's rates as multiples of the cloud model's measured capacity; --rates:\n"
             "in requests/s. --quick: 1 run, 4 requests per point at loads 0.5 and 2.\n"
             "--only D (learned decoder speed) runs only when named; --learn-requests: per\n"
@@ -1395,6 +1536,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
         O_CHILD,
         O_LEARN_REQUESTS,
         O_LINKS,
+        O_SHAPE,
         O_HELP
     };
     static const struct option opts[] = {
@@ -1416,6 +1558,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
         {"child", no_argument, NULL, O_CHILD},           /* internal: s_rss */
         {"learn-requests", required_argument, NULL, O_LEARN_REQUESTS},
         {"links", required_argument, NULL, O_LINKS},
+        {"shape", required_argument, NULL, O_SHAPE},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0}};
     memset(&s_cfg, 0, sizeof s_cfg);
@@ -1430,6 +1573,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
     s_cfg.edges = 2;
     s_cfg.rss = true;
     s_cfg.bin = KVEDGE_BENCH_KVEDGE_BIN;
+    s_cfg.shape = S_SHAPE_DEFAULT;
     long runs = -1, requests = -1;
     const char *rates = NULL;
     double tmp[S_MAX_RATES];
@@ -1487,6 +1631,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
             s_cfg.run_b = strchr(optarg, 'B') || strchr(optarg, 'b');
             s_cfg.run_c = strchr(optarg, 'C') || strchr(optarg, 'c');
             s_cfg.run_d = strchr(optarg, 'D') || strchr(optarg, 'd');
+            s_cfg.run_l = strchr(optarg, 'L') || strchr(optarg, 'l');
             break;
         case O_RATES:
         case O_LOADS:
@@ -1507,6 +1652,13 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
                 p += k + (e != NULL);
             }
             break;
+        case O_SHAPE: {
+            kvedge_decoder_config_t c;
+            if (kvedge_decoder_shape(optarg, &c) != KVEDGE_OK)
+                s_usage(argv[0]);
+            s_cfg.shape = optarg;
+            break;
+        }
         case O_VERBOSE:
             s_cfg.verbose = true;
             break;
@@ -1575,14 +1727,20 @@ int main(int argc, char **argv)
     double t_start = bench_now_s();
 
     kvedge_decoder_config_t shape;
-    s_check(kvedge_decoder_shape(S_SHAPE, &shape), "shape");
-    snprintf(s_weights, sizeof s_weights, "%s/%s-synth.safetensors", s_dir, S_SHAPE);
-    s_check(kvedge_decoder_synthesize(s_weights, &shape, S_WEIGHTS_SEED, true), "synthesize");
+    s_check(kvedge_decoder_shape(s_cfg.shape, &shape), "shape");
+    const bool opt = strcmp(kvedge_decoder_shape_arch(s_cfg.shape), "opt") == 0;
+    snprintf(s_weights, sizeof s_weights, "%s/%s-synth%s", s_dir, s_cfg.shape,
+             opt ? ".safetensors" : "");
+    double t_synth = bench_now_s();
+    s_check(kvedge_decoder_synthesize_shape(s_cfg.shape, s_weights, S_WEIGHTS_SEED, true),
+            "synthesize");
     s_dec = kvedge_decoder_new();
     if (!s_dec)
         s_die("decoder", KVEDGE_ENOMEM);
     s_check(kvedge_decoder_load(s_dec, s_weights, 0), "load");
-    s_check(kvedge_e2e_model(s_dec, S_MODEL_ID, &s_model), "model");
+    s_check(kvedge_e2e_model(s_dec, s_cfg.shape, &s_model), "model");
+    fprintf(stderr, "bench_e2e: %s synthesized and loaded in %.1f s\n", s_cfg.shape,
+            bench_now_s() - t_synth);
     for (size_t i = 0; i < s_cfg.ncontexts; i++)
         if (s_cfg.contexts[i] + s_cfg.prompt + s_cfg.max_new > shape.max_positions) {
             fprintf(stderr, "bench_e2e: context %u + prompt + new is over %u positions\n",
@@ -1593,8 +1751,10 @@ int main(int argc, char **argv)
     s_cloud_pid = s_store("cloud", "cloud", s_cloud_ep, sizeof s_cloud_ep);
     s_store("history", "edge", s_hist_ep, sizeof s_hist_ep);
 
-    printf("## End to end (bench_e2e): %ld cores, %s shape (synthetic weights, %.0f MB fp32)\n\n",
-           sysconf(_SC_NPROCESSORS_ONLN), S_SHAPE,
+    printf("## End to end (bench_e2e): %ld cores, %s shape (%s, %u layers, %u query / %u KV heads "
+           "of %u; synthetic weights, %.0f MB fp32)\n\n",
+           sysconf(_SC_NPROCESSORS_ONLN), s_cfg.shape, kvedge_decoder_arch(s_dec), shape.layers,
+           shape.heads, kvedge_decoder_kv_heads(s_dec), shape.head_dim,
            (double)kvedge_decoder_weights_bytes(s_dec) / 1e6);
     fflush(stdout);
     if (s_cfg.run_a)
@@ -1605,6 +1765,8 @@ int main(int argc, char **argv)
         s_run_c();
     if (s_cfg.run_d)
         s_run_d();
+    if (s_cfg.run_l)
+        s_run_l();
     printf("bench_e2e: %.0f s in all; data files in %s\n", bench_now_s() - t_start, s_cfg.out);
     s_cleanup();
     for (size_t i = 0; i < S_MAX_CONTEXTS; i++)

@@ -20,11 +20,19 @@ int kvedge_proxy_impl_model(kvedge_proxy_impl_t *p, const char *id, kvedge_model
 {
     if (kvedge_model_builtin(id, out) == KVEDGE_OK)
         return KVEDGE_OK;
+    /* A rotary model registered nowhere but named after a built-in shape ("llama-3.2-1b"
+     * with its rotary suffix): the built-in's shape. A registered record comes first. */
+    kvedge_model_t rope;
+    bool by_rope = kvedge_model_builtin_rope(id, &rope) == KVEDGE_OK;
     if (p->view && p->has_tenant &&
         kvedge_mview_tenant_model(p->view, p->tenant_tag, id, out) == KVEDGE_OK)
         return KVEDGE_OK;
     if (p->view && kvedge_mview_model(p->view, id, out) == KVEDGE_OK)
         return KVEDGE_OK;
+    if (by_rope) {
+        *out = rope;
+        return KVEDGE_OK;
+    }
     return KVEDGE_ENOMODEL;
 }
 

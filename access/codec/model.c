@@ -43,6 +43,40 @@ int kvedge_model_builtin(const char *id, kvedge_model_t *out)
     return KVEDGE_ENOMODEL;
 }
 
+uint32_t kvedge_model_id_rope(const char *id)
+{
+    size_t len = id ? strnlen(id, KVEDGE_MODEL_ID_MAX_BYTES + 1) : 0;
+    const size_t sl = KVEDGE_MODEL_ROPE_SUFFIX_BYTES;
+    if (len <= sl || len > KVEDGE_MODEL_ID_MAX_BYTES || strncmp(id + len - sl, "@rope-", 6) != 0)
+        return 0;
+    uint32_t f = 0;
+    for (size_t i = len - 8; i < len; i++) {
+        char ch = id[i];
+        int v = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+        if (v < 0)
+            return 0;
+        f = f << 4 | (uint32_t)v;
+    }
+    return f;
+}
+
+int kvedge_model_builtin_rope(const char *id, kvedge_model_t *out)
+{
+    if (!out || kvedge_model_id_rope(id) == 0)
+        return KVEDGE_ENOMODEL;
+    char base[KVEDGE_MODEL_ID_MAX_BYTES + 1];
+    size_t blen = strlen(id) - KVEDGE_MODEL_ROPE_SUFFIX_BYTES;
+    memcpy(base, id, blen);
+    base[blen] = '\0';
+    kvedge_model_t m;
+    if (kvedge_model_builtin(base, &m) != KVEDGE_OK)
+        return KVEDGE_ENOMODEL;
+    memcpy(m.id, id, strlen(id) + 1);
+    m.dtype = KVEDGE_DTYPE_FP16;
+    *out = m;
+    return KVEDGE_OK;
+}
+
 int kvedge_model_check(const kvedge_model_t *m)
 {
     if (!m || m->id[0] == '\0' || m->layers == 0 || m->kv_heads == 0 || m->head_dim == 0 ||

@@ -31,6 +31,19 @@ int kvedge_model_check(const kvedge_model_t *m);
  * Returns 0 or KVEDGE_ENOMODEL. */
 int kvedge_model_builtin(const char *id, kvedge_model_t *out);
 
+/* Bytes of the rotary suffix a rotary model's id carries (clients/e2e/e2e.h,
+ * kvedge_e2e_model): "@rope-" and 8 lowercase hex digits, a fingerprint of its rotary
+ * frequencies. The stored record has no field for them; the id does. */
+#define KVEDGE_MODEL_ROPE_SUFFIX_BYTES 14
+
+/* The rotary fingerprint an id ends with ("@rope-XXXXXXXX"), 0 when it has none. */
+uint32_t kvedge_model_id_rope(const char *id);
+
+/* kvedge_model_builtin for an id with a rotary suffix whose base (the id without it) is built
+ * in: the base's shape under the whole id, in fp16 (what kvedge_e2e_prefill stores). What a
+ * proxy with no master knows of "llama-3.2-1b@rope-XXXXXXXX". Returns 0 or KVEDGE_ENOMODEL. */
+int kvedge_model_builtin_rope(const char *id, kvedge_model_t *out);
+
 /* The built-in table: *n entries, static storage. */
 const kvedge_model_t *kvedge_model_builtins(size_t *n);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "runtime/mview.h"
 #include "access/shaper.h"
@@ -27,10 +28,6 @@
  * many bytes as it may use tokens). */
 #define S_CONTEXT_MAX_BYTES (64u << 20)
 
-/* The shapes kvedge_decoder_shape knows: a loaded model that matches one takes its name as
- * the default --model-id. */
-static const char *const s_shapes[] = {"opt-125m", "opt-1.3b", "opt-2.7b", "opt-tiny", NULL};
-
 static double s_now_ms(void)
 {
     struct timespec ts;
@@ -47,6 +44,9 @@ typedef struct {
     const char *model_id;
     const char *ctx_file, *ctx_text, *ctx_ids;
     const char *tokenizer; /* --tokenizer: text goes through this BPE, not the byte tokenizer */
+    const char *add_bos;   /* --add-bos: auto, yes or no */
+    bool special;          /* --special: special tokens in the text are their ids */
+    bool bos;              /* resolved: the context starts with the tokenizer's BOS */
     uint64_t tokens;       /* --tokens: exactly this many context tokens (0 = as given) */
     uint64_t chunk_tokens;
     /* Loaded by s_common_load. */
@@ -60,7 +60,8 @@ typedef struct {
 
 /* The options prefill and decode share, first in each one's options struct (as `c`). */
 typedef struct {
-    const char *weights, *model_id, *tokenizer;
+    const char *weights, *model_id, *tokenizer, *add_bos;
+    bool special;
     const char *file, *context, *context_ids;
     uint32_t tokens;       /* 0: as given */
     uint32_t chunk_tokens; /* 0: the default */
@@ -70,18 +71,21 @@ typedef struct {
 #define S_COMMON_LIST(T)                                                                           \
     {.name = "weights",                                                                            \
      .letter = 'w',                                                                                \
-     .arg = "FILE",                                                                                \
+     .arg = "PATH",                                                                                \
      .type = KVEDGE_CMDOPT_STR,                                                                    \
      KVEDGE_CMDOPT_AT(T, c.weights),                                                               \
-     .help = "OPT weights (safetensors, Hugging Face names; `kvedge model-synth` makes "           \
-             "synthetic ones); required"},                                                         \
+     .help = "the model: OPT weights (safetensors, Hugging Face names) or a Hugging Face "         \
+             "model folder (config.json + safetensors: OPT, Llama, Mistral, Qwen2; its "           \
+             "tokenizer.json is the default --tokenizer); `kvedge model-synth` makes "             \
+             "synthetic ones; required"},                                                          \
         {.name = "model-id",                                                                       \
          .arg = "ID",                                                                              \
          .type = KVEDGE_CMDOPT_STR,                                                                \
          KVEDGE_CMDOPT_AT(T, c.model_id),                                                          \
          .def_text = "the shape's name",                                                           \
-         .help = "the model's id on the store; required when the weights have no known "           \
-                 "shape (opt-125m, opt-1.3b, opt-2.7b, opt-tiny)"},                                \
+         .help = "the model's id on the store (a rotary model's gets its rotary settings' "        \
+                 "@rope-XXXXXXXX suffix); required when the weights have no known shape "          \
+                 "(kvedge model-synth --help lists them)"},                                        \
         {.name = "tokenizer",                                                                      \
          .arg = "PATH",                                                                            \
          .type = KVEDGE_CMDOPT_STR,                                                                \
@@ -90,6 +94,19 @@ typedef struct {
                  "text): a folder with vocab.json + merges.txt or tokenizer.json, or a "           \
                  "tokenizer.json; its ids must fit the model's vocabulary (`kvedge tokenize` "     \
                  "shows its ids)"},                                                                \
+        {.name = "special",                                                                        \
+         .type = KVEDGE_CMDOPT_BOOL,                                                               \
+         KVEDGE_CMDOPT_AT(T, c.special),                                                           \
+         .help = "special tokens written in the text (<|begin_of_text|>, <|im_start|>) are "       \
+                 "their ids; without it they are text like any other"},                            \
+        {.name = "add-bos",                                                                        \
+         .arg = "WHEN",                                                                            \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.add_bos),                                                           \
+         .def = "auto",                                                                            \
+         .help = "auto, yes or no: start the context with the BOS token the tokenizer.json's "     \
+                 "template adds (Llama 3's <|begin_of_text|>); auto: when the template has "       \
+                 "one; yes: refused when it has none. Never before the prompt"},                   \
         {.name = "file",                                                                           \
          .arg = "FILE",                                                                            \
          .type = KVEDGE_CMDOPT_STR,                                                                \
@@ -136,10 +153,17 @@ static int s_common_from(s_common_t *c, const char *cmd, const s_common_opts_t *
                       .ctx_text = o->context,
                       .ctx_ids = o->context_ids,
                       .tokenizer = o->tokenizer,
+                      .add_bos = o->add_bos,
+                      .special = o->special,
                       .tokens = o->tokens,
                       .chunk_tokens = o->chunk_tokens};
     if (o->model_id && (!*o->model_id || strlen(o->model_id) > KVEDGE_MODEL_ID_MAX_BYTES)) {
         kvedge_cli_error("%s: bad value '%s' for --model-id", cmd, o->model_id);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (o->add_bos && strcmp(o->add_bos, "auto") != 0 && strcmp(o->add_bos, "yes") != 0 &&
+        strcmp(o->add_bos, "no") != 0) {
+        kvedge_cli_error("%s: bad value '%s' for --add-bos (auto, yes or no)", cmd, o->add_bos);
         return KVEDGE_EXIT_USAGE;
     }
     return KVEDGE_EXIT_OK;
@@ -197,13 +221,14 @@ static int s_parse_ids(const char *cmd, const char *flag, const char *s, uint32_
 /* Text to token ids with the BPE tokenizer tok (its ids fit the model: s_common_load checked)
  * or, when tok is NULL, with the byte tokenizer, with a clear message when the model's
  * vocabulary cannot hold byte ids. Returns an exit code. */
-static int s_text_ids(const char *cmd, const char *flag, kvedge_tokenizer_t *tok, const char *text,
-                      size_t len, uint32_t vocab, int32_t **out, uint32_t *n)
+static int s_text_ids(const char *cmd, const char *flag, kvedge_tokenizer_t *tok, bool special,
+                      const char *text, size_t len, uint32_t vocab, int32_t **out, uint32_t *n)
 {
     if (tok) {
         int32_t *ids = NULL;
         size_t got = 0;
-        int rc = kvedge_tokenizer_encode(tok, text, len, &ids, &got);
+        int rc = kvedge_tokenizer_encode_ex(tok, text, len, special ? KVEDGE_TOKENIZER_SPECIAL : 0,
+                                            &ids, &got);
         if (rc == KVEDGE_OK && got > UINT32_MAX) {
             free(ids);
             rc = KVEDGE_ETOOBIG;
@@ -263,6 +288,21 @@ static int s_read_file(const char *cmd, const char *path, size_t max, char **out
     return KVEDGE_EXIT_OK;
 }
 
+/* Puts the tokenizer's BOS before the context's text ids (--add-bos). Returns an exit code. */
+static int s_prepend_bos(const s_common_t *c, int32_t **ids, uint32_t *n)
+{
+    int32_t *more = realloc(*ids, ((size_t)*n + 1) * sizeof **ids);
+    if (!more) {
+        kvedge_cli_error("%s: out of memory", c->cmd);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    memmove(more + 1, more, (size_t)*n * sizeof *more);
+    more[0] = kvedge_tokenizer_bos_id(c->tok);
+    *ids = more;
+    *n += 1;
+    return KVEDGE_EXIT_OK;
+}
+
 /* The context's tokens from the one of --file, --context, --context-ids given (checked
  * by the caller), cut or repeated to --tokens when given. Returns an exit code. */
 static int s_context(s_common_t *c)
@@ -310,10 +350,12 @@ static int s_context(s_common_t *c)
         }
         if (!c->tok && len > want)
             len = want;
-        ex = len ? s_text_ids(c->cmd, c->ctx_file ? "--file" : "--context", c->tok, text, len,
-                              c->cfg->vocab, &ids, &n)
+        ex = len ? s_text_ids(c->cmd, c->ctx_file ? "--file" : "--context", c->tok, c->special,
+                              text, len, c->cfg->vocab, &ids, &n)
                  : KVEDGE_EXIT_OK;
         free(buf);
+        if (!ex && c->bos)
+            ex = s_prepend_bos(c, &ids, &n);
     }
     if (ex)
         return ex;
@@ -349,12 +391,14 @@ static int s_context(s_common_t *c)
 /* The default model id: the name of the known shape the loaded weights have, or NULL. */
 static const char *s_shape_name(const kvedge_decoder_config_t *got)
 {
-    for (int i = 0; s_shapes[i]; i++) {
+    const char *name;
+    for (size_t i = 0; (name = kvedge_decoder_shape_name(i)) != NULL; i++) {
         kvedge_decoder_config_t s;
-        if (kvedge_decoder_shape(s_shapes[i], &s) == KVEDGE_OK && s.layers == got->layers &&
-            s.heads == got->heads && s.head_dim == got->head_dim && s.hidden == got->hidden &&
-            s.ffn == got->ffn && s.vocab == got->vocab && s.max_positions == got->max_positions)
-            return s_shapes[i];
+        if (kvedge_decoder_shape(name, &s) == KVEDGE_OK && s.layers == got->layers &&
+            s.heads == got->heads && s.kv_heads == got->kv_heads && s.head_dim == got->head_dim &&
+            s.hidden == got->hidden && s.ffn == got->ffn && s.vocab == got->vocab &&
+            s.max_positions == got->max_positions)
+            return name;
     }
     return NULL;
 }
@@ -383,14 +427,51 @@ static int s_load_tokenizer(s_common_t *c)
     return KVEDGE_EXIT_OK;
 }
 
+/* The tokenizer: --tokenizer, else a model folder's own tokenizer.json; then --special and
+ * --add-bos against it. Returns an exit code. */
+static int s_tokenizer_setup(s_common_t *c)
+{
+    char own[4096];
+    struct stat st;
+    if (!c->tokenizer && stat(c->weights, &st) == 0 && S_ISDIR(st.st_mode) &&
+        (size_t)snprintf(own, sizeof own, "%s/tokenizer.json", c->weights) < sizeof own &&
+        access(own, F_OK) == 0)
+        c->tokenizer = own;
+    if (c->tokenizer) {
+        int ex = s_load_tokenizer(c);
+        if (c->tokenizer == own)
+            c->tokenizer = c->weights; /* own is about to go out of scope */
+        if (ex)
+            return ex;
+    }
+    bool yes = c->add_bos && strcmp(c->add_bos, "yes") == 0,
+         no = c->add_bos && strcmp(c->add_bos, "no") == 0;
+    if ((c->special || yes) && !c->tok) {
+        kvedge_cli_error("%s: %s needs a tokenizer (--tokenizer, or a model folder with a "
+                         "tokenizer.json)",
+                         c->cmd, c->special ? "--special" : "--add-bos yes");
+        return KVEDGE_EXIT_USAGE;
+    }
+    int32_t bos = c->tok ? kvedge_tokenizer_bos_id(c->tok) : -1;
+    if (yes && bos < 0) {
+        kvedge_cli_error("%s: --add-bos yes, but the tokenizer %s adds no BOS token (its "
+                         "template has none)",
+                         c->cmd, c->tokenizer);
+        return KVEDGE_EXIT_USAGE;
+    }
+    c->bos = !no && bos >= 0 && !c->ctx_ids;
+    return KVEDGE_EXIT_OK;
+}
+
 /* Loads the weights, settles the model id and its record, and reads the context. Returns an
  * exit code; on failure the caller still calls s_common_free. */
 static int s_common_load(s_common_t *c)
 {
     if (!c->weights) {
-        kvedge_cli_error("%s: --weights FILE is required (OPT safetensors; `kvedge model-synth "
-                         "--shape opt-125m --out FILE` makes some)",
-                         c->cmd);
+        kvedge_cli_error(
+            "%s: --weights FILE is required (an OPT safetensors file or a Hugging Face model "
+            "folder; `kvedge model-synth --shape opt-125m --out FILE` makes some)",
+            c->cmd);
         return KVEDGE_EXIT_USAGE;
     }
     int given = !!c->ctx_file + !!c->ctx_text + !!c->ctx_ids;
@@ -413,25 +494,27 @@ static int s_common_load(s_common_t *c)
         return KVEDGE_EXIT_FAILURE;
     }
     c->cfg = kvedge_decoder_config(c->d);
-    if (c->tokenizer) {
-        int ex = s_load_tokenizer(c);
-        if (ex)
-            return ex;
-    }
+    int ex = s_tokenizer_setup(c);
+    if (ex)
+        return ex;
     if (!c->model_id) {
         c->model_id = s_shape_name(c->cfg);
         if (!c->model_id) {
-            kvedge_cli_error("%s: %s has no known shape (%u layers, %u heads, hidden %u): give "
-                             "--model-id ID",
-                             c->cmd, c->weights, c->cfg->layers, c->cfg->heads, c->cfg->hidden);
+            kvedge_cli_error("%s: %s has no known shape (%u layers, %u query / %u KV heads, "
+                             "hidden %u): give --model-id ID",
+                             c->cmd, c->weights, c->cfg->layers, c->cfg->heads, c->cfg->kv_heads,
+                             c->cfg->hidden);
             return KVEDGE_EXIT_USAGE;
         }
     }
     rc = kvedge_e2e_model(c->d, c->model_id, &c->model);
     if (rc != KVEDGE_OK) {
-        kvedge_cli_error("%s: model '%s' cannot be stored: %s (%u layers, %u heads of %u)", c->cmd,
-                         c->model_id, kvedge_strerror(rc), c->cfg->layers, c->cfg->heads,
-                         c->cfg->head_dim);
+        kvedge_cli_error("%s: model '%s' cannot be stored: %s (%u layers, %u KV heads of %u)%s",
+                         c->cmd, c->model_id, kvedge_strerror(rc), c->cfg->layers, c->cfg->kv_heads,
+                         c->cfg->head_dim,
+                         rc == KVEDGE_ESHAPE ? ": the id's @rope- suffix is another model's "
+                                               "rotary settings"
+                                             : "");
         return kvedge_cli_exit_code(rc);
     }
     return s_context(c);
@@ -454,15 +537,16 @@ static int s_remote_fail(const s_common_t *c, kvedge_cli_t *cli, int rc)
         break;
     case KVEDGE_ENOMODEL:
         kvedge_cli_error("%s: %s does not know model '%s': a store node knows the models "
-                         "prefilled on it (same --model-id), a proxy the built-in ones (kvedge "
+                         "prefilled on it (same --model-id and, for a rotary model, the same "
+                         "rotary settings: its @rope- suffix), a proxy the built-in ones (kvedge "
                          "models) and those registered with its master",
-                         c->cmd, cli->host, c->model_id);
+                         c->cmd, cli->host, c->model.id[0] ? c->model.id : c->model_id);
         break;
     case KVEDGE_ESHAPE:
-        kvedge_cli_error("%s: model '%s' on %s has another shape than %s (%u layers, %u heads "
+        kvedge_cli_error("%s: model '%s' on %s has another shape than %s (%u layers, %u KV heads "
                          "of %u): use another --model-id",
-                         c->cmd, c->model_id, cli->host, c->weights, c->cfg->layers, c->cfg->heads,
-                         c->cfg->head_dim);
+                         c->cmd, c->model.id, cli->host, c->weights, c->cfg->layers,
+                         c->cfg->kv_heads, c->cfg->head_dim);
         break;
     case KVEDGE_EFULL:
         kvedge_cli_error("%s: %s is full (everything it holds is pinned)", c->cmd, cli->host);
@@ -490,14 +574,16 @@ static const kvedge_cmdopt_t s_synth_list[] = {
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_synth_opts_t, shape),
      .required = true,
-     .help = "opt-125m, opt-1.3b, opt-2.7b or opt-tiny (the test fixture's shape)"},
+     .help = "opt-125m, opt-1.3b, opt-2.7b, opt-tiny (the test fixture's shape), "
+             "llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, qwen2.5-1.5b or smollm2-360m"},
     {.name = "out",
      .letter = 'o',
-     .arg = "FILE",
+     .arg = "PATH",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_synth_opts_t, out),
      .required = true,
-     .help = "where to write (via a temporary file, renamed)"},
+     .help = "where to write: a safetensors file for an OPT shape, a model folder (created) "
+             "for a Llama-family one; files via a temporary file, renamed"},
     {.name = "seed",
      .arg = "N",
      .type = KVEDGE_CMDOPT_UINT,
@@ -513,12 +599,15 @@ static const kvedge_cmdopt_t s_synth_list[] = {
 
 static const kvedge_cmdopts_t s_synth_opts = {
     .command = "model-synth",
-    .summary = "Write synthetic OPT weights of a named shape (opt-125m, opt-1.3b, ...).",
-    .about = "Writes synthetic OPT weights of a released model's shape: the Hugging Face tensor\n"
-             "names and __metadata__, seeded normal weights (std 0.02), fp16 unless --fp32. The\n"
-             "text they generate means nothing, but every size and cost is that of the real\n"
-             "model, so prefill, decode and the benchmarks run where the real weights are not at\n"
-             "hand.\n",
+    .summary = "Write synthetic weights of a named shape (opt-125m, llama-3.2-1b, ...).",
+    .about = "Writes synthetic weights of a released model's shape: for OPT a safetensors file\n"
+             "with the Hugging Face tensor names and __metadata__; for the Llama family\n"
+             "(llama-3.2-1b/3b, qwen2.5-0.5b/1.5b, smollm2-360m) a Hugging Face model folder:\n"
+             "config.json (the published sizes, query and KV heads, rope_theta, Llama 3.2's\n"
+             "rope_scaling) and model.safetensors. Seeded normal weights (std 0.02), norms 1,\n"
+             "biases 0, fp16 unless --fp32. The text they generate means nothing, but every size\n"
+             "and cost is that of the real model, so prefill, decode and the benchmarks run where\n"
+             "the real weights are not at hand.\n",
     KVEDGE_CMDOPTS_OF(s_synth_opts_t, s_synth_list)};
 
 /* What model-synth wrote. */
@@ -533,13 +622,14 @@ static int s_synth_run(const s_synth_opts_t *o, s_synth_t *r)
 {
     if (kvedge_decoder_shape(o->shape, &r->c) != KVEDGE_OK) {
         kvedge_cli_error("model-synth: unknown shape '%s' (opt-125m, opt-1.3b, opt-2.7b, "
-                         "opt-tiny)",
+                         "opt-tiny, llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, qwen2.5-1.5b, "
+                         "smollm2-360m)",
                          o->shape);
         return KVEDGE_EXIT_USAGE;
     }
     double t0 = s_now_ms();
     errno = 0;
-    int rc = kvedge_decoder_synthesize(o->out, &r->c, o->seed, !o->fp32);
+    int rc = kvedge_decoder_synthesize_shape(o->shape, o->out, o->seed, !o->fp32);
     int err = errno;
     r->ms = s_now_ms() - t0;
     if (rc != KVEDGE_OK) {
@@ -550,12 +640,16 @@ static int s_synth_run(const s_synth_opts_t *o, s_synth_t *r)
     }
     /* Count what was written rather than what the shape implies. */
     struct stat st;
+    char file[4096];
+    const char *arch = kvedge_decoder_shape_arch(o->shape);
+    snprintf(file, sizeof file, "%s%s", o->out,
+             arch && strcmp(arch, "opt") != 0 ? "/model.safetensors" : "");
     kvedge_safetensors_t *f = kvedge_safetensors_new();
-    rc = f ? kvedge_safetensors_open(f, o->out) : KVEDGE_ENOMEM;
+    rc = f ? kvedge_safetensors_open(f, file) : KVEDGE_ENOMEM;
     for (size_t i = 0; rc == KVEDGE_OK && i < kvedge_safetensors_count(f); i++)
         r->params += kvedge_safetensors_at(f, i)->numel;
     kvedge_safetensors_destroy(&f);
-    if (rc != KVEDGE_OK || stat(o->out, &st) != 0) {
+    if (rc != KVEDGE_OK || stat(file, &st) != 0) {
         kvedge_cli_error("model-synth: wrote %s but cannot read it back: %s", o->out,
                          kvedge_strerror(rc != KVEDGE_OK ? rc : KVEDGE_EIO));
         return KVEDGE_EXIT_FAILURE;
@@ -572,16 +666,20 @@ static void s_synth_print(const kvedge_cli_t *cli, const s_synth_opts_t *o, cons
     if (cli->json) {
         printf("{\"path\":");
         kvedge_cli_json_str(stdout, o->out);
-        printf(",\"shape\":\"%s\",\"layers\":%u,\"heads\":%u,\"hidden\":%u,\"ffn\":%u,"
+        printf(",\"shape\":\"%s\",\"arch\":\"%s\",\"layers\":%u,\"heads\":%u,\"kv_heads\":%u,"
+               "\"head_dim\":%u,\"hidden\":%u,\"ffn\":%u,"
                "\"vocab\":%u,\"max_positions\":%u,\"parameters\":%llu,\"bytes\":%llu,"
                "\"dtype\":\"%s\",\"seed\":%llu,\"ms\":%.1f}\n",
-               o->shape, c->layers, c->heads, c->hidden, c->ffn, c->vocab, c->max_positions,
+               o->shape, kvedge_decoder_shape_arch(o->shape), c->layers, c->heads, c->kv_heads,
+               c->head_dim, c->hidden, c->ffn, c->vocab, c->max_positions,
                (unsigned long long)r->params, (unsigned long long)r->bytes, dtype,
                (unsigned long long)o->seed, r->ms);
         return;
     }
-    printf("wrote %s: %s (%u layers, %u heads, hidden %u, ffn %u, vocab %u, %u positions)\n",
-           o->out, o->shape, c->layers, c->heads, c->hidden, c->ffn, c->vocab, c->max_positions);
+    printf("wrote %s: %s (%s, %u layers, %u query / %u KV heads of %u, hidden %u, ffn %u, vocab "
+           "%u, %u positions)\n",
+           o->out, o->shape, kvedge_decoder_shape_arch(o->shape), c->layers, c->heads, c->kv_heads,
+           c->head_dim, c->hidden, c->ffn, c->vocab, c->max_positions);
     printf("%.2f M parameters, %s %s, seed %llu, in %.1f s\n", (double)r->params / 1e6,
            kvedge_cli_bytes(r->bytes, b, sizeof b), dtype, (unsigned long long)o->seed,
            r->ms / 1e3);
@@ -685,7 +783,7 @@ static const kvedge_cmdopts_t s_prefill_opts = {
         "Run as `kvedge -H NODE [--server-key KEY --cert FILE] prefill ...` (-H goes before\n"
         "the command). Give the shared context once: --file, --context or --context-ids.\n\n"
         "The cloud role: runs the shared context through the model and puts its K/V to the\n"
-        "store node at -H, one block per (chunk, layer, head), quantized as asked, under the\n"
+        "store node at -H, one block per (chunk, layer, KV head), quantized as asked, under the\n"
         "model id (registered on the node). Edges then decode on top of it with `kvedge -H PROXY\n"
         "decode` given the same weights, model id, context and --chunk-tokens. Prints the chunk\n"
         "chain, the blocks and bytes stored against fp16, and the time of each step.\n\n"
@@ -880,6 +978,17 @@ static int s_prefill_put(kvedge_cli_t *cli, s_prefill_t *r)
             ex = KVEDGE_EXIT_USAGE;
         } else if (rc != KVEDGE_OK) {
             ex = s_remote_fail(c, cli, rc);
+        } else if (strcmp(c->model.id, c->model_id) != 0 &&
+                   kvedge_model_builtin(c->model_id, &(kvedge_model_t){0}) != KVEDGE_OK) {
+            /* The plain id too, with no blocks: a decode by a model of other rotary settings
+             * then learns that the context is there, for another model (s_decode_connect).
+             * A built-in id needs none (every node knows it); one another client registered
+             * with another shape keeps it. */
+            kvedge_model_t plain = c->model;
+            snprintf(plain.id, sizeof plain.id, "%s", c->model_id);
+            rc = kvedge_client_put_model(node, &plain);
+            if (rc != KVEDGE_OK && rc != KVEDGE_ESHAPE)
+                ex = s_remote_fail(c, cli, rc);
         }
         r->n_ids = r->st.n_chunks ? r->st.n_chunks : max;
     }
@@ -894,7 +1003,7 @@ static void s_prefill_json(const kvedge_cli_t *cli, const s_prefill_t *r, bool m
     printf("{\"node\":");
     kvedge_cli_json_str(stdout, cli->host);
     printf(",\"model\":");
-    kvedge_cli_json_str(stdout, r->c.model_id);
+    kvedge_cli_json_str(stdout, r->c.model.id);
     printf(",\"tokens\":%u,\"chunk_tokens\":%u,\"chunks\":[", r->c.ctx_len, r->ct);
     for (size_t i = 0; i < r->n_ids; i++)
         printf("%s\"%s\"", i ? "," : "", kvedge_chunk_id_hex(&r->ids[i], hex));
@@ -928,8 +1037,10 @@ static void s_prefill_text(const kvedge_cli_t *cli, const s_prefill_t *r, bool m
     const s_common_t *c = &r->c;
     char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
     double ratio = st->bytes ? (double)st->fp16_bytes / (double)st->bytes : 0.0;
-    printf("prefilled %u context tokens of %s (%u layers, %u heads of %u) on %s\n", c->ctx_len,
-           c->model_id, c->cfg->layers, c->cfg->heads, c->cfg->head_dim, cli->host);
+    printf("prefilled %u context tokens of %s (%u layers, %u KV heads of %u for %u query heads) "
+           "on %s\n",
+           c->ctx_len, c->model.id, c->cfg->layers, c->cfg->kv_heads, c->cfg->head_dim,
+           c->cfg->heads, cli->host);
     printf("chunks: %zu of %u tokens, first %s\n", r->n_ids, r->ct,
            r->n_ids ? kvedge_chunk_id_hex(&r->ids[0], hex) : "-");
     printf("blocks: %llu (%s %s), %s stored for %s fp16: %.2fx%s\n", (unsigned long long)st->blocks,
@@ -1048,7 +1159,7 @@ static const kvedge_cmdopt_t s_decode_list[] = {
      KVEDGE_CMDOPT_AT(s_decode_opts_t, adapter),
      .help = "large-small (mode ce-lslm, docs/largesmall.md): the FETCH also names the cloud "
              "model of this adapter (`kvedge layermap --adapter FILE` writes one: its cloud id, "
-             "layers, heads and head size) and the context's chunk ids under it; a layer the "
+             "layers, KV heads and head size) and the context's chunk ids under it; a layer the "
              "proxy serves from the cloud model (the layer map registered for the pair) is "
              "adapted here to this model's shape. Needs a proxy at -H; the adapter must fit "
              "--weights"},
@@ -1229,7 +1340,7 @@ static int s_prompt(const s_common_t *c, const char *text, const char *ids, int3
                          len ? "longer than the model's positions" : "empty");
         return KVEDGE_EXIT_USAGE;
     }
-    int ex = s_text_ids("decode", "--prompt", c->tok, text, len, c->cfg->vocab, out, n);
+    int ex = s_text_ids("decode", "--prompt", c->tok, c->special, text, len, c->cfg->vocab, out, n);
     if (!ex && *n > c->cfg->max_positions) {
         kvedge_cli_error("decode: the prompt is %u tokens, longer than the model's %u positions",
                          *n, c->cfg->max_positions);
@@ -1273,9 +1384,10 @@ static int s_load_adapter(const s_common_t *c, const char *path, kvedge_adapter_
     else
         rc = kvedge_adapter_check(*out, NULL, mapped, &c->model, why, sizeof why);
     if (rc != KVEDGE_OK) {
-        kvedge_cli_error("decode: the adapter %s does not fit %s (%u layers, %u heads of %u)%s%s",
-                         path, c->weights, c->cfg->layers, c->cfg->heads, c->cfg->head_dim,
-                         why[0] ? ": " : "", why);
+        kvedge_cli_error(
+            "decode: the adapter %s does not fit %s (%u layers, %u KV heads of %u)%s%s", path,
+            c->weights, c->cfg->layers, c->cfg->kv_heads, c->cfg->head_dim, why[0] ? ": " : "",
+            why);
         return KVEDGE_EXIT_USAGE;
     }
     return KVEDGE_EXIT_OK;
@@ -1396,11 +1508,21 @@ static int s_decode_connect(kvedge_cli_t *cli, s_decode_t *r, kvedge_client_t **
         ex = KVEDGE_EXIT_USAGE;
     } else if (peer && peer->role != KVEDGE_ROLE_PROXY) {
         kvedge_model_t known;
-        int rc = kvedge_client_get_model(*proxy, r->c.model_id, &known);
+        int rc = kvedge_client_get_model(*proxy, r->c.model.id, &known);
         if (rc == KVEDGE_OK &&
             (known.layers != r->c.model.layers || known.kv_heads != r->c.model.kv_heads ||
              known.head_dim != r->c.model.head_dim))
             rc = KVEDGE_ESHAPE;
+        bool builtin = kvedge_model_builtin(r->c.model_id, &(kvedge_model_t){0}) == KVEDGE_OK;
+        if (rc == KVEDGE_ENOMODEL && strcmp(r->c.model.id, r->c.model_id) != 0 && !builtin &&
+            kvedge_client_get_model(*proxy, r->c.model_id, &known) == KVEDGE_OK) {
+            kvedge_cli_error("decode: the context of model '%s' on %s was prefilled by a model "
+                             "with other rotary settings than %s (rope_theta or rope_scaling; "
+                             "this one's K is stored as '%s'): its K does not fit this model. "
+                             "Decode with the weights it was prefilled with",
+                             r->c.model_id, cli->host, r->c.weights, r->c.model.id);
+            return KVEDGE_EXIT_USAGE;
+        }
         if (rc != KVEDGE_OK)
             ex = s_remote_fail(&r->c, cli, rc);
     }

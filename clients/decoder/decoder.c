@@ -209,6 +209,22 @@ uint32_t kvedge_decoder_kv_heads(const kvedge_decoder_t *self)
     return self ? self->kv_heads : 0;
 }
 
+uint32_t kvedge_decoder_rope_fingerprint(const kvedge_decoder_t *self)
+{
+    if (!self || !self->arch || !self->arch->rotary || !self->inv_freq)
+        return 0;
+    uint32_t h = 2166136261u;
+    for (uint32_t i = 0; i < self->cfg.head_dim / 2; i++) {
+        uint32_t bits;
+        memcpy(&bits, &self->inv_freq[i], sizeof bits);
+        for (int b = 0; b < 4; b++) {
+            h ^= (bits >> (8 * b)) & 0xFFu;
+            h *= 16777619u;
+        }
+    }
+    return h ? h : 1;
+}
+
 /* The safetensors files of a model: one, or the shards an index names. */
 typedef struct {
     kvedge_safetensors_t **st; /* open readers, [n] */
@@ -354,6 +370,7 @@ static int s_config(kvedge_decoder_t *self, const s_names_t *nm, uint32_t heads)
                       c->hidden);
     c->head_dim = c->hidden / c->heads;
     self->kv_heads = c->heads;
+    c->kv_heads = c->heads;
     return KVEDGE_OK;
 }
 
@@ -677,6 +694,7 @@ static int s_load_llama(kvedge_decoder_t *self, const s_tset_t *ts,
         return s_fail(self, KVEDGE_EINVAL, "config.json: model_type \"%s\" is not supported",
                       hf->model_type);
     self->cfg = hf->cfg;
+    self->cfg.kv_heads = hf->kv_heads;
     self->kv_heads = hf->kv_heads;
     self->norm_eps = hf->norm_eps;
     const kvedge_decoder_config_t c = self->cfg;

@@ -36,6 +36,7 @@ typedef struct {
     uint32_t ffn;           /* fc1 (OPT) or gate_proj/up_proj (SwiGLU) output width */
     uint32_t vocab;         /* rows of embed_tokens, and logits per position */
     uint32_t max_positions; /* OPT: rows of embed_positions minus 2; else max_position_embeddings */
+    uint32_t kv_heads;      /* K/V heads (grouped-query attention); 0 in a shape = heads */
 } kvedge_decoder_config_t;
 
 typedef struct _kvedge_decoder_t kvedge_decoder_t;
@@ -127,6 +128,13 @@ int kvedge_decoder_rope_freqs(const kvedge_decoder_rope_t *r, uint32_t head_dim,
  * KVEDGE_ENOMEM. */
 int kvedge_decoder_rope_apply(const kvedge_decoder_rope_t *r, uint32_t head_dim, float *x,
                               uint32_t heads, uint32_t tokens, uint32_t pos0, bool inverse);
+
+/* What makes a rotary model's stored K what it is: a 32-bit FNV-1a hash of its rotary
+ * frequencies (rope_theta and Llama 3's rope_scaling, as the decoder computes them per
+ * channel pair), never 0; 0 for a model with learned positions (OPT) or before load. Two
+ * models of the same shape whose fingerprints differ rotate K differently: a context one
+ * prefilled must not be decoded with the other (clients/e2e/e2e.h, kvedge_e2e_model). */
+uint32_t kvedge_decoder_rope_fingerprint(const kvedge_decoder_t *self);
 
 /* Floats in one layer of K (or V) for tokens tokens: kv_heads * tokens * head_dim. K is stored
  * as attention reads it: for rotary models after the rotation (Hugging Face's rotate-half
@@ -255,11 +263,22 @@ uint64_t kvedge_decoder_session_kv_bytes(const kvedge_decoder_session_t *self);
 
 /* ---- Model shapes, synthetic weights and cost estimates (clients/decoder_model.c) ---- */
 
-/* The shape of a released OPT model by name: "opt-125m" (12 layers, 12 heads, hidden 768,
+/* The shape of a released model by name: "opt-125m" (12 layers, 12 heads, hidden 768,
  * ffn 3072), "opt-1.3b" (24, 32, 2048, 8192), "opt-2.7b" (32, 32, 2560, 10240); vocab 50272,
- * 2048 positions; plus "opt-tiny" (the shape of tests/fixtures/opt_tiny.safetensors).
- * Returns 0 or KVEDGE_ENOMODEL. */
+ * 2048 positions; "opt-tiny" (the shape of tests/fixtures/opt_tiny.safetensors); and the Llama
+ * family's "llama-3.2-1b" (16 layers, 32 query / 8 KV heads of 64, hidden 2048, ffn 8192, vocab
+ * 128256), "llama-3.2-3b" (28, 24 / 8 of 128, 3072, 8192), "qwen2.5-0.5b" (24, 14 / 2 of 64,
+ * 896, 4864, vocab 151936), "qwen2.5-1.5b" (28, 12 / 2 of 128, 1536, 8960), "smollm2-360m"
+ * (32, 15 / 5 of 64, 960, 2560, vocab 49152), from their published config.json. kv_heads is
+ * filled for every shape. Returns 0 or KVEDGE_ENOMODEL. */
 int kvedge_decoder_shape(const char *name, kvedge_decoder_config_t *out);
+
+/* The Hugging Face model_type of a named shape ("opt", "llama", "qwen2"), or NULL for a name
+ * kvedge_decoder_shape does not know. Static. */
+const char *kvedge_decoder_shape_arch(const char *name);
+
+/* The i-th name kvedge_decoder_shape knows (from 0), NULL past the last. Static. */
+const char *kvedge_decoder_shape_name(size_t i);
 
 /* Writes an OPT safetensors file of shape c with the Hugging Face tensor names and seeded
  * random weights (normal, std 0.02 as OPT's initializer; LayerNorm weight 1, bias 0; biases
@@ -272,6 +291,25 @@ int kvedge_decoder_shape(const char *name, kvedge_decoder_config_t *out);
  * holds the cause), KVEDGE_ENOMEM. */
 int kvedge_decoder_synthesize(const char *path, const kvedge_decoder_config_t *c, uint64_t seed,
                               bool fp16);
+
+/* Writes a Hugging Face model directory dir (created if missing) of a Llama-family model of
+ * shape c: config.json (model_type "llama" or "qwen2", c's sizes with num_key_value_heads
+ * c->kv_heads and head_dim c->head_dim, rope_theta, Llama 3.2's rope_scaling when
+ * llama3_scaling, tied embeddings) and model.safetensors with HF's tensor names: matrices and
+ * the embedding normal with std 0.02, RMSNorm weights 1, qwen2's Q/K/V biases 0; fp16 or fp32.
+ * What kvedge_decoder_load reads back. Same seed, same bytes. Errors: KVEDGE_EINVAL (empty
+ * dir, another model_type, rope_theta <= 1, a bad shape: a zero size, an odd head_dim,
+ * kv_heads not dividing heads, sizes over the limits of kvedge_decoder_synthesize), KVEDGE_EIO
+ * (errno holds the cause), KVEDGE_ENOMEM. */
+int kvedge_decoder_synthesize_hf(const char *dir, const char *model_type,
+                                 const kvedge_decoder_config_t *c, double rope_theta,
+                                 bool llama3_scaling, uint64_t seed, bool fp16);
+
+/* Synthetic weights of a named shape (kvedge_decoder_shape): an OPT shape as the safetensors
+ * file out (kvedge_decoder_synthesize), a Llama-family one as the model directory out
+ * (kvedge_decoder_synthesize_hf, with the model's published rope_theta and scaling).
+ * Errors: KVEDGE_ENOMODEL (unknown name), those of the two writers. */
+int kvedge_decoder_synthesize_shape(const char *name, const char *out, uint64_t seed, bool fp16);
 
 /* The Hugging Face model_type of a loaded model ("opt", "llama", "mistral", "qwen2"); "" before
  * load. A safetensors file loads as "opt". Static. */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,28 +56,55 @@
 
 typedef struct {
     const char *name;
+    const char *arch; /* Hugging Face model_type */
     kvedge_decoder_config_t cfg;
+    double rope_theta; /* Llama family */
+    bool llama3;       /* Llama 3.2's rope_scaling (factor 32, low 1, high 4, original 8192) */
 } s_shape_t;
 
 /* The Hugging Face configs (facebook/opt-*); opt-tiny is tests/fixtures/opt_tiny.safetensors
- * as scripts/opt_reference.py writes it (VOCAB, HIDDEN, HEADS, LAYERS, FFN, MAX_POS). */
+ * as scripts/opt_reference.py writes it (VOCAB, HIDDEN, HEADS, LAYERS, FFN, MAX_POS). The Llama
+ * family's from the published config.json of meta-llama/Llama-3.2-1B and -3B, Qwen/Qwen2.5-0.5B
+ * and -1.5B, HuggingFaceTB/SmolLM2-360M (all with tied embeddings). Fields: layers, query heads,
+ * head_dim, hidden, ffn, vocab, positions, KV heads. */
 static const s_shape_t s_shapes[] = {
-    {"opt-125m", {12, 12, 64, 768, 3072, 50272, 2048}},
-    {"opt-1.3b", {24, 32, 64, 2048, 8192, 50272, 2048}},
-    {"opt-2.7b", {32, 32, 80, 2560, 10240, 50272, 2048}},
-    {"opt-tiny", {3, 4, 16, 64, 256, 256, 160}},
+    {"opt-125m", "opt", {12, 12, 64, 768, 3072, 50272, 2048, 12}, 0, false},
+    {"opt-1.3b", "opt", {24, 32, 64, 2048, 8192, 50272, 2048, 32}, 0, false},
+    {"opt-2.7b", "opt", {32, 32, 80, 2560, 10240, 50272, 2048, 32}, 0, false},
+    {"opt-tiny", "opt", {3, 4, 16, 64, 256, 256, 160, 4}, 0, false},
+    {"llama-3.2-1b", "llama", {16, 32, 64, 2048, 8192, 128256, 131072, 8}, 500000.0, true},
+    {"llama-3.2-3b", "llama", {28, 24, 128, 3072, 8192, 128256, 131072, 8}, 500000.0, true},
+    {"qwen2.5-0.5b", "qwen2", {24, 14, 64, 896, 4864, 151936, 32768, 2}, 1000000.0, false},
+    {"qwen2.5-1.5b", "qwen2", {28, 12, 128, 1536, 8960, 151936, 131072, 2}, 1000000.0, false},
+    {"smollm2-360m", "llama", {32, 15, 64, 960, 2560, 49152, 8192, 5}, 100000.0, false},
 };
+
+static const s_shape_t *s_shape_find(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof s_shapes / sizeof s_shapes[0]; i++)
+        if (strcmp(name, s_shapes[i].name) == 0)
+            return &s_shapes[i];
+    return NULL;
+}
 
 int kvedge_decoder_shape(const char *name, kvedge_decoder_config_t *out)
 {
-    if (!name || !out)
+    const s_shape_t *s = s_shape_find(name);
+    if (!s || !out)
         return KVEDGE_ENOMODEL;
-    for (size_t i = 0; i < sizeof s_shapes / sizeof s_shapes[0]; i++)
-        if (strcmp(name, s_shapes[i].name) == 0) {
-            *out = s_shapes[i].cfg;
-            return KVEDGE_OK;
-        }
-    return KVEDGE_ENOMODEL;
+    *out = s->cfg;
+    return KVEDGE_OK;
+}
+
+const char *kvedge_decoder_shape_arch(const char *name)
+{
+    const s_shape_t *s = s_shape_find(name);
+    return s ? s->arch : NULL;
+}
+
+const char *kvedge_decoder_shape_name(size_t i)
+{
+    return i < sizeof s_shapes / sizeof s_shapes[0] ? s_shapes[i].name : NULL;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -134,6 +162,8 @@ static bool s_shape_ok(const kvedge_decoder_config_t *c)
 }
 
 /* The tensor list of shape c, in file order; caller frees. NULL when out of memory. */
+static s_tensor_t *s_tensor_list_hf(const kvedge_decoder_config_t *c, bool bias, size_t *count);
+
 static s_tensor_t *s_tensor_list(const kvedge_decoder_config_t *c, size_t *count)
 {
     const size_t n = S_SYNTH_TOP_TENSORS + (size_t)S_SYNTH_LAYER_TENSORS * c->layers;
@@ -177,20 +207,26 @@ static s_tensor_t *s_tensor_list(const kvedge_decoder_config_t *c, size_t *count
 /* The JSON header, padded with spaces so the data starts 8-byte aligned; caller frees.
  * NULL when out of memory. */
 static char *s_header(const kvedge_decoder_config_t *c, const s_tensor_t *t, size_t count,
-                      uint64_t seed, bool fp16, size_t *len)
+                      uint64_t seed, bool fp16, bool hf, size_t *len)
 {
     const size_t cap = 1024 + count * (S_SYNTH_NAME_BYTES + S_SYNTH_ENTRY_BYTES);
     char *h = malloc(cap);
     if (!h)
         return NULL;
-    size_t n = (size_t)snprintf(
-        h, cap,
-        "{\"__metadata__\":{\"format\":\"pt\",\"num_attention_heads\":\"%" PRIu32 "\","
-        "\"num_hidden_layers\":\"%" PRIu32 "\",\"hidden_size\":\"%" PRIu32 "\","
-        "\"ffn_dim\":\"%" PRIu32 "\",\"vocab_size\":\"%" PRIu32 "\","
-        "\"max_position_embeddings\":\"%" PRIu32 "\",\"do_layer_norm_before\":\"true\","
-        "\"activation_function\":\"relu\",\"kvedge_synthetic_seed\":\"%" PRIu64 "\"}",
-        c->heads, c->layers, c->hidden, c->ffn, c->vocab, c->max_positions, seed);
+    /* A Hugging Face directory's shape is in its config.json. */
+    size_t n =
+        hf ? (size_t)snprintf(h, cap,
+                              "{\"__metadata__\":{\"format\":\"pt\","
+                              "\"kvedge_synthetic_seed\":\"%" PRIu64 "\"}",
+                              seed)
+           : (size_t)snprintf(
+                 h, cap,
+                 "{\"__metadata__\":{\"format\":\"pt\",\"num_attention_heads\":\"%" PRIu32 "\","
+                 "\"num_hidden_layers\":\"%" PRIu32 "\",\"hidden_size\":\"%" PRIu32 "\","
+                 "\"ffn_dim\":\"%" PRIu32 "\",\"vocab_size\":\"%" PRIu32 "\","
+                 "\"max_position_embeddings\":\"%" PRIu32 "\",\"do_layer_norm_before\":\"true\","
+                 "\"activation_function\":\"relu\",\"kvedge_synthetic_seed\":\"%" PRIu64 "\"}",
+                 c->heads, c->layers, c->hidden, c->ffn, c->vocab, c->max_positions, seed);
     const size_t es = fp16 ? 2 : 4;
     uint64_t off = 0;
     for (size_t i = 0; i < count && n < cap; i++) {
@@ -266,14 +302,12 @@ static int s_write_tensor(int fd, const s_tensor_t *t, size_t index, uint64_t se
     return KVEDGE_OK;
 }
 
-int kvedge_decoder_synthesize(const char *path, const kvedge_decoder_config_t *c, uint64_t seed,
-                              bool fp16)
+/* Writes the safetensors file path (through path.tmp, renamed) of tensors t[0..count). */
+static int s_write_file(const char *path, const kvedge_decoder_config_t *c, s_tensor_t *t,
+                        size_t count, uint64_t seed, bool fp16, bool hf)
 {
-    if (!path || !*path || !c || !s_shape_ok(c))
-        return KVEDGE_EINVAL;
-    size_t count = 0, hlen = 0;
-    s_tensor_t *t = s_tensor_list(c, &count);
-    char *hdr = t ? s_header(c, t, count, seed, fp16, &hlen) : NULL;
+    size_t hlen = 0;
+    char *hdr = t ? s_header(c, t, count, seed, fp16, hf, &hlen) : NULL;
     const size_t plen = strlen(path);
     char *tmp = malloc(plen + sizeof ".tmp");
     uint8_t *buf = malloc(S_SYNTH_CHUNK_BYTES);
@@ -314,6 +348,133 @@ int kvedge_decoder_synthesize(const char *path, const kvedge_decoder_config_t *c
     free(t);
     errno = saved;
     return rc;
+}
+
+int kvedge_decoder_synthesize(const char *path, const kvedge_decoder_config_t *c, uint64_t seed,
+                              bool fp16)
+{
+    if (!path || !*path || !c || !s_shape_ok(c) || (c->kv_heads && c->kv_heads != c->heads))
+        return KVEDGE_EINVAL;
+    size_t count = 0;
+    s_tensor_t *t = s_tensor_list(c, &count);
+    return s_write_file(path, c, t, count, seed, fp16, false);
+}
+
+/* ---- Llama-family synthetic models ---- */
+
+/* Llama / Qwen2 tensors with HF's names: embed_tokens (tied head), the final RMSNorm, and per
+ * layer two RMSNorms, q/k/v/o projections (Q/K/V biases for qwen2) and SwiGLU's gate, up,
+ * down. */
+static s_tensor_t *s_tensor_list_hf(const kvedge_decoder_config_t *c, bool bias, size_t *count)
+{
+    const size_t n = 2 + (size_t)12 * c->layers;
+    s_tensor_t *t = calloc(n, sizeof *t);
+    if (!t)
+        return NULL;
+    const uint64_t H = c->hidden, F = c->ffn, QD = (uint64_t)c->heads * c->head_dim,
+                   KD = (uint64_t)c->kv_heads * c->head_dim;
+    size_t i = 0;
+#define S_ADD(a, b, f, ...)                                                                        \
+    do {                                                                                           \
+        snprintf(t[i].name, sizeof t[i].name, __VA_ARGS__);                                        \
+        t[i].d0 = (a), t[i].d1 = (b), t[i].fill = (f), i++;                                        \
+    } while (0)
+    S_ADD(c->vocab, H, S_FILL_NORMAL, "model.embed_tokens.weight");
+    S_ADD(H, 0, S_FILL_ONES, "model.norm.weight");
+    for (uint32_t l = 0; l < c->layers; l++) {
+        const char *p = "model.layers.";
+        S_ADD(H, 0, S_FILL_ONES, "%s%" PRIu32 ".input_layernorm.weight", p, l);
+        S_ADD(QD, H, S_FILL_NORMAL, "%s%" PRIu32 ".self_attn.q_proj.weight", p, l);
+        S_ADD(KD, H, S_FILL_NORMAL, "%s%" PRIu32 ".self_attn.k_proj.weight", p, l);
+        S_ADD(KD, H, S_FILL_NORMAL, "%s%" PRIu32 ".self_attn.v_proj.weight", p, l);
+        S_ADD(H, QD, S_FILL_NORMAL, "%s%" PRIu32 ".self_attn.o_proj.weight", p, l);
+        if (bias) {
+            S_ADD(QD, 0, S_FILL_ZEROS, "%s%" PRIu32 ".self_attn.q_proj.bias", p, l);
+            S_ADD(KD, 0, S_FILL_ZEROS, "%s%" PRIu32 ".self_attn.k_proj.bias", p, l);
+            S_ADD(KD, 0, S_FILL_ZEROS, "%s%" PRIu32 ".self_attn.v_proj.bias", p, l);
+        }
+        S_ADD(H, 0, S_FILL_ONES, "%s%" PRIu32 ".post_attention_layernorm.weight", p, l);
+        S_ADD(F, H, S_FILL_NORMAL, "%s%" PRIu32 ".mlp.gate_proj.weight", p, l);
+        S_ADD(F, H, S_FILL_NORMAL, "%s%" PRIu32 ".mlp.up_proj.weight", p, l);
+        S_ADD(H, F, S_FILL_NORMAL, "%s%" PRIu32 ".mlp.down_proj.weight", p, l);
+    }
+#undef S_ADD
+    *count = i;
+    return t;
+}
+
+static bool s_hf_shape_ok(const kvedge_decoder_config_t *c)
+{
+    if (c->layers == 0 || c->heads == 0 || c->kv_heads == 0 || c->head_dim == 0 ||
+        c->head_dim % 2 != 0 || c->hidden == 0 || c->ffn == 0 || c->vocab == 0 ||
+        c->max_positions == 0)
+        return false;
+    if (c->layers > KVEDGE_MODEL_MAX_LAYERS || c->heads > KVEDGE_MODEL_MAX_HEADS ||
+        c->hidden > S_SYNTH_MAX_DIM || c->ffn > S_SYNTH_MAX_DIM || c->vocab > S_SYNTH_MAX_DIM ||
+        c->max_positions > S_SYNTH_MAX_DIM || c->head_dim > S_SYNTH_MAX_DIM / c->heads)
+        return false;
+    return c->heads % c->kv_heads == 0;
+}
+
+int kvedge_decoder_synthesize_hf(const char *dir, const char *model_type,
+                                 const kvedge_decoder_config_t *c, double rope_theta,
+                                 bool llama3_scaling, uint64_t seed, bool fp16)
+{
+    if (!dir || !*dir || !model_type || !c || !s_hf_shape_ok(c) || !(rope_theta > 1.0) ||
+        (strcmp(model_type, "llama") != 0 && strcmp(model_type, "qwen2") != 0))
+        return KVEDGE_EINVAL;
+    const bool qwen2 = strcmp(model_type, "qwen2") == 0;
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return KVEDGE_EIO;
+    const size_t dlen = strlen(dir);
+    char *path = malloc(dlen + sizeof "/model.safetensors");
+    if (!path)
+        return KVEDGE_ENOMEM;
+    char scaling[192] = "null";
+    if (llama3_scaling)
+        snprintf(scaling, sizeof scaling,
+                 "{\"rope_type\":\"llama3\",\"factor\":32.0,\"low_freq_factor\":1.0,"
+                 "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}");
+    snprintf(path, dlen + sizeof "/model.safetensors", "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    int rc = f ? KVEDGE_OK : KVEDGE_EIO;
+    if (f) {
+        fprintf(f,
+                "{\"model_type\":\"%s\",\"architectures\":[\"%s\"],\"hidden_act\":\"silu\","
+                "\"hidden_size\":%" PRIu32 ",\"intermediate_size\":%" PRIu32
+                ",\"num_hidden_layers\":%" PRIu32 ",\"num_attention_heads\":%" PRIu32
+                ",\"num_key_value_heads\":%" PRIu32 ",\"head_dim\":%" PRIu32
+                ",\"vocab_size\":%" PRIu32 ",\"max_position_embeddings\":%" PRIu32
+                ",\"rms_norm_eps\":%s,\"rope_theta\":%.1f,\"rope_scaling\":%s,"
+                "\"tie_word_embeddings\":true,\"torch_dtype\":\"%s\","
+                "\"kvedge_synthetic_seed\":%" PRIu64 "}\n",
+                model_type, qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM", c->hidden, c->ffn,
+                c->layers, c->heads, c->kv_heads, c->head_dim, c->vocab, c->max_positions,
+                qwen2 ? "1e-06" : "1e-05", rope_theta, scaling, fp16 ? "float16" : "float32", seed);
+        if (fclose(f) != 0)
+            rc = KVEDGE_EIO;
+    }
+    if (rc == KVEDGE_OK) {
+        snprintf(path, dlen + sizeof "/model.safetensors", "%s/model.safetensors", dir);
+        size_t count = 0;
+        s_tensor_t *t = s_tensor_list_hf(c, qwen2, &count);
+        rc = s_write_file(path, c, t, count, seed, fp16, true);
+    }
+    const int saved = errno;
+    free(path);
+    errno = saved;
+    return rc;
+}
+
+int kvedge_decoder_synthesize_shape(const char *name, const char *out, uint64_t seed, bool fp16)
+{
+    const s_shape_t *s = s_shape_find(name);
+    if (!s)
+        return KVEDGE_ENOMODEL;
+    if (strcmp(s->arch, "opt") == 0)
+        return kvedge_decoder_synthesize(out, &s->cfg, seed, fp16);
+    return kvedge_decoder_synthesize_hf(out, s->arch, &s->cfg, s->rope_theta, s->llama3, seed,
+                                        fp16);
 }
 
 /* ---------------------------------------------------------------------------------------- */

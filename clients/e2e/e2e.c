@@ -6,6 +6,7 @@
 #include "clients/e2e/e2e.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -114,20 +115,45 @@ void kvedge_e2e_json_text(FILE *f, const char *text, size_t len)
     fputc('"', f);
 }
 
+/* Writes the rotary suffix of fingerprint f ("@rope-" and 8 hex digits) to out. */
+static void s_rope_suffix(uint32_t f, char out[KVEDGE_E2E_ROPE_SUFFIX_BYTES + 1])
+{
+    snprintf(out, KVEDGE_E2E_ROPE_SUFFIX_BYTES + 1, "@rope-%08" PRIx32, f);
+}
+
+/* The rotary fingerprint an id ends with (its "@rope-XXXXXXXX" suffix), 0 when none. */
+static uint32_t s_id_rope(const char *id)
+{
+    return kvedge_model_id_rope(id);
+}
+
 int kvedge_e2e_model(const kvedge_decoder_t *d, const char *id, kvedge_model_t *out)
 {
     const kvedge_decoder_config_t *c = d ? kvedge_decoder_config(d) : NULL;
     if (!c || c->layers == 0 || !id || !out || id[0] == '\0' ||
         strlen(id) > KVEDGE_MODEL_ID_MAX_BYTES)
         return KVEDGE_EINVAL;
-    if (c->layers > KVEDGE_MODEL_MAX_LAYERS || c->heads > KVEDGE_MODEL_MAX_HEADS ||
+    uint32_t kvh = kvedge_decoder_kv_heads(d);
+    if (c->layers > KVEDGE_MODEL_MAX_LAYERS || kvh > KVEDGE_MODEL_MAX_HEADS ||
         c->head_dim > KVEDGE_BLOCK_MAX_HEAD_DIM)
         return KVEDGE_ETOOBIG;
     kvedge_model_t m;
     memset(&m, 0, sizeof m);
     memcpy(m.id, id, strlen(id) + 1);
+    /* A rotary model's K depends on its rotary settings: they go into the id (and so into
+     * every chunk id), so a context is found only by a model that rotates K the same way. */
+    uint32_t f = kvedge_decoder_rope_fingerprint(d), has = s_id_rope(id);
+    if (has && has != f)
+        return KVEDGE_ESHAPE;
+    if (f && !has) {
+        char sfx[KVEDGE_E2E_ROPE_SUFFIX_BYTES + 1];
+        s_rope_suffix(f, sfx);
+        if (strlen(id) + KVEDGE_E2E_ROPE_SUFFIX_BYTES > KVEDGE_MODEL_ID_MAX_BYTES)
+            return KVEDGE_EINVAL;
+        memcpy(m.id + strlen(id), sfx, sizeof sfx);
+    }
     m.layers = (uint16_t)c->layers;
-    m.kv_heads = (uint16_t)c->heads;
+    m.kv_heads = (uint16_t)kvh;
     m.head_dim = (uint16_t)c->head_dim;
     m.dtype = KVEDGE_DTYPE_FP16;
     int rc = kvedge_model_check(&m);
@@ -136,12 +162,20 @@ int kvedge_e2e_model(const kvedge_decoder_t *d, const char *id, kvedge_model_t *
     return rc;
 }
 
-/* m describes d (and is a valid model record). */
-static bool s_model_matches(const kvedge_decoder_t *d, const kvedge_model_t *m)
+uint32_t kvedge_e2e_model_rope(const kvedge_model_t *m)
+{
+    return m ? s_id_rope(m->id) : 0;
+}
+
+/* 0 when m describes d: KVEDGE_EINVAL when its shape (or validity) does not,
+ * KVEDGE_ESHAPE when the shape does but its rotary fingerprint is not d's. */
+static int s_model_check(const kvedge_decoder_t *d, const kvedge_model_t *m)
 {
     const kvedge_decoder_config_t *c = kvedge_decoder_config(d);
-    return kvedge_model_check(m) == KVEDGE_OK && c->layers == m->layers &&
-           c->heads == m->kv_heads && c->head_dim == m->head_dim;
+    if (kvedge_model_check(m) != KVEDGE_OK || c->layers != m->layers ||
+        kvedge_decoder_kv_heads(d) != m->kv_heads || c->head_dim != m->head_dim)
+        return KVEDGE_EINVAL;
+    return s_id_rope(m->id) == kvedge_decoder_rope_fingerprint(d) ? KVEDGE_OK : KVEDGE_ESHAPE;
 }
 
 static uint32_t s_chunk_tokens(uint32_t chunk_tokens)
@@ -221,20 +255,21 @@ typedef struct {
     uint8_t *src_k, *src_v; /* one head of one chunk in the source dtype */
     uint8_t *arena;         /* one layer's encoded blocks */
     size_t arena_cap;
-    kvedge_put_item_t *items; /* n_chunks * heads */
+    kvedge_put_item_t *items; /* n_chunks * kv_heads */
 } s_enc_t;
 
 static int s_encode_layer(s_enc_t *e, uint32_t l, kvedge_e2e_prefill_stats_t *st)
 {
     const kvedge_decoder_config_t *c = kvedge_decoder_config(e->d);
+    const uint32_t kvh = kvedge_decoder_kv_heads(e->d);
     const kvedge_e2e_quant_t *q = e->q;
     size_t used = 0, item = 0;
     uint8_t mask[KVEDGE_BLOCK_MAX_HEAD_DIM / 8];
     for (size_t ci = 0; ci < e->n_chunks; ci++) {
         uint32_t start = (uint32_t)ci * e->ct;
         uint32_t t = e->n - start < e->ct ? e->n - start : e->ct;
-        for (uint32_t h = 0; h < c->heads; h++) {
-            size_t off = (((size_t)l * c->heads + h) * e->n + start) * c->head_dim;
+        for (uint32_t h = 0; h < kvh; h++) {
+            size_t off = (((size_t)l * kvh + h) * e->n + start) * c->head_dim;
             const float *kf = e->k + off, *vf = e->v + off;
             size_t elems = (size_t)t * c->head_dim;
             const void *ks = kf, *vs = vf;
@@ -299,11 +334,14 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
 {
     kvedge_e2e_prefill_stats_t st;
     memset(&st, 0, sizeof st);
-    if (!cloud || !d || !m || !ctx || n == 0 || !q || !ids ||
-        kvedge_decoder_config(d)->layers == 0 || !s_model_matches(d, m))
+    if (!cloud || !d || !m || !ctx || n == 0 || !q || !ids || kvedge_decoder_config(d)->layers == 0)
         return KVEDGE_EINVAL;
+    int rc = s_model_check(d, m);
+    if (rc != KVEDGE_OK)
+        return rc;
     const kvedge_decoder_config_t *c = kvedge_decoder_config(d);
-    int rc = s_quant_check(q, c->head_dim);
+    const uint32_t kvh = kvedge_decoder_kv_heads(d);
+    rc = s_quant_check(q, c->head_dim);
     if (rc != KVEDGE_OK)
         return rc;
     /* A pruning set of another model, or one that keeps nothing: storing nothing is never
@@ -326,7 +364,7 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
     size_t src_bytes = (size_t)ct * c->head_dim * kvedge_dtype_size(q->dtype);
     e.src_k = malloc(src_bytes);
     e.src_v = malloc(src_bytes);
-    e.items = malloc(n_chunks * c->heads * sizeof *e.items);
+    e.items = malloc(n_chunks * kvh * sizeof *e.items);
     /* One layer of blocks: each (chunk, head) at most its bound, placed 8-byte aligned. */
     uint8_t full_mask[KVEDGE_BLOCK_MAX_HEAD_DIM / 8];
     memset(full_mask, 0xff, sizeof full_mask);
@@ -349,7 +387,7 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
             rc = KVEDGE_EINVAL;
             break;
         }
-        e.arena_cap += c->heads * ((bound + 7) & ~(size_t)7);
+        e.arena_cap += kvh * ((bound + 7) & ~(size_t)7);
     }
     e.arena = rc == KVEDGE_OK ? malloc(e.arena_cap) : NULL;
     if (rc == KVEDGE_OK && ((!k_in && (!k || !v)) || !e.src_k || !e.src_v || !e.items || !e.arena))
@@ -385,7 +423,7 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
             continue;
         }
         t0 = s_now_us();
-        rc = kvedge_client_put(cloud, e.items, n_chunks * c->heads, NULL);
+        rc = kvedge_client_put(cloud, e.items, n_chunks * kvh, NULL);
         st.put_us += s_since(t0);
         if (rc == KVEDGE_OK)
             st.layers_put++;
@@ -426,7 +464,7 @@ struct kvedge_e2e_cloud_t {
     const kvedge_decoder_t *d; /* not owned */
     int32_t *ctx;              /* the context it holds, [n] */
     uint32_t n;
-    float *k, *v;               /* its K/V, [layers][heads][n][head_dim] */
+    float *k, *v;               /* its K/V, [layers][kv_heads][n][head_dim] */
     size_t kvf;                 /* floats of one layer of k */
     pthread_mutex_t mu;         /* one request at a time */
     kvedge_shaper_t *up, *down; /* the edge-cloud link; NULL: unshaped */
@@ -681,10 +719,13 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
 {
     const kvedge_decoder_t *d = req->decoder;
     const kvedge_decoder_config_t *c = kvedge_decoder_config(d);
-    if (!req->proxy || !req->model || !s_model_matches(d, req->model) ||
-        c->layers > KVEDGE_FETCH_MAX_LAYERS || req->deadline_ms < 0 ||
+    if (!req->proxy || !req->model || c->layers > KVEDGE_FETCH_MAX_LAYERS || req->deadline_ms < 0 ||
         !req->mapped_model != !req->adapter)
         return KVEDGE_EINVAL;
+    int mrc = s_model_check(d, req->model);
+    if (mrc != KVEDGE_OK)
+        return mrc;
+    const uint32_t kvh = kvedge_decoder_kv_heads(d);
     const kvedge_model_t *mm = req->mapped_model;
     if (mm) {
         int rc = s_adapter_fits(req);
@@ -737,7 +778,7 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     /* The cloud model's chain over the same tokens: the ids its prefill stored them under. */
     if (rc == KVEDGE_OK && mm)
         rc = kvedge_e2e_chunks(mm, req->ctx, n, ct, mids, max_chunks, &n_mapped);
-    size_t slot_bytes = kvedge_e2e_slot_bytes(n, ct, c->heads, c->head_dim);
+    size_t slot_bytes = kvedge_e2e_slot_bytes(n, ct, kvh, c->head_dim);
     if (mm) {
         size_t theirs = kvedge_e2e_slot_bytes(n, ct, mm->kv_heads, mm->head_dim);
         slot_bytes = theirs > slot_bytes ? theirs : slot_bytes;
@@ -758,7 +799,7 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
                                  .dtype = KVEDGE_DTYPE_FP32,
                                  .base = sk,
                                  .cap_bytes = kvf * sizeof(float),
-                                 .heads = c->heads,
+                                 .heads = kvh,
                                  .head_dim = c->head_dim,
                                  .tokens_cap = n};
             kd[l] = t;
@@ -836,7 +877,7 @@ static int s_decode_kvedge(const kvedge_e2e_request_t *req, int32_t *tokens,
     res->kv_bytes = kvedge_decoder_session_kv_bytes(s) + (uint64_t)ps.slot_bytes * ps.ring_slots;
     if (mm) /* the pipeline's scratch: a cloud layer dequantized, and adapted */
         res->kv_bytes += 2ull * n * sizeof(float) *
-                         ((uint64_t)mm->kv_heads * mm->head_dim + (uint64_t)c->heads * c->head_dim);
+                         ((uint64_t)mm->kv_heads * mm->head_dim + (uint64_t)kvh * c->head_dim);
     kvedge_decoder_session_destroy(&s);
     free(mids);
     free(ls);

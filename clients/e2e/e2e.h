@@ -71,10 +71,25 @@ int kvedge_e2e_byte_tokens(const char *text, size_t len, uint32_t vocab, int32_t
  * tokenizer's ids may split a character. */
 void kvedge_e2e_json_text(FILE *f, const char *text, size_t len);
 
-/* The store's model record for a loaded decoder: id (1..KVEDGE_MODEL_ID_MAX_BYTES bytes),
- * layers, kv_heads = heads, head_dim, dtype fp16. Errors: KVEDGE_EINVAL (not loaded, bad id),
- * KVEDGE_ETOOBIG (outside the store's limits). */
+/* Bytes of the rotary suffix of a model id: "@rope-" and 8 lowercase hex digits. */
+#define KVEDGE_E2E_ROPE_SUFFIX_BYTES KVEDGE_MODEL_ROPE_SUFFIX_BYTES
+
+/* The store's model record for a loaded decoder: layers, kv_heads (the decoder's KV heads,
+ * kvedge_decoder_kv_heads: fewer than its query heads under grouped-query attention),
+ * head_dim, dtype fp16, and the id. For a rotary model (kvedge_decoder_rope_fingerprint not 0)
+ * the id is id followed by "@rope-XXXXXXXX", its fingerprint in hex (kept as it is when id
+ * already ends with that suffix): the stored record and its wire form have no field for rotary
+ * settings, so they go into the id and from there into every chunk id. A context prefilled by
+ * one model is then found only under a model id whose rotary settings are the same, and
+ * kvedge_e2e_prefill / kvedge_e2e_decode refuse a record whose fingerprint is not their
+ * decoder's. OPT's id is id unchanged. Errors: KVEDGE_EINVAL (not loaded, bad id; a rotary
+ * model's id over KVEDGE_MODEL_ID_MAX_BYTES - KVEDGE_E2E_ROPE_SUFFIX_BYTES bytes),
+ * KVEDGE_ESHAPE (id carries another model's rotary suffix), KVEDGE_ETOOBIG (outside the
+ * store's limits). */
 int kvedge_e2e_model(const kvedge_decoder_t *d, const char *id, kvedge_model_t *out);
+
+/* The rotary fingerprint a model record's id carries (kvedge_e2e_model), 0 when none. */
+uint32_t kvedge_e2e_model_rope(const kvedge_model_t *m);
 
 /* The chunk chain of a context (access/codec/chunk.h, no salt): ceil(n / chunk_tokens) ids written
  * to ids (room for max; chunk_tokens 0 = KVEDGE_E2E_CHUNK_TOKENS_DEFAULT). The edge computes the
@@ -114,7 +129,7 @@ typedef struct {
 /* Bytes one pipeline ring slot needs for a whole layer of an n-token context cut into chunks
  * of ct, whatever the cloud stored: lossless fp32, fp16, int8, int4 with groups of
  * KVEDGE_E2E_GROUP_MIN or more (the sizing kvedge_e2e_decode uses). */
-size_t kvedge_e2e_slot_bytes(uint32_t n, uint32_t ct, uint32_t heads, uint32_t head_dim);
+size_t kvedge_e2e_slot_bytes(uint32_t n, uint32_t ct, uint32_t kv_heads, uint32_t head_dim);
 
 /* Defaults: int8, fp16, group 0, all channels, lz4 on, not pinned, node TTL, every layer. */
 void kvedge_e2e_quant_default(kvedge_e2e_quant_t *q);
@@ -134,11 +149,11 @@ typedef struct {
 } kvedge_e2e_prefill_stats_t;
 
 /* Cloud prefill: runs the context through the decoder (kvedge_decoder_prefill), registers m
- * on the node (kvedge_client_put_model), and puts every (chunk, layer, head) block, encoded
+ * on the node (kvedge_client_put_model), and puts every (chunk, layer, KV head) block, encoded
  * with q, in batches; with q->layers only the blocks of those layers. m must match the
  * decoder (kvedge_e2e_model). ids (room for max) receives the chunk chain. Errors:
- * KVEDGE_EINVAL (bad arguments, m not matching the decoder, q->layers of another layer count
- * or empty),
+ * KVEDGE_EINVAL (bad arguments, m's shape not the decoder's, q->layers of another layer count
+ * or empty), KVEDGE_ESHAPE (m's rotary fingerprint is not the decoder's),
  * KVEDGE_ENOSPACE (max too small), the decoder's, the codec's and the client's errors (the
  * first failed put's status). stats may be NULL. */
 int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kvedge_model_t *m,
@@ -147,7 +162,8 @@ int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const 
                        kvedge_e2e_prefill_stats_t *stats);
 
 /* kvedge_e2e_prefill with the context's K/V computed elsewhere (a GPU cloud model, gpu/opt.h):
- * k and v hold layers * kvedge_decoder_kv_floats(d, n) floats each, [layers][heads][n][head_dim]
+ * k and v hold layers * kvedge_decoder_kv_floats(d, n) floats each,
+ * [layers][kv_heads][n][head_dim]
  * (what kvedge_decoder_prefill writes); d gives the shape only and is not run (stats'
  * prefill_us is 0). Errors: those of kvedge_e2e_prefill; KVEDGE_EINVAL for a NULL k or v. */
 int kvedge_e2e_prefill_kv(kvedge_client_t *cloud, const kvedge_decoder_t *d,
@@ -214,7 +230,7 @@ typedef struct {
     uint32_t ring_slots;
     int deadline_ms; /* the fetch's deadline; 0 = the client's default */
     /* Large–small (KVEDGE_E2E_KVEDGE only; both or neither): the cloud model whose layers may
-     * stand in for the decoder's (its record: id as the proxy knows it, layers, kv_heads =
+     * stand in for the decoder's (its record: id as the proxy knows it, layers, its KV
      * heads, head_dim), and the adapter from it (clients/e2e/adapter.h; its cloud_id must be
      * mapped_model->id and its shapes the two models', kvedge_adapter_check). The chunk chain
      * of mapped_model over ctx goes in the FETCH beside the decoder's; a layer the proxy
@@ -271,24 +287,24 @@ const char *kvedge_e2e_result_mode(const kvedge_e2e_result_t *res);
 
 /* Runs one request in req->mode and fills *res (about 100 KiB: allocate it) and tokens
  * (max_new ids, greedy: the first from the prompt's logits, then max_new - 1 decoder steps).
- * Errors: KVEDGE_EINVAL (a field missing for the mode, bad sizes, a model record not matching
- * the decoder, a cloud holding another context than ctx; mapped_model without adapter or the
- * reverse, either outside KVEDGE_E2E_KVEDGE, an adapter whose cloud_id is not
- * mapped_model->id, a store-node client), KVEDGE_ESHAPE (an adapter whose shapes are not the
- * two models'), KVEDGE_ETOOBIG (ctx_len +
- * prompt_len + max_new over the decoder's positions), KVEDGE_ENOMEM, the pipeline's and the
- * decoder's errors (a layer that failed rather than missed, e.g. KVEDGE_ETIMEDOUT, or
- * KVEDGE_ENOMODEL from a proxy that knows the model neither built in nor from its master).
- * Thread-safe for distinct requests (each uses its own session); several threads may share a
- * decoder, a cloud, but not a proxy client.
- * Learning the decoder's speed: after a successful kvedge or edge-only decode, the decoder's
- * measured time on each layer but the last (done_us - max(ready_us, the previous layer's
- * done_us): its wait for the layer left out) goes back to the model through
- * kvedge_decoder_observe: a fetched layer's as compute time; a computed layer's extra time
- * over the request's median fetched layer, per context layer it ran, as recompute time (with
- * no fetched layer, edge-only, split between the two in the proportion of the estimates). So
- * the next request on the same model in this process gives the proxy estimates corrected by
- * what the decoder really did while layers arrived (kvedge_decoder_forget drops them). */
+ * Errors: KVEDGE_EINVAL (a field missing for the mode, bad sizes, a model record whose shape
+ * is not the decoder's, a cloud holding another context than ctx; mapped_model without adapter or
+ * the reverse, either outside KVEDGE_E2E_KVEDGE, an adapter whose cloud_id is not mapped_model->id,
+ * a store-node client), KVEDGE_ESHAPE (an adapter whose shapes are not the two models', or a model
+ * record whose rotary fingerprint is not the decoder's: a context prefilled with other rotary
+ * settings), KVEDGE_ETOOBIG (ctx_len + prompt_len + max_new over the decoder's positions),
+ * KVEDGE_ENOMEM, the pipeline's and the decoder's errors (a layer that failed rather than missed,
+ * e.g. KVEDGE_ETIMEDOUT, or KVEDGE_ENOMODEL from a proxy that knows the model neither built in nor
+ * from its master). Thread-safe for distinct requests (each uses its own session); several threads
+ * may share a decoder, a cloud, but not a proxy client. Learning the decoder's speed: after a
+ * successful kvedge or edge-only decode, the decoder's measured time on each layer but the last
+ * (done_us - max(ready_us, the previous layer's done_us): its wait for the layer left out) goes
+ * back to the model through kvedge_decoder_observe: a fetched layer's as compute time; a computed
+ * layer's extra time over the request's median fetched layer, per context layer it ran, as
+ * recompute time (with no fetched layer, edge-only, split between the two in the proportion of the
+ * estimates). So the next request on the same model in this process gives the proxy estimates
+ * corrected by what the decoder really did while layers arrived (kvedge_decoder_forget drops them).
+ */
 int kvedge_e2e_decode(const kvedge_e2e_request_t *req, int32_t *tokens, kvedge_e2e_result_t *res);
 
 /* Prints the request's result for people: per-layer source and reason (kvedge mode; for

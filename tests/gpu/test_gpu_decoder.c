@@ -653,7 +653,7 @@ static int s_setup(void **state)
     g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
     printf("seed %llu (KVEDGE_TEST_SEED to repeat)\n", (unsigned long long)g_seed);
     /* An odd small shape: 3 layers, 5 heads of 24, ffn 200, vocab 301. */
-    kvedge_decoder_config_t sc = {3, 5, 24, 120, 200, 301, 256};
+    kvedge_decoder_config_t sc = {3, 5, 24, 120, 200, 301, 256, 5};
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(g_synth_path, sizeof g_synth_path, "%s/test_gpu_decoder_%d.safetensors", tmp,
              (int)getpid());

@@ -1083,6 +1083,87 @@ static void test_model_shapes(void **state)
     assert_int_equal(kvedge_decoder_shape("OPT-125M", &c), KVEDGE_ENOMODEL);
     assert_int_equal(kvedge_decoder_shape("", &c), KVEDGE_ENOMODEL);
     assert_int_equal(kvedge_decoder_shape(NULL, &c), KVEDGE_ENOMODEL);
+
+    /* The Llama family: query and KV heads from the published configs. */
+    assert_int_equal(kvedge_decoder_shape("llama-3.2-1b", &c), KVEDGE_OK);
+    assert_int_equal(c.layers, 16);
+    assert_int_equal(c.heads, 32);
+    assert_int_equal(c.kv_heads, 8);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.vocab, 128256);
+    assert_string_equal(kvedge_decoder_shape_arch("llama-3.2-1b"), "llama");
+    assert_int_equal(kvedge_decoder_shape("qwen2.5-0.5b", &c), KVEDGE_OK);
+    assert_int_equal(c.layers, 24);
+    assert_int_equal(c.heads, 14);
+    assert_int_equal(c.kv_heads, 2);
+    assert_int_equal(c.head_dim * c.heads, c.hidden);
+    assert_string_equal(kvedge_decoder_shape_arch("qwen2.5-0.5b"), "qwen2");
+    assert_string_equal(kvedge_decoder_shape_arch("opt-125m"), "opt");
+    assert_null(kvedge_decoder_shape_arch("opt-999b"));
+    size_t names = 0;
+    while (kvedge_decoder_shape_name(names))
+        assert_int_equal(kvedge_decoder_shape(kvedge_decoder_shape_name(names++), &c), KVEDGE_OK);
+    assert_int_equal(names, 9);
+    /* The OPT writer refuses a shape with fewer KV than query heads. */
+    assert_int_equal(kvedge_decoder_shape("llama-3.2-1b", &c), KVEDGE_OK);
+    assert_int_equal(kvedge_decoder_synthesize("/nonexistent/x", &c, 1, true), KVEDGE_EINVAL);
+}
+
+/* kvedge_decoder_synthesize_hf: a tiny Qwen2-style GQA model loads back with its shape, the
+ * model_type and biases it was written with; bad shapes and types are refused. */
+static void test_synthesize_hf(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvedge-synth-hf-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char m[64];
+    snprintf(m, sizeof m, "%s/m", dir);
+    const kvedge_decoder_config_t c = {.layers = 2,
+                                       .heads = 6,
+                                       .head_dim = 8,
+                                       .hidden = 48,
+                                       .ffn = 64,
+                                       .vocab = 90,
+                                       .max_positions = 64,
+                                       .kv_heads = 2};
+    assert_int_equal(kvedge_decoder_synthesize_hf(m, "qwen2", &c, 1e6, false, 3, true), KVEDGE_OK);
+    kvedge_decoder_t *md = kvedge_decoder_new();
+    int rc = kvedge_decoder_load(md, m, 0);
+    if (rc != KVEDGE_OK)
+        fail_msg("load: %s (%s)", kvedge_strerror(rc), kvedge_decoder_error(md));
+    assert_memory_equal(kvedge_decoder_config(md), &c, sizeof c);
+    assert_string_equal(kvedge_decoder_arch(md), "qwen2");
+    assert_int_equal(kvedge_decoder_kv_heads(md), 2);
+    assert_true(kvedge_decoder_rope_fingerprint(md) != 0);
+    int32_t t[5] = {1, 2, 3, 4, 5};
+    float *logits = calloc(c.vocab, sizeof *logits);
+    assert_int_equal(kvedge_decoder_prefill(md, t, 5, logits, NULL, NULL), KVEDGE_OK);
+    assert_true(isfinite(logits[0]) && logits[0] != logits[1]);
+    free(logits);
+    kvedge_decoder_destroy(&md);
+
+    kvedge_decoder_config_t bad = c;
+    bad.kv_heads = 4; /* does not divide 6 */
+    assert_int_equal(kvedge_decoder_synthesize_hf(m, "llama", &bad, 1e4, false, 1, true),
+                     KVEDGE_EINVAL);
+    bad = c;
+    bad.head_dim = 7; /* odd: no rotary pairs */
+    assert_int_equal(kvedge_decoder_synthesize_hf(m, "llama", &bad, 1e4, false, 1, true),
+                     KVEDGE_EINVAL);
+    bad = c;
+    bad.kv_heads = 0;
+    assert_int_equal(kvedge_decoder_synthesize_hf(m, "llama", &bad, 1e4, false, 1, true),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_synthesize_hf(m, "opt", &c, 1e4, false, 1, true),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_synthesize_hf(m, "llama", &c, 0.5, false, 1, true),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_synthesize_hf("", "llama", &c, 1e4, false, 1, true),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_decoder_synthesize_shape("nope", m, 1, true), KVEDGE_ENOMODEL);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* The whole of a small file; caller frees. */
@@ -1128,7 +1209,8 @@ static void test_synthesize(void **state)
                                        .hidden = 64,
                                        .ffn = 96,
                                        .vocab = 70,
-                                       .max_positions = 40};
+                                       .max_positions = 40,
+                                       .kv_heads = 4};
     for (int fp16 = 1; fp16 >= 0; fp16--) {
         assert_int_equal(kvedge_decoder_synthesize(a, &c, 42, fp16), KVEDGE_OK);
         assert_int_equal(access(tmp, F_OK), -1); /* renamed, nothing left behind */
@@ -1649,25 +1731,16 @@ static void test_share_cores(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fixture_config),
-        cmocka_unit_test(test_fixture_prefill),
-        cmocka_unit_test(test_fixture_greedy),
-        cmocka_unit_test(test_trained_cloud),
-        cmocka_unit_test(test_trained_edge),
-        cmocka_unit_test(test_context_lossless),
-        cmocka_unit_test(test_context_quantized),
-        cmocka_unit_test(test_context_miss),
-        cmocka_unit_test(test_context_in_place),
-        cmocka_unit_test(test_provider_errors),
-        cmocka_unit_test(test_argument_errors),
-        cmocka_unit_test(test_load_errors),
-        cmocka_unit_test(test_load_variants),
-        cmocka_unit_test(test_prefill_tiles),
-        cmocka_unit_test(test_model_shapes),
-        cmocka_unit_test(test_synthesize),
-        cmocka_unit_test(test_layer_flops),
-        cmocka_unit_test(test_estimate),
-        cmocka_unit_test(test_learn),
+        cmocka_unit_test(test_fixture_config),    cmocka_unit_test(test_fixture_prefill),
+        cmocka_unit_test(test_fixture_greedy),    cmocka_unit_test(test_trained_cloud),
+        cmocka_unit_test(test_trained_edge),      cmocka_unit_test(test_context_lossless),
+        cmocka_unit_test(test_context_quantized), cmocka_unit_test(test_context_miss),
+        cmocka_unit_test(test_context_in_place),  cmocka_unit_test(test_provider_errors),
+        cmocka_unit_test(test_argument_errors),   cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_load_variants),     cmocka_unit_test(test_prefill_tiles),
+        cmocka_unit_test(test_model_shapes),      cmocka_unit_test(test_synthesize_hf),
+        cmocka_unit_test(test_synthesize),        cmocka_unit_test(test_layer_flops),
+        cmocka_unit_test(test_estimate),          cmocka_unit_test(test_learn),
         cmocka_unit_test(test_share_cores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -190,7 +190,7 @@ static kvedge_decoder_t *s_model(const char *name, uint32_t layers, uint32_t hea
 {
     char path[160];
     snprintf(path, sizeof path, "%s/%s.safetensors", s_dir, name);
-    kvedge_decoder_config_t c = {layers, heads, hd, heads * hd, 4 * heads * hd, 64, 40};
+    kvedge_decoder_config_t c = {layers, heads, hd, heads * hd, 4 * heads * hd, 64, 40, heads};
     assert_int_equal(kvedge_decoder_synthesize(path, &c, seed, false), KVEDGE_OK);
     kvedge_decoder_t *md = kvedge_decoder_new();
     assert_int_equal(kvedge_decoder_load(md, path, heads), KVEDGE_OK);
