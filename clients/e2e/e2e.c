@@ -281,7 +281,12 @@ static int s_encode_layer(s_enc_t *e, uint32_t l, kvedge_e2e_prefill_stats_t *st
             }
             bool masked = q->keep_channels && q->keep_channels < c->head_dim;
             if (masked) {
-                int rc = kvedge_synth_key_mask(kf, t, c->head_dim, q->keep_channels, mask);
+                /* A rotary model's K channels j and j + head_dim/2 turn together: ThinK keeps
+                 * or drops them as pairs. */
+                int rc =
+                    kvedge_decoder_rope_fingerprint(e->d)
+                        ? kvedge_synth_key_mask_pairs(kf, t, c->head_dim, q->keep_channels, mask)
+                        : kvedge_synth_key_mask(kf, t, c->head_dim, q->keep_channels, mask);
                 if (rc != KVEDGE_OK)
                     return rc;
             }
@@ -709,7 +714,10 @@ static int s_adapter_fits(const kvedge_e2e_request_t *req)
     if (!ai || kvedge_model_check(mm) != KVEDGE_OK || strcmp(ai->cloud_id, mm->id) != 0)
         return KVEDGE_EINVAL;
     char why[256];
-    return kvedge_adapter_check(req->adapter, NULL, mm, req->model, why, sizeof why) == KVEDGE_OK
+    /* Its shapes, and the edge decoder's rotary settings against those it was fitted for. */
+    return kvedge_adapter_check(req->adapter, NULL, mm, req->model, why, sizeof why) == KVEDGE_OK &&
+                   kvedge_adapter_check_rope(req->adapter, NULL, req->decoder, why, sizeof why) ==
+                       KVEDGE_OK
                ? KVEDGE_OK
                : KVEDGE_ESHAPE;
 }
