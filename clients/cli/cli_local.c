@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "clients/cli/cli.h"
+#include "clients/cli/cli_admin.h"
 #include "clients/lib/kvedge.h"
 #include "access/codec/error.h"
 #include "access/codec/quant.h"
@@ -28,18 +29,7 @@ typedef struct {
 } s_none_t;
 
 /* The commands that name one prefix (pin, unpin, delete). */
-typedef struct {
-    const char *prefix;
-} s_prefix_opts_t;
-
-static const kvedge_cmdopt_t s_prefix_list[] = {
-    {.name = "PREFIX",
-     .positional = true,
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_prefix_opts_t, prefix),
-     .required = true,
-     .help = "a prefix id: at least 4 hex digits of its last chunk (see kvedge ls)"},
-};
+typedef kvedge_cli_prefix_opts_t s_prefix_opts_t;
 
 /* Resolves a PREFIX argument (hex, at least 4 digits) to a chunk, with clear errors. */
 static int s_resolve(kvedge_cli_t *cli, kvedge_engine_t *e, const char *arg,
@@ -292,27 +282,11 @@ static int s_inspect(kvedge_cli_t *cli, const void *opts)
 
 /* ---- ls ---- */
 
-typedef struct {
-    const char *model; /* only this model's prefixes; NULL = all */
-    bool full;         /* 64-digit ids */
-} s_ls_opts_t;
+typedef kvedge_cli_ls_opts_t s_ls_opts_t;
 
-static const kvedge_cmdopt_t s_ls_list[] = {
-    {.name = "model",
-     .letter = 'm',
-     .arg = "ID",
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_ls_opts_t, model),
-     .help = "only prefixes of this model"},
-    {.name = "full",
-     .letter = 'f',
-     .type = KVEDGE_CMDOPT_BOOL,
-     KVEDGE_CMDOPT_AT(s_ls_opts_t, full),
-     .help = "print full 64-digit prefix ids"},
-};
-
-static const kvedge_cmdopts_t s_ls_opts = {
-    .command = "ls", .summary = "List prefix chunks.", KVEDGE_CMDOPTS_OF(s_ls_opts_t, s_ls_list)};
+static const kvedge_cmdopts_t s_ls_opts = {.command = "ls",
+                                           .summary = "List prefix chunks.",
+                                           KVEDGE_CMDOPTS_OF(s_ls_opts_t, kvedge_cli_ls_list)};
 
 static void s_ls_json(const s_chunk_row_t *r, size_t shown)
 {
@@ -423,28 +397,7 @@ static int s_show_block(void *ctx, const kvedge_block_key_t *key, const kvedge_b
     return 0;
 }
 
-typedef struct {
-    const char *prefix;
-    uint32_t layer; /* UINT32_MAX = all */
-} s_show_opts_t;
-
-static const kvedge_cmdopt_t s_show_list[] = {
-    {.name = "layer",
-     .letter = 'l',
-     .arg = "L",
-     .type = KVEDGE_CMDOPT_UINT,
-     KVEDGE_CMDOPT_AT(s_show_opts_t, layer),
-     .max = KVEDGE_MODEL_MAX_LAYERS - 1,
-     .def_num = UINT32_MAX,
-     .def_text = "all",
-     .help = "only layer L"},
-    {.name = "PREFIX",
-     .positional = true,
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_show_opts_t, prefix),
-     .required = true,
-     .help = "a prefix id: at least 4 hex digits of its last chunk (see kvedge ls)"},
-};
+typedef kvedge_cli_show_opts_t s_show_opts_t;
 
 static const kvedge_cmdopts_t s_show_opts = {
     .command = "show",
@@ -452,7 +405,7 @@ static const kvedge_cmdopts_t s_show_opts = {
     .about = "Reads and verifies every block of the prefix chunk and prints, per\n"
              "layer and head: scheme, dtype, group, kept key channels, bytes, lz4,\n"
              "compression against fp16, pinned, checksum and its state.\n",
-    KVEDGE_CMDOPTS_OF(s_show_opts_t, s_show_list)};
+    KVEDGE_CMDOPTS_OF(s_show_opts_t, kvedge_cli_show_list)};
 
 /* A layer past the prefix's model is a mistake, not an empty table. Returns an exit code. */
 static int s_show_layer_ok(kvedge_engine_t *e, const kvedge_chunk_info_t *info, int layer)
@@ -1204,27 +1157,14 @@ static int s_repair(kvedge_cli_t *cli, const void *opts)
 
 /* ---- evict ---- */
 
-typedef struct {
-    uint64_t to; /* bytes */
-} s_evict_opts_t;
-
-static const kvedge_cmdopt_t s_evict_list[] = {
-    {.name = "to",
-     .letter = 't',
-     .arg = "SIZE",
-     .type = KVEDGE_CMDOPT_SIZE,
-     KVEDGE_CMDOPT_AT(s_evict_opts_t, to),
-     .max = KVEDGE_SETTINGS_SIZE_MAX,
-     .required = true,
-     .help = "target size: bytes, or with K, M, G, T suffix"},
-};
+typedef kvedge_cli_evict_opts_t s_evict_opts_t;
 
 static const kvedge_cmdopts_t s_evict_opts = {
     .command = "evict",
     .summary = "Evict least-recently-used unpinned blocks.",
     .about = "Evicts least-recently-used unpinned blocks until at most SIZE bytes\n"
              "are stored. Pinned blocks are never evicted.\n",
-    KVEDGE_CMDOPTS_OF(s_evict_opts_t, s_evict_list)};
+    KVEDGE_CMDOPTS_OF(s_evict_opts_t, kvedge_cli_evict_list)};
 
 static int s_evict(kvedge_cli_t *cli, const void *opts)
 {
@@ -1311,16 +1251,17 @@ static int s_pin(kvedge_cli_t *cli, const char *prefix, bool pin)
     "the chain; all their blocks are (un)pinned. Pinned blocks are never\n"                        \
     "evicted and never expire.\n"
 
-static const kvedge_cmdopts_t s_pin_opts = {.command = "pin",
-                                            .summary =
-                                                "Pin a prefix: never evicted, never expired.",
-                                            .about = S_PIN_ABOUT,
-                                            KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+static const kvedge_cmdopts_t s_pin_opts = {
+    .command = "pin",
+    .summary = "Pin a prefix: never evicted, never expired.",
+    .about = S_PIN_ABOUT,
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, kvedge_cli_prefix_list)};
 
-static const kvedge_cmdopts_t s_unpin_opts = {.command = "unpin",
-                                              .summary = "Unpin a prefix.",
-                                              .about = S_PIN_ABOUT,
-                                              KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+static const kvedge_cmdopts_t s_unpin_opts = {
+    .command = "unpin",
+    .summary = "Unpin a prefix.",
+    .about = S_PIN_ABOUT,
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, kvedge_cli_prefix_list)};
 
 static int s_pin_cmd(kvedge_cli_t *cli, const void *opts)
 {
@@ -1337,7 +1278,7 @@ static const kvedge_cmdopts_t s_delete_opts = {
     .summary = "Delete a prefix chunk and the chunks chained below it.",
     .about = "Deletes the prefix chunk and every chunk chained below it (their\n"
              "blocks are unreachable without it), pinned or not.\n",
-    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, kvedge_cli_prefix_list)};
 
 static int s_delete(kvedge_cli_t *cli, const void *opts)
 {

@@ -7,6 +7,7 @@
 
 #include "access/frame.h"
 #include "clients/cli/cli.h"
+#include "clients/cli/cli_admin.h"
 #include "clients/cli/top_doc.h"
 #include "clients/lib/kvedge.h"
 
@@ -18,18 +19,7 @@ typedef struct {
 } s_none_t;
 
 /* The commands that name one prefix (pin, unpin, delete). */
-typedef struct {
-    const char *prefix;
-} s_prefix_opts_t;
-
-static const kvedge_cmdopt_t s_prefix_list[] = {
-    {.name = "PREFIX",
-     .positional = true,
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_prefix_opts_t, prefix),
-     .required = true,
-     .help = "a prefix id: at least 4 hex digits of its last chunk (see kvedge -H EP ls)"},
-};
+typedef kvedge_cli_prefix_opts_t s_prefix_opts_t;
 
 static int s_fail(const char *what, int rc)
 {
@@ -117,31 +107,14 @@ static s_ls_row_t *s_ls_rows(kvedge_chunk_entry_t *all, size_t n)
     return rows;
 }
 
-typedef struct {
-    const char *model; /* only this model's prefixes; NULL = all */
-    bool full;         /* 64-digit ids */
-} s_ls_opts_t;
-
-static const kvedge_cmdopt_t s_ls_list[] = {
-    {.name = "model",
-     .letter = 'm',
-     .arg = "ID",
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_ls_opts_t, model),
-     .help = "only prefixes of this model"},
-    {.name = "full",
-     .letter = 'f',
-     .type = KVEDGE_CMDOPT_BOOL,
-     KVEDGE_CMDOPT_AT(s_ls_opts_t, full),
-     .help = "print full 64-digit prefix ids (what subscriptions and fetch --chunks take)"},
-};
+typedef kvedge_cli_ls_opts_t s_ls_opts_t;
 
 static const kvedge_cmdopts_t s_ls_opts = {
     .command = "ls",
     .summary = "List this tenant's prefix chunks.",
     .about = "Lists this tenant's prefix chunks on the node (client ids), each context's\n"
              "chunks together in chain order.\n",
-    KVEDGE_CMDOPTS_OF(s_ls_opts_t, s_ls_list)};
+    KVEDGE_CMDOPTS_OF(s_ls_opts_t, kvedge_cli_ls_list)};
 
 static void s_ls_row(const kvedge_cli_t *cli, const kvedge_chunk_entry_t *e, int idw, size_t shown)
 {
@@ -424,28 +397,7 @@ static void s_show_block(void *ctx, uint32_t chunk_index, uint16_t head, int sta
     s->shown++;
 }
 
-typedef struct {
-    const char *prefix;
-    uint32_t layer; /* UINT32_MAX = all */
-} s_show_opts_t;
-
-static const kvedge_cmdopt_t s_show_list[] = {
-    {.name = "layer",
-     .letter = 'l',
-     .arg = "L",
-     .type = KVEDGE_CMDOPT_UINT,
-     KVEDGE_CMDOPT_AT(s_show_opts_t, layer),
-     .max = KVEDGE_MODEL_MAX_LAYERS - 1,
-     .def_num = UINT32_MAX,
-     .def_text = "all",
-     .help = "only layer L"},
-    {.name = "PREFIX",
-     .positional = true,
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_show_opts_t, prefix),
-     .required = true,
-     .help = "a prefix id: at least 4 hex digits of its last chunk (see kvedge -H EP ls)"},
-};
+typedef kvedge_cli_show_opts_t s_show_opts_t;
 
 static const kvedge_cmdopts_t s_show_opts = {
     .command = "show",
@@ -453,7 +405,7 @@ static const kvedge_cmdopts_t s_show_opts = {
     .about = "Fetches every block of the prefix chunk (or of layer L) from the node and\n"
              "verifies it after the network: per layer and head, scheme, dtype, kept key\n"
              "channels, bytes and state.\n",
-    KVEDGE_CMDOPTS_OF(s_show_opts_t, s_show_list)};
+    KVEDGE_CMDOPTS_OF(s_show_opts_t, kvedge_cli_show_list)};
 
 /* Fetches and prints every block of chunk id (of layer only, or of all when only < 0), layer
  * by layer through GET_LAYER until the node says the layer is past the model (ESHAPE). */
@@ -650,19 +602,19 @@ static const kvedge_cmdopts_t s_pin_opts = {
     .command = "pin",
     .summary = "Pin a prefix and its chain.",
     .about = "Pins the prefix chunk and every chunk above it in its chain.\n",
-    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, kvedge_cli_prefix_list)};
 
 static const kvedge_cmdopts_t s_unpin_opts = {
     .command = "unpin",
     .summary = "Unpin a prefix and its chain.",
     .about = "Unpins the prefix chunk and every chunk above it in its chain.\n",
-    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, kvedge_cli_prefix_list)};
 
 static const kvedge_cmdopts_t s_delete_opts = {
     .command = "delete",
     .summary = "Delete a prefix chunk and the chunks below it.",
     .about = "Deletes the prefix chunk and every chunk chained below it.\n",
-    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, s_prefix_list)};
+    KVEDGE_CMDOPTS_OF(s_prefix_opts_t, kvedge_cli_prefix_list)};
 
 static int s_r_pin(kvedge_cli_t *cli, const void *opts)
 {
@@ -760,26 +712,13 @@ static int s_r_ping(kvedge_cli_t *cli, const void *opts)
     return KVEDGE_EXIT_OK;
 }
 
-typedef struct {
-    uint64_t to; /* bytes */
-} s_evict_opts_t;
-
-static const kvedge_cmdopt_t s_evict_list[] = {
-    {.name = "to",
-     .letter = 't',
-     .arg = "SIZE",
-     .type = KVEDGE_CMDOPT_SIZE,
-     KVEDGE_CMDOPT_AT(s_evict_opts_t, to),
-     .max = KVEDGE_SETTINGS_SIZE_MAX,
-     .required = true,
-     .help = "target size: bytes, or with K, M, G, T suffix"},
-};
+typedef kvedge_cli_evict_opts_t s_evict_opts_t;
 
 static const kvedge_cmdopts_t s_evict_opts = {
     .command = "evict",
     .summary = "Store-wide LRU eviction (admin key).",
     .about = "Store-wide LRU eviction of unpinned blocks on the node; needs an admin key.\n",
-    KVEDGE_CMDOPTS_OF(s_evict_opts_t, s_evict_list)};
+    KVEDGE_CMDOPTS_OF(s_evict_opts_t, kvedge_cli_evict_list)};
 
 static int s_r_evict(kvedge_cli_t *cli, const void *opts)
 {
