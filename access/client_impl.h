@@ -126,9 +126,10 @@ typedef struct {
 } kvedge_client__user_t;
 
 /* Starts a public call on c (which may be NULL): clears this thread's message and holds c
- * until the enclosing scope ends. */
+ * until the enclosing scope ends (the variable is only there for its cleanup: clang would
+ * call it unused). */
 #define KVEDGE_CLIENT__ENTER(c)                                                                    \
-    kvedge_client__user_t s_user_ __attribute__((cleanup(kvedge_client__user_leave))) =            \
+    kvedge_client__user_t s_user_ __attribute__((cleanup(kvedge_client__user_leave), unused)) =    \
         kvedge_client__user_enter(c)
 
 /* Where one call's requests go: a direct channel, or (ch NULL) the actor. */
