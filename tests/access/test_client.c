@@ -688,6 +688,15 @@ static void on_done_take(void *ctx, int status, uint32_t heads)
     pthread_mutex_unlock(&r->mu);
 }
 
+static bool s_refs_done(void *ctx)
+{
+    refs_t *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    bool done = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return done;
+}
+
 static void test_block_ref(void **state)
 {
     fx_t *fx = *state;
@@ -699,15 +708,7 @@ static void test_block_ref(void **state)
     assert_null(kvedge_client_block_take()); /* outside a callback */
     assert_int_equal(
         kvedge_client_get_layer_async(fx->c, ids, 2, 3, 0, on_block_take, on_done_take, &r), 0);
-    for (int64_t until = s_ms() + 10000;;) {
-        pthread_mutex_lock(&r.mu);
-        bool done = r.done;
-        pthread_mutex_unlock(&r.mu);
-        if (done)
-            break;
-        assert_true(s_ms() < until);
-        usleep(1000);
-    }
+    kt_wait_until(s_refs_done, &r, 10000);
     uint32_t hits = 0; /* the set leaves some heads out: those are misses, nothing to take */
     for (uint32_t i = 0; i < 2 * HEADS; i++) {
         const uint8_t *block;
@@ -861,25 +862,23 @@ static void test_credit_held(void **state)
     memset(&h, 0, sizeof h);
     assert_int_equal(kvedge_client_get_layer_async(c, ids, 2, 3, 0, s_hold_block, s_hold_done, &h),
                      0);
-    int64_t until = s_ms() + 5000;
-    while (atomic_load(&h.got) < 2 && s_ms() < until)
-        zclock_sleep(2);
+    kt_wait_for(atomic_load(&h.got) >= 2, KT_WAIT_MS);
     assert_int_equal(atomic_load(&h.got), 2);
     uint64_t stream = atomic_load(&h.stream);
     assert_true(stream > 0);
-    zclock_sleep(200); /* a bounded look: nothing more may come while the credit is held */
+    kt_pause_ms(200); /* a bounded look: nothing more may come while the credit is held */
     assert_int_equal(atomic_load(&h.got), 2);
     assert_int_equal(atomic_load(&h.done), 0);
 
     unsigned returned = 0;
-    until = s_ms() + 5000;
-    while (!atomic_load(&h.done) && s_ms() < until) {
+    /* Gives back each message's credit as it comes, until the stream ends. */
+    for (int64_t until = s_ms() + KT_WAIT_MS; !atomic_load(&h.done) && s_ms() < until;) {
         unsigned got = atomic_load(&h.got);
         if (got > returned) {
             assert_int_equal(kvedge_client_credit_return(c, stream, got - returned), 0);
             returned = got;
         }
-        zclock_sleep(1);
+        kt_pause_ms(KT_POLL_MS);
     }
     assert_int_equal(atomic_load(&h.done), 1);
     assert_int_equal(atomic_load(&h.status), 0);

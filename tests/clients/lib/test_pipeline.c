@@ -36,6 +36,7 @@
 #include "gpu/stage.h"
 #include "proxy/proxy.h"
 #include "access/codec/synth.h"
+#include "tests/common/testutil.h"
 
 #define S_MODEL        "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_LAYERS       12
@@ -696,7 +697,7 @@ static void test_bad_destination_refused(void **state)
     uint8_t *snap[S_LAYERS];
     for (uint32_t l = 0; l < S_LAYERS; l++)
         snap[l] = s_dst_host(&d, &d.k[l]);
-    zclock_sleep(300);
+    kt_pause_ms(300); /* a bounded look: a late write would land within it */
     for (uint32_t l = 0; l < S_LAYERS; l++) {
         assert_memory_equal(snap[l], d.k[l].base, d.k[l].cap_bytes);
         free(snap[l]);
@@ -1528,10 +1529,7 @@ static void test_full_ring_other_calls_go_on(void **state)
 
     /* The ring is full: layer 0 is in the loader, and the proxy has sent layer 1's first
      * blocks, which have no slot to go to. */
-    int64_t until = zclock_mono() + 10000;
-    while ((s_gate_entered() == 0 || atomic_load(&fx.sent) <= S_FULL_LAYER0) &&
-           zclock_mono() < until)
-        zclock_sleep(5);
+    kt_wait_for(s_gate_entered() != 0 && atomic_load(&fx.sent) > S_FULL_LAYER0, KT_WAIT_MS);
     assert_int_equal(s_gate_entered(), 1);
     assert_true(atomic_load(&fx.sent) > S_FULL_LAYER0);
     assert_int_equal(kvedge_pipeline_ready(p, 0), 0);
