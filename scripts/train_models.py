@@ -8,6 +8,9 @@ bible-kjv-text, public domain; read through the `bible` program of package bible
     /usr/bin/python3 scripts/train_models.py train   --out models/kjv --size cloud
     /usr/bin/python3 scripts/train_models.py train   --out models/kjv --size edge
     /usr/bin/python3 scripts/train_models.py fixture --out models/kjv --size cloud
+    /usr/bin/python3 scripts/train_models.py tokenizer-json --out models/kjv
+    /usr/bin/python3 scripts/train_models.py train   --out models/kjv --size cloud --arch llama
+    /usr/bin/python3 scripts/train_models.py train   --out models/kjv --size edge --arch llama
 
 needs python3-torch and python3-numpy (scripts/setup.sh --reference) and bible-kjv. Every step
 is seeded; `corpus` and `bpe` are exact, `train` is deterministic on one machine (torch's CPU
@@ -21,6 +24,14 @@ by the vocabulary or the models), the rest trains. Files written under --out:
     cloud/config.json             shape and training settings
     cloud/loss.csv                step, tokens, train loss, held-out loss
     (edge/ the same)
+    llama/tokenizer.json          the same vocabulary as Llama 3 ships its tokenizer: a Split
+                                  with Llama 3's regex, ByteLevel(use_regex=false),
+                                  ignore_merges, <s> added before the text
+    llama/cloud/, llama/edge/     the Llama-family pair (--arch llama): rotary positions,
+                                  grouped-query attention, RMSNorm, SwiGLU, tied embeddings;
+                                  a Hugging Face folder each: config.json (LlamaForCausalLM),
+                                  model.safetensors (F16 matrices, F32 norms), tokenizer.json,
+                                  training.json (steps, seed, time, held-out loss), loss.csv
 """
 import argparse
 import collections
@@ -46,6 +57,25 @@ SIZES = {
     "edge": dict(layers=3, hidden=128, heads=4, ffn=512, max_pos=512, window=512,
                  steps=400, batch=8, lr=3e-3),
 }
+
+# The Llama-family pair: (layers, hidden, query heads, KV heads, head dim, SwiGLU width, rotary
+# base, positions, train window, steps, batch, lr). Grouped-query attention as the edge models
+# have it: 3 query heads per KV head in the cloud model, 4 in the edge one.
+LLAMA_SIZES = {
+    "cloud": dict(layers=6, hidden=192, heads=6, kv_heads=2, head_dim=32, ffn=512,
+                  theta=10000.0, max_pos=512, window=512, steps=600, batch=8, lr=2e-3),
+    "edge": dict(layers=4, hidden=128, heads=4, kv_heads=1, head_dim=32, ffn=384,
+                 theta=10000.0, max_pos=512, window=512, steps=400, batch=8, lr=3e-3),
+}
+RMS_EPS = 1e-5
+BOS = 0  # "<s>": the Llama pair's tokenizer.json puts it before every text; training too
+# Llama 3's Split regex, as its tokenizer.json has it (the C tokenizer runs this one) ...
+LLAMA3_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+# ... and its ASCII form for Python's re (the corpus is ASCII; the C tokenizer's ids on the
+# held-out text are checked against these by test_tokenizer_kjv_llama).
+LLAMA3_PAT = re.compile(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]{1,3}"""
+                        r"""| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 # GPT-2's pre-tokenization. The corpus is ASCII, so the letter and number classes are ASCII
 # here; the C tokenizer implements the Unicode ones (tests compare it with GPT-2's own encoder).
@@ -170,17 +200,24 @@ class Tokenizer:
     """Encoder for the vocabulary above (the C tokenizer is the one the project uses; this one
     exists so training needs nothing but Python)."""
 
-    def __init__(self, d):
+    def __init__(self, d, llama=False):
         self.vocab = json.load(open(os.path.join(d, "vocab.json")))
         lines = open(os.path.join(d, "merges.txt")).read().splitlines()[1:]
         self.ranks = {tuple(l.split(" ")): i for i, l in enumerate(lines) if l}
         self.b2u = bytes_to_unicode()
         self.cache = {}
+        # The Llama pair's form (llama/tokenizer.json): Llama 3's regex, a piece that is in the
+        # vocabulary whole is one id (ignore_merges), <s> before the text.
+        self.pat = LLAMA3_PAT if llama else PAT
+        self.ignore_merges = llama
+        self.bos = [BOS] if llama else []
 
     def bpe(self, w):
         if w in self.cache:
             return self.cache[w]
         s = [self.b2u[b] for b in w.encode()]
+        if self.ignore_merges and "".join(s) in self.vocab:
+            s = ["".join(s)]
         while len(s) > 1:
             r = min(((self.ranks.get(p, 1 << 30), i) for i, p in enumerate(zip(s, s[1:]))))
             if r[0] == 1 << 30:
@@ -200,7 +237,49 @@ class Tokenizer:
         return ids
 
     def encode(self, text):
-        return [i for w in PAT.findall(text) for i in self.bpe(w)]
+        return self.bos + [i for w in self.pat.findall(text) for i in self.bpe(w)]
+
+
+def cmd_tokenizer_json(a):
+    """llama/tokenizer.json: vocab.json and merges.txt as Llama 3 ships its tokenizer."""
+    vocab = json.load(open(os.path.join(a.out, "vocab.json")))
+    merges = [l for l in open(os.path.join(a.out, "merges.txt")).read().splitlines()[1:] if l]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": False}
+    bos = SPECIALS[BOS]
+    doc = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}
+                         for t in SPECIALS],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated",
+             "invert": False}, byte_level]},
+        "post_processor": {"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
+             "use_regex": True},
+            {"type": "TemplateProcessing",
+             "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                        {"Sequence": {"id": "A", "type_id": 0}}],
+             "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                      {"Sequence": {"id": "A", "type_id": 0}},
+                      {"SpecialToken": {"id": bos, "type_id": 1}},
+                      {"Sequence": {"id": "B", "type_id": 1}}],
+             "special_tokens": {bos: {"id": bos, "ids": [BOS], "tokens": [bos]}}}]},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": {t: i for t, i in vocab.items() if t not in SPECIALS},
+                  "merges": merges},
+    }
+    d = os.path.join(a.out, "llama")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False)
+    print(f"{d}/tokenizer.json: {len(vocab)} tokens, {len(merges)} merges")
 
 
 # ---------------------------------------------------------------- the model
@@ -264,6 +343,137 @@ def make_model(torch, nn, c, vocab):
     return m
 
 
+def make_llama(torch, nn, c, vocab):
+    """Llama: RMSNorm, rotary positions (Hugging Face's rotate-half), grouped-query attention,
+    SwiGLU, tied embeddings; module names as Hugging Face's LlamaForCausalLM has them (under
+    "model."). PyTorch 1.13 has neither nn.RMSNorm nor scaled_dot_product_attention."""
+    H, NH, KH, D, F = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"], c["ffn"]
+    inv_freq = 1.0 / (c["theta"] ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(H))
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS))
+
+    def rotate_half(x):
+        return torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1)
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj = nn.Linear(H, NH * D, bias=False)
+            self.k_proj = nn.Linear(H, KH * D, bias=False)
+            self.v_proj = nn.Linear(H, KH * D, bias=False)
+            self.o_proj = nn.Linear(NH * D, H, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, t, _ = x.shape
+            q = self.q_proj(x).view(b, t, NH, D).transpose(1, 2)
+            k = self.k_proj(x).view(b, t, KH, D).transpose(1, 2)
+            v = self.v_proj(x).view(b, t, KH, D).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            # Query head h reads KV head h / (NH / KH), as Hugging Face's repeat_kv.
+            k, v = k.repeat_interleave(NH // KH, 1), v.repeat_interleave(NH // KH, 1)
+            s = (q @ k.transpose(-1, -2)) * D ** -0.5
+            s = s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), -1e9)
+            y = torch.softmax(s, -1) @ v
+            return self.o_proj(y.transpose(1, 2).reshape(b, t, NH * D))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = nn.Linear(H, F, bias=False)
+            self.up_proj = nn.Linear(H, F, bias=False)
+            self.down_proj = nn.Linear(F, H, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm, self.self_attn = RMSNorm(), Attn()
+            self.post_attention_layernorm, self.mlp = RMSNorm(), MLP()
+
+        def forward(self, x, cos, sin):
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(vocab, H)
+            self.layers = nn.ModuleList(Layer() for _ in range(c["layers"]))
+            self.norm = RMSNorm()
+
+        def forward(self, ids):
+            ang = torch.arange(ids.shape[1], dtype=torch.float32)[:, None] * inv_freq[None]
+            ang = torch.cat([ang, ang], -1)
+            cos, sin = ang.cos(), ang.sin()
+            x = self.embed_tokens(ids)
+            for l in self.layers:
+                x = l(x, cos, sin)
+            return self.norm(x) @ self.embed_tokens.weight.T
+
+    class Top(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Model()
+
+        def forward(self, ids):
+            return self.model(ids)
+
+    m = Top()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * c["layers"]) if name.endswith(
+                    ("o_proj.weight", "down_proj.weight")) else 0.02
+                p.normal_(0.0, std)
+    return m
+
+
+def save_llama(torch, m, d, c, vocab, meta):
+    """A Hugging Face folder: model.safetensors (F16 matrices, F32 norms), config.json
+    (LlamaForCausalLM), tokenizer.json (the pair's shared one), training.json."""
+    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, p in m.state_dict().items():
+        t = p.detach().contiguous()
+        if t.dim() == 2:
+            b, dt = t.to(torch.float16).numpy().astype("<f2").tobytes(), "F16"
+        else:
+            b, dt = t.to(torch.float32).numpy().astype("<f4").tobytes(), "F32"
+        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    path = os.path.join(d, "model.safetensors")
+    with open(path + ".tmp", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for b in blobs:
+            f.write(b)
+    os.replace(path + ".tmp", path)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": c["hidden"], "intermediate_size": c["ffn"],
+        "num_hidden_layers": c["layers"], "num_attention_heads": c["heads"],
+        "num_key_value_heads": c["kv_heads"], "head_dim": c["head_dim"], "hidden_act": "silu",
+        "max_position_embeddings": c["max_pos"], "rms_norm_eps": RMS_EPS,
+        "rope_theta": c["theta"], "rope_scaling": None, "attention_bias": False,
+        "mlp_bias": False, "tie_word_embeddings": True, "vocab_size": vocab,
+        "bos_token_id": BOS, "eos_token_id": SPECIALS.index("</s>"), "torch_dtype": "float16",
+    }
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=1)
+    json.dump(meta, open(os.path.join(d, "training.json"), "w"), indent=1)
+    src = os.path.join(os.path.dirname(d), "tokenizer.json")
+    with open(src, "rb") as f, open(os.path.join(d, "tokenizer.json"), "wb") as g:
+        g.write(f.read())
+
+
 def save_model(torch, m, path, meta):
     """safetensors by hand: u64 LE header length, JSON header, tensors back to back. Matrices
     F16, norms and biases F32; names as Hugging Face's OPTForCausalLM has them."""
@@ -300,10 +510,11 @@ def cmd_train(a):
     from torch import nn
     torch.manual_seed(SEED)
     torch.set_num_threads(a.threads)
-    c = dict(SIZES[a.size])
+    llama = a.arch == "llama"
+    c = dict((LLAMA_SIZES if llama else SIZES)[a.size])
     if a.steps:
         c["steps"] = a.steps
-    tok = Tokenizer(a.out)
+    tok = Tokenizer(a.out, llama)
     vocab = len(tok.vocab)
     train = encode_file(tok, os.path.join(a.out, "train.txt"))
     held = encode_file(tok, os.path.join(a.out, "heldout.txt"))
@@ -312,12 +523,12 @@ def cmd_train(a):
     hstream = torch.tensor([i for ch in held for i in ch])
     print(f"{a.size}: {len(stream)} train tokens, {len(hstream)} held-out, vocab {vocab}",
           flush=True)
-    m = make_model(torch, nn, c, vocab)
+    m = (make_llama if llama else make_model)(torch, nn, c, vocab)
     params = sum(p.numel() for p in m.parameters())
     opt = torch.optim.AdamW(m.parameters(), lr=c["lr"], betas=(0.9, 0.95), weight_decay=0.1)
     W, B, S = c["window"], c["batch"], c["steps"]
     gen = torch.Generator().manual_seed(SEED)
-    d = os.path.join(a.out, a.size)
+    d = os.path.join(a.out, "llama", a.size) if llama else os.path.join(a.out, a.size)
     os.makedirs(d, exist_ok=True)
     log = open(os.path.join(d, "loss.csv"), "w")
     log.write("step,tokens,train_loss,heldout_loss\n")
@@ -362,8 +573,11 @@ def cmd_train(a):
     log.close()
     meta = dict(c, vocab=vocab, seed=SEED, params=params, train_tokens=len(stream),
                 seconds=round(time.time() - t0), heldout_loss=round(heldout_loss(), 4))
-    save_model(torch, m, os.path.join(d, "model.safetensors"), meta)
-    json.dump(meta, open(os.path.join(d, "config.json"), "w"), indent=1)
+    if llama:
+        save_llama(torch, m, d, c, vocab, meta)
+    else:
+        save_model(torch, m, os.path.join(d, "model.safetensors"), meta)
+        json.dump(meta, open(os.path.join(d, "config.json"), "w"), indent=1)
     print(json.dumps(meta), flush=True)
 
 
@@ -429,13 +643,16 @@ def cmd_fixture(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["corpus", "bpe", "train", "fixture"])
+    ap.add_argument("step", choices=["corpus", "bpe", "train", "fixture", "tokenizer-json"])
+    ap.add_argument("--arch", choices=["opt", "llama"], default="opt",
+                    help="train: the OPT pair (default) or the Llama-family pair")
     ap.add_argument("--out", default="models/kjv")
     ap.add_argument("--size", choices=sorted(SIZES), default="cloud")
     ap.add_argument("--steps", type=int, default=0, help="override the size's step count")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    {"corpus": cmd_corpus, "bpe": cmd_bpe, "train": cmd_train, "fixture": cmd_fixture}[a.step](a)
+    {"corpus": cmd_corpus, "bpe": cmd_bpe, "train": cmd_train, "fixture": cmd_fixture,
+     "tokenizer-json": cmd_tokenizer_json}[a.step](a)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
     tests/fixtures/tokenizer/kjv_heldout.json   the first CHAPTERS chapters of
                                                 models/kjv/heldout.txt and the ids that
                                                 scripts/train_models.py's Tokenizer gives them
+    tests/fixtures/tokenizer/kjv_llama_heldout.json the same text and the ids of its Llama form
+                                                (models/kjv/llama/tokenizer.json)
     tests/fixtures/tokenizer/kjv/tokenizer.json the same vocabulary as a Hugging Face
                                                 tokenizer.json (merges as [a, b] pairs)
 
@@ -38,6 +40,16 @@ def main():
         json.dump({"source": f"models/kjv/heldout.txt, first {CHAPTERS} chapters",
                    "encoder": "scripts/train_models.py Tokenizer",
                    "text": text, "ids": ids}, f, ensure_ascii=False)
+        f.write("\n")
+
+    # The Llama pair's form of the same vocabulary (models/kjv/llama/tokenizer.json): Llama 3's
+    # regex, ignore_merges, <s> first.
+    lids = tm.Tokenizer(MODEL, llama=True).encode(text)
+    with open(os.path.join(OUT, "kjv_llama_heldout.json"), "w") as f:
+        json.dump({"source": f"models/kjv/heldout.txt, first {CHAPTERS} chapters",
+                   "encoder": "scripts/train_models.py Tokenizer(llama=True)",
+                   "tokenizer": "models/kjv/llama/tokenizer.json",
+                   "text": text, "ids": lids}, f, ensure_ascii=False)
         f.write("\n")
 
     vocab = json.load(open(os.path.join(MODEL, "vocab.json")))
