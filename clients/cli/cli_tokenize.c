@@ -17,6 +17,8 @@ typedef struct {
     const char *vocab, *merges, *tokenizer; /* the tokenizer: vocab + merges, or one path */
     const char *file;                       /* the input; NULL = stdin */
     bool decode;                            /* ids to text */
+    const char *add_bos;                    /* --add-bos: auto, yes or no */
+    bool special;                           /* special tokens written in the text are ids */
 } s_opts_t;
 
 static const kvedge_cmdopt_t s_opt_list[] = {
@@ -44,14 +46,27 @@ static const kvedge_cmdopt_t s_opt_list[] = {
      .type = KVEDGE_CMDOPT_BOOL,
      KVEDGE_CMDOPT_AT(s_opts_t, decode),
      .help = "ids to text"},
+    {.name = "add-bos",
+     .arg = "auto|yes|no",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, add_bos),
+     .help = "the tokenizer.json template's tokens around the text (Llama 3's BOS); auto "
+             "(default): when it has them"},
+    {.name = "special",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(s_opts_t, special),
+     .help = "special tokens written in the text (<|begin_of_text|>, <s>) are their ids; "
+             "without it they are text"},
 };
 
 static const char s_about[] =
     "Text to token ids (printed separated by spaces, then a newline), or with --decode ids\n"
     "(separated by spaces, commas or newlines) back to the text, printed as its exact bytes.\n"
-    "GPT-2's byte-level BPE, as GPT-2, OPT and RoBERTa tokenize (docs/decoder.md, "
-    "\"Tokenizer\").\n"
-    "Give the tokenizer once: --vocab with --merges, or --tokenizer.\n\n"
+    "Byte-level BPE as GPT-2 and OPT (vocab.json + merges.txt) and Llama 3 and Qwen2\n"
+    "(tokenizer.json) tokenize (docs/decoder.md, \"Tokenizer\"). Give the tokenizer once:\n"
+    "--vocab with --merges, or --tokenizer. A tokenizer.json whose template adds a BOS\n"
+    "(Llama 3, the Llama pair of models/kjv/llama) puts it first unless --add-bos no, as\n"
+    "prefill and decode do.\n\n"
     "--json prints {\"ids\": [...], \"count\": N} or {\"text\": \"...\", \"bytes\": N} (bytes that "
     "are\n"
     "not UTF-8 as U+FFFD).\n\n"
@@ -60,7 +75,8 @@ static const char s_about[] =
 
 static const kvedge_cmdopts_t s_opts = {
     .command = "tokenize",
-    .summary = "Text to token ids, or ids back to text, with a byte-level BPE (GPT-2, OPT).",
+    .summary = "Text to token ids, or ids back to text, with a byte-level BPE (GPT-2, OPT, "
+               "Llama 3, Qwen2).",
     .about = s_about,
     KVEDGE_CMDOPTS_OF(s_opts_t, s_opt_list)};
 
@@ -191,9 +207,28 @@ static int s_run(const s_opts_t *o, s_result_t *r)
                          "--tokenizer PATH");
         return KVEDGE_EXIT_USAGE;
     }
+    bool yes = o->add_bos && strcmp(o->add_bos, "yes") == 0,
+         no = o->add_bos && strcmp(o->add_bos, "no") == 0;
+    if (o->add_bos && !yes && !no && strcmp(o->add_bos, "auto") != 0) {
+        kvedge_cli_error("tokenize: bad value '%s' for --add-bos (auto, yes or no)", o->add_bos);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (o->decode && (o->add_bos || o->special)) {
+        kvedge_cli_error("tokenize: --%s is for encoding; --decode turns every id back into its "
+                         "text, special ones included",
+                         o->special ? "special" : "add-bos");
+        return KVEDGE_EXIT_USAGE;
+    }
     int ex = s_load(o->vocab, o->merges, o->tokenizer, &r->t);
     if (ex)
         return ex;
+    bool tmpl = kvedge_tokenizer_bos_id(r->t) >= 0 || kvedge_tokenizer_eos_id(r->t) >= 0;
+    if (yes && kvedge_tokenizer_bos_id(r->t) < 0) {
+        kvedge_cli_error("tokenize: --add-bos yes, but the tokenizer %s adds no BOS token (its "
+                         "template has none)",
+                         o->tokenizer ? o->tokenizer : o->vocab);
+        return KVEDGE_EXIT_USAGE;
+    }
     const char *src = o->file ? o->file : "stdin";
     FILE *in = o->file ? fopen(o->file, "rb") : stdin;
     if (!in || s_slurp(in, &r->input, &r->input_len) != 0) {
@@ -212,7 +247,9 @@ static int s_run(const s_opts_t *o, s_result_t *r)
         }
         return ex;
     }
-    int rc = kvedge_tokenizer_encode(r->t, r->input, r->input_len, &r->ids, &r->n);
+    unsigned flags = (o->special ? KVEDGE_TOKENIZER_SPECIAL : 0u) |
+                     (tmpl && !no ? KVEDGE_TOKENIZER_TEMPLATE : 0u);
+    int rc = kvedge_tokenizer_encode_ex(r->t, r->input, r->input_len, flags, &r->ids, &r->n);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("tokenize: cannot encode %s: %s", src, kvedge_strerror(rc));
         return KVEDGE_EXIT_FAILURE;

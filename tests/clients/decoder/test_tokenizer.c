@@ -450,6 +450,52 @@ static void test_kjv(void **state)
     free(json);
 }
 
+/* The Llama pair's tokenizer (models/kjv/llama/tokenizer.json: the same vocabulary with Llama
+ * 3's Split regex, ByteLevel without its own, ignore_merges, a template that puts <s> first)
+ * gives the ids scripts/train_models.py trained the pair on; its two model folders hold the
+ * same file. */
+static void test_kjv_llama(void **state)
+{
+    (void)state;
+    size_t len, n;
+    char *json = s_read(S_FIX "/kjv_llama_heldout.json", &len);
+    assert_non_null(json);
+    cJSON *root = cJSON_Parse(json);
+    assert_non_null(root);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text");
+    const cJSON *want = cJSON_GetObjectItemCaseSensitive(root, "ids");
+    assert_true(cJSON_IsString(text) && cJSON_IsArray(want));
+    assert_int_equal(want->child->valueint, 0); /* <s> */
+    static const char *const paths[] = {KVEDGE_MODELS "/kjv/llama/tokenizer.json",
+                                        KVEDGE_MODELS "/kjv/llama/cloud",
+                                        KVEDGE_MODELS "/kjv/llama/edge"};
+    for (size_t p = 0; p < sizeof paths / sizeof *paths; p++) {
+        kvedge_tokenizer_t *t = NULL;
+        char why[KVEDGE_TOKENIZER_WHY_BYTES] = "";
+        int rc = p ? kvedge_tokenizer_load_dir(paths[p], &t, why, sizeof why)
+                   : kvedge_tokenizer_load_json(paths[p], &t, why, sizeof why);
+        if (rc != KVEDGE_OK)
+            print_message("%s: %s\n", paths[p], why);
+        assert_int_equal(rc, KVEDGE_OK);
+        assert_int_equal(kvedge_tokenizer_bos_id(t), 0);
+        int32_t *ids = NULL;
+        assert_int_equal(kvedge_tokenizer_encode_ex(t, text->valuestring, strlen(text->valuestring),
+                                                    KVEDGE_TOKENIZER_TEMPLATE, &ids, &n),
+                         KVEDGE_OK);
+        s_assert_ids(paths[p], ids, n, want);
+        free(ids);
+        /* Without the template, the same ids less the <s>. */
+        ids = s_round_trip(t, text->valuestring, strlen(text->valuestring), &n);
+        assert_int_equal(n + 1, (size_t)cJSON_GetArraySize(want));
+        assert_int_equal(ids[0], want->child->next->valueint);
+        free(ids);
+        kvedge_tokenizer_destroy(&t);
+    }
+    print_message("kjv llama: %zu ids equal to the Python encoder's\n", n + 1);
+    cJSON_Delete(root);
+    free(json);
+}
+
 /* ---------------------------------------------------------------- merges, by hand */
 
 /* A vocabulary of the 256 byte tokens plus extra, as vocab.json text (caller frees). The
@@ -1356,6 +1402,31 @@ static void test_cli_tokenize(void **state)
     assert_contains(s_err, "stdin:2: '4096' (id number 3)");
     assert_int_equal(s_run("tokenize --tokenizer %s/kjv --decode --file %s", S_FIX, prose), 2);
     assert_contains(s_err, prose);
+    /* A template's BOS: first by default (as prefill and decode add it), not with --add-bos no;
+     * --special makes "<s>" written in the text its id. A tokenizer without a template has no
+     * BOS to add: --add-bos yes is refused, auto adds nothing. */
+    const char *lt = KVEDGE_MODELS "/kjv/llama/tokenizer.json";
+    s_write(in, "<s>In", 5);
+    assert_int_equal(s_run("tokenize --tokenizer %s < %s", lt, in), 0);
+    char *plain = strdup(s_out);
+    assert_true(strncmp(plain, "0 ", 2) == 0);
+    assert_int_equal(s_run("tokenize --tokenizer %s --add-bos no < %s", lt, in), 0);
+    assert_string_equal(s_out, plain + 2);
+    assert_int_equal(s_run("tokenize --tokenizer %s --add-bos yes --special < %s", lt, in), 0);
+    assert_true(strncmp(s_out, "0 0 ", 4) == 0);
+    assert_int_equal(s_run("tokenize --tokenizer %s --add-bos no --special < %s", lt, in), 0);
+    assert_true(strncmp(s_out, "0 ", 2) == 0 && strcmp(s_out + 2, plain + 2) != 0);
+    free(plain);
+    assert_int_equal(s_run("tokenize --tokenizer %s/kjv --add-bos auto --file %s", S_FIX, prose),
+                     0);
+    assert_string_equal(s_out, want);
+    assert_int_equal(s_run("tokenize --tokenizer %s/kjv --add-bos yes --file %s", S_FIX, prose), 2);
+    assert_contains(s_err, "adds no BOS");
+    assert_int_equal(s_run("tokenize --tokenizer %s --add-bos maybe < %s", lt, in), 2);
+    assert_contains(s_err, "auto, yes or no");
+    assert_int_equal(s_run("tokenize --tokenizer %s --decode --special < %s", lt, in), 2);
+    assert_contains(s_err, "for encoding");
+
     /* Files that cannot be read: 1. */
     assert_int_equal(s_run("tokenize --tokenizer %s/none.json < /dev/null", S_FIX), 1);
     assert_contains(s_err, "none.json");
@@ -1477,6 +1548,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_invalid_utf8_gpt2),
         cmocka_unit_test_setup_teardown(test_kjv, s_setup_tmp, s_teardown_tmp),
+        cmocka_unit_test(test_kjv_llama),
         cmocka_unit_test(test_merge_passes),
         cmocka_unit_test(test_degenerate),
         cmocka_unit_test(test_threads),
