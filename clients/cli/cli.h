@@ -169,11 +169,16 @@ void kvedge_cli_docs_free(kvedge_cli_docs_t *d);
 int kvedge_cli_docs_add(kvedge_cli_docs_t *d, int32_t *ids, size_t n);
 
 /* Chapters of a text: the pieces between blank lines ("\n\n"), each encoded with "\n\n" after
- * it (as scripts/train_models.py splits and encodes chapters) by the tokenizer in dir, one
- * document each, appended to d; every id must lie below vocab (else KVEDGE_EXIT_USAGE).
- * Errors printed with CMD, returned as an exit code. */
+ * it (as scripts/train_models.py splits and encodes chapters) by the tokenizer at dir (a folder
+ * with vocab.json + merges.txt or tokenizer.json, or a tokenizer.json), its template's BOS
+ * first when it has one, one document each, appended to d; every id must lie below vocab
+ * (else KVEDGE_EXIT_USAGE). Errors printed with CMD, returned as an exit code. */
 int kvedge_cli_read_chapters(const char *cmd, const char *dir, const char *path, size_t max_bytes,
                              uint32_t vocab, kvedge_cli_docs_t *d);
+
+/* The tokenizer.json of a Hugging Face model folder, written into buf: weights when it is a
+ * folder that holds a readable tokenizer.json, else NULL. */
+const char *kvedge_cli_own_tokenizer(const char *weights, char *buf, size_t len);
 
 /* Loads OPT weights (clients/decoder/decoder.h) into a new model in *out; errors printed as
  * "CMD: cannot load the SIDE model PATH: reason" and returned as an exit code (failure for

@@ -48,8 +48,13 @@ static const char s_eval_help[] =
     "the perplexity change when only that layer is stored in a profile scheme.\n\n"
     "Without -H, a Storage Master, a cloud node and an edge proxy run in this process (ipc\n"
     "endpoints in a temporary directory). With -H CLOUD --proxy EP it runs against a\n"
-    "deployment: scheme S is stored under model id ID@S, which the proxy must know (a cloud\n"
-    "node joined to the proxy's master registers it; fetches are retried for --wait).\n\n"
+    "deployment: scheme S is stored under model id ID@S (ID@S@rope-XXXXXXXX for a rotary\n"
+    "model: the fingerprint of its rotary settings stays last), which the proxy must know (a\n"
+    "cloud node joined to the proxy's master registers it; fetches are retried for --wait).\n\n"
+    "The model: an OPT safetensors file, or a Hugging Face model folder (Llama, Mistral,\n"
+    "Qwen2; grouped-query attention: the store holds the KV heads). With --file, the\n"
+    "documents are tokenized by --tokenizer, else by the folder's tokenizer.json; a\n"
+    "template's BOS goes before every document, as prefill adds it.\n\n"
     "--json prints one object: {\"reference\": ROW, \"schemes\": [ROW], \"profiles\":\n"
     "[{\"scheme\", \"layers\": [ROW]}], \"doc_index\", ...}.\n\n"
     "exit codes: 2 usage, 1 the evaluation failed, 3 the proxy does not know a scheme's\n"
@@ -70,7 +75,8 @@ static const kvedge_cmdopt_t s_eval_list[] = {
      .arg = "FILE",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_eval_opts_t, weights),
-     .help = "OPT weights (safetensors), as prefill and decode take them; required"},
+     .help = "the model, as prefill and decode take it: an OPT safetensors file or a Hugging "
+             "Face model folder (Llama, Mistral, Qwen2, OPT); required"},
     {.name = "heads",
      .arg = "N",
      .type = KVEDGE_CMDOPT_UINT,
@@ -78,7 +84,7 @@ static const kvedge_cmdopt_t s_eval_list[] = {
      .min = 1,
      .max = KVEDGE_MODEL_MAX_HEADS,
      .def_text = "the file's metadata, else hidden/64",
-     .help = "attention heads"},
+     .help = "query heads of an OPT safetensors file (a model folder's config.json says)"},
     {.name = "model-id",
      .arg = "ID",
      .type = KVEDGE_CMDOPT_STR,
@@ -92,10 +98,12 @@ static const kvedge_cmdopt_t s_eval_list[] = {
      .help = "documents as token ids: whitespace-separated, documents separated by blank "
              "lines"},
     {.name = "tokenizer",
-     .arg = "DIR",
+     .arg = "PATH",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_eval_opts_t, tokenizer),
-     .help = "with --file: a BPE tokenizer directory (vocab.json, merges.txt)"},
+     .def_text = "a model folder's tokenizer.json",
+     .help = "with --file: a folder with vocab.json + merges.txt (else tokenizer.json), or a "
+             "tokenizer.json"},
     {.name = "file",
      .arg = "FILE",
      .type = KVEDGE_CMDOPT_STR,
@@ -616,9 +624,11 @@ static int s_eval_check(const kvedge_cli_t *cli, const s_eval_opts_t *o, s_eval_
         kvedge_cli_error("eval: --weights FILE is required");
         return KVEDGE_EXIT_USAGE;
     }
-    if (!o->ids == !o->file || !o->file != !o->tokenizer) {
-        kvedge_cli_error("eval: give the documents once: --ids FILE, or --tokenizer DIR with "
-                         "--file FILE");
+    char own[4096];
+    if (!o->ids == !o->file || (o->ids && o->tokenizer) ||
+        (o->file && !o->tokenizer && !kvedge_cli_own_tokenizer(o->weights, own, sizeof own))) {
+        kvedge_cli_error("eval: give the documents once: --ids FILE, or --file FILE with a "
+                         "tokenizer (--tokenizer PATH, or a model folder's tokenizer.json)");
         return KVEDGE_EXIT_USAGE;
     }
     if (!cli->host != !o->proxy) {
@@ -666,8 +676,10 @@ static int s_eval_load(const s_eval_opts_t *o, s_eval_t *r)
     } else if (o->ids) {
         ex = s_read_ids(o->ids, cfg->vocab, &r->docs);
     } else {
-        ex = kvedge_cli_read_chapters("eval", o->tokenizer, o->file, S_FILE_MAX_BYTES, cfg->vocab,
-                                      &r->docs);
+        char own[4096];
+        const char *tok =
+            o->tokenizer ? o->tokenizer : kvedge_cli_own_tokenizer(o->weights, own, sizeof own);
+        ex = kvedge_cli_read_chapters("eval", tok, o->file, S_FILE_MAX_BYTES, cfg->vocab, &r->docs);
     }
     size_t longest = 0;
     for (size_t i = 0; !ex && i < r->docs.n; i++)

@@ -38,12 +38,14 @@ extern char **environ;
 #define S_ADAPT_SAMPLES_DEFAULT 32768u
 
 static const char s_help[] =
-    "Runs both OPT models (safetensors) over the first N tokens of the calibration text, in\n"
+    "Runs both models (OPT safetensors files or Hugging Face model folders) over the first N\n"
+    "tokens of the calibration text, in\n"
     "windows of up to 256 tokens, compares every edge layer's output hidden states with every\n"
     "cloud layer's by linear CKA and RSA, and picks for each edge layer the cloud layer of\n"
     "Eq. 16: among the cloud layers with CKA >= X and RSA >= Y, the shallowest whose\n"
     "(CKA + RSA) / 2 is within 0.02 of the best; or none (docs/largesmall.md).\n\n"
-    "Modes: measure (--cloud, --edge, --tokenizer and --file, the calibration text), --show MAP\n"
+    "Modes: measure (--cloud, --edge, --file, the calibration text, and --tokenizer unless the\n"
+    "cloud model folder has a tokenizer.json), --show MAP\n"
     "or --show-adapter FILE. With --register, the global --server-key (the master's public key\n"
     "or certificate; none: plaintext, loopback and ipc only) and --cert (this client's secret\n"
     "certificate) reach the master.\n\n"
@@ -84,6 +86,7 @@ static const kvedge_cmdopt_t s_opt_list[] = {
      .arg = "PATH",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_opts_t, tokenizer),
+     .def_text = "the cloud model folder's tokenizer.json",
      .help = "a folder with vocab.json + merges.txt (else tokenizer.json), or a tokenizer.json"},
     {.name = "file",
      .arg = "FILE",
@@ -413,7 +416,7 @@ static int s_register_models(kvedge_cli_t *cli, kvedge_mview_t *v, const kvedge_
                                           : KVEDGE_EXIT_FAILURE;
         }
         if (!cli->json)
-            printf("registered %s at %s: the %s model, %u layers x %u heads x %u\n", mkey,
+            printf("registered %s at %s: the %s model, %u layers x %u KV heads x %u\n", mkey,
                    r->master, side[i], m.layers, m.kv_heads, m.head_dim);
     }
     return KVEDGE_EXIT_OK;
@@ -575,9 +578,18 @@ static int s_show(kvedge_cli_t *cli, const char *path, bool others, const char *
                              wpath[i], c->layers, c->hidden, side[i], layers[i], hidden[i]);
             ex = KVEDGE_EXIT_USAGE;
         }
-        if (!ex && kvedge_e2e_model(w[i], i ? map.edge_id : map.cloud_id, &recs[i]) != KVEDGE_OK) {
+        int mrc = ex ? KVEDGE_OK : kvedge_e2e_model(w[i], i ? map.edge_id : map.cloud_id, &recs[i]);
+        if (mrc == KVEDGE_ESHAPE) {
+            kvedge_cli_error("layermap: the map's %s model id %s carries other rotary settings "
+                             "than %s",
+                             side[i], i ? map.edge_id : map.cloud_id, wpath[i]);
+            ex = KVEDGE_EXIT_USAGE;
+        } else if (mrc != KVEDGE_OK || strlen(recs[i].id) >= sizeof map.cloud_id) {
             kvedge_cli_error("layermap: %s cannot be a registry record", wpath[i]);
             ex = KVEDGE_EXIT_USAGE;
+        } else if (!ex) {
+            /* A rotary model's served id has its fingerprint: register the map under it. */
+            snprintf(i ? map.edge_id : map.cloud_id, sizeof map.cloud_id, "%s", recs[i].id);
         }
     }
     if (!ex && reg->master)
@@ -617,10 +629,10 @@ static int s_print_adapter(kvedge_cli_t *cli, const char *path, const kvedge_ada
         printf(",\"kind\":\"%s\",\"ridge\":%.17g,\"samples\":%u,\"cloud\":{\"id\":",
                kvedge_adapt_kind_name(i->kind), i->ridge, i->samples);
         kvedge_cli_json_str(stdout, i->cloud_id);
-        printf(",\"layers\":%u,\"heads\":%u,\"head_dim\":%u},\"edge\":{\"id\":", i->cloud_layers,
+        printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u},\"edge\":{\"id\":", i->cloud_layers,
                i->cloud_heads, i->cloud_head_dim);
         kvedge_cli_json_str(stdout, i->edge_id);
-        printf(",\"layers\":%u,\"heads\":%u,\"head_dim\":%u},\"from\":[", i->edge_layers,
+        printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u},\"from\":[", i->edge_layers,
                i->edge_heads, i->edge_head_dim);
         for (uint32_t e = 0; e < i->edge_layers; e++) {
             const int32_t c = kvedge_adapter_from(a, e);
@@ -635,7 +647,7 @@ static int s_print_adapter(kvedge_cli_t *cli, const char *path, const kvedge_ada
         if (i->kind == KVEDGE_ADAPT_LINEAR)
             printf(", ridge %g", i->ridge);
         printf(", fitted on %u samples\n", i->samples);
-        printf("cloud %s: %u layers x %u heads x %u; edge %s: %u layers x %u heads x %u\n",
+        printf("cloud %s: %u layers x %u KV heads x %u; edge %s: %u layers x %u KV heads x %u\n",
                i->cloud_id, i->cloud_layers, i->cloud_heads, i->cloud_head_dim, i->edge_id,
                i->edge_layers, i->edge_heads, i->edge_head_dim);
         printf("%-10s %-11s%s\n", "edge", "cloud",
@@ -900,8 +912,11 @@ static int s_lm_mode(kvedge_cli_t *cli, const s_opts_t *o, const s_reg_t *reg)
     if (o->show)
         return s_show(cli, o->show, o->tokenizer || o->file || o->out || o->heatmap, o->cloud_id,
                       o->edge_id, reg, o->cloud, o->edge);
-    if (!o->cloud || !o->edge || !o->tokenizer || !o->file) {
-        kvedge_cli_error("layermap: --cloud, --edge, --tokenizer and --file are required");
+    char own[4096];
+    if (!o->cloud || !o->edge || !o->file ||
+        (!o->tokenizer && !kvedge_cli_own_tokenizer(o->cloud, own, sizeof own))) {
+        kvedge_cli_error("layermap: --cloud, --edge, --file and a tokenizer (--tokenizer, or the "
+                         "cloud model folder's tokenizer.json) are required");
         return KVEDGE_EXIT_USAGE;
     }
     return -1;
@@ -934,12 +949,14 @@ static int s_lm_ids(const s_opts_t *o, s_lm_t *r)
  * and both models, whose vocabularies must hold those tokens. Returns an exit code. */
 static int s_lm_load(const s_opts_t *o, s_lm_t *r)
 {
-    char why[KVEDGE_TOKENIZER_WHY_BYTES] = "";
+    char why[KVEDGE_TOKENIZER_WHY_BYTES] = "", own[4096];
     struct stat st;
     size_t len = 0;
-    int rc = stat(o->tokenizer, &st) == 0 && S_ISDIR(st.st_mode)
-                 ? kvedge_tokenizer_load_dir(o->tokenizer, &r->tok, why, sizeof why)
-                 : kvedge_tokenizer_load_json(o->tokenizer, &r->tok, why, sizeof why);
+    const char *tp =
+        o->tokenizer ? o->tokenizer : kvedge_cli_own_tokenizer(o->cloud, own, sizeof own);
+    int rc = stat(tp, &st) == 0 && S_ISDIR(st.st_mode)
+                 ? kvedge_tokenizer_load_dir(tp, &r->tok, why, sizeof why)
+                 : kvedge_tokenizer_load_json(tp, &r->tok, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("layermap: cannot load the tokenizer: %s", why);
         return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
@@ -965,6 +982,15 @@ static int s_lm_load(const s_opts_t *o, s_lm_t *r)
         ex = kvedge_cli_load_model("layermap", o->cloud, "cloud", &r->cloud);
     if (!ex)
         ex = kvedge_cli_load_model("layermap", o->edge, "edge", &r->edge);
+    /* A rotary model is served under its id with the rotary fingerprint (kvedge_e2e_model:
+     * "@rope-XXXXXXXX"): the map names the models so. */
+    char *ids[2] = {r->cid, r->eid};
+    for (int i = 0; !ex && i < 2; i++) {
+        kvedge_model_t m;
+        if (kvedge_e2e_model(i ? r->edge : r->cloud, ids[i], &m) == KVEDGE_OK &&
+            strlen(m.id) < sizeof r->cid)
+            snprintf(ids[i], sizeof r->cid, "%s", m.id);
+    }
     size_t need = o->samples > o->adapt_samples ? o->samples : o->adapt_samples;
     for (size_t i = 0; !ex && i < need; i++) {
         const uint32_t cv = kvedge_decoder_config(r->cloud)->vocab,

@@ -170,7 +170,7 @@ typedef struct {
 static const kvedge_cmdopts_t s_inspect_opts = {
     .command = "inspect",
     .summary = "Summarize the store: models, prefixes, bytes, compression.",
-    .about = "Per model: prefix chunks, tokens, layers x heads x head_dim, blocks,\n"
+    .about = "Per model: prefix chunks, tokens, layers x KV heads x head_dim, blocks,\n"
              "bytes stored against their fp16 size, schemes and compression ratio.\n",
     .struct_size = sizeof(s_none_t)};
 
@@ -299,7 +299,7 @@ static void s_ls_json(const s_chunk_row_t *r, size_t shown)
         printf("null");
     printf(",\"model\":");
     kvedge_cli_json_str(stdout, r->info.model_id);
-    printf(",\"chunk\":%u,\"tokens\":%u,\"layers\":%u,\"heads\":%u,\"blocks\":%llu,"
+    printf(",\"chunk\":%u,\"tokens\":%u,\"layers\":%u,\"kv_heads\":%u,\"blocks\":%llu,"
            "\"bytes\":%llu,\"fp16_bytes\":%llu,\"pinned_blocks\":%llu,"
            "\"schemes\":\"%s\"}",
            r->info.index, r->info.tokens, r->layers_max, r->heads_max,
@@ -704,7 +704,7 @@ static void s_synth_print(const kvedge_cli_t *cli, const s_sink_t *sink, const k
                (unsigned long long)d->fp16, s_ratio(d->fp16, d->stored), d->secs);
         return;
     }
-    printf("put %llu blocks of %s%s%s (%llu tokens in %u chunks, %u layers x %u heads, "
+    printf("put %llu blocks of %s%s%s (%llu tokens in %u chunks, %u layers x %u KV heads, "
            "%s): %s stored for %s fp16 (%.2fx) in %.2f s\nprefix %s\n",
            (unsigned long long)d->blocks, m->id, sink->c ? " to " : "", sink->c ? cli->host : "",
            (unsigned long long)o->tokens, d->chunks, m->layers, m->kv_heads,

@@ -143,19 +143,19 @@ static const kvedge_cmdopt_t s_opt_list[] = {
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_opts_t, cloud),
      .required = true,
-     .help = "the LLM's weights (safetensors)"},
+     .help = "the LLM: an OPT safetensors file or a Hugging Face model folder"},
     {.name = "edge",
      .arg = "FILE",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_opts_t, edge),
      .required = true,
-     .help = "the SLM's weights (same vocabulary)"},
+     .help = "the SLM, the same way (same vocabulary)"},
     {.name = "tokenizer",
-     .arg = "DIR",
+     .arg = "PATH",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_opts_t, tokenizer),
-     .required = true,
-     .help = "a BPE tokenizer directory (vocab.json, merges.txt)"},
+     .def_text = "the cloud model folder's tokenizer.json",
+     .help = "a folder with vocab.json + merges.txt (else tokenizer.json), or a tokenizer.json"},
     {.name = "file",
      .arg = "FILE",
      .type = KVEDGE_CMDOPT_STR,
@@ -248,9 +248,18 @@ static int s_lseval_load(const s_opts_t *o, s_lseval_t *r)
     for (size_t i = 0; !ex && i < o->n_adapters; i++)
         ex = s_load_adapter(o->adapters[i], r->cloud, r->edge, &r->ad[i]);
     size_t chapters = 0, longest = 0;
+    char own[4096];
+    const char *tok =
+        o->tokenizer ? o->tokenizer : kvedge_cli_own_tokenizer(o->cloud, own, sizeof own);
+    if (!ex && !tok) {
+        kvedge_cli_error("lseval: --tokenizer PATH is required: %s is not a model folder with a "
+                         "tokenizer.json",
+                         o->cloud);
+        ex = KVEDGE_EXIT_USAGE;
+    }
     if (!ex)
-        ex = s_read_docs(o->tokenizer, o->file, cc->vocab, (size_t)(ctx + cont + 1), &r->docs,
-                         &chapters, &longest);
+        ex = s_read_docs(tok, o->file, cc->vocab, (size_t)(ctx + cont + 1), &r->docs, &chapters,
+                         &longest);
     if (!ex && r->docs.n == 0) {
         kvedge_cli_error("lseval: %s is too short for one document: a context of %llu and a "
                          "continuation of %llu need %llu tokens in one chapter (%zu chapters, "

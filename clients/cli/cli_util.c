@@ -455,7 +455,13 @@ int kvedge_cli_read_chapters(const char *cmd, const char *dir, const char *path,
 {
     char why[512] = "";
     kvedge_tokenizer_t *t = NULL;
-    int rc = kvedge_tokenizer_load_dir(dir, &t, why, sizeof why);
+    struct stat st;
+    int rc = stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)
+                 ? kvedge_tokenizer_load_json(dir, &t, why, sizeof why)
+                 : kvedge_tokenizer_load_dir(dir, &t, why, sizeof why);
+    /* A template's BOS goes before every chapter, as a Llama model was trained and as prefill
+     * adds it (GPT-2's form and Qwen2's have none). */
+    const unsigned flags = kvedge_tokenizer_bos_id(t) >= 0 ? KVEDGE_TOKENIZER_TEMPLATE : 0u;
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("%s: cannot load the tokenizer %s: %s", cmd, dir,
                          why[0] ? why : kvedge_strerror(rc));
@@ -483,7 +489,7 @@ int kvedge_cli_read_chapters(const char *cmd, const char *dir, const char *path,
         memcpy(piece + n, "\n\n", 3);
         int32_t *ids = NULL;
         size_t k = 0;
-        rc = kvedge_tokenizer_encode(t, piece, n + 2, &ids, &k);
+        rc = kvedge_tokenizer_encode_ex(t, piece, n + 2, flags, &ids, &k);
         if (rc != KVEDGE_OK) {
             kvedge_cli_error("%s: cannot tokenize chapter %zu of %s: %s", cmd, d->n + 1, path,
                              kvedge_strerror(rc));
@@ -507,6 +513,15 @@ int kvedge_cli_read_chapters(const char *cmd, const char *dir, const char *path,
     free(text);
     kvedge_tokenizer_destroy(&t);
     return ex;
+}
+
+const char *kvedge_cli_own_tokenizer(const char *weights, char *buf, size_t len)
+{
+    struct stat st;
+    if (!weights || stat(weights, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        (size_t)snprintf(buf, len, "%s/tokenizer.json", weights) >= len || access(buf, R_OK) != 0)
+        return NULL;
+    return buf;
 }
 
 int kvedge_cli_load_model(const char *cmd, const char *path, const char *side,

@@ -150,7 +150,8 @@ static int s_check_info(const kvedge_adapter_info_t *i, char *why, size_t why_le
         i->cloud_head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX || i->edge_head_dim == 0 ||
         i->edge_head_dim > KVEDGE_ADAPT_HEAD_DIM_MAX || s_din(i) > KVEDGE_ADAPT_WIDTH_MAX ||
         s_dout(i) > KVEDGE_ADAPT_WIDTH_MAX) {
-        s_why(why, why_len, "heads must be 1..%u, head_dim 1..%u, heads x head_dim at most %u",
+        s_why(why, why_len,
+              "KV heads must be 1..%u, head_dim 1..%u, KV heads x head_dim at most %u",
               KVEDGE_ADAPT_HEADS_MAX, KVEDGE_ADAPT_HEAD_DIM_MAX, KVEDGE_ADAPT_WIDTH_MAX);
         return KVEDGE_ECORRUPT;
     }
@@ -941,7 +942,7 @@ int kvedge_adapter_check(const kvedge_adapter_t *a, const kvedge_layermap_t *map
         if (m[s] && (m[s]->layers != want[s][0] || m[s]->kv_heads != want[s][1] ||
                      m[s]->head_dim != want[s][2])) {
             s_why(why, why_len,
-                  "the %s model %s is %u layers x %u heads x %u, the adapter's %u x %u x %u",
+                  "the %s model %s is %u layers x %u KV heads x %u, the adapter's %u x %u x %u",
                   side[s], m[s]->id, m[s]->layers, m[s]->kv_heads, m[s]->head_dim, want[s][0],
                   want[s][1], want[s][2]);
             return KVEDGE_ESHAPE;

@@ -204,11 +204,15 @@ int kvedge_eval_model(const kvedge_model_t *m, const kvedge_eval_scheme_t *s, kv
     size_t a = strnlen(m->id, sizeof m->id), b = strnlen(s->name, sizeof s->name);
     if (a + 1 + b > KVEDGE_MODEL_ID_MAX_BYTES)
         return KVEDGE_ETOOBIG;
+    /* A rotary model's fingerprint stays last ("base@int8@rope-XXXXXXXX"): it is where the
+     * store and the decoder read it. */
+    size_t rope = kvedge_model_id_rope(m->id) ? KVEDGE_MODEL_ROPE_SUFFIX_BYTES : 0;
     kvedge_model_t r = *m;
     memset(r.id, 0, sizeof r.id);
-    memcpy(r.id, m->id, a);
-    r.id[a] = '@';
-    memcpy(r.id + a + 1, s->name, b);
+    memcpy(r.id, m->id, a - rope);
+    r.id[a - rope] = '@';
+    memcpy(r.id + a - rope + 1, s->name, b);
+    memcpy(r.id + a - rope + 1 + b, m->id + a - rope, rope);
     *out = r;
     return KVEDGE_OK;
 }
@@ -228,7 +232,7 @@ typedef struct {
     kvedge_model_t model;
     int row;      /* index in the result's scheme rows, or -1 */
     bool keep;    /* its K/V is read after the next scheme's fetch (lossless, profiles) */
-    float *k, *v; /* [layers][heads][ctx][head_dim]; owned when keep, else the scratch */
+    float *k, *v; /* [layers][kv_heads][ctx][head_dim]; owned when keep, else the scratch */
     kvedge_e2e_quant_t q;
 } s_stored_t;
 
@@ -324,7 +328,7 @@ static int s_session(s_eval_t *e, const int32_t *doc, kvedge_decoder_kv_fn prov,
 
 /* ---------------------------------------------------------------- fetching */
 
-/* One FETCH of every layer into k, v ([layers][heads][K][head_dim] fp32). Returns 0 when
+/* One FETCH of every layer into k, v ([layers][kv_heads][K][head_dim] fp32). Returns 0 when
  * every layer is resident, KVEDGE_ENOTFOUND when one was missed, or the error that ended
  * it. */
 static int s_fetch_once(s_eval_t *e, const kvedge_model_t *m, size_t n_ids, float *k, float *v)
@@ -341,7 +345,7 @@ static int s_fetch_once(s_eval_t *e, const kvedge_model_t *m, size_t n_ids, floa
                              .dtype = KVEDGE_DTYPE_FP32,
                              .base = k + (size_t)l * e->kvf,
                              .cap_bytes = e->kvf * sizeof(float),
-                             .heads = e->c->heads,
+                             .heads = kvedge_decoder_kv_heads(e->o->decoder),
                              .head_dim = e->c->head_dim,
                              .tokens_cap = e->K};
         kd[l] = t;
@@ -360,7 +364,8 @@ static int s_fetch_once(s_eval_t *e, const kvedge_model_t *m, size_t n_ids, floa
         .layers = (uint16_t)L,
         .k = kd,
         .v = vd,
-        .slot_bytes = kvedge_e2e_slot_bytes(e->K, e->ct, e->c->heads, e->c->head_dim),
+        .slot_bytes = kvedge_e2e_slot_bytes(e->K, e->ct, kvedge_decoder_kv_heads(e->o->decoder),
+                                            e->c->head_dim),
         .deadline_ms = e->o->deadline_ms,
     };
     kvedge_pipeline_t *pipe = NULL;
@@ -456,8 +461,8 @@ static int s_check(const kvedge_eval_opts_t *o)
         return KVEDGE_EINVAL;
     const kvedge_decoder_config_t *c = kvedge_decoder_config(o->decoder);
     if (c->layers == 0 || c->layers > KVEDGE_FETCH_MAX_LAYERS || c->layers != o->model->layers ||
-        c->heads != o->model->kv_heads || c->head_dim != o->model->head_dim ||
-        kvedge_model_check(o->model) != KVEDGE_OK)
+        kvedge_decoder_kv_heads(o->decoder) != o->model->kv_heads ||
+        c->head_dim != o->model->head_dim || kvedge_model_check(o->model) != KVEDGE_OK)
         return KVEDGE_EINVAL;
     for (size_t i = 0; i < o->n_schemes + o->n_profiles; i++) {
         const kvedge_eval_scheme_t *s =

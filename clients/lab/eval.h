@@ -12,8 +12,9 @@
  * profile schemes that are rungs of the precision ladder (access/codec/prec.h), as the file the
  * edge proxy's planner reads (proxy/quality.h).
  *
- * Scheme s of a run is stored under its own model id, "<model_id>@<scheme name>": its chunk
- * ids differ from every other scheme's, so no store or cache can mix two schemes' blocks.
+ * Scheme s of a run is stored under its own model id, "<model_id>@<scheme name>" (before a
+ * rotary model's "@rope-XXXXXXXX", which stays last): its chunk ids differ from every other
+ * scheme's, so no store or cache can mix two schemes' blocks.
  * docs/benchmarks.md ("Quality of the cache schemes") has the figures of the KJV models. */
 #ifndef KVEDGE_CLIENTS_EVAL_H
 #define KVEDGE_CLIENTS_EVAL_H

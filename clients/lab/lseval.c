@@ -56,17 +56,18 @@ int kvedge_lseval_adapter_check(const kvedge_adapter_t *a, const kvedge_decoder_
     const uint32_t kvc = kvedge_decoder_kv_heads(cloud), kve = kvedge_decoder_kv_heads(edge);
     if (in->cloud_layers != cc->layers || in->cloud_heads != kvc ||
         in->cloud_head_dim != cc->head_dim) {
-        snprintf(why, why_len,
-                 "the adapter is for a cloud model of %u layers x %u heads x %u, not %u x %u x %u",
-                 in->cloud_layers, in->cloud_heads, in->cloud_head_dim, cc->layers, kvc,
-                 cc->head_dim);
+        snprintf(
+            why, why_len,
+            "the adapter is for a cloud model of %u layers x %u KV heads x %u, not %u x %u x %u",
+            in->cloud_layers, in->cloud_heads, in->cloud_head_dim, cc->layers, kvc, cc->head_dim);
         return KVEDGE_ESHAPE;
     }
     if (in->edge_layers != ec->layers || in->edge_heads != kve ||
         in->edge_head_dim != ec->head_dim) {
-        snprintf(why, why_len,
-                 "the adapter is for an edge model of %u layers x %u heads x %u, not %u x %u x %u",
-                 in->edge_layers, in->edge_heads, in->edge_head_dim, ec->layers, kve, ec->head_dim);
+        snprintf(
+            why, why_len,
+            "the adapter is for an edge model of %u layers x %u KV heads x %u, not %u x %u x %u",
+            in->edge_layers, in->edge_heads, in->edge_head_dim, ec->layers, kve, ec->head_dim);
         return KVEDGE_ESHAPE;
     }
     for (uint32_t e = 0; e < ec->layers; e++) {

@@ -116,10 +116,10 @@ typedef struct {
     kvedge_lseval_row_t row[KVEDGE_LSEVAL_MAX_ROWS];
 } kvedge_lseval_result_t;
 
-/* Checks that adapter a is for these two models: its cloud layers, heads and head size are
+/* Checks that adapter a is for these two models: its cloud layers, KV heads and head size are
  * the LLM's, its edge ones the SLM's, and every mapped edge layer has a cloud layer of the
  * LLM. Errors: KVEDGE_EINVAL (NULL), KVEDGE_ESHAPE (a mismatch; why, when given, says which:
- * "the adapter is for a cloud model of 6 layers x 6 heads x 32, not 4 x 4 x 16"). */
+ * "the adapter is for a cloud model of 6 layers x 6 KV heads x 32, not 4 x 4 x 16"). */
 int kvedge_lseval_adapter_check(const kvedge_adapter_t *a, const kvedge_decoder_t *cloud,
                                 const kvedge_decoder_t *edge, char *why, size_t why_len);
 

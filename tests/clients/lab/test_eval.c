@@ -839,6 +839,46 @@ static void test_cli(void **state)
     assert_int_equal(s_kvedge(NULL, "eval --help"), 0);
 }
 
+/* A Llama-family model (the trained edge model of models/kjv/llama: rotary positions, 4 query
+ * heads on 1 KV head): `kvedge eval` on its folder takes the folder's tokenizer.json (BOS
+ * first), stores each scheme under "kjv-edge@SCHEME@rope-XXXXXXXX" and fetches the KV heads
+ * through the proxy; lossless is the reference bit for bit, int8 and ThinK (rotate-half pairs
+ * kept) close to it. */
+static void test_cli_llama(void **state)
+{
+    (void)state;
+    const char *dir = KVEDGE_MODELS "/kjv/llama/edge";
+    char *out = NULL;
+    int ex = s_kvedge(&out,
+                      "eval --weights %s --file %s/kjv/heldout.txt --docs 2 --context 64 "
+                      "--continuation 32 --chunk-tokens 32 --schemes lossless,int8,think-50 "
+                      "--no-profile -q --json --model-id kjv-edge",
+                      dir, KVEDGE_MODELS);
+    assert_int_equal(ex, 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetObjectItem(j, "documents")->valueint, 2);
+    cJSON *sc = cJSON_GetObjectItem(j, "schemes");
+    assert_int_equal(cJSON_GetArraySize(sc), 3);
+    cJSON *ll = cJSON_GetArrayItem(sc, 0), *i8 = cJSON_GetArrayItem(sc, 1),
+          *th = cJSON_GetArrayItem(sc, 2);
+    assert_true(cJSON_GetObjectItem(ll, "max_abs_logit_diff")->valuedouble == 0);
+    assert_true(cJSON_GetObjectItem(ll, "agreement")->valuedouble == 1);
+    double d8 = cJSON_GetObjectItem(i8, "max_abs_logit_diff")->valuedouble,
+           dth = cJSON_GetObjectItem(th, "max_abs_logit_diff")->valuedouble;
+    assert_true(d8 > 0 && d8 < 0.1);
+    assert_true(dth > 0 && isfinite(dth));
+    assert_true(cJSON_GetObjectItem(i8, "agreement")->valuedouble >= 0.9);
+    printf("  kjv llama edge: int8 max |logit diff| %.3g, think-50 %.3g\n", d8, dth);
+    cJSON_Delete(j);
+    free(out);
+    /* Without a tokenizer: a folder with none is refused before anything runs. */
+    ex = s_kvedge(&out, "eval --weights %s --file %s/kjv/heldout.txt -q",
+                  KVEDGE_FIXTURES "/opt_tiny.safetensors", KVEDGE_MODELS);
+    assert_int_equal(ex, 2);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -849,6 +889,7 @@ int main(void)
         cmocka_unit_test(test_scheme_names),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_cli_llama),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

@@ -405,10 +405,10 @@ static void test_adapter_for_other_models(void **state)
     assert_int_equal(kvedge_lseval_adapter_check(a, s_cloud, s_edge, why, sizeof why), KVEDGE_OK);
     assert_int_equal(kvedge_lseval_adapter_check(a, s_cloud, s_other, why, sizeof why),
                      KVEDGE_ESHAPE);
-    assert_non_null(strstr(why, "edge model of 2 layers x 2 heads x 8, not 2 x 4 x 4"));
+    assert_non_null(strstr(why, "edge model of 2 layers x 2 KV heads x 8, not 2 x 4 x 4"));
     assert_int_equal(kvedge_lseval_adapter_check(a, s_edge, s_edge, why, sizeof why),
                      KVEDGE_ESHAPE);
-    assert_non_null(strstr(why, "cloud model of 3 layers x 4 heads x 8"));
+    assert_non_null(strstr(why, "cloud model of 3 layers x 4 KV heads x 8"));
     assert_int_equal(kvedge_lseval_adapter_check(NULL, s_cloud, s_edge, why, sizeof why),
                      KVEDGE_EINVAL);
     const kvedge_adapter_t *ads[1] = {a};
