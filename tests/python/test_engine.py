@@ -196,7 +196,9 @@ class EngineTest(unittest.TestCase):
             os.path.join(kvtest.MODELS, "kjv"), "--context-file",
             os.path.join(kvtest.MODELS, "kjv", "heldout.txt"), "--tokens", "300",
             "--prompt", "And Noah said unto his sons,", "--max-new", "8", "--kvedge",
-            kvtest.BIN], capture_output=True, text=True, timeout=300)
+            kvtest.BIN], capture_output=True, text=True, timeout=300,
+            # The example imports the package as installed: from the tree, through PYTHONPATH.
+            env=dict(os.environ, PYTHONPATH=os.path.join(kvtest.SRC, "clients", "python")))
         print(r.stdout)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("same tokens: True", r.stdout)
