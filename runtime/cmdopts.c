@@ -422,6 +422,19 @@ void kvedge_cmdopts_help(const kvedge_cmdopts_t *t, const char *prog, FILE *f)
     free(defaults);
 }
 
+void kvedge_cmdopts_opt_text(const kvedge_cmdopts_t *t, size_t k, char *text, size_t len)
+{
+    if (!text || !len)
+        return;
+    text[0] = '\0';
+    void *defaults = t && k < t->count ? calloc(1, t->struct_size ? t->struct_size : 1) : NULL;
+    if (!defaults)
+        return;
+    kvedge_cmdopts_defaults(t, defaults);
+    s_opt_text(&t->opts[k], defaults, text, len);
+    free(defaults);
+}
+
 void kvedge_cmdopts_options_help(const kvedge_cmdopts_t *t, FILE *f)
 {
     void *defaults = t ? calloc(1, t->struct_size ? t->struct_size : 1) : NULL;

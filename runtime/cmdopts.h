@@ -137,6 +137,11 @@ void kvedge_cmdopts_help(const kvedge_cmdopts_t *t, const char *prog, FILE *f);
 /* Prints only the option lines of --help (flags, value, help, default, env, alias). */
 void kvedge_cmdopts_options_help(const kvedge_cmdopts_t *t, FILE *f);
 
+/* The text --help shows for t->opts[k] into text: its help phrase, then "(required)" or
+ * "(default X; MIN to MAX)", "(repeatable)", "(env $VAR)". For generated documentation (the
+ * man page of `kvedge help --man`). */
+void kvedge_cmdopts_opt_text(const kvedge_cmdopts_t *t, size_t k, char *text, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

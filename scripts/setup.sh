@@ -32,6 +32,10 @@ PACKAGES=(
     # test_jitter's link: NFQUEUE in a network namespace
     iptables libnetfilter-queue-dev
     python3 python3-numpy python3-torch
+    # test_python_pip: pip install --no-build-isolation into a venv, offline
+    python3-venv python3-setuptools python3-wheel
+    # test_cli_doc_render and test_install: the man page rendered with groff, read with man
+    groff-base man-db
 )
 if [ "$REFERENCE" -eq 1 ]; then
     : # python3-torch and python3-numpy are in the default list

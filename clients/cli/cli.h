@@ -39,7 +39,7 @@ typedef struct {
  *   static int s_tokenize(kvedge_cli_t *cli, const void *opts);   // run, then print
  *   const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[] = {
  *       {.name = "tokenize", .opts = &s_tokenize_opts, .exec = s_tokenize},
- *       {NULL, NULL, NULL, NULL, NULL, NULL},
+ *       {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
  *   };
  *
  * The CLI then parses the line from the table, prints --help from it, refuses a bad line with
@@ -54,6 +54,9 @@ typedef struct {
     const char *summary; /* one line; NULL with a table (its summary) */
     const kvedge_cmdopts_t *opts;                     /* the options table, or NULL */
     int (*exec)(kvedge_cli_t *cli, const void *opts); /* with a table: returns an exit code */
+    /* A daemon (run parses its own line): its settings table, whose flags the man page and
+     * the shell completion list (`kvedge help --man`); NULL otherwise. */
+    const kvedge_settings_table_t *settings;
 } kvedge_cli_cmd_t;
 
 /* A command's one-line summary (its table's, or its own). */
@@ -77,6 +80,20 @@ extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];   /* clients/cli_eval.c */
 extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[]; /* clients/cli_layermap.c */
 extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];   /* clients/cli_lseval.c */
+
+/* The tables main.c dispatches to (clients/cli/cli_tables.c), each list ending with NULL:
+ * every command, and the forms found first in remote mode (-H): the admin commands against a
+ * node and the node-only ones. The manual page and the completion list the same. */
+extern const kvedge_cli_cmd_t *const kvedge_cli_tables[];
+extern const kvedge_cli_cmd_t *const kvedge_cli_remote_tables[];
+
+/* The global options, before the command or after it: their struct and table. */
+typedef struct {
+    const char *data, *host, *server_key, *cert, *link;
+    bool json, version;
+    uint32_t deadline_ms; /* 0: the library's default */
+} kvedge_cli_globals_t;
+extern const kvedge_cmdopts_t kvedge_cli_globals;
 
 /* The block encodings by name (kvedge_scheme_t), for ENUM options. */
 extern const kvedge_setting_choice_t kvedge_cli_schemes[];

@@ -35,8 +35,8 @@ static int s_cmd_store(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_node_settings_table;
     const kvedge_cli_cmd_t cmd = {
-        "store", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run a store node.",
-        NULL,    NULL};
+        "store", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run a store node.", NULL,
+        NULL,    t};
     static kvedge_node_settings_t s;
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_store_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -300,9 +300,10 @@ static int s_sync(kvedge_cli_t *cli, const void *opts)
 
 const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[] = {
     {"store", s_cmd_store, "[--role cloud|edge] [--bind EP] [--config FILE] [--check-config]",
-     "Run a store node (cloud or edge role) serving the data directory.", NULL, NULL},
+     "Run a store node (cloud or edge role) serving the data directory.", NULL, NULL,
+     &kvedge_node_settings_table},
     {.name = "keygen", .opts = &s_keygen_opts, .exec = s_keygen},
     {.name = "plan", .opts = &kvedge_cli_plan_opts, .exec = kvedge_cli_plan_exec},
     {.name = "sync", .opts = &s_sync_opts, .exec = s_sync},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

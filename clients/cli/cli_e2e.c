@@ -1702,5 +1702,5 @@ const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[] = {
     {.name = "model-synth", .opts = &s_synth_opts, .exec = s_synth},
     {.name = "prefill", .opts = &s_prefill_opts, .exec = s_prefill},
     {.name = "decode", .opts = &s_decode_opts, .exec = s_decode},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -798,5 +798,5 @@ static int s_eval(kvedge_cli_t *cli, const void *opts)
 
 const kvedge_cli_cmd_t kvedge_cli_eval_cmds[] = {
     {.name = "eval", .opts = &s_eval_opts, .exec = s_eval},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

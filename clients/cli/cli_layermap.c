@@ -1074,5 +1074,5 @@ static int s_layermap(kvedge_cli_t *cli, const void *opts)
 
 const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[] = {
     {.name = "layermap", .opts = &s_opts, .exec = s_layermap},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -1394,5 +1394,5 @@ const kvedge_cli_cmd_t kvedge_cli_local_cmds[] = {
     {.name = "unpin", .opts = &s_unpin_opts, .exec = s_unpin_cmd},
     {.name = "delete", .opts = &s_delete_opts, .exec = s_delete},
     {.name = "models", .opts = &s_models_opts, .exec = s_models},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

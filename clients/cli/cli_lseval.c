@@ -339,5 +339,5 @@ static int s_lseval(kvedge_cli_t *cli, const void *opts)
 
 const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[] = {
     {.name = "lseval", .opts = &s_opts, .exec = s_lseval},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

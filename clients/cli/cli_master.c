@@ -36,9 +36,13 @@ static int s_check(const void *settings, char *why, size_t why_len)
 static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_master_settings_table;
-    const kvedge_cli_cmd_t cmd = {
-        "master", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run the Storage Master.",
-        NULL,     NULL};
+    const kvedge_cli_cmd_t cmd = {"master",
+                                  NULL,
+                                  "[OPTIONS] [--config FILE] [--check-config]",
+                                  "Run the Storage Master.",
+                                  NULL,
+                                  NULL,
+                                  t};
     static kvedge_master_settings_t s;
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_master_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -421,7 +425,8 @@ static int s_dump(kvedge_cli_t *cli, const void *opts)
 
 const kvedge_cli_cmd_t kvedge_cli_master_cmds[] = {
     {"master", s_cmd_master, "[--bind EP] [--pub EP] [--data DIR] [--config FILE] [...]",
-     "Run the Storage Master (registry of nodes, models, maps, blocks, links).", NULL, NULL},
+     "Run the Storage Master (registry of nodes, models, maps, blocks, links).", NULL, NULL,
+     &kvedge_master_settings_table},
     {.name = "master-dump", .opts = &s_dump_opts, .exec = s_dump},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

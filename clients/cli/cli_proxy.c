@@ -39,8 +39,8 @@ static int s_cmd_proxy(kvedge_cli_t *cli, int argc, char **argv)
 {
     const kvedge_settings_table_t *t = &kvedge_proxy_settings_table;
     const kvedge_cli_cmd_t cmd = {
-        "proxy", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run the edge proxy.",
-        NULL,    NULL};
+        "proxy", NULL, "[OPTIONS] [--config FILE] [--check-config]", "Run the edge proxy.", NULL,
+        NULL,    t};
     static kvedge_proxy_settings_t s; /* 70 KiB of source specs; the proxy points into it */
     int ex = kvedge_cli_daemon_settings(cli, &cmd, s_proxy_about, t, &s, s_check, argc, argv);
     if (ex >= 0)
@@ -341,7 +341,8 @@ static int s_fetch(kvedge_cli_t *cli, const void *opts)
 
 const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[] = {
     {"proxy", s_cmd_proxy, "[--bind EP] [--source SPEC]... [--master EP --master-pub EP]",
-     "Run the edge proxy (planned multi-source fetches, failover, misses).", NULL, NULL},
+     "Run the edge proxy (planned multi-source fetches, failover, misses).", NULL, NULL,
+     &kvedge_proxy_settings_table},
     {.name = "fetch", .opts = &s_fetch_opts, .exec = s_fetch},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

@@ -762,5 +762,5 @@ const kvedge_cli_cmd_t kvedge_cli_remote_cmds[] = {
     {.name = "delete", .opts = &s_delete_opts, .exec = s_r_delete},
     {.name = "stat", .opts = &s_stat_opts, .exec = s_r_stat},
     {.name = "ping", .opts = &s_ping_opts, .exec = s_r_ping},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

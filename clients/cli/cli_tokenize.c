@@ -296,5 +296,5 @@ static int s_tokenize(kvedge_cli_t *cli, const void *opts)
 
 const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[] = {
     {.name = "tokenize", .opts = &s_opts, .exec = s_tokenize},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

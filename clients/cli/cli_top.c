@@ -882,5 +882,5 @@ static int s_sources(kvedge_cli_t *cli, const void *opts)
 const kvedge_cli_cmd_t kvedge_cli_top_cmds[] = {
     {.name = "top", .opts = &s_top_opts, .exec = s_top},
     {.name = "sources", .opts = &s_sources_opts, .exec = s_sources},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

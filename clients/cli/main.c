@@ -4,96 +4,21 @@
 #include <string.h>
 
 #include "clients/cli/cli.h"
+#include "clients/cli/cli_doc.h"
 #include "gpu/gpu.h"
 
 #define KVEDGE_VERSION_STRING "0.1.0"
 
-/* The commands that talk to a node or proxy (-H): found first in remote mode. */
-static const kvedge_cli_cmd_t *const s_remote_tables[] = {kvedge_cli_remote_cmds,
-                                                          kvedge_cli_top_cmds, NULL};
-
 static const kvedge_cli_cmd_t *s_find_remote(const char *name)
 {
-    for (int t = 0; s_remote_tables[t]; t++)
-        for (const kvedge_cli_cmd_t *c = s_remote_tables[t]; c->name; c++)
+    for (int t = 0; kvedge_cli_remote_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = kvedge_cli_remote_tables[t]; c->name; c++)
             if (strcmp(c->name, name) == 0)
                 return c;
     return NULL;
 }
 
-static const kvedge_cli_cmd_t *const s_tables[] = {
-    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,
-    kvedge_cli_master_cmds,   kvedge_cli_proxy_cmds,
-    kvedge_cli_e2e_cmds,      kvedge_cli_eval_cmds,
-    kvedge_cli_tokenize_cmds, kvedge_cli_layermap_cmds,
-    kvedge_cli_lseval_cmds,   NULL};
-
 /* ---- global options ---- */
-
-/* The global options: before the command, or after it (below). */
-typedef struct {
-    const char *data, *host, *server_key, *cert, *link;
-    bool json, version;
-    uint32_t deadline_ms; /* 0: the library's default */
-} s_globals_t;
-
-static const kvedge_cmdopt_t s_global_list[] = {
-    {.name = "data",
-     .letter = 'd',
-     .arg = "DIR",
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_globals_t, data),
-     .def = KVEDGE_DATA_DIR_DEFAULT,
-     .env = "KVEDGE_DATA",
-     .help = "store directory"},
-    {.name = "json",
-     .type = KVEDGE_CMDOPT_BOOL,
-     KVEDGE_CMDOPT_AT(s_globals_t, json),
-     .help = "machine-readable output"},
-    {.name = "version",
-     .letter = 'V',
-     .type = KVEDGE_CMDOPT_BOOL,
-     KVEDGE_CMDOPT_AT(s_globals_t, version),
-     .help = "version and build features"},
-    {.name = "host",
-     .letter = 'H',
-     .arg = "EP",
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_globals_t, host),
-     .env = "KVEDGE_HOST",
-     .help = "remote mode: the admin commands against the node at EP"},
-    {.name = "server-key",
-     .arg = "KEY",
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_globals_t, server_key),
-     .env = "KVEDGE_SERVER_KEY",
-     .help = "the node's public key or certificate file (none = plaintext, loopback only)"},
-    {.name = "cert",
-     .arg = "FILE",
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_globals_t, cert),
-     .env = "KVEDGE_CERT",
-     .help = "this client's secret certificate"},
-    {.name = "deadline",
-     .arg = "MS",
-     .type = KVEDGE_CMDOPT_MS,
-     KVEDGE_CMDOPT_AT(s_globals_t, deadline_ms),
-     .min = 1,
-     .max = 600000,
-     .def_num = 0,
-     .def_text = "5000",
-     .help = "per-call deadline in remote mode"},
-    {.name = "link",
-     .arg = "SPEC",
-     .type = KVEDGE_CMDOPT_STR,
-     KVEDGE_CMDOPT_AT(s_globals_t, link),
-     .help = "emulate a link to the node, e.g. 100mbit,20ms (testing)"},
-};
-
-static const kvedge_cmdopts_t s_globals = {
-    .command = "kvedge",
-    .summary = "distributed KV-cache store for cloud-edge LLM inference",
-    KVEDGE_CMDOPTS_OF(s_globals_t, s_global_list)};
 
 /* Commands that define an option named like a global one for their own purpose: after the
  * command's name, that name stays the command's (before it, it is the global option).
@@ -137,8 +62,8 @@ static const kvedge_cmdopt_t *s_match_global(const char *arg, bool *attached)
     *attached = false;
     if (arg[0] != '-' || arg[1] == '\0')
         return NULL;
-    for (size_t g = 0; g < s_globals.count; g++) {
-        const kvedge_cmdopt_t *o = &s_global_list[g];
+    for (size_t g = 0; g < kvedge_cli_globals.count; g++) {
+        const kvedge_cmdopt_t *o = &kvedge_cli_globals.opts[g];
         if (arg[1] == '-') {
             const char *name = arg + 2, *eq = strchr(name, '=');
             size_t len = eq ? (size_t)(eq - name) : strlen(name);
@@ -168,8 +93,8 @@ static int s_line_add(s_line_t *l, char *arg, const kvedge_cmdopt_t *o)
         return KVEDGE_EXIT_USAGE;
     }
     l->argv[l->argc++] = arg;
-    l->data = l->data || (o && o == &s_global_list[0]);
-    l->host = l->host || (o && o == &s_global_list[3]);
+    l->data = l->data || (o && strcmp(o->name, "data") == 0);
+    l->host = l->host || (o && strcmp(o->name, "host") == 0);
     return -1;
 }
 
@@ -237,8 +162,8 @@ static int s_globals_before(s_line_t *l, int argc, char **argv, bool *dashdash)
 
 static const kvedge_cli_cmd_t *s_find(const char *name)
 {
-    for (int t = 0; s_tables[t]; t++)
-        for (const kvedge_cli_cmd_t *c = s_tables[t]; c->name; c++)
+    for (int t = 0; kvedge_cli_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = kvedge_cli_tables[t]; c->name; c++)
             if (strcmp(c->name, name) == 0)
                 return c;
     return NULL;
@@ -249,11 +174,11 @@ static const char *s_nearest(const char *name)
 {
     const char *names[128];
     size_t n = 0;
-    for (int t = 0; s_tables[t]; t++)
-        for (const kvedge_cli_cmd_t *c = s_tables[t]; c->name && n < 127; c++)
+    for (int t = 0; kvedge_cli_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = kvedge_cli_tables[t]; c->name && n < 127; c++)
             names[n++] = c->name;
-    for (int t = 0; s_remote_tables[t]; t++)
-        for (const kvedge_cli_cmd_t *c = s_remote_tables[t]; c->name && n < 127; c++)
+    for (int t = 0; kvedge_cli_remote_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = kvedge_cli_remote_tables[t]; c->name && n < 127; c++)
             names[n++] = c->name;
     names[n++] = "help";
     return kvedge_settings_nearest(name, names, n);
@@ -267,13 +192,15 @@ static void s_help(FILE *f)
                "global options, before or after the command (after it: up to a `--`, and not\n"
                "the names that store, master, master-dump, proxy and sync define for "
                "themselves):\n");
-    kvedge_cmdopts_options_help(&s_globals, f);
+    kvedge_cmdopts_options_help(&kvedge_cli_globals, f);
     fprintf(f, "  -h, --help                this help; `kvedge COMMAND --help` for a command\n"
+               "  `kvedge help --man`: the manual page; `kvedge help --completion bash`: bash "
+               "completion\n"
                "  After the command give them in full (--opt VALUE, --opt=VALUE, -d DIR, -H EP);\n"
                "  -h and --help there are the command's.\n\n"
                "commands:\n");
-    for (int t = 0; s_tables[t]; t++)
-        for (const kvedge_cli_cmd_t *c = s_tables[t]; c->name; c++)
+    for (int t = 0; kvedge_cli_tables[t]; t++)
+        for (const kvedge_cli_cmd_t *c = kvedge_cli_tables[t]; c->name; c++)
             fprintf(f, "  %-14s %s\n", c->name, kvedge_cli_summary(c));
     fprintf(f, "  %-14s %s\n  %-14s %s\n", "stat", "Node statistics (with -H).", "ping",
             "Round-trip latency and bandwidth to a node (with -H).");
@@ -285,9 +212,28 @@ static void s_help(FILE *f)
            "            6 permission denied (the key may not do that: evict needs an admin key)\n");
 }
 
-/* `kvedge help [COMMAND]`. */
+/* `kvedge help --man` (the manual page, roff) and `kvedge help --completion bash`: written from
+ * the tables this program parses with, so they cannot go stale; the build installs both. */
+static int s_help_doc(int argc, char **argv)
+{
+    const kvedge_cli_doc_t d = {kvedge_cli_tables, kvedge_cli_remote_tables, &kvedge_cli_globals,
+                                KVEDGE_VERSION_STRING};
+    if (strcmp(argv[1], "--man") == 0 && argc == 2) {
+        kvedge_cli_doc_man(&d, stdout);
+    } else if (strcmp(argv[1], "--completion") == 0 && argc == 3 && strcmp(argv[2], "bash") == 0) {
+        kvedge_cli_doc_bash(&d, stdout);
+    } else {
+        kvedge_cli_error("help: want `kvedge help --man` or `kvedge help --completion bash`");
+        return KVEDGE_EXIT_USAGE;
+    }
+    return fflush(stdout) == 0 && !ferror(stdout) ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+}
+
+/* `kvedge help [COMMAND]`, `kvedge help --man`, `kvedge help --completion bash`. */
 static int s_help_cmd(kvedge_cli_t *cli, int argc, char **argv)
 {
+    if (argc > 1 && strncmp(argv[1], "--", 2) == 0)
+        return s_help_doc(argc, argv);
     const kvedge_cli_cmd_t *cmd = argc > 1 ? s_find(argv[1]) : NULL;
     if (!cmd && argc > 1)
         cmd = s_find_remote(argv[1]);
@@ -342,11 +288,12 @@ static const kvedge_cli_cmd_t *s_pick(const kvedge_cli_t *cli, const s_line_t *l
 /* The global options of l into cli. Returns -1 to go on, else an exit code. */
 static int s_resolve_globals(s_line_t *l, kvedge_cli_t *cli, bool *version)
 {
-    s_globals_t g;
+    kvedge_cli_globals_t g;
     bool help = false;
     char why[600];
     l->argv[l->argc] = NULL;
-    if (kvedge_cmdopts_parse(&s_globals, &g, l->argc, l->argv, &help, why, sizeof why) != 0) {
+    if (kvedge_cmdopts_parse(&kvedge_cli_globals, &g, l->argc, l->argv, &help, why, sizeof why) !=
+        0) {
         kvedge_cli_error("%s (see kvedge --help)", why);
         return KVEDGE_EXIT_USAGE;
     }

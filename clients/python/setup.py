@@ -1,19 +1,16 @@
-"""pip install ./clients/python (offline: setuptools only, no build isolation needed since
-there is no pyproject.toml). The package loads libkvedge.so at import time: install it first
-(`make install`, then `ldconfig`), or point KVEDGE_LIB at it. See docs/python.md."""
+"""Build settings pyproject.toml cannot express: the metadata is in pyproject.toml (PEP 621);
+this only sends the build's byproducts (build/, kvedge.egg-info) to a temporary directory
+instead of the source tree. Install with `pip install --no-build-isolation clients/python`
+(docs/python.md)."""
+import atexit
+import shutil
 import tempfile
 
 from setuptools import setup
 
-# Build byproducts (build/, kvedge.egg-info) go to a temporary directory, not the source tree.
+# pip runs each build step in a process of its own and takes what it needs (the metadata, the
+# wheel) into its own directories before the process ends: the scratch goes with the process.
 _scratch = tempfile.mkdtemp(prefix="kvedge-py-build.")
+atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
 
-setup(
-    name="kvedge",
-    version="0.1.0",
-    description="Python binding of libkvedge, the kvedge KV-cache store's client library",
-    packages=["kvedge"],
-    python_requires=">=3.9",
-    license="see the kvedge repository",
-    options={"egg_info": {"egg_base": _scratch}, "build": {"build_base": _scratch}},
-)
+setup(options={"egg_info": {"egg_base": _scratch}, "build": {"build_base": _scratch}})

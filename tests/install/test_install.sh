@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install and link, as a user would: stages `cmake --install BUILD --prefix /usr` under a
-# DESTDIR, checks the layout, the library's SONAME, dependencies and exports, compiles every
-# installed header alone (C, and C++ when there is a C++ compiler), builds ping.c against the
-# staged tree with pkg-config, and pings a store node started from the installed kvedge.
+# DESTDIR, checks the layout (the man page and the bash completion, which describe the installed
+# kvedge, man finds the page and the completion completes), the library's SONAME, dependencies
+# and exports, compiles every installed header alone (C, and C++ when there is a C++
+# compiler), builds ping.c against the staged tree with pkg-config, and pings a store node
+# started from the installed kvedge.
 #
 # usage: test_install.sh BUILD_DIR VERSION SOVERSION LIBDIR INCLUDEDIR CC [CXX]
 #   VERSION: the project's (libkvedge.so.VERSION); SOVERSION: the ABI's (the SONAME
@@ -64,6 +66,29 @@ for f in bin/kvedge "$libdir/libkvedge.so" "$libdir/libkvedge.so.${soversion}" \
     [ -e "$root/$f" ] || fail "not installed: $f"
 done
 [ -x "$root/bin/kvedge" ] || fail "bin/kvedge is not executable"
+
+# ---------------------------------------------------------------- man page, bash completion
+man1=$root/share/man/man1/kvedge.1
+completion=$root/share/bash-completion/completions/kvedge
+step "share/man/man1/kvedge.1, share/bash-completion/completions/kvedge"
+[ -s "$man1" ] || fail "not installed: share/man/man1/kvedge.1"
+[ -s "$completion" ] || fail "not installed: share/bash-completion/completions/kvedge"
+# They describe the binary installed with them.
+"$root/bin/kvedge" help --man | cmp -s - "$man1" ||
+    fail "the installed kvedge.1 is not what the installed kvedge prints (help --man)"
+"$root/bin/kvedge" help --completion bash | cmp -s - "$completion" ||
+    fail "the installed completion is not what the installed kvedge prints"
+if command -v man >/dev/null; then
+    # man finds the page through the prefix's man directory, as after a real install.
+    page=$(MANPATH=$root/share/man MANWIDTH=80 man -P cat kvedge 2>"$tmp/man.err") ||
+        { cat "$tmp/man.err" >&2; fail "man kvedge (MANPATH=share/man) failed"; }
+    grep -q 'KVEDGE(1)' <<<"$page" || fail "man kvedge does not show the page"
+    echo "   man kvedge: $(wc -l <<<"$page") lines"
+fi
+# The bash-completion package loads completions/NAME for command NAME on first use.
+reply=$(bash --norc --noprofile -c 'source "$1"; COMP_WORDS=(kvedge pre); COMP_CWORD=1;
+    _kvedge; echo "${COMPREPLY[*]}"' bash "$completion") || fail "sourcing the completion failed"
+[ "$reply" = prefill ] || fail "installed completion: kvedge pre<TAB> gives '$reply'"
 
 # ---------------------------------------------------------------- the shared library
 so=$lib/libkvedge.so.${soversion}

@@ -4,7 +4,8 @@ real master, cloud node and edge proxy: for the fixture (tests/fixtures/opt_tiny
 and the trained models (models/kjv/cloud, models/kjv/edge), the engine's greedy tokens equal
 the C decoder's (`kvedge -H PROXY decode`) over the same stored context, whether the cloud
 prefill was the engine's (save_layer) or C's (`kvedge prefill`), with every layer fetched or
-some computed locally; and its logits match the PyTorch reference of the models' fixtures."""
+some computed locally; and its logits match the PyTorch reference of the models' fixtures.
+The example script runs against plaintext daemons and against CURVE ones with its key flags."""
 import json
 import os
 import subprocess
@@ -196,7 +197,9 @@ class EngineTest(unittest.TestCase):
             os.path.join(kvtest.MODELS, "kjv"), "--context-file",
             os.path.join(kvtest.MODELS, "kjv", "heldout.txt"), "--tokens", "300",
             "--prompt", "And Noah said unto his sons,", "--max-new", "8", "--kvedge",
-            kvtest.BIN], capture_output=True, text=True, timeout=300)
+            kvtest.BIN], capture_output=True, text=True, timeout=300,
+            # The example imports the package as installed: from the tree, through PYTHONPATH.
+            env=dict(os.environ, PYTHONPATH=os.path.join(kvtest.SRC, "clients", "python")))
         print(r.stdout)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("same tokens: True", r.stdout)
@@ -232,6 +235,67 @@ class EngineTest(unittest.TestCase):
             edge.finish(h)
         with self.assertRaises(kvedge.UseAfterClose):
             edge.start_load(ctx)
+
+
+class ExampleCurveTest(unittest.TestCase):
+    """The example against CURVE daemons (a node and a proxy without --insecure, the client's
+    and the proxy's certificates in tenant acme, allowlisted): with --server-key, --proxy-key
+    and --cert it runs both roles and agrees with the C decoder; without them the node does
+    not let it in."""
+
+    def setUp(self):
+        self.d = kvtest.Daemons()
+        try:
+            self.start()
+        except Exception:
+            self.d.close()
+            raise
+
+    def tearDown(self):
+        self.d.close()
+
+    def start(self):
+        d = self.d
+        node_dir, clients = (os.path.join(d.dir, x) for x in ("node", "proxy-clients"))
+        os.makedirs(os.path.join(node_dir, "clients"))
+        os.makedirs(clients)
+        self.alice, self.proxy_cert = (os.path.join(d.dir, x) for x in ("alice", "proxy.cert"))
+        for cert in (self.alice, self.proxy_cert):
+            subprocess.run([kvtest.BIN, "keygen", cert, "--tenant", "acme"], check=True,
+                           capture_output=True)
+            os.link(cert, os.path.join(node_dir, "clients", os.path.basename(cert)))
+        os.link(self.alice, os.path.join(clients, "alice"))
+        d.master()
+        master = ["--master", d.ep("master"), "--master-pub", d.ep("master-pub")]
+        self.node_ep = d.start("node", "--data", node_dir, "store", "--role", "cloud", "--bind",
+                               d.ep("node"), "--name", "cloud", "--node-id", "cloud",
+                               *master)[0]
+        self.node_key = os.path.join(node_dir, "node.cert")
+        self.proxy_ep = d.start("proxy", "proxy", "--bind", d.ep("proxy"), "--cert",
+                                self.proxy_cert, "--clients", clients, *master)[0]
+
+    def run_example(self, *keys):
+        return subprocess.run([
+            "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3",
+            os.path.join(kvtest.SRC, "clients", "python", "examples", "opt_engine.py"),
+            "--node", self.node_ep, "--proxy", self.proxy_ep, "--weights",
+            MODELS["kjv-cloud"][0], "--model-id", "ex-kjv-cloud", "--tokenizer",
+            os.path.join(kvtest.MODELS, "kjv"), "--context-file",
+            os.path.join(kvtest.MODELS, "kjv", "heldout.txt"), "--tokens", "300",
+            "--prompt", "And Noah said unto his sons,", "--max-new", "8", "--kvedge",
+            kvtest.BIN, *keys], capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, PYTHONPATH=os.path.join(kvtest.SRC, "clients", "python")))
+
+    def test_example_curve(self):
+        r = self.run_example("--server-key", self.node_key, "--proxy-key", self.proxy_cert,
+                             "--cert", self.alice + "_secret")
+        print(r.stdout)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("same tokens: True", r.stdout)
+        self.assertNotIn("computed", r.stdout)  # every layer came through the CURVE proxy
+        r = self.run_example()  # plaintext: the CURVE node never answers
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("kvedge.Timeout", r.stderr)
 
 
 if __name__ == "__main__":

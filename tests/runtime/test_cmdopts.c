@@ -299,13 +299,38 @@ static void test_help_lists_the_table(void **state)
     free(text);
 }
 
+/* One option's help text as --help shows it (what the man page prints); "" for a k past the
+ * table. */
+static void test_opt_text(void **state)
+{
+    (void)state;
+    char text[300];
+    kvedge_cmdopts_opt_text(&s_table, 3, text, sizeof text); /* count */
+    assert_string_equal(text, "how many (default 10; 1 to 100)");
+    kvedge_cmdopts_opt_text(&s_table, 0, text, sizeof text); /* file */
+    assert_string_equal(text, "the input (env $TEST_CMDOPTS_FILE)");
+    kvedge_cmdopts_opt_text(&s_table, 4, text, sizeof text); /* size */
+    assert_string_equal(text, "how big (required)");
+    kvedge_cmdopts_opt_text(&s_table, 5, text, sizeof text); /* mode */
+    assert_string_equal(text, "how (default safe)");
+    kvedge_cmdopts_opt_text(&s_table, 7, text, sizeof text); /* tag */
+    assert_string_equal(text, "a tag (repeatable)");
+    kvedge_cmdopts_opt_text(&s_table, 8, text, sizeof text); /* PREFIX */
+    assert_string_equal(text, "the prefix");
+    strcpy(text, "stale");
+    kvedge_cmdopts_opt_text(&s_table, s_table.count, text, sizeof text);
+    assert_string_equal(text, "");
+    kvedge_cmdopts_opt_text(&s_table, 3, text, 8); /* truncated, terminated */
+    assert_string_equal(text, "how man");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_is_consistent),      cmocka_unit_test(test_every_form),
         cmocka_unit_test(test_bounds_name_the_flag),     cmocka_unit_test(test_did_you_mean),
         cmocka_unit_test(test_required_and_positionals), cmocka_unit_test(test_env_and_alias),
-        cmocka_unit_test(test_help_lists_the_table),
+        cmocka_unit_test(test_help_lists_the_table),     cmocka_unit_test(test_opt_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,14 @@
     /usr/bin/python3 clients/python/examples/opt_engine.py --node NODE_EP --proxy PROXY_EP \\
         --weights models/kjv/cloud/model.safetensors --model-id kjv-cloud \\
         --tokenizer models/kjv --context-file models/kjv/heldout.txt --tokens 300 \\
-        --prompt "And Noah said unto his sons," [--kvedge build/clients/kvedge]
+        --prompt "And Noah said unto his sons," [--kvedge build/clients/kvedge] \\
+        [--server-key NODE_CERT --cert MY_CERT_SECRET [--proxy-key PROXY_CERT]]
+
+It imports the installed kvedge package (`pip install --no-build-isolation clients/python`, or
+`make install`); from a source tree without installing, run it with PYTHONPATH=clients/python.
+For a CURVE deployment --server-key is the cloud node's public key or certificate, --proxy-key
+the edge proxy's and --cert this client's secret certificate (`kvedge keygen`); without them
+the connections are plaintext (--insecure daemons, loopback only).
 
 Text becomes token ids through `kvedge tokenize` (the C byte-level BPE), so both decoders see
 the same ids. The prompt never leaves this process: the proxy only gets the context's chunk
@@ -18,15 +25,13 @@ ids.
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import kvedge  # noqa: E402
-from kvedge.engine import KVLoader  # noqa: E402
-from kvedge.opt import OPT  # noqa: E402
+import kvedge
+from kvedge.engine import KVLoader
+from kvedge.opt import OPT
 
 
 def tokenize(kv, tokenizer, text):
@@ -49,7 +54,21 @@ def main():
     ap.add_argument("--chunk-tokens", type=int, default=256)
     ap.add_argument("--repetition-penalty", type=float, default=1.3)
     ap.add_argument("--kvedge", default="build/clients/kvedge")
+    ap.add_argument("--server-key", metavar="FILE",
+                    help="CURVE: the cloud node's public key or certificate (kvedge.Client "
+                         "server_key)")
+    ap.add_argument("--proxy-key", metavar="FILE",
+                    help="CURVE: the edge proxy's public key or certificate")
+    ap.add_argument("--cert", metavar="FILE",
+                    help="CURVE: this client's secret certificate (kvedge.Client cert)")
     a = ap.parse_args()
+    if (a.server_key or a.proxy_key) and not a.cert:
+        ap.error("--server-key and --proxy-key need --cert (this client's secret certificate)")
+    if a.cert and not (a.server_key or a.proxy_key):
+        ap.error("--cert needs --server-key or --proxy-key (the daemon's public key)")
+    node_keys = dict(server_key=a.server_key, cert=a.cert if a.server_key else None)
+    proxy_keys = dict(server_key=a.proxy_key, cert=a.cert if a.proxy_key else None)
+    proxy_flags = ["--server-key", a.proxy_key, "--cert", a.cert] if a.proxy_key else []
 
     with open(a.context_file) as f:
         ctx = tokenize(a.kvedge, a.tokenizer, f.read())[:a.tokens]
@@ -59,14 +78,14 @@ def main():
 
     # Cloud role: every layer's K/V goes to the node as soon as the layer is computed.
     t0 = time.perf_counter()
-    with KVLoader(a.node, model, role="cloud", chunk_tokens=a.chunk_tokens,
-                  scheme="int8") as cloud:
+    with KVLoader(a.node, model, role="cloud", chunk_tokens=a.chunk_tokens, scheme="int8",
+                  **node_keys) as cloud:
         eng.prefill(ctx, loader=cloud)
     print(f"cloud: prefilled {len(ctx)} tokens, {eng.n_layers} layers stored "
           f"({(time.perf_counter() - t0) * 1e3:.0f} ms)")
 
     # Edge role: layers stream in through the proxy while the engine computes.
-    with kvedge.Client(a.proxy, deadline_ms=10000) as proxy:
+    with kvedge.Client(a.proxy, deadline_ms=10000, **proxy_keys) as proxy:
         chain = kvedge.chunk_ids(ctx, model, a.chunk_tokens)
         # The proxy learns the model and where its blocks are from its master: wait until a
         # FETCH delivers every layer, so both decoders below see the same plan.
@@ -94,7 +113,7 @@ def main():
                           text=True).stdout
     print(f"edge (PyTorch): {tokens} in {ms:.0f} ms\n  {text!r}")
 
-    r = subprocess.run([a.kvedge, "--json", "-H", a.proxy, "decode", "--weights", a.weights,
+    r = subprocess.run([a.kvedge, "--json", "-H", a.proxy, *proxy_flags, "decode", "--weights", a.weights,
                         "--model-id", a.model_id, "--chunk-tokens", str(a.chunk_tokens),
                         "--context-ids", ",".join(map(str, ctx)), "--prompt-ids",
                         ",".join(map(str, prompt)), "--max-new", str(a.max_new),

@@ -5,8 +5,9 @@
         chain = kvedge.chunk_ids(tokens, "kjv-cloud", 256)
         ...
 
-ctypes over the installed libkvedge.so (no compiler at import time): found through $KVEDGE_LIB,
-else the path `make install` recorded, else the system's library path. See docs/python.md.
+ctypes over the installed libkvedge.so.1 (no compiler at import time): found through
+$KVEDGE_LIB, else the path `make install` recorded, else the system's library path, else the
+install prefixes (/usr/local/lib, this interpreter's prefix). See docs/python.md.
 """
 # noqa: F401 below: these imports are the package's API.
 from ._ffi import LIB_PATH as library_path  # noqa: F401

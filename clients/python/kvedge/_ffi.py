@@ -8,6 +8,7 @@ C structs and not used here (the large-small `mapped_*`, `adapt*`) are mirrored 
 import ctypes
 import ctypes.util
 import os
+import sys
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_float,
                     c_int, c_int32, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
 
@@ -216,32 +217,60 @@ MIRRORED = {
 }
 
 
+# Where `make install` puts the library when the package was not installed by it (pip): the
+# default prefix, then this interpreter's own prefixes (`make install PREFIX=$VIRTUAL_ENV`).
+# The system loader finds /usr/local/lib only after `ldconfig`; these are tried by path.
+def _prefix_dirs():
+    multiarch = getattr(sys.implementation, "_multiarch", "")
+    dirs = []
+    for prefix in ("/usr/local", sys.prefix, sys.base_prefix):
+        for sub in ("lib", "lib64", os.path.join("lib", multiarch) if multiarch else None):
+            d = os.path.join(prefix, sub) if sub else None
+            if d and d not in dirs:
+                dirs.append(d)
+    return dirs
+
+
 def _candidates():
+    """(where, what to load) in the order tried: $KVEDGE_LIB alone when it is set; else the
+    path `make install` recorded, the system loader (ld.so.cache, LD_LIBRARY_PATH), then the
+    install prefixes by path."""
     env = os.environ.get("KVEDGE_LIB")
     if env:
-        yield env
+        yield "$KVEDGE_LIB", env
         return
     try:
         from . import _paths  # written by `make install`
         if _paths.LIBRARY:
-            yield _paths.LIBRARY
+            yield "recorded by make install", _paths.LIBRARY
     except ImportError:
         pass
-    yield "libkvedge.so.%d" % SOVERSION
+    name = "libkvedge.so.%d" % SOVERSION
+    yield "system loader", name
     found = ctypes.util.find_library("kvedge")
-    if found:
-        yield found
+    if found and found != name:
+        yield "ctypes.util.find_library", found
+    for d in _prefix_dirs():
+        yield "install prefix", os.path.join(d, name)
 
 
 def _load():
-    errors = []
-    for path in _candidates():
+    tried = [] if os.environ.get("KVEDGE_LIB") else ["  $KVEDGE_LIB: not set"]
+    for where, path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(f"  {path} ({where}): no such file")
+            continue
         try:
             return ctypes.CDLL(path), path
         except OSError as e:
-            errors.append(f"{path}: {e}")
-    raise ImportError("kvedge: cannot load libkvedge.so (set KVEDGE_LIB to its path, or install "
-                      "it with `make install`): " + "; ".join(errors))
+            tried.append(f"  {path} ({where}): {e}")
+    if os.environ.get("KVEDGE_LIB"):
+        fix = "point KVEDGE_LIB at libkvedge.so (a build has build/clients/libkvedge.so)"
+    else:
+        fix = ("install it (`make install PREFIX=/usr/local && sudo ldconfig`), or set "
+               "KVEDGE_LIB to its path (a build has build/clients/libkvedge.so)")
+    raise ImportError("kvedge: cannot load libkvedge.so.%d; tried:\n%s\nFix: %s. See "
+                      "docs/python.md." % (SOVERSION, "\n".join(tried), fix))
 
 
 lib, LIB_PATH = _load()
