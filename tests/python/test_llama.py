@@ -7,8 +7,8 @@ are small). Per model: logits at every position of 64 ids equal build/tests/deco
 within TOL, the decode path (context K/V handed in for even layers, recomputed for odd ones, as
 decoder_logits does it) gives C's greedy tokens, and so does a decode whose context K/V was
 prefilled by the engine into a real cloud store node and fetched back through a proxy with the
-loader (every layer fetched, or one left to the edge). config.json and shard errors are refused
-by both with the same words."""
+loader (every layer fetched, or one left to the edge). The same on the trained pair of
+models/kjv/llama. config.json and shard errors are refused by both with the same words."""
 import json
 import os
 import random
@@ -81,9 +81,11 @@ def write_safetensors(path, tensors, dtype):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def c_logits(model_dir, ids, gen=GEN):
-    """decoder_logits's logits [len(ids)][vocab] and gen greedy tokens."""
-    out = os.path.join(os.path.dirname(model_dir), os.path.basename(model_dir) + ".c.bin")
+def c_logits(model_dir, ids, gen=GEN, out_dir=None):
+    """decoder_logits's logits [len(ids)][vocab] and gen greedy tokens (the output file in
+    out_dir, else beside model_dir)."""
+    out = os.path.join(out_dir or os.path.dirname(model_dir),
+                       os.path.basename(model_dir) + ".c.bin")
     r = subprocess.run([DECODER_LOGITS, model_dir, out, str(gen), *map(str, ids)],
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
@@ -179,8 +181,10 @@ class LlamaTest(unittest.TestCase):
     def check_against_c(self, kind):
         eng = Llama(self.models[kind])
         c_lg, c_gen = self.c[kind]
-        self.assertEqual(eng.kv_heads, 2)
-        self.assertEqual(eng.store_model("m").kv_heads, 2)
+        with open(os.path.join(self.models[kind], "config.json")) as f:
+            kvh = json.load(f)["num_key_value_heads"]
+        self.assertEqual(eng.kv_heads, kvh)
+        self.assertEqual(eng.store_model("m").kv_heads, kvh)
         py_lg = eng.prefill(self.ids[kind], all_logits=True)
         d = (py_lg - c_lg).abs()
         same_argmax = bool((py_lg.argmax(1) == c_lg.argmax(1)).all())
@@ -212,6 +216,19 @@ class LlamaTest(unittest.TestCase):
 
     def test_qwen2_against_c(self):
         self.check_against_c("qwen2")
+
+    def test_trained_pair_against_c(self):
+        """The trained pair of models/kjv/llama (F16 weights, GQA 6/2 and 4/1) on the first
+        held-out ids (the tokenizer fixture's, <s> first): the same checks."""
+        with open(os.path.join(kvtest.SRC, "tests", "fixtures", "tokenizer",
+                               "kjv_llama_heldout.json")) as f:
+            ids = json.load(f)["ids"][:N_IDS]
+        for size in ("cloud", "edge"):
+            kind = "kjv-llama-" + size
+            self.models[kind] = os.path.join(kvtest.MODELS, "kjv", "llama", size)
+            self.ids[kind] = ids
+            self.c[kind] = c_logits(self.models[kind], ids, out_dir=self.dir)
+            self.check_against_c(kind)
 
     def test_half_precision_weights(self):
         """BF16 (as Llama 3.2, Qwen2.5 and SmolLM2 ship) and F16 copies of the weights: the
