@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Large-small at this machine's scale: the CE-LSLM paper's Table II (TTFT, total time, bytes
-# moved, user data uploaded) for the trained pair of models/kjv, with real processes as
+# moved, user data uploaded) for a trained pair (the Llama pair of models/kjv/llama by default,
+# the OPT pair of models/kjv with BLS_PAIR=opt), with real processes as
 # bench_e2e and scripts/demo.sh run them: a Storage Master, a cloud store node, a peer edge
 # store node, and edge proxies with an emulated cloud link (link=RATE,LATENCY) and a LAN link
 # to the peer; each request is one `kvedge -H PROXY decode` process.
 #
 # Modes, per context length and cloud link (medians of RUNS runs, modes interleaved):
-#   edge-only    the SLM (models/kjv/edge) recomputes the context (decode --compare's edge_only)
-#   cloud-only   the LLM (models/kjv/cloud) answers: the prompt goes to the emulated cloud
+#   edge-only    the SLM (the pair's edge model) recomputes the context (decode --compare's
+#                edge_only)
+#   cloud-only   the LLM (the pair's cloud model) answers: the prompt goes to the emulated cloud
 #                model behind the cloud link, which holds the context's K/V (decode --compare's
 #                cloud_only, with --cloud-link)
 #   peer-int8    the SLM's own context K/V, prefilled int8 onto the peer edge node, fetched
@@ -22,9 +24,9 @@
 # usage: scripts/bench_largesmall.sh [BUILD_DIR]          (default: build)
 # environment: BLS_RUNS (5), BLS_CONTEXTS ("256 448": the models have 512 positions, and the
 #   prompt and 32 new tokens need room), BLS_LINKS ("100mbit 1gbit"), BLS_LATENCY (10ms, one
-#   way, as bench_e2e), BLS_PEER_LINK (1gbit,1ms), BLS_NEW (32), BLS_ADAPTER (the linear
-#   adapter of models/kjv/ls), BLS_MAP, BLS_OUT (/tmp/kvedge-bls: raw JSON, largesmall.dat,
-#   table.md), BLS_KEEP=1 keeps the state directory.
+#   way, as bench_e2e), BLS_PEER_LINK (1gbit,1ms), BLS_NEW (32), BLS_PAIR (llama or opt),
+#   BLS_ADAPTER (the linear adapter of the pair's ls/ folder), BLS_MAP, BLS_OUT
+#   (/tmp/kvedge-bls: raw JSON, largesmall.dat, table.md), BLS_KEEP=1 keeps the state directory.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(realpath "${1:-$ROOT/build}")
@@ -36,12 +38,18 @@ LINKS=${BLS_LINKS:-"100mbit 1gbit"}
 LATENCY=${BLS_LATENCY:-10ms}
 PEER_LINK=${BLS_PEER_LINK:-1gbit,1ms}
 NEW=${BLS_NEW:-32}
-ADAPTER=$(realpath "${BLS_ADAPTER:-$ROOT/models/kjv/ls/adapter-linear.safetensors}")
-MAP=$(realpath "${BLS_MAP:-$ROOT/models/kjv/ls/map}")
+case ${BLS_PAIR:-llama} in
+llama) # Hugging Face folders; the tokenizer.json puts <s> first
+    PAIR=$ROOT/models/kjv/llama
+    CLOUD_W=$PAIR/cloud EDGE_W=$PAIR/edge TOK=$PAIR/tokenizer.json ;;
+opt)
+    PAIR=$ROOT/models/kjv
+    CLOUD_W=$PAIR/cloud/model.safetensors EDGE_W=$PAIR/edge/model.safetensors TOK=$PAIR ;;
+*) echo "bench_largesmall: BLS_PAIR is llama or opt" >&2; exit 2 ;;
+esac
+ADAPTER=$(realpath "${BLS_ADAPTER:-$PAIR/ls/adapter-linear.safetensors}")
+MAP=$(realpath "${BLS_MAP:-$PAIR/ls/map}")
 OUT=${BLS_OUT:-/tmp/kvedge-bls}
-CLOUD_W=$ROOT/models/kjv/cloud/model.safetensors
-EDGE_W=$ROOT/models/kjv/edge/model.safetensors
-TOK=$ROOT/models/kjv
 PROMPT=$'\nAnd he said unto them,'
 
 [ -x "$KVEDGE" ] || { echo "bench_largesmall: no $KVEDGE (build first)" >&2; exit 2; }

@@ -4,25 +4,28 @@
 # Starts a Storage Master, a cloud store node, two edge store nodes (edge-a, where the user
 # is, and its peer edge-b) and edge-a's proxy, on ipc endpoints in a temporary directory, with
 # emulated links: cloud 1 Gbit/s and 10 ms one way, peer 1 Gbit/s and 1 ms. The model is the
-# project's trained cloud model (models/kjv/cloud: OPT architecture, 6 layers x 6 heads x 32,
-# trained on the King James Bible; fp32 on the CPU) with its BPE tokenizer. The cloud computes
+# project's trained Llama-family cloud model (models/kjv/llama/cloud: rotary positions,
+# grouped-query attention with 6 query heads on 2 KV heads of 32, RMSNorm, SwiGLU, 6 layers;
+# trained on the King James Bible; fp32 on the CPU) with its tokenizer.json. The cloud computes
 # the KV of a chapter the model never saw in training (the shared context) once; edge-a
 # answers private prompts on top of it, fetching layers through its proxy while it computes,
 # and prints the text it generates. Then the cloud goes down and edge-a keeps answering from
 # its peer and its own historical cache. In between, edge-a also runs the small edge model
-# (models/kjv/edge: 3 layers x 4 heads x 32) on the cloud model's cache: the layer map in the
-# master and the adapter in models/kjv/ls (large-small, docs/largesmall.md). Everything is
-# shut down cleanly at the end.
+# (models/kjv/llama/edge: 4 layers, 4 query heads on 1 KV head of 32) on the cloud model's
+# cache: the layer map in the master and the adapter in models/kjv/llama/ls (large-small,
+# docs/largesmall.md). Everything is shut down cleanly at the end. The OPT pair of models/kjv
+# runs the same way (docs/decoder.md).
 #
 # usage: scripts/demo.sh [path/to/kvedge]     (KVEDGE_DEMO_DIR=DIR keeps the state there)
 set -euo pipefail
 KVEDGE=$(realpath "${1:-build/clients/kvedge}")
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-WEIGHTS="$ROOT/models/kjv/cloud/model.safetensors"
-EDGE_WEIGHTS="$ROOT/models/kjv/edge/model.safetensors"
-LS="$ROOT/models/kjv/ls" # the layer map kjv-cloud -> kjv-edge and its K/V adapter
-TOKENIZER="$ROOT/models/kjv" # vocab.json + merges.txt
-CTX_TOKENS=448               # of the chapter: the model has 512 positions, the prompt needs some
+# Hugging Face model folders: config.json, model.safetensors, tokenizer.json (its template puts
+# <s> before the text, as prefill and decode do by default).
+WEIGHTS="$ROOT/models/kjv/llama/cloud"
+EDGE_WEIGHTS="$ROOT/models/kjv/llama/edge"
+LS="$ROOT/models/kjv/llama/ls" # the layer map kjv-llama-cloud -> kjv-llama-edge, its K/V adapter
+CTX_TOKENS=448                 # of the chapter: the model has 512 positions, the prompt needs some
 CLOUD_LINK=1gbit,10ms
 PEER_LINK=1gbit,1ms
 DIR=${KVEDGE_DEMO_DIR:-$(mktemp -d /tmp/kvedge-demo-XXXXXX)}
@@ -74,7 +77,7 @@ trap cleanup EXIT
 ep() { echo "ipc://$DIR/$1.sock"; }
 MASTER="--master $(ep master) --master-pub $(ep master-pub)"
 
-step "Model: the trained cloud model (models/kjv/cloud: OPT, 6 layers x 6 heads x 32, vocab 4096)"
+step "Model: the trained cloud model (models/kjv/llama/cloud: Llama, 6 layers, 6 query / 2 KV heads x 32, vocab 4096)"
 note "shared context: $(head -1 "$CTX_FILE") (held out from training), first $CTX_TOKENS tokens"
 note "$(sed -n 2p "$CTX_FILE" | cut -c1-90)..."
 
@@ -86,7 +89,7 @@ start cloud --data "$DIR/cloud" store --role cloud --bind "$(ep cloud)" --insecu
 note "master $(ep master), cloud node $(ep cloud)"
 
 step "Cloud prefill: the cloud model computes the chapter's KV once and stores it (int8)"
-"$KVEDGE" -H "$(ep cloud)" prefill --weights "$WEIGHTS" --model-id kjv-cloud --tokenizer "$TOKENIZER" \
+"$KVEDGE" -H "$(ep cloud)" prefill --weights "$WEIGHTS" --model-id kjv-llama-cloud \
     --file "$CTX_FILE" --tokens "$CTX_TOKENS" --scheme int8 | tee "$DIR/prefill.out"
 # The chapter's last chunk (the highest chunk index) names the whole chain.
 PREFIX=$("$KVEDGE" -H "$(ep cloud)" ls --full | awk 'NR > 1 { print $3, $1 }' | sort -n |
@@ -121,7 +124,7 @@ sleep 1 # the proxy's first probes and the master's directory
 decode() { # decode PROMPT [EXTRA ARGS]: an edge request through the proxy
     local prompt=$1
     shift
-    "$KVEDGE" -H "$(ep proxy)" decode --weights "$WEIGHTS" --model-id kjv-cloud --tokenizer "$TOKENIZER" \
+    "$KVEDGE" -H "$(ep proxy)" decode --weights "$WEIGHTS" --model-id kjv-llama-cloud \
         --file "$CTX_FILE" --tokens "$CTX_TOKENS" --prompt "$prompt" --max-new 24 \
         --repetition-penalty 1.3 --plan-recompute "$@"
 }
@@ -137,18 +140,19 @@ And the LORD spake unto Noah, saying,"
 decode "
 And the dove came in to him" --quiet
 
-step "Large-small: edge-a's small model (models/kjv/edge, 3 layers x 4 heads) on the cloud model's cache"
-note "the master gets the layer map (CKA/RSA-matched: edge layers 0,1,2 <- cloud layers 0,1,4)"
+step "Large-small: edge-a's small model (models/kjv/llama/edge, 4 layers, 4 query / 1 KV head) on the cloud model's cache"
+note "the master gets the layer map (CKA/RSA-matched: edge layers 0,1,2,3 <- cloud layers 1,1,2,4)"
 "$KVEDGE" layermap --show "$LS/map" --cloud "$WEIGHTS" --edge "$EDGE_WEIGHTS" \
     --register "$(ep master)" --master-pub "$(ep master-pub)" | grep registered
 sleep 0.5 # the registry reaches the proxy
-note "no node holds the edge model's K/V: the proxy plans the cloud model's layers 0,1,4 for it,"
-note "from the peer's and the cloud's copies, and edge-a adapts them (a least-squares map per layer)"
-"$KVEDGE" -H "$(ep proxy)" decode --weights "$EDGE_WEIGHTS" --model-id kjv-edge --tokenizer "$TOKENIZER" \
+note "no node holds the edge model's K/V: the proxy plans the cloud model's layers 1,2,4 for it,"
+note "from the peer's and the cloud's copies, and edge-a adapts them (K un-rotated with the cloud"
+note "model's rotary settings, a least-squares map per layer, re-rotated with the edge model's)"
+"$KVEDGE" -H "$(ep proxy)" decode --weights "$EDGE_WEIGHTS" --model-id kjv-llama-edge \
     --file "$CTX_FILE" --tokens "$CTX_TOKENS" --prompt "
 And Noah said unto his sons," --max-new 24 --repetition-penalty 1.3 \
     --adapter "$LS/adapter-linear.safetensors"
-note "(a 1.2 M-parameter model recomputes 448 tokens about as fast; quality and timing at both"
+note "(a 1.3 M-parameter model recomputes 448 tokens about as fast; quality and timing at both"
 note " links: docs/benchmarks.md, \"Large-small\")"
 
 step "edge-a's historical cache takes the deep layers 3-5 (subscription added, node restarted)"
