@@ -12,12 +12,14 @@
       the same model with a vocabulary of VOCAB tokens, rope_theta THETA and no tokenizer.json
       (the weights do not depend on THETA: two models that differ only in it have the same
       un-rotated K at layer 0); for tests that need no llama.cpp (test_ls_rotary).
-  tiny_llama.py gguf DIR VOCAB.gguf OUT.gguf
-      converts DIR to a GGUF v3 file as llama.cpp's convert_hf_to_gguf.py does for F32: the
+  tiny_llama.py gguf DIR VOCAB.gguf|tokenizer.json OUT.gguf
+      converts DIR (F32 or F16 weights, written as F32) to a GGUF v3 file as llama.cpp's
+      convert_hf_to_gguf.py does for F32: the
       llama arch gets its Q/K rows permuted (LlamaModel.permute: llama.cpp's llama rotary pairs
       adjacent dimensions, Hugging Face's rotate-half pairs i and i + d/2), qwen2 none; Llama 3's
       rope_scaling becomes a rope_freqs tensor (LlamaModel.generate_extra_tensors); the
-      tokenizer.* keys are copied from VOCAB.gguf.
+      tokenizer.* keys are copied from VOCAB.gguf, or made from a Llama 3-form tokenizer.json
+      (the trained pair of models/kjv/llama).
 
 GGUF v3 (ggml/docs/gguf.md): "GGUF", u32 version 3, u64 tensors, u64 keys; keys as (string,
 u32 type, value); tensor infos as (string name, u32 n_dims, u64 dims innermost first, u32
@@ -121,9 +123,11 @@ def read_safetensors(path):
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        assert info["dtype"] == "F32", f"{path}: {name} is {info['dtype']}"
+        assert info["dtype"] in ("F32", "F16"), f"{path}: {name} is {info['dtype']}"
         s, e = info["data_offsets"]
-        out[name] = np.frombuffer(data[8 + n + s:8 + n + e], dtype="<f4").reshape(info["shape"])
+        dt = "<f4" if info["dtype"] == "F32" else "<f2"  # F16 widens to F32 exactly
+        out[name] = np.frombuffer(data[8 + n + s:8 + n + e], dtype=dt).reshape(
+            info["shape"]).astype(np.float32)
     return out
 
 
@@ -238,6 +242,47 @@ def gguf_string(s):
     return struct.pack("<Q", len(b)) + b
 
 
+def gguf_array(item_type, items):
+    """A GGUF array value's bytes (after its u32 type 9): item type, count, items."""
+    out = struct.pack("<IQ", item_type, len(items))
+    if item_type == GGUF_STRING:
+        return out + b"".join(gguf_string(x) for x in items)
+    return out + b"".join(struct.pack("<i", x) for x in items)
+
+
+def tokenizer_keys(path):
+    """The tokenizer.* keys of a Llama 3-form tokenizer.json (the project's Llama pair,
+    models/kjv/llama/tokenizer.json), as convert_hf_to_gguf.py writes a BPE vocabulary: model
+    gpt2, pre llama-bpe, tokens in id order, control type (3) for the added special tokens,
+    merges as "a b", the template's BOS."""
+    doc = json.load(open(path, encoding="utf-8"))
+    m = doc["model"]
+    vocab = dict(m["vocab"])
+    special = set()
+    for a in doc["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+        if a["special"]:
+            special.add(a["id"])
+    tokens = [None] * len(vocab)
+    for t, i in vocab.items():
+        tokens[i] = t
+    assert None not in tokens, f"{path}: ids are not 0..{len(vocab) - 1}"
+    merges = [x if isinstance(x, str) else " ".join(x) for x in m["merges"]]
+    bos = next(x for x in doc["post_processor"]["processors"]
+               if x["type"] == "TemplateProcessing")["single"][0]["SpecialToken"]["id"]
+    ARRAY, I32, BOOL = 9, 5, 7
+    keys = {"tokenizer.ggml.model": (GGUF_STRING, gguf_string("gpt2")),
+            "tokenizer.ggml.pre": (GGUF_STRING, gguf_string("llama-bpe")),
+            "tokenizer.ggml.tokens": (ARRAY, gguf_array(GGUF_STRING, tokens)),
+            "tokenizer.ggml.token_type": (ARRAY, gguf_array(I32, [3 if i in special else 1
+                                                                  for i in range(len(tokens))])),
+            "tokenizer.ggml.merges": (ARRAY, gguf_array(GGUF_STRING, merges)),
+            "tokenizer.ggml.bos_token_id": (GGUF_U32, struct.pack("<I", vocab[bos])),
+            "tokenizer.ggml.eos_token_id": (GGUF_U32, struct.pack("<I", vocab.get("</s>", 0))),
+            "tokenizer.ggml.add_bos_token": (BOOL, struct.pack("<?", True))}
+    return keys
+
+
 def to_gguf(d, vocab_gguf, out):
     cfg = json.load(open(os.path.join(d, "config.json")))
     arch = {"llama": "llama", "qwen2": "qwen2"}[cfg["model_type"]]
@@ -271,7 +316,8 @@ def to_gguf(d, vocab_gguf, out):
     rs = cfg.get("rope_scaling")
     if rs and rs.get("rope_type", "").lower() == "llama3":
         tensors.append(("rope_freqs.weight", llama3_factors(cfg, hd)))
-    raw = gguf_raw_keys(vocab_gguf)
+    raw = gguf_raw_keys(vocab_gguf) if not vocab_gguf.endswith(".json") else \
+        tokenizer_keys(vocab_gguf)
     kv = []
 
     def u32(key, v):
