@@ -21,7 +21,7 @@ cmake --build "$build" --target test_llamacpp_bridge -j2 >"$dest/bridge-build.lo
 work=$dest/bridge
 mkdir -p "$work"
 for kind in llama llama3 qwen2; do
-    vocab=llama-bpe
+    vocab="llama-bpe"
     [ "$kind" = qwen2 ] && vocab=qwen2
     gguf_vocab=$dest/$vocab/ggml-vocab-$vocab.gguf
     "$py" "$here/../../decoder/tiny_llama.py" make "$kind" "$gguf_vocab" \
