@@ -532,6 +532,7 @@ int kvedge_llamacpp_import(struct llama_context *ctx, int32_t seq,
     }
     st.fetched = rc == KVEDGE_OK ? mi->layers - st.missed : 0;
     uint8_t *blob = NULL;
+    bool touched = false; /* seq changed: put back on an error */
     if (rc == KVEDGE_OK && st.missed == 0) {
         t0 = s_now_us();
         size_t cap = kvedge_llamacpp_state_bytes(l, req->n), len = 0;
@@ -542,6 +543,7 @@ int kvedge_llamacpp_import(struct llama_context *ctx, int32_t seq,
         st.state_bytes = len;
         if (rc == KVEDGE_OK) {
             t0 = s_now_us();
+            touched = true;
             size_t got = llama_state_seq_set_data(ctx, blob, len, seq);
             st.load_us = s_since(t0);
             if (got != len) {
@@ -557,6 +559,7 @@ int kvedge_llamacpp_import(struct llama_context *ctx, int32_t seq,
     } else if (rc == KVEDGE_OK) {
         /* The state API takes every layer of a sequence: llama.cpp computes the context. */
         t0 = s_now_us();
+        touched = true;
         llama_memory_seq_rm(llama_get_memory(ctx), seq, -1, -1);
         rc = kvedge_llamacpp_prefill(ctx, seq, req->ctx, req->n, 0);
         st.prefill_us = s_since(t0);
@@ -564,7 +567,7 @@ int kvedge_llamacpp_import(struct llama_context *ctx, int32_t seq,
         if (rc != KVEDGE_OK)
             s_why(why, why_len, "llama.cpp's prefill of the context failed");
     }
-    if (rc != KVEDGE_OK && sv.buf)
+    if (rc != KVEDGE_OK && touched)
         s_restore(ctx, seq, &sv);
     free(blob);
     free(v);

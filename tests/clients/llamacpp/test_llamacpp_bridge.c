@@ -8,7 +8,8 @@
  *  - export to the node, import into a fresh context: llama.cpp decodes a prompt on top with the
  *    logits and greedy tokens of llama.cpp recomputing context + prompt (F32 within 1e-4; F16
  *    cache: same tokens); int8 / int4 measured;
- *  - two sequences in one context: importing into seq 1 leaves seq 0 byte for byte;
+ *  - two sequences in one context (a stream each, or one unified stream): importing into seq 1
+ *    leaves seq 0 byte for byte;
  *  - a missed layer: llama.cpp prefills the context itself, or nothing is imported;
  *  - refusals that leave the context as it was: a mismatched model record (layers, rotary),
  *    a context longer than n_ctx, a layout that is not the context's (F16 into F32), a
@@ -318,7 +319,7 @@ static void test_kv_equals_decoder(void **state)
 /* Export from one llama.cpp context, import into another (seq 1, seq 0 holding something
  * else), decode on top: llama.cpp recomputing context + prompt's logits and tokens. */
 static void s_round_trip(const char *kind, enum ggml_type type, kvedge_scheme_t scheme, bool flash,
-                         double tol)
+                         bool unified, double tol)
 {
     s_model_t m;
     s_open(&m, kind);
@@ -336,8 +337,9 @@ static void s_round_trip(const char *kind, enum ggml_type type, kvedge_scheme_t 
     llama_free(cloud);
 
     kvedge_llamacpp_layout_t le;
-    struct llama_context *edge = s_ctx(&m, 256, 2, false, type, flash, &le);
-    assert_int_equal(le.n_stream, 2);
+    /* Two sequences: one stream each, or one unified stream holding both. */
+    struct llama_context *edge = s_ctx(&m, 256, 2, unified, type, flash, &le);
+    assert_int_equal(le.n_stream, unified ? 1 : 2);
     int32_t other[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     assert_int_equal(kvedge_llamacpp_prefill(edge, 0, other, 8, 0), KVEDGE_OK);
     size_t len0;
@@ -378,9 +380,9 @@ static void s_round_trip(const char *kind, enum ggml_type type, kvedge_scheme_t 
 static void test_round_trip_f32(void **state)
 {
     (void)state;
-    s_round_trip("llama", GGML_TYPE_F32, KVEDGE_SCHEME_LOSSLESS, false, 1e-4);
-    s_round_trip("llama3", GGML_TYPE_F32, KVEDGE_SCHEME_LOSSLESS, true, 1e-4);
-    s_round_trip("qwen2", GGML_TYPE_F32, KVEDGE_SCHEME_LOSSLESS, false, 1e-4);
+    s_round_trip("llama", GGML_TYPE_F32, KVEDGE_SCHEME_LOSSLESS, false, false, 1e-4);
+    s_round_trip("llama3", GGML_TYPE_F32, KVEDGE_SCHEME_LOSSLESS, true, true, 1e-4);
+    s_round_trip("qwen2", GGML_TYPE_F32, KVEDGE_SCHEME_LOSSLESS, false, false, 1e-4);
 }
 
 static void test_round_trip_f16(void **state)
@@ -388,16 +390,16 @@ static void test_round_trip_f16(void **state)
     (void)state;
     /* The F16 cache rounds what it stores either way: the imported context is the cloud's F16
      * cache read back, so the logits agree to F16's rounding of the same values. */
-    s_round_trip("llama", GGML_TYPE_F16, KVEDGE_SCHEME_LOSSLESS, false, 1e-3);
-    s_round_trip("qwen2", GGML_TYPE_F16, KVEDGE_SCHEME_LOSSLESS, true, 1e-3);
+    s_round_trip("llama", GGML_TYPE_F16, KVEDGE_SCHEME_LOSSLESS, false, true, 1e-3);
+    s_round_trip("qwen2", GGML_TYPE_F16, KVEDGE_SCHEME_LOSSLESS, true, false, 1e-3);
 }
 
 static void test_round_trip_quantized(void **state)
 {
     (void)state;
     /* Measured, not bounded here (the eval's bounds are for trained models). */
-    s_round_trip("llama", GGML_TYPE_F32, KVEDGE_SCHEME_INT8, false, 0);
-    s_round_trip("llama", GGML_TYPE_F32, KVEDGE_SCHEME_INT4, false, 0);
+    s_round_trip("llama", GGML_TYPE_F32, KVEDGE_SCHEME_INT8, false, false, 0);
+    s_round_trip("llama", GGML_TYPE_F32, KVEDGE_SCHEME_INT4, false, false, 0);
 }
 
 /* A layer the node does not have: llama.cpp prefills the context (the tokens of recomputing),
