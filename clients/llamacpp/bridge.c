@@ -282,8 +282,8 @@ int kvedge_llamacpp_check(const kvedge_llamacpp_model_t *mi, const kvedge_model_
     }
     uint32_t f = kvedge_model_id_rope(m->id);
     if (f != mi->rope_fingerprint) {
-        s_why(why, why_len, "rotary settings: GGUF @rope-%08x, model record %s %s",
-              mi->rope_fingerprint, m->id, f ? "another" : "none");
+        s_why(why, why_len, "rotary settings: the GGUF's are @rope-%08x, model record %s %s",
+              mi->rope_fingerprint, m->id, f ? "names other ones" : "has none (learned positions)");
         return KVEDGE_ESHAPE;
     }
     return KVEDGE_OK;
