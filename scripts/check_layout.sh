@@ -3,7 +3,8 @@
 # down the graph (docs/architecture.md, "The tree"). Bottom-up:
 #   access/codec <- access <- runtime <- {store/node, store/master, proxy};
 #   access/codec <- store/engine <- {store/node, store/master};  monitor stands alone;
-#   access/codec <- gpu;  {access, gpu} <- clients/lib <- clients/e2e <- clients/lab <- clients/cli
+#   access/codec <- gpu;  {access, gpu} <- clients/lib <- clients/e2e <- clients/lab <- clients/cli;
+#   clients/e2e <- clients/llamacpp (the llama.cpp bridge) <- clients/cli
 # A source file outside a library's folder fails too. RocksDB headers only in store/engine/ and
 # store/master/; ZeroMQ never in the codec, the engine, gpu/ or monitor/.
 # Usage: check_layout.sh [--graph] [ROOT] (default: the repository); --graph prints the
@@ -27,6 +28,7 @@ module_of() {
     clients/lib/*) echo lib ;;
     clients/decoder/*) echo decoder ;;
     clients/e2e/*) echo e2e ;;
+    clients/llamacpp/*) echo llamacpp ;;
     clients/lab/*) echo lab ;;
     clients/cli/*) echo cli ;;
     *) echo other ;;
@@ -34,7 +36,7 @@ module_of() {
 }
 
 # Bottom-up: each library may include itself and the ones before it that it names.
-MODULES="codec access runtime monitor gpu engine node master proxy lib decoder e2e lab cli"
+MODULES="codec access runtime monitor gpu engine node master proxy lib decoder e2e llamacpp lab cli"
 allowed() {
     case "$1" in
     codec) echo "codec" ;;
@@ -49,6 +51,7 @@ allowed() {
     lib) echo "codec access gpu lib" ;;
     decoder) echo "codec gpu decoder" ;;
     e2e) echo "codec access runtime monitor gpu proxy lib decoder e2e" ;;
+    llamacpp) echo "codec access runtime monitor gpu proxy lib decoder e2e llamacpp" ;;
     lab) echo "codec access runtime monitor gpu proxy lib decoder e2e lab" ;;
     cli) echo "$MODULES" ;;
     *) echo "$MODULES other" ;;
@@ -60,7 +63,7 @@ folder_of() {
     case "$1" in
     codec) echo access/codec ;;
     engine | node | master) echo "store/$1" ;;
-    lib | decoder | e2e | lab | cli) echo "clients/$1" ;;
+    lib | decoder | e2e | llamacpp | lab | cli) echo "clients/$1" ;;
     *) echo "$1" ;;
     esac
 }
@@ -70,7 +73,7 @@ forbidden_system() {
     case "$1" in
     codec | gpu | monitor) echo 'rocksdb/|czmq\.h|zmq\.h' ;;
     engine) echo 'czmq\.h|zmq\.h' ;;
-    access | runtime | node | proxy | lib | decoder | e2e | lab) echo 'rocksdb/' ;;
+    access | runtime | node | proxy | lib | decoder | e2e | llamacpp | lab) echo 'rocksdb/' ;;
     *) echo '' ;;
     esac
 }

@@ -11,6 +11,7 @@
 #include "access/shaper.h"
 #include "clients/e2e/adapter.h"
 #include "clients/cli/cli.h"
+#include "clients/cli/cli_llamacpp.h"
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/tokenizer.h"
 #include "clients/e2e/e2e.h"
@@ -65,6 +66,10 @@ typedef struct {
     const char *file, *context, *context_ids;
     uint32_t tokens;       /* 0: as given */
     uint32_t chunk_tokens; /* 0: the default */
+    const char *engine;    /* --engine: reference or llama.cpp */
+    const char *gguf;      /* --gguf: the model for llama.cpp */
+    const char *llama_cache;
+    uint32_t threads;
 } s_common_opts_t;
 
 /* The table entries of s_common_opts_t, in an options struct T whose member c holds it. */
@@ -134,6 +139,33 @@ typedef struct {
          .help = "exactly N context tokens: a longer context is cut to its first N tokens, a "     \
                  "shorter one repeated from its start until it has N (a small file stands in "     \
                  "for a long context)"},                                                           \
+        {.name = "engine",                                                                         \
+         .arg = "E",                                                                               \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.engine),                                                            \
+         .def = "reference",                                                                       \
+         .help = "reference (kvedge's decoder, --weights) or llama.cpp (--gguf, through the "      \
+                 "llama.cpp bridge; docs/llamacpp.md)"},                                           \
+        {.name = "gguf",                                                                           \
+         .arg = "FILE",                                                                            \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.gguf),                                                              \
+         .help = "--engine llama.cpp: the model as a GGUF file (llama or qwen2; its vocabulary "   \
+                 "tokenizes --context, --file and --prompt)"},                                     \
+        {.name = "llama-cache",                                                                    \
+         .arg = "T",                                                                               \
+         .type = KVEDGE_CMDOPT_STR,                                                                \
+         KVEDGE_CMDOPT_AT(T, c.llama_cache),                                                       \
+         .def = "f16",                                                                             \
+         .help = "--engine llama.cpp: the KV cache's element type, f16 or f32"},                   \
+        {.name = "threads",                                                                        \
+         .arg = "N",                                                                               \
+         .type = KVEDGE_CMDOPT_UINT,                                                               \
+         KVEDGE_CMDOPT_AT(T, c.threads),                                                           \
+         .min = 1,                                                                                 \
+         .max = 1024,                                                                              \
+         .def_text = "the CPUs, at most 4",                                                        \
+         .help = "--engine llama.cpp: llama.cpp's threads"},                                       \
     {                                                                                              \
         .name = "chunk-tokens", .arg = "N", .type = KVEDGE_CMDOPT_UINT,                            \
         KVEDGE_CMDOPT_AT(T, c.chunk_tokens), .min = 1, .max = KVEDGE_BLOCK_MAX_TOKENS,             \
@@ -176,6 +208,62 @@ static void s_common_free(s_common_t *c)
     free(c->ctx);
     c->ctx = NULL;
 }
+
+/* --engine: 1 llama.cpp, 0 the reference decoder, -1 a refused combination (reported). */
+static int s_engine(const char *cmd, const s_common_opts_t *c)
+{
+    const bool llama = c->engine && strcmp(c->engine, "llama.cpp") == 0;
+    const char *why = NULL;
+    if (c->engine && !llama && strcmp(c->engine, "reference") != 0)
+        why = "--engine is reference or llama.cpp";
+    else if (!llama && (c->gguf || c->threads || (c->llama_cache && strcmp(c->llama_cache, "f16"))))
+        why = "--gguf, --llama-cache and --threads go with --engine llama.cpp";
+    else if (llama && (!c->gguf || c->weights || c->tokenizer))
+        why = "--engine llama.cpp takes the model as --gguf FILE (its own vocabulary "
+              "tokenizes), not --weights or --tokenizer";
+    else if (llama && !c->model_id)
+        why = "--engine llama.cpp needs --model-id ID (the rotary suffix is appended)";
+    else if (llama && strcmp(c->llama_cache, "f16") != 0 && strcmp(c->llama_cache, "f32") != 0)
+        why = "--llama-cache is f16 or f32 (the bridge does not write quantized caches)";
+    else if (llama && (!!c->file + !!c->context + !!c->context_ids) != 1)
+        why = "give the shared context once: --file, --context or --context-ids";
+    else if (llama && c->add_bos && strcmp(c->add_bos, "auto") != 0)
+        why = "--add-bos is for --engine reference (put the BOS id in --context-ids)";
+    if (why) {
+        kvedge_cli_error("%s: %s", cmd, why);
+        return -1;
+    }
+    return llama ? 1 : 0;
+}
+
+/* The llama.cpp engine's arguments from the shared options. */
+static void s_llamacpp_args(const char *cmd, const s_common_opts_t *c,
+                            kvedge_cli_llamacpp_args_t *a)
+{
+    memset(a, 0, sizeof *a);
+    a->cmd = cmd;
+    a->gguf = c->gguf;
+    a->model_id = c->model_id;
+    a->file = c->file;
+    a->context = c->context;
+    a->context_ids = c->context_ids;
+    a->special = c->special;
+    a->tokens = c->tokens;
+    a->chunk_tokens = c->chunk_tokens;
+    a->cache = c->llama_cache;
+    a->threads = c->threads;
+}
+
+#ifndef KVEDGE_HAVE_LLAMACPP
+/* Without the bridge, --engine llama.cpp is refused, saying how to get it. */
+static int s_no_llamacpp(const char *cmd)
+{
+    kvedge_cli_error("%s: --engine llama.cpp: this kvedge was built without llama.cpp (configure "
+                     "with -DKVEDGE_LLAMACPP=DIR, a llama.cpp install; docs/llamacpp.md)",
+                     cmd);
+    return KVEDGE_EXIT_USAGE;
+}
+#endif
 
 /* Comma-separated token ids, each below vocab; at most max of them. Returns an exit code. */
 static int s_parse_ids(const char *cmd, const char *flag, const char *s, uint32_t vocab,
@@ -1065,9 +1153,45 @@ static void s_prefill_text(const kvedge_cli_t *cli, const s_prefill_t *r, bool m
            st->encode_us / 1e3, st->put_us / 1e3);
 }
 
+/* `prefill --engine llama.cpp`. Returns an exit code. */
+static int s_prefill_llamacpp(kvedge_cli_t *cli, const s_prefill_opts_t *o)
+{
+    if (o->layers || o->mapped_only || o->master) {
+        kvedge_cli_error("prefill: --layers and --mapped-only are for --engine reference");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (!cli->host) {
+        kvedge_cli_error("prefill: needs -H NODE: the store node to put the context's K/V to");
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_cli_llamacpp_args_t a;
+    s_llamacpp_args("prefill", &o->c, &a);
+    kvedge_e2e_quant_default(&a.quant);
+    if (kvedge_scheme_parse(o->scheme, &a.quant.scheme) != KVEDGE_OK ||
+        kvedge_dtype_parse(o->dtype, &a.quant.dtype) != KVEDGE_OK ||
+        (a.quant.dtype != KVEDGE_DTYPE_FP16 && a.quant.dtype != KVEDGE_DTYPE_FP32)) {
+        kvedge_cli_error("prefill: bad --scheme '%s' or --dtype '%s' (int8, int4 or lossless; "
+                         "fp16 or fp32)",
+                         o->scheme, o->dtype);
+        return KVEDGE_EXIT_USAGE;
+    }
+    a.quant.group_size = (uint16_t)o->group;
+    a.quant.keep_channels = (uint16_t)o->keep_channels;
+    a.quant.pin = o->pin;
+    a.quant.ttl_s = o->ttl_s;
+#ifdef KVEDGE_HAVE_LLAMACPP
+    return kvedge_cli_llamacpp_prefill(cli, &a);
+#else
+    return s_no_llamacpp("prefill");
+#endif
+}
+
 static int s_prefill(kvedge_cli_t *cli, const void *opts)
 {
     const s_prefill_opts_t *o = opts;
+    int engine = s_engine("prefill", &o->c);
+    if (engine)
+        return engine < 0 ? KVEDGE_EXIT_USAGE : s_prefill_llamacpp(cli, o);
     s_prefill_t *r = calloc(1, sizeof *r);
     if (!r) {
         kvedge_cli_error("prefill: out of memory");
@@ -1676,9 +1800,43 @@ static void s_decode_text(const kvedge_cli_t *cli, const s_decode_opts_t *o, con
         s_decode_compare(o, r);
 }
 
+/* `decode --engine llama.cpp`. Returns an exit code. */
+static int s_decode_llamacpp(kvedge_cli_t *cli, const s_decode_opts_t *o)
+{
+    if (o->plan_recompute || o->compare || o->adapter || o->accept || o->budget ||
+        o->penalty != 1.0) {
+        kvedge_cli_error("decode: --plan-recompute, --compare, --adapter, --accept, --budget and "
+                         "--repetition-penalty are for --engine reference");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (!cli->host) {
+        kvedge_cli_error("decode: needs -H PROXY: the edge proxy (or a store node) to fetch the "
+                         "context's K/V from");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (!o->prompt == !o->prompt_ids) {
+        kvedge_cli_error("decode: give the prompt once: --prompt TEXT or --prompt-ids LIST");
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_cli_llamacpp_args_t a;
+    s_llamacpp_args("decode", &o->c, &a);
+    a.prompt = o->prompt;
+    a.prompt_ids = o->prompt_ids;
+    a.max_new = o->max_new;
+    a.quiet = o->quiet;
+#ifdef KVEDGE_HAVE_LLAMACPP
+    return kvedge_cli_llamacpp_decode(cli, &a);
+#else
+    return s_no_llamacpp("decode");
+#endif
+}
+
 static int s_decode(kvedge_cli_t *cli, const void *opts)
 {
     const s_decode_opts_t *o = opts;
+    int engine = s_engine("decode", &o->c);
+    if (engine)
+        return engine < 0 ? KVEDGE_EXIT_USAGE : s_decode_llamacpp(cli, o);
     s_decode_t r = {0};
     int ex = s_decode_check(cli, o, &r);
     if (!ex)

@@ -136,6 +136,12 @@ int kvedge_decoder_rope_apply(const kvedge_decoder_rope_t *r, uint32_t head_dim,
  * prefilled must not be decoded with the other (clients/e2e/e2e.h, kvedge_e2e_model). */
 uint32_t kvedge_decoder_rope_fingerprint(const kvedge_decoder_t *self);
 
+/* The same fingerprint from rotary settings alone: what kvedge_decoder_rope_fingerprint gives
+ * for a loaded model with settings r and this head_dim (the hash of kvedge_decoder_rope_freqs);
+ * 0 when r is not rotary or not usable. Lets an engine without the decoder (the llama.cpp
+ * bridge, clients/llamacpp/bridge.h) name a context as the decoder does. */
+uint32_t kvedge_decoder_rope_fingerprint_of(const kvedge_decoder_rope_t *r, uint32_t head_dim);
+
 /* Floats in one layer of K (or V) for tokens tokens: kv_heads * tokens * head_dim. K is stored
  * as attention reads it: for rotary models after the rotation (Hugging Face's rotate-half
  * layout, unscaled), so a fetched layer is used as it is and a recomputed one is identical. */

@@ -4,6 +4,7 @@
  * cloud model's rotation off its K and put the edge model's on. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "clients/decoder/decoder.h"
 #include "access/codec/error.h"
@@ -64,6 +65,24 @@ int kvedge_decoder_rope_freqs(const kvedge_decoder_rope_t *r, uint32_t head_dim,
         inv_freq[i] = (float)f;
     }
     return KVEDGE_OK;
+}
+
+uint32_t kvedge_decoder_rope_fingerprint_of(const kvedge_decoder_rope_t *r, uint32_t head_dim)
+{
+    float inv_freq[KVEDGE_DECODER_ROPE_HEAD_DIM_MAX / 2];
+    if (!r || !r->rotary || kvedge_decoder_rope_freqs(r, head_dim, inv_freq) != KVEDGE_OK)
+        return 0;
+    /* FNV-1a over the frequencies' bytes, as kvedge_decoder_rope_fingerprint. */
+    uint32_t h = 2166136261u;
+    for (uint32_t i = 0; i < head_dim / 2; i++) {
+        uint32_t bits;
+        memcpy(&bits, &inv_freq[i], sizeof bits);
+        for (int b = 0; b < 4; b++) {
+            h ^= (bits >> (8 * b)) & 0xFFu;
+            h *= 16777619u;
+        }
+    }
+    return h ? h : 1;
 }
 
 int kvedge_decoder_rope_apply(const kvedge_decoder_rope_t *r, uint32_t head_dim, float *x,

@@ -243,9 +243,15 @@ static bool s_layer_put(const kvedge_e2e_quant_t *q, uint32_t l)
     return !q->layers || kvedge_prune_set_has(q->layers, l);
 }
 
+/* The shape prefill encodes: a decoder's, or a model record's (kvedge_e2e_prefill_model_kv). */
+typedef struct {
+    uint32_t layers, kvh, head_dim;
+    bool rotary; /* K in rotate-half pairs (ThinK keeps channels j and j + head_dim / 2) */
+} s_shape_t;
+
 /* Encodes every (chunk, head) of layer l into arena and describes them in items. */
 typedef struct {
-    const kvedge_decoder_t *d;
+    const s_shape_t *sh;
     const kvedge_model_t *m;
     const kvedge_e2e_quant_t *q;
     const kvedge_chunk_id_t *ids;
@@ -260,8 +266,8 @@ typedef struct {
 
 static int s_encode_layer(s_enc_t *e, uint32_t l, kvedge_e2e_prefill_stats_t *st)
 {
-    const kvedge_decoder_config_t *c = kvedge_decoder_config(e->d);
-    const uint32_t kvh = kvedge_decoder_kv_heads(e->d);
+    const s_shape_t *c = e->sh;
+    const uint32_t kvh = c->kvh;
     const kvedge_e2e_quant_t *q = e->q;
     size_t used = 0, item = 0;
     uint8_t mask[KVEDGE_BLOCK_MAX_HEAD_DIM / 8];
@@ -284,7 +290,7 @@ static int s_encode_layer(s_enc_t *e, uint32_t l, kvedge_e2e_prefill_stats_t *st
                 /* A rotary model's K channels j and j + head_dim/2 turn together: ThinK keeps
                  * or drops them as pairs. */
                 int rc =
-                    kvedge_decoder_rope_fingerprint(e->d)
+                    c->rotary
                         ? kvedge_synth_key_mask_pairs(kf, t, c->head_dim, q->keep_channels, mask)
                         : kvedge_synth_key_mask(kf, t, c->head_dim, q->keep_channels, mask);
                 if (rc != KVEDGE_OK)
@@ -339,13 +345,20 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
 {
     kvedge_e2e_prefill_stats_t st;
     memset(&st, 0, sizeof st);
-    if (!cloud || !d || !m || !ctx || n == 0 || !q || !ids || kvedge_decoder_config(d)->layers == 0)
+    if (!cloud || (!d && !k_in) || !m || !ctx || n == 0 || !q || !ids ||
+        (d && kvedge_decoder_config(d)->layers == 0))
         return KVEDGE_EINVAL;
-    int rc = s_model_check(d, m);
+    /* Without a decoder the record is the shape (the K/V came from another engine). */
+    int rc = d ? s_model_check(d, m) : kvedge_model_check(m);
     if (rc != KVEDGE_OK)
         return rc;
-    const kvedge_decoder_config_t *c = kvedge_decoder_config(d);
-    const uint32_t kvh = kvedge_decoder_kv_heads(d);
+    s_shape_t shape = {m->layers, m->kv_heads, m->head_dim, kvedge_model_id_rope(m->id) != 0};
+    if (d)
+        shape = (s_shape_t){kvedge_decoder_config(d)->layers, kvedge_decoder_kv_heads(d),
+                            kvedge_decoder_config(d)->head_dim,
+                            kvedge_decoder_rope_fingerprint(d) != 0};
+    const s_shape_t *c = &shape;
+    const uint32_t kvh = c->kvh;
     rc = s_quant_check(q, c->head_dim);
     if (rc != KVEDGE_OK)
         return rc;
@@ -362,8 +375,8 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
         return rc;
     st.n_chunks = n_chunks;
 
-    const size_t kvf = kvedge_decoder_kv_floats(d, n);
-    s_enc_t e = {.d = d, .m = m, .q = q, .ids = ids, .n_chunks = n_chunks, .n = n, .ct = ct};
+    const size_t kvf = (size_t)kvh * n * c->head_dim;
+    s_enc_t e = {.sh = c, .m = m, .q = q, .ids = ids, .n_chunks = n_chunks, .n = n, .ct = ct};
     float *k = k_in ? NULL : malloc((size_t)c->layers * kvf * sizeof(float));
     float *v = k_in ? NULL : malloc((size_t)c->layers * kvf * sizeof(float));
     size_t src_bytes = (size_t)ct * c->head_dim * kvedge_dtype_size(q->dtype);
@@ -450,6 +463,16 @@ int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const 
                        kvedge_e2e_prefill_stats_t *stats)
 {
     return s_prefill(cloud, d, m, ctx, n, chunk_tokens, q, NULL, NULL, ids, max, stats);
+}
+
+int kvedge_e2e_prefill_model_kv(kvedge_client_t *cloud, const kvedge_model_t *m, const int32_t *ctx,
+                                uint32_t n, uint32_t chunk_tokens, const kvedge_e2e_quant_t *q,
+                                const float *k, const float *v, kvedge_chunk_id_t *ids, size_t max,
+                                kvedge_e2e_prefill_stats_t *stats)
+{
+    if (!k || !v)
+        return KVEDGE_EINVAL;
+    return s_prefill(cloud, NULL, m, ctx, n, chunk_tokens, q, k, v, ids, max, stats);
 }
 
 int kvedge_e2e_prefill_kv(kvedge_client_t *cloud, const kvedge_decoder_t *d,

@@ -172,6 +172,17 @@ int kvedge_e2e_prefill_kv(kvedge_client_t *cloud, const kvedge_decoder_t *d,
                           const float *v, kvedge_chunk_id_t *ids, size_t max,
                           kvedge_e2e_prefill_stats_t *stats);
 
+/* kvedge_e2e_prefill_kv for K/V computed by another engine (the llama.cpp bridge,
+ * clients/llamacpp/bridge.h): no decoder, the model record m is the shape (layers, kv_heads,
+ * head_dim; a rotary model is one whose id carries a rotary suffix, whose K channels ThinK
+ * keeps in rotate-half pairs). k and v: [layers][kv_heads][n][head_dim] floats, K post-rotary
+ * in Hugging Face's layout. Errors: those of kvedge_e2e_prefill_kv; KVEDGE_EINVAL for an
+ * invalid record (kvedge_model_check). */
+int kvedge_e2e_prefill_model_kv(kvedge_client_t *cloud, const kvedge_model_t *m, const int32_t *ctx,
+                                uint32_t n, uint32_t chunk_tokens, const kvedge_e2e_quant_t *q,
+                                const float *k, const float *v, kvedge_chunk_id_t *ids, size_t max,
+                                kvedge_e2e_prefill_stats_t *stats);
+
 /* The emulated cloud model service of the cloud-only baseline: holds the context's K/V (its
  * prefix cache) and serves one request at a time behind an emulated link. */
 typedef struct kvedge_e2e_cloud_t kvedge_e2e_cloud_t;

@@ -17,8 +17,20 @@ here=$(cd "$(dirname "$0")" && pwd)
 dest=$(cd "$dest" && pwd)
 bins=$dest/bins/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
 stamp=$dest/bins/installed
+# An install-shaped view of the same files for the llama.cpp bridge (clients/llamacpp/, built
+# at test time by tests/clients/llamacpp/build_bridge.sh): prefix/include (llama.h, the ggml
+# headers), prefix/lib (links to every library and backend, with libllama.so / libggml.so).
+make_prefix() {
+    rm -rf "$dest/prefix"
+    mkdir -p "$dest/prefix/include" "$dest/prefix/lib"
+    cp "$dest/include/include/llama.h" "$dest"/include/ggml/include/*.h "$dest/prefix/include/"
+    for f in "$bins"/*.so; do ln -s "$f" "$dest/prefix/lib/$(basename "$f")"; done
+    ln -s libllama.v0.5.0.so "$dest/prefix/lib/libllama.so"
+    ln -s libggml.v0.5.0.so "$dest/prefix/lib/libggml.so"
+}
 want="$(cksum <"$here/llamacpp/package-lock.json") $(cksum <"$here/llama_logits.c")"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$dest/llama_logits" ]; then
+    make_prefix
     echo "fetch_llamacpp: $dest/llama_logits over $bins"
     exit 0
 fi
@@ -55,6 +67,7 @@ git -C "$dest/llama.cpp.git" archive release include ggml/include | tar -x -C "$
 cc -std=gnu11 -O1 -Wall -Werror -I"$dest/include/include" -I"$dest/include/ggml/include" \
     -o "$dest/llama_logits" "$here/llama_logits.c" -L"$bins" -l:libllama.v0.5.0.so \
     -l:libggml.v0.5.0.so -l:libggml-base.so -Wl,-rpath,"$bins"
+make_prefix
 echo "$want" >"$stamp"
 echo "fetch_llamacpp: llama.cpp $built ($(git -C "$dest/llama.cpp.git" rev-parse --short release)):" \
     "$dest/llama_logits"

@@ -1,0 +1,515 @@
+/* `kvedge prefill / decode --engine llama.cpp` (cli_llamacpp.h): the GGUF loaded by llama.cpp,
+ * the context's K/V exported from or imported into its sequence 0 by the bridge. */
+#define _GNU_SOURCE
+#include "clients/cli/cli_llamacpp.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ggml-backend.h>
+
+#include "access/codec/error.h"
+#include "clients/lib/kvedge.h"
+#include "clients/llamacpp/bridge.h"
+
+/* Most bytes of a --file read, and most tokens of a context or a prompt. */
+#define S_FILE_MAX_BYTES (64u << 20)
+#define S_TOKENS_MAX     (1u << 20)
+/* llama.cpp's threads when --threads is not given: the online CPUs, at most this many (more
+ * threads than cores spin against each other: 100x slower on a loaded 2-core machine). */
+#define S_THREADS_MAX_DEFAULT 4
+
+static double s_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void s_quiet(enum ggml_log_level level, const char *text, void *arg)
+{
+    (void)arg;
+    if (level == GGML_LOG_LEVEL_ERROR)
+        fprintf(stderr, "llama.cpp: %s", text);
+}
+
+/* What one command holds: the model, its context, the tokens. */
+typedef struct {
+    const kvedge_cli_llamacpp_args_t *a;
+    struct llama_model *model;
+    struct llama_context *ctx;
+    kvedge_llamacpp_model_t mi;
+    kvedge_llamacpp_layout_t layout;
+    kvedge_model_t rec;
+    int32_t *ctx_ids, *prompt;
+    uint32_t n, n_prompt, vocab;
+} s_run_t;
+
+static void s_run_free(s_run_t *r)
+{
+    if (r->ctx)
+        llama_free(r->ctx);
+    if (r->model)
+        llama_model_free(r->model);
+    free(r->prompt);
+    free(r->ctx_ids);
+}
+
+/* llama.cpp's CPU backends, from the folder libllama was loaded from (where a llama.cpp
+ * install and the prebuilt packages keep them) and GGML_BACKEND_PATH. */
+static void s_backends(void)
+{
+    static bool loaded;
+    if (loaded)
+        return;
+    loaded = true;
+    llama_log_set(s_quiet, NULL);
+    Dl_info info;
+    char dir[PATH_MAX];
+    if (dladdr((void *)llama_backend_init, &info) && info.dli_fname &&
+        strlen(info.dli_fname) < sizeof dir) {
+        snprintf(dir, sizeof dir, "%s", info.dli_fname);
+        char *slash = strrchr(dir, '/');
+        if (slash) {
+            *slash = '\0';
+            ggml_backend_load_all_from_path(dir);
+        }
+    }
+    if (ggml_backend_dev_count() == 0)
+        ggml_backend_load_all();
+    llama_backend_init();
+}
+
+/* Text to ids with the GGUF's own vocabulary. Returns an exit code. */
+static int s_tokenize(const s_run_t *r, const char *flag, const char *text, size_t len,
+                      int32_t **out, uint32_t *n)
+{
+    const struct llama_vocab *v = llama_model_get_vocab(r->model);
+    if (len > INT32_MAX / 2) {
+        kvedge_cli_error("%s: %s is too long", r->a->cmd, flag);
+        return KVEDGE_EXIT_USAGE;
+    }
+    int32_t cap = (int32_t)len + 2;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    int32_t got =
+        ids ? llama_tokenize(v, text, (int32_t)len, ids, cap, false, r->a->special) : INT32_MIN;
+    if (got < 0) {
+        free(ids);
+        kvedge_cli_error("%s: %s cannot be tokenized with the GGUF's vocabulary", r->a->cmd, flag);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    *out = ids;
+    *n = (uint32_t)got;
+    return KVEDGE_EXIT_OK;
+}
+
+/* Comma-separated ids below the vocabulary. Returns an exit code. */
+static int s_ids(const s_run_t *r, const char *flag, const char *s, int32_t **out, uint32_t *n)
+{
+    size_t k = 1;
+    for (const char *p = s; *p; p++)
+        k += *p == ',';
+    if (k > S_TOKENS_MAX) {
+        kvedge_cli_error("%s: %s has over %u ids", r->a->cmd, flag, S_TOKENS_MAX);
+        return KVEDGE_EXIT_USAGE;
+    }
+    int32_t *ids = malloc(k * sizeof *ids);
+    if (!ids)
+        return KVEDGE_EXIT_FAILURE;
+    const char *p = s;
+    for (size_t i = 0; i < k; i++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char num[16] = "";
+        uint64_t val;
+        if (len < sizeof num)
+            memcpy(num, p, len);
+        if (!num[0] || kvedge_cli_parse_u64(num, 0, r->vocab - 1, &val) != 0) {
+            kvedge_cli_error("%s: %s wants token ids 0..%u separated by commas, got '%.*s'",
+                             r->a->cmd, flag, r->vocab - 1, (int)len, p);
+            free(ids);
+            return KVEDGE_EXIT_USAGE;
+        }
+        ids[i] = (int32_t)val;
+        p = e ? e + 1 : p + len;
+    }
+    *out = ids;
+    *n = (uint32_t)k;
+    return KVEDGE_EXIT_OK;
+}
+
+/* The context's ids: --context-ids, --context or --file, cut or repeated to --tokens. */
+static int s_context(s_run_t *r)
+{
+    const kvedge_cli_llamacpp_args_t *a = r->a;
+    int ex;
+    if (a->context_ids) {
+        ex = s_ids(r, "--context-ids", a->context_ids, &r->ctx_ids, &r->n);
+    } else if (a->context) {
+        ex = s_tokenize(r, "--context", a->context, strlen(a->context), &r->ctx_ids, &r->n);
+    } else {
+        FILE *f = fopen(a->file, "rb");
+        char *buf = f ? malloc(S_FILE_MAX_BYTES + 1) : NULL;
+        size_t len = buf ? fread(buf, 1, S_FILE_MAX_BYTES, f) : 0;
+        bool bad = !f || !buf || ferror(f);
+        if (f)
+            fclose(f);
+        if (bad) {
+            free(buf);
+            kvedge_cli_error("%s: cannot read the context file %s", a->cmd, a->file);
+            return KVEDGE_EXIT_FAILURE;
+        }
+        ex = s_tokenize(r, "--file", buf, len, &r->ctx_ids, &r->n);
+        free(buf);
+    }
+    if (!ex && r->n == 0) {
+        kvedge_cli_error("%s: the context is empty", a->cmd);
+        ex = KVEDGE_EXIT_USAGE;
+    }
+    if (!ex && a->tokens && a->tokens != r->n) {
+        int32_t *fit = realloc(r->ctx_ids, (size_t)a->tokens * sizeof *fit);
+        if (!fit)
+            return KVEDGE_EXIT_FAILURE;
+        for (uint32_t i = r->n; i < a->tokens; i++)
+            fit[i] = fit[i % r->n];
+        r->ctx_ids = fit;
+        r->n = a->tokens;
+    }
+    return ex;
+}
+
+/* Loads the GGUF, reads its shape and rotary settings, makes the model record and the
+ * context's ids. Returns an exit code. */
+static int s_load(s_run_t *r)
+{
+    const kvedge_cli_llamacpp_args_t *a = r->a;
+    char why[KVEDGE_LLAMACPP_WHY_BYTES] = "";
+    s_backends();
+    if (kvedge_llamacpp_version_check(why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("%s: %s", a->cmd, why);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    r->model = llama_model_load_from_file(a->gguf, mp);
+    if (!r->model) {
+        kvedge_cli_error("%s: llama.cpp cannot load %s", a->cmd, a->gguf);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    r->vocab = (uint32_t)llama_vocab_n_tokens(llama_model_get_vocab(r->model));
+    int rc = kvedge_llamacpp_model_info(r->model, a->gguf, NULL, &r->mi, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("%s: %s", a->cmd, why);
+        return rc == KVEDGE_EIO ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
+    }
+    rc = kvedge_llamacpp_record(&r->mi, a->model_id, &r->rec);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("%s: --model-id %s does not fit %s: %s", a->cmd, a->model_id, a->gguf,
+                         kvedge_strerror(rc));
+        return KVEDGE_EXIT_USAGE;
+    }
+    return s_context(r);
+}
+
+/* A llama.cpp context for n_cells positions with --llama-cache's type, V transposed (flash
+ * attention off: stated, so the bridge knows the layout). Returns an exit code. */
+static int s_make_ctx(s_run_t *r, uint32_t n_cells)
+{
+    const kvedge_cli_llamacpp_args_t *a = r->a;
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = n_cells;
+    cp.n_batch = cp.n_ubatch = n_cells < 512 ? n_cells : 512;
+    cp.n_seq_max = 1;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int32_t threads = cpus < 1                       ? 1
+                      : cpus > S_THREADS_MAX_DEFAULT ? S_THREADS_MAX_DEFAULT
+                                                     : (int32_t)cpus;
+    cp.n_threads = cp.n_threads_batch = a->threads ? (int32_t)a->threads : threads;
+    cp.type_k = cp.type_v = strcmp(a->cache, "f32") == 0 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    char why[KVEDGE_LLAMACPP_WHY_BYTES] = "";
+    if (kvedge_llamacpp_layout(&r->mi, &cp, &r->layout, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("%s: %s", a->cmd, why);
+        return KVEDGE_EXIT_USAGE;
+    }
+    r->ctx = llama_init_from_model(r->model, cp);
+    if (!r->ctx) {
+        kvedge_cli_error("%s: llama.cpp cannot make a context of %u positions", a->cmd, n_cells);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+/* An error of the store as an exit code (3 the model unknown, 5 unreachable, else 1). */
+static int s_store_exit(int rc)
+{
+    if (rc == KVEDGE_ENOMODEL)
+        return KVEDGE_EXIT_NOTFOUND;
+    if (rc == KVEDGE_ETIMEDOUT || rc == KVEDGE_ECLOSED)
+        return KVEDGE_EXIT_UNAVAILABLE;
+    return KVEDGE_EXIT_FAILURE;
+}
+
+/* ---------------------------------------------------------------- prefill */
+
+static void s_prefill_print(const kvedge_cli_t *cli, const s_run_t *r, const kvedge_chunk_id_t *ids,
+                            double prefill_ms, const kvedge_llamacpp_export_stats_t *st)
+{
+    const kvedge_e2e_prefill_stats_t *p = &st->put;
+    char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
+    if (cli->json) {
+        printf("{\"engine\":\"llama.cpp\",\"node\":");
+        kvedge_cli_json_str(stdout, cli->host);
+        printf(",\"model\":");
+        kvedge_cli_json_str(stdout, r->rec.id);
+        printf(",\"tokens\":%u,\"chunks\":[", r->n);
+        for (size_t i = 0; i < p->n_chunks; i++)
+            printf("%s\"%s\"", i ? "," : "", kvedge_chunk_id_hex(&ids[i], hex));
+        printf("],\"scheme\":\"%s\",\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,"
+               "\"prefill_ms\":%.3f,\"read_ms\":%.3f,\"encode_ms\":%.3f,\"put_ms\":%.3f}\n",
+               kvedge_scheme_name(r->a->quant.scheme), (unsigned long long)p->blocks,
+               (unsigned long long)p->bytes, (unsigned long long)p->fp16_bytes, prefill_ms,
+               st->read_us / 1e3, p->encode_us / 1e3, p->put_us / 1e3);
+        return;
+    }
+    printf("prefilled %u context tokens of %s with llama.cpp (%s, %u layers, %u KV heads of %u, "
+           "%s cache) on %s\n",
+           r->n, r->rec.id, r->mi.arch, r->mi.layers, r->mi.kv_heads, r->mi.head_dim,
+           r->layout.type == KVEDGE_LLAMACPP_F32 ? "F32" : "F16", cli->host);
+    printf("chunks: %zu, first %s\n", p->n_chunks,
+           p->n_chunks ? kvedge_chunk_id_hex(&ids[0], hex) : "-");
+    printf("blocks: %llu (%s), %s stored for %s fp16\n", (unsigned long long)p->blocks,
+           kvedge_scheme_name(r->a->quant.scheme), kvedge_cli_bytes(p->bytes, b1, sizeof b1),
+           kvedge_cli_bytes(p->fp16_bytes, b2, sizeof b2));
+    printf("time: llama.cpp prefill %.1f ms, state read %.1f ms, encode %.1f ms, put %.1f ms\n",
+           prefill_ms, st->read_us / 1e3, p->encode_us / 1e3, p->put_us / 1e3);
+}
+
+int kvedge_cli_llamacpp_prefill(kvedge_cli_t *cli, const kvedge_cli_llamacpp_args_t *a)
+{
+    s_run_t r = {.a = a};
+    int ex = s_load(&r);
+    if (!ex)
+        ex = s_make_ctx(&r, r.n);
+    double t0 = s_now_ms(), prefill_ms = 0;
+    if (!ex && kvedge_llamacpp_prefill(r.ctx, 0, r.ctx_ids, r.n, 0) != KVEDGE_OK) {
+        kvedge_cli_error("prefill: llama.cpp's prefill of the context failed");
+        ex = KVEDGE_EXIT_FAILURE;
+    }
+    prefill_ms = s_now_ms() - t0;
+    kvedge_client_t *node = NULL;
+    if (!ex)
+        ex = kvedge_cli_connect(cli, "kvedge prefill", &node);
+    const uint32_t ct = a->chunk_tokens ? a->chunk_tokens : KVEDGE_E2E_CHUNK_TOKENS_DEFAULT;
+    size_t max = ((size_t)r.n + ct - 1) / ct;
+    kvedge_chunk_id_t *ids = ex ? NULL : calloc(max, sizeof *ids);
+    kvedge_llamacpp_export_stats_t st;
+    memset(&st, 0, sizeof st);
+    if (!ex) {
+        char why[KVEDGE_LLAMACPP_WHY_BYTES] = "";
+        int rc =
+            ids ? kvedge_llamacpp_export(r.ctx, 0, &r.mi, &r.layout, node, &r.rec, r.ctx_ids, r.n,
+                                         a->chunk_tokens, &a->quant, ids, max, &st, why, sizeof why)
+                : KVEDGE_ENOMEM;
+        if (rc != KVEDGE_OK) {
+            kvedge_cli_error("prefill: %s%s%s", why, why[0] ? ": " : "", kvedge_strerror(rc));
+            ex = rc == KVEDGE_EINVAL || rc == KVEDGE_ESHAPE ? KVEDGE_EXIT_USAGE : s_store_exit(rc);
+        }
+    }
+    /* The plain id too, with no blocks (as the reference engine's prefill): a decode by a model
+     * of other rotary settings then learns the context is there for another model. */
+    if (!ex && strcmp(r.rec.id, a->model_id) != 0) {
+        kvedge_model_t plain = r.rec;
+        snprintf(plain.id, sizeof plain.id, "%s", a->model_id);
+        int rc = kvedge_client_put_model(node, &plain);
+        if (rc != KVEDGE_OK && rc != KVEDGE_ESHAPE)
+            ex = s_store_exit(rc);
+    }
+    if (!ex)
+        s_prefill_print(cli, &r, ids, prefill_ms, &st);
+    free(ids);
+    kvedge_client_destroy(&node);
+    s_run_free(&r);
+    return ex;
+}
+
+/* ---------------------------------------------------------------- decode */
+
+/* Greedy: the pick of the prompt's last logits, then one token at a time. */
+static int s_generate(s_run_t *r, int32_t *gen, double *ttft_ms, double t0)
+{
+    const uint32_t pos = r->n + r->n_prompt;
+    *ttft_ms = 0;
+    struct llama_batch b = llama_batch_init(1, 0, 1);
+    for (uint32_t g = 0; g < r->a->max_new; g++) {
+        gen[g] = kvedge_decoder_argmax(llama_get_logits_ith(r->ctx, -1), r->vocab);
+        if (g == 0)
+            *ttft_ms = s_now_ms() - t0;
+        if (g + 1 == r->a->max_new)
+            break;
+        b.token[0] = gen[g];
+        b.pos[0] = (int32_t)(pos + g);
+        b.n_seq_id[0] = 1;
+        b.seq_id[0][0] = 0;
+        b.logits[0] = 1;
+        b.n_tokens = 1;
+        if (llama_decode(r->ctx, b) != 0) {
+            llama_batch_free(b);
+            kvedge_cli_error("decode: llama.cpp's decode failed at token %u", g + 1);
+            return KVEDGE_EXIT_FAILURE;
+        }
+    }
+    llama_batch_free(b);
+    return KVEDGE_EXIT_OK;
+}
+
+static void s_decode_print(const kvedge_cli_t *cli, const s_run_t *r, const int32_t *gen,
+                           const kvedge_llamacpp_import_stats_t *st, double ttft_ms,
+                           double total_ms)
+{
+    const struct llama_vocab *v = llama_model_get_vocab(r->model);
+    char *text = calloc((size_t)r->a->max_new * 64 + 1, 1);
+    size_t at = 0;
+    for (uint32_t i = 0; text && i < r->a->max_new; i++) {
+        int32_t k = llama_token_to_piece(v, gen[i], text + at, 63, 0, true);
+        at += k > 0 ? (size_t)k : 0;
+    }
+    if (cli->json) {
+        printf("{\"engine\":\"llama.cpp\",\"proxy\":");
+        kvedge_cli_json_str(stdout, cli->host);
+        printf(",\"model\":");
+        kvedge_cli_json_str(stdout, r->rec.id);
+        printf(",\"context_tokens\":%u,\"prompt_tokens\":%u,\"layers\":%u,\"fetched\":%u,"
+               "\"missed\":%u,\"prefilled\":%s,\"fetch_ms\":%.3f,\"convert_ms\":%.3f,"
+               "\"load_ms\":%.3f,\"prefill_ms\":%.3f,\"state_bytes\":%llu,\"ttft_ms\":%.3f,"
+               "\"total_ms\":%.3f,\"tokens\":[",
+               r->n, r->n_prompt, r->mi.layers, st->fetched, st->missed,
+               st->prefilled ? "true" : "false", st->fetch_us / 1e3, st->convert_us / 1e3,
+               st->load_us / 1e3, st->prefill_us / 1e3, (unsigned long long)st->state_bytes,
+               ttft_ms, total_ms);
+        for (uint32_t i = 0; i < r->a->max_new; i++)
+            printf("%s%d", i ? "," : "", gen[i]);
+        printf("],\"text\":");
+        kvedge_e2e_json_text(stdout, text ? text : "", at);
+        printf("}\n");
+    } else {
+        if (!r->a->quiet) {
+            printf("llama.cpp decode of %s over %u context tokens from %s: %u of %u layers "
+                   "fetched%s\n",
+                   r->rec.id, r->n, cli->host, st->fetched, r->mi.layers,
+                   st->prefilled ? ", a layer missed: llama.cpp prefilled the context" : "");
+            printf("time: fetch %.1f ms, convert %.1f ms, load %.1f ms, prefill %.1f ms; TTFT "
+                   "%.1f ms, total %.1f ms\n",
+                   st->fetch_us / 1e3, st->convert_us / 1e3, st->load_us / 1e3,
+                   st->prefill_us / 1e3, ttft_ms, total_ms);
+        }
+        printf("tokens:");
+        for (uint32_t i = 0; i < r->a->max_new; i++)
+            printf(" %d", gen[i]);
+        printf("\ntext: %.*s\n", (int)at, text ? text : "");
+    }
+    free(text);
+}
+
+/* Against a store node (a proxy answers for layers only): the record the store holds under
+ * the id must be the GGUF's (kvedge_llamacpp_check), and a context stored under the plain id
+ * but not under this one was prefilled with other rotary settings. Returns an exit code. */
+static int s_known(const kvedge_cli_t *cli, kvedge_client_t *c, const s_run_t *r)
+{
+    const kvedge_node_info_t *peer = kvedge_client_node(c);
+    if (!peer || peer->role == KVEDGE_ROLE_PROXY)
+        return KVEDGE_EXIT_OK;
+    kvedge_model_t known;
+    char why[KVEDGE_LLAMACPP_WHY_BYTES] = "";
+    int rc = kvedge_client_get_model(c, r->rec.id, &known);
+    if (rc == KVEDGE_OK && kvedge_llamacpp_check(&r->mi, &known, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("decode: %s does not match the model the store holds: %s", r->a->gguf,
+                         why);
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (rc == KVEDGE_ENOMODEL && strcmp(r->rec.id, r->a->model_id) != 0 &&
+        kvedge_client_get_model(c, r->a->model_id, &known) == KVEDGE_OK) {
+        kvedge_cli_error("decode: the context of model '%s' on %s was prefilled by a model with "
+                         "other rotary settings than %s (this one's K is stored as '%s')",
+                         r->a->model_id, cli->host, r->a->gguf, r->rec.id);
+        return KVEDGE_EXIT_USAGE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+/* Imports the context into sequence 0 (llama.cpp prefills it when a layer missed) and decodes
+ * the prompt on top. Returns an exit code. */
+static int s_import_prompt(kvedge_cli_t *cli, s_run_t *r, kvedge_llamacpp_import_stats_t *st)
+{
+    kvedge_client_t *proxy = NULL;
+    int ex = kvedge_cli_connect(cli, "kvedge decode", &proxy);
+    if (!ex)
+        ex = s_known(cli, proxy, r);
+    if (ex) {
+        kvedge_client_destroy(&proxy);
+        return ex;
+    }
+    kvedge_llamacpp_import_t req;
+    kvedge_llamacpp_import_default(&req);
+    req.proxy = proxy;
+    req.model = &r->rec;
+    req.ctx = r->ctx_ids;
+    req.n = r->n;
+    req.chunk_tokens = r->a->chunk_tokens;
+    req.deadline_ms = cli->deadline_ms > 0 ? cli->deadline_ms : 0;
+    char why[KVEDGE_LLAMACPP_WHY_BYTES] = "";
+    int rc = kvedge_llamacpp_import(r->ctx, 0, &r->mi, &r->layout, &req, st, why, sizeof why);
+    kvedge_client_destroy(&proxy);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("decode: %s%s%s", why, why[0] ? ": " : "", kvedge_strerror(rc));
+        return rc == KVEDGE_ESHAPE || rc == KVEDGE_ETOOBIG ? KVEDGE_EXIT_USAGE : s_store_exit(rc);
+    }
+    if (kvedge_llamacpp_prefill(r->ctx, 0, r->prompt, r->n_prompt, (int32_t)r->n) != KVEDGE_OK) {
+        kvedge_cli_error("decode: llama.cpp's decode of the prompt failed");
+        return KVEDGE_EXIT_FAILURE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+int kvedge_cli_llamacpp_decode(kvedge_cli_t *cli, const kvedge_cli_llamacpp_args_t *a)
+{
+    s_run_t r = {.a = a};
+    int ex = s_load(&r);
+    if (!ex && a->prompt_ids)
+        ex = s_ids(&r, "--prompt-ids", a->prompt_ids, &r.prompt, &r.n_prompt);
+    else if (!ex)
+        ex = s_tokenize(&r, "--prompt", a->prompt, strlen(a->prompt), &r.prompt, &r.n_prompt);
+    if (!ex && r.n_prompt == 0) {
+        kvedge_cli_error("decode: the prompt is empty");
+        ex = KVEDGE_EXIT_USAGE;
+    }
+    uint64_t cells = (uint64_t)r.n + r.n_prompt + a->max_new;
+    if (!ex && cells > S_TOKENS_MAX) {
+        kvedge_cli_error("decode: context, prompt and --max-new make over %u positions",
+                         S_TOKENS_MAX);
+        ex = KVEDGE_EXIT_USAGE;
+    }
+    if (!ex)
+        ex = s_make_ctx(&r, (uint32_t)cells);
+    int32_t *gen = ex ? NULL : calloc(a->max_new, sizeof *gen);
+    if (!ex && !gen)
+        ex = KVEDGE_EXIT_FAILURE;
+    kvedge_llamacpp_import_stats_t st;
+    memset(&st, 0, sizeof st);
+    double t0 = s_now_ms(), ttft = 0;
+    if (!ex)
+        ex = s_import_prompt(cli, &r, &st);
+    if (!ex)
+        ex = s_generate(&r, gen, &ttft, t0);
+    if (!ex)
+        s_decode_print(cli, &r, gen, &st, ttft, s_now_ms() - t0);
+    free(gen);
+    s_run_free(&r);
+    return ex;
+}
