@@ -157,8 +157,8 @@ static int s_head(s_rd_t *r, kvedge_llamacpp_state_info_t *o, uint32_t *after)
         return KVEDGE_ECORRUPT;
     if (magic != KVEDGE_LLAMACPP_STATE_MAGIC)
         return KVEDGE_EVERSION;
-    if (!s_get(r, &o->seq, 4) || !s_get(r, &n_stream, 4))
-        return KVEDGE_ECORRUPT;
+    if (!s_get(r, &o->seq, 4) || !s_get(r, &n_stream, 4) || o->seq < 0)
+        return KVEDGE_ECORRUPT; /* llama.cpp's sequence ids are never negative */
     if (n_stream == 0 || n_stream > KVEDGE_LLAMACPP_MAX_STREAMS)
         return KVEDGE_ECORRUPT;
     o->n_stream = n_stream;
@@ -184,9 +184,11 @@ static int s_head(s_rd_t *r, kvedge_llamacpp_state_info_t *o, uint32_t *after)
                 return KVEDGE_EVERSION;
             if (!s_get(r, &id, 4))
                 return KVEDGE_ECORRUPT;
+            if (pos < 0)
+                return KVEDGE_ECORRUPT; /* a cached position is never negative */
             if (i == 0)
                 o->pos0 = pos;
-            else if (pos != o->pos0 + (int32_t)i)
+            else if ((int64_t)pos != (int64_t)o->pos0 + i)
                 o->contiguous = false;
         }
         uint32_t v_trans;

@@ -86,8 +86,9 @@ typedef struct {
 
 /* Parses the header and cell list of a state blob (len bytes at buf), bounded by len:
  * KVEDGE_EVERSION (not the pinned layout: wrong magic, a cell with several sequences or with
- * per-cell extras the codec does not know), KVEDGE_ECORRUPT (truncated, more than one stream
- * holding cells, counts over the bounds), KVEDGE_EINVAL (NULL). */
+ * per-cell extras the codec does not know), KVEDGE_ECORRUPT (truncated, a negative sequence id
+ * or position, more than one stream holding cells, counts over the bounds), KVEDGE_EINVAL
+ * (NULL). */
 int kvedge_llamacpp_state_info(const uint8_t *buf, size_t len, kvedge_llamacpp_state_info_t *out);
 
 /* Reads a state blob of layout l back into k and v ([layers][kv_heads][cells][head_dim]

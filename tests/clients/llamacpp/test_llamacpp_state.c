@@ -189,6 +189,24 @@ static void test_refusals(void **state)
     /* More cells than the caller has room for. */
     assert_int_equal(kvedge_llamacpp_state_read(&l, blob, len, k2, v2, n - 1, &got, &pos0),
                      KVEDGE_ENOSPACE);
+    /* A negative sequence id or position (the fuzzer's find: the header read them, the writer
+     * refused them back); a last position past INT32_MAX is not contiguous, not an overflow. */
+    int32_t neg = -30702, saved;
+    memcpy(&saved, blob + 4, 4);
+    memcpy(blob + 4, &neg, 4);
+    assert_int_equal(kvedge_llamacpp_state_read(&l, blob, len, k2, v2, n, &got, &pos0),
+                     KVEDGE_ECORRUPT);
+    memcpy(blob + 4, &saved, 4);
+    memcpy(&saved, blob + 16, 4);
+    memcpy(blob + 16, &neg, 4);
+    assert_int_equal(kvedge_llamacpp_state_read(&l, blob, len, k2, v2, n, &got, &pos0),
+                     KVEDGE_ECORRUPT);
+    int32_t top = INT32_MAX;
+    memcpy(blob + 16, &top, 4);
+    assert_int_equal(kvedge_llamacpp_state_read(&l, blob, len, k2, v2, n, &got, &pos0),
+                     KVEDGE_ESHAPE);
+    memcpy(blob + 16, &saved, 4);
+    assert_int_equal(kvedge_llamacpp_state_read(&l, blob, len, k2, v2, n, &got, &pos0), 0);
     /* Positions with a gap. */
     int32_t p9 = 9;
     memcpy(blob + 16 + 12, &p9, 4);
