@@ -439,24 +439,7 @@ def make_llama(torch, nn, c, vocab):
 def save_llama(torch, m, d, c, vocab, meta):
     """A Hugging Face folder: model.safetensors (F16 matrices, F32 norms), config.json
     (LlamaForCausalLM), tokenizer.json (the pair's shared one), training.json."""
-    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, p in m.state_dict().items():
-        t = p.detach().contiguous()
-        if t.dim() == 2:
-            b, dt = t.to(torch.float16).numpy().astype("<f2").tobytes(), "F16"
-        else:
-            b, dt = t.to(torch.float32).numpy().astype("<f4").tobytes(), "F32"
-        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    path = os.path.join(d, "model.safetensors")
-    with open(path + ".tmp", "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for b in blobs:
-            f.write(b)
-    os.replace(path + ".tmp", path)
+    write_weights(torch, m, os.path.join(d, "model.safetensors"), {"format": "pt"}, "")
     cfg = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": c["hidden"], "intermediate_size": c["ffn"],
@@ -481,15 +464,22 @@ def save_model(torch, m, path, meta):
     # What the C loader and Hugging Face read: the head count is not in the tensor shapes.
     md.update(format="pt", num_attention_heads=str(meta["heads"]), do_layer_norm_before="true",
               activation_function="relu")
-    header, blobs, off = {"__metadata__": md}, [], 0
+    write_weights(torch, m, path, md, "model.decoder.")
+
+
+def write_weights(torch, m, path, metadata, prefix):
+    """safetensors by hand: u64 LE header length, JSON header (metadata, then each tensor of m's
+    state dict under prefix + its name), tensors back to back; matrices F16, vectors F32.
+    Written to a temporary file, renamed."""
+    header, blobs, off = {"__metadata__": metadata}, [], 0
     for name, p in m.state_dict().items():
         t = p.detach().contiguous()
         if t.dim() == 2:
             b, dt = t.to(torch.float16).numpy().astype("<f2").tobytes(), "F16"
         else:
             b, dt = t.to(torch.float32).numpy().astype("<f4").tobytes(), "F32"
-        header["model.decoder." + name] = {"dtype": dt, "shape": list(t.shape),
-                                           "data_offsets": [off, off + len(b)]}
+        header[prefix + name] = {"dtype": dt, "shape": list(t.shape),
+                                 "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     h = json.dumps(header, separators=(",", ":")).encode()
