@@ -10,8 +10,11 @@
 #  - the project's trained cloud model (models/kjv/llama/cloud) on a 256-token held-out context:
 #    llama.cpp over its own exported context, the reference decoder over it, llama.cpp over the
 #    reference decoder's, all with the greedy tokens of each engine alone;
+#  - prefill --layers: a context stored without one layer, which llama.cpp then prefills whole
+#    (the same tokens);
 #  - refusals: a GGUF of other rotary settings than the stored context's, --engine llama.cpp
-#    without --gguf or --model-id, --weights with it, a quantized --llama-cache.
+#    without --gguf or --model-id, --weights with it, a bad --layers, --mapped-only, a
+#    quantized --llama-cache.
 # Usage: test_cli_llamacpp.sh BUILD_DIR KVEDGE KVEDGE_LLAMACPP TARGET PYTHON3: KVEDGE the
 # reference command, KVEDGE_LLAMACPP the command with --engine llama.cpp (the same binary when
 # the build has -DKVEDGE_LLAMACPP), TARGET its CMake target, built here once the fixture has
@@ -177,6 +180,21 @@ PY
 grep -q ': 6 of 6 layers fetched$' "$tmp/kd3.out" || fail "kjv: not every layer of the reference's context fetched"
 [ "$(tokens "$tmp/kd3.out")" = "$want_kjv" ] || fail "kjv: llama.cpp over the reference decoder's context: other tokens"
 
+step "a context stored without layer 3: llama.cpp prefills it whole"
+"$kl" -H "$ep" --json prefill --engine llama.cpp --gguf "$tmp/kjv.gguf" --model-id kjvp \
+    --context-ids "$kctx" --chunk-tokens 64 --layers 0,1,2,4,5 --llama-cache f32 >"$tmp/kp4.json"
+"$py" - "$tmp/kp4.json" <<'PY' || fail "kjv --layers: not 5 layers stored"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["layers_put"] == 5 and r["blocks"] == 4 * 5 * 2, r
+PY
+"$kl" -H "$ep" decode --engine llama.cpp --gguf "$tmp/kjv.gguf" --model-id kjvp "${kjv[@]}" \
+    --llama-cache f32 >"$tmp/kd4.out"
+cat "$tmp/kd4.out"
+grep -q ': 5 of 6 layers fetched' "$tmp/kd4.out" || fail "kjv --layers: not 5 of 6 layers fetched"
+grep -q 'llama.cpp prefilled the context' "$tmp/kd4.out" || fail "kjv --layers: no prefill said"
+[ "$(tokens "$tmp/kd4.out")" = "$want_kjv" ] || fail "kjv --layers: not the tokens of llama.cpp alone"
+
 step "refusals"
 set +e
 "$kl" -H "$ep" decode --engine llama.cpp --gguf "$tmp/llama.gguf" --model-id tq "${common[@]}" \
@@ -203,6 +221,10 @@ expect_usage "takes the model as --gguf" "$kl" -H "$ep" decode --engine llama.cp
     "$tmp/llama.gguf" --weights "$tmp/llama" --model-id x "${common[@]}" --prompt-ids 1
 expect_usage "needs --model-id" "$kl" -H "$ep" prefill --engine llama.cpp --gguf \
     "$tmp/llama.gguf" "${common[@]}"
+expect_usage "bad value '9' for --layers" "$kl" -H "$ep" prefill --engine llama.cpp --gguf \
+    "$tmp/llama.gguf" --model-id x --layers 9 "${common[@]}"
+expect_usage "mapped-only is for --engine reference" "$kl" -H "$ep" prefill --engine llama.cpp \
+    --gguf "$tmp/llama.gguf" --model-id x --mapped-only "${common[@]}"
 expect_usage "f16 or f32" "$kl" -H "$ep" prefill --engine llama.cpp --gguf "$tmp/llama.gguf" \
     --model-id x --llama-cache q8_0 "${common[@]}"
 expect_usage "go with --engine llama.cpp" "$kv" -H "$ep" prefill --weights "$tmp/llama" \
