@@ -14,11 +14,12 @@
  *  - refusals that leave the context as it was: a mismatched model record (layers, rotary),
  *    a context longer than n_ctx, a layout that is not the context's (F16 into F32), a
  *    quantized cache or AUTO flash attention, a sequence that is not the context to export;
- *  - the project's trained cloud model (models/kjv/llama/cloud) on a 256-token held-out
- *    context: lossless fp32 gives llama.cpp's own logits (1e-4) and greedy tokens, int8 and
- *    int4-g32 stay within the eval's max |dlogit| for the model (0.033, 0.71).
+ *  - the project's trained pair (models/kjv/llama) on a 256-token held-out context: lossless
+ *    fp32 gives llama.cpp's own logits (1e-4) and greedy tokens (both models), lossless fp16
+ *    into an F16 cache too (1e-3, cloud); int8 and int4-g32 stay within the eval's max |dlogit|
+ *    for the cloud model (0.033, 0.71), measured for the edge model.
  * Usage: test_llamacpp_bridge LIB_DIR WORK_DIR (WORK_DIR/{llama,llama3,qwen2}{,.gguf},
- * WORK_DIR/kjv-cloud.gguf and WORK_DIR/kjv-ids.txt: the held-out ids, <s> first). */
+ * WORK_DIR/kjv-{cloud,edge}.gguf and WORK_DIR/kjv-ids.txt: the held-out ids, <s> first). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -560,7 +561,7 @@ static void test_refusals(void **state)
 
 /* ------------------------------------------------ the trained pair on held-out text */
 
-/* The project's trained cloud model (models/kjv/llama/cloud, converted to WORK/kjv-cloud.gguf,
+/* The project's trained pair (models/kjv/llama/{cloud,edge}, converted to WORK/kjv-SIZE.gguf,
  * F32) over a real held-out context: the first S_KJV_CTX ids of the held-out fixture (<s>
  * first, Genesis 8) stored in chunks of S_KJV_CHUNK, the next S_KJV_PROMPT ids decoded on top
  * with the logits of every position (the eval's context 256 / continuation 128), then S_KJV_GEN
@@ -572,15 +573,17 @@ static void test_refusals(void **state)
 #define S_KJV_POS    (S_KJV_PROMPT + S_KJV_GEN)
 
 typedef struct {
+    const char *size; /* "cloud" or "edge" */
     struct llama_model *model;
     kvedge_llamacpp_model_t mi;
     uint32_t vocab;
     int32_t ids[S_KJV_CTX + S_KJV_PROMPT];
 } s_kjv_t;
 
-static void s_kjv_open(s_kjv_t *k)
+static void s_kjv_open(s_kjv_t *k, const char *size, uint32_t layers, uint32_t kv_heads)
 {
     memset(k, 0, sizeof *k);
+    k->size = size;
     char path[512];
     snprintf(path, sizeof path, "%s/kjv-ids.txt", s_g.work);
     FILE *f = fopen(path, "r");
@@ -589,7 +592,7 @@ static void s_kjv_open(s_kjv_t *k)
     for (int i = 0; i < S_KJV_CTX + S_KJV_PROMPT; i++)
         assert_int_equal(fscanf(f, "%d", &k->ids[i]), 1);
     fclose(f);
-    snprintf(path, sizeof path, "%s/kjv-cloud.gguf", s_g.work);
+    snprintf(path, sizeof path, "%s/kjv-%s.gguf", s_g.work, size);
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
     k->model = llama_model_load_from_file(path, mp);
@@ -597,9 +600,9 @@ static void s_kjv_open(s_kjv_t *k)
         fail_msg("%s: llama.cpp cannot load it", path);
     char why[KVEDGE_LLAMACPP_WHY_BYTES];
     if (kvedge_llamacpp_model_info(k->model, path, NULL, &k->mi, why, sizeof why) != KVEDGE_OK)
-        fail_msg("kjv-cloud: %s", why);
-    assert_int_equal(k->mi.layers, 6);
-    assert_int_equal(k->mi.kv_heads, 2);
+        fail_msg("kjv-%s: %s", size, why);
+    assert_int_equal(k->mi.layers, layers);
+    assert_int_equal(k->mi.kv_heads, kv_heads);
     assert_int_equal(k->mi.head_dim, 32);
     k->vocab = (uint32_t)llama_vocab_n_tokens(llama_model_get_vocab(k->model));
 }
@@ -671,19 +674,29 @@ static double s_margin(const float *l, uint32_t n)
     return (double)a - b;
 }
 
-/* Stores the context as llama.cpp prefilled it (F32 cache) in scheme q, imports it into a fresh
- * context and decodes on top; against llama.cpp recomputing context + prompt. bound: the max
- * |dlogit| allowed at every position whose history is the same in both runs (every prompt
- * position, and the greedy steps up to the first token that differs). */
-static void s_kjv_run(s_kjv_t *k, const char *name, const kvedge_e2e_quant_t *q, double bound,
-                      const float *want, const int32_t *g_want)
+/* What llama.cpp gives recomputing context + prompt itself with a cache of type. */
+static void s_kjv_want(s_kjv_t *k, enum ggml_type type, float *want, int32_t *g_want)
+{
+    struct llama_context *c = s_kjv_ctx(k, type, NULL);
+    assert_int_equal(kvedge_llamacpp_prefill(c, 0, k->ids, S_KJV_CTX, 0), KVEDGE_OK);
+    s_kjv_decode(c, k, want, g_want);
+    llama_free(c);
+}
+
+/* Stores the context as llama.cpp prefilled it (a cache of type) in scheme q, imports it into a
+ * fresh context of the same cache type and decodes on top; against llama.cpp recomputing
+ * context + prompt (want, g_want). bound: the max |dlogit| asserted at every position whose
+ * history is the same in both runs (every prompt position, and the greedy steps up to the first
+ * token that differs); 0: measured only. Lossless: the greedy tokens must be equal too. */
+static void s_kjv_run(s_kjv_t *k, const char *name, const kvedge_e2e_quant_t *q,
+                      enum ggml_type type, double bound, const float *want, const int32_t *g_want)
 {
     kvedge_llamacpp_layout_t l;
-    struct llama_context *cloud = s_kjv_ctx(k, GGML_TYPE_F32, &l);
+    struct llama_context *cloud = s_kjv_ctx(k, type, &l);
     assert_int_equal(kvedge_llamacpp_prefill(cloud, 0, k->ids, S_KJV_CTX, 0), KVEDGE_OK);
     kvedge_model_t rec;
     char id[64];
-    snprintf(id, sizeof id, "kjv-llama-cloud-%s", name);
+    snprintf(id, sizeof id, "kjv-llama-%s-%s-%d", k->size, name, (int)type);
     assert_int_equal(kvedge_llamacpp_record(&k->mi, id, &rec), KVEDGE_OK);
     kvedge_client_t *cl = s_client();
     kvedge_chunk_id_t ids[8];
@@ -697,7 +710,7 @@ static void s_kjv_run(s_kjv_t *k, const char *name, const kvedge_e2e_quant_t *q,
     kvedge_client_destroy(&cl);
     llama_free(cloud);
 
-    struct llama_context *edge = s_kjv_ctx(k, GGML_TYPE_F32, &l);
+    struct llama_context *edge = s_kjv_ctx(k, type, &l);
     cl = s_client();
     kvedge_llamacpp_import_t req;
     kvedge_llamacpp_import_default(&req);
@@ -737,15 +750,19 @@ static void s_kjv_run(s_kjv_t *k, const char *name, const kvedge_e2e_quant_t *q,
             close += bound > 0 && s_margin(b, k->vocab) < 2 * bound;
         }
     }
-    print_message("kjv-llama-cloud, %s, F32 cache, %d-token held-out context: max |dlogit| %.3g "
+    char bs[32] = "measured only";
+    if (bound > 0)
+        snprintf(bs, sizeof bs, "bound %.3g", bound);
+    print_message("kjv-llama-%s, %s, %s cache, %d-token held-out context: max |dlogit| %.3g "
                   "over the %d prompt positions, %.3g over those and the greedy steps with the "
-                  "same history (bound %.3g); arg-max agreement %d/%d (%d positions with a top-2 "
+                  "same history (%s); arg-max agreement %d/%d (%d positions with a top-2 "
                   "margin under 2 x bound); greedy %d/%d tokens equal; state %llu bytes, fetch "
                   "%.0f us, convert %.0f us, load %.0f us\n",
-                  name, S_KJV_CTX, d_prompt, S_KJV_PROMPT, d_all, bound, agree, S_KJV_PROMPT, close,
-                  same, S_KJV_GEN, (unsigned long long)st.state_bytes, st.fetch_us, st.convert_us,
-                  st.load_us);
-    assert_true(d_all <= bound);
+                  k->size, name, type == GGML_TYPE_F32 ? "F32" : "F16", S_KJV_CTX, d_prompt,
+                  S_KJV_PROMPT, d_all, bs, agree, S_KJV_PROMPT, close, same, S_KJV_GEN,
+                  (unsigned long long)st.state_bytes, st.fetch_us, st.convert_us, st.load_us);
+    if (bound > 0)
+        assert_true(d_all <= bound);
     if (q->scheme == KVEDGE_SCHEME_LOSSLESS)
         assert_int_equal(same, S_KJV_GEN);
     free(got);
@@ -755,29 +772,51 @@ static void test_trained_pair(void **state)
 {
     (void)state;
     s_kjv_t k;
-    s_kjv_open(&k);
-    float *want = malloc((size_t)S_KJV_POS * k.vocab * sizeof(float));
-    assert_non_null(want);
+    float *want = NULL;
     int32_t g_want[S_KJV_GEN];
-    struct llama_context *c = s_kjv_ctx(&k, GGML_TYPE_F32, NULL);
-    assert_int_equal(kvedge_llamacpp_prefill(c, 0, k.ids, S_KJV_CTX, 0), KVEDGE_OK);
-    s_kjv_decode(c, &k, want, g_want);
-    llama_free(c);
-
     kvedge_e2e_quant_t q;
+
+    s_kjv_open(&k, "cloud", 6, 2);
+    want = malloc((size_t)S_KJV_POS * k.vocab * sizeof(float));
+    assert_non_null(want);
+    s_kjv_want(&k, GGML_TYPE_F32, want, g_want);
     kvedge_e2e_quant_default(&q);
     q.scheme = KVEDGE_SCHEME_LOSSLESS;
     q.dtype = KVEDGE_DTYPE_FP32;
     /* Lossless fp32 into an F32 cache: the state llama.cpp exported, read back. */
-    s_kjv_run(&k, "lossless", &q, 1e-4, want, g_want);
+    s_kjv_run(&k, "lossless", &q, GGML_TYPE_F32, 1e-4, want, g_want);
     /* int8 and int4-g32: the eval's max |dlogit| for this model and scheme over its 54 held-out
      * documents of context 256 / continuation 128 (docs/benchmarks.md, "The Llama-family pair";
      * the reference decoder and llama.cpp agree on this model to 1e-5). */
     q.scheme = KVEDGE_SCHEME_INT8;
-    s_kjv_run(&k, "int8", &q, 0.033, want, g_want);
+    s_kjv_run(&k, "int8", &q, GGML_TYPE_F32, 0.033, want, g_want);
     q.scheme = KVEDGE_SCHEME_INT4;
     q.group_size = 32;
-    s_kjv_run(&k, "int4-g32", &q, 0.71, want, g_want);
+    s_kjv_run(&k, "int4-g32", &q, GGML_TYPE_F32, 0.71, want, g_want);
+    /* An F16 cache, stored lossless fp16: its own values back, against an F16 recomputation. */
+    s_kjv_want(&k, GGML_TYPE_F16, want, g_want);
+    kvedge_e2e_quant_default(&q);
+    q.scheme = KVEDGE_SCHEME_LOSSLESS;
+    q.dtype = KVEDGE_DTYPE_FP16;
+    s_kjv_run(&k, "lossless-fp16", &q, GGML_TYPE_F16, 1e-3, want, g_want);
+    free(want);
+    llama_model_free(k.model);
+
+    /* The edge model: lossless asserted; the eval gives no max |dlogit| for it, so int8 and
+     * int4-g32 are measured only. */
+    s_kjv_open(&k, "edge", 4, 1);
+    want = malloc((size_t)S_KJV_POS * k.vocab * sizeof(float));
+    assert_non_null(want);
+    s_kjv_want(&k, GGML_TYPE_F32, want, g_want);
+    kvedge_e2e_quant_default(&q);
+    q.scheme = KVEDGE_SCHEME_LOSSLESS;
+    q.dtype = KVEDGE_DTYPE_FP32;
+    s_kjv_run(&k, "lossless", &q, GGML_TYPE_F32, 1e-4, want, g_want);
+    q.scheme = KVEDGE_SCHEME_INT8;
+    s_kjv_run(&k, "int8", &q, GGML_TYPE_F32, 0, want, g_want);
+    q.scheme = KVEDGE_SCHEME_INT4;
+    q.group_size = 32;
+    s_kjv_run(&k, "int4-g32", &q, GGML_TYPE_F32, 0, want, g_want);
     free(want);
     llama_model_free(k.model);
 }
