@@ -7,6 +7,10 @@
 #   SCHEME@LINK  llama.cpp's context exported as SCHEME (kvedge prefill --engine llama.cpp), then
 #              fetched through the proxy on LINK, converted and loaded into llama.cpp, which
 #              decodes the prompt: the import's fetch, conversion and load, and TTFT.
+#   partial@LINK  (PARTIAL=1) the first scheme's context stored without its middle layer
+#              (prefill --layers): the edge fetches the other layers, finds one missing, drops
+#              them and has llama.cpp prefill the whole context (docs/llamacpp.md, "What partial
+#              fetch means"); another context of the same length, so that the full one stays.
 # Each TTFT is from the start of the request (the model already loaded) to the first token: a
 # 16-token prompt, an F16 cache, THREADS llama.cpp threads (default 1: on a shared machine more
 # threads than idle cores spin against each other and TTFT varies tenfold); each kvedge run is
@@ -26,6 +30,7 @@ read -r -a schemes <<<"${5:-int8 int4}"
 read -r -a links <<<"${6:-100mbit,5ms 1gbit,1ms}"
 py=${PYTHON:-/usr/bin/python3}
 threads=${THREADS:-1}
+partial=${PARTIAL:-0}
 repeat=${REPEAT:-3}
 kv=$build/clients/kvedge
 kl=${KVEDGE_LLAMACPP:-$build/clients/kvedge-llamacpp}
@@ -116,5 +121,28 @@ for n in "${sizes[@]}"; do
                 "$ttft" "$(echo "$base / $ttft" | bc -l)" "$fetch" "$conv" "$load" \
                 "$(echo "$bytes / 1048576" | bc -l)"
         done
+    done
+    [ "$partial" = 1 ] || continue
+    # The first scheme, another context of n tokens stored without the middle layer.
+    layers=$(field "$tmp/base.json" layers)
+    keep=$(seq 0 $((layers - 1)) | grep -vx "$((layers / 2))" | paste -sd,)
+    ctx2=$("$py" -c 'import random, sys; r = random.Random(3); print(",".join(str(r.randrange(int(sys.argv[1]))) for _ in range(int(sys.argv[2]))))' "$vocab" "$n")
+    dec2=(decode --engine llama.cpp --gguf "$gguf" --context-ids "$ctx2" --prompt-ids "$prompt"
+        --max-new 1 --threads "$threads" --model-id "$id")
+    "$kl" -H "ipc://$tmp/node.sock" prefill --engine llama.cpp --gguf "$gguf" --model-id "$id" \
+        --context-ids "$ctx2" --scheme "${schemes[0]}" --threads "$threads" --layers "$keep" \
+        >/dev/null
+    for i in "${!links[@]}"; do
+        for r in $(seq "$repeat"); do
+            "$kl" -H "${proxies[$i]}" --json "${dec2[@]}" >"$tmp/run$r.json"
+        done
+        mid=$(for r in $(seq "$repeat"); do echo "$(field "$tmp/run$r.json" ttft_ms) $r"; done |
+            sort -n | sed -n "$(((repeat + 1) / 2))p" | cut -d' ' -f2)
+        read -r ttft fetch pre fetched missed <<<"$(field "$tmp/run$mid.json" ttft_ms fetch_ms \
+            prefill_ms fetched missed)"
+        [ "$missed" = 1 ] || { echo "not one layer missed: $(cat "$tmp/run$mid.json")" >&2; exit 1; }
+        printf '%-7s %-18s %10.1f %9.2f %10.1f %8s %8s %8s   (%s fetched, prefill %.1f ms)\n' \
+            "$n" "partial@${links[$i]}" "$ttft" "$(echo "$base / $ttft" | bc -l)" "$fetch" - - - \
+            "$fetched" "$pre"
     done
 done

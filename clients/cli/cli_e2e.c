@@ -1156,8 +1156,8 @@ static void s_prefill_text(const kvedge_cli_t *cli, const s_prefill_t *r, bool m
 /* `prefill --engine llama.cpp`. Returns an exit code. */
 static int s_prefill_llamacpp(kvedge_cli_t *cli, const s_prefill_opts_t *o)
 {
-    if (o->layers || o->mapped_only || o->master) {
-        kvedge_cli_error("prefill: --layers and --mapped-only are for --engine reference");
+    if (o->mapped_only || o->master) {
+        kvedge_cli_error("prefill: --mapped-only is for --engine reference");
         return KVEDGE_EXIT_USAGE;
     }
     if (!cli->host) {
@@ -1177,6 +1177,7 @@ static int s_prefill_llamacpp(kvedge_cli_t *cli, const s_prefill_opts_t *o)
     }
     a.quant.group_size = (uint16_t)o->group;
     a.quant.keep_channels = (uint16_t)o->keep_channels;
+    a.layers = o->layers;
     a.quant.pin = o->pin;
     a.quant.ttl_s = o->ttl_s;
 #ifdef KVEDGE_HAVE_LLAMACPP

@@ -259,7 +259,8 @@ static int s_store_exit(int rc)
 /* ---------------------------------------------------------------- prefill */
 
 static void s_prefill_print(const kvedge_cli_t *cli, const s_run_t *r, const kvedge_chunk_id_t *ids,
-                            double prefill_ms, const kvedge_llamacpp_export_stats_t *st)
+                            double prefill_ms, const kvedge_llamacpp_export_stats_t *st,
+                            const kvedge_prune_set_t *kept)
 {
     const kvedge_e2e_prefill_stats_t *p = &st->put;
     char hex[KVEDGE_CHUNK_ID_HEX_BYTES], b1[32], b2[32];
@@ -272,10 +273,11 @@ static void s_prefill_print(const kvedge_cli_t *cli, const s_run_t *r, const kve
         for (size_t i = 0; i < p->n_chunks; i++)
             printf("%s\"%s\"", i ? "," : "", kvedge_chunk_id_hex(&ids[i], hex));
         printf("],\"scheme\":\"%s\",\"blocks\":%llu,\"bytes\":%llu,\"fp16_bytes\":%llu,"
-               "\"prefill_ms\":%.3f,\"read_ms\":%.3f,\"encode_ms\":%.3f,\"put_ms\":%.3f}\n",
+               "\"layers_put\":%u,\"prefill_ms\":%.3f,\"read_ms\":%.3f,\"encode_ms\":%.3f,"
+               "\"put_ms\":%.3f}\n",
                kvedge_scheme_name(r->a->quant.scheme), (unsigned long long)p->blocks,
-               (unsigned long long)p->bytes, (unsigned long long)p->fp16_bytes, prefill_ms,
-               st->read_us / 1e3, p->encode_us / 1e3, p->put_us / 1e3);
+               (unsigned long long)p->bytes, (unsigned long long)p->fp16_bytes, p->layers_put,
+               prefill_ms, st->read_us / 1e3, p->encode_us / 1e3, p->put_us / 1e3);
         return;
     }
     printf("prefilled %u context tokens of %s with llama.cpp (%s, %u layers, %u KV heads of %u, "
@@ -287,14 +289,38 @@ static void s_prefill_print(const kvedge_cli_t *cli, const s_run_t *r, const kve
     printf("blocks: %llu (%s), %s stored for %s fp16\n", (unsigned long long)p->blocks,
            kvedge_scheme_name(r->a->quant.scheme), kvedge_cli_bytes(p->bytes, b1, sizeof b1),
            kvedge_cli_bytes(p->fp16_bytes, b2, sizeof b2));
+    if (kept) {
+        char list[256];
+        kvedge_prune_set_format(kept, list, sizeof list);
+        printf("layers: kept %s of %u (--layers), pruned %u\n", list, r->mi.layers,
+               r->mi.layers - p->layers_put);
+    }
     printf("time: llama.cpp prefill %.1f ms, state read %.1f ms, encode %.1f ms, put %.1f ms\n",
            prefill_ms, st->read_us / 1e3, p->encode_us / 1e3, p->put_us / 1e3);
+}
+
+/* --layers against the GGUF's layer count: q->layers points at keep. Returns an exit code. */
+static int s_prefill_layers(const s_run_t *r, kvedge_e2e_quant_t *q, kvedge_prune_set_t *keep)
+{
+    if (!r->a->layers)
+        return KVEDGE_EXIT_OK;
+    char why[KVEDGE_PRUNE_WHY_BYTES] = "";
+    if (kvedge_prune_parse(r->a->layers, r->mi.layers, keep, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("prefill: bad value '%s' for --layers: %s", r->a->layers, why);
+        return KVEDGE_EXIT_USAGE;
+    }
+    q->layers = keep;
+    return KVEDGE_EXIT_OK;
 }
 
 int kvedge_cli_llamacpp_prefill(kvedge_cli_t *cli, const kvedge_cli_llamacpp_args_t *a)
 {
     s_run_t r = {.a = a};
+    kvedge_e2e_quant_t q = a->quant;
+    kvedge_prune_set_t keep;
     int ex = s_load(&r);
+    if (!ex)
+        ex = s_prefill_layers(&r, &q, &keep);
     if (!ex)
         ex = s_make_ctx(&r, r.n);
     double t0 = s_now_ms(), prefill_ms = 0;
@@ -315,7 +341,7 @@ int kvedge_cli_llamacpp_prefill(kvedge_cli_t *cli, const kvedge_cli_llamacpp_arg
         char why[KVEDGE_LLAMACPP_WHY_BYTES] = "";
         int rc =
             ids ? kvedge_llamacpp_export(r.ctx, 0, &r.mi, &r.layout, node, &r.rec, r.ctx_ids, r.n,
-                                         a->chunk_tokens, &a->quant, ids, max, &st, why, sizeof why)
+                                         a->chunk_tokens, &q, ids, max, &st, why, sizeof why)
                 : KVEDGE_ENOMEM;
         if (rc != KVEDGE_OK) {
             kvedge_cli_error("prefill: %s%s%s", why, why[0] ? ": " : "", kvedge_strerror(rc));
@@ -332,7 +358,7 @@ int kvedge_cli_llamacpp_prefill(kvedge_cli_t *cli, const kvedge_cli_llamacpp_arg
             ex = s_store_exit(rc);
     }
     if (!ex)
-        s_prefill_print(cli, &r, ids, prefill_ms, &st);
+        s_prefill_print(cli, &r, ids, prefill_ms, &st, q.layers);
     free(ids);
     kvedge_client_destroy(&node);
     s_run_free(&r);

@@ -23,6 +23,7 @@ typedef struct {
     uint32_t threads;      /* --threads: llama.cpp's (0: the online CPUs, at most 4) */
     /* prefill */
     kvedge_e2e_quant_t quant;
+    const char *layers; /* --layers: put only these layers (NULL: all) */
     /* decode */
     const char *prompt, *prompt_ids;
     uint32_t max_new;

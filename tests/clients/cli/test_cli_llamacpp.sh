@@ -7,8 +7,14 @@
 #  - across engines: the reference decoder decodes the context llama.cpp exported, llama.cpp the
 #    one the reference decoder prefilled, both with the tokens of each engine alone;
 #  - a context nobody stored: llama.cpp prefills it (the same tokens);
+#  - the project's trained cloud model (models/kjv/llama/cloud) on a 256-token held-out context:
+#    llama.cpp over its own exported context, the reference decoder over it, llama.cpp over the
+#    reference decoder's, all with the greedy tokens of each engine alone;
+#  - prefill --layers: a context stored without one layer, which llama.cpp then prefills whole
+#    (the same tokens);
 #  - refusals: a GGUF of other rotary settings than the stored context's, --engine llama.cpp
-#    without --gguf or --model-id, --weights with it, a quantized --llama-cache.
+#    without --gguf or --model-id, --weights with it, a bad --layers, --mapped-only, a
+#    quantized --llama-cache.
 # Usage: test_cli_llamacpp.sh BUILD_DIR KVEDGE KVEDGE_LLAMACPP TARGET PYTHON3: KVEDGE the
 # reference command, KVEDGE_LLAMACPP the command with --engine llama.cpp (the same binary when
 # the build has -DKVEDGE_LLAMACPP), TARGET its CMake target, built here once the fixture has
@@ -61,11 +67,12 @@ done
 ctx=$("$py" -c 'import random; r = random.Random(1); print(",".join(str(r.randrange(100000)) for _ in range(40)))')
 prompt=$("$py" -c 'import random; r = random.Random(2); print(",".join(str(r.randrange(100000)) for _ in range(5)))')
 
-# What llama.cpp gives computing context + prompt itself: 8 greedy tokens.
+# What llama.cpp gives computing context + prompt itself: greedy tokens (8, or GEN).
+# alone GGUF [CTX PROMPT GEN]
 alone() {
     local ids
-    IFS=, read -r -a ids <<<"$ctx,$prompt"
-    "$llama/llama_logits" "$llama/prefix/lib" "$1" "$tmp/alone.bin" 8 "${ids[@]}"
+    IFS=, read -r -a ids <<<"${2:-$ctx},${3:-$prompt}"
+    "$llama/llama_logits" "$llama/prefix/lib" "$1" "$tmp/alone.bin" "${4:-8}" "${ids[@]}"
     "$py" - "$tmp/alone.bin" <<'PY'
 import sys
 import numpy as np
@@ -135,6 +142,59 @@ step "a context nobody stored: llama.cpp prefills it"
 grep -q 'llama.cpp prefilled the context' "$tmp/d5.out" || fail "no prefill said"
 [ "$(tokens "$tmp/d5.out")" = "$want_llama" ] || fail "prefilled: not the tokens of llama.cpp alone"
 
+step "the trained model on held-out text, across engines"
+# models/kjv/llama/cloud (6 layers, 2 KV heads of 32): a 256-token context of the held-out
+# fixture (<s> first) in chunks of 64, the next 16 ids as the prompt, 16 greedy tokens.
+models=$here/../../../models/kjv/llama
+"$py" "$tiny" gguf "$models/cloud" "$models/tokenizer.json" "$tmp/kjv.gguf"
+kjv_ids() { # FROM TO
+    "$py" -c 'import json, sys; print(",".join(str(i) for i in json.load(open(sys.argv[1]))["ids"][int(sys.argv[2]):int(sys.argv[3])]))' \
+        "$here/../../fixtures/tokenizer/kjv_llama_heldout.json" "$1" "$2"
+}
+kctx=$(kjv_ids 0 256)
+kprompt=$(kjv_ids 256 272)
+want_kjv=$(alone "$tmp/kjv.gguf" "$kctx" "$kprompt" 16)
+echo "llama.cpp alone: $want_kjv"
+kjv=(--context-ids "$kctx" --chunk-tokens 64 --prompt-ids "$kprompt" --max-new 16)
+"$kl" -H "$ep" prefill --engine llama.cpp --gguf "$tmp/kjv.gguf" --model-id kjv \
+    --context-ids "$kctx" --chunk-tokens 64 --scheme lossless --dtype fp32 --llama-cache f32 \
+    >"$tmp/kp1.out"
+"$kl" -H "$ep" decode --engine llama.cpp --gguf "$tmp/kjv.gguf" --model-id kjv "${kjv[@]}" \
+    --llama-cache f32 >"$tmp/kd1.out"
+grep -q ': 6 of 6 layers fetched$' "$tmp/kd1.out" || fail "kjv: not every layer fetched"
+[ "$(tokens "$tmp/kd1.out")" = "$want_kjv" ] || fail "kjv: llama.cpp over its exported context: not the tokens of llama.cpp alone"
+# The reference decoder over llama.cpp's context; --compare also runs it alone (edge-only).
+"$kv" -H "$ep" --json decode --weights "$models/cloud" --model-id kjv "${kjv[@]}" --compare \
+    >"$tmp/kd2.json"
+"$py" - "$tmp/kd2.json" "$want_kjv" <<'PY' || fail "kjv: the reference decoder over llama.cpp's context"
+import json, sys
+r = json.load(open(sys.argv[1]))
+want = [int(t) for t in sys.argv[2].split()]
+t = r["tokens"]
+assert t["kvedge"] == want and t["edge_only"] == want, (t, want)
+PY
+"$kv" -H "$ep" prefill --weights "$models/cloud" --model-id kjvr --context-ids "$kctx" \
+    --chunk-tokens 64 --scheme lossless --dtype fp32 >/dev/null
+"$kl" -H "$ep" decode --engine llama.cpp --gguf "$tmp/kjv.gguf" --model-id kjvr "${kjv[@]}" \
+    --llama-cache f32 >"$tmp/kd3.out"
+grep -q ': 6 of 6 layers fetched$' "$tmp/kd3.out" || fail "kjv: not every layer of the reference's context fetched"
+[ "$(tokens "$tmp/kd3.out")" = "$want_kjv" ] || fail "kjv: llama.cpp over the reference decoder's context: other tokens"
+
+step "a context stored without layer 3: llama.cpp prefills it whole"
+"$kl" -H "$ep" --json prefill --engine llama.cpp --gguf "$tmp/kjv.gguf" --model-id kjvp \
+    --context-ids "$kctx" --chunk-tokens 64 --layers 0,1,2,4,5 --llama-cache f32 >"$tmp/kp4.json"
+"$py" - "$tmp/kp4.json" <<'PY' || fail "kjv --layers: not 5 layers stored"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["layers_put"] == 5 and r["blocks"] == 4 * 5 * 2, r
+PY
+"$kl" -H "$ep" decode --engine llama.cpp --gguf "$tmp/kjv.gguf" --model-id kjvp "${kjv[@]}" \
+    --llama-cache f32 >"$tmp/kd4.out"
+cat "$tmp/kd4.out"
+grep -q ': 5 of 6 layers fetched' "$tmp/kd4.out" || fail "kjv --layers: not 5 of 6 layers fetched"
+grep -q 'llama.cpp prefilled the context' "$tmp/kd4.out" || fail "kjv --layers: no prefill said"
+[ "$(tokens "$tmp/kd4.out")" = "$want_kjv" ] || fail "kjv --layers: not the tokens of llama.cpp alone"
+
 step "refusals"
 set +e
 "$kl" -H "$ep" decode --engine llama.cpp --gguf "$tmp/llama.gguf" --model-id tq "${common[@]}" \
@@ -161,6 +221,10 @@ expect_usage "takes the model as --gguf" "$kl" -H "$ep" decode --engine llama.cp
     "$tmp/llama.gguf" --weights "$tmp/llama" --model-id x "${common[@]}" --prompt-ids 1
 expect_usage "needs --model-id" "$kl" -H "$ep" prefill --engine llama.cpp --gguf \
     "$tmp/llama.gguf" "${common[@]}"
+expect_usage "bad value '9' for --layers" "$kl" -H "$ep" prefill --engine llama.cpp --gguf \
+    "$tmp/llama.gguf" --model-id x --layers 9 "${common[@]}"
+expect_usage "mapped-only is for --engine reference" "$kl" -H "$ep" prefill --engine llama.cpp \
+    --gguf "$tmp/llama.gguf" --model-id x --mapped-only "${common[@]}"
 expect_usage "f16 or f32" "$kl" -H "$ep" prefill --engine llama.cpp --gguf "$tmp/llama.gguf" \
     --model-id x --llama-cache q8_0 "${common[@]}"
 expect_usage "go with --engine llama.cpp" "$kv" -H "$ep" prefill --weights "$tmp/llama" \

@@ -13,8 +13,13 @@
  *  - a missed layer: llama.cpp prefills the context itself, or nothing is imported;
  *  - refusals that leave the context as it was: a mismatched model record (layers, rotary),
  *    a context longer than n_ctx, a layout that is not the context's (F16 into F32), a
- *    quantized cache or AUTO flash attention, a sequence that is not the context to export.
- * Usage: test_llamacpp_bridge LIB_DIR WORK_DIR (WORK_DIR/{llama,llama3,qwen2}{,.gguf}). */
+ *    quantized cache or AUTO flash attention, a sequence that is not the context to export;
+ *  - the project's trained pair (models/kjv/llama) on a 256-token held-out context: lossless
+ *    fp32 gives llama.cpp's own logits (1e-4) and greedy tokens (both models), lossless fp16
+ *    into an F16 cache too (1e-3, cloud); int8 and int4-g32 stay within the eval's max |dlogit|
+ *    for the cloud model (0.033, 0.71), measured for the edge model.
+ * Usage: test_llamacpp_bridge LIB_DIR WORK_DIR (WORK_DIR/{llama,llama3,qwen2}{,.gguf},
+ * WORK_DIR/kjv-{cloud,edge}.gguf and WORK_DIR/kjv-ids.txt: the held-out ids, <s> first). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -554,6 +559,268 @@ static void test_refusals(void **state)
     s_close(&m);
 }
 
+/* ------------------------------------------------ the trained pair on held-out text */
+
+/* The project's trained pair (models/kjv/llama/{cloud,edge}, converted to WORK/kjv-SIZE.gguf,
+ * F32) over a real held-out context: the first S_KJV_CTX ids of the held-out fixture (<s>
+ * first, Genesis 8) stored in chunks of S_KJV_CHUNK, the next S_KJV_PROMPT ids decoded on top
+ * with the logits of every position (the eval's context 256 / continuation 128), then S_KJV_GEN
+ * greedy tokens. */
+#define S_KJV_CTX    256
+#define S_KJV_CHUNK  64
+#define S_KJV_PROMPT 128
+#define S_KJV_GEN    16
+#define S_KJV_POS    (S_KJV_PROMPT + S_KJV_GEN)
+
+typedef struct {
+    const char *size; /* "cloud" or "edge" */
+    struct llama_model *model;
+    kvedge_llamacpp_model_t mi;
+    uint32_t vocab;
+    int32_t ids[S_KJV_CTX + S_KJV_PROMPT];
+} s_kjv_t;
+
+static void s_kjv_open(s_kjv_t *k, const char *size, uint32_t layers, uint32_t kv_heads)
+{
+    memset(k, 0, sizeof *k);
+    k->size = size;
+    char path[512];
+    snprintf(path, sizeof path, "%s/kjv-ids.txt", s_g.work);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("%s: missing (test_llamacpp_bridge.sh writes it)", path);
+    for (int i = 0; i < S_KJV_CTX + S_KJV_PROMPT; i++)
+        assert_int_equal(fscanf(f, "%d", &k->ids[i]), 1);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/kjv-%s.gguf", s_g.work, size);
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    k->model = llama_model_load_from_file(path, mp);
+    if (!k->model)
+        fail_msg("%s: llama.cpp cannot load it", path);
+    char why[KVEDGE_LLAMACPP_WHY_BYTES];
+    if (kvedge_llamacpp_model_info(k->model, path, NULL, &k->mi, why, sizeof why) != KVEDGE_OK)
+        fail_msg("kjv-%s: %s", size, why);
+    assert_int_equal(k->mi.layers, layers);
+    assert_int_equal(k->mi.kv_heads, kv_heads);
+    assert_int_equal(k->mi.head_dim, 32);
+    k->vocab = (uint32_t)llama_vocab_n_tokens(llama_model_get_vocab(k->model));
+}
+
+static struct llama_context *s_kjv_ctx(s_kjv_t *k, enum ggml_type type,
+                                       kvedge_llamacpp_layout_t *layout)
+{
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = 512;
+    cp.n_batch = cp.n_ubatch = S_KJV_PROMPT;
+    cp.n_seq_max = 1;
+    cp.n_threads = cp.n_threads_batch = 2;
+    cp.type_k = cp.type_v = type;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    struct llama_context *c = llama_init_from_model(k->model, cp);
+    assert_non_null(c);
+    char why[KVEDGE_LLAMACPP_WHY_BYTES];
+    if (layout && kvedge_llamacpp_layout(&k->mi, &cp, layout, why, sizeof why) != KVEDGE_OK)
+        fail_msg("layout: %s", why);
+    return c;
+}
+
+/* The prompt at positions S_KJV_CTX.. with the logits of every position, then S_KJV_GEN greedy
+ * tokens: logits [S_KJV_POS][vocab] (prompt positions, then the step choosing each token). */
+static void s_kjv_decode(struct llama_context *c, const s_kjv_t *k, float *logits, int32_t *gen)
+{
+    struct llama_batch b = llama_batch_init(S_KJV_PROMPT, 0, 1);
+    for (int i = 0; i < S_KJV_PROMPT; i++) {
+        b.token[i] = k->ids[S_KJV_CTX + i];
+        b.pos[i] = S_KJV_CTX + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = 1;
+    }
+    b.n_tokens = S_KJV_PROMPT;
+    assert_int_equal(llama_decode(c, b), 0);
+    for (int i = 0; i < S_KJV_PROMPT; i++)
+        memcpy(logits + (size_t)i * k->vocab, llama_get_logits_ith(c, i), k->vocab * sizeof(float));
+    for (int g = 0; g < S_KJV_GEN; g++) {
+        const float *last = logits + (size_t)(S_KJV_PROMPT - 1 + g) * k->vocab;
+        gen[g] = kvedge_decoder_argmax(last, k->vocab);
+        if (g + 1 == S_KJV_GEN)
+            break;
+        b.token[0] = gen[g];
+        b.pos[0] = S_KJV_CTX + S_KJV_PROMPT + g;
+        b.n_seq_id[0] = 1;
+        b.seq_id[0][0] = 0;
+        b.logits[0] = 1;
+        b.n_tokens = 1;
+        assert_int_equal(llama_decode(c, b), 0);
+        memcpy(logits + (size_t)(S_KJV_PROMPT + g) * k->vocab, llama_get_logits_ith(c, -1),
+               k->vocab * sizeof(float));
+    }
+    llama_batch_free(b);
+}
+
+/* Top-1 minus top-2 logit. */
+static double s_margin(const float *l, uint32_t n)
+{
+    float a = -INFINITY, b = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) {
+        if (l[i] > a) {
+            b = a;
+            a = l[i];
+        } else if (l[i] > b) {
+            b = l[i];
+        }
+    }
+    return (double)a - b;
+}
+
+/* What llama.cpp gives recomputing context + prompt itself with a cache of type. */
+static void s_kjv_want(s_kjv_t *k, enum ggml_type type, float *want, int32_t *g_want)
+{
+    struct llama_context *c = s_kjv_ctx(k, type, NULL);
+    assert_int_equal(kvedge_llamacpp_prefill(c, 0, k->ids, S_KJV_CTX, 0), KVEDGE_OK);
+    s_kjv_decode(c, k, want, g_want);
+    llama_free(c);
+}
+
+/* Stores the context as llama.cpp prefilled it (a cache of type) in scheme q, imports it into a
+ * fresh context of the same cache type and decodes on top; against llama.cpp recomputing
+ * context + prompt (want, g_want). bound: the max |dlogit| asserted at every position whose
+ * history is the same in both runs (every prompt position, and the greedy steps up to the first
+ * token that differs); 0: measured only. Lossless: the greedy tokens must be equal too. */
+static void s_kjv_run(s_kjv_t *k, const char *name, const kvedge_e2e_quant_t *q,
+                      enum ggml_type type, double bound, const float *want, const int32_t *g_want)
+{
+    kvedge_llamacpp_layout_t l;
+    struct llama_context *cloud = s_kjv_ctx(k, type, &l);
+    assert_int_equal(kvedge_llamacpp_prefill(cloud, 0, k->ids, S_KJV_CTX, 0), KVEDGE_OK);
+    kvedge_model_t rec;
+    char id[64];
+    snprintf(id, sizeof id, "kjv-llama-%s-%s-%d", k->size, name, (int)type);
+    assert_int_equal(kvedge_llamacpp_record(&k->mi, id, &rec), KVEDGE_OK);
+    kvedge_client_t *cl = s_client();
+    kvedge_chunk_id_t ids[8];
+    char why[KVEDGE_LLAMACPP_WHY_BYTES];
+    kvedge_llamacpp_export_stats_t es;
+    int rc = kvedge_llamacpp_export(cloud, 0, &k->mi, &l, cl, &rec, k->ids, S_KJV_CTX, S_KJV_CHUNK,
+                                    q, ids, 8, &es, why, sizeof why);
+    if (rc != KVEDGE_OK)
+        fail_msg("export kjv %s: %s (%s)", name, kvedge_strerror(rc), why);
+    assert_int_equal(es.put.n_chunks, S_KJV_CTX / S_KJV_CHUNK);
+    kvedge_client_destroy(&cl);
+    llama_free(cloud);
+
+    struct llama_context *edge = s_kjv_ctx(k, type, &l);
+    cl = s_client();
+    kvedge_llamacpp_import_t req;
+    kvedge_llamacpp_import_default(&req);
+    req.proxy = cl;
+    req.model = &rec;
+    req.ctx = k->ids;
+    req.n = S_KJV_CTX;
+    req.chunk_tokens = S_KJV_CHUNK;
+    req.deadline_ms = S_DEADLINE;
+    kvedge_llamacpp_import_stats_t st;
+    rc = kvedge_llamacpp_import(edge, 0, &k->mi, &l, &req, &st, why, sizeof why);
+    if (rc != KVEDGE_OK)
+        fail_msg("import kjv %s: %s (%s)", name, kvedge_strerror(rc), why);
+    kvedge_client_destroy(&cl);
+    assert_int_equal(st.fetched, k->mi.layers);
+    assert_false(st.prefilled);
+    float *got = malloc((size_t)S_KJV_POS * k->vocab * sizeof(float));
+    assert_non_null(got);
+    int32_t g_got[S_KJV_GEN];
+    s_kjv_decode(edge, k, got, g_got);
+    llama_free(edge);
+
+    /* Positions with the same history: the prompt, then greedy steps while the tokens agree. */
+    int same = 0;
+    while (same < S_KJV_GEN && g_got[same] == g_want[same])
+        same++;
+    const int n_pos = S_KJV_PROMPT + (same < S_KJV_GEN - 1 ? same : S_KJV_GEN - 1);
+    double d_prompt = 0, d_all = 0;
+    int agree = 0, close = 0;
+    for (int i = 0; i < n_pos; i++) {
+        const float *a = got + (size_t)i * k->vocab, *b = want + (size_t)i * k->vocab;
+        double d = s_max_diff(a, b, k->vocab);
+        d_all = fmax(d_all, d);
+        if (i < S_KJV_PROMPT) {
+            d_prompt = fmax(d_prompt, d);
+            agree += kvedge_decoder_argmax(a, k->vocab) == kvedge_decoder_argmax(b, k->vocab);
+            close += bound > 0 && s_margin(b, k->vocab) < 2 * bound;
+        }
+    }
+    char bs[32] = "measured only";
+    if (bound > 0)
+        snprintf(bs, sizeof bs, "bound %.3g", bound);
+    print_message("kjv-llama-%s, %s, %s cache, %d-token held-out context: max |dlogit| %.3g "
+                  "over the %d prompt positions, %.3g over those and the greedy steps with the "
+                  "same history (%s); arg-max agreement %d/%d (%d positions with a top-2 "
+                  "margin under 2 x bound); greedy %d/%d tokens equal; state %llu bytes, fetch "
+                  "%.0f us, convert %.0f us, load %.0f us\n",
+                  k->size, name, type == GGML_TYPE_F32 ? "F32" : "F16", S_KJV_CTX, d_prompt,
+                  S_KJV_PROMPT, d_all, bs, agree, S_KJV_PROMPT, close, same, S_KJV_GEN,
+                  (unsigned long long)st.state_bytes, st.fetch_us, st.convert_us, st.load_us);
+    if (bound > 0)
+        assert_true(d_all <= bound);
+    if (q->scheme == KVEDGE_SCHEME_LOSSLESS)
+        assert_int_equal(same, S_KJV_GEN);
+    free(got);
+}
+
+static void test_trained_pair(void **state)
+{
+    (void)state;
+    s_kjv_t k;
+    float *want = NULL;
+    int32_t g_want[S_KJV_GEN];
+    kvedge_e2e_quant_t q;
+
+    s_kjv_open(&k, "cloud", 6, 2);
+    want = malloc((size_t)S_KJV_POS * k.vocab * sizeof(float));
+    assert_non_null(want);
+    s_kjv_want(&k, GGML_TYPE_F32, want, g_want);
+    kvedge_e2e_quant_default(&q);
+    q.scheme = KVEDGE_SCHEME_LOSSLESS;
+    q.dtype = KVEDGE_DTYPE_FP32;
+    /* Lossless fp32 into an F32 cache: the state llama.cpp exported, read back. */
+    s_kjv_run(&k, "lossless", &q, GGML_TYPE_F32, 1e-4, want, g_want);
+    /* int8 and int4-g32: the eval's max |dlogit| for this model and scheme over its 54 held-out
+     * documents of context 256 / continuation 128 (docs/benchmarks.md, "The Llama-family pair";
+     * the reference decoder and llama.cpp agree on this model to 1e-5). */
+    q.scheme = KVEDGE_SCHEME_INT8;
+    s_kjv_run(&k, "int8", &q, GGML_TYPE_F32, 0.033, want, g_want);
+    q.scheme = KVEDGE_SCHEME_INT4;
+    q.group_size = 32;
+    s_kjv_run(&k, "int4-g32", &q, GGML_TYPE_F32, 0.71, want, g_want);
+    /* An F16 cache, stored lossless fp16: its own values back, against an F16 recomputation. */
+    s_kjv_want(&k, GGML_TYPE_F16, want, g_want);
+    kvedge_e2e_quant_default(&q);
+    q.scheme = KVEDGE_SCHEME_LOSSLESS;
+    q.dtype = KVEDGE_DTYPE_FP16;
+    s_kjv_run(&k, "lossless-fp16", &q, GGML_TYPE_F16, 1e-3, want, g_want);
+    free(want);
+    llama_model_free(k.model);
+
+    /* The edge model: lossless asserted; the eval gives no max |dlogit| for it, so int8 and
+     * int4-g32 are measured only. */
+    s_kjv_open(&k, "edge", 4, 1);
+    want = malloc((size_t)S_KJV_POS * k.vocab * sizeof(float));
+    assert_non_null(want);
+    s_kjv_want(&k, GGML_TYPE_F32, want, g_want);
+    kvedge_e2e_quant_default(&q);
+    q.scheme = KVEDGE_SCHEME_LOSSLESS;
+    q.dtype = KVEDGE_DTYPE_FP32;
+    s_kjv_run(&k, "lossless", &q, GGML_TYPE_F32, 1e-4, want, g_want);
+    q.scheme = KVEDGE_SCHEME_INT8;
+    s_kjv_run(&k, "int8", &q, GGML_TYPE_F32, 0, want, g_want);
+    q.scheme = KVEDGE_SCHEME_INT4;
+    q.group_size = 32;
+    s_kjv_run(&k, "int4-g32", &q, GGML_TYPE_F32, 0, want, g_want);
+    free(want);
+    llama_model_free(k.model);
+}
+
 static int s_setup(void **state)
 {
     (void)state;
@@ -606,6 +873,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_round_trip_quantized),
         cmocka_unit_test(test_missed_layer),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_trained_pair),
     };
     int rc = cmocka_run_group_tests(tests, s_setup, s_teardown);
     llama_backend_free();

@@ -2,7 +2,8 @@
 # test_llamacpp_bridge: builds the llama.cpp bridge and its test program against the fixture's
 # llama.cpp (BUILD/llama/prefix, made by tests/decoder/fetch_llamacpp.sh: kvedge's build
 # declares them outside `all` when no -DKVEDGE_LLAMACPP was given, so they build only here),
-# makes the tiny GGUF models (tests/decoder/tiny_llama.py) and runs it.
+# makes the tiny GGUF models (tests/decoder/tiny_llama.py) and the trained pair's
+# (models/kjv/llama) and runs it.
 # Exit 77 when the fixture skipped (the npm registry could not be reached).
 # Usage: test_llamacpp_bridge.sh BUILD_DIR; PYTHON names a python3 with NumPy.
 set -euo pipefail
@@ -28,4 +29,12 @@ for kind in llama llama3 qwen2; do
         "$dest/$vocab/tokenizer.json" "$work/$kind"
     "$py" "$here/../../decoder/tiny_llama.py" gguf "$work/$kind" "$gguf_vocab" "$work/$kind.gguf"
 done
+# The project's trained pair and the held-out ids (<s> first) of the tokenizer fixture.
+models=$here/../../../models/kjv/llama
+for size in cloud edge; do
+    "$py" "$here/../../decoder/tiny_llama.py" gguf "$models/$size" "$models/tokenizer.json" \
+        "$work/kjv-$size.gguf"
+done
+"$py" -c 'import json, sys; print(" ".join(str(i) for i in json.load(open(sys.argv[1]))["ids"]))' \
+    "$here/../../fixtures/tokenizer/kjv_llama_heldout.json" >"$work/kjv-ids.txt"
 exec "$build/tests/test_llamacpp_bridge" "$dest/prefix/lib" "$work"
