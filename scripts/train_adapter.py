@@ -41,30 +41,17 @@ sys.path.insert(0, HERE)
 
 def _llama_module():
     """clients/python/kvedge/llama.py without loading libkvedge (its RoleEngine base is only
-    the serving glue; the layer math needs _attend, copied here as _roles has it)."""
+    the serving glue; the layer math needs only _attend, from kvedge/_attn.py)."""
     pkg_dir = os.path.join(HERE, "..", "clients", "python", "kvedge")
     if "kvedge" not in sys.modules:
         pkg = types.ModuleType("kvedge")
         pkg.__path__ = [pkg_dir]
         sys.modules["kvedge"] = pkg
         roles = types.ModuleType("kvedge._roles")
+        attn = importlib.import_module("kvedge._attn")
 
         class RoleEngine:
-            @staticmethod
-            def _attend(q, keys, vals, n_prefix, causal_offset):
-                group = q.shape[0] // keys.shape[0]
-                if group > 1:
-                    keys = keys.repeat_interleave(group, 0)
-                    vals = vals.repeat_interleave(group, 0)
-                s = q @ keys.transpose(1, 2)
-                n, m = q.shape[1], keys.shape[1] - n_prefix
-                if n > 1 or m > causal_offset + 1:
-                    qi = torch.arange(n)[:, None] + causal_offset
-                    kj = torch.arange(m)[None, :]
-                    mask = torch.zeros(n, n_prefix + m, dtype=torch.bool)
-                    mask[:, n_prefix:] = kj > qi
-                    s = s.masked_fill(mask, float("-inf"))
-                return torch.softmax(s, dim=-1) @ vals
+            _attend = staticmethod(attn.attend)
 
         roles.RoleEngine = RoleEngine
         sys.modules["kvedge._roles"] = roles
