@@ -194,7 +194,8 @@ int kvedge_cli_read_chapters(const char *cmd, const char *dir, const char *path,
                              uint32_t vocab, kvedge_cli_docs_t *d);
 
 /* The tokenizer.json of a Hugging Face model folder, written into buf: weights when it is a
- * folder that holds a readable tokenizer.json, else NULL. */
+ * folder that holds a tokenizer.json (one that cannot be read is the loader's error to give),
+ * else NULL. */
 const char *kvedge_cli_own_tokenizer(const char *weights, char *buf, size_t len);
 
 /* Loads OPT weights (clients/decoder/decoder.h) into a new model in *out; errors printed as

@@ -497,10 +497,7 @@ static const char *s_shape_name(const kvedge_decoder_config_t *got)
 static int s_load_tokenizer(s_common_t *c)
 {
     char why[KVEDGE_TOKENIZER_WHY_BYTES] = "";
-    struct stat st;
-    int rc = stat(c->tokenizer, &st) == 0 && S_ISDIR(st.st_mode)
-                 ? kvedge_tokenizer_load_dir(c->tokenizer, &c->tok, why, sizeof why)
-                 : kvedge_tokenizer_load_json(c->tokenizer, &c->tok, why, sizeof why);
+    int rc = kvedge_tokenizer_load_path(c->tokenizer, &c->tok, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("%s: cannot load the tokenizer: %s", c->cmd, why);
         return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;
@@ -520,10 +517,7 @@ static int s_load_tokenizer(s_common_t *c)
 static int s_tokenizer_setup(s_common_t *c)
 {
     char own[4096];
-    struct stat st;
-    if (!c->tokenizer && stat(c->weights, &st) == 0 && S_ISDIR(st.st_mode) &&
-        (size_t)snprintf(own, sizeof own, "%s/tokenizer.json", c->weights) < sizeof own &&
-        access(own, F_OK) == 0)
+    if (!c->tokenizer && kvedge_cli_own_tokenizer(c->weights, own, sizeof own))
         c->tokenizer = own;
     if (c->tokenizer) {
         int ex = s_load_tokenizer(c);

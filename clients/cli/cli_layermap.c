@@ -950,13 +950,10 @@ static int s_lm_ids(const s_opts_t *o, s_lm_t *r)
 static int s_lm_load(const s_opts_t *o, s_lm_t *r)
 {
     char why[KVEDGE_TOKENIZER_WHY_BYTES] = "", own[4096];
-    struct stat st;
     size_t len = 0;
     const char *tp =
         o->tokenizer ? o->tokenizer : kvedge_cli_own_tokenizer(o->cloud, own, sizeof own);
-    int rc = stat(tp, &st) == 0 && S_ISDIR(st.st_mode)
-                 ? kvedge_tokenizer_load_dir(tp, &r->tok, why, sizeof why)
-                 : kvedge_tokenizer_load_json(tp, &r->tok, why, sizeof why);
+    int rc = kvedge_tokenizer_load_path(tp, &r->tok, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("layermap: cannot load the tokenizer: %s", why);
         return rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_USAGE;

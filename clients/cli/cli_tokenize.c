@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "clients/cli/cli.h"
 #include "clients/decoder/tokenizer.h"
@@ -127,14 +126,8 @@ static int s_slurp(FILE *f, char **out, size_t *len)
 static int s_load(const char *vocab, const char *merges, const char *path, kvedge_tokenizer_t **t)
 {
     char why[KVEDGE_TOKENIZER_WHY_BYTES] = "";
-    int rc;
-    struct stat st;
-    if (path && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        rc = kvedge_tokenizer_load_dir(path, t, why, sizeof why);
-    else if (path)
-        rc = kvedge_tokenizer_load_json(path, t, why, sizeof why);
-    else
-        rc = kvedge_tokenizer_load(vocab, merges, t, why, sizeof why);
+    int rc = path ? kvedge_tokenizer_load_path(path, t, why, sizeof why)
+                  : kvedge_tokenizer_load(vocab, merges, t, why, sizeof why);
     if (rc == KVEDGE_OK)
         return KVEDGE_EXIT_OK;
     kvedge_cli_error("tokenize: cannot load the tokenizer: %s", why);

@@ -455,10 +455,7 @@ int kvedge_cli_read_chapters(const char *cmd, const char *dir, const char *path,
 {
     char why[512] = "";
     kvedge_tokenizer_t *t = NULL;
-    struct stat st;
-    int rc = stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)
-                 ? kvedge_tokenizer_load_json(dir, &t, why, sizeof why)
-                 : kvedge_tokenizer_load_dir(dir, &t, why, sizeof why);
+    int rc = kvedge_tokenizer_load_path(dir, &t, why, sizeof why);
     /* A template's BOS goes before every chapter, as a Llama model was trained and as prefill
      * adds it (GPT-2's form and Qwen2's have none). */
     const unsigned flags = kvedge_tokenizer_bos_id(t) >= 0 ? KVEDGE_TOKENIZER_TEMPLATE : 0u;
@@ -519,7 +516,7 @@ const char *kvedge_cli_own_tokenizer(const char *weights, char *buf, size_t len)
 {
     struct stat st;
     if (!weights || stat(weights, &st) != 0 || !S_ISDIR(st.st_mode) ||
-        (size_t)snprintf(buf, len, "%s/tokenizer.json", weights) >= len || access(buf, R_OK) != 0)
+        (size_t)snprintf(buf, len, "%s/tokenizer.json", weights) >= len || access(buf, F_OK) != 0)
         return NULL;
     return buf;
 }

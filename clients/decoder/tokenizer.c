@@ -1337,6 +1337,15 @@ int kvedge_tokenizer_load_dir(const char *dir, kvedge_tokenizer_t **out, char *w
     return rc;
 }
 
+int kvedge_tokenizer_load_path(const char *path, kvedge_tokenizer_t **out, char *why,
+                               size_t why_len)
+{
+    struct stat st;
+    if (path && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return kvedge_tokenizer_load_dir(path, out, why, why_len);
+    return kvedge_tokenizer_load_json(path, out, why, why_len);
+}
+
 uint32_t kvedge_tokenizer_vocab_size(const kvedge_tokenizer_t *t)
 {
     return t ? t->vocab_size : 0;

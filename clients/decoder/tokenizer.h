@@ -76,6 +76,11 @@ int kvedge_tokenizer_load_json(const char *path, kvedge_tokenizer_t **out, char 
  * Errors: those of the two loaders; KVEDGE_ENOTFOUND when the folder has neither. */
 int kvedge_tokenizer_load_dir(const char *dir, kvedge_tokenizer_t **out, char *why, size_t why_len);
 
+/* What a --tokenizer PATH names: a folder (kvedge_tokenizer_load_dir), else a tokenizer.json
+ * (kvedge_tokenizer_load_json). Errors: those of the loader it picks. */
+int kvedge_tokenizer_load_path(const char *path, kvedge_tokenizer_t **out, char *why,
+                               size_t why_len);
+
 /* kvedge_tokenizer_load on bytes in memory (vocab_len bytes of vocab.json, merges_len of
  * merges.txt); reasons name "vocab.json" and "merges.txt". The bytes are not kept. */
 int kvedge_tokenizer_parse(const char *vocab, size_t vocab_len, const char *merges,

@@ -3,6 +3,7 @@
 #ifndef KVEDGE_TESTS_TESTUTIL_H
 #define KVEDGE_TESTS_TESTUTIL_H
 
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -42,7 +43,7 @@ static inline int64_t kt_now_ms(void)
 static inline void kt_pause_ms(int64_t ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
 }
 
