@@ -27,6 +27,8 @@ PACKAGES=(
     librocksdb-dev libzmq3-dev libczmq-dev liblz4-dev libxxhash-dev libsodium-dev
     libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev libpcre2-dev
     libutf8proc-dev
+    # the Storage Master on etcd: its v3 JSON gateway over libcurl; the tests start etcd clusters
+    libcurl4-openssl-dev etcd-server etcd-client
     redis-server iperf3 clang clang-format gnuplot-nox nodejs npm
     prometheus curl tmux
     # test_jitter's link: NFQUEUE in a network namespace

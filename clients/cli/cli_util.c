@@ -49,6 +49,7 @@ int kvedge_cli_exit_code(int err)
     case KVEDGE_EBUSY:
     case KVEDGE_ELOCKED:
     case KVEDGE_EBACKLOG:
+    case KVEDGE_ENOTLEADER:
     case KVEDGE_EVERSION:
     case KVEDGE_EREADONLY:
         return KVEDGE_EXIT_UNAVAILABLE;

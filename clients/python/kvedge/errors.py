@@ -53,6 +53,7 @@ _TABLE = [
     ("ENOSPC", "DiskFull", None),
     ("ELOCKED", "Locked", None),
     ("EBACKLOG", "Backlog", None),
+    ("ENOTLEADER", "NotLeader", None),
 ]
 
 ERR_BASE = -30700  # KVEDGE_ERR_BASE: code n of the table is ERR_BASE - n
