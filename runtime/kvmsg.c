@@ -20,9 +20,11 @@ static bool s_zero(const uint8_t *p, size_t n)
 /* ---------------------------------------------------------------- kvmsg */
 
 static const char *const s_cmd_names[] = {
-    NULL, "ICANHAZ", "KVSYNC", "KTHXBAI", "SET", "HEARTBEAT", "OK", "ERR", "KVPUB", "HUGZ",
+    NULL, "ICANHAZ", "KVSYNC", "KTHXBAI", "SET",    "HEARTBEAT",
+    "OK", "ERR",     "KVPUB",  "HUGZ",    "STATUS",
 };
-#define S_CMD_COUNT (sizeof s_cmd_names / sizeof s_cmd_names[0])
+#define S_CMD_COUNT      (sizeof s_cmd_names / sizeof s_cmd_names[0])
+#define S_STATUS_KEY_LEN (sizeof KVEDGE_KVMSG_STATUS_KEY - 1)
 
 const char *kvedge_kvmsg_cmd_name(int cmd)
 {
@@ -127,7 +129,14 @@ int kvedge_kvmsg_parse(const kvedge_wire_frame_t *f, size_t n, kvedge_kvmsg_t *m
         break;
     }
     case KVEDGE_KVMSG_OK:
-        ok = kvedge_kvmsg_key_ok(m->key, m->key_len) && m->body_len == 0;
+        /* A body only in the answer to STATUS (key "status"): the master's JSON document. */
+        ok = kvedge_kvmsg_key_ok(m->key, m->key_len) &&
+             (m->body_len == 0 || (m->key_len == S_STATUS_KEY_LEN &&
+                                   memcmp(m->key, KVEDGE_KVMSG_STATUS_KEY, S_STATUS_KEY_LEN) == 0 &&
+                                   m->body_len <= KVEDGE_KVMSG_MAX_BODY_BYTES));
+        break;
+    case KVEDGE_KVMSG_STATUS:
+        ok = m->key_len == 0 && m->seq == 0 && m->body_len == 0;
         break;
     case KVEDGE_KVMSG_ERR:
         ok = s_prefix_ok(m->key, m->key_len) && m->seq == 0 && m->body_len >= 4 &&

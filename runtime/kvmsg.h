@@ -72,7 +72,12 @@ typedef enum {
     KVEDGE_KVMSG_ERR,         /* master -> client: request refused, nothing applied */
     KVEDGE_KVMSG_KVPUB,       /* master PUB: a sequenced update */
     KVEDGE_KVMSG_HUGZ,        /* master PUB: alive, and the current seq */
+    KVEDGE_KVMSG_STATUS,      /* client -> master: its role and cluster (OK "status" + JSON) */
 } kvedge_kvmsg_cmd_t;
+
+/* The key of the OK that answers STATUS, the one OK that carries a body (a JSON document,
+ * docs/master.md "STATUS"). Every master answers STATUS, leader or not. */
+#define KVEDGE_KVMSG_STATUS_KEY "status"
 
 /* One message. Pointers point into the frames it was parsed from (or, for pack, into the
  * caller's memory). Fields a command does not use are zero. */

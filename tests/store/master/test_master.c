@@ -367,6 +367,14 @@ static void test_keys_and_kvmsg(void **state)
          .rid = 2},
         {.cmd = KVEDGE_KVMSG_HUGZ, .seq = 100, .registry = 5},
         {.cmd = KVEDGE_KVMSG_KVPUB, .key = (const uint8_t *)"k", .key_len = 1, .seq = 1},
+        {.cmd = KVEDGE_KVMSG_STATUS, .rid = 4},
+        {.cmd = KVEDGE_KVMSG_OK,
+         .key = (const uint8_t *)"status",
+         .key_len = 6,
+         .seq = 12,
+         .body = (const uint8_t *)"{}",
+         .body_len = 2,
+         .rid = 4},
     };
     for (size_t i = 0; i < sizeof msgs / sizeof msgs[0]; i++) {
         kvedge_kvmsg_buf_t buf;
@@ -393,6 +401,15 @@ static void test_keys_and_kvmsg(void **state)
     bad.cmd = 0;
     assert_int_equal(kvedge_kvmsg_pack(&bad, &buf, f, &n), KVEDGE_EINVAL);
     assert_int_equal(kvedge_kvmsg_parse(NULL, 0, &bad), KVEDGE_EPROTO);
+    /* Only the answer to STATUS carries a body in an OK; STATUS itself carries nothing. */
+    kvedge_kvmsg_t okb = {.cmd = KVEDGE_KVMSG_OK,
+                          .key = (const uint8_t *)"node/a",
+                          .key_len = 6,
+                          .body = (const uint8_t *)"{}",
+                          .body_len = 2};
+    assert_int_equal(kvedge_kvmsg_pack(&okb, &buf, f, &n), KVEDGE_EINVAL);
+    kvedge_kvmsg_t st = {.cmd = KVEDGE_KVMSG_STATUS, .key = (const uint8_t *)"x", .key_len = 1};
+    assert_int_equal(kvedge_kvmsg_pack(&st, &buf, f, &n), KVEDGE_EINVAL);
 }
 
 /* ---------------------------------------------------------------- master and views */
