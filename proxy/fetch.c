@@ -948,12 +948,15 @@ static bool s_watch(kvedge_proxy_impl_t *p, s_fetch_t *f, int64_t now)
     return moved;
 }
 
+static void s_parked_tick(kvedge_proxy_impl_t *p, int64_t now);
+
 /* Stalled streams are judged (s_watch); layers not delivered by the deadline (less the
  * margin) are reported as misses; a fetch still asking past its ask_until_ms starts with what
  * it learned. */
 void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
 {
     int64_t now = kvedge_mono_ms();
+    s_parked_tick(p, now);
     s_fetch_t *f = zlistx_first(p->fetches);
     while (f) {
         s_fetch_t *next = zlistx_next(p->fetches);
@@ -1261,17 +1264,132 @@ static int s_fetch_mapped(kvedge_proxy_impl_t *p, s_fetch_t *f, const char *edge
     return KVEDGE_OK;
 }
 
+/* ---------------------------------------------------------------- FETCHes waiting for a model */
+
+/* A FETCH for a model not in the proxy's view yet, held until the model arrives or its
+ * KVEDGE_PROXY_MODEL_WAIT_MS are up (actor only). */
+typedef struct {
+    zframe_t *route;
+    kvedge_wire_header_t h;
+    zmsg_t *frames;   /* copies of its payload frames */
+    int64_t start_us; /* when it arrived (monotonic): its deadline counts from there */
+    int64_t until_ms; /* monotonic: planned, or answered ENOMODEL, by then */
+} s_parked_t;
+
+static void s_parked_free(s_parked_t **wp)
+{
+    s_parked_t *w = *wp;
+    if (!w)
+        return;
+    zframe_destroy(&w->route);
+    zmsg_destroy(&w->frames);
+    free(w);
+    *wp = NULL;
+}
+
+/* Holds the request (copies of route, header and frames) in p->parked; false when it cannot
+ * wait (no time left before its deadline, no memory): it is answered at once. */
+static bool s_park(kvedge_proxy_impl_t *p, zframe_t *route, const kvedge_wire_header_t *h,
+                   const kvedge_wire_frame_t *pf, size_t n, int64_t start_us, const char *model)
+{
+    int64_t now = kvedge_mono_ms();
+    int64_t until = start_us / 1000 + (int64_t)h->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS;
+    if (until > now + KVEDGE_PROXY_MODEL_WAIT_MS)
+        until = now + KVEDGE_PROXY_MODEL_WAIT_MS;
+    if (until <= now)
+        return false;
+    s_parked_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return false;
+    w->route = zframe_dup(route);
+    w->h = *h;
+    w->frames = zmsg_new();
+    w->start_us = start_us;
+    w->until_ms = until;
+    bool ok = w->route && w->frames;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = zmsg_addmem(w->frames, pf[i].data, pf[i].len) == 0;
+    if (!ok || !zlistx_add_end(p->parked, w)) {
+        s_parked_free(&w);
+        return false;
+    }
+    kvedge_log_debug("fetch of model %s: not in this proxy's view yet, waiting up to %lld ms for "
+                     "the master to announce it",
+                     model, (long long)(until - now));
+    return true;
+}
+
+static void s_start(kvedge_proxy_impl_t *p, zframe_t *route, const kvedge_wire_header_t *h,
+                    const kvedge_wire_frame_t *pf, size_t n, int64_t start_us, bool may_park);
+
+/* Starts the held FETCH (its model arrived, or its wait is over: then it is refused). */
+static void s_unpark(kvedge_proxy_impl_t *p, s_parked_t *w)
+{
+    kvedge_wire_frame_t pf[5];
+    size_t n = 0;
+    for (zframe_t *fr = zmsg_first(w->frames); fr && n < sizeof pf / sizeof pf[0];
+         fr = zmsg_next(w->frames))
+        pf[n++] = (kvedge_wire_frame_t){zframe_data(fr), zframe_size(fr)};
+    s_start(p, w->route, &w->h, pf, n, w->start_us, false);
+}
+
+/* Every tick: the held FETCHes whose model is now known, or whose wait is over, start. */
+static void s_parked_tick(kvedge_proxy_impl_t *p, int64_t now)
+{
+    s_parked_t *w = zlistx_first(p->parked);
+    while (w) {
+        void *handle = zlistx_cursor(p->parked);
+        s_parked_t *next = zlistx_next(p->parked);
+        kvedge_wire_fetch_spec_t spec;
+        zframe_t *sf = zmsg_first(w->frames);
+        kvedge_model_t m;
+        if (now >= w->until_ms ||
+            (sf &&
+             kvedge_wire_fetch_spec_parse(zframe_data(sf), zframe_size(sf), &spec) == KVEDGE_OK &&
+             kvedge_proxy_impl_model(p, spec.model_id, &m) == KVEDGE_OK)) {
+            zlistx_detach(p->parked, handle);
+            s_unpark(p, w);
+            s_parked_free(&w);
+        }
+        w = next;
+    }
+}
+
+/* The held FETCH of route's request rid, detached from the list; NULL when none. */
+static s_parked_t *s_parked_take(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid)
+{
+    for (s_parked_t *w = zlistx_first(p->parked); w; w = zlistx_next(p->parked))
+        if (w->h.request_id == rid && zframe_eq(w->route, route)) {
+            zlistx_detach(p->parked, zlistx_cursor(p->parked));
+            return w;
+        }
+    return NULL;
+}
+
 void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
                                    const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
                                    size_t n)
 {
-    int64_t start_us = kvedge_mono_us();
+    s_start(p, route, h, pf, n, kvedge_mono_us(), true);
+}
+
+/* Starts a FETCH that arrived at start_us; may_park: it may wait for its model (once). */
+static void s_start(kvedge_proxy_impl_t *p, zframe_t *route, const kvedge_wire_header_t *h,
+                    const kvedge_wire_frame_t *pf, size_t n, int64_t start_us, bool may_park)
+{
     kvedge_wire_fetch_spec_t spec;
     kvedge_wire_fetch_spec_parse(pf[0].data, pf[0].len, &spec); /* validated already */
     s_fetch_t *f = calloc(1, sizeof *f);
     int rc = f ? KVEDGE_OK : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK)
         rc = kvedge_proxy_impl_model(p, spec.model_id, &f->model);
+    /* With a master, a model unknown now may be announced in a moment (a node registers the
+     * models it holds on its next directory pass): the request waits for it, bounded. */
+    if (rc == KVEDGE_ENOMODEL && may_park && p->view &&
+        s_park(p, route, h, pf, n, start_us, spec.model_id)) {
+        free(f);
+        return;
+    }
     if (rc == KVEDGE_OK && (uint32_t)spec.first_layer + spec.layers > f->model.layers)
         rc = KVEDGE_ESHAPE;
     if (rc == KVEDGE_OK) {
@@ -1279,7 +1397,7 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
         f->route = zframe_dup(route);
         f->rid = h->request_id;
         f->credit = h->credit;
-        f->deadline_ms = kvedge_mono_ms() + h->deadline_ms;
+        f->deadline_ms = start_us / 1000 + h->deadline_ms;
         f->nchunks = h->count;
         f->first = spec.first_layer;
         f->L = spec.layers;
@@ -1494,6 +1612,11 @@ void kvedge_proxy_impl_fetch_cancel(kvedge_proxy_impl_t *p, zframe_t *route, uin
     s_fetch_t *f = s_fetch_by_route(p, route, rid);
     if (f)
         s_end_early(p, f, KVEDGE_ECANCELED);
+    s_parked_t *w = f ? NULL : s_parked_take(p, route, rid);
+    if (w) {
+        kvedge_proxy_impl_reply_error(p, w->route, KVEDGE_OP_FETCH, rid, KVEDGE_ECANCELED);
+        s_parked_free(&w);
+    }
 }
 
 void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p)
@@ -1502,5 +1625,11 @@ void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p)
     while ((f = zlistx_first(p->fetches)) != NULL) {
         s_record(p, f, KVEDGE_ECLOSED);
         s_end_early(p, f, KVEDGE_ECLOSED);
+    }
+    s_parked_t *w;
+    while ((w = zlistx_detach(p->parked, NULL)) != NULL) {
+        kvedge_proxy_impl_reply_error(p, w->route, KVEDGE_OP_FETCH, w->h.request_id,
+                                      KVEDGE_ECLOSED);
+        s_parked_free(&w);
     }
 }
