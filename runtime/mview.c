@@ -1511,6 +1511,16 @@ uint64_t kvedge_mview_seq(kvedge_mview_t *v)
     return s;
 }
 
+uint64_t kvedge_mview_registry(kvedge_mview_t *v)
+{
+    if (!v)
+        return 0;
+    pthread_mutex_lock(&v->mu);
+    uint64_t r = v->registry;
+    pthread_mutex_unlock(&v->mu);
+    return r;
+}
+
 size_t kvedge_mview_count(kvedge_mview_t *v)
 {
     if (!v)

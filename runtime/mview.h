@@ -104,6 +104,10 @@ kvedge_mview_state_t kvedge_mview_state(kvedge_mview_t *v);
 /* The seq of the state the view serves (0 when EMPTY). */
 uint64_t kvedge_mview_seq(kvedge_mview_t *v);
 
+/* The id of the registry the served state came from (0 when EMPTY): a master on a fresh
+ * directory has another one. */
+uint64_t kvedge_mview_registry(kvedge_mview_t *v);
+
 /* Records held. */
 size_t kvedge_mview_count(kvedge_mview_t *v);
 
