@@ -37,6 +37,8 @@
 #include "access/codec/byteorder.h"
 #include "access/codec/clock.h"
 #include "access/codec/error.h"
+#include "access/codec/why.h"
+#include "runtime/settings.h"
 
 #define S_WAIT_MARGIN_MS  250 /* a caller of set waits this long past its deadline */
 #define S_PIPE_QUEUED_MAX 512 /* requests in the pipe before calls fail with EBUSY */
@@ -1247,6 +1249,77 @@ void kvedge_mview_opts_default(kvedge_mview_opts_t *opts)
 {
     if (opts)
         memset(opts, 0, sizeof *opts);
+}
+
+int kvedge_mview_check_endpoints(const char *list, char *why, size_t why_len)
+{
+    if (!list || !*list)
+        return 0;
+    size_t n = kvedge_mview_count_endpoints(list);
+    if (n > KVEDGE_MVIEW_MAX_MASTERS)
+        return kvedge_why(why, why_len, -1, "lists %zu masters: at most %d", n,
+                          KVEDGE_MVIEW_MAX_MASTERS);
+    const char *p = list;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char ep[KVEDGE_MASTER_MAX_ENDPOINT_BYTES + 1], sub[200] = "";
+        if (len == 0)
+            return kvedge_why(why, why_len, -1, "entry %zu of the list is empty", i + 1);
+        if (len > KVEDGE_MASTER_MAX_ENDPOINT_BYTES)
+            return kvedge_why(why, why_len, -1, "entry %zu is longer than %d bytes", i + 1,
+                              KVEDGE_MASTER_MAX_ENDPOINT_BYTES);
+        memcpy(ep, p, len);
+        ep[len] = '\0';
+        if (kvedge_settings_check_endpoint(ep, sub, sizeof sub) != 0)
+            return kvedge_why(why, why_len, -1, "'%s'%s %s", ep, n > 1 ? " (in the list)" : "",
+                              sub);
+        p = e ? e + 1 : p + len;
+    }
+    return 0;
+}
+
+size_t kvedge_mview_count_endpoints(const char *list)
+{
+    if (!list || !*list)
+        return 0;
+    size_t n = 1;
+    for (const char *c = list; *c; c++)
+        n += *c == ',';
+    return n;
+}
+
+int kvedge_mview_default_pubs(const char *masters, char *out, size_t cap)
+{
+    if (!masters || !*masters || !out || cap == 0)
+        return -1;
+    size_t off = 0;
+    const char *p = masters;
+    for (;;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        const char *colon = NULL;
+        for (const char *c = p; c < p + len; c++)
+            if (*c == ':')
+                colon = c;
+        char *end = NULL;
+        unsigned long port = 0;
+        if (len > 6 && strncmp(p, "tcp://", 6) == 0 && colon && colon > p + 6 &&
+            colon + 1 < p + len && colon[1] >= '0' && colon[1] <= '9') {
+            errno = 0;
+            port = strtoul(colon + 1, &end, 10);
+        }
+        if (!end || end != p + len || errno || port < 1 || port > 65534)
+            return -1;
+        int k = snprintf(out + off, cap - off, "%s%.*s:%lu", off ? "," : "", (int)(colon - p), p,
+                         port + 1);
+        if (k < 0 || (size_t)k >= cap - off)
+            return -1;
+        off += (size_t)k;
+        if (!e)
+            return 0;
+        p = e + 1;
+    }
 }
 
 static char *s_dup(const char *s, bool *failed)

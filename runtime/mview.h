@@ -87,6 +87,19 @@ typedef struct kvedge_mview_t kvedge_mview_t;
 
 void kvedge_mview_opts_default(kvedge_mview_opts_t *opts);
 
+/* Checks a list of masters "EP[,EP...]" (or "": none): 1 … KVEDGE_MVIEW_MAX_MASTERS entries,
+ * each an endpoint (kvedge_settings_check_endpoint). Returns 0, or -1 with why naming the
+ * entry at fault. A STRING setting's check. */
+int kvedge_mview_check_endpoints(const char *list, char *why, size_t why_len);
+
+/* The PUB list of a list of masters: each tcp://HOST:PORT entry's PORT+1 (the master's
+ * default); out receives "EP[,EP...]". Returns 0, or -1 when an entry is not tcp:// with a port
+ * below 65535 (its PUB must be given) or out is too small. */
+int kvedge_mview_default_pubs(const char *masters, char *out, size_t cap);
+
+/* The number of entries of a list of masters (0 for NULL or ""). */
+size_t kvedge_mview_count_endpoints(const char *list);
+
 /* Loads the snapshot file when there is a valid one (state STALE), starts the actor, and
  * waits up to start_wait_ms for a first sync. Succeeds with the master down: check
  * kvedge_mview_state. A damaged or foreign snapshot file is ignored. Caller owns *out.

@@ -16,7 +16,7 @@
 struct kvedge_dirpub_t {
     kvedge_dirpub_opts_t opts;
     char node_id[KVEDGE_MASTER_MAX_ID_BYTES + 1];
-    char master[256];  /* opts.master, or "" */
+    char master[1024]; /* opts.master (a list of masters), or "" */
     char cert[1024];   /* opts.cert, or "" */
     char cert_key[41]; /* the public key in cert, or "" */
     kvedge_master_node_t node;
