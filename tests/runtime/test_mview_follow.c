@@ -249,8 +249,11 @@ static void test_redirect_by_hint(void **state)
     s_standby_up(fx, 1, "no leader");
     s_pair(fx->list[0], sizeof fx->list[0], fx->sb[0].router, fx->sb[1].router);
     s_pair(fx->list[1], sizeof fx->list[1], fx->sb[0].pub, fx->sb[1].pub);
+    int64_t t0 = kt_now_ms();
     kvedge_mview_t *v = s_view(fx->list[0], fx->list[1], NULL);
     kt_wait_for(s_following(v, fx->router[0]), KT_WAIT_MS);
+    print_message("synced with the named leader %lld ms after start\n",
+                  (long long)(kt_now_ms() - t0));
     kvedge_mview_conn_t c = s_conn(v);
     assert_int_equal(c.redirects, 1);
     assert_int_equal(c.moves, 1);
@@ -342,9 +345,12 @@ static void test_followed_master_dies(void **state)
     assert_int_equal(s_set_node(v, "on-m0", 3000), KVEDGE_OK);
     assert_int_equal(s_conn(v).moves, 0);
 
+    int64_t t0 = kt_now_ms();
     kvedge_master_destroy(&fx->master[0]);
     s_watch_t w = {v, fx->router[1], false};
     kt_wait_until(s_moved, &w, KT_WAIT_MS);
+    print_message("synced with the next master %lld ms after the first went (dead_ms 800)\n",
+                  (long long)(kt_now_ms() - t0));
     assert_false(w.empty_seen);
     kvedge_master_node_t n;
     assert_int_equal(kvedge_mview_node(v, "on-m1", &n), KVEDGE_OK);
