@@ -192,8 +192,10 @@ static bool s_has_node(kvedge_mview_t *v, const char *id)
     return kvedge_mview_state(v) == KVEDGE_MVIEW_SYNCED && kvedge_mview_node(v, id, &n) == 0;
 }
 
+static int s_run(char *out, size_t cap, const char *args);
+
 /* A node given [a master that is down, the real master], PUBs by default: it registers with
- * the real one. */
+ * the real one, and `kvedge top` says which master it follows. */
 static void test_node_joins_list(void **state)
 {
     s_fx_t *fx = *state;
@@ -225,6 +227,19 @@ static void test_node_joins_list(void **state)
     assert_int_equal(kvedge_mview_start(&o, &obs), KVEDGE_OK);
     kt_wait_for(s_has_node(obs, "cloud-7"), KT_WAIT_MS);
     kvedge_mview_destroy(&obs);
+    static char out[65536];
+    char args[300], want[200];
+    snprintf(args, sizeof args, "-H ipc://%s/n.ipc top --json", fx->dir);
+    assert_int_equal(s_run(out, sizeof out, args), 0);
+    snprintf(want, sizeof want, "\"following\":\t\"%s\"", router); /* cJSON's pretty print */
+    if (!strstr(out, want))
+        fail_msg("expected %s in:\n%.4000s", want, out);
+    assert_non_null(strstr(out, "\"moves\":\t1,"));
+    snprintf(args, sizeof args, "-H ipc://%s/n.ipc top", fx->dir);
+    assert_int_equal(s_run(out, sizeof out, args), 0);
+    snprintf(want, sizeof want, "following %s (1 moves)", router);
+    if (!strstr(out, want))
+        fail_msg("expected %s in:\n%.4000s", want, out);
     kvedge_node_destroy(&node);
 }
 
