@@ -1257,7 +1257,7 @@ int kvedge_mview_check_endpoints(const char *list, char *why, size_t why_len)
         return 0;
     size_t n = kvedge_mview_count_endpoints(list);
     if (n > KVEDGE_MVIEW_MAX_MASTERS)
-        return kvedge_why(why, why_len, -1, "lists %zu masters: at most %d", n,
+        return kvedge_why(why, why_len, -1, "lists %zu masters, more than %d", n,
                           KVEDGE_MVIEW_MAX_MASTERS);
     const char *p = list;
     for (size_t i = 0; i < n; i++) {
@@ -1272,8 +1272,8 @@ int kvedge_mview_check_endpoints(const char *list, char *why, size_t why_len)
         memcpy(ep, p, len);
         ep[len] = '\0';
         if (kvedge_settings_check_endpoint(ep, sub, sizeof sub) != 0)
-            return kvedge_why(why, why_len, -1, "'%s'%s %s", ep, n > 1 ? " (in the list)" : "",
-                              sub);
+            return n > 1 ? kvedge_why(why, why_len, -1, "has a bad entry '%s': %s", ep, sub)
+                         : kvedge_why(why, why_len, -1, "%s", sub);
         p = e ? e + 1 : p + len;
     }
     return 0;

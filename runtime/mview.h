@@ -89,7 +89,8 @@ void kvedge_mview_opts_default(kvedge_mview_opts_t *opts);
 
 /* Checks a list of masters "EP[,EP...]" (or "": none): 1 … KVEDGE_MVIEW_MAX_MASTERS entries,
  * each an endpoint (kvedge_settings_check_endpoint). Returns 0, or -1 with why naming the
- * entry at fault. A STRING setting's check. */
+ * entry at fault (one endpoint: kvedge_settings_check_endpoint's words). A STRING setting's
+ * check: the caller puts the value in front. */
 int kvedge_mview_check_endpoints(const char *list, char *why, size_t why_len);
 
 /* The PUB list of a list of masters: each tcp://HOST:PORT entry's PORT+1 (the master's

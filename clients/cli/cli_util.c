@@ -201,11 +201,12 @@ const char *kvedge_cli_master_pubs(const char *cmd, const char *master_flag, con
 {
     char why[600] = "";
     if (!master || kvedge_mview_check_endpoints(master, why, sizeof why) != 0 || !*master) {
-        kvedge_cli_error("%s: --%s %s", cmd, master_flag, why[0] ? why : "is empty");
+        kvedge_cli_error("%s: --%s '%s' %s", cmd, master_flag, master ? master : "",
+                         why[0] ? why : "is empty");
         return NULL;
     }
     if (pub && kvedge_mview_check_endpoints(pub, why, sizeof why) != 0) {
-        kvedge_cli_error("%s: --%s %s", cmd, pub_flag, why);
+        kvedge_cli_error("%s: --%s '%s' %s", cmd, pub_flag, pub, why);
         return NULL;
     }
     if (!pub && kvedge_cli_default_pub(master, buf, cap) != 0) {
