@@ -103,6 +103,7 @@ typedef struct {
     uint64_t done_bytes[KVEDGE_PROXY_MAX_SOURCES];
     int64_t last_block_ms[KVEDGE_PROXY_MAX_SOURCES]; /* latest block from the source; 0 none */
     kvedge_plan_t *plan, *replan;
+    bool going; /* planned and streaming (s_fetch_go ran) */
     /* Large-small: a MAPPED request with a usable map has the mapped model's shape and chain,
      * the map (map->from[edge layer]), and per source and layer offset whether its option is
      * the mapped layer (via) and what that option would send (mbytes, -1: it lacks it).
@@ -707,7 +708,11 @@ static uint32_t s_window(const s_fetch_t *f, int s, double layer_bytes)
     return w > KVEDGE_PROXY_WINDOW_MAX ? KVEDGE_PROXY_WINDOW_MAX : (uint32_t)w;
 }
 
-/* Opens layer streams on every source that has room, lowest layers first. */
+/* Opens layer streams on every source that has room, lowest layers first. The buffer cap
+ * holds back every layer but the next one to deliver: the layers buffered behind it are
+ * freed only once it is delivered, so a full buffer must never keep it (re-planned after
+ * its source failed) from being fetched again, or the request would wait to its deadline
+ * and miss what another replica holds. */
 static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
 {
     int64_t now = kvedge_mono_ms();
@@ -719,7 +724,8 @@ static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
         for (size_t s = 0; s < f->nsrc; s++) {
             if (!f->psrc[s].up)
                 continue;
-            for (uint32_t i = f->next; i < f->L && left > 0 && p->buffered < cap; i++) {
+            for (uint32_t i = f->next; i < f->L && left > 0 && (p->buffered < cap || i == f->next);
+                 i++) {
                 s_layer_t *l = &f->layer[i];
                 if (l->state != L_QUEUED || l->src != (int)s)
                     continue;
@@ -968,6 +974,9 @@ void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
                    s_watch(p, f, now)) {
             f = next;
             continue;
+        } else if (f->going && !f->ended &&
+                   now < f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
+            s_issue(p, f); /* what the buffer cap held back, if there is room now */
         } else if (!f->ended && now >= f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
             for (uint32_t i = f->next; i < f->L; i++) {
                 s_layer_t *l = &f->layer[i];
@@ -1450,8 +1459,19 @@ static void s_fetch_go(kvedge_proxy_impl_t *p, s_fetch_t *f)
             ly->reason = KVEDGE_FETCH_PLANNED;
         }
     }
+    f->going = true;
     s_issue(p, f);
     s_deliver(p, f);
+}
+
+/* Buffer room came back (a client took blocks): every fetch under way may open the streams
+ * the cap held back. Without it a fetch whose streams had all ended with the buffer full
+ * would wait for its deadline. */
+static void s_issue_all(kvedge_proxy_impl_t *p)
+{
+    for (s_fetch_t *f = zlistx_first(p->fetches); f; f = zlistx_next(p->fetches))
+        if (f->going && !f->ended)
+            s_issue(p, f);
 }
 
 /* ---------------------------------------------------------------- client requests */
@@ -1471,7 +1491,10 @@ void kvedge_proxy_impl_fetch_credit(kvedge_proxy_impl_t *p, zframe_t *route, uin
     if (f) {
         uint64_t c = (uint64_t)f->credit + credit;
         f->credit = c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
-        s_pump(p, f);
+        uint64_t held = p->buffered;
+        s_pump(p, f); /* may end and free f */
+        if (p->buffered < held)
+            s_issue_all(p);
     }
 }
 

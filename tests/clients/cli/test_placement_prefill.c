@@ -4,7 +4,8 @@
  * exactly the two nodes access/placement.h names (each node's LIST); the proxy fetches each one
  * from its holders only; a replica SIGKILLed: W = 2 fails naming it, W = 1 succeeds with "1 of
  * 2", and every acknowledged context is still fetched bit-exact through the proxy from its
- * other replica. Bad input: no cloud node with a capacity, W = 0, W > R, -H with --replicas. */
+ * other replica, also when a replica serving a request is killed in the middle of it. Bad
+ * input: no cloud node with a capacity, W = 0, W > R, -H with --replicas. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -381,11 +382,179 @@ static kvedge_proxy_t *s_proxy(s_world_t *w, char *pep, size_t cap)
     po.id = "edge-proxy";
     po.master = w->mep;
     po.master_pub = w->mpub;
+    /* One layer buffered at a time: the proxy asks a source for the next layer only once the
+     * client has the previous one, so a source killed after the first layer still has layers
+     * to serve (the mid-request kill below). */
+    po.buffer_bytes = 1;
     char why[256];
     kvedge_proxy_t *px = NULL;
     if (kvedge_proxy_start(&po, &px, why, sizeof why) != KVEDGE_OK)
         fail_msg("proxy: %s", why);
     return px;
+}
+
+/* ---------------------------------------------------------------- a replica killed mid-request */
+
+static kt_ctx_t s_big; /* opt-125m, 2 chunks: 12 layers x 12 heads, put with the library */
+
+/* The tier as the master's registry has it (every node up). */
+static size_t s_tier(s_world_t *w, kvedge_placed_node_t *tier)
+{
+    size_t n = 0;
+    for (int i = 0; i < S_NODES; i++) {
+        kvedge_master_node_t rec;
+        if (w->pid[i] <= 0 || kvedge_mview_node(w->view, s_ids[i], &rec) != KVEDGE_OK)
+            continue;
+        memset(&tier[n], 0, sizeof tier[n]);
+        snprintf(tier[n].id, sizeof tier[n].id, "%s", s_ids[i]);
+        snprintf(tier[n].endpoint, sizeof tier[n].endpoint, "%s", rec.endpoint);
+        tier[n].weight = rec.capacity_bytes;
+        tier[n].up = true;
+        n++;
+    }
+    return n;
+}
+
+/* Puts s_big to its placement with the placed writer; its two replicas into placed. */
+static void s_put_big(s_world_t *w, char placed[2][16])
+{
+    kt_ctx_make(&s_big, 2, 3, 11, true);
+    kvedge_placed_node_t tier[S_NODES];
+    size_t n = s_tier(w, tier);
+    kvedge_placed_opts_t o;
+    kvedge_placed_opts_default(&o);
+    kvedge_placed_t *pw = NULL;
+    assert_int_equal(kvedge_placed_new(&o, tier, n, &s_big.ids[0], &pw), KVEDGE_OK);
+    assert_int_equal(kvedge_placed_connect(pw), KVEDGE_OK);
+    static kvedge_put_item_t items[KT_CTX_LAYERS * 2 * KT_CTX_HEADS];
+    size_t k = 0;
+    for (uint16_t l = 0; l < KT_CTX_LAYERS; l++)
+        for (uint32_t c = 0; c < 2; c++)
+            for (uint16_t h = 0; h < KT_CTX_HEADS; h++) {
+                kvedge_put_item_t *it = &items[k++];
+                memset(it, 0, sizeof *it);
+                it->chunk.id = s_big.ids[c];
+                it->chunk.has_parent = c > 0;
+                if (c > 0)
+                    it->chunk.parent = s_big.ids[c - 1];
+                snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%s", KT_CTX_MODEL);
+                it->chunk.index = c;
+                it->chunk.tokens = KT_CTX_TOKENS;
+                it->layer = l;
+                it->head = h;
+                it->block = s_big.block[l][c][h];
+                it->len = s_big.len[l][c][h];
+            }
+    assert_int_equal(kvedge_placed_put(pw, items, k), KVEDGE_OK);
+    assert_int_equal(kvedge_placed_acked(pw), 2);
+    for (uint32_t i = 0; i < 2; i++) {
+        kvedge_placed_replica_t r;
+        assert_int_equal(kvedge_placed_replica(pw, i, &r), KVEDGE_OK);
+        assert_int_equal(r.items, k);
+        snprintf(placed[i], sizeof placed[0], "%.15s", r.id);
+    }
+    kvedge_placed_destroy(&pw);
+}
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    s_world_t *w;
+    kvedge_fetch_plan_t plan;
+    int killed;            /* the node index killed mid-request, -1 before */
+    uint32_t killed_after; /* the layer whose delivery set it off */
+    uint32_t blocks, mismatches, delivered, fell_back;
+    char source[KT_CTX_LAYERS][64];
+} s_big_fetch_t;
+
+static void s_b_plan(void *ctx, const kvedge_fetch_plan_t *plan)
+{
+    s_big_fetch_t *f = ctx;
+    f->plan = *plan;
+}
+
+static void s_b_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source, int status,
+                      const uint8_t *data, size_t len)
+{
+    (void)source;
+    s_big_fetch_t *f = ctx;
+    f->blocks++;
+    if (status != 0 || layer >= KT_CTX_LAYERS || ci >= 2 || head >= KT_CTX_HEADS ||
+        len != s_big.len[layer][ci][head] || memcmp(data, s_big.block[layer][ci][head], len) != 0)
+        f->mismatches++;
+}
+
+/* Layers a source may have in flight ahead of the client (the proxy's window, at least 2)
+ * and the one buffered: a source killed now still had layers this far on to serve. */
+#define S_KILL_AHEAD 4
+
+/* After a layer, the first time the plan still has a layer at least S_KILL_AHEAD further on
+ * from the same source: SIGKILL that source, mid-request. */
+static void s_b_layer(void *ctx, const kvedge_fetch_layer_t *l)
+{
+    s_big_fetch_t *f = ctx;
+    if (l->layer < KT_CTX_LAYERS)
+        snprintf(f->source[l->layer], sizeof f->source[0], "%s", l->source_name);
+    f->delivered += l->status == 0;
+    f->fell_back += l->reason == KVEDGE_FETCH_FALLBACK_FAILED;
+    bool later = false;
+    for (uint32_t j = l->layer + S_KILL_AHEAD; f->killed < 0 && j < KT_CTX_LAYERS; j++) {
+        int s = f->plan.layer[j].source;
+        later |= s >= 0 && (uint32_t)s < f->plan.nsources &&
+                 strcmp(f->plan.source[s].name, l->source_name) == 0;
+    }
+    for (int i = 0; later && i < S_NODES; i++)
+        if (strcmp(s_ids[i], l->source_name) == 0 && f->w->pid[i] > 0) {
+            kill(f->w->pid[i], SIGKILL);
+            f->killed = i;
+            f->killed_after = l->layer;
+        }
+}
+
+static void s_b_done(void *ctx, int status)
+{
+    s_big_fetch_t *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    f->done = true;
+    f->status = status;
+    pthread_cond_signal(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* FETCH of s_big through the proxy; a source is SIGKILLed mid-request (s_b_layer). Returns
+ * the node killed. */
+static int s_fetch_big_kill(s_world_t *w, const char *pep, s_big_fetch_t *f)
+{
+    memset(f, 0, sizeof *f);
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    f->w = w;
+    f->killed = -1;
+    kvedge_client_t *c = kt_client(pep, 10000);
+    kvedge_fetch_req_t req;
+    kvedge_fetch_req_default(&req);
+    req.model_id = KT_CTX_MODEL;
+    req.chunks = s_big.ids;
+    req.n = 2;
+    req.layers = KT_CTX_LAYERS;
+    req.tokens = 2 * KT_CTX_TOKENS;
+    req.deadline_ms = 10000;
+    kvedge_fetch_cbs_t cbs = {s_b_plan, s_b_block, s_b_layer, s_b_done};
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, f), KVEDGE_OK);
+    pthread_mutex_lock(&f->mu);
+    while (!f->done)
+        pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+    kvedge_client_destroy(&c);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    if (f->killed >= 0) {
+        waitpid(w->pid[f->killed], NULL, 0);
+        w->pid[f->killed] = -1;
+    }
+    return f->killed;
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -447,6 +616,10 @@ static void test_prefill_to_the_placement(void **state)
         fail_msg("--replicas 5: exit %d: %s", all.rc, all.out);
     s_prefill_free(&all);
 
+    /* A context put with the library's placed writer (opt-125m, 12 layers, 2 chunks). */
+    char big_placed[2][16];
+    s_put_big(&w, big_placed);
+
     /* The proxy learns the four nodes from the master; each context comes from its replicas
      * only, bit-exact. */
     char pep[200];
@@ -476,14 +649,35 @@ static void test_prefill_to_the_placement(void **state)
                          p[k].placed[0], p[k].placed[1]);
     }
 
-    /* SIGKILL the node holding the most contexts. */
-    int victim = 0;
-    for (int i = 1; i < S_NODES; i++)
-        if (per_node[i] > per_node[victim])
-            victim = i;
-    kill(w.pid[victim], SIGKILL);
-    waitpid(w.pid[victim], NULL, 0);
-    w.pid[victim] = -1;
+    /* Mid-request: a replica serving the big context is SIGKILLed with layers still to serve;
+     * they come from its other replica, bit-exact, none computed. */
+    static s_prefill_t bigp;
+    bigp.n_chunks = 2;
+    bigp.n_placed = 2;
+    memcpy(bigp.chunks, s_big.ids, sizeof s_big.ids);
+    memcpy(bigp.placed, big_placed, sizeof big_placed);
+    s_dir_t bd = {&w, &bigp};
+    kt_wait_until(s_dir_has, &bd, KT_WAIT_MS);
+    assert_int_equal(kvedge_proxy_wait_view(px, kvedge_master_seq(w.master), KT_WAIT_MS),
+                     KVEDGE_OK);
+    s_big_fetch_t bf;
+    int victim = s_fetch_big_kill(&w, pep, &bf);
+    assert_true(victim >= 0);
+    assert_true(s_named(big_placed, 2, s_ids[victim]));
+    if (bf.status != 0 || bf.mismatches != 0 || bf.delivered != KT_CTX_LAYERS ||
+        bf.blocks != KT_CTX_LAYERS * 2 * KT_CTX_HEADS)
+        fail_msg("%s killed mid-request: status %d, %u mismatches, %u of %u layers, %u blocks",
+                 s_ids[victim], bf.status, bf.mismatches, bf.delivered, KT_CTX_LAYERS, bf.blocks);
+    uint32_t from_other = 0;
+    for (int l = 0; l < KT_CTX_LAYERS; l++) {
+        assert_true(s_named(big_placed, 2, bf.source[l]));
+        from_other += strcmp(bf.source[l], s_ids[victim]) != 0;
+    }
+    printf("%s killed after layer %u of 12: %u layers from the other replica (%u re-planned "
+           "after the failure), all bit-exact\n",
+           s_ids[victim], bf.killed_after, from_other, bf.fell_back);
+    assert_true(from_other >= 1);
+    assert_true(bf.fell_back >= 1);
 
     /* Every acknowledged context is still fetched whole and bit-exact, from its other
      * replica. */
@@ -545,6 +739,7 @@ static void test_prefill_to_the_placement(void **state)
         free(ref[k].buf);
         s_prefill_free(&p[k]);
     }
+    kt_ctx_free(&s_big);
     s_world_stop(&w);
 }
 
