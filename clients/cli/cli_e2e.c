@@ -1360,8 +1360,8 @@ static void s_prefill_text(const kvedge_cli_t *cli, const s_prefill_t *r, bool m
 static int s_prefill_llamacpp(kvedge_cli_t *cli, const s_prefill_opts_t *o)
 {
     if (o->mapped_only || o->master || o->replicas || o->write_quorum) {
-        kvedge_cli_error("prefill: --mapped-only and the placement (--master, --replicas, "
-                         "--write-quorum) are for --engine reference");
+        kvedge_cli_error("prefill: --mapped-only is for --engine reference, and so is the "
+                         "placement (--master, --replicas, --write-quorum)");
         return KVEDGE_EXIT_USAGE;
     }
     if (!cli->host) {

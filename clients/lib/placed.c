@@ -16,6 +16,10 @@ _Static_assert(KVEDGE_PLACED_REPLICAS_DEFAULT == KVEDGE_PLACE_REPLICAS_DEFAULT,
                "placement defaults differ");
 _Static_assert(KVEDGE_PLACED_ID_BYTES == KVEDGE_PLACE_ID_BYTES, "node id sizes differ");
 
+/* The smallest kvedge_placed_opts_t accepted (kvedge_abi_read): the first layout. When a
+ * field is appended it stays, and an older caller's struct gets the new field's default. */
+#define KVEDGE_PLACED_OPTS_SIZE_MIN sizeof(kvedge_placed_opts_t)
+
 /* One replica: the node it is, its client, what it did. */
 typedef struct {
     kvedge_placed_node_t node;
@@ -55,7 +59,8 @@ int kvedge_placed_new(const kvedge_placed_opts_t *opts, const kvedge_placed_node
     *out = NULL;
     kvedge_placed_opts_t o;
     kvedge_placed_opts_default(&o);
-    int rc = kvedge_abi_read(&o, sizeof o, opts, sizeof o, "kvedge_placed_opts_t");
+    int rc =
+        kvedge_abi_read(&o, sizeof o, opts, KVEDGE_PLACED_OPTS_SIZE_MIN, "kvedge_placed_opts_t");
     if (rc != KVEDGE_OK)
         return rc;
     if (!key || (!nodes && n > 0) || n > KVEDGE_PLACED_MAX_NODES ||

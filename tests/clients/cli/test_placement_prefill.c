@@ -2,10 +2,11 @@
  * four cloud store nodes in their own processes registered with it (capacities 1:1:2:1), and
  * an edge proxy that learns them from the master. Twenty contexts prefilled with R = 2 are on
  * exactly the two nodes access/placement.h names (each node's LIST); the proxy fetches each one
- * from its holders only; a replica SIGKILLed: W = 2 fails naming it, W = 1 succeeds with "1 of
- * 2", and every acknowledged context is still fetched bit-exact through the proxy from its
- * other replica, also when a replica serving a request is killed in the middle of it. Bad
- * input: no cloud node with a capacity, W = 0, W > R, -H with --replicas. */
+ * from its holders only, the cheaper of the two when their links differ; a replica SIGKILLed: W = 2
+ * fails naming it, W = 1 succeeds with "1 of 2", and every acknowledged context is still fetched
+ * bit-exact through the proxy from its other replica, also when a replica serving a request is
+ * killed in the middle of it. Bad input: no cloud node with a capacity, W = 0, W > R, -H with
+ * --replicas. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -372,14 +373,19 @@ static bool s_dir_has(void *arg)
     return true;
 }
 
-static kvedge_proxy_t *s_proxy(s_world_t *w, char *pep, size_t cap)
+/* An edge proxy following the master, on ROOT/NAME.sock; src (n): sources given by name,
+ * which the master's nodes of the same name do not replace. */
+static kvedge_proxy_t *s_proxy(s_world_t *w, const char *name, const kvedge_proxy_source_t *src,
+                               size_t n, char *pep, size_t cap)
 {
-    snprintf(pep, cap, "ipc://%s/proxy.sock", w->root);
+    snprintf(pep, cap, "ipc://%s/%s.sock", w->root, name);
     kvedge_proxy_opts_t po;
     kvedge_proxy_opts_default(&po);
     po.bind = pep;
     po.insecure = true;
-    po.id = "edge-proxy";
+    po.id = name;
+    po.sources = src;
+    po.nsources = n;
     po.master = w->mep;
     po.master_pub = w->mpub;
     /* One layer buffered at a time: the proxy asks a source for the next layer only once the
@@ -623,7 +629,7 @@ static void test_prefill_to_the_placement(void **state)
     /* The proxy learns the four nodes from the master; each context comes from its replicas
      * only, bit-exact. */
     char pep[200];
-    kvedge_proxy_t *px = s_proxy(&w, pep, sizeof pep);
+    kvedge_proxy_t *px = s_proxy(&w, "edge-proxy", NULL, 0, pep, sizeof pep);
     assert_int_equal(kvedge_proxy_wait_sources(px, S_NODES, KT_WAIT_MS), KVEDGE_OK);
     static s_ref_t ref[S_CONTEXTS];
     for (int k = 0; k < S_CONTEXTS; k++) {
@@ -648,6 +654,41 @@ static void test_prefill_to_the_placement(void **state)
                 fail_msg("context %d layer %d from %s, not a replica (%s, %s)", k, l, f.source[l],
                          p[k].placed[0], p[k].placed[1]);
     }
+
+    /* The cheaper replica: a second proxy whose link to c1 is slow (10 Mbit/s, 20 ms) and to
+     * the others fast (1 Gbit/s, 1 ms) takes every layer of a context c1 holds from its other
+     * replica, and still only from replicas. */
+    kvedge_proxy_source_t links[S_NODES];
+    for (int i = 0; i < S_NODES; i++) {
+        char spec[400];
+        snprintf(spec, sizeof spec, "cloud %s %s link=%s", s_ids[i], w.ep[i],
+                 i == 0 ? "10mbit,20ms" : "1gbit,1ms");
+        assert_int_equal(kvedge_proxy_source_parse(spec, &links[i]), KVEDGE_OK);
+    }
+    char pep2[200];
+    kvedge_proxy_t *px2 = s_proxy(&w, "edge-proxy-2", links, S_NODES, pep2, sizeof pep2);
+    assert_int_equal(kvedge_proxy_wait_sources(px2, S_NODES, KT_WAIT_MS), KVEDGE_OK);
+    assert_int_equal(kvedge_proxy_wait_view(px2, kvedge_master_seq(w.master), KT_WAIT_MS),
+                     KVEDGE_OK);
+    uint32_t with_c1 = 0;
+    for (int k = 0; k < S_CONTEXTS; k++) {
+        s_fetch_t f;
+        s_fetch(pep2, &p[k], &ref[k], &f);
+        if (f.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
+            fail_msg("context %d via the shaped proxy: status %d, %u mismatches, %u of %u "
+                     "layers",
+                     k, f.status, f.mismatches, f.delivered, S_LAYERS);
+        bool c1 = s_named(p[k].placed, 2, "c1");
+        with_c1 += c1;
+        for (int l = 0; l < S_LAYERS; l++)
+            if (!s_named(p[k].placed, 2, f.source[l]) || (c1 && strcmp(f.source[l], "c1") == 0))
+                fail_msg("context %d (on %s, %s) layer %d from %s", k, p[k].placed[0],
+                         p[k].placed[1], l, f.source[l]);
+    }
+    printf("slow link to c1: the %u contexts it holds came whole from their other replica\n",
+           with_c1);
+    assert_true(with_c1 > 0);
+    kvedge_proxy_destroy(&px2);
 
     /* Mid-request: a replica serving the big context is SIGKILLed with layers still to serve;
      * they come from its other replica, bit-exact, none computed. */
