@@ -79,7 +79,7 @@ static pid_t s_spawn_node(s_world_t *w, int i, const char *cap)
     return pid;
 }
 
-static void s_world_start(s_world_t *w, int nodes, const char *const *caps)
+static void s_world_start(s_world_t *w, int nodes, const char *const *caps, uint32_t down_ms)
 {
     memset(w, 0, sizeof *w);
     snprintf(w->root, sizeof w->root, "/tmp/kvedge-place-XXXXXX");
@@ -96,9 +96,8 @@ static void s_world_start(s_world_t *w, int nodes, const char *const *caps)
     mo.pub = w->mpub;
     mo.data_dir = mdir;
     mo.insecure = true;
-    /* A killed node stays "suspect" (still placed) for the whole test: the W checks need the
-     * placement to keep naming it. */
-    mo.down_ms = 600000;
+    mo.suspect_ms = down_ms < 3000 ? down_ms / 2 : 0;
+    mo.down_ms = down_ms;
     assert_int_equal(kvedge_master_start(&mo, &w->master, NULL, 0), KVEDGE_OK);
     kvedge_mview_opts_t vo;
     kvedge_mview_opts_default(&vo);
@@ -569,7 +568,9 @@ static void test_prefill_to_the_placement(void **state)
 {
     (void)state;
     s_world_t w;
-    s_world_start(&w, S_NODES, s_caps);
+    /* A killed node stays "suspect" (still placed) for the whole test: the W checks need the
+     * placement to keep naming it. */
+    s_world_start(&w, S_NODES, s_caps, 600000);
     s_count_t cnt = {&w, S_NODES};
     kt_wait_until(s_nodes_up, &cnt, KT_WAIT_MS);
 
@@ -790,7 +791,7 @@ static void test_placement_refusals(void **state)
     (void)state;
     static const char *const no_cap[] = {"0"};
     s_world_t w;
-    s_world_start(&w, 1, no_cap);
+    s_world_start(&w, 1, no_cap, 0);
     s_count_t cnt = {&w, 1};
     kt_wait_until(s_nodes_up, &cnt, KT_WAIT_MS);
     s_prefill_t p;
@@ -815,11 +816,68 @@ static void test_placement_refusals(void **state)
     s_world_stop(&w);
 
     /* A master with no cloud node at all. */
-    s_world_start(&w, 0, NULL);
+    s_world_start(&w, 0, NULL, 0);
     s_prefill(&w, 1, "", &p);
     if (p.rc != 5 || !strstr(p.out, "no cloud node registered"))
         fail_msg("no node: exit %d: %s", p.rc, p.out);
     s_prefill_free(&p);
+    s_world_stop(&w);
+}
+
+typedef struct {
+    s_world_t *w;
+    int i;
+} s_down_t;
+
+static bool s_is_down(void *arg)
+{
+    s_down_t *d = arg;
+    kvedge_master_health_t h;
+    return kvedge_mview_health(d->w->view, s_ids[d->i], &h) == KVEDGE_OK &&
+           h.state == KVEDGE_MASTER_HEALTH_DOWN;
+}
+
+/* A node the master holds down is not placed: the context goes to the next node in its
+ * ranking, and R above the nodes up gives what there is and says so. */
+static void test_placement_skips_down_nodes(void **state)
+{
+    (void)state;
+    s_world_t w;
+    s_world_start(&w, 3, s_caps, 1500);
+    s_count_t cnt = {&w, 3};
+    kt_wait_until(s_nodes_up, &cnt, KT_WAIT_MS);
+    s_prefill_t p;
+    s_prefill(&w, 7, "", &p);
+    if (p.rc != 0 || p.n_placed != 2)
+        fail_msg("all up: exit %d: %s", p.rc, p.out);
+    int dead = 0;
+    while (strcmp(s_ids[dead], p.placed[0]) != 0)
+        dead++;
+    kill(w.pid[dead], SIGKILL);
+    waitpid(w.pid[dead], NULL, 0);
+    w.pid[dead] = -1;
+    s_down_t d = {&w, dead};
+    kt_wait_until(s_is_down, &d, KT_WAIT_MS);
+    s_prefill_free(&p);
+    s_prefill(&w, 7, "", &p);
+    if (p.rc != 0 || p.n_placed != 2 || s_named(p.placed, 2, s_ids[dead]))
+        fail_msg("%s down: exit %d: %s", s_ids[dead], p.rc, p.out);
+    s_prefill_free(&p);
+    char cmd[1024], out[4096], line[128];
+    snprintf(cmd, sizeof cmd,
+             "%s prefill --master %s --master-pub %s -w %s --model-id %s --context abcdef "
+             "--replicas 3 2>&1",
+             KVEDGE_BIN, w.mep, w.mpub, w.weights, S_MODEL);
+    assert_int_equal(kt_capture(cmd, out, sizeof out), 0);
+    snprintf(line, sizeof line, "W=2; asked 3, 2 cloud nodes up with a capacity");
+    if (!strstr(out, "replicas: stored on 2 of 2 (") || !strstr(out, line))
+        fail_msg("--replicas 3 with 2 up: %s", out);
+    snprintf(cmd, sizeof cmd,
+             "%s prefill --master %s --master-pub %s -w %s --model-id %s --context abcdef "
+             "--replicas 3 --write-quorum 3 2>&1",
+             KVEDGE_BIN, w.mep, w.mpub, w.weights, S_MODEL);
+    assert_int_equal(kt_capture(cmd, out, sizeof out), 5);
+    assert_non_null(strstr(out, "--write-quorum 3 cannot be met: 2 cloud nodes up"));
     s_world_stop(&w);
 }
 
@@ -828,6 +886,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill_to_the_placement),
         cmocka_unit_test(test_placement_refusals),
+        cmocka_unit_test(test_placement_skips_down_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
