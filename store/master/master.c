@@ -118,6 +118,7 @@ typedef struct {
     s_peer_master_t masters[S_MAX_MASTERS];
     size_t n_masters;
     uint64_t leader_changes;
+    char why[KVEDGE_KVMSG_MAX_REASON_BYTES + 1]; /* why s_apply refused (etcd), for the ERR */
 } s_master_t;
 
 static int s_reserve(s_master_t *m, uint64_t seq, char *why, size_t why_len);
@@ -221,9 +222,10 @@ static void s_hugz(s_master_t *m)
     s_publish(m, &h);
 }
 
-/* The one way anything changes: next seq; the record (or its deletion) and the seq in one
- * write batch; then publish. On failure nothing changed and nothing was published.
- * Errors: KVEDGE_EFULL (registry limits), store errors. */
+/* The one way anything changes: next seq; on etcd, the seq reserved and a hard record written
+ * there first (fenced); the record (or its deletion) and the seq in one write batch; then
+ * publish. On failure nothing changed here and nothing was published (m->why says why when
+ * etcd refused). Errors: KVEDGE_EFULL (registry limits), store errors, etcd's (s_fenced). */
 static int s_apply(s_master_t *m, const char *key, size_t klen, const uint8_t *body, size_t len,
                    uint64_t *seq_out)
 {
@@ -242,13 +244,21 @@ static int s_apply(s_master_t *m, const char *key, size_t klen, const uint8_t *b
         return KVEDGE_EFULL;
 
     uint64_t seq = m->seq + 1;
+    m->why[0] = '\0';
     if (m->etcd && seq > m->reserved) {
-        char why[300];
-        int rrc = s_reserve(m, seq, why, sizeof why);
+        int rrc = s_reserve(m, seq, m->why, sizeof m->why);
         if (rrc != KVEDGE_OK) {
-            kvedge_log_warn("update not applied: %s", why);
+            kvedge_log_warn("update not applied: %s", m->why);
             return rrc;
         }
+    }
+    if (m->etcd && s_hard_key(key, klen)) {
+        /* Hard state: in etcd first (fenced by the leader's lease), then here. */
+        char k0[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+        snprintf(k0, sizeof k0, "%.*s", (int)klen, key);
+        int erc = s_etcd_record(m, k0, seq, body, len, m->why, sizeof m->why);
+        if (erc != KVEDGE_OK)
+            return erc;
     }
     uint8_t seqb[8];
     kvedge_le_put64(seqb, seq);
@@ -396,18 +406,9 @@ static void s_set(s_master_t *m, zframe_t *route, const kvedge_kvmsg_t *k)
         return;
     }
     uint64_t seq = 0;
-    if (m->etcd && s_hard_key(key, k->key_len)) {
-        /* Hard state: in etcd first (fenced by the leader's lease), then here. */
-        char why[KVEDGE_KVMSG_MAX_REASON_BYTES + 1];
-        rc = s_etcd_record(m, key, m->seq + 1, k->body, k->body_len, why, sizeof why);
-        if (rc != KVEDGE_OK) {
-            s_reply_err(m, route, k, rc, why);
-            return;
-        }
-    }
     rc = s_apply(m, key, k->key_len, k->body, k->body_len, &seq);
     if (rc != KVEDGE_OK) {
-        s_reply_err(m, route, k, rc, kvedge_strerror(rc));
+        s_reply_err(m, route, k, rc, m->why[0] ? m->why : kvedge_strerror(rc));
         return;
     }
     kvedge_master_key_t parsed;

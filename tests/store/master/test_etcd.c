@@ -20,6 +20,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
+
 #include "store/master/etcd.h"
 #include "store/master/master.h"
 #include "access/codec/error.h"
@@ -285,13 +287,14 @@ static void s_http404_stop(s_http404_t *h)
 
 /* A master on etcd in this process, plaintext on ipc endpoints in the test's directory. */
 typedef struct {
-    char router[200], pub[200], data[200];
+    char router[200], pub[200], data[200], metrics[64];
     kvedge_master_t *m;
 } s_mfx_t;
 
 static int s_master_try(s_mfx_t *f, const char *name, const char *etcd, const char *prefix,
                         const char *cluster, char *why, size_t why_len)
 {
+    snprintf(f->metrics, sizeof f->metrics, "127.0.0.1:%d", kt_free_port());
     snprintf(f->router, sizeof f->router, "ipc://%s/%s.router", s_dir, name);
     snprintf(f->pub, sizeof f->pub, "ipc://%s/%s.pub", s_dir, name);
     snprintf(f->data, sizeof f->data, "%s/%s.data", s_dir, name);
@@ -307,6 +310,7 @@ static int s_master_try(s_mfx_t *f, const char *name, const char *etcd, const ch
     o.cluster = cluster;
     o.id = name;
     o.lease_ms = 2000;
+    o.metrics = f->metrics;
     return kvedge_master_start(&o, &f->m, why, why_len);
 }
 
@@ -376,6 +380,38 @@ static void test_meta_refused(void **state)
 }
 
 /* ---------------------------------------------------------------- two masters */
+
+static size_t s_body_cb(char *p, size_t size, size_t n, void *arg)
+{
+    char *buf = arg;
+    size_t have = strlen(buf), add = size * n;
+    if (have + add >= 65536)
+        add = 65535 - have;
+    memcpy(buf + have, p, add);
+    buf[have + add] = '\0';
+    return size * n;
+}
+
+/* The value of one series on the master's /metrics; -1 when absent. */
+static double s_metric(const s_mfx_t *f, const char *series)
+{
+    static char buf[65536];
+    buf[0] = '\0';
+    char url[128];
+    snprintf(url, sizeof url, "http://%s/metrics", f->metrics);
+    CURL *c = curl_easy_init();
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, s_body_cb);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, buf);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 3000L);
+    CURLcode cc = curl_easy_perform(c);
+    curl_easy_cleanup(c);
+    assert_int_equal(cc, CURLE_OK);
+    char want[200];
+    snprintf(want, sizeof want, "\n%s ", series);
+    const char *at = strstr(buf, want);
+    return at ? strtod(at + strlen(want), NULL) : -1;
+}
 
 static const char *s_role(s_mfx_t *f)
 {
@@ -463,6 +499,8 @@ static void test_two_masters_one_leads(void **state)
     assert_null(heard);
     zsock_destroy(&sub);
 
+    assert_true(s_metric(&b, "kvedge_master_leader") == 0);
+    assert_true(s_metric(&b, "kvedge_master_role{role=\"standby\"}") == 1);
     cJSON *sa = s_status(&a), *sb = s_status(&b);
     assert_string_equal(s_str(sa, "role"), "leader");
     assert_string_equal(s_str(sb, "role"), "standby");
@@ -516,6 +554,11 @@ static void test_two_masters_one_leads(void **state)
     sb = s_status(&b);
     assert_int_equal(cJSON_GetObjectItem(sb, "leader_changes")->valueint, 1);
     cJSON_Delete(sb);
+    assert_true(s_metric(&b, "kvedge_master_leader") == 1);
+    assert_true(s_metric(&b, "kvedge_master_leader_changes_total") == 1);
+    assert_true(s_metric(&b, "kvedge_master_role{role=\"leader\"}") == 1);
+    assert_true(s_metric(&b, "kvedge_master_role{role=\"standby\"}") == 0);
+    assert_true(s_metric(&b, "kvedge_master_etcd_requests_total{result=\"ok\"}") > 0);
     /* A deletion of a hard record leaves etcd too. */
     assert_int_equal(
         kt_master_call(b.router, KVEDGE_KVMSG_SET, "model/model-3", NULL, 0, 3000, &r, NULL, NULL),
@@ -526,6 +569,59 @@ static void test_two_masters_one_leads(void **state)
     kvedge_etcd_reply_free(&er);
     kvedge_etcd_destroy(&e);
     kvedge_master_destroy(&b.m);
+}
+
+/* A leader whose key was taken (its lease no longer holds it) cannot write: the fence refuses
+ * the hard record, nothing changes, and it follows whoever etcd names; when that key goes it
+ * leads again. */
+static void test_deposed_leader_is_fenced(void **state)
+{
+    (void)state;
+    if (!s_have_etcd)
+        skip();
+    char why[600] = "";
+    s_mfx_t f;
+    assert_int_equal(s_master_try(&f, "f1", s_etcd.endpoints, "/t/fence", NULL, why, sizeof why),
+                     0);
+    kt_wait_for(strcmp(s_role(&f), "leader") == 0, KT_WAIT_MS);
+    kvedge_etcd_t *e;
+    assert_int_equal(kvedge_etcd_new(s_etcd.endpoints, 2000, &e, why, sizeof why), 0);
+    int64_t lease = 0;
+    assert_int_equal(kvedge_etcd_lease_grant(e, 30, &lease, why, sizeof why), 0);
+    const char *other = "{\"id\":\"intruder\",\"router\":\"ipc:///nowhere\",\"pub\":\"ipc:///"
+                        "nowhere-pub\"}";
+    /* Another lease on the leader key, as a master that took over would have. */
+    assert_int_equal(
+        kvedge_etcd_put(e, "/t/fence/leader", other, strlen(other), lease, why, sizeof why), 0);
+    kvedge_etcd_reply_t r;
+
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len = kt_model_body("late", body);
+    uint64_t seq = kvedge_master_seq(f.m);
+    kt_mreply_t mr;
+    assert_int_equal(
+        kt_master_call(f.router, KVEDGE_KVMSG_SET, "model/late", body, len, 3000, &mr, NULL, NULL),
+        0);
+    assert_int_equal(mr.cmd, KVEDGE_KVMSG_ERR);
+    assert_int_equal(mr.status, KVEDGE_ENOTLEADER);
+    assert_int_equal(kvedge_master_seq(f.m), seq);
+    assert_int_equal(kvedge_etcd_get(e, "/t/fence/reg/model/late", &r, why, sizeof why), 0);
+    assert_int_equal(r.n_kvs, 0);
+    kvedge_etcd_reply_free(&r);
+    kt_wait_for(strcmp(s_role(&f), "standby") == 0, KT_WAIT_MS);
+    kt_wait_for(kt_master_call(f.router, KVEDGE_KVMSG_SET, "model/late", body, len, 3000, &mr, NULL,
+                               NULL) == 0 &&
+                    strcmp(mr.body, "leader ipc:///nowhere ipc:///nowhere-pub") == 0,
+                KT_WAIT_MS);
+    /* The intruder's lease goes: f1 campaigns and leads again. */
+    assert_int_equal(kvedge_etcd_lease_revoke(e, lease, why, sizeof why), 0);
+    kt_wait_for(strcmp(s_role(&f), "leader") == 0, KT_WAIT_MS);
+    assert_int_equal(
+        kt_master_call(f.router, KVEDGE_KVMSG_SET, "model/late", body, len, 3000, &mr, NULL, NULL),
+        0);
+    assert_int_equal(mr.cmd, KVEDGE_KVMSG_OK);
+    kvedge_etcd_destroy(&e);
+    kvedge_master_destroy(&f.m);
 }
 
 /* Without --etcd: role single, no etcd, itself the leader; the rest as before. */
@@ -565,9 +661,13 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decode_replies), cmocka_unit_test(test_embedded_status),
-        cmocka_unit_test(test_client_kv),      cmocka_unit_test(test_not_etcd),
-        cmocka_unit_test(test_meta_refused),   cmocka_unit_test(test_two_masters_one_leads),
+        cmocka_unit_test(test_decode_replies),
+        cmocka_unit_test(test_embedded_status),
+        cmocka_unit_test(test_client_kv),
+        cmocka_unit_test(test_not_etcd),
+        cmocka_unit_test(test_meta_refused),
+        cmocka_unit_test(test_two_masters_one_leads),
+        cmocka_unit_test(test_deposed_leader_is_fenced),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (s_have_etcd)
