@@ -260,7 +260,8 @@ static int s_decode_obj(const cJSON *root, long http, kvedge_etcd_reply_t *out, 
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version");
     if (!s_int(h, "revision", &out->revision) || !s_bool(o, "more", &out->more) ||
         !s_bool(o, "succeeded", &out->succeeded) || !s_int(o, "ID", &out->id) ||
-        !s_int(o, "TTL", &out->ttl) || (ver && !cJSON_IsString(ver)))
+        !s_int(o, "TTL", &out->ttl) || !s_int(o, "dbSize", &out->db_size) ||
+        (ver && !cJSON_IsString(ver)))
         return kvedge_why(why, why_len, KVEDGE_EPROTO, "not etcd's JSON (a field's type)");
     if (ver)
         snprintf(out->version, sizeof out->version, "%s", ver->valuestring);

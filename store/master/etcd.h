@@ -49,11 +49,12 @@ typedef struct {
     int64_t revision; /* header.revision */
     kvedge_etcd_kv_t *kvs;
     size_t n_kvs;
-    bool more;      /* range: more keys past the limit */
-    bool succeeded; /* txn: the compares held */
-    int64_t id;     /* lease grant / keepalive: the lease */
-    int64_t ttl;    /* lease grant / keepalive: seconds left; 0 = the lease is gone */
-    char version[32];
+    bool more;        /* range: more keys past the limit */
+    bool succeeded;   /* txn: the compares held */
+    int64_t id;       /* lease grant / keepalive: the lease */
+    int64_t ttl;      /* lease grant / keepalive: seconds left; 0 = the lease is gone */
+    char version[32]; /* status: etcd's version */
+    int64_t db_size;  /* status: the backend's size on disk, bytes */
     kvedge_etcd_member_t members[KVEDGE_ETCD_MAX_MEMBERS];
     size_t n_members;
 } kvedge_etcd_reply_t;
