@@ -85,7 +85,8 @@ static inline int kt_master_call(const char *ep, kvedge_kvmsg_cmd_t cmd, const c
                     out->body_len = a.body_len < KVEDGE_KVMSG_MAX_BODY_BYTES
                                         ? a.body_len
                                         : KVEDGE_KVMSG_MAX_BODY_BYTES;
-                    memcpy(out->body, a.body, out->body_len);
+                    if (out->body_len)
+                        memcpy(out->body, a.body, out->body_len);
                     out->body[out->body_len] = '\0';
                     done = true;
                     rc = 0;
