@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "runtime/log.h"
+#include "runtime/mview.h"
 #include "runtime/secure.h"
 #include "access/transport.h"
 #include "monitor/http.h"
@@ -60,20 +61,22 @@ static const kvedge_setting_t s_settings[] = {
              "[rtt=US]\", KIND local, peer, cloud or history (link= emulates a link, for tests)"},
     {.key = "master",
      .flag = "master",
-     .arg = "EP",
+     .arg = "EPS",
      .type = KVEDGE_SETTING_STRING,
      KVEDGE_SETTING_AT(S_T, master),
-     .check = kvedge_settings_check_endpoint,
+     .check = kvedge_mview_check_endpoints,
      .example = "ipc:///tmp/kvedge-master.sock",
-     .help = "Storage Master ROUTER (with master_pub): sources, directory, links, models"},
+     .help = "Storage Master ROUTER: sources, directory, links, models; a list EP[,EP...] of "
+             "the masters of one cluster follows the leader"},
     {.key = "master_pub",
      .flag = "master-pub",
-     .arg = "EP",
+     .arg = "EPS",
      .type = KVEDGE_SETTING_STRING,
      KVEDGE_SETTING_AT(S_T, master_pub),
-     .check = kvedge_settings_check_endpoint,
+     .check = kvedge_mview_check_endpoints,
      .example = "ipc:///tmp/kvedge-master-pub.sock",
-     .help = "the master's PUB endpoint"},
+     .help = "the masters' PUB endpoints EP[,EP...], one per master; empty: each tcp master's "
+             "PORT+1"},
     {.key = "master_key",
      .flag = "master-key",
      .arg = "KEY",
@@ -175,12 +178,34 @@ void kvedge_proxy_settings_default(kvedge_proxy_settings_t *s)
     kvedge_settings_defaults(&kvedge_proxy_settings_table, s);
 }
 
+/* The masters' PUB list: master_pub, else each tcp master's PORT+1; "" when not derivable. */
+static const char *s_master_pubs(const kvedge_proxy_settings_t *s, char *out, size_t cap)
+{
+    if (s->master_pub[0])
+        return s->master_pub;
+    if (kvedge_mview_default_pubs(s->master, out, cap) != 0)
+        out[0] = '\0';
+    return out;
+}
+
 int kvedge_proxy_settings_check(const kvedge_proxy_settings_t *s, char *why, size_t why_len)
 {
     if (!s || s->nsource > KVEDGE_PROXY_MAX_SOURCES)
         return kvedge_why(why, why_len, KVEDGE_EINVAL, "bad settings");
-    if (!s->master[0] != !s->master_pub[0])
-        return kvedge_why(why, why_len, KVEDGE_EINVAL, "master and master_pub go together");
+    char pubs[KVEDGE_PROXY_MASTERS_BYTES];
+    if (s->master_pub[0] && !s->master[0])
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "master_pub without master");
+    if (s->master[0] && !s_master_pubs(s, pubs, sizeof pubs)[0])
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "master and master_pub go together: the PUB endpoints default to "
+                          "PORT+1 only for tcp://HOST:PORT masters");
+    if (s->master[0] && kvedge_mview_count_endpoints(s->master) !=
+                            kvedge_mview_count_endpoints(s_master_pubs(s, pubs, sizeof pubs)))
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "master lists %zu masters and master_pub %zu PUB endpoints: give one "
+                          "PUB per master, in the same order",
+                          kvedge_mview_count_endpoints(s->master),
+                          kvedge_mview_count_endpoints(s->master_pub));
     if (!s->nsource && !s->master[0])
         return kvedge_why(why, why_len, KVEDGE_EINVAL,
                           "no sources: give --source (repeatable) or --master");
@@ -272,7 +297,9 @@ int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t
     po.sources = src;
     po.nsources = s->nsource;
     po.master = s->master[0] ? s->master : NULL;
-    po.master_pub = s->master_pub[0] ? s->master_pub : NULL;
+    /* The proxy reads master_pub only while it starts (its view keeps a copy). */
+    char pubs[KVEDGE_PROXY_MASTERS_BYTES];
+    po.master_pub = s->master[0] ? s_master_pubs(s, pubs, sizeof pubs) : NULL;
     po.master_key = s->master_key[0] ? s->master_key : NULL;
     po.snapshot = s->snapshot[0] ? s->snapshot : NULL;
     po.local_node = s->local_node[0] ? s->local_node : NULL;

@@ -19,6 +19,7 @@ extern "C" {
 #define KVEDGE_PROXY_CERT_DEFAULT      "proxy.cert" /* the secret: proxy.cert_secret */
 #define KVEDGE_PROXY_PATH_BYTES        1024
 #define KVEDGE_PROXY_EP_BYTES          256
+#define KVEDGE_PROXY_MASTERS_BYTES     1024 /* a list of masters "EP[,EP...]" */
 #define KVEDGE_PROXY_SOURCE_SPEC_BYTES 2048 /* one "KIND NAME ENDPOINT [...]" */
 
 typedef struct {
@@ -27,8 +28,9 @@ typedef struct {
     /* Static sources, as given: "KIND NAME ENDPOINT [key=K] [link=..] [bw=..] [rtt=..]". */
     char source[KVEDGE_PROXY_MAX_SOURCES][KVEDGE_PROXY_SOURCE_SPEC_BYTES];
     size_t nsource;
-    char master[KVEDGE_PROXY_EP_BYTES];     /* Storage Master ROUTER; "" = none */
-    char master_pub[KVEDGE_PROXY_EP_BYTES]; /* its PUB */
+    /* Storage Master ROUTER, or a list "EP[,EP...]" of the masters of one cluster; "" = none */
+    char master[KVEDGE_PROXY_MASTERS_BYTES];
+    char master_pub[KVEDGE_PROXY_MASTERS_BYTES]; /* one PUB per master; "" = tcp PORT+1 */
     char master_key[KVEDGE_PROXY_PATH_BYTES];
     char snapshot[KVEDGE_PROXY_PATH_BYTES]; /* the registry replica's file; "" = none */
     char local_node[65];                    /* this edge's store node id: kind local */
@@ -49,9 +51,10 @@ extern const kvedge_settings_table_t kvedge_proxy_settings_table;
 void kvedge_proxy_settings_default(kvedge_proxy_settings_t *s);
 
 /* Checks what can be checked without touching the disk or the network. why (may be NULL)
- * says what is wrong. Errors: KVEDGE_EINVAL (master without master_pub or the reverse, no
- * source and no master, CURVE for clients without a clients directory, a bad source spec),
- * KVEDGE_EDENIED (plaintext on an endpoint other hosts can reach). */
+ * says what is wrong. Errors: KVEDGE_EINVAL (master_pub without master, a master list whose PUBs
+ * are neither given nor tcp PORT+1, lists of different lengths, no source and no master, CURVE for
+ * clients without a clients directory, a bad source spec), KVEDGE_EDENIED (plaintext on an endpoint
+ * other hosts can reach). */
 int kvedge_proxy_settings_check(const kvedge_proxy_settings_t *s, char *why, size_t why_len);
 
 /* Checks the settings, loads the proxy certificate (making it when missing) where CURVE is or

@@ -11,7 +11,14 @@
  * A handshake the master refuses (ZAP: our key is not in its allowlist) ends that connection
  * for good in libzmq (no reconnect), so a monitor on the DEALER watches for it, and sockets that
  * have not heard the master are replaced with a backoff: the view recovers by itself once the
- * master lets it in, and kvedge_mview_conn says why it is not synced meanwhile. */
+ * master lets it in, and kvedge_mview_conn says why it is not synced meanwhile.
+ *
+ * A list of masters (one cluster on etcd: one leader, standbys): the view follows one at a time.
+ * A standby's PUB is silent, so the snapshot is asked for after a short probe time even when the
+ * PUB said nothing; a master's ENOTLEADER answer that names the leader ("leader R P") moves the
+ * view there at once, one that names none ("no leader") moves it to the next entry after a
+ * backoff, and silence moves it to the next entry (round robin). Every move keeps the served
+ * state (STALE) and re-syncs once. */
 #include "runtime/mview.h"
 
 #include <czmq.h>
@@ -30,6 +37,8 @@
 #include "access/codec/byteorder.h"
 #include "access/codec/clock.h"
 #include "access/codec/error.h"
+#include "access/codec/why.h"
+#include "runtime/settings.h"
 
 #define S_WAIT_MARGIN_MS  250 /* a caller of set waits this long past its deadline */
 #define S_PIPE_QUEUED_MAX 512 /* requests in the pipe before calls fail with EBUSY */
@@ -139,7 +148,9 @@ typedef struct {
     int64_t deadline; /* absolute, monotonic ms */
     uint64_t rid;     /* actor only from here */
     bool sent;
-    bool acked; /* OK came; waiting for the view to apply acked_seq */
+    bool acked;       /* OK came; waiting for the view to apply acked_seq */
+    bool notleader;   /* a master answered ENOTLEADER: at the deadline that is the answer */
+    int64_t retry_at; /* not sent again before (a master that knew no leader) */
     uint64_t acked_seq;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -159,7 +170,12 @@ typedef struct {
 /* The actor's state; only the actor thread touches it after start. */
 struct s_io_t {
     kvedge_mview_t *v;
-    char *master, *pub, *prefix, *path, *hb_id;
+    char *master, *pub;     /* the master followed now: an entry of the list, or a named leader */
+    char **masters, **pubs; /* the list given, n_eps entries each */
+    size_t n_eps, ep_idx;   /* ep_idx: the entry followed last */
+    int64_t probe_at;       /* a snapshot is asked for then even if the PUB said nothing */
+    int64_t next_at;        /* the next entry of the list then ("no leader"); 0 = none */
+    char *prefix, *path, *hb_id;
     size_t prefix_len;
     bool curve;
     char server_pub[KVEDGE_MASTER_KEY_Z85_BYTES + 1];
@@ -505,7 +521,11 @@ static int s_connect(s_io_t *io)
     s_monitor(io); /* refusals (CURVE) and a master of another mechanism (either way) */
     /* Sockets that hear nothing for this long are replaced (s_timers). */
     uint32_t wait = io->dead_ms > io->retry_ms ? io->dead_ms : io->retry_ms;
-    io->reconnect_at = kvedge_mono_ms() + wait;
+    int64_t now = kvedge_mono_ms();
+    io->reconnect_at = now + wait;
+    /* A standby's PUB is silent: ask for a snapshot anyway after the probe time (one master:
+     * half of dead_ms, which a master that publishes never reaches, HUGZ being more frequent). */
+    io->probe_at = now + (io->n_eps > 1 ? KVEDGE_MVIEW_PROBE_MS : io->dead_ms / 2);
     pthread_mutex_lock(&io->v->mu);
     io->v->conn.heard = false;
     io->v->conn.retry_ms = io->retry_ms;
@@ -620,14 +640,16 @@ static void s_sync_abort(s_io_t *io)
     s_buffer_clear(io);
 }
 
-static void s_sync_begin(s_io_t *io)
+/* Asks for a snapshot; probe: also when the SUB has heard nothing yet (a standby's PUB is
+ * silent; a KVPUB past the snapshot or a HUGZ that differs re-syncs once the PUB speaks). */
+static void s_sync_start(s_io_t *io, bool probe)
 {
     int64_t now = kvedge_mono_ms();
     if (io->syncing)
         s_sync_abort(io);
     if (!io->dealer && s_connect(io) != KVEDGE_OK)
         s_close(io);
-    if (!io->subscribed) {
+    if (!io->subscribed && !probe) {
         io->next_sync = now; /* the first message on the SUB starts the sync */
         return;
     }
@@ -639,6 +661,8 @@ static void s_sync_begin(s_io_t *io)
     if (s_table_init(&io->fresh) != KVEDGE_OK || !s_send(io, &k)) {
         s_table_free(&io->fresh);
         io->next_sync = now + S_SEND_RETRY_MS;
+        if (probe)
+            io->probe_at = now + S_SEND_RETRY_MS; /* not connected yet */
         return;
     }
     io->syncing = true;
@@ -647,14 +671,25 @@ static void s_sync_begin(s_io_t *io)
     io->fresh_count = 0;
 }
 
+static void s_sync_begin(s_io_t *io)
+{
+    s_sync_start(io, false);
+}
+
+typedef enum {
+    S_WHY_GAP,   /* a missed update */
+    S_WHY_DEATH, /* a silent master */
+    S_WHY_MOVE,  /* another master: counted in conn.moves */
+} s_why_t;
+
 /* The served state is no longer the master's: say so and start over. */
-static void s_resync(s_io_t *io, bool gap, bool reconnect)
+static void s_resync_why(s_io_t *io, s_why_t why, bool reconnect)
 {
     kvedge_mview_t *v = io->v;
     pthread_mutex_lock(&v->mu);
-    if (gap)
+    if (why == S_WHY_GAP)
         v->stats.gaps++;
-    else
+    else if (why == S_WHY_DEATH)
         v->stats.deaths++;
     if (v->state == KVEDGE_MVIEW_SYNCED)
         v->state = KVEDGE_MVIEW_STALE;
@@ -665,6 +700,79 @@ static void s_resync(s_io_t *io, bool gap, bool reconnect)
     if (reconnect && s_connect(io) != KVEDGE_OK)
         s_close(io);
     s_sync_begin(io);
+}
+
+static void s_resync(s_io_t *io, bool gap, bool reconnect)
+{
+    s_resync_why(io, gap ? S_WHY_GAP : S_WHY_DEATH, reconnect);
+}
+
+/* More than the one master given: a list, or a leader a master named. */
+static bool s_following(const s_io_t *io)
+{
+    return io->n_eps > 1 || strcmp(io->master, io->masters[0]) != 0 ||
+           strcmp(io->pub, io->pubs[0]) != 0;
+}
+
+/* Follows another master: new sockets to it and a re-sync; the served state stays (STALE).
+ * SETs sent to the previous master and not answered are sent again (SET is idempotent). */
+static void s_follow(s_io_t *io, const char *router, const char *pub, s_why_t why, bool redirect)
+{
+    kvedge_mview_t *v = io->v;
+    if (strcmp(router, io->master) != 0 || strcmp(pub, io->pub) != 0) {
+        char *m = strdup(router), *p = strdup(pub);
+        if (m && p) {
+            free(io->master);
+            free(io->pub);
+            io->master = m;
+            io->pub = p;
+            for (size_t i = 0; i < io->n_eps; i++)
+                if (strcmp(router, io->masters[i]) == 0)
+                    io->ep_idx = i;
+            for (s_set_t *r = zlistx_first(io->sets); r; r = zlistx_next(io->sets))
+                if (r->sent && !r->acked)
+                    r->sent = false;
+            pthread_mutex_lock(&v->mu);
+            v->conn.moves++;
+            if (redirect)
+                v->conn.redirects++;
+            snprintf(v->conn.endpoint, sizeof v->conn.endpoint, "%s", io->master);
+            snprintf(v->conn.pub, sizeof v->conn.pub, "%s", io->pub);
+            pthread_mutex_unlock(&v->mu);
+        } else {
+            free(m);
+            free(p); /* out of memory: new sockets to the same master */
+        }
+    }
+    io->next_at = 0;
+    s_resync_why(io, why, true);
+}
+
+/* The next entry of the list (round robin). */
+static void s_follow_next(s_io_t *io, s_why_t why)
+{
+    size_t i = (io->ep_idx + 1) % io->n_eps;
+    if (strcmp(io->master, io->masters[io->ep_idx]) != 0)
+        i = io->ep_idx; /* following a named leader: back to the list where we left it */
+    io->ep_idx = i;
+    s_follow(io, io->masters[i], io->pubs[i], why, false);
+}
+
+/* "leader <ROUTER> <PUB>": the leader a master named, when this view may follow it (a valid
+ * endpoint; plaintext only to loopback). */
+static bool s_hint(const s_io_t *io, const uint8_t *b, size_t len, char *router, char *pub)
+{
+    char text[KVEDGE_KVMSG_MAX_REASON_BYTES + 1], extra;
+    if (!b || len == 0 || len > KVEDGE_KVMSG_MAX_REASON_BYTES)
+        return false;
+    memcpy(text, b, len);
+    text[len] = '\0';
+    if (strncmp(text, "leader ", 7) != 0 ||
+        sscanf(text + 7, "%255s %255s %c", router, pub, &extra) != 2)
+        return false;
+    if (!strstr(router, "://") || !strstr(pub, "://"))
+        return false;
+    return io->curve || (kvedge_endpoint_is_loopback(router) && kvedge_endpoint_is_loopback(pub));
 }
 
 static void s_set_send(s_io_t *io, s_set_t *r);
@@ -685,7 +793,9 @@ static void s_sets_sweep(s_io_t *io)
         if (r->acked && (!catching_up || (synced && r->acked_seq <= v->seq))) {
             s_set_complete(r, KVEDGE_OK);
         } else if (now >= r->deadline) {
-            s_set_complete(r, r->acked ? KVEDGE_OK : KVEDGE_ETIMEDOUT);
+            s_set_complete(r, r->acked       ? KVEDGE_OK
+                              : r->notleader ? KVEDGE_ENOTLEADER
+                                             : KVEDGE_ETIMEDOUT);
         } else {
             s_set_send(io, r);
             if (!zlistx_add_end(io->sets, r))
@@ -736,6 +846,8 @@ static void s_sync_finish(s_io_t *io, const kvedge_kvmsg_t *k)
     s_buffer_clear(io);
     io->last_heard = kvedge_mono_ms();
     io->retry_ms = KVEDGE_MVIEW_RECONNECT_MIN_MS;
+    if (!io->subscribed) /* a probe's snapshot: the PUB gets dead_ms from now to speak */
+        io->reconnect_at = io->last_heard + io->dead_ms;
     if (io->on_change)
         io->on_change(io->ctx, NULL, seq, NULL, 0);
     s_notified(io, seq);
@@ -849,6 +961,41 @@ static void s_set_done(s_io_t *io, s_set_t *r, int status)
     s_set_complete(r, status);
 }
 
+/* ENOTLEADER (a standby, or a master without its etcd quorum), to a snapshot, a SET or a
+ * heartbeat: to the leader it names at once, else the next entry of the list after a backoff
+ * (a snapshot) or the same SET again after it. */
+static void s_not_leader(s_io_t *io, const kvedge_kvmsg_t *k, bool snap)
+{
+    kvedge_mview_t *v = io->v;
+    int64_t now = kvedge_mono_ms();
+    char router[KVEDGE_MASTER_MAX_ENDPOINT_BYTES + 1], pub[KVEDGE_MASTER_MAX_ENDPOINT_BYTES + 1];
+    bool hinted = s_hint(io, k->body, k->body_len, router, pub) &&
+                  (strcmp(router, io->master) != 0 || strcmp(pub, io->pub) != 0);
+    pthread_mutex_lock(&v->mu);
+    snprintf(v->conn.reason, sizeof v->conn.reason, "%.*s", (int)k->body_len,
+             k->body ? (const char *)k->body : "");
+    pthread_mutex_unlock(&v->mu);
+    s_set_t *r = s_set_find(io, k->rid);
+    if (r) {
+        r->sent = false;
+        r->notleader = true;
+        r->retry_at = hinted ? 0 : now + KVEDGE_MVIEW_NO_LEADER_MS;
+    }
+    if (hinted) {
+        s_follow(io, router, pub, S_WHY_MOVE, true);
+        return;
+    }
+    if (!snap)
+        return;
+    s_sync_abort(io);
+    if (s_following(io)) {
+        io->next_at = now + KVEDGE_MVIEW_NO_LEADER_MS;
+    } else {
+        io->next_sync = now + KVEDGE_MVIEW_NO_LEADER_MS;
+        io->probe_at = io->next_sync;
+    }
+}
+
 static void s_on_dealer(s_io_t *io)
 {
     zframe_t *parts[KVEDGE_KVMSG_MAX_FRAMES] = {NULL};
@@ -861,6 +1008,8 @@ static void s_on_dealer(s_io_t *io)
     bool snap = ok && io->syncing && k.rid == io->snap_rid;
     if (!ok) {
         s_bad(io);
+    } else if (k.cmd == KVEDGE_KVMSG_ERR && k.status == KVEDGE_ENOTLEADER) {
+        s_not_leader(io, &k, snap);
     } else if (k.cmd == KVEDGE_KVMSG_KVSYNC && snap) {
         char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
         memcpy(key, k.key, k.key_len);
@@ -885,6 +1034,8 @@ static void s_on_dealer(s_io_t *io)
     } else if (k.cmd == KVEDGE_KVMSG_ERR && snap) {
         s_sync_abort(io);
         io->next_sync = kvedge_mono_ms() + KVEDGE_MVIEW_RETRY_MS;
+        if (!io->subscribed)
+            io->probe_at = io->next_sync;
     } else if (k.cmd == KVEDGE_KVMSG_OK || k.cmd == KVEDGE_KVMSG_ERR) {
         s_set_t *r = s_set_find(io, k.rid);
         if (r && k.cmd == KVEDGE_KVMSG_ERR) {
@@ -910,7 +1061,7 @@ static void s_on_dealer(s_io_t *io)
 
 static void s_set_send(s_io_t *io, s_set_t *r)
 {
-    if (r->sent)
+    if (r->sent || (r->retry_at && kvedge_mono_ms() < r->retry_at))
         return;
     r->rid = ++io->next_rid;
     kvedge_kvmsg_t k = {.cmd = KVEDGE_KVMSG_SET,
@@ -968,22 +1119,41 @@ static int64_t s_timers(s_io_t *io)
     kvedge_mview_t *v = io->v;
     int64_t now = kvedge_mono_ms();
     if (io->syncing && now >= io->snap_deadline) {
-        /* No complete snapshot in time: the master is unreachable or stuck. New sockets, and
-         * keep serving what we have. */
+        /* No complete snapshot in time: the master is unreachable or stuck. New sockets (the
+         * next master of a list), and keep serving what we have. */
         s_sync_abort(io);
-        if (s_connect(io) != KVEDGE_OK)
+        if (s_following(io))
+            s_follow_next(io, S_WHY_DEATH);
+        else if (s_connect(io) != KVEDGE_OK)
             s_close(io);
         io->next_sync = now + KVEDGE_MVIEW_RETRY_MS;
     }
+    if (io->next_at && now >= io->next_at)
+        s_follow_next(io, S_WHY_MOVE); /* the master knew no leader */
     if (!io->syncing && v->state != KVEDGE_MVIEW_SYNCED && io->subscribed && now >= io->next_sync)
         s_sync_begin(io);
-    if (!io->syncing && v->state == KVEDGE_MVIEW_SYNCED && now - io->last_heard > io->dead_ms)
-        s_resync(io, false, true);
+    if (!io->syncing && v->state != KVEDGE_MVIEW_SYNCED && !io->subscribed && io->probe_at &&
+        now >= io->probe_at) {
+        io->probe_at = 0;
+        s_sync_start(io, true);
+    }
+    if (!io->syncing && v->state == KVEDGE_MVIEW_SYNCED && now - io->last_heard > io->dead_ms) {
+        if (s_following(io))
+            s_follow_next(io, S_WHY_DEATH);
+        else
+            s_resync(io, false, true);
+    }
     if (!io->subscribed && io->reconnect_at && now >= io->reconnect_at) {
-        /* Refused, or nothing heard: libzmq may have given up on these sockets. */
-        if (s_connect(io) != KVEDGE_OK)
+        /* Refused, or nothing heard: libzmq may have given up on these sockets. A list: the
+         * next master, the backoff growing once per round. */
+        bool round = true;
+        if (s_following(io)) {
+            s_follow_next(io, S_WHY_MOVE);
+            round = io->ep_idx == 0;
+        } else if (s_connect(io) != KVEDGE_OK) {
             s_close(io);
-        uint32_t next = io->retry_ms * 2;
+        }
+        uint32_t next = round ? io->retry_ms * 2 : io->retry_ms;
         io->retry_ms = next < KVEDGE_MVIEW_RECONNECT_MAX_MS ? next : KVEDGE_MVIEW_RECONNECT_MAX_MS;
         pthread_mutex_lock(&v->mu);
         v->conn.reconnects++;
@@ -1006,6 +1176,11 @@ static int64_t s_timers(s_io_t *io)
         next = io->reconnect_at;
     if (!io->syncing && v->state != KVEDGE_MVIEW_SYNCED && io->subscribed && io->next_sync < next)
         next = io->next_sync;
+    if (!io->syncing && v->state != KVEDGE_MVIEW_SYNCED && !io->subscribed && io->probe_at &&
+        io->probe_at < next)
+        next = io->probe_at;
+    if (io->next_at && io->next_at < next)
+        next = io->next_at;
     return next > now ? next - now : 0;
 }
 
@@ -1076,6 +1251,77 @@ void kvedge_mview_opts_default(kvedge_mview_opts_t *opts)
         memset(opts, 0, sizeof *opts);
 }
 
+int kvedge_mview_check_endpoints(const char *list, char *why, size_t why_len)
+{
+    if (!list || !*list)
+        return 0;
+    size_t n = kvedge_mview_count_endpoints(list);
+    if (n > KVEDGE_MVIEW_MAX_MASTERS)
+        return kvedge_why(why, why_len, -1, "lists %zu masters, more than %d", n,
+                          KVEDGE_MVIEW_MAX_MASTERS);
+    const char *p = list;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char ep[KVEDGE_MASTER_MAX_ENDPOINT_BYTES + 1], sub[200] = "";
+        if (len == 0)
+            return kvedge_why(why, why_len, -1, "entry %zu of the list is empty", i + 1);
+        if (len > KVEDGE_MASTER_MAX_ENDPOINT_BYTES)
+            return kvedge_why(why, why_len, -1, "entry %zu is longer than %d bytes", i + 1,
+                              KVEDGE_MASTER_MAX_ENDPOINT_BYTES);
+        memcpy(ep, p, len);
+        ep[len] = '\0';
+        if (kvedge_settings_check_endpoint(ep, sub, sizeof sub) != 0)
+            return n > 1 ? kvedge_why(why, why_len, -1, "has a bad entry '%s': %s", ep, sub)
+                         : kvedge_why(why, why_len, -1, "%s", sub);
+        p = e ? e + 1 : p + len;
+    }
+    return 0;
+}
+
+size_t kvedge_mview_count_endpoints(const char *list)
+{
+    if (!list || !*list)
+        return 0;
+    size_t n = 1;
+    for (const char *c = list; *c; c++)
+        n += *c == ',';
+    return n;
+}
+
+int kvedge_mview_default_pubs(const char *masters, char *out, size_t cap)
+{
+    if (!masters || !*masters || !out || cap == 0)
+        return -1;
+    size_t off = 0;
+    const char *p = masters;
+    for (;;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        const char *colon = NULL;
+        for (const char *c = p; c < p + len; c++)
+            if (*c == ':')
+                colon = c;
+        char *end = NULL;
+        unsigned long port = 0;
+        if (len > 6 && strncmp(p, "tcp://", 6) == 0 && colon && colon > p + 6 &&
+            colon + 1 < p + len && colon[1] >= '0' && colon[1] <= '9') {
+            errno = 0;
+            port = strtoul(colon + 1, &end, 10);
+        }
+        if (!end || end != p + len || errno || port < 1 || port > 65534)
+            return -1;
+        int k = snprintf(out + off, cap - off, "%s%.*s:%lu", off ? "," : "", (int)(colon - p), p,
+                         port + 1);
+        if (k < 0 || (size_t)k >= cap - off)
+            return -1;
+        off += (size_t)k;
+        if (!e)
+            return 0;
+        p = e + 1;
+    }
+}
+
 static char *s_dup(const char *s, bool *failed)
 {
     if (!s)
@@ -1106,10 +1352,52 @@ static int s_server_key(const char *key, char out[KVEDGE_MASTER_KEY_Z85_BYTES + 
     return KVEDGE_OK;
 }
 
+static void s_list_free(char **list, size_t n)
+{
+    for (size_t i = 0; list && i < n; i++)
+        free(list[i]);
+    free(list);
+}
+
+/* Splits "EP[,EP...]" into owned strings: 1 … KVEDGE_MVIEW_MAX_MASTERS entries, each (in a
+ * list) a transport://address without spaces. Returns 0, KVEDGE_EINVAL or KVEDGE_ENOMEM. */
+static int s_split(const char *list, char ***out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    size_t cap = 1;
+    for (const char *c = list; *c; c++)
+        cap += *c == ',';
+    if (cap > KVEDGE_MVIEW_MAX_MASTERS)
+        return KVEDGE_EINVAL;
+    char **v = calloc(cap, sizeof *v);
+    if (!v)
+        return KVEDGE_ENOMEM;
+    const char *p = list;
+    for (size_t i = 0; i < cap; i++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        v[i] = len && len <= KVEDGE_MASTER_MAX_ENDPOINT_BYTES ? strndup(p, len) : NULL;
+        int rc =
+            !v[i] && len && len <= KVEDGE_MASTER_MAX_ENDPOINT_BYTES ? KVEDGE_ENOMEM : KVEDGE_EINVAL;
+        /* One endpoint is checked as it always was, by connecting; a list here. */
+        if (!v[i] || (cap > 1 && (!strstr(v[i], "://") || strpbrk(v[i], " \t\r\n")))) {
+            s_list_free(v, cap);
+            return rc;
+        }
+        p = e ? e + 1 : p + len;
+    }
+    *out = v;
+    *n = cap;
+    return KVEDGE_OK;
+}
+
 static void s_io_free(s_io_t *io)
 {
     if (!io)
         return;
+    s_list_free(io->masters, io->n_eps);
+    s_list_free(io->pubs, io->n_eps);
     s_table_free(&io->fresh);
     if (io->buffer)
         s_buffer_clear(io);
@@ -1139,8 +1427,26 @@ static int s_io_new(const kvedge_mview_opts_t *o, s_io_t **out)
     if (!io)
         return KVEDGE_ENOMEM;
     bool failed = false;
-    io->master = s_dup(o->master, &failed);
-    io->pub = s_dup(o->pub, &failed);
+    size_t n_pubs = 0;
+    int rc = s_split(o->master, &io->masters, &io->n_eps);
+    if (rc == KVEDGE_OK)
+        rc = s_split(o->pub, &io->pubs, &n_pubs);
+    if (rc == KVEDGE_OK && n_pubs != io->n_eps)
+        rc = KVEDGE_EINVAL; /* one PUB per master */
+    for (size_t i = 0; rc == KVEDGE_OK && !o->server_key && i < io->n_eps; i++)
+        if (!kvedge_endpoint_is_loopback(io->masters[i]) ||
+            !kvedge_endpoint_is_loopback(io->pubs[i]))
+            rc = KVEDGE_EDENIED; /* plaintext only where nobody else can listen */
+    if (rc != KVEDGE_OK) {
+        s_list_free(io->pubs, n_pubs);
+        io->pubs = NULL;
+        if (!io->masters)
+            io->n_eps = 0;
+        s_io_free(io);
+        return rc;
+    }
+    io->master = s_dup(io->masters[0], &failed);
+    io->pub = s_dup(io->pubs[0], &failed);
     io->prefix = s_dup(o->prefix ? o->prefix : "", &failed);
     io->path = o->snapshot_path && *o->snapshot_path ? s_dup(o->snapshot_path, &failed) : NULL;
     io->hb_id = o->heartbeat_id ? s_dup(o->heartbeat_id, &failed) : NULL;
@@ -1162,7 +1468,7 @@ static int s_io_new(const kvedge_mview_opts_t *o, s_io_t **out)
             s_io_free(io);
             return KVEDGE_EDENIED;
         }
-        int rc = s_server_key(o->server_key, io->server_pub);
+        rc = s_server_key(o->server_key, io->server_pub);
         io->cert = rc == KVEDGE_OK ? zcert_load(o->client_cert) : NULL;
         if (rc == KVEDGE_OK && !io->cert)
             rc = KVEDGE_EIO;
@@ -1196,10 +1502,6 @@ int kvedge_mview_start(const kvedge_mview_opts_t *opts, kvedge_mview_t **out)
         (opts->heartbeat_id && !kvedge_master_id_ok(opts->heartbeat_id)) ||
         (opts->snapshot_path && strlen(opts->snapshot_path) > 4000))
         return KVEDGE_EINVAL;
-    /* Plaintext only where nobody else can listen. */
-    if (!opts->server_key &&
-        (!kvedge_endpoint_is_loopback(opts->master) || !kvedge_endpoint_is_loopback(opts->pub)))
-        return KVEDGE_EDENIED;
     s_io_t *io;
     int rc = s_io_new(opts, &io);
     if (rc != KVEDGE_OK)
@@ -1215,6 +1517,8 @@ int kvedge_mview_start(const kvedge_mview_opts_t *opts, kvedge_mview_t **out)
     s_cond_init(&v->cv);
     io->v = v;
     v->conn.dead_ms = io->dead_ms;
+    snprintf(v->conn.endpoint, sizeof v->conn.endpoint, "%s", io->master);
+    snprintf(v->conn.pub, sizeof v->conn.pub, "%s", io->pub);
     v->io = io;
 
     /* The last state known, until the master says otherwise. */
@@ -1278,6 +1582,16 @@ uint64_t kvedge_mview_seq(kvedge_mview_t *v)
     uint64_t s = v->seq;
     pthread_mutex_unlock(&v->mu);
     return s;
+}
+
+uint64_t kvedge_mview_registry(kvedge_mview_t *v)
+{
+    if (!v)
+        return 0;
+    pthread_mutex_lock(&v->mu);
+    uint64_t r = v->registry;
+    pthread_mutex_unlock(&v->mu);
+    return r;
 }
 
 size_t kvedge_mview_count(kvedge_mview_t *v)

@@ -31,6 +31,14 @@ extern "C" {
  * max(dead_ms, the current wait). */
 #define KVEDGE_MVIEW_RECONNECT_MIN_MS 1000
 #define KVEDGE_MVIEW_RECONNECT_MAX_MS 30000
+/* A list of masters (docs/master.md "Client algorithm"): a standby's PUB is silent, so the view
+ * asks for a snapshot this long after connecting even when the PUB has said nothing (with one
+ * master: after dead_ms). The Clone gap rules keep that safe. */
+#define KVEDGE_MVIEW_PROBE_MS 200
+/* A master that answers ENOTLEADER without naming a leader ("no leader", "no etcd quorum"):
+ * the next master of the list (a snapshot), or the same request again (SET), after this long. */
+#define KVEDGE_MVIEW_NO_LEADER_MS 250
+#define KVEDGE_MVIEW_MAX_MASTERS  16 /* entries in a list of masters */
 
 typedef enum {
     KVEDGE_MVIEW_EMPTY = 0,  /* no state at all: never synced, no snapshot file */
@@ -48,10 +56,13 @@ typedef void (*kvedge_mview_change_fn)(void *ctx, const char *key, uint64_t seq,
                                        const uint8_t *body, size_t len);
 
 typedef struct {
-    const char *master;        /* the master's ROUTER endpoint (required) */
-    const char *pub;           /* the master's PUB endpoint (required) */
+    const char *master;        /* the master's ROUTER endpoint, or a list "EP[,EP...]" of the
+                                * masters of one cluster (required) */
+    const char *pub;           /* the matching PUB endpoint(s), as many as master (required) */
     const char *server_key;    /* the master's public key: Z85 (40 chars) or a path to its
-                                * public certificate; NULL = plaintext (loopback only) */
+                                * public certificate; NULL = plaintext (loopback only). The
+                                * masters of one cluster share one certificate: the same key
+                                * serves every entry and any leader a master names */
     const char *client_cert;   /* this peer's secret certificate; required with server_key */
     const char *prefix;        /* replicate only keys starting with it; NULL = everything */
     const char *snapshot_path; /* replica file, rewritten atomically; NULL = none */
@@ -76,6 +87,20 @@ typedef struct kvedge_mview_t kvedge_mview_t;
 
 void kvedge_mview_opts_default(kvedge_mview_opts_t *opts);
 
+/* Checks a list of masters "EP[,EP...]" (or "": none): 1 … KVEDGE_MVIEW_MAX_MASTERS entries,
+ * each an endpoint (kvedge_settings_check_endpoint). Returns 0, or -1 with why naming the
+ * entry at fault (one endpoint: kvedge_settings_check_endpoint's words). A STRING setting's
+ * check: the caller puts the value in front. */
+int kvedge_mview_check_endpoints(const char *list, char *why, size_t why_len);
+
+/* The PUB list of a list of masters: each tcp://HOST:PORT entry's PORT+1 (the master's
+ * default); out receives "EP[,EP...]". Returns 0, or -1 when an entry is not tcp:// with a port
+ * below 65535 (its PUB must be given) or out is too small. */
+int kvedge_mview_default_pubs(const char *masters, char *out, size_t cap);
+
+/* The number of entries of a list of masters (0 for NULL or ""). */
+size_t kvedge_mview_count_endpoints(const char *list);
+
 /* Loads the snapshot file when there is a valid one (state STALE), starts the actor, and
  * waits up to start_wait_ms for a first sync. Succeeds with the master down: check
  * kvedge_mview_state. A damaged or foreign snapshot file is ignored. Caller owns *out.
@@ -92,6 +117,10 @@ kvedge_mview_state_t kvedge_mview_state(kvedge_mview_t *v);
 
 /* The seq of the state the view serves (0 when EMPTY). */
 uint64_t kvedge_mview_seq(kvedge_mview_t *v);
+
+/* The id of the registry the served state came from (0 when EMPTY): a master on a fresh
+ * directory has another one. */
+uint64_t kvedge_mview_registry(kvedge_mview_t *v);
 
 /* Records held. */
 size_t kvedge_mview_count(kvedge_mview_t *v);
@@ -111,6 +140,15 @@ typedef struct {
     bool mismatch;       /* the master speaks another security mechanism: it requires CURVE
                           * and this view is plaintext (no server_key), or the reverse; cleared
                           * by the next handshake that succeeds */
+    char endpoint[KVEDGE_MASTER_MAX_ENDPOINT_BYTES + 1]; /* the ROUTER of the master followed now
+                                                          * (an entry of the list, or the leader
+                                                          * a master named) */
+    char pub[KVEDGE_MASTER_MAX_ENDPOINT_BYTES + 1];      /* its PUB */
+    uint64_t moves;     /* times the view went to another master (a redirect, or the next entry
+                         * of the list after silence or "no leader") */
+    uint64_t redirects; /* of those, moves to the leader an ENOTLEADER answer named */
+    char reason[KVEDGE_KVMSG_MAX_REASON_BYTES + 1]; /* the last ENOTLEADER reason ("leader R P",
+                                                     * "no leader", "no etcd quorum"); "" none */
 } kvedge_mview_conn_t;
 
 /* Copies the connection's state. A refused view keeps trying (new sockets, with backoff), so
@@ -136,7 +174,10 @@ int kvedge_mview_foreach(kvedge_mview_t *v, const char *prefix, kvedge_mview_cb 
 /* Sends a SET (len 0 = delete) and waits for the master's answer until deadline_ms (0 =
  * KVEDGE_MVIEW_SET_DEADLINE_MS, at most KVEDGE_WIRE_MAX_DEADLINE_MS). On success the view itself
  * has applied the update, when it is synced (read your writes). The master may have applied an
- * update whose answer was lost: SET is idempotent, retry it. Errors: KVEDGE_EINVAL (key or length),
+ * update whose answer was lost: SET is idempotent, retry it. A master that does not lead and
+ * names the leader moves the view there and the SET is sent again within the deadline;
+ * KVEDGE_ENOTLEADER only when no leader answered in time (kvedge_mview_conn's reason says
+ * why). Errors: KVEDGE_EINVAL (key or length),
  * the master's refusal (KVEDGE_EINVAL, KVEDGE_EDENIED, KVEDGE_EPROTO, KVEDGE_EVERSION,
  * KVEDGE_EFULL, store errors), KVEDGE_ETIMEDOUT (no answer: the master is down; keep working
  * on the view), KVEDGE_ECLOSED (the view is being destroyed), KVEDGE_EBACKLOG (its queue is full).
@@ -144,7 +185,8 @@ int kvedge_mview_foreach(kvedge_mview_t *v, const char *prefix, kvedge_mview_cb 
 int kvedge_mview_set(kvedge_mview_t *v, const char *key, const void *body, size_t len,
                      int deadline_ms);
 
-/* Queues one HEARTBEAT for id (dropped when the master is unreachable). Returns 0, or
+/* Queues one HEARTBEAT for id to the master the view follows (dropped when it is unreachable;
+ * an ENOTLEADER answer that names the leader moves the view there). Returns 0, or
  * KVEDGE_EINVAL (not a node id), KVEDGE_ECLOSED, KVEDGE_EBACKLOG. */
 int kvedge_mview_heartbeat(kvedge_mview_t *v, const char *id);
 

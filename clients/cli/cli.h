@@ -124,8 +124,16 @@ int kvedge_cli_parse_size(const char *s, uint64_t *out);
 int kvedge_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out);
 
 /* The PUB endpoint next to a master's ROUTER endpoint tcp://HOST:PORT: tcp://HOST:PORT+1 into
- * out; -1 when master is not tcp://HOST:PORT with PORT in 1 .. 65534. */
+ * out; for a list of masters "EP[,EP...]", the list of theirs. -1 when an entry is not
+ * tcp://HOST:PORT with PORT in 1 .. 65534, or out is too small. */
 int kvedge_cli_default_pub(const char *master, char *out, size_t cap);
+
+/* The PUB list for a list of masters "EP[,EP...]" (given by --MASTER_FLAG): pub (--PUB_FLAG)
+ * when given, else the default (PORT+1 per tcp entry) written into buf. Every entry of both is
+ * checked and their counts must match; otherwise the error names the entry at fault (prefixed
+ * with cmd) and NULL is returned: a usage error. */
+const char *kvedge_cli_master_pubs(const char *cmd, const char *master_flag, const char *master,
+                                   const char *pub_flag, const char *pub, char *buf, size_t cap);
 
 /* Writes s as a JSON string literal (quoted, escaped). */
 void kvedge_cli_json_str(FILE *f, const char *s);

@@ -840,12 +840,13 @@ static const kvedge_cmdopt_t s_prefill_list[] = {
              "(map/MODEL/EDGE at --master) use, their union; refused when no map names the "
              "model"},
     {.name = "master",
-     .arg = "EP",
+     .arg = "EPS",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_prefill_opts_t, master),
-     .help = "the Storage Master's ROUTER (with --mapped-only)"},
+     .help = "the Storage Master's ROUTER, or a list EP[,EP...] of the masters of one cluster "
+             "(with --mapped-only)"},
     {.name = "master-pub",
-     .arg = "EP",
+     .arg = "EPS",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_prefill_opts_t, master_pub),
      .def_text = "for tcp://HOST:PORT, PORT+1",
@@ -892,10 +893,9 @@ static int s_mapped_layers(const s_master_t *ms, const kvedge_model_t *m, kvedge
                            size_t *n_maps, char *edges, size_t edges_cap)
 {
     char pub[300], prefix[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
-    if (!ms->pub && kvedge_cli_default_pub(ms->master, pub, sizeof pub) != 0) {
-        kvedge_cli_error("prefill: give --master-pub for %s", ms->master);
+    if (!kvedge_cli_master_pubs("prefill", "master", ms->master, "master-pub", ms->pub, pub,
+                                sizeof pub))
         return KVEDGE_EXIT_USAGE;
-    }
     if (ms->key && !ms->cert) {
         kvedge_cli_error("prefill: --master-key needs --cert (this client's secret certificate)");
         return KVEDGE_EXIT_USAGE;

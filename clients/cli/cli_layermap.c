@@ -192,17 +192,19 @@ static const kvedge_cmdopt_t s_opt_list[] = {
              "replaced by --cloud-id and --edge-id, and --cloud with --edge give the model "
              "records to register as well"},
     {.name = "register",
-     .arg = "MASTER",
+     .arg = "EPS",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_opts_t, reg),
-     .help = "SET the map as map/CLOUD_ID/EDGE_ID in the Storage Master at MASTER (its "
-             "ROUTER); the ids must be registry model ids (no '/'), and the layer counts those "
+     .help = "SET the map as map/CLOUD_ID/EDGE_ID in the Storage Master at EPS (its ROUTER, "
+             "or a list EP[,EP...] of the masters of one cluster: the leader takes it); the ids "
+             "must be registry model "
+             "ids (no '/'), and the layer counts those "
              "of the models the master (or the built-in table) knows under those ids; a model "
              "the master does not know yet is registered first from its weights (model/ID: "
              "layers, heads, head size, fp16), so proxies can use the map before any node "
              "stores that model"},
     {.name = "master-pub",
-     .arg = "PUB",
+     .arg = "PUBS",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_opts_t, master_pub),
      .def_text = "for tcp://HOST:PORT, PORT+1",
@@ -498,8 +500,8 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
         ex = KVEDGE_EXIT_CORRUPT;
     } else if (!s_registry_ids(map->cloud_id, map->edge_id, key, sizeof key)) {
         ex = KVEDGE_EXIT_USAGE;
-    } else if (!r->pub && kvedge_cli_default_pub(r->master, pub, sizeof pub) != 0) {
-        kvedge_cli_error("layermap: give --master-pub for %s", r->master);
+    } else if (!kvedge_cli_master_pubs("layermap", "register", r->master, "master-pub", r->pub, pub,
+                                       sizeof pub)) {
         ex = KVEDGE_EXIT_USAGE;
     } else if (r->server_key && !r->cert) {
         kvedge_cli_error("layermap: --server-key needs --cert (this client's secret "

@@ -280,19 +280,6 @@ static int s_dump_cb(void *ctx, const char *key, uint64_t seq, const uint8_t *bo
     return 0;
 }
 
-/* The PUB endpoint next to a ROUTER endpoint tcp://HOST:PORT: tcp://HOST:PORT+1. */
-static int s_default_pub(const char *master, char *out, size_t cap)
-{
-    const char *colon = strrchr(master, ':');
-    if (strncmp(master, "tcp://", 6) != 0 || !colon)
-        return -1;
-    uint64_t port;
-    if (kvedge_cli_parse_u64(colon + 1, 1, 65534, &port) != 0)
-        return -1;
-    snprintf(out, cap, "%.*s:%llu", (int)(colon - master), master, (unsigned long long)port + 1);
-    return 0;
-}
-
 /* What master-dump runs on; key, cert, json and deadline default to the global options. */
 typedef struct {
     const char *master, *pub, *prefix;
@@ -304,17 +291,18 @@ typedef struct {
 static const kvedge_cmdopt_t s_dump_list[] = {
     {.name = "master",
      .letter = 'm',
-     .arg = "EP",
+     .arg = "EPS",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_dump_opts_t, master),
      .def = KVEDGE_MASTER_BIND_DEFAULT,
-     .help = "the master's ROUTER"},
+     .help = "the master's ROUTER, or a list EP[,EP...] of the masters of one cluster (the "
+             "leader answers)"},
     {.name = "pub",
      .letter = 'p',
-     .arg = "EP",
+     .arg = "EPS",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_dump_opts_t, pub),
-     .help = "its PUB (default: for tcp://HOST:PORT, PORT+1)"},
+     .help = "its PUB, one per master (default: for tcp://HOST:PORT, PORT+1)"},
     {.name = "prefix",
      .letter = 'P',
      .arg = "P",
@@ -380,14 +368,11 @@ static int s_dump(kvedge_cli_t *cli, const void *opts)
     uint64_t deadline = o->deadline_ms         ? o->deadline_ms
                         : cli->deadline_ms > 0 ? (uint64_t)cli->deadline_ms
                                                : S_DUMP_DEADLINE_MS;
-    char pub_buf[300];
-    if (!pub) {
-        if (s_default_pub(master, pub_buf, sizeof pub_buf) != 0) {
-            kvedge_cli_error("master-dump: give --pub for %s", master);
-            return KVEDGE_EXIT_USAGE;
-        }
-        pub = pub_buf;
-    }
+    char pub_buf[1024];
+    pub = kvedge_cli_master_pubs("master-dump", "master", master, "pub", pub, pub_buf,
+                                 sizeof pub_buf);
+    if (!pub)
+        return KVEDGE_EXIT_USAGE;
     if (key && !cert) {
         kvedge_cli_error("master-dump: --server-key needs --cert (this client's secret "
                          "certificate)");

@@ -361,6 +361,12 @@ static void s_node_state(s_screen_t *s, const kvedge_top_doc_t *cur)
                cur->node.master.state[0] ? cur->node.master.state : "?",
                (unsigned long long)cur->node.master.attempts, cur->node.master.why[0] ? ": " : "",
                cur->node.master.why);
+    /* A list of masters: the one followed now, and how often the view moved. */
+    if (cur->node.has_master && cur->node.master.following[0] &&
+        (strcmp(cur->node.master.following, cur->node.master.endpoint) != 0 ||
+         cur->node.master.moves))
+        s_line(s, "         following %s (%llu moves)", cur->node.master.following,
+               (unsigned long long)cur->node.master.moves);
 }
 
 /* The table of operations, busiest first. */

@@ -16,6 +16,7 @@
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/tokenizer.h"
 #include "runtime/log.h"
+#include "runtime/mview.h"
 #include "clients/lib/kvedge.h"
 #include "access/codec/block.h"
 #include "access/codec/error.h"
@@ -192,13 +193,37 @@ int kvedge_cli_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ou
 
 int kvedge_cli_default_pub(const char *master, char *out, size_t cap)
 {
-    const char *colon = strrchr(master, ':');
-    uint64_t port;
-    if (strncmp(master, "tcp://", 6) != 0 || !colon ||
-        kvedge_cli_parse_u64(colon + 1, 1, 65534, &port) != 0)
-        return -1;
-    snprintf(out, cap, "%.*s:%llu", (int)(colon - master), master, (unsigned long long)port + 1);
-    return 0;
+    return master ? kvedge_mview_default_pubs(master, out, cap) : -1;
+}
+
+const char *kvedge_cli_master_pubs(const char *cmd, const char *master_flag, const char *master,
+                                   const char *pub_flag, const char *pub, char *buf, size_t cap)
+{
+    char why[600] = "";
+    if (!master || kvedge_mview_check_endpoints(master, why, sizeof why) != 0 || !*master) {
+        kvedge_cli_error("%s: --%s '%s' %s", cmd, master_flag, master ? master : "",
+                         why[0] ? why : "is empty");
+        return NULL;
+    }
+    if (pub && kvedge_mview_check_endpoints(pub, why, sizeof why) != 0) {
+        kvedge_cli_error("%s: --%s '%s' %s", cmd, pub_flag, pub, why);
+        return NULL;
+    }
+    if (!pub && kvedge_cli_default_pub(master, buf, cap) != 0) {
+        kvedge_cli_error("%s: give --%s for %s (the default, PORT+1, is for tcp://HOST:PORT "
+                         "masters only)",
+                         cmd, pub_flag, master);
+        return NULL;
+    }
+    size_t nm = kvedge_mview_count_endpoints(master);
+    size_t np = kvedge_mview_count_endpoints(pub ? pub : buf);
+    if (nm != np) {
+        kvedge_cli_error("%s: --%s lists %zu masters and --%s %zu PUB endpoints: give one "
+                         "PUB per master, in the same order",
+                         cmd, master_flag, nm, pub_flag, np);
+        return NULL;
+    }
+    return pub ? pub : buf;
 }
 
 void kvedge_cli_json_str(FILE *f, const char *s)

@@ -307,6 +307,8 @@ static void s_node(const cJSON *root, kvedge_top_doc_t *d)
     S_STR(m, "state", d->node.master.state);
     d->node.master.attempts = s_u64(m, "attempts");
     S_STR(m, "why", d->node.master.why);
+    S_STR(m, "following", d->node.master.following);
+    d->node.master.moves = s_u64(m, "moves");
 }
 
 /* ---------------------------------------------------------------- proxy */

@@ -176,6 +176,8 @@ typedef struct {
             char state[KVEDGE_TOP_DOC_SHORT_BYTES];
             uint64_t attempts;
             char why[KVEDGE_TOP_DOC_TEXT_BYTES];
+            char following[KVEDGE_TOP_DOC_TEXT_BYTES]; /* the master its view follows now */
+            uint64_t moves;                            /* times the view went to another */
         } master;
     } node;
 

@@ -16,7 +16,7 @@
 struct kvedge_dirpub_t {
     kvedge_dirpub_opts_t opts;
     char node_id[KVEDGE_MASTER_MAX_ID_BYTES + 1];
-    char master[256];  /* opts.master, or "" */
+    char master[1024]; /* opts.master (a list of masters), or "" */
     char cert[1024];   /* opts.cert, or "" */
     char cert_key[41]; /* the public key in cert, or "" */
     kvedge_master_node_t node;
@@ -35,6 +35,8 @@ struct kvedge_dirpub_t {
     zhashx_t *models;    /* model id -> kvedge_model_t this node registered */
     uint64_t fingerprint;
     bool synced_once;
+    /* The view's last full sync seen: which master, registry and seq (s_resynced). */
+    uint64_t view_syncs, view_moves, view_registry, view_seq;
     pthread_mutex_t mu; /* one pass at a time */
     pthread_t thread;
     bool started;
@@ -280,8 +282,9 @@ static int s_keep_node(kvedge_dirpub_t *d)
     s_reg_attempts(d, 1);
     int rc = s_send_node(d);
     if (rc == KVEDGE_OK) {
-        if (lost) { /* the registry lost us: our model records too */
+        if (lost) { /* the registry lost us: our model and directory records too */
             zhashx_purge(d->models);
+            zhashx_purge(d->published);
             d->synced_once = false;
         }
         d->node_sent = true;
@@ -362,12 +365,46 @@ static int s_keep_model(kvedge_dirpub_t *d, const kvedge_chunk_info_t *ci, const
     return 1;
 }
 
+/* A full re-sync of the view with another master (a new leader, the next of a list), another
+ * registry (a master on a fresh directory) or an older state of it (a restart from a backup):
+ * that master may lack this node's soft state, so the whole directory and the model records
+ * are published again on this pass (SET is idempotent), as HDFS datanodes send a full block
+ * report to a new namenode. The registration is checked on every pass (s_keep_node). */
+static void s_resynced(kvedge_dirpub_t *d)
+{
+    kvedge_mview_stats_t st;
+    kvedge_mview_stats(d->opts.view, &st);
+    uint64_t seq = kvedge_mview_seq(d->opts.view), last_seq = d->view_seq;
+    if (kvedge_mview_state(d->opts.view) == KVEDGE_MVIEW_SYNCED)
+        d->view_seq = seq; /* the seq seen by the previous pass, for the next */
+    if (st.syncs == d->view_syncs || kvedge_mview_state(d->opts.view) != KVEDGE_MVIEW_SYNCED)
+        return;
+    kvedge_mview_conn_t conn;
+    kvedge_mview_conn(d->opts.view, &conn);
+    uint64_t registry = kvedge_mview_registry(d->opts.view);
+    bool first = d->view_syncs == 0;
+    bool other = conn.moves != d->view_moves || registry != d->view_registry || seq < last_seq;
+    d->view_syncs = st.syncs;
+    d->view_moves = conn.moves;
+    d->view_registry = registry;
+    if (first || !other)
+        return;
+    kvedge_log_info("the master view re-synced with %s (registry %016llx, seq %llu): "
+                    "publishing this node's %zu directory records again",
+                    conn.endpoint, (unsigned long long)registry, (unsigned long long)seq,
+                    zhashx_size(d->published));
+    zhashx_purge(d->published);
+    zhashx_purge(d->models);
+    d->synced_once = false;
+}
+
 int kvedge_dirpub_sync(kvedge_dirpub_t *d, uint32_t *changed)
 {
     if (!d)
         return KVEDGE_EINVAL;
     pthread_mutex_lock(&d->mu);
     uint32_t n_changed = 0;
+    s_resynced(d);
     int rc = s_keep_node(d);
     uint64_t fp = s_fingerprint(d->opts.engine);
     /* A master that restarted from an older state may lack records: a fresh sync after a

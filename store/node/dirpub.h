@@ -2,7 +2,11 @@
  * dir/<node>/<chunk> records equal to what the node's engine holds (which layers of which
  * chunk are complete), and registers the node itself (node/<id>). It polls the engine: a pass
  * starts only when the engine's counters moved, so an idle node costs nothing, and one
- * mechanism covers puts, deletes, evictions and expiry alike. Registration retries by itself
+ * mechanism covers puts, deletes, evictions and expiry alike. A full re-sync of the view with
+ * another master (a new leader, the next of a list), another registry (a master restarted on
+ * a fresh directory) or an older state publishes the whole directory again, and a registry
+ * that lost node/<id> gets it and the directory again: a new leader rebuilds this soft state
+ * from the nodes. Registration retries by itself
  * (with a backoff) and says why it waits: a master that refuses this node's certificate, one
  * that does not answer, one that answers with an error. */
 #ifndef KVEDGE_STORE_NODE_DIRPUB_H

@@ -59,6 +59,24 @@ static bool s_tcp_host(const char *ep, char *host, size_t cap, const char **port
     return true;
 }
 
+/* The first master of a list "EP[,EP...]": the one whose route names this node's address. */
+static const char *s_first_master(const char *list, char *out, size_t cap)
+{
+    size_t len = strcspn(list, ",");
+    snprintf(out, cap, "%.*s", (int)(len < cap ? len : cap - 1), list);
+    return out;
+}
+
+/* The masters' PUB list: master_pub, else each tcp master's PORT+1. "" when not derivable. */
+static const char *s_master_pubs(const kvedge_node_settings_t *s, char *out, size_t cap)
+{
+    if (s->master_pub[0])
+        return s->master_pub;
+    if (kvedge_mview_default_pubs(s->master, out, cap) != 0)
+        out[0] = '\0';
+    return out;
+}
+
 /* True when a bound endpoint's host is a wildcard: nobody elsewhere can dial it. */
 static bool s_wildcard(const char *ep)
 {
@@ -87,10 +105,20 @@ int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_
         return kvedge_why(why, why_len, KVEDGE_EINVAL, "no data directory");
     if (s->role != KVEDGE_ROLE_CLOUD && s->role != KVEDGE_ROLE_EDGE)
         return kvedge_why(why, why_len, KVEDGE_EINVAL, "the role must be cloud or edge");
-    if (s->master[0] && (!s->master_pub[0] || !kvedge_master_id_ok(s->node_id)))
+    char pubs[KVEDGE_NODE_MASTERS_BYTES], first[KVEDGE_NODE_EP_BYTES];
+    if (s->master[0] &&
+        (!s_master_pubs(s, pubs, sizeof pubs)[0] || !kvedge_master_id_ok(s->node_id)))
         return kvedge_why(why, why_len, KVEDGE_EINVAL,
-                          "a master needs its PUB endpoint (master_pub) and this node's id "
-                          "(node_id: 1-64 of [A-Za-z0-9._:@+-])");
+                          "a master needs its PUB endpoint (master_pub; by default each tcp "
+                          "master's PORT+1) and this node's id (node_id: 1-64 of "
+                          "[A-Za-z0-9._:@+-])");
+    if (s->master[0] && kvedge_mview_count_endpoints(s->master) !=
+                            kvedge_mview_count_endpoints(s_master_pubs(s, pubs, sizeof pubs)))
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "master lists %zu masters and master_pub %zu PUB endpoints: give one "
+                          "PUB per master, in the same order",
+                          kvedge_mview_count_endpoints(s->master),
+                          kvedge_mview_count_endpoints(s->master_pub));
     if (s->insecure && !kvedge_endpoint_is_loopback(s->bind))
         return kvedge_why(why, why_len, KVEDGE_EDENIED,
                           "refusing plaintext on %s: insecure is only allowed on loopback "
@@ -103,7 +131,7 @@ int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_
     char host[256];
     const char *port;
     if (s->master[0] && !s->advertise[0] && s_wildcard(s->bind) &&
-        !s_tcp_host(s->master, host, sizeof host, &port))
+        !s_tcp_host(s_first_master(s->master, first, sizeof first), host, sizeof host, &port))
         return kvedge_why(why, why_len, KVEDGE_EINVAL,
                           "%s is a wildcard address the master's other peers cannot dial, and the "
                           "master %s is not tcp:// (no interface to take the address from): pass "
@@ -125,12 +153,12 @@ static int s_advertised(kvedge_node_t *n, char *out, size_t cap, char *why, size
         snprintf(out, cap, "%s", s->advertise[0] ? s->advertise : bound);
         return KVEDGE_OK;
     }
-    char wild[256], mhost[256], addr[INET6_ADDRSTRLEN] = "";
+    char wild[256], mhost[256], addr[INET6_ADDRSTRLEN] = "", first[KVEDGE_NODE_EP_BYTES];
     const char *bport, *mport;
     s_tcp_host(bound, wild, sizeof wild, &bport);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *res = NULL;
     const char *fail = "the master is not a tcp:// endpoint";
-    if (s_tcp_host(s->master, mhost, sizeof mhost, &mport)) {
+    if (s_tcp_host(s_first_master(s->master, first, sizeof first), mhost, sizeof mhost, &mport)) {
         int gai = getaddrinfo(mhost, mport, &hints, &res);
         fail = gai ? gai_strerror(gai) : "no route to the master";
         for (struct addrinfo *ai = gai ? NULL : res; ai && !addr[0]; ai = ai->ai_next) {
@@ -168,8 +196,9 @@ static int s_join_master(kvedge_node_t *n, const char *endpoint)
     const kvedge_node_settings_t *s = &n->s;
     kvedge_mview_opts_t vo;
     kvedge_mview_opts_default(&vo);
+    char pubs[KVEDGE_NODE_MASTERS_BYTES];
     vo.master = s->master;
-    vo.pub = s->master_pub;
+    vo.pub = s_master_pubs(s, pubs, sizeof pubs);
     vo.server_key = s->master_key[0] ? s->master_key : NULL;
     vo.client_cert = s->master_key[0] ? n->cert_secret : NULL;
     vo.heartbeat_id = s->node_id;

@@ -19,11 +19,12 @@
 extern "C" {
 #endif
 
-#define KVEDGE_NODE_BIND_DEFAULT "tcp://127.0.0.1:7400"
-#define KVEDGE_NODE_CERT_NAME    "node.cert" /* in the data dir; the secret is node.cert_secret */
-#define KVEDGE_NODE_CLIENTS_NAME "clients"   /* the allowlist directory, in the data dir */
-#define KVEDGE_NODE_PATH_BYTES   1024
-#define KVEDGE_NODE_EP_BYTES     256
+#define KVEDGE_NODE_BIND_DEFAULT  "tcp://127.0.0.1:7400"
+#define KVEDGE_NODE_CERT_NAME     "node.cert" /* in the data dir; the secret is node.cert_secret */
+#define KVEDGE_NODE_CLIENTS_NAME  "clients"   /* the allowlist directory, in the data dir */
+#define KVEDGE_NODE_PATH_BYTES    1024
+#define KVEDGE_NODE_EP_BYTES      256
+#define KVEDGE_NODE_MASTERS_BYTES 1024 /* a list of masters "EP[,EP...]" */
 /* The HTTP endpoint's default address: /metrics, /health, /ready (docs/operations.md). */
 #define KVEDGE_NODE_METRICS_DEFAULT "127.0.0.1:9740"
 
@@ -45,9 +46,11 @@ typedef struct {
     /* Historical cache (edge): subscribed contexts, and the seconds between sync passes. */
     char subscriptions[KVEDGE_NODE_PATH_BYTES];
     uint32_t sync_interval_s;
-    /* Storage Master: register, heartbeat, publish the block directory ("" = stand alone). */
-    char master[KVEDGE_NODE_EP_BYTES];
-    char master_pub[KVEDGE_NODE_EP_BYTES];
+    /* Storage Master: register, heartbeat, publish the block directory ("" = stand alone).
+     * A list "EP[,EP...]" of the masters of one cluster: the view follows the leader. The PUB
+     * list matches it entry for entry; "" = each tcp entry's PORT+1. */
+    char master[KVEDGE_NODE_MASTERS_BYTES];
+    char master_pub[KVEDGE_NODE_MASTERS_BYTES];
     char master_key[KVEDGE_NODE_PATH_BYTES]; /* its public key or certificate; "" = plaintext */
     char node_id[65];
     char advertise[KVEDGE_NODE_EP_BYTES]; /* the endpoint others reach us on; "" = bound */

@@ -93,7 +93,7 @@ static bool s_registered(kvedge_node_t *n, const char **state, char *why, size_t
     why[0] = '\0';
     if (!n->view) {
         *state = "not joined";
-        snprintf(why, why_len, "not joined to the master %s", n->s.master);
+        snprintf(why, why_len, "not joined to the master %.300s", n->s.master);
         return false;
     }
     kvedge_mview_state_t vs = kvedge_mview_state(n->view);
@@ -101,8 +101,8 @@ static bool s_registered(kvedge_node_t *n, const char **state, char *why, size_t
     if (vs != KVEDGE_MVIEW_SYNCED) {
         *state = "unreachable";
         snprintf(why, why_len,
-                 "the master %s does not answer (if it runs with CURVE: is this node's "
-                 "certificate %s in its clients directory?)",
+                 "the master %.300s does not answer (if it runs with CURVE: is this node's "
+                 "certificate %.600s in its clients directory?)",
                  n->s.master, n->s.cert);
         return false;
     }
@@ -571,6 +571,13 @@ char *kvedge_node_monitor_doc(void *arg, uint32_t top, size_t *len)
         cJSON *o = cJSON_AddObjectToObject(root, "master");
         cJSON_AddStringToObject(o, "endpoint", n->s.master);
         cJSON_AddStringToObject(o, "node_id", n->s.node_id);
+        /* The master the view follows now (of a list, or the leader one named), and how often
+         * it moved. */
+        kvedge_mview_conn_t conn;
+        kvedge_mview_conn(n->view, &conn);
+        cJSON_AddStringToObject(o, "following", conn.endpoint);
+        cJSON_AddNumberToObject(o, "moves", (double)conn.moves);
+        cJSON_AddNumberToObject(o, "redirects", (double)conn.redirects);
         const char *state;
         char reason[1536];
         uint32_t attempts;

@@ -1,5 +1,6 @@
 /* The store node's settings table: every setting of `kvedge store` once, with its config key
  * (section `store`), flags, bounds, default and help (runtime/settings.h drives the rest). */
+#include "runtime/mview.h"
 #include "runtime/settings.h"
 #include "monitor/http.h"
 
@@ -241,21 +242,23 @@ static const kvedge_setting_t s_settings[] = {
      .help = "seconds between historical-cache passes"},
     {.key = "master",
      .flag = "master",
-     .arg = "EP",
+     .arg = "EPS",
      .type = KVEDGE_SETTING_STRING,
      KVEDGE_SETTING_AT(S_T, master),
-     .check = kvedge_settings_check_endpoint,
+     .check = kvedge_mview_check_endpoints,
      .example = "ipc:///tmp/kvedge-master.sock",
-     .help = "Storage Master ROUTER to join (with master_pub and node_id): register, heartbeat, "
-             "publish the block directory; empty: stand alone"},
+     .help = "Storage Master ROUTER to join (with node_id): register, heartbeat, publish the "
+             "block directory; a list EP[,EP...] of the masters of one cluster follows the "
+             "leader; empty: stand alone"},
     {.key = "master_pub",
      .flag = "master-pub",
-     .arg = "EP",
+     .arg = "EPS",
      .type = KVEDGE_SETTING_STRING,
      KVEDGE_SETTING_AT(S_T, master_pub),
-     .check = kvedge_settings_check_endpoint,
+     .check = kvedge_mview_check_endpoints,
      .example = "ipc:///tmp/kvedge-master-pub.sock",
-     .help = "the master's PUB endpoint"},
+     .help = "the masters' PUB endpoints EP[,EP...], one per master; empty: each tcp master's "
+             "PORT+1"},
     {.key = "master_key",
      .flag = "master-key",
      .arg = "KEY",

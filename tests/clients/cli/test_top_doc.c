@@ -46,7 +46,8 @@ static const char s_node_doc[] =
     "\"sync\":{\"last_pass_ms\":1795529990000,\"subscriptions\":[{\"name\":\"docs\",\"cloud\":"
     "\"tcp://10.0.0.9:7400\",\"state\":\"partial\",\"chunks_total\":40,\"chunks_synced\":31,"
     "\"blocks_held\":4032,\"last_ok_ms\":1795529990000,\"last_error\":\"operation timed out\"}]},"
-    "\"master\":{\"endpoint\":\"tcp://10.0.0.2:7500\",\"node_id\":\"edge-a\",\"state\":"
+    "\"master\":{\"endpoint\":\"tcp://10.0.0.2:7500,tcp://10.0.0.3:7500\",\"node_id\":"
+    "\"edge-a\",\"following\":\"tcp://10.0.0.3:7500\",\"moves\":2,\"redirects\":1,\"state\":"
     "\"registered\",\"attempts\":1,\"why\":\"\"}}";
 
 static const char s_proxy_doc[] =
@@ -177,7 +178,9 @@ static void test_node_document(void **state)
     assert_int_equal(d->node.subs[0].chunks_synced, 31);
     assert_string_equal(d->node.subs[0].last_error, "operation timed out");
     assert_true(d->node.has_master);
-    assert_string_equal(d->node.master.endpoint, "tcp://10.0.0.2:7500");
+    assert_string_equal(d->node.master.endpoint, "tcp://10.0.0.2:7500,tcp://10.0.0.3:7500");
+    assert_string_equal(d->node.master.following, "tcp://10.0.0.3:7500");
+    assert_int_equal(d->node.master.moves, 2);
     assert_string_equal(d->node.master.state, "registered");
     assert_int_equal(d->node.master.attempts, 1);
     /* a node document leaves the proxy's part empty */
