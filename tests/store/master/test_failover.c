@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "store/master/master.h"
+#include "runtime/mview.h"
 #include "access/codec/error.h"
 #include "tests/common/testutil.h"
 #include "tests/common/spawn.h"
@@ -42,6 +43,7 @@ typedef struct {
     char router[64], pub[64], data[256], prefix[64];
     pid_t pid;
     int fd;
+    bool fast_health; /* --suspect-ms 1000 --down-ms 3000 */
 } s_proc_t;
 
 static void s_master_spawn(s_proc_t *p)
@@ -53,20 +55,33 @@ static void s_master_spawn(s_proc_t *p)
                           "off",    "--etcd",  s_etcd.endpoints, "--etcd-prefix", p->prefix,
                           "--id",   p->name,   "--lease-ms",     lease,           "--log-level",
                           "info",   NULL};
-    p->pid = kt_spawn_argv(KVEDGE_BIN, argv, line, sizeof line, &p->fd);
+    char *const fast[] = {
+        "kvedge", "master",       "--insecure",     "--data",        p->data,
+        "--bind", p->router,      "--pub",          p->pub,          "--metrics",
+        "off",    "--etcd",       s_etcd.endpoints, "--etcd-prefix", p->prefix,
+        "--id",   p->name,        "--lease-ms",     lease,           "--log-level",
+        "info",   "--suspect-ms", "1000",           "--down-ms",     "3000",
+        NULL};
+    p->pid = kt_spawn_argv(KVEDGE_BIN, p->fast_health ? fast : argv, line, sizeof line, &p->fd);
     assert_true(p->pid > 0);
     assert_non_null(strstr(line, "listening "));
 }
 
-static void s_master_init(s_proc_t *p, const char *name, const char *prefix)
+static void s_master_init_opt(s_proc_t *p, const char *name, const char *prefix, bool fast)
 {
     memset(p, 0, sizeof *p);
+    p->fast_health = fast;
     snprintf(p->name, sizeof p->name, "%s", name);
     snprintf(p->router, sizeof p->router, "tcp://127.0.0.1:%d", kt_free_port());
     snprintf(p->pub, sizeof p->pub, "tcp://127.0.0.1:%d", kt_free_port());
     snprintf(p->data, sizeof p->data, "%s/%s", s_dir, name);
     snprintf(p->prefix, sizeof p->prefix, "%s", prefix);
     s_master_spawn(p);
+}
+
+static void s_master_init(s_proc_t *p, const char *name, const char *prefix)
+{
+    s_master_init_opt(p, name, prefix, false);
 }
 
 static void s_master_kill(s_proc_t *p)
@@ -208,6 +223,88 @@ static void test_sigkill_leader_under_traffic(void **state)
     s_master_kill(&b);
 }
 
+/* ---------------------------------------------------------------- nodes */
+
+/* A cloud store node (a process) that follows the list of masters. */
+static pid_t s_node_spawn(const char *id, const s_proc_t *a, const s_proc_t *b)
+{
+    char data[300], bind[64], masters[200], pubs[200], line[700];
+    snprintf(data, sizeof data, "%s/node-%s", s_dir, id);
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", kt_free_port());
+    snprintf(masters, sizeof masters, "%s,%s", a->router, b->router);
+    snprintf(pubs, sizeof pubs, "%s,%s", a->pub, b->pub);
+    char *const argv[] = {"kvedge",    "--data",       data,          "store",     "--role",
+                          "cloud",     "--insecure",   "--bind",      bind,        "--master",
+                          masters,     "--master-pub", pubs,          "--node-id", (char *)id,
+                          "--metrics", "off",          "--log-level", "error",     NULL};
+    int fd;
+    pid_t pid = kt_spawn_argv(KVEDGE_BIN, argv, line, sizeof line, &fd);
+    assert_true(pid > 0);
+    close(fd);
+    return pid;
+}
+
+typedef struct {
+    const char *router, *pub;
+    int up; /* nodes n1, n2 registered and up */
+} s_obs_t;
+
+/* n1 and n2 registered and up in a snapshot of the master (a view made for the check). */
+static bool s_nodes_up(void *arg)
+{
+    s_obs_t *o = arg;
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = o->router;
+    vo.pub = o->pub;
+    vo.start_wait_ms = 2000;
+    kvedge_mview_t *v = NULL;
+    o->up = 0;
+    if (kvedge_mview_start(&vo, &v) == 0 && kvedge_mview_state(v) == KVEDGE_MVIEW_SYNCED) {
+        const char *ids[2] = {"n1", "n2"};
+        for (int i = 0; i < 2; i++) {
+            kvedge_master_node_t n;
+            kvedge_master_health_t h;
+            if (kvedge_mview_node(v, ids[i], &n) == 0 && kvedge_mview_health(v, ids[i], &h) == 0 &&
+                h.state == KVEDGE_MASTER_HEALTH_UP)
+                o->up++;
+        }
+    }
+    kvedge_mview_destroy(&v);
+    return o->up == 2;
+}
+
+/* Nodes given both masters follow the new leader: their registrations carry over, and their
+ * heartbeats reach it (still up past the new leader's suspect time). */
+static void test_nodes_follow_the_new_leader(void **state)
+{
+    (void)state;
+    s_proc_t a, b;
+    s_master_init_opt(&a, "n-m1", "/t/nodes", true);
+    kt_wait_for(s_is(&a, "leader"), KT_WAIT_MS);
+    s_master_init_opt(&b, "n-m2", "/t/nodes", true);
+    kt_wait_for(s_is(&b, "standby"), KT_WAIT_MS);
+    pid_t n1 = s_node_spawn("n1", &a, &b), n2 = s_node_spawn("n2", &a, &b);
+    s_obs_t oa = {a.router, a.pub, 0}, ob = {b.router, b.pub, 0};
+    kt_wait_until(s_nodes_up, &oa, KT_WAIT_MS);
+
+    int64_t t0 = kt_now_ms();
+    s_master_kill(&a);
+    kt_wait_for(s_is(&b, "leader"), KT_WAIT_MS);
+    kt_wait_until(s_nodes_up, &ob, KT_WAIT_MS);
+    print_message("nodes up at the new leader %lld ms after the kill\n",
+                  (long long)(kt_now_ms() - t0));
+    /* Past the new leader's suspect time (1 s) and its fresh grace period: still up, so the
+     * nodes heartbeat the new leader. */
+    kt_pause_ms(2500); /* the silence a lost heartbeat would need to show */
+    assert_true(s_nodes_up(&ob));
+    kill(n1, SIGKILL);
+    kill(n2, SIGKILL);
+    waitpid(n1, NULL, 0);
+    waitpid(n2, NULL, 0);
+    s_master_kill(&b);
+}
+
 /* ---------------------------------------------------------------- quorum */
 
 static int s_set_model(const s_proc_t *m, const char *id, kt_mreply_t *r)
@@ -293,6 +390,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigkill_leader_under_traffic),
+        cmocka_unit_test(test_nodes_follow_the_new_leader),
         cmocka_unit_test(test_quorum_loss_and_return),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
