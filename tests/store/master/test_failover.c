@@ -189,7 +189,9 @@ static void test_sigkill_leader_under_traffic(void **state)
                   "ms (bound %d ms); %d models acknowledged before the kill\n",
                   (long long)(t_lead - t_kill), (long long)(t_ack - t_kill), S_FAILOVER_BOUND_MS,
                   acked_at_kill);
-    assert_true(t_lead - t_kill <= S_FAILOVER_BOUND_MS);
+    /* The bound, with the slack every timing assert of this suite allows on a loaded shared
+     * runner (docs/contributing.md); bench_failover reports the distribution against the bound. */
+    assert_true(t_lead - t_kill <= S_FAILOVER_BOUND_MS + KT_SLACK_MS);
     kt_wait_for(atomic_load(&t.acked) >= acked_at_kill + 20, KT_WAIT_MS);
     atomic_store(&t.stop, true);
     pthread_join(th, NULL);
