@@ -109,6 +109,7 @@ typedef struct {
     int64_t lease_ok_ms;    /* monotonic: when the last keepalive that held was sent */
     int64_t next_keepalive; /* monotonic */
     int64_t next_info;      /* monotonic: masters and members re-read */
+    int64_t next_check;     /* monotonic: a leader reads the leader key again */
     uint64_t reserved;      /* H: seqs up to it are reserved in etcd */
     int64_t term;           /* the leader key's create revision while leading */
     bool etcd_ok;           /* the last etcd call was answered */
@@ -1060,12 +1061,31 @@ static void s_elect(s_master_t *m)
         s_info(m);
         m->next_info = now + S_INFO_MS;
     }
+    char lk[300];
+    s_ekey(m, "leader", lk, sizeof lk);
+    if (m->role == S_ROLE_LEADER && now >= m->next_check) {
+        /* The key may go without the lease (an operator's delete): a leader that did not see
+         * it would lead beside the next one until its next fenced write. */
+        kvedge_etcd_reply_t k;
+        int grc = kvedge_etcd_get(m->etcd, lk, &k, why, sizeof why);
+        if (grc != KVEDGE_OK) {
+            s_etcd_down(m, "reading the leader key", why);
+            s_counts(m);
+            return;
+        }
+        bool mine = k.n_kvs == 1 && k.kvs[0].lease == m->lease;
+        kvedge_etcd_reply_free(&k);
+        m->next_check = now + m->opts.lease_ms / 3;
+        if (!mine) {
+            kvedge_log_error("the leader key is gone or another master's: not leading");
+            s_set_role(m, S_ROLE_STANDBY);
+            m->leader.id[0] = '\0';
+        }
+    }
     if (m->role == S_ROLE_LEADER) {
         s_counts(m);
         return;
     }
-    char lk[300];
-    s_ekey(m, "leader", lk, sizeof lk);
     char *self = s_self_json(m);
     kvedge_etcd_cmp_t c = {KVEDGE_ETCD_CMP_CREATE, lk, 0};
     kvedge_etcd_op_t put = {KVEDGE_ETCD_OP_PUT, lk, self, self ? strlen(self) : 0, m->lease};

@@ -620,6 +620,13 @@ static void test_deposed_leader_is_fenced(void **state)
         kt_master_call(f.router, KVEDGE_KVMSG_SET, "model/late", body, len, 3000, &mr, NULL, NULL),
         0);
     assert_int_equal(mr.cmd, KVEDGE_KVMSG_OK);
+    /* Without any write: a leader sees its key taken on its own and stops leading. */
+    assert_int_equal(kvedge_etcd_lease_grant(e, 30, &lease, why, sizeof why), 0);
+    assert_int_equal(
+        kvedge_etcd_put(e, "/t/fence/leader", other, strlen(other), lease, why, sizeof why), 0);
+    kt_wait_for(strcmp(s_role(&f), "standby") == 0, KT_WAIT_MS);
+    assert_int_equal(kvedge_etcd_lease_revoke(e, lease, why, sizeof why), 0);
+    kt_wait_for(strcmp(s_role(&f), "leader") == 0, KT_WAIT_MS);
     kvedge_etcd_destroy(&e);
     kvedge_master_destroy(&f.m);
 }
