@@ -5,11 +5,17 @@
  * Prints each kill, then the median and max. Then the per-record costs behind the capacity
  * estimate in docs/benchmarks.md: --records hard records (models) SET through the leader, their
  * rate, and etcd's backend size before and after (bytes per record in etcd); then one more
- * kill, with those records to take over.
+ * kill, with those records to take over. With --chaos S: S seconds of random kills and restarts
+ * of masters (at most M - 1 down) and etcd members (at most 2 of 3 down: quorum lost at times)
+ * under a writer that SETs models to whichever master leads; then everything is started
+ * again and every acknowledged model must be in the leader's registry and in etcd.
  *
- * bench_failover [--kvedge BIN] [--kills N] [--masters M] [--lease-ms MS] [--records N] */
+ * bench_failover [--kvedge BIN] [--kills N] [--masters M] [--lease-ms MS] [--records N]
+ *                [--chaos S] [--seed N] */
 #include <czmq.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +36,9 @@ static struct {
     int masters;
     int lease_ms;
     int records;
-} s_cfg = {KVEDGE_BENCH_KVEDGE_BIN, 10, 2, 3000, 10000};
+    int chaos;
+    unsigned seed;
+} s_cfg = {KVEDGE_BENCH_KVEDGE_BIN, 10, 2, 3000, 10000, 0, 1};
 
 typedef struct {
     char name[16], router[64], pub[64], data[256];
@@ -213,6 +221,169 @@ static int s_records(s_master_t *ms)
     return r.synced >= (uint32_t)s_cfg.records ? 0 : 1;
 }
 
+/* ---------------------------------------------------------------- chaos */
+
+#define S_CHAOS_MAX_ACKED 200000
+
+typedef struct {
+    s_master_t *ms;
+    _Atomic bool stop;
+    _Atomic int attempted, acked;
+    char *acked_ids; /* acked_ids[i]: model c-i acknowledged */
+} s_writer_t;
+
+/* SETs model c-N to the master the writer believes leads: a redirect moves it to the master
+ * named, anything else to the next master. */
+static void *s_writer(void *arg)
+{
+    s_writer_t *w = arg;
+    int at = 0, n = 0;
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    while (!atomic_load(&w->stop) && n < S_CHAOS_MAX_ACKED) {
+        char id[32], key[64];
+        snprintf(id, sizeof id, "c-%d", n);
+        snprintf(key, sizeof key, "model/%s", id);
+        size_t len = kt_model_body(id, body);
+        kt_mreply_t r;
+        atomic_fetch_add(&w->attempted, 1);
+        int got = kt_master_call(w->ms[at].router, KVEDGE_KVMSG_SET, key, body, len, 1000, &r, NULL,
+                                 NULL);
+        if (got == 0 && r.cmd == KVEDGE_KVMSG_OK) {
+            w->acked_ids[n++] = 1;
+            atomic_fetch_add(&w->acked, 1);
+            continue;
+        }
+        int next = (at + 1) % s_cfg.masters;
+        for (int i = 0; got == 0 && i < s_cfg.masters; i++)
+            if (strncmp(r.body, "leader ", 7) == 0 &&
+                strncmp(r.body + 7, w->ms[i].router, strlen(w->ms[i].router)) == 0)
+                next = i;
+        at = next;
+        if (got == 0 && r.status == KVEDGE_ENOTLEADER)
+            s_sleep_ms(50); /* an election under way, or no quorum: do not spin */
+    }
+    return NULL;
+}
+
+typedef struct {
+    s_writer_t *w;
+    int lost, found;
+} s_check_t;
+
+static void s_chaos_key(void *ctx, const char *key)
+{
+    s_check_t *c = ctx;
+    int i;
+    if (sscanf(key, "model/c-%d", &i) == 1 && i >= 0 && i < S_CHAOS_MAX_ACKED && c->w->acked_ids[i])
+        c->found++;
+}
+
+static int s_etcd_count(void *ctx, const kvedge_etcd_kv_t *kv)
+{
+    s_check_t *c = ctx;
+    int i;
+    const char *m = strstr(kv->key, "/reg/model/c-");
+    if (m && sscanf(m, "/reg/model/c-%d", &i) == 1 && i >= 0 && i < S_CHAOS_MAX_ACKED &&
+        c->w->acked_ids[i])
+        c->found++;
+    return 0;
+}
+
+/* One random action of the bounded schedule; its name into what. */
+static void s_chaos_step(s_master_t *ms, const char **what)
+{
+    int down_m = 0, down_e = 0;
+    for (int i = 0; i < s_cfg.masters; i++)
+        down_m += ms[i].pid <= 0;
+    for (int i = 0; i < s_etcd.n; i++)
+        down_e += s_etcd.pid[i] <= 0;
+    int r = rand() % 4;
+    if (r == 0 && down_m < s_cfg.masters - 1) {
+        int i = rand() % s_cfg.masters;
+        if (ms[i].pid > 0) {
+            s_kill(&ms[i]);
+            *what = "kill a master";
+            return;
+        }
+    }
+    if (r == 1 && down_e < 2) {
+        int i = rand() % s_etcd.n;
+        if (s_etcd.pid[i] > 0) {
+            kt_etcd_kill(&s_etcd, i);
+            *what = down_e ? "kill a second etcd member (quorum lost)" : "kill an etcd member";
+            return;
+        }
+    }
+    for (int i = 0; i < s_cfg.masters; i++)
+        if (ms[i].pid <= 0 && (r == 2 || down_m == s_cfg.masters - 1)) {
+            s_spawn(&ms[i]);
+            *what = "restart a master";
+            return;
+        }
+    for (int i = 0; i < s_etcd.n; i++)
+        if (s_etcd.pid[i] <= 0) {
+            kt_etcd_restart(&s_etcd, i);
+            *what = "restart an etcd member";
+            return;
+        }
+    *what = "nothing";
+}
+
+static int s_chaos(s_master_t *ms)
+{
+    srand(s_cfg.seed);
+    s_writer_t w = {.ms = ms};
+    w.acked_ids = calloc(S_CHAOS_MAX_ACKED, 1);
+    pthread_t th;
+    if (!w.acked_ids || pthread_create(&th, NULL, s_writer, &w) != 0)
+        return 1;
+    int actions[4] = {0};
+    int64_t end = kt_etcd_now_ms() + (int64_t)s_cfg.chaos * 1000;
+    while (kt_etcd_now_ms() < end) {
+        s_sleep_ms(1000 + rand() % 2000);
+        const char *what = "nothing";
+        s_chaos_step(ms, &what);
+        actions[what[0] == 'k' ? (strstr(what, "etcd") ? 1 : 0) : what[0] == 'r' ? 2 : 3]++;
+        printf("t=%5.1fs  %-40s acked %d of %d\n",
+               (double)(kt_etcd_now_ms() - (end - (int64_t)s_cfg.chaos * 1000)) / 1000.0, what,
+               atomic_load(&w.acked), atomic_load(&w.attempted));
+        fflush(stdout);
+    }
+    /* Everything back; writes must work again. */
+    for (int i = 0; i < s_etcd.n; i++)
+        kt_etcd_restart(&s_etcd, i);
+    for (int i = 0; i < s_cfg.masters; i++)
+        if (ms[i].pid <= 0)
+            s_spawn(&ms[i]);
+    int before = atomic_load(&w.acked);
+    for (int64_t t = kt_etcd_now_ms();
+         atomic_load(&w.acked) < before + 10 && kt_etcd_now_ms() - t < 60000;)
+        s_sleep_ms(S_POLL_MS);
+    atomic_store(&w.stop, true);
+    pthread_join(th, NULL);
+    int acked = atomic_load(&w.acked), attempted = atomic_load(&w.attempted);
+    int l = s_leader(ms, s_cfg.masters);
+    s_check_t reg = {&w, 0, 0}, etcd = {&w, 0, 0};
+    kt_mreply_t r;
+    kvedge_etcd_t *e = NULL;
+    int rc = l >= 0 &&
+                     kt_master_call(ms[l].router, KVEDGE_KVMSG_ICANHAZ, "model/c-", NULL, 0, 10000,
+                                    &r, s_chaos_key, &reg) == 0 &&
+                     kvedge_etcd_new(s_etcd.endpoints, 3000, &e, NULL, 0) == 0 &&
+                     kvedge_etcd_range_prefix(e, "/bench/failover/reg/model/c-", s_etcd_count,
+                                              &etcd, NULL, 0) == 0
+                 ? 0
+                 : 1;
+    kvedge_etcd_destroy(&e);
+    printf("chaos %d s (seed %u): %d master kills, %d etcd member kills, %d restarts; %d of %d "
+           "SETs acknowledged (%.1f%%); acknowledged models lost: %d in the leader's registry, "
+           "%d in etcd\n",
+           s_cfg.chaos, s_cfg.seed, actions[0], actions[1], actions[2], acked, attempted,
+           attempted ? 100.0 * acked / attempted : 0.0, acked - reg.found, acked - etcd.found);
+    free(w.acked_ids);
+    return rc == 0 && reg.found == acked && etcd.found == acked ? 0 : 1;
+}
+
 static int s_args(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -229,11 +400,15 @@ static int s_args(int argc, char **argv)
             s_cfg.lease_ms = atoi(v);
         else if (strcmp(a, "--records") == 0)
             s_cfg.records = atoi(v);
+        else if (strcmp(a, "--chaos") == 0)
+            s_cfg.chaos = atoi(v);
+        else if (strcmp(a, "--seed") == 0)
+            s_cfg.seed = (unsigned)atoi(v);
         else
             return -1;
         i++;
     }
-    return s_cfg.kills >= 1 && s_cfg.kills <= 64 && s_cfg.masters >= 2 &&
+    return s_cfg.kills >= 0 && s_cfg.kills <= 64 && s_cfg.chaos >= 0 && s_cfg.masters >= 2 &&
                    s_cfg.masters <= S_MAX_MASTERS && s_cfg.lease_ms >= 1000 && s_cfg.records >= 0
                ? 0
                : -1;
@@ -267,8 +442,10 @@ int main(int argc, char **argv)
         snprintf(ms[i].data, sizeof ms[i].data, "%.120s/%.15s", s_dir, ms[i].name);
         rc = s_spawn(&ms[i]);
     }
-    if (rc == 0)
+    if (rc == 0 && s_cfg.kills)
         rc = s_failovers(ms);
+    if (rc == 0 && s_cfg.chaos)
+        rc = s_chaos(ms);
     if (rc == 0 && s_cfg.records)
         rc = s_records(ms);
     for (int i = 0; i < s_cfg.masters; i++)
