@@ -119,6 +119,7 @@ typedef struct {
     s_peer_master_t masters[S_MAX_MASTERS];
     size_t n_masters;
     uint64_t leader_changes;
+    int64_t led_lease; /* the lease under which this master's state became the leader's */
     char why[KVEDGE_KVMSG_MAX_REASON_BYTES + 1]; /* why s_apply refused (etcd), for the ERR */
 } s_master_t;
 
@@ -737,12 +738,12 @@ static void s_follow(s_master_t *m, const s_peer_master_t *l)
 {
     if (m->role != S_ROLE_STANDBY)
         s_set_role(m, S_ROLE_STANDBY);
-    bool same =
-        m->view && strcmp(m->leader.router, l->router) == 0 && strcmp(m->leader.pub, l->pub) == 0;
-    if (strcmp(m->leader.id, l->id) != 0)
+    bool moved = strcmp(m->leader.id, l->id) != 0 || strcmp(m->leader.router, l->router) != 0 ||
+                 strcmp(m->leader.pub, l->pub) != 0;
+    if (moved)
         kvedge_log_info("following the leader %s (%s %s)", l->id, l->router, l->pub);
     m->leader = *l;
-    if (same)
+    if (m->view && !moved)
         return;
     kvedge_mview_destroy(&m->view);
     kvedge_mview_opts_t vo;
@@ -752,7 +753,7 @@ static void s_follow(s_master_t *m, const s_peer_master_t *l)
     vo.server_key = l->key[0] ? l->key : NULL;
     vo.client_cert = l->key[0] ? m->opts.cert : NULL;
     vo.start_wait_ms = -1;
-    if (kvedge_mview_start(&vo, &m->view) != KVEDGE_OK)
+    if (kvedge_mview_start(&vo, &m->view) != KVEDGE_OK && moved)
         kvedge_log_warn("cannot follow the leader %s: no view (takeover will rebuild from etcd "
                         "and the nodes)",
                         l->id);
@@ -915,6 +916,7 @@ static int s_takeover(s_master_t *m, int64_t term)
     kvedge_etcd_reply_t r;
     int rc = kvedge_etcd_get(m->etcd, sk, &r, why, sizeof why);
     uint64_t h = 0;
+    bool got = rc == KVEDGE_OK;
     if (rc == KVEDGE_OK && r.n_kvs == 1) {
         char num[24] = "";
         snprintf(num, sizeof num, "%.*s", (int)(r.kvs[0].value_len < 23 ? r.kvs[0].value_len : 23),
@@ -926,7 +928,7 @@ static int s_takeover(s_master_t *m, int64_t term)
             snprintf(why, sizeof why, "the seq key %s is not a number", sk);
         }
     }
-    if (rc == KVEDGE_OK)
+    if (got)
         kvedge_etcd_reply_free(&r);
     s_rows_t rows = {0};
     if (rc == KVEDGE_OK) {
@@ -959,6 +961,7 @@ static int s_takeover(s_master_t *m, int64_t term)
         return rc;
     }
     kvedge_mview_destroy(&m->view);
+    m->led_lease = m->lease;
     m->term = term;
     snprintf(m->leader.id, sizeof m->leader.id, "%s", m->id);
     snprintf(m->leader.router, sizeof m->leader.router, "%s", m->owner->endpoint);
@@ -1102,6 +1105,9 @@ static void s_elect(s_master_t *m)
     if (r.succeeded) {
         kvedge_log_info("won the election (revision %lld)", (long long)r.revision);
         s_takeover(m, r.revision);
+    } else if (r.n_kvs == 1 && r.kvs[0].lease == m->lease && m->led_lease != m->lease) {
+        /* Ours, but its takeover did not complete (etcd failed under it): again. */
+        s_takeover(m, r.kvs[0].create_rev);
     } else if (r.n_kvs == 1 && r.kvs[0].lease == m->lease) {
         /* Still ours: etcd came back before the lease expired. Nobody else led. */
         if (m->seq + 1 > m->reserved && s_reserve(m, m->seq + 1, why, sizeof why) != KVEDGE_OK) {
