@@ -11,7 +11,7 @@
  * again and every acknowledged model must be in the leader's registry and in etcd.
  *
  * bench_failover [--kvedge BIN] [--kills N] [--masters M] [--lease-ms MS] [--records N]
- *                [--chaos S] [--seed N] */
+ *                [--chaos S] [--seed N] [--log-level L (the masters')] */
 #include <czmq.h>
 #include <pthread.h>
 #include <signal.h>
@@ -38,7 +38,8 @@ static struct {
     int records;
     int chaos;
     unsigned seed;
-} s_cfg = {KVEDGE_BENCH_KVEDGE_BIN, 10, 2, 3000, 10000, 0, 1};
+    const char *log; /* the masters' --log-level */
+} s_cfg = {KVEDGE_BENCH_KVEDGE_BIN, 10, 2, 3000, 10000, 0, 1, "error"};
 
 typedef struct {
     char name[16], router[64], pub[64], data[256];
@@ -58,11 +59,28 @@ static int s_spawn(s_master_t *m)
 {
     char lease[16];
     snprintf(lease, sizeof lease, "%d", s_cfg.lease_ms);
-    char *const argv[] = {"kvedge", "master",  "--insecure",     "--data",        m->data,
-                          "--bind", m->router, "--pub",          m->pub,          "--metrics",
-                          "off",    "--etcd",  s_etcd.endpoints, "--etcd-prefix", "/bench/failover",
-                          "--id",   m->name,   "--lease-ms",     lease,           "--log-level",
-                          "error",  NULL};
+    char *const argv[] = {"kvedge",
+                          "master",
+                          "--insecure",
+                          "--data",
+                          m->data,
+                          "--bind",
+                          m->router,
+                          "--pub",
+                          m->pub,
+                          "--metrics",
+                          "off",
+                          "--etcd",
+                          s_etcd.endpoints,
+                          "--etcd-prefix",
+                          "/bench/failover",
+                          "--id",
+                          m->name,
+                          "--lease-ms",
+                          lease,
+                          "--log-level",
+                          (char *)s_cfg.log,
+                          NULL};
     int pfd[2];
     if (pipe(pfd) != 0)
         return -1;
@@ -370,7 +388,7 @@ static int s_chaos(s_master_t *ms)
                      kt_master_call(ms[l].router, KVEDGE_KVMSG_ICANHAZ, "model/c-", NULL, 0, 10000,
                                     &r, s_chaos_key, &reg) == 0 &&
                      kvedge_etcd_new(s_etcd.endpoints, 3000, &e, NULL, 0) == 0 &&
-                     kvedge_etcd_range_prefix(e, "/bench/failover/reg/model/c-", s_etcd_count,
+                     kvedge_etcd_range_prefix(e, "/bench/failover/reg/model/c-", 0, s_etcd_count,
                                               &etcd, NULL, 0) == 0
                  ? 0
                  : 1;
@@ -404,6 +422,8 @@ static int s_args(int argc, char **argv)
             s_cfg.chaos = atoi(v);
         else if (strcmp(a, "--seed") == 0)
             s_cfg.seed = (unsigned)atoi(v);
+        else if (strcmp(a, "--log-level") == 0)
+            s_cfg.log = v;
         else
             return -1;
         i++;

@@ -613,11 +613,14 @@ static size_t s_prefix_end(const char *prefix, char *out)
     return n;
 }
 
-int kvedge_etcd_range_prefix(kvedge_etcd_t *e, const char *prefix, kvedge_etcd_kv_fn cb, void *ctx,
-                             char *why, size_t why_len)
+int kvedge_etcd_range_prefix(kvedge_etcd_t *e, const char *prefix, size_t page_keys,
+                             kvedge_etcd_kv_fn cb, void *ctx, char *why, size_t why_len)
 {
-    if (!e || !prefix || !*prefix || strlen(prefix) > 1024 || !cb)
+    if (!e || !prefix || !*prefix || strlen(prefix) > 1024 || !cb ||
+        page_keys > KVEDGE_ETCD_MAX_KVS)
         return KVEDGE_EINVAL;
+    if (!page_keys)
+        page_keys = KVEDGE_ETCD_PAGE_KEYS;
     char end[1025], from[1536];
     size_t end_len = s_prefix_end(prefix, end);
     snprintf(from, sizeof from, "%s", prefix);
@@ -627,7 +630,7 @@ int kvedge_etcd_range_prefix(kvedge_etcd_t *e, const char *prefix, kvedge_etcd_k
         cJSON *r = cJSON_CreateObject();
         bool ok =
             r && s_add_b64(r, "key", from, from_len) && s_add_b64(r, "range_end", end, end_len) &&
-            s_add_i64(r, "limit", KVEDGE_ETCD_PAGE_KEYS) && (!rev || s_add_i64(r, "revision", rev));
+            s_add_i64(r, "limit", (int64_t)page_keys) && (!rev || s_add_i64(r, "revision", rev));
         kvedge_etcd_reply_t rep;
         int rc = s_simple(e, "/v3/kv/range", r, ok, &rep, why, why_len);
         if (rc != KVEDGE_OK)

@@ -106,11 +106,13 @@ int kvedge_etcd_members(kvedge_etcd_t *e, kvedge_etcd_reply_t *out, char *why, s
 int kvedge_etcd_get(kvedge_etcd_t *e, const char *key, kvedge_etcd_reply_t *out, char *why,
                     size_t why_len);
 
-/* Every key starting with prefix, in key order, a page of KVEDGE_ETCD_PAGE_KEYS at a time (all
- * pages read at one revision). cb returns 0 to go on; another value stops and is returned. */
+/* Every key starting with prefix, in key order, page_keys at a time (0 = KVEDGE_ETCD_PAGE_KEYS,
+ * at most KVEDGE_ETCD_MAX_KVS; size it so that a page of the largest values stays under
+ * KVEDGE_ETCD_MAX_REPLY_BYTES), every page read at one revision. cb returns 0 to go on; another
+ * value stops and is returned. cb may make calls on e between pages. */
 typedef int (*kvedge_etcd_kv_fn)(void *ctx, const kvedge_etcd_kv_t *kv);
-int kvedge_etcd_range_prefix(kvedge_etcd_t *e, const char *prefix, kvedge_etcd_kv_fn cb, void *ctx,
-                             char *why, size_t why_len);
+int kvedge_etcd_range_prefix(kvedge_etcd_t *e, const char *prefix, size_t page_keys,
+                             kvedge_etcd_kv_fn cb, void *ctx, char *why, size_t why_len);
 
 /* lease 0: none. */
 int kvedge_etcd_put(kvedge_etcd_t *e, const char *key, const void *value, size_t len, int64_t lease,

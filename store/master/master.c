@@ -39,6 +39,10 @@
 #define S_DRAIN_MAX      256  /* ROUTER messages handled per wakeup before timers run */
 #define S_MAX_MASTERS    16   /* masters/<id> entries kept for STATUS */
 #define S_INFO_MS        2000 /* masters and etcd members re-read this often */
+/* Hard records per etcd page at a takeover: the largest (a map of 1024 layers, 2056 bytes) is
+ * under 3.6 KB as the gateway's JSON, so a page stays under 4 MiB, half the reply bound. */
+#define S_HARD_PAGE_KEYS 1024
+#define S_RENEW_EVERY    256 /* hard records read between looks at the lease's renewal */
 
 /* A master's role (kvedge_master_role names them). */
 enum { S_ROLE_SINGLE = 0, S_ROLE_LEADER, S_ROLE_STANDBY, S_ROLE_READONLY };
@@ -815,10 +819,30 @@ static void s_rows_free(s_rows_t *r)
     memset(r, 0, sizeof *r);
 }
 
+/* Renews the lease when it is due, inside a long etcd sequence (a takeover reading a large
+ * registry) that must not let it expire under it. False when it is gone or etcd is silent. */
+static bool s_renew(s_master_t *m)
+{
+    int64_t now = kvedge_mono_ms();
+    if (!m->lease || now < m->next_keepalive)
+        return m->lease != 0;
+    int64_t ttl = 0;
+    char why[300];
+    if (kvedge_etcd_lease_keepalive(m->etcd, m->lease, &ttl, why, sizeof why) != KVEDGE_OK ||
+        ttl <= 0)
+        return false;
+    m->lease_ok_ms = now;
+    m->next_keepalive = now + m->opts.lease_ms / 3;
+    return true;
+}
+
 static int s_hard_cb(void *ctx, const kvedge_etcd_kv_t *kv)
 {
     void **a = ctx;
     s_master_t *m = a[0];
+    s_rows_t *rows = a[1];
+    if (rows->n % S_RENEW_EVERY == 0 && !s_renew(m))
+        return KVEDGE_ENOTLEADER;      /* the lease went: this takeover is void */
     size_t pl = strlen(m->prefix) + 4; /* "reg/" */
     const char *key = kv->key + pl;
     size_t kl = kv->key_len - pl;
@@ -826,7 +850,7 @@ static int s_hard_cb(void *ctx, const kvedge_etcd_kv_t *kv)
         kvedge_log_warn("etcd: skipping a damaged hard record (%zu bytes)", kv->value_len);
         return 0;
     }
-    s_rows_add(a[1], key, kl, kvedge_le_get64(kv->value), kv->value + 8, kv->value_len - 8);
+    s_rows_add(rows, key, kl, kvedge_le_get64(kv->value), kv->value + 8, kv->value_len - 8);
     return 0;
 }
 
@@ -935,7 +959,8 @@ static int s_takeover(s_master_t *m, int64_t term)
         char rk[300];
         s_ekey(m, "reg/", rk, sizeof rk);
         void *ctx[2] = {m, &rows};
-        rc = kvedge_etcd_range_prefix(m->etcd, rk, s_hard_cb, ctx, why, sizeof why);
+        rc = kvedge_etcd_range_prefix(m->etcd, rk, S_HARD_PAGE_KEYS, s_hard_cb, ctx, why,
+                                      sizeof why);
     }
     size_t hard = rows.n;
     bool from_view = m->view && kvedge_mview_state(m->view) != KVEDGE_MVIEW_EMPTY;
@@ -948,6 +973,8 @@ static int s_takeover(s_master_t *m, int64_t term)
             rc = kvedge_why(why, sizeof why, KVEDGE_ENOMEM, "cannot collect the records");
     }
     uint64_t seq = (h > rows.max_seq ? h : rows.max_seq) + 1;
+    if (rc == KVEDGE_OK && !s_renew(m))
+        rc = kvedge_why(why, sizeof why, KVEDGE_ENOTLEADER, "the lease went during the takeover");
     if (rc == KVEDGE_OK)
         rc = s_rewrite_local(m, &rows, seq);
     if (rc == KVEDGE_OK)
@@ -1042,7 +1069,7 @@ static void s_info(s_master_t *m)
     free(self);
     s_ekey(m, "masters/", k, sizeof k);
     m->n_masters = 0;
-    kvedge_etcd_range_prefix(m->etcd, k, s_master_cb, m, why, sizeof why);
+    kvedge_etcd_range_prefix(m->etcd, k, 0, s_master_cb, m, why, sizeof why);
     kvedge_etcd_reply_free(&m->members);
     if (kvedge_etcd_members(m->etcd, &m->members, why, sizeof why) != KVEDGE_OK)
         kvedge_etcd_reply_free(&m->members);

@@ -195,6 +195,8 @@ static void test_cluster_no_master(void **state)
     snprintf(args, sizeof args, "-H ipc://%s/nobody.router cluster --deadline 300", s_dir);
     assert_int_equal(s_run(args), 5);
     assert_int_equal(s_run("cluster"), 2); /* no -H */
+    snprintf(args, sizeof args, "-H ipc://%s/nobody.router --server-key %040d cluster", s_dir, 0);
+    assert_int_equal(s_run(args), 2); /* a key without --cert */
 }
 
 static void test_cluster_on_etcd(void **state)

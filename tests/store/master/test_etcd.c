@@ -181,9 +181,16 @@ static void test_client_kv(void **state)
         assert_int_equal(kvedge_etcd_put(e, k, "v", 1, 0, why, sizeof why), 0);
     }
     size_t seen = 0;
-    assert_int_equal(kvedge_etcd_range_prefix(e, "/t/kv/page/", s_count_cb, &seen, why, sizeof why),
-                     0);
+    assert_int_equal(
+        kvedge_etcd_range_prefix(e, "/t/kv/page/", 0, s_count_cb, &seen, why, sizeof why), 0);
     assert_int_equal(seen, total);
+    seen = 0; /* odd pages */
+    assert_int_equal(
+        kvedge_etcd_range_prefix(e, "/t/kv/page/", 7, s_count_cb, &seen, why, sizeof why), 0);
+    assert_int_equal(seen, total);
+    assert_int_equal(kvedge_etcd_range_prefix(e, "/t/kv/page/", KVEDGE_ETCD_MAX_KVS + 1, s_count_cb,
+                                              &seen, why, sizeof why),
+                     KVEDGE_EINVAL);
 
     /* A txn: create-if-absent holds once; the failure branch reads the key. */
     kvedge_etcd_cmp_t c = {KVEDGE_ETCD_CMP_CREATE, "/t/kv/once", 0};
