@@ -638,6 +638,52 @@ static void test_deposed_leader_is_fenced(void **state)
     kvedge_master_destroy(&f.m);
 }
 
+/* A takeover of a registry with many hard records keeps its lease while it reads them, and
+ * stays the leader: 20,000 models seeded straight into etcd (txns of 100 puts). */
+static void test_takeover_of_a_large_registry(void **state)
+{
+    (void)state;
+    if (!s_have_etcd)
+        skip();
+    char why[600] = "";
+    kvedge_etcd_t *e;
+    assert_int_equal(kvedge_etcd_new(s_etcd.endpoints, 5000, &e, why, sizeof why), 0);
+    enum { N = 20000, PER_TXN = 100 };
+    static char keys[PER_TXN][64];
+    static uint8_t vals[PER_TXN][8 + KVEDGE_MASTER_RECORD_MAX_BYTES];
+    for (int base = 0; base < N; base += PER_TXN) {
+        kvedge_etcd_op_t ops[PER_TXN];
+        for (int i = 0; i < PER_TXN; i++) {
+            char id[32];
+            snprintf(id, sizeof id, "big-%05d", base + i);
+            snprintf(keys[i], sizeof keys[i], "/t/big/reg/model/%s", id);
+            size_t len = kt_model_body(id, vals[i] + 8);
+            memset(vals[i], 0, 8);
+            vals[i][0] = 1; /* seq 1 */
+            ops[i] = (kvedge_etcd_op_t){KVEDGE_ETCD_OP_PUT, keys[i], vals[i], 8 + len, 0};
+        }
+        kvedge_etcd_reply_t r;
+        assert_int_equal(kvedge_etcd_txn(e, NULL, 0, ops, PER_TXN, NULL, 0, &r, why, sizeof why),
+                         0);
+        kvedge_etcd_reply_free(&r);
+    }
+    kvedge_etcd_destroy(&e);
+    s_mfx_t f;
+    assert_int_equal(s_master_try(&f, "big", s_etcd.endpoints, "/t/big", NULL, why, sizeof why), 0);
+    kt_wait_for(strcmp(s_role(&f), "leader") == 0, KT_WAIT_MS);
+    kt_mreply_t mr;
+    assert_int_equal(
+        kt_master_call(f.router, KVEDGE_KVMSG_ICANHAZ, "model/", NULL, 0, 10000, &mr, NULL, NULL),
+        0);
+    assert_int_equal(mr.synced, N);
+    kt_pause_ms(2500); /* longer than the lease: it must still be renewed */
+    assert_string_equal(s_role(&f), "leader");
+    cJSON *o = s_status(&f);
+    assert_int_equal(cJSON_GetObjectItem(o, "leader_changes")->valueint, 1);
+    cJSON_Delete(o);
+    kvedge_master_destroy(&f.m);
+}
+
 /* Without --etcd: role single, no etcd, itself the leader; the rest as before. */
 static void test_embedded_status(void **state)
 {
@@ -682,6 +728,7 @@ int main(void)
         cmocka_unit_test(test_meta_refused),
         cmocka_unit_test(test_two_masters_one_leads),
         cmocka_unit_test(test_deposed_leader_is_fenced),
+        cmocka_unit_test(test_takeover_of_a_large_registry),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (s_have_etcd)
