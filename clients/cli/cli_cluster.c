@@ -392,6 +392,10 @@ static int s_cluster(kvedge_cli_t *cli, const void *opts)
         kvedge_cli_error("cluster: give the masters with -H MASTER[,MASTER...]");
         return KVEDGE_EXIT_USAGE;
     }
+    if (cli->server_key && !cli->cert) {
+        kvedge_cli_error("cluster: --server-key needs --cert (this client's secret certificate)");
+        return KVEDGE_EXIT_USAGE;
+    }
     s_ask_all(&c);
     const cJSON *leader = s_leader(&c);
     int ex = KVEDGE_EXIT_OK;
