@@ -684,6 +684,37 @@ static void test_takeover_of_a_large_registry(void **state)
     kvedge_master_destroy(&f.m);
 }
 
+/* Without --id a master on etcd is known by its ROUTER endpoint without the scheme. */
+static void test_default_id(void **state)
+{
+    (void)state;
+    if (!s_have_etcd)
+        skip();
+    int port = kt_free_port();
+    char router[64], pub[64], data[256], want[64], why[600] = "";
+    snprintf(router, sizeof router, "tcp://127.0.0.1:%d", port);
+    snprintf(pub, sizeof pub, "tcp://127.0.0.1:%d", kt_free_port());
+    snprintf(data, sizeof data, "%s/noid.data", s_dir);
+    snprintf(want, sizeof want, "127.0.0.1:%d", port);
+    kvedge_master_opts_t o;
+    kvedge_master_opts_default(&o);
+    o.bind = router;
+    o.pub = pub;
+    o.data_dir = data;
+    o.insecure = true;
+    o.etcd = s_etcd.endpoints;
+    o.etcd_prefix = "/t/noid";
+    s_mfx_t f = {.m = NULL};
+    snprintf(f.router, sizeof f.router, "%s", router);
+    assert_int_equal(kvedge_master_start(&o, &f.m, why, sizeof why), 0);
+    kt_wait_for(strcmp(s_role(&f), "leader") == 0, KT_WAIT_MS);
+    cJSON *doc = s_status(&f);
+    assert_string_equal(s_str(doc, "id"), want);
+    assert_string_equal(s_str(cJSON_GetObjectItem(doc, "etcd"), "cluster"), "kvedge");
+    cJSON_Delete(doc);
+    kvedge_master_destroy(&f.m);
+}
+
 /* Without --etcd: role single, no etcd, itself the leader; the rest as before. */
 static void test_embedded_status(void **state)
 {
@@ -729,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_two_masters_one_leads),
         cmocka_unit_test(test_deposed_leader_is_fenced),
         cmocka_unit_test(test_takeover_of_a_large_registry),
+        cmocka_unit_test(test_default_id),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (s_have_etcd)
