@@ -71,12 +71,13 @@ int kvedge_cli_dispatch(kvedge_cli_t *cli, const kvedge_cli_cmd_t *cmd, int argc
  * table ends with an entry whose name is NULL. */
 extern const kvedge_cli_cmd_t kvedge_cli_local_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_daemon_cmds[];
-extern const kvedge_cli_cmd_t kvedge_cli_remote_cmds[]; /* clients/cli_remote.c, with -H */
-extern const kvedge_cli_cmd_t kvedge_cli_top_cmds[];    /* clients/cli_top.c, with -H */
-extern const kvedge_cli_cmd_t kvedge_cli_master_cmds[]; /* clients/cli_master.c */
-extern const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[];  /* clients/cli_proxy.c */
-extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];    /* clients/cli_e2e.c */
-extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];   /* clients/cli_eval.c */
+extern const kvedge_cli_cmd_t kvedge_cli_remote_cmds[];  /* clients/cli_remote.c, with -H */
+extern const kvedge_cli_cmd_t kvedge_cli_top_cmds[];     /* clients/cli_top.c, with -H */
+extern const kvedge_cli_cmd_t kvedge_cli_cluster_cmds[]; /* clients/cli_cluster.c, -H */
+extern const kvedge_cli_cmd_t kvedge_cli_master_cmds[];  /* clients/cli_master.c */
+extern const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[];   /* clients/cli_proxy.c */
+extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];     /* clients/cli_e2e.c */
+extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];    /* clients/cli_eval.c */
 extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
 extern const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[]; /* clients/cli_layermap.c */
 extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];   /* clients/cli_lseval.c */

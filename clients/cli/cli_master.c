@@ -54,7 +54,8 @@ static int s_cmd_master(kvedge_cli_t *cli, int argc, char **argv)
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("master: %s", why);
         return rc == KVEDGE_EDENIED || rc == KVEDGE_EINVAL ? KVEDGE_EXIT_USAGE
-               : rc == KVEDGE_ELOCKED || rc == KVEDGE_EVERSION || rc == KVEDGE_ENOTFOUND
+               : rc == KVEDGE_ELOCKED || rc == KVEDGE_EVERSION || rc == KVEDGE_ENOTFOUND ||
+                       rc == KVEDGE_ECLOSED || rc == KVEDGE_ETIMEDOUT /* etcd unreachable */
                    ? KVEDGE_EXIT_UNAVAILABLE
                    : KVEDGE_EXIT_FAILURE;
     }

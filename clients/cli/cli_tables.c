@@ -9,8 +9,10 @@ const kvedge_cli_cmd_t *const kvedge_cli_tables[] = {
     kvedge_cli_tokenize_cmds, kvedge_cli_layermap_cmds,
     kvedge_cli_lseval_cmds,   NULL};
 
-const kvedge_cli_cmd_t *const kvedge_cli_remote_tables[] = {kvedge_cli_remote_cmds,
-                                                            kvedge_cli_top_cmds, NULL};
+const kvedge_cli_cmd_t *const kvedge_cli_remote_tables[] = {
+    kvedge_cli_remote_cmds, kvedge_cli_top_cmds,
+    kvedge_cli_cluster_cmds, /* -H MASTER[,MASTER...] cluster */
+    NULL};
 
 static const kvedge_cmdopt_t s_global_list[] = {
     {.name = "data",

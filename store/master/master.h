@@ -34,7 +34,20 @@ typedef struct {
     uint32_t drop_pub_every;
     /* The HTTP endpoint for /metrics, /health, /ready ("HOST:PORT"; NULL or "off": none). */
     const char *metrics;
+    /* Masters on etcd (docs/master.md, "Masters on etcd"): "URL[,URL...]" of the etcd v3 JSON
+     * gateway; NULL or "" = the embedded default (one master, its own registry, no etcd). */
+    const char *etcd;
+    const char *etcd_prefix; /* NULL or "" = /kvedge/<cluster> */
+    const char *cluster;     /* NULL or "" = KVEDGE_MASTER_CLUSTER_DEFAULT */
+    const char *id;          /* NULL or "" = from the ROUTER endpoint bound */
+    uint32_t lease_ms;       /* 0 = KVEDGE_MASTER_LEASE_MS */
 } kvedge_master_opts_t;
+
+#define KVEDGE_MASTER_CLUSTER_DEFAULT "kvedge"
+#define KVEDGE_MASTER_LEASE_MS        3000  /* the leader's etcd lease (its TTL, rounded up to s) */
+#define KVEDGE_MASTER_SEQ_BLOCK       65536 /* seqs reserved in etcd ahead of the published ones */
+#define KVEDGE_MASTER_ETCD_FORMAT     1     /* the layout under the prefix (its meta key) */
+#define KVEDGE_MASTER_STATUS_MAX      65536 /* a STATUS document's bound */
 
 #define KVEDGE_MASTER_METRICS_DEFAULT "127.0.0.1:9741" /* `kvedge master`'s HTTP endpoint */
 
@@ -70,8 +83,13 @@ const char *kvedge_master_public_key(kvedge_master_t *m);
 /* The last sequence number assigned. Thread-safe. */
 uint64_t kvedge_master_seq(kvedge_master_t *m);
 
-/* The registry's id (random, made with the directory; HUGZ and KTHXBAI carry it). */
+/* The registry's id (random, made with the directory, or with the etcd prefix on etcd; HUGZ and
+ * KTHXBAI carry it). */
 uint64_t kvedge_master_registry(kvedge_master_t *m);
+
+/* The master's role: "single" (no etcd), "leader", "standby" or "readonly" (the leader that
+ * lost its etcd quorum: reads only). Thread-safe; static storage. */
+const char *kvedge_master_role(kvedge_master_t *m);
 
 #ifdef __cplusplus
 }

@@ -98,6 +98,47 @@ static const kvedge_setting_t s_settings[] = {
      .example = "0.0.0.0:9751",
      .help = "HTTP endpoint for /metrics, /health and /ready (HOST:PORT; port 0: any free); "
              "off: none"},
+    {.key = "etcd",
+     .flag = "etcd",
+     .arg = "URL[,URL...]",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, etcd),
+     .example = "http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379",
+     .help = "masters on etcd: hard state in etcd, one leader elected on a lease, the others "
+             "standbys (docs/master.md); empty: the single master on its own registry"},
+    {.key = "etcd_prefix",
+     .flag = "etcd-prefix",
+     .arg = "P",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, etcd_prefix),
+     .example = "/kvedge/prod-eu",
+     .help = "the etcd key prefix of this cluster; empty: /kvedge/CLUSTER"},
+    {.key = "cluster",
+     .flag = "cluster",
+     .arg = "NAME",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, cluster),
+     .def = KVEDGE_MASTER_CLUSTER_DEFAULT,
+     .example = "prod-eu",
+     .help = "the cluster's name, checked against the one in etcd (two clusters on one prefix "
+             "are refused)"},
+    {.key = "id",
+     .flag = "id",
+     .arg = "ID",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, id),
+     .example = "m1",
+     .help = "this master's id among the masters on etcd; empty: from the ROUTER endpoint"},
+    {.key = "lease_ms",
+     .flag = "lease-ms",
+     .arg = "MS",
+     .type = KVEDGE_SETTING_MS,
+     KVEDGE_SETTING_AT(S_T, lease_ms),
+     .min = 1000,
+     .max = 60000,
+     .def_num = KVEDGE_MASTER_LEASE_MS,
+     .help = "the leader's etcd lease: a standby takes over within about this long after the "
+             "leader dies"},
     {.key = "log",
      .flag = "log-level",
      .type = KVEDGE_SETTING_ENUM,
@@ -124,6 +165,16 @@ int kvedge_master_settings_check(const kvedge_master_settings_t *s, char *why, s
             why, why_len, KVEDGE_EINVAL,
             "down_ms (%u) is below suspect_ms (%u): a node is suspect before it is down",
             s->down_ms, s->suspect_ms);
+    if (s->id[0] && !kvedge_master_id_ok(s->id))
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "id '%s': 1 to 64 of [A-Za-z0-9._:@+-]",
+                          s->id);
+    if (!kvedge_master_id_ok(s->cluster))
+        return kvedge_why(why, why_len, KVEDGE_EINVAL, "cluster '%s': 1 to 64 of [A-Za-z0-9._:@+-]",
+                          s->cluster);
+    if (s->etcd[0] && strncmp(s->etcd, "http://", 7) != 0 && strncmp(s->etcd, "https://", 8) != 0)
+        return kvedge_why(why, why_len, KVEDGE_EINVAL,
+                          "etcd '%.200s': a list of http://HOST:PORT (etcd's client URLs)",
+                          s->etcd);
     if (s->insecure &&
         (!kvedge_endpoint_is_loopback(s->bind) || !kvedge_endpoint_is_loopback(s->pub)))
         return kvedge_why(why, why_len, KVEDGE_EDENIED,
@@ -180,6 +231,11 @@ int kvedge_master_settings_start(const kvedge_master_settings_t *s, kvedge_maste
     mo.suspect_ms = s->suspect_ms;
     mo.down_ms = s->down_ms;
     mo.metrics = s->metrics;
+    mo.etcd = s->etcd;
+    mo.etcd_prefix = s->etcd_prefix;
+    mo.cluster = s->cluster;
+    mo.id = s->id;
+    mo.lease_ms = s->lease_ms;
     rc = kvedge_master_start(&mo, out, why, why_len);
     if (rc == KVEDGE_OK && !s->insecure)
         kvedge_log_info("master public key %s (certificate %s); peers allowed: the "

@@ -23,17 +23,22 @@ extern "C" {
 #define KVEDGE_MASTER_EP_BYTES     256
 
 typedef struct {
-    char data[KVEDGE_MASTER_PATH_BYTES];    /* registry directory; created when missing */
-    char bind[KVEDGE_MASTER_EP_BYTES];      /* ROUTER endpoint */
-    char pub[KVEDGE_MASTER_EP_BYTES];       /* PUB endpoint */
-    char cert[KVEDGE_MASTER_PATH_BYTES];    /* "" = DATA/master.cert, made on first start */
-    char clients[KVEDGE_MASTER_PATH_BYTES]; /* "" = DATA/clients, made empty */
-    bool insecure;                          /* plaintext: both endpoints loopback or ipc */
-    bool sync;                              /* fsync the registry's WAL on every update */
-    uint32_t suspect_ms;                    /* heartbeat silence before suspect */
-    uint32_t down_ms;                       /* heartbeat silence before down */
-    char metrics[128];                      /* HTTP endpoint "HOST:PORT", or "off" */
-    kvedge_log_level_t log_level;           /* the daemon's main sets the logger's level */
+    char data[KVEDGE_MASTER_PATH_BYTES];          /* registry directory; created when missing */
+    char bind[KVEDGE_MASTER_EP_BYTES];            /* ROUTER endpoint */
+    char pub[KVEDGE_MASTER_EP_BYTES];             /* PUB endpoint */
+    char cert[KVEDGE_MASTER_PATH_BYTES];          /* "" = DATA/master.cert, made on first start */
+    char clients[KVEDGE_MASTER_PATH_BYTES];       /* "" = DATA/clients, made empty */
+    bool insecure;                                /* plaintext: both endpoints loopback or ipc */
+    bool sync;                                    /* fsync the registry's WAL on every update */
+    uint32_t suspect_ms;                          /* heartbeat silence before suspect */
+    uint32_t down_ms;                             /* heartbeat silence before down */
+    char metrics[128];                            /* HTTP endpoint "HOST:PORT", or "off" */
+    char etcd[1024];                              /* "URL[,URL...]": masters on etcd; "" = none */
+    char etcd_prefix[200];                        /* "" = /kvedge/<cluster> */
+    char cluster[KVEDGE_MASTER_MAX_ID_BYTES + 1]; /* the cluster's name in etcd */
+    char id[KVEDGE_MASTER_MAX_ID_BYTES + 1];      /* "" = from the ROUTER endpoint */
+    uint32_t lease_ms;                            /* the leader's etcd lease */
+    kvedge_log_level_t log_level;                 /* the daemon's main sets the logger's level */
 } kvedge_master_settings_t;
 
 extern const kvedge_settings_table_t kvedge_master_settings_table;
