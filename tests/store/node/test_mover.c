@@ -1,0 +1,191 @@
+/* Re-replication: four cloud nodes, contexts on R = 2 of them by placement; SIGKILL one node
+ * and, once the grace period is over (never before), the survivors' movers copy what it held
+ * until every chunk has 2 complete replicas again, every block bit-exact; the metrics say what
+ * was moved and that the backlog is gone. A directory entry naming a node that is gone is
+ * skipped and counted, nothing else changes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "access/codec/clock.h"
+#include "store/node/mover.h"
+#include "tests/store/node/test_mover_fx.h"
+
+#define S_GRACE_S 3
+#define S_CTX     8
+
+static int s_http_get(const char *url, const char *path, char *buf, size_t cap)
+{
+    unsigned port = 0;
+    assert_int_equal(sscanf(url, "http://127.0.0.1:%u", &port), 1);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    char req[256];
+    int n =
+        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < cap && (r = read(fd, buf + got, cap - 1 - got)) > 0)
+        got += (size_t)r;
+    buf[got] = '\0';
+    close(fd);
+    int status = 0;
+    assert_int_equal(sscanf(buf, "HTTP/1.1 %d", &status), 1);
+    return status;
+}
+
+/* The value of the series line starting with prefix, or -1. */
+static double s_metric(const char *metrics, const char *prefix)
+{
+    const char *p = strstr(metrics, prefix);
+    while (p && p != metrics && p[-1] != '\n')
+        p = strstr(p + 1, prefix);
+    return p ? strtod(p + strlen(prefix), NULL) : -1;
+}
+
+static double s_node_metric(mv_node_t *nd, const char *prefix)
+{
+    char *body = malloc(1 << 20);
+    assert_non_null(body);
+    assert_int_equal(s_http_get(kvedge_node_metrics_url(nd->node), "/metrics", body, 1 << 20), 200);
+    double v = s_metric(body, prefix);
+    free(body);
+    return v;
+}
+
+static void test_rereplicate_after_grace(void **state)
+{
+    (void)state;
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    mv_node(f, MV_CAPACITY, S_GRACE_S, true);
+    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
+    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
+    mv_node_t *victim = mv_spawn(f, KVEDGE_BIN, MV_CAPACITY, S_GRACE_S);
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+    for (int c = 0; c < S_CTX; c++)
+        mv_put_context(f, c, f->n);
+    kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
+    int on_victim = 0;
+    for (int c = 0; c < f->nctx; c++)
+        for (int i = 0; i < MV_CHUNKS; i++)
+            on_victim += mv_dir_complete(f, victim->id, &f->ctx[c].ids[i]);
+    assert_true(on_victim > 0); /* the placement put some contexts there */
+
+    int64_t t0 = kt_now_ms();
+    mv_kill(victim);
+    kt_wait_for(mv_all_replicated(f, 2, 3), KT_WAIT_MS + MV_DOWN_MS + S_GRACE_S * 1000);
+    int64_t took = kt_now_ms() - t0;
+    /* Nothing is copied before the node has been down for the grace period. */
+    assert_true(took >= S_GRACE_S * 1000);
+    mv_verify_all(f, 3);
+
+    uint64_t done = 0, bytes = 0;
+    for (int i = 0; i < 3; i++) {
+        kvedge_mover_stats_t st;
+        kvedge_node_mover_stats(f->nodes[i].node, &st);
+        done += st.total.copies_done;
+        bytes += st.total.bytes;
+    }
+    /* Every chunk the victim held got one new replica, copied once. */
+    assert_int_equal(done, (uint64_t)on_victim);
+    assert_true(bytes >= (uint64_t)on_victim * MV_LAYERS * MV_HEADS * MV_TOKENS * MV_DIM * 4);
+    kt_wait_for(s_node_metric(&f->nodes[0], "kvedge_mover_backlog_chunks ") == 0, KT_WAIT_MS);
+    kvedge_mover_stats_t st0;
+    kvedge_node_mover_stats(f->nodes[0].node, &st0);
+    assert_true(s_node_metric(&f->nodes[0], "kvedge_mover_bytes_moved_total ") ==
+                (double)st0.total.bytes);
+    assert_true(s_node_metric(&f->nodes[0], "kvedge_mover_copies_done_total ") ==
+                (double)st0.total.copies_done);
+    assert_true(s_node_metric(&f->nodes[0], "kvedge_mover_copies_failed_total ") >= 0);
+    mv_stop(f);
+    free(f);
+}
+
+/* A dir/ record of a node with no node record is skipped and counted by the tier (the node
+ * movers log it); the plan and every replica are as before. */
+static void test_gone_node_skipped(void **state)
+{
+    (void)state;
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
+    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+    mv_put_context(f, 0, f->n);
+    kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
+    kvedge_master_dir_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.model_id, sizeof d.model_id, "%s", MV_MODEL);
+    d.layers = MV_LAYERS;
+    for (unsigned l = 0; l < MV_LAYERS; l++)
+        kvedge_master_dir_set(&d, l);
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    assert_int_equal(kvedge_master_dir_pack(&d, body, &len), KVEDGE_OK);
+    char hex[KVEDGE_MASTER_CHUNK_HEX_BYTES + 1], key[200];
+    kvedge_master_chunk_hex(&f->ctx[0].ids[0], hex);
+    snprintf(key, sizeof key, "dir/ghost/%s", hex);
+    assert_int_equal(kvedge_mview_set(f->reg, key, body, len, 3000), KVEDGE_OK);
+
+    kvedge_tier_t *t = NULL;
+    assert_int_equal(kvedge_tier_read(f->reg, kvedge_wall_ms(), 30000, &t), KVEDGE_OK);
+    const char *gone = NULL;
+    uint32_t unplaced = 0;
+    assert_int_equal(kvedge_tier_skipped(t, &unplaced, &gone), 1);
+    assert_string_equal(gone, "ghost");
+    assert_int_equal(kvedge_tier_backlog(t, 2, NULL), 0);
+    kvedge_tier_destroy(&t);
+    /* The movers' passes see it too and change nothing. */
+    assert_int_equal(kvedge_node_mover_pass(f->nodes[0].node), KVEDGE_OK);
+    kvedge_mover_stats_t st;
+    kvedge_node_mover_stats(f->nodes[0].node, &st);
+    assert_int_equal(st.backlog, 0);
+    assert_int_equal(st.total.copies_done + st.total.copies_failed, 0);
+    assert_true(mv_all_replicated(f, 2, -1));
+    mv_verify_all(f, -1);
+    mv_stop(f);
+    free(f);
+}
+
+/* Bad arguments are refused, never crash. */
+static void test_bad_args(void **state)
+{
+    (void)state;
+    kvedge_tier_t *t = NULL;
+    assert_int_equal(kvedge_tier_read(NULL, 0, 0, &t), KVEDGE_EINVAL);
+    assert_null(t);
+    kvedge_move_t *m = NULL;
+    size_t n = 0;
+    assert_int_equal(kvedge_tier_plan(NULL, KVEDGE_MOVER_REPAIR, 2, -1, &m, &n), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_tier_learn(NULL, 0, NULL, 0), KVEDGE_EINVAL);
+    kvedge_mover_opts_t o = {.node_id = "bad id", .master = "ipc:///x", .master_pub = "ipc:///y"};
+    kvedge_mover_t *mv = NULL;
+    assert_int_equal(kvedge_mover_start(&o, &mv), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_mover_pass(NULL), KVEDGE_EINVAL);
+    kvedge_mover_destroy(&mv);
+    kvedge_tier_destroy(&t);
+    assert_true(kvedge_tier_skew(NULL) == 0);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_gone_node_skipped),
+        cmocka_unit_test(test_rereplicate_after_grace),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
