@@ -1,0 +1,224 @@
+/* `kvedge rebalance`: three cloud nodes hold contexts on R = 2 by placement; two nodes join (one
+ * of capacity 0). --dry-run prints the plan and changes nothing; the real run copies every chain
+ * to its new placement while a reader fetches all the time (following the directory, trying the
+ * next replica on a miss, as a proxy does) and never misses nor gets a wrong block; afterwards
+ * every chunk is on exactly its placement, the copies no longer placed are gone, the node of
+ * capacity 0 holds nothing, the skew is printed, and a directory entry of a node that is gone is
+ * skipped and counted. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "tests/common/shell.h"
+#include "tests/store/node/test_mover_fx.h"
+
+#define S_CTX 12
+
+typedef struct {
+    mv_fx_t *f;
+    atomic_bool stop;
+    _Atomic uint64_t reads, misses, wrong;
+} s_reader_t;
+
+/* Reads every chunk of every context again and again from the replicas the directory lists
+ * complete, the next one on a miss; a chunk none of them serves is a miss. */
+static void *s_reader(void *arg)
+{
+    s_reader_t *r = arg;
+    mv_fx_t *f = r->f;
+    kvedge_client_t *cl[MV_MAX_NODES] = {0};
+    for (int i = 0; i < f->n; i++)
+        cl[i] = mv_client(f->nodes[i].ep);
+    while (!atomic_load(&r->stop)) {
+        for (int c = 0; c < f->nctx; c++)
+            for (int k = 0; k < MV_CHUNKS; k++) {
+                int got = 0;
+                for (int i = 0; i < f->n && got != 1; i++) {
+                    if (!mv_dir_complete(f, f->nodes[i].id, &f->ctx[c].ids[k]))
+                        continue;
+                    got = mv_read_chunk(cl[i], &f->ctx[c], k);
+                    if (got < 0)
+                        r->wrong++;
+                }
+                r->reads++;
+                r->misses += got != 1;
+            }
+    }
+    for (int i = 0; i < f->n; i++)
+        kvedge_client_destroy(&cl[i]);
+    return NULL;
+}
+
+/* Runs `kvedge rebalance ARGS --json` against the fixture's master; its exit code, its parsed
+ * output in *doc (caller deletes). */
+static int s_rebalance(mv_fx_t *f, const char *args, cJSON **doc)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' rebalance --master '%s' --pub '%s' --json %s 2>'%s/rb.err'",
+             KVEDGE_BIN, f->mep, f->mpub, args, f->root);
+    char *out = calloc(1, 1 << 20);
+    assert_non_null(out);
+    int rc = kt_capture(cmd, out, 1 << 20);
+    *doc = cJSON_Parse(out);
+    if (!*doc)
+        fail_msg("rebalance printed no JSON (exit %d): %s", rc, out);
+    free(out);
+    return rc;
+}
+
+static double s_num(const cJSON *doc, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, name);
+    if (!cJSON_IsNumber(v))
+        fail_msg("rebalance JSON has no number \"%s\"", name);
+    return v->valuedouble;
+}
+
+static size_t s_listed(mv_node_t *nd)
+{
+    kvedge_client_t *cl = mv_client(nd->ep);
+    kvedge_chunk_entry_t *e = NULL;
+    size_t n = 0;
+    assert_int_equal(kvedge_client_list_all(cl, &e, &n), KVEDGE_OK);
+    free(e);
+    kvedge_client_destroy(&cl);
+    return n;
+}
+
+/* Every chunk is complete on exactly the 2 nodes its root is placed on among all the
+ * fixture's nodes, and the directory names it nowhere else. */
+static bool s_on_placement(mv_fx_t *f)
+{
+    for (int c = 0; c < f->nctx; c++) {
+        uint32_t pick[KVEDGE_PLACE_MAX_REPLICAS];
+        uint32_t got = mv_place(f, f->n, &f->ctx[c].ids[0], pick);
+        for (int k = 0; k < MV_CHUNKS; k++)
+            for (int i = 0; i < f->n; i++) {
+                bool placed =
+                    (got > 0 && pick[0] == (uint32_t)i) || (got > 1 && pick[1] == (uint32_t)i);
+                kvedge_master_dir_t d;
+                bool any =
+                    kvedge_mview_dir(f->reg, f->nodes[i].id, &f->ctx[c].ids[k], &d) == KVEDGE_OK;
+                if (placed != mv_dir_complete(f, f->nodes[i].id, &f->ctx[c].ids[k]) ||
+                    (!placed && any))
+                    return false;
+            }
+    }
+    return true;
+}
+
+/* A dir/ record for a node that has no node record. */
+static void s_ghost_entry(mv_fx_t *f)
+{
+    kvedge_master_dir_t d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.model_id, sizeof d.model_id, "%s", MV_MODEL);
+    d.layers = MV_LAYERS;
+    kvedge_master_dir_set(&d, 0);
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    assert_int_equal(kvedge_master_dir_pack(&d, body, &len), KVEDGE_OK);
+    char hex[KVEDGE_MASTER_CHUNK_HEX_BYTES + 1], key[200];
+    kvedge_master_chunk_hex(&f->ctx[0].ids[1], hex);
+    snprintf(key, sizeof key, "dir/ghost/%s", hex);
+    assert_int_equal(kvedge_mview_set(f->reg, key, body, len, 3000), KVEDGE_OK);
+}
+
+static void test_rebalance_moves_to_placement(void **state)
+{
+    (void)state;
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    for (int i = 0; i < 3; i++)
+        mv_node(f, MV_CAPACITY, 30, false);
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+    for (int c = 0; c < S_CTX; c++)
+        mv_put_context(f, c, 3);
+    kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
+    mv_node(f, MV_CAPACITY, 30, false); /* c4 */
+    mv_node(f, 0, 30, false);           /* c5: capacity 0, never placed */
+    mv_wait_up(f, 3);
+    mv_wait_up(f, 4);
+    s_ghost_entry(f);
+
+    /* --dry-run: the plan, and nothing moves. */
+    cJSON *doc = NULL;
+    assert_int_equal(s_rebalance(f, "--dry-run", &doc), 0);
+    double planned = s_num(doc, "copies");
+    assert_true(planned > 0);
+    assert_true(s_num(doc, "deletes") == planned); /* one node loses what another gains */
+    assert_true(s_num(doc, "copies_done") == 0);
+    assert_true(s_num(doc, "skipped") == 1);
+    assert_true(s_num(doc, "skew_before") > 1.0); /* c4 holds nothing yet */
+    assert_true(s_num(doc, "skew_after") < s_num(doc, "skew_before"));
+    cJSON_Delete(doc);
+    assert_int_equal(s_listed(&f->nodes[3]), 0);
+    assert_true(mv_all_replicated(f, 2, -1));
+
+    /* The move, with a reader fetching all along. */
+    s_reader_t rd = {.f = f};
+    atomic_init(&rd.stop, false);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, s_reader, &rd), 0);
+    kt_wait_for(rd.reads > 0, KT_WAIT_MS);
+    assert_int_equal(s_rebalance(f, "--bw 0", &doc), 0);
+    assert_true(s_num(doc, "copies") == planned);
+    assert_true(s_num(doc, "copies_done") == planned);
+    assert_true(s_num(doc, "copies_failed") == 0);
+    assert_true(s_num(doc, "deletes_done") == planned);
+    assert_true(s_num(doc, "deletes_kept") == 0);
+    assert_true(s_num(doc, "bytes_moved") >=
+                planned * MV_LAYERS * MV_HEADS * MV_TOKENS * MV_DIM * 4);
+    assert_true(s_num(doc, "skew_after") < s_num(doc, "skew_before"));
+    cJSON_Delete(doc);
+    kt_wait_for(s_on_placement(f), KT_WAIT_MS);
+    uint64_t before = rd.reads;
+    kt_wait_for(rd.reads > before, KT_WAIT_MS); /* the reader went on after the move too */
+    atomic_store(&rd.stop, true);
+    pthread_join(th, NULL);
+    assert_int_equal(atomic_load(&rd.wrong), 0);
+    assert_int_equal(atomic_load(&rd.misses), 0);
+    assert_int_equal(s_listed(&f->nodes[4]), 0);
+    assert_true(s_listed(&f->nodes[3]) > 0);
+    mv_verify_all(f, -1);
+
+    /* Once placed, a second run has nothing to do, and says so in words. */
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, "'%s' rebalance --master '%s' --pub '%s' 2>&1", KVEDGE_BIN, f->mep,
+             f->mpub);
+    assert_int_equal(kt_capture(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "moves: 0 copies, 0 deletes over 5 cloud nodes (R=2)"));
+    assert_non_null(strstr(out, "skew (max/mean bytes per up node): before "));
+    assert_non_null(strstr(out, "1 directory entries of a node gone (ghost)"));
+    mv_stop(f);
+    free(f);
+}
+
+/* A master that does not answer: exit 5 and a message, nothing else. */
+static void test_master_down(void **state)
+{
+    (void)state;
+    char out[4096];
+    int rc = kt_capture("'" KVEDGE_BIN "' rebalance --master ipc:///tmp/kvedge-no-master.sock "
+                        "--pub ipc:///tmp/kvedge-no-master-pub.sock 2>&1",
+                        out, sizeof out);
+    assert_int_equal(rc, 5);
+    assert_non_null(strstr(out, "no snapshot"));
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_master_down),
+        cmocka_unit_test(test_rebalance_moves_to_placement),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
