@@ -324,7 +324,7 @@ typedef struct {
 } s_moves_t;
 
 static int s_add(s_moves_t *v, kvedge_move_kind_t kind, uint32_t from, uint32_t to,
-                 const s_chunk_t *c)
+                 const s_chunk_t *c, bool lost)
 {
     if (v->n == v->cap) {
         size_t cap = v->cap ? 2 * v->cap : 64;
@@ -334,7 +334,7 @@ static int s_add(s_moves_t *v, kvedge_move_kind_t kind, uint32_t from, uint32_t 
         v->m = p;
         v->cap = cap;
     }
-    v->m[v->n++] = (kvedge_move_t){kind, from, to, c->info, c->root, c->bytes};
+    v->m[v->n++] = (kvedge_move_t){kind, from, to, c->info, c->root, c->bytes, lost};
     return KVEDGE_OK;
 }
 
@@ -349,9 +349,11 @@ static int s_plan_chunk(kvedge_tier_t *t, s_chunk_t *c, kvedge_mover_mode_t mode
         return KVEDGE_EINVAL;
     int src = -1;
     uint32_t live = 0;
+    bool lost = false;
     for (size_t k = 0; k < t->n; k++) {
         uint32_t j = order[k];
         uint8_t h = c->held[j];
+        lost |= (h & S_ENTRY) && !t->nodes[j].live;
         if (!(h & S_COMPLETE))
             continue;
         live += t->nodes[j].live;
@@ -365,7 +367,7 @@ static int s_plan_chunk(kvedge_tier_t *t, s_chunk_t *c, kvedge_mover_mode_t mode
         for (uint32_t k = 0; k < got && need > 0; k++) {
             if (c->held[pick[k]] & S_COMPLETE)
                 continue;
-            int rc = s_add(copies, KVEDGE_MOVE_COPY, (uint32_t)src, pick[k], c);
+            int rc = s_add(copies, KVEDGE_MOVE_COPY, (uint32_t)src, pick[k], c, lost);
             if (rc != KVEDGE_OK)
                 return rc;
             need--;
@@ -378,7 +380,7 @@ static int s_plan_chunk(kvedge_tier_t *t, s_chunk_t *c, kvedge_mover_mode_t mode
         for (uint32_t k = 0; k < got; k++)
             placed |= pick[k] == j;
         if (!placed && t->nodes[j].up && (c->held[j] & S_LISTED)) {
-            int rc = s_add(deletes, KVEDGE_MOVE_DELETE, j, j, c);
+            int rc = s_add(deletes, KVEDGE_MOVE_DELETE, j, j, c, false);
             if (rc != KVEDGE_OK)
                 return rc;
         }
@@ -815,6 +817,7 @@ struct kvedge_mover_t {
     pthread_mutex_t stop_mu;
     kvedge_mover_stats_t st;
     zhashx_t *recent; /* "hex/node" -> expiry (mono ms, malloc'd int64) */
+    zhashx_t *under;  /* chunk hex -> when first seen below R with no lost holder */
     uint32_t last_backlog;
     int64_t gone_logged_ms;
     kvedge_series_t *m_backlog, *m_stranded, *m_bytes, *m_done, *m_failed;
@@ -845,6 +848,34 @@ static void s_metrics(kvedge_mover_t *m, kvedge_metrics_t *r)
     m->m_failed = kvedge_metrics_single(
         r, KVEDGE_METRIC_COUNTER, "kvedge_mover_copies_failed_total",
         "chunk copies this node's mover started and could not finish", NULL, NULL, 0);
+}
+
+/* Keeps the copies of chunks a lost node held, and of the others those seen below R for the
+ * grace period (a write in flight to its second replica is not copied under it). */
+static size_t s_due(kvedge_mover_t *m, kvedge_move_t *moves, size_t n)
+{
+    int64_t now = kvedge_mono_ms();
+    zhashx_t *seen = zhashx_new();
+    if (!seen)
+        return 0;
+    zhashx_set_destructor(seen, s_free_item);
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
+        kvedge_chunk_id_hex(&moves[i].chunk.id, hex);
+        int64_t *since = zhashx_lookup(m->under, hex);
+        int64_t first = since ? *since : now;
+        int64_t *keep = malloc(sizeof *keep);
+        if (keep) {
+            *keep = first;
+            zhashx_update(seen, hex, keep);
+        }
+        if (moves[i].lost || now - first >= (int64_t)m->grace_ms)
+            moves[w++] = moves[i];
+    }
+    zhashx_destroy(&m->under);
+    m->under = seen; /* what is no longer below R is forgotten */
+    return w;
 }
 
 /* Drops the copies recently done from moves (and forgets expired ones): a target's directory
@@ -924,6 +955,7 @@ static int s_pass(kvedge_mover_t *m)
         size_t n = 0;
         if (kvedge_mover_list(m->conns, t, (size_t)self) == KVEDGE_OK &&
             kvedge_tier_plan(t, KVEDGE_MOVER_REPAIR, m->replicas, self, &moves, &n) == KVEDGE_OK) {
+            n = s_due(m, moves, n);
             n = s_not_recent(m, t, moves, n);
             kvedge_mover_copy_all(m->conns, t, moves, n, &res);
             s_remember(m, t, moves, n);
@@ -935,8 +967,10 @@ static int s_pass(kvedge_mover_t *m)
                                 (unsigned long long)res.copies_failed);
         }
         free(moves);
-    } else if (!backlog && m->last_backlog) {
-        kvedge_log_info("mover: every chunk has its live replicas again");
+    } else {
+        zhashx_purge(m->under);
+        if (!backlog && m->last_backlog)
+            kvedge_log_info("mover: every chunk has its live replicas again");
     }
     m->last_backlog = backlog;
     pthread_mutex_lock(&m->st_mu);
@@ -1002,13 +1036,15 @@ int kvedge_mover_start(const kvedge_mover_opts_t *o, kvedge_mover_t **out)
     pthread_mutex_init(&m->stop_mu, NULL);
     pthread_cond_init(&m->stop_cv, NULL);
     m->recent = zhashx_new();
+    m->under = zhashx_new();
     kvedge_mover_io_t io = {.cert = o->cert, .bw = o->bw, .stop = &m->stop};
     m->conns = kvedge_mover_conns_new(&io);
-    if (!m->recent || !m->conns) {
+    if (!m->recent || !m->under || !m->conns) {
         kvedge_mover_destroy(&m);
         return KVEDGE_ENOMEM;
     }
     zhashx_set_destructor(m->recent, s_free_item);
+    zhashx_set_destructor(m->under, s_free_item);
     kvedge_mview_opts_t vo;
     kvedge_mview_opts_default(&vo);
     vo.master = o->master;
@@ -1045,6 +1081,7 @@ void kvedge_mover_destroy(kvedge_mover_t **self_p)
     kvedge_mover_conns_destroy(&m->conns);
     kvedge_mview_destroy(&m->view);
     zhashx_destroy(&m->recent);
+    zhashx_destroy(&m->under);
     pthread_cond_destroy(&m->stop_cv);
     pthread_mutex_destroy(&m->stop_mu);
     pthread_mutex_destroy(&m->st_mu);

@@ -3,7 +3,9 @@
  * master runs it in the background for re-replication: when a cloud node has been down past a
  * grace period, each chunk it held that now has fewer than R live complete replicas is copied
  * from a surviving replica to the nodes its placement names, by the first up holder in the
- * placement's rank order (so one node copies each chunk), under a bandwidth limit.
+ * placement's rank order (so one node copies each chunk), under a bandwidth limit. A chunk
+ * below R that no lost node held (written to fewer nodes than R) is copied once it has stayed
+ * below R for the grace period too, so a write still in flight is not copied under it.
  * `kvedge rebalance` runs the same plan by hand to move every chunk to its current placement,
  * and deletes the copies on nodes no longer placed only once the directory shows the new ones
  * complete. The placement key is the chunk's root (LIST reports parents: a chain walks to its
@@ -99,6 +101,7 @@ typedef struct {
     kvedge_chunk_info_t chunk; /* client ids */
     kvedge_chunk_id_t root;    /* its placement key */
     uint64_t bytes;            /* as the source's LIST said */
+    bool lost;                 /* a node no longer live (down past the grace) held it */
 } kvedge_move_t;
 
 typedef enum {

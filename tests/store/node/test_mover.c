@@ -159,6 +159,77 @@ static void test_gone_node_skipped(void **state)
     free(f);
 }
 
+/* The core under a bandwidth limit: a chain held by one node of two is planned onto both and
+ * copied no faster than the limit (and bit-exact); the copier's counts say what moved. */
+static void test_copy_bandwidth_limit(void **state)
+{
+    (void)state;
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    mv_node(f, MV_CAPACITY, 30, false); /* its movers leave it alone */
+    mv_node(f, MV_CAPACITY, 30, false);
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+    uint32_t only_c1 = 0;
+    mv_put_context_on(f, 0, &only_c1, 1);
+    kt_wait_for(mv_holders(f, &f->ctx[0].ids[MV_CHUNKS - 1], -1) == 1, KT_WAIT_MS);
+
+    kvedge_tier_t *t = NULL;
+    assert_int_equal(kvedge_tier_read(f->reg, kvedge_wall_ms(), 30000, &t), KVEDGE_OK);
+    assert_int_equal(kvedge_tier_backlog(t, 2, NULL), MV_CHUNKS);
+    const uint64_t bw = 20000; /* bytes/s: the chain's ~26 KB take more than a second */
+    kvedge_mover_io_t io = {.bw = bw};
+    kvedge_mover_conns_t *c = kvedge_mover_conns_new(&io);
+    assert_non_null(c);
+    assert_int_equal(kvedge_mover_list(c, t, 0), KVEDGE_OK);
+    kvedge_move_t *m = NULL;
+    size_t n = 0;
+    assert_int_equal(kvedge_tier_plan(t, KVEDGE_MOVER_REPAIR, 2, -1, &m, &n), KVEDGE_OK);
+    assert_int_equal(n, MV_CHUNKS);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(m[i].kind, KVEDGE_MOVE_COPY);
+        assert_int_equal(m[i].from, 0);
+        assert_int_equal(m[i].to, 1);
+    }
+    kvedge_mover_result_t res = {0};
+    kvedge_mover_copy_all(c, t, m, n, &res);
+    assert_int_equal(res.copies_done, MV_CHUNKS);
+    assert_int_equal(res.copies_failed, 0);
+    assert_true(res.bytes >= (uint64_t)MV_CHUNKS * MV_LAYERS * MV_HEADS * MV_TOKENS * MV_DIM * 4);
+    assert_true((double)res.elapsed_us >= (double)res.bytes * 1e6 / (double)bw * 0.95);
+    kt_wait_for(kvedge_mover_landed(f->reg, t, m, n), KT_WAIT_MS);
+    mv_verify_all(f, -1);
+    free(m);
+    kvedge_mover_conns_destroy(&c);
+    kvedge_tier_destroy(&t);
+    mv_stop(f);
+    free(f);
+}
+
+/* A chain written to fewer nodes than R, no node down: the mover of its holder copies it to its
+ * placement once it has stayed below R for the grace period, not before. */
+static void test_under_replicated_write(void **state)
+{
+    (void)state;
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
+    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+    uint32_t only_c2 = 1;
+    int64_t t0 = kt_now_ms();
+    mv_put_context_on(f, 0, &only_c2, 1);
+    kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS + S_GRACE_S * 1000);
+    assert_true(kt_now_ms() - t0 >= S_GRACE_S * 1000);
+    mv_verify_all(f, -1);
+    kvedge_mover_stats_t st;
+    kvedge_node_mover_stats(f->nodes[1].node, &st);
+    assert_int_equal(st.total.copies_done, MV_CHUNKS);
+    mv_stop(f);
+    free(f);
+}
+
 /* Bad arguments are refused, never crash. */
 static void test_bad_args(void **state)
 {
@@ -185,6 +256,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_gone_node_skipped),
+        cmocka_unit_test(test_copy_bandwidth_limit),
+        cmocka_unit_test(test_under_replicated_write),
         cmocka_unit_test(test_rereplicate_after_grace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -208,9 +208,8 @@ static inline uint32_t mv_place(mv_fx_t *f, int upto, const kvedge_chunk_id_t *r
     return got;
 }
 
-/* Makes context c (its chain and its blocks) and puts it to the 2 nodes its root is placed on
- * among nodes [0, upto). */
-static inline void mv_put_context(mv_fx_t *f, int c, int upto)
+/* Makes context c (its chain and its blocks) and puts it to the n nodes of indexes to[]. */
+static inline void mv_put_context_on(mv_fx_t *f, int c, const uint32_t *to, uint32_t n)
 {
     mv_ctx_t *x = &f->ctx[c];
     uint32_t tok[MV_CHUNKS * MV_TOKENS];
@@ -243,16 +242,13 @@ static inline void mv_put_context(mv_fx_t *f, int c, int upto)
                 it->block = x->blocks[i][l][h];
                 it->len = x->lens[i][l][h];
             }
-    uint32_t pick[KVEDGE_PLACE_MAX_REPLICAS];
-    uint32_t got = mv_place(f, upto, &x->ids[0], pick);
-    assert_int_equal(got, 2);
     kvedge_model_t m = {.id = MV_MODEL,
                         .layers = MV_LAYERS,
                         .kv_heads = MV_HEADS,
                         .head_dim = MV_DIM,
                         .dtype = KVEDGE_DTYPE_FP16};
-    for (uint32_t r = 0; r < got; r++) {
-        kvedge_client_t *cl = mv_client(f->nodes[pick[r]].ep);
+    for (uint32_t r = 0; r < n; r++) {
+        kvedge_client_t *cl = mv_client(f->nodes[to[r]].ep);
         int rc = kvedge_client_put_model(cl, &m);
         assert_true(rc == KVEDGE_OK || rc == KVEDGE_ESHAPE);
         assert_int_equal(kvedge_client_put(cl, items, k, NULL), KVEDGE_OK);
@@ -260,6 +256,19 @@ static inline void mv_put_context(mv_fx_t *f, int c, int upto)
     }
     if (c >= f->nctx)
         f->nctx = c + 1;
+}
+
+/* Context c put to the 2 nodes its root is placed on among nodes [0, upto). */
+static inline void mv_put_context(mv_fx_t *f, int c, int upto)
+{
+    uint32_t tok[MV_CHUNKS * MV_TOKENS];
+    for (uint32_t i = 0; i < MV_CHUNKS * MV_TOKENS; i++)
+        tok[i] = (uint32_t)(c * 1000 + 3 * i + 1);
+    kvedge_chunk_id_t root;
+    assert_int_equal(kvedge_chunk_chain(NULL, 0, MV_MODEL, tok, MV_TOKENS, MV_TOKENS, &root, 1), 1);
+    uint32_t pick[KVEDGE_PLACE_MAX_REPLICAS];
+    assert_int_equal(mv_place(f, upto, &root, pick), 2);
+    mv_put_context_on(f, c, pick, 2);
 }
 
 /* Whether the directory shows chunk id complete (every layer) on node id. */
