@@ -16,7 +16,7 @@
 #define S_LAND_POLL_MS 100
 
 typedef struct {
-    const char *master, *pub, *server_key, *cert;
+    const char *master, *pub, *server_key, *cert, *forget;
     uint32_t replicas;
     uint64_t bw;
     uint64_t wait_ms;
@@ -61,6 +61,12 @@ static const kvedge_cmdopt_t s_list[] = {
      .max = 3600000,
      .def_num = S_LAND_WAIT_MS,
      .help = "how long to wait for the directory to show the copies before deleting"},
+    {.name = "forget",
+     .arg = "ID",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_opts_t, forget),
+     .help = "first remove the records of node ID, which is down for good (node/, health/, its "
+             "dir/ entries)"},
     {.name = "dry-run",
      .letter = 'n',
      .type = KVEDGE_CMDOPT_BOOL,
@@ -101,6 +107,7 @@ static const kvedge_cmdopts_t s_opts = {
 
 typedef struct {
     uint32_t r, nodes, copies, deletes, backlog, unplaced, skipped;
+    uint32_t forgotten; /* records of --forget's node removed */
     const char *gone;
     double skew_before, skew_after;
     bool landed, dry_run;
@@ -141,6 +148,61 @@ static int s_view(const s_opts_t *o, kvedge_cli_t *cli, kvedge_mview_t **out)
                          o->master, S_VIEW_WAIT_MS);
         kvedge_mview_destroy(out);
         return KVEDGE_EXIT_UNAVAILABLE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+typedef struct {
+    zlistx_t *keys;
+} s_keys_t;
+
+static int s_key(void *ctx, const char *key, uint64_t seq, const uint8_t *body, size_t len)
+{
+    (void)seq;
+    (void)body;
+    (void)len;
+    zlistx_add_end(((s_keys_t *)ctx)->keys, (void *)key);
+    return 0;
+}
+
+/* --forget ID: removes the records of a node that is down (its dir/ entries first, so none is
+ * ever left naming a node without a record). Returns an exit code. */
+static int s_forget(kvedge_mview_t *v, const char *id, bool dry_run, uint32_t *removed)
+{
+    if (!kvedge_master_id_ok(id)) {
+        kvedge_cli_error("rebalance: --forget %s: not a node id", id);
+        return KVEDGE_EXIT_USAGE;
+    }
+    kvedge_master_health_t h;
+    if (kvedge_mview_health(v, id, &h) == KVEDGE_OK && h.state != KVEDGE_MASTER_HEALTH_DOWN) {
+        kvedge_cli_error("rebalance: --forget %s: the node is %s; only a node that is down is "
+                         "forgotten (stop it first)",
+                         id, kvedge_master_health_name(h.state));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    s_keys_t k = {zlistx_new()};
+    zlistx_set_duplicator(k.keys, (czmq_duplicator *)strdup);
+    zlistx_set_destructor(k.keys, (czmq_destructor *)zstr_free);
+    char prefix[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    snprintf(prefix, sizeof prefix, "dir/%s/", id);
+    kvedge_mview_foreach(v, prefix, s_key, &k);
+    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    snprintf(key, sizeof key, "node/%s", id);
+    zlistx_add_end(k.keys, key);
+    snprintf(key, sizeof key, "health/%s", id);
+    zlistx_add_end(k.keys, key);
+    int rc = KVEDGE_OK;
+    for (const char *kk = zlistx_first(k.keys); kk && rc == KVEDGE_OK; kk = zlistx_next(k.keys)) {
+        if (kvedge_mview_get(v, kk, NULL, 0, NULL) == KVEDGE_ENOTFOUND)
+            continue;
+        rc = dry_run ? KVEDGE_OK : kvedge_mview_set(v, kk, NULL, 0, 0);
+        *removed += rc == KVEDGE_OK;
+    }
+    zlistx_destroy(&k.keys);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("rebalance: --forget %s: the master refused a delete: %s", id,
+                         kvedge_strerror(rc));
+        return KVEDGE_EXIT_FAILURE;
     }
     return KVEDGE_EXIT_OK;
 }
@@ -218,6 +280,9 @@ static void s_print(const s_result_t *r, const kvedge_tier_t *t, const kvedge_mo
     double secs = (double)r->res.elapsed_us / 1e6;
     double rate = secs > 0 ? (double)r->res.bytes / secs : 0;
     if (!json) {
+        if (r->forgotten)
+            printf("%s %u records of the node given to --forget\n",
+                   r->dry_run ? "would remove" : "removed", r->forgotten);
         s_print_moves(t, m, n, false);
         printf("%s%u copies, %u deletes over %u cloud nodes (R=%u)\n",
                r->dry_run ? "plan: " : "moves: ", r->copies, r->deletes, r->nodes, r->r);
@@ -240,12 +305,13 @@ static void s_print(const s_result_t *r, const kvedge_tier_t *t, const kvedge_mo
            "\"copies_done\": %llu, \"copies_failed\": %llu, \"bytes_moved\": %llu, "
            "\"seconds\": %.6f, \"bytes_per_s\": %.0f, \"deletes_done\": %llu, "
            "\"deletes_kept\": %llu, \"landed\": %s, \"skew_before\": %.6f, \"skew_after\": %.6f, "
-           "\"backlog\": %u, \"unplaced\": %u, \"skipped\": %u, \"moves\": [",
+           "\"backlog\": %u, \"unplaced\": %u, \"skipped\": %u, \"forgotten\": %u, "
+           "\"moves\": [",
            r->dry_run ? "true" : "false", r->r, r->nodes, r->copies, r->deletes,
            (unsigned long long)r->res.copies_done, (unsigned long long)r->res.copies_failed,
            (unsigned long long)r->res.bytes, secs, rate, (unsigned long long)r->res.deletes_done,
            (unsigned long long)r->res.deletes_kept, r->landed ? "true" : "false", r->skew_before,
-           r->skew_after, r->backlog, r->unplaced, r->skipped);
+           r->skew_after, r->backlog, r->unplaced, r->skipped, r->forgotten);
     s_print_moves(t, m, n, true);
     printf("%s]}\n", n ? "\n  " : "");
 }
@@ -286,7 +352,11 @@ static int s_rebalance(kvedge_cli_t *cli, const void *opts)
     kvedge_move_t *m = NULL;
     size_t n = 0;
     s_result_t r = {.dry_run = o->dry_run};
-    ex = c ? s_survey(v, c, &t) : KVEDGE_EXIT_FAILURE;
+    ex = c ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+    if (ex == KVEDGE_EXIT_OK && o->forget)
+        ex = s_forget(v, o->forget, o->dry_run, &r.forgotten);
+    if (ex == KVEDGE_EXIT_OK)
+        ex = s_survey(v, c, &t);
     if (ex == KVEDGE_EXIT_OK &&
         kvedge_tier_plan(t, KVEDGE_MOVER_REBALANCE, o->replicas, -1, &m, &n) != KVEDGE_OK) {
         kvedge_cli_error("rebalance: out of memory planning");

@@ -66,10 +66,20 @@ static int s_rebalance(mv_fx_t *f, const char *args, cJSON **doc)
     assert_non_null(out);
     int rc = kt_capture(cmd, out, 1 << 20);
     *doc = cJSON_Parse(out);
-    if (!*doc)
+    if (!*doc && rc == 0)
         fail_msg("rebalance printed no JSON (exit %d): %s", rc, out);
     free(out);
     return rc;
+}
+
+static int s_first(void *ctx, const char *key, uint64_t seq, const uint8_t *body, size_t len)
+{
+    (void)key;
+    (void)seq;
+    (void)body;
+    (void)len;
+    *(bool *)ctx = true;
+    return 1;
 }
 
 static double s_num(const cJSON *doc, const char *name)
@@ -201,6 +211,54 @@ static void test_rebalance_moves_to_placement(void **state)
     free(f);
 }
 
+static bool s_has_prefix(mv_fx_t *f, const char *prefix)
+{
+    bool *found = calloc(1, sizeof *found);
+    assert_non_null(found);
+    kvedge_mview_foreach(f->reg, prefix, s_first, found);
+    bool r = *found;
+    free(found);
+    return r;
+}
+
+/* --forget: refused for a node that is up (nothing removed); for a node down for good, its
+ * records go and its chunks are copied back to R on the others. */
+static void test_forget_down_node(void **state)
+{
+    (void)state;
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    mv_node(f, MV_CAPACITY, 30, false);
+    mv_node(f, MV_CAPACITY, 30, false);
+    mv_spawn(f, KVEDGE_BIN, MV_CAPACITY, 30);
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+    for (int c = 0; c < 4; c++)
+        mv_put_context(f, c, 3);
+    kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
+    cJSON *doc = NULL;
+    assert_int_equal(s_rebalance(f, "--forget c1", &doc), 1);
+    assert_null(doc);
+    assert_true(s_has_prefix(f, "dir/c1/") && s_has_prefix(f, "node/c1"));
+
+    mv_kill(&f->nodes[2]);
+    kvedge_master_health_t h;
+    kt_wait_for(kvedge_mview_health(f->reg, "c3", &h) == KVEDGE_OK &&
+                    h.state == KVEDGE_MASTER_HEALTH_DOWN,
+                KT_WAIT_MS);
+    assert_int_equal(s_rebalance(f, "--forget c3", &doc), 0);
+    assert_true(s_num(doc, "forgotten") >= 3); /* dir entries, node/c3, health/c3 */
+    assert_true(s_num(doc, "copies_failed") == 0);
+    cJSON_Delete(doc);
+    assert_false(s_has_prefix(f, "dir/c3/"));
+    assert_false(s_has_prefix(f, "node/c3"));
+    assert_false(s_has_prefix(f, "health/c3"));
+    kt_wait_for(mv_all_replicated(f, 2, 2), KT_WAIT_MS);
+    mv_verify_all(f, 2);
+    mv_stop(f);
+    free(f);
+}
+
 /* A master that does not answer: exit 5 and a message, nothing else. */
 static void test_master_down(void **state)
 {
@@ -219,6 +277,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_master_down),
         cmocka_unit_test(test_rebalance_moves_to_placement),
+        cmocka_unit_test(test_forget_down_node),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
