@@ -450,8 +450,6 @@ struct kvedge_mover_conns_t {
     zhashx_t *by_id; /* node id -> s_conn_t */
     int64_t pace_start_us;
     uint64_t pace_bytes;
-    uint8_t *buf;
-    size_t cap;
 };
 
 static void s_conn_free(void **item)
@@ -489,7 +487,6 @@ void kvedge_mover_conns_destroy(kvedge_mover_conns_t **self_p)
         return;
     kvedge_mover_conns_t *c = *self_p;
     zhashx_destroy(&c->by_id);
-    free(c->buf);
     free(c);
     *self_p = NULL;
 }
@@ -600,49 +597,178 @@ static int s_model(kvedge_client_t *src, kvedge_client_t *dst, const char *id, k
     return rc;
 }
 
-/* One layer: GET_LAYER from src into c->buf (grown as needed), PUT to dst. */
-static int s_copy_layer(kvedge_mover_conns_t *c, kvedge_client_t *src, kvedge_client_t *dst,
-                        const kvedge_move_t *mv, uint16_t layer, uint32_t heads,
-                        kvedge_fetched_t *out, kvedge_put_item_t *items, uint64_t *bytes)
+/* One layer read ahead: a GET_LAYER stream lands in a buffer of its own, on the source
+ * client's I/O thread, while the previous layer is put to the target. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool busy;  /* a stream is in flight: its on_done has not run */
+    int status; /* how the stream ended */
+    bool bad;   /* a block that did not fit, or a head out of range */
+    uint16_t layer;
+    uint32_t heads;        /* the model's KV heads */
+    kvedge_fetched_t *out; /* heads entries */
+    uint8_t *buf;
+    size_t cap, used;
+} s_slot_t;
+
+static void s_on_block(void *ctx, uint32_t chunk_index, uint16_t head, int status,
+                       const uint8_t *data, size_t len)
 {
-    uint32_t got_heads = 0;
-    int rc;
-    for (;;) {
-        if (!c->buf) {
-            c->cap = 4u << 20;
-            if (!(c->buf = malloc(c->cap)))
-                return KVEDGE_ENOMEM;
-        }
-        rc = kvedge_client_get_layer(src, &mv->chunk.id, 1, layer, c->buf, c->cap, out, heads,
-                                     &got_heads);
-        if (rc != KVEDGE_ENOSPACE || c->cap >= KVEDGE_MOVER_LAYER_BYTES_MAX)
-            break;
-        free(c->buf);
-        c->buf = NULL;
-        c->cap *= 2;
-        if (!(c->buf = malloc(c->cap)))
-            return KVEDGE_ENOMEM;
+    s_slot_t *sl = ctx;
+    if (chunk_index != 0 || head >= sl->heads) {
+        sl->bad = true;
+        return;
     }
+    sl->out[head].status = status;
+    if (status != KVEDGE_OK)
+        return;
+    if (len > sl->cap - sl->used) {
+        sl->bad = true; /* grown and read again by s_slot_take */
+        sl->out[head].status = KVEDGE_ENOSPACE;
+        return;
+    }
+    memcpy(sl->buf + sl->used, data, len);
+    sl->out[head].offset = sl->used;
+    sl->out[head].len = len;
+    sl->used += len;
+}
+
+static void s_on_done(void *ctx, int status, uint32_t heads)
+{
+    (void)heads;
+    s_slot_t *sl = ctx;
+    pthread_mutex_lock(&sl->mu);
+    sl->status = status;
+    sl->busy = false;
+    pthread_cond_signal(&sl->cv);
+    pthread_mutex_unlock(&sl->mu);
+}
+
+static int s_slot_init(s_slot_t *sl, uint32_t heads)
+{
+    memset(sl, 0, sizeof *sl);
+    pthread_mutex_init(&sl->mu, NULL);
+    pthread_cond_init(&sl->cv, NULL);
+    sl->heads = heads;
+    sl->cap = 4u << 20;
+    sl->out = calloc(heads ? heads : 1, sizeof *sl->out);
+    sl->buf = malloc(sl->cap);
+    return sl->out && sl->buf ? KVEDGE_OK : KVEDGE_ENOMEM;
+}
+
+/* Waits for the slot's stream to end (on_done runs exactly once per stream started). */
+static int s_slot_wait(s_slot_t *sl)
+{
+    pthread_mutex_lock(&sl->mu);
+    while (sl->busy)
+        pthread_cond_wait(&sl->cv, &sl->mu);
+    int rc = sl->status;
+    pthread_mutex_unlock(&sl->mu);
+    return rc;
+}
+
+static void s_slot_fini(s_slot_t *sl)
+{
+    s_slot_wait(sl);
+    free(sl->out);
+    free(sl->buf);
+    pthread_cond_destroy(&sl->cv);
+    pthread_mutex_destroy(&sl->mu);
+}
+
+static int s_slot_start(kvedge_mover_conns_t *c, kvedge_client_t *src, const kvedge_move_t *mv,
+                        s_slot_t *sl, uint16_t layer)
+{
+    sl->layer = layer;
+    sl->used = 0;
+    sl->bad = false;
+    for (uint32_t h = 0; h < sl->heads; h++)
+        sl->out[h] = (kvedge_fetched_t){KVEDGE_ENOTFOUND, 0, 0};
+    sl->busy = true;
+    int rc = kvedge_client_get_layer_async(src, &mv->chunk.id, 1, layer, c->io.deadline_ms,
+                                           s_on_block, s_on_done, sl);
     if (rc != KVEDGE_OK)
-        return rc;
-    if (got_heads != heads)
-        return KVEDGE_ESHAPE;
-    uint64_t sum = 0;
-    for (uint32_t h = 0; h < heads; h++) {
-        if (out[h].status != KVEDGE_OK)
-            return out[h].status; /* the source lacks a head: this copy would be partial */
-        items[h] = (kvedge_put_item_t){.chunk = mv->chunk,
-                                       .layer = layer,
-                                       .head = (uint16_t)h,
-                                       .block = c->buf + out[h].offset,
-                                       .len = out[h].len};
-        sum += out[h].len;
+        sl->busy = false; /* its callbacks never run */
+    return rc;
+}
+
+/* The slot's layer whole: waits for its stream; a layer larger than the buffer is read again
+ * into a larger one. */
+static int s_slot_take(kvedge_mover_conns_t *c, kvedge_client_t *src, const kvedge_move_t *mv,
+                       s_slot_t *sl)
+{
+    for (;;) {
+        int rc = s_slot_wait(sl);
+        if (rc != KVEDGE_OK)
+            return rc;
+        if (!sl->bad)
+            break;
+        bool full = false;
+        for (uint32_t h = 0; h < sl->heads; h++)
+            full |= sl->out[h].status == KVEDGE_ENOSPACE;
+        if (!full || sl->cap >= KVEDGE_MOVER_LAYER_BYTES_MAX)
+            return KVEDGE_EPROTO;
+        uint8_t *p = realloc(sl->buf, sl->cap * 2);
+        if (!p)
+            return KVEDGE_ENOMEM;
+        sl->buf = p;
+        sl->cap *= 2;
+        if ((rc = s_slot_start(c, src, mv, sl, sl->layer)) != KVEDGE_OK)
+            return rc;
     }
-    rc = kvedge_client_put(dst, items, heads, NULL);
+    for (uint32_t h = 0; h < sl->heads; h++)
+        if (sl->out[h].status != KVEDGE_OK)
+            return sl->out[h].status; /* the source lacks a head: this copy would be partial */
+    return KVEDGE_OK;
+}
+
+/* PUT of the slot's layer to dst, paced. */
+static int s_put_layer(kvedge_mover_conns_t *c, kvedge_client_t *dst, const kvedge_move_t *mv,
+                       const s_slot_t *sl, kvedge_put_item_t *items, uint64_t *bytes)
+{
+    uint64_t sum = 0;
+    for (uint32_t h = 0; h < sl->heads; h++) {
+        items[h] = (kvedge_put_item_t){.chunk = mv->chunk,
+                                       .layer = sl->layer,
+                                       .head = (uint16_t)h,
+                                       .block = sl->buf + sl->out[h].offset,
+                                       .len = sl->out[h].len};
+        sum += sl->out[h].len;
+    }
+    int rc = kvedge_client_put(dst, items, sl->heads, NULL);
     if (rc == KVEDGE_OK) {
         *bytes += sum;
         s_pace(c, sum);
     }
+    return rc;
+}
+
+/* Every layer of a chunk from src to dst, the next layer streaming in while one is put. */
+static int s_copy_layers(kvedge_mover_conns_t *c, kvedge_client_t *src, kvedge_client_t *dst,
+                         const kvedge_move_t *mv, const kvedge_model_t *model, uint64_t *put)
+{
+    s_slot_t sl[2];
+    int rc = s_slot_init(&sl[0], model->kv_heads);
+    int rc1 = s_slot_init(&sl[1], model->kv_heads);
+    kvedge_put_item_t *items = calloc(model->kv_heads ? model->kv_heads : 1, sizeof *items);
+    if (rc == KVEDGE_OK && (rc1 != KVEDGE_OK || !items))
+        rc = KVEDGE_ENOMEM;
+    if (rc == KVEDGE_OK && model->layers)
+        rc = s_slot_start(c, src, mv, &sl[0], 0);
+    for (uint32_t l = 0; rc == KVEDGE_OK && l < model->layers; l++) {
+        s_slot_t *cur = &sl[l % 2];
+        rc = s_slot_take(c, src, mv, cur);
+        if (rc == KVEDGE_OK && l + 1 < model->layers)
+            rc = s_slot_start(c, src, mv, &sl[(l + 1) % 2], (uint16_t)(l + 1));
+        if (rc == KVEDGE_OK)
+            rc = s_put_layer(c, dst, mv, cur, items, put);
+        if (rc == KVEDGE_OK && s_stopped(c))
+            rc = KVEDGE_ECLOSED;
+    }
+    s_slot_fini(&sl[0]); /* waits for a stream still in flight */
+    s_slot_fini(&sl[1]);
+    free(items);
     return rc;
 }
 
@@ -659,20 +785,10 @@ int kvedge_mover_copy(kvedge_mover_conns_t *c, const kvedge_tier_t *t, const kve
         return KVEDGE_ETIMEDOUT;
     }
     kvedge_model_t model;
-    int rc = s_model(src, dst, m->chunk.model_id, &model);
-    kvedge_fetched_t *out = calloc(model.kv_heads ? model.kv_heads : 1, sizeof *out);
-    kvedge_put_item_t *items = calloc(model.kv_heads ? model.kv_heads : 1, sizeof *items);
-    if (rc == KVEDGE_OK && (!out || !items))
-        rc = KVEDGE_ENOMEM;
     uint64_t put = 0;
-    for (uint32_t l = 0; rc == KVEDGE_OK && l < model.layers; l++) {
-        if (s_stopped(c))
-            rc = KVEDGE_ECLOSED;
-        else
-            rc = s_copy_layer(c, src, dst, m, (uint16_t)l, model.kv_heads, out, items, &put);
-    }
-    free(out);
-    free(items);
+    int rc = s_model(src, dst, m->chunk.model_id, &model);
+    if (rc == KVEDGE_OK)
+        rc = s_copy_layers(c, src, dst, m, &model, &put);
     if (bytes)
         *bytes = put;
     if (rc == KVEDGE_ETIMEDOUT || rc == KVEDGE_ECLOSED) {

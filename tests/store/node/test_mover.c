@@ -206,6 +206,91 @@ static void test_copy_bandwidth_limit(void **state)
     free(f);
 }
 
+/* A layer larger than the copier's first buffer (4 MiB: 72 heads of 64 KiB) is read again into
+ * a larger one and copied whole, bit-exact. */
+static void test_copy_large_layer(void **state)
+{
+    (void)state;
+    enum { HEADS = 72, LAYERS = 2, TOKENS = 256, DIM = 64 };
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    mv_node(f, MV_CAPACITY, 30, false);
+    mv_node(f, MV_CAPACITY, 30, false);
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+    kvedge_model_t model = {.id = "mv-wide",
+                            .layers = LAYERS,
+                            .kv_heads = HEADS,
+                            .head_dim = DIM,
+                            .dtype = KVEDGE_DTYPE_FP16};
+    uint32_t tok[TOKENS];
+    for (uint32_t i = 0; i < TOKENS; i++)
+        tok[i] = i + 11;
+    kvedge_chunk_id_t id;
+    assert_int_equal(kvedge_chunk_chain(NULL, 0, model.id, tok, TOKENS, TOKENS, &id, 1), 1);
+    kvedge_block_spec_t spec = {
+        KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, TOKENS, DIM, 0, NULL, false};
+    kvedge_client_t *c1 = mv_client(f->nodes[0].ep), *c2 = mv_client(f->nodes[1].ep);
+    assert_int_equal(kvedge_client_put_model(c1, &model), KVEDGE_OK);
+    uint8_t *blocks[LAYERS][HEADS];
+    size_t lens[LAYERS][HEADS];
+    for (int l = 0; l < LAYERS; l++) {
+        kvedge_put_item_t items[HEADS];
+        for (int h = 0; h < HEADS; h++) {
+            blocks[l][h] = kt_encode(&spec, (uint64_t)(l * 100 + h + 1), &lens[l][h]);
+            assert_non_null(blocks[l][h]);
+            items[h] = (kvedge_put_item_t){.layer = (uint16_t)l,
+                                           .head = (uint16_t)h,
+                                           .block = blocks[l][h],
+                                           .len = lens[l][h]};
+            items[h].chunk.id = id;
+            snprintf(items[h].chunk.model_id, sizeof items[h].chunk.model_id, "%s", model.id);
+            items[h].chunk.tokens = TOKENS;
+        }
+        assert_int_equal(kvedge_client_put(c1, items, HEADS, NULL), KVEDGE_OK);
+    }
+    kvedge_master_dir_t d;
+    kt_wait_for(kvedge_mview_dir(f->reg, "c1", &id, &d) == KVEDGE_OK &&
+                    kvedge_master_dir_has(&d, LAYERS - 1),
+                KT_WAIT_MS);
+    kvedge_tier_t *t = NULL;
+    assert_int_equal(kvedge_tier_read(f->reg, kvedge_wall_ms(), 30000, &t), KVEDGE_OK);
+    kvedge_mover_io_t io = {.bw = 0};
+    kvedge_mover_conns_t *c = kvedge_mover_conns_new(&io);
+    assert_int_equal(kvedge_mover_list(c, t, 0), KVEDGE_OK);
+    kvedge_move_t *m = NULL;
+    size_t n = 0;
+    assert_int_equal(kvedge_tier_plan(t, KVEDGE_MOVER_REPAIR, 2, -1, &m, &n), KVEDGE_OK);
+    assert_int_equal(n, 1);
+    kvedge_mover_result_t res = {0};
+    kvedge_mover_copy_all(c, t, m, n, &res);
+    assert_int_equal(res.copies_done, 1);
+    uint8_t *buf = malloc(8u << 20);
+    assert_non_null(buf);
+    for (int l = 0; l < LAYERS; l++) {
+        kvedge_fetched_t out[HEADS];
+        uint32_t heads = 0;
+        assert_int_equal(
+            kvedge_client_get_layer(c2, &id, 1, (uint16_t)l, buf, 8u << 20, out, HEADS, &heads),
+            KVEDGE_OK);
+        assert_int_equal(heads, HEADS);
+        for (int h = 0; h < HEADS; h++) {
+            assert_int_equal(out[h].status, KVEDGE_OK);
+            assert_int_equal(out[h].len, lens[l][h]);
+            assert_memory_equal(buf + out[h].offset, blocks[l][h], lens[l][h]);
+            free(blocks[l][h]);
+        }
+    }
+    free(buf);
+    free(m);
+    kvedge_mover_conns_destroy(&c);
+    kvedge_tier_destroy(&t);
+    kvedge_client_destroy(&c1);
+    kvedge_client_destroy(&c2);
+    mv_stop(f);
+    free(f);
+}
+
 /* A chain written to fewer nodes than R, no node down: the mover of its holder copies it to its
  * placement once it has stayed below R for the grace period, not before. */
 static void test_under_replicated_write(void **state)
@@ -258,6 +343,7 @@ int main(void)
         cmocka_unit_test(test_gone_node_skipped),
         cmocka_unit_test(test_copy_bandwidth_limit),
         cmocka_unit_test(test_under_replicated_write),
+        cmocka_unit_test(test_copy_large_layer),
         cmocka_unit_test(test_rereplicate_after_grace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
