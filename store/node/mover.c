@@ -935,6 +935,8 @@ struct kvedge_mover_t {
     zhashx_t *recent; /* "hex/node" -> expiry (mono ms, malloc'd int64) */
     zhashx_t *under;  /* chunk hex -> when first seen below R with no lost holder */
     uint32_t last_backlog;
+    uint64_t last_seq; /* the view's seq at the last full pass */
+    bool last_pending; /* a node was down within its grace then: time alone changes things */
     int64_t gone_logged_ms;
     kvedge_series_t *m_backlog, *m_stranded, *m_bytes, *m_done, *m_failed;
 };
@@ -1049,14 +1051,24 @@ static void s_log_skipped(kvedge_mover_t *m, const kvedge_tier_t *t)
 }
 
 /* Caller holds m->mu. */
-static int s_pass(kvedge_mover_t *m)
+/* Caller holds m->mu. Without force, a pass is skipped while nothing can have changed: the
+ * registry is at the same seq, nothing was below R and no node was waiting out its grace (so
+ * an idle tier costs no copy of the registry per second). */
+static int s_pass(kvedge_mover_t *m, bool force)
 {
     if (kvedge_mview_state(m->view) != KVEDGE_MVIEW_SYNCED)
         return KVEDGE_ETIMEDOUT;
+    uint64_t seq = kvedge_mview_seq(m->view);
+    if (!force && seq == m->last_seq && !m->last_backlog && !m->last_pending)
+        return KVEDGE_OK;
     kvedge_tier_t *t = NULL;
     int rc = kvedge_tier_read(m->view, kvedge_wall_ms(), m->grace_ms, &t);
     if (rc != KVEDGE_OK)
         return rc;
+    m->last_seq = seq;
+    m->last_pending = false;
+    for (size_t i = 0; i < t->n; i++)
+        m->last_pending |= t->nodes[i].health == KVEDGE_MASTER_HEALTH_DOWN && t->nodes[i].live;
     s_log_skipped(m, t);
     uint32_t stranded = 0;
     uint32_t backlog = kvedge_tier_backlog(t, m->replicas, &stranded);
@@ -1127,7 +1139,7 @@ static void *s_run(void *arg)
         if (stop)
             break;
         pthread_mutex_lock(&m->mu);
-        s_pass(m);
+        s_pass(m, false);
         pthread_mutex_unlock(&m->mu);
     }
     return NULL;
@@ -1211,7 +1223,7 @@ int kvedge_mover_pass(kvedge_mover_t *m)
     if (!m)
         return KVEDGE_EINVAL;
     pthread_mutex_lock(&m->mu);
-    int rc = s_pass(m);
+    int rc = s_pass(m, true);
     pthread_mutex_unlock(&m->mu);
     return rc;
 }
