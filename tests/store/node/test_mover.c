@@ -15,6 +15,7 @@
 
 #include "access/codec/clock.h"
 #include "store/node/mover.h"
+#include "tests/common/logcap.h"
 #include "tests/store/node/test_mover_fx.h"
 
 #define S_GRACE_S 3
@@ -147,8 +148,15 @@ static void test_gone_node_skipped(void **state)
     assert_string_equal(gone, "ghost");
     assert_int_equal(kvedge_tier_backlog(t, 2, NULL), 0);
     kvedge_tier_destroy(&t);
-    /* The movers' passes see it too and change nothing. */
+    /* The movers' passes see it too, say so, and change nothing. */
+    kt_log_t logs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    kvedge_log_set_sink(kt_log_sink, &logs);
     assert_int_equal(kvedge_node_mover_pass(f->nodes[0].node), KVEDGE_OK);
+    assert_int_equal(kvedge_node_mover_pass(f->nodes[1].node), KVEDGE_OK);
+    kvedge_log_set_sink(NULL, NULL);
+    assert_true(kt_log_count(&logs, "mover: ", "directory entries skipped", "node ghost", NULL) >=
+                1);
+    kt_log_clear(&logs);
     kvedge_mover_stats_t st;
     kvedge_node_mover_stats(f->nodes[0].node, &st);
     assert_int_equal(st.backlog, 0);
@@ -172,7 +180,10 @@ static void test_copy_bandwidth_limit(void **state)
         mv_wait_up(f, i);
     uint32_t only_c1 = 0;
     mv_put_context_on(f, 0, &only_c1, 1);
-    kt_wait_for(mv_holders(f, &f->ctx[0].ids[MV_CHUNKS - 1], -1) == 1, KT_WAIT_MS);
+    kt_wait_for(mv_holders(f, &f->ctx[0].ids[0], -1) == 1 &&
+                    mv_holders(f, &f->ctx[0].ids[1], -1) == 1 &&
+                    mv_holders(f, &f->ctx[0].ids[2], -1) == 1,
+                KT_WAIT_MS);
 
     kvedge_tier_t *t = NULL;
     assert_int_equal(kvedge_tier_read(f->reg, kvedge_wall_ms(), 30000, &t), KVEDGE_OK);
