@@ -34,6 +34,7 @@ struct kvedge_tier_t {
     s_chunk_t *chunks;
     size_t nc, cap;
     zhashx_t *index; /* chunk hex -> index + 1 */
+    zhashx_t *ids;   /* node id -> index + 1 */
     uint32_t skipped, unplaced;
     char gone[KVEDGE_MASTER_MAX_ID_BYTES + 1];
 };
@@ -69,6 +70,7 @@ static int s_read_node(void *ctx, const char *key, uint64_t seq, const uint8_t *
     kvedge_tier_node_t *nd = &t->nodes[t->n++];
     memset(nd, 0, sizeof *nd);
     snprintf(nd->id, sizeof nd->id, "%.64s", k.a);
+    zhashx_update(t->ids, nd->id, (void *)(uintptr_t)t->n);
     snprintf(nd->endpoint, sizeof nd->endpoint, "%s", rec.endpoint);
     snprintf(nd->public_key, sizeof nd->public_key, "%s", rec.public_key);
     nd->capacity = rec.capacity_bytes;
@@ -159,7 +161,10 @@ int kvedge_tier_read(kvedge_mview_t *view, uint64_t now_ms, uint64_t grace_ms, k
         return KVEDGE_EINVAL;
     *out = NULL;
     kvedge_tier_t *t = calloc(1, sizeof *t);
-    if (!t || !(t->index = zhashx_new())) {
+    if (!t || !(t->index = zhashx_new()) || !(t->ids = zhashx_new())) {
+        if (t)
+            zhashx_destroy(&t->index);
+        zhashx_destroy(&t->ids);
         free(t);
         return KVEDGE_ENOMEM;
     }
@@ -196,6 +201,7 @@ void kvedge_tier_destroy(kvedge_tier_t **self_p)
         free(t->chunks[i].held);
     free(t->chunks);
     zhashx_destroy(&t->index);
+    zhashx_destroy(&t->ids);
     free(t->place);
     free(t->nodes);
     free(t);
@@ -211,10 +217,10 @@ const kvedge_tier_node_t *kvedge_tier_nodes(const kvedge_tier_t *t, size_t *n)
 
 int kvedge_tier_find(const kvedge_tier_t *t, const char *id)
 {
-    for (size_t i = 0; t && id && i < t->n; i++)
-        if (strcmp(t->nodes[i].id, id) == 0)
-            return (int)i;
-    return -1;
+    if (!t || !id)
+        return -1;
+    uintptr_t at = (uintptr_t)zhashx_lookup(t->ids, id);
+    return at ? (int)at - 1 : -1;
 }
 
 int kvedge_tier_learn(kvedge_tier_t *t, size_t node, const kvedge_chunk_entry_t *e, size_t n)
