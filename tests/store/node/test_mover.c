@@ -16,6 +16,7 @@
 #include "access/codec/clock.h"
 #include "store/node/mover.h"
 #include "tests/common/logcap.h"
+#include "tests/common/shell.h"
 #include "tests/store/node/test_mover_fx.h"
 
 #define S_GRACE_S 3
@@ -326,6 +327,113 @@ static void test_under_replicated_write(void **state)
     free(f);
 }
 
+/* CURVE with tenants: the nodes' certificates are in every node's allowlist with the tenant
+ * `acme`; a chain of acme and one of another tenant each held by one node of two. The mover
+ * copies the acme chain into acme's namespace on the other node (acme's client reads it there,
+ * bit-exact) and cannot list the other tenant's chain: it stays where it is, counted in the
+ * backlog. */
+typedef struct {
+    char key[300], secret[310];
+} s_cert_t;
+
+static void s_keygen(mv_fx_t *f, const char *name, const char *tenant, s_cert_t *c)
+{
+    snprintf(c->key, sizeof c->key, "%s/keys/%s", f->root, name);
+    snprintf(c->secret, sizeof c->secret, "%s_secret", c->key);
+    assert_int_equal(kt_sh("'%s' keygen --tenant %s '%s' >/dev/null", KVEDGE_BIN, tenant, c->key),
+                     0);
+}
+
+static kvedge_client_t *s_curve_client(mv_node_t *nd, const s_cert_t *c)
+{
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = nd->ep;
+    o.server_key = kvedge_node_public_key(nd->node);
+    o.client_cert = c->secret;
+    o.deadline_ms = 5000;
+    kvedge_client_t *cl = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &cl), KVEDGE_OK);
+    return cl;
+}
+
+static void test_curve_tenant(void **state)
+{
+    (void)state;
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    assert_int_equal(kt_sh("mkdir -p '%s/keys' '%s/allow'", f->root, f->root), 0);
+    s_cert_t node[2], app, other;
+    s_keygen(f, "node1", "acme", &node[0]);
+    s_keygen(f, "node2", "acme", &node[1]);
+    s_keygen(f, "app", "acme", &app);
+    s_keygen(f, "other", "zeta", &other);
+    assert_int_equal(kt_sh("cp '%s' '%s' '%s' '%s' '%s/allow/'", node[0].key, node[1].key, app.key,
+                           other.key, f->root),
+                     0);
+    for (int i = 0; i < 2; i++) {
+        mv_node_t *nd = mv_slot(f, MV_CAPACITY);
+        kvedge_node_settings_t ns;
+        kvedge_node_settings_default(&ns);
+        snprintf(ns.metrics, sizeof ns.metrics, "off");
+        ns.role = KVEDGE_ROLE_CLOUD;
+        ns.workers = 2;
+        ns.capacity_bytes = MV_CAPACITY;
+        ns.dir_interval_ms = 100;
+        ns.mover_grace_s = 1;
+        snprintf(ns.cert, sizeof ns.cert, "%.299s", node[i].key);
+        snprintf(ns.clients, sizeof ns.clients, "%.900s/allow", f->root);
+        snprintf(ns.data, sizeof ns.data, "%s", nd->dir);
+        snprintf(ns.bind, sizeof ns.bind, "%.250s", nd->ep);
+        snprintf(ns.master, sizeof ns.master, "%.250s", f->mep);
+        snprintf(ns.master_pub, sizeof ns.master_pub, "%.250s", f->mpub);
+        snprintf(ns.node_id, sizeof ns.node_id, "%s", nd->id);
+        char why[512] = "";
+        if (kvedge_node_start(&ns, &nd->node, why, sizeof why) != KVEDGE_OK)
+            fail_msg("node %s: %s", nd->id, why);
+    }
+    mv_wait_up(f, 0);
+    mv_wait_up(f, 1);
+    /* Both chains on c1 only, each through a client of its tenant. */
+    kvedge_put_item_t items[MV_ITEMS];
+    kvedge_client_t *a1 = s_curve_client(&f->nodes[0], &app);
+    kvedge_client_t *o1 = s_curve_client(&f->nodes[0], &other);
+    mv_make_context(f, 0, items);
+    mv_put_items(a1, items);
+    mv_make_context(f, 1, items);
+    mv_put_items(o1, items);
+    /* After the grace, the acme chain has its second replica. */
+    kt_wait_for(mv_holders(f, &f->ctx[0].ids[0], -1) == 2 &&
+                    mv_holders(f, &f->ctx[0].ids[1], -1) == 2 &&
+                    mv_holders(f, &f->ctx[0].ids[2], -1) == 2,
+                KT_WAIT_MS);
+    kvedge_client_t *a2 = s_curve_client(&f->nodes[1], &app);
+    kvedge_client_t *o2 = s_curve_client(&f->nodes[1], &other);
+    for (int i = 0; i < MV_CHUNKS; i++) {
+        assert_int_equal(mv_read_chunk(a2, &f->ctx[0], i), 1); /* in acme's namespace */
+        assert_int_equal(mv_read_chunk(o2, &f->ctx[0], i), 0); /* not in zeta's */
+        assert_int_equal(mv_read_chunk(o1, &f->ctx[1], i), 1);
+        assert_int_equal(mv_holders(f, &f->ctx[1].ids[i], -1), 1);
+    }
+    /* The zeta chain is not listed to the mover: it stays, counted in the backlog. */
+    assert_int_equal(kvedge_node_mover_pass(f->nodes[0].node), KVEDGE_OK);
+    kvedge_mover_stats_t st;
+    kvedge_node_mover_stats(f->nodes[0].node, &st);
+    assert_int_equal(st.backlog, MV_CHUNKS);
+    assert_int_equal(st.total.copies_done, MV_CHUNKS);
+    kvedge_chunk_entry_t *e = NULL;
+    size_t n = 0;
+    assert_int_equal(kvedge_client_list_all(o2, &e, &n), KVEDGE_OK);
+    assert_int_equal(n, 0);
+    free(e);
+    kvedge_client_destroy(&a1);
+    kvedge_client_destroy(&o1);
+    kvedge_client_destroy(&a2);
+    kvedge_client_destroy(&o2);
+    mv_stop(f);
+    free(f);
+}
+
 /* Bad arguments are refused, never crash. */
 static void test_bad_args(void **state)
 {
@@ -355,6 +463,7 @@ int main(void)
         cmocka_unit_test(test_copy_bandwidth_limit),
         cmocka_unit_test(test_under_replicated_write),
         cmocka_unit_test(test_copy_large_layer),
+        cmocka_unit_test(test_curve_tenant),
         cmocka_unit_test(test_rereplicate_after_grace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -208,8 +208,11 @@ static inline uint32_t mv_place(mv_fx_t *f, int upto, const kvedge_chunk_id_t *r
     return got;
 }
 
-/* Makes context c (its chain and its blocks) and puts it to the n nodes of indexes to[]. */
-static inline void mv_put_context_on(mv_fx_t *f, int c, const uint32_t *to, uint32_t n)
+#define MV_ITEMS (MV_CHUNKS * MV_LAYERS * MV_HEADS)
+
+/* Makes context c: its chain, its blocks (kept in f->ctx[c]) and the MV_ITEMS items that put
+ * it (pointing into the blocks). */
+static inline void mv_make_context(mv_fx_t *f, int c, kvedge_put_item_t items[MV_ITEMS])
 {
     mv_ctx_t *x = &f->ctx[c];
     uint32_t tok[MV_CHUNKS * MV_TOKENS];
@@ -220,7 +223,6 @@ static inline void mv_put_context_on(mv_fx_t *f, int c, const uint32_t *to, uint
                      MV_CHUNKS);
     kvedge_block_spec_t spec = {
         KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, MV_TOKENS, MV_DIM, 0, NULL, false};
-    kvedge_put_item_t items[MV_CHUNKS * MV_LAYERS * MV_HEADS];
     size_t k = 0;
     for (int i = 0; i < MV_CHUNKS; i++)
         for (int l = 0; l < MV_LAYERS; l++)
@@ -242,20 +244,33 @@ static inline void mv_put_context_on(mv_fx_t *f, int c, const uint32_t *to, uint
                 it->block = x->blocks[i][l][h];
                 it->len = x->lens[i][l][h];
             }
+    if (c >= f->nctx)
+        f->nctx = c + 1;
+}
+
+/* Registers the test's model and puts the items through cl. */
+static inline void mv_put_items(kvedge_client_t *cl, const kvedge_put_item_t items[MV_ITEMS])
+{
     kvedge_model_t m = {.id = MV_MODEL,
                         .layers = MV_LAYERS,
                         .kv_heads = MV_HEADS,
                         .head_dim = MV_DIM,
                         .dtype = KVEDGE_DTYPE_FP16};
+    int rc = kvedge_client_put_model(cl, &m);
+    assert_true(rc == KVEDGE_OK || rc == KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_client_put(cl, items, MV_ITEMS, NULL), KVEDGE_OK);
+}
+
+/* Makes context c and puts it (plaintext) to the n nodes of indexes to[]. */
+static inline void mv_put_context_on(mv_fx_t *f, int c, const uint32_t *to, uint32_t n)
+{
+    kvedge_put_item_t items[MV_ITEMS];
+    mv_make_context(f, c, items);
     for (uint32_t r = 0; r < n; r++) {
         kvedge_client_t *cl = mv_client(f->nodes[to[r]].ep);
-        int rc = kvedge_client_put_model(cl, &m);
-        assert_true(rc == KVEDGE_OK || rc == KVEDGE_ESHAPE);
-        assert_int_equal(kvedge_client_put(cl, items, k, NULL), KVEDGE_OK);
+        mv_put_items(cl, items);
         kvedge_client_destroy(&cl);
     }
-    if (c >= f->nctx)
-        f->nctx = c + 1;
 }
 
 /* Context c put to the 2 nodes its root is placed on among nodes [0, upto). */
