@@ -941,8 +941,11 @@ struct kvedge_mover_t {
     zhashx_t *recent; /* "hex/node" -> expiry (mono ms, malloc'd int64) */
     zhashx_t *under;  /* chunk hex -> when first seen below R with no lost holder */
     uint32_t last_backlog;
-    uint64_t last_seq; /* the view's seq at the last full pass */
-    bool last_pending; /* a node was down within its grace then: time alone changes things */
+    uint64_t last_seq;    /* the view's seq at the last full pass */
+    bool last_pending;    /* a node was down within its grace then: time alone changes things */
+    bool last_copied;     /* the last full pass copied something */
+    int64_t last_full_ms; /* monotonic: when it ran */
+    int64_t next_due_ms;  /* monotonic: when a chunk waiting out the grace is due; 0 none */
     int64_t gone_logged_ms;
     kvedge_series_t *m_backlog, *m_stranded, *m_bytes, *m_done, *m_failed;
 };
@@ -983,6 +986,7 @@ static size_t s_due(kvedge_mover_t *m, kvedge_move_t *moves, size_t n)
     if (!seen)
         return 0;
     zhashx_set_destructor(seen, s_free_item);
+    m->next_due_ms = 0;
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
         char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
@@ -996,6 +1000,8 @@ static size_t s_due(kvedge_mover_t *m, kvedge_move_t *moves, size_t n)
         }
         if (moves[i].lost || now - first >= (int64_t)m->grace_ms)
             moves[w++] = moves[i];
+        else if (!m->next_due_ms || first + (int64_t)m->grace_ms < m->next_due_ms)
+            m->next_due_ms = first + (int64_t)m->grace_ms;
     }
     zhashx_destroy(&m->under);
     m->under = seen; /* what is no longer below R is forgotten */
@@ -1065,8 +1071,13 @@ static int s_pass(kvedge_mover_t *m, bool force)
     if (kvedge_mview_state(m->view) != KVEDGE_MVIEW_SYNCED)
         return KVEDGE_ETIMEDOUT;
     uint64_t seq = kvedge_mview_seq(m->view);
-    if (!force && seq == m->last_seq && !m->last_backlog && !m->last_pending)
+    int64_t now = kvedge_mono_ms();
+    bool same = seq == m->last_seq && !m->last_pending;
+    if (!force && same &&
+        (!m->last_backlog || (!m->last_copied && now - m->last_full_ms < KVEDGE_MOVER_IDLE_MS &&
+                              (!m->next_due_ms || now < m->next_due_ms))))
         return KVEDGE_OK;
+    m->last_full_ms = now;
     kvedge_tier_t *t = NULL;
     int rc = kvedge_tier_read(m->view, kvedge_wall_ms(), m->grace_ms, &t);
     if (rc != KVEDGE_OK)
@@ -1082,8 +1093,7 @@ static int s_pass(kvedge_mover_t *m, bool force)
     kvedge_mover_result_t res = {0};
     if (backlog && self >= 0 && t->nodes[self].up) {
         if (backlog != m->last_backlog)
-            kvedge_log_info("mover: %u chunks below %u live replicas (%u with no up source): "
-                            "re-replicating those this node leads",
+            kvedge_log_info("mover: %u chunks below %u live replicas (%u with no up source)",
                             backlog, s_r(t, m->replicas), stranded);
         kvedge_move_t *moves = NULL;
         size_t n = 0;
@@ -1103,10 +1113,12 @@ static int s_pass(kvedge_mover_t *m, bool force)
         free(moves);
     } else {
         zhashx_purge(m->under);
+        m->next_due_ms = 0;
         if (!backlog && m->last_backlog)
             kvedge_log_info("mover: every chunk has its live replicas again");
     }
     m->last_backlog = backlog;
+    m->last_copied = res.copies_done + res.copies_failed > 0;
     pthread_mutex_lock(&m->st_mu);
     m->st.backlog = backlog;
     m->st.stranded = stranded;

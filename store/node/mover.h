@@ -36,10 +36,13 @@ extern "C" {
 #define KVEDGE_MOVER_BW_DEFAULT      (32ull << 20) /* bytes/s a mover copies at, at most */
 #define KVEDGE_MOVER_INTERVAL_MS     1000          /* between background passes */
 #define KVEDGE_MOVER_RECENT_MS       10000         /* a copy is not redone this soon */
-#define KVEDGE_MOVER_DEADLINE_MS     10000         /* per call to a node */
-#define KVEDGE_MOVER_LAYER_BYTES_MAX (256u << 20)  /* one layer of one chunk, all heads */
-#define KVEDGE_MOVER_WALK_MAX        65536         /* parent links followed to a root */
-#define KVEDGE_MOVER_LOG_MS          60000         /* a repeated skip is logged this often */
+/* A backlog the last pass could do nothing about (another tenant's chunks, no source, a write
+ * waiting out the grace) is looked at again this often while the registry does not change. */
+#define KVEDGE_MOVER_IDLE_MS         10000
+#define KVEDGE_MOVER_DEADLINE_MS     10000        /* per call to a node */
+#define KVEDGE_MOVER_LAYER_BYTES_MAX (256u << 20) /* one layer of one chunk, all heads */
+#define KVEDGE_MOVER_WALK_MAX        65536        /* parent links followed to a root */
+#define KVEDGE_MOVER_LOG_MS          60000        /* a repeated skip is logged this often */
 
 /* One cloud node of the tier as the directory shows it. */
 typedef struct {
