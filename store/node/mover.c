@@ -305,23 +305,44 @@ double kvedge_tier_skew(const kvedge_tier_t *t)
 }
 
 /* The root of chunk c: its chain walked up through the learnt parents. */
+static s_chunk_t *s_parent(kvedge_tier_t *t, const s_chunk_t *c)
+{
+    char hex[KVEDGE_MASTER_CHUNK_HEX_BYTES + 1];
+    kvedge_master_chunk_hex(&c->info.parent, hex);
+    return s_chunk_get(t, hex, false);
+}
+
+/* Walks up from c until a chunk whose root is known, one without a parent (the root), or a
+ * link that is missing; then writes the outcome on every chunk of the path, so each chain is
+ * walked once however many of its chunks ask. */
 static bool s_root(kvedge_tier_t *t, s_chunk_t *c)
 {
-    if (c->root_state)
-        return c->root_state > 0;
     s_chunk_t *cur = c;
-    for (uint32_t steps = 0; cur && cur->known && steps < KVEDGE_MOVER_WALK_MAX; steps++) {
-        if (!cur->info.has_parent) {
-            c->root = cur->info.id;
-            c->root_state = 1;
-            return true;
+    int state = -1;
+    kvedge_chunk_id_t root;
+    for (uint32_t steps = 0; cur && steps < KVEDGE_MOVER_WALK_MAX; steps++) {
+        if (cur->root_state) {
+            state = cur->root_state;
+            root = cur->root;
+            break;
         }
-        char hex[KVEDGE_MASTER_CHUNK_HEX_BYTES + 1];
-        kvedge_master_chunk_hex(&cur->info.parent, hex);
-        cur = s_chunk_get(t, hex, false);
+        if (!cur->known)
+            break;
+        if (!cur->info.has_parent) {
+            state = 1;
+            root = cur->info.id;
+            break;
+        }
+        cur = s_parent(t, cur);
     }
-    c->root_state = -1;
-    return false;
+    cur = c;
+    for (uint32_t steps = 0; cur && !cur->root_state && steps < KVEDGE_MOVER_WALK_MAX; steps++) {
+        cur->root_state = state;
+        if (state > 0)
+            cur->root = root;
+        cur = cur->known && cur->info.has_parent ? s_parent(t, cur) : NULL;
+    }
+    return state > 0;
 }
 
 typedef struct {
