@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "proxy/proxy.h"
 #include "tests/common/shell.h"
 #include "tests/store/node/test_mover_fx.h"
 
@@ -52,6 +53,82 @@ static void *s_reader(void *arg)
     }
     for (int i = 0; i < f->n; i++)
         kvedge_client_destroy(&cl[i]);
+    return NULL;
+}
+
+/* A reader through an edge proxy that learnt the cloud nodes from the master: FETCHes every
+ * context whole again and again; a layer the proxy reports missed, a block that differs from
+ * what was put, or a FETCH that fails is counted. */
+typedef struct {
+    mv_fx_t *f;
+    const char *ep;
+    atomic_bool stop;
+    _Atomic uint64_t fetches, missed, wrong, failed;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status, c;
+} s_preader_t;
+
+static void s_p_block(void *ctx, uint16_t layer, uint32_t chunk_index, uint16_t head, int source,
+                      int status, const uint8_t *data, size_t len)
+{
+    (void)source;
+    s_preader_t *r = ctx;
+    const mv_ctx_t *x = &r->f->ctx[r->c];
+    if (status != KVEDGE_OK || !data)
+        return; /* a layer missed is counted by on_layer */
+    if (chunk_index >= MV_CHUNKS || layer >= MV_LAYERS || head >= MV_HEADS ||
+        len != x->lens[chunk_index][layer][head] ||
+        memcmp(data, x->blocks[chunk_index][layer][head], len) != 0)
+        r->wrong++;
+}
+
+static void s_p_layer(void *ctx, const kvedge_fetch_layer_t *layer)
+{
+    s_preader_t *r = ctx;
+    if (layer->status != KVEDGE_OK)
+        r->missed++;
+}
+
+static void s_p_done(void *ctx, int status)
+{
+    s_preader_t *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    r->status = status;
+    r->done = true;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void *s_proxy_reader(void *arg)
+{
+    s_preader_t *r = arg;
+    kvedge_client_t *cl = mv_client(r->ep);
+    kvedge_fetch_cbs_t cbs = {NULL, s_p_block, s_p_layer, s_p_done};
+    while (!atomic_load(&r->stop))
+        for (int c = 0; c < r->f->nctx; c++) {
+            kvedge_fetch_req_t req;
+            kvedge_fetch_req_default(&req);
+            req.model_id = MV_MODEL;
+            req.chunks = r->f->ctx[c].ids;
+            req.n = MV_CHUNKS;
+            req.layers = MV_LAYERS;
+            req.deadline_ms = 10000;
+            r->c = c;
+            r->done = false;
+            if (kvedge_client_fetch_async(cl, &req, &cbs, r) != KVEDGE_OK) {
+                r->failed++;
+                continue;
+            }
+            pthread_mutex_lock(&r->mu);
+            while (!r->done)
+                pthread_cond_wait(&r->cv, &r->mu);
+            pthread_mutex_unlock(&r->mu);
+            r->failed += r->status != KVEDGE_OK;
+            r->fetches++;
+        }
+    kvedge_client_destroy(&cl);
     return NULL;
 }
 
@@ -172,13 +249,40 @@ static void test_rebalance_moves_to_placement(void **state)
     assert_int_equal(s_listed(&f->nodes[3]), 0);
     assert_true(mv_all_replicated(f, 2, -1));
 
-    /* The move, with a reader fetching all along. */
+    /* The move, with two readers fetching all along: one that follows the directory itself,
+     * one through an edge proxy that learnt the nodes from the master. */
+    char pep[300];
+    snprintf(pep, sizeof pep, "ipc://%.200s/proxy.sock", f->root);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.bind = pep;
+    po.insecure = true;
+    po.id = "proxy-rb";
+    po.master = f->mep;
+    po.master_pub = f->mpub;
+    kvedge_proxy_t *proxy = NULL;
+    char why[256] = "";
+    if (kvedge_proxy_start(&po, &proxy, why, sizeof why) != KVEDGE_OK)
+        fail_msg("proxy: %s", why);
+    assert_int_equal(kvedge_proxy_wait_sources(proxy, 5, KT_WAIT_MS), KVEDGE_OK);
+    assert_int_equal(kvedge_proxy_wait_view(proxy, kvedge_master_seq(f->master), KT_WAIT_MS),
+                     KVEDGE_OK);
+    s_preader_t pr = {.f = f, .ep = pep};
+    atomic_init(&pr.stop, false);
+    pthread_mutex_init(&pr.mu, NULL);
+    pthread_cond_init(&pr.cv, NULL);
+    pthread_t pth;
+    assert_int_equal(pthread_create(&pth, NULL, s_proxy_reader, &pr), 0);
     s_reader_t rd = {.f = f};
     atomic_init(&rd.stop, false);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, s_reader, &rd), 0);
-    kt_wait_for(rd.reads > 0, KT_WAIT_MS);
-    assert_int_equal(s_rebalance(f, "--bw 0", &doc), 0);
+    kt_wait_for(rd.reads > 0 && pr.fetches > 0, KT_WAIT_MS);
+    /* 100 KiB/s: the ~230 KB of copies take about 2 s, the readers fetch all through them. */
+    uint64_t fetched_before = pr.fetches;
+    assert_int_equal(s_rebalance(f, "--bw 100K", &doc), 0);
+    assert_true(pr.fetches >= fetched_before + 10); /* the proxy reader ran during the move */
+    assert_true(s_num(doc, "seconds") >= 1.5);
     assert_true(s_num(doc, "copies") == planned);
     assert_true(s_num(doc, "copies_done") == planned);
     assert_true(s_num(doc, "copies_failed") == 0);
@@ -189,12 +293,22 @@ static void test_rebalance_moves_to_placement(void **state)
     assert_true(s_num(doc, "skew_after") < s_num(doc, "skew_before"));
     cJSON_Delete(doc);
     kt_wait_for(s_on_placement(f), KT_WAIT_MS);
-    uint64_t before = rd.reads;
-    kt_wait_for(rd.reads > before, KT_WAIT_MS); /* the reader went on after the move too */
+    uint64_t before = rd.reads, pbefore = pr.fetches;
+    /* the readers went on after the move too */
+    kt_wait_for(rd.reads > before && pr.fetches > pbefore, KT_WAIT_MS);
     atomic_store(&rd.stop, true);
+    atomic_store(&pr.stop, true);
     pthread_join(th, NULL);
+    pthread_join(pth, NULL);
+    kvedge_proxy_destroy(&proxy);
+    pthread_cond_destroy(&pr.cv);
+    pthread_mutex_destroy(&pr.mu);
     assert_int_equal(atomic_load(&rd.wrong), 0);
     assert_int_equal(atomic_load(&rd.misses), 0);
+    assert_int_equal(atomic_load(&pr.wrong), 0);
+    assert_int_equal(atomic_load(&pr.missed), 0);
+    assert_int_equal(atomic_load(&pr.failed), 0);
+    assert_true(atomic_load(&pr.fetches) > 0);
     assert_int_equal(s_listed(&f->nodes[4]), 0);
     assert_true(s_listed(&f->nodes[3]) > 0);
     mv_verify_all(f, -1);
