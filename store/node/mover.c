@@ -21,6 +21,7 @@ typedef struct {
     kvedge_chunk_id_t id; /* as the directory key says (client ids) */
     uint8_t *held;        /* n_nodes entries of S_* bits */
     bool known;           /* info learnt from a LIST */
+    bool pinned;          /* a LIST said every block of it is pinned */
     kvedge_chunk_info_t info;
     uint64_t bytes;
     int root_state; /* 0 not walked, 1 root known, -1 no root */
@@ -242,6 +243,7 @@ int kvedge_tier_learn(kvedge_tier_t *t, size_t node, const kvedge_chunk_entry_t 
             c->info = e[i].chunk;
             c->bytes = e[i].bytes;
         }
+        c->pinned |= e[i].blocks > 0 && e[i].pinned_blocks == e[i].blocks;
     }
     return KVEDGE_OK;
 }
@@ -361,7 +363,7 @@ static int s_add(s_moves_t *v, kvedge_move_kind_t kind, uint32_t from, uint32_t 
         v->m = p;
         v->cap = cap;
     }
-    v->m[v->n++] = (kvedge_move_t){kind, from, to, c->info, c->root, c->bytes, lost};
+    v->m[v->n++] = (kvedge_move_t){kind, from, to, c->info, c->root, c->bytes, lost, c->pinned};
     return KVEDGE_OK;
 }
 
@@ -760,7 +762,8 @@ static int s_put_layer(kvedge_mover_conns_t *c, kvedge_client_t *dst, const kved
                                        .layer = sl->layer,
                                        .head = (uint16_t)h,
                                        .block = sl->buf + sl->out[h].offset,
-                                       .len = sl->out[h].len};
+                                       .len = sl->out[h].len,
+                                       .pin = mv->pinned};
         sum += sl->out[h].len;
     }
     int rc = kvedge_client_put(dst, items, sl->heads, NULL);

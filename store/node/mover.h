@@ -105,6 +105,7 @@ typedef struct {
     kvedge_chunk_id_t root;    /* its placement key */
     uint64_t bytes;            /* as the source's LIST said */
     bool lost;                 /* a node no longer live (down past the grace) held it */
+    bool pinned;               /* every block pinned where it was listed: the copy is pinned */
 } kvedge_move_t;
 
 typedef enum {

@@ -181,6 +181,10 @@ static void test_copy_bandwidth_limit(void **state)
         mv_wait_up(f, i);
     uint32_t only_c1 = 0;
     mv_put_context_on(f, 0, &only_c1, 1);
+    /* Its first two chunks pinned: their copies are too, the third's is not. */
+    kvedge_client_t *p1 = mv_client(f->nodes[0].ep);
+    assert_int_equal(kvedge_client_pin(p1, f->ctx[0].ids, 2, true, NULL), KVEDGE_OK);
+    kvedge_client_destroy(&p1);
     kt_wait_for(mv_holders(f, &f->ctx[0].ids[0], -1) == 1 &&
                     mv_holders(f, &f->ctx[0].ids[1], -1) == 1 &&
                     mv_holders(f, &f->ctx[0].ids[2], -1) == 1,
@@ -211,6 +215,24 @@ static void test_copy_bandwidth_limit(void **state)
     assert_true((double)res.elapsed_us >= (double)res.bytes * 1e6 / (double)bw * 0.95);
     kt_wait_for(kvedge_mover_landed(f->reg, t, m, n), KT_WAIT_MS);
     mv_verify_all(f, -1);
+    kvedge_client_t *c1 = mv_client(f->nodes[0].ep), *c2 = mv_client(f->nodes[1].ep);
+    kvedge_chunk_entry_t *e1 = NULL, *e2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    assert_int_equal(kvedge_client_list_all(c1, &e1, &n1), KVEDGE_OK);
+    assert_int_equal(kvedge_client_list_all(c2, &e2, &n2), KVEDGE_OK);
+    assert_int_equal(n1, MV_CHUNKS);
+    assert_int_equal(n2, MV_CHUNKS);
+    uint32_t pinned = 0;
+    for (size_t i = 0; i < n2; i++) {
+        assert_int_equal(e2[i].pinned_blocks, e1[i].pinned_blocks); /* same id order */
+        assert_int_equal(e2[i].blocks, e1[i].blocks);
+        pinned += e2[i].pinned_blocks;
+    }
+    assert_int_equal(pinned, 2 * MV_LAYERS * MV_HEADS);
+    free(e1);
+    free(e2);
+    kvedge_client_destroy(&c1);
+    kvedge_client_destroy(&c2);
     free(m);
     kvedge_mover_conns_destroy(&c);
     kvedge_tier_destroy(&t);
