@@ -107,7 +107,8 @@ static const kvedge_cmdopts_t s_opts = {
 
 typedef struct {
     uint32_t r, nodes, copies, deletes, backlog, unplaced, skipped;
-    uint32_t forgotten; /* records of --forget's node removed */
+    uint32_t forgotten;                /* records of --forget's node removed */
+    uint32_t unlisted, unlisted_after; /* up nodes whose LIST failed: their copies stay put */
     const char *gone;
     double skew_before, skew_after;
     bool landed, dry_run;
@@ -208,7 +209,8 @@ static int s_forget(kvedge_mview_t *v, const char *id, bool dry_run, uint32_t *r
 }
 
 /* The tier now, every up node listed. */
-static int s_survey(kvedge_mview_t *v, kvedge_mover_conns_t *c, kvedge_tier_t **out)
+static int s_survey(kvedge_mview_t *v, kvedge_mover_conns_t *c, kvedge_tier_t **out,
+                    uint32_t *unlisted)
 {
     int rc = kvedge_tier_read(v, kvedge_wall_ms(), 0, out);
     if (rc != KVEDGE_OK) {
@@ -221,9 +223,11 @@ static int s_survey(kvedge_mview_t *v, kvedge_mover_conns_t *c, kvedge_tier_t **
         if (!nodes[i].up)
             continue;
         rc = kvedge_mover_list(c, *out, i);
-        if (rc != KVEDGE_OK)
+        if (rc != KVEDGE_OK) {
             kvedge_cli_error("rebalance: listing %s (%s): %s; its copies are not moved",
                              nodes[i].id, nodes[i].endpoint, kvedge_strerror(rc));
+            (*unlisted)++;
+        }
     }
     return KVEDGE_EXIT_OK;
 }
@@ -295,6 +299,10 @@ static void s_print(const s_result_t *r, const kvedge_tier_t *t, const kvedge_mo
                    r->landed ? "" : " (the directory did not show every copy in time)");
         printf("skew (max/mean bytes per up node): before %.3f, after %.3f%s\n", r->skew_before,
                r->skew_after, r->dry_run ? " (projected)" : "");
+        if (r->unlisted)
+            printf("%u up nodes could not be listed: their copies were neither moved nor "
+                   "deleted\n",
+                   r->unlisted);
         if (r->unplaced || r->skipped)
             printf("skipped: %u chunks with no known root, %u directory entries of a node "
                    "gone (%s)\n",
@@ -306,12 +314,12 @@ static void s_print(const s_result_t *r, const kvedge_tier_t *t, const kvedge_mo
            "\"seconds\": %.6f, \"bytes_per_s\": %.0f, \"deletes_done\": %llu, "
            "\"deletes_kept\": %llu, \"landed\": %s, \"skew_before\": %.6f, \"skew_after\": %.6f, "
            "\"backlog\": %u, \"unplaced\": %u, \"skipped\": %u, \"forgotten\": %u, "
-           "\"moves\": [",
+           "\"unlisted\": %u, \"moves\": [",
            r->dry_run ? "true" : "false", r->r, r->nodes, r->copies, r->deletes,
            (unsigned long long)r->res.copies_done, (unsigned long long)r->res.copies_failed,
            (unsigned long long)r->res.bytes, secs, rate, (unsigned long long)r->res.deletes_done,
            (unsigned long long)r->res.deletes_kept, r->landed ? "true" : "false", r->skew_before,
-           r->skew_after, r->backlog, r->unplaced, r->skipped, r->forgotten);
+           r->skew_after, r->backlog, r->unplaced, r->skipped, r->forgotten, r->unlisted);
     s_print_moves(t, m, n, true);
     printf("%s]}\n", n ? "\n  " : "");
 }
@@ -356,7 +364,7 @@ static int s_rebalance(kvedge_cli_t *cli, const void *opts)
     if (ex == KVEDGE_EXIT_OK && o->forget)
         ex = s_forget(v, o->forget, o->dry_run, &r.forgotten);
     if (ex == KVEDGE_EXIT_OK)
-        ex = s_survey(v, c, &t);
+        ex = s_survey(v, c, &t, &r.unlisted);
     if (ex == KVEDGE_EXIT_OK &&
         kvedge_tier_plan(t, KVEDGE_MOVER_REBALANCE, o->replicas, -1, &m, &n) != KVEDGE_OK) {
         kvedge_cli_error("rebalance: out of memory planning");
@@ -372,10 +380,10 @@ static int s_rebalance(kvedge_cli_t *cli, const void *opts)
         s_move(o, v, c, t, m, n, &r);
         if (o->dry_run)
             r.skew_after = s_projected(t, m, n);
-        else if (s_survey(v, c, &after) == KVEDGE_EXIT_OK)
+        else if (s_survey(v, c, &after, &r.unlisted_after) == KVEDGE_EXIT_OK)
             r.skew_after = kvedge_tier_skew(after);
         s_print(&r, t, m, n, o->json || cli->json);
-        if (r.res.copies_failed || r.res.deletes_kept || !r.landed)
+        if (r.res.copies_failed || r.res.deletes_kept || !r.landed || r.unlisted)
             ex = KVEDGE_EXIT_FAILURE;
     }
     free(m);

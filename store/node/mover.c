@@ -476,7 +476,8 @@ typedef struct {
 struct kvedge_mover_conns_t {
     kvedge_mover_io_t io;
     char cert[1024];
-    zhashx_t *by_id; /* node id -> s_conn_t */
+    zhashx_t *by_id;  /* node id -> s_conn_t */
+    zhashx_t *failed; /* node id -> until when (mono ms) no new connection is tried */
     int64_t pace_start_us;
     uint64_t pace_bytes;
 };
@@ -491,6 +492,13 @@ static void s_conn_free(void **item)
     *item = NULL;
 }
 
+/* zhashx destructor of a malloc'd value. */
+static void s_free_ms(void **item)
+{
+    free(*item);
+    *item = NULL;
+}
+
 kvedge_mover_conns_t *kvedge_mover_conns_new(const kvedge_mover_io_t *io)
 {
     kvedge_mover_conns_t *c = calloc(1, sizeof *c);
@@ -499,6 +507,12 @@ kvedge_mover_conns_t *kvedge_mover_conns_new(const kvedge_mover_io_t *io)
         return NULL;
     }
     zhashx_set_destructor(c->by_id, s_conn_free);
+    if (!(c->failed = zhashx_new())) {
+        zhashx_destroy(&c->by_id);
+        free(c);
+        return NULL;
+    }
+    zhashx_set_destructor(c->failed, s_free_ms);
     if (io)
         c->io = *io;
     if (io && io->cert) {
@@ -516,6 +530,7 @@ void kvedge_mover_conns_destroy(kvedge_mover_conns_t **self_p)
         return;
     kvedge_mover_conns_t *c = *self_p;
     zhashx_destroy(&c->by_id);
+    zhashx_destroy(&c->failed);
     free(c);
     *self_p = NULL;
 }
@@ -531,6 +546,11 @@ kvedge_client_t *kvedge_mover_conn(kvedge_mover_conns_t *c, const kvedge_tier_t 
         return s->client;
     if (s)
         zhashx_delete(c->by_id, nd->id);
+    int64_t *until = zhashx_lookup(c->failed, nd->id);
+    if (until && kvedge_mono_ms() < *until) {
+        snprintf(why, why_len, "node %s at %s did not answer a moment ago", nd->id, nd->endpoint);
+        return NULL;
+    }
     if (nd->public_key[0] && !c->io.cert) {
         snprintf(why, why_len, "node %s is CURVE (key %s): give this copier a certificate", nd->id,
                  nd->public_key);
@@ -549,6 +569,11 @@ kvedge_client_t *kvedge_mover_conn(kvedge_mover_conns_t *c, const kvedge_tier_t 
         const char *more = kvedge_client_last_error();
         snprintf(why, why_len, "node %s at %s: %s%s%s", nd->id, nd->endpoint, kvedge_strerror(rc),
                  more[0] ? ": " : "", more);
+        int64_t *t_until = malloc(sizeof *t_until);
+        if (t_until) { /* the next moves to it fail at once, for a while */
+            *t_until = kvedge_mono_ms() + KVEDGE_MOVER_RECENT_MS;
+            zhashx_update(c->failed, nd->id, t_until);
+        }
         return NULL;
     }
     s = calloc(1, sizeof *s);
@@ -974,12 +999,6 @@ struct kvedge_mover_t {
     kvedge_series_t *m_backlog, *m_stranded, *m_bytes, *m_done, *m_failed;
 };
 
-static void s_free_item(void **item)
-{
-    free(*item);
-    *item = NULL;
-}
-
 static void s_metrics(kvedge_mover_t *m, kvedge_metrics_t *r)
 {
     if (!r)
@@ -1009,7 +1028,7 @@ static size_t s_due(kvedge_mover_t *m, kvedge_move_t *moves, size_t n)
     zhashx_t *seen = zhashx_new();
     if (!seen)
         return 0;
-    zhashx_set_destructor(seen, s_free_item);
+    zhashx_set_destructor(seen, s_free_ms);
     m->next_due_ms = 0;
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1213,8 +1232,8 @@ int kvedge_mover_start(const kvedge_mover_opts_t *o, kvedge_mover_t **out)
         kvedge_mover_destroy(&m);
         return KVEDGE_ENOMEM;
     }
-    zhashx_set_destructor(m->recent, s_free_item);
-    zhashx_set_destructor(m->under, s_free_item);
+    zhashx_set_destructor(m->recent, s_free_ms);
+    zhashx_set_destructor(m->under, s_free_ms);
     kvedge_mview_opts_t vo;
     kvedge_mview_opts_default(&vo);
     vo.master = o->master;

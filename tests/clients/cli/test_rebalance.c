@@ -373,6 +373,56 @@ static void test_forget_down_node(void **state)
     free(f);
 }
 
+/* A node registered and heartbeating (so `up`) whose endpoint nobody serves: rebalance cannot
+ * list it and every copy to it fails, so no chain it is placed on loses a copy elsewhere:
+ * deletes are held back, exit 1, and every chunk keeps its 2 complete replicas, bit-exact. */
+static void test_unreachable_placed_node(void **state)
+{
+    (void)state;
+    mv_fx_t *f = calloc(1, sizeof *f);
+    mv_master(f);
+    mv_node(f, MV_CAPACITY, 30, false);
+    mv_node(f, MV_CAPACITY, 30, false);
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+    for (int c = 0; c < 6; c++)
+        mv_put_context(f, c, 2);
+    kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
+    kvedge_master_node_t rec;
+    memset(&rec, 0, sizeof rec);
+    rec.role = KVEDGE_ROLE_CLOUD;
+    snprintf(rec.endpoint, sizeof rec.endpoint, "ipc://%.200s/nobody.sock", f->root);
+    rec.capacity_bytes = 4 * MV_CAPACITY; /* placed on most chains */
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    assert_int_equal(kvedge_master_node_pack(&rec, body, &len), KVEDGE_OK);
+    assert_int_equal(kvedge_mview_set(f->reg, "node/ghost", body, len, 3000), KVEDGE_OK);
+    kvedge_mview_opts_t vo;
+    kvedge_mview_opts_default(&vo);
+    vo.master = f->mep;
+    vo.pub = f->mpub;
+    vo.heartbeat_id = "ghost";
+    vo.prefix = "node/ghost";
+    kvedge_mview_t *hb = NULL;
+    assert_int_equal(kvedge_mview_start(&vo, &hb), KVEDGE_OK);
+    kt_wait_for(mv_up(f, "ghost"), KT_WAIT_MS);
+
+    cJSON *doc = NULL;
+    char args[64];
+    snprintf(args, sizeof args, "--deadline 500 --wait 1000");
+    assert_int_equal(s_rebalance(f, args, &doc), 1);
+    assert_true(s_num(doc, "unlisted") == 1);
+    assert_true(s_num(doc, "copies_failed") > 0);
+    assert_true(s_num(doc, "deletes_done") == 0);
+    assert_true(s_num(doc, "deletes_kept") > 0);
+    cJSON_Delete(doc);
+    assert_true(mv_all_replicated(f, 2, -1));
+    mv_verify_all(f, -1);
+    kvedge_mview_destroy(&hb);
+    mv_stop(f);
+    free(f);
+}
+
 /* A master that does not answer: exit 5 and a message, nothing else. */
 static void test_master_down(void **state)
 {
@@ -392,6 +442,7 @@ int main(void)
         cmocka_unit_test(test_master_down),
         cmocka_unit_test(test_rebalance_moves_to_placement),
         cmocka_unit_test(test_forget_down_node),
+        cmocka_unit_test(test_unreachable_placed_node),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
