@@ -215,6 +215,15 @@ static int s_join_master(kvedge_node_t *n, const char *endpoint)
                                   .metrics = n->metrics};
         if (kvedge_mover_start(&mo, &n->mover) != KVEDGE_OK)
             kvedge_log_error("mover not started: no re-replication from this node");
+        else {
+            char r[48] = "2 replicas (1 with one node)", bw[48] = "at full speed";
+            if (s->replicas)
+                snprintf(r, sizeof r, "%u replicas", s->replicas);
+            if (s->mover_bw)
+                snprintf(bw, sizeof bw, "at most %llu bytes/s", (unsigned long long)s->mover_bw);
+            kvedge_log_info("mover: the chunks of a node down for %u s go back to %s, copied %s",
+                            s->mover_grace_s, r, bw);
+        }
     }
     return KVEDGE_OK;
 }
