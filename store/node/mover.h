@@ -149,9 +149,11 @@ kvedge_client_t *kvedge_mover_conn(kvedge_mover_conns_t *c, const kvedge_tier_t 
 /* Lists node i and learns it (kvedge_tier_learn). Errors: the client's. */
 int kvedge_mover_list(kvedge_mover_conns_t *c, kvedge_tier_t *t, size_t i);
 
-/* Copies one chunk (every layer it holds, at every head, the blocks as stored) from node
- * from to node to: GET_LAYER, then PUT, paced to io's bandwidth. *bytes receives the bytes
- * put. Errors: the clients' (a layer the source lacks: KVEDGE_ENOTFOUND), KVEDGE_ECLOSED
+/* Copies one chunk (every layer of its model, at every head, the blocks as stored; pinned when
+ * m->pinned) from node from to node to: GET_LAYER of the next layer streams in while the
+ * current one is PUT, paced to io's bandwidth. *bytes receives the bytes put. Errors: the
+ * clients' (a head the source lacks: KVEDGE_ENOTFOUND), KVEDGE_ETIMEDOUT (a node did not
+ * answer: no new connection to it is tried for KVEDGE_MOVER_RECENT_MS), KVEDGE_ECLOSED
  * (stopped). */
 int kvedge_mover_copy(kvedge_mover_conns_t *c, const kvedge_tier_t *t, const kvedge_move_t *m,
                       uint64_t *bytes);
