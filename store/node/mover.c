@@ -478,6 +478,7 @@ struct kvedge_mover_conns_t {
     char cert[1024];
     zhashx_t *by_id;  /* node id -> s_conn_t */
     zhashx_t *failed; /* node id -> until when (mono ms) no new connection is tried */
+    char why[512];    /* why the latest connection failed, for the copy's log line */
     int64_t pace_start_us;
     uint64_t pace_bytes;
 };
@@ -836,7 +837,7 @@ int kvedge_mover_copy(kvedge_mover_conns_t *c, const kvedge_tier_t *t, const kve
     kvedge_client_t *src = kvedge_mover_conn(c, t, m->from, why, sizeof why);
     kvedge_client_t *dst = src ? kvedge_mover_conn(c, t, m->to, why, sizeof why) : NULL;
     if (!src || !dst) {
-        kvedge_log_warn("mover: %s", why);
+        snprintf(c->why, sizeof c->why, "%s", why); /* copy_all logs it, rate-limited */
         return KVEDGE_ETIMEDOUT;
     }
     kvedge_model_t model;
@@ -857,6 +858,7 @@ void kvedge_mover_copy_all(kvedge_mover_conns_t *c, const kvedge_tier_t *t,
                            const kvedge_move_t *moves, size_t n, kvedge_mover_result_t *res)
 {
     int64_t start = kvedge_mono_us();
+    uint64_t failed = 0;
     for (size_t i = 0; i < n && !s_stopped(c); i++) {
         if (moves[i].kind != KVEDGE_MOVE_COPY)
             continue;
@@ -870,14 +872,20 @@ void kvedge_mover_copy_all(kvedge_mover_conns_t *c, const kvedge_tier_t *t,
                              kvedge_chunk_id_hex(&moves[i].chunk.id, hex),
                              t->nodes[moves[i].from].id, t->nodes[moves[i].to].id,
                              (unsigned long long)bytes);
-        } else {
+        } else if (++failed <= KVEDGE_MOVER_FAIL_LINES) {
             res->copies_failed++;
             kvedge_log_warn("mover: chunk %.16s not copied %s -> %s: %s",
                             kvedge_chunk_id_hex(&moves[i].chunk.id, hex),
                             t->nodes[moves[i].from].id, t->nodes[moves[i].to].id,
-                            kvedge_strerror(rc));
+                            c->why[0] ? c->why : kvedge_strerror(rc));
+        } else {
+            res->copies_failed++;
         }
+        c->why[0] = '\0';
     }
+    if (failed > KVEDGE_MOVER_FAIL_LINES)
+        kvedge_log_warn("mover: %llu more copies failed, not logged one by one",
+                        (unsigned long long)(failed - KVEDGE_MOVER_FAIL_LINES));
     res->elapsed_us += (uint64_t)(kvedge_mono_us() - start);
 }
 

@@ -42,7 +42,8 @@ extern "C" {
 #define KVEDGE_MOVER_DEADLINE_MS     10000        /* per call to a node */
 #define KVEDGE_MOVER_LAYER_BYTES_MAX (256u << 20) /* one layer of one chunk, all heads */
 #define KVEDGE_MOVER_WALK_MAX        65536        /* parent links followed to a root */
-#define KVEDGE_MOVER_LOG_MS          60000        /* a repeated skip is logged this often */
+#define KVEDGE_MOVER_FAIL_LINES      5 /* failed copies logged one by one per run, then counted */
+#define KVEDGE_MOVER_LOG_MS          60000 /* a repeated skip is logged this often */
 
 /* One cloud node of the tier as the directory shows it. */
 typedef struct {

@@ -416,6 +416,11 @@ static void test_unreachable_placed_node(void **state)
     assert_true(s_num(doc, "deletes_done") == 0);
     assert_true(s_num(doc, "deletes_kept") > 0);
     cJSON_Delete(doc);
+    char err[300];
+    snprintf(err, sizeof err, "%.200s/rb.err", f->root);
+    assert_true(kt_file_has(err, "listing ghost"));
+    assert_true(kt_file_has(err, "not copied"));
+    assert_true(kt_file_has(err, "kept on"));
     assert_true(mv_all_replicated(f, 2, -1));
     mv_verify_all(f, -1);
     kvedge_mview_destroy(&hb);
