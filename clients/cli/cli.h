@@ -79,8 +79,9 @@ extern const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[];   /* clients/cli_proxy.c 
 extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];     /* clients/cli_e2e.c */
 extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];    /* clients/cli_eval.c */
 extern const kvedge_cli_cmd_t kvedge_cli_tokenize_cmds[];
-extern const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[]; /* clients/cli_layermap.c */
-extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];   /* clients/cli_lseval.c */
+extern const kvedge_cli_cmd_t kvedge_cli_layermap_cmds[];  /* clients/cli_layermap.c */
+extern const kvedge_cli_cmd_t kvedge_cli_lseval_cmds[];    /* clients/cli_lseval.c */
+extern const kvedge_cli_cmd_t kvedge_cli_rebalance_cmds[]; /* clients/cli_rebalance.c */
 
 /* The tables main.c dispatches to (clients/cli/cli_tables.c), each list ending with NULL:
  * every command, and the forms found first in remote mode (-H): the admin commands against a

@@ -228,9 +228,33 @@ static int s_join_master(kvedge_node_t *n, const char *endpoint)
                                .cert = s->master_key[0] ? s->cert : NULL,
                                .derives = s->derive};
     rc = kvedge_dirpub_start(&po, &n->dirpub);
-    if (rc != KVEDGE_OK)
+    if (rc != KVEDGE_OK) {
         kvedge_mview_destroy(&n->view);
-    return rc;
+        return rc;
+    }
+    if (s->role == KVEDGE_ROLE_CLOUD) {
+        kvedge_mover_opts_t mo = {.node_id = s->node_id,
+                                  .master = s->master,
+                                  .master_pub = s->master_pub,
+                                  .master_key = s->master_key[0] ? s->master_key : NULL,
+                                  .cert = s->insecure ? NULL : n->cert_secret,
+                                  .replicas = s->replicas,
+                                  .grace_ms = (uint64_t)s->mover_grace_s * 1000u,
+                                  .bw = s->mover_bw,
+                                  .metrics = n->metrics};
+        if (kvedge_mover_start(&mo, &n->mover) != KVEDGE_OK)
+            kvedge_log_error("mover not started: no re-replication from this node");
+        else {
+            char r[48] = "2 replicas (1 with one node)", bw[48] = "at full speed";
+            if (s->replicas)
+                snprintf(r, sizeof r, "%u replicas", s->replicas);
+            if (s->mover_bw)
+                snprintf(bw, sizeof bw, "at most %llu bytes/s", (unsigned long long)s->mover_bw);
+            kvedge_log_info("mover: the chunks of a node down for %u s go back to %s, copied %s",
+                            s->mover_grace_s, r, bw);
+        }
+    }
+    return KVEDGE_OK;
 }
 
 /* Starts the historical-cache scheduler from the subscriptions file. */
@@ -424,6 +448,7 @@ void kvedge_node_destroy(kvedge_node_t **self_p)
      * analyzer) is answered by a node half taken apart. */
     kvedge_http_stop(&n->http); /* its readiness reads the parts stopped below */
     kvedge_server_destroy(&n->server);
+    kvedge_mover_destroy(&n->mover);
     kvedge_dirpub_destroy(&n->dirpub);
     kvedge_mview_destroy(&n->view);
     kvedge_hsync_sched_destroy(&n->sched);
@@ -454,6 +479,18 @@ int kvedge_node_publish(kvedge_node_t *n, uint32_t *changed)
 const char *kvedge_node_metrics_url(kvedge_node_t *n)
 {
     return n && n->http ? kvedge_http_url(n->http) : NULL;
+}
+
+int kvedge_node_mover_pass(kvedge_node_t *n)
+{
+    if (!n || !n->mover)
+        return KVEDGE_EINVAL;
+    return kvedge_mover_pass(n->mover);
+}
+
+void kvedge_node_mover_stats(kvedge_node_t *n, kvedge_mover_stats_t *out)
+{
+    kvedge_mover_stats(n ? n->mover : NULL, out);
 }
 
 int kvedge_node_optimize(kvedge_node_t *n)

@@ -14,6 +14,7 @@
 #include "access/proto.h"
 #include "runtime/settings.h"
 #include "store/engine/engine.h"
+#include "store/node/mover.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -79,6 +80,12 @@ typedef struct {
     uint32_t hot_reads;
     uint32_t hot_top;
     kvedge_log_level_t log_level; /* the process-wide logger's level: the daemon's main sets it */
+    /* The mover (store/node/mover.h), on a cloud node joined to a master: re-replicates the
+     * chunks of a node down past mover_grace_s to R (replicas; 0 = the default) live
+     * replicas, copying at most mover_bw bytes/s (0 = unlimited). */
+    uint32_t replicas;
+    uint32_t mover_grace_s;
+    uint64_t mover_bw;
 } kvedge_node_settings_t;
 
 /* The store node's settings table: section `store` of a config file, the flags of
@@ -128,6 +135,14 @@ const char *kvedge_node_metrics_url(kvedge_node_t *n);
  * own): for tests and tools. Errors: KVEDGE_EINVAL (the optimizer is off), those of the
  * pass. */
 int kvedge_node_optimize(kvedge_node_t *n);
+
+/* One re-replication pass of the node's mover now, on the caller's thread (serialized with
+ * the mover's own): for tests and tools. Errors: KVEDGE_EINVAL (no mover: not a cloud node
+ * joined to a master), those of kvedge_mover_pass. */
+int kvedge_node_mover_pass(kvedge_node_t *n);
+
+/* The node's mover counters (zeros without a mover). */
+void kvedge_node_mover_stats(kvedge_node_t *n, kvedge_mover_stats_t *out);
 
 /* The node's engine, for tests and tools in the same process. Valid until destroy. */
 kvedge_engine_t *kvedge_node_engine(kvedge_node_t *n);

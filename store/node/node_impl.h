@@ -12,6 +12,7 @@
 #include "store/node/analyzer.h"
 #include "store/node/dirpub.h"
 #include "store/node/hsync.h"
+#include "store/node/mover.h"
 #include "store/node/node.h"
 #include "store/node/optimizer.h"
 #include "store/node/server.h"
@@ -29,6 +30,7 @@ struct kvedge_node_t {
     kvedge_mview_t *view;        /* NULL unless joined to a master */
     kvedge_dirpub_t *dirpub;
     kvedge_optimizer_t *optimizer; /* NULL unless the `optimize` setting is on */
+    kvedge_mover_t *mover;         /* NULL unless a cloud node joined to a master */
     /* Monitoring (node_monitor.c). */
     uint64_t start_wall_ms, start_mono_ms;
     kvedge_metrics_t *metrics;   /* always made: the endpoint and MONITOR read it */

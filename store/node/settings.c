@@ -5,6 +5,7 @@
 #include "monitor/http.h"
 
 #include "store/node/hsync.h"
+#include "store/node/mover.h"
 #include "store/node/node.h"
 #include "store/node/optimizer.h"
 
@@ -301,6 +302,31 @@ static const kvedge_setting_t s_settings[] = {
      KVEDGE_SETTING_AT(S_T, declare_rtt_us),
      .max = 60000000,
      .help = "declared round trip to this node in microseconds, a prior; 0: unknown"},
+    {.key = "replicas",
+     .flag = "replicas",
+     .arg = "R",
+     .type = KVEDGE_SETTING_UINT,
+     KVEDGE_SETTING_AT(S_T, replicas),
+     .max = KVEDGE_PLACE_MAX_REPLICAS,
+     .help = "replicas the mover keeps of every chunk of the cloud tier; 0: 2, or 1 with one "
+             "node"},
+    {.key = "mover_grace",
+     .flag = "mover-grace",
+     .arg = "S",
+     .type = KVEDGE_SETTING_SECONDS,
+     KVEDGE_SETTING_AT(S_T, mover_grace_s),
+     .min = 1,
+     .max = 86400,
+     .def_num = KVEDGE_MOVER_GRACE_S_DEFAULT,
+     .help = "a cloud node down this long loses its replicas: the mover copies what it held"},
+    {.key = "mover_bw",
+     .flag = "mover-bw",
+     .arg = "SIZE",
+     .type = KVEDGE_SETTING_SIZE,
+     KVEDGE_SETTING_AT(S_T, mover_bw),
+     .max = 1ull << 40,
+     .def_num = KVEDGE_MOVER_BW_DEFAULT,
+     .help = "bytes/s the mover copies at, at most; 0: unlimited"},
 };
 
 const kvedge_settings_table_t kvedge_node_settings_table = {

@@ -201,11 +201,19 @@ static void test_env_vars(void **state)
 }
 
 /* Every command table, as main.c lists them. */
-static const kvedge_cli_cmd_t *const s_all_tables[] = {
-    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,   kvedge_cli_master_cmds,
-    kvedge_cli_proxy_cmds,    kvedge_cli_e2e_cmds,      kvedge_cli_eval_cmds,
-    kvedge_cli_tokenize_cmds, kvedge_cli_layermap_cmds, kvedge_cli_lseval_cmds,
-    kvedge_cli_remote_cmds,   kvedge_cli_top_cmds,      NULL};
+static const kvedge_cli_cmd_t *const s_all_tables[] = {kvedge_cli_local_cmds,
+                                                       kvedge_cli_daemon_cmds,
+                                                       kvedge_cli_master_cmds,
+                                                       kvedge_cli_proxy_cmds,
+                                                       kvedge_cli_e2e_cmds,
+                                                       kvedge_cli_eval_cmds,
+                                                       kvedge_cli_tokenize_cmds,
+                                                       kvedge_cli_layermap_cmds,
+                                                       kvedge_cli_lseval_cmds,
+                                                       kvedge_cli_remote_cmds,
+                                                       kvedge_cli_top_cmds,
+                                                       kvedge_cli_rebalance_cmds,
+                                                       NULL};
 
 /* A value out of a table's bounds is refused with exit code 2, naming the flag and the bound. */
 static void test_bounds_name_the_flag(void **state)
