@@ -235,7 +235,7 @@ static int s_join_master(kvedge_node_t *n, const char *endpoint)
     if (s->role == KVEDGE_ROLE_CLOUD) {
         kvedge_mover_opts_t mo = {.node_id = s->node_id,
                                   .master = s->master,
-                                  .master_pub = s->master_pub,
+                                  .master_pub = vo.pub, /* the list, defaults filled in */
                                   .master_key = s->master_key[0] ? s->master_key : NULL,
                                   .cert = s->insecure ? NULL : n->cert_secret,
                                   .replicas = s->replicas,

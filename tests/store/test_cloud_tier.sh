@@ -11,13 +11,13 @@
 # (and the slack of a loaded runner), that no acknowledged context is lost, that no fetch has a
 # layer missing, that every decode gives the tokens it gave right after its prefill (no wrong
 # block served), and that the model registered in etcd survives every takeover.
-# Usage: test_cluster.sh KVEDGE_BINARY MODELS_DIR
+# Usage: test_cloud_tier.sh KVEDGE_BINARY MODELS_DIR
 # Skips (77) when etcd is not installed.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=../common/wait.sh
 . "$(dirname "$0")/../common/wait.sh"
-kv=${1:?usage: test_cluster.sh KVEDGE_BINARY MODELS_DIR}
-models=${2:?usage: test_cluster.sh KVEDGE_BINARY MODELS_DIR}
+kv=${1:?usage: test_cloud_tier.sh KVEDGE_BINARY MODELS_DIR}
+models=${2:?usage: test_cloud_tier.sh KVEDGE_BINARY MODELS_DIR}
 [ -x "$kv" ] || { echo "FAIL: $kv is not executable" >&2; exit 1; }
 command -v etcd >/dev/null || { echo "SKIP: etcd is not installed (scripts/setup.sh installs it)"; exit 77; }
 weights=$models/kjv/llama/cloud
@@ -31,7 +31,7 @@ fail() {
 }
 step() { echo "== $*"; }
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvedge-cluster.XXXXXX")
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvedge-tier.XXXXXX")
 declare -A pid
 reader=
 cleanup() {
@@ -116,7 +116,7 @@ node_start() {
     [ "$i" = 4 ] && cap=2G
     "$kv" store --role cloud --data "$tmp/c$i" --bind "$(ep $((10 + i)))" --insecure \
         --master "$MASTERS" --master-pub "$PUBS" --node-id "c$i" --capacity "$cap" \
-        --metrics off --log-level info >>"$tmp/c$i.out" 2>>"$tmp/c$i.err" &
+        --mover-grace 2 --metrics off --log-level info >>"$tmp/c$i.out" 2>>"$tmp/c$i.err" &
     pid[c$i]=$!
 }
 step "four cloud nodes and an edge proxy, all given both masters"
@@ -286,8 +286,23 @@ kill -9 "${pid[$victim]}"
 wait "${pid[$victim]}" 2>/dev/null || true
 unset "pid[$victim]"
 echo "killed $victim, a replica of context 1"
+t_kill=$(date +%s)
 prefill 9 || fail "prefill 9 with a node down: $(cat "$tmp/ctx9.err")"
 decode 9 >"$tmp/ref9" || fail "decode 9"
+# Once the master holds it down (10 s of silence) and the grace (2 s) has passed, the movers
+# copy what it held back to 2 replicas: no chunk is under-replicated any more.
+under() {
+    "$kv" -H "$MASTERS" --json cluster --replicas 2 2>/dev/null | python3 -c '
+import json, sys
+try:
+    print(json.load(sys.stdin)["under_replicated_count"])
+except (ValueError, KeyError):
+    print(-1)
+' || echo -1
+}
+victim_down_and_repaired() { [ "$(under)" = 0 ] && "$kv" -H "$MASTERS" cluster 2>/dev/null | grep -q "^ *$victim .* down "; }
+wait_until 90 victim_down_and_repaired || fail "$victim's chunks are not back to 2 replicas (under-replicated: $(under))"
+echo "re-replicated: every chunk on 2 live replicas $(($(date +%s) - t_kill)) s after $victim was killed"
 wait_until 90 reads_past 48 || fail "the reader stalled after the node was killed"
 
 # CHAOS_S=S (not set under ctest): S seconds more of a random, bounded schedule (one master,
