@@ -103,6 +103,8 @@ typedef struct {
     uint64_t done_bytes[KVEDGE_PROXY_MAX_SOURCES];
     int64_t last_block_ms[KVEDGE_PROXY_MAX_SOURCES]; /* latest block from the source; 0 none */
     kvedge_plan_t *plan, *replan;
+    bool going;     /* planned and streaming (s_fetch_go ran) */
+    bool held_back; /* the buffer cap kept s_issue from opening a stream it could have */
     /* Large-small: a MAPPED request with a usable map has the mapped model's shape and chain,
      * the map (map->from[edge layer]), and per source and layer offset whether its option is
      * the mapped layer (via) and what that option would send (mbytes, -1: it lacks it).
@@ -707,22 +709,31 @@ static uint32_t s_window(const s_fetch_t *f, int s, double layer_bytes)
     return w > KVEDGE_PROXY_WINDOW_MAX ? KVEDGE_PROXY_WINDOW_MAX : (uint32_t)w;
 }
 
-/* Opens layer streams on every source that has room, lowest layers first. */
+/* Opens layer streams on every source that has room, lowest layers first. The buffer cap
+ * holds back every layer but the next one to deliver: the layers buffered behind it are
+ * freed only once it is delivered, so a full buffer must never keep it (re-planned after
+ * its source failed) from being fetched again, or the request would wait to its deadline
+ * and miss what another replica holds. */
 static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f)
 {
     int64_t now = kvedge_mono_ms();
     int64_t left = f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS - now;
     uint64_t cap = p->opts.buffer_bytes;
     bool again = true;
+    f->held_back = false;
     while (again) {
         again = false;
         for (size_t s = 0; s < f->nsrc; s++) {
             if (!f->psrc[s].up)
                 continue;
-            for (uint32_t i = f->next; i < f->L && left > 0 && p->buffered < cap; i++) {
+            for (uint32_t i = f->next; i < f->L && left > 0; i++) {
                 s_layer_t *l = &f->layer[i];
                 if (l->state != L_QUEUED || l->src != (int)s)
                     continue;
+                if (p->buffered >= cap && i != f->next) {
+                    f->held_back = true;
+                    break;
+                }
                 double lb = s_layer_bytes(f, (int)s, i);
                 if (f->inflight[s] >= s_window(f, (int)s, lb))
                     break;
@@ -948,12 +959,15 @@ static bool s_watch(kvedge_proxy_impl_t *p, s_fetch_t *f, int64_t now)
     return moved;
 }
 
+static void s_parked_tick(kvedge_proxy_impl_t *p, int64_t now);
+
 /* Stalled streams are judged (s_watch); layers not delivered by the deadline (less the
  * margin) are reported as misses; a fetch still asking past its ask_until_ms starts with what
  * it learned. */
 void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
 {
     int64_t now = kvedge_mono_ms();
+    s_parked_tick(p, now);
     s_fetch_t *f = zlistx_first(p->fetches);
     while (f) {
         s_fetch_t *next = zlistx_next(p->fetches);
@@ -968,6 +982,9 @@ void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
                    s_watch(p, f, now)) {
             f = next;
             continue;
+        } else if (f->held_back && !f->ended && p->buffered < p->opts.buffer_bytes &&
+                   now < f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
+            s_issue(p, f); /* what the buffer cap held back: there is room now */
         } else if (!f->ended && now >= f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
             for (uint32_t i = f->next; i < f->L; i++) {
                 s_layer_t *l = &f->layer[i];
@@ -1261,17 +1278,132 @@ static int s_fetch_mapped(kvedge_proxy_impl_t *p, s_fetch_t *f, const char *edge
     return KVEDGE_OK;
 }
 
+/* ---------------------------------------------------------------- FETCHes waiting for a model */
+
+/* A FETCH for a model not in the proxy's view yet, held until the model arrives or its
+ * KVEDGE_PROXY_MODEL_WAIT_MS are up (actor only). */
+typedef struct {
+    zframe_t *route;
+    kvedge_wire_header_t h;
+    zmsg_t *frames;   /* copies of its payload frames */
+    int64_t start_us; /* when it arrived (monotonic): its deadline counts from there */
+    int64_t until_ms; /* monotonic: planned, or answered ENOMODEL, by then */
+} s_parked_t;
+
+static void s_parked_free(s_parked_t **wp)
+{
+    s_parked_t *w = *wp;
+    if (!w)
+        return;
+    zframe_destroy(&w->route);
+    zmsg_destroy(&w->frames);
+    free(w);
+    *wp = NULL;
+}
+
+/* Holds the request (copies of route, header and frames) in p->parked; false when it cannot
+ * wait (no time left before its deadline, no memory): it is answered at once. */
+static bool s_park(kvedge_proxy_impl_t *p, zframe_t *route, const kvedge_wire_header_t *h,
+                   const kvedge_wire_frame_t *pf, size_t n, int64_t start_us, const char *model)
+{
+    int64_t now = kvedge_mono_ms();
+    int64_t until = start_us / 1000 + (int64_t)h->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS;
+    if (until > now + KVEDGE_PROXY_MODEL_WAIT_MS)
+        until = now + KVEDGE_PROXY_MODEL_WAIT_MS;
+    if (until <= now)
+        return false;
+    s_parked_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return false;
+    w->route = zframe_dup(route);
+    w->h = *h;
+    w->frames = zmsg_new();
+    w->start_us = start_us;
+    w->until_ms = until;
+    bool ok = w->route && w->frames;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = zmsg_addmem(w->frames, pf[i].data, pf[i].len) == 0;
+    if (!ok || !zlistx_add_end(p->parked, w)) {
+        s_parked_free(&w);
+        return false;
+    }
+    kvedge_log_debug("fetch of model %s: not in this proxy's view yet, waiting up to %lld ms for "
+                     "the master to announce it",
+                     model, (long long)(until - now));
+    return true;
+}
+
+static void s_start(kvedge_proxy_impl_t *p, zframe_t *route, const kvedge_wire_header_t *h,
+                    const kvedge_wire_frame_t *pf, size_t n, int64_t start_us, bool may_park);
+
+/* Starts the held FETCH (its model arrived, or its wait is over: then it is refused). */
+static void s_unpark(kvedge_proxy_impl_t *p, s_parked_t *w)
+{
+    kvedge_wire_frame_t pf[5];
+    size_t n = 0;
+    for (zframe_t *fr = zmsg_first(w->frames); fr && n < sizeof pf / sizeof pf[0];
+         fr = zmsg_next(w->frames))
+        pf[n++] = (kvedge_wire_frame_t){zframe_data(fr), zframe_size(fr)};
+    s_start(p, w->route, &w->h, pf, n, w->start_us, false);
+}
+
+/* Every tick: the held FETCHes whose model is now known, or whose wait is over, start. */
+static void s_parked_tick(kvedge_proxy_impl_t *p, int64_t now)
+{
+    s_parked_t *w = zlistx_first(p->parked);
+    while (w) {
+        void *handle = zlistx_cursor(p->parked);
+        s_parked_t *next = zlistx_next(p->parked);
+        kvedge_wire_fetch_spec_t spec;
+        zframe_t *sf = zmsg_first(w->frames);
+        kvedge_model_t m;
+        if (now >= w->until_ms ||
+            (sf &&
+             kvedge_wire_fetch_spec_parse(zframe_data(sf), zframe_size(sf), &spec) == KVEDGE_OK &&
+             kvedge_proxy_impl_model(p, spec.model_id, &m) == KVEDGE_OK)) {
+            zlistx_detach(p->parked, handle);
+            s_unpark(p, w);
+            s_parked_free(&w);
+        }
+        w = next;
+    }
+}
+
+/* The held FETCH of route's request rid, detached from the list; NULL when none. */
+static s_parked_t *s_parked_take(kvedge_proxy_impl_t *p, zframe_t *route, uint64_t rid)
+{
+    for (s_parked_t *w = zlistx_first(p->parked); w; w = zlistx_next(p->parked))
+        if (w->h.request_id == rid && zframe_eq(w->route, route)) {
+            zlistx_detach(p->parked, zlistx_cursor(p->parked));
+            return w;
+        }
+    return NULL;
+}
+
 void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
                                    const kvedge_wire_header_t *h, const kvedge_wire_frame_t *pf,
                                    size_t n)
 {
-    int64_t start_us = kvedge_mono_us();
+    s_start(p, route, h, pf, n, kvedge_mono_us(), true);
+}
+
+/* Starts a FETCH that arrived at start_us; may_park: it may wait for its model (once). */
+static void s_start(kvedge_proxy_impl_t *p, zframe_t *route, const kvedge_wire_header_t *h,
+                    const kvedge_wire_frame_t *pf, size_t n, int64_t start_us, bool may_park)
+{
     kvedge_wire_fetch_spec_t spec;
     kvedge_wire_fetch_spec_parse(pf[0].data, pf[0].len, &spec); /* validated already */
     s_fetch_t *f = calloc(1, sizeof *f);
     int rc = f ? KVEDGE_OK : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK)
         rc = kvedge_proxy_impl_model(p, spec.model_id, &f->model);
+    /* With a master, a model unknown now may be announced in a moment (a node registers the
+     * models it holds on its next directory pass): the request waits for it, bounded. */
+    if (rc == KVEDGE_ENOMODEL && may_park && p->view &&
+        s_park(p, route, h, pf, n, start_us, spec.model_id)) {
+        free(f);
+        return;
+    }
     if (rc == KVEDGE_OK && (uint32_t)spec.first_layer + spec.layers > f->model.layers)
         rc = KVEDGE_ESHAPE;
     if (rc == KVEDGE_OK) {
@@ -1279,7 +1411,7 @@ void kvedge_proxy_impl_fetch_start(kvedge_proxy_impl_t *p, zframe_t *route,
         f->route = zframe_dup(route);
         f->rid = h->request_id;
         f->credit = h->credit;
-        f->deadline_ms = kvedge_mono_ms() + h->deadline_ms;
+        f->deadline_ms = start_us / 1000 + h->deadline_ms;
         f->nchunks = h->count;
         f->first = spec.first_layer;
         f->L = spec.layers;
@@ -1450,8 +1582,20 @@ static void s_fetch_go(kvedge_proxy_impl_t *p, s_fetch_t *f)
             ly->reason = KVEDGE_FETCH_PLANNED;
         }
     }
+    f->going = true;
     s_issue(p, f);
     s_deliver(p, f);
+}
+
+/* Buffer room came back (a client took blocks): the fetches the cap held back open their
+ * streams. Without it a fetch whose streams had all ended with the buffer full would wait
+ * for its deadline. */
+static void s_issue_held(kvedge_proxy_impl_t *p)
+{
+    for (s_fetch_t *f = zlistx_first(p->fetches); f && p->buffered < p->opts.buffer_bytes;
+         f = zlistx_next(p->fetches))
+        if (f->going && !f->ended && f->held_back)
+            s_issue(p, f);
 }
 
 /* ---------------------------------------------------------------- client requests */
@@ -1471,7 +1615,8 @@ void kvedge_proxy_impl_fetch_credit(kvedge_proxy_impl_t *p, zframe_t *route, uin
     if (f) {
         uint64_t c = (uint64_t)f->credit + credit;
         f->credit = c > UINT32_MAX ? UINT32_MAX : (uint32_t)c;
-        s_pump(p, f);
+        s_pump(p, f); /* may end and free f */
+        s_issue_held(p);
     }
 }
 
@@ -1494,6 +1639,11 @@ void kvedge_proxy_impl_fetch_cancel(kvedge_proxy_impl_t *p, zframe_t *route, uin
     s_fetch_t *f = s_fetch_by_route(p, route, rid);
     if (f)
         s_end_early(p, f, KVEDGE_ECANCELED);
+    s_parked_t *w = f ? NULL : s_parked_take(p, route, rid);
+    if (w) {
+        kvedge_proxy_impl_reply_error(p, w->route, KVEDGE_OP_FETCH, rid, KVEDGE_ECANCELED);
+        s_parked_free(&w);
+    }
 }
 
 void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p)
@@ -1502,5 +1652,11 @@ void kvedge_proxy_impl_fetch_close_all(kvedge_proxy_impl_t *p)
     while ((f = zlistx_first(p->fetches)) != NULL) {
         s_record(p, f, KVEDGE_ECLOSED);
         s_end_early(p, f, KVEDGE_ECLOSED);
+    }
+    s_parked_t *w;
+    while ((w = zlistx_detach(p->parked, NULL)) != NULL) {
+        kvedge_proxy_impl_reply_error(p, w->route, KVEDGE_OP_FETCH, w->h.request_id,
+                                      KVEDGE_ECLOSED);
+        s_parked_free(&w);
     }
 }

@@ -211,6 +211,7 @@ static void s_proxy_free(kvedge_proxy_impl_t *p)
     kvedge_mview_destroy(&p->view);
     kvedge_secure_router_close(&p->sec);
     zlistx_destroy(&p->fetches);
+    zlistx_destroy(&p->parked); /* emptied by kvedge_proxy_impl_fetch_close_all */
     kvedge_health_destroy(&p->health);
     kvedge_negcache_destroy(&p->neg);
     for (size_t i = 0; i < p->nquality; i++)
@@ -381,8 +382,10 @@ int kvedge_proxy_start(const kvedge_proxy_opts_t *opts, kvedge_proxy_t **out, ch
     p->health = kvedge_health_new(KVEDGE_PROXY_MAX_SOURCES);
     p->neg = kvedge_negcache_new(S_NEG_CAPACITY, p->opts.neg_ttl_ms);
     p->fetches = zlistx_new();
+    p->parked = zlistx_new();
     p->ev_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    int rc = p->health && p->neg && p->fetches && p->ev_fd >= 0 ? KVEDGE_OK : KVEDGE_ENOMEM;
+    int rc =
+        p->health && p->neg && p->fetches && p->parked && p->ev_fd >= 0 ? KVEDGE_OK : KVEDGE_ENOMEM;
     if (rc == KVEDGE_OK)
         rc = s_quality_load(p, opts->quality, why, why_len);
     if (rc == KVEDGE_OK)

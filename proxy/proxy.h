@@ -45,6 +45,11 @@ extern "C" {
  * most for the answers (and never past its deadline less the margin): a directory lags the
  * blocks it describes (a node publishes it every few hundred ms). */
 #define KVEDGE_PROXY_ASK_MS 1000
+/* A FETCH for a model the proxy does not know yet, when it has a master, waits this long at most
+ * (and never past its deadline less the margin) for the model to reach its view before it is
+ * answered ENOMODEL: a node registers the models it holds with the master only on its next
+ * directory pass, so a decode sent right after a prefill would otherwise be refused. */
+#define KVEDGE_PROXY_MODEL_WAIT_MS 1000
 /* Unreachable and down sources are retried (connect, PING) this often. */
 #define KVEDGE_PROXY_PROBE_MS 500
 /* Measured links are published to the master this often. */

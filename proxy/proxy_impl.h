@@ -89,6 +89,7 @@ typedef struct {
     /* Actor only. */
     kvedge_secure_router_t sec;
     zlistx_t *fetches; /* fetch.c's fetches in progress, owned */
+    zlistx_t *parked;  /* fetch.c's FETCHes waiting for their model (MODEL_WAIT_MS), owned */
     uint64_t next_serial;
     uint64_t buffered; /* block bytes held */
     pthread_mutex_t stats_mu;

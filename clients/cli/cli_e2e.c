@@ -11,6 +11,7 @@
 #include "access/shaper.h"
 #include "clients/e2e/adapter.h"
 #include "clients/cli/cli.h"
+#include "clients/cli/cli_place.h"
 #include "clients/cli/cli_llamacpp.h"
 #include "clients/decoder/decoder.h"
 #include "clients/decoder/tokenizer.h"
@@ -785,6 +786,7 @@ typedef struct {
     uint32_t group, keep_channels, ttl_s;
     bool pin, mapped_only;
     const char *master, *master_pub, *master_key;
+    uint32_t replicas, write_quorum; /* 0: not given */
 } s_prefill_opts_t;
 
 static const kvedge_cmdopt_t s_prefill_list[] = {
@@ -843,8 +845,9 @@ static const kvedge_cmdopt_t s_prefill_list[] = {
      .arg = "EPS",
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_prefill_opts_t, master),
-     .help = "the Storage Master's ROUTER, or a list EP[,EP...] of the masters of one cluster "
-             "(with --mapped-only)"},
+     .help = "the Storage Master's ROUTER, or a list EP[,EP...] of the masters of one cluster: "
+             "without -H, prefill puts to the placement among the cloud nodes registered "
+             "there; with -H, only for --mapped-only's maps"},
     {.name = "master-pub",
      .arg = "EPS",
      .type = KVEDGE_CMDOPT_STR,
@@ -857,6 +860,24 @@ static const kvedge_cmdopt_t s_prefill_list[] = {
      KVEDGE_CMDOPT_AT(s_prefill_opts_t, master_key),
      .help = "the master's public key or certificate (none: plaintext, loopback and ipc only; "
              "with the global --cert)"},
+    {.name = "replicas",
+     .arg = "R",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, replicas),
+     .min = 1,
+     .max = KVEDGE_PLACED_MAX_REPLICAS,
+     .def_text = "2",
+     .help = "with --master: put the context to the R cloud nodes its placement names "
+             "(fewer nodes up: all of them, and it says so)"},
+    {.name = "write-quorum",
+     .arg = "W",
+     .type = KVEDGE_CMDOPT_UINT,
+     KVEDGE_CMDOPT_AT(s_prefill_opts_t, write_quorum),
+     .min = 1,
+     .max = KVEDGE_PLACED_MAX_REPLICAS,
+     .def_text = "R",
+     .help = "with --master: the write succeeds when W replicas acknowledged every block "
+             "(W <= R); fewer: exit 1, naming the replicas that failed"},
 };
 
 static const kvedge_cmdopts_t s_prefill_opts = {
@@ -864,7 +885,9 @@ static const kvedge_cmdopts_t s_prefill_opts = {
     .summary = "Cloud role: prefill a shared context and put its K/V to a node.",
     .about =
         "Run as `kvedge -H NODE [--server-key KEY --cert FILE] prefill ...` (-H goes before\n"
-        "the command). Give the shared context once: --file, --context or --context-ids.\n\n"
+        "the command), or `kvedge [--cert FILE] prefill --master EP [--replicas R]\n"
+        "[--write-quorum W] ...` to put to the placement. Give the shared context once:\n"
+        "--file, --context or --context-ids.\n\n"
         "The cloud role: runs the shared context through the model and puts its K/V to the\n"
         "store node at -H, one block per (chunk, layer, KV head), quantized as asked, under the\n"
         "model id (registered on the node). Edges then decode on top of it with `kvedge -H PROXY\n"
@@ -874,6 +897,14 @@ static const kvedge_cmdopts_t s_prefill_opts = {
         "computes; an edge model's MAPPED request asks only for the layers its map names, which\n"
         "--mapped-only keeps. Layers an earlier prefill stored stay (kvedge delete removes "
         "them).\n\n"
+        "Placement (--master without -H): the cloud nodes registered with the master (their\n"
+        "capacity the weight, their health up or suspect) are ranked by weighted rendezvous\n"
+        "hashing on the context's root chunk id, so every chunk of the chain goes to the same\n"
+        "R nodes (R 2 by default; fewer nodes up: all of them). The model is registered and\n"
+        "every block put on each replica at once; the write is acknowledged when W replicas\n"
+        "(W = R by default) have every block, and prints `replicas: stored on N of R (nodes)\n"
+        "W=w`. Fewer than W: exit 1, naming each replica that failed and why. No cloud node up\n"
+        "with a capacity: exit 5 before anything is computed.\n\n"
         "exit codes: 2 usage (also weights of no known shape without --model-id, a --tokenizer\n"
         "refused or whose ids do not fit the model, a bad --layers), 1 weights or a tokenizer\n"
         "that cannot be read or a failed put, 3 --mapped-only with no map naming the model (or\n"
@@ -955,7 +986,13 @@ typedef struct {
     kvedge_chunk_id_t *ids;
     size_t n_ids;
     kvedge_e2e_prefill_stats_t st;
+    /* Placement (--master without -H): the tier read from the master, the writer. */
+    kvedge_placed_node_t *tier;
+    size_t n_tier;
+    kvedge_placed_t *pw;
 } s_prefill_t;
+
+static int s_prefill_flags(const kvedge_cli_t *cli, const s_prefill_opts_t *o);
 
 /* The values the table cannot check (--scheme, --dtype, the syntax of --layers; its range
  * once the weights say how many layers there are) into r->q, then which flags go together.
@@ -988,15 +1025,40 @@ static int s_prefill_check(const kvedge_cli_t *cli, const s_prefill_opts_t *o, s
     r->q.keep_channels = (uint16_t)o->keep_channels;
     r->q.pin = o->pin;
     r->q.ttl_s = o->ttl_s;
-    if (!cli->host) {
-        kvedge_cli_error("prefill: needs -H NODE: the store node to put the context's K/V to");
+    return s_prefill_flags(cli, o);
+}
+
+/* Which flags go together: -H (one node) or --master (the placement), and what goes with
+ * each. Returns an exit code. */
+static int s_prefill_flags(const kvedge_cli_t *cli, const s_prefill_opts_t *o)
+{
+    if (!cli->host && !o->master) {
+        kvedge_cli_error("prefill: needs -H NODE (the store node to put the context's K/V to) or "
+                         "--master EP (put it to the placement among the cloud nodes registered "
+                         "with that master)");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (cli->host && (o->replicas || o->write_quorum)) {
+        kvedge_cli_error("prefill: --replicas and --write-quorum go with --master and without "
+                         "-H: -H puts to that one node");
+        return KVEDGE_EXIT_USAGE;
+    }
+    uint32_t r = o->replicas ? o->replicas : KVEDGE_PLACED_REPLICAS_DEFAULT;
+    if (o->write_quorum > r) {
+        kvedge_cli_error("prefill: --write-quorum %u is more than the %u replicas asked "
+                         "(--replicas): W <= R",
+                         o->write_quorum, r);
         return KVEDGE_EXIT_USAGE;
     }
     if (o->layers && o->mapped_only) {
         kvedge_cli_error("prefill: give --layers LIST or --mapped-only, not both");
         return KVEDGE_EXIT_USAGE;
     }
-    if (o->mapped_only != (o->master != NULL) || (!o->master && (o->master_pub || o->master_key))) {
+    if (!o->master && (o->master_pub || o->master_key)) {
+        kvedge_cli_error("prefill: --master-pub and --master-key go with --master");
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (cli->host && o->mapped_only != (o->master != NULL)) {
         kvedge_cli_error("prefill: --mapped-only needs --master EP (the Storage Master holding "
                          "the layer maps), and --master, --master-pub and --master-key go with "
                          "--mapped-only");
@@ -1078,12 +1140,154 @@ static int s_prefill_put(kvedge_cli_t *cli, s_prefill_t *r)
     return ex;
 }
 
+/* Placement: the cloud tier from the master, refused before the weights are loaded when it
+ * names no usable node (or fewer than W). Returns an exit code. */
+static int s_prefill_tier(const kvedge_cli_t *cli, const s_prefill_opts_t *o, s_prefill_t *r)
+{
+    kvedge_cli_tier_src_t src = {
+        "prefill",     o->master,
+        o->master_pub, o->master_key,
+        cli->cert,     cli->deadline_ms > 0 ? cli->deadline_ms : KVEDGE_MVIEW_SNAPSHOT_MS};
+    int ex = kvedge_cli_tier_read(&src, &r->tier, &r->n_tier);
+    if (ex)
+        return ex;
+    size_t usable = kvedge_placed_usable(r->tier, r->n_tier);
+    if (usable == 0) {
+        kvedge_cli_tier_explain("prefill", r->tier, r->n_tier);
+        return KVEDGE_EXIT_UNAVAILABLE;
+    }
+    if (o->write_quorum > usable) {
+        kvedge_cli_error("prefill: --write-quorum %u cannot be met: %zu cloud node%s up with a "
+                         "capacity; nothing computed or stored",
+                         o->write_quorum, usable, usable == 1 ? "" : "s");
+        return KVEDGE_EXIT_UNAVAILABLE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+/* "stored on N of R (a, b) W=w", then what differs from the plain case: fewer replicas than
+ * asked, replicas that failed and why. */
+static void s_replicas_text(const s_prefill_t *r, char *out, size_t cap)
+{
+    const kvedge_placed_t *pw = r->pw;
+    size_t at = 0;
+#define S_ADD(...)                                                                                 \
+    do {                                                                                           \
+        int k_ = snprintf(out + at, cap - at, __VA_ARGS__);                                        \
+        at += k_ > 0 && (size_t)k_ < cap - at ? (size_t)k_ : cap - at - 1;                         \
+    } while (0)
+    S_ADD("stored on %u of %u (", kvedge_placed_acked(pw), kvedge_placed_count(pw));
+    kvedge_placed_replica_t rep;
+    for (uint32_t i = 0, k = 0; i < kvedge_placed_count(pw); i++)
+        if (kvedge_placed_replica(pw, i, &rep) == KVEDGE_OK && rep.connected && rep.status == 0)
+            S_ADD("%s%s", k++ ? ", " : "", rep.id);
+    S_ADD(") W=%u", kvedge_placed_quorum(pw));
+    if (kvedge_placed_asked(pw) > kvedge_placed_count(pw))
+        S_ADD("; asked %u, %zu cloud node%s up with a capacity", kvedge_placed_asked(pw),
+              kvedge_placed_usable(r->tier, r->n_tier),
+              kvedge_placed_usable(r->tier, r->n_tier) == 1 ? "" : "s");
+    for (uint32_t i = 0; i < kvedge_placed_count(pw); i++)
+        if (kvedge_placed_replica(pw, i, &rep) == KVEDGE_OK && (!rep.connected || rep.status))
+            S_ADD("; %s (%s) failed: %s%s%s", rep.id, rep.endpoint, kvedge_strerror(rep.status),
+                  rep.error[0] ? ": " : "", rep.error);
+#undef S_ADD
+}
+
+/* Puts the context to its placement: the writer for its root chunk, connected, then
+ * kvedge_e2e_prefill_placed. Returns an exit code. */
+static int s_prefill_put_placed(const kvedge_cli_t *cli, const s_prefill_opts_t *o, s_prefill_t *r)
+{
+    const s_common_t *c = &r->c;
+    r->ct = c->chunk_tokens ? (uint32_t)c->chunk_tokens : KVEDGE_E2E_CHUNK_TOKENS_DEFAULT;
+    size_t max = (c->ctx_len + r->ct - 1) / r->ct;
+    r->ids = calloc(max, sizeof *r->ids);
+    if (!r->ids) {
+        kvedge_cli_error("prefill: out of memory");
+        return KVEDGE_EXIT_FAILURE;
+    }
+    /* The root chunk is the placement's key; the chain is computed again by the prefill. */
+    int rc = kvedge_e2e_chunks(&c->model, c->ctx, c->ctx_len, r->ct, r->ids, max, &r->n_ids);
+    kvedge_placed_opts_t po;
+    kvedge_placed_opts_default(&po);
+    po.replicas = o->replicas;
+    po.write_quorum = o->write_quorum;
+    po.client_cert = cli->cert;
+    po.deadline_ms = cli->deadline_ms;
+    po.name = "kvedge prefill";
+    if (rc == KVEDGE_OK)
+        rc = kvedge_placed_new(&po, r->tier, r->n_tier, &r->ids[0], &r->pw);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("prefill: no placement for this context: %s", kvedge_strerror(rc));
+        return rc == KVEDGE_EINVAL ? KVEDGE_EXIT_USAGE : KVEDGE_EXIT_FAILURE;
+    }
+    rc = kvedge_placed_connect(r->pw);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_e2e_prefill_placed(r->pw, c->d, &c->model, c->ctx, c->ctx_len, r->ct, &r->q,
+                                       r->ids, max, &r->st);
+    /* The plain id too, as with -H (s_prefill_put), on every replica that has the blocks. */
+    bool plain = strcmp(c->model.id, c->model_id) != 0 &&
+                 kvedge_model_builtin(c->model_id, &(kvedge_model_t){0}) != KVEDGE_OK;
+    for (uint32_t i = 0; rc == KVEDGE_OK && plain && i < kvedge_placed_count(r->pw); i++) {
+        kvedge_client_t *node = kvedge_placed_client(r->pw, i);
+        kvedge_model_t m = c->model;
+        snprintf(m.id, sizeof m.id, "%s", c->model_id);
+        int prc = node ? kvedge_client_put_model(node, &m) : KVEDGE_OK;
+        if (prc != KVEDGE_OK && prc != KVEDGE_ESHAPE)
+            rc = prc;
+    }
+    if (kvedge_placed_acked(r->pw) < kvedge_placed_quorum(r->pw)) {
+        char text[2048];
+        s_replicas_text(r, text, sizeof text);
+        kvedge_cli_error("prefill: replicas: %s: fewer than W acknowledged every block", text);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    if (rc == KVEDGE_EINVAL) {
+        kvedge_cli_error("prefill: the nodes or codec refused these settings (scheme %s, dtype %s, "
+                         "group %u, keep-channels %u of %u): %s",
+                         kvedge_scheme_name(r->q.scheme), kvedge_dtype_name(r->q.dtype),
+                         r->q.group_size, r->q.keep_channels, c->cfg->head_dim,
+                         kvedge_strerror(rc));
+        return KVEDGE_EXIT_USAGE;
+    }
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("prefill: %s (%s)", kvedge_strerror(rc), kvedge_errname(rc));
+        return kvedge_cli_exit_code(rc) == KVEDGE_EXIT_USAGE ? KVEDGE_EXIT_FAILURE
+                                                             : kvedge_cli_exit_code(rc);
+    }
+    r->n_ids = r->st.n_chunks ? r->st.n_chunks : r->n_ids;
+    return KVEDGE_EXIT_OK;
+}
+
 static void s_prefill_json(const kvedge_cli_t *cli, const s_prefill_t *r, bool mapped_only)
 {
     const kvedge_e2e_prefill_stats_t *st = &r->st;
     char hex[KVEDGE_CHUNK_ID_HEX_BYTES];
     printf("{\"node\":");
-    kvedge_cli_json_str(stdout, cli->host);
+    if (cli->host)
+        kvedge_cli_json_str(stdout, cli->host);
+    else
+        printf("null");
+    if (r->pw) {
+        kvedge_placed_replica_t rep;
+        printf(",\"replicas\":{\"asked\":%u,\"placed\":%u,\"acked\":%u,\"write_quorum\":%u,"
+               "\"nodes\":[",
+               kvedge_placed_asked(r->pw), kvedge_placed_count(r->pw), kvedge_placed_acked(r->pw),
+               kvedge_placed_quorum(r->pw));
+        for (uint32_t i = 0; i < kvedge_placed_count(r->pw); i++) {
+            kvedge_placed_replica(r->pw, i, &rep);
+            printf("%s{\"id\":", i ? "," : "");
+            kvedge_cli_json_str(stdout, rep.id);
+            printf(",\"endpoint\":");
+            kvedge_cli_json_str(stdout, rep.endpoint);
+            printf(",\"ok\":%s,\"error\":", rep.connected && !rep.status ? "true" : "false");
+            if (rep.connected && !rep.status)
+                printf("null");
+            else
+                kvedge_cli_json_str(stdout, kvedge_strerror(rep.status));
+            printf("}");
+        }
+        printf("]}");
+    }
     printf(",\"model\":");
     kvedge_cli_json_str(stdout, r->c.model.id);
     printf(",\"tokens\":%u,\"chunk_tokens\":%u,\"chunks\":[", r->c.ctx_len, r->ct);
@@ -1122,7 +1326,12 @@ static void s_prefill_text(const kvedge_cli_t *cli, const s_prefill_t *r, bool m
     printf("prefilled %u context tokens of %s (%u layers, %u KV heads of %u for %u query heads) "
            "on %s\n",
            c->ctx_len, c->model.id, c->cfg->layers, c->cfg->kv_heads, c->cfg->head_dim,
-           c->cfg->heads, cli->host);
+           c->cfg->heads, cli->host ? cli->host : "its placement");
+    if (r->pw) {
+        char text[2048];
+        s_replicas_text(r, text, sizeof text);
+        printf("replicas: %s\n", text);
+    }
     printf("chunks: %zu of %u tokens, first %s\n", r->n_ids, r->ct,
            r->n_ids ? kvedge_chunk_id_hex(&r->ids[0], hex) : "-");
     printf("blocks: %llu (%s %s), %s stored for %s fp16: %.2fx%s\n", (unsigned long long)st->blocks,
@@ -1150,8 +1359,9 @@ static void s_prefill_text(const kvedge_cli_t *cli, const s_prefill_t *r, bool m
 /* `prefill --engine llama.cpp`. Returns an exit code. */
 static int s_prefill_llamacpp(kvedge_cli_t *cli, const s_prefill_opts_t *o)
 {
-    if (o->mapped_only || o->master) {
-        kvedge_cli_error("prefill: --mapped-only is for --engine reference");
+    if (o->mapped_only || o->master || o->replicas || o->write_quorum) {
+        kvedge_cli_error("prefill: --mapped-only is for --engine reference, and so is the "
+                         "placement (--master, --replicas, --write-quorum)");
         return KVEDGE_EXIT_USAGE;
     }
     if (!cli->host) {
@@ -1193,16 +1403,21 @@ static int s_prefill(kvedge_cli_t *cli, const void *opts)
         return KVEDGE_EXIT_FAILURE;
     }
     int ex = s_prefill_check(cli, o, r);
+    bool placed = !cli->host;
+    if (!ex && placed)
+        ex = s_prefill_tier(cli, o, r);
     if (!ex)
         ex = s_common_load(&r->c);
     if (!ex)
         ex = s_prefill_layers(cli, o, r);
     if (!ex)
-        ex = s_prefill_put(cli, r);
+        ex = placed ? s_prefill_put_placed(cli, o, r) : s_prefill_put(cli, r);
     if (!ex && cli->json)
         s_prefill_json(cli, r, o->mapped_only);
     else if (!ex)
         s_prefill_text(cli, r, o->mapped_only);
+    kvedge_placed_destroy(&r->pw);
+    free(r->tier);
     free(r->ids);
     s_common_free(&r->c);
     free(r);

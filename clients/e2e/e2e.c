@@ -338,14 +338,32 @@ static int s_encode_layer(s_enc_t *e, uint32_t l, kvedge_e2e_prefill_stats_t *st
 
 /* kvedge_e2e_prefill and kvedge_e2e_prefill_kv: the context's K/V computed here (k_in NULL)
  * or given. */
-static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kvedge_model_t *m,
+/* Where prefill puts: one node's client, or a placed writer (its R replicas). */
+typedef struct {
+    kvedge_client_t *one;
+    kvedge_placed_t *placed;
+} s_sink_t;
+
+static int s_sink_model(const s_sink_t *to, const kvedge_model_t *m)
+{
+    return to->placed ? kvedge_placed_put_model(to->placed, m)
+                      : kvedge_client_put_model(to->one, m);
+}
+
+static int s_sink_put(const s_sink_t *to, const kvedge_put_item_t *items, size_t n)
+{
+    return to->placed ? kvedge_placed_put(to->placed, items, n)
+                      : kvedge_client_put(to->one, items, n, NULL);
+}
+
+static int s_prefill(const s_sink_t *to, const kvedge_decoder_t *d, const kvedge_model_t *m,
                      const int32_t *ctx, uint32_t n, uint32_t chunk_tokens,
                      const kvedge_e2e_quant_t *q, const float *k_in, const float *v_in,
                      kvedge_chunk_id_t *ids, size_t max, kvedge_e2e_prefill_stats_t *stats)
 {
     kvedge_e2e_prefill_stats_t st;
     memset(&st, 0, sizeof st);
-    if (!cloud || (!d && !k_in) || !m || !ctx || n == 0 || !q || !ids ||
+    if ((!to->one && !to->placed) || (!d && !k_in) || !m || !ctx || n == 0 || !q || !ids ||
         (d && kvedge_decoder_config(d)->layers == 0))
         return KVEDGE_EINVAL;
     /* Without a decoder the record is the shape (the K/V came from another engine). */
@@ -373,6 +391,11 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
     rc = kvedge_e2e_chunks(m, ctx, n, ct, ids, max, &n_chunks);
     if (rc != KVEDGE_OK)
         return rc;
+    /* A placed writer is placed for one context: its root chunk. */
+    kvedge_chunk_id_t key;
+    if (to->placed && (kvedge_placed_key(to->placed, &key) != KVEDGE_OK || n_chunks == 0 ||
+                       memcmp(key.bytes, ids[0].bytes, sizeof key.bytes) != 0))
+        return KVEDGE_EINVAL;
     st.n_chunks = n_chunks;
 
     const size_t kvf = (size_t)kvh * n * c->head_dim;
@@ -420,7 +443,7 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
     e.v = k_in ? v_in : v;
     if (rc == KVEDGE_OK) {
         uint64_t t0 = s_now_us();
-        rc = kvedge_client_put_model(cloud, m);
+        rc = s_sink_model(to, m);
         st.put_us += s_since(t0);
     }
     /* One layer (every chunk and head) per batch: memory bounded by a layer's blocks. A
@@ -441,7 +464,7 @@ static int s_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const kv
             continue;
         }
         t0 = s_now_us();
-        rc = kvedge_client_put(cloud, e.items, n_chunks * kvh, NULL);
+        rc = s_sink_put(to, e.items, n_chunks * kvh);
         st.put_us += s_since(t0);
         if (rc == KVEDGE_OK)
             st.layers_put++;
@@ -462,7 +485,19 @@ int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const 
                        const kvedge_e2e_quant_t *q, kvedge_chunk_id_t *ids, size_t max,
                        kvedge_e2e_prefill_stats_t *stats)
 {
-    return s_prefill(cloud, d, m, ctx, n, chunk_tokens, q, NULL, NULL, ids, max, stats);
+    return s_prefill(&(s_sink_t){cloud, NULL}, d, m, ctx, n, chunk_tokens, q, NULL, NULL, ids, max,
+                     stats);
+}
+
+int kvedge_e2e_prefill_placed(kvedge_placed_t *placed, const kvedge_decoder_t *d,
+                              const kvedge_model_t *m, const int32_t *ctx, uint32_t n,
+                              uint32_t chunk_tokens, const kvedge_e2e_quant_t *q,
+                              kvedge_chunk_id_t *ids, size_t max, kvedge_e2e_prefill_stats_t *stats)
+{
+    if (!placed)
+        return KVEDGE_EINVAL;
+    return s_prefill(&(s_sink_t){NULL, placed}, d, m, ctx, n, chunk_tokens, q, NULL, NULL, ids, max,
+                     stats);
 }
 
 int kvedge_e2e_prefill_model_kv(kvedge_client_t *cloud, const kvedge_model_t *m, const int32_t *ctx,
@@ -472,7 +507,8 @@ int kvedge_e2e_prefill_model_kv(kvedge_client_t *cloud, const kvedge_model_t *m,
 {
     if (!k || !v)
         return KVEDGE_EINVAL;
-    return s_prefill(cloud, NULL, m, ctx, n, chunk_tokens, q, k, v, ids, max, stats);
+    return s_prefill(&(s_sink_t){cloud, NULL}, NULL, m, ctx, n, chunk_tokens, q, k, v, ids, max,
+                     stats);
 }
 
 int kvedge_e2e_prefill_kv(kvedge_client_t *cloud, const kvedge_decoder_t *d,
@@ -483,7 +519,8 @@ int kvedge_e2e_prefill_kv(kvedge_client_t *cloud, const kvedge_decoder_t *d,
 {
     if (!k || !v)
         return KVEDGE_EINVAL;
-    return s_prefill(cloud, d, m, ctx, n, chunk_tokens, q, k, v, ids, max, stats);
+    return s_prefill(&(s_sink_t){cloud, NULL}, d, m, ctx, n, chunk_tokens, q, k, v, ids, max,
+                     stats);
 }
 
 /* ---------------------------------------------------------------- the emulated cloud model */

@@ -161,6 +161,18 @@ int kvedge_e2e_prefill(kvedge_client_t *cloud, const kvedge_decoder_t *d, const 
                        const kvedge_e2e_quant_t *q, kvedge_chunk_id_t *ids, size_t max,
                        kvedge_e2e_prefill_stats_t *stats);
 
+/* kvedge_e2e_prefill to the replicas of a placed writer (clients/lib/placed.h), made for this
+ * context (its key the chain's root chunk id) and connected: the model is registered and every
+ * layer's blocks put on each replica at once, and the write stands while W replicas have all
+ * of them (kvedge_placed_replica says what each did). Errors: those of kvedge_e2e_prefill,
+ * KVEDGE_EINVAL for a writer placed for another context; a put that fewer than W replicas
+ * acknowledged returns the first failed replica's code. */
+int kvedge_e2e_prefill_placed(kvedge_placed_t *placed, const kvedge_decoder_t *d,
+                              const kvedge_model_t *m, const int32_t *ctx, uint32_t n,
+                              uint32_t chunk_tokens, const kvedge_e2e_quant_t *q,
+                              kvedge_chunk_id_t *ids, size_t max,
+                              kvedge_e2e_prefill_stats_t *stats);
+
 /* kvedge_e2e_prefill with the context's K/V computed elsewhere (a GPU cloud model, gpu/opt.h):
  * k and v hold layers * kvedge_decoder_kv_floats(d, n) floats each,
  * [layers][kv_heads][n][head_dim]

@@ -4,6 +4,8 @@
  *   look up prefixes, list, pin, evict, and FETCH planned, multi-source layer streams.
  * - <kvedge/pipeline.h>: the pipelined loader that pulls a context's layers into a decoder's
  *   KV layout (contiguous or paged, CPU or GPU) while the decoder computes.
+ * - <kvedge/placed.h>: the placed writer that puts a context to the R cloud nodes its
+ *   placement names and acknowledges it when W of them have every block.
  * - <kvedge/block.h>, <kvedge/chunk.h>, <kvedge/model.h>: encode blocks, compute chunk ids,
  *   describe model shapes; <kvedge/error.h>: the error codes every call returns.
  *
@@ -15,6 +17,7 @@
 
 #include "access/client.h"
 #include "clients/lib/pipeline.h"
+#include "clients/lib/placed.h"
 
 #ifdef __cplusplus
 extern "C" {

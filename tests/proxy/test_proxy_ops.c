@@ -7,7 +7,8 @@
  * master may name such nodes), and without a certificate the proxy says which flag to give; a
  * decode sent right after a prefill, before the node published its directory, fetches every
  * layer (the proxy asks its sources before it reports a miss), and a decode prints how many
- * layers were fetched, computed and missed, and why. */
+ * layers were fetched, computed and missed, and why; a decode of a model the proxy's master
+ * does not list yet waits for it (KVEDGE_PROXY_MODEL_WAIT_MS) instead of being refused at once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,6 +33,7 @@
 #include "proxy/settings.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
+#include "access/codec/clock.h"
 #include "access/codec/synth.h"
 #include "tests/common/ctx_fx.h"
 #include "tests/common/shell.h"
@@ -524,6 +526,87 @@ static void test_decode_right_after_prefill(void **state)
     s_rmrf(root);
 }
 
+typedef struct {
+    kvedge_node_t *node;
+    int rc;
+} s_publish_t;
+
+static void *s_publish_later(void *arg)
+{
+    s_publish_t *x = arg;
+    /* The point of the test: the model's registration reaches the master while the decode's
+     * FETCH waits at the proxy, a moment after the prefill. */
+    kt_pause_ms(300);
+    uint32_t changed;
+    x->rc = kvedge_node_publish(x->node, &changed);
+    return NULL;
+}
+
+/* A decode through a proxy right after the prefill of a model nobody has announced yet: the
+ * node registers the models it holds with the master only on its next directory pass, so the
+ * proxy's view lacks the model. The FETCH waits for it (at most KVEDGE_PROXY_MODEL_WAIT_MS)
+ * and succeeds once the pass runs; a model that never comes is refused (exit 3) after the
+ * wait, not before. */
+static void test_decode_waits_for_model(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-pops-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    kt_master_t mm;
+    kt_master_start(&mm, root);
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, &mm, 600000, true);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.master = mm.ep;
+    po.master_pub = mm.pub;
+    char pep[350];
+    kvedge_proxy_t *p = s_proxy(&po, root, pep, sizeof pep);
+    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 10000), 0);
+
+    static char out[1 << 16];
+    char cmd[3000], a[400];
+    /* A model that is never registered: refused, after the wait. */
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s decode --weights %s --model-id ghost-tiny --context-ids %s "
+             "--chunk-tokens 16 --prompt-ids 10,20,30 --max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY, s_ctx_ids(a, sizeof a, 40, 5));
+    int64_t t0 = kvedge_mono_ms();
+    int rc = kt_capture(cmd, out, sizeof out);
+    int64_t waited = kvedge_mono_ms() - t0;
+    if (rc != 3 || !strstr(out, "does not know model"))
+        fail_msg("decode of a model nobody registered (exit %d):\n%s", rc, out);
+    if (waited < KVEDGE_PROXY_MODEL_WAIT_MS - 100 || waited > KT_WAIT_MS)
+        fail_msg("refused after %lld ms, not after the %d ms wait", (long long)waited,
+                 KVEDGE_PROXY_MODEL_WAIT_MS);
+
+    /* A model prefilled now and announced during the decode's wait: decoded, every layer
+     * fetched. */
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json prefill --weights %s --model-id late-tiny --context-ids %s "
+             "--chunk-tokens 16 --scheme lossless --dtype fp32",
+             KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 7));
+    if (kt_capture(cmd, out, sizeof out) != 0)
+        fail_msg("prefill: %s", out);
+    snprintf(cmd, sizeof cmd,
+             "%s -H %s --json decode --weights %s --model-id late-tiny --context-ids %s "
+             "--chunk-tokens 16 --prompt-ids 10,20,30 --max-new 2 2>&1",
+             KVEDGE_BIN, pep, S_TINY, a);
+    s_publish_t pub = {cloud.node, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, s_publish_later, &pub), 0);
+    rc = kt_capture(cmd, out, sizeof out);
+    pthread_join(th, NULL);
+    assert_int_equal(pub.rc, 0);
+    if (rc != 0 || !strstr(out, "\"fetched\":3,\"computed\":0"))
+        fail_msg("decode right after the prefill of a new model (exit %d):\n%s", rc, out);
+
+    kvedge_proxy_destroy(&p);
+    kvedge_node_destroy(&cloud.node);
+    kvedge_master_destroy(&mm.m);
+    s_rmrf(root);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -533,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_decode_prints_unpriced),
         cmocka_unit_test(test_curve_node_from_master),
         cmocka_unit_test(test_decode_right_after_prefill),
+        cmocka_unit_test(test_decode_waits_for_model),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     kt_ctx_free(&s_ctx);

@@ -3,7 +3,8 @@
  * embedded masters on ipc:// endpoints. The view syncs with the real master after the standby,
  * follows a named leader outside its list, moves to the next master when the one it follows is
  * gone (serving its state meanwhile, never EMPTY), lands SETs on the leader, heartbeats reach
- * the leader; lists are checked at start; one endpoint behaves as it always has. */
+ * the leader, a readonly master (no etcd quorum) is followed for reads and refuses writes with
+ * its reason; lists are checked at start; one endpoint behaves as it always has. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,9 +24,14 @@
 
 /* ---------------------------------------------------------------- a fake standby */
 
+#define S_RO_SEQ      7
+#define S_RO_REGISTRY 0x5eedULL
+
 typedef struct {
     char router[200], pub[200];
     char reason[600]; /* what it answers every request with */
+    bool readonly;    /* a master without its etcd quorum: serves an empty snapshot at seq
+                       * S_RO_SEQ and HUGZ, refuses the rest with the reason */
     zactor_t *actor;
     atomic_int icanhaz, sets, heartbeats;
 } s_standby_t;
@@ -38,7 +44,22 @@ static void s_standby_actor(zsock_t *pipe, void *args)
     zsock_signal(pipe, router && pub ? 0 : 1);
     zpoller_t *poller = router && pub ? zpoller_new(pipe, router, NULL) : NULL;
     while (poller) {
-        void *which = zpoller_wait(poller, -1);
+        void *which = zpoller_wait(poller, 100);
+        if (sb->readonly) { /* HUGZ, as a readonly master publishes them */
+            kvedge_kvmsg_t h = {
+                .cmd = KVEDGE_KVMSG_HUGZ, .seq = S_RO_SEQ, .registry = S_RO_REGISTRY};
+            kvedge_kvmsg_buf_t hb;
+            kvedge_wire_frame_t hf[KVEDGE_KVMSG_MAX_FRAMES];
+            size_t hn;
+            if (kvedge_kvmsg_pack(&h, &hb, hf, &hn) == KVEDGE_OK) {
+                zmsg_t *r = zmsg_new();
+                for (size_t i = 0; i < hn; i++)
+                    zmsg_addmem(r, hf[i].data, hf[i].len);
+                zmsg_send(&r, pub);
+            }
+        }
+        if (!which && zpoller_expired(poller))
+            continue;
         if (which != router)
             break; /* $TERM, or interrupted */
         zmsg_t *m = zmsg_recv(router);
@@ -61,6 +82,14 @@ static void s_standby_actor(zsock_t *pipe, void *args)
                                   .body = (const uint8_t *)sb->reason,
                                   .body_len = strlen(sb->reason),
                                   .rid = k.rid};
+            if (sb->readonly && k.cmd == KVEDGE_KVMSG_ICANHAZ)
+                err = (kvedge_kvmsg_t){.cmd = KVEDGE_KVMSG_KTHXBAI,
+                                       .key = k.key,
+                                       .key_len = k.key_len,
+                                       .seq = S_RO_SEQ,
+                                       .count = 0,
+                                       .registry = S_RO_REGISTRY,
+                                       .rid = k.rid};
             kvedge_kvmsg_buf_t buf;
             kvedge_wire_frame_t out[KVEDGE_KVMSG_MAX_FRAMES];
             size_t on;
@@ -295,6 +324,34 @@ static void test_set_through_standby(void **state)
     kvedge_mview_destroy(&v);
 }
 
+/* A readonly master (no etcd quorum) serves snapshots and HUGZ: the view follows it (reads go
+ * on) and stays; a SET is refused with the reason, asked again until the deadline. */
+static void test_readonly_master_followed(void **state)
+{
+    s_fx_t *fx = *state;
+    s_master_up(fx, 0);
+    fx->sb[0].readonly = true;
+    s_standby_up(fx, 0, "no etcd quorum");
+    s_pair(fx->list[0], sizeof fx->list[0], fx->sb[0].router, fx->router[0]);
+    s_pair(fx->list[1], sizeof fx->list[1], fx->sb[0].pub, fx->pub[0]);
+    kvedge_mview_t *v = s_view(fx->list[0], fx->list[1], NULL);
+    kt_wait_for(s_following(v, fx->sb[0].router), KT_WAIT_MS);
+    assert_int_equal(kvedge_mview_seq(v), S_RO_SEQ);
+    assert_int_equal(kvedge_mview_registry(v), S_RO_REGISTRY);
+    int64_t t0 = kt_now_ms();
+    assert_int_equal(s_set_node(v, "cloud-4", 700), KVEDGE_ENOTLEADER);
+    assert_true(kt_now_ms() - t0 >= 600);
+    assert_true(atomic_load(&fx->sb[0].sets) >= 2);
+    kvedge_mview_conn_t c = s_conn(v);
+    assert_string_equal(c.reason, "no etcd quorum");
+    assert_int_equal(c.moves, 0);
+    /* Longer than dead_ms (800): its HUGZ keep the view there. */
+    kt_pause_ms(1200); /* a silence the view must not take for death: the point of the test */
+    assert_true(s_following(v, fx->sb[0].router));
+    assert_int_equal(s_conn(v).moves, 0);
+    kvedge_mview_destroy(&v);
+}
+
 /* Heartbeats go to whichever master the view follows: the leader records the node's health. */
 static void test_heartbeats_reach_leader(void **state)
 {
@@ -425,6 +482,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_redirect_by_hint, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_set_through_standby, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_heartbeats_reach_leader, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_readonly_master_followed, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_followed_master_dies, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_single_endpoint, s_setup, s_teardown),
         cmocka_unit_test(test_bad_lists),
