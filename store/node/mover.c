@@ -306,6 +306,26 @@ double kvedge_tier_skew(const kvedge_tier_t *t)
     return (double)max / ((double)sum / (double)n);
 }
 
+/* The placement skew by the directory: max / mean of the complete chunks each up cloud node of
+ * weight > 0 holds (0 when none holds any). Unlike kvedge_tier_skew it needs no LIST. */
+static double s_dir_skew(const kvedge_tier_t *t)
+{
+    uint64_t max = 0, sum = 0;
+    size_t n = 0;
+    for (size_t j = 0; j < t->n; j++) {
+        if (!t->nodes[j].up || t->nodes[j].capacity == 0)
+            continue;
+        uint64_t held = 0;
+        for (size_t i = 0; i < t->nc; i++)
+            held += (t->chunks[i].held[j] & S_COMPLETE) != 0;
+        n++;
+        sum += held;
+        if (held > max)
+            max = held;
+    }
+    return n && sum ? (double)max / ((double)sum / (double)n) : 0.0;
+}
+
 /* The root of chunk c: its chain walked up through the learnt parents. */
 static s_chunk_t *s_parent(kvedge_tier_t *t, const s_chunk_t *c)
 {
@@ -1004,7 +1024,7 @@ struct kvedge_mover_t {
     int64_t last_full_ms; /* monotonic: when it ran */
     int64_t next_due_ms;  /* monotonic: when a chunk waiting out the grace is due; 0 none */
     int64_t gone_logged_ms;
-    kvedge_series_t *m_backlog, *m_stranded, *m_bytes, *m_done, *m_failed;
+    kvedge_series_t *m_backlog, *m_stranded, *m_bytes, *m_done, *m_failed, *m_skew;
 };
 
 static void s_metrics(kvedge_mover_t *m, kvedge_metrics_t *r)
@@ -1026,6 +1046,11 @@ static void s_metrics(kvedge_mover_t *m, kvedge_metrics_t *r)
     m->m_failed = kvedge_metrics_single(
         r, KVEDGE_METRIC_COUNTER, "kvedge_mover_copies_failed_total",
         "chunk copies this node's mover started and could not finish", NULL, NULL, 0);
+    m->m_skew = kvedge_metrics_single(
+        r, KVEDGE_METRIC_GAUGE, "kvedge_mover_placement_skew",
+        "max / mean of the complete chunks the up cloud nodes hold by the directory, at the "
+        "mover's last pass (1 = even; 0 = nothing held)",
+        NULL, NULL, 0);
 }
 
 /* Keeps the copies of chunks a lost node held, and of the others those seen below R for the
@@ -1185,6 +1210,7 @@ static int s_pass(kvedge_mover_t *m, bool force)
         kvedge_series_add(m->m_bytes, res.bytes);
         kvedge_series_add(m->m_done, res.copies_done);
         kvedge_series_add(m->m_failed, res.copies_failed);
+        kvedge_series_set(m->m_skew, s_dir_skew(t));
     }
     kvedge_tier_destroy(&t);
     return KVEDGE_OK;

@@ -110,6 +110,9 @@ static void test_rereplicate_after_grace(void **state)
     assert_true(s_node_metric(&f->nodes[0], "kvedge_mover_copies_done_total ") ==
                 (double)st0.total.copies_done);
     assert_true(s_node_metric(&f->nodes[0], "kvedge_mover_copies_failed_total ") >= 0);
+    /* The skew over the three live nodes: max / mean of their bytes, so in [1, 3]. */
+    double skew = s_node_metric(&f->nodes[0], "kvedge_mover_placement_skew ");
+    assert_true(skew >= 1.0 && skew <= 3.0);
     mv_stop(f);
     free(f);
 }
