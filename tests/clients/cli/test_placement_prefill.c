@@ -472,6 +472,7 @@ typedef struct {
     uint32_t killed_after; /* the layer whose delivery set it off */
     uint32_t blocks, mismatches, delivered, fell_back;
     char source[KT_CTX_LAYERS][64];
+    char why[KT_CTX_LAYERS * 40]; /* each layer not delivered: "L:reason " */
 } s_big_fetch_t;
 
 static void s_b_plan(void *ctx, const kvedge_fetch_plan_t *plan)
@@ -504,6 +505,11 @@ static void s_b_layer(void *ctx, const kvedge_fetch_layer_t *l)
         snprintf(f->source[l->layer], sizeof f->source[0], "%s", l->source_name);
     f->delivered += l->status == 0;
     f->fell_back += l->reason == KVEDGE_FETCH_FALLBACK_FAILED;
+    if (l->status != 0) {
+        size_t at = strlen(f->why);
+        snprintf(f->why + at, sizeof f->why - at, "%u:%s ", l->layer,
+                 kvedge_fetch_reason_name(l->reason));
+    }
     bool later = false;
     for (uint32_t j = l->layer + S_KILL_AHEAD; f->killed < 0 && j < KT_CTX_LAYERS; j++) {
         int s = f->plan.layer[j].source;
@@ -708,8 +714,10 @@ static void test_prefill_to_the_placement(void **state)
     assert_true(s_named(big_placed, 2, s_ids[victim]));
     if (bf.status != 0 || bf.mismatches != 0 || bf.delivered != KT_CTX_LAYERS ||
         bf.blocks != KT_CTX_LAYERS * 2 * KT_CTX_HEADS)
-        fail_msg("%s killed mid-request: status %d, %u mismatches, %u of %u layers, %u blocks",
-                 s_ids[victim], bf.status, bf.mismatches, bf.delivered, KT_CTX_LAYERS, bf.blocks);
+        fail_msg("%s killed mid-request: status %d, %u mismatches, %u of %u layers, %u blocks "
+                 "(not delivered: %s)",
+                 s_ids[victim], bf.status, bf.mismatches, bf.delivered, KT_CTX_LAYERS, bf.blocks,
+                 bf.why);
     uint32_t from_other = 0;
     for (int l = 0; l < KT_CTX_LAYERS; l++) {
         assert_true(s_named(big_placed, 2, bf.source[l]));
