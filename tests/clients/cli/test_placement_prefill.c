@@ -543,7 +543,7 @@ static int s_fetch_big_kill(s_world_t *w, const char *pep, s_big_fetch_t *f)
     pthread_cond_init(&f->cv, NULL);
     f->w = w;
     f->killed = -1;
-    kvedge_client_t *c = kt_client(pep, 10000);
+    kvedge_client_t *c = kt_client(pep, 30000);
     kvedge_fetch_req_t req;
     kvedge_fetch_req_default(&req);
     req.model_id = KT_CTX_MODEL;
@@ -551,7 +551,12 @@ static int s_fetch_big_kill(s_world_t *w, const char *pep, s_big_fetch_t *f)
     req.n = 2;
     req.layers = KT_CTX_LAYERS;
     req.tokens = 2 * KT_CTX_TOKENS;
-    req.deadline_ms = 10000;
+    /* The proxy finds a killed source by its silence: a stream's window is STALL_FACTOR times
+     * its expected time (round trip at the link's measured RTO included), and a loaded runner
+     * inflates the RTO to seconds, so the layers in flight on the dead node may wait several
+     * windows before they move. A deadline that leaves room for that: what is checked is
+     * where the layers come from, not how fast the silence is judged. */
+    req.deadline_ms = 30000;
     kvedge_fetch_cbs_t cbs = {s_b_plan, s_b_block, s_b_layer, s_b_done};
     assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, f), KVEDGE_OK);
     pthread_mutex_lock(&f->mu);
