@@ -43,7 +43,7 @@ extern "C" {
     X(ECANCELED, 22, "cancelled")                                                                  \
     X(ENOSPC, 23, "no space left on the store's disk")                                             \
     X(ELOCKED, 24, "in use by another process (a store's lock or a listening address)")            \
-    X(EBACKLOG, 25, "too many requests queued behind a busy thread: retry later")               \
+    X(EBACKLOG, 25, "too many requests queued behind a busy thread: retry later")                  \
     X(ENOTLEADER, 26, "not the leading master (a standby, or no etcd quorum): ask the leader")
 
 /* How many codes KVEDGE_ERRNO_MAP has, OK included: n runs 0 ... KVEDGE_ERR_COUNT - 1. */

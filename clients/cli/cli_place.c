@@ -86,8 +86,8 @@ int kvedge_cli_tier_read(const kvedge_cli_tier_src_t *src, kvedge_placed_node_t 
     *nodes = NULL;
     *n = 0;
     char pub[1024];
-    const char *p = kvedge_cli_master_pubs(src->cmd, "master", src->master, "master-pub",
-                                           src->pub, pub, sizeof pub);
+    const char *p = kvedge_cli_master_pubs(src->cmd, "master", src->master, "master-pub", src->pub,
+                                           pub, sizeof pub);
     if (!p)
         return KVEDGE_EXIT_USAGE;
     if (src->key && !src->cert) {
