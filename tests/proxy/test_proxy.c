@@ -35,6 +35,7 @@
 #include "tests/common/spawn.h"
 #include "tests/common/testutil.h"
 #include "tests/common/world.h"
+#include "tests/common/http.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -842,33 +843,6 @@ static void test_master_down_at_start_uses_snapshot(void **state)
 
 /* ---------------------------------------------------------------- monitoring */
 
-/* GET url+path over a plain socket; returns the HTTP status and the body in buf. */
-static int s_http_get(const char *url, const char *path, char *buf, size_t cap)
-{
-    unsigned port = 0;
-    assert_int_equal(sscanf(url, "http://127.0.0.1:%u", &port), 1);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    char req[256];
-    int n =
-        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
-    assert_int_equal(write(fd, req, (size_t)n), n);
-    size_t got = 0;
-    ssize_t r;
-    while (got + 1 < cap && (r = read(fd, buf + got, cap - 1 - got)) > 0)
-        got += (size_t)r;
-    buf[got] = '\0';
-    close(fd);
-    int status = 0;
-    assert_int_equal(sscanf(buf, "HTTP/1.1 %d", &status), 1);
-    char *body = strstr(buf, "\r\n\r\n");
-    assert_non_null(body);
-    memmove(buf, body + 4, strlen(body + 4) + 1);
-    return status;
-}
-
 static cJSON *s_monitor(const char *ep, uint32_t top)
 {
     kvedge_client_t *c = kt_client(ep, 5000);
@@ -992,26 +966,26 @@ static void test_monitoring(void **state)
     const char *nurl = kvedge_node_metrics_url(cloud.node), *purl = kvedge_proxy_metrics_url(p);
     assert_non_null(nurl);
     assert_non_null(purl);
-    assert_int_equal(s_http_get(nurl, "/metrics", body, sizeof body), 200);
+    assert_int_equal(kt_http_get(nurl, "/metrics", body, sizeof body), 200);
     assert_int_equal((int)s_metric(body, "kvedge_node_block_hits_total "), blocks);
     assert_int_equal((int)s_metric(body, "kvedge_node_blocks "), blocks);
     assert_true(s_metric(body, "kvedge_node_hot_prefix_accesses{rank=\"1\"") >= S_LAYERS);
-    assert_int_equal(s_http_get(purl, "/metrics", body, sizeof body), 200);
+    assert_int_equal(kt_http_get(purl, "/metrics", body, sizeof body), 200);
     assert_int_equal((int)s_metric(body, "kvedge_proxy_fetches_total{status=\"OK\"} "), 1);
     assert_int_equal(
         (int)s_metric(body, "kvedge_proxy_layers_total{kind=\"cloud\",reason=\"planned\"} "),
         S_LAYERS);
     assert_int_equal((int)s_metric(body, "kvedge_proxy_source_up{source=\"cloud1\""), 1);
     assert_true(s_metric(body, "kvedge_proxy_source_rto_seconds{source=\"cloud1\"") > 0);
-    assert_int_equal(s_http_get(nurl, "/ready", body, sizeof body), 200);
-    assert_int_equal(s_http_get(purl, "/ready", body, sizeof body), 200);
+    assert_int_equal(kt_http_get(nurl, "/ready", body, sizeof body), 200);
+    assert_int_equal(kt_http_get(purl, "/ready", body, sizeof body), 200);
 
     /* The source goes away: the proxy is no longer ready, and says why. */
     s_node_stop(&cloud);
     kt_wait_for((s_fetch(pep, 1000, &r, 0), /* failures are how the proxy learns */
-                 s_http_get(purl, "/ready", body, sizeof body) != 200),
+                 kt_http_get(purl, "/ready", body, sizeof body) != 200),
                 KT_WAIT_MS);
-    assert_int_equal(s_http_get(purl, "/ready", body, sizeof body), 503);
+    assert_int_equal(kt_http_get(purl, "/ready", body, sizeof body), 503);
     assert_non_null(strstr(body, "not ready: "));
     kvedge_proxy_destroy(&p);
     s_rmrf(root);

@@ -17,33 +17,11 @@
 #include "store/node/mover.h"
 #include "tests/common/logcap.h"
 #include "tests/common/shell.h"
+#include "tests/common/http.h"
 #include "tests/store/node/test_mover_fx.h"
 
 #define S_GRACE_S 3
 #define S_CTX     8
-
-static int s_http_get(const char *url, const char *path, char *buf, size_t cap)
-{
-    unsigned port = 0;
-    assert_int_equal(sscanf(url, "http://127.0.0.1:%u", &port), 1);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    char req[256];
-    int n =
-        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
-    assert_int_equal(write(fd, req, (size_t)n), n);
-    size_t got = 0;
-    ssize_t r;
-    while (got + 1 < cap && (r = read(fd, buf + got, cap - 1 - got)) > 0)
-        got += (size_t)r;
-    buf[got] = '\0';
-    close(fd);
-    int status = 0;
-    assert_int_equal(sscanf(buf, "HTTP/1.1 %d", &status), 1);
-    return status;
-}
 
 /* The value of the series line starting with prefix, or -1. */
 static double s_metric(const char *metrics, const char *prefix)
@@ -58,7 +36,8 @@ static double s_node_metric(mv_node_t *nd, const char *prefix)
 {
     char *body = malloc(1 << 20);
     assert_non_null(body);
-    assert_int_equal(s_http_get(kvedge_node_metrics_url(nd->node), "/metrics", body, 1 << 20), 200);
+    assert_int_equal(kt_http_get(kvedge_node_metrics_url(nd->node), "/metrics", body, 1 << 20),
+                     200);
     double v = s_metric(body, prefix);
     free(body);
     return v;

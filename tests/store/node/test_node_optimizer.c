@@ -26,6 +26,7 @@
 #include "access/codec/prec.h"
 #include "access/codec/synth.h"
 #include "tests/common/testutil.h"
+#include "tests/common/http.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
@@ -171,32 +172,6 @@ static double s_num(const cJSON *o, const char *key)
     return v->valuedouble;
 }
 
-static int s_http_get(const char *url, const char *path, char *buf, size_t cap)
-{
-    unsigned port = 0;
-    assert_int_equal(sscanf(url, "http://127.0.0.1:%u", &port), 1);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    char req[256];
-    int n =
-        snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
-    assert_int_equal(write(fd, req, (size_t)n), n);
-    size_t got = 0;
-    ssize_t r;
-    while (got + 1 < cap && (r = read(fd, buf + got, cap - 1 - got)) > 0)
-        got += (size_t)r;
-    buf[got] = '\0';
-    close(fd);
-    int status = 0;
-    assert_int_equal(sscanf(buf, "HTTP/1.1 %d", &status), 1);
-    char *body = strstr(buf, "\r\n\r\n");
-    assert_non_null(body);
-    memmove(buf, body + 4, strlen(body + 4) + 1);
-    return status;
-}
-
 /* The value of the first series line of metrics starting with prefix, or -1. */
 static double s_metric(const char *metrics, const char *prefix)
 {
@@ -319,7 +294,7 @@ static void test_derived_counted(void **state)
     }
     free(buf);
     char *body = malloc(1 << 20);
-    assert_int_equal(s_http_get(kvedge_node_metrics_url(e->node), "/metrics", body, 1 << 20), 200);
+    assert_int_equal(kt_http_get(kvedge_node_metrics_url(e->node), "/metrics", body, 1 << 20), 200);
     assert_true(s_metric(body, "kvedge_node_derived_blocks_total ") == S_HEADS);
     assert_true(s_metric(body, "kvedge_node_derived_kept_blocks_total ") == S_HEADS);
     free(body);
@@ -380,7 +355,7 @@ static void test_hot_prepared_cold_demoted(void **state)
     cJSON_Delete(doc);
 
     char *body = malloc(1 << 20);
-    assert_int_equal(s_http_get(kvedge_node_metrics_url(e->node), "/metrics", body, 1 << 20), 200);
+    assert_int_equal(kt_http_get(kvedge_node_metrics_url(e->node), "/metrics", body, 1 << 20), 200);
     assert_int_equal(s_metric(body, "kvedge_node_variants_prepared_total "), S_HEADS);
     assert_int_equal(s_metric(body, "kvedge_node_demoted_blocks_total{cause=\"idle\"} "), S_HEADS);
     assert_int_equal(s_metric(body, "kvedge_node_demoted_blocks_total{cause=\"pressure\"} "), 0);
@@ -434,7 +409,7 @@ static void test_thread_and_pressure(void **state)
     /* The thread's passes. */
     kt_wait_until(s_optimizer_passed, e, KT_WAIT_MS);
     char *body = malloc(1 << 20);
-    assert_int_equal(s_http_get(kvedge_node_metrics_url(e->node), "/metrics", body, 1 << 20), 200);
+    assert_int_equal(kt_http_get(kvedge_node_metrics_url(e->node), "/metrics", body, 1 << 20), 200);
     assert_int_equal(s_metric(body, "kvedge_node_demoted_blocks_total{cause=\"pressure\"} "),
                      ds.pressure_demoted);
     assert_true(s_metric(body, "kvedge_node_optimizer_passes_total ") >= 1);
