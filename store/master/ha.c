@@ -351,9 +351,12 @@ static int s_rewrite_local(kvedge_master_state_t *m, const s_rows_t *rows, uint6
     m->seq = seq;
     atomic_store(&m->owner->seq, seq);
     kvedge_master_publish_size(m);
-    /* Every id that was up or suspect gets a fresh grace period, as after a restart. */
+    /* Every id that was up or suspect gets a fresh grace period, as after a restart, and the
+     * time its view needs to find this leader on top: a node's view leaves a silent master
+     * after KVEDGE_MVIEW_DEAD_MS, and its next heartbeat comes a heartbeat interval later, so
+     * counting silence from now alone would call nodes suspect that are on their way. */
     zhashx_purge(m->peers);
-    int64_t now = kvedge_mono_ms();
+    int64_t heard = kvedge_mono_ms() + KVEDGE_MVIEW_DEAD_MS + KVEDGE_MASTER_HEARTBEAT_IVL_MS;
     for (size_t i = 0; i < rows->n; i++) {
         const char *k = rows->rows[i].key;
         kvedge_master_key_t key;
@@ -363,7 +366,7 @@ static int s_rewrite_local(kvedge_master_state_t *m, const s_rows_t *rows, uint6
             kvedge_master_health_parse(rows->rows[i].val + 8, rows->rows[i].len - 8, &h) ==
                 KVEDGE_OK &&
             zhashx_size(m->peers) < KVEDGE_MASTER_MAX_HEALTH) {
-            kvedge_master_peer_t p = {now, h.last_seen_ms, h.state};
+            kvedge_master_peer_t p = {heard, h.last_seen_ms, h.state};
             zhashx_insert(m->peers, key.a, &p);
             kvedge_master_peer_metric(m, key.a, h.state);
         }

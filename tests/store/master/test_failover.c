@@ -296,9 +296,10 @@ static void test_nodes_follow_the_new_leader(void **state)
     kt_wait_until(s_nodes_up, &ob, KT_WAIT_MS);
     print_message("nodes up at the new leader %lld ms after the kill\n",
                   (long long)(kt_now_ms() - t0));
-    /* Past the new leader's suspect time (1 s) and its fresh grace period: still up, so the
-     * nodes heartbeat the new leader. */
-    kt_pause_ms(2500); /* the silence a lost heartbeat would need to show */
+    /* Past the new leader's fresh grace period (the views' dead time and a heartbeat interval
+     * on top of its suspect time, 1 s): still up, so the nodes heartbeat the new leader. */
+    /* The silence a lost heartbeat would need to show: */
+    kt_pause_ms(KVEDGE_MVIEW_DEAD_MS + KVEDGE_MASTER_HEARTBEAT_IVL_MS + 1500);
     assert_true(s_nodes_up(&ob));
     kill(n1, SIGKILL);
     kill(n2, SIGKILL);
