@@ -49,12 +49,6 @@ typedef struct {
 static kt_etcd_t s_etcd;
 static char s_dir[128];
 
-static void s_sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static int s_spawn(s_master_t *m)
 {
     char lease[16];
@@ -117,7 +111,7 @@ static bool s_role_is(const s_master_t *m, const char *role)
 /* The master that leads, waiting up to 30 s; -1 when none does. */
 static int s_leader(s_master_t *ms, int n)
 {
-    for (int64_t end = kt_etcd_now_ms() + 30000; kt_etcd_now_ms() < end; s_sleep_ms(S_POLL_MS))
+    for (int64_t end = kt_now_ms() + 30000; kt_now_ms() < end; kt_pause_ms(S_POLL_MS))
         for (int i = 0; i < n; i++)
             if (ms[i].pid > 0 && s_role_is(&ms[i], "leader"))
                 return i;
@@ -156,19 +150,19 @@ static int s_failovers(s_master_t *ms)
         }
         char id[32];
         snprintf(id, sizeof id, "f-%d", k);
-        int64_t t0 = kt_etcd_now_ms();
+        int64_t t0 = kt_now_ms();
         s_kill(&ms[l]);
         int64_t t_lead = 0, t_ack = 0;
-        while ((!t_lead || !t_ack) && kt_etcd_now_ms() - t0 < 60000) {
+        while ((!t_lead || !t_ack) && kt_now_ms() - t0 < 60000) {
             for (int i = 0; i < s_cfg.masters; i++) {
                 if (i == l)
                     continue;
                 if (!t_lead && s_role_is(&ms[i], "leader"))
-                    t_lead = kt_etcd_now_ms();
+                    t_lead = kt_now_ms();
                 if (t_lead && !t_ack && s_set(&ms[i], id, 500))
-                    t_ack = kt_etcd_now_ms();
+                    t_ack = kt_now_ms();
             }
-            s_sleep_ms(S_POLL_MS);
+            kt_pause_ms(S_POLL_MS);
         }
         lead[n] = t_lead - t0;
         ack[n] = t_ack - t0;
@@ -177,9 +171,8 @@ static int s_failovers(s_master_t *ms)
         n++;
         if (!t_lead || !t_ack || s_spawn(&ms[l]) != 0)
             return 1;
-        for (int64_t end = kt_etcd_now_ms() + 30000;
-             !s_role_is(&ms[l], "standby") && kt_etcd_now_ms() < end;)
-            s_sleep_ms(S_POLL_MS);
+        for (int64_t end = kt_now_ms() + 30000; !s_role_is(&ms[l], "standby") && kt_now_ms() < end;)
+            kt_pause_ms(S_POLL_MS);
     }
     qsort(lead, (size_t)n, sizeof lead[0], s_cmp);
     qsort(ack, (size_t)n, sizeof ack[0], s_cmp);
@@ -210,7 +203,7 @@ static int s_records(s_master_t *ms)
     int l = s_leader(ms, s_cfg.masters);
     if (l < 0)
         return 1;
-    int64_t before = s_db_size(), t0 = kt_etcd_now_ms();
+    int64_t before = s_db_size(), t0 = kt_now_ms();
     for (int i = 0; i < s_cfg.records; i++) {
         char id[32];
         snprintf(id, sizeof id, "r-%06d", i);
@@ -219,7 +212,7 @@ static int s_records(s_master_t *ms)
             return 1;
         }
     }
-    int64_t ms_taken = kt_etcd_now_ms() - t0, after = s_db_size();
+    int64_t ms_taken = kt_now_ms() - t0, after = s_db_size();
     printf("%d hard records (models, %d-byte bodies) through the leader in %lld ms: %.0f "
            "records/s; etcd backend %lld -> %lld bytes (%.0f bytes per record, before "
            "compaction)\n",
@@ -227,7 +220,7 @@ static int s_records(s_master_t *ms)
            ms_taken ? s_cfg.records * 1000.0 / (double)ms_taken : 0.0, (long long)before,
            (long long)after, (double)(after - before) / s_cfg.records);
     /* One more kill with the records in etcd: the takeover reads them all. */
-    int64_t t0k = kt_etcd_now_ms();
+    int64_t t0k = kt_now_ms();
     s_kill(&ms[l]);
     int n2 = s_leader(ms, s_cfg.masters);
     kt_mreply_t r;
@@ -235,7 +228,7 @@ static int s_records(s_master_t *ms)
                                  NULL, NULL) != 0)
         return 1;
     printf("with %u models in etcd: a standby led after %lld ms and serves all of them (%u)\n",
-           r.synced, (long long)(kt_etcd_now_ms() - t0k), r.synced);
+           r.synced, (long long)(kt_now_ms() - t0k), r.synced);
     return r.synced >= (uint32_t)s_cfg.records ? 0 : 1;
 }
 
@@ -278,7 +271,7 @@ static void *s_writer(void *arg)
                 next = i;
         at = next;
         if (got == 0 && r.status == KVEDGE_ENOTLEADER)
-            s_sleep_ms(50); /* an election under way, or no quorum: do not spin */
+            kt_pause_ms(50); /* an election under way, or no quorum: do not spin */
     }
     return NULL;
 }
@@ -356,14 +349,14 @@ static int s_chaos(s_master_t *ms)
     if (!w.acked_ids || pthread_create(&th, NULL, s_writer, &w) != 0)
         return 1;
     int actions[4] = {0};
-    int64_t end = kt_etcd_now_ms() + (int64_t)s_cfg.chaos * 1000;
-    while (kt_etcd_now_ms() < end) {
-        s_sleep_ms(1000 + rand() % 2000);
+    int64_t end = kt_now_ms() + (int64_t)s_cfg.chaos * 1000;
+    while (kt_now_ms() < end) {
+        kt_pause_ms(1000 + rand() % 2000);
         const char *what = "nothing";
         s_chaos_step(ms, &what);
         actions[what[0] == 'k' ? (strstr(what, "etcd") ? 1 : 0) : what[0] == 'r' ? 2 : 3]++;
         printf("t=%5.1fs  %-40s acked %d of %d\n",
-               (double)(kt_etcd_now_ms() - (end - (int64_t)s_cfg.chaos * 1000)) / 1000.0, what,
+               (double)(kt_now_ms() - (end - (int64_t)s_cfg.chaos * 1000)) / 1000.0, what,
                atomic_load(&w.acked), atomic_load(&w.attempted));
         fflush(stdout);
     }
@@ -374,9 +367,8 @@ static int s_chaos(s_master_t *ms)
         if (ms[i].pid <= 0)
             s_spawn(&ms[i]);
     int before = atomic_load(&w.acked);
-    for (int64_t t = kt_etcd_now_ms();
-         atomic_load(&w.acked) < before + 10 && kt_etcd_now_ms() - t < 60000;)
-        s_sleep_ms(S_POLL_MS);
+    for (int64_t t = kt_now_ms(); atomic_load(&w.acked) < before + 10 && kt_now_ms() - t < 60000;)
+        kt_pause_ms(S_POLL_MS);
     atomic_store(&w.stop, true);
     pthread_join(th, NULL);
     int acked = atomic_load(&w.acked), attempted = atomic_load(&w.attempted);

@@ -22,6 +22,7 @@
 
 #include "store/master/etcd.h"
 #include "access/codec/error.h"
+#include "tests/common/poll.h"
 
 #define KT_ETCD_MAX     3
 #define KT_ETCD_BIN     "/usr/bin/etcd"
@@ -36,13 +37,6 @@ typedef struct {
     char client[KT_ETCD_MAX][64]; /* http://127.0.0.1:PORT */
     char endpoints[KT_ETCD_MAX * 64];
 } kt_etcd_t;
-
-static inline int64_t kt_etcd_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* True when an etcd binary is installed (else the test skips with 77). */
 static inline bool kt_etcd_installed(void)
@@ -96,6 +90,12 @@ static inline pid_t kt_etcd_spawn(kt_etcd_t *e, int i)
     return pid;
 }
 
+/* Whether a put through the whole endpoint list holds: a quorum (ctx: a kvedge_etcd_t). */
+static inline bool kt_etcd_quorum(void *ctx)
+{
+    return kvedge_etcd_put(ctx, "/kt/health", "1", 1, 0, NULL, 0) == KVEDGE_OK;
+}
+
 /* Starts n members in dir/etcdI and waits for a quorum. Returns 0, or -1 (the log files in dir
  * say why). */
 static inline int kt_etcd_start(kt_etcd_t *e, const char *dir, int n)
@@ -115,14 +115,7 @@ static inline int kt_etcd_start(kt_etcd_t *e, const char *dir, int n)
     kvedge_etcd_t *c = NULL;
     if (kvedge_etcd_new(e->endpoints, 1000, &c, NULL, 0) != KVEDGE_OK)
         return -1;
-    bool up = false;
-    int64_t end = kt_etcd_now_ms() + KT_ETCD_WAIT_MS;
-    while (!up && kt_etcd_now_ms() < end) {
-        up = kvedge_etcd_put(c, "/kt/health", "1", 1, 0, NULL, 0) == KVEDGE_OK;
-        struct timespec poll = {0, 50 * 1000000L}; /* the poll interval, not a wait for it */
-        if (!up)
-            nanosleep(&poll, NULL);
-    }
+    bool up = kt_poll(kt_etcd_quorum, c, KT_ETCD_WAIT_MS);
     kvedge_etcd_destroy(&c);
     return up ? 0 : -1;
 }

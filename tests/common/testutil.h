@@ -18,6 +18,7 @@
 #include "access/codec/block.h"
 #include "access/codec/quant.h"
 #include "access/codec/synth.h"
+#include "tests/common/poll.h"
 
 /* How late past its bound something a test times may end: what a loaded, shared 2-core
  * runner (ASan, parallel ctest) meets with a wide margin. A timing assert says "not before the
@@ -27,41 +28,6 @@
  * machine (a view catching up, a log line, a counter): generous, since a wait that holds
  * returns as soon as it does. */
 #define KT_WAIT_MS 20000
-/* How often kt_poll looks at its predicate. */
-#define KT_POLL_MS 10
-
-/* Monotonic milliseconds. */
-static inline int64_t kt_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Lets ms pass. Only for a pause that is the point of a test (a deadline to expire, a silence
- * to last, load to pace); "until X happened" is kt_poll / kt_wait_until on X. */
-static inline void kt_pause_ms(int64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-typedef bool (*kt_pred_t)(void *ctx);
-
-/* Polls pred(ctx) every KT_POLL_MS until it holds (true) or deadline_ms have passed (false;
- * pred is asked one last time at the deadline). */
-static inline bool kt_poll(kt_pred_t pred, void *ctx, int64_t deadline_ms)
-{
-    int64_t end = kt_now_ms() + deadline_ms;
-    for (;;) {
-        if (pred(ctx))
-            return true;
-        if (kt_now_ms() >= end)
-            return pred(ctx);
-        kt_pause_ms(KT_POLL_MS); /* the poll interval, not a wait for anything */
-    }
-}
 
 static inline void kt_wait_until_(kt_pred_t pred, void *ctx, int64_t deadline_ms, const char *what,
                                   const char *file, int line)
