@@ -278,11 +278,46 @@ static void s_read_ref(s_world_t *w, int i, const s_prefill_t *p, s_ref_t *ref)
 
 /* ---------------------------------------------------------------- fetching through the proxy */
 
+/* The end of a FETCH, awaited by s_run_fetch: the first member of each fetch's state. */
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool done;
     int status;
+} s_sync_t;
+
+static void s_sync_done(void *ctx, int status)
+{
+    s_sync_t *y = ctx;
+    pthread_mutex_lock(&y->mu);
+    y->done = true;
+    y->status = status;
+    pthread_cond_signal(&y->cv);
+    pthread_mutex_unlock(&y->mu);
+}
+
+/* Sends req through the proxy at pep with cbs (their done is s_sync_done) and waits for its
+ * end; ctx starts with the s_sync_t, which is set up and torn down here. */
+static void s_run_fetch(const char *pep, const kvedge_fetch_req_t *req, kvedge_fetch_cbs_t cbs,
+                        void *ctx)
+{
+    s_sync_t *y = ctx;
+    pthread_mutex_init(&y->mu, NULL);
+    pthread_cond_init(&y->cv, NULL);
+    kvedge_client_t *c = kt_client(pep, (int)req->deadline_ms);
+    cbs.on_done = s_sync_done;
+    assert_int_equal(kvedge_client_fetch_async(c, req, &cbs, ctx), KVEDGE_OK);
+    pthread_mutex_lock(&y->mu);
+    while (!y->done)
+        pthread_cond_wait(&y->cv, &y->mu);
+    pthread_mutex_unlock(&y->mu);
+    kvedge_client_destroy(&c);
+    pthread_cond_destroy(&y->cv);
+    pthread_mutex_destroy(&y->mu);
+}
+
+typedef struct {
+    s_sync_t sync;
     const s_prefill_t *p;
     const s_ref_t *ref;
     uint32_t blocks, mismatches, layers, delivered;
@@ -316,25 +351,12 @@ static void s_f_layer(void *ctx, const kvedge_fetch_layer_t *l)
     f->delivered += l->status == 0;
 }
 
-static void s_f_done(void *ctx, int status)
-{
-    s_fetch_t *f = ctx;
-    pthread_mutex_lock(&f->mu);
-    f->done = true;
-    f->status = status;
-    pthread_cond_signal(&f->cv);
-    pthread_mutex_unlock(&f->mu);
-}
-
 /* FETCH of every layer of p's context through the proxy at pep, each block compared. */
 static void s_fetch(const char *pep, const s_prefill_t *p, const s_ref_t *ref, s_fetch_t *f)
 {
     memset(f, 0, sizeof *f);
-    pthread_mutex_init(&f->mu, NULL);
-    pthread_cond_init(&f->cv, NULL);
     f->p = p;
     f->ref = ref;
-    kvedge_client_t *c = kt_client(pep, 10000);
     kvedge_fetch_req_t req;
     kvedge_fetch_req_default(&req);
     req.model_id = S_MODEL;
@@ -343,15 +365,7 @@ static void s_fetch(const char *pep, const s_prefill_t *p, const s_ref_t *ref, s
     req.layers = S_LAYERS;
     req.tokens = p->tokens;
     req.deadline_ms = 10000;
-    kvedge_fetch_cbs_t cbs = {s_f_plan, s_f_block, s_f_layer, s_f_done};
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, f), KVEDGE_OK);
-    pthread_mutex_lock(&f->mu);
-    while (!f->done)
-        pthread_cond_wait(&f->cv, &f->mu);
-    pthread_mutex_unlock(&f->mu);
-    kvedge_client_destroy(&c);
-    pthread_cond_destroy(&f->cv);
-    pthread_mutex_destroy(&f->mu);
+    s_run_fetch(pep, &req, (kvedge_fetch_cbs_t){s_f_plan, s_f_block, s_f_layer, NULL}, f);
 }
 
 typedef struct {
@@ -462,10 +476,7 @@ static void s_put_big(s_world_t *w, char placed[2][16])
 }
 
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool done;
-    int status;
+    s_sync_t sync;
     s_world_t *w;
     kvedge_fetch_plan_t plan;
     int killed;            /* the node index killed mid-request, -1 before */
@@ -524,26 +535,13 @@ static void s_b_layer(void *ctx, const kvedge_fetch_layer_t *l)
         }
 }
 
-static void s_b_done(void *ctx, int status)
-{
-    s_big_fetch_t *f = ctx;
-    pthread_mutex_lock(&f->mu);
-    f->done = true;
-    f->status = status;
-    pthread_cond_signal(&f->cv);
-    pthread_mutex_unlock(&f->mu);
-}
-
 /* FETCH of s_big through the proxy; a source is SIGKILLed mid-request (s_b_layer). Returns
  * the node killed. */
 static int s_fetch_big_kill(s_world_t *w, const char *pep, s_big_fetch_t *f)
 {
     memset(f, 0, sizeof *f);
-    pthread_mutex_init(&f->mu, NULL);
-    pthread_cond_init(&f->cv, NULL);
     f->w = w;
     f->killed = -1;
-    kvedge_client_t *c = kt_client(pep, 30000);
     kvedge_fetch_req_t req;
     kvedge_fetch_req_default(&req);
     req.model_id = KT_CTX_MODEL;
@@ -557,15 +555,7 @@ static int s_fetch_big_kill(s_world_t *w, const char *pep, s_big_fetch_t *f)
      * windows before they move. A deadline that leaves room for that: what is checked is
      * where the layers come from, not how fast the silence is judged. */
     req.deadline_ms = 30000;
-    kvedge_fetch_cbs_t cbs = {s_b_plan, s_b_block, s_b_layer, s_b_done};
-    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, f), KVEDGE_OK);
-    pthread_mutex_lock(&f->mu);
-    while (!f->done)
-        pthread_cond_wait(&f->cv, &f->mu);
-    pthread_mutex_unlock(&f->mu);
-    kvedge_client_destroy(&c);
-    pthread_cond_destroy(&f->cv);
-    pthread_mutex_destroy(&f->mu);
+    s_run_fetch(pep, &req, (kvedge_fetch_cbs_t){s_b_plan, s_b_block, s_b_layer, NULL}, f);
     if (f->killed >= 0) {
         waitpid(w->pid[f->killed], NULL, 0);
         w->pid[f->killed] = -1;
@@ -658,9 +648,9 @@ static void test_prefill_to_the_placement(void **state)
     for (int k = 0; k < S_CONTEXTS; k++) {
         s_fetch_t f;
         s_fetch(pep, &p[k], &ref[k], &f);
-        if (f.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
-            fail_msg("context %d: status %d, %u mismatches, %u of %u layers delivered", k, f.status,
-                     f.mismatches, f.delivered, S_LAYERS);
+        if (f.sync.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
+            fail_msg("context %d: status %d, %u mismatches, %u of %u layers delivered", k,
+                     f.sync.status, f.mismatches, f.delivered, S_LAYERS);
         for (int l = 0; l < S_LAYERS; l++)
             if (!s_named(p[k].placed, 2, f.source[l]))
                 fail_msg("context %d layer %d from %s, not a replica (%s, %s)", k, l, f.source[l],
@@ -686,10 +676,10 @@ static void test_prefill_to_the_placement(void **state)
     for (int k = 0; k < S_CONTEXTS; k++) {
         s_fetch_t f;
         s_fetch(pep2, &p[k], &ref[k], &f);
-        if (f.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
+        if (f.sync.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
             fail_msg("context %d via the shaped proxy: status %d, %u mismatches, %u of %u "
                      "layers",
-                     k, f.status, f.mismatches, f.delivered, S_LAYERS);
+                     k, f.sync.status, f.mismatches, f.delivered, S_LAYERS);
         bool c1 = s_named(p[k].placed, 2, "c1");
         with_c1 += c1;
         for (int l = 0; l < S_LAYERS; l++)
@@ -717,12 +707,12 @@ static void test_prefill_to_the_placement(void **state)
     int victim = s_fetch_big_kill(&w, pep, &bf);
     assert_true(victim >= 0);
     assert_true(s_named(big_placed, 2, s_ids[victim]));
-    if (bf.status != 0 || bf.mismatches != 0 || bf.delivered != KT_CTX_LAYERS ||
+    if (bf.sync.status != 0 || bf.mismatches != 0 || bf.delivered != KT_CTX_LAYERS ||
         bf.blocks != KT_CTX_LAYERS * 2 * KT_CTX_HEADS)
         fail_msg("%s killed mid-request: status %d, %u mismatches, %u of %u layers, %u blocks "
                  "(not delivered: %s)",
-                 s_ids[victim], bf.status, bf.mismatches, bf.delivered, KT_CTX_LAYERS, bf.blocks,
-                 bf.why);
+                 s_ids[victim], bf.sync.status, bf.mismatches, bf.delivered, KT_CTX_LAYERS,
+                 bf.blocks, bf.why);
     uint32_t from_other = 0;
     for (int l = 0; l < KT_CTX_LAYERS; l++) {
         assert_true(s_named(big_placed, 2, bf.source[l]));
@@ -740,10 +730,10 @@ static void test_prefill_to_the_placement(void **state)
     for (int k = 0; k < S_CONTEXTS; k++) {
         s_fetch_t f;
         s_fetch(pep, &p[k], &ref[k], &f);
-        if (f.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
+        if (f.sync.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
             fail_msg("context %d after %s was killed: status %d, %u mismatches, %u of %u "
                      "layers delivered",
-                     k, s_ids[victim], f.status, f.mismatches, f.delivered, S_LAYERS);
+                     k, s_ids[victim], f.sync.status, f.mismatches, f.delivered, S_LAYERS);
         for (int l = 0; l < S_LAYERS; l++) {
             assert_true(s_named(p[k].placed, 2, f.source[l]));
             assert_string_not_equal(f.source[l], s_ids[victim]);

@@ -220,12 +220,7 @@ static void s_ghost_entry(mv_fx_t *f)
 static void test_rebalance_moves_to_placement(void **state)
 {
     (void)state;
-    mv_fx_t *f = calloc(1, sizeof *f);
-    mv_master(f);
-    for (int i = 0; i < 3; i++)
-        mv_node(f, MV_CAPACITY, 30, false);
-    for (int i = 0; i < f->n; i++)
-        mv_wait_up(f, i);
+    mv_fx_t *f = mv_world(3, 30);
     for (int c = 0; c < S_CTX; c++)
         mv_put_context(f, c, 3);
     kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
@@ -345,8 +340,7 @@ static void test_forget_down_node(void **state)
     mv_node(f, MV_CAPACITY, 30, false);
     mv_node(f, MV_CAPACITY, 30, false);
     mv_spawn(f, KVEDGE_BIN, MV_CAPACITY, 30);
-    for (int i = 0; i < f->n; i++)
-        mv_wait_up(f, i);
+    mv_wait_all_up(f);
     for (int c = 0; c < 4; c++)
         mv_put_context(f, c, 3);
     kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
@@ -379,12 +373,7 @@ static void test_forget_down_node(void **state)
 static void test_unreachable_placed_node(void **state)
 {
     (void)state;
-    mv_fx_t *f = calloc(1, sizeof *f);
-    mv_master(f);
-    mv_node(f, MV_CAPACITY, 30, false);
-    mv_node(f, MV_CAPACITY, 30, false);
-    for (int i = 0; i < f->n; i++)
-        mv_wait_up(f, i);
+    mv_fx_t *f = mv_world(2, 30);
     for (int c = 0; c < 6; c++)
         mv_put_context(f, c, 2);
     kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);

@@ -52,8 +52,7 @@ static void test_rereplicate_after_grace(void **state)
     mv_node(f, MV_CAPACITY, S_GRACE_S, false);
     mv_node(f, MV_CAPACITY, S_GRACE_S, false);
     mv_node_t *victim = mv_spawn(f, KVEDGE_BIN, MV_CAPACITY, S_GRACE_S);
-    for (int i = 0; i < f->n; i++)
-        mv_wait_up(f, i);
+    mv_wait_all_up(f);
     for (int c = 0; c < S_CTX; c++)
         mv_put_context(f, c, f->n);
     kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
@@ -101,12 +100,7 @@ static void test_rereplicate_after_grace(void **state)
 static void test_gone_node_skipped(void **state)
 {
     (void)state;
-    mv_fx_t *f = calloc(1, sizeof *f);
-    mv_master(f);
-    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
-    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
-    for (int i = 0; i < f->n; i++)
-        mv_wait_up(f, i);
+    mv_fx_t *f = mv_world(2, S_GRACE_S);
     mv_put_context(f, 0, f->n);
     kt_wait_for(mv_all_replicated(f, 2, -1), KT_WAIT_MS);
     kvedge_master_dir_t d;
@@ -155,12 +149,7 @@ static void test_gone_node_skipped(void **state)
 static void test_copy_bandwidth_limit(void **state)
 {
     (void)state;
-    mv_fx_t *f = calloc(1, sizeof *f);
-    mv_master(f);
-    mv_node(f, MV_CAPACITY, 30, false); /* its movers leave it alone */
-    mv_node(f, MV_CAPACITY, 30, false);
-    for (int i = 0; i < f->n; i++)
-        mv_wait_up(f, i);
+    mv_fx_t *f = mv_world(2, 30); /* its movers leave it alone */
     uint32_t only_c1 = 0;
     mv_put_context_on(f, 0, &only_c1, 1);
     /* Its first two chunks pinned: their copies are too, the third's is not. */
@@ -228,12 +217,7 @@ static void test_copy_large_layer(void **state)
 {
     (void)state;
     enum { HEADS = 72, LAYERS = 2, TOKENS = 256, DIM = 64 };
-    mv_fx_t *f = calloc(1, sizeof *f);
-    mv_master(f);
-    mv_node(f, MV_CAPACITY, 30, false);
-    mv_node(f, MV_CAPACITY, 30, false);
-    for (int i = 0; i < f->n; i++)
-        mv_wait_up(f, i);
+    mv_fx_t *f = mv_world(2, 30);
     kvedge_model_t model = {.id = "mv-wide",
                             .layers = LAYERS,
                             .kv_heads = HEADS,
@@ -312,12 +296,7 @@ static void test_copy_large_layer(void **state)
 static void test_under_replicated_write(void **state)
 {
     (void)state;
-    mv_fx_t *f = calloc(1, sizeof *f);
-    mv_master(f);
-    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
-    mv_node(f, MV_CAPACITY, S_GRACE_S, false);
-    for (int i = 0; i < f->n; i++)
-        mv_wait_up(f, i);
+    mv_fx_t *f = mv_world(2, S_GRACE_S);
     uint32_t only_c2 = 1;
     int64_t t0 = kt_now_ms();
     mv_put_context_on(f, 0, &only_c2, 1);

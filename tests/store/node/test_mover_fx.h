@@ -181,6 +181,26 @@ static inline void mv_wait_up(mv_fx_t *f, int i)
     kt_wait_for(mv_up(f, f->nodes[i].id), KT_WAIT_MS);
 }
 
+/* Waits until the master holds every node of the fixture up. */
+static inline void mv_wait_all_up(mv_fx_t *f)
+{
+    for (int i = 0; i < f->n; i++)
+        mv_wait_up(f, i);
+}
+
+/* A fixture with its master and n in-process cloud nodes of MV_CAPACITY, grace_s, metrics
+ * off, all up. Free with mv_stop, then free(). */
+static inline mv_fx_t *mv_world(int n, uint32_t grace_s)
+{
+    mv_fx_t *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    mv_master(f);
+    for (int i = 0; i < n; i++)
+        mv_node(f, MV_CAPACITY, grace_s, false);
+    mv_wait_all_up(f);
+    return f;
+}
+
 static inline kvedge_client_t *mv_client(const char *ep)
 {
     kvedge_client_opts_t o;
