@@ -406,6 +406,18 @@ static void s_pump(kvedge_proxy_impl_t *p, s_fetch_t *f)
     }
 }
 
+static void s_issue(kvedge_proxy_impl_t *p, s_fetch_t *f);
+
+/* Whether streams the buffer cap held back may open now: room came back, or the layer to
+ * deliver next is among them (the cap never holds that one back, and the layers buffered
+ * behind it wait for it, so waiting for room would wait for the deadline). */
+static bool s_held_can_go(const kvedge_proxy_impl_t *p, const s_fetch_t *f)
+{
+    return f->held_back && f->going && !f->ended &&
+           (p->buffered < p->opts.buffer_bytes ||
+            (f->next < f->L && f->layer[f->next].state == L_QUEUED));
+}
+
 /* Queues every layer that is complete (or missed), in layer order. */
 static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
 {
@@ -468,6 +480,9 @@ static void s_deliver(kvedge_proxy_impl_t *p, s_fetch_t *f)
         f->ended = true;
         s_record(p, f, KVEDGE_OK);
     }
+    /* The new next layer may be one the cap held back (it was not next when s_issue ran). */
+    if (s_held_can_go(p, f))
+        s_issue(p, f);
     atomic_store(&p->buffered_now, p->buffered);
     s_pump(p, f);
 }
@@ -982,9 +997,8 @@ void kvedge_proxy_impl_fetch_deadlines(kvedge_proxy_impl_t *p)
                    s_watch(p, f, now)) {
             f = next;
             continue;
-        } else if (f->held_back && !f->ended && p->buffered < p->opts.buffer_bytes &&
-                   now < f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
-            s_issue(p, f); /* what the buffer cap held back: there is room now */
+        } else if (s_held_can_go(p, f) && now < f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
+            s_issue(p, f); /* what the buffer cap held back: it may go now */
         } else if (!f->ended && now >= f->deadline_ms - KVEDGE_PROXY_DEADLINE_MARGIN_MS) {
             for (uint32_t i = f->next; i < f->L; i++) {
                 s_layer_t *l = &f->layer[i];
@@ -1592,9 +1606,8 @@ static void s_fetch_go(kvedge_proxy_impl_t *p, s_fetch_t *f)
  * for its deadline. */
 static void s_issue_held(kvedge_proxy_impl_t *p)
 {
-    for (s_fetch_t *f = zlistx_first(p->fetches); f && p->buffered < p->opts.buffer_bytes;
-         f = zlistx_next(p->fetches))
-        if (f->going && !f->ended && f->held_back)
+    for (s_fetch_t *f = zlistx_first(p->fetches); f; f = zlistx_next(p->fetches))
+        if (s_held_can_go(p, f))
             s_issue(p, f);
 }
 

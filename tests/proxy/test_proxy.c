@@ -63,6 +63,7 @@ typedef struct {
 
 /* Nodes started with a metrics endpoint on a free loopback port (the monitoring test). */
 static bool s_with_metrics;
+static uint64_t s_buffer_bytes; /* the proxy's buffer cap; 0: its default */
 
 static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
                          const char *master, const char *pub)
@@ -218,6 +219,8 @@ static kvedge_proxy_t *s_proxy_snap(const char *root, kvedge_proxy_source_t *src
     po.master_pub = pub;
     po.snapshot = snapshot;
     po.metrics = s_with_metrics ? "127.0.0.1:0" : NULL;
+    if (s_buffer_bytes)
+        po.buffer_bytes = s_buffer_bytes;
     char why[256];
     kvedge_proxy_t *p = NULL;
     if (kvedge_proxy_start(&po, &p, why, sizeof why) != 0)
@@ -733,6 +736,72 @@ static void test_cloud_killed_mid_request(void **state)
     s_rmrf(root);
 }
 
+/* The buffer cap never holds back the layer to deliver next. Here a frozen source (SIGSTOP
+ * before the request: the proxy still plans with it) had the first layers, the other source
+ * the rest, already buffered behind them under a one-byte cap; the frozen source fails by its
+ * silence and its layers move to the other one, which must be asked for each in turn as it
+ * becomes the next to deliver, though the buffer never drains below the cap. */
+static void test_failover_under_a_full_buffer(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    char aep[350], bep[350];
+    snprintf(aep, sizeof aep, "ipc://%s/a.sock", root);
+    snprintf(bep, sizeof bep, "ipc://%s/b.sock", root);
+    pid_t a = s_spawn_cloud(root, aep);
+    kt_ctx_put(&s_ctx, aep, 0, S_LAYERS, false);
+    s_node_t b;
+    s_node_start(&b, root, "b", KVEDGE_ROLE_EDGE, NULL, NULL);
+    kt_ctx_put(&s_ctx, b.ep, 0, S_LAYERS, false);
+    kvedge_proxy_source_t src[2];
+    char spec[600];
+    snprintf(spec, sizeof spec, "peer pa %s bw=125000000 rtt=1000", aep);
+    s_source(&src[0], spec);
+    snprintf(spec, sizeof spec, "cloud cb %s bw=125000000 rtt=1000", bep);
+    s_source(&src[1], spec);
+    char pep[350];
+    s_buffer_bytes = 1;
+    kvedge_proxy_t *p = s_proxy(root, src, 2, NULL, NULL, pep, sizeof pep);
+    s_buffer_bytes = 0;
+    assert_int_equal(kvedge_proxy_wait_sources(p, 2, 5000), 0);
+
+    assert_int_equal(kill(a, SIGSTOP), 0);
+    s_result_t r;
+    double ms = s_fetch(pep, 20000, &r, 0);
+    kill(a, SIGKILL);
+    waitpid(a, NULL, 0);
+    int ia = s_src_index(&r.plan, "pa"), ib = s_src_index(&r.plan, "cb");
+    assert_true(ia >= 0 && ib >= 0);
+    uint32_t on_a = 0, first_b = S_LAYERS;
+    for (uint32_t l = 0; l < r.plan.layers; l++) {
+        on_a += r.plan.layer[l].source == ia;
+        if (r.plan.layer[l].source == ib && first_b == S_LAYERS)
+            first_b = l;
+    }
+    printf("plan: %u layers on the frozen source, the other's from layer %u\n", on_a, first_b);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, S_LAYERS);
+    assert_int_equal(r.mismatches, 0);
+    uint32_t fell_back = 0;
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        if (r.layer[l].status != 0)
+            fail_msg("layer %u not delivered (%s)", l, kvedge_fetch_reason_name(r.layer[l].reason));
+        assert_string_equal(r.layer[l].source_name, "cb");
+        fell_back += r.layer[l].reason == KVEDGE_FETCH_FALLBACK_FAILED;
+    }
+    /* The shape that needs it: at least two layers moved, with the other source's planned
+     * layers after them. */
+    assert_true(on_a >= 2);
+    assert_true(first_b > 1 && first_b < S_LAYERS);
+    assert_int_equal(fell_back, on_a);
+    printf("frozen source: its %u layers from the other one under a full buffer, in %.0f ms\n",
+           fell_back, ms);
+    kvedge_proxy_destroy(&p);
+    s_node_stop(&b);
+    s_rmrf(root);
+}
+
 /* Every source down: each layer comes back as a miss, within the deadline, never a hang. */
 static void test_all_sources_down_misses(void **state)
 {
@@ -1154,6 +1223,7 @@ int main(void)
         cmocka_unit_test(test_partial_layer_not_held),
         cmocka_unit_test(test_corrupt_block_falls_back),
         cmocka_unit_test(test_cloud_killed_mid_request),
+        cmocka_unit_test(test_failover_under_a_full_buffer),
         cmocka_unit_test(test_all_sources_down_misses),
         cmocka_unit_test(test_master_restart_resync),
         cmocka_unit_test(test_master_down_at_start_uses_snapshot),

@@ -322,6 +322,7 @@ typedef struct {
     const s_ref_t *ref;
     uint32_t blocks, mismatches, layers, delivered;
     char source[S_LAYERS][64];
+    char why[S_LAYERS * 48]; /* each layer not delivered: "L:reason(status) " */
 } s_fetch_t;
 
 static void s_f_plan(void *ctx, const kvedge_fetch_plan_t *plan)
@@ -349,6 +350,11 @@ static void s_f_layer(void *ctx, const kvedge_fetch_layer_t *l)
         snprintf(f->source[l->layer], sizeof f->source[0], "%s", l->source_name);
     f->layers++;
     f->delivered += l->status == 0;
+    if (l->status != 0) {
+        size_t at = strlen(f->why);
+        snprintf(f->why + at, sizeof f->why - at, "%u:%s(%d) ", l->layer,
+                 kvedge_fetch_reason_name(l->reason), l->status);
+    }
 }
 
 /* FETCH of every layer of p's context through the proxy at pep, each block compared. */
@@ -479,17 +485,29 @@ typedef struct {
     s_sync_t sync;
     s_world_t *w;
     kvedge_fetch_plan_t plan;
-    int killed;            /* the node index killed mid-request, -1 before */
-    uint32_t killed_after; /* the layer whose delivery set it off */
+    int victim;         /* the node frozen before the request and killed at its plan; -1 none */
+    uint32_t on_victim; /* layers the plan put on it */
     uint32_t blocks, mismatches, delivered, fell_back;
     char source[KT_CTX_LAYERS][64];
     char why[KT_CTX_LAYERS * 40]; /* each layer not delivered: "L:reason " */
 } s_big_fetch_t;
 
+/* The plan arrives before any block: the victim, frozen (SIGSTOP) since before the request,
+ * has served none of it; it is SIGKILLed now, with every layer the plan put on it still to
+ * serve. (Killing it after its first layer instead races the proxy, which reads a source's
+ * layers as far ahead as its window and the client's credit allow.) */
 static void s_b_plan(void *ctx, const kvedge_fetch_plan_t *plan)
 {
     s_big_fetch_t *f = ctx;
     f->plan = *plan;
+    if (f->victim < 0)
+        return;
+    for (uint32_t l = 0; l < plan->layers && l < KT_CTX_LAYERS; l++) {
+        int s = plan->layer[l].source;
+        f->on_victim += s >= 0 && (uint32_t)s < plan->nsources &&
+                        strcmp(plan->source[s].name, s_ids[f->victim]) == 0;
+    }
+    kill(f->w->pid[f->victim], SIGKILL);
 }
 
 static void s_b_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source, int status,
@@ -503,12 +521,6 @@ static void s_b_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int
         f->mismatches++;
 }
 
-/* Layers a source may have in flight ahead of the client (the proxy's window, at least 2)
- * and the one buffered: a source killed now still had layers this far on to serve. */
-#define S_KILL_AHEAD 4
-
-/* After a layer, the first time the plan still has a layer at least S_KILL_AHEAD further on
- * from the same source: SIGKILL that source, mid-request. */
 static void s_b_layer(void *ctx, const kvedge_fetch_layer_t *l)
 {
     s_big_fetch_t *f = ctx;
@@ -521,27 +533,16 @@ static void s_b_layer(void *ctx, const kvedge_fetch_layer_t *l)
         snprintf(f->why + at, sizeof f->why - at, "%u:%s ", l->layer,
                  kvedge_fetch_reason_name(l->reason));
     }
-    bool later = false;
-    for (uint32_t j = l->layer + S_KILL_AHEAD; f->killed < 0 && j < KT_CTX_LAYERS; j++) {
-        int s = f->plan.layer[j].source;
-        later |= s >= 0 && (uint32_t)s < f->plan.nsources &&
-                 strcmp(f->plan.source[s].name, l->source_name) == 0;
-    }
-    for (int i = 0; later && i < S_NODES; i++)
-        if (strcmp(s_ids[i], l->source_name) == 0 && f->w->pid[i] > 0) {
-            kill(f->w->pid[i], SIGKILL);
-            f->killed = i;
-            f->killed_after = l->layer;
-        }
 }
 
-/* FETCH of s_big through the proxy; a source is SIGKILLed mid-request (s_b_layer). Returns
- * the node killed. */
-static int s_fetch_big_kill(s_world_t *w, const char *pep, s_big_fetch_t *f)
+/* FETCH of s_big through the proxy. victim >= 0: that node is frozen just before the request
+ * (the proxy still counts it up and plans with it) and killed when the plan arrives; it is
+ * reaped after. */
+static void s_fetch_big(s_world_t *w, const char *pep, int victim, s_big_fetch_t *f)
 {
     memset(f, 0, sizeof *f);
     f->w = w;
-    f->killed = -1;
+    f->victim = victim;
     kvedge_fetch_req_t req;
     kvedge_fetch_req_default(&req);
     req.model_id = KT_CTX_MODEL;
@@ -549,18 +550,20 @@ static int s_fetch_big_kill(s_world_t *w, const char *pep, s_big_fetch_t *f)
     req.n = 2;
     req.layers = KT_CTX_LAYERS;
     req.tokens = 2 * KT_CTX_TOKENS;
-    /* The proxy finds a killed source by its silence: a stream's window is STALL_FACTOR times
+    /* The proxy finds a dead source by its silence: a stream's window is STALL_FACTOR times
      * its expected time (round trip at the link's measured RTO included), and a loaded runner
      * inflates the RTO to seconds, so the layers in flight on the dead node may wait several
      * windows before they move. A deadline that leaves room for that: what is checked is
      * where the layers come from, not how fast the silence is judged. */
     req.deadline_ms = 30000;
+    if (victim >= 0)
+        assert_int_equal(kill(w->pid[victim], SIGSTOP), 0);
     s_run_fetch(pep, &req, (kvedge_fetch_cbs_t){s_b_plan, s_b_block, s_b_layer, NULL}, f);
-    if (f->killed >= 0) {
-        waitpid(w->pid[f->killed], NULL, 0);
-        w->pid[f->killed] = -1;
+    if (victim >= 0) {
+        kill(w->pid[victim], SIGKILL); /* if the plan never came */
+        waitpid(w->pid[victim], NULL, 0);
+        w->pid[victim] = -1;
     }
-    return f->killed;
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -649,8 +652,9 @@ static void test_prefill_to_the_placement(void **state)
         s_fetch_t f;
         s_fetch(pep, &p[k], &ref[k], &f);
         if (f.sync.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
-            fail_msg("context %d: status %d, %u mismatches, %u of %u layers delivered", k,
-                     f.sync.status, f.mismatches, f.delivered, S_LAYERS);
+            fail_msg("context %d: status %d, %u mismatches, %u of %u layers delivered (not "
+                     "delivered: %s)",
+                     k, f.sync.status, f.mismatches, f.delivered, S_LAYERS, f.why);
         for (int l = 0; l < S_LAYERS; l++)
             if (!s_named(p[k].placed, 2, f.source[l]))
                 fail_msg("context %d layer %d from %s, not a replica (%s, %s)", k, l, f.source[l],
@@ -678,8 +682,8 @@ static void test_prefill_to_the_placement(void **state)
         s_fetch(pep2, &p[k], &ref[k], &f);
         if (f.sync.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
             fail_msg("context %d via the shaped proxy: status %d, %u mismatches, %u of %u "
-                     "layers",
-                     k, f.sync.status, f.mismatches, f.delivered, S_LAYERS);
+                     "layers (not delivered: %s)",
+                     k, f.sync.status, f.mismatches, f.delivered, S_LAYERS, f.why);
         bool c1 = s_named(p[k].placed, 2, "c1");
         with_c1 += c1;
         for (int l = 0; l < S_LAYERS; l++)
@@ -692,8 +696,8 @@ static void test_prefill_to_the_placement(void **state)
     assert_true(with_c1 > 0);
     kvedge_proxy_destroy(&px2);
 
-    /* Mid-request: a replica serving the big context is SIGKILLed with layers still to serve;
-     * they come from its other replica, bit-exact, none computed. */
+    /* Mid-request: a replica the request's plan counts on dies with every layer planned on it
+     * still to serve; they come from its other replica, bit-exact, none computed. */
     static s_prefill_t bigp;
     bigp.n_chunks = 2;
     bigp.n_placed = 2;
@@ -703,26 +707,45 @@ static void test_prefill_to_the_placement(void **state)
     kt_wait_until(s_dir_has, &bd, KT_WAIT_MS);
     assert_int_equal(kvedge_proxy_wait_view(px, kvedge_master_seq(w.master), KT_WAIT_MS),
                      KVEDGE_OK);
+    /* The replica the proxy plans the most layers on, from a first fetch: it is the victim. */
     s_big_fetch_t bf;
-    int victim = s_fetch_big_kill(&w, pep, &bf);
+    s_fetch_big(&w, pep, -1, &bf);
+    if (bf.sync.status != 0 || bf.mismatches != 0 || bf.delivered != KT_CTX_LAYERS)
+        fail_msg("the big context: status %d, %u mismatches, %u of %u layers (not delivered: %s)",
+                 bf.sync.status, bf.mismatches, bf.delivered, KT_CTX_LAYERS, bf.why);
+    uint32_t planned[2] = {0, 0};
+    for (int l = 0; l < KT_CTX_LAYERS; l++)
+        for (int r = 0; r < 2; r++)
+            planned[r] += strcmp(bf.source[l], big_placed[r]) == 0;
+    assert_int_equal(planned[0] + planned[1], KT_CTX_LAYERS);
+    int vr = planned[1] > planned[0];
+    const char *vname = big_placed[vr];
+    int victim = -1;
+    for (int i = 0; i < S_NODES; i++)
+        if (strcmp(s_ids[i], vname) == 0)
+            victim = i;
     assert_true(victim >= 0);
-    assert_true(s_named(big_placed, 2, s_ids[victim]));
+
+    s_fetch_big(&w, pep, victim, &bf);
     if (bf.sync.status != 0 || bf.mismatches != 0 || bf.delivered != KT_CTX_LAYERS ||
         bf.blocks != KT_CTX_LAYERS * 2 * KT_CTX_HEADS)
         fail_msg("%s killed mid-request: status %d, %u mismatches, %u of %u layers, %u blocks "
                  "(not delivered: %s)",
-                 s_ids[victim], bf.sync.status, bf.mismatches, bf.delivered, KT_CTX_LAYERS,
-                 bf.blocks, bf.why);
-    uint32_t from_other = 0;
+                 vname, bf.sync.status, bf.mismatches, bf.delivered, KT_CTX_LAYERS, bf.blocks,
+                 bf.why);
+    if (bf.on_victim == 0)
+        fail_msg("the plan put no layer on %s (it planned %u of 12 there on the first fetch)",
+                 vname, planned[vr]);
+    /* Every layer from the other replica; every one planned on the victim re-planned after
+     * its failure (none computed, none missed). */
     for (int l = 0; l < KT_CTX_LAYERS; l++) {
         assert_true(s_named(big_placed, 2, bf.source[l]));
-        from_other += strcmp(bf.source[l], s_ids[victim]) != 0;
+        assert_string_not_equal(bf.source[l], vname);
     }
-    printf("%s killed after layer %u of 12: %u layers from the other replica (%u re-planned "
-           "after the failure), all bit-exact\n",
-           s_ids[victim], bf.killed_after, from_other, bf.fell_back);
-    assert_true(from_other >= 1);
-    assert_true(bf.fell_back >= 1);
+    printf("%s killed with the request's %u layers planned on it: all 12 from the other "
+           "replica (%u re-planned after the failure), bit-exact\n",
+           vname, bf.on_victim, bf.fell_back);
+    assert_int_equal(bf.fell_back, bf.on_victim);
 
     /* Every acknowledged context is still fetched whole and bit-exact, from its other
      * replica. */
@@ -732,8 +755,8 @@ static void test_prefill_to_the_placement(void **state)
         s_fetch(pep, &p[k], &ref[k], &f);
         if (f.sync.status != 0 || f.mismatches != 0 || f.delivered != S_LAYERS)
             fail_msg("context %d after %s was killed: status %d, %u mismatches, %u of %u "
-                     "layers delivered",
-                     k, s_ids[victim], f.sync.status, f.mismatches, f.delivered, S_LAYERS);
+                     "layers delivered (not delivered: %s)",
+                     k, s_ids[victim], f.sync.status, f.mismatches, f.delivered, S_LAYERS, f.why);
         for (int l = 0; l < S_LAYERS; l++) {
             assert_true(s_named(p[k].placed, 2, f.source[l]));
             assert_string_not_equal(f.source[l], s_ids[victim]);
