@@ -13,6 +13,10 @@
  *      time for one request), so the sweep spans unloaded to saturated on any machine.
  *   C. The cloud link swept from 10 Mbit/s to 10 Gbit/s: kvedge's TTFT against the Eq. 20
  *      bound of its plan, against recomputing everything and against fetching everything.
+ *   R. (--only R; not run by default) The fixed cost of a request whose plan fetches nothing:
+ *      kvedge (the FETCH, the proxy's plan, the pipeline, every layer computed by the decoder)
+ *      against edge-only (the decoder alone), interleaved, for a context no source holds and
+ *      for a stored context behind a 1 Mbit/s link (every layer priced cheaper to compute).
  *   D. (--only D; not run by default) Repeated requests in one process: the plan's T against
  *      the TTFT, planned with the one-time calibration (kvedge_decoder_forget before each
  *      request) and with the decoder's speed learned from the requests before
@@ -21,7 +25,7 @@
  * Edges, cloud node, proxies and the emulated cloud model all share this machine's cores.
  *
  *   bench_e2e [--contexts 512,1024] [--prompt 32] [--new 16] [--runs 3] [--quick] [--out DIR]
- *             [--only ABC] [--loads 0.3,0.6,1.2,2.4 | --rates R,..] [--requests 8]
+ *             [--only ABCDLR] [--loads 0.3,0.6,1.2,2.4 | --rates R,..] [--requests 8]
  *             [--edges 2] [--no-rss] [--verbose] [--kvedge BIN] [--learn-requests 8]
  *             [--links 10mbit,100mbit,1gbit,10gbit]
  *
@@ -84,7 +88,7 @@ typedef struct {
     uint32_t prompt, max_new, runs;
     bool quick;
     const char *out;
-    bool run_a, run_b, run_c, run_d, run_l;
+    bool run_a, run_b, run_c, run_d, run_l, run_r;
     const char *shape;         /* --shape: the model shape of the synthetic weights */
     uint32_t learn_requests;   /* D: requests per series */
     const char *links;         /* C: the cloud links swept (NULL: all four) */
@@ -1387,6 +1391,78 @@ static double s_l_ttft(kvedge_e2e_mode_t mode, s_ctx_t *x, kvedge_client_t *c, u
     return bench_median(t, s_cfg.runs);
 }
 
+/* R: kvedge with nothing to fetch against edge-only, interleaved (edge-only, kvedge, ...) so a
+ * drift of the machine's speed hits both alike; one warm-up of each first. */
+static void s_run_r_case(const char *what, s_ctx_t *x, const char *rate, double bps)
+{
+    char src_spec[700], ep[400];
+    s_cloud_source(src_spec, sizeof src_spec, rate, bps, S_SWEEP_LATENCY, S_CLOUD_RTT_US);
+    const char *src[] = {src_spec};
+    pid_t px = s_proxy("proxy-r", src, 1, ep, sizeof ep);
+    kvedge_client_t *c = s_connect(ep);
+    kvedge_e2e_result_t *res = bench_alloc(sizeof *res);
+    double eo[S_MAX_RUNS], kv[S_MAX_RUNS], wait[S_MAX_RUNS], share[S_MAX_RUNS], ratio[S_MAX_RUNS];
+    uint32_t fetched = 0;
+    s_check(s_decode(KVEDGE_E2E_LOCAL, x, 0, NULL, true, 1, res), "edge-only warm-up");
+    s_check(s_decode(KVEDGE_E2E_KVEDGE, x, 0, c, true, 1, res), "kvedge warm-up");
+    for (uint32_t k = 0; k < s_cfg.runs; k++) {
+        s_check(s_decode(KVEDGE_E2E_LOCAL, x, 1 + k, NULL, true, 1, res), "edge-only");
+        eo[k] = res->ttft_us / 1e3;
+        s_check(s_decode(KVEDGE_E2E_KVEDGE, x, 1 + k, c, true, 1, res), "kvedge");
+        kv[k] = res->ttft_us / 1e3;
+        double busy;
+        s_busy_wait(res, &busy, &wait[k]);
+        fetched += res->fetched;
+        ratio[k] = kv[k] / eo[k];
+        share[k] = wait[k] / eo[k];
+    }
+    printf("| %s | %u | %.1f | %.1f | %.3f (%.3f-%.3f) | %.2f (%.2f-%.2f) | %.4f |\n", what,
+           fetched, bench_median(kv, s_cfg.runs), bench_median(eo, s_cfg.runs),
+           bench_median(ratio, s_cfg.runs), bench_quantile(ratio, s_cfg.runs, 0),
+           bench_quantile(ratio, s_cfg.runs, 1), bench_median(wait, s_cfg.runs),
+           bench_quantile(wait, s_cfg.runs, 0), bench_quantile(wait, s_cfg.runs, 1),
+           bench_median(share, s_cfg.runs));
+    fflush(stdout);
+    free(res);
+    s_release(&c);
+    s_stop(px);
+}
+
+static void s_run_r(void)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < s_cfg.ncontexts; i++)
+        n = s_cfg.contexts[i] > n ? s_cfg.contexts[i] : n;
+    printf("### R. The fixed cost of a request whose plan fetches nothing\n\n"
+           "Context %u tokens, prompt %u tokens, TTFT (1 new token). kvedge: a FETCH to a fresh "
+           "edge proxy (the cloud node its only source, %s one way), recomputation priced, then "
+           "every layer computed by the decoder as the pipeline reports it missing; edge-only: "
+           "the decoder alone. Runs interleaved (edge-only, kvedge), %u pairs after one warm-up "
+           "of each; ratio: median (range) of the pairs' kvedge / edge-only TTFT. kvedge "
+           "waiting: the request's time outside the decoder's work (its start to layer 0 "
+           "known missing: the FETCH, the plan, the pipeline; then every wait for a layer), "
+           "the fixed cost itself, which the machine's noise in computing does not blur; "
+           "share: waiting / the same pair's edge-only TTFT. Goal: within 5 %% of "
+           "edge-only.\n\n",
+           n, s_cfg.prompt, S_SWEEP_LATENCY, s_cfg.runs);
+    printf("| case | layers fetched (all runs) | kvedge TTFT ms | edge-only TTFT ms | kvedge / "
+           "edge-only | kvedge waiting ms | share of edge-only |\n|---|---:|---:|---:|---|---|---:|"
+           "\n");
+    fflush(stdout);
+    /* A context no node holds: its own token stream, never put. */
+    static s_ctx_t fresh;
+    fresh.n = n;
+    fresh.tok = bench_alloc(n * sizeof *fresh.tok);
+    s_tokens(0x52ull << 32 | n, fresh.tok, n);
+    s_run_r_case("context held by no source, 1 Gbit/s link", &fresh, "1gbit", 1e9);
+    s_ctx_t *x = s_context(n);
+    s_on_cloud(x);
+    s_run_r_case("context on the cloud node behind 1 Mbit/s", x, "1mbit", 1e6);
+    free(fresh.tok);
+    fresh.tok = NULL;
+    printf("\n");
+}
+
 /* kvedge TTFT through a fresh proxy whose one source is the node at ep behind link i. */
 static double s_l_kvedge(s_ctx_t *x, const char *ep, size_t i, uint32_t mix[5],
                          kvedge_e2e_result_t *res)
@@ -1632,6 +1708,7 @@ static void s_options(int argc, char **argv, bool *child, int *child_arg)
             s_cfg.run_c = strchr(optarg, 'C') || strchr(optarg, 'c');
             s_cfg.run_d = strchr(optarg, 'D') || strchr(optarg, 'd');
             s_cfg.run_l = strchr(optarg, 'L') || strchr(optarg, 'l');
+            s_cfg.run_r = strchr(optarg, 'R') || strchr(optarg, 'r');
             break;
         case O_RATES:
         case O_LOADS:
@@ -1767,6 +1844,8 @@ int main(int argc, char **argv)
         s_run_d();
     if (s_cfg.run_l)
         s_run_l();
+    if (s_cfg.run_r)
+        s_run_r();
     printf("bench_e2e: %.0f s in all; data files in %s\n", bench_now_s() - t_start, s_cfg.out);
     s_cleanup();
     for (size_t i = 0; i < S_MAX_CONTEXTS; i++)
