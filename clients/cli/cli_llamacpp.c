@@ -51,16 +51,14 @@ static void s_run_free(s_run_t *r)
 static int s_tokenize(const s_run_t *r, const char *flag, const char *text, size_t len,
                       int32_t **out, uint32_t *n)
 {
-    const struct llama_vocab *v = llama_model_get_vocab(r->model);
     if (len > INT32_MAX / 2) {
         kvedge_cli_error("%s: %s is too long", r->a->cmd, flag);
         return KVEDGE_EXIT_USAGE;
     }
-    int32_t cap = (int32_t)len + 2;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    int32_t got =
-        ids ? llama_tokenize(v, text, (int32_t)len, ids, cap, false, r->a->special) : INT32_MIN;
-    if (got < 0) {
+    size_t cap = len + 2, got = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids || kvedge_llamacpp_tokenize(r->model, text, len, false, r->a->special, ids, cap,
+                                         &got) != KVEDGE_OK) {
         free(ids);
         kvedge_cli_error("%s: %s cannot be tokenized with the GGUF's vocabulary", r->a->cmd, flag);
         return KVEDGE_EXIT_FAILURE;

@@ -420,6 +420,26 @@ int kvedge_llamacpp_context_params(uint32_t n_cells, uint32_t n_seq, uint32_t th
     return KVEDGE_OK;
 }
 
+int kvedge_llamacpp_tokenize(const struct llama_model *model, const char *text, size_t len,
+                             bool add_special, bool parse_special, int32_t *out, size_t cap,
+                             size_t *n)
+{
+    if (!model || (!text && len) || !n || (!out && cap) || len > INT32_MAX / 2)
+        return KVEDGE_EINVAL;
+    const struct llama_vocab *v = llama_model_get_vocab(model);
+    int32_t max = cap > INT32_MAX ? INT32_MAX : (int32_t)cap;
+    int32_t got =
+        llama_tokenize(v, text ? text : "", (int32_t)len, out, max, add_special, parse_special);
+    if (got == INT32_MIN)
+        return KVEDGE_EINVAL;
+    if (got < 0) {
+        *n = (size_t) - (int64_t)got;
+        return KVEDGE_ENOSPACE;
+    }
+    *n = (size_t)got;
+    return KVEDGE_OK;
+}
+
 int kvedge_llamacpp_generate(struct llama_context *ctx, int32_t seq, int32_t pos, uint32_t max_new,
                              int32_t *gen, double *first_us)
 {

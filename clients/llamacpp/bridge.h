@@ -105,6 +105,15 @@ void kvedge_llamacpp_backend_init(void);
 int kvedge_llamacpp_context_params(uint32_t n_cells, uint32_t n_seq, uint32_t threads, int type,
                                    struct llama_context_params *out);
 
+/* Text (len bytes) to token ids with model's own vocabulary (llama_tokenize): add_special adds
+ * the BOS / EOS the vocabulary asks for, parse_special reads special tokens written in the text
+ * as their ids. At most cap ids into out; *n gets how many the text has. Errors: KVEDGE_EINVAL
+ * (NULL, a text of over INT32_MAX / 2 bytes, one llama.cpp cannot tokenize), KVEDGE_ENOSPACE
+ * (more than cap ids: *n says how many; out is not written). */
+int kvedge_llamacpp_tokenize(const struct llama_model *model, const char *text, size_t len,
+                             bool add_special, bool parse_special, int32_t *out, size_t cap,
+                             size_t *n);
+
 /* Greedy generation on sequence seq of ctx, whose last llama_decode left the logits of its
  * last token: max_new tokens into gen, token g the arg-max of the logits, decoded at position
  * pos + g when another follows (the last one is not decoded). first_us (may be NULL): the

@@ -172,6 +172,34 @@ void *kvedge_llamacpp_engine_context(kvedge_llamacpp_engine_t *e)
     return e ? e->ctx : NULL;
 }
 
+int kvedge_llamacpp_engine_tokenize(const kvedge_llamacpp_engine_t *e, const char *text, size_t len,
+                                    bool add_special, bool parse_special, int32_t *out, size_t cap,
+                                    size_t *n)
+{
+    if (!e)
+        return KVEDGE_EINVAL;
+    return kvedge_llamacpp_tokenize(e->model, text, len, add_special, parse_special, out, cap, n);
+}
+
+int kvedge_llamacpp_engine_detokenize(const kvedge_llamacpp_engine_t *e, const int32_t *tokens,
+                                      uint32_t n, bool special, char *out, size_t cap, size_t *len)
+{
+    if (!e || (!tokens && n) || (!out && cap) || !len || n > INT32_MAX)
+        return KVEDGE_EINVAL;
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= e->vocab)
+            return KVEDGE_EINVAL;
+    int32_t max = cap > INT32_MAX ? INT32_MAX : (int32_t)cap;
+    int32_t got = llama_detokenize(llama_model_get_vocab(e->model), tokens, (int32_t)n, out, max,
+                                   false, special);
+    if (got < 0) {
+        *len = (size_t) - (int64_t)got;
+        return KVEDGE_ENOSPACE;
+    }
+    *len = (size_t)got;
+    return KVEDGE_OK;
+}
+
 int kvedge_llamacpp_engine_check(const kvedge_llamacpp_engine_t *e, const kvedge_model_t *m,
                                  char *why, size_t why_len)
 {

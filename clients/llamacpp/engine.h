@@ -78,6 +78,20 @@ uint32_t kvedge_llamacpp_engine_n_ctx(const kvedge_llamacpp_engine_t *e);
  * itself with the same libllama; owned by the engine. NULL for a NULL engine. */
 void *kvedge_llamacpp_engine_context(kvedge_llamacpp_engine_t *e);
 
+/* Text (len bytes) to token ids with the GGUF's vocabulary (kvedge_llamacpp_tokenize): at most
+ * cap ids into out, *n how many the text has. Errors: KVEDGE_EINVAL (NULL, a text llama.cpp
+ * cannot tokenize), KVEDGE_ENOSPACE (more than cap: *n says how many). */
+int kvedge_llamacpp_engine_tokenize(const kvedge_llamacpp_engine_t *e, const char *text, size_t len,
+                                    bool add_special, bool parse_special, int32_t *out, size_t cap,
+                                    size_t *n);
+
+/* Token ids to text (llama_detokenize; special: special tokens written out, else left out):
+ * at most cap bytes into out, not NUL-terminated; *len how many the text has. Errors:
+ * KVEDGE_EINVAL (NULL, an id outside the vocabulary), KVEDGE_ENOSPACE (more than cap bytes:
+ * *len says how many). */
+int kvedge_llamacpp_engine_detokenize(const kvedge_llamacpp_engine_t *e, const int32_t *tokens,
+                                      uint32_t n, bool special, char *out, size_t cap, size_t *len);
+
 /* The model check: 0 when the kvedge record m describes the engine's GGUF (layers, KV heads,
  * head dim, rotary fingerprint); KVEDGE_ESHAPE with why naming the first field that differs,
  * KVEDGE_EINVAL for NULL. */

@@ -6,6 +6,8 @@ daemons (a master, a cloud store node, an edge proxy): the project's trained pai
  - export through Python (llama.cpp prefills, the bridge puts the blocks to the node), import
    through the proxy into a fresh engine, generate: the greedy tokens of llama.cpp recomputing
    context + prompt itself (F32 cache with lossless fp32 blocks, F16 with fp16);
+ - the example (clients/python/examples/llamacpp_roles.py): cloud, then edge with --compare;
+ - llama.cpp's tokenizer: the fixture's text gives its ids (BOS first), and back;
  - bad input: a missing GGUF, a file that is no GGUF, a model mismatch (the edge model over
    the cloud model's record: from the node, through the proxy, the check alone), token ids
    past the vocabulary, a context past n_ctx, a closed engine;
@@ -16,6 +18,7 @@ Builds libkvedge_llamacpp.so first (outside `all` unless -DKVEDGE_LLAMACPP). Exi
 fixture skipped (no llama.cpp in BUILD/llama/prefix)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,8 +56,7 @@ def gguf(size):
 
 def heldout():
     with open(os.path.join(kvtest.FIXTURES, "tokenizer", "kjv_llama_heldout.json")) as f:
-        ids = json.load(f)["ids"]
-    return ids[:CTX], ids[CTX:CTX + PROMPT]
+        return json.load(f)
 
 
 class LlamaCppTest(unittest.TestCase):
@@ -63,7 +65,9 @@ class LlamaCppTest(unittest.TestCase):
         global kvedge, llamacpp
         import kvedge
         from kvedge import llamacpp
-        cls.ctx, cls.prompt = heldout()
+        h = heldout()
+        cls.text, cls.ids = h["text"], h["ids"]
+        cls.ctx, cls.prompt = cls.ids[:CTX], cls.ids[CTX:CTX + PROMPT]
         cls.d, cls.node_ep, cls.proxy_ep = kvtest.cluster()
         cls.node = kvedge.Client(cls.node_ep, deadline_ms=20000)
         cls.proxy = kvedge.Client(cls.proxy_ep, deadline_ms=20000)
@@ -109,6 +113,45 @@ class LlamaCppTest(unittest.TestCase):
 
     def test_round_trip_f16(self):
         self.round_trip("kjv-py-f16", "f16", "fp16")
+
+    def test_example(self):
+        # clients/python/examples/llamacpp_roles.py: the cloud role over a text context, the
+        # edge role over its ids and a text prompt, with --compare.
+        ex = os.path.join(kvtest.SRC, "clients", "python", "examples", "llamacpp_roles.py")
+        text = self.text[:400]
+        text_file, ids_file = os.path.join(WORK, "example.txt"), os.path.join(WORK, "example.ids")
+        with open(text_file, "w") as f:
+            f.write(text)
+        e = self.engine("cloud", "kjv-py-example")
+        ctx = e.tokenize(text, add_special=True)
+        with open(ids_file, "w") as f:
+            f.write(" ".join(map(str, ctx)))
+        common = ["--gguf", gguf("cloud"), "--model-id", "kjv-py-example", "--chunk-tokens",
+                  str(CHUNK), "--cache", "f32", "--threads", "2"]
+        env = dict(os.environ, PYTHONPATH=os.path.join(kvtest.SRC, "clients", "python"))
+        r = subprocess.run([sys.executable, ex, "cloud", "--node", self.node_ep, "--context-file",
+                            text_file, "--scheme", "lossless", "--dtype", "fp32"] + common,
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"stored {len(ctx)} context tokens of {e.model.id}", r.stdout)
+        kvtest.wait_proxy_knows(self.proxy, kvedge.chunk_ids(ctx, e.model, CHUNK))
+        r = subprocess.run([sys.executable, ex, "edge", "--proxy", self.proxy_ep, "--context-ids",
+                            ids_file, "--prompt", "And Noah said", "--compare"] + common,
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("6 of 6 layers fetched", r.stdout)
+        self.assertIn("tokens equal: yes", r.stdout)
+        print(r.stdout)
+
+    def test_tokenize(self):
+        # llama.cpp's tokenizer over the GGUF's vocabulary gives the fixture's ids (BOS first).
+        e = self.engine("edge", "kjv-py-tok", n_ctx=16)
+        self.assertEqual(e.tokenize(self.text, add_special=True), self.ids)
+        self.assertEqual(e.detokenize(self.ids), self.text)
+        self.assertEqual(e.tokenize(""), [])
+        self.assertEqual(e.tokenize("<s>", special=True), [0])
+        with self.assertRaises(ValueError):
+            e.detokenize([e.vocab])
 
     def test_engine(self):
         e = self.engine("edge", "kjv-py-shape")

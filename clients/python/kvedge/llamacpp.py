@@ -147,6 +147,10 @@ _arch = _fn("kvedge_llamacpp_engine_arch", c_char_p, _E)
 _vocab = _fn("kvedge_llamacpp_engine_vocab", c_uint32, _E)
 _n_ctx = _fn("kvedge_llamacpp_engine_n_ctx", c_uint32, _E)
 _context = _fn("kvedge_llamacpp_engine_context", c_void_p, _E)
+_tokenize = _fn("kvedge_llamacpp_engine_tokenize", c_int, _E, c_char_p, c_size_t, c_bool, c_bool,
+                P(c_int32), c_size_t, P(c_size_t))
+_detokenize = _fn("kvedge_llamacpp_engine_detokenize", c_int, _E, P(c_int32), c_uint32, c_bool,
+                  c_char_p, c_size_t, P(c_size_t))
 _check = _fn("kvedge_llamacpp_engine_check", c_int, _E, P(_ffi.Model), c_char_p, c_size_t)
 _pos = _fn("kvedge_llamacpp_engine_pos", c_int, _E, c_int32, P(c_int32))
 _clear = _fn("kvedge_llamacpp_engine_clear", c_int, _E, c_int32)
@@ -285,6 +289,44 @@ class Engine:
             return _context(self._live("context"))
 
     # -- calls
+    def tokenize(self, text, add_special=False, special=False):
+        """Text to token ids with the GGUF's own vocabulary (llama.cpp's tokenizer):
+        add_special adds the BOS the vocabulary asks for, special reads special tokens written
+        in the text as their ids. A list of ints."""
+        b = _str_arg("text", text)
+        if b is None:
+            raise TypeError("text is required")
+        cap = len(b) + 2
+        while True:
+            out = (c_int32 * cap)()
+            n = c_size_t()
+            with self._lock:
+                rc = _tokenize(self._live("tokenize"), b, len(b), bool(add_special),
+                               bool(special), out, cap, byref(n))
+            if rc == _err.ENOSPACE and n.value > cap:
+                cap = n.value
+                continue
+            if rc != 0:
+                raise error(rc, "tokenize")
+            return list(out[:n.value])
+
+    def detokenize(self, tokens, special=False):
+        """Token ids to text (special: special tokens written out, else left out)."""
+        arr, n = _tokens_arg("tokens", tokens, self.vocab)
+        cap = 16 * n + 16
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            got = c_size_t()
+            with self._lock:
+                rc = _detokenize(self._live("detokenize"), arr, n, bool(special), buf, cap,
+                                 byref(got))
+            if rc == _err.ENOSPACE and got.value > cap:
+                cap = got.value
+                continue
+            if rc != 0:
+                raise error(rc, "detokenize")
+            return buf.raw[:got.value].decode(errors="replace")
+
     def check(self, model):
         """The model check: returns when the kvedge.Model (e.g. a store's, client.get_model)
         describes this GGUF (layers, KV heads, head dim, rotary settings); kvedge.ShapeError
