@@ -11,6 +11,8 @@ daemons (a master, a cloud store node, an edge proxy): the project's trained pai
  - bad input: a missing GGUF, a file that is no GGUF, a model mismatch (the edge model over
    the cloud model's record: from the node, through the proxy, the check alone), token ids
    past the vocabulary, a context past n_ctx, a closed engine;
+ - installed (a build configured with -DKVEDGE_LLAMACPP, else skipped): beside libkvedge.so,
+   found through _paths.py, Unavailable naming llama.cpp's libraries until the loader finds them;
  - the library: not found (kvedge.llamacpp.Unavailable listing what was tried), and a libllama
    of another version (llama_version interposed with LD_PRELOAD): Unavailable with the
    bridge's message.
@@ -123,7 +125,7 @@ class LlamaCppTest(unittest.TestCase):
         with open(text_file, "w") as f:
             f.write(text)
         e = self.engine("cloud", "kjv-py-example")
-        ctx = e.tokenize(text, add_special=True)
+        ctx = e.tokenize(text)
         with open(ids_file, "w") as f:
             f.write(" ".join(map(str, ctx)))
         common = ["--gguf", gguf("cloud"), "--model-id", "kjv-py-example", "--chunk-tokens",
@@ -260,6 +262,43 @@ class LibraryTest(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("kvedge.llamacpp.Unavailable: kvedge.llamacpp: llama.cpp 0.4.2-other: "
                       "the bridge knows the state layout of 0.5.0-dev", r.stderr)
+
+    def test_installed(self):
+        # A build configured with -DKVEDGE_LLAMACPP installs the library beside libkvedge.so and
+        # records it: found with no variable set once the loader finds libllama, Unavailable
+        # saying so before.
+        if not configured_with_llama():
+            self.skipTest("the build is not configured with -DKVEDGE_LLAMACPP")
+        tmp = tempfile.mkdtemp(prefix="kvedge-lcinst.")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        r = subprocess.run(["cmake", "--install", BUILD, "--prefix", tmp], capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(tmp, "lib", "libkvedge_llamacpp.so.1")))
+        pkgs = [dp for dp, _, files in os.walk(tmp) if "_paths.py" in files]
+        self.assertEqual(len(pkgs), 1, pkgs)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("KVEDGE_LIB", "KVEDGE_LLAMACPP_LIB", "LD_LIBRARY_PATH", "PYTHONPATH")}
+        env["PYTHONPATH"] = os.path.dirname(pkgs[0])
+        code = "import kvedge.llamacpp as l; print(l.LIB_PATH)"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, cwd=tmp)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("the bridge is there but the loader does not find llama.cpp's libraries",
+                      r.stderr)
+        env["LD_LIBRARY_PATH"] = os.path.join(PREFIX, "lib")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, cwd=tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), os.path.join(tmp, "lib", "libkvedge_llamacpp.so.1"))
+
+
+def configured_with_llama():
+    with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith("KVEDGE_LLAMACPP:PATH="):
+                return bool(line.strip().split("=", 1)[1])
+    return False
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@
         --gguf kjv-cloud.gguf --model-id kjv --context-file models/kjv/heldout.txt \\
         --prompt "And Noah said" [--max-new 16] [--compare]
 
-The context is a text file (--context-file: tokenized with the GGUF's vocabulary, its BOS
-first) or a file of token ids (--context-ids: whitespace- or comma-separated), the same on both
-sides with the same --chunk-tokens; the prompt is text (--prompt, no BOS) or ids
-(--prompt-ids 271,674). It imports the installed kvedge
+The context is a text file (--context-file: tokenized with the GGUF's vocabulary and no BOS,
+as `kvedge prefill --engine llama.cpp --file` does) or a file of token ids (--context-ids:
+whitespace- or comma-separated), the same on both sides with the same --chunk-tokens; the prompt
+is text (--prompt) or ids (--prompt-ids 271,674). It imports the installed kvedge
 package with the llama.cpp bridge (`make install` of a kvedge configured with
 -DKVEDGE_LLAMACPP=DIR); from a build tree, run it with PYTHONPATH=clients/python,
 KVEDGE_LIB=build/clients/libkvedge.so and KVEDGE_LLAMACPP_LIB=build/clients/libkvedge_llamacpp.so.
@@ -69,7 +69,7 @@ def main():
         with Engine(a.gguf, a.model_id, n_ctx=16, threads=1) as tok:
             if a.context_file:
                 with open(a.context_file) as f:
-                    ctx = tok.tokenize(f.read(), add_special=True)
+                    ctx = tok.tokenize(f.read())
             if a.prompt:
                 prompt = tok.tokenize(a.prompt)
     n_ctx = len(ctx) + len(prompt) + a.max_new
