@@ -53,6 +53,26 @@ void kvedge_llamacpp_engine_opts_default(kvedge_llamacpp_engine_opts_t *o)
     o->cache = KVEDGE_LLAMACPP_F16;
 }
 
+size_t kvedge_llamacpp_engine_sizeof(const char *type)
+{
+    static const struct {
+        const char *name;
+        size_t size;
+    } sizes[] = {
+        {"kvedge_llamacpp_engine_opts_t", sizeof(kvedge_llamacpp_engine_opts_t)},
+        {"kvedge_llamacpp_import_t", sizeof(kvedge_llamacpp_import_t)},
+        {"kvedge_llamacpp_import_stats_t", sizeof(kvedge_llamacpp_import_stats_t)},
+        {"kvedge_llamacpp_export_t", sizeof(kvedge_llamacpp_export_t)},
+        {"kvedge_llamacpp_export_stats_t", sizeof(kvedge_llamacpp_export_stats_t)},
+        {"kvedge_model_t", sizeof(kvedge_model_t)},
+        {"kvedge_chunk_id_t", sizeof(kvedge_chunk_id_t)},
+    };
+    for (size_t i = 0; type && i < sizeof sizes / sizeof sizes[0]; i++)
+        if (strcmp(type, sizes[i].name) == 0)
+            return sizes[i].size;
+    return 0;
+}
+
 int kvedge_llamacpp_engine_version(char *why, size_t why_len)
 {
     s_clear_why(why, why_len);

@@ -41,6 +41,12 @@ typedef struct {
 /* Defaults: size set, model_id NULL, n_ctx 0 (4096), one sequence, threads 0, an F16 cache. */
 void kvedge_llamacpp_engine_opts_default(kvedge_llamacpp_engine_opts_t *o);
 
+/* sizeof the named struct as this library lays it out ("kvedge_llamacpp_engine_opts_t",
+ * "kvedge_llamacpp_import_t", "kvedge_llamacpp_import_stats_t", "kvedge_llamacpp_export_t",
+ * "kvedge_llamacpp_export_stats_t", "kvedge_model_t", "kvedge_chunk_id_t"), so an FFI mirror
+ * checks its own before a call; 0 for another name or NULL. */
+size_t kvedge_llamacpp_engine_sizeof(const char *type);
+
 /* 0 when the libllama this library loaded is the llama.cpp whose state layout the bridge
  * knows; KVEDGE_EVERSION otherwise, why naming both versions. */
 int kvedge_llamacpp_engine_version(char *why, size_t why_len);

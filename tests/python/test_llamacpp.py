@@ -13,11 +13,13 @@ daemons (a master, a cloud store node, an edge proxy): the project's trained pai
    past the vocabulary, a context past n_ctx, a closed engine;
  - installed (a build configured with -DKVEDGE_LLAMACPP, else skipped): beside libkvedge.so,
    found through _paths.py, Unavailable naming llama.cpp's libraries until the loader finds them;
+ - the mirror's struct sizes against the library's (a mismatch: Unavailable);
  - the library: not found (kvedge.llamacpp.Unavailable listing what was tried), and a libllama
    of another version (llama_version interposed with LD_PRELOAD): Unavailable with the
    bridge's message.
 Builds libkvedge_llamacpp.so first (outside `all` unless -DKVEDGE_LLAMACPP). Exit 77 when the
 fixture skipped (no llama.cpp in BUILD/llama/prefix)."""
+import ctypes
 import json
 import os
 import re
@@ -240,6 +242,24 @@ class LibraryTest(unittest.TestCase):
         r = run_import(dict(os.environ))
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("libkvedge_llamacpp.so", r.stdout)
+
+    def test_layout(self):
+        # The mirror's struct sizes are the library's (checked at import), and a size the
+        # library does not know is 0.
+        from kvedge import llamacpp
+        for name, cls in llamacpp.MIRRORED.items():
+            self.assertEqual(llamacpp._sizeof(name.encode()), ctypes.sizeof(cls), name)
+        self.assertEqual(llamacpp._sizeof(b"kvedge_nothing_t"), 0)
+        self.assertEqual(llamacpp._sizeof(None), 0)
+        saved = llamacpp.MIRRORED["kvedge_llamacpp_import_stats_t"]
+        try:
+            llamacpp.MIRRORED["kvedge_llamacpp_import_stats_t"] = ctypes.c_int32
+            with self.assertRaises(llamacpp.Unavailable) as cm:
+                llamacpp._check_layout()
+        finally:
+            llamacpp.MIRRORED["kvedge_llamacpp_import_stats_t"] = saved
+        self.assertIn("kvedge_llamacpp_import_stats_t: the library's", str(cm.exception))
+        self.assertIn("this package's 4", str(cm.exception))
 
     def test_not_found(self):
         env = dict(os.environ, KVEDGE_LLAMACPP_LIB="/nonexistent/libkvedge_llamacpp.so.1")

@@ -183,6 +183,24 @@ def _check_version():
 
 _check_version()
 
+# The structs this mirror passes, by the C name the library sizes them under.
+MIRRORED = {"kvedge_llamacpp_engine_opts_t": EngineOpts, "kvedge_llamacpp_import_t": ImportReq,
+            "kvedge_llamacpp_import_stats_t": ImportStats, "kvedge_llamacpp_export_t": ExportReq,
+            "kvedge_llamacpp_export_stats_t": ExportStats, "kvedge_model_t": _ffi.Model,
+            "kvedge_chunk_id_t": _ffi.ChunkId}
+_sizeof = _fn("kvedge_llamacpp_engine_sizeof", c_size_t, c_char_p)
+
+
+def _check_layout():
+    bad = [f"{n}: the library's {_sizeof(n.encode())} bytes, this package's {ctypes.sizeof(c)}"
+           for n, c in MIRRORED.items() if _sizeof(n.encode()) != ctypes.sizeof(c)]
+    if bad:
+        raise Unavailable(f"kvedge.llamacpp: {LIB_PATH} is not the library this package "
+                          f"mirrors (install both from one build): " + "; ".join(bad))
+
+
+_check_layout()
+
 
 def _tokens_arg(name, tokens, vocab):
     """A sequence of token ids (ints, a NumPy array) as a C int32 array, each below vocab."""
