@@ -6,6 +6,7 @@ daemons (a master, a cloud store node, an edge proxy): the project's trained pai
  - export through Python (llama.cpp prefills, the bridge puts the blocks to the node), import
    through the proxy into a fresh engine, generate: the greedy tokens of llama.cpp recomputing
    context + prompt itself (F32 cache with lossless fp32 blocks, F16 with fp16);
+ - two sequences in one engine: an import into one leaves the other as it was;
  - the example (clients/python/examples/llamacpp_roles.py): cloud, then edge with --compare;
  - llama.cpp's tokenizer: the fixture's text gives its ids (BOS first), and back;
  - bad input: a missing GGUF, a file that is no GGUF, a model mismatch (the edge model over
@@ -117,6 +118,26 @@ class LlamaCppTest(unittest.TestCase):
 
     def test_round_trip_f16(self):
         self.round_trip("kjv-py-f16", "f16", "fp16")
+
+    def test_two_sequences(self):
+        # An engine of two sequences (a cache stream each): the context imported into sequence
+        # 1 gives the same tokens there, sequence 0 keeps what it held.
+        cloud = self.engine("cloud", "kjv-py-seq", "f32")
+        put = cloud.export_context(self.node, self.ctx, chunk_tokens=CHUNK, scheme="lossless",
+                                   dtype="fp32")
+        want = self.recompute(cloud)
+        kvtest.wait_proxy_knows(self.proxy, put["chain"])
+        edge = llamacpp.Engine(gguf("cloud"), "kjv-py-seq", n_ctx=512, n_seq=2, cache="f32",
+                               threads=2)
+        self.addCleanup(edge.close)
+        self.assertEqual(edge.n_ctx, 512)
+        edge.prefill(self.prompt, seq=0)
+        edge.import_context(self.proxy, self.ctx, chunk_tokens=CHUNK, seq=1)
+        self.assertEqual((edge.pos(0), edge.pos(1)), (PROMPT, CTX))
+        self.assertEqual(edge.generate(self.prompt, GEN, seq=1), want)
+        self.assertEqual(edge.pos(0), PROMPT)
+        with self.assertRaises(ValueError):
+            edge.pos(2)
 
     def test_example(self):
         # clients/python/examples/llamacpp_roles.py: the cloud role over a text context, the
