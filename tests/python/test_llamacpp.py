@@ -23,7 +23,6 @@ fixture skipped (no llama.cpp in BUILD/llama/prefix)."""
 import ctypes
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
