@@ -114,8 +114,7 @@ int kvedge_llamacpp_engine_open(const char *gguf_path, const kvedge_llamacpp_eng
         *out = NULL;
     if (!gguf_path || !o || !out || o->size != sizeof *o || !o->model_id || !o->model_id[0]) {
         s_why(why, why_len,
-              "a GGUF path, options of this library's size and a model id are "
-              "required");
+              "a GGUF path, options of this library's size and a model id are required");
         return KVEDGE_EINVAL;
     }
     int rc = kvedge_llamacpp_version_check(why, why_len);
