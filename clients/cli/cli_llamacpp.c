@@ -3,16 +3,12 @@
 #define _GNU_SOURCE
 #include "clients/cli/cli_llamacpp.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
-
-#include <ggml-backend.h>
 
 #include "access/codec/error.h"
 #include "clients/lib/kvedge.h"
@@ -21,22 +17,12 @@
 /* Most bytes of a --file read, and most tokens of a context or a prompt. */
 #define S_FILE_MAX_BYTES (64u << 20)
 #define S_TOKENS_MAX     (1u << 20)
-/* llama.cpp's threads when --threads is not given: the online CPUs, at most this many (more
- * threads than cores spin against each other: 100x slower on a loaded 2-core machine). */
-#define S_THREADS_MAX_DEFAULT 4
 
 static double s_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void s_quiet(enum ggml_log_level level, const char *text, void *arg)
-{
-    (void)arg;
-    if (level == GGML_LOG_LEVEL_ERROR)
-        fprintf(stderr, "llama.cpp: %s", text);
 }
 
 /* What one command holds: the model, its context, the tokens. */
@@ -61,45 +47,18 @@ static void s_run_free(s_run_t *r)
     free(r->ctx_ids);
 }
 
-/* llama.cpp's CPU backends, from the folder libllama was loaded from (where a llama.cpp
- * install and the prebuilt packages keep them) and GGML_BACKEND_PATH. */
-static void s_backends(void)
-{
-    static bool loaded;
-    if (loaded)
-        return;
-    loaded = true;
-    llama_log_set(s_quiet, NULL);
-    Dl_info info;
-    char dir[PATH_MAX];
-    if (dladdr((void *)llama_backend_init, &info) && info.dli_fname &&
-        strlen(info.dli_fname) < sizeof dir) {
-        snprintf(dir, sizeof dir, "%s", info.dli_fname);
-        char *slash = strrchr(dir, '/');
-        if (slash) {
-            *slash = '\0';
-            ggml_backend_load_all_from_path(dir);
-        }
-    }
-    if (ggml_backend_dev_count() == 0)
-        ggml_backend_load_all();
-    llama_backend_init();
-}
-
 /* Text to ids with the GGUF's own vocabulary. Returns an exit code. */
 static int s_tokenize(const s_run_t *r, const char *flag, const char *text, size_t len,
                       int32_t **out, uint32_t *n)
 {
-    const struct llama_vocab *v = llama_model_get_vocab(r->model);
     if (len > INT32_MAX / 2) {
         kvedge_cli_error("%s: %s is too long", r->a->cmd, flag);
         return KVEDGE_EXIT_USAGE;
     }
-    int32_t cap = (int32_t)len + 2;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    int32_t got =
-        ids ? llama_tokenize(v, text, (int32_t)len, ids, cap, false, r->a->special) : INT32_MIN;
-    if (got < 0) {
+    size_t cap = len + 2, got = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids || kvedge_llamacpp_tokenize(r->model, text, len, false, r->a->special, ids, cap,
+                                         &got) != KVEDGE_OK) {
         free(ids);
         kvedge_cli_error("%s: %s cannot be tokenized with the GGUF's vocabulary", r->a->cmd, flag);
         return KVEDGE_EXIT_FAILURE;
@@ -190,7 +149,7 @@ static int s_load(s_run_t *r)
 {
     const kvedge_cli_llamacpp_args_t *a = r->a;
     char why[KVEDGE_LLAMACPP_WHY_BYTES] = "";
-    s_backends();
+    kvedge_llamacpp_backend_init();
     if (kvedge_llamacpp_version_check(why, sizeof why) != KVEDGE_OK) {
         kvedge_cli_error("%s: %s", a->cmd, why);
         return KVEDGE_EXIT_FAILURE;
@@ -222,17 +181,15 @@ static int s_load(s_run_t *r)
 static int s_make_ctx(s_run_t *r, uint32_t n_cells)
 {
     const kvedge_cli_llamacpp_args_t *a = r->a;
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = n_cells;
-    cp.n_batch = cp.n_ubatch = n_cells < 512 ? n_cells : 512;
-    cp.n_seq_max = 1;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int32_t threads = cpus < 1                       ? 1
-                      : cpus > S_THREADS_MAX_DEFAULT ? S_THREADS_MAX_DEFAULT
-                                                     : (int32_t)cpus;
-    cp.n_threads = cp.n_threads_batch = a->threads ? (int32_t)a->threads : threads;
-    cp.type_k = cp.type_v = strcmp(a->cache, "f32") == 0 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    struct llama_context_params cp;
+    if (kvedge_llamacpp_context_params(n_cells, 1, a->threads,
+                                       strcmp(a->cache, "f32") == 0 ? KVEDGE_LLAMACPP_F32
+                                                                    : KVEDGE_LLAMACPP_F16,
+                                       &cp) != KVEDGE_OK) {
+        kvedge_cli_error("%s: a context of %u positions is not one llama.cpp can make", a->cmd,
+                         n_cells);
+        return KVEDGE_EXIT_USAGE;
+    }
     char why[KVEDGE_LLAMACPP_WHY_BYTES] = "";
     if (kvedge_llamacpp_layout(&r->mi, &cp, &r->layout, why, sizeof why) != KVEDGE_OK) {
         kvedge_cli_error("%s: %s", a->cmd, why);
@@ -367,31 +324,17 @@ int kvedge_cli_llamacpp_prefill(kvedge_cli_t *cli, const kvedge_cli_llamacpp_arg
 
 /* ---------------------------------------------------------------- decode */
 
-/* Greedy: the pick of the prompt's last logits, then one token at a time. */
+/* Greedy: the pick of the prompt's last logits, then one token at a time; ttft_ms from t0. */
 static int s_generate(s_run_t *r, int32_t *gen, double *ttft_ms, double t0)
 {
-    const uint32_t pos = r->n + r->n_prompt;
-    *ttft_ms = 0;
-    struct llama_batch b = llama_batch_init(1, 0, 1);
-    for (uint32_t g = 0; g < r->a->max_new; g++) {
-        gen[g] = kvedge_decoder_argmax(llama_get_logits_ith(r->ctx, -1), r->vocab);
-        if (g == 0)
-            *ttft_ms = s_now_ms() - t0;
-        if (g + 1 == r->a->max_new)
-            break;
-        b.token[0] = gen[g];
-        b.pos[0] = (int32_t)(pos + g);
-        b.n_seq_id[0] = 1;
-        b.seq_id[0][0] = 0;
-        b.logits[0] = 1;
-        b.n_tokens = 1;
-        if (llama_decode(r->ctx, b) != 0) {
-            llama_batch_free(b);
-            kvedge_cli_error("decode: llama.cpp's decode failed at token %u", g + 1);
-            return KVEDGE_EXIT_FAILURE;
-        }
+    double t1 = s_now_ms(), first_us = 0;
+    int rc = kvedge_llamacpp_generate(r->ctx, 0, (int32_t)(r->n + r->n_prompt), r->a->max_new, gen,
+                                      &first_us);
+    *ttft_ms = t1 - t0 + first_us / 1e3;
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("decode: llama.cpp's decode of the generated tokens failed");
+        return KVEDGE_EXIT_FAILURE;
     }
-    llama_batch_free(b);
     return KVEDGE_EXIT_OK;
 }
 

@@ -1,14 +1,20 @@
 /* The llama.cpp bridge (bridge.h): model check, import into and export from a llama.cpp
  * sequence. */
+#define _GNU_SOURCE
 #include "clients/llamacpp/bridge.h"
 
+#include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <ggml-backend.h>
 #include <gguf.h>
 
 #include "access/codec/error.h"
@@ -350,6 +356,124 @@ int kvedge_llamacpp_prefill(struct llama_context *ctx, int32_t seq, const int32_
         b.n_tokens = (int32_t)m;
         if (llama_decode(ctx, b) != 0)
             rc = KVEDGE_EIO;
+    }
+    llama_batch_free(b);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- setup and generation */
+
+static void s_log_errors(enum ggml_log_level level, const char *text, void *arg)
+{
+    (void)arg;
+    if (level == GGML_LOG_LEVEL_ERROR)
+        fprintf(stderr, "llama.cpp: %s", text);
+}
+
+static void s_backend_init_once(void)
+{
+    llama_log_set(s_log_errors, NULL);
+    Dl_info info;
+    char dir[PATH_MAX];
+    if (dladdr((void *)llama_backend_init, &info) && info.dli_fname &&
+        strlen(info.dli_fname) < sizeof dir) {
+        snprintf(dir, sizeof dir, "%s", info.dli_fname);
+        char *slash = strrchr(dir, '/');
+        if (slash) {
+            *slash = '\0';
+            ggml_backend_load_all_from_path(dir);
+        }
+    }
+    if (ggml_backend_dev_count() == 0)
+        ggml_backend_load_all();
+    llama_backend_init();
+}
+
+void kvedge_llamacpp_backend_init(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, s_backend_init_once);
+}
+
+int kvedge_llamacpp_context_params(uint32_t n_cells, uint32_t n_seq, uint32_t threads, int type,
+                                   struct llama_context_params *out)
+{
+    n_seq = n_seq ? n_seq : 1;
+    if (!out || n_cells == 0 || (uint64_t)n_cells * n_seq > KVEDGE_LLAMACPP_MAX_CELLS ||
+        n_seq > KVEDGE_LLAMACPP_MAX_STREAMS || threads > INT32_MAX ||
+        (type != KVEDGE_LLAMACPP_F32 && type != KVEDGE_LLAMACPP_F16))
+        return KVEDGE_EINVAL;
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = n_cells * n_seq;
+    cp.n_batch = cp.n_ubatch = n_cells < 512 ? n_cells : 512;
+    cp.n_seq_max = n_seq;
+    cp.kv_unified = false;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int32_t dflt = cpus < 1 ? 1
+                   : cpus > KVEDGE_LLAMACPP_THREADS_MAX_DEFAULT
+                       ? KVEDGE_LLAMACPP_THREADS_MAX_DEFAULT
+                       : (int32_t)cpus;
+    cp.n_threads = cp.n_threads_batch = threads ? (int32_t)threads : dflt;
+    cp.type_k = cp.type_v = type == KVEDGE_LLAMACPP_F32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    *out = cp;
+    return KVEDGE_OK;
+}
+
+int kvedge_llamacpp_tokenize(const struct llama_model *model, const char *text, size_t len,
+                             bool add_special, bool parse_special, int32_t *out, size_t cap,
+                             size_t *n)
+{
+    if (!model || (!text && len) || !n || (!out && cap) || len > INT32_MAX / 2)
+        return KVEDGE_EINVAL;
+    const struct llama_vocab *v = llama_model_get_vocab(model);
+    int32_t max = cap > INT32_MAX ? INT32_MAX : (int32_t)cap;
+    int32_t got =
+        llama_tokenize(v, text ? text : "", (int32_t)len, out, max, add_special, parse_special);
+    if (got == INT32_MIN)
+        return KVEDGE_EINVAL;
+    if (got < 0) {
+        *n = (size_t) - (int64_t)got;
+        return KVEDGE_ENOSPACE;
+    }
+    *n = (size_t)got;
+    return KVEDGE_OK;
+}
+
+int kvedge_llamacpp_generate(struct llama_context *ctx, int32_t seq, int32_t pos, uint32_t max_new,
+                             int32_t *gen, double *first_us)
+{
+    if (first_us)
+        *first_us = 0;
+    if (!ctx || seq < 0 || pos < 0 || (max_new && !gen) || (uint64_t)pos + max_new > INT32_MAX)
+        return KVEDGE_EINVAL;
+    const uint64_t t0 = s_now_us();
+    const int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(ctx)));
+    struct llama_batch b = llama_batch_init(1, 0, 1);
+    if (!b.token)
+        return KVEDGE_ENOMEM;
+    int rc = KVEDGE_OK;
+    for (uint32_t g = 0; g < max_new; g++) {
+        const float *logits = llama_get_logits_ith(ctx, -1);
+        if (!logits) { /* nothing decoded yet */
+            rc = KVEDGE_EINVAL;
+            break;
+        }
+        gen[g] = kvedge_decoder_argmax(logits, (uint32_t)vocab);
+        if (g == 0 && first_us)
+            *first_us = s_since(t0);
+        if (g + 1 == max_new)
+            break;
+        b.token[0] = gen[g];
+        b.pos[0] = pos + (int32_t)g;
+        b.n_seq_id[0] = 1;
+        b.seq_id[0][0] = seq;
+        b.logits[0] = 1;
+        b.n_tokens = 1;
+        if (llama_decode(ctx, b) != 0) {
+            rc = KVEDGE_EIO;
+            break;
+        }
     }
     llama_batch_free(b);
     return rc;

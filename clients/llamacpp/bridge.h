@@ -86,6 +86,42 @@ int kvedge_llamacpp_layout(const kvedge_llamacpp_model_t *mi, const struct llama
 int kvedge_llamacpp_prefill(struct llama_context *ctx, int32_t seq, const int32_t *tokens,
                             uint32_t n, int32_t pos0);
 
+/* Once per process, on any thread: llama.cpp's log set to print only its errors (on stderr, as
+ * "llama.cpp: ..."), its CPU backends loaded from the folder libllama was loaded from (where a
+ * llama.cpp install and the prebuilt packages keep them) and from GGML_BACKEND_PATH, and
+ * llama_backend_init. Call before loading a model. */
+void kvedge_llamacpp_backend_init(void);
+
+/* llama.cpp's threads when none are asked for: the online CPUs, at most this many (more
+ * threads than cores spin against each other: 100x slower on a loaded 2-core machine). */
+#define KVEDGE_LLAMACPP_THREADS_MAX_DEFAULT 4
+
+/* Context parameters the bridge knows the layout of: n_seq sequences (0 = 1) of n_cells
+ * positions each (n_seq 1: one stream; more: a stream per sequence), batches of at most 512,
+ * threads (0 = the online CPUs, at most KVEDGE_LLAMACPP_THREADS_MAX_DEFAULT), a cache of type
+ * (KVEDGE_LLAMACPP_F32 / _F16, K and V alike), flash attention stated DISABLED (V
+ * transposed). Errors: KVEDGE_EINVAL (NULL out, n_cells 0, n_cells * n_seq over
+ * KVEDGE_LLAMACPP_MAX_CELLS, another type). */
+int kvedge_llamacpp_context_params(uint32_t n_cells, uint32_t n_seq, uint32_t threads, int type,
+                                   struct llama_context_params *out);
+
+/* Text (len bytes) to token ids with model's own vocabulary (llama_tokenize): add_special adds
+ * the BOS / EOS the vocabulary asks for, parse_special reads special tokens written in the text
+ * as their ids. At most cap ids into out; *n gets how many the text has. Errors: KVEDGE_EINVAL
+ * (NULL, a text of over INT32_MAX / 2 bytes, one llama.cpp cannot tokenize), KVEDGE_ENOSPACE
+ * (more than cap ids: *n says how many; out is not written). */
+int kvedge_llamacpp_tokenize(const struct llama_model *model, const char *text, size_t len,
+                             bool add_special, bool parse_special, int32_t *out, size_t cap,
+                             size_t *n);
+
+/* Greedy generation on sequence seq of ctx, whose last llama_decode left the logits of its
+ * last token: max_new tokens into gen, token g the arg-max of the logits, decoded at position
+ * pos + g when another follows (the last one is not decoded). first_us (may be NULL): the
+ * microseconds from the call to the first token. Errors: KVEDGE_EINVAL, KVEDGE_ENOMEM,
+ * KVEDGE_EIO (llama_decode failed; gen holds the tokens before it). */
+int kvedge_llamacpp_generate(struct llama_context *ctx, int32_t seq, int32_t pos, uint32_t max_new,
+                             int32_t *gen, double *first_us);
+
 /* An import: which context to fetch and from where. */
 typedef struct {
     size_t size;                 /* sizeof(kvedge_llamacpp_import_t): _default sets it */
