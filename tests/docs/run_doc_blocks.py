@@ -87,7 +87,7 @@ def port_taken(host, port):
 
 def prerequisites(text):
     """Why the blocks cannot run here, or None."""
-    for tool in ("bash", "curl"):
+    for tool in ("bash", "curl", "etcd", "etcdctl"):
         if tool in ("bash",) or re.search(r"\b%s\b" % tool, text):
             if not shutil.which(tool):
                 return f"{tool} is not installed"
@@ -96,6 +96,9 @@ def prerequisites(text):
         ports.add(("0.0.0.0" if host == "0.0.0.0" else host, int(port)))
     for port in re.findall(r"\b127\.0\.0\.1:(\d+)/", text):  # metrics endpoints a block reads
         ports.add(("127.0.0.1", int(port)))
+    for port in re.findall(r"--metrics 127\.0\.0\.1:(\d+)", text):
+        if port != "0":
+            ports.add(("127.0.0.1", int(port)))
     if "clients/python/examples/" in text:
         py = "/usr/bin/python3"
         if subprocess.run([py, "-c", "import numpy, torch"], capture_output=True).returncode:
