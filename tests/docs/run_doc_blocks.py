@@ -22,7 +22,8 @@ usage: run_doc_blocks.py [--timeout S] REPO BUILD_DIR [FILE...]
                                   (FILE relative to REPO; default README.md; S per file, 540)
        run_doc_blocks.py --list REPO [FILE...]       (print the blocks and what happens to them)
 Exit 0 when every block ran and succeeded, 1 when one failed (its file and line named, with the
-shell's output), 77 when a prerequisite is missing (the kvedge binary, bash, curl, a TCP port a
+shell's output), 77 when a prerequisite is missing (the kvedge binary, bash; curl, etcd, etcdctl
+or jq where a block uses them; a TCP port a
 block binds or polls that something else holds, NumPy and PyTorch in /usr/bin/python3 for a
 block that runs the Python package's examples)."""
 import os
@@ -87,7 +88,7 @@ def port_taken(host, port):
 
 def prerequisites(text):
     """Why the blocks cannot run here, or None."""
-    for tool in ("bash", "curl", "etcd", "etcdctl"):
+    for tool in ("bash", "curl", "etcd", "etcdctl", "jq"):
         if tool in ("bash",) or re.search(r"\b%s\b" % tool, text):
             if not shutil.which(tool):
                 return f"{tool} is not installed"
