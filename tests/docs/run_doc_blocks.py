@@ -23,9 +23,8 @@ usage: run_doc_blocks.py [--timeout S] REPO BUILD_DIR [FILE...]
        run_doc_blocks.py --list REPO [FILE...]       (print the blocks and what happens to them)
 Exit 0 when every block ran and succeeded, 1 when one failed (its file and line named, with the
 shell's output), 77 when a prerequisite is missing (the kvedge binary, bash; curl, etcd, etcdctl
-or jq where a block uses them; a TCP port a
-block binds or polls that something else holds, NumPy and PyTorch in /usr/bin/python3 for a
-block that runs the Python package's examples)."""
+or jq where a block uses them; a TCP port a block binds or polls that something else holds;
+NumPy and PyTorch in /usr/bin/python3 for a block that runs the Python package's examples)."""
 import os
 import re
 import shutil
