@@ -92,7 +92,8 @@ def prerequisites(text):
             if not shutil.which(tool):
                 return f"{tool} is not installed"
     ports = set()
-    for host, port in re.findall(r"--(?:bind|pub) tcp://([0-9.]+):(\d+)", text):
+    # (a port the shell computes, 740$((4 + i)), is not one to check)
+    for host, port in re.findall(r"--(?:bind|pub) tcp://([0-9.]+):(\d+)\b(?!\$)", text):
         ports.add(("0.0.0.0" if host == "0.0.0.0" else host, int(port)))
     for port in re.findall(r"\b127\.0\.0\.1:(\d+)/", text):  # metrics endpoints a block reads
         ports.add(("127.0.0.1", int(port)))
