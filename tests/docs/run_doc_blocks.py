@@ -24,7 +24,7 @@ usage: run_doc_blocks.py [--timeout S] REPO BUILD_DIR [FILE...]
 Exit 0 when every block ran and succeeded, 1 when one failed (its file and line named, with the
 shell's output), 77 when a prerequisite is missing (the kvedge binary, bash; curl, etcd, etcdctl
 or jq where a block uses them; a TCP port a block binds or polls that something else holds;
-NumPy and PyTorch in /usr/bin/python3 for a block that runs the Python package's examples)."""
+a venv module, NumPy and PyTorch in /usr/bin/python3 for python.md's blocks)."""
 import os
 import re
 import shutil
@@ -100,6 +100,9 @@ def prerequisites(text):
     for port in re.findall(r"--metrics 127\.0\.0\.1:(\d+)", text):
         if port != "0":
             ports.add(("127.0.0.1", int(port)))
+    if "-m venv" in text and subprocess.run(["/usr/bin/python3", "-c", "import ensurepip"],
+                                            capture_output=True).returncode:
+        return "/usr/bin/python3 has no working venv module (Debian: python3-venv)"
     if "clients/python/examples/" in text:
         py = "/usr/bin/python3"
         if subprocess.run([py, "-c", "import numpy, torch"], capture_output=True).returncode:
