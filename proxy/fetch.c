@@ -1040,11 +1040,14 @@ static bool s_holds(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s, bo
     return true;
 }
 
-/* Whether s is a registered node whose directory says nothing of some chunk of the chain: the
- * directory lags what a node holds (it is published every few hundred ms), so a node it does
- * not list for a chunk may still hold it. */
+/* Whether s is a registered node whose directory says nothing of some chunk of the chain, or
+ * lists one without some of the layers wanted (layers[0..nl)): the directory lags what a node
+ * holds (it is published every few hundred ms), so a node it does not list for a chunk may
+ * still hold it, and a record published while a prefill was still storing the chunk lists
+ * only the layers stored by then. */
 static bool s_unlisted(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s,
-                       const kvedge_chunk_id_t *chain, uint32_t n)
+                       const kvedge_chunk_id_t *chain, uint32_t n, const uint16_t *layers,
+                       uint32_t nl)
 {
     kvedge_master_node_t rec;
     if (!p->view || kvedge_mview_node(p->view, s->conf.name, &rec) != KVEDGE_OK)
@@ -1053,6 +1056,9 @@ static bool s_unlisted(kvedge_proxy_impl_t *p, const kvedge_proxy_impl_src_t *s,
         kvedge_master_dir_t d;
         if (kvedge_mview_dir(p->view, s->conf.name, &chain[c], &d) != KVEDGE_OK)
             return true;
+        for (uint32_t i = 0; i < nl; i++)
+            if (!kvedge_master_dir_has(&d, layers[i]))
+                return true;
     }
     return false;
 }
@@ -1527,15 +1533,49 @@ static void s_learn_holder(kvedge_proxy_impl_t *p, s_fetch_t *f, int s)
     }
 }
 
-/* A LOOKUP answered: a source that holds the whole chain becomes a holder of every layer;
- * once every answer is in, the fetch is planned again and starts. */
-static void s_asked(kvedge_proxy_impl_t *p, s_fetch_t *f, int s, int status, uint32_t hit)
+/* Source s (request-local) holds every chunk of the mapped model's chain whole (LOOKUP of a
+ * MAPPED request): every edge layer the map gives a cloud layer can come from it as that
+ * layer, priced as s_fetch_sources prices a mapped layer the directory lists; a layer it also
+ * offers as the requested model's own stays that. */
+static void s_learn_mapped_holder(kvedge_proxy_impl_t *p, s_fetch_t *f, int s)
 {
+    double mfp16 = (double)f->tokens * f->mmodel.kv_heads * f->mmodel.head_dim * 2 * 2;
+    double ratio = p->src[f->map_src[s]].ratio;
+    for (uint32_t l = 0; f->map && f->via[s] && f->mbytes[s] && l < f->L; l++) {
+        if (s_from(f, l) == KVEDGE_MASTER_MAP_NONE)
+            continue;
+        if (f->mbytes[s][l] < 0)
+            f->mbytes[s][l] = mfp16 * ratio;
+        if (f->bytes[s][l] < 0) {
+            f->bytes[s][l] = f->mbytes[s][l];
+            f->via[s][l] = 1;
+        }
+    }
+}
+
+/* A LOOKUP's tag: the request-local source, plus KVEDGE_PROXY_MAX_SOURCES when it asked for
+ * the mapped model's chain. */
+static int s_ask_tag(int s, bool mapped)
+{
+    return mapped ? s + KVEDGE_PROXY_MAX_SOURCES : s;
+}
+
+/* A LOOKUP answered: a source that holds the whole chain becomes a holder of every layer (of
+ * the mapped model's chain: of every mapped layer); once every answer is in, the fetch is
+ * planned again and starts. */
+static void s_asked(kvedge_proxy_impl_t *p, s_fetch_t *f, int tag, int status, uint32_t hit)
+{
+    bool mapped = tag >= KVEDGE_PROXY_MAX_SOURCES;
+    int s = mapped ? tag - KVEDGE_PROXY_MAX_SOURCES : tag;
     if (s >= 0 && (size_t)s < f->nsrc && status == KVEDGE_OK && hit >= f->nchunks) {
-        s_learn_holder(p, f, s);
-        kvedge_log_debug("fetch %llu: %s holds the context (LOOKUP), though the directory does "
-                         "not list it yet",
-                         (unsigned long long)f->serial, f->psrc[s].name);
+        if (mapped)
+            s_learn_mapped_holder(p, f, s);
+        else
+            s_learn_holder(p, f, s);
+        kvedge_log_debug("fetch %llu: %s holds the context%s (LOOKUP), though the directory "
+                         "does not list it yet",
+                         (unsigned long long)f->serial, f->psrc[s].name,
+                         mapped ? " of the mapped model" : "");
     }
     if (--f->asking == 0)
         s_fetch_go(p, f);
@@ -1556,12 +1596,30 @@ static bool s_ask(kvedge_proxy_impl_t *p, s_fetch_t *f)
     if (!missed || !p->view || (until > last ? last : until) <= now)
         return false;
     f->ask_until_ms = until > last ? last : until;
-    for (size_t s = 0; s < f->nsrc; s++)
-        if (f->psrc[s].up && f->client[s] &&
-            s_unlisted(p, &p->src[f->map_src[s]], f->chunks, f->nchunks) &&
-            kvedge_proxy_impl_ask(p, f->serial, f->map_src[s], (int)s, f->chunks, f->nchunks) ==
-                KVEDGE_OK)
-            f->asking++;
+    /* The layers wanted of each chain: the requested ones, and the mapped model's layers the
+     * map names. */
+    uint16_t *want = malloc(2 * (size_t)f->L * sizeof *want);
+    uint32_t nown = 0, nmapped = 0;
+    for (uint32_t l = 0; want && l < f->L; l++) {
+        want[nown++] = (uint16_t)(f->first + l);
+        if (f->map && s_from(f, l) != KVEDGE_MASTER_MAP_NONE)
+            want[f->L + nmapped++] = s_from(f, l);
+    }
+    for (size_t s = 0; want && s < f->nsrc; s++) {
+        if (!f->psrc[s].up || !f->client[s])
+            continue;
+        const kvedge_proxy_impl_src_t *src = &p->src[f->map_src[s]];
+        /* The requested model's chain, and for a MAPPED request the mapped model's: what the
+         * prefill stored is the cloud model's context, which the directory may not list yet. */
+        for (int m = 0; m < (f->map ? 2 : 1); m++) {
+            const kvedge_chunk_id_t *chain = m ? f->mchunks : f->chunks;
+            if (s_unlisted(p, src, chain, f->nchunks, m ? want + f->L : want, m ? nmapped : nown) &&
+                kvedge_proxy_impl_ask(p, f->serial, f->map_src[s], s_ask_tag((int)s, m == 1), chain,
+                                      f->nchunks) == KVEDGE_OK)
+                f->asking++;
+        }
+    }
+    free(want);
     if (!f->asking) {
         f->ask_until_ms = 0; /* nobody to ask: the plan stands */
         return false;

@@ -135,6 +135,12 @@ static const kvedge_model_t s_cloud_model = {S_CLOUD, S_CL_LAYERS, S_CL_HEADS, S
 static const kvedge_model_t s_edge_model = {S_EDGE, S_ED_LAYERS, S_ED_HEADS, S_DIM,
                                             KVEDGE_DTYPE_FP16};
 
+/* How often a node joined to the master publishes its block directory: a lagging directory
+ * (test_mapped_directory_lags) is one the node does not publish during the test. */
+static uint32_t s_dir_interval_ms = 100;
+/* How many of the cloud model's layers the topology puts on the cloud node at start. */
+static uint32_t s_topo_layers = S_CL_LAYERS;
+
 static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
                          const char *master, const char *pub)
 {
@@ -154,7 +160,7 @@ static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge
         snprintf(ns.master, sizeof ns.master, "%s", master);
         snprintf(ns.master_pub, sizeof ns.master_pub, "%s", pub);
         snprintf(ns.node_id, sizeof ns.node_id, "%s", name);
-        ns.dir_interval_ms = 100;
+        ns.dir_interval_ms = s_dir_interval_ms;
     }
     char why[256];
     if (kvedge_node_start(&ns, &n->node, why, sizeof why) != 0)
@@ -205,8 +211,9 @@ static void s_set_map(s_topo_t *t, const kvedge_master_map_t *r)
 
 /* A master, a cloud node holding the cloud model's four layers, a peer edge node holding
  * nothing yet, both known to the proxy (cloud far, peer near) and, unless unlisted, registered
- * with the master; and the two models' records. */
-static void s_topo_start_ex(s_topo_t *t, bool unlisted)
+ * with the master; and the two models' records. Lagging: registered, but the cloud's puts are
+ * not in the master's directory (the nodes publish it only every 10 minutes). */
+static void s_topo_start_ex(s_topo_t *t, bool unlisted, bool lagging)
 {
     memset(t, 0, sizeof *t);
     snprintf(t->root, sizeof t->root, "/tmp/kvedge-mapped-XXXXXX");
@@ -229,12 +236,14 @@ static void s_topo_start_ex(s_topo_t *t, bool unlisted)
     s_set_model(t, &s_edge_model);
 
     const char *mep = unlisted ? NULL : t->mep, *mpub = unlisted ? NULL : t->mpub;
+    s_dir_interval_ms = lagging ? 600000 : 100;
     s_node_start(&t->cloud, t->root, "cloud1", KVEDGE_ROLE_CLOUD, mep, mpub);
     s_node_start(&t->peer, t->root, "edgeA", KVEDGE_ROLE_EDGE, mep, mpub);
-    for (uint32_t l = 0; l < S_CL_LAYERS; l++)
+    s_dir_interval_ms = 100;
+    for (uint32_t l = 0; l < s_topo_layers; l++)
         s_put(t->cloud.ep, &s_cloud, S_CLOUD, l);
     uint32_t changed;
-    if (!unlisted)
+    if (!unlisted && !lagging)
         assert_int_equal(kvedge_node_publish(t->cloud.node, &changed), 0);
 
     kvedge_proxy_source_t src[2];
@@ -261,7 +270,7 @@ static void s_topo_start_ex(s_topo_t *t, bool unlisted)
 
 static void s_topo_start(s_topo_t *t)
 {
-    s_topo_start_ex(t, false);
+    s_topo_start_ex(t, false, false);
 }
 
 static void s_topo_stop(s_topo_t *t)
@@ -373,6 +382,34 @@ static void s_fetch_range(const char *ep, s_result_t *r, const int expect_from[S
                               .deadline_ms = 8000,
                               .mapped_model_id = S_CLOUD,
                               .mapped_chunks = s_cloud.ids};
+    kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
+    pthread_mutex_lock(&r->mu);
+    while (!r->done)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    kvedge_client_destroy(&c);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+}
+
+/* A plain FETCH (no MAPPED frame) of the cloud model's layers [0, S_ED_LAYERS): each layer's
+ * blocks must be the cloud's own. */
+static void s_fetch_cloud(const char *ep, s_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    for (uint32_t l = 0; l < S_ED_LAYERS; l++)
+        r->expect_from[l] = (int)l;
+    kvedge_client_t *c = s_client(ep, 10000);
+    kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
+                              .model_id = S_CLOUD,
+                              .chunks = s_cloud.ids,
+                              .n = S_CHUNKS,
+                              .layers = S_ED_LAYERS,
+                              .tokens = S_CHUNKS * S_TOKENS,
+                              .deadline_ms = 8000};
     kvedge_fetch_cbs_t cbs = {s_r_plan, s_r_block, s_r_layer, s_r_done};
     assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, r), 0);
     pthread_mutex_lock(&r->mu);
@@ -603,7 +640,7 @@ static void test_mapped_fallback(void **state)
     assert_non_null(t);
     assert_non_null(r);
     assert_non_null(map);
-    s_topo_start_ex(t, true);
+    s_topo_start_ex(t, true, false);
     map->cloud_layers = S_CL_LAYERS;
     map->edge_layers = S_ED_LAYERS;
     map->from[0] = 0;
@@ -676,6 +713,88 @@ static int s_raw_fetch(const char *ep, uint32_t flags, size_t mapped_len, bool m
 }
 
 /* Malformed MAPPED requests are refused with EPROTO, and the proxy keeps serving. */
+/* A MAPPED FETCH right after the cloud model's context was stored, before the node's next
+ * directory pass: the directory lists no holder of the cloud model's chain (nor of the edge
+ * model's), so the proxy asks the registered nodes (LOOKUP) for both chains, learns that the
+ * cloud holds the mapped one whole and plans the mapped layers there, as with the directory;
+ * the edge layer the map gives no cloud layer is a miss. */
+static void test_mapped_directory_lags(void **state)
+{
+    (void)state;
+    s_topo_t *t = calloc(1, sizeof *t);
+    s_result_t *r = calloc(1, sizeof *r);
+    kvedge_master_map_t *map = calloc(1, sizeof *map);
+    assert_non_null(t);
+    assert_non_null(r);
+    assert_non_null(map);
+    s_topo_start_ex(t, false, true);
+    map->cloud_layers = S_CL_LAYERS;
+    map->edge_layers = S_ED_LAYERS;
+    map->from[0] = 0;
+    map->from[1] = KVEDGE_MASTER_MAP_NONE;
+    map->from[2] = 3;
+    s_set_map(t, map);
+    /* Until the proxy's view has the map and both nodes' registrations (the LOOKUP goes only
+     * to registered nodes the directory says nothing of). */
+    const int fetch_only[S_ED_LAYERS] = {0, -1, 3};
+    kt_wait_for((s_fetch(t->pep, r, fetch_only), r->plan.layer[2].from_layer == 3), KT_WAIT_MS);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->layers, S_ED_LAYERS);
+    assert_int_equal(r->mismatches, 0);
+    s_check_mapped(r, 0, 0, false);
+    assert_int_equal(r->layer[1].status, KVEDGE_ENOTFOUND);
+    assert_int_equal(r->layer[1].reason, KVEDGE_FETCH_MISS);
+    s_check_mapped(r, 2, 3, false);
+    /* The directory still lists nothing of the cloud: every answer came from the LOOKUPs. */
+    kvedge_master_dir_t d;
+    assert_int_not_equal(kvedge_mview_dir(t->view, "cloud1", &s_cloud.ids[0], &d), KVEDGE_OK);
+    s_topo_stop(t);
+    free(map);
+    free(r);
+    free(t);
+}
+
+/* The directory lists the cloud's chunks with the layers stored when the node published it
+ * (a pass during a prefill), and the node holds every layer now: a FETCH wanting a layer the
+ * record lacks asks the node (LOOKUP) instead of reporting the layer missing, and every layer
+ * comes from the cloud. */
+static void test_directory_lists_part_of_a_context(void **state)
+{
+    (void)state;
+    s_topo_t *t = calloc(1, sizeof *t);
+    s_result_t *r = calloc(1, sizeof *r);
+    assert_non_null(t);
+    assert_non_null(r);
+    s_topo_layers = 2;
+    s_topo_start_ex(t, false, true);
+    s_topo_layers = S_CL_LAYERS;
+    uint32_t changed;
+    assert_int_equal(kvedge_node_publish(t->cloud.node, &changed), 0); /* layers 0 and 1 */
+    for (uint32_t l = 2; l < S_CL_LAYERS; l++)
+        s_put(t->cloud.ep, &s_cloud, S_CLOUD, l);
+    /* The record of layers 0 and 1 in the master, then in the proxy's view. */
+    kvedge_master_dir_t d;
+    kt_wait_for(kvedge_mview_dir(t->view, "cloud1", &s_cloud.ids[S_CHUNKS - 1], &d) == KVEDGE_OK,
+                KT_WAIT_MS);
+    assert_true(kvedge_master_dir_has(&d, 1));
+    assert_false(kvedge_master_dir_has(&d, 2));
+    assert_int_equal(kvedge_proxy_wait_view(t->proxy, kvedge_master_seq(t->master), KT_WAIT_MS), 0);
+    s_fetch_cloud(t->pep, r);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->layers, S_ED_LAYERS);
+    assert_int_equal(r->mismatches, 0);
+    for (uint32_t l = 0; l < S_ED_LAYERS; l++) {
+        assert_int_equal(r->layer[l].status, 0);
+        assert_int_equal(r->layer[l].reason, KVEDGE_FETCH_PLANNED);
+        assert_int_equal(r->layer[l].from_layer, -1);
+        assert_string_equal(r->src[l], "cloud1");
+        assert_int_equal(r->blocks[l], S_CHUNKS * S_CL_HEADS);
+    }
+    s_topo_stop(t);
+    free(r);
+    free(t);
+}
+
 static void test_mapped_refused(void **state)
 {
     (void)state;
@@ -708,6 +827,8 @@ int main(void)
          * refusals test ends with a MAPPED request that has no map. */
         cmocka_unit_test(test_mapped_fetch),
         cmocka_unit_test(test_mapped_fallback),
+        cmocka_unit_test(test_mapped_directory_lags),
+        cmocka_unit_test(test_directory_lists_part_of_a_context),
         cmocka_unit_test(test_mapped_refused),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
