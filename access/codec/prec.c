@@ -344,7 +344,8 @@ int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool
     int rc;
     if (in->scheme == KVEDGE_SCHEME_LOSSLESS && !in->key_mask &&
         (in->lz4 || ((uintptr_t)in->body & 3u) == 0)) {
-        /* Lossless over every channel: the body already is K then V in the block's dtype. */
+        /* Lossless over every channel: the body already is K then V in the block's dtype
+         * (never entropy-coded: the coding is for quantized blocks only). */
         const uint8_t *raw = in->body;
         if (in->lz4) {
             buf = malloc(in->raw_len);
