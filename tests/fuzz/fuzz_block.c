@@ -1,4 +1,5 @@
-/* Fuzz target for the block decoder (bytes from disk or the wire). Built with libFuzzer
+/* Fuzz target for the block decoder (bytes from disk or the wire), plain, lz4 and entropy-coded
+ * bodies. Built with libFuzzer
  * (KVEDGE_FUZZ=ON, clang) it fuzzes; built normally it replays the committed corpus. */
 #include <stddef.h>
 #include <stdint.h>
@@ -44,8 +45,17 @@ static void s_parse_and_decode(const uint8_t *data, size_t size)
     if (n > (1u << 22))
         return;
     float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
-    if (k && v && kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v) != KVEDGE_OK && !info.lz4)
-        abort(); /* an uncompressed block that verified must decode */
+    if (k && v && kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v) != KVEDGE_OK && !info.lz4 &&
+        !info.ec)
+        abort(); /* an uncompressed, uncoded block that verified must decode */
+    /* A coded body that decodes must code back to a block that verifies (and the other way). */
+    uint8_t *re = NULL;
+    size_t re_len = 0;
+    if (info.scheme != KVEDGE_SCHEME_LOSSLESS &&
+        kvedge_block_recode(&info, !info.ec, false, &re, &re_len) == KVEDGE_OK &&
+        kvedge_block_check(re, re_len, NULL) != KVEDGE_OK)
+        abort();
+    free(re);
     free(k);
     free(v);
 }
