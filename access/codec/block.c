@@ -517,6 +517,37 @@ int kvedge_block_body(const kvedge_block_info_t *info, void *scratch, size_t scr
     return KVEDGE_OK;
 }
 
+int kvedge_block_coding(const kvedge_block_info_t *info, kvedge_block_section_coding_t out[4],
+                        size_t *n)
+{
+    s_layout_t l;
+    if (!info || !out || !n ||
+        s_layout(info->dtype, info->scheme, info->tokens, info->head_dim, info->key_channels,
+                 info->group_size, info->key_mask != NULL, &l) != KVEDGE_OK)
+        return KVEDGE_EINVAL;
+    const uint64_t raw[4] = {l.k_params, l.v_params, l.k_codes, l.v_codes};
+    const size_t first = l.bits ? 0 : 2;
+    size_t pos = 0;
+    *n = 4 - first;
+    for (size_t i = first; i < 4; i++) {
+        kvedge_block_section_coding_t *c = &out[i - first];
+        c->raw = (uint32_t)raw[i];
+        c->stored = info->lz4 ? 0 : c->raw;
+        c->transform = KVEDGE_EC_XF_NONE;
+        if (!info->ec)
+            continue;
+        if (info->stored_len - pos < KVEDGE_EC_RECORD_BYTES)
+            return KVEDGE_ECORRUPT;
+        c->transform = info->body[pos];
+        c->stored = kvedge_le_get32(info->body + pos + 1);
+        pos += KVEDGE_EC_RECORD_BYTES;
+        if (c->stored > info->stored_len - pos)
+            return KVEDGE_ECORRUPT;
+        pos += c->stored;
+    }
+    return !info->ec || pos == info->stored_len ? KVEDGE_OK : KVEDGE_ECORRUPT;
+}
+
 void kvedge_block_sections(const kvedge_block_info_t *info, const uint8_t *raw,
                            kvedge_block_sections_t *sec)
 {

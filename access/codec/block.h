@@ -152,6 +152,22 @@ int kvedge_block_check(const uint8_t *buf, size_t len, kvedge_block_info_t *info
 int kvedge_block_body(const kvedge_block_info_t *info, void *scratch, size_t scratch_cap,
                       const uint8_t **raw);
 
+/* One section of a body as the block stores it: its raw bytes and, for an entropy-coded body,
+ * its record's stream bytes and transform (KVEDGE_EC_XF_* of access/codec/ecbody.h); for a
+ * plain body stored = raw and transform 0. */
+typedef struct {
+    uint32_t raw;
+    uint32_t stored;
+    uint8_t transform;
+} kvedge_block_section_coding_t;
+
+/* The sections of a verified block's body (K params, V params, K codes, V codes; K and V for
+ * lossless) as stored, without decoding anything: *n gets 4 or 2. For an lz4 body stored is 0
+ * (the body is one stream). An entropy-coded body's records are walked as the decoder walks
+ * them. Errors: KVEDGE_EINVAL (NULL), KVEDGE_ECORRUPT (records that do not fit the body). */
+int kvedge_block_coding(const kvedge_block_info_t *info, kvedge_block_section_coding_t out[4],
+                        size_t *n);
+
 /* Splits a decompressed body into its sections. */
 void kvedge_block_sections(const kvedge_block_info_t *info, const uint8_t *raw,
                            kvedge_block_sections_t *sec);
