@@ -46,13 +46,15 @@ typedef uint8_t kvedge_prec_t;
  * bases only. Peers that predate it refuse such a rung as invalid. */
 #define KVEDGE_PREC_EC 0x80u
 
-/* Block bytes of an "+ec" rung per byte of the same rung plain, and the client's extra decode
- * time per byte received: medians over the trained models' blocks (256 tokens, both pairs) of
- * `build/bench/bench_entropy` (docs/benchmarks.md "Entropy coding of quantized blocks"). */
+/* Block bytes of an "+ec" rung per byte of the same rung plain (medians over the trained
+ * models' blocks of 256 tokens, both pairs), and the client's extra decode time per byte
+ * received (median of 3 runs of the decode ns per raw byte, divided by the ratio), measured by
+ * `build/bench/bench_entropy` from the repository root (docs/benchmarks.md "Entropy coding of
+ * quantized blocks"). */
 #define KVEDGE_PREC_EC_RATIO_INT8              0.985
 #define KVEDGE_PREC_EC_RATIO_INT4              0.950
-#define KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT8 0.00126
-#define KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT4 0.00384
+#define KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT8 0.00168
+#define KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT4 0.00614
 
 #define KVEDGE_PREC_MAKE(base, think)                                                              \
     ((kvedge_prec_t)((base) | ((think) << KVEDGE_PREC_THINK_SHIFT)))
