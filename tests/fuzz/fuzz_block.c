@@ -40,6 +40,10 @@ static void s_parse_and_decode(const uint8_t *data, size_t size)
     kvedge_block_info_t info;
     if (kvedge_block_parse(data, size, &info) != KVEDGE_OK)
         return;
+    /* Its sections as stored (kvedge block's view) are read without trusting the records. */
+    kvedge_block_section_coding_t sec[4];
+    size_t nsec;
+    (void)kvedge_block_coding(&info, sec, &nsec);
     /* A parsed block must decode; cap the output so the fuzzer's memory stays bounded. */
     size_t n = (size_t)info.tokens * info.head_dim;
     if (n > (1u << 22))
