@@ -90,6 +90,57 @@ static int s_inverse(const kvedge_ec_shape_t *s, int sec, const uint8_t *src, ui
     return KVEDGE_OK;
 }
 
+/* htscodecs' 7-bit big-endian varint (varint.h with BIG_END, what the library writes): at
+ * most 6 bytes; returns the bytes read, 0 when none are left. */
+static size_t s_varint(const uint8_t *p, const uint8_t *end, uint32_t *v)
+{
+    const uint8_t *op = p;
+    uint32_t j = 0;
+    uint8_t c;
+    int left = 6;
+    do {
+        if (p >= end || left-- == 0)
+            return 0;
+        c = *p++;
+        j = (j << 7) | (c & 0x7Fu);
+    } while (c & 0x80u);
+    *v = j;
+    return (size_t)(p - op);
+}
+
+/* True when a stream uses only the layouts our encoder writes: order 0/1, CAT, NOSZ, 32-way,
+ * and one level of STRIPE. PACK and RLE are refused: their side tables carry sizes the library
+ * allocates and fills before checking them against ours, so a hostile table could make a
+ * reader allocate gigabytes. */
+static bool s_stream_ok(const uint8_t *in, uint32_t n, bool top)
+{
+    if (n == 0 || (in[0] & (RANS_ORDER_PACK | RANS_ORDER_RLE)))
+        return false;
+    if (!(in[0] & RANS_ORDER_STRIPE))
+        return true;
+    const uint8_t *p = in + 1, *end = in + n;
+    uint32_t ulen, N, clen[256];
+    size_t k = s_varint(p, end, &ulen);
+    if (!top || k == 0 || p + k >= end)
+        return false;
+    p += k;
+    N = *p++;
+    if (N == 0)
+        return false;
+    for (uint32_t i = 0; i < N; i++) {
+        k = s_varint(p, end, &clen[i]);
+        if (k == 0)
+            return false;
+        p += k;
+    }
+    for (uint32_t i = 0; i < N; i++) {
+        if (clen[i] > (uint32_t)(end - p) || !s_stream_ok(p, clen[i], false))
+            return false;
+        p += clen[i];
+    }
+    return true;
+}
+
 /* One rANS stream of `len` bytes into a malloc'd buffer; *out_len its length. */
 static int s_rans(const uint8_t *in, uint64_t len, int order, uint8_t **out, unsigned *out_len)
 {
@@ -198,7 +249,8 @@ int kvedge_ec_decode(const kvedge_ec_shape_t *s, const uint8_t *in, size_t in_le
         /* The library checks the size a stream claims against ours and refuses a larger one;
          * a shorter one is refused here. */
         unsigned got = (unsigned)want;
-        if (!rans_uncompress_to_4x16((unsigned char *)in + pos, n, dst, &got) || got != want)
+        if (!s_stream_ok(in + pos, n, true) ||
+            !rans_uncompress_to_4x16((unsigned char *)in + pos, n, dst, &got) || got != want)
             break;
         rc = xf == KVEDGE_EC_XF_NONE ? KVEDGE_OK : s_inverse(s, i, tmp, raw + off);
         pos += n;
