@@ -123,6 +123,7 @@ typedef struct {
     kvedge_wire_fetch_prec_t pw;
     double *qcost;
     double *pbytes[KVEDGE_PROXY_MAX_SOURCES];
+    double dec_us[KVEDGE_PREC_MAX_ACCEPT]; /* per rung: the client's decode µs per byte */
     kvedge_plan_prec_t pp;
     s_layer_t *layer;
     uint32_t next;    /* next layer to deliver */
@@ -1257,10 +1258,13 @@ static int s_fetch_quality(kvedge_proxy_impl_t *p, s_fetch_t *f, const char *mod
                         q ? "its quality profile does not measure every accepted rung"
                           : "no quality profile for the model (--quality)");
     }
+    for (size_t r = 0; r < P; r++)
+        f->dec_us[r] = kvedge_prec_decode_us_per_byte(f->pw.accept[r]);
     f->pp = (kvedge_plan_prec_t){.n = (uint32_t)P,
                                  .quality_cost = f->qcost,
                                  .budget = f->pw.metric == KVEDGE_QUALITY_NONE ? 0 : f->pw.budget,
-                                 .rungs = f->pw.accept};
+                                 .rungs = f->pw.accept,
+                                 .decode_us_per_byte = f->dec_us};
     f->prec_on = true;
     return KVEDGE_OK;
 }

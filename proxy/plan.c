@@ -107,6 +107,17 @@ static double s_xfer_us(double bytes, double bw)
     return bytes * 1e6 / bw;
 }
 
+/* Time for layer l from network option o: its bytes over the source's link, plus the client's
+ * time to decode that precision's body beyond a plain block's (prec->decode_us_per_byte, per
+ * byte received), counted on the same stream: a rung slow to decode is priced as a slower link. */
+static double s_time(const s_ctx_t *c, int32_t o, uint32_t l)
+{
+    double b = s_bytes(c, o, l), t = s_xfer_us(b, c->src[s_src_of(c, o)].bw_bytes_per_s);
+    if (c->np && c->prec->decode_us_per_byte)
+        t += b * c->prec->decode_us_per_byte[s_prec_of(c, o)];
+    return t;
+}
+
 /* Whether option a means "recompute" (the sentinel or a RECOMPUTE-kind source). */
 static bool s_is_recompute(const s_ctx_t *c, int32_t a)
 {
@@ -203,6 +214,9 @@ static int s_check_all(const kvedge_plan_request_t *req, const kvedge_plan_prec_
     }
     if (prec->rungs && kvedge_prec_list_check(prec->rungs, prec->n) != 0)
         return KVEDGE_EINVAL;
+    for (uint32_t p = 0; prec->decode_us_per_byte && p < prec->n; p++)
+        if (!s_finite_nonneg(prec->decode_us_per_byte[p]))
+            return KVEDGE_EINVAL;
     return KVEDGE_OK;
 }
 
@@ -291,7 +305,7 @@ static double s_step(const s_ctx_t *c, int32_t a, uint32_t l, double done, doubl
         work += s_recompute(c, l, ctx);
     } else {
         int32_t s = s_src_of(c, a);
-        acc[s] += s_xfer_us(s_bytes(c, a, l), c->src[s].bw_bytes_per_s);
+        acc[s] += s_time(c, a, l);
         arr = acc[s];
     }
     *arrival = arr;
@@ -370,7 +384,7 @@ static double s_cost(const s_ctx_t *c, int32_t a, uint32_t l)
     if (s_is_recompute(c, a))
         return c->req->recompute_us ? c->req->recompute_us[l] : INFINITY; /* unpriced */
     const kvedge_plan_source_t *p = &c->src[s_src_of(c, a)];
-    return p->rtt_us + s_xfer_us(s_bytes(c, a, l), p->bw_bytes_per_s);
+    return p->rtt_us + s_time(c, a, l);
 }
 
 /* The cheapest up source holding l among the cloud (cloud) or the near kinds (!cloud), as an
@@ -670,8 +684,10 @@ static void s_coarsen(const s_ctx_t *c, int32_t *a)
                 if ((dropped[l] >> p & 1u) || !s_holds(c, o, l) || !(s_bytes(c, o, l) < b))
                     continue;
                 double dq = s_q(c, o, l) - q;
-                double key = dq > 0 ? s_xfer_us(b - s_bytes(c, o, l), c->src[s].bw_bytes_per_s) / dq
-                                    : INFINITY;
+                double saved = s_time(c, a[l], l) - s_time(c, o, l);
+                if (!(saved > 0))
+                    continue; /* fewer bytes, but slower to decode than they save */
+                double key = dq > 0 ? saved / dq : INFINITY;
                 if (pick < 0 || key > pick_key) {
                     pick = o;
                     pick_l = l;
@@ -898,7 +914,8 @@ double kvedge_plan_cost_prec(const kvedge_plan_request_t *req, const kvedge_plan
     double bytes = b[(size_t)layer * prec->n + (uint32_t)prec_index];
     if (!(bytes >= 0))
         return INFINITY;
-    return s->rtt_us + s_xfer_us(bytes, s->bw_bytes_per_s);
+    double dec = prec->decode_us_per_byte ? prec->decode_us_per_byte[prec_index] : 0;
+    return s->rtt_us + s_xfer_us(bytes, s->bw_bytes_per_s) + bytes * dec;
 }
 
 /* Checks the inputs of simulate / bound / quality and converts the assignment into opts. */

@@ -89,6 +89,12 @@ typedef struct {
     /* Optional (NULL: none): the n rung codes of the accept list (access/codec/prec.h), best first;
      * checked with kvedge_prec_list_check, copied into the plan for the formatter's names. */
     const kvedge_prec_t *rungs;
+    /* Optional (NULL: none): n entries, finite >= 0, the client's time in µs per byte received
+     * to decode precision p's body beyond a plain block's (an entropy-coded rung:
+     * kvedge_prec_decode_us_per_byte). Added to the layer's transfer time on its stream
+     * (Eq. 19 becomes rtt + bytes / bw + bytes * decode), so on a fast link a rung that saves
+     * few bytes but decodes slowly loses, and on a slow link it wins. */
+    const double *decode_us_per_byte;
 } kvedge_plan_prec_t;
 
 /* A planned layer. Times are on the stream timeline: 0 = streams start (after prefix_us). */
@@ -243,7 +249,8 @@ const char *kvedge_plan_ms_text(double us, int decimals, char *buf, size_t len);
  * negative or not finite; an up network source whose layer_prec_bytes is NULL or has an entry
  * that is not finite; rungs not NULL and failing kvedge_prec_list_check. */
 
-/* Eq. 19 at precision prec_index: rtt + bytes(layer, prec_index) / bw; recompute as
+/* Eq. 19 at precision prec_index: rtt + bytes(layer, prec_index) / bw (+ bytes times the
+ * precision's decode_us_per_byte); recompute as
  * kvedge_plan_cost. INFINITY where kvedge_plan_cost is, or when prec_index >= P or the source
  * cannot serve the layer at it. */
 double kvedge_plan_cost_prec(const kvedge_plan_request_t *req, const kvedge_plan_prec_t *prec,

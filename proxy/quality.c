@@ -61,11 +61,19 @@ static int s_opt_int(const cJSON *root, const char *key, double hi, uint64_t *ou
     return KVEDGE_OK;
 }
 
-/* A rung named by a JSON string. */
+/* A rung named by a JSON string; an entropy-coded one ("+ec") is not measured apart, its
+ * values being the plain rung's. */
 static bool s_rung(const cJSON *j, kvedge_prec_t *out)
 {
     return cJSON_IsString(j) && kvedge_prec_parse(j->valuestring, out) == KVEDGE_OK &&
-           kvedge_prec_valid(*out);
+           kvedge_prec_valid(*out) && !KVEDGE_PREC_IS_EC(*out);
+}
+
+/* The rung whose figures a rung has: an "+ec" rung decodes to exactly the plain rung's values
+ * (the entropy coding is lossless), so it has the plain rung's quality. */
+static kvedge_prec_t s_measured(kvedge_prec_t rung)
+{
+    return (kvedge_prec_t)(rung & ~KVEDGE_PREC_EC);
 }
 
 /* The three figures of one measurement: from arrays at index i (obj a row of per_layer), or
@@ -393,7 +401,7 @@ kvedge_prec_t kvedge_quality_rung(const kvedge_quality_profile_t *self, size_t i
 bool kvedge_quality_has(const kvedge_quality_profile_t *self, kvedge_prec_t rung)
 {
     return self && kvedge_prec_valid(rung) &&
-           (rung == KVEDGE_PREC_LOSSLESS || self->slot[rung] != 0);
+           (rung == KVEDGE_PREC_LOSSLESS || self->slot[s_measured(rung)] != 0);
 }
 
 int kvedge_quality_figures(const kvedge_quality_profile_t *self, uint32_t layer, kvedge_prec_t rung,
@@ -401,6 +409,7 @@ int kvedge_quality_figures(const kvedge_quality_profile_t *self, uint32_t layer,
 {
     if (!self || !out || layer >= self->layers || !kvedge_prec_valid(rung))
         return KVEDGE_EINVAL;
+    rung = s_measured(rung);
     if (rung == KVEDGE_PREC_LOSSLESS) {
         kvedge_quality_figures_t zero = {0, 0, 1};
         *out = zero;
@@ -431,6 +440,7 @@ int kvedge_quality_whole(const kvedge_quality_profile_t *self, kvedge_prec_t run
 {
     if (!self || !out || !kvedge_prec_valid(rung))
         return KVEDGE_EINVAL;
+    rung = s_measured(rung);
     if (rung == KVEDGE_PREC_LOSSLESS) {
         kvedge_quality_figures_t zero = {0, 0, 1};
         *out = zero;

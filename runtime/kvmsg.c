@@ -636,7 +636,8 @@ bool kvedge_master_dir_serves(const kvedge_master_dir_t *d, kvedge_prec_t rung)
     int want = kvedge_master_rung_bit(rung);
     if (want < 0)
         return false;
-    if (held >> want & 1u)
+    /* The bits are the primaries' rungs, never entropy-coded: a "+ec" rung is always made. */
+    if ((held >> want & 1u) && !KVEDGE_PREC_IS_EC(rung))
         return true;
     if (!(d->rungs & KVEDGE_MASTER_DIR_DERIVES))
         return false;

@@ -25,6 +25,8 @@ done
 PACKAGES=(
     build-essential cmake pkg-config git
     librocksdb-dev libzmq3-dev libczmq-dev liblz4-dev libxxhash-dev libsodium-dev
+    # the entropy-coded block body (htscodecs' rANS); bench_entropy compares it with zstd
+    libhtscodecs-dev libzstd-dev
     libcmocka-dev libopenblas-dev libmicrohttpd-dev libhiredis-dev libcjson-dev libpcre2-dev
     libutf8proc-dev
     # the Storage Master on etcd: its v3 JSON gateway over libcurl; the tests start etcd clusters

@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "access/codec/byteorder.h"
+#include "access/codec/ecbody.h"
 #include "access/codec/error.h"
 #include "access/codec/quant.h"
 
@@ -168,6 +169,20 @@ int kvedge_block_spec_check(const kvedge_block_spec_t *spec)
                     spec->key_mask != NULL, &l);
 }
 
+/* The shape an entropy-coded body follows, from a layout. */
+static void s_ec_shape(const s_layout_t *l, uint32_t tokens, uint32_t key_channels,
+                       uint32_t head_dim, kvedge_ec_shape_t *s)
+{
+    s->tokens = tokens;
+    s->key_channels = key_channels;
+    s->head_dim = head_dim;
+    s->bits = l->bits;
+    s->len[0] = l->k_params;
+    s->len[1] = l->v_params;
+    s->len[2] = l->k_codes;
+    s->len[3] = l->v_codes;
+}
+
 static size_t s_bound(const kvedge_block_spec_t *spec, s_layout_t *l)
 {
     memset(l, 0, sizeof *l);
@@ -220,6 +235,84 @@ static int s_encode_quant(const kvedge_block_spec_t *spec, const s_layout_t *l, 
     return rc;
 }
 
+/* The header fields of a block besides its lengths and flags. */
+typedef struct {
+    kvedge_dtype_t dtype;
+    kvedge_scheme_t scheme;
+    uint32_t tokens;
+    uint16_t head_dim;
+    uint32_t key_channels;
+    uint16_t group_size;
+    bool has_mask;
+} s_fields_t;
+
+/* Replaces the raw body (l->raw bytes, with room for KVEDGE_EC_OVERHEAD_BYTES more) by its
+ * entropy-coded form; *stored gets its length. */
+static int s_encode_ec(const s_layout_t *l, uint32_t tokens, uint32_t kc, uint32_t head_dim,
+                       uint8_t *body, uint32_t *stored)
+{
+    kvedge_ec_shape_t shape;
+    s_ec_shape(l, tokens, kc, head_dim, &shape);
+    const size_t cap = kvedge_ec_bound(&shape);
+    uint8_t *coded = cap ? malloc(cap) : NULL;
+    if (!coded)
+        return cap ? KVEDGE_ENOMEM : KVEDGE_EINVAL;
+    size_t n = 0;
+    int rc = kvedge_ec_encode(&shape, body, NULL, coded, cap, &n);
+    if (rc == KVEDGE_OK) {
+        memcpy(body, coded, n);
+        *stored = (uint32_t)n;
+    }
+    free(coded);
+    return rc;
+}
+
+/* Finishes a block whose mask and raw body are in place in out: codes or compresses the body
+ * (ec, or lz4 when it pays), then writes the header and the checksum. */
+static int s_seal(uint8_t *out, const s_fields_t *f, const s_layout_t *l, bool lz4, bool ec,
+                  size_t *out_len)
+{
+    uint8_t *body = out + KVEDGE_BLOCK_HEADER_BYTES + l->mask_bytes;
+    uint32_t stored = (uint32_t)l->raw;
+    uint8_t flags = f->has_mask ? KVEDGE_BLOCK_FLAG_MASK : 0;
+    if (ec) {
+        int rc = s_encode_ec(l, f->tokens, f->key_channels, f->head_dim, body, &stored);
+        if (rc != KVEDGE_OK)
+            return rc;
+        flags |= KVEDGE_BLOCK_FLAG_EC;
+    } else if (lz4 && l->raw > 0) {
+        int cap = LZ4_compressBound((int)l->raw);
+        char *z = cap > 0 ? malloc((size_t)cap) : NULL;
+        if (!z)
+            return KVEDGE_ENOMEM;
+        int n = LZ4_compress_default((const char *)body, z, (int)l->raw, cap);
+        if (n > 0 && (uint32_t)n < stored) {
+            memcpy(body, z, (size_t)n);
+            stored = (uint32_t)n;
+            flags |= KVEDGE_BLOCK_FLAG_LZ4;
+        }
+        free(z);
+    }
+
+    memcpy(out, s_magic, 4);
+    out[4] = ec ? KVEDGE_BLOCK_VERSION_EC : KVEDGE_BLOCK_VERSION;
+    out[5] = (uint8_t)f->dtype;
+    out[6] = (uint8_t)f->scheme;
+    out[7] = flags;
+    kvedge_le_put32(out + 8, f->tokens);
+    kvedge_le_put16(out + 12, f->head_dim);
+    kvedge_le_put16(out + 14, (uint16_t)f->key_channels);
+    kvedge_le_put16(out + 16, f->group_size);
+    kvedge_le_put16(out + 18, 0);
+    kvedge_le_put32(out + 20, (uint32_t)l->raw);
+    kvedge_le_put32(out + 24, stored);
+    kvedge_le_put32(out + 28, 0);
+    size_t covered = KVEDGE_BLOCK_HEADER_BYTES + l->mask_bytes + stored;
+    kvedge_le_put64(out + covered, XXH3_64bits(out, covered));
+    *out_len = covered + KVEDGE_BLOCK_CHECKSUM_BYTES;
+    return KVEDGE_OK;
+}
+
 int kvedge_block_encode(const kvedge_block_spec_t *spec, const void *k, const void *v, uint8_t *out,
                         size_t out_cap, size_t *out_len)
 {
@@ -253,38 +346,46 @@ int kvedge_block_encode(const kvedge_block_spec_t *spec, const void *k, const vo
             return rc;
     }
 
-    uint32_t stored = (uint32_t)l.raw;
-    uint8_t flags = spec->key_mask ? KVEDGE_BLOCK_FLAG_MASK : 0;
-    if (spec->lz4 && l.raw > 0) {
-        int cap = LZ4_compressBound((int)l.raw);
-        char *z = cap > 0 ? malloc((size_t)cap) : NULL;
-        if (!z)
-            return KVEDGE_ENOMEM;
-        int n = LZ4_compress_default((const char *)body, z, (int)l.raw, cap);
-        if (n > 0 && (uint32_t)n < stored) {
-            memcpy(body, z, (size_t)n);
-            stored = (uint32_t)n;
-            flags |= KVEDGE_BLOCK_FLAG_LZ4;
-        }
-        free(z);
-    }
+    s_fields_t f = {spec->dtype, spec->scheme,     spec->tokens,          spec->head_dim,
+                    kc,          spec->group_size, spec->key_mask != NULL};
+    return s_seal(out, &f, &l, spec->lz4, false, out_len);
+}
 
-    memcpy(out, s_magic, 4);
-    out[4] = KVEDGE_BLOCK_VERSION;
-    out[5] = (uint8_t)spec->dtype;
-    out[6] = (uint8_t)spec->scheme;
-    out[7] = flags;
-    kvedge_le_put32(out + 8, spec->tokens);
-    kvedge_le_put16(out + 12, spec->head_dim);
-    kvedge_le_put16(out + 14, (uint16_t)kc);
-    kvedge_le_put16(out + 16, spec->group_size);
-    kvedge_le_put16(out + 18, 0);
-    kvedge_le_put32(out + 20, (uint32_t)l.raw);
-    kvedge_le_put32(out + 24, stored);
-    kvedge_le_put32(out + 28, 0);
-    size_t covered = KVEDGE_BLOCK_HEADER_BYTES + l.mask_bytes + stored;
-    kvedge_le_put64(out + covered, XXH3_64bits(out, covered));
-    *out_len = covered + KVEDGE_BLOCK_CHECKSUM_BYTES;
+int kvedge_block_recode(const kvedge_block_info_t *in, bool ec, bool lz4, uint8_t **out,
+                        size_t *out_len)
+{
+    if (out)
+        *out = NULL;
+    if (!in || !in->body || !out || !out_len || in->scheme == KVEDGE_SCHEME_LOSSLESS)
+        return KVEDGE_EINVAL;
+    s_layout_t l;
+    if (s_layout(in->dtype, in->scheme, in->tokens, in->head_dim, in->key_channels, in->group_size,
+                 in->key_mask != NULL, &l) != KVEDGE_OK ||
+        l.raw != in->raw_len)
+        return KVEDGE_EINVAL;
+    const size_t cap = KVEDGE_BLOCK_HEADER_BYTES + l.mask_bytes + (size_t)l.raw +
+                       KVEDGE_EC_OVERHEAD_BYTES + KVEDGE_BLOCK_CHECKSUM_BYTES;
+    uint8_t *blk = malloc(cap);
+    if (!blk)
+        return KVEDGE_ENOMEM;
+    uint8_t *body = blk + KVEDGE_BLOCK_HEADER_BYTES + l.mask_bytes;
+    const uint8_t *raw;
+    int rc = kvedge_block_body(in, body, cap - KVEDGE_BLOCK_HEADER_BYTES - l.mask_bytes, &raw);
+    if (rc == KVEDGE_OK) {
+        if (raw != body)
+            memcpy(body, raw, l.raw);
+        if (l.mask_bytes)
+            memcpy(blk + KVEDGE_BLOCK_HEADER_BYTES, in->key_mask, l.mask_bytes);
+        s_fields_t f = {in->dtype,        in->scheme,     in->tokens,          in->head_dim,
+                        in->key_channels, in->group_size, in->key_mask != NULL};
+        rc = s_seal(blk, &f, &l, lz4, ec, out_len);
+    }
+    if (rc != KVEDGE_OK) {
+        free(blk);
+        return rc;
+    }
+    uint8_t *shrunk = realloc(blk, *out_len);
+    *out = shrunk ? shrunk : blk;
     return KVEDGE_OK;
 }
 
@@ -296,14 +397,18 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
         return KVEDGE_ETRUNCATED;
     if (memcmp(buf, s_magic, 4) != 0)
         return KVEDGE_ECORRUPT;
-    if (buf[4] != KVEDGE_BLOCK_VERSION)
+    if (buf[4] != KVEDGE_BLOCK_VERSION && buf[4] != KVEDGE_BLOCK_VERSION_EC)
         return KVEDGE_EVERSION;
     if (len > (size_t)KVEDGE_BLOCK_MAX_BYTES + KVEDGE_BLOCK_HEADER_BYTES +
                   KVEDGE_BLOCK_MASK_BYTES(KVEDGE_BLOCK_MAX_HEAD_DIM) + KVEDGE_BLOCK_CHECKSUM_BYTES)
         return KVEDGE_ETOOBIG;
     const uint8_t flags = buf[7];
-    if ((flags & ~(KVEDGE_BLOCK_FLAG_LZ4 | KVEDGE_BLOCK_FLAG_MASK)) != 0 ||
+    if ((flags & ~(KVEDGE_BLOCK_FLAG_LZ4 | KVEDGE_BLOCK_FLAG_MASK | KVEDGE_BLOCK_FLAG_EC)) != 0 ||
         kvedge_le_get16(buf + 18) != 0 || kvedge_le_get32(buf + 28) != 0)
+        return KVEDGE_ECORRUPT;
+    /* Version 2 is exactly the coded body; a coded body is never also lz4. */
+    const bool ec = (flags & KVEDGE_BLOCK_FLAG_EC) != 0;
+    if (ec != (buf[4] == KVEDGE_BLOCK_VERSION_EC) || (ec && (flags & KVEDGE_BLOCK_FLAG_LZ4)))
         return KVEDGE_ECORRUPT;
 
     kvedge_block_info_t in;
@@ -312,6 +417,7 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
     in.dtype = (kvedge_dtype_t)buf[5];
     in.scheme = (kvedge_scheme_t)buf[6];
     in.lz4 = (flags & KVEDGE_BLOCK_FLAG_LZ4) != 0;
+    in.ec = ec;
     in.tokens = kvedge_le_get32(buf + 8);
     in.head_dim = kvedge_le_get16(buf + 12);
     in.key_channels = kvedge_le_get16(buf + 14);
@@ -324,9 +430,14 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
                       (flags & KVEDGE_BLOCK_FLAG_MASK) != 0, &l);
     if (rc != KVEDGE_OK)
         return rc == KVEDGE_ETOOBIG ? KVEDGE_ETOOBIG : KVEDGE_ECORRUPT;
-    /* The body length is implied by the shape; a compressed body must be strictly smaller. */
-    if (in.raw_len != l.raw ||
-        (in.lz4 ? in.stored_len >= in.raw_len || in.stored_len == 0 : in.stored_len != in.raw_len))
+    /* The body length is implied by the shape; a compressed body must be strictly smaller, a
+     * coded one (quantized only) at most KVEDGE_EC_OVERHEAD_BYTES larger. */
+    if (in.raw_len != l.raw)
+        return KVEDGE_ECORRUPT;
+    if (in.ec ? l.bits == 0 || in.stored_len == 0 ||
+                    in.stored_len > (uint64_t)in.raw_len + KVEDGE_EC_OVERHEAD_BYTES
+        : in.lz4 ? in.stored_len >= in.raw_len || in.stored_len == 0
+                 : in.stored_len != in.raw_len)
         return KVEDGE_ECORRUPT;
     const size_t need = KVEDGE_BLOCK_HEADER_BYTES + l.mask_bytes + (size_t)in.stored_len +
                         KVEDGE_BLOCK_CHECKSUM_BYTES;
@@ -356,9 +467,9 @@ int kvedge_block_check(const uint8_t *buf, size_t len, kvedge_block_info_t *info
     int rc = kvedge_block_parse(buf, len, &in);
     if (rc != KVEDGE_OK)
         return rc;
-    if (in.lz4) {
-        /* A checksum only says the bytes are the ones written: an lz4 body that was bad when
-         * written is caught here, before anything serves it. */
+    if (in.lz4 || in.ec) {
+        /* A checksum only says the bytes are the ones written: an lz4 or coded body that was
+         * bad when written is caught here, before anything serves it. */
         void *scratch = malloc(in.raw_len);
         if (!scratch)
             return KVEDGE_ENOMEM;
@@ -378,18 +489,63 @@ int kvedge_block_body(const kvedge_block_info_t *info, void *scratch, size_t scr
 {
     if (!info || !raw)
         return KVEDGE_EINVAL;
-    if (!info->lz4) {
+    if (!info->lz4 && !info->ec) {
         *raw = info->body;
         return KVEDGE_OK;
     }
     if (!scratch || scratch_cap < info->raw_len)
         return KVEDGE_ENOSPACE;
+    if (info->ec) {
+        s_layout_t l;
+        kvedge_ec_shape_t shape;
+        if (s_layout(info->dtype, info->scheme, info->tokens, info->head_dim, info->key_channels,
+                     info->group_size, info->key_mask != NULL, &l) != KVEDGE_OK ||
+            l.bits == 0 || l.raw != info->raw_len)
+            return KVEDGE_ECORRUPT;
+        s_ec_shape(&l, info->tokens, info->key_channels, info->head_dim, &shape);
+        int rc = kvedge_ec_decode(&shape, info->body, info->stored_len, scratch);
+        if (rc != KVEDGE_OK)
+            return rc == KVEDGE_ENOMEM ? rc : KVEDGE_ECORRUPT;
+        *raw = scratch;
+        return KVEDGE_OK;
+    }
     int n = LZ4_decompress_safe((const char *)info->body, scratch, (int)info->stored_len,
                                 (int)info->raw_len);
     if (n < 0 || (uint32_t)n != info->raw_len)
         return KVEDGE_ECORRUPT;
     *raw = scratch;
     return KVEDGE_OK;
+}
+
+int kvedge_block_coding(const kvedge_block_info_t *info, kvedge_block_section_coding_t out[4],
+                        size_t *n)
+{
+    s_layout_t l;
+    if (!info || !out || !n ||
+        s_layout(info->dtype, info->scheme, info->tokens, info->head_dim, info->key_channels,
+                 info->group_size, info->key_mask != NULL, &l) != KVEDGE_OK)
+        return KVEDGE_EINVAL;
+    const uint64_t raw[4] = {l.k_params, l.v_params, l.k_codes, l.v_codes};
+    const size_t first = l.bits ? 0 : 2;
+    size_t pos = 0;
+    *n = 4 - first;
+    for (size_t i = first; i < 4; i++) {
+        kvedge_block_section_coding_t *c = &out[i - first];
+        c->raw = (uint32_t)raw[i];
+        c->stored = info->lz4 ? 0 : c->raw;
+        c->transform = KVEDGE_EC_XF_NONE;
+        if (!info->ec)
+            continue;
+        if (info->stored_len - pos < KVEDGE_EC_RECORD_BYTES)
+            return KVEDGE_ECORRUPT;
+        c->transform = info->body[pos];
+        c->stored = kvedge_le_get32(info->body + pos + 1);
+        pos += KVEDGE_EC_RECORD_BYTES;
+        if (c->stored > info->stored_len - pos)
+            return KVEDGE_ECORRUPT;
+        pos += c->stored;
+    }
+    return !info->ec || pos == info->stored_len ? KVEDGE_OK : KVEDGE_ECORRUPT;
 }
 
 void kvedge_block_sections(const kvedge_block_info_t *info, const uint8_t *raw,
@@ -518,11 +674,11 @@ int kvedge_block_decode(const kvedge_block_info_t *info, kvedge_dtype_t out_dtyp
     /* A stored body is decompressed, or copied when it is misaligned for 16-bit params. */
     void *scratch = NULL;
     const uint8_t *raw = info->body;
-    if (info->lz4 || ((uintptr_t)info->body & 3u) != 0) {
+    if (info->lz4 || info->ec || ((uintptr_t)info->body & 3u) != 0) {
         scratch = malloc(info->raw_len);
         if (!scratch)
             return KVEDGE_ENOMEM;
-        if (info->lz4) {
+        if (info->lz4 || info->ec) {
             int rc = kvedge_block_body(info, scratch, info->raw_len, &raw);
             if (rc != KVEDGE_OK) {
                 free(scratch);

@@ -1,5 +1,6 @@
 /* The kvedge block: K and V of one head of one layer for one chunk of tokens, self-describing,
- * optionally quantized and channel-pruned, lz4-compressed when that pays, xxh3-checksummed.
+ * optionally quantized and channel-pruned, lz4-compressed when that pays or (quantized blocks)
+ * entropy-coded with rANS, xxh3-checksummed.
  * The byte layout is specified in docs/block-format.md. */
 #ifndef KVEDGE_STORE_BLOCK_H
 #define KVEDGE_STORE_BLOCK_H
@@ -12,7 +13,11 @@
 extern "C" {
 #endif
 
+/* Version 1: bodies as they are or lz4-compressed. Version 2: the body is entropy-coded (flag
+ * EC); a block is written at version 2 only then, so readers of version 1 read every other
+ * block and refuse a coded one as an unsupported version. */
 #define KVEDGE_BLOCK_VERSION        1
+#define KVEDGE_BLOCK_VERSION_EC     2
 #define KVEDGE_BLOCK_HEADER_BYTES   32
 #define KVEDGE_BLOCK_CHECKSUM_BYTES 8
 #define KVEDGE_BLOCK_MAX_TOKENS     65536
@@ -23,6 +28,8 @@ extern "C" {
 
 #define KVEDGE_BLOCK_FLAG_LZ4  0x01u
 #define KVEDGE_BLOCK_FLAG_MASK 0x02u
+/* The body is entropy-coded (access/codec/ecbody.h); quantized schemes only, never with LZ4. */
+#define KVEDGE_BLOCK_FLAG_EC 0x04u
 
 /* Bytes the key-channel mask occupies in a block: head_dim bits padded to 8-byte words, so
  * the body that follows stays aligned. */
@@ -52,7 +59,8 @@ typedef struct {
     /* Key channels to keep (ThinK pruning): bitmap of head_dim bits, LSB-first; NULL keeps
      * every channel. Dropped key channels are not stored and decode as zero. */
     const uint8_t *key_mask;
-    /* Try lz4 on the body and keep it only when it is smaller. */
+    /* Try lz4 on the body and keep it only when it is smaller. An entropy-coded body is made
+     * from an encoded block by kvedge_block_recode. */
     bool lz4;
 } kvedge_block_spec_t;
 
@@ -66,10 +74,11 @@ typedef struct {
     uint16_t key_channels; /* channels of K stored (popcount of the mask) */
     uint16_t group_size;
     bool lz4;
+    bool ec;                 /* the body is entropy-coded (version 2) */
     const uint8_t *key_mask; /* NULL when every channel is kept */
-    uint32_t raw_len;        /* body bytes once decompressed */
+    uint32_t raw_len;        /* body bytes once decompressed or decoded */
     uint32_t stored_len;     /* body bytes in the block */
-    const uint8_t *body;     /* stored body; lz4-compressed when lz4 is set */
+    const uint8_t *body;     /* stored body; lz4-compressed or entropy-coded when flagged */
     uint64_t checksum;
     size_t total_len;
 } kvedge_block_info_t;
@@ -115,29 +124,56 @@ uint64_t kvedge_block_fp16_bytes(uint32_t tokens, uint16_t head_dim);
 int kvedge_block_encode(const kvedge_block_spec_t *spec, const void *k, const void *v, uint8_t *out,
                         size_t out_cap, size_t *out_len);
 
+/* Re-codes the body of a verified quantized block: entropy-coded when ec is set (a version-2
+ * block, flag EC; access/codec/ecbody.h), else as a version-1 block, lz4-compressed when lz4 is
+ * set and that is smaller. Header fields, mask and the decoded body stay as they are, so the
+ * block decodes to exactly the same values. *out is malloc'd (free it), *out_len its length.
+ * Errors: KVEDGE_EINVAL (NULL, a lossless block), KVEDGE_ECORRUPT (a body that does not decode),
+ * KVEDGE_ENOMEM; *out is NULL then. */
+int kvedge_block_recode(const kvedge_block_info_t *in, bool ec, bool lz4, uint8_t **out,
+                        size_t *out_len);
+
 /* Verifies a block without decoding its payload: magic, version, flags, every count and length
  * against the buffer and the hard limits, then the checksum, then the mask. Fills info on
  * success. Errors: KVEDGE_ETRUNCATED, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ETOOBIG. */
 int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info);
 
 /* Verifies a block fully, as every reader of stored blocks must: kvedge_block_parse, then for an
- * lz4 body its decompression to exactly raw_len bytes (step 10 of docs/block-format.md), so a
- * block that passes can be decoded. info (may be NULL) is filled on success. An lz4 body is
- * decompressed into a buffer allocated and freed here. Errors: those of kvedge_block_parse,
- * KVEDGE_ECORRUPT (a body that does not decompress), KVEDGE_ENOMEM. */
+ * lz4 or entropy-coded body its decoding to exactly raw_len bytes (steps 10 and 11 of
+ * docs/block-format.md), so a block that passes can be decoded. info (may be NULL) is filled on
+ * success. Such a body is decoded into a buffer allocated and freed here. Errors: those of
+ * kvedge_block_parse, KVEDGE_ECORRUPT (a body that does not decode), KVEDGE_ENOMEM. */
 int kvedge_block_check(const uint8_t *buf, size_t len, kvedge_block_info_t *info);
 
-/* Returns the decompressed body: info->body itself when not compressed, else decompresses
- * into scratch (at least info->raw_len bytes). Errors: KVEDGE_ENOSPACE, KVEDGE_ECORRUPT. */
+/* Returns the decompressed body: info->body itself when neither compressed nor coded, else
+ * decompresses or decodes into scratch (at least info->raw_len bytes; a coded body allocates a
+ * scratch of its own for channel-major sections). Errors: KVEDGE_ENOSPACE, KVEDGE_ECORRUPT,
+ * KVEDGE_ENOMEM. */
 int kvedge_block_body(const kvedge_block_info_t *info, void *scratch, size_t scratch_cap,
                       const uint8_t **raw);
+
+/* One section of a body as the block stores it: its raw bytes and, for an entropy-coded body,
+ * its record's stream bytes and transform (KVEDGE_EC_XF_* of access/codec/ecbody.h); for a
+ * plain body stored = raw and transform 0. */
+typedef struct {
+    uint32_t raw;
+    uint32_t stored;
+    uint8_t transform;
+} kvedge_block_section_coding_t;
+
+/* The sections of a verified block's body (K params, V params, K codes, V codes; K and V for
+ * lossless) as stored, without decoding anything: *n gets 4 or 2. For an lz4 body stored is 0
+ * (the body is one stream). An entropy-coded body's records are walked as the decoder walks
+ * them. Errors: KVEDGE_EINVAL (NULL), KVEDGE_ECORRUPT (records that do not fit the body). */
+int kvedge_block_coding(const kvedge_block_info_t *info, kvedge_block_section_coding_t out[4],
+                        size_t *n);
 
 /* Splits a decompressed body into its sections. */
 void kvedge_block_sections(const kvedge_block_info_t *info, const uint8_t *raw,
                            kvedge_block_sections_t *sec);
 
 /* Decodes a parsed block into K and V, each [tokens][head_dim] in out_dtype. Dropped key
- * channels come out as zero. Allocates a scratch body only for lz4 blocks.
+ * channels come out as zero. Allocates a scratch body only for lz4 and coded blocks.
  * Errors: KVEDGE_EINVAL, KVEDGE_ECORRUPT, KVEDGE_ENOMEM. */
 int kvedge_block_decode(const kvedge_block_info_t *info, kvedge_dtype_t out_dtype, void *k_out,
                         void *v_out);

@@ -26,8 +26,9 @@ static int s_scheme_rank(kvedge_scheme_t s)
 bool kvedge_prec_valid(kvedge_prec_t p)
 {
     unsigned base = KVEDGE_PREC_BASE(p), think = KVEDGE_PREC_THINK(p);
-    return (p & 0x80u) == 0 && base >= KVEDGE_PREC_LOSSLESS && base <= KVEDGE_PREC_BASE_MAX &&
-           think <= KVEDGE_PREC_THINK_MAX;
+    return base >= KVEDGE_PREC_LOSSLESS && base <= KVEDGE_PREC_BASE_MAX &&
+           think <= KVEDGE_PREC_THINK_MAX &&
+           (!KVEDGE_PREC_IS_EC(p) || base != KVEDGE_PREC_LOSSLESS);
 }
 
 kvedge_scheme_t kvedge_prec_scheme(kvedge_prec_t p)
@@ -89,6 +90,15 @@ static const char *const s_names[KVEDGE_PREC_BASE_MAX + 1][KVEDGE_PREC_THINK_MAX
     {"int4-g64", "int4-g64+think-75", "int4-g64+think-50"},
     {"int4-g128", "int4-g128+think-75", "int4-g128+think-50"},
 };
+/* The same with the coding suffix; lossless has no EC rung. */
+static const char *const s_names_ec[KVEDGE_PREC_BASE_MAX + 1][KVEDGE_PREC_THINK_MAX + 1] = {
+    {NULL, NULL, NULL},
+    {NULL, NULL, NULL},
+    {"int8+ec", "int8+think-75+ec", "int8+think-50+ec"},
+    {"int4-g32+ec", "int4-g32+think-75+ec", "int4-g32+think-50+ec"},
+    {"int4-g64+ec", "int4-g64+think-75+ec", "int4-g64+think-50+ec"},
+    {"int4-g128+ec", "int4-g128+think-75+ec", "int4-g128+think-50+ec"},
+};
 
 const char *kvedge_prec_name(kvedge_prec_t p)
 {
@@ -96,12 +106,15 @@ const char *kvedge_prec_name(kvedge_prec_t p)
         return "stored";
     if (!kvedge_prec_valid(p))
         return "?";
-    return s_names[KVEDGE_PREC_BASE(p)][KVEDGE_PREC_THINK(p)];
+    return (KVEDGE_PREC_IS_EC(p) ? s_names_ec : s_names)[KVEDGE_PREC_BASE(p)][KVEDGE_PREC_THINK(p)];
 }
 
 /* Parses the first len bytes of name (no NUL needed). */
 static int s_parse(const char *name, size_t len, kvedge_prec_t *out)
 {
+    bool ec = len > 3 && memcmp(name + len - 3, "+ec", 3) == 0;
+    if (ec)
+        len -= 3;
     const char *plus = memchr(name, '+', len);
     size_t blen = plus ? (size_t)(plus - name) : len;
     unsigned base = 0, think = KVEDGE_PREC_THINK_NONE;
@@ -121,7 +134,10 @@ static int s_parse(const char *name, size_t len, kvedge_prec_t *out)
         if (think == 0)
             return KVEDGE_EINVAL;
     }
-    *out = KVEDGE_PREC_MAKE(base, think);
+    kvedge_prec_t p = (kvedge_prec_t)(KVEDGE_PREC_MAKE(base, think) | (ec ? KVEDGE_PREC_EC : 0));
+    if (!kvedge_prec_valid(p))
+        return KVEDGE_EINVAL; /* lossless+ec */
+    *out = p;
     return KVEDGE_OK;
 }
 
@@ -210,13 +226,15 @@ kvedge_prec_t kvedge_prec_of_block(const kvedge_block_info_t *info)
 {
     if (!info)
         return KVEDGE_PREC_STORED;
-    return kvedge_prec_of_shape(info->scheme, info->group_size,
-                                info->key_mask ? info->key_channels : info->head_dim,
-                                info->head_dim);
+    kvedge_prec_t p =
+        kvedge_prec_of_shape(info->scheme, info->group_size,
+                             info->key_mask ? info->key_channels : info->head_dim, info->head_dim);
+    return p != KVEDGE_PREC_STORED && info->ec ? (kvedge_prec_t)(p | KVEDGE_PREC_EC) : p;
 }
 
 bool kvedge_prec_derivable(kvedge_prec_t from, kvedge_prec_t to)
 {
+    /* The coding bit is ignored: a body is coded or uncoded without loss. */
     return kvedge_prec_valid(from) && kvedge_prec_valid(to) &&
            KVEDGE_PREC_BASE(to) >= KVEDGE_PREC_BASE(from) &&
            KVEDGE_PREC_THINK(to) >= KVEDGE_PREC_THINK(from);
@@ -259,7 +277,18 @@ double kvedge_prec_bytes_per_fp16(kvedge_prec_t p, uint32_t tokens, uint32_t hea
     size_t bytes = kvedge_block_encoded_bound(&spec);
     if (bytes == 0)
         return 0.0;
-    return (double)bytes / (double)kvedge_block_fp16_bytes(tokens, (uint16_t)head_dim);
+    double ratio = !KVEDGE_PREC_IS_EC(p)                         ? 1.0
+                   : kvedge_prec_scheme(p) == KVEDGE_SCHEME_INT8 ? KVEDGE_PREC_EC_RATIO_INT8
+                                                                 : KVEDGE_PREC_EC_RATIO_INT4;
+    return ratio * (double)bytes / (double)kvedge_block_fp16_bytes(tokens, (uint16_t)head_dim);
+}
+
+double kvedge_prec_decode_us_per_byte(kvedge_prec_t p)
+{
+    if (!kvedge_prec_valid(p) || !KVEDGE_PREC_IS_EC(p))
+        return 0.0;
+    return kvedge_prec_scheme(p) == KVEDGE_SCHEME_INT8 ? KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT8
+                                                       : KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT4;
 }
 
 /* True when the block at rung `from` (its info) may be re-encoded at `to`. */
@@ -324,6 +353,22 @@ static int s_choose_mask(const kvedge_block_info_t *in, kvedge_prec_t to, const 
     return rc;
 }
 
+/* An EC rung whose values differ from the block's: the plain rung's transcode, then coded. */
+static int s_transcode_coded(const kvedge_block_info_t *in, kvedge_prec_t plain_to, uint8_t **out,
+                             size_t *out_len)
+{
+    uint8_t *plain = NULL;
+    size_t plen = 0;
+    int rc = kvedge_block_transcode(in, plain_to, false, &plain, &plen);
+    kvedge_block_info_t pi;
+    if (rc == KVEDGE_OK)
+        rc = kvedge_block_parse(plain, plen, &pi);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_block_recode(&pi, true, false, out, out_len);
+    free(plain);
+    return rc;
+}
+
 int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool lz4, uint8_t **out,
                            size_t *out_len)
 {
@@ -334,9 +379,17 @@ int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool
     if (!in || !out || !out_len || !in->body || !kvedge_prec_valid(to))
         return KVEDGE_EINVAL;
     const size_t es = kvedge_dtype_size(in->dtype);
-    if (es == 0 || in->tokens == 0 || in->head_dim == 0 ||
-        !s_may_derive(in, kvedge_prec_of_block(in), to))
+    const kvedge_prec_t from = kvedge_prec_of_block(in);
+    if (es == 0 || in->tokens == 0 || in->head_dim == 0 || !s_may_derive(in, from, to))
         return KVEDGE_EINVAL;
+    const kvedge_prec_t plain_to = (kvedge_prec_t)(to & ~KVEDGE_PREC_EC);
+    if (from != KVEDGE_PREC_STORED && (kvedge_prec_t)(from & ~KVEDGE_PREC_EC) == plain_to &&
+        (KVEDGE_PREC_IS_EC(from) || KVEDGE_PREC_IS_EC(to)))
+        /* Only the coding differs: the same codes, coded or uncoded. */
+        return kvedge_block_recode(in, KVEDGE_PREC_IS_EC(to), lz4 && !KVEDGE_PREC_IS_EC(to), out,
+                                   out_len);
+    if (KVEDGE_PREC_IS_EC(to))
+        return s_transcode_coded(in, plain_to, out, out_len);
 
     const size_t n = (size_t)in->tokens * in->head_dim;
     const void *k, *v;
@@ -344,7 +397,8 @@ int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool
     int rc;
     if (in->scheme == KVEDGE_SCHEME_LOSSLESS && !in->key_mask &&
         (in->lz4 || ((uintptr_t)in->body & 3u) == 0)) {
-        /* Lossless over every channel: the body already is K then V in the block's dtype. */
+        /* Lossless over every channel: the body already is K then V in the block's dtype
+         * (never entropy-coded: the coding is for quantized blocks only). */
         const uint8_t *raw = in->body;
         if (in->lz4) {
             buf = malloc(in->raw_len);

@@ -33,7 +33,7 @@ typedef uint8_t kvedge_prec_t;
 #define KVEDGE_PREC_BASE_MASK 0x1Fu
 #define KVEDGE_PREC_BASE_MAX  5u
 
-/* ThinK level (bits 5..6): 0 every key channel, 1 keep 75 %, 2 keep 50 %. Bit 7 is 0. */
+/* ThinK level (bits 5..6): 0 every key channel, 1 keep 75 %, 2 keep 50 %. */
 #define KVEDGE_PREC_THINK_SHIFT 5
 #define KVEDGE_PREC_THINK_MASK  0x60u
 #define KVEDGE_PREC_THINK_NONE  0u
@@ -41,17 +41,34 @@ typedef uint8_t kvedge_prec_t;
 #define KVEDGE_PREC_THINK_50    2u
 #define KVEDGE_PREC_THINK_MAX   2u
 
+/* Bit 7: the body is entropy-coded ("+ec": block version 2, access/codec/ecbody.h), the same
+ * values as the rung without it in fewer bytes, decoded at a measured cost. int8 and int4
+ * bases only. Peers that predate it refuse such a rung as invalid. */
+#define KVEDGE_PREC_EC 0x80u
+
+/* Block bytes of an "+ec" rung per byte of the same rung plain (medians over the trained
+ * models' blocks of 256 tokens, both pairs), and the client's extra decode time per byte
+ * received (median of 3 runs of the decode ns per raw byte, divided by the ratio), measured by
+ * `build/bench/bench_entropy` from the repository root (docs/benchmarks.md "Entropy coding of
+ * quantized blocks"). */
+#define KVEDGE_PREC_EC_RATIO_INT8              0.985
+#define KVEDGE_PREC_EC_RATIO_INT4              0.950
+#define KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT8 0.00168
+#define KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT4 0.00614
+
 #define KVEDGE_PREC_MAKE(base, think)                                                              \
     ((kvedge_prec_t)((base) | ((think) << KVEDGE_PREC_THINK_SHIFT)))
 #define KVEDGE_PREC_BASE(p)  ((unsigned)(p)&KVEDGE_PREC_BASE_MASK)
 #define KVEDGE_PREC_THINK(p) (((unsigned)(p)&KVEDGE_PREC_THINK_MASK) >> KVEDGE_PREC_THINK_SHIFT)
+#define KVEDGE_PREC_IS_EC(p) (((unsigned)(p)&KVEDGE_PREC_EC) != 0)
 
 /* Precisions one accept list holds at most, and the longest name with its NUL
- * ("int4-g128+think-75" is 19). */
+ * ("int4-g128+think-75+ec" is 22). */
 #define KVEDGE_PREC_MAX_ACCEPT 8
 #define KVEDGE_PREC_NAME_BYTES 24
 
-/* True for a ladder rung: base 1..5, ThinK 0..2, bit 7 clear. KVEDGE_PREC_STORED is not. */
+/* True for a ladder rung: base 1..5, ThinK 0..2, bit 7 (EC) only with base int8..int4-g128.
+ * KVEDGE_PREC_STORED is not. */
 bool kvedge_prec_valid(kvedge_prec_t p);
 
 /* The rung's encoding: scheme, group size (0 for lossless and int8) and the key channels it
@@ -68,8 +85,9 @@ uint16_t kvedge_prec_group(kvedge_prec_t p);
 uint32_t kvedge_prec_keep_channels(kvedge_prec_t p, uint32_t head_dim);
 
 /* "lossless", "int8", "int4-g32", "int4-g64", "int4-g128", each optionally followed by
- * "+think-75" or "+think-50"; "stored" for KVEDGE_PREC_STORED; "?" for anything else. Static
- * storage. The grammar is kvedge eval's scheme names restricted to the ladder. */
+ * "+think-75" or "+think-50", then for an EC rung "+ec" ("int4-g32+think-50+ec"); "stored"
+ * for KVEDGE_PREC_STORED; "?" for anything else. Static storage. The grammar is kvedge eval's
+ * scheme names restricted to the ladder, plus the coding suffix. */
 const char *kvedge_prec_name(kvedge_prec_t p);
 /* Parses a name as printed (not "stored"), exactly: no spaces, case or other suffixes;
  * "int4" alone is int4-g32. 0 or KVEDGE_EINVAL (NULL, anything else; *out untouched). */
@@ -83,8 +101,9 @@ int kvedge_prec_list_check(const kvedge_prec_t *list, size_t n);
  * (NULL, an empty entry, more than max entries); out and *n are untouched then. */
 int kvedge_prec_list_parse(const char *csv, kvedge_prec_t *out, size_t max, size_t *n);
 
-/* The rung a verified block is encoded at, read from its header: scheme, group size and the
- * share of key channels its mask keeps (exactly the rung's kvedge_prec_keep_channels count);
+/* The rung a verified block is encoded at, read from its header: scheme, group size, the
+ * share of key channels its mask keeps (exactly the rung's kvedge_prec_keep_channels count)
+ * and, for an entropy-coded body, KVEDGE_PREC_EC;
  * KVEDGE_PREC_STORED when it matches no rung (or info is NULL). An int4 block whose group
  * covers the whole token and channel axes is still classified by its group field. Where a
  * count fits more than one ThinK level the shallowest wins, since the deeper ones derive from
@@ -99,17 +118,22 @@ kvedge_prec_t kvedge_prec_of_shape(kvedge_scheme_t scheme, uint16_t group_size,
 
 /* True when a block at rung `to` can be derived from one at rung `from` without putting back
  * anything `from` lost: the base is the same or coarser (lossless < int8 < int4-g32 < g64 <
- * g128) and the ThinK level the same or deeper. from == to is derivable. False for any
- * invalid rung. */
+ * g128) and the ThinK level the same or deeper; the coding (EC) may differ either way, it
+ * loses nothing. from == to is derivable. False for any invalid rung. */
 bool kvedge_prec_derivable(kvedge_prec_t from, kvedge_prec_t to);
 
 /* Bytes per fp16 byte of a rung for a head of head_dim channels and `tokens` tokens, without
  * lz4 (the planner's price of a precision from a block size it knows at another): the exact
  * encoded size of kvedge_block_encoded_bound for that shape (header, mask, params, codes,
  * checksum; lossless at element size elem_bytes, 2 or 4), divided by
- * kvedge_block_fp16_bytes. 0 for an invalid rung, shape or elem_bytes. */
+ * kvedge_block_fp16_bytes; for an EC rung that of the plain rung times its measured
+ * KVEDGE_PREC_EC_RATIO_*. 0 for an invalid rung, shape or elem_bytes. */
 double kvedge_prec_bytes_per_fp16(kvedge_prec_t p, uint32_t tokens, uint32_t head_dim,
                                   size_t elem_bytes);
+
+/* The client's time per received byte to decode rung p's body beyond a plain block's, in µs:
+ * KVEDGE_PREC_EC_DECODE_US_PER_BYTE_* for an EC rung, 0 for any other. */
+double kvedge_prec_decode_us_per_byte(kvedge_prec_t p);
 
 /* Re-encodes a verified block at rung `to` (kvedge_prec_derivable from the block's own rung):
  * decodes it to its element type, chooses the ThinK mask as the prefill does, encodes with the
@@ -122,14 +146,17 @@ double kvedge_prec_bytes_per_fp16(kvedge_prec_t p, uint32_t tokens, uint32_t hea
  * So from a lossless block the output is byte for byte a direct put at `to` of the same values
  * with the mask chosen over them as stored (a prefill choosing over fp32 keys before rounding
  * them to the dtype can differ where two channels' sums are within that rounding).
- * From a quantized block the values are requantized: int8 -> int4 is int4 of the int8-decoded
- * values, whose error against the original adds the int8 error to a direct int4 put's (RMS
- * within 2 %, largest error within twice the int8 error: tests/access/codec/test_prec.c).
- * A block off the ladder (KVEDGE_PREC_STORED) derives only rungs without ThinK whose scheme is
- * coarser than its own (int4 from int8 at another group size), and only when it has no mask.
- * Errors: KVEDGE_EINVAL (NULL, `to` invalid or not derivable from the block, values `to`
- * cannot hold: fp32 beyond the fp16 range of quantization params), KVEDGE_ECORRUPT (an lz4
- * body that does not decompress), KVEDGE_ENOMEM; *out is NULL and nothing allocated then. */
+ * A `to` that differs from the block's rung only in its coding (EC) is kvedge_block_recode of
+ * the block: the same values, no requantization; an EC `to` otherwise is the plain rung's
+ * transcode, then coded. From a quantized block the values are requantized: int8 -> int4 is int4 of
+ * the int8-decoded values, whose error against the original adds the int8 error to a direct int4
+ * put's (RMS within 2 %, largest error within twice the int8 error:
+ * tests/access/codec/test_prec.c). A block off the ladder (KVEDGE_PREC_STORED) derives only rungs
+ * without ThinK whose scheme is coarser than its own (int4 from int8 at another group size), and
+ * only when it has no mask. Errors: KVEDGE_EINVAL (NULL, `to` invalid or not derivable from the
+ * block, values `to` cannot hold: fp32 beyond the fp16 range of quantization params),
+ * KVEDGE_ECORRUPT (an lz4 body that does not decompress), KVEDGE_ENOMEM; *out is NULL and nothing
+ * allocated then. */
 int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool lz4, uint8_t **out,
                            size_t *out_len);
 

@@ -1502,7 +1502,8 @@ static const kvedge_cmdopt_t s_decode_list[] = {
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(s_decode_opts_t, accept),
      .help = "the cache optimizer: the precisions this edge accepts, best first (lossless, "
-             "int8, int4-g32/64/128, each +think-75 or +think-50; docs/protocol.md "
+             "int8, int4-g32/64/128, each +think-75 or +think-50, then +ec for the same values "
+             "entropy-coded; docs/protocol.md "
              "\"Precisions\"); the proxy picks one per layer, a store node serves the first it "
              "holds or derives"},
     {.name = "budget",

@@ -250,12 +250,13 @@ static int s_demote_key(kvedge_engine_t *e, const uint8_t *kb, kvedge_prec_t pre
 
 /* ---------------------------------------------------------------- API */
 
+/* Demotion targets are plain rungs: a primary is never entropy-coded (kvedge_engine_put). */
 int kvedge_engine_demote(kvedge_engine_t *e, const kvedge_block_key_t *key, kvedge_prec_t prec,
                          int64_t *saved)
 {
     if (saved)
         *saved = 0;
-    if (!e || !key || !kvedge_prec_valid(prec))
+    if (!e || !key || !kvedge_prec_valid(prec) || KVEDGE_PREC_IS_EC(prec))
         return KVEDGE_EINVAL;
     if (e->opts.read_only)
         return KVEDGE_EREADONLY;
@@ -276,7 +277,7 @@ int kvedge_engine_demote_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id, 
         *blocks = 0;
     if (saved)
         *saved = 0;
-    if (!e || !id || !kvedge_prec_valid(prec))
+    if (!e || !id || !kvedge_prec_valid(prec) || KVEDGE_PREC_IS_EC(prec))
         return KVEDGE_EINVAL;
     if (e->opts.read_only)
         return KVEDGE_EREADONLY;
@@ -323,7 +324,7 @@ int kvedge_engine_demote_idle(kvedge_engine_t *e, kvedge_prec_t prec, uint64_t i
         *blocks = 0;
     if (saved)
         *saved = 0;
-    if (!e || !kvedge_prec_valid(prec))
+    if (!e || !kvedge_prec_valid(prec) || KVEDGE_PREC_IS_EC(prec))
         return KVEDGE_EINVAL;
     if (e->opts.read_only)
         return KVEDGE_EREADONLY;

@@ -186,6 +186,10 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
         full_check ? kvedge_block_check(block, len, &info) : kvedge_block_parse(block, len, &info);
     if (rc != KVEDGE_OK)
         return rc;
+    /* An entropy-coded body is a variant the node derives, never a primary: the meta record
+     * has no coding bit, so a reader asking for the plain rung would get a version-2 block. */
+    if (info.ec)
+        return KVEDGE_EINVAL;
     uint64_t cap = e->block_capacity;
     if (cap && len > cap)
         return KVEDGE_ETOOBIG;

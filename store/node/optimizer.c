@@ -39,7 +39,8 @@ int kvedge_optimizer_check(const kvedge_optimizer_opts_t *o, char *why, size_t w
 {
     if (!o)
         return kvedge_why(why, why_len, KVEDGE_EINVAL, "optimizer: no settings");
-    if (!kvedge_prec_valid(o->demote_to) || KVEDGE_PREC_BASE(o->demote_to) == KVEDGE_PREC_LOSSLESS)
+    if (!kvedge_prec_valid(o->demote_to) ||
+        KVEDGE_PREC_BASE(o->demote_to) == KVEDGE_PREC_LOSSLESS || KVEDGE_PREC_IS_EC(o->demote_to))
         return kvedge_why(why, why_len, KVEDGE_EINVAL,
                           "demote_to must be a rung coarser than lossless (int8, int4-g32, "
                           "int4-g64, int4-g128, optionally +think-75 or +think-50), not %s",

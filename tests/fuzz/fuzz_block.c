@@ -1,4 +1,5 @@
-/* Fuzz target for the block decoder (bytes from disk or the wire). Built with libFuzzer
+/* Fuzz target for the block decoder (bytes from disk or the wire), plain, lz4 and entropy-coded
+ * bodies. Built with libFuzzer
  * (KVEDGE_FUZZ=ON, clang) it fuzzes; built normally it replays the committed corpus. */
 #include <stddef.h>
 #include <stdint.h>
@@ -39,13 +40,26 @@ static void s_parse_and_decode(const uint8_t *data, size_t size)
     kvedge_block_info_t info;
     if (kvedge_block_parse(data, size, &info) != KVEDGE_OK)
         return;
+    /* Its sections as stored (kvedge block's view) are read without trusting the records. */
+    kvedge_block_section_coding_t sec[4];
+    size_t nsec;
+    (void)kvedge_block_coding(&info, sec, &nsec);
     /* A parsed block must decode; cap the output so the fuzzer's memory stays bounded. */
     size_t n = (size_t)info.tokens * info.head_dim;
     if (n > (1u << 22))
         return;
     float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
-    if (k && v && kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v) != KVEDGE_OK && !info.lz4)
-        abort(); /* an uncompressed block that verified must decode */
+    if (k && v && kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v) != KVEDGE_OK && !info.lz4 &&
+        !info.ec)
+        abort(); /* an uncompressed, uncoded block that verified must decode */
+    /* A coded body that decodes must code back to a block that verifies (and the other way). */
+    uint8_t *re = NULL;
+    size_t re_len = 0;
+    if (info.scheme != KVEDGE_SCHEME_LOSSLESS &&
+        kvedge_block_recode(&info, !info.ec, false, &re, &re_len) == KVEDGE_OK &&
+        kvedge_block_check(re, re_len, NULL) != KVEDGE_OK)
+        abort();
+    free(re);
     free(k);
     free(v);
 }

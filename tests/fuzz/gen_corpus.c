@@ -1,5 +1,5 @@
 /* Writes the seed corpus for fuzz_block: one small valid block per dtype x scheme x mask x
- * lz4, plus a few damaged ones. Run: gen_corpus DIR. */
+ * lz4, entropy-coded int8 and int4 blocks, plus a few damaged ones. Run: gen_corpus DIR. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +17,42 @@ static void s_write(const char *dir, const char *name, const uint8_t *buf, size_
         exit(1);
     }
     fclose(f);
+}
+
+/* Entropy-coded blocks (version 2): int8 and int4 of 64 tokens x 33 channels (odd rows), with
+ * and without a key mask, so every section holds a real rANS stream, and a damaged one each. */
+static int s_write_coded(const char *dir)
+{
+    enum { T = 64, D = 33 };
+    static uint16_t k[T * D], v[T * D];
+    static uint8_t out[4 * T * D + 1024];
+    uint8_t mask[8] = {0xFF, 0x0F, 0xF0, 0x01};
+    if (kvedge_synth_head(77, 0, T, D, KVEDGE_DTYPE_FP16, k, v) != 0)
+        return 1;
+    for (int s = KVEDGE_SCHEME_INT8; s <= KVEDGE_SCHEME_INT4; s++)
+        for (int m = 0; m < 2; m++) {
+            kvedge_block_spec_t spec = {.dtype = KVEDGE_DTYPE_FP16,
+                                        .scheme = (kvedge_scheme_t)s,
+                                        .tokens = T,
+                                        .head_dim = D,
+                                        .group_size = 16,
+                                        .key_mask = m ? mask : NULL};
+            size_t len, clen;
+            kvedge_block_info_t info;
+            uint8_t *coded;
+            if (kvedge_block_encode(&spec, k, v, out, sizeof out, &len) != 0 ||
+                kvedge_block_parse(out, len, &info) != 0 ||
+                kvedge_block_recode(&info, true, false, &coded, &clen) != 0)
+                return 1;
+            char name[64];
+            snprintf(name, sizeof name, "valid-fp16-%s-m%d-ec", kvedge_scheme_name(s), m);
+            s_write(dir, name, coded, clen);
+            coded[clen / 2] ^= 0x40;
+            snprintf(name, sizeof name, "flipped-%s-m%d-ec", kvedge_scheme_name(s), m);
+            s_write(dir, name, coded, clen);
+            free(coded);
+        }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -54,6 +90,8 @@ int main(int argc, char **argv)
                         s_write(argv[1], name, out, len / 3);
                     }
                 }
+    if (s_write_coded(argv[1]) != 0)
+        return 1;
     s_write(argv[1], "empty", (const uint8_t *)"", 0);
     s_write(argv[1], "magic-only", (const uint8_t *)"KVEB\x01", 5);
     return 0;

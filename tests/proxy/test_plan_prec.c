@@ -139,6 +139,60 @@ static void test_budget_keeps_sensitive_layer_fine(void **state)
 /* No recompute_us (a fetch-only request): with a budget that int4 everywhere would break, the
  * plan fetches every layer within it (int8 where it must) and never recomputes one that a
  * source serves, though recomputation would cost no quality. */
+/* ---- a plain and an entropy-coded rung: bytes against decode time ----------------------
+ * L = 3, compute 1 per layer, recompute never worth it. One cloud, rtt 100. p 0 = int4-g32,
+ * 1000 B per layer; p 1 = int4-g32+ec, 950 B and 4 us per KB to decode (0.004 us/B: 3.8 us a
+ * layer); quality identical (0). Eq. 19 per layer: plain 100 + 1000/bw, coded
+ * 100 + 950/bw + 3.8.
+ * Slow link, 1e4 B/s (0.01 B/us): plain 100100, coded 95103.8: coded everywhere,
+ * T = 100 + 3 x 95003.8 + 1 = 285112.4.
+ * Fast link, 1e10 B/s (1e4 B/us): plain 100.1, coded 103.895: plain everywhere,
+ * T = 100.1 + 3 x 1 (the layers after the first arrive while the decoder works).
+ * Without the decode price the coded rung is taken on the fast link too (fewer bytes). */
+static double g_ec_compute[3] = {1, 1, 1}, g_ec_recompute[3] = {1e9, 1e9, 1e9};
+static double g_ec_bytes[3 * 2] = {1000, 950, 1000, 950, 1000, 950};
+static double g_ec_qc[3 * 2] = {0, 0, 0, 0, 0, 0};
+static double g_ec_dec[2] = {0, 0.004};
+static const kvedge_prec_t g_ec_rungs[2] = {KVEDGE_PREC_INT4_G32,
+                                            KVEDGE_PREC_INT4_G32 | KVEDGE_PREC_EC};
+
+static void test_decode_cost_prices_coded_rung(void **state)
+{
+    (void)state;
+    kvedge_plan_request_t req = {3, 0, g_ec_compute, g_ec_recompute};
+    kvedge_plan_prec_t pr = s_prec(2, g_ec_qc, 0);
+    pr.layer_prec_bytes[0] = g_ec_bytes;
+    pr.rungs = g_ec_rungs;
+    pr.decode_us_per_byte = g_ec_dec;
+    kvedge_plan_t *p = s_plan_new();
+
+    kvedge_plan_source_t slow = s_src(KVEDGE_PLAN_CLOUD, "cloud", 100, 1e4, NULL);
+    assert_int_equal(kvedge_plan_make_prec(&req, &pr, &slow, 1, p), KVEDGE_OK);
+    s_expect(p, (int32_t[]){0, 0, 0}, (int32_t[]){1, 1, 1});
+    EQ(p->total_us, 100 + 3 * 95003.8 + 1);
+    EQ(kvedge_plan_cost_prec(&req, &pr, &slow, 1, 0, 1, 0), 100 + 95000 + 3.8);
+    EQ(kvedge_plan_cost_prec(&req, &pr, &slow, 1, 0, 0, 0), 100 + 100000);
+
+    kvedge_plan_source_t fast = s_src(KVEDGE_PLAN_CLOUD, "cloud", 100, 1e10, NULL);
+    assert_int_equal(kvedge_plan_make_prec(&req, &pr, &fast, 1, p), KVEDGE_OK);
+    s_expect(p, (int32_t[]){0, 0, 0}, (int32_t[]){0, 0, 0});
+    EQ(p->total_us, 100.1 + 3);
+    EQ(kvedge_plan_cost_prec(&req, &pr, &fast, 1, 0, 1, 0), 100 + 0.095 + 3.8);
+
+    /* Unpriced decode: fewer bytes always win. */
+    pr.decode_us_per_byte = NULL;
+    assert_int_equal(kvedge_plan_make_prec(&req, &pr, &fast, 1, p), KVEDGE_OK);
+    assert_int_equal(p->layer[0].prec, 1);
+
+    /* A decode price that is no price is refused. */
+    double bad[2] = {0, -1};
+    pr.decode_us_per_byte = bad;
+    assert_int_equal(kvedge_plan_make_prec(&req, &pr, &fast, 1, p), KVEDGE_EINVAL);
+    bad[1] = INFINITY;
+    assert_int_equal(kvedge_plan_make_prec(&req, &pr, &fast, 1, p), KVEDGE_EINVAL);
+    free(p);
+}
+
 static void test_no_recompute(void **state)
 {
     (void)state;
@@ -726,6 +780,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_keeps_sensitive_layer_fine),
         cmocka_unit_test(test_budget_zero),
+        cmocka_unit_test(test_decode_cost_prices_coded_rung),
         cmocka_unit_test(test_no_recompute),
         cmocka_unit_test(test_rung_not_served),
         cmocka_unit_test(test_simulate_prec),

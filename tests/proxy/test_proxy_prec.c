@@ -2,7 +2,8 @@
  * a FETCH that accepts several rungs gets, per layer, the one the planner picks under the
  * request's quality budget, priced with the model's quality profile (--quality); the blocks
  * come at the planned rung (the node derives what it does not hold); a request that accepts
- * only lossless never receives a quantized block; the choice is made again mid-request when
+ * only lossless never receives a quantized block; an entropy-coded rung is chosen over a slow
+ * link and not over a fast one; the choice is made again mid-request when
  * the source turns out slower than planned; bad precision frames and budgets are refused
  * with KVEDGE_EINVAL and the proxy keeps serving. */
 #include <setjmp.h>
@@ -35,6 +36,7 @@
 static const kvedge_prec_t S_LOSSLESS = KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, 0);
 static const kvedge_prec_t S_INT8 = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT8, 0);
 static const kvedge_prec_t S_INT4 = KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, 0);
+static const kvedge_prec_t S_INT4_EC = KVEDGE_PREC_INT4_G32 | KVEDGE_PREC_EC;
 
 /* Quality costs of the profile the proxy gets (KL, nats): int8 1e-6 on every layer; int4
  * 1e-3 on layer 0 (the sensitive one) and 1e-5 on the others. The ppl column is ten times the
@@ -326,6 +328,38 @@ static void test_budget_picks_per_layer(void **state)
     kvedge_proxy_destroy(&s_env.proxy);
 }
 
+/* int4-g32 against int4-g32+ec (the same values, priced from the profile's int4-g32 row): the
+ * coded rung sends KVEDGE_PREC_EC_RATIO_INT4 (0.95) of the bytes and costs the client
+ * KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT4 per byte received to decode. Per KB of the plain
+ * rung, over 20 Mbit/s (2.5 B/us) the 50 bytes it saves are worth 20 us against 5.8 us of
+ * decoding: every layer comes coded, derived by the node from the lossless blocks. Over
+ * 1 Gbit/s (125 B/us) they are worth 0.4 us: every layer is planned plain. */
+static void test_coded_rung_only_on_a_slow_link(void **state)
+{
+    (void)state;
+    const kvedge_prec_t accept[] = {S_INT4, S_INT4_EC};
+    s_res_t r;
+    s_proxy_start("20mbit,1ms", 2.5e6);
+    s_fetch(&s_env.id, 4, accept, 2, KVEDGE_QUALITY_KL, 1.0, 0, &r);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, 4);
+    for (int l = 0; l < 4; l++) {
+        assert_int_equal(r.plan.layer[l].prec, S_INT4_EC);
+        assert_int_equal(r.layer[l].status, 0);
+        assert_int_equal(r.layer[l].prec, S_INT4_EC);
+        assert_int_equal(r.block_rung[l], S_INT4_EC); /* coded by the node */
+    }
+    assert_int_equal(r.blocks, 4 * S_HEADS);
+    s_proxy_start("1gbit,1ms", 1.25e8);
+    s_fetch(&s_env.id, 4, accept, 2, KVEDGE_QUALITY_KL, 1.0, 0, &r);
+    assert_int_equal(r.status, 0);
+    for (int l = 0; l < 4; l++) {
+        assert_int_equal(r.plan.layer[l].prec, S_INT4);
+        assert_int_equal(r.layer[l].status, 0);
+    }
+    kvedge_proxy_destroy(&s_env.proxy);
+}
+
 /* A request that accepts only lossless, of a context stored int8: every layer is a miss (the
  * client computes it), and not one quantized block reaches it. */
 static void test_lossless_only_never_quantized(void **state)
@@ -512,6 +546,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_picks_per_layer),
+        cmocka_unit_test(test_coded_rung_only_on_a_slow_link),
         cmocka_unit_test(test_lossless_only_never_quantized),
         cmocka_unit_test(test_bandwidth_drop_rechooses),
         cmocka_unit_test(test_bad_precision_requests),

@@ -111,8 +111,15 @@ static void test_good(void **state)
                      KVEDGE_EINVAL);
     assert_int_equal(kvedge_quality_cost(p, 0, KVEDGE_PREC_STORED, KVEDGE_QUALITY_KL, &c),
                      KVEDGE_EINVAL);
-    assert_int_equal(kvedge_quality_cost(p, 0, 0x80 | KVEDGE_PREC_INT8, KVEDGE_QUALITY_KL, &c),
+    assert_int_equal(kvedge_quality_cost(p, 0, 0x80 | KVEDGE_PREC_LOSSLESS, KVEDGE_QUALITY_KL, &c),
                      KVEDGE_EINVAL);
+    /* An entropy-coded rung has its plain rung's figures: the coding is lossless. */
+    double plain = -1, coded = -2;
+    assert_int_equal(kvedge_quality_cost(p, 0, KVEDGE_PREC_INT8, KVEDGE_QUALITY_KL, &plain), 0);
+    assert_int_equal(
+        kvedge_quality_cost(p, 0, KVEDGE_PREC_INT8 | KVEDGE_PREC_EC, KVEDGE_QUALITY_KL, &coded), 0);
+    assert_true(plain == coded);
+    assert_true(kvedge_quality_has(p, KVEDGE_PREC_INT8 | KVEDGE_PREC_EC));
     assert_int_equal(kvedge_quality_cost(p, 0, KVEDGE_PREC_INT8, (kvedge_quality_metric_t)7, &c),
                      KVEDGE_EINVAL);
     assert_int_equal(kvedge_quality_cost(p, 0, KVEDGE_PREC_INT8, KVEDGE_QUALITY_NONE, &c),

@@ -296,6 +296,7 @@ int main(void)
     F(T, "kvedge_block_info_t", key_channels);
     F(T, "kvedge_block_info_t", group_size);
     F(T, "kvedge_block_info_t", lz4);
+    F(T, "kvedge_block_info_t", ec);
     F(T, "kvedge_block_info_t", key_mask);
     F(T, "kvedge_block_info_t", raw_len);
     F(T, "kvedge_block_info_t", stored_len);

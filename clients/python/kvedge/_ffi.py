@@ -185,7 +185,7 @@ class BlockSpec(Structure):
 class BlockInfo(Structure):
     _fields_ = [("version", c_uint8), ("dtype", c_int), ("scheme", c_int), ("tokens", c_uint32),
                 ("head_dim", c_uint16), ("key_channels", c_uint16), ("group_size", c_uint16),
-                ("lz4", c_bool), ("key_mask", c_void_p), ("raw_len", c_uint32),
+                ("lz4", c_bool), ("ec", c_bool), ("key_mask", c_void_p), ("raw_len", c_uint32),
                 ("stored_len", c_uint32), ("body", c_void_p), ("checksum", c_uint64),
                 ("total_len", c_size_t)]
 

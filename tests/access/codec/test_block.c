@@ -245,8 +245,11 @@ static void test_wrong_version_and_magic(void **state)
     size_t len;
     uint8_t *blk = kt_encode(&spec, 1, &len);
     kvedge_block_info_t info;
-    blk[4] = KVEDGE_BLOCK_VERSION + 1;
+    blk[4] = KVEDGE_BLOCK_VERSION_EC + 1;
     assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_EVERSION);
+    /* Version 2 is the entropy-coded body only: a plain body under it is not a block. */
+    blk[4] = KVEDGE_BLOCK_VERSION_EC;
+    assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_ECORRUPT);
     blk[4] = 0;
     assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_EVERSION);
     blk[4] = KVEDGE_BLOCK_VERSION;

@@ -132,12 +132,15 @@ static void test_names_round_trip(void **state)
         assert_int_equal(kvedge_prec_parse(name, &back), KVEDGE_OK);
         assert_int_equal(back, p);
     }
-    assert_int_equal(valid, 15);
+    assert_int_equal(valid, 15 + 12); /* the ladder, and its int8/int4 rungs entropy-coded */
     assert_string_equal(kvedge_prec_name(KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G128, 1)),
                         "int4-g128+think-75");
     assert_string_equal(kvedge_prec_name(KVEDGE_PREC_LOSSLESS), "lossless");
     assert_false(kvedge_prec_valid(KVEDGE_PREC_MAKE(KVEDGE_PREC_INT8, 3)));
-    assert_false(kvedge_prec_valid(KVEDGE_PREC_INT8 | 0x80u));
+    assert_false(kvedge_prec_valid(KVEDGE_PREC_LOSSLESS | KVEDGE_PREC_EC));
+    assert_string_equal(kvedge_prec_name(KVEDGE_PREC_INT8 | KVEDGE_PREC_EC), "int8+ec");
+    assert_string_equal(kvedge_prec_name(KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G128, 1) | 0x80u),
+                        "int4-g128+think-75+ec");
     kvedge_prec_t p = 0;
     assert_int_equal(kvedge_prec_parse("int4", &p), KVEDGE_OK);
     assert_int_equal(p, KVEDGE_PREC_INT4_G32);
@@ -167,6 +170,13 @@ static void test_parse_errors(void **state)
         "lossless+think",
         "int4-g",
         "int4-g064",
+        "lossless+ec",
+        "lossless+think-50+ec",
+        "int8+ec+think-50",
+        "+ec",
+        "ec",
+        "int8+ec+ec",
+        "int8+EC",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kvedge_prec_t p = 0x7F;
@@ -228,7 +238,7 @@ static void test_lists(void **state)
     kvedge_prec_t ok[2] = {KVEDGE_PREC_INT8, KVEDGE_PREC_LOSSLESS};
     kvedge_prec_t dup[2] = {KVEDGE_PREC_INT8, KVEDGE_PREC_INT8};
     kvedge_prec_t stored[2] = {KVEDGE_PREC_INT8, KVEDGE_PREC_STORED};
-    kvedge_prec_t junk[1] = {0x80u | KVEDGE_PREC_INT8};
+    kvedge_prec_t junk[1] = {0x80u | KVEDGE_PREC_LOSSLESS};
     kvedge_prec_t every[16], nine[9];
     s_all(every);
     memcpy(nine, every, sizeof nine);
@@ -600,7 +610,7 @@ static void test_transcode_refused(void **state)
     s_refused(blk, len, KVEDGE_PREC_LOSSLESS);
     s_refused(blk, len, KVEDGE_PREC_STORED);
     s_refused(blk, len, KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, 3));
-    s_refused(blk, len, 0x80u | KVEDGE_PREC_INT4_G32);
+    s_refused(blk, len, 0x80u | KVEDGE_PREC_LOSSLESS);
     free(blk);
     blk = s_direct(&h, KVEDGE_PREC_INT4_G64, false, &len);
     s_refused(blk, len, KVEDGE_PREC_INT4_G32);
@@ -651,6 +661,97 @@ static void test_transcode_refused(void **state)
 }
 
 /* bytes_per_fp16 is the encoded length over the fp16 length, exactly, for every rung. */
+/* The entropy-coded rungs (bit 7): names, derivation both ways, the rung a coded block is
+ * at, and transcodes whose values are exactly the plain rung's. */
+static void test_coded_rungs(void **state)
+{
+    (void)state;
+    const kvedge_prec_t I8 = KVEDGE_PREC_INT8, G32 = KVEDGE_PREC_INT4_G32, EC = KVEDGE_PREC_EC;
+    const kvedge_prec_t G32_T50 = KVEDGE_PREC_MAKE(G32, KVEDGE_PREC_THINK_50);
+    kvedge_prec_t p = 0;
+    assert_int_equal(kvedge_prec_parse("int4+ec", &p), KVEDGE_OK);
+    assert_int_equal(p, G32 | EC);
+    assert_int_equal(kvedge_prec_parse("int4-g32+think-50+ec", &p), KVEDGE_OK);
+    assert_int_equal(p, G32_T50 | EC);
+    kvedge_prec_t list[4];
+    size_t n = 0;
+    assert_int_equal(kvedge_prec_list_parse("int4-g32+ec,int4-g32,int8+ec", list, 4, &n), 0);
+    assert_int_equal(n, 3);
+    assert_true(kvedge_prec_derivable(I8, I8 | EC));
+    assert_true(kvedge_prec_derivable(I8 | EC, I8));
+    assert_true(kvedge_prec_derivable(KVEDGE_PREC_LOSSLESS, G32_T50 | EC));
+    assert_true(kvedge_prec_derivable(I8 | EC, G32_T50 | EC));
+    assert_false(kvedge_prec_derivable(G32 | EC, I8));
+    assert_false(kvedge_prec_derivable(KVEDGE_PREC_LOSSLESS | EC, I8));
+    assert_true(kvedge_prec_decode_us_per_byte(G32 | EC) > 0);
+    assert_true(kvedge_prec_decode_us_per_byte(I8 | EC) > 0);
+    assert_true(kvedge_prec_decode_us_per_byte(G32) == 0);
+    assert_true(kvedge_prec_decode_us_per_byte(KVEDGE_PREC_STORED) == 0);
+    double plain = kvedge_prec_bytes_per_fp16(G32, 256, 128, 2);
+    assert_true(kvedge_prec_bytes_per_fp16(G32 | EC, 256, 128, 2) ==
+                plain * KVEDGE_PREC_EC_RATIO_INT4);
+    assert_true(kvedge_prec_bytes_per_fp16(I8 | EC, 256, 128, 2) ==
+                kvedge_prec_bytes_per_fp16(I8, 256, 128, 2) * KVEDGE_PREC_EC_RATIO_INT8);
+
+    s_head_t h;
+    s_head(&h, KVEDGE_DTYPE_FP16, 64, 40, S_SEED + 9);
+    size_t llen, len;
+    uint8_t *lossless = s_encode(&h, KVEDGE_SCHEME_LOSSLESS, 0, NULL, false, &llen);
+    const kvedge_prec_t tos[] = {I8 | EC, G32 | EC, G32_T50 | EC};
+    for (size_t i = 0; i < sizeof tos / sizeof tos[0]; i++) {
+        const kvedge_prec_t plain_to = (kvedge_prec_t)(tos[i] & ~EC);
+        uint8_t *coded = s_transcode(lossless, llen, tos[i], true, &len);
+        kvedge_block_info_t ci;
+        s_parse(coded, len, &ci);
+        assert_true(ci.ec);
+        assert_int_equal(kvedge_prec_of_block(&ci), tos[i]);
+        /* Uncoded it is byte for byte the plain rung's transcode (no lz4). */
+        size_t plen, ulen;
+        uint8_t *direct = s_transcode(lossless, llen, plain_to, false, &plen);
+        uint8_t *uncoded = s_transcode(coded, len, plain_to, false, &ulen);
+        assert_int_equal(ulen, plen);
+        assert_memory_equal(uncoded, direct, plen);
+        /* And coded again from the plain block: the same coded bytes. */
+        size_t rlen;
+        uint8_t *recoded = s_transcode(direct, plen, tos[i], false, &rlen);
+        assert_int_equal(rlen, len);
+        assert_memory_equal(recoded, coded, len);
+        /* The same values as the plain rung: its quality. */
+        float *ka, *va, *kb, *vb;
+        s_decode_f32(coded, len, &ka, &va);
+        s_decode_f32(direct, plen, &kb, &vb);
+        assert_memory_equal(ka, kb, 2 * (size_t)h.tokens * h.head_dim * sizeof(float));
+        free(ka);
+        free(kb);
+        free(recoded);
+        free(uncoded);
+        free(direct);
+        free(coded);
+    }
+    /* From a coded int8 block a coarser coded rung: requantized, then coded. */
+    uint8_t *c8 = s_transcode(lossless, llen, I8 | EC, false, &len);
+    size_t a, b;
+    uint8_t *from_coded = s_transcode(c8, len, G32, false, &a);
+    uint8_t *p8 = s_transcode(lossless, llen, I8, false, &b);
+    size_t c;
+    uint8_t *from_plain = s_transcode(p8, b, G32, false, &c);
+    assert_int_equal(a, c);
+    assert_memory_equal(from_coded, from_plain, a);
+    free(from_plain);
+    free(p8);
+    free(from_coded);
+    free(c8);
+    /* Lossless is never coded. */
+    kvedge_block_info_t li;
+    s_parse(lossless, llen, &li);
+    uint8_t *out = NULL;
+    assert_int_equal(kvedge_block_transcode(&li, KVEDGE_PREC_LOSSLESS | EC, false, &out, &len),
+                     KVEDGE_EINVAL);
+    assert_null(out);
+    free(lossless);
+    s_head_free(&h);
+}
+
 static void test_bytes_per_fp16(void **state)
 {
     (void)state;
@@ -686,7 +787,7 @@ static void test_bytes_per_fp16(void **state)
         last = r;
     }
     assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_STORED, 256, 128, 2) == 0.0);
-    assert_true(kvedge_prec_bytes_per_fp16(0x80u | KVEDGE_PREC_INT8, 256, 128, 2) == 0.0);
+    assert_true(kvedge_prec_bytes_per_fp16(0x80u | KVEDGE_PREC_LOSSLESS, 256, 128, 2) == 0.0);
     assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_INT8, 256, 128, 3) == 0.0);
     assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_INT8, 0, 128, 2) == 0.0);
     assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_INT8, 256, 0, 2) == 0.0);
@@ -710,6 +811,7 @@ int main(void)
         cmocka_unit_test(test_transcode_int8_to_int4),
         cmocka_unit_test(test_transcode_dtypes),
         cmocka_unit_test(test_transcode_refused),
+        cmocka_unit_test(test_coded_rungs),
         cmocka_unit_test(test_bytes_per_fp16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

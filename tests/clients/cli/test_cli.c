@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "access/codec/block.h"
 #include "clients/cli/cli.h"
 #include "tests/common/spawn.h"
 #include "tests/common/testutil.h"
@@ -201,19 +202,14 @@ static void test_env_vars(void **state)
 }
 
 /* Every command table, as main.c lists them. */
-static const kvedge_cli_cmd_t *const s_all_tables[] = {kvedge_cli_local_cmds,
-                                                       kvedge_cli_daemon_cmds,
-                                                       kvedge_cli_master_cmds,
-                                                       kvedge_cli_proxy_cmds,
-                                                       kvedge_cli_e2e_cmds,
-                                                       kvedge_cli_eval_cmds,
-                                                       kvedge_cli_tokenize_cmds,
-                                                       kvedge_cli_layermap_cmds,
-                                                       kvedge_cli_lseval_cmds,
-                                                       kvedge_cli_remote_cmds,
-                                                       kvedge_cli_top_cmds,
-                                                       kvedge_cli_rebalance_cmds,
-                                                       NULL};
+static const kvedge_cli_cmd_t *const s_all_tables[] = {
+    kvedge_cli_local_cmds,     kvedge_cli_daemon_cmds,
+    kvedge_cli_master_cmds,    kvedge_cli_proxy_cmds,
+    kvedge_cli_e2e_cmds,       kvedge_cli_eval_cmds,
+    kvedge_cli_tokenize_cmds,  kvedge_cli_block_cmds,
+    kvedge_cli_layermap_cmds,  kvedge_cli_lseval_cmds,
+    kvedge_cli_remote_cmds,    kvedge_cli_top_cmds,
+    kvedge_cli_rebalance_cmds, NULL};
 
 /* A value out of a table's bounds is refused with exit code 2, naming the flag and the bound. */
 static void test_bounds_name_the_flag(void **state)
@@ -688,6 +684,65 @@ static void test_plan(void **state)
     assert_int_equal(s_run("plan --model opt-125m --source moon:c1:1gbit:int8"), 2);
     assert_int_equal(s_run("plan --model opt-125m --source peer:p:1gbit,1ms:int8:3-99"), 2);
     assert_int_equal(s_run("plan --model nope --source cloud:c1:1gbit:int8"), 3);
+}
+
+/* Writes len bytes to name beside the test's store directory; returns the path (static
+ * storage of one call). */
+static const char *s_write_file(const char *name, const uint8_t *data, size_t len)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%.*s/%s", (int)(strlen(s_dir) - strlen("/data")), s_dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+    return path;
+}
+
+/* `kvedge block`: a plain and an entropy-coded block are verified and described (coding, rung,
+ * each section's stream), in text and JSON; a damaged block is exit 4, a missing file 1. */
+static void test_block_file(void **state)
+{
+    (void)state;
+    enum { T = 64, D = 32 };
+    static uint16_t k[T * D], v[T * D];
+    for (size_t i = 0; i < T * D; i++) {
+        k[i] = (uint16_t)(0x3C00 + (i * 37) % 1024); /* fp16 in [1, 2) */
+        v[i] = (uint16_t)(0xBC00 + (i * 91) % 1024);
+    }
+    kvedge_block_spec_t spec = {.dtype = KVEDGE_DTYPE_FP16,
+                                .scheme = KVEDGE_SCHEME_INT4,
+                                .tokens = T,
+                                .head_dim = D,
+                                .group_size = 32};
+    size_t cap = kvedge_block_encoded_bound(&spec), len = 0, clen = 0;
+    uint8_t *plain = malloc(cap), *coded = NULL;
+    assert_non_null(plain);
+    assert_int_equal(kvedge_block_encode(&spec, k, v, plain, cap, &len), 0);
+    kvedge_block_info_t info;
+    assert_int_equal(kvedge_block_parse(plain, len, &info), 0);
+    assert_int_equal(kvedge_block_recode(&info, true, false, &coded, &clen), 0);
+
+    assert_int_equal(s_run("block --file %s", s_write_file("plain.kveb", plain, len)), 0);
+    assert_contains(s_out, "block version 1, fp16 int4 group 32");
+    assert_contains(s_out, "rung int4-g32\n");
+    assert_contains(s_out, "body: plain");
+    assert_int_equal(s_run("block --file %s", s_write_file("coded.kveb", coded, clen)), 0);
+    assert_contains(s_out, "block version 2");
+    assert_contains(s_out, "rung int4-g32+ec");
+    assert_contains(s_out, "body: ec");
+    assert_contains(s_out, "V codes");
+    assert_int_equal(s_run("--json block --file %s", s_write_file("coded.kveb", coded, clen)), 0);
+    assert_contains(s_out, "\"version\":2");
+    assert_contains(s_out, "\"rung\":\"int4-g32+ec\",\"coding\":\"ec\"");
+    assert_contains(s_out, "{\"section\":\"k_params\",\"raw\":");
+    coded[clen / 2] ^= 0x10;
+    assert_int_equal(s_run("block --file %s", s_write_file("bad.kveb", coded, clen)), 4);
+    assert_contains(s_errtext, "is not a valid block: data is corrupt");
+    assert_int_equal(s_run("block --file %s/none.kveb", s_dir), 1); /* no such directory */
+    assert_int_equal(s_run("block"), 2);
+    free(coded);
+    free(plain);
 }
 
 /* The Storage Master from the command line: it starts with no configuration (plaintext on
@@ -1596,6 +1651,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_keygen, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_sync_once, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_plan, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_block_file, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_master_cli, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_proxy_cli, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_e2e_usage, s_setup, s_teardown),

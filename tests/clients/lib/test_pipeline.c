@@ -385,10 +385,16 @@ typedef struct {
     double ms;
 } s_run_t;
 
+/* The accept list s_opts gives the pipeline (NULL: the blocks as stored). */
+static const kvedge_prec_t *s_accept;
+static size_t s_n_accept;
+
 static void s_opts(kvedge_pipeline_opts_t *o, kvedge_client_t *c, const kvedge_model_t *m,
                    const s_ctx_t *ctx, const s_dst_t *d)
 {
     kvedge_pipeline_opts_default(o);
+    o->accept = s_accept;
+    o->n_accept = s_n_accept;
     o->client = c;
     o->model = m;
     o->chunks = ctx->ids;
@@ -545,6 +551,43 @@ static void test_node_contiguous_int8(void **state)
 {
     (void)state;
     s_bit_identity(s_env.node.ep, &s_int8, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false, false);
+}
+
+/* Asked for int8+ec, the node codes each stored int8 block (the same codes, recoded) and the
+ * loader decodes the rANS body into the slot: bit-identical to kvedge_block_decode of the
+ * stored block, nothing staged in place (a coded body is never the raw body). */
+static void test_node_coded_rung_decodes_identically(void **state)
+{
+    (void)state;
+    static const kvedge_prec_t accept[] = {KVEDGE_PREC_INT8 | KVEDGE_PREC_EC};
+    s_accept = accept;
+    s_n_accept = 1;
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    s_run_t r;
+    s_run(s_env.node.ep, &s_int8, &d, 0, &r);
+    s_accept = NULL;
+    s_n_accept = 0;
+    s_check(&s_int8, &d, &r, -1);
+    assert_int_equal(r.st.zero_copy_blocks, 0);
+    s_dst_free(&d);
+    /* What the node streamed for that list: version-2 blocks of the stored rung, coded. */
+    kvedge_client_t *c = s_client(s_env.node.ep, 20000);
+    static uint8_t buf[1u << 20];
+    kvedge_fetched_t got[S_CHUNKS * S_HEADS];
+    uint32_t heads = 0;
+    assert_int_equal(kvedge_client_get_layer_prec(c, s_int8.ids, S_CHUNKS, 0, accept, 1, buf,
+                                                  sizeof buf, got, S_CHUNKS * S_HEADS, &heads),
+                     0);
+    assert_int_equal(heads, S_HEADS);
+    for (uint32_t i = 0; i < S_CHUNKS * S_HEADS; i++) {
+        kvedge_block_info_t info;
+        assert_int_equal(got[i].status, 0);
+        assert_int_equal(kvedge_block_check(buf + got[i].offset, got[i].len, &info), 0);
+        assert_true(info.ec);
+        assert_int_equal(kvedge_prec_of_block(&info), accept[0]);
+    }
+    kvedge_client_destroy(&c);
 }
 
 static void test_node_paged_int4(void **state)
@@ -1582,6 +1625,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_contexts_exercise_lz4_and_masks),
         cmocka_unit_test(test_node_contiguous_int8),
+        cmocka_unit_test(test_node_coded_rung_decodes_identically),
         cmocka_unit_test(test_node_paged_int4),
         cmocka_unit_test(test_node_paged_int8_fp32),
         cmocka_unit_test(test_node_contiguous_int4),

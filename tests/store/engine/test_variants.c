@@ -256,7 +256,7 @@ static void test_round_trip_and_listing(void **state)
     kvedge_prec_t held[8];
     assert_int_equal(kvedge_engine_get_variant(NULL, &k, I8, &v), KVEDGE_EINVAL);
     assert_int_equal(kvedge_engine_get_variant(fx->e, &k, 0, &v), KVEDGE_EINVAL);
-    assert_int_equal(kvedge_engine_get_variant(fx->e, &k, 0x80 | I8, &v), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_engine_get_variant(fx->e, &k, 0x80 | LL, &v), KVEDGE_EINVAL);
     assert_int_equal(kvedge_engine_variants(fx->e, &k, NULL, 1, &n), KVEDGE_EINVAL);
     assert_int_equal(kvedge_engine_variants(fx->e, &k, held, 8, &n), KVEDGE_ENOTFOUND);
     assert_int_equal(n, 0);
@@ -417,6 +417,49 @@ static void test_derive(void **state)
     free(want);
     free(g32);
     free(i8);
+    free(p);
+}
+
+/* Entropy-coded rungs: derived from the lossless primary and from a plain variant of the same
+ * rung (recoded, no requantization), kept as variants of their own rung; a coded block is
+ * never a primary, and never a demotion target. */
+static void test_coded_rungs(void **state)
+{
+    fx_t *fx = *state;
+    s_open(fx, NULL);
+    kvedge_chunk_info_t c = s_chunk(6, TOKENS);
+    kvedge_block_key_t k = s_key(&c, 1, 2);
+    size_t pl, want_l, g32l;
+    uint8_t *p = s_block(43, TOKENS, KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_LOSSLESS, &pl);
+    assert_int_equal(kvedge_engine_put(fx->e, &c, 1, 2, p, pl, NULL), 0);
+    const kvedge_prec_t g32ec = G32 | KVEDGE_PREC_EC;
+
+    uint8_t *want = s_at(p, pl, g32ec, &want_l);
+    kvedge_block_info_t info;
+    assert_int_equal(kvedge_block_check(want, want_l, &info), 0);
+    assert_true(info.ec);
+    kvedge_prec_t a[] = {g32ec};
+    assert_int_equal(s_prec(fx->e, &k, a, 1, true, g32ec, true, want, want_l), 0);
+    /* Kept as a variant at its own rung, served as held. */
+    assert_int_equal(kvedge_engine_put_variant(fx->e, &k, g32ec, want, want_l), 0);
+    assert_int_equal(s_prec(fx->e, &k, a, 1, true, g32ec, false, want, want_l), 0);
+    /* Not the plain rung's variant: a coded block under the plain rung is refused. */
+    assert_int_equal(kvedge_engine_put_variant(fx->e, &k, G32, want, want_l), KVEDGE_EINVAL);
+
+    /* From a plain int4-g32 primary: the same codes, coded. */
+    kvedge_block_key_t k2 = s_key(&c, 0, 1);
+    uint8_t *g32 = s_at(p, pl, G32, &g32l);
+    assert_int_equal(kvedge_engine_put(fx->e, &c, 0, 1, g32, g32l, NULL), 0);
+    assert_int_equal(s_prec(fx->e, &k2, a, 1, true, g32ec, true, want, want_l), 0);
+
+    /* Never a primary: a put of a coded block is refused, and the store keeps what it had. */
+    assert_int_equal(kvedge_engine_put(fx->e, &c, 0, 1, want, want_l, NULL), KVEDGE_EINVAL);
+    kvedge_prec_t a2[] = {G32};
+    assert_int_equal(s_prec(fx->e, &k2, a2, 1, false, G32, false, g32, g32l), 0);
+    int64_t saved = 0;
+    assert_int_equal(kvedge_engine_demote(fx->e, &k, g32ec, &saved), KVEDGE_EINVAL);
+    free(g32);
+    free(want);
     free(p);
 }
 
@@ -948,6 +991,7 @@ int main(void)
         T(test_get_prec_order),
         T(test_lossless_never_quantized),
         T(test_derive),
+        T(test_coded_rungs),
         T(test_put_variant_errors),
         T(test_corrupt_variant),
         T(test_stale_variant),

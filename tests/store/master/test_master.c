@@ -266,9 +266,14 @@ static void test_records_roundtrip(void **state)
                 kvedge_master_dir_serves(&d2, int4t));
     assert_false(kvedge_master_dir_serves(&d2, lossless));
     assert_false(kvedge_master_dir_serves(&d2, KVEDGE_PREC_STORED));
+    /* Entropy-coded rungs: made by a node that derives, from the held rung or a finer one. */
+    const kvedge_prec_t int8ec = int8 | KVEDGE_PREC_EC, int4ec = int4 | KVEDGE_PREC_EC;
+    assert_int_equal(kvedge_master_rung_bit(int8ec), kvedge_master_rung_bit(int8));
+    assert_true(kvedge_master_dir_serves(&d2, int8ec) && kvedge_master_dir_serves(&d2, int4ec));
     d.rungs &= (uint16_t)~KVEDGE_MASTER_DIR_DERIVES;
     assert_true(kvedge_master_dir_serves(&d, int8));
     assert_false(kvedge_master_dir_serves(&d, int4));
+    assert_false(kvedge_master_dir_serves(&d, int8ec)); /* held plain, and no deriving */
     d.rungs = KVEDGE_MASTER_DIR_DERIVES; /* "derives" alone says nothing: refused both ways */
     assert_int_equal(kvedge_master_dir_pack(&d, buf, &len), KVEDGE_EINVAL);
     d.rungs = 1;
