@@ -77,8 +77,9 @@ pair() {
         "$out/lseval.out")
     kl_tr=$(awk '$1 == "ce-lslm" && $2 == "distilled" && $3 == "lossless" {print $7}' \
         "$out/lseval.out")
-    [ -n "$kl_ls" ] && [ -n "$kl_tr" ] ||
+    if [ -z "$kl_ls" ] || [ -z "$kl_tr" ]; then
         fail "$name: no rows labeled least-squares and distilled"
+    fi
     # The script's forward is the C one: its step 0 (the least-squares adapter) on its first 2
     # windows, lseval's first 2 documents, gives lseval's KL (4 decimals) and perplexity.
     local kl0 ppl0
