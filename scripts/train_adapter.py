@@ -11,16 +11,22 @@ on calibration windows of CTX context + CONT continuation tokens (consecutive pi
 tokens of each chapter, as `kvedge lseval` cuts its documents: position i of the
 continuation scores token CTX + i + 1). The result is written in the adapter file format the
 C loader reads (docs/largesmall.md, "The adapter file"): the same metadata, the trained
-tensors, and one more metadata field, "fit", saying how it was fitted.
+tensors, and one more metadata field, "fit", saying how it was fitted. Every --every steps
+it measures the KL and perplexity on the first --eval-docs calibration windows and on the
+first --eval-docs held-out documents (--eval-file, never trained on): the curve, printed and,
+with --curve FILE, written as CSV.
 
     /usr/bin/python3 scripts/train_adapter.py --cloud models/kjv/llama/cloud \\
         --edge models/kjv/llama/edge --adapter models/kjv/llama/ls/adapter-linear.safetensors \\
         --file models/kjv/train.txt --eval-file models/kjv/heldout.txt \\
         --out models/kjv/llama/ls/adapter-distilled.safetensors
 
-Only the Llama family (rotary or not) is supported: the engine is clients/python/kvedge/llama.py.
-The edge model's weights stay frozen; only the adapter's tensors train. Exit status 2 for
-bad arguments or an adapter that does not fit the models.
+Both families of the C decoder: a folder whose config.json has a model_type is a Llama-family
+model (clients/python/kvedge/llama.py, rotary), any other folder an OPT model's
+(model.safetensors, clients/python/kvedge/opt.py: learned absolute positions, so K is mapped
+as it is, with no rotation, as kvedge_adapter_apply does for it). The edge model's weights stay
+frozen; only the adapter's tensors train. Exit status 2 for bad arguments or an adapter that
+does not fit the models.
 """
 import argparse
 import importlib
@@ -39,9 +45,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 
-def _llama_module():
-    """clients/python/kvedge/llama.py without loading libkvedge (its RoleEngine base is only
-    the serving glue; the layer math needs only _attend, from kvedge/_attn.py)."""
+def _engine_module(name):
+    """clients/python/kvedge/NAME.py (llama or opt) without loading libkvedge (its RoleEngine
+    base is only the serving glue; the layer math needs only _attend, from kvedge/_attn.py)."""
     pkg_dir = os.path.join(HERE, "..", "clients", "python", "kvedge")
     if "kvedge" not in sys.modules:
         pkg = types.ModuleType("kvedge")
@@ -55,7 +61,30 @@ def _llama_module():
 
         roles.RoleEngine = RoleEngine
         sys.modules["kvedge._roles"] = roles
-    return importlib.import_module("kvedge.llama")
+    return importlib.import_module("kvedge." + name)
+
+
+def load_model(folder):
+    """(engine, is_llama) for a model folder: config.json with a model_type is the Llama
+    family (the C decoder's rule), else OPT weights in FOLDER/model.safetensors (or FOLDER
+    itself, a .safetensors file)."""
+    cfg = os.path.join(folder, "config.json")
+    if os.path.isdir(folder) and os.path.exists(cfg):
+        with open(cfg) as f:
+            if "model_type" in json.load(f):
+                return _engine_module("llama").Llama(folder), True
+    path = os.path.join(folder, "model.safetensors") if os.path.isdir(folder) else folder
+    return _engine_module("opt").OPT(path), False
+
+
+def default_tokenizer(cloud):
+    """The first of the cloud folder's parent and grandparent with vocab.json (models/kjv for
+    models/kjv/cloud and for models/kjv/llama/cloud)."""
+    d = os.path.dirname(os.path.abspath(cloud))
+    for cand in (d, os.path.dirname(d)):
+        if os.path.exists(os.path.join(cand, "vocab.json")):
+            return cand
+    return os.path.dirname(d)
 
 
 # -- the adapter file (clients/e2e/adapter.c, kvedge_adapter_save / _load)
@@ -113,7 +142,7 @@ def rotate(eng, k, pos0, inverse=False):
 
 
 def rotary(eng):
-    return eng.rope_theta > 0  # the Llama family is rotary
+    return getattr(eng, "rope_theta", 0) > 0  # the Llama family is rotary, OPT is not
 
 
 def gather(x):
@@ -138,7 +167,8 @@ def cloud_pass(cloud, toks, ctx, cont):
     ks, vs = [], []
     for l in range(cloud.n_layers):
         x, k, v = cloud._layer(l, x, 0)
-        ks.append(rotate(cloud, k[:, :ctx], 0, inverse=True))
+        k = k[:, :ctx]
+        ks.append(rotate(cloud, k, 0, inverse=True) if rotary(cloud) else k.contiguous())
         vs.append(v[:, :ctx].contiguous())
     logp = torch.log_softmax(cloud._logits(x[ctx:]), -1)
     return ks, vs, logp
@@ -152,7 +182,8 @@ def edge_pass(edge, toks, ctx, cont, from_, w, ks, vs):
     for e in range(edge.n_layers):
         c = from_[e]
         k = scatter(affine(gather(ks[c]), w[f"k.{e}"]), edge.kv_heads)
-        k = rotate(edge, k, 0)
+        if rotary(edge):
+            k = rotate(edge, k, 0)
         v = scatter(affine(gather(vs[c]), w[f"v.{e}"]), edge.kv_heads)
         x, _, _ = edge._layer(e, x, ctx, k, v)
     return torch.log_softmax(edge._logits(x), -1)
@@ -197,8 +228,9 @@ def main(argv=None):
     ap.add_argument("--cloud", required=True, help="the cloud model's folder")
     ap.add_argument("--edge", required=True, help="the edge model's folder")
     ap.add_argument("--tokenizer", default=None,
-                    help="folder with vocab.json and merges.txt (default: the cloud's parent's "
-                    "parent, models/kjv for models/kjv/llama/cloud)")
+                    help="folder with vocab.json and merges.txt (default: the first of the "
+                    "cloud's parent and grandparent that has them: models/kjv for "
+                    "models/kjv/cloud and models/kjv/llama/cloud)")
     ap.add_argument("--adapter", required=True, help="the least-squares adapter to start from")
     ap.add_argument("--file", required=True, help="calibration text (chapters)")
     ap.add_argument("--eval-file", default=None, help="held-out text for the curve (never trained on)")
@@ -211,7 +243,14 @@ def main(argv=None):
     ap.add_argument("--ce", type=float, default=0.0, help="weight of the next-token loss")
     ap.add_argument("--train-docs", type=int, default=0, help="calibration windows (0: all)")
     ap.add_argument("--eval-docs", type=int, default=32)
-    ap.add_argument("--evals", type=int, default=5, help="curve points")
+    ap.add_argument("--evals", type=int, default=5,
+                    help="curve points when --every is not given (steps spread evenly)")
+    ap.add_argument("--every", type=int, default=0,
+                    help="measure the curve every K steps (and at the last step)")
+    ap.add_argument("--curve", default=None,
+                    help="write the curve to this CSV file: step, train_kl, train_ppl, "
+                    "heldout_kl, heldout_ppl, seconds (held-out columns empty without "
+                    "--eval-file)")
     ap.add_argument("--from", dest="from_", default=None,
                     help="cloud layer of every edge layer, comma-separated (default: the "
                     "adapter's; another map starts from the same layer's least-squares weights, "
@@ -219,12 +258,19 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
+    if a.every < 0 or a.steps < 1 or a.batch < 1 or a.eval_docs < 1:
+        print("--steps, --batch and --eval-docs must be at least 1, --every at least 0",
+              file=sys.stderr)
+        return 2
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     random.seed(a.seed)
-    llama = _llama_module()
     import train_models
-    cloud, edge = llama.Llama(a.cloud), llama.Llama(a.edge)
+    (cloud, cloud_llama), (edge, edge_llama) = load_model(a.cloud), load_model(a.edge)
+    if cloud_llama != edge_llama:
+        print("the cloud and the edge model are of different families (Llama, OPT): they "
+              "share no tokenizer", file=sys.stderr)
+        return 2
     meta, w = read_adapter(a.adapter)
     if meta.get("kind") != "linear":
         sys.exit(f"{a.adapter}: kind {meta.get('kind')}, this script trains linear adapters")
@@ -248,8 +294,12 @@ def main(argv=None):
         print(f"{a.adapter}: an unmapped edge layer; this script needs every layer mapped",
               file=sys.stderr)
         return 2
-    tok = train_models.Tokenizer(a.tokenizer or os.path.dirname(os.path.dirname(
-        os.path.abspath(a.cloud))), llama=True)
+    positions = min(getattr(m, "max_positions", 1 << 30) for m in (cloud, edge))
+    if a.ctx < 1 or a.cont < 1 or a.ctx + a.cont > positions:
+        print(f"--ctx {a.ctx} + --cont {a.cont} must be 2..{positions} tokens (the models' "
+              f"positions)", file=sys.stderr)
+        return 2
+    tok = train_models.Tokenizer(a.tokenizer or default_tokenizer(a.cloud), llama=cloud_llama)
     t0 = time.time()
     train = windows(tok, a.file, a.ctx, a.cont, a.train_docs)
     held = windows(tok, a.eval_file, a.ctx, a.cont, a.eval_docs) if a.eval_file else []
@@ -273,13 +323,13 @@ def main(argv=None):
         tk, tp = evaluate(edge, [train[i] for i in tprobe], [cache[i] for i in tprobe], from_, w,
                           a.ctx, a.cont)
         hk, hp = evaluate(edge, held, hcache, from_, w, a.ctx, a.cont) if held else (0.0, 0.0)
-        curve.append((step, tk, tp, hk, hp))
+        curve.append((step, tk, tp, hk, hp, time.time() - t0))
         print(f"step {step:5d}  train KL {tk:.4f} ppl {tp:.2f}  held-out KL {hk:.4f} ppl {hp:.2f}"
               f"  ({time.time() - t0:.0f} s)", flush=True)
 
     point(0)
     order = []
-    every = max(1, a.steps // max(1, a.evals - 1))
+    every = a.every or max(1, a.steps // max(1, a.evals - 1))
     for step in range(1, a.steps + 1):
         opt.zero_grad()
         for _ in range(a.batch):
@@ -304,7 +354,14 @@ def main(argv=None):
     print(f"wrote {a.out} ({minutes:.1f} min)")
     print("curve: step train_kl train_ppl heldout_kl heldout_ppl")
     for c in curve:
-        print("curve: %d %.4f %.2f %.4f %.2f" % c)
+        print("curve: %d %.4f %.2f %.4f %.2f" % c[:5])
+    if a.curve:
+        with open(a.curve, "w") as f:
+            f.write("step,train_kl,train_ppl,heldout_kl,heldout_ppl,seconds\n")
+            for step, tk, tp, hk, hp, sec in curve:
+                held_cols = f"{hk:.6f},{hp:.4f}" if held else ","
+                f.write(f"{step},{tk:.6f},{tp:.4f},{held_cols},{sec:.1f}\n")
+        print(f"wrote {a.curve}")
     return 0
 
 

@@ -620,16 +620,28 @@ static int s_head_source(const kvedge_adapter_t *a, uint32_t e, uint32_t h, uint
     return src;
 }
 
-/* Prints what an adapter is: models, shapes, kind, layer pairs; for heads, which cloud head
- * each edge head takes. */
+/* How kvedge_adapter_fit fitted an adapter of that kind (a file without a "fit" field). */
+static const char *s_default_fit(kvedge_adapt_kind_t kind)
+{
+    return kind == KVEDGE_ADAPT_HEADS ? "head matching (kvedge layermap --adapt heads)"
+                                      : "least squares (kvedge layermap --adapter)";
+}
+
+/* Prints what an adapter is: models, shapes, kind, how it was fitted, layer pairs; for heads, which
+ * cloud head each edge head takes. */
 static int s_print_adapter(kvedge_cli_t *cli, const char *path, const kvedge_adapter_t *a)
 {
     const kvedge_adapter_info_t *i = kvedge_adapter_info(a);
     if (cli->json) {
         printf("{\"adapter\":");
         kvedge_cli_json_str(stdout, path);
-        printf(",\"kind\":\"%s\",\"ridge\":%.17g,\"samples\":%u,\"cloud\":{\"id\":",
-               kvedge_adapt_kind_name(i->kind), i->ridge, i->samples);
+        printf(",\"kind\":\"%s\",\"fitted\":\"%s\",\"fit\":", kvedge_adapt_kind_name(i->kind),
+               kvedge_adapter_fit_name(i));
+        if (i->fit[0])
+            kvedge_cli_json_str(stdout, i->fit);
+        else
+            printf("null");
+        printf(",\"ridge\":%.17g,\"samples\":%u,\"cloud\":{\"id\":", i->ridge, i->samples);
         kvedge_cli_json_str(stdout, i->cloud_id);
         printf(",\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u},\"edge\":{\"id\":", i->cloud_layers,
                i->cloud_heads, i->cloud_head_dim);
@@ -649,6 +661,7 @@ static int s_print_adapter(kvedge_cli_t *cli, const char *path, const kvedge_ada
         if (i->kind == KVEDGE_ADAPT_LINEAR)
             printf(", ridge %g", i->ridge);
         printf(", fitted on %u samples\n", i->samples);
+        printf("fit: %s\n", i->fit[0] ? i->fit : s_default_fit(i->kind));
         printf("cloud %s: %u layers x %u KV heads x %u; edge %s: %u layers x %u KV heads x %u\n",
                i->cloud_id, i->cloud_layers, i->cloud_heads, i->cloud_head_dim, i->edge_id,
                i->edge_layers, i->edge_heads, i->edge_head_dim);

@@ -29,7 +29,9 @@ static const char s_help[] =
     "reference), edge-only (the SLM computing its own context, fp32), peer-int8 (the SLM's\n"
     "own context K/V through int8 blocks, as a peer edge node serves it), per adapter\n"
     "ce-lslm at lossless, int8 and int4-g32 (the LLM's context K/V of the mapped layers\n"
-    "through blocks of that precision, adapted into the SLM's layers), and no-context (the\n"
+    "through blocks of that precision, adapted into the SLM's layers; each adapter's rows\n"
+    "are labeled by how it was fitted: least-squares, distilled or heads, or by the file's\n"
+    "base name when two share that label), and no-context (the\n"
     "SLM on the continuation alone). Per row: perplexity of the continuation (natural log),\n"
     "greedy agreement with cloud-only and with edge-only, mean KL(cloud-only || row), and\n"
     "the context's bytes the row needs from elsewhere (encoded blocks; ce-lslm: the mapped\n"
@@ -91,18 +93,19 @@ static int s_load_adapter(const char *path, const kvedge_decoder_t *cloud,
     return KVEDGE_EXIT_OK;
 }
 
-/* A row label for each adapter: its kind, or the file's base name (up to its first '.', other
- * than letters, digits, '-' and '_' as '_') when two share a kind. */
+/* A row label for each adapter: how it was fitted (kvedge_adapter_fit_name: least-squares,
+ * distilled, heads), or the file's base name (up to its first '.', other than letters, digits,
+ * '-' and '_' as '_') when two share that label. */
 static void s_names(const kvedge_adapter_t *const *a, const char *const *paths, size_t n,
                     char names[][KVEDGE_LSEVAL_NAME_BYTES / 2])
 {
     for (size_t i = 0; i < n; i++) {
-        kvedge_adapt_kind_t kind = kvedge_adapter_info(a[i])->kind;
+        const char *label = kvedge_adapter_fit_name(kvedge_adapter_info(a[i]));
         bool dup = false;
         for (size_t j = 0; j < n; j++)
-            dup |= j != i && kvedge_adapter_info(a[j])->kind == kind;
+            dup |= j != i && strcmp(kvedge_adapter_fit_name(kvedge_adapter_info(a[j])), label) == 0;
         if (!dup) {
-            snprintf(names[i], KVEDGE_LSEVAL_NAME_BYTES / 2, "%s", kvedge_adapt_kind_name(kind));
+            snprintf(names[i], KVEDGE_LSEVAL_NAME_BYTES / 2, "%s", label);
             continue;
         }
         const char *base = strrchr(paths[i], '/');

@@ -51,6 +51,19 @@ const char *kvedge_adapt_kind_name(kvedge_adapt_kind_t kind)
     return kind == KVEDGE_ADAPT_LINEAR ? "linear" : kind == KVEDGE_ADAPT_HEADS ? "heads" : "?";
 }
 
+const char *kvedge_adapter_fit_name(const kvedge_adapter_info_t *info)
+{
+    if (!info)
+        return "?";
+    if (info->kind == KVEDGE_ADAPT_HEADS)
+        return "heads";
+    if (info->kind != KVEDGE_ADAPT_LINEAR)
+        return "?";
+    if (!info->fit[0])
+        return "least-squares";
+    return strncmp(info->fit, "distilled", 9) == 0 ? "distilled" : "linear";
+}
+
 int kvedge_adapt_kind_parse(const char *name, kvedge_adapt_kind_t *out)
 {
     if (!name || !out)
@@ -161,6 +174,15 @@ static int s_check_info(const kvedge_adapter_info_t *i, char *why, size_t why_le
     }
     if (!(i->ridge >= 0 && isfinite(i->ridge)) || (i->kind == KVEDGE_ADAPT_HEADS && i->ridge)) {
         s_why(why, why_len, "ridge must be finite and >= 0 (0 for heads)");
+        return KVEDGE_ECORRUPT;
+    }
+    const size_t fit_len = strnlen(i->fit, sizeof i->fit);
+    bool fit_ok = fit_len < sizeof i->fit;
+    for (size_t k = 0; fit_ok && k < fit_len; k++)
+        fit_ok = i->fit[k] >= 0x20 && i->fit[k] <= 0x7e;
+    if (!fit_ok) {
+        s_why(why, why_len, "fit must be at most %u bytes of printable ASCII",
+              KVEDGE_ADAPT_FIT_MAX_BYTES);
         return KVEDGE_ECORRUPT;
     }
     const kvedge_decoder_rope_t *rope[2] = {&i->cloud_rope, &i->edge_rope};
@@ -1107,6 +1129,10 @@ int kvedge_adapter_save(const kvedge_adapter_t *a, const char *path)
           i->edge_head_dim);
     s_put_from(&h, a);
     s_put(&h, "\",\"samples\":\"%u\",\"ridge\":\"%s\"", i->samples, ridge);
+    if (i->fit[0]) {
+        s_put(&h, ",\"fit\":");
+        s_put_str(&h, i->fit);
+    }
     if (rope) {
         char r[S_ROPE_BYTES];
         s_fmt_rope(&i->cloud_rope, r, sizeof r);
@@ -1336,6 +1362,13 @@ static int s_read_meta(const kvedge_safetensors_t *st, const char *path, kvedge_
             }
         }
     }
+    const char *fit = kvedge_safetensors_metadata(st, "fit"); /* optional */
+    if (fit && (strlen(fit) > KVEDGE_ADAPT_FIT_MAX_BYTES || !fit[0])) {
+        s_why(why, why_len, "%s: fit must be 1..%u bytes of printable ASCII", path,
+              KVEDGE_ADAPT_FIT_MAX_BYTES);
+        return KVEDGE_ECORRUPT;
+    }
+    snprintf(i->fit, sizeof i->fit, "%s", fit ? fit : "");
     if (kvedge_adapt_kind_parse(v[2], &i->kind) != KVEDGE_OK) {
         s_why(why, why_len, "%s: kind must be linear or heads", path);
         return KVEDGE_ECORRUPT;

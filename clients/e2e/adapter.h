@@ -53,6 +53,8 @@ int kvedge_adapt_kind_parse(const char *name, kvedge_adapt_kind_t *out);
 #define KVEDGE_ADAPT_HEADS_MAX    1024u
 #define KVEDGE_ADAPT_HEAD_DIM_MAX 1024u
 #define KVEDGE_ADAPT_WIDTH_MAX    16384u
+/* Longest "fit" metadata value (how the weights were fitted, when not by kvedge_adapter_fit). */
+#define KVEDGE_ADAPT_FIT_MAX_BYTES 255u
 
 typedef struct kvedge_adapter_t kvedge_adapter_t;
 
@@ -69,7 +71,16 @@ typedef struct {
      * that names none means). The map acts on un-rotated K: apply takes the cloud's rotation
      * off its K, maps, and puts the edge's on (V is never rotated). */
     kvedge_decoder_rope_t cloud_rope, edge_rope;
+    /* How the weights were fitted when another tool trained them (the optional "fit" metadata,
+     * printable ASCII; scripts/train_adapter.py writes "distilled: ..."); "" for an adapter of
+     * kvedge_adapter_fit (least squares or head matching). */
+    char fit[KVEDGE_ADAPT_FIT_MAX_BYTES + 1];
 } kvedge_adapter_info_t;
+
+/* A one-word label of how an adapter was fitted, for tables: "heads"; for a linear adapter
+ * "least-squares" (no fit field), "distilled" (a fit that starts with "distilled"), or
+ * "linear" (any other fit). NULL info gives "?". Static storage. */
+const char *kvedge_adapter_fit_name(const kvedge_adapter_info_t *info);
 
 /* Fits an adapter of the given kind for every mapped edge layer of map (entry[e].cloud !=
  * KVEDGE_LAYERMAP_NONE): both models run over tokens[0..samples) (windows as

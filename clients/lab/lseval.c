@@ -306,7 +306,7 @@ static int s_init(s_ls_t *e, const kvedge_lseval_opts_t *o)
     for (size_t a = 0; a < o->n_adapters; a++) {
         const char *an = o->adapter_names && o->adapter_names[a]
                              ? o->adapter_names[a]
-                             : kvedge_adapt_kind_name(kvedge_adapter_info(o->adapters[a])->kind);
+                             : kvedge_adapter_fit_name(kvedge_adapter_info(o->adapters[a]));
         for (int s = 0; s < 3; s++) {
             char name[KVEDGE_LSEVAL_NAME_BYTES];
             snprintf(name, sizeof name, "ce-lslm %.24s %s", an, s_scheme_label(s_ce_schemes[s]));

@@ -67,8 +67,8 @@ typedef struct {
     const kvedge_decoder_t *cloud; /* the LLM, loaded */
     const kvedge_decoder_t *edge;  /* the SLM, loaded; same vocabulary as the LLM */
     /* Adapters from the LLM to the SLM (kvedge_lseval_adapter_check must accept each); 0 ..
-     * KVEDGE_LSEVAL_MAX_ADAPTERS. names[i] labels adapter i's rows (NULL or NULL entries: the
-     * adapter's kind, "linear" or "heads"). */
+     * KVEDGE_LSEVAL_MAX_ADAPTERS. names[i] labels adapter i's rows (NULL or NULL entries: how
+     * the adapter was fitted, kvedge_adapter_fit_name: "least-squares", "distilled", "heads"). */
     const kvedge_adapter_t *const *adapters;
     const char *const *adapter_names;
     size_t n_adapters;

@@ -729,6 +729,106 @@ static void test_load_rejects(void **state)
     assert_null(a);
 }
 
+/* A distilled adapter (scripts/train_adapter.py): the same file with a "fit" field. It loads,
+ * says how it was fitted, survives a save, and is refused for everything a least-squares file
+ * is refused for (a NaN weight, a tensor of another shape, another model pair); a malformed fit
+ * is refused too. */
+static void test_distilled_file(void **state)
+{
+    (void)state;
+    float w[5 * 3], bad[5 * 3];
+    for (int i = 0; i < 15; i++)
+        w[i] = (float)i / 7;
+    const char *names[2] = {"k.0", "v.0"};
+    const size_t rows[2] = {5, 5}, cols[2] = {3, 3};
+    const float *d[2] = {w, w};
+    char why[512], meta[2048];
+    const char *fit = "distilled: KL(cloud||edge)+0*CE, Adam lr 0.003, 120 steps";
+    snprintf(meta, sizeof meta,
+             "\"version\":\"1\",\"kind\":\"linear\",\"ridge\":\"0.5\",\"fit\":\"%s\"," S_META_HEAD
+                 S_META_SHAPE,
+             fit);
+    char path[128], path2[128];
+    snprintf(path, sizeof path, "%s/distilled.safetensors", s_dir);
+    snprintf(path2, sizeof path2, "%s/distilled2.safetensors", s_dir);
+    s_write_file(path, meta, 2, names, rows, cols, d);
+    kvedge_adapter_t *a = NULL, *b = NULL;
+    assert_int_equal(kvedge_adapter_load(path, &a, why, sizeof why), KVEDGE_OK);
+    assert_string_equal(kvedge_adapter_info(a)->fit, fit);
+    assert_string_equal(kvedge_adapter_fit_name(kvedge_adapter_info(a)), "distilled");
+    /* Saved and read again: the fit is kept, the bytes are stable. */
+    assert_int_equal(kvedge_adapter_save(a, path2), KVEDGE_OK);
+    assert_int_equal(kvedge_adapter_load(path2, &b, why, sizeof why), KVEDGE_OK);
+    s_same(a, b);
+    assert_string_equal(kvedge_adapter_info(b)->fit, fit);
+    assert_int_equal(kvedge_adapter_save(b, path), KVEDGE_OK);
+    assert_int_equal(kt_sh("cmp -s %s %s", path, path2), 0);
+    kvedge_adapter_destroy(&b);
+    /* `kvedge layermap --show-adapter` says how it was fitted. */
+    char out[160];
+    snprintf(out, sizeof out, "%s/show-distilled.txt", s_dir);
+    assert_int_equal(kt_sh("%s layermap --show-adapter %s > %s", KVEDGE_BIN, path, out), 0);
+    assert_true(kt_file_has(out, "fit: distilled: KL(cloud||edge)+0*CE"));
+    assert_int_equal(kt_sh("%s --json layermap --show-adapter %s > %s", KVEDGE_BIN, path, out), 0);
+    assert_true(kt_file_has(out, "\"fitted\":\"distilled\",\"fit\":\"distilled: KL"));
+    /* Another model pair: refused by check against that pair's map and records. */
+    kvedge_layermap_t m = {0};
+    snprintf(m.cloud_id, sizeof m.cloud_id, "c");
+    snprintf(m.edge_id, sizeof m.edge_id, "other-edge");
+    m.cloud_layers = 2;
+    m.edge_layers = 1;
+    m.cloud_hidden = 4;
+    m.edge_hidden = 3;
+    m.samples = 10;
+    kvedge_layermap_entry_t ent[1] = {{1, 0.9, 0.9}};
+    m.entry = ent;
+    assert_int_equal(kvedge_adapter_check(a, &m, NULL, NULL, why, sizeof why), KVEDGE_ESHAPE);
+    snprintf(m.edge_id, sizeof m.edge_id, "e");
+    assert_int_equal(kvedge_adapter_check(a, &m, NULL, NULL, why, sizeof why), KVEDGE_OK);
+    kvedge_model_t cm = {"c", 2, 4, 2, KVEDGE_DTYPE_FP16}, em = {"e", 1, 1, 3, KVEDGE_DTYPE_FP16};
+    assert_int_equal(kvedge_adapter_check(a, NULL, &cm, &em, why, sizeof why), KVEDGE_ESHAPE);
+    assert_non_null(strstr(why, "cloud model"));
+    kvedge_adapter_destroy(&a);
+    /* A NaN or an infinite weight; a tensor of another shape. */
+    for (int k = 0; k < 2; k++) {
+        memcpy(bad, w, sizeof w);
+        bad[7] = k ? INFINITY : NAN;
+        const float *dn[2] = {bad, w};
+        assert_int_equal(s_load_case(meta, 2, names, rows, cols, dn, why, sizeof why),
+                         KVEDGE_ECORRUPT);
+        assert_non_null(strstr(why, "k.0"));
+    }
+    const size_t short_rows[2] = {4, 4};
+    assert_int_equal(s_load_case(meta, 2, names, short_rows, cols, d, why, sizeof why),
+                     KVEDGE_ESHAPE);
+    /* An empty fit, one over KVEDGE_ADAPT_FIT_MAX_BYTES, one with a control character. */
+    const char *empty = "\"version\":\"1\",\"kind\":\"linear\",\"ridge\":\"0.5\","
+                        "\"fit\":\"\"," S_META_HEAD S_META_SHAPE;
+    assert_int_equal(s_load_case(empty, 2, names, rows, cols, d, why, sizeof why), KVEDGE_ECORRUPT);
+    assert_non_null(strstr(why, "fit must be"));
+    char longfit[KVEDGE_ADAPT_FIT_MAX_BYTES + 2];
+    memset(longfit, 'x', sizeof longfit - 1);
+    longfit[sizeof longfit - 1] = '\0';
+    snprintf(meta, sizeof meta,
+             "\"version\":\"1\",\"kind\":\"linear\",\"ridge\":\"0.5\",\"fit\":\"%s\"," S_META_HEAD
+                 S_META_SHAPE,
+             longfit);
+    assert_int_equal(s_load_case(meta, 2, names, rows, cols, d, why, sizeof why), KVEDGE_ECORRUPT);
+    assert_non_null(strstr(why, "fit must be"));
+    const char *ctl = "\"version\":\"1\",\"kind\":\"linear\",\"ridge\":\"0.5\","
+                      "\"fit\":\"a\\u0007b\"," S_META_HEAD S_META_SHAPE;
+    assert_int_equal(s_load_case(ctl, 2, names, rows, cols, d, why, sizeof why), KVEDGE_ECORRUPT);
+    assert_non_null(strstr(why, "fit must be"));
+    /* Labels: least squares without a fit, heads, another fit. */
+    kvedge_adapter_info_t i = {.kind = KVEDGE_ADAPT_LINEAR};
+    assert_string_equal(kvedge_adapter_fit_name(&i), "least-squares");
+    snprintf(i.fit, sizeof i.fit, "by hand");
+    assert_string_equal(kvedge_adapter_fit_name(&i), "linear");
+    i.kind = KVEDGE_ADAPT_HEADS;
+    assert_string_equal(kvedge_adapter_fit_name(&i), "heads");
+    assert_string_equal(kvedge_adapter_fit_name(NULL), "?");
+}
+
 /* ---- check ---- */
 
 static void test_check(void **state)
@@ -854,6 +954,7 @@ static void test_cli(void **state)
                      0);
     snprintf(path, sizeof path, "%s/show.txt", s_dir);
     assert_true(kt_file_has(path, "fits the map"));
+    assert_true(kt_file_has(path, "fit: least squares (kvedge layermap --adapter)"));
     /* heads: identity selection for the same model. */
     assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s --samples "
                            "200 --adapter %s/h.ad --adapt heads > /dev/null",
@@ -862,6 +963,7 @@ static void test_cli(void **state)
     assert_int_equal(
         kt_sh("%s layermap --show-adapter %s/h.ad > %s/show.txt", KVEDGE_BIN, s_dir, s_dir), 0);
     assert_true(kt_file_has(path, "0<-0(16) 1<-1(16) 2<-2(16) 3<-3(16)"));
+    assert_true(kt_file_has(path, "fit: head matching"));
     /* Usage and refusals. */
     assert_int_equal(kt_sh("%s layermap --show %s/t.map --ridge 1 2> /dev/null", KVEDGE_BIN, s_dir),
                      2);
@@ -891,11 +993,17 @@ static int s_teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fit_linear),     cmocka_unit_test(test_match_heads),
-        cmocka_unit_test(test_think_channels), cmocka_unit_test(test_fit_models),
-        cmocka_unit_test(test_apply),          cmocka_unit_test(test_cpu_adapt),
-        cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_load_rejects),
-        cmocka_unit_test(test_check),          cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_fit_linear),
+        cmocka_unit_test(test_match_heads),
+        cmocka_unit_test(test_think_channels),
+        cmocka_unit_test(test_fit_models),
+        cmocka_unit_test(test_apply),
+        cmocka_unit_test(test_cpu_adapt),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_load_rejects),
+        cmocka_unit_test(test_distilled_file),
+        cmocka_unit_test(test_check),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

@@ -247,6 +247,29 @@ static void test_identity_across_theta(void **state)
     assert_int_equal(kvedge_adapter_check_rope(a, cloud, edge, why, sizeof why), KVEDGE_OK);
     assert_int_equal(kvedge_adapter_check_rope(a, edge, edge, why, sizeof why), KVEDGE_ESHAPE);
     assert_non_null(strstr(why, "cloud model's rotary settings are theta=10000"));
+    /* The same adapter distilled (a "fit" field, as scripts/train_adapter.py writes), through
+     * its file: the settings it records are checked as a least-squares file's are. */
+    kvedge_adapter_info_t info = *kvedge_adapter_info(a);
+    snprintf(info.fit, sizeof info.fit, "distilled: test");
+    int32_t from[16];
+    const float *ws[32];
+    for (uint32_t e = 0; e < info.edge_layers; e++) {
+        from[e] = kvedge_adapter_from(a, e);
+        ws[2 * e] = kvedge_adapter_weights(a, e, false);
+        ws[2 * e + 1] = kvedge_adapter_weights(a, e, true);
+    }
+    kvedge_adapter_t *d = NULL;
+    assert_int_equal(kvedge_adapter_make(&info, from, ws, &d, why, sizeof why), KVEDGE_OK);
+    char p[320];
+    s_path(p, sizeof p, "distilled.safetensors");
+    assert_int_equal(kvedge_adapter_save(d, p), KVEDGE_OK);
+    kvedge_adapter_destroy(&d);
+    assert_int_equal(kvedge_adapter_load(p, &d, why, sizeof why), KVEDGE_OK);
+    assert_string_equal(kvedge_adapter_info(d)->fit, "distilled: test");
+    assert_int_equal(kvedge_adapter_check_rope(d, cloud, edge, why, sizeof why), KVEDGE_OK);
+    assert_int_equal(kvedge_adapter_check_rope(d, edge, edge, why, sizeof why), KVEDGE_ESHAPE);
+    assert_non_null(strstr(why, "cloud model's rotary settings are theta=10000"));
+    kvedge_adapter_destroy(&d);
     kvedge_adapter_destroy(&a);
     kvedge_decoder_destroy(&cloud);
     kvedge_decoder_destroy(&edge);

@@ -375,8 +375,8 @@ static void test_identity_adapter(void **state)
     /* Same model both sides: edge-only is cloud-only. */
     assert_true(fabs(edge->nll - cloud->nll) < 1e-6);
     assert_true(edge->agree_cloud == 1.0);
-    const char *rows[] = {"ce-lslm linear lossless", "ce-lslm heads lossless",
-                          "ce-lslm linear int8", "ce-lslm heads int8"};
+    const char *rows[] = {"ce-lslm least-squares lossless", "ce-lslm heads lossless",
+                          "ce-lslm least-squares int8", "ce-lslm heads int8"};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         const kvedge_lseval_row_t *x = s_row(r, rows[i]);
         double rel = fabs(x->ppl / edge->ppl - 1);
@@ -425,7 +425,7 @@ static void test_adapter_for_other_models(void **state)
     /* The right models: one row group, its name from the kind. */
     o.edge = s_edge;
     assert_int_equal(kvedge_lseval_run(&o, &r), KVEDGE_OK);
-    const kvedge_lseval_row_t *x = s_row(r, "ce-lslm linear int4-g32");
+    const kvedge_lseval_row_t *x = s_row(r, "ce-lslm least-squares int4-g32");
     assert_int_equal(x->adapter, 0);
     assert_int_equal(x->layers_adapted, s_edge_cfg.layers);
     /* Two edge layers from cloud layers 0 and 1: those two layers' bytes. */

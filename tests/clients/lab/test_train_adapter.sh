@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# scripts/train_adapter.py on the Llama-family pair (models/kjv/llama), shrunk to seconds: a
-# context of 32 and a continuation of 16 tokens, 4 windows, 10 steps. Checks that the trained
-# adapter lowers KL(cloud || edge with adapted context) on its own windows; that `kvedge
-# lseval` loads the file it writes and, on the windows it was trained on, measures a lower KL
-# for it than for the least-squares adapter it started from (the C apply path agrees with the
-# script's); and that an adapter for other models is refused (exit 2). The windows come from
-# the first chapters of models/kjv/heldout.txt only because train.txt is not committed; the
-# adapter this test trains is thrown away.
-# Skips (77) only where the Python has no PyTorch.
+# scripts/train_adapter.py on both pairs, the Llama family (models/kjv/llama) and OPT
+# (models/kjv), shrunk to seconds: a context of 32 and a continuation of 16 tokens, 4 windows,
+# 10 steps. For each pair it checks that the script's forward is the C one (its step-0 KL and
+# perplexity on its first 2 windows are `kvedge lseval`'s for the least-squares adapter on the
+# same 2 documents); that the trained adapter lowers KL(cloud || edge with adapted context) on
+# its own windows; that the curve goes to --curve as CSV, every --every steps; that `kvedge
+# lseval` loads the file it writes, labels its rows "distilled" beside "least-squares", and, on
+# the windows it was trained on, measures a lower KL for it; and that an adapter for other
+# models is refused (exit 2). The windows come from the first chapters of
+# models/kjv/heldout.txt only because train.txt is not committed; the adapters this test trains
+# are thrown away. Skips (77) only where the Python has no PyTorch.
 # Usage: test_train_adapter.sh KVEDGE_BINARY SOURCE_DIR PYTHON3
 set -euo pipefail
 kv=${1:?usage: test_train_adapter.sh KVEDGE_BINARY SOURCE_DIR PYTHON3}
@@ -25,44 +27,97 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
 fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvedge-train-adapter.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-pair=$src/models/kjv/llama
 head -c 6000 "$src/models/kjv/heldout.txt" >"$tmp/cal.txt"
 
-echo "== a short training run"
-"$py" "$src/scripts/train_adapter.py" --cloud "$pair/cloud" --edge "$pair/edge" \
-    --adapter "$pair/ls/adapter-linear.safetensors" --file "$tmp/cal.txt" \
-    --out "$tmp/trained.safetensors" --ctx 32 --cont 16 --train-docs 4 --eval-docs 4 \
-    --steps 10 --batch 4 --lr 0.01 --evals 2 >"$tmp/train.out" 2>&1 ||
-    fail "train_adapter.py failed: $(cat "$tmp/train.out")"
-cat "$tmp/train.out"
-first=$(awk '$1 == "curve:" && $2 ~ /^[0-9]+$/ {print $3; exit}' "$tmp/train.out")
-last=$(awk '$1 == "curve:" && $2 ~ /^[0-9]+$/ {v = $3} END {print v}' "$tmp/train.out")
-[ -n "$first" ] && [ -n "$last" ] || fail "no curve in the output"
-awk -v a="$first" -v b="$last" 'BEGIN {exit !(b < a)}' ||
-    fail "the KL on the training windows did not fall: $first -> $last"
-[ -s "$tmp/trained.safetensors" ] || fail "no adapter file written"
+# close A B TOL: |A - B| <= TOL * max(1, |B|)
+close() {
+    awk -v a="$1" -v b="$2" -v t="$3" \
+        'BEGIN {d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; if (m < 1) m = 1; exit !(d <= t * m)}'
+}
 
-echo "== kvedge lseval loads and measures it"
-"$kv" lseval --cloud "$pair/cloud" --edge "$pair/edge" --file "$tmp/cal.txt" \
-    --adapter "$pair/ls/adapter-linear.safetensors" --adapter "$tmp/trained.safetensors" \
-    --context 32 --continuation 16 --docs 2 -q \
-    >"$tmp/lseval.out" 2>&1 || fail "lseval refused the trained adapter: $(cat "$tmp/lseval.out")"
-cat "$tmp/lseval.out"
-# The same windows (lseval's first 2 documents are the first 2 of the 4 trained on): the C
-# apply path gives the trained adapter a lower KL than the least-squares one it started from.
-kl_ls=$(awk '$1 == "ce-lslm" && $2 == "adapter-linear" && $3 == "lossless" {print $7}' \
-    "$tmp/lseval.out")
-kl_tr=$(awk '$1 == "ce-lslm" && $2 == "trained" && $3 == "lossless" {print $7}' "$tmp/lseval.out")
-[ -n "$kl_ls" ] && [ -n "$kl_tr" ] || fail "no rows for both adapters"
-awk -v a="$kl_ls" -v b="$kl_tr" 'BEGIN {exit !(b < a)}' ||
-    fail "lseval: the trained adapter's KL $kl_tr is not below least squares' $kl_ls"
+# pair NAME CLOUD EDGE LINEAR_ADAPTER [lseval model flags...]
+pair() {
+    local name=$1 cloud=$2 edge=$3 linear=$4
+    shift 4
+    local out=$tmp/$name
+    mkdir -p "$out"
+    echo "== $name: a short training run"
+    "$py" "$src/scripts/train_adapter.py" --cloud "$cloud" --edge "$edge" \
+        --adapter "$linear" --file "$tmp/cal.txt" --eval-file "$tmp/cal.txt" \
+        --out "$out/trained.safetensors" --ctx 32 --cont 16 --train-docs 4 --eval-docs 2 \
+        --steps 10 --batch 4 --lr 0.01 --every 5 --curve "$out/curve.csv" >"$out/train.out" 2>&1 ||
+        fail "$name: train_adapter.py failed: $(cat "$out/train.out")"
+    cat "$out/train.out"
+    [ -s "$out/trained.safetensors" ] || fail "$name: no adapter file written"
+
+    echo "== $name: the curve CSV"
+    cat "$out/curve.csv"
+    [ "$(head -1 "$out/curve.csv")" = "step,train_kl,train_ppl,heldout_kl,heldout_ppl,seconds" ] ||
+        fail "$name: the curve's header is $(head -1 "$out/curve.csv")"
+    [ "$(tail -n +2 "$out/curve.csv" | cut -d, -f1 | tr '\n' ' ')" = "0 5 10 " ] ||
+        fail "$name: the curve's steps are not 0 5 10"
+    awk -F, 'NR > 1 && (NF != 6 || $4 == "" || $5 == "") {exit 1}' "$out/curve.csv" ||
+        fail "$name: a curve row without its held-out columns"
+    local first last
+    first=$(awk -F, 'NR == 2 {print $2}' "$out/curve.csv")
+    last=$(awk -F, 'END {print $2}' "$out/curve.csv")
+    awk -v a="$first" -v b="$last" 'BEGIN {exit !(b < a)}' ||
+        fail "$name: the KL on the training windows did not fall: $first -> $last"
+
+    echo "== $name: kvedge lseval loads and measures it"
+    "$kv" lseval "$@" --file "$tmp/cal.txt" --adapter "$linear" \
+        --adapter "$out/trained.safetensors" --context 32 --continuation 16 --docs 2 -q \
+        >"$out/lseval.out" 2>&1 ||
+        fail "$name: lseval refused the trained adapter: $(cat "$out/lseval.out")"
+    cat "$out/lseval.out"
+    local kl_ls ppl_ls kl_tr
+    kl_ls=$(awk '$1 == "ce-lslm" && $2 == "least-squares" && $3 == "lossless" {print $7}' \
+        "$out/lseval.out")
+    ppl_ls=$(awk '$1 == "ce-lslm" && $2 == "least-squares" && $3 == "lossless" {print $4}' \
+        "$out/lseval.out")
+    kl_tr=$(awk '$1 == "ce-lslm" && $2 == "distilled" && $3 == "lossless" {print $7}' \
+        "$out/lseval.out")
+    if [ -z "$kl_ls" ] || [ -z "$kl_tr" ]; then
+        fail "$name: no rows labeled least-squares and distilled"
+    fi
+    # The script's forward is the C one: its step 0 (the least-squares adapter) on its first 2
+    # windows, lseval's first 2 documents, gives lseval's KL (4 decimals) and perplexity.
+    local kl0 ppl0
+    kl0=$(awk -F, 'NR == 2 {print $2}' "$out/curve.csv")
+    ppl0=$(awk -F, 'NR == 2 {print $3}' "$out/curve.csv")
+    close "$kl0" "$kl_ls" 0.0002 ||
+        fail "$name: the script's KL $kl0 is not lseval's $kl_ls for the least-squares adapter"
+    close "$ppl0" "$ppl_ls" 0.0005 ||
+        fail "$name: the script's perplexity $ppl0 is not lseval's $ppl_ls"
+    # The same windows (lseval's first 2 documents are the first 2 of the 4 trained on): the C
+    # apply path gives the trained adapter a lower KL than the least-squares one it started from.
+    awk -v a="$kl_ls" -v b="$kl_tr" 'BEGIN {exit !(b < a)}' ||
+        fail "$name: lseval: the trained adapter's KL $kl_tr is not below least squares' $kl_ls"
+}
+
+llama=$src/models/kjv/llama
+pair llama "$llama/cloud" "$llama/edge" "$llama/ls/adapter-linear.safetensors" \
+    --cloud "$llama/cloud" --edge "$llama/edge"
+opt=$src/models/kjv
+pair opt "$opt/cloud" "$opt/edge" "$opt/ls/adapter-linear.safetensors" \
+    --cloud "$opt/cloud/model.safetensors" --edge "$opt/edge/model.safetensors" \
+    --tokenizer "$opt"
 
 echo "== an adapter for other models is refused"
+for p in "$llama" "$opt"; do
+    rc=0
+    "$py" "$src/scripts/train_adapter.py" --cloud "$p/edge" --edge "$p/cloud" \
+        --adapter "$p/ls/adapter-linear.safetensors" --file "$tmp/cal.txt" \
+        --out "$tmp/wrong.safetensors" --ctx 32 --cont 16 >"$tmp/wrong.out" 2>&1 || rc=$?
+    [ "$rc" -eq 2 ] || fail "exit $rc for swapped models, not 2: $(cat "$tmp/wrong.out")"
+    grep -q 'not these models' "$tmp/wrong.out" || fail "no reason given: $(cat "$tmp/wrong.out")"
+    [ ! -e "$tmp/wrong.safetensors" ] || fail "an adapter was written for the wrong models"
+done
+echo "== models of two families are refused"
 rc=0
-"$py" "$src/scripts/train_adapter.py" --cloud "$pair/edge" --edge "$pair/cloud" \
-    --adapter "$pair/ls/adapter-linear.safetensors" --file "$tmp/cal.txt" \
+"$py" "$src/scripts/train_adapter.py" --cloud "$llama/cloud" --edge "$opt/edge" \
+    --adapter "$llama/ls/adapter-linear.safetensors" --file "$tmp/cal.txt" \
     --out "$tmp/wrong.safetensors" --ctx 32 --cont 16 >"$tmp/wrong.out" 2>&1 || rc=$?
-[ "$rc" -eq 2 ] || fail "exit $rc for swapped models, not 2: $(cat "$tmp/wrong.out")"
-grep -q 'not these models' "$tmp/wrong.out" || fail "no reason given: $(cat "$tmp/wrong.out")"
-[ ! -e "$tmp/wrong.safetensors" ] || fail "an adapter was written for the wrong models"
+[ "$rc" -eq 2 ] || fail "exit $rc for a Llama cloud and an OPT edge, not 2: $(cat "$tmp/wrong.out")"
+grep -q 'different families' "$tmp/wrong.out" || fail "no reason given: $(cat "$tmp/wrong.out")"
 echo "PASS"
