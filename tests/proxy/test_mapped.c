@@ -209,6 +209,19 @@ static void s_set_map(s_topo_t *t, const kvedge_master_map_t *r)
     s_set(t, key, body, len);
 }
 
+/* The map edge 0 <- cloud 0, edge 1 <- none, edge 2 <- cloud 3, in map (the caller's) and in
+ * the master. */
+static void s_set_map_0_none_3(s_topo_t *t, kvedge_master_map_t *map)
+{
+    memset(map, 0, sizeof *map);
+    map->cloud_layers = S_CL_LAYERS;
+    map->edge_layers = S_ED_LAYERS;
+    map->from[0] = 0;
+    map->from[1] = KVEDGE_MASTER_MAP_NONE;
+    map->from[2] = 3;
+    s_set_map(t, map);
+}
+
 /* A master, a cloud node holding the cloud model's four layers, a peer edge node holding
  * nothing yet, both known to the proxy (cloud far, peer near) and, unless unlisted, registered
  * with the master; and the two models' records. Lagging: registered, but the cloud's puts are
@@ -641,12 +654,7 @@ static void test_mapped_fallback(void **state)
     assert_non_null(r);
     assert_non_null(map);
     s_topo_start_ex(t, true, false);
-    map->cloud_layers = S_CL_LAYERS;
-    map->edge_layers = S_ED_LAYERS;
-    map->from[0] = 0;
-    map->from[1] = KVEDGE_MASTER_MAP_NONE;
-    map->from[2] = 3;
-    s_set_map(t, map);
+    s_set_map_0_none_3(t, map);
     const int from3[S_ED_LAYERS] = {-1, -1, 3};
     kt_wait_for(
         (s_fetch_range(t->pep, r, from3, 2, 1), r->status == 0 && r->layer[2].from_layer == 3),
@@ -712,7 +720,6 @@ static int s_raw_fetch(const char *ep, uint32_t flags, size_t mapped_len, bool m
     return h.status;
 }
 
-/* Malformed MAPPED requests are refused with EPROTO, and the proxy keeps serving. */
 /* A MAPPED FETCH right after the cloud model's context was stored, before the node's next
  * directory pass: the directory lists no holder of the cloud model's chain (nor of the edge
  * model's), so the proxy asks the registered nodes (LOOKUP) for both chains, learns that the
@@ -728,12 +735,7 @@ static void test_mapped_directory_lags(void **state)
     assert_non_null(r);
     assert_non_null(map);
     s_topo_start_ex(t, false, true);
-    map->cloud_layers = S_CL_LAYERS;
-    map->edge_layers = S_ED_LAYERS;
-    map->from[0] = 0;
-    map->from[1] = KVEDGE_MASTER_MAP_NONE;
-    map->from[2] = 3;
-    s_set_map(t, map);
+    s_set_map_0_none_3(t, map);
     /* Until the proxy's view has the map and both nodes' registrations (the LOOKUP goes only
      * to registered nodes the directory says nothing of). */
     const int fetch_only[S_ED_LAYERS] = {0, -1, 3};
@@ -795,6 +797,7 @@ static void test_directory_lists_part_of_a_context(void **state)
     free(t);
 }
 
+/* Malformed MAPPED requests are refused with EPROTO, and the proxy keeps serving. */
 static void test_mapped_refused(void **state)
 {
     (void)state;
