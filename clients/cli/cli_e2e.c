@@ -1540,12 +1540,15 @@ static const kvedge_cmdopts_t s_decode_opts = {
         "\"ce-lslm\", it names \"mapped_model\" and \"adapted\", and each layer its "
         "\"from_layer\"\n"
         "(the cloud layer that fed it, null when its own).\n\n"
-        "exit codes: 2 usage (also a --tokenizer refused or whose ids do not fit the model, an\n"
-        "--adapter for other shapes than --weights, --adapter against a store node), 1\n"
-        "weights that do not load or a decode that failed (a layer failed\n"
-        "rather than missed: a source past the deadline, the proxy gone), or an --adapter that\n"
-        "cannot be read, 4 an --adapter file refused, 3 the proxy or node does not know the\n"
-        "model, 5 proxy unreachable.\n",
+        "An --adapter file that is read but refused (damaged or non-finite weights, another\n"
+        "model pair, other rotary settings, other shapes than --weights) is reported on stderr\n"
+        "and the decode goes on without it: the edge model's own layers, those no source holds\n"
+        "computed here.\n\n"
+        "exit codes: 2 usage (also a --tokenizer refused or whose ids do not fit the model,\n"
+        "--adapter against a store node), 1 weights that do not load or a decode that failed (a\n"
+        "layer failed rather than missed: a source past the deadline, the proxy gone), or an\n"
+        "--adapter that cannot be read, 3 the proxy or node does not know the model, 5 proxy\n"
+        "unreachable.\n",
     KVEDGE_CMDOPTS_OF(s_decode_opts_t, s_decode_list)};
 
 /* The generated tokens as text: byte-tokenizer ids of bytes 32..126 as themselves, anything
@@ -1804,8 +1807,22 @@ static int s_decode_check(const kvedge_cli_t *cli, const s_decode_opts_t *o, s_d
 static int s_decode_prepare(const s_decode_opts_t *o, s_decode_t *r)
 {
     int ex = s_common_load(&r->c);
-    if (!ex && o->adapter)
-        ex = s_load_adapter(&r->c, o->adapter, &r->adapter, &r->mapped);
+    if (!ex && o->adapter) {
+        /* A file that cannot be read fails the command; one that is read and refused (damaged
+         * or non-finite weights, another model pair, other rotary settings or shapes) costs
+         * only the large-small mode: the request goes on as the edge model's own, and the
+         * layers no source holds of it are computed here. s_load_adapter said why. */
+        int aex = s_load_adapter(&r->c, o->adapter, &r->adapter, &r->mapped);
+        if (aex == KVEDGE_EXIT_FAILURE) {
+            ex = aex;
+        } else if (aex != KVEDGE_EXIT_OK) {
+            kvedge_adapter_destroy(&r->adapter);
+            memset(&r->mapped, 0, sizeof r->mapped);
+            kvedge_cli_error("decode: going on without the adapter: the edge computes the "
+                             "layers no source holds of %s",
+                             r->c.model.id);
+        }
+    }
     if (!ex)
         ex = s_prompt(&r->c, o->prompt, o->prompt_ids, &r->prompt, &r->prompt_len);
     if (!ex && (uint64_t)r->c.ctx_len + r->prompt_len + o->max_new > r->c.cfg->max_positions) {

@@ -770,14 +770,40 @@ static void test_cli_decode_adapter(void **state)
     assert_non_null(strstr(text, "mode      ce-lslm"));
     assert_non_null(strstr(text, "adapted   2 layers of ls-cloud"));
 
-    /* An adapter that does not fit the weights: the cloud's weights as the edge. */
-    snprintf(cmd, sizeof cmd,
-             "%s -H %s decode --weights %s --model-id %s --context-ids %s --prompt-ids %s "
-             "--chunk-tokens %d --max-new %d --adapter %s > %s 2>&1",
-             KVEDGE_BIN, s_fx.w.pep, s_fx.cloud_w, S_CLOUD_ID, ctx, prompt, S_CHUNK, S_NEW,
-             s_fx.adapter_path, out);
-    rc = system(cmd);
-    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
+    /* Adapters refused: one that does not fit the weights (the cloud's weights as the edge)
+     * and a damaged file. Each is reported, and the decode goes on as the loaded model's own
+     * request, its layers fetched or computed here: it completes. */
+    char bad[200];
+    snprintf(bad, sizeof bad, "%s/damaged.safetensors", s_fx.root);
+    f = fopen(bad, "w");
+    assert_non_null(f);
+    fputs("not an adapter file", f);
+    fclose(f);
+    const struct {
+        const char *weights, *id, *adapter, *why;
+    } refused[] = {
+        {s_fx.cloud_w, S_CLOUD_ID, s_fx.adapter_path, "does not fit"},
+        {s_fx.edge_w, S_EDGE_ID, bad, "cannot use the adapter"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s -H %s decode --weights %s --model-id %s --context-ids %s --prompt-ids %s "
+                 "--chunk-tokens %d --max-new %d --adapter %s > %s 2>&1",
+                 KVEDGE_BIN, s_fx.w.pep, refused[i].weights, refused[i].id, ctx, prompt, S_CHUNK,
+                 S_NEW, refused[i].adapter, out);
+        rc = system(cmd);
+        f = fopen(out, "r");
+        assert_non_null(f);
+        n = fread(text, 1, sizeof text - 1, f);
+        text[n] = '\0';
+        fclose(f);
+        if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0)
+            fail_msg("decode with a refused adapter (%s): exit %d:\n%s", refused[i].why, rc, text);
+        assert_non_null(strstr(text, refused[i].why));
+        assert_non_null(strstr(text, "going on without the adapter"));
+        assert_null(strstr(text, "ce-lslm"));
+        assert_non_null(strstr(text, "mode      kvedge"));
+    }
 }
 
 int main(void)
