@@ -7,7 +7,7 @@
 #   - SIGKILLs the leading master (twice; the killed one comes back as a standby),
 #   - SIGKILLs one etcd member (quorum kept),
 #   - SIGKILLs a cloud node,
-# and prefills more contexts meanwhile. It holds that a standby leads within the lease + 1 s
+# and prefills more contexts meanwhile. It holds that a standby leads once the lease runs out
 # (and the slack of a loaded runner), that no acknowledged context is lost, that no fetch has a
 # layer missing, that every decode gives the tokens it gave right after its prefill (no wrong
 # block served), and that the model registered in etcd survives every takeover.
@@ -248,7 +248,11 @@ kill_leader() {
     t1=$(led_at "${new#m}")
     ms=$((t1 - t0))
     echo "$old killed: $new leads after $ms ms (lease $LEASE_MS ms)"
-    [ "$ms" -le $((LEASE_MS + 1000)) ] || fail "takeover took $ms ms, above the lease + 1 s"
+    # The lease + 1 s (etcd's expiry check, the election step), and the slack every timed
+    # bound of the tests gets on a loaded machine (wait.sh's KT_SLACK_S, as test_failover):
+    # a takeover past it missed the lease's expiry. bench_failover measures the time itself.
+    [ "$ms" -le $((LEASE_MS + 1000 + KT_SLACK_S * 1000)) ] ||
+        fail "takeover took $ms ms, above the lease + 1 s + ${KT_SLACK_S} s of slack"
     echo "$ms" >>"$tmp/takeovers"
     new_leads() { [ "$(leader)" = "$new" ]; }
     wait_until 20 new_leads || fail "$new leads by its log but not by STATUS"
