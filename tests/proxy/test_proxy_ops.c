@@ -448,6 +448,38 @@ static bool s_cmd_says(void *arg)
     return kt_capture(x->cmd, x->out, x->cap) == 0 && strstr(x->out, x->want);
 }
 
+/* A master, a cloud node registered with it (its directory published only when a test says)
+ * and an edge proxy following the master, the node its one source. */
+typedef struct {
+    char root[32];
+    kt_master_t mm;
+    s_node_t cloud;
+    char pep[350];
+    kvedge_proxy_t *p;
+} s_mcp_t;
+
+static void s_mcp_start(s_mcp_t *w)
+{
+    snprintf(w->root, sizeof w->root, "/tmp/kvedge-pops-XXXXXX");
+    assert_non_null(mkdtemp(w->root));
+    kt_master_start(&w->mm, w->root);
+    s_node_start(&w->cloud, w->root, "cloud1", KVEDGE_ROLE_CLOUD, &w->mm, 600000, true);
+    kvedge_proxy_opts_t po;
+    kvedge_proxy_opts_default(&po);
+    po.master = w->mm.ep;
+    po.master_pub = w->mm.pub;
+    w->p = s_proxy(&po, w->root, w->pep, sizeof w->pep);
+    assert_int_equal(kvedge_proxy_wait_sources(w->p, 1, 10000), 0);
+}
+
+static void s_mcp_stop(s_mcp_t *w)
+{
+    kvedge_proxy_destroy(&w->p);
+    kvedge_node_destroy(&w->cloud.node);
+    kvedge_master_destroy(&w->mm.m);
+    s_rmrf(w->root);
+}
+
 /* A prefill to the cloud node, then at once (no wait) a decode through the proxy: the node
  * publishes its block directory to the master only every so often (here: only when the test
  * says), so the proxy's directory lists nobody for the new context; the proxy asks the node
@@ -456,19 +488,10 @@ static bool s_cmd_says(void *arg)
 static void test_decode_right_after_prefill(void **state)
 {
     (void)state;
-    char root[] = "/tmp/kvedge-pops-XXXXXX";
-    assert_non_null(mkdtemp(root));
-    kt_master_t mm;
-    kt_master_start(&mm, root);
-    s_node_t cloud;
-    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, &mm, 600000, true);
-    kvedge_proxy_opts_t po;
-    kvedge_proxy_opts_default(&po);
-    po.master = mm.ep;
-    po.master_pub = mm.pub;
-    char pep[350];
-    kvedge_proxy_t *p = s_proxy(&po, root, pep, sizeof pep);
-    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 10000), 0);
+    s_mcp_t w;
+    s_mcp_start(&w);
+    kvedge_proxy_t *p = w.p;
+    const char *pep = w.pep;
 
     static char out[1 << 16];
     char cmd[3000], a[400], b[400];
@@ -476,16 +499,16 @@ static void test_decode_right_after_prefill(void **state)
     snprintf(cmd, sizeof cmd,
              "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
              "--scheme lossless --dtype fp32",
-             KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 3));
+             KVEDGE_BIN, w.cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 3));
     if (kt_capture(cmd, out, sizeof out) != 0)
         fail_msg("prefill: %s", out);
     uint32_t changed;
-    assert_int_equal(kvedge_node_publish(cloud.node, &changed), 0);
+    assert_int_equal(kvedge_node_publish(w.cloud.node, &changed), 0);
     snprintf(cmd, sizeof cmd,
              "%s -H %s --json decode --weights %s --context-ids %s --chunk-tokens 16 "
              "--prompt-ids 10,20,30 --max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY, a);
-    assert_int_equal(kvedge_proxy_wait_view(p, kvedge_master_seq(mm.m), KT_WAIT_MS), 0);
+    assert_int_equal(kvedge_proxy_wait_view(p, kvedge_master_seq(w.mm.m), KT_WAIT_MS), 0);
     s_cmd_ctx_t first = {cmd, out, sizeof out, "\"fetched\":3,"};
     if (!kt_poll(s_cmd_says, &first, KT_WAIT_MS))
         fail_msg("the first context never reached the proxy:\n%s", out);
@@ -494,7 +517,7 @@ static void test_decode_right_after_prefill(void **state)
     snprintf(cmd, sizeof cmd,
              "%s -H %s --json prefill --weights %s --context-ids %s --chunk-tokens 16 "
              "--scheme lossless --dtype fp32",
-             KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(b, sizeof b, 40, 11));
+             KVEDGE_BIN, w.cloud.ep, S_TINY, s_ctx_ids(b, sizeof b, 40, 11));
     if (kt_capture(cmd, out, sizeof out) != 0)
         fail_msg("prefill: %s", out);
     snprintf(cmd, sizeof cmd,
@@ -520,10 +543,7 @@ static void test_decode_right_after_prefill(void **state)
         !strstr(out, "layers    0 fetched, 3 computed of 3 (3 missed: miss 3)"))
         fail_msg("decode of a context nobody holds:\n%s", out);
 
-    kvedge_proxy_destroy(&p);
-    kvedge_node_destroy(&cloud.node);
-    kvedge_master_destroy(&mm.m);
-    s_rmrf(root);
+    s_mcp_stop(&w);
 }
 
 typedef struct {
@@ -550,19 +570,9 @@ static void *s_publish_later(void *arg)
 static void test_decode_waits_for_model(void **state)
 {
     (void)state;
-    char root[] = "/tmp/kvedge-pops-XXXXXX";
-    assert_non_null(mkdtemp(root));
-    kt_master_t mm;
-    kt_master_start(&mm, root);
-    s_node_t cloud;
-    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, &mm, 600000, true);
-    kvedge_proxy_opts_t po;
-    kvedge_proxy_opts_default(&po);
-    po.master = mm.ep;
-    po.master_pub = mm.pub;
-    char pep[350];
-    kvedge_proxy_t *p = s_proxy(&po, root, pep, sizeof pep);
-    assert_int_equal(kvedge_proxy_wait_sources(p, 1, 10000), 0);
+    s_mcp_t w;
+    s_mcp_start(&w);
+    const char *pep = w.pep;
 
     static char out[1 << 16];
     char cmd[3000], a[400];
@@ -585,14 +595,14 @@ static void test_decode_waits_for_model(void **state)
     snprintf(cmd, sizeof cmd,
              "%s -H %s --json prefill --weights %s --model-id late-tiny --context-ids %s "
              "--chunk-tokens 16 --scheme lossless --dtype fp32",
-             KVEDGE_BIN, cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 7));
+             KVEDGE_BIN, w.cloud.ep, S_TINY, s_ctx_ids(a, sizeof a, 40, 7));
     if (kt_capture(cmd, out, sizeof out) != 0)
         fail_msg("prefill: %s", out);
     snprintf(cmd, sizeof cmd,
              "%s -H %s --json decode --weights %s --model-id late-tiny --context-ids %s "
              "--chunk-tokens 16 --prompt-ids 10,20,30 --max-new 2 2>&1",
              KVEDGE_BIN, pep, S_TINY, a);
-    s_publish_t pub = {cloud.node, -1};
+    s_publish_t pub = {w.cloud.node, -1};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, s_publish_later, &pub), 0);
     rc = kt_capture(cmd, out, sizeof out);
@@ -601,10 +611,7 @@ static void test_decode_waits_for_model(void **state)
     if (rc != 0 || !strstr(out, "\"fetched\":3,\"computed\":0"))
         fail_msg("decode right after the prefill of a new model (exit %d):\n%s", rc, out);
 
-    kvedge_proxy_destroy(&p);
-    kvedge_node_destroy(&cloud.node);
-    kvedge_master_destroy(&mm.m);
-    s_rmrf(root);
+    s_mcp_stop(&w);
 }
 
 int main(void)
