@@ -254,16 +254,34 @@ def _candidates():
         yield "install prefix", os.path.join(d, name)
 
 
-def _load():
-    tried = [] if os.environ.get("KVEDGE_LIB") else ["  $KVEDGE_LIB: not set"]
-    for where, path in _candidates():
+def try_load(candidates, env):
+    """Loads the first of candidates ((where, path) pairs) that loads: (library, path, []), or
+    (None, None, the lines saying what each try gave), the first saying $env is not set when
+    it is not."""
+    tried = [] if os.environ.get(env) else [f"  ${env}: not set"]
+    for where, path in candidates:
         if os.sep in path and not os.path.exists(path):
             tried.append(f"  {path} ({where}): no such file")
             continue
         try:
-            return ctypes.CDLL(path), path
+            return ctypes.CDLL(path), path, []
         except OSError as e:
             tried.append(f"  {path} ({where}): {e}")
+    return None, None, tried
+
+
+def bind(library, name, restype, *argtypes):
+    """library's function name with its ctypes signature."""
+    f = getattr(library, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+def _load():
+    found, path, tried = try_load(_candidates(), "KVEDGE_LIB")
+    if found:
+        return found, path
     if os.environ.get("KVEDGE_LIB"):
         fix = "point KVEDGE_LIB at libkvedge.so (a build has build/clients/libkvedge.so)"
     else:
@@ -277,10 +295,7 @@ lib, LIB_PATH = _load()
 
 
 def _fn(name, restype, *argtypes):
-    f = getattr(lib, name)
-    f.restype = restype
-    f.argtypes = list(argtypes)
-    return f
+    return bind(lib, name, restype, *argtypes)
 
 
 P = POINTER

@@ -102,18 +102,11 @@ def _candidates():
 
 
 def _load():
-    tried = [] if os.environ.get("KVEDGE_LLAMACPP_LIB") else ["  $KVEDGE_LLAMACPP_LIB: not set"]
-    missing_llama = False
-    for where, path in _candidates():
-        if os.sep in path and not os.path.exists(path):
-            tried.append(f"  {path} ({where}): no such file")
-            continue
-        try:
-            return ctypes.CDLL(path), path
-        except OSError as e:
-            missing_llama = missing_llama or "libllama" in str(e) or "libggml" in str(e)
-            tried.append(f"  {path} ({where}): {e}")
-    if missing_llama:
+    found, path, tried = _ffi.try_load(_candidates(), "KVEDGE_LLAMACPP_LIB")
+    if found:
+        return found, path
+    errors = [t.rsplit("): ", 1)[-1] for t in tried]  # what the loader said of each path
+    if any("libllama" in e or "libggml" in e for e in errors):
         fix = ("the bridge is there but the loader does not find llama.cpp's libraries: put "
                "their folder (DIR/lib of -DKVEDGE_LLAMACPP=DIR) in LD_LIBRARY_PATH or "
                "/etc/ld.so.conf.d/")
@@ -129,10 +122,7 @@ lib, LIB_PATH = _load()
 
 
 def _fn(name, restype, *argtypes):
-    f = getattr(lib, name)
-    f.restype = restype
-    f.argtypes = list(argtypes)
-    return f
+    return _ffi.bind(lib, name, restype, *argtypes)
 
 
 P = POINTER
