@@ -254,6 +254,23 @@ def _candidates():
         yield "install prefix", os.path.join(d, name)
 
 
+class Closing:
+    """A with-statement and garbage collection for a class with close(): the with block ends
+    with close(), and so does the object's collection (errors then ignored)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 def try_load(candidates, env):
     """Loads the first of candidates ((where, path) pairs) that loads: (library, path, []), or
     (None, None, the lines saying what each try gave), the first saying $env is not set when

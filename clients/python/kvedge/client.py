@@ -391,7 +391,7 @@ def _floats_arg(name, values, n):
     return out
 
 
-class Client:
+class Client(_ffi.Closing):
     """A connection to a kvedge store node or edge proxy (kvedge_client_t).
 
     Client(endpoint, server_key=None, cert=None, deadline_ms=0): server_key is the node's
@@ -454,18 +454,6 @@ class Client:
     @property
     def closed(self):
         return self._guard.closed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         role = getattr(self, "node", {}).get("role", "?")

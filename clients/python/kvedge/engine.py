@@ -14,7 +14,7 @@ In the cloud role start_load only fixes the context (nothing is fetched: wait_fo
 returns None, the engine computes every layer) and save_layer(l, k, v) encodes and stores
 layer l's K/V under the context's chunk ids as soon as the engine has it.
 """
-from . import _arrays
+from . import _arrays, _ffi
 from .client import Client, Model, _int_arg, _model_arg, chunk_ids
 from .errors import UseAfterClose
 from .pipeline import Pipeline
@@ -40,7 +40,7 @@ class LoadHandle:
         return self.pipeline.plan() if self.pipeline is not None else None
 
 
-class KVLoader:
+class KVLoader(_ffi.Closing):
     """KVLoader(client, model, role="edge", ...): client is a kvedge.Client (of an edge proxy
     for the edge role, of a cloud store node for the cloud role) or an endpoint string (the
     loader then owns its client; server_key / cert / deadline_ms go to it). model: a
@@ -147,18 +147,6 @@ class KVLoader:
         if self._own and self.client is not None:
             self.client.close()
         self._closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 __all__ = ["KVLoader", "LoadHandle", "Model"]

@@ -213,7 +213,7 @@ def _client_arg(name, client):
     return client
 
 
-class Engine:
+class Engine(_ffi.Closing):
     """A GGUF model loaded by llama.cpp (kvedge_llamacpp_engine_t) with a context of n_seq
     sequences of n_ctx positions each (context + prompt + generated tokens), a KV cache of
     cache ("f16" or "f32"), llama.cpp running threads threads (0: the online CPUs, at most 4).
@@ -264,18 +264,6 @@ class Engine:
     @property
     def closed(self):
         return not self._h
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         state = "closed" if self.closed else f"{self.arch}, n_ctx {self.n_ctx}"

@@ -43,7 +43,7 @@ class _Resource:
             _ffi.kvedge_pipeline_destroy(byref(self.h))
 
 
-class Pipeline:
+class Pipeline(_ffi.Closing):
     """Pipeline(client, model, chain, ...) starts fetching layers [first_layer, first_layer +
     layers) of the context `chain` (kvedge.chunk_ids) at once; wait(layer) blocks (GIL
     released) until that layer is in place and returns (k, v), or None when it is a miss
@@ -225,18 +225,6 @@ class Pipeline:
     @property
     def closed(self):
         return self._guard.closed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # -- calls
     def wait(self, layer):
