@@ -143,6 +143,14 @@ static void s_standby_up(s_fx_t *fx, int i, const char *reason)
     assert_non_null(sb->actor);
 }
 
+/* Master 0 leads, and standby 0 names it ("leader ROUTER PUB", into hint). */
+static void s_leader_and_standby(s_fx_t *fx, char *hint, size_t len)
+{
+    s_master_up(fx, 0);
+    snprintf(hint, len, "leader %s %s", fx->router[0], fx->pub[0]);
+    s_standby_up(fx, 0, hint);
+}
+
 static int s_setup(void **state)
 {
     s_fx_t *fx = calloc(1, sizeof *fx);
@@ -271,10 +279,8 @@ static void test_list_standby_then_master(void **state)
 static void test_redirect_by_hint(void **state)
 {
     s_fx_t *fx = *state;
-    s_master_up(fx, 0);
     char hint[600];
-    snprintf(hint, sizeof hint, "leader %s %s", fx->router[0], fx->pub[0]);
-    s_standby_up(fx, 0, hint);
+    s_leader_and_standby(fx, hint, sizeof hint);
     s_standby_up(fx, 1, "no leader");
     s_pair(fx->list[0], sizeof fx->list[0], fx->sb[0].router, fx->sb[1].router);
     s_pair(fx->list[1], sizeof fx->list[1], fx->sb[0].pub, fx->sb[1].pub);
@@ -297,10 +303,8 @@ static void test_redirect_by_hint(void **state)
 static void test_set_through_standby(void **state)
 {
     s_fx_t *fx = *state;
-    s_master_up(fx, 0);
     char hint[600];
-    snprintf(hint, sizeof hint, "leader %s %s", fx->router[0], fx->pub[0]);
-    s_standby_up(fx, 0, hint);
+    s_leader_and_standby(fx, hint, sizeof hint);
     s_standby_up(fx, 1, "no leader");
     /* At once, before the view has asked for any snapshot: the SET meets the standby. */
     kvedge_mview_t *v = s_view(fx->sb[0].router, fx->sb[0].pub, NULL);
@@ -356,10 +360,8 @@ static void test_readonly_master_followed(void **state)
 static void test_heartbeats_reach_leader(void **state)
 {
     s_fx_t *fx = *state;
-    s_master_up(fx, 0);
     char hint[600];
-    snprintf(hint, sizeof hint, "leader %s %s", fx->router[0], fx->pub[0]);
-    s_standby_up(fx, 0, hint);
+    s_leader_and_standby(fx, hint, sizeof hint);
     kvedge_mview_t *v = s_view(fx->sb[0].router, fx->sb[0].pub, "cloud-9");
     kt_wait_for(s_following(v, fx->router[0]), KT_WAIT_MS);
     kvedge_master_health_t h;
