@@ -178,6 +178,21 @@ static void s_master_up(s_fx_t *fx)
     fail_msg("no free port pair for the master");
 }
 
+/* A view following the master on fx's port (its ROUTER) and the next (its PUB). */
+static kvedge_mview_t *s_view_of_master(s_fx_t *fx)
+{
+    kvedge_mview_opts_t o;
+    kvedge_mview_opts_default(&o);
+    char router[64], pub[64];
+    snprintf(router, sizeof router, "tcp://127.0.0.1:%d", fx->port);
+    snprintf(pub, sizeof pub, "tcp://127.0.0.1:%d", fx->port + 1);
+    o.master = router;
+    o.pub = pub;
+    kvedge_mview_t *v = NULL;
+    assert_int_equal(kvedge_mview_start(&o, &v), KVEDGE_OK);
+    return v;
+}
+
 /* A port nothing listens on (bound a moment ago, released). */
 static int s_dead_port(void)
 {
@@ -218,16 +233,10 @@ static void test_node_joins_list(void **state)
     kvedge_node_t *node = NULL;
     if (kvedge_node_start(&ns, &node, why, sizeof why) != KVEDGE_OK)
         fail_msg("node: %s", why);
-    kvedge_mview_opts_t o;
-    kvedge_mview_opts_default(&o);
-    char router[64], pub[64];
-    snprintf(router, sizeof router, "tcp://127.0.0.1:%d", fx->port);
-    snprintf(pub, sizeof pub, "tcp://127.0.0.1:%d", fx->port + 1);
-    o.master = router;
-    o.pub = pub;
-    kvedge_mview_t *obs = NULL;
-    assert_int_equal(kvedge_mview_start(&o, &obs), KVEDGE_OK);
+    kvedge_mview_t *obs = s_view_of_master(fx);
     kt_wait_for(s_has_node(obs, "cloud-7"), KT_WAIT_MS);
+    char router[64];
+    snprintf(router, sizeof router, "tcp://127.0.0.1:%d", fx->port);
     kvedge_mview_destroy(&obs);
     static char out[65536];
     char args[300], want[200];
@@ -263,15 +272,7 @@ static void test_cli_master_dump_list(void **state)
 {
     s_fx_t *fx = *state;
     s_master_up(fx);
-    kvedge_mview_opts_t o;
-    kvedge_mview_opts_default(&o);
-    char router[64], pub[64];
-    snprintf(router, sizeof router, "tcp://127.0.0.1:%d", fx->port);
-    snprintf(pub, sizeof pub, "tcp://127.0.0.1:%d", fx->port + 1);
-    o.master = router;
-    o.pub = pub;
-    kvedge_mview_t *v = NULL;
-    assert_int_equal(kvedge_mview_start(&o, &v), KVEDGE_OK);
+    kvedge_mview_t *v = s_view_of_master(fx);
     kvedge_master_node_t n;
     memset(&n, 0, sizeof n);
     n.role = KVEDGE_ROLE_CLOUD;
