@@ -896,17 +896,43 @@ static int s_open_index(kvedge_decoder_t *self, s_tset_t *ts, const char *dir, c
     return rc;
 }
 
-/* Loads a Hugging Face model directory: config.json, then single or sharded safetensors. */
+/* True when config.json is a JSON object without "model_type": kvedge's own training folder
+ * (scripts/train_models.py), whose config.json records the training run and whose
+ * model.safetensors is an OPT file that carries its shape in its metadata. */
+static bool s_config_untyped(const char *text, size_t len)
+{
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    const bool untyped = cJSON_IsObject(root) && !s_jfield(root, "model_type");
+    cJSON_Delete(root);
+    return untyped;
+}
+
+static int s_load_opt_file(kvedge_decoder_t *self, const char *path, uint32_t heads);
+
+/* Loads a Hugging Face model directory: config.json, then single or sharded safetensors. A
+ * config.json without model_type is kvedge's own OPT folder: its model.safetensors loads as
+ * the OPT file form (the tensors and their metadata give the shape). */
 static int s_load_dir(kvedge_decoder_t *self, const char *dir, uint32_t heads, s_tset_t *ts)
 {
     char path[4096];
     size_t len = 0;
-    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+    if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors", dir) >= sizeof path)
         return s_fail(self, KVEDGE_EINVAL, "path too long");
+    snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = s_read_text(path, &len);
     if (!text)
         return s_fail(self, errno == ENOMEM ? KVEDGE_ENOMEM : KVEDGE_EIO, "config.json: %s",
                       strerror(errno));
+    if (s_config_untyped(text, len)) {
+        free(text);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        struct stat sb;
+        if (stat(path, &sb) != 0)
+            return s_fail(self, KVEDGE_ECORRUPT,
+                          "config.json: model_type is missing (and there is no "
+                          "model.safetensors of kvedge's OPT form)");
+        return s_load_opt_file(self, path, heads);
+    }
     kvedge_decoder_impl_hf_config_t hf;
     char err[S_ERROR_BYTES];
     int rc = kvedge_decoder_impl_parse_config(text, len, &hf, err, sizeof err);
@@ -939,6 +965,24 @@ static int s_load_dir(kvedge_decoder_t *self, const char *dir, uint32_t heads, s
     return rc;
 }
 
+/* Loads OPT from one safetensors file (the file form). */
+static int s_load_opt_file(kvedge_decoder_t *self, const char *path, uint32_t heads)
+{
+    kvedge_safetensors_t *st = kvedge_safetensors_new();
+    if (!st)
+        return s_fail(self, KVEDGE_ENOMEM, "out of memory");
+    int rc = kvedge_safetensors_open(st, path);
+    if (rc != KVEDGE_OK) {
+        s_fail(self, rc, "%s", kvedge_safetensors_error(st));
+        kvedge_safetensors_destroy(&st);
+        return rc;
+    }
+    s_tset_t ts = {&st, NULL, 1};
+    rc = s_load_opt(self, &ts, heads);
+    kvedge_safetensors_destroy(&st);
+    return rc;
+}
+
 int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads)
 {
     if (!self || !path)
@@ -960,19 +1004,7 @@ int kvedge_decoder_load(kvedge_decoder_t *self, const char *path, uint32_t heads
             s_fail(self, rc, "%s%s%s", path, names_file ? "/" : ": ", detail);
         }
     } else {
-        kvedge_safetensors_t *st = kvedge_safetensors_new();
-        if (!st)
-            return s_fail(self, KVEDGE_ENOMEM, "out of memory");
-        rc = kvedge_safetensors_open(st, path);
-        if (rc != KVEDGE_OK) {
-            s_fail(self, rc, "%s", kvedge_safetensors_error(st));
-            kvedge_safetensors_destroy(&st);
-            return rc;
-        }
-        ts = (s_tset_t){&st, NULL, 1};
-        rc = s_load_opt(self, &ts, heads);
-        kvedge_safetensors_destroy(&st);
-        ts = (s_tset_t){0};
+        rc = s_load_opt_file(self, path, heads);
     }
     s_tset_free(&ts);
     if (rc != KVEDGE_OK)

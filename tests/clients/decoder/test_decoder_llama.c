@@ -280,9 +280,25 @@ static void test_shapes(void **state)
     assert_int_equal(kvedge_decoder_prefill(md, ids, 4, a, NULL, NULL), 0);
     assert_int_equal(kvedge_decoder_prefill(md2, ids, 4, b, NULL, NULL), 0);
     assert_memory_equal(a, b, oc.vocab * sizeof(float));
+    kvedge_decoder_destroy(&md2);
+
+    /* ...and as kvedge's own training folder (scripts/train_models.py): a config.json with no
+     * model_type records the training run, and model.safetensors loads as the OPT file form. */
+    s_write_text(dir, "config.json", "{\"layers\":2,\"steps\":700,\"heldout_loss\":4.0}");
+    md2 = s_load(dir);
+    assert_string_equal(kvedge_decoder_arch(md2), "opt");
+    assert_memory_equal(kvedge_decoder_config(md2), &oc, sizeof oc);
+    assert_int_equal(kvedge_decoder_prefill(md2, ids, 4, b, NULL, NULL), 0);
+    assert_memory_equal(a, b, oc.vocab * sizeof(float));
+    kvedge_decoder_destroy(&md2);
+    /* Without weights beside it, the missing model_type is the error. */
+    assert_int_equal(unlink(path), 0);
+    md2 = kvedge_decoder_new();
+    assert_int_equal(kvedge_decoder_load(md2, dir, 0), KVEDGE_ECORRUPT);
+    assert_non_null(strstr(kvedge_decoder_error(md2), "model_type is missing"));
+    kvedge_decoder_destroy(&md2);
     free(b);
     free(a);
-    kvedge_decoder_destroy(&md2);
     kvedge_decoder_destroy(&md);
 }
 
