@@ -140,8 +140,9 @@ const char *kvedge_cli_master_pubs(const char *cmd, const char *master_flag, con
 /* Writes s as a JSON string literal (quoted, escaped). */
 void kvedge_cli_json_str(FILE *f, const char *s);
 
-/* Daemons: replaces czmq's signal handlers with ours (the first SIGINT/SIGTERM starts a
- * clean stop), and waits for that signal. */
+/* Daemons: replaces czmq's signal handlers with ours and blocks SIGINT/SIGTERM in every
+ * thread started after it (call it before any); wait_signal takes the first, which starts a
+ * clean stop, and from then a second one exits at once (exit 1). */
 void kvedge_cli_trap_signals(void);
 void kvedge_cli_wait_signal(void);
 

@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <math.h>
 #include <stdarg.h>
@@ -293,13 +294,33 @@ int kvedge_cli_dispatch(kvedge_cli_t *cli, const kvedge_cli_cmd_t *cmd, int argc
 }
 
 static volatile sig_atomic_t s_stop;
+static sigset_t s_stop_signals; /* SIGINT and SIGTERM */
 
+static const char s_at_once[] = "kvedge: a second signal during the stop: exiting at once (a "
+                                "store replays its write-ahead log at the next start)\n";
+
+/* Async-signal-safe: write(2) and _exit(2) only. */
+static void s_exit_at_once(void)
+{
+    ssize_t w = write(STDERR_FILENO, s_at_once, sizeof s_at_once - 1);
+    (void)w;
+    _exit(KVEDGE_EXIT_FAILURE);
+}
+
+/* Only a thread that does not block the signals runs this (none of ours: they are blocked
+ * before any starts, and libzmq's threads block every signal). */
 static void s_on_signal(int sig)
 {
     (void)sig;
+    if (s_stop)
+        s_exit_at_once();
     s_stop = 1;
 }
 
+/* SIGINT and SIGTERM are blocked in every thread (threads inherit the mask) and taken with
+ * sigtimedwait: no signal interrupts a call in flight. Delivered as a handler, a second one
+ * made libzmq's recv return EINTR inside zactor_destroy's wait, which then returned while the
+ * actor was still closing RocksDB, and the process exited under it. */
 void kvedge_cli_trap_signals(void)
 {
     zsys_handler_set(NULL);
@@ -308,16 +329,32 @@ void kvedge_cli_trap_signals(void)
     sa.sa_handler = s_on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigemptyset(&s_stop_signals);
+    sigaddset(&s_stop_signals, SIGINT);
+    sigaddset(&s_stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &s_stop_signals, NULL);
 }
 
-/* The signal may be handled on any thread that does not block it (libmicrohttpd's, a
- * worker's), and pause() wakes only the thread that ran the handler: so the flag is polled. */
+/* Waits for a second signal while the daemon stops: then it exits at once. */
+static void *s_second_signal(void *arg)
+{
+    (void)arg;
+    int sig;
+    while (sigwait(&s_stop_signals, &sig) != 0)
+        ;
+    s_exit_at_once();
+    return NULL;
+}
+
 void kvedge_cli_wait_signal(void)
 {
-    while (!s_stop) {
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    const struct timespec tick = {0, 50 * 1000 * 1000};
+    while (!s_stop)
+        if (sigtimedwait(&s_stop_signals, NULL, &tick) > 0)
+            s_stop = 1;
+    pthread_t t;
+    if (pthread_create(&t, NULL, s_second_signal, NULL) == 0)
+        pthread_detach(t);
 }
 
 int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, kvedge_client_t **out)

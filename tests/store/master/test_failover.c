@@ -26,6 +26,7 @@
 #include "tests/common/testutil.h"
 #include "tests/common/spawn.h"
 #include "tests/common/etcd.h"
+#include "tests/common/shell.h"
 #include "tests/store/master/mclient.h"
 
 #define S_LEASE_MS 2000
@@ -376,6 +377,55 @@ static void test_quorum_loss_and_return(void **state)
     s_master_kill(&m);
 }
 
+/* A second SIGTERM while a master stops (its lease revoke waiting on a frozen etcd) exits at
+ * once, with exit 1 and a line that says so, instead of interrupting the stop's wait for the
+ * actor: that let the process exit while the actor still closed RocksDB ("pthread unlock:
+ * Invalid argument", SIGABRT). */
+static void test_second_signal_during_a_stop(void **state)
+{
+    (void)state;
+    s_proc_t p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.name, sizeof p.name, "stop1");
+    snprintf(p.router, sizeof p.router, "tcp://127.0.0.1:%d", kt_free_port());
+    snprintf(p.pub, sizeof p.pub, "tcp://127.0.0.1:%d", kt_free_port());
+    snprintf(p.data, sizeof p.data, "%s/stop1", s_dir);
+    char log[256], line[700];
+    snprintf(log, sizeof log, "%s/stop1.log", s_dir);
+    /* A 3 s lease: each etcd call, the revoke included, waits up to 1 s. */
+    char *const argv[] = {"kvedge", "master", "--insecure",     "--data",        p.data,
+                          "--bind", p.router, "--pub",          p.pub,           "--metrics",
+                          "off",    "--etcd", s_etcd.endpoints, "--etcd-prefix", "/t/stop",
+                          "--id",   p.name,   "--lease-ms",     "3000",          "--log-level",
+                          "info",   NULL};
+    /* The master's stderr (its log) goes to a file: the child inherits fd 2. */
+    int saved = dup(STDERR_FILENO);
+    FILE *lf = fopen(log, "w");
+    assert_non_null(lf);
+    dup2(fileno(lf), STDERR_FILENO);
+    p.pid = kt_spawn_argv(KVEDGE_BIN, argv, line, sizeof line, &p.fd);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    fclose(lf);
+    assert_true(p.pid > 0);
+    kt_wait_for(s_is(&p, "leader"), KT_WAIT_MS);
+
+    for (int i = 0; i < s_etcd.n; i++)
+        kill(s_etcd.pid[i], SIGSTOP);
+    assert_int_equal(kill(p.pid, SIGTERM), 0);
+    kt_wait_for(kt_file_has(log, "signal received: stopping"), KT_WAIT_MS);
+    assert_int_equal(kill(p.pid, SIGTERM), 0);
+    int st = 0;
+    kt_wait_for(waitpid(p.pid, &st, WNOHANG) == p.pid, KT_WAIT_MS);
+    for (int i = 0; i < s_etcd.n; i++)
+        kill(s_etcd.pid[i], SIGCONT);
+    close(p.fd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    assert_true(kt_file_has(log, "a second signal during the stop: exiting at once"));
+    assert_false(kt_file_has(log, "pthread"));
+}
+
 int main(void)
 {
     if (!kt_etcd_installed()) {
@@ -395,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_sigkill_leader_under_traffic),
         cmocka_unit_test(test_nodes_follow_the_new_leader),
         cmocka_unit_test(test_quorum_loss_and_return),
+        cmocka_unit_test(test_second_signal_during_a_stop),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     kt_etcd_stop(&s_etcd);
