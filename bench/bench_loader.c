@@ -277,6 +277,8 @@ static double s_dequant(s_dst_t *d, kvedge_gpu_stream_t s)
 }
 
 /* The pipeline: open to the last layer resident. */
+static double s_open_s; /* the last s_pipeline's kvedge_pipeline_open */
+
 static double s_pipeline(kvedge_client_t *c, s_dst_t *d, kvedge_pipeline_stats_t *st)
 {
     kvedge_pipeline_opts_t o = {.size = sizeof(kvedge_pipeline_opts_t),
@@ -296,6 +298,7 @@ static double s_pipeline(kvedge_client_t *c, s_dst_t *d, kvedge_pipeline_stats_t
     double t0 = bench_now_s();
     kvedge_pipeline_t *p = NULL;
     KVEDGE_BENCH_CHECK(kvedge_pipeline_open(&o, &p));
+    s_open_s = bench_now_s() - t0;
     for (uint16_t l = 0; l < s_m.layers; l++)
         KVEDGE_BENCH_CHECK(kvedge_pipeline_wait(p, l));
     double t = bench_now_s() - t0;
@@ -348,6 +351,45 @@ static int s_row(const char *ep, const char *link, bool device)
     free(d);
     kvedge_client_destroy(&c);
     return P <= 1.10 * mx ? 0 : 1;
+}
+
+#define S_POOL_PAIRS 15
+
+/* The ring pool: requests of this context in interleaved pairs, one with the pool's cap at 0
+ * (every slot buffer allocated at open and freed at destroy) and one with the default cap (the
+ * buffers of the request before). */
+static void s_pool_row(const char *ep, bool device)
+{
+    kvedge_client_t *c = s_client(ep, NULL);
+    s_dst_t *d = bench_alloc(sizeof *d);
+    s_dst_make(d, device);
+    kvedge_pipeline_stats_t st = {0};
+    double open_off[S_POOL_PAIRS], open_on[S_POOL_PAIRS], all_off[S_POOL_PAIRS],
+        all_on[S_POOL_PAIRS];
+    kvedge_pipeline_pool_stats_t p0 = {.size = sizeof p0}, p1 = {.size = sizeof p1};
+    uint64_t reused = 0, allocated = 0; /* by the requests with the pool */
+    for (int r = 0; r < S_POOL_PAIRS; r++) {
+        kvedge_pipeline_pool_set_cap(0);
+        all_off[r] = s_pipeline(c, d, &st);
+        open_off[r] = s_open_s;
+        kvedge_pipeline_pool_set_cap(KVEDGE_PIPELINE_POOL_BYTES_DEFAULT);
+        s_pipeline(c, d, &st); /* back into the pool */
+        KVEDGE_BENCH_CHECK(kvedge_pipeline_pool_stats(&p0));
+        all_on[r] = s_pipeline(c, d, &st);
+        open_on[r] = s_open_s;
+        KVEDGE_BENCH_CHECK(kvedge_pipeline_pool_stats(&p1));
+        reused += p1.reused - p0.reused;
+        allocated += p1.allocated - p0.allocated;
+    }
+    double oo = bench_median(open_off, S_POOL_PAIRS), on = bench_median(open_on, S_POOL_PAIRS);
+    double ao = bench_median(all_off, S_POOL_PAIRS), an = bench_median(all_on, S_POOL_PAIRS);
+    printf("| %s | %u x %.1f MB | %.3f | %.3f | %.1f | %.1f | %.3f | %llu / %llu |\n",
+           device ? "device" : "CPU", st.ring_slots, (double)st.slot_bytes / 1e6, oo * 1e3,
+           on * 1e3, ao * 1e3, an * 1e3, an / ao, (unsigned long long)reused,
+           (unsigned long long)allocated);
+    s_dst_free(d);
+    free(d);
+    kvedge_client_destroy(&c);
 }
 
 int main(int argc, char **argv)
@@ -406,6 +448,17 @@ int main(int argc, char **argv)
     }
     printf("\nGoal: pipeline within 10%% of max(transfer, copy, dequantize): %s.\n",
            missed ? "missed in some row (see the ratio)" : "met in every row");
+    printf("\n### Ring pool: a request's slots taken from the pool against allocated\n\n"
+           "Loopback, the same context; %d interleaved pairs, medians. Without the pool (cap 0) "
+           "kvedge_pipeline_open allocates the ring's host slots and destroy frees them; with "
+           "it (the default cap) open takes the previous request's.\n\n"
+           "| path | ring | open ms, no pool | open ms, pool | request ms, no pool | request "
+           "ms, pool | request ratio pool / no pool | slots reused / allocated, with the pool |\n"
+           "|---|---|---:|---:|---:|---:|---:|---|\n",
+           S_POOL_PAIRS);
+    s_pool_row(ep, false);
+    if (gpu)
+        s_pool_row(ep, true);
     for (uint32_t l = 0; l < s_m.layers; l++) {
         kvedge_gpu_host_free(s_st[l].host);
         kvedge_gpu_dev_free(s_st[l].dev);

@@ -94,7 +94,8 @@ struct s_park_t {
 };
 
 typedef struct {
-    uint8_t *host;                /* pinned, slot_bytes */
+    uint8_t *host;                /* pinned, slot_bytes (from the ring pool) */
+    size_t host_bytes;            /* its real size: a pooled buffer can be larger */
     void *dev;                    /* device staging, slot_bytes (device path) */
     size_t used;                  /* bytes of bodies staged */
     kvedge_dequant_block_t *desc; /* one per (chunk, head), index chunk * stride + head */
@@ -852,8 +853,9 @@ static void s_free_ring(kvedge_pipeline_t *p)
         s_slot_t *s = &p->slot[i];
         kvedge_gpu_event_destroy(&s->copied);
         kvedge_gpu_dev_free(s->dev);
-        kvedge_gpu_host_free(s->host);
         s_slot_unhold(p, s); /* a layer still in the slot when destroyed */
+        kvedge_pipeline__pool_give(s->host, s->host_bytes);
+        s->host = NULL;
         free(s->held);
         free(s->desc);
         free(s->have);
@@ -949,7 +951,7 @@ static int s_alloc_ring(kvedge_pipeline_t *p)
         s->held = calloc(p->n_cap, sizeof *s->held);
         if (!s->desc || !s->have || !s->held)
             return KVEDGE_ENOMEM;
-        int rc = kvedge_gpu_host_alloc(p->slot_bytes, (void **)&s->host);
+        int rc = kvedge_pipeline__pool_take(p->slot_bytes, (void **)&s->host, &s->host_bytes);
         if (rc == KVEDGE_OK && p->device)
             rc = kvedge_gpu_dev_alloc(p->slot_bytes, &s->dev);
         if (rc == KVEDGE_OK && p->device)

@@ -209,6 +209,36 @@ typedef struct {
     uint64_t zero_copy_bytes;
 } kvedge_pipeline_stats_t;
 
+/* The ring pool. A destroyed pipeline gives its host slot buffers (pinned memory on the
+ * device path) to a pool of this process, and the next pipeline takes them from it instead of
+ * allocating: best fit among the held buffers of at least the slot's bytes and at most twice
+ * them. At most 32 buffers and cap_bytes (KVEDGE_PIPELINE_POOL_BYTES_DEFAULT) are held; a
+ * buffer that would exceed either is freed. Device staging buffers are still allocated per
+ * pipeline. Thread-safe. */
+#define KVEDGE_PIPELINE_POOL_BYTES_DEFAULT ((size_t)256 << 20)
+
+typedef struct {
+    size_t size;          /* sizeof(kvedge_pipeline_pool_stats_t), set by the caller */
+    size_t cap_bytes;     /* the cap now */
+    uint32_t held;        /* buffers held now */
+    size_t held_bytes;    /* their bytes */
+    uint64_t reused;      /* slot buffers a pipeline took from the pool */
+    uint64_t allocated;   /* slot buffers allocated because none fitted */
+    uint64_t kept, freed; /* buffers given back and kept; freed (over the caps, or trimmed) */
+} kvedge_pipeline_pool_stats_t;
+
+/* The smallest size kvedge_pipeline_pool_stats accepts: this first layout. */
+#define KVEDGE_PIPELINE_POOL_STATS_SIZE_MIN (sizeof(kvedge_pipeline_pool_stats_t))
+
+/* Sets the pool's byte cap (0: keep nothing, every buffer freed at destroy) and frees held
+ * buffers down to it. */
+void kvedge_pipeline_pool_set_cap(size_t bytes);
+/* Frees every held buffer (the cap stays). */
+void kvedge_pipeline_pool_trim(void);
+/* The pool's counters into *out, whose size the caller sets (at least this layout's; a larger
+ * struct keeps the fields this library does not know). KVEDGE_EINVAL: NULL or a smaller size. */
+int kvedge_pipeline_pool_stats(kvedge_pipeline_pool_stats_t *out);
+
 /* Validates everything, allocates the ring (pinned host memory, device staging on the device
  * path), starts the loader thread and the fetch, and returns at once. Caller owns *out.
  * Errors (nothing is fetched, *out untouched):

@@ -55,4 +55,9 @@ int kvedge_pipeline__adapt_layer(kvedge_pipeline__adapt_t *a, uint16_t layer, in
 /* Frees the stage and its scratch. NULL-safe, nulls *a_p. */
 void kvedge_pipeline__adapt_destroy(kvedge_pipeline__adapt_t **a_p);
 
+/* The ring pool (pipeline_pool.c): a host slot buffer of at least bytes, held or new
+ * (kvedge_gpu_host_alloc); *got is its real size, to give back with it. */
+int kvedge_pipeline__pool_take(size_t bytes, void **out, size_t *got);
+void kvedge_pipeline__pool_give(void *p, size_t bytes);
+
 #endif

@@ -669,6 +669,53 @@ static void test_ring_of_two_delivers_everything(void **state)
     s_dst_free(&d);
 }
 
+/* The ring pool: a pipeline's slot buffers go back to the pool at destroy, and the next
+ * pipeline of the same shape takes all of them (allocating none) and delivers the same
+ * bit-identical layers; with the cap at 0 nothing is kept and every pipeline allocates. */
+static void test_ring_pool_reuses_slots(void **state)
+{
+    (void)state;
+    kvedge_pipeline_pool_trim();
+    kvedge_pipeline_pool_stats_t a = {.size = sizeof a}, b = {.size = sizeof b};
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    s_run_t r;
+    s_run(s_env.node.ep, &s_int8, &d, 2, &r);
+    s_check(&s_int8, &d, &r, -1);
+    assert_int_equal(kvedge_pipeline_pool_stats(&a), 0);
+    assert_int_equal(a.held, 2);
+    assert_int_equal(a.held_bytes, 2 * r.st.slot_bytes);
+
+    s_run(s_env.node.ep, &s_int8, &d, 2, &r);
+    s_check(&s_int8, &d, &r, -1);
+    assert_int_equal(kvedge_pipeline_pool_stats(&b), 0);
+    assert_int_equal(b.allocated, a.allocated);
+    assert_int_equal(b.reused, a.reused + 2);
+    assert_int_equal(b.held, 2);
+
+    /* Cap 0: the held buffers are freed, and a pipeline's are freed at its destroy. */
+    kvedge_pipeline_pool_set_cap(0);
+    assert_int_equal(kvedge_pipeline_pool_stats(&a), 0);
+    assert_int_equal(a.held, 0);
+    assert_int_equal(a.held_bytes, 0);
+    s_run(s_env.node.ep, &s_int8, &d, 2, &r);
+    s_check(&s_int8, &d, &r, -1);
+    assert_int_equal(kvedge_pipeline_pool_stats(&b), 0);
+    assert_int_equal(b.allocated, a.allocated + 2);
+    assert_int_equal(b.reused, a.reused);
+    assert_int_equal(b.held, 0);
+    assert_int_equal(b.freed, a.freed + 2);
+    kvedge_pipeline_pool_set_cap(KVEDGE_PIPELINE_POOL_BYTES_DEFAULT);
+    assert_int_equal(kvedge_pipeline_pool_stats(&b), 0);
+    assert_int_equal(b.cap_bytes, KVEDGE_PIPELINE_POOL_BYTES_DEFAULT);
+
+    /* A struct of an unknown, smaller layout is refused. */
+    kvedge_pipeline_pool_stats_t small = {.size = sizeof(size_t)};
+    assert_int_equal(kvedge_pipeline_pool_stats(&small), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_pipeline_pool_stats(NULL), KVEDGE_EINVAL);
+    s_dst_free(&d);
+}
+
 /* A destination too small is refused with KVEDGE_ENOSPACE before anything is fetched; a
  * wrong shape or bad argument with KVEDGE_EINVAL. */
 static void test_bad_destination_refused(void **state)
@@ -1634,6 +1681,7 @@ int main(void)
         cmocka_unit_test(test_proxy_paged_int4),
         cmocka_unit_test(test_missing_layer_is_a_miss),
         cmocka_unit_test(test_ring_of_two_delivers_everything),
+        cmocka_unit_test(test_ring_pool_reuses_slots),
         cmocka_unit_test(test_bad_destination_refused),
         cmocka_unit_test(test_mapped_refused),
         cmocka_unit_test(test_mapped_without_map_is_own),
