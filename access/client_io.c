@@ -77,6 +77,7 @@ void kvedge_client__req_free(kvedge_client__req_t *r)
 {
     free(r->fetch);
     zmsg_destroy(&r->payload);
+    zmsg_destroy(&r->retry);
     zmsg_destroy(&r->reply);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
@@ -314,6 +315,40 @@ static uint32_t s_window_credit(const kvedge_client__req_t *r, uint64_t avg)
     return want > r->credit_max ? r->credit_max : (uint32_t)want;
 }
 
+/* A GET_LAYER that asks for packing on a connection not known to refuse it: its payload is
+ * kept without the pack frame (for kvedge_client__io_resubmit_unpacked), then the accept list
+ * (empty when the caller gave none: it keeps the positions) and the pack frame go on. */
+static int s_pack_ask(kvedge_client__io_t *io, kvedge_client__req_t *r, zmsg_t *m)
+{
+    r->packed = false;
+    r->pack_max = 1;
+    if (!r->pack_want || io->no_pack)
+        return KVEDGE_OK;
+    zmsg_destroy(&r->retry);
+    r->retry = zmsg_dup(m);
+    uint8_t pf[KVEDGE_WIRE_PACK_BYTES];
+    kvedge_wire_pack_t pk = {KVEDGE_CLIENT_PACK_BLOCKS, r->pack_bytes};
+    kvedge_wire_pack_pack(&pk, pf);
+    if (!r->retry || (!r->has_accept && zmsg_addmem(m, NULL, 0) != 0) ||
+        zmsg_addmem(m, pf, sizeof pf) != 0)
+        return KVEDGE_ENOMEM;
+    r->packed = true;
+    r->pack_max = KVEDGE_CLIENT_PACK_BLOCKS;
+    return KVEDGE_OK;
+}
+
+void kvedge_client__io_resubmit_unpacked(kvedge_client__io_t *io, kvedge_client__req_t *r)
+{
+    io->no_pack = true;
+    zhashx_delete(io->inflight, S_KEY(r->id));
+    r->id = 0;
+    r->payload = r->retry;
+    r->retry = NULL;
+    r->pack_want = false;
+    r->outstanding = r->owed = 0;
+    kvedge_client__io_submit(io, r);
+}
+
 /* A request handed over by a caller: numbered, sent, tracked. */
 void kvedge_client__io_submit(kvedge_client__io_t *io, kvedge_client__req_t *r)
 {
@@ -325,6 +360,8 @@ void kvedge_client__io_submit(kvedge_client__io_t *io, kvedge_client__req_t *r)
         r->credit = r->target = s_window_credit(r, io->blk_avg);
     zmsg_t *m = r->payload ? r->payload : zmsg_new();
     r->payload = NULL;
+    if (m && s_pack_ask(io, r, m) != KVEDGE_OK)
+        zmsg_destroy(&m); /* failed below as out of memory */
     r->id = ++io->next_id;
     kvedge_wire_header_t h = {.version = KVEDGE_WIRE_VERSION,
                               .opcode = r->opcode,

@@ -52,6 +52,11 @@ extern "C" {
  * list itself (kvedge_prec_list_check) and answers an empty, unknown or repeating one with
  * KVEDGE_EINVAL. */
 #define KVEDGE_WIRE_MAX_ACCEPT KVEDGE_PREC_MAX_ACCEPT
+/* GET_LAYER packing (docs/protocol.md, "Packed data messages"): the request's optional third
+ * frame (after an accept list, empty or not) asks for data messages of up to max_blocks heads
+ * and max_bytes block bytes; a data message's count is its heads (1 ... KVEDGE_WIRE_MAX_PACK). */
+#define KVEDGE_WIRE_PACK_BYTES 8
+#define KVEDGE_WIRE_MAX_PACK   64
 
 typedef enum {
     KVEDGE_OP_HELLO = 1,
@@ -124,6 +129,13 @@ typedef struct {
     uint16_t head;
     int32_t status;
 } kvedge_wire_stream_hdr_t;
+
+/* GET_LAYER's pack frame: max blocks u16 (2 ... KVEDGE_WIRE_MAX_PACK) | reserved u16 (0) |
+ * max bytes u32 (1 ... KVEDGE_WIRE_MAX_FRAME_BYTES). */
+typedef struct {
+    uint16_t max_blocks;
+    uint32_t max_bytes;
+} kvedge_wire_pack_t;
 
 /* FETCH (docs/protocol.md, "FETCH streams"): the request's spec record, and the three kinds
  * of stream data message, told apart by their first byte. */
@@ -310,6 +322,10 @@ int kvedge_wire_node_info_parse(const uint8_t *in, size_t len, kvedge_wire_node_
 void kvedge_wire_stream_hdr_pack(const kvedge_wire_stream_hdr_t *s,
                                  uint8_t out[KVEDGE_WIRE_STREAM_HDR_BYTES]);
 int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stream_hdr_t *s);
+
+void kvedge_wire_pack_pack(const kvedge_wire_pack_t *p, uint8_t out[KVEDGE_WIRE_PACK_BYTES]);
+/* KVEDGE_EPROTO for a frame of another size, a count or size out of range, reserved bytes. */
+int kvedge_wire_pack_parse(const uint8_t *in, size_t len, kvedge_wire_pack_t *p);
 
 #ifdef __cplusplus
 }

@@ -23,7 +23,9 @@
 
 #include "access/client_credit.h"
 #include "access/frame.h"
+#include "access/transport.h"
 #include "runtime/log.h"
+#include "store/engine/engine_debug.h"
 #include "store/node/server.h"
 #include "clients/lib/kvedge.h"
 #include "access/codec/error.h"
@@ -61,11 +63,13 @@ static int64_t s_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* bind NULL: an ephemeral loopback TCP port. */
-static void s_start_server(fx_t *fx, const char *bind)
+/* bind NULL: an ephemeral loopback TCP port. no_pack: the node refuses packed GET_LAYER
+ * streams as a node from before packing does. */
+static void s_start_server_pack(fx_t *fx, const char *bind, bool no_pack)
 {
     kvedge_server_opts_t so;
     memset(&so, 0, sizeof so);
+    so.no_pack = no_pack;
     so.role = KVEDGE_ROLE_CLOUD;
     so.name = "test-node";
     so.bind = bind ? bind : "tcp://127.0.0.1:*";
@@ -77,12 +81,18 @@ static void s_start_server(fx_t *fx, const char *bind)
         fail_msg("server: %s: %s", kvedge_errname(rc), why);
 }
 
+static void s_start_server(fx_t *fx, const char *bind)
+{
+    s_start_server_pack(fx, bind, false);
+}
+
 /* A client of the fixture's node; credit and deadline 0 take the defaults. */
-static kvedge_client_t *s_connect(fx_t *fx, uint32_t credit, int deadline_ms)
+static kvedge_client_t *s_connect_pack(fx_t *fx, uint32_t credit, int deadline_ms, bool no_pack)
 {
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
     o.endpoint = kvedge_server_endpoint(fx->s);
+    o.no_pack = no_pack;
     if (credit) { /* exactly this credit: no widening past it */
         o.credit = credit;
         o.window_bytes = 1;
@@ -94,6 +104,11 @@ static kvedge_client_t *s_connect(fx_t *fx, uint32_t credit, int deadline_ms)
     if (rc != 0)
         fail_msg("connect: %s", kvedge_errname(rc));
     return c;
+}
+
+static kvedge_client_t *s_connect(fx_t *fx, uint32_t credit, int deadline_ms)
+{
+    return s_connect_pack(fx, credit, deadline_ms, false);
 }
 
 /* A fresh directory and engine, no node. */
@@ -569,6 +584,95 @@ static void test_get_layer(void **state)
     s_set_free(&s);
 }
 
+/* The engine's key of a put item: its chunk id namespaced for the loopback tenant, as the node
+ * stores what a plaintext loopback client puts. */
+static kvedge_block_key_t s_engine_key(const kvedge_put_item_t *it)
+{
+    uint8_t tag[16];
+    kvedge_tenant_tag(KVEDGE_LOOPBACK_TENANT, tag);
+    kvedge_block_key_t k = {.layer = it->layer, .head = it->head};
+    kvedge_tenant_chunk_id(tag, &it->chunk.id, &k.chunk);
+    return k;
+}
+
+/* Layer `layer` of ids through client c, with head (1, 7) made corrupt in the store first (it
+ * is quarantined once read, so each fetch corrupts it again). */
+static void s_layer_corrupt(fx_t *fx, kvedge_client_t *c, const set_t *s,
+                            const kvedge_chunk_id_t *ids, uint16_t layer, uint8_t *buf, size_t cap,
+                            kvedge_fetched_t *out)
+{
+    const uint8_t *block = NULL;
+    const kvedge_put_item_t *it = s_item_of(s, 1, 7, &block);
+    assert_non_null(it);
+    uint8_t *bad = malloc(it->len);
+    memcpy(bad, block, it->len);
+    bad[it->len / 2] ^= 0x01;
+    kvedge_block_key_t k = s_engine_key(it);
+    assert_int_equal(kvedge_engine_debug_put_raw(fx->e, &k, bad, it->len), 0);
+    free(bad);
+    uint32_t heads = 0;
+    memset(buf, 0, cap);
+    assert_int_equal(kvedge_client_get_layer(c, ids, 2, layer, buf, cap, out, 2 * HEADS, &heads),
+                     0);
+    assert_int_equal(heads, HEADS);
+    assert_int_equal(out[HEADS + 7].status, KVEDGE_ECORRUPT);
+    assert_int_equal(out[HEADS + 5].status, KVEDGE_ENOTFOUND);
+}
+
+/* Packed data messages (the default) and one head per message (no_pack) deliver the same
+ * layer, lossless and int8, misses and a corrupt head inside the packs included; and a node
+ * that refuses packing (as nodes before it do) still serves a packing client, which falls back
+ * to unpacked streams. */
+static void test_get_layer_packed(void **state)
+{
+    fx_t *fx = *state;
+    kvedge_chunk_id_t ids[2];
+    s_chain(MODEL, 13, 2, TOKENS, ids);
+    const kvedge_scheme_t schemes[] = {KVEDGE_SCHEME_LOSSLESS, KVEDGE_SCHEME_INT8};
+    set_t sets[2];
+    for (int i = 0; i < 2; i++) {
+        sets[i] =
+            s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, (uint16_t)(3 + i), 1, HEADS, schemes[i], 1, 5);
+        s_put_ok(fx->c, &sets[i]);
+    }
+    kvedge_client_t *unpacked = s_connect_pack(fx, 0, 0, true);
+    size_t cap = 1 << 20;
+    uint8_t *a = malloc(cap), *b = malloc(cap);
+    kvedge_fetched_t oa[2 * HEADS], ob[2 * HEADS];
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) { /* the same against a node that does not pack */
+            kvedge_client_destroy(&fx->c);
+            kvedge_server_destroy(&fx->s);
+            s_start_server_pack(fx, NULL, true);
+            fx->c = s_connect(fx, 0, 0);
+            kvedge_client_destroy(&unpacked);
+            unpacked = s_connect_pack(fx, 0, 0, true);
+        }
+        for (int i = 0; i < 2; i++) {
+            uint16_t layer = (uint16_t)(3 + i);
+            s_layer_corrupt(fx, fx->c, &sets[i], ids, layer, a, cap, oa);
+            s_layer_corrupt(fx, unpacked, &sets[i], ids, layer, b, cap, ob);
+            size_t bytes = 0;
+            for (int h = 0; h < 2 * HEADS; h++) {
+                assert_int_equal(oa[h].status, ob[h].status);
+                assert_int_equal(oa[h].offset, ob[h].offset);
+                assert_int_equal(oa[h].len, ob[h].len);
+                bytes = oa[h].offset + oa[h].len > bytes ? oa[h].offset + oa[h].len : bytes;
+            }
+            assert_true(bytes > 0);
+            assert_memory_equal(a, b, bytes);
+            /* and a second stream on the same connection (which, refused once, asks no more) */
+            s_layer_corrupt(fx, fx->c, &sets[i], ids, layer, b, cap, ob);
+            assert_memory_equal(a, b, bytes);
+        }
+    }
+    kvedge_client_destroy(&unpacked);
+    free(a);
+    free(b);
+    for (int i = 0; i < 2; i++)
+        s_set_free(&sets[i]);
+}
+
 /* What the async callbacks saw. */
 typedef struct {
     pthread_mutex_t mu;
@@ -819,6 +923,7 @@ static void test_big_layer(void **state)
 
 typedef struct {
     atomic_uint got;
+    atomic_uint holds; /* messages whose credit is held: one per message, packed or not */
     atomic_uint_fast64_t stream;
     atomic_int done, status;
 } hold_t;
@@ -830,7 +935,11 @@ static void s_hold_block(void *ctx, uint32_t chunk, uint16_t head, int status, c
 {
     (void)chunk, (void)head, (void)status, (void)data, (void)len;
     hold_t *h = ctx;
-    atomic_store(&h->stream, kvedge_client_credit_hold());
+    uint64_t id = kvedge_client_credit_hold();
+    if (id) {
+        atomic_store(&h->stream, id);
+        atomic_fetch_add(&h->holds, 1);
+    }
     atomic_fetch_add(&h->got, 1);
 }
 
@@ -842,9 +951,56 @@ static void s_hold_done(void *ctx, int status, uint32_t heads)
     atomic_store(&h->done, 1);
 }
 
+/* One stream of the layer set whose consumer holds every message's credit, through a client of
+ * credit 2: no more than 2 data messages come (2 heads unpacked; packed, each message may
+ * carry many, but one credit is held per message, not per head) until credit is given back
+ * from this thread, which lets it finish. */
+static void s_credit_held_run(fx_t *fx, const kvedge_chunk_id_t *ids, size_t n, bool no_pack)
+{
+    kvedge_client_t *c = s_connect_pack(fx, 2, 10000, no_pack);
+    hold_t h;
+    memset(&h, 0, sizeof h);
+    assert_int_equal(kvedge_client_get_layer_async(c, ids, n, 3, 0, s_hold_block, s_hold_done, &h),
+                     0);
+    kt_wait_for(atomic_load(&h.holds) >= 2, KT_WAIT_MS);
+    assert_int_equal(atomic_load(&h.holds), 2);
+    unsigned first = atomic_load(&h.got);
+    if (no_pack)
+        assert_int_equal(first, 2);
+    uint64_t stream = atomic_load(&h.stream);
+    assert_true(stream > 0);
+    kt_pause_ms(200); /* a bounded look: nothing more may come while the credit is held */
+    assert_int_equal(atomic_load(&h.holds), 2);
+    assert_int_equal(atomic_load(&h.got), first);
+    assert_int_equal(atomic_load(&h.done), 0);
+
+    unsigned returned = 0;
+    /* Gives back each message's credit as it comes, until the stream ends. */
+    for (int64_t until = s_ms() + KT_WAIT_MS; !atomic_load(&h.done) && s_ms() < until;) {
+        unsigned held = atomic_load(&h.holds);
+        if (held > returned) {
+            assert_int_equal(kvedge_client_credit_return(c, stream, held - returned), 0);
+            returned = held;
+        }
+        kt_pause_ms(KT_POLL_MS);
+    }
+    assert_int_equal(atomic_load(&h.done), 1);
+    assert_int_equal(atomic_load(&h.status), 0);
+    assert_int_equal(atomic_load(&h.got), n * HEADS); /* a missing head's status too */
+    if (no_pack)
+        assert_int_equal(atomic_load(&h.holds), n * HEADS);
+    else
+        assert_true(atomic_load(&h.holds) < n * HEADS);             /* it did pack */
+    assert_int_equal(kvedge_client_credit_return(c, stream, 1), 0); /* ended: ignored */
+    double rtt = 0;
+    assert_int_equal(kvedge_client_ping(c, 0, &rtt, NULL), 0);
+    kvedge_client_destroy(&c);
+}
+
 /* A stream whose consumer holds its credit gets no more than the credit it started with; the
- * credit given back later (from another thread) lets it finish. Credit for a stream that has
- * ended is ignored; hold outside a callback holds nothing. */
+ * credit given back later (from another thread) lets it finish, with one head per data message
+ * and packed. Credit for a stream that has ended is ignored; hold outside a callback holds
+ * nothing. */
 static void test_credit_held(void **state)
 {
     fx_t *fx = *state;
@@ -856,37 +1012,14 @@ static void test_credit_held(void **state)
     assert_int_equal(kvedge_client_credit_return(fx->c, 1, 0), KVEDGE_EINVAL);
     assert_int_equal(kvedge_client_credit_return(fx->c, 1, KVEDGE_WIRE_MAX_CREDIT + 1),
                      KVEDGE_EINVAL);
-
-    kvedge_client_t *c = s_connect(fx, 2, 10000);
-    hold_t h;
-    memset(&h, 0, sizeof h);
-    assert_int_equal(kvedge_client_get_layer_async(c, ids, 2, 3, 0, s_hold_block, s_hold_done, &h),
-                     0);
-    kt_wait_for(atomic_load(&h.got) >= 2, KT_WAIT_MS);
-    assert_int_equal(atomic_load(&h.got), 2);
-    uint64_t stream = atomic_load(&h.stream);
-    assert_true(stream > 0);
-    kt_pause_ms(200); /* a bounded look: nothing more may come while the credit is held */
-    assert_int_equal(atomic_load(&h.got), 2);
-    assert_int_equal(atomic_load(&h.done), 0);
-
-    unsigned returned = 0;
-    /* Gives back each message's credit as it comes, until the stream ends. */
-    for (int64_t until = s_ms() + KT_WAIT_MS; !atomic_load(&h.done) && s_ms() < until;) {
-        unsigned got = atomic_load(&h.got);
-        if (got > returned) {
-            assert_int_equal(kvedge_client_credit_return(c, stream, got - returned), 0);
-            returned = got;
-        }
-        kt_pause_ms(KT_POLL_MS);
-    }
-    assert_int_equal(atomic_load(&h.done), 1);
-    assert_int_equal(atomic_load(&h.status), 0);
-    assert_int_equal(atomic_load(&h.got), 2 * HEADS); /* the missing head's status too */
-    assert_int_equal(kvedge_client_credit_return(c, stream, 1), 0); /* ended: ignored */
-    double rtt = 0;
-    assert_int_equal(kvedge_client_ping(c, 0, &rtt, NULL), 0);
-    kvedge_client_destroy(&c);
+    s_credit_held_run(fx, ids, 2, true);
+    /* Packed: enough heads that credit 2 cannot carry them all (a worker reads 16 at a time). */
+    kvedge_chunk_id_t many[16];
+    s_chain(MODEL, 17, 16, TOKENS, many);
+    set_t m = s_set(many, 16, MODEL, TOKENS, HEAD_DIM, 3, 1, HEADS, KVEDGE_SCHEME_INT8, -1, -1);
+    s_put_ok(fx->c, &m);
+    s_credit_held_run(fx, many, 16, false);
+    s_set_free(&m);
     s_set_free(&s);
 }
 
@@ -1037,7 +1170,9 @@ static void test_deadline(void **state)
 {
     fx_t *fx = *state;
     const int deadline = 1000;
-    kvedge_client_t *c = s_connect(fx, 0, deadline);
+    /* One head per data message: a gated first block leaves the stream mid-way (packed, the
+     * node may have sent the whole layer already). */
+    kvedge_client_t *c = s_connect_pack(fx, 0, deadline, true);
     kvedge_chunk_id_t ids[2];
     s_chain(MODEL, 51, 2, TOKENS, ids);
     set_t s = s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, 0, 1, HEADS, KVEDGE_SCHEME_LOSSLESS, -1, -1);
@@ -1762,7 +1897,7 @@ static void *s_shared_ping(void *arg)
 static void test_shared_callers(void **state)
 {
     fx_t *fx = *state;
-    kvedge_client_t *c = s_connect(fx, 2, SHARED_DEADLINE);
+    kvedge_client_t *c = s_connect_pack(fx, 2, SHARED_DEADLINE, true); /* mid-stream: unpacked */
     kvedge_chunk_id_t ids[2];
     s_chain(MODEL, 61, 2, TOKENS, ids);
     set_t s = s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, 3, 1, HEADS, KVEDGE_SCHEME_LOSSLESS, -1, -1);
@@ -1878,6 +2013,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_put_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_get_layer_packed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer_async, setup, teardown),
         cmocka_unit_test_setup_teardown(test_block_ref, setup, teardown),
         cmocka_unit_test_setup_teardown(test_big_layer, setup, teardown),
