@@ -1339,23 +1339,57 @@ static void test_curve(void **state)
 /* ---------------------------------------------------------------- a misbehaving node */
 
 enum {
-    FAKE_GOOD,       /* STAT: a correct reply */
-    FAKE_NO_PAYLOAD, /* STAT without its frame */
-    FAKE_VERSION,    /* version 2 header */
-    FAKE_OTHER_ID,   /* a reply to nobody */
-    FAKE_NOT_REPLY,  /* REPLY flag missing */
-    FAKE_OPCODE,     /* a PING reply to a STAT */
-    FAKE_STATUS,     /* EBUSY */
-    FAKE_GARBAGE,    /* a short header frame */
-    FAKE_MISORDER,   /* GET_LAYER: head 1 first */
-    FAKE_BAD_COUNT,  /* GET_LAYER: END counts 2 after 1 */
-    FAKE_STREAM_OK,  /* GET_LAYER: 1 chunk, 2 heads */
-    FAKE_BAD_MISS,   /* GET_LAYER: a data message whose status is not a miss */
+    FAKE_GOOD,        /* STAT: a correct reply */
+    FAKE_NO_PAYLOAD,  /* STAT without its frame */
+    FAKE_VERSION,     /* version 2 header */
+    FAKE_OTHER_ID,    /* a reply to nobody */
+    FAKE_NOT_REPLY,   /* REPLY flag missing */
+    FAKE_OPCODE,      /* a PING reply to a STAT */
+    FAKE_STATUS,      /* EBUSY */
+    FAKE_GARBAGE,     /* a short header frame */
+    FAKE_MISORDER,    /* GET_LAYER: head 1 first */
+    FAKE_BAD_COUNT,   /* GET_LAYER: END counts 2 after 1 */
+    FAKE_STREAM_OK,   /* GET_LAYER: 1 chunk, 2 heads */
+    FAKE_BAD_MISS,    /* GET_LAYER: a data message whose status is not a miss */
+    FAKE_PACK_OK,     /* GET_LAYER: one packed message of heads 0 (hit) and 1 (miss) */
+    FAKE_PACK_ORDER,  /* GET_LAYER: a packed message of heads 0 and 2 */
+    FAKE_PACK_FRAMES, /* GET_LAYER: a packed message of two hits with one block frame */
+    FAKE_PACK_BIG,    /* GET_LAYER: a packed message of KVEDGE_WIRE_MAX_PACK + 1 heads */
+    FAKE_PACK_REFUSE, /* GET_LAYER: a packed request gets EPROTO (an older node); else OK */
 };
 
 static atomic_int s_fake_mode;
 static atomic_int s_fake_cancels;
-static atomic_int s_fake_pings; /* PINGs the fake node got (and never answers) */
+static atomic_int s_fake_pings;  /* PINGs the fake node got (and never answers) */
+static atomic_int s_fake_layers; /* GET_LAYER requests it got */
+static atomic_int s_fake_packed; /* of those, with the pack frame */
+static int s_fake_port;
+
+/* A GET_LAYER data message of k heads 0 ... k-1 of chunk 0 (head `skip` is given as head
+ * k instead), each a hit but head 1, a miss; `blocks` block frames follow f1. */
+static void s_fake_pack(zsock_t *router, zframe_t *route, uint64_t id, uint32_t k, int skip,
+                        uint32_t blocks)
+{
+    uint8_t *recs = calloc(k, KVEDGE_WIRE_STREAM_HDR_BYTES), block[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (uint32_t i = 0; i < k; i++) {
+        kvedge_wire_stream_hdr_t sh = {0, (uint16_t)((int)i == skip ? k : i),
+                                       i == 1 ? KVEDGE_ENOTFOUND : 0};
+        kvedge_wire_stream_hdr_pack(&sh, recs + (size_t)i * KVEDGE_WIRE_STREAM_HDR_BYTES);
+    }
+    kvedge_wire_header_t h = {
+        1, KVEDGE_OP_GET_LAYER, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE, id, 0, k, 0, 0};
+    uint8_t hb[KVEDGE_WIRE_HEADER_BYTES];
+    kvedge_wire_header_pack(&h, hb);
+    zmsg_t *m = zmsg_new();
+    zframe_t *r = zframe_dup(route);
+    zmsg_append(m, &r);
+    zmsg_addmem(m, hb, sizeof hb);
+    zmsg_addmem(m, recs, (size_t)k * KVEDGE_WIRE_STREAM_HDR_BYTES);
+    for (uint32_t i = 0; i < blocks; i++)
+        zmsg_addmem(m, block, sizeof block);
+    zmsg_send(&m, router);
+    free(recs);
+}
 
 static void s_fake_send(zsock_t *router, zframe_t *route, uint8_t version, uint8_t op,
                         uint16_t flags, uint64_t id, int32_t status, uint32_t count, const void *f1,
@@ -1429,6 +1463,22 @@ static kvedge_client_t *s_fake_connect(zactor_t *node, int deadline_ms, uint32_t
     o.window_bytes = window_bytes;
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    s_fake_port = port;
+    return c;
+}
+
+/* Another client of the last fake node s_fake_connect reached, with opts.no_pack. */
+static kvedge_client_t *s_fake_connect_unpacked(int deadline_ms)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", s_fake_port);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.deadline_ms = deadline_ms;
+    o.no_pack = true;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
     return c;
 }
 
@@ -1493,7 +1543,28 @@ static void s_fake_node(zsock_t *pipe, void *args)
                 break;
             }
         } else if (h.opcode == KVEDGE_OP_GET_LAYER) {
+            bool packed = zmsg_size(m) == 3; /* layer and ids, accept list, pack frame */
+            atomic_fetch_add(&s_fake_layers, 1);
+            atomic_fetch_add(&s_fake_packed, packed);
+            if (mode == FAKE_PACK_REFUSE)
+                mode = packed ? -1 : FAKE_STREAM_OK;
+            if (mode == -1) /* the answer of a node that cannot parse the pack frame */
+                s_fake_send(router, route, 1, h.opcode, END, id, KVEDGE_EPROTO, 0, NULL, 0, NULL,
+                            0);
             switch (mode) {
+            case FAKE_PACK_OK:
+                s_fake_pack(router, route, id, 2, -1, 1);
+                s_fake_send(router, route, 1, h.opcode, END, id, 0, 1, NULL, 0, NULL, 0);
+                break;
+            case FAKE_PACK_ORDER:
+                s_fake_pack(router, route, id, 3, 2, 2);
+                break;
+            case FAKE_PACK_FRAMES:
+                s_fake_pack(router, route, id, 3, -1, 1);
+                break;
+            case FAKE_PACK_BIG:
+                s_fake_pack(router, route, id, KVEDGE_WIRE_MAX_PACK + 1, -1, KVEDGE_WIRE_MAX_PACK);
+                break;
             case FAKE_MISORDER:
                 s_fake_data(router, route, id, 0, 1, 0);
                 break;
@@ -1575,6 +1646,56 @@ static void test_malformed(void **state)
     /* The streams the client gave up on were cancelled (not the one the node ended). */
     kt_wait_for(atomic_load(&s_fake_cancels) >= 2, KT_WAIT_MS);
     assert_int_equal(atomic_load(&s_fake_cancels), 2);
+
+    /* Packed data messages: one the client asked for is delivered head by head; hostile ones
+     * (a head out of order, a block frame short, more heads than a message may carry) fail
+     * the stream before any of their heads is delivered; a client that did not ask for packing
+     * refuses a packed message. */
+    atomic_store(&s_fake_mode, FAKE_PACK_OK);
+    memset(out, 0, sizeof out);
+    assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads), 0);
+    assert_int_equal(heads, 2);
+    assert_int_equal(out[0].status, 0);
+    assert_int_equal(out[0].len, 8);
+    assert_int_equal(out[1].status, KVEDGE_ENOTFOUND);
+    const int pack_cases[][2] = {{FAKE_PACK_ORDER, KVEDGE_EPROTO},
+                                 {FAKE_PACK_FRAMES, KVEDGE_EPROTO},
+                                 {FAKE_PACK_BIG, KVEDGE_EPROTO}};
+    for (size_t i = 0; i < 3; i++) {
+        atomic_store(&s_fake_mode, pack_cases[i][0]);
+        assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
+                         pack_cases[i][1]);
+    }
+    kvedge_client_t *plain = s_fake_connect_unpacked(SHORT_MS);
+    atomic_store(&s_fake_mode, FAKE_PACK_OK);
+    assert_int_equal(kvedge_client_get_layer(plain, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
+                     KVEDGE_EPROTO);
+    kvedge_client_destroy(&plain);
+    kvedge_client_destroy(&c);
+
+    /* A node that refuses the pack frame (EPROTO, as older nodes answer it): the stream is
+     * sent again unpacked and completes, and the connection asks for packing no more. */
+    {
+        char ep[64];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", s_fake_port);
+        kvedge_client_opts_t o;
+        kvedge_client_opts_default(&o);
+        o.endpoint = ep;
+        o.deadline_ms = SHORT_MS;
+        assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    }
+    atomic_store(&s_fake_mode, FAKE_PACK_REFUSE);
+    atomic_store(&s_fake_layers, 0);
+    atomic_store(&s_fake_packed, 0);
+    for (int i = 0; i < 2; i++) {
+        memset(out, 0, sizeof out);
+        assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads), 0);
+        assert_int_equal(heads, 2);
+        assert_int_equal(out[0].status, 0);
+        assert_int_equal(out[1].status, KVEDGE_ENOTFOUND);
+    }
+    assert_int_equal(atomic_load(&s_fake_layers), 3); /* packed, unpacked, then unpacked */
+    assert_int_equal(atomic_load(&s_fake_packed), 1);
     kvedge_client_destroy(&c);
     zactor_destroy(&fake);
 }
