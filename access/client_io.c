@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "access/client_impl.h"
+#include "access/codec/byteorder.h"
 #include "access/codec/clock.h"
 #include "access/meter.h"
 #include "access/shaper.h"
@@ -315,9 +316,10 @@ static uint32_t s_window_credit(const kvedge_client__req_t *r, uint64_t avg)
     return want > r->credit_max ? r->credit_max : (uint32_t)want;
 }
 
-/* A GET_LAYER that asks for packing on a connection not known to refuse it: its payload is
- * kept without the pack frame (for kvedge_client__io_resubmit_unpacked), then the accept list
- * (empty when the caller gave none: it keeps the positions) and the pack frame go on. */
+/* A GET_LAYER or FETCH that asks for packing on a connection not known to refuse it: its
+ * payload is kept as it is (for kvedge_client__io_resubmit_unpacked); then a FETCH's spec gets
+ * the PACK flag, a GET_LAYER the accept list (empty when the caller gave none: it keeps the
+ * positions) and the pack frame. */
 static int s_pack_ask(kvedge_client__io_t *io, kvedge_client__req_t *r, zmsg_t *m)
 {
     r->packed = false;
@@ -326,6 +328,16 @@ static int s_pack_ask(kvedge_client__io_t *io, kvedge_client__req_t *r, zmsg_t *
         return KVEDGE_OK;
     zmsg_destroy(&r->retry);
     r->retry = zmsg_dup(m);
+    if (r->opcode == KVEDGE_OP_FETCH) {
+        zframe_t *spec = zmsg_first(m);
+        if (!r->retry || !spec || zframe_size(spec) != KVEDGE_WIRE_FETCH_SPEC_BYTES)
+            return KVEDGE_ENOMEM;
+        uint8_t *fl = zframe_data(spec) + KVEDGE_WIRE_FETCH_SPEC_BYTES - 4; /* flags u32 */
+        kvedge_le_put32(fl, kvedge_le_get32(fl) | KVEDGE_WIRE_FETCH_FLAG_PACK);
+        r->packed = true;
+        r->pack_max = KVEDGE_WIRE_MAX_PACK;
+        return KVEDGE_OK;
+    }
     uint8_t pf[KVEDGE_WIRE_PACK_BYTES];
     kvedge_wire_pack_t pk = {KVEDGE_CLIENT_PACK_BLOCKS, r->pack_bytes};
     kvedge_wire_pack_pack(&pk, pf);

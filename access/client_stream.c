@@ -305,6 +305,59 @@ static int s_fetch_plan(struct kvedge_client__fetch_t *f, const kvedge_wire_fram
     return KVEDGE_OK;
 }
 
+/* The k BLOCK records of a FETCH message (k > 1: packed), checked all against the order
+ * (the layer being delivered, (chunk, head) order, sources of the plan) before any is
+ * delivered; then each goes to on_block with its block frame. *held: a callback held the
+ * message's credit. */
+static int s_fetch_blocks(kvedge_client__io_t *io, kvedge_client__req_t *r, uint32_t k,
+                          size_t nframes, bool *held)
+{
+    struct kvedge_client__fetch_t *f = r->fetch;
+    const kvedge_wire_frame_t *fr = io->frames;
+    kvedge_wire_fetch_block_t b[KVEDGE_WIRE_MAX_PACK];
+    bool first = !f->in_layer;
+    uint32_t last_chunk = f->last_chunk;
+    uint16_t last_head = f->last_head;
+    for (uint32_t i = 0; i < k; i++) {
+        kvedge_wire_fetch_block_parse(fr[0].data + (size_t)i * KVEDGE_WIRE_FETCH_BLOCK_BYTES,
+                                      KVEDGE_WIRE_FETCH_BLOCK_BYTES, &b[i]);
+        if (!s_next_head(first, last_chunk, last_head, 0, b[i].chunk_index, b[i].head) ||
+            b[i].layer != f->first_layer + f->next_layer || b[i].chunk_index >= r->n_chunks ||
+            b[i].source >= f->plan.nsources)
+            return KVEDGE_EPROTO;
+        first = false;
+        last_chunk = b[i].chunk_index;
+        last_head = b[i].head;
+    }
+    size_t at = 1;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        f->in_layer = true;
+        f->last_chunk = b[i].chunk_index;
+        f->last_head = b[i].head;
+        f->layer_blocks++;
+        const uint8_t *data = NULL;
+        size_t len = 0;
+        if (b[i].status == KVEDGE_OK && at < nframes) {
+            data = fr[at].data;
+            len = fr[at++].len;
+            bytes += len;
+        }
+        if (f->cbs.on_block) {
+            s_cb_enter(io, r, data);
+            f->cbs.on_block(r->ctx, b[i].layer, b[i].chunk_index, b[i].head, b[i].source,
+                            b[i].status, data, len);
+            *held = s_cb_leave();
+        }
+    }
+    s_cb_msg_done();
+    if (at > 1) {
+        r->blk_bytes += bytes;
+        r->blk_n++;
+    }
+    return KVEDGE_OK;
+}
+
 /* One FETCH message (validated by the codec). Order: the plan, then per layer, in layer
  * order, its blocks in (chunk, head) order and its LAYER record; anything else fails it. */
 static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
@@ -312,13 +365,19 @@ static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
 {
     struct kvedge_client__fetch_t *f = r->fetch;
     if (h->flags & KVEDGE_WIRE_FLAG_END) {
-        kvedge_client__finish(io, r, h->status, false);
+        /* A packed request the proxy refused before any data: again, unpacked. */
+        if (r->packed && r->retry && h->status == KVEDGE_EPROTO && h->count == 0 && r->msgs == 0)
+            kvedge_client__io_resubmit_unpacked(io, r);
+        else
+            kvedge_client__finish(io, r, h->status, false);
         return;
     }
-    if (r->outstanding == 0) {
+    if (r->outstanding == 0 || h->count > r->pack_max) {
         kvedge_client__finish(io, r, KVEDGE_EPROTO, true);
         return;
     }
+    r->msgs++;
+    zmsg_destroy(&r->retry); /* the proxy packs (or was not asked): no unpacked retry now */
     const kvedge_wire_frame_t *fr = io->frames;
     int rc = KVEDGE_OK;
     bool held = false; /* the consumer keeps this message's credit for now */
@@ -330,30 +389,7 @@ static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
     } else if (!f->planned || f->next_layer >= f->layers) {
         rc = KVEDGE_EPROTO;
     } else if (kind == KVEDGE_FETCH_MSG_BLOCK) {
-        kvedge_wire_fetch_block_t b;
-        kvedge_wire_fetch_block_parse(fr[0].data, fr[0].len, &b);
-        if (!s_next_head(!f->in_layer, f->last_chunk, f->last_head, 0, b.chunk_index, b.head) ||
-            b.layer != f->first_layer + f->next_layer || b.chunk_index >= r->n_chunks ||
-            b.source >= f->plan.nsources) {
-            rc = KVEDGE_EPROTO;
-        } else {
-            f->in_layer = true;
-            f->last_chunk = b.chunk_index;
-            f->last_head = b.head;
-            f->layer_blocks++;
-            if (nframes == 2) {
-                r->blk_bytes += fr[1].len;
-                r->blk_n++;
-            }
-            if (f->cbs.on_block) {
-                const uint8_t *data = nframes == 2 ? fr[1].data : NULL;
-                s_cb_enter(io, r, data);
-                f->cbs.on_block(r->ctx, b.layer, b.chunk_index, b.head, b.source, b.status, data,
-                                nframes == 2 ? fr[1].len : 0);
-                held = s_cb_leave();
-                s_cb_msg_done();
-            }
-        }
+        rc = s_fetch_blocks(io, r, h->count, nframes, &held);
     } else { /* LAYER */
         kvedge_wire_fetch_layer_t l;
         kvedge_wire_fetch_layer_parse(fr[0].data, fr[0].len, &l);
@@ -713,6 +749,7 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
         kvedge_client__req_free(r);
         return rc;
     }
+    r->pack_want = !c->no_pack;
     r->fetch->cbs = *cbs;
     r->fetch->mapped = req->mapped_model_id != NULL;
     r->fetch->prec = req->accept != NULL;

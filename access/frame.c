@@ -283,14 +283,33 @@ static int s_validate_fetch(const kvedge_wire_header_t *h, const kvedge_wire_fra
 {
     if (h->flags & KVEDGE_WIRE_FLAG_END)
         return s_check(n == 0);
-    if (h->status != 0 || h->count != 1 || n < 1 || f[0].len < 1)
+    if (h->status != 0 || n < 1 || f[0].len < 1 ||
+        (h->count != 1 && f[0].data[0] != KVEDGE_FETCH_MSG_BLOCK))
         return KVEDGE_EPROTO;
     switch (f[0].data[0]) {
     case KVEDGE_FETCH_MSG_BLOCK: {
-        kvedge_wire_fetch_block_t b;
-        if (kvedge_wire_fetch_block_parse(f[0].data, f[0].len, &b) != KVEDGE_OK)
+        /* k BLOCK records (k > 1: packed), one block frame per record of status 0. */
+        uint32_t k = h->count;
+        if (!s_count_in(k, 1, KVEDGE_WIRE_MAX_PACK) ||
+            f[0].len != (size_t)k * KVEDGE_WIRE_FETCH_BLOCK_BYTES)
             return KVEDGE_EPROTO;
-        return s_check(b.status == 0 ? n == 2 && s_block_frame(&f[1]) : n == 1);
+        size_t zeros = 0;
+        for (uint32_t i = 0; i < k; i++) {
+            kvedge_wire_fetch_block_t b;
+            if (kvedge_wire_fetch_block_parse(f[0].data + (size_t)i * KVEDGE_WIRE_FETCH_BLOCK_BYTES,
+                                              KVEDGE_WIRE_FETCH_BLOCK_BYTES, &b) != KVEDGE_OK)
+                return KVEDGE_EPROTO;
+            zeros += b.status == 0;
+        }
+        if (n != 1 + zeros)
+            return KVEDGE_EPROTO;
+        uint64_t total = 0;
+        for (size_t i = 1; i < n; i++) {
+            if (!s_block_frame(&f[i]))
+                return KVEDGE_EPROTO;
+            total += f[i].len;
+        }
+        return s_check(k == 1 || total <= KVEDGE_WIRE_MAX_FRAME_BYTES);
     }
     case KVEDGE_FETCH_MSG_LAYER: {
         kvedge_wire_fetch_layer_t l;

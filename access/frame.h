@@ -154,8 +154,14 @@ typedef struct {
 #define KVEDGE_WIRE_FETCH_FLAG_MAPPED 0x1u
 /* PREC (the cache optimizer): a precision frame, after the times frame and before the
  * mapped frame: the precisions the client accepts and its quality budget. */
-#define KVEDGE_WIRE_FETCH_FLAG_PREC   0x2u
-#define KVEDGE_WIRE_FETCH_FLAGS_KNOWN (KVEDGE_WIRE_FETCH_FLAG_MAPPED | KVEDGE_WIRE_FETCH_FLAG_PREC)
+#define KVEDGE_WIRE_FETCH_FLAG_PREC 0x2u
+/* PACK: BLOCK messages may carry several blocks (docs/protocol.md, "Packed data messages"):
+ * count k (1 ... KVEDGE_WIRE_MAX_PACK), f1 k BLOCK records, one block frame per record of
+ * status 0; a proxy puts at most KVEDGE_WIRE_FETCH_PACK_BYTES of blocks in one of k >= 2. */
+#define KVEDGE_WIRE_FETCH_FLAG_PACK  0x4u
+#define KVEDGE_WIRE_FETCH_PACK_BYTES (1u << 20)
+#define KVEDGE_WIRE_FETCH_FLAGS_KNOWN                                                              \
+    (KVEDGE_WIRE_FETCH_FLAG_MAPPED | KVEDGE_WIRE_FETCH_FLAG_PREC | KVEDGE_WIRE_FETCH_FLAG_PACK)
 /* The precision frame: metric u8 | K u8 | reserved u16 | reserved u32 | budget f64 | K rungs
  * (16 + K bytes, K 0 ... KVEDGE_WIRE_MAX_ACCEPT). */
 #define KVEDGE_WIRE_FETCH_PREC_HDR_BYTES 16

@@ -465,9 +465,9 @@ static void test_fetch_mapped(void **state)
     assert_int_equal(back.flags, KVEDGE_WIRE_FETCH_FLAG_MAPPED);
     assert_int_equal(kvedge_wire_fetch_spec_pack(&back, back_sb), 0);
     assert_memory_equal(sb, back_sb, sizeof sb);
-    spec.flags = 0x4; /* unknown: refused both ways */
+    spec.flags = 0x8; /* unknown: refused both ways */
     assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, back_sb), KVEDGE_EINVAL);
-    for (int bit = 2; bit < 32; bit++) {
+    for (int bit = 3; bit < 32; bit++) {
         uint8_t bad[KVEDGE_WIRE_FETCH_SPEC_BYTES];
         memcpy(bad, sb, sizeof bad);
         kvedge_le_put32(bad + 132, KVEDGE_WIRE_FETCH_FLAG_MAPPED | (1u << bit));
@@ -1398,6 +1398,29 @@ static void test_get_layer_packed(void **state)
     assert_int_equal(kvedge_wire_validate(&rq, q, 3), 0);
     q[2].data = reserved;
     assert_int_equal(kvedge_wire_validate(&rq, q, 3), KVEDGE_EPROTO);
+
+    /* FETCH BLOCK messages packed the same way (16-byte BLOCK records); PLAN and LAYER stay
+     * count 1. */
+    uint8_t frec[3 * KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+    for (uint16_t i = 0; i < 3; i++) {
+        kvedge_wire_fetch_block_t fb = {0, 1, 0, i, i == 1 ? KVEDGE_ENOTFOUND : 0};
+        kvedge_wire_fetch_block_pack(&fb, frec + i * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+    }
+    kvedge_wire_header_t fh = {KVEDGE_WIRE_VERSION,
+                               KVEDGE_OP_FETCH,
+                               KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
+                               9,
+                               0,
+                               3,
+                               0,
+                               0};
+    kvedge_wire_frame_t ff[4] = {{frec, sizeof frec}, {block, 8}, {block, 8}, {block, 8}};
+    assert_int_equal(kvedge_wire_validate(&fh, ff, 3), 0);
+    assert_int_equal(kvedge_wire_validate(&fh, ff, 4), KVEDGE_EPROTO);
+    fh.count = 2;
+    assert_int_equal(kvedge_wire_validate(&fh, ff, 3), KVEDGE_EPROTO);
+    fh.count = KVEDGE_WIRE_MAX_PACK + 1;
+    assert_int_equal(kvedge_wire_validate(&fh, ff, 3), KVEDGE_EPROTO);
 }
 
 static void test_list_request(void **state)

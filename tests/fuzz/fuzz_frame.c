@@ -162,11 +162,21 @@ static void s_check_fetch(const kvedge_wire_header_t *h, const kvedge_wire_frame
         return;
     s_require(n >= 1 && f[0].len >= 1);
     if (f[0].data[0] == KVEDGE_FETCH_MSG_BLOCK) {
-        kvedge_wire_fetch_block_t b;
-        uint8_t back[KVEDGE_WIRE_FETCH_BLOCK_BYTES];
-        s_require(kvedge_wire_fetch_block_parse(f[0].data, f[0].len, &b) == 0);
-        kvedge_wire_fetch_block_pack(&b, back);
-        s_require(memcmp(back, f[0].data, sizeof back) == 0);
+        /* count k BLOCK records (packed when k > 1), one block frame per record of status 0 */
+        uint32_t k = h->count;
+        s_require(k >= 1 && k <= KVEDGE_WIRE_MAX_PACK &&
+                  f[0].len == (size_t)k * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+        size_t zeros = 0;
+        for (uint32_t i = 0; i < k; i++) {
+            const uint8_t *rec = f[0].data + (size_t)i * KVEDGE_WIRE_FETCH_BLOCK_BYTES;
+            kvedge_wire_fetch_block_t b;
+            uint8_t back[KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+            s_require(kvedge_wire_fetch_block_parse(rec, KVEDGE_WIRE_FETCH_BLOCK_BYTES, &b) == 0);
+            kvedge_wire_fetch_block_pack(&b, back);
+            s_require(memcmp(back, rec, sizeof back) == 0);
+            zeros += b.status == 0;
+        }
+        s_require(n == 1 + zeros);
     } else if (f[0].data[0] == KVEDGE_FETCH_MSG_LAYER) {
         kvedge_wire_fetch_layer_t l;
         uint8_t back[KVEDGE_WIRE_FETCH_LAYER_BYTES];

@@ -345,6 +345,17 @@ int main(int argc, char **argv)
     s_add(&m, fb, sizeof fb);
     s_add(&m, block, sizeof block);
     s_write(dir, "rep-fetch-block", &m);
+    static uint8_t fb3[3 * KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+    for (uint16_t i = 0; i < 3; i++) {
+        kvedge_wire_fetch_block_t pb = {0, 1, 0, i, i == 2 ? KVEDGE_ECORRUPT : 0};
+        kvedge_wire_fetch_block_pack(&pb, fb3 + i * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+    }
+    m = s_reply(KVEDGE_OP_FETCH, 3); /* packed: two blocks and a corrupt head */
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, fb3, sizeof fb3);
+    s_add(&m, block, sizeof block);
+    s_add(&m, block, sizeof block);
+    s_write(dir, "rep-fetch-block-pack", &m);
     kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED,        1, 0, 0, 24, 1,
                                    KVEDGE_WIRE_FETCH_OWN_LAYER, 0};
     kvedge_wire_fetch_layer_pack(&l, fl);
