@@ -1,7 +1,8 @@
 /* Client library against an in-process node: HELLO, ping, put/get for every scheme, PUT
  * batching, misses, GET_LAYER (sync, async, a 16 MiB layer), lookup, list/stat/pin/delete,
  * ENOSPACE, deadlines when the node dies, CURVE, malformed replies from a fake node, 16
- * concurrent clients, and a stream whose consumer holds its credit and gives it back later. */
+ * concurrent clients, a stream whose consumer holds its credit and gives it back later, and
+ * packed GET_LAYER and FETCH messages (bit-identical layers, the fallback, hostile packs). */
 #define _GNU_SOURCE /* nftw */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1700,6 +1701,154 @@ static void test_malformed(void **state)
     zactor_destroy(&fake);
 }
 
+/* ---------------------------------------------------------------- packed FETCH */
+
+/* A fake edge proxy: every FETCH gets a plan of one source and one layer, then, by
+ * s_fake_mode, one BLOCK message of heads 0 and 1 (FAKE_PACK_OK) or 0 and 2 (FAKE_PACK_ORDER)
+ * of chunk 0, packed, with their two blocks, the LAYER record and the end message. */
+static void s_fake_proxy(zsock_t *pipe, void *args)
+{
+    (void)args;
+    zsock_t *router = s_fake_router(pipe);
+    zpoller_t *poller = zpoller_new(pipe, router, NULL);
+    const uint16_t MORE = KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
+                   END = KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END;
+    while (zpoller_wait(poller, -1) == router) {
+        zmsg_t *m = zmsg_recv(router);
+        zframe_t *route = zmsg_pop(m), *hf = zmsg_pop(m);
+        kvedge_wire_header_t h;
+        kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h);
+        if (h.opcode == KVEDGE_OP_HELLO) {
+            kvedge_wire_node_info_t info = {KVEDGE_ROLE_PROXY,
+                                            {0},
+                                            KVEDGE_WIRE_MAX_FRAME_BYTES,
+                                            KVEDGE_WIRE_MAX_ITEMS,
+                                            KVEDGE_WIRE_MAX_CHUNKS,
+                                            KVEDGE_WIRE_MAX_CREDIT,
+                                            8};
+            uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
+            kvedge_wire_node_info_pack(&info, ib);
+            s_fake_send(router, route, 1, KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, h.request_id, 0,
+                        0, ib, sizeof ib, "fakeproxy", 9);
+        } else if (h.opcode == KVEDGE_OP_FETCH) {
+            uint64_t id = h.request_id;
+            kvedge_wire_fetch_plan_t plan = {1, 1, 0, 1, 1, 1, 1, 1};
+            kvedge_wire_fetch_source_t src = {"cloud", 2, true, 100, 1e9};
+            kvedge_wire_fetch_plan_layer_t pl = {0, 1, 1, false, KVEDGE_WIRE_FETCH_OWN_LAYER, 0, 0};
+            uint8_t pb[KVEDGE_WIRE_FETCH_PLAN_BYTES], sb[KVEDGE_WIRE_FETCH_SOURCE_BYTES],
+                lb[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+            kvedge_wire_fetch_plan_pack(&plan, pb);
+            kvedge_wire_fetch_source_pack(&src, sb);
+            kvedge_wire_fetch_plan_layer_pack(&pl, lb);
+            zmsg_t *pm = zmsg_new();
+            zframe_t *r = zframe_dup(route);
+            zmsg_append(pm, &r);
+            kvedge_wire_header_t ph = {1, KVEDGE_OP_FETCH, MORE, id, 0, 1, 0, 0};
+            uint8_t hb[KVEDGE_WIRE_HEADER_BYTES];
+            kvedge_wire_header_pack(&ph, hb);
+            zmsg_addmem(pm, hb, sizeof hb);
+            zmsg_addmem(pm, pb, sizeof pb);
+            zmsg_addmem(pm, sb, sizeof sb);
+            zmsg_addmem(pm, lb, sizeof lb);
+            zmsg_send(&pm, router);
+            uint8_t recs[2 * KVEDGE_WIRE_FETCH_BLOCK_BYTES], block[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+            for (uint16_t i = 0; i < 2; i++) {
+                uint16_t head = atomic_load(&s_fake_mode) == FAKE_PACK_ORDER ? 2 * i : i;
+                kvedge_wire_fetch_block_t b = {0, 0, 0, head, 0};
+                kvedge_wire_fetch_block_pack(&b, recs + i * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+            }
+            zmsg_t *bm = zmsg_new();
+            r = zframe_dup(route);
+            zmsg_append(bm, &r);
+            kvedge_wire_header_t bh = {1, KVEDGE_OP_FETCH, MORE, id, 0, 2, 0, 0};
+            kvedge_wire_header_pack(&bh, hb);
+            zmsg_addmem(bm, hb, sizeof hb);
+            zmsg_addmem(bm, recs, sizeof recs);
+            zmsg_addmem(bm, block, sizeof block);
+            zmsg_addmem(bm, block, sizeof block);
+            zmsg_send(&bm, router);
+            kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED,        0, 0, 0, 2, 1,
+                                           KVEDGE_WIRE_FETCH_OWN_LAYER, 0};
+            uint8_t lr[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+            kvedge_wire_fetch_layer_pack(&l, lr);
+            s_fake_send(router, route, 1, KVEDGE_OP_FETCH, MORE, id, 0, 1, lr, sizeof lr, NULL, 0);
+            s_fake_send(router, route, 1, KVEDGE_OP_FETCH, END, id, 0, 3, NULL, 0, NULL, 0);
+        }
+        zframe_destroy(&route);
+        zframe_destroy(&hf);
+        zmsg_destroy(&m);
+    }
+    zpoller_destroy(&poller);
+    zsock_destroy(&router);
+}
+
+typedef struct {
+    atomic_int blocks, done, status;
+} s_fx_seen_t;
+
+static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
+                       int status, const uint8_t *data, size_t len)
+{
+    (void)layer, (void)ci, (void)head, (void)source, (void)data;
+    s_fx_seen_t *v = ctx;
+    if (status == 0 && len == 8)
+        atomic_fetch_add(&v->blocks, 1);
+}
+
+static void s_fx_done(void *ctx, int status)
+{
+    s_fx_seen_t *v = ctx;
+    atomic_store(&v->status, status);
+    atomic_store(&v->done, 1);
+}
+
+/* One FETCH of a one-chunk, one-layer context from the fake proxy: its status and blocks. */
+static int s_fx_run(kvedge_client_t *c, int *blocks)
+{
+    kvedge_chunk_id_t id;
+    memset(&id, 4, sizeof id);
+    kvedge_fetch_req_t req;
+    kvedge_fetch_req_default(&req);
+    req.model_id = MODEL;
+    req.chunks = &id;
+    req.n = 1;
+    req.layers = 1;
+    kvedge_fetch_cbs_t cbs = {NULL, s_fx_block, NULL, s_fx_done};
+    s_fx_seen_t v;
+    atomic_init(&v.blocks, 0);
+    atomic_init(&v.done, 0);
+    atomic_init(&v.status, 0);
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, &v), 0);
+    kt_wait_for(atomic_load(&v.done), KT_WAIT_MS);
+    assert_int_equal(atomic_load(&v.done), 1);
+    *blocks = atomic_load(&v.blocks);
+    return atomic_load(&v.status);
+}
+
+/* Packed FETCH BLOCK messages: a pack the client asked for is delivered block by block; one
+ * whose heads are out of order fails the stream before any of its blocks is delivered; a
+ * client that did not ask (no_pack) refuses a packed message. */
+static void test_fetch_packed(void **state)
+{
+    (void)state;
+    zactor_t *fake = zactor_new(s_fake_proxy, NULL);
+    kvedge_client_t *c = s_fake_connect(fake, SHORT_MS, 0);
+    int blocks = 0;
+    atomic_store(&s_fake_mode, FAKE_PACK_OK);
+    assert_int_equal(s_fx_run(c, &blocks), 0);
+    assert_int_equal(blocks, 2);
+    atomic_store(&s_fake_mode, FAKE_PACK_ORDER);
+    assert_int_equal(s_fx_run(c, &blocks), KVEDGE_EPROTO);
+    assert_int_equal(blocks, 0);
+    kvedge_client_t *plain = s_fake_connect_unpacked(SHORT_MS);
+    atomic_store(&s_fake_mode, FAKE_PACK_OK);
+    assert_int_equal(s_fx_run(plain, &blocks), KVEDGE_EPROTO);
+    assert_int_equal(blocks, 0);
+    kvedge_client_destroy(&plain);
+    kvedge_client_destroy(&c);
+    zactor_destroy(&fake);
+}
+
 /* ---------------------------------------------------------------- stream window */
 
 /* A node that serves every GET_LAYER as one chunk of W_HEADS heads of W_BLOCK bytes each, sends
@@ -2145,6 +2294,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deadline, setup_ipc, teardown),
         cmocka_unit_test_setup_teardown(test_curve, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_fetch_packed, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_stream_window, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shared_callers, setup_ipc, teardown),
