@@ -813,6 +813,7 @@ typedef struct {
     uint32_t pack_max;   /* heads per data message: 1, or the pack frame's max blocks */
     uint32_t pack_bytes; /* block bytes per packed data message (a larger block goes alone) */
     uint64_t msgs;       /* data messages sent (the end message's count) */
+    uint64_t read_bytes, read_n; /* blocks read so far, for the read-ahead of a packed stream */
     uint32_t deadline_ms;
     uint64_t last_credit_ms;
     /* For the analyzer: when the request arrived, its payload, the bytes sent, and the
@@ -901,6 +902,23 @@ static void s_stream_account(s_node_t *n, s_stream_t *s, const kvedge_wire_strea
     }
 }
 
+/* Heads a stream may have read and not yet sent: its credit in messages, times the heads a
+ * message carries. Packed, that is the blocks of pack_bytes at the mean size read so far (at
+ * least 1, at most pack_max); before any block was read, two worker windows, so a stream of
+ * large blocks never reads far ahead of what its credit lets out. Within the slot ring. */
+static uint64_t s_stream_allow(const s_stream_t *s)
+{
+    uint64_t per = 1;
+    if (s->pack_max > 1) {
+        per = s->read_n ? s->pack_bytes / (s->read_bytes / s->read_n + 1) : 0;
+        per = per < 1 ? 1 : per > s->pack_max ? s->pack_max : per;
+    }
+    uint64_t allow = (uint64_t)s->credit * per;
+    if (s->pack_max > 1 && s->read_n == 0 && allow < 2 * S_READ_WINDOW)
+        allow = s->credit ? 2 * S_READ_WINDOW : 0;
+    return allow > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : allow;
+}
+
 /* Sends what is ready and in order, then asks workers for as many blocks as the credit
  * allows. Ends the stream when everything was sent. Credit counts data messages, packed or
  * not. */
@@ -946,14 +964,12 @@ static void s_stream_pump(s_node_t *n, s_stream_t *s)
     /* Reads go out in windows of consecutive heads: one worker trip per window instead of
      * per block, and at least two windows in flight when the credit allows, so reading and
      * sending overlap. */
-    /* Heads the credit allows out: credit x pack_max, within the slot ring. */
-    uint64_t allow = (uint64_t)s->credit * s->pack_max;
-    if (allow > KVEDGE_WIRE_MAX_CREDIT)
-        allow = KVEDGE_WIRE_MAX_CREDIT;
+    uint64_t allow = s_stream_allow(s);
     while (s->next_issue < s->total && s->next_issue - s->next_send < allow) {
         uint64_t room = allow - (s->next_issue - s->next_send);
         uint64_t left = s->total - s->next_issue;
-        uint64_t w = room > 1 ? room / 2 : 1;
+        /* Packed: whole windows (a pack is what one window read), two of them in flight. */
+        uint64_t w = s->pack_max > 1 ? room : room > 1 ? room / 2 : 1;
         w = w > S_READ_WINDOW ? S_READ_WINDOW : w;
         w = w > left ? left : w;
         uint8_t kb[S_READ_WINDOW * KVEDGE_BLOCK_KEY_BYTES], seq[8];
@@ -1002,6 +1018,10 @@ static void s_stream_result(s_node_t *n, zmsg_t *m)
             slot->status = (int32_t)kvedge_le_get32(zframe_data(stf));
             slot->block = slot->status == KVEDGE_OK ? zmsg_pop(m) : NULL;
             slot->ready = true;
+            if (slot->block) {
+                s->read_bytes += zframe_size(slot->block);
+                s->read_n++;
+            }
             zframe_destroy(&stf);
         }
         s_stream_pump(n, s);
