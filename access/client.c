@@ -313,6 +313,7 @@ int kvedge_client_connect(const kvedge_client_opts_t *opts, kvedge_client_t **ou
     c->deadline_ms = opts->deadline_ms ? opts->deadline_ms : KVEDGE_CLIENT_DEADLINE_MS_DEFAULT;
     c->credit = opts->credit ? opts->credit : KVEDGE_CLIENT_CREDIT_DEFAULT;
     c->window = opts->window_bytes ? opts->window_bytes : KVEDGE_CLIENT_WINDOW_DEFAULT;
+    c->no_pack = opts->no_pack;
     c->actor = zactor_new(kvedge_client__actor, io);
     rc = !c->actor ? KVEDGE_ENOMEM : io->setup_rc;
     if (rc != KVEDGE_OK && io->setup_why[0])

@@ -41,7 +41,11 @@ extern "C" {
 #define KVEDGE_CLIENT_DEADLINE_MS_DEFAULT 5000
 #define KVEDGE_CLIENT_CREDIT_DEFAULT      8
 #define KVEDGE_CLIENT_WINDOW_DEFAULT      (4u << 20)
-#define KVEDGE_CLIENT_WINDOW_MAX          (256u << 20)
+/* A GET_LAYER stream's pack frame: at most this many heads and block bytes per data
+ * message (within the node's max frame). */
+#define KVEDGE_CLIENT_PACK_BLOCKS 64
+#define KVEDGE_CLIENT_PACK_BYTES  (1u << 20)
+#define KVEDGE_CLIENT_WINDOW_MAX  (256u << 20)
 
 typedef struct kvedge_client_t kvedge_client_t;
 
@@ -83,6 +87,11 @@ typedef struct {
      * node's max credit; it never grants less than `credit`). 0 = default (4 MiB), at most
      * KVEDGE_CLIENT_WINDOW_MAX; 1 keeps every stream at `credit`. */
     uint32_t window_bytes;
+    /* GET_LAYER streams ask the node for packed data messages (several heads per message,
+     * docs/protocol.md "Packed data messages") unless this is set; a node that cannot pack
+     * refuses the ask, and the client then repeats the stream unpacked and asks that
+     * connection no more. Set it only to compare or diagnose: the blocks are the same. */
+    bool no_pack;
 } kvedge_client_opts_t;
 
 /* What the node said in HELLO. */

@@ -17,7 +17,9 @@ extern "C" {
  * client's I/O thread): the message being delivered is not owed back to the node when the
  * callback returns; its credit is held until kvedge_client_credit_return gives it back.
  * Returns the stream's id for that, or 0 (nothing held) outside such a callback, or in the
- * callback of a synchronous stream run on its caller's thread. */
+ * callback of a synchronous stream run on its caller's thread. A packed message (several
+ * blocks, docs/protocol.md "Packed data messages") has one credit: the first hold among its
+ * blocks' callbacks holds it, later ones in the same message return 0. */
 uint64_t kvedge_client_credit_hold(void);
 
 /* Gives back n credits held on stream (kvedge_client_credit_hold's id): the I/O thread grants

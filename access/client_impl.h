@@ -43,10 +43,18 @@ struct kvedge_client__req_t {
     uint32_t n_chunks;
     uint32_t outstanding; /* data messages the node may still send */
     uint32_t owed;        /* consumed, not yet granted back */
-    uint32_t received;    /* data messages delivered */
+    uint32_t received;    /* heads delivered */
+    uint32_t msgs;        /* data messages received (packed ones count once) */
+    bool pack_want;       /* GET_LAYER: ask for packed data messages (opts.no_pack unset) */
+    bool has_accept;      /* GET_LAYER: the payload holds an accept list */
+    bool packed;          /* GET_LAYER: sent with the pack frame */
+    uint32_t pack_max;    /* heads one data message may carry: 1, or the pack frame's */
+    uint32_t pack_bytes;  /* the pack frame's max bytes */
+    zmsg_t *retry;        /* a packed GET_LAYER's payload without the pack frame, until the
+                           * first data message: sent again if the node refuses packing */
     uint32_t target;      /* credit the stream runs at: initial, plus extra granted */
     uint64_t blk_bytes;   /* bytes of the blocks received, for the window */
-    uint32_t blk_n;       /* blocks received */
+    uint32_t blk_n;       /* data messages received with a block, for the window */
     uint32_t heads;       /* the model's KV heads, once the stream has shown them */
     uint32_t last_chunk;  /* position of the last data message */
     uint16_t last_head;
@@ -89,7 +97,9 @@ typedef struct {
     size_t n_due;
     bool heard;       /* the node has answered something: a handshake completed */
     bool actor;       /* this is the client's I/O actor (not a direct channel) */
-    uint32_t blk_avg; /* mean block of the last stream that ended here (0: none yet) */
+    uint32_t blk_avg; /* mean block bytes per data message of the last stream that ended
+                       * here (0: none yet) */
+    bool no_pack;     /* the node refused a packed GET_LAYER: ask it for no more */
     kvedge_wire_frame_t frames[KVEDGE_WIRE_MAX_FRAMES];
 } kvedge_client__io_t;
 
@@ -105,6 +115,7 @@ struct kvedge_client_t {
     uint32_t credit;     /* initial credit of a stream */
     uint32_t max_credit; /* the node's, from HELLO */
     uint32_t window;     /* opts.window_bytes */
+    bool no_pack;        /* opts.no_pack */
     int deadline_ms;     /* default deadline */
     /* Direct channels (after HELLO, without an emulated link): idle ones, and how many exist
      * and are checked out, under chan_mu; destroy waits on chan_cv for chan_busy to be 0. */
@@ -173,6 +184,10 @@ void kvedge_client__finish(kvedge_client__io_t *io, kvedge_client__req_t *r, int
                            bool cancel);
 /* A request handed over by a caller: numbered, sent, tracked. */
 void kvedge_client__io_submit(kvedge_client__io_t *io, kvedge_client__req_t *r);
+/* A packed GET_LAYER the node refused before any data (KVEDGE_EPROTO, as a node that cannot
+ * pack answers): this connection asks for packing no more, and r is sent again unpacked
+ * under a new id. */
+void kvedge_client__io_resubmit_unpacked(kvedge_client__io_t *io, kvedge_client__req_t *r);
 /* The I/O actor (zactor_new(kvedge_client__actor, io)). */
 void kvedge_client__actor(zsock_t *pipe, void *args);
 /* Frees the meter and shapers, which outlive the actor. */

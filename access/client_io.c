@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "access/client_impl.h"
+#include "access/codec/byteorder.h"
 #include "access/codec/clock.h"
 #include "access/meter.h"
 #include "access/shaper.h"
@@ -77,6 +78,7 @@ void kvedge_client__req_free(kvedge_client__req_t *r)
 {
     free(r->fetch);
     zmsg_destroy(&r->payload);
+    zmsg_destroy(&r->retry);
     zmsg_destroy(&r->reply);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
@@ -314,6 +316,51 @@ static uint32_t s_window_credit(const kvedge_client__req_t *r, uint64_t avg)
     return want > r->credit_max ? r->credit_max : (uint32_t)want;
 }
 
+/* A GET_LAYER or FETCH that asks for packing on a connection not known to refuse it: its
+ * payload is kept as it is (for kvedge_client__io_resubmit_unpacked); then a FETCH's spec gets
+ * the PACK flag, a GET_LAYER the accept list (empty when the caller gave none: it keeps the
+ * positions) and the pack frame. */
+static int s_pack_ask(kvedge_client__io_t *io, kvedge_client__req_t *r, zmsg_t *m)
+{
+    r->packed = false;
+    r->pack_max = 1;
+    if (!r->pack_want || io->no_pack)
+        return KVEDGE_OK;
+    zmsg_destroy(&r->retry);
+    r->retry = zmsg_dup(m);
+    if (r->opcode == KVEDGE_OP_FETCH) {
+        zframe_t *spec = zmsg_first(m);
+        if (!r->retry || !spec || zframe_size(spec) != KVEDGE_WIRE_FETCH_SPEC_BYTES)
+            return KVEDGE_ENOMEM;
+        uint8_t *fl = zframe_data(spec) + KVEDGE_WIRE_FETCH_SPEC_BYTES - 4; /* flags u32 */
+        kvedge_le_put32(fl, kvedge_le_get32(fl) | KVEDGE_WIRE_FETCH_FLAG_PACK);
+        r->packed = true;
+        r->pack_max = KVEDGE_WIRE_MAX_PACK;
+        return KVEDGE_OK;
+    }
+    uint8_t pf[KVEDGE_WIRE_PACK_BYTES];
+    kvedge_wire_pack_t pk = {KVEDGE_CLIENT_PACK_BLOCKS, r->pack_bytes};
+    kvedge_wire_pack_pack(&pk, pf);
+    if (!r->retry || (!r->has_accept && zmsg_addmem(m, NULL, 0) != 0) ||
+        zmsg_addmem(m, pf, sizeof pf) != 0)
+        return KVEDGE_ENOMEM;
+    r->packed = true;
+    r->pack_max = KVEDGE_CLIENT_PACK_BLOCKS;
+    return KVEDGE_OK;
+}
+
+void kvedge_client__io_resubmit_unpacked(kvedge_client__io_t *io, kvedge_client__req_t *r)
+{
+    io->no_pack = true;
+    zhashx_delete(io->inflight, S_KEY(r->id));
+    r->id = 0;
+    r->payload = r->retry;
+    r->retry = NULL;
+    r->pack_want = false;
+    r->outstanding = r->owed = 0;
+    kvedge_client__io_submit(io, r);
+}
+
 /* A request handed over by a caller: numbered, sent, tracked. */
 void kvedge_client__io_submit(kvedge_client__io_t *io, kvedge_client__req_t *r)
 {
@@ -325,6 +372,8 @@ void kvedge_client__io_submit(kvedge_client__io_t *io, kvedge_client__req_t *r)
         r->credit = r->target = s_window_credit(r, io->blk_avg);
     zmsg_t *m = r->payload ? r->payload : zmsg_new();
     r->payload = NULL;
+    if (m && s_pack_ask(io, r, m) != KVEDGE_OK)
+        zmsg_destroy(&m); /* failed below as out of memory */
     r->id = ++io->next_id;
     kvedge_wire_header_t h = {.version = KVEDGE_WIRE_VERSION,
                               .opcode = r->opcode,

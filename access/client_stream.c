@@ -57,7 +57,9 @@ zframe_t *kvedge_client_block_take_frame(void)
 
 uint64_t kvedge_client_credit_hold(void)
 {
-    if (!s_tl_hold_req)
+    /* A packed message uses one credit for all its heads: the first hold keeps it, later
+     * ones in the same message hold nothing (and return 0, so nothing is given back twice). */
+    if (!s_tl_hold_req || s_tl_held)
         return 0;
     s_tl_held = true;
     return s_tl_hold_req->id;
@@ -77,7 +79,8 @@ int kvedge_client_credit_return(kvedge_client_t *c, uint64_t stream, uint32_t n)
 }
 
 /* Around a stream's on_block call: what kvedge_client_block_take and kvedge_client_credit_hold
- * may use while it runs. s_cb_leave returns whether the callback held the message's credit. */
+ * may use while it runs. s_cb_leave returns whether a callback held the message's credit (a
+ * packed message runs several callbacks: s_cb_msg_done forgets it once they all ran). */
 static void s_cb_enter(const kvedge_client__io_t *io, kvedge_client__req_t *r, const uint8_t *data)
 {
     s_tl_data = data;
@@ -86,11 +89,14 @@ static void s_cb_enter(const kvedge_client__io_t *io, kvedge_client__req_t *r, c
 
 static bool s_cb_leave(void)
 {
-    bool held = s_tl_held;
     s_tl_data = NULL;
     s_tl_hold_req = NULL;
+    return s_tl_held;
+}
+
+static void s_cb_msg_done(void)
+{
     s_tl_held = false;
-    return held;
 }
 
 /* One more message of r consumed: its credit is owed back to the node (in this drain's
@@ -122,54 +128,104 @@ void kvedge_client_block_free(kvedge_block_ref_t *ref)
     zframe_destroy(&f);
 }
 
-/* One GET_LAYER message of stream r (already validated). Data messages must come in
- * (chunk, head) order within the credit granted; anything else fails the stream. */
+/* A GET_LAYER stream's position: the last head delivered and the head count once shown. */
+typedef struct {
+    bool first;
+    uint32_t last_chunk;
+    uint16_t last_head;
+    uint32_t heads;
+} s_pos_t;
+
+/* Checks the k heads of a data message (f1, validated by the codec) against the stream's order
+ * and moves pos past them; the stream's own state changes only once all of them are good. */
+static int s_stream_heads(const kvedge_client__req_t *r, const uint8_t *f1, uint32_t k,
+                          kvedge_wire_stream_hdr_t *hd, s_pos_t *pos)
+{
+    for (uint32_t i = 0; i < k; i++) {
+        if (kvedge_wire_stream_hdr_parse(f1 + (size_t)i * KVEDGE_WIRE_STREAM_HDR_BYTES,
+                                         KVEDGE_WIRE_STREAM_HDR_BYTES, &hd[i]) != KVEDGE_OK ||
+            hd[i].chunk_index >= r->n_chunks ||
+            !s_next_head(pos->first, pos->last_chunk, pos->last_head, pos->heads, hd[i].chunk_index,
+                         hd[i].head))
+            return KVEDGE_EPROTO;
+        if (!pos->first && hd[i].chunk_index != pos->last_chunk && pos->heads == 0)
+            pos->heads = (uint32_t)pos->last_head + 1;
+        pos->first = false;
+        pos->last_chunk = hd[i].chunk_index;
+        pos->last_head = hd[i].head;
+    }
+    return KVEDGE_OK;
+}
+
+/* A GET_LAYER end message: the stream is complete when every head of every chunk came, so the
+ * last one is (n - 1, H - 1), in as many data messages as the node says it sent. A packed
+ * request the node refused before any data is sent again unpacked. */
+static void s_stream_end(kvedge_client__io_t *io, kvedge_client__req_t *r,
+                         const kvedge_wire_header_t *h)
+{
+    if (r->packed && r->retry && h->status == KVEDGE_EPROTO && h->count == 0 && r->msgs == 0) {
+        kvedge_client__io_resubmit_unpacked(io, r);
+        return;
+    }
+    int status = h->status;
+    if (status == KVEDGE_OK && h->count != r->msgs)
+        status = KVEDGE_EPROTO;
+    if (status == KVEDGE_OK && r->received > 0) {
+        uint32_t heads = r->received / r->n_chunks;
+        if (r->received % r->n_chunks != 0 || (r->heads && r->heads != heads) ||
+            r->last_chunk != r->n_chunks - 1 || (uint32_t)r->last_head + 1 != heads)
+            status = KVEDGE_EPROTO;
+    }
+    kvedge_client__finish(io, r, status, false);
+}
+
+/* One GET_LAYER message of stream r (already validated). Data messages, of one head or (asked
+ * for) a pack of up to pack_max, must come in (chunk, head) order within the credit granted;
+ * anything else fails the stream before any of the message's heads is delivered. */
 static void s_io_stream(kvedge_client__io_t *io, kvedge_client__req_t *r,
                         const kvedge_wire_header_t *h, size_t nframes)
 {
     if (h->flags & KVEDGE_WIRE_FLAG_END) {
-        int status = h->status;
-        if (status == KVEDGE_OK && h->count != r->received)
-            status = KVEDGE_EPROTO;
-        if (status == KVEDGE_OK && r->received > 0) {
-            /* Complete: every head of every chunk, so the last one is (n - 1, H - 1). */
-            uint32_t heads = r->received / r->n_chunks;
-            if (r->received % r->n_chunks != 0 || (r->heads && r->heads != heads) ||
-                r->last_chunk != r->n_chunks - 1 || (uint32_t)r->last_head + 1 != heads)
-                status = KVEDGE_EPROTO;
-        }
-        kvedge_client__finish(io, r, status, false);
+        s_stream_end(io, r, h);
         return;
     }
-    kvedge_wire_stream_hdr_t s;
-    if (kvedge_wire_stream_hdr_parse(io->frames[0].data, io->frames[0].len, &s) != KVEDGE_OK ||
-        r->outstanding == 0 || s.chunk_index >= r->n_chunks) {
+    uint32_t k = h->count;
+    kvedge_wire_stream_hdr_t hd[KVEDGE_WIRE_MAX_PACK];
+    s_pos_t pos = {r->received == 0, r->last_chunk, r->last_head, r->heads};
+    if (r->outstanding == 0 || k == 0 || k > r->pack_max || k > KVEDGE_WIRE_MAX_PACK ||
+        s_stream_heads(r, io->frames[0].data, k, hd, &pos) != KVEDGE_OK) {
         kvedge_client__finish(io, r, KVEDGE_EPROTO, true);
         return;
     }
-    if (!s_next_head(r->received == 0, r->last_chunk, r->last_head, r->heads, s.chunk_index,
-                     s.head)) {
-        kvedge_client__finish(io, r, KVEDGE_EPROTO, true);
-        return;
-    }
-    if (s.chunk_index != r->last_chunk && r->heads == 0)
-        r->heads = (uint32_t)r->last_head + 1;
-    r->last_chunk = s.chunk_index;
-    r->last_head = s.head;
+    r->heads = pos.heads;
+    r->last_chunk = pos.last_chunk;
+    r->last_head = pos.last_head;
     r->outstanding--;
-    r->received++;
-    const uint8_t *data = nframes == 2 ? io->frames[1].data : NULL;
-    size_t len = nframes == 2 ? io->frames[1].len : 0;
-    if (data) {
-        r->blk_bytes += len;
+    r->msgs++;
+    zmsg_destroy(&r->retry); /* the node packs: no unpacked retry from here on */
+    size_t at = 1;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        const uint8_t *data = NULL;
+        size_t len = 0;
+        if (hd[i].status == KVEDGE_OK && at < nframes) {
+            data = io->frames[at].data;
+            len = io->frames[at++].len;
+            bytes += len;
+        }
+        r->received++;
+        if (r->on_block) {
+            s_cb_enter(io, r, data);
+            r->on_block(r->ctx, hd[i].chunk_index, hd[i].head, hd[i].status, data, len);
+            s_cb_leave();
+        }
+    }
+    if (at > 1) {
+        r->blk_bytes += bytes;
         r->blk_n++;
     }
-    bool held = false;
-    if (r->on_block) {
-        s_cb_enter(io, r, data);
-        r->on_block(r->ctx, s.chunk_index, s.head, s.status, data, len);
-        held = s_cb_leave();
-    }
+    bool held = s_cb_leave();
+    s_cb_msg_done();
     if (!held)
         s_owe(io, r);
 }
@@ -249,6 +305,59 @@ static int s_fetch_plan(struct kvedge_client__fetch_t *f, const kvedge_wire_fram
     return KVEDGE_OK;
 }
 
+/* The k BLOCK records of a FETCH message (k > 1: packed), checked all against the order
+ * (the layer being delivered, (chunk, head) order, sources of the plan) before any is
+ * delivered; then each goes to on_block with its block frame. *held: a callback held the
+ * message's credit. */
+static int s_fetch_blocks(kvedge_client__io_t *io, kvedge_client__req_t *r, uint32_t k,
+                          size_t nframes, bool *held)
+{
+    struct kvedge_client__fetch_t *f = r->fetch;
+    const kvedge_wire_frame_t *fr = io->frames;
+    kvedge_wire_fetch_block_t b[KVEDGE_WIRE_MAX_PACK];
+    bool first = !f->in_layer;
+    uint32_t last_chunk = f->last_chunk;
+    uint16_t last_head = f->last_head;
+    for (uint32_t i = 0; i < k; i++) {
+        kvedge_wire_fetch_block_parse(fr[0].data + (size_t)i * KVEDGE_WIRE_FETCH_BLOCK_BYTES,
+                                      KVEDGE_WIRE_FETCH_BLOCK_BYTES, &b[i]);
+        if (!s_next_head(first, last_chunk, last_head, 0, b[i].chunk_index, b[i].head) ||
+            b[i].layer != f->first_layer + f->next_layer || b[i].chunk_index >= r->n_chunks ||
+            b[i].source >= f->plan.nsources)
+            return KVEDGE_EPROTO;
+        first = false;
+        last_chunk = b[i].chunk_index;
+        last_head = b[i].head;
+    }
+    size_t at = 1;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        f->in_layer = true;
+        f->last_chunk = b[i].chunk_index;
+        f->last_head = b[i].head;
+        f->layer_blocks++;
+        const uint8_t *data = NULL;
+        size_t len = 0;
+        if (b[i].status == KVEDGE_OK && at < nframes) {
+            data = fr[at].data;
+            len = fr[at++].len;
+            bytes += len;
+        }
+        if (f->cbs.on_block) {
+            s_cb_enter(io, r, data);
+            f->cbs.on_block(r->ctx, b[i].layer, b[i].chunk_index, b[i].head, b[i].source,
+                            b[i].status, data, len);
+            *held = s_cb_leave();
+        }
+    }
+    s_cb_msg_done();
+    if (at > 1) {
+        r->blk_bytes += bytes;
+        r->blk_n++;
+    }
+    return KVEDGE_OK;
+}
+
 /* One FETCH message (validated by the codec). Order: the plan, then per layer, in layer
  * order, its blocks in (chunk, head) order and its LAYER record; anything else fails it. */
 static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
@@ -256,13 +365,19 @@ static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
 {
     struct kvedge_client__fetch_t *f = r->fetch;
     if (h->flags & KVEDGE_WIRE_FLAG_END) {
-        kvedge_client__finish(io, r, h->status, false);
+        /* A packed request the proxy refused before any data: again, unpacked. */
+        if (r->packed && r->retry && h->status == KVEDGE_EPROTO && h->count == 0 && r->msgs == 0)
+            kvedge_client__io_resubmit_unpacked(io, r);
+        else
+            kvedge_client__finish(io, r, h->status, false);
         return;
     }
-    if (r->outstanding == 0) {
+    if (r->outstanding == 0 || h->count > r->pack_max) {
         kvedge_client__finish(io, r, KVEDGE_EPROTO, true);
         return;
     }
+    r->msgs++;
+    zmsg_destroy(&r->retry); /* the proxy packs (or was not asked): no unpacked retry now */
     const kvedge_wire_frame_t *fr = io->frames;
     int rc = KVEDGE_OK;
     bool held = false; /* the consumer keeps this message's credit for now */
@@ -274,29 +389,7 @@ static void s_io_fetch(kvedge_client__io_t *io, kvedge_client__req_t *r,
     } else if (!f->planned || f->next_layer >= f->layers) {
         rc = KVEDGE_EPROTO;
     } else if (kind == KVEDGE_FETCH_MSG_BLOCK) {
-        kvedge_wire_fetch_block_t b;
-        kvedge_wire_fetch_block_parse(fr[0].data, fr[0].len, &b);
-        if (!s_next_head(!f->in_layer, f->last_chunk, f->last_head, 0, b.chunk_index, b.head) ||
-            b.layer != f->first_layer + f->next_layer || b.chunk_index >= r->n_chunks ||
-            b.source >= f->plan.nsources) {
-            rc = KVEDGE_EPROTO;
-        } else {
-            f->in_layer = true;
-            f->last_chunk = b.chunk_index;
-            f->last_head = b.head;
-            f->layer_blocks++;
-            if (nframes == 2) {
-                r->blk_bytes += fr[1].len;
-                r->blk_n++;
-            }
-            if (f->cbs.on_block) {
-                const uint8_t *data = nframes == 2 ? fr[1].data : NULL;
-                s_cb_enter(io, r, data);
-                f->cbs.on_block(r->ctx, b.layer, b.chunk_index, b.head, b.source, b.status, data,
-                                nframes == 2 ? fr[1].len : 0);
-                held = s_cb_leave();
-            }
-        }
+        rc = s_fetch_blocks(io, r, h->count, nframes, &held);
     } else { /* LAYER */
         kvedge_wire_fetch_layer_t l;
         kvedge_wire_fetch_layer_parse(fr[0].data, fr[0].len, &l);
@@ -406,6 +499,10 @@ static int s_layer_request(kvedge_client_t *c, const kvedge_chunk_id_t *chunks, 
     r->credit = c->credit;
     r->credit_max = c->max_credit;
     r->window = c->window;
+    r->pack_want = !c->no_pack;
+    r->has_accept = accept != NULL;
+    r->pack_bytes =
+        c->max_frame < KVEDGE_CLIENT_PACK_BYTES ? c->max_frame : KVEDGE_CLIENT_PACK_BYTES;
     r->n_chunks = (uint32_t)n;
     r->on_block = on_block;
     r->on_done = on_done;
@@ -652,6 +749,7 @@ int kvedge_client_fetch_async(kvedge_client_t *c, const kvedge_fetch_req_t *req,
         kvedge_client__req_free(r);
         return rc;
     }
+    r->pack_want = !c->no_pack;
     r->fetch->cbs = *cbs;
     r->fetch->mapped = req->mapped_model_id != NULL;
     r->fetch->prec = req->accept != NULL;

@@ -207,11 +207,13 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
                        (n == 1 || f[1].len <= KVEDGE_WIRE_MAX_ACCEPT));
     case KVEDGE_OP_GET_LAYER:
         /* f1: layer u16 | reserved u16 | N chunk ids; f2 (optional): the precisions
-         * accepted. */
+         * accepted; f3 (optional, after f2): the pack frame. */
+        kvedge_wire_pack_t pk;
         if (!s_count_in(c, 1, KVEDGE_WIRE_MAX_CHUNKS) ||
-            !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || (n != 1 && n != 2) ||
+            !s_count_in(h->credit, 1, KVEDGE_WIRE_MAX_CREDIT) || n < 1 || n > 3 ||
             f[0].len != 4 + (size_t)c * KVEDGE_CHUNK_ID_BYTES ||
-            (n == 2 && f[1].len > KVEDGE_WIRE_MAX_ACCEPT))
+            (n >= 2 && f[1].len > KVEDGE_WIRE_MAX_ACCEPT) ||
+            (n == 3 && kvedge_wire_pack_parse(f[2].data, f[2].len, &pk) != KVEDGE_OK))
             return KVEDGE_EPROTO;
         return s_check(kvedge_le_get16(f[0].data + 2) == 0);
     case KVEDGE_OP_LOOKUP:
@@ -281,14 +283,33 @@ static int s_validate_fetch(const kvedge_wire_header_t *h, const kvedge_wire_fra
 {
     if (h->flags & KVEDGE_WIRE_FLAG_END)
         return s_check(n == 0);
-    if (h->status != 0 || h->count != 1 || n < 1 || f[0].len < 1)
+    if (h->status != 0 || n < 1 || f[0].len < 1 ||
+        (h->count != 1 && f[0].data[0] != KVEDGE_FETCH_MSG_BLOCK))
         return KVEDGE_EPROTO;
     switch (f[0].data[0]) {
     case KVEDGE_FETCH_MSG_BLOCK: {
-        kvedge_wire_fetch_block_t b;
-        if (kvedge_wire_fetch_block_parse(f[0].data, f[0].len, &b) != KVEDGE_OK)
+        /* k BLOCK records (k > 1: packed), one block frame per record of status 0. */
+        uint32_t k = h->count;
+        if (!s_count_in(k, 1, KVEDGE_WIRE_MAX_PACK) ||
+            f[0].len != (size_t)k * KVEDGE_WIRE_FETCH_BLOCK_BYTES)
             return KVEDGE_EPROTO;
-        return s_check(b.status == 0 ? n == 2 && s_block_frame(&f[1]) : n == 1);
+        size_t zeros = 0;
+        for (uint32_t i = 0; i < k; i++) {
+            kvedge_wire_fetch_block_t b;
+            if (kvedge_wire_fetch_block_parse(f[0].data + (size_t)i * KVEDGE_WIRE_FETCH_BLOCK_BYTES,
+                                              KVEDGE_WIRE_FETCH_BLOCK_BYTES, &b) != KVEDGE_OK)
+                return KVEDGE_EPROTO;
+            zeros += b.status == 0;
+        }
+        if (n != 1 + zeros)
+            return KVEDGE_EPROTO;
+        uint64_t total = 0;
+        for (size_t i = 1; i < n; i++) {
+            if (!s_block_frame(&f[i]))
+                return KVEDGE_EPROTO;
+            total += f[i].len;
+        }
+        return s_check(k == 1 || total <= KVEDGE_WIRE_MAX_FRAME_BYTES);
     }
     case KVEDGE_FETCH_MSG_LAYER: {
         kvedge_wire_fetch_layer_t l;
@@ -307,20 +328,35 @@ static int s_validate_fetch(const kvedge_wire_header_t *h, const kvedge_wire_fra
     }
 }
 
-/* GET_LAYER stream messages. A data message carries its head's status in f1 and 0 in the
- * header; the block follows exactly when that status is 0. An end message has no payload and
- * counts the data messages sent, whatever its status. */
+/* GET_LAYER stream messages. A data message carries k = count heads (1 unless the request
+ * asked for packing): f1 holds their k 12-byte records (status in each, 0 in the header), then
+ * one block frame per record whose status is 0, in order; k > 1 blocks total at most a frame.
+ * An end message has no payload and counts the data messages sent, whatever its status. */
 static int s_validate_stream(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
 {
     if (h->flags & KVEDGE_WIRE_FLAG_END)
         return s_check(n == 0 && h->count <= S_MAX_STREAM_MESSAGES);
-    kvedge_wire_stream_hdr_t s;
-    if (h->status != 0 || h->count != 1 || n < 1 ||
-        kvedge_wire_stream_hdr_parse(f[0].data, f[0].len, &s) != KVEDGE_OK)
+    uint32_t k = h->count;
+    if (h->status != 0 || !s_count_in(k, 1, KVEDGE_WIRE_MAX_PACK) || n < 1 ||
+        f[0].len != (size_t)k * KVEDGE_WIRE_STREAM_HDR_BYTES)
         return KVEDGE_EPROTO;
-    if (s.status == 0)
-        return s_check(n == 2 && s_block_frame(&f[1]));
-    return s_check(n == 1);
+    size_t zeros = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        kvedge_wire_stream_hdr_t s;
+        if (kvedge_wire_stream_hdr_parse(f[0].data + (size_t)i * KVEDGE_WIRE_STREAM_HDR_BYTES,
+                                         KVEDGE_WIRE_STREAM_HDR_BYTES, &s) != KVEDGE_OK)
+            return KVEDGE_EPROTO;
+        zeros += s.status == 0;
+    }
+    if (n != 1 + zeros)
+        return KVEDGE_EPROTO;
+    uint64_t total = 0;
+    for (size_t i = 1; i < n; i++) {
+        if (!s_block_frame(&f[i]))
+            return KVEDGE_EPROTO;
+        total += f[i].len;
+    }
+    return s_check(k == 1 || total <= KVEDGE_WIRE_MAX_FRAME_BYTES);
 }
 
 static int s_validate_reply(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)
@@ -657,6 +693,25 @@ int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stre
     s->status = kvedge_err_from_wire((int32_t)kvedge_le_get32(in + 8));
     return s_check(s->status == KVEDGE_OK || s->status == KVEDGE_ENOTFOUND ||
                    s->status == KVEDGE_ECORRUPT);
+}
+
+/* GET_LAYER pack frame: max blocks u16 | reserved u16 | max bytes u32. */
+void kvedge_wire_pack_pack(const kvedge_wire_pack_t *p, uint8_t out[KVEDGE_WIRE_PACK_BYTES])
+{
+    kvedge_le_put16(out, p->max_blocks);
+    kvedge_le_put16(out + 2, 0);
+    kvedge_le_put32(out + 4, p->max_bytes);
+}
+
+int kvedge_wire_pack_parse(const uint8_t *in, size_t len, kvedge_wire_pack_t *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!in || len != KVEDGE_WIRE_PACK_BYTES || kvedge_le_get16(in + 2) != 0)
+        return KVEDGE_EPROTO;
+    p->max_blocks = kvedge_le_get16(in);
+    p->max_bytes = kvedge_le_get32(in + 4);
+    return s_check(s_count_in(p->max_blocks, 2, KVEDGE_WIRE_MAX_PACK) &&
+                   s_count_in(p->max_bytes, 1, KVEDGE_WIRE_MAX_FRAME_BYTES));
 }
 
 /* ---- FETCH records ---- */

@@ -52,6 +52,11 @@ extern "C" {
  * list itself (kvedge_prec_list_check) and answers an empty, unknown or repeating one with
  * KVEDGE_EINVAL. */
 #define KVEDGE_WIRE_MAX_ACCEPT KVEDGE_PREC_MAX_ACCEPT
+/* GET_LAYER packing (docs/protocol.md, "Packed data messages"): the request's optional third
+ * frame (after an accept list, empty or not) asks for data messages of up to max_blocks heads
+ * and max_bytes block bytes; a data message's count is its heads (1 ... KVEDGE_WIRE_MAX_PACK). */
+#define KVEDGE_WIRE_PACK_BYTES 8
+#define KVEDGE_WIRE_MAX_PACK   64
 
 typedef enum {
     KVEDGE_OP_HELLO = 1,
@@ -125,6 +130,13 @@ typedef struct {
     int32_t status;
 } kvedge_wire_stream_hdr_t;
 
+/* GET_LAYER's pack frame: max blocks u16 (2 ... KVEDGE_WIRE_MAX_PACK) | reserved u16 (0) |
+ * max bytes u32 (1 ... KVEDGE_WIRE_MAX_FRAME_BYTES). */
+typedef struct {
+    uint16_t max_blocks;
+    uint32_t max_bytes;
+} kvedge_wire_pack_t;
+
 /* FETCH (docs/protocol.md, "FETCH streams"): the request's spec record, and the three kinds
  * of stream data message, told apart by their first byte. */
 #define KVEDGE_WIRE_FETCH_SPEC_BYTES       136
@@ -142,8 +154,14 @@ typedef struct {
 #define KVEDGE_WIRE_FETCH_FLAG_MAPPED 0x1u
 /* PREC (the cache optimizer): a precision frame, after the times frame and before the
  * mapped frame: the precisions the client accepts and its quality budget. */
-#define KVEDGE_WIRE_FETCH_FLAG_PREC   0x2u
-#define KVEDGE_WIRE_FETCH_FLAGS_KNOWN (KVEDGE_WIRE_FETCH_FLAG_MAPPED | KVEDGE_WIRE_FETCH_FLAG_PREC)
+#define KVEDGE_WIRE_FETCH_FLAG_PREC 0x2u
+/* PACK: BLOCK messages may carry several blocks (docs/protocol.md, "Packed data messages"):
+ * count k (1 ... KVEDGE_WIRE_MAX_PACK), f1 k BLOCK records, one block frame per record of
+ * status 0; a proxy puts at most KVEDGE_WIRE_FETCH_PACK_BYTES of blocks in one of k >= 2. */
+#define KVEDGE_WIRE_FETCH_FLAG_PACK  0x4u
+#define KVEDGE_WIRE_FETCH_PACK_BYTES (1u << 20)
+#define KVEDGE_WIRE_FETCH_FLAGS_KNOWN                                                              \
+    (KVEDGE_WIRE_FETCH_FLAG_MAPPED | KVEDGE_WIRE_FETCH_FLAG_PREC | KVEDGE_WIRE_FETCH_FLAG_PACK)
 /* The precision frame: metric u8 | K u8 | reserved u16 | reserved u32 | budget f64 | K rungs
  * (16 + K bytes, K 0 ... KVEDGE_WIRE_MAX_ACCEPT). */
 #define KVEDGE_WIRE_FETCH_PREC_HDR_BYTES 16
@@ -310,6 +328,10 @@ int kvedge_wire_node_info_parse(const uint8_t *in, size_t len, kvedge_wire_node_
 void kvedge_wire_stream_hdr_pack(const kvedge_wire_stream_hdr_t *s,
                                  uint8_t out[KVEDGE_WIRE_STREAM_HDR_BYTES]);
 int kvedge_wire_stream_hdr_parse(const uint8_t *in, size_t len, kvedge_wire_stream_hdr_t *s);
+
+void kvedge_wire_pack_pack(const kvedge_wire_pack_t *p, uint8_t out[KVEDGE_WIRE_PACK_BYTES]);
+/* KVEDGE_EPROTO for a frame of another size, a count or size out of range, reserved bytes. */
+int kvedge_wire_pack_parse(const uint8_t *in, size_t len, kvedge_wire_pack_t *p);
 
 #ifdef __cplusplus
 }

@@ -453,6 +453,25 @@ static pid_t s_node_start(const char *bin, const char *data, char *ep, size_t ca
     return s_node_start_with(bin, data, ep, cap, NULL, "off");
 }
 
+/* Starts `kvedge proxy` on an ephemeral loopback port with the node at node_ep as its one
+ * (cloud) source; returns its pid, its endpoint in ep. */
+static pid_t s_proxy_start(const char *bin, const char *node_ep, char *ep, size_t cap)
+{
+    char source[320];
+    snprintf(source, sizeof source, "cloud cloud1 %s", node_ep);
+    char *const argv[] = {(char *)bin, "proxy", "--insecure", "--bind", "tcp://127.0.0.1:*",
+                          "--source",  source,  "--metrics",  "off",    "--log-level",
+                          "warn",      NULL};
+    int fd;
+    pid_t pid = s_spawn(argv, &fd, false);
+    char line[256];
+    if (!s_read_line(fd, line, sizeof line, S_START_MS) || strncmp(line, "listening ", 10) != 0)
+        s_die("the proxy (%s) did not start listening", bin);
+    close(fd);
+    snprintf(ep, cap, "%s", line + 10);
+    return pid;
+}
+
 /* A live client when the process exits would abort in czmq's atexit (its actor outlives
  * zsys_shutdown): this one, registered after the first connect, runs before czmq's. */
 static kvedge_client_t *s_client;
@@ -1141,6 +1160,377 @@ static void s_mon_section(const char *bin, s_ctx_t *x, s_case_t *cases, bool res
            1 + S_MON_GOAL, 1 - S_MON_GOAL);
 }
 
+/* ---------------------------------------------------------------- GQA shapes (--gqa) */
+
+/* Small blocks at grouped-query shapes: one layer of a context of chunks x tokens, fetched with
+ * GET_LAYER packed (the default: several heads per data message) and unpacked (one head per
+ * message, opts.no_pack), against a Redis GET of the same bytes as one value, interleaved in
+ * the same run; beside them the round-trip floor (kvedge PING, Redis PING). */
+typedef struct {
+    const char *model; /* the shape's name */
+    uint16_t heads;    /* KV heads */
+    uint16_t layers;   /* the model's layers (the layer fetched is 0) */
+    uint32_t chunks;   /* chunks of the context */
+    uint32_t tokens;   /* tokens per chunk */
+    const char *label; /* the layer's fp16 size */
+    int iters;
+    bool fetch; /* also FETCH through a proxy (every layer put: the proxy's LOOKUP) */
+} s_gqa_t;
+
+#define S_GQA_DIM 64
+static const s_gqa_t S_GQA[] = {
+    /* clang-format off */
+    {"llama-3.2-1b", 8, 16, 1, 64, "128 KiB", 300, true},
+    {"llama-3.2-1b", 8, 16, 4, 16, "128 KiB", 300, true},
+    {"llama-3.2-1b", 8, 16, 2, 256, "1 MiB", 200, true},
+    {"llama-3.2-1b", 8, 16, 4, 128, "1 MiB", 200, true},
+    {"llama-3.2-1b", 8, 16, 32, 256, "16 MiB", 30, false},
+    {"qwen2.5-0.5b", 2, 24, 1, 256, "128 KiB", 300, true},
+    {"qwen2.5-0.5b", 2, 24, 8, 256, "1 MiB", 200, true},
+    {"qwen2.5-0.5b", 2, 24, 128, 256, "16 MiB", 30, false},
+    /* clang-format on */
+};
+#define S_N_GQA (sizeof S_GQA / sizeof S_GQA[0])
+enum {
+    S_GQA_PACKED,
+    S_GQA_UNPACKED,
+    S_GQA_GET,
+    S_GQA_PING,
+    S_GQA_RPING,
+    S_GQA_FPACKED,   /* FETCH through the proxy, packed BLOCK messages */
+    S_GQA_FUNPACKED, /* FETCH, one block per message */
+    S_GQA_KINDS
+};
+
+typedef struct {
+    const s_gqa_t *g;
+    char model_id[64];
+    kvedge_chunk_id_t *ids;
+    uint8_t *enc; /* the layer's lossless blocks in (chunk, head) order */
+    size_t enc_len;
+    s_lat_t lat[S_GQA_KINDS];
+} s_gqa_case_t;
+
+/* Encodes layer 0 of the case's context, puts it (model registered first) and sets it in
+ * Redis as one value. */
+static void s_gqa_load(s_gqa_case_t *gc, size_t index, kvedge_client_t *c, redisContext *rc)
+{
+    const s_gqa_t *g = gc->g;
+    /* The built-in shape (proxies know it without a master); the contexts differ by tokens. */
+    snprintf(gc->model_id, sizeof gc->model_id, "%s", g->model);
+    size_t ntok = (size_t)g->chunks * g->tokens;
+    uint32_t *toks = bench_alloc(ntok * sizeof *toks);
+    for (size_t i = 0; i < ntok; i++)
+        toks[i] = (uint32_t)(index * 1000003 + i);
+    gc->ids = bench_alloc(g->chunks * sizeof *gc->ids);
+    if (kvedge_chunk_chain(NULL, 0, gc->model_id, toks, ntok, g->tokens, gc->ids, g->chunks) !=
+        (int)g->chunks)
+        s_die("chunk chain of %s", gc->model_id);
+    free(toks);
+    kvedge_block_spec_t spec = {.dtype = KVEDGE_DTYPE_FP16,
+                                .scheme = KVEDGE_SCHEME_LOSSLESS,
+                                .tokens = g->tokens,
+                                .head_dim = S_GQA_DIM};
+    size_t bound = kvedge_block_encoded_bound(&spec), nb = (size_t)g->chunks * g->heads;
+    size_t half = (size_t)g->tokens * S_GQA_DIM * 2;
+    gc->enc = bench_alloc(bound * nb);
+    uint8_t *k = bench_alloc(half), *v = bench_alloc(half);
+    kvedge_put_item_t *items = bench_alloc(nb * sizeof *items);
+    for (uint32_t ch = 0; ch < g->chunks; ch++)
+        for (uint16_t h = 0; h < g->heads; h++) {
+            KVEDGE_BENCH_CHECK(kvedge_synth_head(S_SEED_BASE + ch * 131 + h, 0, g->tokens,
+                                                 S_GQA_DIM, KVEDGE_DTYPE_FP16, k, v));
+            size_t len;
+            KVEDGE_BENCH_CHECK(
+                kvedge_block_encode(&spec, k, v, gc->enc + gc->enc_len, bound, &len));
+            kvedge_put_item_t *it = &items[(size_t)ch * g->heads + h];
+            memset(it, 0, sizeof *it);
+            it->chunk.id = gc->ids[ch];
+            if (ch > 0) {
+                it->chunk.parent = gc->ids[ch - 1];
+                it->chunk.has_parent = true;
+            }
+            snprintf(it->chunk.model_id, sizeof it->chunk.model_id, "%s", gc->model_id);
+            it->chunk.index = ch;
+            it->chunk.tokens = g->tokens;
+            it->head = h;
+            it->block = gc->enc + gc->enc_len;
+            it->len = len;
+            gc->enc_len += len;
+        }
+    /* Layer 0, then (for FETCH) the same blocks as every other layer. */
+    for (uint16_t l = 0; l < (g->fetch ? g->layers : 1); l++) {
+        for (size_t i = 0; i < nb; i++)
+            items[i].layer = l;
+        KVEDGE_BENCH_CHECK(kvedge_client_put(c, items, nb, NULL));
+    }
+    free(items);
+    free(k);
+    free(v);
+    char key[64];
+    snprintf(key, sizeof key, "gqa:%zu", index);
+    s_redis_set(rc, key, gc->enc, gc->enc_len);
+}
+
+static double s_gqa_layer(kvedge_client_t *c, const s_gqa_case_t *gc, uint8_t *buf, size_t cap,
+                          kvedge_fetched_t *out, bool check)
+{
+    uint32_t heads = 0, n = gc->g->chunks * gc->g->heads;
+    double t0 = bench_now_s();
+    int rc = kvedge_client_get_layer(c, gc->ids, gc->g->chunks, 0, buf, cap, out, n, &heads);
+    double t = bench_now_s() - t0;
+    KVEDGE_BENCH_CHECK(rc);
+    if (heads != gc->g->heads)
+        s_die("GET_LAYER of %s streamed the wrong number of heads", gc->model_id);
+    if (check && (out[n - 1].offset + out[n - 1].len != gc->enc_len ||
+                  memcmp(buf, gc->enc, gc->enc_len) != 0))
+        s_die("GET_LAYER of %s returned other bytes than were put", gc->model_id);
+    return t;
+}
+
+/* A synchronous FETCH of layer 0 through the proxy: the blocks copied into buf in order, as
+ * GET_LAYER lands them. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    uint8_t *buf;
+    size_t cap, at;
+    uint32_t blocks;
+} s_fx_t;
+
+static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
+                       int status, const uint8_t *data, size_t len)
+{
+    (void)layer, (void)ci, (void)head, (void)source;
+    s_fx_t *x = ctx;
+    if (status == 0 && x->at + len <= x->cap) {
+        memcpy(x->buf + x->at, data, len);
+        x->at += len;
+        x->blocks++;
+    }
+}
+
+static void s_fx_done(void *ctx, int status)
+{
+    s_fx_t *x = ctx;
+    pthread_mutex_lock(&x->mu);
+    x->status = status;
+    x->done = true;
+    pthread_cond_signal(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* One FETCH; *complete: every block came (a proxy just started may not be connected to its
+ * source yet: then the layer comes back a miss). */
+static double s_gqa_fetch_once(kvedge_client_t *c, const s_gqa_case_t *gc, uint8_t *buf, size_t cap,
+                               bool *complete)
+{
+    s_fx_t x = {.buf = buf, .cap = cap};
+    pthread_mutex_init(&x.mu, NULL);
+    pthread_cond_init(&x.cv, NULL);
+    kvedge_fetch_req_t req;
+    kvedge_fetch_req_default(&req);
+    req.model_id = gc->model_id;
+    req.chunks = gc->ids;
+    req.n = gc->g->chunks;
+    req.layers = 1;
+    req.tokens = gc->g->chunks * gc->g->tokens;
+    kvedge_fetch_cbs_t cbs = {NULL, s_fx_block, NULL, s_fx_done};
+    double t0 = bench_now_s();
+    KVEDGE_BENCH_CHECK(kvedge_client_fetch_async(c, &req, &cbs, &x));
+    pthread_mutex_lock(&x.mu);
+    while (!x.done)
+        pthread_cond_wait(&x.cv, &x.mu);
+    pthread_mutex_unlock(&x.mu);
+    double t = bench_now_s() - t0;
+    pthread_cond_destroy(&x.cv);
+    pthread_mutex_destroy(&x.mu);
+    KVEDGE_BENCH_CHECK(x.status);
+    *complete = x.blocks == gc->g->chunks * gc->g->heads && x.at == gc->enc_len;
+    return t;
+}
+
+static double s_gqa_fetch(kvedge_client_t *c, const s_gqa_case_t *gc, uint8_t *buf, size_t cap,
+                          bool check)
+{
+    bool complete = false;
+    /* The checked pass waits (up to S_START_MS) for the proxy to reach its source. */
+    double t = s_gqa_fetch_once(c, gc, buf, cap, &complete);
+    for (int waited = 0; check && !complete && waited < S_START_MS; waited += S_POLL_MS) {
+        usleep(S_POLL_MS * 1000);
+        t = s_gqa_fetch_once(c, gc, buf, cap, &complete);
+    }
+    if (!complete || (check && memcmp(buf, gc->enc, gc->enc_len) != 0))
+        s_die("FETCH of %s returned other bytes than were put", gc->model_id);
+    return t;
+}
+
+static double s_gqa_get(redisContext *rc, const s_gqa_case_t *gc, size_t index, bool check)
+{
+    char key[64];
+    snprintf(key, sizeof key, "gqa:%zu", index);
+    double t0 = bench_now_s();
+    redisReply *r = redisCommand(rc, "GET %s", key);
+    if (!r || r->type != REDIS_REPLY_STRING || (size_t)r->len != gc->enc_len ||
+        (check && memcmp(r->str, gc->enc, gc->enc_len) != 0))
+        s_die("redis GET %s failed", key);
+    freeReplyObject(r);
+    return bench_now_s() - t0;
+}
+
+/* One checked pass of each kind, then iters timed rounds, the kinds interleaved. */
+static void s_gqa_run(kvedge_client_t *packed, kvedge_client_t *unpacked, kvedge_client_t *fpacked,
+                      kvedge_client_t *funpacked, redisContext *rc, s_gqa_case_t *gc, size_t index,
+                      int reps)
+{
+    int n = reps ? reps : gc->g->iters;
+    size_t cap = gc->enc_len;
+    uint8_t *buf = bench_alloc(cap);
+    memset(buf, 0, cap);
+    kvedge_fetched_t *out = bench_alloc((size_t)gc->g->chunks * gc->g->heads * sizeof *out);
+    s_gqa_layer(packed, gc, buf, cap, out, true);
+    s_gqa_layer(unpacked, gc, buf, cap, out, true);
+    s_gqa_get(rc, gc, index, true);
+    bool fx = gc->g->fetch;
+    if (fx) {
+        s_gqa_fetch(fpacked, gc, buf, cap, true);
+        s_gqa_fetch(funpacked, gc, buf, cap, true);
+    }
+    for (int k = 0; k < S_GQA_KINDS; k++)
+        s_lat_init(&gc->lat[k], n);
+    for (int i = 0; i < n; i++) {
+        gc->lat[S_GQA_FPACKED].t[i] = fx ? s_gqa_fetch(fpacked, gc, buf, cap, false) : 0;
+        gc->lat[S_GQA_FUNPACKED].t[i] = fx ? s_gqa_fetch(funpacked, gc, buf, cap, false) : 0;
+        gc->lat[S_GQA_PACKED].t[i] = s_gqa_layer(packed, gc, buf, cap, out, false);
+        gc->lat[S_GQA_GET].t[i] = s_gqa_get(rc, gc, index, false);
+        gc->lat[S_GQA_UNPACKED].t[i] = s_gqa_layer(unpacked, gc, buf, cap, out, false);
+        double t0 = bench_now_s();
+        KVEDGE_BENCH_CHECK(kvedge_client_ping(packed, 0, NULL, NULL));
+        double t1 = bench_now_s();
+        redisReply *r = redisCommand(rc, "PING");
+        if (!r || r->type != REDIS_REPLY_STATUS)
+            s_die("%s", "redis PING failed");
+        freeReplyObject(r);
+        gc->lat[S_GQA_PING].t[i] = t1 - t0;
+        gc->lat[S_GQA_RPING].t[i] = bench_now_s() - t1;
+    }
+    for (int k = 0; k < S_GQA_KINDS; k++)
+        s_lat_done(&gc->lat[k], n);
+    free(out);
+    free(buf);
+}
+
+static void s_gqa_rows(const s_gqa_case_t *cases, size_t n);
+
+static void s_gqa_print(const s_gqa_case_t *cases, size_t n, bool restart)
+{
+    printf("### GET_LAYER at GQA shapes: packed and unpacked against Redis GET\n\n");
+    printf("One layer (layer 0, lossless fp16 blocks, head_dim %d) of a context of chunks x "
+           "tokens, from a store node (`kvedge store`, RocksDB, %s) over loopback: GET_LAYER "
+           "packed (the default), GET_LAYER unpacked (`no_pack`: one head per data message) "
+           "and a Redis GET of the same bytes as one value; every round also times a kvedge "
+           "PING and a Redis PING. The kinds interleave; medians (p50) of the rounds; "
+           "ratio = Redis GET p50 / kvedge p50 (> 1: kvedge faster).\n\n",
+           S_GQA_DIM,
+           restart ? "node restarted after the puts: blocks from disk through the engine's cache"
+                   : "blocks from the memtable, as put");
+    printf("| model | layer | chunks x tokens | blocks | bytes | rounds | packed p50 ms | "
+           "unpacked p50 ms | Redis GET p50 ms | packed / GET | unpacked / GET | packed / "
+           "unpacked | kvedge PING ms | Redis PING ms | packed >= 1.0x GET |\n");
+    printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    s_gqa_rows(cases, n);
+    printf("\nFETCH of layer 0 through `kvedge proxy` (one cloud source, the node above; the "
+           "proxy asks it for packed GET_LAYER streams either way), packed BLOCK messages (the "
+           "default) and one block per message (`no_pack`), blocks copied into one buffer, "
+           "in the same rounds:\n\n");
+    printf("| model | layer | chunks x tokens | blocks | FETCH packed p50 ms | FETCH unpacked p50 "
+           "ms | Redis GET p50 ms | FETCH packed / GET | FETCH unpacked / GET | packed / "
+           "unpacked |\n");
+    printf("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < n; i++) {
+        const s_gqa_case_t *c = &cases[i];
+        if (!c->g->fetch)
+            continue;
+        double fp = c->lat[S_GQA_FPACKED].p50, fu = c->lat[S_GQA_FUNPACKED].p50,
+               get = c->lat[S_GQA_GET].p50;
+        printf("| %s | %s | %u x %u | %u | %.3f | %.3f | %.3f | %.2f | %.2f | %.2f |\n",
+               c->g->model, c->g->label, c->g->chunks, c->g->tokens, c->g->chunks * c->g->heads,
+               fp * S_MS, fu * S_MS, get * S_MS, get / fp, get / fu, fu / fp);
+    }
+    printf("\n");
+}
+
+static void s_gqa_rows(const s_gqa_case_t *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const s_gqa_case_t *c = &cases[i];
+        double pk = c->lat[S_GQA_PACKED].p50, up = c->lat[S_GQA_UNPACKED].p50,
+               get = c->lat[S_GQA_GET].p50;
+        printf("| %s | %s | %u x %u | %u | %zu | %d | %.3f | %.3f | %.3f | %.2f | %.2f | %.2f | "
+               "%.3f | %.3f | %s |\n",
+               c->g->model, c->g->label, c->g->chunks, c->g->tokens, c->g->chunks * c->g->heads,
+               c->enc_len, c->g->iters, pk * S_MS, up * S_MS, get * S_MS, get / pk, get / up,
+               up / pk, c->lat[S_GQA_PING].p50 * S_MS, c->lat[S_GQA_RPING].p50 * S_MS,
+               get / pk >= 1.0 ? "met" : "missed");
+    }
+}
+
+/* The --gqa mode: loads every case, restarts the node (unless --no-restart), runs them. */
+static void s_gqa_section(const char *bin, const char *data, pid_t *node, char *ep, size_t epcap,
+                          redisContext *rc, bool restart, int reps, uint32_t credit)
+{
+    s_gqa_case_t cases[S_N_GQA];
+    memset(cases, 0, sizeof cases);
+    s_gqa_t g[S_N_GQA];
+    for (size_t i = 0; i < S_N_GQA; i++) {
+        g[i] = S_GQA[i];
+        if (reps)
+            g[i].iters = reps;
+        cases[i].g = &g[i];
+        s_gqa_load(&cases[i], i, s_client, rc);
+    }
+    if (restart) {
+        kvedge_client_destroy(&s_client);
+        s_stop(*node);
+        *node = s_node_start(bin, data, ep, epcap);
+        s_client_connect(ep, credit);
+    }
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.name = "bench_fetch-unpacked";
+    if (credit)
+        o.credit = credit;
+    o.no_pack = true;
+    KVEDGE_BENCH_CHECK(kvedge_client_connect(&o, &s_mon_client[0])); /* freed at exit */
+    char pep[256];
+    pid_t proxy = s_proxy_start(bin, ep, pep, sizeof pep);
+    kvedge_client_t *fx[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        kvedge_client_opts_t po;
+        kvedge_client_opts_default(&po);
+        po.endpoint = pep;
+        po.name = "bench_fetch-proxy";
+        if (credit)
+            po.credit = credit;
+        po.no_pack = k == 1;
+        KVEDGE_BENCH_CHECK(kvedge_client_connect(&po, &fx[k]));
+    }
+    for (size_t i = 0; i < S_N_GQA; i++)
+        s_gqa_run(s_client, s_mon_client[0], fx[0], fx[1], rc, &cases[i], i, reps);
+    kvedge_client_destroy(&fx[0]);
+    kvedge_client_destroy(&fx[1]);
+    s_stop(proxy);
+    s_gqa_print(cases, S_N_GQA, restart);
+    for (size_t i = 0; i < S_N_GQA; i++) {
+        free(cases[i].ids);
+        free(cases[i].enc);
+    }
+    kvedge_client_destroy(&s_mon_client[0]);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void s_usage(const char *argv0)
@@ -1151,7 +1541,9 @@ static void s_usage(const char *argv0)
             "200, 100 for 16 MiB)] [--credit N (GET_LAYER credit, default the client's)] "
             "[--no-iperf] [--no-restart (serve the blocks from the memtable, as put)] "
             "[--mon-rounds N (rounds of monitoring on vs off, >= %d, default %d; 0: skip)] "
-            "[--mon-aa (the same with both nodes off: the comparison's own spread)]\n",
+            "[--mon-aa (the same with both nodes off: the comparison's own spread)] "
+            "[--gqa (only: GET_LAYER packed and unpacked at llama-3.2-1b and qwen2.5-0.5b "
+            "shapes against Redis GET; --reps sets every size's rounds)]\n",
             argv0, KVEDGE_BENCH_KVEDGE_BIN, KVEDGE_BENCH_REPS_MIN, KVEDGE_BENCH_REPS_MIN,
             S_MON_ROUNDS_DEFAULT);
     exit(2);
@@ -1161,7 +1553,7 @@ int main(int argc, char **argv)
 {
     const char *bin = KVEDGE_BENCH_KVEDGE_BIN, *dir = "/tmp";
     int reps = 0, credit = 0, mon_rounds = S_MON_ROUNDS_DEFAULT;
-    bool iperf = true, restart = true, mon_aa = false;
+    bool iperf = true, restart = true, mon_aa = false, gqa = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--kvedge") == 0 && i + 1 < argc)
             bin = argv[++i];
@@ -1179,6 +1571,8 @@ int main(int argc, char **argv)
             mon_rounds = atoi(argv[++i]);
         else if (strcmp(argv[i], "--mon-aa") == 0)
             mon_aa = true;
+        else if (strcmp(argv[i], "--gqa") == 0)
+            gqa = true;
         else
             s_usage(argv[0]);
     }
@@ -1214,6 +1608,15 @@ int main(int argc, char **argv)
     x.rc = s_redis_start();
     s_client_connect(ep, (uint32_t)credit);
     x.kv = s_client;
+    if (gqa) {
+        s_gqa_section(bin, data, &node, ep, sizeof ep, x.rc, restart, reps, (uint32_t)credit);
+        kvedge_client_destroy(&s_client);
+        redisFree(x.rc);
+        close(x.tcp);
+        zmq_close(x.zmq);
+        zmq_ctx_term(x.zmq_ctx);
+        return 0;
+    }
 
     s_case_t cases[S_N_SIZES];
     memset(cases, 0, sizeof cases);

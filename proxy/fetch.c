@@ -81,6 +81,7 @@ typedef struct {
     zframe_t *route;
     uint64_t rid;
     uint32_t credit;
+    bool pack;           /* the request asked for packed BLOCK messages */
     int64_t deadline_ms; /* absolute, monotonic */
     bool plan_only;
     kvedge_model_t model;
@@ -378,17 +379,65 @@ static void s_fetch_remove(kvedge_proxy_impl_t *p, s_fetch_t *f)
     s_fetch_free(p, f);
 }
 
-/* Sends what the client has credit for; ends the fetch when all is out. */
+/* Whether m, an outbox message, is a BLOCK message. */
+static bool s_is_block(zmsg_t *m)
+{
+    zframe_t *f = zmsg_first(m);
+    return f && zframe_size(f) == KVEDGE_WIRE_FETCH_BLOCK_BYTES &&
+           zframe_data(f)[0] == KVEDGE_FETCH_MSG_BLOCK;
+}
+
+/* A packed BLOCK message of the BLOCK messages at the head of the outbox, up to
+ * KVEDGE_WIRE_MAX_PACK of them and KVEDGE_WIRE_FETCH_PACK_BYTES of blocks (the first
+ * whatever its size): their records in f1, their block frames after it, moved, not copied.
+ * NULL when the outbox does not start with a BLOCK message. Sets *k to the blocks taken. */
+static zmsg_t *s_pack(kvedge_proxy_impl_t *p, s_fetch_t *f, uint32_t *k)
+{
+    uint8_t recs[KVEDGE_WIRE_MAX_PACK * KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+    zmsg_t *blocks = zmsg_new(), *m;
+    size_t bytes = 0;
+    *k = 0;
+    while (*k < KVEDGE_WIRE_MAX_PACK && (m = zlistx_first(f->outbox)) != NULL && s_is_block(m)) {
+        size_t len = s_block_bytes(m);
+        if (*k > 0 && bytes + len > KVEDGE_WIRE_FETCH_PACK_BYTES)
+            break;
+        zlistx_detach(f->outbox, NULL);
+        zframe_t *rec = zmsg_pop(m), *blk;
+        memcpy(recs + (size_t)*k * KVEDGE_WIRE_FETCH_BLOCK_BYTES, zframe_data(rec),
+               KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+        zframe_destroy(&rec);
+        while ((blk = zmsg_pop(m)) != NULL)
+            zmsg_append(blocks, &blk);
+        zmsg_destroy(&m);
+        p->buffered -= len; /* a block leaves the buffer */
+        bytes += len;
+        (*k)++;
+    }
+    if (*k == 0) {
+        zmsg_destroy(&blocks);
+        return NULL;
+    }
+    zmsg_pushmem(blocks, recs, (size_t)*k * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+    return blocks;
+}
+
+/* Sends what the client has credit for (one credit per message, packed or not); ends the
+ * fetch when all is out. */
 static void s_pump(kvedge_proxy_impl_t *p, s_fetch_t *f)
 {
     zmsg_t *m;
-    while (f->credit > 0 && (m = zlistx_first(f->outbox)) != NULL) {
-        zlistx_detach(f->outbox, NULL);
+    while (f->credit > 0 && zlistx_first(f->outbox) != NULL) {
+        uint32_t k = 1;
+        m = f->pack ? s_pack(p, f, &k) : NULL;
+        if (!m) {
+            m = zlistx_detach(f->outbox, NULL);
+            p->buffered -= s_block_bytes(m); /* a block leaves the buffer */
+            k = 1;
+        }
         zmsg_t *out = zmsg_new();
         zframe_t *h = kvedge_proxy_impl_header(
-            KVEDGE_OP_FETCH, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE, f->rid, 0, 1);
+            KVEDGE_OP_FETCH, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE, f->rid, 0, k);
         zmsg_append(out, &h);
-        p->buffered -= s_block_bytes(m); /* a block leaves the buffer */
         zframe_t *fr;
         while ((fr = zmsg_pop(m)) != NULL)
             zmsg_append(out, &fr);
@@ -1435,6 +1484,7 @@ static void s_start(kvedge_proxy_impl_t *p, zframe_t *route, const kvedge_wire_h
         f->route = zframe_dup(route);
         f->rid = h->request_id;
         f->credit = h->credit;
+        f->pack = spec.flags & KVEDGE_WIRE_FETCH_FLAG_PACK;
         f->deadline_ms = start_us / 1000 + h->deadline_ms;
         f->nchunks = h->count;
         f->first = spec.first_layer;

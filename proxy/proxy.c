@@ -103,6 +103,11 @@ static void s_request(kvedge_proxy_impl_t *p, zmsg_t *msg)
             pf[i] = (kvedge_wire_frame_t){zframe_data(f), zframe_size(f)};
         rc = kvedge_wire_validate(&h, pf, n);
     }
+    kvedge_wire_fetch_spec_t spec;
+    if (rc == KVEDGE_OK && p->opts.no_pack && h.opcode == KVEDGE_OP_FETCH &&
+        kvedge_wire_fetch_spec_parse(pf[0].data, pf[0].len, &spec) == KVEDGE_OK &&
+        (spec.flags & KVEDGE_WIRE_FETCH_FLAG_PACK))
+        rc = KVEDGE_EPROTO; /* as a proxy that does not know the flag answers it */
     if (rc != KVEDGE_OK) {
         kvedge_collab_request(p->collab, hf ? h.opcode : 0, rc);
         if (route)

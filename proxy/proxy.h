@@ -104,6 +104,9 @@ typedef struct {
      * workload's documents vary around it, so pricing above the mean keeps the measured
      * quality under the budget (docs/benchmarks.md, "The cache optimizer"). */
     uint32_t quality_margin_pct;
+    /* Refuse a FETCH that asks for packed BLOCK messages (its PACK flag) with KVEDGE_EPROTO,
+     * as a proxy from before packing does (default: pack when asked). */
+    bool no_pack;
 } kvedge_proxy_opts_t;
 
 /* Counters since start. */

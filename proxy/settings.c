@@ -161,6 +161,13 @@ static const kvedge_setting_t s_settings[] = {
      .def_num = 1,
      .help = "record the Collaboration Monitor (layers by source and reason, fetch timings); "
              "no: only the live source gauges"},
+    {.key = "pack",
+     .flag = "pack",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, pack),
+     .def_num = 1,
+     .help = "send several blocks per FETCH BLOCK message to a client that asks (docs/"
+             "protocol.md, Packed data messages); no: refuse the ask as older proxies do"},
     {.key = "log",
      .flag = "log-level",
      .type = KVEDGE_SETTING_ENUM,
@@ -306,6 +313,7 @@ int kvedge_proxy_settings_start(const kvedge_proxy_settings_t *s, kvedge_proxy_t
     po.history_node = s->history_node[0] ? s->history_node : NULL;
     po.metrics = s->metrics;
     po.no_monitor = !s->monitor;
+    po.no_pack = !s->pack;
     po.quality = s->quality[0] ? s->quality : NULL;
     po.quality_margin_pct = s->quality_margin;
     rc = kvedge_proxy_start(&po, out, why, why_len);

@@ -42,6 +42,7 @@ typedef struct {
     char quality[1024];                     /* quality profiles, comma-separated paths */
     uint32_t quality_margin;                /* percent the profiles' costs are priced at */
     bool monitor;                           /* the Collaboration Monitor records */
+    bool pack;                              /* packed BLOCK messages for clients that ask */
     kvedge_log_level_t log_level;           /* the daemon's main sets the logger's level */
 } kvedge_proxy_settings_t;
 

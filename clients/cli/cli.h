@@ -31,6 +31,7 @@ typedef struct {
     const char *cert;       /* --cert: this client's secret certificate */
     int deadline_ms;        /* --deadline: per call (0 = library default) */
     const char *link;       /* --link: emulated link to the node ("100mbit,20ms") */
+    bool no_pack;           /* --no-pack: one head per GET_LAYER data message */
 } kvedge_cli_t;
 
 /* One command. A command declares its options as a table (runtime/cmdopts.h, which says how)
@@ -93,7 +94,7 @@ extern const kvedge_cli_cmd_t *const kvedge_cli_remote_tables[];
 /* The global options, before the command or after it: their struct and table. */
 typedef struct {
     const char *data, *host, *server_key, *cert, *link;
-    bool json, version;
+    bool json, version, no_pack;
     uint32_t deadline_ms; /* 0: the library's default */
 } kvedge_cli_globals_t;
 extern const kvedge_cmdopts_t kvedge_cli_globals;

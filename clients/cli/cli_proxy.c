@@ -267,6 +267,7 @@ static int s_fetch_run(const kvedge_cli_t *cli, const kvedge_fetch_req_t *req, s
     o.client_cert = cli->cert;
     o.deadline_ms = cli->deadline_ms;
     o.link = cli->link;
+    o.no_pack = cli->no_pack;
     o.name = "kvedge fetch";
     kvedge_client_t *c = NULL;
     int rc = kvedge_client_connect(&o, &c);

@@ -64,6 +64,10 @@ static const kvedge_cmdopt_t s_global_list[] = {
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(kvedge_cli_globals_t, link),
      .help = "emulate a link to the node, e.g. 100mbit,20ms (testing)"},
+    {.name = "no-pack",
+     .type = KVEDGE_CMDOPT_BOOL,
+     KVEDGE_CMDOPT_AT(kvedge_cli_globals_t, no_pack),
+     .help = "ask for one head per GET_LAYER data message, not packed ones (diagnosis)"},
 };
 
 const kvedge_cmdopts_t kvedge_cli_globals = {

@@ -371,6 +371,7 @@ int kvedge_cli_connect(kvedge_cli_t *cli, const char *name, kvedge_client_t **ou
     o.client_cert = cli->cert;
     o.deadline_ms = cli->deadline_ms;
     o.link = cli->link;
+    o.no_pack = cli->no_pack;
     o.name = name;
     int rc = kvedge_client_connect(&o, out);
     if (rc == KVEDGE_OK)

@@ -301,7 +301,8 @@ static int s_resolve_globals(s_line_t *l, kvedge_cli_t *cli, bool *version)
         s_help(stdout);
         return KVEDGE_EXIT_OK;
     }
-    kvedge_cli_t c = {g.data, g.json, g.host, g.server_key, g.cert, (int)g.deadline_ms, g.link};
+    kvedge_cli_t c = {g.data, g.json,   g.host, g.server_key, g.cert, (int)g.deadline_ms,
+                      g.link, g.no_pack};
     *cli = c;
     *version = g.version;
     return -1;

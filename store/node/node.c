@@ -378,7 +378,8 @@ int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char
                                kvedge_node_monitor_doc,
                                n,
                                !n->s.derive,
-                               n->s.keep_derived};
+                               n->s.keep_derived,
+                               !n->s.pack};
     rc = kvedge_server_start(&so, &n->server, why, why_len);
     if (rc != KVEDGE_OK) {
         kvedge_node_destroy(&n);

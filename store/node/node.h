@@ -67,6 +67,8 @@ typedef struct {
      * block when no held block is at it, and keep what was derived as a variant. */
     bool derive;
     bool keep_derived;
+    /* GET_LAYER packed data messages for clients that ask (no: refused as older nodes do). */
+    bool pack;
     /* The storage optimizer (store/node/optimizer.h): off unless optimize. Prepares the
      * `prepare` rungs of hot prefixes (hot_reads accesses in one interval, among the
      * analyzer's hot_top), demotes blocks idle demote_idle_s to demote_to, and with

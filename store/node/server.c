@@ -290,13 +290,14 @@ static void s_do_put(s_node_t *n, const uint8_t tag[16], kvedge_series_t *stored
     free(st);
 }
 
-/* The accept list of a GET or GET_LAYER (its optional last frame): 0 and *na = 0 without
- * one, KVEDGE_EINVAL for a list kvedge_prec_list_check refuses. */
+/* The accept list of a GET or GET_LAYER (its optional frame at `at`): 0 and *na = 0 without
+ * one, KVEDGE_EINVAL for a list kvedge_prec_list_check refuses. An empty list with a frame
+ * after it (GET_LAYER's pack frame) only keeps the positions: no list. */
 static int s_accept(const kvedge_wire_frame_t *f, size_t npf, size_t at, kvedge_prec_t *accept,
                     size_t *na)
 {
     *na = 0;
-    if (npf <= at)
+    if (npf <= at || (f[at].len == 0 && npf > at + 1))
         return KVEDGE_OK;
     if (f[at].len > KVEDGE_PREC_MAX_ACCEPT ||
         kvedge_prec_list_check(f[at].data, f[at].len) != KVEDGE_OK)
@@ -809,6 +810,10 @@ typedef struct {
     uint64_t next_issue; /* next seq to read */
     uint64_t next_send;  /* next seq to send */
     uint32_t credit;     /* data messages the client still allows */
+    uint32_t pack_max;   /* heads per data message: 1, or the pack frame's max blocks */
+    uint32_t pack_bytes; /* block bytes per packed data message (a larger block goes alone) */
+    uint64_t msgs;       /* data messages sent (the end message's count) */
+    uint64_t read_bytes, read_n; /* blocks read so far, for the read-ahead of a packed stream */
     uint32_t deadline_ms;
     uint64_t last_credit_ms;
     /* For the analyzer: when the request arrived, its payload, the bytes sent, and the
@@ -857,49 +862,99 @@ static void s_stream_end(s_node_t *n, s_stream_t *s, int32_t status)
     zframe_t *r = zframe_dup(s->route);
     zmsg_append(m, &r);
     zframe_t *h = s_header_frame(KVEDGE_OP_GET_LAYER, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END,
-                                 s->id, status, (uint32_t)s->next_send);
+                                 s->id, status, (uint32_t)s->msgs);
     zmsg_append(m, &h);
     s_send(n, &m);
     zhashx_delete(n->streams, s->key);
 }
 
+/* How many ready heads from next_send on go into the next data message: up to pack_max
+ * consecutive ones within pack_bytes (the first always). Nothing waits to fill a pack: a
+ * worker's window of reads lands at once, so packs come out about a window long. */
+static uint32_t s_stream_take(const s_stream_t *s)
+{
+    uint32_t k = 0;
+    uint64_t bytes = 0;
+    while (k < s->pack_max && s->next_send + k < s->total) {
+        const s_slot_t *slot = &s->slots[(s->next_send + k) % KVEDGE_WIRE_MAX_CREDIT];
+        size_t len = slot->block ? zframe_size(slot->block) : 0;
+        if (!slot->ready || (k > 0 && bytes + len > s->pack_bytes))
+            break;
+        bytes += len;
+        k++;
+    }
+    return k;
+}
+
+/* The analyzer's record of one head sent. */
+static void s_stream_account(s_node_t *n, s_stream_t *s, const kvedge_wire_stream_hdr_t *hdr,
+                             const s_slot_t *slot)
+{
+    size_t len = slot->block ? zframe_size(slot->block) : 0;
+    kvedge_analyzer_read(n->opts.analyzer, slot->status,
+                         slot->block ? zframe_data(slot->block) : NULL, len);
+    s->out_bytes += len + KVEDGE_WIRE_STREAM_HDR_BYTES;
+    s->chunk_bytes += len;
+    if (hdr->head + 1u == s->heads) {
+        kvedge_analyzer_touch(n->opts.analyzer, 0, &s->ids[hdr->chunk_index], s->model, s->layer,
+                              UINT32_MAX, s->chunk_bytes);
+        s->chunk_bytes = 0;
+    }
+}
+
+/* Heads a stream may have read and not yet sent: its credit in messages, times the heads a
+ * message carries. Packed, that is the blocks of pack_bytes at the mean size read so far (at
+ * least 1, at most pack_max); before any block was read, two worker windows, so a stream of
+ * large blocks never reads far ahead of what its credit lets out. Within the slot ring. */
+static uint64_t s_stream_allow(const s_stream_t *s)
+{
+    uint64_t per = 1;
+    if (s->pack_max > 1) {
+        per = s->read_n ? s->pack_bytes / (s->read_bytes / s->read_n + 1) : 0;
+        per = per < 1 ? 1 : per > s->pack_max ? s->pack_max : per;
+    }
+    uint64_t allow = (uint64_t)s->credit * per;
+    if (s->pack_max > 1 && s->read_n == 0 && allow < 2 * S_READ_WINDOW)
+        allow = s->credit ? 2 * S_READ_WINDOW : 0;
+    return allow > KVEDGE_WIRE_MAX_CREDIT ? KVEDGE_WIRE_MAX_CREDIT : allow;
+}
+
 /* Sends what is ready and in order, then asks workers for as many blocks as the credit
- * allows. Ends the stream when everything was sent. */
+ * allows. Ends the stream when everything was sent. Credit counts data messages, packed or
+ * not. */
 static void s_stream_pump(s_node_t *n, s_stream_t *s)
 {
     while (s->next_send < s->total && s->credit > 0) {
-        s_slot_t *slot = &s->slots[s->next_send % KVEDGE_WIRE_MAX_CREDIT];
-        if (!slot->ready)
+        uint32_t k = s_stream_take(s);
+        if (k == 0)
             break;
-        uint8_t sh[KVEDGE_WIRE_STREAM_HDR_BYTES];
-        kvedge_wire_stream_hdr_t hdr = {(uint32_t)(s->next_send / s->heads),
-                                        (uint16_t)(s->next_send % s->heads), slot->status};
-        kvedge_wire_stream_hdr_pack(&hdr, sh);
+        uint8_t sh[KVEDGE_WIRE_MAX_PACK * KVEDGE_WIRE_STREAM_HDR_BYTES];
         zmsg_t *m = zmsg_new();
         zframe_t *r = zframe_dup(s->route);
         zmsg_append(m, &r);
         zframe_t *h =
             s_header_frame(KVEDGE_OP_GET_LAYER, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
-                           s->id, KVEDGE_OK, 1);
+                           s->id, KVEDGE_OK, k);
         zmsg_append(m, &h);
-        zmsg_addmem(m, sh, sizeof sh);
-        if (n->opts.analyzer) {
-            size_t len = slot->block ? zframe_size(slot->block) : 0;
-            kvedge_analyzer_read(n->opts.analyzer, slot->status,
-                                 slot->block ? zframe_data(slot->block) : NULL, len);
-            s->out_bytes += len + sizeof sh;
-            s->chunk_bytes += len;
-            if (hdr.head + 1u == s->heads) {
-                kvedge_analyzer_touch(n->opts.analyzer, 0, &s->ids[hdr.chunk_index], s->model,
-                                      s->layer, UINT32_MAX, s->chunk_bytes);
-                s->chunk_bytes = 0;
-            }
+        for (uint32_t i = 0; i < k; i++) {
+            uint64_t q = s->next_send + i;
+            s_slot_t *slot = &s->slots[q % KVEDGE_WIRE_MAX_CREDIT];
+            kvedge_wire_stream_hdr_t hdr = {(uint32_t)(q / s->heads), (uint16_t)(q % s->heads),
+                                            slot->status};
+            kvedge_wire_stream_hdr_pack(&hdr, sh + (size_t)i * KVEDGE_WIRE_STREAM_HDR_BYTES);
+            if (n->opts.analyzer)
+                s_stream_account(n, s, &hdr, slot);
         }
-        if (slot->block)
-            zmsg_append(m, &slot->block);
-        slot->ready = false;
+        zmsg_addmem(m, sh, (size_t)k * KVEDGE_WIRE_STREAM_HDR_BYTES);
+        for (uint32_t i = 0; i < k; i++) {
+            s_slot_t *slot = &s->slots[(s->next_send + i) % KVEDGE_WIRE_MAX_CREDIT];
+            if (slot->block)
+                zmsg_append(m, &slot->block);
+            slot->ready = false;
+        }
         s_send(n, &m);
-        s->next_send++;
+        s->next_send += k;
+        s->msgs++;
         s->credit--;
     }
     if (s->next_send == s->total) {
@@ -909,10 +964,12 @@ static void s_stream_pump(s_node_t *n, s_stream_t *s)
     /* Reads go out in windows of consecutive heads: one worker trip per window instead of
      * per block, and at least two windows in flight when the credit allows, so reading and
      * sending overlap. */
-    while (s->next_issue < s->total && s->next_issue - s->next_send < s->credit) {
-        uint64_t room = s->credit - (s->next_issue - s->next_send);
+    uint64_t allow = s_stream_allow(s);
+    while (s->next_issue < s->total && s->next_issue - s->next_send < allow) {
+        uint64_t room = allow - (s->next_issue - s->next_send);
         uint64_t left = s->total - s->next_issue;
-        uint64_t w = room > 1 ? room / 2 : 1;
+        /* Packed: whole windows (a pack is what one window read), two of them in flight. */
+        uint64_t w = s->pack_max > 1 ? room : room > 1 ? room / 2 : 1;
         w = w > S_READ_WINDOW ? S_READ_WINDOW : w;
         w = w > left ? left : w;
         uint8_t kb[S_READ_WINDOW * KVEDGE_BLOCK_KEY_BYTES], seq[8];
@@ -961,6 +1018,10 @@ static void s_stream_result(s_node_t *n, zmsg_t *m)
             slot->status = (int32_t)kvedge_le_get32(zframe_data(stf));
             slot->block = slot->status == KVEDGE_OK ? zmsg_pop(m) : NULL;
             slot->ready = true;
+            if (slot->block) {
+                s->read_bytes += zframe_size(slot->block);
+                s->read_n++;
+            }
             zframe_destroy(&stf);
         }
         s_stream_pump(n, s);
@@ -980,6 +1041,12 @@ static int32_t s_stream_open(s_node_t *n, zframe_t *route, const uint8_t tag[16]
     if (s_accept(pf, npf, 1, s->accept, &s->n_accept) != KVEDGE_OK) {
         free(s);
         return KVEDGE_EINVAL;
+    }
+    s->pack_max = 1;
+    kvedge_wire_pack_t pk;
+    if (npf == 3 && kvedge_wire_pack_parse(pf[2].data, pf[2].len, &pk) == KVEDGE_OK) {
+        s->pack_max = pk.max_blocks;
+        s->pack_bytes = pk.max_bytes;
     }
     s->start_us = start_us;
     s->in_bytes = pf[0].len;
@@ -1180,7 +1247,11 @@ static void s_frontend_request(s_node_t *n, zmsg_t *msg)
         s_stat(n, route, &h);
         break;
     case KVEDGE_OP_GET_LAYER: {
-        int32_t src = s_stream_open(n, route, tag, &h, pf, np, start_us);
+        /* A node set to behave as one from before packing refuses the pack frame as such a
+         * node's validation would. */
+        int32_t src = n->opts.no_pack && np == 3
+                          ? KVEDGE_EPROTO
+                          : s_stream_open(n, route, tag, &h, pf, np, start_us);
         if (src != KVEDGE_OK) {
             kvedge_analyzer_request(n->opts.analyzer, KVEDGE_OP_GET_LAYER, src,
                                     kvedge_mono_us() - start_us, pf[0].len, 0);

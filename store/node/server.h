@@ -43,6 +43,9 @@ typedef struct {
      * (default: derive), and keep what was derived as a variant (default: no). */
     bool no_derive;
     bool keep_derived;
+    /* Answer a GET_LAYER that asks for packed data messages (its pack frame) with
+     * KVEDGE_EPROTO, as a node from before packing does (default: pack). */
+    bool no_pack;
 } kvedge_server_opts_t;
 
 /* Worker threads a node with opts->workers = workers runs (0: one per core, at least 2). */

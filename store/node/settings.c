@@ -151,6 +151,13 @@ static const kvedge_setting_t s_settings[] = {
      .type = KVEDGE_SETTING_BOOL,
      KVEDGE_SETTING_AT(S_T, keep_derived),
      .help = "store each derived precision as a variant of its block (counts toward capacity)"},
+    {.key = "pack",
+     .flag = "pack",
+     .type = KVEDGE_SETTING_BOOL,
+     KVEDGE_SETTING_AT(S_T, pack),
+     .def_num = 1,
+     .help = "send several blocks per GET_LAYER data message to a client that asks (docs/"
+             "protocol.md, Packed data messages); no: refuse the ask as older nodes do"},
     {.key = "optimize",
      .flag = "optimize",
      .type = KVEDGE_SETTING_BOOL,

@@ -1,7 +1,8 @@
 /* Client library against an in-process node: HELLO, ping, put/get for every scheme, PUT
  * batching, misses, GET_LAYER (sync, async, a 16 MiB layer), lookup, list/stat/pin/delete,
  * ENOSPACE, deadlines when the node dies, CURVE, malformed replies from a fake node, 16
- * concurrent clients, and a stream whose consumer holds its credit and gives it back later. */
+ * concurrent clients, a stream whose consumer holds its credit and gives it back later, and
+ * packed GET_LAYER and FETCH messages (bit-identical layers, the fallback, hostile packs). */
 #define _GNU_SOURCE /* nftw */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,7 +24,9 @@
 
 #include "access/client_credit.h"
 #include "access/frame.h"
+#include "access/transport.h"
 #include "runtime/log.h"
+#include "store/engine/engine_debug.h"
 #include "store/node/server.h"
 #include "clients/lib/kvedge.h"
 #include "access/codec/error.h"
@@ -61,11 +64,13 @@ static int64_t s_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* bind NULL: an ephemeral loopback TCP port. */
-static void s_start_server(fx_t *fx, const char *bind)
+/* bind NULL: an ephemeral loopback TCP port. no_pack: the node refuses packed GET_LAYER
+ * streams as a node from before packing does. */
+static void s_start_server_pack(fx_t *fx, const char *bind, bool no_pack)
 {
     kvedge_server_opts_t so;
     memset(&so, 0, sizeof so);
+    so.no_pack = no_pack;
     so.role = KVEDGE_ROLE_CLOUD;
     so.name = "test-node";
     so.bind = bind ? bind : "tcp://127.0.0.1:*";
@@ -77,12 +82,18 @@ static void s_start_server(fx_t *fx, const char *bind)
         fail_msg("server: %s: %s", kvedge_errname(rc), why);
 }
 
+static void s_start_server(fx_t *fx, const char *bind)
+{
+    s_start_server_pack(fx, bind, false);
+}
+
 /* A client of the fixture's node; credit and deadline 0 take the defaults. */
-static kvedge_client_t *s_connect(fx_t *fx, uint32_t credit, int deadline_ms)
+static kvedge_client_t *s_connect_pack(fx_t *fx, uint32_t credit, int deadline_ms, bool no_pack)
 {
     kvedge_client_opts_t o;
     kvedge_client_opts_default(&o);
     o.endpoint = kvedge_server_endpoint(fx->s);
+    o.no_pack = no_pack;
     if (credit) { /* exactly this credit: no widening past it */
         o.credit = credit;
         o.window_bytes = 1;
@@ -94,6 +105,11 @@ static kvedge_client_t *s_connect(fx_t *fx, uint32_t credit, int deadline_ms)
     if (rc != 0)
         fail_msg("connect: %s", kvedge_errname(rc));
     return c;
+}
+
+static kvedge_client_t *s_connect(fx_t *fx, uint32_t credit, int deadline_ms)
+{
+    return s_connect_pack(fx, credit, deadline_ms, false);
 }
 
 /* A fresh directory and engine, no node. */
@@ -569,6 +585,95 @@ static void test_get_layer(void **state)
     s_set_free(&s);
 }
 
+/* The engine's key of a put item: its chunk id namespaced for the loopback tenant, as the node
+ * stores what a plaintext loopback client puts. */
+static kvedge_block_key_t s_engine_key(const kvedge_put_item_t *it)
+{
+    uint8_t tag[16];
+    kvedge_tenant_tag(KVEDGE_LOOPBACK_TENANT, tag);
+    kvedge_block_key_t k = {.layer = it->layer, .head = it->head};
+    kvedge_tenant_chunk_id(tag, &it->chunk.id, &k.chunk);
+    return k;
+}
+
+/* Layer `layer` of ids through client c, with head (1, 7) made corrupt in the store first (it
+ * is quarantined once read, so each fetch corrupts it again). */
+static void s_layer_corrupt(fx_t *fx, kvedge_client_t *c, const set_t *s,
+                            const kvedge_chunk_id_t *ids, uint16_t layer, uint8_t *buf, size_t cap,
+                            kvedge_fetched_t *out)
+{
+    const uint8_t *block = NULL;
+    const kvedge_put_item_t *it = s_item_of(s, 1, 7, &block);
+    assert_non_null(it);
+    uint8_t *bad = malloc(it->len);
+    memcpy(bad, block, it->len);
+    bad[it->len / 2] ^= 0x01;
+    kvedge_block_key_t k = s_engine_key(it);
+    assert_int_equal(kvedge_engine_debug_put_raw(fx->e, &k, bad, it->len), 0);
+    free(bad);
+    uint32_t heads = 0;
+    memset(buf, 0, cap);
+    assert_int_equal(kvedge_client_get_layer(c, ids, 2, layer, buf, cap, out, 2 * HEADS, &heads),
+                     0);
+    assert_int_equal(heads, HEADS);
+    assert_int_equal(out[HEADS + 7].status, KVEDGE_ECORRUPT);
+    assert_int_equal(out[HEADS + 5].status, KVEDGE_ENOTFOUND);
+}
+
+/* Packed data messages (the default) and one head per message (no_pack) deliver the same
+ * layer, lossless and int8, misses and a corrupt head inside the packs included; and a node
+ * that refuses packing (as nodes before it do) still serves a packing client, which falls back
+ * to unpacked streams. */
+static void test_get_layer_packed(void **state)
+{
+    fx_t *fx = *state;
+    kvedge_chunk_id_t ids[2];
+    s_chain(MODEL, 13, 2, TOKENS, ids);
+    const kvedge_scheme_t schemes[] = {KVEDGE_SCHEME_LOSSLESS, KVEDGE_SCHEME_INT8};
+    set_t sets[2];
+    for (int i = 0; i < 2; i++) {
+        sets[i] =
+            s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, (uint16_t)(3 + i), 1, HEADS, schemes[i], 1, 5);
+        s_put_ok(fx->c, &sets[i]);
+    }
+    kvedge_client_t *unpacked = s_connect_pack(fx, 0, 0, true);
+    size_t cap = 1 << 20;
+    uint8_t *a = malloc(cap), *b = malloc(cap);
+    kvedge_fetched_t oa[2 * HEADS], ob[2 * HEADS];
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) { /* the same against a node that does not pack */
+            kvedge_client_destroy(&fx->c);
+            kvedge_server_destroy(&fx->s);
+            s_start_server_pack(fx, NULL, true);
+            fx->c = s_connect(fx, 0, 0);
+            kvedge_client_destroy(&unpacked);
+            unpacked = s_connect_pack(fx, 0, 0, true);
+        }
+        for (int i = 0; i < 2; i++) {
+            uint16_t layer = (uint16_t)(3 + i);
+            s_layer_corrupt(fx, fx->c, &sets[i], ids, layer, a, cap, oa);
+            s_layer_corrupt(fx, unpacked, &sets[i], ids, layer, b, cap, ob);
+            size_t bytes = 0;
+            for (int h = 0; h < 2 * HEADS; h++) {
+                assert_int_equal(oa[h].status, ob[h].status);
+                assert_int_equal(oa[h].offset, ob[h].offset);
+                assert_int_equal(oa[h].len, ob[h].len);
+                bytes = oa[h].offset + oa[h].len > bytes ? oa[h].offset + oa[h].len : bytes;
+            }
+            assert_true(bytes > 0);
+            assert_memory_equal(a, b, bytes);
+            /* and a second stream on the same connection (which, refused once, asks no more) */
+            s_layer_corrupt(fx, fx->c, &sets[i], ids, layer, b, cap, ob);
+            assert_memory_equal(a, b, bytes);
+        }
+    }
+    kvedge_client_destroy(&unpacked);
+    free(a);
+    free(b);
+    for (int i = 0; i < 2; i++)
+        s_set_free(&sets[i]);
+}
+
 /* What the async callbacks saw. */
 typedef struct {
     pthread_mutex_t mu;
@@ -819,6 +924,7 @@ static void test_big_layer(void **state)
 
 typedef struct {
     atomic_uint got;
+    atomic_uint holds; /* messages whose credit is held: one per message, packed or not */
     atomic_uint_fast64_t stream;
     atomic_int done, status;
 } hold_t;
@@ -830,7 +936,11 @@ static void s_hold_block(void *ctx, uint32_t chunk, uint16_t head, int status, c
 {
     (void)chunk, (void)head, (void)status, (void)data, (void)len;
     hold_t *h = ctx;
-    atomic_store(&h->stream, kvedge_client_credit_hold());
+    uint64_t id = kvedge_client_credit_hold();
+    if (id) {
+        atomic_store(&h->stream, id);
+        atomic_fetch_add(&h->holds, 1);
+    }
     atomic_fetch_add(&h->got, 1);
 }
 
@@ -842,9 +952,56 @@ static void s_hold_done(void *ctx, int status, uint32_t heads)
     atomic_store(&h->done, 1);
 }
 
+/* One stream of the layer set whose consumer holds every message's credit, through a client of
+ * credit 2: no more than 2 data messages come (2 heads unpacked; packed, each message may
+ * carry many, but one credit is held per message, not per head) until credit is given back
+ * from this thread, which lets it finish. */
+static void s_credit_held_run(fx_t *fx, const kvedge_chunk_id_t *ids, size_t n, bool no_pack)
+{
+    kvedge_client_t *c = s_connect_pack(fx, 2, 10000, no_pack);
+    hold_t h;
+    memset(&h, 0, sizeof h);
+    assert_int_equal(kvedge_client_get_layer_async(c, ids, n, 3, 0, s_hold_block, s_hold_done, &h),
+                     0);
+    kt_wait_for(atomic_load(&h.holds) >= 2, KT_WAIT_MS);
+    assert_int_equal(atomic_load(&h.holds), 2);
+    unsigned first = atomic_load(&h.got);
+    if (no_pack)
+        assert_int_equal(first, 2);
+    uint64_t stream = atomic_load(&h.stream);
+    assert_true(stream > 0);
+    kt_pause_ms(200); /* a bounded look: nothing more may come while the credit is held */
+    assert_int_equal(atomic_load(&h.holds), 2);
+    assert_int_equal(atomic_load(&h.got), first);
+    assert_int_equal(atomic_load(&h.done), 0);
+
+    unsigned returned = 0;
+    /* Gives back each message's credit as it comes, until the stream ends. */
+    for (int64_t until = s_ms() + KT_WAIT_MS; !atomic_load(&h.done) && s_ms() < until;) {
+        unsigned held = atomic_load(&h.holds);
+        if (held > returned) {
+            assert_int_equal(kvedge_client_credit_return(c, stream, held - returned), 0);
+            returned = held;
+        }
+        kt_pause_ms(KT_POLL_MS);
+    }
+    assert_int_equal(atomic_load(&h.done), 1);
+    assert_int_equal(atomic_load(&h.status), 0);
+    assert_int_equal(atomic_load(&h.got), n * HEADS); /* a missing head's status too */
+    if (no_pack)
+        assert_int_equal(atomic_load(&h.holds), n * HEADS);
+    else
+        assert_true(atomic_load(&h.holds) < n * HEADS);             /* it did pack */
+    assert_int_equal(kvedge_client_credit_return(c, stream, 1), 0); /* ended: ignored */
+    double rtt = 0;
+    assert_int_equal(kvedge_client_ping(c, 0, &rtt, NULL), 0);
+    kvedge_client_destroy(&c);
+}
+
 /* A stream whose consumer holds its credit gets no more than the credit it started with; the
- * credit given back later (from another thread) lets it finish. Credit for a stream that has
- * ended is ignored; hold outside a callback holds nothing. */
+ * credit given back later (from another thread) lets it finish, with one head per data message
+ * and packed. Credit for a stream that has ended is ignored; hold outside a callback holds
+ * nothing. */
 static void test_credit_held(void **state)
 {
     fx_t *fx = *state;
@@ -856,37 +1013,14 @@ static void test_credit_held(void **state)
     assert_int_equal(kvedge_client_credit_return(fx->c, 1, 0), KVEDGE_EINVAL);
     assert_int_equal(kvedge_client_credit_return(fx->c, 1, KVEDGE_WIRE_MAX_CREDIT + 1),
                      KVEDGE_EINVAL);
-
-    kvedge_client_t *c = s_connect(fx, 2, 10000);
-    hold_t h;
-    memset(&h, 0, sizeof h);
-    assert_int_equal(kvedge_client_get_layer_async(c, ids, 2, 3, 0, s_hold_block, s_hold_done, &h),
-                     0);
-    kt_wait_for(atomic_load(&h.got) >= 2, KT_WAIT_MS);
-    assert_int_equal(atomic_load(&h.got), 2);
-    uint64_t stream = atomic_load(&h.stream);
-    assert_true(stream > 0);
-    kt_pause_ms(200); /* a bounded look: nothing more may come while the credit is held */
-    assert_int_equal(atomic_load(&h.got), 2);
-    assert_int_equal(atomic_load(&h.done), 0);
-
-    unsigned returned = 0;
-    /* Gives back each message's credit as it comes, until the stream ends. */
-    for (int64_t until = s_ms() + KT_WAIT_MS; !atomic_load(&h.done) && s_ms() < until;) {
-        unsigned got = atomic_load(&h.got);
-        if (got > returned) {
-            assert_int_equal(kvedge_client_credit_return(c, stream, got - returned), 0);
-            returned = got;
-        }
-        kt_pause_ms(KT_POLL_MS);
-    }
-    assert_int_equal(atomic_load(&h.done), 1);
-    assert_int_equal(atomic_load(&h.status), 0);
-    assert_int_equal(atomic_load(&h.got), 2 * HEADS); /* the missing head's status too */
-    assert_int_equal(kvedge_client_credit_return(c, stream, 1), 0); /* ended: ignored */
-    double rtt = 0;
-    assert_int_equal(kvedge_client_ping(c, 0, &rtt, NULL), 0);
-    kvedge_client_destroy(&c);
+    s_credit_held_run(fx, ids, 2, true);
+    /* Packed: enough heads that credit 2 cannot carry them all (a worker reads 16 at a time). */
+    kvedge_chunk_id_t many[16];
+    s_chain(MODEL, 17, 16, TOKENS, many);
+    set_t m = s_set(many, 16, MODEL, TOKENS, HEAD_DIM, 3, 1, HEADS, KVEDGE_SCHEME_INT8, -1, -1);
+    s_put_ok(fx->c, &m);
+    s_credit_held_run(fx, many, 16, false);
+    s_set_free(&m);
     s_set_free(&s);
 }
 
@@ -1037,7 +1171,9 @@ static void test_deadline(void **state)
 {
     fx_t *fx = *state;
     const int deadline = 1000;
-    kvedge_client_t *c = s_connect(fx, 0, deadline);
+    /* One head per data message: a gated first block leaves the stream mid-way (packed, the
+     * node may have sent the whole layer already). */
+    kvedge_client_t *c = s_connect_pack(fx, 0, deadline, true);
     kvedge_chunk_id_t ids[2];
     s_chain(MODEL, 51, 2, TOKENS, ids);
     set_t s = s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, 0, 1, HEADS, KVEDGE_SCHEME_LOSSLESS, -1, -1);
@@ -1204,23 +1340,57 @@ static void test_curve(void **state)
 /* ---------------------------------------------------------------- a misbehaving node */
 
 enum {
-    FAKE_GOOD,       /* STAT: a correct reply */
-    FAKE_NO_PAYLOAD, /* STAT without its frame */
-    FAKE_VERSION,    /* version 2 header */
-    FAKE_OTHER_ID,   /* a reply to nobody */
-    FAKE_NOT_REPLY,  /* REPLY flag missing */
-    FAKE_OPCODE,     /* a PING reply to a STAT */
-    FAKE_STATUS,     /* EBUSY */
-    FAKE_GARBAGE,    /* a short header frame */
-    FAKE_MISORDER,   /* GET_LAYER: head 1 first */
-    FAKE_BAD_COUNT,  /* GET_LAYER: END counts 2 after 1 */
-    FAKE_STREAM_OK,  /* GET_LAYER: 1 chunk, 2 heads */
-    FAKE_BAD_MISS,   /* GET_LAYER: a data message whose status is not a miss */
+    FAKE_GOOD,        /* STAT: a correct reply */
+    FAKE_NO_PAYLOAD,  /* STAT without its frame */
+    FAKE_VERSION,     /* version 2 header */
+    FAKE_OTHER_ID,    /* a reply to nobody */
+    FAKE_NOT_REPLY,   /* REPLY flag missing */
+    FAKE_OPCODE,      /* a PING reply to a STAT */
+    FAKE_STATUS,      /* EBUSY */
+    FAKE_GARBAGE,     /* a short header frame */
+    FAKE_MISORDER,    /* GET_LAYER: head 1 first */
+    FAKE_BAD_COUNT,   /* GET_LAYER: END counts 2 after 1 */
+    FAKE_STREAM_OK,   /* GET_LAYER: 1 chunk, 2 heads */
+    FAKE_BAD_MISS,    /* GET_LAYER: a data message whose status is not a miss */
+    FAKE_PACK_OK,     /* GET_LAYER: one packed message of heads 0 (hit) and 1 (miss) */
+    FAKE_PACK_ORDER,  /* GET_LAYER: a packed message of heads 0 and 2 */
+    FAKE_PACK_FRAMES, /* GET_LAYER: a packed message of two hits with one block frame */
+    FAKE_PACK_BIG,    /* GET_LAYER: a packed message of KVEDGE_WIRE_MAX_PACK + 1 heads */
+    FAKE_PACK_REFUSE, /* GET_LAYER: a packed request gets EPROTO (an older node); else OK */
 };
 
 static atomic_int s_fake_mode;
 static atomic_int s_fake_cancels;
-static atomic_int s_fake_pings; /* PINGs the fake node got (and never answers) */
+static atomic_int s_fake_pings;  /* PINGs the fake node got (and never answers) */
+static atomic_int s_fake_layers; /* GET_LAYER requests it got */
+static atomic_int s_fake_packed; /* of those, with the pack frame */
+static int s_fake_port;
+
+/* A GET_LAYER data message of k heads 0 ... k-1 of chunk 0 (head `skip` is given as head
+ * k instead), each a hit but head 1, a miss; `blocks` block frames follow f1. */
+static void s_fake_pack(zsock_t *router, zframe_t *route, uint64_t id, uint32_t k, int skip,
+                        uint32_t blocks)
+{
+    uint8_t *recs = calloc(k, KVEDGE_WIRE_STREAM_HDR_BYTES), block[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (uint32_t i = 0; i < k; i++) {
+        kvedge_wire_stream_hdr_t sh = {0, (uint16_t)((int)i == skip ? k : i),
+                                       i == 1 ? KVEDGE_ENOTFOUND : 0};
+        kvedge_wire_stream_hdr_pack(&sh, recs + (size_t)i * KVEDGE_WIRE_STREAM_HDR_BYTES);
+    }
+    kvedge_wire_header_t h = {
+        1, KVEDGE_OP_GET_LAYER, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE, id, 0, k, 0, 0};
+    uint8_t hb[KVEDGE_WIRE_HEADER_BYTES];
+    kvedge_wire_header_pack(&h, hb);
+    zmsg_t *m = zmsg_new();
+    zframe_t *r = zframe_dup(route);
+    zmsg_append(m, &r);
+    zmsg_addmem(m, hb, sizeof hb);
+    zmsg_addmem(m, recs, (size_t)k * KVEDGE_WIRE_STREAM_HDR_BYTES);
+    for (uint32_t i = 0; i < blocks; i++)
+        zmsg_addmem(m, block, sizeof block);
+    zmsg_send(&m, router);
+    free(recs);
+}
 
 static void s_fake_send(zsock_t *router, zframe_t *route, uint8_t version, uint8_t op,
                         uint16_t flags, uint64_t id, int32_t status, uint32_t count, const void *f1,
@@ -1294,6 +1464,22 @@ static kvedge_client_t *s_fake_connect(zactor_t *node, int deadline_ms, uint32_t
     o.window_bytes = window_bytes;
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    s_fake_port = port;
+    return c;
+}
+
+/* Another client of the last fake node s_fake_connect reached, with opts.no_pack. */
+static kvedge_client_t *s_fake_connect_unpacked(int deadline_ms)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", s_fake_port);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = ep;
+    o.deadline_ms = deadline_ms;
+    o.no_pack = true;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
     return c;
 }
 
@@ -1358,7 +1544,28 @@ static void s_fake_node(zsock_t *pipe, void *args)
                 break;
             }
         } else if (h.opcode == KVEDGE_OP_GET_LAYER) {
+            bool packed = zmsg_size(m) == 3; /* layer and ids, accept list, pack frame */
+            atomic_fetch_add(&s_fake_layers, 1);
+            atomic_fetch_add(&s_fake_packed, packed);
+            if (mode == FAKE_PACK_REFUSE)
+                mode = packed ? -1 : FAKE_STREAM_OK;
+            if (mode == -1) /* the answer of a node that cannot parse the pack frame */
+                s_fake_send(router, route, 1, h.opcode, END, id, KVEDGE_EPROTO, 0, NULL, 0, NULL,
+                            0);
             switch (mode) {
+            case FAKE_PACK_OK:
+                s_fake_pack(router, route, id, 2, -1, 1);
+                s_fake_send(router, route, 1, h.opcode, END, id, 0, 1, NULL, 0, NULL, 0);
+                break;
+            case FAKE_PACK_ORDER:
+                s_fake_pack(router, route, id, 3, 2, 2);
+                break;
+            case FAKE_PACK_FRAMES:
+                s_fake_pack(router, route, id, 3, -1, 1);
+                break;
+            case FAKE_PACK_BIG:
+                s_fake_pack(router, route, id, KVEDGE_WIRE_MAX_PACK + 1, -1, KVEDGE_WIRE_MAX_PACK);
+                break;
             case FAKE_MISORDER:
                 s_fake_data(router, route, id, 0, 1, 0);
                 break;
@@ -1440,6 +1647,204 @@ static void test_malformed(void **state)
     /* The streams the client gave up on were cancelled (not the one the node ended). */
     kt_wait_for(atomic_load(&s_fake_cancels) >= 2, KT_WAIT_MS);
     assert_int_equal(atomic_load(&s_fake_cancels), 2);
+
+    /* Packed data messages: one the client asked for is delivered head by head; hostile ones
+     * (a head out of order, a block frame short, more heads than a message may carry) fail
+     * the stream before any of their heads is delivered; a client that did not ask for packing
+     * refuses a packed message. */
+    atomic_store(&s_fake_mode, FAKE_PACK_OK);
+    memset(out, 0, sizeof out);
+    assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads), 0);
+    assert_int_equal(heads, 2);
+    assert_int_equal(out[0].status, 0);
+    assert_int_equal(out[0].len, 8);
+    assert_int_equal(out[1].status, KVEDGE_ENOTFOUND);
+    const int pack_cases[][2] = {{FAKE_PACK_ORDER, KVEDGE_EPROTO},
+                                 {FAKE_PACK_FRAMES, KVEDGE_EPROTO},
+                                 {FAKE_PACK_BIG, KVEDGE_EPROTO}};
+    for (size_t i = 0; i < 3; i++) {
+        atomic_store(&s_fake_mode, pack_cases[i][0]);
+        assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
+                         pack_cases[i][1]);
+    }
+    kvedge_client_t *plain = s_fake_connect_unpacked(SHORT_MS);
+    atomic_store(&s_fake_mode, FAKE_PACK_OK);
+    assert_int_equal(kvedge_client_get_layer(plain, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
+                     KVEDGE_EPROTO);
+    kvedge_client_destroy(&plain);
+    kvedge_client_destroy(&c);
+
+    /* A node that refuses the pack frame (EPROTO, as older nodes answer it): the stream is
+     * sent again unpacked and completes, and the connection asks for packing no more. */
+    {
+        char ep[64];
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", s_fake_port);
+        kvedge_client_opts_t o;
+        kvedge_client_opts_default(&o);
+        o.endpoint = ep;
+        o.deadline_ms = SHORT_MS;
+        assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    }
+    atomic_store(&s_fake_mode, FAKE_PACK_REFUSE);
+    atomic_store(&s_fake_layers, 0);
+    atomic_store(&s_fake_packed, 0);
+    for (int i = 0; i < 2; i++) {
+        memset(out, 0, sizeof out);
+        assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads), 0);
+        assert_int_equal(heads, 2);
+        assert_int_equal(out[0].status, 0);
+        assert_int_equal(out[1].status, KVEDGE_ENOTFOUND);
+    }
+    assert_int_equal(atomic_load(&s_fake_layers), 3); /* packed, unpacked, then unpacked */
+    assert_int_equal(atomic_load(&s_fake_packed), 1);
+    kvedge_client_destroy(&c);
+    zactor_destroy(&fake);
+}
+
+/* ---------------------------------------------------------------- packed FETCH */
+
+/* A fake edge proxy: every FETCH gets a plan of one source and one layer, then, by
+ * s_fake_mode, one BLOCK message of heads 0 and 1 (FAKE_PACK_OK) or 0 and 2 (FAKE_PACK_ORDER)
+ * of chunk 0, packed, with their two blocks, the LAYER record and the end message. */
+static void s_fake_proxy(zsock_t *pipe, void *args)
+{
+    (void)args;
+    zsock_t *router = s_fake_router(pipe);
+    zpoller_t *poller = zpoller_new(pipe, router, NULL);
+    const uint16_t MORE = KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
+                   END = KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END;
+    while (zpoller_wait(poller, -1) == router) {
+        zmsg_t *m = zmsg_recv(router);
+        zframe_t *route = zmsg_pop(m), *hf = zmsg_pop(m);
+        kvedge_wire_header_t h;
+        kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h);
+        if (h.opcode == KVEDGE_OP_HELLO) {
+            kvedge_wire_node_info_t info = {KVEDGE_ROLE_PROXY,
+                                            {0},
+                                            KVEDGE_WIRE_MAX_FRAME_BYTES,
+                                            KVEDGE_WIRE_MAX_ITEMS,
+                                            KVEDGE_WIRE_MAX_CHUNKS,
+                                            KVEDGE_WIRE_MAX_CREDIT,
+                                            8};
+            uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
+            kvedge_wire_node_info_pack(&info, ib);
+            s_fake_send(router, route, 1, KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, h.request_id, 0,
+                        0, ib, sizeof ib, "fakeproxy", 9);
+        } else if (h.opcode == KVEDGE_OP_FETCH) {
+            uint64_t id = h.request_id;
+            kvedge_wire_fetch_plan_t plan = {1, 1, 0, 1, 1, 1, 1, 1};
+            kvedge_wire_fetch_source_t src = {"cloud", 2, true, 100, 1e9};
+            kvedge_wire_fetch_plan_layer_t pl = {0, 1, 1, false, KVEDGE_WIRE_FETCH_OWN_LAYER, 0, 0};
+            uint8_t pb[KVEDGE_WIRE_FETCH_PLAN_BYTES], sb[KVEDGE_WIRE_FETCH_SOURCE_BYTES],
+                lb[KVEDGE_WIRE_FETCH_PLAN_LAYER_BYTES];
+            kvedge_wire_fetch_plan_pack(&plan, pb);
+            kvedge_wire_fetch_source_pack(&src, sb);
+            kvedge_wire_fetch_plan_layer_pack(&pl, lb);
+            zmsg_t *pm = zmsg_new();
+            zframe_t *r = zframe_dup(route);
+            zmsg_append(pm, &r);
+            kvedge_wire_header_t ph = {1, KVEDGE_OP_FETCH, MORE, id, 0, 1, 0, 0};
+            uint8_t hb[KVEDGE_WIRE_HEADER_BYTES];
+            kvedge_wire_header_pack(&ph, hb);
+            zmsg_addmem(pm, hb, sizeof hb);
+            zmsg_addmem(pm, pb, sizeof pb);
+            zmsg_addmem(pm, sb, sizeof sb);
+            zmsg_addmem(pm, lb, sizeof lb);
+            zmsg_send(&pm, router);
+            uint8_t recs[2 * KVEDGE_WIRE_FETCH_BLOCK_BYTES], block[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+            for (uint16_t i = 0; i < 2; i++) {
+                uint16_t head = atomic_load(&s_fake_mode) == FAKE_PACK_ORDER ? 2 * i : i;
+                kvedge_wire_fetch_block_t b = {0, 0, 0, head, 0};
+                kvedge_wire_fetch_block_pack(&b, recs + i * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+            }
+            zmsg_t *bm = zmsg_new();
+            r = zframe_dup(route);
+            zmsg_append(bm, &r);
+            kvedge_wire_header_t bh = {1, KVEDGE_OP_FETCH, MORE, id, 0, 2, 0, 0};
+            kvedge_wire_header_pack(&bh, hb);
+            zmsg_addmem(bm, hb, sizeof hb);
+            zmsg_addmem(bm, recs, sizeof recs);
+            zmsg_addmem(bm, block, sizeof block);
+            zmsg_addmem(bm, block, sizeof block);
+            zmsg_send(&bm, router);
+            kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED,        0, 0, 0, 2, 1,
+                                           KVEDGE_WIRE_FETCH_OWN_LAYER, 0};
+            uint8_t lr[KVEDGE_WIRE_FETCH_LAYER_BYTES];
+            kvedge_wire_fetch_layer_pack(&l, lr);
+            s_fake_send(router, route, 1, KVEDGE_OP_FETCH, MORE, id, 0, 1, lr, sizeof lr, NULL, 0);
+            s_fake_send(router, route, 1, KVEDGE_OP_FETCH, END, id, 0, 3, NULL, 0, NULL, 0);
+        }
+        zframe_destroy(&route);
+        zframe_destroy(&hf);
+        zmsg_destroy(&m);
+    }
+    zpoller_destroy(&poller);
+    zsock_destroy(&router);
+}
+
+typedef struct {
+    atomic_int blocks, done, status;
+} s_fx_seen_t;
+
+static void s_fx_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int source,
+                       int status, const uint8_t *data, size_t len)
+{
+    (void)layer, (void)ci, (void)head, (void)source, (void)data;
+    s_fx_seen_t *v = ctx;
+    if (status == 0 && len == 8)
+        atomic_fetch_add(&v->blocks, 1);
+}
+
+static void s_fx_done(void *ctx, int status)
+{
+    s_fx_seen_t *v = ctx;
+    atomic_store(&v->status, status);
+    atomic_store(&v->done, 1);
+}
+
+/* One FETCH of a one-chunk, one-layer context from the fake proxy: its status and blocks. */
+static int s_fx_run(kvedge_client_t *c, int *blocks)
+{
+    kvedge_chunk_id_t id;
+    memset(&id, 4, sizeof id);
+    kvedge_fetch_req_t req;
+    kvedge_fetch_req_default(&req);
+    req.model_id = MODEL;
+    req.chunks = &id;
+    req.n = 1;
+    req.layers = 1;
+    kvedge_fetch_cbs_t cbs = {NULL, s_fx_block, NULL, s_fx_done};
+    s_fx_seen_t v;
+    atomic_init(&v.blocks, 0);
+    atomic_init(&v.done, 0);
+    atomic_init(&v.status, 0);
+    assert_int_equal(kvedge_client_fetch_async(c, &req, &cbs, &v), 0);
+    kt_wait_for(atomic_load(&v.done), KT_WAIT_MS);
+    assert_int_equal(atomic_load(&v.done), 1);
+    *blocks = atomic_load(&v.blocks);
+    return atomic_load(&v.status);
+}
+
+/* Packed FETCH BLOCK messages: a pack the client asked for is delivered block by block; one
+ * whose heads are out of order fails the stream before any of its blocks is delivered; a
+ * client that did not ask (no_pack) refuses a packed message. */
+static void test_fetch_packed(void **state)
+{
+    (void)state;
+    zactor_t *fake = zactor_new(s_fake_proxy, NULL);
+    kvedge_client_t *c = s_fake_connect(fake, SHORT_MS, 0);
+    int blocks = 0;
+    atomic_store(&s_fake_mode, FAKE_PACK_OK);
+    assert_int_equal(s_fx_run(c, &blocks), 0);
+    assert_int_equal(blocks, 2);
+    atomic_store(&s_fake_mode, FAKE_PACK_ORDER);
+    assert_int_equal(s_fx_run(c, &blocks), KVEDGE_EPROTO);
+    assert_int_equal(blocks, 0);
+    kvedge_client_t *plain = s_fake_connect_unpacked(SHORT_MS);
+    atomic_store(&s_fake_mode, FAKE_PACK_OK);
+    assert_int_equal(s_fx_run(plain, &blocks), KVEDGE_EPROTO);
+    assert_int_equal(blocks, 0);
+    kvedge_client_destroy(&plain);
     kvedge_client_destroy(&c);
     zactor_destroy(&fake);
 }
@@ -1762,7 +2167,7 @@ static void *s_shared_ping(void *arg)
 static void test_shared_callers(void **state)
 {
     fx_t *fx = *state;
-    kvedge_client_t *c = s_connect(fx, 2, SHARED_DEADLINE);
+    kvedge_client_t *c = s_connect_pack(fx, 2, SHARED_DEADLINE, true); /* mid-stream: unpacked */
     kvedge_chunk_id_t ids[2];
     s_chain(MODEL, 61, 2, TOKENS, ids);
     set_t s = s_set(ids, 2, MODEL, TOKENS, HEAD_DIM, 3, 1, HEADS, KVEDGE_SCHEME_LOSSLESS, -1, -1);
@@ -1878,6 +2283,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_put_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_get_layer_packed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer_async, setup, teardown),
         cmocka_unit_test_setup_teardown(test_block_ref, setup, teardown),
         cmocka_unit_test_setup_teardown(test_big_layer, setup, teardown),
@@ -1888,6 +2294,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deadline, setup_ipc, teardown),
         cmocka_unit_test_setup_teardown(test_curve, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_fetch_packed, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_stream_window, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shared_callers, setup_ipc, teardown),

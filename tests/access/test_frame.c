@@ -465,9 +465,9 @@ static void test_fetch_mapped(void **state)
     assert_int_equal(back.flags, KVEDGE_WIRE_FETCH_FLAG_MAPPED);
     assert_int_equal(kvedge_wire_fetch_spec_pack(&back, back_sb), 0);
     assert_memory_equal(sb, back_sb, sizeof sb);
-    spec.flags = 0x4; /* unknown: refused both ways */
+    spec.flags = 0x8; /* unknown: refused both ways */
     assert_int_equal(kvedge_wire_fetch_spec_pack(&spec, back_sb), KVEDGE_EINVAL);
-    for (int bit = 2; bit < 32; bit++) {
+    for (int bit = 3; bit < 32; bit++) {
         uint8_t bad[KVEDGE_WIRE_FETCH_SPEC_BYTES];
         memcpy(bad, sb, sizeof bad);
         kvedge_le_put32(bad + 132, KVEDGE_WIRE_FETCH_FLAG_MAPPED | (1u << bit));
@@ -1336,6 +1336,93 @@ static void test_get_layer_stream(void **state)
     t_free(m);
 }
 
+/* Packed GET_LAYER data messages: count k heads in f1 (k x 12 bytes), one block frame per
+ * head whose status is 0; k within 1 ... KVEDGE_WIRE_MAX_PACK; and the request's pack frame. */
+static void test_get_layer_packed(void **state)
+{
+    (void)state;
+    uint8_t recs[(KVEDGE_WIRE_MAX_PACK + 1) * KVEDGE_WIRE_STREAM_HDR_BYTES];
+    for (uint32_t i = 0; i <= KVEDGE_WIRE_MAX_PACK; i++) {
+        kvedge_wire_stream_hdr_t sh = {0, (uint16_t)i, i == 1 ? KVEDGE_ENOTFOUND : 0};
+        kvedge_wire_stream_hdr_pack(&sh, recs + i * KVEDGE_WIRE_STREAM_HDR_BYTES);
+    }
+    static uint8_t block[64];
+    kvedge_wire_frame_t f[KVEDGE_WIRE_MAX_PACK + 2];
+    kvedge_wire_header_t h = {KVEDGE_WIRE_VERSION,
+                              KVEDGE_OP_GET_LAYER,
+                              KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
+                              7,
+                              0,
+                              3,
+                              0,
+                              0};
+    f[0] = (kvedge_wire_frame_t){recs, 3 * KVEDGE_WIRE_STREAM_HDR_BYTES};
+    for (size_t i = 1; i < KVEDGE_WIRE_MAX_PACK + 2; i++)
+        f[i] = (kvedge_wire_frame_t){block, sizeof block};
+    assert_int_equal(kvedge_wire_validate(&h, f, 3), 0); /* hit, miss, hit: two blocks */
+    assert_int_equal(kvedge_wire_validate(&h, f, 2), KVEDGE_EPROTO); /* a block short */
+    assert_int_equal(kvedge_wire_validate(&h, f, 4), KVEDGE_EPROTO); /* a block too many */
+    h.count = 2;                                                     /* count vs f1's records */
+    assert_int_equal(kvedge_wire_validate(&h, f, 3), KVEDGE_EPROTO);
+    h.count = KVEDGE_WIRE_MAX_PACK; /* the most heads a message may carry */
+    f[0].len = KVEDGE_WIRE_MAX_PACK * KVEDGE_WIRE_STREAM_HDR_BYTES;
+    assert_int_equal(kvedge_wire_validate(&h, f, KVEDGE_WIRE_MAX_PACK), 0);
+    h.count = KVEDGE_WIRE_MAX_PACK + 1; /* one more */
+    f[0].len = (KVEDGE_WIRE_MAX_PACK + 1) * KVEDGE_WIRE_STREAM_HDR_BYTES;
+    assert_int_equal(kvedge_wire_validate(&h, f, KVEDGE_WIRE_MAX_PACK + 1), KVEDGE_EPROTO);
+    h.count = 0;
+    f[0].len = 0;
+    assert_int_equal(kvedge_wire_validate(&h, f, 1), KVEDGE_EPROTO);
+
+    /* The request's pack frame, after the accept list (empty or not). */
+    uint8_t pk[KVEDGE_WIRE_PACK_BYTES];
+    kvedge_wire_pack_t p = {KVEDGE_WIRE_MAX_PACK, 1u << 20}, back;
+    kvedge_wire_pack_pack(&p, pk);
+    assert_int_equal(kvedge_wire_pack_parse(pk, sizeof pk, &back), 0);
+    assert_int_equal(back.max_blocks, KVEDGE_WIRE_MAX_PACK);
+    assert_int_equal(back.max_bytes, 1u << 20);
+    assert_int_equal(kvedge_wire_pack_parse(pk, sizeof pk - 1, &back), KVEDGE_EPROTO);
+    const kvedge_wire_pack_t bad[] = {{1, 1}, {KVEDGE_WIRE_MAX_PACK + 1, 1}, {2, 0}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t b[KVEDGE_WIRE_PACK_BYTES];
+        kvedge_wire_pack_pack(&bad[i], b);
+        assert_int_equal(kvedge_wire_pack_parse(b, sizeof b, &back), KVEDGE_EPROTO);
+    }
+    uint8_t reserved[KVEDGE_WIRE_PACK_BYTES];
+    memcpy(reserved, pk, sizeof pk);
+    reserved[2] = 1;
+    assert_int_equal(kvedge_wire_pack_parse(reserved, sizeof reserved, &back), KVEDGE_EPROTO);
+    uint8_t gl[4 + KVEDGE_CHUNK_ID_BYTES] = {0};
+    kvedge_wire_header_t rq = {KVEDGE_WIRE_VERSION, KVEDGE_OP_GET_LAYER, 0, 8, 0, 1, 4, 1000};
+    kvedge_wire_frame_t q[3] = {{gl, sizeof gl}, {NULL, 0}, {pk, sizeof pk}};
+    assert_int_equal(kvedge_wire_validate(&rq, q, 3), 0);
+    q[2].data = reserved;
+    assert_int_equal(kvedge_wire_validate(&rq, q, 3), KVEDGE_EPROTO);
+
+    /* FETCH BLOCK messages packed the same way (16-byte BLOCK records); PLAN and LAYER stay
+     * count 1. */
+    uint8_t frec[3 * KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+    for (uint16_t i = 0; i < 3; i++) {
+        kvedge_wire_fetch_block_t fb = {0, 1, 0, i, i == 1 ? KVEDGE_ENOTFOUND : 0};
+        kvedge_wire_fetch_block_pack(&fb, frec + i * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+    }
+    kvedge_wire_header_t fh = {KVEDGE_WIRE_VERSION,
+                               KVEDGE_OP_FETCH,
+                               KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE,
+                               9,
+                               0,
+                               3,
+                               0,
+                               0};
+    kvedge_wire_frame_t ff[4] = {{frec, sizeof frec}, {block, 8}, {block, 8}, {block, 8}};
+    assert_int_equal(kvedge_wire_validate(&fh, ff, 3), 0);
+    assert_int_equal(kvedge_wire_validate(&fh, ff, 4), KVEDGE_EPROTO);
+    fh.count = 2;
+    assert_int_equal(kvedge_wire_validate(&fh, ff, 3), KVEDGE_EPROTO);
+    fh.count = KVEDGE_WIRE_MAX_PACK + 1;
+    assert_int_equal(kvedge_wire_validate(&fh, ff, 3), KVEDGE_EPROTO);
+}
+
 static void test_list_request(void **state)
 {
     (void)state;
@@ -1788,6 +1875,7 @@ int main(void)
         cmocka_unit_test(test_opcode_and_version),
         cmocka_unit_test(test_get_reply_items),
         cmocka_unit_test(test_get_layer_stream),
+        cmocka_unit_test(test_get_layer_packed),
         cmocka_unit_test(test_list_request),
         cmocka_unit_test(test_no_reply_opcodes),
         cmocka_unit_test(test_key_round_trip),

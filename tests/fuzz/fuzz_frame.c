@@ -162,11 +162,21 @@ static void s_check_fetch(const kvedge_wire_header_t *h, const kvedge_wire_frame
         return;
     s_require(n >= 1 && f[0].len >= 1);
     if (f[0].data[0] == KVEDGE_FETCH_MSG_BLOCK) {
-        kvedge_wire_fetch_block_t b;
-        uint8_t back[KVEDGE_WIRE_FETCH_BLOCK_BYTES];
-        s_require(kvedge_wire_fetch_block_parse(f[0].data, f[0].len, &b) == 0);
-        kvedge_wire_fetch_block_pack(&b, back);
-        s_require(memcmp(back, f[0].data, sizeof back) == 0);
+        /* count k BLOCK records (packed when k > 1), one block frame per record of status 0 */
+        uint32_t k = h->count;
+        s_require(k >= 1 && k <= KVEDGE_WIRE_MAX_PACK &&
+                  f[0].len == (size_t)k * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+        size_t zeros = 0;
+        for (uint32_t i = 0; i < k; i++) {
+            const uint8_t *rec = f[0].data + (size_t)i * KVEDGE_WIRE_FETCH_BLOCK_BYTES;
+            kvedge_wire_fetch_block_t b;
+            uint8_t back[KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+            s_require(kvedge_wire_fetch_block_parse(rec, KVEDGE_WIRE_FETCH_BLOCK_BYTES, &b) == 0);
+            kvedge_wire_fetch_block_pack(&b, back);
+            s_require(memcmp(back, rec, sizeof back) == 0);
+            zeros += b.status == 0;
+        }
+        s_require(n == 1 + zeros);
     } else if (f[0].data[0] == KVEDGE_FETCH_MSG_LAYER) {
         kvedge_wire_fetch_layer_t l;
         uint8_t back[KVEDGE_WIRE_FETCH_LAYER_BYTES];
@@ -244,14 +254,34 @@ static void s_valid_records(const kvedge_wire_header_t *h, const kvedge_wire_fra
         }
         break;
     case KVEDGE_OP_GET_LAYER:
-        if (!reply && n == 2) {
+        if (!reply && n >= 2) {
             int rc = kvedge_prec_list_check(f[1].data, f[1].len);
             s_require(f[1].len <= KVEDGE_WIRE_MAX_ACCEPT && (rc == 0 || rc == KVEDGE_EINVAL));
         }
+        if (!reply && n == 3) { /* the pack frame: in range and canonical */
+            kvedge_wire_pack_t pk;
+            uint8_t back[KVEDGE_WIRE_PACK_BYTES];
+            s_require(kvedge_wire_pack_parse(f[2].data, f[2].len, &pk) == KVEDGE_OK &&
+                      pk.max_blocks >= 2 && pk.max_blocks <= KVEDGE_WIRE_MAX_PACK &&
+                      pk.max_bytes >= 1 && pk.max_bytes <= KVEDGE_WIRE_MAX_FRAME_BYTES);
+            kvedge_wire_pack_pack(&pk, back);
+            s_require(memcmp(back, f[2].data, sizeof back) == 0);
+        }
         if (reply && (h->flags & KVEDGE_WIRE_FLAG_MORE)) {
-            kvedge_wire_stream_hdr_t s;
-            s_require(n >= 1 && kvedge_wire_stream_hdr_parse(f[0].data, f[0].len, &s) == 0);
-            s_require(n == (s.status == 0 ? 2u : 1u));
+            /* A data message of k heads (packed when k > 1): k records in f1, one block
+             * frame per record whose status is 0. */
+            uint32_t k = h->count;
+            s_require(n >= 1 && k >= 1 && k <= KVEDGE_WIRE_MAX_PACK &&
+                      f[0].len == (size_t)k * KVEDGE_WIRE_STREAM_HDR_BYTES);
+            size_t zeros = 0;
+            for (uint32_t i = 0; i < k; i++) {
+                const uint8_t *p = f[0].data + (size_t)i * KVEDGE_WIRE_STREAM_HDR_BYTES;
+                kvedge_wire_stream_hdr_t s;
+                s_require(kvedge_wire_stream_hdr_parse(p, KVEDGE_WIRE_STREAM_HDR_BYTES, &s) == 0);
+                s_check_stream_hdr(p, KVEDGE_WIRE_STREAM_HDR_BYTES);
+                zeros += s.status == 0;
+            }
+            s_require(n == 1 + zeros);
         }
         break;
     case KVEDGE_OP_FETCH:

@@ -190,6 +190,27 @@ int main(int argc, char **argv)
     m = s_reply(KVEDGE_OP_GET_LAYER, 24);
     m.h.flags |= KVEDGE_WIRE_FLAG_END;
     s_write(dir, "rep-get_layer-end", &m);
+    /* Packed: the request's pack frame after an empty accept list, and a data message of
+     * three heads (hit, miss, hit). */
+    m = s_request(KVEDGE_OP_GET_LAYER, 2);
+    m.h.credit = 4;
+    s_add(&m, gl, sizeof gl);
+    s_add(&m, accept, 0);
+    uint8_t pk[KVEDGE_WIRE_PACK_BYTES];
+    kvedge_wire_pack_t pack = {KVEDGE_WIRE_MAX_PACK, 1u << 20};
+    kvedge_wire_pack_pack(&pack, pk);
+    s_add(&m, pk, sizeof pk);
+    s_write(dir, "req-get_layer-pack", &m);
+    uint8_t sh3[3 * KVEDGE_WIRE_STREAM_HDR_BYTES];
+    const kvedge_wire_stream_hdr_t three[3] = {{0, 0, 0}, {0, 1, KVEDGE_ENOTFOUND}, {0, 2, 0}};
+    for (int i = 0; i < 3; i++)
+        kvedge_wire_stream_hdr_pack(&three[i], sh3 + i * KVEDGE_WIRE_STREAM_HDR_BYTES);
+    m = s_reply(KVEDGE_OP_GET_LAYER, 3);
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, sh3, sizeof sh3);
+    s_add(&m, block, sizeof block);
+    s_add(&m, block, sizeof block);
+    s_write(dir, "rep-get_layer-pack", &m);
 
     const kvedge_op_t id_ops[] = {KVEDGE_OP_LOOKUP, KVEDGE_OP_DELETE, KVEDGE_OP_PIN,
                                   KVEDGE_OP_UNPIN};
@@ -324,6 +345,17 @@ int main(int argc, char **argv)
     s_add(&m, fb, sizeof fb);
     s_add(&m, block, sizeof block);
     s_write(dir, "rep-fetch-block", &m);
+    static uint8_t fb3[3 * KVEDGE_WIRE_FETCH_BLOCK_BYTES];
+    for (uint16_t i = 0; i < 3; i++) {
+        kvedge_wire_fetch_block_t pb = {0, 1, 0, i, i == 2 ? KVEDGE_ECORRUPT : 0};
+        kvedge_wire_fetch_block_pack(&pb, fb3 + i * KVEDGE_WIRE_FETCH_BLOCK_BYTES);
+    }
+    m = s_reply(KVEDGE_OP_FETCH, 3); /* packed: two blocks and a corrupt head */
+    m.h.flags |= KVEDGE_WIRE_FLAG_MORE;
+    s_add(&m, fb3, sizeof fb3);
+    s_add(&m, block, sizeof block);
+    s_add(&m, block, sizeof block);
+    s_write(dir, "rep-fetch-block-pack", &m);
     kvedge_wire_fetch_layer_t l = {KVEDGE_FETCH_PLANNED,        1, 0, 0, 24, 1,
                                    KVEDGE_WIRE_FETCH_OWN_LAYER, 0};
     kvedge_wire_fetch_layer_pack(&l, fl);

@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "access/client_credit.h"
 #include "access/frame.h"
 #include "store/master/master.h"
 #include "runtime/mview.h"
@@ -64,6 +65,7 @@ typedef struct {
 /* Nodes started with a metrics endpoint on a free loopback port (the monitoring test). */
 static bool s_with_metrics;
 static uint64_t s_buffer_bytes; /* the proxy's buffer cap; 0: its default */
+static bool s_proxy_no_pack;    /* the proxy refuses packing, as older proxies do */
 
 static void s_node_start(s_node_t *n, const char *root, const char *name, kvedge_role_t role,
                          const char *master, const char *pub)
@@ -112,7 +114,9 @@ typedef struct {
     char layer_src[S_LAYERS][64];
     uint32_t layers;
     uint32_t blocks, mismatches;
-    pid_t kill_after_first; /* SIGKILL this process once layer 0 is delivered */
+    pid_t kill_after_first;      /* SIGKILL this process once layer 0 is delivered */
+    kvedge_client_t *count_msgs; /* set: count the BLOCK messages (msgs) through held credit */
+    uint32_t msgs;
 } s_result_t;
 
 static void s_r_plan(void *ctx, const kvedge_fetch_plan_t *p)
@@ -128,6 +132,13 @@ static void s_r_block(void *ctx, uint16_t layer, uint32_t ci, uint16_t head, int
     (void)source;
     s_result_t *r = ctx;
     r->blocks++;
+    /* The first block of each message can hold its credit (one per message, packed or not):
+     * counted and given back at once. */
+    uint64_t stream = r->count_msgs ? kvedge_client_credit_hold() : 0;
+    if (stream) {
+        r->msgs++;
+        assert_int_equal(kvedge_client_credit_return(r->count_msgs, stream, 1), 0);
+    }
     if (status != 0 || layer >= S_LAYERS || ci >= S_CHUNKS || head >= S_HEADS ||
         len != s_ctx.len[layer][ci][head] || memcmp(data, s_ctx.block[layer][ci][head], len) != 0)
         r->mismatches++;
@@ -158,14 +169,24 @@ static void s_r_done(void *ctx, int status)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Fetches every layer through the proxy; returns the elapsed ms. */
-static double s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_t kill_pid)
+/* Fetches every layer through the proxy with a client that asks for packed BLOCK messages
+ * (the default) or not (no_pack), counting the BLOCK messages when count_msgs; returns the
+ * elapsed ms. */
+static double s_fetch_pack(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_t kill_pid,
+                           bool no_pack, bool count_msgs)
 {
     memset(r, 0, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->kill_after_first = kill_pid;
-    kvedge_client_t *c = kt_client(proxy_ep, deadline_ms);
+    kvedge_client_opts_t o;
+    kvedge_client_opts_default(&o);
+    o.endpoint = proxy_ep;
+    o.deadline_ms = deadline_ms;
+    o.no_pack = no_pack;
+    kvedge_client_t *c = NULL;
+    assert_int_equal(kvedge_client_connect(&o, &c), 0);
+    r->count_msgs = count_msgs ? c : NULL;
     kvedge_fetch_req_t req = {.size = sizeof(kvedge_fetch_req_t),
                               .model_id = S_MODEL,
                               .chunks = s_ctx.ids,
@@ -183,6 +204,11 @@ static double s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_
     double ms = (double)(zclock_usecs() - t0) / 1e3;
     kvedge_client_destroy(&c);
     return ms;
+}
+
+static double s_fetch(const char *proxy_ep, int deadline_ms, s_result_t *r, pid_t kill_pid)
+{
+    return s_fetch_pack(proxy_ep, deadline_ms, r, kill_pid, false, false);
 }
 
 static int s_src_index(const kvedge_fetch_plan_t *p, const char *name)
@@ -221,6 +247,7 @@ static kvedge_proxy_t *s_proxy_snap(const char *root, kvedge_proxy_source_t *src
     po.metrics = s_with_metrics ? "127.0.0.1:0" : NULL;
     if (s_buffer_bytes)
         po.buffer_bytes = s_buffer_bytes;
+    po.no_pack = s_proxy_no_pack;
     char why[256];
     kvedge_proxy_t *p = NULL;
     if (kvedge_proxy_start(&po, &p, why, sizeof why) != 0)
@@ -1153,59 +1180,105 @@ static void test_cancel_ends_fetch(void **state)
     kvedge_proxy_t *p = s_proxy(root, src, 1, NULL, NULL, pep, sizeof pep);
     assert_int_equal(kvedge_proxy_wait_sources(p, 1, 5000), 0);
 
-    zsock_t *raw = zsock_new_dealer(pep);
-    zsock_set_linger(raw, 0);
-    zsock_set_rcvtimeo(raw, 3000);
-    kvedge_wire_fetch_spec_t fs;
-    memset(&fs, 0, sizeof fs);
-    snprintf(fs.model_id, sizeof fs.model_id, S_MODEL);
-    fs.layers = S_LAYERS;
-    fs.tokens = S_CHUNKS * S_TOKENS;
-    uint8_t sb[KVEDGE_WIRE_FETCH_SPEC_BYTES], hb[KVEDGE_WIRE_HEADER_BYTES];
-    assert_int_equal(kvedge_wire_fetch_spec_pack(&fs, sb), 0);
-    /* Credit 2: the plan and one block, then the stream waits for credit. */
-    kvedge_wire_header_t h = {1, KVEDGE_OP_FETCH, 0, 7, 0, S_CHUNKS, 2, 5000};
-    kvedge_wire_header_pack(&h, hb);
-    zmsg_t *m = zmsg_new();
-    zmsg_addmem(m, hb, sizeof hb);
-    zmsg_addmem(m, sb, sizeof sb);
-    zmsg_addmem(m, s_ctx.ids, sizeof s_ctx.ids);
-    assert_int_equal(zmsg_send(&m, raw), 0);
-    for (int i = 0; i < 2; i++) {
+    /* One block per message, then packed (credit still counts messages). */
+    for (int packed = 0; packed < 2; packed++) {
+        zsock_t *raw = zsock_new_dealer(pep);
+        zsock_set_linger(raw, 0);
+        zsock_set_rcvtimeo(raw, 3000);
+        kvedge_wire_fetch_spec_t fs;
+        memset(&fs, 0, sizeof fs);
+        snprintf(fs.model_id, sizeof fs.model_id, S_MODEL);
+        fs.layers = S_LAYERS;
+        fs.tokens = S_CHUNKS * S_TOKENS;
+        fs.flags = packed ? KVEDGE_WIRE_FETCH_FLAG_PACK : 0;
+        uint8_t sb[KVEDGE_WIRE_FETCH_SPEC_BYTES], hb[KVEDGE_WIRE_HEADER_BYTES];
+        assert_int_equal(kvedge_wire_fetch_spec_pack(&fs, sb), 0);
+        /* Credit 2: the plan and one BLOCK message, then the stream waits for credit. */
+        kvedge_wire_header_t h = {1, KVEDGE_OP_FETCH, 0, 7, 0, S_CHUNKS, 2, 5000};
+        kvedge_wire_header_pack(&h, hb);
+        zmsg_t *m = zmsg_new();
+        zmsg_addmem(m, hb, sizeof hb);
+        zmsg_addmem(m, sb, sizeof sb);
+        zmsg_addmem(m, s_ctx.ids, sizeof s_ctx.ids);
+        assert_int_equal(zmsg_send(&m, raw), 0);
+        for (int i = 0; i < 2; i++) {
+            m = zmsg_recv(raw);
+            assert_non_null(m);
+            zframe_t *f = zmsg_first(m);
+            assert_int_equal(kvedge_wire_header_parse(zframe_data(f), zframe_size(f), &h), 0);
+            assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE);
+            if (i == 1) /* the BLOCK message: a pack of the layer's first blocks when asked */
+                assert_true(packed ? h.count > 1 && zmsg_size(m) == 2 + h.count : h.count == 1);
+            zmsg_destroy(&m);
+        }
+        kvedge_wire_header_t c = {1, KVEDGE_OP_CANCEL, 0, 7, 0, 0, 0, 5000};
+        kvedge_wire_header_pack(&c, hb);
+        int64_t t0 = zclock_mono();
+        assert_int_equal(zsock_send(raw, "b", hb, sizeof hb), 0);
         m = zmsg_recv(raw);
+        int64_t took = zclock_mono() - t0;
         assert_non_null(m);
         zframe_t *f = zmsg_first(m);
         assert_int_equal(kvedge_wire_header_parse(zframe_data(f), zframe_size(f), &h), 0);
-        assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_MORE);
+        assert_int_equal(zmsg_size(m), 1);
         zmsg_destroy(&m);
+        assert_int_equal(h.opcode, KVEDGE_OP_FETCH);
+        assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END);
+        assert_int_equal(h.request_id, 7);
+        assert_int_equal(h.status, KVEDGE_ECANCELED);
+        assert_int_equal(h.count, 2);
+        assert_true(took < 100);
+        zsock_set_rcvtimeo(raw, 300);
+        m = zmsg_recv(raw);
+        assert_null(m); /* nothing after the END */
+        zsock_destroy(&raw);
     }
-    kvedge_wire_header_t c = {1, KVEDGE_OP_CANCEL, 0, 7, 0, 0, 0, 5000};
-    kvedge_wire_header_pack(&c, hb);
-    int64_t t0 = zclock_mono();
-    assert_int_equal(zsock_send(raw, "b", hb, sizeof hb), 0);
-    m = zmsg_recv(raw);
-    int64_t took = zclock_mono() - t0;
-    assert_non_null(m);
-    zframe_t *f = zmsg_first(m);
-    assert_int_equal(kvedge_wire_header_parse(zframe_data(f), zframe_size(f), &h), 0);
-    assert_int_equal(zmsg_size(m), 1);
-    zmsg_destroy(&m);
-    assert_int_equal(h.opcode, KVEDGE_OP_FETCH);
-    assert_int_equal(h.flags, KVEDGE_WIRE_FLAG_REPLY | KVEDGE_WIRE_FLAG_END);
-    assert_int_equal(h.request_id, 7);
-    assert_int_equal(h.status, KVEDGE_ECANCELED);
-    assert_int_equal(h.count, 2);
-    assert_true(took < 100);
-    zsock_set_rcvtimeo(raw, 300);
-    m = zmsg_recv(raw);
-    assert_null(m); /* nothing after the END */
-    zsock_destroy(&raw);
-
     /* Still serving. */
     kvedge_client_t *cl = kt_client(pep, 3000);
     assert_int_equal(s_fetch_status(cl, S_MODEL, 0, S_LAYERS), 0);
     kvedge_client_destroy(&cl);
     kvedge_proxy_destroy(&p);
+    s_node_stop(&cloud);
+    s_rmrf(root);
+}
+
+/* FETCH with packed BLOCK messages (the default), with one block per message (no_pack), and
+ * against a proxy that refuses packing as older proxies do (the client falls back): every
+ * block verified against what was put each time, the same blocks, and fewer messages only
+ * where the proxy packed. The proxy asks its node for packed streams itself. */
+static void test_packed_fetch(void **state)
+{
+    (void)state;
+    char root[] = "/tmp/kvedge-proxy-XXXXXX";
+    assert_non_null(mkdtemp(root));
+    s_node_t cloud;
+    s_node_start(&cloud, root, "cloud1", KVEDGE_ROLE_CLOUD, NULL, NULL);
+    kt_ctx_put(&s_ctx, cloud.ep, 0, S_LAYERS, false);
+    kvedge_proxy_source_t src[1];
+    char spec[600];
+    snprintf(spec, sizeof spec, "cloud cloud1 %s", cloud.ep);
+    s_source(&src[0], spec);
+    const uint32_t all = S_LAYERS * S_CHUNKS * S_HEADS;
+    for (int old = 0; old < 2; old++) {
+        s_proxy_no_pack = old == 1;
+        char pep[350];
+        kvedge_proxy_t *p = s_proxy(root, src, 1, NULL, NULL, pep, sizeof pep);
+        assert_int_equal(kvedge_proxy_wait_sources(p, 1, 5000), 0);
+        for (int no_pack = 0; no_pack < 2; no_pack++) {
+            s_result_t r;
+            s_fetch_pack(pep, 20000, &r, 0, no_pack == 1, true);
+            assert_int_equal(r.status, 0);
+            assert_int_equal(r.layers, S_LAYERS);
+            assert_int_equal(r.blocks, all);
+            assert_int_equal(r.mismatches, 0);
+            if (old || no_pack)
+                assert_int_equal(r.msgs, all); /* one block per message */
+            else
+                assert_true(r.msgs < all / 2); /* packed (64 KiB blocks: 16 per MiB) */
+        }
+        kvedge_proxy_destroy(&p);
+    }
+    s_proxy_no_pack = false;
     s_node_stop(&cloud);
     s_rmrf(root);
 }
@@ -1217,6 +1290,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_cancel_ends_fetch),
+        cmocka_unit_test(test_packed_fetch),
         cmocka_unit_test(test_node_registers_its_models),
         cmocka_unit_test(test_peer_sharing_with_directory),
         cmocka_unit_test(test_stale_directory_falls_back),

@@ -56,6 +56,7 @@ int main(void)
     F(T, "kvedge_client_opts_t", name);
     F(T, "kvedge_client_opts_t", link);
     F(T, "kvedge_client_opts_t", window_bytes);
+    F(T, "kvedge_client_opts_t", no_pack);
 #undef T
 
 #define T kvedge_node_info_t

@@ -124,6 +124,9 @@ class ClientTest(Cluster):
         self.assertEqual(st, [0] * len(blocks))
         self.assertEqual([r["block"] for r in self.node.get_layer(chain2, 0)],
                          [r["block"] for r in blocks])
+        # One head per data message (no_pack) or packed (the default): the same records.
+        with kvedge.Client(self.node_ep, deadline_ms=3000, no_pack=True) as unpacked:
+            self.assertEqual(unpacked.get_layer(chain, 0), blocks)
         # A corrupt block is refused by the node.
         bad = bytearray(blocks[0]["block"])
         bad[-1] ^= 0xFF

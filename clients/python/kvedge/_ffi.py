@@ -59,7 +59,7 @@ class ClientOpts(_Sized):
     _fields_ = [("size", c_size_t), ("endpoint", c_char_p), ("server_key", c_char_p),
                 ("client_cert", c_char_p),
                 ("deadline_ms", c_int), ("credit", c_uint32), ("name", c_char_p),
-                ("link", c_char_p), ("window_bytes", c_uint32)]
+                ("link", c_char_p), ("window_bytes", c_uint32), ("no_pack", c_bool)]
 
 
 class NodeInfo(Structure):

@@ -399,11 +399,12 @@ class Client(_ffi.Closing):
     neither (plaintext). deadline_ms (0 = 5000) bounds every call: a dead node raises
     kvedge.Timeout within it. credit (0 = 8) is the least a stream keeps in flight, in messages;
     window_bytes (0 = 4 MiB, at most 256 MiB) the block bytes a stream of small blocks is widened
-    to (1: never widened). Thread-safe; close() (or `with`, or garbage collection) ends it,
-    after closing the pipelines opened on it."""
+    to (1: never widened). no_pack=True asks for one head per GET_LAYER data message instead of
+    packed ones (the same blocks; for comparison or diagnosis). Thread-safe; close() (or
+    `with`, or garbage collection) ends it, after closing the pipelines opened on it."""
 
     def __init__(self, endpoint, server_key=None, cert=None, deadline_ms=0, credit=0, name=None,
-                 link=None, window_bytes=0):
+                 link=None, window_bytes=0, no_pack=False):
         self._h = c_void_p()
         self._guard = _Guard()
         self._guard.closed = True  # until connected
@@ -424,6 +425,7 @@ class Client(_ffi.Closing):
         opts.deadline_ms = dl
         opts.credit = credit
         opts.window_bytes = window
+        opts.no_pack = bool(no_pack)
         self.endpoint = endpoint
         self.deadline_ms = opts.deadline_ms or DEADLINE_MS_DEFAULT
         h = c_void_p()

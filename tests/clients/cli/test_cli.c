@@ -862,6 +862,11 @@ static void test_remote_mode(void **state)
     assert_contains(s_out, "12 blocks shown, 0 failed verification");
     assert_int_equal(s_run("-H %s verify", ep), 0);
     assert_contains(s_out, "verified 288 blocks over the network: 288 ok, 0 corrupt");
+    /* --no-pack: one head per GET_LAYER data message, the same blocks. */
+    assert_int_equal(s_run("-H %s --no-pack verify", ep), 0);
+    assert_contains(s_out, "verified 288 blocks over the network: 288 ok, 0 corrupt");
+    assert_int_equal(s_run("--no-pack -H %s show %.8s --layer 1", ep, prefix), 0);
+    assert_contains(s_out, "12 blocks shown, 0 failed verification");
     assert_int_equal(s_run("-H %s --json stat", ep), 0);
     assert_contains(s_out, "\"blocks\":288");
     assert_int_equal(s_run("-H %s ping --count 3 --size 64K", ep), 0);

@@ -39,7 +39,7 @@ typedef struct {
 static kvedge_server_t *s_serve(kvedge_engine_t *e, const char *ep)
 {
     kvedge_server_opts_t so = {
-        KVEDGE_ROLE_CLOUD, NULL, ep, true, NULL, NULL, 2, 0, e, NULL, NULL, NULL, false, false};
+        .role = KVEDGE_ROLE_CLOUD, .bind = ep, .insecure = true, .workers = 2, .engine = e};
     kvedge_server_t *s = NULL;
     char why[256];
     if (kvedge_server_start(&so, &s, why, sizeof why) != 0)

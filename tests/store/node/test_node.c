@@ -555,6 +555,7 @@ static void test_plaintext_only_on_loopback(void **state)
                                NULL,
                                NULL,
                                false,
+                               false,
                                false};
     kvedge_server_t *s = NULL;
     char why[256];
