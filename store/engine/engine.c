@@ -556,13 +556,19 @@ void kvedge_engine_destroy(kvedge_engine_t **self_p)
         if (flush) {
             rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
             rocksdb_flushoptions_set_wait(fo, 1);
-            for (size_t i = 0; i < e->n_handles; i++) {
+            bool failed = false;
+            for (size_t i = 0; i < e->n_handles && !failed; i++) {
                 char *err = NULL;
                 rocksdb_flush_cf(e->db, fo, e->handles[i], &err);
+                failed = err != NULL;
                 if (err)
                     (void)kvedge_rocks_error(&err);
             }
             rocksdb_flushoptions_destroy(fo);
+            /* A flush that failed (the disk filled under it, or RocksDB had already stopped
+             * writing on an error a write met) leaves RocksDB stopped: closing would abort as
+             * below. */
+            stopped = failed || kvedge_engine_disk_write_stopped(e);
         }
         if (stopped) {
             /* RocksDB stopped writing on an error (a full disk under a flush): closing would use
@@ -743,7 +749,7 @@ int kvedge_engine_put_tenant_model(kvedge_engine_t *e, const uint8_t *tenant,
         char *err = NULL;
         rocksdb_put_cf(e->db, e->wo, e->cf[S_CF_MODELS], key, klen, (const char *)rec, sizeof rec,
                        &err);
-        rc = err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+        rc = err ? s_write_error(e, &err) : KVEDGE_OK;
     }
     pthread_mutex_unlock(&e->models_mu);
     return rc;
@@ -856,7 +862,7 @@ int kvedge_engine_debug_put_model_record(kvedge_engine_t *e, const void *key, si
         return KVEDGE_EREADONLY;
     char *err = NULL;
     rocksdb_put_cf(e->db, e->wo, e->cf[S_CF_MODELS], key, klen, (const char *)rec, len, &err);
-    return err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+    return err ? s_write_error(e, &err) : KVEDGE_OK;
 }
 
 /* ---------------------------------------------------------------- stats */

@@ -539,7 +539,7 @@ static int s_drop_entry(kvedge_engine_t *e, const uint8_t *ik, size_t klen)
 {
     char *err = NULL;
     rocksdb_delete_cf(e->db, e->wo, e->cf[S_CF_LRU], (const char *)ik, klen, &err);
-    return err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+    return err ? s_write_error(e, &err) : KVEDGE_OK;
 }
 
 /* Under kb's stripe: evicts the block the LRU entry at ik names when it is still that entry's

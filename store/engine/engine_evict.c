@@ -90,7 +90,7 @@ again:
             char *err = NULL;
             rocksdb_delete_cf(e->db, e->wo, e->cf[S_CF_LRU], (const char *)ik, klen, &err);
             if (err) /* a malformed entry indexes nothing: dropping it is best effort */
-                (void)kvedge_rocks_error(&err);
+                (void)s_write_error(e, &err);
             continue;
         }
         uint64_t atime = kvedge_be_get64(ik);
@@ -121,7 +121,7 @@ again:
             char *err = NULL;
             rocksdb_delete_cf(e->db, e->wo, e->cf[S_CF_LRU], (const char *)ik, klen, &err);
             if (err)
-                wrc = kvedge_rocks_error(&err);
+                wrc = s_write_error(e, &err);
         } else {
             wrc = mrc;
         }
@@ -183,7 +183,7 @@ int kvedge_engine_expire(kvedge_engine_t *e, uint64_t *blocks)
             char *err = NULL;
             rocksdb_delete_cf(e->db, e->wo, e->cf[S_CF_TTL], (const char *)ik, klen, &err);
             if (err) /* a malformed entry indexes nothing: dropping it is best effort */
-                (void)kvedge_rocks_error(&err);
+                (void)s_write_error(e, &err);
             continue;
         }
         uint64_t expires = kvedge_be_get64(ik);
@@ -204,7 +204,7 @@ int kvedge_engine_expire(kvedge_engine_t *e, uint64_t *blocks)
             char *err = NULL; /* stale: gone, pinned or re-put since */
             rocksdb_delete_cf(e->db, e->wo, e->cf[S_CF_TTL], (const char *)ik, klen, &err);
             if (err)
-                wrc = kvedge_rocks_error(&err);
+                wrc = s_write_error(e, &err);
         } else {
             wrc = mrc;
         }

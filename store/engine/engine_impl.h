@@ -254,6 +254,16 @@ int kvedge_engine_check_format(kvedge_engine_t *e, char *why, size_t why_len);
 /* ---------------------------------------------------------------- RocksDB boundary
  * (engine.c; errors translated by store/engine/rocks.h) */
 
+/* The error of a write RocksDB refused (err set): translated, and a full disk or an I/O error
+ * marks the engine's writes failed, as s_write does, so that a clean close does not use the
+ * writer that failed (kvedge_engine_destroy). */
+static inline int s_write_error(kvedge_engine_t *e, char **err)
+{
+    int rc = kvedge_rocks_error(err);
+    kvedge_engine_disk_failed(e, rc);
+    return rc;
+}
+
 static inline int s_write(kvedge_engine_t *e, rocksdb_writebatch_t *b)
 {
     size_t n = 0;
@@ -265,9 +275,7 @@ static inline int s_write(kvedge_engine_t *e, rocksdb_writebatch_t *b)
     rocksdb_write(e->db, e->wo, b, &err);
     if (!err)
         return KVEDGE_OK;
-    rc = kvedge_rocks_error(&err);
-    kvedge_engine_disk_failed(e, rc);
-    return rc;
+    return s_write_error(e, &err);
 }
 
 /* Registers one stored record of the models family (either key layout: a node-wide id, or a

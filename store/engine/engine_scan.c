@@ -225,7 +225,7 @@ static int s_delete_one_chunk(kvedge_engine_t *e, const kvedge_chunk_id_t *id, u
         rocksdb_delete_cf(e->db, e->wo, e->cf[S_CF_PREFIXES], (const char *)id->bytes,
                           KVEDGE_CHUNK_ID_BYTES, &err);
         if (err)
-            return kvedge_rocks_error(&err);
+            return s_write_error(e, &err);
     }
     *found = *found || rc == KVEDGE_OK || *n > before;
     return KVEDGE_OK;

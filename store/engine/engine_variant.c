@@ -160,7 +160,7 @@ static int s_drop_record_locked(kvedge_engine_t *e, const uint8_t *vk, size_t vl
     rocksdb_delete_cf(e->db, e->wo, e->cf[S_CF_VARIANTS], (const char *)vk, S_VARIANT_KEY_BYTES,
                       &err);
     if (err)
-        return kvedge_rocks_error(&err);
+        return s_write_error(e, &err);
     kvedge_engine_vset_t vs = {1, s_variant_bytes(vlen)};
     kvedge_engine_variants_gone(e, &vs);
     return KVEDGE_OK;

@@ -139,7 +139,7 @@ static int s_rewrite(kvedge_engine_t *e, const uint8_t *kb)
         char *err = NULL;
         rocksdb_put_cf(e->db, e->wo, e->cf[S_CF_BLOCKS], (const char *)kb, KVEDGE_BLOCK_KEY_BYTES,
                        (const char *)v, len, &err);
-        rc = err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+        rc = err ? s_write_error(e, &err) : KVEDGE_OK;
     }
     if (blk)
         rocksdb_pinnableslice_destroy(blk);
@@ -288,5 +288,5 @@ int kvedge_engine_debug_put_raw(kvedge_engine_t *e, const kvedge_block_key_t *ke
     rocksdb_put_cf(e->db, e->wo, e->cf[S_CF_BLOCKS], (const char *)kb, sizeof kb,
                    data ? (const char *)data : "", len, &err);
     s_unlock(e, s);
-    return err ? kvedge_rocks_error(&err) : KVEDGE_OK;
+    return err ? s_write_error(e, &err) : KVEDGE_OK;
 }
