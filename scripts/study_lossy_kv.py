@@ -893,12 +893,16 @@ def tables(results):
             row = next(x for x in r["rows"] if x["coder"] == lab)
             cells.append(f"{row['ratio_int8']:.3f} ({row['bytes_per_token']:.0f} B)")
         print(f"| {lab} | " + " | ".join(cells) + " |")
-    for lab in results[0]["frontier"]:
+    labels = []
+    for r in results:
+        labels += [k for k in r["frontier"] if k not in labels]
+    for lab in labels:
         cells = []
         for r in results:
             f = r["frontier"].get(lab)
             per_token = r["int8_block_bytes"] * r["layers"] * r["kv_heads"] / CTX
-            cells.append("out of the sweep" if f is None else f"{f:.3f} ({f * per_token:.0f} B)")
+            cells.append("-" if lab not in r["frontier"] else "out of the sweep" if f is None
+                         else f"{f:.3f} ({f * per_token:.0f} B)")
         print(f"| {lab} | " + " | ".join(cells) + " |")
     print()
     for r in results:

@@ -34,8 +34,7 @@ extern "C" {
 #define KVEDGE_TC_LAYOUT_COMPONENT 1
 /* Component-major in up to four streams, each its own table: components [0, D/8), [D/8, D/4),
  * [D/4, D/2), [D/2, D), each cut at R, empty ones dropped (a KLT's components in falling
- * variance: a table per band is about a fifth smaller than one for all on the trained
- * models' K/V, scripts/study_lossy_kv.py). */
+ * variance: the bands' symbols have different spreads, so one table for all fits none). */
 #define KVEDGE_TC_LAYOUT_BANDS 2
 #define KVEDGE_TC_LAYOUT_MAX   2
 #define KVEDGE_TC_MAX_STREAMS  4
