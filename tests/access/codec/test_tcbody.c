@@ -16,6 +16,7 @@
 #include "access/codec/ecbody.h"
 #include "access/codec/error.h"
 #include "access/codec/half.h"
+#include "access/codec/quant.h"
 #include "access/codec/tcbody.h"
 
 static uint32_t s_rng = 12345;
@@ -194,6 +195,28 @@ static void test_bands(void **state)
     free(x);
 }
 
+/* The AVX2 transform (when the CPU has it) gives the generic loop's bits. */
+static void test_simd_same_bits(void **state)
+{
+    (void)state;
+    s_case_t k;
+    s_case_new(&k, 256, 32, 0.02f);
+    const kvedge_tc_shape_t s = {k.T, k.D};
+    float *generic = malloc(sizeof(float) * k.T * k.D);
+    assert_non_null(generic);
+    kvedge_quant_simd(0);
+    assert_int_equal(kvedge_tc_decode(&s, k.buf, k.len, k.inv, generic), KVEDGE_OK);
+    if (!kvedge_quant_simd(1)) {
+        free(generic);
+        s_case_free(&k);
+        skip();
+    }
+    assert_int_equal(kvedge_tc_decode(&s, k.buf, k.len, k.inv, k.out), KVEDGE_OK);
+    assert_memory_equal(generic, k.out, sizeof(float) * k.T * k.D);
+    free(generic);
+    s_case_free(&k);
+}
+
 static void test_encode_errors(void **state)
 {
     (void)state;
@@ -362,6 +385,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_within_step),
         cmocka_unit_test(test_escapes_and_rank_zero),
         cmocka_unit_test(test_bands),
+        cmocka_unit_test(test_simd_same_bits),
         cmocka_unit_test(test_encode_errors),
         cmocka_unit_test(test_truncated_and_inflated),
         cmocka_unit_test(test_every_byte_flipped),
