@@ -906,8 +906,11 @@ def tables(results):
         print(f"| {lab} | " + " | ".join(cells) + " |")
     print()
     for r in results:
-        pts = [x for x in r["rows"] if x.get("sweep") == "klt+layer+kv"]
-        print(f"{r['model']} klt+layer+kv: " + ", ".join(
+        kf = [(v, k) for k, v in r["frontier"].items()
+              if v is not None and k.startswith("klt") and "block" not in k]
+        best = min(kf)[1] if kf else "klt+layer+kv"
+        pts = [x for x in r["rows"] if x.get("sweep") == best]
+        print(f"{r['model']} {best}: " + ", ".join(
             f"a {x['a']:g}: KL {x['kl']:.2e} / {x['ratio_int8']:.3f}" for x in pts))
         if "decode" in r:
             d = r["decode"]
