@@ -141,9 +141,11 @@ static bool s_stream_ok(const uint8_t *in, uint32_t n, bool top)
     return true;
 }
 
-/* One rANS stream of `len` bytes into a malloc'd buffer; *out_len its length. */
-static int s_rans(const uint8_t *in, uint64_t len, int order, uint8_t **out, unsigned *out_len)
+int kvedge_ec_stream_encode(const uint8_t *in, uint64_t len, int order, uint8_t **out,
+                            unsigned *out_len)
 {
+    if (!in || !out || !out_len || len == 0 || len > UINT32_MAX / 2)
+        return KVEDGE_EINVAL;
     unsigned cap = rans_compress_bound_4x16((unsigned)len, order);
     uint8_t *buf = malloc(cap);
     if (!buf)
@@ -169,13 +171,13 @@ static int s_encode_section(const kvedge_ec_shape_t *s, int sec, const uint8_t *
     }
     uint8_t *stream;
     unsigned n;
-    int rc = s_rans(in, s_xf_len(s, sec, xf), order, &stream, &n);
+    int rc = kvedge_ec_stream_encode(in, s_xf_len(s, sec, xf), order, &stream, &n);
     if (rc == KVEDGE_OK && n >= s->len[sec] && (xf != KVEDGE_EC_XF_NONE || order != 0)) {
         /* Nothing paid: the plain section at order 0, which rANS stores as it is (CAT, at most
          * 6 bytes more), keeping the body within KVEDGE_EC_OVERHEAD_BYTES of the raw one. */
         free(stream);
         xf = KVEDGE_EC_XF_NONE;
-        rc = s_rans(src, s->len[sec], KVEDGE_EC_ORDER0, &stream, &n);
+        rc = kvedge_ec_stream_encode(src, s->len[sec], KVEDGE_EC_ORDER0, &stream, &n);
     }
     if (rc != KVEDGE_OK)
         return rc;
@@ -220,6 +222,19 @@ int kvedge_ec_encode(const kvedge_ec_shape_t *s, const uint8_t *raw, const kvedg
     return rc;
 }
 
+int kvedge_ec_stream_decode(const uint8_t *in, uint32_t n, uint8_t *out, uint64_t want)
+{
+    if (!in || !out || want == 0 || want > UINT32_MAX / 2)
+        return KVEDGE_EINVAL;
+    /* The library checks the size a stream claims against ours and refuses a larger one; a
+     * shorter one is refused here. */
+    unsigned got = (unsigned)want;
+    if (!s_stream_ok(in, n, true) || !rans_uncompress_to_4x16((unsigned char *)in, n, out, &got) ||
+        got != want)
+        return KVEDGE_ECORRUPT;
+    return KVEDGE_OK;
+}
+
 int kvedge_ec_decode(const kvedge_ec_shape_t *s, const uint8_t *in, size_t in_len, uint8_t *raw)
 {
     if (!s_shape_ok(s) || !in || !raw)
@@ -246,11 +261,7 @@ int kvedge_ec_decode(const kvedge_ec_shape_t *s, const uint8_t *in, size_t in_le
             }
             dst = tmp;
         }
-        /* The library checks the size a stream claims against ours and refuses a larger one;
-         * a shorter one is refused here. */
-        unsigned got = (unsigned)want;
-        if (!s_stream_ok(in + pos, n, true) ||
-            !rans_uncompress_to_4x16((unsigned char *)in + pos, n, dst, &got) || got != want)
+        if (kvedge_ec_stream_decode(in + pos, n, dst, want) != KVEDGE_OK)
             break;
         rc = xf == KVEDGE_EC_XF_NONE ? KVEDGE_OK : s_inverse(s, i, tmp, raw + off);
         pos += n;

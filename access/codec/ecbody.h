@@ -69,6 +69,17 @@ int kvedge_ec_encode(const kvedge_ec_shape_t *s, const uint8_t *raw, const kvedg
  * buffer for transformed sections. Errors: KVEDGE_ECORRUPT, KVEDGE_ENOMEM, KVEDGE_EINVAL. */
 int kvedge_ec_decode(const kvedge_ec_shape_t *s, const uint8_t *in, size_t in_len, uint8_t *raw);
 
+/* One rANS-Nx16 stream of the `len` bytes at in (0 < len <= UINT32_MAX / 2), at `order`
+ * (KVEDGE_EC_ORDER* | htscodecs' layout bits), into a malloc'd buffer the caller frees; *out_len
+ * its length. Errors: KVEDGE_EINVAL, KVEDGE_ENOMEM. */
+int kvedge_ec_stream_encode(const uint8_t *in, uint64_t len, int order, uint8_t **out,
+                            unsigned *out_len);
+
+/* Decodes the n-byte stream at in into exactly `want` bytes at out, with the checks of
+ * kvedge_ec_decode: only the layouts the encoders write (no PACK or RLE), no more and no fewer
+ * bytes than want. Errors: KVEDGE_ECORRUPT, KVEDGE_EINVAL (want 0 or too large). */
+int kvedge_ec_stream_decode(const uint8_t *in, uint32_t n, uint8_t *out, uint64_t want);
+
 #ifdef __cplusplus
 }
 #endif
