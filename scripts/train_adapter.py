@@ -395,7 +395,7 @@ def main(argv=None):
                     "calibration windows' contexts for every pair trained")
     ap.add_argument("--harden-at", type=float, default=0.5,
                     help="--from learned: the share of --steps spent learning the map")
-    ap.add_argument("--alpha-lr", type=float, default=0.05,
+    ap.add_argument("--alpha-lr", type=float, default=0.2,
                     help="--from learned: Adam's learning rate for the map's logits")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
