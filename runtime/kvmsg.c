@@ -260,7 +260,7 @@ static const struct {
     {"node/", KVEDGE_MASTER_SPACE_NODE, 1},     {"health/", KVEDGE_MASTER_SPACE_HEALTH, 1},
     {"model/", KVEDGE_MASTER_SPACE_MODEL, 1},   {"map/", KVEDGE_MASTER_SPACE_MAP, 2},
     {"dir/", KVEDGE_MASTER_SPACE_DIR, 2},       {"link/", KVEDGE_MASTER_SPACE_LINK, 2},
-    {"tmodel/", KVEDGE_MASTER_SPACE_TMODEL, 2},
+    {"tmodel/", KVEDGE_MASTER_SPACE_TMODEL, 2}, {"adapter/", KVEDGE_MASTER_SPACE_ADAPTER, 2},
 };
 #define S_SPACE_COUNT (sizeof s_spaces / sizeof s_spaces[0])
 
@@ -270,6 +270,7 @@ static bool s_part_ok(kvedge_master_space_t sp, int which, const char *s, size_t
     switch (sp) {
     case KVEDGE_MASTER_SPACE_MODEL:
     case KVEDGE_MASTER_SPACE_MAP:
+    case KVEDGE_MASTER_SPACE_ADAPTER:
         return s_model_id_ok(s, len);
     case KVEDGE_MASTER_SPACE_DIR:
         return which == 0 ? s_id_ok(s, len) : s_hex_ok(s, len, KVEDGE_MASTER_CHUNK_HEX_BYTES);
@@ -361,6 +362,7 @@ void kvedge_master_chunk_hex(const kvedge_chunk_id_t *id,
 #define S_REC_MAP    'P'
 #define S_REC_DIR    'D'
 #define S_REC_LINK   'L'
+#define S_REC_ADAPT  'A'
 
 const char *kvedge_master_health_name(int state)
 {
@@ -571,6 +573,101 @@ int kvedge_master_map_parse(const uint8_t *in, size_t len, kvedge_master_map_t *
     return KVEDGE_OK;
 }
 
+const char *kvedge_master_fit_name(int fit)
+{
+    switch (fit) {
+    case KVEDGE_MASTER_FIT_LEAST_SQUARES:
+        return "least-squares";
+    case KVEDGE_MASTER_FIT_DISTILLED:
+        return "distilled";
+    case KVEDGE_MASTER_FIT_HEADS:
+        return "heads";
+    case KVEDGE_MASTER_FIT_LINEAR:
+        return "linear";
+    default:
+        return "?";
+    }
+}
+
+/* A rotary setting of an adapter record: 1 ... ROPE_MAX_BYTES printable bytes, no space. */
+static bool s_rope_ok(const char *s, size_t len)
+{
+    return len >= 1 && len <= KVEDGE_MASTER_ROPE_MAX_BYTES && s_print_ok(s, len);
+}
+
+/* The layer map part of an adapter record (as the map record's rules). */
+static bool s_adapter_map_ok(uint16_t cl, uint16_t el, const uint16_t *from)
+{
+    if (!s_layers_ok(cl) || !s_layers_ok(el))
+        return false;
+    for (uint32_t i = 0; i < el; i++)
+        if (from[i] >= cl && from[i] != KVEDGE_MASTER_MAP_NONE)
+            return false;
+    return true;
+}
+
+/* Layout: 'A' | version | fit | 0 | u16 cloud layers | u16 edge layers | u64 size |
+ * digest[32] | u8 cloud rope length | u8 edge rope length | 0 0 | u16 from[edge layers] |
+ * cloud rope | edge rope. */
+int kvedge_master_adapter_pack(const kvedge_master_adapter_t *r,
+                               uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len)
+{
+    size_t cr = strnlen(r->cloud_rope, sizeof r->cloud_rope),
+           er = strnlen(r->edge_rope, sizeof r->edge_rope);
+    if (r->fit < KVEDGE_MASTER_FIT_LEAST_SQUARES || r->fit > KVEDGE_MASTER_FIT_LINEAR ||
+        r->size == 0 || r->size > KVEDGE_MASTER_ADAPTER_MAX_SIZE || !s_rope_ok(r->cloud_rope, cr) ||
+        !s_rope_ok(r->edge_rope, er) || !s_adapter_map_ok(r->cloud_layers, r->edge_layers, r->from))
+        return KVEDGE_EINVAL;
+    memset(out, 0, KVEDGE_MASTER_ADAPTER_FIXED_BYTES);
+    s_rec_head_pack(out, S_REC_ADAPT);
+    out[2] = (uint8_t)r->fit;
+    kvedge_le_put16(out + 4, r->cloud_layers);
+    kvedge_le_put16(out + 6, r->edge_layers);
+    kvedge_le_put64(out + 8, r->size);
+    memcpy(out + 16, r->digest, KVEDGE_MASTER_DIGEST_BYTES);
+    out[48] = (uint8_t)cr;
+    out[49] = (uint8_t)er;
+    uint8_t *w = out + KVEDGE_MASTER_ADAPTER_FIXED_BYTES;
+    for (uint32_t i = 0; i < r->edge_layers; i++, w += 2)
+        kvedge_le_put16(w, r->from[i]);
+    memcpy(w, r->cloud_rope, cr);
+    memcpy(w + cr, r->edge_rope, er);
+    *len = KVEDGE_MASTER_ADAPTER_FIXED_BYTES + 2 * (size_t)r->edge_layers + cr + er;
+    return KVEDGE_OK;
+}
+
+int kvedge_master_adapter_parse(const uint8_t *in, size_t len, kvedge_master_adapter_t *r)
+{
+    memset(r, 0, sizeof *r);
+    int rc = s_rec_head(in, len, S_REC_ADAPT);
+    if (rc != KVEDGE_OK)
+        return rc;
+    if (len < KVEDGE_MASTER_ADAPTER_FIXED_BYTES || in[3] != 0 || in[50] != 0 || in[51] != 0 ||
+        in[2] < KVEDGE_MASTER_FIT_LEAST_SQUARES || in[2] > KVEDGE_MASTER_FIT_LINEAR)
+        return KVEDGE_EPROTO;
+    uint16_t cl = kvedge_le_get16(in + 4), el = kvedge_le_get16(in + 6);
+    uint64_t size = kvedge_le_get64(in + 8);
+    size_t cr = in[48], er = in[49];
+    if (!s_layers_ok(cl) || !s_layers_ok(el) || size == 0 ||
+        size > KVEDGE_MASTER_ADAPTER_MAX_SIZE ||
+        len != KVEDGE_MASTER_ADAPTER_FIXED_BYTES + 2 * (size_t)el + cr + er)
+        return KVEDGE_EPROTO;
+    const uint8_t *p = in + KVEDGE_MASTER_ADAPTER_FIXED_BYTES;
+    for (uint32_t i = 0; i < el; i++, p += 2)
+        r->from[i] = kvedge_le_get16(p);
+    const char *crs = (const char *)p, *ers = crs + cr;
+    if (!s_adapter_map_ok(cl, el, r->from) || !s_rope_ok(crs, cr) || !s_rope_ok(ers, er))
+        return KVEDGE_EPROTO;
+    memcpy(r->cloud_rope, crs, cr);
+    memcpy(r->edge_rope, ers, er);
+    memcpy(r->digest, in + 16, KVEDGE_MASTER_DIGEST_BYTES);
+    r->fit = (kvedge_master_fit_t)in[2];
+    r->size = size;
+    r->cloud_layers = cl;
+    r->edge_layers = el;
+    return KVEDGE_OK;
+}
+
 int kvedge_master_dir_pack(const kvedge_master_dir_t *r,
                            uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len)
 {
@@ -712,6 +809,12 @@ int kvedge_master_check_set(const char *key, size_t key_len, const uint8_t *body
     case KVEDGE_MASTER_SPACE_DIR: {
         kvedge_master_dir_t r;
         return kvedge_master_dir_parse(body, len, &r);
+    }
+    case KVEDGE_MASTER_SPACE_ADAPTER: {
+        kvedge_master_adapter_t *r = malloc(sizeof *r);
+        int rc = r ? kvedge_master_adapter_parse(body, len, r) : KVEDGE_ENOMEM;
+        free(r);
+        return rc;
     }
     case KVEDGE_MASTER_SPACE_LINK: {
         kvedge_master_link_t r;

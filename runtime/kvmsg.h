@@ -50,15 +50,22 @@ extern "C" {
 #define KVEDGE_MASTER_CHUNK_HEX_BYTES    (2 * KVEDGE_CHUNK_ID_BYTES)
 
 /* Records. */
-#define KVEDGE_MASTER_RECORD_VERSION   1
-#define KVEDGE_MASTER_RECORD_MAX_BYTES (8 + 2 * KVEDGE_MODEL_MAX_LAYERS) /* the largest: map */
-#define KVEDGE_MASTER_NODE_FIXED_BYTES 28
-#define KVEDGE_MASTER_HEALTH_BYTES     20
-#define KVEDGE_MASTER_MODEL_BYTES      (4 + KVEDGE_WIRE_MODEL_BYTES)
-#define KVEDGE_MASTER_MAP_FIXED_BYTES  8
-#define KVEDGE_MASTER_DIR_FIXED_BYTES  8
-#define KVEDGE_MASTER_LINK_BYTES       32
-#define KVEDGE_MASTER_MAP_NONE         0xFFFFu /* edge layer computed locally */
+#define KVEDGE_MASTER_RECORD_VERSION 1
+/* The largest record: an adapter digest of KVEDGE_MODEL_MAX_LAYERS edge layers. */
+#define KVEDGE_MASTER_RECORD_MAX_BYTES                                                             \
+    (KVEDGE_MASTER_ADAPTER_FIXED_BYTES + 2 * KVEDGE_MODEL_MAX_LAYERS +                             \
+     2 * KVEDGE_MASTER_ROPE_MAX_BYTES)
+#define KVEDGE_MASTER_NODE_FIXED_BYTES    28
+#define KVEDGE_MASTER_HEALTH_BYTES        20
+#define KVEDGE_MASTER_MODEL_BYTES         (4 + KVEDGE_WIRE_MODEL_BYTES)
+#define KVEDGE_MASTER_MAP_FIXED_BYTES     8
+#define KVEDGE_MASTER_DIR_FIXED_BYTES     8
+#define KVEDGE_MASTER_LINK_BYTES          32
+#define KVEDGE_MASTER_MAP_NONE            0xFFFFu /* edge layer computed locally */
+#define KVEDGE_MASTER_ADAPTER_FIXED_BYTES 52
+#define KVEDGE_MASTER_DIGEST_BYTES        32 /* crypto_generichash (BLAKE2b-256) */
+#define KVEDGE_MASTER_ROPE_MAX_BYTES      255
+#define KVEDGE_MASTER_ADAPTER_MAX_SIZE    (1ull << 40) /* bytes of an adapter file */
 
 /* ---------------------------------------------------------------- kvmsg */
 
@@ -132,6 +139,7 @@ typedef enum {
     KVEDGE_MASTER_SPACE_DIR,      /* dir/<node id>/<chunk id, 64 lowercase hex> */
     KVEDGE_MASTER_SPACE_LINK,     /* link/<from node>/<to node> */
     KVEDGE_MASTER_SPACE_TMODEL,   /* tmodel/<tenant tag, 32 lowercase hex>/<model id> */
+    KVEDGE_MASTER_SPACE_ADAPTER,  /* adapter/<cloud model>/<edge model> */
 } kvedge_master_space_t;
 
 /* A key split into its space and components (NUL-terminated). */
@@ -201,6 +209,33 @@ typedef struct {
     uint16_t from[KVEDGE_MODEL_MAX_LAYERS]; /* per edge layer: a cloud layer, or MAP_NONE */
 } kvedge_master_map_t;
 
+/* How an adapter's weights were fitted (the file's "fit" metadata, kvedge_adapter_fit_name). */
+typedef enum {
+    KVEDGE_MASTER_FIT_LEAST_SQUARES = 1, /* kvedge layermap --adapter, linear */
+    KVEDGE_MASTER_FIT_DISTILLED = 2,     /* scripts/train_adapter.py */
+    KVEDGE_MASTER_FIT_HEADS = 3,         /* head matching + ThinK */
+    KVEDGE_MASTER_FIT_LINEAR = 4,        /* linear, fitted by another tool */
+} kvedge_master_fit_t;
+
+/* "least-squares", "distilled", "heads", "linear"; "?" otherwise. */
+const char *kvedge_master_fit_name(int fit);
+
+/* The registered adapter of a pair (adapter/<cloud>/<edge>): not the file (67 KB to MBs), but
+ * what identifies it. An edge that holds the file checks it against this record and the pair's
+ * current map record (docs/largesmall.md, "Registering an adapter"). */
+typedef struct {
+    uint8_t digest[KVEDGE_MASTER_DIGEST_BYTES]; /* crypto_generichash of the whole file */
+    uint64_t size;                              /* the file's bytes, 1 ... ADAPTER_MAX_SIZE */
+    kvedge_master_fit_t fit;
+    uint16_t cloud_layers; /* the layer map it was fitted with: */
+    uint16_t edge_layers;
+    uint16_t from[KVEDGE_MODEL_MAX_LAYERS]; /* per edge layer: a cloud layer, or MAP_NONE */
+    /* Each model's rotary settings as the file spells them ("none", "theta=10000", ...):
+     * 1 ... ROPE_MAX_BYTES printable bytes without space. */
+    char cloud_rope[KVEDGE_MASTER_ROPE_MAX_BYTES + 1];
+    char edge_rope[KVEDGE_MASTER_ROPE_MAX_BYTES + 1];
+} kvedge_master_adapter_t;
+
 /* The precisions a directory entry says a node serves (the cache optimizer): bit i for
  * the ladder rung kvedge_master_rung_bit(i) held by every block of the chunk's held layers
  * (as put: the primary), and KVEDGE_MASTER_DIR_DERIVES when the node derives coarser rungs
@@ -242,6 +277,10 @@ int kvedge_master_model_parse(const uint8_t *in, size_t len, kvedge_model_t *m);
 int kvedge_master_map_pack(const kvedge_master_map_t *r,
                            uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len);
 int kvedge_master_map_parse(const uint8_t *in, size_t len, kvedge_master_map_t *r);
+
+int kvedge_master_adapter_pack(const kvedge_master_adapter_t *r,
+                               uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len);
+int kvedge_master_adapter_parse(const uint8_t *in, size_t len, kvedge_master_adapter_t *r);
 
 int kvedge_master_dir_pack(const kvedge_master_dir_t *r,
                            uint8_t out[KVEDGE_MASTER_RECORD_MAX_BYTES], size_t *len);

@@ -1833,6 +1833,15 @@ int kvedge_mview_map(kvedge_mview_t *v, const char *cloud_model, const char *edg
     return rc != KVEDGE_OK ? rc : kvedge_master_map_parse(buf, len, out);
 }
 
+int kvedge_mview_adapter(kvedge_mview_t *v, const char *cloud_model, const char *edge_model,
+                         kvedge_master_adapter_t *out)
+{
+    uint8_t buf[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    int rc = s_get_record(v, KVEDGE_MASTER_SPACE_ADAPTER, cloud_model, edge_model, buf, &len);
+    return rc != KVEDGE_OK ? rc : kvedge_master_adapter_parse(buf, len, out);
+}
+
 int kvedge_mview_dir(kvedge_mview_t *v, const char *node_id, const kvedge_chunk_id_t *chunk,
                      kvedge_master_dir_t *out)
 {

@@ -202,6 +202,8 @@ int kvedge_mview_tenant_model(kvedge_mview_t *v, const uint8_t tag[16], const ch
                               kvedge_model_t *out);
 int kvedge_mview_map(kvedge_mview_t *v, const char *cloud_model, const char *edge_model,
                      kvedge_master_map_t *out);
+int kvedge_mview_adapter(kvedge_mview_t *v, const char *cloud_model, const char *edge_model,
+                         kvedge_master_adapter_t *out);
 int kvedge_mview_dir(kvedge_mview_t *v, const char *node_id, const kvedge_chunk_id_t *chunk,
                      kvedge_master_dir_t *out);
 int kvedge_mview_link(kvedge_mview_t *v, const char *from, const char *to,

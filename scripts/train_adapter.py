@@ -27,6 +27,18 @@ model (clients/python/kvedge/llama.py, rotary), any other folder an OPT model's
 as it is, with no rotation, as kvedge_adapter_apply does for it). The edge model's weights stay
 frozen; only the adapter's tensors train. Exit status 2 for bad arguments or an adapter that
 does not fit the models.
+
+Which cloud layer feeds each edge layer (the layer map) is the adapter's by default; --from
+gives another: a list, `cka` or `rsa` (Eq. 16's rule on that score alone: the shallowest
+cloud layer within 0.02 of the best at or above the threshold, from the matrices of
+`kvedge --json layermap`, --scores), or `learned`: per edge layer a softmax over every cloud
+layer, trained jointly with one adapter per (edge, cloud) pair by the same loss for the first
+--harden-at of the steps (its temperature falling from 1 to 0.1), then hardened to the argmax
+and the chosen pairs' adapters fine-tuned for the rest. --init lsq starts every adapter from
+ridge least squares on the calibration windows' contexts (the edge model's own K and V on the
+cloud's, as kvedge layermap --adapter fits), so maps compare from the same start. --map-out
+writes the map the adapter was trained on as a layer map file (`kvedge layermap --show`
+reads it; the scores of each pair from --scores).
 """
 import argparse
 import importlib
@@ -223,6 +235,122 @@ def evaluate(edge, wins, caches, from_, w, ctx, cont):
     return kl / len(wins), math.exp(ce / len(wins))
 
 
+# -- layer maps: the rule on one score, learned maps, map files
+
+def rule_one(score, minimum, tie=0.02):
+    """Eq. 16's rule on one score matrix [edge][cloud]: the shallowest cloud layer within tie
+    of the best at or above minimum, or -1 (none)."""
+    out = []
+    for row in score:
+        cand = [c for c, x in enumerate(row) if x >= minimum]
+        if not cand:
+            out.append(-1)
+            continue
+        best = max(row[c] for c in cand)
+        out.append(min(c for c in cand if row[c] >= best - tie))
+    return out
+
+
+def write_map(path, scores, from_):
+    """A layer map file (docs/largesmall.md, "The map file") for from_, the ids, shapes,
+    samples and thresholds of `kvedge --json layermap`'s output and each pair's scores."""
+    cka, rsa = scores["cka"], scores["rsa"]
+    lines = ["kvedge-layermap 1",
+             "cloud %s %d %d" % (scores["cloud"]["id"], scores["cloud"]["layers"],
+                                 scores["cloud"]["hidden"]),
+             "edge %s %d %d" % (scores["edge"]["id"], scores["edge"]["layers"],
+                                scores["edge"]["hidden"]),
+             "samples %d" % scores["samples"],
+             "thresholds %.6f %.6f" % (scores["cka_min"], scores["rsa_min"])]
+    for e, c in enumerate(from_):
+        if cka[e][c] < scores["cka_min"] or rsa[e][c] < scores["rsa_min"]:
+            raise ValueError(f"edge layer {e} <- cloud {c} scores below the thresholds: a map "
+                             "file cannot hold it")
+        lines.append("layer %d %d %.6f %.6f" % (e, c, cka[e][c], rsa[e][c]))
+    lines.append("end")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+@torch.no_grad()
+def lsq_init(edge, train, cache, pairs, ctx, ridge=1e-3):
+    """Ridge least squares per (edge layer, cloud layer) pair and per K and V on the windows'
+    contexts: the edge's own K (un-rotated) and V on [cloud's, 1], lambda = ridge x mean
+    diag(X^T X), the bias not penalized, solved in double (kvedge_adapter_fit_linear's fit)."""
+    acc = {}
+    for toks, (ks, vs, _) in zip(train, cache):
+        x = edge._embed(toks[:ctx], 0)
+        own = []
+        for l in range(edge.n_layers):
+            x, k, v = edge._layer(l, x, 0)
+            own.append((rotate(edge, k, 0, inverse=True) if rotary(edge) else k, v))
+        for e, c in pairs:
+            for kind, xs, y in (("k", ks[c], own[e][0]), ("v", vs[c], own[e][1])):
+                X = torch.cat([gather(xs), torch.ones(ctx, 1)], 1).double()
+                Y = gather(y).double()
+                a = acc.setdefault((kind, e, c), [0, 0])
+                a[0] = a[0] + X.T @ X
+                a[1] = a[1] + X.T @ Y
+    w = {}
+    for (kind, e, c), (xtx, xty) in acc.items():
+        d = xtx.shape[0] - 1
+        lam = ridge * float(torch.diagonal(xtx)[:d].mean())
+        reg = xtx.clone()
+        reg[range(d), range(d)] += lam
+        w[(kind, e, c)] = torch.linalg.solve(reg, xty).float()
+    return w
+
+
+def learned_pass(edge, toks, ctx, cont, alpha, tau, ws, ks, vs):
+    """edge_pass with every edge layer attending over a softmax(alpha[e] / tau) mixture of
+    every cloud layer's adapted context K/V (ws[(kind, e, c)])."""
+    x = edge._embed(toks[ctx:ctx + cont], ctx)
+    for e in range(edge.n_layers):
+        p = torch.softmax(alpha[e] / tau, 0)
+        k = sum(p[c] * scatter(affine(gather(ks[c]), ws[("k", e, c)]), edge.kv_heads)
+                for c in range(len(ks)))
+        if rotary(edge):
+            k = rotate(edge, k, 0)
+        v = sum(p[c] * scatter(affine(gather(vs[c]), ws[("v", e, c)]), edge.kv_heads)
+                for c in range(len(vs)))
+        x, _, _ = edge._layer(e, x, ctx, k, v)
+    return torch.log_softmax(edge._logits(x), -1)
+
+
+def learn_map(edge, train, cache, ws, steps, a):
+    """The soft phase of --from learned: alpha [edge layers][cloud layers] and every pair's
+    adapter trained on the distillation loss; returns the argmax map and alpha's softmax."""
+    E, C = edge.n_layers, len(cache[0][0])
+    alpha = torch.zeros(E, C, requires_grad=True)
+    for v in ws.values():
+        v.requires_grad_(True)
+    opt = torch.optim.Adam([{"params": list(ws.values()), "lr": a.lr},
+                            {"params": [alpha], "lr": a.alpha_lr}])
+    order = []
+    for step in range(1, steps + 1):
+        tau = 0.1 ** ((step - 1) / max(1, steps - 1))  # 1 -> 0.1
+        opt.zero_grad()
+        for _ in range(a.batch):
+            if not order:
+                order = list(range(len(train)))
+                random.shuffle(order)
+            i = order.pop()
+            ks, vs, plogp = cache[i]
+            qlogp = learned_pass(edge, train[i], a.ctx, a.cont, alpha, tau, ws, ks, vs)
+            kl = (plogp.exp() * (plogp - qlogp)).sum(-1).mean()
+            (kl / a.batch).backward()
+        opt.step()
+        if step % max(1, steps // 5) == 0 or step == steps:
+            p = torch.softmax(alpha.detach() / tau, 1)
+            print(f"learn step {step:4d} tau {tau:.3f} KL {float(kl):.4f} map "
+                  f"{','.join(str(int(r.argmax())) for r in p)} "
+                  f"p(max) {','.join('%.2f' % float(r.max()) for r in p)}", flush=True)
+    p = torch.softmax(alpha.detach(), 1)
+    return [int(r.argmax()) for r in alpha.detach()], p
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cloud", required=True, help="the cloud model's folder")
@@ -253,8 +381,22 @@ def main(argv=None):
                     "--eval-file)")
     ap.add_argument("--from", dest="from_", default=None,
                     help="cloud layer of every edge layer, comma-separated (default: the "
-                    "adapter's; another map starts from the same layer's least-squares weights, "
-                    "and the file then no longer matches the registered map)")
+                    "adapter's; another map starts from the same edge layer's weights unless "
+                    "--init lsq, and the file then no longer matches the registered map); "
+                    "cka or rsa: Eq. 16's rule on that score alone (--scores); learned: a "
+                    "softmax per edge layer over the cloud layers, trained, then hardened")
+    ap.add_argument("--scores", default=None,
+                    help="the output of `kvedge --json layermap` for the pair (its map, "
+                    "matrices, ids and thresholds): for --from cka|rsa and --map-out")
+    ap.add_argument("--map-out", default=None,
+                    help="write the map trained on as a layer map file (needs --scores)")
+    ap.add_argument("--init", choices=("file", "lsq"), default="file",
+                    help="file: the adapter's weights; lsq: ridge least squares on the "
+                    "calibration windows' contexts for every pair trained")
+    ap.add_argument("--harden-at", type=float, default=0.5,
+                    help="--from learned: the share of --steps spent learning the map")
+    ap.add_argument("--alpha-lr", type=float, default=0.2,
+                    help="--from learned: Adam's learning rate for the map's logits")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
@@ -280,10 +422,37 @@ def main(argv=None):
                  edge.head_dim):
         print(f"{a.adapter}: the adapter is for {shape}, not these models", file=sys.stderr)
         return 2
-    try:
-        from_ = [int(x) for x in (a.from_ or meta["from"]).split(",")]
-    except ValueError:
-        from_ = []
+    scores = None
+    if a.scores:
+        with open(a.scores) as f:
+            scores = json.loads(f.readline())  # the map's line (a second one is the adapter's)
+        if (len(scores.get("cka", [])) != edge.n_layers
+                or any(len(r) != cloud.n_layers for r in scores["cka"] + scores["rsa"])):
+            print(f"{a.scores}: no score matrices of {edge.n_layers} x {cloud.n_layers} (the "
+                  f"output of `kvedge --json layermap` for these models)", file=sys.stderr)
+            return 2
+    if a.map_out and scores and (scores["cloud"]["id"], scores["edge"]["id"]) != (
+            meta.get("cloud_id"), meta.get("edge_id")):
+        print(f"{a.scores} is for {scores['cloud']['id']} -> {scores['edge']['id']}, the adapter "
+              f"for {meta.get('cloud_id')} -> {meta.get('edge_id')}: run kvedge layermap with "
+              f"--cloud-id and --edge-id the adapter's", file=sys.stderr)
+        return 2
+    if (a.from_ in ("cka", "rsa") or a.map_out) and not scores:
+        print("--from cka|rsa and --map-out need --scores", file=sys.stderr)
+        return 2
+    learned = a.from_ == "learned"
+    if learned and not 0 < a.harden_at < 1:
+        print("--harden-at must be between 0 and 1", file=sys.stderr)
+        return 2
+    if a.from_ in ("cka", "rsa"):
+        from_ = rule_one(scores[a.from_], scores[a.from_ + "_min"])
+    elif learned:
+        from_ = [0] * edge.n_layers  # chosen by training
+    else:
+        try:
+            from_ = [int(x) for x in (a.from_ or meta["from"]).split(",")]
+        except ValueError:
+            from_ = []
     if (len(from_) != edge.n_layers or any(f >= cloud.n_layers for f in from_)
             or any(f >= 0 and f"k.{e}" not in w for e, f in enumerate(from_))):
         print(f"from: {edge.n_layers} cloud layers below {cloud.n_layers} wanted, each edge "
@@ -312,11 +481,33 @@ def main(argv=None):
     hcache = [cloud_pass(cloud, t, a.ctx, a.cont) for t in held]
     tprobe = list(range(min(len(train), a.eval_docs)))
     print(f"cached in {time.time() - t0:.0f} s", flush=True)
+    first = 0  # the first step of the adapter's own training (after a learned map's phase)
+    if learned:
+        pairs = [(e, c) for e in range(edge.n_layers) for c in range(cloud.n_layers)]
+    else:
+        pairs = [(e, from_[e]) for e in range(edge.n_layers)]
+    if a.init == "lsq":
+        ws = lsq_init(edge, train, cache, pairs, a.ctx)
+        print(f"least squares for {len(pairs)} pairs on {len(train)} windows' contexts "
+              f"({time.time() - t0:.0f} s)", flush=True)
+    else:
+        ws = {(kind, e, c): w[f"{kind}.{e}"].clone() for e, c in pairs for kind in "kv"}
+    map_note = "" if a.from_ is None else f", map {a.from_}"
+    if learned:
+        first = max(1, min(a.steps - 1, round(a.steps * a.harden_at)))
+        from_, p = learn_map(edge, train, cache, ws, first, a)
+        print(f"learned map {','.join(map(str, from_))} after {first} steps (softmax at tau 1: "
+              f"{'; '.join(','.join('%.2f' % float(x) for x in r) for r in p)}) "
+              f"({time.time() - t0:.0f} s)", flush=True)
+        map_note = f", map learned in {first} steps: {','.join(map(str, from_))}"
+    w = {f"{kind}.{e}": ws[(kind, e, from_[e])].detach().clone() for e in range(edge.n_layers)
+         for kind in "kv"}
     for v in w.values():
         v.requires_grad_(True)
     opt = torch.optim.Adam(list(w.values()), lr=a.lr)
+    rest = a.steps - first
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / max(1, a.steps))))
+        opt, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / max(1, rest))))
     curve = []
 
     def point(step):
@@ -327,10 +518,10 @@ def main(argv=None):
         print(f"step {step:5d}  train KL {tk:.4f} ppl {tp:.2f}  held-out KL {hk:.4f} ppl {hp:.2f}"
               f"  ({time.time() - t0:.0f} s)", flush=True)
 
-    point(0)
+    point(first)
     order = []
     every = a.every or max(1, a.steps // max(1, a.evals - 1))
-    for step in range(1, a.steps + 1):
+    for step in range(first + 1, a.steps + 1):
         opt.zero_grad()
         for _ in range(a.batch):
             if not order:
@@ -349,9 +540,13 @@ def main(argv=None):
     meta["from"] = ",".join(str(f) for f in from_)
     meta["fit"] = (f"distilled: KL(cloud||edge)+{a.ce:g}*CE, Adam lr {a.lr:g}, {a.steps} steps x "
                    f"{a.batch} windows of {a.ctx}+{a.cont} tokens, {len(train)} windows, from "
-                   f"{os.path.basename(a.adapter)}")
+                   + (f"least squares (init lsq){map_note}" if a.init == "lsq" else
+                      f"{os.path.basename(a.adapter)}{map_note}"))[:255]
     write_adapter(a.out, meta, {k: v.detach() for k, v in w.items()})
     print(f"wrote {a.out} ({minutes:.1f} min)")
+    if a.map_out:
+        write_map(a.map_out, scores, from_)
+        print(f"wrote {a.map_out}: map {','.join(map(str, from_))}")
     print("curve: step train_kl train_ppl heldout_kl heldout_ppl")
     for c in curve:
         print("curve: %d %.4f %.2f %.4f %.2f" % c[:5])

@@ -918,27 +918,21 @@ typedef struct {
     int deadline_ms;
 } s_master_t;
 
-/* --mapped-only: the union of the layers the maps naming model m use (kvedge_prune_from_view
- * on a snapshot of map/<m>/). edges receives their edge ids. Returns an exit code. */
-static int s_mapped_layers(const s_master_t *ms, const kvedge_model_t *m, kvedge_prune_set_t *keep,
-                           size_t *n_maps, char *edges, size_t edges_cap)
+/* A synced snapshot of the master's records under prefix, for command cmd (messages say
+ * "cmd: ..." and, when there is none, then what happens: `then`). Returns an exit code: 2 for
+ * flags or a transport that cannot be used, 1 when the view cannot start, 5 for no snapshot
+ * within ms->deadline_ms. */
+static int s_master_view(const char *cmd, const s_master_t *ms, const char *prefix,
+                         const char *then, kvedge_mview_t **v)
 {
-    char pub[300], prefix[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
-    if (!kvedge_cli_master_pubs("prefill", "master", ms->master, "master-pub", ms->pub, pub,
-                                sizeof pub))
+    char pub[300];
+    *v = NULL;
+    if (!kvedge_cli_master_pubs(cmd, "master", ms->master, "master-pub", ms->pub, pub, sizeof pub))
         return KVEDGE_EXIT_USAGE;
     if (ms->key && !ms->cert) {
-        kvedge_cli_error("prefill: --master-key needs --cert (this client's secret certificate)");
+        kvedge_cli_error("%s: --master-key needs --cert (this client's secret certificate)", cmd);
         return KVEDGE_EXIT_USAGE;
     }
-    if (kvedge_master_key_format(KVEDGE_MASTER_SPACE_MAP, m->id, "x", prefix, sizeof prefix) !=
-        KVEDGE_OK) {
-        kvedge_cli_error("prefill: '%s' is not a registry model id (1..%u printable bytes, no "
-                         "'/'): no map can name it, so --mapped-only cannot be used",
-                         m->id, KVEDGE_MASTER_MAX_MODEL_ID_BYTES);
-        return KVEDGE_EXIT_USAGE;
-    }
-    prefix[strlen(prefix) - 1] = '\0'; /* map/<model>/ */
     kvedge_mview_opts_t vo;
     kvedge_mview_opts_default(&vo);
     vo.master = ms->master;
@@ -947,24 +941,43 @@ static int s_mapped_layers(const s_master_t *ms, const kvedge_model_t *m, kvedge
     vo.client_cert = ms->key ? ms->cert : NULL;
     vo.prefix = prefix;
     vo.start_wait_ms = ms->deadline_ms;
-    kvedge_mview_t *v = NULL;
-    int rc = kvedge_mview_start(&vo, &v);
+    int rc = kvedge_mview_start(&vo, v);
     if (rc != KVEDGE_OK) {
-        kvedge_cli_error("prefill: cannot reach the master: %s%s", kvedge_strerror(rc),
+        kvedge_cli_error("%s: cannot reach the master: %s%s", cmd, kvedge_strerror(rc),
                          rc == KVEDGE_EDENIED ? " (plaintext is for loopback and ipc only: give "
                                                 "--master-key and --cert)"
                                               : "");
         return rc == KVEDGE_EINVAL || rc == KVEDGE_EDENIED ? KVEDGE_EXIT_USAGE
                                                            : KVEDGE_EXIT_FAILURE;
     }
-    int ex = KVEDGE_EXIT_OK;
+    if (kvedge_mview_state(*v) != KVEDGE_MVIEW_SYNCED) {
+        kvedge_cli_error("%s: no snapshot from the master at %s within %d ms (master down, "
+                         "wrong endpoint, or key not allowed); %s",
+                         cmd, ms->master, ms->deadline_ms, then);
+        kvedge_mview_destroy(v);
+        return KVEDGE_EXIT_UNAVAILABLE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
+/* --mapped-only: the union of the layers the maps naming model m use (kvedge_prune_from_view
+ * on a snapshot of map/<m>/). edges receives their edge ids. Returns an exit code. */
+static int s_mapped_layers(const s_master_t *ms, const kvedge_model_t *m, kvedge_prune_set_t *keep,
+                           size_t *n_maps, char *edges, size_t edges_cap)
+{
+    char prefix[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+    if (kvedge_master_key_format(KVEDGE_MASTER_SPACE_MAP, m->id, "x", prefix, sizeof prefix) !=
+        KVEDGE_OK) {
+        kvedge_cli_error("prefill: '%s' is not a registry model id (1..%u printable bytes, no "
+                         "'/'): no map can name it, so --mapped-only cannot be used",
+                         m->id, KVEDGE_MASTER_MAX_MODEL_ID_BYTES);
+        return KVEDGE_EXIT_USAGE;
+    }
+    prefix[strlen(prefix) - 1] = '\0'; /* map/<model>/ */
+    kvedge_mview_t *v = NULL;
+    int rc, ex = s_master_view("prefill", ms, prefix, "nothing stored", &v);
     char why[KVEDGE_PRUNE_WHY_BYTES] = "";
-    if (kvedge_mview_state(v) != KVEDGE_MVIEW_SYNCED) {
-        kvedge_cli_error("prefill: no snapshot from the master at %s within %d ms (master down, "
-                         "wrong endpoint, or key not allowed); nothing stored",
-                         ms->master, ms->deadline_ms);
-        ex = KVEDGE_EXIT_UNAVAILABLE;
-    } else if ((rc = kvedge_prune_from_view(v, m->id, m->layers, keep, n_maps, edges, edges_cap,
+    if (!ex && (rc = kvedge_prune_from_view(v, m->id, m->layers, keep, n_maps, edges, edges_cap,
                                             why, sizeof why)) != KVEDGE_OK) {
         kvedge_cli_error("prefill: --mapped-only: %s; nothing stored", why);
         ex = rc == KVEDGE_ENOTFOUND                         ? KVEDGE_EXIT_NOTFOUND
@@ -1434,6 +1447,7 @@ typedef struct {
     double penalty;
     bool plan_recompute, compare, quiet;
     const char *cloud_link, *adapter, *accept, *budget;
+    const char *master, *master_pub, *master_key;
 } s_decode_opts_t;
 
 static const kvedge_cmdopt_t s_decode_list[] = {
@@ -1497,6 +1511,27 @@ static const kvedge_cmdopt_t s_decode_list[] = {
              "proxy serves from the cloud model (the layer map registered for the pair) is "
              "adapted here to this model's shape. Needs a proxy at -H; the adapter must fit "
              "--weights"},
+    {.name = "master",
+     .arg = "EPS",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, master),
+     .help = "with --adapter: the Storage Master (its ROUTER, or a list EP[,EP...] of the "
+             "masters of one cluster); the adapter is used only when it is the file registered "
+             "for the pair (adapter/CLOUD/EDGE: digest and size) and was fitted with the map "
+             "registered now; else, or with no record or no master in time, the decode goes "
+             "on without it"},
+    {.name = "master-pub",
+     .arg = "PUBS",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, master_pub),
+     .def_text = "for tcp://HOST:PORT, PORT+1",
+     .help = "the master's PUB"},
+    {.name = "master-key",
+     .arg = "KEY",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_decode_opts_t, master_key),
+     .help = "the master's public key or certificate (none: plaintext, loopback and ipc only; "
+             "with the global --cert)"},
     {.name = "accept",
      .arg = "LIST",
      .type = KVEDGE_CMDOPT_STR,
@@ -1543,7 +1578,9 @@ static const kvedge_cmdopts_t s_decode_opts = {
         "An --adapter file that is read but refused (damaged or non-finite weights, another\n"
         "model pair, other rotary settings, other shapes than --weights) is reported on stderr\n"
         "and the decode goes on without it: the edge model's own layers, those no source holds\n"
-        "computed here.\n\n"
+        "computed here. With --master the same holds for a file that is not the one registered\n"
+        "for the pair, one fitted with another map than the registered one, no registered\n"
+        "adapter, and no snapshot from the master within the deadline (--deadline, else 3 s).\n\n"
         "exit codes: 2 usage (also a --tokenizer refused or whose ids do not fit the model,\n"
         "--adapter against a store node), 1 weights that do not load or a decode that failed (a\n"
         "layer failed rather than missed: a source past the deadline, the proxy gone), or an\n"
@@ -1693,10 +1730,10 @@ static int s_prompt(const s_common_t *c, const char *text, const char *ids, int3
  * layers, heads, head size; fp16 as kvedge_e2e_model's) and checks it against the loaded
  * edge weights. Returns an exit code. */
 static int s_load_adapter(const s_common_t *c, const char *path, kvedge_adapter_t **out,
-                          kvedge_model_t *mapped)
+                          kvedge_model_t *mapped, uint8_t *digest, uint64_t *size)
 {
     char why[512];
-    int rc = kvedge_adapter_load(path, out, why, sizeof why);
+    int rc = kvedge_adapter_load_digest(path, out, digest, size, why, sizeof why);
     if (rc != KVEDGE_OK) {
         kvedge_cli_error("decode: cannot use the adapter %s: %s", path,
                          why[0] ? why : kvedge_strerror(rc));
@@ -1743,8 +1780,10 @@ typedef struct {
     size_t n_accept;
     kvedge_quality_metric_t metric;
     double budget;
-    kvedge_adapter_t *adapter; /* --adapter, or NULL */
-    kvedge_model_t mapped;     /* the adapter's cloud model */
+    kvedge_adapter_t *adapter;                  /* --adapter, or NULL */
+    kvedge_model_t mapped;                      /* the adapter's cloud model */
+    uint8_t digest[KVEDGE_MASTER_DIGEST_BYTES]; /* the adapter file's */
+    uint64_t size;
     int32_t *prompt;
     uint32_t prompt_len;
     int runs;                 /* 1, or S_RUNS with --compare */
@@ -1799,12 +1838,69 @@ static int s_decode_check(const kvedge_cli_t *cli, const s_decode_opts_t *o, s_d
         kvedge_cli_error("decode: --budget needs --accept: the precisions it may choose among");
         return KVEDGE_EXIT_USAGE;
     }
+    if ((o->master && !o->adapter) || (!o->master && (o->master_pub || o->master_key))) {
+        kvedge_cli_error("decode: --master goes with --adapter (the master holding the pair's "
+                         "registered adapter), --master-pub and --master-key with --master");
+        return KVEDGE_EXIT_USAGE;
+    }
     return KVEDGE_EXIT_OK;
+}
+
+/* --adapter with --master: whether the file is the pair's registered adapter, fitted with the
+ * map registered now (kvedge_adapter_check_registered on snapshots of adapter/CLOUD/EDGE and
+ * map/CLOUD/EDGE). Returns an exit code: 0 use it; 2 flags that cannot work; any other, said
+ * why: go on without it. */
+static int s_adapter_registered(const kvedge_cli_t *cli, const s_decode_opts_t *o, s_decode_t *r)
+{
+    const kvedge_adapter_info_t *ai = kvedge_adapter_info(r->adapter);
+    const s_master_t ms = {o->master, o->master_pub, o->master_key, cli->cert,
+                           cli->deadline_ms > 0 ? cli->deadline_ms : KVEDGE_MVIEW_SNAPSHOT_MS};
+    const kvedge_master_space_t sp[2] = {KVEDGE_MASTER_SPACE_ADAPTER, KVEDGE_MASTER_SPACE_MAP};
+    kvedge_master_adapter_t *rec = malloc(sizeof *rec);
+    kvedge_master_map_t *map = malloc(sizeof *map);
+    bool have[2] = {false, false};
+    int ex = rec && map ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+    for (int i = 0; !ex && i < 2; i++) {
+        char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1];
+        kvedge_mview_t *v = NULL;
+        if (kvedge_master_key_format(sp[i], ai->cloud_id, ai->edge_id, key, sizeof key) !=
+            KVEDGE_OK) {
+            kvedge_cli_error("decode: the adapter's ids %s and %s are not registry model ids: no "
+                             "record can name them",
+                             ai->cloud_id, ai->edge_id);
+            ex = KVEDGE_EXIT_NOTFOUND;
+            break;
+        }
+        ex = s_master_view("decode", &ms, key, "the adapter cannot be checked", &v);
+        int rc = ex  ? KVEDGE_OK
+                 : i ? kvedge_mview_map(v, ai->cloud_id, ai->edge_id, map)
+                     : kvedge_mview_adapter(v, ai->cloud_id, ai->edge_id, rec);
+        have[i] = !ex && rc == KVEDGE_OK;
+        if (!ex && rc != KVEDGE_OK && rc != KVEDGE_ENOTFOUND) {
+            kvedge_cli_error("decode: the master's %s does not parse: %s", key,
+                             kvedge_strerror(rc));
+            ex = KVEDGE_EXIT_CORRUPT;
+        }
+        kvedge_mview_destroy(&v);
+    }
+    char why[KVEDGE_ADAPTER_REG_WHY_BYTES] = "";
+    if (!ex &&
+        kvedge_adapter_check_registered(r->adapter, r->digest, r->size, have[0] ? rec : NULL,
+                                        have[1] ? map : NULL, why, sizeof why) != KVEDGE_OK) {
+        kvedge_cli_error("decode: %s: %s", o->adapter, why);
+        ex = KVEDGE_EXIT_CORRUPT;
+    } else if (!ex) {
+        fprintf(stderr, "kvedge: decode: %s is the adapter registered for %s -> %s at %s (%s)\n",
+                o->adapter, ai->cloud_id, ai->edge_id, o->master, kvedge_master_fit_name(rec->fit));
+    }
+    free(rec);
+    free(map);
+    return ex;
 }
 
 /* Loads the weights, the context, the adapter and the prompt, and makes room for the runs'
  * results. Returns an exit code. */
-static int s_decode_prepare(const s_decode_opts_t *o, s_decode_t *r)
+static int s_decode_prepare(const kvedge_cli_t *cli, const s_decode_opts_t *o, s_decode_t *r)
 {
     int ex = s_common_load(&r->c);
     if (!ex && o->adapter) {
@@ -1812,10 +1908,13 @@ static int s_decode_prepare(const s_decode_opts_t *o, s_decode_t *r)
          * or non-finite weights, another model pair, other rotary settings or shapes) costs
          * only the large-small mode: the request goes on as the edge model's own, and the
          * layers no source holds of it are computed here. s_load_adapter said why. */
-        int aex = s_load_adapter(&r->c, o->adapter, &r->adapter, &r->mapped);
-        if (aex == KVEDGE_EXIT_FAILURE) {
-            ex = aex;
-        } else if (aex != KVEDGE_EXIT_OK) {
+        int aex = s_load_adapter(&r->c, o->adapter, &r->adapter, &r->mapped, r->digest, &r->size);
+        /* With a master, only the registered file, fitted with the registered map: a file
+         * that cannot be checked is not used either. */
+        int rex = !aex && o->master ? s_adapter_registered(cli, o, r) : KVEDGE_EXIT_OK;
+        if (rex == KVEDGE_EXIT_USAGE || aex == KVEDGE_EXIT_FAILURE) {
+            ex = rex == KVEDGE_EXIT_USAGE ? rex : aex;
+        } else if (aex != KVEDGE_EXIT_OK || rex != KVEDGE_EXIT_OK) {
             kvedge_adapter_destroy(&r->adapter);
             memset(&r->mapped, 0, sizeof r->mapped);
             kvedge_cli_error("decode: going on without the adapter: the edge computes the "
@@ -2031,7 +2130,7 @@ static void s_decode_text(const kvedge_cli_t *cli, const s_decode_opts_t *o, con
 /* `decode --engine llama.cpp`. Returns an exit code. */
 static int s_decode_llamacpp(kvedge_cli_t *cli, const s_decode_opts_t *o)
 {
-    if (o->plan_recompute || o->compare || o->adapter || o->accept || o->budget ||
+    if (o->plan_recompute || o->compare || o->adapter || o->accept || o->budget || o->master ||
         o->penalty != 1.0) {
         kvedge_cli_error("decode: --plan-recompute, --compare, --adapter, --accept, --budget and "
                          "--repetition-penalty are for --engine reference");
@@ -2068,7 +2167,7 @@ static int s_decode(kvedge_cli_t *cli, const void *opts)
     s_decode_t r = {0};
     int ex = s_decode_check(cli, o, &r);
     if (!ex)
-        ex = s_decode_prepare(o, &r);
+        ex = s_decode_prepare(cli, o, &r);
     if (!ex)
         ex = s_decode_runs(cli, o, &r);
     if (!ex) {

@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "runtime/mview.h"
 #include "clients/e2e/adapter.h"
 #include "clients/cli/cli.h"
@@ -148,7 +150,10 @@ static const kvedge_cmdopt_t s_opt_list[] = {
      KVEDGE_CMDOPT_AT(s_opts_t, adapter),
      .help = "also fit the K/V adapter of the map on the same calibration tokens and write it "
              "(safetensors); prints each mapped layer's relative error ||Y - XW|| / ||Y|| for K "
-             "and V"},
+             "and V. With --register the file is registered beside the map (adapter/CLOUD/EDGE: "
+             "its digest, size, fit, map and rotary settings; edges check their copy against "
+             "it); with --show MAP --register, FILE is an existing adapter of that map (e.g. "
+             "distilled), read and registered, not fitted"},
     {.name = "adapt",
      .type = KVEDGE_CMDOPT_ENUM,
      KVEDGE_CMDOPT_AT(s_opts_t, adapt),
@@ -346,6 +351,7 @@ typedef struct {
     const char *server_key; /* NULL: plaintext */
     const char *cert;
     int deadline_ms;
+    const char *adapter; /* the adapter file registered beside the map (adapter/...), or NULL */
 } s_reg_t;
 
 /* The layer count the registry gives model id (built in, else its model record, as the proxy
@@ -480,6 +486,73 @@ static int s_register_view(const s_reg_t *r, const char *pub, kvedge_mview_t **v
     return KVEDGE_EXIT_OK;
 }
 
+/* The adapter file to register beside map: read strictly, checked against the map, its
+ * digest taken (kvedge_adapter_load_digest); rec receives its record. Returns an exit code. */
+static int s_adapter_record(const char *path, const kvedge_layermap_t *map,
+                            kvedge_master_adapter_t *rec)
+{
+    kvedge_adapter_t *a = NULL;
+    uint8_t digest[KVEDGE_MASTER_DIGEST_BYTES];
+    uint64_t size = 0;
+    char why[KVEDGE_ADAPTER_REG_WHY_BYTES] = "";
+    int rc = kvedge_adapter_load_digest(path, &a, digest, &size, why, sizeof why);
+    int ex = KVEDGE_EXIT_OK;
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: %s (%s); nothing registered", why[0] ? why : path,
+                         kvedge_strerror(rc));
+        ex = rc == KVEDGE_EIO || rc == KVEDGE_ENOMEM ? KVEDGE_EXIT_FAILURE : KVEDGE_EXIT_CORRUPT;
+    } else if ((rc = kvedge_adapter_check(a, map, NULL, NULL, why, sizeof why)) != KVEDGE_OK) {
+        kvedge_cli_error("layermap: the adapter %s does not fit the map of %s -> %s: %s; nothing "
+                         "registered",
+                         path, map->cloud_id, map->edge_id, why);
+        ex = KVEDGE_EXIT_CORRUPT;
+    } else if ((rc = kvedge_adapter_to_master(a, digest, size, rec, why, sizeof why)) !=
+               KVEDGE_OK) {
+        kvedge_cli_error("layermap: the adapter %s cannot be registered: %s; nothing registered",
+                         path, why);
+        ex = KVEDGE_EXIT_CORRUPT;
+    }
+    kvedge_adapter_destroy(&a);
+    return ex;
+}
+
+/* SETs adapter/CLOUD/EDGE after the map and prints it. Returns an exit code. */
+static int s_register_adapter(const kvedge_cli_t *cli, kvedge_mview_t *v,
+                              const kvedge_layermap_t *map, const s_reg_t *r,
+                              const kvedge_master_adapter_t *rec)
+{
+    char key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1], hex[2 * KVEDGE_MASTER_DIGEST_BYTES + 1];
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len = 0;
+    int rc = kvedge_master_key_format(KVEDGE_MASTER_SPACE_ADAPTER, map->cloud_id, map->edge_id, key,
+                                      sizeof key);
+    if (rc == KVEDGE_OK && (rc = kvedge_master_adapter_pack(rec, body, &len)) == KVEDGE_OK)
+        rc = kvedge_mview_set(v, key, body, len, r->deadline_ms);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("layermap: the master did not register %s: %s (the map is registered)",
+                         key, kvedge_strerror(rc));
+        return rc == KVEDGE_ETIMEDOUT ? KVEDGE_EXIT_UNAVAILABLE
+               : rc == KVEDGE_EDENIED ? KVEDGE_EXIT_DENIED
+                                      : KVEDGE_EXIT_FAILURE;
+    }
+    sodium_bin2hex(hex, sizeof hex, rec->digest, sizeof rec->digest);
+    if (cli->json) {
+        printf("{\"registered\":");
+        kvedge_cli_json_str(stdout, key);
+        printf(",\"master\":");
+        kvedge_cli_json_str(stdout, r->master);
+        printf(",\"seq\":%llu,\"adapter\":", (unsigned long long)kvedge_mview_seq(v));
+        kvedge_cli_json_str(stdout, r->adapter);
+        printf(",\"fit\":\"%s\",\"size\":%llu,\"digest\":\"%s\"}\n",
+               kvedge_master_fit_name(rec->fit), (unsigned long long)rec->size, hex);
+    } else {
+        printf("registered %s at %s (seq %llu): %s, %s, %llu bytes, blake2b-256 %.16s...\n", key,
+               r->master, (unsigned long long)kvedge_mview_seq(v), r->adapter,
+               kvedge_master_fit_name(rec->fit), (unsigned long long)rec->size, hex);
+    }
+    return fflush(stdout) == 0 ? KVEDGE_EXIT_OK : KVEDGE_EXIT_FAILURE;
+}
+
 /* `--register`: the map as the master's record, checked against the models the registry
  * knows, SET as map/CLOUD/EDGE; prints what was registered. models (cloud, edge; NULL when
  * the weights are not at hand, as with --show) are the two models' records from their
@@ -490,8 +563,12 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
                       const kvedge_model_t *models)
 {
     kvedge_master_map_t *rec = malloc(sizeof *rec);
-    if (!rec)
+    kvedge_master_adapter_t *arec = malloc(sizeof *arec);
+    if (!rec || !arec) {
+        free(rec);
+        free(arec);
         return KVEDGE_EXIT_FAILURE;
+    }
     char why[KVEDGE_LAYERMAP_WHY_BYTES] = "", key[KVEDGE_KVMSG_MAX_KEY_BYTES + 1], pub[300];
     int ex = KVEDGE_EXIT_OK, rc = kvedge_layermap_to_master(map, rec, why, sizeof why);
     if (rc != KVEDGE_OK) {
@@ -508,6 +585,8 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
                          "certificate)");
         ex = KVEDGE_EXIT_USAGE;
     }
+    if (!ex && r->adapter)
+        ex = s_adapter_record(r->adapter, map, arec);
     kvedge_mview_t *v = NULL;
     if (!ex)
         ex = s_register_view(r, pub, &v);
@@ -525,8 +604,11 @@ static int s_register(kvedge_cli_t *cli, const kvedge_layermap_t *map, const s_r
     }
     if (!ex)
         ex = s_register_print(cli, key, r->master, kvedge_mview_seq(v), rec);
+    if (!ex && r->adapter)
+        ex = s_register_adapter(cli, v, map, r, arec);
     kvedge_mview_destroy(&v);
     free(rec);
+    free(arec);
     return ex;
 }
 
@@ -920,13 +1002,16 @@ static int s_lm_mode(kvedge_cli_t *cli, const s_opts_t *o, const s_reg_t *reg)
         }
         return s_show_adapter(cli, o->show_adapter, o->show);
     }
-    if (o->show && o->adapter) {
-        kvedge_cli_error("layermap: --adapter fits on the models: it does not go with --show");
+    if (o->show && o->adapter && !o->reg) {
+        kvedge_cli_error("layermap: --adapter fits on the models; with --show it names the "
+                         "adapter file to register beside the map, and needs --register");
         return KVEDGE_EXIT_USAGE;
     }
     if (o->show)
-        return s_show(cli, o->show, o->tokenizer || o->file || o->out || o->heatmap, o->cloud_id,
-                      o->edge_id, reg, o->cloud, o->edge);
+        return s_show(cli, o->show,
+                      o->tokenizer || o->file || o->out || o->heatmap ||
+                          (adapt_flags && o->adapter),
+                      o->cloud_id, o->edge_id, reg, o->cloud, o->edge);
     char own[4096];
     if (!o->cloud || !o->edge || !o->file ||
         (!o->tokenizer && !kvedge_cli_own_tokenizer(o->cloud, own, sizeof own))) {
@@ -1058,8 +1143,12 @@ static int s_lm_register(kvedge_cli_t *cli, const s_reg_t *reg, s_lm_t *r)
 static int s_layermap(kvedge_cli_t *cli, const void *opts)
 {
     const s_opts_t *o = opts;
-    s_reg_t reg = {o->reg, o->master_pub, cli->server_key, cli->cert,
-                   cli->deadline_ms > 0 ? cli->deadline_ms : S_REGISTER_DEADLINE_MS};
+    s_reg_t reg = {o->reg,
+                   o->master_pub,
+                   cli->server_key,
+                   cli->cert,
+                   cli->deadline_ms > 0 ? cli->deadline_ms : S_REGISTER_DEADLINE_MS,
+                   o->reg ? o->adapter : NULL};
     s_adapt_opts_t ad = {o->adapter, (kvedge_adapt_kind_t)o->adapt, o->ridge, o->eval_text,
                          o->adapt_samples};
     int ex = s_lm_mode(cli, o, &reg);

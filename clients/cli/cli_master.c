@@ -179,6 +179,48 @@ static int s_value_map(const s_fmt_t *f, const uint8_t *body, size_t len)
     return rc;
 }
 
+static int s_value_adapter(const s_fmt_t *f, const uint8_t *body, size_t len)
+{
+    const char *q = f->q, *sep = f->sep, *eq = f->eq;
+    bool json = f->json;
+    int rc = KVEDGE_OK;
+    kvedge_master_adapter_t *r = malloc(sizeof *r);
+    if (!r || (rc = kvedge_master_adapter_parse(body, len, r)) != KVEDGE_OK) {
+        rc = r ? rc : KVEDGE_ENOMEM;
+        free(r);
+        return rc;
+    }
+    S_F("fit");
+    printf("%s%s%s%s", q, kvedge_master_fit_name(r->fit), q, sep);
+    S_F("size");
+    printf("%llu%s", (unsigned long long)r->size, sep);
+    S_F("digest");
+    printf("%s", q);
+    s_hex(stdout, r->digest, sizeof r->digest);
+    printf("%s%s", q, sep);
+    S_F("cloud_layers");
+    printf("%u%s", r->cloud_layers, sep);
+    S_F("edge_layers");
+    printf("%u%s", r->edge_layers, sep);
+    S_F("from");
+    printf("%s", json ? "[" : "");
+    for (uint32_t i = 0; i < r->edge_layers; i++) {
+        const char *comma = i ? "," : "";
+        if (r->from[i] == KVEDGE_MASTER_MAP_NONE)
+            printf("%s%s", comma, json ? "null" : "-");
+        else
+            printf("%s%u", comma, r->from[i]);
+    }
+    printf("%s%s", json ? "]" : "", sep);
+    S_F("cloud_rope");
+    json ? kvedge_cli_json_str(stdout, r->cloud_rope) : (void)printf("%s", r->cloud_rope);
+    printf("%s", sep);
+    S_F("edge_rope");
+    json ? kvedge_cli_json_str(stdout, r->edge_rope) : (void)printf("%s", r->edge_rope);
+    free(r);
+    return rc;
+}
+
 static int s_value_dir(const s_fmt_t *f, const uint8_t *body, size_t len)
 {
     const char *q = f->q, *sep = f->sep, *eq = f->eq;
@@ -239,6 +281,8 @@ static int s_value_fields(const s_fmt_t *f, int space, const uint8_t *body, size
         return s_value_map(f, body, len);
     case KVEDGE_MASTER_SPACE_DIR:
         return s_value_dir(f, body, len);
+    case KVEDGE_MASTER_SPACE_ADAPTER:
+        return s_value_adapter(f, body, len);
     case KVEDGE_MASTER_SPACE_LINK:
         return s_value_link(f, body, len);
     }

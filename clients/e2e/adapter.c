@@ -987,7 +987,7 @@ static void s_fmt_plain(double x, char *out, size_t len)
 /* "none", or "theta=T" with ",llama3,factor=F,low_freq_factor=L,high_freq_factor=H,
  * original_max_position_embeddings=M" when scaled: the metadata value, and what a mismatch
  * names. */
-static void s_fmt_rope(const kvedge_decoder_rope_t *r, char *out, size_t len)
+void kvedge_adapter_rope_format(const kvedge_decoder_rope_t *r, char *out, size_t len)
 {
     if (!r->rotary) {
         snprintf(out, len, "none");
@@ -1024,8 +1024,8 @@ int kvedge_adapter_check_rope(const kvedge_adapter_t *a, const kvedge_decoder_t 
             kvedge_decoder_rope_equal(&have, want[s]))
             continue;
         char h[S_ROPE_BYTES], w[S_ROPE_BYTES];
-        s_fmt_rope(&have, h, sizeof h);
-        s_fmt_rope(want[s], w, sizeof w);
+        kvedge_adapter_rope_format(&have, h, sizeof h);
+        kvedge_adapter_rope_format(want[s], w, sizeof w);
         s_why(why, why_len, "the %s model's rotary settings are %s, the adapter's %s",
               s ? "edge" : "cloud", h, w);
         return KVEDGE_ESHAPE;
@@ -1135,9 +1135,9 @@ int kvedge_adapter_save(const kvedge_adapter_t *a, const char *path)
     }
     if (rope) {
         char r[S_ROPE_BYTES];
-        s_fmt_rope(&i->cloud_rope, r, sizeof r);
+        kvedge_adapter_rope_format(&i->cloud_rope, r, sizeof r);
         s_put(&h, ",\"cloud_rope\":\"%s\"", r);
-        s_fmt_rope(&i->edge_rope, r, sizeof r);
+        kvedge_adapter_rope_format(&i->edge_rope, r, sizeof r);
         s_put(&h, ",\"edge_rope\":\"%s\"", r);
     }
     s_put(&h, "}");

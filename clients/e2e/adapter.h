@@ -32,6 +32,7 @@
 #include "clients/decoder/decoder.h"
 #include "clients/e2e/layermap.h"
 #include "access/codec/model.h"
+#include "runtime/kvmsg.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -148,6 +149,46 @@ int kvedge_adapter_save(const kvedge_adapter_t *a, const char *path);
  * weight), KVEDGE_EVERSION, KVEDGE_ESHAPE (a tensor of the wrong shape), KVEDGE_ENOMEM; why
  * receives "PATH: reason". Caller owns *out. */
 int kvedge_adapter_load(const char *path, kvedge_adapter_t **out, char *why, size_t why_len);
+
+/* ---- Registration with the Storage Master (clients/e2e/adapter_reg.c) ----
+ * The master keeps, under adapter/<cloud>/<edge>, what identifies the pair's adapter file
+ * (kvedge_master_adapter_t: its digest and size, how it was fitted, the layer map it was
+ * fitted with, both rotary settings), not the file. docs/largesmall.md, "Registering an
+ * adapter". */
+
+/* Room for a registration check's reason. */
+#define KVEDGE_ADAPTER_REG_WHY_BYTES 512
+
+/* A model's rotary settings as an adapter file spells them ("none", "theta=10000", ...). */
+void kvedge_adapter_rope_format(const kvedge_decoder_rope_t *r, char *out, size_t len);
+
+/* Reads the adapter file at path strictly (kvedge_adapter_load) and the digest
+ * (crypto_generichash, KVEDGE_MASTER_DIGEST_BYTES) and size of its bytes, read before and again
+ * after the load: a file that changed in between is refused. Errors: those of
+ * kvedge_adapter_load, KVEDGE_EIO (errno holds the cause), KVEDGE_ETOOBIG (over
+ * KVEDGE_MASTER_ADAPTER_MAX_SIZE), KVEDGE_ECORRUPT (it changed while read); why receives the
+ * reason. Caller owns *out. */
+int kvedge_adapter_load_digest(const char *path, kvedge_adapter_t **out,
+                               uint8_t digest[KVEDGE_MASTER_DIGEST_BYTES], uint64_t *size,
+                               char *why, size_t why_len);
+
+/* The master's record of adapter a whose file has that digest and size. Errors: KVEDGE_EINVAL
+ * (NULL, size 0), KVEDGE_ETOOBIG (more layers than a record holds, a file over the bound),
+ * KVEDGE_ESHAPE (a rotary setting too long for the record). */
+int kvedge_adapter_to_master(const kvedge_adapter_t *a,
+                             const uint8_t digest[KVEDGE_MASTER_DIGEST_BYTES], uint64_t size,
+                             kvedge_master_adapter_t *out, char *why, size_t why_len);
+
+/* Whether the adapter file (a, its digest and size) is the one registered for its pair: rec
+ * the pair's adapter/ record, map the pair's map/ record (NULL: none registered). Errors:
+ * KVEDGE_EINVAL (NULL a, digest), KVEDGE_ENOTFOUND (no adapter record), KVEDGE_ECORRUPT (the
+ * file is not the registered one: size, digest, or a record that does not describe it),
+ * KVEDGE_EEXPIRED (the record is stale: no map is registered for the pair, or the map is not
+ * the one the adapter was fitted with); why says which. */
+int kvedge_adapter_check_registered(const kvedge_adapter_t *a,
+                                    const uint8_t digest[KVEDGE_MASTER_DIGEST_BYTES], uint64_t size,
+                                    const kvedge_master_adapter_t *rec,
+                                    const kvedge_master_map_t *map, char *why, size_t why_len);
 
 /* ---- Beyond fitting and files: measuring, the weights, and the pieces of the fit ---- */
 

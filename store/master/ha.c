@@ -28,13 +28,13 @@ static void s_ekey(const kvedge_master_state_t *m, const char *suffix, char *out
     snprintf(out, cap, "%s%s", m->prefix, suffix);
 }
 
-/* model/, tmodel/ and map/ live in etcd; the rest is soft state the nodes re-announce. */
+/* model/, tmodel/, map/ and adapter/ live in etcd; the rest is soft state the nodes re-announce. */
 bool kvedge_master_hard_key(const char *key, size_t len)
 {
     kvedge_master_key_t k;
     return kvedge_master_key_parse(key, len, &k) == KVEDGE_OK &&
            (k.space == KVEDGE_MASTER_SPACE_MODEL || k.space == KVEDGE_MASTER_SPACE_TMODEL ||
-            k.space == KVEDGE_MASTER_SPACE_MAP);
+            k.space == KVEDGE_MASTER_SPACE_MAP || k.space == KVEDGE_MASTER_SPACE_ADAPTER);
 }
 
 static void s_set_role(kvedge_master_state_t *m, int role)

@@ -67,6 +67,13 @@ static void s_records(const uint8_t *p, size_t len)
         s_require(kvedge_master_map_pack(&map, back, &bl) == KVEDGE_OK && bl == len &&
                   memcmp(back, p, len) == 0);
 
+    static kvedge_master_adapter_t ad; /* 2 KiB: off the stack */
+    rc = kvedge_master_adapter_parse(p, len, &ad);
+    s_require(s_rec_rc_ok(rc));
+    if (rc == KVEDGE_OK)
+        s_require(kvedge_master_adapter_pack(&ad, back, &bl) == KVEDGE_OK && bl == len &&
+                  memcmp(back, p, len) == 0);
+
     kvedge_master_dir_t d;
     rc = kvedge_master_dir_parse(p, len, &d);
     s_require(s_rec_rc_ok(rc));

@@ -145,5 +145,21 @@ int main(int argc, char **argv)
         return 1;
     m = s_msg(KVEDGE_KVMSG_SET, "link/edge-1/cloud-1", 0, rec, len);
     s_write(dir, "set-link", &m);
+
+    static kvedge_master_adapter_t ad;
+    for (int i = 0; i < KVEDGE_MASTER_DIGEST_BYTES; i++)
+        ad.digest[i] = (uint8_t)(i * 13 + 5);
+    ad.size = 593752;
+    ad.fit = KVEDGE_MASTER_FIT_DISTILLED;
+    ad.cloud_layers = 6;
+    ad.edge_layers = 4;
+    const uint16_t afrom[4] = {1, 1, 2, KVEDGE_MASTER_MAP_NONE};
+    memcpy(ad.from, afrom, sizeof afrom);
+    snprintf(ad.cloud_rope, sizeof ad.cloud_rope, "theta=10000");
+    snprintf(ad.edge_rope, sizeof ad.edge_rope, "theta=10000");
+    if (kvedge_master_adapter_pack(&ad, rec, &len) != 0)
+        return 1;
+    m = s_msg(KVEDGE_KVMSG_SET, "adapter/kjv-llama-cloud/kjv-llama-edge", 0, rec, len);
+    s_write(dir, "set-adapter", &m);
     return 0;
 }

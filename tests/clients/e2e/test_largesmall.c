@@ -63,7 +63,7 @@ static const int32_t s_from[3] = {0, -1, 3};
 
 static struct {
     char root[64];
-    char cloud_w[128], edge_w[128], adapter_path[128];
+    char cloud_w[128], edge_w[128], adapter_path[128], map_path[128];
     kvedge_decoder_t *cloud, *edge;
     const kvedge_decoder_config_t *cc, *ec;
     kvedge_model_t cloud_m, cloud2_m, edge_m;
@@ -100,7 +100,8 @@ static kvedge_adapter_t *s_fit(const char *cloud_id)
                                 KVEDGE_ADAPT_LINEAR, -1, &a);
     if (rc != KVEDGE_OK)
         fail_msg("kvedge_adapter_fit: %s", kvedge_strerror(rc));
-    if (strcmp(cloud_id, S_CLOUD_ID) == 0) { /* register this one */
+    if (strcmp(cloud_id, S_CLOUD_ID) == 0) { /* register this one, and keep its file */
+        assert_int_equal(kvedge_layermap_save(s_fx.map_path, &map), KVEDGE_OK);
         kvedge_master_map_t *rec = malloc(sizeof *rec);
         assert_non_null(rec);
         char why[KVEDGE_LAYERMAP_WHY_BYTES];
@@ -224,6 +225,7 @@ static int s_setup(void **state)
     snprintf(s_fx.cloud_w, sizeof s_fx.cloud_w, "%s/cloud.safetensors", s_fx.root);
     snprintf(s_fx.edge_w, sizeof s_fx.edge_w, "%s/edge.safetensors", s_fx.root);
     snprintf(s_fx.adapter_path, sizeof s_fx.adapter_path, "%s/ls.adapter", s_fx.root);
+    snprintf(s_fx.map_path, sizeof s_fx.map_path, "%s/ls.map", s_fx.root);
     kt_synth(s_fx.cloud_w, 4, 6, S_VOCAB, S_POS, 11);
     kt_synth(s_fx.edge_w, 3, 4, S_VOCAB, S_POS, 22);
     s_fx.cloud = kt_load(s_fx.cloud_w);
@@ -806,6 +808,223 @@ static void test_cli_decode_adapter(void **state)
     }
 }
 
+/* ---------------------------------------------------------------- a registered adapter */
+
+/* Runs a shell command line into ROOT/reg.txt (stdout and stderr); returns its exit status and
+ * the output in text. */
+static int s_run(char *text, size_t cap, const char *fmt, ...)
+{
+    char cmd[4096], out[160];
+    snprintf(out, sizeof out, "%s/reg.txt", s_fx.root);
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    assert_true(k > 0 && (size_t)k + strlen(out) + 8 < sizeof cmd);
+    snprintf(cmd + k, sizeof cmd - (size_t)k, " > %s 2>&1", out);
+    int rc = system(cmd);
+    FILE *f = fopen(out, "r");
+    assert_non_null(f);
+    size_t n = fread(text, 1, cap - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* `kvedge -H PROXY decode ... --adapter FILE` plus extra (--master ...), into text. */
+static int s_decode_with(const char *extra, const char *global, const char *adapter, char *text,
+                         size_t cap)
+{
+    char ctx[S_CTX * 8], prompt[S_PROMPT * 8];
+    size_t k = 0;
+    for (uint32_t i = 0; i < S_CTX; i++)
+        k += (size_t)snprintf(ctx + k, sizeof ctx - k, "%s%d", i ? "," : "", s_fx.ctx[i]);
+    k = 0;
+    for (uint32_t i = 0; i < S_PROMPT; i++)
+        k += (size_t)snprintf(prompt + k, sizeof prompt - k, "%s%d", i ? "," : "", s_fx.prompt[i]);
+    return s_run(text, cap,
+                 "%s %s -H %s decode --weights %s --model-id %s --context-ids %s --prompt-ids %s "
+                 "--chunk-tokens %d --max-new %d --adapter %s %s",
+                 KVEDGE_BIN, global, s_fx.w.pep, s_fx.edge_w, S_EDGE_ID, ctx, prompt, S_CHUNK,
+                 S_NEW, adapter, extra);
+}
+
+/* Writes the map record ls-cloud -> ls-edge with from[2] = last. */
+static void s_set_map(uint16_t last)
+{
+    kvedge_master_map_t *rec = calloc(1, sizeof *rec);
+    assert_non_null(rec);
+    rec->cloud_layers = (uint16_t)s_fx.cc->layers;
+    rec->edge_layers = (uint16_t)s_fx.ec->layers;
+    rec->from[0] = 0;
+    rec->from[1] = KVEDGE_MASTER_MAP_NONE;
+    rec->from[2] = last;
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    assert_int_equal(kvedge_master_map_pack(rec, body, &len), KVEDGE_OK);
+    assert_int_equal(kvedge_mview_set(s_fx.w.reg, "map/" S_CLOUD_ID "/" S_EDGE_ID, body, len, 3000),
+                     KVEDGE_OK);
+    free(rec);
+}
+
+/* The decode went on as the edge model's own request, and said why. */
+static void s_expect_without(int rc, const char *text, const char *why)
+{
+    if (rc != 0 || !strstr(text, why) || !strstr(text, "going on without the adapter") ||
+        strstr(text, "ce-lslm") || !strstr(text, "mode      kvedge"))
+        fail_msg("expected a decode without the adapter (%s), exit 0; got exit %d:\n%s", why, rc,
+                 text);
+}
+
+/* `kvedge layermap --show MAP --register --adapter FILE` registers the file's digest record
+ * beside the map; `kvedge decode --adapter FILE --master` uses only that file, fitted with the
+ * map registered now, and otherwise (another file, a stale map, no record, no master) goes on
+ * without it. */
+static void test_registered_adapter(void **state)
+{
+    (void)state;
+    static char text[16384];
+    char reg[600], changed[200], master[600];
+    snprintf(reg, sizeof reg, "--register %s --master-pub %s", s_fx.w.mep, s_fx.w.mpub);
+    snprintf(master, sizeof master, "--master %s --master-pub %s", s_fx.w.mep, s_fx.w.mpub);
+
+    /* An adapter that is not the map's (fitted for ls-cloud2) is refused, nothing registered. */
+    char other[200];
+    snprintf(other, sizeof other, "%s/other.adapter", s_fx.root);
+    assert_int_equal(kvedge_adapter_save(s_fx.adapter2, other), KVEDGE_OK);
+    int rc = s_run(text, sizeof text, "%s layermap --show %s %s --adapter %s", KVEDGE_BIN,
+                   s_fx.map_path, reg, other);
+    if (rc != 4 || !strstr(text, "does not fit the map"))
+        fail_msg("registering another pair's adapter: exit %d:\n%s", rc, text);
+    kvedge_master_adapter_t *rec = malloc(sizeof *rec);
+    assert_non_null(rec);
+    assert_int_equal(kvedge_mview_adapter(s_fx.w.reg, S_CLOUD_ID, S_EDGE_ID, rec),
+                     KVEDGE_ENOTFOUND);
+    /* --adapter with --show needs --register. */
+    assert_int_equal(s_run(text, sizeof text, "%s layermap --show %s --adapter %s", KVEDGE_BIN,
+                           s_fx.map_path, s_fx.adapter_path),
+                     2);
+
+    /* Registered: the record has the file's size and fit, and master-dump shows it. */
+    rc = s_run(text, sizeof text, "%s layermap --show %s %s --adapter %s", KVEDGE_BIN,
+               s_fx.map_path, reg, s_fx.adapter_path);
+    if (rc != 0 || !strstr(text, "registered adapter/" S_CLOUD_ID "/" S_EDGE_ID " at ") ||
+        !strstr(text, ", least-squares, "))
+        fail_msg("registering the adapter: exit %d:\n%s", rc, text);
+    assert_int_equal(kvedge_mview_wait(s_fx.w.reg, kvedge_master_seq(s_fx.w.master), KT_WAIT_MS),
+                     KVEDGE_OK);
+    assert_int_equal(kvedge_mview_adapter(s_fx.w.reg, S_CLOUD_ID, S_EDGE_ID, rec), KVEDGE_OK);
+    FILE *f = fopen(s_fx.adapter_path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    assert_int_equal((uint64_t)ftell(f), rec->size);
+    assert_int_equal(rec->fit, KVEDGE_MASTER_FIT_LEAST_SQUARES);
+    assert_int_equal(rec->from[2], 3);
+    assert_string_equal(rec->cloud_rope, "none");
+    assert_int_equal(s_run(text, sizeof text,
+                           "%s master-dump --master %s --pub %s --prefix adapter/", KVEDGE_BIN,
+                           s_fx.w.mep, s_fx.w.mpub),
+                     0);
+    assert_non_null(strstr(text, "fit=least-squares"));
+    assert_non_null(strstr(text, "from=0,-,3"));
+
+    /* The registered file: used. */
+    rc = s_decode_with(master, "", s_fx.adapter_path, text, sizeof text);
+    if (rc != 0 || !strstr(text, "is the adapter registered for") || !strstr(text, "ce-lslm") ||
+        !strstr(text, "adapted   2 layers of ls-cloud"))
+        fail_msg("decode with the registered adapter: exit %d:\n%s", rc, text);
+
+    /* Another file of the same pair and shape (one weight's last bit changed): refused. */
+    snprintf(changed, sizeof changed, "%s/changed.adapter", s_fx.root);
+    uint8_t *bytes = malloc(rec->size);
+    assert_non_null(bytes);
+    rewind(f);
+    assert_int_equal(fread(bytes, 1, rec->size, f), rec->size);
+    fclose(f);
+    bytes[rec->size - 4] ^= 1; /* the lowest mantissa bit of the last weight */
+    f = fopen(changed, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, rec->size, f), rec->size);
+    assert_int_equal(fclose(f), 0);
+    free(bytes);
+    rc = s_decode_with(master, "", changed, text, sizeof text);
+    s_expect_without(rc, text, "is not the registered adapter");
+    /* Without a master nothing changes: the same file is used. */
+    rc = s_decode_with("", "", changed, text, sizeof text);
+    if (rc != 0 || !strstr(text, "ce-lslm"))
+        fail_msg("decode without a master: exit %d:\n%s", rc, text);
+
+    /* The map changed after the adapter was registered: stale. */
+    s_set_map(2);
+    rc = s_decode_with(master, "", s_fx.adapter_path, text, sizeof text);
+    s_expect_without(rc, text, "is stale: fitted with the map 0,-,3");
+    s_set_map(3);
+
+    /* A record the master refuses: nothing changes. */
+    uint8_t body[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len;
+    assert_int_equal(kvedge_master_adapter_pack(rec, body, &len), KVEDGE_OK);
+    body[2] = 9; /* no such fit */
+    assert_int_equal(
+        kvedge_mview_set(s_fx.w.reg, "adapter/" S_CLOUD_ID "/" S_EDGE_ID, body, len, 3000),
+        KVEDGE_EPROTO);
+    rc = s_decode_with(master, "", s_fx.adapter_path, text, sizeof text);
+    if (rc != 0 || !strstr(text, "ce-lslm"))
+        fail_msg("decode after a refused record: exit %d:\n%s", rc, text);
+
+    /* No record: not used (a master is named, so only a registered adapter is). */
+    assert_int_equal(
+        kvedge_mview_set(s_fx.w.reg, "adapter/" S_CLOUD_ID "/" S_EDGE_ID, NULL, 0, 3000),
+        KVEDGE_OK);
+    rc = s_decode_with(master, "", s_fx.adapter_path, text, sizeof text);
+    s_expect_without(rc, text, "no adapter is registered for ls-cloud -> ls-edge");
+
+    /* No master: the deadline, a clear message, and the decode goes on without it. */
+    char down[600];
+    snprintf(down, sizeof down, "--master ipc://%s/nomaster.sock --master-pub ipc://%s/nopub.sock",
+             s_fx.root, s_fx.root);
+    rc = s_decode_with(down, "--deadline 1000", s_fx.adapter_path, text, sizeof text);
+    s_expect_without(rc, text, "no snapshot from the master at ipc://");
+    assert_non_null(strstr(text, "within 1000 ms"));
+    /* Flags that go together. */
+    assert_int_equal(
+        s_decode_with("--master-pub ipc:///nowhere", "", s_fx.adapter_path, text, sizeof text), 2);
+
+    /* The check itself: a record with the file's digest that does not describe it (written by
+     * hand), and no map at all. */
+    kvedge_adapter_t *a = NULL;
+    uint8_t digest[KVEDGE_MASTER_DIGEST_BYTES];
+    uint64_t size = 0;
+    char why[KVEDGE_ADAPTER_REG_WHY_BYTES];
+    assert_int_equal(
+        kvedge_adapter_load_digest(s_fx.adapter_path, &a, digest, &size, why, sizeof why),
+        KVEDGE_OK);
+    kvedge_master_map_t *map = calloc(1, sizeof *map);
+    assert_non_null(map);
+    assert_int_equal(kvedge_adapter_to_master(a, digest, size, rec, why, sizeof why), KVEDGE_OK);
+    map->cloud_layers = rec->cloud_layers;
+    map->edge_layers = rec->edge_layers;
+    memcpy(map->from, rec->from, sizeof map->from);
+    assert_int_equal(kvedge_adapter_check_registered(a, digest, size, rec, map, why, sizeof why),
+                     KVEDGE_OK);
+    assert_int_equal(kvedge_adapter_check_registered(a, digest, size, rec, NULL, why, sizeof why),
+                     KVEDGE_EEXPIRED);
+    assert_int_equal(
+        kvedge_adapter_check_registered(a, digest, size + 1, rec, map, why, sizeof why),
+        KVEDGE_ECORRUPT);
+    rec->fit = KVEDGE_MASTER_FIT_DISTILLED;
+    assert_int_equal(kvedge_adapter_check_registered(a, digest, size, rec, map, why, sizeof why),
+                     KVEDGE_ECORRUPT);
+    assert_non_null(strstr(why, "not its fit, map or rotary settings"));
+    kvedge_adapter_destroy(&a);
+    assert_int_equal(
+        kvedge_adapter_load_digest("/nonexistent/x", &a, digest, &size, why, sizeof why),
+        KVEDGE_EIO);
+    assert_null(a);
+    free(map);
+    free(rec);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -815,6 +1034,7 @@ int main(void)
         cmocka_unit_test(test_cli_decode_adapter),
         cmocka_unit_test(test_e2e_refused),
         cmocka_unit_test(test_no_map_all_computed),
+        cmocka_unit_test(test_registered_adapter),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

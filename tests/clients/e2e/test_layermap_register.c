@@ -121,15 +121,17 @@ static void test_register_round_trip(void **state)
     (void)state;
     const char *w = KVEDGE_FIXTURES "/opt_tiny.safetensors";
     s_model("tiny-cloud", 3);
-    assert_int_equal(
-        kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s/calib.txt "
-              "--samples 50 --cloud-id tiny-cloud --edge-id tiny-edge --out %s/t.map " S_REG
-              " > %s/out.txt 2> %s/err.txt",
-              KVEDGE_BIN, w, w, s_dir, s_dir, s_dir, s_ep, s_pub, s_dir, s_dir),
-        0);
+    assert_int_equal(kt_sh("%s layermap --cloud %s --edge %s --tokenizer %s --calib %s/calib.txt "
+                           "--samples 50 --cloud-id tiny-cloud --edge-id tiny-edge --out %s/t.map "
+                           "--adapter %s/t.adapter " S_REG " > %s/out.txt 2> %s/err.txt",
+                           KVEDGE_BIN, w, w, s_dir, s_dir, s_dir, s_dir, s_ep, s_pub, s_dir, s_dir),
+                     0);
     char path[160];
     snprintf(path, sizeof path, "%s/out.txt", s_dir);
     assert_true(kt_file_has(path, "registered map/tiny-cloud/tiny-edge at "));
+    /* With --adapter the adapter just fitted is registered beside the map (its digest). */
+    assert_true(kt_file_has(path, "registered adapter/tiny-cloud/tiny-edge at "));
+    assert_true(kt_file_has(path, ", least-squares, "));
     assert_true(kt_file_has(path, "cloud_layers=3 edge_layers=3 from=0,1,2"));
     /* The master knew tiny-cloud, not tiny-edge: its record is registered from the weights
      * first, so proxies can use the map before any node stores that model. */

@@ -7,9 +7,12 @@
 # its own windows; that the curve goes to --curve as CSV, every --every steps; that `kvedge
 # lseval` loads the file it writes, labels its rows "distilled" beside "least-squares", and, on
 # the windows it was trained on, measures a lower KL for it; and that an adapter for other
-# models is refused (exit 2). The windows come from the first chapters of
-# models/kjv/heldout.txt only because train.txt is not committed; the adapters this test trains
-# are thrown away. Skips (77) only where the Python has no PyTorch.
+# models is refused (exit 2). On the Llama pair also: --from cka applies Eq. 16's rule to the
+# CKA matrix alone, --from learned hardens its map after half the steps, both write layer map
+# files that `kvedge layermap --show` reads and that their adapters fit, and --from rsa without
+# --scores is refused. The windows come from the first chapters of models/kjv/heldout.txt only
+# because train.txt is not committed; the adapters this test trains are thrown away. Skips (77)
+# only where the Python has no PyTorch.
 # Usage: test_train_adapter.sh KVEDGE_BINARY SOURCE_DIR PYTHON3
 set -euo pipefail
 kv=${1:?usage: test_train_adapter.sh KVEDGE_BINARY SOURCE_DIR PYTHON3}
@@ -102,6 +105,54 @@ opt=$src/models/kjv
 pair opt "$opt/cloud" "$opt/edge" "$opt/ls/adapter-linear.safetensors" \
     --cloud "$opt/cloud/model.safetensors" --edge "$opt/edge/model.safetensors" \
     --tokenizer "$opt"
+
+echo "== llama: maps by one score and a learned map, written as layer map files"
+"$kv" --json layermap --cloud "$llama/cloud" --edge "$llama/edge" --file "$tmp/cal.txt" \
+    --samples 256 --cloud-id kjv-llama-cloud --edge-id kjv-llama-edge >"$tmp/scores.json" ||
+    fail "kvedge layermap --json failed"
+for m in cka learned; do
+    "$py" "$src/scripts/train_adapter.py" --cloud "$llama/cloud" --edge "$llama/edge" \
+        --adapter "$llama/ls/adapter-linear.safetensors" --file "$tmp/cal.txt" \
+        --out "$tmp/$m.safetensors" --map-out "$tmp/$m.map" --scores "$tmp/scores.json" \
+        --from $m --init lsq --ctx 32 --cont 16 --train-docs 4 --eval-docs 2 --steps 6 \
+        --batch 4 --lr 0.01 >"$tmp/$m.out" 2>&1 || fail "--from $m failed: $(cat "$tmp/$m.out")"
+    cat "$tmp/$m.out"
+    "$kv" layermap --show "$tmp/$m.map" >"$tmp/$m.show" 2>&1 ||
+        fail "kvedge layermap --show refused the $m map: $(cat "$tmp/$m.show")"
+    "$kv" layermap --show-adapter "$tmp/$m.safetensors" --show "$tmp/$m.map" >"$tmp/$m.fit" 2>&1 ||
+        fail "the $m adapter does not fit its map: $(cat "$tmp/$m.fit")"
+    grep -q "^fits the map" "$tmp/$m.fit" || fail "no 'fits the map': $(cat "$tmp/$m.fit")"
+    grep -q "^fit: distilled: .*init lsq), map $m" "$tmp/$m.fit" ||
+        fail "the fit field does not say the map: $(cat "$tmp/$m.fit")"
+done
+# The cka map is Eq. 16's rule on CKA alone: per edge layer the shallowest cloud layer within
+# 0.02 of the row's best CKA (all rows here are above the 0.5 threshold).
+want=$("$py" -c '
+import json, sys
+d = json.loads(open(sys.argv[1]).readline())
+print(",".join(str(min(c for c, x in enumerate(r) if x >= max(r) - 0.02)) for r in d["cka"]))
+' "$tmp/scores.json")
+got=$(awk '$1 == "layer" {printf "%s%s", (n++ ? "," : ""), $3}' "$tmp/cka.map")
+[ "$got" = "$want" ] || fail "the cka map is $got, the rule on CKA gives $want"
+grep -q "^learned map [0-9,]* after 3 steps" "$tmp/learned.out" ||
+    fail "the learned run did not harden after half its steps: $(cat "$tmp/learned.out")"
+# Scores of other model ids than the adapter's would make a map file of another pair.
+"$kv" --json layermap --cloud "$llama/cloud" --edge "$llama/edge" --file "$tmp/cal.txt" \
+    --samples 256 >"$tmp/other.json" || fail "kvedge layermap --json failed"
+rc=0
+"$py" "$src/scripts/train_adapter.py" --cloud "$llama/cloud" --edge "$llama/edge" \
+    --adapter "$llama/ls/adapter-linear.safetensors" --file "$tmp/cal.txt" \
+    --out "$tmp/x.safetensors" --from cka --scores "$tmp/other.json" --map-out "$tmp/x.map" \
+    --ctx 32 --cont 16 >"$tmp/x.out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || fail "--map-out with another pair's scores: exit $rc, not 2"
+grep -q 'run kvedge layermap with --cloud-id' "$tmp/x.out" || fail "no reason: $(cat "$tmp/x.out")"
+[ ! -e "$tmp/x.map" ] || fail "a map was written for another pair"
+rc=0
+"$py" "$src/scripts/train_adapter.py" --cloud "$llama/cloud" --edge "$llama/edge" \
+    --adapter "$llama/ls/adapter-linear.safetensors" --file "$tmp/cal.txt" \
+    --out "$tmp/x.safetensors" --from rsa --ctx 32 --cont 16 >"$tmp/x.out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || fail "--from rsa without --scores: exit $rc, not 2"
+grep -q 'need --scores' "$tmp/x.out" || fail "no reason given: $(cat "$tmp/x.out")"
 
 echo "== an adapter for other models is refused"
 for p in "$llama" "$opt"; do

@@ -301,6 +301,110 @@ static void test_records_roundtrip(void **state)
     assert_int_equal(kvedge_master_dir_parse(buf, 0, &d2), KVEDGE_EPROTO);
 }
 
+/* adapter/<cloud>/<edge>: an adapter file's digest record (docs/master.md, "Records"). */
+static void test_adapter_record(void **state)
+{
+    (void)state;
+    static kvedge_master_adapter_t a, a2; /* 2 KiB each: off the stack */
+    memset(&a, 0, sizeof a);
+    for (int i = 0; i < KVEDGE_MASTER_DIGEST_BYTES; i++)
+        a.digest[i] = (uint8_t)(i * 7 + 1);
+    a.size = 593752;
+    a.fit = KVEDGE_MASTER_FIT_DISTILLED;
+    a.cloud_layers = 6;
+    a.edge_layers = 4;
+    const uint16_t from[4] = {1, 1, KVEDGE_MASTER_MAP_NONE, 4};
+    memcpy(a.from, from, sizeof from);
+    snprintf(a.cloud_rope, sizeof a.cloud_rope, "theta=10000");
+    snprintf(a.edge_rope, sizeof a.edge_rope, "none");
+    uint8_t buf[KVEDGE_MASTER_RECORD_MAX_BYTES], back[KVEDGE_MASTER_RECORD_MAX_BYTES];
+    size_t len, blen;
+    assert_int_equal(kvedge_master_adapter_pack(&a, buf, &len), 0);
+    assert_int_equal(len, KVEDGE_MASTER_ADAPTER_FIXED_BYTES + 2 * 4 + 11 + 4);
+    assert_int_equal(kvedge_master_adapter_parse(buf, len, &a2), 0);
+    assert_memory_equal(a2.digest, a.digest, KVEDGE_MASTER_DIGEST_BYTES);
+    assert_int_equal(a2.size, 593752);
+    assert_int_equal(a2.fit, KVEDGE_MASTER_FIT_DISTILLED);
+    assert_int_equal(a2.from[2], KVEDGE_MASTER_MAP_NONE);
+    assert_int_equal(a2.from[3], 4);
+    assert_string_equal(a2.cloud_rope, "theta=10000");
+    assert_string_equal(a2.edge_rope, "none");
+    assert_int_equal(kvedge_master_adapter_pack(&a2, back, &blen), 0);
+    assert_int_equal(blen, len);
+    assert_memory_equal(back, buf, len);
+    assert_string_equal(kvedge_master_fit_name(a2.fit), "distilled");
+    assert_string_equal(kvedge_master_fit_name(9), "?");
+    /* The largest record fits the bound. */
+    a2.edge_layers = KVEDGE_MODEL_MAX_LAYERS;
+    memset(a2.cloud_rope, 'x', KVEDGE_MASTER_ROPE_MAX_BYTES);
+    memset(a2.edge_rope, 'y', KVEDGE_MASTER_ROPE_MAX_BYTES);
+    assert_int_equal(kvedge_master_adapter_pack(&a2, back, &blen), 0);
+    assert_int_equal(blen, KVEDGE_MASTER_RECORD_MAX_BYTES);
+
+    /* The master's SET rule: the record under its key; every field checked. */
+    const char *key = "adapter/kjv-cloud/kjv-edge";
+    kvedge_master_key_t k;
+    assert_int_equal(kvedge_master_key_parse(key, strlen(key), &k), 0);
+    assert_int_equal(k.space, KVEDGE_MASTER_SPACE_ADAPTER);
+    assert_int_equal(kvedge_master_check_set(key, strlen(key), buf, len), 0);
+    assert_int_equal(kvedge_master_check_set(key, strlen(key), buf, 0), 0); /* a delete */
+    assert_int_equal(kvedge_master_key_parse("adapter/kjv-cloud", 17, &k), KVEDGE_EINVAL);
+    const struct {
+        size_t at;
+        uint8_t v;
+        int rc;
+    } bad[] = {
+        {0, 'P', KVEDGE_EPROTO},    /* a map's type */
+        {1, 2, KVEDGE_EVERSION},    /* another version */
+        {2, 0, KVEDGE_EPROTO},      /* fit 0 */
+        {2, 5, KVEDGE_EPROTO},      /* fit past the last kind */
+        {3, 1, KVEDGE_EPROTO},      /* reserved */
+        {4, 0, KVEDGE_EPROTO},      /* 0 cloud layers */
+        {8, 0, KVEDGE_EPROTO},      /* size 0 (the low byte of 593752 is 0x58; the rest 0) */
+        {15, 0x01, KVEDGE_EPROTO},  /* size over 2^40 */
+        {48, 12, KVEDGE_EPROTO},    /* rope lengths that do not add up */
+        {50, 1, KVEDGE_EPROTO},     /* reserved */
+        {52, 6, KVEDGE_EPROTO},     /* from[0] past the cloud's layers */
+        {60, ' ', KVEDGE_EPROTO},   /* a space in the cloud rope */
+        {len - 1, 0, KVEDGE_EPROTO} /* a NUL in the edge rope */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memcpy(back, buf, len);
+        back[bad[i].at] = bad[i].v;
+        if (bad[i].at == 8) {
+            memset(back + 8, 0, 8);
+        }
+        assert_int_equal(kvedge_master_adapter_parse(back, len, &a2), bad[i].rc);
+        assert_int_equal(kvedge_master_check_set(key, strlen(key), back, len), bad[i].rc);
+    }
+    assert_int_equal(kvedge_master_adapter_parse(buf, len - 1, &a2), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_master_adapter_parse(buf, 40, &a2), KVEDGE_EPROTO);
+    /* pack refuses what parse would. */
+    a2 = a;
+    a2.size = 0;
+    assert_int_equal(kvedge_master_adapter_pack(&a2, back, &blen), KVEDGE_EINVAL);
+    a2 = a;
+    a2.cloud_rope[0] = '\0';
+    assert_int_equal(kvedge_master_adapter_pack(&a2, back, &blen), KVEDGE_EINVAL);
+    a2 = a;
+    a2.from[0] = 6;
+    assert_int_equal(kvedge_master_adapter_pack(&a2, back, &blen), KVEDGE_EINVAL);
+    a2 = a;
+    a2.fit = 0;
+    assert_int_equal(kvedge_master_adapter_pack(&a2, back, &blen), KVEDGE_EINVAL);
+    /* A map record under an adapter key, and the other way round. */
+    kvedge_master_map_t *m = malloc(sizeof *m);
+    assert_non_null(m);
+    memset(m, 0, sizeof *m);
+    m->cloud_layers = 6;
+    m->edge_layers = 4;
+    assert_int_equal(kvedge_master_map_pack(m, back, &blen), 0);
+    assert_int_equal(kvedge_master_check_set(key, strlen(key), back, blen), KVEDGE_EPROTO);
+    assert_int_equal(kvedge_master_check_set("map/kjv-cloud/kjv-edge", 22, buf, len),
+                     KVEDGE_EPROTO);
+    free(m);
+}
+
 static void test_keys_and_kvmsg(void **state)
 {
     (void)state;
@@ -1039,6 +1143,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_records_roundtrip),
         cmocka_unit_test(test_keys_and_kvmsg),
+        cmocka_unit_test(test_adapter_record),
         cmocka_unit_test_setup_teardown(test_set_get, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_two_views_in_order, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_late_joiner, s_setup, s_teardown),
