@@ -156,6 +156,21 @@ static bool s_count_in(uint32_t count, uint32_t lo, uint32_t hi)
     return count >= lo && count <= hi;
 }
 
+/* The block frames of a data message of k records, zeros of them with status 0: one frame per
+ * such record after f[0], each a block frame, and a pack (k > 1) at most one frame in all. */
+static int s_pack_frames(const kvedge_wire_frame_t *f, size_t n, uint32_t k, size_t zeros)
+{
+    if (n != 1 + zeros)
+        return KVEDGE_EPROTO;
+    uint64_t total = 0;
+    for (size_t i = 1; i < n; i++) {
+        if (!s_block_frame(&f[i]))
+            return KVEDGE_EPROTO;
+        total += f[i].len;
+    }
+    return s_check(k == 1 || total <= KVEDGE_WIRE_MAX_FRAME_BYTES);
+}
+
 /* One frame of count records of rec_bytes each (count already bounded, so no overflow). */
 static bool s_one_array(const kvedge_wire_frame_t *f, size_t n, uint32_t count, size_t rec_bytes)
 {
@@ -301,15 +316,7 @@ static int s_validate_fetch(const kvedge_wire_header_t *h, const kvedge_wire_fra
                 return KVEDGE_EPROTO;
             zeros += b.status == 0;
         }
-        if (n != 1 + zeros)
-            return KVEDGE_EPROTO;
-        uint64_t total = 0;
-        for (size_t i = 1; i < n; i++) {
-            if (!s_block_frame(&f[i]))
-                return KVEDGE_EPROTO;
-            total += f[i].len;
-        }
-        return s_check(k == 1 || total <= KVEDGE_WIRE_MAX_FRAME_BYTES);
+        return s_pack_frames(f, n, k, zeros);
     }
     case KVEDGE_FETCH_MSG_LAYER: {
         kvedge_wire_fetch_layer_t l;
@@ -348,15 +355,7 @@ static int s_validate_stream(const kvedge_wire_header_t *h, const kvedge_wire_fr
             return KVEDGE_EPROTO;
         zeros += s.status == 0;
     }
-    if (n != 1 + zeros)
-        return KVEDGE_EPROTO;
-    uint64_t total = 0;
-    for (size_t i = 1; i < n; i++) {
-        if (!s_block_frame(&f[i]))
-            return KVEDGE_EPROTO;
-        total += f[i].len;
-    }
-    return s_check(k == 1 || total <= KVEDGE_WIRE_MAX_FRAME_BYTES);
+    return s_pack_frames(f, n, k, zeros);
 }
 
 static int s_validate_reply(const kvedge_wire_header_t *h, const kvedge_wire_frame_t *f, size_t n)

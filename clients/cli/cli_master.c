@@ -150,10 +150,31 @@ static int s_value_tmodel(const s_fmt_t *f, const uint8_t *body, size_t len)
     return rc;
 }
 
-static int s_value_map(const s_fmt_t *f, const uint8_t *body, size_t len)
+/* A layer map's fields, as map and adapter records hold them: the layer counts and, per edge
+ * layer, its cloud layer or - (null): computed on the edge. */
+static void s_layers_from(const s_fmt_t *f, uint32_t cloud_layers, uint32_t edge_layers,
+                          const uint16_t *from)
 {
     const char *q = f->q, *sep = f->sep, *eq = f->eq;
     bool json = f->json;
+    S_F("cloud_layers");
+    printf("%u%s", cloud_layers, sep);
+    S_F("edge_layers");
+    printf("%u%s", edge_layers, sep);
+    S_F("from");
+    printf("%s", json ? "[" : "");
+    for (uint32_t i = 0; i < edge_layers; i++) {
+        const char *comma = i ? "," : "";
+        if (from[i] == KVEDGE_MASTER_MAP_NONE)
+            printf("%s%s", comma, json ? "null" : "-");
+        else
+            printf("%s%u", comma, from[i]);
+    }
+    printf("%s", json ? "]" : "");
+}
+
+static int s_value_map(const s_fmt_t *f, const uint8_t *body, size_t len)
+{
     int rc = KVEDGE_OK;
     kvedge_master_map_t *r = malloc(sizeof *r);
     if (!r || (rc = kvedge_master_map_parse(body, len, r)) != KVEDGE_OK) {
@@ -161,20 +182,7 @@ static int s_value_map(const s_fmt_t *f, const uint8_t *body, size_t len)
         free(r);
         return rc;
     }
-    S_F("cloud_layers");
-    printf("%u%s", r->cloud_layers, sep);
-    S_F("edge_layers");
-    printf("%u%s", r->edge_layers, sep);
-    S_F("from"); /* per edge layer: its cloud layer, or - (null): computed on the edge */
-    printf("%s", json ? "[" : "");
-    for (uint32_t i = 0; i < r->edge_layers; i++) {
-        const char *comma = i ? "," : "";
-        if (r->from[i] == KVEDGE_MASTER_MAP_NONE)
-            printf("%s%s", comma, json ? "null" : "-");
-        else
-            printf("%s%u", comma, r->from[i]);
-    }
-    printf("%s", json ? "]" : "");
+    s_layers_from(f, r->cloud_layers, r->edge_layers, r->from);
     free(r);
     return rc;
 }
@@ -198,20 +206,8 @@ static int s_value_adapter(const s_fmt_t *f, const uint8_t *body, size_t len)
     printf("%s", q);
     s_hex(stdout, r->digest, sizeof r->digest);
     printf("%s%s", q, sep);
-    S_F("cloud_layers");
-    printf("%u%s", r->cloud_layers, sep);
-    S_F("edge_layers");
-    printf("%u%s", r->edge_layers, sep);
-    S_F("from");
-    printf("%s", json ? "[" : "");
-    for (uint32_t i = 0; i < r->edge_layers; i++) {
-        const char *comma = i ? "," : "";
-        if (r->from[i] == KVEDGE_MASTER_MAP_NONE)
-            printf("%s%s", comma, json ? "null" : "-");
-        else
-            printf("%s%u", comma, r->from[i]);
-    }
-    printf("%s%s", json ? "]" : "", sep);
+    s_layers_from(f, r->cloud_layers, r->edge_layers, r->from);
+    printf("%s", sep);
     S_F("cloud_rope");
     json ? kvedge_cli_json_str(stdout, r->cloud_rope) : (void)printf("%s", r->cloud_rope);
     printf("%s", sep);
