@@ -220,7 +220,7 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
         return s_check(s_count_in(c, 1, KVEDGE_WIRE_MAX_ITEMS) && (n == 1 || n == 2) &&
                        f[0].len == (size_t)c * KVEDGE_WIRE_KEY_BYTES &&
                        (n == 1 || f[1].len <= KVEDGE_WIRE_MAX_ACCEPT));
-    case KVEDGE_OP_GET_LAYER:
+    case KVEDGE_OP_GET_LAYER: {
         /* f1: layer u16 | reserved u16 | N chunk ids; f2 (optional): the precisions
          * accepted; f3 (optional, after f2): the pack frame. */
         kvedge_wire_pack_t pk;
@@ -231,6 +231,7 @@ static int s_validate_request(const kvedge_wire_header_t *h, const kvedge_wire_f
             (n == 3 && kvedge_wire_pack_parse(f[2].data, f[2].len, &pk) != KVEDGE_OK))
             return KVEDGE_EPROTO;
         return s_check(kvedge_le_get16(f[0].data + 2) == 0);
+    }
     case KVEDGE_OP_LOOKUP:
     case KVEDGE_OP_DELETE:
     case KVEDGE_OP_PIN:
