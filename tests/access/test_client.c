@@ -1468,8 +1468,8 @@ static kvedge_client_t *s_fake_connect(zactor_t *node, int deadline_ms, uint32_t
     return c;
 }
 
-/* Another client of the last fake node s_fake_connect reached, with opts.no_pack. */
-static kvedge_client_t *s_fake_connect_unpacked(int deadline_ms)
+/* Another client of the last fake node s_fake_connect reached, with opts.no_pack as given. */
+static kvedge_client_t *s_fake_connect_again(int deadline_ms, bool no_pack)
 {
     char ep[64];
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", s_fake_port);
@@ -1477,7 +1477,7 @@ static kvedge_client_t *s_fake_connect_unpacked(int deadline_ms)
     kvedge_client_opts_default(&o);
     o.endpoint = ep;
     o.deadline_ms = deadline_ms;
-    o.no_pack = true;
+    o.no_pack = no_pack;
     kvedge_client_t *c = NULL;
     assert_int_equal(kvedge_client_connect(&o, &c), 0);
     return c;
@@ -1667,7 +1667,7 @@ static void test_malformed(void **state)
         assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
                          pack_cases[i][1]);
     }
-    kvedge_client_t *plain = s_fake_connect_unpacked(SHORT_MS);
+    kvedge_client_t *plain = s_fake_connect_again(SHORT_MS, true);
     atomic_store(&s_fake_mode, FAKE_PACK_OK);
     assert_int_equal(kvedge_client_get_layer(plain, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
                      KVEDGE_EPROTO);
@@ -1676,15 +1676,7 @@ static void test_malformed(void **state)
 
     /* A node that refuses the pack frame (EPROTO, as older nodes answer it): the stream is
      * sent again unpacked and completes, and the connection asks for packing no more. */
-    {
-        char ep[64];
-        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", s_fake_port);
-        kvedge_client_opts_t o;
-        kvedge_client_opts_default(&o);
-        o.endpoint = ep;
-        o.deadline_ms = SHORT_MS;
-        assert_int_equal(kvedge_client_connect(&o, &c), 0);
-    }
+    c = s_fake_connect_again(SHORT_MS, false);
     atomic_store(&s_fake_mode, FAKE_PACK_REFUSE);
     atomic_store(&s_fake_layers, 0);
     atomic_store(&s_fake_packed, 0);
@@ -1840,7 +1832,7 @@ static void test_fetch_packed(void **state)
     atomic_store(&s_fake_mode, FAKE_PACK_ORDER);
     assert_int_equal(s_fx_run(c, &blocks), KVEDGE_EPROTO);
     assert_int_equal(blocks, 0);
-    kvedge_client_t *plain = s_fake_connect_unpacked(SHORT_MS);
+    kvedge_client_t *plain = s_fake_connect_again(SHORT_MS, true);
     atomic_store(&s_fake_mode, FAKE_PACK_OK);
     assert_int_equal(s_fx_run(plain, &blocks), KVEDGE_EPROTO);
     assert_int_equal(blocks, 0);
