@@ -419,6 +419,22 @@ static void s_tcp_fetch(int fd, uint8_t *dst, size_t len)
 
 /* ---------------------------------------------------------------- the store node */
 
+/* Spawns a kvedge daemon (argv[0] the binary) and waits for its "listening EP" line: its pid,
+ * EP in ep. */
+static pid_t s_spawn_listening(char *const argv[], const char *what, char *ep, size_t cap)
+{
+    char why[160];
+    snprintf(why, sizeof why, "%s (%s) did not start listening", what, argv[0]);
+    int fd;
+    pid_t pid = s_spawn(argv, &fd, false);
+    char line[256];
+    if (!s_read_line(fd, line, sizeof line, S_START_MS) || strncmp(line, "listening ", 10) != 0)
+        s_die("%s", why);
+    close(fd);
+    snprintf(ep, cap, "%s", line + 10);
+    return pid;
+}
+
 /* Starts `kvedge store` on an ephemeral loopback port with --monitor monitor (NULL: the
  * default) and --metrics metrics; returns its pid, its endpoint in ep. */
 static pid_t s_node_start_with(const char *bin, const char *data, char *ep, size_t cap,
@@ -437,14 +453,7 @@ static pid_t s_node_start_with(const char *bin, const char *data, char *ep, size
         argv[n++] = flag;
     }
     argv[n] = NULL;
-    int fd;
-    pid_t pid = s_spawn(argv, &fd, false);
-    char line[256];
-    if (!s_read_line(fd, line, sizeof line, S_START_MS) || strncmp(line, "listening ", 10) != 0)
-        s_die("the store node (%s) did not start listening", bin);
-    close(fd);
-    snprintf(ep, cap, "%s", line + 10);
-    return pid;
+    return s_spawn_listening(argv, "the store node", ep, cap);
 }
 
 /* The node of the main tables: the default monitoring, no HTTP endpoint. */
@@ -462,14 +471,7 @@ static pid_t s_proxy_start(const char *bin, const char *node_ep, char *ep, size_
     char *const argv[] = {(char *)bin, "proxy", "--insecure", "--bind", "tcp://127.0.0.1:*",
                           "--source",  source,  "--metrics",  "off",    "--log-level",
                           "warn",      NULL};
-    int fd;
-    pid_t pid = s_spawn(argv, &fd, false);
-    char line[256];
-    if (!s_read_line(fd, line, sizeof line, S_START_MS) || strncmp(line, "listening ", 10) != 0)
-        s_die("the proxy (%s) did not start listening", bin);
-    close(fd);
-    snprintf(ep, cap, "%s", line + 10);
-    return pid;
+    return s_spawn_listening(argv, "the proxy", ep, cap);
 }
 
 /* A live client when the process exits would abort in czmq's atexit (its actor outlives
