@@ -655,10 +655,12 @@ static void test_mapped_fallback(void **state)
     assert_non_null(map);
     s_topo_start_ex(t, true, false);
     s_set_map_0_none_3(t, map);
+    /* One request only once the proxy's view has the map: a request planned before it would
+     * leave the miss of the edge model's own layer 2 in the negative cache, and the next one
+     * would plan the mapped layer at once instead of falling back. */
+    assert_int_equal(kvedge_proxy_wait_view(t->proxy, kvedge_master_seq(t->master), KT_WAIT_MS), 0);
     const int from3[S_ED_LAYERS] = {-1, -1, 3};
-    kt_wait_for(
-        (s_fetch_range(t->pep, r, from3, 2, 1), r->status == 0 && r->layer[2].from_layer == 3),
-        KT_WAIT_MS);
+    s_fetch_range(t->pep, r, from3, 2, 1);
     assert_int_equal(r->status, 0);
     assert_int_equal(r->mismatches, 0);
     assert_int_equal(r->layers, 1);
