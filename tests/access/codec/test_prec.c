@@ -220,8 +220,8 @@ static void test_lists(void **state)
         "int8,bogus",
         "int8,stored",
         "int8, int4",
-        "lossless,int8,int4-g32,int4-g64,int4-g128,int8+think-75,int8+think-50,"
-        "int4-g32+think-50,int4-g64+think-50", /* 9 */
+        ("lossless,int8,int4-g32,int4-g64,int4-g128,int8+think-75,int8+think-50,"
+         "int4-g32+think-50,int4-g64+think-50"), /* 9 */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         n = 99;
