@@ -181,9 +181,9 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
     if (e->opts.read_only)
         return KVEDGE_EREADONLY;
     kvedge_block_info_t info;
-    /* What reads check, so no block stored is refused by a read. */
-    int rc =
-        full_check ? kvedge_block_check(block, len, &info) : kvedge_block_parse(block, len, &info);
+    /* The header first: a body is decoded (below) only once its shape is the model's, so a
+     * small block claiming a huge shape costs nothing. */
+    int rc = kvedge_block_parse(block, len, &info);
     if (rc != KVEDGE_OK)
         return rc;
     /* An entropy-coded body is a variant the node derives, never a primary: the meta record
@@ -200,6 +200,9 @@ static int s_put(kvedge_engine_t *e, const kvedge_chunk_info_t *chunk, uint16_t 
     if (layer >= model.layers || head >= model.kv_heads || info.head_dim != model.head_dim ||
         info.tokens != chunk->tokens)
         return KVEDGE_ESHAPE;
+    /* What reads check, so no block stored is refused by a read. */
+    if (full_check && (rc = kvedge_block_check(block, len, &info)) != KVEDGE_OK)
+        return rc;
     uint64_t now = s_now(e);
     kvedge_chunk_info_t crec;
     rc = s_put_chunk_check(e, chunk, now, &crec);

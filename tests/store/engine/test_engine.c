@@ -21,9 +21,12 @@
 #include <unistd.h>
 
 #include <rocksdb/c.h>
+#include <xxhash.h>
 
 #include "store/engine/engine.h"
 #include "store/engine/engine_debug.h"
+#include "access/codec/block.h"
+#include "access/codec/byteorder.h"
 #include "access/codec/error.h"
 #include "tests/common/engine_fx.h"
 #include "tests/common/testutil.h"
@@ -698,6 +701,23 @@ static void test_put_errors_leave_data_intact(void **state)
     memcpy(flip, blk, len);
     flip[len - 20] ^= 0x80;
     assert_int_equal(kvedge_engine_put(fx->e, &c, 0, 0, flip, len, NULL), KVEDGE_ECORRUPT);
+    /* A block of another shape whose body would not decode (an lz4 body of garbage under a
+     * valid checksum): refused for its shape from the header, before its body is decoded. */
+    uint8_t *lzb = malloc(len32);
+    assert_non_null(lzb);
+    size_t lz_stored = 64;
+    memcpy(lzb, b32, KVEDGE_BLOCK_HEADER_BYTES);
+    lzb[7] |= KVEDGE_BLOCK_FLAG_LZ4;
+    kvedge_le_put32(lzb + 24, (uint32_t)lz_stored);
+    memset(lzb + KVEDGE_BLOCK_HEADER_BYTES, 0xA5, lz_stored);
+    size_t lz_covered = KVEDGE_BLOCK_HEADER_BYTES + lz_stored;
+    kvedge_le_put64(lzb + lz_covered, XXH3_64bits(lzb, lz_covered));
+    size_t lz_len = lz_covered + KVEDGE_BLOCK_CHECKSUM_BYTES;
+    kvedge_block_info_t lzi;
+    assert_int_equal(kvedge_block_parse(lzb, lz_len, &lzi), KVEDGE_OK);
+    assert_int_equal(kvedge_block_check(lzb, lz_len, NULL), KVEDGE_ECORRUPT);
+    assert_int_equal(kvedge_engine_put(fx->e, &c, 0, 0, lzb, lz_len, NULL), KVEDGE_ESHAPE);
+    free(lzb);
     kvedge_chunk_info_t c256 = s_chunk(13, NULL, 256);
     assert_int_equal(kvedge_engine_put(fx->e, &c256, 0, 0, big, big_len, NULL), KVEDGE_ETOOBIG);
     assert_int_equal(kvedge_engine_put(fx->e, &c, 0, 0, NULL, len, NULL), KVEDGE_EINVAL);
