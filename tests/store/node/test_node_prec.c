@@ -315,6 +315,7 @@ static void test_derive_off_and_keep(void **state)
  * The basis registry is the process's: these tests run in this order, the one that registers
  * S_MODEL's basis last. */
 
+static const kvedge_prec_t S_TC = KVEDGE_PREC_MAKE(KVEDGE_PREC_TC, 0);
 #define S_TC_STEP 0.125f /* the fixture basis's quantization step (an fp16 value) */
 
 /* Writes a basis of model covering layer 0 (every head) as DIR/name, DIR (made when missing)
@@ -336,6 +337,31 @@ static void s_basis_dir(const s_env_t *e, const char *sub, const char *model, co
     assert_int_equal(fwrite(b, 1, len, f), len);
     assert_int_equal(fclose(f), 0);
     free(b);
+}
+
+/* Without a basis of the model, "tc,int8" is served at int8: tc is a rung this node cannot
+ * give, as any rung it cannot derive, and the get does not fail. */
+static void test_tc_without_basis_serves_next(void **state)
+{
+    s_env_t *e = *state;
+    assert_null(kvedge_basis_find_model(S_MODEL)); /* see the order above */
+    s_start(e, true, false);
+    s_put(e, KVEDGE_SCHEME_LOSSLESS, 0);
+    uint8_t *buf = malloc(S_BUF);
+    kvedge_fetched_t out[S_HEADS];
+    int st[S_HEADS];
+    kvedge_prec_t rung[S_HEADS];
+    kvedge_prec_t a[] = {S_TC, S_INT8};
+    assert_int_equal(s_layer(e, a, 2, st, rung, buf, out), 0);
+    s_expect_all(st, rung, KVEDGE_OK, S_INT8);
+    /* tc alone: every head a miss, the node still serving. */
+    kvedge_prec_t only[] = {S_TC};
+    assert_int_equal(s_layer(e, only, 1, st, rung, buf, out), 0);
+    s_expect_all(st, rung, KVEDGE_ENOTFOUND, KVEDGE_PREC_STORED);
+    kvedge_prec_t lossless[] = {S_LOSSLESS};
+    assert_int_equal(s_layer(e, lossless, 1, st, rung, buf, out), 0);
+    s_expect_all(st, rung, KVEDGE_OK, S_LOSSLESS);
+    free(buf);
 }
 
 /* The bases of the directory are registered at start, and the log names their models. */
@@ -383,6 +409,62 @@ static void test_bad_basis_refuses_start(void **state)
     snprintf(dir, sizeof dir, "%s/no-such-dir", e->dir);
     assert_int_equal(s_try_start(e, true, false, dir, why, sizeof why), KVEDGE_EIO);
     assert_null(e->node);
+}
+
+/* With the basis, "tc,int8" is served at tc: the bytes kvedge_block_transcode_at makes of the
+ * stored block for its model, layer and head, decoding within the basis's step of the
+ * originals; the start logs the bases it loaded. */
+static void test_tc_served_with_basis(void **state)
+{
+    s_env_t *e = *state;
+    char dir[400];
+    s_basis_dir(e, "bases", S_MODEL, "opt.kvb", -1, dir, sizeof dir);
+    kt_log_t log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    kvedge_log_set_sink(kt_log_sink, &log);
+    s_start_basis(e, true, false, dir);
+    kvedge_log_set_sink(NULL, NULL);
+    assert_int_equal(kt_log_count(&log, "1 coding bases loaded", "models " S_MODEL, NULL), 1);
+    kt_log_clear(&log);
+    assert_non_null(kvedge_basis_find_model(S_MODEL));
+    s_put(e, KVEDGE_SCHEME_LOSSLESS, 0);
+    uint8_t *buf = malloc(S_BUF);
+    kvedge_fetched_t out[S_HEADS];
+    int st[S_HEADS];
+    kvedge_prec_t rung[S_HEADS];
+    kvedge_prec_t a[] = {S_TC, S_INT8};
+    assert_int_equal(s_layer(e, a, 2, st, rung, buf, out), 0);
+    s_expect_all(st, rung, KVEDGE_OK, S_TC);
+    static uint16_t k0[S_TOKENS * S_DIM], v0[S_TOKENS * S_DIM];
+    static float k[S_TOKENS * S_DIM], v[S_TOKENS * S_DIM], kr[S_TOKENS * S_DIM],
+        vr[S_TOKENS * S_DIM];
+    for (uint16_t h = 0; h < S_HEADS; h++) {
+        kvedge_block_key_t key = s_key(e, h);
+        kvedge_value_t sv;
+        assert_int_equal(kvedge_engine_get(e->engine, &key, &sv), 0);
+        kvedge_block_info_t info, tinfo;
+        assert_int_equal(kvedge_block_parse(sv.data, sv.len, &info), 0);
+        uint8_t *d = NULL;
+        size_t dl = 0;
+        assert_int_equal(kvedge_block_transcode_at(&info, S_TC, true, S_MODEL, 0, h, &d, &dl), 0);
+        kvedge_value_release(&sv);
+        assert_int_equal(out[h].len, dl);
+        assert_memory_equal(buf + out[h].offset, d, dl);
+        free(d);
+        /* Within the tc error of what was put. */
+        assert_int_equal(kvedge_block_parse(buf + out[h].offset, out[h].len, &tinfo), 0);
+        assert_int_equal(kvedge_block_decode(&tinfo, KVEDGE_DTYPE_FP32, k, v), 0);
+        assert_int_equal(kvedge_synth_head(h + 1, 0, S_TOKENS, S_DIM, KVEDGE_DTYPE_FP16, k0, v0),
+                         0);
+        kvedge_convert_to_f32(KVEDGE_DTYPE_FP16, k0, S_TOKENS * S_DIM, kr);
+        kvedge_convert_to_f32(KVEDGE_DTYPE_FP16, v0, S_TOKENS * S_DIM, vr);
+        for (size_t i = 0; i < S_TOKENS * S_DIM; i++) {
+            float tol = S_TC_STEP / 2 + 2e-3f * (1 + fabsf(kr[i]) + fabsf(vr[i]));
+            if (fabsf(k[i] - kr[i]) > tol || fabsf(v[i] - vr[i]) > tol)
+                fail_msg("head %u value %zu: K %g vs %g, V %g vs %g", h, i, k[i], kr[i], v[i],
+                         vr[i]);
+        }
+    }
+    free(buf);
 }
 
 /* ---- a raw peer: lists the client library would refuse locally ---- */
@@ -484,8 +566,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_derive_off_and_keep, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bad_lists_refused, s_setup, s_teardown),
         /* In this order: the last registers S_MODEL's basis in this process. */
+        cmocka_unit_test_setup_teardown(test_tc_without_basis_serves_next, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bases_loaded_and_logged, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bad_basis_refuses_start, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_tc_served_with_basis, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
