@@ -72,6 +72,15 @@ static int s_err(int rc, const char *fmt, ...)
     return rc;
 }
 
+int kvedge_client__say(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s_tl_err, sizeof s_tl_err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 /* Which requests a peer answers, by the role its HELLO gave (docs/protocol.md): an edge proxy
  * HELLO, PING, FETCH and MONITOR; a store node everything but FETCH. Unknown roles: all. */
 bool kvedge_client__role_serves(int role, uint8_t op)

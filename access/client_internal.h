@@ -33,6 +33,10 @@ zframe_t *kvedge_client_block_take_frame(void);
  * newer headers than this library). */
 int kvedge_abi_read(void *dst, size_t dst_size, const void *src, size_t min_size, const char *type);
 
+/* Sets this thread's kvedge_client_last_error message (printf-style) for a failure of another
+ * part of the library (the pipelined loader); returns rc. */
+int kvedge_client__say(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #ifdef __cplusplus
 }
 #endif

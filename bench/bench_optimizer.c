@@ -9,7 +9,8 @@
  * the trained cloud model (models/kjv/cloud) on this CPU.
  *
  * Rows: fixed precisions (the accept list is that one rung, no budget: the proxy may still
- * recompute a layer) and the adaptive choice (accept lossless, int8, int4-g32, int4-g128 under
+ * recompute a layer; with --basis DIR the node loads those coding bases and the transform-coded
+ * rung tc is one of them) and the adaptive choice (accept lossless, int8, int4-g32, int4-g128 under
  * a KL budget). Per (rate, row):
  *  - TTFT: kvedge_e2e_decode through the proxy, with the decoder's time estimates (the plan may
  *    recompute layers), medians of --runs runs after a warm-up, rows interleaved;
@@ -24,7 +25,7 @@
  *                   [--budgets kl:1e-5,kl:2e-6] [--rates 10mbit,100mbit,1gbit,10gbit]
  *                   [--latency 10ms] [--no-think] [--no-keep-derived] [--fetch-only]
  *                   [--out DIR]
- *                   [--models DIR] [--quality FILE]
+ *                   [--models DIR] [--quality FILE] [--basis DIR]
  *
  * Tables go to stdout (markdown); optimizer_ttft.dat, optimizer_quality.dat and optimizer_ppl.dat
  * go to --out (scripts/plot_optimizer.gp). */
@@ -65,7 +66,7 @@
 #define S_HEADS         6 /* the trained model's attention heads (6 x 32) */
 #define S_MAX_RATES     8
 #define S_MAX_BUDGETS   4
-#define S_MAX_ROWS      (5 + S_MAX_BUDGETS)
+#define S_MAX_ROWS      (6 + S_MAX_BUDGETS)
 #define S_MAX_RUNS      50
 #define S_MAX_DOCS      64
 #define S_MAX_LAYERS    64
@@ -90,6 +91,7 @@ typedef struct {
     bool think, keep_derived;
     bool fetch_only; /* no decoder times in the requests: the proxy fetches every layer */
     const char *out, *models, *quality;
+    const char *basis; /* coding bases for the node (setting basis): adds the fixed row tc */
 } s_cfg_t;
 
 /* One row: the accept list (best first) and the budget it is planned under. */
@@ -281,6 +283,8 @@ static void s_start(void)
     snprintf(ns.data, sizeof ns.data, "%s/cloud", s_root);
     snprintf(ns.bind, sizeof ns.bind, "%s", s_node_ep);
     snprintf(ns.name, sizeof ns.name, "cloud");
+    if (s_cfg.basis) /* registered in this process: the edge decodes what the node codes */
+        snprintf(ns.basis, sizeof ns.basis, "%s", s_cfg.basis);
     if (kvedge_node_start(&ns, &s_node, why, sizeof why) != 0)
         s_die(why, 0);
 }
@@ -352,10 +356,11 @@ static void s_rows_make(void)
     static const char *const fixed[] = {"lossless", "int8", "int4-g32", "int4-g128",
                                         "int4-g32+think-75"};
     const size_t nf = s_cfg.think ? 5 : 4;
-    for (size_t i = 0; i < nf; i++) {
+    for (size_t i = 0; i < nf + (s_cfg.basis ? 1 : 0); i++) {
+        const char *name = i < nf ? fixed[i] : "tc"; /* the coded rung, with --basis */
         s_row_t *r = &s_rows[s_nrows++];
-        snprintf(r->name, sizeof r->name, "%s", fixed[i]);
-        s_check(kvedge_prec_parse(fixed[i], &r->accept[0]), fixed[i]);
+        snprintf(r->name, sizeof r->name, "%s", name);
+        s_check(kvedge_prec_parse(name, &r->accept[0]), name);
         r->n = 1;
         r->metric = KVEDGE_QUALITY_NONE;
     }
@@ -821,7 +826,8 @@ static void s_usage(const char *argv0)
             "          [--rates 10mbit,100mbit,1gbit,10gbit] [--latency 10ms] [--no-think]\n"
             "          [--no-keep-derived] [--fetch-only] [--out DIR]\n"
             "          [--models DIR (default %s)]\n"
-            "          [--quality FILE (default MODELS/kjv/cloud/quality.json)]\n",
+            "          [--quality FILE (default MODELS/kjv/cloud/quality.json)]\n"
+            "          [--basis DIR (coding bases: adds the fixed row tc)]\n",
             argv0, KVEDGE_BENCH_MODELS);
     exit(2);
 }
@@ -842,7 +848,8 @@ static void s_options(int argc, char **argv)
         O_OUT,
         O_MODELS,
         O_QUALITY,
-        O_FETCHONLY
+        O_FETCHONLY,
+        O_BASIS
     };
     static const struct option opts[] = {{"context", required_argument, NULL, O_CTX},
                                          {"continuation", required_argument, NULL, O_CONT},
@@ -858,6 +865,7 @@ static void s_options(int argc, char **argv)
                                          {"out", required_argument, NULL, O_OUT},
                                          {"models", required_argument, NULL, O_MODELS},
                                          {"quality", required_argument, NULL, O_QUALITY},
+                                         {"basis", required_argument, NULL, O_BASIS},
                                          {NULL, 0, NULL, 0}};
     s_cfg.ctx = 384;
     s_cfg.cont = 128;
@@ -924,6 +932,9 @@ static void s_options(int argc, char **argv)
             break;
         case O_QUALITY:
             s_cfg.quality = optarg;
+            break;
+        case O_BASIS:
+            s_cfg.basis = optarg;
             break;
         default:
             s_usage(argv[0]);

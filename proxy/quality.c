@@ -117,7 +117,8 @@ static int s_rungs(kvedge_quality_profile_t *p, const cJSON *root, const char *o
         if (!s_rung(r, &x))
             return kvedge_why(why, why_len, KVEDGE_EINVAL,
                               "%s: rung %zu: want a precision name (lossless, int8, int4-g32, "
-                              "int4-g64, int4-g128, each optionally +think-75 or +think-50)%s%s",
+                              "int4-g64, int4-g128, each optionally +think-75 or +think-50; "
+                              "tc)%s%s",
                               origin, p->n_rungs, cJSON_IsString(r) ? ", got " : "",
                               cJSON_IsString(r) ? r->valuestring : "");
         if (p->slot[x])

@@ -14,8 +14,8 @@
  *     "documents": 54,                        documents measured and positions scored
  *     "positions": 6912,
  *     "lossless_ppl": 55.76,                optional, ignored here: lossless perplexity
- *     "rungs": ["int8", "int4-g32"],        required: 1..15 ladder rungs (kvedge_prec_name's
- *                                             names, "int4" alone is int4-g32), none twice
+ *     "rungs": ["int8", "int4-g32"],        required: 1..16 ladder rungs (kvedge_prec_name's
+ *                                             names, "int4" alone is int4-g32; "tc"), none twice
  *     "per_layer": [                        required: exactly `layers` rows, row i layer i
  *       {"layer": 0,
  *        "ppl_pct":   [0.0004, 0.0010],     perplexity change vs lossless, percent (> -100)
@@ -45,10 +45,11 @@ extern "C" {
 
 /* The format version this code reads and kvedge eval writes. */
 #define KVEDGE_QUALITY_VERSION 1
-/* Hard limits on a profile: file size, layers, rungs (the whole ladder has 15). */
+/* Hard limits on a profile: file size, layers, rungs (the whole ladder has 16: five bases at
+ * three ThinK levels, and tc). */
 #define KVEDGE_QUALITY_MAX_FILE_BYTES (4u << 20)
 #define KVEDGE_QUALITY_MAX_LAYERS     1024
-#define KVEDGE_QUALITY_MAX_RUNGS      15
+#define KVEDGE_QUALITY_MAX_RUNGS      16
 /* The metric (kvedge_quality_metric_t), its names (kvedge_quality_metric_name), the budget
  * bounds (KVEDGE_QUALITY_PPL_PCT_MAX, KVEDGE_QUALITY_KL_MAX) and the budget syntax
  * (kvedge_quality_budget_parse: "ppl:0.5%", "kl:1e-4", "none") are the wire's, in

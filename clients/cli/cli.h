@@ -94,6 +94,7 @@ extern const kvedge_cli_cmd_t *const kvedge_cli_remote_tables[];
 /* The global options, before the command or after it: their struct and table. */
 typedef struct {
     const char *data, *host, *server_key, *cert, *link;
+    const char *basis; /* coding bases to register (kvedge_basis_load_dir) */
     bool json, version, no_pack;
     uint32_t deadline_ms; /* 0: the library's default */
 } kvedge_cli_globals_t;

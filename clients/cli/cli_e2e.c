@@ -1538,7 +1538,8 @@ static const kvedge_cmdopt_t s_decode_list[] = {
      KVEDGE_CMDOPT_AT(s_decode_opts_t, accept),
      .help = "the cache optimizer: the precisions this edge accepts, best first (lossless, "
              "int8, int4-g32/64/128, each +think-75 or +think-50, then +ec for the same values "
-             "entropy-coded; docs/protocol.md "
+             "entropy-coded; tc, transform-coded, with the model's basis: --basis; "
+             "docs/protocol.md "
              "\"Precisions\"); the proxy picks one per layer, a store node serves the first it "
              "holds or derives"},
     {.name = "budget",
@@ -1693,6 +1694,12 @@ static int s_decode_fail(const s_common_t *c, kvedge_cli_t *cli, kvedge_e2e_mode
     if (rc == KVEDGE_ENOMEM) {
         kvedge_cli_error("decode (%s): out of memory", m);
         return KVEDGE_EXIT_FAILURE;
+    }
+    if (rc == KVEDGE_ENOBASIS) {
+        kvedge_cli_error("decode: --accept lists tc, but no coding basis of model %s is loaded: "
+                         "give its directory with --basis DIR, or drop tc from --accept",
+                         c->model_id);
+        return KVEDGE_EXIT_USAGE;
     }
     if (mode != KVEDGE_E2E_KVEDGE) {
         kvedge_cli_error("decode (%s): %s (%s)", m, kvedge_strerror(rc), kvedge_errname(rc));

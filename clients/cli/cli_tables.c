@@ -64,6 +64,12 @@ static const kvedge_cmdopt_t s_global_list[] = {
      .type = KVEDGE_CMDOPT_STR,
      KVEDGE_CMDOPT_AT(kvedge_cli_globals_t, link),
      .help = "emulate a link to the node, e.g. 100mbit,20ms (testing)"},
+    {.name = "basis",
+     .arg = "DIR",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(kvedge_cli_globals_t, basis),
+     .help = "load the coding bases (*.kvb) of DIR first, to decode the tc precision of their "
+             "models (fetch, decode)"},
     {.name = "no-pack",
      .type = KVEDGE_CMDOPT_BOOL,
      KVEDGE_CMDOPT_AT(kvedge_cli_globals_t, no_pack),

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access/codec/basis.h"
+#include "access/codec/error.h"
 #include "clients/cli/cli.h"
 #include "clients/cli/cli_doc.h"
 #include "gpu/gpu.h"
@@ -24,7 +26,9 @@ static const kvedge_cli_cmd_t *s_find_remote(const char *name)
  * command's name, that name stays the command's (before it, it is the global option).
  *
  *   command       keeps for itself                       what it means there
- *   store         --data/-d, --cert                      the node's store, its certificate
+ *   store         --data/-d, --cert, --basis             the node's store, its certificate,
+ *                                                        its coding bases (a setting)
+ *   eval          --basis                                the model's basis file
  *   master        --data/-d, --cert                      the registry's dir, its certificate
  *   master-dump   --json, --server-key, --cert,          the same words for the master's
  *                 --deadline                             snapshot (defaults: the globals)
@@ -38,11 +42,12 @@ static const struct {
     const char *cmd;
     const char *keeps; /* the long names, each followed by a space */
 } s_keeps[] = {
-    {"store", "data cert "},
+    {"store", "data cert basis "},
     {"master", "data cert "},
     {"master-dump", "json server-key cert deadline "},
     {"proxy", "cert "},
     {"sync", "deadline "},
+    {"eval", "basis "},
 };
 
 static bool s_kept(const char *cmd, const char *name)
@@ -305,6 +310,14 @@ static int s_resolve_globals(s_line_t *l, kvedge_cli_t *cli, bool *version)
                       g.link, g.no_pack};
     *cli = c;
     *version = g.version;
+    if (g.basis && g.basis[0]) {
+        size_t loaded = 0;
+        int rc = kvedge_basis_load_dir(g.basis, &loaded, why, sizeof why);
+        if (rc != KVEDGE_OK) {
+            kvedge_cli_error("--basis %s: %s (%s)", g.basis, why, kvedge_strerror(rc));
+            return kvedge_cli_exit_code(rc);
+        }
+    }
     return -1;
 }
 

@@ -22,6 +22,7 @@
 
 #include "access/client_credit.h"
 #include "access/client_internal.h"
+#include "access/codec/basis.h"
 #include "access/frame.h" /* wire sizes for the slots */
 #include "gpu/stage.h"
 #include "access/codec/clock.h"
@@ -316,6 +317,42 @@ static void s_release(kvedge_pipeline_t *p)
 
 /* ---------------------------------------------------------------- receive (I/O thread) */
 
+/* A transform-coded block (version 3) has no body the dequantize step reads: it is decoded
+ * here, on the host, into the slot as the K-then-V body of a lossless block of its dtype, and
+ * goes on as that block would (both paths: the device path copies the slot as it copies any
+ * staged body). The basis is this process's (kvedge_basis_load_dir); without it the head is
+ * a miss, as any block that cannot be read. Same contract as s_stage. */
+static int s_stage_tc(kvedge_pipeline_t *p, s_slot_t *s, const kvedge_block_info_t *tc, uint32_t j,
+                      uint16_t head, uint32_t ci, size_t pos, uint64_t *raw_bytes, bool *zero_copy)
+{
+    kvedge_block_info_t info = *tc; /* the lossless block the decoded values make */
+    info.scheme = KVEDGE_SCHEME_LOSSLESS;
+    info.group_size = 0;
+    info.key_channels = info.head_dim;
+    info.key_mask = NULL;
+    info.lz4 = false;
+    info.ec = false;
+    size_t half = (size_t)info.tokens * info.head_dim * kvedge_dtype_size(info.dtype);
+    if (half == 0 || 2 * half > UINT32_MAX)
+        return KVEDGE_ESHAPE;
+    info.raw_len = (uint32_t)(2 * half);
+    info.stored_len = info.raw_len;
+    if (pos > p->slot_bytes || info.raw_len > p->slot_bytes - pos)
+        return KVEDGE_ENOSPACE;
+    uint8_t *body = s->host + pos;
+    if (kvedge_block_decode(tc, info.dtype, body, body + half) != KVEDGE_OK)
+        return KVEDGE_ENOTFOUND; /* no basis here, or a section that does not decode */
+    info.body = body;
+    uint32_t offset = p->token_offset + ci * p->chunk_tokens;
+    if (kvedge_dequant_block_init(&info, body, head, offset, &s->desc[j]) != KVEDGE_OK)
+        return KVEDGE_ESHAPE;
+    *zero_copy = false;
+    s->have[j] = 1;
+    s->used = pos + info.raw_len;
+    *raw_bytes = info.raw_len;
+    return KVEDGE_OK;
+}
+
 /* Verifies one block and writes its decompressed body into l's slot, with its descriptor.
  * On the CPU path a body stored uncompressed, aligned and not small is not copied: its frame
  * is taken from the client (kvedge_client_block_take; only ever after kvedge_block_parse has
@@ -343,6 +380,8 @@ static int s_stage(kvedge_pipeline_t *p, s_slot_t *s, uint32_t ci, uint16_t head
         (info.head_dim != p->head_dim && !(p->adapt && info.head_dim == p->adapt->head_dim)))
         return KVEDGE_ESHAPE;
     size_t pos = s_align(s->used);
+    if (info.scheme == KVEDGE_SCHEME_TC)
+        return s_stage_tc(p, s, &info, j, head, ci, pos, raw_bytes, zero_copy);
     if (pos > p->slot_bytes || info.raw_len > p->slot_bytes - pos)
         return KVEDGE_ENOSPACE;
     const uint8_t *raw = NULL;
@@ -978,6 +1017,23 @@ static int s_alloc_ring(kvedge_pipeline_t *p)
     return KVEDGE_OK;
 }
 
+/* A transform-coded rung decodes only with its model's basis: a request that accepts one for
+ * a model this process holds no basis of is refused before anything is fetched (its blocks
+ * could only be misses). */
+static int s_check_bases(const kvedge_pipeline_opts_t *o)
+{
+    for (size_t i = 0; i < o->n_accept; i++)
+        if (KVEDGE_PREC_BASE(o->accept[i]) == KVEDGE_PREC_TC &&
+            !kvedge_basis_find_model(o->model->id))
+            return kvedge_client__say(
+                KVEDGE_ENOBASIS,
+                "the accept list holds %s, but no coding basis of model \"%s\" is loaded in "
+                "this process: load it with kvedge_basis_load_dir (kvedge --basis DIR, "
+                "kvedge.load_bases), or drop %s from the list",
+                kvedge_prec_name(o->accept[i]), o->model->id, kvedge_prec_name(o->accept[i]));
+    return KVEDGE_OK;
+}
+
 /* The smallest kvedge_pipeline_opts_t the loader accepts (kvedge_abi_read): the first layout
  * with a size field, today's. */
 #define KVEDGE_PIPELINE_OPTS_SIZE_MIN sizeof(kvedge_pipeline_opts_t)
@@ -1001,6 +1057,9 @@ int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t *
         return rc;
     opts = &o;
     rc = s_check_opts(opts);
+    if (rc != KVEDGE_OK)
+        return rc;
+    rc = s_check_bases(opts);
     if (rc != KVEDGE_OK)
         return rc;
     const kvedge_node_info_t *node = kvedge_client_node(opts->client);

@@ -146,7 +146,9 @@ typedef struct {
      * store-node source each GET_LAYER carries the list (the node serves each head at the
      * first rung it holds or derives) and a budget is refused (KVEDGE_EINVAL: only a proxy
      * plans). accept NULL: the blocks as stored. Blocks are self-describing: a layer comes at
-     * whatever rung was chosen and is dequantized as such. */
+     * whatever rung was chosen and is dequantized as such; a transform-coded block ("tc") is
+     * decoded on the host with this process's basis of the model (kvedge_basis_load_dir) into
+     * the values of a lossless block of its dtype, which go on as that block would. */
     const kvedge_prec_t *accept;
     size_t n_accept;
     kvedge_quality_metric_t quality_metric;
@@ -254,6 +256,8 @@ int kvedge_pipeline_pool_stats(kvedge_pipeline_pool_stats_t *out);
  *   KVEDGE_ENOSPACE: a destination too small: cap_bytes below its tensor
  *     (kvedge_dequant_dst_bytes), contiguous tokens_cap < token_offset + tokens, or paged
  *     table_len * page_size < token_offset + tokens;
+ *   KVEDGE_ENOBASIS: accept holds the tc rung but this process has no coding basis of the
+ *     model registered (kvedge_basis_load_dir); kvedge_client_last_error says which;
  *   KVEDGE_ENOMEM; the errors of kvedge_client_fetch_async / get_layer_async and of
  *     gpu/stage.h (stream, event, pinned or device allocation). */
 int kvedge_pipeline_open(const kvedge_pipeline_opts_t *opts, kvedge_pipeline_t **out);

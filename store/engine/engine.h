@@ -323,8 +323,11 @@ int kvedge_engine_drop_variant(kvedge_engine_t *e, const kvedge_block_key_t *key
  * When none is held and derive is set: the first rung in the list that can be derived
  * (kvedge_prec_derivable; kvedge_block_transcode's rule for a primary off the ladder) from the
  * primary or a held variant, finest source first, is made with kvedge_block_transcode (lz4
- * when it pays) and served with *derived true; the engine does not store it (the caller may
- * kvedge_engine_put_variant it). A corrupt variant is quarantined (and counted) and the next
+ * when it pays; a transform-coded rung with the basis of the chunk's model, at the key's layer
+ * and head: kvedge_block_transcode_at) and served with *derived true; the engine does not store
+ * it (the caller may kvedge_engine_put_variant it). A transform-coded rung of a model whose
+ * basis this process has not registered (kvedge_basis_load_dir) is a rung it cannot give: the
+ * next acceptable one is tried. A corrupt variant is quarantined (and counted) and the next
  * acceptable option is tried; a corrupt primary is quarantined with its variants, leaving
  * nothing to serve: KVEDGE_ECORRUPT. The primary's access time is refreshed as by
  * kvedge_engine_get_variant. *served receives the rung served (served must not be NULL;
@@ -400,8 +403,9 @@ int kvedge_engine_demote_idle(kvedge_engine_t *e, kvedge_prec_t prec, uint64_t i
  * held already. Never evicts: KVEDGE_EFULL when it does not fit within capacity (preparing
  * ahead of demand must not push out what was asked for). Neither the access time nor the read
  * statistics move. Errors: KVEDGE_EINVAL (as kvedge_engine_demote: not derivable, or the
- * primary's own rung), KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT, KVEDGE_EFULL, KVEDGE_EREADONLY,
- * KVEDGE_ENOMEM, store errors. */
+ * primary's own rung), KVEDGE_ENOBASIS (a transform-coded rung of a model whose basis this
+ * process has not registered), KVEDGE_ENOTFOUND, KVEDGE_ECORRUPT, KVEDGE_EFULL,
+ * KVEDGE_EREADONLY, KVEDGE_ENOMEM, store errors. */
 int kvedge_engine_prepare_variant(kvedge_engine_t *e, const kvedge_block_key_t *key,
                                   kvedge_prec_t prec, uint64_t *bytes);
 

@@ -173,9 +173,10 @@ static int s_demote_locked(kvedge_engine_t *e, const uint8_t *kb, kvedge_prec_t 
     const uint8_t *data = s_pval(blk, &len);
     rc = kvedge_block_parse(data, len, &info); /* verified: fills info */
     if (rc == KVEDGE_OK)
-        rc = kvedge_block_transcode(&info, prec, true, &nb, &nlen);
-    if (rc == KVEDGE_EINVAL) {
-        rc = S_DEM_CANNOT; /* a block off the ladder, or values prec cannot hold */
+        rc = kvedge_engine_transcode(e, kb, &info, prec, &nb, &nlen);
+    if (rc == KVEDGE_EINVAL || rc == KVEDGE_ENOBASIS) {
+        /* a block off the ladder, values prec cannot hold, or a coded rung without a basis */
+        rc = S_DEM_CANNOT;
         goto out;
     }
     if (rc != KVEDGE_OK)
@@ -409,7 +410,7 @@ int kvedge_engine_prepare_variant(kvedge_engine_t *e, const kvedge_block_key_t *
     const uint8_t *data = s_pval(blk, &len);
     rc = kvedge_block_parse(data, len, &info);
     if (rc == KVEDGE_OK)
-        rc = kvedge_block_transcode(&info, prec, true, &nb, &nlen);
+        rc = kvedge_engine_transcode(e, kb, &info, prec, &nb, &nlen);
     if (rc != KVEDGE_OK)
         goto out;
     int64_t delta = (int64_t)nlen - (int64_t)s_variant_bytes(olen);

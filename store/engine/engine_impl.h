@@ -432,6 +432,14 @@ void kvedge_engine_value_own(kvedge_value_t *v, uint8_t *buf, size_t len);
 int kvedge_engine_read_primary(kvedge_engine_t *e, const uint8_t *kb, uint64_t now,
                                kvedge_block_meta_t *m, rocksdb_pinnableslice_t **blk);
 
+/* kvedge_block_transcode of a verified block of kb to rung `to`, with lz4 where it pays; a
+ * transform-coded rung (KVEDGE_PREC_TC) is coded with the basis of the model the chunk record
+ * of kb names, at kb's layer and head (kvedge_block_transcode_at). KVEDGE_ENOBASIS when this
+ * process holds no basis of that model, or kb's chunk has no record to name it; otherwise the
+ * errors of those calls. */
+int kvedge_engine_transcode(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_info_t *info,
+                            kvedge_prec_t to, uint8_t **out, size_t *out_len);
+
 /* Records an access of the primary at kb if its meta still is seen (same checksum and size)
  * and wants a refresh; takes the stripe. Best effort. */
 void kvedge_engine_touch(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_meta_t *seen,

@@ -530,6 +530,23 @@ int kvedge_engine_drop_variant(kvedge_engine_t *e, const kvedge_block_key_t *key
     return rc;
 }
 
+int kvedge_engine_transcode(kvedge_engine_t *e, const uint8_t *kb, const kvedge_block_info_t *info,
+                            kvedge_prec_t to, uint8_t **out, size_t *out_len)
+{
+    if (KVEDGE_PREC_BASE(to) != KVEDGE_PREC_TC)
+        return kvedge_block_transcode(info, to, true, out, out_len);
+    kvedge_block_key_t key;
+    kvedge_block_key_unpack(kb, &key);
+    kvedge_chunk_info_t ci;
+    int rc = kvedge_engine_read_chunk(e, &key.chunk, &ci);
+    if (rc == KVEDGE_ENOTFOUND || rc == KVEDGE_ECORRUPT)
+        return KVEDGE_ENOBASIS; /* no record names the block's model */
+    if (rc != KVEDGE_OK)
+        return rc;
+    return kvedge_block_transcode_at(info, to, true, ci.model_id, key.layer, key.head, out,
+                                     out_len);
+}
+
 /* One source a rung may be derived from: the primary (is_primary) or a held variant. */
 typedef struct {
     kvedge_prec_t prec;
@@ -537,8 +554,9 @@ typedef struct {
 } s_source_t;
 
 /* Derives rung `to` from one source: 0 with out owning the block, KVEDGE_EINVAL when the
- * source cannot give it, KVEDGE_ENOTFOUND when the source is gone, KVEDGE_ECORRUPT (a bad
- * source, quarantined), or an error. *primary_bad is set when the primary was the bad one. */
+ * source cannot give it, KVEDGE_ENOBASIS when no source can (a transform-coded rung of a model
+ * whose basis this process lacks), KVEDGE_ENOTFOUND when the source is gone, KVEDGE_ECORRUPT (a
+ * bad source, quarantined), or an error. *primary_bad is set when the primary was the bad one. */
 static int s_derive(kvedge_engine_t *e, const uint8_t *kb, const s_source_t *src, kvedge_prec_t to,
                     const kvedge_block_meta_t *m, uint64_t now, kvedge_value_t *out,
                     bool *primary_bad)
@@ -565,7 +583,7 @@ static int s_derive(kvedge_engine_t *e, const uint8_t *kb, const s_source_t *src
     if (rc == KVEDGE_OK) {
         uint8_t *buf = NULL;
         size_t len = 0;
-        rc = kvedge_block_transcode(&info, to, true, &buf, &len);
+        rc = kvedge_engine_transcode(e, kb, &info, to, &buf, &len);
         if (rc == KVEDGE_OK)
             kvedge_engine_value_own(out, buf, len);
     }
@@ -672,6 +690,8 @@ int kvedge_engine_get_prec(kvedge_engine_t *e, const kvedge_block_key_t *key,
             }
             if (primary_bad || (src[j].is_primary && rc == KVEDGE_ENOTFOUND))
                 return s_count(e, rc, out); /* the primary gone: its variants went with it */
+            if (rc == KVEDGE_ENOBASIS)
+                break; /* no source gives this rung here: the next acceptable one is tried */
             if (rc != KVEDGE_EINVAL && rc != KVEDGE_ENOTFOUND && rc != KVEDGE_ECORRUPT)
                 return rc;
             if (!src[j].is_primary && rc != KVEDGE_EINVAL)

@@ -67,6 +67,9 @@ typedef struct {
      * block when no held block is at it, and keep what was derived as a variant. */
     bool derive;
     bool keep_derived;
+    /* Coding bases (*.kvb, access/codec/basis.h) registered at start: the models whose
+     * transform-coded rung ("tc") the node can derive. "" = none. */
+    char basis[KVEDGE_NODE_PATH_BYTES];
     /* GET_LAYER packed data messages for clients that ask (no: refused as older nodes do). */
     bool pack;
     /* The storage optimizer (store/node/optimizer.h): off unless optimize. Prepares the
@@ -109,9 +112,13 @@ int kvedge_node_settings_check(const kvedge_node_settings_t *s, char *why, size_
 /* Checks the settings, opens the store, makes the node certificate on first start, binds and
  * serves; then starts the historical-cache scheduler and joins the master (both only logged
  * when they fail: the node serves what it has). Returns once it serves. Caller owns *out.
- * Errors: those of kvedge_node_settings_check; the engine's open errors (KVEDGE_ENOTFOUND,
- * KVEDGE_ELOCKED, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ESTORE: the store is unavailable);
- * KVEDGE_EIO (bind failed, certificate unreadable or not writable); KVEDGE_ENOMEM. */
+ * Every "*.kvb" file of the basis directory is loaded and registered first
+ * (kvedge_basis_load_dir): a file that does not load refuses the start with its error (why
+ * names the file and the check; the files before it stay registered in this process).
+ * Errors: those of kvedge_node_settings_check; those of kvedge_basis_load_dir; the engine's open
+ * errors (KVEDGE_ENOTFOUND, KVEDGE_ELOCKED, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ESTORE: the
+ * store is unavailable); KVEDGE_EIO (bind failed, certificate unreadable or not writable);
+ * KVEDGE_ENOMEM. */
 int kvedge_node_start(const kvedge_node_settings_t *s, kvedge_node_t **out, char *why,
                       size_t why_len);
 

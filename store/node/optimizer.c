@@ -157,8 +157,10 @@ static int s_prepare(kvedge_optimizer_t *o, const kvedge_chunk_id_t *hot, size_t
                     full = true;
                     break;
                 } else if (prc != KVEDGE_OK && prc != KVEDGE_EINVAL && prc != KVEDGE_ENOTFOUND &&
-                           prc != KVEDGE_ECORRUPT) {
-                    rc = prc; /* EINVAL: not derivable from this block's rung */
+                           prc != KVEDGE_ECORRUPT && prc != KVEDGE_ENOBASIS) {
+                    /* EINVAL: not derivable from this block's rung; ENOBASIS: tc of a model
+                     * whose coding basis the node has not loaded */
+                    rc = prc;
                     break;
                 }
             }

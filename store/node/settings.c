@@ -151,6 +151,13 @@ static const kvedge_setting_t s_settings[] = {
      .type = KVEDGE_SETTING_BOOL,
      KVEDGE_SETTING_AT(S_T, keep_derived),
      .help = "store each derived precision as a variant of its block (counts toward capacity)"},
+    {.key = "basis",
+     .flag = "basis",
+     .arg = "DIR",
+     .type = KVEDGE_SETTING_STRING,
+     KVEDGE_SETTING_AT(S_T, basis),
+     .help = "directory of coding bases (*.kvb) loaded at start, so the node derives the tc "
+             "precision of their models; empty: none"},
     {.key = "pack",
      .flag = "pack",
      .type = KVEDGE_SETTING_BOOL,

@@ -5,7 +5,8 @@
  * only lossless never receives a quantized block; an entropy-coded rung is chosen over a slow
  * link and not over a fast one; the choice is made again mid-request when
  * the source turns out slower than planned; bad precision frames and budgets are refused
- * with KVEDGE_EINVAL and the proxy keeps serving. */
+ * with KVEDGE_EINVAL and the proxy keeps serving; tc planned on a node without the model's
+ * coding basis falls back to the next accepted rung, and comes at tc once the basis is there. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,14 +18,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "access/frame.h"
 #include "clients/lib/kvedge.h"
 #include "proxy/plan.h"
 #include "proxy/proxy.h"
 #include "store/node/node.h"
+#include "access/codec/basis.h"
 #include "access/codec/prec.h"
 #include "access/codec/synth.h"
+#include "tests/common/basis_fixture.h"
 #include "tests/common/ctx_fx.h"
 
 #define S_MODEL   KT_CTX_MODEL /* built in: 12 layers x 12 heads x 64 */
@@ -422,6 +426,45 @@ static void test_bandwidth_drop_rechooses(void **state)
     kvedge_proxy_destroy(&s_env.proxy);
 }
 
+/* tc over a slow link: the fastest rung, planned first. A node without the model's coding
+ * basis answers the tc-only ask missing, and the proxy plans the layer again at the node's
+ * other accepted rung (int8); once the basis is loaded (this process's registry is the
+ * node's), the node derives tc and the blocks come at tc. Runs last: it registers a basis. */
+static void test_tc_without_basis_falls_back(void **state)
+{
+    (void)state;
+    const kvedge_prec_t tc = KVEDGE_PREC_MAKE(KVEDGE_PREC_TC, 0);
+    const kvedge_prec_t accept[] = {tc, S_INT8};
+    assert_null(kvedge_basis_find_model(S_MODEL));
+    s_proxy_start("20mbit,1ms", 2.5e6);
+    s_res_t r;
+    s_fetch(&s_env.id, 3, accept, 2, KVEDGE_QUALITY_NONE, 0, 0, &r);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.layers, 3);
+    for (int l = 0; l < 3; l++) {
+        assert_int_equal(r.plan.layer[l].prec, tc);
+        assert_int_equal(r.layer[l].status, 0);
+        assert_int_equal(r.layer[l].prec, S_INT8);
+        assert_int_equal(r.layer[l].reason, KVEDGE_FETCH_FALLBACK_MISSING);
+        assert_int_equal(r.block_rung[l], S_INT8);
+    }
+    char dir[200], path[260];
+    snprintf(dir, sizeof dir, "%s/bases", s_env.root);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(path, sizeof path, "%s/opt.kvb", dir);
+    assert_int_equal(kt_basis_write(path, S_MODEL, S_LAYERS, S_HEADS, 64, 0.125f, 9), 0);
+    assert_int_equal(kvedge_basis_load_dir(dir, NULL, NULL, 0), 0);
+    s_fetch(&s_env.id, 3, accept, 2, KVEDGE_QUALITY_NONE, 0, 0, &r);
+    assert_int_equal(r.status, 0);
+    for (int l = 0; l < 3; l++) {
+        assert_int_equal(r.layer[l].status, 0);
+        assert_int_equal(r.layer[l].prec, tc);
+        assert_int_equal(r.layer[l].reason, KVEDGE_FETCH_PLANNED);
+        assert_int_equal(r.block_rung[l], tc);
+    }
+    kvedge_proxy_destroy(&s_env.proxy);
+}
+
 /* A raw FETCH whose precision frame is well formed but means nothing usable: EINVAL. */
 static int32_t s_raw_fetch(zsock_t *s, const kvedge_wire_fetch_prec_t *pr)
 {
@@ -551,6 +594,7 @@ int main(void)
         cmocka_unit_test(test_bandwidth_drop_rechooses),
         cmocka_unit_test(test_bad_precision_requests),
         cmocka_unit_test(test_bad_profile_refused),
+        cmocka_unit_test(test_tc_without_basis_falls_back),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

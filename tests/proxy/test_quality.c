@@ -307,7 +307,7 @@ static void test_bad(void **state)
          "[\"lossless\",\"int8\",\"int4-g32\",\"int4-g64\",\"int4-g128\",\"lossless+think-75\","
          "\"int8+think-75\",\"int4-g32+think-75\",\"int4-g64+think-75\",\"int4-g128+think-75\","
          "\"lossless+think-50\",\"int8+think-50\",\"int4-g32+think-50\",\"int4-g64+think-50\","
-         "\"int4-g128+think-50\",\"int8\"]",
+         "\"int4-g128+think-50\",\"tc\",\"int8\"]",
          KVEDGE_ETOOBIG},
         {"NaN KL (null)", "[8e-8, 8.4e-6, 2e-3]", "[8e-8, null, 2e-3]", KVEDGE_EINVAL},
         {"NaN KL (literal)", "[8e-8, 8.4e-6, 2e-3]", "[8e-8, NaN, 2e-3]", KVEDGE_EINVAL},
@@ -368,25 +368,25 @@ static void test_bad(void **state)
     assert_true(strlen(why) < 4);
 }
 
-/* The limits exactly: 1024 layers and 15 rungs (the whole ladder) are fine. */
+/* The limits exactly: 1024 layers and 16 rungs (the whole ladder, tc included) are fine. */
 static void test_limits(void **state)
 {
     (void)state;
-    static const char *const ladder[15] = {"lossless",          "int8",
-                                           "int4-g32",          "int4-g64",
-                                           "int4-g128",         "lossless+think-75",
-                                           "int8+think-75",     "int4-g32+think-75",
-                                           "int4-g64+think-75", "int4-g128+think-75",
-                                           "lossless+think-50", "int8+think-50",
-                                           "int4-g32+think-50", "int4-g64+think-50",
-                                           "int4-g128+think-50"};
+    static const char *const ladder[16] = {"lossless",           "int8",
+                                           "int4-g32",           "int4-g64",
+                                           "int4-g128",          "lossless+think-75",
+                                           "int8+think-75",      "int4-g32+think-75",
+                                           "int4-g64+think-75",  "int4-g128+think-75",
+                                           "lossless+think-50",  "int8+think-50",
+                                           "int4-g32+think-50",  "int4-g64+think-50",
+                                           "int4-g128+think-50", "tc"};
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     assert_non_null(f);
     fprintf(f, "{\"kvedge_quality_profile\":1,\"model\":\"big\",\"layers\":%d,\"rungs\":[",
             KVEDGE_QUALITY_MAX_LAYERS);
-    for (int r = 0; r < 15; r++)
+    for (int r = 0; r < 16; r++)
         fprintf(f, "%s\"%s\"", r ? "," : "", ladder[r]);
     fprintf(f, "],\"per_layer\":[");
     const char *keys[3] = {"ppl_pct", "kl", "agreement"};
@@ -394,7 +394,7 @@ static void test_limits(void **state)
         fprintf(f, "%s{\"layer\":%d", l ? "," : "", l);
         for (int k = 0; k < 3; k++) {
             fprintf(f, ",\"%s\":[", keys[k]);
-            for (int r = 0; r < 15; r++)
+            for (int r = 0; r < 16; r++)
                 fprintf(f, "%s%.17g", r ? "," : "", k == 2 ? 1.0 : (l + 1) * 1e-3 * r);
             fputc(']', f);
         }
@@ -408,8 +408,8 @@ static void test_limits(void **state)
     if (rc != KVEDGE_OK)
         fail_msg("%s", why);
     assert_int_equal(kvedge_quality_layers(p), KVEDGE_QUALITY_MAX_LAYERS);
-    assert_int_equal(kvedge_quality_n_rungs(p), 15);
-    for (int r = 0; r < 15; r++) {
+    assert_int_equal(kvedge_quality_n_rungs(p), 16);
+    for (int r = 0; r < 16; r++) {
         kvedge_prec_t x = s_prec(ladder[r]);
         assert_true(kvedge_quality_has(p, x));
         double c;

@@ -14,7 +14,7 @@ from ._ffi import LIB_PATH as library_path  # noqa: F401
 from .errors import *  # noqa: F401,F403  (Error and one subclass per KVEDGE_E* code)
 from .errors import CODES, Error, UseAfterClose  # noqa: F401
 from .client import (Chain, Client, Model, chunk_ids, decode_layer, fetch,  # noqa: F401
-                     version, version_number)
+                     load_bases, version, version_number)
 
 
 def __getattr__(name):
@@ -30,5 +30,5 @@ def __getattr__(name):
 
 __version__ = "0.1.0"
 __all__ = ["library_path", "CODES", "Error", "UseAfterClose", "Chain", "Client", "Model",
-           "chunk_ids", "decode_layer", "fetch", "version", "version_number", "Pipeline",
-           "KVLoader", "LoadHandle"] + [c.__name__ for c in CODES.values()]
+           "chunk_ids", "decode_layer", "fetch", "load_bases", "version", "version_number",
+           "Pipeline", "KVLoader", "LoadHandle"] + [c.__name__ for c in CODES.values()]

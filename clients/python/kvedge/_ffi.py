@@ -370,6 +370,8 @@ kvedge_block_encode = _fn("kvedge_block_encode", c_int, P(BlockSpec), c_void_p, 
 kvedge_block_parse = _fn("kvedge_block_parse", c_int, c_void_p, c_size_t, P(BlockInfo))
 kvedge_block_check = _fn("kvedge_block_check", c_int, c_void_p, c_size_t, P(BlockInfo))
 kvedge_block_decode = _fn("kvedge_block_decode", c_int, P(BlockInfo), c_int, c_void_p, c_void_p)
+kvedge_basis_load_dir = _fn("kvedge_basis_load_dir", c_int, c_char_p, P(c_size_t), c_char_p,
+                            c_size_t)
 kvedge_fetch_reason_name = _fn("kvedge_fetch_reason_name", c_char_p, c_int)
 kvedge_plan_reason_name = _fn("kvedge_plan_reason_name", c_char_p, c_int)
 kvedge_plan_prec_reason_name = _fn("kvedge_plan_prec_reason_name", c_char_p, c_int)

@@ -9,6 +9,7 @@ import ctypes
 import itertools
 import math
 import operator
+import os
 import threading
 import weakref
 from contextlib import contextmanager
@@ -782,6 +783,20 @@ def decode_layer(records, heads):
         ks[r["head"]].append(k)
         vs[r["head"]].append(v)
     return (np.stack([np.concatenate(x) for x in ks]), np.stack([np.concatenate(x) for x in vs]))
+
+
+def load_bases(directory):
+    """Loads and registers every coding basis ("*.kvb") of directory in this process, in name
+    order, so tc blocks of their models decode (Pipeline, decode_layer) and a fetch may accept
+    the tc precision. Returns how many were registered (a basis already loaded counts). A file
+    that does not load raises (the ones before it stay registered); the exception's detail
+    names the file and the check that failed."""
+    loaded = c_size_t(0)
+    why = ctypes.create_string_buffer(512)
+    rc = _ffi.kvedge_basis_load_dir(os.fsencode(directory), byref(loaded), why, len(why))
+    if rc < 0:
+        raise error(rc, "load_bases", why.value.decode(errors="replace"))
+    return loaded.value
 
 
 def version():

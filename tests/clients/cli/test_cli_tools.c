@@ -3,7 +3,8 @@
  * flag name reaches the same option as the new one, a value out of bounds is refused naming
  * the flag, and a mistyped flag gets the nearest one. Runs the kvedge binary; nothing here
  * needs a network peer (-H names nothing that listens, and every line is refused or fails
- * before a connection). */
+ * before a connection). The global --basis loads coding bases, or stops the line naming the
+ * file that does not load. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -14,10 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "clients/cli/cli.h"
+#include "tests/common/basis_fixture.h"
 
 #define S_TINY    KVEDGE_FIXTURES "/opt_tiny.safetensors"
 #define S_NOWHERE "-H ipc:///nonexistent/kvedge-cli-tools.sock --deadline 300"
@@ -241,6 +244,52 @@ static void test_did_you_mean(void **state)
     assert_contains(s_err, "did you mean --interval?");
 }
 
+/* --basis DIR (global): the coding bases are loaded before the command runs, after its name
+ * too; a file that does not load stops the line with the loader's reason. `store --basis` is
+ * the node's own setting, refused the same way before anything is started. */
+static void test_basis_option(void **state)
+{
+    (void)state;
+    char dir[64], good[128], bad[128], path[192];
+    snprintf(dir, sizeof dir, "/tmp/kvedge-cli-basis-%ld", (long)getpid());
+    snprintf(good, sizeof good, "%s/good", dir);
+    snprintf(bad, sizeof bad, "%s/bad", dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(mkdir(good, 0700), 0);
+    assert_int_equal(mkdir(bad, 0700), 0);
+    snprintf(path, sizeof path, "%s/m.kvb", good);
+    assert_int_equal(kt_basis_write(path, "cli-basis-model", 1, 2, 16, 0.125f, 3), 0);
+    uint8_t *b = NULL;
+    size_t len = 0;
+    assert_int_equal(kt_basis_file("cli-basis-model", 1, 2, 16, 0.125f, 3, &b, &len), 0);
+    b[len / 2] ^= 0x40;
+    snprintf(path, sizeof path, "%s/m.kvb", bad);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    free(b);
+
+    assert_int_equal(s_run("--basis %s --version", good), 0);
+    assert_int_equal(s_run("--basis %s --version", bad), KVEDGE_EXIT_CORRUPT);
+    assert_contains(s_err, "--basis");
+    assert_contains(s_err, "m.kvb: digest mismatch");
+    assert_int_equal(s_run("decode --basis %s/none --help", dir), KVEDGE_EXIT_FAILURE);
+    assert_contains(s_err, "none");
+    assert_int_not_equal(s_run("store --basis %s --data %s/store --insecure --metrics off "
+                               "--bind 'tcp://127.0.0.1:*'",
+                               bad, dir),
+                         KVEDGE_EXIT_OK);
+    assert_contains(s_err, "cannot load the coding bases of");
+    assert_contains(s_err, "m.kvb: digest mismatch");
+    char store[128];
+    snprintf(store, sizeof store, "%s/store", dir);
+    assert_int_equal(access(store, F_OK), -1); /* nothing was started */
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     snprintf(s_errpath, sizeof s_errpath, "/tmp/kvedge-cli-tools-%ld.err", (long)getpid());
@@ -249,6 +298,7 @@ int main(void)
         cmocka_unit_test(test_old_names_still_work),
         cmocka_unit_test(test_bounds_name_the_flag),
         cmocka_unit_test(test_did_you_mean),
+        cmocka_unit_test(test_basis_option),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     free(s_out);

@@ -10,7 +10,10 @@
  * (a fake node) on that path is rejected as before: its layer is a miss, nothing written.
  * While a FETCH pipeline's ring is full (a fake proxy; the loader held inside an adaptation),
  * the client's I/O thread does not wait for a slot: another call on the same client completes
- * within its deadline, the proxy is held back by credit, and every layer still lands.
+ * within its deadline, the proxy is held back by credit, and every layer still lands. The
+ * transform-coded rung: with the model's basis loaded (the node's, registered in this process)
+ * tc blocks are decoded on the host and land as kvedge_block_decode of them; without it, a
+ * request accepting tc is refused with KVEDGE_ENOBASIS before anything is fetched.
  *
  * Built a second time with S_GPU_ONLY as test_pipeline_gpu: the same bit-identity checks with
  * device destinations on the device path; exits 77 where there is no device. */
@@ -21,11 +24,13 @@
 #include <cmocka.h>
 
 #include <czmq.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "access/frame.h"
@@ -35,7 +40,10 @@
 #include "gpu/gpu.h"
 #include "gpu/stage.h"
 #include "proxy/proxy.h"
+#include "access/codec/basis.h"
+#include "access/codec/quant.h"
 #include "access/codec/synth.h"
+#include "tests/common/basis_fixture.h"
 #include "tests/common/testutil.h"
 
 #define S_MODEL        "opt-125m" /* built in: 12 layers x 12 heads x 64 */
@@ -58,7 +66,10 @@ typedef struct {
     uint32_t lz4_blocks, masked_blocks;
 } s_ctx_t;
 
-static s_ctx_t s_int8, s_int4, s_holey;
+static s_ctx_t s_int8, s_int4, s_holey, s_lossless;
+
+/* The coding basis of S_MODEL the node and this process load (the transform-coded rung). */
+#define S_TC_STEP 0.125f
 
 static uint32_t s_chunk_tokens(uint32_t ci)
 {
@@ -167,6 +178,9 @@ typedef struct {
     kvedge_node_t *node;
 } s_node_t;
 
+/* The coding-basis directory the next node started gets (NULL: none). */
+static const char *s_node_basis;
+
 static void s_node_start(s_node_t *n, const char *root, const char *name)
 {
     memset(n, 0, sizeof *n);
@@ -181,7 +195,9 @@ static void s_node_start(s_node_t *n, const char *root, const char *name)
     snprintf(ns.data, sizeof ns.data, "%s", n->dir);
     snprintf(ns.bind, sizeof ns.bind, "%s", n->ep);
     snprintf(ns.name, sizeof ns.name, "%s", name);
-    char why[256];
+    if (s_node_basis)
+        snprintf(ns.basis, sizeof ns.basis, "%s", s_node_basis);
+    char why[512];
     if (kvedge_node_start(&ns, &n->node, why, sizeof why) != 0)
         fail_msg("start %s: %s", name, why);
 }
@@ -212,12 +228,22 @@ static int s_setup(void **state)
     s_make(&s_int8, KVEDGE_SCHEME_INT8, 1);
     s_make(&s_int4, KVEDGE_SCHEME_INT4, 2);
     s_make(&s_holey, KVEDGE_SCHEME_INT8, 3);
+    s_make(&s_lossless, KVEDGE_SCHEME_LOSSLESS, 4);
     snprintf(s_env.root, sizeof s_env.root, "/tmp/kvedge-pipeline-XXXXXX");
     assert_non_null(mkdtemp(s_env.root));
+    /* node1 loads S_MODEL's basis (and so registers it in this process, the client's too). */
+    char bases[200], file[300];
+    snprintf(bases, sizeof bases, "%s/bases", s_env.root);
+    assert_int_equal(mkdir(bases, 0700), 0);
+    snprintf(file, sizeof file, "%s/opt.kvb", bases);
+    assert_int_equal(kt_basis_write(file, S_MODEL, S_LAYERS, S_HEADS, S_HD, S_TC_STEP, 5), 0);
+    s_node_basis = bases;
     s_node_start(&s_env.node, s_env.root, "node1");
+    s_node_basis = NULL;
     s_put(s_env.node.ep, &s_int8, -1);
     s_put(s_env.node.ep, &s_int4, -1);
     s_put(s_env.node.ep, &s_holey, S_MISSING);
+    s_put(s_env.node.ep, &s_lossless, -1);
 
     kvedge_proxy_source_t src;
     char spec[600];
@@ -247,6 +273,7 @@ static int s_teardown(void **state)
     s_free_ctx(&s_int8);
     s_free_ctx(&s_int4);
     s_free_ctx(&s_holey);
+    s_free_ctx(&s_lossless);
     return 0;
 }
 
@@ -346,6 +373,10 @@ static size_t s_row_off(const kvedge_kv_dst_t *x, uint32_t h, uint32_t p)
     return ((page * x->page_size + p % x->page_size) * x->heads + h) * row;
 }
 
+/* The rung the node is expected to serve the stored blocks at (0: as stored): s_expect
+ * transcodes each to it first (kvedge_block_transcode_at, as the node derives it). */
+static kvedge_prec_t s_expect_at;
+
 /* The expected K and V of one layer: the fill, then every block decoded with
  * kvedge_block_decode and placed row by row. Caller frees both. */
 static void s_expect(const s_ctx_t *ctx, uint32_t l, const kvedge_kv_dst_t *x, uint8_t **k_out,
@@ -363,7 +394,16 @@ static void s_expect(const s_ctx_t *ctx, uint32_t l, const kvedge_kv_dst_t *x, u
             kvedge_block_info_t info;
             assert_int_equal(kvedge_block_parse(ctx->block[l][ci][h], ctx->len[l][ci][h], &info),
                              0);
+            uint8_t *at = NULL;
+            size_t at_len = 0;
+            if (s_expect_at) {
+                assert_int_equal(kvedge_block_transcode_at(&info, s_expect_at, true, S_MODEL, l, h,
+                                                           &at, &at_len),
+                                 0);
+                assert_int_equal(kvedge_block_parse(at, at_len, &info), 0);
+            }
             assert_int_equal(kvedge_block_decode(&info, x->dtype, bk, bv), 0);
+            free(at);
             for (uint32_t t = 0; t < info.tokens; t++) {
                 uint32_t p = S_OFFSET + ci * S_CHUNK_TOKENS + t;
                 memcpy(k + s_row_off(x, h, p), bk + t * row, row);
@@ -594,6 +634,110 @@ static void test_node_paged_int4(void **state)
 {
     (void)state;
     s_bit_identity(s_env.node.ep, &s_int4, KVEDGE_KV_PAGED, KVEDGE_DTYPE_BF16, false, false);
+}
+
+/* Asked for "tc,int8" of a lossless context, a node with the model's basis serves tc and the
+ * loader decodes each block on the host: every layer equal to kvedge_block_decode of
+ * kvedge_block_transcode_at of the stored blocks, and within the tc error of the originals. */
+static void test_node_tc_rung(void **state)
+{
+    (void)state;
+    static const kvedge_prec_t accept[] = {KVEDGE_PREC_TC, KVEDGE_PREC_INT8};
+    s_accept = accept;
+    s_n_accept = 2;
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_PAGED, KVEDGE_DTYPE_FP16, false);
+    s_run_t r;
+    s_run(s_env.node.ep, &s_lossless, &d, 0, &r);
+    s_accept = NULL;
+    s_n_accept = 0;
+    s_expect_at = KVEDGE_PREC_TC;
+    s_check(&s_lossless, &d, &r, -1);
+    s_expect_at = 0;
+    assert_int_equal(r.st.zero_copy_blocks, 0);
+    /* Against the values put (the stored lossless blocks decoded): within half the basis's
+     * step (a signed permutation: each value is one component), plus fp16 rounding. */
+    double worst = 0;
+    float got[S_HD], want[S_HD];
+    for (uint32_t l = 0; l < S_LAYERS; l++) {
+        uint8_t *ek, *ev;
+        s_expect(&s_lossless, l, &d.k[l], &ek, &ev);
+        const uint8_t *gk = d.k[l].base, *gv = d.v[l].base;
+        for (uint32_t h = 0; h < S_HEADS; h++)
+            for (uint32_t t = 0; t < S_TOKENS; t++) {
+                size_t at = s_row_off(&d.k[l], h, S_OFFSET + t);
+                for (int kv = 0; kv < 2; kv++) {
+                    kvedge_convert_to_f32(KVEDGE_DTYPE_FP16, (kv ? gv : gk) + at, S_HD, got);
+                    kvedge_convert_to_f32(KVEDGE_DTYPE_FP16, (kv ? ev : ek) + at, S_HD, want);
+                    for (uint32_t c = 0; c < S_HD; c++) {
+                        double e = fabs((double)got[c] - want[c]);
+                        worst = e > worst ? e : worst;
+                    }
+                }
+            }
+        free(ek);
+        free(ev);
+    }
+    printf("tc: 12 layers in %.1f ms, %.2f MB on the wire, largest error %.4f (step %.3f)\n", r.ms,
+           (double)r.st.wire_bytes / 1e6, worst, S_TC_STEP);
+    assert_true(worst <= S_TC_STEP / 2 + 1e-2);
+    s_dst_free(&d);
+}
+
+/* Through the proxy, a tc-only list: the proxy plans tc (the only rung), the node derives it,
+ * the loader decodes it: the same values as kvedge_block_decode of the transcoded blocks. */
+static void test_proxy_tc_rung(void **state)
+{
+    (void)state;
+    static const kvedge_prec_t accept[] = {KVEDGE_PREC_TC};
+    s_accept = accept;
+    s_n_accept = 1;
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    s_run_t r;
+    s_run(s_env.proxy_ep, &s_lossless, &d, 2, &r);
+    s_accept = NULL;
+    s_n_accept = 0;
+    s_expect_at = KVEDGE_PREC_TC;
+    s_check(&s_lossless, &d, &r, -1);
+    s_expect_at = 0;
+    assert_true(r.st.via_proxy);
+    s_dst_free(&d);
+}
+
+/* A model whose basis this process has not loaded: a tc request is refused up front. */
+static void test_tc_refused_without_basis(void **state)
+{
+    (void)state;
+    kvedge_model_t m;
+    assert_int_equal(kvedge_model_builtin(S_MODEL, &m), 0);
+    snprintf(m.id, sizeof m.id, "%s", "opt-125m-no-basis");
+    assert_null(kvedge_basis_find_model(m.id));
+    kvedge_client_t *c = s_client(s_env.node.ep, 20000);
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, false);
+    static const kvedge_prec_t accept[] = {KVEDGE_PREC_INT8, KVEDGE_PREC_TC};
+    s_accept = accept;
+    s_n_accept = 2;
+    kvedge_pipeline_opts_t o;
+    s_opts(&o, c, &m, &s_lossless, &d);
+    s_accept = NULL;
+    s_n_accept = 0;
+    kvedge_pipeline_t *p = NULL;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), KVEDGE_ENOBASIS);
+    assert_null(p);
+    if (!strstr(kvedge_client_last_error(), "opt-125m-no-basis") ||
+        !strstr(kvedge_client_last_error(), "tc"))
+        fail_msg("the message does not name the model and the rung: %s",
+                 kvedge_client_last_error());
+    /* Without tc in the list the same request opens. */
+    o.n_accept = 1;
+    assert_int_equal(kvedge_pipeline_open(&o, &p), 0);
+    for (uint16_t l = 0; l < S_LAYERS; l++)
+        assert_int_equal(kvedge_pipeline_wait(p, l), 0);
+    kvedge_pipeline_destroy(&p);
+    kvedge_client_destroy(&c);
+    s_dst_free(&d);
 }
 
 static void test_node_paged_int8_fp32(void **state)
@@ -1691,6 +1835,9 @@ int main(void)
         cmocka_unit_test(test_node_gone_deadline),
         cmocka_unit_test(test_corrupt_block_on_zero_copy_path),
         cmocka_unit_test(test_full_ring_other_calls_go_on),
+        cmocka_unit_test(test_node_tc_rung),
+        cmocka_unit_test(test_proxy_tc_rung),
+        cmocka_unit_test(test_tc_refused_without_basis),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
@@ -1721,6 +1868,27 @@ static void test_gpu_proxy_paged_int8_ring2(void **state)
     s_dst_free(&d);
 }
 
+/* tc blocks are decoded on the host into the slot, then copied and placed as a lossless
+ * block's body on the device: the same values as kvedge_block_decode of the transcoded blocks. */
+static void test_gpu_node_tc_rung(void **state)
+{
+    (void)state;
+    static const kvedge_prec_t accept[] = {KVEDGE_PREC_TC, KVEDGE_PREC_INT8};
+    s_accept = accept;
+    s_n_accept = 2;
+    s_dst_t d;
+    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, true);
+    s_run_t r;
+    s_run(s_env.node.ep, &s_lossless, &d, 0, &r);
+    s_accept = NULL;
+    s_n_accept = 0;
+    s_expect_at = KVEDGE_PREC_TC;
+    s_check(&s_lossless, &d, &r, -1);
+    s_expect_at = 0;
+    assert_true(r.st.device);
+    s_dst_free(&d);
+}
+
 static void test_gpu_missing_layer_is_a_miss(void **state)
 {
     (void)state;
@@ -1744,6 +1912,7 @@ int main(void)
         cmocka_unit_test(test_gpu_node_paged_int4),
         cmocka_unit_test(test_gpu_proxy_paged_int8_ring2),
         cmocka_unit_test(test_gpu_missing_layer_is_a_miss),
+        cmocka_unit_test(test_gpu_node_tc_rung),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }

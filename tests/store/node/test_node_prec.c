@@ -2,7 +2,9 @@
  * "Precisions"): GET_LAYER and GET with an accept list get each block at the first rung the
  * node holds (the primary or a variant) or derives; a reader that accepts only lossless never
  * gets a quantized block; derivation can be turned off or kept; bad lists are refused with
- * KVEDGE_EINVAL and the node keeps serving. */
+ * KVEDGE_EINVAL and the node keeps serving. The transform-coded rung: a node with its
+ * model's coding basis (setting basis) serves tc, one without serves the next accepted rung,
+ * and a bad basis file refuses the start with the loader's reason. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,16 +12,24 @@
 #include <cmocka.h>
 
 #include <czmq.h>
+#include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "access/frame.h"
 #include "access/transport.h"
 #include "clients/lib/kvedge.h"
 #include "store/engine/engine.h"
 #include "store/node/node.h"
+#include "access/codec/basis.h"
 #include "access/codec/prec.h"
+#include "access/codec/quant.h"
 #include "access/codec/synth.h"
+#include "tests/common/basis_fixture.h"
+#include "tests/common/logcap.h"
 
 #define S_MODEL  "opt-125m" /* built in: 12 layers x 12 heads x 64 */
 #define S_HEADS  12
@@ -41,7 +51,9 @@ typedef struct {
     kvedge_chunk_id_t id;
 } s_env_t;
 
-static void s_start(s_env_t *e, bool derive, bool keep)
+/* Starts the node; basis: its coding-basis directory (NULL: none). */
+static int s_try_start(s_env_t *e, bool derive, bool keep, const char *basis, char *why,
+                       size_t why_len)
 {
     kvedge_node_settings_t ns;
     kvedge_node_settings_default(&ns);
@@ -55,8 +67,15 @@ static void s_start(s_env_t *e, bool derive, bool keep)
     ns.keep_derived = keep;
     snprintf(ns.data, sizeof ns.data, "%s", e->dir);
     snprintf(ns.bind, sizeof ns.bind, "tcp://127.0.0.1:*");
-    char why[256] = "";
-    if (kvedge_node_start(&ns, &e->node, why, sizeof why) != 0)
+    if (basis)
+        snprintf(ns.basis, sizeof ns.basis, "%s", basis);
+    return kvedge_node_start(&ns, &e->node, why, why_len);
+}
+
+static void s_start_basis(s_env_t *e, bool derive, bool keep, const char *basis)
+{
+    char why[512] = "";
+    if (s_try_start(e, derive, keep, basis, why, sizeof why) != 0)
         fail_msg("node start: %s", why);
     e->engine = kvedge_node_engine(e->node);
     kvedge_client_opts_t o;
@@ -64,6 +83,11 @@ static void s_start(s_env_t *e, bool derive, bool keep)
     o.endpoint = kvedge_node_endpoint(e->node);
     o.deadline_ms = 5000;
     assert_int_equal(kvedge_client_connect(&o, &e->client), 0);
+}
+
+static void s_start(s_env_t *e, bool derive, bool keep)
+{
+    s_start_basis(e, derive, keep, NULL);
 }
 
 static void s_stop(s_env_t *e)
@@ -287,6 +311,162 @@ static void test_derive_off_and_keep(void **state)
     free(buf);
 }
 
+/* ---- the transform-coded rung (tc): coding bases ----
+ * The basis registry is the process's: these tests run in this order, the one that registers
+ * S_MODEL's basis last. */
+
+static const kvedge_prec_t S_TC = KVEDGE_PREC_MAKE(KVEDGE_PREC_TC, 0);
+#define S_TC_STEP 0.125f /* the fixture basis's quantization step (an fp16 value) */
+
+/* Writes a basis of model covering layer 0 (every head) as DIR/name, DIR (made when missing)
+ * under e->dir; flip >= 0 damages that byte. Returns DIR in out. */
+static void s_basis_dir(const s_env_t *e, const char *sub, const char *model, const char *name,
+                        long flip, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s", e->dir, sub);
+    assert_true(mkdir(out, 0700) == 0 || errno == EEXIST);
+    uint8_t *b = NULL;
+    size_t len = 0;
+    assert_int_equal(kt_basis_file(model, 1, S_HEADS, S_DIM, S_TC_STEP, 11, &b, &len), 0);
+    if (flip >= 0)
+        b[flip] ^= 0x40;
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", out, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    free(b);
+}
+
+/* Without a basis of the model, "tc,int8" is served at int8: tc is a rung this node cannot
+ * give, as any rung it cannot derive, and the get does not fail. */
+static void test_tc_without_basis_serves_next(void **state)
+{
+    s_env_t *e = *state;
+    assert_null(kvedge_basis_find_model(S_MODEL)); /* see the order above */
+    s_start(e, true, false);
+    s_put(e, KVEDGE_SCHEME_LOSSLESS, 0);
+    uint8_t *buf = malloc(S_BUF);
+    kvedge_fetched_t out[S_HEADS];
+    int st[S_HEADS];
+    kvedge_prec_t rung[S_HEADS];
+    kvedge_prec_t a[] = {S_TC, S_INT8};
+    assert_int_equal(s_layer(e, a, 2, st, rung, buf, out), 0);
+    s_expect_all(st, rung, KVEDGE_OK, S_INT8);
+    /* tc alone: every head a miss, the node still serving. */
+    kvedge_prec_t only[] = {S_TC};
+    assert_int_equal(s_layer(e, only, 1, st, rung, buf, out), 0);
+    s_expect_all(st, rung, KVEDGE_ENOTFOUND, KVEDGE_PREC_STORED);
+    kvedge_prec_t lossless[] = {S_LOSSLESS};
+    assert_int_equal(s_layer(e, lossless, 1, st, rung, buf, out), 0);
+    s_expect_all(st, rung, KVEDGE_OK, S_LOSSLESS);
+    free(buf);
+}
+
+/* The bases of the directory are registered at start, and the log names their models. */
+static void test_bases_loaded_and_logged(void **state)
+{
+    s_env_t *e = *state;
+    char dir[400];
+    s_basis_dir(e, "log-bases", "kvedge-test-log-b", "b.kvb", -1, dir, sizeof dir);
+    s_basis_dir(e, "log-bases", "kvedge-test-log-a", "a.kvb", -1, dir, sizeof dir);
+    kt_log_t log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    kvedge_log_set_sink(kt_log_sink, &log);
+    s_start_basis(e, true, false, dir);
+    kvedge_log_set_sink(NULL, NULL);
+    assert_int_equal(kt_log_count(&log, "2 coding bases loaded",
+                                  "(models kvedge-test-log-a, kvedge-test-log-b)", NULL),
+                     1);
+    kt_log_clear(&log);
+    assert_non_null(kvedge_basis_find_model("kvedge-test-log-a"));
+    assert_non_null(kvedge_basis_find_model("kvedge-test-log-b"));
+}
+
+/* A basis file that does not load refuses the start with the loader's reason, naming the
+ * file, before the store is opened. */
+static void test_bad_basis_refuses_start(void **state)
+{
+    s_env_t *e = *state;
+    char dir[400];
+    s_basis_dir(e, "bad-bases", S_MODEL, "opt.kvb", 40, dir,
+                sizeof dir); /* in the model id: digest */
+    char data[sizeof e->dir];
+    snprintf(data, sizeof data, "%s", e->dir);
+    snprintf(e->dir, sizeof e->dir, "%.200s/store", data); /* not created by a refused start */
+    char why[512] = "";
+    int rc = s_try_start(e, true, false, dir, why, sizeof why);
+    snprintf(e->dir, sizeof e->dir, "%s", data);
+    assert_int_equal(rc, KVEDGE_ECORRUPT);
+    assert_null(e->node);
+    if (!strstr(why, "opt.kvb") || !strstr(why, "basis"))
+        fail_msg("the reason does not name the file and the setting: %s", why);
+    char store[400];
+    snprintf(store, sizeof store, "%s/store", e->dir);
+    assert_int_equal(access(store, F_OK), -1);
+    assert_null(kvedge_basis_find_model(S_MODEL));
+    /* A directory that cannot be read is refused too. */
+    snprintf(dir, sizeof dir, "%s/no-such-dir", e->dir);
+    assert_int_equal(s_try_start(e, true, false, dir, why, sizeof why), KVEDGE_EIO);
+    assert_null(e->node);
+}
+
+/* With the basis, "tc,int8" is served at tc: the bytes kvedge_block_transcode_at makes of the
+ * stored block for its model, layer and head, decoding within the basis's step of the
+ * originals; the start logs the bases it loaded. */
+static void test_tc_served_with_basis(void **state)
+{
+    s_env_t *e = *state;
+    char dir[400];
+    s_basis_dir(e, "bases", S_MODEL, "opt.kvb", -1, dir, sizeof dir);
+    kt_log_t log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    kvedge_log_set_sink(kt_log_sink, &log);
+    s_start_basis(e, true, false, dir);
+    kvedge_log_set_sink(NULL, NULL);
+    assert_int_equal(kt_log_count(&log, "1 coding bases loaded", "models " S_MODEL, NULL), 1);
+    kt_log_clear(&log);
+    assert_non_null(kvedge_basis_find_model(S_MODEL));
+    s_put(e, KVEDGE_SCHEME_LOSSLESS, 0);
+    uint8_t *buf = malloc(S_BUF);
+    kvedge_fetched_t out[S_HEADS];
+    int st[S_HEADS];
+    kvedge_prec_t rung[S_HEADS];
+    kvedge_prec_t a[] = {S_TC, S_INT8};
+    assert_int_equal(s_layer(e, a, 2, st, rung, buf, out), 0);
+    s_expect_all(st, rung, KVEDGE_OK, S_TC);
+    static uint16_t k0[S_TOKENS * S_DIM], v0[S_TOKENS * S_DIM];
+    static float k[S_TOKENS * S_DIM], v[S_TOKENS * S_DIM], kr[S_TOKENS * S_DIM],
+        vr[S_TOKENS * S_DIM];
+    for (uint16_t h = 0; h < S_HEADS; h++) {
+        kvedge_block_key_t key = s_key(e, h);
+        kvedge_value_t sv;
+        assert_int_equal(kvedge_engine_get(e->engine, &key, &sv), 0);
+        kvedge_block_info_t info, tinfo;
+        assert_int_equal(kvedge_block_parse(sv.data, sv.len, &info), 0);
+        uint8_t *d = NULL;
+        size_t dl = 0;
+        assert_int_equal(kvedge_block_transcode_at(&info, S_TC, true, S_MODEL, 0, h, &d, &dl), 0);
+        kvedge_value_release(&sv);
+        assert_int_equal(out[h].len, dl);
+        assert_memory_equal(buf + out[h].offset, d, dl);
+        free(d);
+        /* Within the tc error of what was put. */
+        assert_int_equal(kvedge_block_parse(buf + out[h].offset, out[h].len, &tinfo), 0);
+        assert_int_equal(kvedge_block_decode(&tinfo, KVEDGE_DTYPE_FP32, k, v), 0);
+        assert_int_equal(kvedge_synth_head(h + 1, 0, S_TOKENS, S_DIM, KVEDGE_DTYPE_FP16, k0, v0),
+                         0);
+        kvedge_convert_to_f32(KVEDGE_DTYPE_FP16, k0, S_TOKENS * S_DIM, kr);
+        kvedge_convert_to_f32(KVEDGE_DTYPE_FP16, v0, S_TOKENS * S_DIM, vr);
+        for (size_t i = 0; i < S_TOKENS * S_DIM; i++) {
+            float tol = S_TC_STEP / 2 + 2e-3f * (1 + fabsf(kr[i]) + fabsf(vr[i]));
+            if (fabsf(k[i] - kr[i]) > tol || fabsf(v[i] - vr[i]) > tol)
+                fail_msg("head %u value %zu: K %g vs %g, V %g vs %g", h, i, k[i], kr[i], v[i],
+                         vr[i]);
+        }
+    }
+    free(buf);
+}
+
 /* ---- a raw peer: lists the client library would refuse locally ---- */
 
 static zframe_t *s_hdr(uint8_t op, uint64_t id, uint32_t count, uint32_t credit)
@@ -385,6 +565,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lossless_only_never_quantized, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_derive_off_and_keep, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_bad_lists_refused, s_setup, s_teardown),
+        /* In this order: the last registers S_MODEL's basis in this process. */
+        cmocka_unit_test_setup_teardown(test_tc_without_basis_serves_next, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_bases_loaded_and_logged, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_basis_refuses_start, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_tc_served_with_basis, s_setup, s_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
