@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 # One per decoder of untrusted bytes (tests/fuzz/fuzz_NAME.c, corpus tests/fuzz/corpus/NAME).
-FUZZ_TARGETS = block frame kvmsg etcd safetensors decoder_config settings tokenizer monitor layermap adapter quality llamacpp_state tcbody
+FUZZ_TARGETS = block frame kvmsg etcd safetensors decoder_config settings tokenizer monitor layermap adapter quality llamacpp_state tcbody basis
 CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 

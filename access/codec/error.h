@@ -44,10 +44,11 @@ extern "C" {
     X(ENOSPC, 23, "no space left on the store's disk")                                             \
     X(ELOCKED, 24, "in use by another process (a store's lock or a listening address)")            \
     X(EBACKLOG, 25, "too many requests queued behind a busy thread: retry later")                  \
-    X(ENOTLEADER, 26, "not the leading master (a standby, or no etcd quorum): ask the leader")
+    X(ENOTLEADER, 26, "not the leading master (a standby, or no etcd quorum): ask the leader")     \
+    X(ENOBASIS, 27, "no coding basis for this model is loaded")
 
 /* How many codes KVEDGE_ERRNO_MAP has, OK included: n runs 0 ... KVEDGE_ERR_COUNT - 1. */
-#define KVEDGE_ERR_COUNT 27
+#define KVEDGE_ERR_COUNT 28
 
 typedef enum {
 #define KVEDGE_ERR_ENUM(name, n, msg) KVEDGE_##name = ((n) ? KVEDGE_ERR_BASE - (n) : 0),

@@ -8,6 +8,8 @@
  *   placement names and acknowledges it when W of them have every block.
  * - <kvedge/block.h>, <kvedge/chunk.h>, <kvedge/model.h>: encode blocks, compute chunk ids,
  *   describe model shapes; <kvedge/error.h>: the error codes every call returns.
+ * - <kvedge/basis.h>: load the coding bases that transform-coded ("tc") blocks of a model are
+ *   encoded and decoded with (kvedge_basis_load_dir).
  *
  * Every function returns 0 or a negative KVEDGE_E* code (kvedge_strerror() gives the text);
  * each declaration says its errors and the lifetime of what it returns. The library never
@@ -16,6 +18,7 @@
 #define KVEDGE_CLIENTS_KVEDGE_H
 
 #include "access/client.h"
+#include "access/codec/basis.h"
 #include "clients/lib/pipeline.h"
 #include "clients/lib/placed.h"
 

@@ -54,6 +54,7 @@ _TABLE = [
     ("ELOCKED", "Locked", None),
     ("EBACKLOG", "Backlog", None),
     ("ENOTLEADER", "NotLeader", None),
+    ("ENOBASIS", "NoBasis", None),
 ]
 
 ERR_BASE = -30700  # KVEDGE_ERR_BASE: code n of the table is ERR_BASE - n

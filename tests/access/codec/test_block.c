@@ -366,7 +366,7 @@ static void test_sections_and_names(void **state)
     assert_string_equal(kvedge_errname(12345), "KVEDGE_EUNKNOWN");
     /* Codes sit in their own range, never on a -errno value (Linux's stay below 4096). */
     assert_int_equal(KVEDGE_EINVAL, -30701);
-    assert_int_equal(KVEDGE_ENOTLEADER, KVEDGE_ERR_BASE - (KVEDGE_ERR_COUNT - 1));
+    assert_int_equal(KVEDGE_ENOBASIS, KVEDGE_ERR_BASE - (KVEDGE_ERR_COUNT - 1));
     assert_string_equal(kvedge_strerror(-22), "unknown error (not a kvedge error code)");
     /* One meaning per code: the three kinds of "busy" are three codes. */
     assert_string_equal(kvedge_errname(KVEDGE_ELOCKED), "KVEDGE_ELOCKED");
