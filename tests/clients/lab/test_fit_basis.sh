@@ -5,15 +5,18 @@
 # (magic, version, flags, shape, the product's model id with a rotary model's @rope- suffix,
 # sections of an exact fp16 step, an fp32 forward that is the inverse of the fp16 inverse, the
 # BLAKE2b-256 digest, the length) and that the basis id printed is the digest's first 8 bytes;
-# that the step search met int4-g32's KL; that the committed models/kjv/*/basis.kvb files pass
-# the same reader; and that a folder with no known id and bad options are refused. The
+# that the C loader (`kvedge basis --show`) accepts the file and reads the same model id, basis
+# id, shape and size; that the step search met int4-g32's KL; that the committed
+# models/kjv/*/basis.kvb files pass both readers; and that a folder with no known id and bad
+# options are refused. The
 # calibration chapters come from models/kjv/heldout.txt only because train.txt is not
 # committed; the bases this test fits are thrown away. Skips (77) only where the Python has no
 # PyTorch or numpy.
-# Usage: test_fit_basis.sh SOURCE_DIR PYTHON3
+# Usage: test_fit_basis.sh KVEDGE_BINARY SOURCE_DIR PYTHON3
 set -euo pipefail
-src=${1:?usage: test_fit_basis.sh SOURCE_DIR PYTHON3}
-py=${2:-python3}
+kv=${1:?usage: test_fit_basis.sh KVEDGE_BINARY SOURCE_DIR PYTHON3}
+src=${2:?usage: test_fit_basis.sh KVEDGE_BINARY SOURCE_DIR PYTHON3}
+py=${3:-python3}
 
 fail() {
     echo "FAIL: $*" >&2
@@ -74,6 +77,17 @@ print(f"{path}: {mid}, {L}x{H}x{D}, {len(b)} bytes: layout checked")
 EOF
 }
 
+# loads FILE MODEL_ID LAYERS KV_HEADS HEAD_DIM [BASIS_ID]: the C loader reads the same
+loads() {
+    local out
+    out=$("$kv" --json basis --show --file "$1") || fail "$1: kvedge basis --show refused it"
+    echo "$out"
+    case $out in
+    *"\"model\":\"$2\",\"basis_id\":\"${6:-}"*"\"layers\":$3,\"kv_heads\":$4,\"head_dim\":$5,\"bytes\":$(wc -c <"$1"),"*) ;;
+    *) fail "$1: kvedge basis --show reads another model, id, shape or size" ;;
+    esac
+}
+
 # fit NAME MODEL_DIR: fits with 2 chapters, prints and keeps the output in $tmp/NAME.out
 fit() {
     local name=$1 model=$2
@@ -102,6 +116,7 @@ fit opt "$src/models/kjv/edge"
 grep -q '^wrote .*: model kjv-edge, basis [0-9a-f]\{16\}, 147740 bytes' "$tmp/opt.out" ||
     fail "opt: no 'wrote' line with the model id and the size"
 check "$tmp/opt.kvb" kjv-edge 3 4 32 "$(basis_id opt)" || fail "opt: layout"
+loads "$tmp/opt.kvb" kjv-edge 3 4 32 "$(basis_id opt)"
 met opt
 
 fit llama "$src/models/kjv/llama/edge"
@@ -111,9 +126,15 @@ grep -q '^wrote .*: model kjv-llama-edge@rope-8ac5375a, basis [0-9a-f]\{16\}, 49
     "$tmp/llama.out" || fail "llama: no 'wrote' line with the rotary id and the size"
 check "$tmp/llama.kvb" kjv-llama-edge@rope-8ac5375a 4 1 32 "$(basis_id llama)" ||
     fail "llama: layout"
+loads "$tmp/llama.kvb" kjv-llama-edge@rope-8ac5375a 4 1 32 "$(basis_id llama)"
 met llama
 
 echo "== the committed bases"
+for m in "cloud kjv-cloud 6 6" "edge kjv-edge 3 4" "llama/cloud kjv-llama-cloud@rope-8ac5375a 6 2" \
+    "llama/edge kjv-llama-edge@rope-8ac5375a 4 1"; do
+    set -- $m
+    loads "$src/models/kjv/$1/basis.kvb" "$2" "$3" "$4" 32
+done
 check "$src/models/kjv/cloud/basis.kvb" kjv-cloud 6 6 32 || fail "models/kjv/cloud/basis.kvb"
 check "$src/models/kjv/edge/basis.kvb" kjv-edge 3 4 32 || fail "models/kjv/edge/basis.kvb"
 check "$src/models/kjv/llama/cloud/basis.kvb" kjv-llama-cloud@rope-8ac5375a 6 2 32 ||
