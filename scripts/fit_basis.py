@@ -35,6 +35,7 @@ import hashlib
 import math
 import os
 import struct
+import subprocess
 import sys
 import time
 
@@ -251,17 +252,26 @@ def main():
     args = ap.parse_args()
     if args.docs < 1 or args.threads < 1:
         sys.exit("fit_basis: --docs and --threads must be at least 1")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        sys.exit(f"fit_basis: --out {args.out}: {out_dir} is not a directory")
     t0 = time.time()
     torch.set_num_threads(args.threads)
 
     def log(msg):
         print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
-    eng, is_llama = load_model(args.model)
+    try:
+        eng, is_llama = load_model(args.model)
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"fit_basis: cannot load the model {args.model}: {e}")
     L, H, D = eng.n_layers, eng.kv_heads, eng.head_dim
     mid = model_id(args.model, args.model_id, is_llama, D)
     log(f"model {mid}: {L} layers, {H} KV heads of {D}")
-    chapters, src = training_chapters(args.file)
+    try:
+        chapters, src = training_chapters(args.file)
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"fit_basis: no training text: {e} (give --file TEXT)")
     tok = train_models.Tokenizer(default_tokenizer(args.model), llama=is_llama)
     ids = calibration_ids(chapters, tok, args.docs)
     if not ids:
@@ -270,8 +280,11 @@ def main():
     docs = [S.Doc(eng, is_llama, d) for d in ids]
     bases, steps, fig = fit(docs, eng, is_llama, S.Rans(), log)
     data = basis_bytes(mid, bases, steps, L, H, D)
-    with open(args.out, "wb") as f:
-        f.write(data)
+    try:
+        with open(args.out, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        sys.exit(f"fit_basis: cannot write {args.out}: {e}")
     bid = struct.unpack("<Q", data[-32:-24])[0]
     for which in ("k", "v"):
         s = [steps[l][h][which] for l in range(L) for h in range(H)]

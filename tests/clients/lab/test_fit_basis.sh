@@ -155,5 +155,15 @@ if "$py" "$src/scripts/fit_basis.py" --model "$src/models/kjv/edge" --out "$tmp/
     fail "--docs 0 was accepted"
 fi
 grep -q "must be at least 1" "$tmp/docs0.out" || fail "docs 0: $(cat "$tmp/docs0.out")"
+if "$py" "$src/scripts/fit_basis.py" --model "$tmp/none" --out "$tmp/x.kvb" --model-id x \
+    >"$tmp/none.out" 2>&1; then
+    fail "a missing model folder was fitted"
+fi
+grep -q "cannot load the model" "$tmp/none.out" || fail "none: $(cat "$tmp/none.out")"
+if "$py" "$src/scripts/fit_basis.py" --model "$src/models/kjv/edge" --out "$tmp/no/x.kvb" \
+    >"$tmp/noout.out" 2>&1; then
+    fail "an --out in a missing folder was accepted"
+fi
+grep -q "is not a directory" "$tmp/noout.out" || fail "noout: $(cat "$tmp/noout.out")"
 [ ! -e "$tmp/x.kvb" ] || fail "a refused run wrote a file"
 echo "PASS"
