@@ -720,8 +720,8 @@ int kvedge_master_dir_parse(const uint8_t *in, size_t len, kvedge_master_dir_t *
 
 int kvedge_master_rung_bit(kvedge_prec_t rung)
 {
-    if (!kvedge_prec_valid(rung))
-        return -1;
+    if (!kvedge_prec_valid(rung) || rung == KVEDGE_PREC_TC)
+        return -1; /* tc has no bit: 15 rungs fill the 15 bits below DERIVES */
     return (int)(KVEDGE_PREC_BASE(rung) - 1 + 5 * KVEDGE_PREC_THINK(rung));
 }
 
@@ -731,10 +731,11 @@ bool kvedge_master_dir_serves(const kvedge_master_dir_t *d, kvedge_prec_t rung)
     if (held == 0)
         return true; /* not said */
     int want = kvedge_master_rung_bit(rung);
-    if (want < 0)
+    if (want < 0 && rung != KVEDGE_PREC_TC)
         return false;
-    /* The bits are the primaries' rungs, never entropy-coded: a "+ec" rung is always made. */
-    if ((held >> want & 1u) && !KVEDGE_PREC_IS_EC(rung))
+    /* The bits are the primaries' rungs, never entropy-coded: a "+ec" rung is always made, and
+     * so is tc (bitless). */
+    if (want >= 0 && (held >> want & 1u) && !KVEDGE_PREC_IS_EC(rung))
         return true;
     if (!(d->rungs & KVEDGE_MASTER_DIR_DERIVES))
         return false;

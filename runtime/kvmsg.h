@@ -296,12 +296,12 @@ static inline void kvedge_master_dir_set(kvedge_master_dir_t *d, unsigned layer)
 }
 
 /* The bit of a ladder rung in kvedge_master_dir_t.rungs: (base - 1) + 5 x ThinK level, 0 ...
- * 14 (an entropy-coded "+ec" rung has its plain rung's bit); -1 for anything that is not a
- * rung. */
+ * 14 (an entropy-coded "+ec" rung has its plain rung's bit); -1 for tc (no bit: a node only
+ * derives it) and anything that is not a rung. */
 int kvedge_master_rung_bit(kvedge_prec_t rung);
 /* Whether a directory entry says its node can serve `rung` (held, or derivable from a held
- * rung by a node that derives; a "+ec" rung is never held, blocks are put plain: only a node
- * that derives serves it); true when the entry says nothing (rungs 0). */
+ * rung by a node that derives; a "+ec" rung and tc are never held, blocks are put plain: only
+ * a node that derives serves them); true when the entry says nothing (rungs 0). */
 bool kvedge_master_dir_serves(const kvedge_master_dir_t *d, kvedge_prec_t rung);
 
 int kvedge_master_link_pack(const kvedge_master_link_t *r,

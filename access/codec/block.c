@@ -7,10 +7,13 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "access/codec/basis.h"
 #include "access/codec/byteorder.h"
 #include "access/codec/ecbody.h"
 #include "access/codec/error.h"
 #include "access/codec/quant.h"
+#include "access/codec/tcblock.h"
+#include "access/codec/tcbody.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the block format is little-endian; a big-endian port needs byte swaps in this file"
@@ -52,6 +55,8 @@ const char *kvedge_scheme_name(kvedge_scheme_t scheme)
         return "int8";
     case KVEDGE_SCHEME_INT4:
         return "int4";
+    case KVEDGE_SCHEME_TC:
+        return "tc";
     }
     return NULL;
 }
@@ -69,7 +74,7 @@ int kvedge_dtype_parse(const char *name, kvedge_dtype_t *out)
 
 int kvedge_scheme_parse(const char *name, kvedge_scheme_t *out)
 {
-    for (int s = KVEDGE_SCHEME_LOSSLESS; s <= KVEDGE_SCHEME_INT4; s++) {
+    for (int s = KVEDGE_SCHEME_LOSSLESS; s <= KVEDGE_SCHEME_TC; s++) {
         if (name && strcmp(name, kvedge_scheme_name((kvedge_scheme_t)s)) == 0) {
             *out = (kvedge_scheme_t)s;
             return KVEDGE_OK;
@@ -389,6 +394,49 @@ int kvedge_block_recode(const kvedge_block_info_t *in, bool ec, bool lz4, uint8_
     return KVEDGE_OK;
 }
 
+/* The K section's length of a tc body, 0 when the prefix or a section is missing. */
+static uint32_t s_tc_nk(const uint8_t *body, uint32_t stored)
+{
+    if (stored < KVEDGE_BLOCK_TC_PREFIX_BYTES + 2u)
+        return 0;
+    const uint32_t nk = kvedge_le_get32(body + 12);
+    return nk >= 1 && nk <= stored - KVEDGE_BLOCK_TC_PREFIX_BYTES - 1u ? nk : 0;
+}
+
+/* kvedge_block_parse of a version-3 (tc) block, its header fields read into *in: version 3 is
+ * exactly scheme tc, no flag, group 0, every key channel, the body stored as it is (raw_len =
+ * stored_len) holding the prefix and both sections. */
+static int s_parse_tc(const uint8_t *buf, size_t len, uint8_t flags, kvedge_block_info_t *in,
+                      kvedge_block_info_t *info)
+{
+    if (in->version != KVEDGE_BLOCK_VERSION_TC || in->scheme != KVEDGE_SCHEME_TC || flags != 0)
+        return KVEDGE_ECORRUPT;
+    if (kvedge_dtype_size(in->dtype) == 0 || in->tokens == 0 || in->head_dim == 0 ||
+        in->key_channels != in->head_dim || in->group_size != 0)
+        return KVEDGE_ECORRUPT;
+    if (in->tokens > KVEDGE_BLOCK_MAX_TOKENS || in->head_dim > KVEDGE_BLOCK_MAX_HEAD_DIM ||
+        in->stored_len > KVEDGE_BLOCK_MAX_BYTES)
+        return KVEDGE_ETOOBIG;
+    if (in->raw_len != in->stored_len || in->stored_len < KVEDGE_BLOCK_TC_PREFIX_BYTES + 2u)
+        return KVEDGE_ECORRUPT;
+    const size_t need =
+        KVEDGE_BLOCK_HEADER_BYTES + (size_t)in->stored_len + KVEDGE_BLOCK_CHECKSUM_BYTES;
+    if (len < need)
+        return KVEDGE_ETRUNCATED;
+    if (len > need)
+        return KVEDGE_ECORRUPT;
+    const size_t covered = need - KVEDGE_BLOCK_CHECKSUM_BYTES;
+    in->checksum = kvedge_le_get64(buf + covered);
+    if (XXH3_64bits(buf, covered) != in->checksum)
+        return KVEDGE_ECORRUPT;
+    in->body = buf + KVEDGE_BLOCK_HEADER_BYTES;
+    if (s_tc_nk(in->body, in->stored_len) == 0)
+        return KVEDGE_ECORRUPT;
+    in->total_len = len;
+    *info = *in;
+    return KVEDGE_OK;
+}
+
 int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info)
 {
     if (!buf || !info)
@@ -397,7 +445,8 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
         return KVEDGE_ETRUNCATED;
     if (memcmp(buf, s_magic, 4) != 0)
         return KVEDGE_ECORRUPT;
-    if (buf[4] != KVEDGE_BLOCK_VERSION && buf[4] != KVEDGE_BLOCK_VERSION_EC)
+    if (buf[4] != KVEDGE_BLOCK_VERSION && buf[4] != KVEDGE_BLOCK_VERSION_EC &&
+        buf[4] != KVEDGE_BLOCK_VERSION_TC)
         return KVEDGE_EVERSION;
     if (len > (size_t)KVEDGE_BLOCK_MAX_BYTES + KVEDGE_BLOCK_HEADER_BYTES +
                   KVEDGE_BLOCK_MASK_BYTES(KVEDGE_BLOCK_MAX_HEAD_DIM) + KVEDGE_BLOCK_CHECKSUM_BYTES)
@@ -424,6 +473,8 @@ int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info
     in.group_size = kvedge_le_get16(buf + 16);
     in.raw_len = kvedge_le_get32(buf + 20);
     in.stored_len = kvedge_le_get32(buf + 24);
+    if (in.version == KVEDGE_BLOCK_VERSION_TC || in.scheme == KVEDGE_SCHEME_TC)
+        return s_parse_tc(buf, len, flags, &in, info);
 
     s_layout_t l;
     int rc = s_layout(in.dtype, in.scheme, in.tokens, in.head_dim, in.key_channels, in.group_size,
@@ -467,7 +518,18 @@ int kvedge_block_check(const uint8_t *buf, size_t len, kvedge_block_info_t *info
     int rc = kvedge_block_parse(buf, len, &in);
     if (rc != KVEDGE_OK)
         return rc;
-    if (in.lz4 || in.ec) {
+    if (in.scheme == KVEDGE_SCHEME_TC) {
+        /* Both sections walked as the decoder walks them: only the basis can be missing. */
+        const kvedge_tc_shape_t shape = {in.tokens, in.head_dim};
+        const uint32_t nk = s_tc_nk(in.body, in.stored_len);
+        const uint8_t *sec = in.body + KVEDGE_BLOCK_TC_PREFIX_BYTES;
+        rc = kvedge_tc_check(&shape, sec, nk);
+        if (rc == KVEDGE_OK)
+            rc = kvedge_tc_check(&shape, sec + nk,
+                                 in.stored_len - KVEDGE_BLOCK_TC_PREFIX_BYTES - nk);
+        if (rc != KVEDGE_OK)
+            return rc == KVEDGE_ENOMEM ? rc : KVEDGE_ECORRUPT;
+    } else if (in.lz4 || in.ec) {
         /* A checksum only says the bytes are the ones written: an lz4 or coded body that was
          * bad when written is caught here, before anything serves it. */
         void *scratch = malloc(in.raw_len);
@@ -520,6 +582,16 @@ int kvedge_block_body(const kvedge_block_info_t *info, void *scratch, size_t scr
 int kvedge_block_coding(const kvedge_block_info_t *info, kvedge_block_section_coding_t out[4],
                         size_t *n)
 {
+    if (info && out && n && info->scheme == KVEDGE_SCHEME_TC) {
+        const uint32_t nk = info->body ? s_tc_nk(info->body, info->stored_len) : 0;
+        if (nk == 0)
+            return KVEDGE_ECORRUPT;
+        const uint32_t nv = info->stored_len - KVEDGE_BLOCK_TC_PREFIX_BYTES - nk;
+        out[0] = (kvedge_block_section_coding_t){nk, nk, KVEDGE_EC_XF_NONE};
+        out[1] = (kvedge_block_section_coding_t){nv, nv, KVEDGE_EC_XF_NONE};
+        *n = 2;
+        return KVEDGE_OK;
+    }
     s_layout_t l;
     if (!info || !out || !n ||
         s_layout(info->dtype, info->scheme, info->tokens, info->head_dim, info->key_channels,
@@ -666,11 +738,48 @@ static void s_decode_quant(const kvedge_block_info_t *info, const kvedge_block_s
                                        info->group_size, out_dtype, v_out + (size_t)t * D * oes);
 }
 
+/* Decodes the sections of a tc block with its registered basis, to fp32 then out_dtype. */
+static int s_decode_tc(const kvedge_block_info_t *info, kvedge_dtype_t out_dtype, void *k_out,
+                       void *v_out)
+{
+    uint64_t id;
+    uint16_t layer, head;
+    const uint32_t nk = s_tc_nk(info->body, info->stored_len);
+    if (nk == 0 || kvedge_block_tc_where(info, &id, &layer, &head) != KVEDGE_OK)
+        return KVEDGE_ECORRUPT;
+    const kvedge_basis_t *b = kvedge_basis_find(id);
+    if (!b)
+        return KVEDGE_ENOBASIS;
+    kvedge_basis_section_t ks, vs;
+    if (kvedge_basis_head_dim(b) != info->head_dim ||
+        kvedge_basis_section(b, layer, head, 0, &ks) != KVEDGE_OK ||
+        kvedge_basis_section(b, layer, head, 1, &vs) != KVEDGE_OK)
+        return KVEDGE_ESHAPE;
+    const kvedge_tc_shape_t shape = {info->tokens, info->head_dim};
+    const size_t n = (size_t)info->tokens * info->head_dim;
+    float *x = malloc(n * sizeof *x);
+    if (!x)
+        return KVEDGE_ENOMEM;
+    const uint8_t *sec = info->body + KVEDGE_BLOCK_TC_PREFIX_BYTES;
+    int rc = kvedge_tc_decode(&shape, sec, nk, ks.inv, x);
+    if (rc == KVEDGE_OK) {
+        kvedge_convert_from_f32(out_dtype, x, n, k_out);
+        rc = kvedge_tc_decode(&shape, sec + nk,
+                              info->stored_len - KVEDGE_BLOCK_TC_PREFIX_BYTES - nk, vs.inv, x);
+    }
+    if (rc == KVEDGE_OK)
+        kvedge_convert_from_f32(out_dtype, x, n, v_out);
+    free(x);
+    return rc == KVEDGE_OK || rc == KVEDGE_ENOMEM ? rc : KVEDGE_ECORRUPT;
+}
+
 int kvedge_block_decode(const kvedge_block_info_t *info, kvedge_dtype_t out_dtype, void *k_out,
                         void *v_out)
 {
     if (!info || !k_out || !v_out || kvedge_dtype_size(out_dtype) == 0 || !info->body)
         return KVEDGE_EINVAL;
+    if (info->scheme == KVEDGE_SCHEME_TC)
+        return s_decode_tc(info, out_dtype, k_out, v_out);
     /* A stored body is decompressed, or copied when it is misaligned for 16-bit params. */
     void *scratch = NULL;
     const uint8_t *raw = info->body;
@@ -700,4 +809,116 @@ int kvedge_block_decode(const kvedge_block_info_t *info, kvedge_dtype_t out_dtyp
         s_decode_quant(info, &sec, idx, out_dtype, k_out, v_out, tmp);
     free(scratch);
     return KVEDGE_OK;
+}
+
+int kvedge_block_tc_where(const kvedge_block_info_t *info, uint64_t *basis_id, uint16_t *layer,
+                          uint16_t *head)
+{
+    if (!info || !info->body || info->scheme != KVEDGE_SCHEME_TC ||
+        info->stored_len < KVEDGE_BLOCK_TC_PREFIX_BYTES)
+        return KVEDGE_EINVAL;
+    if (basis_id)
+        *basis_id = kvedge_le_get64(info->body);
+    if (layer)
+        *layer = kvedge_le_get16(info->body + 8);
+    if (head)
+        *head = kvedge_le_get16(info->body + 10);
+    return KVEDGE_OK;
+}
+
+/* One section coded against the basis section s into out + *pos (capacity checked). */
+static int s_encode_tc_section(const kvedge_tc_shape_t *shape, const float *x,
+                               const kvedge_basis_section_t *s, uint8_t *out, size_t cap,
+                               size_t *pos)
+{
+    size_t n = 0;
+    int rc = kvedge_tc_encode(shape, x, s->fwd, s->step, out + *pos, cap - *pos, &n);
+    if (rc == KVEDGE_OK)
+        *pos += n;
+    return rc;
+}
+
+/* The tc encoder: K and V in in_dtype, the header naming dtype. */
+static int s_encode_tc(const kvedge_basis_t *b, uint32_t layer, uint32_t head, kvedge_dtype_t dtype,
+                       kvedge_dtype_t in_dtype, uint32_t tokens, uint16_t head_dim, const void *k,
+                       const void *v, uint8_t **out, size_t *out_len)
+{
+    if (out)
+        *out = NULL;
+    if (!b || !k || !v || !out || !out_len || kvedge_dtype_size(dtype) == 0 ||
+        kvedge_dtype_size(in_dtype) == 0 || tokens == 0 || head_dim == 0)
+        return KVEDGE_EINVAL;
+    if (tokens > KVEDGE_BLOCK_MAX_TOKENS)
+        return KVEDGE_ETOOBIG;
+    kvedge_basis_section_t ks, vs;
+    if (head_dim != kvedge_basis_head_dim(b) ||
+        kvedge_basis_section(b, layer, head, 0, &ks) != KVEDGE_OK ||
+        kvedge_basis_section(b, layer, head, 1, &vs) != KVEDGE_OK)
+        return KVEDGE_ESHAPE;
+    const kvedge_tc_shape_t shape = {tokens, head_dim};
+    const size_t n = (size_t)tokens * head_dim, bound = kvedge_tc_bound(&shape);
+    const size_t cap = KVEDGE_BLOCK_HEADER_BYTES + KVEDGE_BLOCK_TC_PREFIX_BYTES + 2 * bound +
+                       KVEDGE_BLOCK_CHECKSUM_BYTES;
+    float *x = malloc(n * sizeof *x);
+    uint8_t *blk = malloc(cap);
+    int rc = KVEDGE_ENOMEM;
+    if (!x || !blk)
+        goto fail;
+    uint8_t *body = blk + KVEDGE_BLOCK_HEADER_BYTES;
+    size_t pos = KVEDGE_BLOCK_TC_PREFIX_BYTES;
+    const size_t body_cap = cap - KVEDGE_BLOCK_HEADER_BYTES - KVEDGE_BLOCK_CHECKSUM_BYTES;
+    kvedge_convert_to_f32(in_dtype, k, n, x);
+    rc = s_encode_tc_section(&shape, x, &ks, body, body_cap, &pos);
+    const size_t nk = pos - KVEDGE_BLOCK_TC_PREFIX_BYTES;
+    if (rc == KVEDGE_OK) {
+        kvedge_convert_to_f32(in_dtype, v, n, x);
+        rc = s_encode_tc_section(&shape, x, &vs, body, body_cap, &pos);
+    }
+    if (rc == KVEDGE_OK && pos > KVEDGE_BLOCK_MAX_BYTES)
+        rc = KVEDGE_ETOOBIG;
+    if (rc != KVEDGE_OK)
+        goto fail;
+    kvedge_le_put64(body, kvedge_basis_id(b));
+    kvedge_le_put16(body + 8, (uint16_t)layer);
+    kvedge_le_put16(body + 10, (uint16_t)head);
+    kvedge_le_put32(body + 12, (uint32_t)nk);
+    memcpy(blk, s_magic, 4);
+    blk[4] = KVEDGE_BLOCK_VERSION_TC;
+    blk[5] = (uint8_t)dtype;
+    blk[6] = (uint8_t)KVEDGE_SCHEME_TC;
+    blk[7] = 0;
+    kvedge_le_put32(blk + 8, tokens);
+    kvedge_le_put16(blk + 12, head_dim);
+    kvedge_le_put16(blk + 14, head_dim);
+    kvedge_le_put16(blk + 16, 0);
+    kvedge_le_put16(blk + 18, 0);
+    kvedge_le_put32(blk + 20, (uint32_t)pos);
+    kvedge_le_put32(blk + 24, (uint32_t)pos);
+    kvedge_le_put32(blk + 28, 0);
+    const size_t covered = KVEDGE_BLOCK_HEADER_BYTES + pos;
+    kvedge_le_put64(blk + covered, XXH3_64bits(blk, covered));
+    free(x);
+    *out_len = covered + KVEDGE_BLOCK_CHECKSUM_BYTES;
+    uint8_t *shrunk = realloc(blk, *out_len);
+    *out = shrunk ? shrunk : blk;
+    return KVEDGE_OK;
+fail:
+    free(blk);
+    free(x);
+    return rc;
+}
+
+int kvedge_block_encode_tc(const kvedge_basis_t *b, uint32_t layer, uint32_t head,
+                           kvedge_dtype_t dtype, uint32_t tokens, uint16_t head_dim, const void *k,
+                           const void *v, uint8_t **out, size_t *out_len)
+{
+    return s_encode_tc(b, layer, head, dtype, dtype, tokens, head_dim, k, v, out, out_len);
+}
+
+int kvedge_block_encode_tc_f32(const kvedge_basis_t *b, uint32_t layer, uint32_t head,
+                               kvedge_dtype_t dtype, uint32_t tokens, uint16_t head_dim,
+                               const float *k, const float *v, uint8_t **out, size_t *out_len)
+{
+    return s_encode_tc(b, layer, head, dtype, KVEDGE_DTYPE_FP32, tokens, head_dim, k, v, out,
+                       out_len);
 }

@@ -1,6 +1,7 @@
 /* The kvedge block: K and V of one head of one layer for one chunk of tokens, self-describing,
  * optionally quantized and channel-pruned, lz4-compressed when that pays or (quantized blocks)
- * entropy-coded with rANS, xxh3-checksummed.
+ * entropy-coded with rANS, or transform-coded against a model's coding basis (scheme tc),
+ * xxh3-checksummed.
  * The byte layout is specified in docs/block-format.md. */
 #ifndef KVEDGE_STORE_BLOCK_H
 #define KVEDGE_STORE_BLOCK_H
@@ -9,15 +10,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "access/codec/basis.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* Version 1: bodies as they are or lz4-compressed. Version 2: the body is entropy-coded (flag
  * EC); a block is written at version 2 only then, so readers of version 1 read every other
- * block and refuse a coded one as an unsupported version. */
+ * block and refuse a coded one as an unsupported version. Version 3: a transform-coded body
+ * (scheme tc), written only for tc blocks, which readers of versions 1-2 refuse alike. */
 #define KVEDGE_BLOCK_VERSION        1
 #define KVEDGE_BLOCK_VERSION_EC     2
+#define KVEDGE_BLOCK_VERSION_TC     3
 #define KVEDGE_BLOCK_HEADER_BYTES   32
 #define KVEDGE_BLOCK_CHECKSUM_BYTES 8
 #define KVEDGE_BLOCK_MAX_TOKENS     65536
@@ -45,7 +50,14 @@ typedef enum {
     KVEDGE_SCHEME_LOSSLESS = 0,
     KVEDGE_SCHEME_INT8 = 1, /* asymmetric 8-bit; K per channel, V per token */
     KVEDGE_SCHEME_INT4 = 2, /* asymmetric 4-bit, KIVI: K per channel, V per token, in groups */
+    /* Transform-coded (lossy, entropy-coded) against a model's coding basis (basis.h): made by
+     * kvedge_block_encode_tc only (kvedge_block_encode refuses it), block version 3. */
+    KVEDGE_SCHEME_TC = 3,
 } kvedge_scheme_t;
+
+/* The body of a tc block: basis id u64 | layer u16 | head u16 | n_k u32 | K section (n_k
+ * bytes, access/codec/tcbody.h) | V section (the rest, at least 1 byte). */
+#define KVEDGE_BLOCK_TC_PREFIX_BYTES 16u
 
 /* What to encode. K and V are both [tokens][head_dim] row-major in `dtype`. */
 typedef struct {
@@ -101,14 +113,14 @@ typedef struct {
 size_t kvedge_dtype_size(kvedge_dtype_t dtype);
 /* "fp16", "bf16", "fp32", or NULL. */
 const char *kvedge_dtype_name(kvedge_dtype_t dtype);
-/* "lossless", "int8", "int4", or NULL. */
+/* "lossless", "int8", "int4", "tc", or NULL. */
 const char *kvedge_scheme_name(kvedge_scheme_t scheme);
 /* Parse names as printed above. Return 0 or KVEDGE_EINVAL. */
 int kvedge_dtype_parse(const char *name, kvedge_dtype_t *out);
 int kvedge_scheme_parse(const char *name, kvedge_scheme_t *out);
 
-/* Checks a spec against the format's rules and hard limits. Returns 0 or KVEDGE_EINVAL /
- * KVEDGE_ETOOBIG. */
+/* Checks a spec against the format's rules and hard limits (scheme tc is no spec's: it is
+ * KVEDGE_EINVAL). Returns 0 or KVEDGE_EINVAL / KVEDGE_ETOOBIG. */
 int kvedge_block_spec_check(const kvedge_block_spec_t *spec);
 
 /* Upper bound on the encoded size for a spec (exact when lz4 does not pay); 0 if the spec is
@@ -134,18 +146,23 @@ int kvedge_block_recode(const kvedge_block_info_t *in, bool ec, bool lz4, uint8_
                         size_t *out_len);
 
 /* Verifies a block without decoding its payload: magic, version, flags, every count and length
- * against the buffer and the hard limits, then the checksum, then the mask. Fills info on
- * success. Errors: KVEDGE_ETRUNCATED, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ETOOBIG. */
+ * against the buffer and the hard limits, then the checksum, then the mask (for a tc block: its
+ * body's prefix and that both sections are there). Fills info on success. Errors:
+ * KVEDGE_ETRUNCATED, KVEDGE_ECORRUPT, KVEDGE_EVERSION, KVEDGE_ETOOBIG. */
 int kvedge_block_parse(const uint8_t *buf, size_t len, kvedge_block_info_t *info);
 
 /* Verifies a block fully, as every reader of stored blocks must: kvedge_block_parse, then for an
  * lz4 or entropy-coded body its decoding to exactly raw_len bytes (steps 10 and 11 of
- * docs/block-format.md), so a block that passes can be decoded. info (may be NULL) is filled on
- * success. Such a body is decoded into a buffer allocated and freed here. Errors: those of
- * kvedge_block_parse, KVEDGE_ECORRUPT (a body that does not decode), KVEDGE_ENOMEM. */
+ * docs/block-format.md), for a tc block both sections' structure (kvedge_tc_check: no basis
+ * needed), so a block that passes can be decoded (a tc block once its basis is loaded). info (may
+ * be NULL) is filled on success. Such a body is decoded into a buffer allocated and freed here.
+ * Errors: those of kvedge_block_parse, KVEDGE_ECORRUPT (a body that does not decode),
+ * KVEDGE_ENOMEM. */
 int kvedge_block_check(const uint8_t *buf, size_t len, kvedge_block_info_t *info);
 
-/* Returns the decompressed body: info->body itself when neither compressed nor coded, else
+/* Returns the decompressed body: info->body itself when neither compressed nor coded (and for a
+ * tc block, whose body is the prefix and two coded sections: never split it with
+ * kvedge_block_sections, decode it with kvedge_block_decode), else
  * decompresses or decodes into scratch (at least info->raw_len bytes; a coded body allocates a
  * scratch of its own for channel-major sections). Errors: KVEDGE_ENOSPACE, KVEDGE_ECORRUPT,
  * KVEDGE_ENOMEM. */
@@ -162,21 +179,41 @@ typedef struct {
 } kvedge_block_section_coding_t;
 
 /* The sections of a verified block's body (K params, V params, K codes, V codes; K and V for
- * lossless) as stored, without decoding anything: *n gets 4 or 2. For an lz4 body stored is 0
+ * lossless and tc) as stored, without decoding anything: *n gets 4 or 2. For a tc block raw and
+ * stored are each coded section's length (the prefix not counted). For an lz4 body stored is 0
  * (the body is one stream). An entropy-coded body's records are walked as the decoder walks
  * them. Errors: KVEDGE_EINVAL (NULL), KVEDGE_ECORRUPT (records that do not fit the body). */
 int kvedge_block_coding(const kvedge_block_info_t *info, kvedge_block_section_coding_t out[4],
                         size_t *n);
 
-/* Splits a decompressed body into its sections. */
+/* Splits a decompressed body into its sections (all NULL for a tc block, whose sections are
+ * coded). */
 void kvedge_block_sections(const kvedge_block_info_t *info, const uint8_t *raw,
                            kvedge_block_sections_t *sec);
 
 /* Decodes a parsed block into K and V, each [tokens][head_dim] in out_dtype. Dropped key
- * channels come out as zero. Allocates a scratch body only for lz4 and coded blocks.
- * Errors: KVEDGE_EINVAL, KVEDGE_ECORRUPT, KVEDGE_ENOMEM. */
+ * channels come out as zero. Allocates a scratch body only for lz4 and coded blocks. A tc block
+ * is decoded with the registered basis its body names (kvedge_basis_find), to fp32 and then
+ * out_dtype. Errors: KVEDGE_EINVAL, KVEDGE_ECORRUPT, KVEDGE_ENOMEM; for tc, KVEDGE_ENOBASIS (its
+ * basis is not registered in this process) and KVEDGE_ESHAPE (its layer or head outside the
+ * basis, or head_dim not the basis's). */
 int kvedge_block_decode(const kvedge_block_info_t *info, kvedge_dtype_t out_dtype, void *k_out,
                         void *v_out);
+
+/* Encodes a tc block (version 3, scheme tc) of one (layer, head): K and V [tokens][head_dim]
+ * in dtype, each projected on the basis's section of (layer, head) (its fwd and step) and coded
+ * with kvedge_tc_encode; the header's dtype is dtype, what the block decodes to by default.
+ * *out is malloc'd (free it), *out_len its length. Errors: KVEDGE_EINVAL (NULL, a bad dtype or
+ * token count, non-finite values or a code over the codec's range), KVEDGE_ESHAPE (head_dim not
+ * the basis's, layer or head outside it), KVEDGE_ETOOBIG, KVEDGE_ENOMEM; *out is NULL then. */
+int kvedge_block_encode_tc(const kvedge_basis_t *b, uint32_t layer, uint32_t head,
+                           kvedge_dtype_t dtype, uint32_t tokens, uint16_t head_dim, const void *k,
+                           const void *v, uint8_t **out, size_t *out_len);
+
+/* The basis id, layer and head a verified tc block names (read from its body). Each output may be
+ * NULL. Errors: KVEDGE_EINVAL (NULL info, not a tc block). */
+int kvedge_block_tc_where(const kvedge_block_info_t *info, uint64_t *basis_id, uint16_t *layer,
+                          uint16_t *head);
 
 #ifdef __cplusplus
 }

@@ -5,9 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "access/codec/basis.h"
 #include "access/codec/error.h"
 #include "access/codec/quant.h"
 #include "access/codec/synth.h"
+#include "access/codec/tcblock.h"
 
 /* Rank of a scheme in precision, finest first: what "coarser" means for off-ladder blocks. */
 static int s_scheme_rank(kvedge_scheme_t s)
@@ -19,6 +21,8 @@ static int s_scheme_rank(kvedge_scheme_t s)
         return 1;
     case KVEDGE_SCHEME_INT4:
         return 2;
+    case KVEDGE_SCHEME_TC: /* apart from the order: derives only from the ladder's rungs */
+        return -1;
     }
     return -1;
 }
@@ -26,6 +30,8 @@ static int s_scheme_rank(kvedge_scheme_t s)
 bool kvedge_prec_valid(kvedge_prec_t p)
 {
     unsigned base = KVEDGE_PREC_BASE(p), think = KVEDGE_PREC_THINK(p);
+    if (base == KVEDGE_PREC_TC)
+        return p == KVEDGE_PREC_TC;
     return base >= KVEDGE_PREC_LOSSLESS && base <= KVEDGE_PREC_BASE_MAX &&
            think <= KVEDGE_PREC_THINK_MAX &&
            (!KVEDGE_PREC_IS_EC(p) || base != KVEDGE_PREC_LOSSLESS);
@@ -38,6 +44,8 @@ kvedge_scheme_t kvedge_prec_scheme(kvedge_prec_t p)
         return KVEDGE_SCHEME_LOSSLESS;
     case KVEDGE_PREC_INT8:
         return KVEDGE_SCHEME_INT8;
+    case KVEDGE_PREC_TC:
+        return KVEDGE_SCHEME_TC;
     default:
         return KVEDGE_SCHEME_INT4;
     }
@@ -78,7 +86,7 @@ uint32_t kvedge_prec_keep_channels(kvedge_prec_t p, uint32_t head_dim)
 }
 
 static const char *const s_base_names[KVEDGE_PREC_BASE_MAX + 1] = {
-    NULL, "lossless", "int8", "int4-g32", "int4-g64", "int4-g128",
+    NULL, "lossless", "int8", "int4-g32", "int4-g64", "int4-g128", "tc",
 };
 static const char *const s_think_names[KVEDGE_PREC_THINK_MAX + 1] = {"", "+think-75", "+think-50"};
 /* Every rung's full name, the static storage kvedge_prec_name returns. */
@@ -89,6 +97,7 @@ static const char *const s_names[KVEDGE_PREC_BASE_MAX + 1][KVEDGE_PREC_THINK_MAX
     {"int4-g32", "int4-g32+think-75", "int4-g32+think-50"},
     {"int4-g64", "int4-g64+think-75", "int4-g64+think-50"},
     {"int4-g128", "int4-g128+think-75", "int4-g128+think-50"},
+    {"tc", NULL, NULL},
 };
 /* The same with the coding suffix; lossless has no EC rung. */
 static const char *const s_names_ec[KVEDGE_PREC_BASE_MAX + 1][KVEDGE_PREC_THINK_MAX + 1] = {
@@ -98,6 +107,7 @@ static const char *const s_names_ec[KVEDGE_PREC_BASE_MAX + 1][KVEDGE_PREC_THINK_
     {"int4-g32+ec", "int4-g32+think-75+ec", "int4-g32+think-50+ec"},
     {"int4-g64+ec", "int4-g64+think-75+ec", "int4-g64+think-50+ec"},
     {"int4-g128+ec", "int4-g128+think-75+ec", "int4-g128+think-50+ec"},
+    {NULL, NULL, NULL},
 };
 
 const char *kvedge_prec_name(kvedge_prec_t p)
@@ -205,6 +215,9 @@ kvedge_prec_t kvedge_prec_of_shape(kvedge_scheme_t scheme, uint16_t group_size,
                : group_size == 128 ? KVEDGE_PREC_INT4_G128
                                    : 0;
         break;
+    case KVEDGE_SCHEME_TC: /* every key channel, no group */
+        return group_size == 0 && head_dim != 0 && key_channels == head_dim ? KVEDGE_PREC_TC
+                                                                            : KVEDGE_PREC_STORED;
     }
     if (base == 0 || head_dim == 0)
         return KVEDGE_PREC_STORED;
@@ -234,9 +247,17 @@ kvedge_prec_t kvedge_prec_of_block(const kvedge_block_info_t *info)
 
 bool kvedge_prec_derivable(kvedge_prec_t from, kvedge_prec_t to)
 {
+    if (!kvedge_prec_valid(from) || !kvedge_prec_valid(to))
+        return false;
+    /* tc stands apart from the int4 order: from lossless or int8 over every key channel. */
+    if (to == KVEDGE_PREC_TC)
+        return KVEDGE_PREC_THINK(from) == KVEDGE_PREC_THINK_NONE &&
+               (KVEDGE_PREC_BASE(from) == KVEDGE_PREC_LOSSLESS ||
+                KVEDGE_PREC_BASE(from) == KVEDGE_PREC_INT8 || from == KVEDGE_PREC_TC);
+    if (from == KVEDGE_PREC_TC)
+        return false;
     /* The coding bit is ignored: a body is coded or uncoded without loss. */
-    return kvedge_prec_valid(from) && kvedge_prec_valid(to) &&
-           KVEDGE_PREC_BASE(to) >= KVEDGE_PREC_BASE(from) &&
+    return KVEDGE_PREC_BASE(to) >= KVEDGE_PREC_BASE(from) &&
            KVEDGE_PREC_THINK(to) >= KVEDGE_PREC_THINK(from);
 }
 
@@ -267,6 +288,9 @@ double kvedge_prec_bytes_per_fp16(kvedge_prec_t p, uint32_t tokens, uint32_t hea
     if (!kvedge_prec_valid(p) || tokens == 0 || tokens > KVEDGE_BLOCK_MAX_TOKENS || head_dim == 0 ||
         head_dim > KVEDGE_BLOCK_MAX_HEAD_DIM)
         return 0.0;
+    if (p == KVEDGE_PREC_TC) /* priced from int8's exact size */
+        return KVEDGE_PREC_TC_RATIO *
+               kvedge_prec_bytes_per_fp16(KVEDGE_PREC_INT8, tokens, head_dim, elem_bytes);
     /* Only the count of kept channels sets the size: keep the first ones. */
     uint8_t mask[KVEDGE_BLOCK_MAX_HEAD_DIM / 8] = {0};
     const uint32_t keep = kvedge_prec_keep_channels(p, head_dim);
@@ -285,6 +309,8 @@ double kvedge_prec_bytes_per_fp16(kvedge_prec_t p, uint32_t tokens, uint32_t hea
 
 double kvedge_prec_decode_us_per_byte(kvedge_prec_t p)
 {
+    if (p == KVEDGE_PREC_TC)
+        return KVEDGE_PREC_TC_DECODE_US_PER_BYTE;
     if (!kvedge_prec_valid(p) || !KVEDGE_PREC_IS_EC(p))
         return 0.0;
     return kvedge_prec_scheme(p) == KVEDGE_SCHEME_INT8 ? KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT8
@@ -369,6 +395,22 @@ static int s_transcode_coded(const kvedge_block_info_t *in, kvedge_prec_t plain_
     return rc;
 }
 
+/* A copy of a verified block's bytes: header, mask, body, checksum. */
+static int s_copy(const kvedge_block_info_t *in, uint8_t **out, size_t *out_len)
+{
+    const size_t len = KVEDGE_BLOCK_HEADER_BYTES +
+                       (in->key_mask ? KVEDGE_BLOCK_MASK_BYTES(in->head_dim) : 0) +
+                       (size_t)in->stored_len + KVEDGE_BLOCK_CHECKSUM_BYTES;
+    uint8_t *blk = malloc(len);
+    if (!blk)
+        return KVEDGE_ENOMEM;
+    const uint8_t *start = in->body - (len - KVEDGE_BLOCK_CHECKSUM_BYTES - in->stored_len);
+    memcpy(blk, start, len);
+    *out = blk;
+    *out_len = len;
+    return KVEDGE_OK;
+}
+
 int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool lz4, uint8_t **out,
                            size_t *out_len)
 {
@@ -382,6 +424,8 @@ int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool
     const kvedge_prec_t from = kvedge_prec_of_block(in);
     if (es == 0 || in->tokens == 0 || in->head_dim == 0 || !s_may_derive(in, from, to))
         return KVEDGE_EINVAL;
+    if (to == KVEDGE_PREC_TC) /* tc from tc: the same block; else the basis needs a location */
+        return from == KVEDGE_PREC_TC ? s_copy(in, out, out_len) : KVEDGE_ENOBASIS;
     const kvedge_prec_t plain_to = (kvedge_prec_t)(to & ~KVEDGE_PREC_EC);
     if (from != KVEDGE_PREC_STORED && (kvedge_prec_t)(from & ~KVEDGE_PREC_EC) == plain_to &&
         (KVEDGE_PREC_IS_EC(from) || KVEDGE_PREC_IS_EC(to)))
@@ -451,4 +495,41 @@ int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool
     *out = blk;
     *out_len = len;
     return KVEDGE_OK;
+}
+
+int kvedge_block_transcode_at(const kvedge_block_info_t *in, kvedge_prec_t to, bool lz4,
+                              const char *model_id, uint32_t layer, uint32_t head, uint8_t **out,
+                              size_t *out_len)
+{
+    if (to != KVEDGE_PREC_TC)
+        return kvedge_block_transcode(in, to, lz4, out, out_len);
+    if (out)
+        *out = NULL;
+    if (out_len)
+        *out_len = 0;
+    if (!in || !out || !out_len || !in->body || !model_id)
+        return KVEDGE_EINVAL;
+    const size_t es = kvedge_dtype_size(in->dtype);
+    const kvedge_prec_t from = kvedge_prec_of_block(in);
+    if (es == 0 || in->tokens == 0 || in->head_dim == 0 || !kvedge_prec_derivable(from, to))
+        return KVEDGE_EINVAL;
+    if (from == KVEDGE_PREC_TC)
+        return s_copy(in, out, out_len);
+    const kvedge_basis_t *b = kvedge_basis_find_model(model_id);
+    if (!b)
+        return KVEDGE_ENOBASIS;
+    if (kvedge_basis_head_dim(b) != in->head_dim || layer >= kvedge_basis_layers(b) ||
+        head >= kvedge_basis_kv_heads(b))
+        return KVEDGE_ESHAPE;
+    /* Decoded to fp32, so int8's dequantized values reach the projection unrounded. */
+    const size_t n = (size_t)in->tokens * in->head_dim;
+    float *kv = malloc(2 * n * sizeof *kv);
+    if (!kv)
+        return KVEDGE_ENOMEM;
+    int rc = kvedge_block_decode(in, KVEDGE_DTYPE_FP32, kv, kv + n);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_block_encode_tc_f32(b, layer, head, in->dtype, in->tokens, in->head_dim, kv,
+                                        kv + n, out, out_len);
+    free(kv);
+    return rc;
 }

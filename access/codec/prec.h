@@ -30,8 +30,12 @@ typedef uint8_t kvedge_prec_t;
 #define KVEDGE_PREC_INT4_G32  3u
 #define KVEDGE_PREC_INT4_G64  4u
 #define KVEDGE_PREC_INT4_G128 5u
+/* Transform-coded against the model's coding basis (scheme tc, block version 3, basis.h):
+ * lossy, coarser than int8 in bytes but not in the int4 order, so it stands apart: made from
+ * lossless or int8 (or tc) only, nothing but tc made from it; every key channel, never EC. */
+#define KVEDGE_PREC_TC        6u
 #define KVEDGE_PREC_BASE_MASK 0x1Fu
-#define KVEDGE_PREC_BASE_MAX  5u
+#define KVEDGE_PREC_BASE_MAX  6u
 
 /* ThinK level (bits 5..6): 0 every key channel, 1 keep 75 %, 2 keep 50 %. */
 #define KVEDGE_PREC_THINK_SHIFT 5
@@ -56,6 +60,12 @@ typedef uint8_t kvedge_prec_t;
 #define KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT8 0.00168
 #define KVEDGE_PREC_EC_DECODE_US_PER_BYTE_INT4 0.00614
 
+/* The tc rung's block bytes per byte of the same block at int8, and the client's decode time
+ * per received byte (µs): placeholders from the study (docs/benchmarks.md "Lossy entropy-coded
+ * K/V": 0.24 on OPT, 0.37 on Llama; about 25 MB/s decode), measured by bench_entropy. */
+#define KVEDGE_PREC_TC_RATIO              0.30
+#define KVEDGE_PREC_TC_DECODE_US_PER_BYTE 0.04
+
 #define KVEDGE_PREC_MAKE(base, think)                                                              \
     ((kvedge_prec_t)((base) | ((think) << KVEDGE_PREC_THINK_SHIFT)))
 #define KVEDGE_PREC_BASE(p)  ((unsigned)(p)&KVEDGE_PREC_BASE_MASK)
@@ -67,8 +77,8 @@ typedef uint8_t kvedge_prec_t;
 #define KVEDGE_PREC_MAX_ACCEPT 8
 #define KVEDGE_PREC_NAME_BYTES 24
 
-/* True for a ladder rung: base 1..5, ThinK 0..2, bit 7 (EC) only with base int8..int4-g128.
- * KVEDGE_PREC_STORED is not. */
+/* True for a ladder rung: base 1..5, ThinK 0..2, bit 7 (EC) only with base int8..int4-g128;
+ * or tc alone (no ThinK, no EC). KVEDGE_PREC_STORED is not. */
 bool kvedge_prec_valid(kvedge_prec_t p);
 
 /* The rung's encoding: scheme, group size (0 for lossless and int8) and the key channels it
@@ -85,7 +95,7 @@ uint16_t kvedge_prec_group(kvedge_prec_t p);
 uint32_t kvedge_prec_keep_channels(kvedge_prec_t p, uint32_t head_dim);
 
 /* "lossless", "int8", "int4-g32", "int4-g64", "int4-g128", each optionally followed by
- * "+think-75" or "+think-50", then for an EC rung "+ec" ("int4-g32+think-50+ec"); "stored"
+ * "+think-75" or "+think-50", then for an EC rung "+ec" ("int4-g32+think-50+ec"); "tc"; "stored"
  * for KVEDGE_PREC_STORED; "?" for anything else. Static storage. The grammar is kvedge eval's
  * scheme names restricted to the ladder, plus the coding suffix. */
 const char *kvedge_prec_name(kvedge_prec_t p);
@@ -119,7 +129,8 @@ kvedge_prec_t kvedge_prec_of_shape(kvedge_scheme_t scheme, uint16_t group_size,
 /* True when a block at rung `to` can be derived from one at rung `from` without putting back
  * anything `from` lost: the base is the same or coarser (lossless < int8 < int4-g32 < g64 <
  * g128) and the ThinK level the same or deeper; the coding (EC) may differ either way, it
- * loses nothing. from == to is derivable. False for any invalid rung. */
+ * loses nothing. tc derives from lossless, int8 (with or without EC, without ThinK) and tc;
+ * nothing but tc derives from tc. from == to is derivable. False for any invalid rung. */
 bool kvedge_prec_derivable(kvedge_prec_t from, kvedge_prec_t to);
 
 /* Bytes per fp16 byte of a rung for a head of head_dim channels and `tokens` tokens, without
@@ -127,12 +138,14 @@ bool kvedge_prec_derivable(kvedge_prec_t from, kvedge_prec_t to);
  * encoded size of kvedge_block_encoded_bound for that shape (header, mask, params, codes,
  * checksum; lossless at element size elem_bytes, 2 or 4), divided by
  * kvedge_block_fp16_bytes; for an EC rung that of the plain rung times its measured
- * KVEDGE_PREC_EC_RATIO_*. 0 for an invalid rung, shape or elem_bytes. */
+ * KVEDGE_PREC_EC_RATIO_*; for tc int8's times KVEDGE_PREC_TC_RATIO. 0 for an invalid rung,
+ * shape or elem_bytes. */
 double kvedge_prec_bytes_per_fp16(kvedge_prec_t p, uint32_t tokens, uint32_t head_dim,
                                   size_t elem_bytes);
 
 /* The client's time per received byte to decode rung p's body beyond a plain block's, in µs:
- * KVEDGE_PREC_EC_DECODE_US_PER_BYTE_* for an EC rung, 0 for any other. */
+ * KVEDGE_PREC_EC_DECODE_US_PER_BYTE_* for an EC rung, KVEDGE_PREC_TC_DECODE_US_PER_BYTE for tc,
+ * 0 for any other. */
 double kvedge_prec_decode_us_per_byte(kvedge_prec_t p);
 
 /* Re-encodes a verified block at rung `to` (kvedge_prec_derivable from the block's own rung):
@@ -153,12 +166,23 @@ double kvedge_prec_decode_us_per_byte(kvedge_prec_t p);
  * put's (RMS within 2 %, largest error within twice the int8 error:
  * tests/access/codec/test_prec.c). A block off the ladder (KVEDGE_PREC_STORED) derives only rungs
  * without ThinK whose scheme is coarser than its own (int4 from int8 at another group size), and
- * only when it has no mask. Errors: KVEDGE_EINVAL (NULL, `to` invalid or not derivable from the
- * block, values `to` cannot hold: fp32 beyond the fp16 range of quantization params),
- * KVEDGE_ECORRUPT (an lz4 body that does not decompress), KVEDGE_ENOMEM; *out is NULL and nothing
- * allocated then. */
+ * only when it has no mask. `to` tc needs the block's location (kvedge_block_transcode_at): here
+ * it is KVEDGE_ENOBASIS, but from a tc block, whose copy it is. Errors: KVEDGE_EINVAL (NULL,
+ * `to` invalid or not derivable from the block, values `to` cannot hold: fp32 beyond the fp16
+ * range of quantization params), KVEDGE_ECORRUPT (an lz4 body that does not decompress),
+ * KVEDGE_ENOBASIS, KVEDGE_ENOMEM; *out is NULL and nothing allocated then. */
 int kvedge_block_transcode(const kvedge_block_info_t *in, kvedge_prec_t to, bool lz4, uint8_t **out,
                            size_t *out_len);
+
+/* kvedge_block_transcode for a block of model_id's (layer, head): the same for every rung but
+ * tc; for tc, the block decoded to fp32 and coded with kvedge_block_encode_tc against the
+ * model's registered basis (kvedge_basis_find_model), at the block's dtype (a tc block is
+ * copied as it is; lz4 does not apply). Errors: those of kvedge_block_transcode, and for tc
+ * KVEDGE_EINVAL (model_id NULL), KVEDGE_ENOBASIS (no basis of the model registered),
+ * KVEDGE_ESHAPE (layer, head or head_dim outside the basis). */
+int kvedge_block_transcode_at(const kvedge_block_info_t *in, kvedge_prec_t to, bool lz4,
+                              const char *model_id, uint32_t layer, uint32_t head, uint8_t **out,
+                              size_t *out_len);
 
 #ifdef __cplusplus
 }

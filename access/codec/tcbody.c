@@ -235,7 +235,7 @@ out:
 }
 
 /* Reads the codes of a section with R > 0 (at in + pos) into y [T][D] as q * step; components
- * R.. stay 0. */
+ * R.. stay 0. With y NULL, checks them only. */
 static int s_read_codes(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len, size_t pos,
                         int layout, uint32_t rank, float st, float *y)
 {
@@ -280,7 +280,8 @@ static int s_read_codes(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in
                 v = s_unzigzag(sym[k]);
             }
             const size_t at = tm ? (size_t)a * D + b : (size_t)b * D + a;
-            y[at] = (float)v * st;
+            if (y)
+                y[at] = (float)v * st;
         }
     free(sym);
     return rc;
@@ -329,12 +330,12 @@ __attribute__((target("avx2"))) static void s_transform_avx2(const kvedge_tc_sha
 #define s_transform_avx2 s_transform
 #endif
 
-int kvedge_tc_decode(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len, const float *inv,
-                     float *x)
+/* Walks a section: header, means (into m when not NULL) and codes (into y [T][D] when not
+ * NULL, zeroed by the caller); *rank gets R. Every check of the layout, none needing the basis. */
+static int s_walk(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len, float *m, float *y,
+                  uint32_t *rank_out)
 {
-    if (!s_shape_ok(s) || !in || !inv || !x)
-        return KVEDGE_EINVAL;
-    const uint32_t T = s->tokens, D = s->dim;
+    const uint32_t D = s->dim;
     if (in_len < KVEDGE_TC_HEAD_BYTES + 2u * D)
         return KVEDGE_ECORRUPT;
     const int layout = in[0];
@@ -342,22 +343,43 @@ int kvedge_tc_decode(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_le
     const float st = kvedge_fp16_to_f32(kvedge_le_get16(in + 3));
     if (layout > KVEDGE_TC_LAYOUT_MAX || rank > D || !(st > 0.0f) || !isfinite(st))
         return KVEDGE_ECORRUPT;
+    for (uint32_t c = 0; c < D; c++) {
+        const float mc = kvedge_fp16_to_f32(kvedge_le_get16(in + KVEDGE_TC_HEAD_BYTES + 2u * c));
+        if (!isfinite(mc))
+            return KVEDGE_ECORRUPT;
+        if (m)
+            m[c] = mc;
+    }
+    *rank_out = rank;
+    const size_t pos = KVEDGE_TC_HEAD_BYTES + 2u * D;
+    if (rank == 0)
+        return in_len == pos ? KVEDGE_OK : KVEDGE_ECORRUPT;
+    return s_read_codes(s, in, in_len, pos, layout, rank, st, y);
+}
+
+int kvedge_tc_check(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len)
+{
+    if (!s_shape_ok(s) || !in)
+        return KVEDGE_EINVAL;
+    uint32_t rank;
+    return s_walk(s, in, in_len, NULL, NULL, &rank);
+}
+
+int kvedge_tc_decode(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len, const float *inv,
+                     float *x)
+{
+    if (!s_shape_ok(s) || !in || !inv || !x)
+        return KVEDGE_EINVAL;
+    const uint32_t T = s->tokens, D = s->dim;
+    if (in_len < KVEDGE_TC_HEAD_BYTES + 2u * D)
+        return KVEDGE_ECORRUPT; /* before allocating anything */
     float *m = malloc(D * sizeof *m);
     float *y = calloc((size_t)T * D, sizeof *y);
     int rc = KVEDGE_ENOMEM;
+    uint32_t rank = 0;
     if (!m || !y)
         goto out;
-    rc = KVEDGE_OK;
-    for (uint32_t c = 0; c < D && rc == KVEDGE_OK; c++) {
-        m[c] = kvedge_fp16_to_f32(kvedge_le_get16(in + KVEDGE_TC_HEAD_BYTES + 2u * c));
-        if (!isfinite(m[c]))
-            rc = KVEDGE_ECORRUPT;
-    }
-    const size_t pos = KVEDGE_TC_HEAD_BYTES + 2u * D;
-    if (rc == KVEDGE_OK && rank == 0 && in_len != pos)
-        rc = KVEDGE_ECORRUPT;
-    if (rc == KVEDGE_OK && rank > 0)
-        rc = s_read_codes(s, in, in_len, pos, layout, rank, st, y);
+    rc = s_walk(s, in, in_len, m, y, &rank);
     if (rc != KVEDGE_OK)
         goto out;
     if (kvedge_quant_simd(-1))

@@ -71,6 +71,13 @@ int kvedge_tc_encode(const kvedge_tc_shape_t *s, const float *x, const float *fw
 int kvedge_tc_decode(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len, const float *inv,
                      float *x);
 
+/* Checks a section of in_len bytes without decoding it: every check kvedge_tc_decode makes
+ * that needs no basis (the header, R <= D, the step and means, each stream decoding to exactly
+ * its symbol count, the escapes matching, the section ending exactly at in_len). A section that
+ * passes decodes with any inverse basis of its D. Errors: KVEDGE_ECORRUPT, KVEDGE_EINVAL (bad
+ * shape or NULL), KVEDGE_ENOMEM. */
+int kvedge_tc_check(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -39,7 +39,8 @@ static kvedge_prec_t s_meta_prec(const kvedge_block_meta_t *m)
     for (unsigned think = 0; think <= KVEDGE_PREC_THINK_MAX; think++)
         for (unsigned base = 1; base <= KVEDGE_PREC_BASE_MAX; base++) {
             kvedge_prec_t p = KVEDGE_PREC_MAKE(base, think);
-            if (kvedge_prec_scheme(p) == m->scheme && kvedge_prec_group(p) == m->group_size &&
+            if (kvedge_prec_valid(p) && kvedge_prec_scheme(p) == m->scheme &&
+                kvedge_prec_group(p) == m->group_size &&
                 kvedge_prec_keep_channels(p, m->head_dim) == m->key_channels)
                 return p;
         }

@@ -18,6 +18,15 @@
 #include "access/codec/error.h"
 #include "access/codec/half.h"
 
+/* The basis fuzz_block registers and gen_corpus codes its tc seeds against (the same bytes,
+ * so the same id). */
+#define KT_FUZZ_TC_MODEL  "fuzz-tc"
+#define KT_FUZZ_TC_LAYERS 2
+#define KT_FUZZ_TC_HEADS  2
+#define KT_FUZZ_TC_DIM    12
+#define KT_FUZZ_TC_STEP   0.05f
+#define KT_FUZZ_TC_SEED   1
+
 /* What each section's transform is. */
 typedef enum {
     /* A signed permutation from the seed: exact in fp16, inv = fwd^T exactly, so a value comes
@@ -152,6 +161,7 @@ static inline int kt_basis_file_kind(kt_basis_kind_t kind, const char *model_id,
                                      uint32_t seed, uint8_t **out, size_t *out_len)
 {
     *out = NULL;
+    *out_len = 0;
     const size_t idlen = model_id ? strlen(model_id) : 0;
     if (idlen == 0 || idlen > KVEDGE_MODEL_ID_MAX_BYTES || layers == 0 || kv_heads == 0 ||
         head_dim == 0 || head_dim > KVEDGE_BLOCK_MAX_HEAD_DIM)
@@ -221,8 +231,8 @@ static inline void kt_basis_reseal(uint8_t *buf, size_t len)
 static inline int kt_basis_write(const char *path, const char *model_id, uint32_t layers,
                                  uint32_t kv_heads, uint32_t head_dim, float step, uint32_t seed)
 {
-    uint8_t *buf;
-    size_t len;
+    uint8_t *buf = NULL;
+    size_t len = 0;
     if (kt_basis_file(model_id, layers, kv_heads, head_dim, step, seed, &buf, &len) != 0)
         return -1;
     FILE *f = fopen(path, "wb");

@@ -1,5 +1,6 @@
-/* Fuzz target for the block decoder (bytes from disk or the wire), plain, lz4 and entropy-coded
- * bodies. Built with libFuzzer
+/* Fuzz target for the block decoder (bytes from disk or the wire), plain, lz4, entropy-coded and
+ * transform-coded (tc) bodies; tc blocks decode with the fixture basis "fuzz-tc" registered at
+ * the first input (the corpus's tc blocks are coded against it). Built with libFuzzer
  * (KVEDGE_FUZZ=ON, clang) it fuzzes; built normally it replays the committed corpus. */
 #include <stddef.h>
 #include <stdint.h>
@@ -8,15 +9,36 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "access/codec/basis.h"
 #include "access/codec/block.h"
 #include "access/codec/error.h"
+#include "tests/common/basis_fixture.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void s_parse_and_decode(const uint8_t *data, size_t size);
 
+/* Registers the basis gen_corpus codes the tc seeds against, once. */
+static void s_basis_once(void)
+{
+    static int done;
+    if (done)
+        return;
+    done = 1;
+    uint8_t *file = NULL;
+    size_t len = 0;
+    kvedge_basis_t *b = NULL;
+    if (kt_basis_file(KT_FUZZ_TC_MODEL, KT_FUZZ_TC_LAYERS, KT_FUZZ_TC_HEADS, KT_FUZZ_TC_DIM,
+                      KT_FUZZ_TC_STEP, KT_FUZZ_TC_SEED, &file, &len) != 0 ||
+        kvedge_basis_parse(file, len, &b, NULL, 0) != KVEDGE_OK ||
+        kvedge_basis_register(&b) != KVEDGE_OK)
+        abort();
+    free(file);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    s_basis_once();
     s_parse_and_decode(data, size);
     /* Random bytes almost never carry a valid checksum, which would stop exploration at the
      * checksum check; a second pass with the trailer fixed up reaches the structure checks
@@ -49,9 +71,19 @@ static void s_parse_and_decode(const uint8_t *data, size_t size)
     if (n > (1u << 22))
         return;
     float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
-    if (k && v && kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v) != KVEDGE_OK && !info.lz4 &&
-        !info.ec)
+    if (info.scheme == KVEDGE_SCHEME_TC) {
+        /* A tc block that passes the full check decodes, but for a basis it does not fit. */
+        const int checked = kvedge_block_check(data, size, NULL);
+        const int rc = k && v ? kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v) : KVEDGE_OK;
+        if (checked == KVEDGE_OK && rc != KVEDGE_OK && rc != KVEDGE_ENOBASIS &&
+            rc != KVEDGE_ESHAPE && rc != KVEDGE_ENOMEM)
+            abort();
+        if (checked != KVEDGE_OK && checked != KVEDGE_ENOMEM && rc == KVEDGE_OK)
+            abort(); /* the decoder accepted what the structural walk refused */
+    } else if (k && v && kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v) != KVEDGE_OK &&
+               !info.lz4 && !info.ec) {
         abort(); /* an uncompressed, uncoded block that verified must decode */
+    }
     /* A coded body that decodes must code back to a block that verifies (and the other way). */
     uint8_t *re = NULL;
     size_t re_len = 0;

@@ -1,7 +1,8 @@
 /* Fuzz target for the transform-coded K/V section decoder (access/codec/tcbody.h). Input: two
  * bytes of tokens - 1 and one of dim - 1 (little-endian, tokens up to 512, dim up to 64), then
  * the section. Decoded with the identity basis, an accepted section must give finite values
- * within the range its header and codes allow. Seeds: gen_tcbody_corpus DIR. */
+ * within the range its header and codes allow, and kvedge_tc_check (no basis) must accept
+ * exactly the sections the decoder accepts. Seeds: gen_tcbody_corpus DIR. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -26,6 +27,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         eye[(size_t)c * s.dim + c] = 1.0f;
     int rc = kvedge_tc_decode(&s, data + 3, size - 3, eye, x);
     if (rc != KVEDGE_OK && rc != KVEDGE_ECORRUPT)
+        abort();
+    const int checked = kvedge_tc_check(&s, data + 3, size - 3);
+    if (checked != rc) /* the structural walk and the decoder agree on every section */
         abort();
     for (size_t i = 0; rc == KVEDGE_OK && i < n; i++)
         if (!isfinite(x[i]))

@@ -1,11 +1,14 @@
 /* Writes the seed corpus for fuzz_block: one small valid block per dtype x scheme x mask x
- * lz4, entropy-coded int8 and int4 blocks, plus a few damaged ones. Run: gen_corpus DIR. */
+ * lz4, entropy-coded int8 and int4 blocks, tc blocks against the fixture basis fuzz_block
+ * registers, plus a few damaged ones. Run: gen_corpus DIR. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "access/codec/basis.h"
 #include "access/codec/block.h"
 #include "access/codec/synth.h"
+#include "tests/common/basis_fixture.h"
 
 static void s_write(const char *dir, const char *name, const uint8_t *buf, size_t len)
 {
@@ -55,6 +58,43 @@ static int s_write_coded(const char *dir)
     return 0;
 }
 
+/* tc blocks (version 3) of 6 tokens, one per dtype, coded against the fixture basis; and a
+ * flipped and a truncated one. */
+static int s_write_tc(const char *dir)
+{
+    enum { T = 6, D = KT_FUZZ_TC_DIM };
+    uint8_t *file = NULL;
+    size_t flen = 0;
+    kvedge_basis_t *b = NULL;
+    if (kt_basis_file(KT_FUZZ_TC_MODEL, KT_FUZZ_TC_LAYERS, KT_FUZZ_TC_HEADS, KT_FUZZ_TC_DIM,
+                      KT_FUZZ_TC_STEP, KT_FUZZ_TC_SEED, &file, &flen) != 0 ||
+        kvedge_basis_parse(file, flen, &b, NULL, 0) != 0)
+        return 1;
+    free(file);
+    int rc = 0;
+    for (int d = KVEDGE_DTYPE_FP16; d <= KVEDGE_DTYPE_FP32 && rc == 0; d++) {
+        uint8_t k[T * D * 4], v[T * D * 4], *out = NULL;
+        size_t len;
+        if (kvedge_synth_head(40 + d, 1, T, D, (kvedge_dtype_t)d, k, v) != 0 ||
+            kvedge_block_encode_tc(b, 1, (uint32_t)d % 2, (kvedge_dtype_t)d, T, D, k, v, &out,
+                                   &len) != 0) {
+            rc = 1;
+            break;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "valid-%s-tc", kvedge_dtype_name((kvedge_dtype_t)d));
+        s_write(dir, name, out, len);
+        if (d == KVEDGE_DTYPE_FP16) {
+            s_write(dir, "truncated-tc", out, len / 2);
+            out[len / 2] ^= 0x40;
+            s_write(dir, "flipped-tc", out, len);
+        }
+        free(out);
+    }
+    kvedge_basis_free(&b);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -90,7 +130,7 @@ int main(int argc, char **argv)
                         s_write(argv[1], name, out, len / 3);
                     }
                 }
-    if (s_write_coded(argv[1]) != 0)
+    if (s_write_coded(argv[1]) != 0 || s_write_tc(argv[1]) != 0)
         return 1;
     s_write(argv[1], "empty", (const uint8_t *)"", 0);
     s_write(argv[1], "magic-only", (const uint8_t *)"KVEB\x01", 5);

@@ -1,5 +1,6 @@
 /* Block codec: round trips over every dtype x scheme x mask x lz4, and rejection of damaged,
- * truncated, wrong-version and oversized blocks. */
+ * truncated, wrong-version and oversized blocks; tc blocks (version 3) against registered
+ * coding bases. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,10 +12,16 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <xxhash.h>
+
+#include "access/codec/basis.h"
 #include "access/codec/block.h"
+#include "access/codec/byteorder.h"
 #include "access/codec/error.h"
+#include "access/codec/half.h"
 #include "access/codec/quant.h"
 #include "access/codec/synth.h"
+#include "tests/common/basis_fixture.h"
 #include "tests/common/testutil.h"
 
 /* Decodes a block to fp32 and returns the relative error of K (kept channels only) and V
@@ -245,8 +252,11 @@ static void test_wrong_version_and_magic(void **state)
     size_t len;
     uint8_t *blk = kt_encode(&spec, 1, &len);
     kvedge_block_info_t info;
-    blk[4] = KVEDGE_BLOCK_VERSION_EC + 1;
+    blk[4] = KVEDGE_BLOCK_VERSION_TC + 1;
     assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_EVERSION);
+    /* Version 3 is the tc scheme only. */
+    blk[4] = KVEDGE_BLOCK_VERSION_TC;
+    assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_ECORRUPT);
     /* Version 2 is the entropy-coded body only: a plain body under it is not a block. */
     blk[4] = KVEDGE_BLOCK_VERSION_EC;
     assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_ECORRUPT);
@@ -380,6 +390,342 @@ static void test_sections_and_names(void **state)
     }
 }
 
+/* tc blocks (version 3). The basis registry is process-wide: test_tc_without_basis runs before
+ * test_tc_round_trip registers the bases these tests use. */
+#define S_TC_STEP 0.0625f
+
+/* A basis of model `model` (2 layers, 3 heads, D head_dim), parsed, not registered. */
+static kvedge_basis_t *s_tc_basis(const char *model, uint16_t head_dim, uint32_t seed)
+{
+    uint8_t *file = NULL;
+    size_t len = 0;
+    assert_int_equal(kt_basis_file(model, 2, 3, head_dim, S_TC_STEP, seed, &file, &len), 0);
+    kvedge_basis_t *b = NULL;
+    assert_int_equal(kvedge_basis_parse(file, len, &b, NULL, 0), KVEDGE_OK);
+    free(file);
+    return b;
+}
+
+/* A tc block of a synthetic head (dtype, tokens, the basis's D) at (layer, head); *k and *v
+ * (may be NULL) get the fp32 view of its input, which the caller frees (*v inside *k). */
+static uint8_t *s_tc_block(const kvedge_basis_t *b, kvedge_dtype_t dtype, uint32_t tokens,
+                           uint32_t layer, uint32_t head, size_t *len, float **kf, float **vf)
+{
+    const uint16_t D = (uint16_t)kvedge_basis_head_dim(b);
+    const size_t n = (size_t)tokens * D, es = kvedge_dtype_size(dtype);
+    uint8_t *k = malloc(n * es), *v = malloc(n * es), *blk = NULL;
+    assert_true(k && v);
+    assert_int_equal(kvedge_synth_head(91 + tokens, layer, tokens, D, dtype, k, v), 0);
+    assert_int_equal(kvedge_block_encode_tc(b, layer, head, dtype, tokens, D, k, v, &blk, len),
+                     KVEDGE_OK);
+    if (kf) {
+        *kf = malloc(2 * n * sizeof(float));
+        assert_non_null(*kf);
+        *vf = *kf + n;
+        kvedge_convert_to_f32(dtype, k, n, *kf);
+        kvedge_convert_to_f32(dtype, v, n, *vf);
+    }
+    free(v);
+    free(k);
+    return blk;
+}
+
+/* Recomputes the checksum of a block after a test edited it. */
+static void s_reseal(uint8_t *blk, size_t len)
+{
+    const size_t covered = len - KVEDGE_BLOCK_CHECKSUM_BYTES;
+    const uint64_t sum = XXH3_64bits(blk, covered);
+    for (int i = 0; i < 8; i++)
+        blk[covered + i] = (uint8_t)(sum >> (8 * i));
+}
+
+static void test_tc_without_basis(void **state)
+{
+    (void)state;
+    kvedge_basis_t *b = s_tc_basis("blk-tc-unloaded", 8, 1);
+    size_t len;
+    uint8_t *blk = s_tc_block(b, KVEDGE_DTYPE_FP16, 12, 1, 2, &len, NULL, NULL);
+    kvedge_block_info_t info;
+    /* Structure checks need no basis. */
+    assert_int_equal(kvedge_block_check(blk, len, &info), KVEDGE_OK);
+    assert_int_equal(info.version, KVEDGE_BLOCK_VERSION_TC);
+    assert_int_equal(info.scheme, KVEDGE_SCHEME_TC);
+    uint64_t id = 0;
+    uint16_t layer = 0, head = 0;
+    assert_int_equal(kvedge_block_tc_where(&info, &id, &layer, &head), KVEDGE_OK);
+    assert_int_equal(id, kvedge_basis_id(b));
+    assert_int_equal(layer, 1);
+    assert_int_equal(head, 2);
+    assert_null(kvedge_basis_find(id));
+    uint16_t out[2 * 12 * 8];
+    assert_int_equal(kvedge_block_decode(&info, KVEDGE_DTYPE_FP16, out, out + 12 * 8),
+                     KVEDGE_ENOBASIS);
+    free(blk);
+    kvedge_basis_free(&b);
+}
+
+static void test_tc_round_trip(void **state)
+{
+    (void)state;
+    const uint16_t dims[] = {16, 5, 128};
+    const char *models[] = {"blk-tc-16", "blk-tc-5", "blk-tc-128"};
+    const kvedge_dtype_t dtypes[] = {KVEDGE_DTYPE_FP16, KVEDGE_DTYPE_BF16, KVEDGE_DTYPE_FP32};
+    const uint32_t tokens[] = {1, 17, 256};
+    for (size_t m = 0; m < 3; m++) {
+        kvedge_basis_t *b = s_tc_basis(models[m], dims[m], (uint32_t)m + 7);
+        assert_int_equal(kvedge_basis_register(&b), KVEDGE_OK);
+        const kvedge_basis_t *reg = kvedge_basis_find_model(models[m]);
+        for (size_t d = 0; d < 3; d++)
+            for (size_t t = 0; t < 3; t++) {
+                size_t len;
+                float *kf, *vf;
+                uint8_t *blk = s_tc_block(reg, dtypes[d], tokens[t], 1, 2, &len, &kf, &vf);
+                kvedge_block_info_t info;
+                assert_int_equal(kvedge_block_check(blk, len, &info), KVEDGE_OK);
+                assert_int_equal(info.dtype, dtypes[d]);
+                assert_int_equal(info.tokens, tokens[t]);
+                assert_int_equal(info.head_dim, dims[m]);
+                assert_int_equal(info.key_channels, dims[m]);
+                assert_int_equal(info.group_size, 0);
+                assert_false(info.lz4 || info.ec);
+                assert_null(info.key_mask);
+                assert_int_equal(info.raw_len, info.stored_len);
+                assert_int_equal(info.total_len, len);
+                const size_t n = (size_t)tokens[t] * dims[m];
+                float *k = malloc(2 * n * sizeof(float)), *v = k + n;
+                assert_int_equal(kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v), KVEDGE_OK);
+                for (size_t i = 0; i < n; i++) {
+                    /* A signed permutation is exact: step/2 and fp32 rounding. */
+                    const float tk = S_TC_STEP / 2 + 1e-6f * fabsf(kf[i]) + 1e-7f,
+                                tv = S_TC_STEP / 2 + 1e-6f * fabsf(vf[i]) + 1e-7f;
+                    if (!(fabsf(k[i] - kf[i]) <= tk) || !(fabsf(v[i] - vf[i]) <= tv))
+                        fail_msg("D %u %s T %u value %zu: K %g vs %g, V %g vs %g", dims[m],
+                                 kvedge_dtype_name(dtypes[d]), tokens[t], i, (double)k[i],
+                                 (double)kf[i], (double)v[i], (double)vf[i]);
+                }
+                /* Any out dtype: the fp32 values converted. */
+                uint16_t *h = malloc(2 * n * sizeof *h);
+                assert_int_equal(kvedge_block_decode(&info, KVEDGE_DTYPE_BF16, h, h + n),
+                                 KVEDGE_OK);
+                for (size_t i = 0; i < n; i++)
+                    assert_int_equal(h[i], kvedge_f32_to_bf16(k[i]));
+                free(h);
+                free(k);
+                free(kf);
+                free(blk);
+            }
+    }
+}
+
+/* The body as stored: the prefix, two sections; names; what spec-based calls say of tc. */
+static void test_tc_body_and_names(void **state)
+{
+    (void)state;
+    const kvedge_basis_t *b = kvedge_basis_find_model("blk-tc-16");
+    assert_non_null(b);
+    size_t len;
+    uint8_t *blk = s_tc_block(b, KVEDGE_DTYPE_FP16, 40, 0, 1, &len, NULL, NULL);
+    kvedge_block_info_t info;
+    assert_int_equal(kvedge_block_check(blk, len, &info), KVEDGE_OK);
+    const uint8_t *raw = NULL;
+    assert_int_equal(kvedge_block_body(&info, NULL, 0, &raw), KVEDGE_OK);
+    assert_ptr_equal(raw, info.body);
+    kvedge_block_section_coding_t c[4];
+    size_t n = 0;
+    assert_int_equal(kvedge_block_coding(&info, c, &n), KVEDGE_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(c[0].stored, kvedge_le_get32(info.body + 12));
+    assert_int_equal(KVEDGE_BLOCK_TC_PREFIX_BYTES + c[0].stored + c[1].stored, info.stored_len);
+    assert_int_equal(c[0].raw, c[0].stored);
+    assert_int_equal(c[1].transform, 0);
+    kvedge_block_sections_t sec;
+    kvedge_block_sections(&info, raw, &sec);
+    assert_null(sec.k_codes);
+    assert_null(sec.v_codes);
+    /* A tc block is no quantized block to recode, nor a spec to encode. */
+    uint8_t *re = (uint8_t *)1;
+    size_t relen;
+    assert_int_equal(kvedge_block_recode(&info, true, false, &re, &relen), KVEDGE_EINVAL);
+    assert_null(re);
+    kvedge_block_spec_t spec = {KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_TC, 4, 16, 0, NULL, false};
+    assert_int_equal(kvedge_block_spec_check(&spec), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_block_encoded_bound(&spec), 0);
+    assert_string_equal(kvedge_scheme_name(KVEDGE_SCHEME_TC), "tc");
+    kvedge_scheme_t s;
+    assert_int_equal(kvedge_scheme_parse("tc", &s), KVEDGE_OK);
+    assert_int_equal(s, KVEDGE_SCHEME_TC);
+    /* tc_where of another block. */
+    kvedge_block_spec_t i8 = {KVEDGE_DTYPE_FP16, KVEDGE_SCHEME_INT8, 4, 16, 0, NULL, false};
+    size_t i8len;
+    uint8_t *i8blk = kt_encode(&i8, 3, &i8len);
+    kvedge_block_info_t i8info;
+    assert_int_equal(kvedge_block_parse(i8blk, i8len, &i8info), KVEDGE_OK);
+    assert_int_equal(kvedge_block_tc_where(&i8info, NULL, NULL, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_block_tc_where(NULL, NULL, NULL, NULL), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_block_tc_where(&info, NULL, NULL, NULL), KVEDGE_OK);
+    free(i8blk);
+    free(blk);
+}
+
+/* Encoder refusals: the basis's shape, NULLs, non-finite values. */
+static void test_tc_encode_errors(void **state)
+{
+    (void)state;
+    const kvedge_basis_t *b = kvedge_basis_find_model("blk-tc-16");
+    float k[4 * 16] = {0}, v[4 * 16] = {0};
+    uint8_t *out = (uint8_t *)1;
+    size_t len;
+    const kvedge_dtype_t f = KVEDGE_DTYPE_FP32;
+    assert_int_equal(kvedge_block_encode_tc(b, 0, 0, f, 4, 8, k, v, &out, &len), KVEDGE_ESHAPE);
+    assert_null(out);
+    assert_int_equal(kvedge_block_encode_tc(b, 2, 0, f, 4, 16, k, v, &out, &len), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_block_encode_tc(b, 0, 3, f, 4, 16, k, v, &out, &len), KVEDGE_ESHAPE);
+    assert_int_equal(kvedge_block_encode_tc(NULL, 0, 0, f, 4, 16, k, v, &out, &len), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_block_encode_tc(b, 0, 0, f, 0, 16, k, v, &out, &len), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_block_encode_tc(b, 0, 0, (kvedge_dtype_t)9, 4, 16, k, v, &out, &len),
+                     KVEDGE_EINVAL);
+    assert_int_equal(kvedge_block_encode_tc(b, 0, 0, f, 4, 16, NULL, v, &out, &len), KVEDGE_EINVAL);
+    assert_int_equal(
+        kvedge_block_encode_tc(b, 0, 0, f, KVEDGE_BLOCK_MAX_TOKENS + 1, 16, k, v, &out, &len),
+        KVEDGE_ETOOBIG);
+    v[5] = NAN;
+    assert_int_equal(kvedge_block_encode_tc(b, 0, 0, f, 4, 16, k, v, &out, &len), KVEDGE_EINVAL);
+    assert_null(out);
+    /* All zeros: rank 0 sections, still a block. */
+    v[5] = 0;
+    assert_int_equal(kvedge_block_encode_tc(b, 0, 0, f, 4, 16, k, v, &out, &len), KVEDGE_OK);
+    kvedge_block_info_t info;
+    assert_int_equal(kvedge_block_check(out, len, &info), KVEDGE_OK);
+    float kd[4 * 16], vd[4 * 16];
+    assert_int_equal(kvedge_block_decode(&info, f, kd, vd), KVEDGE_OK);
+    for (int i = 0; i < 4 * 16; i++)
+        assert_true(kd[i] == 0.0f && vd[i] == 0.0f);
+    free(out);
+}
+
+/* Every truncation and every flipped byte refused; damage behind a valid checksum refused by
+ * the structural walk of kvedge_block_check; the header rules of version 3. */
+static void test_tc_damage(void **state)
+{
+    (void)state;
+    const kvedge_basis_t *b = kvedge_basis_find_model("blk-tc-16");
+    size_t len;
+    uint8_t *blk = s_tc_block(b, KVEDGE_DTYPE_FP16, 33, 1, 1, &len, NULL, NULL);
+    kvedge_block_info_t info;
+    assert_int_equal(kvedge_block_check(blk, len, &info), KVEDGE_OK);
+    for (size_t cut = 0; cut < len; cut++)
+        assert_int_not_equal(kvedge_block_check(blk, cut, &info), KVEDGE_OK);
+    for (size_t off = 0; off < len; off++) {
+        blk[off] ^= 0x21;
+        if (kvedge_block_check(blk, len, &info) == KVEDGE_OK)
+            fail_msg("flipping byte %zu of a tc block went unnoticed", off);
+        blk[off] ^= 0x21;
+    }
+    uint8_t *t = malloc(len);
+    const size_t body = KVEDGE_BLOCK_HEADER_BYTES, sec = body + KVEDGE_BLOCK_TC_PREFIX_BYTES;
+    const uint32_t nk = kvedge_le_get32(blk + body + 12);
+    const uint32_t stored = (uint32_t)(len - body - KVEDGE_BLOCK_CHECKSUM_BYTES);
+    /* Header and prefix rules: parse refuses. */
+    struct {
+        size_t off;
+        int bytes;
+        uint32_t value;
+        int rc;
+    } hdr[] = {
+        {4, 1, 4, KVEDGE_EVERSION},                          /* an unknown version */
+        {4, 1, KVEDGE_BLOCK_VERSION, KVEDGE_ECORRUPT},       /* tc under version 1 */
+        {4, 1, KVEDGE_BLOCK_VERSION_EC, KVEDGE_ECORRUPT},    /* or 2 */
+        {6, 1, KVEDGE_SCHEME_INT8, KVEDGE_ECORRUPT},         /* version 3 of int8 */
+        {6, 1, 4, KVEDGE_ECORRUPT},                          /* an unknown scheme */
+        {5, 1, 0, KVEDGE_ECORRUPT},                          /* dtype */
+        {7, 1, KVEDGE_BLOCK_FLAG_LZ4, KVEDGE_ECORRUPT},      /* no flag */
+        {7, 1, KVEDGE_BLOCK_FLAG_EC, KVEDGE_ECORRUPT},       /* no flag */
+        {14, 2, 8, KVEDGE_ECORRUPT},                         /* key_channels != D */
+        {16, 2, 32, KVEDGE_ECORRUPT},                        /* group */
+        {20, 4, stored + 1, KVEDGE_ECORRUPT},                /* raw_len != stored_len */
+        {8, 4, 0, KVEDGE_ECORRUPT},                          /* no tokens */
+        {8, 4, KVEDGE_BLOCK_MAX_TOKENS + 1, KVEDGE_ETOOBIG}, /* too many */
+        {12, 2, 0, KVEDGE_ECORRUPT},                         /* D 0 */
+        {body + 12, 4, 0, KVEDGE_ECORRUPT},                  /* n_k 0 */
+        {body + 12, 4, stored - 16, KVEDGE_ECORRUPT},        /* no V */
+        {body + 12, 4, 0xFFFFFFF0u, KVEDGE_ECORRUPT},        /* past the end */
+    };
+    for (size_t i = 0; i < sizeof hdr / sizeof hdr[0]; i++) {
+        memcpy(t, blk, len);
+        if (hdr[i].bytes == 1)
+            t[hdr[i].off] = (uint8_t)hdr[i].value;
+        else if (hdr[i].bytes == 2)
+            kvedge_le_put16(t + hdr[i].off, (uint16_t)hdr[i].value);
+        else
+            kvedge_le_put32(t + hdr[i].off, hdr[i].value);
+        s_reseal(t, len);
+        const int rc = kvedge_block_parse(t, len, &info);
+        if (rc != hdr[i].rc)
+            fail_msg("edit %zu (offset %zu = %u): %s, expected %s", i, hdr[i].off, hdr[i].value,
+                     kvedge_errname(rc), kvedge_errname(hdr[i].rc));
+    }
+    /* Section damage behind a valid checksum: parse passes, check refuses. */
+    struct {
+        size_t off;
+        int bytes;
+        uint32_t value;
+    } walk[] = {
+        {body + 12, 4, nk - 1},                           /* K ends early, V starts inside it */
+        {body + 12, 4, nk + 1},                           /* K runs into V */
+        {sec, 1, 3},                                      /* unknown layout */
+        {sec + 1, 2, 17},                                 /* R > D */
+        {sec + 3, 2, 0},                                  /* step 0 */
+        {sec + 3, 2, 0x7C00},                             /* step inf */
+        {sec + 5, 2, 0x7E00},                             /* a NaN mean */
+        {sec + 5 + 32, 4, 0},                             /* a stream of length 0 */
+        {sec + 5 + 32, 4, 0x7FFFFFFF},                    /* a stream past the end */
+        {sec + nk + 1, 2, 0xFFFF},                        /* V: R > D */
+        {sec + nk - 4, 4, 1000},                          /* K's escape count */
+        {len - KVEDGE_BLOCK_CHECKSUM_BYTES - 4, 4, 1000}, /* V's escape count */
+    };
+    for (size_t i = 0; i < sizeof walk / sizeof walk[0]; i++) {
+        memcpy(t, blk, len);
+        if (walk[i].bytes == 1)
+            t[walk[i].off] = (uint8_t)walk[i].value;
+        else if (walk[i].bytes == 2)
+            kvedge_le_put16(t + walk[i].off, (uint16_t)walk[i].value);
+        else
+            kvedge_le_put32(t + walk[i].off, walk[i].value);
+        s_reseal(t, len);
+        assert_int_equal(kvedge_block_parse(t, len, &info), KVEDGE_OK);
+        const int rc = kvedge_block_check(t, len, &info);
+        if (rc != KVEDGE_ECORRUPT)
+            fail_msg("section edit %zu (offset %zu): %s, expected KVEDGE_ECORRUPT", i, walk[i].off,
+                     kvedge_errname(rc));
+    }
+    /* A basis id never registered: ENOBASIS; a layer or head outside the basis, or a basis of
+     * another head_dim: ESHAPE. */
+    float k[33 * 16], v[33 * 16];
+    struct {
+        size_t off;
+        int bytes;
+        uint64_t value;
+        int rc;
+    } where[] = {
+        {body, 8, kvedge_basis_id(b) ^ 1, KVEDGE_ENOBASIS},
+        {body + 8, 2, 2, KVEDGE_ESHAPE},
+        {body + 10, 2, 3, KVEDGE_ESHAPE},
+        {body, 8, kvedge_basis_id(kvedge_basis_find_model("blk-tc-5")), KVEDGE_ESHAPE},
+    };
+    for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
+        memcpy(t, blk, len);
+        if (where[i].bytes == 8)
+            kvedge_le_put64(t + where[i].off, where[i].value);
+        else
+            kvedge_le_put16(t + where[i].off, (uint16_t)where[i].value);
+        s_reseal(t, len);
+        assert_int_equal(kvedge_block_check(t, len, &info), KVEDGE_OK);
+        assert_int_equal(kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, k, v), where[i].rc);
+    }
+    free(t);
+    free(blk);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -393,6 +739,12 @@ int main(void)
         cmocka_unit_test(test_oversized_is_refused_unread),
         cmocka_unit_test(test_bad_specs),
         cmocka_unit_test(test_sections_and_names),
+        /* In this order: the first decodes before any basis is registered. */
+        cmocka_unit_test(test_tc_without_basis),
+        cmocka_unit_test(test_tc_round_trip),
+        cmocka_unit_test(test_tc_body_and_names),
+        cmocka_unit_test(test_tc_encode_errors),
+        cmocka_unit_test(test_tc_damage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

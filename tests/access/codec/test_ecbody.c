@@ -179,9 +179,12 @@ static void test_header_rules(void **state)
     uint8_t *blk = s_coded(KVEDGE_SCHEME_INT8, 32, &len, &info);
     /* A version-1 reader's view: version 2 is an unsupported version, refused before anything
      * else; this reader accepts 2 only together with flag EC and never with LZ4. */
-    blk[4] = 3;
+    blk[4] = KVEDGE_BLOCK_VERSION_TC + 1;
     s_reseal(blk, len);
     assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_EVERSION);
+    blk[4] = KVEDGE_BLOCK_VERSION_TC; /* version 3 is scheme tc's alone */
+    s_reseal(blk, len);
+    assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_ECORRUPT);
     blk[4] = 1; /* EC at version 1 */
     s_reseal(blk, len);
     assert_int_equal(kvedge_block_parse(blk, len, &info), KVEDGE_ECORRUPT);

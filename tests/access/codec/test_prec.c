@@ -16,14 +16,15 @@
 #include "access/codec/prec.h"
 #include "access/codec/quant.h"
 #include "access/codec/synth.h"
+#include "tests/common/basis_fixture.h"
 
 #define S_SEED 4242
 
-/* Every valid rung, finest base first. */
+/* Every valid rung of the ladder, finest base first (tc, which needs a basis, apart). */
 static size_t s_all(kvedge_prec_t *out)
 {
     size_t n = 0;
-    for (unsigned b = KVEDGE_PREC_LOSSLESS; b <= KVEDGE_PREC_BASE_MAX; b++)
+    for (unsigned b = KVEDGE_PREC_LOSSLESS; b <= KVEDGE_PREC_INT4_G128; b++)
         for (unsigned t = 0; t <= KVEDGE_PREC_THINK_MAX; t++)
             out[n++] = KVEDGE_PREC_MAKE(b, t);
     return n;
@@ -132,7 +133,8 @@ static void test_names_round_trip(void **state)
         assert_int_equal(kvedge_prec_parse(name, &back), KVEDGE_OK);
         assert_int_equal(back, p);
     }
-    assert_int_equal(valid, 15 + 12); /* the ladder, and its int8/int4 rungs entropy-coded */
+    /* The ladder, its int8/int4 rungs entropy-coded, and tc. */
+    assert_int_equal(valid, 15 + 12 + 1);
     assert_string_equal(kvedge_prec_name(KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G128, 1)),
                         "int4-g128+think-75");
     assert_string_equal(kvedge_prec_name(KVEDGE_PREC_LOSSLESS), "lossless");
@@ -436,7 +438,7 @@ static void test_transcode_from_think(void **state)
     s_head(&h, KVEDGE_DTYPE_FP16, 256, 128, S_SEED + 77);
     size_t slen;
     uint8_t *src = s_direct(&h, KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, 1), false, &slen);
-    for (unsigned b = KVEDGE_PREC_LOSSLESS; b <= KVEDGE_PREC_BASE_MAX; b++) {
+    for (unsigned b = KVEDGE_PREC_LOSSLESS; b <= KVEDGE_PREC_INT4_G128; b++) {
         kvedge_prec_t to = KVEDGE_PREC_MAKE(b, KVEDGE_PREC_THINK_50);
         size_t dlen, tlen;
         uint8_t *direct = s_direct(&h, to, false, &dlen);
@@ -778,7 +780,7 @@ static void test_bytes_per_fp16(void **state)
             }
     /* Sanity on the ladder's order at a real shape: each base coarser, each level smaller. */
     double last = 1e9;
-    for (unsigned b = KVEDGE_PREC_LOSSLESS; b <= KVEDGE_PREC_BASE_MAX; b++) {
+    for (unsigned b = KVEDGE_PREC_LOSSLESS; b <= KVEDGE_PREC_INT4_G128; b++) {
         double r = kvedge_prec_bytes_per_fp16(KVEDGE_PREC_MAKE(b, 0), 256, 128, 2);
         assert_true(r < last && r > 0);
         assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_MAKE(b, 1), 256, 128, 2) < r);
@@ -794,6 +796,263 @@ static void test_bytes_per_fp16(void **state)
     assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_INT8, 256, 2000, 2) == 0.0);
     assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_INT8, KVEDGE_BLOCK_MAX_TOKENS + 1, 128, 2) ==
                 0.0);
+}
+
+/* The tc rung: one name, no ThinK, no coding bit, scheme tc over every key channel. */
+static void test_tc_rung(void **state)
+{
+    (void)state;
+    assert_int_equal(KVEDGE_PREC_BASE_MAX, 6);
+    assert_string_equal(kvedge_prec_name(KVEDGE_PREC_TC), "tc");
+    kvedge_prec_t p = 0;
+    assert_int_equal(kvedge_prec_parse("tc", &p), KVEDGE_OK);
+    assert_int_equal(p, KVEDGE_PREC_TC);
+    const char *bad[] = {"tc+think-50", "tc+think-75", "tc+ec", "TC", "tc ", "tc-g32"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = 0;
+        assert_int_equal(kvedge_prec_parse(bad[i], &p), KVEDGE_EINVAL);
+        assert_int_equal(p, 0);
+    }
+    assert_true(kvedge_prec_valid(KVEDGE_PREC_TC));
+    assert_false(kvedge_prec_valid(KVEDGE_PREC_MAKE(KVEDGE_PREC_TC, KVEDGE_PREC_THINK_75)));
+    assert_false(kvedge_prec_valid(KVEDGE_PREC_MAKE(KVEDGE_PREC_TC, KVEDGE_PREC_THINK_50)));
+    assert_false(kvedge_prec_valid(KVEDGE_PREC_TC | KVEDGE_PREC_EC));
+    assert_false(kvedge_prec_valid(KVEDGE_PREC_BASE_MAX + 1));
+    assert_string_equal(kvedge_prec_name(KVEDGE_PREC_TC | KVEDGE_PREC_EC), "?");
+    assert_int_equal(kvedge_prec_scheme(KVEDGE_PREC_TC), KVEDGE_SCHEME_TC);
+    assert_int_equal(kvedge_prec_group(KVEDGE_PREC_TC), 0);
+    assert_int_equal(kvedge_prec_keep_channels(KVEDGE_PREC_TC, 128), 128);
+    assert_int_equal(kvedge_prec_of_shape(KVEDGE_SCHEME_TC, 0, 64, 64), KVEDGE_PREC_TC);
+    assert_int_equal(kvedge_prec_of_shape(KVEDGE_SCHEME_TC, 0, 32, 64), KVEDGE_PREC_STORED);
+    assert_int_equal(kvedge_prec_of_shape(KVEDGE_SCHEME_TC, 32, 64, 64), KVEDGE_PREC_STORED);
+    size_t n = 0;
+    kvedge_prec_t list[4];
+    assert_int_equal(kvedge_prec_list_parse("tc,int8,lossless", list, 4, &n), KVEDGE_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(list[0], KVEDGE_PREC_TC);
+    assert_int_equal(kvedge_prec_list_parse("tc,tc", list, 4, &n), KVEDGE_EINVAL);
+    /* Derivable from lossless and int8 over every key channel (coded or not), and from
+     * itself; nothing else derives from tc. */
+    const kvedge_prec_t from_ok[] = {KVEDGE_PREC_LOSSLESS, KVEDGE_PREC_INT8,
+                                     KVEDGE_PREC_INT8 | KVEDGE_PREC_EC, KVEDGE_PREC_TC};
+    for (size_t i = 0; i < sizeof from_ok / sizeof from_ok[0]; i++)
+        assert_true(kvedge_prec_derivable(from_ok[i], KVEDGE_PREC_TC));
+    kvedge_prec_t all[64];
+    const size_t n_all = s_all(all);
+    for (size_t i = 0; i < n_all; i++) {
+        const bool ok = all[i] == KVEDGE_PREC_LOSSLESS || all[i] == KVEDGE_PREC_INT8;
+        assert_int_equal(kvedge_prec_derivable(all[i], KVEDGE_PREC_TC), ok);
+        assert_false(kvedge_prec_derivable(KVEDGE_PREC_TC, all[i]));
+        assert_false(kvedge_prec_derivable(KVEDGE_PREC_TC, all[i] | KVEDGE_PREC_EC));
+    }
+    assert_false(kvedge_prec_derivable(KVEDGE_PREC_TC, KVEDGE_PREC_TC | KVEDGE_PREC_EC));
+    assert_false(kvedge_prec_derivable(KVEDGE_PREC_STORED, KVEDGE_PREC_TC));
+    /* Priced from int8 (placeholders until bench_entropy measures them). */
+    const double i8 = kvedge_prec_bytes_per_fp16(KVEDGE_PREC_INT8, 256, 128, 2);
+    assert_true(i8 > 0);
+    assert_true(fabs(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_TC, 256, 128, 2) -
+                     KVEDGE_PREC_TC_RATIO * i8) < 1e-12);
+    assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_TC, 256, 128, 3) == 0.0);
+    assert_true(kvedge_prec_bytes_per_fp16(KVEDGE_PREC_TC, 0, 128, 2) == 0.0);
+    assert_true(kvedge_prec_decode_us_per_byte(KVEDGE_PREC_TC) ==
+                KVEDGE_PREC_TC_DECODE_US_PER_BYTE);
+    assert_true(kvedge_prec_decode_us_per_byte(KVEDGE_PREC_TC | KVEDGE_PREC_EC) == 0.0);
+}
+
+/* The model whose basis test_transcode_tc registers (after test_transcode_tc_without_basis:
+ * the registry is process-wide), and its step. */
+#define S_TC_MODEL "prec-tc"
+#define S_TC_STEP  0.03125f
+
+/* Checks a tc block decodes within step/2 of kref and vref (fp32 [T][D]): a signed-permutation
+ * basis is exact, so only the fp16 rounding of the channel means and fp32 arithmetic add. */
+static void s_tc_within(const uint8_t *blk, size_t len, const float *kref, const float *vref)
+{
+    float *k, *v;
+    s_decode_f32(blk, len, &k, &v);
+    kvedge_block_info_t info;
+    s_parse(blk, len, &info);
+    const size_t n = (size_t)info.tokens * info.head_dim;
+    for (size_t i = 0; i < n; i++) {
+        const float tk = S_TC_STEP / 2 + 1e-6f * fabsf(kref[i]) + 1e-7f,
+                    tv = S_TC_STEP / 2 + 1e-6f * fabsf(vref[i]) + 1e-7f;
+        if (!(fabsf(k[i] - kref[i]) <= tk) || !(fabsf(v[i] - vref[i]) <= tv))
+            fail_msg("value %zu: K %g vs %g, V %g vs %g", i, (double)k[i], (double)kref[i],
+                     (double)v[i], (double)vref[i]);
+    }
+    free(k);
+}
+
+/* Before any basis is registered: transcode_at to tc is ENOBASIS, and so is transcode. */
+static void test_transcode_tc_without_basis(void **state)
+{
+    (void)state;
+    assert_null(kvedge_basis_find_model(S_TC_MODEL));
+    s_head_t h;
+    s_head(&h, KVEDGE_DTYPE_FP16, 32, 16, S_SEED + 500);
+    size_t len, olen = 1;
+    uint8_t *src = s_direct(&h, KVEDGE_PREC_LOSSLESS, false, &len), *out = (uint8_t *)1;
+    kvedge_block_info_t info;
+    s_parse(src, len, &info);
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, S_TC_MODEL, 0, 0, &out, &olen),
+        KVEDGE_ENOBASIS);
+    assert_null(out);
+    assert_int_equal(olen, 0);
+    out = (uint8_t *)1;
+    assert_int_equal(kvedge_block_transcode(&info, KVEDGE_PREC_TC, false, &out, &olen),
+                     KVEDGE_ENOBASIS);
+    assert_null(out);
+    free(src);
+    s_head_free(&h);
+}
+
+/* The refusals of transcode_at to tc from a lossless block: another model, a location outside
+ * the basis, no model; then from int4 and from a ThinK rung. */
+static void s_tc_refusals(const s_head_t *h, const uint8_t *src, size_t len)
+{
+    kvedge_block_info_t info;
+    s_parse(src, len, &info);
+    uint8_t *out = (uint8_t *)1;
+    size_t olen;
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, "other-model", 0, 0, &out, &olen),
+        KVEDGE_ENOBASIS);
+    assert_null(out);
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, S_TC_MODEL, 2, 0, &out, &olen),
+        KVEDGE_ESHAPE);
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, S_TC_MODEL, 0, 2, &out, &olen),
+        KVEDGE_ESHAPE);
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, NULL, 0, 0, &out, &olen),
+        KVEDGE_EINVAL);
+    uint8_t *i4 = s_transcode(src, len, KVEDGE_PREC_INT4_G32, false, &olen);
+    s_parse(i4, olen, &info);
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, S_TC_MODEL, 0, 0, &out, &olen),
+        KVEDGE_EINVAL);
+    free(i4);
+    size_t tlen;
+    uint8_t *think =
+        s_direct(h, KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, KVEDGE_PREC_THINK_50), false, &tlen);
+    s_parse(think, tlen, &info);
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, S_TC_MODEL, 0, 0, &out, &olen),
+        KVEDGE_EINVAL);
+    assert_null(out);
+    free(think);
+}
+
+/* A tc block made from lossless: its header, location and values; tc -> tc copies it, and
+ * nothing else derives from it. */
+static void s_tc_from_lossless(const s_head_t *h, const uint8_t *src, size_t len)
+{
+    kvedge_block_info_t info, oi;
+    s_parse(src, len, &info);
+    uint8_t *out = NULL;
+    size_t olen;
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, true, S_TC_MODEL, 1, 0, &out, &olen),
+        KVEDGE_OK);
+    s_parse(out, olen, &oi);
+    assert_int_equal(oi.version, KVEDGE_BLOCK_VERSION_TC);
+    assert_int_equal(oi.dtype, h->dtype);
+    assert_int_equal(kvedge_prec_of_block(&oi), KVEDGE_PREC_TC);
+    uint64_t id;
+    uint16_t layer, head;
+    assert_int_equal(kvedge_block_tc_where(&oi, &id, &layer, &head), KVEDGE_OK);
+    assert_int_equal(id, kvedge_basis_id(kvedge_basis_find_model(S_TC_MODEL)));
+    assert_int_equal(layer, 1);
+    assert_int_equal(head, 0);
+    s_tc_within(out, olen, h->kf, h->vf);
+    uint8_t *again = NULL;
+    size_t alen;
+    assert_int_equal(
+        kvedge_block_transcode_at(&oi, KVEDGE_PREC_TC, false, S_TC_MODEL, 1, 0, &again, &alen),
+        KVEDGE_OK);
+    assert_int_equal(alen, olen);
+    assert_memory_equal(again, out, olen);
+    free(again);
+    assert_int_equal(kvedge_block_transcode(&oi, KVEDGE_PREC_TC, false, &again, &alen), KVEDGE_OK);
+    assert_memory_equal(again, out, olen);
+    free(again);
+    again = (uint8_t *)1;
+    assert_int_equal(kvedge_block_transcode(&oi, KVEDGE_PREC_INT8, false, &again, &alen),
+                     KVEDGE_EINVAL);
+    assert_null(again);
+    assert_int_equal(kvedge_block_transcode_at(&oi, KVEDGE_PREC_INT4_G32, false, S_TC_MODEL, 1, 0,
+                                               &again, &alen),
+                     KVEDGE_EINVAL);
+    free(out);
+}
+
+static void test_transcode_tc(void **state)
+{
+    (void)state;
+    uint8_t *file;
+    size_t flen;
+    assert_int_equal(kt_basis_file(S_TC_MODEL, 2, 2, 16, S_TC_STEP, 11, &file, &flen), 0);
+    kvedge_basis_t *b = NULL;
+    assert_int_equal(kvedge_basis_parse(file, flen, &b, NULL, 0), KVEDGE_OK);
+    free(file);
+    assert_int_equal(kvedge_basis_register(&b), KVEDGE_OK);
+    const kvedge_dtype_t dtypes[] = {KVEDGE_DTYPE_FP16, KVEDGE_DTYPE_BF16, KVEDGE_DTYPE_FP32};
+    for (size_t d = 0; d < 3; d++) {
+        s_head_t h;
+        s_head(&h, dtypes[d], 37, 16, S_SEED + 501 + d);
+        size_t len, olen;
+        uint8_t *src = s_direct(&h, KVEDGE_PREC_LOSSLESS, true, &len);
+        s_tc_from_lossless(&h, src, len);
+        /* From int8 (and int8+ec): within step/2 of the int8-decoded values. */
+        const kvedge_prec_t int8s[] = {KVEDGE_PREC_INT8, KVEDGE_PREC_INT8 | KVEDGE_PREC_EC};
+        for (size_t r = 0; r < 2; r++) {
+            uint8_t *i8 = s_transcode(src, len, int8s[r], false, &olen), *out = NULL;
+            const size_t i8len = olen;
+            float *k8, *v8;
+            s_decode_f32(i8, i8len, &k8, &v8);
+            kvedge_block_info_t info;
+            s_parse(i8, i8len, &info);
+            assert_int_equal(kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, S_TC_MODEL, 0,
+                                                       1, &out, &olen),
+                             KVEDGE_OK);
+            s_tc_within(out, olen, k8, v8);
+            free(out);
+            free(k8);
+            free(i8);
+        }
+        /* Other rungs: exactly kvedge_block_transcode. */
+        kvedge_block_info_t info;
+        s_parse(src, len, &info);
+        uint8_t *a = NULL, *t = NULL;
+        size_t al, tl;
+        assert_int_equal(
+            kvedge_block_transcode_at(&info, KVEDGE_PREC_INT4_G64, true, S_TC_MODEL, 0, 0, &a, &al),
+            KVEDGE_OK);
+        assert_int_equal(kvedge_block_transcode(&info, KVEDGE_PREC_INT4_G64, true, &t, &tl),
+                         KVEDGE_OK);
+        assert_int_equal(al, tl);
+        assert_memory_equal(a, t, al);
+        free(a);
+        free(t);
+        s_tc_refusals(&h, src, len);
+        free(src);
+        s_head_free(&h);
+    }
+    /* A head_dim that is not the basis's. */
+    s_head_t h;
+    s_head(&h, KVEDGE_DTYPE_FP16, 8, 32, S_SEED + 510);
+    size_t len, olen;
+    uint8_t *src = s_direct(&h, KVEDGE_PREC_INT8, false, &len), *out = NULL;
+    kvedge_block_info_t info;
+    s_parse(src, len, &info);
+    assert_int_equal(
+        kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false, S_TC_MODEL, 0, 0, &out, &olen),
+        KVEDGE_ESHAPE);
+    assert_null(out);
+    free(src);
+    s_head_free(&h);
 }
 
 int main(void)
@@ -813,6 +1072,9 @@ int main(void)
         cmocka_unit_test(test_transcode_refused),
         cmocka_unit_test(test_coded_rungs),
         cmocka_unit_test(test_bytes_per_fp16),
+        cmocka_unit_test(test_tc_rung),
+        cmocka_unit_test(test_transcode_tc_without_basis),
+        cmocka_unit_test(test_transcode_tc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* Transform-coded K/V sections (access/codec/tcbody.h): round trips within the step on an
  * orthonormal basis, escapes, the all-zero rank, and refusal of truncated, inflated, flipped and
- * hostile sections (rANS tables that do not sum, escape counts that do not match). */
+ * hostile sections (rANS tables that do not sum, escape counts that do not match), by the
+ * decoder and by kvedge_tc_check alike. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +21,19 @@
 #include "access/codec/tcbody.h"
 
 static uint32_t s_rng = 12345;
+
+/* kvedge_tc_decode, and kvedge_tc_check of the same bytes, which must agree with it on every
+ * section (it is the decoder's walk without the basis). */
+static int s_decode(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len, const float *inv,
+                    float *x)
+{
+    const int rc = kvedge_tc_decode(s, in, in_len, inv, x),
+              checked = kvedge_tc_check(s, in, in_len);
+    if (inv && x && checked != rc)
+        fail_msg("kvedge_tc_check says %s, kvedge_tc_decode %s", kvedge_errname(checked),
+                 kvedge_errname(rc));
+    return rc;
+}
 
 static float s_uniform(void)
 {
@@ -132,7 +146,7 @@ static void test_round_trip_within_step(void **state)
             s_case_t k;
             s_case_new(&k, shapes[i][0], shapes[i][1], steps[j]);
             const kvedge_tc_shape_t s = {k.T, k.D};
-            assert_int_equal(kvedge_tc_decode(&s, k.buf, k.len, k.inv, k.out), KVEDGE_OK);
+            assert_int_equal(s_decode(&s, k.buf, k.len, k.inv, k.out), KVEDGE_OK);
             s_assert_within_step(&k, steps[j]);
             s_case_free(&k);
         }
@@ -157,7 +171,7 @@ static void test_escapes_and_rank_zero(void **state)
     const float steps[] = {0.001f, 0.25f, 1000.0f};
     for (int i = 0; i < 3; i++) {
         const kvedge_tc_shape_t s = {all[i]->T, all[i]->D};
-        assert_int_equal(kvedge_tc_decode(&s, all[i]->buf, all[i]->len, all[i]->inv, all[i]->out),
+        assert_int_equal(s_decode(&s, all[i]->buf, all[i]->len, all[i]->inv, all[i]->out),
                          KVEDGE_OK);
         s_assert_within_step(all[i], steps[i]);
         s_case_free(all[i]);
@@ -186,7 +200,7 @@ static void test_bands(void **state)
     assert_int_equal(kvedge_tc_encode(&s, x, eye, 0.05f, buf, kvedge_tc_bound(&s), &len),
                      KVEDGE_OK);
     assert_int_equal(buf[0], KVEDGE_TC_LAYOUT_BANDS);
-    assert_int_equal(kvedge_tc_decode(&s, buf, len, eye, y), KVEDGE_OK);
+    assert_int_equal(s_decode(&s, buf, len, eye, y), KVEDGE_OK);
     const float st = kvedge_fp16_to_f32(kvedge_f32_to_fp16(0.05f));
     for (int i = 0; i < T * D; i++)
         assert_true(fabsf(y[i] - x[i]) <= st / 2 * 1.001f + 1e-3f);
@@ -205,13 +219,13 @@ static void test_simd_same_bits(void **state)
     float *generic = malloc(sizeof(float) * k.T * k.D);
     assert_non_null(generic);
     kvedge_quant_simd(0);
-    assert_int_equal(kvedge_tc_decode(&s, k.buf, k.len, k.inv, generic), KVEDGE_OK);
+    assert_int_equal(s_decode(&s, k.buf, k.len, k.inv, generic), KVEDGE_OK);
     if (!kvedge_quant_simd(1)) {
         free(generic);
         s_case_free(&k);
         skip();
     }
-    assert_int_equal(kvedge_tc_decode(&s, k.buf, k.len, k.inv, k.out), KVEDGE_OK);
+    assert_int_equal(s_decode(&s, k.buf, k.len, k.inv, k.out), KVEDGE_OK);
     assert_memory_equal(generic, k.out, sizeof(float) * k.T * k.D);
     free(generic);
     s_case_free(&k);
@@ -242,9 +256,12 @@ static void test_encode_errors(void **state)
     assert_int_equal(kvedge_tc_encode(&s, x, fwd, 0.01f, out, 8, &len), KVEDGE_ENOSPACE);
     assert_int_equal(kvedge_tc_encode(&s, x, fwd, 0.01f, out, sizeof out, &len), KVEDGE_OK);
     float y[8];
-    assert_int_equal(kvedge_tc_decode(&s, out, len, fwd, y), KVEDGE_OK);
-    assert_int_equal(kvedge_tc_decode(&bad, out, len, fwd, y), KVEDGE_EINVAL);
-    assert_int_equal(kvedge_tc_decode(&s, out, len, NULL, y), KVEDGE_EINVAL);
+    assert_int_equal(s_decode(&s, out, len, fwd, y), KVEDGE_OK);
+    assert_int_equal(s_decode(&bad, out, len, fwd, y), KVEDGE_EINVAL);
+    assert_int_equal(s_decode(&s, out, len, NULL, y), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_tc_check(&bad, out, len), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_tc_check(&s, NULL, len), KVEDGE_EINVAL);
+    assert_int_equal(kvedge_tc_check(NULL, out, len), KVEDGE_EINVAL);
 }
 
 /* Every shorter length and a longer buffer are refused; so is a section read with the wrong
@@ -256,15 +273,15 @@ static void test_truncated_and_inflated(void **state)
     s_case_new(&k, 64, 32, 0.05f);
     const kvedge_tc_shape_t s = {k.T, k.D};
     for (size_t n = 0; n < k.len; n++)
-        assert_int_equal(kvedge_tc_decode(&s, k.buf, n, k.inv, k.out), KVEDGE_ECORRUPT);
+        assert_int_equal(s_decode(&s, k.buf, n, k.inv, k.out), KVEDGE_ECORRUPT);
     uint8_t *big = malloc(k.len + 1);
     assert_non_null(big);
     memcpy(big, k.buf, k.len);
     big[k.len] = 0;
-    assert_int_equal(kvedge_tc_decode(&s, big, k.len + 1, k.inv, k.out), KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, big, k.len + 1, k.inv, k.out), KVEDGE_ECORRUPT);
     const kvedge_tc_shape_t more = {65, 32}, fewer = {64, 31};
-    assert_int_equal(kvedge_tc_decode(&more, k.buf, k.len, k.inv, k.out), KVEDGE_ECORRUPT);
-    assert_int_equal(kvedge_tc_decode(&fewer, k.buf, k.len, k.inv, k.out), KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&more, k.buf, k.len, k.inv, k.out), KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&fewer, k.buf, k.len, k.inv, k.out), KVEDGE_ECORRUPT);
     free(big);
     s_case_free(&k);
 }
@@ -283,7 +300,7 @@ static void test_every_byte_flipped(void **state)
         for (int bit = 0; bit < 8; bit += 3) {
             memcpy(copy, k.buf, k.len);
             copy[i] ^= (uint8_t)(1u << bit);
-            int rc = kvedge_tc_decode(&s, copy, k.len, k.inv, k.out);
+            int rc = s_decode(&s, copy, k.len, k.inv, k.out);
             assert_true(rc == KVEDGE_OK || rc == KVEDGE_ECORRUPT);
         }
     free(copy);
@@ -303,25 +320,22 @@ static void test_hostile_sections(void **state)
     /* Rank 0: header and means only. */
     memset(buf, 0, sizeof buf);
     kvedge_le_put16(buf + 3, kvedge_f32_to_fp16(1.0f));
-    assert_int_equal(kvedge_tc_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out), KVEDGE_OK);
+    assert_int_equal(s_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out), KVEDGE_OK);
     buf[0] = KVEDGE_TC_LAYOUT_MAX + 1; /* unknown layout */
-    assert_int_equal(kvedge_tc_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out),
-                     KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out), KVEDGE_ECORRUPT);
     buf[0] = 0;
     kvedge_le_put16(buf + 1, D + 1); /* R > D */
-    assert_int_equal(kvedge_tc_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out),
-                     KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out), KVEDGE_ECORRUPT);
     kvedge_le_put16(buf + 1, 0);
     const uint16_t bad_steps[] = {0x0000, 0x8000 | 0x3C00, 0x7C00, 0x7E00};
     for (size_t i = 0; i < 4; i++) {
         kvedge_le_put16(buf + 3, bad_steps[i]);
-        assert_int_equal(kvedge_tc_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out),
+        assert_int_equal(s_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out),
                          KVEDGE_ECORRUPT);
     }
     kvedge_le_put16(buf + 3, kvedge_f32_to_fp16(1.0f));
     kvedge_le_put16(buf + KVEDGE_TC_HEAD_BYTES, 0x7C00); /* an infinite mean */
-    assert_int_equal(kvedge_tc_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out),
-                     KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, buf, KVEDGE_TC_HEAD_BYTES + 2 * D, inv, out), KVEDGE_ECORRUPT);
     kvedge_le_put16(buf + KVEDGE_TC_HEAD_BYTES, 0);
 
     /* Rank 2 with one escape: symbols 0, 1, 2 over and over and one 255, then the escaped code
@@ -340,26 +354,26 @@ static void test_hostile_sections(void **state)
     kvedge_le_put32(buf + at + 4 + n, 1);
     kvedge_le_put16(buf + at + 8 + n, 200);
     const size_t len = at + 10 + n;
-    assert_int_equal(kvedge_tc_decode(&s, buf, len, inv, out), KVEDGE_OK);
+    assert_int_equal(s_decode(&s, buf, len, inv, out), KVEDGE_OK);
     assert_true(out[5] == 200.0f);
     assert_true(out[6] == 0.0f);
     assert_true(out[7] == -1.0f); /* symbol 1: zigzag 1 is -1 */
     /* The same stream read as bands (two streams at D = 2: components [0, 1) and [1, 2)). */
     buf[0] = KVEDGE_TC_LAYOUT_BANDS;
-    assert_int_equal(kvedge_tc_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
     buf[0] = KVEDGE_TC_LAYOUT_TOKEN;
     /* An escape holding a code that needs none, a count that does not match. */
     kvedge_le_put16(buf + at + 8 + n, 3);
-    assert_int_equal(kvedge_tc_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
     kvedge_le_put16(buf + at + 8 + n, 200);
     kvedge_le_put32(buf + at + 4 + n, 2);
-    assert_int_equal(kvedge_tc_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
     kvedge_le_put32(buf + at + 4 + n, 1);
     /* A stream length past the end, and zero. */
     kvedge_le_put32(buf + at, (uint32_t)len);
-    assert_int_equal(kvedge_tc_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
     kvedge_le_put32(buf + at, 0);
-    assert_int_equal(kvedge_tc_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
+    assert_int_equal(s_decode(&s, buf, len, inv, out), KVEDGE_ECORRUPT);
     kvedge_le_put32(buf + at, n);
     /* The order-0 frequency table: after the flags byte and the length (a 7-bit varint), the
      * symbols present and their frequencies, which must sum to the total (htscodecs normalizes
@@ -369,13 +383,13 @@ static void test_hostile_sections(void **state)
     for (unsigned i = 2; i < n && i < 40; i++) {
         uint8_t keep = buf[at + 4 + i];
         buf[at + 4 + i] = (uint8_t)(keep + 0x40);
-        int rc = kvedge_tc_decode(&s, buf, len, inv, out);
+        int rc = s_decode(&s, buf, len, inv, out);
         assert_true(rc == KVEDGE_OK || rc == KVEDGE_ECORRUPT);
         refused += rc == KVEDGE_ECORRUPT;
         buf[at + 4 + i] = keep;
     }
     assert_true(refused > 0);
-    assert_int_equal(kvedge_tc_decode(&s, buf, len, inv, out), KVEDGE_OK);
+    assert_int_equal(s_decode(&s, buf, len, inv, out), KVEDGE_OK);
     free(st);
 }
 

@@ -274,6 +274,16 @@ static void test_records_roundtrip(void **state)
     assert_true(kvedge_master_dir_serves(&d, int8));
     assert_false(kvedge_master_dir_serves(&d, int4));
     assert_false(kvedge_master_dir_serves(&d, int8ec)); /* held plain, and no deriving */
+    /* tc has no bit of its own (it would be lossless+think-75's): derived from int8 or
+     * lossless by a node that derives, never from int4. */
+    assert_int_equal(kvedge_master_rung_bit(KVEDGE_PREC_TC), -1);
+    assert_false(kvedge_master_dir_serves(&d, KVEDGE_PREC_TC));
+    assert_true(kvedge_master_dir_serves(&d2, KVEDGE_PREC_TC));
+    d2.rungs = (uint16_t)(1u << kvedge_master_rung_bit(int4)) | KVEDGE_MASTER_DIR_DERIVES;
+    assert_false(kvedge_master_dir_serves(&d2, KVEDGE_PREC_TC));
+    d2.rungs = (uint16_t)(1u << kvedge_master_rung_bit(KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, 1))) |
+               KVEDGE_MASTER_DIR_DERIVES;
+    assert_false(kvedge_master_dir_serves(&d2, KVEDGE_PREC_TC));
     d.rungs = KVEDGE_MASTER_DIR_DERIVES; /* "derives" alone says nothing: refused both ways */
     assert_int_equal(kvedge_master_dir_pack(&d, buf, &len), KVEDGE_EINVAL);
     d.rungs = 1;
