@@ -193,8 +193,8 @@ static const kvedge_cmdopt_t s_eval_list[] = {
              "(proxy/quality.h, JSON version 1): per layer and rung the perplexity change (%), "
              "mean KL and agreement, and the whole-model rows of the schemes that are ladder "
              "rungs. Every profile scheme must be a ladder rung (lossless, int8, "
-             "int4-g32/g64/g128, each optionally with +think-75 or +think-50; not fp16 or other "
-             "groups or shares)"},
+             "int4-g32/g64/g128, each optionally with +think-75 or +think-50, or tc; not fp16, "
+             "other groups or shares, or +ec)"},
     {.name = "plot-dir",
      .arg = "DIR",
      .type = KVEDGE_CMDOPT_STR,
@@ -523,7 +523,13 @@ static int s_profile_check(const kvedge_eval_scheme_t *profiles, size_t n, const
         if (kvedge_eval_scheme_prec(&profiles[i], &p) != KVEDGE_OK) {
             kvedge_cli_error("eval: --profile-out: profile scheme %s is not a rung of the "
                              "precision ladder (lossless, int8, int4-g32, int4-g64, int4-g128, "
-                             "each optionally with +think-75 or +think-50)",
+                             "each optionally with +think-75 or +think-50; tc)",
+                             profiles[i].name);
+            return KVEDGE_EXIT_USAGE;
+        }
+        if (KVEDGE_PREC_IS_EC(p)) {
+            kvedge_cli_error("eval: --profile-out: profile scheme %s: an +ec rung's quality is "
+                             "its plain rung's (measure that one)",
                              profiles[i].name);
             return KVEDGE_EXIT_USAGE;
         }

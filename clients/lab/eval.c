@@ -1022,7 +1022,8 @@ static bool s_whole_rung(const kvedge_eval_row_t *x, kvedge_prec_t *rung)
 {
     kvedge_eval_scheme_t s;
     return kvedge_eval_scheme_parse(x->name, &s) == KVEDGE_OK &&
-           kvedge_eval_scheme_prec(&s, rung) == KVEDGE_OK && *rung != KVEDGE_PREC_LOSSLESS;
+           kvedge_eval_scheme_prec(&s, rung) == KVEDGE_OK && *rung != KVEDGE_PREC_LOSSLESS &&
+           !KVEDGE_PREC_IS_EC(*rung);
 }
 
 int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char *model_id)
@@ -1035,7 +1036,7 @@ int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char
     for (size_t p = 0; p < r->n_profiles; p++) {
         kvedge_eval_scheme_t s;
         if (!r->profile[p] || kvedge_eval_scheme_parse(r->profile[p][0].name, &s) != KVEDGE_OK ||
-            kvedge_eval_scheme_prec(&s, &rung[p]) != KVEDGE_OK)
+            kvedge_eval_scheme_prec(&s, &rung[p]) != KVEDGE_OK || KVEDGE_PREC_IS_EC(rung[p]))
             return KVEDGE_EINVAL;
         for (size_t q = 0; q < p; q++)
             if (rung[q] == rung[p])

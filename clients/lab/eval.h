@@ -210,10 +210,13 @@ void kvedge_eval_print_layers_dat(FILE *f, const kvedge_eval_result_t *r);
  * negative; the loader clamps them for budgeting), mean KL in nats and greedy agreement;
  * the run's context and continuation tokens, documents and positions, and lossless_ppl; and
  * under "whole_model" the scheme rows that are lossy ladder rungs (every layer at that rung),
- * with their bytes over fp16. Numbers are written so they read back bit for bit. Everything
- * is checked before anything is written. Errors: KVEDGE_EINVAL (NULL, no profile, a model id
- * empty or over KVEDGE_MODEL_ID_MAX_BYTES, a profile scheme that is not a ladder rung
- * (kvedge_eval_scheme_prec), a figure that is not finite), KVEDGE_EIO (the write failed). */
+ * with their bytes over fp16. An +ec rung is not one of the file's (its quality is its plain
+ * rung's, proxy/quality.h): its scheme rows are left out and an +ec profile scheme refused.
+ * Numbers are written so they read back bit for bit. Everything is checked before anything is
+ * written. Errors: KVEDGE_EINVAL (NULL, no profile, a model id empty or over
+ * KVEDGE_MODEL_ID_MAX_BYTES, a profile scheme that is not a ladder rung
+ * (kvedge_eval_scheme_prec) or is +ec, a figure that is not finite), KVEDGE_EIO (the write
+ * failed). */
 int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char *model_id);
 
 /* log(sum(exp(x[0..n)))) in double (n >= 1), and the arg-max (the lowest id on a tie, as the

@@ -547,7 +547,8 @@ static int s_run_on(const char *id, const char *scheme, bool with_int8, kvedge_e
 /* int4-g32+ec gives int4-g32's values exactly (its KL, its logits) from its own blocks; tc
  * decodes its blocks with the registered basis: a finer step gives a lower KL for more bytes,
  * every (layer, head, chunk) block counted; a tc scheme without a registered basis of the model
- * is ENOBASIS, with a basis of another shape ESHAPE; tc and +ec also work as profile schemes. */
+ * is ENOBASIS, with a basis of another shape ESHAPE; tc and +ec also work as profile schemes,
+ * and the quality profile written holds tc (per layer and whole-model) but no +ec rung. */
 static void test_tc_ec(void **state)
 {
     (void)state;
@@ -558,7 +559,7 @@ static void test_tc_ec(void **state)
     s_parse("int8+ec", &sc[3]);
     s_parse("tc", &sc[4]);
     s_parse("tc", &pr[0]);
-    s_parse("int4-g32+ec", &pr[1]);
+    s_parse("int8+ec", &pr[1]);
     s_basis(S_MODEL_ID, 1.0f / 1024, 0);
     kvedge_eval_opts_t o;
     s_opts(&o, sc, 5, pr, 2);
@@ -586,6 +587,35 @@ static void test_tc_ec(void **state)
         assert_true(r->profile[0][l].kl > 0 && r->profile[0][l].kl < tc->kl * 1.5);
         assert_true(isfinite(r->profile[1][l].kl));
     }
+
+    /* The quality profile: an +ec profile scheme is refused; with int8 in its place the file
+     * loads, tc per layer and whole-model, no whole-model row for the +ec schemes. */
+    char path[200], why[512] = "";
+    snprintf(path, sizeof path, "%s/quality-tc.json", s_w.root);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_EINVAL);
+    for (uint32_t l = 0; l < r->layers; l++)
+        snprintf(r->profile[1][l].name, sizeof r->profile[1][l].name, "int8");
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_OK);
+    assert_int_equal(fclose(f), 0);
+    kvedge_quality_profile_t *q = NULL;
+    if (kvedge_quality_load(path, &q, why, sizeof why) != KVEDGE_OK)
+        fail_msg("load: %s", why);
+    assert_int_equal(kvedge_quality_n_rungs(q), 2);
+    assert_int_equal(kvedge_quality_rung(q, 0), KVEDGE_PREC_TC);
+    kvedge_quality_figures_t fg;
+    assert_int_equal(kvedge_quality_figures(q, 0, KVEDGE_PREC_TC, &fg), KVEDGE_OK);
+    assert_true(fg.kl == r->profile[0][0].kl);
+    assert_int_equal(kvedge_quality_whole(q, KVEDGE_PREC_TC, &fg), KVEDGE_OK);
+    assert_true(fg.kl == tc->kl);
+    kvedge_quality_destroy(&q);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    char text[16384];
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    assert_null(strstr(text, "+ec"));
     const double fine_kl = tc->kl;
     const uint64_t fine_bytes = tc->bytes;
     kvedge_eval_result_destroy(&r);
