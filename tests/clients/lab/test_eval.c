@@ -1081,6 +1081,29 @@ static void test_cli_llama(void **state)
     printf("  kjv llama edge: int8 max |logit diff| %.3g, think-50 %.3g\n", d8, dth);
     cJSON_Delete(j);
     free(out);
+    /* tc with the folder's committed basis (models/kjv/llama/edge/basis.kvb, of
+     * kjv-llama-edge@rope-...): on two documents within 4x int4-g32's KL (2.3x here; 1.05x on
+     * the 24 of docs/benchmarks.md) in fewer bytes than int4-g32+ec. */
+    ex = s_kvedge(&out,
+                  "eval --weights %s --file %s/kjv/heldout.txt --docs 2 --context 256 "
+                  "--continuation 32 --schemes int4-g32+ec,tc --no-profile -q --json "
+                  "--model-id kjv-llama-edge",
+                  dir, KVEDGE_MODELS);
+    assert_int_equal(ex, 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    sc = cJSON_GetObjectItem(j, "schemes");
+    cJSON *ec = cJSON_GetArrayItem(sc, 0), *tc = cJSON_GetArrayItem(sc, 1);
+    double kl_ec = cJSON_GetObjectItem(ec, "kl")->valuedouble,
+           kl_tc = cJSON_GetObjectItem(tc, "kl")->valuedouble,
+           b_ec = cJSON_GetObjectItem(ec, "bytes")->valuedouble,
+           b_tc = cJSON_GetObjectItem(tc, "bytes")->valuedouble;
+    printf("  kjv llama edge: int4-g32+ec KL %.3g, %.0f bytes; tc KL %.3g, %.0f bytes\n", kl_ec,
+           b_ec, kl_tc, b_tc);
+    assert_true(kl_tc > 0 && kl_tc < 4 * kl_ec);
+    assert_true(b_tc > 0 && b_tc < 0.8 * b_ec);
+    cJSON_Delete(j);
+    free(out);
     /* Without a tokenizer: a folder with none is refused before anything runs. */
     ex = s_kvedge(&out, "eval --weights %s --file %s/kjv/heldout.txt -q",
                   KVEDGE_FIXTURES "/opt_tiny.safetensors", KVEDGE_MODELS);
