@@ -4,7 +4,10 @@
  * the byte-striped params and unpacked int4 codes of access/codec/ecbody.h, and with
  * channel-major codes and a token delta (measured here only),
  * relative to the int8 block as stored plain; then encode/decode MB/s per core of each against
- * a memcpy of the same bytes. */
+ * a memcpy of the same bytes. Last, the tc rung: each lossless block transcoded to tc as a node
+ * derives it (kvedge_block_transcode_at, against the model's committed coding basis
+ * models/kjv/.../basis.kvb), its bytes relative to int8's, and its decode (kvedge_block_decode
+ * to fp16) per core against a memcpy of the fp16 K/V it gives and against a 1 Gbit/s link. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +19,7 @@
 #include <zdict.h>
 #include <zstd.h>
 
+#include "access/codec/basis.h"
 #include "access/codec/block.h"
 #include "access/codec/ecbody.h"
 #include "access/codec/error.h"
@@ -37,6 +41,14 @@ static const char *const s_model_dirs[S_MODELS] = {"kjv/cloud/model.safetensors"
                                                    "kjv/llama/edge"};
 static const char *const s_model_names[S_MODELS] = {"OPT cloud", "OPT edge", "Llama cloud",
                                                     "Llama edge"};
+/* The models' coding bases (scripts/fit_basis.py), for the tc rung. */
+static const char *const s_basis_files[S_MODELS] = {"kjv/cloud/basis.kvb", "kjv/edge/basis.kvb",
+                                                    "kjv/llama/cloud/basis.kvb",
+                                                    "kjv/llama/edge/basis.kvb"};
+/* A link to price the tc decode against: 1 Gbit/s, in MB/s. */
+#define S_LINK_MBPS 125.0
+
+static const char *s_models_root = "models";
 static const kvedge_prec_t s_rungs[S_RUNGS] = {
     KVEDGE_PREC_INT8, KVEDGE_PREC_INT4_G32,
     KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, KVEDGE_PREC_THINK_50)};
@@ -54,6 +66,41 @@ typedef struct {
     s_blk_t *b;
     size_t n, cap;
 } s_set_t;
+
+/* The tc blocks of one model, in the order of its int8 blocks. */
+typedef struct {
+    uint8_t **blk;
+    size_t *len;
+    size_t n, cap;
+} s_tc_set_t;
+
+static void s_tc_add(s_tc_set_t *s, uint8_t *blk, size_t len)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        s->blk = realloc(s->blk, s->cap * sizeof *s->blk);
+        s->len = realloc(s->len, s->cap * sizeof *s->len);
+        if (!s->blk || !s->len)
+            exit(1);
+    }
+    s->blk[s->n] = blk;
+    s->len[s->n++] = len;
+}
+
+/* Loads and registers a model's coding basis; returns its model id. */
+static const char *s_load_basis(int model)
+{
+    char path[512], why[512] = "";
+    snprintf(path, sizeof path, "%s/%s", s_models_root, s_basis_files[model]);
+    kvedge_basis_t *b = NULL;
+    if (kvedge_basis_load(path, &b, why, sizeof why) != KVEDGE_OK) {
+        fprintf(stderr, "bench_entropy: %s (scripts/fit_basis.py writes it)\n", why);
+        exit(1);
+    }
+    uint64_t id = kvedge_basis_id(b);
+    KVEDGE_BENCH_CHECK(kvedge_basis_register(&b));
+    return kvedge_basis_model(kvedge_basis_find(id));
+}
 
 /* The methods compared, in print order. */
 enum {
@@ -88,8 +135,6 @@ static const char *const s_method_names[M_COUNT] = {
     "rANS o0 params striped, o0 codes channel-major + token delta",
     "ec default with 32-way (X32) code streams",
     "**ec (default): o0, params striped, int4 codes one per byte**"};
-
-static const char *s_models_root = "models";
 
 static void s_add(s_set_t *s, s_blk_t b)
 {
@@ -144,8 +189,10 @@ static void s_shape(const kvedge_block_info_t *in, kvedge_ec_shape_t *s)
 
 /* Prefills S_PREFILLS windows of the held-out text and adds every (layer, head, chunk) block at
  * each rung to sets[rung]. */
-static void s_collect(const char *dir, const int32_t *ids, size_t n_ids, s_set_t *sets)
+static void s_collect(int model, const int32_t *ids, size_t n_ids, s_set_t *sets, s_tc_set_t *tc)
 {
+    const char *dir = s_model_dirs[model];
+    const char *model_id = s_load_basis(model);
     char path[512];
     snprintf(path, sizeof path, "%s/%s", s_models_root, dir);
     kvedge_decoder_t *m = kvedge_decoder_new();
@@ -201,6 +248,11 @@ static void s_collect(const char *dir, const int32_t *ids, size_t n_ids, s_set_t
                         s_add(&sets[r], b);
                         free(q);
                     }
+                    uint8_t *t;
+                    size_t tlen;
+                    KVEDGE_BENCH_CHECK(kvedge_block_transcode_at(&info, KVEDGE_PREC_TC, false,
+                                                                 model_id, l, h, &t, &tlen));
+                    s_tc_add(tc, t, tlen);
                     free(blk);
                 }
     }
@@ -474,6 +526,68 @@ static void s_speed(const s_set_t *s, int t, double *enc_mbps, double *dec_mbps,
     free(len);
 }
 
+/* The tc table: per model the median of tc's block bytes over int8's, then the decode of every
+ * tc block of the four models to fp16 (median of S_REPS passes) against a memcpy of its
+ * output. */
+static void s_tc_report(const s_tc_set_t *tc, s_set_t sets[S_MODELS][S_RUNGS])
+{
+    printf("\n## tc (transform-coded, kvedge_block_transcode_at from the lossless block against "
+           "the model's basis)\n\n| | OPT cloud | OPT edge | Llama cloud | Llama edge | mean |\n"
+           "| --- | --- | --- | --- | --- | --- |\n| block bytes / int8's (median) |");
+    double mean = 0;
+    size_t n_all = 0, coded = 0, out_bytes = 0, max_out = 0;
+    for (int m = 0; m < S_MODELS; m++) {
+        double *ratio = bench_alloc(tc[m].n * sizeof *ratio);
+        for (size_t i = 0; i < tc[m].n; i++) {
+            const s_blk_t *ref = &sets[m][0].b[i];
+            ratio[i] = (double)tc[m].len[i] / (double)(ref->overhead + ref->raw_len);
+        }
+        double med = bench_median(ratio, tc[m].n);
+        printf(" %.3f |", med);
+        mean += med / S_MODELS;
+        n_all += tc[m].n;
+        free(ratio);
+    }
+    printf(" %.3f |\n", mean);
+    kvedge_block_info_t *info = bench_alloc(n_all * sizeof *info);
+    size_t k = 0;
+    for (int m = 0; m < S_MODELS; m++)
+        for (size_t i = 0; i < tc[m].n; i++, k++) {
+            KVEDGE_BENCH_CHECK(kvedge_block_parse(tc[m].blk[i], tc[m].len[i], &info[k]));
+            size_t o = (size_t)info[k].tokens * info[k].head_dim * 2;
+            coded += tc[m].len[i];
+            out_bytes += 2 * o;
+            max_out = o > max_out ? o : max_out;
+        }
+    uint8_t *ko = bench_alloc(max_out), *vo = bench_alloc(max_out);
+    uint8_t *src = bench_alloc(out_bytes), *dst = bench_alloc(out_bytes);
+    memset(src, 1, out_bytes);
+    double td[S_REPS], tm[S_REPS];
+    for (int r = 0; r < S_REPS; r++) {
+        double t0 = bench_now_s();
+        for (size_t i = 0; i < n_all; i++)
+            KVEDGE_BENCH_CHECK(kvedge_block_decode(&info[i], KVEDGE_DTYPE_FP16, ko, vo));
+        td[r] = bench_now_s() - t0;
+        t0 = bench_now_s();
+        memcpy(dst, src, out_bytes);
+        tm[r] = bench_now_s() - t0;
+    }
+    const double out_mbps = bench_mbps((double)out_bytes, td, S_REPS);
+    const double in_mbps = bench_mbps((double)coded, td, S_REPS);
+    const double cpy_mbps = bench_mbps((double)out_bytes, tm, S_REPS);
+    printf("\n| decode per core (all %zu blocks, median of %d passes) | MB/s |\n| --- | --- |\n"
+           "| fp16 K/V out | %.1f |\n| coded bytes in | %.1f |\n| memcpy of the fp16 out | %.0f "
+           "(%.0fx the decode) |\n| 1 Gbit/s link, coded bytes | %.0f (%.1f cores to keep up) |\n"
+           "| decode us per coded byte | %.4f |\n",
+           n_all, S_REPS, out_mbps, in_mbps, cpy_mbps, cpy_mbps / out_mbps, S_LINK_MBPS,
+           S_LINK_MBPS / in_mbps, 1.0 / in_mbps);
+    free(info);
+    free(ko);
+    free(vo);
+    free(src);
+    free(dst);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -487,8 +601,9 @@ int main(int argc, char **argv)
     size_t n_ids;
     int32_t *ids = s_read_ids(&n_ids);
     static s_set_t sets[S_MODELS][S_RUNGS];
+    static s_tc_set_t tc[S_MODELS];
     for (int m = 0; m < S_MODELS; m++)
-        s_collect(s_model_dirs[m], ids, n_ids, sets[m]);
+        s_collect(m, ids, n_ids, sets[m], &tc[m]);
     free(ids);
 
     printf("# bench_entropy: block bytes (header, mask, body, checksum) relative to the same "
@@ -537,6 +652,13 @@ int main(int argc, char **argv)
                    s_speed_names[t], e, d, c, c / d, 1e3 / d);
         }
         free(all.b);
+    }
+    s_tc_report(tc, sets);
+    for (int m = 0; m < S_MODELS; m++) {
+        for (size_t i = 0; i < tc[m].n; i++)
+            free(tc[m].blk[i]);
+        free(tc[m].blk);
+        free(tc[m].len);
     }
     for (int m = 0; m < S_MODELS; m++)
         for (int r = 0; r < S_RUNGS; r++) {

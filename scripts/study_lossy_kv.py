@@ -73,6 +73,8 @@ from train_adapter import load_model  # noqa: E402  (the engines without libkved
 
 CTX, CONT = 256, 128
 HDR = 40  # header (32) + checksum (8) of a block without mask
+# The step multipliers a each coder is swept over; the middle one is the sensitivity probe.
+ALPHAS = (0.0625, 0.09, 0.125, 0.18, 0.25, 0.35, 0.5, 0.7, 1.0)
 
 MODELS = {
     "opt-cloud": ("models/kjv/cloud/model.safetensors", "ids"),
@@ -716,6 +718,14 @@ def measure(docs, fn):
     return kl / len(docs), nb
 
 
+def equal_kl_mults(kls):
+    """Step multipliers that equalize measured KLs (s ~ KL^-1/2), geometric mean 1: the
+    +layer and +kv multipliers from the KL of each layer (or of K and of V) coded alone."""
+    m = [max(v, 1e-12) ** -0.5 for v in kls]
+    gm = math.exp(sum(math.log(x) for x in m) / len(m))
+    return [x / gm for x in m]
+
+
 def interp_bytes(points, target):
     """Bytes at KL = target on a sweep [(kl, bytes)] by log-log interpolation; None when the
     sweep does not bracket it."""
@@ -790,12 +800,8 @@ def study(name, n_docs, kvedge, rans, alphas, tc=None):
         print(f"{name:12s} {label} sensitivity at a={probe}: layers "
               f"{['%.2e' % x for x in lay]} K {kv[0]:.2e} V {kv[1]:.2e}", flush=True)
 
-        def mults(vals):
-            m = [max(v, 1e-12) ** -0.5 for v in vals]
-            gm = math.exp(sum(math.log(x) for x in m) / len(m))
-            return [x / gm for x in m]
-        km, vm = mults(kv)
-        return mults(lay), km, vm
+        km, vm = equal_kl_mults(kv)
+        return equal_kl_mults(lay), km, vm
 
     def ecsq(base):
         return lambda d, c: scheme_ecsq(d, dict(base, wv=wv, **(c if isinstance(c, dict)
@@ -944,7 +950,7 @@ def main():
     ap.add_argument("--models", default="opt-cloud,llama-cloud")
     ap.add_argument("--docs", type=int, default=8)
     ap.add_argument("--kvedge", default=os.path.join(ROOT, "build/clients/kvedge"))
-    ap.add_argument("--alphas", default="0.0625,0.09,0.125,0.18,0.25,0.35,0.5,0.7,1")
+    ap.add_argument("--alphas", default=",".join(f"{x:g}" for x in ALPHAS))
     ap.add_argument("--json")
     ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a --json "
                     "file and exit")

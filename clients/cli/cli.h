@@ -77,6 +77,7 @@ extern const kvedge_cli_cmd_t kvedge_cli_top_cmds[];     /* clients/cli_top.c, w
 extern const kvedge_cli_cmd_t kvedge_cli_cluster_cmds[]; /* clients/cli_cluster.c, -H */
 extern const kvedge_cli_cmd_t kvedge_cli_master_cmds[];  /* clients/cli_master.c */
 extern const kvedge_cli_cmd_t kvedge_cli_block_cmds[];   /* clients/cli_block.c */
+extern const kvedge_cli_cmd_t kvedge_cli_basis_cmds[];   /* clients/cli_basis.c */
 extern const kvedge_cli_cmd_t kvedge_cli_proxy_cmds[];   /* clients/cli_proxy.c */
 extern const kvedge_cli_cmd_t kvedge_cli_e2e_cmds[];     /* clients/cli_e2e.c */
 extern const kvedge_cli_cmd_t kvedge_cli_eval_cmds[];    /* clients/cli_eval.c */

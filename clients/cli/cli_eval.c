@@ -21,6 +21,7 @@
 #include "clients/lib/kvedge.h"
 #include "proxy/proxy.h"
 #include "proxy/quality.h"
+#include "access/codec/basis.h"
 #include "access/codec/error.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
@@ -46,6 +47,10 @@ static const char s_eval_help[] =
     "agreement with the reference, max |logit diff| and mean KL(reference || scheme), and\n"
     "the goals (lossless bit-identical, int8 within 0.5 %, int4-g32 within 3 %). Per layer:\n"
     "the perplexity change when only that layer is stored in a profile scheme.\n\n"
+    "tc and the +ec schemes are rungs a node derives, so they are coded in this process\n"
+    "instead: from the same context K/V, one block per layer, KV head and chunk as a node\n"
+    "holds it, decoded by the block decoder, its bytes counted. tc codes against the model's\n"
+    "coding basis (--basis FILE, by default basis.kvb in the model folder).\n\n"
     "Without -H, a Storage Master, a cloud node and an edge proxy run in this process (ipc\n"
     "endpoints in a temporary directory). With -H CLOUD --proxy EP it runs against a\n"
     "deployment: scheme S is stored under model id ID@S (ID@S@rope-XXXXXXXX for a rotary\n"
@@ -65,7 +70,7 @@ typedef struct {
     const char *weights, *model_id, *ids, *tokenizer, *file;
     uint32_t heads, context, continuation, chunk_tokens, time_budget_s, wait_ms;
     uint64_t docs;
-    const char *schemes, *profiles, *plot_dir, *profile_out, *proxy;
+    const char *schemes, *profiles, *plot_dir, *profile_out, *proxy, *basis;
     bool no_profile, quiet;
 } s_eval_opts_t;
 
@@ -158,7 +163,9 @@ static const kvedge_cmdopt_t s_eval_list[] = {
      .def_text = "lossless,fp16,int8,int4-g32,int4-g64,int4-g128,think-75,think-50,"
                  "int4-g32+think-50",
      .help = "comma-separated scheme names: lossless (fp32), fp16, int8, int4[-gN], each with "
-             "an optional +think-P (keep P % of the key channels), think-P"},
+             "an optional +think-P (keep P % of the key channels), think-P; int8+ec, "
+             "int4[-gN]+ec (entropy-coded) and tc (transform-coded, needs the model's coding "
+             "basis): blocks a node derives, coded in this process"},
     {.name = "profiles",
      .arg = "LIST",
      .type = KVEDGE_CMDOPT_STR,
@@ -167,6 +174,13 @@ static const kvedge_cmdopt_t s_eval_list[] = {
      .help = "per-layer profile schemes, at most 16; 'ladder': every lossy rung of the "
              "precision ladder (int8, int4-g32, int4-g64, int4-g128, each alone, with +think-75 "
              "and with +think-50, and think-75, think-50: 14)"},
+    {.name = "basis",
+     .arg = "FILE",
+     .type = KVEDGE_CMDOPT_STR,
+     KVEDGE_CMDOPT_AT(s_eval_opts_t, basis),
+     .def_text = "basis.kvb in the model folder (beside an OPT safetensors file)",
+     .help = "the model's coding basis (a .kvb file, scripts/fit_basis.py) the tc scheme codes "
+             "with"},
     {.name = "no-profile",
      .type = KVEDGE_CMDOPT_BOOL,
      KVEDGE_CMDOPT_AT(s_eval_opts_t, no_profile),
@@ -179,8 +193,8 @@ static const kvedge_cmdopt_t s_eval_list[] = {
              "(proxy/quality.h, JSON version 1): per layer and rung the perplexity change (%), "
              "mean KL and agreement, and the whole-model rows of the schemes that are ladder "
              "rungs. Every profile scheme must be a ladder rung (lossless, int8, "
-             "int4-g32/g64/g128, each optionally with +think-75 or +think-50; not fp16 or other "
-             "groups or shares)"},
+             "int4-g32/g64/g128, each optionally with +think-75 or +think-50, or tc; not fp16, "
+             "other groups or shares, or +ec)"},
     {.name = "plot-dir",
      .arg = "DIR",
      .type = KVEDGE_CMDOPT_STR,
@@ -509,7 +523,13 @@ static int s_profile_check(const kvedge_eval_scheme_t *profiles, size_t n, const
         if (kvedge_eval_scheme_prec(&profiles[i], &p) != KVEDGE_OK) {
             kvedge_cli_error("eval: --profile-out: profile scheme %s is not a rung of the "
                              "precision ladder (lossless, int8, int4-g32, int4-g64, int4-g128, "
-                             "each optionally with +think-75 or +think-50)",
+                             "each optionally with +think-75 or +think-50; tc)",
+                             profiles[i].name);
+            return KVEDGE_EXIT_USAGE;
+        }
+        if (KVEDGE_PREC_IS_EC(p)) {
+            kvedge_cli_error("eval: --profile-out: profile scheme %s: an +ec rung's quality is "
+                             "its plain rung's (measure that one)",
                              profiles[i].name);
             return KVEDGE_EXIT_USAGE;
         }
@@ -575,6 +595,11 @@ static int s_run_fail(int rc, const char *model_id, const kvedge_eval_opts_t *o)
         kvedge_cli_error("eval: the proxy kept reporting layers missing: is the proxy's source "
                          "the node given with -H?");
         return KVEDGE_EXIT_FAILURE;
+    case KVEDGE_ESHAPE:
+        kvedge_cli_error("eval: the coding basis of %s is not of the model's shape (%u layers, "
+                         "%u KV heads, head dim %u)",
+                         o->model->id, o->model->layers, o->model->kv_heads, o->model->head_dim);
+        return KVEDGE_EXIT_USAGE;
     default:
         kvedge_cli_error("eval: %s (%s)", kvedge_strerror(rc), kvedge_errname(rc));
         return KVEDGE_EXIT_FAILURE;
@@ -694,6 +719,58 @@ static int s_eval_load(const s_eval_opts_t *o, s_eval_t *r)
     return ex;
 }
 
+/* The coding basis a tc scheme needs: --basis FILE, else basis.kvb in the model folder (beside
+ * an OPT safetensors file), loaded, checked to be the model's, and registered. Returns an exit
+ * code. */
+static int s_eval_basis(const s_eval_opts_t *o, const s_eval_t *r)
+{
+    bool tc = false;
+    for (size_t i = 0; i < r->n_schemes + r->n_profiles; i++)
+        tc = tc || (i < r->n_schemes ? &r->schemes[i] : &r->profiles[i - r->n_schemes])->scheme ==
+                       KVEDGE_SCHEME_TC;
+    if (!tc && !o->basis)
+        return KVEDGE_EXIT_OK;
+    char def[4096];
+    const char *path = o->basis;
+    struct stat sb;
+    if (!path) {
+        const char *slash = strrchr(o->weights, '/');
+        if (stat(o->weights, &sb) == 0 && S_ISDIR(sb.st_mode))
+            snprintf(def, sizeof def, "%s/basis.kvb", o->weights);
+        else
+            snprintf(def, sizeof def, "%.*sbasis.kvb", slash ? (int)(slash - o->weights + 1) : 0,
+                     o->weights);
+        if (stat(def, &sb) != 0) {
+            kvedge_cli_error("eval: scheme tc needs the model's coding basis: give --basis FILE "
+                             "(there is no %s)",
+                             def);
+            return KVEDGE_EXIT_USAGE;
+        }
+        path = def;
+    }
+    char why[512] = "";
+    kvedge_basis_t *b = NULL;
+    int rc = kvedge_basis_load(path, &b, why, sizeof why);
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("eval: cannot load the coding basis: %s", why);
+        return KVEDGE_EXIT_FAILURE;
+    }
+    if (strcmp(kvedge_basis_model(b), r->model.id) != 0) {
+        kvedge_cli_error("eval: the coding basis %s is for model %s, not %s", path,
+                         kvedge_basis_model(b), r->model.id);
+        kvedge_basis_free(&b);
+        return KVEDGE_EXIT_USAGE;
+    }
+    rc = kvedge_basis_register(&b);
+    kvedge_basis_free(&b); /* NULL once registered */
+    if (rc != KVEDGE_OK) {
+        kvedge_cli_error("eval: cannot register the coding basis %s: %s", path,
+                         kvedge_strerror(rc));
+        return KVEDGE_EXIT_FAILURE;
+    }
+    return KVEDGE_EXIT_OK;
+}
+
 /* The cloud node and the proxy: started here (the schemes' models registered with the
  * in-process master), or the deployment's at -H and --proxy. Returns an exit code. */
 static int s_eval_connect(kvedge_cli_t *cli, const s_eval_opts_t *o, s_eval_t *r)
@@ -780,6 +857,8 @@ static int s_eval(kvedge_cli_t *cli, const void *opts)
     int ex = s_eval_check(cli, o, r);
     if (!ex)
         ex = s_eval_load(o, r);
+    if (!ex)
+        ex = s_eval_basis(o, r);
     if (!ex)
         ex = s_eval_connect(cli, o, r);
     if (!ex)

@@ -2,11 +2,19 @@
  * and what the manual page and the shell completion list (clients/cli/cli_doc.c). */
 #include "clients/cli/cli.h"
 
-const kvedge_cli_cmd_t *const kvedge_cli_tables[] = {
-    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,    kvedge_cli_master_cmds,
-    kvedge_cli_proxy_cmds,    kvedge_cli_e2e_cmds,       kvedge_cli_eval_cmds,
-    kvedge_cli_tokenize_cmds, kvedge_cli_block_cmds,     kvedge_cli_layermap_cmds,
-    kvedge_cli_lseval_cmds,   kvedge_cli_rebalance_cmds, NULL};
+const kvedge_cli_cmd_t *const kvedge_cli_tables[] = {kvedge_cli_local_cmds,
+                                                     kvedge_cli_daemon_cmds,
+                                                     kvedge_cli_master_cmds,
+                                                     kvedge_cli_proxy_cmds,
+                                                     kvedge_cli_e2e_cmds,
+                                                     kvedge_cli_eval_cmds,
+                                                     kvedge_cli_tokenize_cmds,
+                                                     kvedge_cli_block_cmds,
+                                                     kvedge_cli_basis_cmds,
+                                                     kvedge_cli_layermap_cmds,
+                                                     kvedge_cli_lseval_cmds,
+                                                     kvedge_cli_rebalance_cmds,
+                                                     NULL};
 
 const kvedge_cli_cmd_t *const kvedge_cli_remote_tables[] = {
     kvedge_cli_remote_cmds, kvedge_cli_top_cmds,

@@ -13,6 +13,8 @@
 #include "clients/e2e/e2e.h"
 #include "clients/lib/pipeline.h"
 #include "proxy/quality.h"
+#include "access/codec/basis.h"
+#include "access/codec/block.h"
 #include "access/codec/prec.h"
 
 static double s_now_s(void)
@@ -87,29 +89,39 @@ int kvedge_eval_scheme_parse(const char *name, kvedge_eval_scheme_t *out)
                 return KVEDGE_EINVAL;
             s.group_size = (uint16_t)v;
         }
+    } else if (s_eat(&p, "tc")) {
+        s.scheme = KVEDGE_SCHEME_TC;
     } else if (strncmp(p, "think-", 6) == 0) {
         s.scheme = KVEDGE_SCHEME_LOSSLESS;
         think_only = true;
     } else {
         return KVEDGE_EINVAL;
     }
-    if (think_only || s_eat(&p, "+")) {
+    if (think_only || (strncmp(p, "+ec", 3) != 0 && s_eat(&p, "+"))) {
         if (!s_eat(&p, "think-") || !s_num(&p, 1, 99, &v))
             return KVEDGE_EINVAL;
         s.keep_pct = (uint8_t)v;
     }
-    if (*p != '\0')
+    /* +ec: the int8 and int4 rungs the ladder codes (no ThinK here); tc takes neither. */
+    if (s_eat(&p, "+ec")) {
+        if ((s.scheme != KVEDGE_SCHEME_INT8 && s.scheme != KVEDGE_SCHEME_INT4) || s.keep_pct != 100)
+            return KVEDGE_EINVAL;
+        s.ec = true;
+    }
+    if (*p != '\0' || (s.scheme == KVEDGE_SCHEME_TC && s.keep_pct != 100))
         return KVEDGE_EINVAL;
-    /* Canonical name: the base, then the ThinK share. */
+    /* Canonical name: the base, then the ThinK share or +ec. */
     char base[16];
-    if (s.scheme == KVEDGE_SCHEME_INT4)
+    if (s.scheme == KVEDGE_SCHEME_TC)
+        snprintf(base, sizeof base, "tc");
+    else if (s.scheme == KVEDGE_SCHEME_INT4)
         snprintf(base, sizeof base, "int4-g%u", (unsigned)s.group_size);
     else if (s.scheme == KVEDGE_SCHEME_INT8)
         snprintf(base, sizeof base, "int8");
     else
         snprintf(base, sizeof base, "%s", s.dtype == KVEDGE_DTYPE_FP16 ? "fp16" : "lossless");
     if (s.keep_pct == 100)
-        snprintf(s.name, sizeof s.name, "%s", base);
+        snprintf(s.name, sizeof s.name, "%s%s", base, s.ec ? "+ec" : "");
     else if (s.scheme == KVEDGE_SCHEME_LOSSLESS && s.dtype == KVEDGE_DTYPE_FP32)
         snprintf(s.name, sizeof s.name, "think-%u", (unsigned)s.keep_pct);
     else
@@ -166,6 +178,12 @@ int kvedge_eval_scheme_prec(const kvedge_eval_scheme_t *s, kvedge_prec_t *out)
     if (!s || !out)
         return KVEDGE_EINVAL;
     unsigned base, think;
+    if (s->scheme == KVEDGE_SCHEME_TC) {
+        if (s->keep_pct != 100 || s->ec)
+            return KVEDGE_EINVAL;
+        *out = KVEDGE_PREC_TC;
+        return KVEDGE_OK;
+    }
     if (s->scheme == KVEDGE_SCHEME_LOSSLESS && s->dtype == KVEDGE_DTYPE_FP32)
         base = KVEDGE_PREC_LOSSLESS;
     else if (s->scheme == KVEDGE_SCHEME_INT8)
@@ -186,7 +204,9 @@ int kvedge_eval_scheme_prec(const kvedge_eval_scheme_t *s, kvedge_prec_t *out)
         think = KVEDGE_PREC_THINK_50;
     else
         return KVEDGE_EINVAL;
-    *out = KVEDGE_PREC_MAKE(base, think);
+    if (s->ec && (base == KVEDGE_PREC_LOSSLESS || think != KVEDGE_PREC_THINK_NONE))
+        return KVEDGE_EINVAL;
+    *out = (kvedge_prec_t)(KVEDGE_PREC_MAKE(base, think) | (s->ec ? KVEDGE_PREC_EC : 0u));
     return KVEDGE_OK;
 }
 
@@ -256,6 +276,11 @@ typedef struct {
     kvedge_chunk_id_t *ids;
     size_t max_ids;
     const float **lk, **lv; /* [layers]: a provider's source per layer */
+    /* Schemes coded here (s_local): the context's K/V of the current document, computed once
+     * ([layers][kv_heads][ctx][head_dim] fp32, NULL when no scheme needs it), and tc's basis. */
+    float *src_k, *src_v;
+    bool have_src;
+    const kvedge_basis_t *basis;
 } s_eval_t;
 
 /* Position i of a document: the reference's log-softmax is ref[i] - ref_lse[i]. */
@@ -378,10 +403,83 @@ static int s_fetch_once(s_eval_t *e, const kvedge_model_t *m, size_t n_ids, floa
     return rc;
 }
 
+/* ---------------------------------------------------------------- schemes coded here */
+
+/* A scheme a node derives (tc, +ec): coded in this process, not put (eval.h). */
+static bool s_local(const kvedge_eval_scheme_t *s)
+{
+    return s->scheme == KVEDGE_SCHEME_TC || s->ec;
+}
+
+/* One (layer, head) block of t tokens of scheme st from fp32 K and V [t][head_dim], as a node
+ * would hold it: tc against the basis, or the int8/int4 block recoded with rANS. *out is
+ * malloc'd. */
+static int s_local_block(const s_eval_t *e, const s_stored_t *st, uint32_t l, uint32_t h,
+                         uint32_t t, const float *kf, const float *vf, uint8_t **out, size_t *len)
+{
+    const uint16_t D = (uint16_t)e->c->head_dim;
+    if (st->s.scheme == KVEDGE_SCHEME_TC)
+        return kvedge_block_encode_tc(e->basis, l, h, KVEDGE_DTYPE_FP32, t, D, kf, vf, out, len);
+    kvedge_block_spec_t spec = {.dtype = KVEDGE_DTYPE_FP32,
+                                .scheme = st->s.scheme,
+                                .tokens = t,
+                                .head_dim = D,
+                                .group_size =
+                                    st->s.scheme == KVEDGE_SCHEME_INT4 ? st->s.group_size : 0};
+    size_t cap = kvedge_block_encoded_bound(&spec), n = 0;
+    uint8_t *plain = malloc(cap);
+    if (!plain)
+        return KVEDGE_ENOMEM;
+    kvedge_block_info_t info;
+    int rc = kvedge_block_encode(&spec, kf, vf, plain, cap, &n);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_block_parse(plain, n, &info);
+    if (rc == KVEDGE_OK)
+        rc = kvedge_block_recode(&info, true, false, out, len);
+    free(plain);
+    return rc;
+}
+
+/* Codes the document's context in scheme st->s here, block by block, and decodes every block
+ * into st->k, st->v (kvedge_block_decode); the blocks' bytes count as put. */
+static int s_local_code(s_eval_t *e, s_stored_t *st, const int32_t *ctx)
+{
+    int rc = KVEDGE_OK;
+    if (!e->have_src) {
+        rc = kvedge_decoder_prefill(e->o->decoder, ctx, e->K, NULL, e->src_k, e->src_v);
+        e->have_src = rc == KVEDGE_OK;
+    }
+    const uint32_t L = e->c->layers, H = kvedge_decoder_kv_heads(e->o->decoder);
+    const uint32_t D = e->c->head_dim;
+    for (uint32_t l = 0; rc == KVEDGE_OK && l < L; l++)
+        for (uint32_t h = 0; rc == KVEDGE_OK && h < H; h++)
+            for (uint32_t start = 0; rc == KVEDGE_OK && start < e->K; start += e->ct) {
+                const uint32_t t = e->K - start < e->ct ? e->K - start : e->ct;
+                const size_t off = (((size_t)l * H + h) * e->K + start) * D;
+                uint8_t *blk = NULL;
+                size_t len = 0;
+                kvedge_block_info_t info;
+                rc = s_local_block(e, st, l, h, t, e->src_k + off, e->src_v + off, &blk, &len);
+                if (rc == KVEDGE_OK)
+                    rc = kvedge_block_parse(blk, len, &info);
+                if (rc == KVEDGE_OK)
+                    rc = kvedge_block_decode(&info, KVEDGE_DTYPE_FP32, st->k + off, st->v + off);
+                free(blk);
+                if (rc == KVEDGE_OK && st->row >= 0) {
+                    e->row_acc[st->row].bytes += len;
+                    e->row_acc[st->row].fp16_bytes += kvedge_block_fp16_bytes(t, (uint16_t)D);
+                }
+            }
+    return rc;
+}
+
 /* Puts the document's context in scheme st->s and fetches it back through the proxy into
- * st->k, st->v; a refusal for an unknown model or a missed layer is retried for wait_ms. */
+ * st->k, st->v; a refusal for an unknown model or a missed layer is retried for wait_ms. A
+ * scheme a node derives is coded here instead (s_local_code). */
 static int s_store_fetch(s_eval_t *e, s_stored_t *st, const int32_t *ctx)
 {
+    if (s_local(&st->s))
+        return s_local_code(e, st, ctx);
     kvedge_e2e_prefill_stats_t ps;
     int rc = kvedge_e2e_prefill(e->o->cloud, e->o->decoder, &st->model, ctx, e->K, e->ct, &st->q,
                                 e->ids, e->max_ids, &ps);
@@ -450,6 +548,19 @@ static size_t s_stored_add(s_eval_t *e, const kvedge_eval_scheme_t *s)
     return e->n_st++;
 }
 
+/* A tc scheme's basis: the registered one of the model, of the model's shape. */
+static int s_check_basis(const kvedge_eval_opts_t *o)
+{
+    const kvedge_basis_t *b = kvedge_basis_find_model(o->model->id);
+    if (!b)
+        return KVEDGE_ENOBASIS;
+    if (kvedge_basis_layers(b) != o->model->layers ||
+        kvedge_basis_kv_heads(b) != o->model->kv_heads ||
+        kvedge_basis_head_dim(b) != o->model->head_dim)
+        return KVEDGE_ESHAPE;
+    return KVEDGE_OK;
+}
+
 static int s_check(const kvedge_eval_opts_t *o)
 {
     if (!o || !o->decoder || !o->model || !o->cloud || !o->proxy || !o->docs || !o->doc_len ||
@@ -474,9 +585,11 @@ static int s_check(const kvedge_eval_opts_t *o)
             kvedge_eval_scheme_parse(s->name, &again) != KVEDGE_OK ||
             strcmp(again.name, s->name) != 0 || again.scheme != s->scheme ||
             again.dtype != s->dtype || again.group_size != s->group_size ||
-            again.keep_pct != s->keep_pct)
+            again.keep_pct != s->keep_pct || again.ec != s->ec)
             return KVEDGE_EINVAL;
         int rc = kvedge_eval_model(o->model, s, &m);
+        if (rc == KVEDGE_OK && s->scheme == KVEDGE_SCHEME_TC)
+            rc = s_check_basis(o);
         if (rc != KVEDGE_OK)
             return rc;
         /* Names are unique within the schemes and within the profiles. */
@@ -502,6 +615,8 @@ static void s_eval_free(s_eval_t *e)
         }
     for (size_t p = 0; p < KVEDGE_EVAL_MAX_PROFILES; p++)
         free(e->prof_acc[p]);
+    free(e->src_v);
+    free(e->src_k);
     free(e->lv);
     free(e->lk);
     free(e->ids);
@@ -558,6 +673,13 @@ static int s_eval_init(s_eval_t *e, const kvedge_eval_opts_t *o)
     for (size_t i = 0; ok && i < e->n_st; i++) {
         s_stored_t *st = &e->st[i];
         kvedge_eval_model(o->model, &st->s, &st->model);
+        if (s_local(&st->s) && !e->src_k) {
+            e->src_k = malloc(layer_floats * sizeof(float));
+            e->src_v = malloc(layer_floats * sizeof(float));
+            ok = e->src_k && e->src_v;
+        }
+        if (st->s.scheme == KVEDGE_SCHEME_TC)
+            e->basis = kvedge_basis_find_model(o->model->id);
         kvedge_e2e_quant_default(&st->q);
         st->q.scheme = st->s.scheme;
         st->q.dtype = st->s.dtype;
@@ -581,6 +703,7 @@ static int s_eval_init(s_eval_t *e, const kvedge_eval_opts_t *o)
 static int s_document(s_eval_t *e, const int32_t *doc)
 {
     const uint32_t L = e->c->layers;
+    e->have_src = false;
     int rc = s_session(e, doc, s_prov_miss, NULL);
     for (size_t i = 0; rc == KVEDGE_OK && i < e->n_st; i++) {
         s_stored_t *st = &e->st[i];
@@ -899,7 +1022,8 @@ static bool s_whole_rung(const kvedge_eval_row_t *x, kvedge_prec_t *rung)
 {
     kvedge_eval_scheme_t s;
     return kvedge_eval_scheme_parse(x->name, &s) == KVEDGE_OK &&
-           kvedge_eval_scheme_prec(&s, rung) == KVEDGE_OK && *rung != KVEDGE_PREC_LOSSLESS;
+           kvedge_eval_scheme_prec(&s, rung) == KVEDGE_OK && *rung != KVEDGE_PREC_LOSSLESS &&
+           !KVEDGE_PREC_IS_EC(*rung);
 }
 
 int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char *model_id)
@@ -912,7 +1036,7 @@ int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char
     for (size_t p = 0; p < r->n_profiles; p++) {
         kvedge_eval_scheme_t s;
         if (!r->profile[p] || kvedge_eval_scheme_parse(r->profile[p][0].name, &s) != KVEDGE_OK ||
-            kvedge_eval_scheme_prec(&s, &rung[p]) != KVEDGE_OK)
+            kvedge_eval_scheme_prec(&s, &rung[p]) != KVEDGE_OK || KVEDGE_PREC_IS_EC(rung[p]))
             return KVEDGE_EINVAL;
         for (size_t q = 0; q < p; q++)
             if (rung[q] == rung[p])

@@ -15,6 +15,13 @@
  * Scheme s of a run is stored under its own model id, "<model_id>@<scheme name>" (before a
  * rotary model's "@rope-XXXXXXXX", which stays last): its chunk ids differ from every other
  * scheme's, so no store or cache can mix two schemes' blocks.
+ *
+ * Two kinds of scheme are rungs a node derives rather than one the cloud puts, so they are
+ * coded in this process instead, from the same context K/V (kvedge_decoder_prefill, fp32), one
+ * block per (layer, KV head, chunk) as a node would hold it, each decoded back with
+ * kvedge_block_decode; their bytes are those blocks': "tc" (kvedge_block_encode_tc against the
+ * model's registered coding basis, access/codec/basis.h) and the "+ec" rungs (the int8 or int4
+ * block recoded with rANS, kvedge_block_recode: the same values as without +ec).
  * docs/benchmarks.md ("Quality of the cache schemes") has the figures of the KJV models. */
 #ifndef KVEDGE_CLIENTS_EVAL_H
 #define KVEDGE_CLIENTS_EVAL_H
@@ -59,6 +66,7 @@ typedef struct {
     kvedge_dtype_t dtype;              /* source and lossless element type: fp32 or fp16 */
     uint16_t group_size;               /* int4 groups (0 for the others) */
     uint8_t keep_pct;                  /* ThinK: key channels kept, percent; 100 = all */
+    bool ec;                           /* "+ec": the blocks recoded with rANS (in process) */
     /* The goal: perplexity change against lossless at most this many percent; 0 with
      * lossless means bit-identical logits; negative: no goal. */
     double goal_pct;
@@ -67,8 +75,10 @@ typedef struct {
 /* Parses a scheme name: "lossless" (fp32), "fp16" (lossless fp16), "int8", "int4" (group
  * KVEDGE_BLOCK_INT4_GROUP_DEFAULT) or "int4-gN" (N >= KVEDGE_E2E_GROUP_MIN), each optionally
  * followed by "+think-P" (keep P % of the key channels, 1..99); "think-P" alone is lossless
- * values with pruned keys. The canonical name (int4 always with its group) goes to
- * out->name; goal_pct is the issue's goal for lossless, int8 and int4-g32, else -1.
+ * values with pruned keys; "int8" and "int4[-gN]" without ThinK optionally followed by "+ec"
+ * (entropy-coded blocks); "tc" (transform-coded, scheme KVEDGE_SCHEME_TC, no ThinK, no +ec).
+ * The canonical name (int4 always with its group) goes to out->name; goal_pct is the issue's
+ * goal for lossless, int8 and int4-g32 (with or without +ec: the same values), else -1.
  * Errors: KVEDGE_EINVAL (NULL, unknown or malformed name, a bound exceeded). */
 int kvedge_eval_scheme_parse(const char *name, kvedge_eval_scheme_t *out);
 
@@ -87,8 +97,9 @@ size_t kvedge_eval_profiles_ladder(kvedge_eval_scheme_t *out, size_t max);
 
 /* The ladder rung a scheme is: lossless (fp32, the eval's lossless: the ladder's lossless
  * keeps whatever element type is stored) or int8 or int4 with a group of 32, 64 or 128, with
- * every key channel or ThinK keeping 75 % or 50 %. Errors: KVEDGE_EINVAL (NULL; fp16, another
- * int4 group or ThinK share: not a rung). */
+ * every key channel or ThinK keeping 75 % or 50 %, each +ec too (KVEDGE_PREC_EC); tc
+ * (KVEDGE_PREC_TC). Errors: KVEDGE_EINVAL (NULL; fp16, another int4 group or ThinK share: not
+ * a rung). */
 int kvedge_eval_scheme_prec(const kvedge_eval_scheme_t *s, kvedge_prec_t *out);
 
 /* Key channels a keep_pct keeps of head_dim: round(head_dim * pct / 100), at least 1;
@@ -168,12 +179,14 @@ typedef struct {
  * id (kvedge_eval_model): the proxy must know those ids (built in, or registered with its
  * master by the caller or by a node that joined it); a fetch that the proxy refuses with
  * KVEDGE_ENOMODEL or that misses a layer is retried for wait_ms, and then fails: a layer
- * recomputed by the decoder would hide the scheme's error. Errors: KVEDGE_EINVAL (a missing
- * field, no scheme or too many, duplicate names, the model not matching the decoder, no
- * document long enough), KVEDGE_ETOOBIG (ctx_tokens + cont_tokens over the decoder's
- * positions), KVEDGE_ENOMODEL (the proxy never learnt a scheme's model id), KVEDGE_ENOTFOUND
- * (layers still missing after wait_ms), KVEDGE_ENOMEM, and the errors of kvedge_e2e_prefill,
- * the pipeline and the decoder. */
+ * recomputed by the decoder would hide the scheme's error. A tc scheme needs the coding basis
+ * of model->id registered in the process (kvedge_basis_register). Errors: KVEDGE_EINVAL (a
+ * missing field, no scheme or too many, duplicate names, the model not matching the decoder, no
+ * document long enough), KVEDGE_ENOBASIS (a tc scheme and no registered basis of the model),
+ * KVEDGE_ESHAPE (that basis's layers, KV heads or head_dim not the model's), KVEDGE_ETOOBIG
+ * (ctx_tokens + cont_tokens over the decoder's positions), KVEDGE_ENOMODEL (the proxy never learnt
+ * a scheme's model id), KVEDGE_ENOTFOUND (layers still missing after wait_ms), KVEDGE_ENOMEM, and
+ * the errors of kvedge_e2e_prefill, the pipeline and the decoder. */
 int kvedge_eval_run(const kvedge_eval_opts_t *opts, kvedge_eval_result_t **out);
 
 /* Frees a result. NULL-safe; nulls *self_p. */
@@ -197,10 +210,13 @@ void kvedge_eval_print_layers_dat(FILE *f, const kvedge_eval_result_t *r);
  * negative; the loader clamps them for budgeting), mean KL in nats and greedy agreement;
  * the run's context and continuation tokens, documents and positions, and lossless_ppl; and
  * under "whole_model" the scheme rows that are lossy ladder rungs (every layer at that rung),
- * with their bytes over fp16. Numbers are written so they read back bit for bit. Everything
- * is checked before anything is written. Errors: KVEDGE_EINVAL (NULL, no profile, a model id
- * empty or over KVEDGE_MODEL_ID_MAX_BYTES, a profile scheme that is not a ladder rung
- * (kvedge_eval_scheme_prec), a figure that is not finite), KVEDGE_EIO (the write failed). */
+ * with their bytes over fp16. An +ec rung is not one of the file's (its quality is its plain
+ * rung's, proxy/quality.h): its scheme rows are left out and an +ec profile scheme refused.
+ * Numbers are written so they read back bit for bit. Everything is checked before anything is
+ * written. Errors: KVEDGE_EINVAL (NULL, no profile, a model id empty or over
+ * KVEDGE_MODEL_ID_MAX_BYTES, a profile scheme that is not a ladder rung
+ * (kvedge_eval_scheme_prec) or is +ec, a figure that is not finite), KVEDGE_EIO (the write
+ * failed). */
 int kvedge_eval_profile_write(FILE *f, const kvedge_eval_result_t *r, const char *model_id);
 
 /* log(sum(exp(x[0..n)))) in double (n >= 1), and the arg-max (the lowest id on a tie, as the

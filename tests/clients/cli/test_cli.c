@@ -20,8 +20,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "access/codec/basis.h"
 #include "access/codec/block.h"
 #include "clients/cli/cli.h"
+#include "tests/common/basis_fixture.h"
 #include "tests/common/spawn.h"
 #include "tests/common/testutil.h"
 #include "store/engine/engine.h"
@@ -203,13 +205,11 @@ static void test_env_vars(void **state)
 
 /* Every command table, as main.c lists them. */
 static const kvedge_cli_cmd_t *const s_all_tables[] = {
-    kvedge_cli_local_cmds,     kvedge_cli_daemon_cmds,
-    kvedge_cli_master_cmds,    kvedge_cli_proxy_cmds,
-    kvedge_cli_e2e_cmds,       kvedge_cli_eval_cmds,
-    kvedge_cli_tokenize_cmds,  kvedge_cli_block_cmds,
-    kvedge_cli_layermap_cmds,  kvedge_cli_lseval_cmds,
-    kvedge_cli_remote_cmds,    kvedge_cli_top_cmds,
-    kvedge_cli_rebalance_cmds, NULL};
+    kvedge_cli_local_cmds,    kvedge_cli_daemon_cmds,    kvedge_cli_master_cmds,
+    kvedge_cli_proxy_cmds,    kvedge_cli_e2e_cmds,       kvedge_cli_eval_cmds,
+    kvedge_cli_tokenize_cmds, kvedge_cli_block_cmds,     kvedge_cli_basis_cmds,
+    kvedge_cli_layermap_cmds, kvedge_cli_lseval_cmds,    kvedge_cli_remote_cmds,
+    kvedge_cli_top_cmds,      kvedge_cli_rebalance_cmds, NULL};
 
 /* A value out of a table's bounds is refused with exit code 2, naming the flag and the bound. */
 static void test_bounds_name_the_flag(void **state)
@@ -743,6 +743,55 @@ static void test_block_file(void **state)
     assert_int_equal(s_run("block"), 2);
     free(coded);
     free(plain);
+}
+
+/* `kvedge basis --show`: a basis file is loaded and described (model, basis id as the loader
+ * computes it, shape, size, K and V step ranges), in text and JSON; a damaged or truncated file
+ * is exit 4 with the loader's reason, a missing one 1, no --show or no --file 2. */
+static void test_basis_file(void **state)
+{
+    (void)state;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(kt_basis_file("tiny-basis@rope-0123abcd", 3, 2, 16, 0.125f, 7, &buf, &len), 0);
+    /* The first section (layer 0, head 0, K) gets a step of its own: 0.25, exact in fp16. */
+    const float step = 0.25f;
+    memcpy(buf + KVEDGE_BASIS_HEADER_BYTES, &step, sizeof step);
+    kt_basis_reseal(buf, len);
+    kvedge_basis_t *b = NULL;
+    assert_int_equal(kvedge_basis_parse(buf, len, &b, NULL, 0), 0);
+    char id[64], jid[64], size[64];
+    snprintf(id, sizeof id, "coding basis %016llx of", (unsigned long long)kvedge_basis_id(b));
+    snprintf(jid, sizeof jid, "\"basis_id\":\"%016llx\"", (unsigned long long)kvedge_basis_id(b));
+    snprintf(size, sizeof size, "%zu bytes", len);
+    kvedge_basis_free(&b);
+
+    const char *path = s_write_file("tiny.kvb", buf, len);
+    assert_int_equal(s_run("basis --show --file %s", path), 0);
+    assert_contains(s_out, id);
+    assert_contains(s_out, "of model tiny-basis@rope-0123abcd\n");
+    assert_contains(s_out, "3 layers x 2 KV heads, head dim 16: 12 sections");
+    assert_contains(s_out, size);
+    assert_contains(s_out, "K steps 0.125 .. 0.25\n");
+    assert_contains(s_out, "V steps 0.125 .. 0.125\n");
+    assert_int_equal(s_run("--json basis --show --file %s", path), 0);
+    assert_contains(s_out, "\"model\":\"tiny-basis@rope-0123abcd\"");
+    assert_contains(s_out, "\"layers\":3,\"kv_heads\":2,\"head_dim\":16");
+    assert_contains(s_out, "\"k_step_min\":0.125,\"k_step_max\":0.25,");
+    assert_contains(s_out, "\"v_step_min\":0.125,\"v_step_max\":0.125}");
+    assert_contains(s_out, jid);
+
+    buf[len / 2] ^= 0x40;
+    assert_int_equal(s_run("basis --show --file %s", s_write_file("bad.kvb", buf, len)), 4);
+    assert_contains(s_errtext, "digest mismatch");
+    assert_int_equal(s_run("basis --show --file %s", s_write_file("short.kvb", buf, 200)), 4);
+    assert_contains(s_errtext, "truncated");
+    assert_int_equal(s_run("basis --show --file %s/none.kvb", s_dir), 1);
+    assert_contains(s_errtext, "none.kvb");
+    assert_int_equal(s_run("basis --file %s", path), 2);
+    assert_contains(s_errtext, "--show");
+    assert_int_equal(s_run("basis --show"), 2);
+    free(buf);
 }
 
 /* The Storage Master from the command line: it starts with no configuration (plaintext on
@@ -1657,6 +1706,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sync_once, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_plan, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_block_file, s_setup, s_teardown),
+        cmocka_unit_test_setup_teardown(test_basis_file, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_master_cli, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_proxy_cli, s_setup, s_teardown),
         cmocka_unit_test_setup_teardown(test_e2e_usage, s_setup, s_teardown),

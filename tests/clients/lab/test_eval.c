@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "access/codec/basis.h"
 #include "runtime/kvmsg.h"
 #include "runtime/log.h"
 #include "runtime/mview.h"
@@ -30,6 +31,7 @@
 #include "proxy/quality.h"
 #include "store/master/master.h"
 #include "store/node/node.h"
+#include "tests/common/basis_fixture.h"
 
 #define S_WEIGHTS  KVEDGE_FIXTURES "/opt_tiny.safetensors"
 #define S_MODEL_ID "opt-tiny-eval"
@@ -478,6 +480,9 @@ static void test_scheme_prec(void **state)
         {"think-75", KVEDGE_PREC_MAKE(KVEDGE_PREC_LOSSLESS, KVEDGE_PREC_THINK_75)},
         {"int4-g32+think-50", KVEDGE_PREC_MAKE(KVEDGE_PREC_INT4_G32, KVEDGE_PREC_THINK_50)},
         {"int8+think-75", KVEDGE_PREC_MAKE(KVEDGE_PREC_INT8, KVEDGE_PREC_THINK_75)},
+        {"tc", KVEDGE_PREC_TC},
+        {"int8+ec", KVEDGE_PREC_INT8 | KVEDGE_PREC_EC},
+        {"int4-g64+ec", KVEDGE_PREC_INT4_G64 | KVEDGE_PREC_EC},
     };
     kvedge_eval_scheme_t s;
     kvedge_prec_t p;
@@ -486,8 +491,8 @@ static void test_scheme_prec(void **state)
         assert_int_equal(kvedge_eval_scheme_prec(&s, &p), KVEDGE_OK);
         assert_int_equal(p, good[i].prec);
     }
-    const char *bad[] = {"fp16",     "int4-g16",      "int4-g256",
-                         "think-60", "int8+think-25", "fp16+think-50"};
+    const char *bad[] = {"fp16",          "int4-g16",      "int4-g256",  "think-60",
+                         "int8+think-25", "fp16+think-50", "int4-g16+ec"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         s_parse(bad[i], &s);
         if (kvedge_eval_scheme_prec(&s, &p) != KVEDGE_EINVAL)
@@ -506,6 +511,129 @@ static void test_scheme_prec(void **state)
         seen[p] = true;
     }
     assert_int_equal(kvedge_eval_profiles_ladder(list, 3), 3);
+}
+
+/* ---------------------------------------------------------------- tc and +ec, coded here */
+
+/* Registers a fixture basis (exact signed permutations, one step) of the fixture model's shape
+ * under model id `id`, layers + extra_layers deep. */
+static void s_basis(const char *id, float step, uint32_t extra_layers)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(kt_basis_file(id, s_w.c->layers + extra_layers, s_w.model.kv_heads,
+                                   s_w.c->head_dim, step, 11, &buf, &len),
+                     0);
+    kvedge_basis_t *b = NULL;
+    assert_int_equal(kvedge_basis_parse(buf, len, &b, NULL, 0), KVEDGE_OK);
+    assert_int_equal(kvedge_basis_register(&b), KVEDGE_OK);
+    free(buf);
+}
+
+/* One scheme (and int8 through the node beside it when with_int8) on model id `id`. */
+static int s_run_on(const char *id, const char *scheme, bool with_int8, kvedge_eval_result_t **r)
+{
+    kvedge_eval_scheme_t sc[2];
+    s_parse(scheme, &sc[0]);
+    s_parse("int8", &sc[1]);
+    kvedge_model_t m = s_w.model;
+    snprintf(m.id, sizeof m.id, "%s", id);
+    kvedge_eval_opts_t o;
+    s_opts(&o, sc, with_int8 ? 2 : 1, NULL, 0);
+    o.model = &m;
+    return kvedge_eval_run(&o, r);
+}
+
+/* int4-g32+ec gives int4-g32's values exactly (its KL, its logits) from its own blocks; tc
+ * decodes its blocks with the registered basis: a finer step gives a lower KL for more bytes,
+ * every (layer, head, chunk) block counted; a tc scheme without a registered basis of the model
+ * is ENOBASIS, with a basis of another shape ESHAPE; tc and +ec also work as profile schemes,
+ * and the quality profile written holds tc (per layer and whole-model) but no +ec rung. */
+static void test_tc_ec(void **state)
+{
+    (void)state;
+    kvedge_eval_scheme_t sc[5], pr[2];
+    s_parse("int8", &sc[0]);
+    s_parse("int4-g32", &sc[1]);
+    s_parse("int4-g32+ec", &sc[2]);
+    s_parse("int8+ec", &sc[3]);
+    s_parse("tc", &sc[4]);
+    s_parse("tc", &pr[0]);
+    s_parse("int8+ec", &pr[1]);
+    s_basis(S_MODEL_ID, 1.0f / 1024, 0);
+    kvedge_eval_opts_t o;
+    s_opts(&o, sc, 5, pr, 2);
+    kvedge_eval_result_t *r = NULL;
+    int rc = kvedge_eval_run(&o, &r);
+    if (rc != KVEDGE_OK)
+        fail_msg("eval: %s", kvedge_strerror(rc));
+    const kvedge_eval_row_t *i8 = &r->scheme[0], *i4 = &r->scheme[1], *i4e = &r->scheme[2],
+                            *i8e = &r->scheme[3], *tc = &r->scheme[4];
+    for (int i = 0; i < 5; i++)
+        printf("  %-12s KL %.4g max|dlogit| %.4g agreement %.3f bytes %llu (/fp16 %.3f)\n",
+               r->scheme[i].name, r->scheme[i].kl, r->scheme[i].max_abs_diff,
+               r->scheme[i].agreement, (unsigned long long)r->scheme[i].bytes,
+               (double)r->scheme[i].bytes / (double)r->scheme[i].fp16_bytes);
+    assert_string_equal(i4e->name, "int4-g32+ec");
+    assert_true(i4e->kl == i4->kl && i4e->max_abs_diff == i4->max_abs_diff);
+    assert_true(i8e->kl == i8->kl && i8e->max_abs_diff == i8->max_abs_diff);
+    assert_true(i4e->bytes > 0 && i4e->fp16_bytes == i4->fp16_bytes);
+    assert_true(i4e->goal_pct == KVEDGE_EVAL_GOAL_INT4_G32_PCT);
+    assert_string_equal(tc->name, "tc");
+    assert_true(tc->kl > 0 && tc->kl < i4->kl);
+    assert_true(tc->bytes > 0 && tc->fp16_bytes == i8->fp16_bytes);
+    assert_true(tc->goal_pct < 0);
+    for (uint32_t l = 0; l < r->layers; l++) {
+        assert_true(r->profile[0][l].kl > 0 && r->profile[0][l].kl < tc->kl * 1.5);
+        assert_true(isfinite(r->profile[1][l].kl));
+    }
+
+    /* The quality profile: an +ec profile scheme is refused; with int8 in its place the file
+     * loads, tc per layer and whole-model, no whole-model row for the +ec schemes. */
+    char path[200], why[512] = "";
+    snprintf(path, sizeof path, "%s/quality-tc.json", s_w.root);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_EINVAL);
+    for (uint32_t l = 0; l < r->layers; l++)
+        snprintf(r->profile[1][l].name, sizeof r->profile[1][l].name, "int8");
+    assert_int_equal(kvedge_eval_profile_write(f, r, S_MODEL_ID), KVEDGE_OK);
+    assert_int_equal(fclose(f), 0);
+    kvedge_quality_profile_t *q = NULL;
+    if (kvedge_quality_load(path, &q, why, sizeof why) != KVEDGE_OK)
+        fail_msg("load: %s", why);
+    assert_int_equal(kvedge_quality_n_rungs(q), 2);
+    assert_int_equal(kvedge_quality_rung(q, 0), KVEDGE_PREC_TC);
+    kvedge_quality_figures_t fg;
+    assert_int_equal(kvedge_quality_figures(q, 0, KVEDGE_PREC_TC, &fg), KVEDGE_OK);
+    assert_true(fg.kl == r->profile[0][0].kl);
+    assert_int_equal(kvedge_quality_whole(q, KVEDGE_PREC_TC, &fg), KVEDGE_OK);
+    assert_true(fg.kl == tc->kl);
+    kvedge_quality_destroy(&q);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    char text[16384];
+    text[fread(text, 1, sizeof text - 1, f)] = '\0';
+    fclose(f);
+    assert_null(strstr(text, "+ec"));
+    const double fine_kl = tc->kl;
+    const uint64_t fine_bytes = tc->bytes;
+    kvedge_eval_result_destroy(&r);
+
+    /* A coarse basis (step 1/8) of another model id of the same shape. */
+    s_basis(S_MODEL_ID "-coarse", 0.125f, 0);
+    assert_int_equal(s_run_on(S_MODEL_ID "-coarse", "tc", false, &r), KVEDGE_OK);
+    printf("  tc step 1/1024: KL %.4g, %llu bytes; step 1/8: KL %.4g, %llu bytes\n", fine_kl,
+           (unsigned long long)fine_bytes, r->scheme[0].kl, (unsigned long long)r->scheme[0].bytes);
+    assert_true(r->scheme[0].kl > fine_kl);
+    assert_true(r->scheme[0].bytes < fine_bytes);
+    kvedge_eval_result_destroy(&r);
+
+    assert_int_equal(s_run_on(S_MODEL_ID "-nobasis", "tc", false, &r), KVEDGE_ENOBASIS);
+    assert_null(r);
+    s_basis(S_MODEL_ID "-shape", 0.125f, 1);
+    assert_int_equal(s_run_on(S_MODEL_ID "-shape", "tc", false, &r), KVEDGE_ESHAPE);
+    assert_null(r);
 }
 
 /* ---------------------------------------------------------------- 2. refusals */
@@ -543,11 +671,41 @@ static void test_scheme_names(void **state)
     s_parse("fp16", &s);
     assert_int_equal(s.dtype, KVEDGE_DTYPE_FP16);
     assert_true(s.goal_pct < 0);
+    s_parse("tc", &s);
+    assert_string_equal(s.name, "tc");
+    assert_int_equal(s.scheme, KVEDGE_SCHEME_TC);
+    assert_true(s.goal_pct < 0 && !s.ec && s.keep_pct == 100);
+    s_parse("int4+ec", &s);
+    assert_string_equal(s.name, "int4-g32+ec");
+    assert_true(s.ec && s.goal_pct == KVEDGE_EVAL_GOAL_INT4_G32_PCT);
+    s_parse("int8+ec", &s);
+    assert_string_equal(s.name, "int8+ec");
+    assert_true(s.ec && s.scheme == KVEDGE_SCHEME_INT8);
     s_parse("lossless", &s);
     assert_true(s.goal_pct == 0);
-    const char *bad[] = {"",        "int3",      "int4-g3",   "int4-g",  "int8x",
-                         "think-0", "think-100", "think-",    "int8+",   "int8+think-50x",
-                         "Int8",    "int4-g1x",  "lossless+", "+think-5"};
+    const char *bad[] = {"",
+                         "int3",
+                         "int4-g3",
+                         "int4-g",
+                         "int8x",
+                         "think-0",
+                         "think-100",
+                         "think-",
+                         "int8+",
+                         "int8+think-50x",
+                         "Int8",
+                         "int4-g1x",
+                         "lossless+",
+                         "+think-5",
+                         "tc+think-50",
+                         "tc+ec",
+                         "tcx",
+                         "lossless+ec",
+                         "fp16+ec",
+                         "think-50+ec",
+                         "int4-g32+think-50+ec",
+                         "int8+ec+ec",
+                         "int8+ecx"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         if (kvedge_eval_scheme_parse(bad[i], &s) != KVEDGE_EINVAL)
             fail_msg("'%s' was accepted", bad[i]);
@@ -686,15 +844,13 @@ static void test_bad_arguments(void **state)
 
 /* ---------------------------------------------------------------- 3. the command */
 
-/* Runs `kvedge ARGS`, stdout to *out (caller frees); returns the exit code. */
-static int s_kvedge(char **out, const char *fmt, ...)
+/* Runs `kvedge ARGS`, stdout (stderr when err) to *out (caller frees); returns the exit code. */
+static int s_kvedge_v(bool err, char **out, const char *fmt, va_list ap)
 {
     char args[2048], cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", KVEDGE_BIN, args);
+    snprintf(cmd, sizeof cmd, "%s %s %s", KVEDGE_BIN, args,
+             err ? "2>&1 >/dev/null" : "2>/dev/null");
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     char *buf = NULL;
@@ -712,6 +868,25 @@ static int s_kvedge(char **out, const char *fmt, ...)
     else
         free(buf);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int s_kvedge(char **out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int ex = s_kvedge_v(false, out, fmt, ap);
+    va_end(ap);
+    return ex;
+}
+
+/* s_kvedge with stderr to *out. */
+static int s_kvedge_err(char **out, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int ex = s_kvedge_v(true, out, fmt, ap);
+    va_end(ap);
+    return ex;
 }
 
 static void test_cli(void **state)
@@ -787,6 +962,40 @@ static void test_cli(void **state)
     assert_int_equal(kvedge_quality_n_rungs(q), 14);
     assert_string_equal(kvedge_quality_model(q), "kvedge-eval");
     kvedge_quality_destroy(&q);
+
+    /* tc with --basis (and int4-g32+ec beside it); without one and none in the model's
+     * folder, or one of another model: exit 2. */
+    char basis[300], other[300];
+    snprintf(basis, sizeof basis, "%s/model.kvb", s_w.root);
+    snprintf(other, sizeof other, "%s/other.kvb", s_w.root);
+    assert_int_equal(kt_basis_write(basis, "kvedge-eval", s_w.c->layers, s_w.model.kv_heads,
+                                    s_w.c->head_dim, 1.0f / 64, 5),
+                     0);
+    assert_int_equal(kt_basis_write(other, "another-model", s_w.c->layers, s_w.model.kv_heads,
+                                    s_w.c->head_dim, 1.0f / 64, 5),
+                     0);
+    ex = s_kvedge(&out,
+                  "eval %s --ids %s --schemes int4-g32+ec,tc --no-profile --docs 1 -q --json "
+                  "--basis %s",
+                  common, ids, basis);
+    assert_int_equal(ex, 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    cJSON *tcrow = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "schemes"), 1);
+    assert_string_equal(cJSON_GetObjectItem(tcrow, "name")->valuestring, "tc");
+    assert_true(cJSON_GetObjectItem(tcrow, "bytes")->valuedouble > 0);
+    assert_true(cJSON_GetObjectItem(tcrow, "kl")->valuedouble > 0);
+    cJSON_Delete(j);
+    free(out);
+    ex = s_kvedge_err(&out, "eval %s --ids %s --schemes tc --no-profile -q", common, ids);
+    assert_int_equal(ex, 2);
+    assert_non_null(strstr(out, "needs the model's coding basis"));
+    free(out);
+    ex = s_kvedge_err(&out, "eval %s --ids %s --schemes tc --no-profile -q --basis %s", common, ids,
+                      other);
+    assert_int_equal(ex, 2);
+    assert_non_null(strstr(out, "is for model another-model, not kvedge-eval"));
+    free(out);
 
     /* Usage errors: exit 2, before anything starts. */
     const char *bad[] = {
@@ -872,6 +1081,29 @@ static void test_cli_llama(void **state)
     printf("  kjv llama edge: int8 max |logit diff| %.3g, think-50 %.3g\n", d8, dth);
     cJSON_Delete(j);
     free(out);
+    /* tc with the folder's committed basis (models/kjv/llama/edge/basis.kvb, of
+     * kjv-llama-edge@rope-...): on two documents within 4x int4-g32's KL (2.3x here; 1.05x on
+     * the 24 of docs/benchmarks.md) in fewer bytes than int4-g32+ec. */
+    ex = s_kvedge(&out,
+                  "eval --weights %s --file %s/kjv/heldout.txt --docs 2 --context 256 "
+                  "--continuation 32 --schemes int4-g32+ec,tc --no-profile -q --json "
+                  "--model-id kjv-llama-edge",
+                  dir, KVEDGE_MODELS);
+    assert_int_equal(ex, 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    sc = cJSON_GetObjectItem(j, "schemes");
+    cJSON *ec = cJSON_GetArrayItem(sc, 0), *tc = cJSON_GetArrayItem(sc, 1);
+    double kl_ec = cJSON_GetObjectItem(ec, "kl")->valuedouble,
+           kl_tc = cJSON_GetObjectItem(tc, "kl")->valuedouble,
+           b_ec = cJSON_GetObjectItem(ec, "bytes")->valuedouble,
+           b_tc = cJSON_GetObjectItem(tc, "bytes")->valuedouble;
+    printf("  kjv llama edge: int4-g32+ec KL %.3g, %.0f bytes; tc KL %.3g, %.0f bytes\n", kl_ec,
+           b_ec, kl_tc, b_tc);
+    assert_true(kl_tc > 0 && kl_tc < 4 * kl_ec);
+    assert_true(b_tc > 0 && b_tc < 0.8 * b_ec);
+    cJSON_Delete(j);
+    free(out);
     /* Without a tokenizer: a folder with none is refused before anything runs. */
     ex = s_kvedge(&out, "eval --weights %s --file %s/kjv/heldout.txt -q",
                   KVEDGE_FIXTURES "/opt_tiny.safetensors", KVEDGE_MODELS);
@@ -885,6 +1117,7 @@ int main(void)
         cmocka_unit_test(test_lossless_int8_profile),
         cmocka_unit_test(test_profile_file),
         cmocka_unit_test(test_scheme_prec),
+        cmocka_unit_test(test_tc_ec),
         cmocka_unit_test(test_unknown_model_fails),
         cmocka_unit_test(test_scheme_names),
         cmocka_unit_test(test_bad_arguments),
