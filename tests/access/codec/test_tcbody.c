@@ -231,6 +231,85 @@ static void test_simd_same_bits(void **state)
     s_case_free(&k);
 }
 
+/* The encoder picks its layout and orders from entropy estimates; the full search
+ * (kvedge_tc_encode_full, every layout at both orders, the smallest kept) is the reference. Both
+ * quantize alike, so they decode to the same bits; the estimated choice costs at most 1 % more
+ * bytes here (falling-variance components, K/V-like values, escapes, odd shapes), and with SIMD
+ * off the encoder writes the same bytes (the AVX2 projection gives the generic one's codes). */
+static void test_estimated_choice(void **state)
+{
+    (void)state;
+    const uint32_t shapes[][2] = {{256, 32}, {256, 128}, {33, 40}, {64, 17}, {5, 3}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int kind = 0; kind < 3; kind++) {
+            const uint32_t T = shapes[i][0], D = shapes[i][1];
+            const kvedge_tc_shape_t s = {T, D};
+            const size_t n = (size_t)T * D, cap = kvedge_tc_bound(&s);
+            float *x = malloc(n * sizeof *x), *a = malloc(n * sizeof *a),
+                  *b = malloc(n * sizeof *b), *fwd = malloc((size_t)D * D * sizeof *fwd),
+                  *inv = malloc((size_t)D * D * sizeof *inv);
+            uint8_t *fast = malloc(cap), *full = malloc(cap), *generic = malloc(cap);
+            assert_true(x && a && b && fwd && inv && fast && full && generic);
+            s_basis(D, fwd, inv);
+            if (kind == 0)
+                s_values(T, D, x);
+            for (size_t k = 0; kind > 0 && k < n; k++) {
+                const float spread = kind == 1 ? 8.0f * powf(0.8f, (float)(k % D)) : 20.0f;
+                x[k] = spread * (s_uniform() - 0.5f);
+            }
+            const float step = 0.02f;
+            size_t lf, lg, lw;
+            assert_int_equal(kvedge_tc_encode(&s, x, fwd, step, fast, cap, &lf), KVEDGE_OK);
+            assert_int_equal(kvedge_tc_encode_full(&s, x, fwd, step, full, cap, &lg), KVEDGE_OK);
+            if (!((double)lf <= 1.01 * (double)lg + 8))
+                fail_msg("T %u D %u kind %d: %zu vs %zu", T, D, kind, lf, lg);
+            /* Rank, step and means are the same bytes; only the layout byte may differ. */
+            assert_memory_equal(fast + 1, full + 1, KVEDGE_TC_HEAD_BYTES - 1 + 2u * D);
+            assert_int_equal(s_decode(&s, fast, lf, inv, a), KVEDGE_OK);
+            assert_int_equal(s_decode(&s, full, lg, inv, b), KVEDGE_OK);
+            assert_memory_equal(a, b, n * sizeof *a);
+            if (kvedge_quant_simd(-1)) {
+                kvedge_quant_simd(0);
+                assert_int_equal(kvedge_tc_encode(&s, x, fwd, step, generic, cap, &lw), KVEDGE_OK);
+                kvedge_quant_simd(1);
+                assert_int_equal(lw, lf);
+                assert_memory_equal(generic, fast, lf);
+            }
+            free(x);
+            free(a);
+            free(b);
+            free(fwd);
+            free(inv);
+            free(fast);
+            free(full);
+            free(generic);
+        }
+}
+
+/* The AVX2 transform gives the generic loop's bits at widths that are and are not a multiple
+ * of its 32-channel blocks. */
+static void test_simd_same_bits_odd_dims(void **state)
+{
+    (void)state;
+    const uint32_t dims[] = {1, 17, 40, 100, 128};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        s_case_t k;
+        s_case_new(&k, 70, dims[i], 0.02f);
+        const kvedge_tc_shape_t s = {k.T, k.D};
+        float *generic = malloc(sizeof(float) * k.T * k.D);
+        assert_non_null(generic);
+        kvedge_quant_simd(0);
+        assert_int_equal(s_decode(&s, k.buf, k.len, k.inv, generic), KVEDGE_OK);
+        const int simd = kvedge_quant_simd(1);
+        assert_int_equal(s_decode(&s, k.buf, k.len, k.inv, k.out), KVEDGE_OK);
+        if (simd)
+            assert_memory_equal(generic, k.out, sizeof(float) * k.T * k.D);
+        s_assert_within_step(&k, 0.02f);
+        free(generic);
+        s_case_free(&k);
+    }
+}
+
 static void test_encode_errors(void **state)
 {
     (void)state;
@@ -400,6 +479,8 @@ int main(void)
         cmocka_unit_test(test_escapes_and_rank_zero),
         cmocka_unit_test(test_bands),
         cmocka_unit_test(test_simd_same_bits),
+        cmocka_unit_test(test_estimated_choice),
+        cmocka_unit_test(test_simd_same_bits_odd_dims),
         cmocka_unit_test(test_encode_errors),
         cmocka_unit_test(test_truncated_and_inflated),
         cmocka_unit_test(test_every_byte_flipped),
