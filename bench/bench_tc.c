@@ -355,7 +355,7 @@ static void s_measure(const s_set_t *set, s_fig_t *f)
 
 int main(int argc, char **argv)
 {
-    int synthetic_only = 0;
+    int synthetic_only = 0, real_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--models") == 0 && i + 1 < argc) {
             s_models_root = argv[++i];
@@ -365,11 +365,14 @@ int main(int argc, char **argv)
                 s_reps = 1;
         } else if (strcmp(argv[i], "--no-full") == 0) {
             s_no_full = 1;
+        } else if (strcmp(argv[i], "--real") == 0) {
+            real_only = 1;
         } else if (strcmp(argv[i], "--synthetic") == 0) {
             synthetic_only = 1;
         } else {
-            fprintf(stderr,
-                    "usage: bench_tc [--models DIR] [--reps N] [--synthetic] [--no-full]\n");
+            fprintf(
+                stderr,
+                "usage: bench_tc [--models DIR] [--reps N] [--synthetic | --real] [--no-full]\n");
             return 2;
         }
     }
@@ -384,7 +387,8 @@ int main(int argc, char **argv)
             s_collect(m, ids, n_ids, &set[m]);
         free(ids);
     }
-    s_synthetic(&set[S_MODELS]);
+    if (!real_only)
+        s_synthetic(&set[S_MODELS]);
     printf("# bench_tc: per block (a K and a V section of one head, %u tokens), medians over "
            "blocks of the median of %d runs, one core (thread CPU time)\n\n",
            S_CHUNK_TOKENS, s_reps);
