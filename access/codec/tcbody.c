@@ -42,53 +42,96 @@ static int32_t s_unzigzag(uint32_t z)
     return (z & 1u) ? -(int32_t)((z + 1u) / 2u) : (int32_t)(z / 2u);
 }
 
-/* One token's codes: y[j] = sum over c of (x[c] - m[c]) * fwd[c][j], summed in channel order
- * with a mul then an add per term (the codec builds with -ffp-contract=off), so the loop over j,
- * which the compiler vectorizes (eight components wide in the AVX2 copy below), gives the bits
- * of a scalar dot product per component; q = floor(y / step + 0.5). Returns 1 + the last
- * component with a non-zero code (0 for none), or -1 for a code over KVEDGE_TC_CODE_MAX or
- * not finite. */
-static inline __attribute__((always_inline)) int64_t s_project_body(uint32_t D, const float *xt,
-                                                                    const float *m,
+/* Channels (or components) the vector loops take at a time: four vectors of eight. */
+#define S_LANES 32u
+/* Eight floats: element-wise mul and add, the same IEEE operations as the scalar loop. */
+typedef float s_v8 __attribute__((vector_size(32), aligned(4), may_alias));
+
+/* The codes of tokens xt[0..nt) (nt 1 or 2; two in flight hide the add latency of each one's
+ * chain): y[j] = sum over c of (x[c] - m[c]) * fwd[c][j], summed in channel order with a mul
+ * then an add per term (the codec builds with -ffp-contract=off), so the vector loops over j
+ * (32 components in registers, eight wide in the AVX2 copy below) give the bits of a scalar dot
+ * product per component; q = floor(y / step + 0.5). Returns 1 + the last component with a
+ * non-zero code (0 for none), or -1 for a code over KVEDGE_TC_CODE_MAX or not finite. */
+static inline __attribute__((always_inline)) int64_t s_project_body(uint32_t D, uint32_t nt,
+                                                                    const float *xt, const float *m,
                                                                     const float *fwd,
                                                                     float inv_step, int32_t *qt)
 {
-    float d[S_MAX_DIM], y[S_MAX_DIM];
-    for (uint32_t c = 0; c < D; c++)
-        d[c] = xt[c] - m[c];
-    for (uint32_t j = 0; j < D; j++)
-        y[j] = 0.0f;
-    for (uint32_t c = 0; c < D; c++) {
-        const float dc = d[c];
-        const float *row = fwd + (size_t)c * D;
-        for (uint32_t j = 0; j < D; j++)
-            y[j] += dc * row[j];
+    float d[2][S_MAX_DIM], y[2][S_MAX_DIM];
+    for (uint32_t t = 0; t < nt; t++)
+        for (uint32_t c = 0; c < D; c++)
+            d[t][c] = xt[(size_t)t * D + c] - m[c];
+    uint32_t j0 = 0;
+    for (; j0 + S_LANES <= D; j0 += S_LANES) {
+        const s_v8 zero = {0};
+        s_v8 a0 = zero, a1 = zero, a2 = zero, a3 = zero, b0 = zero, b1 = zero, b2 = zero, b3 = zero;
+        for (uint32_t c = 0; c < D; c++) {
+            const s_v8 *row = (const s_v8 *)(fwd + (size_t)c * D + j0);
+            const s_v8 r0 = row[0], r1 = row[1], r2 = row[2], r3 = row[3];
+            const float d0 = d[0][c];
+            a0 += d0 * r0;
+            a1 += d0 * r1;
+            a2 += d0 * r2;
+            a3 += d0 * r3;
+            if (nt == 2) {
+                const float d1 = d[1][c];
+                b0 += d1 * r0;
+                b1 += d1 * r1;
+                b2 += d1 * r2;
+                b3 += d1 * r3;
+            }
+        }
+        s_v8 *ya = (s_v8 *)(y[0] + j0), *yb = (s_v8 *)(y[1] + j0);
+        ya[0] = a0;
+        ya[1] = a1;
+        ya[2] = a2;
+        ya[3] = a3;
+        yb[0] = b0;
+        yb[1] = b1;
+        yb[2] = b2;
+        yb[3] = b3;
     }
-    for (uint32_t j = 0; j < D; j++)
-        y[j] = floorf(y[j] * inv_step + 0.5f);
+    for (uint32_t t = 0; t < nt; t++)
+        for (uint32_t j = j0; j < D; j++) {
+            float acc = 0.0f;
+            for (uint32_t c = 0; c < D; c++)
+                acc += d[t][c] * fwd[(size_t)c * D + j];
+            y[t][j] = acc;
+        }
     int64_t r = 0;
-    for (uint32_t j = 0; j < D; j++) {
-        if (!(fabsf(y[j]) <= (float)KVEDGE_TC_CODE_MAX)) /* also NaN */
+    for (uint32_t t = 0; t < nt; t++) {
+        int bad = 0; /* branch-free, so the loop vectorizes */
+        int32_t *q = qt + (size_t)t * D;
+        for (uint32_t j = 0; j < D; j++) {
+            const float v = floorf(y[t][j] * inv_step + 0.5f);
+            bad |= !(fabsf(v) <= (float)KVEDGE_TC_CODE_MAX); /* also NaN */
+            q[j] = bad ? 0 : (int32_t)v;
+        }
+        if (bad)
             return -1;
-        qt[j] = (int32_t)y[j];
-        if (qt[j] != 0)
-            r = j + 1;
+        uint32_t last = D;
+        while (last > 0 && q[last - 1] == 0)
+            last--;
+        if (last > r)
+            r = last;
     }
     return r;
 }
 
-static int64_t s_project(uint32_t D, const float *xt, const float *m, const float *fwd,
+static int64_t s_project(uint32_t D, uint32_t nt, const float *xt, const float *m, const float *fwd,
                          float inv_step, int32_t *qt)
 {
-    return s_project_body(D, xt, m, fwd, inv_step, qt);
+    return s_project_body(D, nt, xt, m, fwd, inv_step, qt);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2"))) static int64_t s_project_avx2(uint32_t D, const float *xt,
-                                                              const float *m, const float *fwd,
-                                                              float inv_step, int32_t *qt)
+__attribute__((target("avx2"))) static int64_t s_project_avx2(uint32_t D, uint32_t nt,
+                                                              const float *xt, const float *m,
+                                                              const float *fwd, float inv_step,
+                                                              int32_t *qt)
 {
-    return s_project_body(D, xt, m, fwd, inv_step, qt);
+    return s_project_body(D, nt, xt, m, fwd, inv_step, qt);
 }
 #else
 #define s_project_avx2 s_project
@@ -116,11 +159,12 @@ static int s_quantize(const kvedge_tc_shape_t *s, const float *x, const float *f
     free(sum);
     const float inv_step = 1.0f / step;
     int64_t r = 0;
-    for (uint32_t t = 0; t < T && rc == KVEDGE_OK; t++) {
+    for (uint32_t t = 0; t < T && rc == KVEDGE_OK; t += 2) {
         const float *xt = x + (size_t)t * D;
         int32_t *qt = q + (size_t)t * D;
-        const int64_t rt = simd ? s_project_avx2(D, xt, m, fwd, inv_step, qt)
-                                : s_project(D, xt, m, fwd, inv_step, qt);
+        const uint32_t nt = T - t >= 2 ? 2 : 1;
+        const int64_t rt = simd ? s_project_avx2(D, nt, xt, m, fwd, inv_step, qt)
+                                : s_project(D, nt, xt, m, fwd, inv_step, qt);
         if (rt < 0)
             rc = KVEDGE_EINVAL;
         else if (rt > r)
@@ -553,9 +597,6 @@ static int s_read_codes(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in
  * with -ffp-contract=off), so the AVX2 copy below, which the compiler vectorizes eight channels
  * wide, gives the same bits as the generic one. Each token's non-zero components are listed
  * once; the channels go S_LANES at a time through accumulators held in registers. */
-#define S_LANES 32u
-/* Eight floats: element-wise mul and add, the same IEEE operations as the scalar loop. */
-typedef float s_v8 __attribute__((vector_size(32), aligned(4), may_alias));
 static inline __attribute__((always_inline)) void s_transform_body(const kvedge_tc_shape_t *s,
                                                                    const float *m, const float *y,
                                                                    uint32_t rank, const float *inv,
