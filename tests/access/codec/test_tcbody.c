@@ -286,6 +286,66 @@ static void test_estimated_choice(void **state)
         }
 }
 
+/* The codes are those of the scalar projection the codec has always made (y[j] summed over c
+ * in order, one mul and one add per term, then floor(y / step + 0.5)), whatever the vector
+ * blocking: decoded with the identity as inverse, every value is m[c] + q[t][c] * step of the
+ * reference's q. Widths with and without a tail past the 32-component blocks, odd token
+ * counts, SIMD on and off. */
+static void test_codes_match_scalar_reference(void **state)
+{
+    (void)state;
+    const uint32_t shapes[][2] = {{64, 64}, {33, 40}, {7, 96}, {5, 3}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int simd = 0; simd < 2; simd++) {
+            const uint32_t T = shapes[i][0], D = shapes[i][1];
+            const kvedge_tc_shape_t s = {T, D};
+            const size_t n = (size_t)T * D, cap = kvedge_tc_bound(&s);
+            float *x = malloc(n * sizeof *x), *out = malloc(n * sizeof *out),
+                  *fwd = malloc((size_t)D * D * sizeof *fwd),
+                  *inv = malloc((size_t)D * D * sizeof *inv),
+                  *eye = calloc((size_t)D * D, sizeof *eye), *m = malloc(D * sizeof *m);
+            uint8_t *buf = malloc(cap);
+            assert_true(x && out && fwd && inv && eye && m && buf);
+            s_basis(D, fwd, inv);
+            s_values(T, D, x);
+            for (uint32_t c = 0; c < D; c++)
+                eye[(size_t)c * D + c] = 1.0f;
+            const float step = 0.03f, st = kvedge_fp16_to_f32(kvedge_f32_to_fp16(step));
+            kvedge_quant_simd(simd);
+            size_t len;
+            assert_int_equal(kvedge_tc_encode(&s, x, fwd, step, buf, cap, &len), KVEDGE_OK);
+            kvedge_quant_simd(1);
+            assert_int_equal(s_decode(&s, buf, len, eye, out), KVEDGE_OK);
+            for (uint32_t c = 0; c < D; c++) {
+                double sum = 0;
+                for (uint32_t t = 0; t < T; t++)
+                    sum += x[(size_t)t * D + c];
+                m[c] = kvedge_fp16_to_f32(kvedge_f32_to_fp16((float)(sum / T)));
+            }
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t j = 0; j < D; j++) {
+                    float y = 0.0f;
+                    for (uint32_t c = 0; c < D; c++) {
+                        const float d = x[(size_t)t * D + c] - m[c];
+                        const float p = d * fwd[(size_t)c * D + j];
+                        y = y + p;
+                    }
+                    const float q = floorf(y * (1.0f / st) + 0.5f);
+                    const float want = m[j] + q * st;
+                    if (!(out[(size_t)t * D + j] == want))
+                        fail_msg("T %u D %u simd %d: t %u j %u: %g, the reference %g", T, D, simd,
+                                 t, j, (double)out[(size_t)t * D + j], (double)want);
+                }
+            free(x);
+            free(out);
+            free(fwd);
+            free(inv);
+            free(eye);
+            free(m);
+            free(buf);
+        }
+}
+
 /* The AVX2 transform gives the generic loop's bits at widths that are and are not a multiple
  * of its 32-channel blocks. */
 static void test_simd_same_bits_odd_dims(void **state)
@@ -480,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_bands),
         cmocka_unit_test(test_simd_same_bits),
         cmocka_unit_test(test_estimated_choice),
+        cmocka_unit_test(test_codes_match_scalar_reference),
         cmocka_unit_test(test_simd_same_bits_odd_dims),
         cmocka_unit_test(test_encode_errors),
         cmocka_unit_test(test_truncated_and_inflated),
