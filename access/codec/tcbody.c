@@ -615,6 +615,32 @@ static inline __attribute__((always_inline)) void s_transform_body(const kvedge_
             nz += yt[j] != 0.0f;
         }
         uint32_t c0 = 0;
+        for (; c0 + 2 * S_LANES <= D; c0 += 2 * S_LANES) { /* eight chains hide the add latency */
+            const s_v8 *mv = (const s_v8 *)(m + c0);
+            s_v8 a0 = mv[0], a1 = mv[1], a2 = mv[2], a3 = mv[3], a4 = mv[4], a5 = mv[5], a6 = mv[6],
+                 a7 = mv[7];
+            for (uint32_t i = 0; i < nz; i++) {
+                const s_v8 *row = (const s_v8 *)(inv + (size_t)nz_j[i] * D + c0);
+                const float yj = nz_y[i];
+                a0 += yj * row[0];
+                a1 += yj * row[1];
+                a2 += yj * row[2];
+                a3 += yj * row[3];
+                a4 += yj * row[4];
+                a5 += yj * row[5];
+                a6 += yj * row[6];
+                a7 += yj * row[7];
+            }
+            s_v8 *xv = (s_v8 *)(xt + c0);
+            xv[0] = a0;
+            xv[1] = a1;
+            xv[2] = a2;
+            xv[3] = a3;
+            xv[4] = a4;
+            xv[5] = a5;
+            xv[6] = a6;
+            xv[7] = a7;
+        }
         for (; c0 + S_LANES <= D; c0 += S_LANES) {
             const s_v8 *mv = (const s_v8 *)(m + c0);
             s_v8 a0 = mv[0], a1 = mv[1], a2 = mv[2], a3 = mv[3];
