@@ -540,8 +540,8 @@ int kvedge_tc_encode_full(const kvedge_tc_shape_t *s, const float *x, const floa
     return s_encode(s, x, fwd, step, true, out, out_cap, out_len);
 }
 
-/* Reads the codes of a section with R > 0 (at in + pos) into y [T][D] as q * step; components
- * R.. stay 0. With y NULL, checks them only. */
+/* Reads the codes of a section with R > 0 (at in + pos) into y [T][D] as q * step (components
+ * R.. left as they are). With y NULL, checks them only. */
 static int s_read_codes(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len, size_t pos,
                         int layout, uint32_t rank, float st, float *y)
 {
@@ -573,22 +573,23 @@ static int s_read_codes(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in
     const uint8_t *e = in + pos + 4;
     const bool tm = layout == KVEDGE_TC_LAYOUT_TOKEN;
     const uint32_t outer = tm ? T : rank, inner = tm ? rank : T;
-    size_t k = 0;
-    for (uint32_t a = 0; a < outer && rc == KVEDGE_OK; a++)
-        for (uint32_t b = 0; b < inner && rc == KVEDGE_OK; b++, k++) {
+    const size_t step_a = tm ? D : 1, step_b = tm ? 1 : D;
+    bool bad = false;
+    for (uint32_t a = 0, k = 0; a < outer && rc == KVEDGE_OK; a++)
+        for (uint32_t b = 0; b < inner; b++, k++) {
             int32_t v;
             if (sym[k] == KVEDGE_TC_ESCAPE) {
                 v = (int16_t)kvedge_le_get16(e);
                 e += 2;
-                if (s_zigzag(v) < KVEDGE_TC_ESCAPE) /* not how the encoder writes it */
-                    rc = KVEDGE_ECORRUPT;
+                bad |= s_zigzag(v) < KVEDGE_TC_ESCAPE; /* not how the encoder writes it */
             } else {
                 v = s_unzigzag(sym[k]);
             }
-            const size_t at = tm ? (size_t)a * D + b : (size_t)b * D + a;
             if (y)
-                y[at] = (float)v * st;
+                y[a * step_a + b * step_b] = (float)v * st;
         }
+    if (bad)
+        rc = KVEDGE_ECORRUPT;
     free(sym);
     return rc;
 }
@@ -686,7 +687,8 @@ __attribute__((target("avx2"))) static void s_transform_avx2(const kvedge_tc_sha
 #endif
 
 /* Walks a section: header, means (into m when not NULL) and codes (into y [T][D] when not
- * NULL, zeroed by the caller); *rank gets R. Every check of the layout, none needing the basis. */
+ * NULL: components 0..R-1 of each token); *rank gets R. Every check of the layout, none needing the
+ * basis. */
 static int s_walk(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_len, float *m, float *y,
                   uint32_t *rank_out)
 {
@@ -729,7 +731,7 @@ int kvedge_tc_decode(const kvedge_tc_shape_t *s, const uint8_t *in, size_t in_le
     if (in_len < KVEDGE_TC_HEAD_BYTES + 2u * D)
         return KVEDGE_ECORRUPT; /* before allocating anything */
     float *m = malloc(D * sizeof *m);
-    float *y = calloc((size_t)T * D, sizeof *y);
+    float *y = malloc((size_t)T * D * sizeof *y); /* components R.. are never read */
     int rc = KVEDGE_ENOMEM;
     uint32_t rank = 0;
     if (!m || !y)
