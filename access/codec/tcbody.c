@@ -294,13 +294,12 @@ static int s_write_streams(const kvedge_tc_shape_t *s, uint32_t rank, int layout
 #define S_O1_TABLE_PACKED    0.55
 #define S_O1_TABLE_PACK_OVER 1000.0
 
-/* Order-1 counts over a stream's own alphabet (its A present symbols renumbered 0..A-1, plus a
- * row for the starting context when symbol 0 is absent: (A + 1) x A cells), zero between
- * calls; the cells a stream touched (n at most). */
+/* Order-1 counts [prev][sym] (rows 0..the section's largest symbol zeroed at the start of an
+ * encode, and every touched cell zeroed again after each stream) and the cells a stream
+ * touched (n at most). */
 typedef struct {
     uint32_t *h1;
     uint32_t *cells;
-    size_t zeroed; /* cells of h1 known to be zero, from the first */
 } s_est_t;
 
 static double s_cat(size_t n, double est)
@@ -308,55 +307,42 @@ static double s_cat(size_t n, double est)
     return est < (double)n + 4 ? est : (double)n + 4;
 }
 
-/* o0 (when not NULL) and o1 of sym[0..n). */
-static void s_est_stream(s_est_t *e, const uint8_t *sym, size_t n, double *o0, double *o1)
+/* o0 (when not NULL) and o1 of sym[0..n), from one counting pass: the order-1 cells, whose
+ * column sums are the order-0 histogram. */
+static void s_est_stream(const s_est_t *e, const uint8_t *sym, size_t n, double *o0, double *o1)
 {
-    /* Four partial histograms: runs of one symbol would otherwise wait on one counter. */
-    uint32_t h0[256], hp[4][256] = {{0}}, a = 0;
-    uint8_t map[256];
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        hp[0][sym[i]]++;
-        hp[1][sym[i + 1]]++;
-        hp[2][sym[i + 2]]++;
-        hp[3][sym[i + 3]]++;
+    uint32_t *h1 = e->h1, *cells = e->cells;
+    size_t k = 0;
+    uint32_t prev = 0; /* htscodecs starts in context 0 */
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t at = prev << 8 | sym[i];
+        if (h1[at]++ == 0)
+            cells[k++] = at;
+        prev = sym[i];
     }
-    for (; i < n; i++)
-        hp[0][sym[i]]++;
-    for (uint32_t v = 0; v < 256; v++)
-        h0[v] = hp[0][v] + hp[1][v] + hp[2][v] + hp[3][v];
-    const bool has0 = h0[0] != 0;
-    for (uint32_t v = 0; v < 256; v++)
+    uint32_t h0[256] = {0}, rows[256] = {0}, next[256];
+    for (size_t i = 0; i < k; i++) {
+        h0[cells[i] & 255u] += h1[cells[i]];
+        rows[cells[i] >> 8] += h1[cells[i]];
+    }
+    /* next[v]: the stream's next present symbol after v (256: none); first: its first. */
+    uint32_t first = 256, up = 256;
+    for (int v = 255; v >= 0; v--) {
+        next[v] = up;
         if (h0[v])
-            h0[a] = h0[v], map[v] = (uint8_t)a++; /* h0[a] with a <= v: already read */
+            up = first = (uint32_t)v;
+    }
     const double nn = (double)n;
     if (o0) {
         double bits = nn * (double)log2f((float)nn), table = 3;
-        for (uint32_t v = 0; v < a; v++) {
+        for (uint32_t v = first; v < 256; v = next[v]) {
             bits -= (double)h0[v] * (double)log2f((float)h0[v]);
             table += (double)h0[v] * 4096.0 / nn < 128 ? 1 : 2;
         }
         *o0 = s_cat(n, bits / 8 + table + S_STREAM_FIXED_BYTES);
     }
-    uint32_t *h1 = e->h1, *cells = e->cells, rows[257] = {0};
-    size_t k = 0;
-    /* The first cells (A + 1) x A zeroed once per encode, as streams need them. */
-    const size_t need = (size_t)(a + 1) * a;
-    if (need > e->zeroed) {
-        memset(h1 + e->zeroed, 0, (need - e->zeroed) * sizeof *h1);
-        e->zeroed = need;
-    }
-    uint32_t prev = has0 ? 0 : a; /* htscodecs starts in context 0 */
-    for (i = 0; i < n; i++) {
-        const uint32_t v = map[sym[i]], at = prev * a + v;
-        if (h1[at]++ == 0)
-            cells[k++] = at;
-        prev = v;
-    }
-    for (size_t j = 0; j < k; j++)
-        rows[cells[j] / a] += h1[cells[j]];
-    double bits = 0, table = 3, scale[257];
-    for (uint32_t c = 0; c <= a; c++) {
+    double bits = 0, table = 3, scale[256];
+    for (uint32_t c = 0; c < 256; c++) {
         if (!rows[c])
             continue;
         double t = 1;
@@ -364,16 +350,16 @@ static void s_est_stream(s_est_t *e, const uint8_t *sym, size_t n, double *o0, d
             t *= 2;
         scale[c] = t / (double)rows[c];
         bits += (double)rows[c] * (double)log2f((float)rows[c]);
-        table += h1[(size_t)c * a] ? 0 : 2; /* a leading run of absent symbols */
+        table += h1[c << 8 | first] ? 0 : 2; /* a leading run of absent symbols */
     }
-    for (i = 0; i < k; i++) {
-        const uint32_t at = cells[i], c = at / a, v = at % a, h = h1[at];
+    for (size_t i = 0; i < k; i++) {
+        const uint32_t at = cells[i], c = at >> 8, v = at & 255u, h = h1[at];
         bits -= (double)h * (double)log2f((float)h);
         table += (double)h * scale[c] < 128 ? 1 : 2;
-        if (v + 1 < a && !h1[at + 1])
+        if (next[v] < 256 && !h1[c << 8 | next[v]])
             table += 2; /* a run of absent symbols starts after v */
     }
-    for (i = 0; i < k; i++)
+    for (size_t i = 0; i < k; i++)
         h1[cells[i]] = 0;
     if (table > S_O1_TABLE_PACK_OVER)
         table = table * S_O1_TABLE_PACKED + 6;
@@ -384,7 +370,7 @@ static void s_est_stream(s_est_t *e, const uint8_t *sym, size_t n, double *o0, d
  * layout and order 0 on ties). Token- and component-major hold the same symbols, so their
  * order-0 estimates are one. */
 static void s_choose(const kvedge_tc_shape_t *s, uint32_t rank, const uint8_t *sym_tm,
-                     const uint8_t *sym_cm, s_est_t *e, int *layout, int *order)
+                     const uint8_t *sym_cm, const s_est_t *e, int *layout, int *order)
 {
     double best = INFINITY, o0_all = 0;
     for (int l = KVEDGE_TC_LAYOUT_TOKEN; l <= KVEDGE_TC_LAYOUT_MAX; l++) {
@@ -432,7 +418,7 @@ static int s_work_new(s_work_t *w, const kvedge_tc_shape_t *s)
     /* Each piece rounded to 8 bytes so every one is aligned for its type. */
 #define S_R8(x) (((x) + 7u) & ~(size_t)7u)
     const size_t sz[] = {S_R8(n * 4), S_R8(n),          S_R8(n),     S_R8(bound), S_R8(bound),
-                         S_R8(n * 2), 257u * 256u * 4u, S_R8(D * 2), S_R8(D * 4), n * 4};
+                         S_R8(n * 2), 256u * 256u * 4u, S_R8(D * 2), S_R8(D * 4), n * 4};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
         total += sz[i];
@@ -500,8 +486,12 @@ static int s_encode(const kvedge_tc_shape_t *s, const float *x, const float *fwd
         for (int i = 0; i < KVEDGE_TC_MAX_STREAMS; i++)
             order[i] = -1;
     } else if (rank > 0) {
-        s_est_t e = {.h1 = w.h1, .cells = w.cells};
+        const s_est_t e = {.h1 = w.h1, .cells = w.cells};
         s_symbols(s, w.q, rank, KVEDGE_TC_LAYOUT_TOKEN, w.sym, NULL);
+        uint8_t top = 0;
+        for (size_t i = 0; i < (size_t)s->tokens * rank; i++)
+            top = w.sym[i] > top ? w.sym[i] : top;
+        memset(w.h1, 0, ((size_t)top + 1) * 256u * sizeof *w.h1);
         s_symbols(s, w.q, rank, KVEDGE_TC_LAYOUT_COMPONENT, w.sym_cm, NULL);
         s_choose(s, rank, w.sym, w.sym_cm, &e, &layout, order);
     }
