@@ -402,7 +402,7 @@ static void s_choose(const kvedge_tc_shape_t *s, uint32_t rank, const uint8_t *s
 typedef struct {
     int32_t *q;
     uint8_t *sym, *sym_cm, *scratch, *alt;
-    int16_t *esc;
+    int16_t *esc, *esc_cm; /* the escaped codes of sym and sym_cm */
     uint32_t *h1, *cells;
     uint16_t *m16;
     float *m;
@@ -417,8 +417,9 @@ static int s_work_new(s_work_t *w, const kvedge_tc_shape_t *s)
     const size_t bound = b0 > b1 ? b0 : b1;
     /* Each piece rounded to 8 bytes so every one is aligned for its type. */
 #define S_R8(x) (((x) + 7u) & ~(size_t)7u)
-    const size_t sz[] = {S_R8(n * 4), S_R8(n),          S_R8(n),     S_R8(bound), S_R8(bound),
-                         S_R8(n * 2), 256u * 256u * 4u, S_R8(D * 2), S_R8(D * 4), n * 4};
+    const size_t sz[] = {S_R8(n * 4), S_R8(n),     S_R8(n),          S_R8(bound),
+                         S_R8(bound), S_R8(n * 2), 256u * 256u * 4u, S_R8(D * 2),
+                         S_R8(D * 4), n * 4,       S_R8(n * 2)};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
         total += sz[i];
@@ -435,7 +436,8 @@ static int s_work_new(s_work_t *w, const kvedge_tc_shape_t *s)
     w->h1 = (uint32_t *)(void *)(p += sz[5]);
     w->m16 = (uint16_t *)(void *)(p += sz[6]);
     w->m = (float *)(void *)(p += sz[7]);
-    w->cells = (uint32_t *)(void *)(p + sz[8]);
+    w->cells = (uint32_t *)(void *)(p += sz[8]);
+    w->esc_cm = (int16_t *)(void *)(p + sz[9]);
 #undef S_R8
     return KVEDGE_OK;
 }
@@ -464,7 +466,7 @@ static int s_encode(const kvedge_tc_shape_t *s, const float *x, const float *fwd
     if (rc != KVEDGE_OK)
         goto out;
     int layout = KVEDGE_TC_LAYOUT_TOKEN, order[KVEDGE_TC_MAX_STREAMS];
-    size_t pos = head;
+    size_t pos = head, e_tm = 0, e_cm = 0;
     if (rank > 0 && full) {
         /* Every layout coded into out past the header; the smallest kept. */
         size_t best = SIZE_MAX;
@@ -487,12 +489,12 @@ static int s_encode(const kvedge_tc_shape_t *s, const float *x, const float *fwd
             order[i] = -1;
     } else if (rank > 0) {
         const s_est_t e = {.h1 = w.h1, .cells = w.cells};
-        s_symbols(s, w.q, rank, KVEDGE_TC_LAYOUT_TOKEN, w.sym, NULL);
+        e_tm = s_symbols(s, w.q, rank, KVEDGE_TC_LAYOUT_TOKEN, w.sym, w.esc);
         uint8_t top = 0;
         for (size_t i = 0; i < (size_t)s->tokens * rank; i++)
             top = w.sym[i] > top ? w.sym[i] : top;
         memset(w.h1, 0, ((size_t)top + 1) * 256u * sizeof *w.h1);
-        s_symbols(s, w.q, rank, KVEDGE_TC_LAYOUT_COMPONENT, w.sym_cm, NULL);
+        e_cm = s_symbols(s, w.q, rank, KVEDGE_TC_LAYOUT_COMPONENT, w.sym_cm, w.esc_cm);
         s_choose(s, rank, w.sym, w.sym_cm, &e, &layout, order);
     }
     out[0] = (uint8_t)layout;
@@ -501,8 +503,16 @@ static int s_encode(const kvedge_tc_shape_t *s, const float *x, const float *fwd
     for (uint32_t c = 0; c < D; c++)
         kvedge_le_put16(out + KVEDGE_TC_HEAD_BYTES + 2u * c, w.m16[c]);
     if (rank) {
-        const size_t e = s_symbols(s, w.q, rank, layout, w.sym, w.esc);
-        rc = s_write_streams(s, rank, layout, w.sym, order, out, out_cap, w.scratch, w.alt, &pos);
+        /* The chosen layout's symbols: built above, or (full search) built again. */
+        const bool tm = layout == KVEDGE_TC_LAYOUT_TOKEN;
+        const uint8_t *sym = tm ? w.sym : w.sym_cm;
+        const int16_t *esc = tm ? w.esc : w.esc_cm;
+        const size_t e = full ? s_symbols(s, w.q, rank, layout, w.sym, w.esc) : tm ? e_tm : e_cm;
+        if (full) {
+            sym = w.sym;
+            esc = w.esc;
+        }
+        rc = s_write_streams(s, rank, layout, sym, order, out, out_cap, w.scratch, w.alt, &pos);
         if (rc == KVEDGE_OK && out_cap - pos < 4u + 2u * e)
             rc = KVEDGE_ENOSPACE;
         if (rc != KVEDGE_OK)
@@ -510,7 +520,7 @@ static int s_encode(const kvedge_tc_shape_t *s, const float *x, const float *fwd
         kvedge_le_put32(out + pos, (uint32_t)e);
         pos += 4;
         for (size_t i = 0; i < e; i++, pos += 2)
-            kvedge_le_put16(out + pos, (uint16_t)w.esc[i]);
+            kvedge_le_put16(out + pos, (uint16_t)esc[i]);
     }
     *out_len = pos;
 out:
