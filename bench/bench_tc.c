@@ -254,6 +254,39 @@ static double s_time_encode(const s_head_t *h, s_enc_fn fn, uint8_t *out[2], siz
     return med;
 }
 
+/* Median seconds of s_reps int8 block encodes and decodes of the head (from its fp16 K/V, in
+ * k16 and v16, which the decodes overwrite); the block's bytes in *bytes. rt: s_reps doubles. */
+static void s_time_int8(const s_head_t *h, uint16_t *k16, uint16_t *v16, double *rt, double *enc,
+                        double *dec, size_t *bytes)
+{
+    const size_t nv = (size_t)h->T * h->D;
+    kvedge_convert_from_f32(KVEDGE_DTYPE_FP16, h->x[0], nv, k16);
+    kvedge_convert_from_f32(KVEDGE_DTYPE_FP16, h->x[1], nv, v16);
+    const kvedge_block_spec_t spec = {.dtype = KVEDGE_DTYPE_FP16,
+                                      .scheme = KVEDGE_SCHEME_INT8,
+                                      .tokens = h->T,
+                                      .head_dim = (uint16_t)h->D};
+    const size_t bcap = kvedge_block_encoded_bound(&spec);
+    uint8_t *blk = bench_alloc(bcap);
+    size_t blen = 0;
+    for (int r = 0; r < s_reps; r++) {
+        const double t0 = s_cpu_s();
+        KVEDGE_BENCH_CHECK(kvedge_block_encode(&spec, k16, v16, blk, bcap, &blen));
+        rt[r] = s_cpu_s() - t0;
+    }
+    *enc = bench_median(rt, (size_t)s_reps);
+    kvedge_block_info_t info;
+    KVEDGE_BENCH_CHECK(kvedge_block_parse(blk, blen, &info));
+    for (int r = 0; r < s_reps; r++) {
+        const double t0 = s_cpu_s();
+        KVEDGE_BENCH_CHECK(kvedge_block_decode(&info, KVEDGE_DTYPE_FP16, k16, v16));
+        rt[r] = s_cpu_s() - t0;
+    }
+    *dec = bench_median(rt, (size_t)s_reps);
+    *bytes = blen;
+    free(blk);
+}
+
 static void s_measure(const s_set_t *set, s_fig_t *f)
 {
     memset(f, 0, sizeof *f);
@@ -297,35 +330,12 @@ static void s_measure(const s_set_t *set, s_fig_t *f)
         v[3][i] = bench_median(rc, (size_t)s_reps);
         if (dst[nv] != src[nv]) /* keep the copy */
             exit(1);
-        /* int8 of the same head, from its fp16 K/V. */
-        kvedge_convert_from_f32(KVEDGE_DTYPE_FP16, h->x[0], nv, k16);
-        kvedge_convert_from_f32(KVEDGE_DTYPE_FP16, h->x[1], nv, v16);
-        const kvedge_block_spec_t spec = {.dtype = KVEDGE_DTYPE_FP16,
-                                          .scheme = KVEDGE_SCHEME_INT8,
-                                          .tokens = h->T,
-                                          .head_dim = (uint16_t)h->D};
-        const size_t bcap = kvedge_block_encoded_bound(&spec);
-        uint8_t *blk = bench_alloc(bcap);
-        size_t blen = 0;
-        for (int r = 0; r < s_reps; r++) {
-            const double t0 = s_cpu_s();
-            KVEDGE_BENCH_CHECK(kvedge_block_encode(&spec, k16, v16, blk, bcap, &blen));
-            rt[r] = s_cpu_s() - t0;
-        }
-        v[4][i] = bench_median(rt, (size_t)s_reps);
-        kvedge_block_info_t info;
-        KVEDGE_BENCH_CHECK(kvedge_block_parse(blk, blen, &info));
-        for (int r = 0; r < s_reps; r++) {
-            const double t0 = s_cpu_s();
-            KVEDGE_BENCH_CHECK(kvedge_block_decode(&info, KVEDGE_DTYPE_FP16, k16, v16));
-            rt[r] = s_cpu_s() - t0;
-        }
-        v[5][i] = bench_median(rt, (size_t)s_reps);
+        size_t blen;
+        s_time_int8(h, k16, v16, rt, &v[4][i], &v[5][i], &blen);
         tot_bytes += (double)(len[0] + len[1]);
         tot_full += (double)(flen[0] + flen[1]);
         tot_int8 += (double)blen;
         tot_fp16 += (double)(4 * nv);
-        free(blk);
         free(x);
         free(k16);
         free(v16);
