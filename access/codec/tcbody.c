@@ -417,9 +417,12 @@ static int s_work_new(s_work_t *w, const kvedge_tc_shape_t *s)
     const size_t bound = b0 > b1 ? b0 : b1;
     /* Each piece rounded to 8 bytes so every one is aligned for its type. */
 #define S_R8(x) (((x) + 7u) & ~(size_t)7u)
+    /* q, sym, sym_cm, scratch, alt, esc, h1, m16, m, cells (distinct cells of h1: at most
+     * n and at most its 65536), esc_cm */
+    const size_t cells = n < 65536u ? n : 65536u;
     const size_t sz[] = {S_R8(n * 4), S_R8(n),     S_R8(n),          S_R8(bound),
                          S_R8(bound), S_R8(n * 2), 256u * 256u * 4u, S_R8(D * 2),
-                         S_R8(D * 4), n * 4,       S_R8(n * 2)};
+                         S_R8(D * 4), cells * 4,   S_R8(n * 2)};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++)
         total += sz[i];
