@@ -66,9 +66,9 @@ typedef uint8_t kvedge_prec_t;
  * held-out documents at the committed bases' step (0.254 OPT cloud, 0.242 OPT edge, 0.362
  * Llama cloud, 0.351 Llama edge), `kvedge eval ... --schemes int8,int4-g32,int4-g32+ec,tc`.
  * The decode: the median of 3 runs of `build/bench/bench_entropy` (its tc table, "decode us
- * per coded byte": kvedge_block_decode to fp16 on one core, 37-39 MB/s of coded bytes in). */
+ * per coded byte": kvedge_block_decode to fp16 on one core, 43-49 MB/s of coded bytes in). */
 #define KVEDGE_PREC_TC_RATIO              0.302
-#define KVEDGE_PREC_TC_DECODE_US_PER_BYTE 0.027
+#define KVEDGE_PREC_TC_DECODE_US_PER_BYTE 0.021
 
 #define KVEDGE_PREC_MAKE(base, think)                                                              \
     ((kvedge_prec_t)((base) | ((think) << KVEDGE_PREC_THINK_SHIFT)))

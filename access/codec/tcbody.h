@@ -54,13 +54,22 @@ typedef struct {
 size_t kvedge_tc_bound(const kvedge_tc_shape_t *s);
 
 /* Codes x [T][D] (fp32): m = fp16 of each channel's mean; components y = (x - m) fwd with fwd
- * [D][D] row-major (y[j] = sum over c of (x[c] - m[c]) * fwd[c][j]); q = floor(y / step + 0.5)
- * with step rounded to fp16; R = 1 + the last component with a non-zero code. Every layout is
- * tried, each stream at rANS order 0 and 1, and the smallest kept. Errors: KVEDGE_EINVAL (bad
+ * [D][D] row-major (y[j] = sum over c of (x[c] - m[c]) * fwd[c][j], summed in c order, the
+ * same bits with or without SIMD); q = floor(y / step + 0.5) with step rounded to fp16; R = 1 +
+ * the last component with a non-zero code. The layout and each stream's rANS order are those
+ * with the fewest bytes by an estimate from the symbols' order-0 and order-1 histograms (their
+ * entropy and htscodecs' table sizes), and only they are coded. Errors: KVEDGE_EINVAL (bad
  * shape, NULL, non-finite x, fwd or mean, step not a positive fp16, a code over
  * KVEDGE_TC_CODE_MAX), KVEDGE_ENOSPACE (out_cap under what is needed), KVEDGE_ENOMEM. */
 int kvedge_tc_encode(const kvedge_tc_shape_t *s, const float *x, const float *fwd, float step,
                      uint8_t *out, size_t out_cap, size_t *out_len);
+
+/* kvedge_tc_encode with the full search: every layout coded, each stream at rANS orders 0 and
+ * 1, the smallest kept (the earlier layout and order 0 on ties). The same codes, so the same
+ * decoded values; several times slower. The reference tests and bench_tc measure the estimated
+ * choice against. */
+int kvedge_tc_encode_full(const kvedge_tc_shape_t *s, const float *x, const float *fwd, float step,
+                          uint8_t *out, size_t out_cap, size_t *out_len);
 
 /* Decodes a section of in_len bytes into x [T][D] with the inverse basis inv [D][D] (row j:
  * component j's values over the D channels). Errors: KVEDGE_ECORRUPT (anything the layout

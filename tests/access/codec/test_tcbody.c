@@ -231,6 +231,145 @@ static void test_simd_same_bits(void **state)
     s_case_free(&k);
 }
 
+/* The encoder picks its layout and orders from entropy estimates; the full search
+ * (kvedge_tc_encode_full, every layout at both orders, the smallest kept) is the reference. Both
+ * quantize alike, so they decode to the same bits; the estimated choice costs at most 1 % more
+ * bytes here (falling-variance components, K/V-like values, escapes, odd shapes), and with SIMD
+ * off the encoder writes the same bytes (the AVX2 projection gives the generic one's codes). */
+static void test_estimated_choice(void **state)
+{
+    (void)state;
+    const uint32_t shapes[][2] = {{256, 32}, {256, 128}, {33, 40}, {64, 17}, {5, 3}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int kind = 0; kind < 3; kind++) {
+            const uint32_t T = shapes[i][0], D = shapes[i][1];
+            const kvedge_tc_shape_t s = {T, D};
+            const size_t n = (size_t)T * D, cap = kvedge_tc_bound(&s);
+            float *x = malloc(n * sizeof *x), *a = malloc(n * sizeof *a),
+                  *b = malloc(n * sizeof *b), *fwd = malloc((size_t)D * D * sizeof *fwd),
+                  *inv = malloc((size_t)D * D * sizeof *inv);
+            uint8_t *fast = malloc(cap), *full = malloc(cap), *generic = malloc(cap);
+            assert_true(x && a && b && fwd && inv && fast && full && generic);
+            s_basis(D, fwd, inv);
+            if (kind == 0)
+                s_values(T, D, x);
+            for (size_t k = 0; kind > 0 && k < n; k++) {
+                const float spread = kind == 1 ? 8.0f * powf(0.8f, (float)(k % D)) : 20.0f;
+                x[k] = spread * (s_uniform() - 0.5f);
+            }
+            const float step = 0.02f;
+            size_t lf, lg, lw;
+            assert_int_equal(kvedge_tc_encode(&s, x, fwd, step, fast, cap, &lf), KVEDGE_OK);
+            assert_int_equal(kvedge_tc_encode_full(&s, x, fwd, step, full, cap, &lg), KVEDGE_OK);
+            if (!((double)lf <= 1.01 * (double)lg + 8))
+                fail_msg("T %u D %u kind %d: %zu vs %zu", T, D, kind, lf, lg);
+            /* Rank, step and means are the same bytes; only the layout byte may differ. */
+            assert_memory_equal(fast + 1, full + 1, KVEDGE_TC_HEAD_BYTES - 1 + 2u * D);
+            assert_int_equal(s_decode(&s, fast, lf, inv, a), KVEDGE_OK);
+            assert_int_equal(s_decode(&s, full, lg, inv, b), KVEDGE_OK);
+            assert_memory_equal(a, b, n * sizeof *a);
+            if (kvedge_quant_simd(-1)) {
+                kvedge_quant_simd(0);
+                assert_int_equal(kvedge_tc_encode(&s, x, fwd, step, generic, cap, &lw), KVEDGE_OK);
+                kvedge_quant_simd(1);
+                assert_int_equal(lw, lf);
+                assert_memory_equal(generic, fast, lf);
+            }
+            free(x);
+            free(a);
+            free(b);
+            free(fwd);
+            free(inv);
+            free(fast);
+            free(full);
+            free(generic);
+        }
+}
+
+/* The codes are those of the scalar projection the codec has always made (y[j] summed over c
+ * in order, one mul and one add per term, then floor(y / step + 0.5)), whatever the vector
+ * blocking: decoded with the identity as inverse, every value is m[c] + q[t][c] * step of the
+ * reference's q. Widths with and without a tail past the 32-component blocks, odd token
+ * counts, SIMD on and off. */
+static void test_codes_match_scalar_reference(void **state)
+{
+    (void)state;
+    const uint32_t shapes[][2] = {{64, 64}, {33, 40}, {7, 96}, {5, 3}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int simd = 0; simd < 2; simd++) {
+            const uint32_t T = shapes[i][0], D = shapes[i][1];
+            const kvedge_tc_shape_t s = {T, D};
+            const size_t n = (size_t)T * D, cap = kvedge_tc_bound(&s);
+            float *x = malloc(n * sizeof *x), *out = malloc(n * sizeof *out),
+                  *fwd = malloc((size_t)D * D * sizeof *fwd),
+                  *inv = malloc((size_t)D * D * sizeof *inv),
+                  *eye = calloc((size_t)D * D, sizeof *eye), *m = malloc(D * sizeof *m);
+            uint8_t *buf = malloc(cap);
+            assert_true(x && out && fwd && inv && eye && m && buf);
+            s_basis(D, fwd, inv);
+            s_values(T, D, x);
+            for (uint32_t c = 0; c < D; c++)
+                eye[(size_t)c * D + c] = 1.0f;
+            const float step = 0.03f, st = kvedge_fp16_to_f32(kvedge_f32_to_fp16(step));
+            kvedge_quant_simd(simd);
+            size_t len;
+            assert_int_equal(kvedge_tc_encode(&s, x, fwd, step, buf, cap, &len), KVEDGE_OK);
+            kvedge_quant_simd(1);
+            assert_int_equal(s_decode(&s, buf, len, eye, out), KVEDGE_OK);
+            for (uint32_t c = 0; c < D; c++) {
+                double sum = 0;
+                for (uint32_t t = 0; t < T; t++)
+                    sum += x[(size_t)t * D + c];
+                m[c] = kvedge_fp16_to_f32(kvedge_f32_to_fp16((float)(sum / T)));
+            }
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t j = 0; j < D; j++) {
+                    float y = 0.0f;
+                    for (uint32_t c = 0; c < D; c++) {
+                        const float d = x[(size_t)t * D + c] - m[c];
+                        const float p = d * fwd[(size_t)c * D + j];
+                        y = y + p;
+                    }
+                    const float q = floorf(y * (1.0f / st) + 0.5f);
+                    const float want = m[j] + q * st;
+                    if (!(out[(size_t)t * D + j] == want))
+                        fail_msg("T %u D %u simd %d: t %u j %u: %g, the reference %g", T, D, simd,
+                                 t, j, (double)out[(size_t)t * D + j], (double)want);
+                }
+            free(x);
+            free(out);
+            free(fwd);
+            free(inv);
+            free(eye);
+            free(m);
+            free(buf);
+        }
+}
+
+/* The AVX2 transform gives the generic loop's bits at widths that are and are not a multiple
+ * of its 32-channel blocks. */
+static void test_simd_same_bits_odd_dims(void **state)
+{
+    (void)state;
+    const uint32_t dims[] = {1, 17, 40, 100, 128};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        s_case_t k;
+        s_case_new(&k, 70, dims[i], 0.02f);
+        const kvedge_tc_shape_t s = {k.T, k.D};
+        float *generic = malloc(sizeof(float) * k.T * k.D);
+        assert_non_null(generic);
+        kvedge_quant_simd(0);
+        assert_int_equal(s_decode(&s, k.buf, k.len, k.inv, generic), KVEDGE_OK);
+        const int simd = kvedge_quant_simd(1);
+        assert_int_equal(s_decode(&s, k.buf, k.len, k.inv, k.out), KVEDGE_OK);
+        if (simd)
+            assert_memory_equal(generic, k.out, sizeof(float) * k.T * k.D);
+        s_assert_within_step(&k, 0.02f);
+        free(generic);
+        s_case_free(&k);
+    }
+}
+
 static void test_encode_errors(void **state)
 {
     (void)state;
@@ -400,6 +539,9 @@ int main(void)
         cmocka_unit_test(test_escapes_and_rank_zero),
         cmocka_unit_test(test_bands),
         cmocka_unit_test(test_simd_same_bits),
+        cmocka_unit_test(test_estimated_choice),
+        cmocka_unit_test(test_codes_match_scalar_reference),
+        cmocka_unit_test(test_simd_same_bits_odd_dims),
         cmocka_unit_test(test_encode_errors),
         cmocka_unit_test(test_truncated_and_inflated),
         cmocka_unit_test(test_every_byte_flipped),
