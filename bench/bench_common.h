@@ -3,6 +3,7 @@
 #ifndef KVEDGE_BENCH_COMMON_H
 #define KVEDGE_BENCH_COMMON_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,31 @@ static inline void *bench_alloc(size_t n)
         exit(1);
     }
     return p;
+}
+
+/* The token ids of MODELS/kjv/heldout.ids (whitespace-separated integers); exits with a line
+ * naming `prog` and the path when the file cannot be opened. *n gets the count. */
+static inline int32_t *bench_read_heldout_ids(const char *prog, const char *models_root, size_t *n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/kjv/heldout.ids", models_root);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "%s: cannot open %s (run from the repository root or pass --models DIR)\n",
+                prog, path);
+        exit(1);
+    }
+    size_t cap = 1 << 16, k = 0;
+    int32_t *ids = bench_alloc(cap * sizeof *ids);
+    long v;
+    while (fscanf(f, "%ld", &v) == 1) {
+        if (k == cap && !(ids = realloc(ids, (cap *= 2) * sizeof *ids)))
+            exit(1);
+        ids[k++] = (int32_t)v;
+    }
+    fclose(f);
+    *n = k;
+    return ids;
 }
 
 static inline int bench_cmp_double(const void *a, const void *b)

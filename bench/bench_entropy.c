@@ -147,31 +147,6 @@ static void s_add(s_set_t *s, s_blk_t b)
     s->b[s->n++] = b;
 }
 
-static int32_t *s_read_ids(size_t *n)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/kjv/heldout.ids", s_models_root);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr,
-                "bench_entropy: cannot open %s (run from the repository root or pass "
-                "--models DIR)\n",
-                path);
-        exit(1);
-    }
-    size_t cap = 1 << 16, k = 0;
-    int32_t *ids = bench_alloc(cap * sizeof *ids);
-    long v;
-    while (fscanf(f, "%ld", &v) == 1) {
-        if (k == cap)
-            ids = realloc(ids, (cap *= 2) * sizeof *ids);
-        ids[k++] = (int32_t)v;
-    }
-    fclose(f);
-    *n = k;
-    return ids;
-}
-
 /* The shape of a block's sections, from its info and its plain body. */
 static void s_shape(const kvedge_block_info_t *in, kvedge_ec_shape_t *s)
 {
@@ -599,7 +574,7 @@ int main(int argc, char **argv)
         }
     }
     size_t n_ids;
-    int32_t *ids = s_read_ids(&n_ids);
+    int32_t *ids = bench_read_heldout_ids("bench_entropy", s_models_root, &n_ids);
     static s_set_t sets[S_MODELS][S_RUNGS];
     static s_tc_set_t tc[S_MODELS];
     for (int m = 0; m < S_MODELS; m++)

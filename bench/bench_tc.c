@@ -66,31 +66,6 @@ static void s_add(s_set_t *s, s_head_t h)
     s->h[s->n++] = h;
 }
 
-static int32_t *s_read_ids(size_t *n)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/kjv/heldout.ids", s_models_root);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr,
-                "bench_tc: cannot open %s (run from the repository root or pass --models "
-                "DIR)\n",
-                path);
-        exit(1);
-    }
-    size_t cap = 1 << 16, k = 0;
-    int32_t *ids = bench_alloc(cap * sizeof *ids);
-    long v;
-    while (fscanf(f, "%ld", &v) == 1) {
-        if (k == cap && !(ids = realloc(ids, (cap *= 2) * sizeof *ids)))
-            exit(1);
-        ids[k++] = (int32_t)v;
-    }
-    fclose(f);
-    *n = k;
-    return ids;
-}
-
 /* Every (layer, KV head, chunk) of one prefill of the held-out text, with the model's basis
  * (kept for the process's life). */
 static void s_collect(int model, const int32_t *ids, size_t n_ids, s_set_t *set)
@@ -392,7 +367,7 @@ int main(int argc, char **argv)
         return 1;
     if (!synthetic_only) {
         size_t n_ids;
-        int32_t *ids = s_read_ids(&n_ids);
+        int32_t *ids = bench_read_heldout_ids("bench_tc", s_models_root, &n_ids);
         for (int m = 0; m < S_MODELS; m++)
             s_collect(m, ids, n_ids, &set[m]);
         free(ids);
