@@ -1868,27 +1868,6 @@ static void test_gpu_proxy_paged_int8_ring2(void **state)
     s_dst_free(&d);
 }
 
-/* tc blocks are decoded on the host into the slot, then copied and placed as a lossless
- * block's body on the device: the same values as kvedge_block_decode of the transcoded blocks. */
-static void test_gpu_node_tc_rung(void **state)
-{
-    (void)state;
-    static const kvedge_prec_t accept[] = {KVEDGE_PREC_TC, KVEDGE_PREC_INT8};
-    s_accept = accept;
-    s_n_accept = 2;
-    s_dst_t d;
-    s_dst_make(&d, KVEDGE_KV_CONTIG, KVEDGE_DTYPE_FP16, true);
-    s_run_t r;
-    s_run(s_env.node.ep, &s_lossless, &d, 0, &r);
-    s_accept = NULL;
-    s_n_accept = 0;
-    s_expect_at = KVEDGE_PREC_TC;
-    s_check(&s_lossless, &d, &r, -1);
-    s_expect_at = 0;
-    assert_true(r.st.device);
-    s_dst_free(&d);
-}
-
 static void test_gpu_missing_layer_is_a_miss(void **state)
 {
     (void)state;
@@ -1912,7 +1891,6 @@ int main(void)
         cmocka_unit_test(test_gpu_node_paged_int4),
         cmocka_unit_test(test_gpu_proxy_paged_int8_ring2),
         cmocka_unit_test(test_gpu_missing_layer_is_a_miss),
-        cmocka_unit_test(test_gpu_node_tc_rung),
     };
     return cmocka_run_group_tests(tests, s_setup, s_teardown);
 }
