@@ -26,10 +26,11 @@
 #define S_READ_WINDOW 16  /* blocks read by one worker trip */
 
 struct kvedge_server_t {
-    zactor_t *frontend;   /* the actor running s_frontend */
-    char endpoint[256];   /* bound endpoint, resolved */
-    char public_key[41];  /* Z85, empty when plaintext */
-    void *frontend_state; /* the actor's s_node_t, freed after the actor stopped */
+    zactor_t *frontend;     /* the actor running s_frontend */
+    char endpoint[256];     /* bound endpoint, resolved */
+    char public_key[41];    /* Z85, empty when plaintext */
+    char jobs_endpoint[64]; /* the inproc endpoint of the node's job queue */
+    void *frontend_state;   /* the actor's s_node_t, freed after the actor stopped */
 };
 
 /* Everything the frontend and the workers share; owned by the frontend actor. */
@@ -1332,6 +1333,37 @@ static void s_frontend_result(s_node_t *n)
     zframe_destroy(&kind);
 }
 
+/* The sockets between the frontend and its workers, on endpoints no other node of the process
+ * ever had: a node destroyed a moment ago may still hold its names (libzmq's reaper releases
+ * them later), and a node allocated at the same address must not collide with them. A bind
+ * that fails anyway fails the start: workers connected to another node's queue would never
+ * take a job, and every stream would wait out its deadline. */
+static int s_internal_open(s_node_t *n, char *why, size_t why_len)
+{
+    static _Atomic uint64_t instances;
+    unsigned long long inst = (unsigned long long)atomic_fetch_add(&instances, 1) + 1;
+    snprintf(n->jobs_ep, sizeof n->jobs_ep, "inproc://kvedge-node-%llu-jobs", inst);
+    snprintf(n->results_ep, sizeof n->results_ep, "inproc://kvedge-node-%llu-results", inst);
+    n->jobs = zsock_new(ZMQ_PUSH);
+    n->results = zsock_new(ZMQ_PULL);
+    if (!n->jobs || !n->results) {
+        snprintf(why, why_len, "out of memory");
+        return KVEDGE_ENOMEM;
+    }
+    zsock_set_sndhwm(n->jobs, KVEDGE_SERVER_JOB_QUEUE);
+    zsock_set_sndtimeo(n->jobs, 0);
+    zsock_set_rcvhwm(n->results, 0);
+    const char *failed = zsock_bind(n->jobs, "%s", n->jobs_ep) != 0         ? n->jobs_ep
+                         : zsock_bind(n->results, "%s", n->results_ep) != 0 ? n->results_ep
+                                                                            : NULL;
+    if (failed) {
+        snprintf(why, why_len, "internal endpoint %s: %s", failed, zmq_strerror(zmq_errno()));
+        return KVEDGE_EIO;
+    }
+    snprintf(n->owner->jobs_endpoint, sizeof n->owner->jobs_endpoint, "%s", n->jobs_ep);
+    return KVEDGE_OK;
+}
+
 static int s_setup(s_node_t *n, zsock_t *pipe)
 {
     char why[512] = "";
@@ -1353,15 +1385,9 @@ static int s_setup(s_node_t *n, zsock_t *pipe)
         snprintf(n->owner->public_key, sizeof n->owner->public_key, "%s", n->sec.public_key);
     }
     if (rc == KVEDGE_OK) {
-        snprintf(n->jobs_ep, sizeof n->jobs_ep, "inproc://kvedge-jobs-%p", (void *)n);
-        snprintf(n->results_ep, sizeof n->results_ep, "inproc://kvedge-results-%p", (void *)n);
-        n->jobs = zsock_new(ZMQ_PUSH);
-        n->results = zsock_new(ZMQ_PULL);
-        zsock_set_sndhwm(n->jobs, KVEDGE_SERVER_JOB_QUEUE);
-        zsock_set_sndtimeo(n->jobs, 0);
-        zsock_set_rcvhwm(n->results, 0);
-        zsock_bind(n->jobs, "%s", n->jobs_ep);
-        zsock_bind(n->results, "%s", n->results_ep);
+        rc = s_internal_open(n, why, sizeof why);
+    }
+    if (rc == KVEDGE_OK) {
         n->workers = calloc((size_t)n->n_workers, sizeof *n->workers);
         for (int i = 0; n->workers && i < n->n_workers; i++) {
             s_worker_arg_t *wa = malloc(sizeof *wa);
@@ -1530,6 +1556,11 @@ void kvedge_server_derived(kvedge_server_t *s, uint64_t *derived, uint64_t *kept
     s_node_t *n = s ? s->frontend_state : NULL;
     *derived = n ? atomic_load(&n->derived) : 0;
     *kept = n ? atomic_load(&n->derived_kept) : 0;
+}
+
+const char *kvedge_server_jobs_endpoint(kvedge_server_t *s)
+{
+    return s ? s->jobs_endpoint : NULL;
 }
 
 const char *kvedge_server_public_key(kvedge_server_t *s)

@@ -54,7 +54,8 @@ int kvedge_server_workers(int workers);
 /* Starts the node: ZAP handler first (CURVE), then the socket is bound, then the workers.
  * Returns once it serves. why (if not NULL) receives a reason on failure.
  * Errors: KVEDGE_EINVAL, KVEDGE_EDENIED (plaintext on a non-loopback endpoint, or CURVE
- * unavailable), KVEDGE_EIO (bind failed, unreadable certificate), KVEDGE_ENOMEM. */
+ * unavailable), KVEDGE_EIO (bind failed, the endpoint's or the node's internal job queue's;
+ * unreadable certificate), KVEDGE_ENOMEM. */
 int kvedge_server_start(const kvedge_server_opts_t *opts, kvedge_server_t **out, char *why,
                         size_t why_len);
 
@@ -67,6 +68,11 @@ uint64_t kvedge_server_denials(kvedge_server_t *s);
 /* Blocks derived at a precision a reader asked for since start, and how many of them were
  * kept as variants (keep_derived). */
 void kvedge_server_derived(kvedge_server_t *s, uint64_t *derived, uint64_t *kept);
+
+/* The inproc endpoint between the node's frontend and its workers (the job queue). Every node
+ * of a process gets its own, never reused by a later one (a closed node's names stay taken
+ * until libzmq's reaper releases them). For tests and diagnostics; valid until destroy. */
+const char *kvedge_server_jobs_endpoint(kvedge_server_t *s);
 
 /* The node's public key (Z85, 40 chars), or NULL when plaintext. */
 const char *kvedge_server_public_key(kvedge_server_t *s);

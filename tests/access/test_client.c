@@ -29,6 +29,7 @@
 #include "store/engine/engine_debug.h"
 #include "store/node/server.h"
 #include "clients/lib/kvedge.h"
+#include "access/codec/clock.h"
 #include "access/codec/error.h"
 #include "tests/common/testutil.h"
 
@@ -672,6 +673,76 @@ static void test_get_layer_packed(void **state)
     free(b);
     for (int i = 0; i < 2; i++)
         s_set_free(&sets[i]);
+}
+
+/* A node started while the last one's internal job queue name is still taken (libzmq releases
+ * a closed socket's inproc names on its reaper thread, a moment later; here the test holds the
+ * name) binds a name of its own and serves. A node that named its queue after its address,
+ * where the new one is often allocated, bound nothing then: its workers never got a read and
+ * every stream waited out the client's deadline (KVEDGE_ETIMEDOUT). */
+static void test_restart_taken_queue(void **state)
+{
+    fx_t *fx = *state;
+    kvedge_chunk_id_t ids[2];
+    set_t s = s_layer_set(fx, ids);
+    char old[128];
+    assert_non_null(kvedge_server_jobs_endpoint(fx->s));
+    snprintf(old, sizeof old, "%s", kvedge_server_jobs_endpoint(fx->s));
+    assert_true(strncmp(old, "inproc://", 9) == 0);
+    kvedge_client_destroy(&fx->c);
+    kvedge_server_destroy(&fx->s);
+    zsock_t *held = zsock_new(ZMQ_PULL);
+    assert_non_null(held);
+    kt_wait_for(zsock_bind(held, "%s", old) == 0, KT_WAIT_MS); /* once the reaper let go */
+    s_start_server(fx, NULL);
+    fx->c = s_connect(fx, 0, 0);
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    assert_non_null(buf);
+    kvedge_fetched_t out[2 * HEADS];
+    uint32_t heads = 0;
+    int64_t t0 = kvedge_mono_ms();
+    int rc = kvedge_client_get_layer(fx->c, ids, 2, 3, buf, cap, out, 2 * HEADS, &heads);
+    if (rc != 0)
+        fail_msg("%s after %lld ms", kvedge_errname(rc), (long long)(kvedge_mono_ms() - t0));
+    assert_int_equal(heads, HEADS);
+    assert_int_equal(out[HEADS + 5].status, KVEDGE_ENOTFOUND);
+    assert_string_not_equal(kvedge_server_jobs_endpoint(fx->s), old);
+    zsock_destroy(&held);
+    free(buf);
+    s_set_free(&s);
+}
+
+/* A node started right after another one stopped serves its streams at once, cycle after
+ * cycle. A new node is often allocated where the last one was, while libzmq may still hold the
+ * old node's internal endpoints for a moment: a node that named them after its address bound
+ * nothing then, and every stream it opened waited out the client's deadline
+ * (KVEDGE_ETIMEDOUT) for reads its workers never got. */
+static void test_restart_streams(void **state)
+{
+    fx_t *fx = *state;
+    kvedge_chunk_id_t ids[2];
+    set_t s = s_layer_set(fx, ids);
+    size_t cap = 1 << 20;
+    uint8_t *buf = malloc(cap);
+    assert_non_null(buf);
+    kvedge_fetched_t out[2 * HEADS];
+    for (int cycle = 0; cycle < 200; cycle++) {
+        kvedge_client_destroy(&fx->c);
+        kvedge_server_destroy(&fx->s);
+        s_start_server(fx, NULL);
+        fx->c = s_connect(fx, 0, 0);
+        uint32_t heads = 0;
+        int64_t t0 = kvedge_mono_ms();
+        int rc = kvedge_client_get_layer(fx->c, ids, 2, 3, buf, cap, out, 2 * HEADS, &heads);
+        if (rc != 0)
+            fail_msg("cycle %d: %s after %lld ms", cycle, kvedge_errname(rc),
+                     (long long)(kvedge_mono_ms() - t0));
+        assert_int_equal(heads, HEADS);
+        assert_int_equal(out[HEADS + 5].status, KVEDGE_ENOTFOUND);
+    }
+    free(buf);
+    s_set_free(&s);
 }
 
 /* What the async callbacks saw. */
@@ -2276,6 +2347,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_get_missing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer_packed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_streams, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_taken_queue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_layer_async, setup, teardown),
         cmocka_unit_test_setup_teardown(test_block_ref, setup, teardown),
         cmocka_unit_test_setup_teardown(test_big_layer, setup, teardown),
