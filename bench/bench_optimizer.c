@@ -10,8 +10,8 @@
  *
  * Rows: fixed precisions (the accept list is that one rung, no budget: the proxy may still
  * recompute a layer; with --basis DIR the node loads those coding bases and the transform-coded
- * rung tc is one of them) and the adaptive choice (accept lossless, int8, int4-g32, int4-g128 under
- * a KL budget). Per (rate, row):
+ * rung tc is one of them) and the adaptive choice (accept lossless, int8, int4-g32, int4-g128, and
+ * tc with --basis, under a KL budget). Per (rate, row):
  *  - TTFT: kvedge_e2e_decode through the proxy, with the decoder's time estimates (the plan may
  *    recompute layers), medians of --runs runs after a warm-up, rows interleaved;
  *  - quality: for each of --docs held-out documents, one FETCH of its context with the same
@@ -368,8 +368,10 @@ static void s_rows_make(void)
         s_row_t *r = &s_rows[s_nrows++];
         snprintf(r->name, sizeof r->name, "adaptive %s:%g",
                  kvedge_quality_metric_name(s_cfg.metric[b]), s_cfg.budget[b]);
-        s_check(kvedge_prec_list_parse("lossless,int8,int4-g32,int4-g128", r->accept,
-                                       KVEDGE_PREC_MAX_ACCEPT, &r->n),
+        /* With --basis the adaptive rows may choose tc too (the profile's tc row prices it). */
+        s_check(kvedge_prec_list_parse(s_cfg.basis ? "lossless,int8,int4-g32,int4-g128,tc"
+                                                   : "lossless,int8,int4-g32,int4-g128",
+                                       r->accept, KVEDGE_PREC_MAX_ACCEPT, &r->n),
                 "accept list");
         r->metric = s_cfg.metric[b];
         r->budget = s_cfg.budget[b];
