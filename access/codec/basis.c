@@ -1,5 +1,6 @@
 /* Coding bases of the tc rung (basis.h): the strict file parser and the process's registry. */
 #include "access/codec/basis.h"
+#include "access/codec/basis_dir.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -352,10 +353,28 @@ static int s_is_basis_file(const struct dirent *e)
     return e->d_name[0] != '.' && n > k && strcmp(e->d_name + n - k, KVEDGE_BASIS_SUFFIX) == 0;
 }
 
+/* Appends ", model" (or "model" first) to the list out of cap bytes, cut at cap. */
+static void s_list_model(char *out, size_t cap, const char *model)
+{
+    if (!out || !cap)
+        return;
+    size_t used = strnlen(out, cap);
+    if (used + 1 < cap)
+        snprintf(out + used, cap - used, "%s%s", used ? ", " : "", model);
+}
+
 int kvedge_basis_load_dir(const char *dir, size_t *loaded, char *why, size_t why_len)
+{
+    return kvedge_basis_load_dir_models(dir, loaded, NULL, 0, why, why_len);
+}
+
+int kvedge_basis_load_dir_models(const char *dir, size_t *loaded, char *models, size_t models_len,
+                                 char *why, size_t why_len)
 {
     if (loaded)
         *loaded = 0;
+    if (models && models_len)
+        models[0] = '\0';
     if (!dir)
         return kvedge_why(why, why_len, KVEDGE_EINVAL, "no directory");
     struct dirent **names = NULL;
@@ -373,6 +392,7 @@ int kvedge_basis_load_dir(const char *dir, size_t *loaded, char *why, size_t why
             else
                 rc = kvedge_basis_load(path, &b, why, why_len);
             if (rc == KVEDGE_OK) {
+                s_list_model(models, models_len, kvedge_basis_model(b));
                 rc = kvedge_basis_register(&b);
                 if (rc != KVEDGE_OK) {
                     if (rc == KVEDGE_EAMBIGUOUS)

@@ -2,7 +2,6 @@
  * Storage Master link (heartbeats and the block directory), started and stopped as one. */
 #include "store/node/node.h"
 
-#include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -18,7 +17,7 @@
 #include "runtime/mview.h"
 #include "runtime/secure.h"
 #include "access/transport.h"
-#include "access/codec/basis.h"
+#include "access/codec/basis_dir.h"
 #include "access/codec/error.h"
 #include "access/codec/why.h"
 #include "store/node/dirpub.h"
@@ -303,40 +302,6 @@ static int s_probe(const kvedge_node_settings_t *s, char *why, size_t why_len)
     return KVEDGE_OK;
 }
 
-/* scandir filter: the file names kvedge_basis_load_dir reads. */
-static int s_is_basis_file(const struct dirent *d)
-{
-    size_t n = strlen(d->d_name), sl = strlen(KVEDGE_BASIS_SUFFIX);
-    return n > sl && strcmp(d->d_name + n - sl, KVEDGE_BASIS_SUFFIX) == 0;
-}
-
-/* The model ids of the basis files of dir, in name order, "a, b" into out (files the loader
- * has just read in full: only their headers are read again here). */
-static void s_basis_models(const char *dir, char *out, size_t cap)
-{
-    out[0] = '\0';
-    struct dirent **names = NULL;
-    int n = scandir(dir, &names, s_is_basis_file, alphasort);
-    size_t used = 0;
-    for (int i = 0; i < n; i++) {
-        char path[KVEDGE_NODE_PATH_BYTES + 256];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
-        uint8_t head[KVEDGE_BASIS_HEADER_BYTES];
-        FILE *f = fopen(path, "rb");
-        size_t got = f ? fread(head, 1, sizeof head, f) : 0;
-        if (f)
-            fclose(f);
-        if (got == sizeof head && used < cap) {
-            const size_t at = 24, max = KVEDGE_BASIS_HEADER_BYTES - at; /* the model id field */
-            int w = snprintf(out + used, cap - used, "%s%.*s", used ? ", " : "",
-                             (int)strnlen((const char *)head + at, max), (const char *)head + at);
-            used += w > 0 ? (size_t)w : 0;
-        }
-        free(names[i]);
-    }
-    free(names);
-}
-
 /* Registers the coding bases of the basis setting, before anything is opened: a file that
  * does not load refuses the start with the loader's reason. */
 static int s_load_bases(const char *dir, char *why, size_t why_len)
@@ -344,15 +309,13 @@ static int s_load_bases(const char *dir, char *why, size_t why_len)
     if (!dir[0])
         return KVEDGE_OK;
     size_t loaded = 0;
-    char bwhy[512] = "";
-    int rc = kvedge_basis_load_dir(dir, &loaded, bwhy, sizeof bwhy);
+    char bwhy[512] = "", models[1024];
+    int rc = kvedge_basis_load_dir_models(dir, &loaded, models, sizeof models, bwhy, sizeof bwhy);
     if (rc != KVEDGE_OK)
         return kvedge_why(why, why_len, rc,
                           "cannot load the coding bases of %s (config key basis): %s (%s); "
                           "nothing was started",
                           dir, bwhy, kvedge_strerror(rc));
-    char models[1024];
-    s_basis_models(dir, models, sizeof models);
     kvedge_log_info("%zu coding bases loaded (models %s) from %s", loaded,
                     models[0] ? models : "none", dir);
     return KVEDGE_OK;
