@@ -26,25 +26,17 @@
 #include "access/codec/prec.h"
 #include "access/codec/quant.h"
 #include "bench/bench_common.h"
+#include "bench/bench_kjv.h"
 #include "clients/decoder/decoder.h"
 
 #define S_CHUNK_TOKENS   256
 #define S_PREFILL_TOKENS 512
 #define S_PREFILLS       4
-#define S_MODELS         4
+#define S_MODELS         BENCH_KJV_MODELS
 #define S_RUNGS          3
 #define S_DICT_BYTES     (16u << 10)
 #define S_REPS           KVEDGE_BENCH_REPS_MIN
 
-static const char *const s_model_dirs[S_MODELS] = {"kjv/cloud/model.safetensors",
-                                                   "kjv/edge/model.safetensors", "kjv/llama/cloud",
-                                                   "kjv/llama/edge"};
-static const char *const s_model_names[S_MODELS] = {"OPT cloud", "OPT edge", "Llama cloud",
-                                                    "Llama edge"};
-/* The models' coding bases (scripts/fit_basis.py), for the tc rung. */
-static const char *const s_basis_files[S_MODELS] = {"kjv/cloud/basis.kvb", "kjv/edge/basis.kvb",
-                                                    "kjv/llama/cloud/basis.kvb",
-                                                    "kjv/llama/edge/basis.kvb"};
 /* A link to price the tc decode against: 1 Gbit/s, in MB/s. */
 #define S_LINK_MBPS 125.0
 
@@ -90,13 +82,7 @@ static void s_tc_add(s_tc_set_t *s, uint8_t *blk, size_t len)
 /* Loads and registers a model's coding basis; returns its model id. */
 static const char *s_load_basis(int model)
 {
-    char path[512], why[512] = "";
-    snprintf(path, sizeof path, "%s/%s", s_models_root, s_basis_files[model]);
-    kvedge_basis_t *b = NULL;
-    if (kvedge_basis_load(path, &b, why, sizeof why) != KVEDGE_OK) {
-        fprintf(stderr, "bench_entropy: %s (scripts/fit_basis.py writes it)\n", why);
-        exit(1);
-    }
+    kvedge_basis_t *b = bench_kjv_basis("bench_entropy", s_models_root, model);
     uint64_t id = kvedge_basis_id(b);
     KVEDGE_BENCH_CHECK(kvedge_basis_register(&b));
     return kvedge_basis_model(kvedge_basis_find(id));
@@ -166,16 +152,8 @@ static void s_shape(const kvedge_block_info_t *in, kvedge_ec_shape_t *s)
  * each rung to sets[rung]. */
 static void s_collect(int model, const int32_t *ids, size_t n_ids, s_set_t *sets, s_tc_set_t *tc)
 {
-    const char *dir = s_model_dirs[model];
     const char *model_id = s_load_basis(model);
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", s_models_root, dir);
-    kvedge_decoder_t *m = kvedge_decoder_new();
-    if (!m || kvedge_decoder_load(m, path, 0) != 0) {
-        fprintf(stderr, "bench_entropy: cannot load %s: %s\n", path,
-                m ? kvedge_decoder_error(m) : "no memory");
-        exit(1);
-    }
+    kvedge_decoder_t *m = bench_kjv_decoder("bench_entropy", s_models_root, model);
     const kvedge_decoder_config_t *c = kvedge_decoder_config(m);
     const uint32_t L = c->layers, H = kvedge_decoder_kv_heads(m), D = c->head_dim;
     const size_t per_layer = kvedge_decoder_kv_floats(m, S_PREFILL_TOKENS);
@@ -592,7 +570,7 @@ int main(int argc, char **argv)
             printf(" %zu", sets[m][r].n);
         printf(")\n\n| method |");
         for (int m = 0; m < S_MODELS; m++)
-            printf(" %s |", s_model_names[m]);
+            printf(" %s |", bench_kjv_names[m]);
         printf(" body / raw body (mean, all models) |\n| --- |");
         for (int m = 0; m <= S_MODELS; m++)
             printf(" --- |");

@@ -17,24 +17,17 @@
 #include "access/codec/quant.h"
 #include "access/codec/tcbody.h"
 #include "bench/bench_common.h"
+#include "bench/bench_kjv.h"
 #include "clients/decoder/decoder.h"
 
 #define S_CHUNK_TOKENS   256
 #define S_PREFILL_TOKENS 512
-#define S_MODELS         4
+#define S_MODELS         BENCH_KJV_MODELS
 #define S_SYN_DIM        128
 #define S_SYN_HEADS      16
 /* A link to price the decode against: 1 Gbit/s, in MB/s of coded bytes. */
 #define S_LINK_MBPS 125.0
 
-static const char *const s_model_dirs[S_MODELS] = {"kjv/cloud/model.safetensors",
-                                                   "kjv/edge/model.safetensors", "kjv/llama/cloud",
-                                                   "kjv/llama/edge"};
-static const char *const s_model_names[S_MODELS] = {"OPT cloud", "OPT edge", "Llama cloud",
-                                                    "Llama edge"};
-static const char *const s_basis_files[S_MODELS] = {"kjv/cloud/basis.kvb", "kjv/edge/basis.kvb",
-                                                    "kjv/llama/cloud/basis.kvb",
-                                                    "kjv/llama/edge/basis.kvb"};
 static const char *s_models_root = "models";
 static int s_reps = KVEDGE_BENCH_REPS_MIN;
 /* --no-full: skip the exhaustive search (to profile the encoder alone). */
@@ -70,20 +63,8 @@ static void s_add(s_set_t *s, s_head_t h)
  * (kept for the process's life). */
 static void s_collect(int model, const int32_t *ids, size_t n_ids, s_set_t *set)
 {
-    char path[512], why[512] = "";
-    snprintf(path, sizeof path, "%s/%s", s_models_root, s_basis_files[model]);
-    kvedge_basis_t *b = NULL;
-    if (kvedge_basis_load(path, &b, why, sizeof why) != KVEDGE_OK) {
-        fprintf(stderr, "bench_tc: %s (scripts/fit_basis.py writes it)\n", why);
-        exit(1);
-    }
-    snprintf(path, sizeof path, "%s/%s", s_models_root, s_model_dirs[model]);
-    kvedge_decoder_t *m = kvedge_decoder_new();
-    if (!m || kvedge_decoder_load(m, path, 0) != 0) {
-        fprintf(stderr, "bench_tc: cannot load %s: %s\n", path,
-                m ? kvedge_decoder_error(m) : "no memory");
-        exit(1);
-    }
+    kvedge_basis_t *b = bench_kjv_basis("bench_tc", s_models_root, model);
+    kvedge_decoder_t *m = bench_kjv_decoder("bench_tc", s_models_root, model);
     const kvedge_decoder_config_t *c = kvedge_decoder_config(m);
     const uint32_t L = c->layers, H = kvedge_decoder_kv_heads(m), D = c->head_dim;
     const size_t per_layer = kvedge_decoder_kv_floats(m, S_PREFILL_TOKENS);
@@ -390,7 +371,7 @@ int main(int argc, char **argv)
         s_measure(&set[m], &f);
         printf("| %s | %zu | %u | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f | %.0f | %.0f | %.0f | "
                "%.0f | %+.2f %% | %zu/%zu | %.3f | %.0f |\n",
-               m < S_MODELS ? s_model_names[m] : "synthetic", f.blocks, set[m].h[0].D, f.enc_us,
+               m < S_MODELS ? bench_kjv_names[m] : "synthetic", f.blocks, set[m].h[0].D, f.enc_us,
                f.full_us, f.dec_us, f.int8_enc_us, f.int8_dec_us, f.cpy_us, f.fp16_bytes / f.dec_us,
                f.fp16_bytes / f.enc_us, f.bytes, f.full_bytes,
                100.0 * (f.bytes / f.full_bytes - 1.0), f.same_choice, 2 * f.blocks,
