@@ -1492,11 +1492,12 @@ static void s_fake_data(zsock_t *router, zframe_t *route, uint64_t id, uint32_t 
                 status == 0 ? block : NULL, sizeof block);
 }
 
-/* A fake node's HELLO answer: an edge node with the protocol's limits and these credits. */
-static void s_fake_hello(zsock_t *router, zframe_t *route, uint64_t id, const char *name,
-                         uint32_t max_credit, uint32_t default_credit)
+/* A fake peer's HELLO answer: a peer of that role with the protocol's limits and these
+ * credits. */
+static void s_fake_hello_as(zsock_t *router, zframe_t *route, uint64_t id, kvedge_role_t role,
+                            const char *name, uint32_t max_credit, uint32_t default_credit)
 {
-    kvedge_wire_node_info_t info = {KVEDGE_ROLE_EDGE,
+    kvedge_wire_node_info_t info = {role,
                                     {0},
                                     KVEDGE_WIRE_MAX_FRAME_BYTES,
                                     KVEDGE_WIRE_MAX_ITEMS,
@@ -1507,6 +1508,13 @@ static void s_fake_hello(zsock_t *router, zframe_t *route, uint64_t id, const ch
     kvedge_wire_node_info_pack(&info, ib);
     s_fake_send(router, route, 1, KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, id, 0, 0, ib, sizeof ib,
                 name, strlen(name));
+}
+
+/* A fake node's HELLO answer: an edge node. */
+static void s_fake_hello(zsock_t *router, zframe_t *route, uint64_t id, const char *name,
+                         uint32_t max_credit, uint32_t default_credit)
+{
+    s_fake_hello_as(router, route, id, KVEDGE_ROLE_EDGE, name, max_credit, default_credit);
 }
 
 /* A fake node's ROUTER on a free port, which the actor's pipe is told (s_fake_connect). */
@@ -1664,6 +1672,29 @@ static void s_fake_node(zsock_t *pipe, void *args)
     zsock_destroy(&router);
 }
 
+/* Against the fake node in mode ok (one block, one miss) a layer completes; in each cases[i][0]
+ * the stream fails with cases[i][1]. */
+static void s_fake_layer_modes(kvedge_client_t *c, int ok, const int cases[][2], size_t n)
+{
+    kvedge_chunk_id_t id;
+    memset(&id, 3, sizeof id);
+    uint8_t buf[64];
+    kvedge_fetched_t out[4];
+    uint32_t heads = 0;
+    atomic_store(&s_fake_mode, ok);
+    memset(out, 0, sizeof out);
+    assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads), 0);
+    assert_int_equal(heads, 2);
+    assert_int_equal(out[0].status, 0);
+    assert_int_equal(out[0].len, 8);
+    assert_int_equal(out[1].status, KVEDGE_ENOTFOUND);
+    for (size_t i = 0; i < n; i++) {
+        atomic_store(&s_fake_mode, cases[i][0]);
+        assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
+                         cases[i][1]);
+    }
+}
+
 static void test_malformed(void **state)
 {
     (void)state;
@@ -1700,21 +1731,10 @@ static void test_malformed(void **state)
     uint8_t buf[64];
     kvedge_fetched_t out[4];
     uint32_t heads = 0;
-    atomic_store(&s_fake_mode, FAKE_STREAM_OK);
-    assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads), 0);
-    assert_int_equal(heads, 2);
-    assert_int_equal(out[0].status, 0);
-    assert_int_equal(out[0].len, 8);
-    assert_int_equal(out[1].status, KVEDGE_ENOTFOUND);
-
     const int stream_cases[][2] = {{FAKE_MISORDER, KVEDGE_EPROTO},
                                    {FAKE_BAD_COUNT, KVEDGE_EPROTO},
                                    {FAKE_BAD_MISS, KVEDGE_EPROTO}};
-    for (size_t i = 0; i < 3; i++) {
-        atomic_store(&s_fake_mode, stream_cases[i][0]);
-        assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
-                         stream_cases[i][1]);
-    }
+    s_fake_layer_modes(c, FAKE_STREAM_OK, stream_cases, 3);
     /* The streams the client gave up on were cancelled (not the one the node ended). */
     kt_wait_for(atomic_load(&s_fake_cancels) >= 2, KT_WAIT_MS);
     assert_int_equal(atomic_load(&s_fake_cancels), 2);
@@ -1723,21 +1743,10 @@ static void test_malformed(void **state)
      * (a head out of order, a block frame short, more heads than a message may carry) fail
      * the stream before any of their heads is delivered; a client that did not ask for packing
      * refuses a packed message. */
-    atomic_store(&s_fake_mode, FAKE_PACK_OK);
-    memset(out, 0, sizeof out);
-    assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads), 0);
-    assert_int_equal(heads, 2);
-    assert_int_equal(out[0].status, 0);
-    assert_int_equal(out[0].len, 8);
-    assert_int_equal(out[1].status, KVEDGE_ENOTFOUND);
     const int pack_cases[][2] = {{FAKE_PACK_ORDER, KVEDGE_EPROTO},
                                  {FAKE_PACK_FRAMES, KVEDGE_EPROTO},
                                  {FAKE_PACK_BIG, KVEDGE_EPROTO}};
-    for (size_t i = 0; i < 3; i++) {
-        atomic_store(&s_fake_mode, pack_cases[i][0]);
-        assert_int_equal(kvedge_client_get_layer(c, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
-                         pack_cases[i][1]);
-    }
+    s_fake_layer_modes(c, FAKE_PACK_OK, pack_cases, 3);
     kvedge_client_t *plain = s_fake_connect_again(SHORT_MS, true);
     atomic_store(&s_fake_mode, FAKE_PACK_OK);
     assert_int_equal(kvedge_client_get_layer(plain, &id, 1, 0, buf, sizeof buf, out, 4, &heads),
@@ -1782,17 +1791,8 @@ static void s_fake_proxy(zsock_t *pipe, void *args)
         kvedge_wire_header_t h;
         kvedge_wire_header_parse(zframe_data(hf), zframe_size(hf), &h);
         if (h.opcode == KVEDGE_OP_HELLO) {
-            kvedge_wire_node_info_t info = {KVEDGE_ROLE_PROXY,
-                                            {0},
-                                            KVEDGE_WIRE_MAX_FRAME_BYTES,
-                                            KVEDGE_WIRE_MAX_ITEMS,
-                                            KVEDGE_WIRE_MAX_CHUNKS,
-                                            KVEDGE_WIRE_MAX_CREDIT,
-                                            8};
-            uint8_t ib[KVEDGE_WIRE_NODE_INFO_BYTES];
-            kvedge_wire_node_info_pack(&info, ib);
-            s_fake_send(router, route, 1, KVEDGE_OP_HELLO, KVEDGE_WIRE_FLAG_REPLY, h.request_id, 0,
-                        0, ib, sizeof ib, "fakeproxy", 9);
+            s_fake_hello_as(router, route, h.request_id, KVEDGE_ROLE_PROXY, "fakeproxy",
+                            KVEDGE_WIRE_MAX_CREDIT, 8);
         } else if (h.opcode == KVEDGE_OP_FETCH) {
             uint64_t id = h.request_id;
             kvedge_wire_fetch_plan_t plan = {1, 1, 0, 1, 1, 1, 1, 1};
